@@ -1,0 +1,53 @@
+"""The `exatrain` command line: the only place that reads argv and wires the parts together.
+
+Each command group lives in its own module with a ``register(subparsers)`` function; handlers
+import the heavy parts (torch, the trainer) lazily, so planning commands start fast.
+A ``UserError`` from anywhere becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from exatrain.cli.common import Parser
+from exatrain.errors import UserError
+
+# Command modules, in the order their commands appear in `exatrain --help`.
+COMMAND_MODULES = (
+    "exatrain.cli.catalog_cmds",   # models, hardware
+)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="exatrain", description="Plan, predict and run 3D-parallel training of "
+                    "GPT-style language models.")
+    from exatrain import __version__
+
+    parser.add_argument("--version", action="version", version=f"exatrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        sys.stderr.write(f"exatrain {args.command}: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("exatrain: interrupted\n")
+        return 130
+    except BrokenPipeError:  # e.g. `exatrain search ... | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,524 @@
+"""The contract between planner, trainer, launchers and reports.
+
+A ``Plan`` is one training layout for one model: the parallel degrees, batch sizes and execution
+options. It is the unit of reproducibility: ``exatrain search``/``estimate`` write it as JSON,
+``exatrain launch`` renders it, ``exatrain train`` executes it, and every run appends a
+``RunRecord`` (the plan, what the cost model predicted, what was measured) that calibration and
+tuning read back. JSON keys are exact: loading rejects unknown or missing keys.
+
+This module imports neither torch nor the planner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.errors import PlanError, UserError
+
+# Pipeline schedules, named as torch.distributed.pipelining implements them:
+#   gpipe        all forwards, then all backwards (ScheduleGPipe)
+#   1f1b         one-forward-one-backward (Schedule1F1B; Narayanan et al. 2021, Sec. 2.2.1)
+#   interleaved  interleaved 1F1B over `interleave` virtual stages per rank (ScheduleInterleaved1F1B)
+#   zero_bubble  interleaved zero bubble: backward split into input- and weight-gradient passes
+#                (ScheduleInterleavedZeroBubble; Qi et al. 2023, "Zero Bubble Pipeline Parallelism")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+# Activation recomputation (Korthikanti et al. 2022): none, selective (attention core only), full.
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("float32", "bfloat16")
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of parallelism. Rank order is tp fastest, then dp, then pp (Megatron's order),
+    so a tp group is ``tp`` consecutive ranks and a dp group strides by ``tp``."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """Batch sizes in sequences. ``global_batch`` = micro_batch * dp * num_microbatches."""
+
+    micro_batch: int = 1
+    global_batch: int = 1
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes held by one rank at its peak, by kind (see the accounting for the conventions)."""
+
+    weights: float = 0.0
+    gradients: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    other: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    def to_dict(self) -> dict[str, float]:
+        d = dataclasses.asdict(self)
+        d["total"] = self.total
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MemoryBreakdown":
+        return cls(**{k: float(data[k]) for k in ("weights", "gradients", "optimizer",
+                                                   "activations", "other") if k in data})
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Seconds per optimizer step. ``step`` is the total; the rest are its exposed parts:
+    compute (busy time of the slowest stage), bubble (pipeline idle), exposed communication of
+    each kind, and the optimizer update."""
+
+    step: float
+    compute: float
+    bubble: float = 0.0
+    tp_comm: float = 0.0
+    pp_comm: float = 0.0
+    dp_comm: float = 0.0
+    optimizer: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """What the planner predicts for a plan: memory per stage, and (when a cost model ran) time."""
+
+    params: int  # whole model
+    params_by_stage: tuple[int, ...]  # held by one rank of each pipeline stage (after TP)
+    memory_bytes: MemoryBreakdown  # the worst stage
+    memory_by_stage: tuple[MemoryBreakdown, ...]
+    capacity_bytes: int
+    fits: bool
+    model_flops_per_step: float = 0.0  # whole job, one optimizer step (Korthikanti Eq. 7)
+    hardware_flops_per_step: float = 0.0  # including recomputation
+    comm_bytes: Mapping[str, float] = field(default_factory=dict)  # per rank per step: tp, pp, dp
+    time_s: TimeBreakdown | None = None
+    tokens_per_s: float | None = None
+    model_tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    hardware_tflops_per_gpu: float | None = None
+    hfu: float | None = None
+    traced_memory_bytes: MemoryBreakdown | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "params": self.params,
+            "params_by_stage": list(self.params_by_stage),
+            "memory_bytes": self.memory_bytes.to_dict(),
+            "memory_by_stage": [m.to_dict() for m in self.memory_by_stage],
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "model_flops_per_step": self.model_flops_per_step,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
+            "comm_bytes": dict(self.comm_bytes),
+            "time_s": None if self.time_s is None else self.time_s.to_dict(),
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "hfu": self.hfu,
+            "traced_memory_bytes": (None if self.traced_memory_bytes is None
+                                    else self.traced_memory_bytes.to_dict()),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "StepEstimate":
+        t = d.get("time_s")
+        tm = d.get("traced_memory_bytes")
+        return cls(
+            params=int(d["params"]),
+            params_by_stage=tuple(int(x) for x in d.get("params_by_stage", ())),
+            memory_bytes=MemoryBreakdown.from_dict(d["memory_bytes"]),
+            memory_by_stage=tuple(MemoryBreakdown.from_dict(m) for m in d.get("memory_by_stage", ())),
+            capacity_bytes=int(d["capacity_bytes"]),
+            fits=bool(d["fits"]),
+            model_flops_per_step=float(d.get("model_flops_per_step", 0.0)),
+            hardware_flops_per_step=float(d.get("hardware_flops_per_step", 0.0)),
+            comm_bytes={k: float(v) for k, v in (d.get("comm_bytes") or {}).items()},
+            time_s=None if t is None else TimeBreakdown(**{k: float(v) for k, v in t.items()}),
+            tokens_per_s=d.get("tokens_per_s"),
+            model_tflops_per_gpu=d.get("model_tflops_per_gpu"),
+            mfu=d.get("mfu"),
+            hardware_tflops_per_gpu=d.get("hardware_tflops_per_gpu"),
+            hfu=d.get("hfu"),
+            traced_memory_bytes=None if tm is None else MemoryBreakdown.from_dict(tm),
+            notes=tuple(d.get("notes", ())),
+        )
+
+
+def balanced_split(layers: int, stages: int) -> tuple[int, ...]:
+    """Layers per (virtual) stage as even as possible. Leftover layers go to the middle stages
+    first, because the first stage also holds the embedding and the last the head and the loss."""
+    if stages <= 0 or layers < stages:
+        raise PlanError(f"cannot split {layers} layers into {stages} pipeline stages: "
+                        "every stage needs at least one layer; lower pp or interleave")
+    base, extra = divmod(layers, stages)
+    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
+    counts = [base] * stages
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One layout for one model. Construct, then ``validate()``; or ``Plan.load(path)``."""
+
+    model: ModelSpec
+    dims: ParallelDims = ParallelDims()
+    shape: TrainShape = TrainShape()
+    zero_stage: int = 0  # 0 = plain data parallel (DDP), 1 = optimizer states sharded, 2 = + grads, 3 = + weights
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"
+    interleave: int = 1  # virtual pipeline stages per rank
+    stage_layers: tuple[int, ...] = ()  # layers per virtual stage in model order; () = balanced_split
+    dtype: str = "bfloat16"
+    flash_attention: bool = True
+    cluster: str = ""  # name of the cluster the plan was made for ("" = unspecified)
+    estimate: StepEstimate | None = None
+
+    # ---- derived ---------------------------------------------------------------------------
+    @property
+    def tp(self) -> int:
+        return self.dims.tp
+
+    @property
+    def pp(self) -> int:
+        return self.dims.pp
+
+    @property
+    def dp(self) -> int:
+        return self.dims.dp
+
+    @property
+    def gpus(self) -> int:
+        return self.dims.world_size
+
+    @property
+    def micro_batch(self) -> int:
+        return self.shape.micro_batch
+
+    @property
+    def global_batch(self) -> int:
+        return self.shape.global_batch
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step (each dp replica runs this many)."""
+        return self.shape.global_batch // (self.shape.micro_batch * self.dims.dp)
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.dims.pp * self.interleave
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.shape.global_batch * self.model.seq_len
+
+    def layers_per_stage(self) -> tuple[int, ...]:
+        """Layers of each virtual stage, in model order (length pp * interleave)."""
+        return self.stage_layers or balanced_split(self.model.layers, self.virtual_stages)
+
+    def stages_of_rank(self, pp_rank: int) -> tuple[int, ...]:
+        """Virtual stages held by pipeline rank ``pp_rank``: looped placement, stage k on rank k % pp
+        (the placement of interleaved 1F1B and interleaved zero bubble)."""
+        return tuple(range(pp_rank, self.virtual_stages, self.dims.pp))
+
+    def with_estimate(self, estimate: StepEstimate | None) -> "Plan":
+        return dataclasses.replace(self, estimate=estimate)
+
+    def replace(self, **changes: Any) -> "Plan":
+        return dataclasses.replace(self, **changes)
+
+    # ---- validation --------------------------------------------------------------------------
+    def validate(self, cluster: ClusterSpec | None = None) -> "Plan":
+        """Raise PlanError naming the first problem and its fix; return self when the plan can run."""
+        m, d, s = self.model, self.dims, self.shape
+        for name, value in (("tp", d.tp), ("pp", d.pp), ("dp", d.dp), ("micro-batch", s.micro_batch),
+                            ("global-batch", s.global_batch), ("interleave", self.interleave)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise PlanError(f"--{name} must be a positive integer, got {value!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise PlanError(f"--zero must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.recompute not in RECOMPUTE:
+            raise PlanError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.dtype not in DTYPES:
+            raise PlanError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if m.heads % d.tp:
+            raise PlanError(f"heads {m.heads} of {m.name} are not divisible by tp {d.tp}; "
+                            f"choose tp among {_divisors(m.heads)}")
+        if m.kv_heads % d.tp:
+            raise PlanError(f"kv_heads {m.kv_heads} of {m.name} are not divisible by tp {d.tp}; "
+                            f"choose tp among {_divisors(m.kv_heads)}")
+        if m.ffn_hidden % d.tp:
+            raise PlanError(f"ffn_hidden {m.ffn_hidden} of {m.name} is not divisible by tp {d.tp}")
+        if m.vocab % d.tp:
+            raise PlanError(f"vocab {m.vocab} of {m.name} is not divisible by tp {d.tp}; "
+                            "pad the vocabulary (e.g. to a multiple of 128*tp)")
+        if self.sequence_parallel and d.tp == 1:
+            raise PlanError("--sequence-parallel needs tp > 1 (it splits the sequence over the tp group)")
+        if self.sequence_parallel and m.seq_len % d.tp:
+            raise PlanError(f"sequence parallel needs seq_len {m.seq_len} divisible by tp {d.tp}")
+        if s.global_batch % (s.micro_batch * d.dp):
+            raise PlanError(f"global batch {s.global_batch} is not divisible by micro-batch x dp = "
+                            f"{s.micro_batch} x {d.dp}; use a multiple of {s.micro_batch * d.dp}")
+        if self.schedule in ("interleaved", "zero_bubble") and d.pp > 1 and self.interleave < 2:
+            raise PlanError(f"schedule {self.schedule} needs --interleave >= 2 (virtual stages per rank)")
+        if self.schedule in ("gpipe", "1f1b") and self.interleave != 1:
+            raise PlanError(f"--interleave {self.interleave} needs schedule interleaved or zero_bubble")
+        if d.pp > 1 and self.schedule != "gpipe" and self.num_microbatches < d.pp:
+            raise PlanError(f"{self.num_microbatches} micro-batches per step are fewer than pp {d.pp}; "
+                            f"the {self.schedule} schedule needs at least pp: raise the global batch "
+                            "or lower micro-batch")
+        if self.stage_layers:
+            if len(self.stage_layers) != self.virtual_stages:
+                raise PlanError(f"stage_layers has {len(self.stage_layers)} entries but the plan has "
+                                f"{self.virtual_stages} virtual stages (pp x interleave)")
+            if any((not isinstance(n, int)) or n <= 0 for n in self.stage_layers):
+                raise PlanError("every entry of stage_layers must be a positive integer")
+            if sum(self.stage_layers) != m.layers:
+                raise PlanError(f"stage_layers sums to {sum(self.stage_layers)} but {m.name} has "
+                                f"{m.layers} layers")
+        else:
+            balanced_split(m.layers, self.virtual_stages)  # raises if stages > layers
+        if cluster is not None and d.tp > cluster.gpus_per_node:
+            raise PlanError(f"tp {d.tp} is larger than a {cluster.name} node ({cluster.gpus_per_node} "
+                            "devices): tensor parallelism must stay inside a node")
+        return self
+
+    # ---- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PLAN_VERSION,
+            "model": self.model.to_dict(),
+            "cluster": self.cluster,
+            "gpus": self.gpus,
+            "tp": self.dims.tp,
+            "pp": self.dims.pp,
+            "dp": self.dims.dp,
+            "micro_batch": self.shape.micro_batch,
+            "global_batch": self.shape.global_batch,
+            "num_microbatches": self.num_microbatches,
+            "zero_stage": self.zero_stage,
+            "recompute": self.recompute,
+            "sequence_parallel": self.sequence_parallel,
+            "schedule": self.schedule,
+            "interleave": self.interleave,
+            "stage_layers": list(self.layers_per_stage()),
+            "dtype": self.dtype,
+            "flash_attention": self.flash_attention,
+            "estimate": None if self.estimate is None else self.estimate.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "plan") -> "Plan":
+        if not isinstance(d, Mapping):
+            raise UserError(f"{source}: a plan must be a JSON object")
+        if "plan" in d and isinstance(d["plan"], Mapping) and "model" not in d:
+            d = d["plan"]  # accept `estimate --json` / `search --json` entries, whose plan is nested
+        required = ("model", "tp", "pp", "dp", "micro_batch", "global_batch", "zero_stage",
+                    "recompute", "sequence_parallel", "schedule", "interleave")
+        optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
+                    "flash_attention", "estimate")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
+        unknown = sorted(set(d) - set(required) - set(optional))
+        if unknown:
+            raise UserError(f"{source}: unknown plan key(s) {', '.join(unknown)}")
+        if d.get("version", PLAN_VERSION) != PLAN_VERSION:
+            raise UserError(f"{source}: plan version {d.get('version')!r} is not {PLAN_VERSION}")
+        if not isinstance(d["model"], Mapping):
+            raise UserError(f"{source}: `model` must be an object of model fields")
+        try:
+            plan = cls(
+                model=ModelSpec.from_dict(d["model"], source=f"{source}: model"),
+                dims=ParallelDims(tp=d["tp"], pp=d["pp"], dp=d["dp"]),
+                shape=TrainShape(micro_batch=d["micro_batch"], global_batch=d["global_batch"]),
+                zero_stage=d["zero_stage"],
+                recompute=d["recompute"],
+                sequence_parallel=bool(d["sequence_parallel"]),
+                schedule=d["schedule"],
+                interleave=d["interleave"],
+                stage_layers=tuple(d.get("stage_layers") or ()),
+                dtype=d.get("dtype", "bfloat16"),
+                flash_attention=bool(d.get("flash_attention", True)),
+                cluster=str(d.get("cluster") or ""),
+                estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{source}: malformed plan ({type(exc).__name__}: {exc})") from None
+        plan.validate()
+        if plan.stage_layers and plan.stage_layers == balanced_split(plan.model.layers, plan.virtual_stages):
+            plan = plan.replace(stage_layers=())  # the default split is stored as "balanced"
+        if "gpus" in d and d["gpus"] != plan.gpus:
+            raise UserError(f"{source}: gpus {d['gpus']} != tp*pp*dp = {plan.gpus}")
+        if "num_microbatches" in d and d["num_microbatches"] != plan.num_microbatches:
+            raise UserError(f"{source}: num_microbatches {d['num_microbatches']} != "
+                            f"global_batch/(micro_batch*dp) = {plan.num_microbatches}")
+        return plan
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path: str | Path) -> None:
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        return cls.from_dict(read_json(path), source=str(path))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run measured. Times are medians over the steps after warm-up."""
+
+    steps: int
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_memory_bytes: float | None = None  # max over ranks
+    peak_memory_by_stage: tuple[float, ...] = ()  # max over the ranks of each pipeline stage
+    first_loss: float | None = None
+    last_loss: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["peak_memory_by_stage"] = list(self.peak_memory_by_stage)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Measured":
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["peak_memory_by_stage"] = tuple(kw.get("peak_memory_by_stage") or ())
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One training run: the plan, the prediction made for it, and what was measured.
+    Appended as one JSON line to a runs file; read back by calibrate, validate and tune."""
+
+    plan: Plan
+    measured: Measured | None
+    status: str = "ok"  # ok | failed | oom | timeout
+    device: str = ""  # e.g. "cpu", "NVIDIA H200"
+    env: Mapping[str, Any] = field(default_factory=dict)  # torch version, host, backend, date ...
+    error: str = ""
+
+    @property
+    def predicted(self) -> StepEstimate | None:
+        return self.plan.estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "run_record",
+            "plan": self.plan.to_dict(),
+            "predicted": None if self.predicted is None else self.predicted.to_dict(),
+            "measured": None if self.measured is None else self.measured.to_dict(),
+            "status": self.status,
+            "device": self.device,
+            "env": dict(self.env),
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "run record") -> "RunRecord":
+        try:
+            plan_d = dict(d["plan"])
+            if d.get("predicted") is not None:
+                plan_d["estimate"] = d["predicted"]
+            return cls(
+                plan=Plan.from_dict(plan_d, source=source),
+                measured=None if d.get("measured") is None else Measured.from_dict(d["measured"]),
+                status=str(d.get("status", "ok")),
+                device=str(d.get("device", "")),
+                env=dict(d.get("env") or {}),
+                error=str(d.get("error", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{source}: malformed run record ({type(exc).__name__}: {exc})") from None
+
+
+def append_run_record(path: str | Path, record: RunRecord) -> None:
+    """Append one record as a JSON line (one write call, so concurrent appenders do not interleave)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record.to_dict()) + "\n")
+
+
+def read_run_records(path: str | Path) -> list[RunRecord]:
+    """Every RunRecord line of a JSON-lines file (other kinds of lines, e.g. per-step metrics, are
+    skipped). Malformed lines are a UserError naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such runs file")
+    records = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise UserError(f"{path}:{lineno}: not a JSON line") from None
+        if isinstance(obj, dict) and obj.get("kind") == "run_record":
+            records.append(RunRecord.from_dict(obj, source=f"{path}:{lineno}"))
+    return records
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON beside the target, then rename: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0 and k <= 64)
+
+
+__all__ = [
+    "DTYPES", "RECOMPUTE", "SCHEDULES", "Measured", "MemoryBreakdown", "ParallelDims", "Plan",
+    "RunRecord", "StepEstimate", "TimeBreakdown", "TrainShape", "append_run_record",
+    "balanced_split", "read_json", "read_run_records", "write_json_atomic",
+]

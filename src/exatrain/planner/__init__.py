@@ -1,0 +1,1 @@
+"""The planner: counts (accounting), time (cost) and choice (search). Imports no torch."""

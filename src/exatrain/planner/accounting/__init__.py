@@ -1,0 +1,1 @@
+"""Counts without time: parameters, FLOPs, memory and communication bytes of a layout."""

@@ -1,0 +1,90 @@
+"""Exact parameter counts, for the whole model and for one rank of each pipeline stage.
+
+The counts follow the two architectures of ``exatrain.catalog.models`` tensor by tensor, so they
+equal ``sum(p.numel())`` of the trainer's model. For the GPT family with ffn_hidden = 4h they reduce
+to Narayanan et al. 2021 Eq. 2: 12*L*h^2*(1 + 13/(12h)) + (V + s)*h (plus the final LayerNorm's 2h).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exatrain.catalog.models import ModelSpec
+from exatrain.plan import Plan
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """One transformer layer's parameters, split by how tensor parallelism treats them."""
+
+    sharded: int  # column/row-parallel weights and column-parallel biases: divided by tp
+    replicated: int  # norms and row-parallel output biases: every tp rank holds them whole
+
+    def per_rank(self, tp: int) -> int:
+        return self.sharded // tp + self.replicated
+
+
+def layer_params(m: ModelSpec) -> LayerParams:
+    """Parameters of one transformer layer (Megatron-style TP sharding, Shoeybi et al. 2019 Sec. 3)."""
+    h, f, kvh = m.hidden, m.ffn_hidden, m.kv_hidden
+    attn_w = h * (h + 2 * kvh) + h * h  # fused QKV (column-parallel) + output projection (row-parallel)
+    mlp_w = (3 if m.gated_mlp else 2) * h * f  # SwiGLU: gate, up, down; GELU MLP: fc1, fc2
+    if m.has_bias:
+        sharded_bias = (h + 2 * kvh) + f  # QKV and fc1 biases are split with their columns
+        replicated_bias = h + h  # proj and fc2 biases are added after the all-reduce
+        norms = 2 * (2 * h)  # two LayerNorms, weight + bias
+    else:
+        sharded_bias = replicated_bias = 0
+        norms = 2 * h  # two RMSNorms, weight only
+    return LayerParams(sharded=attn_w + mlp_w + sharded_bias, replicated=replicated_bias + norms)
+
+
+def embedding_params(m: ModelSpec) -> int:
+    """Token embedding (vocab-parallel over tp) — without the position table."""
+    return m.vocab * m.hidden
+
+
+def position_params(m: ModelSpec) -> int:
+    """Learned position table (GPT); rotary embeddings have none."""
+    return m.seq_len * m.hidden if m.learned_positions else 0
+
+
+def final_norm_params(m: ModelSpec) -> int:
+    return 2 * m.hidden if m.has_bias else m.hidden
+
+
+def head_params(m: ModelSpec) -> int:
+    """Separate output head; zero when tied to the token embedding."""
+    return 0 if m.tied_embeddings else m.vocab * m.hidden
+
+
+def total_params(m: ModelSpec) -> int:
+    """Unique parameters of the whole model (a tied head counted once)."""
+    lp = layer_params(m)
+    return (m.layers * (lp.sharded + lp.replicated) + embedding_params(m) + position_params(m)
+            + final_norm_params(m) + head_params(m))
+
+
+def stage_params(plan: Plan) -> tuple[int, ...]:
+    """Parameters held by one rank of each pipeline stage (pp entries), after TP sharding.
+
+    Rank 0 of the pipeline holds the embeddings; the last holds the final norm and the head. With
+    a tied head and pp > 1 the last stage keeps its own copy of the word embedding (kept equal by
+    an all-reduce of its gradient, as Megatron-LM does), so it is counted on both ends.
+    """
+    m, tp = plan.model, plan.tp
+    lp = layer_params(m).per_rank(tp)
+    layers = plan.layers_per_stage()
+    counts = []
+    for rank in range(plan.pp):
+        n = sum(layers[v] for v in plan.stages_of_rank(rank)) * lp
+        if rank == 0:
+            n += embedding_params(m) // tp + position_params(m)
+        if rank == plan.pp - 1:
+            n += final_norm_params(m)
+            if not m.tied_embeddings:
+                n += head_params(m) // tp
+            elif plan.pp > 1:
+                n += embedding_params(m) // tp
+        counts.append(n)
+    return tuple(counts)
