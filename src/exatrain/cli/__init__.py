@@ -16,6 +16,7 @@ from exatrain.errors import UserError
 # Command modules, in the order their commands appear in `exatrain --help`.
 COMMAND_MODULES = (
     "exatrain.cli.catalog_cmds",   # models, hardware
+    "exatrain.cli.planner_cmds",   # estimate, search, scaling
 )
 
 
@@ -33,7 +34,10 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help / --version (0) or a usage error (2, one line already printed)
+        return int(exc.code or 0)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
