@@ -83,9 +83,9 @@ class MemoryBreakdown:
 
 @dataclass(frozen=True)
 class TimeBreakdown:
-    """Seconds per optimizer step. ``step`` is the total; the rest are its exposed parts:
-    compute (busy time of the slowest stage), bubble (pipeline idle), exposed communication of
-    each kind, and the optimizer update."""
+    """Seconds per optimizer step. ``step`` is the total; the rest are its exposed parts, which add
+    up to it: compute (busy time of the busiest rank), bubble (pipeline idle), exposed communication
+    of each kind, the optimizer update, and other fixed per-step work (data, logging, launches)."""
 
     step: float
     compute: float
@@ -94,6 +94,7 @@ class TimeBreakdown:
     pp_comm: float = 0.0
     dp_comm: float = 0.0
     optimizer: float = 0.0
+    other: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

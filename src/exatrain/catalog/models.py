@@ -42,6 +42,7 @@ class ModelSpec:
     tied_embeddings: bool | None = None  # None means the family's default (gpt: tied, llama: untied)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    dropout: float = 0.0  # on attention probabilities and on both residual branches (GPT-2/Megatron)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -99,6 +100,8 @@ class ModelSpec:
         if self.arch == "gpt" and self.kv_heads != self.heads:
             raise UserError(f"{where}: grouped-query attention (kv_heads) is a llama-style feature; "
                             "use arch 'llama' or drop kv_heads")
+        if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
+            raise UserError(f"{where}: dropout must be in [0, 1), got {self.dropout!r}")
         if self.arch == "llama" and self.head_dim % 2:
             raise UserError(f"{where}: rotary embeddings need an even head_dim, got {self.head_dim}")
 

@@ -88,10 +88,10 @@ def print_estimate(plan: Plan, cluster_name: str) -> None:
     if est.time_s is not None:
         ts = est.time_s
         tt = Table(title="step time, seconds")
-        for col in ("step", "compute", "bubble", "tp comm", "pp comm", "dp comm", "optimizer"):
+        for col in ("step", "compute", "bubble", "tp comm", "pp comm", "dp comm", "optimizer", "other"):
             tt.add_column(col, justify="right")
         tt.add_row(*(f"{x:.3f}" for x in (ts.step, ts.compute, ts.bubble, ts.tp_comm, ts.pp_comm,
-                                          ts.dp_comm, ts.optimizer)))
+                                          ts.dp_comm, ts.optimizer, ts.other)))
         con.print(tt)
         line = f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model TFLOPS per GPU"
         if est.mfu is not None:

@@ -13,10 +13,15 @@ from exatrain.planner.accounting.comms import comm_bytes_per_rank
 from exatrain.planner.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.planner.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
 from exatrain.planner.accounting.params import stage_params, total_params
+from exatrain.planner.cost.params import CostParams, default_params
+from exatrain.planner.cost.step import step_time
 
 
-def estimate_plan(plan: Plan, cluster: ClusterSpec) -> StepEstimate:
-    """Memory of every stage and the counts of one optimizer step for ``plan`` on ``cluster``."""
+def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None) -> StepEstimate:
+    """Memory of every stage, the counts of one optimizer step, and the predicted step time of
+    ``plan`` on ``cluster``. ``params`` are the cost model's efficiencies (default: the device's
+    prior, or what a calibration file measured)."""
+    cp = params or default_params(cluster.device.name)
     by_stage = memory_by_stage(plan)
     worst = max(by_stage, key=lambda mb: mb.total)
     capacity = cluster.device.hbm_bytes
@@ -24,9 +29,17 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec) -> StepEstimate:
         "bytes/param: weights 4 fp32 (+2 16-bit copy in bf16), gradients 4 fp32, Adam 8 fp32; "
         "sharded per ZeRO stage",
         f"other = pipeline buffers + {FRAGMENTATION_ALLOWANCE:.0%} allocator allowance",
-        "activations: Korthikanti et al. 2022 Table 2, no dropout"
-        + (", flash attention" if plan.flash_attention else ""),
+        "activations: Korthikanti et al. 2022 Table 2"
+        + (f", dropout {plan.model.dropout:g}" if plan.model.dropout else ", no dropout")
+        + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
+    time_s, _ = step_time(plan, cluster, cp)
+    model_flops = model_flops_per_step(plan.model, plan.global_batch)
+    hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute)
+    model_tf = model_flops / time_s.step / plan.gpus / 1e12
+    hw_tf = hw_flops / time_s.step / plan.gpus / 1e12
+    peak = cluster.device.peak_flops(plan.dtype)
+    notes += (f"cost model: {cp.source} parameters for {cluster.device.name}",)
     return StepEstimate(
         params=total_params(plan.model),
         params_by_stage=stage_params(plan),
@@ -34,8 +47,14 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec) -> StepEstimate:
         memory_by_stage=by_stage,
         capacity_bytes=capacity,
         fits=worst.total <= capacity,
-        model_flops_per_step=model_flops_per_step(plan.model, plan.global_batch),
-        hardware_flops_per_step=hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute),
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hw_flops,
         comm_bytes=comm_bytes_per_rank(plan),
+        time_s=time_s,
+        tokens_per_s=plan.tokens_per_step / time_s.step,
+        model_tflops_per_gpu=model_tf,
+        mfu=None if peak is None else model_tf * 1e12 / peak,
+        hardware_tflops_per_gpu=hw_tf,
+        hfu=None if peak is None else hw_tf * 1e12 / peak,
         notes=notes,
     )

@@ -23,6 +23,7 @@ class Collective:
     group: int
     message_bytes: float
     count: float
+    axis: str = "dp"  # which ranks: tp group, dp group, pp neighbours, or the pipeline's two ends
 
     @property
     def bytes_per_rank(self) -> float:
@@ -53,15 +54,15 @@ def tp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
     per_layer = 4 + (2 if plan.recompute == "full" else 0)
     out: list[Collective] = []
     if plan.sequence_parallel:
-        out += [Collective("all_gather", t, msg, per_layer * layers * mb),
-                Collective("reduce_scatter", t, msg, per_layer * layers * mb)]
+        out += [Collective("all_gather", t, msg, per_layer * layers * mb, "tp"),
+                Collective("reduce_scatter", t, msg, per_layer * layers * mb, "tp")]
     else:
-        out.append(Collective("all_reduce", t, msg, per_layer * layers * mb))
+        out.append(Collective("all_reduce", t, msg, per_layer * layers * mb, "tp"))
     if pp_rank == 0:
-        out.append(Collective("all_reduce" if not plan.sequence_parallel else "reduce_scatter", t, msg, mb))
+        out.append(Collective("all_reduce" if not plan.sequence_parallel else "reduce_scatter", t, msg, mb, "tp"))
     if pp_rank == plan.pp - 1:
-        out.append(Collective("all_reduce" if not plan.sequence_parallel else "reduce_scatter", t, msg, mb))
-        out.append(Collective("all_reduce", t, 3 * 4 * b * m.seq_len, mb))
+        out.append(Collective("all_reduce" if not plan.sequence_parallel else "reduce_scatter", t, msg, mb, "tp"))
+        out.append(Collective("all_reduce", t, 3 * 4 * b * m.seq_len, mb, "tp"))
     return tuple(out)
 
 
@@ -78,7 +79,7 @@ def pp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
     sends = 0
     for v in plan.stages_of_rank(pp_rank):
         sends += (v != last) + (v != 0)  # forward output (not from the last), input grad (not from the first)
-    return (Collective("send_recv", 2, msg, sends * plan.num_microbatches),)
+    return (Collective("send_recv", 2, msg, sends * plan.num_microbatches, "pp"),)
 
 
 def dp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
@@ -86,8 +87,9 @@ def dp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
 
     ZeRO-0: all-reduce of fp32 gradients. ZeRO-1 (ZeroRedundancyOptimizer): the same all-reduce,
     then each rank broadcasts its updated shard. ZeRO-2: reduce-scatter gradients, all-gather the
-    16-bit compute weights once. ZeRO-3: all-gather weights in forward and again in backward,
-    reduce-scatter gradients (Rajbhandari et al. 2020 Sec. 7: 1.5x ZeRO-0's volume).
+    16-bit compute weights once. ZeRO-3: all-gather weights in forward and again in backward of
+    every micro-batch, reduce-scatter the accumulated gradients once (Rajbhandari et al. 2020
+    Sec. 7: 1.5x ZeRO-0's volume with one micro-batch).
     A tied head with pp > 1 adds an all-reduce of the embedding gradient between the two ends."""
     params = stage_params(plan)[pp_rank]
     d = plan.dp
@@ -104,10 +106,10 @@ def dp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
                     Collective("all_gather", d, params * w_bytes, 1)]
         else:
             out += [Collective("reduce_scatter", d, grads, 1),
-                    Collective("all_gather", d, params * w_bytes, 2)]
+                    Collective("all_gather", d, params * w_bytes, 2 * plan.num_microbatches)]
     m = plan.model
     if m.tied_embeddings and plan.pp > 1 and pp_rank in (0, plan.pp - 1):
-        out.append(Collective("all_reduce", 2, embedding_params(m) / plan.tp * GRAD_BYTES, 1))
+        out.append(Collective("all_reduce", 2, embedding_params(m) / plan.tp * GRAD_BYTES, 1, axis="pp-ends"))
     return tuple(out)
 
 

@@ -72,7 +72,7 @@ def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
 
 def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int, *, sequence_parallel: bool,
                            recompute: str, flash: bool, dtype: str = "bfloat16",
-                           dropout: bool = False) -> float:
+                           dropout: bool | None = None) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
 
     Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
@@ -86,6 +86,8 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int, *, sequence_
     """
     s, b, h = m.seq_len, micro_batch, m.hidden
     e = COMPUTE_BYTES[dtype]
+    if dropout is None:
+        dropout = m.dropout > 0
     sp_div = tp if sequence_parallel else 1
     if recompute == "full":
         return e * s * b * h / sp_div  # only the layer input is kept

@@ -1,0 +1,142 @@
+"""Compute time of one layer, the embedding and the head, per micro-batch on one rank.
+
+* GEMMs (the layer's shapes from accounting.flops.layer_gemms): time = FLOPs / (peak * gemm_eff *
+  prod_d d/(d + gemm_dim_half)) + gemm_overhead_s per call — large GEMMs run near a device's
+  practical peak, thin ones (a small head_dim, a small tp shard) and short ones fall off it.
+  Backward runs two GEMMs of the forward's size (input and weight gradient).
+* Fused (flash) attention at attn_eff of peak; its backward costs 2.5x its forward (FlashAttention-2,
+  Dao 2023, Sec. 3.2: five matmuls against two, minus the causal skip both share).
+* Element-wise kernels (norms, activation, residual adds, softmax without flash, rotary, loss) are
+  memory-bound: bytes / (memory bandwidth * mem_eff); backward moves about twice the forward's bytes.
+  Byte counts assume Megatron-style fused kernels (bias-GELU, bias-dropout-add, scale-mask-softmax).
+
+All size arguments may be numpy arrays (the search evaluates many layouts at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.errors import UserError
+from exatrain.planner.accounting.flops import Gemm, layer_gemms, logits_gemm
+from exatrain.planner.accounting.memory import COMPUTE_BYTES
+from exatrain.planner.cost.params import CostParams
+
+
+@dataclass(frozen=True)
+class Device:
+    """Peak speed and bandwidth the cost model uses for one rank (catalog, or a calibration)."""
+
+    peak_flops: float
+    mem_bytes_per_s: float
+    params: CostParams
+
+
+def device_for(cluster: ClusterSpec, dtype: str, params: CostParams) -> Device:
+    peak = params.peak_flops or cluster.device.peak_flops(dtype)
+    if peak is None and dtype != "float32":
+        peak = cluster.device.peak_flops("float32")
+    if peak is None:
+        raise UserError(f"device {cluster.device.name!r} has no {dtype} peak in the catalog; "
+                        "measure it with `exatrain bench --out calib.json` and pass --calibration calib.json")
+    bw = params.mem_bytes_per_s or cluster.device.hbm_bytes_per_s
+    return Device(peak_flops=float(peak), mem_bytes_per_s=float(bw), params=params)
+
+
+def gemm_time_s(g: Gemm, dev: Device, calls: int = 1):
+    """Seconds for ``calls`` GEMMs of shape ``g`` (batched ``g.count`` times per call)."""
+    p = dev.params
+    half = p.gemm_dim_half
+    shape = 1.0
+    for d in (g.m, g.n, g.k):
+        d = np.asarray(d, dtype=float)
+        shape = shape * d / (d + half)
+    return calls * (g.flops / (dev.peak_flops * p.gemm_eff * shape) + p.gemm_overhead_s)
+
+
+def elementwise_time_s(n_bytes, dev: Device):
+    return n_bytes / (dev.mem_bytes_per_s * dev.params.mem_eff)
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """One transformer layer, one micro-batch, one rank, communication excluded (seconds)."""
+
+    fwd: object  # float or array
+    bwd: object
+    recompute: object  # extra forward work done inside backward
+    attention_core_fwd: object  # the part selective recomputation repeats
+
+
+def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
+                dtype: str, dev: Device) -> LayerTimes:
+    e = COMPUTE_BYTES[dtype]
+    tokens = np.asarray(micro_batch) * m.seq_len
+    gemms = layer_gemms(m, micro_batch, tp)
+    dense = [g for g in gemms if not g.name.startswith("attn_")]
+    gemm_fwd = sum(gemm_time_s(g, dev) for g in dense)
+    h, f, kvh = m.hidden, m.ffn_hidden, m.kv_hidden
+    tp_a = np.asarray(tp, dtype=float)
+    rep_div = tp_a if sequence_parallel else 1.0
+    # elements read + written per token, forward
+    replicated = 10.0 * h  # two norms (r h, w h) + two fused bias-dropout-add (r 2h, w h)
+    if m.dropout > 0:
+        replicated += 2.0 * h / e  # the two residual-branch dropout masks, one byte each
+    sharded = (3.0 * f if m.gated_mlp else 2.0 * f)  # SwiGLU reads gate, up, writes product; GELU r/w
+    if not m.learned_positions:
+        sharded += 2.0 * (h + 2 * kvh)  # rotary on q and k (read + write)
+    elem_fwd = elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a), dev)
+    if flash:
+        attn_flops = 4.0 * tokens * m.seq_len * h / tp_a
+        attn_fwd = attn_flops / (dev.peak_flops * dev.params.attn_eff)
+        attn_bwd = 2.5 * attn_fwd
+    else:
+        scores = [g for g in gemms if g.name.startswith("attn_")]
+        # fused scale-mask-softmax reads and writes the scores; attention dropout reads them again,
+        # writes its output and a one-byte mask (Megatron runs it as a separate kernel).
+        per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
+        softmax = elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev)
+        attn_fwd = sum(gemm_time_s(g, dev) for g in scores) + softmax
+        attn_bwd = sum(gemm_time_s(g, dev, calls=2) for g in scores) + 2 * softmax
+    fwd = gemm_fwd + attn_fwd + elem_fwd
+    bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd
+    if recompute == "full":
+        extra = fwd
+    elif recompute == "selective":
+        extra = attn_fwd
+    else:
+        extra = 0.0 * fwd
+    return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd)
+
+
+def embedding_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device):
+    """(forward, backward) seconds of the token (+ position) embedding on the first stage."""
+    e = COMPUTE_BYTES[dtype]
+    tokens = np.asarray(micro_batch) * m.seq_len
+    div = np.asarray(tp, dtype=float) if sequence_parallel else 1.0
+    n = (3.0 if m.learned_positions else 1.0) * tokens * m.hidden * e / div
+    fwd = elementwise_time_s(n, dev)
+    return fwd, 2 * fwd
+
+
+def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device):
+    """(forward, backward) seconds of final norm, logits GEMM and cross-entropy on the last stage."""
+    e = COMPUTE_BYTES[dtype]
+    tokens = np.asarray(micro_batch) * m.seq_len
+    tp_a = np.asarray(tp, dtype=float)
+    g = logits_gemm(m, micro_batch, tp)
+    norm = elementwise_time_s(2.0 * tokens * m.hidden * e / (tp_a if sequence_parallel else 1.0), dev)
+    # cross-entropy over vocab-parallel logits in fp32: read logits, write/read fp32 softmax.
+    ce = elementwise_time_s(tokens * (m.vocab / tp_a) * (e + 4 + 4), dev)
+    fwd = gemm_time_s(g, dev) + norm + ce
+    bwd = gemm_time_s(g, dev, calls=2) + 2 * norm + ce
+    return fwd, bwd
+
+
+def optimizer_time_s(params_updated, dev: Device):
+    """Adam over fp32 states: read param, grad, m, v and write param, m, v, plus the 16-bit copy."""
+    return elementwise_time_s(np.asarray(params_updated, dtype=float) * 32.0, dev)

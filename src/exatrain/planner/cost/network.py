@@ -1,0 +1,58 @@
+"""Time of collectives on the link tier a group actually spans (alpha-beta model).
+
+Ring algorithms (Patarasuk & Yuan 2009; Thakur et al. 2005): over n ranks an all-reduce takes
+2(n-1) steps of latency alpha and sends 2(n-1)/n of the buffer per rank; all-gather, reduce-scatter
+and broadcast (pipelined) half of that; a send/recv one step and the whole buffer.
+
+Ranks are ordered tp fastest, then dp, then pp, so a tp group is ``tp`` consecutive ranks, a dp group
+strides by tp (spanning tp*(dp-1)+1 ranks) and pipeline neighbours are tp*dp apart. A group is
+carried by the narrowest tier that spans it (``ClusterSpec.tier_for``): on Frontier tp=2 talks over
+the 200 GB/s GCD pair, tp=4 or 8 over 50 GB/s Infinity Fabric, anything wider over Slingshot.
+Functions accept numpy arrays for sizes and group sizes (the search evaluates many plans at once).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.planner.cost.params import CostParams
+
+_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+
+
+def tier_arrays(cluster: ClusterSpec, span):
+    """Per-rank bandwidth (bytes/s) and latency (s) of the tier carrying a group of ``span`` ranks."""
+    span = np.asarray(span)
+    bw = np.full(span.shape, cluster.network.bytes_per_s, dtype=float)
+    lat = np.full(span.shape, cluster.network.latency_s, dtype=float)
+    # Walk tiers widest-first so the narrowest covering tier wins.
+    for tier in reversed(cluster.tiers[:-1]):
+        inside = span <= tier.span
+        bw = np.where(inside, tier.bytes_per_s, bw)
+        lat = np.where(inside, tier.latency_s, lat)
+    return bw, lat
+
+
+def collective_time_s(kind: str, group, message_bytes, bw, lat, params: CostParams):
+    """Seconds for one collective of ``message_bytes`` over ``group`` ranks on links (bw, lat)."""
+    n = np.asarray(group, dtype=float)
+    eff_bw = np.asarray(bw, dtype=float) * params.link_eff
+    if kind == "send_recv":
+        return lat + message_bytes / eff_bw
+    steps = _STEPS[kind]
+    frac = steps * (n - 1) / np.maximum(n, 1)
+    t = steps * (n - 1) * lat + frac * message_bytes / eff_bw
+    return np.where(n > 1, t, 0.0)
+
+
+def tp_span(tp):
+    return np.asarray(tp)
+
+
+def dp_span(tp, dp):
+    return np.asarray(tp) * (np.asarray(dp) - 1) + 1
+
+
+def pp_span(tp, dp):
+    return np.asarray(tp) * np.asarray(dp) + 1

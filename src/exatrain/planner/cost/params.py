@@ -1,0 +1,95 @@
+"""The cost model's free factors: how close real kernels and collectives come to the datasheet.
+
+One ``CostParams`` per device kind (and its cluster's links) — never per run. Defaults below are
+the planner's prior; ``exatrain bench`` measures them on the machine at hand and ``exatrain
+calibrate`` refits them from RunRecords, both writing a calibration file (JSON) that
+``load_calibration`` reads and ``exatrain estimate --calibration`` applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from exatrain.errors import UserError
+from exatrain.plan import read_json, write_json_atomic
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiencies and overheads of one device type and its cluster's links."""
+
+    gemm_eff: float = 0.75  # fraction of dense peak a large GEMM reaches
+    gemm_overhead_s: float = 20e-6  # fixed time per GEMM call: launch, tile and wave quantisation
+    gemm_dim_half: float = 32.0  # a GEMM dimension d costs a factor d/(d + this): thin GEMMs are slow
+    attn_eff: float = 0.30  # fused (flash) attention: fraction of peak, causal, full-count FLOPs
+    mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels
+    link_eff: float = 0.75  # fraction of link bandwidth reached by collectives (algorithm bw)
+    dp_overlap: float = 1.0  # fraction of one micro-batch's backward that hides DP reduction
+    step_overhead_s: float = 0.01  # per optimizer step: data, logging, launch latency
+    peak_flops: float | None = None  # measured peak overriding the catalog (e.g. a CPU, which has none)
+    mem_bytes_per_s: float | None = None  # measured memory bandwidth overriding the catalog
+    source: str = "default"
+
+    def replace(self, **kw: Any) -> "CostParams":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "calibration") -> "CostParams":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserError(f"{source}: unknown cost parameter(s) {', '.join(unknown)}")
+        out = cls(**{k: v for k, v in d.items()})
+        for f in dataclasses.fields(cls):
+            v = getattr(out, f.name)
+            if f.name == "source":
+                continue
+            if v is None and f.name in ("peak_flops", "mem_bytes_per_s"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise UserError(f"{source}: {f.name} must be a non-negative number, got {v!r}")
+        return out
+
+
+# Priors per device (see benchmarks/RESULTS.md for how each was chosen and how well it predicts).
+# A100 and MI250X: one set each, chosen against all published rows of their cluster together
+# (benchmarks/prediction_error.py); H200/H100 GEMM figures from reference/h200_anchor_2026-11-30.jsonl.
+DEFAULTS: dict[str, CostParams] = {
+    "a100-80gb": CostParams(gemm_eff=0.80, gemm_overhead_s=15e-6, attn_eff=0.30, mem_eff=0.70,
+                            link_eff=0.70, dp_overlap=1.0, step_overhead_s=0.02, source="prior"),
+    "mi250x-gcd": CostParams(gemm_eff=0.55, gemm_overhead_s=25e-6, attn_eff=0.20, mem_eff=0.60,
+                             link_eff=0.60, dp_overlap=0.5, step_overhead_s=0.05, source="prior"),
+    "h100-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, attn_eff=0.30, mem_eff=0.75,
+                           link_eff=0.75, source="prior"),
+    "h200-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, attn_eff=0.30, mem_eff=0.75,
+                           link_eff=0.75, source="h200 anchor"),
+    "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
+                         link_eff=0.65, source="prior"),
+    "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=5e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,
+                      dp_overlap=0.0, step_overhead_s=0.005, peak_flops=2e10, source="prior"),
+}
+
+
+def default_params(device_name: str) -> CostParams:
+    return DEFAULTS.get(device_name, CostParams())
+
+
+def load_calibration(path: str | Path) -> dict[str, CostParams]:
+    """A calibration file: {"kind": "exatrain-calibration", "devices": {name: {CostParams fields}}}."""
+    d = read_json(path)
+    if not isinstance(d, dict) or d.get("kind") != "exatrain-calibration" or not isinstance(d.get("devices"), dict):
+        raise UserError(f"{path}: not an exatrain calibration file (expected kind 'exatrain-calibration' "
+                        "and a 'devices' object); make one with `exatrain bench` or `exatrain calibrate`")
+    return {name: CostParams.from_dict(v, source=f"{path}: {name}") for name, v in d["devices"].items()}
+
+
+def save_calibration(path: str | Path, params: Mapping[str, CostParams], extra: Mapping[str, Any] | None = None) -> None:
+    write_json_atomic(path, {"kind": "exatrain-calibration",
+                             "devices": {k: v.to_dict() for k, v in params.items()},
+                             **(dict(extra) if extra else {})})
