@@ -7,6 +7,7 @@ from typing import Any
 
 from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, make_console,
                                  print_json, resolve_cluster, resolve_model, resolve_plan)
+from exatrain.errors import UserError
 from exatrain.plan import Plan, StepEstimate
 
 GiB = 1024**3
@@ -23,7 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_layout_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", metavar="PATH", help="also write the plan (with its estimate) as JSON")
+    p.add_argument("--calibration", metavar="PATH", help="cost-model parameters measured by `exatrain bench` "
+                   "or fitted by `exatrain calibrate`")
     p.set_defaults(func=cmd_estimate)
+    _register_search(sub)
+    _register_scaling(sub)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -32,7 +37,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     model = resolve_model(args)
     cluster = resolve_cluster(args)
     plan = resolve_plan(args, model, cluster)
-    est = estimate_plan(plan, cluster)
+    est = estimate_plan(plan, cluster, _cost_params(args, cluster))
     plan = plan.with_estimate(est)
     if args.out:
         plan.save(args.out)
@@ -100,3 +105,224 @@ def print_estimate(plan: Plan, cluster_name: str) -> None:
     for note in est.notes:
         con.print(f"[dim]· {note}[/]")
 
+
+
+# ---- search ------------------------------------------------------------------------------------
+def _register_search(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "search", help="rank every legal layout by predicted throughput",
+        description="Enumerate every legal layout (tp, pp, dp, micro-batch, ZeRO, recompute, sequence "
+                    "parallel, schedule), drop those that do not fit in memory, rank the rest by predicted "
+                    "throughput. Layout flags pin a dimension (e.g. --tp 8).",
+        epilog="example: exatrain search --model gpt-1t --cluster frontier --gpus 3072 --global-batch 1536 --top 10")
+    add_model_args(p)
+    add_cluster_args(p)
+    add_layout_args(p)
+    p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
+    p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
+    p.set_defaults(func=cmd_search)
+
+
+def _space_options(args: argparse.Namespace):
+    from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
+
+    if args.stage_layers is not None or args.dp is not None:
+        raise UserError("search chooses dp and the stage split itself; drop --dp / --stage-layers "
+                        "(pin --tp / --pp instead)")
+    variants = SCHEDULE_VARIANTS
+    if args.schedule is not None:
+        variants = tuple(v for v in variants if v[0] == args.schedule)
+    if args.interleave is not None:
+        variants = tuple((s, args.interleave) for s in dict.fromkeys(s for s, _ in variants)
+                         if (args.interleave == 1) == (s in ("gpipe", "1f1b")))
+        if not variants:
+            raise UserError(f"--interleave {args.interleave} does not go with --schedule {args.schedule}")
+    return SpaceOptions(
+        tp=(args.tp,) if args.tp else None,
+        pp=(args.pp,) if args.pp else None,
+        micro_batch=(args.micro_batch,) if args.micro_batch else None,
+        zero_stage=(args.zero,) if args.zero is not None else (0, 1, 2, 3),
+        recompute=(args.recompute,) if args.recompute else ("none", "selective", "full"),
+        sequence_parallel=(args.sequence_parallel,) if args.sequence_parallel is not None else (False, True),
+        schedules=variants,
+    )
+
+
+def _run_search(args: argparse.Namespace, gpus: int, global_batch: int, top: int):
+    from exatrain.planner.search.search import search
+
+    model = resolve_model(args)
+    cluster = resolve_cluster(args)
+    return search(model, cluster, gpus, global_batch, top=top, options=_space_options(args),
+                  params=_cost_params(args, cluster), dtype=args.dtype or "bfloat16",
+                  flash=True if args.flash_attention is None else args.flash_attention), model, cluster
+
+
+def _cost_params(args: argparse.Namespace, cluster):
+    path = getattr(args, "calibration", None)
+    if not path:
+        return None
+    from exatrain.planner.cost.params import load_calibration
+
+    table = load_calibration(path)
+    if cluster.device.name not in table:
+        raise UserError(f"{path} has no parameters for device {cluster.device.name!r} "
+                        f"(it has: {', '.join(sorted(table)) or 'none'})")
+    return table[cluster.device.name]
+
+
+def _no_feasible(result, gpus: int, cluster) -> UserError:
+    return UserError(f"no feasible layout on {gpus} devices: {result.why_empty(cluster.device.hbm_bytes)}; "
+                     "try more devices, another global batch, or fewer pinned flags")
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    if args.gpus is None or args.global_batch is None:
+        raise UserError("search needs --gpus and --global-batch")
+    if args.top < 1:
+        raise UserError("--top must be at least 1")
+    result, model, cluster = _run_search(args, args.gpus, args.global_batch, args.top)
+    if not result.ranked:
+        raise _no_feasible(result, args.gpus, cluster)
+    if args.out:
+        result.ranked[0].save(args.out)
+    if args.json:
+        print_json({"ranked": [estimate_json(p) for p in result.ranked], "examined": result.examined,
+                    "legal": result.legal, "feasible": result.feasible, "rejected": result.rejected,
+                    "collapsed": result.collapsed,
+                    **({"explain": explain(result.ranked)} if args.explain else {})})
+        return 0
+    print_search(result, model, cluster, args.gpus, args.global_batch)
+    if args.explain:
+        con = make_console()
+        for line in explain(result.ranked):
+            con.print(f"· {line}")
+    return 0
+
+
+def _layout(p: Plan) -> str:
+    s = f"tp{p.tp}·pp{p.pp}·dp{p.dp}"
+    return s
+
+
+def _schedule_label(p: Plan) -> str:
+    if p.pp == 1:
+        return "-"
+    return p.schedule + (f"×{p.interleave}" if p.interleave > 1 else "")
+
+
+def print_search(result, model, cluster, gpus: int, global_batch: int) -> None:
+    from rich.table import Table
+
+    con = make_console()
+    t = Table(title=f"{model.name} on {gpus} × {cluster.name} ({cluster.device.name}), global batch {global_batch}")
+    for col in ("#", "layout", "mb", "ZeRO", "recompute", "SP", "schedule", "step s", "tokens/s",
+                "TFLOPS/GPU", "MFU", "memory GiB"):
+        t.add_column(col, justify="right" if col not in ("layout", "recompute", "schedule") else "left")
+    for i, p in enumerate(result.ranked, 1):
+        e = p.estimate
+        t.add_row(str(i), _layout(p), str(p.micro_batch), str(p.zero_stage), p.recompute,
+                  "on" if p.sequence_parallel else "off", _schedule_label(p), f"{e.time_s.step:.2f}",
+                  f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}",
+                  "-" if e.mfu is None else f"{e.mfu:.1%}",
+                  f"{e.memory_bytes.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
+    con.print(t)
+    rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
+    con.print(f"{result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings collapsed, "
+              f"{result.legal:,} legal, {result.feasible:,} fit in memory. Rejected — {rej}.")
+
+
+_TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")
+
+
+def explain(ranked: list[Plan], runners_up: int = 3) -> list[str]:
+    """Why the winner beats each runner-up: the step-time terms that differ most."""
+    if not ranked:
+        return []
+    win = ranked[0]
+    lines = [f"winner {_describe(win)}: {win.estimate.time_s.step:.3f} s/step, "
+             + ", ".join(f"{k} {getattr(win.estimate.time_s, k):.3f}" for k in _TERMS)]
+    for i, other in enumerate(ranked[1:1 + runners_up], 2):
+        a, b = win.estimate.time_s, other.estimate.time_s
+        diffs = sorted(((getattr(b, k) - getattr(a, k), k) for k in _TERMS), key=lambda x: -abs(x[0]))
+        gain = b.step / a.step - 1
+        parts = [f"{k} {'+' if d > 0 else '−'}{abs(d):.3f} s" for d, k in diffs[:2] if abs(d) > 1e-9]
+        lines.append(f"#{i} {_describe(other)} is {gain:.1%} slower: " + (", ".join(parts) or "same terms")
+                     + (f"; it would need {other.estimate.memory_bytes.total / GiB:.1f} GiB"))
+    return lines
+
+
+def _describe(p: Plan) -> str:
+    return (f"{_layout(p)} mb{p.micro_batch} ZeRO-{p.zero_stage} {p.recompute}"
+            f"{' SP' if p.sequence_parallel else ''} {_schedule_label(p)}")
+
+
+# ---- scaling -------------------------------------------------------------------------------------
+def _register_scaling(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "scaling", help="predicted weak or strong scaling over GPU counts",
+        description="Weak scaling (global batch grows with the GPU count) or strong scaling (fixed global "
+                    "batch): each point is the best layout search finds, or the layout pinned with --tp/--pp.",
+        epilog="example: exatrain scaling --model gpt-175b --cluster frontier --gpus 128,256,512,1024 "
+               "--global-batch 640 --mode weak --tp 4 --pp 16")
+    add_model_args(p)
+    add_cluster_args(p, gpus=False)
+    add_layout_args(p)
+    p.add_argument("--gpus", required=True, metavar="N,N,...", help="GPU counts, smallest first")
+    p.add_argument("--mode", choices=("weak", "strong"), default="weak")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_scaling)
+
+
+def cmd_scaling(args: argparse.Namespace) -> int:
+    from exatrain.cli.common import int_list
+
+    try:
+        counts = int_list(args.gpus)
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(f"--gpus: {exc}") from None
+    if list(counts) != sorted(set(counts)):
+        raise UserError("--gpus: give increasing GPU counts, e.g. 128,256,512")
+    if args.global_batch is None:
+        raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
+    points = []
+    for n in counts:
+        gb = args.global_batch * n // counts[0] if args.mode == "weak" else args.global_batch
+        if args.mode == "weak" and (args.global_batch * n) % counts[0]:
+            raise UserError(f"weak scaling: {n} GPUs do not scale global batch {args.global_batch} evenly")
+        result, model, cluster = _run_search(args, n, gb, 1)
+        if not result.ranked:
+            raise _no_feasible(result, n, cluster)
+        points.append((n, gb, result.ranked[0]))
+    base_n, _, base = points[0]
+    rows = []
+    for n, gb, plan in points:
+        e = plan.estimate
+        if args.mode == "weak":
+            eff = (e.tokens_per_s / n) / (base.estimate.tokens_per_s / base_n)
+        else:
+            eff = (e.tokens_per_s / base.estimate.tokens_per_s) / (n / base_n)
+        rows.append({"gpus": n, "global_batch": gb, "efficiency": eff, **estimate_json(plan)})
+    if args.json:
+        print_json({"mode": args.mode, "points": rows})
+        return 0
+    from rich.table import Table
+
+    con = make_console()
+    t = Table(title=f"{args.mode} scaling of {model.name} on {cluster.name}")
+    for col in ("GPUs", "global batch", "layout", "mb", "ZeRO", "recompute", "schedule", "step s",
+                "TFLOPS/GPU", "MFU", "efficiency"):
+        t.add_column(col, justify="right" if col not in ("layout", "recompute", "schedule") else "left")
+    for r, (n, gb, plan) in zip(rows, points):
+        e = plan.estimate
+        t.add_row(str(n), str(gb), _layout(plan), str(plan.micro_batch), str(plan.zero_stage), plan.recompute,
+                  _schedule_label(plan), f"{e.time_s.step:.2f}", f"{e.model_tflops_per_gpu:.1f}",
+                  "-" if e.mfu is None else f"{e.mfu:.1%}", f"{r['efficiency']:.1%}")
+    con.print(t)
+    study = {("gpt-175b", "frontier"): "weak 100% to 1,024 GCDs, strong 89%",
+             ("gpt-1t", "frontier"): "weak 100% to 3,072 GCDs, strong 87%"}.get((model.name, cluster.name))
+    if study:
+        con.print(f"the Frontier study measured: {study}")
+    return 0

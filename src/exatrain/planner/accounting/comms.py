@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from exatrain.catalog.models import ModelSpec
 from exatrain.plan import Plan
 from exatrain.planner.accounting.memory import COMPUTE_BYTES
 from exatrain.planner.accounting.params import embedding_params, stage_params
@@ -26,15 +29,13 @@ class Collective:
     axis: str = "dp"  # which ranks: tp group, dp group, pp neighbours, or the pipeline's two ends
 
     @property
-    def bytes_per_rank(self) -> float:
-        """Bytes one rank sends for all ``count`` collectives."""
-        n = self.group
-        if n <= 1 and self.kind != "send_recv":
-            return 0.0
-        factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
-                  "reduce_scatter": (n - 1) / n, "broadcast": (n - 1) / n,
-                  "send_recv": 1.0}[self.kind]
-        return factor * self.message_bytes * self.count
+    def bytes_per_rank(self):
+        """Bytes one rank sends for all ``count`` collectives (arrays in, arrays out)."""
+        if self.kind == "send_recv":
+            return self.message_bytes * self.count
+        n = np.asarray(self.group, dtype=float)
+        steps = 2.0 if self.kind == "all_reduce" else 1.0
+        return np.where(n > 1, steps * (n - 1) / np.maximum(n, 1) * self.message_bytes * self.count, 0.0)
 
 
 def tp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
@@ -83,7 +84,18 @@ def pp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
 
 
 def dp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
-    """Gradient reduction and parameter gathers over the data-parallel group, once per step.
+    """The DP collectives of one rank of pipeline stage ``pp_rank``, once per step (see
+    ``dp_collectives_for``)."""
+    return dp_collectives_for(plan.model, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage,
+                              num_microbatches=plan.num_microbatches, dtype=plan.dtype,
+                              params_here=stage_params(plan)[pp_rank],
+                              pipeline_end=pp_rank in (0, plan.pp - 1))
+
+
+def dp_collectives_for(m: ModelSpec, *, tp, pp, dp, zero_stage: int, num_microbatches, dtype: str,
+                       params_here, pipeline_end: bool) -> tuple[Collective, ...]:
+    """Gradient reduction and parameter gathers over the data-parallel group, per step; sizes may be
+    numpy arrays (one entry per candidate plan).
 
     ZeRO-0: all-reduce of fp32 gradients. ZeRO-1 (ZeroRedundancyOptimizer): the same all-reduce,
     then each rank broadcasts its updated shard. ZeRO-2: reduce-scatter gradients, all-gather the
@@ -91,25 +103,21 @@ def dp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
     every micro-batch, reduce-scatter the accumulated gradients once (Rajbhandari et al. 2020
     Sec. 7: 1.5x ZeRO-0's volume with one micro-batch).
     A tied head with pp > 1 adds an all-reduce of the embedding gradient between the two ends."""
-    params = stage_params(plan)[pp_rank]
-    d = plan.dp
-    w_bytes = COMPUTE_BYTES[plan.dtype]
-    grads = params * GRAD_BYTES
-    out: list[Collective] = []
-    if d > 1:
-        if plan.zero_stage in (0, 1):
-            out.append(Collective("all_reduce", d, grads, 1))
-            if plan.zero_stage == 1:
-                out.append(Collective("broadcast", d, params * 4, 1))
-        elif plan.zero_stage == 2:
-            out += [Collective("reduce_scatter", d, grads, 1),
-                    Collective("all_gather", d, params * w_bytes, 1)]
-        else:
-            out += [Collective("reduce_scatter", d, grads, 1),
-                    Collective("all_gather", d, params * w_bytes, 2 * plan.num_microbatches)]
-    m = plan.model
-    if m.tied_embeddings and plan.pp > 1 and pp_rank in (0, plan.pp - 1):
-        out.append(Collective("all_reduce", 2, embedding_params(m) / plan.tp * GRAD_BYTES, 1, axis="pp-ends"))
+    w_bytes = COMPUTE_BYTES[dtype]
+    grads = params_here * GRAD_BYTES
+    if zero_stage in (0, 1):
+        out = [Collective("all_reduce", dp, grads, 1)]
+        if zero_stage == 1:
+            out.append(Collective("broadcast", dp, params_here * 4, 1))
+    elif zero_stage == 2:
+        out = [Collective("reduce_scatter", dp, grads, 1), Collective("all_gather", dp, params_here * w_bytes, 1)]
+    else:
+        out = [Collective("reduce_scatter", dp, grads, 1),
+               Collective("all_gather", dp, params_here * w_bytes, 2 * np.asarray(num_microbatches))]
+    if m.tied_embeddings and pipeline_end:
+        ends = np.where(np.asarray(pp) > 1, 1.0, 0.0)
+        out.append(Collective("all_reduce", 2, embedding_params(m) / np.asarray(tp) * GRAD_BYTES, ends,
+                              axis="pp-ends"))
     return tuple(out)
 
 
@@ -117,5 +125,5 @@ def comm_bytes_per_rank(plan: Plan) -> dict[str, float]:
     """Bytes sent per step by the busiest rank, per kind of parallelism."""
     out = {}
     for kind, fn in (("tp", tp_collectives), ("pp", pp_collectives), ("dp", dp_collectives)):
-        out[kind] = max(sum(c.bytes_per_rank for c in fn(plan, r)) for r in range(plan.pp))
+        out[kind] = max(float(sum(c.bytes_per_rank for c in fn(plan, r))) for r in range(plan.pp))
     return out

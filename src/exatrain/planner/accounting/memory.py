@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
 from exatrain.planner.accounting.params import layer_params, stage_params, total_params
@@ -105,7 +107,12 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int, *, sequence_
 
 def inflight_microbatches(plan: Plan, pp_rank: int) -> float:
     """Micro-batches whose activations one rank holds at its peak, in units of that rank's whole
-    share of layers (so interleaved schedules can give fractions).
+    share of layers (so interleaved schedules can give fractions). See ``inflight``."""
+    return float(inflight(plan.schedule, plan.pp, plan.num_microbatches, plan.interleave, pp_rank))
+
+
+def inflight(schedule: str, pp, num_microbatches, interleave, pp_rank):
+    """``inflight_microbatches`` on plain numbers or numpy arrays (the search's batch path).
 
     GPipe holds all m. 1F1B: rank r runs p - r - 1 warm-up forwards, so holds min(p - r, m)
     (Narayanan et al. 2021 Sec. 2.2.1). Interleaved 1F1B over v chunks: Megatron's warm-up is
@@ -114,57 +121,64 @@ def inflight_microbatches(plan: Plan, pp_rank: int) -> float:
     zero_bubble is counted like interleaved (its deferred weight-gradient passes keep activations
     of at most the same micro-batches).
     """
-    p, m, v = plan.pp, plan.num_microbatches, plan.interleave
-    if p == 1:
-        return 1.0
-    if plan.schedule == "gpipe":
-        return float(m)
-    if plan.schedule == "1f1b":
-        return float(min(p - pp_rank, m))
-    chunks = min(m * v, 2 * (p - pp_rank - 1) + (v - 1) * p + 1)
-    return chunks / v
+    p, m, v, r = (np.asarray(x, dtype=float) for x in (pp, num_microbatches, interleave, pp_rank))
+    if schedule == "gpipe":
+        n = m
+    elif schedule == "1f1b":
+        n = np.minimum(p - r, m)
+    else:
+        n = np.minimum(m * v, 2 * (p - r - 1) + (v - 1) * p + 1) / v
+    return np.where(p == 1, 1.0, n)
 
 
 def stage_memory(plan: Plan, pp_rank: int) -> MemoryBreakdown:
     """Peak bytes of one rank of pipeline stage ``pp_rank`` (see the module doc for conventions)."""
-    m, tp, dp, b = plan.model, plan.tp, plan.dp, plan.micro_batch
-    e = COMPUTE_BYTES[plan.dtype]
-    params = stage_params(plan)[pp_rank]
-    per = state_bytes_per_param(plan.dtype, plan.zero_stage, dp)
-    weights, grads, optim = params * per.weights, params * per.gradients, params * per.optimizer
-    layer_rank_params = layer_params(m).per_rank(tp)
-    if plan.zero_stage == 3:
+    layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
+    parts = rank_memory(plan.model, dtype=plan.dtype, zero_stage=plan.zero_stage, recompute=plan.recompute,
+                        sequence_parallel=plan.sequence_parallel, flash=plan.flash_attention,
+                        tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp,
+                        interleave=plan.interleave, params_here=stage_params(plan)[pp_rank],
+                        layers_here=layers_here,
+                        inflight_mb=inflight_microbatches(plan, pp_rank),
+                        is_last=pp_rank == plan.pp - 1)
+    return MemoryBreakdown(*(float(x) for x in parts))
+
+
+def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, sequence_parallel: bool,
+                flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
+                is_last):
+    """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
+    are scalars; every size may be a numpy array (one entry per candidate plan)."""
+    tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
+    is_last = np.asarray(is_last, dtype=float)
+    e = COMPUTE_BYTES[dtype]
+    per = state_bytes_per_param(dtype, zero_stage, dp)
+    weights, grads, optim = params_here * per.weights, params_here * per.gradients, params_here * per.optimizer
+    if zero_stage == 3:
         # FSDP2 gathers one layer while prefetching the next, and holds one layer's unsharded
         # gradient until its reduce-scatter.
-        weights += 2 * layer_rank_params * (e if plan.dtype == "bfloat16" else 4)
-        grads += layer_rank_params * 4
-
-    layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
-    per_layer = layer_activation_bytes(m, b, tp, sequence_parallel=plan.sequence_parallel,
-                                       recompute=plan.recompute, flash=plan.flash_attention,
-                                       dtype=plan.dtype)
-    acts = per_layer * layers_here * inflight_microbatches(plan, pp_rank)
-    if plan.recompute != "none":
+        lp = layer_params(m)
+        layer_rank_params = lp.sharded / tp + lp.replicated
+        weights = weights + 2 * layer_rank_params * (e if dtype == "bfloat16" else 4)
+        grads = grads + layer_rank_params * 4
+    kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype)
+    per_layer = layer_activation_bytes(m, b, tp, recompute=recompute, **kw)
+    acts = per_layer * layers_here * inflight_mb
+    if recompute != "none":
         # Backward recomputes one layer at a time, holding what that layer would have kept
         # without recomputation for one micro-batch (minus what selective already keeps).
-        full_layer = layer_activation_bytes(m, b, tp, sequence_parallel=plan.sequence_parallel,
-                                            recompute="none", flash=plan.flash_attention,
-                                            dtype=plan.dtype)
-        acts += full_layer - (per_layer if plan.recompute == "selective" else 0.0)
+        full_layer = layer_activation_bytes(m, b, tp, recompute="none", **kw)
+        acts = acts + full_layer - (per_layer if recompute == "selective" else 0.0)
     tokens = b * m.seq_len
-    sp_div = tp if plan.sequence_parallel else 1
-    if pp_rank == plan.pp - 1:
-        # Final norm input and head input kept per in-flight micro-batch; the logits of one
-        # micro-batch in the compute dtype, their fp32 copy for the loss, and its fp32 gradient.
-        acts += 2 * e * tokens * m.hidden / sp_div * min(plan.num_microbatches,
-                                                         inflight_microbatches(plan, pp_rank))
-        acts += tokens * m.vocab / tp * (e + 4 + 4)
+    sp_div = tp if sequence_parallel else 1.0
+    # Last stage: final-norm and head inputs per in-flight micro-batch; the logits of one
+    # micro-batch in the compute dtype, their fp32 copy for the loss, and its fp32 gradient.
+    acts = acts + is_last * (2 * e * tokens * m.hidden / sp_div * inflight_mb
+                             + tokens * m.vocab / tp * (e + 4 + 4))
     # Pipeline receive buffers: one activation and one gradient per virtual stage boundary.
-    p2p = 0.0
-    if plan.pp > 1:
-        p2p = 2 * e * tokens * m.hidden / sp_div * plan.interleave
+    p2p = np.where(pp > 1, 2 * e * tokens * m.hidden / sp_div * v, 0.0)
     other = p2p + FRAGMENTATION_ALLOWANCE * (weights + grads + optim + acts + p2p)
-    return MemoryBreakdown(weights=weights, gradients=grads, optimizer=optim, activations=acts, other=other)
+    return weights, grads, optim, acts, other
 
 
 def memory_by_stage(plan: Plan) -> tuple[MemoryBreakdown, ...]:

@@ -8,6 +8,7 @@ to Narayanan et al. 2021 Eq. 2: 12*L*h^2*(1 + 13/(12h)) + (V + s)*h (plus the fi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import Plan
@@ -72,19 +73,22 @@ def stage_params(plan: Plan) -> tuple[int, ...]:
     a tied head and pp > 1 the last stage keeps its own copy of the word embedding (kept equal by
     an all-reduce of its gradient, as Megatron-LM does), so it is counted on both ends.
     """
-    m, tp = plan.model, plan.tp
+    return _stage_params(plan.model, plan.tp, plan.pp, plan.interleave, plan.layers_per_stage())
+
+
+@lru_cache(maxsize=4096)
+def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple[int, ...]) -> tuple[int, ...]:
     lp = layer_params(m).per_rank(tp)
-    layers = plan.layers_per_stage()
     counts = []
-    for rank in range(plan.pp):
-        n = sum(layers[v] for v in plan.stages_of_rank(rank)) * lp
+    for rank in range(pp):
+        n = sum(layers[v] for v in range(rank, pp * interleave, pp)) * lp
         if rank == 0:
             n += embedding_params(m) // tp + position_params(m)
-        if rank == plan.pp - 1:
+        if rank == pp - 1:
             n += final_norm_params(m)
             if not m.tied_embeddings:
                 n += head_params(m) // tp
-            elif plan.pp > 1:
+            elif pp > 1:
                 n += embedding_params(m) // tp
         counts.append(n)
     return tuple(counts)

@@ -39,19 +39,22 @@ class StageTimes:
     p2p: float  # one boundary transfer between ranks
 
 
+def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel: bool):
+    """One forward-or-backward TP collective on b*s*h (an all-reduce, or with sequence parallelism
+    an all-gather + reduce-scatter pair) over the tp group's tier; arrays allowed."""
+    bw, lat = network.tier_arrays(cluster, network.tp_span(tp))
+    if sequence_parallel:
+        one = (network.collective_time_s("all_gather", tp, message_bytes, bw, lat, cp)
+               + network.collective_time_s("reduce_scatter", tp, message_bytes, bw, lat, cp))
+    else:
+        one = network.collective_time_s("all_reduce", tp, message_bytes, bw, lat, cp)
+    return np.where(np.asarray(tp) > 1, one, 0.0)
+
+
 def _tp_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, n_collectives: float) -> float:
-    """Seconds for ``n_collectives`` forward-or-backward TP collectives of b*s*h (or their SP pairs)."""
-    if plan.tp == 1:
-        return 0.0
     m = plan.model
     msg = plan.micro_batch * m.seq_len * m.hidden * COMPUTE_BYTES[plan.dtype]
-    bw, lat = network.tier_arrays(cluster, network.tp_span(plan.tp))
-    if plan.sequence_parallel:
-        one = (network.collective_time_s("all_gather", plan.tp, msg, bw, lat, cp)
-               + network.collective_time_s("reduce_scatter", plan.tp, msg, bw, lat, cp))
-    else:
-        one = network.collective_time_s("all_reduce", plan.tp, msg, bw, lat, cp)
-    return float(n_collectives * one)
+    return float(n_collectives * tp_collective_time_s(cluster, cp, plan.tp, msg, plan.sequence_parallel))
 
 
 def stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
@@ -86,16 +89,26 @@ def stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
     return StageTimes(fwd=fwd, bwd=bwd, wgrad=wgrad, tp_fwd=tp_f, tp_bwd=tp_b, p2p=p2p)
 
 
-def dp_time_s(plan: Plan, cluster: ClusterSpec, cp: CostParams, pp_rank: int) -> float:
-    """Seconds of one stage's DP collectives per step (and the tied-embedding gradient reduction
-    between the pipeline's two ends, which crosses the pipeline tier)."""
-    bw, lat = network.tier_arrays(cluster, network.dp_span(plan.tp, plan.dp))
-    ends_span = (plan.pp - 1) * plan.tp * plan.dp + 1
+def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, dp, zero_stage: int,
+                        params_here, num_microbatches, dtype: str, pipeline_end: bool):
+    """Seconds of one rank's DP collectives per step, plus the tied-embedding gradient reduction
+    between the pipeline's two ends, which crosses the pipeline tier; arrays allowed."""
+    bw, lat = network.tier_arrays(cluster, network.dp_span(tp, dp))
+    ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * np.asarray(dp) + 1)
     total = 0.0
-    for c in comms.dp_collectives(plan, pp_rank):
-        b_, l_ = (bw, lat) if c.axis == "dp" else network.tier_arrays(cluster, ends_span)
-        total += float(c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp))
+    for c in comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
+                                      num_microbatches=num_microbatches, dtype=dtype,
+                                      params_here=params_here, pipeline_end=pipeline_end):
+        b_, l_ = (bw, lat) if c.axis == "dp" else (ebw, elat)
+        total = total + c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp)
     return total
+
+
+def dp_time_s(plan: Plan, cluster: ClusterSpec, cp: CostParams, pp_rank: int) -> float:
+    return float(dp_collective_times(cluster, cp, plan.model, tp=plan.tp, pp=plan.pp, dp=plan.dp,
+                                     zero_stage=plan.zero_stage, params_here=stage_params(plan)[pp_rank],
+                                     num_microbatches=plan.num_microbatches, dtype=plan.dtype,
+                                     pipeline_end=pp_rank in (0, plan.pp - 1)))
 
 
 def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBreakdown, schedule.ScheduleResult]:
@@ -107,6 +120,8 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBre
               interleave=plan.interleave, weight_s=st.wgrad)
     sim = schedule.simulate(F, B, p2p_s=st.p2p, **kw)
     pipe = sim.step_s
+    # The part of the step the transfers add: a second simulation without them (uneven stages
+    # leave slack that hides some transfers, so no closed form attributes this exactly).
     no_p2p = schedule.simulate(F, B, p2p_s=0.0, **kw).step_s if plan.pp > 1 and st.p2p > 0 else pipe
     m = plan.num_microbatches
     # The busiest rank: its compute and TP communication.

@@ -1,0 +1,1 @@
+"""Configuration search: the legal space, its vectorised evaluation, ranking and tuning."""

@@ -1,0 +1,86 @@
+"""Search: enumerate every legal layout, prune by memory, rank by predicted throughput.
+
+The whole space is evaluated in one vectorised pass (search.batch); the best candidates are then
+re-evaluated one by one with ``estimate_plan`` (exact schedule simulation, every stage's memory)
+and re-ranked, so what the user sees is what ``exatrain estimate`` would say for that plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
+from exatrain.planner.cost.params import CostParams, default_params
+from exatrain.planner.estimate import estimate_plan
+from exatrain.planner.search import batch
+from exatrain.planner.search.space import Space, SpaceOptions, enumerate_space
+
+RERANK_FACTOR = 2  # exact re-evaluation of top * this many fast-ranked candidates
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Plan]  # best first, each with its exact estimate attached
+    examined: int
+    legal: int
+    feasible: int
+    rejected: dict[str, int] = field(default_factory=dict)
+    collapsed: int = 0
+    min_memory_bytes: float | None = None  # the leanest legal layout's worst stage
+
+    def why_empty(self, capacity_bytes: float) -> str:
+        """One sentence on what left no feasible layout."""
+        if self.legal and not self.feasible:
+            return (f"all {self.legal:,} legal layouts run out of memory (the leanest needs "
+                    f"{self.min_memory_bytes / 2**30:,.1f} GiB per device of {capacity_bytes / 2**30:,.0f})")
+        reason = self.top_reason
+        if reason is None:
+            return "nothing to examine"
+        return f"no legal layout: {reason[0]!r} removed the most candidates ({reason[1]:,} of {self.examined:,})"
+
+    @property
+    def top_reason(self) -> tuple[str, int] | None:
+        """The constraint that removed the most candidates."""
+        if not self.rejected:
+            return None
+        name = max(self.rejected, key=lambda k: self.rejected[k])
+        return (name, self.rejected[name]) if self.rejected[name] else None
+
+
+def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: ClusterSpec,
+            dtype: str, flash: bool) -> Plan:
+    sched, v = space.options.schedules[space.variant[i]]
+    pp = int(space.pp[i])
+    return Plan(model=model, dims=ParallelDims(int(space.tp[i]), pp, int(space.dp[i])),
+                shape=TrainShape(int(space.micro_batch[i]), global_batch), zero_stage=int(space.zero[i]),
+                recompute=RECOMPUTE[space.recompute[i]], sequence_parallel=bool(space.sp[i]),
+                schedule=sched if pp > 1 else "1f1b", interleave=v if pp > 1 else 1,
+                dtype=dtype, flash_attention=flash, cluster=cluster.name)
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int = 10,
+           options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
+           dtype: str = "bfloat16", flash: bool = True) -> SearchResult:
+    cp = params or default_params(cluster.device.name)
+    space = enumerate_space(model, cluster, gpus, global_batch, options)
+    rejected = dict(space.rejected)
+    if len(space) == 0:
+        return SearchResult([], space.examined, 0, 0, rejected, space.collapsed)
+    res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash)
+    fits = res.fits
+    rejected["out of memory"] = int((~fits).sum())
+    feasible = np.nonzero(fits)[0]
+    order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
+    ranked: list[Plan] = []
+    for i in order[: max(top, 1) * RERANK_FACTOR]:
+        plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash).validate(cluster)
+        est = estimate_plan(plan, cluster, cp)
+        if est.fits:
+            ranked.append(plan.with_estimate(est))
+    ranked.sort(key=lambda p: -p.estimate.tokens_per_s)  # type: ignore[union-attr]
+    return SearchResult(ranked[:top], space.examined, len(space), int(fits.sum()), rejected, space.collapsed,
+                        float(res.memory_total.min()))

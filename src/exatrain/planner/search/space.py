@@ -1,0 +1,122 @@
+"""The configuration space: every (tp, pp, dp, micro-batch, ZeRO, recompute, SP, schedule) of a job,
+as numpy arrays, with the reason each illegal candidate was rejected.
+
+Rejection is a value, not an exception: the search reports how many candidates each constraint
+removed (divisibility, topology, pipeline depth, schedule, memory) and can say which killed the most.
+Equivalent spellings (a schedule choice with pp = 1, ZeRO stages with dp = 1, sequence parallelism
+with tp = 1) are collapsed to one canonical candidate and counted apart from rejections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.plan import RECOMPUTE
+
+# Schedule variants searched: (name, interleave). interleave = virtual stages per rank.
+SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
+    ("gpipe", 1), ("1f1b", 1),
+    ("interleaved", 2), ("interleaved", 3), ("interleaved", 4),
+    ("zero_bubble", 2), ("zero_bubble", 4),
+)
+
+REASONS = (
+    "tp does not divide heads / kv heads / ffn / vocab",
+    "gpus not divisible by tp*pp",
+    "global batch not divisible by micro-batch*dp",
+    "tp larger than a node",
+    "more pipeline stages than layers",
+    "fewer micro-batches than pipeline stages",
+    "sequence length not divisible by tp (sequence parallel)",
+)
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """What to search over. ``None`` means "every legal value"."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    zero_stage: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    schedules: tuple[tuple[str, int], ...] = SCHEDULE_VARIANTS
+
+
+@dataclass
+class Space:
+    """Legal, canonical candidates as parallel arrays, plus rejection counts."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    micro_batch: np.ndarray
+    zero: np.ndarray
+    recompute: np.ndarray  # index into RECOMPUTE
+    sp: np.ndarray  # bool
+    variant: np.ndarray  # index into options.schedules
+    num_microbatches: np.ndarray
+    options: SpaceOptions
+    examined: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    collapsed: int = 0
+
+    def __len__(self) -> int:
+        return int(self.tp.size)
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [k for k in range(1, min(n, limit) + 1) if n % k == 0]
+
+
+def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
+                    options: SpaceOptions = SpaceOptions()) -> Space:
+    """Every candidate of the grid, filtered to the legal canonical ones (arrays)."""
+    L = model.layers
+    tps = list(options.tp) if options.tp else _divisors(gpus, 4 * cluster.gpus_per_node)
+    pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
+    mbs = list(options.micro_batch) if options.micro_batch else [1, 2, 4, 8, 16, 32]
+    variants = list(options.schedules)
+    grid = np.meshgrid(np.array(tps), np.array(pps), np.array(mbs), np.array(options.zero_stage),
+                       np.arange(len(options.recompute)), np.array(options.sequence_parallel, dtype=bool),
+                       np.arange(len(variants)), indexing="ij")
+    tp, pp, mb, zero, rec, sp, var = (g.ravel() for g in grid)
+    rec = np.array([RECOMPUTE.index(options.recompute[i]) for i in range(len(options.recompute))])[rec]
+    v = np.array([iv for _, iv in variants])[var]
+    sched = np.array([s for s, _ in variants])[var]
+    examined = tp.size
+
+    # Canonical spellings: pp == 1 runs no schedule (keep 1f1b, v 1); tp == 1 has no SP; dp == 1 no ZeRO.
+    dp = np.where(gpus % (tp * pp) == 0, gpus // np.maximum(tp * pp, 1), 0)
+    redundant = ((pp == 1) & ~((sched == "1f1b") & (v == 1))) | ((tp == 1) & sp) | ((dp == 1) & (zero != 0))
+    keep = ~redundant
+    collapsed = int(redundant.sum())
+
+    reasons = [
+        (model.heads % tp != 0) | (model.kv_heads % tp != 0) | (model.ffn_hidden % tp != 0) | (model.vocab % tp != 0),
+        gpus % (tp * pp) != 0,
+        np.zeros_like(keep),  # filled below (needs dp)
+        tp > cluster.gpus_per_node,
+        pp * v > L,
+        np.zeros_like(keep),
+        sp & (model.seq_len % tp != 0),
+    ]
+    safe_dp = np.maximum(dp, 1)
+    reasons[2] = (dp > 0) & (global_batch % (mb * safe_dp) != 0)
+    m = np.where(dp > 0, global_batch // (mb * safe_dp), 0)
+    reasons[5] = (pp > 1) & (sched != "gpipe") & (m < pp)
+    rejected: dict[str, int] = {}
+    alive = keep.copy()
+    for name, bad in zip(REASONS, reasons):
+        hit = alive & bad
+        rejected[name] = int(hit.sum())
+        alive &= ~bad
+    idx = np.nonzero(alive)[0]
+    return Space(tp=tp[idx], pp=pp[idx], dp=dp[idx], micro_batch=mb[idx], zero=zero[idx], recompute=rec[idx],
+                 sp=sp[idx], variant=var[idx], num_microbatches=m[idx], options=options,
+                 examined=int(examined), rejected=rejected, collapsed=collapsed)
