@@ -1,0 +1,76 @@
+"""A plan's layout for other engines: Megatron-LM, Megatron-DeepSpeed (+ DeepSpeed JSON), torchtitan.
+
+Teams already on one of those engines can search with exatrain's planner and run with their own.
+Every exporter maps the same fields — tp, pp, virtual stages, dp, micro/global batch, ZeRO stage,
+recompute, sequence parallel, precision, model shape — onto the option names of a pinned upstream
+version (cited next to each flag group). Where an engine cannot express part of a plan exactly, the
+export still renders and says so in a note (a comment in the text, and ``Export.notes``); where the
+engine cannot run the layout at all, it raises UserError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exatrain.errors import UserError
+from exatrain.plan import Plan
+
+TARGETS = ("megatron", "deepspeed", "torchtitan")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option; ``value`` None for a switch (store_true)."""
+
+    name: str
+    value: str | None = None
+
+    def words(self) -> list[str]:
+        return [self.name] if self.value is None else [self.name, self.value]
+
+
+@dataclass(frozen=True)
+class FlagGroup:
+    """Options of one concern, with the upstream file that defines them."""
+
+    name: str  # a shell identifier: the bash array holding the group
+    title: str
+    source: str
+    flags: tuple[Flag, ...]
+
+
+@dataclass(frozen=True)
+class Export:
+    target: str
+    text: str
+    notes: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()  # (file name, content) the text refers to, e.g. ds_config.json
+
+
+def export(plan: Plan, target: str, *, ds_config_path: str = "ds_config.json") -> Export:
+    """Render ``plan`` for ``target`` (one of TARGETS)."""
+    from exatrain.launch import megatron, torchtitan
+
+    if target == "megatron":
+        return megatron.render_megatron(plan)
+    if target == "deepspeed":
+        return megatron.render_deepspeed(plan, ds_config_path=ds_config_path)
+    if target == "torchtitan":
+        return torchtitan.render_torchtitan(plan)
+    raise UserError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
+
+
+def summary(plan: Plan) -> str:
+    virt = f" (x{plan.interleave} virtual stages per rank)" if plan.interleave > 1 else ""
+    return (f"{plan.model.name}, tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp} = {plan.gpus} ranks, "
+            f"micro-batch {plan.micro_batch}, global batch {plan.global_batch}, ZeRO-{plan.zero_stage}, "
+            f"recompute {plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
+            f"{plan.dtype}")
+
+
+def even_split(plan: Plan) -> bool:
+    """True when every virtual stage holds the same number of layers."""
+    return len(set(plan.layers_per_stage())) == 1
+
+
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "export", "summary"]

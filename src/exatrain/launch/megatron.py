@@ -1,0 +1,243 @@
+"""Megatron-LM and Megatron-DeepSpeed arguments (+ the DeepSpeed JSON) for a plan.
+
+Option names checked against (facts only; nothing copied):
+* NVIDIA/Megatron-LM @ d98e8a64 (2026-08-22): megatron/training/arguments.py, whose
+  add_megatron_arguments also generates options from megatron/core/model_parallel_config.py,
+  megatron/core/transformer/transformer_config.py and megatron/training/config/training_config.py;
+  megatron/core/transformer/pipeline_parallel_layer_layout.py (the layout string);
+  megatron/core/tokenizers/utils/build_tokenizer.py (vocabulary padding).
+* deepspeedai/Megatron-DeepSpeed @ 4efb479d (2025-07-16): megatron/arguments.py,
+  megatron/model/gpt_model.py (GPTModelPipe's activation-checkpoint interval),
+  examples_deepspeed/rebase/ds_pretrain_gpt_13B.sh (how the DeepSpeed flags are combined).
+* deepspeedai/DeepSpeed @ edaa7221 (2026-08-22): deepspeed/__init__.py (--deepspeed,
+  --deepspeed_config), deepspeed/runtime/constants.py and deepspeed/runtime/zero/config.py (JSON
+  keys), deepspeed/runtime/pipe/engine.py (ZeRO-2/3 are rejected with pipeline parallelism).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from exatrain.errors import UserError
+from exatrain.launch.export_config import Export, Flag, FlagGroup, even_split, summary
+from exatrain.plan import Plan
+
+MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
+MEGATRON_DEEPSPEED = "deepspeedai/Megatron-DeepSpeed@4efb479d"
+DEEPSPEED = "deepspeedai/DeepSpeed@edaa7221"
+
+
+def vocab_divisor(plan: Plan) -> int:
+    """--make-vocab-size-divisible-by. Megatron pads the tokenizer's vocabulary up to a multiple of
+    (this x tp) (build_tokenizer.py vocab_size_with_padding; Megatron-DeepSpeed
+    megatron/tokenizer/tokenizer.py _vocab_size_with_padding); vocab/tp makes the padded size
+    exactly the plan's vocab for any tokenizer of at most that many tokens (GPT-2's 50,257 -> 51,200)."""
+    return plan.model.vocab // plan.tp
+
+
+def pipeline_layout(plan: Plan) -> str:
+    """Megatron-LM's --pipeline-model-parallel-layout for an uneven split: virtual stages separated
+    by '|', 't' a transformer layer (t*n for n of them), 'E' the embedding on the first and 'L' the
+    loss on the last (pipeline_parallel_layer_layout.py parse_str_to_list)."""
+    stages = [f"t*{n}" if n > 1 else "t" for n in plan.layers_per_stage()]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return "|".join(stages)
+
+
+def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
+    m = plan.model
+    notes: list[str] = []
+    args = "megatron/training/arguments.py"
+    shape = [Flag("--num-layers", str(m.layers)), Flag("--hidden-size", str(m.hidden)),
+             Flag("--ffn-hidden-size", str(m.ffn_hidden)), Flag("--num-attention-heads", str(m.heads)),
+             Flag("--seq-length", str(m.seq_len)), Flag("--max-position-embeddings", str(m.seq_len)),
+             Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
+             Flag("--norm-epsilon", repr(m.norm_eps))]
+    if m.arch == "gpt":  # learned positions, LayerNorm, biases, GELU: Megatron's GPT defaults, made explicit
+        shape += [Flag("--position-embedding-type", "learned_absolute"), Flag("--normalization", "LayerNorm")]
+    else:
+        shape += [Flag("--position-embedding-type", "rope"), Flag("--rotary-base", str(int(m.rope_theta))),
+                  Flag("--normalization", "RMSNorm"), Flag("--swiglu"), Flag("--disable-bias-linear")]
+        if m.kv_heads != m.heads:
+            shape += [Flag("--group-query-attention"), Flag("--num-query-groups", str(m.kv_heads))]
+    if not m.tied_embeddings:
+        shape.append(Flag("--untie-embeddings-and-output-weights"))
+
+    par = [Flag("--tensor-model-parallel-size", str(plan.tp)),
+           Flag("--pipeline-model-parallel-size", str(plan.pp))]
+    if plan.pp > 1 and not even_split(plan):
+        par.append(Flag("--pipeline-model-parallel-layout", pipeline_layout(plan)))
+    elif plan.interleave > 1:
+        par.append(Flag("--num-virtual-stages-per-pipeline-rank", str(plan.interleave)))
+    if plan.sequence_parallel:
+        par.append(Flag("--sequence-parallel"))
+    if plan.pp > 1 and plan.schedule == "gpipe":
+        notes.append("Megatron-LM has no GPipe schedule: it runs this layout with 1F1B (same bubble, "
+                     "fewer micro-batches of activations in flight)")
+    if plan.schedule == "zero_bubble":
+        notes.append("Megatron-LM has no zero-bubble schedule: it runs these virtual stages with "
+                     "interleaved 1F1B (a larger bubble than the plan's estimate)")
+
+    batch = [Flag("--micro-batch-size", str(plan.micro_batch)),
+             Flag("--global-batch-size", str(plan.global_batch))]
+
+    mem: list[Flag] = []
+    if plan.recompute == "full":  # every layer recomputed from its input (Korthikanti 2022 "full")
+        mem += [Flag("--recompute-granularity", "full"), Flag("--recompute-method", "uniform"),
+                Flag("--recompute-num-layers", "1")]
+    elif plan.recompute == "selective":  # default --recompute-modules is core_attn: the attention core
+        mem.append(Flag("--recompute-granularity", "selective"))
+    if plan.zero_stage == 1:  # the distributed optimizer shards fp32 master weights + Adam states over dp
+        mem.append(Flag("--use-distributed-optimizer"))
+    elif plan.zero_stage in (2, 3):  # Megatron-FSDP: optim_grads = ZeRO-2, optim_grads_params = ZeRO-3;
+        # validate_args requires its checkpoint format, and CUDA_DEVICE_MAX_CONNECTIONS unset or > 1
+        mem += [Flag("--use-megatron-fsdp"),
+                Flag("--data-parallel-sharding-strategy",
+                     "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"),
+                Flag("--ckpt-format", "fsdp_dtensor")]
+
+    prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
+    prec.append(Flag("--attention-backend", "flash" if plan.flash_attention else "unfused"))
+
+    cfg = "megatron/core/transformer/transformer_config.py"
+    groups = (
+        FlagGroup("MODEL_ARGS", "model shape", f"{args} (_add_network_size_args) and {cfg}", tuple(shape)),
+        FlagGroup("PARALLEL_ARGS", "parallel layout (data-parallel size = world size / (tp*pp))",
+                  f"megatron/core/model_parallel_config.py via {args} (_add_distributed_args)", tuple(par)),
+        FlagGroup("BATCH_ARGS", "batch", f"megatron/training/config/training_config.py via {args}", tuple(batch)),
+        FlagGroup("MEMORY_ARGS", "recompute and optimizer-state sharding",
+                  f"{cfg}; megatron/core/distributed/distributed_data_parallel_config.py via {args}", tuple(mem)),
+        FlagGroup("PRECISION_ARGS", "precision and attention kernel",
+                  f"megatron/core/model_parallel_config.py, {cfg}", tuple(prec)),
+    )
+    return groups, tuple(notes)
+
+
+def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
+    m = plan.model
+    notes: list[str] = []
+    src = "megatron/arguments.py"
+    if plan.pp > 1 and plan.zero_stage >= 2:
+        raise UserError(f"DeepSpeed's pipeline engine rejects ZeRO-{plan.zero_stage} with pipeline parallelism "
+                        "(deepspeed/runtime/pipe/engine.py): use ZeRO-1 or pp 1 for --for deepspeed")
+    shape = [Flag("--num-layers", str(m.layers)), Flag("--hidden-size", str(m.hidden)),
+             Flag("--ffn-hidden-size", str(m.ffn_hidden)), Flag("--num-attention-heads", str(m.heads)),
+             Flag("--seq-length", str(m.seq_len)), Flag("--max-position-embeddings", str(m.seq_len)),
+             Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
+             Flag("--layernorm-epsilon", repr(m.norm_eps))]
+    if m.arch == "gpt":
+        shape.append(Flag("--normalization", "layernorm"))
+    else:
+        shape += [Flag("--use-rotary-position-embeddings"),
+                  Flag("--rotary-position-embeddings-theta", str(int(m.rope_theta))),
+                  Flag("--no-position-embedding"), Flag("--normalization", "rmsnorm"), Flag("--swiglu"),
+                  Flag("--disable-bias-linear")]
+        if m.kv_heads != m.heads:
+            shape.append(Flag("--num-key-value-heads", str(m.kv_heads)))
+    if not m.tied_embeddings:
+        shape.append(Flag("--untie-embeddings-and-output-weights"))
+
+    par = [Flag("--tensor-model-parallel-size", str(plan.tp)),
+           Flag("--pipeline-model-parallel-size", str(plan.pp))]
+    if plan.pp == 1:  # otherwise Megatron-DeepSpeed builds a one-stage DeepSpeed pipeline
+        par.append(Flag("--no-pipeline-parallel"))
+    if plan.sequence_parallel:
+        par.append(Flag("--sequence-parallel"))
+    if plan.pp > 1 and plan.interleave > 1:
+        notes.append(f"DeepSpeed's pipeline engine has no interleaved schedule: each of the {plan.pp} pipeline "
+                     f"ranks runs one contiguous stage instead of {plan.interleave} virtual stages")
+    elif plan.pp > 1 and plan.schedule == "gpipe":
+        notes.append("DeepSpeed's pipeline engine runs 1F1B, not GPipe")
+    if plan.pp > 1 and not even_split(plan) and plan.interleave == 1:
+        notes.append(f"DeepSpeed balances transformer layers over stages itself (partition_method "
+                     f"'type:transformer'); the plan's split {list(plan.layers_per_stage())} is not forced")
+
+    batch = [Flag("--micro-batch-size", str(plan.micro_batch)),
+             Flag("--global-batch-size", str(plan.global_batch))]
+    mem: list[Flag] = []
+    if plan.recompute == "full":  # GPTModelPipe checkpoints every checkpoint_num_layers layers
+        mem += [Flag("--checkpoint-activations"), Flag("--checkpoint-num-layers", "1")]
+    elif plan.recompute == "selective":
+        mem.append(Flag("--recompute-granularity", "selective"))
+    mem.append(Flag("--zero-stage", str(plan.zero_stage)))
+    ds = [Flag("--deepspeed"), Flag("--deepspeed_config", ds_config_path)]
+    if plan.recompute == "full":
+        ds.append(Flag("--deepspeed-activation-checkpointing"))
+    prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
+    if plan.flash_attention:
+        prec.append(Flag("--use-flash-attn-v2"))
+
+    groups = (
+        FlagGroup("MODEL_ARGS", "model shape", f"{src} (_add_network_size_args)", tuple(shape)),
+        FlagGroup("PARALLEL_ARGS", "parallel layout (data-parallel size = world size / (tp*pp))",
+                  f"{src} (_add_distributed_args, _add_training_args)", tuple(par)),
+        FlagGroup("BATCH_ARGS", "batch", f"{src} (_add_training_args)", tuple(batch)),
+        FlagGroup("MEMORY_ARGS", "recompute and ZeRO stage", f"{src} (_add_training_args, _add_zero_args); "
+                  "megatron/model/gpt_model.py", tuple(mem)),
+        FlagGroup("ENGINE_ARGS", "DeepSpeed engine", "deepspeed/__init__.py (add_config_arguments); "
+                  f"{src} (_add_activation_checkpoint_args)", tuple(ds)),
+        FlagGroup("PRECISION_ARGS", "precision and attention kernel", f"{src} (_add_mixed_precision_args, "
+                  "_add_training_args)", tuple(prec)),
+    )
+    return groups, tuple(notes)
+
+
+def deepspeed_config(plan: Plan) -> dict[str, Any]:
+    """The DeepSpeed JSON: batch (train_batch_size = micro x accumulation x dp, which DeepSpeed
+    checks), ZeRO stage and precision; keys from deepspeed/runtime/constants.py and zero/config.py."""
+    return {
+        "train_batch_size": plan.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.num_microbatches,
+        "zero_optimization": {"stage": plan.zero_stage},
+        "bf16": {"enabled": plan.dtype == "bfloat16"},
+    }
+
+
+def _render(target: str, header: list[str], groups: tuple[FlagGroup, ...], notes: tuple[str, ...],
+            launch_hint: str) -> str:
+    lines = ["#!/bin/bash", *header]
+    lines += [f"# note: {n}" for n in notes]
+    lines += [f"# Launch {launch_hint}", ""]
+    for g in groups:
+        lines.append(f"# {g.title} — {g.source}")
+        lines.append(f"{g.name}=(")
+        lines += [f"  {' '.join(_q(w) for w in f.words())}" for f in g.flags]
+        lines.append(")")
+    lines.append(f"{target}_ARGS=(" + " ".join(f'"${{{g.name}[@]}}"' for g in groups) + ")")
+    return "\n".join(lines) + "\n"
+
+
+def _q(word: str) -> str:
+    return shlex.quote(word)
+
+
+def render_megatron(plan: Plan) -> Export:
+    groups, notes = megatron_lm_groups(plan)
+    header = [f"# Megatron-LM arguments for {summary(plan)}.",
+              "# Rendered by `exatrain export-config --for megatron`; option names checked against",
+              f"# {MEGATRON_LM} megatron/training/arguments.py. Add your data, tokenizer and optimizer flags."]
+    text = _render("MEGATRON", header, groups, notes,
+                   f"{plan.gpus} ranks, e.g. torchrun ... pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data flags>.")
+    return Export("megatron", text, notes)
+
+
+def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Export:
+    groups, notes = megatron_deepspeed_groups(plan, ds_config_path)
+    cfg = json.dumps(deepspeed_config(plan), indent=2)
+    header = [f"# Megatron-DeepSpeed arguments and DeepSpeed config for {summary(plan)}.",
+              "# Rendered by `exatrain export-config --for deepspeed`; names checked against",
+              f"# {MEGATRON_DEEPSPEED} megatron/arguments.py and {DEEPSPEED} deepspeed/runtime/constants.py."]
+    text = _render("MEGATRON_DEEPSPEED", header, groups, notes,
+                   f"{plan.gpus} ranks, e.g. deepspeed pretrain_gpt.py \"${{MEGATRON_DEEPSPEED_ARGS[@]}}\" <data flags>.")
+    # The JSON goes beside the flags: a heredoc, so the fragment stays one self-contained file.
+    text += (f"\n# DeepSpeed config — {DEEPSPEED} deepspeed/runtime/constants.py, deepspeed/runtime/zero/config.py\n"
+             f"cat > {_q(ds_config_path)} <<'EXATRAIN_DS_CONFIG'\n{cfg}\nEXATRAIN_DS_CONFIG\n")
+    return Export("deepspeed", text, notes, files=((ds_config_path, cfg + "\n"),))
+
+
+__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "megatron_deepspeed_groups",
+           "megatron_lm_groups", "pipeline_layout", "render_deepspeed", "render_megatron", "vocab_divisor"]
