@@ -142,6 +142,7 @@ def test_megatron_lm_golden(layout: str, tmp_path: Path) -> None:
     assert flags == MEGATRON_LM[layout]
     assert set(flags) <= MEGATRON_LM_OPTIONS, set(flags) - MEGATRON_LM_OPTIONS
     assert result.notes == ()  # both layouts are expressed exactly
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in result.text  # validate_args asserts it for tp > 1
     # the padded vocabulary of GPT-2's BPE (50,257 tokens) is exactly the plan's 51,200
     assert megatron_padded_vocab(50257, int(flags["--make-vocab-size-divisible-by"]), plan.tp) == plan.model.vocab
     assert plan.gpus == int(flags["--tensor-model-parallel-size"]) * int(flags["--pipeline-model-parallel-size"]) * 2
@@ -229,6 +230,7 @@ def test_export_variants_map_each_field(tmp_path: Path) -> None:
     assert set(f) <= MEGATRON_LM_OPTIONS
     assert "--use-megatron-fsdp" in f and f["--data-parallel-sharding-strategy"] == "optim_grads_params"
     assert "--bf16" not in f and f["--attention-backend"] == "unfused"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS unset or > 1" in export(zero3, "megatron").text
     ds = as_flags(bash_array(export(zero3, "deepspeed").text, "MEGATRON_DEEPSPEED_ARGS", tmp_path))
     assert ds["--zero-stage"] == "3" and "--no-pipeline-parallel" in ds and "--use-flash-attn-v2" not in ds
     assert set(ds) <= MEGATRON_DEEPSPEED_OPTIONS | DEEPSPEED_LAUNCHER_OPTIONS

@@ -215,11 +215,22 @@ def _q(word: str) -> str:
     return shlex.quote(word)
 
 
+def device_connections_hint(plan: Plan) -> str:
+    """What Megatron-LM's validate_args demands of CUDA_DEVICE_MAX_CONNECTIONS for this layout."""
+    if plan.zero_stage >= 2:
+        return "# Environment: leave CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Megatron-FSDP asserts it)."
+    if plan.tp > 1:
+        return ("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (asserted for tensor parallelism "
+                "before Blackwell).")
+    return "# Environment: nothing layout-specific."
+
+
 def render_megatron(plan: Plan) -> Export:
     groups, notes = megatron_lm_groups(plan)
     header = [f"# Megatron-LM arguments for {summary(plan)}.",
               "# Rendered by `exatrain export-config --for megatron`; option names checked against",
-              f"# {MEGATRON_LM} megatron/training/arguments.py. Add your data, tokenizer and optimizer flags."]
+              f"# {MEGATRON_LM} megatron/training/arguments.py. Add your data, tokenizer and optimizer flags.",
+              device_connections_hint(plan)]
     text = _render("MEGATRON", header, groups, notes,
                    f"{plan.gpus} ranks, e.g. torchrun ... pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data flags>.")
     return Export("megatron", text, notes)
@@ -231,6 +242,8 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
     header = [f"# Megatron-DeepSpeed arguments and DeepSpeed config for {summary(plan)}.",
               "# Rendered by `exatrain export-config --for deepspeed`; names checked against",
               f"# {MEGATRON_DEEPSPEED} megatron/arguments.py and {DEEPSPEED} deepspeed/runtime/constants.py."]
+    if plan.sequence_parallel:  # megatron/arguments.py validate_args raises without it on CUDA
+        header.append("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (required with --sequence-parallel).")
     text = _render("MEGATRON_DEEPSPEED", header, groups, notes,
                    f"{plan.gpus} ranks, e.g. deepspeed pretrain_gpt.py \"${{MEGATRON_DEEPSPEED_ARGS[@]}}\" <data flags>.")
     # The JSON goes beside the flags: a heredoc, so the fragment stays one self-contained file.
