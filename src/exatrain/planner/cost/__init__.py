@@ -1,0 +1,1 @@
+"""Time without hardware in the loop: compute, network and pipeline-schedule models of one step."""
