@@ -35,9 +35,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from exatrain.planner.estimate import estimate_plan
 
     model = resolve_model(args)
-    cluster = resolve_cluster(args)
+    cluster, params = calibrated(args, resolve_cluster(args))
     plan = resolve_plan(args, model, cluster)
-    est = estimate_plan(plan, cluster, _cost_params(args, cluster))
+    est = estimate_plan(plan, cluster, params)
     plan = plan.with_estimate(est)
     if args.out:
         plan.save(args.out)
@@ -119,6 +119,7 @@ def _register_search(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p)
     add_layout_args(p)
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
+    p.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
@@ -154,23 +155,25 @@ def _run_search(args: argparse.Namespace, gpus: int, global_batch: int, top: int
     from exatrain.planner.search.search import search
 
     model = resolve_model(args)
-    cluster = resolve_cluster(args)
+    cluster, params = calibrated(args, resolve_cluster(args))
     return search(model, cluster, gpus, global_batch, top=top, options=_space_options(args),
-                  params=_cost_params(args, cluster), dtype=args.dtype or "bfloat16",
+                  params=params, dtype=args.dtype or "bfloat16",
                   flash=True if args.flash_attention is None else args.flash_attention), model, cluster
 
 
-def _cost_params(args: argparse.Namespace, cluster):
+def calibrated(args: argparse.Namespace, cluster):
+    """(cluster with measured tiers, cost parameters) from --calibration, or (cluster, None)."""
     path = getattr(args, "calibration", None)
     if not path:
-        return None
+        return cluster, None
     from exatrain.planner.cost.params import load_calibration
 
-    table = load_calibration(path)
-    if cluster.device.name not in table:
+    cal = load_calibration(path)
+    params = cal.params_for(cluster.device.name)
+    if params is None:
         raise UserError(f"{path} has no parameters for device {cluster.device.name!r} "
-                        f"(it has: {', '.join(sorted(table)) or 'none'})")
-    return table[cluster.device.name]
+                        f"(it has: {', '.join(sorted(cal.devices)) or 'none'})")
+    return cal.apply(cluster), params
 
 
 def _no_feasible(result, gpus: int, cluster) -> UserError:
@@ -272,6 +275,7 @@ def _register_scaling(sub: argparse._SubParsersAction) -> None:
     add_layout_args(p)
     p.add_argument("--gpus", required=True, metavar="N,N,...", help="GPU counts, smallest first")
     p.add_argument("--mode", choices=("weak", "strong"), default="weak")
+    p.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_scaling)
 

@@ -89,7 +89,10 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
     sharded = (3.0 * f if m.gated_mlp else 2.0 * f)  # SwiGLU reads gate, up, writes product; GELU r/w
     if not m.learned_positions:
         sharded += 2.0 * (h + 2 * kvh)  # rotary on q and k (read + write)
-    elem_fwd = elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a), dev)
+    # two norms, two residual adds, the activation (+ rotary on q, k) — each a kernel launch
+    n_ops = 5 + (2 if not m.learned_positions else 0) + (2 if m.dropout > 0 else 0)
+    elem_fwd = elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a), dev) \
+        + n_ops * dev.params.op_overhead_s
     if flash:
         attn_flops = 4.0 * tokens * m.seq_len * h / tp_a
         attn_fwd = attn_flops / (dev.peak_flops * dev.params.attn_eff)
@@ -99,7 +102,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
         # fused scale-mask-softmax reads and writes the scores; attention dropout reads them again,
         # writes its output and a one-byte mask (Megatron runs it as a separate kernel).
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
-        softmax = elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev)
+        softmax = elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
+            + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
         attn_fwd = sum(gemm_time_s(g, dev) for g in scores) + softmax
         attn_bwd = sum(gemm_time_s(g, dev, calls=2) for g in scores) + 2 * softmax
     fwd = gemm_fwd + attn_fwd + elem_fwd

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from exatrain.catalog.hardware import ClusterSpec, LinkTier
 from exatrain.errors import UserError
 from exatrain.plan import read_json, write_json_atomic
 
@@ -24,6 +25,7 @@ class CostParams:
     gemm_eff: float = 0.75  # fraction of dense peak a large GEMM reaches
     gemm_overhead_s: float = 20e-6  # fixed time per GEMM call: launch, tile and wave quantisation
     gemm_dim_half: float = 32.0  # a GEMM dimension d costs a factor d/(d + this): thin GEMMs are slow
+    op_overhead_s: float = 4e-6  # fixed time per element-wise kernel (launch / dispatch)
     attn_eff: float = 0.30  # fused (flash) attention: fraction of peak, causal, full-count FLOPs
     mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels
     link_eff: float = 0.75  # fraction of link bandwidth reached by collectives (algorithm bw)
@@ -71,8 +73,9 @@ DEFAULTS: dict[str, CostParams] = {
                            link_eff=0.75, source="h200 anchor"),
     "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
                          link_eff=0.65, source="prior"),
-    "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=5e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,
-                      dp_overlap=0.0, step_overhead_s=0.005, peak_flops=2e10, source="prior"),
+    "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=10e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,
+                      op_overhead_s=10e-6, dp_overlap=0.0, step_overhead_s=0.005, peak_flops=2e10,
+                      source="prior"),
 }
 
 
@@ -80,16 +83,56 @@ def default_params(device_name: str) -> CostParams:
     return DEFAULTS.get(device_name, CostParams())
 
 
-def load_calibration(path: str | Path) -> dict[str, CostParams]:
-    """A calibration file: {"kind": "exatrain-calibration", "devices": {name: {CostParams fields}}}."""
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration file: cost parameters per device and, optionally, measured link tiers per
+    cluster (``exatrain bench`` measures the local machine's; they replace the catalog's)."""
+
+    devices: Mapping[str, CostParams]
+    cluster_tiers: Mapping[str, tuple[LinkTier, ...]] = dataclasses.field(default_factory=dict)
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def params_for(self, device_name: str) -> CostParams | None:
+        return self.devices.get(device_name)
+
+    def apply(self, cluster: ClusterSpec) -> ClusterSpec:
+        """The cluster with measured tiers, when the file has them for it."""
+        tiers = self.cluster_tiers.get(cluster.name)
+        return dataclasses.replace(cluster, tiers=tuple(tiers)) if tiers else cluster
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read a calibration file::
+
+        {"kind": "exatrain-calibration",
+         "devices": {"<device>": {<CostParams fields>}},
+         "clusters": {"<cluster>": {"tiers": [{"name", "span", "bytes_per_s", "latency_s"}, ...]}},
+         ... anything else (raw measurements, machine description) is kept in ``extra``}
+    """
     d = read_json(path)
     if not isinstance(d, dict) or d.get("kind") != "exatrain-calibration" or not isinstance(d.get("devices"), dict):
         raise UserError(f"{path}: not an exatrain calibration file (expected kind 'exatrain-calibration' "
                         "and a 'devices' object); make one with `exatrain bench` or `exatrain calibrate`")
-    return {name: CostParams.from_dict(v, source=f"{path}: {name}") for name, v in d["devices"].items()}
+    devices = {name: CostParams.from_dict(v, source=f"{path}: {name}") for name, v in d["devices"].items()}
+    tiers: dict[str, tuple[LinkTier, ...]] = {}
+    for name, c in (d.get("clusters") or {}).items():
+        try:
+            ts = tuple(LinkTier(name=str(x["name"]), span=int(x["span"]), bytes_per_s=float(x["bytes_per_s"]),
+                                latency_s=float(x["latency_s"])) for x in c["tiers"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{path}: cluster {name!r}: malformed tiers ({exc})") from None
+        if not ts or ts[-1].span != 0 or any(t.bytes_per_s <= 0 or t.latency_s < 0 for t in ts):
+            raise UserError(f"{path}: cluster {name!r}: tiers must end with the network (span 0), "
+                            "bandwidth > 0, latency >= 0")
+        tiers[name] = ts
+    extra = {k: v for k, v in d.items() if k not in ("kind", "devices", "clusters")}
+    return Calibration(devices=devices, cluster_tiers=tiers, extra=extra)
 
 
-def save_calibration(path: str | Path, params: Mapping[str, CostParams], extra: Mapping[str, Any] | None = None) -> None:
-    write_json_atomic(path, {"kind": "exatrain-calibration",
-                             "devices": {k: v.to_dict() for k, v in params.items()},
-                             **(dict(extra) if extra else {})})
+def save_calibration(path: str | Path, calibration: Calibration) -> None:
+    write_json_atomic(path, {
+        "kind": "exatrain-calibration",
+        "devices": {k: v.to_dict() for k, v in calibration.devices.items()},
+        "clusters": {k: {"tiers": [dataclasses.asdict(t) for t in v]} for k, v in calibration.cluster_tiers.items()},
+        **dict(calibration.extra),
+    })
