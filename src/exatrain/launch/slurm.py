@@ -99,6 +99,7 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
              _HEREDOC, "",
              "# ---- rendezvous: rank 0 runs on the first host of the allocation",
              'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_NODELIST" | head -n1)"',
+             ': "${MASTER_ADDR:?no first host in SLURM_NODELIST=$SLURM_NODELIST}"',
              f'export MASTER_PORT="{o.master_port}"', ""]
     body.append({"rocm": "# ---- ROCm + RCCL environment" + (" over Slingshot" if uses_slingshot(cluster) else ""),
                  "cuda": "# ---- CUDA + NCCL environment (site-specific: NCCL_SOCKET_IFNAME, NCCL_IB_HCA)",
