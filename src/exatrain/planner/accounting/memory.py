@@ -27,6 +27,7 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
+from exatrain.planner.cost.schedule import peak_in_flight_fast
 from exatrain.planner.accounting.params import layer_params, stage_params, total_params
 
 # Fraction of the rest added as "other": allocator fragmentation and caching slack (a stated
@@ -114,21 +115,14 @@ def inflight_microbatches(plan: Plan, pp_rank: int) -> float:
 def inflight(schedule: str, pp, num_microbatches, interleave, pp_rank):
     """``inflight_microbatches`` on plain numbers or numpy arrays (the search's batch path).
 
-    GPipe holds all m. 1F1B: rank r runs p - r - 1 warm-up forwards, so holds min(p - r, m)
-    (Narayanan et al. 2021 Sec. 2.2.1). Interleaved 1F1B over v chunks: Megatron's warm-up is
-    2(p - r - 1) + (v - 1)p chunk forwards, so the peak is that + 1 chunks of L/(pv) layers
-    (rank 0: p(1 + (p-1)/(pv)) micro-batches of L/p layers, Korthikanti et al. 2022 Sec. 4.2.3).
-    zero_bubble is counted like interleaved (its deferred weight-gradient passes keep activations
-    of at most the same micro-batches).
+    The schedule simulator's peak count of (micro-batch, virtual stage) activation sets a rank holds,
+    divided by v: GPipe holds all m; 1F1B's rank r min(p - r, m) (Narayanan et al. 2021 Sec. 2.2.1);
+    interleaved 1F1B's rank 0 p(1 + (p-1)/(pv)) stage-units (Korthikanti et al. 2022 Sec. 4.2.3);
+    zero bubble p, as ZB-H1 is designed to hold (Qi et al. 2023). See cost.schedule.
     """
-    p, m, v, r = (np.asarray(x, dtype=float) for x in (pp, num_microbatches, interleave, pp_rank))
-    if schedule == "gpipe":
-        n = m
-    elif schedule == "1f1b":
-        n = np.minimum(p - r, m)
-    else:
-        n = np.minimum(m * v, 2 * (p - r - 1) + (v - 1) * p + 1) / v
-    return np.where(p == 1, 1.0, n)
+    held = peak_in_flight_fast(pp=pp, num_microbatches=num_microbatches, schedule=schedule,
+                               interleave=interleave, rank=pp_rank)
+    return np.where(np.asarray(pp) == 1, 1.0, held / np.asarray(interleave, dtype=float))
 
 
 def stage_memory(plan: Plan, pp_rank: int) -> MemoryBreakdown:
