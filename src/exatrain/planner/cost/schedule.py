@@ -344,10 +344,16 @@ def _schedule_codes(schedule, shape) -> np.ndarray:
 
 
 def group_sizes(pp: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``group_size`` elementwise (computed once per distinct (pp, m) pair)."""
-    pairs, inverse = np.unique(np.stack([np.ravel(pp), np.ravel(m)]), axis=1, return_inverse=True)
-    g = np.array([group_size(int(a), int(b)) for a, b in pairs.T], dtype=np.int64)
-    return g[np.ravel(inverse)].reshape(np.shape(pp))
+    """``group_size`` elementwise: m or pp in closed form, the rest once per distinct (pp, m)."""
+    pp, m = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(m, dtype=np.int64))
+    g = np.where(m <= pp, m, pp)
+    odd = (m > pp) & (m % pp != 0)
+    if odd.any():
+        keys, inverse = np.unique(pp[odd] * (int(m.max()) + 1) + m[odd], return_inverse=True)
+        sizes = np.array([group_size(int(k // (m.max() + 1)), int(k % (m.max() + 1))) for k in keys])
+        g = g.copy()
+        g[odd] = sizes[np.ravel(inverse)]
+    return g
 
 
 def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, interleave=1,
