@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples: exatrain launch --plan plan.json --scheduler slurm --cluster frontier --account "
                "ABC123 --time 02:00:00 > job.sbatch;  exatrain launch --plan plan.json --scheduler torchrun "
                "--nodes 2 --master node0:29500")
-    p.add_argument("--plan", required=True, metavar="PATH", help="plan JSON (exatrain estimate/search --out)")
+    p.add_argument("--plan", required=True, metavar="PATH",
+                   help="plan JSON (exatrain estimate/search --out); its cluster is used unless --cluster")
     p.add_argument("--scheduler", required=True, choices=SCHEDULERS)
     add_cluster_args(p, gpus=False)
     p.add_argument("--nodes", type=positive_int, default=None,

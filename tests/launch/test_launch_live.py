@@ -1,0 +1,134 @@
+"""The rendered launchers, run for real on this machine (CPU ranks, gloo, the tiny GPT):
+
+* a SLURM batch script from `exatrain launch --scheduler slurm`, executed by bash with stand-in
+  `srun`/`scontrol` first on PATH (tests/launch/slurm_standins.py): 2 "nodes" x 2 ranks train;
+* the torchrun script from `exatrain launch --scheduler torchrun --nodes 2 --master 127.0.0.1:PORT`,
+  run by two launcher processes (two "nodes", c10d rendezvous on 127.0.0.1): 2 ranks train.
+
+Training happened when the metrics file holds one step line per requested step with a finite loss.
+Every launch runs in its own process group under a deadline, so a hang fails the test (the whole
+group is killed) instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slurm_standins import install, job_environment
+
+from exatrain.cli import main
+from exatrain.catalog import get_model
+from exatrain.plan import ParallelDims, Plan, TrainShape
+
+pytestmark = pytest.mark.slow
+STEPS = 3
+DEADLINE_S = 150
+
+
+def trainer_help() -> str:
+    out = subprocess.run([sys.executable, "-m", "exatrain.train", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, f"python -m exatrain.train --help failed:\n{out.stderr}"
+    return out.stdout
+
+
+def adapt_to_trainer(script: str) -> str:
+    """The launchers always pass `--checkpoint-dir DIR --resume auto` (a requeued job continues).
+    Strip them from the command line only if this trainer does not accept them yet, and say so."""
+    help_text = trainer_help()
+    if "--checkpoint-dir" in help_text and "--resume" in help_text:
+        return script
+    stripped, n = re.subn(r" --checkpoint-dir (\S+) --resume auto", "", script)
+    assert n == 1, "the rendered command should carry --checkpoint-dir ... --resume auto exactly once"
+    print("this trainer lacks --checkpoint-dir/--resume: stripped them from the rendered command")
+    return stripped
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_all(procs: list[subprocess.Popen], logs: list[Path], deadline_s: float) -> None:
+    """Wait for every launcher; on a deadline kill their process groups and fail with their logs."""
+    try:
+        for p in procs:
+            p.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        pytest.fail(f"launch did not finish within {deadline_s} s:\n" + "\n".join(l.read_text()[-3000:] for l in logs))
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"launcher exited {p.returncode}:\n{log.read_text()[-4000:]}"
+
+
+def step_lines(metrics: Path) -> list[dict]:
+    assert metrics.is_file(), f"no metrics file at {metrics}"
+    return [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("kind") == "step"]
+
+
+def assert_trained(metrics: Path) -> None:
+    steps = step_lines(metrics)
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1)), steps
+    assert all(math.isfinite(s["loss"]) and s["loss"] > 0 for s in steps)
+
+
+def tiny_plan(path: Path, tp: int, dp: int) -> Path:
+    Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=tp, pp=1, dp=dp), shape=TrainShape(1, 2 * dp),
+         cluster="local-cpu").validate().save(path)
+    return path
+
+
+def test_rendered_slurm_script_trains(tmp_path: Path) -> None:
+    plan = tiny_plan(tmp_path / "plan.json", tp=2, dp=2)  # 4 ranks: a tp pair on each of 2 "nodes"
+    script = tmp_path / "job.sbatch"
+    assert main(["launch", "--plan", str(plan), "--scheduler", "slurm", "--cluster", "local-cpu", "--nodes", "2",
+                 "--steps", str(STEPS), "--checkpoint-dir", str(tmp_path / "ckpt"), "--master-port",
+                 str(free_port()), "--out", str(script)]) == 0
+    script.write_text(adapt_to_trainer(script.read_text()))
+    bin_dir = install(tmp_path / "bin")
+    env = job_environment(bin_dir, nodes=2, job_id=4242, SRUN_LOG=str(tmp_path / "srun.log"))
+    log = tmp_path / "job.out"
+    wait_all([start(["bash", str(script)], env, tmp_path, log)], [log], DEADLINE_S)
+
+    assert_trained(tmp_path / "ckpt" / "metrics-4242.jsonl")
+    # the plan the ranks trained is the embedded copy beside the checkpoints, equal to plan.json
+    assert Plan.load(tmp_path / "ckpt" / "plan-4242.json") == Plan.load(plan)
+    (srun,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    assert srun["options"]["--ntasks"] == "4" and srun["options"]["--ntasks-per-node"] == "2"
+    assert srun["command"][:2] == ["bash", "-c"] and srun["command"][4:7] == ["python", "-m", "exatrain.train"]
+
+
+def test_two_node_torchrun_trains(tmp_path: Path) -> None:
+    plan = tiny_plan(tmp_path / "plan.json", tp=1, dp=2)
+    script = tmp_path / "run.sh"
+    metrics = tmp_path / "metrics.jsonl"
+    assert main(["launch", "--plan", str(plan), "--scheduler", "torchrun", "--cluster", "local-cpu",
+                 "--nodes", "2", "--master", f"127.0.0.1:{free_port()}", "--steps", str(STEPS),
+                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-file", str(metrics),
+                 "--out", str(script)]) == 0
+    text = adapt_to_trainer(script.read_text())
+    assert "--nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d" in text
+    script.write_text(text)
+    env = job_environment(tmp_path, nodes=2)  # no stand-ins needed: PATH leads to this interpreter's torchrun
+    logs = [tmp_path / f"node{i}.out" for i in range(2)]
+    procs = [start(["bash", str(script)], env, tmp_path, log) for log in logs]
+    wait_all(procs, logs, DEADLINE_S)
+    assert_trained(metrics)
