@@ -13,11 +13,12 @@ from exatrain.catalog.hardware import (
     get_cluster,
     get_device,
     load_cluster_file,
+    match_device,
 )
 from exatrain.catalog.models import ModelSpec, get_model, load_model_file, model_presets
 
 __all__ = [
     "ClusterSpec", "DeviceSpec", "LinkTier", "ModelSpec",
     "cluster_catalog", "device_catalog", "get_cluster", "get_device", "get_model",
-    "load_cluster_file", "load_model_file", "model_presets",
+    "load_cluster_file", "load_model_file", "match_device", "model_presets",
 ]

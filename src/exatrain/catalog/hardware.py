@@ -180,6 +180,22 @@ def get_cluster(name: str) -> ClusterSpec:
     return clusters[name]
 
 
+# Substrings of the names accelerators report (torch.cuda.get_device_name; ROCm reports through the
+# same call) -> catalog device. Longer, more specific names first.
+_DEVICE_NAME_MATCHES = (("MI300X", "mi300x"), ("MI250X", "mi250x-gcd"), ("H200", "h200-sxm"),
+                        ("H100", "h100-sxm"), ("A100", "a100-80gb"))
+
+
+def match_device(name: str) -> DeviceSpec | None:
+    """The catalog device for a reported accelerator name ("NVIDIA H200" -> h200-sxm), or None
+    when the catalog has no entry for it (then no peak is known and MFU is not reported)."""
+    upper = name.upper()
+    for needle, key in _DEVICE_NAME_MATCHES:
+        if needle in upper:
+            return device_catalog().get(key)
+    return None
+
+
 def load_cluster_file(path: str | Path) -> ClusterSpec:
     """A user's cluster file (TOML or JSON): `name`, `device` (catalog name or table),
     `gpus_per_node`, and a list `tier` of {name, span, bytes_per_s, latency_s}."""

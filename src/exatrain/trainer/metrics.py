@@ -1,0 +1,151 @@
+"""What a run measures: one JSON line per step, a RunRecord at the end, a progress display.
+
+Model FLOPs per step are the plan's estimate (``plan.estimate.model_flops_per_step``, attached by the
+CLI from the planner) when it carries one; otherwise the same count made here from the model shape.
+MFU needs the device's catalog peak, so it is null on the CPU and on accelerators the catalog lacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from exatrain.catalog.hardware import match_device
+from exatrain.plan import Measured, Plan
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int  # 1-based
+    loss: float  # mean over the global batch
+    grad_norm: float  # global L2 norm before clipping
+    lr: float  # learning rate used by this step
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float | None
+    mfu: float | None
+    peak_memory_bytes: tuple[int, ...]  # per rank, in rank order
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["peak_memory_bytes"] = list(self.peak_memory_bytes)
+        return {"kind": "step", **d}
+
+
+def model_flops_per_step(plan: Plan) -> float:
+    """Model FLOPs of one optimizer step of the whole job (no recomputation counted).
+
+    The planner's figure when the plan carries an estimate; otherwise Korthikanti et al. 2022 Eq. 7,
+    72*B*s*L*h^2*(1 + s/(6h) + V/(12hL)), written per matrix so that it also covers grouped-query
+    attention, SwiGLU and any ffn width: 3 passes (forward + 2x backward) x 2 FLOPs per
+    multiply-add x (layer matrices + the s x s score and value products + the head)."""
+    if plan.estimate is not None and plan.estimate.model_flops_per_step > 0:
+        return float(plan.estimate.model_flops_per_step)
+    m = plan.model
+    h, s, f = m.hidden, m.seq_len, m.ffn_hidden
+    matrices = 2 * h * h + 2 * h * m.kv_hidden + (3 if m.gated_mlp else 2) * h * f
+    per_token = 3 * 2 * (m.layers * (matrices + 2 * s * h) + m.vocab * h)
+    return float(per_token * plan.tokens_per_step)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def peak_flops(device: torch.device, dtype: str) -> float | None:
+    """The catalog's dense peak FLOP/s for this accelerator and dtype; None if unknown (CPU)."""
+    if device.type != "cuda":
+        return None
+    spec = match_device(device_name(device))
+    return None if spec is None else spec.peak_flops(dtype)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this rank: allocated device memory, or the process's peak RSS on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not Unix
+        return 0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+def summarize(steps: Sequence[StepMetrics], plan: Plan, measure_after: int) -> Measured:
+    """Medians over the steps after the first ``measure_after`` (all steps if there are no more)."""
+    kept = list(steps[measure_after:]) or list(steps)
+    mem = [max(s.peak_memory_bytes[r] for s in steps) for r in range(plan.gpus)]
+    per_stage = plan.tp * plan.dp  # ranks of one pipeline stage are consecutive
+    tflops = [s.model_tflops_per_gpu for s in kept if s.model_tflops_per_gpu is not None]
+    mfus = [s.mfu for s in kept if s.mfu is not None]
+    return Measured(
+        steps=len(steps),
+        step_time_s=statistics.median(s.step_time_s for s in kept),
+        tokens_per_s=statistics.median(s.tokens_per_s for s in kept),
+        model_tflops_per_gpu=statistics.median(tflops) if tflops else None,
+        mfu=statistics.median(mfus) if mfus else None,
+        peak_memory_bytes=float(max(mem)),
+        peak_memory_by_stage=tuple(float(max(mem[p * per_stage:(p + 1) * per_stage])) for p in range(plan.pp)),
+        first_loss=steps[0].loss,
+        last_loss=steps[-1].loss,
+    )
+
+
+def append_json_line(path: str | Path, obj: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(obj) + "\n")
+
+
+class Progress:
+    """A rich progress bar on a terminal; a plain line every tenth of the run otherwise; nothing
+    when quiet. Only rank 0 makes one."""
+
+    def __init__(self, total: int, quiet: bool, title: str) -> None:
+        self.total, self.quiet = total, quiet
+        self.every = max(1, total // 10)
+        self._bar = None
+        if quiet:
+            return
+        from rich.console import Console
+
+        self.console = Console()
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+            self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=self.console)
+            self._task = self._bar.add_task(title, total=total, loss="-")
+            self._bar.start()
+        else:
+            self.console.print(title)
+
+    def update(self, m: StepMetrics) -> None:
+        if self.quiet:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, loss=f"{m.loss:.4f}")
+        elif m.step == 1 or m.step % self.every == 0 or m.step == self.total:
+            self.console.print(f"step {m.step:>5}/{self.total}  loss {m.loss:.4f}  grad norm {m.grad_norm:.3f}  "
+                               f"{m.step_time_s:.3f} s/step  {m.tokens_per_s:,.0f} tokens/s")
+
+    def close(self, summary: str) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        if not self.quiet:
+            self.console.print(summary)
+
+
+__all__ = ["Progress", "StepMetrics", "append_json_line", "device_name", "model_flops_per_step",
+           "peak_flops", "peak_memory_bytes", "summarize"]

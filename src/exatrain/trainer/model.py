@@ -1,0 +1,236 @@
+"""The GPT, written for one device: GPT-2/3 style and Llama style, exactly as the catalog describes.
+
+Nothing here knows about parallelism. The parallel techniques (``trainer/parallel``) work on this
+module afterwards: the pipeline split deletes layers and ends, tensor parallelism shards the linear
+layers with DTensor, activation checkpointing flips the ``recompute`` switches, data parallelism
+wraps the result. Three choices make that possible:
+
+* layers live in a ``ModuleDict`` keyed by their index in the whole model, so a parameter keeps its
+  name (``layers.7.attn.wq.weight``) on whatever pipeline stage it lands; initialisation is seeded
+  by that name, so the weights do not depend on the layout;
+* the query, key and value projections are separate ``Linear`` layers (column-parallel sharding of
+  a fused QKV matrix would hand one rank all the queries), and every reshape infers the number of
+  heads (``-1``), so a tensor-parallel rank runs the same code on its share of the heads;
+* ``embed``, ``norm`` and ``head`` may be ``None`` (a middle pipeline stage holds only layers).
+
+Build on the meta device (``with torch.device("meta"): Transformer(spec)``) and materialise with
+``exatrain.trainer.init``: no full model is ever allocated.
+
+Shapes: b = micro-batch, s = sequence, h = hidden, V = vocab, n = heads, k = kv heads, d = head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from exatrain.catalog.models import ModelSpec
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    """LayerNorm (weight + bias) for gpt, RMSNorm (weight only) for llama."""
+    if spec.arch == "llama":
+        return nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+
+
+def rope_table(spec: ModelSpec, device: torch.device | str | None = None) -> torch.Tensor:
+    """cos and sin of the rotary angles, [s, d/2, 2] (Su et al. 2021, RoFormer, Eq. 34)."""
+    d = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+    angles = torch.outer(torch.arange(spec.seq_len, dtype=torch.float32, device=device), inv_freq)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of channels of x [b, s, n, d] by the angles of table [s, d/2, 2]."""
+    s = x.shape[1]
+    pairs = x.float().unflatten(-1, (-1, 2))  # [b, s, n, d/2, 2]
+    cos = table[:s, None, :, 0]  # [s, 1, d/2]
+    sin = table[:s, None, :, 1]
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads and SDPA."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, kv, bias = spec.hidden, spec.kv_hidden, spec.has_bias
+        self.head_dim = spec.head_dim
+        self.kv_repeat = spec.heads // spec.kv_heads  # query heads per key/value head
+        self.rotary = spec.arch == "llama"
+        self.wq = nn.Linear(h, h, bias=bias)
+        self.wk = nn.Linear(h, kv, bias=bias)
+        self.wv = nn.Linear(h, kv, bias=bias)
+        self.wo = nn.Linear(h, h, bias=bias)
+        self.dropout = spec.dropout  # on the attention probabilities, while training
+        self.recompute = False  # selective recomputation of the attention core (Korthikanti et al. 2022)
+        self.math_kernel = False  # True: SDPA's math kernel, which stores the s x s scores
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+        b, s, _ = x.shape  # x: [b, s, h]
+        q = self.wq(x).view(b, s, -1, self.head_dim)  # [b, s, n, d]
+        k = self.wk(x).view(b, s, -1, self.head_dim)  # [b, s, k, d]
+        v = self.wv(x).view(b, s, -1, self.head_dim)  # [b, s, k, d]
+        if self.rotary:
+            assert rope is not None
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if self.recompute and torch.is_grad_enabled():
+            y = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            y = self._core(q, k, v)
+        return self.wo(y.flatten(2))  # [b, s, h]
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d)) v, causal: [b, s, n, d] -> [b, s, n, d]."""
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, n|k, s, d]
+        if self.kv_repeat > 1:
+            k = k.repeat_interleave(self.kv_repeat, dim=1)  # [b, n, s, d]
+            v = v.repeat_interleave(self.kv_repeat, dim=1)
+        p = self.dropout if self.training else 0.0
+        if self.math_kernel:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.MATH]):
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return y.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    """GELU MLP (gpt: fc1, fc2) or SwiGLU (llama: w1 gate, w3 up, w2 down; Shazeer 2020)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden, spec.ffn_hidden
+        self.gated = spec.gated_mlp
+        if self.gated:
+            self.w1 = nn.Linear(h, f, bias=False)
+            self.w3 = nn.Linear(h, f, bias=False)
+            self.w2 = nn.Linear(f, h, bias=False)
+        else:
+            self.fc1 = nn.Linear(h, f, bias=True)
+            self.fc2 = nn.Linear(f, h, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, s, h] -> [b, s, h]
+        if self.gated:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))  # inner [b, s, f]
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(spec)
+        self.attn = Attention(spec)
+        self.mlp_norm = make_norm(spec)
+        self.mlp = MLP(spec)
+        self.dropout = spec.dropout  # on both residual branches (GPT-2, Megatron-LM)
+        self.recompute = False  # full recomputation: keep only the layer input (Chen et al. 2016)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, rope, use_reentrant=False)
+        return self._forward(x, rope)
+
+    def _forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+        x = x + self._drop(self.attn(self.attn_norm(x), rope))  # [b, s, h]
+        return x + self._drop(self.mlp(self.mlp_norm(x)))
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, self.dropout, self.training) if self.dropout else x
+
+
+class Embeddings(nn.Module):
+    """Token embedding, plus the learned position table of the gpt family."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos = nn.Embedding(spec.seq_len, spec.hidden) if spec.learned_positions else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [b, s] -> [b, s, h]
+        x = self.tok(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))  # + [s, h]
+        return x
+
+
+class Transformer(nn.Module):
+    """The whole model, or (after the pipeline split) a contiguous run of its layers.
+
+    forward: token ids [b, s] -> logits [b, s, V] for the whole model; a first stage maps ids to
+    hidden states [b, s, h], a middle stage hidden states to hidden states, a last stage hidden
+    states to logits.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed: Embeddings | None = Embeddings(spec)
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.norm: nn.Module | None = make_norm(spec)
+        self.head: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        if spec.tied_embeddings:
+            self.head.weight = self.embed.tok.weight  # one parameter, counted once
+        # Rotary angles: derived, not trained; rebuilt by reset_buffers after materialisation.
+        self.register_buffer("rope", rope_table(spec) if spec.arch == "llama" else None, persistent=False)
+
+    def reset_buffers(self) -> None:
+        if self.rope is not None:
+            self.rope = rope_table(self.spec, device=self.rope.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)  # [b, s] -> [b, s, h]
+        for layer in self.layers.values():
+            x = layer(x, self.rope)  # [b, s, h]
+        if self.head is not None:
+            x = self.head(self.norm(x))  # [b, s, V]
+        return x
+
+
+NORMS = ("attn_norm", "mlp_norm", "norm")  # module names of the normalisation layers
+
+
+def init_std(name: str, spec: ModelSpec) -> float | None:
+    """Standard deviation of a weight's normal init, or None for norms and biases.
+
+    GPT-2's scheme (Radford et al. 2019, Sec. 2.3): N(0, 0.02), with the projections that write
+    into the residual stream scaled by 1/sqrt(2 * layers)."""
+    parts = name.split(".")
+    if parts[-1] == "bias" or (len(parts) > 1 and parts[-2] in NORMS):
+        return None
+    if name.endswith(("attn.wo.weight", "mlp.fc2.weight", "mlp.w2.weight")):
+        return 0.02 / math.sqrt(2 * spec.layers)
+    return 0.02
+
+
+def init_fill(name: str) -> float:
+    """Constant for parameters without a random init: norm weights 1, biases 0."""
+    return 0.0 if name.endswith(".bias") else 1.0
+
+
+def canonical_name(name: str, spec: ModelSpec) -> str:
+    """The name a parameter has in the whole single-device model. A tied head's own copy on the last
+    pipeline stage is the token embedding; wrappers' prefixes are dropped."""
+    for prefix in ("module.", "_orig_mod.", "_checkpoint_wrapped_module."):
+        name = name.replace(prefix, "")
+    name = name.replace("parametrizations.", "").replace(".original", "")
+    if spec.tied_embeddings and name == "head.weight":
+        return "embed.tok.weight"
+    return name
+
+
+__all__ = ["Attention", "Block", "Embeddings", "MLP", "Transformer", "apply_rope", "canonical_name",
+           "init_fill", "init_std", "make_norm", "rope_table"]

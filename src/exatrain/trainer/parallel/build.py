@@ -1,0 +1,134 @@
+"""This rank's part of the model, with every technique of the plan applied in a fixed order.
+
+    meta-device model -> pipeline split -> TP/SP -> activation checkpointing -> (compile) -> FSDP
+                      -> materialise (deterministic weights) -> DDP
+
+Why this order (torchtitan's, for these reasons):
+* the pipeline split comes first so that everything after works on one stage's module, and a rank
+  never builds (let alone allocates) layers another rank holds;
+* tensor parallelism next, on the plain modules: its styles replace ``nn.Linear``/``nn.Embedding``
+  parameters with DTensors and hook the module boundaries, which needs the unwrapped modules;
+* activation checkpointing wraps the already-sharded computation, so a recompute replays the same
+  tensor-parallel collectives as the forward; it is switched on inside each layer, so the layer
+  (and its parameter names) stays as it is for the wrappers after it;
+* (``torch.compile`` would go here, per layer, after checkpointing so it sees the checkpointed
+  regions and before FSDP so FSDP's hooks stay outside the compiled graphs; not applied yet;)
+* FSDP last among the meta-device steps: it must see the final parameters (it shards TP's DTensors
+  a second time) and its per-layer units must enclose the checkpointed layer, so the weights are
+  gathered while a recompute runs; applied on meta, so no rank ever holds unsharded weights;
+* DDP needs real tensors (its constructor broadcasts them), so it wraps after materialisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.nn.utils import parametrize
+
+from exatrain.plan import Plan
+from exatrain.trainer.init import materialize
+from exatrain.trainer.model import Transformer
+from exatrain.trainer.parallel.activation import apply_activation_checkpointing, apply_attention_kernel
+from exatrain.trainer.parallel.data import apply_ddp, apply_fsdp, localize_dtensor_params
+from exatrain.trainer.parallel.grads import GradEntry, grad_entries
+from exatrain.trainer.parallel.mesh import Mesh
+from exatrain.trainer.parallel.pipeline import split_stages
+from exatrain.trainer.parallel.tensor import apply_tensor_parallel
+
+
+@dataclass
+class ParallelModel:
+    """The stages this rank holds: (virtual stage index, module as run) in model order."""
+
+    stages: list[tuple[int, nn.Module]]
+    plan: Plan
+    tied_copies: list[nn.Parameter]  # this rank's copy of a tied embedding split over pp (else empty)
+    entries: list[GradEntry]
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        return [m for _, m in self.stages]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [e.param for e in self.entries]
+
+    @property
+    def holds_first(self) -> bool:
+        return any(i == 0 for i, _ in self.stages)
+
+    @property
+    def holds_last(self) -> bool:
+        return any(i == self.plan.virtual_stages - 1 for i, _ in self.stages)
+
+    @property
+    def reduce_after_schedule(self) -> bool:
+        """Average gradients over dp after the pipeline schedule instead of inside DDP (see
+        ``data_parallel_kind``)."""
+        return data_parallel_kind(self.plan) == "allreduce"
+
+
+def data_parallel_kind(plan: Plan) -> str:
+    """How gradients are synchronised over dp: none, ddp, fsdp, or allreduce.
+
+    The zero-bubble schedule computes weight gradients in a separate pass with ``autograd.grad``,
+    outside the accumulation hooks DDP reduces from (its gradients would not be averaged), so with
+    ZeRO-0/1 they are averaged by one all-reduce per parameter after the schedule; with FSDP the
+    combination is refused (TrainConfig.check)."""
+    if plan.dp == 1:
+        return "none"
+    if plan.zero_stage >= 2:
+        return "fsdp"
+    if plan.pp > 1 and plan.schedule == "zero_bubble":
+        return "allreduce"
+    return "ddp"
+
+
+def stored_param(module: nn.Module, name: str) -> nn.Parameter:
+    """The parameter object behind ``module.<name>`` (the local shard when parametrized)."""
+    if parametrize.is_parametrized(module, name):
+        return getattr(module.parametrizations, name).original
+    return getattr(module, name)
+
+
+def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
+    """Build, shard, initialise and wrap this rank's stages (see the module docstring for the order)."""
+    with torch.device("meta"):
+        whole = Transformer(plan.model)
+    bf16 = plan.dtype == "bfloat16"
+    fsdp = data_parallel_kind(plan) == "fsdp"
+    ddp = data_parallel_kind(plan) == "ddp"
+    stages: list[tuple[int, nn.Module]] = []
+    tied: list[nn.Parameter] = []
+    inner: list[nn.Module] = []
+    for index, module in split_stages(whole, plan, mesh.pp_rank):  # 1. pipeline split
+        if plan.tp > 1:
+            apply_tensor_parallel(module, mesh.tp_mesh, sequence_parallel=plan.sequence_parallel)  # 2.
+        apply_activation_checkpointing(module, plan.recompute)  # 3.
+        apply_attention_kernel(module, plan.flash_attention)
+        if fsdp:
+            apply_fsdp(module, mesh.dp_mesh, zero_stage=plan.zero_stage, bf16=bf16)  # 4.
+        materialize(module, plan.model, seed, mesh.device)
+        run: nn.Module = module
+        if ddp:
+            if plan.tp > 1:
+                localize_dtensor_params(module)
+            run = apply_ddp(module, mesh.dp_mesh, pipelined=plan.pp > 1)  # 5.
+        if plan.pp > 1 and plan.model.tied_embeddings:
+            if module.embed is not None:
+                tied.append(stored_param(module.embed.tok, "weight"))
+            if module.head is not None:
+                tied.append(stored_param(module.head, "weight"))
+        stages.append((index, run))
+        inner.append(module)
+    entries = grad_entries(inner, tp=plan.tp, dp=plan.dp, tied_copies=tied)
+    return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
+__all__ = ["ParallelModel", "data_parallel_kind", "parallelize", "stored_param", "unwrap"]

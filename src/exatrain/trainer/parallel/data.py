@@ -1,0 +1,89 @@
+"""Data parallelism: DDP (ZeRO-0), DDP + ZeroRedundancyOptimizer (ZeRO-1), FSDP2 (ZeRO-2/3).
+
+* ZeRO-0/1: ``DistributedDataParallel`` all-reduces (averages) gradients in buckets during the
+  backward; ZeRO-1 adds ``ZeroRedundancyOptimizer``, which keeps each rank's share of the Adam states
+  and broadcasts the updated parameters (Rajbhandari et al. 2020, P_os).
+* ZeRO-2/3: ``fully_shard`` per layer and on the root. Gradients are reduce-scattered and parameters
+  stay sharded between steps; ``reshard_after_forward=True`` frees the gathered weights after each
+  forward (ZeRO-3, P_os+g+p), ``False`` keeps them until the backward (ZeRO-2's communication: one
+  all-gather per step). With tensor parallelism FSDP shards the DTensors further (2-D).
+
+DDP cannot hold DTensor parameters (its reducer and its initial broadcast work on plain tensors), so
+under tensor parallelism each DTensor parameter is registered as its local shard and re-wrapped as a
+DTensor on access (a parametrization, ``DTensor.from_local``): DDP and ZeroRedundancyOptimizer see plain
+tensors, the layer sees the DTensor, and gradients flow through ``from_local`` to the local shard.
+
+Mixed precision (bf16): weights, gradients and optimizer states stay float32 (the master copy);
+compute runs under autocast; FSDP gathers bf16 weights and reduces gradients in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement
+from torch.nn.parallel import DistributedDataParallel
+from torch.nn.utils import parametrize
+
+
+
+class FromLocal(nn.Module):
+    """Parametrization: a plain local shard in storage, a DTensor when the layer reads it."""
+
+    def __init__(self, mesh: DeviceMesh, placements: Sequence[Placement], shape: torch.Size,
+                 stride: tuple[int, ...]) -> None:
+        super().__init__()
+        self.mesh, self.placements = mesh, tuple(placements)
+        self.shape, self.stride = shape, stride
+
+    def forward(self, local: torch.Tensor) -> DTensor:
+        return DTensor.from_local(local, self.mesh, self.placements, run_check=False,
+                                  shape=self.shape, stride=self.stride)
+
+
+def localize_dtensor_params(model: nn.Module) -> None:
+    """Store every DTensor parameter of ``model`` as its local shard (see the module docstring).
+    A parameter held by two modules (a tied head and embedding) stays one local parameter."""
+    local_of: dict[int, tuple[DTensor, nn.Parameter]] = {}
+    for module in list(model.modules()):
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not isinstance(param, DTensor):
+                continue
+            if id(param) not in local_of:
+                local_of[id(param)] = (param, nn.Parameter(param.to_local().detach(),
+                                                           requires_grad=param.requires_grad))
+            setattr(module, name, local_of[id(param)][1])
+            # unsafe: the parametrized value (global shape) differs in shape from the stored shard.
+            parametrize.register_parametrization(
+                module, name, FromLocal(param.device_mesh, param.placements, param.shape, param.stride()),
+                unsafe=True)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, pipelined: bool) -> DistributedDataParallel:
+    """Wrap one stage (or the whole model) in DDP over the dp group (plain tensors only).
+
+    Under a pipeline schedule, the stage runs every forward and all but the last backward of a step
+    under ``no_sync`` and arms the reducer itself before the last backward. DDP's one-time rebuild of
+    its buckets in the order gradients arrived miscounts those accumulated backwards (a reducer
+    error at the second step), so pipelined stages keep the initial buckets: that is what
+    ``find_unused_parameters=True`` does, at the cost of one graph traversal per step."""
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), broadcast_buffers=False,
+                                   find_unused_parameters=pipelined)
+
+
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool) -> None:
+    """fully_shard each layer, then the root (embedding, final norm, head), in place."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+          else MixedPrecisionPolicy())
+    reshard = zero_stage == 3
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+
+
+__all__ = ["FromLocal", "apply_ddp", "apply_fsdp", "localize_dtensor_params"]

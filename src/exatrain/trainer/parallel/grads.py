@@ -1,0 +1,122 @@
+"""Gradient bookkeeping across all of tp, pp and dp: tied-embedding sync, global norm, clipping.
+
+The global gradient norm is that of the single-device model: each rank adds the squares of the
+gradient entries it holds, divided by the number of ranks holding identical copies of them, and one
+all-reduce over the world sums those. A tensor-parallel shard is held once; a replicated parameter
+tp times (norms, biases after the all-reduce); under DDP/ZeRO-1 every gradient is also replicated dp
+times, under FSDP sharded; a tied embedding split over the pipeline has two copies (first and
+last stage).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.utils import parametrize
+
+
+@dataclass(frozen=True)
+class GradEntry:
+    """One parameter as this rank holds it, and how many ranks hold the same gradient values."""
+
+    param: nn.Parameter
+    copies: int
+
+
+def _shards(param: torch.Tensor, owner: nn.Module) -> int:
+    """How many distinct pieces the parameter's full value is split into across the ranks of a stage."""
+    if isinstance(owner, parametrize.ParametrizationList):  # a DTensor stored as its local shard
+        mesh, placements = owner[0].mesh, owner[0].placements
+    elif isinstance(param, DTensor):
+        mesh, placements = param.device_mesh, param.placements
+    else:
+        return 1
+    # Shard, or FSDP's _StridedShard over a tensor-parallel shard (not is_shard() in every version).
+    return math.prod(mesh.size(i) for i, p in enumerate(placements) if not (p.is_replicate() or p.is_partial()))
+
+
+def grad_entries(modules: Iterable[nn.Module], *, tp: int, dp: int,
+                 tied_copies: Iterable[nn.Parameter] = ()) -> list[GradEntry]:
+    """GradEntry for every trainable parameter of this rank's stage modules (wrapped or not)."""
+    entries, seen = [], set()
+    tied = {id(p) for p in tied_copies}
+    for module in modules:
+        for sub in module.modules():
+            for param in sub.parameters(recurse=False):
+                if id(param) in seen or not param.requires_grad:
+                    continue
+                seen.add(id(param))
+                copies = (tp * dp) // _shards(param, sub)
+                if id(param) in tied:  # after the sync, the first and the last stage hold the same gradient
+                    copies *= 2
+                entries.append(GradEntry(param, copies))
+    return entries
+
+
+def local_grad(param: torch.Tensor) -> torch.Tensor | None:
+    g = param.grad
+    if g is None:
+        return None
+    return g.to_local() if isinstance(g, DTensor) else g
+
+
+def settle_grads(entries: list[GradEntry]) -> None:
+    """Give every DTensor gradient its parameter's placements.
+
+    DTensor's backward may leave a gradient Partial (a replicated norm weight fed a sequence-parallel
+    slice: each tp rank holds a partial sum) or Replicate where the parameter is sharded (the
+    vocab-parallel embedding's dense backward). Partial -> Replicate is the all-reduce sequence
+    parallelism needs anyway; Replicate -> Shard is a local slice. After this, a rank's local gradient
+    is exactly the part of the whole gradient its parameter shard covers."""
+    for e in entries:
+        g = e.param.grad
+        if isinstance(g, DTensor) and isinstance(e.param, DTensor) and tuple(g.placements) != tuple(e.param.placements):
+            e.param.grad = g.redistribute(e.param.device_mesh, e.param.placements)
+
+
+def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int) -> None:
+    """Average every gradient over the data-parallel group (for schedules DDP cannot follow)."""
+    for e in entries:
+        g = local_grad(e.param)
+        if g is not None:
+            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
+            g.div_(dp)
+
+
+def sync_tied_embedding(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None) -> None:
+    """Sum the gradients of the embedding's two copies (first and last pipeline stage)."""
+    if group is None:
+        return
+    for p in params:
+        g = local_grad(p)
+        if g is None:
+            raise RuntimeError("tied embedding copy has no gradient")
+        dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
+
+
+def clip_grad_norm(entries: list[GradEntry], max_norm: float, device: torch.device) -> float:
+    """Global L2 norm of the gradient of the whole model; scale every gradient so it is at most
+    ``max_norm`` (no clipping when max_norm <= 0). Returns the norm before clipping."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for e in entries:
+        g = local_grad(e.param)
+        if g is not None:
+            total += g.detach().double().pow(2).sum() / e.copies
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    norm = float(total.sqrt())
+    if max_norm > 0 and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for e in entries:
+            g = local_grad(e.param)
+            if g is not None:
+                g.mul_(coef)
+    return norm
+
+
+__all__ = ["GradEntry", "average_over_dp", "clip_grad_norm", "grad_entries", "local_grad", "settle_grads", "sync_tied_embedding"]
