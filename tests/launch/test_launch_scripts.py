@@ -61,9 +61,10 @@ def test_node_layout_rejects(kwargs: dict, nodes: int | None, message: str) -> N
 def test_frontier_slurm_script(tmp_path: Path) -> None:
     p = plan()
     text = render_slurm(p, get_cluster("frontier"), SlurmOptions(
-        account="ABC123", time="02:00:00", partition="batch",
+        account="ABC123", time="02:00:00", partition="batch", setup=("module load rocm/6.2.4",),
         train=TrainArgs(checkpoint_dir="/lustre/orion/abc123/ckpt gpt")))
     bash_n(text, tmp_path)
+    assert text.index("module load rocm/6.2.4") < text.index("set -euo pipefail")
     opts = sbatch_options(text)
     assert opts == {"job-name": "exatrain-gpt-175b", "account": "ABC123", "partition": "batch", "time": "02:00:00",
                     "nodes": "16", "ntasks-per-node": "8", "gpus-per-node": "8", "cpus-per-task": "7",

@@ -86,10 +86,11 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
              f"#SBATCH --output={o.output}"]
 
     ckpt = o.train.checkpoint_dir
-    body = ["", "set -euo pipefail",
-            ': "${SLURM_JOB_ID:?submit this script with sbatch (SLURM_JOB_ID is not set)}"', ""]
-    if o.setup:
+    body = [""]
+    if o.setup:  # before `set -u`: environment-module scripts read unset variables
         body += ["# ---- site setup (exatrain launch --setup)", *o.setup, ""]
+    body += ["set -euo pipefail",
+             ': "${SLURM_JOB_ID:?submit this script with sbatch (SLURM_JOB_ID is not set)}"', ""]
     body += ["# ---- the plan, written beside the checkpoints it describes (same text on every requeue)",
              f'CHECKPOINT_DIR="{shell_double_quoted(ckpt)}"',
              'mkdir -p "$CHECKPOINT_DIR"',
@@ -125,7 +126,8 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
                 "LOCAL_WORLD_SIZE=" + str(layout.ranks_per_node) + "; exec \"$@\"' exatrain-rank")
     cmd = [shlex.quote(o.train.python), "-m", "exatrain.train",
            *train.argv('"$PLAN"', train_device(cluster))]
-    body += ["# ---- one task per device; a failing rank ends the step (and the job, which can be requeued)",
+    body += ["# ---- one task per device; a failing rank ends the step. After a node failure or preemption",
+             "# SLURM requeues the job (--requeue; or `scontrol requeue <id>`) and this text runs again.",
              " ".join(srun) + " \\",
              f"  bash -c {rank_env} \\",
              "  " + " ".join(cmd), ""]
