@@ -16,6 +16,7 @@ from exatrain.errors import UserError
 # Command modules, in the order their commands appear in `exatrain --help`.
 COMMAND_MODULES = (
     "exatrain.cli.catalog_cmds",   # models, hardware
+    "exatrain.cli.train_cmds",     # train
     "exatrain.cli.planner_cmds",   # estimate, search, scaling
     "exatrain.cli.launch_cmds",    # launch, export-config
 )

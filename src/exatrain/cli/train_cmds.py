@@ -1,0 +1,195 @@
+"""`exatrain train`: run a plan (or the embedded default) with PyTorch's distributed engine.
+
+Everything a user can get wrong is checked here, before any rank starts: the layout (Plan.validate),
+degrees against the launcher's world size, the device, memory on a CPU run, the vocabulary the
+byte-level data needs. Then the ranks start: from torchrun/srun's environment when present,
+otherwise spawned here. Torch and the trainer are imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from exatrain.catalog import ClusterSpec, ModelSpec, cluster_catalog, get_cluster, get_model, match_device
+from exatrain.cli.common import (_MODEL_FLAGS, add_cluster_args, add_layout_args, add_model_args, nonneg_int,
+                                 positive_int, resolve_cluster, resolve_model, resolve_plan)
+from exatrain.errors import PlanError, UserError
+from exatrain.plan import ParallelDims, Plan, TrainShape
+
+DEFAULT_MODEL = "gpt-small"
+
+
+def embedded_default(model: ModelSpec) -> Plan:
+    """The layout `exatrain train` runs with no layout flags: every kind of parallelism at once on
+    8 CPU ranks (tp2 x pp2 x dp2, 1F1B over 4 micro-batches), float32."""
+    return Plan(model=model, dims=ParallelDims(tp=2, pp=2, dp=2), shape=TrainShape(micro_batch=2, global_batch=16),
+                schedule="1f1b", dtype="float32", cluster="local-cpu")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train", help="train a plan (default: a small GPT on 8 CPU ranks)",
+        description="Train a plan with PyTorch's distributed engine (DeviceMesh, DTensor, pipelining, "
+                    "FSDP2/DDP). With no flags: a small GPT over the standard library's source text, "
+                    "tp2 x pp2 x dp2 on 8 CPU ranks. Under torchrun/srun each process is one rank; "
+                    "otherwise the ranks are started here.")
+    p.add_argument("--plan", metavar="PATH", help="a plan written by `exatrain search/estimate --json`; "
+                   "flags override it")
+    add_model_args(p, default=DEFAULT_MODEL)
+    add_layout_args(p)
+    add_cluster_args(p, default="local-cpu")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=positive_int, default=100, help="optimizer steps (default 100)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="weights and data order (default 0)")
+    g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    g.add_argument("--warmup", type=nonneg_int, default=10, help="linear warm-up steps (default 10)")
+    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decay floor, x lr (default 0.1)")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (default 0.1)")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="max global grad norm, 0 = off (default 1)")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda for a plan made for a GPU cluster, else cpu")
+    g.add_argument("--metrics-file", metavar="PATH", default=None,
+                   help="append one JSON line per step and a RunRecord at the end")
+    g.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from exatrain.trainer.config import TrainConfig
+
+    base = Plan.load(args.plan) if args.plan else None
+    model = _resolve_train_model(args, base)
+    if base is None and all(getattr(args, k) is None for k in ("tp", "pp", "dp", "gpus")):
+        base = embedded_default(model)
+    device = _pick_device(args, base)
+    cluster = _pick_cluster(args, base, device)
+    plan = resolve_plan(args, model, cluster, base=base, default_dtype="float32" if device == "cpu" else "bfloat16")
+    plan = _attach_estimate(plan, base, cluster)
+    config = TrainConfig(plan=plan, steps=args.steps, seed=args.seed, lr=args.lr, warmup_steps=args.warmup,
+                         min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
+                         grad_clip=args.grad_clip, device=device, metrics_file=args.metrics_file,
+                         quiet=args.quiet).check()
+    from exatrain.trainer.data import BYTE_VOCAB
+    from exatrain.trainer.launch import dist_env, launch_local, run_distributed
+
+    if plan.model.vocab < BYTE_VOCAB:
+        raise UserError(f"{plan.model.name} has vocab {plan.model.vocab} but the byte-level training data "
+                        f"needs {BYTE_VOCAB} token ids; use --vocab {BYTE_VOCAB} or more")
+    env = dist_env()
+    if env is not None and env.world_size != plan.gpus:
+        raise PlanError(f"the plan needs tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.gpus} ranks but "
+                        f"the launcher started {env.world_size}; change --dp (or --gpus) or the launcher")
+    _check_device(plan, device, env.local_world_size if env else plan.gpus)
+    if device == "cpu":
+        _check_cpu_memory(plan)
+    if env is not None:
+        run_distributed(config, env)
+    else:
+        launch_local([config])
+    return 0
+
+
+def _resolve_train_model(args: argparse.Namespace, base: Plan | None) -> ModelSpec:
+    """The model: --model/--model-file/flags as everywhere; with --plan, shape flags edit its model."""
+    if base is None or args.model or args.model_file:
+        return resolve_model(args)
+    overrides = {field: getattr(args, dest) for dest, field in _MODEL_FLAGS.items()
+                 if getattr(args, dest, None) is not None}
+    if not overrides:
+        return base.model
+    fields = base.model.to_dict()
+    if "hidden" in overrides and "ffn_hidden" not in overrides and fields["arch"] == "gpt":
+        fields["ffn_hidden"] = 0  # back to the family default for the new width
+    if "heads" in overrides and "kv_heads" not in overrides and fields["kv_heads"] == fields["heads"]:
+        fields["kv_heads"] = 0
+    if "arch" in overrides and overrides["arch"] != fields["arch"]:
+        fields["tied_embeddings"] = None
+    fields.update(overrides)
+    fields["name"] = f"{base.model.name}*"
+    return ModelSpec.from_dict(fields, source="model flags")
+
+
+def _pick_device(args: argparse.Namespace, base: Plan | None) -> str:
+    if args.device:
+        return args.device
+    clusters = cluster_catalog()
+    if base is not None and base.cluster in clusters and clusters[base.cluster].device.name != "cpu":
+        return "cuda"  # the plan was made for GPUs
+    return "cpu"
+
+
+def _pick_cluster(args: argparse.Namespace, base: Plan | None, device: str) -> ClusterSpec | None:
+    """--cluster/--cluster-file; else the plan's; else the local CPU or the cluster of this GPU."""
+    if args.cluster or args.cluster_file:
+        return resolve_cluster(args)
+    if base is not None and base.cluster in cluster_catalog():
+        return get_cluster(base.cluster)
+    if device == "cpu":
+        return get_cluster("local-cpu")
+    import torch
+
+    if torch.cuda.is_available():
+        spec = match_device(torch.cuda.get_device_name(0))
+        for cluster in cluster_catalog().values():
+            if spec is not None and cluster.device.name == spec.name:
+                return cluster
+    return None
+
+
+def _attach_estimate(plan: Plan, base: Plan | None, cluster: ClusterSpec | None) -> Plan:
+    """The planner's prediction for this plan, carried into the RunRecord; kept from --plan when the
+    layout is unchanged, else computed by exatrain.planner.estimate when that module is present."""
+    if base is not None and base.estimate is not None and plan.with_estimate(None) == base.replace(
+            estimate=None, cluster=plan.cluster):
+        return plan.with_estimate(base.estimate)
+    if cluster is None:
+        return plan
+    try:
+        estimate = importlib.import_module("exatrain.planner.estimate")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("exatrain.planner.estimate", "exatrain.planner"):
+            return plan  # the cost model is not part of this install yet
+        raise
+    try:
+        return plan.with_estimate(estimate.estimate_plan(plan, cluster))
+    except Exception as exc:  # the prediction is an extra; never let it stop a training run
+        sys.stderr.write(f"exatrain train: note: no prediction for this plan ({type(exc).__name__}: {exc})\n")
+        return plan
+
+
+def _check_device(plan: Plan, device: str, local_ranks: int) -> None:
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("this is a GPU run but no CUDA/ROCm device is visible here; "
+                        "pass --device cpu to run the plan on the CPU")
+    count = torch.cuda.device_count()
+    if local_ranks > count:
+        raise UserError(f"{local_ranks} ranks on this node but only {count} GPU(s): one rank per GPU; "
+                        "lower the degrees or use more nodes (torchrun/srun)")
+
+
+def _check_cpu_memory(plan: Plan) -> None:
+    """Refuse a CPU run whose model states alone (fp32 weights, gradients, Adam moments: 16 B per
+    parameter, less what ZeRO shards) exceed this machine's memory."""
+    from exatrain.planner.accounting.params import stage_params
+
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    z, dp = plan.zero_stage, plan.dp
+    per_param = 4 / (dp if z >= 3 else 1) + 4 / (dp if z >= 2 else 1) + 8 / (dp if z >= 1 else 1)
+    need = sum(n * plan.tp * plan.dp * per_param for n in stage_params(plan))
+    if need > 0.8 * ram:
+        raise UserError(f"{plan.model.name} needs about {need / 2**30:.1f} GiB of model states on the CPU "
+                        f"but this machine has {ram / 2**30:.1f} GiB; choose a smaller model (e.g. --model "
+                        "gpt-tiny) or run on GPUs")
+
+
+__all__ = ["DEFAULT_MODEL", "embedded_default", "register"]
