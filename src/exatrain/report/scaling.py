@@ -1,0 +1,98 @@
+"""Weak and strong scaling: predicted throughput and efficiency over GPU counts, the ideal line, and
+the Frontier study's measured efficiency where the model and cluster are the study's.
+
+Efficiency as ``exatrain scaling`` computes it: tokens/s relative to the first point scaled by the
+GPU count (weak: per-GPU throughput at a per-GPU batch held constant; strong: at a fixed global
+batch) — both equal tokens/s ÷ (first tokens/s × n / first n), which is what the ideal line draws.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exatrain.report.inputs import ScalingInput
+from exatrain.report.style import Figure, new_figure, save
+
+# Dash et al., "Optimizing Distributed Training on Frontier for Large Language Models", arXiv
+# 2312.12705 (ISC 2024), abstract: "100% weak scaling efficiency on 1024 and 3072 MI250X GPUs" for
+# 175B and 1T, and "strong scaling efficiencies of 89% and 87%". The strong-scaling GPU range is not
+# stated there; its point is drawn at the same largest count.
+STUDY: dict[tuple[str, str], dict[str, tuple[int, float]]] = {
+    ("gpt-175b", "frontier"): {"weak": (1024, 1.00), "strong": (1024, 0.89)},
+    ("gpt-1t", "frontier"): {"weak": (3072, 1.00), "strong": (3072, 0.87)},
+}
+STUDY_SOURCE = "Dash et al. 2023 (arXiv 2312.12705), Frontier"
+
+
+def study_point(model: str, cluster: str, mode: str) -> dict[str, Any] | None:
+    """The study's measured (GPUs, efficiency) for this model, cluster and mode, if it has one."""
+    hit = STUDY.get((model, cluster), {}).get(mode)
+    if hit is None:
+        return None
+    return {"gpus": hit[0], "efficiency": hit[1], "source": STUDY_SOURCE}
+
+
+def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:
+    """Two panels: tokens/s vs GPUs with the ideal line, and efficiency vs GPUs with 100% and the
+    study's point; return the numbers drawn."""
+    pts = scaling.points
+    first = pts[0]
+    model, cluster = first.plan.model.name, first.plan.cluster
+    gpus = [p.gpus for p in pts]
+    tokens = [float(p.plan.estimate.tokens_per_s) for p in pts]
+    ideal = [tokens[0] * n / gpus[0] for n in gpus]
+    study = study_point(model, cluster, scaling.mode)
+    numbers = {"mode": scaling.mode, "model": model, "cluster": cluster, "gpus": gpus,
+               "global_batch": [p.global_batch for p in pts], "tokens_per_s": tokens,
+               "ideal_tokens_per_s": ideal, "efficiency": [p.efficiency for p in pts],
+               "layouts": [f"tp{p.plan.tp}·pp{p.plan.pp}·dp{p.plan.dp}" for p in pts], "study": study}
+
+    fig, (ax, bx) = new_figure(11.0, 4.2, ncols=2)
+    ax.plot(gpus, tokens, "o-", color="C0", label="predicted")
+    ax.plot(gpus, ideal, "--", color="gray", label="ideal (linear from the first point)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(f"{scaling.mode} scaling of {model} on {cluster or 'the cluster'}: throughput", fontsize=9)
+    ax.legend(fontsize=8)
+    eff = 100 * np.asarray(numbers["efficiency"])
+    bx.plot(gpus, eff, "o-", color="C0", label="predicted")
+    bx.axhline(100, linestyle="--", color="gray", label="ideal 100%")
+    for n, e, lay in zip(gpus, eff, numbers["layouts"]):
+        bx.annotate(lay, (n, e), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=6)
+    xs = list(gpus)
+    if study:
+        bx.plot([study["gpus"]], [100 * study["efficiency"]], "D", color="#D62728", markersize=8,
+                label=f"measured: {study['source']}")
+        bx.annotate(f"{study['efficiency']:.0%} {scaling.mode} at {study['gpus']:,} GCDs",
+                    (study["gpus"], 100 * study["efficiency"]), textcoords="offset points", xytext=(-8, 8),
+                    ha="right", fontsize=7, color="#D62728")
+        xs.append(study["gpus"])
+    bx.set_xscale("log", base=2)
+    bx.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
+    for a, ticks in ((ax, gpus), (bx, xs)):  # GPU counts as numbers, not powers of two
+        a.set_xticks(sorted(set(ticks)), [f"{n:,}" for n in sorted(set(ticks))], fontsize=8)
+        a.minorticks_off()
+    low = min([float(eff.min()), 100 * study["efficiency"] if study else 100.0])
+    bx.set_ylim(min(80.0, low - 5), 105)
+    bx.set_xlabel("GPUs")
+    bx.set_ylabel("scaling efficiency, %")
+    bx.set_title("efficiency relative to the first point", fontsize=9)
+    bx.legend(fontsize=7, loc="lower left")
+    save(fig, path)
+
+    caption = (f"Predicted {scaling.mode} scaling (`exatrain scaling`, best or pinned layout per count): "
+               f"{numbers['efficiency'][-1]:.1%} efficiency at {gpus[-1]:,} GPUs relative to {gpus[0]:,}.")
+    if study:
+        caption += (f" The red diamond is what the Frontier study ({study['source']}) measured for {model}: "
+                    f"{study['efficiency']:.0%} {scaling.mode} scaling"
+                    + (f" to {study['gpus']:,} GCDs." if scaling.mode == "weak" else
+                       f" (range not stated in our sources; drawn at {study['gpus']:,} GCDs)."))
+    key = tuple((f"{n:,} GPUs", f"{t:,.0f} tokens/s, {e:.1%}") for n, t, e in
+                zip(gpus, tokens, numbers["efficiency"]))
+    return Figure(file=path.name, title=f"{scaling.mode.capitalize()} scaling", caption=caption,
+                  numbers=numbers, key_numbers=key)

@@ -1,0 +1,243 @@
+"""The pipeline schedule as a picture: rank × time, forward / backward / weight-gradient / idle.
+
+The plan is recast to each of the four schedules (same layout, batch and stage split; interleave 1
+for gpipe and 1f1b, the plan's interleave — or 2 — for interleaved and zero_bubble) and each is
+simulated through ``planner.cost.step.step_time``: the very per-stage seconds and simulator the
+estimate uses, so the plan's own panel is its estimate, op by op.
+
+Ops are drawn as a raster, one column per slice of time and one row per rank, rather than one
+rectangle per op: a 1T layout has ~100k ops, most narrower than a pixel, and the raster stays exact
+to a pixel whatever the size (its idle share per rank is returned, so a test can hold it to the
+simulation's idle time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.errors import PlanError
+from exatrain.plan import SCHEDULES, Plan, TimeBreakdown
+from exatrain.planner.cost.params import CostParams
+from exatrain.report.style import Figure, describe, new_figure, save, seconds
+
+# Colours: idle, then (kind, shade) pairs — shades alternate between micro-batches — then "after the step".
+IDLE_RGB = (0.90, 0.90, 0.90)
+AFTER_RGB = (1.0, 1.0, 1.0)
+KINDS = ("F", "B", "W")
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (zero bubble)"}
+KIND_RGB = {"F": ((0.30, 0.45, 0.69), (0.53, 0.66, 0.85)),
+            "B": ((0.87, 0.52, 0.32), (0.95, 0.73, 0.56)),
+            "W": ((0.18, 0.55, 0.34), (0.49, 0.77, 0.60))}
+COLUMNS = 1100
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """One schedule of the plan: the plan recast to it, its step breakdown and simulated timeline."""
+
+    plan: Plan
+    time_s: TimeBreakdown
+    result: Any  # planner.cost.schedule.ScheduleResult
+    own: bool
+
+
+def schedule_variants(plan: Plan) -> tuple[list[Plan], dict[str, str]]:
+    """The plan recast to every schedule it can run (the plan itself for its own schedule), and why
+    the others cannot (e.g. fewer micro-batches than stages, or too few layers to interleave)."""
+    if plan.pp == 1:
+        return [plan], {}
+    plans, skipped = [], {}
+    for s in SCHEDULES:
+        if s == plan.schedule:
+            plans.append(plan)
+            continue
+        v = 1 if s in ("gpipe", "1f1b") else (plan.interleave if plan.interleave > 1 else 2)
+        try:
+            plans.append(plan.replace(schedule=s, interleave=v, stage_layers=()).validate())
+        except PlanError as exc:
+            skipped[s] = str(exc)
+    return plans, skipped
+
+
+def simulate_variants(plan: Plan, cluster: ClusterSpec, params: CostParams) -> tuple[list[Simulated], dict[str, str]]:
+    """Each schedule variant through the estimate's own step-time path (stage times + simulator)."""
+    from exatrain.planner.cost.step import step_time
+
+    plans, skipped = schedule_variants(plan)
+    out = []
+    for q in plans:
+        bd, sim = step_time(q, cluster, params)
+        out.append(Simulated(plan=q, time_s=bd, result=sim, own=q is plan))
+    return out, skipped
+
+
+def ops_of(result: Any) -> dict[str, np.ndarray]:
+    """The simulated timeline as arrays: rank, kind (index into KINDS), micro-batch, virtual stage,
+    start and end seconds. Reads ``Timeline``'s parallel arrays (kind codes index the simulator's
+    own KINDS); falls back to ``events()`` for a timeline that only offers those."""
+    tl = result.timeline
+    try:
+        from exatrain.planner.cost.schedule import KINDS as SIM_KINDS
+
+        remap = np.array([KINDS.index(k) for k in SIM_KINDS])
+        return {"rank": np.asarray(tl.rank, dtype=np.int64), "kind": remap[np.asarray(tl.kind)],
+                "microbatch": np.asarray(tl.microbatch, dtype=np.int64),
+                "virtual_stage": np.asarray(tl.virtual_stage, dtype=np.int64),
+                "start_s": np.asarray(tl.start_s, dtype=np.float64), "end_s": np.asarray(tl.end_s, dtype=np.float64)}
+    except (ImportError, AttributeError):
+        ev = tl.events()
+    return {"rank": np.array([e.rank for e in ev], dtype=np.int64),
+            "kind": np.array([KINDS.index(e.kind) for e in ev], dtype=np.int64),
+            "microbatch": np.array([e.microbatch for e in ev], dtype=np.int64),
+            "virtual_stage": np.array([e.virtual_stage for e in ev], dtype=np.int64),
+            "start_s": np.array([e.start_s for e in ev], dtype=np.float64),
+            "end_s": np.array([e.end_s for e in ev], dtype=np.float64)}
+
+
+def _occupied(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Seconds of [edges[0], edges[c]] covered by the (non-overlapping, sorted) intervals, per edge."""
+    if len(starts) == 0:
+        return np.zeros(len(edges))
+    done_s = np.concatenate([[0.0], np.cumsum(ends - starts)])
+    n_done = np.searchsorted(ends, edges, side="right")  # intervals over by this edge
+    nxt = np.minimum(n_done, len(starts) - 1)
+    partial = np.where(n_done < len(starts), np.clip(edges - starts[nxt], 0.0, ends[nxt] - starts[nxt]), 0.0)
+    return done_s[n_done] + partial
+
+
+def coverage(ops: dict[str, np.ndarray], pp: int, span_s: float, columns: int = COLUMNS
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Share of each time column (over [0, span_s], time measured from the first op) that each rank
+    spends on each (kind, micro-batch shade): shape (pp, 2*len(KINDS), columns); and the share of
+    each column inside the step (before the last op ends), shape (columns,). Idle is what is left.
+    Exact, not sampled: a column holds the time-weighted mix of whatever ran in it."""
+    t0 = float(ops["start_s"].min())
+    edges = np.linspace(0.0, span_s, columns + 1)
+    width = span_s / columns
+    cov = np.zeros((pp, 2 * len(KINDS), columns))
+    # Alternate shades only where an op spans a few columns; narrower ops would blend into noise.
+    wide = float(np.median(ops["end_s"] - ops["start_s"])) >= 3 * width
+    shade = (ops["microbatch"] + ops["virtual_stage"] // pp) % 2 if wide else np.zeros_like(ops["kind"])
+    cat = 2 * ops["kind"] + shade
+    for r in range(pp):
+        for c in range(2 * len(KINDS)):
+            sel = np.flatnonzero((ops["rank"] == r) & (cat == c))
+            if len(sel) == 0:
+                continue
+            sel = sel[np.argsort(ops["start_s"][sel], kind="stable")]
+            occ = _occupied(ops["start_s"][sel] - t0, ops["end_s"][sel] - t0, edges)
+            cov[r, c] = np.diff(occ) / width
+    in_step = np.clip((float(ops["end_s"].max()) - t0 - edges[:-1]) / width, 0.0, 1.0)
+    return cov, in_step
+
+
+def to_rgb(cov: np.ndarray, in_step: np.ndarray) -> np.ndarray:
+    """(pp, columns, 3) image: each column's mix of op colours, idle grey and after-the-step white."""
+    colors = np.array([rgb for k in KINDS for rgb in KIND_RGB[k]])  # (2*len(KINDS), 3)
+    busy = cov.sum(axis=1)  # (pp, columns)
+    idle = np.clip(in_step[None, :] - busy, 0.0, None)
+    after = 1.0 - in_step
+    img = np.einsum("rkc,kx->rcx", cov, colors)
+    img += idle[..., None] * np.array(IDLE_RGB) + after[None, :, None] * np.array(AFTER_RGB)
+    return np.clip(img, 0.0, 1.0)
+
+
+def idle_share(cov: np.ndarray, in_step: np.ndarray) -> list[float]:
+    """Per rank, the idle share of the step as drawn (what the grey covers)."""
+    inside = float(in_step.sum())
+    return [float(np.clip(inside - row.sum(), 0.0, None) / inside) for row in cov.sum(axis=1)]
+
+
+def _label(s: Simulated) -> str:
+    p = s.plan
+    name = p.schedule + (f"×{p.interleave}" if p.interleave > 1 else "")
+    return name + (" (the plan's)" if s.own else "")
+
+
+def _name_microbatches(ax: Any, ops: dict[str, np.ndarray], t_max: float) -> None:
+    """Write the micro-batch number on ops wide enough to hold it (small pipelines only)."""
+    t0 = float(ops["start_s"].min())
+    wide = np.flatnonzero(ops["end_s"] - ops["start_s"] > 0.02 * t_max)
+    if len(wide) > 400:
+        return
+    for i in wide:
+        ax.text((ops["start_s"][i] + ops["end_s"][i]) / 2 - t0, ops["rank"][i], str(ops["microbatch"][i]),
+                ha="center", va="center", fontsize=6, color="white")
+
+
+def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path: Path) -> Figure:
+    """One panel per schedule (shared time axis); return each schedule's simulated numbers and the
+    idle share each rank has in the picture."""
+    sims, skipped = simulate_variants(plan, cluster, params)
+    t_max = max(s.result.step_s for s in sims)
+    pp = plan.pp
+    panel_h = 1.0 + min(2.4, 0.03 * pp + 0.15)
+    fig, axes = new_figure(12.0, 0.8 + panel_h * len(sims), nrows=len(sims), sharex=True, squeeze=False)
+    from matplotlib.patches import Patch
+
+    rows = []
+    for ax, s in zip(axes[:, 0], sims):
+        ops = ops_of(s.result)
+        cov, in_step = coverage(ops, pp, t_max)
+        ax.imshow(to_rgb(cov, in_step), aspect="auto", interpolation="antialiased",
+                  extent=(0.0, t_max, pp - 0.5, -0.5))
+        if pp <= 16:
+            _name_microbatches(ax, ops, t_max)
+        ax.axvline(s.time_s.step, color="black", linewidth=0.8, linestyle=":")
+        r = s.result
+        ax.set_title(f"{_label(s)}: pipeline {seconds(r.step_s)}, busiest rank idle {r.bubble_fraction:.1%}; "
+                     f"step with DP, optimizer and overhead {seconds(s.time_s.step)} (dotted)",
+                     fontsize=8, loc="left")
+        ax.set_ylabel("pipeline rank", fontsize=8)
+        ax.set_yticks(range(0, pp, max(1, pp // 8)))
+        ax.tick_params(labelsize=7)
+        rows.append({"schedule": s.plan.schedule, "interleave": s.plan.interleave, "own": s.own,
+                     "makespan_s": float(r.step_s), "step_s": float(s.time_s.step),
+                     "bubble_s": float(r.bubble_s), "busy_s": [float(x) for x in r.busy_s],
+                     "idle_s": [float(x) for x in r.idle_s],
+                     "ops": {k: int(np.sum(ops["kind"] == i)) for i, k in enumerate(KINDS)},
+                     "time_s": s.time_s.to_dict(), "drawn_idle_share": idle_share(cov, in_step)})
+    axes[-1, 0].set_xlabel("seconds into the optimizer step (one data-parallel replica)")
+    legend = [Patch(color=KIND_RGB[k][0], label=KIND_NAMES[k]) for k in KINDS]
+    legend.append(Patch(color=IDLE_RGB, label="idle"))
+    fig.legend(handles=legend, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle(f"pipeline schedules — {describe(plan)}, {plan.num_microbatches} micro-batches", fontsize=9)
+    save(fig, path, palette=32)
+    return Figure(file=path.name, title="Pipeline schedule timeline", caption=_caption(plan, rows, skipped),
+                  numbers=_numbers(plan, rows, skipped), key_numbers=_key_numbers(rows))
+
+
+def _numbers(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> dict:
+    est = plan.estimate
+    return {"schedules": list(rows), "skipped": dict(skipped), "pp": plan.pp,
+            "num_microbatches": plan.num_microbatches,
+            "estimate_step_s": None if est is None or est.time_s is None else float(est.time_s.step)}
+
+
+def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
+    text = ("Each row is one pipeline rank, time runs right: blue forward, orange backward (the input "
+            "gradient only, under zero bubble), green weight gradient, grey idle; light and dark shades "
+            "alternate between micro-batches (where ops are narrower than a pixel they blend). Every panel "
+            "uses the estimate's own per-stage seconds and schedule simulator. ")
+    text += "; ".join(f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''} "
+                      f"{seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
+    own = next(r for r in rows if r["own"])
+    est = plan.estimate
+    if est is not None and est.time_s is not None and abs(own["step_s"] / est.time_s.step - 1) > 1e-3:
+        text += (f" Note: the plan's stored estimate says {seconds(est.time_s.step)} per step but the cost "
+                 f"model now gives {seconds(own['step_s'])} (another exatrain version or calibration).")
+    for s, why in skipped.items():
+        text += f" {s} not drawn: {why}."
+    return text
+
+
+def _key_numbers(rows: Sequence[dict]) -> tuple[tuple[str, str], ...]:
+    return tuple((f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''}"
+                  f"{' (plan)' if r['own'] else ''}",
+                  f"step {seconds(r['step_s'])}, pipeline {seconds(r['makespan_s'])}, "
+                  f"busiest rank idle {r['bubble_s'] / r['makespan_s']:.1%}") for r in rows)
