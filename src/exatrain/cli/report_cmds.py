@@ -1,0 +1,62 @@
+"""`exatrain report`: pictures and an index.html from plans, searches, scaling studies and runs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report", help="pictures and an index.html from plans, searches, scaling studies and runs",
+        description="Draw the JSON the other commands print: memory per pipeline stage, step-time breakdown "
+                    "and the pipeline timeline of a plan; the landscape of a search; scaling curves beside "
+                    "the ideal and the Frontier study; predicted against measured and loss curves of runs. "
+                    "Writes PNGs and an index.html into --out. Each flag may be repeated.",
+        epilog="example: exatrain estimate --model gpt-1t --cluster frontier --gpus 3072 --tp 8 --pp 64 "
+               "--micro-batch 1 --global-batch 1536 --zero 1 --recompute full --out plan.json && "
+               "exatrain report --plan plan.json --out report/")
+    p.add_argument("--plan", action="append", default=[], metavar="PATH",
+                   help="a plan file (estimate/search --out) or `exatrain estimate --json` output")
+    p.add_argument("--search", action="append", default=[], metavar="PATH", help="`exatrain search --json` output")
+    p.add_argument("--scaling", action="append", default=[], metavar="PATH", help="`exatrain scaling --json` output")
+    p.add_argument("--runs", action="append", default=[], metavar="PATH",
+                   help="a runs file: JSON lines of run records and per-step metrics")
+    p.add_argument("--out", default="report", metavar="DIR", help="folder for the PNGs and index.html (default report)")
+    p.add_argument("--calibration", metavar="PATH", help="cost-model parameters for the pipeline timeline "
+                   "(the file given to `exatrain estimate --calibration`)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cluster", metavar="NAME", help="catalog cluster for plans that name none")
+    g.add_argument("--cluster-file", metavar="PATH", help="cluster description for plans whose cluster "
+                   "the catalog lacks (matched by name) or that name none")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from exatrain.errors import UserError
+    from exatrain.report import inputs as rin
+
+    if not (args.plan or args.search or args.scaling or args.runs):
+        raise UserError("nothing to report: give at least one of --plan, --search, --scaling, --runs")
+    from exatrain.catalog import get_cluster, load_cluster_file
+    from exatrain.report.build import ReportInputs, write_report
+
+    calibration = {}
+    if args.calibration:
+        from exatrain.planner.cost.params import load_calibration
+
+        calibration = load_calibration(args.calibration)
+    cluster = (get_cluster(args.cluster) if args.cluster else
+               load_cluster_file(args.cluster_file) if args.cluster_file else None)
+    inputs = ReportInputs(
+        plans=tuple(rin.read_plan(x) for x in args.plan),
+        searches=tuple(rin.read_search(x) for x in args.search),
+        scalings=tuple(rin.read_scaling(x) for x in args.scaling),
+        runs=tuple(rin.read_runs(x) for x in args.runs),
+        cluster=cluster, calibration=calibration)
+    index, sections = write_report(inputs, args.out)
+    n = sum(len(s.figures) for s in sections)
+    print(f"wrote {index} ({n} picture{'s' if n != 1 else ''})")
+    for s in sections:
+        for note in s.notes:
+            print(f"  note ({s.title}): {note}")
+    return 0
