@@ -102,7 +102,6 @@ def _parity(ax, pred: np.ndarray, meas: np.ndarray, unit: str) -> None:
     ax.set_ylim(lo, hi)
     ax.set_xlabel(f"predicted {unit}")
     ax.set_ylabel(f"measured {unit}")
-    ax.legend(fontsize=7, loc="upper left")
 
 
 def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
@@ -119,6 +118,8 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
         _parity(bx, np.asarray(m["predicted_memory_bytes"]) / GiB, np.asarray(m["measured_memory_bytes"]) / GiB,
                 "peak GiB per rank")
     bx.set_title(f"peak memory, {len(m['labels'])} points (per pipeline stage where measured)", fontsize=9)
+    handles, labels = (ax if t["labels"] else bx).get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     save(fig, path)
 
     numbers = {**t, "memory_labels": m["labels"], "predicted_memory_bytes": m["predicted_memory_bytes"],
@@ -132,7 +133,8 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
         key.append(("memory, median |error|", f"{np.median(err):.1%} over {len(err)} points"))
     caption = ("Each point is a run (left) or a pipeline stage of a run (right): what the cost model "
                "predicted for its plan against what the run measured (median step time after warm-up; "
-               "peak allocated memory). Points on the grey line are exact; dotted lines are ±25%.")
+               "peak memory: allocated device memory, or the process's peak RSS on a CPU). Points on the "
+               "grey line are exact; dotted lines are ±25%.")
     if skipped:
         caption += " Left out: " + ", ".join(f"{n} ({why})" for why, n in skipped.items()) + "."
     return Figure(file=path.name, title="Predicted vs measured", caption=caption, numbers=numbers,

@@ -123,15 +123,14 @@ def coverage(ops: dict[str, np.ndarray], pp: int, span_s: float, columns: int = 
     # Alternate shades only where an op spans a few columns; narrower ops would blend into noise.
     wide = float(np.median(ops["end_s"] - ops["start_s"])) >= 3 * width
     shade = (ops["microbatch"] + ops["virtual_stage"] // pp) % 2 if wide else np.zeros_like(ops["kind"])
-    cat = 2 * ops["kind"] + shade
-    for r in range(pp):
-        for c in range(2 * len(KINDS)):
-            sel = np.flatnonzero((ops["rank"] == r) & (cat == c))
-            if len(sel) == 0:
-                continue
-            sel = sel[np.argsort(ops["start_s"][sel], kind="stable")]
-            occ = _occupied(ops["start_s"][sel] - t0, ops["end_s"][sel] - t0, edges)
-            cov[r, c] = np.diff(occ) / width
+    group = ops["rank"] * (2 * len(KINDS)) + 2 * ops["kind"] + shade  # (rank, kind, shade)
+    order = np.lexsort((ops["start_s"], group))  # one sort, then one slice per group
+    keys, first = np.unique(group[order], return_index=True)
+    bounds = np.append(first, len(order))
+    for key, a, b in zip(keys.tolist(), bounds[:-1], bounds[1:]):
+        sel = order[a:b]
+        occ = _occupied(ops["start_s"][sel] - t0, ops["end_s"][sel] - t0, edges)
+        cov[key // (2 * len(KINDS)), key % (2 * len(KINDS))] = np.diff(occ) / width
     in_step = np.clip((float(ops["end_s"].max()) - t0 - edges[:-1]) / width, 0.0, 1.0)
     return cov, in_step
 
