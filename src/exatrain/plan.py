@@ -483,7 +483,11 @@ def read_run_records(path: str | Path) -> list[RunRecord]:
     if not path.is_file():
         raise UserError(f"{path}: no such runs file")
     records = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read ({exc})") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -503,6 +507,8 @@ def read_json(path: str | Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
