@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "exatrain.cli.train_cmds",     # train
     "exatrain.cli.planner_cmds",   # estimate, search, scaling
     "exatrain.cli.launch_cmds",    # launch, export-config
+    "exatrain.cli.tune_cmds",      # tune
     "exatrain.cli.report_cmds",    # report
 )
 

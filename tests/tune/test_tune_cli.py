@@ -1,0 +1,209 @@
+"""`exatrain tune` driven as a user drives it, with tests/tune/fake_train.py standing in for the trainer
+(through --launcher, the path a cluster uses), so study semantics, failures and pruning are checked in
+seconds; test_tune_live.py runs the real trainer. Bad input: one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exatrain.catalog import get_cluster, get_model
+from exatrain.cli import main
+from exatrain.plan import Plan, read_run_records
+from exatrain.planner.search.search import search
+from exatrain.planner.search.tune_sampler import Candidates
+
+FAKE = Path(__file__).with_name("fake_train.py")
+TINY = ["--model", "gpt-tiny", "--gpus", "4", "--global-batch", "8"]
+
+
+def tune_argv(tmp_path: Path, *extra: str) -> list[str]:
+    return ["tune", *TINY, "--candidates", "64", "--study", str(tmp_path / "tune.db"), "--steps", "4",
+            "--launcher", f"{sys.executable} {FAKE} {{cmd}}", *extra]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fake_log(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "fake.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRAIN_LOG", str(tmp_path / "fake.jsonl"))
+
+    def spec(**by_pattern: dict) -> None:
+        monkeypatch.setenv("FAKE_TRAIN_SPEC", json.dumps(by_pattern))
+    yield spec
+    for run_ in fake_log(tmp_path):  # a failed test must not leave a hung stand-in behind
+        try:
+            cmdline = Path(f"/proc/{run_['pid']}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"fake_train.py" in cmdline:
+            os.kill(run_["pid"], 9)
+
+
+@pytest.fixture(scope="module")
+def seeds() -> list[str]:
+    """Layout keys of the first trials a new study runs (the cost model's seeds), best first."""
+    result = search(get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=64, dtype="float32")
+    cands = Candidates.from_plans(result.ranked, gpus=4, global_batch=8)
+    return [cands.keys[i] for i in cands.seeds(3)]
+
+
+def _anchor(key: str) -> str:
+    return "^" + key.replace(".", r"\.") + "$"
+
+
+def test_rerun_adds_trials_never_repeats_a_layout_and_best_is_best_measured(tmp_path, capsys, fake, seeds) -> None:
+    fake()
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "3", "--json"))
+    assert code == 0
+    first = json.loads(out)
+    assert [t["status"] for t in first["trials"]] == ["ok"] * 3 and first["ran"] == 3
+    by_number = sorted(first["trials"], key=lambda t: t["number"])
+    assert [t["source"] for t in by_number[:2]] == ["seed", "seed"]
+    assert {Plan.from_dict(t["plan"]).tp for t in by_number[:2]} == {1, 2}  # two meshes seeded
+
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "5", "--json"))
+    assert code == 0
+    d = json.loads(out)
+    assert d["finished"] == 5 and d["ran"] == 2
+    layouts = [x["layout"] for x in fake_log(tmp_path)]
+    assert len(layouts) == 5 == len(set(layouts))  # 5 runs in all, no layout twice
+    measured = [t["measured_tokens_per_s"] for t in d["trials"]]
+    assert d["best"]["measured_tokens_per_s"] == max(measured) == measured[0]
+    best_file = Plan.load(d["best_file"])
+    assert best_file == Plan.from_dict(d["best"]["plan"]) and best_file.estimate is not None
+    for t in d["trials"]:
+        assert t["predicted_tokens_per_s"] > t["measured_tokens_per_s"] > 0
+        Plan.from_dict(t["plan"])
+
+    records = read_run_records(tmp_path / "tune.runs.jsonl")  # what `exatrain calibrate` reads
+    assert sorted(r.env["tune_trial"] for r in records) == list(range(5))
+    assert all(r.status == "ok" and r.predicted is not None and r.measured.tokens_per_s > 0 for r in records)
+
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "5", "--json"))  # nothing left to do
+    assert code == 0 and json.loads(out)["ran"] == 0 and len(fake_log(tmp_path)) == 5
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "5"))
+    assert code == 0 and "best: trial" in out and "measured tok/s" in out
+
+
+def test_hang_crash_and_oom_are_failed_trials_not_a_crash(tmp_path, capsys, fake, seeds) -> None:
+    fake(**{_anchor(seeds[0]): {"hang": True}, _anchor(seeds[1]): {"crash": "rank 3 segfaulted"},
+            _anchor(seeds[2]): {"oom": True}})
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "4", "--seed-trials", "3",
+                                          "--trial-timeout", "3", "--json"))
+    assert code == 0
+    d = json.loads(out)
+    by_number = {t["number"]: t for t in d["trials"]}
+    assert [by_number[i]["status"] for i in range(3)] == ["timeout", "failed", "oom"]
+    assert by_number[1]["error"] == "RuntimeError: rank 3 segfaulted"
+    assert "out of memory" in by_number[2]["error"]
+    assert by_number[3]["status"] == "ok" and d["best"]["number"] == 3
+    hung = fake_log(tmp_path)[0]
+    with pytest.raises(ProcessLookupError):  # the hung run's whole process group was ended
+        os.killpg(hung["pgid"], 0)
+    statuses = {r.env["tune_trial"]: r.status for r in read_run_records(tmp_path / "tune.runs.jsonl")}
+    assert statuses == {0: "timeout", 1: "failed", 2: "oom", 3: "ok"}
+
+
+def test_a_plan_the_trainer_refuses_is_rejected_not_counted_and_not_retried(tmp_path, capsys, fake, seeds) -> None:
+    fake(**{_anchor(seeds[0]): {"reject": "the zero_bubble schedule cannot run with FSDP"}})
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "2", "--json"))
+    d = json.loads(out)
+    assert code == 0 and d["finished"] == 2 and d["ran"] == 2
+    statuses = sorted((t["number"], t["status"]) for t in d["trials"])
+    assert statuses == [(0, "rejected"), (1, "ok"), (2, "ok")]
+    assert d["trials"][-1]["error"] == "exatrain train: error: the zero_bubble schedule cannot run with FSDP"
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "3", "--json"))
+    assert code == 0 and json.loads(out)["finished"] == 3
+    layouts = [x["layout"] for x in fake_log(tmp_path)]
+    assert len(layouts) == 4 and layouts.count(seeds[0]) == 1  # never asked again
+    assert 0 not in {r.env["tune_trial"] for r in read_run_records(tmp_path / "tune.runs.jsonl")}
+
+
+def test_the_same_error_again_and_again_stops_the_study(tmp_path, capsys, fake) -> None:
+    fake(**{".": {"crash": "no GPU visible"}})
+    code, out, err = run(capsys, *tune_argv(tmp_path, "--trials", "10", "--json"))
+    d = json.loads(out)
+    assert code == 1 and d["best"] is None and d["finished"] == 3
+    assert "no GPU visible" in d["stopped"] and "no run succeeded" in err
+
+
+def test_a_hopeless_run_is_pruned_after_warm_up(tmp_path, capsys, fake, seeds) -> None:
+    fake(**{_anchor(seeds[0]): {"tokens_per_s": 1000.0},
+            _anchor(seeds[1]): {"tokens_per_s": 100.0, "step_s": 0.2}})
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "2", "--steps", "60", "--json"))
+    assert code == 0
+    by_number = {t["number"]: t for t in json.loads(out)["trials"]}
+    assert by_number[0]["status"] == "ok"
+    assert by_number[1]["status"] == "pruned" and by_number[1]["measured_tokens_per_s"] == 100.0
+    metrics = Path(tmp_path / "tune.trials").glob("*/trial-0001/metrics.jsonl")
+    lines = next(metrics).read_text().splitlines()
+    assert 4 <= len(lines) < 60 and not any('"run_record"' in x for x in lines)  # stopped mid-run
+
+
+def test_killed_tuner_resumes_retries_the_cut_off_trial_and_ends_its_leftovers(tmp_path, fake, seeds) -> None:
+    marker = tmp_path / "hung-once"
+    fake(**{_anchor(seeds[1]): {"hang_once": str(marker)}})
+    argv = [sys.executable, "-m", "exatrain", *tune_argv(tmp_path, "--trials", "3", "--json")]
+    tuner = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and tuner.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "the second trial never started"
+    finally:
+        tuner.kill()  # SIGKILL: no cleanup, the trial stays RUNNING in the study
+        tuner.wait(timeout=30)
+    hung = fake_log(tmp_path)[-1]
+    os.killpg(hung["pgid"], 0)  # still running, orphaned
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    by_number = {t["number"]: t for t in d["trials"]}
+    assert by_number[1]["status"] == "interrupted"
+    retry = next(t for t in d["trials"] if t["source"] == "retry")
+    assert retry["status"] == "ok" and retry["plan"] == by_number[1]["plan"]
+    assert d["finished"] == 3 and sum(t["status"] == "ok" for t in d["trials"]) == 3
+    layouts = [x["layout"] for x in fake_log(tmp_path)]
+    assert layouts.count(seeds[0]) == 1 and layouts.count(seeds[1]) == 2 and len(layouts) == 4
+    with pytest.raises(ProcessLookupError):
+        os.killpg(hung["pgid"], 0)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--time-budget", "2x"], "--time-budget '2x' is not a duration"),
+    (["--time-budget", "0m"], "must be longer than zero"),
+    (["--study", "sqlite:////nonexistent-dir/sub/tune.db"], "cannot open the study storage"),
+    (["--study", "nosuchdb://host/x"], "cannot open the study storage"),
+    (["--launcher", "srun -N4 python -m exatrain.train"], "has no {cmd}"),
+    (["--pp", "3"], "no feasible layout on 4 devices"),
+    (["--steps", "2"], "at least 3 steps"),
+    (["--dp", "2"], "drop --dp"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message) -> None:
+    argv = ["tune", *TINY, "--candidates", "64", "--study", str(tmp_path / "t.db"), "--trials", "1", *extra]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_study_refuses_another_problem(tmp_path, capsys, fake) -> None:
+    fake()
+    assert run(capsys, *tune_argv(tmp_path, "--trials", "1", "--study-name", "s"))[0] == 0
+    code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "1", "--study-name", "s", "--global-batch", "16"))
+    assert code == 2 and "made for another problem (different global_batch)" in err
