@@ -89,11 +89,11 @@ def test_flags_override_a_plan(tmp_path: Path, no_launch: list) -> None:
     Plan(model=get_model("llama-tiny"), dims=ParallelDims(tp=2, pp=1, dp=2), shape=TrainShape(2, 8), zero_stage=1,
          cluster="local-cpu").validate().save(path)
     assert main(["train", "--plan", str(path), "--dp", "1", "--zero", "0", "--steps", "7", "--seed", "3",
-                 "--dtype", "bfloat16", "--lr", "1e-3", "--quiet"]) == 0
+                 "--dtype", "bfloat16", "--lr", "5e-4", "--quiet"]) == 0
     (cfg,) = no_launch
     p = cfg.plan
     assert (p.model.name, p.tp, p.dp, p.zero_stage, p.dtype, p.micro_batch) == ("llama-tiny", 2, 1, 0, "bfloat16", 2)
-    assert (cfg.steps, cfg.seed, cfg.lr, cfg.quiet) == (7, 3, 1e-3, True)
+    assert (cfg.steps, cfg.seed, cfg.lr, cfg.quiet) == (7, 3, 5e-4, True)
     no_launch.clear()
     assert main(["train", "--plan", str(path), "--layers", "2"]) == 0
     assert no_launch[0].plan.model.layers == 2 and no_launch[0].plan.model.kv_heads == 2

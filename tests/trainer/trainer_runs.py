@@ -16,6 +16,7 @@ from exatrain.trainer.launch import launch_local
 STEPS = 10
 MICRO_BATCH = 2
 GLOBAL_BATCH = 8  # 4 micro-batches with dp 1, 2 per replica with dp 2: every schedule's minimum
+LR = 3e-3  # high enough that 10 steps move the loss well away from its start
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ def config(out: Path, name: str, *, model: str = "gpt-tiny", tp: int = 1, pp: in
            dtype: str = "float32", steps: int = STEPS, **plan_kw: Any) -> TrainConfig:
     plan = Plan(model=get_model(model), dims=ParallelDims(tp=tp, pp=pp, dp=dp),
                 shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype=dtype, **plan_kw).validate()
-    return TrainConfig(plan=plan, steps=steps, seed=0, metrics_file=str(out / f"{name}.jsonl"), quiet=True).check()
+    return TrainConfig(plan=plan, steps=steps, seed=0, lr=LR, metrics_file=str(out / f"{name}.jsonl"),
+                       quiet=True).check()
 
 
 def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:

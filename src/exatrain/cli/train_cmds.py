@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=positive_int, default=100, help="optimizer steps (default 100)")
     g.add_argument("--seed", type=nonneg_int, default=0, help="weights and data order (default 0)")
-    g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     g.add_argument("--warmup", type=nonneg_int, default=10, help="linear warm-up steps (default 10)")
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decay floor, x lr (default 0.1)")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (default 0.1)")

@@ -19,7 +19,7 @@ class TrainConfig:
     plan: Plan
     steps: int = 100
     seed: int = 0
-    lr: float = 3e-3  # peak learning rate (AdamW)
+    lr: float = 1e-3  # peak learning rate (AdamW)
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
     warmup_steps: int = 10  # linear warm-up from lr / warmup_steps
     weight_decay: float = 0.1  # on matrices and embeddings; none on norms and biases

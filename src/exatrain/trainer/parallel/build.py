@@ -71,19 +71,16 @@ class ParallelModel:
 
 
 def data_parallel_kind(plan: Plan) -> str:
-    """How gradients are synchronised over dp: none, ddp, fsdp, or allreduce.
+    """How gradients are synchronised over dp: none, ddp, fsdp, or allreduce (after the schedule).
 
-    The zero-bubble schedule computes weight gradients in a separate pass with ``autograd.grad``,
-    outside the accumulation hooks DDP reduces from (its gradients would not be averaged), so with
-    ZeRO-0/1 they are averaged by one all-reduce per parameter after the schedule; with FSDP the
-    combination is refused (TrainConfig.check)."""
+    Under a pipeline, ZeRO-0/1 gradients are averaged after the schedule (see parallel/data.py: DDP's
+    reducer does not follow the schedules' gradient accumulation). FSDP follows it (the stage drives
+    its reduce-scatter), except through the zero-bubble weight pass: refused by TrainConfig.check."""
     if plan.dp == 1:
         return "none"
     if plan.zero_stage >= 2:
         return "fsdp"
-    if plan.pp > 1 and plan.schedule == "zero_bubble":
-        return "allreduce"
-    return "ddp"
+    return "allreduce" if plan.pp > 1 else "ddp"
 
 
 def stored_param(module: nn.Module, name: str) -> nn.Parameter:
@@ -115,7 +112,7 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
         if ddp:
             if plan.tp > 1:
                 localize_dtensor_params(module)
-            run = apply_ddp(module, mesh.dp_mesh, pipelined=plan.pp > 1)  # 5.
+            run = apply_ddp(module, mesh.dp_mesh)  # 5.
         if plan.pp > 1 and plan.model.tied_embeddings:
             if module.embed is not None:
                 tied.append(stored_param(module.embed.tok, "weight"))

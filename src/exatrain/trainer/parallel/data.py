@@ -2,7 +2,11 @@
 
 * ZeRO-0/1: ``DistributedDataParallel`` all-reduces (averages) gradients in buckets during the
   backward; ZeRO-1 adds ``ZeroRedundancyOptimizer``, which keeps each rank's share of the Adam states
-  and broadcasts the updated parameters (Rajbhandari et al. 2020, P_os).
+  and broadcasts the updated parameters (Rajbhandari et al. 2020, P_os). Under a pipeline schedule
+  the gradients are instead averaged after the schedule, in flat buckets (``grads.average_over_dp``):
+  DDP's reducer does not follow gradients accumulated over micro-batches (torch 2.13: its one-time
+  bucket rebuild counts two backwards and fails at the second step) nor the zero-bubble schedules'
+  separate weight-gradient pass.
 * ZeRO-2/3: ``fully_shard`` per layer and on the root. Gradients are reduce-scattered and parameters
   stay sharded between steps; ``reshard_after_forward=True`` frees the gathered weights after each
   forward (ZeRO-3, P_os+g+p), ``False`` keeps them until the backward (ZeRO-2's communication: one
@@ -19,6 +23,7 @@ compute runs under autocast; FSDP gathers bf16 weights and reduces gradients in 
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import torch
@@ -62,16 +67,13 @@ def localize_dtensor_params(model: nn.Module) -> None:
                 unsafe=True)
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, pipelined: bool) -> DistributedDataParallel:
-    """Wrap one stage (or the whole model) in DDP over the dp group (plain tensors only).
-
-    Under a pipeline schedule, the stage runs every forward and all but the last backward of a step
-    under ``no_sync`` and arms the reducer itself before the last backward. DDP's one-time rebuild of
-    its buckets in the order gradients arrived miscounts those accumulated backwards (a reducer
-    error at the second step), so pipelined stages keep the initial buckets: that is what
-    ``find_unused_parameters=True`` does, at the cost of one graph traversal per step."""
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), broadcast_buffers=False,
-                                   find_unused_parameters=pipelined)
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
+    """Wrap the model in DDP over the dp group (plain tensors only). The rotary table is a buffer
+    every rank computes identically, so buffers are not broadcast each forward."""
+    group = dp_mesh.get_group()
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:  # torch >= 2.13
+        return DistributedDataParallel(model, process_group=group, forward_sync_buffers=False)
+    return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
 
 
 def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool) -> None:

@@ -80,13 +80,26 @@ def settle_grads(entries: list[GradEntry]) -> None:
             e.param.grad = g.redistribute(e.param.device_mesh, e.param.placements)
 
 
-def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int) -> None:
-    """Average every gradient over the data-parallel group (for schedules DDP cannot follow)."""
-    for e in entries:
-        g = local_grad(e.param)
-        if g is not None:
-            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
-            g.div_(dp)
+def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int,
+                    bucket_elems: int = 2**26) -> None:
+    """Average every gradient over the data-parallel group: flat buckets of at most ``bucket_elems``
+    elements per dtype, one all-reduce each (SUM, then divide: gloo has no AVG)."""
+    grads = [g for g in (local_grad(e.param) for e in entries) if g is not None]
+    buckets: list[list[torch.Tensor]] = []
+    for g in grads:
+        last = buckets[-1] if buckets else None
+        if last and last[0].dtype == g.dtype and sum(x.numel() for x in last) + g.numel() <= bucket_elems:
+            last.append(g)
+        else:
+            buckets.append([g])
+    for bucket in buckets:
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        flat.div_(dp)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 def sync_tied_embedding(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None) -> None:
