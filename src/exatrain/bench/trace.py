@@ -1,0 +1,434 @@
+"""Per-rank peak memory of one training step, traced from the project's own model without allocating it.
+
+For one rank of each pipeline stage of a plan (data- and tensor-parallel rank 0), under a fake process
+group of the plan's world size and ``FakeTensorMode`` (tensors carry shapes and dtypes, no storage):
+
+1. the model is built on the meta device and given the trainer's own parallelism, in the trainer's
+   order and with the trainer's functions: pipeline split (``split_stages``), tensor/sequence
+   parallelism (``apply_tensor_parallel``, DTensor over the fake tp group), activation
+   checkpointing and the attention kernel, and FSDP2 (``fully_shard``) for ZeRO-2/3; then it is
+   materialised as fake tensors;
+2. ZeRO-0/1 data parallelism is applied in the accounting sense: DDP is left out (its gradient
+   buckets are a runtime cost of DDP, not of the layout), and ZeRO-1 is the trainer's
+   ``ZeroRedundancyOptimizer``, which keeps only this rank's share of the Adam states;
+3. two optimizer steps run as the trainer runs them (``trainer.train``): the micro-batches of the
+   step in the order the plan's schedule gives this rank (per micro-batch forward + backward without
+   a pipeline; with one, the order of torch's own schedule — warm-up forwards, one-forward-one-
+   backward, cool-down — taken from ``pipeline_order`` for the interleaved schedules), bf16 autocast,
+   vocabulary-parallel loss, gradient clipping over the global norm, then AdamW;
+4. ``torch.distributed._tools.MemTracker`` follows every tensor's storage and reports the peak and
+   its make-up (parameters, gradients, optimizer states, activations and temporaries, other).
+
+What a pipeline stage receives is a fresh tensor per micro-batch (requires grad) and the gradient
+it receives is one made at its backward: the transfers are modelled, torch.distributed.pipelining's
+receive buffers (one per micro-batch and direction, kept across steps) are not (see the README).
+
+Works for 175B-size layers on a laptop: nothing is allocated (one 175B-size layer traces in well
+under a second). Needs no accelerator; the autocast rules applied are the CPU's, which for the ops
+the model uses keep the same dtypes as CUDA's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from exatrain.plan import Plan
+
+__all__ = ["TracedMemory", "trace_plan", "trace_stage"]
+
+
+@dataclass(frozen=True)
+class TracedMemory:
+    """Bytes one rank holds at its traced peak, by MemTracker's categories folded into the plan's:
+    weights = parameters (the fp32 master copy; a 16-bit copy made by autocast or gathered by FSDP
+    is created in the forward and counts as activations here), gradients, optimizer states,
+    activations (activations + temporaries), other (buffers)."""
+
+    pp_rank: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    def to_dict(self) -> dict[str, float]:
+        d = {k: getattr(self, k) for k in ("weights", "gradients", "optimizer", "activations", "other")}
+        d["total"] = self.total
+        return d
+
+
+def trace_plan(plan: Plan, *, accelerator: bool = False, steps: int = 1) -> list[TracedMemory]:
+    """The traced peak of one rank of every pipeline stage of ``plan``, in stage order.
+
+    ``accelerator`` picks the optimizer implementation the trainer gets on a GPU (AdamW's foreach
+    path, whose temporaries span all parameters); on the CPU torch runs the per-tensor loop."""
+    return [trace_stage(plan, r, accelerator=accelerator, steps=steps) for r in range(plan.pp)]
+
+
+def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1) -> TracedMemory:
+    """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, tp 0); the peak over them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _ensure_fake_world()
+    mesh = _mesh(plan, pp_rank)
+    chunks = _build(plan, mesh, pp_rank)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        modules = [m for _, m in chunks]
+        for module in modules:
+            _materialize(module)
+        params = _unique_params(modules)
+        optimizer = _optimizer(plan, params, mesh, foreach=accelerator)
+        _warm_optimizer(optimizer, params)  # Adam's states exist from the second step on
+        tracker_cls = _peak_tracker_class()
+        tracker = tracker_cls()
+        tracker.track_external(*modules, optimizer, *([optimizer.optim] if hasattr(optimizer, "optim") else []))
+        run = _StepRunner(plan, chunks, mesh, tracker)
+        with _propagation_untracked(tracker_cls), tracker:
+            for _ in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                run.step()
+                _settle_and_clip(params)
+                optimizer.step()
+        peak = tracker.get_tracker_snapshot("peak")
+    return _fold(pp_rank, peak)
+
+
+# ---- the fake world -------------------------------------------------------------------------------
+FAKE_WORLD = 1 << 16  # ranks of the fake process group; a plan's mesh uses the first plan.gpus of them
+
+
+def _ensure_fake_world() -> None:
+    """One fake process group per process, kept: its collectives do nothing, and DTensor caches
+    meshes' groups, so tearing it down between traces would leave stale entries behind."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_backend() != "fake":
+            raise RuntimeError("trace needs a process of its own: a real process group is initialised")
+        return
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD)
+
+
+@dataclass(frozen=True)
+class _Mesh:
+    tp: Any
+    dp: Any
+    pp: Any
+
+
+def _mesh(plan: Plan, pp_rank: int) -> _Mesh:
+    """The plan's (pp, dp, tp) mesh with this process (fake rank 0) at (pp_rank, 0, 0)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    shift = pp_rank * plan.dp * plan.tp
+    ranks = ((torch.arange(plan.gpus) - shift) % plan.gpus).reshape(plan.pp, plan.dp, plan.tp)
+    mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "dp", "tp"))
+    return _Mesh(tp=mesh["tp"], dp=mesh["dp"], pp=mesh["pp"])
+
+
+def _build(plan: Plan, mesh: _Mesh, pp_rank: int) -> list[tuple[int, nn.Module]]:
+    """This rank's stages with the trainer's parallelism, on meta (parallel/build.py's order)."""
+    from exatrain.trainer.model import Transformer
+    from exatrain.trainer.parallel.activation import apply_activation_checkpointing, apply_attention_kernel
+    from exatrain.trainer.parallel.data import apply_fsdp
+    from exatrain.trainer.parallel.pipeline import split_stages
+    from exatrain.trainer.parallel.tensor import apply_tensor_parallel
+
+    with torch.device("meta"):
+        whole = Transformer(plan.model)
+    chunks = []
+    for index, module in split_stages(whole, plan, pp_rank):
+        if plan.tp > 1:
+            apply_tensor_parallel(module, mesh.tp, sequence_parallel=plan.sequence_parallel)
+        apply_activation_checkpointing(module, plan.recompute)
+        apply_attention_kernel(module, plan.flash_attention)
+        if plan.dp > 1 and plan.zero_stage >= 2:
+            apply_fsdp(module, mesh.dp, zero_stage=plan.zero_stage, bf16=plan.dtype == "bfloat16")
+        chunks.append((index, module))
+    return chunks
+
+
+def _materialize(module: nn.Module) -> None:
+    """Fake storage for a meta-device module, keeping tied parameters tied (as trainer.init does)."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for sub in module.modules():
+        for name, param in sub._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((sub, name))
+    module.to_empty(device="cpu")
+    for group in holders.values():
+        first = getattr(group[0][0], group[0][1])
+        for sub, name in group[1:]:
+            setattr(sub, name, first)
+    for sub in module.modules():
+        if hasattr(sub, "reset_buffers"):
+            sub.reset_buffers()
+
+
+def _warm_optimizer(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _peak_tracker_class() -> type:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class PeakTracker(MemTracker):
+        """MemTracker keeping only the whole-rank peak (its per-module peaks are not needed here and
+        cost a pass over every module at every op), and blind to DTensor's sharding propagation:
+        DTensor runs each op once more on fake tensors of the global shape to learn the output's
+        metadata, in the active fake mode when there is one (ours), where MemTracker would count
+        those global-shape tensors as allocations of this rank."""
+
+        propagating = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if type(self).propagating:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            try:
+                snaps, peaks, peak_snaps = self._curr_mem_snap, self._peak_mem, self._peak_mem_snap
+            except AttributeError:  # another MemTracker layout: do what it does
+                return super()._update_peak_stats(peak_state)
+            for dev, dev_snap in snaps.items():
+                total = dev_snap["Total"]
+                if peaks.get(dev, 0) < total:
+                    peaks[dev] = total
+                    peak_snaps[dev] = dict(dev_snap)
+
+    return PeakTracker
+
+
+@contextlib.contextmanager
+def _propagation_untracked(tracker_cls: type) -> Iterator[None]:
+    """Mark DTensor's metadata propagation (the methods that run an op on global-shape fake
+    arguments) so the tracker lets it pass."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    patched = []
+    for name in ("_propagate_tensor_meta_non_cached", "_propagate_tensor_meta"):
+        orig = ShardingPropagator.__dict__.get(name)
+        if orig is None:
+            continue
+
+        def wrapped(self, *a, __orig=orig, **k):  # type: ignore[no-untyped-def]
+            tracker_cls.propagating += 1
+            try:
+                return __orig(self, *a, **k)
+            finally:
+                tracker_cls.propagating -= 1
+
+        setattr(ShardingPropagator, name, wrapped)
+        patched.append((name, orig))
+    try:
+        yield
+    finally:
+        for name, orig in patched:
+            setattr(ShardingPropagator, name, orig)
+
+
+def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
+    seen: dict[int, nn.Parameter] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _optimizer(plan: Plan, params: list[nn.Parameter], mesh: _Mesh, *, foreach: bool) -> torch.optim.Optimizer:
+    """AdamW as ``trainer.train.build_optimizer`` makes it (decay groups do not change memory)."""
+    kw: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=foreach)
+    if plan.zero_stage == 1 and plan.dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                       process_group=mesh.dp.get_group(), **kw)
+    return torch.optim.AdamW(params, **kw)
+
+
+def _settle_and_clip(params: list[nn.Parameter]) -> None:
+    """``settle_grads`` + ``clip_grad_norm`` of the trainer, minus reading the norm back (a fake
+    tensor has no value): the same temporaries (a float64 square per gradient), the same in-place scale."""
+    from torch.distributed.tensor import DTensor
+
+    total = None
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+            p.grad = g = g.redistribute(p.device_mesh, p.placements)
+        local = g.to_local() if isinstance(g, DTensor) else g
+        sq = local.detach().double().pow(2).sum()
+        total = sq if total is None else total + sq
+    if total is None:
+        return
+    coef = (1.0 / (total.sqrt() + 1e-6)).clamp(max=1.0)
+    for p in params:
+        g = p.grad
+        if g is not None:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+
+
+# ---- one step of one rank -------------------------------------------------------------------------
+class _StepRunner:
+    """Forward and backward of one step's micro-batches, in this rank's schedule order."""
+
+    def __init__(self, plan: Plan, chunks: list[tuple[int, nn.Module]], mesh: _Mesh, tracker: Any) -> None:
+        self.plan, self.chunks, self.mesh, self.tracker = plan, dict(chunks), mesh, tracker
+        self.last = plan.virtual_stages - 1
+        m = plan.model
+        self.tokens = (plan.micro_batch, m.seq_len)
+        bf16 = plan.dtype == "bfloat16"
+        self.amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+        if plan.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            self.loss_ctx = loss_parallel
+        else:
+            self.loss_ctx = contextlib.nullcontext
+        self.order = _rank_order(plan, [i for i, _ in chunks], mesh) if plan.pp > 1 else None
+
+    def _forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        module = self.chunks[index]
+        # MemTracker keeps per-module statistics for one call of a root module; a stage runs once
+        # per micro-batch, and only the peak is wanted, so its root entry is restarted each call.
+        self.tracker.memory_tracking.pop(module, None)
+        return module(x)
+
+    def _ids(self) -> torch.Tensor:
+        return torch.randint(0, self.plan.model.vocab, self.tokens)
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))  # trainer.train.lm_loss
+
+    def step(self) -> None:
+        n = self.plan.num_microbatches
+        if self.order is None:  # trainer.train.Stepper without a pipeline: autocast per micro-batch
+            for _ in range(n):
+                with self.amp(), self.loss_ctx():
+                    x = self._ids()
+                    loss = self._loss(self._forward(0, x), x)
+                    (loss / n).backward()
+            return
+        with self.amp(), self.loss_ctx():  # the whole schedule runs inside one autocast region
+            self._pipeline_step()
+
+    def _stage_input(self) -> torch.Tensor:
+        """What a non-first stage receives: the residual stream as a plain tensor (the layers hand
+        each other local tensors), fp32 under autocast (the embedding and the residual additions
+        are not autocast ops), bf16 when FSDP gathers bf16 weights; [b, s/tp, h] with sequence
+        parallelism."""
+        m, p = self.plan.model, self.plan
+        s = m.seq_len // (p.tp if p.sequence_parallel else 1)
+        bf16_stream = p.dtype == "bfloat16" and p.zero_stage >= 2 and p.dp > 1
+        dtype = torch.bfloat16 if bf16_stream else torch.float32
+        return torch.empty(p.micro_batch, s, m.hidden, dtype=dtype).requires_grad_(True)
+
+    def _pipeline_step(self) -> None:
+        from torch.distributed.tensor import DTensor
+
+        saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        pending_w: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for kind, index, mb in self.order:
+            key = (index, mb)
+            if kind == "F":
+                if index == 0:
+                    x = self._ids()
+                else:
+                    x = self._stage_input()
+                out = self._forward(index, x)
+                if index == self.last:
+                    out = self._loss(out, self._ids())
+                saved[key] = (out, x)
+                continue
+            if kind == "W":
+                out, grad = pending_w.pop(key)
+                out.backward(grad)
+                continue
+            out, x = saved.pop(key)
+            grad = None
+            if index != self.last:  # the gradient received from the next stage
+                local = out.to_local() if isinstance(out, DTensor) else out
+                grad = torch.empty_like(local)
+                if isinstance(out, DTensor):
+                    grad = DTensor.from_local(grad, out.device_mesh, out.placements, run_check=False)
+            if kind == "B":
+                out.backward(grad)
+            else:  # zero bubble's input-gradient pass: the graph stays for the weight pass
+                if x.requires_grad:
+                    torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
+                pending_w[key] = (out, grad)
+            x.grad = None  # the input gradient is sent to the previous stage
+            if x.is_floating_point():
+                # The received activation is dead now; MemTracker's module hooks keep a reference
+                # to a root module's inputs, so release its storage explicitly (resize_ is tracked).
+                x.untyped_storage().resize_(0)
+            del out, x, grad
+
+
+def _rank_order(plan: Plan, held: list[int], mesh: _Mesh) -> list[tuple[str, int, int]]:
+    """(kind, virtual stage, micro-batch) of every compute op of this rank, in execution order:
+    kind F forward, B whole backward, I input-gradient pass, W weight-gradient pass."""
+    p, m = plan.pp, plan.num_microbatches
+    r = held[0] % p
+    if plan.schedule == "gpipe":
+        return [("F", r, j) for j in range(m)] + [("B", r, j) for j in range(m)]
+    if plan.schedule == "1f1b":
+        # torch Schedule1F1B: min(m, p - r) warm-up forwards, then backward/forward pairs, cool-down.
+        warm = min(m, p - r)
+        ops = [("F", r, j) for j in range(warm)]
+        f = warm
+        for b in range(m):
+            ops.append(("B", r, b))
+            if f < m:
+                ops.append(("F", r, f))
+                f += 1
+        return ops
+    # Interleaved schedules: torch computes the per-rank order when the schedule is built.
+    from torch.distributed.pipelining import (PipelineStage, ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble)
+
+    stub = [PipelineStage(nn.Identity(), k, plan.virtual_stages, torch.device("cpu"), group=mesh.pp.get_group())
+            for k in held]
+    cls = ScheduleInterleaved1F1B if plan.schedule == "interleaved" else ScheduleInterleavedZeroBubble
+    sched = cls(stub, m, loss_fn=lambda a, b: a)
+    ops = []
+    for action in sched.pipeline_order[r]:
+        if action is None:
+            continue
+        kind = str(getattr(action.computation_type, "value", action.computation_type))
+        if kind in ("F", "B", "I", "W"):
+            ops.append((kind, int(action.stage_index), int(action.microbatch_index)))
+    return ops
+
+
+def _fold(pp_rank: int, peak: dict) -> TracedMemory:
+    """MemTracker's peak snapshot (one device) in the plan's categories."""
+    snap: dict[str, int] = {}
+    for dev_snap in peak.values():
+        for k, v in dev_snap.items():
+            snap[str(getattr(k, "value", k))] = snap.get(str(getattr(k, "value", k)), 0) + int(v)
+    return TracedMemory(
+        pp_rank=pp_rank,
+        weights=float(snap.get("Parameter", 0)),
+        gradients=float(snap.get("Gradient", 0)),
+        optimizer=float(snap.get("Optstate", 0)),
+        activations=float(snap.get("Activation", 0) + snap.get("Temp", 0)),
+        other=float(snap.get("Buffer", 0) + snap.get("Other", 0)),
+    )

@@ -1,0 +1,247 @@
+"""Per-rank memory of the project's own trainer as it runs today (PyTorch-native execution).
+
+``accounting.memory`` is the planner's reference model: Megatron-LM's tensors (Korthikanti et al.
+2022, Table 2) in 16 bits, model states by ZeRO stage. This module counts what ``exatrain train``
+actually keeps, checked against a trace of the trainer's own model (``exatrain estimate --trace``,
+tests/bench/test_trace.py). Where the two differ, the difference is a property of the trainer's
+execution, and each item says whether it is inherent or avoidable:
+
+* mixed precision by autocast over fp32 parameters: the residual stream stays fp32 (the embedding
+  and the residual additions are not autocast ops), so the two norm inputs of a layer, a pipeline
+  stage's input and its output are 4 bytes per element (Megatron: 2) — avoidable by running the
+  stream in bf16;
+* autocast caches casts of weights only, so an fp32 input feeding several linear layers is cast
+  once per layer: q, k and v (and the MLP's gate and up projections) each keep their own 16-bit
+  copy of the normalised input (Megatron: one fused QKV input) — avoidable (cast once);
+* DTensor sequence parallelism keeps the all-gathered (whole-sequence) input of each projection;
+  Megatron keeps the 1/tp slice and gathers it again in the backward;
+* grouped-query attention repeats keys and values to all heads before the kernel
+  (``repeat_interleave``), which keeps the repeated copies — avoidable (``enable_gqa``);
+* a pipeline stage keeps each in-flight micro-batch's output until its backward (Megatron frees
+  the data after sending it);
+* only linear layers get 16-bit weight copies (autocast casts nothing else); FSDP2 (ZeRO-2/3 with
+  dp > 1) gathers every parameter in bf16, which also makes the residual stream bf16;
+* the peak is the largest of three moments: the backward of the last micro-batch in flight
+  (states + activations + the backward's working set: the loss's fp32 temporaries, or the top
+  layer's weight gradient and its fp32 copy, the input gradient, the residual stream's gradient,
+  FSDP's fp32 reduce-scatter input), the gradient norm (a float64 square of the largest
+  gradient) and AdamW's update (square-root and division temporaries: every parameter at once with
+  the foreach implementation torch uses on accelerators, the largest one on the CPU). When no
+  backward comes before the activations peak (GPipe; 1F1B with m <= in flight) the gradients are
+  not allocated yet at that moment.
+
+Not counted (runtime overheads measured by neither model; see the README's "Calibration and
+validation"): DDP's gradient buckets, torch.distributed.pipelining's per-micro-batch receive
+buffers, DTensor's replicated gradient of the vocabulary-parallel embedding, and a loss computed
+on whole-vocabulary logits when autocast is on around ``loss_parallel``. Per-norm statistics
+(8 bytes a token) are left out. With one micro-batch per step and no pipeline the gradients are
+taken as present at the activation peak (high by up to the gradient bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from exatrain.catalog.models import ModelSpec
+from exatrain.plan import MemoryBreakdown, Plan
+from exatrain.planner.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, inflight_microbatches,
+                                                state_bytes_per_param)
+from exatrain.planner.accounting.params import layer_params, stage_params
+
+
+def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str,
+                                   flash: bool, dtype: str, bf16_params: bool = False, on_cpu: bool = False):
+    """Activation bytes one layer of the trainer's model keeps for backward, per micro-batch, on one
+    tp rank (see the module doc), tensor by tensor per token, with d = tp under sequence parallelism:
+
+      norms: LayerNorm keeps its input in fp32 (4h/d); RMSNorm keeps its input and, where torch has
+        no fused kernel (the CPU), the fp32 normalised input too (8h/d), else only the input
+        (``_norm_bytes``: what changes when FSDP makes the stream bf16);
+      16-bit inputs of the projections the norms feed, whole sequence: fp32 norm output -> one
+        autocast copy per projection (q, k, v and fc1, or gate and up: 2h each); a 16-bit norm
+        output (RMSNorm under FSDP) is shared (2h per norm); in float32 the shared fp32 output;
+      attention on h/tp channels: q, k, v (keys and values repeated to all heads) and the output,
+        e bytes each, + fp32 log-sum-exp per head (flash); the math kernel keeps the s x s
+        probabilities (on the CPU it computes, and keeps q, k, v, in fp32);
+      MLP on f/tp channels: fc1 output and GELU output, or gate, silu(gate), up and their product.
+    Selective recomputation drops the attention core's own tensors (log-sum-exp or probabilities);
+    full recomputation keeps only the layer input (residual stream: fp32, bf16 under FSDP)."""
+    s, h, f, a = m.seq_len, m.hidden, m.ffn_hidden, m.heads
+    b = np.asarray(micro_batch, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    d = t if sequence_parallel else 1.0
+    autocast = dtype == "bfloat16"
+    e = COMPUTE_BYTES[dtype]
+    stream = 2.0 if (autocast and bf16_params) else 4.0  # residual-stream bytes per element
+    if recompute == "full":
+        return s * b * stream * h / d
+    norm_keep, norm_out_fp32 = _norm_bytes(m, stream, on_cpu)
+    n_proj = 3 + (2 if m.gated_mlp else 1)
+    if not autocast:
+        gemm_in = 2 * e * h
+    elif norm_out_fp32:
+        gemm_in = n_proj * 2.0 * h
+    else:
+        gemm_in = 2 * 2.0 * h
+    if flash:
+        core_own = 4.0 * a
+        attn = 4 * e * h + (0.0 if recompute == "selective" else core_own)  # q, k, v, output
+    elif recompute == "selective":
+        attn = 4 * e * h
+    else:
+        up = 4.0 if (on_cpu and autocast) else e
+        attn = 3 * up * h + up * a * s + e * h
+    mlp = (4 if m.gated_mlp else 2) * e * f
+    per_token = (2 * norm_keep) / d + gemm_in + (attn + mlp) / t
+    return s * b * per_token
+
+
+def _norm_bytes(m: ModelSpec, stream: float, on_cpu: bool) -> tuple[float, bool]:
+    """(bytes per token a norm keeps for backward, whether its output is fp32), for a residual
+    stream of ``stream`` bytes per element. Under autocast LayerNorm runs in fp32 on accelerators
+    (an fp32 copy of a bf16 input); on the CPU it runs in its input's dtype. RMSNorm: torch's
+    fused kernel (accelerators) keeps its input; the CPU's composite keeps an fp32 upcast of the
+    input and the fp32 normalised input; either returns its input's dtype."""
+    h = m.hidden
+    if m.arch != "llama":
+        if on_cpu:
+            return stream * h, stream == 4.0
+        return 4.0 * h, True
+    if on_cpu:
+        return 8.0 * h, stream == 4.0
+    return stream * h, stream == 4.0
+
+
+def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None) -> MemoryBreakdown:
+    """Peak bytes one rank of pipeline stage ``pp_rank`` holds under the trainer (module doc).
+    ``on_cpu``: the plan runs on CPU processes (default: its cluster's device is the host CPU)."""
+    layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
+    parts = trainer_rank_memory(plan.model, dtype=plan.dtype, zero_stage=plan.zero_stage, recompute=plan.recompute,
+                        sequence_parallel=plan.sequence_parallel, flash=plan.flash_attention,
+                        tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp,
+                        interleave=plan.interleave, params_here=stage_params(plan)[pp_rank],
+                        layers_here=layers_here,
+                        inflight_mb=inflight_microbatches(plan, pp_rank),
+                        is_last=pp_rank == plan.pp - 1, is_first=pp_rank == 0,
+                        num_microbatches=plan.num_microbatches,
+                        on_cpu=plan_on_cpu(plan) if on_cpu is None else on_cpu)
+    return MemoryBreakdown(*(float(x) for x in parts))
+
+
+def plan_on_cpu(plan: Plan) -> bool:
+    """Whether the plan's cluster (a catalog name) runs on the host CPU."""
+    from exatrain.catalog.hardware import cluster_catalog
+
+    c = cluster_catalog().get(plan.cluster)
+    return c is not None and c.device.name == "cpu"
+
+
+def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, sequence_parallel: bool,
+                flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
+                is_last, is_first=None, num_microbatches=None, on_cpu: bool = False):
+    """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
+    are scalars; every size may be a numpy array (one entry per candidate plan).
+
+    ``is_first``: the rank holds the embedding (default: when pp == 1). ``num_microbatches``: per
+    step (default: more than are in flight). ``on_cpu``: CPU processes (no fused RMSNorm, LayerNorm
+    in its input's dtype, per-tensor AdamW) rather than accelerators (foreach AdamW)."""
+    tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
+    is_last = np.asarray(is_last, dtype=float)
+    is_first = (pp == 1).astype(float) if is_first is None else np.asarray(is_first, dtype=float)
+    params_here = np.asarray(params_here, dtype=float)
+    inflight_mb = np.asarray(inflight_mb, dtype=float)
+    h, V = m.hidden, m.vocab
+    e = COMPUTE_BYTES[dtype]
+    autocast = dtype == "bfloat16"
+    fsdp = (dp > 1) & (zero_stage >= 2)  # the trainer shards with FSDP2 only when dp > 1
+    per = state_bytes_per_param(dtype, zero_stage, dp)
+    per1 = state_bytes_per_param(dtype, 0, 1)
+    lp = layer_params(m)
+    layer_rank_params = lp.sharded / tp + lp.replicated
+    # A rank's own fp32 parameters and gradients (sharded over dp by FSDP), optimizer states.
+    fp32_w = params_here * np.where(fsdp, 4.0 / dp, 4.0)
+    grads = params_here * np.where(fsdp, per.gradients, per1.gradients)
+    optim = params_here * per.optimizer
+    # 16-bit weight copies. Autocast casts the weights of linear layers only (not norms, not
+    # embedding tables unless the table is also this rank's head) and keeps them until the
+    # backward; FSDP2 gathers every parameter in bf16: all of them from forward to backward
+    # (ZeRO-2), or one layer while the next is prefetched (ZeRO-3).
+    tables = is_first * (V * h / tp * ((1.0 - is_last) if m.tied_embeddings else 1.0)
+                         + (m.seq_len * h if m.learned_positions else 0))
+    non_linear = layers_here * (4 if m.has_bias else 2) * h + tables + is_last * (2 if m.has_bias else 1) * h
+    gathered = 2.0 if autocast else 4.0
+    copy_fsdp = gathered * (params_here if zero_stage == 2 else 2 * layer_rank_params)
+    copy16 = np.where(fsdp, copy_fsdp, 2.0 * (params_here - non_linear) if autocast else 0.0)
+    weights = fp32_w + copy16
+
+    # ---- activations: per micro-batch in flight, then the backward's working set ----
+    kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, on_cpu=on_cpu)
+
+    def per_layer_bytes(mode: str):
+        plain = trainer_layer_activation_bytes(m, b, tp, recompute=mode, **kw)
+        if not np.any(fsdp):
+            return plain
+        return np.where(fsdp, trainer_layer_activation_bytes(m, b, tp, recompute=mode, bf16_params=True, **kw),
+                        plain)
+
+    per_layer = per_layer_bytes(recompute)
+    tokens = b * m.seq_len
+    sp_div = tp if sequence_parallel else 1.0
+    stream = np.where(fsdp & autocast, 2.0, 4.0)  # residual-stream bytes (see the module doc)
+    final_norm = np.where(fsdp & autocast, _norm_bytes(m, 2.0, on_cpu)[0], _norm_bytes(m, 4.0, on_cpu)[0])
+    # One micro-batch in flight: its layers; on the last stage the final norm's input and the
+    # head's 16-bit input; on a pipeline stage that sends, its output (kept until its backward; the
+    # input it received is the first norm's input, counted with the layer).
+    sends = np.where(pp > 1, np.maximum(v - is_last, 0.0) / v, 0.0)
+    per_mb = (per_layer * layers_here + is_last * tokens * (final_norm / sp_div + e * h)
+              + sends * v * tokens * stream * h / sp_div)
+    acts = per_mb * inflight_mb
+    if num_microbatches is not None:
+        # No backward before the activations peak (GPipe; 1F1B with m <= in flight): the gradients
+        # are allocated only as the first backward frees its micro-batch, so the peak is the larger
+        # of "all in flight, no gradients" and "one fewer in flight, all gradients".
+        first = np.asarray(num_microbatches, dtype=float) <= inflight_mb
+        acts = acts - np.where(first & (pp > 1), np.minimum(per_mb, grads), 0.0)
+    if recompute != "none":
+        # Backward recomputes one layer at a time, holding what that layer would have kept
+        # without recomputation for one micro-batch (minus what selective already keeps).
+        acts = acts + per_layer_bytes("none") - (per_layer if recompute == "selective" else 0.0)
+    # The backward's working set, at its largest either at the loss (fp32 log-softmax output, the
+    # loss gradient, the log-softmax gradient) or in the top layer's MLP: the weight gradient
+    # (16-bit, then its fp32 copy under autocast), the input gradient, the fp32 gradient of the
+    # residual stream; with a tied head and no pipeline the head's fp32 weight gradient waits for
+    # the embedding's to be summed with it.
+    loss_temps = is_last * tokens * V / tp * 12.0
+    wide = max(m.ffn_hidden, h)
+    working = ((6.0 if autocast else 4.0) * wide * h / tp + e * tokens * wide / tp + 4.0 * tokens * h / sp_div
+               + (is_first * is_last * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
+               - is_last * tokens * (final_norm / sp_div + e * h))  # the head's inputs are freed by then
+    # FSDP reduce-scatters each layer's gradient in fp32 right after its backward, once that
+    # layer's activations and gathered weights are freed: the unsharded fp32 gradient and its shard.
+    reduce_scatter = np.where(fsdp, (4.0 + 4.0 / dp - gathered) * layer_rank_params - per_layer, 0.0)
+    acts = acts + np.maximum(np.maximum(loss_temps, working), reduce_scatter)
+    # A pipeline stage receives one activation gradient at a time.
+    p2p = np.where(pp > 1, tokens * stream * h / sp_div, 0.0)
+    peak_a = weights + grads + optim + acts + p2p
+
+    # ---- after the backward: gradient norm and optimizer update ----
+    # A float64 square of the largest gradient; AdamW's square-root and division temporaries, for
+    # all parameters at once (foreach, accelerators) or the largest one (the CPU's per-tensor loop).
+    # The 16-bit weight copies are gone by then.
+    holds_table = np.maximum(is_first, is_last)  # the embedding, or the head (its own or a tied copy)
+    largest = np.maximum(holds_table * V * h, max(m.ffn_hidden, h) * h) / tp / np.where(fsdp, dp, 1.0)
+    states = fp32_w + grads + optim
+    opt_local = np.where(zero_stage >= 1, params_here / dp, params_here)
+    peak_clip = states + 16.0 * largest
+    peak_opt = states + (8.0 * largest if on_cpu else 4.0 * opt_local)
+    transient = np.maximum(0.0, np.maximum(peak_clip, peak_opt) - peak_a)
+    other = p2p + transient + FRAGMENTATION_ALLOWANCE * (peak_a + transient)
+    return weights, grads, optim, acts, other
+
+
+def trainer_memory_by_stage(plan: Plan, *, on_cpu: bool | None = None) -> tuple[MemoryBreakdown, ...]:
+    return tuple(trainer_stage_memory(plan, r, on_cpu=on_cpu) for r in range(plan.pp))
+
+
+__all__ = ["plan_on_cpu", "trainer_layer_activation_bytes", "trainer_memory_by_stage", "trainer_rank_memory",
+           "trainer_stage_memory"]

@@ -1,0 +1,83 @@
+"""Trace vs analytical per-rank peak memory over a matrix of layouts (run as a script by
+test_trace.py, in a process of its own: the trace keeps a fake process group for the process).
+
+Prints one JSON object: {case id: [{rank, traced, analytical, traced_weights, params_here}, ...]};
+run it directly to see the errors (``python tests/bench/trace_matrix.py --table``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from exatrain.catalog.models import ModelSpec
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.planner.accounting.memory import FRAGMENTATION_ALLOWANCE
+from exatrain.planner.accounting.params import stage_params
+from exatrain.planner.accounting.trainer_memory import trainer_stage_memory
+
+SMALL = dict(arch="gpt", hidden=256, heads=8, seq_len=128, vocab=256, layers=4)
+LLAMA = dict(SMALL, arch="llama", kv_heads=2, ffn_hidden=704)
+GPT175 = dict(arch="gpt", hidden=12288, heads=96, seq_len=2048, vocab=51200, layers=3)  # gpt-175b's layers
+
+# id -> (model fields, layout, ranks or None for all, accelerator)
+CASES = {
+    "tp1": (SMALL, {}, None, False),
+    "tp2": (SMALL, dict(tp=2), None, False),
+    "tp2-sp-llama-gqa": (LLAMA, dict(tp=2, sequence_parallel=True), None, False),
+    "selective": (SMALL, dict(recompute="selective"), None, False),
+    "full-tp2-sp": (SMALL, dict(tp=2, sequence_parallel=True, recompute="full"), None, False),
+    "fp32-math-kernel": (SMALL, dict(dtype="float32", flash_attention=False), None, False),
+    "pp2-1f1b": (SMALL, dict(pp=2), None, False),
+    "pp2-interleaved": (SMALL, dict(pp=2, schedule="interleaved", interleave=2), None, False),
+    "pp2-gpipe": (SMALL, dict(pp=2, schedule="gpipe"), [0], False),
+    "pp3-tp2": (dict(SMALL, layers=6), dict(tp=2, pp=3, m=12), None, False),
+    "zero1-dp2": (SMALL, dict(dp=2, zero_stage=1), None, False),
+    "zero2-dp2-tp2-sp": (SMALL, dict(dp=2, zero_stage=2, tp=2, sequence_parallel=True), None, False),
+    "zero3-dp2-llama": (LLAMA, dict(dp=2, zero_stage=3), None, False),
+    "foreach-adamw-tp2": (SMALL, dict(tp=2), None, True),
+    "175b-tp8-sp-selective": (GPT175, dict(tp=8, pp=3, sequence_parallel=True, recompute="selective"), [1, 2], False),
+    "175b-tp8-full-foreach": (GPT175, dict(tp=8, pp=3, recompute="full"), [1], True),
+}
+
+
+def plan_for(fields: dict, layout: dict) -> Plan:
+    layout = dict(layout)
+    tp, pp, dp = layout.pop("tp", 1), layout.pop("pp", 1), layout.pop("dp", 1)
+    m = layout.pop("m", 2 if pp == 1 else 2 * pp)
+    model = ModelSpec(name="trace-case", **fields)
+    return Plan(model=model, dims=ParallelDims(tp, pp, dp), shape=TrainShape(1, m * dp), **layout).validate()
+
+
+def run(ids: list[str]) -> dict:
+    from exatrain.bench.trace import trace_stage
+
+    out = {}
+    for case in ids:
+        fields, layout, ranks, accelerator = CASES[case]
+        plan = plan_for(fields, layout)
+        rows = []
+        for r in ranks if ranks is not None else range(plan.pp):
+            traced = trace_stage(plan, r, accelerator=accelerator)
+            est = trainer_stage_memory(plan, r, on_cpu=not accelerator)
+            rows.append({"rank": r, "traced": traced.total,
+                         "analytical": est.total / (1 + FRAGMENTATION_ALLOWANCE),  # tensors only
+                         "traced_weights": traced.weights, "params_here": stage_params(plan)[r]})
+        out[case] = rows
+    return out
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--table"]
+    result = run(args or list(CASES))
+    if "--table" in sys.argv:
+        errs = []
+        for case, rows in result.items():
+            for row in rows:
+                err = row["analytical"] / row["traced"] - 1
+                errs.append(abs(err))
+                print(f"{case:24s} rank {row['rank']}: traced {row['traced'] / 2**20:9.1f} MiB  "
+                      f"analytical {row['analytical'] / 2**20:9.1f} MiB  {err:+.2%}")
+        print(f"max |error| {max(errs):.2%} over {len(errs)} ranks")
+    else:
+        print(json.dumps(result))
