@@ -10,8 +10,6 @@ one set of spawned ranks with a deadline, so a hang fails instead of blocking th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from trainer_runs import STEPS, Run, max_rel_diff, run_batch
 

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from exatrain.catalog import ClusterSpec, ModelSpec, cluster_catalog, get_cluster, get_model, match_device
+from exatrain.catalog import ClusterSpec, ModelSpec, cluster_catalog, get_cluster, match_device
 from exatrain.cli.common import (_MODEL_FLAGS, add_cluster_args, add_layout_args, add_model_args, nonneg_int,
                                  positive_int, resolve_cluster, resolve_model, resolve_plan)
 from exatrain.errors import PlanError, UserError

@@ -40,7 +40,7 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv | None:
         if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env:
             world = int(env["SLURM_NTASKS"])
             return DistEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)),
-                           int(env.get("SLURM_NTASKS_PER_NODE", world).split("(")[0]))
+                           int(str(env.get("SLURM_NTASKS_PER_NODE", world)).split("(")[0]))
     except ValueError as exc:
         raise UserError(f"malformed launcher environment ({exc})") from None
     return None
@@ -58,7 +58,7 @@ def run_distributed(config: TrainConfig, env: DistEnv) -> None:
 
     if "MASTER_PORT" not in os.environ:
         raise UserError("MASTER_PORT is not set: export MASTER_ADDR and MASTER_PORT in the launch script")
-    _limit_threads(config)
+    _prepare_rank(config, env.local_rank)
     dist.init_process_group(backend(config.device), init_method="env://", rank=env.rank,
                             world_size=env.world_size)
     try:
@@ -101,7 +101,7 @@ def _spawned(local_rank: int, world: int, port: int, configs: tuple[TrainConfig,
 
     from exatrain.trainer.train import train
 
-    _limit_threads(configs[0])
+    _prepare_rank(configs[0], local_rank)
     dist.init_process_group(backend(configs[0].device), init_method=f"tcp://127.0.0.1:{port}",
                             rank=local_rank, world_size=world)
     try:
@@ -112,10 +112,13 @@ def _spawned(local_rank: int, world: int, port: int, configs: tuple[TrainConfig,
         dist.destroy_process_group()
 
 
-def _limit_threads(config: TrainConfig) -> None:
-    if config.device == "cpu" and os.environ.get("OMP_NUM_THREADS") == "1":
-        import torch
+def _prepare_rank(config: TrainConfig, local_rank: int) -> None:
+    """One GPU per rank, bound before NCCL starts; one thread per CPU rank when so asked."""
+    import torch
 
+    if config.device == "cuda":
+        torch.cuda.set_device(local_rank)
+    elif os.environ.get("OMP_NUM_THREADS") == "1":
         torch.set_num_threads(1)
 
 

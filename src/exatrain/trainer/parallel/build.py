@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import parametrize
 
 from exatrain.plan import Plan
@@ -124,8 +123,4 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
     return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries)
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    return module.module if isinstance(module, DistributedDataParallel) else module
-
-
-__all__ = ["ParallelModel", "data_parallel_kind", "parallelize", "stored_param", "unwrap"]
+__all__ = ["ParallelModel", "data_parallel_kind", "parallelize", "stored_param"]
