@@ -23,6 +23,7 @@ REFERENCE = {
     "gpt": dict(),
     "llama": dict(model="llama-tiny"),
     "gpt-bf16": dict(dtype="bfloat16"),
+    "pp1-interleave2": dict(schedule="interleaved", interleave=2),  # no pipeline: nothing to interleave
 }
 TWO_RANKS = {
     "tp2": dict(tp=2),
@@ -102,6 +103,10 @@ def test_bf16_tracks_float32_within_the_stated_tolerance(reference: dict[str, Ru
     bf16, fp32 = reference["gpt-bf16"], reference["gpt"]
     assert max_rel_diff(bf16.losses, fp32.losses) <= BF16_RTOL
     assert bf16.losses != fp32.losses  # it really ran in bfloat16
+
+
+def test_a_plan_without_pipeline_runs_the_whole_model(reference: dict[str, Run]) -> None:
+    assert_parity("pp1-interleave2", reference["pp1-interleave2"], reference)
 
 
 @pytest.mark.parametrize("case", list(TWO_RANKS))

@@ -28,7 +28,7 @@ from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.data import SampleOrder, StdlibBytes, check_vocab, local_batch
 from exatrain.trainer.metrics import (Progress, StepMetrics, append_json_line, device_name, model_flops_per_step,
                                       peak_flops, peak_memory_bytes, summarize)
-from exatrain.trainer.parallel.build import ParallelModel, parallelize
+from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
 from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
 from exatrain.trainer.parallel.mesh import Mesh, build_mesh
 from exatrain.trainer.parallel.pipeline import build_schedule
@@ -123,7 +123,7 @@ class Stepper:
 def train(config: TrainConfig, local_rank: int = 0) -> list[StepMetrics]:
     """One rank's run. Needs the default process group initialised with plan.gpus ranks.
     Returns every step's metrics (the same list on every rank)."""
-    plan = config.plan
+    plan = execution_plan(config.plan)
     device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -184,7 +184,7 @@ def train(config: TrainConfig, local_rank: int = 0) -> list[StepMetrics]:
     measured = summarize(history, plan, config.measure_after)
     if rank0 and config.metrics_file:
         append_run_record(config.metrics_file, RunRecord(
-            plan=plan, measured=measured, status="ok", device=device_name(device), env=_env(device, wall)))
+            plan=config.plan, measured=measured, status="ok", device=device_name(device), env=_env(device, wall)))
     progress.close(f"first loss {history[0].loss:.4f}, last loss {history[-1].loss:.4f}, "
                    f"{config.steps} steps in {wall:.1f} s ({measured.step_time_s:.3f} s/step median)")
     return history

@@ -82,6 +82,14 @@ def data_parallel_kind(plan: Plan) -> str:
     return "allreduce" if plan.pp > 1 else "ddp"
 
 
+def execution_plan(plan: Plan) -> Plan:
+    """The plan as executed: without a pipeline (pp 1) there are no virtual stages to interleave,
+    so a plan that names some runs as the one whole model on each rank."""
+    if plan.pp == 1 and (plan.interleave != 1 or plan.stage_layers):
+        return plan.replace(interleave=1, stage_layers=(), schedule="1f1b")
+    return plan
+
+
 def stored_param(module: nn.Module, name: str) -> nn.Parameter:
     """The parameter object behind ``module.<name>`` (the local shard when parametrized)."""
     if parametrize.is_parametrized(module, name):
@@ -123,4 +131,4 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
     return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries)
 
 
-__all__ = ["ParallelModel", "data_parallel_kind", "parallelize", "stored_param"]
+__all__ = ["ParallelModel", "data_parallel_kind", "execution_plan", "parallelize", "stored_param"]
