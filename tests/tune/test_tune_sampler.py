@@ -23,7 +23,7 @@ def cands() -> Candidates:
 
 def _obs(measured: dict[int, float], extra_excluded: tuple[int, ...] = ()) -> Observations:
     logs = {i: math.log(v) for i, v in measured.items()}
-    return Observations(logs, frozenset(measured) | frozenset(extra_excluded), max(logs.values(), default=None))
+    return Observations(logs, frozenset(measured) | frozenset(extra_excluded), frozenset(measured))
 
 
 def test_candidates_are_distinct_layouts_best_predicted_first(cands: Candidates) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -136,8 +137,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     runner = SubprocessRunner(steps=args.steps, seed=args.seed, device=device, timeout_s=trial_timeout,
                               launcher=launcher)
     err = make_console(stderr=True)
-    out = tune(problem, cands, runner, files, storage, settings, study_name=name,
-               progress=lambda v: err.print(f"trial {v.number}: {_describe(v)}", markup=False, highlight=False))
+    # SIGTERM (e.g. SLURM's time limit) ends the tuner like Ctrl-C: the running trial's ranks are ended
+    # and its layout queued again, instead of leaving them for the next run to clean up.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        out = tune(problem, cands, runner, files, storage, settings, study_name=name,
+                   progress=lambda v: err.print(f"trial {v.number}: {_describe(v)}", markup=False, highlight=False))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     best_path = Path(args.out) if args.out else Path(f"{stem}.best.json")
     if out.best is not None:
         out.best.plan.save(best_path)
@@ -151,6 +158,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          f"errors and {files.trials_dir}\n")
         return 1
     return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _layout(p) -> str:

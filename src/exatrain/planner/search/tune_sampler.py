@@ -12,15 +12,16 @@ learned from the runs so far (a Gaussian process on the log-residual):
 * The squared-exponential term learns *where* the cost model is wrong, correlated over the layout's
   structured parameters (log2 tp, pp, dp, micro-batch, ZeRO stage, recompute, SP, schedule,
   interleave, each scaled to [0, 1]): measuring one tp-4 layout slower than predicted lowers every
-  tp-4 layout. (s, l) are refit by marginal likelihood on a small grid once three runs exist.
+  tp-4 layout. (s, l) and the noise are refit by marginal likelihood on a small grid once three
+  runs exist, so a noisy machine is believed to be noisy and one lucky run does not end the search.
 
 With no runs the posterior mean is the prediction itself, so the cost model's ranking seeds the
 search; afterwards measurements override it where the two disagree. The next trial is the untried
 candidate with the largest upper confidence bound, mean + kappa * std (UCB, the acquisition the
-Frontier study ran in DeepHyper). A candidate whose UCB is below the best measured throughput is
-hopeless: even optimistically it cannot win, so it is never run, and once every untried candidate is
-hopeless the tuner stops. The model is a few numpy lines (optuna's own GP sampler needs torch, which
-the planner never imports); ``CostModelSampler`` hands its picks to Optuna as the trial's parameters.
+Frontier study ran in DeepHyper). When even mean + 3 std of every untried candidate is below the
+best run's posterior mean, the rest is hopeless and the tuner stops before its trial budget. The
+model is a few numpy lines (optuna's own GP sampler needs torch, which the planner never imports);
+``CostModelSampler`` hands its picks to Optuna as the trial's parameters.
 """
 
 from __future__ import annotations
@@ -124,15 +125,15 @@ class Candidates:
 
 @dataclass(frozen=True)
 class GPSettings:
-    """The residual model's prior; defaults chosen before any benchmark (see the module docstring)."""
+    """The residual model's prior and the acquisition; defaults chosen before any benchmark."""
 
     offset_std: float = 2.0  # c: a global factor of e^2 ~ 7x either way is plausible before any run
-    noise_std: float = 0.1  # short runs on a shared machine repeat to about 10%
-    kappa: float = 1.96  # UCB width (DeepHyper's default)
+    kappa: float = 1.96  # UCB width of the acquisition (DeepHyper's default)
+    stop_kappa: float = 3.0  # "hopeless" means below the best run even at mean + 3 std
     length_scales: tuple[float, ...] = (0.3, 0.6, 1.2)
     residual_stds: tuple[float, ...] = (0.25, 0.5, 1.0)
-    default_length_scale: float = 0.6
-    default_residual_std: float = 0.5
+    noise_stds: tuple[float, ...] = (0.05, 0.15, 0.3)  # run-to-run noise, fit too: a shared machine is noisy
+    defaults: tuple[float, float, float] = (0.6, 0.5, 0.1)  # (length, residual std, noise) before 3 runs
 
 
 @dataclass(frozen=True)
@@ -140,15 +141,15 @@ class Observations:
     """What the study knows, by candidate index: measured log throughput, and what not to pick."""
 
     measured: Mapping[int, float]  # index -> log tokens/s (ok and pruned runs)
-    excluded: frozenset[int]  # measured, failed, running or queued
-    best_ok: float | None  # log tokens/s of the best completed run
+    excluded: frozenset[int]  # measured, failed, rejected, running or queued
+    ok: frozenset[int] = frozenset()  # completed runs (the pruned ones stopped early)
 
 
 @dataclass(frozen=True)
 class Choice:
     index: int | None  # None: nothing untried is left
     ucb: float = -math.inf  # log tokens/s
-    hopeless: bool = False  # even the best UCB cannot beat the best measured run
+    hopeless: bool = False  # no untried layout can beat the best run, even optimistically
 
 
 def _kernel(a: np.ndarray, b: np.ndarray, length: float, std: float, offset: float) -> np.ndarray:
@@ -158,21 +159,23 @@ def _kernel(a: np.ndarray, b: np.ndarray, length: float, std: float, offset: flo
 
 def posterior(cands: Candidates, measured: Mapping[int, float], gp: GPSettings = GPSettings()
               ) -> tuple[np.ndarray, np.ndarray]:
-    """Posterior mean and std of log throughput for every candidate (mean = log prediction + residual)."""
+    """Posterior mean and std of the true log throughput of every candidate (mean = log prediction +
+    residual); the kernel's (length, std) and the noise are the grid point of largest marginal likelihood."""
     prior = np.log(cands.predicted)
     if not measured:
-        return prior, np.full(len(cands), math.hypot(gp.offset_std, gp.default_residual_std))
+        return prior, np.full(len(cands), math.hypot(gp.offset_std, gp.defaults[1]))
     idx = np.array(list(measured), dtype=int)
     r = np.array([measured[i] for i in idx]) - prior[idx]
     x = cands.features[idx]
-    grid = ([(gp.default_length_scale, gp.default_residual_std)] if idx.size < 3 else
-            [(l, s) for l in gp.length_scales for s in gp.residual_stds])
+    d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=-1)
+    grid = ([gp.defaults] if idx.size < 3 else
+            [(l, s, n) for l in gp.length_scales for s in gp.residual_stds for n in gp.noise_stds])
     best = None
-    for length, std in grid:
-        k = _kernel(x, x, length, std, gp.offset_std) + gp.noise_std**2 * np.eye(idx.size)
-        chol = np.linalg.cholesky(k + 1e-9 * np.eye(idx.size))
+    for length, std, noise in grid:
+        k = gp.offset_std**2 + std**2 * np.exp(-d2 / (2 * length**2)) + (noise**2 + 1e-9) * np.eye(idx.size)
+        chol = np.linalg.cholesky(k)
         alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, r))
-        # log marginal likelihood, Rasmussen & Williams 2006, Eq. 2.30
+        # log marginal likelihood, Rasmussen & Williams 2006, Eq. 2.30 (constant dropped)
         lml = -0.5 * r @ alpha - np.log(np.diag(chol)).sum()
         if best is None or lml > best[0]:
             best = (lml, length, std, chol, alpha)
@@ -185,15 +188,18 @@ def posterior(cands: Candidates, measured: Mapping[int, float], gp: GPSettings =
 
 
 def choose(cands: Candidates, obs: Observations, gp: GPSettings = GPSettings()) -> Choice:
-    """The untried candidate with the largest upper confidence bound (ties: the better predicted)."""
+    """The untried candidate with the largest upper confidence bound (ties: the better predicted), and
+    whether every untried one is hopeless: its mean + stop_kappa std below the best run's posterior mean
+    (the model's belief of that run's true speed, not its possibly lucky measurement)."""
     free = np.array([i for i in range(len(cands)) if i not in obs.excluded], dtype=int)
     if free.size == 0:
         return Choice(None)
     mean, std = posterior(cands, obs.measured, gp)
     ucb = mean[free] + gp.kappa * std[free]
     j = int(np.argmax(ucb))  # argmax takes the first maximum: candidates are ordered best predicted first
-    hopeless = obs.best_ok is not None and ucb[j] < obs.best_ok
-    return Choice(int(free[j]), float(ucb[j]), bool(hopeless))
+    ok = [i for i in obs.ok if i in obs.measured]
+    hopeless = bool(ok) and float(np.max(mean[free] + gp.stop_kappa * std[free])) < max(mean[i] for i in ok)
+    return Choice(int(free[j]), float(ucb[j]), hopeless)
 
 
 # ---- the study's trials, as the sampler sees them --------------------------------------------------
@@ -216,7 +222,7 @@ def observations(cands: Candidates, trials: Iterable[FrozenTrial]) -> Observatio
     measured: dict[int, float] = {}
     excluded: set[int] = set()
     interrupted: dict[int, int] = {}
-    best: float | None = None
+    ok: set[int] = set()
     for t in trials:
         key = trial_key(t)
         i = cands.index.get(key) if key is not None else None
@@ -231,10 +237,10 @@ def observations(cands: Candidates, trials: Iterable[FrozenTrial]) -> Observatio
         if status in MEASURED_STATUSES and value:
             measured[i] = math.log(float(value))
             if status == "ok":
-                best = max(best, measured[i]) if best is not None else measured[i]
+                ok.add(i)
         if status in RUN_STATUSES or status in ("rejected", "running", "queued"):
             excluded.add(i)
-    return Observations(measured, frozenset(excluded), best)
+    return Observations(measured, frozenset(excluded), frozenset(ok))
 
 
 class CostModelSampler(optuna.samplers.BaseSampler):
@@ -244,9 +250,14 @@ class CostModelSampler(optuna.samplers.BaseSampler):
     def __init__(self, cands: Candidates, gp: GPSettings = GPSettings()) -> None:
         self.cands, self.gp = cands, gp
         self._fallback = optuna.samplers.RandomSampler(seed=0)
+        self._last: tuple[Any, Choice] | None = None  # the tuner asks before each trial, Optuna again
 
     def next_choice(self, trials: Iterable[FrozenTrial]) -> Choice:
-        return choose(self.cands, observations(self.cands, trials), self.gp)
+        obs = observations(self.cands, trials)
+        key = (tuple(sorted(obs.measured.items())), obs.excluded, obs.ok)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, choose(self.cands, obs, self.gp))
+        return self._last[1]
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.cands.distributions)
