@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "exatrain.cli.launch_cmds",    # launch, export-config
     "exatrain.cli.tune_cmds",      # tune
     "exatrain.cli.report_cmds",    # report
+    "exatrain.cli.bench_cmds",     # bench, calibrate, validate
 )
 
 

@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="PATH", help="also write the plan (with its estimate) as JSON")
     p.add_argument("--calibration", metavar="PATH", help="cost-model parameters measured by `exatrain bench` "
                    "or fitted by `exatrain calibrate`")
+    p.add_argument("--trace", action="store_true", help="also trace the trainer's own model per stage "
+                   "(FakeTensorMode, no allocation) and add traced_memory_bytes")
     p.set_defaults(func=cmd_estimate)
     _register_search(sub)
     _register_scaling(sub)
@@ -39,6 +41,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan = resolve_plan(args, model, cluster)
     est = estimate_plan(plan, cluster, params)
     plan = plan.with_estimate(est)
+    if args.trace:
+        from exatrain.cli.bench_cmds import attach_trace
+
+        plan = plan.with_estimate(attach_trace(plan, cluster))
     if args.out:
         plan.save(args.out)
     if args.json:

@@ -89,6 +89,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_distributed(config, env)
     else:
         launch_local([config])
+    from exatrain.cli.bench_cmds import print_run_comparison
+
+    print_run_comparison(config.metrics_file, quiet=args.quiet)  # the prediction beside what was measured
     return 0
 
 

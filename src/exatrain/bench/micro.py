@@ -1,0 +1,203 @@
+"""Micro-benchmarks of one rank: GEMMs, fused attention, memory bandwidth, per-kernel overhead.
+
+Each function returns raw points (plain dicts, JSON-ready) that ``planner.cost.calibrate`` fits to
+the cost model's parameters. Shapes come from the planner's own accounting (``layer_gemms`` of the
+models a machine trains), so the fit sees the sizes the predictions will be made for; backward
+GEMMs are measured in their own (transposed) shapes.
+
+On the CPU every measurement runs on one thread, as each training rank does (the trainer's ranks run
+with OMP_NUM_THREADS=1). Timing: warm up, then repeat until ``min_time_s`` has passed (at least
+``min_reps`` times) and keep the median of a few such batches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from exatrain.catalog import get_model
+from exatrain.planner.accounting.flops import layer_gemms, logits_gemm
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    device: str = "cpu"  # cpu | cuda
+    dtype: str = "float32"
+    quick: bool = False
+    min_time_s: float = 0.02  # per timing batch
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def batches(self) -> int:
+        return 2 if self.quick else 3
+
+
+def _sync(opts: BenchOptions) -> None:
+    if opts.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_call(fn: Callable[[], object], opts: BenchOptions) -> float:
+    """Seconds per call of ``fn`` (after a warm-up): the fastest of a few timing batches, since on a
+    shared machine other work only ever adds time."""
+    fn()
+    _sync(opts)
+    t0 = time.perf_counter()
+    fn()
+    _sync(opts)
+    one = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, min(10_000, int(opts.min_time_s / one)))
+    samples = []
+    for _ in range(opts.batches):
+        _sync(opts)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        _sync(opts)
+        samples.append((time.perf_counter() - t0) / reps)
+    return min(samples)
+
+
+# ---- GEMMs ------------------------------------------------------------------------------------------
+def model_shapes(opts: BenchOptions) -> list[tuple[int, int, int]]:
+    """Distinct (m, n, k) of the forward GEMMs of a few models and micro-batches, with the two
+    backward shapes of each (input gradient: m x k from m x n by n x k; weight gradient: n x k from
+    n x m by m x k)."""
+    if opts.device == "cpu":
+        plan = [("gpt-tiny", (1,)), ("gpt-small", (1,))] if opts.quick else \
+            [("gpt-tiny", (1, 4)), ("llama-tiny", (2,)), ("gpt-small", (1, 4))]
+        wide = [] if opts.quick else [(1024, 1024, 1024)]
+    else:
+        plan = [("gpt-1.3b", (1,))] if opts.quick else [("gpt-1.3b", (1, 4)), ("gpt-2.7b", (1,)), ("llama3-8b", (1,))]
+        wide = [] if opts.quick else [(8192, 8192, 8192)]
+    shapes: set[tuple[int, int, int]] = set()
+    for name, mbs in plan:
+        m = get_model(name)
+        for mb in mbs:
+            for g in [*layer_gemms(m, mb, 1), logits_gemm(m, mb, 1)]:
+                if g.name.startswith("attn_"):
+                    continue  # attention is measured as one fused kernel
+                shapes.add((g.m, g.n, g.k))
+                if not opts.quick:
+                    shapes.update({(g.m, g.k, g.n), (g.n, g.k, g.m)})
+    shapes.update(wide)
+    return sorted(shapes)
+
+
+def gemm_points(opts: BenchOptions) -> list[dict]:
+    dev, dt = opts.device, opts.torch_dtype
+    out = []
+    for m, n, k in model_shapes(opts):
+        a = torch.randn(m, k, device=dev, dtype=dt)
+        b = torch.randn(k, n, device=dev, dtype=dt)
+        s = time_call(lambda: torch.mm(a, b), opts)
+        out.append({"m": m, "n": n, "k": k, "seconds": s, "tflops": 2.0 * m * n * k / s / 1e12})
+    return out
+
+
+# ---- attention --------------------------------------------------------------------------------------
+def attention_cases(opts: BenchOptions) -> list[tuple[int, int, int, int]]:
+    """(batch, heads, seq, head_dim) of the models' attention, flash (SDPA) forward + backward."""
+    if opts.device == "cpu":
+        cases = [(1, 4, 64, 16), (4, 4, 64, 16), (1, 6, 128, 32), (4, 6, 128, 32)]
+        return cases[:2] if opts.quick else cases
+    cases = [(4, 16, 2048, 128), (8, 32, 2048, 128), (1, 32, 4096, 128)]
+    return cases[:1] if opts.quick else cases
+
+
+def attention_points(opts: BenchOptions) -> list[dict]:
+    """Seconds of a causal SDPA forward + backward; FLOPs counted as the cost model counts them:
+    4*b*s^2*(heads*d) forward "full count" (Korthikanti Sec. 6), backward 2.5x the forward."""
+    out = []
+    for b, nh, s, d in attention_cases(opts):
+        q, k, v = (torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype, requires_grad=True)
+                   for _ in range(3))
+        g = torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype)
+
+        def step() -> None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y.backward(g)
+
+        t = time_call(step, opts)
+        flops = 3.5 * 4.0 * b * s * s * nh * d
+        out.append({"batch": b, "heads": nh, "seq": s, "head_dim": d, "seconds": t, "flops": flops})
+    return out
+
+
+# ---- memory bandwidth and per-kernel overhead ---------------------------------------------------------
+def bandwidth_points(opts: BenchOptions) -> list[dict]:
+    """Element-wise kernels over sizes from tiny (overhead-bound) to large (bandwidth-bound): a copy,
+    an add, GELU and LayerNorm; bytes = elements read + written."""
+    dev, dt = opts.device, opts.torch_dtype
+    e = torch.finfo(dt).bits // 8
+    if dev == "cpu":
+        sizes = [2**10, 2**14, 2**17, 2**20, 2**23] if not opts.quick else [2**10, 2**16, 2**20]
+    else:
+        sizes = [2**12, 2**18, 2**22, 2**26, 2**28] if not opts.quick else [2**12, 2**20, 2**26]
+    out = []
+    for n in sizes:
+        x = torch.randn(n, device=dev, dtype=dt)
+        y = torch.randn(n, device=dev, dtype=dt)
+        z = torch.empty_like(x)
+        h = 256 if n >= 256 else n
+        w = torch.ones(h, device=dev, dtype=dt)
+        kernels = {
+            "copy": (lambda: z.copy_(x), 2),
+            "add": (lambda: torch.add(x, y, out=z), 3),
+            "gelu": (lambda: F.gelu(x, approximate="tanh"), 2),
+            "layer_norm": (lambda: F.layer_norm(x.view(-1, h), (h,), w, w), 2),
+        }
+        for name, (fn, passes) in kernels.items():
+            t = time_call(fn, opts)
+            out.append({"kernel": name, "elements": n, "bytes": passes * n * e, "seconds": t})
+    return out
+
+
+def overhead_points(opts: BenchOptions) -> list[dict]:
+    """Fixed time per kernel as training pays it: a tiny linear layer and a tiny LayerNorm, forward
+    and backward through autograd and nn.Module (the framework's dispatch, not the arithmetic).
+    A linear layer's step is 3 GEMMs (forward, input and weight gradient); a norm's 3 kernels
+    (forward, backward counted as two, as the cost model counts element-wise backward)."""
+    dev, dt = opts.device, opts.torch_dtype
+    lin = torch.nn.Linear(8, 8, bias=False, device=dev, dtype=dt)
+    norm = torch.nn.LayerNorm(8, device=dev, dtype=dt)
+    x = torch.randn(8, 8, device=dev, dtype=dt, requires_grad=True)
+
+    def linear_step() -> None:
+        lin(x).sum().backward()
+
+    def norm_step() -> None:
+        norm(x).sum().backward()
+
+    def sum_step() -> None:  # what both steps share: the loss, its backward, x's gradient
+        x.sum().backward()
+
+    base = time_call(sum_step, opts)
+    return [{"kind": "gemm", "calls": 3, "seconds": max(time_call(linear_step, opts) - base, 0.0)},
+            {"kind": "elementwise", "calls": 3, "seconds": max(time_call(norm_step, opts) - base, 0.0)}]
+
+
+def machine() -> dict:
+    """What ran the benchmark, for the calibration file."""
+    import os
+    import platform
+
+    d = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+         "cpus": os.cpu_count(), "threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        d["gpu"] = torch.cuda.get_device_name(0)
+        d["gpus"] = torch.cuda.device_count()
+    return d
+
+
+__all__ = ["BenchOptions", "attention_points", "bandwidth_points", "gemm_points", "machine", "model_shapes",
+           "overhead_points", "time_call"]

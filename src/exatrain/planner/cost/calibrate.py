@@ -1,0 +1,322 @@
+"""Fitting the cost model's free factors: to micro-benchmarks of a machine, and to real runs.
+
+Both fits minimise the log-error of predicted against measured time (so a 10% miss counts the same
+on a 1 ms GEMM and a 10 s step), over the logarithms of the factors so every factor stays positive,
+with small solvers written here (numpy only): Nelder-Mead on the absolute log-error for the
+micro-benchmarks (robust to a few disturbed timings), Levenberg-Marquardt on the squared log-error
+for runs (each evaluation is a full step-time prediction per run, so few evaluations matter).
+
+* ``calibration_from_bench``: GEMM points -> peak (CPU: the fitted asymptote; accelerators: the
+  catalog's) and gemm_eff, gemm_dim_half, gemm_overhead_s; attention points -> attn_eff; element-
+  wise kernels -> mem_bytes_per_s (best streaming copy), mem_eff, op_overhead_s; collectives ->
+  one measured link tier (latency, bandwidth) for the local cluster. The raw points and the
+  efficiency-vs-size curves go into the file too.
+* ``fit_runs``: RunRecords of one device -> a small set of factors shared by all of them (never
+  one per run): gemm_eff, step_overhead_s, mem_eff, attn_eff, link_eff, op_overhead_s, in that
+  order of priority; fewer when there are few runs (about one factor per two runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from exatrain.catalog.hardware import ClusterSpec, LinkTier
+from exatrain.errors import UserError
+from exatrain.plan import Plan
+from exatrain.planner.cost.params import Calibration, CostParams
+
+RUN_FACTORS = ("gemm_eff", "step_overhead_s", "mem_eff", "attn_eff", "link_eff", "op_overhead_s")
+_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+
+
+# ---- numerics ------------------------------------------------------------------------------------
+def nelder_mead(f: Callable[[np.ndarray], float], x0: Sequence[float], step: float = 0.3,
+                max_iter: int = 600, tol: float = 1e-10) -> tuple[np.ndarray, float]:
+    """Minimise ``f`` from ``x0`` (Nelder & Mead 1965, standard coefficients 1, 2, 0.5, 0.5)."""
+    x0 = np.asarray(x0, dtype=float)
+    n = x0.size
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(max_iter):
+        order = np.argsort(values)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if abs(values[-1] - values[0]) <= tol * (1 + abs(values[0])):
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        worst = simplex[-1]
+        xr = centroid + (centroid - worst)
+        fr = f(xr)
+        if fr < values[0]:
+            xe = centroid + 2 * (centroid - worst)
+            fe = f(xe)
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (worst - centroid) if fr >= values[-1] else centroid + 0.5 * (xr - centroid)
+            fc = f(xc)
+            if fc < min(fr, values[-1]):
+                simplex[-1], values[-1] = xc, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    i = int(np.argmin(values))
+    return simplex[i], float(values[i])
+
+
+def levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], x0: Sequence[float],
+                        max_iter: int = 40, tol: float = 1e-12, h: float = 1e-4) -> tuple[np.ndarray, float]:
+    """Minimise ||residuals(x)||^2 (Levenberg 1944, Marquardt 1963) with a forward-difference
+    Jacobian: n + 1 evaluations an iteration, a handful of iterations for a smooth model."""
+    x = np.asarray(x0, dtype=float)
+    r = residuals(x)
+    cost = float(r @ r)
+    lam = 1e-2
+    for _ in range(max_iter):
+        J = np.empty((r.size, x.size))
+        for i in range(x.size):
+            dx = np.zeros_like(x)
+            dx[i] = h
+            J[:, i] = (residuals(x + dx) - r) / h
+        g = J.T @ r
+        A = J.T @ J
+        improved = False
+        for _ in range(8):
+            step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+            r_new = residuals(x + step)
+            c_new = float(r_new @ r_new)
+            if c_new < cost:
+                x, r, improved = x + step, r_new, True
+                done = cost - c_new <= tol * (1 + cost)
+                cost, lam = c_new, max(lam / 3, 1e-9)
+                break
+            lam *= 4
+        if not improved or done:
+            break
+    return x, cost
+
+
+def error_stats(predicted: Iterable[float], measured: Iterable[float]) -> dict[str, float]:
+    """Relative error |predicted/measured - 1|: median, 90th percentile, max (and the count)."""
+    p, m = np.asarray(list(predicted), dtype=float), np.asarray(list(measured), dtype=float)
+    if p.size == 0:
+        return {"n": 0, "median": math.nan, "p90": math.nan, "max": math.nan}
+    err = np.abs(p / m - 1.0)
+    return {"n": int(err.size), "median": float(np.median(err)), "p90": float(np.percentile(err, 90)),
+            "max": float(err.max())}
+
+
+def _log_mse(model: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean((np.log(model) - np.log(measured)) ** 2))
+
+
+# ---- micro-benchmarks -> parameters -----------------------------------------------------------------
+def _robust(model: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute log-error: a few disturbed timings on a shared machine do not drag the fit."""
+    return float(np.mean(np.abs(np.log(model) - np.log(measured))))
+
+
+def fit_gemm(points: Sequence[dict], catalog_peak: float | None, overhead_s: float | None = None) -> dict:
+    """t = 2mnk / (P * prod d/(d + half)) + overhead, P = peak * gemm_eff (cost.compute). The
+    per-call overhead is the measured one when given (``overhead`` points), else fitted too."""
+    if not points:
+        raise UserError("no GEMM measurements to fit")
+    dims = np.array([[p["m"], p["n"], p["k"]] for p in points], dtype=float)
+    t = np.array([p["seconds"] for p in points], dtype=float)
+    flops = 2.0 * dims.prod(axis=1)
+    best = float(np.max(flops / t))
+
+    def unpack(x: np.ndarray) -> tuple[float, float, float]:
+        P = math.exp(x[0])
+        half = min(max(math.exp(x[1]), 0.5), 4096.0)
+        over = overhead_s if overhead_s is not None else min(max(math.exp(x[2]), 1e-8), 1e-2)
+        return P, half, over
+
+    def model(x: np.ndarray) -> np.ndarray:
+        P, half, over = unpack(x)
+        shape = np.prod(dims / (dims + half), axis=1)
+        return flops / (P * shape) + over
+
+    x0 = [math.log(best * 1.2), math.log(16.0)] + ([] if overhead_s is not None else [math.log(5e-6)])
+    x, _ = nelder_mead(lambda x: _robust(model(x), t), x0)
+    P, half, over = unpack(x)
+    peak = catalog_peak or max(P, best)
+    curve = [{"m": int(a), "n": int(b), "k": int(c), "measured_tflops": float(f / s / 1e12),
+              "model_tflops": float(f / mt / 1e12)}
+             for (a, b, c), f, s, mt in zip(dims, flops, t, model(x))]
+    return {"peak_flops": None if catalog_peak else peak, "gemm_eff": P / peak, "gemm_dim_half": half,
+            "gemm_overhead_s": over, "_peak": peak, "curve": curve}
+
+
+def fit_attention(points: Sequence[dict], peak: float) -> dict:
+    """attn_eff: the geometric mean over cases of (counted FLOPs / seconds) / peak."""
+    if not points:
+        return {}
+    eff = np.array([p["flops"] / p["seconds"] / peak for p in points])
+    curve = [{"seq": p["seq"], "batch": p["batch"], "heads": p["heads"], "head_dim": p["head_dim"],
+              "efficiency": float(e)} for p, e in zip(points, eff)]
+    return {"attn_eff": float(np.exp(np.mean(np.log(eff)))), "curve": curve}
+
+
+def fit_memory(points: Sequence[dict], overhead_s: float | None = None) -> dict:
+    """mem_bytes_per_s: the best copy bandwidth; then every element-wise kernel as
+    t = bytes / (bw * mem_eff) + op_overhead_s (the measured overhead when given)."""
+    if not points:
+        return {}
+    copies = [p["bytes"] / p["seconds"] for p in points if p["kernel"] == "copy"]
+    bw = max(copies) if copies else max(p["bytes"] / p["seconds"] for p in points)
+    b = np.array([p["bytes"] for p in points], dtype=float)
+    t = np.array([p["seconds"] for p in points], dtype=float)
+
+    def unpack(x: np.ndarray) -> tuple[float, float]:
+        eff = min(max(math.exp(x[0]), 1e-3), 2.0)
+        over = overhead_s if overhead_s is not None else min(max(math.exp(x[1]), 1e-8), 1e-2)
+        return eff, over
+
+    def model(x: np.ndarray) -> np.ndarray:
+        eff, over = unpack(x)
+        return b / (bw * eff) + over
+
+    x0 = [math.log(0.5)] + ([] if overhead_s is not None else [math.log(5e-6)])
+    x, _ = nelder_mead(lambda x: _robust(model(x), t), x0)
+    eff, over = unpack(x)
+    curve = [{"kernel": p["kernel"], "bytes": p["bytes"], "measured_bytes_per_s": p["bytes"] / p["seconds"],
+              "model_bytes_per_s": float(p["bytes"] / mt)} for p, mt in zip(points, model(x))]
+    return {"mem_bytes_per_s": bw, "mem_eff": eff, "op_overhead_s": over, "curve": curve}
+
+
+def _overheads(points: Sequence[dict]) -> tuple[float | None, float | None]:
+    per = {p["kind"]: p["seconds"] / p["calls"] for p in points}
+    return per.get("gemm"), per.get("elementwise")
+
+
+def fit_link(points: Sequence[dict], name: str = "measured") -> tuple[LinkTier | None, list[dict]]:
+    """One tier from collectives over n ranks, ring model (cost.network): all-reduce
+    2(n-1) latencies + 2(n-1)/n of the buffer over the link; all-gather / reduce-scatter half that;
+    send/recv one latency + the buffer."""
+    if not points:
+        return None, []
+    steps, frac, t = [], [], []
+    for p in points:
+        n, size = p["ranks"], p["bytes"]
+        if p["kind"] == "send_recv":
+            steps.append(1.0)
+            frac.append(float(size))
+        else:
+            s = _STEPS[p["kind"]]
+            steps.append(s * (n - 1))
+            frac.append(s * (n - 1) / n * size)
+        t.append(p["seconds"])
+    steps_a, frac_a, t_a = (np.asarray(v, dtype=float) for v in (steps, frac, t))
+
+    def model(x: np.ndarray) -> np.ndarray:
+        lat, bw = np.exp(x)
+        return steps_a * lat + frac_a / bw
+
+    best_bw = float(np.max(frac_a / t_a))
+    x, _ = nelder_mead(lambda x: _robust(model(x), t_a), [math.log(2e-5), math.log(best_bw)])
+    lat, bw = (float(v) for v in np.exp(x))
+    curve = [{"kind": p["kind"], "bytes": p["bytes"], "ranks": p["ranks"], "seconds": p["seconds"],
+              "model_seconds": float(mt)} for p, mt in zip(points, model(x))]
+    return LinkTier(name=name, span=0, bytes_per_s=bw, latency_s=lat), curve
+
+
+def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, catalog_peak: float | None,
+                           cluster: ClusterSpec | None) -> Calibration:
+    """A calibration file's contents from ``exatrain bench``'s raw measurements."""
+    gemm_over, op_over = _overheads(raw.get("overhead", []))
+    gemm = fit_gemm(raw["gemm"], catalog_peak, gemm_over)
+    peak = gemm.pop("_peak")
+    attention = fit_attention(raw.get("attention", []), peak)
+    memory = fit_memory(raw.get("bandwidth", []), op_over)
+    fields = {k: v for k, v in gemm.items() if k != "curve"}
+    fields.update({k: v for k, v in attention.items() if k != "curve"})
+    fields.update({k: v for k, v in memory.items() if k != "curve"})
+    tiers = {}
+    tier, link_curve = fit_link(raw.get("collectives", []), name="loopback" if device_name == "cpu" else "local")
+    if tier is not None and cluster is not None:
+        if device_name == "cpu" or len(cluster.tiers) == 1:
+            tiers[cluster.name] = (tier,)
+        else:  # a node's GPUs measured: the intra-node tier, the catalog's network beyond it
+            inner = dataclasses.replace(tier, span=max(2, int(raw.get("ranks", 2))))
+            tiers[cluster.name] = (inner, *[t for t in cluster.tiers if t.span == 0 or t.span > inner.span])
+        fields["link_eff"] = 1.0  # the tier's bandwidth is what the collectives achieved
+    params = base.replace(**fields, source=f"exatrain bench ({raw.get('machine', {}).get('host', 'this machine')})")
+    extra = {"bench": {"machine": raw.get("machine", {}), "options": raw.get("options", {}),
+                       "curves": {"gemm": gemm["curve"], "attention": attention.get("curve", []),
+                                  "memory": memory.get("curve", []), "collectives": link_curve},
+                       "raw": {k: raw.get(k, []) for k in ("gemm", "attention", "bandwidth", "overhead",
+                                                           "collectives")}}}
+    return Calibration(devices={device_name: params}, cluster_tiers=tiers, extra=extra)
+
+
+# ---- runs -> shared factors ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunPoint:
+    """One run to fit: its plan, the cluster it ran on (measured tiers applied) and its step time."""
+
+    plan: Plan
+    cluster: ClusterSpec
+    measured_s: float
+    name: str = ""
+
+
+def predict_runs(points: Sequence[RunPoint], params: CostParams) -> np.ndarray:
+    from exatrain.planner.cost.step import step_time
+
+    return np.array([step_time(p.plan, p.cluster, params)[0].step for p in points])
+
+
+@dataclass(frozen=True)
+class RunFit:
+    params: CostParams
+    factors: tuple[str, ...]
+    before: dict[str, float]
+    after: dict[str, float]
+    predicted_before: tuple[float, ...]
+    predicted_after: tuple[float, ...]
+
+
+def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str] | None = None,
+             max_iter: int = 40) -> RunFit:
+    """Fit a few factors shared by all ``points`` (one device) to their measured step times."""
+    if not points:
+        raise UserError("no runs with a measured step time to fit")
+    measured = np.array([p.measured_s for p in points])
+    if factors is None:
+        factors = RUN_FACTORS[:max(1, min(len(RUN_FACTORS), len(points) // 2))]
+    factors = tuple(factors)
+    before = predict_runs(points, base)
+    x0 = np.log([max(getattr(base, f), 1e-9) for f in factors])
+
+    def params_at(x: np.ndarray) -> CostParams:
+        vals = {f: float(v) for f, v in zip(factors, np.exp(x))}
+        for f in ("gemm_eff", "attn_eff", "mem_eff", "link_eff"):
+            if f in vals:
+                vals[f] = min(vals[f], 4.0)  # beyond this the peak itself is wrong; keep the search sane
+        return base.replace(**vals)
+
+    log_measured = np.log(measured)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        pred = predict_runs(points, params_at(x))
+        # A light pull towards the starting point keeps factors the runs cannot see where they were.
+        return np.concatenate([(np.log(pred) - log_measured) / math.sqrt(len(points)), 1e-3 * (x - x0)])
+
+    x, _ = levenberg_marquardt(residuals, x0, max_iter=max_iter)
+    fitted = params_at(x).replace(source=f"exatrain calibrate ({len(points)} runs)")
+    after = predict_runs(points, fitted)
+    return RunFit(params=fitted, factors=factors, before=error_stats(before, measured),
+                  after=error_stats(after, measured), predicted_before=tuple(before.tolist()),
+                  predicted_after=tuple(after.tolist()))
+
+
+__all__ = ["RUN_FACTORS", "RunFit", "RunPoint", "calibration_from_bench", "error_stats", "fit_attention",
+           "fit_gemm", "fit_link", "fit_memory", "fit_runs", "levenberg_marquardt", "nelder_mead", "predict_runs"]

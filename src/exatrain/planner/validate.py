@@ -1,0 +1,154 @@
+"""Predicted against measured, per run and as a distribution: `exatrain validate`, and the line
+`exatrain train` prints at the end of a run.
+
+A prediction is the one stored in the RunRecord (made when the run started), or a new one from a
+calibration file. Step time is compared on every run; peak memory where the run measured device
+memory (``torch.cuda.max_memory_allocated``; a CPU run's peak RSS includes the interpreter and is
+shown, not scored). Memory is predicted twice: by the planner's reference model (Megatron's
+tensors) and by the model of the trainer's own execution (``accounting.trainer_memory``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from exatrain.catalog.hardware import ClusterSpec, cluster_catalog, match_device
+from exatrain.errors import UserError
+from exatrain.plan import RunRecord
+from exatrain.planner.cost.calibrate import error_stats
+from exatrain.planner.cost.params import Calibration
+
+
+@dataclass(frozen=True)
+class Comparison:
+    label: str
+    device: str
+    status: str
+    predicted_step_s: float | None
+    measured_step_s: float | None
+    predicted_memory_bytes: float | None  # planner reference model, worst stage
+    trainer_memory_bytes: float | None  # trainer execution model, worst stage (tensors + allowance)
+    measured_memory_bytes: float | None  # max over ranks
+    device_memory: bool  # measured memory is device memory (comparable), not a CPU process's RSS
+
+    @property
+    def step_error(self) -> float | None:
+        if self.predicted_step_s is None or not self.measured_step_s:
+            return None
+        return self.predicted_step_s / self.measured_step_s - 1.0
+
+    def memory_error(self, which: str = "trainer") -> float | None:
+        pred = self.trainer_memory_bytes if which == "trainer" else self.predicted_memory_bytes
+        if pred is None or not self.measured_memory_bytes or not self.device_memory:
+            return None
+        return pred / self.measured_memory_bytes - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.label, "device": self.device, "status": self.status,
+                "predicted_step_s": self.predicted_step_s, "measured_step_s": self.measured_step_s,
+                "step_error": self.step_error, "predicted_memory_bytes": self.predicted_memory_bytes,
+                "trainer_memory_bytes": self.trainer_memory_bytes,
+                "measured_memory_bytes": self.measured_memory_bytes, "device_memory": self.device_memory,
+                "memory_error": self.memory_error("trainer"),
+                "reference_memory_error": self.memory_error("reference")}
+
+
+def layout_label(record: RunRecord) -> str:
+    p = record.plan
+    s = f"{p.model.name} tp{p.tp}·pp{p.pp}·dp{p.dp} mb{p.micro_batch}×{p.num_microbatches}"
+    if p.zero_stage:
+        s += f" ZeRO-{p.zero_stage}"
+    if p.recompute != "none":
+        s += f" {p.recompute}"
+    if p.sequence_parallel:
+        s += " SP"
+    if p.pp > 1:
+        s += f" {p.schedule}"
+    return s + f" {p.dtype}"
+
+
+def cluster_for(record: RunRecord, override: ClusterSpec | None = None) -> ClusterSpec | None:
+    """The cluster a record ran on: --cluster, the plan's, or the catalog cluster of its device."""
+    if override is not None:
+        return override
+    clusters = cluster_catalog()
+    if record.plan.cluster in clusters:
+        return clusters[record.plan.cluster]
+    if record.device == "cpu":
+        return clusters.get("local-cpu")
+    spec = match_device(record.device) if record.device else None
+    for c in clusters.values():
+        if spec is not None and c.device.name == spec.name:
+            return c
+    return None
+
+
+def compare(record: RunRecord, calibration: Calibration | None = None,
+            cluster: ClusterSpec | None = None) -> Comparison:
+    """Predicted vs measured for one record; re-predicted when a calibration is given."""
+    from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
+    from exatrain.planner.estimate import estimate_plan
+
+    plan, est = record.plan, record.predicted
+    c = cluster_for(record, cluster)
+    if calibration is not None:
+        if c is None:
+            raise UserError(f"cannot tell which cluster run {layout_label(record)} ran on "
+                            f"(device {record.device!r}); pass --cluster")
+        params = calibration.params_for(c.device.name)
+        if params is None:
+            raise UserError(f"the calibration has no parameters for device {c.device.name!r} "
+                            f"(it has: {', '.join(sorted(calibration.devices)) or 'none'})")
+        est = estimate_plan(plan, calibration.apply(c), params)
+    trainer_mem = None
+    if c is not None or plan.cluster:
+        on_cpu = (c.device.name == "cpu") if c is not None else None
+        trainer_mem = max(m.total for m in trainer_memory_by_stage(plan, on_cpu=on_cpu))
+    m = record.measured
+    return Comparison(
+        label=layout_label(record), device=record.device or "?", status=record.status,
+        predicted_step_s=None if est is None or est.time_s is None else est.time_s.step,
+        measured_step_s=None if m is None else m.step_time_s,
+        predicted_memory_bytes=None if est is None else est.memory_bytes.total,
+        trainer_memory_bytes=trainer_mem,
+        measured_memory_bytes=None if m is None else m.peak_memory_bytes,
+        device_memory=bool(record.device) and record.device != "cpu")
+
+
+def compare_all(records: Iterable[RunRecord], calibration: Calibration | None = None,
+                cluster: ClusterSpec | None = None) -> list[Comparison]:
+    return [compare(r, calibration, cluster) for r in records if r.status == "ok" and r.measured is not None]
+
+
+def distribution(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:
+    steps = [(c.predicted_step_s, c.measured_step_s) for c in comparisons if c.step_error is not None]
+    mems = [(c.trainer_memory_bytes, c.measured_memory_bytes) for c in comparisons
+            if c.memory_error("trainer") is not None]
+    return {"step_time": error_stats([a for a, _ in steps], [b for _, b in steps]),
+            "peak_memory": error_stats([a for a, _ in mems], [b for _, b in mems])}
+
+
+def summary_lines(c: Comparison) -> list[str]:
+    """What `exatrain train` prints after a run: prediction beside measurement."""
+    GiB = 2**30
+    lines = []
+    if c.step_error is not None:
+        lines.append(f"step time: predicted {c.predicted_step_s:.3f} s, measured {c.measured_step_s:.3f} s "
+                     f"({c.step_error:+.1%})")
+    elif c.measured_step_s is not None:
+        lines.append(f"step time: measured {c.measured_step_s:.3f} s (no prediction: the plan carried none)")
+    if c.measured_memory_bytes:
+        kind = "device memory" if c.device_memory else "peak RSS of a rank (process, not comparable)"
+        parts = [f"measured {c.measured_memory_bytes / GiB:.2f} GiB {kind}"]
+        if c.trainer_memory_bytes is not None:
+            e = c.memory_error("trainer")
+            parts.append(f"trainer model {c.trainer_memory_bytes / GiB:.2f} GiB" + (f" ({e:+.1%})" if e is not None
+                                                                                  else ""))
+        if c.predicted_memory_bytes is not None:
+            parts.append(f"planner {c.predicted_memory_bytes / GiB:.2f} GiB")
+        lines.append("peak memory: " + ", ".join(parts))
+    return lines
+
+
+__all__ = ["Comparison", "cluster_for", "compare", "compare_all", "distribution", "layout_label", "summary_lines"]

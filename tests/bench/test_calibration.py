@@ -1,0 +1,172 @@
+"""`exatrain bench / calibrate / validate`, the train summary hook, and their bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exatrain.catalog import get_cluster, get_model
+from exatrain.cli import main
+from exatrain.cli.bench_cmds import print_run_comparison
+from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record
+from exatrain.planner.cost.calibrate import error_stats, fit_gemm, fit_link, nelder_mead
+from exatrain.planner.cost.params import default_params, load_calibration
+from exatrain.planner.cost.step import step_time
+from exatrain.planner.estimate import estimate_plan
+
+CPU = get_cluster("local-cpu")
+# What the synthetic machine "really" is: every factor moved away from the cpu prior.
+TRUE = default_params("cpu").replace(gemm_eff=0.45, step_overhead_s=0.02, mem_eff=0.35, attn_eff=0.15,
+                                     link_eff=0.5, op_overhead_s=3e-5)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _plans() -> list[Plan]:
+    """Runs that exercise different parts of the model: GEMM-heavy, element-wise-heavy, attention,
+    tensor-parallel communication, pipelines, many small steps."""
+    specs = [("gpt-tiny", 1, 1, 1, 1, 1), ("gpt-tiny", 2, 1, 1, 8, 8), ("gpt-small", 1, 1, 1, 4, 4),
+             ("gpt-small", 2, 1, 1, 2, 4), ("gpt-small", 1, 2, 1, 1, 8), ("llama-tiny", 1, 1, 2, 4, 8),
+             ("gpt-tiny", 4, 1, 1, 8, 8), ("llama-tiny", 2, 2, 1, 2, 8), ("gpt-tiny", 1, 1, 4, 1, 4),
+             ("gpt-small", 2, 2, 1, 1, 8), ("llama-tiny", 1, 1, 1, 16, 16), ("gpt-small", 1, 1, 2, 8, 16)]
+    return [Plan(model=get_model(m), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb), dtype="float32",
+                 cluster="local-cpu").validate() for m, tp, pp, dp, mb, gb in specs]
+
+
+@pytest.fixture(scope="module")
+def runs_file(tmp_path_factory) -> Path:
+    """RunRecords 'measured' on the synthetic machine, carrying the cpu prior's predictions."""
+    path = tmp_path_factory.mktemp("runs") / "runs.jsonl"
+    path.write_text('{"kind": "step", "step": 1}\n')  # per-step lines are skipped
+    for plan in _plans():
+        t = step_time(plan, CPU, TRUE)[0].step
+        est = estimate_plan(plan, CPU)
+        append_run_record(path, RunRecord(plan=plan.with_estimate(est), device="cpu",
+                                          measured=Measured(steps=5, step_time_s=t,
+                                                            tokens_per_s=plan.tokens_per_step / t,
+                                                            peak_memory_bytes=3e8)))
+    return path
+
+
+def test_calibrate_recovers_the_machine(runs_file, tmp_path, capsys) -> None:
+    out = tmp_path / "cal.json"
+    code, text, err = run(capsys, "calibrate", str(runs_file), "--out", str(out), "--json")
+    assert code == 0, err
+    rep = json.loads(text)["devices"]["cpu"]
+    assert rep["runs"] == 12 and rep["before"]["median"] > 0.2
+    assert rep["after"]["median"] < 0.005 and rep["after"]["max"] < 0.01
+    fitted = load_calibration(out).params_for("cpu")
+    for factor in ("gemm_eff", "step_overhead_s", "mem_eff", "attn_eff", "link_eff", "op_overhead_s"):
+        assert getattr(fitted, factor) == pytest.approx(getattr(TRUE, factor), rel=0.05), factor
+    assert fitted.peak_flops == TRUE.peak_flops  # not a free factor: shared with gemm_eff
+    assert fitted.source.startswith("exatrain calibrate")
+
+
+def test_calibrate_prints_before_and_after(runs_file, tmp_path, capsys) -> None:
+    code, text, _ = run(capsys, "calibrate", str(runs_file), "--out", str(tmp_path / "c.json"))
+    assert code == 0
+    assert "error before: median" in text and "error after:  median" in text and "p90" in text
+
+
+def test_validate_stored_and_recalibrated(runs_file, tmp_path, capsys) -> None:
+    code, text, _ = run(capsys, "validate", str(runs_file), "--json")
+    assert code == 0
+    d = json.loads(text)
+    assert len(d["runs"]) == 12 and d["prediction"] == "stored in each record"
+    first = d["runs"][0]
+    assert first["step_error"] == pytest.approx(first["predicted_step_s"] / first["measured_step_s"] - 1)
+    assert d["distribution"]["step_time"]["median"] > 0.2  # the prior is not this machine
+    assert d["distribution"]["peak_memory"]["n"] == 0  # CPU RSS is shown, not scored
+    # Re-predicted with the calibration that `calibrate` fitted: the errors collapse.
+    cal = tmp_path / "cal.json"
+    assert run(capsys, "calibrate", str(runs_file), "--out", str(cal))[0] == 0
+    code, text, _ = run(capsys, "validate", str(runs_file), "--calibration", str(cal), "--json")
+    assert code == 0 and json.loads(text)["distribution"]["step_time"]["median"] < 0.01
+    code, text, _ = run(capsys, "validate", str(runs_file))
+    assert code == 0 and "predicted vs measured" in text and "step time |error| over 12 runs" in text
+
+
+def test_train_summary_line(runs_file, capsys) -> None:
+    print_run_comparison(str(runs_file))
+    out = capsys.readouterr().out
+    assert "step time: predicted" in out and "measured" in out and "peak memory" in out
+    print_run_comparison(None)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["validate", "{tmp}/missing.jsonl"], "no such runs file"),
+    (["calibrate", "{tmp}/bad.jsonl", "--out", "{tmp}/o.json"], "not a JSON line"),
+    (["validate", "{tmp}/steps.jsonl"], "no RunRecords"),
+    (["validate", "{runs}", "--calibration", "{tmp}/gpu_only.json"], "no parameters for device 'cpu'"),
+    (["validate", "{runs}", "--calibration", "{tmp}/bad_param.json"], "unknown cost parameter"),
+    (["calibrate", "{runs}", "--out", "{tmp}/no/such/dir/c.json"], "does not exist"),
+    (["bench", "--out", "{tmp}/no/such/dir/c.json", "--quick"], "does not exist"),
+])
+def test_bad_input_is_one_line_exit_2(argv, needle, runs_file, tmp_path, capsys) -> None:
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    (tmp_path / "steps.jsonl").write_text('{"kind": "step", "step": 1}\n')
+    (tmp_path / "gpu_only.json").write_text(json.dumps({"kind": "exatrain-calibration",
+                                                        "devices": {"h200-sxm": {"gemm_eff": 0.7}}}))
+    (tmp_path / "bad_param.json").write_text(json.dumps({"kind": "exatrain-calibration",
+                                                         "devices": {"cpu": {"warp_speed": 9}}}))
+    args = [a.format(tmp=tmp_path, runs=runs_file) for a in argv]
+    code, out, err = run(capsys, *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---- the fits themselves --------------------------------------------------------------------------
+def test_nelder_mead_finds_a_known_minimum() -> None:
+    x, fx = nelder_mead(lambda v: (v[0] - 3) ** 2 + 10 * (v[1] + 1) ** 2 + 2, [0.0, 0.0], step=1.0)
+    assert x == pytest.approx([3, -1], abs=1e-3) and fx == pytest.approx(2, abs=1e-6)
+
+
+def test_gemm_and_link_fits_recover_their_generating_parameters() -> None:
+    P, half, over = 8e10, 24.0, 7e-6
+    shapes = [(m, n, k) for m in (64, 256, 1024) for n in (32, 192, 768) for k in (64, 512)]
+    pts = [{"m": m, "n": n, "k": k, "seconds": 2 * m * n * k / (P * (m / (m + half)) * (n / (n + half))
+                                                               * (k / (k + half))) + over} for m, n, k in shapes]
+    fit = fit_gemm(pts, catalog_peak=None)
+    assert fit["gemm_eff"] * fit["_peak"] == pytest.approx(P, rel=0.02)
+    assert fit["gemm_dim_half"] == pytest.approx(half, rel=0.1)
+    assert fit["gemm_overhead_s"] == pytest.approx(over, rel=0.1)
+    lat, bw = 40e-6, 3e9
+    link = [{"kind": k, "ranks": 4, "bytes": b,
+             "seconds": (lat + b / bw) if k == "send_recv" else
+             {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[k] * (3 * lat + 3 / 4 * b / bw)}
+            for k in ("all_reduce", "all_gather", "reduce_scatter", "send_recv") for b in (2**10, 2**16, 2**22)]
+    tier, curve = fit_link(link)
+    assert tier.latency_s == pytest.approx(lat, rel=0.02) and tier.bytes_per_s == pytest.approx(bw, rel=0.02)
+    assert tier.span == 0 and len(curve) == len(link)
+
+
+def test_error_stats() -> None:
+    s = error_stats([1.1, 0.8, 1.0, 2.0], [1.0, 1.0, 1.0, 1.0])
+    assert s["n"] == 4 and s["median"] == pytest.approx(0.15) and s["max"] == pytest.approx(1.0)
+
+
+# ---- the real bench, quick ------------------------------------------------------------------------
+def test_bench_quick_writes_a_calibration_estimate_reads(tmp_path, capsys) -> None:
+    out = tmp_path / "calib.json"
+    code, text, err = run(capsys, "bench", "--out", str(out), "--quick", "--ranks", "2", "--json")
+    assert code == 0, err
+    cal = load_calibration(out)
+    p = cal.params_for("cpu")
+    assert p.peak_flops and p.peak_flops > 1e8 and 0 < p.gemm_eff <= 1.0
+    assert p.mem_bytes_per_s and p.mem_bytes_per_s > 1e8 and p.attn_eff > 0 and p.source.startswith("exatrain bench")
+    (tier,) = cal.cluster_tiers["local-cpu"]
+    assert tier.span == 0 and tier.bytes_per_s > 0 and tier.latency_s > 0
+    curves = cal.extra["bench"]["curves"]
+    assert curves["gemm"] and curves["memory"] and curves["collectives"]
+    assert {"measured_tflops", "model_tflops"} <= set(curves["gemm"][0])
+    code, text, err = run(capsys, "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2",
+                          "--tp", "2", "--dtype", "float32", "--calibration", str(out), "--json")
+    assert code == 0, err
+    notes = json.loads(text)["notes"]
+    assert any("exatrain bench" in n for n in notes)
