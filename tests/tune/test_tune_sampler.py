@@ -12,7 +12,7 @@ import pytest
 from exatrain.catalog import get_cluster, get_model
 from exatrain.planner.search.search import search
 from exatrain.planner.search.tune_sampler import (Candidates, HopelessPruner, Observations, choose, layout_key,
-                                                  posterior)
+                                                  observations, posterior)
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +87,25 @@ def test_pruner_stops_only_runs_far_below_the_best_after_enough_steps() -> None:
     assert not pruner.prune(study, frozen([600.0, 450.0]))  # median 525 >= 500
     assert not HopelessPruner(ratio=0.0).prune(study, frozen([1.0, 1.0, 1.0]))
     assert not pruner.prune(optuna.create_study(direction="maximize"), frozen([1.0, 1.0]))  # no best yet
+
+
+def test_a_failed_run_steers_the_sampler_away_from_its_neighbours(cands: Candidates) -> None:
+    def trial(i: int, status: str, value: float | None = None) -> optuna.trial.FrozenTrial:
+        attrs = {"layout": cands.keys[i], "status": status, "ran": True, "measured_tokens_per_s": value}
+        return optuna.create_trial(state=optuna.trial.TrialState.FAIL if value is None else
+                                   optuna.trial.TrialState.COMPLETE, value=value, user_attrs=attrs)
+
+    ok_run = trial(0, "ok", cands.predicted[0] / 10)
+    crashed = next(i for i in range(1, len(cands)) if cands.plans[i].tp == 2)
+    def but_zero(i: int) -> dict:
+        return {k: v for k, v in cands.params(i).items() if k != "zero_stage"}
+
+    twins = [i for i in range(len(cands)) if i not in (0, crashed) and but_zero(i) == but_zero(crashed)]
+    assert twins
+    without = choose(cands, observations(cands, [ok_run]))
+    obs = observations(cands, [ok_run, trial(crashed, "failed")])
+    assert obs.measured[crashed] < obs.measured[0] and crashed in obs.excluded and obs.ok == {0}
+    mean_before, _ = posterior(cands, observations(cands, [ok_run]).measured)
+    mean_after, _ = posterior(cands, obs.measured)
+    assert all(mean_after[i] < mean_before[i] - 0.1 for i in twins)
+    assert without.index in twins and choose(cands, obs).index not in twins  # the failure changed the pick

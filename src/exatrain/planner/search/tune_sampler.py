@@ -140,7 +140,7 @@ class GPSettings:
 class Observations:
     """What the study knows, by candidate index: measured log throughput, and what not to pick."""
 
-    measured: Mapping[int, float]  # index -> log tokens/s (ok and pruned runs)
+    measured: Mapping[int, float]  # index -> log tokens/s (ok and pruned runs; failed ones imputed)
     excluded: frozenset[int]  # measured, failed, rejected, running or queued
     ok: frozenset[int] = frozenset()  # completed runs (the pruned ones stopped early)
 
@@ -219,7 +219,11 @@ def trial_status(t: FrozenTrial) -> str:
 
 
 def observations(cands: Candidates, trials: Iterable[FrozenTrial]) -> Observations:
+    """The GP's data: measured runs, and failed ones (oom, timeout, crash) at half the slowest run
+    measured - a failure says its neighbours (more memory, the same kernel, the same bug) are risky,
+    so the sampler moves away instead of trying the next ZeRO stage of the same failing layout."""
     measured: dict[int, float] = {}
+    failed: set[int] = set()
     excluded: set[int] = set()
     interrupted: dict[int, int] = {}
     ok: set[int] = set()
@@ -238,8 +242,13 @@ def observations(cands: Candidates, trials: Iterable[FrozenTrial]) -> Observatio
             measured[i] = math.log(float(value))
             if status == "ok":
                 ok.add(i)
+        elif status in ("oom", "timeout", "failed"):
+            failed.add(i)
         if status in RUN_STATUSES or status in ("rejected", "running", "queued"):
             excluded.add(i)
+    if measured:
+        floor = min(measured.values()) - math.log(2)
+        measured.update({i: floor for i in failed if i not in measured})
     return Observations(measured, frozenset(excluded), frozenset(ok))
 
 
