@@ -6,12 +6,13 @@ models a machine trains), so the fit sees the sizes the predictions will be made
 GEMMs are measured in their own (transposed) shapes.
 
 On the CPU every measurement runs on one thread, as each training rank does (the trainer's ranks run
-with OMP_NUM_THREADS=1). Timing: warm up, then repeat until ``min_time_s`` has passed (at least
-``min_reps`` times) and keep the median of a few such batches.
+with OMP_NUM_THREADS=1). Timing: warm up, then repeat until ``min_time_s`` has passed and keep the
+median of a few such batches.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -47,8 +48,8 @@ def _sync(opts: BenchOptions) -> None:
 
 
 def time_call(fn: Callable[[], object], opts: BenchOptions) -> float:
-    """Seconds per call of ``fn`` (after a warm-up): the fastest of a few timing batches, since on a
-    shared machine other work only ever adds time."""
+    """Seconds per call of ``fn`` (after a warm-up): the median of a few timing batches. (On a
+    shared machine this is the speed training runs there will see too, not the uncontended best.)"""
     fn()
     _sync(opts)
     t0 = time.perf_counter()
@@ -64,7 +65,7 @@ def time_call(fn: Callable[[], object], opts: BenchOptions) -> float:
             fn()
         _sync(opts)
         samples.append((time.perf_counter() - t0) / reps)
-    return min(samples)
+    return statistics.median(samples)
 
 
 # ---- GEMMs ------------------------------------------------------------------------------------------

@@ -124,8 +124,10 @@ def _robust(model: np.ndarray, measured: np.ndarray) -> float:
 
 
 def fit_gemm(points: Sequence[dict], catalog_peak: float | None, overhead_s: float | None = None) -> dict:
-    """t = 2mnk / (P * prod d/(d + half)) + overhead, P = peak * gemm_eff (cost.compute). The
-    per-call overhead is the measured one when given (``overhead`` points), else fitted too."""
+    """t = 2mnk / (P * prod d/(d + half)) + c, P = peak * gemm_eff (cost.compute), fitted to bare
+    GEMM calls (c: the bare call's fixed time). The cost model's gemm_overhead_s is what a GEMM
+    costs beyond its arithmetic inside training (autograd, module and dispatch), measured
+    separately (``overhead`` points) when given, else c."""
     if not points:
         raise UserError("no GEMM measurements to fit")
     dims = np.array([[p["m"], p["n"], p["k"]] for p in points], dtype=float)
@@ -134,25 +136,21 @@ def fit_gemm(points: Sequence[dict], catalog_peak: float | None, overhead_s: flo
     best = float(np.max(flops / t))
 
     def unpack(x: np.ndarray) -> tuple[float, float, float]:
-        P = math.exp(x[0])
-        half = min(max(math.exp(x[1]), 0.5), 4096.0)
-        over = overhead_s if overhead_s is not None else min(max(math.exp(x[2]), 1e-8), 1e-2)
-        return P, half, over
+        return math.exp(x[0]), min(max(math.exp(x[1]), 0.5), 4096.0), min(max(math.exp(x[2]), 1e-8), 1e-2)
 
     def model(x: np.ndarray) -> np.ndarray:
-        P, half, over = unpack(x)
-        shape = np.prod(dims / (dims + half), axis=1)
-        return flops / (P * shape) + over
+        P, half, c = unpack(x)
+        return flops / (P * np.prod(dims / (dims + half), axis=1)) + c
 
-    x0 = [math.log(best * 1.2), math.log(16.0)] + ([] if overhead_s is not None else [math.log(5e-6)])
-    x, _ = nelder_mead(lambda x: _robust(model(x), t), x0)
-    P, half, over = unpack(x)
+    x, _ = nelder_mead(lambda x: _robust(model(x), t), [math.log(best * 1.2), math.log(16.0), math.log(2e-6)])
+    P, half, c = unpack(x)
     peak = catalog_peak or max(P, best)
-    curve = [{"m": int(a), "n": int(b), "k": int(c), "measured_tflops": float(f / s / 1e12),
+    curve = [{"m": int(a), "n": int(b), "k": int(k), "measured_tflops": float(f / s / 1e12),
               "model_tflops": float(f / mt / 1e12)}
-             for (a, b, c), f, s, mt in zip(dims, flops, t, model(x))]
+             for (a, b, k), f, s, mt in zip(dims, flops, t, model(x))]
     return {"peak_flops": None if catalog_peak else peak, "gemm_eff": P / peak, "gemm_dim_half": half,
-            "gemm_overhead_s": over, "_peak": peak, "curve": curve}
+            "gemm_overhead_s": max(c, overhead_s) if overhead_s is not None else c, "_peak": peak,
+            "_bare_call_s": c, "curve": curve}
 
 
 def fit_attention(points: Sequence[dict], peak: float) -> dict:
@@ -234,6 +232,7 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     gemm_over, op_over = _overheads(raw.get("overhead", []))
     gemm = fit_gemm(raw["gemm"], catalog_peak, gemm_over)
     peak = gemm.pop("_peak")
+    gemm.pop("_bare_call_s")
     attention = fit_attention(raw.get("attention", []), peak)
     memory = fit_memory(raw.get("bandwidth", []), op_over)
     fields = {k: v for k, v in gemm.items() if k != "curve"}

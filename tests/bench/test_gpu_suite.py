@@ -1,0 +1,62 @@
+"""benchmarks/gpu_suite.py without a GPU: import safety, arguments, plans, the commands it would run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exatrain.catalog import get_cluster
+from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
+from exatrain.planner.estimate import estimate_plan
+
+SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_suite.py"
+sys.path.insert(0, str(SUITE.parent))
+import gpu_suite  # noqa: E402
+
+
+def test_import_does_not_load_torch() -> None:
+    code = (f"import sys; sys.path.insert(0, {str(SUITE.parent)!r}); import gpu_suite; "
+            "gpu_suite.plans(); gpu_suite.commands(gpu_suite.parse_args(['--dry-run'])); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_arguments_and_output_folder(monkeypatch, tmp_path) -> None:
+    a = gpu_suite.parse_args([])
+    assert a.steps == 8 and a.budget_s < 480 and a.cluster == "dgx-h200" and not a.dry_run
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_suite.out_dir(a) == tmp_path
+    assert gpu_suite.out_dir(gpu_suite.parse_args(["--out", "x"])) == Path("x")
+    with pytest.raises(SystemExit) as exc:
+        gpu_suite.parse_args(["--steps", "2"])
+    assert exc.value.code == 2
+
+
+def test_plans_are_single_gpu_and_fit_an_h200() -> None:
+    h200 = get_cluster("dgx-h200")
+    plans = gpu_suite.plans()
+    assert len(plans) >= 3 and len({p.model.name for _, p in plans}) >= 3
+    assert any(p.model.arch == "llama" for _, p in plans) and any(p.recompute == "full" for _, p in plans)
+    for run, plan in plans:
+        assert plan.gpus == 1 and plan.cluster == "dgx-h200" and plan.dtype == "bfloat16"
+        assert estimate_plan(plan, h200).fits, run.name
+        # The trainer's own footprint (larger than the planner's reference) must fit too.
+        assert max(m.total for m in trainer_memory_by_stage(plan, on_cpu=False)) < 0.95 * h200.device.hbm_bytes
+
+
+def test_commands_bench_then_estimate_and_train_each_plan(tmp_path, capsys) -> None:
+    cmds = gpu_suite.commands(gpu_suite.parse_args(["--out", str(tmp_path)]))
+    assert cmds[0][-4:] == ["--device", "cuda", "--out", str(tmp_path / "calib.json")]
+    assert len(cmds) == 1 + 2 * len(gpu_suite.RUNS)
+    for est, train in zip(cmds[1::2], cmds[2::2]):
+        assert "estimate" in est and "--trace" in est and "--calibration" in est
+        assert "train" in train and "--device" in train and train[train.index("--device") + 1] == "cuda"
+        assert est[est.index("--out") + 1] == train[train.index("--plan") + 1]
+    no_bench = gpu_suite.commands(gpu_suite.parse_args(["--no-bench", "--out", str(tmp_path)]))
+    assert all("bench" not in c and "--calibration" not in c for c in no_bench)
+    assert gpu_suite.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("\n") == len(cmds)
