@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from exatrain.plan import RunRecord, append_run_record
+from exatrain.plan import Measured, RunRecord, append_run_record
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.data import SampleOrder, StdlibBytes, check_vocab, local_batch
 from exatrain.trainer.metrics import (Progress, StepMetrics, append_json_line, device_name, model_flops_per_step,
@@ -120,47 +120,47 @@ class Stepper:
         return total / n
 
 
-def train(config: TrainConfig, local_rank: int = 0) -> list[StepMetrics]:
-    """One rank's run. Needs the default process group initialised with plan.gpus ranks.
-    Returns every step's metrics (the same list on every rank)."""
-    plan = execution_plan(config.plan)
-    device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    source = StdlibBytes(seed=config.seed, shuffle=config.data_shuffle)
-    check_vocab(source, plan.model.vocab, plan.model.name)
-    mesh = build_mesh(plan, device)
-    # Dropout masks (the only randomness after init): one stream per (pp, dp) position, shared by the
-    # tp group, whose ranks must drop the same entries of the activations they all hold (under
-    # sequence parallelism their different slices then share one mask pattern).
-    torch.manual_seed(config.seed * 1_000_003 + mesh.pp_rank * 1009 + mesh.dp_rank)
-    pm = parallelize(plan, mesh, config.seed)
-    stepper = Stepper(pm, mesh)
-    optimizer = build_optimizer(pm, config, mesh)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
-    order = SampleOrder(plan.global_batch, plan.dp)
-    flops = model_flops_per_step(plan)
-    peak = peak_flops(device, plan.dtype)
-    rank0 = mesh.rank == 0
-    title = (f"{plan.model.name}: tp{plan.tp} pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
-             f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(device)}")
-    progress = Progress(config.steps, quiet=config.quiet or not rank0, title=" ".join(title.split()))
-    history: list[StepMetrics] = []
-    start = time.perf_counter()
-    for step in range(config.steps):
+class Trainer:
+    """One rank's run: its mesh, model, optimizer and data (built in __init__), and the step."""
+
+    def __init__(self, config: TrainConfig, local_rank: int = 0) -> None:
+        self.config = config
+        self.plan = plan = execution_plan(config.plan)
+        self.device = device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        self.source = StdlibBytes(seed=config.seed, shuffle=config.data_shuffle)
+        check_vocab(self.source, plan.model.vocab, plan.model.name)
+        self.order = SampleOrder(plan.global_batch, plan.dp)
+        self.mesh = build_mesh(plan, device)
+        # Dropout masks (the only randomness after init): one stream per (pp, dp) position, shared by
+        # the tp group, whose ranks must drop the same entries of the activations they all hold (under
+        # sequence parallelism their different slices then share one mask pattern).
+        torch.manual_seed(config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank)
+        self.pm = parallelize(plan, self.mesh, config.seed)
+        self.stepper = Stepper(self.pm, self.mesh)
+        self.optimizer = build_optimizer(self.pm, config, self.mesh)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, config))
+        self.flops = model_flops_per_step(plan)
+        self.peak = peak_flops(device, plan.dtype)
+        self.rank0 = self.mesh.rank == 0
+
+    def step(self, step: int) -> StepMetrics:
+        """One optimizer step: batch, forward/backward, gradient sync and clipping, update, metrics."""
+        plan, mesh, pm, device = self.plan, self.mesh, self.pm, self.device
         t0 = time.perf_counter()
-        inputs, targets = local_batch(source, order, step, mesh.dp_rank, plan.model.seq_len)
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = stepper(inputs.to(device), targets.to(device))
+        inputs, targets = local_batch(self.source, self.order, step, mesh.dp_rank, plan.model.seq_len)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.zero_grad(set_to_none=True)
+        local_loss = self.stepper(inputs.to(device), targets.to(device))
         settle_grads(pm.entries)
         if pm.reduce_after_schedule:
             average_over_dp(pm.entries, mesh.dp_mesh.get_group(), plan.dp)
         sync_tied_embedding(pm.tied_copies, mesh.embed_group)
-        grad_norm = clip_grad_norm(pm.entries, config.grad_clip, device)
-        optimizer.step()
-        scheduler.step()
+        grad_norm = clip_grad_norm(pm.entries, self.config.grad_clip, device)
+        self.optimizer.step()
+        self.scheduler.step()
         loss_sum = local_loss.double().reshape(1)
         dist.all_reduce(loss_sum)  # only the tp*dp ranks of the last stage contribute
         loss = float(loss_sum) / (plan.tp * plan.dp)
@@ -169,25 +169,54 @@ def train(config: TrainConfig, local_rank: int = 0) -> list[StepMetrics]:
         dt = time.perf_counter() - t0
         mems = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(plan.gpus)]
         dist.all_gather(mems, torch.tensor([float(peak_memory_bytes(device))], dtype=torch.float64, device=device))
-        m = StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
-                        tokens_per_s=plan.tokens_per_step / dt,
-                        model_tflops_per_gpu=flops / dt / plan.gpus / 1e12,
-                        mfu=None if peak is None else flops / (dt * plan.gpus * peak),
-                        peak_memory_bytes=tuple(int(x.item()) for x in mems))
-        history.append(m)
-        if rank0 and config.metrics_file:
-            append_json_line(config.metrics_file, m.to_dict())
-        progress.update(m)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step + 1}; lower --lr or use float32")
-    wall = time.perf_counter() - start
-    measured = summarize(history, plan, config.measure_after)
-    if rank0 and config.metrics_file:
-        append_run_record(config.metrics_file, RunRecord(
-            plan=config.plan, measured=measured, status="ok", device=device_name(device), env=_env(device, wall)))
-    progress.close(f"first loss {history[0].loss:.4f}, last loss {history[-1].loss:.4f}, "
-                   f"{config.steps} steps in {wall:.1f} s ({measured.step_time_s:.3f} s/step median)")
-    return history
+        return StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
+                           tokens_per_s=plan.tokens_per_step / dt,
+                           model_tflops_per_gpu=self.flops / dt / plan.gpus / 1e12,
+                           mfu=None if self.peak is None else self.flops / (dt * plan.gpus * self.peak),
+                           peak_memory_bytes=tuple(int(x.item()) for x in mems))
+
+    def run(self) -> list[StepMetrics]:
+        """Every step, the metrics lines and the closing RunRecord (written by rank 0)."""
+        config, plan = self.config, self.plan
+        title = (f"{plan.model.name}: tp{plan.tp} pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
+                 f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}")
+        progress = Progress(config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()))
+        history: list[StepMetrics] = []
+        start = time.perf_counter()
+        try:
+            for step in range(config.steps):
+                m = self.step(step)
+                history.append(m)
+                if self.rank0 and config.metrics_file:
+                    append_json_line(config.metrics_file, m.to_dict())
+                progress.update(m)
+                if not math.isfinite(m.loss):
+                    raise FloatingPointError(f"loss is {m.loss} at step {step + 1}; lower --lr or use float32")
+        except Exception as exc:
+            oom = "out of memory" in str(exc).lower()
+            self._record(history, time.perf_counter() - start, "oom" if oom else "failed",
+                         f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+        wall = time.perf_counter() - start
+        measured = self._record(history, wall, "ok", "")
+        progress.close(f"first loss {history[0].loss:.4f}, last loss {history[-1].loss:.4f}, "
+                       f"{config.steps} steps in {wall:.1f} s ({measured.step_time_s:.3f} s/step median)")
+        return history
+
+    def _record(self, history: list[StepMetrics], wall_s: float, status: str, error: str) -> Measured | None:
+        """Append the RunRecord (rank 0, when there is a metrics file); a failed run keeps what it measured."""
+        measured = summarize(history, self.plan, self.config.measure_after) if history else None
+        if self.rank0 and self.config.metrics_file:
+            append_run_record(self.config.metrics_file, RunRecord(
+                plan=self.config.plan, measured=measured, status=status, device=device_name(self.device),
+                env=_env(self.device, wall_s), error=error))
+        return measured
+
+
+def train(config: TrainConfig, local_rank: int = 0) -> list[StepMetrics]:
+    """One rank's run. Needs the default process group initialised with plan.gpus ranks.
+    Returns every step's metrics (the same list on every rank)."""
+    return Trainer(config, local_rank).run()
 
 
 def _env(device: torch.device, wall_s: float) -> dict:
@@ -204,4 +233,4 @@ def _env(device: torch.device, wall_s: float) -> dict:
     }
 
 
-__all__ = ["Stepper", "build_optimizer", "lm_loss", "lr_factor", "train"]
+__all__ = ["Stepper", "Trainer", "build_optimizer", "lm_loss", "lr_factor", "train"]
