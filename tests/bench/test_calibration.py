@@ -160,6 +160,7 @@ def test_bench_quick_writes_a_calibration_estimate_reads(tmp_path, capsys) -> No
     p = cal.params_for("cpu")
     assert p.peak_flops and p.peak_flops > 1e8 and 0 < p.gemm_eff <= 1.0
     assert p.mem_bytes_per_s and p.mem_bytes_per_s > 1e8 and p.attn_eff > 0 and p.source.startswith("exatrain bench")
+    assert p.gemm_overhead_s > 0 and p.op_overhead_s > 0 and p.step_overhead_s != default_params("cpu").step_overhead_s
     (tier,) = cal.cluster_tiers["local-cpu"]
     assert tier.span == 0 and tier.bytes_per_s > 0 and tier.latency_s > 0
     curves = cal.extra["bench"]["curves"]

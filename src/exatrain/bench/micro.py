@@ -184,7 +184,38 @@ def overhead_points(opts: BenchOptions) -> list[dict]:
 
     base = time_call(sum_step, opts)
     return [{"kind": "gemm", "calls": 3, "seconds": max(time_call(linear_step, opts) - base, 0.0)},
-            {"kind": "elementwise", "calls": 3, "seconds": max(time_call(norm_step, opts) - base, 0.0)}]
+            {"kind": "elementwise", "calls": 3, "seconds": max(time_call(norm_step, opts) - base, 0.0)},
+            {"kind": "step", "calls": 1, "seconds": step_overhead_s(opts)}]
+
+
+STEP_TENSORS = 64  # parameter tensors of a small preset (gpt-tiny 52, gpt-small 76, llama-tiny 39)
+
+
+def step_overhead_s(opts: BenchOptions, tensors: int = STEP_TENSORS) -> float:
+    """The fixed per-step work of the trainer's loop on tiny parameters (so the arithmetic is
+    nothing and the per-tensor dispatch is everything): zero the gradients, the global gradient
+    norm as ``trainer.parallel.grads.clip_grad_norm`` computes it (a float64 square per tensor, a
+    scale), and AdamW's step (torch's default implementation for the device)."""
+    dev, dt = opts.device, torch.float32
+    params = [torch.nn.Parameter(torch.randn(64, device=dev, dtype=dt)) for _ in range(tensors)]
+    decay = [p for i, p in enumerate(params) if i % 3]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": [p for i, p in enumerate(params) if not i % 3], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for p in params:
+            p.grad = torch.ones_like(p)  # what a backward leaves
+        total = torch.zeros((), dtype=torch.float64, device=dev)
+        for p in params:
+            total += p.grad.detach().double().pow(2).sum()
+        coef = 1.0 / (float(total.sqrt()) + 1e-6)
+        for p in params:
+            p.grad.mul_(coef)
+        opt.step()
+
+    return time_call(step, opts)
 
 
 def machine() -> dict:

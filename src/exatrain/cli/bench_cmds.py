@@ -108,7 +108,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"eff {params.gemm_eff:.2f}), dimension half-point {params.gemm_dim_half:.0f}, "
               f"{params.gemm_overhead_s * 1e6:.1f} µs per call")
     out.print(f"attention: {params.attn_eff:.1%} of peak; memory: {(params.mem_bytes_per_s or 0) / 1e9:.1f} GB/s "
-              f"copy, element-wise at {params.mem_eff:.0%} of it + {params.op_overhead_s * 1e6:.1f} µs per kernel")
+              f"copy, element-wise at {params.mem_eff:.0%} of it + {params.op_overhead_s * 1e6:.1f} µs per kernel; "
+              f"{params.step_overhead_s * 1e3:.1f} ms fixed per step")
     for cname, tiers in cal.cluster_tiers.items():
         for t in tiers:
             out.print(f"links ({cname}, {t.name}): {t.bytes_per_s / 1e9:.2f} GB/s, {t.latency_s * 1e6:.0f} µs latency")

@@ -7,10 +7,11 @@ micro-benchmarks (robust to a few disturbed timings), Levenberg-Marquardt on the
 for runs (each evaluation is a full step-time prediction per run, so few evaluations matter).
 
 * ``calibration_from_bench``: GEMM points -> peak (CPU: the fitted asymptote; accelerators: the
-  catalog's) and gemm_eff, gemm_dim_half, gemm_overhead_s; attention points -> attn_eff; element-
-  wise kernels -> mem_bytes_per_s (best streaming copy), mem_eff, op_overhead_s; collectives ->
-  one measured link tier (latency, bandwidth) for the local cluster. The raw points and the
-  efficiency-vs-size curves go into the file too.
+  catalog's) and gemm_eff, gemm_dim_half; per-kernel overhead as training pays it ->
+  gemm_overhead_s, op_overhead_s; the loop's fixed per-step work -> step_overhead_s; attention
+  points -> attn_eff; element-wise kernels -> mem_bytes_per_s (best streaming copy), mem_eff;
+  collectives -> one measured link tier (latency, bandwidth) for the local cluster. The raw points
+  and the efficiency-vs-size curves go into the file too.
 * ``fit_runs``: RunRecords of one device -> a small set of factors shared by all of them (never
   one per run): gemm_eff, step_overhead_s, mem_eff, attn_eff, link_eff, op_overhead_s, in that
   order of priority; fewer when there are few runs (about one factor per two runs).
@@ -190,9 +191,9 @@ def fit_memory(points: Sequence[dict], overhead_s: float | None = None) -> dict:
     return {"mem_bytes_per_s": bw, "mem_eff": eff, "op_overhead_s": over, "curve": curve}
 
 
-def _overheads(points: Sequence[dict]) -> tuple[float | None, float | None]:
+def _overheads(points: Sequence[dict]) -> tuple[float | None, float | None, float | None]:
     per = {p["kind"]: p["seconds"] / p["calls"] for p in points}
-    return per.get("gemm"), per.get("elementwise")
+    return per.get("gemm"), per.get("elementwise"), per.get("step")
 
 
 def fit_link(points: Sequence[dict], name: str = "measured") -> tuple[LinkTier | None, list[dict]]:
@@ -229,7 +230,7 @@ def fit_link(points: Sequence[dict], name: str = "measured") -> tuple[LinkTier |
 def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, catalog_peak: float | None,
                            cluster: ClusterSpec | None) -> Calibration:
     """A calibration file's contents from ``exatrain bench``'s raw measurements."""
-    gemm_over, op_over = _overheads(raw.get("overhead", []))
+    gemm_over, op_over, step_over = _overheads(raw.get("overhead", []))
     gemm = fit_gemm(raw["gemm"], catalog_peak, gemm_over)
     peak = gemm.pop("_peak")
     gemm.pop("_bare_call_s")
@@ -238,6 +239,8 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     fields = {k: v for k, v in gemm.items() if k != "curve"}
     fields.update({k: v for k, v in attention.items() if k != "curve"})
     fields.update({k: v for k, v in memory.items() if k != "curve"})
+    if step_over is not None:
+        fields["step_overhead_s"] = step_over  # zero_grad + gradient norm + AdamW's per-tensor work
     tiers = {}
     tier, link_curve = fit_link(raw.get("collectives", []), name="loopback" if device_name == "cpu" else "local")
     if tier is not None and cluster is not None:
