@@ -1,31 +1,37 @@
 """Per-rank peak memory of one training step, traced from the project's own model without allocating it.
 
-For one rank of each pipeline stage of a plan (data- and tensor-parallel rank 0), under a fake process
-group of the plan's world size and ``FakeTensorMode`` (tensors carry shapes and dtypes, no storage):
+For one rank of each pipeline stage of a plan (data- and tensor-parallel rank 0), under a fake
+process group (collectives do nothing; the plan's mesh is laid over its ranks with this process at
+the stage's coordinates) and ``FakeTensorMode`` (tensors carry shapes and dtypes, no storage):
 
 1. the model is built on the meta device and given the trainer's own parallelism, in the trainer's
    order and with the trainer's functions: pipeline split (``split_stages``), tensor/sequence
    parallelism (``apply_tensor_parallel``, DTensor over the fake tp group), activation
-   checkpointing and the attention kernel, and FSDP2 (``fully_shard``) for ZeRO-2/3; then it is
-   materialised as fake tensors;
+   checkpointing and the attention kernel, and FSDP2 (``apply_fsdp``) for ZeRO-2/3; then it is
+   materialised as fake tensors (tied weights kept tied, as ``trainer.init`` does);
 2. ZeRO-0/1 data parallelism is applied in the accounting sense: DDP is left out (its gradient
    buckets are a runtime cost of DDP, not of the layout), and ZeRO-1 is the trainer's
    ``ZeroRedundancyOptimizer``, which keeps only this rank's share of the Adam states;
-3. two optimizer steps run as the trainer runs them (``trainer.train``): the micro-batches of the
-   step in the order the plan's schedule gives this rank (per micro-batch forward + backward without
-   a pipeline; with one, the order of torch's own schedule — warm-up forwards, one-forward-one-
-   backward, cool-down — taken from ``pipeline_order`` for the interleaved schedules), bf16 autocast,
-   vocabulary-parallel loss, gradient clipping over the global norm, then AdamW;
+3. after one untraced optimizer step (Adam's states exist from the second step on), one step runs
+   as ``trainer.train`` runs it: the micro-batches in the order the plan's schedule gives this rank
+   (forward + backward per micro-batch without a pipeline; with one, torch's own order — warm-up
+   forwards, one-forward-one-backward, cool-down, taken from ``pipeline_order`` for the
+   interleaved schedules), bf16 autocast, the vocabulary-parallel loss, the gradient norm and
+   clipping, AdamW (foreach on accelerators, per tensor on the CPU, as torch defaults);
 4. ``torch.distributed._tools.MemTracker`` follows every tensor's storage and reports the peak and
    its make-up (parameters, gradients, optimizer states, activations and temporaries, other).
 
-What a pipeline stage receives is a fresh tensor per micro-batch (requires grad) and the gradient
-it receives is one made at its backward: the transfers are modelled, torch.distributed.pipelining's
-receive buffers (one per micro-batch and direction, kept across steps) are not (see the README).
+Two corrections to the tracker: DTensor runs every op once more on fake tensors of the *global*
+shape to learn its output's metadata, inside the active fake mode, where MemTracker would count
+them as this rank's allocations — those calls pass untracked; and MemTracker's module hooks keep a
+root module's inputs alive, so a stage releases each received activation after its backward.
 
-Works for 175B-size layers on a laptop: nothing is allocated (one 175B-size layer traces in well
-under a second). Needs no accelerator; the autocast rules applied are the CPU's, which for the ops
-the model uses keep the same dtypes as CUDA's.
+What a pipeline stage receives is a fresh tensor per micro-batch and the gradient it receives is
+made at its backward: torch.distributed.pipelining's receive buffers (one per micro-batch and
+direction, kept across steps) are a runtime overhead and are not traced (see the README).
+
+Works for 175B-size layers on a laptop: nothing is allocated (a stage of three 175B-size layers at
+tp 8 traces in a few seconds). Needs no accelerator; the autocast rules applied are the CPU's.
 """
 
 from __future__ import annotations
