@@ -54,7 +54,7 @@ FOUR_RANKS = {
     "llama-pp2-dp2-zero_bubble": dict(model="llama-tiny", pp=2, dp=2, schedule="zero_bubble", interleave=2),
 }
 EIGHT_RANKS = {
-    "tp2-pp2-dp2": dict(tp=2, pp=2, dp=2),
+    "tp2-pp2-dp2-zero1": dict(tp=2, pp=2, dp=2, zero_stage=1),
     "tp2-sp-pp2-dp2-fsdp-zero3-interleaved-full": dict(tp=2, pp=2, dp=2, zero_stage=3, sequence_parallel=True,
                                                        schedule="interleaved", interleave=2, recompute="full"),
 }

@@ -116,9 +116,10 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
             apply_fsdp(module, mesh.dp_mesh, zero_stage=plan.zero_stage, bf16=bf16)  # 4.
         materialize(module, plan.model, seed, mesh.device)
         run: nn.Module = module
+        if plan.tp > 1 and data_parallel_kind(plan) in ("ddp", "allreduce"):
+            # DDP and ZeroRedundancyOptimizer work on plain tensors (their broadcasts have no DTensor rule)
+            localize_dtensor_params(module)
         if ddp:
-            if plan.tp > 1:
-                localize_dtensor_params(module)
             run = apply_ddp(module, mesh.dp_mesh)  # 5.
         if plan.pp > 1 and plan.model.tied_embeddings:
             if module.embed is not None:

@@ -12,9 +12,9 @@
   forward (ZeRO-3, P_os+g+p), ``False`` keeps them until the backward (ZeRO-2's communication: one
   all-gather per step). With tensor parallelism FSDP shards the DTensors further (2-D).
 
-DDP cannot hold DTensor parameters (its reducer and its initial broadcast work on plain tensors), so
-under tensor parallelism each DTensor parameter is registered as its local shard and re-wrapped as a
-DTensor on access (a parametrization, ``DTensor.from_local``): DDP and ZeroRedundancyOptimizer see plain
+DDP cannot hold DTensor parameters (its reducer and its initial broadcast work on plain tensors), nor can
+ZeroRedundancyOptimizer (it broadcasts updated parameters), so with ZeRO-0/1 under tensor parallelism
+each DTensor parameter is registered as its local shard and re-wrapped as a DTensor on access (a parametrization, ``DTensor.from_local``): DDP and ZeroRedundancyOptimizer see plain
 tensors, the layer sees the DTensor, and gradients flow through ``from_local`` to the local shard.
 
 Mixed precision (bf16): weights, gradients and optimizer states stay float32 (the master copy);
