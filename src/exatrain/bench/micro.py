@@ -188,6 +188,30 @@ def overhead_points(opts: BenchOptions) -> list[dict]:
             {"kind": "step", "calls": 1, "seconds": step_overhead_s(opts)}]
 
 
+def layer_points(opts: BenchOptions) -> list[dict]:
+    """Forward + backward of one of the trainer's own layers (``trainer.model.Block``), GPT and Llama,
+    at a size where the arithmetic is negligible: what remains is the framework's cost of every
+    kernel the layer launches (more than the cost model's fused-kernel count: separate q, k, v
+    projections, the rotary embedding, RMSNorm's composite ops), which the fit spreads over the
+    kernels the cost model counts."""
+    from exatrain.catalog.models import ModelSpec
+    from exatrain.trainer.model import Block, rope_table
+
+    out = []
+    for fields in (dict(arch="gpt", hidden=32, heads=2), dict(arch="llama", hidden=32, heads=2, kv_heads=1,
+                                                                 ffn_hidden=64)):
+        spec = ModelSpec(name=f"bench-{fields['arch']}", layers=1, seq_len=16, vocab=256, **fields)
+        block = Block(spec).to(device=opts.device, dtype=opts.torch_dtype)
+        rope = rope_table(spec, device=opts.device) if spec.arch == "llama" else None
+        x = torch.randn(1, spec.seq_len, spec.hidden, device=opts.device, dtype=opts.torch_dtype, requires_grad=True)
+
+        def step() -> None:
+            block(x, rope).sum().backward()
+
+        out.append({"model": spec.to_dict(), "micro_batch": 1, "seconds": time_call(step, opts)})
+    return out
+
+
 STEP_TENSORS = 64  # parameter tensors of a small preset (gpt-tiny 52, gpt-small 76, llama-tiny 39)
 
 
@@ -231,5 +255,5 @@ def machine() -> dict:
     return d
 
 
-__all__ = ["BenchOptions", "attention_points", "bandwidth_points", "gemm_points", "machine", "model_shapes",
-           "overhead_points", "time_call"]
+__all__ = ["BenchOptions", "attention_points", "bandwidth_points", "gemm_points", "layer_points", "machine",
+           "model_shapes", "overhead_points", "step_overhead_s", "time_call"]

@@ -7,14 +7,14 @@ import time
 import torch
 
 from exatrain.bench.collectives import collective_points
-from exatrain.bench.micro import (BenchOptions, attention_points, bandwidth_points, gemm_points, machine,
-                                  overhead_points)
+from exatrain.bench.micro import (BenchOptions, attention_points, bandwidth_points, gemm_points, layer_points,
+                                  machine, overhead_points)
 
 
 def run_bench(*, device: str = "cpu", dtype: str = "float32", ranks: int = 2, quick: bool = False,
               progress=None) -> dict:
-    """Raw measurements: {"gemm", "attention", "bandwidth", "overhead", "collectives", "machine",
-    "options", "seconds"}.
+    """Raw measurements: {"gemm", "attention", "bandwidth", "overhead", "layers", "collectives",
+    "machine", "options", "seconds"}.
 
     On the CPU the single-rank kernels run on one thread (as each training rank does); the
     collectives run over ``ranks`` spawned processes."""
@@ -33,11 +33,12 @@ def run_bench(*, device: str = "cpu", dtype: str = "float32", ranks: int = 2, qu
         bandwidth = bandwidth_points(opts)
         say("per-kernel overhead")
         overhead = overhead_points(opts)
+        layers = layer_points(opts)
     finally:
         torch.set_num_threads(threads)
     say(f"collectives on {ranks} ranks" if ranks > 1 else "collectives skipped (one rank)")
     collectives = collective_points(ranks, device=device, quick=quick)
-    return {"gemm": gemm, "attention": attention, "bandwidth": bandwidth, "overhead": overhead,
+    return {"gemm": gemm, "attention": attention, "bandwidth": bandwidth, "overhead": overhead, "layers": layers,
             "collectives": collectives,
             "ranks": ranks, "machine": machine(),
             "options": {"device": device, "dtype": dtype, "ranks": ranks, "quick": quick,

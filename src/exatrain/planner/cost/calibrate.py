@@ -8,7 +8,9 @@ for runs (each evaluation is a full step-time prediction per run, so few evaluat
 
 * ``calibration_from_bench``: GEMM points -> peak (CPU: the fitted asymptote; accelerators: the
   catalog's) and gemm_eff, gemm_dim_half; per-kernel overhead as training pays it ->
-  gemm_overhead_s, op_overhead_s; the loop's fixed per-step work -> step_overhead_s; attention
+  gemm_overhead_s; the trainer's own layers at negligible size -> op_overhead_s (the kernels
+  they really launch, spread over those the model counts); the loop's fixed per-step work ->
+  step_overhead_s; attention
   points -> attn_eff; element-wise kernels -> mem_bytes_per_s (best streaming copy), mem_eff;
   collectives -> one measured link tier (latency, bandwidth) for the local cluster. The raw points
   and the efficiency-vs-size curves go into the file too.
@@ -191,6 +193,34 @@ def fit_memory(points: Sequence[dict], overhead_s: float | None = None) -> dict:
     return {"mem_bytes_per_s": bw, "mem_eff": eff, "op_overhead_s": over, "curve": curve}
 
 
+def fit_layer_overhead(points: Sequence[dict], params: CostParams, peak: float) -> dict:
+    """op_overhead_s such that the cost model's time of each measured layer (``layer_points``:
+    arithmetic negligible) equals the measurement: the framework's cost of the kernels the layer
+    really launches, spread over the element-wise kernels the cost model counts (cost.compute);
+    the geometric mean over the layers measured (GPT and Llama launch different numbers)."""
+    from exatrain.catalog.models import ModelSpec
+    from exatrain.planner.cost.compute import Device, layer_times
+
+    if not points:
+        return {}
+    per, curve = [], []
+    for p in points:
+        m = ModelSpec.from_dict(p["model"], source="bench layer")
+
+        def model_s(over: float) -> float:
+            dev = Device(peak_flops=peak, mem_bytes_per_s=params.mem_bytes_per_s or 1e10,
+                         params=params.replace(op_overhead_s=over))
+            lt = layer_times(m, p["micro_batch"], 1, flash=True, recompute="none", sequence_parallel=False,
+                             dtype="float32", dev=dev)
+            return float(lt.fwd + lt.bwd)
+
+        base, slope = model_s(0.0), (model_s(1e-6) - model_s(0.0)) / 1e-6
+        over = max((p["seconds"] - base) / slope, 1e-7)
+        per.append(over)
+        curve.append({"arch": m.arch, "seconds": p["seconds"], "op_overhead_s": over})
+    return {"op_overhead_s": float(np.exp(np.mean(np.log(per)))), "curve": curve}
+
+
 def _overheads(points: Sequence[dict]) -> tuple[float | None, float | None, float | None]:
     per = {p["kind"]: p["seconds"] / p["calls"] for p in points}
     return per.get("gemm"), per.get("elementwise"), per.get("step")
@@ -239,6 +269,8 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     fields = {k: v for k, v in gemm.items() if k != "curve"}
     fields.update({k: v for k, v in attention.items() if k != "curve"})
     fields.update({k: v for k, v in memory.items() if k != "curve"})
+    layer = fit_layer_overhead(raw.get("layers", []), base.replace(**fields), peak)
+    fields.update({k: v for k, v in layer.items() if k != "curve"})
     if step_over is not None:
         fields["step_overhead_s"] = step_over  # zero_grad + gradient norm + AdamW's per-tensor work
     tiers = {}
@@ -253,9 +285,10 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     params = base.replace(**fields, source=f"exatrain bench ({raw.get('machine', {}).get('host', 'this machine')})")
     extra = {"bench": {"machine": raw.get("machine", {}), "options": raw.get("options", {}),
                        "curves": {"gemm": gemm["curve"], "attention": attention.get("curve", []),
-                                  "memory": memory.get("curve", []), "collectives": link_curve},
+                                  "memory": memory.get("curve", []), "layers": layer.get("curve", []),
+                                  "collectives": link_curve},
                        "raw": {k: raw.get(k, []) for k in ("gemm", "attention", "bandwidth", "overhead",
-                                                           "collectives")}}}
+                                                           "layers", "collectives")}}}
     return Calibration(devices={device_name: params}, cluster_tiers=tiers, extra=extra)
 
 
