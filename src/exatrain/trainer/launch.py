@@ -117,9 +117,17 @@ def _prepare_rank(config: TrainConfig, local_rank: int) -> None:
     import torch
 
     if config.device == "cuda":
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(cuda_index(local_rank))
     elif os.environ.get("OMP_NUM_THREADS") == "1":
         torch.set_num_threads(1)
+
+
+def cuda_index(local_rank: int) -> int:
+    """The GPU a rank drives. A launcher may show each rank only its own GPU (SLURM's
+    --gpu-bind=closest on Frontier, CUDA_VISIBLE_DEVICES per rank), so index modulo what is visible."""
+    import torch
+
+    return local_rank % max(1, torch.cuda.device_count())
 
 
 def _free_port() -> int:

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from exatrain.plan import Measured, RunRecord, append_run_record
 from exatrain.trainer.config import TrainConfig
+from exatrain.trainer.launch import cuda_index
 from exatrain.trainer.data import SampleOrder, StdlibBytes, check_vocab, local_batch
 from exatrain.trainer.metrics import (Progress, StepMetrics, append_json_line, device_name, model_flops_per_step,
                                       peak_flops, peak_memory_bytes, summarize)
@@ -126,7 +127,8 @@ class Trainer:
     def __init__(self, config: TrainConfig, local_rank: int = 0) -> None:
         self.config = config
         self.plan = plan = execution_plan(config.plan)
-        self.device = device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
+        self.device = device = (torch.device("cuda", cuda_index(local_rank)) if config.device == "cuda"
+                                else torch.device("cpu"))
         if device.type == "cuda":
             torch.cuda.set_device(device)
             torch.cuda.reset_peak_memory_stats(device)
