@@ -11,7 +11,8 @@ for runs (each evaluation is a full step-time prediction per run, so few evaluat
   gemm_overhead_s; the trainer's own layers at negligible size -> op_overhead_s (the kernels
   they really launch, spread over those the model counts); the loop's fixed per-step work ->
   step_overhead_s; attention
-  points -> attn_eff; element-wise kernels -> mem_bytes_per_s (best streaming copy), mem_eff;
+  points -> attn_eff; element-wise kernels -> mem_bytes_per_s (best streaming copy), mem_eff
+  (the bandwidth a layer's mix of norms, residual additions and activation reaches);
   collectives -> one measured link tier (latency, bandwidth) for the local cluster. The raw points
   and the efficiency-vs-size curves go into the file too.
 * ``fit_runs``: RunRecords of one device -> a small set of factors shared by all of them (never
@@ -157,40 +158,55 @@ def fit_gemm(points: Sequence[dict], catalog_peak: float | None, overhead_s: flo
 
 
 def fit_attention(points: Sequence[dict], peak: float) -> dict:
-    """attn_eff: the geometric mean over cases of (counted FLOPs / seconds) / peak."""
+    """attn_eff: counted FLOPs over seconds, summed over the cases (so the larger, more
+    representative ones weigh most), over peak."""
     if not points:
         return {}
     eff = np.array([p["flops"] / p["seconds"] / peak for p in points])
     curve = [{"seq": p["seq"], "batch": p["batch"], "heads": p["heads"], "head_dim": p["head_dim"],
               "efficiency": float(e)} for p, e in zip(points, eff)]
-    return {"attn_eff": float(np.exp(np.mean(np.log(eff)))), "curve": curve}
+    total = sum(p["flops"] for p in points) / sum(p["seconds"] for p in points)
+    return {"attn_eff": float(total / peak), "curve": curve}
+
+
+# Element-wise bytes (read + written) per token of a GPT layer's forward, by kernel: two norms (4h),
+# two residual additions (6h), the MLP activation (8h with ffn = 4h). The bandwidth the cost model
+# uses for element-wise work is this mix's: some kernels stream at copy speed, others (GELU's
+# transcendentals, on a CPU) are compute-bound.
+LAYER_MIX = {"layer_norm": 4.0, "add": 6.0, "gelu": 8.0}
 
 
 def fit_memory(points: Sequence[dict], overhead_s: float | None = None) -> dict:
-    """mem_bytes_per_s: the best copy bandwidth; then every element-wise kernel as
-    t = bytes / (bw * mem_eff) + op_overhead_s (the measured overhead when given)."""
+    """mem_bytes_per_s: the best copy bandwidth; mem_eff: the bandwidth a transformer layer's mix
+    of element-wise kernels reaches (``LAYER_MIX``, each kernel's bytes/s at sizes where its fixed
+    cost is negligible) relative to it; op_overhead_s: the fixed cost per kernel at small sizes
+    (the measured training-path overhead when given)."""
     if not points:
         return {}
     copies = [p["bytes"] / p["seconds"] for p in points if p["kernel"] == "copy"]
     bw = max(copies) if copies else max(p["bytes"] / p["seconds"] for p in points)
-    b = np.array([p["bytes"] for p in points], dtype=float)
-    t = np.array([p["seconds"] for p in points], dtype=float)
-
-    def unpack(x: np.ndarray) -> tuple[float, float]:
-        eff = min(max(math.exp(x[0]), 1e-3), 2.0)
-        over = overhead_s if overhead_s is not None else min(max(math.exp(x[1]), 1e-8), 1e-2)
-        return eff, over
-
-    def model(x: np.ndarray) -> np.ndarray:
-        eff, over = unpack(x)
-        return b / (bw * eff) + over
-
-    x0 = [math.log(0.5)] + ([] if overhead_s is not None else [math.log(5e-6)])
-    x, _ = nelder_mead(lambda x: _robust(model(x), t), x0)
-    eff, over = unpack(x)
+    largest = max(p["elements"] for p in points)
+    big = [p for p in points if p["elements"] * 64 >= largest]  # the upper sizes: bandwidth-bound
+    per_kernel = {}
+    for name in LAYER_MIX:
+        rates = [p["bytes"] / p["seconds"] for p in big if p["kernel"] == name]
+        if rates:
+            per_kernel[name] = float(np.median(rates))
+    if per_kernel:
+        w = {k: LAYER_MIX[k] for k in per_kernel}
+        mix_bw = sum(w.values()) / sum(w[k] / per_kernel[k] for k in w)
+    else:
+        mix_bw = float(np.median([p["bytes"] / p["seconds"] for p in big]))
+    eff = min(mix_bw / bw, 2.0)
+    if overhead_s is None:
+        small = [p for p in points if p["elements"] * 64 < largest]
+        over = float(np.median([max(p["seconds"] - p["bytes"] / (bw * eff), 1e-8) for p in small])) if small else 5e-6
+    else:
+        over = overhead_s
     curve = [{"kernel": p["kernel"], "bytes": p["bytes"], "measured_bytes_per_s": p["bytes"] / p["seconds"],
-              "model_bytes_per_s": float(p["bytes"] / mt)} for p, mt in zip(points, model(x))]
-    return {"mem_bytes_per_s": bw, "mem_eff": eff, "op_overhead_s": over, "curve": curve}
+              "model_bytes_per_s": float(p["bytes"] / (p["bytes"] / (bw * eff) + over))} for p in points]
+    return {"mem_bytes_per_s": bw, "mem_eff": eff, "op_overhead_s": over, "curve": curve,
+            "layer_mix_bytes_per_s": per_kernel}
 
 
 def fit_layer_overhead(points: Sequence[dict], params: CostParams, peak: float) -> dict:
@@ -268,7 +284,7 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     memory = fit_memory(raw.get("bandwidth", []), op_over)
     fields = {k: v for k, v in gemm.items() if k != "curve"}
     fields.update({k: v for k, v in attention.items() if k != "curve"})
-    fields.update({k: v for k, v in memory.items() if k != "curve"})
+    fields.update({k: v for k, v in memory.items() if k not in ("curve", "layer_mix_bytes_per_s")})
     layer = fit_layer_overhead(raw.get("layers", []), base.replace(**fields), peak)
     fields.update({k: v for k, v in layer.items() if k != "curve"})
     if step_over is not None:
