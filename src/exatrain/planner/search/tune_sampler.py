@@ -160,7 +160,11 @@ def _kernel(a: np.ndarray, b: np.ndarray, length: float, std: float, offset: flo
 def posterior(cands: Candidates, measured: Mapping[int, float], gp: GPSettings = GPSettings()
               ) -> tuple[np.ndarray, np.ndarray]:
     """Posterior mean and std of the true log throughput of every candidate (mean = log prediction +
-    residual); the kernel's (length, std) and the noise are the grid point of largest marginal likelihood."""
+    residual); the kernel's (length, std) and the noise are the grid point of largest marginal likelihood.
+
+    K = c^2 11' + A with A = s^2 R + noise^2 I: one eigendecomposition of R per length scale serves every
+    (s, noise), and the constant term is a rank-one update (Sherman-Morrison, matrix determinant lemma),
+    so a refit over hundreds of runs stays well under a second."""
     prior = np.log(cands.predicted)
     if not measured:
         return prior, np.full(len(cands), math.hypot(gp.offset_std, gp.defaults[1]))
@@ -168,22 +172,32 @@ def posterior(cands: Candidates, measured: Mapping[int, float], gp: GPSettings =
     r = np.array([measured[i] for i in idx]) - prior[idx]
     x = cands.features[idx]
     d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=-1)
-    grid = ([gp.defaults] if idx.size < 3 else
-            [(l, s, n) for l in gp.length_scales for s in gp.residual_stds for n in gp.noise_stds])
+    c2 = gp.offset_std**2
+    few = idx.size < 3
     best = None
-    for length, std, noise in grid:
-        k = gp.offset_std**2 + std**2 * np.exp(-d2 / (2 * length**2)) + (noise**2 + 1e-9) * np.eye(idx.size)
-        chol = np.linalg.cholesky(k)
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, r))
-        # log marginal likelihood, Rasmussen & Williams 2006, Eq. 2.30 (constant dropped)
-        lml = -0.5 * r @ alpha - np.log(np.diag(chol)).sum()
-        if best is None or lml > best[0]:
-            best = (lml, length, std, chol, alpha)
-    _, length, std, chol, alpha = best  # type: ignore[misc]
-    ks = _kernel(cands.features, x, length, std, gp.offset_std)
-    mean = prior + ks @ alpha
-    v = np.linalg.solve(chol, ks.T)
-    var = gp.offset_std**2 + std**2 - (v**2).sum(axis=0)
+    for length in (gp.defaults[0],) if few else gp.length_scales:
+        lam, q = np.linalg.eigh(np.exp(-d2 / (2 * length**2)))
+        lam = np.maximum(lam, 0.0)
+        rq, oq = q.T @ r, q.sum(axis=0)  # r and the ones vector in R's eigenbasis
+        pairs = [gp.defaults[1:]] if few else [(s, n) for s in gp.residual_stds for n in gp.noise_stds]
+        for std, noise in pairs:
+            dinv = 1.0 / (std**2 * lam + noise**2 + 1e-9)  # A^-1 in the eigenbasis
+            a_rr, a_1r, a_11 = rq @ (dinv * rq), oq @ (dinv * rq), oq @ (dinv * oq)
+            denom = 1.0 + c2 * a_11
+            # log marginal likelihood, Rasmussen & Williams 2006, Eq. 2.30 (constant dropped)
+            lml = -0.5 * (a_rr - c2 * a_1r**2 / denom) - 0.5 * (np.log(1.0 / dinv).sum() + math.log(denom))
+            if best is None or lml > best[0]:
+                best = (lml, length, std, q, dinv, oq, denom)
+    _, length, std, q, dinv, oq, denom = best  # type: ignore[misc]
+
+    def k_inv(b: np.ndarray) -> np.ndarray:  # K^-1 b for b of shape (n,) or (n, m)
+        a_b = q @ (dinv[:, None] * (q.T @ b.reshape(len(r), -1)))
+        a_1 = q @ (dinv * oq)
+        return (a_b - np.outer(a_1, a_1 @ b.reshape(len(r), -1)) * c2 / denom).reshape(b.shape)
+
+    ks = _kernel(cands.features, x, length, std, gp.offset_std)  # (candidates, runs)
+    mean = prior + ks @ k_inv(r)
+    var = c2 + std**2 - (ks.T * k_inv(ks.T)).sum(axis=0)
     return mean, np.sqrt(np.maximum(var, 1e-12))
 
 
