@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,7 @@ def test_calibrate_recovers_the_machine(runs_file, tmp_path, capsys) -> None:
     rep = json.loads(text)["devices"]["cpu"]
     assert rep["runs"] == 12 and rep["before"]["median"] > 0.2
     assert rep["after"]["median"] < 0.005 and rep["after"]["max"] < 0.01
+    assert rep["after"]["rms_log"] < rep["before"]["rms_log"]
     fitted = load_calibration(out).params_for("cpu")
     for factor in ("gemm_eff", "step_overhead_s", "mem_eff", "attn_eff", "link_eff", "op_overhead_s"):
         assert getattr(fitted, factor) == pytest.approx(getattr(TRUE, factor), rel=0.05), factor
@@ -149,6 +151,7 @@ def test_gemm_and_link_fits_recover_their_generating_parameters() -> None:
 def test_error_stats() -> None:
     s = error_stats([1.1, 0.8, 1.0, 2.0], [1.0, 1.0, 1.0, 1.0])
     assert s["n"] == 4 and s["median"] == pytest.approx(0.15) and s["max"] == pytest.approx(1.0)
+    assert s["rms_log"] == pytest.approx(math.sqrt((math.log(1.1) ** 2 + math.log(0.8) ** 2 + math.log(2) ** 2) / 4))
 
 
 # ---- the real bench, quick ------------------------------------------------------------------------

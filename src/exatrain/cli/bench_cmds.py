@@ -187,8 +187,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         b, a = rep["before"], rep["after"]
         con.print(f"[bold]{device}[/]: {rep['runs']} runs; fitted " + ", ".join(
             f"{k}={v:.3g}" for k, v in rep["factors"].items()))
-        con.print(f"  step-time error before: median {b['median']:.1%}, p90 {b['p90']:.1%}, max {b['max']:.1%}")
-        con.print(f"  step-time error after:  median {a['median']:.1%}, p90 {a['p90']:.1%}, max {a['max']:.1%}")
+        con.print(f"  step-time error before: median {b['median']:.1%}, p90 {b['p90']:.1%}, max {b['max']:.1%} "
+                  f"(rms log-error {b['rms_log']:.3f})")
+        con.print(f"  step-time error after:  median {a['median']:.1%}, p90 {a['p90']:.1%}, max {a['max']:.1%} "
+                  f"(rms log-error {a['rms_log']:.3f}, the quantity fitted)")
     if skipped:
         con.print(f"[dim]{skipped} record(s) without a successful measurement skipped[/]")
     con.print(f"-> {args.out}")

@@ -108,13 +108,14 @@ def levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], x0: Seque
 
 
 def error_stats(predicted: Iterable[float], measured: Iterable[float]) -> dict[str, float]:
-    """Relative error |predicted/measured - 1|: median, 90th percentile, max (and the count)."""
+    """Relative error |predicted/measured - 1|: median, 90th percentile, max; the count; and the
+    root-mean-square of log(predicted/measured), the quantity ``fit_runs`` minimises."""
     p, m = np.asarray(list(predicted), dtype=float), np.asarray(list(measured), dtype=float)
     if p.size == 0:
-        return {"n": 0, "median": math.nan, "p90": math.nan, "max": math.nan}
+        return {"n": 0, "median": math.nan, "p90": math.nan, "max": math.nan, "rms_log": math.nan}
     err = np.abs(p / m - 1.0)
     return {"n": int(err.size), "median": float(np.median(err)), "p90": float(np.percentile(err, 90)),
-            "max": float(err.max())}
+            "max": float(err.max()), "rms_log": float(np.sqrt(np.mean(np.log(p / m) ** 2)))}
 
 
 def _log_mse(model: np.ndarray, measured: np.ndarray) -> float:
