@@ -120,7 +120,17 @@ class StepEstimate:
     hardware_tflops_per_gpu: float | None = None
     hfu: float | None = None
     traced_memory_bytes: MemoryBreakdown | None = None
+    # What exatrain's own trainer keeps today (accounting.trainer_memory), worst stage and per stage;
+    # memory_bytes above is the lean reference (Megatron-LM's tensors), which `fits` judges.
+    trainer_memory_bytes: MemoryBreakdown | None = None
+    trainer_memory_by_stage: tuple[MemoryBreakdown, ...] = ()
     notes: tuple[str, ...] = ()
+
+    @property
+    def trainer_fits(self) -> bool | None:
+        if self.trainer_memory_bytes is None:
+            return None
+        return self.trainer_memory_bytes.total <= self.capacity_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -141,6 +151,10 @@ class StepEstimate:
             "hfu": self.hfu,
             "traced_memory_bytes": (None if self.traced_memory_bytes is None
                                     else self.traced_memory_bytes.to_dict()),
+            "trainer_memory_bytes": (None if self.trainer_memory_bytes is None
+                                     else self.trainer_memory_bytes.to_dict()),
+            "trainer_memory_by_stage": [m.to_dict() for m in self.trainer_memory_by_stage],
+            "trainer_fits": self.trainer_fits,
             "notes": list(self.notes),
         }
 
@@ -148,6 +162,7 @@ class StepEstimate:
     def from_dict(cls, d: Mapping[str, Any]) -> "StepEstimate":
         t = d.get("time_s")
         tm = d.get("traced_memory_bytes")
+        trm = d.get("trainer_memory_bytes")
         return cls(
             params=int(d["params"]),
             params_by_stage=tuple(int(x) for x in d.get("params_by_stage", ())),
@@ -165,6 +180,8 @@ class StepEstimate:
             hardware_tflops_per_gpu=d.get("hardware_tflops_per_gpu"),
             hfu=d.get("hfu"),
             traced_memory_bytes=None if tm is None else MemoryBreakdown.from_dict(tm),
+            trainer_memory_bytes=None if trm is None else MemoryBreakdown.from_dict(trm),
+            trainer_memory_by_stage=tuple(MemoryBreakdown.from_dict(m) for m in d.get("trainer_memory_by_stage", ())),
             notes=tuple(d.get("notes", ())),
         )
 

@@ -56,6 +56,19 @@ def test_batch_memory_equals_estimate_and_time_is_close(model, cluster, gpus, gb
     assert max(errors) < 0.30
 
 
+def test_batch_trainer_memory_equals_estimate() -> None:
+    """--runtime exatrain judges candidates by the trainer's memory model, batch and exact alike."""
+    m, c = get_model("llama3-8b"), get_cluster("dgx-h100")
+    space = enumerate_space(m, c, 64, 256)
+    res = batch.evaluate(space, m, c, 256, default_params(c.device.name), runtime="exatrain")
+    for i in np.random.default_rng(1).choice(len(space), size=40, replace=False):
+        plan = plan_at(space, int(i), m, 256, c, "bfloat16", True).validate(c)
+        est = estimate_plan(plan, c)
+        assert res.memory_total[i] == pytest.approx(est.trainer_memory_bytes.total, rel=1e-9)
+    result = search(m, c, 64, 256, top=3, runtime="exatrain")
+    assert all(p.estimate.trainer_fits for p in result.ranked)
+
+
 def test_search_finds_the_exact_best() -> None:
     """Brute force: estimate_plan on every legal candidate of a small space; search must return it."""
     m, c = get_model("gpt3-6.7b"), get_cluster("dgx-a100")

@@ -92,7 +92,11 @@ def print_estimate(plan: Plan, cluster_name: str) -> None:
                   _gib(mb.total), f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}")
     con.print(t)
     verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
-    con.print(f"worst stage: {_gib(est.memory_bytes.total)} GiB of {_gib(est.capacity_bytes)} GiB — {verdict}")
+    con.print(f"worst stage: {_gib(est.memory_bytes.total)} GiB of {_gib(est.capacity_bytes)} GiB — {verdict} "
+              "(lean reference: Megatron-LM's tensors)")
+    if est.trainer_memory_bytes is not None:
+        tv = "[green]fits[/]" if est.trainer_fits else "[red]does not fit[/]"
+        con.print(f"with exatrain's own trainer as it runs today: {_gib(est.trainer_memory_bytes.total)} GiB — {tv}")
     con.print(f"FLOPs per step: model {est.model_flops_per_step:.3e}, hardware "
               f"{est.hardware_flops_per_step:.3e}; bytes sent per rank per step: "
               + ", ".join(f"{k} {v / 1e9:,.2f} GB" for k, v in est.comm_bytes.items()))
@@ -125,6 +129,9 @@ def _register_search(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p)
     add_layout_args(p)
     p.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
+    p.add_argument("--runtime", choices=("megatron", "exatrain"), default="megatron",
+                   help="whose memory decides what fits: megatron = the lean reference (Megatron-LM's "
+                        "tensors, default); exatrain = exatrain's own trainer as it runs today")
     p.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -163,7 +170,7 @@ def _run_search(args: argparse.Namespace, gpus: int, global_batch: int, top: int
     model = resolve_model(args)
     cluster, params = calibrated(args, resolve_cluster(args))
     return search(model, cluster, gpus, global_batch, top=top, options=_space_options(args),
-                  params=params, dtype=args.dtype or "bfloat16",
+                  params=params, dtype=args.dtype or "bfloat16", runtime=getattr(args, "runtime", "megatron"),
                   flash=True if args.flash_attention is None else args.flash_attention), model, cluster
 
 
@@ -203,7 +210,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                     "collapsed": result.collapsed,
                     **({"explain": explain(result.ranked)} if args.explain else {})})
         return 0
-    print_search(result, model, cluster, args.gpus, args.global_batch)
+    print_search(result, model, cluster, args.gpus, args.global_batch, runtime=args.runtime)
     if args.explain:
         con = make_console()
         for line in explain(result.ranked):
@@ -222,7 +229,7 @@ def _schedule_label(p: Plan) -> str:
     return p.schedule + (f"×{p.interleave}" if p.interleave > 1 else "")
 
 
-def print_search(result, model, cluster, gpus: int, global_batch: int) -> None:
+def print_search(result, model, cluster, gpus: int, global_batch: int, runtime: str = "megatron") -> None:
     from rich.table import Table
 
     con = make_console()
@@ -236,11 +243,17 @@ def print_search(result, model, cluster, gpus: int, global_batch: int) -> None:
                   "on" if p.sequence_parallel else "off", _schedule_label(p), f"{e.time_s.step:.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}",
                   "-" if e.mfu is None else f"{e.mfu:.1%}",
-                  f"{e.memory_bytes.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
+                  f"{_memory_for(e, runtime) / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
     con.print(t)
+    con.print("memory: " + ("exatrain's own trainer as it runs today" if runtime == "exatrain"
+                            else "the lean reference (Megatron-LM's tensors); --runtime exatrain for this trainer"))
     rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
     con.print(f"{result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings collapsed, "
               f"{result.legal:,} legal, {result.feasible:,} fit in memory. Rejected — {rej}.")
+
+
+def _memory_for(e: StepEstimate, runtime: str) -> float:
+    return e.trainer_memory_bytes.total if runtime == "exatrain" and e.trainer_memory_bytes else e.memory_bytes.total
 
 
 _TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")

@@ -13,6 +13,7 @@ from exatrain.planner.accounting.comms import comm_bytes_per_rank
 from exatrain.planner.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.planner.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
 from exatrain.planner.accounting.params import stage_params, total_params
+from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.planner.cost.params import CostParams, default_params
 from exatrain.planner.cost.step import step_time
 
@@ -26,6 +27,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     worst = max(by_stage, key=lambda mb: mb.total)
     capacity = cluster.device.hbm_bytes
     notes = (
+        "memory_bytes / fits: the lean reference (Megatron-LM's tensors); trainer_memory_bytes / "
+        "trainer_fits: what exatrain's own trainer keeps today",
         "bytes/param: weights 4 fp32 (+2 16-bit copy in bf16), gradients 4 fp32, Adam 8 fp32; "
         "sharded per ZeRO stage",
         f"other = pipeline buffers + {FRAGMENTATION_ALLOWANCE:.0%} allocator allowance",
@@ -33,6 +36,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         + (f", dropout {plan.model.dropout:g}" if plan.model.dropout else ", no dropout")
         + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
+    trainer_by_stage = trainer_memory_by_stage(plan, on_cpu=cluster.device.name == "cpu")
     time_s, _ = step_time(plan, cluster, cp)
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
     hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute)
@@ -45,6 +49,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         params_by_stage=stage_params(plan),
         memory_bytes=worst,
         memory_by_stage=by_stage,
+        trainer_memory_bytes=max(trainer_by_stage, key=lambda mb: mb.total),
+        trainer_memory_by_stage=trainer_by_stage,
         capacity_bytes=capacity,
         fits=worst.total <= capacity,
         model_flops_per_step=model_flops,

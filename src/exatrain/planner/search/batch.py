@@ -23,6 +23,7 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, balanced_split
 from exatrain.planner.accounting.flops import model_flops_per_step
 from exatrain.planner.accounting.memory import COMPUTE_BYTES, inflight, rank_memory
+from exatrain.planner.accounting.trainer_memory import trainer_rank_memory
 from exatrain.planner.accounting.params import (embedding_params, final_norm_params, head_params,
                                                  layer_params, position_params)
 from exatrain.planner.cost import compute, network, schedule
@@ -54,7 +55,9 @@ def _layer_layout(L: int, pp: int, v: int) -> tuple[int, int, int, int, int, int
 
 
 def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, cp: CostParams,
-             dtype: str = "bfloat16", flash: bool = True) -> BatchResult:
+             dtype: str = "bfloat16", flash: bool = True, runtime: str = "megatron") -> BatchResult:
+    """``runtime``: whose memory the candidates are judged by — "megatron" (accounting.memory, the lean
+    reference) or "exatrain" (accounting.trainer_memory, the project's trainer as it runs today)."""
     n = len(space)
     mem = {k: np.zeros(n) for k in MEMORY_FIELDS}
     mem_total = np.zeros(n)
@@ -69,7 +72,7 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
         sched, v = variants[var_i]
         opts = dict(zero_stage=int(zero), recompute=RECOMPUTE[rec_i], sequence_parallel=bool(sp_i),
                     schedule=sched, interleave=v)
-        mparts, mtot, tparts = _evaluate_group(space, idx, model, cluster, dev, cp, dtype, flash, **opts)
+        mparts, mtot, tparts = _evaluate_group(space, idx, model, cluster, dev, cp, dtype, flash, runtime, **opts)
         for k in MEMORY_FIELDS:
             mem[k][idx] = mparts[k]
         mem_total[idx] = mtot
@@ -83,7 +86,7 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
 
 
 def _evaluate_group(space: Space, idx: np.ndarray, model: ModelSpec, cluster: ClusterSpec, dev, cp: CostParams,
-                    dtype: str, flash: bool, *, zero_stage: int, recompute: str, sequence_parallel: bool,
+                    dtype: str, flash: bool, runtime: str, *, zero_stage: int, recompute: str, sequence_parallel: bool,
                     schedule: str, interleave: int):
     tp, pp, dp = space.tp[idx], space.pp[idx], space.dp[idx]
     mb, m = space.micro_batch[idx], space.num_microbatches[idx]
@@ -105,23 +108,29 @@ def _evaluate_group(space: Space, idx: np.ndarray, model: ModelSpec, cluster: Cl
     first_extra = embedding_params(model) / tp + position_params(model)
     last_extra = final_norm_params(model) + np.where(
         model.tied_embeddings, np.where(pp > 1, embedding_params(model) / tp, 0.0), head_params(model) / tp)
-    ranks = {
-        "r0": (0, l0 * per_layer + first_extra + np.where(pp == 1, last_extra, 0.0), pp == 1),
+    ranks = {  # rank, its parameters, is_last, is_first
+        "r0": (0, l0 * per_layer + first_extra + np.where(pp == 1, last_extra, 0.0), pp == 1,
+               np.ones_like(pp, bool)),
         "r1": (np.minimum(1, pp - 1), l1 * per_layer + np.where(pp == 2, last_extra, 0.0)
-               + np.where(pp == 1, first_extra + last_extra, 0.0), pp <= 2),
-        "rl": (pp - 1, llast * per_layer + last_extra + np.where(pp == 1, first_extra, 0.0), np.ones_like(pp, bool)),
+               + np.where(pp == 1, first_extra + last_extra, 0.0), pp <= 2, pp == 1),
+        "rl": (pp - 1, llast * per_layer + last_extra + np.where(pp == 1, first_extra, 0.0),
+               np.ones_like(pp, bool), pp == 1),
     }
     layers_of = {"r0": l0, "r1": l1, "rl": llast}
     worst_total = np.full(idx.size, -1.0)
     worst_parts = {k: np.zeros(idx.size) for k in MEMORY_FIELDS}
     params_by_rank = {}
-    for key, (rank, params_here, is_last) in ranks.items():
+    for key, (rank, params_here, is_last, is_first) in ranks.items():
         params_by_rank[key] = params_here
         fl = inflight(schedule, pp, m, v, rank)
-        parts = rank_memory(model, dtype=dtype, zero_stage=zero_stage, recompute=recompute,
-                            sequence_parallel=sequence_parallel, flash=flash, tp=tp, dp=dp, micro_batch=mb,
-                            pp=pp, interleave=v, params_here=params_here, layers_here=layers_of[key],
-                            inflight_mb=fl, is_last=is_last)
+        common = dict(dtype=dtype, zero_stage=zero_stage, recompute=recompute, sequence_parallel=sequence_parallel,
+                      flash=flash, tp=tp, dp=dp, micro_batch=mb, pp=pp, interleave=v, params_here=params_here,
+                      layers_here=layers_of[key], inflight_mb=fl, is_last=is_last)
+        if runtime == "exatrain":
+            parts = trainer_rank_memory(model, is_first=is_first, num_microbatches=m,
+                                        on_cpu=cluster.device.name == "cpu", **common)
+        else:
+            parts = rank_memory(model, **common)
         total = sum(parts)
         better = total > worst_total
         worst_total = np.where(better, total, worst_total)

@@ -62,24 +62,31 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 dtype=dtype, flash_attention=flash, cluster=cluster.name)
 
 
+RUNTIMES = ("megatron", "exatrain")
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int = 10,
            options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
-           dtype: str = "bfloat16", flash: bool = True) -> SearchResult:
+           dtype: str = "bfloat16", flash: bool = True, runtime: str = "megatron") -> SearchResult:
+    """Rank every legal layout. ``runtime`` says whose memory decides what fits: "megatron", the lean
+    reference (Megatron-LM's tensors, accounting.memory), or "exatrain", exatrain's own trainer as it
+    runs today (accounting.trainer_memory, which keeps more)."""
     cp = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options)
     rejected = dict(space.rejected)
     if len(space) == 0:
         return SearchResult([], space.examined, 0, 0, rejected, space.collapsed)
-    res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash)
+    res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash, runtime=runtime)
     fits = res.fits
     rejected["out of memory"] = int((~fits).sum())
     feasible = np.nonzero(fits)[0]
     order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
     ranked: list[Plan] = []
-    for i in order[: max(top, 1) * RERANK_FACTOR]:
+    window = max(top, 1) * RERANK_FACTOR
+    for i in order[:window]:
         plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash).validate(cluster)
         est = estimate_plan(plan, cluster, cp)
-        if est.fits:
+        if est.fits and (runtime == "megatron" or est.trainer_fits):
             ranked.append(plan.with_estimate(est))
     ranked.sort(key=lambda p: -p.estimate.tokens_per_s)  # type: ignore[union-attr]
     return SearchResult(ranked[:top], space.examined, len(space), int(fits.sum()), rejected, space.collapsed,
