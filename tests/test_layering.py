@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "exatrain"
-TORCH_FREE = ("planner", "catalog", "launch")
+TORCH_FREE = ("planner", "catalog", "launch", "data")
 
 
 def _modules(sub: str) -> list[Path]:

@@ -17,6 +17,7 @@ from exatrain.errors import UserError
 COMMAND_MODULES = (
     "exatrain.cli.catalog_cmds",   # models, hardware
     "exatrain.cli.train_cmds",     # train
+    "exatrain.cli.data_cmds",      # prepare, export
     "exatrain.cli.planner_cmds",   # estimate, search, scaling
     "exatrain.cli.launch_cmds",    # launch, export-config
     "exatrain.cli.tune_cmds",      # tune
