@@ -18,3 +18,9 @@ class UserError(Exception):
 
 class PlanError(UserError):
     """A layout that cannot run: degrees, batch sizes or stage splits do not fit together."""
+
+
+class TrainingStopped(UserError):
+    """A run that stopped itself (a non-finite loss under --nan-policy stop): one line, exit status 3."""
+
+    exit_code = 3

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -32,25 +31,6 @@ from exatrain.plan import ParallelDims, Plan, TrainShape
 pytestmark = pytest.mark.slow
 STEPS = 3
 DEADLINE_S = 150
-
-
-def trainer_help() -> str:
-    out = subprocess.run([sys.executable, "-m", "exatrain.train", "--help"], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, f"python -m exatrain.train --help failed:\n{out.stderr}"
-    return out.stdout
-
-
-def adapt_to_trainer(script: str) -> str:
-    """The launchers always pass `--checkpoint-dir DIR --resume auto` (a requeued job continues).
-    Strip them from the command line only if this trainer does not accept them yet, and say so."""
-    help_text = trainer_help()
-    if "--checkpoint-dir" in help_text and "--resume" in help_text:
-        return script
-    stripped, n = re.subn(r" --checkpoint-dir (\S+) --resume auto", "", script)
-    assert n == 1, "the rendered command should carry --checkpoint-dir ... --resume auto exactly once"
-    print("this trainer lacks --checkpoint-dir/--resume: stripped them from the rendered command")
-    return stripped
 
 
 def free_port() -> int:
@@ -102,13 +82,13 @@ def test_rendered_slurm_script_trains(tmp_path: Path) -> None:
     assert main(["launch", "--plan", str(plan), "--scheduler", "slurm", "--cluster", "local-cpu", "--nodes", "2",
                  "--steps", str(STEPS), "--checkpoint-dir", str(tmp_path / "ckpt"), "--master-port",
                  str(free_port()), "--out", str(script)]) == 0
-    script.write_text(adapt_to_trainer(script.read_text()))
     bin_dir = install(tmp_path / "bin")
     env = job_environment(bin_dir, nodes=2, job_id=4242, SRUN_LOG=str(tmp_path / "srun.log"))
     log = tmp_path / "job.out"
     wait_all([start(["bash", str(script)], env, tmp_path, log)], [log], DEADLINE_S)
 
     assert_trained(tmp_path / "ckpt" / "metrics-4242.jsonl")
+    assert (tmp_path / "ckpt" / f"step-{STEPS:08d}" / "manifest.json").is_file()  # --checkpoint-dir saved the end
     # the plan the ranks trained is the embedded copy beside the checkpoints, equal to plan.json
     assert Plan.load(tmp_path / "ckpt" / "plan-4242.json") == Plan.load(plan)
     (srun,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
@@ -124,11 +104,11 @@ def test_two_node_torchrun_trains(tmp_path: Path) -> None:
                  "--nodes", "2", "--master", f"127.0.0.1:{free_port()}", "--steps", str(STEPS),
                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-file", str(metrics),
                  "--out", str(script)]) == 0
-    text = adapt_to_trainer(script.read_text())
+    text = script.read_text()
     assert "--nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d" in text
-    script.write_text(text)
     env = job_environment(tmp_path, nodes=2)  # no stand-ins needed: PATH leads to this interpreter's torchrun
     logs = [tmp_path / f"node{i}.out" for i in range(2)]
     procs = [start(["bash", str(script)], env, tmp_path, log) for log in logs]
     wait_all(procs, logs, DEADLINE_S)
     assert_trained(metrics)
+    assert (tmp_path / "ckpt" / f"step-{STEPS:08d}" / "manifest.json").is_file()

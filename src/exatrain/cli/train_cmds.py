@@ -1,9 +1,11 @@
 """`exatrain train`: run a plan (or the embedded default) with PyTorch's distributed engine.
 
 Everything a user can get wrong is checked here, before any rank starts: the layout (Plan.validate),
-degrees against the launcher's world size, the device, memory on a CPU run, the vocabulary the
-byte-level data needs. Then the ranks start: from torchrun/srun's environment when present,
-otherwise spawned here. Torch and the trainer are imported only when the command runs.
+degrees against the launcher's world size, the device, memory on a CPU run, the data (a prepared
+dataset, or the default corpus prepared into a cache here) and its vocabulary against the model's,
+the checkpoint to resume (complete, verified, for this model and tokenizer). Then the ranks start:
+from torchrun/srun's environment when present, otherwise spawned here. Torch and the trainer are
+imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -54,6 +56,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--metrics-file", metavar="PATH", default=None,
                    help="append one JSON line per step and a RunRecord at the end")
     g.add_argument("--quiet", action="store_true", help="no progress output")
+    g.add_argument("--nan-policy", choices=("stop", "skip"), default="stop",
+                   help="a non-finite loss or gradient norm: stop with the step number (default), or skip "
+                        "that step's update and count it")
+    g.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="also write TensorBoard event files (loss, grad norm, lr, tokens/s, step time)")
+    g.add_argument("--record-samples", action="store_true",
+                   help="list in each metrics line the global sample indices each data-parallel rank read")
+    d = p.add_argument_group("data and checkpoints")
+    d.add_argument("--data", metavar="DIR", default=None,
+                   help="a dataset made by `exatrain prepare` (default: the standard library's source, bytes)")
+    d.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                   help="save checkpoints here (after the last step, and every --save-every steps)")
+    d.add_argument("--save-every", type=nonneg_int, default=0, metavar="N", help="save every N steps (default: "
+                   "only after the last step)")
+    d.add_argument("--keep-last", type=nonneg_int, default=0, metavar="K",
+                   help="keep only the newest K checkpoints (default: all)")
+    d.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
+    d.add_argument("--resume", metavar="auto|PATH", default=None,
+                   help="auto: continue from the newest complete checkpoint in --checkpoint-dir (start fresh if "
+                        "there is none); PATH: from that checkpoint. Any other layout may load it")
     p.set_defaults(func=cmd_train)
 
 
@@ -68,16 +90,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     cluster = _pick_cluster(args, base, device)
     plan = resolve_plan(args, model, cluster, base=base, default_dtype="float32" if device == "cpu" else "bfloat16")
     plan = _attach_estimate(plan, base, cluster)
+    data_dir, manifest = _check_data_and_resume(args, plan)
     config = TrainConfig(plan=plan, steps=args.steps, seed=args.seed, lr=args.lr, warmup_steps=args.warmup,
                          min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
                          grad_clip=args.grad_clip, device=device, metrics_file=args.metrics_file,
-                         quiet=args.quiet).check()
-    from exatrain.trainer.data import BYTE_VOCAB
+                         quiet=args.quiet, data_dir=data_dir, checkpoint_dir=args.checkpoint_dir,
+                         save_every=args.save_every, keep_last=args.keep_last, async_save=args.async_save,
+                         resume_from=None if manifest is None else str(manifest.path), nan_policy=args.nan_policy,
+                         tensorboard_dir=args.tensorboard, record_samples=args.record_samples).check()
     from exatrain.trainer.launch import dist_env, launch_local, run_distributed
 
-    if plan.model.vocab < BYTE_VOCAB:
-        raise UserError(f"{plan.model.name} has vocab {plan.model.vocab} but the byte-level training data "
-                        f"needs {BYTE_VOCAB} token ids; use --vocab {BYTE_VOCAB} or more")
+    if manifest is not None and manifest.step >= config.steps:
+        if not args.quiet:
+            print(f"{manifest.path} is at step {manifest.step}, which reaches --steps {config.steps}: nothing to do")
+        return 0
+    if manifest is not None and not args.quiet:
+        print(f"resuming from {manifest.path} (step {manifest.step})")
     env = dist_env()
     if env is not None and env.world_size != plan.gpus:
         raise PlanError(f"the plan needs tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.gpus} ranks but "
@@ -93,6 +121,34 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     print_run_comparison(config.metrics_file, quiet=args.quiet)  # the prediction beside what was measured
     return 0
+
+
+def _check_data_and_resume(args: argparse.Namespace, plan: Plan):
+    """The dataset (its metadata, tokenizer and shard sizes; the default corpus is prepared into the
+    cache now) and its vocabulary against the model; the checkpoint --resume names, verified and
+    checked against this model, tokenizer and sequence length. Returns (data dir, manifest or None)."""
+    from exatrain.data.dataset import read_meta
+    from exatrain.data.prepare import stdlib_dataset
+    from exatrain.trainer.checkpoint import files as ckpt_files
+    from exatrain.trainer.checkpoint.compat import check_model
+    from exatrain.trainer.data import check_vocab
+
+    data_dir = args.data if args.data else str(stdlib_dataset(quiet=args.quiet))
+    meta = read_meta(data_dir)
+    check_vocab(meta.vocab_size, plan.model.vocab, plan.model.name,
+                where=f"the training data ({'the default corpus' if not args.data else data_dir})")
+    manifest = ckpt_files.resolve(args.resume, args.checkpoint_dir,
+                                  warn=lambda line: sys.stderr.write(f"exatrain train: {line}\n"))
+    if manifest is not None:
+        check_model(manifest, plan.model)
+        t = manifest.trainer
+        if t.get("tokenizer_sha256") != meta.tokenizer_sha256:
+            raise ckpt_files.CheckpointError(f"{manifest.path} was trained with another tokenizer than the data in "
+                                             f"{data_dir}; resume with the data it was trained on")
+        if t.get("seq_len") != plan.model.seq_len:
+            raise ckpt_files.CheckpointError(f"{manifest.path} was trained with seq_len {t.get('seq_len')}, this run "
+                                             f"has {plan.model.seq_len}: the sampler's windows would differ")
+    return data_dir, manifest
 
 
 def _resolve_train_model(args: argparse.Namespace, base: Plan | None) -> ModelSpec:

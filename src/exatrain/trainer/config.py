@@ -12,6 +12,7 @@ from exatrain.errors import PlanError, UserError
 from exatrain.plan import Plan
 
 DEVICES = ("cpu", "cuda")
+NAN_POLICIES = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,15 @@ class TrainConfig:
     quiet: bool = False
     measure_after: int = 2  # steps excluded from the medians of the RunRecord (warm-up)
     data_shuffle: bool = True
+    data_dir: str | None = None  # a prepared dataset; None: the default corpus (stdlib, cached)
+    checkpoint_dir: str | None = None  # where checkpoints are saved (None: no saving)
+    save_every: int = 0  # save after every N steps; 0: only after the last step
+    keep_last: int = 0  # keep the newest K checkpoints; 0: keep all
+    async_save: bool = False  # write checkpoints from a background thread
+    resume_from: str | None = None  # a verified checkpoint directory to continue from
+    nan_policy: str = "stop"  # a non-finite loss or gradient norm: stop, or skip the update and count it
+    tensorboard_dir: str | None = None  # TensorBoard event files (rank 0)
+    record_samples: bool = False  # each step line lists the global sample indices each dp rank read
 
     def check(self) -> "TrainConfig":
         if self.steps <= 0:
@@ -45,6 +55,12 @@ class TrainConfig:
             raise UserError(f"--grad-clip must be >= 0, got {self.grad_clip}")
         if self.device not in DEVICES:
             raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.save_every < 0 or self.keep_last < 0:
+            raise UserError("--save-every and --keep-last must be >= 0")
+        if self.nan_policy not in NAN_POLICIES:
+            raise UserError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
+        if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
+            raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
         p = self.plan
         if p.pp > 1 and p.schedule == "zero_bubble" and p.dp > 1 and p.zero_stage >= 2:
             # Its weight-gradient pass bypasses the hooks FSDP reduces from: wrong gradients (torch 2.13).
@@ -53,4 +69,4 @@ class TrainConfig:
         return self
 
 
-__all__ = ["DEVICES", "TrainConfig"]
+__all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig"]

@@ -1,33 +1,35 @@
-"""Training data for now: the Python standard library's own source files as a byte-level token stream.
+"""Training batches from a prepared dataset (``exatrain prepare``; see ``exatrain.data``).
 
-Every Python install has this text, so the trainer runs anywhere with no download. The stream is the
-concatenation of the stdlib's ``.py`` files in sorted order of their relative paths; one sample is a
-window of ``seq_len + 1`` bytes (inputs and the next-byte targets), windows stride by ``seq_len``,
-and a seeded permutation orders them. Sample ``i`` of the whole run is the same on every layout:
-step t consumes global samples ``[t * global_batch, (t + 1) * global_batch)``, data-parallel rank r
-takes the r-th contiguous share of those, and its micro-batches are consecutive slices of that share.
+The token stream is the dataset's shards back to back. One sample is a window of ``seq_len + 1``
+tokens (inputs and next-token targets); windows stride by ``seq_len``. Sampling is by *global sample
+index*: index i belongs to epoch ``i // windows`` and reads window ``perm_epoch(i % windows)``, where
+``perm_epoch`` is a seeded pseudo-random permutation of the windows, a fresh one each epoch (a keyed
+Feistel network with cycle walking: any index is mapped in O(1) memory, however many windows).
 
-Two small interfaces keep this replaceable (a later issue brings BPE shards and a resumable
-sampler): a ``TokenSource`` gives the tokens of a sample by global index, a ``SampleOrder`` says
-which global indices a data-parallel rank reads at a step.
+Step t of a run that started at step t0 with s0 samples already consumed reads global samples
+``[s0 + (t - t0) * global_batch, ... + global_batch)``; data-parallel rank r takes the r-th contiguous
+share of those, its micro-batches consecutive slices of that share. So what a step reads depends only
+on the count of samples consumed before it: a resume, even onto another dp (or another global
+batch), reads every remaining sample exactly once. That count is the sampler state a checkpoint keeps.
+
+Without ``--data`` the trainer reads the default corpus (the standard library's source, byte
+tokenizer), prepared once into a cache by the same code as ``exatrain prepare --stdlib``.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
-import sysconfig
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from exatrain.data.dataset import DatasetMeta, open_shards, read_meta
 from exatrain.errors import UserError
 
-BYTE_VOCAB = 256
+_MASK64 = np.uint64(2**64 - 1)
 
 
 class TokenSource(Protocol):
@@ -38,93 +40,101 @@ class TokenSource(Protocol):
     def num_samples(self, seq_len: int) -> int: ...
 
     def sample(self, index: int, seq_len: int) -> torch.Tensor:
-        """int64 tokens [seq_len + 1] of sample ``index`` (wrapping around the source)."""
+        """int64 tokens [seq_len + 1] of global sample ``index`` (later epochs wrap around the data)."""
         ...
 
 
 @dataclass(frozen=True)
 class SampleOrder:
-    """Which global sample indices data-parallel rank ``dp_rank`` reads at ``step``."""
+    """Which global sample indices data-parallel rank ``dp_rank`` reads at ``step``: a cursor that
+    started at ``start_sample`` consumed samples when the run (or its resume) began at ``start_step``."""
 
     global_batch: int
     dp: int
+    start_step: int = 0
+    start_sample: int = 0
 
     def indices(self, step: int, dp_rank: int) -> range:
         share = self.global_batch // self.dp
-        start = step * self.global_batch + dp_rank * share
+        start = self.consumed(step) + dp_rank * share
         return range(start, start + share)
 
-
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def stdlib_sources(root: Path | None = None) -> list[tuple[str, int]]:
-    """(relative path, size in bytes) of every stdlib ``.py`` file, sorted by path; installed
-    third-party packages (site-packages, dist-packages) are not the standard library."""
-    root = root or stdlib_root()
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")]
-        for f in filenames:
-            if f.endswith(".py"):
-                path = Path(dirpath, f)
-                found.append((path.relative_to(root).as_posix(), path.stat().st_size))
-    found.sort()
-    if not found:
-        raise UserError(f"no Python sources under {root}: the byte-level training data needs the "
-                        "standard library's .py files")
-    return found
+    def consumed(self, step: int) -> int:
+        """Global samples consumed before ``step``: the sampler state at that point."""
+        return self.start_sample + (step - self.start_step) * self.global_batch
 
 
-class StdlibBytes:
-    """The stdlib sources as one byte stream, read lazily (only the files a sample touches)."""
+def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
+    """splitmix64's finaliser of x + key (Steele et al. 2014), on uint64 arrays."""
+    with np.errstate(over="ignore"):
+        z = (x + key) & _MASK64
+        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
+        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
+        return z ^ (z >> np.uint64(31))
 
-    vocab_size = BYTE_VOCAB
 
-    def __init__(self, seed: int = 0, root: Path | None = None, shuffle: bool = True) -> None:
-        self.root = root or stdlib_root()
-        files = stdlib_sources(self.root)
-        self.paths = [p for p, _ in files]
+def permute(index: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """A seeded bijection of [0, n) applied to ``index``: a 4-round balanced Feistel network on the
+    smallest even-width power of two >= n, cycle-walking values that land outside (Black & Rogaway 2002)."""
+    half = max(1, ((max(n - 1, 1)).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    keys = [np.uint64((seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + r * 0x8CB92BA72F3D8DD7) % 2**64)
+            for r in range(4)]
+    x = np.asarray(index, dtype=np.uint64).copy()
+    todo = np.ones(x.shape, dtype=bool)
+    while todo.any():
+        v = x[todo]
+        left, right = v >> np.uint64(half), v & mask
+        for k in keys:
+            left, right = right, left ^ (_mix(right, k) & mask)
+        v = (left << np.uint64(half)) | right
+        x[todo] = v
+        todo[todo] = v >= np.uint64(n)
+    return x.astype(np.int64)
+
+
+class TokenShards:
+    """A prepared dataset's token stream, read through memory maps (only the windows a rank uses)."""
+
+    def __init__(self, data_dir: str | Path, seed: int = 0, shuffle: bool = True,
+                 meta: DatasetMeta | None = None) -> None:
+        self.root = Path(data_dir)
+        self.meta = meta or read_meta(self.root)
+        self.vocab_size = self.meta.vocab_size
+        self.tokenizer_sha256 = self.meta.tokenizer_sha256
+        self.shards = open_shards(self.root, self.meta)
         self.starts = [0]
-        for _, size in files:
-            self.starts.append(self.starts[-1] + size)
+        for s in self.meta.shards:
+            self.starts.append(self.starts[-1] + s.tokens)
         self.total = self.starts[-1]
         self.seed, self.shuffle = seed, shuffle
-        self._read_file = lru_cache(maxsize=32)(self._read_file_uncached)
 
     def num_samples(self, seq_len: int) -> int:
         return (self.total - 1) // seq_len
 
+    def window_of(self, index: int, seq_len: int) -> int:
+        """The window global sample ``index`` reads."""
+        n = self.num_samples(seq_len)
+        epoch, pos = divmod(index, n)
+        if not self.shuffle:
+            return pos
+        return int(permute(np.array([pos]), n, self.seed, epoch)[0])
+
     def sample(self, index: int, seq_len: int) -> torch.Tensor:
-        window = int(self._order(seq_len)[index % self.num_samples(seq_len)])
-        data = self._read(window * seq_len, seq_len + 1)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+        start = self.window_of(index, seq_len) * seq_len
+        return torch.from_numpy(self._read(start, seq_len + 1))
 
-    def _order(self, seq_len: int) -> np.ndarray:
-        return _permutation(self.num_samples(seq_len), self.seed, self.shuffle)
-
-    def _read(self, offset: int, length: int) -> bytes:
-        out = bytearray()
+    def _read(self, offset: int, length: int) -> np.ndarray:
+        out = np.empty(length, dtype=np.int64)
+        done = 0
         i = bisect.bisect_right(self.starts, offset) - 1
-        while len(out) < length:
-            data = self._read_file(i)
-            start = offset + len(out) - self.starts[i]
-            out += data[start:start + length - len(out)]
+        while done < length:
+            local = offset + done - self.starts[i]
+            piece = self.shards[i][local:local + length - done]
+            out[done:done + piece.size] = piece
+            done += piece.size
             i += 1
-        return bytes(out)
-
-    def _read_file_uncached(self, i: int) -> bytes:
-        data = (self.root / self.paths[i]).read_bytes()
-        expected = self.starts[i + 1] - self.starts[i]
-        return data[:expected].ljust(expected, b"\n")  # a file changed since indexing keeps its size
-
-
-@lru_cache(maxsize=4)
-def _permutation(n: int, seed: int, shuffle: bool) -> np.ndarray:
-    if not shuffle:
-        return np.arange(n)
-    return np.random.default_rng(seed).permutation(n)
+        return out
 
 
 def local_batch(source: TokenSource, order: SampleOrder, step: int, dp_rank: int,
@@ -134,11 +144,11 @@ def local_batch(source: TokenSource, order: SampleOrder, step: int, dp_rank: int
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
-def check_vocab(source: TokenSource, vocab: int, model_name: str) -> None:
-    if vocab < source.vocab_size:
-        raise UserError(f"{model_name} has vocab {vocab} but the byte-level training data needs at least "
-                        f"{source.vocab_size} token ids; use --vocab {source.vocab_size} or more")
+def check_vocab(vocab_size: int, vocab: int, model_name: str, where: str = "the training data") -> None:
+    """Every token id the data holds must have an embedding row."""
+    if vocab < vocab_size:
+        raise UserError(f"{model_name} has vocab {vocab} but {where} needs {vocab_size} token ids "
+                        f"(its tokenizer's vocabulary); use --vocab {vocab_size} or more")
 
 
-__all__ = ["BYTE_VOCAB", "SampleOrder", "StdlibBytes", "TokenSource", "check_vocab", "local_batch",
-           "stdlib_sources"]
+__all__ = ["SampleOrder", "TokenShards", "TokenSource", "check_vocab", "local_batch", "permute"]

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
+import shutil
 import socket
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
@@ -70,15 +74,17 @@ def run_distributed(config: TrainConfig, env: DistEnv) -> None:
 def launch_local(configs: Sequence[TrainConfig], timeout_s: float | None = None) -> None:
     """Spawn the plan's ranks here and run ``configs`` one after another in them (tests batch
     several runs into one set of processes). Raises TimeoutError after ``timeout_s`` (the ranks are
-    killed), RuntimeError carrying a failed rank's traceback."""
+    killed), RuntimeError carrying a failed rank's traceback; a UserError a rank raised (a
+    TrainingStopped, a checkpoint that does not fit) is raised again here, as the same one line."""
     import torch.multiprocessing as mp
 
     world = configs[0].plan.gpus
     if any(c.plan.gpus != world for c in configs):
         raise ValueError("every config of one launch needs the same number of ranks")
     port = _free_port()
+    errors = tempfile.mkdtemp(prefix="exatrain-rank-errors-")
     with _environ(OMP_NUM_THREADS="1"):
-        ctx = mp.start_processes(_spawned, args=(world, port, tuple(configs)), nprocs=world, join=False,
+        ctx = mp.start_processes(_spawned, args=(world, port, tuple(configs), errors), nprocs=world, join=False,
                                  start_method="spawn")
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
@@ -86,6 +92,7 @@ def launch_local(configs: Sequence[TrainConfig], timeout_s: float | None = None)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{world} ranks did not finish within {timeout_s:.0f} s")
     except mp.ProcessRaisedException as exc:
+        _raise_user_error(errors)
         raise RuntimeError(f"a rank failed:\n{exc}") from None
     except mp.ProcessExitedException as exc:
         raise RuntimeError(f"a rank exited with status {exc.exit_code}") from None
@@ -94,9 +101,19 @@ def launch_local(configs: Sequence[TrainConfig], timeout_s: float | None = None)
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        shutil.rmtree(errors, ignore_errors=True)
 
 
-def _spawned(local_rank: int, world: int, port: int, configs: tuple[TrainConfig, ...]) -> None:
+def _raise_user_error(errors: str) -> None:
+    """Re-raise the UserError the lowest failed rank recorded, if any (its class and exit status kept)."""
+    for path in sorted(Path(errors).glob("rank*.json"), key=lambda p: int(p.stem[4:])):
+        info = json.loads(path.read_text())
+        exc = UserError(info["message"])
+        exc.exit_code = int(info["exit_code"])
+        raise exc from None
+
+
+def _spawned(local_rank: int, world: int, port: int, configs: tuple[TrainConfig, ...], errors: str) -> None:
     import torch.distributed as dist
 
     from exatrain.trainer.train import train
@@ -108,6 +125,10 @@ def _spawned(local_rank: int, world: int, port: int, configs: tuple[TrainConfig,
         for config in configs:
             train(config, local_rank)
             gc.collect()
+    except UserError as exc:
+        Path(errors, f"rank{local_rank}.json").write_text(json.dumps({"message": str(exc),
+                                                                       "exit_code": exc.exit_code}))
+        raise
     finally:
         dist.destroy_process_group()
 

@@ -32,10 +32,16 @@ class StepMetrics:
     model_tflops_per_gpu: float | None
     mfu: float | None
     peak_memory_bytes: tuple[int, ...]  # per rank, in rank order
+    skipped: bool = False  # a non-finite loss or gradient norm: no update (--nan-policy skip)
+    samples: tuple[tuple[int, ...], ...] | None = None  # global sample indices read, per dp rank (when recorded)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["peak_memory_bytes"] = list(self.peak_memory_bytes)
+        if self.samples is None:
+            del d["samples"]
+        else:
+            d["samples"] = [list(x) for x in self.samples]
         return {"kind": "step", **d}
 
 
@@ -108,6 +114,27 @@ def append_json_line(path: str | Path, obj: dict[str, Any]) -> None:
         f.write(json.dumps(obj) + "\n")
 
 
+class TensorBoardLog:
+    """TensorBoard event files (torch.utils.tensorboard): loss, gradient norm, learning rate,
+    tokens/s and step time per step, for rank 0."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, m: StepMetrics) -> None:
+        for tag, value in (("train/loss", m.loss), ("train/grad_norm", m.grad_norm), ("train/lr", m.lr),
+                           ("perf/tokens_per_s", m.tokens_per_s), ("perf/step_time_s", m.step_time_s)):
+            self.writer.add_scalar(tag, value, m.step)
+        if m.skipped:
+            self.writer.add_scalar("train/skipped", 1.0, m.step)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
 class Progress:
     """A rich progress bar on a terminal; a plain line every tenth of the run otherwise; nothing
     when quiet. Only rank 0 makes one."""
@@ -147,5 +174,5 @@ class Progress:
             self.console.print(summary)
 
 
-__all__ = ["Progress", "StepMetrics", "append_json_line", "device_name", "model_flops_per_step",
+__all__ = ["Progress", "StepMetrics", "TensorBoardLog", "append_json_line", "device_name", "model_flops_per_step",
            "peak_flops", "peak_memory_bytes", "summarize"]

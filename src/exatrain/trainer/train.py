@@ -1,9 +1,13 @@
 """The step loop and per-rank setup.
 
 ``train(config, local_rank)`` is one rank's whole run on an initialised default process group:
-mesh, model (parallel/build.py), optimizer, data, then per step: forward and backward over the
-micro-batches (a pipeline schedule when pp > 1), the tied-embedding gradient sync, the global
-gradient norm and clipping, the optimizer step, metrics. ``launch.py`` starts the ranks.
+data, mesh, model (parallel/build.py), optimizer, the checkpoint to resume from, then per step:
+forward and backward over the micro-batches (a pipeline schedule when pp > 1), the tied-embedding
+gradient sync, the global gradient norm and clipping, the loss; then the optimizer step, unless the
+loss or the norm is not finite (``--nan-policy``: stop with the step number, or skip the update and
+count it); metrics, and a checkpoint every ``save_every`` steps and after the last. The learning
+rate is a function of the step number alone, so a resumed run continues the same schedule.
+``launch.py`` starts the ranks.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import math
 import platform
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
@@ -23,15 +28,20 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from exatrain.data.prepare import stdlib_dataset
+from exatrain.errors import TrainingStopped
 from exatrain.plan import Measured, RunRecord, append_run_record
+from exatrain.trainer.checkpoint import files as ckpt_files
+from exatrain.trainer.checkpoint.files import CheckpointError
+from exatrain.trainer.checkpoint.manager import Checkpointer
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.launch import cuda_index
-from exatrain.trainer.data import SampleOrder, StdlibBytes, check_vocab, local_batch
-from exatrain.trainer.metrics import (Progress, StepMetrics, append_json_line, device_name, model_flops_per_step,
-                                      peak_flops, peak_memory_bytes, summarize)
+from exatrain.trainer.data import SampleOrder, TokenShards, check_vocab, local_batch
+from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
+                                      model_flops_per_step, peak_flops, peak_memory_bytes, summarize)
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
 from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
-from exatrain.trainer.parallel.mesh import Mesh, build_mesh
+from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates
 from exatrain.trainer.parallel.pipeline import build_schedule
 
 
@@ -132,9 +142,13 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.set_device(device)
             torch.cuda.reset_peak_memory_stats(device)
-        self.source = StdlibBytes(seed=config.seed, shuffle=config.data_shuffle)
-        check_vocab(self.source, plan.model.vocab, plan.model.name)
-        self.order = SampleOrder(plan.global_batch, plan.dp)
+        self.data_dir = Path(config.data_dir) if config.data_dir else stdlib_dataset()
+        manifest = ckpt_files.verify(config.resume_from, hashes=False) if config.resume_from else None
+        data_seed, shuffle = config.seed, config.data_shuffle
+        if manifest is not None:  # the sampler continues the checkpoint's order
+            data_seed, shuffle = int(manifest.trainer["seed"]), bool(manifest.trainer["data_shuffle"])
+        self.source = TokenShards(self.data_dir, seed=data_seed, shuffle=shuffle)
+        check_vocab(self.source.vocab_size, plan.model.vocab, plan.model.name)
         self.mesh = build_mesh(plan, device)
         # Dropout masks (the only randomness after init): one stream per (pp, dp) position, shared by
         # the tp group, whose ranks must drop the same entries of the activations they all hold (under
@@ -147,6 +161,48 @@ class Trainer:
         self.flops = model_flops_per_step(plan)
         self.peak = peak_flops(device, plan.dtype)
         self.rank0 = self.mesh.rank == 0
+        self.nan_skipped = 0
+        self.checkpointer = None
+        if config.checkpoint_dir or manifest is not None:
+            self.checkpointer = Checkpointer(config.checkpoint_dir, rank=self.mesh.rank, device=device,
+                                             keep_last=config.keep_last, async_save=config.async_save,
+                                             tokenizer=self.data_dir / "tokenizer.json")
+        self.start_step, start_sample = 0, 0
+        if manifest is not None:
+            self.start_step, start_sample = self._resume(manifest)
+        self.order = SampleOrder(plan.global_batch, plan.dp, self.start_step, start_sample)
+
+    def _layout(self) -> dict[str, int]:
+        return {"tp": self.plan.tp, "pp": self.plan.pp, "dp": self.plan.dp}
+
+    def _resume(self, manifest: ckpt_files.Manifest) -> tuple[int, int]:
+        """Load parameters, optimizer states (and, on the same layout, RNG states) in place; set the
+        schedule to the checkpoint's step. Returns (step, samples consumed)."""
+        t = manifest.trainer
+        if t["tokenizer_sha256"] != self.source.tokenizer_sha256:
+            raise CheckpointError(f"{manifest.path} was trained on data of another tokenizer than {self.data_dir}")
+        same_layout = t["layout"] == self._layout()
+        assert self.checkpointer is not None
+        self.checkpointer.load(manifest, self.pm, self.optimizer, restore_rng_state=same_layout)
+        step = int(t["step"])
+        self.nan_skipped = int(t["nan_skipped"])
+        self.scheduler.last_epoch = step
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * lr_factor(step, self.config)
+        if not same_layout:  # another layout's streams cannot be mapped onto these ranks
+            torch.manual_seed(self.config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank
+                              + step * 7919)
+        return step, int(t["samples_consumed"])
+
+    def _trainer_state(self, step: int) -> dict:
+        """The JSON half of a checkpoint: everything but tensors (see checkpoint/files.py)."""
+        meta = self.source.meta
+        return {"step": step, "samples_consumed": self.order.consumed(step), "global_batch": self.plan.global_batch,
+                "seq_len": self.plan.model.seq_len, "seed": self.source.seed, "data_shuffle": self.source.shuffle,
+                "data_dir": str(self.data_dir), "tokenizer_sha256": self.source.tokenizer_sha256,
+                "separator": meta.separator, "separator_id": meta.separator_id, "nan_skipped": self.nan_skipped,
+                "layout": self._layout(), "plan": self.config.plan.to_dict(), "steps": self.config.steps,
+                "torch": torch.__version__}
 
     def step(self, step: int) -> StepMetrics:
         """One optimizer step: batch, forward/backward, gradient sync and clipping, update, metrics."""
@@ -161,11 +217,20 @@ class Trainer:
             average_over_dp(pm.entries, mesh.dp_mesh.get_group(), plan.dp)
         sync_tied_embedding(pm.tied_copies, mesh.embed_group)
         grad_norm = clip_grad_norm(pm.entries, self.config.grad_clip, device)
-        self.optimizer.step()
-        self.scheduler.step()
         loss_sum = local_loss.double().reshape(1)
         dist.all_reduce(loss_sum)  # only the tp*dp ranks of the last stage contribute
         loss = float(loss_sum) / (plan.tp * plan.dp)
+        skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        if skipped and self.config.nan_policy == "stop":
+            raise TrainingStopped(f"loss {loss} (gradient norm {grad_norm}) at step {step + 1}: stopped by "
+                                  "--nan-policy stop before the update; lower --lr, use float32, or --nan-policy skip")
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nan_skipped += 1
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        samples = self._gather_samples(step) if self.config.record_samples else None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
@@ -175,34 +240,65 @@ class Trainer:
                            tokens_per_s=plan.tokens_per_step / dt,
                            model_tflops_per_gpu=self.flops / dt / plan.gpus / 1e12,
                            mfu=None if self.peak is None else self.flops / (dt * plan.gpus * self.peak),
-                           peak_memory_bytes=tuple(int(x.item()) for x in mems))
+                           peak_memory_bytes=tuple(int(x.item()) for x in mems), skipped=skipped,
+                           samples=samples)
+
+    def _gather_samples(self, step: int) -> tuple[tuple[int, ...], ...]:
+        """The global sample indices every rank read this step, by dp rank; every rank of a dp
+        position (its tp and pp peers) must have read the same ones."""
+        mine = torch.tensor(list(self.order.indices(step, self.mesh.dp_rank)), dtype=torch.int64, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(self.plan.gpus)]
+        dist.all_gather(every, mine)
+        by_dp: dict[int, tuple[int, ...]] = {}
+        for rank, got in enumerate(every):
+            _, dp_rank, _ = coordinates(rank, self.plan)
+            seen = tuple(got.tolist())
+            if by_dp.setdefault(dp_rank, seen) != seen:
+                raise RuntimeError(f"rank {rank} read other samples than its dp peers at step {step + 1}")
+        return tuple(by_dp[d] for d in range(self.plan.dp))
 
     def run(self) -> list[StepMetrics]:
-        """Every step, the metrics lines and the closing RunRecord (written by rank 0)."""
+        """Every step, the metrics lines, checkpoints, and the closing RunRecord (written by rank 0)."""
         config, plan = self.config, self.plan
         title = (f"{plan.model.name}: tp{plan.tp} pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
-                 f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}")
-        progress = Progress(config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()))
+                 f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}"
+                 + (f", resumed at step {self.start_step}" if self.start_step else ""))
+        todo = config.steps - self.start_step
+        progress = Progress(max(todo, 1), quiet=config.quiet or not self.rank0, title=" ".join(title.split()))
+        board = TensorBoardLog(config.tensorboard_dir) if self.rank0 and config.tensorboard_dir else None
         history: list[StepMetrics] = []
         start = time.perf_counter()
         try:
-            for step in range(config.steps):
+            for step in range(self.start_step, config.steps):
                 m = self.step(step)
                 history.append(m)
                 if self.rank0 and config.metrics_file:
                     append_json_line(config.metrics_file, m.to_dict())
+                if board is not None:
+                    board.log(m)
                 progress.update(m)
-                if not math.isfinite(m.loss):
-                    raise FloatingPointError(f"loss is {m.loss} at step {step + 1}; lower --lr or use float32")
+                done = step + 1
+                if config.checkpoint_dir and (done == config.steps or (config.save_every and done % config.save_every == 0)):
+                    assert self.checkpointer is not None
+                    self.checkpointer.save(done, self.pm, self.optimizer, self._trainer_state(done))
+            if self.checkpointer is not None:
+                self.checkpointer.close()  # the last asynchronous save is published before the run ends
         except Exception as exc:
             oom = "out of memory" in str(exc).lower()
             self._record(history, time.perf_counter() - start, "oom" if oom else "failed",
                          f"{type(exc).__name__}: {exc}"[:2000])
             raise
+        finally:
+            if board is not None:
+                board.close()
         wall = time.perf_counter() - start
         measured = self._record(history, wall, "ok", "")
-        progress.close(f"first loss {history[0].loss:.4f}, last loss {history[-1].loss:.4f}, "
-                       f"{config.steps} steps in {wall:.1f} s ({measured.step_time_s:.3f} s/step median)")
+        if history:
+            skipped = f", {self.nan_skipped} skipped (non-finite)" if self.nan_skipped else ""
+            progress.close(f"first loss {history[0].loss:.4f}, last loss {history[-1].loss:.4f}, "
+                           f"{len(history)} steps in {wall:.1f} s ({measured.step_time_s:.3f} s/step median){skipped}")
+        else:
+            progress.close(f"nothing to do: the checkpoint is at step {self.start_step} of {config.steps}")
         return history
 
     def _record(self, history: list[StepMetrics], wall_s: float, status: str, error: str) -> Measured | None:

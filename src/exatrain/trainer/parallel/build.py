@@ -46,6 +46,7 @@ class ParallelModel:
     plan: Plan
     tied_copies: list[nn.Parameter]  # this rank's copy of a tied embedding split over pp (else empty)
     entries: list[GradEntry]
+    inner: list[nn.Module]  # the stage modules without their DDP wrapper (parameter names as in the model)
 
     @property
     def modules(self) -> list[nn.Module]:
@@ -129,7 +130,7 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
         stages.append((index, run))
         inner.append(module)
     entries = grad_entries(inner, tp=plan.tp, dp=plan.dp, tied_copies=tied)
-    return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries)
+    return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries, inner=inner)
 
 
 __all__ = ["ParallelModel", "data_parallel_kind", "execution_plan", "parallelize", "stored_param"]

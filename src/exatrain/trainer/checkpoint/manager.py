@@ -1,0 +1,137 @@
+"""Saving and loading during a run: atomic publication, keep-last-k, asynchronous saves.
+
+A save: rank 0 clears a stale ``.tmp-step-N`` (a crash's leftover) and every rank writes its chunks
+into it with ``torch.distributed.checkpoint`` (storage.py's writer). Rank 0 then writes trainer.json
+and the tokenizer, checks that every chunk metadata.json names is in its file with its shape, hashes
+every file into manifest.json and renames the directory to ``step-N``; then it deletes all but the
+newest ``keep_last`` checkpoints. A crash at any point leaves either the previous checkpoints or the
+new one complete, never a half one under a published name.
+
+With ``async_save`` DCP copies the state to CPU memory (its default stager) and writes it from a
+background thread while training goes on; the next save, and the end of the run, wait for it.
+Checkpoint collectives run on their own gloo group so they never interleave with training's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from exatrain.trainer.checkpoint import files
+from exatrain.trainer.checkpoint.files import CheckpointError, Manifest
+from exatrain.trainer.checkpoint.state import restore_rng, state_dict
+from exatrain.trainer.checkpoint.storage import SafetensorsReader, SafetensorsWriter, read_metadata_json
+
+
+def check_chunks(path: Path) -> None:
+    """Every chunk metadata.json names is in its safetensors file, with its shape."""
+    from safetensors import safe_open
+
+    table = read_metadata_json(path)
+    by_file: dict[str, list[tuple[str, list[int]]]] = {}
+    for t in table.values():
+        for c in t["chunks"]:
+            by_file.setdefault(c["file"], []).append((c["key"], c["sizes"]))
+    for file, chunks in by_file.items():
+        with safe_open(str(path / file), framework="pt", device="cpu") as f:
+            keys = set(f.keys())
+            for key, sizes in chunks:
+                if key not in keys or list(f.get_slice(key).get_shape()) != list(sizes):
+                    raise CheckpointError(f"{path}: {file} lacks chunk {key} of shape {sizes}")
+
+
+def publish(tmp: Path, final: Path, trainer: dict[str, Any], tokenizer: Path | None, keep_last: int) -> None:
+    """Rank 0, after every rank wrote its chunks: verify, write the manifest, rename, prune."""
+    (tmp / files.TRAINER).write_text(json.dumps(trainer, indent=2) + "\n", encoding="utf-8")
+    if tokenizer is not None and tokenizer.is_file():
+        shutil.copyfile(tokenizer, tmp / files.TOKENIZER)
+    check_chunks(tmp)
+    files.write_manifest(tmp, trainer["step"])
+    files.verify(tmp)  # read back what the manifest says, before the name makes it visible
+    if final.exists():  # the same step saved again (a run resumed before it): replace it
+        old = final.with_name(f".old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    if keep_last > 0:
+        for _, path in files.list_checkpoints(final.parent)[keep_last:]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Checkpointer:
+    """One rank's side of checkpointing for a run (built by every rank: it creates a process group)."""
+
+    def __init__(self, root: str | None, *, rank: int, device: torch.device, keep_last: int = 0,
+                 async_save: bool = False, tokenizer: Path | None = None) -> None:
+        self.root = Path(root) if root else None
+        self.rank, self.device = rank, device
+        self.keep_last, self.async_save, self.tokenizer = keep_last, async_save, tokenizer
+        self.group = dist.new_group(backend="gloo")  # DCP's plans and barriers; CPU tensors only
+        self._pending: Future | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1) if async_save else None
+
+    def save(self, step: int, pm, optimizer: torch.optim.Optimizer, trainer: dict[str, Any]) -> None:
+        """Save the state after ``step`` optimizer steps (returns early when asynchronous)."""
+        assert self.root is not None
+        self.wait()
+        tmp = self.root / files.tmp_dir_name(step)
+        final = self.root / files.step_dir_name(step)
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        dist.barrier(group=self.group)
+        state = state_dict(pm, optimizer, self.rank, self.device)
+        writer = SafetensorsWriter(tmp)
+        if not self.async_save:
+            dcp.save(state, storage_writer=writer, process_group=self.group)
+            if self.rank == 0:
+                publish(tmp, final, trainer, self.tokenizer, self.keep_last)
+            dist.barrier(group=self.group)
+            return
+        written = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+
+        def finish() -> None:
+            written.result()
+            if self.rank == 0:
+                publish(tmp, final, trainer, self.tokenizer, self.keep_last)
+
+        assert self._executor is not None
+        self._pending = self._executor.submit(finish)
+
+    def wait(self) -> None:
+        """Block until an asynchronous save in flight is published (re-raising its error)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        if self._executor is not None:
+            self._executor.shutdown()
+
+    def load(self, manifest: Manifest, pm, optimizer: torch.optim.Optimizer, restore_rng_state: bool) -> None:
+        """Fill this rank's parameters and optimizer states from ``manifest``'s checkpoint, in place."""
+        state = state_dict(pm, optimizer, self.rank, self.device)
+        if not restore_rng_state:
+            state = {k: v for k, v in state.items() if not k.startswith("rng.")}
+        present = read_metadata_json(manifest.path)
+        missing = sorted(k for k in state if k not in present)
+        if missing:
+            raise CheckpointError(f"{manifest.path}: holds no {missing[0]} (saved for another model?)")
+        dcp.load(state, storage_reader=SafetensorsReader(manifest.path), process_group=self.group)
+        if restore_rng_state:
+            restore_rng(state, self.rank, self.device)
+
+
+__all__ = ["Checkpointer", "check_chunks", "publish"]

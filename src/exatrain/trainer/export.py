@@ -1,0 +1,137 @@
+"""``exatrain export --format hf``: a checkpoint of any layout -> safetensors + config.json that
+``transformers`` loads (GPT2LMHeadModel for the gpt family, LlamaForCausalLM for llama).
+
+One process, no process group: the checkpoint's chunks are assembled into whole tensors by name
+(storage.read_full), then renamed and reshaped into Hugging Face's layout:
+
+* gpt: GPT-2's ``Conv1D`` stores weights as [in, out], the transpose of ``nn.Linear``; q, k and v
+  are one ``c_attn`` matrix (q | k | v along the output); learned positions are ``wpe``; the head is
+  tied to ``wte`` (not stored), or stored as ``lm_head.weight`` when the model is untied;
+  GELU with the tanh approximation is ``gelu_new``.
+* llama: the trainer rotates *interleaved* channel pairs (2i, 2i+1) by angle i (RoFormer, Meta's
+  Llama); transformers' ``rotate_half`` rotates pairs (i, i + d/2). Permuting each head's q and k
+  output rows to [0, 2, 4, ..., 1, 3, 5, ...] makes the two equal (the inverse of the permutation
+  transformers' convert_llama_weights_to_hf applies to Meta's checkpoints); q.k is unchanged because
+  q and k are permuted alike, and v, o are untouched.
+
+The tokenizer the data was prepared with goes along (tokenizer.json + tokenizer_config.json), with its
+separator as the bos/eos token.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exatrain.catalog.models import ModelSpec
+from exatrain.errors import UserError
+from exatrain.plan import Plan
+from exatrain.trainer.checkpoint import files
+from exatrain.trainer.checkpoint.compat import check_model
+from exatrain.trainer.checkpoint.storage import read_full
+
+FORMATS = ("hf",)
+
+
+def rotate_half_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Reorder each head's rows of a q/k projection from interleaved pairs to rotate_half halves."""
+    order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+    return w.view(heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+
+
+def gpt2_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    out = {"transformer.wte.weight": sd["embed.tok.weight"], "transformer.wpe.weight": sd["embed.pos.weight"],
+           "transformer.ln_f.weight": sd["norm.weight"], "transformer.ln_f.bias": sd["norm.bias"]}
+    for i in range(spec.layers):
+        p, h = f"layers.{i}.", f"transformer.h.{i}."
+        out[h + "ln_1.weight"], out[h + "ln_1.bias"] = sd[p + "attn_norm.weight"], sd[p + "attn_norm.bias"]
+        out[h + "ln_2.weight"], out[h + "ln_2.bias"] = sd[p + "mlp_norm.weight"], sd[p + "mlp_norm.bias"]
+        qkv = [p + f"attn.{w}" for w in ("wq", "wk", "wv")]
+        out[h + "attn.c_attn.weight"] = torch.cat([sd[n + ".weight"] for n in qkv], dim=0).t()  # Conv1D: [in, out]
+        out[h + "attn.c_attn.bias"] = torch.cat([sd[n + ".bias"] for n in qkv], dim=0)
+        out[h + "attn.c_proj.weight"], out[h + "attn.c_proj.bias"] = sd[p + "attn.wo.weight"].t(), sd[p + "attn.wo.bias"]
+        out[h + "mlp.c_fc.weight"], out[h + "mlp.c_fc.bias"] = sd[p + "mlp.fc1.weight"].t(), sd[p + "mlp.fc1.bias"]
+        out[h + "mlp.c_proj.weight"], out[h + "mlp.c_proj.bias"] = sd[p + "mlp.fc2.weight"].t(), sd[p + "mlp.fc2.bias"]
+    if not spec.tied_embeddings:
+        out["lm_head.weight"] = sd["head.weight"]
+    return out
+
+
+def gpt2_config(spec: ModelSpec, bos_eos: int | None) -> dict[str, Any]:
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": spec.vocab,
+            "n_positions": spec.seq_len, "n_embd": spec.hidden, "n_layer": spec.layers, "n_head": spec.heads,
+            "n_inner": spec.ffn_hidden, "activation_function": "gelu_new", "layer_norm_epsilon": spec.norm_eps,
+            "resid_pdrop": spec.dropout, "attn_pdrop": spec.dropout, "embd_pdrop": 0.0,
+            "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
+            "tie_word_embeddings": bool(spec.tied_embeddings), "bos_token_id": bos_eos, "eos_token_id": bos_eos,
+            "dtype": "float32"}
+
+
+def llama_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    d = spec.head_dim
+    out = {"model.embed_tokens.weight": sd["embed.tok.weight"], "model.norm.weight": sd["norm.weight"]}
+    for i in range(spec.layers):
+        p, h = f"layers.{i}.", f"model.layers.{i}."
+        out[h + "input_layernorm.weight"] = sd[p + "attn_norm.weight"]
+        out[h + "post_attention_layernorm.weight"] = sd[p + "mlp_norm.weight"]
+        out[h + "self_attn.q_proj.weight"] = rotate_half_rows(sd[p + "attn.wq.weight"], spec.heads, d)
+        out[h + "self_attn.k_proj.weight"] = rotate_half_rows(sd[p + "attn.wk.weight"], spec.kv_heads, d)
+        out[h + "self_attn.v_proj.weight"] = sd[p + "attn.wv.weight"]
+        out[h + "self_attn.o_proj.weight"] = sd[p + "attn.wo.weight"]
+        out[h + "mlp.gate_proj.weight"] = sd[p + "mlp.w1.weight"]
+        out[h + "mlp.up_proj.weight"] = sd[p + "mlp.w3.weight"]
+        out[h + "mlp.down_proj.weight"] = sd[p + "mlp.w2.weight"]
+    if not spec.tied_embeddings:
+        out["lm_head.weight"] = sd["head.weight"]
+    return out
+
+
+def llama_config(spec: ModelSpec, bos_eos: int | None) -> dict[str, Any]:
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab,
+            "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden, "num_hidden_layers": spec.layers,
+            "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim,
+            "max_position_embeddings": spec.seq_len, "rms_norm_eps": spec.norm_eps, "hidden_act": "silu",
+            "rope_theta": spec.rope_theta, "rope_parameters": rope, "rope_scaling": None,
+            "attention_bias": False, "mlp_bias": False, "attention_dropout": spec.dropout,
+            "tie_word_embeddings": bool(spec.tied_embeddings), "initializer_range": 0.02, "use_cache": True,
+            "bos_token_id": bos_eos, "eos_token_id": bos_eos, "dtype": "float32"}
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, step: int | None = None) -> Path:
+    """Write ``out``/model.safetensors, config.json, generation_config.json and the tokenizer.
+    Returns the checkpoint directory exported."""
+    from safetensors.torch import save_file
+
+    manifest = files.select(checkpoint, step)
+    spec = Plan.from_dict(manifest.trainer["plan"], source=f"{manifest.path}/{files.TRAINER}").model
+    check_model(manifest, spec)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} exists and is not an empty directory")
+    sd = read_full(manifest.path, prefix="model.")
+    sep = manifest.trainer.get("separator_id")
+    if spec.arch == "gpt":
+        weights, config = gpt2_weights(sd, spec), gpt2_config(spec, sep)
+    else:
+        weights, config = llama_weights(sd, spec), llama_config(spec, sep)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": sep, "eos_token_id": sep}, indent=2) + "\n",
+                                                encoding="utf-8")
+    tok = manifest.path / files.TOKENIZER
+    if tok.is_file():
+        shutil.copyfile(tok, out / "tokenizer.json")
+        separator = manifest.trainer.get("separator")
+        (out / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": spec.seq_len,
+            "bos_token": separator, "eos_token": separator}, indent=2) + "\n", encoding="utf-8")
+    return manifest.path
+
+
+__all__ = ["FORMATS", "export_hf", "gpt2_config", "gpt2_weights", "llama_config", "llama_weights", "rotate_half_rows"]

@@ -1,0 +1,139 @@
+"""Resume exactness, across layouts, and export of the checkpoints to Hugging Face transformers.
+
+A tp2 x dp2 ZeRO-1 run of gpt-tiny (DTensor parameters kept as local shards, ZeroRedundancyOptimizer
+partitions) trains 10 steps and saves after steps 5 and 10. From the step-5 checkpoint:
+* the same layout continues 5 steps: bit-identical losses (CPU, float32);
+* pp2 (plain AdamW, each rank half the layers) and tp2 x pp2 x dp2 with FSDP2 ZeRO-3 (2-D sharded
+  DTensors) continue 5 steps: within 1e-5 of the straight run.
+Every step records the global sample indices each dp rank read: the five resumed steps read exactly
+the samples the straight run read at steps 6-10, and the ten steps together read 0 .. 10*batch - 1
+once each. The checkpoints are then exported (gpt and a tp2 llama) and loaded in transformers, whose
+logits must equal exatrain's own forward within 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
+
+from exatrain.catalog import get_model
+from exatrain.cli import main
+from exatrain.trainer.checkpoint.storage import read_full
+from exatrain.trainer.model import Transformer
+
+pytestmark = pytest.mark.slow
+GLOBAL_BATCH = 8  # trainer_runs.GLOBAL_BATCH
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Run]]:
+    out = tmp_path_factory.mktemp("four")
+    cases = {
+        "straight": dict(tp=2, dp=2, zero_stage=1, checkpoint_dir=str(out / "ckpt"), save_every=5,
+                         tensorboard_dir=str(out / "tb")),
+        "same-layout": dict(tp=2, dp=2, zero_stage=1, resume_from=str(out / "ckpt" / "step-00000005")),
+        "llama": dict(model="llama-tiny", tp=2, dp=2, steps=3, checkpoint_dir=str(out / "llama")),
+    }
+    return out, run_cases(out, cases, timeout_s=360)
+
+
+@pytest.fixture(scope="module")
+def other_layouts(four: tuple[Path, dict[str, Run]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    ckpt = str(four[0] / "ckpt" / "step-00000005")
+    runs = run_cases(tmp_path_factory.mktemp("two"), {"pp2": dict(pp=2, resume_from=ckpt)}, timeout_s=240)
+    runs.update(run_cases(tmp_path_factory.mktemp("eight"), {
+        "tp2-pp2-dp2-fsdp": dict(tp=2, pp=2, dp=2, zero_stage=3, resume_from=ckpt)}, timeout_s=360))
+    return runs
+
+
+def test_same_layout_resume_is_bit_identical(four: tuple[Path, dict[str, Run]]) -> None:
+    runs = four[1]
+    straight, resumed = runs["straight"], runs["same-layout"]
+    assert [s["step"] for s in resumed.steps] == [6, 7, 8, 9, 10]
+    assert resumed.losses == straight.losses[5:]
+    assert resumed.grad_norms == straight.grad_norms[5:]
+    assert samples_by_step(resumed) == samples_by_step(straight)[5:]
+
+
+@pytest.mark.parametrize("case", ["pp2", "tp2-pp2-dp2-fsdp"])
+def test_another_layout_resumes_within_tolerance(case: str, four: tuple[Path, dict[str, Run]],
+                                                 other_layouts: dict[str, Run]) -> None:
+    straight, resumed = four[1]["straight"], other_layouts[case]
+    assert [s["step"] for s in resumed.steps] == [6, 7, 8, 9, 10]
+    assert max_rel_diff(resumed.losses, straight.losses[5:]) <= RTOL, (resumed.losses, straight.losses[5:])
+    assert max_rel_diff(resumed.grad_norms, straight.grad_norms[5:]) <= RTOL
+    before = [i for step in samples_by_step(straight)[:5] for i in step]
+    after = [i for step in samples_by_step(resumed) for i in step]
+    assert sorted(before + after) == list(range(10 * GLOBAL_BATCH))  # none repeated, none skipped
+    assert samples_by_step(resumed) == samples_by_step(straight)[5:]
+
+
+def test_checkpoints_are_published_with_manifests(four: tuple[Path, dict[str, Run]]) -> None:
+    root = four[0] / "ckpt"
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000005", "step-00000010"]  # no .tmp- left
+    for step in (5, 10):
+        d = root / f"step-{step:08d}"
+        manifest = json.loads((d / "manifest.json").read_text())
+        trainer = json.loads((d / "trainer.json").read_text())
+        assert manifest["step"] == trainer["step"] == step
+        assert trainer["samples_consumed"] == step * GLOBAL_BATCH and trainer["layout"] == {"tp": 2, "pp": 1, "dp": 2}
+        assert set(manifest["files"]) == {p.name for p in d.iterdir()} - {"manifest.json"}
+        assert not any(p.suffix in (".distcp", ".pt", ".pkl") or p.name == ".metadata" for p in d.iterdir())
+
+
+def test_tensorboard_has_every_step(four: tuple[Path, dict[str, Run]]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(four[0] / "tb"))
+    acc.Reload()
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, 11))
+    assert [e.value for e in loss] == pytest.approx(four[1]["straight"].losses, rel=1e-6)
+    for tag in ("train/grad_norm", "train/lr", "perf/tokens_per_s", "perf/step_time_s"):
+        assert len(acc.Scalars(tag)) == 10
+
+
+def exatrain_logits(checkpoint: Path, model: str, tokens: torch.Tensor) -> torch.Tensor:
+    spec = get_model(model)
+    net = Transformer(spec)
+    state = read_full(checkpoint, prefix="model.")
+    if spec.tied_embeddings:
+        state["head.weight"] = state["embed.tok.weight"]
+    net.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        return net.eval()(tokens)
+
+
+@pytest.mark.parametrize("model,ckpt", [("gpt-tiny", "ckpt/step-00000010"), ("llama-tiny", "llama/step-00000003")])
+def test_export_loads_in_transformers_with_the_same_logits(model: str, ckpt: str, tmp_path: Path,
+                                                           four: tuple[Path, dict[str, Run]]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "hf"
+    assert main(["export", "--checkpoint", str(four[0] / ckpt), "--format", "hf", "--out", str(out)]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == {"gpt-tiny": "GPT2LMHeadModel", "llama-tiny": "LlamaForCausalLM"}[model]
+    tokens = torch.randint(0, 256, (2, get_model(model).seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = hf(tokens).logits
+    ours = exatrain_logits(four[0] / ckpt, model, tokens)
+    assert (theirs - ours).abs().max().item() <= 1e-5 * ours.abs().max().item()
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok("def f():").input_ids == list(b"def f():")  # the byte tokenizer went along
+
+
+def test_export_picks_the_newest_or_a_named_step(tmp_path: Path, four: tuple[Path, dict[str, Run]],
+                                                 capsys: pytest.CaptureFixture) -> None:
+    root = four[0] / "ckpt"
+    assert main(["export", "--checkpoint", str(root), "--out", str(tmp_path / "newest")]) == 0
+    assert "step-00000010" in capsys.readouterr().out
+    assert main(["export", "--checkpoint", str(root), "--step", "5", "--out", str(tmp_path / "five")]) == 0
+    assert "step-00000005" in capsys.readouterr().out
+    assert main(["export", "--checkpoint", str(root), "--step", "7", "--out", str(tmp_path / "seven")]) == 2
+    err = capsys.readouterr().err
+    assert "step-00000007" in err and len(err.strip().splitlines()) == 1
