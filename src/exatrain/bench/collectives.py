@@ -105,11 +105,43 @@ def _rank_main(rank: int, world: int, port: int, device: str, quick: bool, queue
                 # The buffer each rank contributes: the whole tensor for all-reduce and reduce-scatter
                 # (the cost model's message), one shard's worth gathered for all-gather -> n elements out.
                 points.append({"kind": kind, "ranks": world, "bytes": n * 4, "seconds": statistics.median(times)})
+        dispatch = _dtensor_dispatch_s(world, dev, reps)
         if rank == 0:
+            points.append({"kind": "dtensor_dispatch", "ranks": world, "bytes": 0, "seconds": dispatch})
             queue.put(points)
     finally:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _dtensor_dispatch_s(world: int, dev, reps: int) -> float:
+    """Extra host time per op that tensor parallelism's DTensor adds over plain tensors: a tiny
+    row-sharded matmul and add (no communication), timed both ways; the cost model's
+    ``tp_op_overhead_s``."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh(dev.type, (world,))
+    x, w = torch.randn(8 * world, 16, device=dev), torch.randn(16, 16, device=dev)
+    dx, dw = distribute_tensor(x, mesh, [Shard(0)]), distribute_tensor(w, mesh, [Replicate()])
+    lx = dx.to_local()
+
+    def ops(a, b):
+        for _ in range(20):
+            a = (a @ b) + a
+        return a
+
+    def timed(a, b) -> float:
+        ops(a, b)
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            ops(a, b)
+            samples.append((time.perf_counter() - t0) / 40)
+        return statistics.median(samples)
+
+    return max(0.0, timed(dx, dw) - timed(lx, w))
 
 
 def _send_recv(dist, rank: int, x) -> None:

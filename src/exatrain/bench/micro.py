@@ -248,7 +248,8 @@ def machine() -> dict:
     import platform
 
     d = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-         "cpus": os.cpu_count(), "threads": torch.get_num_threads()}
+         "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
     if torch.cuda.is_available():
         d["gpu"] = torch.cuda.get_device_name(0)
         d["gpus"] = torch.cuda.device_count()

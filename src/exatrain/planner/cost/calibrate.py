@@ -269,6 +269,12 @@ def fit_link(points: Sequence[dict], name: str = "measured") -> tuple[LinkTier |
     best_bw = float(np.max(frac_a / t_a))
     x, _ = nelder_mead(lambda x: _robust(model(x), t_a), [math.log(2e-5), math.log(best_bw)])
     lat, bw = (float(v) for v in np.exp(x))
+    if bw > 2.0 * best_bw:
+        # Too few bandwidth-bound points to pin the slope (e.g. --quick): no link outruns twice the
+        # best throughput seen; the latency is what remains of each measurement.
+        bw = 2.0 * best_bw
+        lat = float(max(np.median((t_a - frac_a / bw) / steps_a), 0.0))
+        x = np.log([max(lat, 1e-12), bw])
     curve = [{"kind": p["kind"], "bytes": p["bytes"], "ranks": p["ranks"], "seconds": p["seconds"],
               "model_seconds": float(mt)} for p, mt in zip(points, model(x))]
     return LinkTier(name=name, span=0, bytes_per_s=bw, latency_s=lat), curve
@@ -290,8 +296,15 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     fields.update({k: v for k, v in layer.items() if k != "curve"})
     if step_over is not None:
         fields["step_overhead_s"] = step_over  # zero_grad + gradient norm + AdamW's per-tensor work
+    dispatch = [p["seconds"] for p in raw.get("collectives", []) if p.get("kind") == "dtensor_dispatch"]
+    if dispatch:
+        fields["tp_op_overhead_s"] = float(dispatch[0])
+    cores = raw.get("machine", {}).get("cores")
+    if device_name == "cpu" and cores:
+        fields["cores_per_node"] = int(cores)  # ranks beyond this share cores
     tiers = {}
-    tier, link_curve = fit_link(raw.get("collectives", []), name="loopback" if device_name == "cpu" else "local")
+    tier, link_curve = fit_link([p for p in raw.get("collectives", []) if p.get("kind") != "dtensor_dispatch"],
+                                name="loopback" if device_name == "cpu" else "local")
     if tier is not None and cluster is not None:
         if device_name == "cpu" or len(cluster.tiers) == 1:
             tiers[cluster.name] = (tier,)

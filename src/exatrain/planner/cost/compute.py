@@ -36,7 +36,17 @@ class Device:
     params: CostParams
 
 
-def device_for(cluster: ClusterSpec, dtype: str, params: CostParams) -> Device:
+def device_for(cluster: ClusterSpec, dtype: str, params: CostParams, ranks: int = 1) -> Device:
+    """The speed one rank sees when ``ranks`` ranks of the job run (a node holds up to
+    gpus_per_node of them). Where ranks share CPU cores (``cores_per_node``), each gets its share:
+    every compute and host-side term slows by ranks_on_node / cores."""
+    share = 1.0
+    if params.cores_per_node > 0:
+        share = max(1.0, min(ranks, cluster.gpus_per_node) / params.cores_per_node)
+        if share > 1.0:
+            params = params.replace(
+                gemm_overhead_s=params.gemm_overhead_s * share, op_overhead_s=params.op_overhead_s * share,
+                tp_op_overhead_s=params.tp_op_overhead_s * share, step_overhead_s=params.step_overhead_s * share)
     peak = params.peak_flops or cluster.device.peak_flops(dtype)
     if peak is None and dtype != "float32":
         peak = cluster.device.peak_flops("float32")
@@ -44,7 +54,7 @@ def device_for(cluster: ClusterSpec, dtype: str, params: CostParams) -> Device:
         raise UserError(f"device {cluster.device.name!r} has no {dtype} peak in the catalog; "
                         "measure it with `exatrain bench --out calib.json` and pass --calibration calib.json")
     bw = params.mem_bytes_per_s or cluster.device.hbm_bytes_per_s
-    return Device(peak_flops=float(peak), mem_bytes_per_s=float(bw), params=params)
+    return Device(peak_flops=float(peak) / share, mem_bytes_per_s=float(bw) / share, params=params)
 
 
 def gemm_time_s(g: Gemm, dev: Device, calls: int = 1):
@@ -106,8 +116,12 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
             + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
         attn_fwd = sum(gemm_time_s(g, dev) for g in scores) + softmax
         attn_bwd = sum(gemm_time_s(g, dev, calls=2) for g in scores) + 2 * softmax
-    fwd = gemm_fwd + attn_fwd + elem_fwd
-    bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd
+    # DTensor's host-side dispatch on every op of a tensor-parallel layer: the dense GEMMs, the
+    # attention, the element-wise kernels; the backward runs about twice as many.
+    n_fwd_ops = len(dense) + (1 if flash else 3) + n_ops
+    dispatch = np.where(tp_a > 1, n_fwd_ops * dev.params.tp_op_overhead_s, 0.0)
+    fwd = gemm_fwd + attn_fwd + elem_fwd + dispatch
+    bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd + 2 * dispatch
     if recompute == "full":
         extra = fwd
     elif recompute == "selective":

@@ -26,6 +26,8 @@ class CostParams:
     gemm_overhead_s: float = 20e-6  # fixed time per GEMM call: launch, tile and wave quantisation
     gemm_dim_half: float = 32.0  # a GEMM dimension d costs a factor d/(d + this): thin GEMMs are slow
     op_overhead_s: float = 4e-6  # fixed time per element-wise kernel (launch / dispatch)
+    tp_op_overhead_s: float = 0.0  # host time DTensor adds to every op under tensor parallelism
+    cores_per_node: int = 0  # CPU runs: cores a node's ranks share (more ranks than cores slow down)
     attn_eff: float = 0.30  # fused (flash) attention: fraction of peak, causal, full-count FLOPs
     mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels
     link_eff: float = 0.75  # fraction of link bandwidth reached by collectives (algorithm bw)

@@ -59,7 +59,7 @@ def _tp_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, n_collectives: fl
 
 def stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
     m, b, tp = plan.model, plan.micro_batch, plan.tp
-    dev = compute.device_for(cluster, plan.dtype, cp)
+    dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
     kw = dict(sequence_parallel=plan.sequence_parallel, dtype=plan.dtype, dev=dev)
     lt = compute.layer_times(m, b, tp, flash=plan.flash_attention, recompute=plan.recompute, **kw)
     dense_gemm_fwd = sum(compute.gemm_time_s(g, dev) for g in compute.layer_gemms(m, b, tp)
@@ -136,7 +136,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBre
     np.maximum.at(ends, tl.rank, tl.end_s)
     dp_exposed = 0.0
     opt_s = 0.0
-    dev = compute.device_for(cluster, plan.dtype, cp)
+    dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
     params = stage_params(plan)
     for r in range(plan.pp):
         ks = list(plan.stages_of_rank(r))
@@ -149,8 +149,8 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBre
         dp_exposed = max(dp_exposed, max(0.0, t_dp - window - slack))
         shard = params[r] / (plan.dp if plan.zero_stage >= 1 else 1)
         opt_s = max(opt_s, float(compute.optimizer_time_s(shard, dev)))
-    total = pipe + dp_exposed + opt_s + cp.step_overhead_s
+    total = pipe + dp_exposed + opt_s + dev.params.step_overhead_s
     bd = TimeBreakdown(step=total, compute=compute_s, bubble=max(0.0, no_p2p - compute_s - tp_s),
                        tp_comm=tp_s, pp_comm=pipe - no_p2p, dp_comm=dp_exposed, optimizer=opt_s,
-                       other=cp.step_overhead_s)
+                       other=dev.params.step_overhead_s)
     return bd, sim

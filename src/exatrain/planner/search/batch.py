@@ -66,7 +66,8 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
     keys = np.stack([space.zero, space.recompute, space.sp.astype(int), space.variant])
     groups, inverse = np.unique(keys, axis=1, return_inverse=True)
     inverse = np.ravel(inverse)
-    dev = compute.device_for(cluster, dtype, cp)
+    gpus_total = int(space.tp[0] * space.pp[0] * space.dp[0]) if len(space) else 1
+    dev = compute.device_for(cluster, dtype, cp, gpus_total)
     for gi, (zero, rec_i, sp_i, var_i) in enumerate(groups.T):
         idx = np.nonzero(inverse == gi)[0]
         sched, v = variants[var_i]
@@ -210,10 +211,10 @@ def _evaluate_group(space: Space, idx: np.ndarray, model: ModelSpec, cluster: Cl
     dp_exp = np.maximum(np.maximum(t_dp0 - win0, 0.0), np.maximum(t_dpl - winl - slack_last, 0.0))
     shard = np.where(zero_stage >= 1, dp, 1)
     opt = compute.optimizer_time_s(np.maximum(params_by_rank["r0"], params_by_rank["rl"]) / shard, dev)
-    step = with_p2p.step_s + excess + dp_exp + opt + cp.step_overhead_s
+    step = with_p2p.step_s + excess + dp_exp + opt + dev.params.step_overhead_s
     times = {"step": step, "compute": compute_s, "bubble": np.maximum(no_p2p.step_s + excess - busy, 0.0),
              "tp_comm": tp_total, "pp_comm": with_p2p.step_s - no_p2p.step_s, "dp_comm": dp_exp,
-             "optimizer": opt, "other": np.full(idx.size, cp.step_overhead_s)}
+             "optimizer": opt, "other": np.full(idx.size, dev.params.step_overhead_s)}
     return worst_parts, worst_total, times
 
 
