@@ -139,7 +139,8 @@ class Progress:
     """A rich progress bar on a terminal; a plain line every tenth of the run otherwise; nothing
     when quiet. Only rank 0 makes one."""
 
-    def __init__(self, total: int, quiet: bool, title: str) -> None:
+    def __init__(self, total: int, quiet: bool, title: str, start: int = 0) -> None:
+        """``total`` steps of the run, of which ``start`` were done before (a resumed run)."""
         self.total, self.quiet = total, quiet
         self.every = max(1, total // 10)
         self._bar = None
@@ -153,7 +154,7 @@ class Progress:
 
             self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=self.console)
-            self._task = self._bar.add_task(title, total=total, loss="-")
+            self._task = self._bar.add_task(title, total=total, completed=start, loss="-")
             self._bar.start()
         else:
             self.console.print(title)

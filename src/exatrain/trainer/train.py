@@ -263,8 +263,8 @@ class Trainer:
         title = (f"{plan.model.name}: tp{plan.tp} pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
                  f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}"
                  + (f", resumed at step {self.start_step}" if self.start_step else ""))
-        todo = config.steps - self.start_step
-        progress = Progress(max(todo, 1), quiet=config.quiet or not self.rank0, title=" ".join(title.split()))
+        progress = Progress(config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()),
+                            start=self.start_step)
         board = TensorBoardLog(config.tensorboard_dir) if self.rank0 and config.tensorboard_dir else None
         history: list[StepMetrics] = []
         start = time.perf_counter()

@@ -63,9 +63,10 @@ def publish(tmp: Path, final: Path, trainer: dict[str, Any], tokenizer: Path | N
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(final)
-    if keep_last > 0:
+    if keep_last > 0:  # the newest K by step; never the one just written (a run resumed from an older step)
         for _, path in files.list_checkpoints(final.parent)[keep_last:]:
-            shutil.rmtree(path, ignore_errors=True)
+            if path != final:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class Checkpointer:
