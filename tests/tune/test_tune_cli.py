@@ -147,12 +147,14 @@ def test_a_plan_the_trainer_refuses_is_rejected_not_counted_and_not_retried(tmp_
     assert 0 not in {r.env["tune_trial"] for r in read_run_records(tmp_path / "tune.runs.jsonl")}
 
 
-def test_the_same_error_again_and_again_stops_the_study(tmp_path, capsys, fake) -> None:
-    fake(**{".": {"crash": "no GPU visible"}})
+@pytest.mark.parametrize("behaviour, finished", [({"crash": "NCCL error: unhandled system error"}, 3),
+                                                 ({"reject": "no CUDA/ROCm device is visible here"}, 0)])
+def test_the_same_error_again_and_again_stops_the_study(tmp_path, capsys, fake, behaviour, finished) -> None:
+    fake(**{".": behaviour})
     code, out, err = run(capsys, *tune_argv(tmp_path, "--trials", "10", "--json"))
     d = json.loads(out)
-    assert code == 1 and d["best"] is None and d["finished"] == 3
-    assert "no GPU visible" in d["stopped"] and "no run succeeded" in err
+    assert code == 1 and d["best"] is None and d["finished"] == finished and len(fake_log(tmp_path)) == 3
+    assert list(behaviour.values())[0] in d["stopped"] and "no run succeeded" in err
 
 
 def test_a_hopeless_run_is_pruned_after_warm_up(tmp_path, capsys, fake, seeds) -> None:

@@ -249,6 +249,10 @@ def finished_runs(trials: list[FrozenTrial]) -> int:
     return sum(1 for t in trials if t.user_attrs.get("ran") and trial_status(t) in RUN_STATUSES)
 
 
+def any_ok(study: optuna.Study) -> bool:
+    return any(trial_status(t) == "ok" for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+
 def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyFiles,
          storage: optuna.storages.BaseStorage, settings: TuneSettings = TuneSettings(), *,
          study_name: str | None = None, progress: Callable[[TrialView], None] | None = None) -> TuneResult:
@@ -344,9 +348,15 @@ def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyF
             ran += view.status in RUN_STATUSES
             if progress is not None:
                 progress(view)
-            err = view.error if view.status in ("oom", "timeout", "failed", "rejected") else ""
-            repeats = repeats + 1 if err and err == last_error else int(bool(err))
-            last_error = err
+            # The same error again and again means the environment is broken (no GPU, a bad launcher).
+            # Refusals count only until a run has worked: after that they are about the layouts
+            # (e.g. a schedule the trainer cannot combine with FSDP), not the machine.
+            counted = ("oom", "timeout", "failed") + (() if any_ok(study) else ("rejected",))
+            if view.status in counted:
+                repeats = repeats + 1 if view.error == last_error else 1
+                last_error = view.error
+            elif view.status != "rejected":  # a later refusal neither breaks nor extends a streak
+                repeats, last_error = 0, ""
     trials = study.get_trials(deepcopy=False)
     views = _ranked([_view(t, cands) for t in trials if t.user_attrs.get("ran")])
     best = next((v for v in views if v.status == "ok"), None)

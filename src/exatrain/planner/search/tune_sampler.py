@@ -233,9 +233,10 @@ def trial_status(t: FrozenTrial) -> str:
 
 
 def observations(cands: Candidates, trials: Iterable[FrozenTrial]) -> Observations:
-    """The GP's data: measured runs, and failed ones (oom, timeout, crash) at half the slowest run
-    measured - a failure says its neighbours (more memory, the same kernel, the same bug) are risky,
-    so the sampler moves away instead of trying the next ZeRO stage of the same failing layout."""
+    """The GP's data: measured runs, and failed or refused ones (oom, timeout, crash, rejected) at half
+    the slowest run measured - a failure says its neighbours (more memory, the same kernel, the same
+    bug, the same unsupported combination) are risky, so the sampler moves away instead of trying the
+    next ZeRO stage of the same failing layout."""
     measured: dict[int, float] = {}
     failed: set[int] = set()
     excluded: set[int] = set()
@@ -256,7 +257,7 @@ def observations(cands: Candidates, trials: Iterable[FrozenTrial]) -> Observatio
             measured[i] = math.log(float(value))
             if status == "ok":
                 ok.add(i)
-        elif status in ("oom", "timeout", "failed"):
+        elif status in ("oom", "timeout", "failed", "rejected"):
             failed.add(i)
         if status in RUN_STATUSES or status in ("rejected", "running", "queued"):
             excluded.add(i)
