@@ -157,6 +157,14 @@ def test_the_same_error_again_and_again_stops_the_study(tmp_path, capsys, fake, 
     assert list(behaviour.values())[0] in d["stopped"] and "no run succeeded" in err
 
 
+def test_no_trial_starts_after_the_time_budget(tmp_path, capsys, fake) -> None:
+    fake(**{".": {"step_s": 0.4}})  # every run takes more than the budget: 4 steps x 0.4 s
+    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "5", "--time-budget", "1s", "--json"))
+    d = json.loads(out)
+    assert code == 0 and d["finished"] == 1 and d["stopped"].startswith("time budget of 1 s spent")
+    assert d["trials"][0]["status"] == "ok"  # the run that was going finished; none started after
+
+
 def test_a_hopeless_run_is_pruned_after_warm_up(tmp_path, capsys, fake, seeds) -> None:
     fake(**{_anchor(seeds[0]): {"tokens_per_s": 1000.0},
             _anchor(seeds[1]): {"tokens_per_s": 100.0, "step_s": 0.2}})

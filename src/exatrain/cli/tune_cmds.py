@@ -13,8 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, make_console, positive_int,
-                                 print_json, resolve_cluster, resolve_model)
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, make_console, nonneg_int,
+                                 positive_int, print_json, resolve_cluster, resolve_model)
 from exatrain.errors import UserError
 
 DEFAULT_STUDY = "sqlite:///tune.db"
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default: cuda for a GPU cluster, cpu for local-cpu")
     g.add_argument("--steps", type=positive_int, default=8,
                    help="optimizer steps per trial, at least 3: the first 2 are warm-up (default 8)")
-    g.add_argument("--seed", type=int, default=0, help="the runs' weights and data order (default 0)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="the runs' weights and data order (default 0)")
     g.add_argument("--trial-timeout", metavar="DURATION", default="15m",
                    help="a run still going after this is a hang: killed, a failed trial (default 15m)")
     g.add_argument("--launcher", metavar="TEMPLATE", default=None,
