@@ -148,6 +148,29 @@ def test_gemm_and_link_fits_recover_their_generating_parameters() -> None:
     assert tier.span == 0 and len(curve) == len(link)
 
 
+def test_framework_fit_recovers_injected_overheads() -> None:
+    """Points made by the cost model itself with known framework overheads (bench.framework's cases
+    and depths): fit_framework, starting from the same parameters without them, gets them back."""
+    from exatrain.bench.framework import CASES, DEPTHS, tiny_model
+    from exatrain.planner.cost.calibrate import fit_framework
+
+    base = default_params("cpu")
+    truth = {"tp_layer_overhead_s": 3e-3, "fsdp_layer_overhead_s": 2e-3, "pp_microbatch_overhead_s": 4e-4,
+             "dp_step_overhead_s": 1.5e-3}
+    actual = base.replace(**truth)
+    points = []
+    for case, tp, pp, dp, zero, mb, gb in CASES:
+        for layers in DEPTHS:
+            plan = Plan(model=tiny_model(layers), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb),
+                        zero_stage=zero, dtype="float32", cluster="local-cpu")
+            points.append({"kind": "framework", "case": case, "plan": plan.to_dict(),
+                           "seconds": step_time(plan, CPU, actual)[0].step})
+    found, curve = fit_framework(points, base, CPU)
+    assert set(found) == set(truth) and len(curve) == len(points)
+    for key, value in truth.items():
+        assert found[key] == pytest.approx(value, rel=0.05), key
+
+
 def test_error_stats() -> None:
     s = error_stats([1.1, 0.8, 1.0, 2.0], [1.0, 1.0, 1.0, 1.0])
     assert s["n"] == 4 and s["median"] == pytest.approx(0.15) and s["max"] == pytest.approx(1.0)
@@ -168,6 +191,8 @@ def test_bench_quick_writes_a_calibration_estimate_reads(tmp_path, capsys) -> No
     assert tier.span == 0 and tier.bytes_per_s > 0 and tier.latency_s > 0
     curves = cal.extra["bench"]["curves"]
     assert curves["gemm"] and curves["memory"] and curves["collectives"]
+    assert {c["case"] for c in curves["framework"]} == {"dp", "tp", "fsdp", "pp"}
+    assert p.tp_layer_overhead_s > 0  # DTensor's host time is never free on a CPU
     assert {"measured_tflops", "model_tflops"} <= set(curves["gemm"][0])
     code, text, err = run(capsys, "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2",
                           "--tp", "2", "--dtype", "float32", "--calibration", str(out), "--json")

@@ -69,6 +69,22 @@ def test_batch_trainer_memory_equals_estimate() -> None:
     assert all(p.estimate.trainer_fits for p in result.ranked)
 
 
+def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
+    """zero_bubble + ZeRO-2/3 + dp > 1 is legal for the reference runtime but refused by the trainer
+    (TrainConfig.validate): --runtime exatrain counts it as a rejection instead of proposing it."""
+    from exatrain.planner.search.space import TRAINER_REASON
+
+    m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
+    opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 1, 2, 3), recompute=("none",),
+                        sequence_parallel=(False,), schedules=(("1f1b", 1), ("zero_bubble", 2)))
+    ref = enumerate_space(m, c, 4, 8, opts)  # dp 2, 4 micro-batches: all 8 candidates legal
+    own = enumerate_space(m, c, 4, 8, opts, runtime="exatrain")
+    assert len(ref) == 8 and TRAINER_REASON not in ref.rejected
+    assert own.rejected[TRAINER_REASON] == 2 and len(own) == 6
+    names = [s for s, _ in opts.schedules]
+    assert not any(names[v] == "zero_bubble" and z >= 2 for v, z in zip(own.variant, own.zero))
+
+
 def test_search_finds_the_exact_best() -> None:
     """Brute force: estimate_plan on every legal candidate of a small space; search must return it."""
     m, c = get_model("gpt3-6.7b"), get_cluster("dgx-a100")

@@ -58,7 +58,8 @@ def fake(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def seeds() -> list[str]:
     """Layout keys of the first trials a new study runs (the cost model's seeds), best first."""
-    result = search(get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=64, dtype="float32")
+    result = search(get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=64, dtype="float32",
+                    runtime="exatrain")
     cands = Candidates.from_plans(result.ranked, gpus=4, global_batch=8)
     return [cands.keys[i] for i in cands.seeds(3)]
 

@@ -23,8 +23,11 @@ def message_sizes(device: str, quick: bool) -> list[int]:
     return [2**16, 2**22, 2**26] if quick else [2**12, 2**16, 2**20, 2**24, 2**26, 2**28]
 
 
-def collective_points(ranks: int, device: str = "cpu", quick: bool = False, timeout_s: float = 300.0) -> list[dict]:
-    """Spawn ``ranks`` processes and time every kind at every size; [] when ranks < 2."""
+def collective_points(ranks: int, device: str = "cpu", quick: bool = False, timeout_s: float = 300.0,
+                      framework: bool = False) -> list[dict]:
+    """Spawn ``ranks`` processes and time every kind at every size; [] when ranks < 2. With
+    ``framework`` (and 2 ranks) the same ranks then time the trainer's own steps at negligible size
+    (bench.framework), returned as points of kind "framework"."""
     if ranks < 2:
         return []
     import torch.multiprocessing as mp
@@ -35,7 +38,7 @@ def collective_points(ranks: int, device: str = "cpu", quick: bool = False, time
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        procs = [ctx.Process(target=_rank_main, args=(r, ranks, port, device, quick, queue)) for r in range(ranks)]
+        procs = [ctx.Process(target=_rank_main, args=(r, ranks, port, device, quick, framework, queue)) for r in range(ranks)]
         for p in procs:
             p.start()
     finally:
@@ -59,7 +62,7 @@ def collective_points(ranks: int, device: str = "cpu", quick: bool = False, time
                 p.join(5)
 
 
-def _rank_main(rank: int, world: int, port: int, device: str, quick: bool, queue) -> None:
+def _rank_main(rank: int, world: int, port: int, device: str, quick: bool, framework: bool, queue) -> None:
     import warnings
 
     import torch
@@ -105,43 +108,15 @@ def _rank_main(rank: int, world: int, port: int, device: str, quick: bool, queue
                 # The buffer each rank contributes: the whole tensor for all-reduce and reduce-scatter
                 # (the cost model's message), one shard's worth gathered for all-gather -> n elements out.
                 points.append({"kind": kind, "ranks": world, "bytes": n * 4, "seconds": statistics.median(times)})
-        dispatch = _dtensor_dispatch_s(world, dev, reps)
+        if framework and world == 2:
+            from exatrain.bench.framework import framework_points
+
+            points += framework_points(rank, device, quick)
         if rank == 0:
-            points.append({"kind": "dtensor_dispatch", "ranks": world, "bytes": 0, "seconds": dispatch})
             queue.put(points)
     finally:
         dist.barrier()
         dist.destroy_process_group()
-
-
-def _dtensor_dispatch_s(world: int, dev, reps: int) -> float:
-    """Extra host time per op that tensor parallelism's DTensor adds over plain tensors: a tiny
-    row-sharded matmul and add (no communication), timed both ways; the cost model's
-    ``tp_op_overhead_s``."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    mesh = init_device_mesh(dev.type, (world,))
-    x, w = torch.randn(8 * world, 16, device=dev), torch.randn(16, 16, device=dev)
-    dx, dw = distribute_tensor(x, mesh, [Shard(0)]), distribute_tensor(w, mesh, [Replicate()])
-    lx = dx.to_local()
-
-    def ops(a, b):
-        for _ in range(20):
-            a = (a @ b) + a
-        return a
-
-    def timed(a, b) -> float:
-        ops(a, b)
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            ops(a, b)
-            samples.append((time.perf_counter() - t0) / 40)
-        return statistics.median(samples)
-
-    return max(0.0, timed(dx, dw) - timed(lx, w))
 
 
 def _send_recv(dist, rank: int, x) -> None:

@@ -36,8 +36,9 @@ def run_bench(*, device: str = "cpu", dtype: str = "float32", ranks: int = 2, qu
         layers = layer_points(opts)
     finally:
         torch.set_num_threads(threads)
-    say(f"collectives on {ranks} ranks" if ranks > 1 else "collectives skipped (one rank)")
-    collectives = collective_points(ranks, device=device, quick=quick)
+    say(f"collectives and the trainer's framework overheads on {ranks} ranks" if ranks > 1
+        else "collectives skipped (one rank)")
+    collectives = collective_points(ranks, device=device, quick=quick, framework=True)
     return {"gemm": gemm, "attention": attention, "bandwidth": bandwidth, "overhead": overhead, "layers": layers,
             "collectives": collectives,
             "ranks": ranks, "machine": machine(),

@@ -122,7 +122,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from exatrain.planner.search.tune_sampler import Candidates
 
     result = search(model, cluster, args.gpus, args.global_batch, top=args.candidates, options=options,
-                    params=params, dtype=dtype, flash=flash)
+                    params=params, dtype=dtype, flash=flash, runtime="exatrain")
     if not result.ranked:
         raise _no_feasible(result, args.gpus, cluster)
     cands = Candidates.from_plans(result.ranked, gpus=args.gpus, global_batch=args.global_batch)

@@ -280,6 +280,47 @@ def fit_link(points: Sequence[dict], name: str = "measured") -> tuple[LinkTier |
     return LinkTier(name=name, span=0, bytes_per_s=bw, latency_s=lat), curve
 
 
+def fit_framework(points: Sequence[dict], params: CostParams, cluster: ClusterSpec) -> tuple[dict, list[dict]]:
+    """The framework-overhead parameters from bench.framework's tiny trainer steps: each step's
+    time beyond what the cost model (with every other parameter already fitted) predicts for it,
+    per layer (the slope between two depths) and per step (what is left at the shallow depth)."""
+    from exatrain.plan import Plan
+    from exatrain.planner.cost.step import step_time
+
+    resid: dict[tuple[str, int], tuple[float, Plan]] = {}
+    curve = []
+    for p in points:
+        plan = Plan.from_dict(p["plan"], source="bench framework point")
+        predicted = step_time(plan, cluster, params)[0].step
+        resid[(p["case"], plan.model.layers)] = (p["seconds"] - predicted, plan)
+        curve.append({"case": p["case"], "layers": plan.model.layers, "seconds": p["seconds"],
+                      "model_seconds_before": predicted})
+
+    def slope_and_rest(case: str) -> tuple[float, float, int] | None:
+        depths = sorted(d for c, d in resid if c == case)
+        if len(depths) < 2:
+            return None
+        (r0, plan0), (r1, _) = resid[(case, depths[0])], resid[(case, depths[-1])]
+        per_stage_layers = (depths[-1] - depths[0]) / plan0.pp
+        # Micro-batch slots on the critical path: m on one stage, m + pp - 1 through a pipeline.
+        m = plan0.num_microbatches + (plan0.pp - 1 if plan0.pp > 1 else 0)
+        slope = (r1 - r0) / (per_stage_layers * m)  # per layer and micro-batch, on one rank
+        return slope, r0 - slope * depths[0] / plan0.pp * m, m
+
+    found: dict[str, float] = {}
+    base = slope_and_rest("dp")
+    if base is not None:
+        found["dp_step_overhead_s"] = max(0.0, base[1])
+        for case, key in (("tp", "tp_layer_overhead_s"), ("fsdp", "fsdp_layer_overhead_s")):
+            got = slope_and_rest(case)
+            if got is not None:
+                found[key] = max(0.0, got[0] - base[0])
+        got = slope_and_rest("pp")
+        if got is not None:  # what each micro-batch adds per stage beyond the layers
+            found["pp_microbatch_overhead_s"] = max(0.0, got[1] / got[2])
+    return found, curve
+
+
 def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, catalog_peak: float | None,
                            cluster: ClusterSpec | None) -> Calibration:
     """A calibration file's contents from ``exatrain bench``'s raw measurements."""
@@ -296,14 +337,12 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     fields.update({k: v for k, v in layer.items() if k != "curve"})
     if step_over is not None:
         fields["step_overhead_s"] = step_over  # zero_grad + gradient norm + AdamW's per-tensor work
-    dispatch = [p["seconds"] for p in raw.get("collectives", []) if p.get("kind") == "dtensor_dispatch"]
-    if dispatch:
-        fields["tp_op_overhead_s"] = float(dispatch[0])
     cores = raw.get("machine", {}).get("cores")
     if device_name == "cpu" and cores:
         fields["cores_per_node"] = int(cores)  # ranks beyond this share cores
     tiers = {}
-    tier, link_curve = fit_link([p for p in raw.get("collectives", []) if p.get("kind") != "dtensor_dispatch"],
+    framework = [p for p in raw.get("collectives", []) if p.get("kind") == "framework"]
+    tier, link_curve = fit_link([p for p in raw.get("collectives", []) if p.get("kind") != "framework"],
                                 name="loopback" if device_name == "cpu" else "local")
     if tier is not None and cluster is not None:
         if device_name == "cpu" or len(cluster.tiers) == 1:
@@ -313,10 +352,15 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
             tiers[cluster.name] = (inner, *[t for t in cluster.tiers if t.span == 0 or t.span > inner.span])
         fields["link_eff"] = 1.0  # the tier's bandwidth is what the collectives achieved
     params = base.replace(**fields, source=f"exatrain bench ({raw.get('machine', {}).get('host', 'this machine')})")
+    framework_curve: list[dict] = []
+    if framework and cluster is not None:
+        measured_cluster = dataclasses.replace(cluster, tiers=tiers[cluster.name]) if cluster.name in tiers else cluster
+        found, framework_curve = fit_framework(framework, params, measured_cluster)
+        params = params.replace(**found)
     extra = {"bench": {"machine": raw.get("machine", {}), "options": raw.get("options", {}),
                        "curves": {"gemm": gemm["curve"], "attention": attention.get("curve", []),
                                   "memory": memory.get("curve", []), "layers": layer.get("curve", []),
-                                  "collectives": link_curve},
+                                  "collectives": link_curve, "framework": framework_curve},
                        "raw": {k: raw.get(k, []) for k in ("gemm", "attention", "bandwidth", "overhead",
                                                            "layers", "collectives")}}}
     return Calibration(devices={device_name: params}, cluster_tiers=tiers, extra=extra)

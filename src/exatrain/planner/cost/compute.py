@@ -27,6 +27,11 @@ from exatrain.planner.accounting.memory import COMPUTE_BYTES
 from exatrain.planner.cost.params import CostParams
 
 
+# Host-side terms: on a CPU whose cores the ranks share, each stretches like the arithmetic does.
+HOST_TERMS = ("gemm_overhead_s", "op_overhead_s", "step_overhead_s", "tp_layer_overhead_s",
+              "fsdp_layer_overhead_s", "pp_microbatch_overhead_s", "dp_step_overhead_s")
+
+
 @dataclass(frozen=True)
 class Device:
     """Peak speed and bandwidth the cost model uses for one rank (catalog, or a calibration)."""
@@ -44,9 +49,7 @@ def device_for(cluster: ClusterSpec, dtype: str, params: CostParams, ranks: int 
     if params.cores_per_node > 0:
         share = max(1.0, min(ranks, cluster.gpus_per_node) / params.cores_per_node)
         if share > 1.0:
-            params = params.replace(
-                gemm_overhead_s=params.gemm_overhead_s * share, op_overhead_s=params.op_overhead_s * share,
-                tp_op_overhead_s=params.tp_op_overhead_s * share, step_overhead_s=params.step_overhead_s * share)
+            params = params.replace(**{k: getattr(params, k) * share for k in HOST_TERMS})
     peak = params.peak_flops or cluster.device.peak_flops(dtype)
     if peak is None and dtype != "float32":
         peak = cluster.device.peak_flops("float32")
@@ -116,12 +119,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
             + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
         attn_fwd = sum(gemm_time_s(g, dev) for g in scores) + softmax
         attn_bwd = sum(gemm_time_s(g, dev, calls=2) for g in scores) + 2 * softmax
-    # DTensor's host-side dispatch on every op of a tensor-parallel layer: the dense GEMMs, the
-    # attention, the element-wise kernels; the backward runs about twice as many.
-    n_fwd_ops = len(dense) + (1 if flash else 3) + n_ops
-    dispatch = np.where(tp_a > 1, n_fwd_ops * dev.params.tp_op_overhead_s, 0.0)
-    fwd = gemm_fwd + attn_fwd + elem_fwd + dispatch
-    bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd + 2 * dispatch
+    fwd = gemm_fwd + attn_fwd + elem_fwd
+    bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd
     if recompute == "full":
         extra = fwd
     elif recompute == "selective":
@@ -129,6 +128,15 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
     else:
         extra = 0.0 * fwd
     return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd)
+
+
+def framework_layer_s(dev: Device, tp, dp, zero_stage: int):
+    """Per layer and micro-batch (forward + backward): what DTensor (tp > 1) and FSDP (ZeRO-2/3 over
+    dp > 1) add on the host. The forward takes a third, the backward the rest."""
+    p = dev.params
+    tp_a, dp_a = np.asarray(tp), np.asarray(dp)
+    return (np.where(tp_a > 1, p.tp_layer_overhead_s, 0.0)
+            + np.where((dp_a > 1) & (zero_stage >= 2), p.fsdp_layer_overhead_s, 0.0))
 
 
 def embedding_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device):

@@ -26,7 +26,12 @@ class CostParams:
     gemm_overhead_s: float = 20e-6  # fixed time per GEMM call: launch, tile and wave quantisation
     gemm_dim_half: float = 32.0  # a GEMM dimension d costs a factor d/(d + this): thin GEMMs are slow
     op_overhead_s: float = 4e-6  # fixed time per element-wise kernel (launch / dispatch)
-    tp_op_overhead_s: float = 0.0  # host time DTensor adds to every op under tensor parallelism
+    # Framework time the parallel machinery adds beyond arithmetic and bytes (bench.framework
+    # measures the trainer's own at negligible size; 0 where it hides behind accelerator work):
+    tp_layer_overhead_s: float = 0.0  # per layer and micro-batch under tensor parallelism (DTensor)
+    fsdp_layer_overhead_s: float = 0.0  # per layer and micro-batch under FSDP (ZeRO-2/3, dp > 1)
+    pp_microbatch_overhead_s: float = 0.0  # per micro-batch and virtual stage under a pipeline schedule
+    dp_step_overhead_s: float = 0.0  # per step with data parallelism (reducer / bucket machinery)
     cores_per_node: int = 0  # CPU runs: cores a node's ranks share (more ranks than cores slow down)
     attn_eff: float = 0.30  # fused (flash) attention: fraction of peak, causal, full-count FLOPs
     mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels

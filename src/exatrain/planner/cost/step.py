@@ -71,9 +71,11 @@ def stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
     tp_layer_b = _tp_time(plan, cluster, cp, 2 + (2 if plan.recompute == "full" else 0))
     layers = np.asarray(plan.layers_per_stage(), dtype=float)
     S = len(layers)
-    fwd = layers * float(lt.fwd)
+    fw = float(compute.framework_layer_s(dev, tp, plan.dp, plan.zero_stage))
+    pp_op = dev.params.pp_microbatch_overhead_s / 2 if plan.pp > 1 else 0.0  # per F and per B op
+    fwd = layers * (float(lt.fwd) + fw / 3) + pp_op
     wgrad = layers * float(dense_gemm_fwd)
-    bwd = layers * float(lt.bwd + lt.recompute) - wgrad
+    bwd = layers * (float(lt.bwd + lt.recompute) + 2 * fw / 3) - wgrad + pp_op
     tp_f, tp_b = layers * tp_layer_f, layers * tp_layer_b
     fwd[0] += float(emb_f)
     bwd[0] += float(emb_b)
@@ -149,8 +151,9 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBre
         dp_exposed = max(dp_exposed, max(0.0, t_dp - window - slack))
         shard = params[r] / (plan.dp if plan.zero_stage >= 1 else 1)
         opt_s = max(opt_s, float(compute.optimizer_time_s(shard, dev)))
-    total = pipe + dp_exposed + opt_s + dev.params.step_overhead_s
+    fixed = dev.params.step_overhead_s + (dev.params.dp_step_overhead_s if plan.dp > 1 else 0.0)
+    total = pipe + dp_exposed + opt_s + fixed
     bd = TimeBreakdown(step=total, compute=compute_s, bubble=max(0.0, no_p2p - compute_s - tp_s),
                        tp_comm=tp_s, pp_comm=pipe - no_p2p, dp_comm=dp_exposed, optimizer=opt_s,
-                       other=dev.params.step_overhead_s)
+                       other=fixed)
     return bd, sim

@@ -150,10 +150,13 @@ def _evaluate_group(space: Space, idx: np.ndarray, model: ModelSpec, cluster: Cl
     tp_lf = 2 * tp_one
     tp_lb = (2 + (2 if recompute == "full" else 0)) * tp_one
 
+    fw = compute.framework_layer_s(dev, tp, dp, zero_stage)
+    pp_op = np.where(pp > 1, dev.params.pp_microbatch_overhead_s / 2, 0.0)
+
     def stage(layers, first: bool, last: bool):
-        f = layers * (lt.fwd + tp_lf)
+        f = layers * (lt.fwd + tp_lf + fw / 3) + pp_op
         w = layers * dense
-        b = layers * (lt.bwd + lt.recompute + tp_lb) - w
+        b = layers * (lt.bwd + lt.recompute + tp_lb + 2 * fw / 3) - w + pp_op
         if first:
             f = f + emb_f + tp_one
             b = b + emb_b
@@ -211,10 +214,11 @@ def _evaluate_group(space: Space, idx: np.ndarray, model: ModelSpec, cluster: Cl
     dp_exp = np.maximum(np.maximum(t_dp0 - win0, 0.0), np.maximum(t_dpl - winl - slack_last, 0.0))
     shard = np.where(zero_stage >= 1, dp, 1)
     opt = compute.optimizer_time_s(np.maximum(params_by_rank["r0"], params_by_rank["rl"]) / shard, dev)
-    step = with_p2p.step_s + excess + dp_exp + opt + dev.params.step_overhead_s
+    fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
+    step = with_p2p.step_s + excess + dp_exp + opt + fixed
     times = {"step": step, "compute": compute_s, "bubble": np.maximum(no_p2p.step_s + excess - busy, 0.0),
              "tp_comm": tp_total, "pp_comm": with_p2p.step_s - no_p2p.step_s, "dp_comm": dp_exp,
-             "optimizer": opt, "other": np.full(idx.size, dev.params.step_overhead_s)}
+             "optimizer": opt, "other": fixed * np.ones(idx.size)}
     return worst_parts, worst_total, times
 
 

@@ -72,7 +72,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     reference (Megatron-LM's tensors, accounting.memory), or "exatrain", exatrain's own trainer as it
     runs today (accounting.trainer_memory, which keeps more)."""
     cp = params or default_params(cluster.device.name)
-    space = enumerate_space(model, cluster, gpus, global_batch, options)
+    space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime)
     rejected = dict(space.rejected)
     if len(space) == 0:
         return SearchResult([], space.examined, 0, 0, rejected, space.collapsed)

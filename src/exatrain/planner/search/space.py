@@ -33,6 +33,8 @@ REASONS = (
     "fewer micro-batches than pipeline stages",
     "sequence length not divisible by tp (sequence parallel)",
 )
+# Only when the candidates are for exatrain's own trainer (runtime "exatrain"): what it refuses to run.
+TRAINER_REASON = "zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)"
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
-                    options: SpaceOptions = SpaceOptions()) -> Space:
-    """Every candidate of the grid, filtered to the legal canonical ones (arrays)."""
+                    options: SpaceOptions = SpaceOptions(), runtime: str = "megatron") -> Space:
+    """Every candidate of the grid, filtered to the legal canonical ones (arrays). With ``runtime``
+    "exatrain" also without the combinations exatrain's trainer refuses (TRAINER_REASON)."""
     L = model.layers
     tps = list(options.tp) if options.tp else _divisors(gpus, 4 * cluster.gpus_per_node)
     pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
@@ -110,9 +113,13 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     reasons[2] = (dp > 0) & (global_batch % (mb * safe_dp) != 0)
     m = np.where(dp > 0, global_batch // (mb * safe_dp), 0)
     reasons[5] = (pp > 1) & (sched != "gpipe") & (m < pp)
+    names = list(REASONS)
+    if runtime == "exatrain":
+        names.append(TRAINER_REASON)
+        reasons.append((pp > 1) & (sched == "zero_bubble") & (dp > 1) & (zero >= 2))
     rejected: dict[str, int] = {}
     alive = keep.copy()
-    for name, bad in zip(REASONS, reasons):
+    for name, bad in zip(names, reasons):
         hit = alive & bad
         rejected[name] = int(hit.sum())
         alive &= ~bad
