@@ -504,16 +504,22 @@ def read_run_records(path: str | Path) -> list[RunRecord]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read ({exc})") from None
+    for lineno, obj in iter_json_lines(path, text):
+        if isinstance(obj, dict) and obj.get("kind") == "run_record":
+            records.append(RunRecord.from_dict(obj, source=f"{path}:{lineno}"))
+    return records
+
+
+def iter_json_lines(path: Path, text: str, hint: str = ""):
+    """(line number, parsed object) of every non-blank line of a JSON-lines text; a line that is
+    not JSON is a UserError naming it (``hint`` is added to the message)."""
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield lineno, json.loads(line)
         except ValueError:
-            raise UserError(f"{path}:{lineno}: not a JSON line") from None
-        if isinstance(obj, dict) and obj.get("kind") == "run_record":
-            records.append(RunRecord.from_dict(obj, source=f"{path}:{lineno}"))
-    return records
+            raise UserError(f"{path}:{lineno}: not a JSON line{hint}") from None
 
 
 def read_json(path: str | Path) -> Any:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Union
 
 from exatrain.errors import UserError
-from exatrain.plan import Plan, RunRecord, read_json
+from exatrain.plan import Plan, RunRecord, iter_json_lines, read_json
 
 # What `classify` calls each kind of JSON, and the flag that takes it.
 FLAG_FOR = {"plan": "--plan", "estimate": "--plan", "run_record": "--plan or --runs",
@@ -225,13 +225,7 @@ def read_runs(path: str | Path) -> RunsInput:
     if isinstance(whole, dict) and classify(whole) in ("plan", "estimate", "search", "scaling"):
         raise _wrong_kind(path, classify(whole), "--runs")
     entries: list[Union[StepLine, RunRecord]] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise UserError(f"{path}:{lineno}: not a JSON line (a runs file has one JSON object per line)") from None
+    for lineno, obj in iter_json_lines(path, text, " (a runs file has one JSON object per line)"):
         if isinstance(obj, dict) and obj.get("kind") == "run_record":
             entries.append(RunRecord.from_dict(obj, source=f"{path}:{lineno}"))
         elif (s := _step_line(obj)) is not None:
