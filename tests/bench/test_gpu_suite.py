@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,44 @@ def test_commands_bench_then_estimate_and_train_each_plan(tmp_path, capsys) -> N
     assert all("bench" not in c and "--calibration" not in c for c in no_bench)
     assert gpu_suite.main(["--dry-run", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("\n") == len(cmds)
+
+
+# ---- benchmarks/gpu_speed.py: the side-by-side single-GPU speed script ------------------------------
+def _gpu_speed():
+    import gpu_speed  # benchmarks/ is on sys.path (above)
+
+    return gpu_speed
+
+
+def test_gpu_speed_mfu_formula_and_largest_model() -> None:
+    from exatrain.catalog import get_cluster, get_model, model_presets
+    from exatrain.plan import ParallelDims, Plan, TrainShape
+    from exatrain.planner.estimate import estimate_plan
+
+    gs = _gpu_speed()
+    m = get_model("gpt-1.3b")  # 24 layers, h 2048, s 2048, V 50304
+    flops = 72 * 8 * 2048 * 24 * 2048**2 * (1 + 2048 / (6 * 2048) + 50304 / (12 * 2048 * 24))
+    assert gs.mfu(m, 8, 1.0, 989.4e12) == pytest.approx(flops / 989.4e12, rel=1e-12)
+    big = gs.largest_fitting_gpt("dgx-h200")
+    c = get_cluster("dgx-h200")
+
+    def fits(model) -> bool:
+        plan = Plan(model=model, dims=ParallelDims(1, 1, 1), shape=TrainShape(1, 1), recompute="full",
+                    dtype="bfloat16", cluster=c.name).validate(c)
+        return estimate_plan(plan, c).trainer_fits
+
+    assert big is not None and fits(big)
+    larger = [p for p in model_presets().values()
+              if p.arch == "gpt" and p.layers * p.hidden**2 > big.layers * big.hidden**2]
+    assert larger and not any(fits(p) for p in larger)
+
+
+def test_gpu_speed_smoke_on_cpu(tmp_path, capsys) -> None:
+    """The whole script on a CPU with gpt-tiny: the baseline has exatrain's parameter count (else exit
+    1), both sides run, and the table and JSON have their rows."""
+    gs = _gpu_speed()
+    assert gs.main(["--smoke", "--out", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "gpu_speed.json").read_text())
+    assert [r["run"] for r in d["rows"]] == ["baseline (eager)", "exatrain eager"]
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in d["rows"])
+    assert "vs base" in capsys.readouterr().out

@@ -28,11 +28,11 @@ class Run:
 
 
 def config(out: Path, name: str, *, model: str = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1,
-           dtype: str = "float32", steps: int = STEPS, **plan_kw: Any) -> TrainConfig:
+           dtype: str = "float32", steps: int = STEPS, compile: bool = False, **plan_kw: Any) -> TrainConfig:
     plan = Plan(model=get_model(model), dims=ParallelDims(tp=tp, pp=pp, dp=dp),
                 shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype=dtype, **plan_kw).validate()
     return TrainConfig(plan=plan, steps=steps, seed=0, lr=LR, metrics_file=str(out / f"{name}.jsonl"),
-                       quiet=True).check()
+                       quiet=True, compile=compile).check()
 
 
 def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:

@@ -61,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "that step's update and count it")
     g.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="also write TensorBoard event files (loss, grad norm, lr, tokens/s, step time)")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each transformer block and the loss (tp 1 only; the first steps compile)")
     g.add_argument("--record-samples", action="store_true",
                    help="list in each metrics line the global sample indices each data-parallel rank read")
     d = p.add_argument_group("data and checkpoints")
@@ -97,7 +99,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                          quiet=args.quiet, data_dir=data_dir, checkpoint_dir=args.checkpoint_dir,
                          save_every=args.save_every, keep_last=args.keep_last, async_save=args.async_save,
                          resume_from=None if manifest is None else str(manifest.path), nan_policy=args.nan_policy,
-                         tensorboard_dir=args.tensorboard, record_samples=args.record_samples).check()
+                         tensorboard_dir=args.tensorboard, record_samples=args.record_samples,
+                         compile=args.compile).check()
     from exatrain.trainer.launch import dist_env, launch_local, run_distributed
 
     if manifest is not None and manifest.step >= config.steps:

@@ -41,6 +41,7 @@ class TrainConfig:
     nan_policy: str = "stop"  # a non-finite loss or gradient norm: stop, or skip the update and count it
     tensorboard_dir: str | None = None  # TensorBoard event files (rank 0)
     record_samples: bool = False  # each step line lists the global sample indices each dp rank read
+    compile: bool = False  # torch.compile each transformer block and the loss (tp == 1 only)
 
     def check(self) -> "TrainConfig":
         if self.steps <= 0:
@@ -62,6 +63,9 @@ class TrainConfig:
         if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
         p = self.plan
+        if self.compile and p.tp > 1:
+            raise PlanError("--compile runs without tensor parallelism only (DTensor blocks are not compiled "
+                            "yet): use --tp 1, or drop --compile")
         if p.pp > 1 and p.schedule == "zero_bubble" and p.dp > 1 and p.zero_stage >= 2:
             # Its weight-gradient pass bypasses the hooks FSDP reduces from: wrong gradients (torch 2.13).
             raise PlanError("the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: "

@@ -65,13 +65,22 @@ def build_optimizer(pm: ParallelModel, config: TrainConfig, mesh: Mesh) -> torch
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    kw = dict(lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8)
+    kw: dict = dict(lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8)
     if config.plan.zero_stage == 1 and config.plan.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
                                        process_group=mesh.dp_mesh.get_group(), **kw)
+    if fused_adamw_ok(params, mesh.device):
+        kw["fused"] = True
     return torch.optim.AdamW(groups, **kw)
+
+
+def fused_adamw_ok(params: list[torch.Tensor], device: torch.device) -> bool:
+    """AdamW's fused kernel (one launch for all tensors instead of a chain of foreach kernels) on a
+    GPU, for plain tensors; DTensor parameters (tensor parallelism, FSDP) keep the foreach path. Not
+    on the CPU, where the foreach path is what the parity tests pin."""
+    return device.type == "cuda" and not any(isinstance(p, DTensor) for p in params)
 
 
 def _scalar(loss: torch.Tensor) -> torch.Tensor:
@@ -91,12 +100,15 @@ def _grad_sync(module: nn.Module, last: bool) -> ContextManager:
 class Stepper:
     """Forward + backward of one step's local batch, with or without a pipeline schedule."""
 
-    def __init__(self, pm: ParallelModel, mesh: Mesh) -> None:
+    def __init__(self, pm: ParallelModel, mesh: Mesh, compile: bool = False) -> None:
         self.pm, self.plan, self.mesh = pm, pm.plan, mesh
         self.schedule = None
         self.step_kwargs: dict = {}
+        # Compiled, the float32 upcast of the logits fuses into the loss kernel instead of
+        # materialising a float32 copy of all b x s x V logits.
+        self.loss_fn: Callable = torch.compile(lm_loss) if compile else lm_loss
         if self.plan.pp > 1:
-            self.schedule = build_schedule(self.plan, pm.stages, mesh.device, mesh.pp_group, lm_loss)
+            self.schedule = build_schedule(self.plan, pm.stages, mesh.device, mesh.pp_group, self.loss_fn)
             if "return_outputs" in inspect.signature(self.schedule.step).parameters:
                 self.step_kwargs["return_outputs"] = False  # the loss is all we need; keep no logits
         bf16 = self.plan.dtype == "bfloat16"
@@ -125,7 +137,7 @@ class Stepper:
         total = zero
         for i, (x, y) in enumerate(zip(inputs.split(self.plan.micro_batch), targets.split(self.plan.micro_batch))):
             with _grad_sync(module, i == n - 1), self.amp(), self.loss_ctx():
-                loss = lm_loss(module(x), y)
+                loss = self.loss_fn(module(x), y)
                 (loss / n).backward()
             total = total + _scalar(loss)
         return total / n
@@ -154,8 +166,8 @@ class Trainer:
         # the tp group, whose ranks must drop the same entries of the activations they all hold (under
         # sequence parallelism their different slices then share one mask pattern).
         torch.manual_seed(config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank)
-        self.pm = parallelize(plan, self.mesh, config.seed)
-        self.stepper = Stepper(self.pm, self.mesh)
+        self.pm = parallelize(plan, self.mesh, config.seed, compile=config.compile)
+        self.stepper = Stepper(self.pm, self.mesh, compile=config.compile)
         self.optimizer = build_optimizer(self.pm, config, self.mesh)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, config))
         self.flops = model_flops_per_step(plan)

@@ -70,10 +70,11 @@ def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return getattr(optimizer, "optim", optimizer)
 
 
-def _init_adam_state(state: dict, p: torch.Tensor) -> None:
-    """AdamW's own lazy initialisation (torch.optim.adam._init_group, no capturable/fused), done early
-    so that a load has tensors to fill."""
-    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+def _init_adam_state(state: dict, p: torch.Tensor, step_on_device: bool) -> None:
+    """AdamW's own lazy initialisation (torch.optim.adam._init_group), done early so that a load has
+    tensors to fill; the step count lives on the parameter's device for the fused kernel."""
+    state["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if step_on_device
+                     else torch.tensor(0.0, dtype=torch.float32))
     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
@@ -85,6 +86,7 @@ def state_dict(pm: ParallelModel, optimizer: torch.optim.Optimizer, rank: int,
     views = param_views(pm)
     local = local_optimizer(optimizer)
     owned = {id(p) for g in local.param_groups for p in g["params"]}
+    step_on_device = any(g.get("fused") or g.get("capturable") for g in local.param_groups)
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, p, wrap in views:
@@ -93,7 +95,7 @@ def state_dict(pm: ParallelModel, optimizer: torch.optim.Optimizer, rank: int,
                 continue
             st = local.state[p]
             if not st:
-                _init_adam_state(st, p.detach())
+                _init_adam_state(st, p.detach(), step_on_device)
             out[f"optim.{name}.exp_avg"] = wrap(st["exp_avg"])
             out[f"optim.{name}.exp_avg_sq"] = wrap(st["exp_avg_sq"])
             out[f"optim.{name}.step"] = st["step"]

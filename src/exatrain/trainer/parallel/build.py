@@ -1,6 +1,6 @@
 """This rank's part of the model, with every technique of the plan applied in a fixed order.
 
-    meta-device model -> pipeline split -> TP/SP -> activation checkpointing -> (compile) -> FSDP
+    meta-device model -> pipeline split -> TP/SP -> activation checkpointing -> compile -> FSDP
                       -> materialise (deterministic weights) -> DDP
 
 Why this order (torchtitan's, for these reasons):
@@ -11,8 +11,9 @@ Why this order (torchtitan's, for these reasons):
 * activation checkpointing wraps the already-sharded computation, so a recompute replays the same
   tensor-parallel collectives as the forward; it is switched on inside each layer, so the layer
   (and its parameter names) stays as it is for the wrappers after it;
-* (``torch.compile`` would go here, per layer, after checkpointing so it sees the checkpointed
-  regions and before FSDP so FSDP's hooks stay outside the compiled graphs; not applied yet;)
+* ``torch.compile`` (``--compile``) per layer, after checkpointing so it sees the checkpointed
+  regions; it compiles each block's ``forward``, not the module call, so the hooks FSDP and DDP
+  register stay outside the compiled graphs, and parameter names do not change;
 * FSDP last among the meta-device steps: it must see the final parameters (it shards TP's DTensors
   a second time) and its per-layer units must enclose the checkpointed layer, so the weights are
   gathered while a recompute runs; applied on meta, so no rank ever holds unsharded weights;
@@ -98,7 +99,14 @@ def stored_param(module: nn.Module, name: str) -> nn.Parameter:
     return getattr(module, name)
 
 
-def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
+def compile_blocks(module: nn.Module) -> None:
+    """torch.compile every transformer block's forward in place (one graph, reused by every block:
+    they share their code and differ only in their parameters, which the graph takes as inputs)."""
+    for block in module.layers.values():
+        block.forward = torch.compile(block.forward)
+
+
+def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False) -> ParallelModel:
     """Build, shard, initialise and wrap this rank's stages (see the module docstring for the order)."""
     with torch.device("meta"):
         whole = Transformer(plan.model)
@@ -113,6 +121,8 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
             apply_tensor_parallel(module, mesh.tp_mesh, sequence_parallel=plan.sequence_parallel)  # 2.
         apply_activation_checkpointing(module, plan.recompute)  # 3.
         apply_attention_kernel(module, plan.flash_attention)
+        if compile:
+            compile_blocks(module)
         if fsdp:
             apply_fsdp(module, mesh.dp_mesh, zero_stage=plan.zero_stage, bf16=bf16)  # 4.
         materialize(module, plan.model, seed, mesh.device)
@@ -133,4 +143,4 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int) -> ParallelModel:
     return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries, inner=inner)
 
 
-__all__ = ["ParallelModel", "data_parallel_kind", "execution_plan", "parallelize", "stored_param"]
+__all__ = ["ParallelModel", "compile_blocks", "data_parallel_kind", "execution_plan", "parallelize", "stored_param"]
