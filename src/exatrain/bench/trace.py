@@ -337,13 +337,11 @@ class _StepRunner:
 
     def _stage_input(self) -> torch.Tensor:
         """What a non-first stage receives: the residual stream as a plain tensor (the layers hand
-        each other local tensors), fp32 under autocast (the embedding and the residual additions
-        are not autocast ops), bf16 when FSDP gathers bf16 weights; [b, s/tp, h] with sequence
-        parallelism."""
+        each other local tensors), bf16 under autocast (the model casts the embedding's output);
+        [b, s/tp, h] with sequence parallelism."""
         m, p = self.plan.model, self.plan
         s = m.seq_len // (p.tp if p.sequence_parallel else 1)
-        bf16_stream = p.dtype == "bfloat16" and p.zero_stage >= 2 and p.dp > 1
-        dtype = torch.bfloat16 if bf16_stream else torch.float32
+        dtype = torch.bfloat16 if p.dtype == "bfloat16" else torch.float32
         return torch.empty(p.micro_batch, s, m.hidden, dtype=dtype).requires_grad_(True)
 
     def _pipeline_step(self) -> None:

@@ -38,6 +38,19 @@ def make_norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
 
 
+def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
+    """x in autocast's 16-bit dtype when autocast is on (else unchanged). Used for the residual
+    stream (the embedding's output: fp32 tables would make every residual addition fp32, as
+    Megatron-LM's bf16 stream is not) and for a norm's output once before the projections it feeds
+    (autocast casts per op, so q, k and v would each keep their own 16-bit copy of it)."""
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        if x.dtype != dtype:
+            return x.to(dtype)
+    return x
+
+
 def rope_table(spec: ModelSpec, device: torch.device | str | None = None) -> torch.Tensor:
     """cos and sin of the rotary angles, [s, d/2, 2] (Su et al. 2021, RoFormer, Eq. 34)."""
     d = spec.head_dim
@@ -144,8 +157,8 @@ class Block(nn.Module):
         return self._forward(x, rope)
 
     def _forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
-        x = x + self._drop(self.attn(self.attn_norm(x), rope))  # [b, s, h]
-        return x + self._drop(self.mlp(self.mlp_norm(x)))
+        x = x + self._drop(self.attn(to_compute_dtype(self.attn_norm(x)), rope))  # [b, s, h]
+        return x + self._drop(self.mlp(to_compute_dtype(self.mlp_norm(x))))
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(x, self.dropout, self.training) if self.dropout else x
@@ -163,7 +176,7 @@ class Embeddings(nn.Module):
         x = self.tok(tokens)
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))  # + [s, h]
-        return x
+        return to_compute_dtype(x)
 
 
 class Transformer(nn.Module):

@@ -6,13 +6,11 @@ actually keeps, checked against a trace of the trainer's own model (``exatrain e
 tests/bench/test_trace.py). Where the two differ, the difference is a property of the trainer's
 execution, and each item says whether it is inherent or avoidable:
 
-* mixed precision by autocast over fp32 parameters: the residual stream stays fp32 (the embedding
-  and the residual additions are not autocast ops), so the two norm inputs of a layer, a pipeline
-  stage's input and its output are 4 bytes per element (Megatron: 2) — avoidable by running the
-  stream in bf16;
-* autocast caches casts of weights only, so an fp32 input feeding several linear layers is cast
-  once per layer: q, k and v (and the MLP's gate and up projections) each keep their own 16-bit
-  copy of the normalised input (Megatron: one fused QKV input) — avoidable (cast once);
+* mixed precision by autocast over fp32 parameters; the model casts the embedding's output to
+  bf16, so the residual stream (the norms' inputs, a pipeline stage's input and output) is 2 bytes
+  per element as in Megatron-LM, and casts each norm's output once, so q, k and v (and the MLP's
+  gate and up projections) share one 16-bit input as Megatron's fused QKV does (autocast alone
+  would keep an fp32 stream and a 16-bit copy per projection);
 * DTensor sequence parallelism keeps the all-gathered (whole-sequence) input of each projection;
   Megatron keeps the 1/tp slice and gathers it again in the backward;
 * grouped-query attention repeats keys and values to all heads before the kernel
@@ -20,7 +18,7 @@ execution, and each item says whether it is inherent or avoidable:
 * a pipeline stage keeps each in-flight micro-batch's output until its backward (Megatron frees
   the data after sending it);
 * only linear layers get 16-bit weight copies (autocast casts nothing else); FSDP2 (ZeRO-2/3 with
-  dp > 1) gathers every parameter in bf16, which also makes the residual stream bf16;
+  dp > 1) gathers every parameter in bf16;
 * the peak is the largest of three moments: the backward of the last micro-batch in flight
   (states + activations + the backward's working set: the loss's fp32 temporaries, or the top
   layer's weight gradient and its fp32 copy, the input gradient, the residual stream's gradient,
@@ -50,39 +48,35 @@ from exatrain.planner.accounting.params import layer_params, stage_params
 
 
 def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str,
-                                   flash: bool, dtype: str, bf16_params: bool = False, on_cpu: bool = False):
+                                   flash: bool, dtype: str, on_cpu: bool = False):
     """Activation bytes one layer of the trainer's model keeps for backward, per micro-batch, on one
     tp rank (see the module doc), tensor by tensor per token, with d = tp under sequence parallelism:
 
       norms: LayerNorm keeps its input in fp32 (4h/d); RMSNorm keeps its input and, where torch has
         no fused kernel (the CPU), the fp32 normalised input too (8h/d), else only the input
-        (``_norm_bytes``: what changes when FSDP makes the stream bf16);
-      16-bit inputs of the projections the norms feed, whole sequence: fp32 norm output -> one
-        autocast copy per projection (q, k, v and fc1, or gate and up: 2h each); a 16-bit norm
-        output (RMSNorm under FSDP) is shared (2h per norm); in float32 the shared fp32 output;
+        (``_norm_bytes``, for the bf16 stream under autocast or the fp32 one);
+      inputs of the projections the norms feed (16-bit under autocast), whole sequence: each
+        norm's output cast once and shared by its projections (2 per layer); under sequence
+        parallelism each projection all-gathers, and keeps, its own copy (q, k, v and fc1, or
+        gate and up);
       attention on h/tp channels: q, k, v (keys and values repeated to all heads) and the output,
         e bytes each, + fp32 log-sum-exp per head (flash); the math kernel keeps the s x s
         probabilities (on the CPU it computes, and keeps q, k, v, in fp32);
       MLP on f/tp channels: fc1 output and GELU output, or gate, silu(gate), up and their product.
     Selective recomputation drops the attention core's own tensors (log-sum-exp or probabilities);
-    full recomputation keeps only the layer input (residual stream: fp32, bf16 under FSDP)."""
+    full recomputation keeps only the layer input (the residual stream: bf16 under autocast)."""
     s, h, f, a = m.seq_len, m.hidden, m.ffn_hidden, m.heads
     b = np.asarray(micro_batch, dtype=float)
     t = np.asarray(tp, dtype=float)
     d = t if sequence_parallel else 1.0
     autocast = dtype == "bfloat16"
     e = COMPUTE_BYTES[dtype]
-    stream = 2.0 if (autocast and bf16_params) else 4.0  # residual-stream bytes per element
+    stream = 2.0 if autocast else 4.0  # residual-stream bytes per element
     if recompute == "full":
         return s * b * stream * h / d
-    norm_keep, norm_out_fp32 = _norm_bytes(m, stream, on_cpu)
+    norm_keep = _norm_bytes(m, stream, on_cpu)
     n_proj = 3 + (2 if m.gated_mlp else 1)
-    if not autocast:
-        gemm_in = 2 * e * h
-    elif norm_out_fp32:
-        gemm_in = n_proj * 2.0 * h
-    else:
-        gemm_in = 2 * 2.0 * h
+    gemm_in = (n_proj if sequence_parallel else 2) * e * h
     if flash:
         core_own = 4.0 * a
         attn = 4 * e * h + (0.0 if recompute == "selective" else core_own)  # q, k, v, output
@@ -96,20 +90,15 @@ def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_pa
     return s * b * per_token
 
 
-def _norm_bytes(m: ModelSpec, stream: float, on_cpu: bool) -> tuple[float, bool]:
-    """(bytes per token a norm keeps for backward, whether its output is fp32), for a residual
-    stream of ``stream`` bytes per element. Under autocast LayerNorm runs in fp32 on accelerators
-    (an fp32 copy of a bf16 input); on the CPU it runs in its input's dtype. RMSNorm: torch's
-    fused kernel (accelerators) keeps its input; the CPU's composite keeps an fp32 upcast of the
-    input and the fp32 normalised input; either returns its input's dtype."""
+def _norm_bytes(m: ModelSpec, stream: float, on_cpu: bool) -> float:
+    """Bytes per token a norm keeps for backward, for a residual stream of ``stream`` bytes per
+    element. Under autocast LayerNorm runs in fp32 on accelerators (an fp32 copy of a bf16 input);
+    on the CPU it runs in its input's dtype. RMSNorm: torch's fused kernel (accelerators) keeps its
+    input; the CPU's composite keeps an fp32 upcast of the input and the fp32 normalised input."""
     h = m.hidden
     if m.arch != "llama":
-        if on_cpu:
-            return stream * h, stream == 4.0
-        return 4.0 * h, True
-    if on_cpu:
-        return 8.0 * h, stream == 4.0
-    return stream * h, stream == 4.0
+        return stream * h if on_cpu else 4.0 * h
+    return 8.0 * h if on_cpu else stream * h
 
 
 def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None) -> MemoryBreakdown:
@@ -178,17 +167,13 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
     kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, on_cpu=on_cpu)
 
     def per_layer_bytes(mode: str):
-        plain = trainer_layer_activation_bytes(m, b, tp, recompute=mode, **kw)
-        if not np.any(fsdp):
-            return plain
-        return np.where(fsdp, trainer_layer_activation_bytes(m, b, tp, recompute=mode, bf16_params=True, **kw),
-                        plain)
+        return trainer_layer_activation_bytes(m, b, tp, recompute=mode, **kw)
 
     per_layer = per_layer_bytes(recompute)
     tokens = b * m.seq_len
     sp_div = tp if sequence_parallel else 1.0
-    stream = np.where(fsdp & autocast, 2.0, 4.0)  # residual-stream bytes (see the module doc)
-    final_norm = np.where(fsdp & autocast, _norm_bytes(m, 2.0, on_cpu)[0], _norm_bytes(m, 4.0, on_cpu)[0])
+    stream = 2.0 if autocast else 4.0  # residual-stream bytes (see the module doc)
+    final_norm = _norm_bytes(m, stream, on_cpu)
     # One micro-batch in flight: its layers; on the last stage the final norm's input and the
     # head's 16-bit input; on a pipeline stage that sends, its output (kept until its backward; the
     # input it received is the first norm's input, counted with the layer).
