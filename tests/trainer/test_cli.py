@@ -84,6 +84,32 @@ def test_no_flags_is_the_embedded_3d_default(no_launch: list) -> None:
         assert p.estimate is not None and p.estimate.model_flops_per_step > 0
 
 
+def test_calibration_sets_the_recorded_prediction(tmp_path: Path, no_launch: list,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """--calibration: the prediction carried into the RunRecord is the estimate with that file's
+    parameters (here a device 4x slower than the prior), even over a --plan's stored estimate."""
+    from exatrain.catalog import get_cluster
+    from exatrain.planner.cost.params import Calibration, default_params, save_calibration
+    from exatrain.planner.estimate import estimate_plan
+
+    prior = default_params("cpu")
+    slow = prior.replace(peak_flops=(prior.peak_flops or 1e11) / 4, source="test")
+    cal = tmp_path / "calib.json"
+    save_calibration(cal, Calibration(devices={"cpu": slow}))
+    plan_file = tmp_path / "plan.json"
+    base = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=1, pp=1, dp=2), shape=TrainShape(2, 8),
+                cluster="local-cpu", dtype="float32").validate()
+    base.with_estimate(estimate_plan(base, get_cluster("local-cpu"))).save(plan_file)
+    assert main(["train", "--plan", str(plan_file), "--calibration", str(cal), "--quiet"]) == 0
+    (cfg,) = no_launch
+    want = estimate_plan(cfg.plan.with_estimate(None), get_cluster("local-cpu"), slow).time_s.step
+    assert cfg.plan.estimate.time_s.step == pytest.approx(want, rel=1e-12)
+    assert want > 1.5 * Plan.load(plan_file).estimate.time_s.step  # not the stored prior estimate
+    assert main(["train", "--plan", str(plan_file), "--calibration", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "none.json" in err
+
+
 def test_flags_override_a_plan(tmp_path: Path, no_launch: list) -> None:
     path = tmp_path / "plan.json"
     Plan(model=get_model("llama-tiny"), dims=ParallelDims(tp=2, pp=1, dp=2), shape=TrainShape(2, 8), zero_stage=1,

@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "that step's update and count it")
     g.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="also write TensorBoard event files (loss, grad norm, lr, tokens/s, step time)")
+    g.add_argument("--calibration", metavar="PATH", default=None,
+                   help="predict the step time with this calibration file (exatrain bench / calibrate); the "
+                        "prediction is recorded beside the measurement")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer block and the loss (tp 1 only; the first steps compile)")
     g.add_argument("--record-samples", action="store_true",
@@ -91,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     device = _pick_device(args, base)
     cluster = _pick_cluster(args, base, device)
     plan = resolve_plan(args, model, cluster, base=base, default_dtype="float32" if device == "cpu" else "bfloat16")
-    plan = _attach_estimate(plan, base, cluster)
+    plan = _attach_estimate(plan, base, cluster, args.calibration)
     data_dir, manifest = _check_data_and_resume(args, plan)
     config = TrainConfig(plan=plan, steps=args.steps, seed=args.seed, lr=args.lr, warmup_steps=args.warmup,
                          min_lr_ratio=args.min_lr_ratio, weight_decay=args.weight_decay,
@@ -201,9 +204,19 @@ def _pick_cluster(args: argparse.Namespace, base: Plan | None, device: str) -> C
     return None
 
 
-def _attach_estimate(plan: Plan, base: Plan | None, cluster: ClusterSpec | None) -> Plan:
-    """The planner's prediction for this plan, carried into the RunRecord; kept from --plan when the
-    layout is unchanged, else computed by exatrain.planner.estimate when that module is present."""
+def _attach_estimate(plan: Plan, base: Plan | None, cluster: ClusterSpec | None,
+                     calibration: str | None = None) -> Plan:
+    """The planner's prediction for this plan, carried into the RunRecord: with --calibration, made
+    with that file's parameters; else kept from --plan when the layout is unchanged, else computed
+    by exatrain.planner.estimate when that module is present."""
+    if calibration is not None:
+        if cluster is None:
+            raise UserError("--calibration needs a catalog cluster (--cluster or --cluster-file) to predict for")
+        from exatrain.cli.planner_cmds import calibrated
+        from exatrain.planner.estimate import estimate_plan
+
+        cal_cluster, params = calibrated(argparse.Namespace(calibration=calibration), cluster)
+        return plan.with_estimate(estimate_plan(plan, cal_cluster, params))
     if base is not None and base.estimate is not None and plan.with_estimate(None) == base.replace(
             estimate=None, cluster=plan.cluster):
         return plan.with_estimate(base.estimate)
