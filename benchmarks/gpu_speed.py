@@ -5,7 +5,8 @@
 
 On one GPU, bf16 (the whole script stays under 8 minutes with the defaults):
 
-1. **baseline**: a plain single-file GPT training loop of the kind nanoGPT popularised — learned
+1. **baseline** (in a process of its own, so none of its memory is held during the other runs): a plain
+   single-file GPT training loop of the kind nanoGPT popularised — learned
    positions, pre-LayerNorm blocks with a fused QKV projection, SDPA causal attention, a GELU MLP, a
    tied head; the whole model under ``torch.compile``, fused AdamW, bf16 autocast, random tokens. It
    has exactly the parameters of exatrain's preset (checked), so both sides do the same FLOPs;
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cluster", default="dgx-h200", help="catalog cluster of this GPU (its device's peak)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no run after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the plumbing: gpt-tiny, float32, eager")
+    ap.add_argument("--baseline-only", action="store_true", help=argparse.SUPPRESS)  # the child process
     args = ap.parse_args(argv)
     if args.steps < 4:
         ap.error("--steps must be at least 4 (three warm-up steps are not measured)")
@@ -165,13 +167,31 @@ def run_exatrain(cmd: list[str], metrics: Path, timeout: float) -> dict:
     from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
 
     metrics.unlink(missing_ok=True)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, timeout))
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, timeout))
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     if out.returncode != 0 or not metrics.exists():
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
     rec = read_run_records(metrics)[-1]
     predicted = max(s.total for s in trainer_memory_by_stage(rec.plan, on_cpu=rec.device == "cpu"))
     return {"step_s": rec.measured.step_time_s, "peak_memory_bytes": rec.measured.peak_memory_bytes,
             "predicted_memory_bytes": predicted}
+
+
+def baseline_in_child(args: argparse.Namespace, d: Path, timeout: float) -> dict:
+    """The baseline in a process of its own, so that none of its memory (weights, the caching
+    allocator's blocks, compiled graphs) is held while exatrain's runs use the same device."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--baseline-only", "--out", str(d), "--model", args.model,
+           "--micro-batch", str(args.micro_batch), "--steps", str(args.steps)] + (["--smoke"] if args.smoke else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, timeout))
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    path = d / "baseline.json"
+    if out.returncode != 0 or not path.exists():
+        return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
+    return json.loads(path.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     d = Path(args.out or os.environ.get("OUT") or "gpu_speed_out")
     d.mkdir(parents=True, exist_ok=True)
     device, dtype = ("cpu", "float32") if args.smoke else ("cuda", "bfloat16")
+    if args.baseline_only:
+        (d / "baseline.json").unlink(missing_ok=True)
+        got = run_baseline(get_model(args.model), args.micro_batch, args.steps, device, compile=not args.smoke)
+        (d / "baseline.json").write_text(json.dumps(got))
+        return 0
     if not args.smoke:
         import torch
 
@@ -208,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from exatrain.planner.accounting.params import total_params
 
-    base = run_baseline(m, args.micro_batch, args.steps, device, compile=not args.smoke)
+    base = baseline_in_child(args, d, left())
+    if "error" in base:
+        print(f"gpu_speed: baseline failed: {base['error']}", file=sys.stderr)
+        return 1
     expected = total_params(m)
     if base["params"] != expected:
         print(f"gpu_speed: baseline has {base['params']:,} parameters, exatrain's {m.name} {expected:,}",
