@@ -3,7 +3,7 @@
     python benchmarks/gpu_speed.py [--out DIR] [--steps 12] [--micro-batch 8] [--budget-s 420]
     python benchmarks/gpu_speed.py --smoke          # the plumbing on a CPU: gpt-tiny, float32, eager
 
-On one GPU, bf16 (the whole script stays under 8 minutes with the defaults):
+On one GPU, bf16 (no run starts after --budget-s; meant to fit 8 minutes, not yet run on a GPU):
 
 1. **baseline** (in a process of its own, so none of its memory is held during the other runs): a plain
    single-file GPT training loop of the kind nanoGPT popularised — learned
