@@ -11,8 +11,8 @@ execution, and each item says whether it is inherent or avoidable:
   per element as in Megatron-LM, and casts each norm's output once, so q, k and v (and the MLP's
   gate and up projections) share one 16-bit input as Megatron's fused QKV does (autocast alone
   would keep an fp32 stream and a 16-bit copy per projection);
-* DTensor sequence parallelism keeps the all-gathered (whole-sequence) input of each projection;
-  Megatron keeps the 1/tp slice and gathers it again in the backward;
+* DTensor sequence parallelism keeps the all-gathered (whole-sequence) input of the attention and
+  of the MLP; Megatron keeps the 1/tp slice and gathers it again in the backward;
 * grouped-query attention repeats keys and values to all heads before the kernel
   (``repeat_interleave``), which keeps the repeated copies — avoidable (``enable_gqa``);
 * a pipeline stage keeps each in-flight micro-batch's output until its backward (Megatron frees
@@ -56,9 +56,8 @@ def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_pa
         no fused kernel (the CPU), the fp32 normalised input too (8h/d), else only the input
         (``_norm_bytes``, for the bf16 stream under autocast or the fp32 one);
       inputs of the projections the norms feed (16-bit under autocast), whole sequence: each
-        norm's output cast once and shared by its projections (2 per layer); under sequence
-        parallelism each projection all-gathers, and keeps, its own copy (q, k, v and fc1, or
-        gate and up);
+        norm's output cast once and shared by its projections (2 per layer; under sequence
+        parallelism the attention and the MLP each all-gather their input once);
       attention on h/tp channels: q, k, v (keys and values repeated to all heads) and the output,
         e bytes each, + fp32 log-sum-exp per head (flash); the math kernel keeps the s x s
         probabilities (on the CPU it computes, and keeps q, k, v, in fp32);
@@ -75,8 +74,7 @@ def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_pa
     if recompute == "full":
         return s * b * stream * h / d
     norm_keep = _norm_bytes(m, stream, on_cpu)
-    n_proj = 3 + (2 if m.gated_mlp else 1)
-    gemm_in = (n_proj if sequence_parallel else 2) * e * h
+    gemm_in = 2 * e * h
     if flash:
         core_own = 4.0 * a
         attn = 4 * e * h + (0.0 if recompute == "selective" else core_own)  # q, k, v, output
