@@ -16,7 +16,6 @@ complete. Nothing here imports torch, and nothing here or in storage.py unpickle
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from exatrain.data.dataset import sha256_file
 from exatrain.errors import UserError
 
 FORMAT = "exatrain-checkpoint"
@@ -53,14 +53,6 @@ class Manifest:
     step: int
     trainer: dict[str, Any]  # trainer.json's content
     files: dict[str, dict[str, Any]]  # name -> {"bytes", "sha256"}
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(directory: Path, step: int) -> None:

@@ -52,8 +52,8 @@ def _key(fqn: str, offsets) -> str:
     return f"{fqn}@{','.join(str(int(o)) for o in offsets)}"
 
 
-class SafetensorsWriter(StorageWriter):
-    """DCP StorageWriter: one safetensors file per rank, metadata.json from the coordinator."""
+class _AtPath:
+    """The checkpoint directory a storage writer or reader works in (DCP may reset it per save/load)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         super().__init__()
@@ -62,6 +62,10 @@ class SafetensorsWriter(StorageWriter):
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
             self.path = Path(checkpoint_id)
+
+
+class SafetensorsWriter(_AtPath, StorageWriter):
+    """DCP StorageWriter: one safetensors file per rank, metadata.json from the coordinator."""
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
@@ -131,16 +135,8 @@ def read_metadata_json(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     return raw["tensors"]
 
 
-class SafetensorsReader(StorageReader):
+class SafetensorsReader(_AtPath, StorageReader):
     """DCP StorageReader for what SafetensorsWriter wrote: JSON metadata, sliced safetensors reads."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        super().__init__()
-        self.path = Path(path)
-
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        if checkpoint_id is not None:
-            self.path = Path(checkpoint_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         md: dict[str, Any] = {}
