@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
+import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,4 +300,47 @@ def test_model_states_under_zero1_sharded_engines_are_below_the_default() -> Non
     default = memory.stage_memory(p, 0)
     for name in ("megatron-core", "megatron-deepspeed"):
         other = memory.stage_memory(p, 0, get_engine(name))
-        assert other.weights + other.gradients + other.optimizer < default.weights + default.gradients + default.optimizer
+        states = other.weights + other.gradients + other.optimizer
+        assert states < default.weights + default.gradients + default.optimizer
+
+
+# ---- the published-runs dataset and its memory benchmark ------------------------------------------
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+DATASET = BENCH / "data" / "published_runs_by_engine.csv"
+
+
+def _rows() -> list[dict]:
+    return list(csv.DictReader(DATASET.open(encoding="utf-8")))
+
+
+def test_dataset_rows_name_an_engine_a_source_and_what_they_assume() -> None:
+    rows = _rows()
+    assert rows
+    for r in rows:
+        assert r["engine"] in ENGINE_NAMES, r["model"]
+        assert r["source"] and r["url"].startswith("http") and r["unstated_assumed"], r["model"]
+        assert r["kind"] in ("dense", "moe", "long-context"), r["model"]
+        assert r["throughput"] and r["throughput_unit"], r["model"]
+        n = int(r["n_gpus"])
+        degrees = [int(r[k]) for k in ("tp", "pp", "dp", "cp")]
+        assert n == math.prod(degrees), r["model"]  # dp includes EP (experts share it)
+        if r["memory_per_gpu_gib"]:
+            assert 0 < float(r["memory_per_gpu_gib"]) < 200 and r["memory_kind"], r["model"]
+
+
+def test_every_measured_memory_row_is_a_plan_its_own_engine_can_count() -> None:
+    sys.path.insert(0, str(BENCH))
+    import engine_memory  # benchmarks/ is on sys.path (above)
+
+    measured = [r for r in _rows() if r["memory_per_gpu_gib"]]
+    assert measured
+    for r in measured:
+        plan, _ = engine_memory.row_plan(r)
+        got = engine_memory.predicted_gib(plan, r["engine"], "allocated" in r["memory_kind"])
+        assert got is not None and got > 0, r["model"]
+
+
+def test_engine_memory_on_a_missing_file_is_one_line_and_status_2(tmp_path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "engine_memory.py"), "--csv", str(tmp_path / "nope.csv")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no such file" in out.stderr

@@ -136,9 +136,12 @@ def _rule(w, g, o, mode, source, buffer_bytes=0.0):
 
 
 # ---- Megatron-Core ---------------------------------------------------------------------------
+# ZeRO-1 is the distributed optimizer (grads are reduce-scattered but the full grad buffer stays).
+# Megatron-FSDP (--use-megatron-fsdp, sharding grads and params) is not modelled: no ZeRO-2/3 here.
 _MCORE_DOC = ("Megatron-Core docs, 'Distributed Optimizer' (developer-guide api-guide/dist_optimizer): "
               "bytes/param table")
-_MCORE_FP32_GRAD = "megatron/training/arguments.py: --bf16 sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16"
+_MCORE_FP32_GRAD = ("megatron/training/arguments.py: --bf16 sets accumulate_allreduce_grads_in_fp32 unless "
+                    "--grad-reduce-in-bf16")
 MEGATRON_CORE = EngineProfile(
     name="megatron-core",
     grad_accum_dtype="float32",
@@ -241,7 +244,8 @@ MEGATRON_DEEPSPEED = EngineProfile(
         selective="core_attention",
         recompute=(("none", "(no recompute flag)"),
                    ("selective", "--recompute-granularity selective"),
-                   ("full", "--checkpoint-activations --checkpoint-num-layers 1 (--deepspeed-activation-checkpointing)")),
+                   ("full", "--checkpoint-activations --checkpoint-num-layers 1 "
+                            "(--deepspeed-activation-checkpointing)")),
         source=("Megatron-DeepSpeed megatron/arguments.py: --attention-dropout/--hidden-dropout 0.1, flash only with "
                 "--use-flash-attn(-v2), --recompute-granularity, --checkpoint-activations"),
     ),
@@ -259,10 +263,11 @@ _TT_MP = ("torchtitan/distributed/fsdp.py MixedPrecisionPolicy(param_dtype=bf16,
 TORCHTITAN = EngineProfile(
     name="torchtitan",
     grad_accum_dtype="float32",
-    grad_accum_source="torchtitan training.mixed_precision_reduce = float32; sharded gradients in the fp32 params' dtype",
+    grad_accum_source=("torchtitan training.mixed_precision_reduce = float32; sharded gradients in the fp32 "
+                       "params' dtype"),
     states=(
         (("bfloat16", 0, "float32"), _rule((4 + 2, 0), (4, 0), (8, 0), "DDP (data_parallel_replicate_degree), autocast",
-                                           "torchtitan config training.mixed_precision_param: torch.autocast under DDP")),
+                                           "torchtitan training.mixed_precision_param: torch.autocast under DDP")),
         (("bfloat16", 2, "float32"), _rule((2, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False",
                                            _TT_MP + " (PP default, torchtitan get_fsdp_reshard_after_forward_policy)")),
         (("bfloat16", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=True", _TT_MP)),
@@ -297,7 +302,8 @@ TORCHTITAN = EngineProfile(
 )
 
 # ---- exatrain's own trainer -------------------------------------------------------------------
-_EXA = "exatrain accounting/memory.py state_bytes_per_param (trainer/parallel/data.py: DDP, ZeroRedundancyOptimizer, FSDP2)"
+_EXA = ("exatrain accounting/memory.py state_bytes_per_param (trainer/parallel/data.py: DDP, "
+        "ZeroRedundancyOptimizer, FSDP2)")
 EXATRAIN = EngineProfile(
     name="exatrain",
     grad_accum_dtype="float32",
