@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{r['model']} {r['source'].split('(')[-1].rstrip(')')}"[:58]
         kind = "alloc" if allocated else "resv"
         print(f"{label:58} {r['engine']:18} {measured:6.1f}{kind:>3} {' '.join(cells)}  {'; '.join(notes)}")
-    print("\nabsolute error of the prediction (GiB) against the measured memory per GPU")
+    print("\n|predicted / measured - 1| of the memory per GPU")
 
     def line(name: str, errs: list[float]) -> str:
         if not errs:
