@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from exatrain.report.inputs import SearchInput
-from exatrain.report.style import (CAPACITY_COLOR, OTHER_COLOR, Figure, byte_unit, compact, describe, human_bytes,
-                                   new_figure, save, series_colors, top_series, wrap)
+from exatrain.report.style import (CAPACITY_COLOR, OKABE_ITO, OTHER_COLOR, Figure, byte_unit, compact, describe,
+                                   human_bytes, new_figure, save, series_colors, top_series, wrap)
 
 _MARKERS = "osD^vP*Xph<>"
 CAPACITY_ON_AXIS = 4.0  # as in memory.py: the capacity line only when the points keep >= ~1/5 of the axis
@@ -68,10 +68,25 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
     if cap_drawn:
         ax.axvline(cap_b / div, color=CAPACITY_COLOR, linestyle="--", linewidth=1.2,
                    label=f"capacity {human_bytes(cap_b)}")
-    for j in range(min(ANNOTATE_TOP, len(ranked))):
-        ax.annotate(str(j + 1), (mem[j], tps[j]), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    ax.set_xlim(0, (max(top_b, cap_b) if cap_drawn else top_b) / div * 1.1)
+    x_hi = (max(top_b, cap_b) if cap_drawn else top_b) / div * 1.1
     lo, hi = float(tps.min()), float(tps.max())
+    # Rank numbers of the best layouts; a layout near an earlier labelled one (4% of the axis height,
+    # 8% of its width, where a label runs) joins its label ("1,2"), written right of the group's
+    # rightmost point, instead of being printed over it.
+    xy = np.column_stack([mem / x_hi, (tps - lo) / max(hi - lo, 1e-9 * hi)])
+    spots: list[list[int]] = []
+    for j in range(min(ANNOTATE_TOP, len(ranked))):
+        near = next((g for g in spots if any(np.hypot((xy[j, 0] - xy[k, 0]) / 2, xy[j, 1] - xy[k, 1]) < 0.04
+                                             for k in g)), None)
+        if near is None:
+            spots.append([j])
+        else:
+            near.append(j)
+    for js in spots:
+        at = max(js, key=lambda k: mem[k])
+        ax.annotate(",".join(str(j + 1) for j in sorted(js)), (mem[at], tps[at]), textcoords="offset points",
+                    xytext=(5, 3), fontsize=7)
+    ax.set_xlim(0, x_hi)
     pad = 0.08 * (hi - lo) if hi > lo else 0.05 * hi
     ax.set_ylim(lo - pad, hi + 1.5 * pad)  # headroom for the best's star and number
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: compact(v)))
@@ -108,7 +123,8 @@ def _rejections(ax, search: SearchInput) -> None:
         return
     labels = [wrap(k, 2.2, 7) for k, _ in items]
     vals = [v for _, v in items]
-    colors = ["#C44E52"] * (len(items) - (search.feasible is not None)) + ["#55A868"] * (search.feasible is not None)
+    n_rules = len(items) - (search.feasible is not None)
+    colors = [OKABE_ITO["vermillion"]] * n_rules + [OKABE_ITO["green"]] * (search.feasible is not None)
     y = np.arange(len(items))
     ax.barh(y, vals, color=colors, linewidth=0)
     for yi, v in zip(y, vals):
