@@ -86,3 +86,22 @@ def scaling_strong_22b(jsondir: Path) -> dict:
                  "--global-batch", "256", "--mode", "strong", "--tp", "2", "--pp", "4", "--json")
     (jsondir / "scaling-strong.json").write_text(json.dumps(d))
     return d
+
+
+@pytest.fixture(scope="session")
+def est_tiny_pp2() -> dict:
+    """gpt-tiny on 2 CPU ranks, pp 2: a few MiB per rank against a 16 GiB device."""
+    return cli_json("estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2", "--pp", "2",
+                    "--global-batch", "8", "--json")
+
+
+@pytest.fixture(scope="session")
+def search_tiny() -> dict:
+    return cli_json("search", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "4", "--global-batch", "16",
+                    "--top", "30", "--json")
+
+
+@pytest.fixture(scope="session")
+def scaling_strong_tiny() -> dict:
+    return cli_json("scaling", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "1,2,4",
+                    "--global-batch", "16", "--mode", "strong", "--json")

@@ -183,3 +183,66 @@ def test_a_failure_while_drawing_removes_what_it_wrote(inputs, tmp_path: Path, m
     with pytest.raises(RuntimeError, match="drawing failed"):
         main(["report", "--plan", str(inputs["plan"]), "--runs", str(inputs["runs"]), "--out", str(out)])
     assert not (tmp_path / "new").exists()
+
+
+# ---- --calibration -----------------------------------------------------------------------------
+def _calibration(path: Path, device: str, gemm_eff: float, tiers: dict | None = None) -> Path:
+    """A calibration file as `exatrain bench` / `exatrain calibrate` write it."""
+    from exatrain.catalog.hardware import LinkTier
+    from exatrain.planner.cost.params import Calibration, default_params, save_calibration
+
+    cal = Calibration(devices={device: default_params(device).replace(gemm_eff=gemm_eff, source="measured")},
+                      cluster_tiers={k: tuple(LinkTier(**t) for t in v) for k, v in (tiers or {}).items()})
+    save_calibration(path, cal)
+    return path
+
+
+def test_report_with_a_calibration_file_draws_the_timeline_with_its_parameters(inputs, tmp_path: Path) -> None:
+    """`report --calibration FILE` (the file `estimate --calibration` takes) replaces the cost model's
+    priors for the timeline: the plan's stored estimate was made with the priors, so the timeline
+    re-simulated with a slower GEMM says the cost model now gives another step time."""
+    from exatrain.catalog import get_cluster
+
+    device = get_cluster("frontier").device.name
+    cal = _calibration(tmp_path / "cal.json", device, gemm_eff=0.3)
+    out = tmp_path / "report"
+    printed = run_cli("report", "--plan", str(inputs["plan"]), "--calibration", str(cal), "--out", str(out))
+    assert f"uses the calibration file's parameters for {device}" in printed
+    assert_png_drawn(out / "plan-timeline.png")
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "the cost model now gives" in page  # the timeline is not the stored (prior) estimate
+
+    # The same report without the file draws the stored estimate: no such note.
+    run_cli("report", "--plan", str(inputs["plan"]), "--out", str(tmp_path / "plain"))
+    assert "the cost model now gives" not in (tmp_path / "plain" / "index.html").read_text(encoding="utf-8")
+
+
+def test_calibration_parameters_and_measured_links_reach_the_timeline(inputs, tmp_path: Path) -> None:
+    """What the CLI reads (``load_calibration``) is what the timeline is drawn with: the device's
+    parameters, and the cluster's link tiers where the file measured them."""
+    from exatrain.catalog import get_cluster
+    from exatrain.planner.cost.params import load_calibration
+    from exatrain.report.build import ReportInputs, prepare_plan
+    from exatrain.report.inputs import read_plan
+
+    frontier = get_cluster("frontier")
+    tiers = {"frontier": [{"name": "measured-node", "span": 8, "bytes_per_s": 5e10, "latency_s": 1e-5},
+                          {"name": "measured-net", "span": 0, "bytes_per_s": 1e10, "latency_s": 2e-5}]}
+    cal = load_calibration(_calibration(tmp_path / "cal.json", frontier.device.name, 0.4, tiers))
+    prepared = prepare_plan(read_plan(inputs["plan"]), ReportInputs(calibration=cal))
+    assert prepared.params == cal.params_for(frontier.device.name) and prepared.params.gemm_eff == 0.4
+    assert [t.name for t in prepared.cluster.tiers] == ["measured-node", "measured-net"]
+    # A file for another device leaves the priors in place and says so.
+    other = load_calibration(_calibration(tmp_path / "cpu.json", "cpu", 0.9))
+    prepared = prepare_plan(read_plan(inputs["plan"]), ReportInputs(calibration=other))
+    assert prepared.params.source != "measured" and prepared.cluster.tiers == frontier.tiers
+    assert any("no parameters for" in n for n in prepared.notes)
+
+
+def test_a_bad_calibration_file_is_one_line_exit_2_and_writes_nothing(inputs, tmp_path: Path) -> None:
+    bad = write_json(tmp_path / "bad.json", {"kind": "something else"})
+    for path in (bad, tmp_path / "missing.json"):
+        out = tmp_path / "out"
+        rc, err = _run("report", "--plan", str(inputs["plan"]), "--calibration", str(path), "--out", str(out))
+        assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert not out.exists()

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from exatrain.catalog.hardware import ClusterSpec, get_cluster
 from exatrain.errors import UserError
 from exatrain.plan import Plan
-from exatrain.planner.cost.params import CostParams, default_params
+from exatrain.planner.cost.params import Calibration, CostParams, default_params
 from exatrain.report.html import Section, write_index
 from exatrain.report.inputs import PlanInput, RunsInput, ScalingInput, SearchInput
 from exatrain.report.style import Figure, layout, schedule_label
@@ -26,14 +26,21 @@ from exatrain.report.style import Figure, layout, schedule_label
 @dataclass(frozen=True)
 class ReportInputs:
     """Everything a report is made from. ``cluster`` stands in for plans that name no cluster, or one
-    the catalog lacks; ``calibration`` (device name -> parameters) replaces the cost model's priors."""
+    the catalog lacks; ``calibration`` (a calibration file as ``load_calibration`` reads it, or a
+    mapping of device name -> parameters) replaces the cost model's priors and, where the file
+    measured them, the cluster's link tiers."""
 
     plans: tuple[PlanInput, ...] = ()
     searches: tuple[SearchInput, ...] = ()
     scalings: tuple[ScalingInput, ...] = ()
     runs: tuple[RunsInput, ...] = ()
     cluster: ClusterSpec | None = None
-    calibration: Mapping[str, CostParams] = field(default_factory=dict)
+    calibration: Calibration | Mapping[str, CostParams] | None = None
+
+    def __post_init__(self) -> None:
+        cal = self.calibration
+        if cal is not None and not isinstance(cal, Calibration):
+            object.__setattr__(self, "calibration", Calibration(devices=dict(cal)) if cal else None)
 
     @property
     def empty(self) -> bool:
@@ -65,13 +72,17 @@ def prepare_plan(src: PlanInput, inputs: ReportInputs) -> PreparedPlan:
     without an estimate is estimated here (UserError if no cluster is known for it)."""
     plan = src.plan
     cluster = _cluster_for(plan, inputs.cluster)
+    cal = inputs.calibration
     notes: list[str] = []
     params = None
     if cluster is not None:
-        params = inputs.calibration.get(cluster.device.name) or default_params(cluster.device.name)
-        if inputs.calibration and cluster.device.name not in inputs.calibration:
-            notes.append(f"the calibration file has no parameters for {cluster.device.name}; "
-                         "the timeline uses the cost model's priors")
+        params = cal.params_for(cluster.device.name) if cal is not None else None
+        if cal is not None:
+            cluster = cal.apply(cluster)
+            notes.append(f"the calibration file has no parameters for {cluster.device.name}; the timeline uses "
+                         "the cost model's priors" if params is None else
+                         f"the timeline uses the calibration file's parameters for {cluster.device.name}")
+        params = params or default_params(cluster.device.name)
     if plan.estimate is None:
         if cluster is None:
             raise UserError(f"{src.path}: the plan carries no estimate and names no known cluster "

@@ -12,8 +12,19 @@ from pathlib import Path
 import numpy as np
 
 from exatrain.plan import Plan
-from exatrain.report.style import (CAPACITY_COLOR, GiB, MEMORY_COLORS, MEMORY_KINDS, Figure, describe,
-                                   gib, new_figure, save)
+from exatrain.report.style import (CAPACITY_COLOR, MEMORY_COLORS, MEMORY_KINDS, Figure, byte_unit, describe,
+                                   human_bytes, new_figure, percent, save, wrap)
+
+# The capacity line is drawn when it is at most this many times the fullest stage, so the bars take
+# at least ~1/5 of the axis; a plan far below capacity (a tiny model) gets an axis that fits its bars
+# and the capacity in words.
+CAPACITY_ON_AXIS = 4.0
+
+
+def stage_ticks(n: int) -> list[int]:
+    """Every stage up to 16 stages, else about eight evenly spaced ones starting at 0."""
+    step = 1 if n <= 16 else -(-n // 8)
+    return list(range(0, n, step))
 
 
 def memory_by_stage(plan: Plan, path: Path) -> Figure:
@@ -31,32 +42,52 @@ def memory_by_stage(plan: Plan, path: Path) -> Figure:
     numbers["fits"] = bool(est.fits)
     worst = int(np.argmax(numbers["total"]))
     numbers["worst_stage"] = worst
+    top, cap_b = numbers["total"][worst], float(est.capacity_bytes)
+    cap_drawn = cap_b <= CAPACITY_ON_AXIS * top
+    numbers["capacity_drawn"] = cap_drawn
+    div, unit = byte_unit(max(top, cap_b) if cap_drawn else top)
+    numbers["unit"] = unit
 
-    fig, ax = new_figure(max(6.0, min(12.0, 4 + 0.12 * len(stages))), 4.2)
-    bottom = np.zeros(len(stages))
-    width = 0.8 if len(stages) < 48 else 0.95
+    n = len(stages)
+    width_in = max(7.0, min(13.0, 5.3 + 0.12 * n))
+    fig, ax = new_figure(width_in, 4.4)
+    bottom = np.zeros(n)
+    bar_w = 0.8 if n < 48 else 0.95
+    handles = []
     for k in MEMORY_KINDS:
-        vals = np.asarray(numbers[k]) / GiB
-        ax.bar(stages, vals, width, bottom=bottom, color=MEMORY_COLORS[k], label=k, linewidth=0)
+        vals = np.asarray(numbers[k]) / div
+        handles.append(ax.bar(stages, vals, bar_w, bottom=bottom, color=MEMORY_COLORS[k], label=k, linewidth=0))
         bottom += vals
-    cap = est.capacity_bytes / GiB
-    ax.axhline(cap, color=CAPACITY_COLOR, linewidth=1.5, linestyle="--", label=f"capacity {cap:,.0f} GiB")
-    ax.set_ylim(0, max(cap, float(bottom.max())) * 1.12)
-    ax.set_xlim(-0.7, len(stages) - 0.3)
+    handles.reverse()  # the legend reads top-down, as the bars stack
+    if cap_drawn:
+        handles.append(ax.axhline(cap_b / div, color=CAPACITY_COLOR, linewidth=1.3, linestyle="--",
+                                  label=f"capacity {human_bytes(cap_b)}"))
+        ax.set_title(f"worst stage {worst}: {human_bytes(top)} of {human_bytes(cap_b)} ({percent(top / cap_b)})",
+                     fontsize=8)
+    else:
+        ax.set_title(f"worst stage {worst}: {human_bytes(top)}, {percent(top / cap_b)} of the device's "
+                     f"{human_bytes(cap_b)} (capacity off the scale)", fontsize=8)
+    ax.set_ylim(0, max(top, cap_b if cap_drawn else 0.0) / div * 1.12)
+    pad = max(0.0, (3 - n) / 2)  # one or two stages: bars of a readable width, not the whole axis
+    ax.set_xlim(-0.6 - pad, n - 0.4 + pad)
+    ax.set_xticks(stage_ticks(n))
     ax.set_xlabel("pipeline stage (one rank of each)")
-    ax.set_ylabel("GiB per rank")
-    ax.set_title(f"memory per stage — {describe(plan)}", fontsize=9)
-    ax.legend(loc="upper center", ncol=6, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.13))
+    ax.set_ylabel(f"{unit} per rank")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.suptitle(wrap(f"memory per stage — {describe(plan)}", width_in - 0.3, 9), fontsize=9)
     save(fig, path)
 
-    share = numbers["total"][worst] / est.capacity_bytes
+    share = top / cap_b
     w = est.memory_by_stage[worst]
     caption = (f"Peak bytes held by one rank of each pipeline stage (after tensor-parallel and ZeRO "
-               f"sharding), stacked by kind, against the device's capacity (dashed). The worst is stage "
-               f"{worst}: {gib(w.total)} of {gib(est.capacity_bytes)} ({share:.0%}) — "
+               f"sharding), stacked by kind"
+               + (", against the device's capacity (dashed)" if cap_drawn else
+                  f"; the device's capacity ({human_bytes(cap_b)}) is more than {CAPACITY_ON_AXIS:.0f}× "
+                  "the fullest stage and is left off the axis")
+               + f". The worst is stage {worst}: {human_bytes(w.total)} of {human_bytes(cap_b)} ({percent(share)}) — "
                + ("it fits." if est.fits else "it does not fit."))
-    key = (("worst stage", f"{worst} of {len(stages)}"),
-           ("worst stage total", f"{gib(w.total)} ({share:.0%} of {gib(est.capacity_bytes)})"),
-           *((k, gib(getattr(w, k))) for k in MEMORY_KINDS))
+    key = (("worst stage", f"{worst} of {n}"),
+           ("worst stage total", f"{human_bytes(w.total)} ({percent(share)} of {human_bytes(cap_b)})"),
+           *((k, human_bytes(getattr(w, k))) for k in MEMORY_KINDS))
     return Figure(file=path.name, title="Memory per pipeline stage", caption=caption, numbers=numbers,
                   key_numbers=key)

@@ -15,7 +15,8 @@ import numpy as np
 
 from exatrain.plan import RunRecord
 from exatrain.report.inputs import RunsInput, StepLine, finite
-from exatrain.report.style import GiB, Figure, layout, new_figure, save
+from exatrain.report.style import (OTHER_COLOR, Figure, byte_unit, layout, legend_columns, log_or_linear, new_figure,
+                                   save, series_colors, top_series)
 
 
 def record_label(r: RunRecord) -> str:
@@ -50,10 +51,12 @@ def split_runs(runs: RunsInput) -> list[LossRun]:
     return out
 
 
-def _pairs(records: Sequence[RunRecord]) -> tuple[dict, dict, dict[str, int]]:
-    """(step-time pairs, memory pairs, why the other records were left out)."""
-    t = {"labels": [], "predicted_step_s": [], "measured_step_s": []}
-    m = {"labels": [], "predicted_memory_bytes": [], "measured_memory_bytes": []}
+def _pairs(records: Sequence[RunRecord]) -> tuple[dict, dict, dict[str, int], dict[int, str]]:
+    """(step-time pairs, memory pairs, why the other records were left out, the label of each
+    drawn record by its number)."""
+    t = {"labels": [], "run": [], "predicted_step_s": [], "measured_step_s": []}
+    m = {"labels": [], "run": [], "predicted_memory_bytes": [], "measured_memory_bytes": []}
+    names: dict[int, str] = {}  # the drawn records, numbered 1, 2, ... in file order
     skipped: dict[str, int] = {}
 
     def skip(why: str) -> None:
@@ -68,62 +71,112 @@ def _pairs(records: Sequence[RunRecord]) -> tuple[dict, dict, dict[str, int]]:
             skip("no prediction")
             continue
         label = record_label(r)
-        if est.time_s is not None and finite(got.step_time_s) and got.step_time_s > 0:
+        has_time = est.time_s is not None and finite(got.step_time_s) and got.step_time_s > 0
+        by_stage = got.peak_memory_by_stage
+        staged = bool(by_stage) and len(by_stage) == len(est.memory_by_stage)
+        if not has_time:
+            skip("no step time predicted or measured")
+            if not staged and not finite(got.peak_memory_bytes):
+                continue
+        n = len(names) + 1
+        names[n] = label
+        if has_time:
             t["labels"].append(label)
+            t["run"].append(n)
             t["predicted_step_s"].append(float(est.time_s.step))
             t["measured_step_s"].append(float(got.step_time_s))
-        else:
-            skip("no step time predicted or measured")
-        by_stage = got.peak_memory_by_stage
-        if by_stage and len(by_stage) == len(est.memory_by_stage):
+        if staged:
             for i, (pm, mm) in enumerate(zip(est.memory_by_stage, by_stage)):
                 m["labels"].append(f"{label} stage {i}")
+                m["run"].append(n)
                 m["predicted_memory_bytes"].append(float(pm.total))
                 m["measured_memory_bytes"].append(float(mm))
         elif finite(got.peak_memory_bytes):
             m["labels"].append(label)
+            m["run"].append(n)
             m["predicted_memory_bytes"].append(float(est.memory_bytes.total))
             m["measured_memory_bytes"].append(float(got.peak_memory_bytes))
-    return t, m, skipped
+    return t, m, skipped, names
 
 
-def _parity(ax, pred: np.ndarray, meas: np.ndarray, unit: str) -> None:
-    """Log-log scatter of measured against predicted, with y = x and ±25% guides."""
+def _run_colors(runs: list[int]) -> dict[int, str]:
+    """A distinct colour per run number (the first eight of more than nine share grey beyond)."""
+    own, rest = top_series([str(r) for r in runs])
+    colors = dict(zip(own, series_colors(len(own))))
+    return {r: colors.get(str(r), OTHER_COLOR) for r in runs}
+
+
+def _parity(ax, pred: np.ndarray, meas: np.ndarray, runs: list[int], names: list[str], colors: dict[int, str],
+            unit: str) -> None:
+    """Measured against predicted, one colour per run and each point named (``names``), with the
+    y = x and ±25% guides; log axes when the values span enough for three ticks."""
     lo = float(min(pred.min(), meas.min())) / 1.5
     hi = float(max(pred.max(), meas.max())) * 1.5
-    xs = np.array([lo, hi])
-    ax.plot(xs, xs, "-", color="gray", linewidth=1, label="measured = predicted")
-    ax.plot(xs, xs * 1.25, ":", color="gray", linewidth=0.8, label="±25%")
-    ax.plot(xs, xs / 1.25, ":", color="gray", linewidth=0.8)
-    ax.scatter(pred, meas, s=26, color="C0", zorder=3)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
+    xs = np.geomspace(lo, hi, 64)
+    ax.plot(xs, xs, "-", color="gray", linewidth=1, label="measured = predicted", zorder=1)
+    ax.plot(xs, xs * 1.25, ":", color="gray", linewidth=0.8, label="±25%", zorder=1)
+    ax.plot(xs, xs / 1.25, ":", color="gray", linewidth=0.8, zorder=1)
+    run_arr = np.asarray(runs)
+    for r in dict.fromkeys(runs):
+        sel = run_arr == r
+        ax.scatter(pred[sel], meas[sel], s=30, color=colors[r], zorder=3, edgecolors="black", linewidths=0.4)
+    for x, y, name in zip(pred, meas, names):
+        if name:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, -9), fontsize=7)
+    for axis in ("x", "y"):
+        log_or_linear(ax, axis, lo, hi)
     ax.set_xlabel(f"predicted {unit}")
     ax.set_ylabel(f"measured {unit}")
 
 
+def _empty(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in the file", ha="center", va="center", transform=ax.transAxes, fontsize=9)
+    ax.set_axis_off()
+
+
 def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
     """Measured against predicted step time (one point per run) and peak memory (one per pipeline
-    stage where the run measured stages); None when no record has both."""
-    t, m, skipped = _pairs(runs.records)
+    stage where the run measured stages); None when no record has both. Points carry their run's
+    number and colour; the legend names each run."""
+    from matplotlib.lines import Line2D
+
+    t, m, skipped, labels = _pairs(runs.records)
     if not t["labels"] and not m["labels"]:
         return None
-    fig, (ax, bx) = new_figure(10.0, 4.4, ncols=2)
+    order = sorted(set(t["run"]) | set(m["run"]))
+    colors = _run_colors(order)
+    width_in = 11.0
+    fig, (ax, bx) = new_figure(width_in, 5.0, ncols=2)
     if t["labels"]:
-        _parity(ax, np.asarray(t["predicted_step_s"]), np.asarray(t["measured_step_s"]), "seconds per step")
-    ax.set_title(f"step time, {len(t['labels'])} runs", fontsize=9)
+        _parity(ax, np.asarray(t["predicted_step_s"]), np.asarray(t["measured_step_s"]), t["run"],
+                [str(r) for r in t["run"]], colors, "seconds per step")
+        ax.set_title(f"step time, {len(t['labels'])} run{'s' if len(t['labels']) != 1 else ''}", fontsize=9)
+    else:
+        _empty(ax, "measured step times")
     if m["labels"]:
-        _parity(bx, np.asarray(m["predicted_memory_bytes"]) / GiB, np.asarray(m["measured_memory_bytes"]) / GiB,
-                "peak GiB per rank")
-    bx.set_title(f"peak memory, {len(m['labels'])} points (per pipeline stage where measured)", fontsize=9)
-    handles, labels = (ax if t["labels"] else bx).get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+        pm, mm = np.asarray(m["predicted_memory_bytes"]), np.asarray(m["measured_memory_bytes"])
+        div, unit = byte_unit(float(max(pm.max(), mm.max())))
+        # Each run's number once, at its fullest point: a run's stages sit close together.
+        fullest = {r: max((i for i, q in enumerate(m["run"]) if q == r), key=lambda i: mm[i])
+                   for r in set(m["run"])}
+        names = [str(r) if fullest[r] == i else "" for i, r in enumerate(m["run"])]
+        _parity(bx, pm / div, mm / div, m["run"], names, colors, f"peak {unit} per rank")
+        bx.set_title(f"peak memory, {len(m['labels'])} points (one per pipeline stage where measured)", fontsize=9)
+    else:
+        _empty(bx, "measured peak memory")
+    handles = [Line2D([], [], linestyle="", marker="o", markersize=6, markerfacecolor=colors[r],
+                      markeredgecolor="black", markeredgewidth=0.4, label=f"{r}: {labels[r]}") for r in order]
+    src = ax if t["labels"] else bx
+    guides, guide_labels = src.get_legend_handles_labels()
+    entries = handles + guides
+    names = [h.get_label() for h in handles] + guide_labels
+    fig.legend(entries, names, loc="outside lower center", ncol=legend_columns(names, width_in - 0.4, 8),
+               fontsize=8, frameon=False)
     save(fig, path)
 
-    numbers = {**t, "memory_labels": m["labels"], "predicted_memory_bytes": m["predicted_memory_bytes"],
-               "measured_memory_bytes": m["measured_memory_bytes"], "skipped": skipped}
+    numbers = {**t, "memory_labels": m["labels"], "memory_run": m["run"],
+               "predicted_memory_bytes": m["predicted_memory_bytes"],
+               "measured_memory_bytes": m["measured_memory_bytes"], "run_labels": dict(labels), "skipped": skipped}
     key = []
     if t["labels"]:
         err = np.abs(np.asarray(t["predicted_step_s"]) / np.asarray(t["measured_step_s"]) - 1)
@@ -131,7 +184,8 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
     if m["labels"]:
         err = np.abs(np.asarray(m["predicted_memory_bytes"]) / np.asarray(m["measured_memory_bytes"]) - 1)
         key.append(("memory, median |error|", f"{np.median(err):.1%} over {len(err)} points"))
-    caption = ("Each point is a run (left) or a pipeline stage of a run (right): what the cost model "
+    caption = ("Each point is a run (left) or a pipeline stage of a run (right), numbered and coloured by "
+               "run as the legend names them: what the cost model "
                "predicted for its plan against what the run measured (median step time after warm-up; "
                "peak memory: allocated device memory, or the process's peak RSS on a CPU). Points on the "
                "grey line are exact; dotted lines are ±25%.")
@@ -146,14 +200,29 @@ def loss_curves(runs: RunsInput, path: Path) -> Figure | None:
     groups = split_runs(runs)
     if not groups:
         return None
-    fig, ax = new_figure(8.0, 4.2)
-    for g in groups:
-        ax.plot(g.step, g.loss, "-", marker="." if len(g.step) <= 50 else None, linewidth=1.2, label=g.label)
+    width_in = 9.0
+    fig, ax = new_figure(width_in, 4.6)
+    colors = _run_colors(list(range(1, len(groups) + 1)))
+    repeated = {g.label for g in groups if sum(h.label == g.label for h in groups) > 1}
+    names = []
+    for i, g in enumerate(groups, 1):
+        name = f"{g.label} (run {i})" if g.label in repeated else g.label
+        names.append(name)
+        ax.plot(g.step, g.loss, "-", marker="." if len(g.step) <= 50 else None, linewidth=1.4, color=colors[i],
+                label=name)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=3))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(f"training loss, {len(groups)} run{'s' if len(groups) > 1 else ''}", fontsize=9)
-    if len(groups) <= 12:
-        ax.legend(fontsize=7)
+    handles, labels = ax.get_legend_handles_labels()
+    if len(groups) > 9:  # grey "other" runs share one legend entry
+        keep = [i for i, c in enumerate(colors.values()) if c != OTHER_COLOR]
+        handles = [handles[i] for i in keep] + [handles[-1]]
+        labels = [labels[i] for i in keep] + [f"{len(groups) - len(keep)} other runs"]
+    fig.legend(handles, labels, loc="outside lower center", ncol=legend_columns(labels, width_in - 0.4, 8),
+               fontsize=8, frameon=False)
     save(fig, path)
     numbers = {"runs": [{"label": g.label, "step": list(g.step), "loss": list(g.loss)} for g in groups]}
     key = tuple((g.label, f"loss {g.loss[0]:.4g} → {g.loss[-1]:.4g} over {len(g.step)} steps") for g in groups[:10])

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from exatrain.report.inputs import ScalingInput
-from exatrain.report.style import Figure, new_figure, save
+from exatrain.report.style import OKABE_ITO, Figure, log_or_linear, new_figure, save
 
 # Dash et al., "Optimizing Distributed Training on Frontier for Large Language Models", arXiv
 # 2312.12705 (ISC 2024), abstract: "100% weak scaling efficiency on 1024 and 3072 MI250X GPUs" for
@@ -50,33 +50,33 @@ def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:
                "ideal_tokens_per_s": ideal, "efficiency": [p.efficiency for p in pts],
                "layouts": [f"tp{p.plan.tp}·pp{p.plan.pp}·dp{p.plan.dp}" for p in pts], "study": study}
 
-    fig, (ax, bx) = new_figure(11.0, 4.2, ncols=2)
-    ax.plot(gpus, tokens, "o-", color="C0", label="predicted")
+    fig, (ax, bx) = new_figure(11.0, 4.4, ncols=2)
+    series = OKABE_ITO["blue"]
+    ax.plot(gpus, tokens, "o-", color=series, label="predicted")
     ax.plot(gpus, ideal, "--", color="gray", label="ideal (linear from the first point)")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    lo, hi = min(tokens + ideal), max(tokens + ideal)
+    log_or_linear(ax, "y", lo / 1.15, hi * 1.15)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("tokens/s")
     ax.set_title(f"{scaling.mode} scaling of {model} on {cluster or 'the cluster'}: throughput", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     eff = 100 * np.asarray(numbers["efficiency"])
-    bx.plot(gpus, eff, "o-", color="C0", label="predicted")
+    bx.plot(gpus, eff, "o-", color=series, label="predicted")
     bx.axhline(100, linestyle="--", color="gray", label="ideal 100%")
     for n, e, lay in zip(gpus, eff, numbers["layouts"]):
-        bx.annotate(lay, (n, e), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=6)
+        bx.annotate(lay, (n, e), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
     xs = list(gpus)
     if study:
-        bx.plot([study["gpus"]], [100 * study["efficiency"]], "D", color="#D62728", markersize=8,
+        bx.plot([study["gpus"]], [100 * study["efficiency"]], "D", color=OKABE_ITO["vermillion"], markersize=8,
                 label=f"measured: {study['source']}")
         bx.annotate(f"{study['efficiency']:.0%} {scaling.mode} at {study['gpus']:,} GCDs",
                     (study["gpus"], 100 * study["efficiency"]), textcoords="offset points", xytext=(-8, 8),
-                    ha="right", fontsize=7, color="#D62728")
+                    ha="right", fontsize=7, color=OKABE_ITO["vermillion"])
         xs.append(study["gpus"])
     bx.set_xscale("log", base=2)
-    bx.set_xlim(min(xs) / 1.3, max(xs) * 1.3)
-    for a, ticks in ((ax, gpus), (bx, xs)):  # GPU counts as numbers, not powers of two
-        a.set_xticks(sorted(set(ticks)), [f"{n:,}" for n in sorted(set(ticks))], fontsize=8)
-        a.minorticks_off()
+    for a, counts in ((ax, gpus), (bx, xs)):
+        _gpu_axis(a, counts)
     low = min([float(eff.min()), 100 * study["efficiency"] if study else 100.0])
     bx.set_ylim(min(80.0, low - 5), 105)
     bx.set_xlabel("GPUs")
@@ -96,3 +96,15 @@ def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:
                 zip(gpus, tokens, numbers["efficiency"]))
     return Figure(file=path.name, title=f"{scaling.mode.capitalize()} scaling", caption=caption,
                   numbers=numbers, key_numbers=key)
+
+
+def _gpu_axis(ax: Any, counts: list[int]) -> None:
+    """A log2 GPU axis labelled at the GPU counts themselves (as numbers, not powers of two); with
+    fewer than three distinct counts it widens by factors of two and labels those counts too, so
+    the axis keeps three ticks to read the spacing by."""
+    ticks = sorted(set(counts))
+    while len(ticks) < 3:
+        ticks = sorted({*ticks, ticks[0] // 2 if ticks[0] > 1 else ticks[-1] * 2})
+    ax.set_xlim(ticks[0] / 1.3, ticks[-1] * 1.3)
+    ax.set_xticks(ticks, [f"{n:,}" for n in ticks], fontsize=8)
+    ax.minorticks_off()

@@ -13,7 +13,11 @@ from typing import Sequence
 import numpy as np
 
 from exatrain.plan import TimeBreakdown
-from exatrain.report.style import TIME_COLORS, TIME_TERMS, Figure, new_figure, save, seconds
+from exatrain.report.style import (TIME_COLORS, TIME_TERMS, Figure, legend_columns, new_figure, save, seconds,
+                                   wrap)
+
+# Segment labels: white on the dark colours, black on the light ones.
+_DARK = {"compute", "pp_comm", "optimizer"}
 
 
 def step_time_breakdown(rows: Sequence[tuple[str, TimeBreakdown]], path: Path, title: str) -> Figure:
@@ -27,28 +31,33 @@ def step_time_breakdown(rows: Sequence[tuple[str, TimeBreakdown]], path: Path, t
     numbers["step"] = [float(t.step) for _, t in rows]
 
     n = len(rows)
-    fig, ax = new_figure(9.0, max(2.4, 1.6 + 0.38 * n))
+    width_in = 9.0
+    fig, ax = new_figure(width_in, max(2.6, 1.9 + 0.38 * n))
     y = np.arange(n)
     left = np.zeros(n)
     longest = max(numbers["step"])
+    handles = []
     for term in TIME_TERMS:
         vals = np.asarray(numbers[term])
-        ax.barh(y, vals, left=left, color=TIME_COLORS[term], label=term.replace("_", " "), height=0.7,
-                linewidth=0)
+        bars = ax.barh(y, vals, left=left, color=TIME_COLORS[term], label=term.replace("_", " "), height=0.7,
+                       linewidth=0)
+        if np.any(vals > 0):  # a legend entry only for what the picture shows
+            handles.append(bars)
         for i, v in enumerate(vals):  # name the value inside a segment wide enough to hold it
             if v > 0.09 * longest:
                 ax.text(left[i] + v / 2, y[i], f"{v:,.3g}", ha="center", va="center", fontsize=7,
-                        color="white" if term != "bubble" else "black")
+                        color="white" if term in _DARK else "black")
         left += vals
     for i, s in enumerate(numbers["step"]):
         ax.text(left[i] + 0.01 * longest, y[i], f"{seconds(s)}", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, longest * 1.15)
+    ax.set_xlim(0, longest * 1.18)  # room for the total written after each bar
     ax.set_xlabel("seconds per optimizer step")
-    ax.set_title(title, fontsize=9)
-    ax.legend(loc="upper center", ncol=len(TIME_TERMS), fontsize=7, frameon=False,
-              bbox_to_anchor=(0.5, -0.5 / (1 + 0.3 * n)))
+    ax.set_title(wrap(title, width_in - 0.5, 9), fontsize=9)
+    names = [h.get_label() for h in handles]
+    fig.legend(handles=handles, loc="outside lower center", ncol=legend_columns(names, width_in - 0.4, 8),
+               fontsize=8, frameon=False)
     save(fig, path)
 
     first = rows[0][1]

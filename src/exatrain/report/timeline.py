@@ -23,16 +23,32 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import PlanError
 from exatrain.plan import SCHEDULES, Plan, TimeBreakdown
 from exatrain.planner.cost.params import CostParams
-from exatrain.report.style import Figure, describe, new_figure, save, seconds
+from exatrain.report.style import (OKABE_ITO, Figure, describe, legend_columns, new_figure, save, seconds,
+                                   wrap)
 
-# Colours: idle, then (kind, shade) pairs — shades alternate between micro-batches — then "after the step".
-IDLE_RGB = (0.90, 0.90, 0.90)
+# Colours: idle, then (kind, shade) pairs — shades alternate between micro-batches — then "after the
+# step". Each kind is an Okabe-Ito colour (blue, orange, bluish green; see style.OKABE_ITO) and its
+# light shade the same colour mixed half-and-half with white.
+IDLE_RGB = (0.86, 0.86, 0.86)
 AFTER_RGB = (1.0, 1.0, 1.0)
 KINDS = ("F", "B", "W")
 KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (zero bubble)"}
-KIND_RGB = {"F": ((0.30, 0.45, 0.69), (0.53, 0.66, 0.85)),
-            "B": ((0.87, 0.52, 0.32), (0.95, 0.73, 0.56)),
-            "W": ((0.18, 0.55, 0.34), (0.49, 0.77, 0.60))}
+
+
+def _hex_rgb(h: str) -> tuple[float, float, float]:
+    return tuple(int(h[i:i + 2], 16) / 255 for i in (1, 3, 5))  # type: ignore[return-value]
+
+
+def _light(rgb: tuple[float, float, float]) -> tuple[float, float, float]:
+    return tuple(0.5 * c + 0.5 for c in rgb)  # type: ignore[return-value]
+
+
+KIND_RGB = {k: (_hex_rgb(OKABE_ITO[c]), _light(_hex_rgb(OKABE_ITO[c])))
+            for k, c in (("F", "blue"), ("B", "orange"), ("W", "green"))}
+# Ranks are drawn as bands with a white line between them when there are few enough to leave each
+# band several pixels tall; each band is ROW_PIXELS image rows, the last of them the gap.
+GAP_MAX_PP = 32
+ROW_PIXELS = 8
 COLUMNS = 1100
 
 
@@ -110,6 +126,19 @@ def _occupied(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.nda
     return done_s[n_done] + partial
 
 
+def wide_ops(ops: dict[str, np.ndarray], column_s: float) -> bool:
+    """Whether the typical op spans a few columns of ``column_s`` seconds (else ops blend)."""
+    return float(np.median(ops["end_s"] - ops["start_s"])) >= 3 * column_s
+
+
+def shades(ops: dict[str, np.ndarray], pp: int, column_s: float) -> np.ndarray:
+    """Per op, 0 (dark) or 1 (light): alternating between micro-batches where ops span a few
+    columns of ``column_s`` seconds; all dark where narrower ops would blend into noise."""
+    if not wide_ops(ops, column_s):
+        return np.zeros_like(ops["kind"])
+    return (ops["microbatch"] + ops["virtual_stage"] // pp) % 2
+
+
 def coverage(ops: dict[str, np.ndarray], pp: int, span_s: float, columns: int = COLUMNS
              ) -> tuple[np.ndarray, np.ndarray]:
     """Share of each time column (over [0, span_s], time measured from the first op) that each rank
@@ -120,9 +149,7 @@ def coverage(ops: dict[str, np.ndarray], pp: int, span_s: float, columns: int = 
     edges = np.linspace(0.0, span_s, columns + 1)
     width = span_s / columns
     cov = np.zeros((pp, 2 * len(KINDS), columns))
-    # Alternate shades only where an op spans a few columns; narrower ops would blend into noise.
-    wide = float(np.median(ops["end_s"] - ops["start_s"])) >= 3 * width
-    shade = (ops["microbatch"] + ops["virtual_stage"] // pp) % 2 if wide else np.zeros_like(ops["kind"])
+    shade = shades(ops, pp, width)
     group = ops["rank"] * (2 * len(KINDS)) + 2 * ops["kind"] + shade  # (rank, kind, shade)
     order = np.lexsort((ops["start_s"], group))  # one sort, then one slice per group
     keys, first = np.unique(group[order], return_index=True)
@@ -146,6 +173,18 @@ def to_rgb(cov: np.ndarray, in_step: np.ndarray) -> np.ndarray:
     return np.clip(img, 0.0, 1.0)
 
 
+def banded(img: np.ndarray) -> np.ndarray:
+    """(pp * ROW_PIXELS, columns, 3): each rank's row repeated, its last pixel row white, so
+    neighbouring ranks stay apart when the picture is scaled (up to GAP_MAX_PP ranks; more are
+    returned as they are, one row each)."""
+    pp = img.shape[0]
+    if pp > GAP_MAX_PP:
+        return img
+    out = np.repeat(img, ROW_PIXELS, axis=0)
+    out[ROW_PIXELS - 1::ROW_PIXELS] = 1.0
+    return out
+
+
 def idle_share(cov: np.ndarray, in_step: np.ndarray) -> list[float]:
     """Per rank, the idle share of the step as drawn (what the grey covers)."""
     inside = float(in_step.sum())
@@ -158,40 +197,48 @@ def _label(s: Simulated) -> str:
     return name + (" (the plan's)" if s.own else "")
 
 
-def _name_microbatches(ax: Any, ops: dict[str, np.ndarray], t_max: float) -> None:
-    """Write the micro-batch number on ops wide enough to hold it (small pipelines only)."""
+def _name_microbatches(ax: Any, ops: dict[str, np.ndarray], shade: np.ndarray, t_max: float) -> None:
+    """Write the micro-batch number on ops wide enough to hold it (small pipelines only): white on
+    the dark shade, black on the light one."""
     t0 = float(ops["start_s"].min())
     wide = np.flatnonzero(ops["end_s"] - ops["start_s"] > 0.02 * t_max)
     if len(wide) > 400:
         return
     for i in wide:
         ax.text((ops["start_s"][i] + ops["end_s"][i]) / 2 - t0, ops["rank"][i], str(ops["microbatch"][i]),
-                ha="center", va="center", fontsize=6, color="white")
+                ha="center", va="center", fontsize=6, color="black" if shade[i] else "white")
 
 
 def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path: Path) -> Figure:
     """One panel per schedule (shared time axis); return each schedule's simulated numbers and the
     idle share each rank has in the picture."""
     sims, skipped = simulate_variants(plan, cluster, params)
-    t_max = max(s.result.step_s for s in sims)
+    # The time axis holds every panel's pipeline and its whole step (the dotted line), clear of the frame.
+    t_max = 1.015 * max(max(s.result.step_s, s.time_s.step) for s in sims)
     pp = plan.pp
     panel_h = 1.0 + min(2.4, 0.03 * pp + 0.15)
-    fig, axes = new_figure(12.0, 0.8 + panel_h * len(sims), nrows=len(sims), sharex=True, squeeze=False)
+    width_in = 12.0
+    fig, axes = new_figure(width_in, 1.0 + panel_h * len(sims), nrows=len(sims), sharex=True, squeeze=False)
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     rows = []
+    mixed = None  # the F/B blend of a panel whose ops are narrower than a column (for the legend)
     for ax, s in zip(axes[:, 0], sims):
         ops = ops_of(s.result)
+        if mixed is None and not wide_ops(ops, t_max / COLUMNS):
+            dur = ops["end_s"] - ops["start_s"]
+            f_s, b_s = (float(dur[ops["kind"] == KINDS.index(k)].sum()) for k in ("F", "B"))
+            mixed = tuple((f_s * np.array(KIND_RGB["F"][0]) + b_s * np.array(KIND_RGB["B"][0])) / (f_s + b_s))
         cov, in_step = coverage(ops, pp, t_max)
-        ax.imshow(to_rgb(cov, in_step), aspect="auto", interpolation="antialiased",
+        ax.imshow(banded(to_rgb(cov, in_step)), aspect="auto", interpolation="nearest",
                   extent=(0.0, t_max, pp - 0.5, -0.5))
         if pp <= 16:
-            _name_microbatches(ax, ops, t_max)
-        ax.axvline(s.time_s.step, color="black", linewidth=0.8, linestyle=":")
+            _name_microbatches(ax, ops, shades(ops, pp, t_max / COLUMNS), t_max)
+        ax.axvline(s.time_s.step, color="black", linewidth=1.0, linestyle=":")
         r = s.result
         ax.set_title(f"{_label(s)}: pipeline {seconds(r.step_s)}, busiest rank idle {r.bubble_fraction:.1%}; "
-                     f"step with DP, optimizer and overhead {seconds(s.time_s.step)} (dotted)",
-                     fontsize=8, loc="left")
+                     f"whole step {seconds(s.time_s.step)}", fontsize=8, loc="left")
         ax.set_ylabel("pipeline rank", fontsize=8)
         ax.set_yticks(range(0, pp, max(1, pp // 8)))
         ax.tick_params(labelsize=7)
@@ -201,11 +248,18 @@ def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path
                      "idle_s": [float(x) for x in r.idle_s],
                      "ops": {k: int(np.sum(ops["kind"] == i)) for i, k in enumerate(KINDS)},
                      "time_s": s.time_s.to_dict(), "drawn_idle_share": idle_share(cov, in_step)})
-    axes[-1, 0].set_xlabel("seconds into the optimizer step (one data-parallel replica)")
-    legend = [Patch(color=KIND_RGB[k][0], label=KIND_NAMES[k]) for k in KINDS]
+    axes[-1, 0].set_xlabel("seconds into the optimizer step (one data-parallel replica)", fontsize=9)
+    drawn = [k for k in KINDS if any(r["ops"][k] for r in rows)]
+    legend = [Patch(color=KIND_RGB[k][0], label=KIND_NAMES[k]) for k in drawn]
+    if mixed is not None:
+        legend.append(Patch(color=mixed, label="forward and backward mixed (ops narrower than a pixel)"))
     legend.append(Patch(color=IDLE_RGB, label="idle"))
-    fig.legend(handles=legend, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle(f"pipeline schedules — {describe(plan)}, {plan.num_microbatches} micro-batches", fontsize=9)
+    legend.append(Line2D([], [], color="black", linewidth=1.0, linestyle=":",
+                         label="end of the step (+ DP sync, optimizer, overhead)"))
+    fig.legend(handles=legend, loc="outside lower center", fontsize=8, frameon=False,
+               ncol=legend_columns([h.get_label() for h in legend], width_in - 0.4, 8))
+    fig.suptitle(wrap(f"pipeline schedules — {describe(plan)}, {plan.num_microbatches} micro-batches",
+                      width_in - 0.4, 9), fontsize=9)
     save(fig, path, palette=32)
     return Figure(file=path.name, title="Pipeline schedule timeline", caption=_caption(plan, rows, skipped),
                   numbers=_numbers(plan, rows, skipped), key_numbers=_key_numbers(rows))
@@ -220,9 +274,9 @@ def _numbers(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> dict:
 
 def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
     text = ("Each row is one pipeline rank, time runs right: blue forward, orange backward (the input "
-            "gradient only, under zero bubble), green weight gradient, grey idle; light and dark shades "
-            "alternate between micro-batches (where ops are narrower than a pixel they blend). Every panel "
-            "uses the estimate's own per-stage seconds and schedule simulator. ")
+            "gradient only, under zero bubble), green weight gradient, grey idle, the dotted line the end "
+            "of the whole step; light and dark shades alternate between micro-batches (where ops are narrower "
+            "than a pixel they blend). Every panel uses the estimate's own per-stage seconds and schedule simulator. ")
     text += "; ".join(f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''} "
                       f"{seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
     own = next(r for r in rows if r["own"])
