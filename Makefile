@@ -4,10 +4,13 @@
 # PYTHON is the interpreter to start from. When it is not already a virtual or conda environment,
 # `make install` makes a project-local one in $(VENV) (with the system site-packages, so an installed
 # torch is kept) and every target runs there; see scripts/install_env.py for each decision.
+# `make check` runs the suite in that environment without the install step.
 PYTHON ?= python3
 VENV ?= .venv
 # Where `make run` writes its metrics: one JSON line per step, then the RunRecord (appended per run).
 RUN_METRICS ?= runs/make-run/metrics.jsonl
+# Extra flags for `exatrain train` in `make run`, e.g. `make run RUN_ARGS="--steps 10"`.
+RUN_ARGS ?=
 # Extra arguments for pytest, e.g. `make test PYTEST_ARGS=tests/planner`.
 PYTEST_ARGS ?=
 # The interpreter of the installed environment (override to run `make check` with another one).
@@ -21,8 +24,8 @@ install:
 	@bash scripts/install.sh
 
 run: install
-	@echo "make run: metrics (one JSON line per step, then the RunRecord) are appended to $(RUN_METRICS); no checkpoints are written"
-	@py="$(ENV_PYTHON)" && "$$py" -m exatrain train --metrics-file $(RUN_METRICS)
+	@echo "make run: metrics (one JSON line per step, then the RunRecord) are appended to $(RUN_METRICS); checkpoints only with RUN_ARGS=\"--checkpoint-dir DIR\""
+	@py="$(ENV_PYTHON)" && "$$py" -m exatrain train --metrics-file $(RUN_METRICS) $(RUN_ARGS)
 
 test: install
 	@$(MAKE) --no-print-directory check

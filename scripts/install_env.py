@@ -196,7 +196,8 @@ class Target:
 
 
 def has_ensurepip() -> bool:
-    p = run([sys.executable, "-c", "import ensurepip"], capture_output=True)
+    # version() reads the bundled pip wheel's version: an empty `ensurepip` directory would import.
+    p = run([sys.executable, "-c", "import ensurepip; ensurepip.version()"], capture_output=True)
     return p.returncode == 0
 
 
