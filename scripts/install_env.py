@@ -386,7 +386,8 @@ def dry_run(target: Target) -> None:
         # The new venv sees the base Python's site-packages but not its user site (-s).
         action, what = torch_decision(sys.executable, "-s")
     else:
-        print("pip: in the environment")
+        has_pip = run([target.python, "-m", "pip", "--version"], capture_output=True).returncode == 0
+        print("pip: in the environment" if has_pip else "pip: missing (the install stops and says how to add it)")
         action, what = torch_decision(target.python)
     print(f"torch: keep {what}" if action == "keep" else f"torch: install {what}")
     state = "up to date" if up_to_date(target) else f"pip install -e {REPO}[{EXTRAS}]"
@@ -401,6 +402,9 @@ def install(target: Target) -> None:
         return
     if target.makes_venv:
         make_venv(target)
+    elif run([target.python, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        raise Stop(f"the environment {target.prefix} has no pip: run `{target.python} -m ensurepip` "
+                   f"(or install pip there), then make install again")
     action, what = torch_decision(target.python)
     if action == "install":
         install_torch(target.python, what)

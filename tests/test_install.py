@@ -101,12 +101,13 @@ def test_a_venv_python_is_installed_into_as_it_is(tmp_path: Path, venv: Path) ->
     py = str(env_dir / "bin" / "python")
     d = decisions(install("--dry-run", python=py, venv=venv, path=fake_torch(tmp_path / "t", "2.7.1+rocm6.3")))
     assert d["environment"].startswith(f"current venv {env_dir}")
-    assert d["pip"] == "in the environment"
+    assert d["pip"] == "missing (the install stops and says how to add it)"  # made --without-pip here
     assert d["torch"] == "keep 2.7.1+rocm6.3"
     assert d["runs"] == py
     # The same venv without a torch gets the CPU build.
     assert decisions(install("--dry-run", python=py, venv=venv))["torch"] == f"install {CPU_TORCH}"
     assert install("--print-python", python=py, venv=venv).stdout.strip() == py
+    assert "has no pip: run" in one_line_refusal(install(python=py, venv=venv))
     assert not venv.exists()
 
 
