@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -232,14 +233,15 @@ def pip_from_pypi(dest: Path) -> Path:
         if not files:
             raise Stop(f"PyPI lists no pure-Python pip wheel at {PIP_JSON}")
         f = files[0]
-        with urllib.request.urlopen(f["url"], timeout=120) as r:
+        url = urllib.parse.urljoin(PIP_JSON, f["url"])  # a mirror may answer with relative links
+        with urllib.request.urlopen(url, timeout=120) as r:
             data = r.read()
-    except OSError as exc:
+    except (OSError, ValueError, KeyError) as exc:
         raise Stop(f"{sys.executable} has no ensurepip and no pip, no local pip wheel was found, and PyPI "
                    f"was not reachable ({exc}): install python3-venv (Debian/Ubuntu: apt install "
                    f"python3-venv) or set PYTHON to a Python that has venv and pip") from None
     if hashlib.sha256(data).hexdigest() != f["digests"]["sha256"]:
-        raise Stop(f"the pip wheel downloaded from PyPI does not match its published sha256 ({f['url']})")
+        raise Stop(f"the pip wheel downloaded from PyPI does not match its published sha256 ({url})")
     out = dest / f["filename"]
     out.write_bytes(data)
     return out
@@ -270,7 +272,7 @@ def bootstrap_pip(python: str) -> None:
             say(f"no ensurepip: fetching the pip wheel from PyPI ({PIP_JSON})")
             wheel = pip_from_pypi(Path(tmp))
         # pip runs from its own wheel (the way CPython's ensurepip runs it) to install that wheel.
-        p = run([python, str(wheel / "pip"), "install", "-q", "--no-index", "--no-deps", str(wheel)])
+        p = run([python, str(wheel / "pip"), "install", "-q", "--ignore-installed", "--no-index", "--no-deps", str(wheel)])
         if p.returncode != 0:
             raise SystemExit(p.returncode)
 
