@@ -12,7 +12,8 @@ Decisions and why:
   project-local virtual environment (``VENV``, default ``.venv``), because a distribution's own Python
   refuses ``pip install`` (PEP 668, "externally managed") and a user's base Python should stay as it was.
   The environment is made with ``--system-site-packages`` so a torch the base Python already has
-  (a CUDA or ROCm build, say) is used, not installed a second time.
+  (a CUDA or ROCm build, say) is used, not installed a second time.  An existing VENV that runs on
+  the same base Python is used as it is; only one this script made is ever removed and made again.
 * pip in a new environment: ``venv`` installs it with ``ensurepip``; Debian and Ubuntu ship ensurepip
   separately (python3-venv), so without it the environment is made ``--without-pip`` and pip is
   brought in from the first source that has it: the base Python's own pip (seen through the system
@@ -53,6 +54,7 @@ TORCH_MIN = (2, 6)  # pyproject.toml's `train` extra: torch>=2.6
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PIP_JSON = "https://pypi.org/pypi/pip/json"  # PyPI JSON API: docs.pypi.org/api/json/
 DISTRO_WHEELS = "/usr/share/python-wheels"  # Debian/Ubuntu python3-pip-whl
+MARKER = "made-by-exatrain-install"  # inside a VENV this script made (and so may make again)
 
 # Runs inside a candidate interpreter: is torch importable, and does pip see it installed?
 TORCH_PROBE = r"""
@@ -93,8 +95,20 @@ def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, **kw)
 
 
+def pip_step(argv: list[str], what: str) -> None:
+    """Run one pip command; when it fails, pip has said why: add which step it was and stop with its status."""
+    p = run(argv)
+    if p.returncode != 0:
+        print(f"install: {what} failed (pip exited {p.returncode}; its messages are above)", file=sys.stderr)
+        raise SystemExit(p.returncode)
+
+
 def probe(python: str, code: str, *flags: str) -> dict | None:
-    p = run([python, *flags, "-c", code], capture_output=True, text=True)
+    """The JSON `code` prints when run by `python` (None: it does not run, or prints no JSON)."""
+    try:
+        p = run([python, *flags, "-c", code], capture_output=True, text=True)
+    except OSError:
+        return None
     if p.returncode != 0:
         return None
     try:
@@ -133,26 +147,27 @@ def venv_python(venv: Path) -> Path:
 
 
 def venv_state(venv: Path) -> tuple[str, str]:
-    """('absent' | 'reuse' | 'remake' | 'foreign', why) for an existing VENV directory."""
+    """('absent' | 'reuse' | 'remake', why) for VENV; Stop for one this script must not touch.
+
+    Only an environment this script made (it leaves MARKER inside) is ever removed and made again;
+    one a user made is used as it is when it runs on the same base Python, else left alone.
+    """
     if not venv.exists():
         return "absent", ""
-    cfg = venv / "pyvenv.cfg"
-    if not cfg.is_file():
+    if not (venv / "pyvenv.cfg").is_file():
         raise Stop(f"{venv} exists and is not a virtual environment (no pyvenv.cfg): move it away or "
                    f"set VENV=another/dir")
-    settings = {}
-    for line in cfg.read_text(encoding="utf-8", errors="replace").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            settings[key.strip().lower()] = value.strip()
+    ours = (venv / MARKER).is_file()
     info = probe(str(venv_python(venv)), ENV_PROBE)
     if info is None:
-        return "remake", "its python does not run"
-    if not same_path(info["base_prefix"], sys.base_prefix):
-        return "remake", f"it was made from the Python at {info['base_prefix']}"
-    if settings.get("include-system-site-packages", "false").lower() != "true":
-        return "remake", "it was made without --system-site-packages"
-    return "reuse", ""
+        why = "its python does not run"
+    elif not same_path(info["base_prefix"], sys.base_prefix):
+        why = f"it was made from the Python at {info['base_prefix']}, not {sys.base_prefix}"
+    else:
+        return "reuse", "" if ours else "made elsewhere, used as it is"
+    if ours:
+        return "remake", why
+    raise Stop(f"{venv} cannot be used ({why}) and install did not make it: remove it or set VENV=another/dir")
 
 
 class Target:
@@ -177,8 +192,10 @@ class Target:
     def describe(self) -> str:
         if self.kind != "plain":
             return f"current {self.kind} {self.prefix} (installed into as it is)"
-        label = {"absent": "new", "reuse": "reuse", "remake": "remake"}[self.state]
         why = f" ({self.why})" if self.why else ""
+        if self.state == "reuse":
+            return f"reuse venv {self.venv}{why}"
+        label = {"absent": "new", "remake": "remake"}[self.state]
         return f"{label} venv {self.venv}{why}, --system-site-packages of {sys.executable}"
 
     def where_line(self) -> str:
@@ -200,6 +217,13 @@ def has_ensurepip() -> bool:
     # version() reads the bundled pip wheel's version: an empty `ensurepip` directory would import.
     p = run([sys.executable, "-c", "import ensurepip; ensurepip.version()"], capture_output=True)
     return p.returncode == 0
+
+
+def has_pip(python: str) -> bool:
+    try:
+        return run([python, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 def host_pip(no_user_site: bool) -> bool:
@@ -272,9 +296,8 @@ def bootstrap_pip(python: str) -> None:
             say(f"no ensurepip: fetching the pip wheel from PyPI ({PIP_JSON})")
             wheel = pip_from_pypi(Path(tmp))
         # pip runs from its own wheel (the way CPython's ensurepip runs it) to install that wheel.
-        p = run([python, str(wheel / "pip"), "install", "-q", "--ignore-installed", "--no-index", "--no-deps", str(wheel)])
-        if p.returncode != 0:
-            raise SystemExit(p.returncode)
+        pip_step([python, str(wheel / "pip"), "install", "-q", "--ignore-installed", "--no-index", "--no-deps",
+                  str(wheel)], f"installing pip from {wheel.name}")
 
 
 def make_venv(target: Target) -> None:
@@ -285,6 +308,7 @@ def make_venv(target: Target) -> None:
     if has_ensurepip():
         say(f"making the virtual environment {venv} (--system-site-packages)")
         if run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)]).returncode == 0:
+            (venv / MARKER).write_text("scripts/install_env.py made this environment and may remake it\n")
             return
         say("venv with pip failed; making it without pip instead")
         shutil.rmtree(venv, ignore_errors=True)
@@ -298,6 +322,7 @@ def make_venv(target: Target) -> None:
         raise Stop(f"{sys.executable} cannot make a virtual environment ({(p.stderr or p.stdout).strip()[:200]}): "
                    f"install python3-venv (Debian/Ubuntu: apt install python3-venv) or set PYTHON to a "
                    f"Python that has venv")
+    (venv / MARKER).write_text("scripts/install_env.py made this environment and may remake it\n")
     bootstrap_pip(target.python)
 
 
@@ -342,9 +367,7 @@ def install_torch(python: str, spec: str) -> None:
     if index:
         argv += ["--extra-index-url", index]
     say(f"no torch installed: installing the CPU build {spec}" + (f" (from {index})" if index else ""))
-    p = run(argv)
-    if p.returncode != 0:
-        raise SystemExit(p.returncode)
+    pip_step(argv, f"installing {spec}")
 
 
 # ---------------------------------------------------------------- stamp
@@ -388,8 +411,7 @@ def dry_run(target: Target) -> None:
         # The new venv sees the base Python's site-packages but not its user site (-s).
         action, what = torch_decision(sys.executable, "-s")
     else:
-        has_pip = run([target.python, "-m", "pip", "--version"], capture_output=True).returncode == 0
-        print("pip: in the environment" if has_pip else "pip: missing (the install stops and says how to add it)")
+        print("pip: in the environment" if has_pip(target.python) else "pip: missing (the install stops and says how to add it)")
         action, what = torch_decision(target.python)
     print(f"torch: keep {what}" if action == "keep" else f"torch: install {what}")
     state = "up to date" if up_to_date(target) else f"pip install -e {REPO}[{EXTRAS}]"
@@ -399,14 +421,17 @@ def dry_run(target: Target) -> None:
 
 def install(target: Target) -> None:
     if up_to_date(target):
-        say(f"up to date (pyproject.toml and the install scripts unchanged since the last install)")
+        say("up to date (pyproject.toml and the install scripts unchanged since the last install)")
         say(target.where_line())
         return
     if target.makes_venv:
         make_venv(target)
-    elif run([target.python, "-m", "pip", "--version"], capture_output=True).returncode != 0:
-        raise Stop(f"the environment {target.prefix} has no pip: run `{target.python} -m ensurepip` "
-                   f"(or install pip there), then make install again")
+    elif not has_pip(target.python):
+        if target.kind == "plain" and (target.venv / MARKER).is_file():
+            bootstrap_pip(target.python)  # an earlier install made this venv and stopped before pip
+        else:
+            raise Stop(f"the environment {target.prefix} has no pip: run `{target.python} -m ensurepip` "
+                       f"(or install pip there), then make install again")
     action, what = torch_decision(target.python)
     if action == "install":
         install_torch(target.python, what)
@@ -420,9 +445,8 @@ def install(target: Target) -> None:
         constraints = Path(tmp) / "torch.txt"
         constraints.write_text(f"torch=={what}\n", encoding="utf-8")
         say(f"pip install -e .[{EXTRAS}] into {target.prefix}")
-        p = run([target.python, "-m", "pip", "install", "-q", "-c", str(constraints), "-e", f"{REPO}[{EXTRAS}]"])
-        if p.returncode != 0:
-            raise SystemExit(p.returncode)
+        pip_step([target.python, "-m", "pip", "install", "-q", "-c", str(constraints), "-e", f"{REPO}[{EXTRAS}]"],
+                 f"installing exatrain[{EXTRAS}]")
     if not editable_here(target.python):
         raise Stop(f"after installing, {target.python} does not import exatrain from {REPO / 'src'}")
     STAMP.write_text(stamp_key(target.python) + "\n", encoding="utf-8")

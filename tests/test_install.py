@@ -161,16 +161,24 @@ def test_without_ensurepip_the_venv_gets_pip_from_elsewhere(tmp_path: Path, venv
 # ------------------------------------------------------------------ an existing .venv
 
 
-def test_an_existing_venv_is_reused_or_remade(tmp_path: Path, venv: Path, bare_home: Path) -> None:
+def test_an_existing_venv_is_reused_and_only_ours_is_remade(tmp_path: Path, venv: Path) -> None:
     base = base_python()
     if (Path(sys.base_prefix) / "conda-meta").is_dir():
         pytest.skip("this interpreter's base is a conda environment's, which is installed into, not given a venv")
-    subprocess.run([base, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
-    assert decisions(install("--dry-run", python=base, venv=venv))["environment"].startswith(f"reuse venv {venv}")
-    shutil.rmtree(venv)
+    # One the user made (no system site-packages, say) is used as it is.
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
     env = decisions(install("--dry-run", python=base, venv=venv))["environment"]
-    assert env.startswith(f"remake venv {venv} (it was made without --system-site-packages)")
+    assert env == f"reuse venv {venv} (made elsewhere, used as it is)"
+    # One whose python no longer runs: remade when install made it, else left alone with one line.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "pyvenv.cfg").write_text("home = /nowhere\ninclude-system-site-packages = true\n")
+    err = one_line_refusal(install("--dry-run", python=base, venv=broken))
+    assert "cannot be used (its python does not run) and install did not make it" in err
+    (broken / "made-by-exatrain-install").write_text("")
+    env = decisions(install("--dry-run", python=base, venv=broken))["environment"]
+    assert env == f"remake venv {broken} (its python does not run), --system-site-packages of {base}"
+    assert sorted(p.name for p in broken.iterdir()) == ["made-by-exatrain-install", "pyvenv.cfg"]
 
 
 def test_a_venv_directory_that_is_not_a_venv_is_refused(tmp_path: Path, venv: Path, bare_home: Path) -> None:
