@@ -1,16 +1,41 @@
-# Two entry points: `make run` (install, then the main job on its embedded default)
-# and `make test` (install, then the whole test suite). `.ci/run` calls `make test`.
+# Two entry points: `make run` (install, then the main job on its embedded default) and `make test`
+# (install, then the whole test suite; `.ci/run` calls `make test`).
+#
+# PYTHON is the interpreter to start from. When it is not already a virtual or conda environment,
+# `make install` makes a project-local one in $(VENV) (with the system site-packages, so an installed
+# torch is kept) and every target runs there; see scripts/install_env.py for each decision.
+# `make check` runs the suite in that environment without the install step.
 PYTHON ?= python3
+VENV ?= .venv
+# Where `make run` writes its metrics: one JSON line per step, then the RunRecord (appended per run).
+RUN_METRICS ?= runs/make-run/metrics.jsonl
+# Extra flags for `exatrain train` in `make run`, e.g. `make run RUN_ARGS="--steps 10"`.
+RUN_ARGS ?=
+# Extra arguments for pytest, e.g. `make test PYTEST_ARGS=tests/planner`.
+PYTEST_ARGS ?=
+# The interpreter of the installed environment (override to run `make check` with another one).
+ENV_PYTHON ?= $$(bash scripts/install.sh --print-python)
 
-.PHONY: install run test bench
+export PYTHON VENV
+
+.PHONY: install run test check bench
+
 install:
-	PYTHON=$(PYTHON) bash scripts/install.sh
+	@bash scripts/install.sh
 
 run: install
-	exatrain train
+	@echo "make run: metrics (one JSON line per step, then the RunRecord) are appended to $(RUN_METRICS); checkpoints only with RUN_ARGS=\"--checkpoint-dir DIR\""
+	@py="$(ENV_PYTHON)" && "$$py" -m exatrain train --metrics-file $(RUN_METRICS) $(RUN_ARGS)
 
 test: install
-	$(PYTHON) -m pytest -q
+	@$(MAKE) --no-print-directory check
+
+# The suite in the installed environment, without installing first. pytest's exit status 5
+# ("no tests ran") fails the target, with a line saying so.
+check:
+	@py="$(ENV_PYTHON)" && "$$py" -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest ran no tests (exit status 5): that is a failure" >&2; fi; \
+	exit $$rc
 
 bench: install
-	$(PYTHON) benchmarks/search_speed.py
+	@py="$(ENV_PYTHON)" && "$$py" benchmarks/search_speed.py

@@ -1,74 +1,299 @@
-"""Keep the import directions of ARCHITECTURE true.
+"""The import rules of docs/architecture.md, read from its §2 table and checked against src/exatrain/.
 
-* planner, catalog, plan, launch: never import torch (they run on any laptop, start fast);
-* trainer: never imports the planner (plan.py and the catalog are its only contract);
-* nothing but the cli wires planner and trainer together.
+What is checked is what docs/architecture.md §4 lists: every module belongs to one row of the table;
+every import in its source names a layer its row allows (§2); importing a layer's modules loads no
+module outside what its row allows, followed through the rows it may import (§2); a "never" layer has
+no `import torch` in its source, and no "never" or "on call" layer loads torch when imported (§2, §3).
+A layer with no modules is not checked; the cli row is checked once an api exists (§4).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "exatrain"
-TORCH_FREE = ("planner", "catalog", "launch", "data")
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "exatrain"
+DOC = ROOT / "docs" / "architecture.md"
+TORCH_WORDS = ("never", "on call", "yes")
+# Accounting's earlier home inside the planner: importing it counts as importing `accounting` (§4).
+EARLIER_ACCOUNTING = "exatrain.planner.accounting"
 
 
-def _modules(sub: str) -> list[Path]:
-    root = SRC / sub
-    return sorted(root.rglob("*.py")) if root.is_dir() else [SRC / f"{sub}.py"]
+@dataclass(frozen=True)
+class Row:
+    layer: str
+    packages: tuple[str, ...]  # "catalog/" -> "catalog"
+    files: tuple[str, ...]  # "plan.py" -> "plan"; "__init__.py" is the package root
+    catch_all: bool  # "any other top-level module"
+    may_import: frozenset[str]
+    torch: str
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
+def _ticks(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+@lru_cache(maxsize=1)
+def rules() -> dict[str, Row]:
+    """The table under "## 2." of docs/architecture.md, one Row per layer."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("\n## 2.", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, Row] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        assert len(cells) == 4, f"docs/architecture.md §2: a row needs 4 cells: {line}"
+        layer = _ticks(cells[0])[0]
+        where = _ticks(cells[1])
+        rows[layer] = Row(
+            layer=layer,
+            packages=tuple(w.rstrip("/") for w in where if w.endswith("/")),
+            files=tuple(w.removesuffix(".py") for w in where if w.endswith(".py")),
+            catch_all="any other" in cells[1],
+            may_import=frozenset(_ticks(cells[2])),
+            torch=cells[3],
+        )
+    return rows
+
+
+def test_the_table_reads_as_rules() -> None:
+    """§2's table names known layers only, one catch-all row, and one of three torch words per row."""
+    table = rules()
+    assert {"helpers", "catalog", "plan", "planner", "trainer", "cli"} <= set(table)
+    for row in table.values():
+        assert row.may_import <= set(table), f"{row.layer} may import unknown layers {row.may_import - set(table)}"
+        assert row.layer not in row.may_import
+        assert row.torch in TORCH_WORDS, f"{row.layer}: torch cell {row.torch!r}"
+        assert row.packages or row.files or row.catch_all, f"{row.layer} has no Where"
+    assert sum(r.catch_all for r in table.values()) == 1
+
+
+# ------------------------------------------------------------------ modules and layers
 
 
 def _dotted(path: Path) -> str:
-    rel = path.relative_to(SRC.parent).with_suffix("")
-    parts = list(rel.parts)
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-@pytest.mark.parametrize("sub", TORCH_FREE + ("plan", "errors"))
-def test_no_torch_import_in_source(sub: str) -> None:
-    for path in _modules(sub):
-        bad = {n for n in _imports(path) if n == "torch" or n.startswith("torch.")}
-        assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
+def _file_layer(path: Path) -> str | None:
+    """The row a source file belongs to, by where it lives (a file under planner/ is the planner's)."""
+    rel = path.relative_to(SRC)
+    table = rules().values()
+    if len(rel.parts) > 1:
+        return next((r.layer for r in table if rel.parts[0] in r.packages), None)
+    named = next((r.layer for r in table if rel.stem in r.files), None)
+    return named or next((r.layer for r in table if r.catch_all), None)
 
 
-def test_trainer_never_imports_planner() -> None:
-    for path in _modules("trainer"):
-        bad = {n for n in _imports(path) if n.startswith("exatrain.planner") or n.startswith("exatrain.cli")}
-        assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
+def _name_layer(name: str) -> str | None:
+    """The row an imported module name belongs to (None: not exatrain's)."""
+    if name == "exatrain":
+        return "root"
+    if not name.startswith("exatrain."):
+        return None
+    if name == EARLIER_ACCOUNTING or name.startswith(EARLIER_ACCOUNTING + "."):
+        return "accounting"
+    head = name.split(".")[1]
+    if (SRC / head).is_dir():
+        return _file_layer(SRC / head / "__init__.py")
+    return _file_layer(SRC / f"{head}.py")
 
 
-def test_planner_never_imports_trainer() -> None:
-    for sub in TORCH_FREE + ("plan",):
-        for path in _modules(sub):
-            bad = {n for n in _imports(path) if n.startswith(("exatrain.trainer", "exatrain.cli"))}
-            assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
+@lru_cache(maxsize=1)
+def _sources() -> tuple[dict[str, list[Path]], list[str]]:
+    by_layer: dict[str, list[Path]] = {}
+    strays = []
+    for path in sorted(SRC.rglob("*.py")):
+        layer = _file_layer(path)
+        if layer is None:
+            strays.append(str(path.relative_to(SRC)))
+        else:
+            by_layer.setdefault(layer, []).append(path)
+    return by_layer, strays
 
 
-def test_planner_modules_load_without_torch_at_runtime() -> None:
-    """Importing every torch-free module (and the CLI entry) must not pull torch in transitively."""
-    mods = [_dotted(p) for sub in TORCH_FREE + ("plan",) for p in _modules(sub)] + ["exatrain.cli"]
-    code = ("import importlib, sys\n"
-            f"for m in {mods!r}:\n"
-            "    importlib.import_module(m)\n"
-            "bad = sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.'))\n"
-            "print(len(bad))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0", out.stdout + out.stderr
+def modules() -> dict[str, list[Path]]:
+    """Every source file of src/exatrain by layer (layers without files are absent)."""
+    return _sources()[0]
+
+
+def _active(layer: str) -> bool:
+    """A layer's rule applies when it has modules; the cli's once an api exists too (§4)."""
+    present = modules()
+    return layer in present and (layer != "cli" or "api" in present)
+
+
+def _allowed(layer: str) -> set[str]:
+    row = rules()[layer]
+    return {layer, "helpers"} | set(row.may_import)
+
+
+def _closure(layer: str) -> set[str] | None:
+    """Every layer importing `layer`'s modules may load: its rows, followed (None: no limit known)."""
+    seen, todo = set(), [layer]
+    while todo:
+        cur = todo.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        if cur in modules() and not _active(cur):
+            return None
+        todo.extend(_allowed(cur) - seen)
+    return seen
+
+
+def test_every_module_belongs_to_one_row() -> None:
+    """docs/architecture.md §4: a module outside every row (a new package) needs a row first."""
+    assert not _sources()[1], f"modules in no row of docs/architecture.md §2: {_sources()[1]}"
+    present = modules()
+    assert {"catalog", "plan", "planner", "trainer", "cli", "helpers"} <= set(present), sorted(present)
+    assert _file_layer(SRC / "errors.py") == "helpers" and _file_layer(SRC / "__init__.py") == "root"
+
+
+# ------------------------------------------------------------------ static: what the source names
+
+
+def _imports(path: Path) -> set[str]:
+    return _imports_of(path.read_text(encoding="utf-8"), _dotted(path), path.name == "__init__.py")
+
+
+def _imports_of(source: str, dotted: str, is_package: bool) -> set[str]:
+    """Every module name a source imports, anywhere in it; relative imports resolved, and
+    `from pkg import mod` counted as `pkg.mod` when that is a module of exatrain."""
+    here = dotted.split(".")
+    package = here if is_package else here[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names.add(mod)
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                rel = Path(*sub.split(".")[1:]) if sub.startswith("exatrain.") else None
+                if rel and ((SRC / rel).is_dir() or (SRC / f"{rel}.py").is_file()):
+                    names.add(sub)
+    return names
+
+
+def test_each_layer_imports_only_what_its_row_allows() -> None:
+    """docs/architecture.md §2: the May import column, for every import statement in the source."""
+    bad = []
+    for layer, paths in modules().items():
+        if not _active(layer):
+            continue
+        allowed = _allowed(layer)
+        for path in paths:
+            for name in sorted(_imports(path)):
+                target = _name_layer(name)
+                # The bare package is every module's parent; what it re-exports is root's row.
+                if target is not None and name != "exatrain" and target not in allowed:
+                    bad.append(f"{path.relative_to(SRC)} ({layer}) imports {name} ({target})")
+    assert not bad, "\n".join(bad)
+
+
+def test_torch_free_layers_never_name_torch() -> None:
+    """docs/architecture.md §2: a layer whose torch cell says "never" has no `import torch` at all."""
+    bad = []
+    for layer, paths in modules().items():
+        if rules()[layer].torch != "never" or not _active(layer):
+            continue
+        for path in paths:
+            hits = sorted(n for n in _imports(path) if n.split(".")[0] == "torch")
+            if hits:
+                bad.append(f"{path.relative_to(SRC)} ({layer}) imports {hits}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_rules_see_every_kind_of_import() -> None:
+    """The checks above see function-level, relative and `from pkg import mod` imports."""
+    source = "def f():\n    from ..planner import cost\n    from exatrain import cli\n    import torch.nn\n"
+    names = _imports_of(source, "exatrain.trainer.probe", is_package=False)
+    assert {"exatrain.planner", "exatrain.planner.cost", "exatrain.cli", "torch.nn"} <= names
+    assert {_name_layer(n) for n in names} >= {"planner", "cli"}
+    assert "planner" not in _allowed("trainer") and "cli" not in _allowed("trainer")
+    assert _name_layer("exatrain.planner.accounting.flops") == "accounting"
+
+
+# ------------------------------------------------------------------ at run time: what importing loads
+
+_LOADER = r"""
+import importlib, json, sys
+mods = json.loads(sys.argv[1])
+for m in mods:
+    importlib.import_module(m)
+print(json.dumps({"loaded": sorted(k for k in sys.modules if k == "exatrain" or k.startswith("exatrain.")),
+                  "torch": any(k == "torch" or k.startswith("torch.") for k in sys.modules)}))
+"""
+
+
+def _load(mods: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", _LOADER, json.dumps(mods)], capture_output=True, text=True,
+                         timeout=600, env=_child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _child_env() -> dict[str, str]:
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(SRC.parent) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _importable(paths: list[Path]) -> list[str]:
+    # A __main__ module runs its program when imported; its imports are checked statically.
+    return [_dotted(p) for p in paths if p.stem != "__main__"]
+
+
+def _parents(names: list[str]) -> set[str]:
+    return {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 1)}
+
+
+@pytest.mark.parametrize("group", ["torch-free", "torch"])
+def test_importing_a_layer_loads_only_what_its_rows_allow(group: str) -> None:
+    """docs/architecture.md §2 and §4: importing each layer's modules (each layer in a fresh process)
+    loads no module outside the layers its rows reach, and a "never"/"on call" layer loads no torch."""
+    bad = []
+    checked = []
+    for layer, paths in sorted(modules().items()):
+        with_torch = rules()[layer].torch == "yes"
+        if with_torch != (group == "torch"):
+            continue
+        mods = _importable(paths)
+        if not mods:
+            continue
+        checked.append(layer)
+        got = _load(mods)
+        if got["torch"] and not with_torch:
+            bad.append(f"importing {layer} loads torch")
+        reach = _closure(layer)
+        if reach is None:
+            continue
+        # Parent packages of what a layer may load are loaded by Python itself, not by the layer.
+        allowed_names = [n for n in got["loaded"] if _name_layer(n) in reach]
+        excused = _parents(allowed_names) | set(mods) | _parents(mods)
+        for name in got["loaded"]:
+            if name not in excused and _name_layer(name) not in reach:
+                bad.append(f"importing {layer} loads {name} ({_name_layer(name)})")
+    assert checked, f"no {group} layer was imported"
+    assert not bad, "\n".join(bad)
