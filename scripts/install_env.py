@@ -22,7 +22,8 @@ Decisions and why:
 * torch: one that imports is kept (pinned by a constraint, so pip cannot swap it for another build);
   one that is installed but does not import, or is older than the trainer needs, is left alone and
   the install stops with one line saying so.  Only where no torch is installed at all is the CPU
-  build ``torch==2.13.0`` installed (PyTorch's CPU wheel index, https://download.pytorch.org/whl/cpu,
+  build ``torch==2.13.0`` installed: from the configured package sources when they have it (a local
+  wheel directory, a mirror), else from PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu,
   as pytorch.org's install selector gives it; on Linux the ``+cpu`` local version is asked for so a
   multi-GB CUDA build can never be picked instead).
 * re-runs: a stamp (hash of pyproject.toml, these two scripts and the interpreter) skips pip when
@@ -362,12 +363,17 @@ def torch_decision(python: str, *flags: str) -> tuple[str, str]:
 
 
 def install_torch(python: str, spec: str) -> None:
+    """The pinned CPU build from the configured package sources first (a local wheel directory or a
+    mirror that has it: no other host is asked); only where they lack it, PyTorch's CPU index."""
+    say(f"no torch installed: installing the CPU build {spec}")
+    first = subprocess.run([python, "-m", "pip", "install", "-q", spec], stdin=subprocess.DEVNULL)
+    if first.returncode == 0:
+        return
     index = os.environ.get("TORCH_INDEX_URL", TORCH_CPU_INDEX)
-    argv = [python, "-m", "pip", "install", spec]
-    if index:
-        argv += ["--extra-index-url", index]
-    say(f"no torch installed: installing the CPU build {spec}" + (f" (from {index})" if index else ""))
-    pip_step(argv, f"installing {spec}")
+    if not index:
+        raise Stop(f"installing {spec} failed and TORCH_INDEX_URL is empty: install torch yourself, then re-run")
+    say(f"{spec} is not in the configured package sources: trying {index}")
+    pip_step([python, "-m", "pip", "install", spec, "--extra-index-url", index], f"installing {spec}")
 
 
 # ---------------------------------------------------------------- stamp
