@@ -187,3 +187,37 @@ def test_an_empty_shard_listed_in_dataset_json_is_read_as_empty(tmp_path: Path) 
     seq = 64
     assert [int(x) for x in src.sample(6, seq)] == [int(x) for x in np.concatenate(
         [np.asarray(a) for a in dataset.open_shards(data, dataset.read_meta(data))])[6 * seq:7 * seq + 1]]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    store = tmp_path_factory.mktemp("store") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("damage", ["short", "id beyond the vocabulary"])
+def test_a_rank_given_such_data_stops_with_one_line(damage: str, tmp_path: Path, one_rank: None) -> None:
+    """Inside a rank (one, in this process) the same data ends the run with a UserError line (the
+    launcher re-raises it in the parent), not a ZeroDivisionError or an IndexError in the embedding."""
+    from exatrain.trainer.config import TrainConfig
+    from exatrain.trainer.train import Trainer
+
+    plan = gpt_tiny()
+    if damage == "short":
+        data, message = byte_data(tmp_path, "x" * 10), "fewer than one sample"
+    else:
+        data = byte_data(tmp_path, "abc " * 300)
+        shard = data / "shard-00000.bin"
+        ids = np.fromfile(shard, dtype="<u2")
+        ids[:] = 4000  # every window reads it
+        ids.tofile(shard)
+        message = "shard-00000.bin: token 0 is id 4000, beyond the tokenizer's 256 ids"
+    with pytest.raises(UserError) as exc:
+        Trainer(TrainConfig(plan=plan, steps=2, quiet=True, data_dir=str(data), data_shuffle=False)).run()
+    assert message in one_line(exc)
