@@ -36,6 +36,8 @@ CASES = {
     "zero2-dp2-tp2-sp": (SMALL, dict(dp=2, zero_stage=2, tp=2, sequence_parallel=True), None, False),
     "zero3-dp2-llama": (LLAMA, dict(dp=2, zero_stage=3), None, False),
     "foreach-adamw-tp2": (SMALL, dict(tp=2), None, True),
+    "175b-tp8-sp-selective": (GPT175, dict(tp=8, pp=3, sequence_parallel=True, recompute="selective"), [1, 2], False),
+    "175b-tp8-full-foreach": (GPT175, dict(tp=8, pp=3, recompute="full"), [1], True),
     "pp2-zero-bubble": (SMALL, dict(pp=2, schedule="zero_bubble", interleave=2), None, False),
     "pp1-interleaved-plan": (SMALL, dict(schedule="interleaved", interleave=2), None, False),  # runs as pp 1
     "zero0-dp2": (SMALL, dict(dp=2), None, False),
