@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import stat
