@@ -54,6 +54,7 @@ def test_prepare_trains_a_bpe_and_writes_checked_shards(corpus: Path, tmp_path: 
     assert raw["tokens"] == sum(s["tokens"] for s in raw["shards"])
     for s in raw["shards"]:
         assert hashlib.sha256((out / s["file"]).read_bytes()).hexdigest() == s["sha256"]
+        assert s["max_id"] == int(np.fromfile(out / s["file"], dtype="<u2").max())
     stream = np.concatenate(dataset.open_shards(out, meta))
     tok = tk.load(out / "tokenizer.json")
     sep = tok.token_to_id(tk.SEPARATOR)
@@ -104,6 +105,8 @@ BAD = {
     "tokenizer is not json": (["--input", "CORPUS/**/*.txt", "--tokenizer", "CORPUS/a/one.txt"],
                               "not a Hugging Face tokenizer.json"),
     "vocab below the bytes": (["--input", "CORPUS/**/*.txt", "--train-tokenizer", "100"], "at least 257"),
+    "vocab beyond any real one": (["--input", "CORPUS/**/*.txt", "--train-tokenizer", "10000000000"],
+                                  "--train-tokenizer 10,000,000,000 is beyond the 1,048,576 ids"),
     "out holds a dataset": (["--stdlib", "--out", "EXISTING"], "already holds a dataset"),
 }
 

@@ -10,7 +10,7 @@ import torch
 
 from exatrain.data.prepare import prepare, stdlib_dataset, stdlib_documents, stdlib_root
 from exatrain.data import tokenizer as tk
-from exatrain.trainer.data import SampleOrder, TokenShards, local_batch, permute
+from exatrain.trainer.sampler import SampleOrder, TokenShards, local_batch, permute
 
 
 @pytest.fixture(scope="module")

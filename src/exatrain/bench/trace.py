@@ -4,11 +4,12 @@ For one rank of each pipeline stage of a plan (data- and tensor-parallel rank 0)
 process group (collectives do nothing; the plan's mesh is laid over its ranks with this process at
 the stage's coordinates) and ``FakeTensorMode`` (tensors carry shapes and dtypes, no storage):
 
-1. the model is built on the meta device and given the trainer's own parallelism, in the trainer's
-   order and with the trainer's functions: pipeline split (``split_stages``), tensor/sequence
-   parallelism (``apply_tensor_parallel``, DTensor over the fake tp group), activation
-   checkpointing and the attention kernel, and FSDP2 (``apply_fsdp``) for ZeRO-2/3; then it is
-   materialised as fake tensors (tied weights kept tied, as ``trainer.init`` does);
+1. the model is built on the meta device and given the trainer's own parallelism by the trainer's
+   own code (``execution_plan``, ``split_stages``, then ``shard_stage`` of parallel/build.py:
+   tensor/sequence parallelism as DTensors over the fake tp group, activation checkpointing and the
+   attention kernel, FSDP2 for ZeRO-2/3); then it is materialised as fake tensors (tied weights
+   kept tied, as ``trainer.init`` does) and, where the trainer does (``local_params_needed``: tensor
+   parallelism with ZeRO-0/1 over dp > 1), its DTensor parameters are stored as local shards;
 2. ZeRO-0/1 data parallelism is applied in the accounting sense: DDP is left out (its gradient
    buckets are a runtime cost of DDP, not of the layout), and ZeRO-1 is the trainer's
    ``ZeroRedundancyOptimizer``, which keeps only this rank's share of the Adam states;
@@ -42,7 +43,6 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from exatrain.plan import Plan
@@ -86,6 +86,10 @@ def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: i
     """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, tp 0); the peak over them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from exatrain.trainer.parallel.build import execution_plan, local_params_needed
+    from exatrain.trainer.parallel.data import localize_dtensor_params
+
+    plan = execution_plan(plan)
     _ensure_fake_world()
     mesh = _mesh(plan, pp_rank)
     chunks = _build(plan, mesh, pp_rank)
@@ -93,6 +97,8 @@ def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: i
         modules = [m for _, m in chunks]
         for module in modules:
             _materialize(module)
+            if local_params_needed(plan):  # as parallelize does: plain shards for DDP / ZeroRedundancyOptimizer
+                localize_dtensor_params(module)
         params = _unique_params(modules)
         optimizer = _optimizer(plan, params, mesh, foreach=accelerator)
         _warm_optimizer(optimizer, params)  # Adam's states exist from the second step on
@@ -144,23 +150,17 @@ def _mesh(plan: Plan, pp_rank: int) -> _Mesh:
 
 
 def _build(plan: Plan, mesh: _Mesh, pp_rank: int) -> list[tuple[int, nn.Module]]:
-    """This rank's stages with the trainer's parallelism, on meta (parallel/build.py's order)."""
+    """This rank's stages on meta, split and sharded by the trainer's own code (parallel/build.py:
+    ``split_stages`` then ``shard_stage``: TP/SP, activation checkpointing, attention kernel, FSDP)."""
     from exatrain.trainer.model import Transformer
-    from exatrain.trainer.parallel.activation import apply_activation_checkpointing, apply_attention_kernel
-    from exatrain.trainer.parallel.data import apply_fsdp
+    from exatrain.trainer.parallel.build import shard_stage
     from exatrain.trainer.parallel.pipeline import split_stages
-    from exatrain.trainer.parallel.tensor import apply_tensor_parallel
 
     with torch.device("meta"):
         whole = Transformer(plan.model)
     chunks = []
     for index, module in split_stages(whole, plan, pp_rank):
-        if plan.tp > 1:
-            apply_tensor_parallel(module, mesh.tp, sequence_parallel=plan.sequence_parallel)
-        apply_activation_checkpointing(module, plan.recompute)
-        apply_attention_kernel(module, plan.flash_attention)
-        if plan.dp > 1 and plan.zero_stage >= 2:
-            apply_fsdp(module, mesh.dp, zero_stage=plan.zero_stage, bf16=plan.dtype == "bfloat16")
+        shard_stage(module, plan, mesh.tp, mesh.dp)
         chunks.append((index, module))
     return chunks
 
@@ -321,7 +321,9 @@ class _StepRunner:
         return torch.randint(0, self.plan.model.vocab, self.tokens)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))  # trainer.train.lm_loss
+        from exatrain.trainer.train import lm_loss
+
+        return lm_loss(logits, targets)
 
     def step(self) -> None:
         n = self.plan.num_microbatches

@@ -88,7 +88,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from exatrain.trainer.export import export_hf
+    from exatrain.trainer.hf_export import export_hf
 
     source = export_hf(args.checkpoint, args.out, step=args.step)
     sys.stdout.write(f"{args.out}: Hugging Face model from {source}\n")

@@ -137,7 +137,7 @@ def _check_data_and_resume(args: argparse.Namespace, plan: Plan):
     from exatrain.data.prepare import stdlib_dataset
     from exatrain.trainer.checkpoint import files as ckpt_files
     from exatrain.trainer.checkpoint.compat import check_model
-    from exatrain.trainer.data import check_vocab
+    from exatrain.trainer.sampler import check_vocab
 
     data_dir = args.data if args.data else str(stdlib_dataset(quiet=args.quiet))
     meta = read_meta(data_dir)

@@ -1,15 +1,19 @@
 """A prepared dataset on disk: token shards and the ``dataset.json`` that describes them.
 
     data/
-      dataset.json        format, dtype, vocab size, separator, tokenizer identity, per-shard counts + sha256
+      dataset.json        format, dtype, vocab size, separator, tokenizer identity, per shard: tokens,
+                          sha256 and largest token id
       tokenizer.json      the tokenizer that made the shards (its sha256 is the identity)
       shard-00000.bin     token ids, little-endian uint16 (vocab <= 65,536) or uint32, back to back
       ...
 
 The shards are raw arrays (``numpy.memmap`` reads them without loading), so the stream of tokens is
 the concatenation of the shards in order; documents inside it end with the separator id.
-Reading checks what is cheap (the metadata, the tokenizer's hash, every shard's size);
-``verify`` also recomputes every shard's sha256 (``exatrain prepare --verify``).
+Every field of dataset.json is type-checked on reading (it may be hand-edited or crafted). Reading
+checks what is cheap (the metadata, the tokenizer's hash, every shard's size); ``check_dataset_for``
+adds what a model needs (ids inside its vocabulary, one sample window); ``verify`` also recomputes
+every shard's sha256 (``exatrain prepare --verify``). The trainer checks each window it reads too
+(trainer/sampler.py), so a same-size corrupted shard stops with one line, not in the embedding.
 """
 
 from __future__ import annotations
@@ -40,6 +44,26 @@ class Shard:
     file: str
     tokens: int
     sha256: str
+    max_id: int | None = None  # the largest token id in the shard (None: a dataset.json from before it was kept)
+
+
+def _field(d: dict, key: str, kind: type, source: str, where: str = "") -> Any:
+    """``d[key]`` if it is a ``kind`` (an int is never a bool), else one UserError line naming it."""
+    label = f"{where}{key}"
+    if key not in d:
+        raise UserError(f"{source}: malformed dataset description (no {label!r})")
+    value = d[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise UserError(f"{source}: malformed dataset description ({label!r} is {type(value).__name__} "
+                        f"{str(value)[:40]!r}, not {kind.__name__})")
+    if kind is int and value < 0:
+        raise UserError(f"{source}: malformed dataset description ({label!r} is negative)")
+    return value
+
+
+def plain_name(name: str) -> bool:
+    """A file name that stays inside its directory: no separator, no NUL, not hidden, not . or .."""
+    return bool(name) and not name.startswith(".") and not any(c in name for c in "/\\\0")
 
 
 @dataclass(frozen=True)
@@ -62,27 +86,49 @@ class DatasetMeta:
                 "separator": self.separator, "separator_id": self.separator_id,
                 "tokenizer": {"file": TOKENIZER, "sha256": self.tokenizer_sha256},
                 "documents": self.documents, "tokens": self.tokens,
-                "shards": [{"file": s.file, "tokens": s.tokens, "sha256": s.sha256} for s in self.shards],
+                "shards": [{"file": s.file, "tokens": s.tokens, "sha256": s.sha256,
+                            **({} if s.max_id is None else {"max_id": s.max_id})} for s in self.shards],
                 "sources": self.sources}
 
     @classmethod
     def from_dict(cls, d: Any, source: str) -> "DatasetMeta":
+        """Every field type-checked (a hand-edited or crafted dataset.json is one UserError line)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise UserError(f"{source}: not an exatrain dataset description (format {FORMAT!r})")
         if d.get("version") != VERSION:
             raise UserError(f"{source}: dataset version {d.get('version')!r} is not {VERSION}")
-        try:
-            meta = cls(dtype=str(d["dtype"]), vocab_size=int(d["vocab_size"]), separator=str(d["separator"]),
-                       separator_id=int(d["separator_id"]), tokenizer_sha256=str(d["tokenizer"]["sha256"]),
-                       documents=int(d["documents"]),
-                       shards=tuple(Shard(str(s["file"]), int(s["tokens"]), str(s["sha256"])) for s in d["shards"]),
-                       sources=dict(d.get("sources") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{source}: malformed dataset description ({type(exc).__name__}: {exc})") from None
+        tokenizer = _field(d, "tokenizer", dict, source)
+        shards = []
+        for i, s in enumerate(_field(d, "shards", list, source)):
+            if not isinstance(s, dict):
+                raise UserError(f"{source}: malformed dataset description (shards[{i}] is not an object)")
+            at = f"shards[{i}]."
+            max_id = _field(s, "max_id", int, source, at) if "max_id" in s else None
+            shards.append(Shard(_field(s, "file", str, source, at), _field(s, "tokens", int, source, at),
+                                _field(s, "sha256", str, source, at), max_id))
+        sources = d.get("sources") or {}
+        if not isinstance(sources, dict):
+            raise UserError(f"{source}: malformed dataset description ('sources' is not an object)")
+        meta = cls(dtype=_field(d, "dtype", str, source), vocab_size=_field(d, "vocab_size", int, source),
+                   separator=_field(d, "separator", str, source), separator_id=_field(d, "separator_id", int, source),
+                   tokenizer_sha256=_field(tokenizer, "sha256", str, source, "tokenizer."),
+                   documents=_field(d, "documents", int, source), shards=tuple(shards), sources=dict(sources))
         if meta.dtype not in ("uint16", "uint32"):
             raise UserError(f"{source}: token dtype {meta.dtype!r} is not uint16 or uint32")
-        if any("/" in s.file or s.file.startswith(".") for s in meta.shards):
-            raise UserError(f"{source}: shard names must be plain file names")
+        if not 0 < meta.vocab_size <= 2 ** (8 * np.dtype(meta.dtype).itemsize):
+            raise UserError(f"{source}: vocab_size {meta.vocab_size} does not fit token dtype {meta.dtype}")
+        if meta.separator_id >= meta.vocab_size:
+            raise UserError(f"{source}: separator id {meta.separator_id} is beyond the vocabulary "
+                            f"({meta.vocab_size} ids)")
+        bad = next((s.file for s in meta.shards if not plain_name(s.file)), None)
+        if bad is not None:
+            raise UserError(f"{source}: shard name {bad!r} is not a plain file name in the dataset directory")
+        if len({s.file for s in meta.shards}) != len(meta.shards):
+            raise UserError(f"{source}: a shard is listed twice")
+        for s in meta.shards:
+            if s.max_id is not None and s.max_id >= meta.vocab_size:
+                raise UserError(f"{source}: shard {s.file} holds token id {s.max_id}, beyond the tokenizer's "
+                                f"{meta.vocab_size} ids; prepare the data again")
         return meta
 
 
@@ -105,12 +151,20 @@ def read_meta(data_dir: str | Path) -> DatasetMeta:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"{path}: not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not valid JSON (nested too deeply)") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     meta = DatasetMeta.from_dict(raw, str(path))
     tok = root / TOKENIZER
     if not tok.is_file():
         raise UserError(f"{root}: {TOKENIZER} is missing")
-    if hashlib.sha256(tok.read_bytes()).hexdigest() != meta.tokenizer_sha256:
+    try:
+        tok_sha = sha256_file(tok)
+    except OSError as exc:
+        raise UserError(f"{tok}: cannot read ({exc.strerror or exc})") from None
+    if tok_sha != meta.tokenizer_sha256:
         raise UserError(f"{tok}: its sha256 is not the one {META} records (the tokenizer changed since the "
                         "shards were made)")
     if not meta.shards or meta.tokens < 2:
@@ -126,6 +180,46 @@ def read_meta(data_dir: str | Path) -> DatasetMeta:
     return meta
 
 
+def shard_max_ids(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
+    """The largest token id of every shard: as ``prepare`` recorded it, or, for a dataset.json from
+    before it was recorded, read from the shard (one numpy pass over its memory map)."""
+    out = []
+    for s, arr in zip(meta.shards, open_shards(data_dir, meta)):
+        out.append(s.max_id if s.max_id is not None else (int(arr.max()) if arr.size else 0))
+    return out
+
+
+def check_vocab(vocab_size: int, vocab: int, model_name: str, where: str = "the training data") -> None:
+    """Every token id the data's tokenizer can produce must have an embedding row."""
+    if vocab < vocab_size:
+        raise UserError(f"{model_name} has vocab {vocab} but {where} needs {vocab_size} token ids "
+                        f"(its tokenizer's vocabulary); use --vocab {vocab_size} or more")
+
+
+def check_dataset_for(plan: Any, data_dir: str | Path, where: str | None = None) -> DatasetMeta:
+    """Can ``plan``'s model train on the dataset in ``data_dir``? Run before any rank starts.
+
+    The cheap checks of read_meta, then: the tokenizer's vocabulary fits the model's embedding; the
+    stream holds at least one sample window, seq_len + 1 tokens (inputs and next-token targets);
+    every shard's largest token id (shard_max_ids) is inside the tokenizer's vocabulary (else the
+    shard is corrupted or crafted), hence inside the model's. Each failure is one UserError line
+    naming the file and the fix. Returns the description."""
+    root = Path(data_dir)
+    meta = read_meta(root)
+    model = plan.model
+    check_vocab(meta.vocab_size, model.vocab, model.name, where=where or f"the training data ({root})")
+    window = model.seq_len + 1
+    if meta.tokens < window:
+        raise UserError(f"{root}: the dataset holds {meta.tokens} tokens, fewer than one sample of {model.name} "
+                        f"(seq_len {model.seq_len} + 1 = {window} tokens); prepare more text into it or "
+                        f"train with a shorter --seq-len")
+    for s, top in zip(meta.shards, shard_max_ids(root, meta)):
+        if top >= meta.vocab_size:
+            raise UserError(f"{root / s.file}: holds token id {top}, beyond its tokenizer's {meta.vocab_size} "
+                            f"ids: the shard is corrupted or not made by {TOKENIZER}; prepare the data again")
+    return meta
+
+
 def verify(data_dir: str | Path) -> DatasetMeta:
     """read_meta, then every shard's sha256 against the recorded one."""
     meta = read_meta(data_dir)
@@ -136,10 +230,21 @@ def verify(data_dir: str | Path) -> DatasetMeta:
 
 
 def open_shards(data_dir: str | Path, meta: DatasetMeta) -> list[np.ndarray]:
-    """Read-only memory maps of the shards, in order."""
-    return [np.memmap(Path(data_dir) / s.file, dtype=np.dtype(meta.dtype).newbyteorder("<"), mode="r",
-                      shape=(s.tokens,)) for s in meta.shards]
+    """Read-only memory maps of the shards, in order (an empty shard is an empty array: mmap refuses
+    empty files)."""
+    dtype = np.dtype(meta.dtype).newbyteorder("<")
+    out = []
+    for s in meta.shards:
+        path = Path(data_dir) / s.file
+        if s.tokens == 0:
+            out.append(np.zeros(0, dtype=dtype))
+            continue
+        try:
+            out.append(np.memmap(path, dtype=dtype, mode="r", shape=(s.tokens,)))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: cannot map the shard ({getattr(exc, 'strerror', None) or exc})") from None
+    return out
 
 
-__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "open_shards", "read_meta", "sha256_file", "token_dtype",
-           "verify"]
+__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "check_dataset_for", "check_vocab", "open_shards",
+           "plain_name", "read_meta", "sha256_file", "shard_max_ids", "token_dtype", "verify"]

@@ -83,13 +83,15 @@ def read_text(doc: Document) -> str:
 
 
 class _ShardWriter:
-    """Appends token arrays to shard files of at most ``limit`` tokens, hashing as it goes."""
+    """Appends token arrays to shard files of at most ``limit`` tokens, hashing as it goes and
+    keeping each shard's largest id (dataset.json records it; check_dataset_for reads it)."""
 
     def __init__(self, root: Path, dtype: str, limit: int) -> None:
         self.root, self.dtype, self.limit = root, np.dtype(dtype).newbyteorder("<"), limit
         self.shards: list[Shard] = []
         self._file = None
         self._count = 0
+        self._max = 0
         self._hash = hashlib.sha256()
 
     def write(self, ids: np.ndarray) -> None:
@@ -100,6 +102,8 @@ class _ShardWriter:
             data = ids[:take].astype(self.dtype).tobytes()
             self._file.write(data)
             self._hash.update(data)
+            if take:
+                self._max = max(self._max, int(ids[:take].max()))
             self._count += take
             ids = ids[take:]
             if self._count == self.limit:
@@ -108,8 +112,8 @@ class _ShardWriter:
     def _close(self) -> None:
         if self._file is not None:
             self._file.close()
-            self.shards.append(Shard(Path(self._file.name).name, self._count, self._hash.hexdigest()))
-        self._file, self._count, self._hash = None, 0, hashlib.sha256()
+            self.shards.append(Shard(Path(self._file.name).name, self._count, self._hash.hexdigest(), self._max))
+        self._file, self._count, self._max, self._hash = None, 0, 0, hashlib.sha256()
 
     def close(self) -> tuple[Shard, ...]:
         if self._count:
@@ -149,6 +153,8 @@ def prepare(docs: list[Document], out: str | Path, *, tokenizer_json: str | None
         raise UserError("the corpus has no documents")
     if shard_tokens <= 0:
         raise UserError(f"--shard-tokens must be positive, got {shard_tokens}")
+    if tokenizer_json is None and train_vocab is not None:
+        tk.check_train_vocab(train_vocab)
     total_bytes = sum(d.path.stat().st_size for d in docs)
     if tokenizer_json is None:
         if train_vocab is None:

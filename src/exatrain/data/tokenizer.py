@@ -60,13 +60,27 @@ def byte_tokenizer_json() -> str:
     return json.dumps(json.loads(tok.to_str()), ensure_ascii=False, sort_keys=True)
 
 
+# The largest vocabulary --train-tokenizer accepts: about 4x the largest in wide use (Gemma's 256,128
+# ids, Gemma Team 2024, Table 1). The BPE trainer reserves memory by the requested size before it looks at
+# the text, so an absurd request (1e10) aborts inside the native library instead of failing cleanly.
+MAX_TRAIN_VOCAB = 1 << 20
+
+
+def check_train_vocab(vocab_size: int) -> None:
+    """A vocabulary size ``train_bpe`` can honour: 256 byte symbols + the separator, at most MAX_TRAIN_VOCAB."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
+        raise UserError(f"--train-tokenizer needs a vocabulary of at least 257 (256 bytes + the separator), "
+                        f"got {vocab_size}")
+    if vocab_size > MAX_TRAIN_VOCAB:
+        raise UserError(f"--train-tokenizer {vocab_size:,} is beyond the {MAX_TRAIN_VOCAB:,} ids this trainer "
+                        f"accepts (vocabularies in use go up to about 256k ids)")
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, quiet: bool = True) -> str:
     """A byte-level BPE of ``vocab_size`` ids trained on ``texts`` (``<|endoftext|>`` is id 0)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < 257:
-        raise UserError(f"--train-tokenizer needs a vocabulary of at least 257 (256 bytes + the separator), "
-                        f"got {vocab_size}")
+    check_train_vocab(vocab_size)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -121,5 +135,6 @@ def encode_documents(tokenizer, texts: list[str], byte_identity: bool) -> Iterat
         yield np.asarray(enc.ids, dtype=np.int64)
 
 
-__all__ = ["SEPARATOR", "byte_separator", "byte_tokenizer_identity", "byte_tokenizer_json", "bytes_to_unicode", "encode_documents",
-           "identity", "load", "separator_id", "train_bpe", "vocab_size"]
+__all__ = ["MAX_TRAIN_VOCAB", "SEPARATOR", "byte_separator", "byte_tokenizer_identity", "byte_tokenizer_json",
+           "bytes_to_unicode", "check_train_vocab", "encode_documents", "identity", "load", "separator_id", "train_bpe",
+           "vocab_size"]

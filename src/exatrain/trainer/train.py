@@ -36,7 +36,7 @@ from exatrain.trainer.checkpoint.files import CheckpointError
 from exatrain.trainer.checkpoint.manager import Checkpointer
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.launch import cuda_index
-from exatrain.trainer.data import SampleOrder, TokenShards, check_vocab, local_batch
+from exatrain.trainer.sampler import SampleOrder, TokenShards, check_vocab, local_batch
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
                                       model_flops_per_step, peak_flops, peak_memory_bytes, summarize)
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize

@@ -1,10 +1,12 @@
 """Saving and loading during a run: atomic publication, keep-last-k, asynchronous saves.
 
-A save: rank 0 clears a stale ``.tmp-step-N`` (a crash's leftover) and every rank writes its chunks
-into it with ``torch.distributed.checkpoint`` (storage.py's writer). Rank 0 then writes trainer.json
-and the tokenizer, checks that every chunk metadata.json names is in its file with its shape, hashes
-every file into manifest.json and renames the directory to ``step-N``; then it deletes all but the
-newest ``keep_last`` checkpoints. A crash at any point leaves either the previous checkpoints or the
+A save: rank 0 clears a stale ``.tmp-step-N`` (a crash's leftover; at a run's first save every
+``.tmp-``/``.old-`` leftover, each reported, a link unlinked rather than followed) and every rank
+writes its chunks into it with ``torch.distributed.checkpoint`` (storage.py's writer). Rank 0 then
+writes trainer.json and the tokenizer, checks that every chunk metadata.json names is in its file
+with its dtype and shape (the safetensors headers), hashes every file into manifest.json and renames
+the directory to ``step-N``; then it deletes all but the newest ``keep_last`` checkpoints (never
+through a link). A crash at any point leaves either the previous checkpoints or the
 new one complete, never a half one under a published name.
 
 With ``async_save`` DCP copies the state to CPU memory (its default stager) and writes it from a
@@ -14,7 +16,6 @@ Checkpoint collectives run on their own gloo group so they never interleave with
 
 from __future__ import annotations
 
-import json
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from exatrain.plan import write_json_atomic
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.files import CheckpointError, Manifest
 from exatrain.trainer.checkpoint.state import restore_rng, state_dict
@@ -31,42 +33,31 @@ from exatrain.trainer.checkpoint.storage import SafetensorsReader, SafetensorsWr
 
 
 def check_chunks(path: Path) -> None:
-    """Every chunk metadata.json names is in its safetensors file, with its shape."""
-    from safetensors import safe_open
-
-    table = read_metadata_json(path)
-    by_file: dict[str, list[tuple[str, list[int]]]] = {}
-    for t in table.values():
-        for c in t["chunks"]:
-            by_file.setdefault(c["file"], []).append((c["key"], c["sizes"]))
-    for file, chunks in by_file.items():
-        with safe_open(str(path / file), framework="pt", device="cpu") as f:
-            keys = set(f.keys())
-            for key, sizes in chunks:
-                if key not in keys or list(f.get_slice(key).get_shape()) != list(sizes):
-                    raise CheckpointError(f"{path}: {file} lacks chunk {key} of shape {sizes}")
+    """Every chunk metadata.json names is in its safetensors file, with its dtype, shape and byte
+    range (read from the files' headers: storage.read_metadata_json)."""
+    read_metadata_json(path)
 
 
 def publish(tmp: Path, final: Path, trainer: dict[str, Any], tokenizer: Path | None, keep_last: int) -> None:
     """Rank 0, after every rank wrote its chunks: verify, write the manifest, rename, prune."""
-    (tmp / files.TRAINER).write_text(json.dumps(trainer, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(tmp / files.TRAINER, trainer)
     if tokenizer is not None and tokenizer.is_file():
         shutil.copyfile(tokenizer, tmp / files.TOKENIZER)
     check_chunks(tmp)
     files.write_manifest(tmp, trainer["step"])
     files.verify(tmp)  # read back what the manifest says, before the name makes it visible
-    if final.exists():  # the same step saved again (a run resumed before it): replace it
+    if final.exists() or final.is_symlink():  # the same step saved again (a run resumed before it): replace it
         old = final.with_name(f".old-{final.name}")
-        shutil.rmtree(old, ignore_errors=True)
+        files.remove_path(old)
         final.rename(old)
         tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        files.remove_path(old)
     else:
         tmp.rename(final)
     if keep_last > 0:  # the newest K by step; never the one just written (a run resumed from an older step)
         for _, path in files.list_checkpoints(final.parent)[keep_last:]:
-            if path != final:
-                shutil.rmtree(path, ignore_errors=True)
+            if path != final and not path.is_symlink():  # a linked checkpoint is the user's, not ours to prune
+                files.remove_path(path)
 
 
 class Checkpointer:
@@ -79,6 +70,7 @@ class Checkpointer:
         self.keep_last, self.async_save, self.tokenizer = keep_last, async_save, tokenizer
         self.group = dist.new_group(backend="gloo")  # DCP's plans and barriers; CPU tensors only
         self._pending: Future | None = None
+        self._cleared = False
         self._executor = ThreadPoolExecutor(max_workers=1) if async_save else None
 
     def save(self, step: int, pm, optimizer: torch.optim.Optimizer, trainer: dict[str, Any]) -> None:
@@ -89,7 +81,10 @@ class Checkpointer:
         final = self.root / files.step_dir_name(step)
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not self._cleared:  # unfinished saves an earlier run left (reported; links unlinked, not followed)
+                files.clear_leftovers(self.root)
+                self._cleared = True
+            files.remove_path(tmp)
             tmp.mkdir()
         dist.barrier(group=self.group)
         state = state_dict(pm, optimizer, self.rank, self.device)
@@ -126,7 +121,7 @@ class Checkpointer:
         state = state_dict(pm, optimizer, self.rank, self.device)
         if not restore_rng_state:
             state = {k: v for k, v in state.items() if not k.startswith("rng.")}
-        present = read_metadata_json(manifest.path)
+        present = manifest.tensors
         missing = sorted(k for k in state if k not in present)
         if missing:
             raise CheckpointError(f"{manifest.path}: holds no {missing[0]} (saved for another model?)")

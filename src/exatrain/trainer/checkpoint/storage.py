@@ -21,11 +21,11 @@ a load into any other layout reads exactly the overlapping pieces of the stored 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties,
@@ -34,11 +34,13 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from exatrain.data.dataset import plain_name
+from exatrain.plan import write_json_atomic
+from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.files import METADATA, CheckpointError
 
-FORMAT = "exatrain-dcp-json"
-DTYPES = {name: getattr(torch, name) for name in
-          ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")}
+FORMAT = files.TABLE_FORMAT
+DTYPES = {name: getattr(torch, name) for name in files.DTYPES}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -107,32 +109,22 @@ class SafetensorsWriter(_AtPath, StorageWriter):
                 "dtype": _dtype_name(md.properties.dtype), "size": list(md.size),
                 "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes),
                             **where[(fqn, tuple(c.offsets))]} for c in md.chunks]}
-        text = json.dumps({"format": FORMAT, "version": 1, "tensors": tensors}, indent=1)
-        tmp = self.path / f".{METADATA}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(self.path / METADATA)
+        write_json_atomic(self.path / METADATA, {"format": FORMAT, "version": 1, "tensors": tensors}, indent=1)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return True
 
 
-def read_metadata_json(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """metadata.json's tensor table, checked for shape (a CheckpointError names what is wrong)."""
+def read_metadata_json(path: str | os.PathLike, listed: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """metadata.json's tensor table, every field checked against the safetensors files' headers
+    (files.read_tensor_table; a CheckpointError names what is wrong). ``listed``: the files a chunk
+    may name (a manifest's); by default the plain-named regular files of the directory (a save
+    being published has no manifest yet)."""
     path = Path(path)
-    try:
-        raw = json.loads((path / METADATA).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: {METADATA} is unreadable ({str(exc).splitlines()[0][:200]})") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("tensors"), dict):
-        raise CheckpointError(f"{path}: {METADATA} is not an exatrain tensor table")
-    for fqn, t in raw["tensors"].items():
-        if t.get("dtype") not in DTYPES or not isinstance(t.get("chunks"), list):
-            raise CheckpointError(f"{path}: {METADATA} entry {fqn!r} is malformed")
-        for c in t["chunks"]:
-            if "/" in str(c.get("file", "/")):
-                raise CheckpointError(f"{path}: {METADATA} entry {fqn!r} names a file outside the checkpoint")
-    return raw["tensors"]
+    if listed is None:
+        listed = {f.name: {} for f in path.iterdir() if plain_name(f.name) and f.is_file() and not f.is_symlink()}
+    return files.read_tensor_table(path, listed)
 
 
 class SafetensorsReader(_AtPath, StorageReader):
@@ -160,13 +152,11 @@ class SafetensorsReader(_AtPath, StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        from safetensors import safe_open
-
         per_file: dict[str, list] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index]["file"], []).append(req)
         for file, reqs in per_file.items():
-            with safe_open(str(self.path / file), framework="pt", device="cpu") as f:
+            with _opened(self.path, file) as f:
                 for req in reqs:
                     key = self.storage_data[req.storage_index]["key"]
                     piece = _read_slice(f, key, req.storage_offsets, req.lengths)
@@ -185,6 +175,20 @@ class SafetensorsReader(_AtPath, StorageReader):
         return (Path(checkpoint_id) / METADATA).is_file()
 
 
+@contextlib.contextmanager
+def _opened(directory: Path, file: str) -> Iterator[Any]:
+    """safe_open of a chunk file, its read errors (the library's SafetensorError, OSError) one
+    CheckpointError line: files.verify checked the file, so this is one changed since."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(directory / file), framework="pt", device="cpu") as f:
+            yield f
+    except (SafetensorError, OSError) as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{directory}: {file} is unreadable ({first})") from None
+
+
 def _read_slice(f, key: str, offsets, lengths) -> torch.Tensor:
     if len(lengths) == 0:
         return f.get_tensor(key)
@@ -194,8 +198,6 @@ def _read_slice(f, key: str, offsets, lengths) -> torch.Tensor:
 def read_full(path: str | os.PathLike, prefix: str = "") -> dict[str, torch.Tensor]:
     """Every tensor whose name starts with ``prefix`` (prefix removed), whole, assembled from its
     chunks: one process, no process group (export, tests)."""
-    from safetensors import safe_open
-
     path = Path(path)
     table = {k: v for k, v in read_metadata_json(path).items() if k.startswith(prefix)}
     out = {k[len(prefix):]: torch.empty(v["size"], dtype=DTYPES[v["dtype"]]) for k, v in table.items()}
@@ -204,7 +206,7 @@ def read_full(path: str | os.PathLike, prefix: str = "") -> dict[str, torch.Tens
         for c in v["chunks"]:
             by_file.setdefault(c["file"], []).append((k, c))
     for file, items in by_file.items():
-        with safe_open(str(path / file), framework="pt", device="cpu") as f:
+        with _opened(path, file) as f:
             for k, c in items:
                 piece = f.get_tensor(c["key"])
                 target = out[k[len(prefix):]]

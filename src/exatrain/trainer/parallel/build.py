@@ -106,29 +106,39 @@ def compile_blocks(module: nn.Module) -> None:
         block.forward = torch.compile(block.forward)
 
 
+def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool = False) -> None:
+    """Steps 2-4 on one meta-device stage, in place: TP/SP, activation checkpointing and the
+    attention kernel, compile, FSDP (bench/trace.py applies the same to trace a rank's memory)."""
+    if plan.tp > 1:
+        apply_tensor_parallel(module, tp_mesh, sequence_parallel=plan.sequence_parallel)  # 2.
+    apply_activation_checkpointing(module, plan.recompute)  # 3.
+    apply_attention_kernel(module, plan.flash_attention)
+    if compile:
+        compile_blocks(module)
+    if data_parallel_kind(plan) == "fsdp":
+        apply_fsdp(module, dp_mesh, zero_stage=plan.zero_stage, bf16=plan.dtype == "bfloat16")  # 4.
+
+
+def local_params_needed(plan: Plan) -> bool:
+    """DDP and ZeroRedundancyOptimizer work on plain tensors (their broadcasts have no DTensor rule):
+    with tensor parallelism and ZeRO-0/1 over dp > 1, a materialised stage's DTensor parameters are
+    stored as local shards (``localize_dtensor_params``)."""
+    return plan.tp > 1 and data_parallel_kind(plan) in ("ddp", "allreduce")
+
+
 def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False) -> ParallelModel:
     """Build, shard, initialise and wrap this rank's stages (see the module docstring for the order)."""
     with torch.device("meta"):
         whole = Transformer(plan.model)
-    bf16 = plan.dtype == "bfloat16"
-    fsdp = data_parallel_kind(plan) == "fsdp"
     ddp = data_parallel_kind(plan) == "ddp"
     stages: list[tuple[int, nn.Module]] = []
     tied: list[nn.Parameter] = []
     inner: list[nn.Module] = []
     for index, module in split_stages(whole, plan, mesh.pp_rank):  # 1. pipeline split
-        if plan.tp > 1:
-            apply_tensor_parallel(module, mesh.tp_mesh, sequence_parallel=plan.sequence_parallel)  # 2.
-        apply_activation_checkpointing(module, plan.recompute)  # 3.
-        apply_attention_kernel(module, plan.flash_attention)
-        if compile:
-            compile_blocks(module)
-        if fsdp:
-            apply_fsdp(module, mesh.dp_mesh, zero_stage=plan.zero_stage, bf16=bf16)  # 4.
+        shard_stage(module, plan, mesh.tp_mesh, mesh.dp_mesh, compile=compile)  # 2.-4.
         materialize(module, plan.model, seed, mesh.device)
         run: nn.Module = module
-        if plan.tp > 1 and data_parallel_kind(plan) in ("ddp", "allreduce"):
-            # DDP and ZeroRedundancyOptimizer work on plain tensors (their broadcasts have no DTensor rule)
+        if local_params_needed(plan):
             localize_dtensor_params(module)
         if ddp:
             run = apply_ddp(module, mesh.dp_mesh)  # 5.
@@ -143,4 +153,5 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False) -> Par
     return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries, inner=inner)
 
 
-__all__ = ["ParallelModel", "compile_blocks", "data_parallel_kind", "execution_plan", "parallelize", "stored_param"]
+__all__ = ["ParallelModel", "compile_blocks", "data_parallel_kind", "execution_plan", "local_params_needed",
+           "parallelize", "shard_stage", "stored_param"]

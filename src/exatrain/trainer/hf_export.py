@@ -21,17 +21,18 @@ separator as the bos/eos token.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import Plan
+from exatrain.paths import check_output_dir
 from exatrain.trainer.checkpoint import files
-from exatrain.trainer.checkpoint.compat import check_model
 from exatrain.trainer.checkpoint.storage import read_full
 
 FORMATS = ("hf",)
@@ -102,36 +103,58 @@ def llama_config(spec: ModelSpec, bos_eos: int | None) -> dict[str, Any]:
             "bos_token_id": bos_eos, "eos_token_id": bos_eos, "dtype": "float32"}
 
 
-def export_hf(checkpoint: str | Path, out: str | Path, step: int | None = None) -> Path:
+def export_hf(checkpoint: str | Path, out: str | Path, step: int | None = None,
+              warn: Callable[[str], None] | None = None) -> Path:
     """Write ``out``/model.safetensors, config.json, generation_config.json and the tokenizer.
-    Returns the checkpoint directory exported."""
+    Returns the checkpoint directory exported.
+
+    Under a checkpoint root, an unusable newest checkpoint is reported through ``warn`` (one line:
+    which and why) and the previous one exported. Everything is written into a temporary directory
+    beside ``out`` and renamed into place at the end: an interrupted export leaves nothing behind."""
     from safetensors.torch import save_file
 
-    manifest = files.select(checkpoint, step)
-    spec = Plan.from_dict(manifest.trainer["plan"], source=f"{manifest.path}/{files.TRAINER}").model
-    check_model(manifest, spec)
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    out = check_output_dir(out, "--out")
+    if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not an empty directory")
+    manifest = files.select(checkpoint, step, warn=warn)
+    spec = manifest.plan.model
     sd = read_full(manifest.path, prefix="model.")
-    sep = manifest.trainer.get("separator_id")
+    sep = manifest.trainer["separator_id"]
     if spec.arch == "gpt":
         weights, config = gpt2_weights(sd, spec), gpt2_config(spec, sep)
     else:
         weights, config = llama_weights(sd, spec), llama_config(spec, sep)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": sep, "eos_token_id": sep}, indent=2) + "\n",
-                                                encoding="utf-8")
-    tok = manifest.path / files.TOKENIZER
-    if tok.is_file():
-        shutil.copyfile(tok, out / "tokenizer.json")
-        separator = manifest.trainer.get("separator")
-        (out / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": spec.seq_len,
-            "bos_token": separator, "eos_token": separator}, indent=2) + "\n", encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    try:
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        _write_json(tmp / "config.json", config)
+        _write_json(tmp / "generation_config.json", {"bos_token_id": sep, "eos_token_id": sep})
+        tok = manifest.path / files.TOKENIZER
+        if tok.is_file():
+            shutil.copyfile(tok, tmp / "tokenizer.json")
+            separator = manifest.trainer["separator"]
+            _write_json(tmp / "tokenizer_config.json", {
+                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": spec.seq_len,
+                "bos_token": separator, "eos_token": separator})
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp made it private
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return manifest.path
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
 __all__ = ["FORMATS", "export_hf", "gpt2_config", "gpt2_weights", "llama_config", "llama_weights", "rotate_half_rows"]

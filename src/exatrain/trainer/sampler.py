@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from exatrain.data.dataset import DatasetMeta, open_shards, read_meta
+from exatrain.data.dataset import DatasetMeta, check_vocab, open_shards, read_meta
 from exatrain.errors import UserError
 
 _MASK64 = np.uint64(2**64 - 1)
@@ -115,6 +115,9 @@ class TokenShards:
     def window_of(self, index: int, seq_len: int) -> int:
         """The window global sample ``index`` reads."""
         n = self.num_samples(seq_len)
+        if n == 0:  # data.dataset.check_dataset_for refuses this before the ranks start
+            raise UserError(f"{self.root}: the dataset holds {self.total} tokens, fewer than one sample "
+                            f"(seq_len {seq_len} + 1 tokens); prepare more text into it or use a shorter --seq-len")
         epoch, pos = divmod(index, n)
         if not self.shuffle:
             return pos
@@ -125,12 +128,20 @@ class TokenShards:
         return torch.from_numpy(self._read(start, seq_len + 1))
 
     def _read(self, offset: int, length: int) -> np.ndarray:
+        """``length`` tokens of the stream from ``offset``; every id checked against the tokenizer's
+        vocabulary (the model's embedding has at least that many rows: check_vocab), so a shard
+        corrupted after ``prepare`` stops the run with one line naming it, not in the embedding."""
         out = np.empty(length, dtype=np.int64)
         done = 0
         i = bisect.bisect_right(self.starts, offset) - 1
         while done < length:
             local = offset + done - self.starts[i]
             piece = self.shards[i][local:local + length - done]
+            if piece.size and int(piece.max()) >= self.vocab_size:
+                at = local + int(np.argmax(piece >= self.vocab_size))
+                raise UserError(f"{self.root / self.meta.shards[i].file}: token {at} is id {int(piece[at - local])}, "
+                                f"beyond the tokenizer's {self.vocab_size} ids: the shard is corrupted "
+                                f"(`exatrain prepare --verify {self.root}`); prepare the data again")
             out[done:done + piece.size] = piece
             done += piece.size
             i += 1
@@ -142,13 +153,6 @@ def local_batch(source: TokenSource, order: SampleOrder, step: int, dp_rank: int
     """This dp rank's share of step ``step``: inputs and targets, each int64 [global_batch/dp, s]."""
     rows = torch.stack([source.sample(i, seq_len) for i in order.indices(step, dp_rank)])
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-
-def check_vocab(vocab_size: int, vocab: int, model_name: str, where: str = "the training data") -> None:
-    """Every token id the data holds must have an embedding row."""
-    if vocab < vocab_size:
-        raise UserError(f"{model_name} has vocab {vocab} but {where} needs {vocab_size} token ids "
-                        f"(its tokenizer's vocabulary); use --vocab {vocab_size} or more")
 
 
 __all__ = ["SampleOrder", "TokenShards", "TokenSource", "check_vocab", "local_batch", "permute"]
