@@ -1,7 +1,9 @@
 """Keep the import directions of ARCHITECTURE true.
 
-* planner, catalog, plan, launch: never import torch (they run on any laptop, start fast);
-* trainer: never imports the planner (plan.py and the catalog are its only contract);
+* planner, accounting, catalog, plan, launch: never import torch (they run on any laptop, start fast);
+* trainer: never imports the planner (plan.py, the catalog and the torch-free accounting are its
+  only contract);
+* accounting (counts) never imports the cost model or the rest of the planner;
 * nothing but the cli wires planner and trainer together.
 """
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "exatrain"
-TORCH_FREE = ("planner", "catalog", "launch", "data")
+TORCH_FREE = ("planner", "accounting", "catalog", "launch", "data")
 
 
 def _modules(sub: str) -> list[Path]:
@@ -52,6 +54,12 @@ def test_no_torch_import_in_source(sub: str) -> None:
 def test_trainer_never_imports_planner() -> None:
     for path in _modules("trainer"):
         bad = {n for n in _imports(path) if n.startswith("exatrain.planner") or n.startswith("exatrain.cli")}
+        assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
+
+
+def test_accounting_never_imports_the_planner() -> None:
+    for path in _modules("accounting"):
+        bad = {n for n in _imports(path) if n.startswith("exatrain.planner")}
         assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
 
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
-from exatrain.planner.cost.schedule import peak_in_flight_fast
-from exatrain.planner.accounting.params import layer_params, stage_params, total_params
+from exatrain.accounting.inflight import peak_in_flight_fast
+from exatrain.accounting.params import layer_params, stage_params, total_params
 
 # Fraction of the rest added as "other": allocator fragmentation and caching slack (a stated
 # allowance, not a measurement: PyTorch's caching allocator typically reserves 5-10% above the peak).

@@ -12,8 +12,8 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import Plan
-from exatrain.planner.accounting.memory import COMPUTE_BYTES
-from exatrain.planner.accounting.params import embedding_params, stage_params
+from exatrain.accounting.memory import COMPUTE_BYTES
+from exatrain.accounting.params import embedding_params, stage_params
 
 GRAD_BYTES = 4  # gradients are reduced in fp32 (see memory.py's byte convention)
 
