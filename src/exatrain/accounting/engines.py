@@ -1,0 +1,353 @@
+"""Engine profiles: what each training engine keeps in memory on a rank, and what it can overlap.
+
+Four engines run the layouts the planner proposes, and each keeps different copies of the model
+states, different activation tensors and different communication buffers. A profile states, as
+data with a one-line source each (the engine's own docs or code, or the ZeRO paper), for bf16
+(mixed-precision) and float32 training with Adam:
+
+* the bytes per parameter of weights, gradients and optimizer states for each ZeRO stage the
+  engine offers, each as ``full + sharded / dp`` (``StateRule``);
+* the dtype gradients are accumulated in, communication bucket sizes and the persistent bucket
+  buffers they allocate, the ZeRO-3 working set of gathered layers, and an allocator allowance;
+* activation rules: dropout masks kept or not, the engine's default attention kernel, what its
+  selective recomputation keeps, and its switch for each of exatrain's ``none|selective|full``;
+* the communications it can overlap with compute and the switches that turn that on (data for the
+  cost model; nothing here reads them yet).
+
+``accounting.memory.rank_memory(..., engine=...)`` turns a profile into bytes per rank. The
+``exatrain`` profile is the convention of ``accounting.memory``'s default path: its model states
+are the trainer's (fp32 parameters as master weights, ``state_bytes_per_param``, which
+``trainer_memory`` also uses), its activations the lean per-layer count; the per-tensor model of
+the trainer as it runs today stays in ``accounting.trainer_memory``.
+
+Versions checked: Megatron-LM main (megatron/core, 2026-08), DeepSpeed master (2026-08),
+Megatron-DeepSpeed (deepspeedai, 2025-07), torchtitan main (2026-08) and its 2024-12 benchmark
+commit 9dec370.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from exatrain.errors import UserError
+
+ENGINE_NAMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
+COMMS = ("dp_grad_reduce", "dp_param_gather", "tp", "pp_p2p")
+
+
+@dataclass(frozen=True)
+class StateRule:
+    """Bytes per parameter of one (dtype, ZeRO stage, gradient-accumulation dtype): each kind is
+    ``full + sharded / dp`` (``full`` replicated over data parallelism, ``sharded`` split over it)."""
+
+    weights: tuple[float, float]
+    gradients: tuple[float, float]
+    optimizer: tuple[float, float]
+    mode: str  # the engine's name for this configuration
+    source: str
+    buffer_bytes: float = 0.0  # persistent communication-bucket buffers per rank (bytes, not per parameter)
+
+    def bytes_per_param(self, dp):
+        """(weights, gradients, optimizer) bytes per parameter; ``dp`` may be a numpy array."""
+        return tuple(full + sharded / dp for full, sharded in (self.weights, self.gradients, self.optimizer))
+
+    def total(self, dp):
+        return sum(self.bytes_per_param(dp))
+
+
+@dataclass(frozen=True)
+class ActivationRules:
+    """What the engine keeps for backward beyond the layer's tensors (see memory.py)."""
+
+    dropout_masks: bool  # keeps a 1-byte mask per dropout element when the model has dropout
+    attention: str  # the engine's default attention kernel: "flash" (no s x s scores) or "math"
+    selective: str  # what `selective` keeps: "core_attention" (Korthikanti) or "per_op" (torchtitan)
+    recompute: tuple[tuple[str, str], ...]  # exatrain's mode -> the engine's switch
+    source: str
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """One communication the engine can overlap with compute (data for the cost model)."""
+
+    comm: str  # one of COMMS
+    switch: str
+    default_on: bool
+    source: str
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    grad_accum_dtype: str  # main-gradient dtype in bf16 training: "float32" | "bfloat16"
+    grad_accum_source: str
+    states: tuple[tuple[tuple[str, int, str], StateRule], ...]  # ((dtype, zero stage, accum dtype), rule)
+    # ZeRO-3 working set: unsharded layers held at once (current + prefetched), extra gathered
+    # elements (a prefetch bucket), and bytes per parameter of one layer's unsharded gradient.
+    zero3_gathered_layers: int
+    zero3_prefetch_elements: float
+    zero3_unsharded_grad_bytes: float
+    buckets: tuple[tuple[str, str], ...]  # communication bucket sizes, as the engine states them
+    bucket_source: str  # where the buckets live (their persistent buffers are StateRule.buffer_bytes)
+    allocator_allowance: float  # fraction of the rest (PyTorch's caching allocator in all four)
+    activations: ActivationRules
+    overlaps: tuple[Overlap, ...]
+
+    def zero_stages(self, dtype: str = "bfloat16") -> tuple[int, ...]:
+        accum = self.grad_accum_dtype if dtype == "bfloat16" else "float32"
+        return tuple(sorted({z for (d, z, a), _ in self.states if d == dtype and a == accum}))
+
+    def state_rule(self, dtype: str, zero_stage: int) -> StateRule:
+        """The rule for ``dtype`` and ``zero_stage`` under this profile's gradient dtype."""
+        accum = self.grad_accum_dtype if dtype == "bfloat16" else "float32"
+        for key, rule in self.states:
+            if key == (dtype, int(zero_stage), accum):
+                return rule
+        offered = ", ".join(str(z) for z in self.zero_stages(dtype)) or "none"
+        raise UserError(f"engine {self.name!r} has no ZeRO stage {zero_stage} for {dtype} training with "
+                        f"{accum} gradients (it offers ZeRO stages {offered})")
+
+    def state_bytes(self, dtype: str, zero_stage: int, dp):
+        """(weights, gradients, optimizer) bytes per parameter; ``dp`` may be a numpy array."""
+        return self.state_rule(dtype, zero_stage).bytes_per_param(dp)
+
+    def buffer_bytes(self, dtype: str, zero_stage: int) -> float:
+        """Persistent communication-bucket bytes per rank."""
+        return self.state_rule(dtype, zero_stage).buffer_bytes
+
+    def overlap(self, comm: str) -> Overlap | None:
+        return next((o for o in self.overlaps if o.comm == comm), None)
+
+    def recompute_switch(self, mode: str) -> str | None:
+        return dict(self.activations.recompute).get(mode)
+
+    def with_grad_accum(self, dtype: str) -> "EngineProfile":
+        """The same engine accumulating bf16-training gradients in ``dtype`` (e.g. Megatron-Core's
+        --grad-reduce-in-bf16, DeepSpeed's data_types.grad_accum_dtype)."""
+        if dtype not in ("float32", "bfloat16"):
+            raise UserError(f"gradient accumulation dtype must be float32 or bfloat16, got {dtype!r}")
+        return dataclasses.replace(self, grad_accum_dtype=dtype)
+
+
+def _rule(w, g, o, mode, source, buffer_bytes=0.0):
+    return StateRule(tuple(map(float, w)), tuple(map(float, g)), tuple(map(float, o)), mode, source,
+                     float(buffer_bytes))
+
+
+# ---- Megatron-Core ---------------------------------------------------------------------------
+# ZeRO-1 is the distributed optimizer (grads are reduce-scattered but the full grad buffer stays).
+# Megatron-FSDP (--use-megatron-fsdp, sharding grads and params) is not modelled: no ZeRO-2/3 here.
+_MCORE_DOC = ("Megatron-Core docs, 'Distributed Optimizer' (developer-guide api-guide/dist_optimizer): "
+              "bytes/param table")
+_MCORE_FP32_GRAD = ("megatron/training/arguments.py: --bf16 sets accumulate_allreduce_grads_in_fp32 unless "
+                    "--grad-reduce-in-bf16")
+MEGATRON_CORE = EngineProfile(
+    name="megatron-core",
+    grad_accum_dtype="float32",
+    grad_accum_source=_MCORE_FP32_GRAD,
+    states=(
+        # bf16 params, fp32 main grads: 18 without, 6 + 12/d with the distributed optimizer.
+        (("bfloat16", 0, "float32"), _rule((2 + 4, 0), (4, 0), (8, 0), "DDP + Float16OptimizerWithFloat16Params",
+                                           _MCORE_DOC + ": bf16 params, fp32 grads = 18")),
+        (("bfloat16", 1, "float32"), _rule((2, 4), (4, 0), (0, 8), "--use-distributed-optimizer",
+                                           _MCORE_DOC + ": bf16 params, fp32 grads = 6 + 12/d")),
+        # 16-bit params and grads: 20 without (fp32 main params and an fp32 copy of the grads in the
+        # optimizer), 4 + 16/d with the distributed optimizer.
+        (("bfloat16", 0, "bfloat16"), _rule((2 + 4, 0), (2 + 4, 0), (8, 0), "--grad-reduce-in-bf16",
+                                            _MCORE_DOC + ": 16-bit params, 16-bit grads = 20")),
+        (("bfloat16", 1, "bfloat16"), _rule((2, 4), (2, 4), (0, 8), "--use-distributed-optimizer --grad-reduce-in-bf16",
+                                            _MCORE_DOC + ": 16-bit params, 16-bit grads = 4 + 16/d")),
+        (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "fp32 params",
+                                          _MCORE_DOC + ": fp32 params, fp32 grads = 16")),
+        (("float32", 1, "float32"), _rule((4, 0), (4, 0), (0, 8), "--use-distributed-optimizer",
+                                          _MCORE_DOC + ": fp32 params, fp32 grads = 8 + 8/d")),
+    ),
+    zero3_gathered_layers=0,
+    zero3_prefetch_elements=0.0,
+    zero3_unsharded_grad_bytes=0.0,
+    buckets=(("bucket_size (params)", "max(40000000, 1000000 * dp) unless --ddp-bucket-size"),),
+    bucket_source=("megatron/core/distributed/distributed_data_parallel_config.py bucket_size; buckets are views "
+                   "into the contiguous param/grad buffers (param_and_grad_buffer.py)"),
+    allocator_allowance=0.05,
+    activations=ActivationRules(
+        dropout_masks=True,
+        attention="flash",
+        selective="core_attention",
+        recompute=(("none", "(no recompute flag)"),
+                   ("selective", "--recompute-granularity selective (--recompute-modules core_attn)"),
+                   ("full", "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")),
+        source=("megatron/core/transformer/transformer_config.py: hidden_dropout/attention_dropout 0.1, "
+                "attention_backend auto (Transformer Engine fused/flash), recompute_granularity/method/num_layers"),
+    ),
+    overlaps=(
+        Overlap("dp_grad_reduce", "--overlap-grad-reduce", False,
+                "megatron/core/distributed/distributed_data_parallel_config.py overlap_grad_reduce"),
+        Overlap("dp_param_gather", "--overlap-param-gather (distributed optimizer)", False,
+                "megatron/core/distributed/distributed_data_parallel_config.py overlap_param_gather"),
+        Overlap("tp", "--tp-comm-overlap (Transformer Engine userbuffers)", False,
+                "megatron/core/model_parallel_config.py tp_comm_overlap"),
+        Overlap("pp_p2p", "interleaved schedule P2P overlap (off with --no-overlap-p2p-communication)", True,
+                "megatron/training/arguments.py --no-overlap-p2p-communication (dest overlap_p2p_comm)"),
+    ),
+)
+
+# ---- Megatron-DeepSpeed (DeepSpeed ZeRO) -------------------------------------------------------
+_ZERO_PAPER = "Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and Fig. 1: 16-bit params 2, grads 2, K = 12"
+_DS12 = "deepspeed/runtime/zero/stage_1_and_2.py"
+# DeepSpeedZeroOptimizer keeps one reduce_bucket_size (5e8 elements) gradient buffer with
+# contiguous_gradients (on by default), two with overlap_comm (stage_1_and_2.py setup_buckets);
+# stage3.py keeps one. BF16_Optimizer (fp32 accumulation) keeps none. Bytes: elements x 2 (16-bit
+# gradients) or x 4 (fp32 training).
+_BUCKET = 5e8
+MEGATRON_DEEPSPEED = EngineProfile(
+    name="megatron-deepspeed",
+    grad_accum_dtype="bfloat16",
+    grad_accum_source=("deepspeed/runtime/engine.py get_data_types: data_types.grad_accum_dtype defaults to the "
+                       "model dtype; fp32 selects BF16_Optimizer at ZeRO-1 (_do_optimizer_sanity_check)"),
+    states=(
+        (("bfloat16", 0, "bfloat16"), _rule((2 + 4, 0), (2, 0), (8, 0), "no ZeRO", _ZERO_PAPER + ": baseline 16")),
+        (("bfloat16", 1, "bfloat16"), _rule((2, 4), (2, 0), (0, 8), "zero_optimization.stage 1",
+                                            _ZERO_PAPER + ": P_os = 4 + 12/d", 2 * _BUCKET)),
+        (("bfloat16", 2, "bfloat16"), _rule((2, 4), (0, 2), (0, 8), "zero_optimization.stage 2",
+                                            _ZERO_PAPER + ": P_os+g = 2 + 14/d", 2 * _BUCKET)),
+        (("bfloat16", 3, "bfloat16"), _rule((0, 2 + 4), (0, 2), (0, 8), "zero_optimization.stage 3",
+                                            _ZERO_PAPER + ": P_os+g+p = 16/d", 2 * _BUCKET)),
+        # BF16_Optimizer: bf16 params and their bf16 grads (zeroed, not freed), a full fp32
+        # gradient-accumulation buffer, the fp32 master partition and Adam states: 8 + 12/d.
+        (("bfloat16", 1, "float32"), _rule((2, 4), (2 + 4, 0), (0, 8), "BF16_Optimizer (grad_accum_dtype fp32)",
+                                           "deepspeed/runtime/bf16_optimizer.py fp32_groups_gradients_flat, "
+                                           "fp32_groups_flat_partition")),
+        # float32: ZeRO-1/2 clone the fp32 partition as the optimizer's own copy; ZeRO-3 reuses it.
+        (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "no ZeRO", _ZERO_PAPER + " (fp32: 4 + 4 + 8)")),
+        (("float32", 1, "float32"), _rule((4, 4), (4, 0), (0, 8), "zero_optimization.stage 1",
+                                          _DS12 + ": single_partition_of_fp32_groups is a clone (8 + 12/d)",
+                                          4 * _BUCKET)),
+        (("float32", 2, "float32"), _rule((4, 4), (0, 4), (0, 8), "zero_optimization.stage 2",
+                                          _DS12 + ": clone of the partition, grads partitioned (4 + 16/d)",
+                                          4 * _BUCKET)),
+        (("float32", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "zero_optimization.stage 3",
+                                          "deepspeed/runtime/zero/stage3.py reuses an fp32 partition (16/d)",
+                                          4 * _BUCKET)),
+    ),
+    zero3_gathered_layers=1,
+    zero3_prefetch_elements=5e7,  # stage3_prefetch_bucket_size
+    zero3_unsharded_grad_bytes=0.0,  # reduced through the bucket buffer (StateRule.buffer_bytes)
+    buckets=(("reduce_bucket_size (elements)", "5e8"), ("allgather_bucket_size (elements)", "5e8"),
+             ("stage3_prefetch_bucket_size (elements)", "5e7")),
+    bucket_source=("deepspeed/runtime/zero/config.py reduce_bucket_size/allgather_bucket_size 5e8, overlap_comm "
+                   "default stage 3 only; " + _DS12 + " setup_buckets"),
+    allocator_allowance=0.05,
+    activations=ActivationRules(
+        dropout_masks=True,
+        attention="math",
+        selective="core_attention",
+        recompute=(("none", "(no recompute flag)"),
+                   ("selective", "--recompute-granularity selective"),
+                   ("full", "--checkpoint-activations --checkpoint-num-layers 1 "
+                            "(--deepspeed-activation-checkpointing)")),
+        source=("Megatron-DeepSpeed megatron/arguments.py: --attention-dropout/--hidden-dropout 0.1, flash only with "
+                "--use-flash-attn(-v2), --recompute-granularity, --checkpoint-activations"),
+    ),
+    overlaps=(
+        Overlap("dp_grad_reduce", "zero_optimization.overlap_comm", False,
+                "deepspeed/runtime/zero/config.py overlap_comm (default true only for stage 3)"),
+        Overlap("dp_param_gather", "zero_optimization.overlap_comm (stage 3 prefetch)", False,
+                "deepspeed/runtime/zero/config.py prefetch_bucket_size"),
+    ),
+)
+
+# ---- torchtitan (FSDP2) -----------------------------------------------------------------------
+_TT_MP = ("torchtitan/distributed/fsdp.py MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over fp32 "
+          "sharded params; docs/fsdp.md: reshard_after_forward True = ZeRO-3, False = ZeRO-2")
+TORCHTITAN = EngineProfile(
+    name="torchtitan",
+    grad_accum_dtype="float32",
+    grad_accum_source=("torchtitan training.mixed_precision_reduce = float32; sharded gradients in the fp32 "
+                       "params' dtype"),
+    states=(
+        (("bfloat16", 0, "float32"), _rule((4 + 2, 0), (4, 0), (8, 0), "DDP (data_parallel_replicate_degree), autocast",
+                                           "torchtitan training.mixed_precision_param: torch.autocast under DDP")),
+        (("bfloat16", 2, "float32"), _rule((2, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False",
+                                           _TT_MP + " (PP default, torchtitan get_fsdp_reshard_after_forward_policy)")),
+        (("bfloat16", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=True", _TT_MP)),
+        (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "DDP, mixed_precision_param float32", _TT_MP)),
+        (("float32", 2, "float32"), _rule((4, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False", _TT_MP)),
+        (("float32", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=True", _TT_MP)),
+    ),
+    zero3_gathered_layers=2,  # the current layer and the prefetched next one
+    zero3_prefetch_elements=0.0,
+    zero3_unsharded_grad_bytes=4.0,
+    buckets=(("FSDP2", "one all-gather / reduce-scatter per fully_shard unit (transformer block)"),),
+    bucket_source="torch.distributed.fsdp.fully_shard: per-module communication, no persistent bucket",
+    allocator_allowance=0.05,
+    activations=ActivationRules(
+        dropout_masks=False,
+        attention="flash",
+        selective="per_op",
+        recompute=(("none", "activation_checkpoint.mode = 'none'"),
+                   ("selective", "activation_checkpoint.mode = 'selective', selective_ac_option = 'op'"),
+                   ("full", "activation_checkpoint.mode = 'full'")),
+        source=("torchtitan/distributed/activation_checkpoint.py (op policy: save matmul, attention and "
+                "reduce-scatter outputs except every second matmul); its models have no dropout; SDPA"),
+    ),
+    overlaps=(
+        Overlap("dp_param_gather", "FSDP2 implicit prefetch of the next layer's all-gather", True,
+                "torch.distributed.fsdp.fully_shard (torchtitan docs/fsdp.md)"),
+        Overlap("dp_grad_reduce", "FSDP2 reduce-scatter during backward", True,
+                "torch.distributed.fsdp.fully_shard"),
+        Overlap("tp", "enable_async_tensor_parallel (async TP, needs torch.compile)", False,
+                "torchtitan config [experimental] (2024-12), [compile] (2026) enable_async_tensor_parallel"),
+    ),
+)
+
+# ---- exatrain's own trainer -------------------------------------------------------------------
+_EXA = ("exatrain accounting/memory.py state_bytes_per_param (trainer/parallel/data.py: DDP, "
+        "ZeroRedundancyOptimizer, FSDP2)")
+EXATRAIN = EngineProfile(
+    name="exatrain",
+    grad_accum_dtype="float32",
+    grad_accum_source="trainer: autocast over fp32 parameters, fp32 .grad (trainer/parallel/data.py)",
+    states=(
+        (("bfloat16", 0, "float32"), _rule((4 + 2, 0), (4, 0), (8, 0), "DDP", _EXA)),
+        (("bfloat16", 1, "float32"), _rule((4 + 2, 0), (4, 0), (0, 8), "DDP + ZeroRedundancyOptimizer", _EXA)),
+        (("bfloat16", 2, "float32"), _rule((2, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False", _EXA)),
+        (("bfloat16", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=True", _EXA)),
+        (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "DDP", _EXA)),
+        (("float32", 1, "float32"), _rule((4, 0), (4, 0), (0, 8), "DDP + ZeroRedundancyOptimizer", _EXA)),
+        (("float32", 2, "float32"), _rule((4, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False", _EXA)),
+        (("float32", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=True", _EXA)),
+    ),
+    zero3_gathered_layers=2,
+    zero3_prefetch_elements=0.0,
+    zero3_unsharded_grad_bytes=4.0,
+    buckets=(("DDP bucket_cap_mb", "25 (torch default)"),),
+    bucket_source="not counted (accounting/trainer_memory.py: DDP's gradient buckets are a measured runtime overhead)",
+    allocator_allowance=0.05,
+    activations=ActivationRules(
+        dropout_masks=True,
+        attention="flash",
+        selective="core_attention",
+        recompute=(("none", "--recompute none"), ("selective", "--recompute selective"),
+                   ("full", "--recompute full")),
+        source="exatrain accounting/memory.py layer_activation_bytes (Korthikanti et al. 2022, Table 2)",
+    ),
+    overlaps=(
+        Overlap("dp_grad_reduce", "DDP bucketed all-reduce during backward (ZeRO-0/1 without pipeline)", True,
+                "trainer/parallel/data.py"),
+        Overlap("dp_param_gather", "FSDP2 implicit prefetch (ZeRO-2/3)", True, "trainer/parallel/data.py"),
+    ),
+)
+
+ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN)}
+
+
+def get_engine(name: str) -> EngineProfile:
+    """The profile called ``name``; an unknown name is a UserError listing the valid ones."""
+    try:
+        return ENGINES[name]
+    except (KeyError, TypeError):
+        raise UserError(f"unknown engine {name!r}; use one of {', '.join(ENGINE_NAMES)}") from None
+
+
+__all__ = ["ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule", "get_engine"]
