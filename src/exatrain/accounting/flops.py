@@ -7,10 +7,10 @@ element-wise work is not counted. For the GPT family with ffn_hidden = 4h this r
 Korthikanti Eq. 7, 72*B*s*L*h^2*(1 + s/(6h) + V/(12hL)).
 
 Mixture-of-experts layers count what a token goes through, the active parameters (the convention
-of model FLOPs for MoE: Megatron-Core's MoE FLOPs in megatron/training/training.py
-num_floating_point_operations, DeepSeek-V3 report Sec. 3.1's "per token"): attention, the router
-GEMM (2*h*experts), the shared experts and top_k routed experts; the MFU of a MoE run is computed
-on these. Latent attention counts every projection as a GEMM (no weight absorption in training)
+of model FLOPs for MoE, as Megatron-LM's num_floating_point_operations in
+megatron/training/training.py counts them: top_k routed experts plus the shared ones): attention,
+the router GEMM (2*h*experts), the shared experts and top_k routed experts; the MFU of a MoE run is
+computed on these. Latent attention counts every projection as a GEMM (no weight absorption in training)
 and its attention core with query/key heads of width head_dim + rope_head_dim.
 """
 

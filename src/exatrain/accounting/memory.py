@@ -22,6 +22,11 @@ Other engines keep other copies (``accounting.engines``): pass ``engine=`` to ``
 ``stage_memory`` or ``memory_by_stage`` for Megatron-Core's, Megatron-DeepSpeed's or torchtitan's
 model states, bucket buffers, dropout masks and selective recomputation. Without it (the default)
 the numbers are the convention above, which is the ``exatrain`` profile's.
+
+Mixture of experts, context parallelism and fp8 (``accounting.moe``, ``accounting.context``,
+``accounting.fp8``) enter through keyword arguments of ``layer_activation_bytes`` and
+``rank_memory`` (``ep``, ``etp``, ``cp``, ``capacity_factor``, ``fp8`` ...); at their defaults a dense
+model's numbers are the ones above, bit for bit.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Layout (Megatron-Core "MoE parallel folding": Megatron-Core MoE docs, "Parallelism", and Liu et al.
 2025, arXiv 2504.14960, Sec. 3): within one pipeline stage the same tp*cp*dp ranks run the
 attention as tp x cp x dp and the MoE MLP as etp x ep x edp. Routed experts are split over ep
-(experts / ep whole experts per rank) and each over etp (expert tensor parallelism; 1 is what
-Megatron-Core recommends for fine-grained experts and what torchtitan does), and replicated over
+(experts / ep whole experts per rank) and each over etp (expert tensor parallelism; 1 by default
+here, as in torchtitan, where experts are never tensor-split), and replicated over
 the expert-data-parallel group of edp = tp*cp*dp / (ep*etp) ranks, which reduces their gradients and
 shards their optimizer states (the distributed optimizer / FSDP over edp), while everything else is
 reduced and sharded over the dp*cp ranks that hold the same dense shard. ep*etp must divide
@@ -12,8 +12,8 @@ tp*cp*dp and ep must divide experts: legality rules for the plan checks, not enf
 
 Routing, per MoE layer and micro-batch (Megatron-Core's all-to-all token dispatcher,
 megatron/core/transformer/moe/token_dispatcher.py): each rank routes the tokens it holds, T =
-b*s/cp, divided by tp under sequence parallelism (Megatron-Core requires sequence parallelism for MoE
-with tp > 1; without it every tp rank would route all T). Every token goes to top_k experts, so a
+b*s/cp, divided by tp under sequence parallelism (Megatron-LM's megatron/training/arguments.py
+requires sequence parallelism for MoE with tp > 1; without it every tp rank would route all T). Every token goes to top_k experts, so a
 rank sends T*top_k token copies and, with balanced routing, receives as many; ``capacity_factor``
 is the largest load over the mean (a token-dropping capacity factor, or the measured imbalance of
 dropless routing: 1.0 = perfectly balanced). With etp > 1 the received copies are all-gathered over
