@@ -29,8 +29,8 @@ import numpy as np
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
-from exatrain.planner.accounting.engines import ENGINE_NAMES, get_engine
-from exatrain.planner.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_runs_by_engine.csv"
 GIB = 2.0 ** 30

@@ -164,7 +164,7 @@ def exatrain_cmd(model: str, batch: int, steps: int, cluster: str, device: str, 
 
 def run_exatrain(cmd: list[str], metrics: Path, timeout: float) -> dict:
     from exatrain.plan import read_run_records
-    from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
+    from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 
     metrics.unlink(missing_ok=True)
     try:
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         (d / "gpu_speed.json").write_text(json.dumps(results, indent=2))
 
-    from exatrain.planner.accounting.params import total_params
+    from exatrain.accounting.params import total_params
 
     base = baseline_in_child(args, d, left())
     if "error" in base:

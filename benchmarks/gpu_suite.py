@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results["calibration"] = json.loads((d / "calib.json").read_text())["devices"]
     from exatrain.plan import read_run_records
-    from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
+    from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 
     for i, run in enumerate(RUNS):
         left = args.budget_s - (time.perf_counter() - t_start)

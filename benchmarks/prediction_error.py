@@ -1,6 +1,6 @@
 """Predicted vs published, for every row of the calibration table (catalog/data/published_runs.csv).
 
-One set of cost-model parameters per cluster (planner/cost/params.py DEFAULTS), no per-row tuning.
+One set of cost-model parameters per cluster (planner/cost/coefficients.py DEFAULTS), no per-row tuning.
 Prints each row, then the distribution of absolute relative errors (median, p90, max) per source
 and overall.
 

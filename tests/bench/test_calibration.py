@@ -13,7 +13,7 @@ from exatrain.cli import main
 from exatrain.cli.bench_cmds import print_run_comparison
 from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record
 from exatrain.planner.cost.calibrate import error_stats, fit_gemm, fit_link, nelder_mead
-from exatrain.planner.cost.params import default_params, load_calibration
+from exatrain.planner.cost.coefficients import default_params, load_calibration
 from exatrain.planner.cost.step import step_time
 from exatrain.planner.estimate import estimate_plan
 

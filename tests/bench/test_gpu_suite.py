@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exatrain.catalog import get_cluster
-from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
+from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.planner.estimate import estimate_plan
 
 SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_suite.py"

@@ -12,9 +12,9 @@ import sys
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.planner.accounting.memory import FRAGMENTATION_ALLOWANCE
-from exatrain.planner.accounting.params import stage_params
-from exatrain.planner.accounting.trainer_memory import trainer_stage_memory
+from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
+from exatrain.accounting.params import stage_params
+from exatrain.accounting.trainer_memory import trainer_stage_memory
 
 SMALL = dict(arch="gpt", hidden=256, heads=8, seq_len=128, vocab=256, layers=4)
 LLAMA = dict(SMALL, arch="llama", kv_heads=2, ffn_hidden=704)

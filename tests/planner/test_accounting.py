@@ -9,7 +9,7 @@ import pytest
 from exatrain.catalog import get_cluster, get_model
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.planner.accounting import comms, flops, memory, params
+from exatrain.accounting import comms, flops, memory, params
 from exatrain.planner.estimate import estimate_plan
 
 GB = 1e9

@@ -15,9 +15,9 @@ import pytest
 from exatrain.catalog import get_model
 from exatrain.errors import UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.planner.accounting import engines, memory
-from exatrain.planner.accounting.engines import ENGINE_NAMES, get_engine
-from exatrain.planner.accounting.params import layer_params
+from exatrain.accounting import engines, memory
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.params import layer_params
 
 DS = [1, 2, 3, 8, 64, 1024]
 

@@ -9,7 +9,7 @@ import pytest
 
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
-from exatrain.planner.cost.params import default_params
+from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search import batch
 from exatrain.planner.search.search import plan_at, search

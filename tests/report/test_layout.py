@@ -18,7 +18,7 @@ from report_helpers import layout_problems, write_json
 
 from exatrain.catalog import get_cluster
 from exatrain.plan import Measured, RunRecord
-from exatrain.planner.cost.params import default_params
+from exatrain.planner.cost.coefficients import default_params
 from exatrain.report import memory, runs, scaling, search, steptime, style, timeline
 from exatrain.report.inputs import plan_from_json, read_runs, read_scaling, read_search
 

@@ -9,7 +9,7 @@ import pytest
 
 from exatrain.catalog import get_cluster
 from exatrain.plan import TimeBreakdown
-from exatrain.planner.cost.params import default_params
+from exatrain.planner.cost.coefficients import default_params
 from exatrain.report.inputs import plan_from_json
 from exatrain.report.memory import memory_by_stage
 from exatrain.report.steptime import step_time_breakdown

@@ -189,7 +189,7 @@ def test_a_failure_while_drawing_removes_what_it_wrote(inputs, tmp_path: Path, m
 def _calibration(path: Path, device: str, gemm_eff: float, tiers: dict | None = None) -> Path:
     """A calibration file as `exatrain bench` / `exatrain calibrate` write it."""
     from exatrain.catalog.hardware import LinkTier
-    from exatrain.planner.cost.params import Calibration, default_params, save_calibration
+    from exatrain.planner.cost.coefficients import Calibration, default_params, save_calibration
 
     cal = Calibration(devices={device: default_params(device).replace(gemm_eff=gemm_eff, source="measured")},
                       cluster_tiers={k: tuple(LinkTier(**t) for t in v) for k, v in (tiers or {}).items()})
@@ -221,7 +221,7 @@ def test_calibration_parameters_and_measured_links_reach_the_timeline(inputs, tm
     """What the CLI reads (``load_calibration``) is what the timeline is drawn with: the device's
     parameters, and the cluster's link tiers where the file measured them."""
     from exatrain.catalog import get_cluster
-    from exatrain.planner.cost.params import load_calibration
+    from exatrain.planner.cost.coefficients import load_calibration
     from exatrain.report.build import ReportInputs, prepare_plan
     from exatrain.report.inputs import read_plan
 

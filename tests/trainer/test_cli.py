@@ -89,7 +89,7 @@ def test_calibration_sets_the_recorded_prediction(tmp_path: Path, no_launch: lis
     """--calibration: the prediction carried into the RunRecord is the estimate with that file's
     parameters (here a device 4x slower than the prior), even over a --plan's stored estimate."""
     from exatrain.catalog import get_cluster
-    from exatrain.planner.cost.params import Calibration, default_params, save_calibration
+    from exatrain.planner.cost.coefficients import Calibration, default_params, save_calibration
     from exatrain.planner.estimate import estimate_plan
 
     prior = default_params("cpu")

@@ -7,7 +7,7 @@ import torch
 
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.planner.accounting.params import stage_params, total_params
+from exatrain.accounting.params import stage_params, total_params
 from exatrain.trainer.init import materialize, param_seed
 from exatrain.trainer.model import Transformer, apply_rope, canonical_name, rope_table
 from exatrain.trainer.parallel.pipeline import split_stages

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from exatrain.catalog import get_model
-from exatrain.planner.accounting.flops import layer_gemms, logits_gemm
+from exatrain.accounting.flops import layer_gemms, logits_gemm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

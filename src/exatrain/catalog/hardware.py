@@ -18,6 +18,7 @@ from exatrain.catalog.models import _load_table_file
 from exatrain.errors import UserError
 
 GiB = 1024**3
+FP8_DTYPES = ("float8", "fp8", "float8_e4m3fn", "float8_e5m2")
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,16 @@ class DeviceSpec:
     peak_tflops_fp32: float | None = None  # dense fp32 (non-tensor-core) peak, for float32 runs
     vendor: str = ""
     description: str = ""
+    peak_tflops_fp8: float | None = None  # dense fp8 (E4M3/E5M2) tensor peak; None where the device has none
+    link_bytes_per_s: float | None = None  # scale-up links (NVLink / Infinity Fabric), all of them, per direction
 
     def peak_flops(self, dtype: str) -> float | None:
-        """Peak FLOP/s for a training dtype ('bfloat16'/'float16' or 'float32'); None if unknown."""
-        tf = self.peak_tflops_fp32 if dtype == "float32" else self.peak_tflops
+        """Peak FLOP/s for a GEMM dtype ('bfloat16'/'float16', 'float32', or 'float8' for fp8
+        GEMMs); None if unknown."""
+        if dtype in FP8_DTYPES:
+            tf = self.peak_tflops_fp8
+        else:
+            tf = self.peak_tflops_fp32 if dtype == "float32" else self.peak_tflops
         return None if tf is None else tf * 1e12
 
 
@@ -91,7 +98,7 @@ def _device_from(name: str, fields: Mapping[str, Any], source: str) -> DeviceSpe
         value = getattr(spec, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise UserError(f"{source}: device {name!r} {field} must be a positive number, got {value!r}")
-    for field in ("peak_tflops", "peak_tflops_fp32"):
+    for field in ("peak_tflops", "peak_tflops_fp32", "peak_tflops_fp8", "link_bytes_per_s"):
         value = getattr(spec, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value <= 0):
@@ -182,8 +189,8 @@ def get_cluster(name: str) -> ClusterSpec:
 
 # Substrings of the names accelerators report (torch.cuda.get_device_name; ROCm reports through the
 # same call) -> catalog device. Longer, more specific names first.
-_DEVICE_NAME_MATCHES = (("MI300X", "mi300x"), ("MI250X", "mi250x-gcd"), ("H200", "h200-sxm"),
-                        ("H100", "h100-sxm"), ("A100", "a100-80gb"))
+_DEVICE_NAME_MATCHES = (("MI355X", "mi355x"), ("MI300X", "mi300x"), ("MI250X", "mi250x-gcd"),
+                        ("B200", "b200"), ("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-80gb"))
 
 
 def match_device(name: str) -> DeviceSpec | None:

@@ -11,6 +11,27 @@ Two architecture families are described, and the trainer builds exactly these:
 
 ``vocab`` is the number of embedding rows actually allocated (already padded, e.g. GPT-2's 50,257
 tokens padded to 50,304 or 51,200 as Megatron does), so counts and the real model agree exactly.
+
+Llama-family extensions, each off by default so dense files load unchanged (the planner's accounting
+models them; the trainer builds dense GPT/Llama only):
+
+* ``kv_channels`` — the attention head width when it is not hidden/heads (Qwen3's 128 at hidden
+  2048 with 32 heads; Megatron-LM's ``--kv-channels``); ``qk_norm`` — RMSNorm over each query and
+  key head (Qwen3's ``q_norm``/``k_norm``).
+* mixture of experts (Megatron-Core's MoE layer; Fedus et al. 2022): ``experts`` routed SwiGLU
+  experts of width ``expert_ffn_hidden`` (0: ``ffn_hidden``), ``top_k`` of them per token, plus
+  ``shared_experts`` always-on experts of the same width (DeepSeekMoE, Dai et al. 2024). The first
+  ``dense_layers`` layers keep a dense MLP of width ``ffn_hidden`` (DeepSeek-V3's
+  ``first_k_dense_replace``); after them every ``moe_every``-th layer is a MoE layer (layer i is MoE
+  when (i - dense_layers + 1) is a multiple of ``moe_every``; 1 = all of them, 2 = Llama 4's
+  interleaving). ``router`` is the gate's score function (``softmax`` or ``sigmoid``, Megatron-Core's
+  ``--moe-router-score-function``); ``router_bias`` the per-expert balancing bias of DeepSeek-V3's
+  auxiliary-loss-free routing (DeepSeek-V3 report, arXiv 2412.19437, Sec. 2.1.2).
+* multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): ``kv_lora_rank`` > 0
+  compresses keys and values through a latent of that width, ``q_lora_rank`` (0: none) the queries;
+  ``rope_head_dim`` is the decoupled rotary part of each query/key head. Per-head query/key
+  (non-rotary) and value widths both equal ``head_dim`` (``kv_channels``), as in DeepSeek-V2/V3
+  (128 each).
 """
 
 from __future__ import annotations
@@ -24,6 +45,14 @@ from typing import Any, Mapping
 from exatrain.errors import UserError
 
 ARCHS = ("gpt", "llama")
+ROUTERS = ("softmax", "sigmoid")
+# Fields added for MoE / MLA / head width, with their "off" values: to_dict omits them at these
+# values so a dense model (and every plan file written for one) serialises exactly as before.
+EXTENDED_DEFAULTS: dict[str, Any] = {
+    "kv_channels": 0, "qk_norm": False, "experts": 0, "top_k": 0, "shared_experts": 0,
+    "expert_ffn_hidden": 0, "dense_layers": 0, "moe_every": 1, "router": "softmax", "router_bias": False,
+    "q_lora_rank": 0, "kv_lora_rank": 0, "rope_head_dim": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -44,6 +73,20 @@ class ModelSpec:
     norm_eps: float = 1e-5
     dropout: float = 0.0  # on attention probabilities and on both residual branches (GPT-2/Megatron)
     description: str = ""
+    # ---- llama-family extensions (module doc); the defaults describe a dense model -------------
+    kv_channels: int = 0  # attention head width; 0 means hidden // heads
+    qk_norm: bool = False  # RMSNorm on every query and key head (Qwen3)
+    experts: int = 0  # routed experts per MoE layer; 0 means a dense model
+    top_k: int = 0  # routed experts each token is sent to
+    shared_experts: int = 0  # experts every token goes through, besides its top_k
+    expert_ffn_hidden: int = 0  # SwiGLU width of one (routed or shared) expert; 0 means ffn_hidden
+    dense_layers: int = 0  # leading layers that keep a dense MLP of width ffn_hidden
+    moe_every: int = 1  # after the dense layers, every moe_every-th layer is a MoE layer
+    router: str = "softmax"  # router score function: softmax | sigmoid
+    router_bias: bool = False  # per-expert balancing bias on the router scores (DeepSeek-V3)
+    q_lora_rank: int = 0  # MLA query latent width; 0 means queries are projected directly
+    kv_lora_rank: int = 0  # MLA key/value latent width; > 0 turns multi-head latent attention on
+    rope_head_dim: int = 0  # MLA decoupled rotary width of each query/key head
 
     def __post_init__(self) -> None:
         # Fill family defaults so every consumer sees resolved numbers.
@@ -58,7 +101,41 @@ class ModelSpec:
     # ---- derived sizes -------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.kv_channels or self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection's output (and of the attention output): heads * head_dim
+        (plus the rotary part of each head under MLA)."""
+        return self.heads * (self.head_dim + self.rope_head_dim)
+
+    @property
+    def attn_out_width(self) -> int:
+        """Width of the attention output, the output projection's input: heads * value head width."""
+        return self.heads * self.head_dim
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def expert_width(self) -> int:
+        """SwiGLU width of one expert (routed or shared)."""
+        return self.expert_ffn_hidden or self.ffn_hidden
+
+    def layer_is_moe(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based) has a MoE MLP (see the module doc for the rule)."""
+        return (self.experts > 0 and index >= self.dense_layers
+                and (index - self.dense_layers + 1) % self.moe_every == 0)
+
+    @property
+    def moe_layers(self) -> int:
+        """Number of MoE layers (0 for a dense model)."""
+        return sum(self.layer_is_moe(i) for i in range(self.layers))
 
     @property
     def kv_hidden(self) -> int:
@@ -87,12 +164,13 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"{where}: {field} must be a positive integer, got {value!r}")
+        self._check_extension_types(where)
         if self.arch == "llama" and self.ffn_hidden <= 0:
             raise UserError(f"{where}: a llama-style model needs ffn_hidden (the SwiGLU width); "
                             "pass --ffn-hidden")
         if not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0:
             raise UserError(f"{where}: ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
-        if self.hidden % self.heads:
+        if self.hidden % self.heads and not self.kv_channels:
             raise UserError(f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; "
                             "choose heads that divide hidden")
         if self.heads % self.kv_heads:
@@ -102,12 +180,66 @@ class ModelSpec:
                             "use arch 'llama' or drop kv_heads")
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
             raise UserError(f"{where}: dropout must be in [0, 1), got {self.dropout!r}")
-        if self.arch == "llama" and self.head_dim % 2:
+        if self.arch == "llama" and not self.mla and self.head_dim % 2:
             raise UserError(f"{where}: rotary embeddings need an even head_dim, got {self.head_dim}")
+        self._check_extensions(where)
+
+    def _check_extension_types(self, where: str) -> None:
+        """Types of the MoE / MLA / head-width fields, before anything derives from them."""
+        for field in ("kv_channels", "experts", "top_k", "shared_experts", "expert_ffn_hidden", "dense_layers",
+                      "q_lora_rank", "kv_lora_rank", "rope_head_dim"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"{where}: {field} must be a non-negative integer, got {value!r}")
+        for field in ("qk_norm", "router_bias"):
+            if not isinstance(getattr(self, field), bool):
+                raise UserError(f"{where}: {field} must be true or false, got {getattr(self, field)!r}")
+        if not isinstance(self.moe_every, int) or isinstance(self.moe_every, bool) or self.moe_every < 1:
+            raise UserError(f"{where}: moe_every must be a positive integer, got {self.moe_every!r}")
+        if not isinstance(self.router, str) or self.router not in ROUTERS:
+            raise UserError(f"{where}: unknown router {self.router!r}; use one of {', '.join(ROUTERS)}")
+
+    def _check_extensions(self, where: str) -> None:
+        """The MoE / MLA / head-width fields (module doc): ranges and consistency."""
+        extended = [f for f, off in EXTENDED_DEFAULTS.items() if getattr(self, f) != off]
+        if self.arch != "llama" and extended:
+            raise UserError(f"{where}: {', '.join(extended)} describe llama-family models; use arch 'llama'")
+        if self.experts == 0:
+            moe_only = [f for f in ("top_k", "shared_experts", "expert_ffn_hidden", "dense_layers", "moe_every",
+                                    "router", "router_bias") if getattr(self, f) != EXTENDED_DEFAULTS[f]]
+            if moe_only:
+                raise UserError(f"{where}: {', '.join(moe_only)} apply to mixture-of-experts models only; "
+                                "set experts > 0")
+        else:
+            if self.top_k < 1:
+                raise UserError(f"{where}: a mixture-of-experts model needs top_k >= 1 (experts per token)")
+            if self.top_k > self.experts:
+                raise UserError(f"{where}: top_k {self.top_k} exceeds experts {self.experts}")
+            if self.dense_layers >= self.layers or self.moe_layers == 0:
+                raise UserError(f"{where}: dense_layers {self.dense_layers} and moe_every {self.moe_every} leave "
+                                f"no MoE layer among {self.layers}; lower them or set experts = 0")
+        if self.mla:
+            if self.rope_head_dim < 2 or self.rope_head_dim % 2:
+                raise UserError(f"{where}: multi-head latent attention needs an even rope_head_dim >= 2, "
+                                f"got {self.rope_head_dim}")
+            if self.kv_heads != self.heads:
+                raise UserError(f"{where}: multi-head latent attention has no grouped keys; "
+                                f"kv_heads must equal heads ({self.heads})")
+            if self.qk_norm:
+                raise UserError(f"{where}: qk_norm is not modelled together with multi-head latent attention")
+        elif self.q_lora_rank or self.rope_head_dim:
+            raise UserError(f"{where}: q_lora_rank and rope_head_dim belong to multi-head latent attention; "
+                            "set kv_lora_rank too")
 
     # ---- (de)serialisation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """All fields, except the MoE / MLA / head-width ones left at their dense defaults (so a dense
+        model's dict is the same as before those fields existed)."""
+        d = dataclasses.asdict(self)
+        for field, off in EXTENDED_DEFAULTS.items():
+            if d[field] == off:
+                del d[field]
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "model") -> "ModelSpec":

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from exatrain.catalog import cluster_catalog, get_cluster, match_device
     from exatrain.planner.cost.calibrate import calibration_from_bench
-    from exatrain.planner.cost.params import default_params, save_calibration
+    from exatrain.planner.cost.coefficients import default_params, save_calibration
 
     _check_writable(args.out)
     import torch
@@ -145,7 +145,7 @@ def _cluster_arg(name: str | None):
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from exatrain.planner.cost.calibrate import RunPoint, fit_runs
-    from exatrain.planner.cost.params import Calibration, default_params, load_calibration, save_calibration
+    from exatrain.planner.cost.coefficients import Calibration, default_params, load_calibration, save_calibration
     from exatrain.planner.validate import cluster_for, layout_label
 
     records = _records(args.runs)
@@ -199,7 +199,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 # ---- validate ---------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    from exatrain.planner.cost.params import load_calibration
+    from exatrain.planner.cost.coefficients import load_calibration
     from exatrain.planner.validate import compare_all, distribution
 
     records = _records(args.runs)
@@ -245,7 +245,7 @@ def attach_trace(plan, cluster):
     import dataclasses
 
     from exatrain.plan import MemoryBreakdown
-    from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
+    from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 
     try:
         from exatrain.bench.trace import trace_plan

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from exatrain.catalog import model_presets
-    from exatrain.planner.accounting.params import total_params
+    from exatrain.accounting.params import total_params
 
     presets = model_presets()
     if args.json:

@@ -179,7 +179,7 @@ def calibrated(args: argparse.Namespace, cluster):
     path = getattr(args, "calibration", None)
     if not path:
         return cluster, None
-    from exatrain.planner.cost.params import load_calibration
+    from exatrain.planner.cost.coefficients import load_calibration
 
     cal = load_calibration(path)
     params = cal.params_for(cluster.device.name)

@@ -42,7 +42,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     calibration = {}
     if args.calibration:
-        from exatrain.planner.cost.params import load_calibration
+        from exatrain.planner.cost.coefficients import load_calibration
 
         calibration = load_calibration(args.calibration)
     cluster = (get_cluster(args.cluster) if args.cluster else

@@ -252,7 +252,7 @@ def _check_device(plan: Plan, device: str, local_ranks: int) -> None:
 def _check_cpu_memory(plan: Plan) -> None:
     """Refuse a CPU run whose model states alone (fp32 weights, gradients, Adam moments: 16 B per
     parameter, less what ZeRO shards) exceed this machine's memory."""
-    from exatrain.planner.accounting.params import stage_params
+    from exatrain.accounting.params import stage_params
 
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan, StepEstimate
-from exatrain.planner.accounting.comms import comm_bytes_per_rank
-from exatrain.planner.accounting.flops import hardware_flops_per_step, model_flops_per_step
-from exatrain.planner.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
-from exatrain.planner.accounting.params import stage_params, total_params
-from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
-from exatrain.planner.cost.params import CostParams, default_params
+from exatrain.accounting.comms import comm_bytes_per_rank
+from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
+from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
+from exatrain.accounting.params import stage_params, total_params
+from exatrain.accounting.trainer_memory import trainer_memory_by_stage
+from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.step import step_time
 
 

@@ -17,7 +17,7 @@ from exatrain.catalog.hardware import ClusterSpec, cluster_catalog, match_device
 from exatrain.errors import UserError
 from exatrain.plan import RunRecord
 from exatrain.planner.cost.calibrate import error_stats
-from exatrain.planner.cost.params import Calibration
+from exatrain.planner.cost.coefficients import Calibration
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def cluster_for(record: RunRecord, override: ClusterSpec | None = None) -> Clust
 def compare(record: RunRecord, calibration: Calibration | None = None,
             cluster: ClusterSpec | None = None) -> Comparison:
     """Predicted vs measured for one record; re-predicted when a calibration is given."""
-    from exatrain.planner.accounting.trainer_memory import trainer_memory_by_stage
+    from exatrain.accounting.trainer_memory import trainer_memory_by_stage
     from exatrain.planner.estimate import estimate_plan
 
     plan, est = record.plan, record.predicted

@@ -17,7 +17,7 @@ from typing import Mapping
 from exatrain.catalog.hardware import ClusterSpec, get_cluster
 from exatrain.errors import UserError
 from exatrain.plan import Plan
-from exatrain.planner.cost.params import Calibration, CostParams, default_params
+from exatrain.planner.cost.coefficients import Calibration, CostParams, default_params
 from exatrain.report.html import Section, write_index
 from exatrain.report.inputs import PlanInput, RunsInput, ScalingInput, SearchInput
 from exatrain.report.style import Figure, layout, schedule_label

@@ -22,7 +22,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import PlanError
 from exatrain.plan import SCHEDULES, Plan, TimeBreakdown
-from exatrain.planner.cost.params import CostParams
+from exatrain.planner.cost.coefficients import CostParams
 from exatrain.report.style import (OKABE_ITO, Figure, describe, legend_columns, new_figure, save, seconds,
                                    wrap)
 

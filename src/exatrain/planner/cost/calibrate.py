@@ -32,7 +32,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec, LinkTier
 from exatrain.errors import UserError
 from exatrain.plan import Plan
-from exatrain.planner.cost.params import Calibration, CostParams
+from exatrain.planner.cost.coefficients import Calibration, CostParams
 
 RUN_FACTORS = ("gemm_eff", "step_overhead_s", "mem_eff", "attn_eff", "link_eff", "op_overhead_s")
 _STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}

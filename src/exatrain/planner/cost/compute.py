@@ -22,9 +22,9 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.planner.accounting.flops import Gemm, layer_gemms, logits_gemm
-from exatrain.planner.accounting.memory import COMPUTE_BYTES
-from exatrain.planner.cost.params import CostParams
+from exatrain.accounting.flops import Gemm, layer_gemms, logits_gemm
+from exatrain.accounting.memory import COMPUTE_BYTES
+from exatrain.planner.cost.coefficients import CostParams
 
 
 # Host-side terms: on a CPU whose cores the ranks share, each stretches like the arithmetic does.

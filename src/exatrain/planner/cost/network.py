@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
-from exatrain.planner.cost.params import CostParams
+from exatrain.planner.cost.coefficients import CostParams
 
 _STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
 

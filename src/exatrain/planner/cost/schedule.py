@@ -37,6 +37,7 @@ from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 
+from exatrain.accounting.inflight import group_size, group_sizes, peak_in_flight_fast, schedule_codes
 from exatrain.plan import SCHEDULES
 
 Times = Union[float, Sequence[float], np.ndarray]
@@ -132,15 +133,6 @@ def _per_stage(x: Times, n: int, name: str) -> np.ndarray:
 
 
 # ---- per-rank op orders ------------------------------------------------------------------------------
-
-def group_size(pp: int, m: int) -> int:
-    """Micro-batches per interleaving group: the smallest divisor of m that is >= pp (m when m < pp).
-    This is torch's rule (rounds = m // pp, m // rounds per round; = pp when pp divides m) wherever
-    torch accepts m, and keeps groups equal and >= pp, without which the order can deadlock."""
-    if m <= pp:
-        return m
-    return next(g for g in range(pp, m + 1) if m % g == 0)
-
 
 def _chunk_table(m: int, v: int, g: int) -> tuple[np.ndarray, np.ndarray]:
     """(chunk, micro-batch) of each forward of a rank in order: each group of g micro-batches runs
@@ -326,36 +318,6 @@ class FastStepTimes:
                          where=self.step_s > 0)
 
 
-def _schedule_codes(schedule, shape) -> np.ndarray:
-    if isinstance(schedule, str):
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        return np.full(shape, SCHEDULES.index(schedule))
-    names = np.asarray(schedule)
-    if names.dtype.kind in "iu":
-        codes = names
-    else:
-        lookup = {s: i for i, s in enumerate(SCHEDULES)}
-        bad = sorted(set(names.ravel().tolist()) - set(lookup))
-        if bad:
-            raise ValueError(f"unknown schedule(s) {bad}; choose among {', '.join(SCHEDULES)}")
-        codes = np.vectorize(lookup.__getitem__, otypes=[int])(names)
-    return np.broadcast_to(codes, shape)
-
-
-def group_sizes(pp: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``group_size`` elementwise: m or pp in closed form, the rest once per distinct (pp, m)."""
-    pp, m = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(m, dtype=np.int64))
-    g = np.where(m <= pp, m, pp)
-    odd = (m > pp) & (m % pp != 0)
-    if odd.any():
-        keys, inverse = np.unique(pp[odd] * (int(m.max()) + 1) + m[odd], return_inverse=True)
-        sizes = np.array([group_size(int(k // (m.max() + 1)), int(k % (m.max() + 1))) for k in keys])
-        g = g.copy()
-        g[odd] = sizes[np.ravel(inverse)]
-    return g
-
-
 def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, interleave=1,
                    weight_s=0.0, p2p_s=0.0, first_forward_s=None, first_backward_s=None,
                    first_weight_s=None, last_forward_s=None, last_backward_s=None,
@@ -405,7 +367,7 @@ def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, int
     c = np.asarray(p2p_s, dtype=np.float64)
     shape = np.broadcast_shapes(p.shape, v.shape, m.shape, F.shape, B.shape, W.shape, c.shape)
     p, v, m, F, B, W, c = (np.broadcast_to(x, shape) for x in (p, v, m, F, B, W, c))
-    code = _schedule_codes(schedule, shape)
+    code = schedule_codes(schedule, shape)
     if np.any(p < 1) or np.any(v < 1) or np.any(m < 1):
         raise ValueError("pp, interleave and num_microbatches must be >= 1")
     c = np.where(p > 1, c, 0.0)
@@ -480,25 +442,3 @@ def _one_f_one_b_paths(p, m, F, B, F0, B0, FL, BL) -> np.ndarray:
     bmid = fm + bm + m * (F + B)
     mid = np.where(p >= 3, np.maximum(am, bmid), 0.0)
     return np.maximum.reduce([a0, b0, last, mid])
-
-
-def peak_in_flight_fast(*, pp, num_microbatches, schedule, interleave=1, rank=0) -> np.ndarray:
-    """Peak (micro-batch, virtual stage) activation sets held by pipeline rank ``rank`` (default 0,
-    the largest), vectorised; equals ``simulate(...).peak_in_flight[rank]``. Divide by v for
-    full-stage units: 1F1B's rank 0 holds min(p, m); GPipe m; interleaved min((v-1)g + 2p - 1, m v)
-    = p + (p-1)/v stages when g = p (Narayanan et al. 2021 Sec. 2.2.2: p (1 + (p-1)/(p v))); zero
-    bubble min((v-1) g + p, m v), i.e. p stages, the same as 1F1B, as ZB-H1 is designed to hold."""
-    p = np.asarray(pp, dtype=np.int64)
-    v = np.asarray(interleave, dtype=np.int64)
-    m = np.asarray(num_microbatches, dtype=np.int64)
-    r = np.asarray(rank, dtype=np.int64)
-    shape = np.broadcast_shapes(p.shape, v.shape, m.shape, r.shape)
-    p, v, m, r = (np.broadcast_to(x, shape) for x in (p, v, m, r))
-    code = _schedule_codes(schedule, shape)
-    n = m * v
-    g = group_sizes(p, m)
-    w = np.choose(code, [n, p - 1 - r, (v - 1) * g + 2 * (p - 1 - r), (v - 1) * g + (p - 1 - r)])
-    w = np.minimum(w, n)
-    held = np.where(code == SCHEDULES.index("zero_bubble"),
-                    w + 1 + np.minimum(r, np.maximum(n - w - 1, 0)), w + 1)  # + deferred W passes
-    return np.minimum(held, n)

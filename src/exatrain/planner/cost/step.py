@@ -20,11 +20,11 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan, TimeBreakdown
-from exatrain.planner.accounting import comms
-from exatrain.planner.accounting.memory import COMPUTE_BYTES
-from exatrain.planner.accounting.params import stage_params
+from exatrain.accounting import comms
+from exatrain.accounting.memory import COMPUTE_BYTES
+from exatrain.accounting.params import stage_params
 from exatrain.planner.cost import compute, network, schedule
-from exatrain.planner.cost.params import CostParams
+from exatrain.planner.cost.coefficients import CostParams
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, balanced_split
-from exatrain.planner.accounting.flops import model_flops_per_step
-from exatrain.planner.accounting.memory import COMPUTE_BYTES, inflight, rank_memory
-from exatrain.planner.accounting.trainer_memory import trainer_rank_memory
-from exatrain.planner.accounting.params import (embedding_params, final_norm_params, head_params,
+from exatrain.accounting.flops import model_flops_per_step
+from exatrain.accounting.memory import COMPUTE_BYTES, inflight, rank_memory
+from exatrain.accounting.trainer_memory import trainer_rank_memory
+from exatrain.accounting.params import (embedding_params, final_norm_params, head_params,
                                                  layer_params, position_params)
 from exatrain.planner.cost import compute, network, schedule
-from exatrain.planner.cost.params import CostParams
+from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.step import dp_collective_times, tp_collective_time_s
 from exatrain.planner.search.space import Space
 

@@ -14,7 +14,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
-from exatrain.planner.cost.params import CostParams, default_params
+from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search import batch
 from exatrain.planner.search.space import Space, SpaceOptions, enumerate_space

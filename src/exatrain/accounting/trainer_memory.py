@@ -42,9 +42,9 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
-from exatrain.planner.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, inflight_microbatches,
+from exatrain.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, inflight_microbatches,
                                                 state_bytes_per_param)
-from exatrain.planner.accounting.params import layer_params, stage_params
+from exatrain.accounting.params import layer_params, stage_params
 
 
 def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str,

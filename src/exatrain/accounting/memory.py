@@ -22,6 +22,11 @@ Other engines keep other copies (``accounting.engines``): pass ``engine=`` to ``
 ``stage_memory`` or ``memory_by_stage`` for Megatron-Core's, Megatron-DeepSpeed's or torchtitan's
 model states, bucket buffers, dropout masks and selective recomputation. Without it (the default)
 the numbers are the convention above, which is the ``exatrain`` profile's.
+
+Mixture of experts, context parallelism and fp8 (``accounting.moe``, ``accounting.context``,
+``accounting.fp8``) enter through keyword arguments of ``layer_activation_bytes`` and
+``rank_memory`` (``ep``, ``etp``, ``cp``, ``capacity_factor``, ``fp8`` ...); at their defaults a dense
+model's numbers are the ones above, bit for bit.
 """
 
 from __future__ import annotations
@@ -32,14 +37,20 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
-from exatrain.planner.cost.schedule import peak_in_flight_fast
-from exatrain.planner.accounting.engines import EngineProfile
-from exatrain.planner.accounting.params import layer_params, stage_params, total_params
+from exatrain.accounting.inflight import peak_in_flight_fast
+from exatrain.accounting.params import (layer_params, stage_layer_kinds, stage_params, stage_params_split,
+                                       total_params)
+from exatrain.accounting.engines import EngineProfile
+from exatrain.accounting.dtypes import COMPUTE_BYTES
+from exatrain.accounting.fp8 import Fp8Recipe, gemms_per_layer
+from exatrain.accounting.fp8 import gemm_weights as fp8_gemm_weights
+from exatrain.accounting import moe as moe_acc
+from exatrain.accounting.context import cp_buffer_bytes, kv_width
+from exatrain.accounting.moe import dispatch_buffer_bytes, expert_dp
 
 # Fraction of the rest added as "other": allocator fragmentation and caching slack (a stated
 # allowance, not a measurement: PyTorch's caching allocator typically reserves 5-10% above the peak).
 FRAGMENTATION_ALLOWANCE = 0.05
-COMPUTE_BYTES = {"bfloat16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -79,9 +90,9 @@ def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
     return s * b * h * (10.0 + 24.0 / t + scores / t)
 
 
-def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int, *, sequence_parallel: bool,
-                           recompute: str, flash: bool, dtype: str = "bfloat16",
-                           dropout: bool | None = None) -> float:
+def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str, flash: bool,
+                           dtype: str = "bfloat16", dropout: bool | None = None, cp=1, moe: bool | None = None,
+                           etp=1, capacity_factor=1.0, fp8: Fp8Recipe | None = None) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
 
     Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
@@ -92,24 +103,63 @@ def layer_activation_bytes(m: ModelSpec, micro_batch: int, tp: int, *, sequence_
       attention scores, per head and key (a*s per token, sharded): 2e + 1 bytes with dropout
         (Korthikanti's 5), e without; a flash kernel stores none, only fp32 softmax statistics.
     With dropout, GELU, MHA, no flash and e = 2 this is Table 2 exactly (tested).
+
+    Extensions (their defaults change nothing):
+      ``cp``: a rank holds s/cp tokens of every tensor (the score matrix still spans all s keys);
+      head width / QK-norm (Q is heads*head_dim wide; QK-norm keeps Q and K before their norms too);
+        latent attention keeps Q and K (heads*(head_dim + rope_head_dim)), V and the attention
+        output (heads*head_dim) sharded, and its latents (q_lora + kv_lora, and their pre-norm
+        copies with the rotary key part) replicated like the layer's input — an approximation of
+        Megatron-Core's MLA, which keeps a few more small tensors;
+      ``moe`` (None: the model's MoE layer when it has one): the MLP interior is the shared experts'
+        (sharded over tp) plus the routed experts' and the router's (``accounting.moe``, with
+        ``etp`` and ``capacity_factor``);
+      ``fp8``: the GEMM inputs kept for the weight gradients (attention input, MLA latents,
+        projection input, MLP input and fc2 input; the routed experts' fc1/fc2 inputs) are saved
+        in fp8 (``Fp8Recipe.saved_input_bytes``). A MoE layer's MLP input stays in the compute dtype
+        for the router's backward.
     """
     s, b, h = m.seq_len, micro_batch, m.hidden
+    s_local = s / cp
     e = COMPUTE_BYTES[dtype]
     if dropout is None:
         dropout = m.dropout > 0
+    moe = m.is_moe if moe is None else (moe and m.is_moe)
     sp_div = tp if sequence_parallel else 1
     if recompute == "full":
-        return e * s * b * h / sp_div  # only the layer input is kept
-    replicated = (4 * h * e + (2 * h if dropout else 0)) / sp_div
-    mlp_interior = (4 if m.gated_mlp else 2) * m.ffn_hidden
-    sharded = (2 * h + 2 * m.kv_hidden + mlp_interior) * e / tp
+        return e * s_local * b * h / sp_div  # only the layer input is kept
     if recompute == "selective":
         scores = 0.0
     elif flash:
         scores = 4.0 * m.heads / tp  # fp32 log-sum-exp per head and query
     else:
         scores = (2 * e + 1 if dropout else e) * m.heads * s / tp
-    return s * b * (replicated + sharded + scores)
+    g = e if fp8 is None else fp8.saved_input_bytes
+    if not (m.kv_channels or m.qk_norm or m.mla or moe):
+        replicated = (4 * h * e + (2 * h if dropout else 0)) / sp_div
+        mlp_interior = (4 if m.gated_mlp else 2) * m.ffn_hidden
+        sharded = (2 * h + 2 * m.kv_hidden + mlp_interior) * e / tp
+        kept = s_local * b * (replicated + sharded + scores)
+        if fp8 is None:
+            return kept
+        # attention and MLP inputs (replicated), projection and fc2 inputs (sharded) go to fp8
+        return kept - s_local * b * (e - g) * (2 * h / sp_div + (h + m.ffn_hidden) / tp)
+    latents = 2 * (m.q_lora_rank + m.kv_lora_rank) + m.rope_head_dim if m.mla else 0
+    fp8_replicated = h + (m.q_lora_rank + m.kv_lora_rank) + (0 if moe else h)  # GEMM inputs among those
+    replicated = ((4 * h + latents) * e - fp8_replicated * (e - g) + (2 * h if dropout else 0)) / sp_div
+    attn = m.q_width + kv_width(m) + m.attn_out_width + (m.q_width + m.kv_hidden if m.qk_norm else 0)
+    if moe:
+        interior, fc2_in = moe_acc.shared_expert_interior_elements(m), m.shared_experts * m.expert_width
+    else:
+        interior, fc2_in = (4 if m.gated_mlp else 2) * m.ffn_hidden, m.ffn_hidden
+    sharded = ((attn + interior) * e - (m.attn_out_width + fc2_in) * (e - g)) / tp
+    kept = s_local * b * (replicated + sharded + scores)
+    if moe:
+        kept = kept + moe_acc.router_activation_bytes(m, b, tp, sequence_parallel=sequence_parallel, cp=cp)
+        kept = kept + moe_acc.expert_activation_bytes(m, b, tp, sequence_parallel=sequence_parallel, dtype=dtype,
+                                                      cp=cp, etp=etp, capacity_factor=capacity_factor,
+                                                      gemm_input_bytes=g)
+    return kept
 
 
 def per_op_checkpoint_layer_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, flash: bool,
@@ -145,15 +195,20 @@ def per_op_checkpoint_layer_bytes(m: ModelSpec, micro_batch, tp, *, sequence_par
 
 
 def engine_layer_activation_bytes(engine: EngineProfile, m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool,
-                                  recompute: str, flash: bool, dtype: str = "bfloat16"):
+                                  recompute: str, flash: bool, dtype: str = "bfloat16", **extensions):
     """``layer_activation_bytes`` under ``engine``'s rules: dropout masks only where the engine keeps
-    them (and the model has dropout); its own selective recomputation where it differs."""
+    them (and the model has dropout); its own selective recomputation where it differs.
+    ``extensions`` (cp, moe, etp, capacity_factor, fp8) go to ``layer_activation_bytes``; torchtitan's
+    per-op selective policy is modelled for plain dense layers only, so with any extension in use
+    (a MoE layer, cp > 1, fp8) selective recomputation falls back to the Korthikanti count."""
     rules = engine.activations
-    if recompute == "selective" and rules.selective == "per_op":
+    plain = not (extensions.get("fp8") is not None or np.any(np.asarray(extensions.get("cp", 1)) != 1)
+                 or (m.is_moe and extensions.get("moe", True) is not False))
+    if recompute == "selective" and rules.selective == "per_op" and plain:
         return per_op_checkpoint_layer_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, flash=flash,
                                              dtype=dtype)
     return layer_activation_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, recompute=recompute,
-                                  flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0)
+                                  flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0, **extensions)
 
 
 def inflight_microbatches(plan: Plan, pp_rank: int) -> float:
@@ -177,66 +232,120 @@ def inflight(schedule: str, pp, num_microbatches, interleave, pp_rank):
 
 def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) -> MemoryBreakdown:
     """Peak bytes of one rank of pipeline stage ``pp_rank`` (see the module doc for conventions;
-    ``engine``: another engine's, see ``accounting.engines``)."""
+    ``engine``: another engine's, see ``accounting.engines``). A MoE model is counted with its
+    experts whole on every rank (a Plan has no ep yet)."""
     layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
+    moe = {}
+    if plan.model.is_moe:
+        split = stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
+                                   layers_per_stage=plan.layers_per_stage())
+        kinds = stage_layer_kinds(plan.model, pp=plan.pp, interleave=plan.interleave,
+                                  layers_per_stage=plan.layers_per_stage())
+        params_here = split[pp_rank][0]
+        moe = dict(expert_params_here=split[pp_rank][1], moe_layers_here=kinds[pp_rank][1])
+    else:
+        params_here = stage_params(plan)[pp_rank]
     parts = rank_memory(plan.model, dtype=plan.dtype, zero_stage=plan.zero_stage, recompute=plan.recompute,
                         sequence_parallel=plan.sequence_parallel, flash=plan.flash_attention,
                         tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp,
-                        interleave=plan.interleave, params_here=stage_params(plan)[pp_rank],
+                        interleave=plan.interleave, params_here=params_here,
                         layers_here=layers_here,
                         inflight_mb=inflight_microbatches(plan, pp_rank),
-                        is_last=pp_rank == plan.pp - 1, engine=engine)
+                        is_last=pp_rank == plan.pp - 1, engine=engine, **moe)
     return MemoryBreakdown(*(float(x) for x in parts))
 
 
 def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, sequence_parallel: bool,
                 flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
-                is_last, engine: EngineProfile | None = None):
+                is_last, engine: EngineProfile | None = None, cp=1, ep=1, etp=1, expert_params_here=0,
+                moe_layers_here=0, capacity_factor=1.0, cp_comm: str = "p2p", fp8: Fp8Recipe | None = None):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
     ``engine``: count what that engine keeps (its model states by ZeRO stage, its ZeRO-3 working
     set, bucket buffers, allocator allowance and activation rules); None is this module's own
-    convention (equal to the ``exatrain`` profile's)."""
+    convention (equal to the ``exatrain`` profile's).
+
+    Extensions (defaults: none, and then the result is the dense count exactly):
+      ``cp``: context parallelism — activations, logits and pipeline buffers per rank divided by cp,
+        the attention's K,V working set (``accounting.context.cp_buffer_bytes``, ``cp_comm``) in
+        "other", and the model states sharded over dp*cp (the gradients of ranks holding the same
+        weights are reduced over the data-parallel group with context parallelism:
+        Megatron-Core parallel_state, ``get_data_parallel_group(with_context_parallel=True)``);
+      MoE (``accounting.moe``): ``params_here`` is the rank's non-routed-expert parameters and
+        ``expert_params_here`` its routed-expert ones (``params.stage_params_split``), whose states
+        are sharded over the expert-data-parallel group ``expert_dp(tp, dp, ep, etp, cp)``;
+        ``moe_layers_here`` of the ``layers_here`` layers are MoE layers (their activations with
+        ``etp`` and ``capacity_factor``), and one all-to-all's buffers join "other";
+      ``fp8``: the cached fp8 weights (``Fp8Recipe.weight_bytes_per_param`` per GEMM weight here)
+        join the weights, GEMM inputs are saved in fp8, and delayed scaling's amax histories join
+        "other". The two transient working sets (CP's and the all-to-all's) belong to different
+        parts of a layer, so the larger of them is counted.
+    """
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
     is_last = np.asarray(is_last, dtype=float)
     e = COMPUTE_BYTES[dtype]
+    shard_dp = dp * cp
+    ext = dict(cp=cp, etp=etp, capacity_factor=capacity_factor, fp8=fp8)
     if engine is None:
-        per = state_bytes_per_param(dtype, zero_stage, dp)
+        per = state_bytes_per_param(dtype, zero_stage, shard_dp)
         per_weights, per_grads, per_optim = per.weights, per.gradients, per.optimizer
         gathered_layers, prefetch_elements, unsharded_grad_bytes = 2, 0.0, 4.0
         buffers, allowance = 0.0, FRAGMENTATION_ALLOWANCE
 
-        def layer_bytes(mode: str):
+        def state_bytes(degree):
+            st = state_bytes_per_param(dtype, zero_stage, degree)
+            return st.weights, st.gradients, st.optimizer
+
+        def layer_bytes(mode: str, moe: bool = False):
             return layer_activation_bytes(m, b, tp, recompute=mode, sequence_parallel=sequence_parallel, flash=flash,
-                                          dtype=dtype)
+                                          dtype=dtype, moe=moe, **ext)
     else:
-        per_weights, per_grads, per_optim = engine.state_bytes(dtype, zero_stage, dp)
+        per_weights, per_grads, per_optim = engine.state_bytes(dtype, zero_stage, shard_dp)
         gathered_layers = engine.zero3_gathered_layers
         prefetch_elements, unsharded_grad_bytes = engine.zero3_prefetch_elements, engine.zero3_unsharded_grad_bytes
         buffers, allowance = engine.buffer_bytes(dtype, zero_stage), engine.allocator_allowance
 
-        def layer_bytes(mode: str):
+        def state_bytes(degree):
+            return engine.state_bytes(dtype, zero_stage, degree)
+
+        def layer_bytes(mode: str, moe: bool = False):
             return engine_layer_activation_bytes(engine, m, b, tp, recompute=mode, sequence_parallel=sequence_parallel,
-                                                 flash=flash, dtype=dtype)
+                                                 flash=flash, dtype=dtype, moe=moe, **ext)
     weights, grads, optim = params_here * per_weights, params_here * per_grads, params_here * per_optim
+    if m.is_moe:
+        ew, eg, eo = state_bytes(expert_dp(tp, dp, ep, etp, cp))
+        weights, grads, optim = (weights + expert_params_here * ew, grads + expert_params_here * eg,
+                                 optim + expert_params_here * eo)
     if zero_stage == 3:
         # FSDP2 gathers one layer while prefetching the next, and holds one layer's unsharded
         # gradient until its reduce-scatter (DeepSpeed's ZeRO-3: one layer and a prefetch bucket).
         lp = layer_params(m)
         layer_rank_params = lp.sharded / tp + lp.replicated
+        if m.is_moe:
+            layer_rank_params = layer_rank_params + lp.experts / (np.asarray(ep, dtype=float) * etp)
         weights = weights + gathered_layers * layer_rank_params * e
         if prefetch_elements:
             weights = weights + prefetch_elements * e
         grads = grads + layer_rank_params * unsharded_grad_bytes
-    per_layer = layer_bytes(recompute)
-    acts = per_layer * layers_here * inflight_mb
-    if recompute != "none":
-        # Backward recomputes one layer at a time, holding what that layer would have kept
-        # without recomputation for one micro-batch (minus what selective already keeps).
-        full_layer = layer_bytes("none")
-        acts = acts + full_layer - (per_layer if recompute == "selective" else 0.0)
-    tokens = b * m.seq_len
+    if m.is_moe:
+        moe_here = np.asarray(moe_layers_here, dtype=float)
+        per_dense, per_moe = layer_bytes(recompute), layer_bytes(recompute, True)
+        acts = (per_dense * (layers_here - moe_here) + per_moe * moe_here) * inflight_mb
+        if recompute != "none":
+            # the recomputed layer's working set: the larger kind present on this rank
+            full_layer = np.where(moe_here > 0, layer_bytes("none", True), layer_bytes("none"))
+            kept = np.where(moe_here > 0, per_moe, per_dense)
+            acts = acts + full_layer - (kept if recompute == "selective" else 0.0)
+    else:
+        per_layer = layer_bytes(recompute)
+        acts = per_layer * layers_here * inflight_mb
+        if recompute != "none":
+            # Backward recomputes one layer at a time, holding what that layer would have kept
+            # without recomputation for one micro-batch (minus what selective already keeps).
+            full_layer = layer_bytes("none")
+            acts = acts + full_layer - (per_layer if recompute == "selective" else 0.0)
+    tokens = b * m.seq_len / cp
     sp_div = tp if sequence_parallel else 1.0
     # Last stage: final-norm and head inputs per in-flight micro-batch; the logits of one
     # micro-batch in the compute dtype, their fp32 copy for the loss, and its fp32 gradient.
@@ -246,8 +355,37 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
     p2p = np.where(pp > 1, 2 * e * tokens * m.hidden / sp_div * v, 0.0)
     if buffers:  # communication-bucket buffers the engine keeps for the whole run
         p2p = p2p + buffers
+    working = _working_set_bytes(m, b, tp, dtype=dtype, sequence_parallel=sequence_parallel, cp=cp, etp=etp,
+                                 capacity_factor=capacity_factor, cp_comm=cp_comm, moe_layers_here=moe_layers_here)
+    if working is not None:
+        p2p = p2p + working
+    if fp8 is not None:
+        dense_here = layers_here - (moe_layers_here if m.is_moe else 0)
+        gemm_w = dense_here * fp8_gemm_weights(m, False, tp)
+        n_gemms = dense_here * gemms_per_layer(m, False)
+        if m.is_moe:
+            ep_ = np.asarray(ep, dtype=float)
+            gemm_w = gemm_w + moe_layers_here * fp8_gemm_weights(m, True, tp, ep_, etp)
+            n_gemms = n_gemms + moe_layers_here * gemms_per_layer(m, True, ep_)
+        weights = weights + gemm_w * fp8.weight_bytes_per_param(dtype)
+        p2p = p2p + fp8.meta_bytes(n_gemms)
     other = p2p + allowance * (weights + grads + optim + acts + p2p)
     return weights, grads, optim, acts, other
+
+
+def _working_set_bytes(m: ModelSpec, b, tp, *, dtype, sequence_parallel, cp, etp, capacity_factor, cp_comm,
+                       moe_layers_here):
+    """The larger of CP's attention working set and one all-to-all's buffers (None when neither)."""
+    parts = []
+    if np.any(np.asarray(cp) != 1):
+        parts.append(cp_buffer_bytes(m, b, tp, cp, dtype=dtype, comm=cp_comm))
+    if m.is_moe:
+        a2a = dispatch_buffer_bytes(m, b, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp, etp=etp,
+                                    capacity_factor=capacity_factor)
+        parts.append(np.where(np.asarray(moe_layers_here) > 0, a2a, 0.0))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else np.maximum(parts[0], parts[1])
 
 
 def memory_by_stage(plan: Plan, engine: EngineProfile | None = None) -> tuple[MemoryBreakdown, ...]:

@@ -1,0 +1,75 @@
+"""Micro-batches in flight on a pipeline rank: how many activation sets a schedule makes it hold.
+
+Counts only (no time), so the memory accounting can use them without the cost model; the schedule
+simulator (``planner.cost.schedule``) runs the same op orders and its tests check these counts
+against the simulated peaks. Schedule names and the micro-batch grouping of interleaved schedules
+are torch.distributed.pipelining's (see ``planner.cost.schedule`` for the op orders).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from exatrain.plan import SCHEDULES
+
+
+def group_size(pp: int, m: int) -> int:
+    """Micro-batches per interleaving group: the smallest divisor of m that is >= pp (m when m < pp).
+    This is torch's rule (rounds = m // pp, m // rounds per round; = pp when pp divides m) wherever
+    torch accepts m, and keeps groups equal and >= pp, without which the order can deadlock."""
+    if m <= pp:
+        return m
+    return next(g for g in range(pp, m + 1) if m % g == 0)
+
+
+def schedule_codes(schedule, shape) -> np.ndarray:
+    """Indices into SCHEDULES of one schedule name or an array of names (or indices), broadcast to ``shape``."""
+    if isinstance(schedule, str):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        return np.full(shape, SCHEDULES.index(schedule))
+    names = np.asarray(schedule)
+    if names.dtype.kind in "iu":
+        codes = names
+    else:
+        lookup = {s: i for i, s in enumerate(SCHEDULES)}
+        bad = sorted(set(names.ravel().tolist()) - set(lookup))
+        if bad:
+            raise ValueError(f"unknown schedule(s) {bad}; choose among {', '.join(SCHEDULES)}")
+        codes = np.vectorize(lookup.__getitem__, otypes=[int])(names)
+    return np.broadcast_to(codes, shape)
+
+
+def group_sizes(pp: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``group_size`` elementwise: m or pp in closed form, the rest once per distinct (pp, m)."""
+    pp, m = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(m, dtype=np.int64))
+    g = np.where(m <= pp, m, pp)
+    odd = (m > pp) & (m % pp != 0)
+    if odd.any():
+        keys, inverse = np.unique(pp[odd] * (int(m.max()) + 1) + m[odd], return_inverse=True)
+        sizes = np.array([group_size(int(k // (m.max() + 1)), int(k % (m.max() + 1))) for k in keys])
+        g = g.copy()
+        g[odd] = sizes[np.ravel(inverse)]
+    return g
+
+
+def peak_in_flight_fast(*, pp, num_microbatches, schedule, interleave=1, rank=0) -> np.ndarray:
+    """Peak (micro-batch, virtual stage) activation sets held by pipeline rank ``rank`` (default 0,
+    the largest), vectorised; equals ``simulate(...).peak_in_flight[rank]``. Divide by v for
+    full-stage units: 1F1B's rank 0 holds min(p, m); GPipe m; interleaved min((v-1)g + 2p - 1, m v)
+    = p + (p-1)/v stages when g = p (Narayanan et al. 2021 Sec. 2.2.2: p (1 + (p-1)/(p v))); zero
+    bubble min((v-1) g + p, m v), i.e. p stages, the same as 1F1B, as ZB-H1 is designed to hold."""
+    p = np.asarray(pp, dtype=np.int64)
+    v = np.asarray(interleave, dtype=np.int64)
+    m = np.asarray(num_microbatches, dtype=np.int64)
+    r = np.asarray(rank, dtype=np.int64)
+    shape = np.broadcast_shapes(p.shape, v.shape, m.shape, r.shape)
+    p, v, m, r = (np.broadcast_to(x, shape) for x in (p, v, m, r))
+    code = schedule_codes(schedule, shape)
+    n = m * v
+    g = group_sizes(p, m)
+    w = np.choose(code, [n, p - 1 - r, (v - 1) * g + 2 * (p - 1 - r), (v - 1) * g + (p - 1 - r)])
+    w = np.minimum(w, n)
+    held = np.where(code == SCHEDULES.index("zero_bubble"),
+                    w + 1 + np.minimum(r, np.maximum(n - w - 1, 0)), w + 1)  # + deferred W passes
+    return np.minimum(held, n)
