@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import Plan
 
@@ -78,17 +80,22 @@ def stage_params(plan: Plan) -> tuple[int, ...]:
 
 @lru_cache(maxsize=4096)
 def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple[int, ...]) -> tuple[int, ...]:
-    lp = layer_params(m).per_rank(tp)
-    counts = []
-    for rank in range(pp):
-        n = sum(layers[v] for v in range(rank, pp * interleave, pp)) * lp
-        if rank == 0:
-            n += embedding_params(m) // tp + position_params(m)
-        if rank == pp - 1:
-            n += final_norm_params(m)
-            if not m.tied_embeddings:
-                n += head_params(m) // tp
-            elif pp > 1:
-                n += embedding_params(m) // tp
-        counts.append(n)
-    return tuple(counts)
+    ranks = np.arange(pp)
+    on_rank = [sum(layers[v] for v in range(rank, pp * interleave, pp)) for rank in range(pp)]
+    return tuple(int(x) for x in rank_params(m, tp, pp, np.array(on_rank), ranks))
+
+
+def rank_params(m: ModelSpec, tp, pp, layers_on_rank, pp_rank):
+    """``stage_params`` on numpy arrays (one entry per candidate and rank): the parameters one rank
+    of pipeline rank ``pp_rank`` holds when it runs ``layers_on_rank`` transformer layers."""
+    tp = np.asarray(tp, dtype=np.int64)
+    pp = np.asarray(pp, dtype=np.int64)
+    pp_rank = np.asarray(pp_rank, dtype=np.int64)
+    lp = layer_params(m)
+    n = np.asarray(layers_on_rank, dtype=np.int64) * (lp.sharded // tp + lp.replicated)
+    n = n + np.where(pp_rank == 0, embedding_params(m) // tp + position_params(m), 0)
+    if m.tied_embeddings:  # the last stage's own copy of the word embedding (pp > 1)
+        head = np.where(pp > 1, embedding_params(m) // tp, 0)
+    else:
+        head = head_params(m) // tp
+    return n + np.where(pp_rank == pp - 1, final_norm_params(m) + head, 0)

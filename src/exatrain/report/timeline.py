@@ -2,8 +2,10 @@
 
 The plan is recast to each of the four schedules (same layout, batch and stage split; interleave 1
 for gpipe and 1f1b, the plan's interleave — or 2 — for interleaved and zero_bubble) and each is
-simulated through ``planner.cost.step.step_time``: the very per-stage seconds and simulator the
-estimate uses, so the plan's own panel is its estimate, op by op.
+simulated op by op (``planner.cost.step.simulate_plan``) on the very per-stage seconds the estimate
+uses; its step time comes from the estimate's own path (``planner.cost.step.step_time``), whose
+pipeline term is a closed form never above this simulation (equal to it where the critical path
+changes rank only at the first or last micro-batch; see ``planner.cost.pipeline``).
 
 Ops are drawn as a raster, one column per slice of time and one row per rank, rather than one
 rectangle per op: a 1T layout has ~100k ops, most narrower than a pixel, and the raster stays exact
@@ -65,14 +67,15 @@ def schedule_variants(plan: Plan) -> tuple[list[Plan], dict[str, str]]:
 
 
 def simulate_variants(plan: Plan, cluster: ClusterSpec, params: CostParams) -> tuple[list[Simulated], dict[str, str]]:
-    """Each schedule variant through the estimate's own step-time path (stage times + simulator)."""
-    from exatrain.planner.cost.step import step_time
+    """Each schedule variant: its step time by the estimate's own path, its pipeline simulated op
+    by op on the same per-stage seconds."""
+    from exatrain.planner.cost.step import simulate_plan, step_time
 
     plans, skipped = schedule_variants(plan)
     out = []
     for q in plans:
-        bd, sim = step_time(q, cluster, params)
-        out.append(Simulated(plan=q, time_s=bd, result=sim, own=q is plan))
+        bd, _ = step_time(q, cluster, params)
+        out.append(Simulated(plan=q, time_s=bd, result=simulate_plan(q, cluster, params), own=q is plan))
     return out, skipped
 
 
@@ -222,7 +225,7 @@ def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
     text = ("Each row is one pipeline rank, time runs right: blue forward, orange backward (the input "
             "gradient only, under zero bubble), green weight gradient, grey idle; light and dark shades "
             "alternate between micro-batches (where ops are narrower than a pixel they blend). Every panel "
-            "uses the estimate's own per-stage seconds and schedule simulator. ")
+            "simulates the estimate's own per-stage seconds op by op. ")
     text += "; ".join(f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''} "
                       f"{seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
     own = next(r for r in rows if r["own"])
