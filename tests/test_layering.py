@@ -44,7 +44,7 @@ def _dotted(path: Path) -> str:
     return ".".join(parts)
 
 
-@pytest.mark.parametrize("sub", TORCH_FREE + ("plan", "errors"))
+@pytest.mark.parametrize("sub", TORCH_FREE + ("plan", "rules", "errors"))
 def test_no_torch_import_in_source(sub: str) -> None:
     for path in _modules(sub):
         bad = {n for n in _imports(path) if n == "torch" or n.startswith("torch.")}
@@ -64,7 +64,7 @@ def test_accounting_never_imports_the_planner() -> None:
 
 
 def test_planner_never_imports_trainer() -> None:
-    for sub in TORCH_FREE + ("plan",):
+    for sub in TORCH_FREE + ("plan", "rules"):
         for path in _modules(sub):
             bad = {n for n in _imports(path) if n.startswith(("exatrain.trainer", "exatrain.cli"))}
             assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
@@ -72,7 +72,7 @@ def test_planner_never_imports_trainer() -> None:
 
 def test_planner_modules_load_without_torch_at_runtime() -> None:
     """Importing every torch-free module (and the CLI entry) must not pull torch in transitively."""
-    mods = [_dotted(p) for sub in TORCH_FREE + ("plan",) for p in _modules(sub)] + ["exatrain.cli"]
+    mods = [_dotted(p) for sub in TORCH_FREE + ("plan", "rules") for p in _modules(sub)] + ["exatrain.cli"]
     code = ("import importlib, sys\n"
             f"for m in {mods!r}:\n"
             "    importlib.import_module(m)\n"
