@@ -256,6 +256,19 @@ class Plan:
     def tokens_per_step(self) -> int:
         return self.shape.global_batch * self.model.seq_len
 
+    @property
+    def label(self) -> str:
+        """The layout as every table, picture and log spells it: "tp4·pp16·dp2"."""
+        return f"tp{self.tp}·pp{self.pp}·dp{self.dp}"
+
+    @property
+    def schedule_label(self) -> str:
+        """The pipeline schedule as it is spelled everywhere: "1f1b", "interleaved×2"; a single
+        stage runs no schedule: "no pipeline"."""
+        if self.pp == 1:
+            return "no pipeline"
+        return self.schedule + (f"×{self.interleave}" if self.interleave > 1 else "")
+
     def layers_per_stage(self) -> tuple[int, ...]:
         """Layers of each virtual stage, in model order (length pp * interleave)."""
         return self.stage_layers or balanced_split(self.model.layers, self.virtual_stages)

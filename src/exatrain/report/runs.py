@@ -15,12 +15,12 @@ import numpy as np
 
 from exatrain.plan import RunRecord
 from exatrain.report.inputs import RunsInput, StepLine, finite
-from exatrain.report.style import GiB, Figure, layout, new_figure, save
+from exatrain.report.style import GiB, Figure, new_figure, save
 
 
 def record_label(r: RunRecord) -> str:
     p = r.plan
-    return f"{p.model.name} {layout(p)} mb{p.micro_batch}" + (f" on {r.device}" if r.device else "")
+    return f"{p.model.name} {p.label} mb{p.micro_batch}" + (f" on {r.device}" if r.device else "")
 
 
 @dataclass

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from exatrain.errors import UserError
-
-GiB = 1024**3
+from exatrain.units import GiB
 DPI = 100
 
 # Memory kinds in the order they stack (bottom to top), and their colours.
@@ -74,20 +73,9 @@ def seconds(x: float) -> str:
     return f"{x:,.3g} s" if x < 100 else f"{x:,.1f} s"
 
 
-def layout(plan: Any) -> str:
-    """tp·pp·dp of a plan, as the search table spells it."""
-    return f"tp{plan.tp}·pp{plan.pp}·dp{plan.dp}"
-
-
-def schedule_label(plan: Any) -> str:
-    if plan.pp == 1:
-        return "no pipeline"
-    return plan.schedule + (f"×{plan.interleave}" if plan.interleave > 1 else "")
-
-
 def describe(plan: Any) -> str:
     """One line naming a plan: model, layout, batch, options and cluster."""
     where = f" on {plan.gpus} × {plan.cluster}" if plan.cluster else f" on {plan.gpus} devices"
-    return (f"{plan.model.name}{where}: {layout(plan)}, micro-batch {plan.micro_batch}, global batch "
+    return (f"{plan.model.name}{where}: {plan.label}, micro-batch {plan.micro_batch}, global batch "
             f"{plan.global_batch}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}"
-            f"{', SP' if plan.sequence_parallel else ''}, {schedule_label(plan)}")
+            f"{', SP' if plan.sequence_parallel else ''}, {plan.schedule_label}")

@@ -156,9 +156,7 @@ def idle_share(cov: np.ndarray, in_step: np.ndarray) -> list[float]:
 
 
 def _label(s: Simulated) -> str:
-    p = s.plan
-    name = p.schedule + (f"×{p.interleave}" if p.interleave > 1 else "")
-    return name + (" (the plan's)" if s.own else "")
+    return s.plan.schedule_label + (" (the plan's)" if s.own else "")
 
 
 def _name_microbatches(ax: Any, ops: dict[str, np.ndarray], t_max: float) -> None:
@@ -198,7 +196,8 @@ def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path
         ax.set_ylabel("pipeline rank", fontsize=8)
         ax.set_yticks(range(0, pp, max(1, pp // 8)))
         ax.tick_params(labelsize=7)
-        rows.append({"schedule": s.plan.schedule, "interleave": s.plan.interleave, "own": s.own,
+        rows.append({"schedule": s.plan.schedule, "interleave": s.plan.interleave,
+                     "schedule_label": s.plan.schedule_label, "own": s.own,
                      "makespan_s": float(r.step_s), "step_s": float(s.time_s.step),
                      "bubble_s": float(r.bubble_s), "busy_s": [float(x) for x in r.busy_s],
                      "idle_s": [float(x) for x in r.idle_s],
@@ -226,8 +225,7 @@ def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
             "gradient only, under zero bubble), green weight gradient, grey idle; light and dark shades "
             "alternate between micro-batches (where ops are narrower than a pixel they blend). Every panel "
             "simulates the estimate's own per-stage seconds op by op. ")
-    text += "; ".join(f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''} "
-                      f"{seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
+    text += "; ".join(f"{r['schedule_label']} {seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
     own = next(r for r in rows if r["own"])
     est = plan.estimate
     if est is not None and est.time_s is not None and abs(own["step_s"] / est.time_s.step - 1) > 1e-3:
@@ -239,7 +237,6 @@ def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
 
 
 def _key_numbers(rows: Sequence[dict]) -> tuple[tuple[str, str], ...]:
-    return tuple((f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''}"
-                  f"{' (plan)' if r['own'] else ''}",
+    return tuple((f"{r['schedule_label']}{' (plan)' if r['own'] else ''}",
                   f"step {seconds(r['step_s'])}, pipeline {seconds(r['makespan_s'])}, "
                   f"busiest rank idle {r['bubble_s'] / r['makespan_s']:.1%}") for r in rows)

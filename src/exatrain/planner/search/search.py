@@ -15,6 +15,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
+from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search import batch
@@ -34,7 +35,7 @@ class SearchResult:
         """One sentence on what left no feasible layout."""
         if self.legal and not self.feasible:
             return (f"all {self.legal:,} legal layouts run out of memory (the leanest needs "
-                    f"{self.min_memory_bytes / 2**30:,.1f} GiB per device of {capacity_bytes / 2**30:,.0f})")
+                    f"{self.min_memory_bytes / GiB:,.1f} GiB per device of {capacity_bytes / GiB:,.0f})")
         reason = self.top_reason
         if reason is None:
             return "nothing to examine"
