@@ -260,6 +260,19 @@ class Plan:
     def tokens_per_step(self) -> int:
         return self.shape.global_batch * self.model.seq_len
 
+    @property
+    def label(self) -> str:
+        """The layout as every table, picture and log spells it: "tp4·pp16·dp2"."""
+        return f"tp{self.tp}·pp{self.pp}·dp{self.dp}"
+
+    @property
+    def schedule_label(self) -> str:
+        """The pipeline schedule as it is spelled everywhere: "1f1b", "interleaved×2"; a single
+        stage runs no schedule: "no pipeline"."""
+        if self.pp == 1:
+            return "no pipeline"
+        return self.schedule + (f"×{self.interleave}" if self.interleave > 1 else "")
+
     def layers_per_stage(self) -> tuple[int, ...]:
         """Layers of each virtual stage, in model order (length pp * interleave)."""
         return self.stage_layers or balanced_split(self.model.layers, self.virtual_stages)
@@ -277,60 +290,12 @@ class Plan:
 
     # ---- validation --------------------------------------------------------------------------
     def validate(self, cluster: ClusterSpec | None = None) -> "Plan":
-        """Raise PlanError naming the first problem and its fix; return self when the plan can run."""
-        m, d, s = self.model, self.dims, self.shape
-        for name, value in (("tp", d.tp), ("pp", d.pp), ("dp", d.dp), ("micro-batch", s.micro_batch),
-                            ("global-batch", s.global_batch), ("interleave", self.interleave)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise PlanError(f"--{name} must be a positive integer, got {value!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise PlanError(f"--zero must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        if self.recompute not in RECOMPUTE:
-            raise PlanError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
-        if self.schedule not in SCHEDULES:
-            raise PlanError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if self.dtype not in DTYPES:
-            raise PlanError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if m.heads % d.tp:
-            raise PlanError(f"heads {m.heads} of {m.name} are not divisible by tp {d.tp}; "
-                            f"choose tp among {_divisors(m.heads)}")
-        if m.kv_heads % d.tp:
-            raise PlanError(f"kv_heads {m.kv_heads} of {m.name} are not divisible by tp {d.tp}; "
-                            f"choose tp among {_divisors(m.kv_heads)}")
-        if m.ffn_hidden % d.tp:
-            raise PlanError(f"ffn_hidden {m.ffn_hidden} of {m.name} is not divisible by tp {d.tp}")
-        if m.vocab % d.tp:
-            raise PlanError(f"vocab {m.vocab} of {m.name} is not divisible by tp {d.tp}; "
-                            "pad the vocabulary (e.g. to a multiple of 128*tp)")
-        if self.sequence_parallel and d.tp == 1:
-            raise PlanError("--sequence-parallel needs tp > 1 (it splits the sequence over the tp group)")
-        if self.sequence_parallel and m.seq_len % d.tp:
-            raise PlanError(f"sequence parallel needs seq_len {m.seq_len} divisible by tp {d.tp}")
-        if s.global_batch % (s.micro_batch * d.dp):
-            raise PlanError(f"global batch {s.global_batch} is not divisible by micro-batch x dp = "
-                            f"{s.micro_batch} x {d.dp}; use a multiple of {s.micro_batch * d.dp}")
-        if self.schedule in ("interleaved", "zero_bubble") and d.pp > 1 and self.interleave < 2:
-            raise PlanError(f"schedule {self.schedule} needs --interleave >= 2 (virtual stages per rank)")
-        if self.schedule in ("gpipe", "1f1b") and self.interleave != 1:
-            raise PlanError(f"--interleave {self.interleave} needs schedule interleaved or zero_bubble")
-        if d.pp > 1 and self.schedule != "gpipe" and self.num_microbatches < d.pp:
-            raise PlanError(f"{self.num_microbatches} micro-batches per step are fewer than pp {d.pp}; "
-                            f"the {self.schedule} schedule needs at least pp: raise the global batch "
-                            "or lower micro-batch")
-        if self.stage_layers:
-            if len(self.stage_layers) != self.virtual_stages:
-                raise PlanError(f"stage_layers has {len(self.stage_layers)} entries but the plan has "
-                                f"{self.virtual_stages} virtual stages (pp x interleave)")
-            if any((not isinstance(n, int)) or n <= 0 for n in self.stage_layers):
-                raise PlanError("every entry of stage_layers must be a positive integer")
-            if sum(self.stage_layers) != m.layers:
-                raise PlanError(f"stage_layers sums to {sum(self.stage_layers)} but {m.name} has "
-                                f"{m.layers} layers")
-        else:
-            balanced_split(m.layers, self.virtual_stages)  # raises if stages > layers
-        if cluster is not None and d.tp > cluster.gpus_per_node:
-            raise PlanError(f"tp {d.tp} is larger than a {cluster.name} node ({cluster.gpus_per_node} "
-                            "devices): tensor parallelism must stay inside a node")
+        """Raise PlanError (``rules.RuleError``) naming the first rule the plan breaks and its fix
+        (``exatrain.rules``, the one list the search and the trainer use too); return self when the
+        plan can run."""
+        from exatrain import rules
+
+        rules.check(self, cluster)
         return self
 
     # ---- JSON --------------------------------------------------------------------------------
@@ -602,10 +567,6 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0 and k <= 64)
 
 
 __all__ = [

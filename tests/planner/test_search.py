@@ -39,21 +39,18 @@ def test_space_rejections_by_hand() -> None:
     ("llama3-70b", "dgx-h100", 128, 512),
     ("gpt-1t", "frontier", 3072, 1536),
 ])
-def test_batch_memory_equals_estimate_and_time_is_close(model, cluster, gpus, gb) -> None:
+def test_batch_memory_and_time_equal_estimate(model, cluster, gpus, gb) -> None:
     m, c = get_model(model), get_cluster(cluster)
     space = enumerate_space(m, c, gpus, gb)
     res = batch.evaluate(space, m, c, gb, default_params(c.device.name))
     rng = np.random.default_rng(0)
-    errors = []
     for i in rng.choice(len(space), size=60, replace=False):
         plan = plan_at(space, int(i), m, gb, c, "bfloat16", True).validate(c)
         est = estimate_plan(plan, c)
         assert res.memory_total[i] == pytest.approx(est.memory_bytes.total, rel=1e-9)
         assert bool(res.fits[i]) == est.fits
-        errors.append(abs(res.time["step"][i] / est.time_s.step - 1))
-    # The closed-form pipeline path is for ranking; measured bounds (see batch.py's docstring).
-    assert np.median(errors) < 0.02
-    assert max(errors) < 0.30
+        # One step-time definition: the batch path is the estimate's (a plan is a batch of one).
+        assert res.time["step"][i] == pytest.approx(est.time_s.step, rel=1e-9)
 
 
 def test_batch_trainer_memory_equals_estimate() -> None:

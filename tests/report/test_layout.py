@@ -78,7 +78,7 @@ def test_step_time_reads_at_a_glance(plan_json: dict, drawn: dict, tmp_path: Pat
 
     plan = plan_from_json(plan_json, "test")
     t = TimeBreakdown(**plan_json["time_s"])
-    steptime.step_time_breakdown([(style.layout(plan), t), ("the same again", t)], tmp_path / "step-time.png",
+    steptime.step_time_breakdown([(plan.label, t), ("the same again", t)], tmp_path / "step-time.png",
                                  f"step time — {style.describe(plan)}")
     _check(drawn["step-time"], "step-time")
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import Plan
 
@@ -239,3 +241,19 @@ def stage_params_split(m: ModelSpec, *, tp: int, pp: int, interleave: int, layer
                 dense += embedding_params(m) // tp
         out.append((dense, experts))
     return tuple(out)
+
+
+def rank_params(m: ModelSpec, tp, pp, layers_on_rank, pp_rank):
+    """``stage_params`` on numpy arrays (one entry per candidate and rank): the parameters one rank
+    of pipeline rank ``pp_rank`` holds when it runs ``layers_on_rank`` transformer layers."""
+    tp = np.asarray(tp, dtype=np.int64)
+    pp = np.asarray(pp, dtype=np.int64)
+    pp_rank = np.asarray(pp_rank, dtype=np.int64)
+    lp = layer_params(m)
+    n = np.asarray(layers_on_rank, dtype=np.int64) * (lp.sharded // tp + lp.replicated)
+    n = n + np.where(pp_rank == 0, embedding_params(m) // tp + position_params(m), 0)
+    if m.tied_embeddings:  # the last stage's own copy of the word embedding (pp > 1)
+        head = np.where(pp > 1, embedding_params(m) // tp, 0)
+    else:
+        head = head_params(m) // tp
+    return n + np.where(pp_rank == pp - 1, final_norm_params(m) + head, 0)

@@ -16,8 +16,7 @@ from typing import Any, Mapping
 
 from exatrain.catalog.models import _load_table_file
 from exatrain.errors import UserError
-
-GiB = 1024**3
+from exatrain.units import GiB
 FP8_DTYPES = ("float8", "fp8", "float8_e4m3fn", "float8_e5m2")
 
 

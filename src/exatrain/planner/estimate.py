@@ -1,21 +1,23 @@
 """One evaluation of one plan: memory per stage, FLOPs, communication bytes and (cost model) time.
 
 This is the planner's single entry point for a plan; `exatrain estimate`, the trainer's CLI
-(to attach a prediction to each run) and reports call it. Search evaluates many plans at once
-through the vectorised path in ``planner.search`` and must agree with this function.
+(to attach a prediction to each run) and reports call it. Memory and time come from
+``planner.evaluate`` with the plan as a batch of one: the very code the search runs on every
+candidate, so a searched plan's estimate is what the search ranked it by.
 """
 
 from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
-from exatrain.plan import Plan, StepEstimate
+from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
 from exatrain.accounting.comms import comm_bytes_per_rank
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
-from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
+from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
 from exatrain.accounting.params import stage_params, total_params
-from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.planner.cost.coefficients import CostParams, default_params
-from exatrain.planner.cost.step import step_time
+from exatrain.planner.cost.step import TIME_FIELDS
+from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
+from exatrain.planner.layouts import Layouts
 
 
 def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None) -> StepEstimate:
@@ -23,8 +25,15 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     ``plan`` on ``cluster``. ``params`` are the cost model's efficiencies (default: the device's
     prior, or what a calibration file measured)."""
     cp = params or default_params(cluster.device.name)
-    by_stage = memory_by_stage(plan)
-    worst = max(by_stage, key=lambda mb: mb.total)
+    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
+                  dtype=plan.dtype, flash=plan.flash_attention, memory=("megatron", "exatrain"), by_rank=True)
+
+    def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
+        parts = ev.by_rank[kind]
+        return tuple(MemoryBreakdown(*(float(parts[f][0, r]) for f in MEMORY_FIELDS)) for r in range(plan.pp))
+
+    by_stage = stages("megatron")
+    worst = by_stage[int(ev.worst_rank["megatron"][0])]
     capacity = cluster.device.hbm_bytes
     notes = (
         "memory_bytes / fits: the lean reference (Megatron-LM's tensors); trainer_memory_bytes / "
@@ -36,8 +45,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         + (f", dropout {plan.model.dropout:g}" if plan.model.dropout else ", no dropout")
         + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
-    trainer_by_stage = trainer_memory_by_stage(plan, on_cpu=cluster.device.name == "cpu")
-    time_s, _ = step_time(plan, cluster, cp)
+    trainer_by_stage = stages("exatrain")
+    time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
     hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute)
     model_tf = model_flops / time_s.step / plan.gpus / 1e12
@@ -49,7 +58,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         params_by_stage=stage_params(plan),
         memory_bytes=worst,
         memory_by_stage=by_stage,
-        trainer_memory_bytes=max(trainer_by_stage, key=lambda mb: mb.total),
+        trainer_memory_bytes=trainer_by_stage[int(ev.worst_rank["exatrain"][0])],
         trainer_memory_by_stage=trainer_by_stage,
         capacity_bytes=capacity,
         fits=worst.total <= capacity,

@@ -18,6 +18,7 @@ from exatrain.errors import UserError
 from exatrain.plan import RunRecord
 from exatrain.planner.cost.calibrate import error_stats
 from exatrain.planner.cost.coefficients import Calibration
+from exatrain.units import GiB
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Comparison:
 
 def layout_label(record: RunRecord) -> str:
     p = record.plan
-    s = f"{p.model.name} tp{p.tp}·pp{p.pp}·dp{p.dp} mb{p.micro_batch}×{p.num_microbatches}"
+    s = f"{p.model.name} {p.label} mb{p.micro_batch}×{p.num_microbatches}"
     if p.zero_stage:
         s += f" ZeRO-{p.zero_stage}"
     if p.recompute != "none":
@@ -64,7 +65,7 @@ def layout_label(record: RunRecord) -> str:
     if p.sequence_parallel:
         s += " SP"
     if p.pp > 1:
-        s += f" {p.schedule}"
+        s += f" {p.schedule_label}"
     return s + f" {p.dtype}"
 
 
@@ -131,7 +132,6 @@ def distribution(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:
 
 def summary_lines(c: Comparison) -> list[str]:
     """What `exatrain train` prints after a run: prediction beside measurement."""
-    GiB = 2**30
     lines = []
     if c.step_error is not None:
         lines.append(f"step time: predicted {c.predicted_step_s:.3f} s, measured {c.measured_step_s:.3f} s "

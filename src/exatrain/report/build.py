@@ -20,7 +20,7 @@ from exatrain.plan import Plan
 from exatrain.planner.cost.coefficients import Calibration, CostParams, default_params
 from exatrain.report.html import Section, write_index
 from exatrain.report.inputs import PlanInput, RunsInput, ScalingInput, SearchInput
-from exatrain.report.style import Figure, layout, schedule_label
+from exatrain.report.style import Figure
 
 
 @dataclass(frozen=True)
@@ -116,14 +116,14 @@ def _plan_section(p: PreparedPlan, prefix: str, folder: Path) -> Section:
     plan, notes = p.plan, list(p.notes)
     figs: list[Figure] = [memory_by_stage(plan, folder / f"{prefix}-memory.png")]
     if plan.estimate.time_s is not None:
-        label = f"{layout(plan)} {schedule_label(plan)}"
+        label = f"{plan.label} {plan.schedule_label}"
         figs.append(step_time_breakdown([(label, plan.estimate.time_s)], folder / f"{prefix}-step-time.png",
                                         f"step time — {plan.model.name}"))
     if p.cluster is not None and plan.pp > 1:
         figs.append(pipeline_timeline(plan, p.cluster, p.params, folder / f"{prefix}-timeline.png"))
     elif plan.pp == 1:
         notes.append("no pipeline timeline: the plan has one pipeline stage (pp 1)")
-    return Section(title=f"Plan: {plan.model.name}, {layout(plan)}", source=str(p.source.path),
+    return Section(title=f"Plan: {plan.model.name}, {plan.label}", source=str(p.source.path),
                    figures=tuple(figs), notes=tuple(notes))
 
 
@@ -133,7 +133,7 @@ def _search_section(s: SearchInput, prefix: str, folder: Path) -> Section:
     from exatrain.report.steptime import step_time_breakdown
 
     best = s.ranked[0]
-    rows = [(f"#{i} {layout(p)} mb{p.micro_batch} Z{p.zero_stage} {p.recompute} {schedule_label(p)}",
+    rows = [(f"#{i} {p.label} mb{p.micro_batch} Z{p.zero_stage} {p.recompute} {p.schedule_label}",
              p.estimate.time_s) for i, p in enumerate(s.ranked[:12], 1)]
     figs = [search_landscape(s, folder / f"{prefix}-landscape.png"),
             step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time of the top {len(rows)} layouts"),
@@ -146,7 +146,7 @@ def _scaling_section(s: ScalingInput, prefix: str, folder: Path) -> Section:
     from exatrain.report.scaling import scaling_curves
     from exatrain.report.steptime import step_time_breakdown
 
-    rows = [(f"{p.gpus:,} GPUs {layout(p.plan)}", p.plan.estimate.time_s) for p in s.points]
+    rows = [(f"{p.gpus:,} GPUs {p.plan.label}", p.plan.estimate.time_s) for p in s.points]
     figs = [scaling_curves(s, folder / f"{prefix}-scaling.png"),
             step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time per GPU count ({s.mode} scaling)")]
     first = s.points[0].plan

@@ -15,13 +15,13 @@ import numpy as np
 
 from exatrain.plan import RunRecord
 from exatrain.report.inputs import RunsInput, StepLine, finite
-from exatrain.report.style import (OTHER_COLOR, Figure, byte_unit, layout, legend_columns, log_or_linear, new_figure,
+from exatrain.report.style import (OTHER_COLOR, Figure, byte_unit, legend_columns, log_or_linear, new_figure,
                                    save, series_colors, top_series)
 
 
 def record_label(r: RunRecord) -> str:
     p = r.plan
-    return f"{p.model.name} {layout(p)} mb{p.micro_batch}" + (f" on {r.device}" if r.device else "")
+    return f"{p.model.name} {p.label} mb{p.micro_batch}" + (f" on {r.device}" if r.device else "")
 
 
 @dataclass

@@ -48,7 +48,7 @@ def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:
     numbers = {"mode": scaling.mode, "model": model, "cluster": cluster, "gpus": gpus,
                "global_batch": [p.global_batch for p in pts], "tokens_per_s": tokens,
                "ideal_tokens_per_s": ideal, "efficiency": [p.efficiency for p in pts],
-               "layouts": [f"tp{p.plan.tp}·pp{p.plan.pp}·dp{p.plan.dp}" for p in pts], "study": study}
+               "layouts": [p.plan.label for p in pts], "study": study}
 
     fig, (ax, bx) = new_figure(11.0, 4.4, ncols=2)
     series = OKABE_ITO["blue"]

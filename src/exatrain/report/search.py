@@ -36,7 +36,7 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
     numbers = {
         "rank": list(range(1, len(ranked) + 1)),
         "family": [family(p) for p in ranked],
-        "layout": [f"tp{p.tp}·pp{p.pp}·dp{p.dp}" for p in ranked],
+        "layout": [p.label for p in ranked],
         "memory_bytes": [float(p.estimate.memory_bytes.total) for p in ranked],
         "tokens_per_s": [float(p.estimate.tokens_per_s) for p in ranked],
         "capacity_bytes": int(est0.capacity_bytes),

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from exatrain.errors import UserError
 
-GiB = 1024**3
+from exatrain.units import GiB
 MiB = 1024**2
 KiB = 1024
 DPI = 100
@@ -193,129 +193,13 @@ class Figure:
     key_numbers: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
 
-def new_figure(width_in: float, height_in: float, nrows: int = 1, ncols: int = 1, **kw: Any):
-    """A matplotlib Figure on the Agg canvas and its axes (``squeeze``d like pyplot.subplots)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure as MplFigure
-    except ImportError:
-        raise UserError("pictures need matplotlib: pip install 'exatrain[report]'") from None
-    fig = MplFigure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, **kw)
-    return fig, axes
-
-
-def save(fig: Any, path: Path, palette: int | None = None) -> None:
-    """Write the figure as PNG (no software tag, so the same input gives the same bytes). With
-    ``palette``, reduce it to that many colours (Pillow, which matplotlib itself requires): dense
-    timelines blend colours per pixel and would otherwise weigh megabytes."""
-    fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
-    if palette:
-        from PIL import Image
-
-        with Image.open(path) as im:
-            rgb = im.convert("RGB")
-        rgb.quantize(colors=palette, method=Image.Quantize.FASTOCTREE,
-                     dither=Image.Dither.NONE).save(path, format="PNG")
-
-
-def byte_unit(max_bytes: float) -> tuple[int, str]:
-    """The unit that reads at a glance for amounts up to ``max_bytes``: GiB from 1 GiB, MiB from
-    1 MiB, KiB below (a 2-stage gpt-tiny plan holds a few MiB per rank, a 1T stage tens of GiB)."""
-    if max_bytes >= GiB:
-        return GiB, "GiB"
-    if max_bytes >= MiB:
-        return MiB, "MiB"
-    return KiB, "KiB"
-
-
-def human_bytes(x: float) -> str:
-    """Bytes in the unit that fits them (``byte_unit``), one decimal."""
-    div, unit = byte_unit(x)
-    return f"{x / div:,.1f} {unit}"
-
-
-def percent(x: float) -> str:
-    """A share as a percentage with the digits it needs: 38%, 4.2%, 0.019%."""
-    if x == 0 or abs(x) >= 0.1:
-        return f"{x:.0%}"
-    return f"{100 * x:.2g}%"
-
-
-def compact(x: float) -> str:
-    """A tick label without exponents: 0.05, 3, 750, 1.5k, 20k, 1.5M."""
-    a = abs(x)
-    if a >= 1e9:
-        return f"{x / 1e9:,.3g}G"
-    if a >= 1e6:
-        return f"{x / 1e6:,.3g}M"
-    if a >= 1e3:
-        return f"{x / 1e3:,.3g}k"
-    return f"{x:,.4g}"
-
-
-def wrap(text: str, width_in: float, fontsize: float) -> str:
-    """``text`` broken at spaces into lines no wider than ``width_in`` inches at ``fontsize``
-    points (DejaVu Sans, matplotlib's default face, averages under 0.6 em per character)."""
-    chars = max(16, int(width_in * 72 / (0.6 * fontsize)))
-    return "\n".join(textwrap.wrap(text, chars, break_long_words=False, break_on_hyphens=False))
-
-
-def log_or_linear(ax: Any, axis: str, lo: float, hi: float, min_ticks: int = 3) -> str:
-    """Put ``axis`` ('x' or 'y') of ``ax`` over [lo, hi] on a log scale with at least ``min_ticks``
-    labelled ticks (decades, else 1-2-5 or 1-2-3-5 per decade, else every integer multiple); a range too narrow
-    for that is drawn linear. Returns the scale used."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
-
-    a = getattr(ax, f"{axis}axis")
-    set_lim = ax.set_xlim if axis == "x" else ax.set_ylim
-    set_scale = ax.set_xscale if axis == "x" else ax.set_yscale
-    fmt = FuncFormatter(lambda v, _pos: compact(v))
-    if lo > 0 and hi > lo:
-        for subs in ((1,), (1, 2, 5), (1, 2, 3, 5), tuple(range(1, 10))):
-            ticks = [s * 10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-                     for s in subs if lo <= s * 10.0**k <= hi]
-            if min_ticks <= len(ticks) <= 12:
-                set_scale("log")
-                set_lim(lo, hi)
-                a.set_major_locator(FixedLocator(ticks))
-                a.set_major_formatter(fmt)
-                a.set_minor_formatter(NullFormatter())
-                return "log"
-    set_scale("linear")
-    set_lim(lo, hi)
-    a.set_major_locator(MaxNLocator(nbins=6, min_n_ticks=min_ticks))
-    a.set_major_formatter(fmt)
-    return "linear"
-
-
-def legend_columns(labels: Sequence[str], width_in: float, fontsize: float) -> int:
-    """How many legend entries fit side by side in ``width_in`` inches: each takes its label's
-    width (``wrap``'s estimate) plus about four em for the handle and the gaps."""
-    longest = max((len(s) for s in labels), default=1)
-    per_entry_in = (0.6 * longest + 4.0) * fontsize / 72
-    return max(1, min(len(labels), int(width_in / per_entry_in)))
-
-
 def seconds(x: float) -> str:
     return f"{x:,.3g} s" if x < 100 else f"{x:,.1f} s"
-
-
-def layout(plan: Any) -> str:
-    """tp·pp·dp of a plan, as the search table spells it."""
-    return f"tp{plan.tp}·pp{plan.pp}·dp{plan.dp}"
-
-
-def schedule_label(plan: Any) -> str:
-    if plan.pp == 1:
-        return "no pipeline"
-    return plan.schedule + (f"×{plan.interleave}" if plan.interleave > 1 else "")
 
 
 def describe(plan: Any) -> str:
     """One line naming a plan: model, layout, batch, options and cluster."""
     where = f" on {plan.gpus} × {plan.cluster}" if plan.cluster else f" on {plan.gpus} devices"
-    return (f"{plan.model.name}{where}: {layout(plan)}, micro-batch {plan.micro_batch}, global batch "
+    return (f"{plan.model.name}{where}: {plan.label}, micro-batch {plan.micro_batch}, global batch "
             f"{plan.global_batch}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}"
-            f"{', SP' if plan.sequence_parallel else ''}, {schedule_label(plan)}")
+            f"{', SP' if plan.sequence_parallel else ''}, {plan.schedule_label}")

@@ -2,8 +2,10 @@
 
 The plan is recast to each of the four schedules (same layout, batch and stage split; interleave 1
 for gpipe and 1f1b, the plan's interleave — or 2 — for interleaved and zero_bubble) and each is
-simulated through ``planner.cost.step.step_time``: the very per-stage seconds and simulator the
-estimate uses, so the plan's own panel is its estimate, op by op.
+simulated op by op (``planner.cost.step.simulate_plan``) on the very per-stage seconds the estimate
+uses; its step time comes from the estimate's own path (``planner.cost.step.step_time``), whose
+pipeline term is a closed form never above this simulation (equal to it where the critical path
+changes rank only at the first or last micro-batch; see ``planner.cost.pipeline``).
 
 Ops are drawn as a raster, one column per slice of time and one row per rank, rather than one
 rectangle per op: a 1T layout has ~100k ops, most narrower than a pixel, and the raster stays exact
@@ -81,14 +83,15 @@ def schedule_variants(plan: Plan) -> tuple[list[Plan], dict[str, str]]:
 
 
 def simulate_variants(plan: Plan, cluster: ClusterSpec, params: CostParams) -> tuple[list[Simulated], dict[str, str]]:
-    """Each schedule variant through the estimate's own step-time path (stage times + simulator)."""
-    from exatrain.planner.cost.step import step_time
+    """Each schedule variant: its step time by the estimate's own path, its pipeline simulated op
+    by op on the same per-stage seconds."""
+    from exatrain.planner.cost.step import simulate_plan, step_time
 
     plans, skipped = schedule_variants(plan)
     out = []
     for q in plans:
-        bd, sim = step_time(q, cluster, params)
-        out.append(Simulated(plan=q, time_s=bd, result=sim, own=q is plan))
+        bd, _ = step_time(q, cluster, params)
+        out.append(Simulated(plan=q, time_s=bd, result=simulate_plan(q, cluster, params), own=q is plan))
     return out, skipped
 
 
@@ -192,9 +195,7 @@ def idle_share(cov: np.ndarray, in_step: np.ndarray) -> list[float]:
 
 
 def _label(s: Simulated) -> str:
-    p = s.plan
-    name = p.schedule + (f"×{p.interleave}" if p.interleave > 1 else "")
-    return name + (" (the plan's)" if s.own else "")
+    return s.plan.schedule_label + (" (the plan's)" if s.own else "")
 
 
 def _name_microbatches(ax: Any, ops: dict[str, np.ndarray], shade: np.ndarray, t_max: float) -> None:
@@ -242,7 +243,8 @@ def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path
         ax.set_ylabel("pipeline rank", fontsize=8)
         ax.set_yticks(range(0, pp, max(1, pp // 8)))
         ax.tick_params(labelsize=7)
-        rows.append({"schedule": s.plan.schedule, "interleave": s.plan.interleave, "own": s.own,
+        rows.append({"schedule": s.plan.schedule, "interleave": s.plan.interleave,
+                     "schedule_label": s.plan.schedule_label, "own": s.own,
                      "makespan_s": float(r.step_s), "step_s": float(s.time_s.step),
                      "bubble_s": float(r.bubble_s), "busy_s": [float(x) for x in r.busy_s],
                      "idle_s": [float(x) for x in r.idle_s],
@@ -277,8 +279,7 @@ def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
             "gradient only, under zero bubble), green weight gradient, grey idle, the dotted line the end "
             "of the whole step; light and dark shades alternate between micro-batches (where ops are narrower "
             "than a pixel they blend). Every panel uses the estimate's own per-stage seconds and schedule simulator. ")
-    text += "; ".join(f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''} "
-                      f"{seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
+    text += "; ".join(f"{r['schedule_label']} {seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
     own = next(r for r in rows if r["own"])
     est = plan.estimate
     if est is not None and est.time_s is not None and abs(own["step_s"] / est.time_s.step - 1) > 1e-3:
@@ -290,7 +291,6 @@ def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
 
 
 def _key_numbers(rows: Sequence[dict]) -> tuple[tuple[str, str], ...]:
-    return tuple((f"{r['schedule']}{'×' + str(r['interleave']) if r['interleave'] > 1 else ''}"
-                  f"{' (plan)' if r['own'] else ''}",
+    return tuple((f"{r['schedule_label']}{' (plan)' if r['own'] else ''}",
                   f"step {seconds(r['step_s'])}, pipeline {seconds(r['makespan_s'])}, "
                   f"busiest rank idle {r['bubble_s'] / r['makespan_s']:.1%}") for r in rows)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exatrain.errors import PlanError, UserError
+from exatrain import rules
+from exatrain.errors import UserError
 from exatrain.plan import Plan
 
 DEVICES = ("cpu", "cuda")
@@ -62,14 +63,8 @@ class TrainConfig:
             raise UserError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
         if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
-        p = self.plan
-        if self.compile and p.tp > 1:
-            raise PlanError("--compile runs without tensor parallelism only (DTensor blocks are not compiled "
-                            "yet): use --tp 1, or drop --compile")
-        if p.pp > 1 and p.schedule == "zero_bubble" and p.dp > 1 and p.zero_stage >= 2:
-            # Its weight-gradient pass bypasses the hooks FSDP reduces from: wrong gradients (torch 2.13).
-            raise PlanError("the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: "
-                            "use --zero 0 or 1, or the interleaved schedule")
+        # What this trainer refuses to run (exatrain.rules: the list the search's --runtime exatrain uses).
+        rules.check(self.plan, scopes=("run", "trainer"), compile=self.compile)
         return self
 
 

@@ -83,6 +83,7 @@ class LayerTimes:
     bwd: object
     recompute: object  # extra forward work done inside backward
     attention_core_fwd: object  # the part selective recomputation repeats
+    dense_gemm_fwd: object = 0.0  # the dense (weight) GEMMs of the forward; backward's weight gradient equals it
 
 
 def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
@@ -127,7 +128,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
         extra = attn_fwd
     else:
         extra = 0.0 * fwd
-    return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd)
+    return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd, dense_gemm_fwd=gemm_fwd)
 
 
 def framework_layer_s(dev: Device, tp, dp, zero_stage: int):

@@ -26,8 +26,11 @@ come out of the simulation. Per-rank orders:
 
 ``simulate`` is exact and returns the timeline: it evaluates the op graph in rounds vectorised over
 ranks (about ops-per-rank + 2*pp rounds), 0.04 s for pp 64, m 1,536 (1F1B) and 0.1-0.15 s with v = 2
-on a 2-core CPU (benchmarks/schedule_speed.py). ``step_time_fast`` is the vectorised closed form the
-configuration search uses; ``peak_in_flight_fast`` the activations in flight.
+on a 2-core CPU (benchmarks/schedule_speed.py): the timeline pictures, and the oracle of the cost
+model's closed-form pipeline term (``cost.pipeline``). ``step_time_fast`` is a vectorised closed form
+(uniform stages, optionally a different first and last), which ``cost.pipeline`` uses on the smallest
+stage as one of its lower bounds; ``peak_in_flight_fast`` (``accounting.inflight``) the activations in
+flight.
 """
 
 from __future__ import annotations

@@ -1,15 +1,20 @@
-"""Step time of one plan: per-stage compute and communication through the pipeline schedule.
+"""Step time of many layouts at once: the cost model's one definition of a step (a single plan is
+a batch of one, ``step_time``).
 
-Assembly (one data-parallel replica; all replicas run the same):
-  1. per virtual stage k and micro-batch: forward F[k] and backward B[k] (+ weight pass W[k] split
-     out for zero_bubble) = its layers' compute (cost.compute) + their exposed TP collectives
-     (Megatron's TP all-reduces sit on the critical path; cost.network), plus the embedding on the
-     first stage and norm/logits/loss on the last; recomputation is part of B;
+Assembly (one data-parallel replica; all replicas run the same), every term over numpy arrays of
+layouts that share pp and interleave (``planner.evaluate`` groups them):
+  1. per virtual stage k and micro-batch: forward F[k] and backward B[k] (+ weight pass W[k], a
+     separate op only under zero_bubble) = its layers' compute (cost.compute) + their exposed TP
+     collectives (Megatron's TP all-reduces sit on the critical path; cost.network), plus the
+     embedding on the first stage and norm/logits/loss on the last, with the stages' real layer
+     split; recomputation is part of B;
   2. point-to-point transfers between stages on different ranks (cost.network, pipeline tier);
-  3. the schedule simulation (cost.schedule) gives the makespan and the bubble;
-  4. DP gradient reduction / ZeRO gathers: what one micro-batch's backward cannot hide (dp_overlap),
-     less the slack a stage has before the pipeline drains, is exposed;
-  5. the optimizer update of the rank's (sharded) parameters and a fixed per-step overhead.
+  3. the pipeline's makespan (cost.pipeline) with and without the transfers: their difference is
+     the exposed pipeline communication;
+  4. DP gradient reduction / ZeRO gathers of every pipeline rank: what one micro-batch's backward
+     cannot hide (dp_overlap), less the time the rank waits for the pipeline to drain, is exposed;
+  5. the optimizer update of the rank with the most (sharded) parameters and a fixed per-step
+     overhead.
 """
 
 from __future__ import annotations
@@ -18,77 +23,104 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exatrain.catalog.hardware import ClusterSpec
-from exatrain.plan import Plan, TimeBreakdown
 from exatrain.accounting import comms
 from exatrain.accounting.memory import COMPUTE_BYTES
-from exatrain.accounting.params import stage_params
-from exatrain.planner.cost import compute, network, schedule
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.plan import RECOMPUTE, Plan, TimeBreakdown
+from exatrain.planner.cost import compute, network
 from exatrain.planner.cost.coefficients import CostParams
+from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
+
+TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
+_FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StageTimes:
-    """Per virtual stage, per micro-batch (seconds): compute and TP communication separately."""
+    """Per layout and virtual stage, per micro-batch (seconds, arrays (N, S)): compute and TP
+    communication apart; ``p2p`` (N,) is one boundary transfer between ranks."""
 
     fwd: np.ndarray
     bwd: np.ndarray  # input-gradient pass incl. recomputation (whole backward minus ``wgrad``)
     wgrad: np.ndarray  # weight-gradient GEMMs (a separate op only under zero_bubble)
     tp_fwd: np.ndarray
     tp_bwd: np.ndarray
-    p2p: float  # one boundary transfer between ranks
+    p2p: np.ndarray
+
+    @property
+    def forward_s(self) -> np.ndarray:
+        return self.fwd + self.tp_fwd
+
+    @property
+    def backward_s(self) -> np.ndarray:
+        return self.bwd + self.tp_bwd
 
 
-def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel: bool):
+def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel):
     """One forward-or-backward TP collective on b*s*h (an all-reduce, or with sequence parallelism
     an all-gather + reduce-scatter pair) over the tp group's tier; arrays allowed."""
     bw, lat = network.tier_arrays(cluster, network.tp_span(tp))
-    if sequence_parallel:
-        one = (network.collective_time_s("all_gather", tp, message_bytes, bw, lat, cp)
-               + network.collective_time_s("reduce_scatter", tp, message_bytes, bw, lat, cp))
-    else:
-        one = network.collective_time_s("all_reduce", tp, message_bytes, bw, lat, cp)
-    return np.where(np.asarray(tp) > 1, one, 0.0)
+    ar = network.collective_time_s("all_reduce", tp, message_bytes, bw, lat, cp)
+    sp = (network.collective_time_s("all_gather", tp, message_bytes, bw, lat, cp)
+          + network.collective_time_s("reduce_scatter", tp, message_bytes, bw, lat, cp))
+    return np.where(np.asarray(tp) > 1, np.where(sequence_parallel, sp, ar), 0.0)
 
 
-def _tp_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, n_collectives: float) -> float:
-    m = plan.model
-    msg = plan.micro_batch * m.seq_len * m.hidden * COMPUTE_BYTES[plan.dtype]
-    return float(n_collectives * tp_collective_time_s(cluster, cp, plan.tp, msg, plan.sequence_parallel))
+def _pick(sequence_parallel, fn):
+    """fn(sp) evaluated without and, where some layout uses it, with sequence parallelism."""
+    off = fn(False)
+    if not np.any(sequence_parallel):
+        return off
+    on = fn(True)
+    return tuple(np.where(sequence_parallel, a, b) for a, b in zip(on, off))
 
 
-def stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
-    m, b, tp = plan.model, plan.micro_batch, plan.tp
-    dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
-    kw = dict(sequence_parallel=plan.sequence_parallel, dtype=plan.dtype, dev=dev)
-    lt = compute.layer_times(m, b, tp, flash=plan.flash_attention, recompute=plan.recompute, **kw)
-    dense_gemm_fwd = sum(compute.gemm_time_s(g, dev) for g in compute.layer_gemms(m, b, tp)
-                         if not g.name.startswith("attn_"))
-    emb_f, emb_b = compute.embedding_times(m, b, tp, **kw)
-    head_f, head_b = compute.head_times(m, b, tp, **kw)
+def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
+                flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
+                stage_layers: np.ndarray) -> StageTimes:
+    """Per-stage seconds of N layouts sharing pp and the layer split ``stage_layers`` (S,)."""
+    tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
+    sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
+    rec = np.asarray(recompute)[:, None]
+    zero = np.asarray(zero_stage)[:, None]
+
+    def layer(s: bool):
+        lt = compute.layer_times(model, b, tp, flash=flash, recompute="none", sequence_parallel=s, dtype=dtype,
+                                 dev=dev)
+        return (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
+                *compute.embedding_times(model, b, tp, sequence_parallel=s, dtype=dtype, dev=dev),
+                *compute.head_times(model, b, tp, sequence_parallel=s, dtype=dtype, dev=dev))
+
+    # dense: the layer's weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
+    fwd_l, bwd_l, attn_l, dense, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
+    # Recomputation reruns the layer's forward (full) or the attention core (selective) in backward.
+    again = np.where(rec == _FULL, fwd_l, np.where(rec == _SELECTIVE, attn_l, 0.0))
+    tp_one = tp_collective_time_s(cluster, cp, tp, b * model.seq_len * model.hidden * COMPUTE_BYTES[dtype], sp)
     # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward.
-    tp_layer_f = _tp_time(plan, cluster, cp, 2)
-    tp_layer_b = _tp_time(plan, cluster, cp, 2 + (2 if plan.recompute == "full" else 0))
-    layers = np.asarray(plan.layers_per_stage(), dtype=float)
-    S = len(layers)
-    fw = float(compute.framework_layer_s(dev, tp, plan.dp, plan.zero_stage))
-    pp_op = dev.params.pp_microbatch_overhead_s / 2 if plan.pp > 1 else 0.0  # per F and per B op
-    fwd = layers * (float(lt.fwd) + fw / 3) + pp_op
-    wgrad = layers * float(dense_gemm_fwd)
-    bwd = layers * (float(lt.bwd + lt.recompute) + 2 * fw / 3) - wgrad + pp_op
-    tp_f, tp_b = layers * tp_layer_f, layers * tp_layer_b
-    fwd[0] += float(emb_f)
-    bwd[0] += float(emb_b)
-    tp_f[0] += _tp_time(plan, cluster, cp, 1)  # vocab-parallel embedding all-reduce
-    fwd[S - 1] += float(head_f)
-    bwd[S - 1] += float(head_b)
-    tp_b[S - 1] += _tp_time(plan, cluster, cp, 1)  # head input-gradient all-reduce
-    p2p = 0.0
-    if plan.pp > 1:
-        msg = b * m.seq_len * m.hidden * COMPUTE_BYTES[plan.dtype] / (tp if plan.sequence_parallel else 1)
-        bw, lat = network.tier_arrays(cluster, network.pp_span(tp, plan.dp))
-        p2p = float(network.collective_time_s("send_recv", 2, msg, bw, lat, cp))
-    return StageTimes(fwd=fwd, bwd=bwd, wgrad=wgrad, tp_fwd=tp_f, tp_bwd=tp_b, p2p=p2p)
+    tp_layer_f = 2 * tp_one
+    tp_layer_b = np.where(rec == _FULL, 4, 2) * tp_one
+    fw = compute.framework_layer_s(dev, tp, dp, zero)
+    pp_op = dev.params.pp_microbatch_overhead_s / 2 if pp > 1 else 0.0  # per F and per B op
+    L = np.asarray(stage_layers, dtype=float)[None, :]
+    S = L.shape[1]
+    fwd = L * (fwd_l + fw / 3) + pp_op
+    wgrad = L * dense
+    bwd = L * (bwd_l + again + 2 * fw / 3) - wgrad + pp_op
+    tp_f, tp_b = L * tp_layer_f, L * tp_layer_b
+    first, last = np.arange(S) == 0, np.arange(S) == S - 1
+    fwd = fwd + first * emb_f + last * head_f
+    bwd = bwd + first * emb_b + last * head_b
+    tp_f = tp_f + first * tp_one  # vocab-parallel embedding all-reduce
+    tp_b = tp_b + last * tp_one  # head input-gradient all-reduce
+    if pp > 1:
+        msg = b[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
+        bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0], dp[:, 0]))
+        p2p = network.collective_time_s("send_recv", 2, msg, bw, lat, cp)
+    else:
+        p2p = np.zeros(len(b))
+    shape = (len(b), S)
+    return StageTimes(*(np.broadcast_to(x, shape) + 0.0 for x in (fwd, bwd, wgrad, tp_f, tp_b)), p2p=p2p)
 
 
 def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, dp, zero_stage: int,
@@ -106,54 +138,87 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
     return total
 
 
-def dp_time_s(plan: Plan, cluster: ClusterSpec, cp: CostParams, pp_rank: int) -> float:
-    return float(dp_collective_times(cluster, cp, plan.model, tp=plan.tp, pp=plan.pp, dp=plan.dp,
-                                     zero_stage=plan.zero_stage, params_here=stage_params(plan)[pp_rank],
-                                     num_microbatches=plan.num_microbatches, dtype=plan.dtype,
-                                     pipeline_end=pp_rank in (0, plan.pp - 1)))
+def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
+               flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
+               schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray
+               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+    """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave and the layer split;
+    ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank holds."""
+    tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
+    N, p, v = tp.size, int(pp), int(interleave)
+    st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
+                     zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
+                     stage_layers=stage_layers)
+    F, B, W = st.forward_s, st.backward_s, st.wgrad
+    # The pipeline with and without the transfers, in one call.
+    two = pipeline_times(np.concatenate([F, F]), np.concatenate([B, B]), np.concatenate([W, W]), pp=p,
+                         interleave=v, num_microbatches=np.concatenate([m, m]),
+                         schedule=np.concatenate([schedule, schedule]), p2p_s=np.concatenate([st.p2p, 0 * st.p2p]))
+    pipe, no_p2p = two.step_s[:N], two.step_s[N:]
+    pt = PipelineTimes(step_s=pipe, rank_end_s=two.rank_end_s[:N], busy_s=two.busy_s[:N])
 
+    def per_rank(x: np.ndarray) -> np.ndarray:  # (N, S) per micro-batch -> (N, pp) per step
+        return x.reshape(N, v, p).sum(axis=1) * m[:, None]
 
-def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBreakdown, schedule.ScheduleResult]:
-    """Predicted seconds per optimizer step, broken down, and the simulated schedule behind it."""
-    st = stage_times(plan, cluster, cp)
-    F = st.fwd + st.tp_fwd
-    B = st.bwd + st.tp_bwd
-    kw = dict(pp=plan.pp, num_microbatches=plan.num_microbatches, schedule=plan.schedule,
-              interleave=plan.interleave, weight_s=st.wgrad)
-    sim = schedule.simulate(F, B, p2p_s=st.p2p, **kw)
-    pipe = sim.step_s
-    # The part of the step the transfers add: a second simulation without them (uneven stages
-    # leave slack that hides some transfers, so no closed form attributes this exactly).
-    no_p2p = schedule.simulate(F, B, p2p_s=0.0, **kw).step_s if plan.pp > 1 and st.p2p > 0 else pipe
-    m = plan.num_microbatches
     # The busiest rank: its compute and TP communication.
-    busiest = int(np.argmax(sim.busy_s))
-    mine = list(plan.stages_of_rank(busiest))
-    compute_s = m * float(np.sum(st.fwd[mine] + st.bwd[mine] + st.wgrad[mine]))
-    tp_s = m * float(np.sum(st.tp_fwd[mine] + st.tp_bwd[mine]))
-    # DP: stage r's reduction starts after its last backward; one micro-batch's backward hides
-    # dp_overlap of it, and the time until the pipeline drains hides the rest.
-    ends = np.zeros(plan.pp)
-    tl = sim.timeline
-    np.maximum.at(ends, tl.rank, tl.end_s)
-    dp_exposed = 0.0
-    opt_s = 0.0
+    busiest = np.argmax(pt.busy_s, axis=1)[:, None]
+    compute_s = np.take_along_axis(per_rank(st.fwd + st.bwd + st.wgrad), busiest, axis=1)[:, 0]
+    tp_s = np.take_along_axis(per_rank(st.tp_fwd + st.tp_bwd), busiest, axis=1)[:, 0]
+    # DP: rank r's reduction starts after its last backward; one micro-batch's backward hides
+    # dp_overlap of it (ZeRO-3 prefetches each micro-batch's gathers under all of its compute),
+    # and the time until the pipeline drains hides the rest.
+    rank = np.arange(p)[None, :]
+    t_dp = np.zeros((N, p))
+    for z in np.unique(zero):
+        kw = dict(tp=tp[:, None], pp=p, dp=dp[:, None], zero_stage=int(z), params_here=params_by_rank,
+                  num_microbatches=m[:, None], dtype=dtype)
+        t = dp_collective_times(cluster, cp, model, pipeline_end=True, **kw)
+        if model.tied_embeddings and p > 2:  # the ends' embedding all-reduce: ranks 0 and pp-1 only
+            t = np.where((rank == 0) | (rank == p - 1), t, dp_collective_times(cluster, cp, model, pipeline_end=False, **kw))
+        t_dp = np.where((zero == z)[:, None], t, t_dp)
+    window = cp.dp_overlap * np.where((zero == 3)[:, None], per_rank(F + B + W), per_rank(B + W) / m[:, None])
+    slack = pipe[:, None] - pt.rank_end_s
+    dp_exposed = np.maximum(t_dp - window - slack, 0.0).max(axis=1)
+    shard = np.where(zero >= 1, dp, 1)[:, None]
+    opt = compute.optimizer_time_s(params_by_rank / shard, dev).max(axis=1)
+    fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
+    times = {"step": pipe + dp_exposed + opt + fixed, "compute": compute_s,
+             "bubble": np.maximum(no_p2p - compute_s - tp_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
+             "dp_comm": dp_exposed, "optimizer": opt, "other": fixed + 0.0 * pipe}
+    return times, st, pt
+
+
+def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBreakdown, PipelineTimes]:
+    """Predicted seconds per optimizer step of one plan, broken down (a batch of one through
+    ``planner.evaluate``), and its pipeline's times."""
+    from exatrain.planner.evaluate import evaluate
+    from exatrain.planner.layouts import Layouts
+
+    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
+                  dtype=plan.dtype, flash=plan.flash_attention, memory=())
+    return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
+            PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
+
+
+def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
+    """The per-stage seconds of one plan (row 0 of each array), as the step time uses them: what
+    the schedule simulator replays for a timeline picture."""
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
-    params = stage_params(plan)
-    for r in range(plan.pp):
-        ks = list(plan.stages_of_rank(r))
-        # ZeRO-3 prefetches each micro-batch's gathers under compute; otherwise only the last
-        # micro-batch's backward runs alongside the reduction.
-        busy = float(np.sum(F[ks] + B[ks] + st.wgrad[ks])) * m if plan.zero_stage == 3 else float(np.sum(B[ks] + st.wgrad[ks]))
-        window = cp.dp_overlap * busy
-        t_dp = dp_time_s(plan, cluster, cp, r)
-        slack = float(ends.max() - ends[r])
-        dp_exposed = max(dp_exposed, max(0.0, t_dp - window - slack))
-        shard = params[r] / (plan.dp if plan.zero_stage >= 1 else 1)
-        opt_s = max(opt_s, float(compute.optimizer_time_s(shard, dev)))
-    fixed = dev.params.step_overhead_s + (dev.params.dp_step_overhead_s if plan.dp > 1 else 0.0)
-    total = pipe + dp_exposed + opt_s + fixed
-    bd = TimeBreakdown(step=total, compute=compute_s, bubble=max(0.0, no_p2p - compute_s - tp_s),
-                       tp_comm=tp_s, pp_comm=pipe - no_p2p, dp_comm=dp_exposed, optimizer=opt_s,
-                       other=fixed)
-    return bd, sim
+    return stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
+                       tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
+                       recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
+                       pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()))
+
+
+def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams):
+    """The plan's pipeline simulated op by op (``schedule.simulate``) on its own per-stage seconds:
+    the timeline picture, and the oracle the closed-form pipeline term is tested against."""
+    from exatrain.planner.cost.schedule import simulate
+
+    st = plan_stage_times(plan, cluster, cp)
+    return simulate(st.forward_s[0], st.backward_s[0], weight_s=st.wgrad[0], p2p_s=float(st.p2p[0]), pp=plan.pp,
+                    num_microbatches=plan.num_microbatches, schedule=plan.schedule, interleave=plan.interleave)
+
+
+__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "plan_stage_times", "simulate_plan",
+           "stage_times", "step_time", "step_times", "tp_collective_time_s"]

@@ -1,8 +1,9 @@
 """Search: enumerate every legal layout, prune by memory, rank by predicted throughput.
 
-The whole space is evaluated in one vectorised pass (search.batch); the best candidates are then
-re-evaluated one by one with ``estimate_plan`` (exact schedule simulation, every stage's memory)
-and re-ranked, so what the user sees is what ``exatrain estimate`` would say for that plan.
+The whole space is evaluated in one vectorised pass (search.batch, through ``planner.evaluate``:
+every stage's memory, the cost model's step time); the best are returned with ``estimate_plan``
+attached, which runs the same code on each as a batch of one, so what the user sees is what the
+search ranked by and what ``exatrain estimate`` says for that plan.
 """
 
 from __future__ import annotations
@@ -14,17 +15,15 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
+from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search import batch
 from exatrain.planner.search.space import Space, SpaceOptions, enumerate_space
 
-RERANK_FACTOR = 2  # exact re-evaluation of top * this many fast-ranked candidates
-
-
 @dataclass
 class SearchResult:
-    ranked: list[Plan]  # best first, each with its exact estimate attached
+    ranked: list[Plan]  # best first, each with its estimate attached
     examined: int
     legal: int
     feasible: int
@@ -36,7 +35,7 @@ class SearchResult:
         """One sentence on what left no feasible layout."""
         if self.legal and not self.feasible:
             return (f"all {self.legal:,} legal layouts run out of memory (the leanest needs "
-                    f"{self.min_memory_bytes / 2**30:,.1f} GiB per device of {capacity_bytes / 2**30:,.0f})")
+                    f"{self.min_memory_bytes / GiB:,.1f} GiB per device of {capacity_bytes / GiB:,.0f})")
         reason = self.top_reason
         if reason is None:
             return "nothing to examine"
@@ -76,18 +75,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     rejected = dict(space.rejected)
     if len(space) == 0:
         return SearchResult([], space.examined, 0, 0, rejected, space.collapsed)
-    res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash, runtime=runtime)
+    res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash, runtime=runtime,
+                         time_if_fits=True)  # only what fits is ranked
     fits = res.fits
     rejected["out of memory"] = int((~fits).sum())
     feasible = np.nonzero(fits)[0]
     order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
-    ranked: list[Plan] = []
-    window = max(top, 1) * RERANK_FACTOR
-    for i in order[:window]:
+    ranked = []
+    for i in order[:max(top, 0)]:
         plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash).validate(cluster)
-        est = estimate_plan(plan, cluster, cp)
-        if est.fits and (runtime == "megatron" or est.trainer_fits):
-            ranked.append(plan.with_estimate(est))
-    ranked.sort(key=lambda p: -p.estimate.tokens_per_s)  # type: ignore[union-attr]
-    return SearchResult(ranked[:top], space.examined, len(space), int(fits.sum()), rejected, space.collapsed,
+        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp)))
+    return SearchResult(ranked, space.examined, len(space), int(fits.sum()), rejected, space.collapsed,
                         float(res.memory_total.min()))

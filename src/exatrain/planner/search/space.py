@@ -3,6 +3,8 @@ as numpy arrays, with the reason each illegal candidate was rejected.
 
 Rejection is a value, not an exception: the search reports how many candidates each constraint
 removed (divisibility, topology, pipeline depth, schedule, memory) and can say which killed the most.
+The constraints are ``exatrain.rules`` — the ones ``Plan.validate`` and the trainer apply — evaluated
+over the whole grid at once; a candidate is counted under the first reason it fails.
 Equivalent spellings (a schedule choice with pp = 1, ZeRO stages with dp = 1, sequence parallelism
 with tp = 1) are collapsed to one canonical candidate and counted apart from rejections.
 """
@@ -13,9 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from exatrain import rules
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE
+from exatrain.plan import RECOMPUTE, SCHEDULES
 
 # Schedule variants searched: (name, interleave). interleave = virtual stages per rank.
 SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
@@ -24,17 +27,9 @@ SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
     ("zero_bubble", 2), ("zero_bubble", 4),
 )
 
-REASONS = (
-    "tp does not divide heads / kv heads / ffn / vocab",
-    "gpus not divisible by tp*pp",
-    "global batch not divisible by micro-batch*dp",
-    "tp larger than a node",
-    "more pipeline stages than layers",
-    "fewer micro-batches than pipeline stages",
-    "sequence length not divisible by tp (sequence parallel)",
-)
+REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
 # Only when the candidates are for exatrain's own trainer (runtime "exatrain"): what it refuses to run.
-TRAINER_REASON = "zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)"
+(TRAINER_REASON,) = (r.reason for r in rules.RULES if r.scope == "trainer")
 
 
 @dataclass(frozen=True)
@@ -92,6 +87,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     rec = np.array([RECOMPUTE.index(options.recompute[i]) for i in range(len(options.recompute))])[rec]
     v = np.array([iv for _, iv in variants])[var]
     sched = np.array([s for s, _ in variants])[var]
+    code = np.array([SCHEDULES.index(s) for s, _ in variants])[var]
     examined = tp.size
 
     # Canonical spellings: pp == 1 runs no schedule (keep 1f1b, v 1); tp == 1 has no SP; dp == 1 no ZeRO.
@@ -100,29 +96,12 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     keep = ~redundant
     collapsed = int(redundant.sum())
 
-    reasons = [
-        (model.heads % tp != 0) | (model.kv_heads % tp != 0) | (model.ffn_hidden % tp != 0) | (model.vocab % tp != 0),
-        gpus % (tp * pp) != 0,
-        np.zeros_like(keep),  # filled below (needs dp)
-        tp > cluster.gpus_per_node,
-        pp * v > L,
-        np.zeros_like(keep),
-        sp & (model.seq_len % tp != 0),
-    ]
-    safe_dp = np.maximum(dp, 1)
-    reasons[2] = (dp > 0) & (global_batch % (mb * safe_dp) != 0)
-    m = np.where(dp > 0, global_batch // (mb * safe_dp), 0)
-    reasons[5] = (pp > 1) & (sched != "gpipe") & (m < pp)
-    names = list(REASONS)
-    if runtime == "exatrain":
-        names.append(TRAINER_REASON)
-        reasons.append((pp > 1) & (sched == "zero_bubble") & (dp > 1) & (zero >= 2))
-    rejected: dict[str, int] = {}
-    alive = keep.copy()
-    for name, bad in zip(names, reasons):
-        hit = alive & bad
-        rejected[name] = int(hit.sum())
-        alive &= ~bad
+    scopes = ("plan", "trainer") if runtime == "exatrain" else ("plan",)
+    x = rules.layout(model, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
+                     recompute=rec, sequence_parallel=sp, schedule=code,
+                     interleave=v, cluster=cluster)
+    rejected, alive = rules.first_reasons(rules.broken(x, scopes=scopes), keep)
+    m = np.where(dp > 0, x.num_microbatches, 0)
     idx = np.nonzero(alive)[0]
     return Space(tp=tp[idx], pp=pp[idx], dp=dp[idx], micro_batch=mb[idx], zero=zero[idx], recompute=rec[idx],
                  sp=sp[idx], variant=var[idx], num_microbatches=m[idx], options=options,

@@ -1,0 +1,151 @@
+"""Memory of every pipeline stage and the step time of many layouts at once.
+
+The one evaluation path of the planner: the search feeds it every candidate of a space, and
+``estimate_plan`` feeds it a single plan (a batch of one), so the two agree by construction.
+Memory comes from the accounting (``accounting.memory.rank_memory`` — the lean reference — or
+``accounting.trainer_memory.trainer_rank_memory`` — exatrain's own trainer), evaluated for every
+pipeline rank, so the worst stage is the plan's true worst stage; time from ``cost.step``.
+
+Layouts are grouped by what fixes array shapes: GPU count (the device's share of a CPU), pp and
+interleave (the layer split and the number of stages); within a group memory is evaluated once per
+(ZeRO stage, recompute, sequence parallel), the accounting's scalar choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exatrain.accounting.flops import model_flops_per_step
+from exatrain.accounting.memory import inflight, rank_memory
+from exatrain.accounting.params import rank_params
+from exatrain.accounting.trainer_memory import trainer_rank_memory
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.plan import RECOMPUTE, balanced_split
+from exatrain.planner.cost import compute
+from exatrain.planner.cost.coefficients import CostParams
+from exatrain.planner.cost.step import TIME_FIELDS, step_times
+from exatrain.planner.layouts import Layouts
+
+MEMORY_FIELDS = ("weights", "gradients", "optimizer", "activations", "other")
+MEMORY_MODELS = ("megatron", "exatrain")  # accounting.memory (lean reference), accounting.trainer_memory
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    """Per layout (aligned with the Layouts). Memory of the worst pipeline rank under each memory
+    model asked for; ``fits`` judges the first. ``by_rank`` (when asked for): every rank's
+    breakdown, arrays (N, max pp) with NaN beyond a layout's pp."""
+
+    memory: dict[str, dict[str, np.ndarray]]  # model -> field -> (N,) bytes, the worst rank
+    memory_total: dict[str, np.ndarray]  # model -> (N,)
+    worst_rank: dict[str, np.ndarray]
+    fits: np.ndarray
+    time: dict[str, np.ndarray]  # TIME_FIELDS -> (N,) seconds
+    pipeline_s: np.ndarray  # (N,) the pipeline's makespan (cost.pipeline), part of time["step"]
+    tokens_per_s: np.ndarray
+    model_tflops_per_gpu: np.ndarray
+    rank_end_s: np.ndarray  # (N, max pp): when each pipeline rank finishes (cost.pipeline)
+    busy_s: np.ndarray  # (N, max pp)
+    by_rank: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+def _groups(keys: np.ndarray):
+    """(indices, key column) of each distinct column of ``keys`` (rows: one key per layout)."""
+    if keys.shape[1] == 0:
+        return []
+    if keys.shape[1] == 1 or (keys == keys[:, :1]).all():
+        return [(np.arange(keys.shape[1]), keys[:, 0])]
+    uniq, inverse = np.unique(keys, axis=1, return_inverse=True)
+    inverse = np.ravel(inverse)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse, minlength=uniq.shape[1]))[:-1]
+    return list(zip(np.split(order, bounds), uniq.T))
+
+
+def layer_split(model: ModelSpec, pp: int, interleave: int, stage_layers: tuple[int, ...]) -> np.ndarray:
+    return np.array(stage_layers or balanced_split(model.layers, pp * interleave), dtype=np.int64)
+
+
+def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
+             dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] = ("megatron",),
+             by_rank: bool = False, time_if_fits: bool = False) -> Evaluation:
+    """Evaluate every layout (see the module doc). ``memory``: which memory models to evaluate, the
+    first deciding ``fits`` (none: time only, fits all true). ``time_if_fits``: time only the
+    layouts that fit (the others' times are NaN), as a search that ranks only those needs."""
+    bad = sorted(set(memory) - set(MEMORY_MODELS))
+    if bad:
+        raise ValueError(f"unknown memory model(s) {bad}; choose among {MEMORY_MODELS}")
+    N = len(layouts)
+    pmax = int(layouts.pp.max()) if N else 1
+    mem = {k: {f: np.zeros(N) for f in MEMORY_FIELDS} for k in memory}
+    total = {k: np.zeros(N) for k in memory}
+    worst = {k: np.zeros(N, dtype=np.int64) for k in memory}
+    ranks = {k: {f: np.full((N, pmax), np.nan) for f in MEMORY_FIELDS} for k in memory} if by_rank else {}
+    times = {k: np.full(N, np.nan) for k in TIME_FIELDS}
+    pipe = np.full(N, np.nan)
+    rank_end = np.full((N, pmax), np.nan)
+    busy = np.full((N, pmax), np.nan)
+    on_cpu = cluster.device.name == "cpu"
+    capacity = cluster.device.hbm_bytes
+    v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
+    for idx, (gpus, pp, v) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff])):
+        lay = layouts.take(idx)
+        p, v = int(pp), int(v)
+        split = layer_split(model, p, v, layouts.stage_layers)
+        rank = np.arange(p)
+        on_rank = split.reshape(v, p).sum(axis=0)  # layers held by each pipeline rank (looped placement)
+        params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :]).astype(float)
+        m = lay.num_microbatches[:, None]
+        held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
+        cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
+        for j, (zero, rec, sp) in (_groups(cats) if memory else ()):
+            common = dict(dtype=dtype, zero_stage=int(zero), recompute=RECOMPUTE[rec], sequence_parallel=bool(sp),
+                          flash=flash, tp=lay.tp[j, None], dp=lay.dp[j, None], micro_batch=lay.micro_batch[j, None],
+                          pp=p, interleave=v, params_here=params[j], layers_here=on_rank[None, :],
+                          inflight_mb=held[j], is_last=rank[None, :] == p - 1)
+            for k in memory:
+                if k == "exatrain":
+                    parts = trainer_rank_memory(model, is_first=rank[None, :] == 0, num_microbatches=m[j],
+                                                on_cpu=on_cpu, **common)
+                else:
+                    parts = rank_memory(model, **common)
+                parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
+                tot = sum(parts)
+                w = np.argmax(tot, axis=1)  # the first of equal stages, as max() over stages picks
+                rows = idx[j]
+                worst[k][rows] = w
+                total[k][rows] = np.take_along_axis(tot, w[:, None], axis=1)[:, 0]
+                for f, x in zip(MEMORY_FIELDS, parts):
+                    mem[k][f][rows] = np.take_along_axis(x, w[:, None], axis=1)[:, 0]
+                    if by_rank:
+                        ranks[k][f][rows, :p] = x
+        keep = np.arange(idx.size)
+        if time_if_fits and memory:
+            keep = np.nonzero(total[memory[0]][idx] <= capacity)[0]
+            if not keep.size:
+                continue
+            lay, params = lay.take(keep), params[keep]
+        dev = compute.device_for(cluster, dtype, cp, int(gpus))
+        t, _, pt = step_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=lay.tp, dp=lay.dp,
+                              micro_batch=lay.micro_batch, num_microbatches=lay.num_microbatches,
+                              zero_stage=lay.zero_stage, recompute=lay.recompute,
+                              sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
+                              stage_layers=split, params_by_rank=params)
+        rows = idx[keep]
+        for k in TIME_FIELDS:
+            times[k][rows] = t[k]
+        pipe[rows] = pt.step_s
+        rank_end[rows, :p] = pt.rank_end_s
+        busy[rows, :p] = pt.busy_s
+    fits = total[memory[0]] <= capacity if memory else np.ones(N, dtype=bool)
+    step = times["step"]
+    return Evaluation(memory=mem, memory_total=total, worst_rank=worst, fits=fits, time=times, pipeline_s=pipe,
+                      tokens_per_s=np.asarray(global_batch) * model.seq_len / step,
+                      model_tflops_per_gpu=model_flops_per_step(model, global_batch) / step / layouts.gpus / 1e12,
+                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks)
+
+
+__all__ = ["Evaluation", "MEMORY_FIELDS", "MEMORY_MODELS", "evaluate", "layer_split"]

@@ -1,0 +1,66 @@
+"""Many layouts of one model as parallel numpy arrays: what the planner evaluates at once.
+
+The search's candidates and a single plan take the same form, so one evaluation path serves both
+(a plan is a batch of one). Categorical choices are stored as indices (``RECOMPUTE``,
+``SCHEDULES``) so that every field is an array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from exatrain.plan import RECOMPUTE, SCHEDULES, Plan
+
+
+@dataclass(frozen=True, eq=False)
+class Layouts:
+    """N layouts (every field an array of N entries). ``stage_layers``: one custom split, in
+    layers per virtual stage, shared by every layout (a plan's own); () = ``balanced_split``."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    micro_batch: np.ndarray
+    num_microbatches: np.ndarray
+    zero_stage: np.ndarray
+    recompute: np.ndarray  # index into RECOMPUTE
+    sequence_parallel: np.ndarray  # bool
+    schedule: np.ndarray  # index into SCHEDULES
+    interleave: np.ndarray
+    stage_layers: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.tp.size)
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return self.tp * self.pp * self.dp
+
+    @classmethod
+    def of(cls, *, tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
+           schedule, interleave, stage_layers: tuple[int, ...] = ()) -> "Layouts":
+        ints = [np.asarray(x, dtype=np.int64).reshape(-1) for x in
+                (tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute)]
+        return cls(*ints, sequence_parallel=np.asarray(sequence_parallel, dtype=bool).reshape(-1),
+                   schedule=np.asarray(schedule, dtype=np.int64).reshape(-1),
+                   interleave=np.asarray(interleave, dtype=np.int64).reshape(-1), stage_layers=tuple(stage_layers))
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "Layouts":
+        return cls.of(tp=plan.tp, pp=plan.pp, dp=plan.dp, micro_batch=plan.micro_batch,
+                      num_microbatches=plan.num_microbatches, zero_stage=plan.zero_stage,
+                      recompute=RECOMPUTE.index(plan.recompute), sequence_parallel=plan.sequence_parallel,
+                      schedule=SCHEDULES.index(plan.schedule), interleave=plan.interleave,
+                      stage_layers=plan.stage_layers)
+
+    def take(self, idx) -> "Layouts":
+        """The layouts at ``idx`` (an index array or boolean mask)."""
+        return Layouts(*(getattr(self, f)[idx] for f in _ARRAYS), stage_layers=self.stage_layers)
+
+
+_ARRAYS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "zero_stage", "recompute", "sequence_parallel",
+           "schedule", "interleave")
+
+__all__ = ["Layouts"]

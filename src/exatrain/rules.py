@@ -1,0 +1,276 @@
+"""What a layout must satisfy to run: one list of rules, each with its refusal reason.
+
+Every rule is written once, as a numpy predicate over layouts given as arrays. ``Plan.validate``
+evaluates them on the plan (a batch of one) and raises for the first broken one, with a message that
+names the problem and its fix; the search evaluates them over its whole grid at once and counts each
+rejected candidate under the first reason it fails (``RULES`` order); exatrain's trainer refuses what
+the rules marked ``"trainer"`` name (``TrainConfig.check``). Torch-free: the trainer imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.errors import PlanError
+from exatrain.plan import DTYPES, RECOMPUTE, SCHEDULES
+
+_INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
+_PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
+_POSITIVE = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro-batch", "micro_batch"),
+             ("global-batch", "global_batch"), ("interleave", "interleave"))
+
+
+class RuleError(PlanError):
+    """A layout that breaks a rule; ``reason`` is the rule's reason (as the search counts it)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Layouts of one model as arrays (one entry each), with what the rules derive from them.
+    ``recompute`` and ``schedule`` index RECOMPUTE and SCHEDULES (-1: not one of them);
+    ``malformed`` marks a degree or batch size that was not an integer at all."""
+
+    model: ModelSpec
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    micro_batch: np.ndarray
+    global_batch: np.ndarray
+    zero_stage: np.ndarray
+    recompute: np.ndarray
+    sequence_parallel: np.ndarray
+    schedule: np.ndarray
+    interleave: np.ndarray
+    dtype_ok: bool
+    stage_layers: tuple
+    gpus: np.ndarray | None  # requested device count (the search's), or None: tp*pp*dp by construction
+    gpus_per_node: int | None  # the cluster's, or None: no cluster given
+    malformed: np.ndarray
+    compile: bool
+
+    @property
+    def num_microbatches(self) -> np.ndarray:
+        return self.global_batch // np.maximum(self.micro_batch * self.dp, 1)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``broken(layout)`` marks the layouts that break the rule; ``message(plan, cluster)`` is the one
+    line a user reads for a plan that breaks it. ``scope``: "plan" (every runtime), "trainer" (a
+    layout exatrain's trainer refuses), "run" (a trainer option with the layout: ``--compile``)."""
+
+    reason: str
+    broken: Callable[[Layout], np.ndarray]
+    message: Callable[[Any, ClusterSpec | None], str]
+    scope: str = "plan"
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0 and k <= 64)
+
+
+def _positive_message(p, cluster) -> str:
+    for flag, attr in _POSITIVE:
+        value = getattr(p, attr)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            return f"--{flag} must be a positive integer, got {value!r}"
+    return "degrees and batch sizes must be positive integers"
+
+
+def _choice_message(p, cluster) -> str:
+    if p.zero_stage not in (0, 1, 2, 3):
+        return f"--zero must be 0, 1, 2 or 3, got {p.zero_stage!r}"
+    if p.recompute not in RECOMPUTE:
+        return f"--recompute must be one of {', '.join(RECOMPUTE)}, got {p.recompute!r}"
+    if p.schedule not in SCHEDULES:
+        return f"--schedule must be one of {', '.join(SCHEDULES)}, got {p.schedule!r}"
+    return f"--dtype must be one of {', '.join(DTYPES)}, got {p.dtype!r}"
+
+
+def _tp_message(p, cluster) -> str:
+    m, tp = p.model, p.tp
+    if m.heads % tp:
+        return f"heads {m.heads} of {m.name} are not divisible by tp {tp}; choose tp among {_divisors(m.heads)}"
+    if m.kv_heads % tp:
+        return (f"kv_heads {m.kv_heads} of {m.name} are not divisible by tp {tp}; "
+                f"choose tp among {_divisors(m.kv_heads)}")
+    if m.ffn_hidden % tp:
+        return f"ffn_hidden {m.ffn_hidden} of {m.name} is not divisible by tp {tp}"
+    return f"vocab {m.vocab} of {m.name} is not divisible by tp {tp}; pad the vocabulary (e.g. to a multiple of 128*tp)"
+
+
+def _split_message(p, cluster) -> str:
+    if len(p.stage_layers) != p.virtual_stages:
+        return (f"stage_layers has {len(p.stage_layers)} entries but the plan has {p.virtual_stages} virtual "
+                "stages (pp x interleave)")
+    if any((not isinstance(n, int)) or n <= 0 for n in p.stage_layers):
+        return "every entry of stage_layers must be a positive integer"
+    return f"stage_layers sums to {sum(p.stage_layers)} but {p.model.name} has {p.model.layers} layers"
+
+
+def _split_broken(x: Layout) -> np.ndarray:
+    s = x.stage_layers
+    if not s:
+        return np.zeros(x.tp.shape, dtype=bool)
+    bad = any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0 for n in s)
+    return (len(s) != x.pp * x.interleave) | bad | (sum(int(n) for n in s) != x.model.layers)
+
+
+def _on(cond: bool, shape) -> np.ndarray:
+    return np.full(shape, bool(cond))
+
+
+def _d(a: np.ndarray) -> np.ndarray:
+    """A divisor that is never 0 (a degree that is not positive is the first rule's to report)."""
+    return np.maximum(a, 1)
+
+
+# The one list, in the order a layout's first problem is reported (and the search counts it).
+RULES: tuple[Rule, ...] = (
+    Rule("a degree or batch size is not a positive integer",
+         lambda x: x.malformed | (x.tp <= 0) | (x.pp <= 0) | (x.dp <= 0) | (x.micro_batch <= 0)
+         | (x.global_batch <= 0) | (x.interleave <= 0),
+         _positive_message),
+    Rule("not a ZeRO stage, recompute mode, schedule or dtype",
+         lambda x: ((x.zero_stage < 0) | (x.zero_stage > 3) | (x.recompute < 0) | (x.schedule < 0)
+                    | _on(not x.dtype_ok, x.tp.shape)),
+         _choice_message),
+    Rule("tp does not divide heads / kv heads / ffn / vocab",
+         lambda x: ((x.model.heads % _d(x.tp) != 0) | (x.model.kv_heads % _d(x.tp) != 0)
+                    | (x.model.ffn_hidden % _d(x.tp) != 0) | (x.model.vocab % _d(x.tp) != 0)),
+         _tp_message),
+    Rule("gpus not divisible by tp*pp",
+         lambda x: _on(False, x.tp.shape) if x.gpus is None else x.gpus % _d(x.tp * x.pp) != 0,
+         lambda p, c: f"--gpus {p.gpus} is not divisible by tp*pp = {p.tp}*{p.pp} = {p.tp * p.pp}"),
+    Rule("global batch not divisible by micro-batch*dp",
+         lambda x: x.global_batch % _d(x.micro_batch * x.dp) != 0,
+         lambda p, c: (f"global batch {p.global_batch} is not divisible by micro-batch x dp = {p.micro_batch} x "
+                       f"{p.dp}; use a multiple of {p.micro_batch * p.dp}")),
+    Rule("interleaved schedule with fewer than 2 virtual stages per rank",
+         lambda x: np.isin(x.schedule, _INTERLEAVED) & (x.pp > 1) & (x.interleave < 2),
+         lambda p, c: f"schedule {p.schedule} needs --interleave >= 2 (virtual stages per rank)"),
+    Rule("virtual stages without an interleaved schedule",
+         lambda x: np.isin(x.schedule, _PLAIN) & (x.interleave != 1),
+         lambda p, c: f"--interleave {p.interleave} needs schedule interleaved or zero_bubble"),
+    Rule("tp larger than a node",
+         lambda x: _on(False, x.tp.shape) if x.gpus_per_node is None else x.tp > x.gpus_per_node,
+         lambda p, c: (f"tp {p.tp} is larger than a {c.name} node ({c.gpus_per_node} devices): tensor "
+                       "parallelism must stay inside a node")),
+    Rule("stage_layers do not fit the model and its stages", _split_broken, _split_message),
+    Rule("more pipeline stages than layers",
+         lambda x: _on(not x.stage_layers, x.tp.shape) & (x.pp * x.interleave > x.model.layers),
+         lambda p, c: (f"cannot split {p.model.layers} layers into {p.virtual_stages} pipeline stages: every "
+                       "stage needs at least one layer; lower pp or interleave")),
+    Rule("fewer micro-batches than pipeline stages",
+         lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
+         lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "
+                       "schedule needs at least pp: raise the global batch or lower micro-batch")),
+    Rule("sequence parallel without tensor parallelism",
+         lambda x: x.sequence_parallel & (x.tp == 1),
+         lambda p, c: "--sequence-parallel needs tp > 1 (it splits the sequence over the tp group)"),
+    Rule("sequence length not divisible by tp (sequence parallel)",
+         lambda x: x.sequence_parallel & (x.model.seq_len % _d(x.tp) != 0),
+         lambda p, c: f"sequence parallel needs seq_len {p.model.seq_len} divisible by tp {p.tp}"),
+    Rule("--compile with tensor parallelism (the exatrain trainer refuses it)",
+         lambda x: _on(x.compile, x.tp.shape) & (x.tp > 1),
+         lambda p, c: ("--compile runs without tensor parallelism only (DTensor blocks are not compiled yet): "
+                       "use --tp 1, or drop --compile"),
+         scope="run"),
+    # Its weight-gradient pass bypasses the hooks FSDP reduces from: wrong gradients (torch 2.13).
+    Rule("zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)",
+         lambda x: (x.pp > 1) & (x.schedule == SCHEDULES.index("zero_bubble")) & (x.dp > 1) & (x.zero_stage >= 2),
+         lambda p, c: ("the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
+                       "or the interleaved schedule"),
+         scope="trainer"),
+)
+REASONS: tuple[str, ...] = tuple(r.reason for r in RULES)
+TRAINER_REASONS: tuple[str, ...] = tuple(r.reason for r in RULES if r.scope != "plan")
+
+
+def _codes(values, names: tuple[str, ...]) -> np.ndarray:
+    a = np.asarray(values)
+    if a.dtype.kind in "iu":
+        return np.where((a >= 0) & (a < len(names)), a, -1).astype(np.int64)
+    return np.array([names.index(v) if v in names else -1 for v in a.reshape(-1).tolist()],
+                    dtype=np.int64).reshape(a.shape)
+
+
+def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, recompute, sequence_parallel,
+           schedule, interleave, dp=None, gpus=None, dtype: str = "bfloat16", stage_layers: tuple = (),
+           cluster: ClusterSpec | None = None, compile: bool = False) -> Layout:
+    """Layouts as arrays. Without ``dp``, dp = gpus // (tp*pp) (1 where that does not divide; the
+    gpus rule marks those). ``recompute``/``schedule``: names or indices."""
+    tp, pp, mb, gb, zero, v = (np.asarray(a, dtype=np.int64) for a in
+                               (tp, pp, micro_batch, global_batch, zero_stage, interleave))
+    if dp is None:
+        tp_pp = np.maximum(tp * pp, 1)
+        dp = np.where(np.asarray(gpus) % tp_pp == 0, np.asarray(gpus) // tp_pp, 1)
+    arrays = np.broadcast_arrays(tp, pp, np.asarray(dp, dtype=np.int64), mb, gb, zero, _codes(recompute, RECOMPUTE),
+                                 np.asarray(sequence_parallel, dtype=bool), _codes(schedule, SCHEDULES), v)
+    return Layout(model, *arrays, dtype_ok=dtype in DTYPES, stage_layers=tuple(stage_layers),
+                  gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
+                  gpus_per_node=None if cluster is None else cluster.gpus_per_node,
+                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile)
+
+
+def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = False) -> Layout:
+    """One plan as a Layout of one (fields that are not positive integers become 1, marked malformed)."""
+    ok = {}
+    malformed = False
+    for _, attr in _POSITIVE:
+        value = getattr(plan, attr)
+        good = not isinstance(value, bool) and isinstance(value, int)
+        ok[attr] = [value if good else 1]
+        malformed |= not good
+    x = layout(plan.model, tp=ok["tp"], pp=ok["pp"], dp=ok["dp"], micro_batch=ok["micro_batch"],
+               global_batch=ok["global_batch"], interleave=ok["interleave"],
+               zero_stage=[plan.zero_stage if isinstance(plan.zero_stage, int) else -1],
+               recompute=[plan.recompute if isinstance(plan.recompute, str) else ""],
+               schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
+               sequence_parallel=[bool(plan.sequence_parallel)], dtype=plan.dtype, stage_layers=plan.stage_layers,
+               cluster=cluster, compile=compile)
+    return Layout(**{**x.__dict__, "malformed": np.array([malformed])})
+
+
+def broken(x: Layout, *, scopes: tuple[str, ...] = ("plan",)) -> dict[str, np.ndarray]:
+    """reason -> which layouts break that rule, for the rules of the given scopes (RULES order)."""
+    return {r.reason: np.asarray(r.broken(x), dtype=bool) for r in RULES if r.scope in scopes}
+
+
+def first_reasons(masks: dict[str, np.ndarray], alive: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
+    """Count each layout still ``alive`` under the first reason it breaks; return the counts and
+    the layouts that break none."""
+    alive = alive.copy()
+    counts = {}
+    for reason, bad in masks.items():
+        hit = alive & bad
+        counts[reason] = int(hit.sum())
+        alive &= ~bad
+    return counts, alive
+
+
+def problems(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",),
+             compile: bool = False) -> list[Rule]:
+    """The rules (of the given scopes) the plan breaks, in RULES order."""
+    x = plan_layout(plan, cluster, compile=compile)
+    return [r for r in RULES if r.scope in scopes and bool(np.asarray(r.broken(x)).reshape(-1)[0])]
+
+
+def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",),
+          compile: bool = False) -> None:
+    """Raise RuleError for the first rule (of the given scopes) the plan breaks."""
+    for rule in problems(plan, cluster, scopes=scopes, compile=compile)[:1]:
+        raise RuleError(rule.message(plan, cluster), rule.reason)
+
+
+__all__ = ["REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "broken", "check",
+           "first_reasons", "layout", "plan_layout", "problems"]
