@@ -64,7 +64,7 @@ def measure(plans: list[Plan], steps: int, tmp: Path) -> dict[str, dict]:
     """key -> {"status", "tokens_per_s", "step_time_s", "error"} from real runs of ``plans``."""
     from exatrain.errors import UserError
     from exatrain.trainer.config import TrainConfig
-    from exatrain.trainer.launch import launch_local
+    from exatrain.trainer.spawn import launch_local
 
     out: dict[str, dict] = {}
     configs = []

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 
 from trainer_runs import Run, config, max_rel_diff, read_run  # noqa: E402
 
-from exatrain.trainer.launch import launch_local  # noqa: E402
+from exatrain.trainer.spawn import launch_local  # noqa: E402
 
 TRAIN_KEYS = ("checkpoint_dir", "save_every", "keep_last", "async_save", "resume_from", "tensorboard_dir",
               "record_samples", "nan_policy")

@@ -11,7 +11,7 @@ from typing import Any
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.launch import launch_local
+from exatrain.trainer.spawn import launch_local
 
 STEPS = 10
 MICRO_BATCH = 2

@@ -7,7 +7,7 @@ gradient sync, the global gradient norm and clipping, the loss; then the optimiz
 loss or the norm is not finite (``--nan-policy``: stop with the step number, or skip the update and
 count it); metrics, and a checkpoint every ``save_every`` steps and after the last. The learning
 rate is a function of the step number alone, so a resumed run continues the same schedule.
-``launch.py`` starts the ranks.
+``spawn.py`` starts the ranks.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.checkpoint.files import CheckpointError
 from exatrain.trainer.checkpoint.manager import Checkpointer
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.launch import cuda_index
+from exatrain.trainer.spawn import cuda_index
 from exatrain.trainer.data import SampleOrder, TokenShards, check_vocab, local_batch
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
                                       model_flops_per_step, peak_flops, peak_memory_bytes, summarize)
