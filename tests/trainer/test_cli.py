@@ -145,7 +145,7 @@ def test_spawns_its_own_ranks_and_writes_metrics(tmp_path: Path) -> None:
 def test_runs_under_torchrun(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(launch._free_port()),
+    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(spawn._free_port()),
                           "-m", "exatrain.train", "--model", "gpt-tiny", "--tp", "2", "--steps", "2", "--quiet",
                           "--metrics-file", str(metrics)], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
