@@ -26,7 +26,7 @@ def run_cases(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> 
     for name, kw in cases.items():
         train = {k: kw.pop(k) for k in list(kw) if k in TRAIN_KEYS}
         configs.append(replace(config(out, name, **kw), **{"record_samples": True, **train}))
-    launch_local(configs, timeout_s=timeout_s)
+    launch_local(configs, stall_s=timeout_s)
     return {name: read_run(out / f"{name}.jsonl") for name in cases}
 
 

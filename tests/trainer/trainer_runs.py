@@ -39,7 +39,7 @@ def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> 
     """Run every case (all with the same number of ranks) in one launch; results by case name."""
     out.mkdir(parents=True, exist_ok=True)
     configs = [config(out, name, **kw) for name, kw in cases.items()]
-    launch_local(configs, timeout_s=timeout_s)
+    launch_local(configs, stall_s=timeout_s)
     return {name: read_run(out / f"{name}.jsonl") for name in cases}
 
 
