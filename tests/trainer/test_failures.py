@@ -196,6 +196,34 @@ def test_a_failed_first_checkpoint_save_names_the_rank_and_leaves_a_failed_recor
     assert "Traceback" in (ckpt / "ranks" / "rank-0.log").read_text()  # the details are in the rank's log
 
 
+def test_under_srun_the_failing_rank_reports_once(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    from slurm_standins import install
+
+    from exatrain.trainer.spawn import _free_port
+
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    ckpt.mkdir()
+    (ckpt / ckpt_files.tmp_dir_name(2)).write_text("a file where the save's folder goes")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update(PATH=f"{install(tmp_path / 'bin')}{os.pathsep}{env['PATH']}", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    cmd = ["srun", "--ntasks=2", "--kill-on-bad-exit=1", sys.executable, "-m", "exatrain.train", "--model", "gpt-tiny",
+           "--dp", "2", "--micro-batch", "2", "--global-batch", "4", "--steps", "4", "--quiet", "--metrics-file",
+           str(metrics), "--checkpoint-dir", str(ckpt), "--save-every", "2", "--resume", "auto"]
+    proc, out, err = start(cmd, tmp_path / "logs", "srun", env=env)
+    finish([proc], [tmp_path], [out, err])
+    assert proc.returncode != 0
+    (line,) = err.read_text().splitlines()  # one rank reported; the other's lost peer stayed in its log
+    assert line.startswith("exatrain train: error: rank 0 (tp 0, pp 0, dp 0) failed saving the checkpoint of step "
+                           "2: FileExistsError: "), line
+    assert line.endswith(f"; no complete checkpoint in {ckpt} yet; restart with: the same launch (it passes --resume "
+                         f"auto); log: {ckpt / 'ranks' / 'rank-0.log'}")
+    (rec,) = read_run_records(metrics)
+    assert rec.status == "failed" and rec.failure["rank"] == 0 and rec.measured.steps == 2
+
+
 def test_ctrl_c_is_status_130_one_line_and_a_failed_record(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     proc, out, err = start(train_cmd(tmp_path, "--steps", "40"), tmp_path, "interrupted")

@@ -129,7 +129,7 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_lost_it(ckpt
     # killed by the launcher itself (after the cause was known): not the cause
     d = failures.diagnose(ctx(plan(1, 1, 2), ckpt, tmp_path), beats, fails, exit_codes={0: 4, 1: -9}, killed={1})
     assert str(d.error).startswith("rank 1 (tp 0, pp 0, dp 1) failed at step 17: stopped without a failure record "
-                                   "(no heartbeat for 40 s; killed by a signal?)")
+                                   "(last heartbeat 40 s before; killed by a signal?)")
 
 
 def test_bad_input_a_rank_found_is_its_own_line_and_status(tmp_path: Path) -> None:
@@ -196,8 +196,13 @@ class Ended(Exception):
     pass
 
 
-class FakeMonitor:
-    def end(self, kind: str, cause: str, exit_code: int, **kw) -> None:
+class FakeMonitor(RankMonitor):
+    """A monitor whose end() records what it was told instead of ending the process."""
+
+    def __init__(self, supervised: bool = True) -> None:
+        super().__init__(0, 2, None, supervised=supervised, watch=False)
+
+    def end(self, kind: str, cause: str, exit_code: int, **kw) -> None:  # type: ignore[override]
         self.got = (kind, cause, exit_code, kw.get("user_error", False))
         raise Ended
 
@@ -218,6 +223,27 @@ def test_every_way_out_of_a_rank_is_recorded(exc: BaseException, kind: str, code
     with pytest.raises(Ended):
         _end_rank(m, exc)
     assert m.got[0] == kind and m.got[2] == code and m.got[3] == user
+
+
+def test_sigterm_under_torchrun_or_srun_is_a_consequence_and_the_silent_rank_is_named(tmp_path: Path) -> None:
+    from exatrain.trainer.spawn import _end_rank
+
+    m = FakeMonitor(supervised=False)
+    with pytest.raises(Ended):
+        _end_rank(m, health.Terminated("terminated (SIGTERM)"))
+    assert m.got[:3] == ("terminated", "interrupted (SIGTERM)", 130)
+    # rank 2 went without a word (SIGKILL); torchrun then sent SIGTERM to the others, who recorded it
+    now = time.time()
+    beats = {r: beat(r, 7, "backward", 0.5, now) for r in range(4)}  # not stale yet: it just died
+    fails = {r: fail(r, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=130) for r in (0, 1, 3)}
+    d = failures.diagnose(ctx(plan(), None, tmp_path), beats, fails, now=now)
+    assert isinstance(d.error, RankFailed) and d.failure["rank"] == 2 and d.failure["kind"] == "lost"
+    assert str(d.error).startswith("rank 2 (tp 0, pp 0, dp 1) failed at step 8 (backward): stopped without a "
+                                   "failure record (last heartbeat 0 s before; killed by a signal?)")
+    # every rank told to stop (scancel): an interrupt
+    fails[2] = fail(2, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=130)
+    d = failures.diagnose(ctx(plan(), None, tmp_path), beats, fails, now=now)
+    assert isinstance(d.error, Interrupted) and d.error.exit_code == 130
 
 
 def test_dcp_checkpoint_exception_a_baseexception_is_recorded_as_the_ranks_own_failure() -> None:

@@ -67,9 +67,9 @@ class TrainConfig:
         if self.nan_policy not in NAN_POLICIES:
             raise UserError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
         if self.straggler_every < 0:
-            raise UserError(f"--straggler-every must be >= 0, got {self.straggler_every}")
+            raise UserError(f"straggler_every must be >= 0 steps, got {self.straggler_every}")
         if not self.watchdog_s >= 0:
-            raise UserError(f"--watchdog-timeout must be >= 0 seconds, got {self.watchdog_s}")
+            raise UserError(f"watchdog_s must be >= 0 seconds, got {self.watchdog_s}")
         if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
         p = self.plan

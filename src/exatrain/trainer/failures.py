@@ -272,14 +272,22 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
 
     peers = by_time("peer") + by_time("terminated")
     gone, why = not_arrived(beats, world, now)
-    gone = [r for r in gone if r not in fails]
-    if peers and gone and why == "stale":  # a peer error, and a rank that went quiet without a word: that one
+    gone = [r for r in gone if r not in fails] if why == "stale" else []
+    if peers and not gone:  # every rank but these recorded how it ended: these went without a word
+        gone = [r for r in range(world) if r not in fails] if len(fails) >= world // 2 else []
+    if peers and gone:  # a peer error or a launcher's SIGTERM, and a rank that went quiet: that one
         r = gone[0]
         age = now - float(beats[r]["time"]) if r in beats else None
-        quiet = f"no heartbeat for {age:.0f} s" if age is not None else "no heartbeat at all"
+        quiet = f"last heartbeat {age:.0f} s before" if age is not None else "no heartbeat at all"
         cause = f"stopped without a failure record ({quiet}; killed by a signal?)"
         return Diagnosis(RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
                          failure(r, "lost", cause, RankFailed.exit_code), ctx.run)
+    terms = by_time("terminated")
+    if terms and not by_time("peer"):  # every rank was told to stop (scancel, a launcher's SIGTERM)
+        r = terms[0]
+        cause = fails[r]["cause"]
+        f = failure(r, "terminated", cause, Interrupted.exit_code)
+        return Diagnosis(Interrupted(f"{cause} {where(state(r))}{end}"), f, ctx.run)
     if peers:
         r = peers[0]
         cause = fails[r]["cause"]

@@ -121,6 +121,7 @@ class RankMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake: tuple[int, int] | None = None
+        self._handlers: dict[int, Any] = {}
         self._slow_s = _slow_injection(rank)
         self._clock: StepClock | None = None
 
@@ -189,7 +190,7 @@ class RankMonitor:
         r, w = os.pipe()
         os.set_blocking(w, False)
         self._wake = (r, w)
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._loop, name="exatrain-heartbeat", daemon=True)
         self._thread.start()
@@ -202,9 +203,20 @@ class RankMonitor:
         os.write(self._wake[1], b"\0")
         self._thread.join(timeout=30)
         signal.set_wakeup_fd(-1)
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
         for fd in self._wake:
             os.close(fd)
         self._thread, self._wake = None, None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """SIGINT and SIGTERM in the main thread: an exception the rank's guard records, unless the rank
+        is already ending (then its record and report are finished first)."""
+        if self._ending.locked():
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(f"terminated ({signal.Signals(signum).name})")
 
     def _loop(self) -> None:
         from exatrain.trainer import failures
@@ -216,8 +228,10 @@ class RankMonitor:
             timeout = self.beat_s()
             if ready:
                 for num in os.read(self._wake[0], 64):
-                    if num in (signal.SIGTERM, signal.SIGINT) and not self._stop.is_set():
-                        self.end("interrupted", f"interrupted ({signal.Signals(num).name})", 130)
+                    if num == signal.SIGINT and not self._stop.is_set():
+                        self.end("interrupted", "interrupted (SIGINT)", 130)
+                    if num == signal.SIGTERM and not self._stop.is_set():
+                        self.end(*self.terminated())
             if self._stop.is_set():
                 return
             if self.run_dir is not None:
@@ -239,6 +253,12 @@ class RankMonitor:
                  + (f"; did not arrive: {failures.ranks_text(gone)}" if gone else ""))
         self.end("hung", cause, 5, not_arrived=[r for r in gone if r != self.rank], limit_s=self.limit_s())
 
+    def terminated(self) -> tuple[str, str, int]:
+        """How a SIGTERM is recorded: under a local launcher an interrupt (someone stopped the run); under
+        torchrun/srun usually the launcher stopping the survivors of another rank's failure, so a
+        consequence (``terminated``) that the report looks past for its cause."""
+        return ("interrupted" if self.supervised else "terminated", "interrupted (SIGTERM)", 130)
+
     # --- ending the rank ------------------------------------------------------------------------------------
     def end(self, kind: str, cause: str, exit_code: int, *, user_error: bool = False, **extra: Any) -> None:
         """Record how this rank ends (failure-R.json and a line in its log), report it when no launcher
@@ -255,7 +275,7 @@ class RankMonitor:
                 failures.write_failure(self.run_dir, record)
             sys.stderr.write(f"exatrain rank {self.rank}: {kind} {failures.where(record)}: {cause}\n")
             if not self.supervised:
-                self._report(kind, record)
+                exit_code = self._report(kind, record) or exit_code
         except BaseException as exc:  # ending must not fail: say why in the log and go
             sys.stderr.write(f"exatrain rank {self.rank}: could not record the failure ({exc!r})\n")
         finally:
@@ -266,24 +286,25 @@ class RankMonitor:
                     pass
             os._exit(exit_code)
 
-    def _report(self, kind: str, record: Mapping[str, Any]) -> None:
-        """torchrun/srun: no launcher of ours reads the files, so one rank reports. A rank with the
-        cause (its own error, the watchdog) claims at once; a rank hit by a peer's failure or a signal
-        first gives the rank with the cause a few beats to claim."""
+    def _report(self, kind: str, record: Mapping[str, Any]) -> int | None:
+        """torchrun/srun: no launcher of ours reads the files, so one rank reports, and ends with the
+        report's exit status (returned; None when another rank reports). A rank with the cause (its own
+        error, the watchdog) claims at once; a rank hit by a peer's failure or a signal first gives the
+        rank with the cause a few beats to claim."""
         from exatrain.errors import error_line
         from exatrain.trainer import failures
 
         ctx = self.context
         if ctx is None:
-            return
+            return None
         if self.run_dir is None:
             if self.rank != 0 and (kind != "error" or record.get("user_error")):
-                return
+                return None
         else:
             if kind not in ("error", "hung"):
                 time.sleep(min(10.0, 3 * self.beat_s()))
             if not failures.claim(self.run_dir, self.run):
-                return
+                return None
         beats, fails = failures.read_ranks(self.run_dir, self.world)
         beats[self.rank] = self.state()
         fails[self.rank] = dict(record)
@@ -293,6 +314,7 @@ class RankMonitor:
                                      wall_s=time.time() - self.started, measure_after=config.measure_after)
         line = error_line("train", diag.error)
         os.write(self.report_fd if self.report_fd is not None else 2, line.encode())
+        return diag.error.exit_code
 
 
 class StepClock:
@@ -395,10 +417,6 @@ def straggler_lines(window: Mapping[str, Any]) -> list[str]:
                    f"{compute[r] / m:.1f}x its stage peers' median {m:.3f} s, {SLOW_WINDOWS} windows running "
                    f"(steps {window['first_step']}-{window['last_step']}); wait {window['wait_s'][r]:.3f} s/step")
     return out
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated(f"terminated ({signal.Signals(signum).name})")
 
 
 def _slow_injection(rank: int) -> float:

@@ -273,8 +273,10 @@ def _end_rank(monitor, exc: BaseException) -> None:
 
     if isinstance(exc, UserError):
         monitor.end("error", str(exc), exc.exit_code, user_error=True)
-    if isinstance(exc, (KeyboardInterrupt, Terminated)):
-        monitor.end("interrupted", "interrupted (SIGINT)" if isinstance(exc, KeyboardInterrupt) else str(exc), 130)
+    if isinstance(exc, KeyboardInterrupt):
+        monitor.end("interrupted", "interrupted (SIGINT)", 130)
+    if isinstance(exc, Terminated):
+        monitor.end(*monitor.terminated())
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     cause = compact(exc)
     monitor.end("peer" if is_peer_loss(cause) else "error", cause, 4)
