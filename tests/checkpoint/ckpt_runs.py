@@ -20,7 +20,8 @@ TRAIN_KEYS = ("checkpoint_dir", "save_every", "keep_last", "async_save", "resume
 
 def run_cases(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:
     """Every case in one launch, in order (a later case may resume from an earlier one's checkpoint).
-    Keys of TrainConfig (TRAIN_KEYS) go to the config, the rest to the plan, as in trainer_runs."""
+    Keys of TrainConfig (TRAIN_KEYS) go to the config, the rest to the plan, as in trainer_runs.
+    ``timeout_s`` is no deadline: the launch fails only when no rank makes progress for that long."""
     out.mkdir(parents=True, exist_ok=True)
     configs = []
     for name, kw in cases.items():

@@ -36,7 +36,8 @@ def config(out: Path, name: str, *, model: str = "gpt-tiny", tp: int = 1, pp: in
 
 
 def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:
-    """Run every case (all with the same number of ranks) in one launch; results by case name."""
+    """Run every case (all with the same number of ranks) in one launch; results by case name.
+    ``timeout_s`` is no deadline: the launch fails only when no rank makes progress for that long."""
     out.mkdir(parents=True, exist_ok=True)
     configs = [config(out, name, **kw) for name, kw in cases.items()]
     launch_local(configs, stall_s=timeout_s)
