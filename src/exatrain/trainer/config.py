@@ -44,7 +44,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile each transformer block and the loss (tp == 1 only)
     # Rank health (trainer/health.py): compare the ranks' compute and wait times every N steps (0: never);
     # the watchdog's limit for a step phase that does not complete (0: max(300 s, 20 x the median step));
-    # where each rank keeps its heartbeat, failure record and stderr log (None: spawn.run_dir decides).
+    # where each rank keeps its heartbeat, failure record and stderr log (None: spawn.run_dir_of decides).
     straggler_every: int = 10
     watchdog_s: float = 0.0
     run_dir: str | None = None

@@ -44,6 +44,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -112,10 +113,9 @@ class RankMonitor:
         self.config: Any = None
         self.completed = 0  # steps completed (1-based number of the last one)
         self.seq = 0  # phases entered in the current step
-        self.phase = "setup"
-        self.phase_t0 = time.monotonic()
+        self._at = ("setup", time.monotonic())  # (phase, its start): one attribute, read whole by the thread
         self.watchdog_s = 0.0
-        self.step_times: list[float] = []
+        self.step_times: deque[float] = deque(maxlen=50)
         self.started = time.time()
         self._ending = threading.Lock()
         self._stop = threading.Event()
@@ -130,11 +130,16 @@ class RankMonitor:
         """A new config starts in this process: back to setup, step 0."""
         self.run, self.config, self.context = run, config, context
         self.watchdog_s = float(getattr(config, "watchdog_s", 0.0) or 0.0)
-        self.completed, self.seq, self.step_times = 0, 0, []
+        self.completed, self.seq = 0, 0
+        self.step_times.clear()
         self.enter("setup")
 
+    @property
+    def phase(self) -> str:
+        return self._at[0]
+
     def enter(self, phase: str) -> None:
-        self.phase, self.phase_t0 = phase, time.monotonic()
+        self._at = (phase, time.monotonic())
         self.seq += 1
         if self._clock is not None:
             self._clock.mark(phase)
@@ -165,7 +170,7 @@ class RankMonitor:
         if self.watchdog_s > 0:
             limit = self.watchdog_s
         else:
-            recent = self.step_times[-50:]
+            recent = list(self.step_times)
             limit = max(MIN_LIMIT_S, LIMIT_STEPS * statistics.median(recent)) if recent else MIN_LIMIT_S
         if (phase or self.phase) in LONG_PHASES:
             limit = max(limit, MIN_LIMIT_S)
@@ -176,9 +181,10 @@ class RankMonitor:
 
     def state(self) -> dict[str, Any]:
         """This rank's heartbeat: where it is, since when, and what its watchdog allows."""
+        phase, t0 = self._at
         return {"rank": self.rank, "run": self.run, "pid": os.getpid(), "host": socket.gethostname(),
-                "completed": self.completed, "phase": self.phase, "seq": self.seq,
-                "phase_s": round(time.monotonic() - self.phase_t0, 3), "limit_s": self.limit_s(),
+                "completed": self.completed, "phase": phase, "seq": self.seq,
+                "phase_s": round(time.monotonic() - t0, 3), "limit_s": self.limit_s(phase),
                 "beat_s": self.beat_s(), "time": time.time()}
 
     # --- the heartbeat / watchdog thread ------------------------------------------------------------
@@ -239,8 +245,9 @@ class RankMonitor:
                     failures.write_json(self.run_dir / failures.HEARTBEAT.format(rank=self.rank), self.state())
                 except OSError:
                     pass
-            waited = time.monotonic() - self.phase_t0
-            if waited > self.limit_s():
+            phase, t0 = self._at
+            waited = time.monotonic() - t0
+            if waited > self.limit_s(phase):
                 self._hang(waited)
 
     def _hang(self, waited: float) -> None:

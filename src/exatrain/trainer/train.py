@@ -344,7 +344,7 @@ class Trainer:
                 self.health.enter("checkpoint")
                 self.checkpointer.close()  # the last asynchronous save is published before the run ends
             self.health.enter("done")
-        except Exception as exc:
+        except BaseException as exc:  # noqa: B036 - DCP's CheckpointException is a BaseException
             if self.records_failures:  # otherwise the launcher records the run's failure (failures.py)
                 oom = "out of memory" in str(exc).lower()
                 self._record(history, time.perf_counter() - start, "oom" if oom else "failed",
