@@ -18,7 +18,7 @@ from pathlib import Path
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.launch import launch_local
+from exatrain.trainer.spawn import launch_local
 
 
 def main() -> None:

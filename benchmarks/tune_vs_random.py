@@ -62,9 +62,9 @@ def candidates() -> Candidates:
 # ---- 1. measure ----------------------------------------------------------------------------------
 def measure(plans: list[Plan], steps: int, tmp: Path) -> dict[str, dict]:
     """key -> {"status", "tokens_per_s", "step_time_s", "error"} from real runs of ``plans``."""
-    from exatrain.errors import UserError
+    from exatrain.errors import RunFailed, UserError
     from exatrain.trainer.config import TrainConfig
-    from exatrain.trainer.launch import launch_local
+    from exatrain.trainer.spawn import launch_local
 
     out: dict[str, dict] = {}
     configs = []
@@ -78,13 +78,13 @@ def measure(plans: list[Plan], steps: int, tmp: Path) -> dict[str, dict]:
     for start in range(0, len(configs), CHUNK):
         chunk = configs[start:start + CHUNK]
         try:
-            launch_local([c for _, c in chunk], timeout_s=120 * len(chunk))
-        except (RuntimeError, TimeoutError):  # one layout failed: run them one by one to see which
+            launch_local([c for _, c in chunk], stall_s=120)
+        except RunFailed:  # one layout failed: run them one by one to see which
             for key, c in chunk:
                 Path(c.metrics_file).unlink(missing_ok=True)
                 try:
-                    launch_local([c], timeout_s=240)
-                except (RuntimeError, TimeoutError) as exc:
+                    launch_local([c], stall_s=240)
+                except RunFailed as exc:
                     out[key] = {"status": "failed", "error": str(exc).strip().splitlines()[-1][:200]}
         for key, c in chunk:
             if key in out:

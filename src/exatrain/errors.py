@@ -1,7 +1,17 @@
-"""One exception type for every problem a user can fix by changing their input.
+"""The errors exatrain reports as one line, and the exit status each one gives.
 
-The CLI turns a `UserError` into one line on stderr and exit status 2, with no traceback.
-Anything else escaping is a bug in exatrain and keeps its traceback.
+The CLI turns a `UserError` (or a subclass) into one line on stderr, ``exatrain CMD: error: <message>``,
+and returns the exception's ``exit_code``; no traceback. Anything else escaping is a bug in exatrain
+and keeps its traceback.
+
+Exit statuses (README, "Exit statuses"):
+
+    0    success
+    2    bad input: a missing or malformed file, an unknown preset, an impossible layout (UserError)
+    3    a training run stopped itself: a non-finite loss under --nan-policy stop (TrainingStopped)
+    4    a rank failed: an exception in it, or a signal that killed it (RankFailed)
+    5    a rank hung: a collective or step did not complete within the watchdog's timeout (RankHung)
+    130  interrupted: Ctrl-C, or SIGTERM from a launcher or scheduler (Interrupted)
 """
 
 from __future__ import annotations
@@ -24,3 +34,45 @@ class TrainingStopped(UserError):
     """A run that stopped itself (a non-finite loss under --nan-policy stop): one line, exit status 3."""
 
     exit_code = 3
+
+
+class RunFailed(UserError):
+    """A training run that did not finish for a reason other than its input. Reported like bad input
+    (one line, no traceback) because the line says all there is: which rank, at which step, why, where
+    the last checkpoint is and how to resume. Its subclasses carry the exit status."""
+
+    exit_code = 4
+
+
+class RankFailed(RunFailed):
+    """A rank raised an exception or was killed by a signal: exit status 4."""
+
+    exit_code = 4
+
+
+class RankHung(RunFailed):
+    """A collective or step did not complete within the watchdog's timeout; the message names the
+    ranks that did not arrive and what every rank was doing: exit status 5."""
+
+    exit_code = 5
+
+
+class Interrupted(RunFailed):
+    """The run was interrupted (SIGINT, or SIGTERM from a launcher or scheduler): exit status 130,
+    the shell's code for a SIGINT."""
+
+    exit_code = 130
+
+
+EXIT_STATUSES = {0: "success", 2: "bad input", 3: "diverged (--nan-policy stop)", 4: "a rank failed",
+                 5: "a rank hung (watchdog)", 130: "interrupted"}
+
+
+def error_line(command: str, exc: UserError) -> str:
+    """The one line a UserError becomes, as the CLI prints it (also printed by a rank that reports a
+    failure itself, under torchrun or srun, where the rank is the CLI process)."""
+    return f"exatrain {command}: error: {exc}\n"
+
+
+__all__ = ["EXIT_STATUSES", "Interrupted", "PlanError", "RankFailed", "RankHung", "RunFailed", "TrainingStopped",
+           "UserError", "error_line"]

@@ -419,6 +419,13 @@ class RunRecord:
     device: str = ""  # e.g. "cpu", "NVIDIA H200"
     env: Mapping[str, Any] = field(default_factory=dict)  # torch version, host, backend, date ...
     error: str = ""
+    # A failed run: the rank that failed (or hung) first, and where. Keys: rank, tp, pp, dp, step (the step
+    # it was running, 1-based), phase, kind (error | signal | hung | interrupted | ...), cause, exit_code, log;
+    # a hang adds not_arrived (ranks) and ranks (each rank's last step and phase). None for a run that ended.
+    failure: Mapping[str, Any] | None = None
+    # Per-rank step times over the straggler windows (trainer/health.py): steps measured, then per rank (in
+    # rank order) the mean compute_s and wait_s per step, and the stragglers named. None before one window.
+    rank_times: Mapping[str, Any] | None = None
 
     @property
     def predicted(self) -> StepEstimate | None:
@@ -434,6 +441,8 @@ class RunRecord:
             "device": self.device,
             "env": dict(self.env),
             "error": self.error,
+            "failure": None if self.failure is None else dict(self.failure),
+            "rank_times": None if self.rank_times is None else dict(self.rank_times),
         }
 
     @classmethod
@@ -449,9 +458,20 @@ class RunRecord:
                 device=str(d.get("device", "")),
                 env=dict(d.get("env") or {}),
                 error=str(d.get("error", "")),
+                failure=_optional_mapping(d.get("failure"), "failure"),
+                rank_times=_optional_mapping(d.get("rank_times"), "rank_times"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source}: malformed run record ({type(exc).__name__}: {exc})") from None
+
+
+def _optional_mapping(value: Any, key: str) -> dict[str, Any] | None:
+    """An optional object field of a record (absent in records written before it existed)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{key} must be an object or null, got {type(value).__name__}")
+    return dict(value)
 
 
 def append_run_record(path: str | Path, record: RunRecord) -> None:

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 
 from trainer_runs import Run, config, max_rel_diff, read_run  # noqa: E402
 
-from exatrain.trainer.launch import launch_local  # noqa: E402
+from exatrain.trainer.spawn import launch_local  # noqa: E402
 
 TRAIN_KEYS = ("checkpoint_dir", "save_every", "keep_last", "async_save", "resume_from", "tensorboard_dir",
               "record_samples", "nan_policy")
@@ -20,13 +20,14 @@ TRAIN_KEYS = ("checkpoint_dir", "save_every", "keep_last", "async_save", "resume
 
 def run_cases(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:
     """Every case in one launch, in order (a later case may resume from an earlier one's checkpoint).
-    Keys of TrainConfig (TRAIN_KEYS) go to the config, the rest to the plan, as in trainer_runs."""
+    Keys of TrainConfig (TRAIN_KEYS) go to the config, the rest to the plan, as in trainer_runs.
+    ``timeout_s`` is no deadline: the launch fails only when no rank makes progress for that long."""
     out.mkdir(parents=True, exist_ok=True)
     configs = []
     for name, kw in cases.items():
         train = {k: kw.pop(k) for k in list(kw) if k in TRAIN_KEYS}
         configs.append(replace(config(out, name, **kw), **{"record_samples": True, **train}))
-    launch_local(configs, timeout_s=timeout_s)
+    launch_local(configs, stall_s=timeout_s)
     return {name: read_run(out / f"{name}.jsonl") for name in cases}
 
 

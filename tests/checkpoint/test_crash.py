@@ -4,6 +4,8 @@ Three `exatrain train` commands (gpt-tiny, dp 2, two spawned ranks, asynchronous
 steps, keeping the last 2): an uninterrupted reference; a run one of whose ranks is killed once a
 checkpoint is published and two more steps are done; the same command with `--resume auto`. From the
 checkpoint it found on, the resumed run's losses and samples equal the reference's, bit for bit.
+Waits poll for progress (a file under the test's folder changing) and fail only after a long stall,
+never on a deadline (tests/progress_wait.py).
 """
 
 from __future__ import annotations
@@ -11,16 +13,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from progress_wait import finish, run, start, wait_for  # noqa: E402
+
 pytestmark = pytest.mark.slow
 STEPS, EVERY = 40, 4
-DEADLINE_S = 240
 
 
 def command(metrics: Path, *extra: str) -> list[str]:
@@ -51,10 +53,11 @@ def rank_pids(parent: int) -> list[int]:
     return sorted(found)
 
 
-def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE_S, cwd=cwd)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out
+def run_ok(cmd: list[str], cwd: Path, name: str) -> str:
+    """Run to the end (unless it stalls); its stderr."""
+    rc, _, err = run(cmd, cwd, name, watch=[cwd], cwd=cwd)
+    assert rc == 0, err[-3000:]
+    return err
 
 
 def test_sigkill_then_resume_auto_ends_like_an_uninterrupted_run(tmp_path: Path) -> None:
@@ -62,29 +65,24 @@ def test_sigkill_then_resume_auto_ends_like_an_uninterrupted_run(tmp_path: Path)
     saving = ["--checkpoint-dir", str(ckpt), "--save-every", str(EVERY), "--keep-last", "2", "--async-save"]
 
     crashed = tmp_path / "crashed.jsonl"
-    proc = subprocess.Popen(command(crashed, *saving), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc, out, err = start(command(crashed, *saving), tmp_path / "logs", "crashed", cwd=tmp_path)
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        while not ((ckpt / f"step-{EVERY:08d}" / "manifest.json").is_file() and len(steps_of(crashed)) >= EVERY + 2):
-            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
-            assert time.monotonic() < deadline, "no checkpoint published in time"
-            time.sleep(0.01)
+        wait_for(lambda: proc.poll() is not None or ((ckpt / f"step-{EVERY:08d}" / "manifest.json").is_file()
+                                                     and len(steps_of(crashed)) >= EVERY + 2),
+                 watch=[tmp_path], poll_s=0.01, what="the run to be killed")
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{err.read_text()[-3000:]}"
         ranks = rank_pids(proc.pid)
         assert len(ranks) == 2, ranks
         os.kill(ranks[-1], signal.SIGKILL)
-        proc.wait(timeout=DEADLINE_S)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        finish([proc], [tmp_path], [out, err])
     killed_at = len(steps_of(crashed))
-    assert proc.returncode != 0 and killed_at < STEPS, (proc.returncode, killed_at)
+    assert proc.returncode == 4 and killed_at < STEPS, (proc.returncode, killed_at, err.read_text()[-3000:])
 
     resumed = tmp_path / "resumed.jsonl"
-    out = run(command(resumed, *saving, "--resume", "auto"), tmp_path)
+    resumed_err = run_ok(command(resumed, *saving, "--resume", "auto"), tmp_path, "resumed")
     reference = tmp_path / "reference.jsonl"
-    run(command(reference), tmp_path)
+    run_ok(command(reference), tmp_path, "reference")
 
     ref, res = steps_of(reference), steps_of(resumed)
     first = res[0]["step"]
@@ -95,4 +93,4 @@ def test_sigkill_then_resume_auto_ends_like_an_uninterrupted_run(tmp_path: Path)
     assert [s["loss"] for s in steps_of(crashed)[:first - 1]] == [s["loss"] for s in ref[:first - 1]]
     published = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))
     assert published == [f"step-{STEPS - EVERY:08d}", f"step-{STEPS:08d}"]  # --keep-last 2
-    assert "Traceback" not in out.stderr
+    assert "Traceback" not in resumed_err

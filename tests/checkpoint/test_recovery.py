@@ -20,7 +20,7 @@ from exatrain.catalog import get_model
 from exatrain.cli import main
 from exatrain.errors import TrainingStopped
 from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
-from exatrain.trainer import launch
+from exatrain.trainer import spawn
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.files import CheckpointError
 from exatrain.trainer.checkpoint.storage import read_full
@@ -117,7 +117,7 @@ def test_load_reads_no_pickle(ckpt: Path, one_rank: None, monkeypatch: pytest.Mo
 @pytest.fixture
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
     started: list[TrainConfig] = []
-    monkeypatch.setattr(launch, "launch_local", lambda configs, timeout_s=None: started.extend(configs))
+    monkeypatch.setattr(spawn, "launch_local", lambda configs, timeout_s=None: started.extend(configs))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)
     return started

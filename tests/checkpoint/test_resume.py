@@ -75,7 +75,8 @@ def test_another_layout_resumes_within_tolerance(case: str, four: tuple[Path, di
 
 def test_checkpoints_are_published_with_manifests(four: tuple[Path, dict[str, Run]]) -> None:
     root = four[0] / "ckpt"
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000005", "step-00000010"]  # no .tmp- left
+    # no .tmp- left (ranks/ holds the ranks' logs and heartbeats: trainer/failures.py)
+    assert sorted(p.name for p in root.iterdir()) == ["ranks", "step-00000005", "step-00000010"]
     for step in (5, 10):
         d = root / f"step-{step:08d}"
         manifest = json.loads((d / "manifest.json").read_text())

@@ -15,7 +15,7 @@ import pytest
 from exatrain.catalog import get_model
 from exatrain.cli import main
 from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
-from exatrain.trainer import launch
+from exatrain.trainer import spawn
 from exatrain.trainer.config import TrainConfig
 
 
@@ -23,8 +23,8 @@ from exatrain.trainer.config import TrainConfig
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
     """Capture what would be launched instead of starting ranks; clear any launcher environment."""
     started: list[TrainConfig] = []
-    monkeypatch.setattr(launch, "launch_local", lambda configs, timeout_s=None: started.extend(configs))
-    monkeypatch.setattr(launch, "run_distributed", lambda config, env: started.append(config))
+    monkeypatch.setattr(spawn, "launch_local", lambda configs, timeout_s=None: started.extend(configs))
+    monkeypatch.setattr(spawn, "run_distributed", lambda config, env: started.append(config))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)
     return started
@@ -145,7 +145,7 @@ def test_spawns_its_own_ranks_and_writes_metrics(tmp_path: Path) -> None:
 def test_runs_under_torchrun(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(launch._free_port()),
+    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(spawn._free_port()),
                           "-m", "exatrain.train", "--model", "gpt-tiny", "--tp", "2", "--steps", "2", "--quiet",
                           "--metrics-file", str(metrics)], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -11,7 +11,7 @@ from typing import Any
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.launch import launch_local
+from exatrain.trainer.spawn import launch_local
 
 STEPS = 10
 MICRO_BATCH = 2
@@ -36,10 +36,11 @@ def config(out: Path, name: str, *, model: str = "gpt-tiny", tp: int = 1, pp: in
 
 
 def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:
-    """Run every case (all with the same number of ranks) in one launch; results by case name."""
+    """Run every case (all with the same number of ranks) in one launch; results by case name.
+    ``timeout_s`` is no deadline: the launch fails only when no rank makes progress for that long."""
     out.mkdir(parents=True, exist_ok=True)
     configs = [config(out, name, **kw) for name, kw in cases.items()]
-    launch_local(configs, timeout_s=timeout_s)
+    launch_local(configs, stall_s=timeout_s)
     return {name: read_run(out / f"{name}.jsonl") for name in cases}
 
 

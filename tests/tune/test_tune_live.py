@@ -4,8 +4,9 @@ The tuner (a separate process, as a user runs it) is SIGKILLed while its second 
 same command is run again, this time through a launcher template (`srun -n 4 {cmd}` with the srun
 stand-in of tests/launch, which starts 4 ranks the way SLURM does). The rerun must mark the cut-off
 trial interrupted, run its layout again, never rerun the finished one, and finish with 3 measured
-trials whose best is the reported best. Every subprocess runs under a deadline in its own process
-group, killed whole on the way out.
+trials whose best is the reported best. Every subprocess runs in its own process group, killed whole
+on the way out; waits poll for progress (files under the test's folder changing) and fail only after a
+long stall, never on a deadline (tests/progress_wait.py).
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,18 +22,11 @@ import pytest
 from exatrain.plan import Plan, read_run_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from progress_wait import finish, kill_group, start, wait_for  # noqa: E402
 from slurm_standins import install  # noqa: E402  (the srun stand-in the launch tests use)
 
 pytestmark = pytest.mark.slow
-DEADLINE_S = 420
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
 
 
 def test_tune_real_runs_survives_sigkill_and_resumes_through_a_launcher(tmp_path: Path) -> None:
@@ -43,20 +35,16 @@ def test_tune_real_runs_survives_sigkill_and_resumes_through_a_launcher(tmp_path
             "--trials", "3", "--steps", "3", "--candidates", "64", "--trial-timeout", "300",
             "--study", str(study), "--json"]
     trials_root = tmp_path / "tune.trials"
-    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    first, _, first_err = start(argv, tmp_path / "logs", "first")
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline and first.poll() is None:
-            if list(trials_root.glob("*/trial-0001/command.txt")):
-                break
-            time.sleep(0.2)
-        assert first.poll() is None, first.communicate()[1].decode()
-        assert list(trials_root.glob("*/trial-0001/command.txt")), "the second trial never started"
+        wait_for(lambda: first.poll() is not None or bool(list(trials_root.glob("*/trial-0001/command.txt"))),
+                 watch=[tmp_path], poll_s=0.2, what="the tuner")
+        assert first.poll() is None, first_err.read_text()
         first.send_signal(signal.SIGKILL)  # the tuner only: its trial's ranks live on, orphaned
-        first.wait(timeout=30)
+        first.wait()
     finally:
         if first.poll() is None:
-            _kill_group(first)
+            kill_group(first)
     records = read_run_records(tmp_path / "tune.runs.jsonl")
     assert len(records) == 1 and records[0].status == "ok"  # trial 0 finished before the kill
     first_layout = records[0].plan.with_estimate(None)
@@ -64,15 +52,10 @@ def test_tune_real_runs_survives_sigkill_and_resumes_through_a_launcher(tmp_path
     bin_dir = install(tmp_path / "bin")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SRUN_LOG=str(tmp_path / "srun.jsonl"))
-    rerun = subprocess.Popen([*argv, "--launcher", "srun -n 4 {cmd}"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env, start_new_session=True)
-    try:
-        out, err = rerun.communicate(timeout=DEADLINE_S)
-    finally:
-        if rerun.poll() is None:
-            _kill_group(rerun)
-    assert rerun.returncode == 0, err.decode()
-    d = json.loads(out)
+    rerun, out, err = start([*argv, "--launcher", "srun -n 4 {cmd}"], tmp_path / "logs", "rerun", env=env)
+    finish([rerun], [tmp_path], [out, err], what="the tuner's rerun")
+    assert rerun.returncode == 0, err.read_text()
+    d = json.loads(out.read_text())
 
     by_number = {t["number"]: t for t in d["trials"]}
     assert by_number[1]["status"] == "interrupted"

@@ -104,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                          resume_from=None if manifest is None else str(manifest.path), nan_policy=args.nan_policy,
                          tensorboard_dir=args.tensorboard, record_samples=args.record_samples,
                          compile=args.compile).check()
-    from exatrain.trainer.launch import dist_env, launch_local, run_distributed
+    from exatrain.trainer.spawn import dist_env, launch_local, run_distributed
 
     if manifest is not None and manifest.step >= config.steps:
         if not args.quiet:

@@ -155,10 +155,12 @@ def _scaling_section(s: ScalingInput, prefix: str, folder: Path) -> Section:
 
 
 def _runs_section(r: RunsInput, prefix: str, folder: Path) -> Section:
+    from exatrain.report.ranks import rank_times
     from exatrain.report.runs import loss_curves, predicted_vs_measured
 
     figs = [f for f in (predicted_vs_measured(r, folder / f"{prefix}-predicted-vs-measured.png"),
-                        loss_curves(r, folder / f"{prefix}-loss.png")) if f is not None]
+                        loss_curves(r, folder / f"{prefix}-loss.png"),
+                        rank_times(r.path, folder / f"{prefix}-ranks.png")) if f is not None]
     notes = []
     if not any(f.file.endswith("predicted-vs-measured.png") for f in figs):
         notes.append(f"no predicted-vs-measured picture: none of the {len(r.records)} run records has both "

@@ -43,6 +43,12 @@ class TrainConfig:
     tensorboard_dir: str | None = None  # TensorBoard event files (rank 0)
     record_samples: bool = False  # each step line lists the global sample indices each dp rank read
     compile: bool = False  # torch.compile each transformer block and the loss (tp == 1 only)
+    # Rank health (trainer/health.py): compare the ranks' compute and wait times every N steps (0: never);
+    # the watchdog's limit for a step phase that does not complete (0: max(300 s, 20 x the median step));
+    # where each rank keeps its heartbeat, failure record and stderr log (None: spawn.run_dir_of decides).
+    straggler_every: int = 10
+    watchdog_s: float = 0.0
+    run_dir: str | None = None
 
     def check(self) -> "TrainConfig":
         if self.steps <= 0:
@@ -61,6 +67,10 @@ class TrainConfig:
             raise UserError("--save-every and --keep-last must be >= 0")
         if self.nan_policy not in NAN_POLICIES:
             raise UserError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
+        if self.straggler_every < 0:
+            raise UserError(f"straggler_every must be >= 0 steps, got {self.straggler_every}")
+        if not self.watchdog_s >= 0:
+            raise UserError(f"watchdog_s must be >= 0 seconds, got {self.watchdog_s}")
         if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
         # What this trainer refuses to run (exatrain.rules: the list the search's --runtime exatrain uses).

@@ -1,5 +1,12 @@
 """What a run measures: one JSON line per step, a RunRecord at the end, a progress display.
 
+A metrics file holds, in order: ``step`` lines, ``ranks`` lines (a straggler window every N steps:
+trainer/health.py), and the ``run_record`` that closes the run. A run resumed from a checkpoint redoes
+the steps after it; before it writes anything, ``supersede_redone_steps`` rewrites the lines those
+steps (and windows) got from the interrupted run as ``{"kind": "superseded", "resumed_from_step": K,
+"line": {...}}``, so every reader that reads step lines (by kind, or any object with a step and a loss)
+sees each step once, and the interrupted run's numbers stay in the file.
+
 Model FLOPs per step are the plan's estimate (``plan.estimate.model_flops_per_step``, attached by the
 CLI from the planner) when it carries one; otherwise the same count made here from the model shape.
 MFU needs the device's catalog peak, so it is null on the CPU and on accelerators the catalog lacks.
@@ -9,8 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import platform
 import statistics
 import sys
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -114,6 +124,55 @@ def append_json_line(path: str | Path, obj: dict[str, Any]) -> None:
         f.write(json.dumps(obj) + "\n")
 
 
+def supersede_redone_steps(path: str | Path, resumed_from: int) -> int:
+    """Mark the step and window lines after the file's last successful RunRecord whose steps come after
+    ``resumed_from`` (the checkpoint's step) as superseded: the resumed run writes them again. Returns
+    how many lines were marked; the file is rewritten aside and renamed (untouched when none is)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    raw = path.read_text(encoding="utf-8").splitlines()
+    parsed: list[Any] = []
+    for line in raw:
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            parsed.append(None)
+    start = 0
+    for i, obj in enumerate(parsed):
+        if isinstance(obj, dict) and obj.get("kind") == "run_record" and obj.get("status") == "ok":
+            start = i + 1
+    marked = 0
+    for i in range(start, len(parsed)):
+        obj = parsed[i]
+        if not isinstance(obj, dict):
+            continue
+        last = obj.get("step") if obj.get("kind") == "step" else obj.get("last_step") if obj.get("kind") == "ranks" else None
+        if isinstance(last, int) and last > resumed_from:
+            raw[i] = json.dumps({"kind": "superseded", "resumed_from_step": resumed_from, "line": obj})
+            marked += 1
+    if marked:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(x + "\n" for x in raw), encoding="utf-8")
+        os.replace(tmp, path)
+    return marked
+
+
+def run_env(backend: str, world_size: int, wall_s: float, device: str) -> dict[str, Any]:
+    """A RunRecord's ``env``: versions, backend, world size, host, date and the run's wall time."""
+    return {
+        "torch": torch.__version__,
+        "backend": backend,
+        "world_size": world_size,
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(wall_s, 3),
+        "hip": getattr(torch.version, "hip", None),
+        "cuda": torch.version.cuda if device == "cuda" else None,
+    }
+
+
 class TensorBoardLog:
     """TensorBoard event files (torch.utils.tensorboard): loss, gradient norm, learning rate,
     tokens/s and step time per step, for rank 0."""
@@ -168,6 +227,12 @@ class Progress:
             self.console.print(f"step {m.step:>5}/{self.total}  loss {m.loss:.4f}  grad norm {m.grad_norm:.3f}  "
                                f"{m.step_time_s:.3f} s/step  {m.tokens_per_s:,.0f} tokens/s")
 
+    def note(self, line: str) -> None:
+        """A line above the bar (or among the plain lines), unless quiet."""
+        if self.quiet:
+            return
+        (self._bar.console if self._bar is not None else self.console).print(line, markup=False, highlight=False)
+
     def close(self, summary: str) -> None:
         if self._bar is not None:
             self._bar.stop()
@@ -176,4 +241,4 @@ class Progress:
 
 
 __all__ = ["Progress", "StepMetrics", "TensorBoardLog", "append_json_line", "device_name", "model_flops_per_step",
-           "peak_flops", "peak_memory_bytes", "summarize"]
+           "peak_flops", "peak_memory_bytes", "run_env", "summarize", "supersede_redone_steps"]

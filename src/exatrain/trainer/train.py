@@ -7,7 +7,8 @@ gradient sync, the global gradient norm and clipping, the loss; then the optimiz
 loss or the norm is not finite (``--nan-policy``: stop with the step number, or skip the update and
 count it); metrics, and a checkpoint every ``save_every`` steps and after the last. The learning
 rate is a function of the step number alone, so a resumed run continues the same schedule.
-``launch.py`` starts the ranks.
+``spawn.py`` starts the ranks; ``health.py`` watches them: the loop tells its RankMonitor which phase
+it is in and feeds the straggler windows (``_health_*`` below).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-import platform
+import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -35,10 +35,12 @@ from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.checkpoint.files import CheckpointError
 from exatrain.trainer.checkpoint.manager import Checkpointer
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.launch import cuda_index
+from exatrain.trainer.spawn import cuda_index
 from exatrain.trainer.sampler import SampleOrder, TokenShards, check_vocab, local_batch
+from exatrain.trainer.health import RankMonitor, StepClock, StragglerWindows, straggler_lines, summarize_windows
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
-                                      model_flops_per_step, peak_flops, peak_memory_bytes, summarize)
+                                      model_flops_per_step, peak_flops, peak_memory_bytes, run_env, summarize,
+                                      supersede_redone_steps)
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
 from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
 from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates
@@ -103,6 +105,7 @@ class Stepper:
     def __init__(self, pm: ParallelModel, mesh: Mesh, compile: bool = False) -> None:
         self.pm, self.plan, self.mesh = pm, pm.plan, mesh
         self.schedule = None
+        self.mark: Callable[[str], None] = lambda phase: None  # tells the rank's monitor the phase (health.py)
         self.step_kwargs: dict = {}
         # Compiled, inductor can fuse the float32 upcast of the logits into the loss's kernels instead
         # of materialising a float32 copy of all b x s x V logits (not yet measured on a GPU).
@@ -129,6 +132,7 @@ class Stepper:
             losses: list[torch.Tensor] = []
             args = (inputs,) if self.pm.holds_first else ()
             kwargs = dict(target=targets, losses=losses) if self.pm.holds_last else {}
+            self.mark("forward/backward")
             with self.amp(), self.loss_ctx():
                 self.schedule.step(*args, **kwargs, **self.step_kwargs)
             return torch.stack([_scalar(x) for x in losses]).mean() if self.pm.holds_last else zero
@@ -137,7 +141,9 @@ class Stepper:
         total = zero
         for i, (x, y) in enumerate(zip(inputs.split(self.plan.micro_batch), targets.split(self.plan.micro_batch))):
             with _grad_sync(module, i == n - 1), self.amp(), self.loss_ctx():
+                self.mark("forward")
                 loss = self.loss_fn(module(x), y)
+                self.mark("backward")
                 (loss / n).backward()
             total = total + _scalar(loss)
         return total / n
@@ -146,8 +152,13 @@ class Stepper:
 class Trainer:
     """One rank's run: its mesh, model, optimizer and data (built in __init__), and the step."""
 
-    def __init__(self, config: TrainConfig, local_rank: int = 0) -> None:
+    def __init__(self, config: TrainConfig, local_rank: int = 0, health: RankMonitor | None = None) -> None:
         self.config = config
+        # Under spawn.py's launchers the monitor watches this rank and its launcher reports a failure;
+        # a Trainer built on its own records its failure itself (and runs no watchdog thread).
+        self.records_failures = health is None
+        self.health = health or RankMonitor(dist.get_rank(), dist.get_world_size(), None, supervised=True,
+                                            watch=False)
         self.plan = plan = execution_plan(config.plan)
         self.device = device = (torch.device("cuda", cuda_index(local_rank)) if config.device == "cuda"
                                 else torch.device("cpu"))
@@ -183,6 +194,34 @@ class Trainer:
         if manifest is not None:
             self.start_step, start_sample = self._resume(manifest)
         self.order = SampleOrder(plan.global_batch, plan.dp, self.start_step, start_sample)
+        self._health_attach()
+
+    def _health_attach(self) -> None:
+        """Phases and step clocks to the rank's monitor, the straggler windows; a resumed run marks the
+        metrics lines of the steps it redoes as superseded (metrics.py) before writing any."""
+        self.health.resumed(self.start_step)
+        self.health.attach_clock(StepClock(self.device))
+        self.stepper.mark = self.health.enter
+        self.stragglers = StragglerWindows(self.config.straggler_every, self.plan, self.device)
+        self.step_split: tuple[float, float] | None = None
+        if self.rank0 and self.start_step and self.config.metrics_file:
+            supersede_redone_steps(self.config.metrics_file, self.start_step)
+
+    def _health_window(self, m: StepMetrics, progress: Progress) -> None:
+        """Feed the step's compute/wait split to the straggler windows; at a window's end (a collective
+        on every rank) rank 0 writes its line and names the stragglers on stderr and the progress display."""
+        if self.step_split is None:
+            return
+        self.health.enter("metrics")
+        window = self.stragglers.add(m.step, *self.step_split)
+        if window is None or not self.rank0:
+            return
+        if self.config.metrics_file:
+            append_json_line(self.config.metrics_file, window)
+        for line in straggler_lines(window):
+            sys.stderr.write(f"exatrain: {line}\n")
+            sys.stderr.flush()
+            progress.note(line)
 
     def _layout(self) -> dict[str, int]:
         return {"tp": self.plan.tp, "pp": self.plan.pp, "dp": self.plan.dp}
@@ -220,15 +259,18 @@ class Trainer:
         """One optimizer step: batch, forward/backward, gradient sync and clipping, update, metrics."""
         plan, mesh, pm, device = self.plan, self.mesh, self.pm, self.device
         t0 = time.perf_counter()
+        self.health.step_begin()
         inputs, targets = local_batch(self.source, self.order, step, mesh.dp_rank, plan.model.seq_len)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
         local_loss = self.stepper(inputs.to(device), targets.to(device))
+        self.health.enter("grad-sync")
         settle_grads(pm.entries)
         if pm.reduce_after_schedule:
             average_over_dp(pm.entries, mesh.dp_mesh.get_group(), plan.dp)
         sync_tied_embedding(pm.tied_copies, mesh.embed_group)
         grad_norm = clip_grad_norm(pm.entries, self.config.grad_clip, device)
+        self.health.enter("metrics")
         loss_sum = local_loss.double().reshape(1)
         dist.all_reduce(loss_sum)  # only the tp*dp ranks of the last stage contribute
         loss = float(loss_sum) / (plan.tp * plan.dp)
@@ -236,16 +278,19 @@ class Trainer:
         if skipped and self.config.nan_policy == "stop":
             raise TrainingStopped(f"loss {loss} (gradient norm {grad_norm}) at step {step + 1}: stopped by "
                                   "--nan-policy stop before the update; lower --lr, use float32, or --nan-policy skip")
+        self.health.enter("optimizer")
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
             self.nan_skipped += 1
         else:
             self.optimizer.step()
         self.scheduler.step()
+        self.health.enter("metrics")
         samples = self._gather_samples(step) if self.config.record_samples else None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
+        self.step_split = self.health.step_end(dt)
         mems = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(plan.gpus)]
         dist.all_gather(mems, torch.tensor([float(peak_memory_bytes(device))], dtype=torch.float64, device=device))
         return StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
@@ -289,16 +334,21 @@ class Trainer:
                 if board is not None:
                     board.log(m)
                 progress.update(m)
+                self._health_window(m, progress)
                 done = step + 1
                 if config.checkpoint_dir and (done == config.steps or (config.save_every and done % config.save_every == 0)):
                     assert self.checkpointer is not None
+                    self.health.enter("checkpoint")
                     self.checkpointer.save(done, self.pm, self.optimizer, self._trainer_state(done))
             if self.checkpointer is not None:
+                self.health.enter("checkpoint")
                 self.checkpointer.close()  # the last asynchronous save is published before the run ends
-        except Exception as exc:
-            oom = "out of memory" in str(exc).lower()
-            self._record(history, time.perf_counter() - start, "oom" if oom else "failed",
-                         f"{type(exc).__name__}: {exc}"[:2000])
+            self.health.enter("done")
+        except BaseException as exc:  # noqa: B036 - DCP's CheckpointException is a BaseException
+            if self.records_failures:  # otherwise the launcher records the run's failure (failures.py)
+                oom = "out of memory" in str(exc).lower()
+                self._record(history, time.perf_counter() - start, "oom" if oom else "failed",
+                             f"{type(exc).__name__}: {exc}"[:2000])
             raise
         finally:
             if board is not None:
@@ -319,28 +369,16 @@ class Trainer:
         if self.rank0 and self.config.metrics_file:
             append_run_record(self.config.metrics_file, RunRecord(
                 plan=self.config.plan, measured=measured, status=status, device=device_name(self.device),
-                env=_env(self.device, wall_s), error=error))
+                env=run_env(dist.get_backend(), dist.get_world_size(), wall_s, self.device.type), error=error,
+                rank_times=summarize_windows(self.stragglers.windows)))
         return measured
 
 
-def train(config: TrainConfig, local_rank: int = 0) -> list[StepMetrics]:
-    """One rank's run. Needs the default process group initialised with plan.gpus ranks.
-    Returns every step's metrics (the same list on every rank)."""
-    return Trainer(config, local_rank).run()
-
-
-def _env(device: torch.device, wall_s: float) -> dict:
-    return {
-        "torch": torch.__version__,
-        "backend": dist.get_backend(),
-        "world_size": dist.get_world_size(),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "wall_s": round(wall_s, 3),
-        "hip": getattr(torch.version, "hip", None),
-        "cuda": torch.version.cuda if device.type == "cuda" else None,
-    }
+def train(config: TrainConfig, local_rank: int = 0, health: RankMonitor | None = None) -> list[StepMetrics]:
+    """One rank's run. Needs the default process group initialised with plan.gpus ranks; ``health`` is
+    the rank's monitor when a launcher of spawn.py started it. Returns every step's metrics (the same
+    list on every rank)."""
+    return Trainer(config, local_rank, health).run()
 
 
 __all__ = ["Stepper", "Trainer", "build_optimizer", "lm_loss", "lr_factor", "train"]

@@ -1,0 +1,450 @@
+"""One rank's health: where it is (step and phase), a heartbeat its launcher and peers can read, a
+watchdog for a phase that does not complete, and the straggler windows.
+
+**Phases.** The step loop enters ``data``, ``forward``/``backward`` per micro-batch (one
+``forward/backward`` for a whole pipeline schedule), ``grad-sync`` (gradient reductions, tied-embedding
+sync, the global norm), ``optimizer``, ``metrics`` (the loss all-reduce, memory gather, straggler
+window) and ``checkpoint``; ``setup`` covers building and loading, ``done`` the end of a run. Entering a
+phase is two attribute writes: the main thread never touches a file or a lock for it.
+
+**Heartbeat and watchdog.** A daemon thread wakes every ``beat_s`` (the limit / 20, between 1 and
+15 s), writes heartbeat-R.json into the run directory (failures.py) and checks the phase's age. A
+phase older than its limit — ``watchdog_s``, or by default max(300 s, 20 x the median step so far);
+setup and checkpoint phases at least 300 s, since loading and saving may take minutes — means a
+collective that some rank did not join. The thread then reads every rank's heartbeat, names the
+ranks that did not arrive (failures.not_arrived), writes this rank's failure record and ends the
+process with exit status 5. A blocked collective cannot be cancelled from Python (gloo has no abort),
+so ending the process is the only clean way out; the last published checkpoint is untouched (a save
+publishes by renaming a finished directory). The same thread reads the signal wake-up pipe, so a
+SIGTERM or SIGINT ends the rank even while its main thread is blocked inside a collective.
+
+**Stragglers.** Each step is split into compute time and wait time. On the CPU (gloo) compute is the
+main thread's CPU time (``time.thread_time``): with one intra-op thread per rank (how exatrain runs CPU
+ranks) all of a rank's compute runs on that thread, while a rank blocked in a gloo collective or a
+pipeline receive sleeps without CPU; wait is the rest of the step's wall time (which also holds time
+the operating system gave to other processes). On CUDA, CUDA events recorded on the current stream at
+each phase boundary time the data, forward, backward and optimizer phases as compute; the rest of the
+step (gradient reductions, the loss all-reduce, host waits) is wait. The trainer already synchronises
+the device once per step to time it, so the events are read then, with no extra synchronisation; TP
+and pipeline collectives issued inside forward and backward count as compute there. Every
+``straggler_every`` steps one all_gather of three floats per rank (compute, wait, steps) gives every
+rank the window's table. A rank is **slow** in a window when its compute per step exceeds 1.3 x the
+median of its stage peers' (the other ranks holding the same pipeline stage, which do the same work;
+a stage held by one rank is not judged) and exceeds it by at least 2 ms per step; a slow rank is
+named a **straggler** when it is slow in two windows running.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+PHASES = ("setup", "data", "forward", "backward", "forward/backward", "grad-sync", "optimizer", "metrics",
+          "checkpoint", "done")
+COMPUTE_PHASES = frozenset({"data", "forward", "backward", "forward/backward", "optimizer"})
+LONG_PHASES = frozenset({"setup", "checkpoint", "done"})
+MIN_LIMIT_S = 300.0  # the watchdog's default floor, and the floor of setup and checkpoint phases
+LIMIT_STEPS = 20  # the default limit: this many median steps (when more than the floor)
+SLOW_RATIO = 1.3  # compute per step above this many times the stage peers' median: slow
+SLOW_MIN_EXCESS_S = 0.002  # ... and above it by at least this much per step (timer noise on tiny steps)
+SLOW_WINDOWS = 2  # slow in this many windows running: a straggler
+SLOW_RANK_ENV = "EXATRAIN_SLOW_RANK"  # fault injection for tests: "RANK:SECONDS" of extra compute per step
+
+
+def slow_ranks(compute_s: Sequence[float], stage_of: Sequence[int]) -> list[int]:
+    """The ranks whose compute per step is above SLOW_RATIO x the median of their stage peers' (and
+    above it by SLOW_MIN_EXCESS_S); ranks alone on their stage are not judged."""
+    out = []
+    for r, c in enumerate(compute_s):
+        peers = [compute_s[q] for q in range(len(compute_s)) if q != r and stage_of[q] == stage_of[r]]
+        if not peers:
+            continue
+        m = statistics.median(peers)
+        if c > SLOW_RATIO * m and c - m > SLOW_MIN_EXCESS_S:
+            out.append(r)
+    return out
+
+
+def summarize_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """A RunRecord's ``rank_times``: per rank, the mean compute and wait seconds per step over every
+    window (weighted by its steps), the stragglers named in any, and how many steps were measured."""
+    windows = [w for w in windows if w.get("kind", "ranks") == "ranks" and w.get("compute_s")]
+    if not windows:
+        return None
+    n = len(windows[0]["compute_s"])
+    steps = sum(int(w["last_step"]) - int(w["first_step"]) + 1 for w in windows)
+
+    def mean(key: str, r: int) -> float:
+        total = sum(float(w[key][r]) * (int(w["last_step"]) - int(w["first_step"]) + 1) for w in windows)
+        return round(total / steps, 6)
+
+    return {"steps": steps, "windows": len(windows),
+            "compute_s": [mean("compute_s", r) for r in range(n)], "wait_s": [mean("wait_s", r) for r in range(n)],
+            "stragglers": sorted({r for w in windows for r in w.get("stragglers", [])})}
+
+
+class Terminated(BaseException):
+    """SIGTERM in the main thread: a launcher or scheduler ending the rank (like KeyboardInterrupt)."""
+
+
+class RankMonitor:
+    """One rank's health across the runs of its process (a launch may run several configs in turn).
+
+    ``supervised``: a local launcher reads this rank's files and reports a failure, so the rank only
+    records it; otherwise (torchrun, srun) the rank that first claims the run reports it on
+    ``report_fd`` (the terminal's stderr, kept aside when stderr goes to the rank's log).
+    ``watch``: run the heartbeat/watchdog thread (False for a Trainer built without a launcher)."""
+
+    def __init__(self, rank: int, world: int, run_dir: Path | None, *, supervised: bool, watch: bool = True,
+                 report_fd: int | None = None) -> None:
+        self.rank, self.world, self.run_dir = rank, world, run_dir
+        self.supervised, self.watch, self.report_fd = supervised, watch, report_fd
+        self.run = 0
+        self.context: Any = None  # failures.RunContext of the current run (for a report made here)
+        self.config: Any = None
+        self.completed = 0  # steps completed (1-based number of the last one)
+        self.seq = 0  # phases entered in the current step
+        self._at = ("setup", time.monotonic())  # (phase, its start): one attribute, read whole by the thread
+        self.watchdog_s = 0.0
+        self.step_times: deque[float] = deque(maxlen=50)
+        self.started = time.time()
+        self._ending = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None
+        self._handlers: dict[int, Any] = {}
+        self._slow_s = _slow_injection(rank)
+        self._clock: StepClock | None = None
+
+    # --- the main thread's side ---------------------------------------------------------------
+    def new_run(self, run: int, config: Any, context: Any = None) -> None:
+        """A new config starts in this process: back to setup, step 0."""
+        self.run, self.config, self.context = run, config, context
+        self.watchdog_s = float(getattr(config, "watchdog_s", 0.0) or 0.0)
+        self.completed, self.seq = 0, 0
+        self.step_times.clear()
+        self.enter("setup")
+
+    @property
+    def phase(self) -> str:
+        return self._at[0]
+
+    def enter(self, phase: str) -> None:
+        self._at = (phase, time.monotonic())
+        self.seq += 1
+        if self._clock is not None:
+            self._clock.mark(phase)
+            if self._slow_s and phase in ("forward", "forward/backward") and not self._clock.slowed:
+                self._clock.slowed = True
+                _spin(self._slow_s)
+
+    def resumed(self, step: int) -> None:
+        self.completed = step
+
+    def attach_clock(self, clock: "StepClock | None") -> None:
+        self._clock = clock
+
+    def step_begin(self) -> None:
+        self.seq = 0
+        if self._clock is not None:
+            self._clock.begin()
+        self.enter("data")
+
+    def step_end(self, step_s: float) -> tuple[float, float] | None:
+        """The step is complete: count it; returns its (compute, wait) seconds when a clock runs."""
+        self.completed += 1
+        self.step_times.append(step_s)
+        return self._clock.end() if self._clock is not None else None
+
+    def limit_s(self, phase: str | None = None) -> float:
+        """The watchdog's limit for a phase (see the module docstring)."""
+        if self.watchdog_s > 0:
+            limit = self.watchdog_s
+        else:
+            recent = list(self.step_times)
+            limit = max(MIN_LIMIT_S, LIMIT_STEPS * statistics.median(recent)) if recent else MIN_LIMIT_S
+        if (phase or self.phase) in LONG_PHASES:
+            limit = max(limit, MIN_LIMIT_S)
+        return limit
+
+    def beat_s(self) -> float:
+        return min(15.0, max(1.0, self.limit_s("data") / 20))
+
+    def state(self) -> dict[str, Any]:
+        """This rank's heartbeat: where it is, since when, and what its watchdog allows."""
+        phase, t0 = self._at
+        return {"rank": self.rank, "run": self.run, "pid": os.getpid(), "host": socket.gethostname(),
+                "completed": self.completed, "phase": phase, "seq": self.seq,
+                "phase_s": round(time.monotonic() - t0, 3), "limit_s": self.limit_s(phase),
+                "beat_s": self.beat_s(), "time": time.time()}
+
+    # --- the heartbeat / watchdog thread ------------------------------------------------------------
+    def start(self) -> None:
+        """Start the heartbeat thread, and route SIGTERM/SIGINT to it through the wake-up pipe (call from
+        the main thread)."""
+        if not self.watch or self._thread is not None:
+            return
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        self._wake = (r, w)
+        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._loop, name="exatrain-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        assert self._wake is not None
+        os.write(self._wake[1], b"\0")
+        self._thread.join(timeout=30)
+        signal.set_wakeup_fd(-1)
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        for fd in self._wake:
+            os.close(fd)
+        self._thread, self._wake = None, None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """SIGINT and SIGTERM in the main thread: an exception the rank's guard records, unless the rank
+        is already ending (then its record and report are finished first)."""
+        if self._ending.locked():
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(f"terminated ({signal.Signals(signum).name})")
+
+    def _loop(self) -> None:
+        from exatrain.trainer import failures
+
+        assert self._wake is not None
+        timeout = 0.0  # the first heartbeat at once
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._wake[0]], [], [], timeout)
+            timeout = self.beat_s()
+            if ready:
+                for num in os.read(self._wake[0], 64):
+                    if num == signal.SIGINT and not self._stop.is_set():
+                        self.end("interrupted", "interrupted (SIGINT)", 130)
+                    if num == signal.SIGTERM and not self._stop.is_set():
+                        self.end(*self.terminated())
+            if self._stop.is_set():
+                return
+            if self.run_dir is not None:
+                try:
+                    failures.write_json(self.run_dir / failures.HEARTBEAT.format(rank=self.rank), self.state())
+                except OSError:
+                    pass
+            phase, t0 = self._at
+            waited = time.monotonic() - t0
+            if waited > self.limit_s(phase):
+                self._hang(waited)
+
+    def _hang(self, waited: float) -> None:
+        from exatrain.trainer import failures
+
+        beats, _ = failures.read_ranks(self.run_dir, self.world)
+        beats[self.rank] = self.state()
+        gone, why = failures.not_arrived(beats, self.world, time.time())
+        cause = (f"waited {waited:.0f} s {failures.where(self.state())} (watchdog limit {self.limit_s():.0f} s)"
+                 + (f"; did not arrive: {failures.ranks_text(gone)}" if gone else ""))
+        self.end("hung", cause, 5, not_arrived=[r for r in gone if r != self.rank], limit_s=self.limit_s())
+
+    def terminated(self) -> tuple[str, str, int]:
+        """How a SIGTERM is recorded: under a local launcher an interrupt (someone stopped the run); under
+        torchrun/srun usually the launcher stopping the survivors of another rank's failure, so a
+        consequence (``terminated``) that the report looks past for its cause."""
+        return ("interrupted" if self.supervised else "terminated", "interrupted (SIGTERM)", 130)
+
+    # --- ending the rank ------------------------------------------------------------------------------------
+    def end(self, kind: str, cause: str, exit_code: int, *, user_error: bool = False, **extra: Any) -> None:
+        """Record how this rank ends (failure-R.json and a line in its log), report it when no launcher
+        will (the first rank to claim the run), and end the process with ``exit_code``. Never returns:
+        a second caller (another thread) waits here until the process is gone."""
+        if not self._ending.acquire(blocking=False):
+            threading.Event().wait()
+        from exatrain.trainer import failures
+
+        record = {**self.state(), "kind": kind, "cause": cause, "exit_code": exit_code, "user_error": user_error,
+                  **extra}
+        try:
+            if self.run_dir is not None:
+                failures.write_failure(self.run_dir, record)
+            sys.stderr.write(f"exatrain rank {self.rank}: {kind} {failures.where(record)}: {cause}\n")
+            if not self.supervised:
+                exit_code = self._report(kind, record) or exit_code
+        except BaseException as exc:  # ending must not fail: say why in the log and go
+            sys.stderr.write(f"exatrain rank {self.rank}: could not record the failure ({exc!r})\n")
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(exit_code)
+
+    def _report(self, kind: str, record: Mapping[str, Any]) -> int | None:
+        """torchrun/srun: no launcher of ours reads the files, so one rank reports, and ends with the
+        report's exit status (returned; None when another rank reports). A rank with the cause (its own
+        error, the watchdog) claims at once; a rank hit by a peer's failure or a signal first gives the
+        rank with the cause a few beats to claim."""
+        from exatrain.errors import error_line
+        from exatrain.trainer import failures
+
+        ctx = self.context
+        if ctx is None:
+            return None
+        if self.run_dir is None:
+            if self.rank != 0 and (kind != "error" or record.get("user_error")):
+                return None
+        else:
+            if kind not in ("error", "hung"):
+                time.sleep(min(10.0, 3 * self.beat_s()))
+            if not failures.claim(self.run_dir, self.run):
+                return None
+        beats, fails = failures.read_ranks(self.run_dir, self.world)
+        beats[self.rank] = self.state()
+        fails[self.rank] = dict(record)
+        diag = failures.diagnose(ctx, beats, fails)
+        config = self.config
+        failures.write_failed_record(config.metrics_file, ctx.plan, diag, device=config.device,
+                                     wall_s=time.time() - self.started, measure_after=config.measure_after)
+        line = error_line("train", diag.error)
+        os.write(self.report_fd if self.report_fd is not None else 2, line.encode())
+        return diag.error.exit_code
+
+
+class StepClock:
+    """Compute and wait seconds of each step (see the module docstring for what each is on CPU and CUDA)."""
+
+    def __init__(self, device: Any) -> None:
+        self.cuda = getattr(device, "type", "cpu") == "cuda"
+        self.slowed = False
+        self._events: list[tuple[str, Any]] = []
+        self._wall0 = self._cpu0 = 0.0
+
+    def begin(self) -> None:
+        self.slowed = False
+        self._events = []
+        self._wall0, self._cpu0 = time.perf_counter(), time.thread_time()
+
+    def mark(self, phase: str) -> None:
+        if self.cuda:
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._events.append((phase, ev))
+
+    def end(self) -> tuple[float, float]:
+        """(compute, wait) of the step just finished; on CUDA after the trainer's per-step synchronise."""
+        wall = time.perf_counter() - self._wall0
+        if not self.cuda:
+            compute = min(wall, time.thread_time() - self._cpu0)
+        else:
+            import torch
+
+            last = torch.cuda.Event(enable_timing=True)
+            last.record()
+            last.synchronize()
+            spans = self._events + [("end", last)]
+            compute = sum(a.elapsed_time(b) / 1e3 for (phase, a), (_, b) in zip(spans, spans[1:])
+                          if phase in COMPUTE_PHASES)
+            compute = min(wall, compute)
+        return compute, max(0.0, wall - compute)
+
+
+class StragglerWindows:
+    """Every ``every`` steps: the ranks' compute and wait per step (one all_gather), who is slow, who is
+    a straggler (slow two windows running). Every rank calls ``add`` after every step (a collective
+    every ``every`` steps); each returns the same window line."""
+
+    def __init__(self, every: int, plan: Any, device: Any) -> None:
+        from exatrain.trainer.parallel.mesh import coordinates
+
+        self.every, self.device = every, device
+        self.coords = [coordinates(r, plan) for r in range(plan.gpus)]  # (pp, dp, tp)
+        self.stage_of = [c[0] for c in self.coords]
+        self.windows: list[dict[str, Any]] = []
+        self._compute = self._wait = 0.0
+        self._steps = 0
+        self._first = 0
+        self._recent: list[set[int]] = []  # the slow ranks of the last SLOW_WINDOWS windows
+
+    def add(self, step: int, compute_s: float, wait_s: float) -> dict[str, Any] | None:
+        if not self.every:
+            return None
+        if self._steps == 0:
+            self._first = step
+        self._compute += compute_s
+        self._wait += wait_s
+        self._steps += 1
+        if step % self.every:
+            return None
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([self._compute, self._wait, float(self._steps)], dtype=torch.float64, device=self.device)
+        every = [torch.zeros_like(mine) for _ in self.coords]
+        dist.all_gather(every, mine)
+        rows = [t.tolist() for t in every]
+        compute = [c / max(1.0, n) for c, _, n in rows]
+        wait = [w / max(1.0, n) for _, w, n in rows]
+        slow = slow_ranks(compute, self.stage_of)
+        self._recent = (self._recent + [set(slow)])[-SLOW_WINDOWS:]
+        named = sorted(set.intersection(*self._recent)) if len(self._recent) == SLOW_WINDOWS else []
+        window = {"kind": "ranks", "first_step": self._first, "last_step": step,
+                  "compute_s": [round(x, 6) for x in compute], "wait_s": [round(x, 6) for x in wait],
+                  "coords": [[tp, pp, dp] for pp, dp, tp in self.coords], "slow": slow, "stragglers": named}
+        self.windows.append(window)
+        self._compute = self._wait = 0.0
+        self._steps = 0
+        return window
+
+
+def straggler_lines(window: Mapping[str, Any]) -> list[str]:
+    """One log line per straggler a window names."""
+    out = []
+    compute, stage = window["compute_s"], [c[1] for c in window["coords"]]
+    for r in window["stragglers"]:
+        peers = [compute[q] for q in range(len(compute)) if q != r and stage[q] == stage[r]]
+        m = statistics.median(peers)
+        tp, pp, dp = window["coords"][r]
+        out.append(f"straggler: rank {r} (tp {tp}, pp {pp}, dp {dp}) computes {compute[r]:.3f} s/step, "
+                   f"{compute[r] / m:.1f}x its stage peers' median {m:.3f} s, {SLOW_WINDOWS} windows running "
+                   f"(steps {window['first_step']}-{window['last_step']}); wait {window['wait_s'][r]:.3f} s/step")
+    return out
+
+
+def _slow_injection(rank: int) -> float:
+    """Seconds of extra compute per step this rank spins for (EXATRAIN_SLOW_RANK=RANK:SECONDS), else 0."""
+    spec = os.environ.get(SLOW_RANK_ENV, "")
+    if not spec:
+        return 0.0
+    try:
+        who, seconds = spec.split(":")
+        return float(seconds) if int(who) == rank else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _spin(seconds: float) -> None:
+    """``seconds`` of this thread's CPU time, busy: extra compute as a slow device would spend it (a
+    sleep would count as waiting on the CPU clock, and wall time as less compute on a loaded machine)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+__all__ = ["COMPUTE_PHASES", "PHASES", "RankMonitor", "SLOW_RANK_ENV", "SLOW_RATIO", "StepClock", "StragglerWindows",
+           "Terminated", "slow_ranks", "straggler_lines", "summarize_windows"]
