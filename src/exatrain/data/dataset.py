@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from exatrain.errors import UserError
+from exatrain.plan import read_json
 
 FORMAT = "exatrain-tokens"
 VERSION = 1
@@ -148,14 +149,7 @@ def read_meta(data_dir: str | Path) -> DatasetMeta:
     path = root / META
     if not path.is_file():
         raise UserError(f"{root}: no {META} here; is this a directory made by `exatrain prepare`?")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({str(exc).splitlines()[0][:200]})") from None
-    except RecursionError:
-        raise UserError(f"{path}: not valid JSON (nested too deeply)") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    raw = read_json(path)
     meta = DatasetMeta.from_dict(raw, str(path))
     tok = root / TOKENIZER
     if not tok.is_file():

@@ -181,18 +181,6 @@ def legend_columns(labels: Sequence[str], width_in: float, fontsize: float) -> i
     return 1
 
 
-@dataclass(frozen=True)
-class Figure:
-    """One picture of a report: its PNG (a name relative to the report folder), what it shows, and
-    the numbers it drew, in the units of the JSON it came from (so a test can compare them)."""
-
-    file: str
-    title: str
-    caption: str
-    numbers: dict[str, Any]
-    key_numbers: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-
-
 def seconds(x: float) -> str:
     return f"{x:,.3g} s" if x < 100 else f"{x:,.1f} s"
 
