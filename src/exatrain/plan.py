@@ -37,11 +37,17 @@ PLAN_VERSION = 1
 @dataclass(frozen=True)
 class ParallelDims:
     """Degrees of parallelism. Rank order is tp fastest, then dp, then pp (Megatron's order),
-    so a tp group is ``tp`` consecutive ranks and a dp group strides by ``tp``."""
+    so a tp group is ``tp`` consecutive ranks and a dp group strides by ``tp``.
+
+    ``ep`` (expert parallelism) lives inside dp and adds no ranks: the routed experts of a MoE layer
+    are split over ``ep`` consecutive dp ranks (dp rank = edp_rank * ep + ep_rank) and replicated over
+    the dp/ep expert-data-parallel ranks (times tp: experts are not split over tp); everything else is
+    replicated or sharded over the whole dp as in a dense model (Megatron-Core, torchtitan)."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -232,6 +238,10 @@ class Plan:
         return self.dims.dp
 
     @property
+    def ep(self) -> int:
+        return self.dims.ep
+
+    @property
     def gpus(self) -> int:
         return self.dims.world_size
 
@@ -276,7 +286,7 @@ class Plan:
         """Raise PlanError naming the first problem and its fix; return self when the plan can run."""
         m, d, s = self.model, self.dims, self.shape
         for name, value in (("tp", d.tp), ("pp", d.pp), ("dp", d.dp), ("micro-batch", s.micro_batch),
-                            ("global-batch", s.global_batch), ("interleave", self.interleave)):
+                            ("global-batch", s.global_batch), ("interleave", self.interleave), ("ep", d.ep)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise PlanError(f"--{name} must be a positive integer, got {value!r}")
         if self.zero_stage not in (0, 1, 2, 3):
@@ -287,6 +297,14 @@ class Plan:
             raise PlanError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.dtype not in DTYPES:
             raise PlanError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if d.ep > 1 and not m.is_moe:
+            raise PlanError(f"--ep {d.ep} needs a mixture-of-experts model; {m.name} has no experts")
+        if m.experts % d.ep:
+            raise PlanError(f"experts {m.experts} of {m.name} are not divisible by ep {d.ep}; "
+                            f"choose ep among {_divisors(m.experts)}")
+        if d.dp % d.ep:
+            raise PlanError(f"dp {d.dp} is not divisible by ep {d.ep}: expert parallelism splits the dp "
+                            "ranks into groups of ep")
         if m.heads % d.tp:
             raise PlanError(f"heads {m.heads} of {m.name} are not divisible by tp {d.tp}; "
                             f"choose tp among {_divisors(m.heads)}")
@@ -339,6 +357,7 @@ class Plan:
             "tp": self.dims.tp,
             "pp": self.dims.pp,
             "dp": self.dims.dp,
+            **({"ep": self.dims.ep} if self.dims.ep != 1 else {}),
             "micro_batch": self.shape.micro_batch,
             "global_batch": self.shape.global_batch,
             "num_microbatches": self.num_microbatches,
@@ -362,7 +381,7 @@ class Plan:
         required = ("model", "tp", "pp", "dp", "micro_batch", "global_batch", "zero_stage",
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
-                    "flash_attention", "estimate")
+                    "flash_attention", "estimate", "ep")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -376,7 +395,7 @@ class Plan:
         try:
             plan = cls(
                 model=ModelSpec.from_dict(d["model"], source=f"{source}: model"),
-                dims=ParallelDims(tp=d["tp"], pp=d["pp"], dp=d["dp"]),
+                dims=ParallelDims(tp=d["tp"], pp=d["pp"], dp=d["dp"], ep=d.get("ep", 1)),
                 shape=TrainShape(micro_batch=d["micro_batch"], global_batch=d["global_batch"]),
                 zero_stage=d["zero_stage"],
                 recompute=d["recompute"],

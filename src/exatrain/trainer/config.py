@@ -42,6 +42,11 @@ class TrainConfig:
     tensorboard_dir: str | None = None  # TensorBoard event files (rank 0)
     record_samples: bool = False  # each step line lists the global sample indices each dp rank read
     compile: bool = False  # torch.compile each transformer block and the loss (tp == 1 only)
+    # MoE models: weight of each MoE layer's load-balancing loss (Switch Transformer, Fedus et al. 2022
+    # Eq. 4; 0.01 is their alpha, Sec. 2.2), and the step of the routers' balancing-bias update
+    # (DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2; gamma = 0.001 there, Sec. 4.2).
+    moe_aux_loss_coef: float = 0.01
+    moe_bias_update_rate: float = 1e-3
 
     def check(self) -> "TrainConfig":
         if self.steps <= 0:
@@ -62,7 +67,11 @@ class TrainConfig:
             raise UserError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
         if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
+        if not self.moe_aux_loss_coef >= 0 or not self.moe_bias_update_rate >= 0:
+            raise UserError("--moe-aux-loss-coef and --moe-bias-update-rate must be >= 0")
         p = self.plan
+        if p.model.is_moe:
+            self._check_moe()
         if self.compile and p.tp > 1:
             raise PlanError("--compile runs without tensor parallelism only (DTensor blocks are not compiled "
                             "yet): use --tp 1, or drop --compile")
@@ -71,6 +80,20 @@ class TrainConfig:
             raise PlanError("the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: "
                             "use --zero 0 or 1, or the interleaved schedule")
         return self
+
+    def _check_moe(self) -> None:
+        """The mixture-of-experts layouts the trainer cannot run yet, refused in one line each."""
+        p = self.plan
+        if self.compile:
+            raise PlanError("--compile does not run mixture-of-experts models yet (their routing has "
+                            "data-dependent shapes): drop --compile")
+        if p.pp > 1 and p.schedule == "zero_bubble":
+            raise PlanError("the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
+                            "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule")
+        if p.ep > 1 and p.zero_stage >= 1:
+            raise PlanError(f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
+                            "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
+                            "use --zero 0, or --ep 1")
 
 
 __all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig"]
