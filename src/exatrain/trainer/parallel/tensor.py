@@ -127,7 +127,8 @@ def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
                      "mlp.shared.w2": RowwiseParallel(output_layouts=Replicate())})
     if sp:  # the whole sequence in (all-gather); this rank's slice of the output out (backward: all-gather)
         plan["mlp"] = PrepareModuleInputOutput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                               output_layouts=(Replicate(),), desired_output_layouts=(seq,))
+                                               use_local_input=True, output_layouts=(Replicate(),),
+                                               desired_output_layouts=(seq,), use_local_output=True)
     return plan
 
 
