@@ -1,4 +1,5 @@
-"""The GPT, written for one device: GPT-2/3 style and Llama style, exactly as the catalog describes.
+"""The GPT, written for one device: GPT-2/3 style and Llama style, exactly as the catalog describes,
+with mixture-of-experts MLPs (``MoEBlock``, trainer/moe.py) in the layers a MoE spec names.
 
 Nothing here knows about parallelism. The parallel techniques (``trainer/parallel``) work on this
 module afterwards: the pipeline split deletes layers and ends, tensor parallelism shards the linear
