@@ -239,6 +239,12 @@ def test_trainer_refuses_unsupported_moe_layouts_in_one_line(plan_kw: dict, trai
     assert "\n" not in str(info.value)
 
 
+def test_trainer_refuses_the_attention_variants_it_does_not_build() -> None:
+    plan = Plan(model=get_model("qwen3-30b-a3b"), shape=TrainShape(1, 1)).validate()
+    with pytest.raises(UserError, match="does not build kv_channels, qk_norm or latent attention"):
+        TrainConfig(plan=plan).check()
+
+
 # ---- expert-parallel parity ------------------------------------------------------------------
 
 # DeepSeek-V3's router on moe-tiny: sigmoid scores, a balancing bias moved after every step.
@@ -259,8 +265,9 @@ BATCHES: dict[int, dict[str, tuple[dict, bool]]] = {
         "dp4-ep2": (dict(dp=4, ep=2), True),  # two expert-data-parallel ranks per expert
         "ep2-tp2-sp": (dict(dp=2, ep=2, tp=2, sequence_parallel=True), False)},
 }
+CASES = {name: spec for batch in BATCHES.values() for name, spec in batch.items()}
 PARITY = [name for world, batch in BATCHES.items() if world > 1 for name in batch]
-WITH_GRADS = [name for name in PARITY if BATCHES[2 if name in BATCHES[2] else 4][name][1]]
+WITH_GRADS = [name for name in PARITY if CASES[name][1]]
 
 
 def reference_name(name: str) -> str:

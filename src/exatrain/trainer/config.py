@@ -70,7 +70,11 @@ class TrainConfig:
         if not self.moe_aux_loss_coef >= 0 or not self.moe_bias_update_rate >= 0:
             raise UserError("--moe-aux-loss-coef and --moe-bias-update-rate must be >= 0")
         p = self.plan
-        if p.model.is_moe:
+        m = p.model
+        if (m.kv_channels and m.kv_channels != m.hidden // m.heads) or m.qk_norm or m.mla:
+            raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm or latent attention yet "
+                            "(the planner counts them); train a model without them")
+        if m.is_moe:
             self._check_moe()
         if self.compile and p.tp > 1:
             raise PlanError("--compile runs without tensor parallelism only (DTensor blocks are not compiled "
