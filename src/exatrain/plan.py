@@ -41,11 +41,17 @@ PLAN_VERSION = 1
 @dataclass(frozen=True)
 class ParallelDims:
     """Degrees of parallelism. Rank order is tp fastest, then dp, then pp (Megatron's order),
-    so a tp group is ``tp`` consecutive ranks and a dp group strides by ``tp``."""
+    so a tp group is ``tp`` consecutive ranks and a dp group strides by ``tp``.
+
+    ``ep`` (expert parallelism) lives inside dp and adds no ranks: the routed experts of a MoE layer
+    are split over ``ep`` consecutive dp ranks (dp rank = edp_rank * ep + ep_rank) and replicated over
+    the dp/ep expert-data-parallel ranks (times tp: experts are not split over tp); everything else is
+    replicated or sharded over the whole dp as in a dense model (Megatron-Core, torchtitan)."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -236,6 +242,10 @@ class Plan:
         return self.dims.dp
 
     @property
+    def ep(self) -> int:
+        return self.dims.ep
+
+    @property
     def gpus(self) -> int:
         return self.dims.world_size
 
@@ -308,6 +318,7 @@ class Plan:
             "tp": self.dims.tp,
             "pp": self.dims.pp,
             "dp": self.dims.dp,
+            **({"ep": self.dims.ep} if self.dims.ep != 1 else {}),
             "micro_batch": self.shape.micro_batch,
             "global_batch": self.shape.global_batch,
             "num_microbatches": self.num_microbatches,
@@ -331,7 +342,7 @@ class Plan:
         required = ("model", "tp", "pp", "dp", "micro_batch", "global_batch", "zero_stage",
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
-                    "flash_attention", "estimate")
+                    "flash_attention", "estimate", "ep")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -345,7 +356,7 @@ class Plan:
         try:
             plan = cls(
                 model=ModelSpec.from_dict(d["model"], source=f"{source}: model"),
-                dims=ParallelDims(tp=d["tp"], pp=d["pp"], dp=d["dp"]),
+                dims=ParallelDims(tp=d["tp"], pp=d["pp"], dp=d["dp"], ep=d.get("ep", 1)),
                 shape=TrainShape(micro_batch=d["micro_batch"], global_batch=d["global_batch"]),
                 zero_stage=d["zero_stage"],
                 recompute=d["recompute"],

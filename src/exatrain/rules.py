@@ -265,12 +265,32 @@ def problems(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...
     return [r for r in RULES if r.scope in scopes and bool(np.asarray(r.broken(x)).reshape(-1)[0])]
 
 
+def expert_problem(plan) -> tuple[str, str] | None:
+    """(reason, message) for the first expert-parallel rule the plan breaks, or None. The search does
+    not enumerate ep yet (every candidate has ep 1, which breaks none of these), so these are checked on
+    plans only: ep needs a mixture-of-experts model whose experts and dp it divides (ep consecutive dp
+    ranks split the experts: expert parallelism inside data parallelism, as Megatron-Core places it)."""
+    m, ep = plan.model, getattr(plan.dims, "ep", 1)
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep <= 0:
+        return "ep", f"--ep must be a positive integer, got {ep!r}"
+    if ep > 1 and not m.is_moe:
+        return "ep", f"--ep {ep} needs a mixture-of-experts model; {m.name} has no experts"
+    if m.is_moe and m.experts % ep:
+        return "ep", f"experts {m.experts} of {m.name} are not divisible by ep {ep}; choose ep among {_divisors(m.experts)}"
+    if isinstance(plan.dp, int) and plan.dp > 0 and plan.dp % ep:
+        return "ep", f"dp {plan.dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep"
+    return None
+
+
 def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",),
           compile: bool = False) -> None:
     """Raise RuleError for the first rule (of the given scopes) the plan breaks."""
     for rule in problems(plan, cluster, scopes=scopes, compile=compile)[:1]:
         raise RuleError(rule.message(plan, cluster), rule.reason)
+    found = expert_problem(plan)
+    if found is not None:
+        raise RuleError(found[1], found[0])
 
 
 __all__ = ["REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "broken", "check",
-           "first_reasons", "layout", "plan_layout", "problems"]
+           "expert_problem", "first_reasons", "layout", "plan_layout", "problems"]

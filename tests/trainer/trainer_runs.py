@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from exatrain.catalog import get_model
+from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.spawn import launch_local
@@ -27,12 +28,14 @@ class Run:
     record: dict[str, Any] | None
 
 
-def config(out: Path, name: str, *, model: str = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1,
-           dtype: str = "float32", steps: int = STEPS, compile: bool = False, **plan_kw: Any) -> TrainConfig:
-    plan = Plan(model=get_model(model), dims=ParallelDims(tp=tp, pp=pp, dp=dp),
+def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
+           dtype: str = "float32", steps: int = STEPS, compile: bool = False, train_kw: dict[str, Any] | None = None,
+           **plan_kw: Any) -> TrainConfig:
+    """One run's TrainConfig: ``model`` a preset name or a spec; ``train_kw`` further TrainConfig fields."""
+    plan = Plan(model=get_model(model) if isinstance(model, str) else model, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep),
                 shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype=dtype, **plan_kw).validate()
     return TrainConfig(plan=plan, steps=steps, seed=0, lr=LR, metrics_file=str(out / f"{name}.jsonl"),
-                       quiet=True, compile=compile).check()
+                       quiet=True, compile=compile, **(train_kw or {})).check()
 
 
 def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:

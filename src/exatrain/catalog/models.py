@@ -13,7 +13,7 @@ Two architecture families are described, and the trainer builds exactly these:
 tokens padded to 50,304 or 51,200 as Megatron does), so counts and the real model agree exactly.
 
 Llama-family extensions, each off by default so dense files load unchanged (the planner's accounting
-models them; the trainer builds dense GPT/Llama only):
+models them; the trainer builds the mixture-of-experts fields, trainer/moe.py, not yet the others):
 
 * ``kv_channels`` — the attention head width when it is not hidden/heads (Qwen3's 128 at hidden
   2048 with 32 heads; Megatron-LM's ``--kv-channels``); ``qk_norm`` — RMSNorm over each query and

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exatrain import rules
-from exatrain.errors import UserError
+from exatrain.errors import PlanError, UserError
 from exatrain.plan import Plan
 
 DEVICES = ("cpu", "cuda")
@@ -49,6 +49,11 @@ class TrainConfig:
     straggler_every: int = 10
     watchdog_s: float = 0.0
     run_dir: str | None = None
+    # MoE models: weight of each MoE layer's load-balancing loss (Switch Transformer, Fedus et al. 2022
+    # Eq. 4; 0.01 is their alpha, Sec. 2.2), and the step of the routers' balancing-bias update
+    # (DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2; gamma = 0.001 there, Sec. 4.2).
+    moe_aux_loss_coef: float = 0.01
+    moe_bias_update_rate: float = 1e-3
 
     def check(self) -> "TrainConfig":
         if self.steps <= 0:
@@ -75,7 +80,29 @@ class TrainConfig:
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
         # What this trainer refuses to run (exatrain.rules: the list the search's --runtime exatrain uses).
         rules.check(self.plan, scopes=("run", "trainer"), compile=self.compile)
+        if not self.moe_aux_loss_coef >= 0 or not self.moe_bias_update_rate >= 0:
+            raise UserError("--moe-aux-loss-coef and --moe-bias-update-rate must be >= 0")
+        m = self.plan.model
+        if (m.kv_channels and m.kv_channels != m.hidden // m.heads) or m.qk_norm or m.mla:
+            raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm or latent attention yet "
+                            "(the planner counts them); train a model without them")
+        if m.is_moe:
+            self._check_moe()
         return self
+
+    def _check_moe(self) -> None:
+        """The mixture-of-experts layouts the trainer cannot run yet, refused in one line each."""
+        p = self.plan
+        if self.compile:
+            raise PlanError("--compile does not run mixture-of-experts models yet (their routing has "
+                            "data-dependent shapes): drop --compile")
+        if p.pp > 1 and p.schedule == "zero_bubble":
+            raise PlanError("the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
+                            "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule")
+        if p.ep > 1 and p.zero_stage >= 1:
+            raise PlanError(f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
+                            "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
+                            "use --zero 0, or --ep 1")
 
 
 __all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig"]

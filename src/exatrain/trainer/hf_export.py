@@ -1,5 +1,6 @@
 """``exatrain export --format hf``: a checkpoint of any layout -> safetensors + config.json that
-``transformers`` loads (GPT2LMHeadModel for the gpt family, LlamaForCausalLM for llama).
+``transformers`` loads (GPT2LMHeadModel for the gpt family, LlamaForCausalLM for llama,
+MixtralForCausalLM for a mixture-of-experts model: hf_moe.py).
 
 One process, no process group: the checkpoint's chunks are assembled into whole tensors by name
 (storage.read_full), then renamed and reshaped into Hugging Face's layout:
@@ -34,6 +35,7 @@ from exatrain.errors import UserError
 from exatrain.paths import check_output_dir
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.storage import read_full
+from exatrain.trainer.hf_moe import mixtral_export
 
 FORMATS = ("hf",)
 
@@ -120,7 +122,9 @@ def export_hf(checkpoint: str | Path, out: str | Path, step: int | None = None,
     spec = manifest.plan.model
     sd = read_full(manifest.path, prefix="model.")
     sep = manifest.trainer["separator_id"]
-    if spec.arch == "gpt":
+    if spec.is_moe:  # MixtralForCausalLM (hf_moe.py)
+        weights, config = mixtral_export(sd, spec, sep)
+    elif spec.arch == "gpt":
         weights, config = gpt2_weights(sd, spec), gpt2_config(spec, sep)
     else:
         weights, config = llama_weights(sd, spec), llama_config(spec, sep)

@@ -44,9 +44,14 @@ class StepMetrics:
     peak_memory_bytes: tuple[int, ...]  # per rank, in rank order
     skipped: bool = False  # a non-finite loss or gradient norm: no update (--nan-policy skip)
     samples: tuple[tuple[int, ...], ...] | None = None  # global sample indices read, per dp rank (when recorded)
+    # MoE models: the load-balancing loss (trainer/moe.py), mean over MoE layers and micro-batches;
+    # 1.0 at a uniform load. Not part of ``loss``, which stays the language-model loss.
+    aux_loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if self.aux_loss is None:
+            del d["aux_loss"]
         d["peak_memory_bytes"] = list(self.peak_memory_bytes)
         if self.samples is None:
             del d["samples"]
@@ -65,6 +70,10 @@ def model_flops_per_step(plan: Plan) -> float:
     if plan.estimate is not None and plan.estimate.model_flops_per_step > 0:
         return float(plan.estimate.model_flops_per_step)
     m = plan.model
+    if m.is_moe:  # counted on the active parameters (the accounting's MoE convention)
+        from exatrain.accounting.flops import model_flops_per_step as accounted
+
+        return float(accounted(m, plan.global_batch))
     h, s, f = m.hidden, m.seq_len, m.ffn_hidden
     matrices = 2 * h * h + 2 * h * m.kv_hidden + (3 if m.gated_mlp else 2) * h * f
     per_token = 3 * 2 * (m.layers * (matrices + 2 * s * h) + m.vocab * h)

@@ -1,4 +1,5 @@
-"""The GPT, written for one device: GPT-2/3 style and Llama style, exactly as the catalog describes.
+"""The GPT, written for one device: GPT-2/3 style and Llama style, exactly as the catalog describes,
+with mixture-of-experts MLPs (``MoEBlock``, trainer/moe.py) in the layers a MoE spec names.
 
 Nothing here knows about parallelism. The parallel techniques (``trainer/parallel``) work on this
 module afterwards: the pipeline split deletes layers and ends, tensor parallelism shards the linear
@@ -29,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from exatrain.catalog.models import ModelSpec
+from exatrain.trainer.moe import MoE
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
@@ -147,9 +149,12 @@ class Block(nn.Module):
         self.attn_norm = make_norm(spec)
         self.attn = Attention(spec)
         self.mlp_norm = make_norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = self.make_mlp(spec)
         self.dropout = spec.dropout  # on both residual branches (GPT-2, Megatron-LM)
         self.recompute = False  # full recomputation: keep only the layer input (Chen et al. 2016)
+
+    def make_mlp(self, spec: ModelSpec) -> nn.Module:
+        return MLP(spec)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
@@ -162,6 +167,19 @@ class Block(nn.Module):
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(x, self.dropout, self.training) if self.dropout else x
+
+
+class MoEBlock(Block):
+    """A layer whose MLP is a mixture of experts (trainer/moe.py); the rest as Block."""
+
+    def make_mlp(self, spec: ModelSpec) -> nn.Module:
+        return MoE(spec)
+
+
+def make_block(spec: ModelSpec, index: int) -> Block:
+    """Layer ``index``: a MoEBlock where the spec puts a MoE layer (its dense-first layers and the
+    layers between MoE layers keep the dense MLP), a Block otherwise."""
+    return MoEBlock(spec) if spec.layer_is_moe(index) else Block(spec)
 
 
 class Embeddings(nn.Module):
@@ -191,7 +209,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed: Embeddings | None = Embeddings(spec)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.layers = nn.ModuleDict({str(i): make_block(spec, i) for i in range(spec.layers)})
         self.norm: nn.Module | None = make_norm(spec)
         self.head: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tied_embeddings:
@@ -220,11 +238,14 @@ def init_std(name: str, spec: ModelSpec) -> float | None:
     """Standard deviation of a weight's normal init, or None for norms and biases.
 
     GPT-2's scheme (Radford et al. 2019, Sec. 2.3): N(0, 0.02), with the projections that write
-    into the residual stream scaled by 1/sqrt(2 * layers)."""
+    into the residual stream scaled by 1/sqrt(2 * layers) (in a MoE layer: every expert's down
+    projection, routed and shared, as Megatron-Core's output_layer_init_method). The router's
+    balancing bias starts at 0 (DeepSeek-V3)."""
     parts = name.split(".")
     if parts[-1] == "bias" or (len(parts) > 1 and parts[-2] in NORMS):
         return None
-    if name.endswith(("attn.wo.weight", "mlp.fc2.weight", "mlp.w2.weight")):
+    if name.endswith(("attn.wo.weight", "mlp.fc2.weight", "mlp.w2.weight", "mlp.experts.w2",
+                      "mlp.shared.w2.weight")):
         return 0.02 / math.sqrt(2 * spec.layers)
     return 0.02
 
@@ -245,5 +266,5 @@ def canonical_name(name: str, spec: ModelSpec) -> str:
     return name
 
 
-__all__ = ["Attention", "Block", "Embeddings", "MLP", "Transformer", "apply_rope", "canonical_name",
+__all__ = ["Attention", "Block", "Embeddings", "MLP", "MoEBlock", "Transformer", "make_block", "apply_rope", "canonical_name",
            "init_fill", "init_std", "make_norm", "rope_table"]

@@ -42,6 +42,7 @@ from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, app
                                       model_flops_per_step, peak_flops, peak_memory_bytes, run_env, summarize,
                                       supersede_redone_steps)
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
+from exatrain.trainer.parallel.expert import finish_moe_step
 from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
 from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates
 from exatrain.trainer.parallel.pipeline import build_schedule
@@ -177,7 +178,8 @@ class Trainer:
         # the tp group, whose ranks must drop the same entries of the activations they all hold (under
         # sequence parallelism their different slices then share one mask pattern).
         torch.manual_seed(config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank)
-        self.pm = parallelize(plan, self.mesh, config.seed, compile=config.compile)
+        self.pm = parallelize(plan, self.mesh, config.seed, compile=config.compile,
+                              moe_aux_loss_coef=config.moe_aux_loss_coef)
         self.stepper = Stepper(self.pm, self.mesh, compile=config.compile)
         self.optimizer = build_optimizer(self.pm, config, self.mesh)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, config))
@@ -284,6 +286,7 @@ class Trainer:
             self.nan_skipped += 1
         else:
             self.optimizer.step()
+        aux_loss = finish_moe_step(pm.inner, mesh, plan, bias_rate=self.config.moe_bias_update_rate, update=not skipped)
         self.scheduler.step()
         self.health.enter("metrics")
         samples = self._gather_samples(step) if self.config.record_samples else None
@@ -298,7 +301,7 @@ class Trainer:
                            model_tflops_per_gpu=self.flops / dt / plan.gpus / 1e12,
                            mfu=None if self.peak is None else self.flops / (dt * plan.gpus * self.peak),
                            peak_memory_bytes=tuple(int(x.item()) for x in mems), skipped=skipped,
-                           samples=samples)
+                           samples=samples, aux_loss=aux_loss)
 
     def _gather_samples(self, step: int) -> tuple[tuple[int, ...], ...]:
         """The global sample indices every rank read this step, by dp rank; every rank of a dp

@@ -1,6 +1,6 @@
 """This rank's part of the model, with every technique of the plan applied in a fixed order.
 
-    meta-device model -> pipeline split -> TP/SP -> activation checkpointing -> compile -> FSDP
+    meta-device model -> pipeline split -> TP/SP -> EP -> activation checkpointing -> compile -> FSDP
                       -> materialise (deterministic weights) -> DDP
 
 Why this order (torchtitan's, for these reasons):
@@ -8,6 +8,8 @@ Why this order (torchtitan's, for these reasons):
   never builds (let alone allocates) layers another rank holds;
 * tensor parallelism next, on the plain modules: its styles replace ``nn.Linear``/``nn.Embedding``
   parameters with DTensors and hook the module boundaries, which needs the unwrapped modules;
+* expert parallelism (MoE models) places the routed experts on the (ep, tp) mesh once tensor
+  parallelism has placed everything else in the layer (parallel/expert.py);
 * activation checkpointing wraps the already-sharded computation, so a recompute replays the same
   tensor-parallel collectives as the forward; it is switched on inside each layer, so the layer
   (and its parameter names) stays as it is for the wrappers after it;
@@ -33,6 +35,7 @@ from exatrain.trainer.init import materialize
 from exatrain.trainer.model import Transformer
 from exatrain.trainer.parallel.activation import apply_activation_checkpointing, apply_attention_kernel
 from exatrain.trainer.parallel.data import apply_ddp, apply_fsdp, localize_dtensor_params
+from exatrain.trainer.parallel.expert import apply_expert_parallel, expert_parameters
 from exatrain.trainer.parallel.grads import GradEntry, grad_entries
 from exatrain.trainer.parallel.mesh import Mesh
 from exatrain.trainer.parallel.pipeline import split_stages
@@ -76,12 +79,14 @@ def data_parallel_kind(plan: Plan) -> str:
 
     Under a pipeline, ZeRO-0/1 gradients are averaged after the schedule (see parallel/data.py: DDP's
     reducer does not follow the schedules' gradient accumulation). FSDP follows it (the stage drives
-    its reduce-scatter), except through the zero-bubble weight pass: refused by TrainConfig.check."""
+    its reduce-scatter), except through the zero-bubble weight pass: refused by TrainConfig.check.
+    With expert parallelism the experts' gradients are averaged over another group than the rest
+    (grads.average_over_dp), which DDP's single group cannot do: after the backward too."""
     if plan.dp == 1:
         return "none"
     if plan.zero_stage >= 2:
         return "fsdp"
-    return "allreduce" if plan.pp > 1 else "ddp"
+    return "allreduce" if plan.pp > 1 or plan.ep > 1 else "ddp"
 
 
 def execution_plan(plan: Plan) -> Plan:
@@ -106,11 +111,15 @@ def compile_blocks(module: nn.Module) -> None:
         block.forward = torch.compile(block.forward)
 
 
-def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool = False) -> None:
-    """Steps 2-4 on one meta-device stage, in place: TP/SP, activation checkpointing and the
-    attention kernel, compile, FSDP (bench/trace.py applies the same to trace a rank's memory)."""
+def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool = False,
+                expert=None) -> None:
+    """Steps 2-4 on one meta-device stage, in place: TP/SP, expert parallelism (``expert``: a callable
+    that places a stage's routed experts; MoE models only), activation checkpointing and the attention
+    kernel, compile, FSDP (bench/trace.py applies the same to trace a rank's memory)."""
     if plan.tp > 1:
         apply_tensor_parallel(module, tp_mesh, sequence_parallel=plan.sequence_parallel)  # 2.
+    if expert is not None:
+        expert(module)
     apply_activation_checkpointing(module, plan.recompute)  # 3.
     apply_attention_kernel(module, plan.flash_attention)
     if compile:
@@ -121,13 +130,15 @@ def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool =
 
 def local_params_needed(plan: Plan) -> bool:
     """DDP and ZeroRedundancyOptimizer work on plain tensors (their broadcasts have no DTensor rule):
-    with tensor parallelism and ZeRO-0/1 over dp > 1, a materialised stage's DTensor parameters are
-    stored as local shards (``localize_dtensor_params``)."""
-    return plan.tp > 1 and data_parallel_kind(plan) in ("ddp", "allreduce")
+    with tensor or expert parallelism and ZeRO-0/1 over dp > 1, a materialised stage's DTensor
+    parameters are stored as local shards (``localize_dtensor_params``)."""
+    return (plan.tp > 1 or plan.ep > 1) and data_parallel_kind(plan) in ("ddp", "allreduce")
 
 
-def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False) -> ParallelModel:
-    """Build, shard, initialise and wrap this rank's stages (see the module docstring for the order)."""
+def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
+                moe_aux_loss_coef: float = 0.01) -> ParallelModel:
+    """Build, shard, initialise and wrap this rank's stages (see the module docstring for the order).
+    ``moe_aux_loss_coef``: weight of the MoE layers' load-balancing loss (trainer/moe.py)."""
     with torch.device("meta"):
         whole = Transformer(plan.model)
     ddp = data_parallel_kind(plan) == "ddp"
@@ -135,7 +146,9 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False) -> Par
     tied: list[nn.Parameter] = []
     inner: list[nn.Module] = []
     for index, module in split_stages(whole, plan, mesh.pp_rank):  # 1. pipeline split
-        shard_stage(module, plan, mesh.tp_mesh, mesh.dp_mesh, compile=compile)  # 2.-4.
+        expert = ((lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=moe_aux_loss_coef))
+                  if plan.model.is_moe else None)
+        shard_stage(module, plan, mesh.tp_mesh, mesh.dp_mesh, compile=compile, expert=expert)  # 2.-4.
         materialize(module, plan.model, seed, mesh.device)
         run: nn.Module = module
         if local_params_needed(plan):
@@ -149,7 +162,9 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False) -> Par
                 tied.append(stored_param(module.head, "weight"))
         stages.append((index, run))
         inner.append(module)
-    entries = grad_entries(inner, tp=plan.tp, dp=plan.dp, tied_copies=tied)
+    experts = expert_parameters(inner) if plan.ep > 1 else []
+    entries = grad_entries(inner, tp=plan.tp, dp=plan.dp, tied_copies=tied, expert_params=experts,
+                           edp_group=mesh.edp_group)
     return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries, inner=inner)
 
 

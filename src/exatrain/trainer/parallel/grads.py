@@ -5,7 +5,13 @@ gradient entries it holds, divided by the number of ranks holding identical copi
 all-reduce over the world sums those. A tensor-parallel shard is held once; a replicated parameter
 tp times (norms, biases after the all-reduce); under DDP/ZeRO-1 every gradient is also replicated dp
 times, under FSDP sharded; a tied embedding split over the pipeline has two copies (first and
-last stage).
+last stage). Routed experts under expert parallelism are sharded over ep and replicated over tp and
+the dp/ep expert-data-parallel ranks.
+
+Averaging over data parallelism: a dense gradient is averaged over the dp group. An expert's
+gradient under expert parallelism already holds the contributions of the tokens every rank of its ep
+group sent it, so it is summed over the expert-data-parallel group only and divided by dp: the
+gradient of the mean loss over all dp ranks (Megatron-Core's expert-data-parallel reduction).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class GradEntry:
 
     param: nn.Parameter
     copies: int
+    expert: bool = False  # a routed expert split over ep > 1: averaged over the edp group (module doc)
+    edp_group: dist.ProcessGroup | None = None  # its expert-data-parallel group (None: this rank alone)
 
 
 def _shards(param: torch.Tensor, owner: nn.Module) -> int:
@@ -42,10 +50,14 @@ def _shards(param: torch.Tensor, owner: nn.Module) -> int:
 
 
 def grad_entries(modules: Iterable[nn.Module], *, tp: int, dp: int,
-                 tied_copies: Iterable[nn.Parameter] = ()) -> list[GradEntry]:
-    """GradEntry for every trainable parameter of this rank's stage modules (wrapped or not)."""
+                 tied_copies: Iterable[nn.Parameter] = (), expert_params: Iterable[nn.Parameter] = (),
+                 edp_group: dist.ProcessGroup | None = None) -> list[GradEntry]:
+    """GradEntry for every trainable parameter of this rank's stage modules (wrapped or not);
+    ``expert_params``: the routed experts' parameters when they are split over ep > 1, whose
+    gradients are summed over ``edp_group``."""
     entries, seen = [], set()
     tied = {id(p) for p in tied_copies}
+    experts = {id(p) for p in expert_params}
     for module in modules:
         for sub in module.modules():
             for param in sub.parameters(recurse=False):
@@ -55,7 +67,8 @@ def grad_entries(modules: Iterable[nn.Module], *, tp: int, dp: int,
                 copies = (tp * dp) // _shards(param, sub)
                 if id(param) in tied:  # after the sync, the first and the last stage hold the same gradient
                     copies *= 2
-                entries.append(GradEntry(param, copies))
+                expert = id(param) in experts
+                entries.append(GradEntry(param, copies, expert=expert, edp_group=edp_group if expert else None))
     return entries
 
 
@@ -83,8 +96,21 @@ def settle_grads(entries: list[GradEntry]) -> None:
 def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int,
                     bucket_elems: int = 2**26) -> None:
     """Average every gradient over the data-parallel group: flat buckets of at most ``bucket_elems``
-    elements per dtype, one all-reduce each (SUM, then divide: gloo has no AVG)."""
+    elements per dtype, one all-reduce each (SUM, then divide: gloo has no AVG). Expert entries
+    are summed over their own expert-data-parallel group instead and divided by dp (module doc)."""
+    _sum_and_divide([e for e in entries if not e.expert], group, dp, bucket_elems)
+    experts = [e for e in entries if e.expert]
+    if experts:
+        _sum_and_divide(experts, experts[0].edp_group, dp, bucket_elems)
+
+
+def _sum_and_divide(entries: list[GradEntry], group: dist.ProcessGroup | None, divisor: int,
+                    bucket_elems: int) -> None:
     grads = [g for g in (local_grad(e.param) for e in entries) if g is not None]
+    if group is None:
+        for g in grads:
+            g.div_(divisor)
+        return
     buckets: list[list[torch.Tensor]] = []
     for g in grads:
         last = buckets[-1] if buckets else None
@@ -95,7 +121,7 @@ def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int,
     for bucket in buckets:
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        flat.div_(dp)
+        flat.div_(divisor)
         offset = 0
         for g in bucket:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))

@@ -2,6 +2,12 @@
 
 A tp group is ``tp`` consecutive ranks (inside a node, where tensor parallelism's per-layer
 all-reduces belong); a dp group strides by ``tp``; a pipeline group strides by ``tp * dp``.
+
+With expert parallelism (ep > 1) the dp dimension is itself a (edp, ep) grid, ep fastest: the mesh
+is built as (pp, edp, ep, tp) and (edp, ep) flattened back into "dp", so dp groups, dp ranks and
+everything dense are exactly as without ep. An ep group is ep dp-neighbours (stride ``tp``), whose
+token all-to-alls stay as close as the dp layout allows; the experts' expert-data-parallel group
+(edp = dp/ep ranks) strides by ``ep * tp``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,28 @@ class Mesh:
     device: torch.device
     # First and last pipeline rank of this (dp, tp) position: the two copies of a tied embedding.
     embed_group: dist.ProcessGroup | None
+    ep: int = 1
+    flat_dp: DeviceMesh | None = None  # with ep > 1: the (edp, ep) grid flattened into dp
+
+    @property
+    def ep_rank(self) -> int:
+        return self.dp_rank % self.ep
+
+    @property
+    def expert_mesh(self) -> DeviceMesh | None:
+        """The (ep, tp) mesh the routed experts live on (Shard over ep, Replicate over tp); None
+        without expert parallelism."""
+        return self.mesh["ep", "tp"] if self.ep > 1 else None
+
+    @property
+    def ep_group(self) -> dist.ProcessGroup | None:
+        return self.mesh["ep"].get_group() if self.ep > 1 else None
+
+    @property
+    def edp_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding the same experts at this (pp, tp) position (None when that is this rank
+        alone): where the experts' gradients are summed."""
+        return self.mesh["edp"].get_group() if self.ep > 1 and self.mesh["edp"].size() > 1 else None
 
     @property
     def tp_mesh(self) -> DeviceMesh:
@@ -35,14 +63,14 @@ class Mesh:
 
     @property
     def dp_mesh(self) -> DeviceMesh:
-        return self.mesh["dp"]
+        return self.flat_dp if self.flat_dp is not None else self.mesh["dp"]
 
     @property
     def pp_group(self) -> dist.ProcessGroup:
         return self.mesh["pp"].get_group()
 
     def size(self, dim: str) -> int:
-        return self.mesh[dim].size()
+        return self.dp_mesh.size() if dim == "dp" else self.mesh[dim].size()
 
 
 def coordinates(rank: int, plan: Plan) -> tuple[int, int, int]:
@@ -61,7 +89,13 @@ def build_mesh(plan: Plan, device: torch.device) -> Mesh:
     if world != plan.gpus:
         raise PlanError(f"the plan needs tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.gpus} ranks "
                         f"but {world} were started")
-    mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+    if plan.ep > 1:
+        mesh = init_device_mesh(device.type, (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp),
+                                mesh_dim_names=("pp", "edp", "ep", "tp"))
+        flat_dp = mesh["edp", "ep"]._flatten("dp")
+    else:
+        mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+        flat_dp = None
     rank = dist.get_rank()
     pp_rank, dp_rank, tp_rank = coordinates(rank, plan)
     embed_group = None
@@ -74,7 +108,7 @@ def build_mesh(plan: Plan, device: torch.device) -> Mesh:
                 if rank in ranks:
                     embed_group = group
     return Mesh(mesh=mesh, rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=tp_rank,
-                device=device, embed_group=embed_group)
+                device=device, embed_group=embed_group, ep=plan.ep, flat_dp=flat_dp)
 
 
 __all__ = ["Mesh", "build_mesh", "coordinates", "global_rank"]

@@ -11,6 +11,13 @@ logits (a DTensor), from which ``loss_parallel`` computes the cross-entropy with
 Every parameter becomes a DTensor on the tp mesh; those that every tp rank holds whole (norms, the
 position table, row-parallel biases) are Replicate, so FSDP, the optimizer and the grad norm see one
 uniform kind of parameter.
+
+A MoE layer (trainer/moe.py) is replicated over tp except for its shared experts: every tp rank
+routes all the tokens of its sequence (the full sequence under sequence parallelism: the layer's
+input is all-gathered, as a dense MLP's is, and its output sliced back) and runs the same routed
+experts (expert-tensor-parallel size 1, parallel/expert.py places them); the shared experts are
+column/row-parallel like a dense MLP, with one all-reduce (Megatron-Core's MoE layer). The router is
+replicated (``ReplicateParams``).
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from exatrain.trainer.model import Transformer
+from exatrain.trainer.moe import MoE
 
 
 class ReplicateParallel(ParallelStyle):
@@ -36,6 +45,14 @@ class ReplicateParallel(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return distribute_module(module, device_mesh, None, _inputs_to_replicate, _outputs_to_local)
+
+
+class ReplicateParams(ParallelStyle):
+    """Parameters as replicated DTensors, inputs and outputs untouched: for modules that compute on
+    plain tensors with their parameters' local values (the MoE router)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh)
 
 
 def _inputs_to_replicate(module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
@@ -64,7 +81,6 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, sequence_p
             parallelize_module(model.embed, tp_mesh,
                                PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq))
     for block in model.layers.values():
-        mlp_in, mlp_out = (("w1", "w3"), "w2") if block.mlp.gated else (("fc1",), "fc2")
         plan = {
             "attn_norm": norm_style(),
             "attn.wq": ColwiseParallel(),
@@ -72,12 +88,10 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, sequence_p
             "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(output_layouts=seq if sp else Replicate()),
             "mlp_norm": norm_style(),
-            **{f"mlp.{name}": ColwiseParallel() for name in mlp_in},
-            f"mlp.{mlp_out}": RowwiseParallel(output_layouts=seq if sp else Replicate()),
+            **(_moe_plan(block.mlp, sp) if isinstance(block.mlp, MoE) else _mlp_plan(block.mlp, sp)),
         }
         if sp:  # all-gather the normalised sequence slices before the column-parallel matmuls
             plan["attn"] = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
-            plan["mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
         parallelize_module(block, tp_mesh, plan)
     if model.head is not None:
         parallelize_module(model, tp_mesh, {
@@ -90,4 +104,32 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, sequence_p
             model.head.weight = model.embed.tok.weight  # re-tie: both are Shard(0) over the vocabulary
 
 
-__all__ = ["ReplicateParallel", "apply_tensor_parallel"]
+def _mlp_plan(mlp: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
+    """A dense MLP: column-parallel in, row-parallel out (one all-reduce, or reduce-scatter under SP)."""
+    seq = Shard(1)
+    mlp_in, mlp_out = (("w1", "w3"), "w2") if mlp.gated else (("fc1",), "fc2")
+    plan: dict[str, ParallelStyle] = {
+        **{f"mlp.{name}": ColwiseParallel() for name in mlp_in},
+        f"mlp.{mlp_out}": RowwiseParallel(output_layouts=seq if sp else Replicate()),
+    }
+    if sp:
+        plan["mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+    return plan
+
+
+def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
+    """A MoE MLP (module doc): replicated router, tensor-parallel shared experts; the routed experts
+    are placed by parallel/expert.py."""
+    seq = Shard(1)
+    plan: dict[str, ParallelStyle] = {"mlp.router": ReplicateParams()}
+    if moe.shared is not None:
+        plan.update({"mlp.shared.w1": ColwiseParallel(), "mlp.shared.w3": ColwiseParallel(),
+                     "mlp.shared.w2": RowwiseParallel(output_layouts=Replicate())})
+    if sp:  # the whole sequence in (all-gather); this rank's slice of the output out (backward: all-gather)
+        plan["mlp"] = PrepareModuleInputOutput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                               use_local_input=True, output_layouts=(Replicate(),),
+                                               desired_output_layouts=(seq,), use_local_output=True)
+    return plan
+
+
+__all__ = ["ReplicateParallel", "ReplicateParams", "apply_tensor_parallel"]
