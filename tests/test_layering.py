@@ -1,6 +1,6 @@
 """Keep the import directions of ARCHITECTURE true.
 
-* planner, catalog, plan, launch: never import torch (they run on any laptop, start fast);
+* planner, catalog, plan, launch, engine_configs, tune: never import torch (they run on any laptop, start fast);
 * trainer: never imports the planner (plan.py and the catalog are its only contract);
 * nothing but the cli wires planner and trainer together.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "exatrain"
-TORCH_FREE = ("planner", "catalog", "launch", "data")
+TORCH_FREE = ("planner", "catalog", "launch", "engine_configs", "tune", "data")
 
 
 def _modules(sub: str) -> list[Path]:

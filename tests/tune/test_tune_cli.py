@@ -17,7 +17,7 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.plan import Plan, read_run_records
 from exatrain.planner.search.search import search
-from exatrain.planner.search.tune_sampler import Candidates
+from exatrain.tune.sampler import Candidates
 
 FAKE = Path(__file__).with_name("fake_train.py")
 TINY = ["--model", "gpt-tiny", "--gpus", "4", "--global-batch", "8"]

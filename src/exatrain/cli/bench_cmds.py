@@ -146,7 +146,7 @@ def _cluster_arg(name: str | None):
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from exatrain.planner.cost.calibrate import RunPoint, fit_runs
     from exatrain.planner.cost.params import Calibration, default_params, load_calibration, save_calibration
-    from exatrain.planner.validate import cluster_for, layout_label
+    from exatrain.planner.compare import cluster_for, layout_label
 
     records = _records(args.runs)
     base_cal = load_calibration(args.calibration) if args.calibration else None
@@ -200,7 +200,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 # ---- validate ---------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     from exatrain.planner.cost.params import load_calibration
-    from exatrain.planner.validate import compare_all, distribution
+    from exatrain.planner.compare import compare_all, distribution
 
     records = _records(args.runs)
     cal = load_calibration(args.calibration) if args.calibration else None
@@ -272,7 +272,7 @@ def print_run_comparison(metrics_file: str | None, quiet: bool = False) -> None:
     if quiet or not metrics_file or os.environ.get("RANK", "0") != "0" or os.environ.get("SLURM_PROCID", "0") != "0":
         return
     from exatrain.plan import read_run_records
-    from exatrain.planner.validate import compare, summary_lines
+    from exatrain.planner.compare import compare, summary_lines
 
     try:
         records = read_run_records(metrics_file)

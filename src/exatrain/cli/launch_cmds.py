@@ -19,7 +19,7 @@ SCHEDULERS = ("slurm", "torchrun")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from exatrain.launch.export_config import TARGETS
+    from exatrain.engine_configs.common import TARGETS
 
     p = sub.add_parser(
         "launch", help="render a SLURM batch script or multi-node torchrun command for a plan",
@@ -102,7 +102,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from exatrain.launch import export
+    from exatrain.engine_configs import export
 
     plan = load_plan(args.plan)
     ds_config = str(Path(args.out).with_name("ds_config.json")) if args.out else "ds_config.json"

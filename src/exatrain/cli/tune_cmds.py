@@ -1,4 +1,4 @@
-"""`exatrain tune`: Bayesian optimisation of the layout over short real runs (planner.search.tune).
+"""`exatrain tune`: Bayesian optimisation of the layout over short real runs (exatrain.tune).
 
 Flags map onto typed config here and nowhere else: the model/cluster/layout flags as in `search`
 (layout flags pin a dimension), the study (an Optuna storage URL; a plain path means SQLite), the
@@ -106,7 +106,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--seed-trials must be >= 0, got {args.seed_trials}")
     budget = None if args.time_budget is None else parse_duration(args.time_budget, "--time-budget")
     trial_timeout = parse_duration(args.trial_timeout, "--trial-timeout")
-    from exatrain.planner.search.tune_runner import SubprocessRunner, check_launcher
+    from exatrain.tune.runner import SubprocessRunner, check_launcher
 
     launcher = check_launcher(args.launcher)
     options = _space_options(args)
@@ -118,8 +118,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     url = study_url(args.study)
 
     from exatrain.planner.search.search import search
-    from exatrain.planner.search.tune import Problem, StudyFiles, TuneSettings, open_storage, tune
-    from exatrain.planner.search.tune_sampler import Candidates
+    from exatrain.tune.study import Problem, StudyFiles, TuneSettings, open_storage, tune
+    from exatrain.tune.sampler import Candidates
 
     result = search(model, cluster, args.gpus, args.global_batch, top=args.candidates, options=options,
                     params=params, dtype=dtype, flash=flash, runtime="exatrain")

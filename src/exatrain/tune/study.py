@@ -6,7 +6,7 @@ same over every memory-feasible layout ``search`` finds, with the cost model doi
 
 1. **Seeds.** A new study enqueues the best predicted layout of each of the best predicted (tp, pp)
    meshes (``TuneSettings.seed_trials``) as its first trials.
-2. **Prior.** The sampler (``tune_sampler.CostModelSampler``) models measured throughput as the
+2. **Prior.** The sampler (``sampler.CostModelSampler``) models measured throughput as the
    prediction times a Gaussian-process correction learned from the runs so far, and runs the untried
    layout with the largest upper confidence bound next; layouts whose bound is below the best run are
    hopeless and never run (the study stops when only those are left).
@@ -48,8 +48,8 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import Plan, RunRecord, append_run_record
 from exatrain.planner.search.space import SpaceOptions
-from exatrain.planner.search.tune_runner import RunOutcome, TrialRunner
-from exatrain.planner.search.tune_sampler import (PARAM_NAMES, RUN_STATUSES, Candidates, CostModelSampler,
+from exatrain.tune.runner import RunOutcome, TrialRunner
+from exatrain.tune.sampler import (PARAM_NAMES, RUN_STATUSES, Candidates, CostModelSampler,
                                                   GPSettings, HopelessPruner, layout_key, trial_key,
                                                   trial_status)
 
