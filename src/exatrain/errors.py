@@ -24,3 +24,9 @@ class TrainingStopped(UserError):
     """A run that stopped itself (a non-finite loss under --nan-policy stop): one line, exit status 3."""
 
     exit_code = 3
+
+
+class OutOfMemoryPredicted(PlanError):
+    """A run refused before it starts because its memory is predicted not to fit (e.g. the model
+    states of a CPU run beyond the machine's memory). The tuner records such a layout as out of
+    memory without running it."""

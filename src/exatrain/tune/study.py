@@ -125,6 +125,10 @@ class TuneResult:
     ran: int  # finished runs added by this invocation
     finished: int  # finished runs in the study
     candidates: int
+    storage: str = ""  # the study's storage URL
+    runs_file: str = ""  # where every finished run's RunRecord was appended
+    trials_dir: str = ""  # one folder per trial
+    best_file: str | None = None  # the best plan as JSON, when there is one
 
     def to_dict(self) -> dict[str, Any]:
         best = None
@@ -132,7 +136,7 @@ class TuneResult:
             best = {**self.best.to_dict(), "plan": self.best.plan.to_dict()}
         return {"study": self.study_name, "candidates": self.candidates, "finished": self.finished,
                 "ran": self.ran, "stopped": self.stopped, "trials": [t.to_dict() for t in self.trials],
-                "best": best}
+                "best": best, "storage": self.storage, "runs_file": self.runs_file, "best_file": self.best_file}
 
 
 class RunFailed(Exception):
