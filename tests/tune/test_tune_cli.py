@@ -254,3 +254,11 @@ def test_a_study_refuses_another_problem(tmp_path, capsys, fake) -> None:
     assert run(capsys, *tune_argv(tmp_path, "--trials", "1", "--study-name", "s"))[0] == 0
     code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "1", "--study-name", "s", "--global-batch", "16"))
     assert code == 2 and "made for another problem (different global_batch)" in err
+
+
+def test_progress_lines_only_with_progress_when_stderr_is_not_a_terminal(tmp_path, capsys, fake) -> None:
+    fake()
+    code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "1", "--json"))
+    assert code == 0 and err == ""
+    code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "2", "--json", "--progress"))
+    assert code == 0 and err.startswith("tune: trial 1: tp") and err.count("\n") == 1 and ": ok, " in err

@@ -39,6 +39,19 @@ class CalibrateResult:
     fits: tuple[DeviceFit, ...]
     skipped: int  # records without a successful measured step time
 
+    def summary_lines(self) -> list[str]:
+        """Per device: the fitted factors, and the step-time error before and after the fit."""
+        lines = []
+        for f in self.fits:
+            lines.append(f"{f.device}: {f.runs} runs; fitted " + ", ".join(f"{k}={v:.3g}" for k, v in f.factors.items()))
+            for when, e in (("before:", f.before), ("after: ", f.after)):
+                lines.append(f"  step-time error {when} median {e['median']:.1%}, p90 {e['p90']:.1%}, max "
+                             f"{e['max']:.1%} (rms log-error {e['rms_log']:.3f}"
+                             + (")" if when == "before:" else ", the quantity fitted)"))
+        if self.skipped:
+            lines.append(f"{self.skipped} record(s) without a successful measurement skipped")
+        return lines
+
 
 def fit_calibration(records: Sequence[RunRecord], *, base: Calibration | None = None,
                     cluster: ClusterSpec | None = None, runs_label: str = "") -> CalibrateResult:

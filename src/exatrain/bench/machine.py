@@ -27,6 +27,24 @@ class BenchResult:
     def params(self):
         return self.calibration.devices[self.device]
 
+    def summary_lines(self) -> list[str]:
+        """What was measured, in the cost model's terms: GEMM throughput and its fall-off, attention,
+        memory bandwidth and overheads, and each measured link tier."""
+        from exatrain.catalog import device_catalog
+
+        p, spec = self.params, device_catalog().get(self.device)
+        peak = p.peak_flops or (spec.peak_flops(self.dtype) if spec else None) or 0.0
+        lines = [f"{self.device} ({self.dtype}, {self.threads_per_rank} thread(s) per rank) measured in {self.seconds:.1f} s",
+                 f"GEMM: {peak * p.gemm_eff / 1e12:.3f} TFLOPS at large sizes (peak {peak / 1e12:.3f}, eff "
+                 f"{p.gemm_eff:.2f}), dimension half-point {p.gemm_dim_half:.0f}, {p.gemm_overhead_s * 1e6:.1f} µs per call",
+                 f"attention: {p.attn_eff:.1%} of peak; memory: {(p.mem_bytes_per_s or 0) / 1e9:.1f} GB/s copy, "
+                 f"element-wise at {p.mem_eff:.0%} of it + {p.op_overhead_s * 1e6:.1f} µs per kernel; "
+                 f"{p.step_overhead_s * 1e3:.1f} ms fixed per step"]
+        for cluster, tiers in self.calibration.cluster_tiers.items():
+            lines += [f"links ({cluster}, {t.name}): {t.bytes_per_s / 1e9:.2f} GB/s, {t.latency_s * 1e6:.0f} µs latency"
+                      for t in tiers]
+        return lines
+
 
 def measure(*, device: str = "cpu", ranks: int | None = None, dtype: str | None = None, quick: bool = False,
             progress: Callable[[str], None] | None = None) -> BenchResult:

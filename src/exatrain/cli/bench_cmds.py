@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 from exatrain import api
-from exatrain.catalog import device_catalog
 from exatrain.cli.common import add_progress_arg, call, make_console, opt, positive_int, print_json, progress, table
 from exatrain.planner.compare import size
 
@@ -64,20 +63,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print_json({"device": result.device, "params": params.to_dict(), "seconds": result.seconds, "out": args.out,
                     "tiers": {k: [t.__dict__ for t in v] for k, v in cal.cluster_tiers.items()}})
         return 0
-    out = make_console()
-    device = device_catalog().get(result.device)
-    peak = params.peak_flops or (device.peak_flops(result.dtype) if device else None) or 0.0
-    out.print(f"[bold]{result.device}[/] ({result.dtype}, {result.threads_per_rank} thread(s) per rank) "
-              f"measured in {result.seconds:.1f} s -> {args.out}")
-    out.print(f"GEMM: {peak * params.gemm_eff / 1e12:.3f} TFLOPS at large sizes (peak {peak / 1e12:.3f}, "
-              f"eff {params.gemm_eff:.2f}), dimension half-point {params.gemm_dim_half:.0f}, "
-              f"{params.gemm_overhead_s * 1e6:.1f} µs per call")
-    out.print(f"attention: {params.attn_eff:.1%} of peak; memory: {(params.mem_bytes_per_s or 0) / 1e9:.1f} GB/s "
-              f"copy, element-wise at {params.mem_eff:.0%} of it + {params.op_overhead_s * 1e6:.1f} µs per kernel; "
-              f"{params.step_overhead_s * 1e3:.1f} ms fixed per step")
-    for cname, tiers in cal.cluster_tiers.items():
-        for t in tiers:
-            out.print(f"links ({cname}, {t.name}): {t.bytes_per_s / 1e9:.2f} GB/s, {t.latency_s * 1e6:.0f} µs latency")
+    lines = result.summary_lines()
+    make_console().print("\n".join([f"{lines[0]} -> {args.out}", *lines[1:]]), highlight=False)
     return 0
 
 
@@ -86,15 +73,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"out": args.out, "devices": {f.device: f.to_dict() for f in result.fits}, "skipped": result.skipped})
         return 0
-    con = make_console()
-    for f in result.fits:
-        con.print(f"[bold]{f.device}[/]: {f.runs} runs; fitted " + ", ".join(f"{k}={v:.3g}" for k, v in f.factors.items()))
-        for when, e in (("before:", f.before), ("after: ", f.after)):
-            con.print(f"  step-time error {when} median {e['median']:.1%}, p90 {e['p90']:.1%}, max {e['max']:.1%} "
-                      f"(rms log-error {e['rms_log']:.3f}" + (", the quantity fitted)" if when != "before:" else ")"))
-    if result.skipped:
-        con.print(f"[dim]{result.skipped} record(s) without a successful measurement skipped[/]")
-    con.print(f"-> {args.out}")
+    make_console().print("\n".join([*result.summary_lines(), f"-> {args.out}"]), highlight=False)
     return 0
 
 

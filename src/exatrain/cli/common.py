@@ -61,6 +61,15 @@ def default(fn: Callable, name: str) -> Any:
     return inspect.signature(fn).parameters[name].default
 
 
+def flag(group: Any, fn: Callable, name: str, help: str, **kw: Any) -> None:
+    """A flag for ``fn``'s keyword argument of the same name: its default is the API's, and --help
+    says it (unless the help already names its default)."""
+    value = default(fn, name[2:].replace("-", "_"))
+    if value is not None and "default" not in help:
+        help += f" (default {value:g})" if isinstance(value, float) else f" (default {value})"
+    group.add_argument(name, default=value, help=help, **kw)
+
+
 def call(fn: Callable, args: argparse.Namespace, **extra: Any) -> Any:
     """``fn`` with every flag named as one of its keyword arguments; a flag not given (None) leaves
     the API's default."""
@@ -89,27 +98,29 @@ def add_cluster_args(p: argparse.ArgumentParser, default_cluster: str | None, gp
         g.add_argument("--gpus", type=positive_int, help="number of devices (ranks)")
 
 
+_BOOL = argparse.BooleanOptionalAction
+LAYOUT_FLAGS = (  # the defaults named here are make_plan's (exatrain.api.plans)
+    ("--tp", positive_int, None, "tensor-parallel degree (default 1)"),
+    ("--pp", positive_int, None, "pipeline-parallel degree (default 1)"),
+    ("--dp", positive_int, None, "data-parallel degree (default: --gpus / (tp*pp))"),
+    ("--micro-batch", positive_int, None, "sequences per micro-batch (default 1)"),
+    ("--global-batch", positive_int, None, "sequences per step (default: micro-batch*dp*(4*pp if pp>1 else 1))"),
+    ("--zero", int, (0, 1, 2, 3), "0: DDP (default); 1: shard optimizer states; 2: + gradients; 3: + weights (FSDP)"),
+    ("--recompute", None, RECOMPUTE, "activation recomputation (default none)"),
+    ("--sequence-parallel", _BOOL, None, "shard norms/dropout activations over the tp group (default off)"),
+    ("--schedule", None, SCHEDULES, "pipeline schedule (default 1f1b)"),
+    ("--interleave", positive_int, None, "virtual stages per rank (default 2 for interleaved / zero_bubble, else 1)"),
+    ("--stage-layers", int_list, None, "layers per virtual stage, e.g. 3,5,5,3 (default: balanced)"),
+    ("--dtype", None, DTYPES, "training precision (default bfloat16; train on the CPU: float32)"),
+    ("--flash-attention", _BOOL, None, "fused attention that stores no s*s scores (default on)"),
+)
+
+
 def add_layout_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout (not given: the plan's, else the default shown)")
-    g.add_argument("--tp", type=positive_int, help="tensor-parallel degree (default 1)")
-    g.add_argument("--pp", type=positive_int, help="pipeline-parallel degree (default 1)")
-    g.add_argument("--dp", type=positive_int, help="data-parallel degree (default: --gpus / (tp*pp))")
-    g.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (default 1)")
-    g.add_argument("--global-batch", type=positive_int,
-                   help="sequences per optimizer step (default: micro-batch*dp*(4*pp if pp>1 else 1))")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
-                   help="0: DDP (default); 1: shard optimizer states; 2: + gradients; 3: + weights (FSDP)")
-    g.add_argument("--recompute", choices=RECOMPUTE, help="activation recomputation (default none)")
-    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction,
-                   help="shard norms/dropout activations over the tp group (default off)")
-    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
-    g.add_argument("--interleave", type=positive_int,
-                   help="virtual pipeline stages per rank (default 2 for interleaved / zero_bubble, else 1)")
-    g.add_argument("--stage-layers", type=int_list, metavar="N,N,...",
-                   help="layers per virtual stage, e.g. 3,5,5,3 (default: balanced)")
-    g.add_argument("--dtype", choices=DTYPES, help="training precision (default bfloat16; train on the CPU: float32)")
-    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction,
-                   help="fused attention that stores no s*s scores (default on)")
+    for name, kind, choices, help in LAYOUT_FLAGS:
+        kw: dict[str, Any] = {"action": kind} if kind is _BOOL else {"type": kind, "choices": choices}
+        g.add_argument(name, help=help, **({**kw, "metavar": "N,N,..."} if kind is int_list else kw))
 
 
 def add_progress_arg(p: argparse.ArgumentParser) -> None:

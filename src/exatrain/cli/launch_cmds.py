@@ -7,14 +7,13 @@ import sys
 
 from exatrain import api
 from exatrain.api.jobs import SCHEDULERS
-from exatrain.cli.common import add_cluster_args, call, default, positive_int, warn_line
+from exatrain.cli.common import add_cluster_args, call, default, flag, positive_int, warn_line
 from exatrain.engine_configs import TARGETS
 
 PLAN_HELP = "plan JSON: `estimate/search --out`, `estimate --json`, or `search --json` (its first ranked plan)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    d = lambda name: default(api.launch, name)  # noqa: E731
     p = sub.add_parser(
         "launch", help="render a SLURM batch script or multi-node torchrun command for a plan",
         description="Render the job that trains a plan: an sbatch script (ROCm/RCCL environment on Frontier, NCCL "
@@ -27,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduler", required=True, choices=SCHEDULERS)
     add_cluster_args(p, "the plan's", gpus=False)
     p.add_argument("--nodes", type=positive_int, help="nodes to use (default: gpus / gpus_per_node, rounded up)")
-    p.add_argument("--checkpoint-dir", default=d("checkpoint_dir"), metavar="DIR", help="shared directory for "
-                   f"checkpoints (made absolute; default {d('checkpoint_dir')}); a restarted job resumes from it")
+    flag(p, api.launch, "--checkpoint-dir", "shared directory for checkpoints (made absolute); a restarted job "
+         "resumes from it", metavar="DIR")
     p.add_argument("--steps", type=positive_int, help=f"training steps (default {default(api.train, 'steps')})")
     p.add_argument("--metrics-file", metavar="PATH", help="per-step JSON lines")
     p.add_argument("--rccl-plugin-dir", default="", metavar="DIR",
@@ -36,11 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="FILE", help="write here (executable) instead of stdout")
     g = p.add_argument_group("slurm")
     g.add_argument("--account", default="", help="#SBATCH --account")
-    g.add_argument("--time", default=d("time"), metavar="HH:MM:SS", help=f"wall-clock limit (default {d('time')})")
+    flag(g, api.launch, "--time", "wall-clock limit", metavar="HH:MM:SS")
     g.add_argument("--partition", default="", help="#SBATCH --partition")
     g.add_argument("--job-name", default="", help="default exatrain-<model>")
-    g.add_argument("--master-port", type=positive_int, default=d("master_port"),
-                   help=f"rendezvous port (default {d('master_port')})")
+    flag(g, api.launch, "--master-port", "rendezvous port", type=positive_int)
     g.add_argument("--setup", action="append", default=[], metavar="LINE",
                    help="shell line run before the ranks start, e.g. 'module load rocm' (repeatable)")
     g = p.add_argument_group("torchrun")

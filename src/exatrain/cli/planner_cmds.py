@@ -6,7 +6,7 @@ import argparse
 
 from exatrain import api
 from exatrain.api.planning import DEFAULT_CLUSTER
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call, default,
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call, flag,
                                  int_list, make_console, opt, print_json, progress, table)
 from exatrain.plan import Plan
 from exatrain.planner.results import estimate_json, search_json
@@ -42,10 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "schedule), drop those that do not fit in memory, rank the rest by predicted throughput. "
                         "Layout flags pin a dimension (e.g. --tp 8).",
                         "exatrain search --model gpt-1t --cluster frontier --gpus 3072 --global-batch 1536 --top 10")
-    p.add_argument("--top", type=int, default=default(api.search, "top"), help="how many layouts to show (default 10)")
-    p.add_argument("--runtime", choices=("megatron", "exatrain"), default=default(api.search, "runtime"),
-                   help="whose memory decides what fits: megatron = the lean reference (Megatron-LM's tensors, "
-                        "default); exatrain = exatrain's own trainer as it runs today")
+    flag(p, api.search, "--top", "how many layouts to show", type=int)
+    flag(p, api.search, "--runtime", "whose memory decides what fits: megatron = the lean reference (Megatron-LM's "
+         "tensors); exatrain = exatrain's own trainer as it runs today", choices=("megatron", "exatrain"))
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
     p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
     p.set_defaults(func=cmd_search)
@@ -56,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exatrain scaling --model gpt-175b --cluster frontier --gpus 128,256,512,1024 "
                         "--global-batch 640 --mode weak --tp 4 --pp 16", gpus=False)
     p.add_argument("--gpus", required=True, type=int_list, metavar="N,N,...", help="GPU counts, smallest first")
-    p.add_argument("--mode", choices=("weak", "strong"), default=default(api.scaling, "mode"),
-                   help="weak: global batch grows with the GPU count (default); strong: fixed")
+    flag(p, api.scaling, "--mode", "weak: global batch grows with the GPU count; strong: fixed",
+         choices=("weak", "strong"))
     p.set_defaults(func=cmd_scaling)
 
 

@@ -8,7 +8,7 @@ import os
 from exatrain import api
 from exatrain.api.training import DEFAULT_MODEL, embedded_default
 from exatrain.catalog import get_model
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, default, make_console,
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, default, flag, make_console,
                                  nonneg_int, positive_int, warn_line)
 
 
@@ -21,7 +21,6 @@ def _no_flags() -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    d = lambda name: default(api.train, name)  # noqa: E731 - the API's default is what --help shows
     p = sub.add_parser(
         "train", help=f"train a plan (default: {DEFAULT_MODEL} on 8 CPU ranks)",
         description="Train a plan with PyTorch's distributed engine (DeviceMesh, DTensor, pipelining, FSDP2/DDP). "
@@ -35,22 +34,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_layout_args(p)
     add_cluster_args(p, "the plan's, else local-cpu")
     g = p.add_argument_group("training")
-    g.add_argument("--steps", type=positive_int, default=d("steps"), help=f"optimizer steps (default {d('steps')})")
-    g.add_argument("--seed", type=nonneg_int, default=d("seed"), help=f"weights and data order (default {d('seed')})")
-    g.add_argument("--lr", type=float, default=d("lr"), help=f"peak learning rate (default {d('lr'):g})")
-    g.add_argument("--warmup", type=nonneg_int, default=d("warmup"), help=f"linear warm-up steps (default {d('warmup')})")
-    g.add_argument("--min-lr-ratio", type=float, default=d("min_lr_ratio"),
-                   help=f"cosine decay floor, x lr (default {d('min_lr_ratio')})")
-    g.add_argument("--weight-decay", type=float, default=d("weight_decay"),
-                   help=f"AdamW weight decay (default {d('weight_decay')})")
-    g.add_argument("--grad-clip", type=float, default=d("grad_clip"),
-                   help=f"max global grad norm, 0 = off (default {d('grad_clip'):g})")
+    for name, kind, help in (("--steps", positive_int, "optimizer steps"), ("--seed", nonneg_int, "weights and data order"),
+                             ("--lr", float, "peak learning rate"), ("--warmup", nonneg_int, "linear warm-up steps"),
+                             ("--min-lr-ratio", float, "cosine decay floor, x lr"),
+                             ("--weight-decay", float, "AdamW weight decay"),
+                             ("--grad-clip", float, "max global grad norm, 0 = off")):
+        flag(g, api.train, name, help, type=kind)
     g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda for a plan made for a GPU cluster, else cpu")
     g.add_argument("--metrics-file", metavar="PATH", help="append one JSON line per step and a RunRecord at the end")
     g.add_argument("--quiet", action="store_true", help="no progress output")
-    g.add_argument("--nan-policy", choices=("stop", "skip"), default=d("nan_policy"),
-                   help="a non-finite loss or gradient norm: stop with the step number (default), or skip that "
-                        "step's update and count it")
+    flag(g, api.train, "--nan-policy", "a non-finite loss or gradient norm: stop with the step number, or skip "
+         "that step's update and count it", choices=("stop", "skip"))
     g.add_argument("--tensorboard", metavar="DIR", help="also write TensorBoard event files")
     g.add_argument("--calibration", metavar="PATH", help="predict the step time with this calibration file "
                    "(exatrain bench / calibrate); the prediction is shown beside the measurement when the file "
@@ -64,9 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "library's source, bytes)")
     g.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (after the last step, and every "
                    "--save-every steps); its filesystem needs room for one checkpoint (fp32 weights + AdamW moments)")
-    g.add_argument("--save-every", type=nonneg_int, default=0, metavar="N", help="save every N steps (default: only "
-                   "after the last step)")
-    g.add_argument("--keep-last", type=nonneg_int, default=0, metavar="K", help="keep only the newest K (default: all)")
+    flag(g, api.train, "--save-every", "save every N steps (default 0: only after the last step)", type=nonneg_int,
+         metavar="N")
+    flag(g, api.train, "--keep-last", "keep only the newest K (default 0: all)", type=nonneg_int, metavar="K")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
     g.add_argument("--resume", metavar="auto|PATH", help="auto: continue from the newest complete checkpoint in "
                    "--checkpoint-dir (start fresh if there is none); PATH: from that checkpoint. Any layout may load it")

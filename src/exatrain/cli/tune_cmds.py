@@ -7,13 +7,12 @@ import sys
 
 from exatrain import api
 from exatrain.api.tuning import DEFAULT_CLUSTER
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call, default,
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call, flag,
                                  make_console, nonneg_int, opt, positive_int, print_json, progress, table)
 from exatrain.planner.search.explain import describe
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    d = lambda name: default(api.tune, name)  # noqa: E731 - the API's default is what --help shows
     p = sub.add_parser(
         "tune", help="find the fastest layout by short real runs (Bayesian optimisation)",
         description="Tune the layout on the real machine: every memory-feasible layout `search` finds is a "
@@ -29,28 +28,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p, DEFAULT_CLUSTER)
     add_layout_args(p)
     g = p.add_argument_group("tuning")
-    g.add_argument("--trials", type=positive_int, default=d("trials"),
-                   help=f"finished runs the study holds in total (default {d('trials')})")
-    g.add_argument("--time-budget", metavar="DURATION", help="start no trial after this long, e.g. 2h, 90m, 1h30m, "
-                   "600 (seconds)")
-    g.add_argument("--study", metavar="URL", default=d("study"),
-                   help=f"Optuna storage URL or a SQLite file path (default {d('study')})")
+    t = api.tune
+    flag(g, t, "--trials", "finished runs the study holds in total", type=positive_int)
+    g.add_argument("--time-budget", metavar="DURATION", help="start no trial after this long: 2h, 90m, 1h30m, 600 (s)")
+    flag(g, t, "--study", "Optuna storage URL or a SQLite file path", metavar="URL")
     g.add_argument("--study-name", help="default: derived from the model, cluster, gpus, batch")
     g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda for a GPU cluster, cpu for local-cpu")
-    g.add_argument("--steps", type=positive_int, default=d("steps"),
-                   help=f"optimizer steps per trial, at least 3: the first 2 are warm-up (default {d('steps')})")
-    g.add_argument("--seed", type=nonneg_int, default=d("seed"), help=f"the runs' seed (default {d('seed')})")
-    g.add_argument("--trial-timeout", metavar="DURATION", default=d("trial_timeout"),
-                   help=f"a run still going after this is a hang: killed, a failed trial (default {d('trial_timeout')})")
-    g.add_argument("--launcher", metavar="TEMPLATE",
-                   help="start each run through this command, {cmd} = `python -m exatrain.train ...`, "
-                        "e.g. 'srun -N4 --ntasks-per-node 8 {cmd}' (default: local ranks)")
-    g.add_argument("--candidates", type=positive_int, default=d("candidates"),
-                   help=f"tune over the N best predicted feasible layouts (default {d('candidates')})")
-    g.add_argument("--seed-trials", type=int, default=d("seed_trials"), help="first trials: the best predicted "
-                   f"layout of each of the N best tp x pp meshes (default {d('seed_trials')})")
-    g.add_argument("--prune-ratio", type=float, default=d("prune_ratio"),
-                   help=f"stop a run below this x the best run after warm-up; 0 = never (default {d('prune_ratio')})")
+    flag(g, t, "--steps", "optimizer steps per trial, at least 3: the first 2 are warm-up", type=positive_int)
+    flag(g, t, "--seed", "the runs' seed", type=nonneg_int)
+    flag(g, t, "--trial-timeout", "a run still going after this is a hang: killed, a failed trial", metavar="DURATION")
+    g.add_argument("--launcher", metavar="TEMPLATE", help="start each run through this command, {cmd} = `python -m "
+                   "exatrain.train ...`, e.g. 'srun -N4 --ntasks-per-node 8 {cmd}' (default: local ranks)")
+    flag(g, t, "--candidates", "tune over the N best predicted feasible layouts", type=positive_int)
+    flag(g, t, "--seed-trials", "first trials: the best predicted layout of each of the N best tp x pp meshes", type=int)
+    flag(g, t, "--prune-ratio", "stop a run below this x the best run after warm-up; 0 = never", type=float)
     g.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")
     g.add_argument("--out", metavar="PATH", help="the best plan as JSON (default: beside the study, e.g. tune.best.json)")
     g.add_argument("--runs-file", metavar="PATH",
