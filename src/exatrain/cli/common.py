@@ -135,10 +135,12 @@ def progress(args: argparse.Namespace, title: str) -> Iterator[Callable[[str], N
     if not (getattr(args, "progress", False) or sys.stderr.isatty()):
         yield None
         return
+    from rich.markup import escape
+
     con = make_console(stderr=True)
 
     def line(message: str) -> None:
-        con.print(f"[dim]{title}: {message}[/]", highlight=False)
+        con.print(f"[dim]{escape(f'{title}: {message}')}[/]", highlight=False)
 
     if not con.is_terminal:
         yield line
