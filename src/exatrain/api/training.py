@@ -34,6 +34,19 @@ def embedded_default(model: ModelSpec) -> Plan:
                 schedule="1f1b", dtype="float32", cluster="local-cpu")
 
 
+def describe_default() -> str:
+    """What ``train`` runs with no plan and no layout values, in words (for --help)."""
+    import inspect
+
+    from exatrain.catalog import get_model
+
+    p = embedded_default(get_model(DEFAULT_MODEL))
+    steps = inspect.signature(train).parameters["steps"].default
+    return (f"{DEFAULT_MODEL} over the standard library's source text (bytes), tp{p.tp} x pp{p.pp} x dp{p.dp} on "
+            f"{p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of {p.micro_batch}, "
+            f"global batch {p.global_batch}, {p.dtype}, {steps} steps")
+
+
 @dataclass(frozen=True)
 class TrainResult:
     plan: Plan  # what ran, with the prediction it carried
@@ -286,5 +299,5 @@ def _last_record(metrics: str | None, env: Any) -> RunRecord | None:
     return records[-1] if records else None
 
 
-__all__ = ["DEFAULT_MODEL", "TrainResult", "check_cpu_memory", "checkpoint_bytes", "embedded_default", "state_bytes",
-           "train"]
+__all__ = ["DEFAULT_MODEL", "TrainResult", "check_cpu_memory", "checkpoint_bytes", "describe_default", "embedded_default",
+           "state_bytes", "train"]

@@ -6,26 +6,17 @@ import argparse
 import os
 
 from exatrain import api
-from exatrain.api.training import DEFAULT_MODEL, embedded_default
-from exatrain.catalog import get_model
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, default, flag, make_console,
+from exatrain.api.training import DEFAULT_MODEL, describe_default
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, flag, make_console,
                                  nonneg_int, positive_int, warn_line)
-
-
-def _no_flags() -> str:
-    """What `exatrain train` runs with no flags, from the same function that makes it."""
-    p = embedded_default(get_model(DEFAULT_MODEL))
-    return (f"{DEFAULT_MODEL} over the standard library's source text (bytes), tp{p.tp} x pp{p.pp} x dp{p.dp} on "
-            f"{p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of {p.micro_batch}, "
-            f"global batch {p.global_batch}, {p.dtype}, {default(api.train, 'steps')} steps")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "train", help=f"train a plan (default: {DEFAULT_MODEL} on 8 CPU ranks)",
+        "train", help="train a plan (default: a small GPT on CPU ranks)",
         description="Train a plan with PyTorch's distributed engine (DeviceMesh, DTensor, pipelining, FSDP2/DDP). "
-                    f"With no flags: {_no_flags()}. Under torchrun/srun each process is one rank; otherwise the "
-                    "ranks are started here.",
+                    f"With no flags: {describe_default()}. Under torchrun/srun each process is one rank; otherwise "
+                    "the ranks are started here.",
         epilog="examples:\n  exatrain train\n  exatrain train --plan plan.json --steps 200 --metrics-file runs.jsonl\n"
                "  exatrain train --model gpt-tiny --tp 2 --pp 2 --dp 2 --schedule interleaved --steps 50")
     p.add_argument("--plan", metavar="PATH", help="a plan: `estimate/search --out`, `estimate --json`, or "
