@@ -2,7 +2,8 @@
 
 * planner, catalog, plan, launch, engine_configs, tune: never import torch (they run on any laptop, start fast);
 * trainer: never imports the planner (plan.py and the catalog are its only contract);
-* nothing but the cli wires planner and trainer together.
+* nothing but the api (exatrain.api, which the cli calls) wires planner and trainer together;
+  importing it, or the cli, loads no torch.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def test_planner_never_imports_trainer() -> None:
 
 def test_planner_modules_load_without_torch_at_runtime() -> None:
     """Importing every torch-free module (and the CLI entry) must not pull torch in transitively."""
-    mods = [_dotted(p) for sub in TORCH_FREE + ("plan",) for p in _modules(sub)] + ["exatrain.cli"]
+    mods = [_dotted(p) for sub in TORCH_FREE + ("plan",) for p in _modules(sub)] + ["exatrain.cli", "exatrain.api"]
     code = ("import importlib, sys\n"
             f"for m in {mods!r}:\n"
             "    importlib.import_module(m)\n"
