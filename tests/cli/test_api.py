@@ -157,3 +157,20 @@ def test_the_cli_passes_its_flags_by_the_api_names() -> None:
         names = set(inspect.signature(fn).parameters)
         flags = {a.dest for a in sub[command]._actions} - output_only
         assert flags <= names, (command, sorted(flags - names))
+
+
+def test_checkpoint_dir_needs_room_for_one_checkpoint(tmp_path, monkeypatch) -> None:
+    """One checkpoint is fp32 weights and two AdamW moments per parameter (the accounting's bytes);
+    a --checkpoint-dir on a filesystem with less free space is refused before any work."""
+    import shutil
+
+    from exatrain.api import training
+    from exatrain.planner.accounting.params import total_params
+
+    plan = exatrain.make_plan(get_model("gpt-small"), "local-cpu", gpus=1)
+    assert training.checkpoint_bytes(plan) == 12 * total_params(plan.model)
+    free = shutil.disk_usage(tmp_path).free
+    monkeypatch.setattr(training, "checkpoint_bytes", lambda p: 2 * free)
+    with pytest.raises(UserError, match="one checkpoint needs about"):
+        exatrain.train(model="gpt-tiny", checkpoint_dir=tmp_path / "ckpt", steps=1)
+    assert not (tmp_path / "ckpt").exists()

@@ -228,7 +228,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
         check_output_dir(tensorboard, "--tensorboard")
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "--checkpoint-dir")
-    if data is not None:
+    if data is not None and Path(data).exists():  # a missing one: the dataset reader names it (below)
         check_input_dir(data, "--data")
     if resume is not None and str(resume) != "auto":
         check_input_dir(resume, "--resume")
