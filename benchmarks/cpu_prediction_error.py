@@ -2,10 +2,11 @@
 
     python benchmarks/cpu_prediction_error.py [--steps 12] [--dir DIR] [--calibration PATH]
 
-1. ``exatrain bench --out DIR/calib.json`` (skipped with --calibration);
-2. for each run below: the plan, estimated with that calibration (``exatrain estimate --calibration
-   ... --out``), trained for a few steps with ``exatrain train --plan ... --metrics-file``, which
-   records the prediction the plan carries beside the median measured step time;
+1. ``exatrain.api.bench(out=DIR/calib.json)`` (skipped with --calibration);
+2. for each run below: the plan, estimated with that calibration (``exatrain.estimate(...,
+   calibration=..., out=...)``), trained for a few steps with ``exatrain.train(plan=...,
+   metrics_file=...)``, which records the prediction the plan carries beside the median measured
+   step time;
 3. prints predicted vs measured per run and the median |error|, and writes DIR/results.json.
 
 No factor is fitted to these runs: the prediction is the bench calibration's. The load average of
@@ -18,33 +19,24 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-# (name, model flags, layout flags): 1-4 ranks, three presets, tp / pp / dp / ZeRO / micro-batches.
+from exatrain import api
+
+# (name, model, layout): 1-4 ranks, three presets, tp / pp / dp / ZeRO / micro-batches.
 RUNS = [
-    ("gpt-tiny 1 rank", ["--model", "gpt-tiny"], ["--micro-batch", "4", "--global-batch", "8"]),
-    ("gpt-small 1 rank", ["--model", "gpt-small"], ["--micro-batch", "2", "--global-batch", "4"]),
-    ("llama-tiny dp2", ["--model", "llama-tiny"], ["--dp", "2", "--micro-batch", "4", "--global-batch", "8"]),
-    ("gpt-small tp2", ["--model", "gpt-small"], ["--tp", "2", "--micro-batch", "2", "--global-batch", "4"]),
-    ("gpt-small pp2 1f1b", ["--model", "gpt-small"], ["--pp", "2", "--micro-batch", "1", "--global-batch", "8"]),
-    ("gpt-tiny tp2 pp2", ["--model", "gpt-tiny"], ["--tp", "2", "--pp", "2", "--micro-batch", "2",
-                                                  "--global-batch", "8"]),
-    ("llama-tiny tp2 dp2 ZeRO-1", ["--model", "llama-tiny"], ["--tp", "2", "--dp", "2", "--zero", "1",
-                                                             "--micro-batch", "2", "--global-batch", "8"]),
-    ("gpt-small dp2 ZeRO-2", ["--model", "gpt-small"], ["--dp", "2", "--zero", "2", "--micro-batch", "2",
-                                                       "--global-batch", "8"]),
+    ("gpt-tiny 1 rank", "gpt-tiny", dict(micro_batch=4, global_batch=8)),
+    ("gpt-small 1 rank", "gpt-small", dict(micro_batch=2, global_batch=4)),
+    ("llama-tiny dp2", "llama-tiny", dict(dp=2, micro_batch=4, global_batch=8)),
+    ("gpt-small tp2", "gpt-small", dict(tp=2, micro_batch=2, global_batch=4)),
+    ("gpt-small pp2 1f1b", "gpt-small", dict(pp=2, micro_batch=1, global_batch=8)),
+    ("gpt-tiny tp2 pp2", "gpt-tiny", dict(tp=2, pp=2, micro_batch=2, global_batch=8)),
+    ("llama-tiny tp2 dp2 ZeRO-1", "llama-tiny", dict(tp=2, dp=2, zero=1, micro_batch=2, global_batch=8)),
+    ("gpt-small dp2 ZeRO-2", "gpt-small", dict(dp=2, zero=2, micro_batch=2, global_batch=8)),
 ]
-
-
-def exatrain(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "exatrain", *args], capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise SystemExit(f"exatrain {' '.join(args)} failed:\n{out.stderr[-2000:]}")
-    return out
 
 
 def main() -> int:
@@ -59,7 +51,7 @@ def main() -> int:
     calib = Path(args.calibration) if args.calibration else work / "calib.json"
     if not args.calibration:
         t0 = time.perf_counter()
-        exatrain("bench", "--out", str(calib))
+        api.bench(out=calib)
         print(f"bench: {time.perf_counter() - t0:.0f} s -> {calib}", flush=True)
     runs_file = work / "runs.jsonl"
     if runs_file.exists():
@@ -68,20 +60,15 @@ def main() -> int:
     rows = []
     for i, (name, model, layout) in enumerate(chosen, 1):
         plan_path = work / f"plan{i}.json"
-        exatrain("estimate", *model, *layout, "--cluster", "local-cpu", "--dtype", "float32",
-                 "--calibration", str(calib), "--out", str(plan_path), "--json")
+        api.estimate(model=model, cluster="local-cpu", dtype="float32", calibration=calib, out=plan_path, **layout)
         load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
-        exatrain("train", "--plan", str(plan_path), "--device", "cpu", "--steps", str(args.steps),
-                 "--metrics-file", str(runs_file), "--quiet")
+        record = api.train(plan=plan_path, device="cpu", steps=args.steps, metrics_file=runs_file, quiet=True).record
         wall = time.perf_counter() - t0
-        record = [json.loads(line) for line in runs_file.read_text().splitlines()
-                  if '"run_record"' in line][-1]
-        pred = record["predicted"]["time_s"]["step"]
-        meas = record["measured"]["step_time_s"]
-        rows.append({"run": name, "ranks": record["plan"]["gpus"], "predicted_s": pred, "measured_s": meas,
+        pred, meas = record.predicted.time_s.step, record.measured.step_time_s
+        rows.append({"run": name, "ranks": record.plan.gpus, "predicted_s": pred, "measured_s": meas,
                      "error": pred / meas - 1, "load_before": load0, "wall_s": wall})
-        print(f"{i}. {name:28s} {record['plan']['gpus']} rank(s): predicted {pred:.4f} s, measured {meas:.4f} s "
+        print(f"{i}. {name:28s} {record.plan.gpus} rank(s): predicted {pred:.4f} s, measured {meas:.4f} s "
               f"({pred / meas - 1:+.1%})  [load {load0:.1f}]", flush=True)
     med = statistics.median(abs(r["error"]) for r in rows)
     print(f"median |error| over {len(rows)} runs: {med:.1%} (max {max(abs(r['error']) for r in rows):.1%})")

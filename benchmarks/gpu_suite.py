@@ -66,17 +66,27 @@ def out_dir(args: argparse.Namespace) -> Path:
 
 
 def plans(cluster: str = "dgx-h200"):
-    """The suite's plans, resolved and validated by the CLI's own flag handling (no torch)."""
-    from exatrain.cli import build_parser
-    from exatrain.cli.common import resolve_cluster, resolve_model, resolve_plan
+    """The suite's plans, resolved and validated by the API from the same flags the commands pass
+    (no torch)."""
+    from exatrain.api import make_plan, resolve_model
 
-    parser = build_parser()
     out = []
     for run in RUNS:
-        ns = parser.parse_args(["estimate", *run.model, *run.layout, "--cluster", cluster, "--gpus", "1"])
-        c = resolve_cluster(ns)
-        out.append((run, resolve_plan(ns, resolve_model(ns), c)))
+        kw = _flags(run.model + run.layout)
+        model = resolve_model(kw.pop("model", None), **{k: kw.pop(k) for k in list(kw) if k in _MODEL_KEYS})
+        out.append((run, make_plan(model, cluster, gpus=1, **kw)))
     return out
+
+
+_MODEL_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
+
+
+def _flags(words: tuple[str, ...]) -> dict:
+    """('--micro-batch', '4', ...) -> {'micro_batch': 4, ...}: the API's keyword names are the flags'."""
+    kw = {}
+    for flag, value in zip(words[::2], words[1::2]):
+        kw[flag[2:].replace("-", "_")] = int(value) if value.isdigit() else value
+    return kw
 
 
 def commands(args: argparse.Namespace) -> list[list[str]]:

@@ -7,7 +7,7 @@
 2. The replay, over --seeds seeds, counting runs (a plan the trainer refuses costs no run, for every
    strategy) until the best layout of the table has run, and until one within 10% of it has (runs on this
    shared machine repeat only to about 20%, so "the best" is partly luck and 10% is as close as it resolves):
-   * cost-model tuning: exatrain's tuner itself (`planner.search.tune.tune`, in-memory study) with a
+   * cost-model tuning: exatrain's tuner itself (`exatrain.tuning.study.tune`, in-memory study) with a
      runner that answers from the table - seeds, GP-UCB prior and hopeless-run pruning included; its
      early stop is switched off for the counts and reported apart (where it stops, with what best);
      deterministic on a noise-free table, so it is also replayed with every run's value drawn with the
@@ -45,9 +45,9 @@ import optuna
 from exatrain.catalog import get_cluster, get_model
 from exatrain.plan import Measured, Plan
 from exatrain.planner.search.search import search
-from exatrain.planner.search.tune import Problem, StudyFiles, TuneSettings, tune
-from exatrain.planner.search.tune_runner import RunOutcome
-from exatrain.planner.search.tune_sampler import Candidates, GPSettings, layout_key, plan_params
+from exatrain.tuning.study import Problem, StudyFiles, TuneSettings, tune
+from exatrain.tuning.runner import RunOutcome
+from exatrain.tuning.sampler import Candidates, GPSettings, layout_key, plan_params
 
 MODEL, GPUS, GLOBAL_BATCH = "gpt-tiny", 4, 8
 TABLE = Path(__file__).parent / "data" / "tune_table_gpt-tiny_4cpu_gb8.json"

@@ -36,6 +36,12 @@ class TrainingStopped(UserError):
     exit_code = 3
 
 
+class OutOfMemoryPredicted(PlanError):
+    """A run refused before it starts because its memory is predicted not to fit (e.g. the model
+    states of a CPU run beyond the machine's memory). The tuner records such a layout as out of
+    memory without running it."""
+
+
 class RunFailed(UserError):
     """A training run that did not finish for a reason other than its input. Reported like bad input
     (one line, no traceback) because the line says all there is: which rank, at which step, why, where
@@ -74,5 +80,5 @@ def error_line(command: str, exc: UserError) -> str:
     return f"exatrain {command}: error: {exc}\n"
 
 
-__all__ = ["EXIT_STATUSES", "Interrupted", "PlanError", "RankFailed", "RankHung", "RunFailed", "TrainingStopped",
+__all__ = ["EXIT_STATUSES", "Interrupted", "OutOfMemoryPredicted", "PlanError", "RankFailed", "RankHung", "RunFailed", "TrainingStopped",
            "UserError", "error_line"]

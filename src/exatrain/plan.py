@@ -416,6 +416,10 @@ class Measured:
         known = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["peak_memory_by_stage"] = tuple(kw.get("peak_memory_by_stage") or ())
+        for k, v in kw.items():  # numbers only (a bool is not one): a TypeError names the field
+            values = v if k == "peak_memory_by_stage" else (v,)
+            if any(x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in values):
+                raise TypeError(f"measured {k} must be a number, got {v!r}")
         return cls(**kw)
 
 

@@ -10,8 +10,7 @@ import pytest
 
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
-from exatrain.cli.bench_cmds import print_run_comparison
-from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record
+from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record, read_run_records
 from exatrain.planner.cost.calibrate import error_stats, fit_gemm, fit_link, nelder_mead
 from exatrain.planner.cost.coefficients import default_params, load_calibration
 from exatrain.planner.cost.step import step_time
@@ -94,22 +93,37 @@ def test_validate_stored_and_recalibrated(runs_file, tmp_path, capsys) -> None:
     assert code == 0 and "predicted vs measured" in text and "step time |error| over 12 runs" in text
 
 
-def test_train_summary_line(runs_file, capsys) -> None:
-    print_run_comparison(str(runs_file))
-    out = capsys.readouterr().out
-    assert "step time: predicted" in out and "measured" in out and "peak memory" in out
-    print_run_comparison(None)
-    assert capsys.readouterr().out == ""
+def test_train_summary_line_shows_a_prediction_only_when_calibrated_on_this_host(runs_file) -> None:
+    """The end-of-run lines of `exatrain train`: the prior's prediction is not shown beside the
+    measurement (the user is told to run `exatrain bench`); one made with a bench of this host is."""
+    import dataclasses
+
+    from exatrain.planner.compare import calibrated_on, compare, summary_lines
+
+    rec = read_run_records(runs_file)[-1]
+    assert not calibrated_on(rec.predicted, "host-a")  # the cpu prior
+    lines = summary_lines(compare(rec), calibrated=False)
+    assert "uncalibrated for this machine: run `exatrain bench`" in lines[0] and "predicted" not in lines[0]
+    assert lines[1].startswith("peak memory: measured 286 MiB")  # 3e8 bytes: MiB under 1 GiB
+    benched = estimate_plan(rec.plan.with_estimate(None), CPU, TRUE.replace(source="exatrain bench (host-a)"))
+    assert calibrated_on(benched, "host-a") and not calibrated_on(benched, "host-b")
+    lines = summary_lines(compare(dataclasses.replace(rec, plan=rec.plan.with_estimate(benched))), calibrated=True)
+    assert lines[0].startswith("step time: predicted") and "measured" in lines[0]
+    fitted = estimate_plan(rec.plan.with_estimate(None), CPU, TRUE.replace(source="exatrain calibrate (12 runs; a, b)"))
+    assert calibrated_on(fitted, "b") and not calibrated_on(fitted, "c")
+    anonymous = estimate_plan(rec.plan.with_estimate(None), CPU, TRUE.replace(source="exatrain calibrate (12 runs)"))
+    assert not calibrated_on(anonymous, "a")
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["validate", "{tmp}/missing.jsonl"], "no such runs file"),
+    (["validate", "{tmp}/missing.jsonl"], "no such file"),
     (["calibrate", "{tmp}/bad.jsonl", "--out", "{tmp}/o.json"], "not a JSON line"),
     (["validate", "{tmp}/steps.jsonl"], "no RunRecords"),
     (["validate", "{runs}", "--calibration", "{tmp}/gpu_only.json"], "no parameters for device 'cpu'"),
     (["validate", "{runs}", "--calibration", "{tmp}/bad_param.json"], "unknown cost parameter"),
-    (["calibrate", "{runs}", "--out", "{tmp}/no/such/dir/c.json"], "does not exist"),
-    (["bench", "--out", "{tmp}/no/such/dir/c.json", "--quick"], "does not exist"),
+    (["calibrate", "{runs}", "--out", "{runs}/c.json"], "is a file, not a directory"),
+    (["bench", "--out", "{runs}/c.json", "--quick"], "is a file, not a directory"),
+    (["bench", "--out", "{tmp}", "--quick"], "is a directory"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, needle, runs_file, tmp_path, capsys) -> None:
     (tmp_path / "bad.jsonl").write_text("{not json\n")

@@ -117,7 +117,7 @@ def test_load_reads_no_pickle(ckpt: Path, one_rank: None, monkeypatch: pytest.Mo
 @pytest.fixture
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
     started: list[TrainConfig] = []
-    monkeypatch.setattr(spawn, "launch_local", lambda configs, timeout_s=None: started.extend(configs))
+    monkeypatch.setattr(spawn, "launch_local", lambda configs, **kw: started.extend(configs))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)
     return started

@@ -22,8 +22,8 @@ from upstream_names import (DEEPSPEED_CONFIG_KEYS, DEEPSPEED_LAUNCHER_OPTIONS, M
 
 from exatrain.catalog import get_model
 from exatrain.errors import UserError
-from exatrain.launch import export
-from exatrain.launch.torchtitan import llama3_ffn_args
+from exatrain.engine_configs import export
+from exatrain.engine_configs.torchtitan import llama3_ffn_args
 from exatrain.plan import ParallelDims, Plan, TrainShape
 
 

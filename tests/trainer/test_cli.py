@@ -23,7 +23,7 @@ from exatrain.trainer.config import TrainConfig
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
     """Capture what would be launched instead of starting ranks; clear any launcher environment."""
     started: list[TrainConfig] = []
-    monkeypatch.setattr(spawn, "launch_local", lambda configs, timeout_s=None: started.extend(configs))
+    monkeypatch.setattr(spawn, "launch_local", lambda configs, **kw: started.extend(configs))
     monkeypatch.setattr(spawn, "run_distributed", lambda config, env: started.append(config))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)

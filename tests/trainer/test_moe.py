@@ -371,7 +371,7 @@ def test_first_step_gradients_equal_the_single_device_run(name: str, runs) -> No
 def test_export_in_mixtral_format_loads_in_transformers_with_the_same_logits(runs, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from exatrain.trainer.export import export_hf
+    from exatrain.trainer.hf_export import export_hf
 
     root = runs["mixtral-like"][1]
     export_hf(root, tmp_path / "hf")
@@ -387,7 +387,7 @@ def test_export_in_mixtral_format_loads_in_transformers_with_the_same_logits(run
 
 @pytest.mark.slow
 def test_export_refuses_what_mixtral_cannot_hold(runs, tmp_path: Path) -> None:
-    from exatrain.trainer.export import export_hf
+    from exatrain.trainer.hf_export import export_hf
 
     out = tmp_path / "hf"
     with pytest.raises(UserError, match="cannot be exported in Mixtral's format: it has 1 shared expert"):

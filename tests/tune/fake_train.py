@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from exatrain.plan import Measured, Plan, RunRecord, append_run_record
-from exatrain.planner.search.tune_sampler import layout_key, plan_params
+from exatrain.tuning.sampler import layout_key, plan_params
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.plan import Plan, read_run_records
 from exatrain.planner.search.search import search
-from exatrain.planner.search.tune_sampler import Candidates
+from exatrain.tuning.sampler import Candidates
 
 FAKE = Path(__file__).with_name("fake_train.py")
 TINY = ["--model", "gpt-tiny", "--gpus", "4", "--global-batch", "8"]
@@ -254,3 +254,11 @@ def test_a_study_refuses_another_problem(tmp_path, capsys, fake) -> None:
     assert run(capsys, *tune_argv(tmp_path, "--trials", "1", "--study-name", "s"))[0] == 0
     code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "1", "--study-name", "s", "--global-batch", "16"))
     assert code == 2 and "made for another problem (different global_batch)" in err
+
+
+def test_progress_lines_only_with_progress_when_stderr_is_not_a_terminal(tmp_path, capsys, fake) -> None:
+    fake()
+    code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "1", "--json"))
+    assert code == 0 and err == ""
+    code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "2", "--json", "--progress"))
+    assert code == 0 and err.startswith("tune: trial 1: tp") and err.count("\n") == 1 and ": ok, " in err

@@ -11,7 +11,7 @@ import pytest
 
 from exatrain.catalog import get_cluster, get_model
 from exatrain.planner.search.search import search
-from exatrain.planner.search.tune_sampler import (Candidates, HopelessPruner, Observations, choose, layout_key,
+from exatrain.tuning.sampler import (Candidates, HopelessPruner, Observations, choose, layout_key,
                                                   observations, posterior)
 
 

@@ -1,8 +1,8 @@
-"""The `exatrain` command line: the only place that reads argv and wires the parts together.
+"""The `exatrain` command line: parse flags, make one call to ``exatrain.api``, print the result.
 
-Each command group lives in its own module with a ``register(subparsers)`` function; handlers
-import the heavy parts (torch, the trainer) lazily, so planning commands start fast.
-A ``UserError`` from anywhere becomes one line on stderr and exit status 2.
+Each command group lives in its own module with a ``register(subparsers)`` function; flags are
+named as the API's keyword arguments. A ``UserError`` from anywhere becomes one line on stderr and
+its exit status (2 for bad input), with no traceback.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="exatrain", description="Plan, predict and run 3D-parallel training of "
-                    "GPT-style language models.")
     from exatrain import __version__
 
+    parser = Parser(prog="exatrain", description="Plan, predict and run 3D-parallel training of GPT-style "
+                    "language models.", epilog="example: exatrain estimate --model gpt-175b --cluster frontier "
+                    "--gpus 128 --tp 4 --pp 16 --global-batch 640 --zero 1 --recompute full")
     parser.add_argument("--version", action="version", version=f"exatrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMAND_MODULES:

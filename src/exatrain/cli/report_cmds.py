@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from exatrain import api
+from exatrain.cli.common import call, default
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -21,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scaling", action="append", default=[], metavar="PATH", help="`exatrain scaling --json` output")
     p.add_argument("--runs", action="append", default=[], metavar="PATH",
                    help="a runs file: JSON lines of run records and per-step metrics")
-    p.add_argument("--out", default="report", metavar="DIR", help="folder for the PNGs and index.html (default report)")
+    p.add_argument("--out", default=default(api.report, "out"), metavar="DIR",
+                   help=f"folder for the PNGs and index.html (default {default(api.report, 'out')})")
     p.add_argument("--calibration", metavar="PATH", help="cost-model parameters for the pipeline timeline "
                    "(the file given to `exatrain estimate --calibration`)")
     g = p.add_mutually_exclusive_group()
@@ -32,28 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from exatrain.errors import UserError
-    from exatrain.report import inputs as rin
-
-    if not (args.plan or args.search or args.scaling or args.runs):
-        raise UserError("nothing to report: give at least one of --plan, --search, --scaling, --runs")
-    from exatrain.catalog import get_cluster, load_cluster_file
-    from exatrain.report.build import ReportInputs, write_report
-
-    calibration = {}
-    if args.calibration:
-        from exatrain.planner.cost.coefficients import load_calibration
-
-        calibration = load_calibration(args.calibration)
-    cluster = (get_cluster(args.cluster) if args.cluster else
-               load_cluster_file(args.cluster_file) if args.cluster_file else None)
-    inputs = ReportInputs(
-        plans=tuple(rin.read_plan(x) for x in args.plan),
-        searches=tuple(rin.read_search(x) for x in args.search),
-        scalings=tuple(rin.read_scaling(x) for x in args.scaling),
-        runs=tuple(rin.read_runs(x) for x in args.runs),
-        cluster=cluster, calibration=calibration)
-    index, sections = write_report(inputs, args.out)
+    index, sections = call(api.report, args)
     n = sum(len(s.figures) for s in sections)
     print(f"wrote {index} ({n} picture{'s' if n != 1 else ''})")
     for s in sections:

@@ -23,6 +23,7 @@ from exatrain.accounting.params import rank_params
 from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
+from exatrain.errors import UserError
 from exatrain.plan import RECOMPUTE, balanced_split
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.coefficients import CostParams
@@ -69,6 +70,17 @@ def layer_split(model: ModelSpec, pp: int, interleave: int, stage_layers: tuple[
     return np.array(stage_layers or balanced_split(model.layers, pp * interleave), dtype=np.int64)
 
 
+def not_modelled(model: ModelSpec) -> None:
+    """Refuse, in one line, a model this step-time and memory path does not price yet: the accounting
+    counts mixture-of-experts layers, latent attention and separate head widths
+    (``accounting.moe``, ``accounting.params``), but the per-layout evaluation below still treats every
+    layer as a dense one, so its numbers for such a model would be wrong without a word."""
+    if model.is_moe or model.mla or model.qk_norm or (model.kv_channels and model.kv_channels != model.hidden // model.heads):
+        what = "mixture-of-experts layers" if model.is_moe else "latent attention / separate head widths"
+        raise UserError(f"{model.name}: estimate, search and scaling do not price {what} yet (each layer would "
+                        "be timed as a dense one); `exatrain models` shows its total and active parameters")
+
+
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
              dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] = ("megatron",),
              by_rank: bool = False, time_if_fits: bool = False) -> Evaluation:
@@ -78,6 +90,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     bad = sorted(set(memory) - set(MEMORY_MODELS))
     if bad:
         raise ValueError(f"unknown memory model(s) {bad}; choose among {MEMORY_MODELS}")
+    not_modelled(model)
     N = len(layouts)
     pmax = int(layouts.pp.max()) if N else 1
     mem = {k: {f: np.zeros(N) for f in MEMORY_FIELDS} for k in memory}

@@ -13,26 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from exatrain.catalog.studies import study_scaling
 from exatrain.report.inputs import ScalingInput
 from exatrain.report.style import OKABE_ITO, Figure, log_or_linear, new_figure, save
 
-# Dash et al., "Optimizing Distributed Training on Frontier for Large Language Models", arXiv
-# 2312.12705 (ISC 2024), abstract: "100% weak scaling efficiency on 1024 and 3072 MI250X GPUs" for
-# 175B and 1T, and "strong scaling efficiencies of 89% and 87%". The strong-scaling GPU range is not
-# stated there; its point is drawn at the same largest count.
-STUDY: dict[tuple[str, str], dict[str, tuple[int, float]]] = {
-    ("gpt-175b", "frontier"): {"weak": (1024, 1.00), "strong": (1024, 0.89)},
-    ("gpt-1t", "frontier"): {"weak": (3072, 1.00), "strong": (3072, 0.87)},
-}
-STUDY_SOURCE = "Dash et al. 2023 (arXiv 2312.12705), Frontier"
-
-
 def study_point(model: str, cluster: str, mode: str) -> dict[str, Any] | None:
-    """The study's measured (GPUs, efficiency) for this model, cluster and mode, if it has one."""
-    hit = STUDY.get((model, cluster), {}).get(mode)
+    """The study's measured (GPUs, efficiency) for this model, cluster and mode, if it has one
+    (the catalog's data/studies.toml, which cites its source)."""
+    hit = next(iter(study_scaling(model, cluster, mode)), None)
     if hit is None:
         return None
-    return {"gpus": hit[0], "efficiency": hit[1], "source": STUDY_SOURCE}
+    return {"gpus": hit.gpus, "efficiency": hit.efficiency, "source": hit.source}
 
 
 def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:

@@ -1,1 +1,1 @@
-"""Configuration search: the legal space, its vectorised evaluation, ranking and tuning."""
+"""Configuration search: the legal space, its vectorised evaluation and ranking (tuning by real runs: exatrain.tuning)."""

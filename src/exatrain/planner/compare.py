@@ -1,4 +1,4 @@
-"""Predicted against measured, per run and as a distribution: `exatrain validate`, and the line
+"""Predicted against measured, per run and as a distribution: `exatrain validate`, and the lines
 `exatrain train` prints at the end of a run.
 
 A prediction is the one stored in the RunRecord (made when the run started), or a new one from a
@@ -6,6 +6,10 @@ calibration file. Step time is compared on every run; peak memory where the run 
 memory (``torch.cuda.max_memory_allocated``; a CPU run's peak RSS includes the interpreter and is
 shown, not scored). Memory is predicted twice: by the planner's reference model (Megatron's
 tensors) and by the model of the trainer's own execution (``accounting.trainer_memory``).
+
+A prediction is shown beside a run's measurement only when it was made with parameters measured
+on the machine that ran it (``calibrated_on``): the cost model's priors are for a device type, not
+for one machine, and a CPU's prior can be off by an order of magnitude.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Iterable
 
 from exatrain.catalog.hardware import ClusterSpec, cluster_catalog, match_device
 from exatrain.errors import UserError
-from exatrain.plan import RunRecord
+from exatrain.plan import RunRecord, StepEstimate
 from exatrain.planner.cost.calibrate import error_stats
 from exatrain.planner.cost.coefficients import Calibration
 from exatrain.units import GiB
@@ -130,25 +134,57 @@ def distribution(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:
             "peak_memory": error_stats([a for a, _ in mems], [b for _, b in mems])}
 
 
-def summary_lines(c: Comparison) -> list[str]:
-    """What `exatrain train` prints after a run: prediction beside measurement."""
+def prediction_source(estimate: StepEstimate | None) -> str | None:
+    """Where the cost model's parameters came from, as the estimate's note records it
+    (``planner.estimate``: "cost model: <source> parameters for <device>"), or None."""
+    for note in () if estimate is None else estimate.notes:
+        if note.startswith("cost model: ") and " parameters for " in note:
+            return note[len("cost model: "):note.rindex(" parameters for ")]
+    return None
+
+
+def calibrated_on(estimate: StepEstimate | None, host: str) -> bool:
+    """Was this prediction made with parameters measured on ``host``? True for a calibration by
+    ``exatrain bench`` there (source "exatrain bench (<host>)") or fitted by ``exatrain calibrate``
+    to runs that include that host's (source "exatrain calibrate (<n> runs; <host>, ...)")."""
+    source = prediction_source(estimate) or ""
+    if not source.startswith(("exatrain bench (", "exatrain calibrate (")) or not source.endswith(")"):
+        return False
+    inside = source[source.index("(") + 1:-1]
+    if source.startswith("exatrain calibrate ("):
+        if "; " not in inside:
+            return False
+        inside = inside.split("; ", 1)[1]
+    return host in inside.split(", ")
+
+
+def size(nbytes: float) -> str:
+    """Bytes in the unit that fits: MiB under 1 GiB, else GiB."""
+    return f"{nbytes / 2**20:,.0f} MiB" if nbytes < 2**30 else f"{nbytes / 2**30:,.2f} GiB"
+
+
+def summary_lines(c: Comparison, calibrated: bool) -> list[str]:
+    """What `exatrain train` prints after a run: the measured step time, with the prediction beside
+    it only when ``calibrated`` (made with parameters measured on this machine), and peak memory."""
     lines = []
-    if c.step_error is not None:
-        lines.append(f"step time: predicted {c.predicted_step_s:.3f} s, measured {c.measured_step_s:.3f} s "
-                     f"({c.step_error:+.1%})")
-    elif c.measured_step_s is not None:
-        lines.append(f"step time: measured {c.measured_step_s:.3f} s (no prediction: the plan carried none)")
+    if c.measured_step_s is not None:
+        if calibrated and c.step_error is not None:
+            lines.append(f"step time: predicted {c.predicted_step_s:.3f} s, measured {c.measured_step_s:.3f} s "
+                         f"({c.step_error:+.1%})")
+        else:
+            lines.append(f"step time: measured {c.measured_step_s:.3f} s; no prediction shown, uncalibrated for "
+                         "this machine: run `exatrain bench`, then train with --calibration")
     if c.measured_memory_bytes:
         kind = "device memory" if c.device_memory else "peak RSS of a rank (process, not comparable)"
-        parts = [f"measured {c.measured_memory_bytes / GiB:.2f} GiB {kind}"]
+        parts = [f"measured {size(c.measured_memory_bytes)} {kind}"]
         if c.trainer_memory_bytes is not None:
             e = c.memory_error("trainer")
-            parts.append(f"trainer model {c.trainer_memory_bytes / GiB:.2f} GiB" + (f" ({e:+.1%})" if e is not None
-                                                                                  else ""))
+            parts.append(f"trainer model {size(c.trainer_memory_bytes)}" + (f" ({e:+.1%})" if e is not None else ""))
         if c.predicted_memory_bytes is not None:
-            parts.append(f"planner {c.predicted_memory_bytes / GiB:.2f} GiB")
+            parts.append(f"planner {size(c.predicted_memory_bytes)}")
         lines.append("peak memory: " + ", ".join(parts))
     return lines
 
 
-__all__ = ["Comparison", "cluster_for", "compare", "compare_all", "distribution", "layout_label", "summary_lines"]
+__all__ = ["Comparison", "calibrated_on", "cluster_for", "compare", "compare_all", "distribution", "layout_label",
+           "prediction_source", "size", "summary_lines"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exatrain.launch.export_config import Export, summary
+from exatrain.engine_configs.common import Export, summary
 from exatrain.plan import Plan
 
 TORCHTITAN = "pytorch/torchtitan@v0.2.2"

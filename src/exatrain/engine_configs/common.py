@@ -49,7 +49,7 @@ class Export:
 
 def export(plan: Plan, target: str, *, ds_config_path: str = "ds_config.json") -> Export:
     """Render ``plan`` for ``target`` (one of TARGETS)."""
-    from exatrain.launch import megatron, torchtitan
+    from exatrain.engine_configs import megatron, torchtitan
 
     if target == "megatron":
         return megatron.render_megatron(plan)

@@ -6,7 +6,7 @@ same over every memory-feasible layout ``search`` finds, with the cost model doi
 
 1. **Seeds.** A new study enqueues the best predicted layout of each of the best predicted (tp, pp)
    meshes (``TuneSettings.seed_trials``) as its first trials.
-2. **Prior.** The sampler (``tune_sampler.CostModelSampler``) models measured throughput as the
+2. **Prior.** The sampler (``sampler.CostModelSampler``) models measured throughput as the
    prediction times a Gaussian-process correction learned from the runs so far, and runs the untried
    layout with the largest upper confidence bound next; layouts whose bound is below the best run are
    hopeless and never run (the study stops when only those are left).
@@ -48,8 +48,8 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import Plan, RunRecord, append_run_record
 from exatrain.planner.search.space import SpaceOptions
-from exatrain.planner.search.tune_runner import RunOutcome, TrialRunner
-from exatrain.planner.search.tune_sampler import (PARAM_NAMES, RUN_STATUSES, Candidates, CostModelSampler,
+from exatrain.tuning.runner import RunOutcome, TrialRunner
+from exatrain.tuning.sampler import (PARAM_NAMES, RUN_STATUSES, Candidates, CostModelSampler,
                                                   GPSettings, HopelessPruner, layout_key, trial_key,
                                                   trial_status)
 
@@ -125,6 +125,10 @@ class TuneResult:
     ran: int  # finished runs added by this invocation
     finished: int  # finished runs in the study
     candidates: int
+    storage: str = ""  # the study's storage URL
+    runs_file: str = ""  # where every finished run's RunRecord was appended
+    trials_dir: str = ""  # one folder per trial
+    best_file: str | None = None  # the best plan as JSON, when there is one
 
     def to_dict(self) -> dict[str, Any]:
         best = None
@@ -132,7 +136,7 @@ class TuneResult:
             best = {**self.best.to_dict(), "plan": self.best.plan.to_dict()}
         return {"study": self.study_name, "candidates": self.candidates, "finished": self.finished,
                 "ran": self.ran, "stopped": self.stopped, "trials": [t.to_dict() for t in self.trials],
-                "best": best}
+                "best": best, "storage": self.storage, "runs_file": self.runs_file, "best_file": self.best_file}
 
 
 class RunFailed(Exception):

@@ -21,7 +21,7 @@ import shlex
 from typing import Any
 
 from exatrain.errors import UserError
-from exatrain.launch.export_config import Export, Flag, FlagGroup, even_split, summary
+from exatrain.engine_configs.common import Export, Flag, FlagGroup, even_split, summary
 from exatrain.plan import Plan
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"

@@ -11,6 +11,10 @@ all its ranks (SIGTERM, then SIGKILL), and whatever happens becomes a status, ne
 ok, pruned, timeout, oom (an allocator or the kernel said so), failed (anything else; the error is
 the last line the run wrote to stderr), or rejected: the trainer refused the plan before starting
 any rank (exit status 2, its one-line error; e.g. a combination it cannot run yet).
+
+A ``preflight`` check (the trainer's own checks that need no torch, handed in by the API) runs
+before a process is started: an ``OutOfMemoryPredicted`` refusal is an oom trial and any other
+``PlanError`` a rejected one, told apart by their type, without a run.
 """
 
 from __future__ import annotations
@@ -29,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from exatrain.errors import UserError
+from exatrain.errors import OutOfMemoryPredicted, PlanError, UserError
 from exatrain.plan import Measured, Plan, RunRecord
 
 WARMUP_STEPS = 2  # the trainer leaves its first 2 steps out of the RunRecord's medians (measure_after)
-_OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|"
-                  r"GiB of model states on the CPU", re.IGNORECASE)
+# What torch's allocators and the kernel say when memory runs out during a run.
+_OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.IGNORECASE)
 _SIGKILLED = re.compile(r"exited with status -9\b|Killed\b")
 _LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "MASTER_ADDR",
                  "MASTER_PORT")
@@ -79,6 +83,7 @@ class SubprocessRunner:
     python: str = sys.executable
     poll_s: float = 0.25
     term_grace_s: float = 5.0
+    preflight: Callable[[Plan], None] | None = None  # raises what the trainer would refuse the plan with
 
     def command(self, plan_path: Path, metrics_path: Path) -> list[str]:
         """The trainer's command line (what {cmd} stands for)."""
@@ -109,6 +114,13 @@ class SubprocessRunner:
     def run(self, plan: Plan, trial_dir: Path, *, should_stop: StopCheck,
             on_start: Callable[[int], None]) -> RunOutcome:
         trial_dir.mkdir(parents=True, exist_ok=True)
+        if self.preflight is not None:
+            try:
+                self.preflight(plan)
+            except OutOfMemoryPredicted as exc:
+                return RunOutcome("oom", None, None, f"refused before starting: {exc}", None, 0.0)
+            except PlanError as exc:
+                return RunOutcome("rejected", None, None, f"refused before starting: {exc}", None, 0.0)
         plan_path, metrics = trial_dir / "plan.json", trial_dir / "metrics.jsonl"
         plan.save(plan_path)
         metrics.unlink(missing_ok=True)

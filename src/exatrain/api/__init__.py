@@ -1,0 +1,38 @@
+"""exatrain's Python API: where the parts are wired, one call per command of the CLI.
+
+Keyword arguments have the names and defaults of the CLI's flags (``--micro-batch 4`` is
+``micro_batch=4``); a model is a preset name, a ModelSpec or ``model_file``; a cluster a catalog
+name, a ClusterSpec or ``cluster_file``. Each call returns the typed result the CLI prints:
+
+* ``estimate``  -> Plan (with its StepEstimate)      ``search``  -> SearchResult (ranked Plans)
+* ``scaling``   -> ScalingResult (points, efficiencies, the study's measurement)
+* ``train``     -> TrainResult (the RunRecord)       ``tune``    -> TuneResult (trials, the best)
+* ``bench``     -> BenchResult (a calibration)       ``calibrate`` -> CalibrateResult
+* ``compare``   -> CompareResult (predicted vs measured of recorded runs)
+* ``make_plan`` -> a validated Plan from layout values; ``load_plan`` reads any file holding one
+* ``launch`` / ``export_config`` / ``prepare`` / ``export_model`` / ``report``: files for elsewhere
+
+Bad input raises ``exatrain.errors.UserError`` (one line naming the problem), before any work.
+Importing this package does not import torch; ``train``, ``bench`` and ``estimate(trace=True)`` do
+when they run.
+"""
+
+from exatrain.api.files import export_model, prepare, report, verify_dataset
+from exatrain.api.jobs import export_config, launch
+from exatrain.api.measuring import CompareResult, bench, calibrate, compare
+from exatrain.api.planning import estimate, scaling, search
+from exatrain.api.plans import ExatrainWarning, load_plan, make_plan, resolve_cluster, resolve_model
+from exatrain.api.training import TrainResult, train
+from exatrain.api.tuning import tune
+
+# What the CLI prints results with (torch-free; re-exported so the CLI imports the api alone).
+from exatrain.accounting.params import total_params
+from exatrain.engine_configs import TARGETS as EXPORT_TARGETS
+from exatrain.planner.compare import size
+from exatrain.planner.results import estimate_json, search_json
+from exatrain.planner.search.explain import describe, explain
+
+__all__ = ["EXPORT_TARGETS", "describe", "estimate_json", "explain",
+           "search_json", "size", "total_params", "CompareResult", "ExatrainWarning", "TrainResult", "bench", "calibrate", "compare", "estimate",
+           "export_config", "export_model", "launch", "load_plan", "make_plan", "prepare", "report",
+           "resolve_cluster", "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]

@@ -1,0 +1,116 @@
+"""A plan as text to run elsewhere: ``launch`` (a SLURM batch script or a multi-node torchrun
+command) and ``export_config`` (Megatron-LM, Megatron-DeepSpeed or torchtitan configuration).
+
+Every file written is checked before any is written, and written aside then renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from exatrain.api.plans import Warn, load_plan, resolve_cluster, warner
+from exatrain.catalog import ClusterSpec
+from exatrain.errors import UserError
+from exatrain.paths import check_output_file
+from exatrain.plan import Plan
+
+SCHEDULERS = ("slurm", "torchrun")
+
+
+def write_text(path: str | Path, text: str, *, executable: bool = False) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename it."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if executable else 0o644)
+        os.replace(tmp, p)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def _cpu_job_warnings(plan: Plan, cluster: ClusterSpec, ranks_per_node: int, warn: Warn) -> None:
+    """One line each: a plan made for CPU ranks rendered as a GPU job, and a model whose states
+    (training.state_bytes) on one CPU node's ranks exceed this machine's memory."""
+    from exatrain.api.training import machine_memory_bytes, state_bytes
+    from exatrain.catalog import cluster_catalog
+
+    made_for = cluster_catalog().get(plan.cluster)
+    if made_for is not None and made_for.device.name == "cpu" and cluster.device.name != "cpu":
+        warn(f"the plan was made for {plan.cluster} (CPU ranks, {plan.dtype}) but this is a GPU job on {cluster.name}: "
+             f"its layout and prediction are for the CPU; re-plan with --cluster {cluster.name}")
+    ram = machine_memory_bytes()
+    if cluster.device.name == "cpu" and ram:
+        need = state_bytes(plan) * ranks_per_node / plan.gpus
+        if need > 0.8 * ram:
+            warn(f"{plan.model.name} on CPU ranks needs about {need / 2**30:,.0f} GiB of model states per node "
+                 f"({ranks_per_node} ranks) but this machine has {ram / 2**30:,.0f} GiB: the job will likely be "
+                 "refused or run out of memory; use a GPU cluster or a smaller model")
+
+
+def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpec | None = None,
+           cluster_file: str | Path | None = None, nodes: int | None = None, checkpoint_dir: str = "checkpoints",
+           steps: int | None = None, metrics_file: str | None = None, rccl_plugin_dir: str = "",
+           out: str | Path | None = None, account: str = "", time: str = "02:00:00", partition: str = "",
+           job_name: str = "", master_port: int = 29500, setup: Sequence[str] = (), master: str = "",
+           warn: Warn | None = None) -> str:
+    """The job that trains ``plan`` (a Plan or a file holding one) as text: an sbatch script
+    (``scheduler='slurm'``) or the torchrun command to run on every node ('torchrun'). The cluster
+    is the plan's unless given. ``out``: also write it there (executable)."""
+    from exatrain.launch import SlurmOptions, TorchrunOptions, TrainArgs, node_layout, render_slurm, render_torchrun
+
+    warn = warner(warn)
+    if scheduler not in SCHEDULERS:
+        raise UserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    if out is not None:
+        check_output_file(out, "--out")
+    p = load_plan(plan, warn=warn)
+    c = resolve_cluster(cluster, cluster_file, default=p.cluster or None)
+    train = TrainArgs(checkpoint_dir=os.path.abspath(checkpoint_dir), steps=steps,
+                      metrics_file=os.path.abspath(metrics_file) if metrics_file else None)
+    if scheduler == "slurm":
+        if master:
+            raise UserError("--master is for --scheduler torchrun; under SLURM the first allocated host "
+                            "is the master (set the port with --master-port)")
+        text = render_slurm(p, c, SlurmOptions(train=train, account=account, time=time, partition=partition,
+                                               job_name=job_name, nodes=nodes, master_port=master_port,
+                                               rccl_plugin_dir=rccl_plugin_dir, setup=tuple(setup)))
+    else:
+        if not isinstance(plan, (str, Path)):
+            raise UserError("a torchrun command refers to the plan by its file: give the plan as a path")
+        text = render_torchrun(p, c, TorchrunOptions(plan_path=os.path.abspath(plan), train=train, nodes=nodes,
+                                                     master=master, rccl_plugin_dir=rccl_plugin_dir))
+    _cpu_job_warnings(p, c, node_layout(p, c, nodes).ranks_per_node, warn)
+    if out is not None:
+        write_text(out, text, executable=True)
+    return text
+
+
+def export_config(*, plan: str | Path | Plan, target: str, out: str | Path | None = None, warn: Warn | None = None):
+    """``plan``'s layout as another engine's configuration (an Export: text, notes, extra files).
+    ``target``: megatron | deepspeed | torchtitan. ``out``: write the text there (deepspeed: and
+    ds_config.json beside it; both are checked before either is written)."""
+    from exatrain.engine_configs import export
+
+    p = load_plan(plan, warn=warn)
+    ds_config = Path(out).with_name("ds_config.json") if out is not None else Path("ds_config.json")
+    result = export(p, target, ds_config_path=str(ds_config))
+    if out is not None:
+        targets = [Path(out)] + [Path(name) for name, _ in result.files]
+        for path in targets:
+            check_output_file(path, "--out")
+        if len({t.absolute() for t in targets}) < len(targets):
+            raise UserError(f"--out {out}: the {target} config and its {', '.join(n for n, _ in result.files)} "
+                            "would be the same file; choose another name")
+        for name, content in result.files:
+            write_text(name, content)
+        write_text(out, result.text)
+    return result
+
+
+__all__ = ["SCHEDULERS", "export_config", "launch", "write_text"]

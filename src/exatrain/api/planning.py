@@ -1,0 +1,124 @@
+"""The planner's calls: ``estimate`` (one layout), ``search`` (every legal layout, ranked) and
+``scaling`` (the best layout over GPU counts). Torch-free, except ``estimate(trace=True)``.
+
+Keyword arguments have the names and defaults of the CLI's flags (``--micro-batch`` is
+``micro_batch``); a model is a preset name, a ModelSpec or ``model_file``, a cluster a catalog
+name, a ClusterSpec or ``cluster_file`` (neither: ``DEFAULT_CLUSTER``, the Frontier study's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from exatrain.api.plans import calibrated, layout_of, make_plan, resolve_cluster, resolve_model, shape_of, space_options
+from exatrain.catalog import ClusterSpec, ModelSpec
+from exatrain.errors import UserError
+from exatrain.paths import check_output_file
+from exatrain.plan import Plan
+
+Progress = Callable[[str], None]
+DEFAULT_CLUSTER = "frontier"  # the cluster when neither cluster nor cluster_file is given
+
+
+def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
+             layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+             kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
+             vocab: int | None = None, cluster: str | ClusterSpec | None = None,
+             cluster_file: str | Path | None = None, gpus: int | None = None, tp: int | None = None,
+             pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
+             global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
+             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
+             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
+             flash_attention: bool | None = None, calibration: str | Path | None = None, trace: bool = False,
+             out: str | Path | None = None, progress: Progress | None = None) -> Plan:
+    """Memory of every pipeline stage and the step time of one layout: the validated Plan with its
+    StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's own model per stage
+    (torch, nothing allocated). ``out``: also write the plan with its estimate as JSON."""
+    values = dict(locals())
+    if out is not None:
+        check_output_file(out, "--out")
+    c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
+    c, params = calibrated(c, calibration)
+    m = resolve_model(model, model_file, **shape_of(values))
+    stage_layers = tuple(stage_layers) if stage_layers is not None else None
+    plan = make_plan(m, c, gpus=gpus, **{**layout_of(values), "stage_layers": stage_layers})
+    from exatrain.planner.estimate import estimate_plan
+
+    plan = plan.with_estimate(estimate_plan(plan, c, params))
+    if trace:
+        from exatrain.bench.traced import traced_estimate
+
+        plan = plan.with_estimate(traced_estimate(plan, c, progress))
+    if out is not None:
+        plan.save(out)
+    return plan
+
+
+def search(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
+           layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+           kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
+           vocab: int | None = None, cluster: str | ClusterSpec | None = None,
+           cluster_file: str | Path | None = None, gpus: int | None = None, tp: int | None = None,
+           pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
+           global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
+           sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
+           stage_layers: Sequence[int] | None = None, dtype: str | None = None,
+           flash_attention: bool | None = None, top: int = 10, runtime: str = "megatron",
+           calibration: str | Path | None = None, out: str | Path | None = None):
+    """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
+    by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
+    values pin a dimension. ``runtime``: whose memory decides what fits (megatron: the lean
+    reference; exatrain: this trainer). ``out``: write the best plan as JSON. No feasible layout
+    is a UserError naming the constraint that removed the most."""
+    values = dict(locals())
+    if gpus is None or global_batch is None:
+        raise UserError("search needs --gpus and --global-batch")
+    if top < 1:
+        raise UserError("--top must be at least 1")
+    if runtime not in ("megatron", "exatrain"):
+        raise UserError(f"--runtime must be megatron or exatrain, got {runtime!r}")
+    if out is not None:
+        check_output_file(out, "--out")
+    options = space_options(**layout_of(values))
+    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
+    m = resolve_model(model, model_file, **shape_of(values))
+    from exatrain.planner.scaling import no_feasible_layout
+    from exatrain.planner.search.search import search as run_search
+
+    result = run_search(m, c, gpus, global_batch, top=top, options=options, params=params, dtype=dtype or "bfloat16",
+                        runtime=runtime, flash=True if flash_attention is None else flash_attention)
+    if not result.ranked:
+        raise no_feasible_layout(result, gpus, c)
+    if out is not None:
+        result.ranked[0].save(out)
+    return result
+
+
+def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
+            layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+            kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
+            vocab: int | None = None, cluster: str | ClusterSpec | None = None,
+            cluster_file: str | Path | None = None, gpus: Sequence[int] = (), tp: int | None = None,
+            pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
+            global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
+            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
+            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
+            flash_attention: bool | None = None, mode: str = "weak", calibration: str | Path | None = None):
+    """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
+    over ``gpus`` (increasing counts): the best layout at each count (or the pinned one), its
+    throughput and efficiency, and what a published study measured for this model and cluster
+    (a ScalingResult)."""
+    values = dict(locals())
+    if global_batch is None:
+        raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
+    options = space_options(**layout_of(values))
+    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
+    m = resolve_model(model, model_file, **shape_of(values))
+    from exatrain.planner.scaling import scaling as run_scaling
+
+    return run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
+                       dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention)
+
+
+__all__ = ["DEFAULT_CLUSTER", "estimate", "scaling", "search"]

@@ -1,0 +1,216 @@
+"""From keyword values (the CLI's flags, by the same names) to typed inputs: a model, a cluster, a
+validated Plan, the cost parameters of a calibration file, a plan read from any file that holds one.
+
+Defaults live here and nowhere else: tp = pp = 1, dp = gpus / (tp * pp), micro-batch 1, a global
+batch of micro-batch * dp (four micro-batches per pipeline stage when pp > 1), ZeRO-0, no
+recomputation, 1F1B (interleaved/zero-bubble: 2 virtual stages per rank), flash attention on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from exatrain.catalog import ClusterSpec, ModelSpec, get_cluster, get_model, load_cluster_file, load_model_file
+from exatrain.errors import PlanError, UserError
+from exatrain.paths import check_input_file
+from exatrain.plan import ParallelDims, Plan, TrainShape, read_json
+
+Warn = Callable[[str], None]
+
+MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
+LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
+                 "schedule", "interleave", "stage_layers", "dtype", "flash_attention")
+_CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+
+class ExatrainWarning(UserWarning):
+    """Something worth a user's attention that does not stop the work (e.g. a GPU job rendered for
+    a plan made for CPU ranks). The CLI prints it as one line on stderr."""
+
+
+def warner(warn: Warn | None) -> Warn:
+    """``warn`` itself, or one that issues an ExatrainWarning."""
+    return warn or (lambda message: warnings.warn(message, ExatrainWarning, stacklevel=3))
+
+
+def resolve_model(model: str | ModelSpec | None = None, model_file: str | Path | None = None, *,
+                  base: ModelSpec | None = None, default: str | None = None, **shape: Any) -> ModelSpec:
+    """A preset name, a ModelSpec or a model file; else ``base`` (a plan's model); else a model from
+    the shape values alone (named 'custom'); else the ``default`` preset. Shape values (arch, layers,
+    hidden, heads, kv_heads, ffn_hidden, seq_len, vocab) override; an overridden preset is named
+    '<preset>*'."""
+    unknown = set(shape) - set(MODEL_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown model field(s): {', '.join(sorted(unknown))}")
+    if model is not None and model_file is not None:
+        raise UserError("give either --model or --model-file, not both")
+    overrides = {k: v for k, v in shape.items() if v is not None}
+    if isinstance(model, ModelSpec):
+        found = model
+    elif model_file is not None:
+        found = load_model_file(check_input_file(model_file, "--model-file"))
+    elif model is not None:
+        found = get_model(model)
+    elif base is not None:
+        found = base
+    elif set(_CUSTOM_NEEDS) <= set(overrides):
+        return ModelSpec.from_dict({"name": "custom", "arch": "gpt", **overrides}, source="model flags")
+    elif default is not None:
+        found = get_model(default)
+    else:
+        raise UserError("no model: pass --model NAME, --model-file PATH, or all of "
+                        "--layers --hidden --heads --seq-len --vocab")
+    if not overrides:
+        return found
+    # A changed shape is a different model: drop family defaults that depended on the old one.
+    fields = found.to_dict()
+    if "hidden" in overrides and "ffn_hidden" not in overrides and found.arch == "gpt":
+        fields["ffn_hidden"] = 0
+    if "heads" in overrides and "kv_heads" not in overrides and found.kv_heads == found.heads:
+        fields["kv_heads"] = 0
+    if "arch" in overrides and overrides["arch"] != found.arch:
+        fields["tied_embeddings"] = None
+    fields.update(overrides)
+    fields["name"] = f"{found.name.rstrip('*')}*"  # marks a preset with overridden fields
+    return ModelSpec.from_dict(fields, source="model flags")
+
+
+def resolve_cluster(cluster: str | ClusterSpec | None = None, cluster_file: str | Path | None = None, *,
+                    default: str | None = "frontier") -> ClusterSpec:
+    """A catalog name, a ClusterSpec or a cluster file; else the ``default`` catalog cluster."""
+    if cluster is not None and cluster_file is not None:
+        raise UserError("give either --cluster or --cluster-file, not both")
+    if isinstance(cluster, ClusterSpec):
+        return cluster
+    if cluster_file is not None:
+        return load_cluster_file(check_input_file(cluster_file, "--cluster-file"))
+    if cluster is None and default is None:
+        raise UserError("no cluster: pass --cluster NAME or --cluster-file PATH")
+    return get_cluster(cluster or default)  # type: ignore[arg-type]
+
+
+def _pick(given: Any, from_base: Any, default: Any) -> Any:
+    """A value given wins, then the base plan's, then the default."""
+    if given is not None:
+        return given
+    return default if from_base is None else from_base
+
+
+def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, *, gpus: int | None = None,
+              tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
+              global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
+              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
+              stage_layers: tuple[int, ...] | None = None, dtype: str | None = None,
+              flash_attention: bool | None = None, base: Plan | None = None,
+              default_dtype: str = "bfloat16") -> Plan:
+    """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
+    dp is derived from ``gpus`` when not given; given both, they must agree."""
+    m = get_model(model) if isinstance(model, str) else model
+    c = get_cluster(cluster) if isinstance(cluster, str) else cluster
+    b = base
+    tp = _pick(tp, b and b.tp, 1)
+    pp = _pick(pp, b and b.pp, 1)
+    if dp is not None:
+        if gpus is not None and gpus != tp * pp * dp:
+            raise PlanError(f"--gpus {gpus} != tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}; drop --dp to derive it")
+    elif gpus is not None:
+        if gpus % (tp * pp):
+            raise PlanError(f"--gpus {gpus} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
+        dp = gpus // (tp * pp)
+    else:
+        dp = b.dp if b else 1
+    micro = _pick(micro_batch, b and b.micro_batch, 1)
+    if global_batch is None:
+        same = b is not None and b.dp == dp and b.micro_batch == micro
+        global_batch = b.global_batch if same else micro * dp * (4 * pp if pp > 1 else 1)  # type: ignore[union-attr]
+    schedule = _pick(schedule, b and b.schedule, "1f1b")
+    interleave = _pick(interleave, b and b.interleave,
+                       2 if schedule in ("interleaved", "zero_bubble") and pp > 1 else 1)
+    if stage_layers is None:
+        keep = b is not None and b.pp == pp and b.interleave == interleave and b.model == m
+        stage_layers = b.stage_layers if keep else ()  # type: ignore[union-attr]
+    plan = Plan(model=m, dims=ParallelDims(tp=tp, pp=pp, dp=dp), shape=TrainShape(micro_batch=micro,
+                global_batch=global_batch), zero_stage=_pick(zero, b and b.zero_stage, 0),
+                recompute=_pick(recompute, b and b.recompute, "none"),
+                sequence_parallel=bool(_pick(sequence_parallel, b and b.sequence_parallel, False)),
+                schedule=schedule, interleave=interleave, stage_layers=tuple(stage_layers),
+                dtype=_pick(dtype, b and b.dtype, default_dtype),
+                flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
+                cluster=c.name if c is not None else (b.cluster if b else ""))
+    return plan.validate(c)
+
+
+def layout_of(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The layout values among ``values`` (e.g. a function's keyword arguments)."""
+    return {k: values.get(k) for k in LAYOUT_FIELDS}
+
+
+def shape_of(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The model shape values among ``values``."""
+    return {k: values.get(k) for k in MODEL_FIELDS}
+
+
+def load_plan(path: str | Path | Plan, *, flag: str = "--plan", warn: Warn | None = None) -> Plan:
+    """A Plan (with its estimate, when the file has one) from a plan file (`estimate/search --out`),
+    `estimate --json` output, a RunRecord line's object, or `search --json` output: its first
+    ranked plan, the best (``warn`` says so)."""
+    from exatrain.report.inputs import classify, plan_from_json
+
+    if isinstance(path, Plan):
+        return path
+    d = read_json(check_input_file(path, flag))
+    if classify(d) == "search":
+        if not d["ranked"]:
+            raise UserError(f"{path}: a search result with no ranked plan (the search found no feasible layout)")
+        warner(warn)(f"{path} is a search result: using its first ranked plan (of {len(d['ranked'])})")
+        return plan_from_json(d["ranked"][0], f"{path}: ranked[0]")
+    if classify(d) in ("estimate", "run_record"):
+        return plan_from_json(d, str(path))
+    return Plan.from_dict(d, source=str(path))
+
+
+def calibrated(cluster: ClusterSpec, calibration: str | Path | None) -> tuple[ClusterSpec, Any]:
+    """(the cluster with the calibration's measured link tiers, its cost parameters for the
+    cluster's device), or (cluster, None) without a calibration file."""
+    if calibration is None:
+        return cluster, None
+    from exatrain.planner.cost.coefficients import load_calibration
+
+    cal = load_calibration(check_input_file(calibration, "--calibration"))
+    params = cal.params_for(cluster.device.name)
+    if params is None:
+        raise UserError(f"{calibration} has no parameters for device {cluster.device.name!r} "
+                        f"(it has: {', '.join(sorted(cal.devices)) or 'none'})")
+    return cal.apply(cluster), params
+
+
+def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | None = None,
+                  micro_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
+                  sequence_parallel: bool | None = None, schedule: str | None = None,
+                  interleave: int | None = None, stage_layers: Any = None, **_: Any):
+    """The search space with the given layout values pinned (search chooses dp and the stage split)."""
+    from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
+
+    if stage_layers is not None or dp is not None:
+        raise UserError("search chooses dp and the stage split itself; drop --dp / --stage-layers "
+                        "(pin --tp / --pp instead)")
+    variants = SCHEDULE_VARIANTS
+    if schedule is not None:
+        variants = tuple(v for v in variants if v[0] == schedule)
+    if interleave is not None:
+        variants = tuple((s, interleave) for s in dict.fromkeys(s for s, _ in variants)
+                         if (interleave == 1) == (s in ("gpipe", "1f1b")))
+        if not variants:
+            raise UserError(f"--interleave {interleave} does not go with --schedule {schedule}")
+    return SpaceOptions(
+        tp=(tp,) if tp else None, pp=(pp,) if pp else None, micro_batch=(micro_batch,) if micro_batch else None,
+        zero_stage=(zero,) if zero is not None else (0, 1, 2, 3),
+        recompute=(recompute,) if recompute else ("none", "selective", "full"),
+        sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
+        schedules=variants)
+
+
+__all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",
+           "resolve_cluster", "resolve_model", "shape_of", "space_options", "warner"]

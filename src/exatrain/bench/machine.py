@@ -1,0 +1,89 @@
+"""``exatrain bench``: measure this machine and fit the cost model's parameters to it.
+
+Picks what to measure (the CPU, or the catalog device this GPU is), runs the micro-benchmarks
+(``bench.run``) and fits them (``planner.cost.calibrate.calibration_from_bench``) into a
+Calibration for that device and, where collectives ran, a measured link tier for its cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from exatrain.errors import UserError
+from exatrain.planner.cost.coefficients import Calibration
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    calibration: Calibration
+    device: str  # catalog device name ("cpu" for the host)
+    dtype: str
+    ranks: int
+    threads_per_rank: int
+    seconds: float  # measuring time
+
+    @property
+    def params(self):
+        return self.calibration.devices[self.device]
+
+    def summary_lines(self) -> list[str]:
+        """What was measured, in the cost model's terms: GEMM throughput and its fall-off, attention,
+        memory bandwidth and overheads, and each measured link tier."""
+        from exatrain.catalog import device_catalog
+
+        p, spec = self.params, device_catalog().get(self.device)
+        peak = p.peak_flops or (spec.peak_flops(self.dtype) if spec else None) or 0.0
+        lines = [f"{self.device} ({self.dtype}, {self.threads_per_rank} thread(s) per rank) measured in {self.seconds:.1f} s",
+                 f"GEMM: {peak * p.gemm_eff / 1e12:.3f} TFLOPS at large sizes (peak {peak / 1e12:.3f}, eff "
+                 f"{p.gemm_eff:.2f}), dimension half-point {p.gemm_dim_half:.0f}, {p.gemm_overhead_s * 1e6:.1f} µs per call",
+                 f"attention: {p.attn_eff:.1%} of peak; memory: {(p.mem_bytes_per_s or 0) / 1e9:.1f} GB/s copy, "
+                 f"element-wise at {p.mem_eff:.0%} of it + {p.op_overhead_s * 1e6:.1f} µs per kernel; "
+                 f"{p.step_overhead_s * 1e3:.1f} ms fixed per step"]
+        for cluster, tiers in self.calibration.cluster_tiers.items():
+            lines += [f"links ({cluster}, {t.name}): {t.bytes_per_s / 1e9:.2f} GB/s, {t.latency_s * 1e6:.0f} µs latency"
+                      for t in tiers]
+        return lines
+
+
+def measure(*, device: str = "cpu", ranks: int | None = None, dtype: str | None = None, quick: bool = False,
+            progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Run every micro-benchmark on ``device`` (cpu | cuda) and fit the calibration."""
+    from exatrain.catalog import cluster_catalog, get_cluster, match_device
+    from exatrain.planner.cost.calibrate import calibration_from_bench
+    from exatrain.planner.cost.coefficients import default_params
+
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda, got {device!r}")
+    import torch
+
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA/ROCm device is visible here")
+        name = torch.cuda.get_device_name(0)
+        spec = match_device(name)
+        if spec is None:
+            raise UserError(f"GPU {name!r} is not in the catalog (`exatrain hardware`); add it with a "
+                            "cluster file before calibrating it")
+        device_name, dtype = spec.name, dtype or "bfloat16"
+        catalog_peak = spec.peak_flops(dtype)
+        cluster = next((c for c in cluster_catalog().values() if c.device.name == spec.name), None)
+        ranks = ranks or torch.cuda.device_count()
+        if ranks > torch.cuda.device_count():
+            raise UserError(f"--ranks {ranks}: only {torch.cuda.device_count()} GPU(s) here")
+    else:
+        device_name, catalog_peak, dtype = "cpu", None, dtype or "float32"
+        cluster = get_cluster("local-cpu")
+        ranks = ranks or 2
+    from exatrain.bench.run import run_bench
+
+    raw: dict[str, Any] = run_bench(device=device, dtype=dtype, ranks=ranks, quick=quick, progress=progress)
+    if progress is not None:
+        progress("fitting the cost model")
+    cal = calibration_from_bench(raw, device_name=device_name, base=default_params(device_name),
+                                 catalog_peak=catalog_peak, cluster=cluster)
+    return BenchResult(calibration=cal, device=device_name, dtype=dtype, ranks=ranks,
+                       threads_per_rank=int(raw["options"]["threads_per_rank"]), seconds=float(raw["seconds"]))
+
+
+__all__ = ["BenchResult", "measure"]

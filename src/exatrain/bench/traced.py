@@ -1,0 +1,50 @@
+"""``exatrain estimate --trace``: an estimate with the traced peak of the trainer's own model.
+
+One rank of every pipeline stage is traced (``trace.trace_stage``: FakeTensorMode, a fake process
+group, nothing allocated); the estimate gains ``traced_memory_bytes`` (the stage with the largest
+traced peak) and a note listing every stage's traced peak beside the trainer memory model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from exatrain.catalog import ClusterSpec
+from exatrain.errors import UserError
+from exatrain.plan import MemoryBreakdown, Plan, StepEstimate
+from exatrain.accounting.trainer_memory import trainer_memory_by_stage
+
+GiB = 1024**3
+
+
+def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], None] | None = None) -> StepEstimate:
+    """``plan.estimate`` with ``traced_memory_bytes`` and a note; ``progress`` hears of each stage."""
+    if plan.estimate is None:
+        raise ValueError("traced_estimate needs a plan with its estimate")
+    try:
+        from exatrain.bench.trace import trace_stage
+    except ModuleNotFoundError as exc:  # pragma: no cover - torch missing
+        raise UserError(f"--trace needs torch ({exc}); install exatrain[train]") from None
+    on_cpu = cluster.device.name == "cpu"
+    traced = []
+    for r in range(plan.pp):
+        if progress is not None:
+            progress(f"tracing stage {r + 1} of {plan.pp}")
+        try:
+            traced.append(trace_stage(plan, r, accelerator=not on_cpu))
+        except Exception as exc:  # the trace is an extra view of the plan; its failure is one line
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise UserError(f"--trace failed for this plan ({type(exc).__name__}: {first})") from None
+    worst = max(traced, key=lambda t: t.total)
+    modelled = trainer_memory_by_stage(plan, on_cpu=on_cpu)
+    note = ("traced (the trainer's model per stage under FakeTensorMode, one step, no allocation; 16-bit "
+            "weight copies count as activations): " + ", ".join(f"{t.total / GiB:.2f}" for t in traced)
+            + " GiB; trainer memory model: " + ", ".join(f"{m.total / GiB:.2f}" for m in modelled) + " GiB")
+    est = plan.estimate
+    return dataclasses.replace(est, traced_memory_bytes=MemoryBreakdown(
+        weights=worst.weights, gradients=worst.gradients, optimizer=worst.optimizer,
+        activations=worst.activations, other=worst.other), notes=tuple(est.notes) + (note,))
+
+
+__all__ = ["traced_estimate"]

@@ -1,0 +1,30 @@
+"""The JSON objects the planner's commands print (`estimate --json`, `search --json`,
+`scaling --json`), in one place so the report reads back exactly what was written."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from exatrain.plan import Plan
+
+
+def estimate_json(plan: Plan) -> dict[str, Any]:
+    """A plan with its estimate: the estimate's fields at top level, plus the resolved plan."""
+    if plan.estimate is None:
+        raise ValueError("estimate_json needs a plan with its estimate")
+    plan_d = plan.to_dict()
+    plan_d.pop("estimate", None)
+    return {**plan.estimate.to_dict(), "plan": plan_d}
+
+
+def search_json(result: Any, explain: Sequence[str] | None = None) -> dict[str, Any]:
+    """A SearchResult: the ranked plans (each as ``estimate_json``) and the counts of the search."""
+    out = {"ranked": [estimate_json(p) for p in result.ranked], "examined": result.examined,
+           "legal": result.legal, "feasible": result.feasible, "rejected": result.rejected,
+           "collapsed": result.collapsed}
+    if explain is not None:
+        out["explain"] = list(explain)
+    return out
+
+
+__all__ = ["estimate_json", "search_json"]

@@ -1,0 +1,221 @@
+"""Bad input to every command: exactly one line on stderr, exit status 2, no traceback, nothing written.
+
+The matrix: every command that reads or writes a path, or takes a number, against a missing file,
+a directory where a file is expected, a file where a directory is, an unwritable location,
+malformed JSON, an empty file, JSON of the wrong types, and out-of-range numbers. Every case fails
+before any work starts (no rank, no benchmark, no tokenizing), so the matrix runs in seconds.
+(`models` and `hardware` read and write no path and take no number: only --json.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from exatrain.catalog import get_model
+from exatrain.cli import main
+from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record
+
+
+def _unwritable() -> Path | None:
+    """A directory this process cannot write in. Under root, permissions do not stop a write, so a
+    read-only kernel directory (/proc/sys) stands in where there is one."""
+    if os.geteuid() != 0:
+        return None  # made per test with chmod (below)
+    ro = Path("/proc/sys")
+    return ro if ro.is_dir() and not os.access(ro, os.W_OK) else None
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> dict[str, str]:
+    """The world the cases point into: good inputs and each kind of bad one."""
+    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(1, 1, 2), shape=TrainShape(1, 2), cluster="local-cpu",
+                dtype="float32").validate()
+    plan.save(tmp_path / "plan.json")
+    wrong = plan.to_dict()
+    wrong["tp"] = "two"
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "file.txt").write_text("a file\n")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "ds" / "ds_config.json").mkdir(parents=True)  # where deepspeed's second file would go
+    append_run_record(tmp_path / "runs.jsonl", RunRecord(plan=plan, measured=Measured(5, 0.1, 320.0), device="cpu"))
+    (tmp_path / "wrong_runs.jsonl").write_text(json.dumps({"kind": "run_record", "plan": plan.to_dict(),
+                                                           "measured": {"steps": "five", "step_time_s": 0.1,
+                                                                        "tokens_per_s": 1.0}}) + "\n")
+    (tmp_path / "wrong_cal.json").write_text(json.dumps({"kind": "exatrain-calibration",
+                                                         "devices": {"cpu": {"gemm_eff": "fast"}}}))
+    (tmp_path / "wrong_model.json").write_text(json.dumps({"arch": "gpt", "layers": "many", "hidden": 64,
+                                                           "heads": 4, "seq_len": 32, "vocab": 128}))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "manifest.json").write_text("{not json")
+    ro = _unwritable()
+    if ro is None and os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+    return {"tmp": str(tmp_path), "ro": str(ro) if ro else ""}
+
+
+TINY = ["--model", "gpt-tiny", "--cluster", "local-cpu"]
+SEARCH = [*TINY, "--gpus", "2", "--global-batch", "4"]
+TUNE = ["tune", *SEARCH, "--study", "{tmp}/t.db", "--trials", "1"]
+MISSING, DIR_FOR_FILE, FILE_FOR_DIR, UNWRITABLE = "missing file", "directory for a file", "file for a directory", "unwritable"
+MALFORMED, EMPTY, WRONG_TYPES, RANGE = "malformed JSON", "empty file", "wrong JSON types", "out of range"
+
+# (command, kind, argv, what the line says)
+CASES = [
+    ("estimate", MISSING, ["estimate", "--model-file", "{tmp}/nope.json"], "no such file"),
+    ("estimate", DIR_FOR_FILE, ["estimate", *TINY, "--out", "{tmp}/dir"], "is a directory"),
+    ("estimate", FILE_FOR_DIR, ["estimate", *TINY, "--out", "{tmp}/file.txt/p.json"], "is a file, not a directory"),
+    ("estimate", UNWRITABLE, ["estimate", *TINY, "--out", "{ro}/p.json"], "cannot write in"),
+    ("estimate", MALFORMED, ["estimate", "--model-file", "{tmp}/bad.json"], "not valid JSON"),
+    ("estimate", EMPTY, ["estimate", *TINY, "--calibration", "{tmp}/empty.json"], "not valid JSON"),
+    ("estimate", WRONG_TYPES, ["estimate", "--model-file", "{tmp}/wrong_model.json"], "layers must be a positive"),
+    ("estimate", RANGE, ["estimate", *TINY, "--tp", "0"], "expected a positive integer"),
+    ("search", MISSING, ["search", *SEARCH, "--cluster-file", "{tmp}/nope.toml", "--cluster", "local-cpu"],
+     "either --cluster or --cluster-file"),
+    ("search", DIR_FOR_FILE, ["search", *SEARCH, "--out", "{tmp}/dir"], "is a directory"),
+    ("search", UNWRITABLE, ["search", *SEARCH, "--out", "{ro}/best.json"], "cannot write in"),
+    ("search", WRONG_TYPES, ["search", *SEARCH, "--calibration", "{tmp}/wrong_cal.json"], "must be a non-negative"),
+    ("search", RANGE, ["search", *SEARCH, "--top", "0"], "--top must be at least 1"),
+    ("scaling", MISSING, ["scaling", *TINY, "--gpus", "2,4", "--global-batch", "4", "--calibration", "{tmp}/no.json"],
+     "no such file"),
+    ("scaling", DIR_FOR_FILE, ["scaling", *TINY, "--gpus", "2,4", "--global-batch", "4", "--calibration", "{tmp}/dir"],
+     "is a directory"),
+    ("scaling", MALFORMED, ["scaling", *TINY, "--gpus", "2,4", "--global-batch", "4", "--calibration",
+                            "{tmp}/bad.json"], "not valid JSON"),
+    ("scaling", RANGE, ["scaling", *TINY, "--gpus", "0,4", "--global-batch", "4"], "positive integers"),
+    ("train", MISSING, ["train", "--plan", "{tmp}/nope.json"], "no such file"),
+    ("train", DIR_FOR_FILE, ["train", "--model", "gpt-tiny", "--metrics-file", "{tmp}/dir"], "is a directory"),
+    ("train", FILE_FOR_DIR, ["train", "--model", "gpt-tiny", "--checkpoint-dir", "{tmp}/file.txt"],
+     "is a file, not a directory"),
+    ("train", FILE_FOR_DIR, ["train", "--model", "gpt-tiny", "--data", "{tmp}/file.txt"], "is a file, not a directory"),
+    ("train", FILE_FOR_DIR, ["train", "--model", "gpt-tiny", "--tensorboard", "{tmp}/file.txt"], "is a file"),
+    ("train", UNWRITABLE, ["train", "--model", "gpt-tiny", "--checkpoint-dir", "{ro}/ckpt"], "not writable"),
+    ("train", UNWRITABLE, ["train", "--model", "gpt-tiny", "--metrics-file", "{ro}/m.jsonl"], "cannot write in"),
+    ("train", MALFORMED, ["train", "--plan", "{tmp}/bad.json"], "not valid JSON"),
+    ("train", EMPTY, ["train", "--plan", "{tmp}/empty.json"], "not valid JSON"),
+    ("train", WRONG_TYPES, ["train", "--plan", "{tmp}/wrong.json"], "--tp must be a positive integer"),
+    ("train", RANGE, ["train", "--steps", "0"], "expected a positive integer"),
+    ("train", RANGE, ["train", "--model", "gpt-tiny", "--lr", "-1"], "--lr must be positive"),
+    ("train", RANGE, ["train", "--model", "gpt-tiny", "--min-lr-ratio", "2"], "--min-lr-ratio must be in [0, 1]"),
+    ("prepare", MISSING, ["prepare", "--input", "{tmp}/*.txt", "--tokenizer", "{tmp}/nope.json", "--out",
+                          "{tmp}/data"], "no such file"),
+    ("prepare", DIR_FOR_FILE, ["prepare", "--input", "{tmp}/*.txt", "--tokenizer", "{tmp}/dir", "--out",
+                               "{tmp}/data"], "is a directory"),
+    ("prepare", FILE_FOR_DIR, ["prepare", "--stdlib", "--out", "{tmp}/file.txt"], "is a file, not a directory"),
+    ("prepare", FILE_FOR_DIR, ["prepare", "--verify", "{tmp}/file.txt"], "is a file, not a directory"),
+    ("prepare", UNWRITABLE, ["prepare", "--stdlib", "--out", "{ro}/data"], "not writable"),
+    ("prepare", MALFORMED, ["prepare", "--input", "{tmp}/*.txt", "--tokenizer", "{tmp}/bad.json", "--out",
+                            "{tmp}/data"], "not a Hugging Face tokenizer.json"),
+    ("prepare", EMPTY, ["prepare", "--input", "{tmp}/*.txt", "--tokenizer", "{tmp}/empty.json", "--out",
+                        "{tmp}/data"], "not a Hugging Face tokenizer.json"),
+    ("prepare", WRONG_TYPES, ["prepare", "--input", "{tmp}/*.txt", "--tokenizer", "{tmp}/wrong.json", "--out",
+                              "{tmp}/data"], "not a Hugging Face tokenizer.json"),
+    ("prepare", RANGE, ["prepare", "--stdlib", "--shard-tokens", "0", "--out", "{tmp}/data"], "positive integer"),
+    ("export", MISSING, ["export", "--checkpoint", "{tmp}/nope", "--out", "{tmp}/hf"], "no such directory"),
+    ("export", FILE_FOR_DIR, ["export", "--checkpoint", "{tmp}/file.txt", "--out", "{tmp}/hf"],
+     "is a file, not a directory"),
+    ("export", FILE_FOR_DIR, ["export", "--checkpoint", "{tmp}/ckpt", "--out", "{tmp}/file.txt"],
+     "is a file, not a directory"),
+    ("export", UNWRITABLE, ["export", "--checkpoint", "{tmp}/ckpt", "--out", "{ro}/hf"], "not writable"),
+    ("export", MALFORMED, ["export", "--checkpoint", "{tmp}/ckpt", "--out", "{tmp}/hf"], "manifest.json"),
+    ("export", RANGE, ["export", "--checkpoint", "{tmp}/ckpt", "--step", "-1", "--out", "{tmp}/hf"],
+     "non-negative integer"),
+    ("launch", MISSING, ["launch", "--plan", "{tmp}/nope.json", "--scheduler", "slurm"], "no such file"),
+    ("launch", DIR_FOR_FILE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--out", "{tmp}/dir"],
+     "is a directory"),
+    ("launch", FILE_FOR_DIR, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--out",
+                              "{tmp}/file.txt/job.sh"], "is a file, not a directory"),
+    ("launch", UNWRITABLE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--out", "{ro}/job.sh"],
+     "cannot write in"),
+    ("launch", MALFORMED, ["launch", "--plan", "{tmp}/bad.json", "--scheduler", "slurm"], "not valid JSON"),
+    ("launch", EMPTY, ["launch", "--plan", "{tmp}/empty.json", "--scheduler", "slurm"], "not valid JSON"),
+    ("launch", WRONG_TYPES, ["launch", "--plan", "{tmp}/wrong.json", "--scheduler", "slurm"], "--tp must be"),
+    ("launch", RANGE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--nodes", "0"],
+     "expected a positive integer"),
+    ("export-config", MISSING, ["export-config", "--plan", "{tmp}/nope.json", "--for", "megatron"], "no such file"),
+    ("export-config", DIR_FOR_FILE, ["export-config", "--plan", "{tmp}/dir", "--for", "megatron"], "is a directory"),
+    ("export-config", DIR_FOR_FILE, ["export-config", "--plan", "{tmp}/plan.json", "--for", "deepspeed", "--out",
+                                     "{tmp}/ds/ds_args.sh"], "ds_config.json: is a directory"),
+    ("export-config", UNWRITABLE, ["export-config", "--plan", "{tmp}/plan.json", "--for", "megatron", "--out",
+                                   "{ro}/args.sh"], "cannot write in"),
+    ("export-config", MALFORMED, ["export-config", "--plan", "{tmp}/bad.json", "--for", "megatron"], "not valid JSON"),
+    ("export-config", EMPTY, ["export-config", "--plan", "{tmp}/empty.json", "--for", "torchtitan"], "not valid JSON"),
+    ("export-config", WRONG_TYPES, ["export-config", "--plan", "{tmp}/wrong.json", "--for", "megatron"],
+     "--tp must be"),
+    ("tune", MISSING, [*TUNE, "--calibration", "{tmp}/nope.json"], "no such file"),
+    ("tune", DIR_FOR_FILE, [*TUNE, "--out", "{tmp}/dir"], "is a directory"),
+    ("tune", DIR_FOR_FILE, ["tune", *SEARCH, "--study", "{tmp}/dir", "--trials", "1"], "is a directory"),
+    ("tune", FILE_FOR_DIR, [*TUNE, "--runs-file", "{tmp}/file.txt/runs.jsonl"], "is a file, not a directory"),
+    ("tune", UNWRITABLE, [*TUNE, "--out", "{ro}/best.json"], "cannot write in"),
+    ("tune", MALFORMED, [*TUNE, "--calibration", "{tmp}/bad.json"], "not valid JSON"),
+    ("tune", WRONG_TYPES, [*TUNE, "--calibration", "{tmp}/wrong_cal.json"], "must be a non-negative"),
+    ("tune", RANGE, [*TUNE, "--prune-ratio", "2"], "--prune-ratio must be in [0, 1)"),
+    ("tune", RANGE, [*TUNE, "--trials", "0"], "expected a positive integer"),
+    ("report", MISSING, ["report", "--plan", "{tmp}/nope.json", "--out", "{tmp}/report"], "no such file"),
+    ("report", DIR_FOR_FILE, ["report", "--plan", "{tmp}/dir", "--out", "{tmp}/report"], "is a directory"),
+    ("report", FILE_FOR_DIR, ["report", "--plan", "{tmp}/plan.json", "--out", "{tmp}/file.txt"],
+     "is a file, not a directory"),
+    ("report", UNWRITABLE, ["report", "--plan", "{tmp}/plan.json", "--out", "{ro}/report"], "not writable"),
+    ("report", MALFORMED, ["report", "--search", "{tmp}/bad.json", "--out", "{tmp}/report"], "not valid JSON"),
+    ("report", EMPTY, ["report", "--scaling", "{tmp}/empty.json", "--out", "{tmp}/report"], "not valid JSON"),
+    ("report", WRONG_TYPES, ["report", "--plan", "{tmp}/wrong.json", "--out", "{tmp}/report"], "--tp must be"),
+    ("bench", DIR_FOR_FILE, ["bench", "--out", "{tmp}/dir", "--quick"], "is a directory"),
+    ("bench", FILE_FOR_DIR, ["bench", "--out", "{tmp}/file.txt/c.json", "--quick"], "is a file, not a directory"),
+    ("bench", UNWRITABLE, ["bench", "--out", "{ro}/c.json", "--quick"], "cannot write in"),
+    ("bench", RANGE, ["bench", "--out", "{tmp}/c.json", "--ranks", "0"], "expected a positive integer"),
+    ("calibrate", MISSING, ["calibrate", "{tmp}/nope.jsonl", "--out", "{tmp}/c.json"], "no such file"),
+    ("calibrate", DIR_FOR_FILE, ["calibrate", "{tmp}/runs.jsonl", "--out", "{tmp}/dir"], "is a directory"),
+    ("calibrate", FILE_FOR_DIR, ["calibrate", "{tmp}/runs.jsonl", "--out", "{tmp}/file.txt/c.json"],
+     "is a file, not a directory"),
+    ("calibrate", UNWRITABLE, ["calibrate", "{tmp}/runs.jsonl", "--out", "{ro}/c.json"], "cannot write in"),
+    ("calibrate", MALFORMED, ["calibrate", "{tmp}/bad.json", "--out", "{tmp}/c.json"], "not a JSON line"),
+    ("calibrate", EMPTY, ["calibrate", "{tmp}/empty.json", "--out", "{tmp}/c.json"], "no RunRecords"),
+    ("calibrate", WRONG_TYPES, ["calibrate", "{tmp}/wrong_runs.jsonl", "--out", "{tmp}/c.json"],
+     "measured steps must be a number"),
+    ("validate", MISSING, ["validate", "{tmp}/nope.jsonl"], "no such file"),
+    ("validate", DIR_FOR_FILE, ["validate", "{tmp}/dir"], "is a directory"),
+    ("validate", MALFORMED, ["validate", "{tmp}/runs.jsonl", "--calibration", "{tmp}/bad.json"], "not valid JSON"),
+    ("validate", EMPTY, ["validate", "{tmp}/empty.json"], "no RunRecords"),
+    ("validate", WRONG_TYPES, ["validate", "{tmp}/wrong_runs.jsonl"], "measured steps must be a number"),
+]
+
+
+def _tree(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("command, kind, argv, needle", CASES, ids=[f"{c}: {k} {i}" for i, (c, k, _, _) in
+                                                                   enumerate(CASES)])
+def test_one_line_exit_2_nothing_written(command, kind, argv, needle, w, capsys, monkeypatch) -> None:
+    if kind == UNWRITABLE and not w["ro"]:
+        pytest.skip("running as root with no read-only directory: root writes through file permissions")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(w["tmp"])  # anything written by default lands where it is seen
+    root = Path(w["tmp"])
+    before = _tree(root)
+    code = main([a.format(**w) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 2, (code, err)
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert needle in err, err
+    assert _tree(root) == before  # nothing written, nothing touched
+
+
+def test_every_command_with_inputs_is_in_the_matrix() -> None:
+    from exatrain.cli import build_parser
+
+    parser = build_parser()
+    commands = set(next(a for a in parser._actions if a.dest == "command").choices)
+    covered = {c for c, *_ in CASES}
+    assert commands - covered == {"models", "hardware"}
+    for command in covered - {"validate", "bench", "scaling", "search"}:
+        kinds = {k for c, k, *_ in CASES if c == command}
+        assert {MISSING, RANGE} & kinds or {MISSING, MALFORMED} <= kinds, command

@@ -1,0 +1,134 @@
+"""What a new user meets: --help states the defaults that run and shows an example; --plan takes what
+`search --json` prints; launch warns (one line) about jobs that will not work as planned; progress
+goes to stderr only when asked for (or on a terminal)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from exatrain import api
+from exatrain.catalog import get_model
+from exatrain.cli import build_parser, main
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.trainer import spawn as trainer_launch
+
+CALLS = {"estimate": api.estimate, "search": api.search, "scaling": api.scaling, "train": api.train, "tune": api.tune,
+         "bench": api.bench, "calibrate": api.calibrate, "validate": api.compare, "launch": api.launch,
+         "report": api.report}
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in build_parser()._actions if a.dest == "command").choices
+
+
+def test_every_command_has_an_example_in_its_help() -> None:
+    for name, sub in _subparsers().items():
+        assert sub.epilog and "exatrain" in sub.epilog and "example" in sub.epilog, name
+
+
+def test_every_flag_default_is_the_api_default_and_help_says_it() -> None:
+    """A flag's default (what runs when it is not given) is the API's, and where --help names a
+    default, it names that one."""
+    for name, fn in CALLS.items():
+        params = inspect.signature(fn).parameters
+        for action in _subparsers()[name]._actions:
+            if action.dest not in params or action.dest == "progress" or action.default is None or not action.option_strings:
+                continue
+            want = params[action.dest].default
+            assert action.default == want or (action.default in ([], "") and want in ((), "")), (name, action.dest)
+            said = re.search(r"\(default ([^)]+)\)", action.help or "")
+            if said and params[action.dest].default is not None:
+                value = said.group(1) if said.group(1) == str(want) else said.group(1).split(": ")[0]
+                assert value in (str(want), f"{want:g}" if isinstance(want, float) else str(want)), \
+                    (name, action.dest, said.group(1), want)
+
+
+@pytest.fixture
+def no_launch(monkeypatch) -> list:
+    started: list = []
+    monkeypatch.setattr(trainer_launch, "launch_local", lambda configs, **kw: started.extend(configs))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    return started
+
+
+def test_train_help_states_what_train_with_no_flags_runs(no_launch, capsys) -> None:
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert main(["train", "--quiet"]) == 0
+    (cfg,) = no_launch
+    p = cfg.plan
+    said = (f"With no flags: {p.model.name} over the standard library's source text (bytes), tp{p.tp} x pp{p.pp} x "
+            f"dp{p.dp} on {p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of "
+            f"{p.micro_batch}, global batch {p.global_batch}, {p.dtype}, {cfg.steps} steps")
+    assert said in text and cfg.device == "cpu" and p.cluster == "local-cpu"
+
+
+def test_plan_takes_the_output_of_search_json(tmp_path: Path, no_launch, capsys) -> None:
+    assert main(["search", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "4", "--global-batch", "8",
+                 "--dtype", "float32", "--runtime", "exatrain", "--top", "3", "--json"]) == 0
+    printed = capsys.readouterr().out
+    (tmp_path / "search.json").write_text(printed)
+    best = json.loads(printed)["ranked"][0]["plan"]
+    assert main(["train", "--plan", str(tmp_path / "search.json"), "--steps", "1", "--quiet"]) == 0
+    (cfg,) = no_launch
+    assert (cfg.plan.tp, cfg.plan.pp, cfg.plan.dp, cfg.plan.micro_batch, cfg.plan.zero_stage) == (
+        best["tp"], best["pp"], best["dp"], best["micro_batch"], best["zero_stage"])
+    assert cfg.plan.estimate is not None  # the search's prediction came along
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a search result: using its first ranked plan (of 3)" in err
+    assert main(["export-config", "--plan", str(tmp_path / "search.json"), "--for", "torchtitan"]) == 0
+    assert f"tensor_parallel_degree = {best['tp']}" in capsys.readouterr().out
+
+
+def _plan(tmp_path: Path, model: str, name: str) -> Path:
+    path = tmp_path / name
+    Plan(model=get_model(model), dims=ParallelDims(1, 1, 2), shape=TrainShape(1, 2), cluster="local-cpu",
+         dtype="float32").validate().save(path)
+    return path
+
+
+def test_launch_warns_about_a_cpu_plan_as_a_gpu_job_and_a_huge_model_on_cpu_ranks(tmp_path: Path, capsys) -> None:
+    tiny, big = _plan(tmp_path, "gpt-tiny", "tiny.json"), _plan(tmp_path, "gpt-175b", "big.json")
+    assert main(["launch", "--plan", str(tiny), "--scheduler", "slurm", "--cluster", "frontier"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("#!/bin/bash") and err.count("\n") == 1
+    assert err.startswith("exatrain launch: warning: the plan was made for local-cpu (CPU ranks")
+    assert main(["launch", "--plan", str(big), "--scheduler", "torchrun"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gpt-175b on CPU ranks needs about" in err and "model states per node" in err
+    assert main(["launch", "--plan", str(tiny), "--scheduler", "torchrun"]) == 0
+    assert capsys.readouterr().err == ""  # a plan that fits where it runs: silence
+
+
+def test_progress_only_on_request_when_stderr_is_not_a_terminal(capsys) -> None:
+    argv = ["estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2", "--pp", "2",
+            "--dtype", "float32", "--trace", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out)["traced_memory_bytes"]["total"] > 0
+    assert main([*argv, "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines()] == ["trace: tracing stage 1 of 2", "trace: tracing stage 2 of 2"]
+
+
+def test_layout_help_names_make_plans_defaults() -> None:
+    """The layout flags' help says what make_plan picks when the flag is not given."""
+    from exatrain.cli.common import LAYOUT_FLAGS
+
+    said = {name: re.search(r"\(default ([^)]+)\)", help) for name, _, _, help in LAYOUT_FLAGS}
+    p = api.make_plan(get_model("gpt-tiny"), "local-cpu", gpus=1)
+    runs = {"--tp": p.tp, "--pp": p.pp, "--micro-batch": p.micro_batch, "--recompute": p.recompute,
+            "--schedule": p.schedule, "--sequence-parallel": "off" if not p.sequence_parallel else "on",
+            "--flash-attention": "on" if p.flash_attention else "off"}
+    for name, value in runs.items():
+        assert said[name] and said[name].group(1) == str(value), name
+    assert said["--dtype"].group(1).startswith(p.dtype) and "0: DDP (default)" in dict(
+        (n, h) for n, _, _, h in LAYOUT_FLAGS)["--zero"] and p.zero_stage == 0
+    assert api.make_plan(get_model("gpt-tiny"), gpus=2, pp=2, schedule="zero_bubble").interleave == 2
