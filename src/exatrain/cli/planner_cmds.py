@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--micro-batch 1 --global-batch 1536 --zero 1 --recompute full")
     p.add_argument("--out", metavar="PATH", help="also write the plan (with its estimate) as JSON")
     p.add_argument("--trace", action="store_true", help="also trace the trainer's own model per stage "
-                   "(FakeTensorMode, no allocation; seconds per stage) and add traced_memory_bytes")
+                   "(FakeTensorMode, no allocation; seconds to minutes of CPU per stage) and add traced_memory_bytes")
     add_progress_arg(p)
     p.set_defaults(func=cmd_estimate)
 
