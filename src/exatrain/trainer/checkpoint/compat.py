@@ -2,7 +2,7 @@
 
 The tensors a checkpoint of model M may hold (state.py names them): ``model.<p>`` for every
 parameter p of M with p's shape and dtype; ``optim.<p>.exp_avg`` / ``.exp_avg_sq`` of the same shape
-and dtype, and ``optim.<p>.step`` a float32 scalar (AdamW's state, present for all of M's parameters
+and dtype, and ``optim.<p>.step`` a float32 scalar (AdamW's state, present for all of M's trained parameters
 or none); ``rng.rank<r>.cpu`` / ``.cuda``, 1-D uint8 generator states. Anything else, or any other
 shape or dtype, is refused with one line naming the tensor.
 """
@@ -27,6 +27,14 @@ def expected_params(spec: ModelSpec) -> dict[str, tuple[list[int], str]]:
         model = Transformer(spec)
     return {canonical_name(n, spec): (list(p.shape), str(p.dtype).removeprefix("torch."))
             for n, p in model.named_parameters()}
+
+
+def trained_params(spec: ModelSpec) -> set[str]:
+    """Canonical names of the parameters the optimizer updates (an MoE router's balancing bias is a
+    parameter that is not trained: it has no optimizer state)."""
+    with torch.device("meta"):
+        model = Transformer(spec)
+    return {canonical_name(n, spec) for n, p in model.named_parameters() if p.requires_grad}
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, list[int]]:
@@ -78,7 +86,9 @@ def _check_states(manifest: Manifest, want: dict[str, tuple[list[int], str]]) ->
         if size != shape or dtype != kind:
             raise CheckpointError(f"{manifest.path}: {key} is {dtype} {size}, not {kind} {shape}")
     if has_optim:
-        missing = [f"optim.{n}.{s}" for n in want for s in (*_ADAM, "step") if f"optim.{n}.{s}" not in manifest.tensors]
+        trained = trained_params(manifest.plan.model)
+        missing = [f"optim.{n}.{s}" for n in want if n in trained for s in (*_ADAM, "step")
+                   if f"optim.{n}.{s}" not in manifest.tensors]
         if missing:
             raise CheckpointError(f"{manifest.path}: holds optimizer states but not {missing[0]}")
 
@@ -90,4 +100,4 @@ def check_consistent(manifest: Manifest) -> None:
     check_model(manifest, manifest.plan.model)
 
 
-__all__ = ["check_consistent", "check_model", "expected_params", "expected_shapes"]
+__all__ = ["check_consistent", "check_model", "expected_params", "expected_shapes", "trained_params"]
