@@ -79,6 +79,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, sequence_p
             plan["attn"] = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
             plan["mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
         parallelize_module(block, tp_mesh, plan)
+        block.set_shard(tp_mesh.get_local_rank(), tp_mesh.size(), sp)  # which slice of each dropout mask
     if model.head is not None:
         parallelize_module(model, tp_mesh, {
             "norm": norm_style(),
