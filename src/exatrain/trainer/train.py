@@ -37,8 +37,10 @@ from exatrain.trainer.checkpoint.manager import Checkpointer
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.launch import cuda_index
 from exatrain.trainer.data import SampleOrder, TokenShards, check_vocab, local_batch
+from exatrain.trainer.debug import Dump
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
                                       model_flops_per_step, peak_flops, peak_memory_bytes, summarize)
+from exatrain.trainer.model import dropout_keys
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
 from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
 from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates
@@ -121,23 +123,29 @@ class Stepper:
         else:
             self.loss_ctx = contextlib.nullcontext
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor,
+                 keys: torch.Tensor | None = None) -> torch.Tensor:
         """Accumulate the gradient of the batch-mean loss; return this rank's mean loss over its
-        micro-batches (0 on ranks without the last stage, whose losses are not known there)."""
+        micro-batches (0 on ranks without the last stage, whose losses are not known there).
+        ``keys``: the dropout key of each sequence (model.py), split into micro-batches like the inputs."""
         zero = torch.zeros((), device=self.mesh.device)
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             args = (inputs,) if self.pm.holds_first else ()
             kwargs = dict(target=targets, losses=losses) if self.pm.holds_last else {}
+            if keys is not None:  # every stage's forward gets its micro-batch's keys
+                kwargs["dropout_keys"] = keys
             with self.amp(), self.loss_ctx():
                 self.schedule.step(*args, **kwargs, **self.step_kwargs)
             return torch.stack([_scalar(x) for x in losses]).mean() if self.pm.holds_last else zero
         module = self.pm.modules[0]
         n = self.plan.num_microbatches
         total = zero
-        for i, (x, y) in enumerate(zip(inputs.split(self.plan.micro_batch), targets.split(self.plan.micro_batch))):
+        mb = self.plan.micro_batch
+        for i, (x, y) in enumerate(zip(inputs.split(mb), targets.split(mb))):
+            kw = {} if keys is None else {"dropout_keys": keys[i * mb:(i + 1) * mb]}
             with _grad_sync(module, i == n - 1), self.amp(), self.loss_ctx():
-                loss = self.loss_fn(module(x), y)
+                loss = self.loss_fn(module(x, **kw), y)
                 (loss / n).backward()
             total = total + _scalar(loss)
         return total / n
@@ -162,9 +170,8 @@ class Trainer:
         self.source = TokenShards(self.data_dir, seed=data_seed, shuffle=shuffle)
         check_vocab(self.source.vocab_size, plan.model.vocab, plan.model.name)
         self.mesh = build_mesh(plan, device)
-        # Dropout masks (the only randomness after init): one stream per (pp, dp) position, shared by
-        # the tp group, whose ranks must drop the same entries of the activations they all hold (under
-        # sequence parallelism their different slices then share one mask pattern).
+        # The global generator: dropout does not draw from it (its masks are keyed by sample, model.py);
+        # seeded per (pp, dp) position for anything else that may.
         torch.manual_seed(config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank)
         self.pm = parallelize(plan, self.mesh, config.seed, compile=config.compile)
         self.stepper = Stepper(self.pm, self.mesh, compile=config.compile)
@@ -183,6 +190,11 @@ class Trainer:
         if manifest is not None:
             self.start_step, start_sample = self._resume(manifest)
         self.order = SampleOrder(plan.global_batch, plan.dp, self.start_step, start_sample)
+        # Tests' per-parameter dump (debug.py): the weights as the run starts, gradients of its first step,
+        # weights after its last.
+        self.dump = Dump(config.dump_dir, self.pm, self.mesh) if config.dump_dir else None
+        if self.dump is not None:
+            self.dump.weights(self.start_step)
 
     def _layout(self) -> dict[str, int]:
         return {"tp": self.plan.tp, "pp": self.plan.pp, "dp": self.plan.dp}
@@ -223,11 +235,16 @@ class Trainer:
         inputs, targets = local_batch(self.source, self.order, step, mesh.dp_rank, plan.model.seq_len)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
-        local_loss = self.stepper(inputs.to(device), targets.to(device))
+        keys = None
+        if plan.model.dropout > 0:  # masks keyed by (seed, global sample): the same on any layout
+            keys = dropout_keys(self.source.seed, self.order.indices(step, mesh.dp_rank)).to(device)
+        local_loss = self.stepper(inputs.to(device), targets.to(device), keys)
         settle_grads(pm.entries)
         if pm.reduce_after_schedule:
             average_over_dp(pm.entries, mesh.dp_mesh.get_group(), plan.dp)
         sync_tied_embedding(pm.tied_copies, mesh.embed_group)
+        if self.dump is not None:
+            self.dump.grads(step + 1)
         grad_norm = clip_grad_norm(pm.entries, self.config.grad_clip, device)
         loss_sum = local_loss.double().reshape(1)
         dist.all_reduce(loss_sum)  # only the tp*dp ranks of the last stage contribute
@@ -295,6 +312,8 @@ class Trainer:
                     self.checkpointer.save(done, self.pm, self.optimizer, self._trainer_state(done))
             if self.checkpointer is not None:
                 self.checkpointer.close()  # the last asynchronous save is published before the run ends
+            if self.dump is not None and history:
+                self.dump.weights(config.steps)
         except Exception as exc:
             oom = "out of memory" in str(exc).lower()
             self._record(history, time.perf_counter() - start, "oom" if oom else "failed",
