@@ -35,10 +35,38 @@ A plan with pp 1 and an interleaved schedule is executed as the plain one-stage 
 on the plan (test_a_plan_without_pipeline_runs_the_whole_model), not by a run that would compare the
 reference with itself.
 
-Mutations tried: each bug below was put into the source by hand, the named test run and seen to
-fail, and the edit reverted.
+Mutations tried: each bug below was put into the source by hand, the named tests run and seen to
+fail (the checks named are those that failed), and the edit reverted.
 
-MUTATIONS
+1. ``grads.average_over_dp`` without its division by dp (pp x dp under ZeRO-0/1):
+   test_four_ranks[pp2-dp2] and [llama-pp2-dp2-zero_bubble], on the gradient norms and the step-1
+   gradients; losses and weights still agreed (every step is clipped, and AdamW ignores the scale).
+2. bf16 FSDP secretly in float32 (autocast and FSDP's bf16 gather off for FSDP runs only):
+   test_two_ranks[dp2-fsdp-zero3-bf16], on its dtypes and its gradients (1.2e-7 from float32's); its
+   losses stayed within BF16_RTOL, the only bound it had before.
+3. FSDP's bf16 gather dropped (``MixedPrecisionPolicy()`` always, autocast still on):
+   test_two_ranks[dp2-fsdp-zero3-bf16], on its dtypes (weight float32).
+4. bf16 off everywhere (autocast and FSDP): test_bf16_is_outside_the_float32_tolerance_and_inside_its_own,
+   test_two_ranks[dp2-ddp-bf16] and [dp2-fsdp-zero3-bf16] (dtypes).
+5. A checkpoint read ignoring the offset inside a stored chunk (``storage._read_slice`` slicing from 0):
+   tests/checkpoint/test_reshard.py, test_the_load_reads_every_parameter_exactly and
+   test_training_continues_as_the_straight_run for tp2-from-pp2, fsdp-from-tp2, tp2-pp2-from-pp2 and
+   tp2-dp2-fsdp-from-pp2 (pp2-from-tp2 reads whole chunks only, and passed).
+6. pp 1 with an interleaved schedule run as named (``execution_plan`` returning the plan):
+   test_a_plan_without_pipeline_runs_the_whole_model.
+7. Dropout from the global generator (the trainer passing no keys): test_two_ranks[dropout-dp2-fsdp-zero3-
+   recompute-full] and [llama-dropout-tp2-sp-recompute-selective], test_four_ranks[dropout-tp2-sp-pp2-
+   interleaved], on every check.
+8. Attention dropout masks without the rank's head offset: test_two_ranks[llama-dropout-tp2-sp-recompute-
+   selective]; test_dropout.py::test_a_rank_of_heads_gets_those_heads_masks.
+9. Residual dropout masks without the rank's sequence offset: test_dropout.py::
+   test_a_sequence_slice_of_a_residual_mask_is_the_slice_of_the_whole; test_reshard.py::
+   test_the_straight_runs_drop_the_same_entries.
+10. Dropout keyed by the run's own step count instead of the global sample (a resume restarts the masks):
+    test_reshard.py::test_training_continues_as_the_straight_run, all six resumed cases (the same
+    layout no longer bit-identical).
+11. Weight decay on norms and biases too: test_reference.py, all four models (no test here can see it:
+    every layout shares it).
 """
 
 from __future__ import annotations

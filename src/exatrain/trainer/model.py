@@ -325,5 +325,5 @@ def canonical_name(name: str, spec: ModelSpec) -> str:
     return name
 
 
-__all__ = ["Attention", "Block", "Embeddings", "MLP", "Transformer", "apply_rope", "canonical_name", "dropout_keys",
-           "init_fill", "init_std", "keep_mask", "make_norm", "rope_table"]
+__all__ = ["ATTN_OUT", "ATTN_PROBS", "Attention", "Block", "Embeddings", "MLP", "MLP_OUT", "Transformer", "apply_rope",
+           "canonical_name", "dropout_keys", "init_fill", "init_std", "keep_mask", "make_norm", "rope_table"]
