@@ -21,7 +21,10 @@ dp2 as DDP, ZeRO-1 and FSDP2 (ZeRO-2/3), their 2-D and 3-D combinations, activat
 llama architecture, a tied embedding split over the pipeline (gpt-tiny's), and dropout 0.1 (masks
 keyed by sample, model.py: the same on every layout) under FSDP with full recomputation, llama's
 tp2 + SP with selective recomputation, and tp2 + SP x pp2 interleaved. Each group of cases runs in one
-set of spawned ranks with a deadline, so a hang fails instead of blocking the suite.
+set of spawned ranks with a deadline, so a hang fails instead of blocking the suite; the per-parameter
+dumps ride on those runs, and recomputation is covered inside combined cases (dp x full under ZeRO-1,
+FSDP and dropout; selective under pp x dp and under tp2 + SP), which keeps the suite's time near what
+loss-only parity took.
 
 bf16 (autocast; weights, gradients and AdamW states float32): the bf16 reference's step-1 gradients
 are 1.9e-2 (grad_error) from the float32 reference's. dp2 with DDP runs the reference's own
@@ -113,8 +116,6 @@ TWO_RANKS = {
     "dp2-zero1": dict(dp=2, zero_stage=1),
     "dp2-fsdp-zero2": dict(dp=2, zero_stage=2),
     "dp2-fsdp-zero3": dict(dp=2, zero_stage=3),
-    "dp2-recompute-full": dict(dp=2, recompute="full"),
-    "tp2-sp-recompute-selective": dict(tp=2, sequence_parallel=True, recompute="selective"),
     "llama-tp2-sp": dict(model="llama-tiny", tp=2, sequence_parallel=True),
     "llama-pp2-interleaved": dict(model="llama-tiny", pp=2, schedule="interleaved", interleave=2),
     "dp2-ddp-bf16": dict(dp=2, zero_stage=0, dtype="bfloat16"),
@@ -144,22 +145,22 @@ EIGHT_RANKS = {
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("ref"), REFERENCE, timeout_s=240)
+    return run_batch(tmp_path_factory.mktemp("ref"), REFERENCE, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("two"), TWO_RANKS, timeout_s=480)
+    return run_batch(tmp_path_factory.mktemp("two"), TWO_RANKS, timeout_s=600)
 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("four"), FOUR_RANKS, timeout_s=420)
+    return run_batch(tmp_path_factory.mktemp("four"), FOUR_RANKS, timeout_s=600)
 
 
 @pytest.fixture(scope="module")
 def eight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("eight"), EIGHT_RANKS, timeout_s=420)
+    return run_batch(tmp_path_factory.mktemp("eight"), EIGHT_RANKS, timeout_s=600)
 
 
 def reference_name(case: str) -> str:
