@@ -122,7 +122,7 @@ class Attention(nn.Module):
         self.recompute = False  # selective recomputation of the attention core (Korthikanti et al. 2022)
         self.math_kernel = False  # True: SDPA's math kernel, which stores the s x s scores
         self.index = 0  # the layer's index in the whole model (a dropout mask key)
-        self.shard_rank = 0  # which heads/tp-th share of the heads this rank holds (parallel/tensor.py)
+        self.shard_rank = 0  # which share of the heads this rank holds under tp (parallel/tensor.py)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
