@@ -1,5 +1,6 @@
 """Helpers for the multi-process trainer tests: build configs, run a batch of them in one set of
-spawned ranks (one torch import per rank for the whole batch), read back the metrics files."""
+spawned ranks (one torch import per rank for the whole batch), read back the metrics files and the
+per-parameter dumps (trainer/debug.py), and measure how far two runs' parameters are apart."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from exatrain.catalog import get_model
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.trainer.config import TrainConfig
+from exatrain.trainer.debug import read_dump
 from exatrain.trainer.spawn import launch_local
 
 STEPS = 10
@@ -26,16 +30,38 @@ class Run:
     grad_norms: list[float]
     steps: list[dict[str, Any]]
     record: dict[str, Any] | None
+    dump: Path | None = None  # the run's dump directory (trainer/debug.py)
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """Whole gradients of the run's first step, by parameter name in the single-device model."""
+        return read_dump(self._dump(), f"grads-step{self.steps[0]['step']:08d}")
+
+    def weights(self, step: int | None = None) -> dict[str, torch.Tensor]:
+        """Whole weights after ``step`` optimizer steps (the run's first or its last; default: the last)."""
+        return read_dump(self._dump(), f"weights-step{self.steps[-1]['step'] if step is None else step:08d}")
+
+    def dtypes(self) -> dict[str, str]:
+        """The dtypes the first attention query projection saw in the run's first forward."""
+        return json.loads((self._dump() / "dtypes.pp0.json").read_text())
+
+    def _dump(self) -> Path:
+        assert self.dump is not None, "this run was not dumped"
+        return self.dump
 
 
 def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
-           dtype: str = "float32", steps: int = STEPS, compile: bool = False, train_kw: dict[str, Any] | None = None,
-           **plan_kw: Any) -> TrainConfig:
-    """One run's TrainConfig: ``model`` a preset name or a spec; ``train_kw`` further TrainConfig fields."""
-    plan = Plan(model=get_model(model) if isinstance(model, str) else model, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep),
+           dtype: str = "float32", steps: int = STEPS, compile: bool = False, dropout: float = 0.0,
+           tied: bool | None = None, train_kw: dict[str, Any] | None = None, **plan_kw: Any) -> TrainConfig:
+    """The config of one case, dumped to out/<name>.dump/: ``model`` a preset name or a spec; ``dropout``
+    and ``tied`` override the model's; ``train_kw`` further TrainConfig fields."""
+    spec = (get_model(model) if isinstance(model, str) else model).replace(dropout=dropout)
+    if tied is not None:
+        spec = spec.replace(tied_embeddings=tied)
+    plan = Plan(model=spec, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep),
                 shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype=dtype, **plan_kw).validate()
+    kw = {"dump_dir": str(out / f"{name}.dump"), **(train_kw or {})}
     return TrainConfig(plan=plan, steps=steps, seed=0, lr=LR, metrics_file=str(out / f"{name}.jsonl"),
-                       quiet=True, compile=compile, **(train_kw or {})).check()
+                       quiet=True, compile=compile, **kw).check()
 
 
 def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:
@@ -48,13 +74,41 @@ def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> 
 
 
 def read_run(path: Path) -> Run:
+    """The metrics file out/<name>.jsonl, and the dump directory out/<name>.dump/ when there is one."""
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     steps = [x for x in lines if x["kind"] == "step"]
     records = [x for x in lines if x["kind"] == "run_record"]
+    dump = path.with_suffix(".dump")
     return Run(losses=[s["loss"] for s in steps], grad_norms=[s["grad_norm"] for s in steps], steps=steps,
-               record=records[-1] if records else None)
+               record=records[-1] if records else None, dump=dump if dump.is_dir() else None)
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def grad_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The worst parameter's largest gradient difference, relative to that parameter's largest
+    reference entry, or to 1e-3 of the largest entry of any parameter when that is larger (a
+    parameter whose exact gradient is zero, such as the key bias (softmax ignores a shift of all
+    of a query's scores), holds only rounding noise); and its name."""
+    assert set(got) == set(ref), sorted(set(got) ^ set(ref))
+    top = max(r.abs().max().item() for r in ref.values())
+    return max(((got[n] - r).abs().max().item() / max(r.abs().max().item(), 1e-3 * top), n) for n, r in ref.items())
+
+
+def weight_errors(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+                  init: dict[str, torch.Tensor]) -> tuple[float, float, str]:
+    """(relative L2 error of the whole model's training update, W - W0, against the reference's;
+    the largest single weight difference; the parameter it is in).
+
+    Two views because AdamW divides each entry's gradient by its own running RMS: an entry whose
+    gradient is at rounding level (a dead GELU unit, the key bias) turns rounding differences into
+    visible update differences (~1e-5 here), so single entries are bounded loosely, while a
+    systematic error (a wrong decay, a stale shard, a scaled update) moves the whole update."""
+    assert set(got) == set(ref) == set(init), sorted(set(got) ^ set(ref))
+    num = sum(float((got[n] - ref[n]).double().pow(2).sum()) for n in ref)
+    den = sum(float((ref[n] - init[n]).double().pow(2).sum()) for n in ref)
+    worst, at = max(((got[n] - ref[n]).abs().max().item(), n) for n in ref)
+    return (num / den) ** 0.5, worst, at

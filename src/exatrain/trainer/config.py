@@ -42,6 +42,7 @@ class TrainConfig:
     nan_policy: str = "stop"  # a non-finite loss or gradient norm: stop, or skip the update and count it
     tensorboard_dir: str | None = None  # TensorBoard event files (rank 0)
     record_samples: bool = False  # each step line lists the global sample indices each dp rank read
+    dump_dir: str | None = None  # whole per-parameter weights and first-step gradients, for tests (debug.py)
     compile: bool = False  # torch.compile each transformer block and the loss (tp == 1 only)
     # Rank health (trainer/health.py): compare the ranks' compute and wait times every N steps (0: never);
     # the watchdog's limit for a step phase that does not complete (0: max(300 s, 20 x the median step));

@@ -14,6 +14,17 @@ wraps the result. Three choices make that possible:
   heads (``-1``), so a tensor-parallel rank runs the same code on its share of the heads;
 * ``embed``, ``norm`` and ``head`` may be ``None`` (a middle pipeline stage holds only layers).
 
+Dropout (``spec.dropout`` > 0, while training) promises layout independence when the caller passes
+``dropout_keys``, one int64 key per sequence of the batch (``dropout_keys(seed, global sample
+indices)``; the trainer does): each mask is drawn from its own generator, seeded by (the sequence's
+key, the layer's index in the whole model, the site, the attention head), at its full size; a rank
+keeps the slice it computes (its heads under tensor parallelism, its sequence slice under sequence
+parallelism). So a sequence meets the same masks on any tp/pp/dp layout, with or without activation
+recomputation, and after a resume (the key depends on the sample, not on a generator's state).
+The attention core then runs as explicit matmul-softmax-matmul (the s x s probabilities are
+materialised: SDPA's fused dropout draws from the global generator). Without keys, dropout draws
+from the global generator as ``F.dropout`` does.
+
 Build on the meta device (``with torch.device("meta"): Transformer(spec)``) and materialise with
 ``exatrain.trainer.init``: no full model is ever allocated.
 
@@ -22,7 +33,9 @@ Shapes: b = micro-batch, s = sequence, h = hidden, V = vocab, n = heads, k = kv 
 
 from __future__ import annotations
 
+import hashlib
 import math
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +64,28 @@ def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
         if x.dtype != dtype:
             return x.to(dtype)
     return x
+
+
+ATTN_PROBS, ATTN_OUT, MLP_OUT = 0, 1, 2  # dropout sites of a layer: attention probabilities, residual branches
+
+
+def dropout_keys(seed: int, samples: Iterable[int]) -> torch.Tensor:
+    """int64 [len(samples)]: the dropout key of each global sample index, 63 bits of
+    sha256(seed, sample) (stable across processes and layouts)."""
+    return torch.tensor([_digest(f"dropout:{seed}:{int(i)}") for i in samples], dtype=torch.int64)
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def keep_mask(key: int, layer: int, site: int, index: int, shape: tuple[int, ...], p: float,
+              device: torch.device) -> torch.Tensor:
+    """bool ``shape``: True where dropout keeps an entry (probability 1 - p); drawn from a generator
+    seeded by (sequence key, layer, site, index), at the full size of the masked tensor."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(_digest(f"{key}:{layer}:{site}:{index}"))
+    return torch.rand(shape, generator=gen, device=device) >= p
 
 
 def rope_table(spec: ModelSpec, device: torch.device | str | None = None) -> torch.Tensor:
@@ -88,8 +123,11 @@ class Attention(nn.Module):
         self.dropout = spec.dropout  # on the attention probabilities, while training
         self.recompute = False  # selective recomputation of the attention core (Korthikanti et al. 2022)
         self.math_kernel = False  # True: SDPA's math kernel, which stores the s x s scores
+        self.index = 0  # the layer's index in the whole model (a dropout mask key)
+        self.shard_rank = 0  # which share of the heads this rank holds under tp (parallel/tensor.py)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
+                dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape  # x: [b, s, h]
         q = self.wq(x).view(b, s, -1, self.head_dim)  # [b, s, n, d]
         k = self.wk(x).view(b, s, -1, self.head_dim)  # [b, s, k, d]
@@ -98,18 +136,21 @@ class Attention(nn.Module):
             assert rope is not None
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         if self.recompute and torch.is_grad_enabled():
-            y = checkpoint(self._core, q, k, v, use_reentrant=False)
+            y = checkpoint(self._core, q, k, v, dropout_keys, use_reentrant=False)
         else:
-            y = self._core(q, k, v)
+            y = self._core(q, k, v, dropout_keys)
         return self.wo(y.flatten(2))  # [b, s, h]
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(d)) v, causal: [b, s, n, d] -> [b, s, n, d]."""
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, n|k, s, d]
         if self.kv_repeat > 1:
             k = k.repeat_interleave(self.kv_repeat, dim=1)  # [b, n, s, d]
             v = v.repeat_interleave(self.kv_repeat, dim=1)
         p = self.dropout if self.training else 0.0
+        if p and dropout_keys is not None:
+            return self._keyed_dropout_core(q, k, v, dropout_keys, p).transpose(1, 2)
         if self.math_kernel:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -118,6 +159,20 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return y.transpose(1, 2)
+
+    def _keyed_dropout_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                            p: float) -> torch.Tensor:
+        """Attention (Vaswani et al. 2017, Eq. 1) with dropout on the probabilities, each head's
+        mask keyed by its global head index: [b, n, s, d] -> [b, n, s, d]."""
+        b, n, s, d = q.shape
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # [b, n, s, s]
+        future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        first = self.shard_rank * n  # global index of this rank's first head
+        keep = torch.stack([torch.stack([keep_mask(key, self.index, ATTN_PROBS, first + j, (s, s), p, q.device)
+                                         for j in range(n)]) for key in keys.tolist()])  # [b, n, s, s]
+        probs = probs.masked_fill(~keep, 0.0) * (1.0 / (1.0 - p))
+        return torch.matmul(probs.to(v.dtype), v)
 
 
 class MLP(nn.Module):
@@ -144,7 +199,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, index: int = 0) -> None:
         super().__init__()
         self.attn_norm = make_norm(spec)
         self.attn = Attention(spec)
@@ -152,21 +207,44 @@ class Block(nn.Module):
         self.mlp = self.make_mlp(spec)
         self.dropout = spec.dropout  # on both residual branches (GPT-2, Megatron-LM)
         self.recompute = False  # full recomputation: keep only the layer input (Chen et al. 2016)
+        self.index = self.attn.index = index  # position in the whole model: a dropout mask key
+        # Under sequence parallelism this rank holds sequence slice shard_rank of shard_count
+        # (parallel/tensor.py sets these; the dropout masks are sliced alike).
+        self.shard_rank, self.shard_count, self.sequence_sharded = 0, 1, False
 
     def make_mlp(self, spec: ModelSpec) -> nn.Module:
         return MLP(spec)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+    def set_shard(self, rank: int, count: int, sequence: bool) -> None:
+        """This rank holds heads share ``rank`` of ``count`` (tensor parallelism) and, when
+        ``sequence``, the same share of the sequence between the attention and the MLP."""
+        self.shard_rank = self.attn.shard_rank = rank
+        self.shard_count, self.sequence_sharded = count, sequence
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
+                dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, rope, use_reentrant=False)
-        return self._forward(x, rope)
+            return checkpoint(self._forward, x, rope, dropout_keys, use_reentrant=False)
+        return self._forward(x, rope, dropout_keys)
 
-    def _forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
-        x = x + self._drop(self.attn(to_compute_dtype(self.attn_norm(x)), rope))  # [b, s, h]
-        return x + self._drop(self.mlp(to_compute_dtype(self.mlp_norm(x))))
+    def _forward(self, x: torch.Tensor, rope: torch.Tensor | None,
+                 keys: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.attn(to_compute_dtype(self.attn_norm(x)), rope, dropout_keys=keys)
+        x = x + self._drop(y, keys, ATTN_OUT)  # [b, s, h]
+        return x + self._drop(self.mlp(to_compute_dtype(self.mlp_norm(x))), keys, MLP_OUT)
 
-    def _drop(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(x, self.dropout, self.training) if self.dropout else x
+    def _drop(self, x: torch.Tensor, keys: torch.Tensor | None, site: int) -> torch.Tensor:
+        """Residual-branch dropout of x [b, s, h] (s: this rank's slice under sequence parallelism)."""
+        if not self.dropout or not self.training:
+            return x
+        if keys is None:
+            return F.dropout(x, self.dropout, True)
+        b, s, h = x.shape
+        rows = s * self.shard_count if self.sequence_sharded else s  # the whole sequence
+        first = self.shard_rank * s if self.sequence_sharded else 0
+        keep = torch.stack([keep_mask(key, self.index, site, 0, (rows, h), self.dropout, x.device)[first:first + s]
+                            for key in keys.tolist()])  # [b, s, h]
+        return x.masked_fill(~keep, 0.0) * (1.0 / (1.0 - self.dropout))
 
 
 class MoEBlock(Block):
@@ -179,7 +257,7 @@ class MoEBlock(Block):
 def make_block(spec: ModelSpec, index: int) -> Block:
     """Layer ``index``: a MoEBlock where the spec puts a MoE layer (its dense-first layers and the
     layers between MoE layers keep the dense MLP), a Block otherwise."""
-    return MoEBlock(spec) if spec.layer_is_moe(index) else Block(spec)
+    return MoEBlock(spec, index) if spec.layer_is_moe(index) else Block(spec, index)
 
 
 class Embeddings(nn.Module):
@@ -221,11 +299,13 @@ class Transformer(nn.Module):
         if self.rope is not None:
             self.rope = rope_table(self.spec, device=self.rope.device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+        """``dropout_keys``: int64 [b], one per sequence (see the module docstring); None draws
+        dropout masks from the global generator."""
         if self.embed is not None:
             x = self.embed(x)  # [b, s] -> [b, s, h]
         for layer in self.layers.values():
-            x = layer(x, self.rope)  # [b, s, h]
+            x = layer(x, self.rope, dropout_keys)  # [b, s, h]
         if self.head is not None:
             x = self.head(self.norm(x))  # [b, s, V]
         return x
@@ -266,5 +346,6 @@ def canonical_name(name: str, spec: ModelSpec) -> str:
     return name
 
 
-__all__ = ["Attention", "Block", "Embeddings", "MLP", "MoEBlock", "Transformer", "make_block", "apply_rope", "canonical_name",
-           "init_fill", "init_std", "make_norm", "rope_table"]
+__all__ = ["ATTN_OUT", "ATTN_PROBS", "Attention", "Block", "Embeddings", "MLP", "MLP_OUT", "MoEBlock", "Transformer",
+           "apply_rope", "canonical_name", "dropout_keys", "init_fill", "init_std", "keep_mask", "make_block", "make_norm",
+           "rope_table"]

@@ -37,10 +37,12 @@ from exatrain.trainer.checkpoint.manager import Checkpointer
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.spawn import cuda_index
 from exatrain.trainer.sampler import SampleOrder, TokenShards, check_vocab, local_batch
+from exatrain.trainer.debug import Dump
 from exatrain.trainer.health import RankMonitor, StepClock, StragglerWindows, straggler_lines, summarize_windows
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
                                       model_flops_per_step, peak_flops, peak_memory_bytes, run_env, summarize,
                                       supersede_redone_steps)
+from exatrain.trainer.model import dropout_keys
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
 from exatrain.trainer.parallel.expert import finish_moe_step
 from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
@@ -125,25 +127,31 @@ class Stepper:
         else:
             self.loss_ctx = contextlib.nullcontext
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor,
+                 keys: torch.Tensor | None = None) -> torch.Tensor:
         """Accumulate the gradient of the batch-mean loss; return this rank's mean loss over its
-        micro-batches (0 on ranks without the last stage, whose losses are not known there)."""
+        micro-batches (0 on ranks without the last stage, whose losses are not known there).
+        ``keys``: the dropout key of each sequence (model.py), split into micro-batches like the inputs."""
         zero = torch.zeros((), device=self.mesh.device)
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             args = (inputs,) if self.pm.holds_first else ()
             kwargs = dict(target=targets, losses=losses) if self.pm.holds_last else {}
             self.mark("forward/backward")
+            if keys is not None:  # every stage's forward gets its micro-batch's keys
+                kwargs["dropout_keys"] = keys
             with self.amp(), self.loss_ctx():
                 self.schedule.step(*args, **kwargs, **self.step_kwargs)
             return torch.stack([_scalar(x) for x in losses]).mean() if self.pm.holds_last else zero
         module = self.pm.modules[0]
         n = self.plan.num_microbatches
         total = zero
-        for i, (x, y) in enumerate(zip(inputs.split(self.plan.micro_batch), targets.split(self.plan.micro_batch))):
+        mb = self.plan.micro_batch
+        for i, (x, y) in enumerate(zip(inputs.split(mb), targets.split(mb))):
+            kw = {} if keys is None else {"dropout_keys": keys[i * mb:(i + 1) * mb]}
             with _grad_sync(module, i == n - 1), self.amp(), self.loss_ctx():
                 self.mark("forward")
-                loss = self.loss_fn(module(x), y)
+                loss = self.loss_fn(module(x, **kw), y)
                 self.mark("backward")
                 (loss / n).backward()
             total = total + _scalar(loss)
@@ -174,9 +182,8 @@ class Trainer:
         self.source = TokenShards(self.data_dir, seed=data_seed, shuffle=shuffle)
         check_vocab(self.source.vocab_size, plan.model.vocab, plan.model.name)
         self.mesh = build_mesh(plan, device)
-        # Dropout masks (the only randomness after init): one stream per (pp, dp) position, shared by
-        # the tp group, whose ranks must drop the same entries of the activations they all hold (under
-        # sequence parallelism their different slices then share one mask pattern).
+        # The global generator: dropout does not draw from it (its masks are keyed by sample, model.py);
+        # seeded per (pp, dp) position for anything else that may.
         torch.manual_seed(config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank)
         self.pm = parallelize(plan, self.mesh, config.seed, compile=config.compile,
                               moe_aux_loss_coef=config.moe_aux_loss_coef)
@@ -196,6 +203,11 @@ class Trainer:
         if manifest is not None:
             self.start_step, start_sample = self._resume(manifest)
         self.order = SampleOrder(plan.global_batch, plan.dp, self.start_step, start_sample)
+        # Tests' per-parameter dump (debug.py): the weights as the run starts, gradients of its first step,
+        # weights after its last.
+        self.dump = Dump(config.dump_dir, self.pm, self.mesh) if config.dump_dir else None
+        if self.dump is not None:
+            self.dump.weights(self.start_step)
         self._health_attach()
 
     def _health_attach(self) -> None:
@@ -265,12 +277,17 @@ class Trainer:
         inputs, targets = local_batch(self.source, self.order, step, mesh.dp_rank, plan.model.seq_len)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
-        local_loss = self.stepper(inputs.to(device), targets.to(device))
+        keys = None
+        if plan.model.dropout > 0:  # masks keyed by (seed, global sample): the same on any layout
+            keys = dropout_keys(self.source.seed, self.order.indices(step, mesh.dp_rank)).to(device)
+        local_loss = self.stepper(inputs.to(device), targets.to(device), keys)
         self.health.enter("grad-sync")
         settle_grads(pm.entries)
         if pm.reduce_after_schedule:
             average_over_dp(pm.entries, mesh.dp_mesh.get_group(), plan.dp)
         sync_tied_embedding(pm.tied_copies, mesh.embed_group)
+        if self.dump is not None:
+            self.dump.grads(step + 1)
         grad_norm = clip_grad_norm(pm.entries, self.config.grad_clip, device)
         self.health.enter("metrics")
         loss_sum = local_loss.double().reshape(1)
@@ -346,6 +363,8 @@ class Trainer:
             if self.checkpointer is not None:
                 self.health.enter("checkpoint")
                 self.checkpointer.close()  # the last asynchronous save is published before the run ends
+            if self.dump is not None and history:
+                self.dump.weights(config.steps)
             self.health.enter("done")
         except BaseException as exc:  # noqa: B036 - DCP's CheckpointException is a BaseException
             if self.records_failures:  # otherwise the launcher records the run's failure (failures.py)

@@ -93,6 +93,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, sequence_p
         if sp:  # all-gather the normalised sequence slices before the column-parallel matmuls
             plan["attn"] = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
         parallelize_module(block, tp_mesh, plan)
+        block.set_shard(tp_mesh.get_local_rank(), tp_mesh.size(), sp)  # which slice of each dropout mask
     if model.head is not None:
         parallelize_module(model, tp_mesh, {
             "norm": norm_style(),
