@@ -46,9 +46,9 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.data.prepare import stdlib_dataset
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.data import SampleOrder, TokenShards, local_batch
+from exatrain.trainer.sampler import SampleOrder, TokenShards, local_batch
 from exatrain.trainer.debug import read_dump
-from exatrain.trainer.export import gpt2_config, gpt2_weights, llama_config, llama_weights
+from exatrain.trainer.hf_export import gpt2_config, gpt2_weights, llama_config, llama_weights
 from exatrain.trainer.train import Trainer
 from trainer_runs import grad_error, weight_errors
 

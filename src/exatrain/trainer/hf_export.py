@@ -35,7 +35,6 @@ from exatrain.errors import UserError
 from exatrain.paths import check_output_dir
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.storage import read_full
-from exatrain.trainer.hf_moe import mixtral_export
 
 FORMATS = ("hf",)
 
@@ -74,17 +73,22 @@ def gpt2_config(spec: ModelSpec, bos_eos: int | None) -> dict[str, Any]:
             "dtype": "float32"}
 
 
+def llama_layer_weights(sd: dict[str, torch.Tensor], spec: ModelSpec, i: int) -> dict[str, torch.Tensor]:
+    """Layer i's norms and attention in the Llama family's names (Llama, Mixtral): everything but the MLP."""
+    d, p, h = spec.head_dim, f"layers.{i}.", f"model.layers.{i}."
+    return {h + "input_layernorm.weight": sd[p + "attn_norm.weight"],
+            h + "post_attention_layernorm.weight": sd[p + "mlp_norm.weight"],
+            h + "self_attn.q_proj.weight": rotate_half_rows(sd[p + "attn.wq.weight"], spec.heads, d),
+            h + "self_attn.k_proj.weight": rotate_half_rows(sd[p + "attn.wk.weight"], spec.kv_heads, d),
+            h + "self_attn.v_proj.weight": sd[p + "attn.wv.weight"],
+            h + "self_attn.o_proj.weight": sd[p + "attn.wo.weight"]}
+
+
 def llama_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
-    d = spec.head_dim
     out = {"model.embed_tokens.weight": sd["embed.tok.weight"], "model.norm.weight": sd["norm.weight"]}
     for i in range(spec.layers):
         p, h = f"layers.{i}.", f"model.layers.{i}."
-        out[h + "input_layernorm.weight"] = sd[p + "attn_norm.weight"]
-        out[h + "post_attention_layernorm.weight"] = sd[p + "mlp_norm.weight"]
-        out[h + "self_attn.q_proj.weight"] = rotate_half_rows(sd[p + "attn.wq.weight"], spec.heads, d)
-        out[h + "self_attn.k_proj.weight"] = rotate_half_rows(sd[p + "attn.wk.weight"], spec.kv_heads, d)
-        out[h + "self_attn.v_proj.weight"] = sd[p + "attn.wv.weight"]
-        out[h + "self_attn.o_proj.weight"] = sd[p + "attn.wo.weight"]
+        out.update(llama_layer_weights(sd, spec, i))
         out[h + "mlp.gate_proj.weight"] = sd[p + "mlp.w1.weight"]
         out[h + "mlp.up_proj.weight"] = sd[p + "mlp.w3.weight"]
         out[h + "mlp.down_proj.weight"] = sd[p + "mlp.w2.weight"]
@@ -122,7 +126,9 @@ def export_hf(checkpoint: str | Path, out: str | Path, step: int | None = None,
     spec = manifest.plan.model
     sd = read_full(manifest.path, prefix="model.")
     sep = manifest.trainer["separator_id"]
-    if spec.is_moe:  # MixtralForCausalLM (hf_moe.py)
+    if spec.is_moe:  # MixtralForCausalLM (hf_moe.py, which takes the Llama family's layer names from here)
+        from exatrain.trainer.hf_moe import mixtral_export
+
         weights, config = mixtral_export(sd, spec, sep)
     elif spec.arch == "gpt":
         weights, config = gpt2_weights(sd, spec), gpt2_config(spec, sep)
@@ -161,4 +167,5 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-__all__ = ["FORMATS", "export_hf", "gpt2_config", "gpt2_weights", "llama_config", "llama_weights", "rotate_half_rows"]
+__all__ = ["FORMATS", "export_hf", "gpt2_config", "gpt2_weights", "llama_config", "llama_layer_weights", "llama_weights",
+           "rotate_half_rows"]

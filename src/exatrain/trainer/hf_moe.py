@@ -21,6 +21,7 @@ import torch
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
+from exatrain.trainer.hf_export import llama_layer_weights
 
 
 def check_mixtral(spec: ModelSpec) -> None:
@@ -40,24 +41,12 @@ def check_mixtral(spec: ModelSpec) -> None:
         raise UserError(f"{spec.name} cannot be exported in Mixtral's format: it has {why}")
 
 
-def _rotate_half_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """Each head's q/k rows from interleaved pairs (2i, 2i+1) to halves (i, i + d/2)."""
-    order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
-    return w.view(heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
-
-
 def mixtral_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
     """Our whole state dict (canonical names) -> Mixtral's tensor names and layouts."""
-    d = spec.head_dim
     out = {"model.embed_tokens.weight": sd["embed.tok.weight"], "model.norm.weight": sd["norm.weight"]}
     for i in range(spec.layers):
         p, h = f"layers.{i}.", f"model.layers.{i}."
-        out[h + "input_layernorm.weight"] = sd[p + "attn_norm.weight"]
-        out[h + "post_attention_layernorm.weight"] = sd[p + "mlp_norm.weight"]
-        out[h + "self_attn.q_proj.weight"] = _rotate_half_rows(sd[p + "attn.wq.weight"], spec.heads, d)
-        out[h + "self_attn.k_proj.weight"] = _rotate_half_rows(sd[p + "attn.wk.weight"], spec.kv_heads, d)
-        out[h + "self_attn.v_proj.weight"] = sd[p + "attn.wv.weight"]
-        out[h + "self_attn.o_proj.weight"] = sd[p + "attn.wo.weight"]
+        out.update(llama_layer_weights(sd, spec, i))
         out[h + "block_sparse_moe.gate.weight"] = sd[p + "mlp.router.weight"]
         for j in range(spec.experts):
             for w in ("w1", "w2", "w3"):
