@@ -190,9 +190,9 @@ class NanAt:
         self.calls = 0
         self.snapshots: list[list[torch.Tensor]] = []
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         self.snapshots.append([p.detach().clone() for p in self.trainer.pm.parameters()])
-        loss = self.inner(inputs, targets)
+        loss = self.inner(inputs, targets, keys)
         self.calls += 1
         return torch.full_like(loss, float("nan")) if self.calls == self.bad + 1 else loss
 
