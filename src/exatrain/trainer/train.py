@@ -277,10 +277,10 @@ class Trainer:
         inputs, targets = local_batch(self.source, self.order, step, mesh.dp_rank, plan.model.seq_len)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
-        keys = None
+        kw = {}
         if plan.model.dropout > 0:  # masks keyed by (seed, global sample): the same on any layout
-            keys = dropout_keys(self.source.seed, self.order.indices(step, mesh.dp_rank)).to(device)
-        local_loss = self.stepper(inputs.to(device), targets.to(device), keys)
+            kw["keys"] = dropout_keys(self.source.seed, self.order.indices(step, mesh.dp_rank)).to(device)
+        local_loss = self.stepper(inputs.to(device), targets.to(device), **kw)
         self.health.enter("grad-sync")
         settle_grads(pm.entries)
         if pm.reduce_after_schedule:
