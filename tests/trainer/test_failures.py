@@ -180,10 +180,12 @@ def newest_step_or_0(ckpt: Path) -> int:
         return 0
 
 
-def test_a_failed_first_checkpoint_save_names_the_rank_and_leaves_a_failed_record(tmp_path: Path) -> None:
+def test_a_failed_first_checkpoint_save_names_the_rank_and_leaves_a_failed_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / ckpt_files.tmp_dir_name(2)).write_text("a file where the save's folder goes")
+    # A leftover in the save's place is cleared by the first save now, so the failure is injected.
+    monkeypatch.setenv("EXATRAIN_FAIL_SAVE_STEP", "2")
     c = replace(config(tmp_path, "save", dp=2, steps=4), checkpoint_dir=str(ckpt), save_every=2)
     err = Launch([c], tmp_path).join()
     assert isinstance(err, RankFailed) and err.exit_code == 4, err
@@ -204,11 +206,10 @@ def test_under_srun_the_failing_rank_reports_once(tmp_path: Path) -> None:
 
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     ckpt.mkdir()
-    (ckpt / ckpt_files.tmp_dir_name(2)).write_text("a file where the save's folder goes")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     env.update(PATH=f"{install(tmp_path / 'bin')}{os.pathsep}{env['PATH']}", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", EXATRAIN_FAIL_SAVE_STEP="2")
     cmd = ["srun", "--ntasks=2", "--kill-on-bad-exit=1", sys.executable, "-m", "exatrain.train", "--model", "gpt-tiny",
            "--dp", "2", "--micro-batch", "2", "--global-batch", "4", "--steps", "4", "--quiet", "--metrics-file",
            str(metrics), "--checkpoint-dir", str(ckpt), "--save-every", "2", "--resume", "auto"]

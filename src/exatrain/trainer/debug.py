@@ -74,6 +74,8 @@ class Dump:
         self.grads_done = True
         out = {}
         for name, p, wrap in param_views(self.pm):
+            if not p.requires_grad:  # not trained (an MoE router's balancing bias): no gradient to dump
+                continue
             if p.grad is None:
                 raise RuntimeError(f"{name} has no gradient to dump at step {step}")
             out[name] = whole(p.grad, wrap)

@@ -16,6 +16,7 @@ Checkpoint collectives run on their own gloo group so they never interleave with
 
 from __future__ import annotations
 
+import os
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -85,6 +86,8 @@ class Checkpointer:
                 files.clear_leftovers(self.root)
                 self._cleared = True
             files.remove_path(tmp)
+            if os.environ.get("EXATRAIN_FAIL_SAVE_STEP") == str(step):  # fault injection for the failure tests
+                raise FileExistsError(f"{tmp}: a save failure injected by EXATRAIN_FAIL_SAVE_STEP")
             tmp.mkdir()
         dist.barrier(group=self.group)
         state = state_dict(pm, optimizer, self.rank, self.device)
