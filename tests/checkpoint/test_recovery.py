@@ -36,16 +36,6 @@ def plan() -> Plan:
 
 
 @pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    store = tmp_path_factory.mktemp("store") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def saved(one_rank: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Checkpoints after steps 1, 2 and 3 of gpt-tiny (on the default data)."""
     root = tmp_path_factory.mktemp("saved") / "ckpt"

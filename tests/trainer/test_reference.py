@@ -64,16 +64,6 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    store = tmp_path_factory.mktemp("store") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def train_config(spec: ModelSpec, dump: Path, grad_clip: float) -> TrainConfig:
     plan = Plan(model=spec, dims=ParallelDims(), shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype="float32").validate()
     return TrainConfig(plan=plan, steps=STEPS, seed=0, lr=LR, warmup_steps=WARMUP, grad_clip=grad_clip,
