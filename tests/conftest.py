@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+
+def _process_group_up() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_process_group(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves a process group initialised fails itself, instead of every later test that
+    needs one (``init_process_group`` refuses a second default group). The group is torn down so the
+    rest of the run is unaffected. Module-scoped ``one_rank`` groups are set up before this check."""
+    before = _process_group_up()
+    yield
+    if not before and _process_group_up():
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        pytest.fail(f"{request.node.nodeid} left a process group initialised: run it in a subprocess "
+                    "or tear the group down", pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -189,18 +189,6 @@ def test_an_empty_shard_listed_in_dataset_json_is_read_as_empty(tmp_path: Path) 
         [np.asarray(a) for a in dataset.open_shards(data, dataset.read_meta(data))])[6 * seq:7 * seq + 1]]
 
 
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    import torch.distributed as dist
-
-    store = tmp_path_factory.mktemp("store") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("damage", ["short", "id beyond the vocabulary"])
 def test_a_rank_given_such_data_stops_with_one_line(damage: str, tmp_path: Path, one_rank: None) -> None:
     """Inside a rank (one, in this process) the same data ends the run with a UserError line (the

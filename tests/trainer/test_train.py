@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-import torch.distributed as dist
 
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.train import Trainer
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def config(tmp_path: Path, steps: int) -> TrainConfig:
