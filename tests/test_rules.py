@@ -3,7 +3,9 @@ trainer's refusals (TrainConfig.check) are the same predicates, reason by reason
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -151,3 +153,25 @@ def test_reasons_are_one_list() -> None:
     assert set(REASONS) | {TRAINER_REASON} <= set(rules.REASONS)
     assert TRAINER_REASON in rules.TRAINER_REASONS
     assert np.all([r.scope in ("plan", "run", "trainer") for r in rules.RULES])
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"dims": ParallelDims(tp=1, pp=1, dp=2, cp=3)}, "divisible by 2*cp = 6"),
+    ({"runtime": "deepspeed"}, "--runtime must be one of megatron-core, megatron-deepspeed, torchtitan, exatrain"),
+    ({"fp8": "fast"}, "--fp8 must be one of"),
+    ({"fp8": "delayed", "dtype": "float32"}, "use --dtype bfloat16"),
+])
+def test_context_runtime_and_fp8_rules_name_the_fix(change, said) -> None:
+    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(dp=2), shape=TrainShape(1, 2))
+    with pytest.raises(PlanError, match=re.escape(said)):
+        plan.replace(**change).validate()
+
+
+def test_cp_and_runtime_round_trip_through_plan_json() -> None:
+    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=2, dp=2, cp=2), shape=TrainShape(1, 2),
+                runtime="megatron-core", fp8="delayed").validate()
+    assert plan.gpus == 8 and plan.label == "tp2·pp1·dp2·cp2"
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan
+    plain = Plan(model=get_model("gpt-tiny")).to_dict()
+    assert not {"cp", "runtime", "fp8"} & set(plain)  # defaults stay out of the JSON users already have

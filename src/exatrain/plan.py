@@ -46,16 +46,22 @@ class ParallelDims:
     ``ep`` (expert parallelism) lives inside dp and adds no ranks: the routed experts of a MoE layer
     are split over ``ep`` consecutive dp ranks (dp rank = edp_rank * ep + ep_rank) and replicated over
     the dp/ep expert-data-parallel ranks (times tp: experts are not split over tp); everything else is
-    replicated or sharded over the whole dp as in a dense model (Megatron-Core, torchtitan)."""
+    replicated or sharded over the whole dp as in a dense model (Megatron-Core, torchtitan).
+
+    ``cp`` (context parallelism) splits every sequence over ``cp`` ranks and does add ranks: the
+    order is tp fastest, then cp, then dp, then pp (Megatron-Core's tp-cp-dp-pp), so a cp group is
+    ``cp`` ranks strided by ``tp``. Weights are replicated over cp as over dp, and gradients are
+    reduced over dp x cp."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
     ep: int = 1
+    cp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,10 @@ class Plan:
     dtype: str = "bfloat16"
     flash_attention: bool = True
     cluster: str = ""  # name of the cluster the plan was made for ("" = unspecified)
+    # The engine that will run the plan (accounting.engines.ENGINE_NAMES): what it keeps in memory
+    # and what it overlaps. exatrain's own trainer unless the user names another.
+    runtime: str = "exatrain"
+    fp8: str = ""  # FP8 GEMM scaling recipe (accounting.fp8.SCALINGS), "" = no FP8 GEMMs
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -244,6 +254,10 @@ class Plan:
     @property
     def ep(self) -> int:
         return self.dims.ep
+
+    @property
+    def cp(self) -> int:
+        return self.dims.cp
 
     @property
     def gpus(self) -> int:
@@ -272,8 +286,10 @@ class Plan:
 
     @property
     def label(self) -> str:
-        """The layout as every table, picture and log spells it: "tp4·pp16·dp2"."""
-        return f"tp{self.tp}·pp{self.pp}·dp{self.dp}"
+        """The layout as every table, picture and log spells it: "tp4·pp16·dp2" ("·cp2", "·ep8"
+        follow when those are used)."""
+        extra = "".join(f"·{name}{n}" for name, n in (("cp", self.cp), ("ep", self.ep)) if n != 1)
+        return f"tp{self.tp}·pp{self.pp}·dp{self.dp}{extra}"
 
     @property
     def schedule_label(self) -> str:
@@ -319,6 +335,7 @@ class Plan:
             "pp": self.dims.pp,
             "dp": self.dims.dp,
             **({"ep": self.dims.ep} if self.dims.ep != 1 else {}),
+            **({"cp": self.dims.cp} if self.dims.cp != 1 else {}),
             "micro_batch": self.shape.micro_batch,
             "global_batch": self.shape.global_batch,
             "num_microbatches": self.num_microbatches,
@@ -330,6 +347,8 @@ class Plan:
             "stage_layers": list(self.layers_per_stage()),
             "dtype": self.dtype,
             "flash_attention": self.flash_attention,
+            **({"runtime": self.runtime} if self.runtime != "exatrain" else {}),
+            **({"fp8": self.fp8} if self.fp8 else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -342,7 +361,7 @@ class Plan:
         required = ("model", "tp", "pp", "dp", "micro_batch", "global_batch", "zero_stage",
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
-                    "flash_attention", "estimate", "ep")
+                    "flash_attention", "estimate", "ep", "cp", "runtime", "fp8")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -356,7 +375,7 @@ class Plan:
         try:
             plan = cls(
                 model=ModelSpec.from_dict(d["model"], source=f"{source}: model"),
-                dims=ParallelDims(tp=d["tp"], pp=d["pp"], dp=d["dp"], ep=d.get("ep", 1)),
+                dims=ParallelDims(tp=d["tp"], pp=d["pp"], dp=d["dp"], ep=d.get("ep", 1), cp=d.get("cp", 1)),
                 shape=TrainShape(micro_batch=d["micro_batch"], global_batch=d["global_batch"]),
                 zero_stage=d["zero_stage"],
                 recompute=d["recompute"],
@@ -367,6 +386,8 @@ class Plan:
                 dtype=d.get("dtype", "bfloat16"),
                 flash_attention=bool(d.get("flash_attention", True)),
                 cluster=str(d.get("cluster") or ""),
+                runtime=str(d.get("runtime", "exatrain")),
+                fp8=str(d.get("fp8", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -375,7 +396,7 @@ class Plan:
         if plan.stage_layers and plan.stage_layers == balanced_split(plan.model.layers, plan.virtual_stages):
             plan = plan.replace(stage_layers=())  # the default split is stored as "balanced"
         if "gpus" in d and d["gpus"] != plan.gpus:
-            raise UserError(f"{source}: gpus {d['gpus']} != tp*pp*dp = {plan.gpus}")
+            raise UserError(f"{source}: gpus {d['gpus']} != tp*cp*pp*dp = {plan.gpus}")
         if "num_microbatches" in d and d["num_microbatches"] != plan.num_microbatches:
             raise UserError(f"{source}: num_microbatches {d['num_microbatches']} != "
                             f"global_batch/(micro_batch*dp) = {plan.num_microbatches}")

@@ -282,15 +282,38 @@ def expert_problem(plan) -> tuple[str, str] | None:
     return None
 
 
+def extension_problem(plan) -> tuple[str, str] | None:
+    """(reason, message) for the first rule on context parallelism, the runtime or FP8 the plan breaks,
+    or None. Checked on plans only, like ``expert_problem``: cp needs every sequence split into 2*cp
+    equal chunks (each cp rank holds one early and one late chunk, which balances causal attention,
+    as Megatron-Core and torch's context parallel do)."""
+    from exatrain.accounting.engines import ENGINE_NAMES
+    from exatrain.accounting.fp8 import SCALINGS
+
+    cp = getattr(plan.dims, "cp", 1)
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp <= 0:
+        return "cp", f"--cp must be a positive integer, got {cp!r}"
+    if cp > 1 and plan.model.seq_len % (2 * cp):
+        return "cp", (f"context parallelism needs seq_len {plan.model.seq_len} divisible by 2*cp = {2 * cp} "
+                      "(two load-balanced chunks per cp rank)")
+    if plan.runtime not in ENGINE_NAMES:
+        return "runtime", f"--runtime must be one of {', '.join(ENGINE_NAMES)}, got {plan.runtime!r}"
+    if plan.fp8 and plan.fp8 not in SCALINGS:
+        return "fp8", f"--fp8 must be one of {', '.join(SCALINGS)}, got {plan.fp8!r}"
+    if plan.fp8 and plan.dtype != "bfloat16":
+        return "fp8", "--fp8 runs its GEMMs in FP8 inside bfloat16 training: use --dtype bfloat16"
+    return None
+
+
 def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",),
           compile: bool = False) -> None:
     """Raise RuleError for the first rule (of the given scopes) the plan breaks."""
     for rule in problems(plan, cluster, scopes=scopes, compile=compile)[:1]:
         raise RuleError(rule.message(plan, cluster), rule.reason)
-    found = expert_problem(plan)
-    if found is not None:
-        raise RuleError(found[1], found[0])
+    for found in (expert_problem(plan), extension_problem(plan)):
+        if found is not None:
+            raise RuleError(found[1], found[0])
 
 
 __all__ = ["REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "broken", "check",
-           "expert_problem", "first_reasons", "layout", "plan_layout", "problems"]
+           "expert_problem", "extension_problem", "first_reasons", "layout", "plan_layout", "problems"]

@@ -9,6 +9,7 @@ candidate, so a searched plan's estimate is what the search ranked it by.
 from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
+from exatrain.errors import UserError
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
 from exatrain.accounting.comms import comm_bytes_per_rank
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
@@ -24,6 +25,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     """Memory of every stage, the counts of one optimizer step, and the predicted step time of
     ``plan`` on ``cluster``. ``params`` are the cost model's efficiencies (default: the device's
     prior, or what a calibration file measured)."""
+    if plan.cp > 1 or plan.fp8:
+        raise UserError(f"{plan.label}: estimate does not price context parallelism or FP8 GEMMs yet "
+                        "(`exatrain models` shows the accounting's counts)")
     cp = params or default_params(cluster.device.name)
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=("megatron", "exatrain"), by_rank=True)

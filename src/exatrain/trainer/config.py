@@ -81,6 +81,12 @@ class TrainConfig:
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
         # What this trainer refuses to run (exatrain.rules: the list the search's --runtime exatrain uses).
         rules.check(self.plan, scopes=("run", "trainer"), compile=self.compile)
+        if self.plan.cp > 1:
+            raise PlanError(f"the trainer does not run context parallelism yet (cp {self.plan.cp}); the planner "
+                            "predicts it: train with --cp 1")
+        if self.plan.fp8 and self.device == "cpu":
+            raise PlanError("--fp8 needs a GPU with FP8 tensor cores (H100, H200, B200, MI300X, MI355X): "
+                            "train on CPU without --fp8")
         if not self.moe_aux_loss_coef >= 0 or not self.moe_bias_update_rate >= 0:
             raise UserError("--moe-aux-loss-coef and --moe-bias-update-rate must be >= 0")
         m = self.plan.model
