@@ -35,6 +35,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
 # Activation recomputation (Korthikanti et al. 2022): none, selective (attention core only), full.
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("float32", "bfloat16")
+# Engines a plan can be made for (accounting.engines holds each one's profile) and FP8 GEMM scaling
+# recipes (accounting.fp8): names only here, so that the rules can check them without the accounting.
+RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
+FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 PLAN_VERSION = 1
 
 
@@ -232,10 +236,10 @@ class Plan:
     dtype: str = "bfloat16"
     flash_attention: bool = True
     cluster: str = ""  # name of the cluster the plan was made for ("" = unspecified)
-    # The engine that will run the plan (accounting.engines.ENGINE_NAMES): what it keeps in memory
+    # The engine that will run the plan (RUNTIMES): what it keeps in memory
     # and what it overlaps. exatrain's own trainer unless the user names another.
     runtime: str = "exatrain"
-    fp8: str = ""  # FP8 GEMM scaling recipe (accounting.fp8.SCALINGS), "" = no FP8 GEMMs
+    fp8: str = ""  # FP8 GEMM scaling recipe (FP8_RECIPES), "" = no FP8 GEMMs
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import DTYPES, RECOMPUTE, SCHEDULES
+from exatrain.plan import DTYPES, FP8_RECIPES, RECOMPUTE, RUNTIMES, SCHEDULES
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -287,19 +287,16 @@ def extension_problem(plan) -> tuple[str, str] | None:
     or None. Checked on plans only, like ``expert_problem``: cp needs every sequence split into 2*cp
     equal chunks (each cp rank holds one early and one late chunk, which balances causal attention,
     as Megatron-Core and torch's context parallel do)."""
-    from exatrain.accounting.engines import ENGINE_NAMES
-    from exatrain.accounting.fp8 import SCALINGS
-
     cp = getattr(plan.dims, "cp", 1)
     if isinstance(cp, bool) or not isinstance(cp, int) or cp <= 0:
         return "cp", f"--cp must be a positive integer, got {cp!r}"
     if cp > 1 and plan.model.seq_len % (2 * cp):
         return "cp", (f"context parallelism needs seq_len {plan.model.seq_len} divisible by 2*cp = {2 * cp} "
                       "(two load-balanced chunks per cp rank)")
-    if plan.runtime not in ENGINE_NAMES:
-        return "runtime", f"--runtime must be one of {', '.join(ENGINE_NAMES)}, got {plan.runtime!r}"
-    if plan.fp8 and plan.fp8 not in SCALINGS:
-        return "fp8", f"--fp8 must be one of {', '.join(SCALINGS)}, got {plan.fp8!r}"
+    if plan.runtime not in RUNTIMES:
+        return "runtime", f"--runtime must be one of {', '.join(RUNTIMES)}, got {plan.runtime!r}"
+    if plan.fp8 and plan.fp8 not in FP8_RECIPES:
+        return "fp8", f"--fp8 must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8!r}"
     if plan.fp8 and plan.dtype != "bfloat16":
         return "fp8", "--fp8 runs its GEMMs in FP8 inside bfloat16 training: use --dtype bfloat16"
     return None

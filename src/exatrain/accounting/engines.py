@@ -31,8 +31,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from exatrain.errors import UserError
+from exatrain.plan import RUNTIMES
 
-ENGINE_NAMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
+ENGINE_NAMES = RUNTIMES  # plan.RUNTIMES: the names a Plan.runtime may take
 COMMS = ("dp_grad_reduce", "dp_param_gather", "tp", "pp_p2p")
 
 

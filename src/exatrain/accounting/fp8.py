@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from exatrain.catalog.hardware import DeviceSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
+from exatrain.plan import FP8_RECIPES
 from exatrain.accounting.params import attention_params, mlp_weight_params
 
-SCALINGS = ("delayed", "current", "block", "mxfp8")
+SCALINGS = FP8_RECIPES  # plan.FP8_RECIPES: the names a Plan.fp8 may take
 META_TENSORS_PER_GEMM = 5  # 3 forward (input, weight, output) + 2 backward (grad output, grad input)
 
 
