@@ -71,6 +71,7 @@ class Row:
     source: str  # the document (url), the unit left out
     engine: str
     family: str
+    kind: str  # dense / moe / long-context, as the table marks it
     name: str
     measured_s: float | None
     measured_from: str
@@ -78,6 +79,7 @@ class Row:
     cluster: ClusterSpec | None = None
     not_priced: str = ""  # the planner's one-line refusal, or the missing field
     notes: list[str] = field(default_factory=list)
+    traits: list[str] = field(default_factory=list)  # FP8, context parallel, MoE: what the planner may not price
     memory_gib: float | None = None
     memory_allocated: bool = False
     prior_s: float | None = None  # shipped prior
@@ -141,7 +143,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
     for i, r in enumerate(csv.DictReader(path.open(encoding="utf-8"))):
         cluster = _cluster(r["hardware"])
         row = Row(index=i, source=r["url"].split("#")[0], engine=r["engine"],
-                  family=hardware_family(cluster.device.name), name=f"{r['model']} ({r['source'].split(',')[0]})",
+                  family=hardware_family(cluster.device.name), kind=r["kind"], name=f"{r['model']} ({r['source'].split(',')[0]})",
                   measured_s=None, measured_from="", cluster=cluster)
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
@@ -165,16 +167,19 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                               dropout=float(r["dropout"] or 0.0), experts=experts,
                               top_k=_int(r["moe_topk"], 0) if experts else 0,
                               expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0)
+        dtype = r["dtype"].lower()
+        row.traits = [t for t, on in (("FP8", dtype.startswith("fp8")), ("context parallel", _int(r["cp"], 1) > 1),
+                                      ("MoE", r["kind"] == "moe")) if on]
         row.measured_s, row.measured_from = _measured_step_s(r, model, cluster.device.peak_flops("bfloat16"))
         if missing:
-            row.not_priced = f"the source does not state {', '.join(missing)}"
+            row.not_priced = f"the source does not state {', '.join(missing)}" + (
+                f" (and: {', '.join(row.traits)})" if row.traits else "")
             continue
         recompute = r["recompute"].split(" (")[0]
         if recompute != r["recompute"]:
             row.notes.append(f"recompute {r['recompute']!r} planned as {recompute}")
         pp, v = _int(r["pp"]), _int(r["vpp"], 1)
         schedule = "interleaved" if pp > 1 and v > 1 else "1f1b"
-        dtype = r["dtype"].lower()
         try:
             plan = Plan(model=model, dims=ParallelDims(_int(r["tp"]), pp, _int(r["dp"]), ep=_int(r["ep"], 1),
                                                        cp=_int(r["cp"], 1)),
@@ -305,6 +310,17 @@ def markdown(t: dict) -> str:
     return "\n".join(lines)
 
 
+def not_priced_summary(rows: list[Row]) -> str:
+    """Why rows are not priced, counted (a row can have several reasons)."""
+    out = [r for r in rows if r.not_priced]
+    counts = {"unstated shape/layout/recompute": sum(r.not_priced.startswith("the source") for r in out),
+              "refused by estimate": sum("does not price" in r.not_priced for r in out)}
+    for trait in ("FP8", "context parallel", "MoE"):
+        counts[trait] = sum(trait in r.traits for r in out)
+    return (f"not priced: {len(out)} of {len(rows)} rows — " + ", ".join(f"{k} {v}" for k, v in counts.items())
+            + " (a row can have several)")
+
+
 def bands(t: dict, command: str) -> dict:
     """The catalog's error_bands.json contents: every cell with an out-of-sample band."""
     return {"kind": "exatrain-error-bands", "date": datetime.date.today().isoformat(), "command": command,
@@ -352,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r.not_priced:
             print(f"{r.index:3d} {r.name[:52]:52} {r.engine:18} {r.family:9} {r.not_priced[:110]}")
-    print()
+    print(not_priced_summary(rows) + "\n")
     print(markdown(t))
     ins = [c for c in t["cells"].values() if c["in_sample_prior"]["n"]]
     for c in ins:
