@@ -333,8 +333,12 @@ def bands(t: dict, command: str) -> dict:
 
 
 def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = None) -> tuple[list[Row], dict]:
-    rows = [r for r in load_rows(path) if (engine is None or r.engine == engine)
-            and (family is None or r.family == family)]
+    every = load_rows(path)
+    rows = [r for r in every if (engine is None or r.engine == engine) and (family is None or r.family == family)]
+    if not rows:
+        raise UserError(f"no published row matches --engine {engine} --family {family} (engines: "
+                        f"{', '.join(sorted({r.engine for r in every}))}; families: "
+                        f"{', '.join(sorted({r.family for r in every}))})")
     price(rows)
     out_of_sample(rows)
     return rows, table(rows)

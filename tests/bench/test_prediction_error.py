@@ -96,3 +96,7 @@ def test_cli_filters_json_and_bad_input(pe, tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert pe.main(["--csv", str(tmp_path / "missing.csv")]) == 2
+    capsys.readouterr()
+    assert pe.main(["--csv", str(_subset(tmp_path, pe)), "--family", "B200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "families: A100, H100/H200" in err

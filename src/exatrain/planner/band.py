@@ -7,9 +7,9 @@ then carries ``step_range_s = step_s * [p10, p90]`` with the cell it came from a
 
 Which cell answers (``band_for``): the plan's runtime on its device's family when that cell holds
 at least ``MIN_RUNS`` runs; else every engine on that family; else, for a family with some runs but
-too few, every run of every family ("all/all") widened to cover that family's own p10-p90; a family with no published run at all gets
-``WIDE_DEFAULT`` and says so. The default is a stated convention, not a measurement: a factor of
-three either way, wider than every measured cell (the MI250X runs reach ×2.25) (the band test checks that).
+too few, every run of every family ("all/all") widened to cover that family's own p10-p90; a family
+with no published run at all gets ``WIDE_DEFAULT`` and says so. The default is a stated convention, not a measurement: a factor of
+three either way, wider than every measured cell (the MI250X runs reach ×2.25; the band test checks it).
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
+
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.plan import Plan, StepEstimate
 
 BANDS_PATH = Path(__file__).resolve().parents[1] / "catalog" / "data" / "error_bands.json"
 MIN_RUNS = 5  # fewer runs than this in a cell: its p10/p90 say little, fall back to a wider cell
@@ -100,8 +103,9 @@ def step_range(step_s: float, tokens_per_step: int, band: Band) -> tuple[tuple[f
     return (lo, hi), (tokens_per_step / hi, tokens_per_step / lo)
 
 
-def with_band(estimate, plan, cluster):
-    """``estimate`` (a StepEstimate with a time) carrying the band of ``plan.runtime`` on ``cluster``'s device."""
+def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec) -> StepEstimate:
+    """``estimate`` carrying the band of ``plan.runtime`` on ``cluster``'s device (unchanged without a time).
+    The table measures the shipped priors; an estimate made with a calibration file gets the same band."""
     if estimate.time_s is None:
         return estimate
     b = band_for(plan.runtime, cluster.device.name)
