@@ -145,6 +145,14 @@ class StepEstimate:
     trainer_memory_bytes: MemoryBreakdown | None = None
     trainer_memory_by_stage: tuple[MemoryBreakdown, ...] = ()
     notes: tuple[str, ...] = ()
+    # Where the step is likely to land (planner/band.py): [low, high] seconds and tokens/s from the
+    # out-of-sample error of published runs, and which cell of that table (engine, family, n) it is.
+    step_range_s: tuple[float, float] | None = None
+    tokens_per_s_range: tuple[float, float] | None = None
+    band: Mapping[str, Any] | None = None
+
+    def replace(self, **changes: Any) -> "StepEstimate":
+        return dataclasses.replace(self, **changes)
 
     @property
     def trainer_fits(self) -> bool | None:
@@ -176,6 +184,8 @@ class StepEstimate:
             "trainer_memory_by_stage": [m.to_dict() for m in self.trainer_memory_by_stage],
             "trainer_fits": self.trainer_fits,
             "notes": list(self.notes),
+            **({"step_range_s": list(self.step_range_s), "tokens_per_s_range": list(self.tokens_per_s_range or ()),
+                "band": dict(self.band or {})} if self.step_range_s is not None else {}),
         }
 
     @classmethod
@@ -203,7 +213,15 @@ class StepEstimate:
             trainer_memory_bytes=None if trm is None else MemoryBreakdown.from_dict(trm),
             trainer_memory_by_stage=tuple(MemoryBreakdown.from_dict(m) for m in d.get("trainer_memory_by_stage", ())),
             notes=tuple(d.get("notes", ())),
+            step_range_s=_pair(d.get("step_range_s")),
+            tokens_per_s_range=_pair(d.get("tokens_per_s_range")),
+            band=dict(d["band"]) if isinstance(d.get("band"), Mapping) else None,
         )
+
+
+def _pair(v: Any) -> tuple[float, float] | None:
+    """A [low, high] pair from JSON (None when absent: plans written before ranges existed)."""
+    return None if v is None else (float(v[0]), float(v[1]))
 
 
 def balanced_split(layers: int, stages: int) -> tuple[int, ...]:

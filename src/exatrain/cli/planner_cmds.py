@@ -106,6 +106,9 @@ def print_estimate(plan: Plan) -> None:
         tt = table("step time, seconds", tuple(c.replace("_", " ") for c in cols))
         tt.add_row(*(f"{getattr(ts, c):.3f}" for c in cols))
         con.print(tt)
+        if est.step_range_s is not None:  # the out-of-sample band (planner/band.py)
+            con.print(f"step {ts.step:,.3g} s ({est.step_range_s[0]:,.3g}–{est.step_range_s[1]:,.3g} s, "
+                      f"{(est.band or {}).get('text', '')})")
         line = f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model TFLOPS per GPU"
         con.print(line + (f" (MFU {est.mfu:.1%}, HFU {est.hfu:.1%})" if est.mfu is not None else ""))
     for note in est.notes:

@@ -17,6 +17,7 @@ from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.step import TIME_FIELDS
+from exatrain.planner.band import with_band
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
 from exatrain.planner.layouts import Layouts
 
@@ -57,7 +58,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     hw_tf = hw_flops / time_s.step / plan.gpus / 1e12
     peak = cluster.device.peak_flops(plan.dtype)
     notes += (f"cost model: {cp.source} parameters for {cluster.device.name}",)
-    return StepEstimate(
+    return with_band(StepEstimate(
         params=total_params(plan.model),
         params_by_stage=stage_params(plan),
         memory_bytes=worst,
@@ -76,4 +77,4 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         hardware_tflops_per_gpu=hw_tf,
         hfu=None if peak is None else hw_tf * 1e12 / peak,
         notes=notes,
-    )
+    ), plan, cluster)
