@@ -123,6 +123,15 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(name, help=help, **({**kw, "metavar": "N,N,..."} if kind is int_list else kw))
 
 
+RUNTIME_HELP = ("the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan or exatrain (this "
+                "project's trainer); its memory decides what fits and its overlaps and collectives the step time")
+
+
+def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> None:
+    """--runtime, for ``fn``'s keyword ``runtime`` (checked by the API: an unknown name is one line)."""
+    flag(p, fn, "--runtime", RUNTIME_HELP + (f"; {why}" if why else ""), metavar="ENGINE")
+
+
 def add_progress_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true",
                    help="show progress on stderr even when it is not a terminal (a terminal always gets it)")
