@@ -130,6 +130,10 @@ RUNTIME_HELP = ("the engine that runs the plan: megatron-core, megatron-deepspee
 def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> None:
     """--runtime, for ``fn``'s keyword ``runtime`` (checked by the API: an unknown name is one line)."""
     flag(p, fn, "--runtime", RUNTIME_HELP + (f"; {why}" if why else ""), metavar="ENGINE")
+    if "overlap" in inspect.signature(fn).parameters:
+        flag(p, fn, "--overlap", "which of the runtime's overlaps of communication with compute are on: all (its "
+             "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
+             "dp_param_gather, pp_p2p", metavar="WHICH")
 
 
 def add_progress_arg(p: argparse.ArgumentParser) -> None:

@@ -23,10 +23,12 @@ from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
 from exatrain.planner.layouts import Layouts
 
 
-def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None) -> StepEstimate:
+def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None,
+                  overlap: str = "all") -> StepEstimate:
     """Memory of every stage, the counts of one optimizer step, and the predicted step time of
-    ``plan`` on ``cluster``. ``params`` are the cost model's efficiencies (default: the device's
-    prior, or what a calibration file measured)."""
+    ``plan`` on ``cluster`` as its runtime (``plan.runtime``) runs it. ``params`` are the cost
+    model's efficiencies (default: the device's prior, or what a calibration file measured);
+    ``overlap``: which of the runtime's overlaps are on (``cost.overlap.overlap_rules``)."""
     if plan.cp > 1 or plan.fp8:
         raise UserError(f"{plan.label}: estimate does not price context parallelism or FP8 GEMMs yet "
                         "(`exatrain models` shows the accounting's counts)")
@@ -34,7 +36,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     rt = plan.runtime
     memory = (rt,) if rt == "exatrain" else (rt, "exatrain")
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
-                  dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt)
+                  dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
+                  overlap=overlap)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -45,7 +48,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     capacity = cluster.device.hbm_bytes
     engine = get_engine(rt)
     rule = engine.state_rule(plan.dtype, plan.zero_stage)
-    rules = overlap_rules(engine)
+    rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}
     notes = (
         f"runtime {rt}: memory_bytes / fits are what it keeps ({rule.mode}); trainer_memory_bytes / "
@@ -57,9 +60,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         + (f", dropout {plan.model.dropout:g}" if plan.model.dropout else ", no dropout")
         + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
-    notes += (("overlap assumed on: " + "; ".join(rules.switches) + " — hidden per step: "
+    notes += ((f"overlap {overlap}, switches assumed on: " + "; ".join(rules.switches) + " — hidden per step: "
                 + ", ".join(f"{k} {v:.3f} s" for k, v in hid.items())) if rules.switches
-              else f"runtime {rt} overlaps no communication",)
+              else f"overlap {overlap}: no communication hidden",)
     if plan.tp > cluster.gpus_per_node:
         notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "
                   "are priced on the inter-node network",)

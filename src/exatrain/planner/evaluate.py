@@ -87,11 +87,13 @@ def not_modelled(model: ModelSpec) -> None:
 
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
              dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] | None = None,
-             by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain") -> Evaluation:
+             by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
+             overlap: str = "all") -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
-    are NaN), as a search that ranks only those needs. ``by_rank`` also fills ``hidden``."""
+    are NaN), as a search that ranks only those needs. ``overlap``: which of the runtime's overlaps
+    are on (``cost.overlap.overlap_rules``). ``by_rank`` also fills ``hidden``."""
     get_engine(runtime)  # an unknown runtime is a one-line UserError
     memory = (runtime,) if memory is None else tuple(memory)
     bad = sorted(set(memory) - set(MEMORY_MODELS))
@@ -155,7 +157,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               micro_batch=lay.micro_batch, num_microbatches=lay.num_microbatches,
                               zero_stage=lay.zero_stage, recompute=lay.recompute,
                               sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
-                              stage_layers=split, params_by_rank=params, runtime=runtime, hidden=hid)
+                              stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
+                              hidden=hid)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

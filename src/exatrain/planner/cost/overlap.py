@@ -4,10 +4,11 @@ The planner predicts a plan as run by one engine (``Plan.runtime``, a profile of
 ``accounting.engines``). Two things of the step time depend on it:
 
 * which communications overlap compute. A profile lists the overlaps the engine offers
-  (``EngineProfile.overlaps``); the prediction assumes every one of them is switched on (the
-  notes of an estimate name the switches) and hides each communication only behind the compute
-  it can run beside, exposing the rest: ``exposed = max(0, comm - overlappable compute)``, so a
-  step never gets shorter than its compute. What each overlap runs beside:
+  (``EngineProfile.overlaps``); by default (``--overlap all``) the prediction assumes every one of
+  them is switched on (the notes of an estimate name the switches; ``default`` takes the engine's
+  defaults, ``none`` none) and hides each communication only behind the compute it can run beside,
+  exposing the rest: ``exposed = max(0, comm - overlappable compute)``, so a step never gets
+  shorter than its compute. What each overlap runs beside:
 
   - ``tp``: the GEMMs of the same layer (Megatron-Core --tp-comm-overlap, Transformer Engine
     userbuffers; torchtitan async TP: both split the sequence-parallel all-gather /
@@ -40,12 +41,16 @@ import numpy as np
 
 from exatrain.accounting.comms import GRAD_BYTES, Collective
 from exatrain.accounting.dtypes import COMPUTE_BYTES
-from exatrain.accounting.engines import EngineProfile, get_engine
+from exatrain.accounting.engines import COMMS, EngineProfile, get_engine
+from exatrain.errors import UserError
+
+
+OVERLAP_CHOICES = ("all", "default", "none")  # or a comma-separated list of COMMS
 
 
 @dataclass(frozen=True)
 class OverlapRules:
-    """Which communications a runtime hides (switches assumed on), as booleans."""
+    """Which communications a runtime hides, as booleans, and the switches that turn them on."""
 
     runtime: str
     tp: bool  # with sequence parallelism only
@@ -53,20 +58,36 @@ class OverlapRules:
     dp_param_gather: bool
     pp_p2p: bool  # with the interleaved schedule only
     grad_reduce_needs_no_pipeline: bool  # exatrain: DDP's overlap runs only without a pipeline schedule
-
-    @property
-    def switches(self) -> tuple[str, ...]:
-        return tuple(o.switch for o in get_engine(self.runtime).overlaps)
+    switches: tuple[str, ...] = ()  # the engine's switches of the overlaps that are on
 
 
-def overlap_rules(engine: EngineProfile | str) -> OverlapRules:
-    """The overlaps of ``engine`` (a profile or its name)."""
+def overlap_rules(engine: EngineProfile | str, on: str = "all") -> OverlapRules:
+    """The overlaps of ``engine`` (a profile or its name) that are on: ``all`` it offers (its
+    switches assumed on), its ``default`` (``Overlap.default_on``), ``none``, or a comma-separated
+    list of communications (``accounting.engines.COMMS``); one it cannot overlap is a UserError."""
     e = get_engine(engine) if isinstance(engine, str) else engine
-    has = {o.comm for o in e.overlaps}
-    return OverlapRules(runtime=e.name, tp="tp" in has, dp_grad_reduce="dp_grad_reduce" in has,
-                        dp_param_gather="dp_param_gather" in has, pp_p2p="pp_p2p" in has,
+    offered = {o.comm: o for o in e.overlaps}
+    if on == "all":
+        chosen = set(offered)
+    elif on == "default":
+        chosen = {c for c, o in offered.items() if o.default_on}
+    elif on == "none":
+        chosen = set()
+    else:
+        chosen = {c.strip() for c in str(on).split(",") if c.strip()}
+        bad = sorted(chosen - set(COMMS))
+        if bad or not chosen:
+            raise UserError(f"--overlap must be all, default, none or a comma-separated list of {', '.join(COMMS)}; "
+                            f"got {on!r}")
+        missing = sorted(chosen - set(offered))
+        if missing:
+            raise UserError(f"runtime {e.name} cannot overlap {', '.join(missing)} (it overlaps "
+                            f"{', '.join(offered) or 'nothing'})")
+    return OverlapRules(runtime=e.name, tp="tp" in chosen, dp_grad_reduce="dp_grad_reduce" in chosen,
+                        dp_param_gather="dp_param_gather" in chosen, pp_p2p="pp_p2p" in chosen,
                         # the exatrain profile's own words: "(ZeRO-0/1 without pipeline)"
-                        grad_reduce_needs_no_pipeline=e.name == "exatrain")
+                        grad_reduce_needs_no_pipeline=e.name == "exatrain",
+                        switches=tuple(o.switch for c, o in offered.items() if c in chosen))
 
 
 def exposed(comm_s, window_s):
@@ -109,4 +130,4 @@ def p2p_exposed(p2p_s, stage_fwd_s, *, rules: OverlapRules, interleaved):
     return np.where(np.asarray(interleaved), exposed(p2p_s, np.min(stage_fwd_s, axis=1)), p2p_s)
 
 
-__all__ = ["OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_rules", "p2p_exposed"]
+__all__ = ["OVERLAP_CHOICES", "OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_rules", "p2p_exposed"]

@@ -167,16 +167,17 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
 def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
-               runtime: str = "exatrain", hidden: dict | None = None
+               runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave and the layer split;
     ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank holds. ``runtime``:
-    the engine whose overlaps and collectives count (``cost.overlap``). ``hidden``: when given, gets
+    the engine whose overlaps and collectives count (``cost.overlap``); ``overlap``: which of its
+    overlaps are on (``cost.overlap.overlap_rules``). ``hidden``: when given, gets
     the seconds per step the overlaps hid (tp, pp, dp; arrays of N)."""
     from exatrain.accounting.engines import get_engine
 
     engine = get_engine(runtime)
-    rules = overlap_rules(engine)
+    rules = overlap_rules(engine, overlap)
     tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
     N, p, v = tp.size, int(pp), int(interleave)
     st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
@@ -239,19 +240,21 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     return times, st, pt
 
 
-def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBreakdown, PipelineTimes]:
+def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"
+              ) -> tuple[TimeBreakdown, PipelineTimes]:
     """Predicted seconds per optimizer step of one plan, broken down (a batch of one through
     ``planner.evaluate``), and its pipeline's times."""
     from exatrain.planner.evaluate import evaluate
     from exatrain.planner.layouts import Layouts
 
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
-                  dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime)
+                  dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
+                  overlap=overlap)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
 
-def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
+def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all") -> StageTimes:
     """The per-stage seconds of one plan (row 0 of each array), as the step time uses them: what
     the schedule simulator replays for a timeline picture."""
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
@@ -259,16 +262,16 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageT
                        tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
                        recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
-                       rules=overlap_rules(plan.runtime))
+                       rules=overlap_rules(plan.runtime, overlap))
 
 
-def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams):
+def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
     """The plan's pipeline simulated op by op (``schedule.simulate``) on its own per-stage seconds:
     the timeline picture, and the oracle the closed-form pipeline term is tested against."""
     from exatrain.planner.cost.schedule import simulate
 
-    st = plan_stage_times(plan, cluster, cp)
-    p2p = p2p_exposed(st.p2p, st.fwd, rules=overlap_rules(plan.runtime),
+    st = plan_stage_times(plan, cluster, cp, overlap)
+    p2p = p2p_exposed(st.p2p, st.fwd, rules=overlap_rules(plan.runtime, overlap),
                       interleaved=plan.schedule == "interleaved" and plan.interleave > 1)
     return simulate(st.forward_s[0], st.backward_s[0], weight_s=st.wgrad[0], p2p_s=float(p2p[0]), pp=plan.pp,
                     num_microbatches=plan.num_microbatches, schedule=plan.schedule, interleave=plan.interleave)

@@ -67,17 +67,19 @@ RUNTIMES = ENGINE_NAMES
 
 def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int = 10,
            options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
-           dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain") -> SearchResult:
+           dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
+           overlap: str = "all") -> SearchResult:
     """Rank every legal layout as run by ``runtime`` (an engine of ``accounting.engines``): its memory
     decides what fits (exatrain: its own trainer as it runs today, accounting.trainer_memory), its
-    overlaps and collectives the step time, and only its ZeRO stages are candidates."""
+    overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
+    are candidates."""
     cp = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime, dtype=dtype)
     rejected = dict(space.rejected)
     if len(space) == 0:
         return SearchResult([], space.examined, 0, 0, rejected, space.collapsed)
     res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash, runtime=runtime,
-                         time_if_fits=True)  # only what fits is ranked
+                         time_if_fits=True, overlap=overlap)  # only what fits is ranked
     fits = res.fits
     rejected["out of memory"] = int((~fits).sum())
     feasible = np.nonzero(fits)[0]
@@ -86,6 +88,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     for i in order[:max(top, 0)]:
         plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash)
         plan = plan.replace(runtime=runtime).validate(cluster)
-        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp)))
+        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp, overlap)))
     return SearchResult(ranked, space.examined, len(space), int(fits.sum()), rejected, space.collapsed,
                         float(res.memory_total.min()))
