@@ -21,7 +21,7 @@ def main() -> None:
     errors: dict[str, list[float]] = {}
     print(f"{'source':16} {'run':54} {'metric':12} {'published':>10} {'predicted':>10} {'error':>8}")
     for run in published_runs():
-        est = estimate_plan(run.plan, run.cluster)
+        est = estimate_plan(run.plan, run.cluster, overlap=run.overlap)  # the overlaps the run had
         pred = predicted_metric(run, est)
         err = pred / run.measured - 1
         errors.setdefault(run.source, []).append(abs(err))
