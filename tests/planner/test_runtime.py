@@ -182,3 +182,24 @@ def test_bad_runtime_is_one_line_exit_2(capsys, argv, message) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_each_collective_call_costs_the_libraries_base_latency() -> None:
+    """A fixed cost per collective call (NCCL's 8.4 us, RCCL's 17 us): small micro-batches under tp 2
+    pay it on every TP collective, so their TP time grows by about calls x base, a large message's
+    barely moves."""
+    c = get_cluster("dgx-h100")
+    cp = default_params(c.device.name)
+    assert cp.collective_overhead_s == pytest.approx(8.4e-6)
+    assert default_params("mi250x-gcd").collective_overhead_s == pytest.approx(17e-6)
+    bare = cp.replace(collective_overhead_s=0.0)
+    small = [float(tp_collective_time_s(c, p, np.array([2]), 4096, np.array([False]))[0]) for p in (cp, bare)]
+    big = [float(tp_collective_time_s(c, p, np.array([2]), 1 << 30, np.array([False]))[0]) for p in (cp, bare)]
+    assert small[0] - small[1] == pytest.approx(8.4e-6) and small[0] > 2 * small[1]
+    assert big[0] / big[1] - 1 < 1e-2
+    plan = _estimate(model="llama3-8b", gpus=8, tp=2, micro_batch=1, global_batch=32)
+    with_base = api.estimate(model="llama3-8b", cluster="dgx-h100", gpus=8, tp=2, micro_batch=1, global_batch=32)
+    from exatrain.planner.estimate import estimate_plan
+
+    without = estimate_plan(plan, c, bare)
+    assert with_base.estimate.time_s.tp_comm > without.time_s.tp_comm
