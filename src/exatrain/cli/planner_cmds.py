@@ -15,7 +15,7 @@ GiB = 1024**3
 CALIBRATION_HELP = "cost-model parameters measured by `exatrain bench` or fitted by `exatrain calibrate`"
 
 
-RUNTIME_WHY = "the default is the runtime `train` and `tune` run, so a predicted plan is one this project runs"
+RUNTIME_WHY = "default exatrain, the runtime `train` and `tune` run, so a predicted plan is one this project runs"
 
 
 def _planner_parser(sub, name: str, help: str, description: str, example: str, gpus: bool = True):
