@@ -61,7 +61,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
     notes += ((f"overlap {overlap}, switches assumed on: " + "; ".join(rules.switches) + " — hidden per step: "
-                + ", ".join(f"{k} {v:.3f} s" for k, v in hid.items())) if rules.switches
+                + ", ".join(f"{k} {v:.3f} s" for k, v in hid.items()) + " (dp: with what the pipeline's drain hides)")
+              if rules.switches
               else f"overlap {overlap}: no communication hidden",)
     if plan.tp > cluster.gpus_per_node:
         notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "
