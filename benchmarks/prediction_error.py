@@ -49,6 +49,7 @@ from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.planner.band import BANDS_PATH, MIN_RUNS, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, default_params
+from exatrain.planner.cost.published import MEGATRON_LM_2021
 from exatrain.planner.estimate import estimate_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,6 +88,7 @@ class Row:
     oos_s: float | None = None  # out-of-sample prediction
     oos_how: str = ""
     memory_pred_gib: float | None = None
+    overlap: str = "all"  # which of the runtime's overlaps the run had on (cost.overlap.overlap_rules)
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -145,6 +147,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row = Row(index=i, source=r["url"].split("#")[0], engine=r["engine"],
                   family=hardware_family(cluster.device.name), kind=r["kind"], name=f"{r['model']} ({r['source'].split(',')[0]})",
                   measured_s=None, measured_from="", cluster=cluster)
+        row.overlap = _overlap(row.source, row.engine)
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
@@ -194,8 +197,17 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
     return out
 
 
-def _predict_s(plan: Plan, cluster: ClusterSpec, params: CostParams) -> float:
-    return estimate_plan(plan, cluster, params).time_s.step
+def _overlap(source: str, engine: str) -> str:
+    """The overlaps a run had on, as ``cost.published`` states them for the sources it covers:
+    Megatron-LM of 2021-22 overlapped only the DDP gradient all-reduce; DeepSpeed runs its defaults
+    (overlap_comm off at ZeRO-1); later engines' runs are taken with every overlap they offer on."""
+    if source in (NARAYANAN, KORTHIKANTI):
+        return MEGATRON_LM_2021
+    return "default" if engine == "megatron-deepspeed" else "all"
+
+
+def _predict_s(row: Row, params: CostParams) -> float:
+    return estimate_plan(row.plan, row.cluster, params, overlap=row.overlap).time_s.step
 
 
 def price(rows: list[Row]) -> None:
@@ -204,7 +216,7 @@ def price(rows: list[Row]) -> None:
         if row.plan is None:
             continue
         try:
-            row.prior_s = _predict_s(row.plan, row.cluster, default_params(row.cluster.device.name))
+            row.prior_s = _predict_s(row, default_params(row.cluster.device.name))
         except UserError as exc:
             row.not_priced = str(exc)
             continue
@@ -228,7 +240,7 @@ def fit_without(train: list[Row], base: CostParams, max_iter: int = 8) -> CostPa
 
     def residuals(x: np.ndarray) -> np.ndarray:
         p = params_at(x)
-        pred = np.log([_predict_s(r.plan, r.cluster, p) for r in train])
+        pred = np.log([_predict_s(r, p) for r in train])
         return np.concatenate([(pred - log_measured) / math.sqrt(len(train)), 1e-3 * (x - x0)])
 
     x, _ = levenberg_marquardt(residuals, x0, max_iter=max_iter)
@@ -253,7 +265,7 @@ def out_of_sample(rows: list[Row]) -> None:
             continue
         params = fit_without(train, CostParams())
         for r in test:
-            r.oos_s = _predict_s(r.plan, r.cluster, params)
+            r.oos_s = _predict_s(r, params)
             r.oos_how = f"refit on {len(train)} runs of {len({t.source for t in train})} other source(s)"
 
 

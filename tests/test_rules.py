@@ -14,11 +14,11 @@ from exatrain import rules
 from exatrain.catalog import get_cluster, get_model
 from exatrain.errors import PlanError
 from exatrain.plan import RECOMPUTE, SCHEDULES, ParallelDims, Plan, TrainShape
-from exatrain.planner.search.space import REASONS, TRAINER_REASON, SpaceOptions, enumerate_space
+from exatrain.planner.search.space import REASONS, RUNTIME_REASON, TRAINER_REASON, SpaceOptions, enumerate_space
 from exatrain.trainer.config import TrainConfig
 
 MODELS = ("gpt-tiny", "llama-tiny", "gpt-175b", "llama3-70b")
-ALL = ("plan", "run", "trainer")
+ALL = ("plan", "run", "trainer", "search")
 
 
 def _random_plan(rnd: random.Random) -> Plan:
@@ -86,9 +86,9 @@ def test_space_counts_each_candidate_under_its_first_rule() -> None:
                         recompute=("none",), sequence_parallel=(False, True),
                         schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2)))
     gpus, gb = 24, 24
-    for runtime in ("megatron", "exatrain"):
+    for runtime in ("megatron-deepspeed", "exatrain"):  # both offer every ZeRO stage
         space = enumerate_space(m, c, gpus, gb, opts, runtime=runtime)
-        expected = dict.fromkeys(REASONS + ((TRAINER_REASON,) if runtime == "exatrain" else ()), 0)
+        expected = dict.fromkeys(REASONS + ((TRAINER_REASON,) if runtime == "exatrain" else ()) + (RUNTIME_REASON,), 0)
         legal = set()
         for tp in opts.tp:
             for pp in opts.pp:
@@ -152,7 +152,7 @@ def test_reasons_are_one_list() -> None:
     assert len(set(rules.REASONS)) == len(rules.RULES)
     assert set(REASONS) | {TRAINER_REASON} <= set(rules.REASONS)
     assert TRAINER_REASON in rules.TRAINER_REASONS
-    assert np.all([r.scope in ("plan", "run", "trainer") for r in rules.RULES])
+    assert np.all([r.scope in ("plan", "run", "trainer", "search") for r in rules.RULES])
 
 
 @pytest.mark.parametrize(("change", "said"), [

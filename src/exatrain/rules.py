@@ -66,7 +66,8 @@ class Layout:
 class Rule:
     """``broken(layout)`` marks the layouts that break the rule; ``message(plan, cluster)`` is the one
     line a user reads for a plan that breaks it. ``scope``: "plan" (every runtime), "trainer" (a
-    layout exatrain's trainer refuses), "run" (a trainer option with the layout: ``--compile``)."""
+    layout exatrain's trainer refuses), "run" (a trainer option with the layout: ``--compile``),
+    "search" (legal, but left out of an unpinned search)."""
 
     reason: str
     broken: Callable[[Layout], np.ndarray]
@@ -161,10 +162,12 @@ RULES: tuple[Rule, ...] = (
     Rule("virtual stages without an interleaved schedule",
          lambda x: np.isin(x.schedule, _PLAIN) & (x.interleave != 1),
          lambda p, c: f"--interleave {p.interleave} needs schedule interleaved or zero_bubble"),
+    # Priced on the network tier (planner.cost.network) and run by every runtime, so no plan breaks
+    # it; the search leaves such layouts out unless tp is pinned (scope "search").
     Rule("tp larger than a node",
          lambda x: _on(False, x.tp.shape) if x.gpus_per_node is None else x.tp > x.gpus_per_node,
-         lambda p, c: (f"tp {p.tp} is larger than a {c.name} node ({c.gpus_per_node} devices): tensor "
-                       "parallelism must stay inside a node")),
+         lambda p, c: (f"tp {p.tp} is larger than a {c.name} node ({c.gpus_per_node} devices): its collectives "
+                       "cross the network"), scope="search"),
     Rule("stage_layers do not fit the model and its stages", _split_broken, _split_message),
     Rule("more pipeline stages than layers",
          lambda x: _on(not x.stage_layers, x.tp.shape) & (x.pp * x.interleave > x.model.layers),
@@ -193,7 +196,7 @@ RULES: tuple[Rule, ...] = (
          scope="trainer"),
 )
 REASONS: tuple[str, ...] = tuple(r.reason for r in RULES)
-TRAINER_REASONS: tuple[str, ...] = tuple(r.reason for r in RULES if r.scope != "plan")
+TRAINER_REASONS: tuple[str, ...] = tuple(r.reason for r in RULES if r.scope not in ("plan", "search"))
 
 
 def _codes(values, names: tuple[str, ...]) -> np.ndarray:

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine
 from exatrain.accounting.memory import memory_by_stage
 from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.catalog import get_cluster, get_model
@@ -33,11 +34,23 @@ SPACES = [
     ("gpt-small", "local-cpu", 16, 64, "float32"),
     ("llama-tiny", "local-cpu", 8, 32, "float32"),
 ]
-BOTH = ("megatron", "exatrain")
+BOTH = ("megatron-deepspeed", "exatrain")  # two memory models: an engine profile's and the trainer's
+
+
+def _memories(runtime: str) -> tuple[str, ...]:
+    """The memory models an estimate under ``runtime`` evaluates (the runtime's first)."""
+    return (runtime,) if runtime == "exatrain" else (runtime, "exatrain")
+
+
+def _offered(space, runtime: str, dtype: str) -> np.ndarray:
+    """Indices of the space's candidates with a ZeRO stage ``runtime`` offers."""
+    return np.nonzero(np.isin(space.zero, get_engine(runtime).zero_stages(dtype)))[0]
 
 
 def _space(name, cl, gpus, gb):
-    return get_model(name), get_cluster(cl), enumerate_space(get_model(name), get_cluster(cl), gpus, gb)
+    """Every legal layout (megatron-deepspeed offers every ZeRO stage and adds no trainer rule)."""
+    return get_model(name), get_cluster(cl), enumerate_space(get_model(name), get_cluster(cl), gpus, gb,
+                                                             runtime="megatron-deepspeed")
 
 
 def _close(a, b, rel=1e-9):
@@ -51,60 +64,74 @@ def test_batch_equals_single_on_10000_random_plans() -> None:
     time term, both memory models' worst stage and which stage it is agree to 1e-9."""
     rng = np.random.default_rng(2024)
     t0 = time.perf_counter()
-    seen = {"schedule": set(), "zero": set(), "recompute": set(), "sp": set()}
+    seen = {"schedule": set(), "zero": set(), "recompute": set(), "sp": set(), "runtime": set()}
     total = 0
     for k, (name, cl, gpus, gb, dtype) in enumerate(SPACES):
         model, cluster, space = _space(name, cl, gpus, gb)
         n = 10_000 // len(SPACES) + (10_000 % len(SPACES) if k == 0 else 0)
-        idx = rng.choice(len(space), size=n, replace=len(space) < n)
+        # a random runtime per plan (the batch holds one runtime: one batch per runtime)
+        runtimes = rng.choice(len(ENGINE_NAMES), size=n)
         cp = default_params(cluster.device.name)
-        lay = layouts_of(space).take(idx)
-        batch = evaluate(lay, model, cluster, cp, global_batch=gb, dtype=dtype, memory=BOTH)
-        for row, i in enumerate(idx):
-            plan = plan_at(space, int(i), model, gb, cluster, dtype, True)
-            one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, dtype=dtype, memory=BOTH)
-            for f in TIME_FIELDS:
-                assert _close(batch.time[f][row], one.time[f][0]), (plan, f, batch.time[f][row], one.time[f][0])
-            for kind in BOTH:
-                assert _close(batch.memory_total[kind][row], one.memory_total[kind][0]), (plan, kind)
-                assert batch.worst_rank[kind][row] == one.worst_rank[kind][0]
-            seen["schedule"].add(plan.schedule + str(plan.interleave))
-            seen["zero"].add(plan.zero_stage)
-            seen["recompute"].add(plan.recompute)
-            seen["sp"].add(plan.sequence_parallel)
-        total += n
+        for r, rt in enumerate(ENGINE_NAMES):
+            count = int((runtimes == r).sum())
+            pool = _offered(space, rt, dtype)
+            idx = pool[rng.choice(pool.size, size=count, replace=pool.size < count)]
+            mem = _memories(rt)
+            lay = layouts_of(space).take(idx)
+            batch = evaluate(lay, model, cluster, cp, global_batch=gb, dtype=dtype, memory=mem, runtime=rt)
+            for row, i in enumerate(idx):
+                plan = plan_at(space, int(i), model, gb, cluster, dtype, True).replace(runtime=rt)
+                one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, dtype=dtype, memory=mem,
+                               runtime=plan.runtime)
+                for f in TIME_FIELDS:
+                    assert _close(batch.time[f][row], one.time[f][0]), (plan, f, batch.time[f][row], one.time[f][0])
+                for kind in mem:
+                    assert _close(batch.memory_total[kind][row], one.memory_total[kind][0]), (plan, kind)
+                    assert batch.worst_rank[kind][row] == one.worst_rank[kind][0]
+                seen["schedule"].add(plan.schedule + str(plan.interleave))
+                seen["zero"].add(plan.zero_stage)
+                seen["recompute"].add(plan.recompute)
+                seen["sp"].add(plan.sequence_parallel)
+                seen["runtime"].add(rt)
+            total += count
     assert total == 10_000
     assert seen["schedule"] >= {"gpipe1", "1f1b1", "interleaved2", "interleaved3", "interleaved4",
                                 "zero_bubble2", "zero_bubble4"}
     assert seen["zero"] == {0, 1, 2, 3} and seen["recompute"] == set(RECOMPUTE) and seen["sp"] == {False, True}
+    assert seen["runtime"] == set(ENGINE_NAMES)
     assert time.perf_counter() - t0 < 600  # a hang guard, not a speed test
 
 
 @pytest.mark.parametrize("space", SPACES[::2], ids=lambda s: s[0])
 def test_estimate_is_the_batch_of_one_and_memory_is_every_stages(space) -> None:
     """``estimate_plan`` reports exactly what the batch computed for the plan; its per-stage memory
-    is the accounting's own per-plan count (``memory_by_stage`` / ``trainer_memory_by_stage``), and
-    the batch's worst stage is the largest of them (every stage is evaluated)."""
+    is the accounting's own per-plan count for its runtime (``memory_by_stage`` with the runtime's
+    profile, or exatrain's ``trainer_memory_by_stage``), and the batch's worst stage is the largest
+    of them (every stage is evaluated), under each runtime."""
     name, cl, gpus, gb, dtype = space
     model, cluster, sp = _space(name, cl, gpus, gb)
     cp = default_params(cluster.device.name)
-    idx = np.random.default_rng(5).choice(len(sp), size=60, replace=False)
-    batch = evaluate(layouts_of(sp).take(idx), model, cluster, cp, global_batch=gb, dtype=dtype, memory=BOTH)
-    for row, i in enumerate(idx):
-        plan = plan_at(sp, int(i), model, gb, cluster, dtype, True).validate(cluster)
-        est = estimate_plan(plan, cluster, cp)
-        for f in TIME_FIELDS:
-            assert _close(getattr(est.time_s, f), batch.time[f][row])
-        assert _close(est.tokens_per_s, batch.tokens_per_s[row])
-        ref = memory_by_stage(plan)
-        own = trainer_memory_by_stage(plan, on_cpu=cluster.device.name == "cpu")
-        assert len(est.memory_by_stage) == len(ref) == plan.pp
-        for got, want in zip(est.memory_by_stage + est.trainer_memory_by_stage, ref + own):
-            for f in MEMORY_FIELDS:
-                assert _close(getattr(got, f), getattr(want, f), rel=1e-12)
-        assert _close(batch.memory_total["megatron"][row], max(s.total for s in ref), rel=1e-12)
-        assert _close(batch.memory_total["exatrain"][row], max(s.total for s in own), rel=1e-12)
-        assert est.fits == bool(batch.fits[row])
+    rng = np.random.default_rng(5)
+    for rt in ENGINE_NAMES:
+        pool = _offered(sp, rt, dtype)
+        idx = pool[rng.choice(pool.size, size=15, replace=False)]
+        batch = evaluate(layouts_of(sp).take(idx), model, cluster, cp, global_batch=gb, dtype=dtype,
+                         memory=_memories(rt), runtime=rt)
+        for row, i in enumerate(idx):
+            plan = plan_at(sp, int(i), model, gb, cluster, dtype, True).replace(runtime=rt).validate(cluster)
+            est = estimate_plan(plan, cluster, cp)
+            for f in TIME_FIELDS:
+                assert _close(getattr(est.time_s, f), batch.time[f][row])
+            assert _close(est.tokens_per_s, batch.tokens_per_s[row])
+            own = trainer_memory_by_stage(plan, on_cpu=cluster.device.name == "cpu")
+            ref = own if rt == "exatrain" else memory_by_stage(plan, get_engine(rt))
+            assert len(est.memory_by_stage) == len(ref) == plan.pp
+            for got, want in zip(est.memory_by_stage + est.trainer_memory_by_stage, ref + own):
+                for f in MEMORY_FIELDS:
+                    assert _close(getattr(got, f), getattr(want, f), rel=1e-12)
+            assert _close(batch.memory_total[rt][row], max(s.total for s in ref), rel=1e-12)
+            assert _close(batch.memory_total["exatrain"][row], max(s.total for s in own), rel=1e-12)
+            assert est.fits == bool(batch.fits[row])
 
 
 def test_custom_stage_layers_batch_equals_single() -> None:
@@ -131,7 +158,7 @@ def test_custom_stage_layers_batch_equals_single() -> None:
             est = estimate_plan(plan, cluster, cp)
             for f in TIME_FIELDS:
                 assert _close(batch.time[f][row], getattr(est.time_s, f))
-            assert _close(batch.memory_total["megatron"][row], est.memory_bytes.total)
+            assert _close(batch.memory_total["exatrain"][row], est.memory_bytes.total)
             assert _close(batch.memory_total["exatrain"][row], est.trainer_memory_bytes.total)
 
 

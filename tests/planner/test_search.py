@@ -74,7 +74,7 @@ def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
     opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 1, 2, 3), recompute=("none",),
                         sequence_parallel=(False,), schedules=(("1f1b", 1), ("zero_bubble", 2)))
-    ref = enumerate_space(m, c, 4, 8, opts)  # dp 2, 4 micro-batches: all 8 candidates legal
+    ref = enumerate_space(m, c, 4, 8, opts, runtime="megatron-deepspeed")  # dp 2, 4 micro-batches: all 8 legal
     own = enumerate_space(m, c, 4, 8, opts, runtime="exatrain")
     assert len(ref) == 8 and TRAINER_REASON not in ref.rejected
     assert own.rejected[TRAINER_REASON] == 2 and len(own) == 6

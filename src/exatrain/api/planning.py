@@ -19,6 +19,22 @@ from exatrain.plan import Plan
 
 Progress = Callable[[str], None]
 DEFAULT_CLUSTER = "frontier"  # the cluster when neither cluster nor cluster_file is given
+# The engine a plan is predicted for when none is named: exatrain's own trainer, the runtime a Plan
+# defaults to and the one `train` and `tune` run, so a searched plan is one this project can run.
+DEFAULT_RUNTIME = "exatrain"
+
+
+def check_runtime(runtime: str, overlap: str = "all") -> str:
+    """``runtime`` if it names an engine profile (and ``overlap`` names overlaps it has); otherwise a
+    one-line UserError naming the choices."""
+    from exatrain.accounting.engines import ENGINE_NAMES
+    from exatrain.planner.cost.overlap import overlap_rules
+
+    if runtime not in ENGINE_NAMES:
+        hint = " (Megatron-LM is megatron-core)" if runtime == "megatron" else ""
+        raise UserError(f"--runtime must be one of {', '.join(ENGINE_NAMES)}, got {runtime!r}{hint}")
+    overlap_rules(runtime, overlap)
+    return runtime
 
 
 def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
@@ -30,12 +46,18 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-             flash_attention: bool | None = None, calibration: str | Path | None = None, trace: bool = False,
+             flash_attention: bool | None = None, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
+             calibration: str | Path | None = None, trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
-    """Memory of every pipeline stage and the step time of one layout: the validated Plan with its
-    StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's own model per stage
-    (torch, nothing allocated). ``out``: also write the plan with its estimate as JSON."""
+    """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
+    megatron-core, megatron-deepspeed, torchtitan, exatrain) runs it: the validated Plan (its
+    ``runtime`` set) with its StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's
+    own model per stage (torch, nothing allocated). ``overlap``: which of the runtime's overlaps
+    are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
+    tp, dp_grad_reduce, dp_param_gather, pp_p2p. ``out``: also write the plan with its estimate as
+    JSON."""
     values = dict(locals())
+    check_runtime(runtime, overlap)
     if out is not None:
         check_output_file(out, "--out")
     c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
@@ -43,9 +65,10 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     m = resolve_model(model, model_file, **shape_of(values))
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
     plan = make_plan(m, c, gpus=gpus, **{**layout_of(values), "stage_layers": stage_layers})
+    plan = plan.replace(runtime=runtime).validate(c)
     from exatrain.planner.estimate import estimate_plan
 
-    plan = plan.with_estimate(estimate_plan(plan, c, params))
+    plan = plan.with_estimate(estimate_plan(plan, c, params, overlap))
     if trace:
         from exatrain.bench.traced import traced_estimate
 
@@ -64,20 +87,21 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-           flash_attention: bool | None = None, top: int = 10, runtime: str = "megatron",
-           calibration: str | Path | None = None, out: str | Path | None = None):
+           flash_attention: bool | None = None, top: int = 10, runtime: str = DEFAULT_RUNTIME,
+           overlap: str = "all", calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
-    values pin a dimension. ``runtime``: whose memory decides what fits (megatron: the lean
-    reference; exatrain: this trainer). ``out``: write the best plan as JSON. No feasible layout
-    is a UserError naming the constraint that removed the most."""
+    values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
+    fits, its overlaps (``overlap``, as for ``estimate``) and collectives the step time, its ZeRO
+    stages are the candidates.
+    ``out``: write the best plan as JSON. No feasible layout is a UserError naming the constraint
+    that removed the most."""
     values = dict(locals())
     if gpus is None or global_batch is None:
         raise UserError("search needs --gpus and --global-batch")
     if top < 1:
         raise UserError("--top must be at least 1")
-    if runtime not in ("megatron", "exatrain"):
-        raise UserError(f"--runtime must be megatron or exatrain, got {runtime!r}")
+    check_runtime(runtime, overlap)
     if out is not None:
         check_output_file(out, "--out")
     options = space_options(**layout_of(values))
@@ -87,7 +111,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     from exatrain.planner.search.search import search as run_search
 
     result = run_search(m, c, gpus, global_batch, top=top, options=options, params=params, dtype=dtype or "bfloat16",
-                        runtime=runtime, flash=True if flash_attention is None else flash_attention)
+                        runtime=runtime, overlap=overlap, flash=True if flash_attention is None else flash_attention)
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
     if out is not None:
@@ -104,12 +128,14 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-            flash_attention: bool | None = None, mode: str = "weak", calibration: str | Path | None = None):
+            flash_attention: bool | None = None, mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
+            overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
-    over ``gpus`` (increasing counts): the best layout at each count (or the pinned one), its
-    throughput and efficiency, and what a published study measured for this model and cluster
-    (a ScalingResult)."""
+    over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
+    pinned one), its throughput and efficiency, and what a published study measured for this model
+    and cluster (a ScalingResult)."""
     values = dict(locals())
+    check_runtime(runtime, overlap)
     if global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
     options = space_options(**layout_of(values))
@@ -118,7 +144,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     from exatrain.planner.scaling import scaling as run_scaling
 
     return run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
-                       dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention)
+                       dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention,
+                       runtime=runtime, overlap=overlap)
 
 
-__all__ = ["DEFAULT_CLUSTER", "estimate", "scaling", "search"]
+__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "check_runtime", "estimate", "scaling", "search"]

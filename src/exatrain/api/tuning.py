@@ -67,7 +67,8 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
          flash_attention: bool | None = None, trials: int = 20, time_budget: str | float | None = None,
          study: str = DEFAULT_STUDY, study_name: str | None = None, device: str | None = None, steps: int = 8,
          seed: int = 0, trial_timeout: str | float = "15m", launcher: str | None = None, candidates: int = 256,
-         seed_trials: int = 2, prune_ratio: float = 0.5, calibration: str | Path | None = None,
+         seed_trials: int = 2, prune_ratio: float = 0.5, runtime: str = "exatrain",
+         calibration: str | Path | None = None,
          out: str | Path | None = None, runs_file: str | Path | None = None,
          progress: Callable[[str], None] | None = None):
     """Tune the layout of ``model`` on ``gpus`` ranks at ``global_batch`` by real runs of ``steps``
@@ -76,8 +77,14 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     template with {cmd} (e.g. 'srun -N4 --ntasks-per-node 8 {cmd}'). Writes the best plan to ``out``
     (default beside the study, e.g. tune.best.json) and a RunRecord per finished run to
     ``runs_file`` (default tune.runs.jsonl). Returns a TuneResult (every trial, ranked; the best).
-    ``progress`` hears one line per finished trial."""
+    ``progress`` hears one line per finished trial. ``runtime``: the trials run exatrain's own
+    trainer, so its candidates are ranked as that runtime runs them; no other is accepted."""
     values = dict(locals())
+    from exatrain.api.planning import check_runtime
+
+    if check_runtime(runtime) != "exatrain":
+        raise UserError(f"tune runs exatrain's own trainer: --runtime must be exatrain, got {runtime!r} "
+                        "(`exatrain search --runtime {runtime}` ranks layouts for it)".replace("{runtime}", runtime))
     if gpus is None or global_batch is None:
         raise UserError("tune needs --gpus (ranks) and --global-batch")
     if steps < 3:

@@ -123,6 +123,19 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(name, help=help, **({**kw, "metavar": "N,N,..."} if kind is int_list else kw))
 
 
+RUNTIME_HELP = ("the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan or exatrain (this "
+                "project's trainer); its memory decides what fits and its overlaps and collectives the step time")
+
+
+def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> None:
+    """--runtime, for ``fn``'s keyword ``runtime`` (checked by the API: an unknown name is one line)."""
+    flag(p, fn, "--runtime", RUNTIME_HELP + (f"; {why}" if why else ""), metavar="ENGINE")
+    if "overlap" in inspect.signature(fn).parameters:
+        flag(p, fn, "--overlap", "which of the runtime's overlaps of communication with compute are on: all (its "
+             "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
+             "dp_param_gather, pp_p2p; default all", metavar="WHICH")
+
+
 def add_progress_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true",
                    help="show progress on stderr even when it is not a terminal (a terminal always gets it)")

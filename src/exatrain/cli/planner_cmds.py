@@ -6,8 +6,8 @@ import argparse
 
 from exatrain import api
 from exatrain.api.planning import DEFAULT_CLUSTER
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call, flag,
-                                 int_list, make_console, opt, print_json, progress, table)
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg,
+                                 add_runtime_arg, call, flag, int_list, make_console, opt, print_json, progress, table)
 from exatrain.plan import Plan
 from exatrain.api import estimate_json, explain, search_json
 
@@ -15,11 +15,15 @@ GiB = 1024**3
 CALIBRATION_HELP = "cost-model parameters measured by `exatrain bench` or fitted by `exatrain calibrate`"
 
 
+RUNTIME_WHY = "default exatrain, the runtime `train` and `tune` run, so a predicted plan is one this project runs"
+
+
 def _planner_parser(sub, name: str, help: str, description: str, example: str, gpus: bool = True):
     p = sub.add_parser(name, help=help, description=description, epilog=f"example: {example}")
     add_model_args(p)
     add_cluster_args(p, DEFAULT_CLUSTER, gpus=gpus)
     add_layout_args(p)
+    add_runtime_arg(p, getattr(api, name), RUNTIME_WHY)
     p.add_argument("--calibration", metavar="PATH", help=CALIBRATION_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
@@ -42,8 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "Layout flags pin a dimension (e.g. --tp 8).",
                         "exatrain search --model gpt-1t --cluster frontier --gpus 3072 --global-batch 1536 --top 10")
     flag(p, api.search, "--top", "how many layouts to show", type=int)
-    flag(p, api.search, "--runtime", "whose memory decides what fits: megatron = the lean reference (Megatron-LM's "
-         "tensors); exatrain = exatrain's own trainer as it runs today", choices=("megatron", "exatrain"))
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
     p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
     p.set_defaults(func=cmd_search)
@@ -81,7 +83,7 @@ def print_estimate(plan: Plan) -> None:
               f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp}, micro-batch {plan.micro_batch}, "
               f"global batch {plan.global_batch} ({plan.num_microbatches} micro-batches), ZeRO-{plan.zero_stage}, "
               f"recompute {plan.recompute}, SP {'on' if plan.sequence_parallel else 'off'}, schedule {plan.schedule}"
-              + (f" x{plan.interleave}" if plan.interleave > 1 else "") + f", {plan.dtype}")
+              + (f" x{plan.interleave}" if plan.interleave > 1 else "") + f", {plan.dtype}, runtime {plan.runtime}")
     t = table(f"memory per rank, GiB (capacity {_gib(est.capacity_bytes)})", ("stage", "layers", "params", "weights",
               "gradients", "optimizer", "activations", "other", "total", "of capacity"))
     layers = plan.layers_per_stage()
@@ -94,8 +96,8 @@ def print_estimate(plan: Plan) -> None:
     con.print(t)
     verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
     con.print(f"worst stage: {_gib(est.memory_bytes.total)} GiB of {_gib(est.capacity_bytes)} GiB — {verdict} "
-              "(lean reference: Megatron-LM's tensors)")
-    if est.trainer_memory_bytes is not None:
+              f"(as {plan.runtime} runs it)")
+    if est.trainer_memory_bytes is not None and plan.runtime != "exatrain":
         tv = "[green]fits[/]" if est.trainer_fits else "[red]does not fit[/]"
         con.print(f"with exatrain's own trainer as it runs today: {_gib(est.trainer_memory_bytes.total)} GiB — {tv}")
     con.print(f"FLOPs per step: model {est.model_flops_per_step:.3e}, hardware {est.hardware_flops_per_step:.3e}; "
@@ -123,19 +125,20 @@ def cmd_search(args: argparse.Namespace) -> int:
         return 0
     first = result.ranked[0]
     con = make_console()
-    t = table(f"{first.model.name} on {args.gpus} × {first.cluster}, global batch {args.global_batch}",
+    t = table(f"{first.model.name} on {args.gpus} × {first.cluster}, global batch {args.global_batch}, "
+              f"runtime {first.runtime}",
               ("#", "layout", "mb", "ZeRO", "recompute", "SP", "schedule", "step s", "tokens/s", "TFLOPS/GPU", "MFU",
                "memory GiB"), left=("layout", "recompute", "schedule"))
     for i, p in enumerate(result.ranked, 1):
         e = p.estimate
-        mem = e.trainer_memory_bytes if args.runtime == "exatrain" and e.trainer_memory_bytes else e.memory_bytes
+        mem = e.memory_bytes
         t.add_row(str(i), p.label, str(p.micro_batch), str(p.zero_stage), p.recompute,
                   "on" if p.sequence_parallel else "off", p.schedule_label, f"{e.time_s.step:.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}", opt(e.mfu, "{:.1%}"),
                   f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
     con.print(t)
-    con.print("memory: " + ("exatrain's own trainer as it runs today" if args.runtime == "exatrain"
-                            else "the lean reference (Megatron-LM's tensors); --runtime exatrain for this trainer"))
+    con.print(f"memory and overlaps: {first.runtime}" + (" (exatrain's own trainer as it runs today)"
+                                                         if first.runtime == "exatrain" else ""))
     rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
     con.print(f"{result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings collapsed, "
               f"{result.legal:,} legal, {result.feasible:,} fit in memory. Rejected — {rej}.")
@@ -150,7 +153,8 @@ def cmd_scaling(args: argparse.Namespace) -> int:
         print_json(result.to_dict())
         return 0
     con = make_console()
-    t = table(f"{result.mode} scaling of {result.model.name} on {result.cluster.name}",
+    t = table(f"{result.mode} scaling of {result.model.name} on {result.cluster.name}, runtime "
+              f"{result.points[0].plan.runtime}",
               ("GPUs", "global batch", "layout", "mb", "ZeRO", "recompute", "schedule", "step s", "TFLOPS/GPU",
                "MFU", "efficiency"), left=("layout", "recompute", "schedule"))
     for pt in result.points:

@@ -42,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag(g, t, "--candidates", "tune over the N best predicted feasible layouts", type=positive_int)
     flag(g, t, "--seed-trials", "first trials: the best predicted layout of each of the N best tp x pp meshes", type=int)
     flag(g, t, "--prune-ratio", "stop a run below this x the best run after warm-up; 0 = never", type=float)
+    flag(g, t, "--runtime", "the engine the candidates are ranked for: only exatrain, the trainer the trials run",
+         metavar="ENGINE")
     g.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")
     g.add_argument("--out", metavar="PATH", help="the best plan as JSON (default: beside the study, e.g. tune.best.json)")
     g.add_argument("--runs-file", metavar="PATH",

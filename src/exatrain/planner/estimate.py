@@ -12,44 +12,62 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import UserError
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
 from exatrain.accounting.comms import comm_bytes_per_rank
+from exatrain.accounting.engines import get_engine
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.planner.cost.coefficients import CostParams, default_params
+from exatrain.planner.cost.overlap import overlap_rules
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
 from exatrain.planner.layouts import Layouts
 
 
-def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None) -> StepEstimate:
+def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None,
+                  overlap: str = "all") -> StepEstimate:
     """Memory of every stage, the counts of one optimizer step, and the predicted step time of
-    ``plan`` on ``cluster``. ``params`` are the cost model's efficiencies (default: the device's
-    prior, or what a calibration file measured)."""
+    ``plan`` on ``cluster`` as its runtime (``plan.runtime``) runs it. ``params`` are the cost
+    model's efficiencies (default: the device's prior, or what a calibration file measured);
+    ``overlap``: which of the runtime's overlaps are on (``cost.overlap.overlap_rules``)."""
     if plan.cp > 1 or plan.fp8:
         raise UserError(f"{plan.label}: estimate does not price context parallelism or FP8 GEMMs yet "
                         "(`exatrain models` shows the accounting's counts)")
     cp = params or default_params(cluster.device.name)
+    rt = plan.runtime
+    memory = (rt,) if rt == "exatrain" else (rt, "exatrain")
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
-                  dtype=plan.dtype, flash=plan.flash_attention, memory=("megatron", "exatrain"), by_rank=True)
+                  dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
+                  overlap=overlap)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
         return tuple(MemoryBreakdown(*(float(parts[f][0, r]) for f in MEMORY_FIELDS)) for r in range(plan.pp))
 
-    by_stage = stages("megatron")
-    worst = by_stage[int(ev.worst_rank["megatron"][0])]
+    by_stage = stages(rt)
+    worst = by_stage[int(ev.worst_rank[rt][0])]
     capacity = cluster.device.hbm_bytes
+    engine = get_engine(rt)
+    rule = engine.state_rule(plan.dtype, plan.zero_stage)
+    rules = overlap_rules(engine, overlap)
+    hid = {k: float(v[0]) for k, v in ev.hidden.items()}
     notes = (
-        "memory_bytes / fits: the lean reference (Megatron-LM's tensors); trainer_memory_bytes / "
+        f"runtime {rt}: memory_bytes / fits are what it keeps ({rule.mode}); trainer_memory_bytes / "
         "trainer_fits: what exatrain's own trainer keeps today",
-        "bytes/param: weights 4 fp32 (+2 16-bit copy in bf16), gradients 4 fp32, Adam 8 fp32; "
-        "sharded per ZeRO stage",
+        "bytes/param: weights {:g}, gradients {:g}, optimizer {:g} ({})".format(
+            *rule.bytes_per_param(plan.dp), rule.source),
         f"other = pipeline buffers + {FRAGMENTATION_ALLOWANCE:.0%} allocator allowance",
         "activations: Korthikanti et al. 2022 Table 2"
         + (f", dropout {plan.model.dropout:g}" if plan.model.dropout else ", no dropout")
         + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
+    notes += ((f"overlap {overlap}, switches assumed on: " + "; ".join(rules.switches) + " — hidden per step: "
+                + ", ".join(f"{k} {v:.3f} s" for k, v in hid.items()) + " (dp: with what the pipeline's drain hides)")
+              if rules.switches
+              else f"overlap {overlap}: no communication hidden",)
+    if plan.tp > cluster.gpus_per_node:
+        notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "
+                  "are priced on the inter-node network",)
     trainer_by_stage = stages("exatrain")
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)

@@ -2,9 +2,11 @@
 
 The one evaluation path of the planner: the search feeds it every candidate of a space, and
 ``estimate_plan`` feeds it a single plan (a batch of one), so the two agree by construction.
-Memory comes from the accounting (``accounting.memory.rank_memory`` — the lean reference — or
-``accounting.trainer_memory.trainer_rank_memory`` — exatrain's own trainer), evaluated for every
-pipeline rank, so the worst stage is the plan's true worst stage; time from ``cost.step``.
+Memory comes from the accounting, per runtime (the engine that runs the plan):
+``accounting.memory.rank_memory(engine=...)`` for megatron-core, megatron-deepspeed and torchtitan,
+``accounting.trainer_memory.trainer_rank_memory`` for exatrain's own trainer, evaluated for every
+pipeline rank, so the worst stage is the plan's true worst stage; time from ``cost.step``, with the
+runtime's overlaps and collectives (``cost.overlap``).
 
 Layouts are grouped by what fixes array shapes: GPU count (the device's share of a CPU), pp and
 interleave (the layer split and the number of stages); within a group memory is evaluated once per
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine
 from exatrain.accounting.flops import model_flops_per_step
 from exatrain.accounting.memory import inflight, rank_memory
 from exatrain.accounting.params import rank_params
@@ -31,7 +34,7 @@ from exatrain.planner.cost.step import TIME_FIELDS, step_times
 from exatrain.planner.layouts import Layouts
 
 MEMORY_FIELDS = ("weights", "gradients", "optimizer", "activations", "other")
-MEMORY_MODELS = ("megatron", "exatrain")  # accounting.memory (lean reference), accounting.trainer_memory
+MEMORY_MODELS = ENGINE_NAMES  # a runtime's memory model: accounting.memory with its profile; exatrain: trainer_memory
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +54,7 @@ class Evaluation:
     rank_end_s: np.ndarray  # (N, max pp): when each pipeline rank finishes (cost.pipeline)
     busy_s: np.ndarray  # (N, max pp)
     by_rank: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    hidden: dict[str, np.ndarray] = field(default_factory=dict)  # tp/pp/dp -> (N,) seconds overlap hid
 
 
 def _groups(keys: np.ndarray):
@@ -82,11 +86,16 @@ def not_modelled(model: ModelSpec) -> None:
 
 
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
-             dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] = ("megatron",),
-             by_rank: bool = False, time_if_fits: bool = False) -> Evaluation:
-    """Evaluate every layout (see the module doc). ``memory``: which memory models to evaluate, the
-    first deciding ``fits`` (none: time only, fits all true). ``time_if_fits``: time only the
-    layouts that fit (the others' times are NaN), as a search that ranks only those needs."""
+             dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] | None = None,
+             by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
+             overlap: str = "all") -> Evaluation:
+    """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
+    which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
+    time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
+    are NaN), as a search that ranks only those needs. ``overlap``: which of the runtime's overlaps
+    are on (``cost.overlap.overlap_rules``). ``by_rank`` also fills ``hidden``."""
+    get_engine(runtime)  # an unknown runtime is a one-line UserError
+    memory = (runtime,) if memory is None else tuple(memory)
     bad = sorted(set(memory) - set(MEMORY_MODELS))
     if bad:
         raise ValueError(f"unknown memory model(s) {bad}; choose among {MEMORY_MODELS}")
@@ -101,6 +110,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     pipe = np.full(N, np.nan)
     rank_end = np.full((N, pmax), np.nan)
     busy = np.full((N, pmax), np.nan)
+    hidden = {k: np.full(N, np.nan) for k in ("tp", "pp", "dp")} if by_rank else {}
     on_cpu = cluster.device.name == "cpu"
     capacity = cluster.device.hbm_bytes
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
@@ -124,7 +134,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                     parts = trainer_rank_memory(model, is_first=rank[None, :] == 0, num_microbatches=m[j],
                                                 on_cpu=on_cpu, **common)
                 else:
-                    parts = rank_memory(model, **common)
+                    parts = rank_memory(model, engine=get_engine(k), **common)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
                 tot = sum(parts)
                 w = np.argmax(tot, axis=1)  # the first of equal stages, as max() over stages picks
@@ -142,12 +152,16 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                 continue
             lay, params = lay.take(keep), params[keep]
         dev = compute.device_for(cluster, dtype, cp, int(gpus))
+        hid: dict | None = {} if by_rank else None
         t, _, pt = step_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=lay.tp, dp=lay.dp,
                               micro_batch=lay.micro_batch, num_microbatches=lay.num_microbatches,
                               zero_stage=lay.zero_stage, recompute=lay.recompute,
                               sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
-                              stage_layers=split, params_by_rank=params)
+                              stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
+                              hidden=hid)
         rows = idx[keep]
+        for k in hid or ():
+            hidden[k][rows] = hid[k]
         for k in TIME_FIELDS:
             times[k][rows] = t[k]
         pipe[rows] = pt.step_s
@@ -158,7 +172,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     return Evaluation(memory=mem, memory_total=total, worst_rank=worst, fits=fits, time=times, pipeline_s=pipe,
                       tokens_per_s=np.asarray(global_batch) * model.seq_len / step,
                       model_tflops_per_gpu=model_flops_per_step(model, global_batch) / step / layouts.gpus / 1e12,
-                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks)
+                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks, hidden=hidden)
 
 
 __all__ = ["Evaluation", "MEMORY_FIELDS", "MEMORY_MODELS", "evaluate", "layer_split"]

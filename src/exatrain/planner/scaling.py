@@ -83,12 +83,13 @@ def no_feasible_layout(result: SearchResult, gpus: int, cluster: ClusterSpec) ->
 
 def scaling(model: ModelSpec, cluster: ClusterSpec, counts: Sequence[int], global_batch: int, *,
             mode: str = "weak", options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
-            dtype: str = "bfloat16", flash: bool = True, runtime: str = "megatron") -> ScalingResult:
+            dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
+            overlap: str = "all") -> ScalingResult:
     """The best layout ``search`` finds at each GPU count (under ``options``), and its efficiency."""
     points: list[ScalingPoint] = []
     for n, gb in zip(counts, global_batches(counts, global_batch, mode)):
         result = search(model, cluster, n, gb, top=1, options=options, params=params, dtype=dtype, flash=flash,
-                        runtime=runtime)
+                        runtime=runtime, overlap=overlap)
         if not result.ranked:
             raise no_feasible_layout(result, n, cluster)
         best = result.ranked[0]

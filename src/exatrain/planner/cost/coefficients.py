@@ -36,6 +36,9 @@ class CostParams:
     attn_eff: float = 0.30  # fused (flash) attention: fraction of peak, causal, full-count FLOPs
     mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels
     link_eff: float = 0.75  # fraction of link bandwidth reached by collectives (algorithm bw)
+    # Fixed time per collective call beyond its per-hop latency: the library's launch and protocol
+    # setup (NCCL's own cost model: src/graph/tuning.cc baseLat, Ring/Simple 8.4 us; RCCL's 17 us).
+    collective_overhead_s: float = 0.0
     dp_overlap: float = 1.0  # fraction of one micro-batch's backward that hides DP reduction
     step_overhead_s: float = 0.01  # per optimizer step: data, logging, launch latency
     peak_flops: float | None = None  # measured peak overriding the catalog (e.g. a CPU, which has none)
@@ -69,17 +72,22 @@ class CostParams:
 # Priors per device (see benchmarks/RESULTS.md for how each was chosen and how well it predicts).
 # A100 and MI250X: one set each, chosen against all published rows of their cluster together
 # (benchmarks/prediction_error.py); H200/H100 GEMM figures from reference/h200_anchor_2026-11-30.jsonl.
+# Base latency of one collective in the libraries' own cost models (src/graph/tuning.cc, baseLat,
+# Ring algorithm, Simple protocol — the one large messages use): NVIDIA/nccl 8.4 us, ROCm/rccl 17 us.
+_NCCL_BASE_S, _RCCL_BASE_S = 8.4e-6, 17e-6
 DEFAULTS: dict[str, CostParams] = {
     "a100-80gb": CostParams(gemm_eff=0.80, gemm_overhead_s=15e-6, attn_eff=0.30, mem_eff=0.70,
-                            link_eff=0.70, dp_overlap=1.0, step_overhead_s=0.02, source="prior"),
+                            link_eff=0.70, dp_overlap=1.0, step_overhead_s=0.02, collective_overhead_s=_NCCL_BASE_S,
+                            source="prior"),
     "mi250x-gcd": CostParams(gemm_eff=0.55, gemm_overhead_s=25e-6, attn_eff=0.20, mem_eff=0.60,
-                             link_eff=0.60, dp_overlap=0.5, step_overhead_s=0.05, source="prior"),
+                             link_eff=0.60, dp_overlap=0.5, step_overhead_s=0.05, collective_overhead_s=_RCCL_BASE_S,
+                             source="prior"),
     "h100-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, attn_eff=0.30, mem_eff=0.75,
-                           link_eff=0.75, source="prior"),
+                           link_eff=0.75, collective_overhead_s=_NCCL_BASE_S, source="prior"),
     "h200-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, attn_eff=0.30, mem_eff=0.75,
-                           link_eff=0.75, source="h200 anchor"),
+                           link_eff=0.75, collective_overhead_s=_NCCL_BASE_S, source="h200 anchor"),
     "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
-                         link_eff=0.65, source="prior"),
+                         link_eff=0.65, collective_overhead_s=_RCCL_BASE_S, source="prior"),
     "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=10e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,
                       op_overhead_s=10e-6, dp_overlap=0.0, step_overhead_s=0.005, peak_flops=2e10,
                       source="prior"),

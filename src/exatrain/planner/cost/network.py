@@ -2,7 +2,9 @@
 
 Ring algorithms (Patarasuk & Yuan 2009; Thakur et al. 2005): over n ranks an all-reduce takes
 2(n-1) steps of latency alpha and sends 2(n-1)/n of the buffer per rank; all-gather, reduce-scatter
-and broadcast (pipelined) half of that; a send/recv one step and the whole buffer.
+and broadcast (pipelined) half of that; a send/recv one step and the whole buffer. Every call adds a
+fixed ``CostParams.collective_overhead_s`` (the library's own base latency, as NCCL's cost model
+counts it), so many small collectives cost more than their bytes.
 
 Ranks are ordered tp fastest, then dp, then pp, so a tp group is ``tp`` consecutive ranks, a dp group
 strides by tp (spanning tp*(dp-1)+1 ranks) and pipeline neighbours are tp*dp apart. A group is
@@ -38,11 +40,12 @@ def collective_time_s(kind: str, group, message_bytes, bw, lat, params: CostPara
     """Seconds for one collective of ``message_bytes`` over ``group`` ranks on links (bw, lat)."""
     n = np.asarray(group, dtype=float)
     eff_bw = np.asarray(bw, dtype=float) * params.link_eff
+    base = params.collective_overhead_s  # fixed per call (CostParams: NCCL/RCCL tuning.cc baseLat)
     if kind == "send_recv":
-        return lat + message_bytes / eff_bw
+        return base + lat + message_bytes / eff_bw
     steps = _STEPS[kind]
     frac = steps * (n - 1) / np.maximum(n, 1)
-    t = steps * (n - 1) * lat + frac * message_bytes / eff_bw
+    t = base + steps * (n - 1) * lat + frac * message_bytes / eff_bw
     return np.where(n > 1, t, 0.0)
 
 

@@ -37,6 +37,9 @@ ASSUMED_FRONTIER_LAYOUTS = {
 }
 
 
+MEGATRON_LM_2021 = "dp_grad_reduce"  # see PublishedRun.overlap
+
+
 @dataclass(frozen=True)
 class PublishedRun:
     source: str  # "narayanan2021" | "korthikanti2022" | "dash2023"
@@ -45,6 +48,12 @@ class PublishedRun:
     cluster: ClusterSpec
     metric: str  # "hardware_tflops_per_gpu" | "step_s" | "mfu"
     measured: float
+    # Which of the runtime's overlaps the run had on (cost.overlap.overlap_rules): Megatron-LM of
+    # 2021-22 ran torch DDP (the sc21 scripts' --DDP-impl torch), whose bucketed all-reduce overlaps
+    # backward, and had neither the distributed optimizer's param-gather overlap nor TP comm overlap
+    # (both later Megatron-Core switches); the Frontier runs: DeepSpeed's defaults (overlap_comm off
+    # at ZeRO-1, deepspeed/runtime/zero/config.py), the authors' DeepSpeed config not being stated.
+    overlap: str = "all"
 
 
 def _cluster_for(hardware: str) -> ClusterSpec:
@@ -69,9 +78,11 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
         if src.startswith("Dash"):
             preset, tp, pp, dp, mb, gb = ASSUMED_FRONTIER_LAYOUTS[r["model_name"]]
             plan = Plan(model=get_model(preset).replace(dropout=0.1), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb),
-                        zero_stage=1, recompute="full", flash_attention=True, cluster=cluster.name)
+                        zero_stage=1, recompute="full", flash_attention=True, cluster=cluster.name,
+                        runtime="megatron-deepspeed")
             out.append(PublishedRun("dash2023", r["model_name"], plan.validate(cluster), cluster,
-                                    "hardware_tflops_per_gpu", _first_number(r["measured_tflops_per_gpu"])))
+                                    "hardware_tflops_per_gpu", _first_number(r["measured_tflops_per_gpu"]),
+                                    overlap="default"))
             continue
         # Megatron-LM's defaults of the time: attention and hidden dropout 0.1.
         model = ModelSpec(name=r["model_name"], arch="gpt", layers=int(r["n_layers"]), hidden=int(r["hidden"]),
@@ -84,20 +95,21 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
                     shape=TrainShape(int(r["micro_batch"]), int(r["global_batch"])), zero_stage=0,
                     recompute=r["recompute"], sequence_parallel=r["sequence_parallel"] == "y",
                     schedule=schedule, interleave=v if schedule == "interleaved" else 1,
-                    flash_attention=False, dtype="bfloat16", cluster=cluster.name).validate(cluster)
+                    flash_attention=False, dtype="bfloat16", cluster=cluster.name,
+                    runtime="megatron-core").validate(cluster)
         if src.startswith("Narayanan"):
             out.append(PublishedRun("narayanan2021", r["model_name"], plan, cluster, "hardware_tflops_per_gpu",
-                                    float(r["measured_tflops_per_gpu"])))
+                                    float(r["measured_tflops_per_gpu"]), overlap=MEGATRON_LM_2021))
         else:
             it = re.search(r"iteration time ([\d.]+) s", r["measured_other"] or "")
             if it:
                 out.append(PublishedRun("korthikanti2022", r["model_name"], plan, cluster, "step_s",
-                                        float(it.group(1))))
+                                        float(it.group(1)), overlap=MEGATRON_LM_2021))
             else:
                 mfu = re.search(r"MFU ([\d.]+)%", r["measured_mfu_or_hfu"] or "")
                 if mfu:
                     out.append(PublishedRun("korthikanti2022", r["model_name"], plan, cluster, "mfu",
-                                            float(mfu.group(1)) / 100))
+                                            float(mfu.group(1)) / 100, overlap=MEGATRON_LM_2021))
     return out
 
 

@@ -15,6 +15,10 @@ layouts that share pp and interleave (``planner.evaluate`` groups them):
      cannot hide (dp_overlap), less the time the rank waits for the pipeline to drain, is exposed;
   5. the optimizer update of the rank with the most (sharded) parameters and a fixed per-step
      overhead.
+What is hidden depends on the runtime (``cost.overlap``): TP collectives behind the layer's GEMMs,
+gradient reduction behind the last micro-batch's backward, parameter gathers behind forward,
+interleaved P2P behind the next forward, each only where the runtime's profile overlaps it; the
+leftover, ``max(0, comm - overlappable compute)``, is what the terms above count.
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ from exatrain.accounting import comms
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, Plan, TimeBreakdown
+from exatrain.plan import RECOMPUTE, SCHEDULES, Plan, TimeBreakdown
 from exatrain.planner.cost import compute, network
 from exatrain.planner.cost.coefficients import CostParams
+from exatrain.planner.cost.overlap import OverlapRules, engine_collectives, exposed, is_gather, overlap_rules, p2p_exposed
 from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
 
 TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
+_INTERLEAVED = SCHEDULES.index("interleaved")
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +53,7 @@ class StageTimes:
     tp_fwd: np.ndarray
     tp_bwd: np.ndarray
     p2p: np.ndarray
+    tp_hidden: np.ndarray | None = None  # (N, S) TP seconds per micro-batch the runtime's overlap hides
 
     @property
     def forward_s(self) -> np.ndarray:
@@ -78,8 +85,9 @@ def _pick(sequence_parallel, fn):
 
 def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                 flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
-                stage_layers: np.ndarray) -> StageTimes:
-    """Per-stage seconds of N layouts sharing pp and the layer split ``stage_layers`` (S,)."""
+                stage_layers: np.ndarray, rules: OverlapRules | None = None) -> StageTimes:
+    """Per-stage seconds of N layouts sharing pp and the layer split ``stage_layers`` (S,); ``rules``:
+    the runtime's overlaps (None: exatrain's, which hides no TP communication)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -113,6 +121,13 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     bwd = bwd + first * emb_b + last * head_b
     tp_f = tp_f + first * tp_one  # vocab-parallel embedding all-reduce
     tp_b = tp_b + last * tp_one  # head input-gradient all-reduce
+    tp_all = tp_f + tp_b
+    if rules is not None and rules.tp:
+        # TP comm overlap (sequence parallel only, cost.overlap): hidden behind the layers' weight GEMMs,
+        # forward (dense) and backward (input and weight gradients, 2 dense, + the recomputed forward's).
+        gemm_b = L * dense * np.where(rec == _FULL, 3, 2)
+        tp_f = np.where(sp, exposed(tp_f, L * dense), tp_f)
+        tp_b = np.where(sp, exposed(tp_b, gemm_b), tp_b)
     if pp > 1:
         msg = b[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
         bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0], dp[:, 0]))
@@ -120,40 +135,60 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     else:
         p2p = np.zeros(len(b))
     shape = (len(b), S)
-    return StageTimes(*(np.broadcast_to(x, shape) + 0.0 for x in (fwd, bwd, wgrad, tp_f, tp_b)), p2p=p2p)
+    return StageTimes(*(np.broadcast_to(x, shape) + 0.0 for x in (fwd, bwd, wgrad, tp_f, tp_b)), p2p=p2p,
+                      tp_hidden=np.broadcast_to(tp_all - tp_f - tp_b, shape) + 0.0)
 
 
 def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, dp, zero_stage: int,
-                        params_here, num_microbatches, dtype: str, pipeline_end: bool):
+                        params_here, num_microbatches, dtype: str, pipeline_end: bool, engine=None,
+                        split: bool = False):
     """Seconds of one rank's DP collectives per step, plus the tied-embedding gradient reduction
-    between the pipeline's two ends, which crosses the pipeline tier; arrays allowed."""
+    between the pipeline's two ends, which crosses the pipeline tier; arrays allowed. ``engine``: the
+    runtime's profile (what it sends, ``cost.overlap.engine_collectives``; None: exatrain's trainer).
+    ``split``: (gradient reductions, parameter gathers) apart instead of their sum."""
     bw, lat = network.tier_arrays(cluster, network.dp_span(tp, dp))
     ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * np.asarray(dp) + 1)
-    total = 0.0
-    for c in comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
-                                      num_microbatches=num_microbatches, dtype=dtype,
-                                      params_here=params_here, pipeline_end=pipeline_end):
+    reduce_s, gather_s = 0.0, 0.0
+    cs = comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
+                                  num_microbatches=num_microbatches, dtype=dtype,
+                                  params_here=params_here, pipeline_end=pipeline_end)
+    if engine is not None:
+        cs = engine_collectives(cs, engine, dtype=dtype)
+    for c in cs:
         b_, l_ = (bw, lat) if c.axis == "dp" else (ebw, elat)
-        total = total + c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp)
-    return total
+        t = c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp)
+        if is_gather(c):
+            gather_s = gather_s + t
+        else:
+            reduce_s = reduce_s + t
+    return (reduce_s, gather_s) if split else reduce_s + gather_s
 
 
 def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
-               schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray
+               schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
+               runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave and the layer split;
-    ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank holds."""
+    ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank holds. ``runtime``:
+    the engine whose overlaps and collectives count (``cost.overlap``); ``overlap``: which of its
+    overlaps are on (``cost.overlap.overlap_rules``). ``hidden``: when given, gets
+    the seconds per step the overlaps hid (tp, pp, dp; arrays of N)."""
+    from exatrain.accounting.engines import get_engine
+
+    engine = get_engine(runtime)
+    rules = overlap_rules(engine, overlap)
     tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
     N, p, v = tp.size, int(pp), int(interleave)
     st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
                      zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
-                     stage_layers=stage_layers)
+                     stage_layers=stage_layers, rules=rules)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
+    p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
     two = pipeline_times(np.concatenate([F, F]), np.concatenate([B, B]), np.concatenate([W, W]), pp=p,
                          interleave=v, num_microbatches=np.concatenate([m, m]),
-                         schedule=np.concatenate([schedule, schedule]), p2p_s=np.concatenate([st.p2p, 0 * st.p2p]))
+                         schedule=np.concatenate([schedule, schedule]), p2p_s=np.concatenate([p2p, 0 * p2p]))
     pipe, no_p2p = two.step_s[:N], two.step_s[N:]
     pt = PipelineTimes(step_s=pipe, rank_end_s=two.rank_end_s[:N], busy_s=two.busy_s[:N])
 
@@ -164,21 +199,38 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     busiest = np.argmax(pt.busy_s, axis=1)[:, None]
     compute_s = np.take_along_axis(per_rank(st.fwd + st.bwd + st.wgrad), busiest, axis=1)[:, 0]
     tp_s = np.take_along_axis(per_rank(st.tp_fwd + st.tp_bwd), busiest, axis=1)[:, 0]
-    # DP: rank r's reduction starts after its last backward; one micro-batch's backward hides
-    # dp_overlap of it (ZeRO-3 prefetches each micro-batch's gathers under all of its compute),
-    # and the time until the pipeline drains hides the rest.
+    # DP: rank r's gradient reduction starts after its last backward; where the runtime overlaps it,
+    # one micro-batch's backward hides dp_overlap of it, and the time until the pipeline drains hides
+    # the rest. Parameter gathers: ZeRO-3 prefetches each micro-batch's under its forward and
+    # backward; ZeRO-1/2's all-gather of updated weights runs under the next step's first forward
+    # (overlap_param_gather), in each case where the runtime overlaps them.
     rank = np.arange(p)[None, :]
-    t_dp = np.zeros((N, p))
+    t_red, t_gat = np.zeros((N, p)), np.zeros((N, p))
     for z in np.unique(zero):
         kw = dict(tp=tp[:, None], pp=p, dp=dp[:, None], zero_stage=int(z), params_here=params_by_rank,
-                  num_microbatches=m[:, None], dtype=dtype)
-        t = dp_collective_times(cluster, cp, model, pipeline_end=True, **kw)
+                  num_microbatches=m[:, None], dtype=dtype, engine=engine, split=True)
+        r_, g_ = dp_collective_times(cluster, cp, model, pipeline_end=True, **kw)
         if model.tied_embeddings and p > 2:  # the ends' embedding all-reduce: ranks 0 and pp-1 only
-            t = np.where((rank == 0) | (rank == p - 1), t, dp_collective_times(cluster, cp, model, pipeline_end=False, **kw))
-        t_dp = np.where((zero == z)[:, None], t, t_dp)
-    window = cp.dp_overlap * np.where((zero == 3)[:, None], per_rank(F + B + W), per_rank(B + W) / m[:, None])
+            mid_r, mid_g = dp_collective_times(cluster, cp, model, pipeline_end=False, **kw)
+            ends = (rank == 0) | (rank == p - 1)
+            r_, g_ = np.where(ends, r_, mid_r), np.where(ends, g_, mid_g)
+        t_red = np.where((zero == z)[:, None], r_, t_red)
+        t_gat = np.where((zero == z)[:, None], g_, t_gat)
+    z3 = (zero == 3)[:, None]
+    red_on = rules.dp_grad_reduce & ((p == 1) | (zero >= 2) | (not rules.grad_reduce_needs_no_pipeline))
+    red_window = np.where(red_on[:, None], cp.dp_overlap * per_rank(B + W) / m[:, None], 0.0)
+    gat_window = (cp.dp_overlap * np.where(z3, per_rank(F + B), per_rank(F) / m[:, None])
+                  if rules.dp_param_gather else np.zeros((N, p)))
     slack = pipe[:, None] - pt.rank_end_s
-    dp_exposed = np.maximum(t_dp - window - slack, 0.0).max(axis=1)
+    red_exposed = exposed(t_red, red_window + slack)
+    gat_exposed = exposed(t_gat, gat_window)
+    dp_exposed = (red_exposed + gat_exposed).max(axis=1)
+    if hidden is not None:
+        hidden["tp"] = np.take_along_axis(per_rank(st.tp_hidden), np.argmax(pt.busy_s, axis=1)[:, None], axis=1)[:, 0]
+        raw = pipeline_times(F, B, W, pp=p, interleave=v, num_microbatches=m, schedule=schedule, p2p_s=st.p2p)
+        hidden["pp"] = raw.step_s - pipe
+        # DP seconds not exposed, whether the overlap or the wait for the pipeline to drain hid them
+        hidden["dp"] = (t_red + t_gat).max(axis=1) - dp_exposed
     shard = np.where(zero >= 1, dp, 1)[:, None]
     opt = compute.optimizer_time_s(params_by_rank / shard, dev).max(axis=1)
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
@@ -188,35 +240,40 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     return times, st, pt
 
 
-def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> tuple[TimeBreakdown, PipelineTimes]:
+def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"
+              ) -> tuple[TimeBreakdown, PipelineTimes]:
     """Predicted seconds per optimizer step of one plan, broken down (a batch of one through
     ``planner.evaluate``), and its pipeline's times."""
     from exatrain.planner.evaluate import evaluate
     from exatrain.planner.layouts import Layouts
 
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
-                  dtype=plan.dtype, flash=plan.flash_attention, memory=())
+                  dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
+                  overlap=overlap)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
 
-def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams) -> StageTimes:
+def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all") -> StageTimes:
     """The per-stage seconds of one plan (row 0 of each array), as the step time uses them: what
     the schedule simulator replays for a timeline picture."""
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
     return stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
                        tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
                        recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
-                       pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()))
+                       pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
+                       rules=overlap_rules(plan.runtime, overlap))
 
 
-def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams):
+def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
     """The plan's pipeline simulated op by op (``schedule.simulate``) on its own per-stage seconds:
     the timeline picture, and the oracle the closed-form pipeline term is tested against."""
     from exatrain.planner.cost.schedule import simulate
 
-    st = plan_stage_times(plan, cluster, cp)
-    return simulate(st.forward_s[0], st.backward_s[0], weight_s=st.wgrad[0], p2p_s=float(st.p2p[0]), pp=plan.pp,
+    st = plan_stage_times(plan, cluster, cp, overlap)
+    p2p = p2p_exposed(st.p2p, st.fwd, rules=overlap_rules(plan.runtime, overlap),
+                      interleaved=plan.schedule == "interleaved" and plan.interleave > 1)
+    return simulate(st.forward_s[0], st.backward_s[0], weight_s=st.wgrad[0], p2p_s=float(p2p[0]), pp=plan.pp,
                     num_microbatches=plan.num_microbatches, schedule=plan.schedule, interleave=plan.interleave)
 
 

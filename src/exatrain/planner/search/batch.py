@@ -48,12 +48,13 @@ def layouts_of(space: Space) -> Layouts:
 
 
 def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, cp: CostParams,
-             dtype: str = "bfloat16", flash: bool = True, runtime: str = "megatron",
-             time_if_fits: bool = False) -> BatchResult:
-    """``runtime``: whose memory the candidates are judged by — "megatron" (accounting.memory, the lean
-    reference) or "exatrain" (accounting.trainer_memory, the project's trainer as it runs today).
-    ``time_if_fits``: time only the candidates that fit (NaN for the others)."""
+             dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
+             time_if_fits: bool = False, overlap: str = "all") -> BatchResult:
+    """``runtime``: the engine that runs the candidates (``accounting.engines.ENGINE_NAMES``): its
+    memory judges them and its overlaps time them (``planner.evaluate``). ``time_if_fits``: time only
+    the candidates that fit (NaN for the others)."""
     ev = evaluate_layouts(layouts_of(space), model, cluster, cp, global_batch=global_batch, dtype=dtype,
-                          flash=flash, memory=(runtime,), time_if_fits=time_if_fits)
+                          flash=flash, memory=(runtime,), time_if_fits=time_if_fits, runtime=runtime,
+                          overlap=overlap)
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
                        time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu)

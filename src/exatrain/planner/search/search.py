@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from exatrain.accounting.engines import ENGINE_NAMES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
@@ -61,29 +62,32 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 dtype=dtype, flash_attention=flash, cluster=cluster.name)
 
 
-RUNTIMES = ("megatron", "exatrain")
+RUNTIMES = ENGINE_NAMES
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int = 10,
            options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
-           dtype: str = "bfloat16", flash: bool = True, runtime: str = "megatron") -> SearchResult:
-    """Rank every legal layout. ``runtime`` says whose memory decides what fits: "megatron", the lean
-    reference (Megatron-LM's tensors, accounting.memory), or "exatrain", exatrain's own trainer as it
-    runs today (accounting.trainer_memory, which keeps more)."""
+           dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
+           overlap: str = "all") -> SearchResult:
+    """Rank every legal layout as run by ``runtime`` (an engine of ``accounting.engines``): its memory
+    decides what fits (exatrain: its own trainer as it runs today, accounting.trainer_memory), its
+    overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
+    are candidates."""
     cp = params or default_params(cluster.device.name)
-    space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime)
+    space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime, dtype=dtype)
     rejected = dict(space.rejected)
     if len(space) == 0:
         return SearchResult([], space.examined, 0, 0, rejected, space.collapsed)
     res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash, runtime=runtime,
-                         time_if_fits=True)  # only what fits is ranked
+                         time_if_fits=True, overlap=overlap)  # only what fits is ranked
     fits = res.fits
     rejected["out of memory"] = int((~fits).sum())
     feasible = np.nonzero(fits)[0]
     order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
     ranked = []
     for i in order[:max(top, 0)]:
-        plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash).validate(cluster)
-        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp)))
+        plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash)
+        plan = plan.replace(runtime=runtime).validate(cluster)
+        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp, overlap)))
     return SearchResult(ranked, space.examined, len(space), int(fits.sum()), rejected, space.collapsed,
                         float(res.memory_total.min()))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exatrain import rules
+from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, SCHEDULES
@@ -30,6 +31,7 @@ SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
 REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
 # Only when the candidates are for exatrain's own trainer (runtime "exatrain"): what it refuses to run.
 (TRAINER_REASON,) = (r.reason for r in rules.RULES if r.scope == "trainer")
+RUNTIME_REASON = "ZeRO stage the runtime does not offer"
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,13 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
-                    options: SpaceOptions = SpaceOptions(), runtime: str = "megatron") -> Space:
-    """Every candidate of the grid, filtered to the legal canonical ones (arrays). With ``runtime``
-    "exatrain" also without the combinations exatrain's trainer refuses (TRAINER_REASON)."""
+                    options: SpaceOptions = SpaceOptions(), runtime: str = "exatrain",
+                    dtype: str = "bfloat16") -> Space:
+    """Every candidate of the grid, filtered to the legal canonical ones (arrays), with the ZeRO
+    stages ``runtime`` offers (RUNTIME_REASON counts the others). With ``runtime`` "exatrain" also
+    without the combinations exatrain's trainer refuses (TRAINER_REASON). Tensor parallelism wider
+    than a node is priced (on the network) but searched only when pinned (``options.tp``): it is
+    never faster per byte than tp inside a node, and leaving it out keeps the space small."""
     L = model.layers
     tps = list(options.tp) if options.tp else _divisors(gpus, 4 * cluster.gpus_per_node)
     pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
@@ -97,10 +103,14 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     collapsed = int(redundant.sum())
 
     scopes = ("plan", "trainer") if runtime == "exatrain" else ("plan",)
+    if not options.tp:
+        scopes += ("search",)
     x = rules.layout(model, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
                      recompute=rec, sequence_parallel=sp, schedule=code,
                      interleave=v, cluster=cluster)
-    rejected, alive = rules.first_reasons(rules.broken(x, scopes=scopes), keep)
+    offered = get_engine(runtime).zero_stages(dtype)
+    masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
+    rejected, alive = rules.first_reasons(masks, keep)
     m = np.where(dp > 0, x.num_microbatches, 0)
     idx = np.nonzero(alive)[0]
     return Space(tp=tp[idx], pp=pp[idx], dp=dp[idx], micro_batch=mb[idx], zero=zero[idx], recompute=rec[idx],

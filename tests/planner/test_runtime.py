@@ -1,0 +1,205 @@
+"""The runtime (the engine that runs a plan): its overlaps, what it sends, tp across nodes, and the
+--runtime / --overlap flags through the API, the CLI and the plan JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from exatrain import api
+from exatrain.accounting import comms
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.catalog import get_cluster, get_model
+from exatrain.cli import main
+from exatrain.errors import UserError
+from exatrain.plan import Plan
+from exatrain.planner.cost.coefficients import default_params
+from exatrain.planner.cost.overlap import engine_collectives, exposed, overlap_rules
+from exatrain.planner.cost.step import TIME_FIELDS, tp_collective_time_s
+from exatrain.planner.evaluate import evaluate
+from exatrain.planner.search.batch import layouts_of
+from exatrain.planner.search.space import enumerate_space
+
+ON = ("tp", "dp_grad_reduce", "dp_param_gather", "pp_p2p")
+
+
+def _on(rules) -> set[str]:
+    return {c for c in ON if getattr(rules, c)}
+
+
+@pytest.mark.parametrize("runtime, offered, by_default", [
+    ("megatron-core", set(ON), {"pp_p2p"}),
+    ("megatron-deepspeed", {"dp_grad_reduce", "dp_param_gather"}, set()),
+    ("torchtitan", {"tp", "dp_grad_reduce", "dp_param_gather"}, {"dp_grad_reduce", "dp_param_gather"}),
+    ("exatrain", {"dp_grad_reduce", "dp_param_gather"}, {"dp_grad_reduce", "dp_param_gather"}),
+])
+def test_each_profile_overlaps_what_it_offers(runtime, offered, by_default) -> None:
+    assert _on(overlap_rules(runtime)) == offered
+    assert _on(overlap_rules(runtime, "default")) == by_default
+    assert _on(overlap_rules(runtime, "none")) == set()
+    assert len(overlap_rules(runtime).switches) == len(offered)
+    missing = sorted(set(ON) - offered)
+    if missing:
+        with pytest.raises(UserError, match=f"runtime {runtime} cannot overlap {missing[0]}"):
+            overlap_rules(runtime, missing[0])
+    with pytest.raises(UserError, match="--overlap must be"):
+        overlap_rules(runtime, "everything")
+
+
+def test_exposed_is_never_negative() -> None:
+    assert list(exposed([1.0, 2.0, 3.0], [2.0, 2.0, 0.5])) == [0.0, 0.0, 2.5]
+
+
+def _estimate(**kw) -> Plan:
+    base = dict(model="llama3-8b", cluster="dgx-h100", gpus=64, micro_batch=1, global_batch=256)
+    return api.estimate(**{**base, **kw})
+
+
+def test_tp_overlap_hides_tp_comm_behind_gemms_only_with_sequence_parallelism() -> None:
+    for sp in (True, False):
+        kw = dict(tp=8, pp=1, sequence_parallel=sp, runtime="megatron-core")
+        on, off = _estimate(overlap="all", **kw).estimate, _estimate(overlap="none", **kw).estimate
+        assert off.time_s.tp_comm > 0
+        if sp:
+            assert on.time_s.tp_comm < off.time_s.tp_comm and on.time_s.step < off.time_s.step
+        else:
+            assert on.time_s.tp_comm == off.time_s.tp_comm
+        assert on.time_s.compute == off.time_s.compute
+    # megatron-deepspeed has no TP overlap: its TP time is the same with every overlap on
+    kw = dict(tp=8, sequence_parallel=True, runtime="megatron-deepspeed")
+    assert _estimate(overlap="all", **kw).estimate.time_s.tp_comm == _estimate(overlap="none", **kw).estimate.time_s.tp_comm
+
+
+def test_grad_reduce_overlap_and_exatrains_pipeline_exception() -> None:
+    on = _estimate(tp=1, pp=1, runtime="megatron-core", overlap="dp_grad_reduce").estimate
+    off = _estimate(tp=1, pp=1, runtime="megatron-core", overlap="none").estimate
+    assert 0 <= on.time_s.dp_comm < off.time_s.dp_comm
+    # exatrain's DDP overlaps backward only without a pipeline schedule
+    kw = dict(tp=2, pp=4, zero=0, runtime="exatrain")
+    assert _estimate(overlap="all", **kw).estimate.time_s.dp_comm == _estimate(overlap="none", **kw).estimate.time_s.dp_comm
+
+
+@pytest.mark.parametrize("runtime", ENGINE_NAMES)
+def test_overlap_never_makes_a_step_shorter_than_its_compute(runtime) -> None:
+    """Over 400 legal layouts per runtime on two clusters: with every overlap on the step is at least
+    the busiest rank's compute, never longer than with none, and its parts still add up to it."""
+    rng = np.random.default_rng(3)
+    for name, cl, gpus, gb in (("gpt-175b", "frontier", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 256)):
+        m, c = get_model(name), get_cluster(cl)
+        space = enumerate_space(m, c, gpus, gb, runtime=runtime)
+        lay = layouts_of(space).take(rng.choice(len(space), size=200, replace=False))
+        cp = default_params(c.device.name)
+        t_all = evaluate(lay, m, c, cp, global_batch=gb, memory=(), runtime=runtime, overlap="all").time
+        t_none = evaluate(lay, m, c, cp, global_batch=gb, memory=(), runtime=runtime, overlap="none").time
+        assert np.all(t_all["step"] >= t_all["compute"])
+        assert np.all(t_all["step"] <= t_none["step"] * (1 + 1e-12))
+        for t in (t_all, t_none):
+            parts = sum(t[f] for f in TIME_FIELDS if f != "step")
+            assert np.all(np.abs(parts - t["step"]) <= 1e-9 * t["step"])
+            assert all(np.all(t[f] >= 0) for f in TIME_FIELDS)
+
+
+def test_what_each_engine_sends_over_data_parallelism() -> None:
+    """ZeRO-3: parameters gathered in bf16 by every engine; gradients reduce-scattered in the
+    engine's accumulation dtype (DeepSpeed bf16, torchtitan fp32). ZeRO-1 beyond exatrain's trainer:
+    reduce-scatter of gradients + all-gather of bf16 weights instead of all-reduce + fp32 broadcast."""
+    m, params = get_model("gpt-22b"), 1e9
+    kw = dict(tp=1, pp=1, dp=8, num_microbatches=4, dtype="bfloat16", params_here=params, pipeline_end=False)
+
+    def sent(engine, zero):
+        cs = engine_collectives(comms.dp_collectives_for(m, zero_stage=zero, **kw), get_engine(engine),
+                                dtype="bfloat16")
+        return {(c.kind, float(c.message_bytes / params)) for c in cs}
+
+    assert sent("megatron-deepspeed", 3) == {("reduce_scatter", 2.0), ("all_gather", 2.0)}
+    assert sent("torchtitan", 3) == {("reduce_scatter", 4.0), ("all_gather", 2.0)}
+    assert sent("megatron-core", 1) == {("reduce_scatter", 4.0), ("all_gather", 2.0)}
+    assert sent("megatron-deepspeed", 1) == {("reduce_scatter", 2.0), ("all_gather", 2.0)}
+    assert sent("exatrain", 1) == {("all_reduce", 4.0), ("broadcast", 4.0)}
+
+
+def test_zero3_step_is_faster_with_bf16_reduce_scatter() -> None:
+    kw = dict(model="llama3-8b", cluster="dgx-h100", gpus=128, micro_batch=1, global_batch=256, zero=3, overlap="none")
+    ds = api.estimate(runtime="megatron-deepspeed", **kw).estimate.time_s.dp_comm
+    tt = api.estimate(runtime="torchtitan", **kw).estimate.time_s.dp_comm
+    assert ds < tt
+
+
+def test_tp_across_nodes_is_priced_on_the_network() -> None:
+    """tp 16 on 8-device nodes: a legal plan, its collectives on the inter-node tier, so each byte
+    costs more than under tp 8 inside a node; the estimate says so."""
+    c = get_cluster("dgx-h100")
+    cp = default_params(c.device.name)
+    msg = 1 << 28
+    per_byte = [float(tp_collective_time_s(c, cp, np.array([tp]), msg, np.array([True]))[0]) / msg for tp in (8, 16)]
+    assert per_byte[1] > 1.5 * per_byte[0]
+    plans = {tp: _estimate(model="gpt-1t", gpus=256, tp=tp, pp=16, recompute="full", sequence_parallel=True,
+                           runtime="megatron-core", overlap="none") for tp in (8, 16)}
+    e8, e16 = plans[8].estimate, plans[16].estimate
+    assert e16.time_s.tp_comm / e16.comm_bytes["tp"] > 1.5 * e8.time_s.tp_comm / e8.comm_bytes["tp"]
+    assert any("spans 2 dgx-h100 nodes" in n for n in e16.notes)
+    assert not any("spans" in n for n in e8.notes)
+
+
+def test_search_under_a_runtime_offers_only_its_zero_stages_and_names_it() -> None:
+    r = api.search(model="llama3-8b", cluster="dgx-h100", gpus=64, global_batch=256, top=5, runtime="megatron-core")
+    assert {p.zero_stage for p in r.ranked} <= {0, 1} and r.rejected["ZeRO stage the runtime does not offer"] > 0
+    assert all(p.runtime == "megatron-core" for p in r.ranked)
+    assert all(p.tp <= 8 for p in r.ranked)  # tp across nodes only when pinned
+
+
+def test_runtime_round_trips_through_the_cli_and_plan_json(tmp_path, capsys) -> None:
+    out = tmp_path / "plan.json"
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2", "--zero", "3",
+            "--runtime", "torchtitan", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["plan"]["runtime"] == "torchtitan"
+    assert any(n.startswith("runtime torchtitan") for n in d["notes"])
+    assert Plan.load(out).runtime == "torchtitan"
+    assert main(argv[:-3]) == 0
+    assert "runtime torchtitan" in capsys.readouterr().out
+    assert main(["search", "--model", "gpt-small", "--cluster", "local-cpu", "--gpus", "4", "--global-batch", "16",
+                 "--dtype", "float32", "--runtime", "megatron-deepspeed", "--top", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert all(p["plan"]["runtime"] == "megatron-deepspeed" for p in d["ranked"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["estimate", "--model", "gpt-22b", "--runtime", "nemo"], "--runtime must be one of megatron-core, "
+                                                             "megatron-deepspeed, torchtitan, exatrain, got 'nemo'"),
+    (["search", "--model", "gpt-22b", "--gpus", "8", "--global-batch", "8", "--runtime", "megatron"],
+     "(Megatron-LM is megatron-core)"),
+    (["scaling", "--model", "gpt-22b", "--gpus", "8,16", "--global-batch", "8", "--runtime", "x"], "--runtime must be"),
+    (["estimate", "--model", "gpt-22b", "--runtime", "megatron-deepspeed", "--overlap", "tp"],
+     "runtime megatron-deepspeed cannot overlap tp"),
+    (["tune", "--model", "gpt-tiny", "--gpus", "2", "--global-batch", "4", "--runtime", "torchtitan"],
+     "tune runs exatrain's own trainer: --runtime must be exatrain"),
+])
+def test_bad_runtime_is_one_line_exit_2(capsys, argv, message) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_each_collective_call_costs_the_libraries_base_latency() -> None:
+    """A fixed cost per collective call (NCCL's 8.4 us, RCCL's 17 us): small micro-batches under tp 2
+    pay it on every TP collective, so their TP time grows by about calls x base, a large message's
+    barely moves."""
+    c = get_cluster("dgx-h100")
+    cp = default_params(c.device.name)
+    assert cp.collective_overhead_s == pytest.approx(8.4e-6)
+    assert default_params("mi250x-gcd").collective_overhead_s == pytest.approx(17e-6)
+    bare = cp.replace(collective_overhead_s=0.0)
+    small = [float(tp_collective_time_s(c, p, np.array([2]), 4096, np.array([False]))[0]) for p in (cp, bare)]
+    big = [float(tp_collective_time_s(c, p, np.array([2]), 1 << 30, np.array([False]))[0]) for p in (cp, bare)]
+    assert small[0] - small[1] == pytest.approx(8.4e-6) and small[0] > 2 * small[1]
+    assert big[0] / big[1] - 1 < 1e-2
+    plan = _estimate(model="llama3-8b", gpus=8, tp=2, micro_batch=1, global_batch=32)
+    with_base = api.estimate(model="llama3-8b", cluster="dgx-h100", gpus=8, tp=2, micro_batch=1, global_batch=32)
+    from exatrain.planner.estimate import estimate_plan
+
+    without = estimate_plan(plan, c, bare)
+    assert with_base.estimate.time_s.tp_comm > without.time_s.tp_comm
