@@ -30,7 +30,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-             flash_attention: bool | None = None, calibration: str | Path | None = None, trace: bool = False,
+             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
+             fp8: str | None = None, calibration: str | Path | None = None, trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
     """Memory of every pipeline stage and the step time of one layout: the validated Plan with its
     StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's own model per stage
@@ -64,7 +65,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-           flash_attention: bool | None = None, top: int = 10, runtime: str = "megatron",
+           flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
+           fp8: str | None = None, top: int = 10, runtime: str = "megatron",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
@@ -104,7 +106,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-            flash_attention: bool | None = None, mode: str = "weak", calibration: str | Path | None = None):
+            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
+            fp8: str | None = None, mode: str = "weak", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts): the best layout at each count (or the pinned one), its
     throughput and efficiency, and what a published study measured for this model and cluster

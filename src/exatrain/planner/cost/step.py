@@ -124,8 +124,9 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     tp_f, tp_b = n_tp_f * tp_one, n_tp_f * np.where(rec == _FULL, 2, 1) * tp_one
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
     # recompute) and the context-parallel ring's exposed part (cost.experts).
-    a2a = 2 * n_moe * experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size, sequence_parallel=sp,
-                                         dtype=dtype) if model.is_moe else 0.0 * L
+    a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
+                                                               sequence_parallel=s, dtype=dtype),))[0] \
+        if model.is_moe else 0.0 * L
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1))
     ext_f = a2a + L * cp_f

@@ -54,11 +54,12 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
             dtype: str, flash: bool) -> Plan:
     sched, v = space.options.schedules[space.variant[i]]
     pp = int(space.pp[i])
-    return Plan(model=model, dims=ParallelDims(int(space.tp[i]), pp, int(space.dp[i])),
+    return Plan(model=model, dims=ParallelDims(int(space.tp[i]), pp, int(space.dp[i]), ep=int(space.ep[i]),
+                                               cp=int(space.cp[i])),
                 shape=TrainShape(int(space.micro_batch[i]), global_batch), zero_stage=int(space.zero[i]),
                 recompute=RECOMPUTE[space.recompute[i]], sequence_parallel=bool(space.sp[i]),
                 schedule=sched if pp > 1 else "1f1b", interleave=v if pp > 1 else 1,
-                dtype=dtype, flash_attention=flash, cluster=cluster.name)
+                dtype=dtype, flash_attention=flash, cluster=cluster.name, fp8=space.options.fp8)
 
 
 RUNTIMES = ("megatron", "exatrain")
