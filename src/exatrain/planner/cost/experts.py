@@ -24,9 +24,10 @@ Communication (exposed; all in seconds per layer and micro-batch on one rank):
   moe/token_dispatcher.py) sends T*top_k token copies out and back — dispatch and combine — in forward
   and again in backward; not overlapped with compute (Megatron-Core overlaps it only with
   ``--overlap-moe-expert-parallel-comm``). The ep group is ep consecutive dp ranks, strided by tp*cp
-  (``plan.ParallelDims``), so it stays on the node's links while (ep-1)*tp*cp + 1 ranks fit a node and
-  crosses the network beyond. Time: (ep-1) latency steps and (ep-1)/ep of the buffer per rank
-  (pairwise exchange; Thakur et al. 2005, Sec. 4.5).
+  (``plan.ParallelDims``): a rank sends 1/ep of its buffer to each of its ep-1 peers (pairwise
+  exchange; Thakur et al. 2005, Sec. 4.5), over the node's links to the peers on its node and over
+  the network to the others, both at once (NCCL's all-to-all posts every peer's send together), so
+  the slower of the two sets the time, plus (ep-1) latency steps of the tier spanning the group.
 * context-parallel ring (``cp_exposed_s``): cp-1 K,V blocks per layer forward and cp-1 (K,V + dK,dV)
   backward (``accounting.context``), each sent while the previous block's attention runs
   (Megatron-Core / TE ``AttnFuncWithCPAndKVP2P`` overlap them this way): a step exposes only what its
@@ -173,8 +174,16 @@ def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_bat
                                     capacity_factor=LOAD_IMBALANCE)
     if ep <= 1:
         return 0.0 * msg
+    tp = np.asarray(tp)
+    # members of the group on one node (the group strides by tp*cp), and the peers beyond it
+    local = np.clip(cluster.gpus_per_node // (tp * cp), 1, ep)
+    near, far = local - 1, ep - local
+    nbw, _ = network.tier_arrays(cluster, (local - 1) * tp * cp + 1)
     bw, lat = network.tier_arrays(cluster, ep_span(tp, cp, ep))
-    return (ep - 1) * lat + (ep - 1) / ep * msg / (bw * params.link_eff)
+    nbw = np.where(near > 0, nbw, bw)
+    per_peer = msg / ep
+    return (ep - 1) * lat + np.maximum(near * per_peer / (nbw * params.link_eff),
+                                       far * per_peer / (bw * params.link_eff))
 
 
 def cp_exposed_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, cp: int, dtype: str,
