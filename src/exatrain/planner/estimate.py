@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
-from exatrain.accounting.comms import comm_bytes_per_rank
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.step import TIME_FIELDS
+from exatrain.planner.cost import experts
 from exatrain.planner.cost.experts import LOAD_IMBALANCE
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate, trainer_models_it
 from exatrain.planner.layouts import Layouts
@@ -76,7 +76,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         fits=worst.total <= capacity,
         model_flops_per_step=model_flops,
         hardware_flops_per_step=hw_flops,
-        comm_bytes=comm_bytes_per_rank(plan),
+        comm_bytes=experts.comm_bytes(plan),
         time_s=time_s,
         tokens_per_s=plan.tokens_per_step / time_s.step,
         model_tflops_per_gpu=model_tf,

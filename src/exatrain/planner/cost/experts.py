@@ -223,3 +223,50 @@ def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int
 
 __all__ = ["LOAD_IMBALANCE", "a2a_time_s", "cp_exposed_s", "edp_span", "ep_span", "extended", "fp8_recipe",
            "fp8_speedup", "layer_times", "rank_params_split", "stage_kinds"]
+
+
+def comm_bytes(plan) -> dict[str, float]:
+    """Bytes the busiest rank sends per step, per kind (``accounting.comms.comm_bytes_per_rank``),
+    with ep, cp and the expert split: tp and pp messages of s/cp tokens, dp over the dp*cp group plus
+    the experts' reduction over the expert-data-parallel group, the expert all-to-alls ("ep") and the
+    K,V ring ("cp")."""
+    from exatrain.accounting import comms
+
+    out = comms.comm_bytes_per_rank(plan)
+    m = plan.model
+    if not (m.is_moe or plan.cp > 1):
+        return out
+    split = stage_params_split_for(plan)
+    kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=plan.layers_per_stage())
+    dp, ep, cpb = [], [], []
+    for r in range(plan.pp):
+        dense, experts = split[r]
+        dp.append(sum(float(c.bytes_per_rank) for c in comms.dp_collectives_for(
+            m, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage,
+            num_microbatches=plan.num_microbatches, dtype=plan.dtype, params_here=dense,
+            pipeline_end=r in (0, plan.pp - 1), cp=plan.cp, ep=plan.ep, expert_params_here=experts)))
+        if m.is_moe:
+            ep.append(sum(float(c.bytes_per_rank) for c in comms.moe_collectives_for(
+                m, micro_batch=plan.micro_batch, tp=plan.tp, ep=plan.ep, cp=plan.cp,
+                sequence_parallel=plan.sequence_parallel, dtype=plan.dtype, moe_layers=kinds[r][1],
+                num_microbatches=plan.num_microbatches, recompute=plan.recompute, capacity_factor=LOAD_IMBALANCE)))
+        if plan.cp > 1:
+            cpb.append(sum(float(c.bytes_per_rank) for c in comms.cp_collectives_for(
+                m, micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, dtype=plan.dtype, layers=sum(kinds[r]),
+                num_microbatches=plan.num_microbatches, recompute=plan.recompute)))
+    out["dp"] = max(dp)
+    for k in ("tp", "pp"):  # their messages are a rank's tokens wide: s/cp of each sequence
+        out[k] = out[k] / plan.cp
+    if ep:
+        out["ep"] = max(ep)
+    if cpb:
+        out["cp"] = max(cpb)
+    return out
+
+
+def stage_params_split_for(plan):
+    """``params.stage_params_split`` of the plan, with its ep."""
+    from exatrain.accounting.params import stage_params_split
+
+    return stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
+                              layers_per_stage=plan.layers_per_stage(), ep=plan.ep)
