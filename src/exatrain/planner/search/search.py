@@ -14,6 +14,7 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
+from exatrain.errors import UserError
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
 from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
@@ -71,6 +72,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     """Rank every legal layout. ``runtime`` says whose memory decides what fits: "megatron", the lean
     reference (Megatron-LM's tensors, accounting.memory), or "exatrain", exatrain's own trainer as it
     runs today (accounting.trainer_memory, which keeps more)."""
+    from exatrain.planner.evaluate import trainer_models_it
+
+    if runtime == "exatrain" and not trainer_models_it(model, 1, 1, options.fp8):
+        raise UserError(f"--runtime exatrain: the trainer's memory model does not count {model.name}'s mixture-of-"
+                        "experts or latent-attention layers, nor FP8; search with --runtime megatron")
     cp = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime)
     rejected = dict(space.rejected)
