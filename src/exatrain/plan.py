@@ -115,9 +115,15 @@ class TimeBreakdown:
     dp_comm: float = 0.0
     optimizer: float = 0.0
     other: float = 0.0
+    ep_comm: float = 0.0  # expert all-to-all (mixture of experts), exposed
+    cp_comm: float = 0.0  # context-parallel K,V exchange, exposed
 
     def to_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for k in ("ep_comm", "cp_comm"):  # only where a plan has them, so dense plans' JSON stays as it was
+            if not d[k]:
+                del d[k]
+        return d
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from exatrain.plan import DTYPES, FP8_RECIPES, RECOMPUTE, RUNTIMES, SCHEDULES
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
 _POSITIVE = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro-batch", "micro_batch"),
-             ("global-batch", "global_batch"), ("interleave", "interleave"))
+             ("global-batch", "global_batch"), ("interleave", "interleave"), ("ep", "ep"), ("cp", "cp"))
 
 
 class RuleError(PlanError):
@@ -56,6 +56,13 @@ class Layout:
     gpus_per_node: int | None  # the cluster's, or None: no cluster given
     malformed: np.ndarray
     compile: bool
+    ep: np.ndarray | None = None  # expert-parallel degree (inside dp); None: 1 everywhere
+    cp: np.ndarray | None = None  # context-parallel degree (adds ranks); None: 1 everywhere
+
+    def __post_init__(self) -> None:
+        for name in ("ep", "cp"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.ones(self.tp.shape, dtype=np.int64))
 
     @property
     def num_microbatches(self) -> np.ndarray:
@@ -139,7 +146,7 @@ def _d(a: np.ndarray) -> np.ndarray:
 RULES: tuple[Rule, ...] = (
     Rule("a degree or batch size is not a positive integer",
          lambda x: x.malformed | (x.tp <= 0) | (x.pp <= 0) | (x.dp <= 0) | (x.micro_batch <= 0)
-         | (x.global_batch <= 0) | (x.interleave <= 0),
+         | (x.global_batch <= 0) | (x.interleave <= 0) | (x.ep <= 0) | (x.cp <= 0),
          _positive_message),
     Rule("not a ZeRO stage, recompute mode, schedule or dtype",
          lambda x: ((x.zero_stage < 0) | (x.zero_stage > 3) | (x.recompute < 0) | (x.schedule < 0)
@@ -152,6 +159,18 @@ RULES: tuple[Rule, ...] = (
     Rule("gpus not divisible by tp*pp",
          lambda x: _on(False, x.tp.shape) if x.gpus is None else x.gpus % _d(x.tp * x.pp) != 0,
          lambda p, c: f"--gpus {p.gpus} is not divisible by tp*pp = {p.tp}*{p.pp} = {p.tp * p.pp}"),
+    Rule("gpus not divisible by tp*cp*pp",
+         lambda x: _on(False, x.tp.shape) if x.gpus is None else x.gpus % _d(x.tp * x.cp * x.pp) != 0,
+         lambda p, c: (f"--gpus {p.gpus} is not divisible by tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = "
+                       f"{p.tp * p.cp * p.pp}")),
+    Rule("ep without experts, or ep does not divide experts / dp",
+         lambda x: ((x.ep > 1) & _on(not x.model.is_moe, x.tp.shape))
+         | (_on(x.model.is_moe, x.tp.shape) & (max(x.model.experts, 1) % _d(x.ep) != 0))
+         | (x.dp % _d(x.ep) != 0),
+         lambda p, c: (expert_problem(p) or ("ep", f"--ep {p.ep} does not fit"))[1]),
+    Rule("cp does not split the sequence into 2*cp chunks",
+         lambda x: (x.cp > 1) & (x.model.seq_len % _d(2 * x.cp) != 0),
+         lambda p, c: (extension_problem(p) or ("cp", f"--cp {p.cp} does not fit"))[1]),
     Rule("global batch not divisible by micro-batch*dp",
          lambda x: x.global_batch % _d(x.micro_batch * x.dp) != 0,
          lambda p, c: (f"global batch {p.global_batch} is not divisible by micro-batch x dp = {p.micro_batch} x "
@@ -209,20 +228,21 @@ def _codes(values, names: tuple[str, ...]) -> np.ndarray:
 
 def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, recompute, sequence_parallel,
            schedule, interleave, dp=None, gpus=None, dtype: str = "bfloat16", stage_layers: tuple = (),
-           cluster: ClusterSpec | None = None, compile: bool = False) -> Layout:
-    """Layouts as arrays. Without ``dp``, dp = gpus // (tp*pp) (1 where that does not divide; the
-    gpus rule marks those). ``recompute``/``schedule``: names or indices."""
-    tp, pp, mb, gb, zero, v = (np.asarray(a, dtype=np.int64) for a in
-                               (tp, pp, micro_batch, global_batch, zero_stage, interleave))
+           cluster: ClusterSpec | None = None, compile: bool = False, ep=1, cp=1) -> Layout:
+    """Layouts as arrays. Without ``dp``, dp = gpus // (tp*cp*pp) (1 where that does not divide; the
+    gpus rules mark those). ``recompute``/``schedule``: names or indices."""
+    tp, pp, mb, gb, zero, v, ep, cp = (np.asarray(a, dtype=np.int64) for a in
+                                       (tp, pp, micro_batch, global_batch, zero_stage, interleave, ep, cp))
     if dp is None:
-        tp_pp = np.maximum(tp * pp, 1)
-        dp = np.where(np.asarray(gpus) % tp_pp == 0, np.asarray(gpus) // tp_pp, 1)
+        ranks = np.maximum(tp * pp * cp, 1)
+        dp = np.where(np.asarray(gpus) % ranks == 0, np.asarray(gpus) // ranks, 1)
     arrays = np.broadcast_arrays(tp, pp, np.asarray(dp, dtype=np.int64), mb, gb, zero, _codes(recompute, RECOMPUTE),
-                                 np.asarray(sequence_parallel, dtype=bool), _codes(schedule, SCHEDULES), v)
+                                 np.asarray(sequence_parallel, dtype=bool), _codes(schedule, SCHEDULES), v, ep, cp)
+    *arrays, ep, cp = arrays
     return Layout(model, *arrays, dtype_ok=dtype in DTYPES, stage_layers=tuple(stage_layers),
                   gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
                   gpus_per_node=None if cluster is None else cluster.gpus_per_node,
-                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile)
+                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile, ep=ep, cp=cp)
 
 
 def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = False) -> Layout:
@@ -240,7 +260,7 @@ def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = Fal
                recompute=[plan.recompute if isinstance(plan.recompute, str) else ""],
                schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
                sequence_parallel=[bool(plan.sequence_parallel)], dtype=plan.dtype, stage_layers=plan.stage_layers,
-               cluster=cluster, compile=compile)
+               cluster=cluster, compile=compile, ep=ok["ep"], cp=ok["cp"])
     return Layout(**{**x.__dict__, "malformed": np.array([malformed])})
 
 

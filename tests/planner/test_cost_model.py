@@ -23,7 +23,7 @@ from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
 from exatrain.planner.layouts import Layouts
 from exatrain.planner.search.batch import layouts_of
 from exatrain.planner.search.search import plan_at
-from exatrain.planner.search.space import enumerate_space
+from exatrain.planner.search.space import SpaceOptions, enumerate_space
 
 # (model, cluster, gpus, global batch, dtype): GPT (tied head) and Llama (GQA, untied), three clusters.
 SPACES = [
@@ -48,9 +48,11 @@ def _offered(space, runtime: str, dtype: str) -> np.ndarray:
 
 
 def _space(name, cl, gpus, gb):
-    """Every legal layout (megatron-deepspeed offers every ZeRO stage and adds no trainer rule)."""
-    return get_model(name), get_cluster(cl), enumerate_space(get_model(name), get_cluster(cl), gpus, gb,
-                                                             runtime="megatron-deepspeed")
+    """Every legal dense layout without context parallelism (megatron-deepspeed offers every ZeRO stage and
+    adds no trainer rule; exatrain's trainer memory counts no cp); ep, cp and FP8 are drawn by
+    test_batch_equals_single_with_ep_cp_fp8."""
+    model, cluster = get_model(name), get_cluster(cl)
+    return model, cluster, enumerate_space(model, cluster, gpus, gb, SpaceOptions(cp=(1,)), runtime="megatron-deepspeed")
 
 
 def _close(a, b, rel=1e-9):
@@ -100,6 +102,40 @@ def test_batch_equals_single_on_10000_random_plans() -> None:
     assert seen["zero"] == {0, 1, 2, 3} and seen["recompute"] == set(RECOMPUTE) and seen["sp"] == {False, True}
     assert seen["runtime"] == set(ENGINE_NAMES)
     assert time.perf_counter() - t0 < 600  # a hang guard, not a speed test
+
+
+# Mixture of experts with ep, context parallelism and FP8 GEMMs (cost.experts): whole spaces with their
+# ep and cp candidates, one with an FP8 recipe.
+EXTENDED = [
+    ("mixtral-8x7b", "dgx-h100", 64, 256, "delayed"),
+    ("llama3.1-8b-128k", "dgx-h100", 32, 16, ""),
+    ("deepseek-v3", "dgx-h200", 256, 512, "block"),
+]
+
+
+def test_batch_equals_single_with_ep_cp_fp8() -> None:
+    """1,200 random layouts of MoE / long-context / FP8 spaces, batch against one by one: every time
+    term, the worst stage's memory and which stage it is agree to 1e-9; ep and cp both vary."""
+    rng = np.random.default_rng(7)
+    seen = {"ep": set(), "cp": set()}
+    for name, cl, gpus, gb, fp8 in EXTENDED:
+        model, cluster = get_model(name), get_cluster(cl)
+        space = enumerate_space(model, cluster, gpus, gb, SpaceOptions(fp8=fp8), runtime="megatron-core")
+        cp = default_params(cluster.device.name)
+        idx = rng.choice(len(space), size=400, replace=False)
+        lay = layouts_of(space).take(idx)
+        assert lay.fp8 == fp8
+        batch = evaluate(lay, model, cluster, cp, global_batch=gb, runtime="megatron-core")
+        for row, i in enumerate(idx):
+            plan = plan_at(space, int(i), model, gb, cluster, "bfloat16", True)
+            one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, runtime="megatron-core")
+            for f in TIME_FIELDS:
+                assert _close(batch.time[f][row], one.time[f][0]), (plan, f, batch.time[f][row], one.time[f][0])
+            assert _close(batch.memory_total["megatron-core"][row], one.memory_total["megatron-core"][0]), plan
+            assert batch.worst_rank["megatron-core"][row] == one.worst_rank["megatron-core"][0]
+            seen["ep"].add(plan.ep)
+            seen["cp"].add(plan.cp)
+    assert len(seen["ep"]) >= 3 and len(seen["cp"]) >= 3
 
 
 @pytest.mark.parametrize("space", SPACES[::2], ids=lambda s: s[0])

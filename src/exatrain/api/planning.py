@@ -46,7 +46,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-             flash_attention: bool | None = None, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
+             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
+             fp8: str | None = None, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
              calibration: str | Path | None = None, trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
@@ -87,7 +88,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-           flash_attention: bool | None = None, top: int = 10, runtime: str = DEFAULT_RUNTIME,
+           flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
+           fp8: str | None = None, top: int = 10, runtime: str = DEFAULT_RUNTIME,
            overlap: str = "all", calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
@@ -128,7 +130,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-            flash_attention: bool | None = None, mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
+            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
+            fp8: str | None = None, mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the

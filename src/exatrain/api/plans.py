@@ -21,7 +21,7 @@ Warn = Callable[[str], None]
 
 MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
 LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "interleave", "stage_layers", "dtype", "flash_attention")
+                 "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp", "fp8")
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
@@ -104,21 +104,29 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
               stage_layers: tuple[int, ...] | None = None, dtype: str | None = None,
               flash_attention: bool | None = None, base: Plan | None = None,
-              default_dtype: str = "bfloat16") -> Plan:
+              default_dtype: str = "bfloat16", ep: int | None = None, cp: int | None = None,
+              fp8: str | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
-    dp is derived from ``gpus`` when not given; given both, they must agree."""
+    dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
+    ``ep`` (default 1) splits the experts over ep dp ranks, ``cp`` (default 1) the sequence over cp
+    ranks; ``fp8``: an FP8 GEMM scaling recipe (default none)."""
     m = get_model(model) if isinstance(model, str) else model
     c = get_cluster(cluster) if isinstance(cluster, str) else cluster
     b = base
     tp = _pick(tp, b and b.tp, 1)
     pp = _pick(pp, b and b.pp, 1)
+    cp = _pick(cp, b and b.cp, 1)
+    ep = _pick(ep, b and b.model == m and b.ep, 1)
+    ranks = tp * pp * cp
+    what = "tp*pp" if cp == 1 else "tp*cp*pp"
+    sizes = f"{tp}*{pp}" if cp == 1 else f"{tp}*{cp}*{pp}"
     if dp is not None:
-        if gpus is not None and gpus != tp * pp * dp:
-            raise PlanError(f"--gpus {gpus} != tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}; drop --dp to derive it")
+        if gpus is not None and gpus != ranks * dp:
+            raise PlanError(f"--gpus {gpus} != {what}*dp = {sizes}*{dp} = {ranks * dp}; drop --dp to derive it")
     elif gpus is not None:
-        if gpus % (tp * pp):
-            raise PlanError(f"--gpus {gpus} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
-        dp = gpus // (tp * pp)
+        if gpus % ranks:
+            raise PlanError(f"--gpus {gpus} is not divisible by {what} = {sizes} = {ranks}")
+        dp = gpus // ranks
     else:
         dp = b.dp if b else 1
     micro = _pick(micro_batch, b and b.micro_batch, 1)
@@ -131,14 +139,15 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     if stage_layers is None:
         keep = b is not None and b.pp == pp and b.interleave == interleave and b.model == m
         stage_layers = b.stage_layers if keep else ()  # type: ignore[union-attr]
-    plan = Plan(model=m, dims=ParallelDims(tp=tp, pp=pp, dp=dp), shape=TrainShape(micro_batch=micro,
+    plan = Plan(model=m, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp), shape=TrainShape(micro_batch=micro,
                 global_batch=global_batch), zero_stage=_pick(zero, b and b.zero_stage, 0),
                 recompute=_pick(recompute, b and b.recompute, "none"),
                 sequence_parallel=bool(_pick(sequence_parallel, b and b.sequence_parallel, False)),
                 schedule=schedule, interleave=interleave, stage_layers=tuple(stage_layers),
                 dtype=_pick(dtype, b and b.dtype, default_dtype),
                 flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
-                cluster=c.name if c is not None else (b.cluster if b else ""))
+                cluster=c.name if c is not None else (b.cluster if b else ""),
+                fp8=_pick(fp8, b and b.fp8, ""))
     return plan.validate(c)
 
 
@@ -189,7 +198,8 @@ def calibrated(cluster: ClusterSpec, calibration: str | Path | None) -> tuple[Cl
 def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | None = None,
                   micro_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
                   sequence_parallel: bool | None = None, schedule: str | None = None,
-                  interleave: int | None = None, stage_layers: Any = None, **_: Any):
+                  interleave: int | None = None, stage_layers: Any = None, ep: int | None = None,
+                  cp: int | None = None, fp8: str | None = None, **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
 
@@ -209,7 +219,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         zero_stage=(zero,) if zero is not None else (0, 1, 2, 3),
         recompute=(recompute,) if recompute else ("none", "selective", "full"),
         sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
-        schedules=variants)
+        schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None, fp8=fp8 or "")
 
 
 __all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",

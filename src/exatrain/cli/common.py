@@ -116,9 +116,19 @@ LAYOUT_FLAGS = (  # the defaults named here are make_plan's (exatrain.api.plans)
 )
 
 
-def add_layout_args(p: argparse.ArgumentParser) -> None:
+EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's trainer does not run them
+    ("--ep", positive_int, None, "expert-parallel degree, inside dp (MoE models; default 1; search: explored)"),
+    ("--cp", positive_int, None, "context-parallel degree, adds ranks: gpus = tp*cp*pp*dp (default 1; search: "
+     "explored from 8k-token sequences)"),
+    ("--fp8", None, ("delayed", "current", "block", "mxfp8"), "run the linear layers' GEMMs in FP8 with this "
+     "scaling recipe (default: none)"),
+)
+
+
+def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False) -> None:
+    """The layout flags; ``extensions``: also --ep, --cp and --fp8 (the planner's commands)."""
     g = p.add_argument_group("layout (not given: the plan's, else the default shown)")
-    for name, kind, choices, help in LAYOUT_FLAGS:
+    for name, kind, choices, help in LAYOUT_FLAGS + (EXTENSION_FLAGS if extensions else ()):
         kw: dict[str, Any] = {"action": kind} if kind is _BOOL else {"type": kind, "choices": choices}
         g.add_argument(name, help=help, **({**kw, "metavar": "N,N,..."} if kind is int_list else kw))
 

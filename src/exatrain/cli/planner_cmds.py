@@ -22,7 +22,7 @@ def _planner_parser(sub, name: str, help: str, description: str, example: str, g
     p = sub.add_parser(name, help=help, description=description, epilog=f"example: {example}")
     add_model_args(p)
     add_cluster_args(p, DEFAULT_CLUSTER, gpus=gpus)
-    add_layout_args(p)
+    add_layout_args(p, extensions=True)
     add_runtime_arg(p, getattr(api, name), RUNTIME_WHY)
     p.add_argument("--calibration", metavar="PATH", help=CALIBRATION_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -80,10 +80,13 @@ def print_estimate(plan: Plan) -> None:
     assert est is not None
     con = make_console()
     con.print(f"[bold]{plan.model.name}[/] ({est.params / 1e9:,.2f}B params) on {plan.gpus} x {plan.cluster}: "
-              f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp}, micro-batch {plan.micro_batch}, "
+              f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp}"
+              + "".join(f" · {k} {n}" for k, n in (("cp", plan.cp), ("ep", plan.ep)) if n != 1)
+              + f", micro-batch {plan.micro_batch}, "
               f"global batch {plan.global_batch} ({plan.num_microbatches} micro-batches), ZeRO-{plan.zero_stage}, "
               f"recompute {plan.recompute}, SP {'on' if plan.sequence_parallel else 'off'}, schedule {plan.schedule}"
-              + (f" x{plan.interleave}" if plan.interleave > 1 else "") + f", {plan.dtype}, runtime {plan.runtime}")
+              + (f" x{plan.interleave}" if plan.interleave > 1 else "") + f", {plan.dtype}, runtime {plan.runtime}"
+              + (f", FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else ""))
     t = table(f"memory per rank, GiB (capacity {_gib(est.capacity_bytes)})", ("stage", "layers", "params", "weights",
               "gradients", "optimizer", "activations", "other", "total", "of capacity"))
     layers = plan.layers_per_stage()
@@ -105,6 +108,7 @@ def print_estimate(plan: Plan) -> None:
     if est.time_s is not None:
         ts = est.time_s
         cols = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
+        cols += tuple(c for c, on in (("ep_comm", plan.model.is_moe), ("cp_comm", plan.cp > 1)) if on)
         tt = table("step time, seconds", tuple(c.replace("_", " ") for c in cols))
         tt.add_row(*(f"{getattr(ts, c):.3f}" for c in cols))
         con.print(tt)
@@ -112,7 +116,8 @@ def print_estimate(plan: Plan) -> None:
             con.print(f"step {ts.step:,.3g} s ({est.step_range_s[0]:,.3g}–{est.step_range_s[1]:,.3g} s, "
                       f"{(est.band or {}).get('text', '')})")
         line = f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model TFLOPS per GPU"
-        con.print(line + (f" (MFU {est.mfu:.1%}, HFU {est.hfu:.1%})" if est.mfu is not None else ""))
+        con.print(line + (f" (MFU {est.mfu:.1%}, HFU {est.hfu:.1%}"
+                          + (f", against the {plan.dtype} peak" if plan.fp8 else "") + ")" if est.mfu is not None else ""))
     for note in est.notes:
         con.print(f"[dim]· {note}[/]")
 
@@ -137,6 +142,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                   f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}", opt(e.mfu, "{:.1%}"),
                   f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
     con.print(t)
+    if first.fp8:
+        con.print(f"FP8 GEMMs ({first.fp8} scaling); MFU against the {first.dtype} peak")
     con.print(f"memory and overlaps: {first.runtime}" + (" (exatrain's own trainer as it runs today)"
                                                          if first.runtime == "exatrain" else ""))
     rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
@@ -163,6 +170,9 @@ def cmd_scaling(args: argparse.Namespace) -> int:
                   p.recompute, p.schedule_label, f"{e.time_s.step:.2f}", f"{e.model_tflops_per_gpu:.1f}",
                   opt(e.mfu, "{:.1%}"), f"{pt.efficiency:.1%}")
     con.print(t)
+    if result.points and result.points[0].plan.fp8:
+        p = result.points[0].plan
+        con.print(f"FP8 GEMMs ({p.fp8} scaling); MFU against the {p.dtype} peak")
     if result.measured:
         con.print(f"{result.measured[0].source} measured: " + ", ".join(
             f"{m.mode} {m.efficiency:.0%}" + (f" to {m.gpus:,} GPUs" if m.range_stated else "") for m in result.measured))

@@ -62,10 +62,11 @@ def export(plan: Plan, target: str, *, ds_config_path: str = "ds_config.json") -
 
 def summary(plan: Plan) -> str:
     virt = f" (x{plan.interleave} virtual stages per rank)" if plan.interleave > 1 else ""
-    return (f"{plan.model.name}, tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp} = {plan.gpus} ranks, "
+    extra = "".join(f", {k} {n}" for k, n in (("cp", plan.cp), ("ep", plan.ep)) if n != 1)
+    return (f"{plan.model.name}, tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp}{extra} = {plan.gpus} ranks, "
             f"micro-batch {plan.micro_batch}, global batch {plan.global_batch}, ZeRO-{plan.zero_stage}, "
             f"recompute {plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
-            f"{plan.dtype}")
+            f"{plan.dtype}" + (f" with FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else ""))
 
 
 def even_split(plan: Plan) -> bool:

@@ -5,7 +5,11 @@ Option names checked against (facts only; nothing copied):
   add_megatron_arguments also generates options from megatron/core/model_parallel_config.py,
   megatron/core/transformer/transformer_config.py and megatron/training/config/training_config.py;
   megatron/core/transformer/pipeline_parallel_layer_layout.py (the layout string);
-  megatron/core/tokenizers/utils/build_tokenizer.py (vocabulary padding).
+  megatron/core/tokenizers/utils/build_tokenizer.py (vocabulary padding); the Transformer-Engine
+  group (--fp8-format e4m3/hybrid, --fp8-recipe tensorwise/delayed/mxfp8/blockwise,
+  --fp8-amax-history-len), --context-parallel-size and --cp-comm-type, and the MoE options
+  (--num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size,
+  --moe-layer-freq, --expert-model-parallel-size, --moe-token-dispatcher-type, --moe-grouped-gemm).
 * deepspeedai/Megatron-DeepSpeed @ 4efb479d (2025-07-16): megatron/arguments.py,
   megatron/model/gpt_model.py (GPTModelPipe's activation-checkpoint interval),
   examples_deepspeed/rebase/ds_pretrain_gpt_13B.sh (how the DeepSpeed flags are combined).
@@ -101,11 +105,18 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
 
     prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
     prec.append(Flag("--attention-backend", "flash" if plan.flash_attention else "unfused"))
+    prec += fp8_flags(plan)
+    if plan.cp > 1:  # the K,V ring the planner prices (cost.experts)
+        par += [Flag("--context-parallel-size", str(plan.cp)), Flag("--cp-comm-type", "p2p")]
+    moe = moe_flags(plan)
 
     cfg = "megatron/core/transformer/transformer_config.py"
     groups = (
         FlagGroup("MODEL_ARGS", "model shape", f"{args} (_add_network_size_args) and {cfg}", tuple(shape)),
-        FlagGroup("PARALLEL_ARGS", "parallel layout (data-parallel size = world size / (tp*pp))",
+        *((FlagGroup("MOE_ARGS", "mixture of experts and expert parallelism (inside data parallelism)",
+                     f"{args} (_add_moe_args) and {cfg}", tuple(moe)),) if moe else ()),
+        FlagGroup("PARALLEL_ARGS", "parallel layout (data-parallel size = world size / (tp*cp*pp))"
+                  if plan.cp > 1 else "parallel layout (data-parallel size = world size / (tp*pp))",
                   f"megatron/core/model_parallel_config.py via {args} (_add_distributed_args)", tuple(par)),
         FlagGroup("BATCH_ARGS", "batch", f"megatron/training/config/training_config.py via {args}", tuple(batch)),
         FlagGroup("MEMORY_ARGS", "recompute and optimizer-state sharding",
@@ -116,10 +127,64 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     return groups, tuple(notes)
 
 
+# exatrain's FP8 scaling -> Megatron-LM's --fp8-recipe: per-tensor current scaling is "tensorwise",
+# DeepSeek-V3's 1x128 / 128x128 blocks are "blockwise".
+FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise", "block": "blockwise", "mxfp8": "mxfp8"}
+
+
+def fp8_flags(plan: Plan) -> list[Flag]:
+    """Transformer Engine FP8: hybrid (E4M3 forward, E5M2 gradients) for per-tensor scaling, E4M3
+    throughout for the block recipes (DeepSeek-V3 Sec. 3.3.2; OCP MX); delayed scaling with
+    exatrain's amax history (TE's DelayedScaling default; Megatron-LM's own default is 1)."""
+    if not plan.fp8:
+        return []
+    from exatrain.accounting.fp8 import Fp8Recipe
+
+    fmt = "hybrid" if plan.fp8 in ("delayed", "current") else "e4m3"
+    out = [Flag("--fp8-format", fmt), Flag("--fp8-recipe", FP8_RECIPES[plan.fp8])]
+    if plan.fp8 == "delayed":
+        out.append(Flag("--fp8-amax-history-len", str(Fp8Recipe().amax_history_len)))
+    return out
+
+
+def moe_layer_freq(plan: Plan) -> str | None:
+    """--moe-layer-freq as a run-length list expression, e.g. ([0]*3+[1]*58); None when every layer is MoE."""
+    kinds = [int(plan.model.layer_is_moe(i)) for i in range(plan.model.layers)]
+    if all(kinds):
+        return None
+    runs: list[list[int]] = []
+    for k in kinds:
+        if runs and runs[-1][0] == k:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1])
+    return "(" + "+".join(f"[{k}]*{n}" for k, n in runs) + ")"
+
+
+def moe_flags(plan: Plan) -> list[Flag]:
+    """The MoE layer's shape and expert parallelism, with the all-to-all dispatcher the planner prices."""
+    m = plan.model
+    if not m.is_moe:
+        return []
+    out = [Flag("--num-experts", str(m.experts)), Flag("--moe-router-topk", str(m.top_k)),
+           Flag("--moe-ffn-hidden-size", str(m.expert_width))]
+    if m.shared_experts:
+        out.append(Flag("--moe-shared-expert-intermediate-size", str(m.shared_experts * m.expert_width)))
+    freq = moe_layer_freq(plan)
+    if freq:
+        out.append(Flag("--moe-layer-freq", freq))
+    out += [Flag("--expert-model-parallel-size", str(plan.ep)), Flag("--moe-token-dispatcher-type", "alltoall"),
+            Flag("--moe-grouped-gemm")]
+    return out
+
+
 def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
     m = plan.model
     notes: list[str] = []
     src = "megatron/arguments.py"
+    if plan.model.is_moe or plan.cp > 1 or plan.fp8:
+        raise UserError("--for deepspeed renders dense layouts without context parallelism or FP8; "
+                        "use --for megatron for mixture-of-experts, --cp or --fp8 plans")
     if plan.pp > 1 and plan.zero_stage >= 2:
         raise UserError(f"DeepSpeed's pipeline engine rejects ZeRO-{plan.zero_stage} with pipeline parallelism "
                         "(deepspeed/runtime/pipe/engine.py): use ZeRO-1 or pp 1 for --for deepspeed")

@@ -7,7 +7,10 @@ local_batch_size / pipeline_parallel_microbatch_size, looped stage placement), t
 (gradient accumulation = global_batch_size / (local_batch_size x dp)),
 torchtitan/models/llama3/model/model.py and model/args.py (FeedForward width, flavor fields),
 torchtitan/models/llama3/infra/parallelize.py (DDP only as the sole parallelism; TP always shards
-the norms = sequence parallel). torchtitan main replaced TOML files with Python config functions
+the norms = sequence parallel), and the same job_config.py for parallelism.context_parallel_degree,
+parallelism.expert_parallel_degree (dp2ep: cp <= ep <= dp_shard*cp) and quantize.linear.float8
+(recipe_name tensorwise / rowwise; torchao Float8Linear, swapped in by the model converter
+"quantize.linear.float8"). torchtitan main replaced TOML files with Python config functions
 (#2386, 2026-02-23); the same section.field names remain its (frozen) command-line overrides.
 """
 
@@ -102,16 +105,30 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         par["pipeline_parallel_schedule"] = SCHEDULE_NAMES[plan.schedule]
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         par["module_fqns_per_model_part"] = model_parts(plan)
-    par["context_parallel_degree"] = 1
+    par["context_parallel_degree"] = plan.cp
+    if plan.model.is_moe:
+        par["expert_parallel_degree"] = plan.ep
+        notes.append("torchtitan's llama3 family has no MoE layer: use its deepseek_v3 or qwen3 model with "
+                     "this expert count and width as the flavor")
+    quant: dict[str, Any] = {}
+    if plan.fp8:
+        recipe = {"current": "tensorwise", "block": "rowwise"}.get(plan.fp8, "tensorwise")
+        quant = {"recipe_name": recipe}
+        if plan.fp8 in ("delayed", "mxfp8", "block"):
+            notes.append(f"torchtitan's float8 has no {plan.fp8!r} scaling: this config uses its {recipe} "
+                         "recipe (per-tensor current scales, or per-row for the block recipe), which the "
+                         "plan's estimate did not price")
     ac: dict[str, Any] = {"mode": plan.recompute}
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
     sections = {
         "job": {"description": f"exatrain plan: {summary(plan)}"},
-        "model": {"name": "llama3", "flavor": m.name},
+        "model": {"name": "llama3", "flavor": m.name,
+                  **({"converters": ["quantize.linear.float8"]} if quant else {})},
         "training": training,
         "parallelism": par,
         "activation_checkpoint": ac,
+        **({"quantize.linear.float8": quant} if quant else {}),
     }
     return sections, tuple(notes)
 
@@ -136,7 +153,8 @@ def render_torchtitan(plan: Plan) -> Export:
     lines = [f"# torchtitan job config for {summary(plan)}.",
              "# Rendered by `exatrain export-config --for torchtitan`; keys checked against",
              f"# {TORCHTITAN} torchtitan/config/job_config.py. Run: ./run_train.sh --job.config_file <this file>",
-             f"# (world size {plan.gpus} = dp x tp x pp). Add your dataset, optimizer and checkpoint sections.",
+             f"# (world size {plan.gpus} = dp x tp x pp" + (" x cp" if plan.cp > 1 else "")
+             + "). Add your dataset, optimizer and checkpoint sections.",
              "# Register the model shape as a flavor in torchtitan/models/llama3/__init__.py:",
              f"#   {flavor_snippet(plan)}"]
     lines += [f"# note: {n}" for n in notes]

@@ -9,9 +9,7 @@ candidate, so a searched plan's estimate is what the search ranked it by.
 from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
-from exatrain.errors import UserError
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
-from exatrain.accounting.comms import comm_bytes_per_rank
 from exatrain.accounting.engines import get_engine
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
@@ -20,7 +18,9 @@ from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.overlap import overlap_rules
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
-from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
+from exatrain.planner.cost import experts
+from exatrain.planner.cost.experts import LOAD_IMBALANCE
+from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate, trainer_models_it
 from exatrain.planner.layouts import Layouts
 
 
@@ -30,9 +30,6 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     ``plan`` on ``cluster`` as its runtime (``plan.runtime``) runs it. ``params`` are the cost
     model's efficiencies (default: the device's prior, or what a calibration file measured);
     ``overlap``: which of the runtime's overlaps are on (``cost.overlap.overlap_rules``)."""
-    if plan.cp > 1 or plan.fp8:
-        raise UserError(f"{plan.label}: estimate does not price context parallelism or FP8 GEMMs yet "
-                        "(`exatrain models` shows the accounting's counts)")
     cp = params or default_params(cluster.device.name)
     rt = plan.runtime
     memory = (rt,) if rt == "exatrain" else (rt, "exatrain")
@@ -69,6 +66,17 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "
                   "are priced on the inter-node network",)
     trainer_by_stage = stages("exatrain")
+    own = trainer_models_it(plan.model, plan.ep, plan.cp, plan.fp8)
+    if plan.model.is_moe:
+        notes += (f"MoE: ep {plan.ep}, routed experts' states sharded over the expert-data-parallel group; "
+                  f"busiest expert rank assumed to get {LOAD_IMBALANCE:g}x the mean routed tokens (cost.experts)",)
+    if plan.cp > 1:
+        notes += (f"cp {plan.cp}: s/cp tokens per rank, K,V ring overlapped with attention (cost.experts)",)
+    if plan.fp8:
+        notes += (f"fp8 ({plan.fp8} scaling): linear-layer GEMMs at the device's FP8 peak; MFU and HFU are "
+                  f"against the {plan.dtype} peak",)
+    if not own:
+        notes += ("trainer memory: not modelled for MoE, latent attention, cp or FP8 layouts",)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
     hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute)
@@ -81,13 +89,13 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         params_by_stage=stage_params(plan),
         memory_bytes=worst,
         memory_by_stage=by_stage,
-        trainer_memory_bytes=trainer_by_stage[int(ev.worst_rank["exatrain"][0])],
-        trainer_memory_by_stage=trainer_by_stage,
+        trainer_memory_bytes=trainer_by_stage[int(ev.worst_rank["exatrain"][0])] if own else None,
+        trainer_memory_by_stage=trainer_by_stage if own else (),
         capacity_bytes=capacity,
         fits=worst.total <= capacity,
         model_flops_per_step=model_flops,
         hardware_flops_per_step=hw_flops,
-        comm_bytes=comm_bytes_per_rank(plan),
+        comm_bytes=experts.comm_bytes(plan),
         time_s=time_s,
         tokens_per_s=plan.tokens_per_step / time_s.step,
         model_tflops_per_gpu=model_tf,

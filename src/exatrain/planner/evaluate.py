@@ -9,8 +9,15 @@ pipeline rank, so the worst stage is the plan's true worst stage; time from ``co
 runtime's overlaps and collectives (``cost.overlap``).
 
 Layouts are grouped by what fixes array shapes: GPU count (the device's share of a CPU), pp and
-interleave (the layer split and the number of stages); within a group memory is evaluated once per
-(ZeRO stage, recompute, sequence parallel), the accounting's scalar choices.
+interleave (the layer split and the number of stages), and by ep and cp (scalars to the accounting
+and to ``cost.experts``); within a group memory is evaluated once per (ZeRO stage, recompute,
+sequence parallel), the accounting's scalar choices.
+
+Mixture-of-experts models, context parallelism and FP8 GEMMs are priced by the lean reference
+(``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.experts`` and its
+``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. exatrain's own trainer
+memory (``accounting.trainer_memory``) counts dense layers without cp or FP8 only: for the other
+layouts its figures are NaN (never "fits").
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import RECOMPUTE, balanced_split
-from exatrain.planner.cost import compute
+from exatrain.planner.cost import compute, experts
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.step import TIME_FIELDS, step_times
 from exatrain.planner.layouts import Layouts
@@ -75,14 +82,16 @@ def layer_split(model: ModelSpec, pp: int, interleave: int, stage_layers: tuple[
 
 
 def not_modelled(model: ModelSpec) -> None:
-    """Refuse, in one line, a model this step-time and memory path does not price yet: the accounting
-    counts mixture-of-experts layers, latent attention and separate head widths
-    (``accounting.moe``, ``accounting.params``), but the per-layout evaluation below still treats every
-    layer as a dense one, so its numbers for such a model would be wrong without a word."""
-    if model.is_moe or model.mla or model.qk_norm or (model.kv_channels and model.kv_channels != model.hidden // model.heads):
-        what = "mixture-of-experts layers" if model.is_moe else "latent attention / separate head widths"
-        raise UserError(f"{model.name}: estimate, search and scaling do not price {what} yet (each layer would "
-                        "be timed as a dense one); `exatrain models` shows its total and active parameters")
+    """Refuse, in one line, a model this step-time and memory path does not price. Every model the
+    catalog can describe is priced now — mixture-of-experts, latent-attention and separate-head-width
+    layers by their own GEMM shapes and memory (``cost.experts``, ``accounting.memory``) — so this
+    refuses nothing; it stays as the one place such a refusal belongs."""
+    return None
+
+
+def trainer_models_it(model: ModelSpec, ep: int, cp: int, fp8: str) -> bool:
+    """Whether ``accounting.trainer_memory`` counts this layout (dense layers, no cp, no FP8)."""
+    return not (model.is_moe or model.mla or model.qk_norm or model.kv_channels or ep > 1 or cp > 1 or fp8)
 
 
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
@@ -114,13 +123,24 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     on_cpu = cluster.device.name == "cpu"
     capacity = cluster.device.hbm_bytes
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
-    for idx, (gpus, pp, v) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff])):
+    fp8 = layouts.fp8
+    recipe = experts.fp8_recipe(fp8)
+    for idx, (gpus, pp, v, ep, cpd) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp])):
         lay = layouts.take(idx)
-        p, v = int(pp), int(v)
+        p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
         split = layer_split(model, p, v, layouts.stage_layers)
         rank = np.arange(p)
         on_rank = split.reshape(v, p).sum(axis=0)  # layers held by each pipeline rank (looped placement)
-        params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :]).astype(float)
+        plain = not experts.extended(model, cpd, fp8)
+        if model.is_moe:
+            params, xparams, moe_here = (x.astype(float) for x in
+                                         experts.rank_params_split(model, lay.tp[:, None], p, v, split, ep))
+            ext = dict(ep=ep, expert_params_here=xparams, moe_layers_here=moe_here)
+        else:
+            params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :]).astype(float)
+            xparams, ext = None, {}
+        if not plain:
+            ext.update(cp=cpd, fp8=recipe, capacity_factor=experts.LOAD_IMBALANCE)
         m = lay.num_microbatches[:, None]
         held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
         cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
@@ -130,14 +150,18 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                           pp=p, interleave=v, params_here=params[j], layers_here=on_rank[None, :],
                           inflight_mb=held[j], is_last=rank[None, :] == p - 1)
             for k in memory:
-                if k == "exatrain":
+                if k == "exatrain" and not trainer_models_it(model, ep, cpd, fp8):
+                    parts = [np.full((j.size, p), np.nan)] * len(MEMORY_FIELDS)
+                elif k == "exatrain":
                     parts = trainer_rank_memory(model, is_first=rank[None, :] == 0, num_microbatches=m[j],
                                                 on_cpu=on_cpu, **common)
                 else:
-                    parts = rank_memory(model, engine=get_engine(k), **common)
+                    if xparams is not None:
+                        ext["expert_params_here"] = xparams[j]
+                    parts = rank_memory(model, engine=get_engine(k), **common, **ext)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
                 tot = sum(parts)
-                w = np.argmax(tot, axis=1)  # the first of equal stages, as max() over stages picks
+                w = np.argmax(np.nan_to_num(tot, nan=-1.0), axis=1)  # the first of equal stages, as max() over stages picks
                 rows = idx[j]
                 worst[k][rows] = w
                 total[k][rows] = np.take_along_axis(tot, w[:, None], axis=1)[:, 0]
@@ -151,6 +175,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
             if not keep.size:
                 continue
             lay, params = lay.take(keep), params[keep]
+            xparams = None if xparams is None else xparams[keep]
         dev = compute.device_for(cluster, dtype, cp, int(gpus))
         hid: dict | None = {} if by_rank else None
         t, _, pt = step_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=lay.tp, dp=lay.dp,
@@ -158,7 +183,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               zero_stage=lay.zero_stage, recompute=lay.recompute,
                               sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
                               stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
-                              hidden=hid)
+                              hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

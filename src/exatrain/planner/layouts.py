@@ -17,7 +17,9 @@ from exatrain.plan import RECOMPUTE, SCHEDULES, Plan
 @dataclass(frozen=True, eq=False)
 class Layouts:
     """N layouts (every field an array of N entries). ``stage_layers``: one custom split, in
-    layers per virtual stage, shared by every layout (a plan's own); () = ``balanced_split``."""
+    layers per virtual stage, shared by every layout (a plan's own); () = ``balanced_split``.
+    ``ep`` (expert parallelism, inside dp) and ``cp`` (context parallelism, adds ranks: tp*cp*pp*dp)
+    default to 1 each; ``fp8``: one FP8 GEMM recipe for every layout ("" = none)."""
 
     tp: np.ndarray
     pp: np.ndarray
@@ -30,22 +32,33 @@ class Layouts:
     schedule: np.ndarray  # index into SCHEDULES
     interleave: np.ndarray
     stage_layers: tuple[int, ...] = ()
+    ep: np.ndarray | None = None
+    cp: np.ndarray | None = None
+    fp8: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("ep", "cp"):
+            value = getattr(self, name)
+            value = np.ones(self.tp.shape, dtype=np.int64) if value is None else value
+            object.__setattr__(self, name, np.broadcast_to(np.asarray(value, dtype=np.int64), self.tp.shape).copy())
 
     def __len__(self) -> int:
         return int(self.tp.size)
 
     @property
     def gpus(self) -> np.ndarray:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @classmethod
     def of(cls, *, tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
-           schedule, interleave, stage_layers: tuple[int, ...] = ()) -> "Layouts":
+           schedule, interleave, stage_layers: tuple[int, ...] = (), ep=1, cp=1, fp8: str = "") -> "Layouts":
         ints = [np.asarray(x, dtype=np.int64).reshape(-1) for x in
                 (tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute)]
         return cls(*ints, sequence_parallel=np.asarray(sequence_parallel, dtype=bool).reshape(-1),
                    schedule=np.asarray(schedule, dtype=np.int64).reshape(-1),
-                   interleave=np.asarray(interleave, dtype=np.int64).reshape(-1), stage_layers=tuple(stage_layers))
+                   interleave=np.asarray(interleave, dtype=np.int64).reshape(-1), stage_layers=tuple(stage_layers),
+                   ep=np.asarray(ep, dtype=np.int64).reshape(-1), cp=np.asarray(cp, dtype=np.int64).reshape(-1),
+                   fp8=fp8)
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Layouts":
@@ -53,11 +66,12 @@ class Layouts:
                       num_microbatches=plan.num_microbatches, zero_stage=plan.zero_stage,
                       recompute=RECOMPUTE.index(plan.recompute), sequence_parallel=plan.sequence_parallel,
                       schedule=SCHEDULES.index(plan.schedule), interleave=plan.interleave,
-                      stage_layers=plan.stage_layers)
+                      stage_layers=plan.stage_layers, ep=plan.ep, cp=plan.cp, fp8=plan.fp8)
 
     def take(self, idx) -> "Layouts":
         """The layouts at ``idx`` (an index array or boolean mask)."""
-        return Layouts(*(getattr(self, f)[idx] for f in _ARRAYS), stage_layers=self.stage_layers)
+        return Layouts(*(getattr(self, f)[idx] for f in _ARRAYS), stage_layers=self.stage_layers,
+                       ep=self.ep[idx], cp=self.cp[idx], fp8=self.fp8)
 
 
 _ARRAYS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "zero_stage", "recompute", "sequence_parallel",

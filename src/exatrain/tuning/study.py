@@ -67,6 +67,16 @@ class TuneSettings:
     gp: GPSettings = GPSettings()
 
 
+def _space_fields(options: SpaceOptions) -> dict[str, Any]:
+    """The space's fields, without the planner-only ones (ep, cp, fp8) at their defaults, so a study
+    started before they existed keeps its name and problem."""
+    d = dataclasses.asdict(options)
+    for k in ("ep", "cp", "fp8"):
+        if d.get(k) in (None, ""):
+            d.pop(k, None)
+    return d
+
+
 @dataclass(frozen=True)
 class Problem:
     """What a study optimises; a study refuses to continue under a different one."""
@@ -84,7 +94,7 @@ class Problem:
         return {"model": self.model.to_dict(), "cluster": self.cluster, "gpus": self.gpus,
                 "global_batch": self.global_batch, "device": self.device, "dtype": self.dtype,
                 "flash_attention": self.flash_attention,
-                "space": json.loads(json.dumps(dataclasses.asdict(self.options)))}
+                "space": json.loads(json.dumps(_space_fields(self.options)))}
 
     def study_name(self) -> str:
         digest = hashlib.sha1(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:6]

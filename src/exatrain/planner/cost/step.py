@@ -32,12 +32,13 @@ from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, SCHEDULES, Plan, TimeBreakdown
-from exatrain.planner.cost import compute, network
+from exatrain.planner.cost import compute, experts, network
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.overlap import OverlapRules, engine_collectives, exposed, is_gather, overlap_rules, p2p_exposed
 from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
 
-TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
+TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "ep_comm",
+               "cp_comm")
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 _INTERLEAVED = SCHEDULES.index("interleaved")
 
@@ -54,14 +55,18 @@ class StageTimes:
     tp_bwd: np.ndarray
     p2p: np.ndarray
     tp_hidden: np.ndarray | None = None  # (N, S) TP seconds per micro-batch the runtime's overlap hides
+    # exposed expert all-to-all and context-parallel ring (cost.experts), (N, S); 0 without ep / cp
+    ext_fwd: np.ndarray | float = 0.0
+    ext_bwd: np.ndarray | float = 0.0
+    ep_share: np.ndarray | float = 0.0  # the all-to-all's part of ext_fwd + ext_bwd
 
     @property
     def forward_s(self) -> np.ndarray:
-        return self.fwd + self.tp_fwd
+        return self.fwd + self.tp_fwd + self.ext_fwd
 
     @property
     def backward_s(self) -> np.ndarray:
-        return self.bwd + self.tp_bwd
+        return self.bwd + self.tp_bwd + self.ext_bwd
 
 
 def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel):
@@ -85,37 +90,56 @@ def _pick(sequence_parallel, fn):
 
 def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                 flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
-                stage_layers: np.ndarray, rules: OverlapRules | None = None) -> StageTimes:
-    """Per-stage seconds of N layouts sharing pp and the layer split ``stage_layers`` (S,); ``rules``:
+                stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
+                fp8: str = "") -> StageTimes:
+    """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
+    and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
     zero = np.asarray(zero_stage)[:, None]
 
-    def layer(s: bool):
-        lt = compute.layer_times(model, b, tp, flash=flash, recompute="none", sequence_parallel=s, dtype=dtype,
-                                 dev=dev)
-        return (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
-                *compute.embedding_times(model, b, tp, sequence_parallel=s, dtype=dtype, dev=dev),
-                *compute.head_times(model, b, tp, sequence_parallel=s, dtype=dtype, dev=dev))
+    n_dense, n_moe = (x[None, :] for x in experts.stage_kinds(model, stage_layers))
+    kinds = ((False, n_dense), (True, n_moe)) if model.is_moe else ((False, n_dense),)
+    speedup = experts.fp8_speedup(cluster, dtype) if fp8 else 1.0
+    bl = b / cp_size if cp_size > 1 else b  # a rank's share of each sequence, as micro-batch: s/cp tokens
 
-    # dense: the layer's weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
+    def layer(s: bool):
+        sums = [0.0] * 4  # per stage: forward, backward, attention core, forward weight GEMMs
+        for moe, n in kinds:
+            lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
+                                     dtype=dtype, dev=dev, fp8=fp8, speedup=speedup)
+            sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd))]
+        return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
+                *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev))
+
+    # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
     fwd_l, bwd_l, attn_l, dense, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
-    # Recomputation reruns the layer's forward (full) or the attention core (selective) in backward.
+    # Recomputation reruns the layers' forward (full) or the attention core (selective) in backward.
     again = np.where(rec == _FULL, fwd_l, np.where(rec == _SELECTIVE, attn_l, 0.0))
-    tp_one = tp_collective_time_s(cluster, cp, tp, b * model.seq_len * model.hidden * COMPUTE_BYTES[dtype], sp)
-    # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward.
-    tp_layer_f = 2 * tp_one
-    tp_layer_b = np.where(rec == _FULL, 4, 2) * tp_one
+    tp_one = tp_collective_time_s(cluster, cp, tp, bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype], sp)
+    # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward;
+    # a MoE layer under sequence parallelism: the attention's and the shared experts' only (comms).
+    moe_f = (1 + (1 if model.shared_experts else 0)) if model.is_moe else 2
+    n_tp_f = 2 * n_dense + np.where(sp, moe_f, 2) * n_moe
     fw = compute.framework_layer_s(dev, tp, dp, zero)
     pp_op = dev.params.pp_microbatch_overhead_s / 2 if pp > 1 else 0.0  # per F and per B op
     L = np.asarray(stage_layers, dtype=float)[None, :]
     S = L.shape[1]
-    fwd = L * (fwd_l + fw / 3) + pp_op
-    wgrad = L * dense
-    bwd = L * (bwd_l + again + 2 * fw / 3) - wgrad + pp_op
-    tp_f, tp_b = L * tp_layer_f, L * tp_layer_b
+    fwd = fwd_l + L * fw / 3 + pp_op
+    wgrad = dense + 0.0 * L
+    bwd = bwd_l + again + L * 2 * fw / 3 - wgrad + pp_op
+    tp_f, tp_b = n_tp_f * tp_one, n_tp_f * np.where(rec == _FULL, 2, 1) * tp_one
+    # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
+    # recompute) and the context-parallel ring's exposed part (cost.experts).
+    a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
+                                                               sequence_parallel=s, dtype=dtype),))[0] \
+        if model.is_moe else 0.0 * L
+    cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
+                                      attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1))
+    ext_f = a2a + L * cp_f
+    ext_b = a2a * np.where(rec == _FULL, 2, 1) + L * (cp_b + np.where(rec == _FULL, cp_f, 0.0))
     first, last = np.arange(S) == 0, np.arange(S) == S - 1
     fwd = fwd + first * emb_f + last * head_f
     bwd = bwd + first * emb_b + last * head_b
@@ -129,33 +153,39 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         tp_f = np.where(sp, exposed(tp_f, L * dense), tp_f)
         tp_b = np.where(sp, exposed(tp_b, gemm_b), tp_b)
     if pp > 1:
-        msg = b[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
-        bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0], dp[:, 0]))
+        msg = bl[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
+        bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]))
         p2p = network.collective_time_s("send_recv", 2, msg, bw, lat, cp)
     else:
         p2p = np.zeros(len(b))
     shape = (len(b), S)
+    ext = (ext_f, ext_b, a2a + a2a * np.where(rec == _FULL, 2, 1))
     return StageTimes(*(np.broadcast_to(x, shape) + 0.0 for x in (fwd, bwd, wgrad, tp_f, tp_b)), p2p=p2p,
-                      tp_hidden=np.broadcast_to(tp_all - tp_f - tp_b, shape) + 0.0)
+                      tp_hidden=np.broadcast_to(tp_all - tp_f - tp_b, shape) + 0.0,
+                      **dict(zip(("ext_fwd", "ext_bwd", "ep_share"), (np.broadcast_to(x, shape) + 0.0 for x in ext))))
 
 
 def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, dp, zero_stage: int,
                         params_here, num_microbatches, dtype: str, pipeline_end: bool, engine=None,
-                        split: bool = False):
+                        split: bool = False, cp_size: int = 1, ep: int = 1, expert_params_here=0):
     """Seconds of one rank's DP collectives per step, plus the tied-embedding gradient reduction
     between the pipeline's two ends, which crosses the pipeline tier; arrays allowed. ``engine``: the
     runtime's profile (what it sends, ``cost.overlap.engine_collectives``; None: exatrain's trainer).
-    ``split``: (gradient reductions, parameter gathers) apart instead of their sum."""
-    bw, lat = network.tier_arrays(cluster, network.dp_span(tp, dp))
-    ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * np.asarray(dp) + 1)
+    ``split``: (gradient reductions, parameter gathers) apart instead of their sum. With context
+    parallelism the group is dp*cp (strided by tp); a MoE model's routed-expert gradients reduce over
+    the expert-data-parallel group (``cost.experts.edp_span``)."""
+    bw, lat = network.tier_arrays(cluster, network.dp_span(tp, np.asarray(dp) * cp_size))
+    ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1)
+    xbw, xlat = network.tier_arrays(cluster, experts.edp_span(tp, dp, cp_size, ep)) if model.is_moe else (bw, lat)
     reduce_s, gather_s = 0.0, 0.0
     cs = comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
                                   num_microbatches=num_microbatches, dtype=dtype,
-                                  params_here=params_here, pipeline_end=pipeline_end)
+                                  params_here=params_here, pipeline_end=pipeline_end, cp=cp_size, ep=ep,
+                                  expert_params_here=expert_params_here)
     if engine is not None:
         cs = engine_collectives(cs, engine, dtype=dtype)
     for c in cs:
-        b_, l_ = (bw, lat) if c.axis == "dp" else (ebw, elat)
+        b_, l_ = {"dp": (bw, lat), "edp": (xbw, xlat)}.get(c.axis, (ebw, elat))
         t = c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp)
         if is_gather(c):
             gather_s = gather_s + t
@@ -167,22 +197,25 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
 def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
-               runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None
+               runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
+               ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
-    """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave and the layer split;
-    ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank holds. ``runtime``:
-    the engine whose overlaps and collectives count (``cost.overlap``); ``overlap``: which of its
-    overlaps are on (``cost.overlap.overlap_rules``). ``hidden``: when given, gets
-    the seconds per step the overlaps hid (tp, pp, dp; arrays of N)."""
+    """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
+    the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
+    holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
+    ``runtime``: the engine whose overlaps and collectives count (``cost.overlap``); ``overlap``:
+    which of its overlaps are on (``cost.overlap.overlap_rules``). ``hidden``: when given, gets the
+    seconds per step the overlaps hid (tp, pp, dp; arrays of N)."""
     from exatrain.accounting.engines import get_engine
 
     engine = get_engine(runtime)
     rules = overlap_rules(engine, overlap)
     tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
     N, p, v = tp.size, int(pp), int(interleave)
+    xp = 0.0 * params_by_rank if expert_params_by_rank is None else expert_params_by_rank
     st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
                      zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
-                     stage_layers=stage_layers, rules=rules)
+                     stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -199,6 +232,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     busiest = np.argmax(pt.busy_s, axis=1)[:, None]
     compute_s = np.take_along_axis(per_rank(st.fwd + st.bwd + st.wgrad), busiest, axis=1)[:, 0]
     tp_s = np.take_along_axis(per_rank(st.tp_fwd + st.tp_bwd), busiest, axis=1)[:, 0]
+    ext_s = np.take_along_axis(per_rank(st.ext_fwd + st.ext_bwd), busiest, axis=1)[:, 0]
+    ep_s = np.take_along_axis(per_rank(st.ep_share), busiest, axis=1)[:, 0]
     # DP: rank r's gradient reduction starts after its last backward; where the runtime overlaps it,
     # one micro-batch's backward hides dp_overlap of it, and the time until the pipeline drains hides
     # the rest. Parameter gathers: ZeRO-3 prefetches each micro-batch's under its forward and
@@ -208,7 +243,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     t_red, t_gat = np.zeros((N, p)), np.zeros((N, p))
     for z in np.unique(zero):
         kw = dict(tp=tp[:, None], pp=p, dp=dp[:, None], zero_stage=int(z), params_here=params_by_rank,
-                  num_microbatches=m[:, None], dtype=dtype, engine=engine, split=True)
+                  num_microbatches=m[:, None], dtype=dtype, engine=engine, split=True, cp_size=cp_size, ep=ep,
+                  expert_params_here=xp)
         r_, g_ = dp_collective_times(cluster, cp, model, pipeline_end=True, **kw)
         if model.tied_embeddings and p > 2:  # the ends' embedding all-reduce: ranks 0 and pp-1 only
             mid_r, mid_g = dp_collective_times(cluster, cp, model, pipeline_end=False, **kw)
@@ -231,12 +267,14 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
         hidden["pp"] = raw.step_s - pipe
         # DP seconds not exposed, whether the overlap or the wait for the pipeline to drain hid them
         hidden["dp"] = (t_red + t_gat).max(axis=1) - dp_exposed
-    shard = np.where(zero >= 1, dp, 1)[:, None]
-    opt = compute.optimizer_time_s(params_by_rank / shard, dev).max(axis=1)
+    shard = np.where(zero >= 1, dp * cp_size, 1)[:, None]
+    xshard = np.where(zero >= 1, tp * cp_size * dp / ep, 1)[:, None]  # the expert-data-parallel group
+    opt = compute.optimizer_time_s(params_by_rank / shard + xp / xshard, dev).max(axis=1)
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
     times = {"step": pipe + dp_exposed + opt + fixed, "compute": compute_s,
-             "bubble": np.maximum(no_p2p - compute_s - tp_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
-             "dp_comm": dp_exposed, "optimizer": opt, "other": fixed + 0.0 * pipe}
+             "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
+             "dp_comm": dp_exposed, "optimizer": opt, "other": fixed + 0.0 * pipe, "ep_comm": ep_s,
+             "cp_comm": ext_s - ep_s}
     return times, st, pt
 
 
@@ -262,7 +300,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
                        recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
-                       rules=overlap_rules(plan.runtime, overlap))
+                       rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):

@@ -44,7 +44,8 @@ def layouts_of(space: Space) -> Layouts:
                       num_microbatches=space.num_microbatches, zero_stage=space.zero, recompute=space.recompute,
                       sequence_parallel=space.sp,
                       schedule=np.where(one, SCHEDULES.index("1f1b"), names[space.variant] if len(space) else 0),
-                      interleave=np.where(one, 1, vs[space.variant] if len(space) else 1))
+                      interleave=np.where(one, 1, vs[space.variant] if len(space) else 1), ep=space.ep, cp=space.cp,
+                      fp8=space.options.fp8)
 
 
 def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, cp: CostParams,

@@ -8,6 +8,12 @@ from exatrain.plan import Plan
 
 GiB = 1024**3
 TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")
+EXTRA_TERMS = ("ep_comm", "cp_comm")  # shown where a ranked layout has expert or context parallelism
+
+
+def _terms(plans: Sequence[Plan]) -> tuple[str, ...]:
+    extra = tuple(k for k in EXTRA_TERMS if any(getattr(p.estimate.time_s, k) for p in plans))  # type: ignore[union-attr]
+    return TERMS + extra
 
 
 def describe(p: Plan) -> str:
@@ -23,11 +29,12 @@ def explain(ranked: Sequence[Plan], runners_up: int = 3) -> list[str]:
         return []
     win = ranked[0]
     a = win.estimate.time_s  # type: ignore[union-attr]
+    terms = _terms(ranked[:1 + runners_up])
     lines = [f"winner {describe(win)}: {a.step:.3f} s/step, "
-             + ", ".join(f"{k} {getattr(a, k):.3f}" for k in TERMS)]
+             + ", ".join(f"{k} {getattr(a, k):.3f}" for k in terms)]
     for i, other in enumerate(ranked[1:1 + runners_up], 2):
         b = other.estimate.time_s  # type: ignore[union-attr]
-        diffs = sorted(((getattr(b, k) - getattr(a, k), k) for k in TERMS), key=lambda x: -abs(x[0]))
+        diffs = sorted(((getattr(b, k) - getattr(a, k), k) for k in terms), key=lambda x: -abs(x[0]))
         parts = [f"{k} {'+' if d > 0 else '−'}{abs(d):.3f} s" for d, k in diffs[:2] if abs(d) > 1e-9]
         lines.append(f"#{i} {describe(other)} is {b.step / a.step - 1:.1%} slower: " + (", ".join(parts) or "same terms")
                      + f"; it would need {other.estimate.memory_bytes.total / GiB:.1f} GiB")  # type: ignore[union-attr]

@@ -15,6 +15,7 @@ import numpy as np
 from exatrain.accounting.engines import ENGINE_NAMES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
+from exatrain.errors import UserError
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
 from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
@@ -55,11 +56,12 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
             dtype: str, flash: bool) -> Plan:
     sched, v = space.options.schedules[space.variant[i]]
     pp = int(space.pp[i])
-    return Plan(model=model, dims=ParallelDims(int(space.tp[i]), pp, int(space.dp[i])),
+    return Plan(model=model, dims=ParallelDims(int(space.tp[i]), pp, int(space.dp[i]), ep=int(space.ep[i]),
+                                               cp=int(space.cp[i])),
                 shape=TrainShape(int(space.micro_batch[i]), global_batch), zero_stage=int(space.zero[i]),
                 recompute=RECOMPUTE[space.recompute[i]], sequence_parallel=bool(space.sp[i]),
                 schedule=sched if pp > 1 else "1f1b", interleave=v if pp > 1 else 1,
-                dtype=dtype, flash_attention=flash, cluster=cluster.name)
+                dtype=dtype, flash_attention=flash, cluster=cluster.name, fp8=space.options.fp8)
 
 
 RUNTIMES = ENGINE_NAMES
@@ -73,6 +75,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     decides what fits (exatrain: its own trainer as it runs today, accounting.trainer_memory), its
     overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
     are candidates."""
+    from exatrain.planner.evaluate import trainer_models_it
+
+    if runtime == "exatrain" and not trainer_models_it(model, 1, 1, options.fp8):
+        raise UserError(f"--runtime exatrain: the trainer's memory model does not count {model.name}'s mixture-of-"
+                        "experts or latent-attention layers, nor FP8; search with --runtime megatron-core "
+                        "(or torchtitan)")
     cp = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime, dtype=dtype)
     rejected = dict(space.rejected)

@@ -1,5 +1,10 @@
-"""The configuration space: every (tp, pp, dp, micro-batch, ZeRO, recompute, SP, schedule) of a job,
-as numpy arrays, with the reason each illegal candidate was rejected.
+"""The configuration space: every (tp, pp, dp, micro-batch, ZeRO, recompute, SP, schedule, ep, cp) of a
+job, as numpy arrays, with the reason each illegal candidate was rejected.
+
+Expert parallelism is searched for mixture-of-experts models only (ep among the divisors of the
+experts; the rules refuse those that do not divide dp), context parallelism for sequences of 8,192
+tokens or more (cp among the powers of two that divide seq_len/2, up to 64 and the GPU count);
+``SpaceOptions.ep`` / ``cp`` pin or widen them. ``fp8``: one FP8 recipe for every candidate.
 
 Rejection is a value, not an exception: the search reports how many candidates each constraint
 removed (divisibility, topology, pipeline depth, schedule, memory) and can say which killed the most.
@@ -45,6 +50,9 @@ class SpaceOptions:
     recompute: tuple[str, ...] = RECOMPUTE
     sequence_parallel: tuple[bool, ...] = (False, True)
     schedules: tuple[tuple[str, int], ...] = SCHEDULE_VARIANTS
+    ep: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    fp8: str = ""
 
 
 @dataclass
@@ -61,12 +69,43 @@ class Space:
     variant: np.ndarray  # index into options.schedules
     num_microbatches: np.ndarray
     options: SpaceOptions
+    ep: np.ndarray | None = None
+    cp: np.ndarray | None = None
     examined: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     collapsed: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("ep", "cp"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.ones(self.tp.shape, dtype=np.int64))
+
     def __len__(self) -> int:
         return int(self.tp.size)
+
+
+LONG_CONTEXT = 8192  # sequences from this length on get context-parallel candidates
+MAX_CP = 64
+
+
+def ep_candidates(model: ModelSpec, runtime: str = "megatron-core") -> list[int]:
+    """Expert-parallel degrees searched: the divisors of the experts (1 for a dense model, and for
+    exatrain's own trainer, which runs no expert parallelism)."""
+    if not model.is_moe or runtime == "exatrain":
+        return [1]
+    return [k for k in range(1, model.experts + 1) if model.experts % k == 0]
+
+
+def cp_candidates(model: ModelSpec, gpus: int, runtime: str = "megatron-core") -> list[int]:
+    """Context-parallel degrees searched: powers of two dividing seq_len/2 (two chunks per rank), up
+    to MAX_CP and the GPU count, for sequences of LONG_CONTEXT tokens or more; else 1."""
+    if model.seq_len < LONG_CONTEXT or runtime == "exatrain":
+        return [1]
+    out, k = [], 1
+    while k <= min(MAX_CP, gpus) and (model.seq_len // 2) % k == 0:
+        out.append(k)
+        k *= 2
+    return out
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -86,19 +125,22 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
     mbs = list(options.micro_batch) if options.micro_batch else [1, 2, 4, 8, 16, 32]
     variants = list(options.schedules)
+    eps = list(options.ep) if options.ep else ep_candidates(model, runtime)
+    cps = list(options.cp) if options.cp else cp_candidates(model, gpus, runtime)
     grid = np.meshgrid(np.array(tps), np.array(pps), np.array(mbs), np.array(options.zero_stage),
                        np.arange(len(options.recompute)), np.array(options.sequence_parallel, dtype=bool),
-                       np.arange(len(variants)), indexing="ij")
-    tp, pp, mb, zero, rec, sp, var = (g.ravel() for g in grid)
+                       np.arange(len(variants)), np.array(eps), np.array(cps), indexing="ij")
+    tp, pp, mb, zero, rec, sp, var, ep, cp = (g.ravel() for g in grid)
     rec = np.array([RECOMPUTE.index(options.recompute[i]) for i in range(len(options.recompute))])[rec]
     v = np.array([iv for _, iv in variants])[var]
     sched = np.array([s for s, _ in variants])[var]
     code = np.array([SCHEDULES.index(s) for s, _ in variants])[var]
     examined = tp.size
 
-    # Canonical spellings: pp == 1 runs no schedule (keep 1f1b, v 1); tp == 1 has no SP; dp == 1 no ZeRO.
-    dp = np.where(gpus % (tp * pp) == 0, gpus // np.maximum(tp * pp, 1), 0)
-    redundant = ((pp == 1) & ~((sched == "1f1b") & (v == 1))) | ((tp == 1) & sp) | ((dp == 1) & (zero != 0))
+    # Canonical spellings: pp == 1 runs no schedule (keep 1f1b, v 1); tp == 1 has no SP; dp*cp == 1 no ZeRO.
+    ranks = np.maximum(tp * pp * cp, 1)
+    dp = np.where(gpus % ranks == 0, gpus // ranks, 0)
+    redundant = ((pp == 1) & ~((sched == "1f1b") & (v == 1))) | ((tp == 1) & sp) | ((dp * cp == 1) & (zero != 0))
     keep = ~redundant
     collapsed = int(redundant.sum())
 
@@ -107,7 +149,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
         scopes += ("search",)
     x = rules.layout(model, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
                      recompute=rec, sequence_parallel=sp, schedule=code,
-                     interleave=v, cluster=cluster)
+                     interleave=v, cluster=cluster, ep=ep, cp=cp)
     offered = get_engine(runtime).zero_stages(dtype)
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
     rejected, alive = rules.first_reasons(masks, keep)
@@ -115,4 +157,4 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     idx = np.nonzero(alive)[0]
     return Space(tp=tp[idx], pp=pp[idx], dp=dp[idx], micro_batch=mb[idx], zero=zero[idx], recompute=rec[idx],
                  sp=sp[idx], variant=var[idx], num_microbatches=m[idx], options=options,
-                 examined=int(examined), rejected=rejected, collapsed=collapsed)
+                 examined=int(examined), rejected=rejected, collapsed=collapsed, ep=ep[idx], cp=cp[idx])

@@ -1,0 +1,272 @@
+"""Cost terms of mixture-of-experts layers (ep), context parallelism (cp) and FP8 GEMMs.
+
+``cost.step`` and ``planner.evaluate`` call these for every group of layouts that share ep and cp
+(scalars here; tp, micro-batch and the rest are arrays); a dense model with cp 1 and no FP8 takes
+``cost.compute.layer_times`` unchanged.
+
+Compute of one layer (``layer_times``): the layer's forward GEMMs as ``accounting.flops.layer_gemms``
+shapes them — a MoE layer's router, tensor-parallel shared experts and one grouped GEMM per local
+expert (experts/ep of them) whose tokens are the rank's routed tokens x top_k x ``LOAD_IMBALANCE``
+spread over them (the busiest expert rank sets the pace); a dense-first layer of a MoE model is a
+dense layer — each at the cost model's GEMM efficiency; the attention core of s/cp queries against
+all s keys (the causal mask load-balanced over 2*cp chunks, so every cp rank does 1/cp of it; TE
+``get_seq_chunk_ids_for_reordering``); element-wise kernels over the rank's s/cp tokens, plus a MoE
+layer's token permutation and un-permutation (read and write h per routed copy, each) and its
+activation over the routed copies. Under FP8 (``accounting.fp8``) every linear-layer GEMM runs at the
+device's FP8 peak times the same efficiency (the router, the attention core and the output head stay
+16-bit, as Transformer Engine and DeepSeek-V3's recipe keep them; arXiv 2412.19437 Sec. 3.3.1), and
+each FP8 GEMM first casts its input (forward) or output gradient (backward) to FP8: read 2, write 1
+byte per element.
+
+Communication (exposed; all in seconds per layer and micro-batch on one rank):
+
+* expert all-to-all (``a2a_time_s``): Megatron-Core's all-to-all dispatcher (megatron/core/transformer/
+  moe/token_dispatcher.py) sends T*top_k token copies out and back — dispatch and combine — in forward
+  and again in backward; not overlapped with compute (Megatron-Core overlaps it only with
+  ``--overlap-moe-expert-parallel-comm``). The ep group is ep consecutive dp ranks, strided by tp*cp
+  (``plan.ParallelDims``): a rank sends 1/ep of its buffer to each of its ep-1 peers (pairwise
+  exchange; Thakur et al. 2005, Sec. 4.5), over the node's links to the peers on its node and over
+  the network to the others, both at once (NCCL's all-to-all posts every peer's send together), so
+  the slower of the two sets the time, plus (ep-1) latency steps of the tier spanning the group.
+* context-parallel ring (``cp_exposed_s``): cp-1 K,V blocks per layer forward and cp-1 (K,V + dK,dV)
+  backward (``accounting.context``), each sent while the previous block's attention runs
+  (Megatron-Core / TE ``AttnFuncWithCPAndKVP2P`` overlap them this way): a step exposes only what its
+  send takes beyond 1/cp of the layer's attention compute.
+
+``LOAD_IMBALANCE`` is a named assumption, not a measurement: the busiest expert rank receives 1.25x
+the mean of the routed token copies — the capacity factor Switch Transformer trains with (Fedus et al.
+2022, JMLR, Sec. 2.2 and Table 1: 1.0-1.25 keep quality at the least padding). It scales the expert
+GEMMs, the all-to-all buffers and the dispatch buffers and expert activations in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from exatrain.accounting import moe as moe_acc
+from exatrain.accounting.context import kv_block_bytes
+from exatrain.accounting.dtypes import COMPUTE_BYTES
+from exatrain.accounting.flops import layer_gemms
+from exatrain.accounting.fp8 import Fp8Recipe
+from exatrain.accounting.params import (embedding_params, final_norm_params, head_params, layer_params,
+                                       position_params, stage_layer_kinds)
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.models import ModelSpec
+from exatrain.errors import UserError
+from exatrain.planner.cost import compute, network
+from exatrain.planner.cost.coefficients import CostParams
+
+LOAD_IMBALANCE = 1.25  # busiest expert rank's routed copies over the mean: an assumption (module doc)
+_NOT_FP8 = ("attn_scores", "attn_values", "router")  # GEMMs that stay 16-bit under FP8
+
+
+def extended(m: ModelSpec, cp: int, fp8: str) -> bool:
+    """Whether the layout needs this module's layer time (else ``compute.layer_times`` is exact)."""
+    return bool(m.is_moe or m.mla or m.qk_norm or m.kv_channels or cp > 1 or fp8)
+
+
+def fp8_recipe(fp8: str) -> Fp8Recipe | None:
+    return Fp8Recipe(scaling=fp8) if fp8 else None
+
+
+def fp8_speedup(cluster: ClusterSpec, dtype: str) -> float:
+    """The device's FP8 peak over its ``dtype`` peak (catalog data-sheet figures)."""
+    fast, base = cluster.device.peak_flops("float8"), cluster.device.peak_flops(dtype)
+    if not fast or not base:
+        raise UserError(f"device {cluster.device.name!r} has no FP8 peak in the catalog: --fp8 needs one "
+                        "(e.g. H100, H200, B200, MI300X)")
+    return float(fast) / float(base)
+
+
+def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, flash: bool,
+                sequence_parallel: bool, dtype: str, dev: compute.Device, fp8: str = "",
+                speedup: float = 1.0) -> compute.LayerTimes:
+    """One layer (a MoE layer if ``moe``), one micro-batch, one rank (module doc)."""
+    if not extended(m, cp, fp8):
+        return compute.layer_times(m, micro_batch, tp, flash=flash, recompute="none",
+                                   sequence_parallel=sequence_parallel, dtype=dtype, dev=dev)
+    moe = bool(moe and m.is_moe)
+    e = COMPUTE_BYTES[dtype]
+    b = np.asarray(micro_batch, dtype=float)
+    tp_a = np.asarray(tp, dtype=float)
+    tokens = b * m.seq_len / cp
+    gemms = layer_gemms(m, micro_batch, tp, moe=moe, ep=ep, cp=cp, sequence_parallel=sequence_parallel,
+                        capacity_factor=LOAD_IMBALANCE if moe else 1.0)
+    fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speedup) if fp8 else dev
+    dense = [g for g in gemms if not g.name.startswith("attn_")]
+    gemm_fwd = sum(compute.gemm_time_s(g, fast if g.name not in _NOT_FP8 else dev) for g in dense)
+    core = [g for g in gemms if g.name.startswith("attn_")]
+    h, kvh = m.hidden, m.kv_hidden
+    rep_div = tp_a if sequence_parallel else 1.0
+    replicated = 10.0 * h + (2.0 * h / e if m.dropout > 0 else 0.0)  # as compute.layer_times counts it
+    sharded = 0.0
+    if not m.learned_positions:
+        sharded += 2.0 * (m.q_width + 2 * kvh)  # rotary on q and k (read + write), as compute.layer_times
+    if m.qk_norm:
+        sharded += 2.0 * (m.q_width + kvh)  # the q and k RMSNorms (read + write)
+    if m.mla:
+        replicated += 4.0 * (m.q_lora_rank + m.kv_lora_rank)  # the latent RMSNorms (read + write)
+    act = 3.0 if m.gated_mlp else 2.0  # SwiGLU reads gate, up, writes product; GELU reads, writes
+    elem_bytes = tokens * e * (replicated / rep_div + sharded / tp_a)
+    n_ops = 5 + (2 if not m.learned_positions else 0) + (2 if m.dropout > 0 else 0)
+    if moe:
+        routed = moe_acc.routed_tokens_per_rank(m, b, tp_a, sequence_parallel=sequence_parallel, cp=cp)
+        copies = routed * m.top_k * LOAD_IMBALANCE
+        elem_bytes = elem_bytes + tokens * e * act * m.shared_experts * m.expert_width / tp_a
+        # routed copies: the activation over the expert width, and permute + un-permute (r/w h each)
+        elem_bytes = elem_bytes + copies * e * (act * m.expert_width + 4.0 * h)
+        # the router's softmax and top-k over its fp32 scores (read, write, read)
+        elem_bytes = elem_bytes + routed * m.experts * 3.0 * moe_acc.ROUTER_SCORE_BYTES
+        n_ops += 4  # router softmax/top-k, permute, activation, un-permute
+    else:
+        elem_bytes = elem_bytes + tokens * e * act * m.ffn_hidden / tp_a
+    if fp8:
+        # cast each FP8 GEMM's input (forward) and its output gradient (backward): read 2, write 1
+        cast_elems = sum(g.m * g.k * g.count for g in dense if g.name not in _NOT_FP8)
+        cast_bwd = sum(g.m * g.n * g.count for g in dense if g.name not in _NOT_FP8)
+    else:
+        cast_elems = cast_bwd = 0.0
+    elem_fwd = compute.elementwise_time_s(elem_bytes + 3.0 * cast_elems, dev) + n_ops * dev.params.op_overhead_s
+    elem_bwd = 2 * compute.elementwise_time_s(elem_bytes, dev) + compute.elementwise_time_s(3.0 * cast_bwd, dev) \
+        + 2 * n_ops * dev.params.op_overhead_s
+    if flash:
+        attn_fwd = sum(g.flops for g in core) / (dev.peak_flops * dev.params.attn_eff)
+        attn_bwd = 2.5 * attn_fwd  # FlashAttention-2 (Dao 2023, Sec. 3.2), as compute.layer_times
+    else:
+        per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
+        softmax = compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
+            + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
+        attn_fwd = sum(compute.gemm_time_s(g, dev) for g in core) + softmax
+        attn_bwd = sum(compute.gemm_time_s(g, dev, calls=2) for g in core) + 2 * softmax
+    fwd = gemm_fwd + attn_fwd + elem_fwd
+    bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
+    return compute.LayerTimes(fwd=fwd, bwd=bwd, recompute=0.0 * fwd, attention_core_fwd=attn_fwd,
+                              dense_gemm_fwd=gemm_fwd)
+
+
+def stage_kinds(m: ModelSpec, stage_layers) -> tuple[np.ndarray, np.ndarray]:
+    """(dense layers, MoE layers) of each virtual stage (S,), layers in model order."""
+    split = np.asarray(stage_layers, dtype=np.int64)
+    kinds = np.array([m.layer_is_moe(i) for i in range(m.layers)], dtype=float)
+    ends = np.cumsum(split)
+    moe = np.array([kinds[e - n:e].sum() for n, e in zip(split, ends)])
+    return split - moe, moe
+
+
+def ep_span(tp, cp: int, ep: int):
+    """Ranks from the first to the last of an ep group: ep dp ranks, consecutive, strided by tp*cp."""
+    return (ep - 1) * np.asarray(tp) * cp + 1
+
+
+def edp_span(tp, dp, cp: int, ep: int):
+    """Ranks spanned by an expert-data-parallel group: the tp*cp ranks of each of the dp/ep dp ranks
+    holding the same experts, ep*tp*cp apart."""
+    tp, dp = np.asarray(tp), np.asarray(dp)
+    return tp * cp * (ep * (dp // ep - 1) + 1)
+
+
+def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, ep: int, cp: int,
+               sequence_parallel: bool, dtype: str):
+    """One all-to-all (a dispatch or a combine) of one MoE layer and micro-batch on one rank (module doc)."""
+    msg = moe_acc.a2a_message_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp,
+                                    capacity_factor=LOAD_IMBALANCE)
+    if ep <= 1:
+        return 0.0 * msg
+    tp = np.asarray(tp)
+    # members of the group on one node (the group strides by tp*cp), and the peers beyond it
+    local = np.clip(cluster.gpus_per_node // (tp * cp), 1, ep)
+    near, far = local - 1, ep - local
+    nbw, _ = network.tier_arrays(cluster, (local - 1) * tp * cp + 1)
+    bw, lat = network.tier_arrays(cluster, ep_span(tp, cp, ep))
+    nbw = np.where(near > 0, nbw, bw)
+    per_peer = msg / ep
+    return (ep - 1) * lat + np.maximum(near * per_peer / (nbw * params.link_eff),
+                                       far * per_peer / (bw * params.link_eff))
+
+
+def cp_exposed_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, cp: int, dtype: str,
+                 attn_fwd, attn_bwd):
+    """(forward, backward) exposed seconds of one layer's K,V ring per micro-batch (module doc). The
+    cp group is cp consecutive tp groups: it spans (cp-1)*tp + 1 ranks."""
+    if cp <= 1:
+        return 0.0 * attn_fwd, 0.0 * attn_bwd
+    block = kv_block_bytes(m, micro_batch, tp, cp, dtype)
+    bw, lat = network.tier_arrays(cluster, (cp - 1) * np.asarray(tp) + 1)
+    send = lat + block / (bw * params.link_eff)
+    fwd = (cp - 1) * np.maximum(send - attn_fwd / cp, 0.0)
+    bwd = (cp - 1) * np.maximum(2 * send - attn_bwd / cp, 0.0)  # K,V and dK,dV travel together
+    return fwd, bwd
+
+
+def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int):
+    """(non-routed-expert, routed-expert) parameters one rank of each pipeline rank holds, arrays
+    (N, pp) for tp (N, 1): ``params.stage_params_split`` on arrays, with ``ep``."""
+    tp = np.asarray(tp, dtype=np.int64)
+    kinds = stage_layer_kinds(m, pp=pp, interleave=interleave, layers_per_stage=tuple(int(x) for x in split))
+    n_dense = np.array([k[0] for k in kinds], dtype=np.int64)[None, :]
+    n_moe = np.array([k[1] for k in kinds], dtype=np.int64)[None, :]
+    dl = layer_params(m, moe=False)
+    dense = n_dense * (dl.sharded // tp + dl.replicated)
+    experts = np.zeros_like(dense)
+    if m.is_moe:
+        ml = layer_params(m, moe=True)
+        dense = dense + n_moe * (ml.sharded // tp + ml.replicated)
+        experts = experts + n_moe * (ml.experts // ep)
+    rank = np.arange(pp)[None, :]
+    dense = dense + np.where(rank == 0, embedding_params(m) // tp + position_params(m), 0)
+    head = (np.where(pp > 1, embedding_params(m) // tp, 0) if m.tied_embeddings else head_params(m) // tp)
+    dense = dense + np.where(rank == pp - 1, final_norm_params(m) + head, 0)
+    return dense, experts, n_moe
+
+
+__all__ = ["LOAD_IMBALANCE", "a2a_time_s", "cp_exposed_s", "edp_span", "ep_span", "extended", "fp8_recipe",
+           "fp8_speedup", "layer_times", "rank_params_split", "stage_kinds"]
+
+
+def comm_bytes(plan) -> dict[str, float]:
+    """Bytes the busiest rank sends per step, per kind (``accounting.comms.comm_bytes_per_rank``),
+    with ep, cp and the expert split: tp and pp messages of s/cp tokens, dp over the dp*cp group plus
+    the experts' reduction over the expert-data-parallel group, the expert all-to-alls ("ep") and the
+    K,V ring ("cp")."""
+    from exatrain.accounting import comms
+
+    out = comms.comm_bytes_per_rank(plan)
+    m = plan.model
+    if not (m.is_moe or plan.cp > 1):
+        return out
+    split = stage_params_split_for(plan)
+    kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=plan.layers_per_stage())
+    dp, ep, cpb = [], [], []
+    for r in range(plan.pp):
+        dense, experts = split[r]
+        dp.append(sum(float(c.bytes_per_rank) for c in comms.dp_collectives_for(
+            m, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage,
+            num_microbatches=plan.num_microbatches, dtype=plan.dtype, params_here=dense,
+            pipeline_end=r in (0, plan.pp - 1), cp=plan.cp, ep=plan.ep, expert_params_here=experts)))
+        if m.is_moe:
+            ep.append(sum(float(c.bytes_per_rank) for c in comms.moe_collectives_for(
+                m, micro_batch=plan.micro_batch, tp=plan.tp, ep=plan.ep, cp=plan.cp,
+                sequence_parallel=plan.sequence_parallel, dtype=plan.dtype, moe_layers=kinds[r][1],
+                num_microbatches=plan.num_microbatches, recompute=plan.recompute, capacity_factor=LOAD_IMBALANCE)))
+        if plan.cp > 1:
+            cpb.append(sum(float(c.bytes_per_rank) for c in comms.cp_collectives_for(
+                m, micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, dtype=plan.dtype, layers=sum(kinds[r]),
+                num_microbatches=plan.num_microbatches, recompute=plan.recompute)))
+    out["dp"] = max(dp)
+    for k in ("tp", "pp"):  # their messages are a rank's tokens wide: s/cp of each sequence
+        out[k] = out[k] / plan.cp
+    if ep:
+        out["ep"] = max(ep)
+    if cpb:
+        out["cp"] = max(cpb)
+    return out
+
+
+def stage_params_split_for(plan):
+    """``params.stage_params_split`` of the plan, with its ep."""
+    from exatrain.accounting.params import stage_params_split
+
+    return stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
+                              layers_per_stage=plan.layers_per_stage(), ep=plan.ep)
