@@ -94,12 +94,13 @@ def test_all_to_all_grows_with_ep_and_jumps_across_nodes() -> None:
 
 
 def test_cp_halves_activations_per_rank() -> None:
-    """llama3.1-8b at 128k tokens: each doubling of cp halves every rank's activations (s/cp tokens)."""
+    """llama3.1-8b at 128k tokens: each doubling of cp halves every rank's activations (s/cp tokens).
+    (Megatron-Core's memory: exatrain's per-tensor trainer model counts no cp.)"""
     base = make_plan("llama3.1-8b-128k", H100, gpus=32, tp=4, micro_batch=1, global_batch=8,
                      sequence_parallel=True, zero=1, recompute="full")
     acts, steps = [], []
     for cp in (1, 2, 4, 8):
-        plan = base.replace(dims=ParallelDims(4, 1, 8 // cp, cp=cp)).validate(H100)
+        plan = base.replace(dims=ParallelDims(4, 1, 8 // cp, cp=cp), runtime="megatron-core").validate(H100)
         assert plan.gpus == 32
         est = estimate_plan(plan, H100)
         acts.append(est.memory_bytes.activations)
@@ -145,19 +146,20 @@ def test_search_explores_ep_and_cp_and_counts_refusals() -> None:
     """ep candidates are the experts' divisors, refused (under their own reason) where they do not
     divide dp; cp candidates are powers of two, refused where tp*cp*pp does not divide the GPUs."""
     mix = get_model("mixtral-8x7b")
-    sp = enumerate_space(mix, H100, 12, 12, SpaceOptions(**ONE, cp=(1,)))
+    sp = enumerate_space(mix, H100, 12, 12, SpaceOptions(**ONE, cp=(1,)), runtime="megatron-core")
     assert sp.examined == 4  # ep 1, 2, 4, 8 on dp 12
     assert sp.rejected["ep without experts, or ep does not divide experts / dp"] == 1
     assert sorted(sp.ep.tolist()) == [1, 2, 4]
     long = get_model("llama3.1-8b-128k")
-    sp = enumerate_space(long, H100, 12, 12, SpaceOptions(**ONE))
+    sp = enumerate_space(long, H100, 12, 12, SpaceOptions(**ONE), runtime="megatron-core")
     assert sp.examined == 4  # cp 1, 2, 4, 8
     assert sp.rejected["gpus not divisible by tp*cp*pp"] == 1
     assert sorted(sp.cp.tolist()) == [1, 2, 4] and sorted((sp.dp * sp.cp).tolist()) == [12, 12, 12]
     assert enumerate_space(get_model("gpt-22b"), H100, 12, 12, SpaceOptions(**ONE)).examined == 1  # no cp at 2k
     # with ZeRO-1 (Megatron's distributed optimizer) only ep shards the experts' weights and gradients:
     # the search picks ep > 1, and its plan's numbers are that plan's estimate
-    res = search(mix, H100, 64, 256, top=3, options=SpaceOptions(cp=(1,), micro_batch=(1,), zero_stage=(1,)))
+    res = search(mix, H100, 64, 256, top=3, options=SpaceOptions(cp=(1,), micro_batch=(1,), zero_stage=(1,)),
+                 runtime="megatron-core")
     best = res.ranked[0]
     assert best.ep > 1
     again = estimate_plan(best, H100)

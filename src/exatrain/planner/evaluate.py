@@ -17,7 +17,7 @@ Mixture-of-experts models, context parallelism and FP8 GEMMs are priced by the l
 (``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.experts`` and its
 ``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. exatrain's own trainer
 memory (``accounting.trainer_memory``) counts dense layers without cp or FP8 only: for the other
-layouts its figures are NaN (never "fits").
+layouts the runtime ``exatrain`` is counted by ``accounting.memory`` with the exatrain profile.
 """
 
 from __future__ import annotations
@@ -150,9 +150,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                           pp=p, interleave=v, params_here=params[j], layers_here=on_rank[None, :],
                           inflight_mb=held[j], is_last=rank[None, :] == p - 1)
             for k in memory:
-                if k == "exatrain" and not trainer_models_it(model, ep, cpd, fp8):
-                    parts = [np.full((j.size, p), np.nan)] * len(MEMORY_FIELDS)
-                elif k == "exatrain":
+                if k == "exatrain" and trainer_models_it(model, ep, cpd, fp8):
                     parts = trainer_rank_memory(model, is_first=rank[None, :] == 0, num_microbatches=m[j],
                                                 on_cpu=on_cpu, **common)
                 else:

@@ -15,7 +15,6 @@ import numpy as np
 from exatrain.accounting.engines import ENGINE_NAMES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.errors import UserError
 from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
 from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
@@ -75,12 +74,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     decides what fits (exatrain: its own trainer as it runs today, accounting.trainer_memory), its
     overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
     are candidates."""
-    from exatrain.planner.evaluate import trainer_models_it
-
-    if runtime == "exatrain" and not trainer_models_it(model, 1, 1, options.fp8):
-        raise UserError(f"--runtime exatrain: the trainer's memory model does not count {model.name}'s mixture-of-"
-                        "experts or latent-attention layers, nor FP8; search with --runtime megatron-core "
-                        "(or torchtitan)")
     cp = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime, dtype=dtype)
     rejected = dict(space.rejected)
