@@ -52,8 +52,6 @@ from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.published import MEGATRON_LM_2021
 from exatrain.planner.estimate import estimate_plan
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_memory import predicted_gib  # noqa: E402  (the memory comparison's own prediction)
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_runs_by_engine.csv"
 NARAYANAN, KORTHIKANTI, DASH = ("https://arxiv.org/abs/2104.04473", "https://arxiv.org/abs/2205.05198",
@@ -206,6 +204,17 @@ def _overlap(source: str, engine: str) -> str:
     return "default" if engine == "megatron-deepspeed" else "all"
 
 
+def _predicted_memory_gib(row: Row) -> float:
+    """The worst stage's bytes as ``estimate`` gives them for the row's engine (the evaluation path,
+    which counts cp, ep and FP8; memory does not depend on the cost parameters); without the engine's
+    allocator allowance where the source reports allocated rather than reserved bytes."""
+    from exatrain.accounting.engines import get_engine
+
+    worst = estimate_plan(row.plan, row.cluster, overlap=row.overlap).memory_bytes.total
+    allowance = get_engine(row.engine).allocator_allowance
+    return (worst / (1 + allowance) if row.memory_allocated else worst) / GIB
+
+
 def _predict_s(row: Row, params: CostParams) -> float:
     return estimate_plan(row.plan, row.cluster, params, overlap=row.overlap).time_s.step
 
@@ -221,7 +230,7 @@ def price(rows: list[Row]) -> None:
             row.not_priced = str(exc)
             continue
         if row.memory_gib is not None:
-            row.memory_pred_gib = predicted_gib(row.plan, row.engine, row.memory_allocated)
+            row.memory_pred_gib = _predicted_memory_gib(row)
 
 
 def fit_without(train: list[Row], base: CostParams, max_iter: int = 8) -> CostParams:

@@ -199,14 +199,16 @@ def engine_layer_activation_bytes(engine: EngineProfile, m: ModelSpec, micro_bat
     """``layer_activation_bytes`` under ``engine``'s rules: dropout masks only where the engine keeps
     them (and the model has dropout); its own selective recomputation where it differs.
     ``extensions`` (cp, moe, etp, capacity_factor, fp8) go to ``layer_activation_bytes``; torchtitan's
-    per-op selective policy is modelled for plain dense layers only, so with any extension in use
-    (a MoE layer, cp > 1, fp8) selective recomputation falls back to the Korthikanti count."""
+    per-op selective policy is modelled for dense layers (with cp and FP8 GEMMs too); for a MoE layer
+    selective recomputation falls back to the Korthikanti count."""
     rules = engine.activations
-    plain = not (extensions.get("fp8") is not None or np.any(np.asarray(extensions.get("cp", 1)) != 1)
-                 or (m.is_moe and extensions.get("moe", True) is not False))
-    if recompute == "selective" and rules.selective == "per_op" and plain:
+    dense = not (m.is_moe and extensions.get("moe", True) is not False)
+    if recompute == "selective" and rules.selective == "per_op" and dense:
+        # FP8 GEMMs leave the saved matmul outputs in the compute dtype (torchao float8 linear returns
+        # them in it), so the per-op count holds; context parallelism gives each rank s/cp tokens.
+        cp = np.asarray(extensions.get("cp", 1), dtype=float)
         return per_op_checkpoint_layer_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, flash=flash,
-                                             dtype=dtype)
+                                             dtype=dtype) / cp
     return layer_activation_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, recompute=recompute,
                                   flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0, **extensions)
 
@@ -277,8 +279,8 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         are sharded over the expert-data-parallel group ``expert_dp(tp, dp, ep, etp, cp)``;
         ``moe_layers_here`` of the ``layers_here`` layers are MoE layers (their activations with
         ``etp`` and ``capacity_factor``), and one all-to-all's buffers join "other";
-      ``fp8``: the cached fp8 weights (``Fp8Recipe.weight_bytes_per_param`` per GEMM weight here)
-        join the weights, GEMM inputs are saved in fp8, and delayed scaling's amax histories join
+      ``fp8``: the cached fp8 weights (``Fp8Recipe.weight_bytes_per_param`` per GEMM weight here;
+        under ZeRO-3 only the gathered layers') join the weights, GEMM inputs are saved in fp8, and delayed scaling's amax histories join
         "other". The two transient working sets (CP's and the all-to-all's) belong to different
         parts of a layer, so the larger of them is counted.
     """
@@ -367,6 +369,11 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
             ep_ = np.asarray(ep, dtype=float)
             gemm_w = gemm_w + moe_layers_here * fp8_gemm_weights(m, True, tp, ep_, etp)
             n_gemms = n_gemms + moe_layers_here * gemms_per_layer(m, True, ep_)
+        if zero_stage == 3:
+            # Sharded weights (FSDP / ZeRO-3) are cast to fp8 as each layer is gathered (torchtitan's
+            # float8 all-gather, torchao float8/fsdp_utils.py); no whole-stage fp8 copy is cached, only
+            # the gathered layers' (the ZeRO-3 working set).
+            gemm_w = gemm_w * np.minimum(1.0, gathered_layers / np.maximum(layers_here, 1))
         weights = weights + gemm_w * fp8.weight_bytes_per_param(dtype)
         p2p = p2p + fp8.meta_bytes(n_gemms)
     other = p2p + allowance * (weights + grads + optim + acts + p2p)
