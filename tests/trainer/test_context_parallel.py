@@ -12,24 +12,21 @@ Measured on this machine (torch 2.13 CPU, 2026-12-01, ``pytest -s -m slow tests/
 test_context_parallel.py`` prints each case), worst case of each: losses and gradient norms 8.1e-8,
 gradients 3.3e-7, update 4.7e-6, single weights 2.8e-6; the bounds are those of test_parity.py.
 
-Mutations tried: each bug below was put into the source by hand, this file run and seen to fail (the
-checks named are those that failed), and the edit reverted.
+Mutations tried: each bug below was put into a copy of the source, this file's named tests run
+against it and seen to fail (the checks named are those that failed), and the copy thrown away.
 
 1. Wrong chunk order (rank r holding chunks r and r + cp instead of 2cp-1-r, ``chunk_positions``):
-   test_the_chunks_of_a_rank (the causal mask and positions follow the same function, so the runs
-   still agree with the reference: the layout is what the unit test pins).
-2. Causal mask by local index instead of global position (``causal_mask`` on ``arange``): every
-   run case, on every check.
-3. Learned/rotary positions not shifted to the rank's chunks (``Embeddings`` and ``apply_rope`` on
-   0 .. s/cp-1): every gpt case (learned positions) and every llama case (rotary), on every check.
-4. Gradients not reduced over cp (``Mesh.grad_mesh`` returning the dp mesh alone): every case, on the
-   step-1 gradients and gradient norms.
-5. K/V gather's backward without the sum over the cp ranks (own slice of the local gradient only):
-   every case, on the step-1 gradients.
-6. The K/V gather through ``torch.distributed.nn.functional.all_gather`` (its gloo backward sends
-   non-contiguous gradient slices through all_to_all): the llama and dropout cases, on every check.
-7. Residual dropout masks at local rows instead of global positions (``Block._drop``): the
-   dropout cases, on every check.
+   test_the_chunks_of_a_rank (the runs were not tried with it: the mask and the positions follow the
+   same function, so the load-balanced layout itself is what this unit test pins).
+2. Causal mask by local index instead of global position (``ContextShard.causal_mask``):
+   test_two_ranks, both cases, on losses, gradient norms, step-1 gradients, update and weights.
+3. Positions not shifted to the rank's chunks (the learned table and the rotary angles read 0 ..
+   s/cp-1): test_two_ranks[cp2] on every check; [llama-dropout-cp2-recompute-selective] on gradient
+   norms, step-1 gradients, update and weights.
+4. Gradients not reduced over cp (``Mesh.grad_mesh`` the dp mesh alone, the dp x cp count back to
+   dp): test_two_ranks, both cases, on every check.
+5. The K/V gather's backward without the sum over the cp ranks (each rank keeps its own slice of its
+   own gradient): test_two_ranks, both cases, on every check.
 """
 
 from __future__ import annotations
