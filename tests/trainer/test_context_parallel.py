@@ -27,6 +27,11 @@ against it and seen to fail (the checks named are those that failed), and the co
    dp): test_two_ranks, both cases, on every check.
 5. The K/V gather's backward without the sum over the cp ranks (each rank keeps its own slice of its
    own gradient): test_two_ranks, both cases, on every check.
+6. Residual dropout masks at the rank's local rows instead of its global positions (``Block._drop``):
+   test_two_ranks[llama-dropout-cp2-recompute-selective], on every check ([cp2] has no dropout).
+7. The K/V gather through ``torch.distributed.nn.functional.all_gather`` instead of GatherSequence
+   (its gloo backward sends non-contiguous gradient slices through all_to_all):
+   test_two_ranks[llama-dropout-cp2-recompute-selective], on every check; [cp2] passed with it.
 """
 
 from __future__ import annotations
