@@ -50,14 +50,14 @@ class Run:
 
 
 def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
-           dtype: str = "float32", steps: int = STEPS, compile: bool = False, dropout: float = 0.0,
+           cp: int = 1, dtype: str = "float32", steps: int = STEPS, compile: bool = False, dropout: float = 0.0,
            tied: bool | None = None, train_kw: dict[str, Any] | None = None, **plan_kw: Any) -> TrainConfig:
     """The config of one case, dumped to out/<name>.dump/: ``model`` a preset name or a spec; ``dropout``
     and ``tied`` override the model's; ``train_kw`` further TrainConfig fields."""
     spec = (get_model(model) if isinstance(model, str) else model).replace(dropout=dropout)
     if tied is not None:
         spec = spec.replace(tied_embeddings=tied)
-    plan = Plan(model=spec, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep),
+    plan = Plan(model=spec, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp),
                 shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype=dtype, **plan_kw).validate()
     kw = {"dump_dir": str(out / f"{name}.dump"), **(train_kw or {})}
     return TrainConfig(plan=plan, steps=steps, seed=0, lr=LR, metrics_file=str(out / f"{name}.jsonl"),

@@ -204,7 +204,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
           global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
           sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
           stage_layers: Sequence[int] | None = None, dtype: str | None = None, flash_attention: bool | None = None,
-          steps: int = 100, seed: int = 0, lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
+          cp: int | None = None, ep: int | None = None, steps: int = 100, seed: int = 0, lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
           weight_decay: float = 0.1, grad_clip: float = 1.0, device: str | None = None,
           metrics_file: str | Path | None = None, quiet: bool = False, nan_policy: str = "stop",
           tensorboard: str | Path | None = None, calibration: str | Path | None = None, compile: bool = False,
@@ -216,6 +216,8 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     plan nor any of tp/pp/dp/gpus, the embedded default (``embedded_default``: gpt-small, tp2 pp2
     dp2 on 8 CPU ranks, float32). The device is cuda for a plan made for a GPU cluster, else cpu.
     ``resume``: 'auto' (the newest complete checkpoint in ``checkpoint_dir``) or a checkpoint path.
+    ``cp`` (context parallel) and ``ep`` (expert parallel) degrees: None keeps the plan's (else 1); cp
+    adds ranks (gpus = tp*cp*pp*dp), ep splits dp.
     ``warn`` hears warnings, ``progress`` what happens before the ranks start."""
     values = dict(locals())
     warn = warner(warn)
@@ -232,13 +234,21 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
         check_input_dir(resume, "--resume")
     base = load_plan(plan, warn=warn) if plan is not None else None
     m = resolve_model(model, model_file, base=base.model if base else None, default=DEFAULT_MODEL, **shape_of(values))
-    if base is None and all(v is None for v in (tp, pp, dp, gpus)):
+    if base is None and all(v is None for v in (tp, pp, dp, gpus, cp, ep)):
         base = embedded_default(m)
     device = _pick_device(device, base)
     c = _pick_cluster(cluster, cluster_file, base, device)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
+    cp = cp if cp is not None else (base.cp if base is not None else 1)
+    ep = ep if ep is not None else (base.ep if base is not None else 1)
+    if gpus is not None and cp > 1:  # make_plan derives dp from the ranks without cp's
+        if gpus % cp:
+            raise PlanError(f"--gpus {gpus} is not divisible by --cp {cp}")
+        gpus //= cp
     p = make_plan(m, c, gpus=gpus, base=base, default_dtype="float32" if device == "cpu" else "bfloat16",
                   **{**layout_of(values), "stage_layers": stage_layers})
+    if (p.cp, p.ep) != (cp, ep):
+        p = p.replace(dims=dataclasses.replace(p.dims, cp=cp, ep=ep)).validate(c)
     p = _attach_estimate(p, base, c, calibration, warn)
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "--checkpoint-dir", need_bytes=int(checkpoint_bytes(p)))

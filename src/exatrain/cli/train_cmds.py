@@ -18,11 +18,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                     f"With no flags: {describe_default()}. Under torchrun/srun each process is one rank; otherwise "
                     "the ranks are started here.",
         epilog="examples:\n  exatrain train\n  exatrain train --plan plan.json --steps 200 --metrics-file runs.jsonl\n"
-               "  exatrain train --model gpt-tiny --tp 2 --pp 2 --dp 2 --schedule interleaved --steps 50")
+               "  exatrain train --model gpt-tiny --tp 2 --pp 2 --dp 2 --schedule interleaved --steps 50\n"
+               "  exatrain train --model llama-tiny --tp 2 --cp 2 --steps 20")
     p.add_argument("--plan", metavar="PATH", help="a plan: `estimate/search --out`, `estimate --json`, or "
                    "`search --json` (its first ranked plan, the best); flags override it")
     add_model_args(p, DEFAULT_MODEL)
     add_layout_args(p)
+    g = p.add_argument_group("context and expert parallelism (not given: the plan's, else 1)")
+    g.add_argument("--cp", type=positive_int, help="context-parallel degree: every sequence split over N more "
+                   "ranks (gpus = tp*cp*pp*dp; seq_len divisible by 2*N)")
+    g.add_argument("--ep", type=positive_int, help="expert-parallel degree of a mixture-of-experts model "
+                   "(splits dp: dp divisible by N)")
     add_cluster_args(p, "the plan's, else local-cpu")
     g = p.add_argument_group("training")
     for name, kind, help in (("--steps", positive_int, "optimizer steps"), ("--seed", nonneg_int, "weights and data order"),

@@ -16,7 +16,7 @@ single-device model (``checkpoint.state.param_views``, the checkpoint's names):
 
 Every rank of a pipeline stage takes part (DTensor shards, tensor-parallel or FSDP, are gathered into
 whole tensors with ``full_tensor``, a collective over the parameter's mesh); the stage's first rank
-(dp 0, tp 0) writes. A pipeline rank writes one file per kind, holding all its virtual stages; with a
+(dp 0, cp 0, tp 0) writes. A pipeline rank writes one file per kind, holding all its virtual stages; with a
 tied embedding split over the pipeline the first and last stage files both hold ``embed.tok.weight``.
 """
 
@@ -49,7 +49,7 @@ class Dump:
     def __init__(self, root: str | Path, pm: ParallelModel, mesh: Mesh) -> None:
         self.root = Path(root)
         self.pm, self.mesh = pm, mesh
-        self.writer = mesh.dp_rank == 0 and mesh.tp_rank == 0
+        self.writer = mesh.dp_rank == 0 and mesh.tp_rank == 0 and mesh.cp_rank == 0
         self.grads_done = False
         self.dtypes: dict[str, str] = {}
         first_block = next(iter(pm.inner[0].layers.values()))

@@ -120,10 +120,11 @@ def is_peer_loss(message: str) -> bool:
 
 def rank_label(rank: int, plan: Plan) -> str:
     """``rank 3 (tp 1, pp 0, dp 1)``: a rank and its place in the mesh (ParallelDims' rank order)."""
-    from exatrain.trainer.parallel.mesh import coordinates
+    from exatrain.trainer.parallel.mesh import coordinates, cp_coordinate
 
     pp, dp, tp = coordinates(rank, plan)
-    return f"rank {rank} (tp {tp}, pp {pp}, dp {dp})"
+    cp = f", cp {cp_coordinate(rank, plan)}" if plan.cp > 1 else ""
+    return f"rank {rank} (tp {tp}, pp {pp}, dp {dp}{cp})"
 
 
 def ranks_text(ranks: Sequence[int]) -> str:

@@ -110,7 +110,7 @@ def summarize(steps: Sequence[StepMetrics], plan: Plan, measure_after: int) -> M
     """Medians over the steps after the first ``measure_after`` (all steps if there are no more)."""
     kept = list(steps[measure_after:]) or list(steps)
     mem = [max(s.peak_memory_bytes[r] for s in steps) for r in range(plan.gpus)]
-    per_stage = plan.tp * plan.dp  # ranks of one pipeline stage are consecutive
+    per_stage = plan.tp * plan.cp * plan.dp  # ranks of one pipeline stage are consecutive
     tflops = [s.model_tflops_per_gpu for s in kept if s.model_tflops_per_gpu is not None]
     mfus = [s.mfu for s in kept if s.mfu is not None]
     return Measured(

@@ -21,6 +21,9 @@ key, the layer's index in the whole model, the site, the attention head), at its
 keeps the slice it computes (its heads under tensor parallelism, its sequence slice under sequence
 parallelism). So a sequence meets the same masks on any tp/pp/dp layout, with or without activation
 recomputation, and after a resume (the key depends on the sample, not on a generator's state).
+Under context parallelism (parallel/context.py sets ``context``) a rank holds some positions of each
+sequence: the learned position table, the rotary angles, the causal mask and the dropout masks are
+indexed by those global positions, and attention gathers the whole sequence's keys and values.
 The attention core then runs as explicit matmul-softmax-matmul (the s x s probabilities are
 materialised: SDPA's fused dropout draws from the global generator). Without keys, dropout draws
 from the global generator as ``F.dropout`` does.
@@ -96,9 +99,12 @@ def rope_table(spec: ModelSpec, device: torch.device | str | None = None) -> tor
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels of x [b, s, n, d] by the angles of table [s, d/2, 2]."""
+def apply_rope(x: torch.Tensor, table: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate pairs of channels of x [b, s, n, d] by the angles of table [S, d/2, 2] at ``positions``
+    (int64 [s]; None: 0 .. s-1)."""
     s = x.shape[1]
+    if positions is not None:
+        table = table.index_select(0, positions)
     pairs = x.float().unflatten(-1, (-1, 2))  # [b, s, n, d/2, 2]
     cos = table[:s, None, :, 0]  # [s, 1, d/2]
     sin = table[:s, None, :, 1]
@@ -125,6 +131,7 @@ class Attention(nn.Module):
         self.math_kernel = False  # True: SDPA's math kernel, which stores the s x s scores
         self.index = 0  # the layer's index in the whole model (a dropout mask key)
         self.shard_rank = 0  # which share of the heads this rank holds under tp (parallel/tensor.py)
+        self.context = None  # this rank's share of the sequence under cp (parallel/context.py ContextShard)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
                 dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
@@ -134,7 +141,10 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)  # [b, s, k, d]
         if self.rotary:
             assert rope is not None
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
+            positions = None if self.context is None else self.context.positions
+            q, k = apply_rope(q, rope, positions), apply_rope(k, rope, positions)
+        if self.context is not None:  # the whole sequence's keys and values: [b, S, k, d]
+            k, v = self.context.gather(k), self.context.gather(v)
         if self.recompute and torch.is_grad_enabled():
             y = checkpoint(self._core, q, k, v, dropout_keys, use_reentrant=False)
         else:
@@ -143,7 +153,8 @@ class Attention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d)) v, causal: [b, s, n, d] -> [b, s, n, d]."""
+        """softmax(q k^T / sqrt(d)) v, causal: q [b, s, n, d], k and v [b, S, k, d] (S = s, or the
+        whole sequence under cp, masked by global positions) -> [b, s, n, d]."""
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, n|k, s, d]
         if self.kv_repeat > 1:
             k = k.repeat_interleave(self.kv_repeat, dim=1)  # [b, n, s, d]
@@ -151,13 +162,15 @@ class Attention(nn.Module):
         p = self.dropout if self.training else 0.0
         if p and dropout_keys is not None:
             return self._keyed_dropout_core(q, k, v, dropout_keys, p).transpose(1, 2)
+        mask = None if self.context is None else self.context.causal_mask()  # [s, S]: True = attend
+        kw = dict(dropout_p=p, is_causal=mask is None, attn_mask=mask)
         if self.math_kernel:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with sdpa_kernel([SDPBackend.MATH]):
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+                y = F.scaled_dot_product_attention(q, k, v, **kw)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, **kw)
         return y.transpose(1, 2)
 
     def _keyed_dropout_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
@@ -165,12 +178,22 @@ class Attention(nn.Module):
         """Attention (Vaswani et al. 2017, Eq. 1) with dropout on the probabilities, each head's
         mask keyed by its global head index: [b, n, s, d] -> [b, n, s, d]."""
         b, n, s, d = q.shape
-        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # [b, n, s, s]
-        future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        S = k.shape[2]  # keys: the whole sequence (under cp, gathered)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # [b, n, s, S]
+        if self.context is None:
+            future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+            rows = cols = None
+        else:
+            future = ~self.context.causal_mask()
+            rows, cols = self.context.positions, self.context.all_positions
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
         first = self.shard_rank * n  # global index of this rank's first head
-        keep = torch.stack([torch.stack([keep_mask(key, self.index, ATTN_PROBS, first + j, (s, s), p, q.device)
-                                         for j in range(n)]) for key in keys.tolist()])  # [b, n, s, s]
+
+        def mask(key: int, j: int) -> torch.Tensor:  # [s, S]: the whole mask's rows and columns held here
+            m = keep_mask(key, self.index, ATTN_PROBS, first + j, (S, S), p, q.device)
+            return m if rows is None else m.index_select(0, rows).index_select(1, cols)
+
+        keep = torch.stack([torch.stack([mask(key, j) for j in range(n)]) for key in keys.tolist()])  # [b, n, s, S]
         probs = probs.masked_fill(~keep, 0.0) * (1.0 / (1.0 - p))
         return torch.matmul(probs.to(v.dtype), v)
 
@@ -211,6 +234,7 @@ class Block(nn.Module):
         # Under sequence parallelism this rank holds sequence slice shard_rank of shard_count
         # (parallel/tensor.py sets these; the dropout masks are sliced alike).
         self.shard_rank, self.shard_count, self.sequence_sharded = 0, 1, False
+        self.context = None  # this rank's share of the sequence under cp (parallel/context.py)
 
     def make_mlp(self, spec: ModelSpec) -> nn.Module:
         return MLP(spec)
@@ -240,9 +264,18 @@ class Block(nn.Module):
         if keys is None:
             return F.dropout(x, self.dropout, True)
         b, s, h = x.shape
-        rows = s * self.shard_count if self.sequence_sharded else s  # the whole sequence
+        rows = s * self.shard_count if self.sequence_sharded else s  # the whole sequence (this cp rank's)
         first = self.shard_rank * s if self.sequence_sharded else 0
-        keep = torch.stack([keep_mask(key, self.index, site, 0, (rows, h), self.dropout, x.device)[first:first + s]
+        if self.context is None:
+            def mine(m: torch.Tensor) -> torch.Tensor:
+                return m[first:first + s]
+        else:  # the rows at this rank's global positions
+            held = self.context.positions[first:first + s]
+            rows = len(self.context.all_positions)
+
+            def mine(m: torch.Tensor) -> torch.Tensor:
+                return m.index_select(0, held)
+        keep = torch.stack([mine(keep_mask(key, self.index, site, 0, (rows, h), self.dropout, x.device))
                             for key in keys.tolist()])  # [b, s, h]
         return x.masked_fill(~keep, 0.0) * (1.0 / (1.0 - self.dropout))
 
@@ -267,11 +300,14 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.seq_len, spec.hidden) if spec.learned_positions else None
+        self.context = None  # this rank's share of the sequence under cp (parallel/context.py)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [b, s] -> [b, s, h]
         x = self.tok(tokens)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))  # + [s, h]
+            positions = (torch.arange(tokens.shape[1], device=tokens.device) if self.context is None
+                         else self.context.positions)
+            x = x + self.pos(positions)  # + [s, h]
         return to_compute_dtype(x)
 
 
@@ -294,6 +330,7 @@ class Transformer(nn.Module):
             self.head.weight = self.embed.tok.weight  # one parameter, counted once
         # Rotary angles: derived, not trained; rebuilt by reset_buffers after materialisation.
         self.register_buffer("rope", rope_table(spec) if spec.arch == "llama" else None, persistent=False)
+        self.context = None  # this rank's share of the sequence under cp (parallel/context.py)
 
     def reset_buffers(self) -> None:
         if self.rope is not None:

@@ -44,6 +44,7 @@ from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, app
                                       supersede_redone_steps)
 from exatrain.trainer.model import dropout_keys
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
+from exatrain.trainer.parallel.context import shard_batch
 from exatrain.trainer.parallel.expert import finish_moe_step
 from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
 from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates
@@ -71,11 +72,11 @@ def build_optimizer(pm: ParallelModel, config: TrainConfig, mesh: Mesh) -> torch
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     kw: dict = dict(lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8)
-    if config.plan.zero_stage == 1 and config.plan.dp > 1:
+    if config.plan.zero_stage == 1 and config.plan.dp * config.plan.cp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
-                                       process_group=mesh.dp_mesh.get_group(), **kw)
+                                       process_group=mesh.grad_mesh.get_group(), **kw)
     if fused_adamw_ok(params, mesh.device):
         kw["fused"] = True
     return torch.optim.AdamW(groups, **kw)
@@ -238,7 +239,7 @@ class Trainer:
             progress.note(line)
 
     def _layout(self) -> dict[str, int]:
-        return {"tp": self.plan.tp, "pp": self.plan.pp, "dp": self.plan.dp}
+        return ckpt_files.layout_of(self.plan)
 
     def _resume(self, manifest: ckpt_files.Manifest) -> tuple[int, int]:
         """Load parameters, optimizer states (and, on the same layout, RNG states) in place; set the
@@ -275,6 +276,8 @@ class Trainer:
         t0 = time.perf_counter()
         self.health.step_begin()
         inputs, targets = local_batch(self.source, self.order, step, mesh.dp_rank, plan.model.seq_len)
+        # under cp: this rank's positions of every sequence (parallel/context.py)
+        inputs, targets = shard_batch(inputs, pm.context), shard_batch(targets, pm.context)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
         kw = {}
@@ -284,15 +287,15 @@ class Trainer:
         self.health.enter("grad-sync")
         settle_grads(pm.entries)
         if pm.reduce_after_schedule:
-            average_over_dp(pm.entries, mesh.dp_mesh.get_group(), plan.dp)
+            average_over_dp(pm.entries, mesh.grad_mesh.get_group(), plan.dp * plan.cp)
         sync_tied_embedding(pm.tied_copies, mesh.embed_group)
         if self.dump is not None:
             self.dump.grads(step + 1)
         grad_norm = clip_grad_norm(pm.entries, self.config.grad_clip, device)
         self.health.enter("metrics")
         loss_sum = local_loss.double().reshape(1)
-        dist.all_reduce(loss_sum)  # only the tp*dp ranks of the last stage contribute
-        loss = float(loss_sum) / (plan.tp * plan.dp)
+        dist.all_reduce(loss_sum)  # only the tp*cp*dp ranks of the last stage contribute
+        loss = float(loss_sum) / (plan.tp * plan.cp * plan.dp)  # cp: equal token shares, so means average
         skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
         if skipped and self.config.nan_policy == "stop":
             raise TrainingStopped(f"loss {loss} (gradient norm {grad_norm}) at step {step + 1}: stopped by "
@@ -337,7 +340,7 @@ class Trainer:
     def run(self) -> list[StepMetrics]:
         """Every step, the metrics lines, checkpoints, and the closing RunRecord (written by rank 0)."""
         config, plan = self.config, self.plan
-        title = (f"{plan.model.name}: tp{plan.tp} pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
+        title = (f"{plan.model.name}: tp{plan.tp} {f'cp{plan.cp} ' if plan.cp > 1 else ''}pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
                  f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}"
                  + (f", resumed at step {self.start_step}" if self.start_step else ""))
         progress = Progress(config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()),

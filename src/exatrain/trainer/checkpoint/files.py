@@ -168,6 +168,12 @@ def _verify(path: Path, hashes: bool) -> Manifest:
     return Manifest(path=path, step=step, trainer=trainer, files=files, plan=plan, tensors=tensors)
 
 
+def layout_of(plan: Plan) -> dict[str, int]:
+    """trainer.json's ``layout``: the degrees that place ranks (cp only when > 1, so checkpoints saved
+    before context parallelism keep theirs); a resume onto the same one restores each rank's RNG state."""
+    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, **({"cp": plan.cp} if plan.cp > 1 else {})}
+
+
 def _check_trainer(path: Path, t: dict[str, Any]) -> Plan:
     """trainer.json's fields have their types, its plan parses, and the two agree."""
     for key, kind in TRAINER_FIELDS.items():
@@ -185,8 +191,7 @@ def _check_trainer(path: Path, t: dict[str, Any]) -> Plan:
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a field of the wrong type
         raise CheckpointError(f"{path / TRAINER}: plan: malformed plan ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
-    layout = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
-    if t["layout"] != layout or t["seq_len"] != plan.model.seq_len or t["global_batch"] != plan.global_batch:
+    if t["layout"] != layout_of(plan) or t["seq_len"] != plan.model.seq_len or t["global_batch"] != plan.global_batch:
         raise CheckpointError(f"{path}: {TRAINER}'s layout, seq_len or global batch disagree with its plan")
     return plan
 
@@ -414,7 +419,7 @@ def select(path: str | Path, step: int | None = None, warn: Callable[[str], None
     return manifest
 
 
-__all__ = ["CheckpointError", "DTYPES", "METADATA", "MANIFEST", "Manifest", "TOKENIZER", "TRAINER",
+__all__ = ["CheckpointError", "DTYPES", "METADATA", "MANIFEST", "Manifest", "TOKENIZER", "TRAINER", "layout_of",
            "clear_leftovers", "leftovers", "list_checkpoints", "newest_complete", "read_tensor_table",
            "remove_path", "resolve", "safetensors_header", "select", "step_dir_name", "tmp_dir_name", "usable",
            "verify", "write_manifest"]

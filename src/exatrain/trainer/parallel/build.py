@@ -1,7 +1,7 @@
 """This rank's part of the model, with every technique of the plan applied in a fixed order.
 
-    meta-device model -> pipeline split -> TP/SP -> EP -> activation checkpointing -> compile -> FSDP
-                      -> materialise (deterministic weights) -> DDP
+    meta-device model -> pipeline split -> TP/SP -> EP -> CP -> activation checkpointing -> compile
+                      -> FSDP -> materialise (deterministic weights) -> DDP
 
 Why this order (torchtitan's, for these reasons):
 * the pipeline split comes first so that everything after works on one stage's module, and a rank
@@ -10,6 +10,9 @@ Why this order (torchtitan's, for these reasons):
   parameters with DTensors and hook the module boundaries, which needs the unwrapped modules;
 * expert parallelism (MoE models) places the routed experts on the (ep, tp) mesh once tensor
   parallelism has placed everything else in the layer (parallel/expert.py);
+* context parallelism (cp > 1) only tells the stage's position-aware parts which positions this
+  rank holds (parallel/context.py); it changes no parameter, so its place among these is free;
+  data parallelism then treats the cp ranks as more replicas (``Mesh.grad_mesh``: dp x cp);
 * activation checkpointing wraps the already-sharded computation, so a recompute replays the same
   tensor-parallel collectives as the forward; it is switched on inside each layer, so the layer
   (and its parameter names) stays as it is for the wrappers after it;
@@ -34,6 +37,7 @@ from exatrain.plan import Plan
 from exatrain.trainer.init import materialize
 from exatrain.trainer.model import Transformer
 from exatrain.trainer.parallel.activation import apply_activation_checkpointing, apply_attention_kernel
+from exatrain.trainer.parallel.context import ContextShard, apply_context_parallel, context_shard
 from exatrain.trainer.parallel.data import apply_ddp, apply_fsdp, localize_dtensor_params
 from exatrain.trainer.parallel.expert import apply_expert_parallel, expert_parameters
 from exatrain.trainer.parallel.grads import GradEntry, grad_entries
@@ -51,6 +55,7 @@ class ParallelModel:
     tied_copies: list[nn.Parameter]  # this rank's copy of a tied embedding split over pp (else empty)
     entries: list[GradEntry]
     inner: list[nn.Module]  # the stage modules without their DDP wrapper (parameter names as in the model)
+    context: ContextShard | None = None  # this rank's share of every sequence under cp > 1
 
     @property
     def modules(self) -> list[nn.Module]:
@@ -81,8 +86,9 @@ def data_parallel_kind(plan: Plan) -> str:
     reducer does not follow the schedules' gradient accumulation). FSDP follows it (the stage drives
     its reduce-scatter), except through the zero-bubble weight pass: refused by TrainConfig.check.
     With expert parallelism the experts' gradients are averaged over another group than the rest
-    (grads.average_over_dp), which DDP's single group cannot do: after the backward too."""
-    if plan.dp == 1:
+    (grads.average_over_dp), which DDP's single group cannot do: after the backward too. The cp ranks
+    hold replicas like the dp ranks: the group is dp x cp (parallel/context.py)."""
+    if plan.dp * plan.cp == 1:
         return "none"
     if plan.zero_stage >= 2:
         return "fsdp"
@@ -112,14 +118,17 @@ def compile_blocks(module: nn.Module) -> None:
 
 
 def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool = False,
-                expert=None) -> None:
+                expert=None, context=None) -> None:
     """Steps 2-4 on one meta-device stage, in place: TP/SP, expert parallelism (``expert``: a callable
     that places a stage's routed experts; MoE models only), activation checkpointing and the attention
-    kernel, compile, FSDP (bench/trace.py applies the same to trace a rank's memory)."""
+    kernel, compile, FSDP (bench/trace.py applies the same to trace a rank's memory). ``dp_mesh``: the
+    replicas' mesh (dp, or dp x cp); ``context``: this rank's ContextShard under cp > 1."""
     if plan.tp > 1:
         apply_tensor_parallel(module, tp_mesh, sequence_parallel=plan.sequence_parallel)  # 2.
     if expert is not None:
         expert(module)
+    if context is not None:
+        apply_context_parallel(module, context)
     apply_activation_checkpointing(module, plan.recompute)  # 3.
     apply_attention_kernel(module, plan.flash_attention)
     if compile:
@@ -142,19 +151,21 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
     with torch.device("meta"):
         whole = Transformer(plan.model)
     ddp = data_parallel_kind(plan) == "ddp"
+    context = context_shard(mesh, plan.model.seq_len) if plan.cp > 1 else None
     stages: list[tuple[int, nn.Module]] = []
     tied: list[nn.Parameter] = []
     inner: list[nn.Module] = []
     for index, module in split_stages(whole, plan, mesh.pp_rank):  # 1. pipeline split
         expert = ((lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=moe_aux_loss_coef))
                   if plan.model.is_moe else None)
-        shard_stage(module, plan, mesh.tp_mesh, mesh.dp_mesh, compile=compile, expert=expert)  # 2.-4.
+        shard_stage(module, plan, mesh.tp_mesh, mesh.grad_mesh, compile=compile, expert=expert,
+                    context=context)  # 2.-4.
         materialize(module, plan.model, seed, mesh.device)
         run: nn.Module = module
         if local_params_needed(plan):
             localize_dtensor_params(module)
         if ddp:
-            run = apply_ddp(module, mesh.dp_mesh)  # 5.
+            run = apply_ddp(module, mesh.grad_mesh)  # 5.
         if plan.pp > 1 and plan.model.tied_embeddings:
             if module.embed is not None:
                 tied.append(stored_param(module.embed.tok, "weight"))
@@ -163,9 +174,9 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
         stages.append((index, run))
         inner.append(module)
     experts = expert_parameters(inner) if plan.ep > 1 else []
-    entries = grad_entries(inner, tp=plan.tp, dp=plan.dp, tied_copies=tied, expert_params=experts,
+    entries = grad_entries(inner, tp=plan.tp, dp=plan.dp * plan.cp, tied_copies=tied, expert_params=experts,
                            edp_group=mesh.edp_group)
-    return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries, inner=inner)
+    return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries, inner=inner, context=context)
 
 
 __all__ = ["ParallelModel", "compile_blocks", "data_parallel_kind", "execution_plan", "local_params_needed",

@@ -5,7 +5,8 @@ gradient entries it holds, divided by the number of ranks holding identical copi
 all-reduce over the world sums those. A tensor-parallel shard is held once; a replicated parameter
 tp times (norms, biases after the all-reduce); under DDP/ZeRO-1 every gradient is also replicated dp
 times, under FSDP sharded; a tied embedding split over the pipeline has two copies (first and
-last stage). Routed experts under expert parallelism are sharded over ep and replicated over tp and
+last stage). Under context parallelism the cp ranks hold replicas as the dp ranks do: ``dp`` here
+is then dp x cp (parallel/context.py). Routed experts under expert parallelism are sharded over ep and replicated over tp and
 the dp/ep expert-data-parallel ranks.
 
 Averaging over data parallelism: a dense gradient is averaged over the dp group. An expert's

@@ -1,7 +1,11 @@
-"""The device mesh of a plan: (pp, dp, tp), tp fastest, as ParallelDims documents (Megatron's order).
+"""The device mesh of a plan: (pp, dp, cp, tp), tp fastest, as ParallelDims documents (Megatron-Core's
+tp-cp-dp-pp order).
 
 A tp group is ``tp`` consecutive ranks (inside a node, where tensor parallelism's per-layer
-all-reduces belong); a dp group strides by ``tp``; a pipeline group strides by ``tp * dp``.
+all-reduces belong); a cp group strides by ``tp``; a dp group by ``tp * cp``; a pipeline group by
+``tp * cp * dp``. Weights are replicated over cp as over dp, so gradients are reduced (and FSDP/ZeRO
+shard) over the flattened (dp, cp) mesh, ``grad_mesh``; the data sampler still splits the batch over
+dp alone (every cp rank of a dp position reads the same sequences, parallel/context.py).
 
 With expert parallelism (ep > 1) the dp dimension is itself a (edp, ep) grid, ep fastest: the mesh
 is built as (pp, edp, ep, tp) and (edp, ep) flattened back into "dp", so dp groups, dp ranks and
@@ -36,6 +40,20 @@ class Mesh:
     embed_group: dist.ProcessGroup | None
     ep: int = 1
     flat_dp: DeviceMesh | None = None  # with ep > 1: the (edp, ep) grid flattened into dp
+    cp: int = 1
+    cp_rank: int = 0
+    flat_dp_cp: DeviceMesh | None = None  # with cp > 1: the (dp, cp) grid flattened
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup | None:
+        """The context-parallel group (None without context parallelism)."""
+        return self.mesh["cp"].get_group() if self.cp > 1 else None
+
+    @property
+    def grad_mesh(self) -> DeviceMesh:
+        """The ranks holding replicas of the same weights (dp, times cp under context parallelism):
+        where DDP averages, FSDP and ZeRO shard."""
+        return self.flat_dp_cp if self.flat_dp_cp is not None else self.dp_mesh
 
     @property
     def ep_rank(self) -> int:
@@ -74,22 +92,33 @@ class Mesh:
 
 
 def coordinates(rank: int, plan: Plan) -> tuple[int, int, int]:
-    """(pp_rank, dp_rank, tp_rank) of a global rank."""
-    tp, dp = plan.tp, plan.dp
-    return rank // (tp * dp), (rank // tp) % dp, rank % tp
+    """(pp_rank, dp_rank, tp_rank) of a global rank (its cp rank: ``cp_coordinate``)."""
+    tp, cp, dp = plan.tp, plan.cp, plan.dp
+    return rank // (tp * cp * dp), (rank // (tp * cp)) % dp, rank % tp
 
 
-def global_rank(plan: Plan, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
-    return (pp_rank * plan.dp + dp_rank) * plan.tp + tp_rank
+def cp_coordinate(rank: int, plan: Plan) -> int:
+    """The context-parallel rank of a global rank."""
+    return (rank // plan.tp) % plan.cp
+
+
+def global_rank(plan: Plan, pp_rank: int, dp_rank: int, tp_rank: int, cp_rank: int = 0) -> int:
+    return ((pp_rank * plan.dp + dp_rank) * plan.cp + cp_rank) * plan.tp + tp_rank
 
 
 def build_mesh(plan: Plan, device: torch.device) -> Mesh:
     """Create the mesh (and the tied-embedding groups) on an initialised default process group."""
     world = dist.get_world_size()
     if world != plan.gpus:
-        raise PlanError(f"the plan needs tp*pp*dp = {plan.tp}*{plan.pp}*{plan.dp} = {plan.gpus} ranks "
-                        f"but {world} were started")
-    if plan.ep > 1:
+        raise PlanError(f"the plan needs tp*cp*pp*dp = {plan.tp}*{plan.cp}*{plan.pp}*{plan.dp} = {plan.gpus} "
+                        f"ranks but {world} were started")
+    flat_dp_cp = None
+    if plan.cp > 1:  # TrainConfig.check refuses cp with ep
+        mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.cp, plan.tp),
+                                mesh_dim_names=("pp", "dp", "cp", "tp"))
+        flat_dp = None
+        flat_dp_cp = mesh["dp", "cp"]._flatten("dp_cp")
+    elif plan.ep > 1:
         mesh = init_device_mesh(device.type, (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp),
                                 mesh_dim_names=("pp", "edp", "ep", "tp"))
         flat_dp = mesh["edp", "ep"]._flatten("dp")
@@ -102,13 +131,15 @@ def build_mesh(plan: Plan, device: torch.device) -> Mesh:
     if plan.pp > 1 and plan.model.tied_embeddings:
         # Every rank takes part in creating every group (a collective call), in the same order.
         for d in range(plan.dp):
-            for t in range(plan.tp):
-                ranks = [global_rank(plan, 0, d, t), global_rank(plan, plan.pp - 1, d, t)]
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    embed_group = group
+            for c in range(plan.cp):
+                for t in range(plan.tp):
+                    ranks = [global_rank(plan, 0, d, t, c), global_rank(plan, plan.pp - 1, d, t, c)]
+                    group = dist.new_group(ranks)
+                    if rank in ranks:
+                        embed_group = group
     return Mesh(mesh=mesh, rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=tp_rank,
-                device=device, embed_group=embed_group, ep=plan.ep, flat_dp=flat_dp)
+                device=device, embed_group=embed_group, ep=plan.ep, flat_dp=flat_dp, cp=plan.cp,
+                cp_rank=cp_coordinate(rank, plan), flat_dp_cp=flat_dp_cp)
 
 
-__all__ = ["Mesh", "build_mesh", "coordinates", "global_rank"]
+__all__ = ["Mesh", "build_mesh", "coordinates", "cp_coordinate", "global_rank"]
