@@ -18,7 +18,6 @@ priced as the catalog's dgx-h100. Throughput is compared whether or not the plan
 from __future__ import annotations
 
 import csv
-import dataclasses
 import re
 import sys
 from pathlib import Path

@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from exatrain.plan import SCHEDULES
-from exatrain.planner.cost.schedule import peak_in_flight_fast, simulate, step_time_fast
+from exatrain.accounting.inflight import peak_in_flight_fast
+from exatrain.planner.cost.schedule import simulate, step_time_fast
 
 CASES = [  # (schedule, pp, v, m)
     ("1f1b", 64, 1, 1536),

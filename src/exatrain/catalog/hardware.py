@@ -16,7 +16,6 @@ from typing import Any, Mapping
 
 from exatrain.catalog.models import _load_table_file
 from exatrain.errors import UserError
-from exatrain.units import GiB
 FP8_DTYPES = ("float8", "fp8", "float8_e4m3fn", "float8_e5m2")
 
 

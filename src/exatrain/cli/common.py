@@ -7,12 +7,12 @@ import argparse
 import contextlib
 import inspect
 import json
-import os
 import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
 from exatrain.plan import DTYPES, RECOMPUTE, SCHEDULES
+from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 
 class Parser(argparse.ArgumentParser):
@@ -180,29 +180,5 @@ def warn_line(command: str) -> Callable[[str], None]:
     return lambda message: sys.stderr.write(f"exatrain {command}: warning: {message}\n")
 
 
-def make_console(stderr: bool = False) -> Any:
-    """A rich Console; when output is not a terminal, wide enough that tables are not squeezed."""
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else int(os.environ.get("COLUMNS", "160"))
-    return Console(file=stream, width=width)
-
-
-def table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Any:
-    """A rich Table, numbers right-aligned."""
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in columns:
-        t.add_column(col, justify="left" if col in left else "right")
-    return t
-
-
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
-
-
-def opt(x: float | None, fmt: str) -> str:
-    """``fmt`` of x, or '-' when there is none."""
-    return "-" if x is None else fmt.format(x)

@@ -19,7 +19,6 @@ every shard's sha256 (``exatrain prepare --verify``). The trainer checks each wi
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

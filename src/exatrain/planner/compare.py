@@ -22,7 +22,6 @@ from exatrain.errors import UserError
 from exatrain.plan import RunRecord, StepEstimate
 from exatrain.planner.cost.calibrate import error_stats
 from exatrain.planner.cost.coefficients import Calibration
-from exatrain.units import GiB
 
 
 @dataclass(frozen=True)

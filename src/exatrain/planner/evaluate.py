@@ -33,7 +33,6 @@ from exatrain.accounting.params import rank_params
 from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.errors import UserError
 from exatrain.plan import RECOMPUTE, balanced_split
 from exatrain.planner.cost import compute, experts
 from exatrain.planner.cost.coefficients import CostParams

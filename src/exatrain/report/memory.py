@@ -79,8 +79,8 @@ def memory_by_stage(plan: Plan, path: Path) -> Figure:
 
     share = top / cap_b
     w = est.memory_by_stage[worst]
-    caption = (f"Peak bytes held by one rank of each pipeline stage (after tensor-parallel and ZeRO "
-               f"sharding), stacked by kind"
+    caption = ("Peak bytes held by one rank of each pipeline stage (after tensor-parallel and ZeRO "
+               "sharding), stacked by kind"
                + (", against the device's capacity (dashed)" if cap_drawn else
                   f"; the device's capacity ({human_bytes(cap_b)}) is more than {CAPACITY_ON_AXIS:.0f}× "
                   "the fullest stage and is left off the axis")

@@ -46,7 +46,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 PHASES = ("setup", "data", "forward", "backward", "forward/backward", "grad-sync", "optimizer", "metrics",
           "checkpoint", "done")

@@ -40,7 +40,7 @@ from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 
-from exatrain.accounting.inflight import group_size, group_sizes, peak_in_flight_fast, schedule_codes
+from exatrain.accounting.inflight import group_size, group_sizes, schedule_codes
 from exatrain.plan import SCHEDULES
 
 Times = Union[float, Sequence[float], np.ndarray]

@@ -76,7 +76,7 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
     return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool) -> None:
     """fully_shard each layer, then the root (embedding, final norm, head), in place."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -1,0 +1,138 @@
+"""Results as terminal text (rich tables): what `exatrain estimate`, `search` and `scaling` print,
+callable from a script or notebook on what the API returns (``render_estimate(exatrain.estimate(...))``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from exatrain.plan import Plan
+from exatrain.units import GiB
+
+
+def make_console(stderr: bool = False) -> Any:
+    """A rich Console; when output is not a terminal, wide enough that tables are not squeezed."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else int(os.environ.get("COLUMNS", "160"))
+    return Console(file=stream, width=width)
+
+
+def table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Any:
+    """A rich Table, numbers right-aligned."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right")
+    return t
+
+
+def opt(x: float | None, fmt: str) -> str:
+    """``fmt`` of x, or '-' when there is none."""
+    return "-" if x is None else fmt.format(x)
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:,.2f}"
+
+
+def render_estimate(plan: Plan, con=None) -> None:
+    """A plan's estimate as the terminal shows it: the layout, memory per stage, the verdict, FLOPs
+    and bytes, the step-time breakdown with its out-of-sample range, throughput and the notes."""
+    est = plan.estimate
+    assert est is not None
+    con = con or make_console()
+    con.print(f"[bold]{plan.model.name}[/] ({est.params / 1e9:,.2f}B params) on {plan.gpus} x {plan.cluster}: "
+              f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp}"
+              + "".join(f" · {k} {n}" for k, n in (("cp", plan.cp), ("ep", plan.ep)) if n != 1)
+              + f", micro-batch {plan.micro_batch}, "
+              f"global batch {plan.global_batch} ({plan.num_microbatches} micro-batches), ZeRO-{plan.zero_stage}, "
+              f"recompute {plan.recompute}, SP {'on' if plan.sequence_parallel else 'off'}, schedule {plan.schedule}"
+              + (f" x{plan.interleave}" if plan.interleave > 1 else "") + f", {plan.dtype}, runtime {plan.runtime}"
+              + (f", FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else ""))
+    t = table(f"memory per rank, GiB (capacity {_gib(est.capacity_bytes)})", ("stage", "layers", "params", "weights",
+              "gradients", "optimizer", "activations", "other", "total", "of capacity"))
+    layers = plan.layers_per_stage()
+    for r, mb in enumerate(est.memory_by_stage):
+        share = mb.total / est.capacity_bytes
+        style = "red" if share > 1 else ("yellow" if share > 0.9 else "")
+        t.add_row(str(r), str(sum(layers[v] for v in plan.stages_of_rank(r))), f"{est.params_by_stage[r] / 1e9:,.3f}B",
+                  *(_gib(x) for x in (mb.weights, mb.gradients, mb.optimizer, mb.activations, mb.other, mb.total)),
+                  f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}")
+    con.print(t)
+    verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
+    con.print(f"worst stage: {_gib(est.memory_bytes.total)} GiB of {_gib(est.capacity_bytes)} GiB — {verdict} "
+              f"(as {plan.runtime} runs it)")
+    if est.trainer_memory_bytes is not None and plan.runtime != "exatrain":
+        tv = "[green]fits[/]" if est.trainer_fits else "[red]does not fit[/]"
+        con.print(f"with exatrain's own trainer as it runs today: {_gib(est.trainer_memory_bytes.total)} GiB — {tv}")
+    con.print(f"FLOPs per step: model {est.model_flops_per_step:.3e}, hardware {est.hardware_flops_per_step:.3e}; "
+              "bytes sent per rank per step: " + ", ".join(f"{k} {v / 1e9:,.2f} GB" for k, v in est.comm_bytes.items()))
+    if est.time_s is not None:
+        ts = est.time_s
+        cols = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
+        cols += tuple(c for c, on in (("ep_comm", plan.model.is_moe), ("cp_comm", plan.cp > 1)) if on)
+        tt = table("step time, seconds", tuple(c.replace("_", " ") for c in cols))
+        tt.add_row(*(f"{getattr(ts, c):.3f}" for c in cols))
+        con.print(tt)
+        if est.step_range_s is not None:  # the out-of-sample band (planner/band.py)
+            con.print(f"step {ts.step:,.3g} s ({est.step_range_s[0]:,.3g}–{est.step_range_s[1]:,.3g} s, "
+                      f"{(est.band or {}).get('text', '')})")
+        line = f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model TFLOPS per GPU"
+        con.print(line + (f" (MFU {est.mfu:.1%}, HFU {est.hfu:.1%}"
+                          + (f", against the {plan.dtype} peak" if plan.fp8 else "") + ")" if est.mfu is not None else ""))
+    for note in est.notes:
+        con.print(f"[dim]· {note}[/]")
+
+
+def render_search(result, lines: list[str] | None, gpus: int, global_batch: int, con=None) -> None:
+    """The ranked table of a search, its runtime, what was examined and rejected, and ``lines`` (the
+    explanation of the winner, when asked for)."""
+    first = result.ranked[0]
+    con = con or make_console()
+    t = table(f"{first.model.name} on {gpus} × {first.cluster}, global batch {global_batch}, "
+              f"runtime {first.runtime}",
+              ("#", "layout", "mb", "ZeRO", "recompute", "SP", "schedule", "step s", "tokens/s", "TFLOPS/GPU", "MFU",
+               "memory GiB"), left=("layout", "recompute", "schedule"))
+    for i, p in enumerate(result.ranked, 1):
+        e = p.estimate
+        mem = e.memory_bytes
+        t.add_row(str(i), p.label, str(p.micro_batch), str(p.zero_stage), p.recompute,
+                  "on" if p.sequence_parallel else "off", p.schedule_label, f"{e.time_s.step:.2f}",
+                  f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}", opt(e.mfu, "{:.1%}"),
+                  f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
+    con.print(t)
+    if first.fp8:
+        con.print(f"FP8 GEMMs ({first.fp8} scaling); MFU against the {first.dtype} peak")
+    con.print(f"memory and overlaps: {first.runtime}" + (" (exatrain's own trainer as it runs today)"
+                                                         if first.runtime == "exatrain" else ""))
+    rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
+    con.print(f"{result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings collapsed, "
+              f"{result.legal:,} legal, {result.feasible:,} fit in memory. Rejected — {rej}.")
+    for line in lines or ():
+        con.print(f"· {line}")
+
+
+def render_scaling(result, con=None) -> None:
+    """The points of a scaling study: best layout, step time, MFU and efficiency per GPU count, and
+    the study's measured efficiencies where the catalog holds them."""
+    con = con or make_console()
+    t = table(f"{result.mode} scaling of {result.model.name} on {result.cluster.name}, runtime "
+              f"{result.points[0].plan.runtime}",
+              ("GPUs", "global batch", "layout", "mb", "ZeRO", "recompute", "schedule", "step s", "TFLOPS/GPU",
+               "MFU", "efficiency"), left=("layout", "recompute", "schedule"))
+    for pt in result.points:
+        p, e = pt.plan, pt.plan.estimate
+        t.add_row(str(pt.gpus), str(pt.global_batch), p.label, str(p.micro_batch), str(p.zero_stage),
+                  p.recompute, p.schedule_label, f"{e.time_s.step:.2f}", f"{e.model_tflops_per_gpu:.1f}",
+                  opt(e.mfu, "{:.1%}"), f"{pt.efficiency:.1%}")
+    con.print(t)
+    if result.points and result.points[0].plan.fp8:
+        p = result.points[0].plan
+        con.print(f"FP8 GEMMs ({p.fp8} scaling); MFU against the {p.dtype} peak")
+    if result.measured:
+        con.print(f"{result.measured[0].source} measured: " + ", ".join(
+            f"{m.mode} {m.efficiency:.0%}" + (f" to {m.gpus:,} GPUs" if m.range_stated else "") for m in result.measured))
