@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
+from tests.helpers.ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
 
 from exatrain.catalog import get_model
 from exatrain.cli import main

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_runs import max_rel_diff, run_batch
+from tests.helpers.trainer_runs import max_rel_diff, run_batch
 
 from exatrain.cli import main
 from exatrain.trainer.train import fused_adamw_ok

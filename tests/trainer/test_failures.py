@@ -10,7 +10,7 @@
 * a rank whose first checkpoint save fails (FileExistsError): RankFailed naming it, a failed RunRecord;
 * Ctrl-C (SIGINT to the process group): exit status 130, one line, a failed RunRecord.
 
-Every wait polls for progress and fails only when nothing moves for a long time (tests/progress_wait.py).
+Every wait polls for progress and fails only when nothing moves for a long time (tests/helpers/progress_wait.py).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from progress_wait import IDLE_S, finish, start, wait_for  # noqa: E402
-from trainer_runs import config  # noqa: E402
+from tests.helpers.progress_wait import IDLE_S, finish, start, wait_for
+from tests.helpers.slurm_standins import install
+from tests.helpers.trainer_runs import config
 
-from exatrain.errors import RankFailed, RankHung  # noqa: E402
-from exatrain.plan import read_run_records  # noqa: E402
-from exatrain.trainer.checkpoint import files as ckpt_files  # noqa: E402
-from exatrain.trainer.health import SLOW_RANK_ENV  # noqa: E402
-from exatrain.trainer.spawn import launch_local  # noqa: E402
+from exatrain.errors import RankFailed, RankHung
+from exatrain.plan import read_run_records
+from exatrain.trainer.checkpoint import files as ckpt_files
+from exatrain.trainer.health import SLOW_RANK_ENV
+from exatrain.trainer.spawn import launch_local
 
 pytestmark = pytest.mark.slow
 
@@ -199,9 +199,6 @@ def test_a_failed_first_checkpoint_save_names_the_rank_and_leaves_a_failed_recor
 
 
 def test_under_srun_the_failing_rank_reports_once(tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-    from slurm_standins import install
-
     from exatrain.trainer.spawn import _free_port
 
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from trainer_runs import Run, max_rel_diff, run_batch
+from tests.helpers.trainer_runs import Run, max_rel_diff, run_batch
 
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.catalog import get_model
