@@ -21,7 +21,7 @@ import pytest
 from tests.helpers.progress_wait import finish, run, start, wait_for
 
 pytestmark = pytest.mark.slow
-STEPS, EVERY = 40, 4
+STEPS, EVERY = 16, 4  # the kill lands after step 6, ten steps before the end
 
 
 def command(metrics: Path, *extra: str) -> list[str]:
