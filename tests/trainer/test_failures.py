@@ -102,7 +102,7 @@ def test_a_slow_rank_is_named_a_straggler_after_two_windows(tmp_path: Path, monk
 
 def test_a_stopped_rank_is_named_the_others_exit_and_the_checkpoint_resumes(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    c = replace(config(tmp_path, "stop", dp=2, steps=14), checkpoint_dir=str(ckpt), save_every=4, watchdog_s=10.0)
+    c = replace(config(tmp_path, "stop", dp=2, steps=10), checkpoint_dir=str(ckpt), save_every=4, watchdog_s=10.0)
     metrics, run_dir = tmp_path / "stop.jsonl", ckpt / "ranks"
     run = Launch([c], tmp_path)
     run.wait_until(lambda: len(steps(metrics)) >= 5 and (ckpt / "step-00000004" / "manifest.json").is_file())
@@ -127,7 +127,7 @@ def test_a_stopped_rank_is_named_the_others_exit_and_the_checkpoint_resumes(tmp_
     err = Launch([replace(c, resume_from=str(manifest.path), watchdog_s=0.0)], tmp_path).join()
     assert err is None, err
     got = lines(metrics)
-    assert [x["step"] for x in got if x["kind"] == "step"] == list(range(1, 15))
+    assert [x["step"] for x in got if x["kind"] == "step"] == list(range(1, 11))
     redone = [x["line"]["step"] for x in got if x["kind"] == "superseded" and "step" in x["line"]]
     assert redone and all(s > done for s in redone)
     assert read_run_records(metrics)[-1].status == "ok"
