@@ -2,7 +2,7 @@
 
 The tuner (a separate process, as a user runs it) is SIGKILLed while its second trial runs, then the
 same command is run again, this time through a launcher template (`srun -n 4 {cmd}` with the srun
-stand-in of tests/launch, which starts 4 ranks the way SLURM does). The rerun must mark the cut-off
+stand-in of tests/helpers/slurm_standins.py, which starts 4 ranks the way SLURM does). The rerun must mark the cut-off
 trial interrupted, run its layout again, never rerun the finished one, and finish with 3 measured
 trials whose best is the reported best. Every subprocess runs in its own process group, killed whole
 on the way out; waits poll for progress (files under the test's folder changing) and fail only after a
