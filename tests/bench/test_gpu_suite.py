@@ -13,16 +13,17 @@ from exatrain.catalog import get_cluster
 from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.planner.estimate import estimate_plan
 
-SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_suite.py"
-sys.path.insert(0, str(SUITE.parent))
-import gpu_suite  # noqa: E402
+from tests.helpers.benchmarks import load
+
+gpu_suite = load("gpu_suite")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_does_not_load_torch() -> None:
-    code = (f"import sys; sys.path.insert(0, {str(SUITE.parent)!r}); import gpu_suite; "
+    code = ("import sys; from tests.helpers.benchmarks import load; gpu_suite = load('gpu_suite'); "
             "gpu_suite.plans(); gpu_suite.commands(gpu_suite.parse_args(['--dry-run'])); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
 
@@ -65,9 +66,7 @@ def test_commands_bench_then_estimate_and_train_each_plan(tmp_path, capsys) -> N
 
 # ---- benchmarks/gpu_speed.py: the side-by-side single-GPU speed script ------------------------------
 def _gpu_speed():
-    import gpu_speed  # benchmarks/ is on sys.path (above)
-
-    return gpu_speed
+    return load("gpu_speed")
 
 
 def test_gpu_speed_mfu_formula_and_largest_model() -> None:

@@ -4,12 +4,12 @@ planner cannot price are listed, not dropped."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import benchmarks
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "prediction_error.py"
@@ -18,12 +18,7 @@ NARAYANAN, KORTHIKANTI = "https://arxiv.org/abs/2104.04473", "https://arxiv.org/
 
 @pytest.fixture(scope="module")
 def pe():
-    spec = importlib.util.spec_from_file_location("prediction_error", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["prediction_error"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("prediction_error", None)
+    return benchmarks.load("prediction_error")
 
 
 def _subset(tmp_path: Path, pe, scale_narayanan: float = 1.0) -> Path:

@@ -5,7 +5,7 @@ steps, keeping the last 2): an uninterrupted reference; a run one of whose ranks
 checkpoint is published and two more steps are done; the same command with `--resume auto`. From the
 checkpoint it found on, the resumed run's losses and samples equal the reference's, bit for bit.
 Waits poll for progress (a file under the test's folder changing) and fail only after a long stall,
-never on a deadline (tests/progress_wait.py).
+never on a deadline (tests/helpers/progress_wait.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from progress_wait import finish, run, start, wait_for  # noqa: E402
+from tests.helpers.progress_wait import finish, run, start, wait_for
 
 pytestmark = pytest.mark.slow
-STEPS, EVERY = 40, 4
+STEPS, EVERY = 16, 4  # the kill lands after step 6, ten steps before the end
 
 
 def command(metrics: Path, *extra: str) -> list[str]:

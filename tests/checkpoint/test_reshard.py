@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
-from trainer_runs import weight_errors
+from tests.helpers.ckpt_runs import Run, max_rel_diff, samples_by_step
+from tests.helpers.trainer_runs import weight_errors
 
 from exatrain.trainer.checkpoint.storage import read_full
 
@@ -51,17 +51,24 @@ def checkpoint(out: Path, saved: str) -> Path:
     return out / f"ckpt-{saved}" / "step-00000003"
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Run]]:
-    out = tmp_path_factory.mktemp("reshard")
+def cases_on_two(out: Path) -> dict[str, dict]:
+    """The saves, then their resumes on two ranks: one launch (conftest.py)."""
     cases = {name: dict(kw, dropout=DROPOUT, steps=6, checkpoint_dir=str(out / f"ckpt-{name}"), save_every=3)
              for name, kw in SAVED.items()}
     cases.update({name: dict(kw, dropout=DROPOUT, steps=6, resume_from=str(checkpoint(out, saved)))
                   for name, (kw, saved) in RESUMED_ON_TWO.items()})
-    found = run_cases(out, cases, timeout_s=420)
-    found.update(run_cases(out, {name: dict(kw, dropout=DROPOUT, steps=6, resume_from=str(checkpoint(out, saved)))
-                                 for name, (kw, saved) in RESUMED_ON_FOUR.items()}, timeout_s=420))
-    return out, found
+    return cases
+
+
+def cases_on_four(out: Path) -> dict[str, dict]:
+    """The resumes on four ranks, in the launch shared with the resume tests (conftest.py)."""
+    return {name: dict(kw, dropout=DROPOUT, steps=6, resume_from=str(checkpoint(out, saved)))
+            for name, (kw, saved) in RESUMED_ON_FOUR.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(ckpt_out: Path, launch_two: dict, launch_four: dict) -> tuple[Path, dict[str, Run]]:
+    return ckpt_out / "reshard", {**launch_two["reshard"], **launch_four["reshard"]}
 
 
 CASES = {**RESUMED_ON_TWO, **RESUMED_ON_FOUR}

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
-from trainer_runs import weight_errors
+from tests.helpers.ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
+from tests.helpers.trainer_runs import weight_errors
 
 from exatrain.trainer.checkpoint.storage import read_full
 

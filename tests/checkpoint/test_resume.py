@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
+from tests.helpers.ckpt_runs import Run, max_rel_diff, samples_by_step
 
 from exatrain.catalog import get_model
 from exatrain.cli import main
@@ -30,25 +30,32 @@ GLOBAL_BATCH = 8  # trainer_runs.GLOBAL_BATCH
 RTOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def four(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Run]]:
-    out = tmp_path_factory.mktemp("four")
-    cases = {
+def cases_on_four(out: Path) -> dict[str, dict]:
+    """The straight run, its same-layout resume and llama, in the four-rank launch shared with the
+    resharding tests (conftest.py)."""
+    return {
         "straight": dict(tp=2, dp=2, zero_stage=1, checkpoint_dir=str(out / "ckpt"), save_every=5,
                          tensorboard_dir=str(out / "tb")),
         "same-layout": dict(tp=2, dp=2, zero_stage=1, resume_from=str(out / "ckpt" / "step-00000005")),
         "llama": dict(model="llama-tiny", tp=2, dp=2, steps=3, checkpoint_dir=str(out / "llama")),
     }
-    return out, run_cases(out, cases, timeout_s=360)
+
+
+def cases_after_four(out: Path, world: int) -> dict[str, dict]:
+    """Other layouts resumed from the straight run's step-5 checkpoint, by world size."""
+    ckpt = str(out / "ckpt" / "step-00000005")
+    return {2: {"pp2": dict(pp=2, resume_from=ckpt)},
+            8: {"tp2-pp2-dp2-fsdp": dict(tp=2, pp=2, dp=2, zero_stage=3, resume_from=ckpt)}}[world]
 
 
 @pytest.fixture(scope="module")
-def other_layouts(four: tuple[Path, dict[str, Run]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    ckpt = str(four[0] / "ckpt" / "step-00000005")
-    runs = run_cases(tmp_path_factory.mktemp("two"), {"pp2": dict(pp=2, resume_from=ckpt)}, timeout_s=240)
-    runs.update(run_cases(tmp_path_factory.mktemp("eight"), {
-        "tp2-pp2-dp2-fsdp": dict(tp=2, pp=2, dp=2, zero_stage=3, resume_from=ckpt)}, timeout_s=360))
-    return runs
+def four(ckpt_out: Path, launch_four: dict) -> tuple[Path, dict[str, Run]]:
+    return ckpt_out / "resume", launch_four["resume"]
+
+
+@pytest.fixture(scope="module")
+def other_layouts(launch_two_after_four: dict, launch_eight: dict) -> dict[str, Run]:
+    return {**launch_two_after_four["resume"], **launch_eight["resume"]}
 
 
 def test_same_layout_resume_is_bit_identical(four: tuple[Path, dict[str, Run]]) -> None:

@@ -1,6 +1,6 @@
 """export-config goldens: the Frontier study's 175B and 1T layouts as Megatron-LM, Megatron-DeepSpeed
 (+ DeepSpeed JSON) and torchtitan config, every flag and key checked against the option names of
-those projects (tests/launch/upstream_names.py cites the files and commits).
+those projects (tests/helpers/upstream_names.py cites the files and commits).
 
 Layouts (Dash et al. 2023, arXiv 2312.12705, the authors' launch scripts): 175B = tp4 pp16 dp2 on
 128 GCDs, micro-batch 1, global batch 640, ZeRO-1, full recompute; 1T = tp8 pp64 dp2 on 1,024 GCDs,
@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from upstream_names import (DEEPSPEED_CONFIG_KEYS, DEEPSPEED_LAUNCHER_OPTIONS, MEGATRON_DEEPSPEED_OPTIONS,
+from tests.helpers.upstream_names import (DEEPSPEED_CONFIG_KEYS, DEEPSPEED_LAUNCHER_OPTIONS, MEGATRON_DEEPSPEED_OPTIONS,
                             MEGATRON_LM_OPTIONS, TORCHTITAN_FIELDS)
 
 from exatrain.catalog import get_model

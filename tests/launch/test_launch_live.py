@@ -1,14 +1,14 @@
 """The rendered launchers, run for real on this machine (CPU ranks, gloo, the tiny GPT):
 
 * a SLURM batch script from `exatrain launch --scheduler slurm`, executed by bash with stand-in
-  `srun`/`scontrol` first on PATH (tests/launch/slurm_standins.py): 2 "nodes" x 2 ranks train;
+  `srun`/`scontrol` first on PATH (tests/helpers/slurm_standins.py): 2 "nodes" x 2 ranks train;
 * the torchrun script from `exatrain launch --scheduler torchrun --nodes 2 --master 127.0.0.1:PORT`,
   run by two launcher processes (two "nodes", c10d rendezvous on 127.0.0.1): 2 ranks train.
 
 Training happened when the metrics file holds one step line per requested step with a finite loss.
 Every launch runs in its own process group; a launch that makes no progress (no file under the test's
 folder changes) for a long time fails the test and its whole group is killed, so a hang does not block
-the suite while a correct but slow launch on a loaded machine still passes (tests/progress_wait.py).
+the suite while a correct but slow launch on a loaded machine still passes (tests/helpers/progress_wait.py).
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_standins import install, job_environment
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from progress_wait import finish  # noqa: E402
+from tests.helpers.progress_wait import finish
+from tests.helpers.slurm_standins import install, job_environment
 
-from exatrain.cli import main  # noqa: E402
-from exatrain.catalog import get_model  # noqa: E402
-from exatrain.plan import ParallelDims, Plan, TrainShape  # noqa: E402
+from exatrain.cli import main
+from exatrain.catalog import get_model
+from exatrain.plan import ParallelDims, Plan, TrainShape
 
 pytestmark = pytest.mark.slow
 STEPS = 3

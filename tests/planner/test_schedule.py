@@ -9,9 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from exatrain.planner.cost.schedule import (
-    SCHEDULES, Event, group_size, peak_in_flight_fast, rank_order, simulate, step_time_fast,
-)
+from exatrain.accounting.inflight import peak_in_flight_fast
+from exatrain.planner.cost.schedule import SCHEDULES, Event, group_size, rank_order, simulate, step_time_fast
 
 # Stage times that are exact in binary, so closed forms hold to the last bit.
 F, B = 1.0, 2.0

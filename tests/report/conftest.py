@@ -6,30 +6,19 @@ and every picture test compares what it drew with this JSON.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from exatrain.cli import main
+from tests.helpers.cli import run_cli
 
 GPT_1T = ("--model", "gpt-1t", "--cluster", "frontier", "--gpus", "3072", "--tp", "8", "--pp", "64",
           "--micro-batch", "1", "--global-batch", "1536", "--zero", "1", "--recompute", "full")
 # 22B on 32 GCDs: pp 4 with 8 micro-batches, small enough that every op spans many pixels.
 GPT_22B = ("--model", "gpt-22b", "--cluster", "frontier", "--gpus", "32", "--tp", "2", "--pp", "4",
            "--micro-batch", "1", "--global-batch", "32", "--zero", "1", "--recompute", "selective")
-
-
-def run_cli(*argv: str) -> str:
-    """stdout of one `exatrain` command run in-process; the command must succeed."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(list(argv))
-    assert rc == 0, f"exatrain {' '.join(argv)} -> {rc}"
-    return buf.getvalue()
 
 
 def cli_json(*argv: str) -> Any:

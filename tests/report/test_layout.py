@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from report_helpers import layout_problems, write_json
+from tests.helpers.report_helpers import layout_problems, write_json
 
 from exatrain.catalog import get_cluster
 from exatrain.plan import Measured, RunRecord

@@ -16,7 +16,7 @@ from exatrain.report.steptime import step_time_breakdown
 from exatrain.report.style import MEMORY_KINDS, TIME_TERMS
 from exatrain.report.timeline import pipeline_timeline
 
-from report_helpers import assert_png_drawn
+from tests.helpers.report_helpers import assert_png_drawn
 
 
 def _timeline(est: dict, path: Path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from report_helpers import assert_png_drawn
+from tests.helpers.report_helpers import assert_png_drawn
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,11 +10,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from report_helpers import assert_png_drawn, write_json
+from tests.helpers.report_helpers import assert_png_drawn, write_json
 
 from exatrain.cli import main
 
-from conftest import GPT_22B, run_cli
+from tests.helpers.cli import run_cli
+from tests.report.conftest import GPT_22B
 
 
 class _Refs(HTMLParser):

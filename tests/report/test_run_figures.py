@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from report_helpers import assert_png_drawn
+from tests.helpers.report_helpers import assert_png_drawn
 
 from exatrain.plan import Measured, RunRecord
 from exatrain.report.inputs import plan_from_json, read_runs

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from report_helpers import assert_png_drawn, write_json
+from tests.helpers.report_helpers import assert_png_drawn, write_json
 
 from exatrain.report.inputs import read_scaling, read_search
 from exatrain.report.scaling import scaling_curves, study_point

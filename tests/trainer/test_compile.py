@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_runs import max_rel_diff, run_batch
+from tests.helpers.trainer_runs import max_rel_diff
 
 from exatrain.cli import main
 from exatrain.trainer.train import fused_adamw_ok
@@ -18,16 +18,21 @@ pytestmark = pytest.mark.slow
 RTOL = 1e-4
 
 
-def test_compiled_blocks_train_like_eager(tmp_path) -> None:
+def launch_cases(out) -> dict[int, dict[str, dict]]:
+    """Compiled runs, in the trainer tests' shared launches (conftest.py); their eager reference is the
+    parity tests' single-process run of the same config (test_parity.REFERENCE["gpt"])."""
+    return {1: {"compiled": dict(compile=True)},
+            2: {"fsdp-compiled": dict(dp=2, zero_stage=3, recompute="full", compile=True)}}
+
+
+def test_compiled_blocks_train_like_eager(world1: dict, world2: dict) -> None:
     """One process, then FSDP (ZeRO-3) over 2 ranks with compiled blocks and full recompute inside
     them, against the eager single-process run."""
-    one = run_batch(tmp_path, {"eager": {}, "compiled": {"compile": True}}, timeout_s=600)
-    assert max_rel_diff(one["compiled"].losses, one["eager"].losses) < RTOL
-    assert max_rel_diff(one["compiled"].grad_norms, one["eager"].grad_norms) < RTOL
-    assert one["compiled"].losses[-1] < 0.9 * one["compiled"].losses[0]  # it trained
-    two = run_batch(tmp_path, {"fsdp-compiled": dict(dp=2, zero_stage=3, recompute="full", compile=True)},
-                    timeout_s=600)
-    assert max_rel_diff(two["fsdp-compiled"].losses, one["eager"].losses) < RTOL
+    eager, compiled = world1["parity"]["gpt"], world1["compile"]["compiled"]
+    assert max_rel_diff(compiled.losses, eager.losses) < RTOL
+    assert max_rel_diff(compiled.grad_norms, eager.grad_norms) < RTOL
+    assert compiled.losses[-1] < 0.9 * compiled.losses[0]  # it trained
+    assert max_rel_diff(world2["compile"]["fsdp-compiled"].losses, eager.losses) < RTOL
 
 
 def test_compile_with_tensor_parallel_is_refused(capsys) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_runs import Run, grad_error, max_rel_diff, run_batch, weight_errors
+from tests.helpers.trainer_runs import Run, grad_error, max_rel_diff, run_batch, weight_errors
 
 from exatrain.catalog import get_model
 from exatrain.errors import PlanError

@@ -10,7 +10,7 @@
 * a rank whose first checkpoint save fails (FileExistsError): RankFailed naming it, a failed RunRecord;
 * Ctrl-C (SIGINT to the process group): exit status 130, one line, a failed RunRecord.
 
-Every wait polls for progress and fails only when nothing moves for a long time (tests/progress_wait.py).
+Every wait polls for progress and fails only when nothing moves for a long time (tests/helpers/progress_wait.py).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from progress_wait import IDLE_S, finish, start, wait_for  # noqa: E402
-from trainer_runs import config  # noqa: E402
+from tests.helpers.progress_wait import IDLE_S, finish, start, wait_for
+from tests.helpers.slurm_standins import install
+from tests.helpers.trainer_runs import config
 
-from exatrain.errors import RankFailed, RankHung  # noqa: E402
-from exatrain.plan import read_run_records  # noqa: E402
-from exatrain.trainer.checkpoint import files as ckpt_files  # noqa: E402
-from exatrain.trainer.health import SLOW_RANK_ENV  # noqa: E402
-from exatrain.trainer.spawn import launch_local  # noqa: E402
+from exatrain.errors import RankFailed, RankHung
+from exatrain.plan import read_run_records
+from exatrain.trainer.checkpoint import files as ckpt_files
+from exatrain.trainer.health import SLOW_RANK_ENV
+from exatrain.trainer.spawn import launch_local
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +102,7 @@ def test_a_slow_rank_is_named_a_straggler_after_two_windows(tmp_path: Path, monk
 
 def test_a_stopped_rank_is_named_the_others_exit_and_the_checkpoint_resumes(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    c = replace(config(tmp_path, "stop", dp=2, steps=14), checkpoint_dir=str(ckpt), save_every=4, watchdog_s=10.0)
+    c = replace(config(tmp_path, "stop", dp=2, steps=10), checkpoint_dir=str(ckpt), save_every=4, watchdog_s=10.0)
     metrics, run_dir = tmp_path / "stop.jsonl", ckpt / "ranks"
     run = Launch([c], tmp_path)
     run.wait_until(lambda: len(steps(metrics)) >= 5 and (ckpt / "step-00000004" / "manifest.json").is_file())
@@ -127,7 +127,7 @@ def test_a_stopped_rank_is_named_the_others_exit_and_the_checkpoint_resumes(tmp_
     err = Launch([replace(c, resume_from=str(manifest.path), watchdog_s=0.0)], tmp_path).join()
     assert err is None, err
     got = lines(metrics)
-    assert [x["step"] for x in got if x["kind"] == "step"] == list(range(1, 15))
+    assert [x["step"] for x in got if x["kind"] == "step"] == list(range(1, 11))
     redone = [x["line"]["step"] for x in got if x["kind"] == "superseded" and "step" in x["line"]]
     assert redone and all(s > done for s in redone)
     assert read_run_records(metrics)[-1].status == "ok"
@@ -199,9 +199,6 @@ def test_a_failed_first_checkpoint_save_names_the_rank_and_leaves_a_failed_recor
 
 
 def test_under_srun_the_failing_rank_reports_once(tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-    from slurm_standins import install
-
     from exatrain.trainer.spawn import _free_port
 
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"

@@ -6,7 +6,7 @@ over STEPS steps, and every parameter's first-step gradient gathered to its full
 single-process run's within 1e-5 relative. The gradients are read back from the step-1 checkpoint,
 which assembles every shard into its whole tensor: AdamW's first moment after one step is exactly
 (1 - beta1) times the (clipped) gradient, and the logged norm undoes the clipping. Each world size
-runs its cases in one launch.
+runs its cases in one launch, shared with the other trainer tests (conftest.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from trainer_runs import Run, max_rel_diff, run_batch
+from tests.helpers.trainer_runs import Run, max_rel_diff
 
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.catalog import get_model
@@ -274,20 +274,22 @@ def reference_name(name: str) -> str:
     return "single-sigmoid-bias" if name.endswith("sigmoid-bias") else "single"
 
 
+def launch_cases(out: Path) -> dict[int, dict[str, dict]]:
+    """This module's cases by world size, for the trainer tests' shared launches (conftest.py)."""
+    return {world: {name: {"model": "moe-tiny", "steps": STEPS, "train_kw": train_kw(out, name, save), **kw}
+                    for name, (kw, save) in batch.items()} for world, batch in BATCHES.items()}
+
+
+def train_kw(out: Path, name: str, save: bool) -> dict:
+    return dict(checkpoint_dir=str(out / f"ckpt-{name}"), save_every=1) if save else {}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Run, Path | None]]:
+def runs(world1: dict, world2: dict, world4: dict, trainer_out: Path) -> dict[str, tuple[Run, Path | None]]:
     """Every case's run and checkpoint root (None when it saved none)."""
-    out = tmp_path_factory.mktemp("moe")
-    results: dict[str, tuple[Run, Path | None]] = {}
-    for world, batch in BATCHES.items():
-        cases, roots = {}, {}
-        for name, (kw, save) in batch.items():
-            roots[name] = out / f"ckpt-{name}" if save else None
-            train_kw = dict(checkpoint_dir=str(roots[name]), save_every=1) if save else {}
-            cases[name] = {"model": "moe-tiny", "steps": STEPS, "train_kw": train_kw, **kw}
-        for name, run in run_batch(out / f"world{world}", cases, timeout_s=900).items():
-            results[name] = (run, roots[name])
-    return results
+    found = {**world1["moe"], **world2["moe"], **world4["moe"]}
+    return {name: (found[name], Path(train_kw(trainer_out / "moe", name, True)["checkpoint_dir"]) if save else None)
+            for name, (_, save) in CASES.items()}
 
 
 def first_step_grads(run: Run, checkpoint: Path) -> dict[str, torch.Tensor]:

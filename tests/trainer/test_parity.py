@@ -20,8 +20,9 @@ The cases cover tp2 with and without sequence parallelism, pp2 with each schedul
 dp2 as DDP, ZeRO-1 and FSDP2 (ZeRO-2/3), their 2-D and 3-D combinations, activation recomputation, the
 llama architecture, a tied embedding split over the pipeline (gpt-tiny's), and dropout 0.1 (masks
 keyed by sample, model.py: the same on every layout) under FSDP with full recomputation, llama's
-tp2 + SP with selective recomputation, and tp2 + SP x pp2 interleaved. Each group of cases runs in one
-set of spawned ranks with a deadline, so a hang fails instead of blocking the suite; the per-parameter
+tp2 + SP with selective recomputation, and tp2 + SP x pp2 interleaved. The cases of each world size run
+in one set of spawned ranks, shared with the other trainer tests (conftest.py), with a stall limit, so a
+hang fails instead of blocking the suite; the per-parameter
 dumps ride on those runs, and recomputation is covered inside combined cases (dp x full under ZeRO-1,
 FSDP and dropout; selective under pp x dp and under tp2 + SP), which keeps the suite's time near what
 loss-only parity took.
@@ -76,7 +77,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_runs import STEPS, Run, grad_error, max_rel_diff, run_batch, weight_errors
+from tests.helpers.trainer_runs import STEPS, Run, grad_error, max_rel_diff, weight_errors
 
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape
@@ -143,24 +144,29 @@ EIGHT_RANKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("ref"), REFERENCE, timeout_s=300)
+def launch_cases(out) -> dict[int, dict[str, dict]]:
+    """This module's cases by world size, for the shared launches (tests/trainer/conftest.py)."""
+    return {1: REFERENCE, 2: TWO_RANKS, 4: FOUR_RANKS, 8: EIGHT_RANKS}
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("two"), TWO_RANKS, timeout_s=600)
+def reference(world1: dict) -> dict[str, Run]:
+    return world1["parity"]
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("four"), FOUR_RANKS, timeout_s=600)
+def two(world2: dict) -> dict[str, Run]:
+    return world2["parity"]
 
 
 @pytest.fixture(scope="module")
-def eight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("eight"), EIGHT_RANKS, timeout_s=600)
+def four(world4: dict) -> dict[str, Run]:
+    return world4["parity"]
+
+
+@pytest.fixture(scope="module")
+def eight(world8: dict) -> dict[str, Run]:
+    return world8["parity"]
 
 
 def reference_name(case: str) -> str:

@@ -50,7 +50,7 @@ from exatrain.trainer.sampler import SampleOrder, TokenShards, local_batch
 from exatrain.trainer.debug import read_dump
 from exatrain.trainer.hf_export import gpt2_config, gpt2_weights, llama_config, llama_weights
 from exatrain.trainer.train import Trainer
-from trainer_runs import grad_error, weight_errors
+from tests.helpers.trainer_runs import grad_error, weight_errors
 
 STEPS, WARMUP, MICRO_BATCH, GLOBAL_BATCH, LR = 4, 2, 2, 8, 3e-3
 GRAD_RTOL = 5e-6  # trainer_runs.grad_error of the step-1 gradients (measured <= 7.9e-7)

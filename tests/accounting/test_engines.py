@@ -19,6 +19,8 @@ from exatrain.accounting import engines, memory
 from exatrain.accounting.engines import ENGINE_NAMES, get_engine
 from exatrain.accounting.params import layer_params
 
+from tests.helpers.benchmarks import BENCHMARKS, load
+
 DS = [1, 2, 3, 8, 64, 1024]
 
 
@@ -305,8 +307,7 @@ def test_model_states_under_zero1_sharded_engines_are_below_the_default() -> Non
 
 
 # ---- the published-runs dataset and its memory benchmark ------------------------------------------
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-DATASET = BENCH / "data" / "published_runs_by_engine.csv"
+DATASET = BENCHMARKS / "data" / "published_runs_by_engine.csv"
 
 
 def _rows() -> list[dict]:
@@ -329,8 +330,7 @@ def test_dataset_rows_name_an_engine_a_source_and_what_they_assume() -> None:
 
 
 def test_every_measured_memory_row_is_a_plan_its_own_engine_can_count() -> None:
-    sys.path.insert(0, str(BENCH))
-    import engine_memory  # benchmarks/ is on sys.path (above)
+    engine_memory = load("engine_memory")
 
     measured = [r for r in _rows() if r["memory_per_gpu_gib"]]
     assert measured
@@ -341,6 +341,6 @@ def test_every_measured_memory_row_is_a_plan_its_own_engine_can_count() -> None:
 
 
 def test_engine_memory_on_a_missing_file_is_one_line_and_status_2(tmp_path) -> None:
-    out = subprocess.run([sys.executable, str(BENCH / "engine_memory.py"), "--csv", str(tmp_path / "nope.csv")],
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "engine_memory.py"), "--csv", str(tmp_path / "nope.csv")],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no such file" in out.stderr

@@ -1,18 +1,15 @@
-"""Helpers for the checkpoint tests: the trainer tests' multi-rank harness (tests/trainer/trainer_runs.py)
+"""Helpers for the checkpoint tests: the trainer tests' multi-rank harness (tests/helpers/trainer_runs.py)
 with the checkpoint, resume and sample-recording options of TrainConfig."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+from tests.helpers.trainer_runs import Run, config, max_rel_diff, read_run
 
-from trainer_runs import Run, config, max_rel_diff, read_run  # noqa: E402
-
-from exatrain.trainer.spawn import launch_local  # noqa: E402
+from exatrain.trainer.spawn import launch_local
 
 TRAIN_KEYS = ("checkpoint_dir", "save_every", "keep_last", "async_save", "resume_from", "tensorboard_dir",
               "record_samples", "nan_policy")

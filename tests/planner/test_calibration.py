@@ -9,23 +9,18 @@ from pathlib import Path
 import pytest
 
 from exatrain.catalog import get_cluster, get_model
-from exatrain.cli import main
 from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record, read_run_records
 from exatrain.planner.cost.calibrate import error_stats, fit_gemm, fit_link, nelder_mead
 from exatrain.planner.cost.coefficients import default_params, load_calibration
 from exatrain.planner.cost.step import step_time
 from exatrain.planner.estimate import estimate_plan
 
+from tests.helpers.cli import run
+
 CPU = get_cluster("local-cpu")
 # What the synthetic machine "really" is: every factor moved away from the cpu prior.
 TRUE = default_params("cpu").replace(gemm_eff=0.45, step_overhead_s=0.02, mem_eff=0.35, attn_eff=0.15,
                                      link_eff=0.5, op_overhead_s=3e-5)
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _plans() -> list[Plan]:

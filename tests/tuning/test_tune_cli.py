@@ -1,4 +1,4 @@
-"""`exatrain tune` driven as a user drives it, with tests/tune/fake_train.py standing in for the trainer
+"""`exatrain tune` driven as a user drives it, with tests/helpers/fake_train.py standing in for the trainer
 (through --launcher, the path a cluster uses), so study semantics, failures and pruning are checked in
 seconds; test_tune_live.py runs the real trainer. Bad input: one line on stderr, exit 2."""
 
@@ -14,24 +14,21 @@ from pathlib import Path
 import pytest
 
 from exatrain.catalog import get_cluster, get_model
-from exatrain.cli import main
 from exatrain.plan import Plan, read_run_records
 from exatrain.planner.search.search import search
 from exatrain.tuning.sampler import Candidates
 
-FAKE = Path(__file__).with_name("fake_train.py")
+from tests.helpers.cli import run
+
+from tests.helpers import fake_train
+
+FAKE = Path(fake_train.__file__)  # run as a script by the launcher
 TINY = ["--model", "gpt-tiny", "--gpus", "4", "--global-batch", "8"]
 
 
 def tune_argv(tmp_path: Path, *extra: str) -> list[str]:
     return ["tune", *TINY, "--candidates", "64", "--study", str(tmp_path / "tune.db"), "--steps", "4",
             "--launcher", f"{sys.executable} {FAKE} {{cmd}}", *extra]
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fake_log(tmp_path: Path) -> list[dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 from exatrain.catalog import get_model
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.data.prepare import stdlib_dataset
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.debug import read_dump
 from exatrain.trainer.spawn import launch_local
@@ -49,6 +51,13 @@ class Run:
         return self.dump
 
 
+@cache
+def default_data() -> str:
+    """The default corpus's prepared dataset (data/prepare.py), found once per test process: the path a
+    rank would find itself, handed over so that no rank of any case re-walks the standard library."""
+    return str(stdlib_dataset())
+
+
 def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
            cp: int = 1, dtype: str = "float32", steps: int = STEPS, compile: bool = False, dropout: float = 0.0,
            tied: bool | None = None, train_kw: dict[str, Any] | None = None, **plan_kw: Any) -> TrainConfig:
@@ -59,7 +68,7 @@ def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int
         spec = spec.replace(tied_embeddings=tied)
     plan = Plan(model=spec, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp),
                 shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype=dtype, **plan_kw).validate()
-    kw = {"dump_dir": str(out / f"{name}.dump"), **(train_kw or {})}
+    kw = {"dump_dir": str(out / f"{name}.dump"), "data_dir": default_data(), **(train_kw or {})}
     return TrainConfig(plan=plan, steps=steps, seed=0, lr=LR, metrics_file=str(out / f"{name}.jsonl"),
                        quiet=True, compile=compile, **kw).check()
 

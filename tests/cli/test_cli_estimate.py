@@ -11,14 +11,10 @@ import pytest
 from exatrain.cli import main
 from exatrain.plan import Plan
 
+from tests.helpers.cli import run
+
 ONE_T = ["--model", "gpt-1t", "--cluster", "frontier", "--gpus", "3072", "--tp", "8", "--pp", "64",
          "--micro-batch", "1", "--global-batch", "1536", "--zero", "1", "--recompute", "full"]
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_estimate_json_shape(capsys, tmp_path) -> None:

@@ -2,11 +2,11 @@
 
 The tuner (a separate process, as a user runs it) is SIGKILLed while its second trial runs, then the
 same command is run again, this time through a launcher template (`srun -n 4 {cmd}` with the srun
-stand-in of tests/launch, which starts 4 ranks the way SLURM does). The rerun must mark the cut-off
+stand-in of tests/helpers/slurm_standins.py, which starts 4 ranks the way SLURM does). The rerun must mark the cut-off
 trial interrupted, run its layout again, never rerun the finished one, and finish with 3 measured
 trials whose best is the reported best. Every subprocess runs in its own process group, killed whole
 on the way out; waits poll for progress (files under the test's folder changing) and fail only after a
-long stall, never on a deadline (tests/progress_wait.py).
+long stall, never on a deadline (tests/helpers/progress_wait.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import pytest
 
 from exatrain.plan import Plan, read_run_records
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from progress_wait import finish, kill_group, start, wait_for  # noqa: E402
-from slurm_standins import install  # noqa: E402  (the srun stand-in the launch tests use)
+from tests.helpers.progress_wait import finish, kill_group, start, wait_for
+from tests.helpers.slurm_standins import install  # (the srun stand-in the launch tests use)
 
 pytestmark = pytest.mark.slow
 

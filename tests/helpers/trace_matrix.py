@@ -2,7 +2,7 @@
 test_trace.py, in a process of its own: the trace keeps a fake process group for the process).
 
 Prints one JSON object: {case id: [{rank, traced, analytical, traced_weights, params_here}, ...]};
-run it directly to see the errors (``python tests/bench/trace_matrix.py --table``).
+run it directly to see the errors (``python tests/helpers/trace_matrix.py --table``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Helpers shared by the test packages, imported by module name (tests.helpers.<name>)."""
