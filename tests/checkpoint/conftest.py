@@ -1,9 +1,10 @@
-"""Shared launches for the multi-rank checkpoint tests (test_reshard.py, test_resume.py).
+"""Shared launches for the multi-rank checkpoint tests (test_reshard.py, test_resume.py,
+test_reshard_ep_cp.py).
 
 A launch (ranks started, torch imported in each, a process group) costs more than a case, so cases of
 one world size run in one set of spawned ranks (trainer/spawn.py ``launch_local`` runs its configs one
 after another) wherever their order allows: a resume runs after the save it reads. Four launches:
-two ranks (resharding: the saves, then their resumes on two ranks), four (the resume tests' straight
+two ranks (resharding, of tp/pp and of ep/cp: the saves, then their resumes on two ranks), four (the resume tests' straight
 run, its same-layout resume and llama; resharding's resumes on four ranks), then two and eight (the
 resume tests' other layouts, from the four-rank checkpoint). A case is ``group.name`` on disk and is
 handed back as ``runs[group][name]``; each module keeps its own folder (``ckpt_out / group``). A
@@ -34,16 +35,17 @@ def _launch(out: Path, name: str, groups: dict[str, dict[str, dict[str, Any]]]) 
 @pytest.fixture(scope="session")
 def ckpt_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("checkpoint-launches")
-    for group in ("reshard", "resume"):
+    for group in ("reshard", "resume", "reshard_ep_cp"):
         (out / group).mkdir()
     return out
 
 
 @pytest.fixture(scope="session")
 def launch_two(ckpt_out: Path) -> dict[str, dict[str, Run]]:
-    from tests.checkpoint import test_reshard
+    from tests.checkpoint import test_reshard, test_reshard_ep_cp
 
-    return _launch(ckpt_out, "two", {"reshard": test_reshard.cases_on_two(ckpt_out / "reshard")})
+    return _launch(ckpt_out, "two", {"reshard": test_reshard.cases_on_two(ckpt_out / "reshard"),
+                                     "reshard_ep_cp": test_reshard_ep_cp.cases_on_two(ckpt_out / "reshard_ep_cp")})
 
 
 @pytest.fixture(scope="session")

@@ -40,16 +40,22 @@ def checkpoint(out: Path, saved: str) -> Path:
     return out / f"ckpt-{saved}" / f"step-{SAVE:08d}"
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Run]]:
-    out = tmp_path_factory.mktemp("reshard-ep-cp")
+def cases_on_two(out: Path) -> dict[str, dict]:
+    """The ep2 and cp2 saves, then the two-rank resume: in the checkpoint tests' shared two-rank
+    launch (conftest.py), saves before the resume that reads them."""
     cases = {name: dict(kw, steps=STEPS, checkpoint_dir=str(out / f"ckpt-{name}"), save_every=SAVE)
              for name, kw in SAVED.items()}
     cases.update({name: dict(kw, steps=STEPS, resume_from=str(checkpoint(out, saved)))
                   for name, (kw, saved) in RESUMED_ON_TWO.items()})
-    found = run_cases(out, cases, timeout_s=600)
-    found.update(run_cases(out, {name: dict(kw, steps=STEPS, resume_from=str(checkpoint(out, saved)))
-                                 for name, (kw, saved) in RESUMED_ON_ONE.items()}, timeout_s=600))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def runs(ckpt_out: Path, launch_two: dict) -> tuple[Path, dict[str, Run]]:
+    out = ckpt_out / "reshard_ep_cp"
+    found = dict(launch_two["reshard_ep_cp"])
+    found.update(run_cases(ckpt_out / "one-ep-cp", {name: dict(kw, steps=STEPS, resume_from=str(checkpoint(out, saved)))
+                                                    for name, (kw, saved) in RESUMED_ON_ONE.items()}, timeout_s=600))
     return out, found
 
 

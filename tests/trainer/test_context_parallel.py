@@ -3,7 +3,7 @@
 float32, CPU, gloo, seed 0, STEPS steps, the checks of test_parity.py: per-step losses and gradient
 norms within RTOL, every parameter's step-1 gradient gathered whole within GRAD_RTOL
 (trainer_runs.grad_error), the weights after the last step within UPDATE_RTOL / WEIGHT_ATOL
-(trainer_runs.weight_errors). One launch per rank count: cp2 alone (gpt-tiny: learned positions; and
+(trainer_runs.weight_errors). The trainer tests' shared launch of each rank count (conftest.py): cp2 alone (gpt-tiny: learned positions; and
 llama-tiny: rotary angles, grouped-query heads, dropout 0.1 keyed by sample, selective recomputation),
 then four ranks: tp2 x cp2, llama's tp2 + sequence parallelism x cp2 with dropout, cp2 x pp2 (1f1b)
 and cp2 x dp2 under FSDP (ZeRO-3), whose gradients are reduced and sharded over dp x cp.
@@ -36,9 +36,12 @@ against it and seen to fail (the checks named are those that failed), and the co
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from tests.helpers.trainer_runs import Run, grad_error, max_rel_diff, run_batch, weight_errors
+
+from tests.helpers.trainer_runs import Run, grad_error, max_rel_diff, weight_errors
 
 from exatrain.catalog import get_model
 from exatrain.errors import PlanError
@@ -72,19 +75,24 @@ def _steps(cases: dict[str, dict]) -> dict[str, dict]:
     return {name: dict(kw, steps=STEPS) for name, kw in cases.items()}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("ref"), _steps(REFERENCE), timeout_s=300)
+def launch_cases(out: Path) -> dict[int, dict[str, dict]]:
+    """This module's cases by world size, for the trainer tests' shared launches (conftest.py)."""
+    return {1: _steps(REFERENCE), 2: _steps(TWO_RANKS), 4: _steps(FOUR_RANKS)}
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("two"), _steps(TWO_RANKS), timeout_s=600)
+def reference(world1: dict) -> dict[str, Run]:
+    return world1["cp"]
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_batch(tmp_path_factory.mktemp("four"), _steps(FOUR_RANKS), timeout_s=600)
+def two(world2: dict) -> dict[str, Run]:
+    return world2["cp"]
+
+
+@pytest.fixture(scope="module")
+def four(world4: dict) -> dict[str, Run]:
+    return world4["cp"]
 
 
 def assert_parity(case: str, run: Run, reference: dict[str, Run]) -> None:
