@@ -208,7 +208,7 @@ def test_the_train_command_takes_cp_and_ep(no_launch: list[TrainConfig], tmp_pat
 @pytest.mark.parametrize("argv, words", [
     (["--model", "moe-tiny", "--cp", "2"], "mixture-of-experts"),
     (["--model", "gpt-tiny", "--cp", "3"], "divisible by 2*cp"),
-    (["--model", "gpt-tiny", "--gpus", "3", "--cp", "2"], "not divisible by --cp"),
+    (["--model", "gpt-tiny", "--gpus", "3", "--cp", "2"], "is not divisible by tp*cp*pp"),
 ])
 def test_the_train_command_refuses_a_bad_cp_in_one_line(argv: list[str], words: str, no_launch: list,
                                                         capsys: pytest.CaptureFixture) -> None:

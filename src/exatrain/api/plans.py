@@ -116,7 +116,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     tp = _pick(tp, b and b.tp, 1)
     pp = _pick(pp, b and b.pp, 1)
     cp = _pick(cp, b and b.cp, 1)
-    ep = _pick(ep, b and b.model == m and b.ep, 1)
+    ep = _pick(ep, b.ep if b is not None and b.model == m else None, 1)  # experts belong to the base's model
     ranks = tp * pp * cp
     what = "tp*pp" if cp == 1 else "tp*cp*pp"
     sizes = f"{tp}*{pp}" if cp == 1 else f"{tp}*{cp}*{pp}"

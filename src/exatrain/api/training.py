@@ -239,16 +239,8 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     device = _pick_device(device, base)
     c = _pick_cluster(cluster, cluster_file, base, device)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    cp = cp if cp is not None else (base.cp if base is not None else 1)
-    ep = ep if ep is not None else (base.ep if base is not None else 1)
-    if gpus is not None and cp > 1:  # make_plan derives dp from the ranks without cp's
-        if gpus % cp:
-            raise PlanError(f"--gpus {gpus} is not divisible by --cp {cp}")
-        gpus //= cp
     p = make_plan(m, c, gpus=gpus, base=base, default_dtype="float32" if device == "cpu" else "bfloat16",
-                  **{**layout_of(values), "stage_layers": stage_layers})
-    if (p.cp, p.ep) != (cp, ep):
-        p = p.replace(dims=dataclasses.replace(p.dims, cp=cp, ep=ep)).validate(c)
+                  **{**layout_of(values), "stage_layers": stage_layers})  # cp and ep too (dp = gpus / tp*cp*pp)
     p = _attach_estimate(p, base, c, calibration, warn)
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "--checkpoint-dir", need_bytes=int(checkpoint_bytes(p)))
