@@ -198,8 +198,11 @@ def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None) ->
                     mark, moved = progress, now
                 if first_fail is None and any(c not in (None, 0) for c in codes):
                     first_fail = now
+                    # A known cause: a signal, an error, an interrupt, or a watchdog that named the ranks
+                    # that did not arrive (a frozen rank records nothing, and its last heartbeat may be
+                    # in a phase with a long limit: waiting for it to go stale would only add minutes).
                     caused = any(c is not None and c < 0 for c in codes) or any(
-                        f.get("kind") in ("error", "interrupted") for f in fails.values())
+                        f.get("kind") in ("error", "interrupted", "hung") for f in fails.values())
                     limits = [float(b.get("limit_s", 300.0)) + 3 * float(b.get("beat_s", 5.0)) for b in beats.values()]
                     stop_at = now + (CAUSE_GRACE_S if caused else max(limits, default=300.0) + 30.0)
                 alive = [r for r, c in enumerate(codes) if c is None]
