@@ -62,3 +62,17 @@ def world4(trainer_out: Path) -> dict[str, dict[str, Run]]:
 @pytest.fixture(scope="session")
 def world8(trainer_out: Path) -> dict[str, dict[str, Run]]:
     return _launch(trainer_out, 8)
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Capture the TrainConfigs `exatrain train` would launch instead of starting ranks; clear any
+    launcher environment."""
+    from exatrain.trainer import spawn
+
+    started: list = []
+    monkeypatch.setattr(spawn, "launch_local", lambda configs, **kw: started.extend(configs))
+    monkeypatch.setattr(spawn, "run_distributed", lambda config, env: started.append(config))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    return started

@@ -16,18 +16,6 @@ from exatrain.catalog import get_model
 from exatrain.cli import main
 from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
 from exatrain.trainer import spawn
-from exatrain.trainer.config import TrainConfig
-
-
-@pytest.fixture
-def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
-    """Capture what would be launched instead of starting ranks; clear any launcher environment."""
-    started: list[TrainConfig] = []
-    monkeypatch.setattr(spawn, "launch_local", lambda configs, **kw: started.extend(configs))
-    monkeypatch.setattr(spawn, "run_distributed", lambda config, env: started.append(config))
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
-        monkeypatch.delenv(key, raising=False)
-    return started
 
 
 def gpu_plan(tmp_path: Path) -> str:

@@ -174,19 +174,6 @@ def test_a_plain_cp_plan_is_accepted() -> None:
     assert TrainConfig(plan=plan).check().plan.cp == 2
 
 
-@pytest.fixture
-def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
-    """Capture what `exatrain train` would launch instead of starting ranks."""
-    from exatrain.trainer import spawn
-
-    started: list[TrainConfig] = []
-    monkeypatch.setattr(spawn, "launch_local", lambda configs, **kw: started.extend(configs))
-    monkeypatch.setattr(spawn, "run_distributed", lambda config, env: started.append(config))
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
-        monkeypatch.delenv(key, raising=False)
-    return started
-
-
 def test_the_train_command_takes_cp_and_ep(no_launch: list[TrainConfig], tmp_path) -> None:
     from exatrain.cli import main
 
