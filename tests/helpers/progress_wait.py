@@ -19,12 +19,21 @@ import pytest
 IDLE_S = 300.0  # generous: a correct run on a busy 2-core machine writes something far more often
 
 
+def _walk(root: Path) -> list[Path]:
+    """Every path under ``root``, skipping folders that vanish while they are listed (a checkpoint's
+    ``.tmp-step-*`` folder is renamed into place while a test polls: ``rglob`` would raise)."""
+    found = []
+    for folder, dirs, files in os.walk(root, onerror=lambda exc: None):
+        found.extend(Path(folder) / name for name in (*dirs, *files))
+    return sorted(found)
+
+
 def tree_state(paths: Sequence[Path]) -> tuple:
     """Names, sizes and modification times of every file under ``paths`` (files or folders)."""
     out = []
     for root in paths:
         root = Path(root)
-        items = [root] if root.is_file() else sorted(root.rglob("*")) if root.is_dir() else []
+        items = [root] if root.is_file() else _walk(root) if root.is_dir() else []
         for p in items:
             try:
                 st = p.stat()
