@@ -145,7 +145,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row = Row(index=i, source=r["url"].split("#")[0], engine=r["engine"],
                   family=hardware_family(cluster.device.name), kind=r["kind"], name=f"{r['model']} ({r['source'].split(',')[0]})",
                   measured_s=None, measured_from="", cluster=cluster)
-        row.overlap = _overlap(row.source, row.engine)
+        row.overlap = _overlap(row.source, row.engine, r.get("overlap", ""))
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
@@ -195,12 +195,34 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
     return out
 
 
-def _overlap(source: str, engine: str) -> str:
-    """The overlaps a run had on, as ``cost.published`` states them for the sources it covers:
-    Megatron-LM of 2021-22 overlapped only the DDP gradient all-reduce; DeepSpeed runs its defaults
-    (overlap_comm off at ZeRO-1); later engines' runs are taken with every overlap they offer on."""
+# The switches a source may name in its ``overlap`` field -> the communications they hide
+# (accounting.engines.COMMS). torchtitan: FSDP2 prefetches the next block's all-gather and issues
+# each reduce-scatter as the block's backward ends (both dp overlaps); async TP is off unless the
+# run enables it (job_config ``parallelism.enable_async_tensor_parallel``, default false).
+STATED_SWITCHES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("fsdp2 prefetch", ("dp_grad_reduce", "dp_param_gather")),
+    ("async tp", ("tp",)),
+    ("tp_comm_overlap", ("tp",)), ("tp-comm-overlap", ("tp",)),
+    ("overlap_grad_reduce", ("dp_grad_reduce",)), ("overlap-grad-reduce", ("dp_grad_reduce",)),
+    ("overlap_param_gather", ("dp_param_gather",)), ("overlap-param-gather", ("dp_param_gather",)),
+    ("overlap_p2p", ("pp_p2p",)), ("overlap-p2p", ("pp_p2p",)),
+)
+
+
+def _overlap(source: str, engine: str, stated: str = "") -> str:
+    """The overlaps a run had on. Megatron-LM of 2021-22 overlapped only the DDP gradient
+    all-reduce (``cost.published``); a row whose ``overlap`` field names switches gets exactly those
+    (``STATED_SWITCHES``); otherwise DeepSpeed runs its defaults (overlap_comm off at ZeRO-1),
+    torchtitan its defaults (FSDP2's prefetch, no async TP), and Megatron-Core every overlap it offers
+    (its published performance recipes turn them on)."""
     if source in (NARAYANAN, KORTHIKANTI):
         return MEGATRON_LM_2021
+    text = stated.lower()
+    named = sorted({c for key, comms in STATED_SWITCHES if key in text for c in comms})
+    if named:
+        return ",".join(named)
+    if engine == "torchtitan":
+        return "dp_grad_reduce,dp_param_gather"
     return "default" if engine == "megatron-deepspeed" else "all"
 
 
