@@ -23,7 +23,7 @@ def pe():
 
 def _subset(tmp_path: Path, pe, scale_narayanan: float = 1.0) -> Path:
     """Small A100 rows of two in-sample sources and one other, an FP8 row, a row missing its
-    micro-batch and one missing its shape; Narayanan's throughputs scaled by ``scale_narayanan``."""
+    micro-batch and an FP8 one missing its recompute; Narayanan's throughputs scaled by ``scale_narayanan``."""
     rows = list(csv.DictReader(pe.CSV_PATH.open(encoding="utf-8")))
     keep = []
     for r in rows:
@@ -75,7 +75,7 @@ def test_rows_not_priced_are_counted_and_listed(pe, base) -> None:
     fp8 = [r for r in rows if r.engine == "torchtitan" and r.plan is not None and r.plan.fp8]
     assert fp8 and all(not r.not_priced and r.prior_s > 0 for r in fp8)  # FP8 GEMMs are priced
     assert any("micro_batch" in r.not_priced for r in refused)
-    assert any("layers" in r.not_priced and "FP8" in r.not_priced for r in refused)  # the missing field, then the traits
+    assert any("recompute" in r.not_priced and "FP8" in r.not_priced for r in refused)  # the missing field, then the traits
     assert table["cells"]["all/all"]["not_priced"] == len(refused) == 2
     assert table["cells"]["all/all"]["rows"] == len(rows)
     assert sum(1 for r in table["rows"] if r["not_priced"]) == 2
