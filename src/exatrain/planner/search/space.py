@@ -121,9 +121,10 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
                     dtype: str = "bfloat16") -> Space:
     """Every candidate of the grid, filtered to the legal canonical ones (arrays), with the ZeRO
     stages ``runtime`` offers (RUNTIME_REASON counts the others). With ``runtime`` "exatrain" also
-    without the combinations exatrain's trainer refuses (TRAINER_REASONS, each counted apart). Tensor parallelism wider
-    than a node is priced (on the network) but searched only when pinned (``options.tp``): it is
-    never faster per byte than tp inside a node, and leaving it out keeps the space small."""
+    without the combinations exatrain's trainer refuses (TRAINER_REASONS, each counted apart).
+    Tensor parallelism wider than a node is priced (on the network) but searched only when pinned
+    (``options.tp``): it is never faster per byte than tp inside a node, and leaving it out keeps
+    the space small."""
     L = model.layers
     tps = list(options.tp) if options.tp else _divisors(gpus, 4 * cluster.gpus_per_node)
     pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
