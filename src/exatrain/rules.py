@@ -213,6 +213,41 @@ RULES: tuple[Rule, ...] = (
          lambda p, c: ("the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
                        "or the interleaved schedule"),
          scope="trainer"),
+    # What exatrain's trainer does not run yet with expert or context parallelism (trainer/moe.py,
+    # trainer/parallel/expert.py, trainer/parallel/context.py), in the order it used to refuse them.
+    Rule("cp with a mixture-of-experts model (the exatrain trainer refuses it)",
+         lambda x: (x.cp > 1) & (_on(x.model.is_moe, x.tp.shape) | (x.ep > 1)),
+         lambda p, c: (f"--cp {p.cp} does not run mixture-of-experts models yet (expert capacity and the "
+                       "balancing loss are per rank's tokens): use --cp 1"),
+         scope="trainer"),
+    Rule("cp with --compile (the exatrain trainer refuses it)",
+         lambda x: _on(x.compile, x.tp.shape) & (x.cp > 1),
+         lambda p, c: f"--cp {p.cp} does not run with --compile yet: drop --compile",
+         scope="run"),
+    # Its separate weight-gradient pass is untested with the K/V gather.
+    Rule("cp with the zero_bubble schedule (the exatrain trainer refuses it)",
+         lambda x: (x.cp > 1) & (x.pp > 1) & (x.schedule == SCHEDULES.index("zero_bubble")),
+         lambda p, c: (f"--cp {p.cp} does not run the zero_bubble schedule yet (its separate weight-gradient "
+                       "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule"),
+         scope="trainer"),
+    # Routing gives data-dependent shapes, which torch.compile would recompile for.
+    Rule("--compile with a mixture-of-experts model (the exatrain trainer refuses it)",
+         lambda x: _on(x.compile and x.model.is_moe, x.tp.shape),
+         lambda p, c: ("--compile does not run mixture-of-experts models yet (their routing has "
+                       "data-dependent shapes): drop --compile"),
+         scope="run"),
+    Rule("zero_bubble with a mixture-of-experts model (the exatrain trainer refuses it)",
+         lambda x: _on(x.model.is_moe, x.tp.shape) & (x.pp > 1) & (x.schedule == SCHEDULES.index("zero_bubble")),
+         lambda p, c: ("the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
+                       "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule"),
+         scope="trainer"),
+    # ZeRO shards over the whole dp group, whose ranks hold different experts under ep.
+    Rule("ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)",
+         lambda x: (x.ep > 1) & (x.zero_stage >= 1),
+         lambda p, c: (f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
+                       "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
+                       "use --zero 0, or --ep 1"),
+         scope="trainer"),
 )
 REASONS: tuple[str, ...] = tuple(r.reason for r in RULES)
 TRAINER_REASONS: tuple[str, ...] = tuple(r.reason for r in RULES if r.scope not in ("plan", "search"))
@@ -289,10 +324,10 @@ def problems(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...
 
 
 def expert_problem(plan) -> tuple[str, str] | None:
-    """(reason, message) for the first expert-parallel rule the plan breaks, or None. The search does
-    not enumerate ep yet (every candidate has ep 1, which breaks none of these), so these are checked on
-    plans only: ep needs a mixture-of-experts model whose experts and dp it divides (ep consecutive dp
-    ranks split the experts: expert parallelism inside data parallelism, as Megatron-Core places it)."""
+    """(reason, message) for the first expert-parallel rule the plan breaks, or None: the message of
+    the vectorised ep rule (RULES), with the fix. ep needs a mixture-of-experts model whose experts and
+    dp it divides (ep consecutive dp ranks split the experts: expert parallelism inside data
+    parallelism, as Megatron-Core places it and exatrain's trainer builds its mesh, parallel/mesh.py)."""
     m, ep = plan.model, getattr(plan.dims, "ep", 1)
     if isinstance(ep, bool) or not isinstance(ep, int) or ep <= 0:
         return "ep", f"--ep must be a positive integer, got {ep!r}"
@@ -307,7 +342,7 @@ def expert_problem(plan) -> tuple[str, str] | None:
 
 def extension_problem(plan) -> tuple[str, str] | None:
     """(reason, message) for the first rule on context parallelism, the runtime or FP8 the plan breaks,
-    or None. Checked on plans only, like ``expert_problem``: cp needs every sequence split into 2*cp
+    or None. The cp message is the vectorised cp rule's (RULES): cp needs every sequence split into 2*cp
     equal chunks (each cp rank holds one early and one late chunk, which balances causal attention,
     as Megatron-Core and torch's context parallel do)."""
     cp = getattr(plan.dims, "cp", 1)

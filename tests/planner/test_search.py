@@ -13,7 +13,7 @@ from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search import batch
 from exatrain.planner.search.search import plan_at, search
-from exatrain.planner.search.space import SpaceOptions, enumerate_space
+from exatrain.planner.search.space import TRAINER_REASONS, SpaceOptions, enumerate_space
 
 
 def test_space_rejections_by_hand() -> None:
@@ -56,28 +56,31 @@ def test_batch_memory_and_time_equal_estimate(model, cluster, gpus, gb) -> None:
 def test_batch_trainer_memory_equals_estimate() -> None:
     """--runtime exatrain judges candidates by the trainer's memory model, batch and exact alike."""
     m, c = get_model("llama3-8b"), get_cluster("dgx-h100")
-    space = enumerate_space(m, c, 64, 256, runtime="exatrain")  # no cp: the trainer's memory model has none
+    # cp pinned to 1: the per-tensor memory model counts dense layers without cp (estimate.trainer_memory_bytes)
+    space = enumerate_space(m, c, 64, 256, SpaceOptions(cp=(1,)), runtime="exatrain")
     res = batch.evaluate(space, m, c, 256, default_params(c.device.name), runtime="exatrain")
     for i in np.random.default_rng(1).choice(len(space), size=40, replace=False):
         plan = plan_at(space, int(i), m, 256, c, "bfloat16", True).validate(c)
         est = estimate_plan(plan, c)
         assert res.memory_total[i] == pytest.approx(est.trainer_memory_bytes.total, rel=1e-9)
-    result = search(m, c, 64, 256, top=3, runtime="exatrain")
+    result = search(m, c, 64, 256, top=3, runtime="exatrain", options=SpaceOptions(cp=(1,)))
     assert all(p.estimate.trainer_fits for p in result.ranked)
 
 
 def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
     """zero_bubble + ZeRO-2/3 + dp > 1 is legal for the reference runtime but refused by the trainer
-    (TrainConfig.validate): --runtime exatrain counts it as a rejection instead of proposing it."""
-    from exatrain.planner.search.space import TRAINER_REASON
+    (TrainConfig.check): --runtime exatrain counts it as a rejection instead of proposing it."""
+    fsdp_zero_bubble = "zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)"
+    assert fsdp_zero_bubble in TRAINER_REASONS
 
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
     opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 1, 2, 3), recompute=("none",),
                         sequence_parallel=(False,), schedules=(("1f1b", 1), ("zero_bubble", 2)))
     ref = enumerate_space(m, c, 4, 8, opts, runtime="megatron-deepspeed")  # dp 2, 4 micro-batches: all 8 legal
     own = enumerate_space(m, c, 4, 8, opts, runtime="exatrain")
-    assert len(ref) == 8 and TRAINER_REASON not in ref.rejected
-    assert own.rejected[TRAINER_REASON] == 2 and len(own) == 6
+    assert len(ref) == 8 and not set(TRAINER_REASONS) & set(ref.rejected)
+    assert own.rejected[fsdp_zero_bubble] == 2 and len(own) == 6
+    assert sum(own.rejected[r] for r in TRAINER_REASONS) == 2
     names = [s for s, _ in opts.schedules]
     assert not any(names[v] == "zero_bubble" and z >= 2 for v, z in zip(own.variant, own.zero))
 
@@ -143,3 +146,107 @@ def test_scaling_cli_weak_and_strong(capsys) -> None:
     code = main(["scaling", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "256,128",
                  "--global-batch", "640"])
     assert code == 2 and "increasing" in capsys.readouterr().err
+
+
+# ---- expert and context parallelism for exatrain's own trainer -------------------------------
+
+EP_ZERO = "ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)"
+MOE_ZERO_BUBBLE = "zero_bubble with a mixture-of-experts model (the exatrain trainer refuses it)"
+CP_MOE = "cp with a mixture-of-experts model (the exatrain trainer refuses it)"
+CP_ZERO_BUBBLE = "cp with the zero_bubble schedule (the exatrain trainer refuses it)"
+
+
+def _keys(space) -> set[tuple]:
+    return set(zip(*(a.tolist() for a in (space.tp, space.pp, space.dp, space.micro_batch, space.zero,
+                                          space.recompute, space.sp, space.variant, space.ep, space.cp))))
+
+
+def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
+    """moe-tiny (4 experts) on 8 CPUs: exatrain's candidates are megatron-deepspeed's (both offer every
+    ZeRO stage) less exactly those the trainer refuses, each counted under its rule: ep > 1 with ZeRO
+    1-3, a MoE model under zero bubble, and zero bubble under FSDP."""
+    m, c = get_model("moe-tiny"), get_cluster("local-cpu")
+    ref = enumerate_space(m, c, 8, 16, runtime="megatron-deepspeed")
+    own = enumerate_space(m, c, 8, 16, runtime="exatrain")
+    zb = [i for i, (s, _) in enumerate(ref.options.schedules) if s == "zero_bubble"]
+
+    def refused(k: tuple) -> bool:
+        tp, pp, dp, mb, zero, rec, sp, var, ep, cp = k
+        return (ep > 1 and zero >= 1) or (pp > 1 and var in zb)
+
+    assert _keys(own) == {k for k in _keys(ref) if not refused(k)}
+    assert sum(own.rejected[r] for r in TRAINER_REASONS) == len(ref) - len(own)
+    assert own.rejected[EP_ZERO] > 0 and own.rejected[MOE_ZERO_BUBBLE] > 0
+    assert set(own.ep.tolist()) == {1, 2, 4}  # the divisors of the 4 experts
+    assert set(own.zero[own.ep > 1].tolist()) == {0}
+    assert set(ref.zero[ref.ep > 1].tolist()) == {0, 1, 2, 3}
+
+
+def test_search_cli_lists_ep_candidates_for_a_moe_preset_with_zero_0(capsys) -> None:
+    code = main(["search", "--model", "moe-tiny", "--cluster", "local-cpu", "--gpus", "8", "--global-batch", "16",
+                 "--top", "30", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0
+    plans = [p["plan"] for p in d["ranked"]]
+    assert any(p.get("ep", 1) > 1 for p in plans)
+    assert all(p["zero_stage"] == 0 for p in plans if p.get("ep", 1) > 1)
+    assert d["rejected"][EP_ZERO] > 0
+
+
+def test_exatrain_search_offers_cp_for_long_context() -> None:
+    """llama3.1-8b-128k at tp 4 on 32 H100s: cp candidates for exatrain as for megatron-core, those
+    with zero bubble refused; a long-context MoE model (mixtral, 32k tokens) gets no cp > 1."""
+    m, c = get_model("llama3.1-8b-128k"), get_cluster("dgx-h100")
+    opts = SpaceOptions(tp=(4,))
+    ref = enumerate_space(m, c, 32, 16, opts, runtime="megatron-deepspeed")
+    own = enumerate_space(m, c, 32, 16, opts, runtime="exatrain")
+    zb = [i for i, (s, _) in enumerate(opts.schedules) if s == "zero_bubble"]
+    assert set(own.cp.tolist()) == {1, 2, 4, 8}  # powers of two up to gpus / tp
+    assert own.rejected[CP_ZERO_BUBBLE] > 0
+    assert not any(cp > 1 and pp > 1 and v in zb for cp, pp, v in zip(own.cp, own.pp, own.variant))
+    assert {k for k in _keys(ref) if k[-1] > 1 and not (k[1] > 1 and k[7] in zb)} == {k for k in _keys(own) if k[-1] > 1}
+
+    moe = enumerate_space(get_model("mixtral-8x7b"), c, 64, 256, SpaceOptions(tp=(2,), pp=(1, 2)), runtime="exatrain")
+    assert set(moe.cp.tolist()) == {1} and moe.rejected[CP_MOE] > 0
+
+
+def test_search_cli_lists_cp_candidates_for_long_context(capsys) -> None:
+    code = main(["search", "--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "32",
+                 "--global-batch", "16", "--tp", "4", "--top", "10", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and any(p["plan"].get("cp", 1) > 1 for p in d["ranked"])
+
+
+def _estimate_argv(plan: dict) -> list[str]:
+    """`exatrain estimate` flags for every layout field of a plan JSON."""
+    argv = ["estimate", "--model", plan["model"]["name"], "--cluster", plan["cluster"], "--json"]
+    for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--dp", "dp"), ("--ep", "ep"), ("--cp", "cp"),
+                      ("--micro-batch", "micro_batch"), ("--global-batch", "global_batch"), ("--zero", "zero_stage"),
+                      ("--recompute", "recompute"), ("--schedule", "schedule"), ("--interleave", "interleave"),
+                      ("--runtime", "runtime")):
+        if key in plan:
+            argv += [flag, str(plan[key])]
+    return argv + ["--sequence-parallel" if plan["sequence_parallel"] else "--no-sequence-parallel"]
+
+
+@pytest.mark.parametrize("argv, dim", [
+    (["--model", "moe-tiny", "--cluster", "local-cpu", "--gpus", "8", "--global-batch", "16", "--ep", "2"], "ep"),
+    (["--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "32", "--global-batch", "16", "--tp", "4",
+      "--cp", "4"], "cp"),
+])
+def test_searched_ep_and_cp_layouts_are_what_estimate_says(argv, dim, capsys, tmp_path) -> None:
+    """The top candidate of `search --runtime exatrain` with ep or cp, re-estimated by `estimate` from
+    its flags: the same step time (every term) and memory (every stage)."""
+    out = tmp_path / "best.json"
+    assert main(["search", *argv, "--runtime", "exatrain", "--top", "1", "--json", "--out", str(out)]) == 0
+    found = json.loads(capsys.readouterr().out)["ranked"][0]
+    plan = json.loads(out.read_text())
+    assert plan[dim] > 1 and plan.get("runtime", "exatrain") == "exatrain"
+    assert main(_estimate_argv(plan)) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["plan"]["gpus"] == plan["gpus"]
+    assert set(again["time_s"]) == set(found["time_s"])
+    for k, v in found["time_s"].items():
+        assert again["time_s"][k] == pytest.approx(v, rel=1e-12), k
+    assert again["memory_bytes"] == pytest.approx(found["memory_bytes"], rel=1e-12)
+    assert again["memory_by_stage"] == pytest.approx(found["memory_by_stage"], rel=1e-12)

@@ -259,3 +259,27 @@ def test_progress_lines_only_with_progress_when_stderr_is_not_a_terminal(tmp_pat
     assert code == 0 and err == ""
     code, _, err = run(capsys, *tune_argv(tmp_path, "--trials", "2", "--json", "--progress"))
     assert code == 0 and err.startswith("tune: trial 1: tp") and err.count("\n") == 1 and ": ok, " in err
+
+
+
+def test_a_moe_study_has_one_candidate_per_layout_key(tmp_path, capsys, fake, monkeypatch) -> None:
+    """The tuner's layout keys carry no ep or cp, so its candidates keep both at 1 (exatrain's search
+    would offer ep 2 and 4 for moe-tiny, each spelled like its ep-1 twin): one plan per key, and each
+    trial's plan is the one its prediction is of."""
+    from exatrain.planner.estimate import estimate_plan
+    from exatrain.tuning.sampler import layout_key, plan_params
+
+    given: list = []
+    real = Candidates.from_plans.__func__
+    monkeypatch.setattr(Candidates, "from_plans",
+                        classmethod(lambda cls, plans, **kw: given.extend(plans) or real(cls, plans, **kw)))
+    fake()
+    argv = tune_argv(tmp_path, "--trials", "2", "--json")
+    argv[argv.index("gpt-tiny")] = "moe-tiny"
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and len(given) == 64
+    assert {(p.ep, p.cp) for p in given} == {(1, 1)}
+    assert len({layout_key(plan_params(p)) for p in given}) == len(given)
+    for t in json.loads(out)["trials"]:
+        plan = Plan.from_dict(t["plan"])
+        assert estimate_plan(plan, get_cluster("local-cpu")).tokens_per_s == pytest.approx(t["predicted_tokens_per_s"])

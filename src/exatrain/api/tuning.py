@@ -9,6 +9,7 @@ memory is an oom trial without a run.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 from pathlib import Path
@@ -121,7 +122,10 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     from exatrain.tuning.study import Problem, StudyFiles, TuneSettings, open_storage
     from exatrain.tuning.study import tune as run_study
 
-    result = search(m, c, gpus, global_batch, top=candidates, options=options, params=params, dtype=dtype,
+    # The tuner's layout keys and features (tuning.sampler) have no ep or cp: its candidates keep both
+    # at 1, one candidate per key, though exatrain's search offers them.
+    searched = dataclasses.replace(options, ep=options.ep or (1,), cp=options.cp or (1,))
+    result = search(m, c, gpus, global_batch, top=candidates, options=searched, params=params, dtype=dtype,
                     flash=flash, runtime="exatrain")
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
@@ -152,7 +156,6 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
         signal.signal(signal.SIGTERM, previous)
     if out_result.best is not None:
         out_result.best.plan.save(best_path)
-    import dataclasses
 
     return dataclasses.replace(out_result, storage=url, runs_file=str(files.runs_file), trials_dir=str(files.trials_dir),
                                best_file=str(best_path) if out_result.best is not None else None)

@@ -79,10 +79,9 @@ class TrainConfig:
             raise UserError(f"watchdog_s must be >= 0 seconds, got {self.watchdog_s}")
         if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
-        # What this trainer refuses to run (exatrain.rules: the list the search's --runtime exatrain uses).
+        # The layouts this trainer refuses to run, with cp, ep and MoE among them (exatrain.rules: the
+        # list the search's --runtime exatrain uses).
         rules.check(self.plan, scopes=("run", "trainer"), compile=self.compile)
-        if self.plan.cp > 1:
-            self._check_cp()
         if self.plan.fp8 and self.device == "cpu":
             raise PlanError("--fp8 needs a GPU with FP8 tensor cores (H100, H200, B200, MI300X, MI355X): "
                             "train on CPU without --fp8")
@@ -92,35 +91,7 @@ class TrainConfig:
         if (m.kv_channels and m.kv_channels != m.hidden // m.heads) or m.qk_norm or m.mla:
             raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm or latent attention yet "
                             "(the planner counts them); train a model without them")
-        if m.is_moe:
-            self._check_moe()
         return self
-
-    def _check_cp(self) -> None:
-        """The context-parallel layouts the trainer cannot run yet (parallel/context.py), one line each."""
-        p = self.plan
-        if p.model.is_moe or p.ep > 1:
-            raise PlanError(f"--cp {p.cp} does not run mixture-of-experts models yet (expert capacity and the "
-                            "balancing loss are per rank's tokens): use --cp 1")
-        if self.compile:
-            raise PlanError(f"--cp {p.cp} does not run with --compile yet: drop --compile")
-        if p.pp > 1 and p.schedule == "zero_bubble":
-            raise PlanError(f"--cp {p.cp} does not run the zero_bubble schedule yet (its separate weight-gradient "
-                            "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule")
-
-    def _check_moe(self) -> None:
-        """The mixture-of-experts layouts the trainer cannot run yet, refused in one line each."""
-        p = self.plan
-        if self.compile:
-            raise PlanError("--compile does not run mixture-of-experts models yet (their routing has "
-                            "data-dependent shapes): drop --compile")
-        if p.pp > 1 and p.schedule == "zero_bubble":
-            raise PlanError("the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
-                            "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule")
-        if p.ep > 1 and p.zero_stage >= 1:
-            raise PlanError(f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
-                            "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
-                            "use --zero 0, or --ep 1")
 
 
 __all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig"]

@@ -3,7 +3,9 @@ job, as numpy arrays, with the reason each illegal candidate was rejected.
 
 Expert parallelism is searched for mixture-of-experts models only (ep among the divisors of the
 experts; the rules refuse those that do not divide dp), context parallelism for sequences of 8,192
-tokens or more (cp among the powers of two that divide seq_len/2, up to 64 and the GPU count);
+tokens or more (cp among the powers of two that divide seq_len/2, up to 64 and the GPU count), for
+every runtime: for exatrain's own trainer the rules of scope "trainer" then drop the ep and cp layouts
+it does not run (ep with ZeRO-1/2/3, cp with a mixture-of-experts model, either with zero bubble).
 ``SpaceOptions.ep`` / ``cp`` pin or widen them. ``fp8``: one FP8 recipe for every candidate.
 
 Rejection is a value, not an exception: the search reports how many candidates each constraint
@@ -34,8 +36,9 @@ SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
 )
 
 REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
-# Only when the candidates are for exatrain's own trainer (runtime "exatrain"): what it refuses to run.
-(TRAINER_REASON,) = (r.reason for r in rules.RULES if r.scope == "trainer")
+# Only when the candidates are for exatrain's own trainer (runtime "exatrain"): the layouts it refuses
+# to run. (Its "run"-scope rules concern --compile, which the search does not choose.)
+TRAINER_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "trainer")
 RUNTIME_REASON = "ZeRO stage the runtime does not offer"
 
 
@@ -88,18 +91,19 @@ LONG_CONTEXT = 8192  # sequences from this length on get context-parallel candid
 MAX_CP = 64
 
 
-def ep_candidates(model: ModelSpec, runtime: str = "megatron-core") -> list[int]:
-    """Expert-parallel degrees searched: the divisors of the experts (1 for a dense model, and for
-    exatrain's own trainer, which runs no expert parallelism)."""
-    if not model.is_moe or runtime == "exatrain":
+def ep_candidates(model: ModelSpec) -> list[int]:
+    """Expert-parallel degrees searched, for every runtime: the divisors of the experts (1 for a dense
+    model). Those a runtime cannot run are the rules' to drop (exatrain: ep with ZeRO-1/2/3)."""
+    if not model.is_moe:
         return [1]
     return [k for k in range(1, model.experts + 1) if model.experts % k == 0]
 
 
-def cp_candidates(model: ModelSpec, gpus: int, runtime: str = "megatron-core") -> list[int]:
-    """Context-parallel degrees searched: powers of two dividing seq_len/2 (two chunks per rank), up
-    to MAX_CP and the GPU count, for sequences of LONG_CONTEXT tokens or more; else 1."""
-    if model.seq_len < LONG_CONTEXT or runtime == "exatrain":
+def cp_candidates(model: ModelSpec, gpus: int) -> list[int]:
+    """Context-parallel degrees searched, for every runtime: powers of two dividing seq_len/2 (two
+    chunks per rank), up to MAX_CP and the GPU count, for sequences of LONG_CONTEXT tokens or more;
+    else 1. Those a runtime cannot run are the rules' to drop (exatrain: cp with a MoE model)."""
+    if model.seq_len < LONG_CONTEXT:
         return [1]
     out, k = [], 1
     while k <= min(MAX_CP, gpus) and (model.seq_len // 2) % k == 0:
@@ -117,16 +121,17 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
                     dtype: str = "bfloat16") -> Space:
     """Every candidate of the grid, filtered to the legal canonical ones (arrays), with the ZeRO
     stages ``runtime`` offers (RUNTIME_REASON counts the others). With ``runtime`` "exatrain" also
-    without the combinations exatrain's trainer refuses (TRAINER_REASON). Tensor parallelism wider
-    than a node is priced (on the network) but searched only when pinned (``options.tp``): it is
-    never faster per byte than tp inside a node, and leaving it out keeps the space small."""
+    without the combinations exatrain's trainer refuses (TRAINER_REASONS, each counted apart).
+    Tensor parallelism wider than a node is priced (on the network) but searched only when pinned
+    (``options.tp``): it is never faster per byte than tp inside a node, and leaving it out keeps
+    the space small."""
     L = model.layers
     tps = list(options.tp) if options.tp else _divisors(gpus, 4 * cluster.gpus_per_node)
     pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
     mbs = list(options.micro_batch) if options.micro_batch else [1, 2, 4, 8, 16, 32]
     variants = list(options.schedules)
-    eps = list(options.ep) if options.ep else ep_candidates(model, runtime)
-    cps = list(options.cp) if options.cp else cp_candidates(model, gpus, runtime)
+    eps = list(options.ep) if options.ep else ep_candidates(model)
+    cps = list(options.cp) if options.cp else cp_candidates(model, gpus)
     grid = np.meshgrid(np.array(tps), np.array(pps), np.array(mbs), np.array(options.zero_stage),
                        np.arange(len(options.recompute)), np.array(options.sequence_parallel, dtype=bool),
                        np.arange(len(variants)), np.array(eps), np.array(cps), indexing="ij")
