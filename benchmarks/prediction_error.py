@@ -162,12 +162,16 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 vocab = math.ceil(50257 / (128 * tp)) * 128 * tp
                 row.notes.append(f"vocab {vocab} (GPT-2 BPE padded, assumed)")
             experts = _int(r["moe_experts"], 0)
-            model = ModelSpec(name=r["model"], arch=r["arch"] or "gpt", layers=_int(r["layers"]),
-                              hidden=_int(r["hidden"]), heads=_int(r["heads"]), kv_heads=_int(r["kv_heads"], 0),
-                              ffn_hidden=_int(r["ffn"], 0), seq_len=_int(r["seq"]), vocab=vocab,
-                              dropout=float(r["dropout"] or 0.0), experts=experts,
-                              top_k=_int(r["moe_topk"], 0) if experts else 0,
-                              expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0)
+            try:
+                model = ModelSpec(name=r["model"], arch=r["arch"] or "gpt", layers=_int(r["layers"]),
+                                  hidden=_int(r["hidden"]), heads=_int(r["heads"]), kv_heads=_int(r["kv_heads"], 0),
+                                  ffn_hidden=_int(r["ffn"], 0), seq_len=_int(r["seq"]), vocab=vocab,
+                                  dropout=float(r["dropout"] or 0.0), experts=experts,
+                                  top_k=_int(r["moe_topk"], 0) if experts else 0,
+                                  expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0)
+            except UserError as exc:  # a shape the planner cannot build: this row is not priced, the rest are
+                row.not_priced = f"the planner refuses the model: {exc}"
+                continue
         dtype = r["dtype"].lower()
         row.traits = [t for t, on in (("FP8", dtype.startswith("fp8")), ("context parallel", _int(r["cp"], 1) > 1),
                                       ("MoE", r["kind"] == "moe")) if on]
@@ -177,6 +181,11 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 f" (and: {', '.join(row.traits)})" if row.traits else "")
             continue
         recompute = r["recompute"].split(" (")[0]
+        modules = r["recompute"][len(recompute):].strip(" ()")
+        if r["engine"] == "megatron-core" and recompute == "selective" and modules and "core_attn" not in modules:
+            # Megatron-Core --recompute-modules without core_attn: exatrain's selective is the attention
+            # core (Korthikanti 2022); these modules' recomputation is not counted, their outputs are
+            recompute = "none"
         if recompute != r["recompute"]:
             row.notes.append(f"recompute {r['recompute']!r} planned as {recompute}")
         pp, v = _int(r["pp"]), _int(r["vpp"], 1)
@@ -206,19 +215,25 @@ STATED_SWITCHES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("overlap_grad_reduce", ("dp_grad_reduce",)), ("overlap-grad-reduce", ("dp_grad_reduce",)),
     ("overlap_param_gather", ("dp_param_gather",)), ("overlap-param-gather", ("dp_param_gather",)),
     ("overlap_p2p", ("pp_p2p",)), ("overlap-p2p", ("pp_p2p",)),
+    ("overlap_moe_expert_parallel_comm", ("ep_a2a",)), ("overlap-moe-expert-parallel-comm", ("ep_a2a",)),
 )
+
+
+# A clause that names a switch to say it was off ("overlap_grad_reduce off", "no TP comm overlap
+# (tp_comm_overlap False)", "requested but tp 1") turns nothing on.
+_NEGATED = re.compile(r"\b(off|false|no|not|without|requested but)\b")
 
 
 def _overlap(source: str, engine: str, stated: str = "") -> str:
     """The overlaps a run had on. Megatron-LM of 2021-22 overlapped only the DDP gradient
     all-reduce (``cost.published``); a row whose ``overlap`` field names switches gets exactly those
-    (``STATED_SWITCHES``); otherwise DeepSpeed runs its defaults (overlap_comm off at ZeRO-1),
+    (``STATED_SWITCHES``; ';'-separated clauses, a negated clause skipped); otherwise DeepSpeed runs its defaults (overlap_comm off at ZeRO-1),
     torchtitan its defaults (FSDP2's prefetch, no async TP), and Megatron-Core every overlap it offers
     (its published performance recipes turn them on)."""
     if source in (NARAYANAN, KORTHIKANTI):
         return MEGATRON_LM_2021
-    text = stated.lower()
-    named = sorted({c for key, comms in STATED_SWITCHES if key in text for c in comms})
+    clauses = [c for c in stated.lower().split(";") if not _NEGATED.search(c)]
+    named = sorted({c for clause in clauses for key, comms in STATED_SWITCHES if key in clause for c in comms})
     if named:
         return ",".join(named)
     if engine == "torchtitan":
@@ -357,7 +372,7 @@ def not_priced_summary(rows: list[Row]) -> str:
     """Why rows are not priced, counted (a row can have several reasons)."""
     out = [r for r in rows if r.not_priced]
     counts = {"unstated shape/layout/recompute": sum(r.not_priced.startswith("the source") for r in out),
-              "refused by estimate": sum("does not price" in r.not_priced for r in out)}
+              "refused by the planner": sum(not r.not_priced.startswith("the source") for r in out)}
     for trait in ("FP8", "context parallel", "MoE"):
         counts[trait] = sum(trait in r.traits for r in out)
     return (f"not priced: {len(out)} of {len(rows)} rows — " + ", ".join(f"{k} {v}" for k, v in counts.items())

@@ -22,7 +22,7 @@ from exatrain.planner.evaluate import evaluate
 from exatrain.planner.search.batch import layouts_of
 from exatrain.planner.search.space import enumerate_space
 
-ON = ("tp", "dp_grad_reduce", "dp_param_gather", "pp_p2p")
+ON = ("tp", "dp_grad_reduce", "dp_param_gather", "pp_p2p", "ep_a2a")
 
 
 def _on(rules) -> set[str]:
@@ -72,6 +72,23 @@ def test_tp_overlap_hides_tp_comm_behind_gemms_only_with_sequence_parallelism() 
     assert _estimate(overlap="all", **kw).estimate.time_s.tp_comm == _estimate(overlap="none", **kw).estimate.time_s.tp_comm
 
 
+def test_expert_all_to_all_overlap_hides_it_behind_moe_compute_only() -> None:
+    """Megatron-Core's --overlap-moe-expert-parallel-comm: the all-to-alls hide behind the MoE
+    layers' compute of another micro-batch, never below zero and never touching compute; off, or
+    under an engine that does not offer it, the all-to-all is all exposed. (Broken on purpose: the
+    overlap applied whatever the switch, ``--overlap none`` hid the all-to-all too and this failed.)"""
+    kw = dict(model="mixtral-8x7b", cluster="dgx-h100", gpus=64, global_batch=256, micro_batch=1, tp=2, pp=1,
+              ep=8, zero=1, runtime="megatron-core")
+    on, off = (api.estimate(overlap=o, **kw).estimate.time_s for o in ("ep_a2a", "none"))
+    assert off.ep_comm > 0 and 0 <= on.ep_comm < off.ep_comm
+    assert on.compute == off.compute and on.step >= on.compute
+    assert off.ep_comm - on.ep_comm <= on.compute  # nothing hides behind more than the compute there is
+    both = api.estimate(overlap="all", **kw).estimate.time_s
+    assert both.ep_comm == on.ep_comm
+    with pytest.raises(UserError, match="runtime torchtitan cannot overlap ep_a2a"):
+        api.estimate(overlap="ep_a2a", **{**kw, "runtime": "torchtitan"})
+
+
 def test_grad_reduce_overlap_and_exatrains_pipeline_exception() -> None:
     on = _estimate(tp=1, pp=1, runtime="megatron-core", overlap="dp_grad_reduce").estimate
     off = _estimate(tp=1, pp=1, runtime="megatron-core", overlap="none").estimate
@@ -86,7 +103,8 @@ def test_overlap_never_makes_a_step_shorter_than_its_compute(runtime) -> None:
     """Over 400 legal layouts per runtime on two clusters: with every overlap on the step is at least
     the busiest rank's compute, never longer than with none, and its parts still add up to it."""
     rng = np.random.default_rng(3)
-    for name, cl, gpus, gb in (("gpt-175b", "frontier", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 256)):
+    for name, cl, gpus, gb in (("gpt-175b", "frontier", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 256),
+                               ("mixtral-8x7b", "dgx-h100", 64, 256)):
         m, c = get_model(name), get_cluster(cl)
         space = enumerate_space(m, c, gpus, gb, runtime=runtime)
         lay = layouts_of(space).take(rng.choice(len(space), size=200, replace=False))

@@ -34,7 +34,7 @@ from exatrain.errors import UserError
 from exatrain.plan import RUNTIMES
 
 ENGINE_NAMES = RUNTIMES  # plan.RUNTIMES: the names a Plan.runtime may take
-COMMS = ("dp_grad_reduce", "dp_param_gather", "tp", "pp_p2p")
+COMMS = ("dp_grad_reduce", "dp_param_gather", "tp", "pp_p2p", "ep_a2a")
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,9 @@ MEGATRON_CORE = EngineProfile(
                 "megatron/core/model_parallel_config.py tp_comm_overlap"),
         Overlap("pp_p2p", "interleaved schedule P2P overlap (off with --no-overlap-p2p-communication)", True,
                 "megatron/training/arguments.py --no-overlap-p2p-communication (dest overlap_p2p_comm)"),
+        Overlap("ep_a2a", "--overlap-moe-expert-parallel-comm (with --delay-wgrad-compute)", False,
+                "megatron/core/transformer/transformer_config.py overlap_moe_expert_parallel_comm: the expert "
+                "all-to-alls of one micro-batch run beside the compute of another (combined 1F1B)"),
     ),
 )
 

@@ -55,7 +55,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     ``runtime`` set) with its StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's
     own model per stage (torch, nothing allocated). ``overlap``: which of the runtime's overlaps
     are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
-    tp, dp_grad_reduce, dp_param_gather, pp_p2p. ``out``: also write the plan with its estimate as
+    tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``out``: also write the plan with its estimate as
     JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)

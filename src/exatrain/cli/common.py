@@ -143,7 +143,7 @@ def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> 
     if "overlap" in inspect.signature(fn).parameters:
         flag(p, fn, "--overlap", "which of the runtime's overlaps of communication with compute are on: all (its "
              "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
-             "dp_param_gather, pp_p2p; default all", metavar="WHICH")
+             "dp_param_gather, pp_p2p, ep_a2a; default all", metavar="WHICH")
 
 
 def add_progress_arg(p: argparse.ArgumentParser) -> None:

@@ -23,6 +23,13 @@ The planner predicts a plan as run by one engine (``Plan.runtime``, a profile of
     ZeRO-3/FSDP prefetch: each micro-batch's gathers run under its forward and backward);
   - ``pp_p2p``: with the interleaved schedule only (Megatron-Core overlap_p2p_comm,
     megatron/core/pipeline_parallel/schedules.py), a stage's send/receive under its next forward.
+  - ``ep_a2a``: a MoE layer's dispatch and combine all-to-alls (forward and backward) under the
+    compute of the MoE layers of another micro-batch, forward and backward (Megatron-Core
+    --overlap-moe-expert-parallel-comm: the schedule runs one micro-batch's forward beside another's
+    backward, layer by layer, and issues each one's all-to-all while the other computes;
+    megatron/core/pipeline_parallel/combined_1f1b.py). Counted per stage as
+    ``max(0, all-to-all - MoE layers' forward + backward)``; it needs a second micro-batch in flight,
+    which every step with gradient accumulation or a pipeline has.
 
 * what the data-parallel collectives carry. ``accounting.comms.dp_collectives_for`` counts
   exatrain's trainer (fp32 gradients all-reduced, ZeroRedundancyOptimizer broadcasting its fp32
@@ -58,6 +65,7 @@ class OverlapRules:
     dp_param_gather: bool
     pp_p2p: bool  # with the interleaved schedule only
     grad_reduce_needs_no_pipeline: bool  # exatrain: DDP's overlap runs only without a pipeline schedule
+    ep_a2a: bool = False  # the expert all-to-alls under another micro-batch's MoE-layer compute
     switches: tuple[str, ...] = ()  # the engine's switches of the overlaps that are on
 
 
@@ -85,6 +93,7 @@ def overlap_rules(engine: EngineProfile | str, on: str = "all") -> OverlapRules:
                             f"{', '.join(offered) or 'nothing'})")
     return OverlapRules(runtime=e.name, tp="tp" in chosen, dp_grad_reduce="dp_grad_reduce" in chosen,
                         dp_param_gather="dp_param_gather" in chosen, pp_p2p="pp_p2p" in chosen,
+                        ep_a2a="ep_a2a" in chosen,
                         # the exatrain profile's own words: "(ZeRO-0/1 without pipeline)"
                         grad_reduce_needs_no_pipeline=e.name == "exatrain",
                         switches=tuple(o.switch for c, o in offered.items() if c in chosen))

@@ -106,16 +106,17 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     bl = b / cp_size if cp_size > 1 else b  # a rank's share of each sequence, as micro-batch: s/cp tokens
 
     def layer(s: bool):
-        sums = [0.0] * 4  # per stage: forward, backward, attention core, forward weight GEMMs
+        sums = [0.0] * 5  # per stage: forward, backward, attention core, forward weight GEMMs, MoE layers' f+b
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
                                      dtype=dtype, dev=dev, fp8=fp8, speedup=speedup)
-            sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd))]
+            sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
+                                                     (lt.fwd + lt.bwd) if moe else 0.0))]
         return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
                 *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev))
 
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
-    fwd_l, bwd_l, attn_l, dense, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
+    fwd_l, bwd_l, attn_l, dense, moe_fb, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
     # Recomputation reruns the layers' forward (full) or the attention core (selective) in backward.
     again = np.where(rec == _FULL, fwd_l, np.where(rec == _SELECTIVE, attn_l, 0.0))
     tp_one = tp_collective_time_s(cluster, cp, tp, bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype], sp)
@@ -138,8 +139,15 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         if model.is_moe else 0.0 * L
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1))
-    ext_f = a2a + L * cp_f
-    ext_b = a2a * np.where(rec == _FULL, 2, 1) + L * (cp_b + np.where(rec == _FULL, cp_f, 0.0))
+    a2a_f, a2a_b = a2a, a2a * np.where(rec == _FULL, 2, 1)
+    if rules is not None and rules.ep_a2a:
+        # EP all-to-all overlap (cost.overlap): hidden behind another micro-batch's MoE-layer compute;
+        # what stays exposed is split between forward and backward in proportion.
+        whole = a2a_f + a2a_b
+        left = exposed(whole, moe_fb) / np.where(whole > 0, whole, 1.0)
+        a2a_f, a2a_b = a2a_f * left, a2a_b * left
+    ext_f = a2a_f + L * cp_f
+    ext_b = a2a_b + L * (cp_b + np.where(rec == _FULL, cp_f, 0.0))
     first, last = np.arange(S) == 0, np.arange(S) == S - 1
     fwd = fwd + first * emb_f + last * head_f
     bwd = bwd + first * emb_b + last * head_b
@@ -159,7 +167,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     else:
         p2p = np.zeros(len(b))
     shape = (len(b), S)
-    ext = (ext_f, ext_b, a2a + a2a * np.where(rec == _FULL, 2, 1))
+    ext = (ext_f, ext_b, a2a_f + a2a_b)
     return StageTimes(*(np.broadcast_to(x, shape) + 0.0 for x in (fwd, bwd, wgrad, tp_f, tp_b)), p2p=p2p,
                       tp_hidden=np.broadcast_to(tp_all - tp_f - tp_b, shape) + 0.0,
                       **dict(zip(("ext_fwd", "ext_bwd", "ep_share"), (np.broadcast_to(x, shape) + 0.0 for x in ext))))
