@@ -44,6 +44,10 @@ def test_megatron_core_matches_its_distributed_optimizer_table(d: int) -> None:
     # Only the optimizer's fp32 copies are sharded: the bf16 weights and the main grads are not.
     w, g, o = get_engine("megatron-core").state_bytes("bfloat16", 1, d)
     assert (w, g, o) == pytest.approx((2 + 4 / d, 4, 8 / d))
+    # Megatron-FSDP (user guide): optim_grads shards the main grads too, optim_grads_params the 16-bit params.
+    assert get_engine("megatron-core").state_bytes("bfloat16", 2, d) == pytest.approx((2 + 4 / d, 4 / d, 8 / d))
+    assert get_engine("megatron-core").state_bytes("bfloat16", 3, d) == pytest.approx((6 / d, 4 / d, 8 / d))
+    assert _total("megatron-core", "bfloat16", 3, d, "bfloat16") == pytest.approx(16 / d)
 
 
 @pytest.mark.parametrize("d", DS)
@@ -95,7 +99,7 @@ def test_state_bytes_take_numpy_arrays() -> None:
                 assert tuple(float(np.asarray(x)[i]) for x in arr) == pytest.approx(p.state_bytes("bfloat16", z, di))
 
 
-@pytest.mark.parametrize("name, zero, dtype", [("megatron-core", 2, "bfloat16"), ("megatron-core", 3, "float32"),
+@pytest.mark.parametrize("name, zero, dtype", [("megatron-core", 2, "float32"), ("megatron-core", 3, "float32"),
                                                ("torchtitan", 1, "bfloat16")])
 def test_a_stage_the_engine_does_not_offer_is_a_user_error(name: str, zero: int, dtype: str) -> None:
     with pytest.raises(UserError) as err:

@@ -138,11 +138,17 @@ def _rule(w, g, o, mode, source, buffer_bytes=0.0):
 
 # ---- Megatron-Core ---------------------------------------------------------------------------
 # ZeRO-1 is the distributed optimizer (grads are reduce-scattered but the full grad buffer stays).
-# Megatron-FSDP (--use-megatron-fsdp, sharding grads and params) is not modelled: no ZeRO-2/3 here.
+# ZeRO-2/3 are Megatron-FSDP (--use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads /
+# optim_grads_params): the main grads, then the 16-bit params too, sharded with the fp32 main params and
+# Adam states; with --fsdp-double-buffer the current and the next layer are held gathered.
 _MCORE_DOC = ("Megatron-Core docs, 'Distributed Optimizer' (developer-guide api-guide/dist_optimizer): "
               "bytes/param table")
 _MCORE_FP32_GRAD = ("megatron/training/arguments.py: --bf16 sets accumulate_allreduce_grads_in_fp32 unless "
                     "--grad-reduce-in-bf16")
+_MFSDP = "--use-megatron-fsdp --data-parallel-sharding-strategy"
+_MFSDP_DOC = ("Megatron-LM docs/discussions/megatron-fsdp-user-guide and megatron/core/distributed/fsdp/src/README.md: "
+              "optim_grads / optim_grads_params shard the main grads / and the params over dp, with the fp32 main "
+              "params and optimizer states")
 MEGATRON_CORE = EngineProfile(
     name="megatron-core",
     grad_accum_dtype="float32",
@@ -159,14 +165,21 @@ MEGATRON_CORE = EngineProfile(
                                             _MCORE_DOC + ": 16-bit params, 16-bit grads = 20")),
         (("bfloat16", 1, "bfloat16"), _rule((2, 4), (2, 4), (0, 8), "--use-distributed-optimizer --grad-reduce-in-bf16",
                                             _MCORE_DOC + ": 16-bit params, 16-bit grads = 4 + 16/d")),
+        # Megatron-FSDP: optim_grads keeps the 16-bit params whole; optim_grads_params shards them too.
+        (("bfloat16", 2, "float32"), _rule((2, 4), (0, 4), (0, 8), _MFSDP + " optim_grads", _MFSDP_DOC)),
+        (("bfloat16", 3, "float32"), _rule((0, 2 + 4), (0, 4), (0, 8), _MFSDP + " optim_grads_params", _MFSDP_DOC)),
+        (("bfloat16", 2, "bfloat16"), _rule((2, 4), (0, 2), (0, 8), _MFSDP + " optim_grads --grad-reduce-in-bf16",
+                                            _MFSDP_DOC)),
+        (("bfloat16", 3, "bfloat16"), _rule((0, 2 + 4), (0, 2), (0, 8),
+                                            _MFSDP + " optim_grads_params --grad-reduce-in-bf16", _MFSDP_DOC)),
         (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "fp32 params",
                                           _MCORE_DOC + ": fp32 params, fp32 grads = 16")),
         (("float32", 1, "float32"), _rule((4, 0), (4, 0), (0, 8), "--use-distributed-optimizer",
                                           _MCORE_DOC + ": fp32 params, fp32 grads = 8 + 8/d")),
     ),
-    zero3_gathered_layers=0,
+    zero3_gathered_layers=2,  # Megatron-FSDP: the layer computing and the next one (--fsdp-double-buffer)
     zero3_prefetch_elements=0.0,
-    zero3_unsharded_grad_bytes=0.0,
+    zero3_unsharded_grad_bytes=4.0,  # a layer's fp32 main grad before its reduce-scatter
     buckets=(("bucket_size (params)", "max(40000000, 1000000 * dp) unless --ddp-bucket-size"),),
     bucket_source=("megatron/core/distributed/distributed_data_parallel_config.py bucket_size; buckets are views "
                    "into the contiguous param/grad buffers (param_and_grad_buffer.py)"),
