@@ -69,7 +69,7 @@ def test_models_and_hardware(capsys) -> None:
     (["--model", "gpt-1t", "--gpus", "100", "--tp", "8"], "--gpus 100 is not divisible by tp*pp"),
     (["--model", "gpt-1t", "--gpus", "16", "--global-batch", "3"], "not divisible by micro-batch x dp"),
     (["--model", "gpt-1t", "--runtime", "deepspeed"], "--runtime must be one of megatron-core, megatron-deepspeed"),
-    (["--model", "gpt-1t", "--runtime", "megatron-core", "--gpus", "16", "--zero", "3"], "has no ZeRO stage 3"),
+    (["--model", "gpt-1t", "--runtime", "torchtitan", "--gpus", "16", "--zero", "1"], "has no ZeRO stage 1"),
     (["--model", "gpt-1t", "--hidden", "-5"], "expected a positive integer"),
     (["--model", "gpt-1t", "--cluster", "summit"], "unknown cluster 'summit'"),
 ])
