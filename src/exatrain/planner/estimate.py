@@ -76,7 +76,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"fp8 ({plan.fp8} scaling): linear-layer GEMMs at the device's FP8 peak; MFU and HFU are "
                   f"against the {plan.dtype} peak",)
     if not own:
-        notes += ("trainer memory: the per-tensor model counts dense layers without cp or FP8 only; "
+        notes += ("trainer memory: the per-tensor model counts the trainer's dense and MoE layers (with ep and cp), "
+                  "not latent attention, QK-norm, a separate head width or FP8; "
                   + ("memory_bytes is the accounting's exatrain profile" if rt == "exatrain" else "not given"),)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
