@@ -5,14 +5,19 @@ all-to-all over the ep group, grouped GEMMs; routing at a balanced load) and its
 
 The cases (tests/helpers/trace_matrix.py ``MOE_CP``) run in one subprocess of their own (the trace
 keeps a fake process group for its process). Analytical = the trainer memory model without its
-allocator allowance. Broken on purpose, each of these fails ``test_moe_and_cp_traced_peak_matches_
-analytical`` (largest error over the cases' ranks):
-* the routed experts counted whole instead of N/ep per rank (``stage_params_split`` without ep in
-  ``trainer_stage_memory``): moe-ep2 +31%, and ``test_traced_parameters_are_the_ep_shard`` fails;
-* the MoE layers' routed token copies counted once per token instead of top_k times: moe-ep2 -5.9%;
-* keys and values counted for the rank's own s/cp tokens instead of the gathered sequence: cp2-tp2 -6.2%;
-* the rank's tokens taken as the whole sequence (no /cp) in the model: cp2 +26%; in the trace
-  (``_StepRunner.tokens``): the trace fails on the gathered attention's shapes.
+allocator allowance. Broken on purpose, each of these fails (largest error over the cases' ranks,
+measured with ``python tests/helpers/trace_matrix.py --table moe-ep2 moe-ep2-pp2 moe-ep2-tp2 cp2
+cp2-tp2 cp4``; every case is within 1.6% unbroken):
+* the model counts the routed experts whole instead of N/ep per rank (``stage_params_split`` without
+  ep in ``trainer_stage_memory``): moe-ep2-tp2 +29%, every MoE case beyond the bound;
+* the trace leaves the experts unplaced (``_build`` without ``apply_expert_parallel``: every rank
+  runs all N experts): moe-ep2 -19%, and ``test_traced_parameters_are_the_ep_shard`` fails;
+* the model counts a MoE layer's routed token copies once per token instead of top_k times:
+  moe-ep2-tp2 -8.5% (every MoE case beyond the bound);
+* the model counts keys and values for the rank's own s/cp tokens instead of the gathered sequence:
+  cp4 -9.5%, cp2-tp2 -6.0%, cp2 -5.6%;
+* the model takes a rank's tokens as the whole sequence (no /cp): cp2 +64%; the trace does
+  (``_StepRunner.tokens``): the trace fails (the context shard's positions do not broadcast).
 """
 
 from __future__ import annotations

@@ -65,7 +65,9 @@ FAMILIES = {
 
 
 # Mixture of experts (expert parallelism inside dp; routing traced at a balanced load) and context
-# parallelism: shapes whose activations are as large as the model states (test_trace_moe_cp.py).
+# parallelism: shapes whose activations are as large as the model states or larger, so that the
+# gathered keys and values and the routed token copies move the peak by more than the bound
+# (test_trace_moe_cp.py). ``b``: the micro-batch.
 MOE = dict(arch="llama", hidden=256, heads=8, kv_heads=2, ffn_hidden=704, seq_len=512, vocab=256, layers=4,
            experts=4, top_k=2, shared_experts=1, expert_ffn_hidden=256, dense_layers=1)
 LONG = dict(SMALL, seq_len=1024)
@@ -73,18 +75,19 @@ MOE_CP = {
     "moe-ep2": (MOE, dict(dp=2, ep=2), None, False),
     "moe-ep2-pp2": (MOE, dict(dp=2, ep=2, pp=2), None, False),
     "moe-ep2-tp2": (MOE, dict(dp=2, ep=2, tp=2), None, False),
-    "cp2": (LONG, dict(cp=2), None, False),
-    "cp2-tp2": (LONG, dict(cp=2, tp=2), None, False),
+    "cp2": (LONG, dict(cp=2, b=4), None, False),
+    "cp2-tp2": (LONG, dict(cp=2, tp=2, b=4), None, False),
+    "cp4": (dict(LONG, seq_len=2048), dict(cp=4, b=2), None, False),
 }
 
 
 def plan_for(fields: dict, layout: dict) -> Plan:
     layout = dict(layout)
     tp, pp, dp = layout.pop("tp", 1), layout.pop("pp", 1), layout.pop("dp", 1)
-    ep, cp = layout.pop("ep", 1), layout.pop("cp", 1)
+    ep, cp, b = layout.pop("ep", 1), layout.pop("cp", 1), layout.pop("b", 1)
     m = layout.pop("m", 2 if pp == 1 else 2 * pp)
     model = ModelSpec(name="trace-case", **fields)
-    return Plan(model=model, dims=ParallelDims(tp, pp, dp, ep=ep, cp=cp), shape=TrainShape(1, m * dp),
+    return Plan(model=model, dims=ParallelDims(tp, pp, dp, ep=ep, cp=cp), shape=TrainShape(b, b * m * dp),
                 **layout).validate()
 
 

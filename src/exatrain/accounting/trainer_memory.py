@@ -28,6 +28,21 @@ execution, and each item says whether it is inherent or avoidable:
   backward comes before the activations peak (GPipe; 1F1B with m <= in flight) the gradients are
   not allocated yet at that moment.
 
+Mixture of experts (trainer/moe.py, parallel/expert.py): a rank holds N/ep of each MoE layer's routed
+experts (whole experts; every tp rank the same ones), the router and the shared experts (tensor
+parallel) as a dense layer's weights; fp32 weights, gradients and Adam states of all of them as
+of any parameter (ZeRO-1 shards them over dp like the rest: ZeroRedundancyOptimizer sees one list).
+The router runs in fp32 with autocast off, so it has no 16-bit copy; the experts' stacked weights
+get one each (cast for the grouped GEMM and kept for its backward). A MoE layer keeps, beyond the
+dense layer's attention and norms, its router's fp32 input, probabilities and sort indices, and
+per routed token copy (top_k per token, at a balanced load: the trainer is dropless, with no
+capacity factor, and the balancing loss drives the load towards even) the experts' input rows,
+their SwiGLU intermediates and the combined output, with the int64 orderings of the dispatch
+(``_moe_mlp_bytes``). Context parallelism (parallel/context.py): a rank runs s/cp tokens of every
+sequence through everything token-wise, its attention keeps the all-gathered keys and values of the
+whole sequence and the [s/cp, s] mask, and its states are sharded over dp x cp. Both were checked
+against the trace (tests/bench/test_trace_moe_cp.py, within 1.6% on seven ranks of six layouts).
+
 Not counted (runtime overheads measured by neither model; see the README's "Calibration and
 validation"): DDP's gradient buckets, torch.distributed.pipelining's per-micro-batch receive
 buffers, DTensor's replicated gradient of the vocabulary-parallel embedding, and a loss computed

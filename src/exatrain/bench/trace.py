@@ -6,8 +6,11 @@ the stage's coordinates) and ``FakeTensorMode`` (tensors carry shapes and dtypes
 
 1. the model is built on the meta device and given the trainer's own parallelism by the trainer's
    own code (``execution_plan``, ``split_stages``, then ``shard_stage`` of parallel/build.py:
-   tensor/sequence parallelism as DTensors over the fake tp group, activation checkpointing and the
-   attention kernel, FSDP2 for ZeRO-2/3); then it is materialised as fake tensors (tied weights
+   tensor/sequence parallelism as DTensors over the fake tp group, the routed experts of MoE layers
+   over the (ep, tp) mesh with ``apply_expert_parallel``, the context shard of cp > 1 with
+   ``context_shard``, activation checkpointing and the attention kernel, FSDP2 for ZeRO-2/3) on the
+   trainer's own ``Mesh`` (parallel/mesh.py: (pp, dp, tp), (pp, dp, cp, tp), or (pp, edp, ep, tp)
+   with dp flattened, as ``build_mesh`` lays them out); then it is materialised as fake tensors (tied weights
    kept tied, as ``trainer.init`` does) and, where the trainer does (``local_params_needed``: tensor
    parallelism with ZeRO-0/1 over dp > 1), its DTensor parameters are stored as local shards;
 2. ZeRO-0/1 data parallelism is applied in the accounting sense: DDP is left out (its gradient
@@ -26,6 +29,21 @@ Two corrections to the tracker: DTensor runs every op once more on fake tensors 
 shape to learn its output's metadata, inside the active fake mode, where MemTracker would count
 them as this rank's allocations — those calls pass untracked; and MemTracker's module hooks keep a
 root module's inputs alive, so a stage releases each received activation after its backward.
+
+Context parallelism: a rank's micro-batch is its s/cp tokens of each sequence (the trainer's
+``shard_batch``), its attention all-gathers the keys and values of the whole sequence over the (fake)
+cp group and masks them by global position, exactly as in a run; on the fake group the gather's
+backward takes the reduce-scatter path (gloo runs an all-reduce and a slice instead: a transient of
+one layer's gathered K/V gradient; forcing that path leaves the peaks of the tests' cp layouts unchanged).
+
+Mixture of experts: the trainer's MoE layers are dropless (no capacity factor, so no static dispatch
+buffers): how many token copies go to each expert and rank is read from the routing itself, which a
+fake tensor does not have. ``torch.bincount`` (its length depends on the largest index) and
+``.tolist()`` of the counts fail under FakeTensorMode; the trace answers those two reads as a
+perfectly balanced router would (``_balanced_routing``: T*k copies split evenly over the N experts
+and the ep ranks), and runs everything else of the layer — router, sort, gathers, the all-to-all
+buffers over the ep group, the grouped GEMMs, the combine — as the trainer does. The traced peak
+is that of a balanced step; an imbalanced step holds more routed rows on the busiest rank.
 
 What a pipeline stage receives is a fresh tensor per micro-batch and the gradient it receives is
 made at its backward: torch.distributed.pipelining's receive buffers (one per micro-batch and
@@ -83,7 +101,7 @@ def trace_plan(plan: Plan, *, accelerator: bool = False, steps: int = 1) -> list
 
 
 def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1) -> TracedMemory:
-    """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, tp 0); the peak over them."""
+    """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, cp 0, tp 0); the peak over them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from exatrain.trainer.parallel.build import execution_plan, local_params_needed
