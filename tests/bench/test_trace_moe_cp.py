@@ -75,3 +75,20 @@ def test_estimate_trace_runs_for_a_moe_plan_with_expert_parallelism() -> None:
     assert len(note) == 1 and "MoE routing at a balanced load" in note[0]
     assert est["trainer_memory_by_stage"] == est["memory_by_stage"] and len(est["memory_by_stage"]) == 2
     assert est["traced_memory_bytes"]["total"] > 0
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "moe-tiny", "--gpus", "2", "--dp", "2", "--ep", "2", "--zero", "1"], "--zero 0 only"),
+    (["--model", "moe-tiny", "--gpus", "2", "--cp", "2"], "does not run mixture-of-experts models yet"),
+])
+def test_estimate_trace_refuses_a_layout_the_trainer_does_not_run(capsys, argv, words) -> None:
+    """The trace runs the trainer's code, so a MoE or cp layout the trainer refuses is refused in the
+    trainer's words (one line, exit status 2) before anything is traced, not traced as a layout no
+    run has (ep with ZeRO-1 traced fine, with the trainer's states of a layout it never runs)."""
+    from exatrain.cli import main
+
+    code = main(["estimate", "--cluster", "local-cpu", *argv, "--trace"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and words in err and "--trace traces what the trainer runs" in err, err
+    assert "Traceback" not in err

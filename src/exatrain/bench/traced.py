@@ -4,7 +4,8 @@ One rank of every pipeline stage is traced (``trace.trace_stage``: FakeTensorMod
 group, nothing allocated); the estimate gains ``traced_memory_bytes`` (the stage with the largest
 traced peak) and a note listing every stage's traced peak beside the trainer memory model's, and the
 model's error against the trace per stage. Dense, mixture-of-experts (with ep; routing traced at a
-balanced load: trace.py) and context-parallel (cp) plans alike.
+balanced load: trace.py) and context-parallel (cp) plans alike; a MoE or cp layout the trainer
+refuses (``TrainConfig.check``) is refused here in its words, before anything is traced.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], 
     except ModuleNotFoundError as exc:  # pragma: no cover - torch missing
         raise UserError(f"--trace needs torch ({exc}); install exatrain[train]") from None
     on_cpu = cluster.device.name == "cpu"
+    if plan.model.is_moe or plan.cp > 1:
+        _trainer_runs_it(plan, on_cpu)
     traced = []
     for r in range(plan.pp):
         if progress is not None:
@@ -56,6 +59,18 @@ def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], 
     return dataclasses.replace(est, traced_memory_bytes=MemoryBreakdown(
         weights=worst.weights, gradients=worst.gradients, optimizer=worst.optimizer,
         activations=worst.activations, other=worst.other), notes=tuple(est.notes) + (note,))
+
+
+def _trainer_runs_it(plan: Plan, on_cpu: bool) -> None:
+    """Refuse, in the trainer's own words, a MoE or cp layout the trainer does not run (its
+    ``TrainConfig.check``: e.g. ep with ZeRO-1/2/3, cp with a MoE model): the trace runs the
+    trainer's code, and would otherwise trace a layout no run has."""
+    from exatrain.trainer.config import TrainConfig
+
+    try:
+        TrainConfig(plan=plan, device="cpu" if on_cpu else "cuda").check()
+    except UserError as exc:
+        raise UserError(f"--trace traces what the trainer runs, and it does not run this plan: {exc}") from None
 
 
 __all__ = ["traced_estimate"]
