@@ -6,8 +6,8 @@ all-to-all over the ep group, grouped GEMMs; routing at a balanced load) and its
 The cases (tests/helpers/trace_matrix.py ``MOE_CP``) run in one subprocess of their own (the trace
 keeps a fake process group for its process). Analytical = the trainer memory model without its
 allocator allowance. Broken on purpose, each of these fails (largest error over the cases' ranks,
-measured with ``python tests/helpers/trace_matrix.py --table moe-ep2 moe-ep2-pp2 moe-ep2-tp2 cp2
-cp2-tp2 cp4``; every case is within 1.6% unbroken):
+measured with ``python tests/helpers/trace_matrix.py --table moe-ep2 moe-ep2-pp2 moe-ep2-tp2
+moe-zero3-dp2 cp2 cp2-tp2 cp4``; every case is within 1.6% unbroken):
 * the model counts the routed experts whole instead of N/ep per rank (``stage_params_split`` without
   ep in ``trainer_stage_memory``): moe-ep2-tp2 +29%, every MoE case beyond the bound;
 * the trace leaves the experts unplaced (``_build`` without ``apply_expert_parallel``: every rank
@@ -53,11 +53,12 @@ def test_moe_and_cp_traced_peak_matches_analytical(matrix, case) -> None:
                                       f"vs traced {row['traced'] / 2**20:.1f} MiB ({err:+.1%})"
 
 
-@pytest.mark.parametrize("case", list(MOE_CP))
+@pytest.mark.parametrize("case", [c for c, (_, layout, _, _) in MOE_CP.items() if layout.get("zero_stage", 0) < 2])
 def test_traced_parameters_are_the_ep_shard(matrix, case) -> None:
     """The trace holds the parameters the accounting gives a rank: the routed experts N/ep each
     (whole experts over the ep group, parallel/expert.py), the rest as in a dense model (replicated
-    over cp), 4 bytes each in fp32."""
+    over cp), 4 bytes each in fp32. (Under FSDP the gathered bf16 parameters are parameters too at
+    the peak: ZeRO-2/3 cases are compared by their totals only.)"""
     for row in matrix[case]:
         assert row["traced_weights"] == 4 * row["params_here"]
 

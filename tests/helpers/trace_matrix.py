@@ -75,6 +75,7 @@ MOE_CP = {
     "moe-ep2": (MOE, dict(dp=2, ep=2), None, False),
     "moe-ep2-pp2": (MOE, dict(dp=2, ep=2, pp=2), None, False),
     "moe-ep2-tp2": (MOE, dict(dp=2, ep=2, tp=2), None, False),
+    "moe-zero3-dp2": (MOE, dict(dp=2, zero_stage=3), None, False),  # FSDP2 over MoE layers (ep 1)
     "cp2": (LONG, dict(cp=2, b=4), None, False),
     "cp2-tp2": (LONG, dict(cp=2, tp=2, b=4), None, False),
     "cp4": (dict(LONG, seq_len=2048), dict(cp=4, b=2), None, False),

@@ -41,7 +41,7 @@ their SwiGLU intermediates and the combined output, with the int64 orderings of 
 (``_moe_mlp_bytes``). Context parallelism (parallel/context.py): a rank runs s/cp tokens of every
 sequence through everything token-wise, its attention keeps the all-gathered keys and values of the
 whole sequence and the [s/cp, s] mask, and its states are sharded over dp x cp. Both were checked
-against the trace (tests/bench/test_trace_moe_cp.py, within 1.6% on seven ranks of six layouts).
+against the trace (tests/bench/test_trace_moe_cp.py, within 1.6% on eight ranks of seven layouts).
 
 Not counted (runtime overheads measured by neither model; see the README's "Calibration and
 validation"): DDP's gradient buckets, torch.distributed.pipelining's per-micro-batch receive
@@ -212,8 +212,8 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
     fsdp = (dp > 1) & (zero_stage >= 2)  # the trainer shards with FSDP2 only when dp > 1
     per = state_bytes_per_param(dtype, zero_stage, dp)
     per1 = state_bytes_per_param(dtype, 0, 1)
-    lp = layer_params(m)
-    layer_rank_params = lp.sharded / tp + lp.replicated
+    lp = layer_params(m)  # a MoE model's MoE layer: with its N/ep routed experts
+    layer_rank_params = lp.sharded / tp + lp.replicated + lp.experts / ep
     # A rank's own fp32 parameters and gradients (sharded over dp by FSDP), optimizer states.
     fp32_w = params_here * np.where(fsdp, 4.0 / dp, 4.0)
     grads = params_here * np.where(fsdp, per.gradients, per1.gradients)
