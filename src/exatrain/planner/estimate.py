@@ -69,7 +69,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     own = trainer_models_it(plan.model, plan.ep, plan.cp, plan.fp8)
     if plan.model.is_moe:
         notes += (f"MoE: ep {plan.ep}, routed experts' states sharded over the expert-data-parallel group; "
-                  f"busiest expert rank assumed to get {LOAD_IMBALANCE:g}x the mean routed tokens (cost.experts)",)
+                  f"busiest expert rank assumed to get {LOAD_IMBALANCE:g}x the mean routed tokens (cost.experts)"
+                  + ("; trainer memory: N/ep experts a rank, routed tokens at a balanced load" if own else ""),)
     if plan.cp > 1:
         notes += (f"cp {plan.cp}: s/cp tokens per rank, K,V ring overlapped with attention (cost.experts)",)
     if plan.fp8:
