@@ -2,7 +2,8 @@
 test_trace.py, in a process of its own: the trace keeps a fake process group for the process).
 
 Prints one JSON object: {case id: [{rank, traced, analytical, traced_weights, params_here}, ...]};
-run it directly to see the errors (``python tests/helpers/trace_matrix.py --table``).
+run it directly to see the errors (``python tests/helpers/trace_matrix.py --table``; case ids as
+arguments for some of them, e.g. the MoE and cp cases of test_trace_moe_cp.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
-from exatrain.accounting.params import stage_params
+from exatrain.accounting.params import stage_params, stage_params_split
 from exatrain.accounting.trainer_memory import trainer_stage_memory
 
 SMALL = dict(arch="gpt", hidden=256, heads=8, seq_len=128, vocab=256, layers=4)
@@ -63,12 +64,41 @@ FAMILIES = {
 }
 
 
+# Mixture of experts (expert parallelism inside dp; routing traced at a balanced load) and context
+# parallelism: shapes whose activations are as large as the model states or larger, so that the
+# gathered keys and values and the routed token copies move the peak by more than the bound
+# (test_trace_moe_cp.py). ``b``: the micro-batch.
+MOE = dict(arch="llama", hidden=256, heads=8, kv_heads=2, ffn_hidden=704, seq_len=512, vocab=256, layers=4,
+           experts=4, top_k=2, shared_experts=1, expert_ffn_hidden=256, dense_layers=1)
+LONG = dict(SMALL, seq_len=1024)
+MOE_CP = {
+    "moe-ep2": (MOE, dict(dp=2, ep=2), None, False),
+    "moe-ep2-pp2": (MOE, dict(dp=2, ep=2, pp=2), None, False),
+    "moe-ep2-tp2": (MOE, dict(dp=2, ep=2, tp=2), None, False),
+    "moe-zero3-dp2": (MOE, dict(dp=2, zero_stage=3), None, False),  # FSDP2 over MoE layers (ep 1)
+    "cp2": (LONG, dict(cp=2, b=4), None, False),
+    "cp2-tp2": (LONG, dict(cp=2, tp=2, b=4), None, False),
+    "cp4": (dict(LONG, seq_len=2048), dict(cp=4, b=2), None, False),
+}
+
+
 def plan_for(fields: dict, layout: dict) -> Plan:
     layout = dict(layout)
     tp, pp, dp = layout.pop("tp", 1), layout.pop("pp", 1), layout.pop("dp", 1)
+    ep, cp, b = layout.pop("ep", 1), layout.pop("cp", 1), layout.pop("b", 1)
     m = layout.pop("m", 2 if pp == 1 else 2 * pp)
     model = ModelSpec(name="trace-case", **fields)
-    return Plan(model=model, dims=ParallelDims(tp, pp, dp), shape=TrainShape(1, m * dp), **layout).validate()
+    return Plan(model=model, dims=ParallelDims(tp, pp, dp, ep=ep, cp=cp), shape=TrainShape(b, b * m * dp),
+                **layout).validate()
+
+
+def params_here(plan: Plan) -> tuple[int, ...]:
+    """Parameters one rank of each stage holds: with the routed experts split over ep."""
+    if not plan.model.is_moe:
+        return stage_params(plan)
+    split = stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
+                               layers_per_stage=plan.layers_per_stage(), ep=plan.ep)
+    return tuple(dense + experts for dense, experts in split)
 
 
 def run(ids: list[str]) -> dict:
@@ -76,7 +106,7 @@ def run(ids: list[str]) -> dict:
 
     out = {}
     for case in ids:
-        fields, layout, ranks, accelerator = {**CASES, **FAMILIES}[case]
+        fields, layout, ranks, accelerator = {**CASES, **FAMILIES, **MOE_CP}[case]
         plan = plan_for(fields, layout)
         rows = []
         for r in ranks if ranks is not None else range(plan.pp):
@@ -84,7 +114,7 @@ def run(ids: list[str]) -> dict:
             est = trainer_stage_memory(plan, r, on_cpu=not accelerator)
             rows.append({"rank": r, "traced": traced.total,
                          "analytical": est.total / (1 + FRAGMENTATION_ALLOWANCE),  # tensors only
-                         "traced_weights": traced.weights, "params_here": stage_params(plan)[r]})
+                         "traced_weights": traced.weights, "params_here": params_here(plan)[r]})
         out[case] = rows
     return out
 

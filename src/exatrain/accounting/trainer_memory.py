@@ -28,6 +28,21 @@ execution, and each item says whether it is inherent or avoidable:
   backward comes before the activations peak (GPipe; 1F1B with m <= in flight) the gradients are
   not allocated yet at that moment.
 
+Mixture of experts (trainer/moe.py, parallel/expert.py): a rank holds N/ep of each MoE layer's routed
+experts (whole experts; every tp rank the same ones), the router and the shared experts (tensor
+parallel) as a dense layer's weights; fp32 weights, gradients and Adam states of all of them as
+of any parameter (ZeRO-1 shards them over dp like the rest: ZeroRedundancyOptimizer sees one list).
+The router runs in fp32 with autocast off, so it has no 16-bit copy; the experts' stacked weights
+get one each (cast for the grouped GEMM and kept for its backward). A MoE layer keeps, beyond the
+dense layer's attention and norms, its router's fp32 input, probabilities and sort indices, and
+per routed token copy (top_k per token, at a balanced load: the trainer is dropless, with no
+capacity factor, and the balancing loss drives the load towards even) the experts' input rows,
+their SwiGLU intermediates and the combined output, with the int64 orderings of the dispatch
+(``_moe_mlp_bytes``). Context parallelism (parallel/context.py): a rank runs s/cp tokens of every
+sequence through everything token-wise, its attention keeps the all-gathered keys and values of the
+whole sequence and the [s/cp, s] mask, and its states are sharded over dp x cp. Both were checked
+against the trace (tests/bench/test_trace_moe_cp.py, within 1.6% on eight ranks of seven layouts).
+
 Not counted (runtime overheads measured by neither model; see the README's "Calibration and
 validation"): DDP's gradient buckets, torch.distributed.pipelining's per-micro-batch receive
 buffers, DTensor's replicated gradient of the vocabulary-parallel embedding, and a loss computed
@@ -44,11 +59,13 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
 from exatrain.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, inflight_microbatches,
                                                 state_bytes_per_param)
-from exatrain.accounting.params import layer_params, stage_params
+from exatrain.accounting.params import (layer_params, router_params, stage_layer_kinds, stage_params,
+                                       stage_params_split)
 
 
 def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str,
-                                   flash: bool, dtype: str, on_cpu: bool = False):
+                                   flash: bool, dtype: str, on_cpu: bool = False, cp: int = 1, ep: int = 1,
+                                   moe: bool = False):
     """Activation bytes one layer of the trainer's model keeps for backward, per micro-batch, on one
     tp rank (see the module doc), tensor by tensor per token, with d = tp under sequence parallelism:
 
@@ -63,8 +80,14 @@ def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_pa
         probabilities (on the CPU it computes, and keeps q, k, v, in fp32);
       MLP on f/tp channels: fc1 output and GELU output, or gate, silu(gate), up and their product.
     Selective recomputation drops the attention core's own tensors (log-sum-exp or probabilities);
-    full recomputation keeps only the layer input (the residual stream: bf16 under autocast)."""
-    s, h, f, a = m.seq_len, m.hidden, m.ffn_hidden, m.heads
+    full recomputation keeps only the layer input (the residual stream: bf16 under autocast).
+
+    ``cp``: the rank holds s/cp tokens of each sequence; its attention keeps the keys and values of
+    the whole sequence, all-gathered over the cp group (parallel/context.py), so k and v count cp
+    times per local token, and the flash kernel keeps the [s/cp, s] mask it is given, converted to
+    q's dtype (an additive mask: e bytes per entry, once per micro-batch, whole on every tp rank).
+    ``moe``: a MoE layer of a MoE model (``_moe_mlp_bytes`` replaces the dense MLP's tensors)."""
+    s, h, f, a = m.seq_len // cp, m.hidden, m.ffn_hidden, m.heads
     b = np.asarray(micro_batch, dtype=float)
     t = np.asarray(tp, dtype=float)
     d = t if sequence_parallel else 1.0
@@ -75,17 +98,43 @@ def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_pa
         return s * b * stream * h / d
     norm_keep = _norm_bytes(m, stream, on_cpu)
     gemm_in = 2 * e * h
+    kv = 2.0 * cp  # k and v: the whole sequence's, cp times a rank's own tokens
+    mask = e * s * cp / b if cp > 1 else 0.0  # the [s/cp, s] mask in q's dtype, once per micro-batch
     if flash:
-        core_own = 4.0 * a
-        attn = 4 * e * h + (0.0 if recompute == "selective" else core_own)  # q, k, v, output
+        core_own = 4.0 * a + mask * t  # per head log-sum-exp; the mask is whole on every tp rank
+        attn = (2 + kv) * e * h + (0.0 if recompute == "selective" else core_own)  # q, k, v, output
     elif recompute == "selective":
-        attn = 4 * e * h
+        attn = (2 + kv) * e * h
     else:
         up = 4.0 if (on_cpu and autocast) else e
-        attn = 3 * up * h + up * a * s + e * h
-    mlp = (4 if m.gated_mlp else 2) * e * f
-    per_token = (2 * norm_keep) / d + gemm_in + (attn + mlp) / t
+        attn = (1 + kv) * up * h + up * a * s * cp + e * h
+    if moe and m.is_moe:
+        dense, whole = _moe_mlp_bytes(m, e, ep=ep)
+    else:
+        dense, whole = (4 if m.gated_mlp else 2) * e * f, 0.0
+    per_token = (2 * norm_keep) / d + gemm_in + (attn + dense) / t + whole
     return s * b * per_token
+
+
+def _moe_mlp_bytes(m: ModelSpec, e: float, *, ep: int) -> tuple[float, float]:
+    """Bytes per token a MoE layer's MLP (trainer/moe.py) keeps for backward, beyond its 16-bit input
+    (counted with the dense layers' projection inputs): (tensor-parallel part, part every tp rank
+    keeps whole). Routed token copies at a balanced load: each rank sends k copies of each token and,
+    under expert parallelism, receives as many (T*k rows for its N/ep experts).
+
+      shared experts (tensor-parallel, width shared * f): gate, silu(gate), up, their product;
+      router (fp32, replicated): its fp32 input 4h, the softmax output 4N, the sort's int64 indices
+        8N (the chosen top_k are a view of them, kept by ``gather``), the chosen weights, their sum
+        and their 16-bit copy (4k + 4 + 2k);
+      routed copies, k per token: the experts' input rows eh (the gathered copies; under ep the
+        received and regrouped ones), gate, silu, up and product e*4f, the combined outputs eh (kept
+        by the product with the weights), int64 orderings 16 (copy -> token, sorted -> copy order),
+        under ep 16 more (the regrouping permutation and its inverse)."""
+    h, f, n, k = m.hidden, m.expert_width, m.experts, m.top_k
+    shared = 4 * e * m.shared_experts * f
+    router = 4.0 * h + 12.0 * n + 4.0 * k + 4.0 + 2.0 * k
+    routed = k * (2 * e * h + 4 * e * f + 16.0 + (16.0 if ep > 1 else 0.0))
+    return shared, router + routed
 
 
 def _norm_bytes(m: ModelSpec, stream: float, on_cpu: bool) -> float:
@@ -103,10 +152,19 @@ def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None
     """Peak bytes one rank of pipeline stage ``pp_rank`` holds under the trainer (module doc).
     ``on_cpu``: the plan runs on CPU processes (default: its cluster's device is the host CPU)."""
     layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
-    parts = trainer_rank_memory(plan.model, dtype=plan.dtype, zero_stage=plan.zero_stage, recompute=plan.recompute,
+    m = plan.model
+    if m.is_moe:  # the rank's non-expert parameters, its routed experts (N/ep of each MoE layer's)
+        dense, experts = stage_params_split(m, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
+                                            layers_per_stage=plan.layers_per_stage(), ep=plan.ep)[pp_rank]
+        moe_here = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave,
+                                     layers_per_stage=plan.layers_per_stage())[pp_rank][1]
+    else:
+        dense, experts, moe_here = stage_params(plan)[pp_rank], 0, 0
+    parts = trainer_rank_memory(m, dtype=plan.dtype, zero_stage=plan.zero_stage, recompute=plan.recompute,
                         sequence_parallel=plan.sequence_parallel, flash=plan.flash_attention,
                         tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp,
-                        interleave=plan.interleave, params_here=stage_params(plan)[pp_rank],
+                        interleave=plan.interleave, params_here=dense, cp=plan.cp, ep=plan.ep,
+                        expert_params_here=experts, moe_layers_here=moe_here,
                         layers_here=layers_here,
                         inflight_mb=inflight_microbatches(plan, pp_rank),
                         is_last=pp_rank == plan.pp - 1, is_first=pp_rank == 0,
@@ -125,17 +183,28 @@ def plan_on_cpu(plan: Plan) -> bool:
 
 def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, sequence_parallel: bool,
                 flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
-                is_last, is_first=None, num_microbatches=None, on_cpu: bool = False):
+                is_last, is_first=None, num_microbatches=None, on_cpu: bool = False, cp: int = 1, ep: int = 1,
+                expert_params_here=0, moe_layers_here=0):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
     ``is_first``: the rank holds the embedding (default: when pp == 1). ``num_microbatches``: per
     step (default: more than are in flight). ``on_cpu``: CPU processes (no fused RMSNorm, LayerNorm
-    in its input's dtype, per-tensor AdamW) rather than accelerators (foreach AdamW)."""
+    in its input's dtype, per-tensor AdamW) rather than accelerators (foreach AdamW).
+
+    Mixture of experts and context parallelism (module doc), with ``accounting.memory.rank_memory``'s
+    conventions: ``params_here`` is the rank's parameters outside the routed experts and
+    ``expert_params_here`` its routed experts' (N/ep of each MoE layer's: ``params.stage_params_split``
+    with ep); ``moe_layers_here`` of the ``layers_here`` layers are MoE layers; ``cp``: the rank holds
+    s/cp tokens of every sequence and its states are sharded over dp x cp (the trainer's ZeRO group)."""
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
     is_last = np.asarray(is_last, dtype=float)
     is_first = (pp == 1).astype(float) if is_first is None else np.asarray(is_first, dtype=float)
-    params_here = np.asarray(params_here, dtype=float)
+    expert_here = np.asarray(expert_params_here, dtype=float)
+    moe_here = np.asarray(moe_layers_here, dtype=float)
+    params_here = np.asarray(params_here, dtype=float) + expert_here
+    layers_here = np.asarray(layers_here, dtype=float)
+    dp = dp * cp  # the replicas' group: where ZeRO and FSDP shard, gradients are averaged (parallel/mesh.py)
     inflight_mb = np.asarray(inflight_mb, dtype=float)
     h, V = m.hidden, m.vocab
     e = COMPUTE_BYTES[dtype]
@@ -143,8 +212,8 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
     fsdp = (dp > 1) & (zero_stage >= 2)  # the trainer shards with FSDP2 only when dp > 1
     per = state_bytes_per_param(dtype, zero_stage, dp)
     per1 = state_bytes_per_param(dtype, 0, 1)
-    lp = layer_params(m)
-    layer_rank_params = lp.sharded / tp + lp.replicated
+    lp = layer_params(m)  # a MoE model's MoE layer: with its N/ep routed experts
+    layer_rank_params = lp.sharded / tp + lp.replicated + lp.experts / ep
     # A rank's own fp32 parameters and gradients (sharded over dp by FSDP), optimizer states.
     fp32_w = params_here * np.where(fsdp, 4.0 / dp, 4.0)
     grads = params_here * np.where(fsdp, per.gradients, per1.gradients)
@@ -155,20 +224,30 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
     # (ZeRO-2), or one layer while the next is prefetched (ZeRO-3).
     tables = is_first * (V * h / tp * ((1.0 - is_last) if m.tied_embeddings else 1.0)
                          + (m.seq_len * h if m.learned_positions else 0))
-    non_linear = layers_here * (4 if m.has_bias else 2) * h + tables + is_last * (2 if m.has_bias else 1) * h
+    # A MoE layer's router computes in fp32 with autocast off: no 16-bit copy of it either.
+    non_linear = (layers_here * (4 if m.has_bias else 2) * h + tables + is_last * (2 if m.has_bias else 1) * h
+                  + moe_here * (router_params(m) if m.is_moe else 0))
     gathered = 2.0 if autocast else 4.0
     copy_fsdp = gathered * (params_here if zero_stage == 2 else 2 * layer_rank_params)
     copy16 = np.where(fsdp, copy_fsdp, 2.0 * (params_here - non_linear) if autocast else 0.0)
     weights = fp32_w + copy16
 
     # ---- activations: per micro-batch in flight, then the backward's working set ----
-    kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, on_cpu=on_cpu)
+    kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, on_cpu=on_cpu, cp=cp, ep=ep)
 
-    def per_layer_bytes(mode: str):
-        return trainer_layer_activation_bytes(m, b, tp, recompute=mode, **kw)
+    def per_layer_bytes(mode: str, moe: bool = False):
+        return trainer_layer_activation_bytes(m, b, tp, recompute=mode, moe=moe, **kw)
 
     per_layer = per_layer_bytes(recompute)
-    tokens = b * m.seq_len
+    if m.is_moe:  # the layers' activations: dense and MoE layers each their own; the largest for a recompute
+        stage_layers = (layers_here - moe_here) * per_layer + moe_here * per_layer_bytes(recompute, moe=True)
+        recomputed = np.maximum(np.where(layers_here > moe_here, per_layer_bytes("none") - (
+            per_layer if recompute == "selective" else 0.0), 0.0), np.where(moe_here > 0, per_layer_bytes(
+                "none", moe=True) - (per_layer_bytes(recompute, moe=True) if recompute == "selective" else 0.0), 0.0))
+    else:
+        stage_layers = per_layer * layers_here
+        recomputed = per_layer_bytes("none") - (per_layer if recompute == "selective" else 0.0)
+    tokens = b * m.seq_len / cp  # a rank's tokens of a micro-batch
     sp_div = tp if sequence_parallel else 1.0
     stream = 2.0 if autocast else 4.0  # residual-stream bytes (see the module doc)
     final_norm = _norm_bytes(m, stream, on_cpu)
@@ -176,7 +255,7 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
     # head's 16-bit input; on a pipeline stage that sends, its output (kept until its backward; the
     # input it received is the first norm's input, counted with the layer).
     sends = np.where(pp > 1, np.maximum(v - is_last, 0.0) / v, 0.0)
-    per_mb = (per_layer * layers_here + is_last * tokens * (final_norm / sp_div + e * h)
+    per_mb = (stage_layers + is_last * tokens * (final_norm / sp_div + e * h)
               + sends * v * tokens * stream * h / sp_div)
     acts = per_mb * inflight_mb
     if num_microbatches is not None:
@@ -188,7 +267,7 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
     if recompute != "none":
         # Backward recomputes one layer at a time, holding what that layer would have kept
         # without recomputation for one micro-batch (minus what selective already keeps).
-        acts = acts + per_layer_bytes("none") - (per_layer if recompute == "selective" else 0.0)
+        acts = acts + recomputed
     # The backward's working set, at its largest either at the loss (fp32 log-softmax output, the
     # loss gradient, the log-softmax gradient) or in the top layer's MLP: the weight gradient
     # (16-bit, then its fp32 copy under autocast), the input gradient, the fp32 gradient of the
@@ -212,7 +291,10 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
     # all parameters at once (foreach, accelerators) or the largest one (the CPU's per-tensor loop).
     # The 16-bit weight copies are gone by then.
     holds_table = np.maximum(is_first, is_last)  # the embedding, or the head (its own or a tied copy)
-    largest = np.maximum(holds_table * V * h, max(m.ffn_hidden, h) * h) / tp / np.where(fsdp, dp, 1.0)
+    largest = np.maximum(holds_table * V * h, max(m.ffn_hidden, h) * h) / tp
+    if m.is_moe:  # a stacked expert weight [N/ep, f, h], whole on every tp rank; per-layer expert params / 3
+        largest = np.maximum(largest, np.where(moe_here > 0, expert_here / np.maximum(moe_here, 1.0) / 3.0, 0.0))
+    largest = largest / np.where(fsdp, dp, 1.0)
     states = fp32_w + grads + optim
     opt_local = np.where(zero_stage >= 1, params_here / dp, params_here)
     peak_clip = states + 16.0 * largest

@@ -6,8 +6,11 @@ the stage's coordinates) and ``FakeTensorMode`` (tensors carry shapes and dtypes
 
 1. the model is built on the meta device and given the trainer's own parallelism by the trainer's
    own code (``execution_plan``, ``split_stages``, then ``shard_stage`` of parallel/build.py:
-   tensor/sequence parallelism as DTensors over the fake tp group, activation checkpointing and the
-   attention kernel, FSDP2 for ZeRO-2/3); then it is materialised as fake tensors (tied weights
+   tensor/sequence parallelism as DTensors over the fake tp group, the routed experts of MoE layers
+   over the (ep, tp) mesh with ``apply_expert_parallel``, the context shard of cp > 1 with
+   ``context_shard``, activation checkpointing and the attention kernel, FSDP2 for ZeRO-2/3) on the
+   trainer's own ``Mesh`` (parallel/mesh.py: (pp, dp, tp), (pp, dp, cp, tp), or (pp, edp, ep, tp)
+   with dp flattened, as ``build_mesh`` lays them out); then it is materialised as fake tensors (tied weights
    kept tied, as ``trainer.init`` does) and, where the trainer does (``local_params_needed``: tensor
    parallelism with ZeRO-0/1 over dp > 1), its DTensor parameters are stored as local shards;
 2. ZeRO-0/1 data parallelism is applied in the accounting sense: DDP is left out (its gradient
@@ -26,6 +29,21 @@ Two corrections to the tracker: DTensor runs every op once more on fake tensors 
 shape to learn its output's metadata, inside the active fake mode, where MemTracker would count
 them as this rank's allocations — those calls pass untracked; and MemTracker's module hooks keep a
 root module's inputs alive, so a stage releases each received activation after its backward.
+
+Context parallelism: a rank's micro-batch is its s/cp tokens of each sequence (the trainer's
+``shard_batch``), its attention all-gathers the keys and values of the whole sequence over the (fake)
+cp group and masks them by global position, exactly as in a run; on the fake group the gather's
+backward takes the reduce-scatter path (gloo runs an all-reduce and a slice instead: a transient of
+one layer's gathered K/V gradient; forcing that path leaves the peaks of the tests' cp layouts unchanged).
+
+Mixture of experts: the trainer's MoE layers are dropless (no capacity factor, so no static dispatch
+buffers): how many token copies go to each expert and rank is read from the routing itself, which a
+fake tensor does not have. ``torch.bincount`` (its length depends on the largest index) and
+``.tolist()`` of the counts fail under FakeTensorMode; the trace answers those two reads as a
+perfectly balanced router would (``_balanced_routing``: T*k copies split evenly over the N experts
+and the ep ranks), and runs everything else of the layer — router, sort, gathers, the all-to-all
+buffers over the ep group, the grouped GEMMs, the combine — as the trainer does. The traced peak
+is that of a balanced step; an imbalanced step holds more routed rows on the busiest rank.
 
 What a pipeline stage receives is a fresh tensor per micro-batch and the gradient it receives is
 made at its backward: torch.distributed.pipelining's receive buffers (one per micro-batch and
@@ -83,7 +101,7 @@ def trace_plan(plan: Plan, *, accelerator: bool = False, steps: int = 1) -> list
 
 
 def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1) -> TracedMemory:
-    """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, tp 0); the peak over them."""
+    """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, cp 0, tp 0); the peak over them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from exatrain.trainer.parallel.build import execution_plan, local_params_needed
@@ -93,7 +111,7 @@ def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: i
     _ensure_fake_world()
     mesh = _mesh(plan, pp_rank)
     chunks = _build(plan, mesh, pp_rank)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), _balanced_routing(plan):
         modules = [m for _, m in chunks]
         for module in modules:
             _materialize(module)
@@ -132,35 +150,48 @@ def _ensure_fake_world() -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD)
 
 
-@dataclass(frozen=True)
-class _Mesh:
-    tp: Any
-    dp: Any
-    pp: Any
-
-
-def _mesh(plan: Plan, pp_rank: int) -> _Mesh:
-    """The plan's (pp, dp, tp) mesh with this process (fake rank 0) at (pp_rank, 0, 0)."""
+def _mesh(plan: Plan, pp_rank: int):
+    """The trainer's ``Mesh`` of the plan (parallel/mesh.py ``build_mesh``: the same dimensions, names
+    and flattened groups — (pp, dp, tp), (pp, dp, cp, tp) under context parallelism, (pp, edp, ep, tp)
+    with dp = (edp, ep) flattened under expert parallelism) with this process (fake rank 0) at
+    (pp_rank, dp 0, cp 0, tp 0): the ranks are rotated so that position holds rank 0."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    shift = pp_rank * plan.dp * plan.tp
-    ranks = ((torch.arange(plan.gpus) - shift) % plan.gpus).reshape(plan.pp, plan.dp, plan.tp)
-    mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("pp", "dp", "tp"))
-    return _Mesh(tp=mesh["tp"], dp=mesh["dp"], pp=mesh["pp"])
+    from exatrain.trainer.parallel.mesh import Mesh
+
+    if plan.cp > 1:
+        shape, names = (plan.pp, plan.dp, plan.cp, plan.tp), ("pp", "dp", "cp", "tp")
+    elif plan.ep > 1:
+        shape, names = (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp), ("pp", "edp", "ep", "tp")
+    else:
+        shape, names = (plan.pp, plan.dp, plan.tp), ("pp", "dp", "tp")
+    shift = pp_rank * (plan.gpus // plan.pp)
+    ranks = ((torch.arange(plan.gpus) - shift) % plan.gpus).reshape(shape)
+    mesh = DeviceMesh("cpu", ranks, mesh_dim_names=names)
+    flat_dp = mesh["edp", "ep"]._flatten("dp") if plan.ep > 1 and plan.cp == 1 else None
+    flat_dp_cp = mesh["dp", "cp"]._flatten("dp_cp") if plan.cp > 1 else None
+    return Mesh(mesh=mesh, rank=0, pp_rank=pp_rank, dp_rank=0, tp_rank=0, device=torch.device("cpu"),
+                embed_group=None, ep=plan.ep, flat_dp=flat_dp, cp=plan.cp, cp_rank=0, flat_dp_cp=flat_dp_cp)
 
 
-def _build(plan: Plan, mesh: _Mesh, pp_rank: int) -> list[tuple[int, nn.Module]]:
-    """This rank's stages on meta, split and sharded by the trainer's own code (parallel/build.py:
-    ``split_stages`` then ``shard_stage``: TP/SP, activation checkpointing, attention kernel, FSDP)."""
+def _build(plan: Plan, mesh: Any, pp_rank: int) -> list[tuple[int, nn.Module]]:
+    """This rank's stages on meta, split and sharded by the trainer's own code (parallel/build.py
+    ``parallelize``'s steps: ``split_stages`` then ``shard_stage``: TP/SP, the routed experts over
+    the (ep, tp) mesh, the context shard, activation checkpointing, attention kernel, FSDP)."""
     from exatrain.trainer.model import Transformer
     from exatrain.trainer.parallel.build import shard_stage
+    from exatrain.trainer.parallel.context import context_shard
+    from exatrain.trainer.parallel.expert import apply_expert_parallel
     from exatrain.trainer.parallel.pipeline import split_stages
 
     with torch.device("meta"):
         whole = Transformer(plan.model)
+    context = context_shard(mesh, plan.model.seq_len) if plan.cp > 1 else None
+    expert = ((lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=0.01))
+              if plan.model.is_moe else None)
     chunks = []
     for index, module in split_stages(whole, plan, pp_rank):
-        shard_stage(module, plan, mesh.tp, mesh.dp)
+        shard_stage(module, plan, mesh.tp_mesh, mesh.grad_mesh, expert=expert, context=context)
         chunks.append((index, module))
     return chunks
 
@@ -180,6 +211,56 @@ def _materialize(module: nn.Module) -> None:
     for sub in module.modules():
         if hasattr(sub, "reset_buffers"):
             sub.reset_buffers()
+
+
+@contextlib.contextmanager
+def _balanced_routing(plan: Plan) -> Iterator[None]:
+    """Routing at a perfectly balanced load, for the data-dependent reads of trainer/moe.py.
+
+    The trainer's MoE layers are dropless (every token copy reaches its expert: no capacity, so no
+    static dispatch buffers): the sizes of what they dispatch are read from the routing itself
+    (``torch.bincount`` of the chosen experts, whose length depends on the largest index, and
+    ``.tolist()`` of the per-expert and per-rank counts). A fake tensor has no values, so both
+    fail under FakeTensorMode (DynamicOutputShapeException, DataDependentOutputException). Here
+    they are answered as if the router spread the T*k token copies of the layer's T tokens evenly:
+    a count tensor of n entries holds T*k/n in each (N experts, ep ranks, an ep x N/ep block), the
+    load the balancing loss drives towards. Everything else of the layer (the router, the sort, the
+    gathers, the all-to-all buffers, the grouped GEMMs) runs as the trainer runs it, on those sizes.
+    Only the fake tensors of the trace are answered so; real tensors keep torch's own functions."""
+    if not plan.model.is_moe:
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    bincount, tolist = torch.bincount, FakeTensor.tolist
+    copies = [0]  # T*k of the layer being run: the chosen-expert indices last counted
+
+    def balanced_bincount(x, weights=None, minlength=0):  # type: ignore[no-untyped-def]
+        if not isinstance(x, FakeTensor):
+            return bincount(x, weights, minlength)
+        copies[0] = x.numel()
+        return torch.zeros(minlength, dtype=torch.int64, device=x.device)
+
+    def balanced_tolist(self):  # type: ignore[no-untyped-def]
+        if self.is_floating_point() or not copies[0]:
+            return tolist(self)
+        n = self.numel()
+        if copies[0] % n:
+            raise ValueError(f"balanced routing needs the {copies[0]} token copies to split evenly over {n}")
+        return _nested(tuple(self.shape), copies[0] // n)
+
+    torch.bincount, FakeTensor.tolist = balanced_bincount, balanced_tolist
+    try:
+        yield
+    finally:
+        torch.bincount, FakeTensor.tolist = bincount, tolist
+
+
+def _nested(shape: tuple[int, ...], value: int) -> Any:
+    """A nested list of ``shape`` filled with ``value`` (what ``tolist`` returns)."""
+    if not shape:
+        return value
+    return [_nested(shape[1:], value) for _ in range(shape[0])]
 
 
 def _warm_optimizer(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
@@ -256,14 +337,15 @@ def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
     return list(seen.values())
 
 
-def _optimizer(plan: Plan, params: list[nn.Parameter], mesh: _Mesh, *, foreach: bool) -> torch.optim.Optimizer:
-    """AdamW as ``trainer.train.build_optimizer`` makes it (decay groups do not change memory)."""
+def _optimizer(plan: Plan, params: list[nn.Parameter], mesh: Any, *, foreach: bool) -> torch.optim.Optimizer:
+    """AdamW as ``trainer.train.build_optimizer`` makes it (decay groups do not change memory);
+    ZeRO-1 shards over the replicas' group (dp, times cp)."""
     kw: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=foreach)
-    if plan.zero_stage == 1 and plan.dp > 1:
+    if plan.zero_stage == 1 and plan.dp * plan.cp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
-                                       process_group=mesh.dp.get_group(), **kw)
+                                       process_group=mesh.grad_mesh.get_group(), **kw)
     return torch.optim.AdamW(params, **kw)
 
 
@@ -295,11 +377,11 @@ def _settle_and_clip(params: list[nn.Parameter]) -> None:
 class _StepRunner:
     """Forward and backward of one step's micro-batches, in this rank's schedule order."""
 
-    def __init__(self, plan: Plan, chunks: list[tuple[int, nn.Module]], mesh: _Mesh, tracker: Any) -> None:
+    def __init__(self, plan: Plan, chunks: list[tuple[int, nn.Module]], mesh: Any, tracker: Any) -> None:
         self.plan, self.chunks, self.mesh, self.tracker = plan, dict(chunks), mesh, tracker
         self.last = plan.virtual_stages - 1
         m = plan.model
-        self.tokens = (plan.micro_batch, m.seq_len)
+        self.tokens = (plan.micro_batch, m.seq_len // plan.cp)  # a cp rank's share of each sequence
         bf16 = plan.dtype == "bfloat16"
         self.amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         if plan.tp > 1:
@@ -340,9 +422,9 @@ class _StepRunner:
     def _stage_input(self) -> torch.Tensor:
         """What a non-first stage receives: the residual stream as a plain tensor (the layers hand
         each other local tensors), bf16 under autocast (the model casts the embedding's output);
-        [b, s/tp, h] with sequence parallelism."""
+        [b, s/cp, h], and [b, s/(cp tp), h] with sequence parallelism."""
         m, p = self.plan.model, self.plan
-        s = m.seq_len // (p.tp if p.sequence_parallel else 1)
+        s = m.seq_len // p.cp // (p.tp if p.sequence_parallel else 1)
         dtype = torch.bfloat16 if p.dtype == "bfloat16" else torch.float32
         return torch.empty(p.micro_batch, s, m.hidden, dtype=dtype).requires_grad_(True)
 
@@ -388,7 +470,7 @@ class _StepRunner:
             del out, x, grad
 
 
-def _rank_order(plan: Plan, held: list[int], mesh: _Mesh) -> list[tuple[str, int, int]]:
+def _rank_order(plan: Plan, held: list[int], mesh: Any) -> list[tuple[str, int, int]]:
     """(kind, virtual stage, micro-batch) of every compute op of this rank, in execution order:
     kind F forward, B whole backward, I input-gradient pass, W weight-gradient pass."""
     p, m = plan.pp, plan.num_microbatches
@@ -410,7 +492,7 @@ def _rank_order(plan: Plan, held: list[int], mesh: _Mesh) -> list[tuple[str, int
     from torch.distributed.pipelining import (PipelineStage, ScheduleInterleaved1F1B,
                                               ScheduleInterleavedZeroBubble)
 
-    stub = [PipelineStage(nn.Identity(), k, plan.virtual_stages, torch.device("cpu"), group=mesh.pp.get_group())
+    stub = [PipelineStage(nn.Identity(), k, plan.virtual_stages, torch.device("cpu"), group=mesh.pp_group)
             for k in held]
     cls = ScheduleInterleaved1F1B if plan.schedule == "interleaved" else ScheduleInterleavedZeroBubble
     sched = cls(stub, m, loss_fn=lambda a, b: a)

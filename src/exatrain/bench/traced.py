@@ -2,7 +2,10 @@
 
 One rank of every pipeline stage is traced (``trace.trace_stage``: FakeTensorMode, a fake process
 group, nothing allocated); the estimate gains ``traced_memory_bytes`` (the stage with the largest
-traced peak) and a note listing every stage's traced peak beside the trainer memory model's.
+traced peak) and a note listing every stage's traced peak beside the trainer memory model's, and the
+model's error against the trace per stage. Dense, mixture-of-experts (with ep; routing traced at a
+balanced load: trace.py) and context-parallel (cp) plans alike; a MoE or cp layout the trainer
+refuses (``TrainConfig.check``) is refused here in its words, before anything is traced.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from typing import Callable
 from exatrain.catalog import ClusterSpec
 from exatrain.errors import UserError
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate
+from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
 from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 
 GiB = 1024**3
+MiB = 1024**2
+_routing_note = "; MoE routing at a balanced load"
 
 
 def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], None] | None = None) -> StepEstimate:
@@ -27,6 +33,8 @@ def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], 
     except ModuleNotFoundError as exc:  # pragma: no cover - torch missing
         raise UserError(f"--trace needs torch ({exc}); install exatrain[train]") from None
     on_cpu = cluster.device.name == "cpu"
+    if plan.model.is_moe or plan.cp > 1:
+        _trainer_runs_it(plan, on_cpu)
     traced = []
     for r in range(plan.pp):
         if progress is not None:
@@ -38,13 +46,31 @@ def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], 
             raise UserError(f"--trace failed for this plan ({type(exc).__name__}: {first})") from None
     worst = max(traced, key=lambda t: t.total)
     modelled = trainer_memory_by_stage(plan, on_cpu=on_cpu)
+    unit, scale = ("GiB", GiB) if worst.total >= GiB else ("MiB", MiB)
+    # The model's tensors (without its allocator allowance, which a trace of tensors has no part of).
+    errors = [m.total / (1 + FRAGMENTATION_ALLOWANCE) / t.total - 1 for m, t in zip(modelled, traced)]
     note = ("traced (the trainer's model per stage under FakeTensorMode, one step, no allocation; 16-bit "
-            "weight copies count as activations): " + ", ".join(f"{t.total / GiB:.2f}" for t in traced)
-            + " GiB; trainer memory model: " + ", ".join(f"{m.total / GiB:.2f}" for m in modelled) + " GiB")
+            "weight copies count as activations" + (_routing_note if plan.model.is_moe else "") + "): "
+            + ", ".join(f"{t.total / scale:.2f}" for t in traced)
+            + f" {unit}; trainer memory model: " + ", ".join(f"{m.total / scale:.2f}" for m in modelled)
+            + f" {unit}; model tensors (without the {FRAGMENTATION_ALLOWANCE:.0%} allowance) vs traced: "
+            + ", ".join(f"{e:+.1%}" for e in errors))
     est = plan.estimate
     return dataclasses.replace(est, traced_memory_bytes=MemoryBreakdown(
         weights=worst.weights, gradients=worst.gradients, optimizer=worst.optimizer,
         activations=worst.activations, other=worst.other), notes=tuple(est.notes) + (note,))
+
+
+def _trainer_runs_it(plan: Plan, on_cpu: bool) -> None:
+    """Refuse, in the trainer's own words, a MoE or cp layout the trainer does not run (its
+    ``TrainConfig.check``: e.g. ep with ZeRO-1/2/3, cp with a MoE model): the trace runs the
+    trainer's code, and would otherwise trace a layout no run has."""
+    from exatrain.trainer.config import TrainConfig
+
+    try:
+        TrainConfig(plan=plan, device="cpu" if on_cpu else "cuda").check()
+    except UserError as exc:
+        raise UserError(f"--trace traces what the trainer runs, and it does not run this plan: {exc}") from None
 
 
 __all__ = ["traced_estimate"]

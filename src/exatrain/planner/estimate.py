@@ -69,14 +69,16 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     own = trainer_models_it(plan.model, plan.ep, plan.cp, plan.fp8)
     if plan.model.is_moe:
         notes += (f"MoE: ep {plan.ep}, routed experts' states sharded over the expert-data-parallel group; "
-                  f"busiest expert rank assumed to get {LOAD_IMBALANCE:g}x the mean routed tokens (cost.experts)",)
+                  f"busiest expert rank assumed to get {LOAD_IMBALANCE:g}x the mean routed tokens (cost.experts)"
+                  + ("; trainer memory: N/ep experts a rank, routed tokens at a balanced load" if own else ""),)
     if plan.cp > 1:
         notes += (f"cp {plan.cp}: s/cp tokens per rank, K,V ring overlapped with attention (cost.experts)",)
     if plan.fp8:
         notes += (f"fp8 ({plan.fp8} scaling): linear-layer GEMMs at the device's FP8 peak; MFU and HFU are "
                   f"against the {plan.dtype} peak",)
     if not own:
-        notes += ("trainer memory: the per-tensor model counts dense layers without cp or FP8 only; "
+        notes += ("trainer memory: the per-tensor model counts the trainer's dense and MoE layers (with ep and cp), "
+                  "not latent attention, QK-norm, a separate head width or FP8; "
                   + ("memory_bytes is the accounting's exatrain profile" if rt == "exatrain" else "not given"),)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)

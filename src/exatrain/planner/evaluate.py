@@ -16,8 +16,10 @@ sequence parallel), the accounting's scalar choices.
 Mixture-of-experts models, context parallelism and FP8 GEMMs are priced by the lean reference
 (``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.experts`` and its
 ``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. exatrain's own trainer
-memory (``accounting.trainer_memory``) counts dense layers without cp or FP8 only: for the other
-layouts the runtime ``exatrain`` is counted by ``accounting.memory`` with the exatrain profile.
+memory (``accounting.trainer_memory``) counts its dense and MoE layers with ep and cp (routed
+tokens at a balanced load, as the trainer's dropless routing averages); for latent attention,
+QK-norm, a separate head width and FP8 the runtime ``exatrain`` is counted by ``accounting.memory``
+with the exatrain profile.
 """
 
 from __future__ import annotations
@@ -89,8 +91,10 @@ def not_modelled(model: ModelSpec) -> None:
 
 
 def trainer_models_it(model: ModelSpec, ep: int, cp: int, fp8: str) -> bool:
-    """Whether ``accounting.trainer_memory`` counts this layout (dense layers, no cp, no FP8)."""
-    return not (model.is_moe or model.mla or model.qk_norm or model.kv_channels or ep > 1 or cp > 1 or fp8)
+    """Whether ``accounting.trainer_memory`` counts this layout: the trainer's dense and MoE layers
+    with standard (grouped-query) attention, with or without ep and cp; not latent attention, QK-norm,
+    a separate head width, nor FP8 GEMMs."""
+    return not (model.mla or model.qk_norm or model.kv_channels or fp8)
 
 
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
@@ -150,8 +154,10 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                           inflight_mb=held[j], is_last=rank[None, :] == p - 1)
             for k in memory:
                 if k == "exatrain" and trainer_models_it(model, ep, cpd, fp8):
+                    own = {} if xparams is None else dict(ep=ep, expert_params_here=xparams[j],
+                                                          moe_layers_here=moe_here)
                     parts = trainer_rank_memory(model, is_first=rank[None, :] == 0, num_microbatches=m[j],
-                                                on_cpu=on_cpu, **common)
+                                                on_cpu=on_cpu, cp=cpd, **common, **own)
                 else:
                     if xparams is not None:
                         ext["expert_params_here"] = xparams[j]
