@@ -23,9 +23,10 @@ Communication (exposed; all in seconds per layer and micro-batch on one rank):
 * expert all-to-all (``a2a_time_s``): Megatron-Core's all-to-all dispatcher (megatron/core/transformer/
   moe/token_dispatcher.py) sends T*top_k token copies out and back — dispatch and combine — in forward
   and again in backward; not overlapped with compute (Megatron-Core overlaps it only with
-  ``--overlap-moe-expert-parallel-comm``). The ep group is ep consecutive dp ranks, strided by tp*cp
-  (``plan.ParallelDims``): a rank sends 1/ep of its buffer to each of its ep-1 peers (pairwise
-  exchange; Thakur et al. 2005, Sec. 4.5), over the node's links to the peers on its node and over
+  ``--overlap-moe-expert-parallel-comm``). The ep group is ep consecutive dp ranks, strided by tp*cp,
+  or, wider than dp (folded over tp*cp*dp: Megatron-Core's MoE parallel folding), ep consecutive
+  ranks (``plan.ParallelDims``, ``ep_span``): a rank sends 1/ep of its buffer to each of its ep-1
+  peers (pairwise exchange; Thakur et al. 2005, Sec. 4.5), over the node's links to the peers on its node and over
   the network to the others, both at once (NCCL's all-to-all posts every peer's send together), so
   the slower of the two sets the time, plus (ep-1) latency steps of the tier spanning the group.
 * context-parallel ring (``cp_exposed_s``): cp-1 K,V blocks per layer forward and cp-1 (K,V + dK,dV)
