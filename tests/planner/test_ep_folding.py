@@ -2,8 +2,8 @@
 ranks its groups span, what each rank keeps, and the search that offers it.
 
 Broken on purpose to see these tests fail (each then reverted):
-  * ``rules.ep_fits`` without the folded case (ep | dp for megatron-core too): the rules test, the
-    search test and the published-row test fail;
+  * ``rules.ep_fits`` without the folded case (ep | dp for megatron-core too): the rules, memory and
+    search tests and the published-row test (tests/bench/test_prediction_error.py) fail;
   * ``cost.experts.ep_span`` / ``edp_span`` pricing a folded group as if it were strided by tp*cp
     inside dp: the span test fails (63 ranks instead of 32 for tp 2, dp 16, ep 32);
   * ``cost.experts.a2a_time_s`` counting a folded group's members per node as gpus_per_node //

@@ -110,7 +110,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
     ranks; ``fp8``: an FP8 GEMM scaling recipe (default none); ``runtime``: the engine that runs it
-    (default the base's, else exatrain), which decides where ep may reach (``rules.ep_fits``)."""
+    (default exatrain), which decides where ep may reach (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model
     c = get_cluster(cluster) if isinstance(cluster, str) else cluster
     b = base
@@ -148,7 +148,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 dtype=_pick(dtype, b and b.dtype, default_dtype),
                 flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
                 cluster=c.name if c is not None else (b.cluster if b else ""),
-                fp8=_pick(fp8, b and b.fp8, ""), runtime=_pick(runtime, b and b.runtime, "exatrain"))
+                fp8=_pick(fp8, b and b.fp8, ""), runtime=runtime or "exatrain")
     return plan.validate(c)
 
 
