@@ -394,8 +394,10 @@ def expert_problem(plan) -> tuple[str, str] | None:
         return "ep", (f"dp {dp} is not divisible by ep {ep}, nor is ep {ep} a multiple of tp*cp = {tp * cp} "
                       f"dividing tp*cp*dp = {tp * cp * dp}: torchtitan places ep inside dp, or over all of tp "
                       "and cp and part of dp")
-    return "ep", (f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep "
-                  f"(runtime {runtime}; --runtime megatron-core folds ep over tp*cp*dp)")
+    why = ("DeepSpeed carves its expert groups out of dp" if runtime == "megatron-deepspeed" else
+           "exatrain's trainer builds its ep groups from dp ranks; to plan for Megatron-Core, which folds ep "
+           "over tp*cp*dp, estimate or search with --runtime megatron-core")
+    return "ep", f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep ({why})"
 
 
 def extension_problem(plan) -> tuple[str, str] | None:
