@@ -64,6 +64,13 @@ def test_megatron_core_folds_ep_and_the_other_runtimes_keep_theirs() -> None:
     assert _qwen("megatron-deepspeed", ep=16).validate(H100).ep == 16
     with pytest.raises(rules.RuleError, match="tp\\*cp\\*dp = 32 is not divisible by ep 64"):
         _qwen(ep=64).validate(H100)
+    # ep 4 over part of a tp group (tp 8, dp 2): Megatron-Core folds it; torchtitan's etp-1 layout needs
+    # all of tp in the ep group (tp*cp | ep), and 4 is not inside dp 2 either
+    mix = Plan(model=get_model("mixtral-8x7b"), dims=ParallelDims(tp=8, dp=2, ep=4), shape=TrainShape(1, 8),
+               zero_stage=1, sequence_parallel=True, runtime="megatron-core")
+    assert mix.validate(H100).ep == 4
+    with pytest.raises(rules.RuleError, match="nor is ep 4 a multiple of tp\\*cp = 8"):
+        mix.replace(runtime="torchtitan").validate(H100)
     # each tp rank dispatches its own tokens only under sequence parallelism (Megatron-LM requires it)
     with pytest.raises(rules.RuleError) as err:
         _qwen(sp=False).validate(H100)
