@@ -15,7 +15,10 @@ sequence parallel), the accounting's scalar choices.
 
 Mixture-of-experts models, context parallelism and FP8 GEMMs are priced by the lean reference
 (``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.experts`` and its
-``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. exatrain's own trainer
+``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. An ep wider than dp (folded
+over tp*cp*dp, ``plan.ParallelDims``) takes the same per-rank counts (experts/ep local experts, states
+sharded over edp = tp*cp*dp/ep); only the ranks its groups span differ (``cost.experts.ep_span``,
+``edp_span``). exatrain's own trainer
 memory (``accounting.trainer_memory``) counts dense layers without cp or FP8 only: for the other
 layouts the runtime ``exatrain`` is counted by ``accounting.memory`` with the exatrain profile.
 """
