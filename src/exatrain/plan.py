@@ -47,10 +47,25 @@ class ParallelDims:
     """Degrees of parallelism. Rank order is tp fastest, then dp, then pp (Megatron's order),
     so a tp group is ``tp`` consecutive ranks and a dp group strides by ``tp``.
 
-    ``ep`` (expert parallelism) lives inside dp and adds no ranks: the routed experts of a MoE layer
-    are split over ``ep`` consecutive dp ranks (dp rank = edp_rank * ep + ep_rank) and replicated over
-    the dp/ep expert-data-parallel ranks (times tp: experts are not split over tp); everything else is
-    replicated or sharded over the whole dp as in a dense model (Megatron-Core, torchtitan).
+    ``ep`` (expert parallelism) adds no ranks: the routed experts of a MoE layer are split over ep
+    ranks, experts/ep whole experts each (expert-tensor-parallel size 1: experts are not split over
+    tp), and replicated over the edp = tp*cp*dp/ep expert-data-parallel ranks that hold the same
+    ones, which reduce their gradients and shard their states; everything else is replicated or
+    sharded over dp (times cp) as in a dense model. Where the ep group lies:
+
+    * ep divides dp (every runtime): ep consecutive dp ranks (dp rank = edp_rank' * ep + ep_rank),
+      strided by tp*cp, each of them with its tp*cp ranks; the edp group is those tp*cp ranks of the
+      dp/ep dp ranks ep*tp*cp apart. exatrain's trainer builds this mesh (trainer/parallel/mesh.py),
+      and the cost model prices every ep | dp layout this way (Megatron-Core with etp 1 would place
+      even these groups as below, on ranks no farther apart: the strided span is the wider one).
+    * ep wider than dp (runtime megatron-core, ep any divisor of tp*cp*dp; torchtitan when tp*cp
+      divides ep): Megatron-Core's "MoE parallel folding" (megatron/core/parallel_state.py
+      initialize_model_parallel) lays the expert layers' ranks out as its own etp x ep x edp x pp grid
+      of the same world, order tp-cp-ep-dp-pp with etp 1: within a pipeline stage's tp*cp*dp ranks
+      (numbered tp fastest, then cp, then dp), rank = edp_rank * ep + ep_rank. The ep group is ep
+      consecutive ranks, so it takes in the tp (and cp) ranks; the edp group is the tp*cp*dp/ep ranks
+      ep apart. Each tp rank dispatches its own s/tp tokens, so this needs sequence parallelism when
+      tp > 1 (as Megatron-LM requires for MoE). exatrain's trainer refuses it (rules, scope "trainer").
 
     ``cp`` (context parallelism) splits every sequence over ``cp`` ranks and does add ranks: the
     order is tp fastest, then cp, then dp, then pp (Megatron-Core's tp-cp-dp-pp), so a cp group is

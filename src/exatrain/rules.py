@@ -56,8 +56,9 @@ class Layout:
     gpus_per_node: int | None  # the cluster's, or None: no cluster given
     malformed: np.ndarray
     compile: bool
-    ep: np.ndarray | None = None  # expert-parallel degree (inside dp); None: 1 everywhere
+    ep: np.ndarray | None = None  # expert-parallel degree (adds no ranks); None: 1 everywhere
     cp: np.ndarray | None = None  # context-parallel degree (adds ranks); None: 1 everywhere
+    runtime: str = "exatrain"  # the engine that runs the layouts: where it lets ep reach (ep_ranks)
 
     def __post_init__(self) -> None:
         for name in ("ep", "cp"):
@@ -67,6 +68,31 @@ class Layout:
     @property
     def num_microbatches(self) -> np.ndarray:
         return self.global_batch // np.maximum(self.micro_batch * self.dp, 1)
+
+
+# Runtimes that fold expert parallelism over the tp*cp*dp ranks of a pipeline stage, with experts not
+# split over tp (expert-tensor-parallel size 1):
+#   megatron-core  "MoE parallel folding" (Megatron-Core MoE README; megatron/core/parallel_state.py
+#                  initialize_model_parallel: the expert layers' ranks are an etp x ep x edp x pp grid of
+#                  the same world, which must divide by etp*ep*pp): with etp 1, ep any divisor of tp*cp*dp;
+#   torchtitan     ep inside dp as before, or its expert-tensor-parallel-1 layout, where ep takes all of
+#                  tp and cp: tp*cp divides ep, ep divides tp*cp*dp (torchtitan/distributed/
+#                  parallel_dims.py, ParallelDims._validate with etp 1).
+# megatron-deepspeed keeps ep inside dp (DeepSpeed deepspeed/utils/groups.py: expert-parallel groups
+# are carved out of the data-parallel group), and so does exatrain's own trainer (trainer/parallel/
+# mesh.py; a rule of scope "trainer" refuses a wider ep in any plan it is handed).
+FOLDING_RUNTIMES = ("megatron-core",)
+def ep_fits(runtime: str, ep, *, tp, cp, dp) -> np.ndarray:
+    """Whether an ep group fits the ranks ``runtime`` lets it take (see FOLDING_RUNTIMES): ep | dp for
+    every runtime; ep | tp*cp*dp for the folding ones; for torchtitan also tp*cp | ep | tp*cp*dp."""
+    ep, tp, cp, dp = (np.maximum(np.asarray(a, dtype=np.int64), 1) for a in (ep, tp, cp, dp))
+    inside = dp % ep == 0
+    folded = (tp * cp * dp) % ep == 0
+    if runtime in FOLDING_RUNTIMES:
+        return inside | folded
+    if runtime == "torchtitan":
+        return inside | (folded & (ep % (tp * cp) == 0))
+    return inside
 
 
 @dataclass(frozen=True)
@@ -166,8 +192,15 @@ RULES: tuple[Rule, ...] = (
     Rule("ep without experts, or ep does not divide experts / dp",
          lambda x: ((x.ep > 1) & _on(not x.model.is_moe, x.tp.shape))
          | (_on(x.model.is_moe, x.tp.shape) & (max(x.model.experts, 1) % _d(x.ep) != 0))
-         | (x.dp % _d(x.ep) != 0),
+         | ~ep_fits(x.runtime, x.ep, tp=x.tp, cp=x.cp, dp=x.dp),
          lambda p, c: (expert_problem(p) or ("ep", f"--ep {p.ep} does not fit"))[1]),
+    # Megatron-LM (megatron/training/arguments.py) requires sequence parallelism for MoE with tp > 1;
+    # an ep group wider than dp takes tp ranks, each dispatching its own s/tp tokens, which only
+    # sequence parallelism gives it (without, every tp rank would route the same tokens).
+    Rule("ep wider than dp with tp > 1 and no sequence parallelism",
+         lambda x: (x.ep > 1) & (x.dp % _d(x.ep) != 0) & (x.tp > 1) & ~x.sequence_parallel,
+         lambda p, c: (f"--ep {p.ep} is wider than dp {p.dp}, so its groups take tensor-parallel ranks: that "
+                       "needs --sequence-parallel (each tp rank dispatches its own tokens)")),
     Rule("cp does not split the sequence into 2*cp chunks",
          lambda x: (x.cp > 1) & (x.model.seq_len % _d(2 * x.cp) != 0),
          lambda p, c: (extension_problem(p) or ("cp", f"--cp {p.cp} does not fit"))[1]),
@@ -241,6 +274,13 @@ RULES: tuple[Rule, ...] = (
          lambda p, c: ("the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
                        "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule"),
          scope="trainer"),
+    # The trainer's device mesh carves the ep group out of the dp ranks (trainer/parallel/mesh.py).
+    Rule("ep wider than dp (the exatrain trainer refuses it)",
+         lambda x: (x.ep > 1) & (x.dp % _d(x.ep) != 0),
+         lambda p, c: (f"--ep {p.ep} is wider than dp {p.dp}: exatrain's trainer splits the experts over dp ranks "
+                       f"only (ep must divide dp); use an ep among {_divisors(p.dp)}, or run the plan with an "
+                       "engine that folds ep over tp*cp*dp (--runtime megatron-core)"),
+         scope="trainer"),
     # ZeRO shards over the whole dp group, whose ranks hold different experts under ep.
     Rule("ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)",
          lambda x: (x.ep > 1) & (x.zero_stage >= 1),
@@ -263,9 +303,11 @@ def _codes(values, names: tuple[str, ...]) -> np.ndarray:
 
 def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, recompute, sequence_parallel,
            schedule, interleave, dp=None, gpus=None, dtype: str = "bfloat16", stage_layers: tuple = (),
-           cluster: ClusterSpec | None = None, compile: bool = False, ep=1, cp=1) -> Layout:
+           cluster: ClusterSpec | None = None, compile: bool = False, ep=1, cp=1,
+           runtime: str = "exatrain") -> Layout:
     """Layouts as arrays. Without ``dp``, dp = gpus // (tp*cp*pp) (1 where that does not divide; the
-    gpus rules mark those). ``recompute``/``schedule``: names or indices."""
+    gpus rules mark those). ``recompute``/``schedule``: names or indices. ``runtime``: the engine
+    that runs them (decides where ep may reach: ``ep_fits``)."""
     tp, pp, mb, gb, zero, v, ep, cp = (np.asarray(a, dtype=np.int64) for a in
                                        (tp, pp, micro_batch, global_batch, zero_stage, interleave, ep, cp))
     if dp is None:
@@ -277,7 +319,7 @@ def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, r
     return Layout(model, *arrays, dtype_ok=dtype in DTYPES, stage_layers=tuple(stage_layers),
                   gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
                   gpus_per_node=None if cluster is None else cluster.gpus_per_node,
-                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile, ep=ep, cp=cp)
+                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile, ep=ep, cp=cp, runtime=runtime)
 
 
 def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = False) -> Layout:
@@ -295,7 +337,8 @@ def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = Fal
                recompute=[plan.recompute if isinstance(plan.recompute, str) else ""],
                schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
                sequence_parallel=[bool(plan.sequence_parallel)], dtype=plan.dtype, stage_layers=plan.stage_layers,
-               cluster=cluster, compile=compile, ep=ok["ep"], cp=ok["cp"])
+               cluster=cluster, compile=compile, ep=ok["ep"], cp=ok["cp"],
+               runtime=plan.runtime if isinstance(plan.runtime, str) else "")
     return Layout(**{**x.__dict__, "malformed": np.array([malformed])})
 
 
@@ -325,9 +368,11 @@ def problems(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...
 
 def expert_problem(plan) -> tuple[str, str] | None:
     """(reason, message) for the first expert-parallel rule the plan breaks, or None: the message of
-    the vectorised ep rule (RULES), with the fix. ep needs a mixture-of-experts model whose experts and
-    dp it divides (ep consecutive dp ranks split the experts: expert parallelism inside data
-    parallelism, as Megatron-Core places it and exatrain's trainer builds its mesh, parallel/mesh.py)."""
+    the vectorised ep rule (RULES), with the fix. ep needs a mixture-of-experts model whose experts it
+    divides, and ranks to take as the plan's runtime places them (``ep_fits``): dp ranks everywhere
+    (ep consecutive dp ranks split the experts, as exatrain's trainer builds its mesh,
+    trainer/parallel/mesh.py), the tp*cp*dp ranks of a stage where the runtime folds ep over them
+    (Megatron-Core's MoE parallel folding; ``plan.ParallelDims``)."""
     m, ep = plan.model, getattr(plan.dims, "ep", 1)
     if isinstance(ep, bool) or not isinstance(ep, int) or ep <= 0:
         return "ep", f"--ep must be a positive integer, got {ep!r}"
@@ -335,9 +380,24 @@ def expert_problem(plan) -> tuple[str, str] | None:
         return "ep", f"--ep {ep} needs a mixture-of-experts model; {m.name} has no experts"
     if m.is_moe and m.experts % ep:
         return "ep", f"experts {m.experts} of {m.name} are not divisible by ep {ep}; choose ep among {_divisors(m.experts)}"
-    if isinstance(plan.dp, int) and plan.dp > 0 and plan.dp % ep:
-        return "ep", f"dp {plan.dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep"
-    return None
+    dims = [getattr(plan.dims, k, 1) for k in ("tp", "cp", "dp")]
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+        return None  # the degree's own rule reports it
+    tp, cp, dp = dims
+    runtime = plan.runtime if isinstance(plan.runtime, str) else ""
+    if bool(ep_fits(runtime, ep, tp=tp, cp=cp, dp=dp)):
+        return None
+    if runtime in FOLDING_RUNTIMES:
+        return "ep", (f"tp*cp*dp = {tp * cp * dp} is not divisible by ep {ep}: the ep groups fold over the "
+                      f"tp*cp*dp ranks of a pipeline stage (runtime {runtime})")
+    if runtime == "torchtitan":
+        return "ep", (f"dp {dp} is not divisible by ep {ep}, nor is ep {ep} a multiple of tp*cp = {tp * cp} "
+                      f"dividing tp*cp*dp = {tp * cp * dp}: torchtitan places ep inside dp, or over all of tp "
+                      "and cp and part of dp")
+    why = ("DeepSpeed carves its expert groups out of dp" if runtime == "megatron-deepspeed" else
+           "exatrain's trainer builds its ep groups from dp ranks; to plan for Megatron-Core, which folds ep "
+           "over tp*cp*dp, estimate or search with --runtime megatron-core")
+    return "ep", f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep ({why})"
 
 
 def extension_problem(plan) -> tuple[str, str] | None:
@@ -370,5 +430,5 @@ def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] =
             raise RuleError(found[1], found[0])
 
 
-__all__ = ["REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "broken", "check",
-           "expert_problem", "extension_problem", "first_reasons", "layout", "plan_layout", "problems"]
+__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "broken",
+           "check", "ep_fits", "expert_problem", "extension_problem", "first_reasons", "layout", "plan_layout", "problems"]

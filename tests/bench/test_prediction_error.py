@@ -98,3 +98,17 @@ def test_cli_filters_json_and_bad_input(pe, tmp_path, capsys) -> None:
     assert pe.main(["--csv", str(_subset(tmp_path, pe)), "--family", "B200"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "families: A100, H100/H200" in err
+
+
+def test_published_qwen3_235b_rows_with_ep_wider_than_dp_are_priced(pe) -> None:
+    """Megatron-Bridge's Qwen3-235B-A22B on 256 H100s runs tp 2 · pp 8 · ep 32 with dp 16: Megatron-Core
+    folds ep over tp*dp (MoE parallel folding), so the planner prices its three rows (it refused them
+    while ep had to divide dp) within 30% of the measured step. Broken on purpose: with
+    ``rules.ep_fits`` keeping ep | dp for megatron-core the rows are refused again and this fails."""
+    rows = [r for r in pe.load_rows() if r.name.startswith("Qwen3_235B")]
+    assert len(rows) == 3
+    pe.price(rows)
+    for r in rows:
+        assert not r.not_priced, r.not_priced
+        assert (r.plan.tp, r.plan.pp, r.plan.dp, r.plan.ep) == (2, 8, 16, 32) and r.plan.runtime == "megatron-core"
+        assert abs(r.prior_s / r.measured_s - 1) < 0.30, (r.index, r.prior_s, r.measured_s)

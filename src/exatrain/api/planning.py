@@ -65,7 +65,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     c, params = calibrated(c, calibration)
     m = resolve_model(model, model_file, **shape_of(values))
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    plan = make_plan(m, c, gpus=gpus, **{**layout_of(values), "stage_layers": stage_layers})
+    plan = make_plan(m, c, gpus=gpus, **{**layout_of(values), "stage_layers": stage_layers}, runtime=runtime)
     plan = plan.replace(runtime=runtime).validate(c)
     from exatrain.planner.estimate import estimate_plan
 

@@ -105,11 +105,12 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               stage_layers: tuple[int, ...] | None = None, dtype: str | None = None,
               flash_attention: bool | None = None, base: Plan | None = None,
               default_dtype: str = "bfloat16", ep: int | None = None, cp: int | None = None,
-              fp8: str | None = None) -> Plan:
+              fp8: str | None = None, runtime: str | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
-    ``ep`` (default 1) splits the experts over ep dp ranks, ``cp`` (default 1) the sequence over cp
-    ranks; ``fp8``: an FP8 GEMM scaling recipe (default none)."""
+    ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
+    ranks; ``fp8``: an FP8 GEMM scaling recipe (default none); ``runtime``: the engine that runs it
+    (default exatrain), which decides where ep may reach (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model
     c = get_cluster(cluster) if isinstance(cluster, str) else cluster
     b = base
@@ -147,7 +148,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 dtype=_pick(dtype, b and b.dtype, default_dtype),
                 flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
                 cluster=c.name if c is not None else (b.cluster if b else ""),
-                fp8=_pick(fp8, b and b.fp8, ""))
+                fp8=_pick(fp8, b and b.fp8, ""), runtime=runtime or "exatrain")
     return plan.validate(c)
 
 

@@ -9,7 +9,10 @@ Option names checked against (facts only; nothing copied):
   group (--fp8-format e4m3/hybrid, --fp8-recipe tensorwise/delayed/mxfp8/blockwise,
   --fp8-amax-history-len), --context-parallel-size and --cp-comm-type, and the MoE options
   (--num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size,
-  --moe-layer-freq, --expert-model-parallel-size, --moe-token-dispatcher-type, --moe-grouped-gemm).
+  --moe-layer-freq, --expert-model-parallel-size, --expert-tensor-parallel-size,
+  --moe-token-dispatcher-type, --moe-grouped-gemm); megatron/core/parallel_state.py
+  (initialize_model_parallel: the expert-tensor-parallel size defaults to the tp size, and the expert
+  layers' etp x ep x edp grid folds over the same tp*cp*dp ranks).
 * deepspeedai/Megatron-DeepSpeed @ 4efb479d (2025-07-16): megatron/arguments.py,
   megatron/model/gpt_model.py (GPTModelPipe's activation-checkpoint interval),
   examples_deepspeed/rebase/ds_pretrain_gpt_13B.sh (how the DeepSpeed flags are combined).
@@ -113,7 +116,8 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     cfg = "megatron/core/transformer/transformer_config.py"
     groups = (
         FlagGroup("MODEL_ARGS", "model shape", f"{args} (_add_network_size_args) and {cfg}", tuple(shape)),
-        *((FlagGroup("MOE_ARGS", "mixture of experts and expert parallelism (inside data parallelism)",
+        *((FlagGroup("MOE_ARGS", "mixture of experts and expert parallelism (folded over tp*cp*dp; "
+                     "experts whole on each rank)",
                      f"{args} (_add_moe_args) and {cfg}", tuple(moe)),) if moe else ()),
         FlagGroup("PARALLEL_ARGS", "parallel layout (data-parallel size = world size / (tp*cp*pp))"
                   if plan.cp > 1 else "parallel layout (data-parallel size = world size / (tp*pp))",
@@ -162,7 +166,10 @@ def moe_layer_freq(plan: Plan) -> str | None:
 
 
 def moe_flags(plan: Plan) -> list[Flag]:
-    """The MoE layer's shape and expert parallelism, with the all-to-all dispatcher the planner prices."""
+    """The MoE layer's shape and expert parallelism, with the all-to-all dispatcher the planner prices.
+    The expert-tensor-parallel size is 1, as priced (experts are not split over tp; Megatron-Core's
+    default would be the tp size): the ep groups then fold over the tp*cp*dp ranks of a stage, so an
+    ep wider than dp is expressed as it is (Megatron-Core MoE README, "MoE Parallel Folding")."""
     m = plan.model
     if not m.is_moe:
         return []
@@ -173,7 +180,8 @@ def moe_flags(plan: Plan) -> list[Flag]:
     freq = moe_layer_freq(plan)
     if freq:
         out.append(Flag("--moe-layer-freq", freq))
-    out += [Flag("--expert-model-parallel-size", str(plan.ep)), Flag("--moe-token-dispatcher-type", "alltoall"),
+    out += [Flag("--expert-model-parallel-size", str(plan.ep)), Flag("--expert-tensor-parallel-size", "1"),
+            Flag("--moe-token-dispatcher-type", "alltoall"),
             Flag("--moe-grouped-gemm")]
     return out
 

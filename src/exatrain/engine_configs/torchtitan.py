@@ -8,7 +8,9 @@ local_batch_size / pipeline_parallel_microbatch_size, looped stage placement), t
 torchtitan/models/llama3/model/model.py and model/args.py (FeedForward width, flavor fields),
 torchtitan/models/llama3/infra/parallelize.py (DDP only as the sole parallelism; TP always shards
 the norms = sequence parallel), and the same job_config.py for parallelism.context_parallel_degree,
-parallelism.expert_parallel_degree (dp2ep: cp <= ep <= dp_shard*cp) and quantize.linear.float8
+parallelism.expert_parallel_degree and expert_tensor_parallel_degree (etp = tp: ep inside
+dp_shard*cp, cp | ep; etp = 1: ep over all of tp and cp and part of dp_shard, tp*cp | ep; checked in
+torchtitan/distributed/parallel_dims.py ParallelDims._validate) and quantize.linear.float8
 (recipe_name tensorwise / rowwise; torchao Float8Linear, swapped in by the model converter
 "quantize.linear.float8"). torchtitan main replaced TOML files with Python config functions
 (#2386, 2026-02-23); the same section.field names remain its (frozen) command-line overrides.
@@ -108,6 +110,12 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
     par["context_parallel_degree"] = plan.cp
     if plan.model.is_moe:
         par["expert_parallel_degree"] = plan.ep
+        if plan.ep > 1 and plan.ep % (plan.tp * plan.cp) == 0:
+            par["expert_tensor_parallel_degree"] = 1  # ep takes all of tp and cp: experts whole, as priced
+        elif plan.ep > 1 and plan.tp > 1:
+            par["expert_tensor_parallel_degree"] = plan.tp
+            notes.append(f"torchtitan runs ep {plan.ep} inside dp with its experts split over tp "
+                         f"(expert_tensor_parallel_degree {plan.tp}); the estimate priced them whole on each rank")
         notes.append("torchtitan's llama3 family has no MoE layer: use its deepseek_v3 or qwen3 model with "
                      "this expert count and width as the flavor")
     quant: dict[str, Any] = {}

@@ -15,11 +15,13 @@ sequence parallel), the accounting's scalar choices.
 
 Mixture-of-experts models, context parallelism and FP8 GEMMs are priced by the lean reference
 (``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.experts`` and its
-``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. exatrain's own trainer
-memory (``accounting.trainer_memory``) counts its dense and MoE layers with ep and cp (routed
-tokens at a balanced load, as the trainer's dropless routing averages); for latent attention,
-QK-norm, a separate head width and FP8 the runtime ``exatrain`` is counted by ``accounting.memory``
-with the exatrain profile.
+``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. An ep wider than dp (folded
+over tp*cp*dp, ``plan.ParallelDims``) takes the same per-rank counts (experts/ep local experts, states
+sharded over edp = tp*cp*dp/ep); only the ranks its groups span differ (``cost.experts.ep_span``,
+``edp_span``). exatrain's own trainer memory (``accounting.trainer_memory``) counts its dense and MoE
+layers with ep and cp (routed tokens at a balanced load, as the trainer's dropless routing averages);
+for latent attention, QK-norm, a separate head width and FP8 the runtime ``exatrain`` is counted by
+``accounting.memory`` with the exatrain profile.
 """
 
 from __future__ import annotations

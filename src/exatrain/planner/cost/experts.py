@@ -23,9 +23,10 @@ Communication (exposed; all in seconds per layer and micro-batch on one rank):
 * expert all-to-all (``a2a_time_s``): Megatron-Core's all-to-all dispatcher (megatron/core/transformer/
   moe/token_dispatcher.py) sends T*top_k token copies out and back — dispatch and combine — in forward
   and again in backward; not overlapped with compute (Megatron-Core overlaps it only with
-  ``--overlap-moe-expert-parallel-comm``). The ep group is ep consecutive dp ranks, strided by tp*cp
-  (``plan.ParallelDims``): a rank sends 1/ep of its buffer to each of its ep-1 peers (pairwise
-  exchange; Thakur et al. 2005, Sec. 4.5), over the node's links to the peers on its node and over
+  ``--overlap-moe-expert-parallel-comm``). The ep group is ep consecutive dp ranks, strided by tp*cp,
+  or, wider than dp (folded over tp*cp*dp: Megatron-Core's MoE parallel folding), ep consecutive
+  ranks (``plan.ParallelDims``, ``ep_span``): a rank sends 1/ep of its buffer to each of its ep-1
+  peers (pairwise exchange; Thakur et al. 2005, Sec. 4.5), over the node's links to the peers on its node and over
   the network to the others, both at once (NCCL's all-to-all posts every peer's send together), so
   the slower of the two sets the time, plus (ep-1) latency steps of the tier spanning the group.
 * context-parallel ring (``cp_exposed_s``): cp-1 K,V blocks per layer forward and cp-1 (K,V + dK,dV)
@@ -42,6 +43,7 @@ GEMMs, the all-to-all buffers and the dispatch buffers and expert activations in
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -155,31 +157,56 @@ def stage_kinds(m: ModelSpec, stage_layers) -> tuple[np.ndarray, np.ndarray]:
     return split - moe, moe
 
 
-def ep_span(tp, cp: int, ep: int):
-    """Ranks from the first to the last of an ep group: ep dp ranks, consecutive, strided by tp*cp."""
-    return (ep - 1) * np.asarray(tp) * cp + 1
+def folded(dp, ep: int) -> np.ndarray:
+    """Whether the ep group is wider than dp, folded over the tp*cp*dp ranks of a stage (``plan.ParallelDims``)."""
+    return np.asarray(dp) % max(int(ep), 1) != 0
+
+
+def ep_span(tp, cp: int, ep: int, dp=None):
+    """Ranks from the first to the last of an ep group (``plan.ParallelDims``): ep dp ranks,
+    consecutive, strided by tp*cp; folded over tp*cp*dp (ep does not divide ``dp``; None: it does),
+    ep consecutive ranks."""
+    inside = (ep - 1) * np.asarray(tp) * cp + 1
+    if dp is None:
+        return inside
+    return np.where(folded(dp, ep), ep + 0 * inside, inside)
 
 
 def edp_span(tp, dp, cp: int, ep: int):
     """Ranks spanned by an expert-data-parallel group: the tp*cp ranks of each of the dp/ep dp ranks
-    holding the same experts, ep*tp*cp apart."""
+    holding the same experts, ep*tp*cp apart; folded (ep wider than dp), the tp*cp*dp/ep ranks that
+    hold the same experts, ep apart."""
     tp, dp = np.asarray(tp), np.asarray(dp)
-    return tp * cp * (ep * (dp // ep - 1) + 1)
+    inside = tp * cp * (ep * (dp // ep - 1) + 1)
+    edp = np.maximum(tp * cp * dp // ep, 1)
+    return np.where(folded(dp, ep), ep * (edp - 1) + 1, inside)
 
 
 def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, ep: int, cp: int,
-               sequence_parallel: bool, dtype: str):
-    """One all-to-all (a dispatch or a combine) of one MoE layer and micro-batch on one rank (module doc)."""
+               sequence_parallel: bool, dtype: str, dp=None):
+    """One all-to-all (a dispatch or a combine) of one MoE layer and micro-batch on one rank (module
+    doc). ``dp``: where ep does not divide it the group is folded (ep consecutive ranks); None: inside dp."""
     msg = moe_acc.a2a_message_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp,
                                     capacity_factor=LOAD_IMBALANCE)
     if ep <= 1:
         return 0.0 * msg
     tp = np.asarray(tp)
+    gpn = cluster.gpus_per_node
     # members of the group on one node (the group strides by tp*cp), and the peers beyond it
-    local = np.clip(cluster.gpus_per_node // (tp * cp), 1, ep)
+    local = np.clip(gpn // (tp * cp), 1, ep)
+    near_span = (local - 1) * tp * cp + 1
+    if dp is not None:
+        # folded: ep consecutive ranks from a multiple of ep; the fewest of them that share a node is
+        # gcd(ep, gpus per node) (blocks of ep and nodes of gpn ranks meet in multiples of the gcd)
+        fold = folded(dp, ep)
+        local = np.where(fold, math.gcd(int(ep), int(gpn)), local)
+        near_span = np.where(fold, local, near_span)
     near, far = local - 1, ep - local
-    nbw, _ = network.tier_arrays(cluster, (local - 1) * tp * cp + 1)
-    bw, lat = network.tier_arrays(cluster, ep_span(tp, cp, ep))
+    span = ep_span(tp, cp, ep, dp)
+    if dp is not None:  # a folded group with peers off the node reaches them over the network
+        span = np.where(fold & (far > 0), np.maximum(span, gpn + 1), span)
+    nbw, _ = network.tier_arrays(cluster, near_span)
+    bw, lat = network.tier_arrays(cluster, span)
     nbw = np.where(near > 0, nbw, bw)
     per_peer = msg / ep
     return (ep - 1) * lat + np.maximum(near * per_peer / (nbw * params.link_eff),
@@ -222,7 +249,7 @@ def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int
 
 
 __all__ = ["LOAD_IMBALANCE", "a2a_time_s", "cp_exposed_s", "edp_span", "ep_span", "extended", "fp8_recipe",
-           "fp8_speedup", "layer_times", "rank_params_split", "stage_kinds"]
+           "folded", "fp8_speedup", "layer_times", "rank_params_split", "stage_kinds"]
 
 
 def comm_bytes(plan) -> dict[str, float]:

@@ -135,7 +135,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
     # recompute) and the context-parallel ring's exposed part (cost.experts).
     a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
-                                                               sequence_parallel=s, dtype=dtype),))[0] \
+                                                               sequence_parallel=s, dtype=dtype, dp=dp),))[0] \
         if model.is_moe else 0.0 * L
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1))

@@ -2,10 +2,12 @@
 job, as numpy arrays, with the reason each illegal candidate was rejected.
 
 Expert parallelism is searched for mixture-of-experts models only (ep among the divisors of the
-experts; the rules refuse those that do not divide dp), context parallelism for sequences of 8,192
-tokens or more (cp among the powers of two that divide seq_len/2, up to 64 and the GPU count), for
-every runtime: for exatrain's own trainer the rules of scope "trainer" then drop the ep and cp layouts
-it does not run (ep with ZeRO-1/2/3, cp with a mixture-of-experts model, either with zero bubble).
+experts; the rules refuse those that do not fit the ranks the runtime lets ep take: dp, or tp*cp*dp
+where it folds ep over them, as Megatron-Core does, ``rules.ep_fits``), context parallelism for
+sequences of 8,192 tokens or more (cp among the powers of two that divide seq_len/2, up to 64 and the
+GPU count), for every runtime: for exatrain's own trainer the rules of scope "trainer" then drop the
+ep and cp layouts it does not run (ep wider than dp, ep with ZeRO-1/2/3, cp with a mixture-of-experts
+model, either with zero bubble).
 ``SpaceOptions.ep`` / ``cp`` pin or widen them. ``fp8``: one FP8 recipe for every candidate.
 
 Rejection is a value, not an exception: the search reports how many candidates each constraint
@@ -93,7 +95,8 @@ MAX_CP = 64
 
 def ep_candidates(model: ModelSpec) -> list[int]:
     """Expert-parallel degrees searched, for every runtime: the divisors of the experts (1 for a dense
-    model). Those a runtime cannot run are the rules' to drop (exatrain: ep with ZeRO-1/2/3)."""
+    model). Those a runtime cannot run are the rules' to drop (``rules.ep_fits``; exatrain: ep wider
+    than dp, ep with ZeRO-1/2/3)."""
     if not model.is_moe:
         return [1]
     return [k for k in range(1, model.experts + 1) if model.experts % k == 0]
@@ -154,7 +157,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
         scopes += ("search",)
     x = rules.layout(model, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
                      recompute=rec, sequence_parallel=sp, schedule=code,
-                     interleave=v, cluster=cluster, ep=ep, cp=cp)
+                     interleave=v, cluster=cluster, ep=ep, cp=cp, runtime=runtime)
     offered = get_engine(runtime).zero_stages(dtype)
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
     rejected, alive = rules.first_reasons(masks, keep)
