@@ -204,7 +204,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
           global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
           sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
           stage_layers: Sequence[int] | None = None, dtype: str | None = None, flash_attention: bool | None = None,
-          cp: int | None = None, ep: int | None = None, steps: int = 100, seed: int = 0, lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
+          cp: int | None = None, ep: int | None = None, fp8: str | None = None, steps: int = 100, seed: int = 0, lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
           weight_decay: float = 0.1, grad_clip: float = 1.0, device: str | None = None,
           metrics_file: str | Path | None = None, quiet: bool = False, nan_policy: str = "stop",
           tensorboard: str | Path | None = None, calibration: str | Path | None = None, compile: bool = False,
@@ -217,7 +217,8 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     dp2 on 8 CPU ranks, float32). The device is cuda for a plan made for a GPU cluster, else cpu.
     ``resume``: 'auto' (the newest complete checkpoint in ``checkpoint_dir``) or a checkpoint path.
     ``cp`` (context parallel) and ``ep`` (expert parallel) degrees: None keeps the plan's (else 1); cp
-    adds ranks (gpus = tp*cp*pp*dp), ep splits dp.
+    adds ranks (gpus = tp*cp*pp*dp), ep splits dp. ``fp8``: the FP8 GEMM recipe (trainer/fp8.py runs
+    "current"); None keeps the plan's; with it the default dtype is bfloat16 on the CPU too.
     ``warn`` hears warnings, ``progress`` what happens before the ranks start."""
     values = dict(locals())
     warn = warner(warn)
@@ -239,7 +240,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     device = _pick_device(device, base)
     c = _pick_cluster(cluster, cluster_file, base, device)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    p = make_plan(m, c, gpus=gpus, base=base, default_dtype="float32" if device == "cpu" else "bfloat16",
+    p = make_plan(m, c, gpus=gpus, base=base, default_dtype="float32" if device == "cpu" and not fp8 else "bfloat16",
                   **{**layout_of(values), "stage_layers": stage_layers})  # cp and ep too (dp = gpus / tp*cp*pp)
     p = _attach_estimate(p, base, c, calibration, warn)
     if checkpoint_dir is not None:
