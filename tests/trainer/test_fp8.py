@@ -3,24 +3,25 @@
 The error bound the layer must meet, derived from the formats (Micikevicius et al. 2022, arXiv
 2209.05433, Table 1): rounding a scaled value v to E4M3 (3 mantissa bits) moves it by at most
 2^-4 |v| while v is normal, and by at most half the subnormal spacing, 2^-10, below 2^-6; E5M2 (2
-bits): 2^-3 |v| and 2^-17. Unscaled, the error of an entry t of a tensor scaled by s is
-e(t) = u |t| + a / s. A product of two rounded operands then errs by at most
+bits): 2^-3 |v| and 2^-17. Unscaled, the error of an entry t of a tensor scaled by s is at most
+e(t) = u |t| + d / s (u the relative rounding, d the subnormal half-spacing). A product of two rounded operands then errs by at most
 sum_k (e(x_k) |w_k| + |x_k| e(w_k) + e(x_k) e(w_k)) per output entry, plus the output's own rounding
 (2^-8 relative in bf16; fp32 summation adds K 2^-24 sum |x w|, covered by a 1e-5 slack).
 
 Broken on purpose, and what failed:
-* the E4M3 cast made a no-op (``to_fp8`` returning ``t`` unrounded): the "not the unquantised
-  result" assertions of test_forward_and_gradients_within_the_fp8_bound and
-  test_gemms_run_in_fp8_and_match_the_dequantised_product;
+* quantisation skipped (``fp8_linear`` returning ``F.linear``): test_forward_and_gradients_within_the_fp8_bound
+  and test_gemms_run_in_fp8_and_match_the_dequantised_product (the "not the unquantised result"
+  checks), test_a_converted_model_calls_scaled_mm_three_times_per_linear;
 * the gradient cast to E4M3 instead of E5M2: test_gemms_run_in_fp8_and_match_the_dequantised_product
-  (operand dtypes of the backward GEMMs);
-* the scale taken as 1 (no amax scaling): test_scales_come_from_the_whole_tensors_amax and the bound
-  test (small activations flush to subnormals and zero);
-* no clamp of the amax (``fp8_max / amax``): test_zero_and_constant_tensors (nan weight gradient);
-* the swap left out of parallelize (build.py): test_one_rank_run_trains_through_fp8_layers (module
-  Linear, and losses equal to the bf16 run's);
-* grad_w written in fp32 out of the GEMM (a second out dtype): the 2-rank tensor-parallel case failed
-  in the optimizer (DTensor's cached _scaled_mm output metadata said bf16).
+  (the backward GEMMs' operand dtypes);
+* the scale fixed at 1 (no amax scaling): both bound tests (the small operands flush to subnormals
+  and zero), test_scales_come_from_the_whole_tensors_amax, test_zero_and_constant_tensors;
+* no lower clamp of the amax (``fp8_max / amax``): test_zero_and_constant_tensors (nan scale);
+* each shard's own amax under tensor parallelism (no all-reduce): test_tensor_parallel_fp8_equals_one_process;
+* the swap left out of parallelize (build.py): the one-rank run's layer was ``Linear`` and its losses
+  equal to the bf16 run's (both checked by test_one_rank_run_trains_through_fp8_layers);
+* the weight gradient's GEMM written straight in fp32 (a second out dtype): the 2-rank tensor-parallel
+  run failed in the optimizer (DTensor's cached _scaled_mm output metadata said bf16).
 """
 
 from __future__ import annotations
@@ -301,4 +302,5 @@ def test_tensor_parallel_fp8_equals_one_process() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(_tp_worker, args=(port,), nprocs=2, join=True)
+    # fork: the ranks inherit this process's imports (a spawned rank spends most of its time importing torch)
+    mp.start_processes(_tp_worker, args=(port,), nprocs=2, join=True, start_method="fork")

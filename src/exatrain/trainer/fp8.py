@@ -92,8 +92,8 @@ class Fp8Matmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        x8, inv_x = to_fp8(x, E4M3)
-        w8, inv_w = to_fp8(w, E4M3)
+        x8, inv_x = to_fp8(x.contiguous(), E4M3)  # row-major, the first operand's required layout
+        w8, inv_w = to_fp8(w.contiguous(), E4M3)
         ctx.save_for_backward(x8, inv_x, w8, inv_w)
         ctx.dtypes = (x.dtype, w.dtype, out_dtype)
         # W [N, K] row-major is W^T [K, N] column-major: the operand layout the kernel needs.
