@@ -238,7 +238,7 @@ def test_one_rank_run_trains_through_fp8_layers(world1: dict) -> None:
     """`--fp8 current` on one rank: the blocks' linears are Float8Linear, the loss falls, and the run
     is not the bf16 run (quantisation happened) though close to it."""
     run, bf16 = world1["fp8"]["gpt"], world1["parity"]["gpt-bf16"]
-    assert run.dtypes()["module"] == "Float8Linear" and bf16.dtypes()["module"] == "Linear"
+    assert run.layer_class() == "Float8Linear" and bf16.layer_class() == "Linear"
     assert all(math.isfinite(x) for x in run.losses)
     assert run.losses[-1] < 0.9 * run.losses[0]
     diff = max_rel_diff(run.losses, bf16.losses)
@@ -254,7 +254,7 @@ def test_two_rank_layouts_train_like_one_rank(world1: dict, world2: dict) -> Non
     test_tensor_parallel_fp8_equals_one_process (float32)."""
     one = world1["fp8"]["gpt"]
     for name, run in world2["fp8"].items():
-        assert run.dtypes()["module"] == "Float8Linear", name
+        assert run.layer_class() == "Float8Linear", name
         assert max_rel_diff(run.losses, one.losses) < 5e-3, name
         assert run.losses[-1] < 0.9 * run.losses[0], name
 
