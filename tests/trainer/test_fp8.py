@@ -224,13 +224,15 @@ def test_config_runs_current_scaling_and_refuses_the_rest() -> None:
 
 def test_train_flag_reaches_the_plan(no_launch: list, capsys) -> None:
     assert main(["train", "--model", "gpt-tiny", "--gpus", "1", "--fp8", "current", "--steps", "2", "--quiet"]) == 0
-    (config,) = no_launch
-    assert config.plan.fp8 == "current" and config.plan.dtype == "bfloat16"  # bf16 is the default with --fp8
+    assert main(["train", "--fp8", "current", "--steps", "2", "--quiet"]) == 0  # the embedded float32 default
+    assert len(no_launch) == 2
+    for config in no_launch:
+        assert config.plan.fp8 == "current" and config.plan.dtype == "bfloat16"  # --fp8 makes it bfloat16
     capsys.readouterr()
     code = main(["train", "--model", "gpt-tiny", "--gpus", "1", "--fp8", "block", "--steps", "2", "--quiet"])
     errors = [line for line in capsys.readouterr().err.splitlines() if "warning:" not in line]  # warning: no
     assert code == 2 and len(errors) == 1 and "use --fp8 current" in errors[0]  # prediction (no CPU fp8 peak)
-    assert len(no_launch) == 1
+    assert len(no_launch) == 2
 
 
 @pytest.mark.slow

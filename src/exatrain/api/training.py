@@ -218,9 +218,11 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     ``resume``: 'auto' (the newest complete checkpoint in ``checkpoint_dir``) or a checkpoint path.
     ``cp`` (context parallel) and ``ep`` (expert parallel) degrees: None keeps the plan's (else 1); cp
     adds ranks (gpus = tp*cp*pp*dp), ep splits dp. ``fp8``: the FP8 GEMM recipe (trainer/fp8.py runs
-    "current"); None keeps the plan's; with it the default dtype is bfloat16 on the CPU too.
+    "current"); None keeps the plan's; given, the dtype is bfloat16 unless ``dtype`` says otherwise.
     ``warn`` hears warnings, ``progress`` what happens before the ranks start."""
     values = dict(locals())
+    if fp8 and dtype is None:  # FP8 GEMMs run inside bfloat16 training (exatrain.rules): the one dtype that fits
+        values["dtype"] = "bfloat16"
     warn = warner(warn)
     say = progress or (lambda message: None)
     if metrics_file is not None:
@@ -240,7 +242,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     device = _pick_device(device, base)
     c = _pick_cluster(cluster, cluster_file, base, device)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    p = make_plan(m, c, gpus=gpus, base=base, default_dtype="float32" if device == "cpu" and not fp8 else "bfloat16",
+    p = make_plan(m, c, gpus=gpus, base=base, default_dtype="float32" if device == "cpu" else "bfloat16",
                   **{**layout_of(values), "stage_layers": stage_layers})  # cp and ep too (dp = gpus / tp*cp*pp)
     p = _attach_estimate(p, base, c, calibration, warn)
     if checkpoint_dir is not None:

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(splits dp: dp divisible by N)")
     g.add_argument("--fp8", choices=FP8_RECIPES, help="run the transformer blocks' linear layers' GEMMs in FP8 "
                    "(torch._scaled_mm, on the CPU too): the trainer runs 'current' (per-tensor dynamic scaling; "
-                   "e4m3 forward, e5m2 gradients), in bfloat16 training (the default dtype then)")
+                   "e4m3 forward, e5m2 gradients), in bfloat16 training (the dtype then, unless --dtype says otherwise)")
     add_cluster_args(p, "the plan's, else local-cpu")
     g = p.add_argument_group("training")
     for name, kind, help in (("--steps", positive_int, "optimizer steps"), ("--seed", nonneg_int, "weights and data order"),
