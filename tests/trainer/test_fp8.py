@@ -45,15 +45,17 @@ from exatrain.trainer.model import Transformer
 
 E4M3_U, E4M3_SUB = 2.0**-4, 2.0**-10  # relative rounding of a normal value, absolute below the normals
 E5M2_U, E5M2_SUB = 2.0**-3, 2.0**-17
+TWO_RANK_STEPS = 5  # the 2-rank runs' length (the one-rank run takes the helpers' 10)
 
 
 def launch_cases(out) -> dict[int, dict[str, dict]]:
     """Runs in the trainer tests' shared launches (conftest.py); the bf16 reference is the parity
     tests' single-process ``gpt-bf16`` run of the same data and seed."""
     fp8 = dict(dtype="bfloat16", fp8="current")
+    short = dict(steps=TWO_RANK_STEPS, **fp8)  # inside the 10 warm-up steps: the one-rank run's first lrs
     return {1: {"gpt": fp8},
-            2: {"tp2-sp-recompute-full": dict(tp=2, sequence_parallel=True, recompute="full", **fp8),
-                "dp2-fsdp-zero3": dict(dp=2, zero_stage=3, **fp8)}}
+            2: {"tp2-sp-recompute-full": dict(tp=2, sequence_parallel=True, recompute="full", **short),
+                "dp2-fsdp-zero3": dict(dp=2, zero_stage=3, **short)}}
 
 
 def _err(t: torch.Tensor, u: float, sub: float) -> torch.Tensor:
@@ -251,14 +253,14 @@ def test_one_rank_run_trains_through_fp8_layers(world1: dict) -> None:
 def test_two_rank_layouts_train_like_one_rank(world1: dict, world2: dict) -> None:
     """Tensor + sequence parallel with full recompute, and FSDP (ZeRO-3), through the trainer: they
     run FP8 layers and train like the one-rank FP8 run. Only loosely: in bf16 a layout's different
-    rounding flips some FP8 roundings, so these runs are as far from the one-rank FP8 run (losses
-    ~2e-4 to 6e-4 apart) as that is from the bf16 run; the exact tensor-parallel check is
-    test_tensor_parallel_fp8_equals_one_process (float32)."""
-    one = world1["fp8"]["gpt"]
+    rounding flips some FP8 roundings, so these runs are about as far from the one-rank FP8 run (losses
+    up to 6e-4 apart, measured) as that is from the bf16 run (3e-4); the exact tensor-parallel check
+    is test_tensor_parallel_fp8_equals_one_process (float32)."""
+    one = world1["fp8"]["gpt"].losses[:TWO_RANK_STEPS]
     for name, run in world2["fp8"].items():
         assert run.layer_class() == "Float8Linear", name
-        assert max_rel_diff(run.losses, one.losses) < 5e-3, name
-        assert run.losses[-1] < 0.9 * run.losses[0], name
+        assert len(run.losses) == TWO_RANK_STEPS and max_rel_diff(run.losses, one) < 5e-3, name
+        assert run.losses[-1] < 0.95 * run.losses[0], name
 
 
 def _tp_worker(rank: int, port: int) -> None:
