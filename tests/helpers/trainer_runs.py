@@ -44,7 +44,12 @@ class Run:
 
     def dtypes(self) -> dict[str, str]:
         """The dtypes the first attention query projection saw in the run's first forward."""
-        return json.loads((self._dump() / "dtypes.pp0.json").read_text())
+        record = json.loads((self._dump() / "dtypes.pp0.json").read_text())
+        return {k: v for k, v in record.items() if k != "module"}
+
+    def layer_class(self) -> str:
+        """The class of that layer (``Float8Linear`` under --fp8, else ``Linear``)."""
+        return json.loads((self._dump() / "dtypes.pp0.json").read_text())["module"]
 
     def _dump(self) -> Path:
         assert self.dump is not None, "this run was not dumped"

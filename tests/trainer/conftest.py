@@ -1,7 +1,7 @@
 """One launch per world size for the multi-rank trainer tests.
 
 Starting ranks (a process and a torch import each, then the process group) costs more than most
-cases, so the parity, compile, mixture-of-experts and context-parallel cases of a world size run in one set of spawned
+cases, so the parity, compile, mixture-of-experts, context-parallel and FP8 cases of a world size run in one set of spawned
 ranks (trainer/spawn.py ``launch_local`` runs its configs one after another), shared by the session.
 Each module names its cases by world size (``launch_cases``); a case is ``group.name`` on disk and
 is handed back as ``runs[group][name]``. Each launch still fails when no rank makes progress for
@@ -21,10 +21,10 @@ STALL_S = 900.0
 
 
 def _groups() -> dict[str, Callable[[Path], dict[int, dict[str, dict[str, Any]]]]]:
-    from tests.trainer import test_compile, test_context_parallel, test_moe, test_parity
+    from tests.trainer import test_compile, test_context_parallel, test_fp8, test_moe, test_parity
 
     return {"parity": test_parity.launch_cases, "compile": test_compile.launch_cases, "moe": test_moe.launch_cases,
-            "cp": test_context_parallel.launch_cases}
+            "cp": test_context_parallel.launch_cases, "fp8": test_fp8.launch_cases}
 
 
 def _launch(out: Path, world: int) -> dict[str, dict[str, Run]]:

@@ -204,7 +204,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
           global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
           sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
           stage_layers: Sequence[int] | None = None, dtype: str | None = None, flash_attention: bool | None = None,
-          cp: int | None = None, ep: int | None = None, steps: int = 100, seed: int = 0, lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
+          cp: int | None = None, ep: int | None = None, fp8: str | None = None, steps: int = 100, seed: int = 0, lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
           weight_decay: float = 0.1, grad_clip: float = 1.0, device: str | None = None,
           metrics_file: str | Path | None = None, quiet: bool = False, nan_policy: str = "stop",
           tensorboard: str | Path | None = None, calibration: str | Path | None = None, compile: bool = False,
@@ -217,9 +217,12 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     dp2 on 8 CPU ranks, float32). The device is cuda for a plan made for a GPU cluster, else cpu.
     ``resume``: 'auto' (the newest complete checkpoint in ``checkpoint_dir``) or a checkpoint path.
     ``cp`` (context parallel) and ``ep`` (expert parallel) degrees: None keeps the plan's (else 1); cp
-    adds ranks (gpus = tp*cp*pp*dp), ep splits dp.
+    adds ranks (gpus = tp*cp*pp*dp), ep splits dp. ``fp8``: the FP8 GEMM recipe (trainer/fp8.py runs
+    "current"); None keeps the plan's; given, the dtype is bfloat16 unless ``dtype`` says otherwise.
     ``warn`` hears warnings, ``progress`` what happens before the ranks start."""
     values = dict(locals())
+    if fp8 and dtype is None:  # FP8 GEMMs run inside bfloat16 training (exatrain.rules): the one dtype that fits
+        values["dtype"] = "bfloat16"
     warn = warner(warn)
     say = progress or (lambda message: None)
     if metrics_file is not None:

@@ -7,6 +7,7 @@ import os
 
 from exatrain import api
 from exatrain.api.training import DEFAULT_MODEL, describe_default
+from exatrain.plan import FP8_RECIPES
 from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, flag, make_console,
                                  nonneg_int, positive_int, warn_line)
 
@@ -24,11 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "`search --json` (its first ranked plan, the best); flags override it")
     add_model_args(p, DEFAULT_MODEL)
     add_layout_args(p)
-    g = p.add_argument_group("context and expert parallelism (not given: the plan's, else 1)")
+    g = p.add_argument_group("context and expert parallelism, FP8 (not given: the plan's, else 1 / none)")
     g.add_argument("--cp", type=positive_int, help="context-parallel degree: every sequence split over N more "
                    "ranks (gpus = tp*cp*pp*dp; seq_len divisible by 2*N)")
     g.add_argument("--ep", type=positive_int, help="expert-parallel degree of a mixture-of-experts model "
                    "(splits dp: dp divisible by N)")
+    g.add_argument("--fp8", choices=FP8_RECIPES, help="run the transformer blocks' linear layers' GEMMs in FP8 "
+                   "(torch._scaled_mm, on the CPU too): the trainer runs 'current' (per-tensor dynamic scaling; "
+                   "e4m3 forward, e5m2 gradients), in bfloat16 training (the dtype then, unless --dtype says otherwise)")
     add_cluster_args(p, "the plan's, else local-cpu")
     g = p.add_argument_group("training")
     for name, kind, help in (("--steps", positive_int, "optimizer steps"), ("--seed", nonneg_int, "weights and data order"),

@@ -12,7 +12,8 @@ single-device model (``checkpoint.state.param_views``, the checkpoint's names):
   before clipping;
 * ``dtypes.pp<r>.json``: the dtypes one linear layer (the first attention query projection of the
   rank's first stage) saw in that first forward: its input, its weight as the forward read it
-  (FSDP's mixed-precision gather shows there) and its output (autocast shows there).
+  (FSDP's mixed-precision gather shows there) and its output (autocast shows there); and the layer's
+  class (``Float8Linear`` under ``--fp8``, trainer/fp8.py).
 
 Every rank of a pipeline stage takes part (DTensor shards, tensor-parallel or FSDP, are gathered into
 whole tensors with ``full_tensor``, a collective over the parameter's mesh); the stage's first rank
@@ -58,7 +59,7 @@ class Dump:
             self.root.mkdir(parents=True, exist_ok=True)
 
     def _record_dtypes(self, module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        self.dtypes = {"input": str(inputs[0].dtype).removeprefix("torch."),
+        self.dtypes = {"module": type(module).__name__, "input": str(inputs[0].dtype).removeprefix("torch."),
                        "weight": str(module.weight.dtype).removeprefix("torch."),
                        "output": str(output.dtype).removeprefix("torch.")}
         self._hook.remove()

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from exatrain.plan import Plan
+from exatrain.trainer.fp8 import convert_to_fp8
 from exatrain.trainer.init import materialize
 from exatrain.trainer.model import Transformer
 from exatrain.trainer.parallel.activation import apply_activation_checkpointing, apply_attention_kernel
@@ -156,6 +157,8 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
     tied: list[nn.Parameter] = []
     inner: list[nn.Module] = []
     for index, module in split_stages(whole, plan, mesh.pp_rank):  # 1. pipeline split
+        if plan.fp8:  # FP8 GEMMs (trainer/fp8.py): still plain nn.Linear subclasses for the steps below
+            convert_to_fp8(module)
         expert = ((lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=moe_aux_loss_coef))
                   if plan.model.is_moe else None)
         shard_stage(module, plan, mesh.tp_mesh, mesh.grad_mesh, compile=compile, expert=expert,
