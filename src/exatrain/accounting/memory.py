@@ -235,7 +235,7 @@ def inflight(schedule: str, pp, num_microbatches, interleave, pp_rank):
 def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) -> MemoryBreakdown:
     """Peak bytes of one rank of pipeline stage ``pp_rank`` (see the module doc for conventions;
     ``engine``: another engine's, see ``accounting.engines``). A MoE model is counted with its
-    experts whole on every rank (a Plan has no ep yet)."""
+    experts whole on every rank (ep is counted by ``rank_memory``, the path estimates take)."""
     layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
     moe = {}
     if plan.model.is_moe:

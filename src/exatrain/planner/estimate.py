@@ -58,9 +58,12 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         + (f", dropout {plan.model.dropout:g}" if plan.model.dropout else ", no dropout")
         + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
-    notes += ((f"overlap {overlap}, switches assumed on: " + "; ".join(rules.switches) + " — hidden per step: "
+    # the switches that can act on this plan: the expert all-to-all's only for a MoE model
+    moe_switch = engine.overlap("ep_a2a")
+    switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]
+    notes += ((f"overlap {overlap}, switches assumed on: " + "; ".join(switches) + " — hidden per step: "
                 + ", ".join(f"{k} {v:.3f} s" for k, v in hid.items()) + " (dp: with what the pipeline's drain hides)")
-              if rules.switches
+              if switches
               else f"overlap {overlap}: no communication hidden",)
     if plan.tp > cluster.gpus_per_node:
         notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "
