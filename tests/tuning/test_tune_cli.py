@@ -263,9 +263,9 @@ def test_progress_lines_only_with_progress_when_stderr_is_not_a_terminal(tmp_pat
 
 
 def test_a_moe_study_has_one_candidate_per_layout_key(tmp_path, capsys, fake, monkeypatch) -> None:
-    """The tuner's layout keys carry no ep or cp, so its candidates keep both at 1 (exatrain's search
-    would offer ep 2 and 4 for moe-tiny, each spelled like its ep-1 twin): one plan per key, and each
-    trial's plan is the one its prediction is of."""
+    """The tuner takes the ep layouts exatrain's search offers for moe-tiny, each under its own key
+    ('.ep2'): one plan per key, and each trial's plan is the one its prediction is of. (Broken on
+    purpose: with ep left out of the key, ep 2 and its ep-1 twin shared one and the key count fell short.)"""
     from exatrain.planner.estimate import estimate_plan
     from exatrain.tuning.sampler import layout_key, plan_params
 
@@ -278,7 +278,7 @@ def test_a_moe_study_has_one_candidate_per_layout_key(tmp_path, capsys, fake, mo
     argv[argv.index("gpt-tiny")] = "moe-tiny"
     code, out, _ = run(capsys, *argv)
     assert code == 0 and len(given) == 64
-    assert {(p.ep, p.cp) for p in given} == {(1, 1)}
+    assert {p.ep for p in given} > {1} and {p.cp for p in given} == {1}  # moe-tiny's 64 tokens: no cp
     assert len({layout_key(plan_params(p)) for p in given}) == len(given)
     for t in json.loads(out)["trials"]:
         plan = Plan.from_dict(t["plan"])

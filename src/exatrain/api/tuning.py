@@ -122,10 +122,7 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     from exatrain.tuning.study import Problem, StudyFiles, TuneSettings, open_storage
     from exatrain.tuning.study import tune as run_study
 
-    # The tuner's layout keys and features (tuning.sampler) have no ep or cp: its candidates keep both
-    # at 1, one candidate per key, though exatrain's search offers them.
-    searched = dataclasses.replace(options, ep=options.ep or (1,), cp=options.cp or (1,))
-    result = search(m, c, gpus, global_batch, top=candidates, options=searched, params=params, dtype=dtype,
+    result = search(m, c, gpus, global_batch, top=candidates, options=options, params=params, dtype=dtype,
                     flash=flash, runtime="exatrain")
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)

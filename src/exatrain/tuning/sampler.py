@@ -11,7 +11,7 @@ learned from the runs so far (a Gaussian process on the log-residual):
   fast, and one run corrects every layout at once without changing their order.
 * The squared-exponential term learns *where* the cost model is wrong, correlated over the layout's
   structured parameters (log2 tp, pp, dp, micro-batch, ZeRO stage, recompute, SP, schedule,
-  interleave, each scaled to [0, 1]): measuring one tp-4 layout slower than predicted lowers every
+  interleave, log2 ep and cp, each scaled to [0, 1]): measuring one tp-4 layout slower than predicted lowers every
   tp-4 layout. (s, l) and the noise are refit by marginal likelihood on a small grid once three
   runs exist, so a noisy machine is believed to be noisy and one lucky run does not end the search.
 
@@ -48,23 +48,26 @@ PARAM_NAMES = ("tp", "pp", "micro_batch", "zero_stage", "recompute", "sequence_p
 
 
 def layout_key(params: Mapping[str, Any]) -> str:
-    """One spelling per layout, e.g. 'tp2.pp1.mb4.z1.none.sp1.1f1b1' (dp follows from tp, pp, gpus)."""
+    """One spelling per layout, e.g. 'tp2.pp1.mb4.z1.none.sp1.1f1b1' (dp follows from tp, pp, cp,
+    gpus); an ep or cp other than 1 adds '.ep2' / '.cp2' (so studies made before they were tuned keep
+    their keys)."""
+    extra = "".join(f".{k}{int(params.get(k, 1))}" for k in ("ep", "cp") if int(params.get(k, 1)) != 1)
     return (f"tp{params['tp']}.pp{params['pp']}.mb{params['micro_batch']}.z{params['zero_stage']}."
             f"{params['recompute']}.sp{int(bool(params['sequence_parallel']))}."
-            f"{params['schedule']}{params['interleave']}")
+            f"{params['schedule']}{params['interleave']}{extra}")
 
 
 def plan_params(plan: Plan) -> dict[str, Any]:
     return {"tp": plan.tp, "pp": plan.pp, "micro_batch": plan.micro_batch, "zero_stage": plan.zero_stage,
             "recompute": plan.recompute, "sequence_parallel": plan.sequence_parallel,
-            "schedule": plan.schedule, "interleave": plan.interleave}
+            "schedule": plan.schedule, "interleave": plan.interleave, "ep": plan.ep, "cp": plan.cp}
 
 
 def _features(plan: Plan) -> list[float]:
     onehot = [1.0 if plan.schedule == s else 0.0 for s in SCHEDULES]
     return [math.log2(plan.tp), math.log2(plan.pp), math.log2(plan.dp), math.log2(plan.micro_batch),
             float(plan.zero_stage), float(RECOMPUTE.index(plan.recompute)), float(plan.sequence_parallel),
-            *onehot, math.log2(plan.interleave)]
+            *onehot, math.log2(plan.interleave), math.log2(plan.ep), math.log2(plan.cp)]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class Candidates:
             "recompute": CategoricalDistribution(RECOMPUTE),
             "sequence_parallel": CategoricalDistribution((False, True)),
             "schedule": CategoricalDistribution(SCHEDULES), "interleave": IntDistribution(1, max(layers, 1)),
+            "ep": IntDistribution(1, gpus), "cp": IntDistribution(1, gpus),
         }
         predicted = np.array([p.estimate.tokens_per_s for p in plans], dtype=float)  # type: ignore[union-attr]
         return cls(plans, keys, predicted, feats, dists, {k: i for i, k in enumerate(keys)})
