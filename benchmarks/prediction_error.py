@@ -49,6 +49,7 @@ from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.planner.band import BANDS_PATH, MIN_RUNS, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, default_params
+from exatrain.planner.cost.compute import with_attention_kernel
 from exatrain.planner.cost.published import MEGATRON_LM_2021
 from exatrain.planner.estimate import estimate_plan
 
@@ -56,8 +57,17 @@ from exatrain.planner.estimate import estimate_plan
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_runs_by_engine.csv"
 NARAYANAN, KORTHIKANTI, DASH = ("https://arxiv.org/abs/2104.04473", "https://arxiv.org/abs/2205.05198",
                                 "https://arxiv.org/abs/2312.12705")
+TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/"
+TT_2412, TT_ASYNC, TT_DOCS = (TORCHTITAN + "main/benchmarks/llama3_h100_202412_torchtitan.md",
+                              TORCHTITAN + "main/benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
+                              TORCHTITAN + "4d88a8a44/docs/performance.md")
 # The sources each device's shipped prior was chosen against (coefficients.py DEFAULTS comment).
-PRIOR_CHOSEN_ON = {"a100-80gb": (NARAYANAN, KORTHIKANTI), "mi250x-gcd": (DASH,)}
+PRIOR_CHOSEN_ON = {"a100-80gb": (NARAYANAN, KORTHIKANTI), "mi250x-gcd": (DASH,),
+                   "h100-sxm-500w": (TT_2412, TT_ASYNC, TT_DOCS)}
+# What a held-out source's refit fits, and from which parameters: the A100 and MI250X priors' free
+# factors from the generic CostParams(); the 500 W H100's one clock factor from the H100 prior (its
+# micro-benchmarked kernels, at the clock a 500 W limit leaves: the only thing that part's prior adds).
+REFIT = {"h100-sxm-500w": (("clock_factor",), "h100-sxm")}
 MAX_FACTORS = 3  # factors refitted per held-out source (gemm_eff, step_overhead_s, mem_eff): keeps the run short
 GIB = 2.0 ** 30
 
@@ -87,6 +97,7 @@ class Row:
     oos_how: str = ""
     memory_pred_gib: float | None = None
     overlap: str = "all"  # which of the runtime's overlaps the run had on (cost.overlap.overlap_rules)
+    flash_kernel: str = ""  # the attention kernel the run had where its engine's profile would guess wrong
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -95,7 +106,8 @@ def _int(text: str, default: int | None = None) -> int | None:
 
 
 def _cluster(hardware: str) -> ClusterSpec:
-    for key, name in (("A100", "dgx-a100"), ("H100", "dgx-h100"), ("H200", "dgx-h200"), ("MI250X", "frontier")):
+    for key, name in (("A100", "dgx-a100"), ("500W", "grand-teton-h100"), ("lower TDP", "grand-teton-h100"),
+                      ("H100", "dgx-h100"), ("H200", "dgx-h200"), ("MI250X", "frontier")):
         if key in hardware:
             return get_cluster(name)
     raise UserError(f"no catalog cluster for hardware {hardware!r}")
@@ -146,6 +158,9 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                   family=hardware_family(cluster.device.name), kind=r["kind"], name=f"{r['model']} ({r['source'].split(',')[0]})",
                   measured_s=None, measured_from="", cluster=cluster)
         row.overlap = _overlap(row.source, row.engine, r.get("overlap", ""))
+        row.flash_kernel = _flash_kernel(r)
+        if row.flash_kernel:
+            row.notes.append(f"attention {row.flash_kernel} (SDPA of a torch before 2.11)")
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
@@ -241,6 +256,22 @@ def _overlap(source: str, engine: str, stated: str = "") -> str:
     return "default" if engine == "megatron-deepspeed" else "all"
 
 
+def _flash_kernel(r: dict) -> str:
+    """"fa2" for a run whose torch SDPA predates 2.11: before it, SDPA's flash backend on Hopper is
+    FlashAttention-2, cuDNN's kernel being opt-in (pytorch/pytorch#138522; from 2.11 the bundled cuDNN
+    passes sdp_utils.cpp's check_prefer_cudnn_attention gate). The torch version is the row's
+    ``torch 2.N``, else its dates (every year before 2026 predates 2.11). "" where the engine's own
+    profile holds (Megatron's Transformer Engine kernels, flash-attn 2 in Megatron-DeepSpeed)."""
+    if "SDPA" not in r.get("attention", ""):
+        return ""
+    version = r.get("engine_version", "")
+    m = re.search(r"torch 2\.(\d+)", version)
+    if m:
+        return "fa2" if int(m.group(1)) < 11 else ""
+    years = [int(y) for y in re.findall(r"\b(20\d\d)\b", version)]
+    return "fa2" if years and max(years) < 2026 else ""
+
+
 def _predicted_memory_gib(row: Row) -> float:
     """The worst stage's bytes as ``estimate`` gives them for the row's engine (the evaluation path,
     which counts cp, ep and FP8; memory does not depend on the cost parameters); without the engine's
@@ -253,6 +284,8 @@ def _predicted_memory_gib(row: Row) -> float:
 
 
 def _predict_s(row: Row, params: CostParams) -> float:
+    if row.flash_kernel:
+        params = with_attention_kernel(params, row.flash_kernel)
     return estimate_plan(row.plan, row.cluster, params, overlap=row.overlap).time_s.step
 
 
@@ -270,10 +303,18 @@ def price(rows: list[Row]) -> None:
             row.memory_pred_gib = _predicted_memory_gib(row)
 
 
-def fit_without(train: list[Row], base: CostParams, max_iter: int = 8) -> CostParams:
+def refit_spec(device: str) -> tuple[tuple[str, ...] | None, CostParams]:
+    """(the factors a refit for ``device`` fits, None: the first of RUN_FACTORS; the parameters it starts from)."""
+    factors, base = REFIT.get(device, (None, None))
+    return factors, default_params(base) if base else CostParams()
+
+
+def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
+                factors: tuple[str, ...] | None = None) -> CostParams:
     """Factors shared by ``train`` (one device), fitted to their measured step times through the
-    estimate itself (calibrate.fit_runs' objective: squared log error, a light pull to the start)."""
-    factors = RUN_FACTORS[:max(1, min(MAX_FACTORS, len(train) // 2))]
+    estimate itself (calibrate.fit_runs' objective: squared log error, a light pull to the start);
+    ``factors``: which (default: the first of RUN_FACTORS, at most MAX_FACTORS and half the runs)."""
+    factors = factors or RUN_FACTORS[:max(1, min(MAX_FACTORS, len(train) // 2))]
     x0 = np.log([max(getattr(base, f), 1e-9) for f in factors])
     log_measured = np.log([r.measured_s for r in train])
 
@@ -309,10 +350,22 @@ def out_of_sample(rows: list[Row]) -> None:
             for r in test:
                 r.oos_how = "no other source on this device to fit from"
             continue
-        params = fit_without(train, CostParams())
+        factors, base = refit_spec(device)
+        params = fit_without(train, base, factors=factors)
         for r in test:
             r.oos_s = _predict_s(r, params)
             r.oos_how = f"refit on {len(train)} runs of {len({t.source for t in train})} other source(s)"
+
+
+def fit_prior(rows: list[Row], device: str) -> CostParams:
+    """The shipped prior of a device whose prior is fitted to published runs (``REFIT``): the refit
+    on every priced run of the device (what coefficients.DEFAULTS holds; the held-out refits leave a
+    source out of this)."""
+    train = [r for r in rows if r.prior_s is not None and r.measured_s and r.cluster.device.name == device]
+    if not train:
+        raise UserError(f"no priced run on device {device!r}")
+    factors, base = refit_spec(device)
+    return fit_without(train, base, factors=factors)
 
 
 def _stats(errs: list[float]) -> dict:
@@ -409,10 +462,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", help="only this hardware family's rows (A100, H100/H200, MI250X)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write the table (cells and rows) as JSON")
     ap.add_argument("--write-bands", action="store_true", help=f"write {BANDS_PATH.name} into the catalog")
+    ap.add_argument("--fit-prior", metavar="DEVICE", choices=sorted(REFIT),
+                    help="print the prior fitted on every run of DEVICE (coefficients.DEFAULTS) and stop")
     args = ap.parse_args(argv)
     try:
         if args.write_bands and (args.engine or args.family or args.csv != CSV_PATH):
             raise UserError("--write-bands takes the whole published table: drop --engine/--family/--csv")
+        if args.fit_prior:
+            every = load_rows(args.csv)
+            price(every)
+            p = fit_prior(every, args.fit_prior)
+            factors, _ = refit_spec(args.fit_prior)
+            print(", ".join(f"{f}={getattr(p, f):.4f}" for f in factors) + f"  ({p.source})")
+            return 0
         rows, t = run(args.csv, args.engine, args.family)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

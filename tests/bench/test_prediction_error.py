@@ -65,7 +65,8 @@ def test_held_out_source_never_enters_its_fit(pe, base, tmp_path) -> None:
     # Korthikanti's rows are predicted from a fit that includes Narayanan's: they move.
     assert any(abs(a.oos_s / b.oos_s - 1) > 1e-3 for a, b in zip(kor, kor_moved))
     # A source the shipped prior never saw is predicted by the prior itself.
-    titan = [r for r in rows if r.engine == "torchtitan" and not r.not_priced]
+    titan = [r for r in rows if r.engine == "torchtitan" and not r.not_priced
+             and r.source not in pe.PRIOR_CHOSEN_ON.get(r.cluster.device.name, ())]
     assert titan and all(r.oos_s == r.prior_s and not r.in_sample for r in titan)
 
 
@@ -97,7 +98,7 @@ def test_cli_filters_json_and_bad_input(pe, tmp_path, capsys) -> None:
     capsys.readouterr()
     assert pe.main(["--csv", str(_subset(tmp_path, pe)), "--family", "B200"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "families: A100, H100/H200" in err
+    assert err.count("\n") == 1 and "families: A100, H100 500W, H100/H200" in err
 
 
 def test_published_qwen3_235b_rows_with_ep_wider_than_dp_are_priced(pe) -> None:
@@ -112,3 +113,27 @@ def test_published_qwen3_235b_rows_with_ep_wider_than_dp_are_priced(pe) -> None:
         assert not r.not_priced, r.not_priced
         assert (r.plan.tp, r.plan.pp, r.plan.dp, r.plan.ep) == (2, 8, 16, 32) and r.plan.runtime == "megatron-core"
         assert abs(r.prior_s / r.measured_s - 1) < 0.30, (r.index, r.prior_s, r.measured_s)
+
+
+def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe) -> None:
+    """The 500 W H100's shipped clock factor is the fit on all its published runs (--fit-prior); a
+    held-out torchtitan page is predicted from the other pages' fit, which differs from the shipped one;
+    the SDPA runs of torch before 2.11 get FlashAttention-2's rate, and only those."""
+    from exatrain.planner.cost.coefficients import default_params
+
+    rows = pe.load_rows()
+    pe.price(rows)
+    shipped = default_params("h100-sxm-500w")
+    fitted = pe.fit_prior(rows, "h100-sxm-500w")
+    assert shipped.clock_factor == pytest.approx(fitted.clock_factor, rel=2e-3)
+    assert shipped.replace(clock_factor=1.0, source="") == default_params("h100-sxm").replace(source="")
+    pe.out_of_sample(rows)
+    teton = [r for r in rows if r.cluster.device.name == "h100-sxm-500w" and r.oos_s is not None]
+    assert {r.source for r in teton} == set(pe.PRIOR_CHOSEN_ON["h100-sxm-500w"])
+    assert all(r.in_sample and r.oos_how.startswith("refit on") for r in teton)
+    assert all(r.oos_s != pytest.approx(r.prior_s, rel=1e-6) for r in teton)
+    kernels = {(r.engine, r.flash_kernel) for r in rows}
+    assert ("torchtitan", "fa2") in kernels and not any(k for e, k in kernels if e != "torchtitan")
+    assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "x, torch 2.11.0"}) == ""
+    assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "x, torch 2.8.0a0"}) == "fa2"
+    assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "torchtitan (2024)"}) == "fa2"

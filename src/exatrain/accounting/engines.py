@@ -66,6 +66,12 @@ class ActivationRules:
     selective: str  # what `selective` keeps: "core_attention" (Korthikanti) or "per_op" (torchtitan)
     recompute: tuple[tuple[str, str], ...]  # exatrain's mode -> the engine's switch
     source: str
+    # The fused attention kernel a flash run gets (cost.compute.with_attention_kernel): "fused" (the
+    # device's fastest, which its prior describes: cuDNN's on Hopper), "fa2" (FlashAttention-2), or "sdpa"
+    # (whatever torch's scaled_dot_product_attention picks: cuDNN on Hopper from torch 2.11, whose bundled
+    # cuDNN passes the check_prefer_cudnn_attention gate, aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)
+    flash_kernel: str = "sdpa"
+    flash_kernel_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,9 @@ MEGATRON_CORE = EngineProfile(
                    ("full", "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")),
         source=("megatron/core/transformer/transformer_config.py: hidden_dropout/attention_dropout 0.1, "
                 "attention_backend auto (Transformer Engine fused/flash), recompute_granularity/method/num_layers"),
+        flash_kernel="fused",
+        flash_kernel_source=("Transformer Engine DotProductAttention, attention_backend auto: cuDNN FusedAttention "
+                             "where eligible (transformer_engine/pytorch/attention backend selection)"),
     ),
     overlaps=(
         Overlap("dp_grad_reduce", "--overlap-grad-reduce", False,
@@ -265,6 +274,8 @@ MEGATRON_DEEPSPEED = EngineProfile(
                             "(--deepspeed-activation-checkpointing)")),
         source=("Megatron-DeepSpeed megatron/arguments.py: --attention-dropout/--hidden-dropout 0.1, flash only with "
                 "--use-flash-attn(-v2), --recompute-granularity, --checkpoint-activations"),
+        flash_kernel="fa2",
+        flash_kernel_source="--use-flash-attn-v2: the flash-attn package's FlashAttention-2 kernels (flash_attn_func)",
     ),
     overlaps=(
         Overlap("dp_grad_reduce", "zero_optimization.overlap_comm", False,
@@ -307,6 +318,8 @@ TORCHTITAN = EngineProfile(
                    ("full", "activation_checkpoint.mode = 'full'")),
         source=("torchtitan/distributed/activation_checkpoint.py (op policy: save matmul, attention and "
                 "reduce-scatter outputs except every second matmul); its models have no dropout; SDPA"),
+        flash_kernel="sdpa",
+        flash_kernel_source="torchtitan's attention: torch.nn.functional.scaled_dot_product_attention",
     ),
     overlaps=(
         Overlap("dp_param_gather", "FSDP2 implicit prefetch of the next layer's all-gather", True,
@@ -348,6 +361,8 @@ EXATRAIN = EngineProfile(
         recompute=(("none", "--recompute none"), ("selective", "--recompute selective"),
                    ("full", "--recompute full")),
         source="exatrain accounting/memory.py layer_activation_bytes (Korthikanti et al. 2022, Table 2)",
+        flash_kernel="sdpa",
+        flash_kernel_source="trainer/model.py: torch.nn.functional.scaled_dot_product_attention",
     ),
     overlaps=(
         Overlap("dp_grad_reduce", "DDP bucketed all-reduce during backward (ZeRO-0/1 without pipeline)", True,

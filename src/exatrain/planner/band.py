@@ -29,7 +29,8 @@ WIDE_DEFAULT = (0.33, 3.0)  # measured / predicted where nothing is known (conve
 
 # Hardware family of each catalog device (catalog/data/hardware.toml): devices whose kernels and
 # software stacks behave alike share one family's published runs.
-FAMILIES = {"a100-80gb": "A100", "h100-sxm": "H100/H200", "h200-sxm": "H100/H200", "b200": "B200",
+FAMILIES = {"a100-80gb": "A100", "h100-sxm": "H100/H200", "h200-sxm": "H100/H200", "h100-sxm-500w": "H100 500W",
+            "b200": "B200",
             "mi250x-gcd": "MI250X", "mi300x": "MI300X", "mi355x": "MI355X", "cpu": "CPU"}
 
 

@@ -108,7 +108,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
     are NaN), as a search that ranks only those needs. ``overlap``: which of the runtime's overlaps
     are on (``cost.overlap.overlap_rules``). ``by_rank`` also fills ``hidden``."""
-    get_engine(runtime)  # an unknown runtime is a one-line UserError
+    # an unknown runtime is a one-line UserError; its attention kernel sets the attention rate
+    cp = compute.with_attention_kernel(cp, get_engine(runtime).activations.flash_kernel)
     memory = (runtime,) if memory is None else tuple(memory)
     bad = sorted(set(memory) - set(MEMORY_MODELS))
     if bad:

@@ -159,15 +159,35 @@ def fit_gemm(points: Sequence[dict], catalog_peak: float | None, overhead_s: flo
 
 
 def fit_attention(points: Sequence[dict], peak: float) -> dict:
-    """attn_eff: counted FLOPs over seconds, summed over the cases (so the larger, more
-    representative ones weigh most), over peak."""
+    """attn_eff, attn_seq_half and attn_call_overhead_s (``cost.compute.flash_attention_s``) from causal
+    SDPA forward + backward timings: ``flops`` counted as the cost model counts them (3.5 x the
+    full-count forward), ``seconds``, and the shape (batch, heads, seq, head_dim).
+
+    With at least three points, two sequence lengths and two FLOP counts among them, all three are
+    fitted (least squares on the log time, from the summed rate, a 1000-token half and 10 us);
+    otherwise attn_eff alone: the points' FLOPs over their seconds, summed (so the larger, more
+    representative cases weigh most), over peak, the other two 0. ``curve``: each point's efficiency
+    (counted FLOPs / seconds / peak), measured and modelled."""
     if not points:
         return {}
-    eff = np.array([p["flops"] / p["seconds"] / peak for p in points])
+    flops = np.array([p["flops"] for p in points], dtype=float)
+    t = np.array([p["seconds"] for p in points], dtype=float)
+    seq = np.array([p["seq"] for p in points], dtype=float)
+    total = float(flops.sum() / t.sum() / peak)
+    eff, s_half, call = total, 0.0, 0.0
+
+    def model(e: float, sh: float, c: float) -> np.ndarray:
+        return flops / (peak * e * seq / (seq + sh)) + c
+
+    if len(points) >= 3 and np.unique(seq).size >= 2 and np.unique(flops).size >= 2:
+        x, _ = levenberg_marquardt(lambda x: np.log(model(*np.exp(x)) / t),
+                                   [math.log(total), math.log(1000.0), math.log(1e-5)])
+        eff, s_half, call = (float(v) for v in np.exp(x))
+    modelled = flops / model(eff, s_half, call) / peak
     curve = [{"seq": p["seq"], "batch": p["batch"], "heads": p["heads"], "head_dim": p["head_dim"],
-              "efficiency": float(e)} for p, e in zip(points, eff)]
-    total = sum(p["flops"] for p in points) / sum(p["seconds"] for p in points)
-    return {"attn_eff": float(total / peak), "curve": curve}
+              "efficiency": float(f / s / peak), "model_efficiency": float(me)}
+             for p, f, s, me in zip(points, flops, t, modelled)]
+    return {"attn_eff": eff, "attn_seq_half": s_half, "attn_call_overhead_s": call, "curve": curve}
 
 
 # Element-wise bytes (read + written) per token of a GPT layer's forward, by kernel: two norms (4h),

@@ -57,7 +57,8 @@ def device_for(cluster: ClusterSpec, dtype: str, params: CostParams, ranks: int 
         raise UserError(f"device {cluster.device.name!r} has no {dtype} peak in the catalog; "
                         "measure it with `exatrain bench --out calib.json` and pass --calibration calib.json")
     bw = params.mem_bytes_per_s or cluster.device.hbm_bytes_per_s
-    return Device(peak_flops=float(peak) / share, mem_bytes_per_s=float(bw) / share, params=params)
+    return Device(peak_flops=float(peak) * params.clock_factor / share, mem_bytes_per_s=float(bw) / share,
+                  params=params)
 
 
 def gemm_time_s(g: Gemm, dev: Device, calls: int = 1):
@@ -69,6 +70,44 @@ def gemm_time_s(g: Gemm, dev: Device, calls: int = 1):
         d = np.asarray(d, dtype=float)
         shape = shape * d / (d + half)
     return calls * (g.flops / (dev.peak_flops * p.gemm_eff * shape) + p.gemm_overhead_s)
+
+
+def flash_attention_s(core: list[Gemm], dev: Device):
+    """(forward, backward) seconds of a fused (flash) attention kernel over the layer's two attention
+    GEMMs (``attn_scores``, ``attn_values``: queries x keys x head_dim, ``count`` = batch x heads on this
+    rank). FLOPs are the full count (4 b s^2 heads d forward, causal skip not taken); the kernel runs at
+
+        attn_eff * n / (n + attn_seq_half)
+
+    of peak, n the key length (each query row's softmax and rescaling work is amortised over n keys),
+    plus ``attn_call_overhead_s`` per forward + backward pair (the kernels' fixed work beyond the
+    tiles: the backward's preprocessing and gradient conversion, launches), split as the FLOPs are.
+    The backward costs 2.5x the forward's FLOPs at the same rate (FlashAttention-2, Dao 2023,
+    Sec. 3.2: five matmuls against two). With attn_seq_half and the overhead 0 (the generic prior)
+    the rate is attn_eff at every shape."""
+    if not core:
+        return 0.0, 0.0
+    p = dev.params
+    flops = sum(g.flops for g in core)
+    n = np.asarray(core[0].n, dtype=float)
+    fwd = flops / (dev.peak_flops * p.attn_eff * n / (n + p.attn_seq_half)) + p.attn_call_overhead_s / 3.5
+    return fwd, 2.5 * fwd
+
+
+FLASH_KERNELS = ("fused", "fa2", "sdpa")
+
+
+def with_attention_kernel(params: CostParams, kernel: str) -> CostParams:
+    """The parameters for a run whose flash attention is ``kernel`` (``FLASH_KERNELS``; an engine's
+    ``ActivationRules.flash_kernel``). The prior's attention rate describes the device's fastest fused
+    kernel; "fa2" scales it by ``fa2_attn_ratio`` (and sets the ratio to 1, so applying it twice changes
+    nothing); "fused" and "sdpa" (torch's SDPA, which picks cuDNN's kernel on Hopper from torch 2.11 and
+    FlashAttention-2 elsewhere, where the prior is FA2's) keep it."""
+    if kernel not in FLASH_KERNELS:
+        raise UserError(f"unknown attention kernel {kernel!r}; choose among {', '.join(FLASH_KERNELS)}")
+    if kernel != "fa2" or params.fa2_attn_ratio == 1.0:
+        return params
+    return params.replace(attn_eff=params.attn_eff * params.fa2_attn_ratio, fa2_attn_ratio=1.0)
 
 
 def elementwise_time_s(n_bytes, dev: Device):
@@ -108,9 +147,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
     elem_fwd = elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a), dev) \
         + n_ops * dev.params.op_overhead_s
     if flash:
-        attn_flops = 4.0 * tokens * m.seq_len * h / tp_a
-        attn_fwd = attn_flops / (dev.peak_flops * dev.params.attn_eff)
-        attn_bwd = 2.5 * attn_fwd
+        attn_fwd, attn_bwd = flash_attention_s([g for g in gemms if g.name.startswith("attn_")], dev)
     else:
         scores = [g for g in gemms if g.name.startswith("attn_")]
         # fused scale-mask-softmax reads and writes the scores; attention dropout reads them again,

@@ -134,8 +134,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     elem_bwd = 2 * compute.elementwise_time_s(elem_bytes, dev) + compute.elementwise_time_s(3.0 * cast_bwd, dev) \
         + 2 * n_ops * dev.params.op_overhead_s
     if flash:
-        attn_fwd = sum(g.flops for g in core) / (dev.peak_flops * dev.params.attn_eff)
-        attn_bwd = 2.5 * attn_fwd  # FlashAttention-2 (Dao 2023, Sec. 3.2), as compute.layer_times
+        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev)
     else:
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
         softmax = compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \

@@ -88,13 +88,29 @@ def _pick(sequence_parallel, fn):
     return tuple(np.where(sequence_parallel, a, b) for a, b in zip(on, off))
 
 
+def recomputed(rec, fwd, attn, dense, *, per_op: bool = False):
+    """Seconds the backward spends rerunning forward work, from the layers' forward ``fwd``, its
+    attention core ``attn`` and dense GEMMs ``dense`` (same shapes): full recomputation reruns the
+    whole forward; selective the attention core (Korthikanti et al. 2022, Sec. 5), or, under
+    torchtitan's per-op policy (``per_op``: it saves the outputs of the attention kernel, the
+    reduce-scatters and every second matmul, counted across calls: torchtitan/distributed/
+    activation_checkpoint.py), half of the dense GEMMs and all element-wise work (norms, rotary,
+    activation, products, residual adds: ``fwd - attn - dense``), and not the attention."""
+    if per_op:
+        selective = 0.5 * dense + (fwd - attn - dense)
+    else:
+        selective = attn
+    return np.where(rec == _FULL, fwd, np.where(rec == _SELECTIVE, selective, 0.0))
+
+
 def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                 flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
                 stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
-                fp8: str = "") -> StageTimes:
+                fp8: str = "", selective: str = "core_attention") -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
-    the runtime's overlaps (None: exatrain's, which hides no TP communication)."""
+    the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
+    the runtime's selective recomputation reruns (``ActivationRules.selective``, see ``recomputed``)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -117,8 +133,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
 
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
     fwd_l, bwd_l, attn_l, dense, moe_fb, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
-    # Recomputation reruns the layers' forward (full) or the attention core (selective) in backward.
-    again = np.where(rec == _FULL, fwd_l, np.where(rec == _SELECTIVE, attn_l, 0.0))
+    again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe)
     tp_one = tp_collective_time_s(cluster, cp, tp, bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype], sp)
     # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward;
     # a MoE layer under sequence parallelism: the attention's and the shared experts' only (comms).
@@ -223,7 +238,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     xp = 0.0 * params_by_rank if expert_params_by_rank is None else expert_params_by_rank
     st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
                      zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
-                     stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8)
+                     stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8,
+                     selective=engine.activations.selective)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -303,12 +319,17 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
 def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all") -> StageTimes:
     """The per-stage seconds of one plan (row 0 of each array), as the step time uses them: what
     the schedule simulator replays for a timeline picture."""
+    from exatrain.accounting.engines import get_engine
+
+    acts = get_engine(plan.runtime).activations
+    cp = compute.with_attention_kernel(cp, acts.flash_kernel)
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
     return stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
                        tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
                        recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
-                       rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8)
+                       rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
+                       selective=acts.selective)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
@@ -323,5 +344,5 @@ def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str
                     num_microbatches=plan.num_microbatches, schedule=plan.schedule, interleave=plan.interleave)
 
 
-__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "plan_stage_times", "simulate_plan",
+__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "plan_stage_times", "recomputed", "simulate_plan",
            "stage_times", "step_time", "step_times", "tp_collective_time_s"]

@@ -1,0 +1,150 @@
+"""Fused attention in the cost model: the rate's shape terms against their closed form, the Hopper prior
+refitted from the H200 micro-benchmark it was taken from, the engines' attention kernels, and the
+recomputation each engine's selective mode reruns.
+
+Broken on purpose and seen to fail here: the backward at 1x (not 2.5x) the forward; the rate's
+saturation taken from the local queries instead of the keys; attn_eff back to the old 0.30 prior on H100 (the refit test);
+the FA2 ratio applied to Megatron-Core (the kernel test); torchtitan's selective rerunning the
+attention core (the per-op recompute test)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exatrain.accounting.engines import get_engine
+from exatrain.accounting.flops import layer_gemms
+from exatrain.catalog import get_cluster, get_model
+from exatrain.errors import UserError
+from exatrain.plan import RECOMPUTE
+from exatrain.planner.cost import compute
+from exatrain.planner.cost.calibrate import fit_attention
+from exatrain.planner.cost.coefficients import CostParams, default_params
+from exatrain.planner.cost.step import recomputed
+from exatrain.api import make_plan
+from exatrain.planner.estimate import estimate_plan
+
+ANCHOR = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200_anchor_sdpa.jsonl"
+H200_PEAK = 989.4e12
+
+
+def _dev(params: CostParams, peak: float = 1e15) -> compute.Device:
+    return compute.Device(peak_flops=peak, mem_bytes_per_s=3e12, params=params)
+
+
+def _core(model, micro_batch: int, tp: int, cp: int = 1):
+    return [g for g in layer_gemms(model, micro_batch, tp, cp=cp) if g.name.startswith("attn_")]
+
+
+def test_flash_rate_closed_form():
+    """fwd = full-count FLOPs / (peak * eff * n/(n + s_half)) + overhead/3.5, bwd = 2.5 fwd."""
+    m = get_model("llama3-8b")
+    p = CostParams(attn_eff=1.2, attn_seq_half=1000.0, attn_call_overhead_s=3.5e-4)
+    core = _core(m, 2, 4)
+    fwd, bwd = compute.flash_attention_s(core, _dev(p))
+    s, heads = m.seq_len, m.heads // 4
+    flops = 4.0 * 2 * s * s * heads * m.head_dim
+    want = flops / (1e15 * 1.2 * s / (s + 1000.0)) + 1e-4
+    assert fwd == pytest.approx(want, rel=1e-12)
+    assert bwd == pytest.approx(2.5 * want, rel=1e-12)
+    # the generic prior (no half, no overhead) runs at attn_eff whatever the shape
+    plain, _ = compute.flash_attention_s(core, _dev(CostParams(attn_eff=0.3)))
+    assert plain == pytest.approx(flops / (1e15 * 0.3), rel=1e-12)
+
+
+def test_context_parallel_rate_follows_the_keys():
+    """With cp a rank holds s/cp queries against all s keys: a quarter of the FLOPs at the full
+    sequence's rate, plus the same fixed call time."""
+    m = get_model("llama3-8b")
+    p = CostParams(attn_eff=1.0, attn_seq_half=800.0, attn_call_overhead_s=3.5e-4)
+    one, _ = compute.flash_attention_s(_core(m, 1, 1, cp=1), _dev(p))
+    four, _ = compute.flash_attention_s(_core(m, 1, 1, cp=4), _dev(p))
+    assert four - 1e-4 == pytest.approx(0.25 * (one - 1e-4), rel=1e-9)
+
+
+def _anchor_points() -> list[dict]:
+    rows = [json.loads(line) for line in ANCHOR.read_text().splitlines()]
+    return [{"batch": r["b"], "heads": r["heads"], "seq": r["s"], "head_dim": r["d"], "seconds": r["sec"],
+             "flops": 3.5 * 4.0 * r["b"] * r["s"] ** 2 * r["heads"] * r["d"]}
+            for r in rows if r["kind"] == "sdpa_fwd_bwd"]
+
+
+def test_hopper_prior_is_the_anchor_fit():
+    """The shipped H100/H200 attention parameters are what fit_attention (the bench's own fit) gets
+    from the anchor's four SDPA points; the modelled seconds are within 1% of each point."""
+    pts = _anchor_points()
+    fit = fit_attention(pts, H200_PEAK)
+    for name in ("h100-sxm", "h200-sxm"):
+        prior = default_params(name)
+        assert prior.attn_eff == pytest.approx(fit["attn_eff"], rel=2e-3)
+        assert prior.attn_seq_half == pytest.approx(fit["attn_seq_half"], rel=2e-3)
+        assert prior.attn_call_overhead_s == pytest.approx(fit["attn_call_overhead_s"], rel=2e-3)
+    for c in fit["curve"]:
+        assert abs(c["efficiency"] / c["model_efficiency"] - 1) < 0.01  # modelled / measured seconds - 1
+    # the model through the cost path reproduces the measured seconds of the s=8192 point to 1%
+    dev = _dev(default_params("h200-sxm"), H200_PEAK)
+    b, nh, s, d = 2, 32, 8192, 128
+    core = [compute.Gemm("attn_scores", s, s, d, count=b * nh), compute.Gemm("attn_values", s, d, s, count=b * nh)]
+    fwd, bwd = compute.flash_attention_s(core, dev)
+    measured = next(p["seconds"] for p in pts if p["seq"] == 8192)
+    assert fwd + bwd == pytest.approx(measured, rel=0.01)
+
+
+def test_fit_attention_falls_back_to_one_rate():
+    """Two points (one shape family) fit attn_eff alone, summed FLOPs over summed seconds."""
+    pts = [{"batch": 1, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 2.0, "flops": 4.0},
+           {"batch": 4, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 6.0, "flops": 12.0}]
+    fit = fit_attention(pts, peak=1.0)
+    assert fit["attn_eff"] == pytest.approx(16.0 / 8.0)
+    assert fit["attn_seq_half"] == 0.0 and fit["attn_call_overhead_s"] == 0.0
+
+
+def test_attention_kernels_by_engine():
+    """FA2 runs at fa2_attn_ratio of the fused kernel; Megatron-Core (TE cuDNN), torchtitan and exatrain
+    (SDPA, cuDNN on Hopper from torch 2.11) keep the fused rate; Megatron-DeepSpeed (flash-attn 2) gets FA2's."""
+    h100 = default_params("h100-sxm")
+    assert h100.fa2_attn_ratio == pytest.approx(329.483 / 631.338)
+    fa2 = compute.with_attention_kernel(h100, "fa2")
+    assert fa2.attn_eff == pytest.approx(h100.attn_eff * h100.fa2_attn_ratio)
+    assert compute.with_attention_kernel(fa2, "fa2") == fa2  # applied once
+    assert compute.with_attention_kernel(h100, "fused") == h100
+    assert compute.with_attention_kernel(h100, "sdpa") == h100
+    assert {e: get_engine(e).activations.flash_kernel for e in
+            ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")} == {
+        "megatron-core": "fused", "megatron-deepspeed": "fa2", "torchtitan": "sdpa", "exatrain": "sdpa"}
+    with pytest.raises(UserError, match="unknown attention kernel"):
+        compute.with_attention_kernel(h100, "xformers")
+    # through the estimate: the same H100 plan's attention costs more under Megatron-DeepSpeed's kernel
+    cluster = get_cluster("dgx-h100")
+    times = {}
+    for rt in ("megatron-core", "megatron-deepspeed"):
+        plan = make_plan(model="llama3-8b", cluster="dgx-h100", gpus=8, tp=1, pp=1, micro_batch=1, global_batch=8,
+                         zero=1, recompute="none", runtime=rt)
+        times[rt] = estimate_plan(plan, cluster, overlap="none").time_s.compute
+    assert times["megatron-deepspeed"] > times["megatron-core"] * 1.1
+    # A100's prior is FlashAttention-2's own: no kernel changes it
+    assert default_params("a100-80gb").fa2_attn_ratio == 1.0
+
+
+def test_selective_recompute_per_engine():
+    """Korthikanti's selective reruns the attention core; torchtitan's per-op policy half the dense
+    GEMMs and the element-wise work, not the attention; full the whole forward; none nothing."""
+    fwd, attn, dense = np.array([10.0]), np.array([3.0]), np.array([5.0])
+    rec = {r: np.array([RECOMPUTE.index(r)]) for r in RECOMPUTE}
+    assert recomputed(rec["selective"], fwd, attn, dense)[0] == 3.0
+    assert recomputed(rec["selective"], fwd, attn, dense, per_op=True)[0] == 0.5 * 5.0 + (10.0 - 3.0 - 5.0)
+    assert recomputed(rec["full"], fwd, attn, dense, per_op=True)[0] == 10.0
+    assert recomputed(rec["none"], fwd, attn, dense, per_op=True)[0] == 0.0
+    assert get_engine("torchtitan").activations.selective == "per_op"
+    # end to end: torchtitan's selective step differs from the same plan's under exatrain's rule
+    cluster = get_cluster("dgx-h100")
+    comp = {}
+    for rt in ("torchtitan", "exatrain"):
+        plan = make_plan(model="llama3-8b", cluster="dgx-h100", gpus=8, tp=1, pp=1, micro_batch=1, global_batch=8,
+                         zero=3, recompute="selective", runtime=rt)
+        comp[rt] = estimate_plan(plan, cluster, overlap="none").time_s.compute
+    assert comp["torchtitan"] != pytest.approx(comp["exatrain"], rel=1e-3)
