@@ -47,7 +47,7 @@ def _model(r: dict):
     size = re.search(r"(\d+)b", low)
     if "llama3" in low.replace(" ", "") or "llama 3" in low:
         return get_model(PRESETS["llama3"][int(size.group(1))]).replace(seq_len=seq) if size else None
-    if r["layers"] and r["hidden"] and r["vocab"] and r["arch"]:
+    if r["layers"] and r["hidden"] and r["heads"] and r["vocab"] and r["arch"]:
         from exatrain.catalog.models import ModelSpec
 
         return ModelSpec(name=name, arch=r["arch"], layers=int(r["layers"]), hidden=int(r["hidden"]),

@@ -8,13 +8,16 @@ evaluation path (``planner.estimate.estimate_plan``), so a runtime-aware cost mo
 Leave one source out. The only thing the cost model takes from data is its per-device coefficients
 (planner/cost/coefficients.py):
   * the A100 and MI250X priors were chosen by hand against the rows of the catalog's calibration
-    table (Narayanan 2021, Korthikanti 2022, Dash 2023: ``PRIOR_CHOSEN_ON``). Rows of those sources
-    are predicted by coefficients refitted without them: the calibrate machinery's factors
-    (``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``, Levenberg-Marquardt on the log step time)
-    fitted from the generic ``CostParams()`` to the same device's rows of every *other* source;
-    the shipped prior's error on them is printed apart, as in-sample;
+    table (Narayanan 2021, Korthikanti 2022, Dash 2023), and the 500 W H100's clock factor was fitted
+    to torchtitan's three benchmark pages (``PRIOR_CHOSEN_ON``; ``--fit-prior``). Rows of those
+    sources are predicted by coefficients refitted without them (``REFIT``: the calibrate machinery's
+    factors, ``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``, from the generic ``CostParams()``, or
+    the 500 W part's clock factor from the H100 prior; Levenberg-Marquardt on the log step time) on
+    the same device's rows of every *other* source; the shipped prior's error on them is printed
+    apart, as in-sample;
   * every other row is predicted with the shipped prior, which never saw its source (the H100/H200
-    priors come from micro-benchmarks, not from published runs).
+    priors come from micro-benchmarks, not from published runs);
+  * a torchtitan row whose torch predates 2.11 gets FlashAttention-2's attention rate (``_flash_kernel``).
 Memory has no fitted factor: each engine profile (accounting.engines) is predicted as
 benchmarks/engine_memory.py does, so its error is out of sample by construction.
 
@@ -24,6 +27,7 @@ Measured step time, from the row's own figure in this order: s/iteration; tokens
 model FLOPs (Korthikanti 2022 Eq. 7) against the catalog peak. Error = predicted / measured - 1.
 
     python benchmarks/prediction_error.py [--engine E] [--family F] [--json OUT] [--write-bands]
+    python benchmarks/prediction_error.py --fit-prior h100-sxm-500w
 """
 
 from __future__ import annotations
