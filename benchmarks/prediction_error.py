@@ -216,7 +216,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         zero_stage=_int(r["zero"], 0), recompute=recompute, sequence_parallel=r["sp"] == "y",
                         schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype="bfloat16",
                         flash_attention=r["attention"].startswith("flash"), cluster=cluster.name,
-                        runtime=r["engine"], fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "")
+                        runtime=r["engine"], fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
+                        moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall")
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -258,6 +259,16 @@ def _overlap(source: str, engine: str, stated: str = "") -> str:
     if engine == "torchtitan":
         return "dp_grad_reduce,dp_param_gather"
     return "default" if engine == "megatron-deepspeed" else "all"
+
+
+def _dispatcher(stated: str) -> str:
+    """The MoE token dispatcher a row's ``overlap`` field names (plan.MOE_DISPATCHERS): Megatron-Core's
+    flex dispatcher with its DeepEP or HybridEP backend, else the all-to-all."""
+    low = stated.lower()
+    for name in ("hybridep", "deepep"):
+        if name in low:
+            return name
+    return "alltoall"
 
 
 def _flash_kernel(r: dict) -> str:

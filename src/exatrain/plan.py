@@ -39,6 +39,11 @@ DTYPES = ("float32", "bfloat16")
 # recipes (accounting.fp8): names only here, so that the rules can check them without the accounting.
 RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
 FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
+# How a MoE layer's tokens reach their experts (cost.experts.a2a_time_s): "alltoall" sends every routed
+# copy to its expert's rank (Megatron-Core's alltoall dispatcher, torchtitan's and exatrain's all-to-all);
+# "deepep" and "hybridep" (Megatron-Core's flex dispatcher backends) send a token once per destination
+# node over the network and once per destination rank over the node's links.
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 PLAN_VERSION = 1
 
 
@@ -279,6 +284,7 @@ class Plan:
     # and what it overlaps. exatrain's own trainer unless the user names another.
     runtime: str = "exatrain"
     fp8: str = ""  # FP8 GEMM scaling recipe (FP8_RECIPES), "" = no FP8 GEMMs
+    moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS: how a MoE layer's tokens travel to their experts
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -392,6 +398,7 @@ class Plan:
             "flash_attention": self.flash_attention,
             **({"runtime": self.runtime} if self.runtime != "exatrain" else {}),
             **({"fp8": self.fp8} if self.fp8 else {}),
+            **({"moe_dispatcher": self.moe_dispatcher} if self.moe_dispatcher != "alltoall" else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -404,7 +411,7 @@ class Plan:
         required = ("model", "tp", "pp", "dp", "micro_batch", "global_batch", "zero_stage",
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
-                    "flash_attention", "estimate", "ep", "cp", "runtime", "fp8")
+                    "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -431,6 +438,7 @@ class Plan:
                 cluster=str(d.get("cluster") or ""),
                 runtime=str(d.get("runtime", "exatrain")),
                 fp8=str(d.get("fp8", "")),
+                moe_dispatcher=str(d.get("moe_dispatcher", "alltoall")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

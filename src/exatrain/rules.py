@@ -17,7 +17,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import DTYPES, FP8_RECIPES, RECOMPUTE, RUNTIMES, SCHEDULES
+from exatrain.plan import DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -417,6 +417,12 @@ def extension_problem(plan) -> tuple[str, str] | None:
         return "fp8", f"--fp8 must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8!r}"
     if plan.fp8 and plan.dtype != "bfloat16":
         return "fp8", "--fp8 runs its GEMMs in FP8 inside bfloat16 training: use --dtype bfloat16"
+    dispatcher = getattr(plan, "moe_dispatcher", "alltoall")
+    if dispatcher not in MOE_DISPATCHERS:
+        return "moe_dispatcher", f"--moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {dispatcher!r}"
+    if dispatcher != "alltoall" and not plan.model.is_moe:
+        return "moe_dispatcher", (f"--moe-dispatcher {dispatcher} dispatches a mixture-of-experts layer's tokens; "
+                                  f"{plan.model.name} has no experts")
     return None
 
 

@@ -137,3 +137,10 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "x, torch 2.11.0"}) == ""
     assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "x, torch 2.8.0a0"}) == "fa2"
     assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "torchtitan (2024)"}) == "fa2"
+    # the MoE rows' stated dispatchers: HybridEP (Qwen3-30B-A3B, 26.04), DeepEP (DeepSeek-V3), else all-to-all
+    moe: dict[str, set[str]] = {}
+    for r in rows:
+        if r.plan is not None and r.kind == "moe":
+            moe.setdefault(r.name.split(" (")[0], set()).add(r.plan.moe_dispatcher)
+    assert moe["DeepSeekV3"] == {"deepep"} and moe["Qwen3_30B_a3B"] == {"hybridep", "alltoall"}
+    assert moe["Qwen3_235B_a22B"] == {"alltoall"}

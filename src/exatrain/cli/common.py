@@ -122,6 +122,9 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "explored from 8k-token sequences)"),
     ("--fp8", None, ("delayed", "current", "block", "mxfp8"), "run the linear layers' GEMMs in FP8 with this "
      "scaling recipe (default: none)"),
+    ("--moe-dispatcher", None, ("alltoall", "deepep", "hybridep"), "how MoE tokens reach their experts: alltoall "
+     "(every routed copy; default) or Megatron-Core's flex dispatcher with DeepEP / HybridEP (once per "
+     "destination rank and node)"),
 )
 
 

@@ -166,7 +166,9 @@ def moe_layer_freq(plan: Plan) -> str | None:
 
 
 def moe_flags(plan: Plan) -> list[Flag]:
-    """The MoE layer's shape and expert parallelism, with the all-to-all dispatcher the planner prices.
+    """The MoE layer's shape and expert parallelism, with the dispatcher the planner priced: alltoall, or
+    the flex dispatcher with the plan's DeepEP / HybridEP backend (megatron/training/arguments.py
+    --moe-token-dispatcher-type, --moe-flex-dispatcher-backend).
     The expert-tensor-parallel size is 1, as priced (experts are not split over tp; Megatron-Core's
     default would be the tp size): the ep groups then fold over the tp*cp*dp ranks of a stage, so an
     ep wider than dp is expressed as it is (Megatron-Core MoE README, "MoE Parallel Folding")."""
@@ -181,7 +183,8 @@ def moe_flags(plan: Plan) -> list[Flag]:
     if freq:
         out.append(Flag("--moe-layer-freq", freq))
     out += [Flag("--expert-model-parallel-size", str(plan.ep)), Flag("--expert-tensor-parallel-size", "1"),
-            Flag("--moe-token-dispatcher-type", "alltoall"),
+            *((Flag("--moe-token-dispatcher-type", "alltoall"),) if plan.moe_dispatcher == "alltoall" else
+              (Flag("--moe-token-dispatcher-type", "flex"), Flag("--moe-flex-dispatcher-backend", plan.moe_dispatcher))),
             Flag("--moe-grouped-gemm")]
     return out
 

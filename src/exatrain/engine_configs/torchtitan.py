@@ -118,6 +118,10 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
                          f"(expert_tensor_parallel_degree {plan.tp}); the estimate priced them whole on each rank")
         notes.append("torchtitan's llama3 family has no MoE layer: use its deepseek_v3 or qwen3 model with "
                      "this expert count and width as the flavor")
+        if plan.moe_dispatcher != "alltoall":
+            notes.append(f"the plan was priced with the {plan.moe_dispatcher} dispatcher (one copy per destination "
+                         "rank and node); this config sets no dispatcher: torchtitan's own all-to-all sends every "
+                         "routed copy")
     quant: dict[str, Any] = {}
     if plan.fp8:
         recipe = {"current": "tensorwise", "block": "rowwise"}.get(plan.fp8, "tensorwise")

@@ -35,7 +35,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     memory = (rt,) if rt == "exatrain" else (rt, "exatrain")
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
-                  overlap=overlap)
+                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -71,7 +71,10 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     trainer_by_stage = stages("exatrain")
     own = trainer_models_it(plan.model, plan.ep, plan.cp, plan.fp8)
     if plan.model.is_moe:
-        notes += (f"MoE: ep {plan.ep}, routed experts' states sharded over the expert-data-parallel group; "
+        notes += (f"MoE: ep {plan.ep}, {plan.moe_dispatcher} dispatcher"
+                  + (" (each token once per destination rank and node)" if plan.moe_dispatcher != "alltoall"
+                     else " (every routed copy)")
+                  + ", routed experts' states sharded over the expert-data-parallel group; "
                   f"busiest expert rank assumed to get {LOAD_IMBALANCE:g}x the mean routed tokens (cost.experts)"
                   + ("; trainer memory: N/ep experts a rank, routed tokens at a balanced load" if own else ""),)
     if plan.cp > 1:

@@ -82,6 +82,10 @@ class TrainConfig:
         # The layouts this trainer refuses to run, with cp, ep and MoE among them (exatrain.rules: the
         # list the search's --runtime exatrain uses).
         rules.check(self.plan, scopes=("run", "trainer"), compile=self.compile)
+        if self.plan.moe_dispatcher != "alltoall":
+            raise UserError(f"the exatrain trainer dispatches MoE tokens with its own all-to-all; plan "
+                            f"--moe-dispatcher {self.plan.moe_dispatcher} for Megatron-Core (--runtime megatron-core) "
+                            "or train this plan with --moe-dispatcher alltoall")
         if self.plan.fp8:  # what --fp8 runs here (trainer/fp8.py): current scaling, dense models
             from exatrain.trainer.fp8 import check_fp8
 

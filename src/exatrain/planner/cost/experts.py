@@ -181,10 +181,37 @@ def edp_span(tp, dp, cp: int, ep: int):
     return np.where(folded(dp, ep), ep * (edp - 1) + 1, inside)
 
 
+def _none_of(experts: int, top_k: int, held) -> np.ndarray:
+    """Probability that a token's top_k distinct experts, drawn uniformly from ``experts``, miss all
+    ``held`` of them (hypergeometric: C(experts - held, k) / C(experts, k))."""
+    held = np.asarray(held, dtype=float)
+    p = np.ones_like(held)
+    for i in range(top_k):
+        p = p * np.clip(experts - held - i, 0.0, None) / (experts - i)
+    return p
+
+
+def dedup_copies(m: ModelSpec, ep: int, local) -> tuple[np.ndarray, np.ndarray]:
+    """(copies over the node's links, copies over the network) per routed token of one rank under a
+    deduplicating dispatcher (DeepEP, HybridEP: Megatron-Core's flex dispatcher): a token goes once to
+    each other rank of the ep group that holds at least one of its top_k experts (directly, or
+    forwarded inside the destination node after the network hop), and once over the network to each
+    other node of the group holding one. Routing is uniform (a balanced router, as everywhere here);
+    each rank holds experts/ep of them, each node ``local`` ranks of the group."""
+    local = np.minimum(np.asarray(local, dtype=float), ep)
+    per_rank = m.experts / ep
+    ranks = (ep - 1) * (1.0 - _none_of(m.experts, m.top_k, per_rank))
+    nodes = np.ceil(ep / local)
+    remote = (nodes - 1) * (1.0 - _none_of(m.experts, m.top_k, per_rank * local))
+    return ranks, remote
+
+
 def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, ep: int, cp: int,
-               sequence_parallel: bool, dtype: str, dp=None):
+               sequence_parallel: bool, dtype: str, dp=None, dispatcher: str = "alltoall"):
     """One all-to-all (a dispatch or a combine) of one MoE layer and micro-batch on one rank (module
-    doc). ``dp``: where ep does not divide it the group is folded (ep consecutive ranks); None: inside dp."""
+    doc). ``dp``: where ep does not divide it the group is folded (ep consecutive ranks); None: inside dp.
+    ``dispatcher`` (``plan.MOE_DISPATCHERS``): "alltoall" sends every routed copy pairwise; "deepep" and
+    "hybridep" send each token once per destination rank and node (``dedup_copies``)."""
     msg = moe_acc.a2a_message_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp,
                                     capacity_factor=LOAD_IMBALANCE)
     if ep <= 1:
@@ -207,6 +234,11 @@ def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_bat
     nbw, _ = network.tier_arrays(cluster, near_span)
     bw, lat = network.tier_arrays(cluster, span)
     nbw = np.where(near > 0, nbw, bw)
+    if dispatcher != "alltoall":
+        token = msg / m.top_k  # one copy of every routed token (times the capacity factor)
+        ranks, remote = dedup_copies(m, ep, local)
+        on_links = np.where(near > 0, ranks * token / (nbw * params.link_eff), 0.0)
+        return (ep - 1) * lat + np.maximum(on_links, remote * token / (bw * params.link_eff))
     per_peer = msg / ep
     return (ep - 1) * lat + np.maximum(near * per_peer / (nbw * params.link_eff),
                                        far * per_peer / (bw * params.link_eff))
@@ -247,15 +279,16 @@ def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int
     return dense, experts, n_moe
 
 
-__all__ = ["LOAD_IMBALANCE", "a2a_time_s", "cp_exposed_s", "edp_span", "ep_span", "extended", "fp8_recipe",
-           "folded", "fp8_speedup", "layer_times", "rank_params_split", "stage_kinds"]
+__all__ = ["LOAD_IMBALANCE", "a2a_time_s", "cp_exposed_s", "dedup_copies", "edp_span", "ep_span", "extended",
+           "fp8_recipe", "folded", "fp8_speedup", "layer_times", "rank_params_split", "stage_kinds"]
 
 
 def comm_bytes(plan) -> dict[str, float]:
     """Bytes the busiest rank sends per step, per kind (``accounting.comms.comm_bytes_per_rank``),
     with ep, cp and the expert split: tp and pp messages of s/cp tokens, dp over the dp*cp group plus
-    the experts' reduction over the expert-data-parallel group, the expert all-to-alls ("ep") and the
-    K,V ring ("cp")."""
+    the experts' reduction over the expert-data-parallel group, the expert all-to-alls ("ep": a
+    deduplicating dispatcher sends each routed token once per destination rank, ``dedup_copies``, where
+    the all-to-all sends its top_k copies) and the K,V ring ("cp")."""
     from exatrain.accounting import comms
 
     out = comms.comm_bytes_per_rank(plan)
@@ -285,6 +318,9 @@ def comm_bytes(plan) -> dict[str, float]:
         out[k] = out[k] / plan.cp
     if ep:
         out["ep"] = max(ep)
+        if plan.moe_dispatcher != "alltoall" and plan.ep > 1:
+            ranks, _ = dedup_copies(m, plan.ep, 1)
+            out["ep"] *= float(ranks) / (m.top_k * (plan.ep - 1) / plan.ep)
     if cpb:
         out["cp"] = max(cpb)
     return out

@@ -106,11 +106,12 @@ def recomputed(rec, fwd, attn, dense, *, per_op: bool = False):
 def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                 flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
                 stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
-                fp8: str = "", selective: str = "core_attention") -> StageTimes:
+                fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall") -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
-    the runtime's selective recomputation reruns (``ActivationRules.selective``, see ``recomputed``)."""
+    the runtime's selective recomputation reruns (``ActivationRules.selective``, see ``recomputed``);
+    ``moe_dispatcher``: how MoE tokens reach their experts (``cost.experts.a2a_time_s``)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -150,7 +151,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
     # recompute) and the context-parallel ring's exposed part (cost.experts).
     a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
-                                                               sequence_parallel=s, dtype=dtype, dp=dp),))[0] \
+                                                               sequence_parallel=s, dtype=dtype, dp=dp,
+                                                               dispatcher=moe_dispatcher),))[0] \
         if model.is_moe else 0.0 * L
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1))
@@ -221,8 +223,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
                runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
-               ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None
-               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+               ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
+               moe_dispatcher: str = "alltoall") -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
     holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
@@ -239,7 +241,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
                      zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
                      stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8,
-                     selective=engine.activations.selective)
+                     selective=engine.activations.selective, moe_dispatcher=moe_dispatcher)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -311,7 +313,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
 
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
-                  overlap=overlap)
+                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -329,7 +331,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
                        rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
-                       selective=acts.selective)
+                       selective=acts.selective, moe_dispatcher=plan.moe_dispatcher)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):

@@ -60,7 +60,8 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 shape=TrainShape(int(space.micro_batch[i]), global_batch), zero_stage=int(space.zero[i]),
                 recompute=RECOMPUTE[space.recompute[i]], sequence_parallel=bool(space.sp[i]),
                 schedule=sched if pp > 1 else "1f1b", interleave=v if pp > 1 else 1,
-                dtype=dtype, flash_attention=flash, cluster=cluster.name, fp8=space.options.fp8)
+                dtype=dtype, flash_attention=flash, cluster=cluster.name, fp8=space.options.fp8,
+                moe_dispatcher=space.options.moe_dispatcher)
 
 
 RUNTIMES = ENGINE_NAMES

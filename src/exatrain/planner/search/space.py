@@ -58,6 +58,7 @@ class SpaceOptions:
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
     fp8: str = ""
+    moe_dispatcher: str = "alltoall"  # one dispatcher for every candidate (plan.MOE_DISPATCHERS)
 
 
 @dataclass
