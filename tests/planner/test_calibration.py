@@ -203,8 +203,31 @@ def test_bench_quick_writes_a_calibration_estimate_reads(tmp_path, capsys) -> No
     assert {c["case"] for c in curves["framework"]} == {"dp", "tp", "fsdp", "pp"}
     assert p.tp_layer_overhead_s > 0  # DTensor's host time is never free on a CPU
     assert {"measured_tflops", "model_tflops"} <= set(curves["gemm"][0])
+    # FP8 GEMMs run on the CPU (PyTorch's _scaled_mm kernels): their measured speed is the calibration's
+    assert p.fp8_speedup is not None and p.fp8_speedup > 0
     code, text, err = run(capsys, "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2",
                           "--tp", "2", "--dtype", "float32", "--calibration", str(out), "--json")
     assert code == 0, err
     notes = json.loads(text)["notes"]
     assert any("exatrain bench" in n for n in notes)
+    # a CPU plan with FP8 GEMMs is priced at the measured speed (the catalog has no FP8 peak for a CPU)
+    code, text, err = run(capsys, "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "1",
+                          "--dtype", "bfloat16", "--fp8", "current", "--calibration", str(out), "--json")
+    assert code == 0, err
+
+
+def test_fp8_and_flash2_fits_are_their_ratios() -> None:
+    """fp8_speedup: summed 16-bit over summed FP8 seconds; fa2_attn_ratio: default backend over FA2;
+    a measured fp8_speedup replaces the catalog's peak ratio in the layer time."""
+    from exatrain.catalog import get_cluster
+    from exatrain.planner.cost import calibrate, experts
+
+    pts = [{"m": 16, "n": 16, "k": 16, "seconds_16": 1.0, "seconds_fp8": 0.5},
+           {"m": 32, "n": 32, "k": 32, "seconds_16": 3.0, "seconds_fp8": 1.5}]
+    assert calibrate.fit_fp8(pts) == {"fp8_speedup": pytest.approx(4.0 / 2.0)}
+    assert calibrate.fit_flash2([{"seconds_default": 1.0, "seconds_fa2": 2.0}]) == {"fa2_attn_ratio": 0.5}
+    assert calibrate.fit_fp8([]) == {} and calibrate.fit_flash2([]) == {}
+    h100 = get_cluster("dgx-h100")
+    prior = default_params("h100-sxm")
+    assert experts.fp8_speedup(h100, "bfloat16", prior) == pytest.approx(1978.9 / 989.4)
+    assert experts.fp8_speedup(h100, "bfloat16", prior.replace(fp8_speedup=1.6)) == 1.6

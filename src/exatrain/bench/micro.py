@@ -105,13 +105,50 @@ def gemm_points(opts: BenchOptions) -> list[dict]:
     return out
 
 
+def fp8_supported(opts: BenchOptions) -> bool:
+    """Whether ``torch._scaled_mm`` runs here: PyTorch's CPU kernels, or a CUDA device of compute
+    capability 8.9 or newer (Ada, Hopper, Blackwell: the FP8 tensor cores)."""
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return False
+    if opts.device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+    return opts.device == "cpu"
+
+
+def fp8_gemm_points(opts: BenchOptions) -> list[dict]:
+    """The same GEMM shapes as ``gemm_points`` (rounded up to multiples of 16, which the CUDA kernel
+    needs; at most 8, or 2 when quick), each timed twice: in the bench's dtype (``seconds_16``, torch.mm)
+    and with FP8 operands (``seconds_fp8``: ``torch._scaled_mm`` on E4M3 copies with per-tensor scales,
+    the call trainer/fp8.py makes, into the bench's dtype). The cast is outside the timing: the cost
+    model prices it as element-wise work. [] where FP8 GEMMs do not run (``fp8_supported``)."""
+    if not fp8_supported(opts):
+        return []
+    from exatrain.trainer.fp8 import E4M3, to_fp8
+
+    dev, dt = opts.device, opts.torch_dtype
+    up = lambda d: -(-d // 16) * 16  # noqa: E731
+    shapes = sorted({(up(m), up(n), up(k)) for m, n, k in model_shapes(opts)}, key=lambda s: s[0] * s[1] * s[2])
+    step = max(1, len(shapes) // (2 if opts.quick else 8))
+    out = []
+    for m, n, k in shapes[::step][:2 if opts.quick else 8]:
+        a = torch.randn(m, k, device=dev, dtype=dt)
+        w = torch.randn(n, k, device=dev, dtype=dt)
+        a8, inv_a = to_fp8(a, E4M3)
+        w8, inv_w = to_fp8(w, E4M3)
+        wt = w.t().contiguous()
+        t16 = time_call(lambda: torch.mm(a, wt), opts)
+        t8 = time_call(lambda: torch._scaled_mm(a8, w8.t(), scale_a=inv_a, scale_b=inv_w, out_dtype=dt), opts)
+        out.append({"m": m, "n": n, "k": k, "seconds_16": t16, "seconds_fp8": t8})
+    return out
+
+
 # ---- attention --------------------------------------------------------------------------------------
 def attention_cases(opts: BenchOptions) -> list[tuple[int, int, int, int]]:
     """(batch, heads, seq, head_dim) of the models' attention, flash (SDPA) forward + backward."""
     if opts.device == "cpu":
         cases = [(1, 4, 64, 16), (4, 4, 64, 16), (1, 6, 128, 32), (4, 6, 128, 32)]
         return cases[:2] if opts.quick else cases
-    cases = [(4, 16, 2048, 128), (8, 32, 2048, 128), (1, 32, 4096, 128)]
+    cases = [(4, 16, 2048, 128), (8, 32, 2048, 128), (1, 32, 4096, 128), (2, 32, 8192, 128)]
     return cases[:1] if opts.quick else cases
 
 
@@ -132,6 +169,32 @@ def attention_points(opts: BenchOptions) -> list[dict]:
         flops = 3.5 * 4.0 * b * s * s * nh * d
         out.append({"batch": b, "heads": nh, "seq": s, "head_dim": d, "seconds": t, "flops": flops})
     return out
+
+
+def flash2_points(opts: BenchOptions) -> list[dict]:
+    """On a CUDA device: the largest attention case timed again with SDPA held to its FlashAttention-2
+    backend (``SDPBackend.FLASH_ATTENTION``), beside the default backend's time (which torch 2.11 and newer
+    run on cuDNN's kernel on Hopper): what ``fa2_attn_ratio`` is fitted from. [] on the CPU, or where the
+    backend refuses the shape."""
+    if opts.device != "cuda":
+        return []
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, nh, s, d = attention_cases(opts)[-1]
+    q, k, v = (torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype)
+
+    def step() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+    default = time_call(step, opts)
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            fa2 = time_call(step, opts)
+    except RuntimeError:
+        return []
+    return [{"batch": b, "heads": nh, "seq": s, "head_dim": d, "seconds_default": default, "seconds_fa2": fa2}]
 
 
 # ---- memory bandwidth and per-kernel overhead ---------------------------------------------------------
@@ -256,5 +319,6 @@ def machine() -> dict:
     return d
 
 
-__all__ = ["BenchOptions", "attention_points", "bandwidth_points", "gemm_points", "layer_points", "machine",
+__all__ = ["BenchOptions", "attention_points", "bandwidth_points", "flash2_points", "fp8_gemm_points", "fp8_supported",
+           "gemm_points", "layer_points", "machine",
            "model_shapes", "overhead_points", "step_overhead_s", "time_call"]

@@ -190,6 +190,23 @@ def fit_attention(points: Sequence[dict], peak: float) -> dict:
     return {"attn_eff": eff, "attn_seq_half": s_half, "attn_call_overhead_s": call, "curve": curve}
 
 
+def fit_fp8(points: Sequence[dict]) -> dict:
+    """fp8_speedup: the training dtype's GEMM seconds over the FP8 GEMM seconds of the same shapes,
+    summed (``bench.micro.fp8_gemm_points``; the larger shapes weigh most). {} without points."""
+    if not points:
+        return {}
+    return {"fp8_speedup": float(sum(p["seconds_16"] for p in points) / sum(p["seconds_fp8"] for p in points))}
+
+
+def fit_flash2(points: Sequence[dict]) -> dict:
+    """fa2_attn_ratio: the default SDPA backend's seconds over FlashAttention-2's at the same shape
+    (``bench.micro.flash2_points``): FA2's rate relative to the kernel the attention fit describes
+    (1 where the default is FA2 itself, as on torch before 2.11). {} without points."""
+    if not points:
+        return {}
+    return {"fa2_attn_ratio": float(sum(p["seconds_default"] for p in points) / sum(p["seconds_fa2"] for p in points))}
+
+
 # Element-wise bytes (read + written) per token of a GPT layer's forward, by kernel: two norms (4h),
 # two residual additions (6h), the MLP activation (8h with ffn = 4h). The bandwidth the cost model
 # uses for element-wise work is this mix's: some kernels stream at copy speed, others (GELU's
@@ -352,6 +369,8 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     memory = fit_memory(raw.get("bandwidth", []), op_over)
     fields = {k: v for k, v in gemm.items() if k != "curve"}
     fields.update({k: v for k, v in attention.items() if k != "curve"})
+    fields.update(fit_fp8(raw.get("fp8_gemm", [])))
+    fields.update(fit_flash2(raw.get("attention_fa2", [])))
     fields.update({k: v for k, v in memory.items() if k not in ("curve", "layer_mix_bytes_per_s")})
     layer = fit_layer_overhead(raw.get("layers", []), base.replace(**fields), peak)
     fields.update({k: v for k, v in layer.items() if k != "curve"})
@@ -447,5 +466,5 @@ def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str
                   predicted_after=tuple(after.tolist()))
 
 
-__all__ = ["RUN_FACTORS", "RunFit", "RunPoint", "calibration_from_bench", "error_stats", "fit_attention",
+__all__ = ["RUN_FACTORS", "RunFit", "RunPoint", "calibration_from_bench", "error_stats", "fit_attention", "fit_flash2", "fit_fp8",
            "fit_gemm", "fit_link", "fit_memory", "fit_runs", "levenberg_marquardt", "nelder_mead", "predict_runs"]

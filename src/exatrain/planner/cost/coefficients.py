@@ -40,6 +40,9 @@ class CostParams:
     attn_call_overhead_s: float = 0.0
     # FlashAttention-2's rate relative to that kernel, for runs that get FA2 instead (1: it is the kernel)
     fa2_attn_ratio: float = 1.0
+    # measured speed of FP8 GEMMs over the training dtype's (``exatrain bench``); None: the catalog's
+    # FP8 peak over the dtype's peak, at the same efficiency (cost.experts.fp8_speedup)
+    fp8_speedup: float | None = None
     mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels
     link_eff: float = 0.75  # fraction of link bandwidth reached by collectives (algorithm bw)
     # Fixed time per collective call beyond its per-hop latency: the library's launch and protocol
@@ -71,7 +74,7 @@ class CostParams:
             v = getattr(out, f.name)
             if f.name == "source":
                 continue
-            if v is None and f.name in ("peak_flops", "mem_bytes_per_s"):
+            if v is None and f.name in ("peak_flops", "mem_bytes_per_s", "fp8_speedup"):
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise UserError(f"{source}: {f.name} must be a non-negative number, got {v!r}")

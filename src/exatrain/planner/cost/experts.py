@@ -73,8 +73,12 @@ def fp8_recipe(fp8: str) -> Fp8Recipe | None:
     return Fp8Recipe(scaling=fp8) if fp8 else None
 
 
-def fp8_speedup(cluster: ClusterSpec, dtype: str) -> float:
-    """The device's FP8 peak over its ``dtype`` peak (catalog data-sheet figures)."""
+def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = None) -> float:
+    """How much faster an FP8 GEMM runs than a ``dtype`` one: what ``exatrain bench`` measured
+    (``params.fp8_speedup``), else the device's FP8 peak over its ``dtype`` peak (catalog data-sheet
+    figures, the same fraction of each)."""
+    if params is not None and params.fp8_speedup is not None:
+        return float(params.fp8_speedup)
     fast, base = cluster.device.peak_flops("float8"), cluster.device.peak_flops(dtype)
     if not fast or not base:
         raise UserError(f"device {cluster.device.name!r} has no FP8 peak in the catalog: --fp8 needs one "

@@ -119,7 +119,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
 
     n_dense, n_moe = (x[None, :] for x in experts.stage_kinds(model, stage_layers))
     kinds = ((False, n_dense), (True, n_moe)) if model.is_moe else ((False, n_dense),)
-    speedup = experts.fp8_speedup(cluster, dtype) if fp8 else 1.0
+    speedup = experts.fp8_speedup(cluster, dtype, cp) if fp8 else 1.0
     bl = b / cp_size if cp_size > 1 else b  # a rank's share of each sequence, as micro-batch: s/cp tokens
 
     def layer(s: bool):
