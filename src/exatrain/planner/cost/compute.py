@@ -4,8 +4,10 @@
   prod_d d/(d + gemm_dim_half)) + gemm_overhead_s per call — large GEMMs run near a device's
   practical peak, thin ones (a small head_dim, a small tp shard) and short ones fall off it.
   Backward runs two GEMMs of the forward's size (input and weight gradient).
-* Fused (flash) attention at attn_eff of peak; its backward costs 2.5x its forward (FlashAttention-2,
-  Dao 2023, Sec. 3.2: five matmuls against two, minus the causal skip both share).
+* Fused (flash) attention (``flash_attention_s``): attn_eff of peak, falling off at short key lengths
+  (attn_seq_half), plus a fixed time per call; its backward costs 2.5x its forward (FlashAttention-2,
+  Dao 2023, Sec. 3.2: five matmuls against two, minus the causal skip both share). Which kernel runs
+  (cuDNN's, FlashAttention-2's) is the runtime's (``with_attention_kernel``).
 * Element-wise kernels (norms, activation, residual adds, softmax without flash, rotary, loss) are
   memory-bound: bytes / (memory bandwidth * mem_eff); backward moves about twice the forward's bytes.
   Byte counts assume Megatron-style fused kernels (bias-GELU, bias-dropout-add, scale-mask-softmax).
