@@ -128,6 +128,10 @@ def test_attention_kernels_by_engine():
     # through the estimate: the same H100 plan's attention costs more under Megatron-DeepSpeed's kernel
     fa2, fused = (_h100_compute(rt, zero=1, recompute="none") for rt in ("megatron-deepspeed", "megatron-core"))
     assert fa2 > fused * 1.1
+    plan = make_plan(model="llama3-8b", cluster="dgx-h100", gpus=8, micro_batch=1, global_batch=8, zero=1,
+                     runtime="megatron-deepspeed")
+    assert any(n.startswith("attention kernel: fa2 (--use-flash-attn-v2")
+               for n in estimate_plan(plan, get_cluster("dgx-h100")).notes)
     # A100's prior is FlashAttention-2's own: no kernel changes it
     assert default_params("a100-80gb").fa2_attn_ratio == 1.0
 

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import DTYPES, RECOMPUTE, SCHEDULES
+from exatrain.plan import DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 
@@ -120,9 +120,9 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--ep", positive_int, None, "expert-parallel degree, inside dp (MoE models; default 1; search: explored)"),
     ("--cp", positive_int, None, "context-parallel degree, adds ranks: gpus = tp*cp*pp*dp (default 1; search: "
      "explored from 8k-token sequences)"),
-    ("--fp8", None, ("delayed", "current", "block", "mxfp8"), "run the linear layers' GEMMs in FP8 with this "
+    ("--fp8", None, FP8_RECIPES, "run the linear layers' GEMMs in FP8 with this "
      "scaling recipe (default: none)"),
-    ("--moe-dispatcher", None, ("alltoall", "deepep", "hybridep"), "how MoE tokens reach their experts: alltoall "
+    ("--moe-dispatcher", None, MOE_DISPATCHERS, "how MoE tokens reach their experts: alltoall "
      "(every routed copy; default) or Megatron-Core's flex dispatcher with DeepEP / HybridEP (once per "
      "destination rank and node)"),
 )

@@ -58,6 +58,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         + (f", dropout {plan.model.dropout:g}" if plan.model.dropout else ", no dropout")
         + (", flash attention" if plan.flash_attention else ", attention scores stored"),
     )
+    if plan.flash_attention:
+        acts = engine.activations
+        notes += (f"attention kernel: {acts.flash_kernel} ({acts.flash_kernel_source}; cost.compute.with_attention_kernel)",)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]
