@@ -17,7 +17,7 @@ from exatrain.errors import UserError
 from exatrain.plan import Plan
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.overlap import engine_collectives, exposed, overlap_rules
-from exatrain.planner.cost.step import TIME_FIELDS, tp_collective_time_s
+from exatrain.planner.cost.step import TIME_FIELDS, tp_collective_time_s, tp_overlap_exposed
 from exatrain.planner.evaluate import evaluate
 from exatrain.planner.search.batch import layouts_of
 from exatrain.planner.search.space import enumerate_space
@@ -70,6 +70,37 @@ def test_tp_overlap_hides_tp_comm_behind_gemms_only_with_sequence_parallelism() 
     # megatron-deepspeed has no TP overlap: its TP time is the same with every overlap on
     kw = dict(tp=8, sequence_parallel=True, runtime="megatron-deepspeed")
     assert _estimate(overlap="all", **kw).estimate.time_s.tp_comm == _estimate(overlap="none", **kw).estimate.time_s.tp_comm
+
+
+def test_decomposed_tp_overlap_hides_each_collective_behind_its_own_gemm() -> None:
+    """The closed form of a collective cut into tp chunks pipelined with the GEMM beside it: all of
+    it hidden while the GEMM's (tp-1)/tp is longer, else the rest exposed; the backward pairs each
+    transpose with twice the forward GEMM (input and weight gradients). (Broken on purpose: without
+    the (tp-1)/tp share, and with the backward paired with the forward GEMM only, this failed.)"""
+    tp = np.array([4])
+    ag, rs = np.array([1.0]), np.array([2.0])
+    g = (np.array([0.8]), np.array([1.0]), np.array([8.0]), np.array([8.0]))  # qkv, proj, fc1, fc2
+    fwd, bwd = tp_overlap_exposed(ag, rs, tp, g, mlp=True)
+    # forward: ag - 0.6 (qkv) + rs - 0.75 (proj); the MLP's GEMMs hide theirs
+    assert fwd[0] == pytest.approx(0.4 + 1.25)
+    # backward: rs beside 2 x qkv (1.2) and ag beside 2 x proj (1.5)
+    assert bwd[0] == pytest.approx(0.8 + 0.0)
+    attn_only = tp_overlap_exposed(ag, rs, tp, (g[0], g[1], np.array([0.0]), np.array([0.0])), mlp=False)
+    assert attn_only[0][0] == pytest.approx(fwd[0])
+    # a tp-1 group has nothing to send
+    assert tp_overlap_exposed(0 * ag, 0 * rs, np.array([1]), g, mlp=True)[0][0] == 0.0
+
+
+def test_tp_overlap_exposes_what_a_small_projection_cannot_hide() -> None:
+    """Llama 3 8B at tp 8 with sequence parallelism on a DGX H100 (the torchtitan async-TP case): the
+    layer's GEMMs together outlast its TP collectives, yet the output projection's reduce-scatter is
+    longer than the projection, so part of it stays exposed; still less than with no overlap, and
+    compute unchanged. (Broken on purpose: the old pooled rule, every collective behind all of the
+    layer's GEMMs, priced tp_comm 0 here and this failed.)"""
+    kw = dict(tp=8, pp=1, sequence_parallel=True, runtime="torchtitan", micro_batch=4)
+    on, off = _estimate(overlap="all", **kw).estimate, _estimate(overlap="none", **kw).estimate
+    assert 0 < on.time_s.tp_comm < off.time_s.tp_comm
+    assert on.time_s.compute == off.time_s.compute and on.time_s.step >= on.time_s.compute
 
 
 def test_expert_all_to_all_overlap_hides_it_behind_moe_compute_only() -> None:

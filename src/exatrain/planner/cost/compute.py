@@ -125,6 +125,22 @@ class LayerTimes:
     recompute: object  # extra forward work done inside backward
     attention_core_fwd: object  # the part selective recomputation repeats
     dense_gemm_fwd: object = 0.0  # the dense (weight) GEMMs of the forward; backward's weight gradient equals it
+    # forward seconds of the GEMMs next to each sequence-parallel TP collective (``tp_paired_s``)
+    tp_gemms_fwd: tuple = (0.0, 0.0, 0.0, 0.0)
+
+
+# The GEMMs a sequence-parallel layer's four TP collectives feed or drain, in the layer's order:
+# the attention input's all-gather feeds the projections that read the layer input (qkv; MLA's q
+# and kv down-projections, or q), the output projection's reduce-scatter drains ``proj``, the MLP
+# input's all-gather feeds ``fc1`` and the MLP output's reduce-scatter drains ``fc2`` (a MoE layer:
+# its shared experts'). A decomposed (overlapped) collective runs beside these GEMMs only.
+TP_PAIRS = (("qkv", "q", "q_down", "kv_down"), ("proj",), ("fc1", "shared_fc1"), ("fc2", "shared_fc2"))
+
+
+def tp_paired_s(gemms, time_of) -> tuple:
+    """Forward seconds of the GEMMs paired with each of the four TP collectives (``TP_PAIRS``);
+    ``time_of(g)``: one GEMM's seconds at the rate it runs (FP8 or not)."""
+    return tuple(sum((time_of(g) for g in gemms if g.name in names), 0.0) for names in TP_PAIRS)
 
 
 def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
@@ -167,7 +183,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
         extra = attn_fwd
     else:
         extra = 0.0 * fwd
-    return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd, dense_gemm_fwd=gemm_fwd)
+    return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd, dense_gemm_fwd=gemm_fwd,
+                      tp_gemms_fwd=tp_paired_s(dense, lambda g: gemm_time_s(g, dev)))
 
 
 def framework_layer_s(dev: Device, tp, dp, zero_stage: int):

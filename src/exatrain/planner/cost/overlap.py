@@ -14,7 +14,12 @@ The planner predicts a plan as run by one engine (``Plan.runtime``, a profile of
     userbuffers; torchtitan async TP: both split the sequence-parallel all-gather /
     reduce-scatter into chunks pipelined with the GEMM that consumes / produces them, so they need
     sequence parallelism: megatron/training/arguments.py refuses --tp-comm-overlap without
-    --sequence-parallel; torch/distributed/_symmetric_memory fused_all_gather_matmul);
+    --sequence-parallel; torch/distributed/_symmetric_memory fused_all_gather_matmul). Each
+    collective runs beside the GEMM it feeds or drains only (the attention input's all-gather
+    beside the input projections, the reduce-scatter beside the output projection, the MLP's beside
+    fc1 / fc2), cut into tp chunks, so one chunk of the GEMM has nothing to hide
+    (``cost.step.tp_overlap_exposed``): a small projection leaves part of its collective exposed
+    even where the layer's GEMMs together outlast its communication;
   - ``dp_grad_reduce``: the backward of the remaining layers of the last micro-batch (bucketed
     reduction launched as buckets fill: Megatron-Core distributed_data_parallel_config.py
     overlap_grad_reduce, DeepSpeed zero overlap_comm, torch DDP/FSDP2);

@@ -69,14 +69,43 @@ class StageTimes:
         return self.bwd + self.tp_bwd + self.ext_bwd
 
 
+def tp_sp_collectives_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes):
+    """(all-gather, reduce-scatter) seconds of a sequence-parallel TP collective on b*s*h over the tp
+    group's tier (0 where tp is 1); arrays allowed."""
+    bw, lat = network.tier_arrays(cluster, network.tp_span(tp))
+    on = np.asarray(tp) > 1
+    return tuple(np.where(on, network.collective_time_s(kind, tp, message_bytes, bw, lat, cp), 0.0)
+                 for kind in ("all_gather", "reduce_scatter"))
+
+
 def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel):
     """One forward-or-backward TP collective on b*s*h (an all-reduce, or with sequence parallelism
     an all-gather + reduce-scatter pair) over the tp group's tier; arrays allowed."""
     bw, lat = network.tier_arrays(cluster, network.tp_span(tp))
     ar = network.collective_time_s("all_reduce", tp, message_bytes, bw, lat, cp)
-    sp = (network.collective_time_s("all_gather", tp, message_bytes, bw, lat, cp)
-          + network.collective_time_s("reduce_scatter", tp, message_bytes, bw, lat, cp))
-    return np.where(np.asarray(tp) > 1, np.where(sequence_parallel, sp, ar), 0.0)
+    ag, rs = tp_sp_collectives_s(cluster, cp, tp, message_bytes)
+    return np.where(np.asarray(tp) > 1, np.where(sequence_parallel, ag + rs, ar), 0.0)
+
+
+def tp_overlap_exposed(ag, rs, tp, gemms_fwd, *, mlp: bool):
+    """(forward, backward) TP seconds a layer leaves exposed when its runtime decomposes each
+    sequence-parallel collective into tp chunks pipelined with the GEMMs next to it (``cost.overlap``
+    ``tp``; ``compute.TP_PAIRS``: ``gemms_fwd`` are their forward seconds). Chunk i of the GEMM waits
+    for chunk i of the collective (or the other way round), so of the collective's ``c`` seconds and
+    the GEMM's ``g`` the pipeline hides all but ``max(0, c - g (tp-1)/tp)``: one chunk of the GEMM
+    has no transfer beside it. The forward pairs the attention input's all-gather with the input
+    projections, the reduce-scatter with ``proj``, and the MLP's with ``fc1`` / ``fc2``; the backward
+    runs each one's transpose (a reduce-scatter of the input gradient, an all-gather of the output
+    gradient) beside the same GEMMs' input- and weight-gradient passes, twice the forward's time.
+    ``mlp``: the layer has the MLP pair (dense layers, MoE layers with shared experts)."""
+    share = (np.asarray(tp, dtype=float) - 1) / np.maximum(np.asarray(tp, dtype=float), 1)
+    g_in, g_proj, g_fc1, g_fc2 = gemms_fwd
+    fwd = exposed(ag, share * g_in) + exposed(rs, share * g_proj)
+    bwd = exposed(rs, 2 * share * g_in) + exposed(ag, 2 * share * g_proj)
+    if mlp:
+        fwd = fwd + exposed(ag, share * g_fc1) + exposed(rs, share * g_fc2)
+        bwd = bwd + exposed(rs, 2 * share * g_fc1) + exposed(ag, 2 * share * g_fc2)
+    return fwd, bwd
 
 
 def _pick(sequence_parallel, fn):
@@ -122,20 +151,26 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     speedup = experts.fp8_speedup(cluster, dtype, cp) if fp8 else 1.0
     bl = b / cp_size if cp_size > 1 else b  # a rank's share of each sequence, as micro-batch: s/cp tokens
 
+    message = bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype]
+    ag, rs = tp_sp_collectives_s(cluster, cp, tp, message)
+
     def layer(s: bool):
-        sums = [0.0] * 5  # per stage: forward, backward, attention core, forward weight GEMMs, MoE layers' f+b
+        # per stage: forward, backward, attention core, forward weight GEMMs, MoE layers' f+b, and the
+        # TP seconds forward and backward a decomposing overlap leaves exposed (tp_overlap_exposed)
+        sums = [0.0] * 7
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
                                      dtype=dtype, dev=dev, fp8=fp8, speedup=speedup)
+            left = tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts))
             sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
-                                                     (lt.fwd + lt.bwd) if moe else 0.0))]
+                                                     (lt.fwd + lt.bwd) if moe else 0.0, *left))]
         return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
                 *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev))
 
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
-    fwd_l, bwd_l, attn_l, dense, moe_fb, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
+    fwd_l, bwd_l, attn_l, dense, moe_fb, tp_left_f, tp_left_b, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
     again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe)
-    tp_one = tp_collective_time_s(cluster, cp, tp, bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype], sp)
+    tp_one = tp_collective_time_s(cluster, cp, tp, message, sp)
     # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward;
     # a MoE layer under sequence parallelism: the attention's and the shared experts' only (comms).
     moe_f = (1 + (1 if model.shared_experts else 0)) if model.is_moe else 2
@@ -172,11 +207,11 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     tp_b = tp_b + last * tp_one  # head input-gradient all-reduce
     tp_all = tp_f + tp_b
     if rules is not None and rules.tp:
-        # TP comm overlap (sequence parallel only, cost.overlap): hidden behind the layers' weight GEMMs,
-        # forward (dense) and backward (input and weight gradients, 2 dense, + the recomputed forward's).
-        gemm_b = L * dense * np.where(rec == _FULL, 3, 2)
-        tp_f = np.where(sp, exposed(tp_f, L * dense), tp_f)
-        tp_b = np.where(sp, exposed(tp_b, gemm_b), tp_b)
+        # TP comm overlap (sequence parallel only, cost.overlap): each layer collective decomposed beside
+        # the GEMMs next to it (tp_overlap_exposed), the recomputed forward's again under full
+        # recomputation; the embedding's and the head's collectives stay exposed.
+        tp_f = np.where(sp, tp_left_f + first * tp_one, tp_f)
+        tp_b = np.where(sp, tp_left_b + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one, tp_b)
     if pp > 1:
         msg = bl[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
         bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]))
