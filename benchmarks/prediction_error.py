@@ -74,6 +74,7 @@ PRIOR_CHOSEN_ON = {"a100-80gb": (NARAYANAN, KORTHIKANTI), "mi250x-gcd": (DASH,),
 REFIT = {"h100-sxm-500w": (("clock_factor",), "h100-sxm")}
 MAX_FACTORS = 3  # factors refitted per held-out source (gemm_eff, step_overhead_s, mem_eff): keeps the run short
 GIB = 2.0 ** 30
+FLAGGED = "flagged by its source: "  # a row whose ``source_flag`` says the figure measures an engine defect
 
 
 @dataclass
@@ -195,6 +196,10 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row.traits = [t for t, on in (("FP8", dtype.startswith("fp8")), ("context parallel", _int(r["cp"], 1) > 1),
                                       ("MoE", r["kind"] == "moe")) if on]
         row.measured_s, row.measured_from = _measured_step_s(r, model, cluster.device.peak_flops("bfloat16"))
+        if r.get("source_flag", "").strip():
+            # the source itself says the figure measures a defect of its engine (data README)
+            row.not_priced = f"{FLAGGED}{r['source_flag'].strip()}"
+            continue
         if missing:
             row.not_priced = f"the source does not state {', '.join(missing)}" + (
                 f" (and: {', '.join(row.traits)})" if row.traits else "")
@@ -439,8 +444,11 @@ def markdown(t: dict) -> str:
 def not_priced_summary(rows: list[Row]) -> str:
     """Why rows are not priced, counted (a row can have several reasons)."""
     out = [r for r in rows if r.not_priced]
-    counts = {"unstated shape/layout/recompute": sum(r.not_priced.startswith("the source") for r in out),
-              "refused by the planner": sum(not r.not_priced.startswith("the source") for r in out)}
+    flagged = [r for r in out if r.not_priced.startswith(FLAGGED)]
+    rest = [r for r in out if r not in flagged]
+    counts = {"unstated shape/layout/recompute": sum(r.not_priced.startswith("the source") for r in rest),
+              "flagged as a defect by the source": len(flagged),
+              "refused by the planner": sum(not r.not_priced.startswith("the source") for r in rest)}
     for trait in ("FP8", "context parallel", "MoE"):
         counts[trait] = sum(trait in r.traits for r in out)
     return (f"not priced: {len(out)} of {len(rows)} rows — " + ", ".join(f"{k} {v}" for k, v in counts.items())

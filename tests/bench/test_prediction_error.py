@@ -23,7 +23,8 @@ def pe():
 
 def _subset(tmp_path: Path, pe, scale_narayanan: float = 1.0) -> Path:
     """Small A100 rows of two in-sample sources and one other, an FP8 row, a row missing its
-    micro-batch and an FP8 one missing its recompute; Narayanan's throughputs scaled by ``scale_narayanan``."""
+    micro-batch, an FP8 one missing its recompute and one its source flags as a defect; Narayanan's
+    throughputs scaled by ``scale_narayanan``."""
     rows = list(csv.DictReader(pe.CSV_PATH.open(encoding="utf-8")))
     keep = []
     for r in rows:
@@ -35,6 +36,7 @@ def _subset(tmp_path: Path, pe, scale_narayanan: float = 1.0) -> Path:
     keep.append(next(dict(r) for r in rows if r["dtype"] == "fp8" and r["engine"] == "torchtitan"))
     keep.append(next(dict(r) for r in rows if r["model"].startswith("MT-NLG")))
     keep.append(next(dict(r) for r in rows if r["model"].startswith("Nemotron-22B")))
+    keep.append(next(dict(r) for r in rows if r["source_flag"]))
     for r in keep:
         if r["url"] == NARAYANAN:
             r["throughput"] = f"{float(r['throughput']) * scale_narayanan:g}"
@@ -77,9 +79,14 @@ def test_rows_not_priced_are_counted_and_listed(pe, base) -> None:
     assert fp8 and all(not r.not_priced and r.prior_s > 0 for r in fp8)  # FP8 GEMMs are priced
     assert any("micro_batch" in r.not_priced for r in refused)
     assert any("recompute" in r.not_priced and "FP8" in r.not_priced for r in refused)  # the missing field, then the traits
-    assert table["cells"]["all/all"]["not_priced"] == len(refused) == 2
+    # a figure its source flags as an engine defect is listed with the flag, never priced
+    flagged = [r for r in refused if r.not_priced.startswith(pe.FLAGGED)]
+    assert len(flagged) == 1 and "torchtitan#1207" in flagged[0].not_priced
+    assert flagged[0].prior_s is None and flagged[0].oos_s is None
+    assert "flagged as a defect by the source 1" in pe.not_priced_summary(rows)
+    assert table["cells"]["all/all"]["not_priced"] == len(refused) == 3
     assert table["cells"]["all/all"]["rows"] == len(rows)
-    assert sum(1 for r in table["rows"] if r["not_priced"]) == 2
+    assert sum(1 for r in table["rows"] if r["not_priced"]) == 3
     md = pe.markdown(table)
     assert "| megatron-core | A100 |" in md and "| all | all |" in md
 

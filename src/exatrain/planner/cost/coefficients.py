@@ -113,7 +113,7 @@ DEFAULTS: dict[str, CostParams] = {
     # benchmark pages: `python benchmarks/prediction_error.py --fit-prior h100-sxm-500w`); no other
     # engine's runs exist on it, so the factor holds torchtitan's own losses too (RESULTS.md).
     "h100-sxm-500w": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
-                                link_eff=0.75, collective_overhead_s=_NCCL_BASE_S, clock_factor=0.5894,
+                                link_eff=0.75, collective_overhead_s=_NCCL_BASE_S, clock_factor=0.6178,
                                 source="prior (clock fitted to torchtitan's runs)"),
     "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
                          link_eff=0.65, collective_overhead_s=_RCCL_BASE_S, source="prior"),
