@@ -71,7 +71,7 @@ PRIOR_CHOSEN_ON = {"a100-80gb": (NARAYANAN, KORTHIKANTI), "mi250x-gcd": (DASH,),
 # What a held-out source's refit fits, and from which parameters: the A100 and MI250X priors' free
 # factors from the generic CostParams(); the 500 W H100's one clock factor from the H100 prior (its
 # micro-benchmarked kernels, at the clock a 500 W limit leaves: the only thing that part's prior adds).
-REFIT = {"h100-sxm-500w": (("clock_factor",), "h100-sxm")}
+REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm")}
 MAX_FACTORS = 3  # factors refitted per held-out source (gemm_eff, step_overhead_s, mem_eff): keeps the run short
 GIB = 2.0 ** 30
 FLAGGED = "flagged by its source: "  # a row whose ``source_flag`` says the figure measures an engine defect
@@ -323,10 +323,17 @@ def price(rows: list[Row]) -> None:
             row.memory_pred_gib = _predicted_memory_gib(row)
 
 
+# Factors whose prior default is None (the data sheet's value): where a refit starts them.
+_FROM_DATA_SHEET = {"fp8_speedup": lambda d: d.peak_flops("float8") / d.peak_flops("bfloat16")}
+
+
 def refit_spec(device: str) -> tuple[tuple[str, ...] | None, CostParams]:
     """(the factors a refit for ``device`` fits, None: the first of RUN_FACTORS; the parameters it starts from)."""
     factors, base = REFIT.get(device, (None, None))
-    return factors, default_params(base) if base else CostParams()
+    if not base:
+        return factors, CostParams()
+    # a fitted factor starts from the data sheet, never from the shipped value fitted on these runs
+    return factors, default_params(base).replace(**{f: None for f in factors or () if f in _FROM_DATA_SHEET})
 
 
 def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
@@ -335,7 +342,9 @@ def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
     estimate itself (calibrate.fit_runs' objective: squared log error, a light pull to the start);
     ``factors``: which (default: the first of RUN_FACTORS, at most MAX_FACTORS and half the runs)."""
     factors = factors or RUN_FACTORS[:max(1, min(MAX_FACTORS, len(train) // 2))]
-    x0 = np.log([max(getattr(base, f), 1e-9) for f in factors])
+    device = train[0].cluster.device
+    x0 = np.log([max(_FROM_DATA_SHEET[f](device) if getattr(base, f) is None else getattr(base, f), 1e-9)
+                 for f in factors])
     log_measured = np.log([r.measured_s for r in train])
 
     def params_at(x: np.ndarray) -> CostParams:

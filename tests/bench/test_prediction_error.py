@@ -123,7 +123,7 @@ def test_published_qwen3_235b_rows_with_ep_wider_than_dp_are_priced(pe) -> None:
 
 
 def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe) -> None:
-    """The 500 W H100's shipped clock factor is the fit on all its published runs (--fit-prior); a
+    """The 500 W H100's shipped clock factor and FP8 speed-up are the fit on all its published runs (--fit-prior); a
     held-out torchtitan page is predicted from the other pages' fit, which differs from the shipped one;
     the SDPA runs of torch before 2.11 get FlashAttention-2's rate, and only those."""
     from exatrain.planner.cost.coefficients import default_params
@@ -133,6 +133,11 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     shipped = default_params("h100-sxm-500w")
     fitted = pe.fit_prior(rows, "h100-sxm-500w")
     assert shipped.clock_factor == pytest.approx(fitted.clock_factor, rel=2e-3)
+    # the FP8 speed-up is fitted with it, and shipped to every Hopper prior (the DGX H100 rows never enter the fit)
+    assert shipped.fp8_speedup == pytest.approx(fitted.fp8_speedup, rel=2e-3) and fitted.fp8_speedup < 2.0
+    assert default_params("h200-sxm").fp8_speedup == shipped.fp8_speedup
+    # a held-out page's refit starts from the data sheet's ratio, not from the shipped fit
+    assert pe.refit_spec("h100-sxm-500w")[1].fp8_speedup is None
     assert shipped.replace(clock_factor=1.0, source="") == default_params("h100-sxm").replace(source="")
     pe.out_of_sample(rows)
     teton = [r for r in rows if r.cluster.device.name == "h100-sxm-500w" and r.oos_s is not None]

@@ -74,9 +74,9 @@ def fp8_recipe(fp8: str) -> Fp8Recipe | None:
 
 
 def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = None) -> float:
-    """How much faster an FP8 GEMM runs than a ``dtype`` one: what ``exatrain bench`` measured
-    (``params.fp8_speedup``), else the device's FP8 peak over its ``dtype`` peak (catalog data-sheet
-    figures, the same fraction of each)."""
+    """How much faster an FP8 GEMM runs than a ``dtype`` one: ``params.fp8_speedup`` (what ``exatrain
+    bench`` measured, or the device prior's fitted ratio: Hopper's, coefficients.DEFAULTS), else the
+    device's FP8 peak over its ``dtype`` peak (catalog data-sheet figures, the same fraction of each)."""
     if params is not None and params.fp8_speedup is not None:
         return float(params.fp8_speedup)
     fast, base = cluster.device.peak_flops("float8"), cluster.device.peak_flops(dtype)
