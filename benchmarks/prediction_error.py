@@ -8,16 +8,19 @@ evaluation path (``planner.estimate.estimate_plan``), so a runtime-aware cost mo
 Leave one source out. The only thing the cost model takes from data is its per-device coefficients
 (planner/cost/coefficients.py):
   * the A100 and MI250X priors were chosen by hand against the rows of the catalog's calibration
-    table (Narayanan 2021, Korthikanti 2022, Dash 2023), and the 500 W H100's clock factor was fitted
-    to torchtitan's three benchmark pages (``PRIOR_CHOSEN_ON``; ``--fit-prior``). Rows of those
-    sources are predicted by coefficients refitted without them (``REFIT``: the calibrate machinery's
-    factors, ``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``, from the generic ``CostParams()``, or
-    the 500 W part's clock factor from the H100 prior; Levenberg-Marquardt on the log step time) on
-    the same device's rows of every *other* source; the shipped prior's error on them is printed
-    apart, as in-sample;
+    table (Narayanan 2021, Korthikanti 2022, Dash 2023), and the 500 W H100's clock factor and the
+    Hopper FP8 speed-up were fitted to torchtitan's three benchmark pages (``PRIOR_CHOSEN_ON``;
+    ``--fit-prior``). Rows of those sources are predicted by coefficients refitted without them
+    (``REFIT``: the calibrate machinery's factors, ``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``,
+    from the generic ``CostParams()``, or the 500 W part's clock factor and FP8 speed-up from the H100
+    prior with the data sheet's FP8 ratio; Levenberg-Marquardt on the log step time) on the same
+    device's rows of every *other* source; the shipped prior's error on them is printed apart, as
+    in-sample;
   * every other row is predicted with the shipped prior, which never saw its source (the H100/H200
-    priors come from micro-benchmarks, not from published runs);
-  * a torchtitan row whose torch predates 2.11 gets FlashAttention-2's attention rate (``_flash_kernel``).
+    priors come from micro-benchmarks, and their FP8 speed-up from the 500 W part's runs, never
+    from a DGX H100 or H200 run);
+  * a torchtitan row whose torch predates 2.11 is planned with ``attention_kernel="fa2"`` (``_flash_kernel``):
+    FlashAttention-2's rate, as a user on that torch would plan with --attention-kernel fa2.
 Memory has no fitted factor: each engine profile (accounting.engines) is predicted as
 benchmarks/engine_memory.py does, so its error is out of sample by construction.
 
@@ -53,7 +56,6 @@ from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.planner.band import BANDS_PATH, MIN_RUNS, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, default_params
-from exatrain.planner.cost.compute import with_attention_kernel
 from exatrain.planner.cost.published import MEGATRON_LM_2021
 from exatrain.planner.estimate import estimate_plan
 
@@ -222,7 +224,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype="bfloat16",
                         flash_attention=r["attention"].startswith("flash"), cluster=cluster.name,
                         runtime=r["engine"], fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
-                        moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall")
+                        moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
+                        attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "")
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -304,8 +307,6 @@ def _predicted_memory_gib(row: Row) -> float:
 
 
 def _predict_s(row: Row, params: CostParams) -> float:
-    if row.flash_kernel:
-        params = with_attention_kernel(params, row.flash_kernel)
     return estimate_plan(row.plan, row.cluster, params, overlap=row.overlap).time_s.step
 
 

@@ -44,6 +44,12 @@ FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 # "deepep" and "hybridep" (Megatron-Core's flex dispatcher backends) send a token once per destination
 # node over the network and once per destination rank over the node's links.
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# Which kernel a flash-attention run's attention is (cost.compute.with_attention_kernel): "fused" (cuDNN's
+# fused attention, Transformer Engine's FusedAttention: the device's fastest, which its prior describes),
+# "fa2" (FlashAttention-2: Megatron-DeepSpeed's --use-flash-attn-v2, and torch SDPA on Hopper before
+# torch 2.11) or "sdpa" (whatever torch's scaled_dot_product_attention picks). A plan that names none
+# runs its runtime's own (accounting.engines ActivationRules.flash_kernel).
+ATTENTION_KERNELS = ("fused", "fa2", "sdpa")
 PLAN_VERSION = 1
 
 
@@ -285,6 +291,7 @@ class Plan:
     runtime: str = "exatrain"
     fp8: str = ""  # FP8 GEMM scaling recipe (FP8_RECIPES), "" = no FP8 GEMMs
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS: how a MoE layer's tokens travel to their experts
+    attention_kernel: str = ""  # ATTENTION_KERNELS: flash attention's kernel, "" = the runtime's own
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -399,6 +406,7 @@ class Plan:
             **({"runtime": self.runtime} if self.runtime != "exatrain" else {}),
             **({"fp8": self.fp8} if self.fp8 else {}),
             **({"moe_dispatcher": self.moe_dispatcher} if self.moe_dispatcher != "alltoall" else {}),
+            **({"attention_kernel": self.attention_kernel} if self.attention_kernel else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -411,7 +419,8 @@ class Plan:
         required = ("model", "tp", "pp", "dp", "micro_batch", "global_batch", "zero_stage",
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
-                    "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher")
+                    "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
+                    "attention_kernel")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -439,6 +448,7 @@ class Plan:
                 runtime=str(d.get("runtime", "exatrain")),
                 fp8=str(d.get("fp8", "")),
                 moe_dispatcher=str(d.get("moe_dispatcher", "alltoall")),
+                attention_kernel=str(d.get("attention_kernel", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -17,7 +17,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES
+from exatrain.plan import ATTENTION_KERNELS, DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -401,10 +401,10 @@ def expert_problem(plan) -> tuple[str, str] | None:
 
 
 def extension_problem(plan) -> tuple[str, str] | None:
-    """(reason, message) for the first rule on context parallelism, the runtime or FP8 the plan breaks,
-    or None. The cp message is the vectorised cp rule's (RULES): cp needs every sequence split into 2*cp
-    equal chunks (each cp rank holds one early and one late chunk, which balances causal attention,
-    as Megatron-Core and torch's context parallel do)."""
+    """(reason, message) for the first rule on context parallelism, the runtime, FP8, the MoE dispatcher
+    or the attention kernel the plan breaks, or None. The cp message is the vectorised cp rule's (RULES):
+    cp needs every sequence split into 2*cp equal chunks (each cp rank holds one early and one late
+    chunk, which balances causal attention, as Megatron-Core and torch's context parallel do)."""
     cp = getattr(plan.dims, "cp", 1)
     if isinstance(cp, bool) or not isinstance(cp, int) or cp <= 0:
         return "cp", f"--cp must be a positive integer, got {cp!r}"
@@ -423,6 +423,13 @@ def extension_problem(plan) -> tuple[str, str] | None:
     if dispatcher != "alltoall" and not plan.model.is_moe:
         return "moe_dispatcher", (f"--moe-dispatcher {dispatcher} dispatches a mixture-of-experts layer's tokens; "
                                   f"{plan.model.name} has no experts")
+    kernel = getattr(plan, "attention_kernel", "")
+    if kernel and kernel not in ATTENTION_KERNELS:
+        return "attention_kernel", (f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                                    f"got {kernel!r}")
+    if kernel and not plan.flash_attention:
+        return "attention_kernel", (f"--attention-kernel {kernel} names flash attention's kernel; this plan has "
+                                    "flash attention off (--no-flash-attention): drop one of them")
     return None
 
 

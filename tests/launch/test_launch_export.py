@@ -81,13 +81,13 @@ MEGATRON_LM = {  # megatron/training/arguments.py @ d98e8a64
              "--tensor-model-parallel-size": "4", "--pipeline-model-parallel-size": "16",
              "--micro-batch-size": "1", "--global-batch-size": "640",
              "--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "1",
-             "--use-distributed-optimizer": None, "--bf16": None, "--attention-backend": "flash"},
+             "--use-distributed-optimizer": None, "--bf16": None, "--attention-backend": "fused"},
     "1t": {**MODEL_1T, "--norm-epsilon": "1e-05", "--position-embedding-type": "learned_absolute",
            "--normalization": "LayerNorm",
            "--tensor-model-parallel-size": "8", "--pipeline-model-parallel-size": "64",
            "--micro-batch-size": "1", "--global-batch-size": "1024",
            "--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "1",
-           "--use-distributed-optimizer": None, "--bf16": None, "--attention-backend": "flash"},
+           "--use-distributed-optimizer": None, "--bf16": None, "--attention-backend": "fused"},
 }
 
 MEGATRON_DEEPSPEED = {  # megatron/arguments.py @ 4efb479d, deepspeed/__init__.py @ edaa7221

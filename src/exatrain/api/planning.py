@@ -47,8 +47,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
              flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-             fp8: str | None = None, moe_dispatcher: str | None = None, runtime: str = DEFAULT_RUNTIME,
-             overlap: str = "all", calibration: str | Path | None = None, trace: bool = False,
+             fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+             runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
+             trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
     megatron-core, megatron-deepspeed, torchtitan, exatrain) runs it: the validated Plan (its
@@ -56,8 +57,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     own model per stage (torch, nothing allocated). ``overlap``: which of the runtime's overlaps
     are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
     tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``moe_dispatcher``: how a MoE layer's tokens
-    reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``out``: also write the plan with its
-    estimate as JSON."""
+    reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``attention_kernel``: which kernel the
+    run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's). ``out``: also write the
+    plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
     if out is not None:
@@ -90,8 +92,9 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-           fp8: str | None = None, moe_dispatcher: str | None = None, top: int = 10, runtime: str = DEFAULT_RUNTIME,
-           overlap: str = "all", calibration: str | Path | None = None, out: str | Path | None = None):
+           fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+           top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
+           calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
     values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
@@ -132,8 +135,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-            fp8: str | None = None, moe_dispatcher: str | None = None, mode: str = "weak",
-            runtime: str = DEFAULT_RUNTIME,
+            fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+            mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the

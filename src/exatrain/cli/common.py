@@ -11,7 +11,7 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from exatrain.plan import ATTENTION_KERNELS, DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 
@@ -125,11 +125,14 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--moe-dispatcher", None, MOE_DISPATCHERS, "how MoE tokens reach their experts: alltoall "
      "(every routed copy; default) or Megatron-Core's flex dispatcher with DeepEP / HybridEP (once per "
      "destination rank and node)"),
+    ("--attention-kernel", None, ATTENTION_KERNELS, "which kernel the run's flash attention is: fused (cuDNN / "
+     "Transformer Engine), fa2 (FlashAttention-2: Megatron-DeepSpeed, and torch SDPA on Hopper before torch 2.11), "
+     "sdpa (torch SDPA's own choice); default: the runtime's"),
 )
 
 
 def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False) -> None:
-    """The layout flags; ``extensions``: also --ep, --cp and --fp8 (the planner's commands)."""
+    """The layout flags; ``extensions``: also the EXTENSION_FLAGS (the planner's commands)."""
     g = p.add_argument_group("layout (not given: the plan's, else the default shown)")
     for name, kind, choices, help in LAYOUT_FLAGS + (EXTENSION_FLAGS if extensions else ()):
         kw: dict[str, Any] = {"action": kind} if kind is _BOOL else {"type": kind, "choices": choices}

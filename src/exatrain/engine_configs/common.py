@@ -69,9 +69,20 @@ def summary(plan: Plan) -> str:
             f"{plan.dtype}" + (f" with FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else ""))
 
 
+def kernel_note(plan: Plan, engine: str, switches: tuple[str, ...], runs: str) -> str:
+    """A note for a flash-attention plan priced with an --attention-kernel (``plan.ATTENTION_KERNELS``)
+    that ``engine`` has no switch for (``switches``: those it has), saying what the config ``runs``
+    instead; "" when the plan names no kernel or one the engine can be told to run. A note, not a
+    refusal: the estimate is the what-if the user asked for, and the config says what it runs."""
+    if not plan.flash_attention or not plan.attention_kernel or plan.attention_kernel in switches:
+        return ""
+    return (f"the plan was priced with the {plan.attention_kernel} attention kernel; {engine} has no switch "
+            f"for it: {runs}")
+
+
 def even_split(plan: Plan) -> bool:
     """True when every virtual stage holds the same number of layers."""
     return len(set(plan.layers_per_stage())) == 1
 
 
-__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "export", "summary"]
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "export", "kernel_note", "summary"]

@@ -5,7 +5,8 @@ Option names checked against (facts only; nothing copied):
   add_megatron_arguments also generates options from megatron/core/model_parallel_config.py,
   megatron/core/transformer/transformer_config.py and megatron/training/config/training_config.py;
   megatron/core/transformer/pipeline_parallel_layer_layout.py (the layout string);
-  megatron/core/tokenizers/utils/build_tokenizer.py (vocabulary padding); the Transformer-Engine
+  megatron/core/tokenizers/utils/build_tokenizer.py (vocabulary padding);
+  megatron/core/transformer/enums.py (AttnBackend: the --attention-backend choices); the Transformer-Engine
   group (--fp8-format e4m3/hybrid, --fp8-recipe tensorwise/delayed/mxfp8/blockwise,
   --fp8-amax-history-len), --context-parallel-size and --cp-comm-type, and the MoE options
   (--num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size,
@@ -28,7 +29,7 @@ import shlex
 from typing import Any
 
 from exatrain.errors import UserError
-from exatrain.engine_configs.common import Export, Flag, FlagGroup, even_split, summary
+from exatrain.engine_configs.common import Export, Flag, FlagGroup, even_split, kernel_note, summary
 from exatrain.plan import Plan
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
@@ -107,7 +108,9 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                 Flag("--ckpt-format", "fsdp_dtensor")]
 
     prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
-    prec.append(Flag("--attention-backend", "flash" if plan.flash_attention else "unfused"))
+    backend, note = attention_backend(plan)
+    prec.append(Flag("--attention-backend", backend))
+    notes += [note] if note else []
     prec += fp8_flags(plan)
     if plan.cp > 1:  # the K,V ring the planner prices (cost.experts)
         par += [Flag("--context-parallel-size", str(plan.cp)), Flag("--cp-comm-type", "p2p")]
@@ -129,6 +132,19 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                   f"megatron/core/model_parallel_config.py, {cfg}", tuple(prec)),
     )
     return groups, tuple(notes)
+
+
+def attention_backend(plan: Plan) -> tuple[str, str]:
+    """(Megatron-LM's --attention-backend, a note or ""): megatron/core/transformer/enums.py AttnBackend
+    (flash, fused, unfused, local, auto). Without flash attention "unfused"; with it the plan's
+    --attention-kernel: "fa2" is Transformer Engine's FlashAttention backend (the flash-attn package),
+    "fused" its cuDNN FusedAttention, which is also what a plan naming no kernel gets: the kernel the
+    Megatron-Core profile prices (``ActivationRules.flash_kernel``), so the config runs what was priced.
+    Megatron-Core has no torch-SDPA backend: "sdpa" runs "fused" too, with a note (``kernel_note``)."""
+    if not plan.flash_attention:
+        return "unfused", ""
+    return ("flash" if plan.attention_kernel == "fa2" else "fused",
+            kernel_note(plan, "Megatron-Core", ("fused", "fa2"), "this config runs --attention-backend fused"))
 
 
 # exatrain's FP8 scaling -> Megatron-LM's --fp8-recipe: per-tensor current scaling is "tensorwise",
@@ -243,8 +259,11 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     if plan.recompute == "full":
         ds.append(Flag("--deepspeed-activation-checkpointing"))
     prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
-    if plan.flash_attention:
+    if plan.flash_attention:  # the flash-attn package's kernels (no cuDNN, no SDPA): fused or sdpa get a note
         prec.append(Flag("--use-flash-attn-v2"))
+    note = kernel_note(plan, "Megatron-DeepSpeed", ("fa2",),
+                       "this config runs FlashAttention-2 (--use-flash-attn-v2)")
+    notes += [note] if note else []
 
     groups = (
         FlagGroup("MODEL_ARGS", "model shape", f"{src} (_add_network_size_args)", tuple(shape)),

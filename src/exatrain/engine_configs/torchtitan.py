@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exatrain.engine_configs.common import Export, summary
+from exatrain.engine_configs.common import Export, kernel_note, summary
 from exatrain.plan import Plan
 
 TORCHTITAN = "pytorch/torchtitan@v0.2.2"
@@ -122,6 +122,9 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
             notes.append(f"the plan was priced with the {plan.moe_dispatcher} dispatcher (one copy per destination "
                          "rank and node); this config sets no dispatcher: torchtitan's own all-to-all sends every "
                          "routed copy")
+    note = kernel_note(plan, "torchtitan", ("sdpa",), "torch SDPA picks its kernel by torch version and device "
+                       "(cuDNN's on Hopper from torch 2.11, FlashAttention-2's before)")
+    notes += [note] if note else []
     quant: dict[str, Any] = {}
     if plan.fp8:
         recipe = {"current": "tensorwise", "block": "rowwise"}.get(plan.fp8, "tensorwise")

@@ -86,6 +86,13 @@ class TrainConfig:
             raise UserError(f"the exatrain trainer dispatches MoE tokens with its own all-to-all; plan "
                             f"--moe-dispatcher {self.plan.moe_dispatcher} for Megatron-Core (--runtime megatron-core) "
                             "or train this plan with --moe-dispatcher alltoall")
+        # Its attention is torch SDPA with SDPA's own kernel choice (model.py); forcing one would also
+        # have to hold for cp's masks, the keyed dropout core and the CPU, so a plan naming another is
+        # refused rather than run with a kernel it did not price.
+        if self.plan.attention_kernel not in ("", "sdpa"):
+            raise UserError(f"the exatrain trainer runs torch SDPA's own attention kernel choice; plan "
+                            f"--attention-kernel {self.plan.attention_kernel} for another runtime, or train a plan "
+                            "made without --attention-kernel (or with sdpa)")
         if self.plan.fp8:  # what --fp8 runs here (trainer/fp8.py): current scaling, dense models
             from exatrain.trainer.fp8 import check_fp8
 

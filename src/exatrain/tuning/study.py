@@ -68,10 +68,10 @@ class TuneSettings:
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:
-    """The space's fields, without the planner-only ones (ep, cp, fp8) at their defaults, so a study
-    started before they existed keeps its name and problem."""
+    """The space's fields, without the planner-only ones (ep, cp, fp8, attention_kernel) at their defaults,
+    so a study started before they existed keeps its name and problem."""
     d = dataclasses.asdict(options)
-    for k in ("ep", "cp", "fp8"):
+    for k in ("ep", "cp", "fp8", "attention_kernel"):
         if d.get(k) in (None, ""):
             d.pop(k, None)
     return d

@@ -24,6 +24,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
+from exatrain.plan import ATTENTION_KERNELS
 from exatrain.accounting.flops import Gemm, layer_gemms, logits_gemm
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.planner.cost.coefficients import CostParams
@@ -96,7 +97,7 @@ def flash_attention_s(core: list[Gemm], dev: Device):
     return fwd, 2.5 * fwd
 
 
-FLASH_KERNELS = ("fused", "fa2", "sdpa")
+FLASH_KERNELS = ATTENTION_KERNELS  # the names a plan's --attention-kernel takes (plan.py says what each is)
 
 
 def with_attention_kernel(params: CostParams, kernel: str) -> CostParams:

@@ -348,7 +348,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
 
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
-                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher)
+                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -359,7 +359,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
     from exatrain.accounting.engines import get_engine
 
     acts = get_engine(plan.runtime).activations
-    cp = compute.with_attention_kernel(cp, acts.flash_kernel)
+    cp = compute.with_attention_kernel(cp, plan.attention_kernel or acts.flash_kernel)
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
     return stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
                        tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],

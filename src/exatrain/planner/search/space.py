@@ -59,6 +59,7 @@ class SpaceOptions:
     cp: tuple[int, ...] | None = None
     fp8: str = ""
     moe_dispatcher: str = "alltoall"  # one dispatcher for every candidate (plan.MOE_DISPATCHERS)
+    attention_kernel: str = ""  # flash attention's kernel for every candidate (plan.ATTENTION_KERNELS)
 
 
 @dataclass
