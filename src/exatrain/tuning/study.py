@@ -68,13 +68,17 @@ class TuneSettings:
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:
-    """The space's fields, without the planner-only ones (ep, cp, fp8, attention_kernel) at their defaults,
-    so a study started before they existed keeps its name and problem."""
+    """The space's fields, without the planner-only ones (ep, cp, fp8, moe_dispatcher, attention_kernel)
+    at their defaults, so a study started before they existed keeps its name and problem."""
     d = dataclasses.asdict(options)
-    for k in ("ep", "cp", "fp8", "attention_kernel"):
-        if d.get(k) in (None, ""):
+    for k, default in _PLANNER_ONLY.items():
+        if d.get(k) in default:
             d.pop(k, None)
     return d
+
+
+_PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": ("alltoall",),
+                 "attention_kernel": ("",)}
 
 
 @dataclass(frozen=True)
