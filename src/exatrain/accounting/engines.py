@@ -100,6 +100,11 @@ class EngineProfile:
     allocator_allowance: float  # fraction of the rest (PyTorch's caching allocator in all four)
     activations: ActivationRules
     overlaps: tuple[Overlap, ...]
+    # Bytes per parameter of the rank's whole stage held as an unsharded gradient under a pipeline
+    # schedule with FSDP (ZeRO-2/3): the gradients accumulate across the micro-batches and are
+    # reduce-scattered once, after the last backward (0: the engine reduces as it goes).
+    pp_unsharded_grad_bytes: float = 0.0
+    pp_unsharded_grad_source: str = ""
 
     def zero_stages(self, dtype: str = "bfloat16") -> tuple[int, ...]:
         accum = self.grad_accum_dtype if dtype == "bfloat16" else "float32"
@@ -329,6 +334,12 @@ TORCHTITAN = EngineProfile(
         Overlap("tp", "enable_async_tensor_parallel (async TP, needs torch.compile)", False,
                 "torchtitan config [experimental] (2024-12), [compile] (2026) enable_async_tensor_parallel"),
     ),
+    pp_unsharded_grad_bytes=4.0,
+    pp_unsharded_grad_source=(
+        "torch/distributed/pipelining/stage.py backward_maybe_with_nosync: an FSDP stage runs every backward "
+        "with set_requires_gradient_sync(False) and set_reshard_after_backward(False), and the schedule "
+        "reduce-scatters once after the last (perform_reduce_grad); fsdp/_fully_shard/_fsdp_param.py "
+        "to_accumulated_grad_if_needed keeps the unsharded gradient in the reduce dtype (fp32) meanwhile"),
 )
 
 # ---- exatrain's own trainer -------------------------------------------------------------------

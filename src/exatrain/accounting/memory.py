@@ -319,6 +319,9 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         ew, eg, eo = state_bytes(expert_dp(tp, dp, ep, etp, cp))
         weights, grads, optim = (weights + expert_params_here * ew, grads + expert_params_here * eg,
                                  optim + expert_params_here * eo)
+    # Under a pipeline schedule an engine may hold the stage's whole gradient unsharded until the last
+    # micro-batch's backward (EngineProfile.pp_unsharded_grad_bytes: torchtitan's FSDP2 stages).
+    pp_grad = (engine.pp_unsharded_grad_bytes if engine is not None and zero_stage >= 2 else 0.0) * (pp > 1)
     if zero_stage == 3:
         # FSDP2 gathers one layer while prefetching the next, and holds one layer's unsharded
         # gradient until its reduce-scatter (DeepSpeed's ZeRO-3: one layer and a prefetch bucket).
@@ -329,7 +332,10 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         weights = weights + gathered_layers * layer_rank_params * e
         if prefetch_elements:
             weights = weights + prefetch_elements * e
-        grads = grads + layer_rank_params * unsharded_grad_bytes
+        # (a stage holding its whole unsharded gradient holds this layer's within it)
+        grads = grads + np.where(pp_grad > 0, 0.0, layer_rank_params * unsharded_grad_bytes)
+    if zero_stage >= 2:
+        grads = grads + pp_grad * (params_here + (expert_params_here if m.is_moe else 0.0))
     if m.is_moe:
         moe_here = np.asarray(moe_layers_here, dtype=float)
         per_dense, per_moe = layer_bytes(recompute), layer_bytes(recompute, True)
