@@ -134,7 +134,7 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     fitted = pe.fit_prior(rows, "h100-sxm-500w")
     assert shipped.clock_factor == pytest.approx(fitted.clock_factor, rel=2e-3)
     # the FP8 speed-up is fitted with it, and shipped to every Hopper prior (the DGX H100 rows never enter the fit)
-    assert shipped.fp8_speedup == pytest.approx(fitted.fp8_speedup, rel=2e-3) and fitted.fp8_speedup < 2.0
+    assert shipped.fp8_speedup == pytest.approx(fitted.fp8_speedup, rel=2e-3) and fitted.fp8_speedup > 1.0
     assert default_params("h200-sxm").fp8_speedup == shipped.fp8_speedup
     # a held-out page's refit starts from the data sheet's ratio, not from the shipped fit
     assert pe.refit_spec("h100-sxm-500w")[1].fp8_speedup is None

@@ -11,6 +11,7 @@ import pytest
 
 from exatrain.accounting.flops import model_flops_per_step
 from exatrain.accounting.fp8 import Fp8Recipe
+from exatrain.planner.cost.coefficients import default_params
 from exatrain.accounting.memory import inflight_microbatches, rank_memory
 from exatrain.accounting.params import stage_layer_kinds, stage_params_split
 from exatrain.api.plans import make_plan
@@ -146,6 +147,26 @@ def test_fp8_lowers_gemm_time_and_adds_scale_memory() -> None:
     current = estimate_plan(plan.replace(fp8="current").validate(H100), H100)
     meta = Fp8Recipe("delayed").meta_bytes(4 * 40)
     assert delayed.memory_bytes.other - current.memory_bytes.other == pytest.approx(1.05 * meta, rel=1e-6)
+
+
+def test_fp8_casts_cost_memory_traffic_by_recipe() -> None:
+    """Each FP8 GEMM's input (forward) and output gradient (backward) is cast: read 2 bytes, write it and
+    its transposed copy (1 + 1) under delayed or block scaling, one more 2-byte read for the amax under
+    current scaling; so a layer's forward under current scaling takes exactly 2 bytes per cast element
+    longer. (Broken on purpose: with one price for every recipe this failed.)"""
+    from exatrain.accounting.flops import layer_gemms
+    from exatrain.planner.cost import compute, experts
+
+    m, cl = get_model("llama3-8b"), H100
+    dev = compute.device_for(cl, "bfloat16", default_params(cl.device.name))
+    sp = experts.fp8_speedup(cl, "bfloat16", dev.params)
+    t = {r: experts.layer_times(m, 2, 4, moe=False, ep=1, cp=1, flash=True, sequence_parallel=True,
+                                dtype="bfloat16", dev=dev, fp8=r, speedup=sp) for r in ("delayed", "current", "block")}
+    cast = sum(g.m * g.k * g.count for g in layer_gemms(m, 2, 4, sequence_parallel=True)
+               if g.name not in ("attn_scores", "attn_values", "router"))
+    assert experts.CAST_BYTES == {"delayed": 4.0, "current": 6.0, "block": 4.0, "mxfp8": 4.0}
+    assert t["current"].fwd - t["delayed"].fwd == pytest.approx(compute.elementwise_time_s(2.0 * cast, dev))
+    assert t["block"].fwd == pytest.approx(t["delayed"].fwd)
 
 
 def test_search_explores_ep_and_cp_and_counts_refusals() -> None:

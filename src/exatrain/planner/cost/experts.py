@@ -16,7 +16,8 @@ activation over the routed copies. Under FP8 (``accounting.fp8``) every linear-l
 device's FP8 peak times the same efficiency (the router, the attention core and the output head stay
 16-bit, as Transformer Engine and DeepSeek-V3's recipe keep them; arXiv 2412.19437 Sec. 3.3.1), and
 each FP8 GEMM first casts its input (forward) or output gradient (backward) to FP8: read 2, write 1
-byte per element.
+byte per element and its transposed copy 1 more, plus a read for the amax under current scaling
+(``CAST_BYTES``).
 
 Communication (exposed; all in seconds per layer and micro-batch on one rank):
 
@@ -62,6 +63,13 @@ from exatrain.planner.cost.coefficients import CostParams
 
 LOAD_IMBALANCE = 1.25  # busiest expert rank's routed copies over the mean: an assumption (module doc)
 _NOT_FP8 = ("attn_scores", "attn_values", "router")  # GEMMs that stay 16-bit under FP8
+# Bytes moved per element of a tensor cast to FP8 for a GEMM, by recipe. Every recipe reads the 16-bit
+# tensor (2) and writes it twice in FP8 (1 + 1): Hopper's FP8 GEMM takes only the "TN" layout, so the
+# cast also writes the transposed copy the other GEMMs of the pair read (Transformer Engine's fused
+# cast-transpose; accounting.fp8 keeps that copy for weights). Current scaling ("current") first reads
+# the tensor once more for its amax (2); delayed scaling uses the previous amax and updates it inside the
+# cast; block and MXFP8 scale each block inside the cast.
+CAST_BYTES = {"delayed": 4.0, "current": 6.0, "block": 4.0, "mxfp8": 4.0}
 
 
 def extended(m: ModelSpec, cp: int, fp8: str) -> bool:
@@ -132,13 +140,14 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     else:
         elem_bytes = elem_bytes + tokens * e * act * m.ffn_hidden / tp_a
     if fp8:
-        # cast each FP8 GEMM's input (forward) and its output gradient (backward): read 2, write 1
+        # cast each FP8 GEMM's input (forward) and its output gradient (backward): CAST_BYTES[fp8]
         cast_elems = sum(g.m * g.k * g.count for g in dense if g.name not in _NOT_FP8)
         cast_bwd = sum(g.m * g.n * g.count for g in dense if g.name not in _NOT_FP8)
     else:
         cast_elems = cast_bwd = 0.0
-    elem_fwd = compute.elementwise_time_s(elem_bytes + 3.0 * cast_elems, dev) + n_ops * dev.params.op_overhead_s
-    elem_bwd = 2 * compute.elementwise_time_s(elem_bytes, dev) + compute.elementwise_time_s(3.0 * cast_bwd, dev) \
+    per = CAST_BYTES.get(fp8, 0.0)
+    elem_fwd = compute.elementwise_time_s(elem_bytes + per * cast_elems, dev) + n_ops * dev.params.op_overhead_s
+    elem_bwd = 2 * compute.elementwise_time_s(elem_bytes, dev) + compute.elementwise_time_s(per * cast_bwd, dev) \
         + 2 * n_ops * dev.params.op_overhead_s
     if flash:
         attn_fwd, attn_bwd = compute.flash_attention_s(core, dev)
