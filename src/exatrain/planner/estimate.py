@@ -85,8 +85,11 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     if plan.cp > 1:
         notes += (f"cp {plan.cp}: s/cp tokens per rank, K,V ring overlapped with attention (cost.experts)",)
     if plan.fp8:
-        notes += (f"fp8 ({plan.fp8} scaling): linear-layer GEMMs at the device's FP8 peak; MFU and HFU are "
-                  f"against the {plan.dtype} peak",)
+        speedup = experts.fp8_speedup(cluster, plan.dtype, cp)
+        whence = "measured or fitted, cost params" if cp.fp8_speedup is not None else "the data sheet's FP8 peak ratio"
+        notes += (f"fp8 ({plan.fp8} scaling): linear-layer GEMMs at {speedup:.2f}x the {plan.dtype} rate ({whence}), "
+                  f"each cast to FP8 {experts.CAST_BYTES[plan.fp8]:g} bytes an element of memory traffic; MFU and "
+                  f"HFU are against the {plan.dtype} peak",)
     if not own:
         notes += ("trainer memory: the per-tensor model counts the trainer's dense and MoE layers (with ep and cp), "
                   "not latent attention, QK-norm, a separate head width or FP8; "
