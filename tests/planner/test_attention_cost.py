@@ -5,7 +5,8 @@ recomputation each engine's selective mode reruns.
 Broken on purpose and seen to fail here: the backward at 1x (not 2.5x) the forward; the rate's
 saturation taken from the local queries instead of the keys; attn_eff back to the old 0.30 prior on H100 (the refit test);
 the FA2 ratio applied to Megatron-Core (the kernel test); torchtitan's selective rerunning the
-attention core (the per-op recompute test)."""
+attention core (the per-op recompute test); the cp ring priced as one call over all the keys (the
+context-parallel test)."""
 
 from __future__ import annotations
 
@@ -57,13 +58,23 @@ def test_flash_rate_closed_form():
 
 
 def test_context_parallel_rate_follows_the_keys():
-    """With cp a rank holds s/cp queries against all s keys: a quarter of the FLOPs at the full
-    sequence's rate, plus the same fixed call time."""
+    """With cp a rank holds s/cp queries against all s keys: a quarter of the FLOPs; in one call at the
+    full sequence's rate, and as the ring runs it, cp calls at s/cp keys' rate, each with its call time."""
     m = get_model("llama3-8b")
     p = CostParams(attn_eff=1.0, attn_seq_half=800.0, attn_call_overhead_s=3.5e-4)
     one, _ = compute.flash_attention_s(_core(m, 1, 1, cp=1), _dev(p))
     four, _ = compute.flash_attention_s(_core(m, 1, 1, cp=4), _dev(p))
     assert four - 1e-4 == pytest.approx(0.25 * (one - 1e-4), rel=1e-9)
+    # the ring runs it as cp kernel calls, one per K,V block of s/cp keys, each paying the call time;
+    # that is what a layer under cp 4 costs
+    ring, _ = compute.flash_attention_s(_core(m, 1, 1, cp=4), _dev(p), calls=4)
+    s, n = m.seq_len, m.seq_len / 4
+    flops = 4.0 * (s / 4) * s * m.heads * m.head_dim
+    assert ring == pytest.approx(flops / (1e15 * n / (n + 800.0)) + 4e-4, rel=1e-12)
+    from exatrain.planner.cost import experts
+    lt = experts.layer_times(m, 1, 1, moe=False, ep=1, cp=4, flash=True, sequence_parallel=False,
+                             dtype="bfloat16", dev=_dev(p))
+    assert lt.attention_core_fwd == pytest.approx(ring, rel=1e-12)
 
 
 def _h100_compute(runtime: str, *, zero: int, recompute: str) -> float:

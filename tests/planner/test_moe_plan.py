@@ -118,15 +118,16 @@ def test_cp_halves_activations_per_rank() -> None:
 
 
 def test_cp_ring_is_exposed_only_beyond_the_attention_it_hides_under() -> None:
-    """At 8k tokens a ring over eight nodes (tp 8, cp 8) carries its K,V block more slowly than the
-    1/8 of the layer's attention it overlaps: some of it shows; at 128k the attention hides it."""
-    short = make_plan("llama3.1-8b-8k", H100, gpus=64, tp=8, micro_batch=1, global_batch=8, sequence_parallel=True)
-    long = make_plan("llama3.1-8b-128k", H100, gpus=64, tp=8, micro_batch=1, global_batch=8,
-                     sequence_parallel=True, recompute="full")
-    t_short = estimate_plan(short.replace(dims=ParallelDims(8, 1, 1, cp=8)).validate(H100), H100).time_s
-    t_long = estimate_plan(long.replace(dims=ParallelDims(8, 1, 1, cp=8)).validate(H100), H100).time_s
-    assert t_short.cp_comm > 0
-    assert t_long.cp_comm == 0.0
+    """At 8k tokens a ring across two nodes (tp 2, cp 8: 15 ranks) carries a micro-batch of 4's K,V block
+    more slowly than the ring step's attention call it overlaps: some of it shows, and more at a
+    micro-batch of 8; at 128k each call's attention hides it."""
+    def ring(model: str, mb: int, **kw):
+        plan = make_plan(model, H100, gpus=16, tp=2, micro_batch=mb, global_batch=8 * mb, sequence_parallel=True, **kw)
+        return estimate_plan(plan.replace(dims=ParallelDims(2, 1, 1, cp=8)).validate(H100), H100).time_s
+
+    short4, short8 = ring("llama3.1-8b-8k", 4), ring("llama3.1-8b-8k", 8)
+    assert 0 < short4.cp_comm < short8.cp_comm
+    assert ring("llama3.1-8b-128k", 8, recompute="full").cp_comm == 0.0
 
 
 def test_fp8_lowers_gemm_time_and_adds_scale_memory() -> None:

@@ -75,7 +75,7 @@ def gemm_time_s(g: Gemm, dev: Device, calls: int = 1):
     return calls * (g.flops / (dev.peak_flops * p.gemm_eff * shape) + p.gemm_overhead_s)
 
 
-def flash_attention_s(core: list[Gemm], dev: Device):
+def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1):
     """(forward, backward) seconds of a fused (flash) attention kernel over the layer's two attention
     GEMMs (``attn_scores``, ``attn_values``: queries x keys x head_dim, ``count`` = batch x heads on this
     rank). FLOPs are the full count (4 b s^2 heads d forward, causal skip not taken); the kernel runs at
@@ -87,13 +87,15 @@ def flash_attention_s(core: list[Gemm], dev: Device):
     tiles: the backward's preprocessing and gradient conversion, launches), split as the FLOPs are.
     The backward costs 2.5x the forward's FLOPs at the same rate (FlashAttention-2, Dao 2023,
     Sec. 3.2: five matmuls against two). With attn_seq_half and the overhead 0 (the generic prior)
-    the rate is attn_eff at every shape."""
+    the rate is attn_eff at every shape. ``calls``: the work split into that many kernel calls over
+    1/calls of the keys each (a context-parallel ring runs one per K,V block: cp calls of s/cp keys),
+    each paying the call time."""
     if not core:
         return 0.0, 0.0
     p = dev.params
     flops = sum(g.flops for g in core)
-    n = np.asarray(core[0].n, dtype=float)
-    fwd = flops / (dev.peak_flops * p.attn_eff * n / (n + p.attn_seq_half)) + p.attn_call_overhead_s / 3.5
+    n = np.asarray(core[0].n, dtype=float) / calls
+    fwd = flops / (dev.peak_flops * p.attn_eff * n / (n + p.attn_seq_half)) + calls * p.attn_call_overhead_s / 3.5
     return fwd, 2.5 * fwd
 
 

@@ -10,7 +10,8 @@ expert (experts/ep of them) whose tokens are the rank's routed tokens x top_k x 
 spread over them (the busiest expert rank sets the pace); a dense-first layer of a MoE model is a
 dense layer — each at the cost model's GEMM efficiency; the attention core of s/cp queries against
 all s keys (the causal mask load-balanced over 2*cp chunks, so every cp rank does 1/cp of it; TE
-``get_seq_chunk_ids_for_reordering``); element-wise kernels over the rank's s/cp tokens, plus a MoE
+``get_seq_chunk_ids_for_reordering``), run as the ring runs it: cp kernel calls, one per K,V block of
+s/cp keys (``compute.flash_attention_s(calls=cp)``); element-wise kernels over the rank's s/cp tokens, plus a MoE
 layer's token permutation and un-permutation (read and write h per routed copy, each) and its
 activation over the routed copies. Under FP8 (``accounting.fp8``) every linear-layer GEMM runs at the
 device's FP8 peak times the same efficiency (the router, the attention core and the output head stay
@@ -150,7 +151,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     elem_bwd = 2 * compute.elementwise_time_s(elem_bytes, dev) + compute.elementwise_time_s(per * cast_bwd, dev) \
         + 2 * n_ops * dev.params.op_overhead_s
     if flash:
-        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev)
+        # a cp ring runs the kernel once per K,V block: cp calls over s/cp keys each
+        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev, calls=cp)
     else:
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
         softmax = compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
