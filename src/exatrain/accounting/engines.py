@@ -106,6 +106,11 @@ class EngineProfile:
     pp_unsharded_grad_bytes: float = 0.0
     pp_unsharded_grad_source: str = ""
 
+    def attention_kernel(self, chosen: str = "") -> str:
+        """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,
+        plan.ATTENTION_KERNELS) if given, else the engine's own (``ActivationRules.flash_kernel``)."""
+        return chosen or self.activations.flash_kernel
+
     def zero_stages(self, dtype: str = "bfloat16") -> tuple[int, ...]:
         accum = self.grad_accum_dtype if dtype == "bfloat16" else "float32"
         return tuple(sorted({z for (d, z, a), _ in self.states if d == dtype and a == accum}))

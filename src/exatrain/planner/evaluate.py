@@ -111,7 +111,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     (``plan.MOE_DISPATCHERS``, ``cost.experts.a2a_time_s``); ``attention_kernel``: flash attention's
     kernel (``plan.ATTENTION_KERNELS``; "": the runtime's own). ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
-    cp = compute.with_attention_kernel(cp, attention_kernel or get_engine(runtime).activations.flash_kernel)
+    cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
     bad = sorted(set(memory) - set(MEMORY_MODELS))
     if bad:

@@ -67,6 +67,11 @@ class TuneSettings:
     gp: GPSettings = GPSettings()
 
 
+# The planner-only space fields and the values a study made before they existed implicitly had.
+_PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": ("alltoall",),
+                 "attention_kernel": ("",)}
+
+
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:
     """The space's fields, without the planner-only ones (ep, cp, fp8, moe_dispatcher, attention_kernel)
     at their defaults, so a study started before they existed keeps its name and problem."""
@@ -76,9 +81,6 @@ def _space_fields(options: SpaceOptions) -> dict[str, Any]:
             d.pop(k, None)
     return d
 
-
-_PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": ("alltoall",),
-                 "attention_kernel": ("",)}
 
 
 @dataclass(frozen=True)

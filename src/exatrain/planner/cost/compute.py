@@ -140,10 +140,10 @@ class LayerTimes:
 TP_PAIRS = (("qkv", "q", "q_down", "kv_down"), ("proj",), ("fc1", "shared_fc1"), ("fc2", "shared_fc2"))
 
 
-def tp_paired_s(gemms, time_of) -> tuple:
+def tp_paired_s(gemms, seconds) -> tuple:
     """Forward seconds of the GEMMs paired with each of the four TP collectives (``TP_PAIRS``);
-    ``time_of(g)``: one GEMM's seconds at the rate it runs (FP8 or not)."""
-    return tuple(sum((time_of(g) for g in gemms if g.name in names), 0.0) for names in TP_PAIRS)
+    ``seconds``: each of ``gemms``' seconds at the rate it runs (FP8 or not), already priced."""
+    return tuple(sum((t for g, t in zip(gemms, seconds) if g.name in names), 0.0) for names in TP_PAIRS)
 
 
 def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
@@ -152,7 +152,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
     tokens = np.asarray(micro_batch) * m.seq_len
     gemms = layer_gemms(m, micro_batch, tp)
     dense = [g for g in gemms if not g.name.startswith("attn_")]
-    gemm_fwd = sum(gemm_time_s(g, dev) for g in dense)
+    dense_s = [gemm_time_s(g, dev) for g in dense]
+    gemm_fwd = sum(dense_s)
     h, f, kvh = m.hidden, m.ffn_hidden, m.kv_hidden
     tp_a = np.asarray(tp, dtype=float)
     rep_div = tp_a if sequence_parallel else 1.0
@@ -187,7 +188,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
     else:
         extra = 0.0 * fwd
     return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd, dense_gemm_fwd=gemm_fwd,
-                      tp_gemms_fwd=tp_paired_s(dense, lambda g: gemm_time_s(g, dev)))
+                      tp_gemms_fwd=tp_paired_s(dense, dense_s))
 
 
 def framework_layer_s(dev: Device, tp, dp, zero_stage: int):

@@ -111,10 +111,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
                         capacity_factor=LOAD_IMBALANCE if moe else 1.0)
     fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speedup) if fp8 else dev
     dense = [g for g in gemms if not g.name.startswith("attn_")]
-    def gemm_s(g):
-        return compute.gemm_time_s(g, fast if g.name not in _NOT_FP8 else dev)
-
-    gemm_fwd = sum(gemm_s(g) for g in dense)
+    dense_s = [compute.gemm_time_s(g, fast if g.name not in _NOT_FP8 else dev) for g in dense]
+    gemm_fwd = sum(dense_s)
     core = [g for g in gemms if g.name.startswith("attn_")]
     h, kvh = m.hidden, m.kv_hidden
     rep_div = tp_a if sequence_parallel else 1.0
@@ -162,7 +160,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     return compute.LayerTimes(fwd=fwd, bwd=bwd, recompute=0.0 * fwd, attention_core_fwd=attn_fwd,
-                              dense_gemm_fwd=gemm_fwd, tp_gemms_fwd=compute.tp_paired_s(dense, gemm_s))
+                              dense_gemm_fwd=gemm_fwd, tp_gemms_fwd=compute.tp_paired_s(dense, dense_s))
 
 
 def stage_kinds(m: ModelSpec, stage_layers) -> tuple[np.ndarray, np.ndarray]:

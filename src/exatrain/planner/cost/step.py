@@ -69,22 +69,19 @@ class StageTimes:
         return self.bwd + self.tp_bwd + self.ext_bwd
 
 
-def tp_sp_collectives_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes):
-    """(all-gather, reduce-scatter) seconds of a sequence-parallel TP collective on b*s*h over the tp
-    group's tier (0 where tp is 1); arrays allowed."""
+def tp_collectives_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, kinds=("all_gather", "reduce_scatter")):
+    """Seconds of each of ``kinds`` of TP collective on b*s*h over the tp group's tier (0 where tp is
+    1); arrays allowed."""
     bw, lat = network.tier_arrays(cluster, network.tp_span(tp))
     on = np.asarray(tp) > 1
-    return tuple(np.where(on, network.collective_time_s(kind, tp, message_bytes, bw, lat, cp), 0.0)
-                 for kind in ("all_gather", "reduce_scatter"))
+    return tuple(np.where(on, network.collective_time_s(kind, tp, message_bytes, bw, lat, cp), 0.0) for kind in kinds)
 
 
 def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel):
     """One forward-or-backward TP collective on b*s*h (an all-reduce, or with sequence parallelism
     an all-gather + reduce-scatter pair) over the tp group's tier; arrays allowed."""
-    bw, lat = network.tier_arrays(cluster, network.tp_span(tp))
-    ar = network.collective_time_s("all_reduce", tp, message_bytes, bw, lat, cp)
-    ag, rs = tp_sp_collectives_s(cluster, cp, tp, message_bytes)
-    return np.where(np.asarray(tp) > 1, np.where(sequence_parallel, ag + rs, ar), 0.0)
+    ag, rs, ar = tp_collectives_s(cluster, cp, tp, message_bytes, ("all_gather", "reduce_scatter", "all_reduce"))
+    return np.where(sequence_parallel, ag + rs, ar)
 
 
 def tp_overlap_exposed(ag, rs, tp, gemms_fwd, *, mlp: bool):
@@ -152,16 +149,19 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     bl = b / cp_size if cp_size > 1 else b  # a rank's share of each sequence, as micro-batch: s/cp tokens
 
     message = bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype]
-    ag, rs = tp_sp_collectives_s(cluster, cp, tp, message)
+    ag, rs, ar = tp_collectives_s(cluster, cp, tp, message, ("all_gather", "reduce_scatter", "all_reduce"))
+    tp_overlap = rules is not None and rules.tp
 
     def layer(s: bool):
         # per stage: forward, backward, attention core, forward weight GEMMs, MoE layers' f+b, and the
-        # TP seconds forward and backward a decomposing overlap leaves exposed (tp_overlap_exposed)
+        # TP seconds forward and backward a decomposing overlap leaves exposed (tp_overlap_exposed;
+        # only where the runtime overlaps TP)
         sums = [0.0] * 7
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
                                      dtype=dtype, dev=dev, fp8=fp8, speedup=speedup)
-            left = tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts))
+            left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts))
+                    if tp_overlap and s else (0.0, 0.0))
             sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
                                                      (lt.fwd + lt.bwd) if moe else 0.0, *left))]
         return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
@@ -170,7 +170,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
     fwd_l, bwd_l, attn_l, dense, moe_fb, tp_left_f, tp_left_b, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
     again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe)
-    tp_one = tp_collective_time_s(cluster, cp, tp, message, sp)
+    tp_one = np.where(sp, ag + rs, ar)  # tp_collective_time_s, from the collectives already priced
     # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward;
     # a MoE layer under sequence parallelism: the attention's and the shared experts' only (comms).
     moe_f = (1 + (1 if model.shared_experts else 0)) if model.is_moe else 2
@@ -206,7 +206,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     tp_f = tp_f + first * tp_one  # vocab-parallel embedding all-reduce
     tp_b = tp_b + last * tp_one  # head input-gradient all-reduce
     tp_all = tp_f + tp_b
-    if rules is not None and rules.tp:
+    if tp_overlap:
         # TP comm overlap (sequence parallel only, cost.overlap): each layer collective decomposed beside
         # the GEMMs next to it (tp_overlap_exposed), the recomputed forward's again under full
         # recomputation; the embedding's and the head's collectives stay exposed.
@@ -358,8 +358,9 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
     the schedule simulator replays for a timeline picture."""
     from exatrain.accounting.engines import get_engine
 
-    acts = get_engine(plan.runtime).activations
-    cp = compute.with_attention_kernel(cp, plan.attention_kernel or acts.flash_kernel)
+    engine = get_engine(plan.runtime)
+    acts = engine.activations
+    cp = compute.with_attention_kernel(cp, engine.attention_kernel(plan.attention_kernel))
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
     return stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
                        tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
