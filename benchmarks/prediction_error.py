@@ -20,7 +20,10 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     priors come from micro-benchmarks, and their FP8 speed-up from the 500 W part's runs, never
     from a DGX H100 or H200 run);
   * a torchtitan row whose torch predates 2.11 is planned with ``attention_kernel="fa2"`` (``_flash_kernel``):
-    FlashAttention-2's rate, as a user on that torch would plan with --attention-kernel fa2.
+    FlashAttention-2's rate, as a user on that torch would plan with --attention-kernel fa2;
+  * a row's ``compile`` column sets how its element-wise ops run (``_elementwise``): compiled rows with
+    ``elementwise="fused"``, eager ones with "eager", or "eager-composite" where the run's torch predates
+    torch's fused RMSNorm kernel (2.9), as a user would plan with --elementwise.
 Memory has no fitted factor: each engine profile (accounting.engines) is predicted as
 benchmarks/engine_memory.py does, so its error is out of sample by construction.
 
@@ -105,6 +108,7 @@ class Row:
     memory_pred_gib: float | None = None
     overlap: str = "all"  # which of the runtime's overlaps the run had on (cost.overlap.overlap_rules)
     flash_kernel: str = ""  # the attention kernel the run had where its engine's profile would guess wrong
+    elementwise: str = ""  # how its element-wise ops ran (plan.ELEMENTWISE), "" = the engine's own
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -168,6 +172,9 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row.flash_kernel = _flash_kernel(r)
         if row.flash_kernel:
             row.notes.append(f"attention {row.flash_kernel} (SDPA of a torch before 2.11)")
+        row.elementwise = _elementwise(r)
+        if row.elementwise:
+            row.notes.append(f"element-wise {row.elementwise}")
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
@@ -225,7 +232,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         flash_attention=r["attention"].startswith("flash"), cluster=cluster.name,
                         runtime=r["engine"], fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
-                        attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "")
+                        attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
+                        elementwise=row.elementwise)
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -295,6 +303,23 @@ def _flash_kernel(r: dict) -> str:
     return "fa2" if years and max(years) < 2026 else ""
 
 
+def _elementwise(r: dict) -> str:
+    """How the row's element-wise ops ran (plan.ELEMENTWISE) from its ``compile`` column: "fused" for a
+    compiled run, "eager" for an eager one, "eager-composite" where its torch predates the fused RMSNorm
+    kernel (aten._fused_rms_norm, first in torch 2.9: its ``torch 2.N``, else every date before 2025);
+    "" (the engine's own) where the column is empty."""
+    flag = r.get("compile", "").strip().lower()
+    if flag == "y":
+        return "fused"
+    if flag != "n":
+        return ""
+    version = r.get("engine_version", "")
+    m = re.search(r"torch 2\.(\d+)", version)
+    years = [int(y) for y in re.findall(r"\b(20\d\d)\b", version)]
+    old = int(m.group(1)) < 9 if m else bool(years) and max(years) < 2025
+    return "eager-composite" if old else "eager"
+
+
 def _predicted_memory_gib(row: Row) -> float:
     """The worst stage's bytes as ``estimate`` gives them for the row's engine (the evaluation path,
     which counts cp, ep and FP8; memory does not depend on the cost parameters); without the engine's
@@ -351,8 +376,8 @@ def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
     def params_at(x: np.ndarray) -> CostParams:
         vals = {f: float(v) for f, v in zip(factors, np.exp(x))}
         for f in ("gemm_eff", "attn_eff", "mem_eff", "link_eff"):
-            if f in vals:
-                vals[f] = min(vals[f], 4.0)
+            if f in vals:  # a fraction of the data sheet's peak: a GPU runs no faster than it
+                vals[f] = min(vals[f], 1.0)
         return base.replace(**vals)
 
     def residuals(x: np.ndarray) -> np.ndarray:

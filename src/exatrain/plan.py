@@ -50,6 +50,15 @@ MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 # torch 2.11) or "sdpa" (whatever torch's scaled_dot_product_attention picks). A plan that names none
 # runs its runtime's own (accounting.engines ActivationRules.flash_kernel).
 ATTENTION_KERNELS = ("fused", "fa2", "sdpa")
+# How a layer's element-wise work (norms, rotary, the gated activation) runs (cost.compute.unfused_extra):
+# "fused" (a kernel per fused group: torch.compile'd blocks, Megatron's and Transformer Engine's fused
+# kernels), "eager" (plain PyTorch, a kernel per op; each norm one kernel, as torch's layer_norm and, where
+# torch has aten._fused_rms_norm, rms_norm run) or "eager-composite" (also each RMSNorm as its composite
+# ops: fp32 upcast, square, mean, rsqrt, two products, cast back: a hand-written norm, torch before 2.9
+# (aten._fused_rms_norm, pytorch#153666), or nn.RMSNorm with fp32 weights under autocast, which does not
+# dispatch to the fused kernel, pytorch#167308). A plan that names none runs its runtime's own
+# (accounting.engines EngineProfile.elementwise).
+ELEMENTWISE = ("fused", "eager", "eager-composite")
 PLAN_VERSION = 1
 
 
@@ -292,6 +301,7 @@ class Plan:
     fp8: str = ""  # FP8 GEMM scaling recipe (FP8_RECIPES), "" = no FP8 GEMMs
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS: how a MoE layer's tokens travel to their experts
     attention_kernel: str = ""  # ATTENTION_KERNELS: flash attention's kernel, "" = the runtime's own
+    elementwise: str = ""  # ELEMENTWISE: how the element-wise ops run, "" = the runtime's own
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -407,6 +417,7 @@ class Plan:
             **({"fp8": self.fp8} if self.fp8 else {}),
             **({"moe_dispatcher": self.moe_dispatcher} if self.moe_dispatcher != "alltoall" else {}),
             **({"attention_kernel": self.attention_kernel} if self.attention_kernel else {}),
+            **({"elementwise": self.elementwise} if self.elementwise else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -420,7 +431,7 @@ class Plan:
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
-                    "attention_kernel")
+                    "attention_kernel", "elementwise")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -449,6 +460,7 @@ class Plan:
                 fp8=str(d.get("fp8", "")),
                 moe_dispatcher=str(d.get("moe_dispatcher", "alltoall")),
                 attention_kernel=str(d.get("attention_kernel", "")),
+                elementwise=str(d.get("elementwise", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

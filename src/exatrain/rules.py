@@ -17,7 +17,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import ATTENTION_KERNELS, DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES
+from exatrain.plan import ATTENTION_KERNELS, DTYPES, ELEMENTWISE, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -430,6 +430,9 @@ def extension_problem(plan) -> tuple[str, str] | None:
     if kernel and not plan.flash_attention:
         return "attention_kernel", (f"--attention-kernel {kernel} names flash attention's kernel; this plan has "
                                     "flash attention off (--no-flash-attention): drop one of them")
+    elementwise = getattr(plan, "elementwise", "")
+    if elementwise and elementwise not in ELEMENTWISE:
+        return "elementwise", f"--elementwise must be one of {', '.join(ELEMENTWISE)}, got {elementwise!r}"
     return None
 
 

@@ -156,3 +156,21 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
             moe.setdefault(r.name.split(" (")[0], set()).add(r.plan.moe_dispatcher)
     assert moe["DeepSeekV3"] == {"deepep"} and moe["Qwen3_30B_a3B"] == {"hybridep", "alltoall"}
     assert moe["Qwen3_235B_a22B"] == {"alltoall"}
+
+
+def test_a_rows_compile_column_sets_its_elementwise_mode(pe) -> None:
+    """``compile`` y -> fused; n -> eager, or eager-composite where its torch predates the fused RMSNorm
+    kernel (2.9); empty -> the engine's own. Every torchtitan row states it, and the table's eager rows are
+    planned so (a bug that read the column as always "y" fails the eager rows' assertion)."""
+    assert pe._elementwise({"compile": "y", "engine_version": "torchtitan (2024)"}) == "fused"
+    assert pe._elementwise({"compile": "n", "engine_version": "torchtitan (2024)"}) == "eager-composite"
+    assert pe._elementwise({"compile": "n", "engine_version": "torchtitan abc, torch 2.8.0a0"}) == "eager-composite"
+    assert pe._elementwise({"compile": "n", "engine_version": "torchtitan abc, torch 2.9.1"}) == "eager"
+    assert pe._elementwise({"compile": "", "engine_version": "Megatron-LM 2021"}) == ""
+    rows = pe.load_rows()
+    titan = [r for r in rows if r.engine == "torchtitan"]
+    assert titan and all(r.elementwise in ("fused", "eager-composite") for r in titan)
+    eager = sorted(r.index for r in titan if r.elementwise == "eager-composite")
+    assert eager == [57, 60, 92, 93, 94]
+    assert all(r.plan.elementwise == "eager-composite" for r in rows if r.index in eager and r.plan)
+    assert all(r.elementwise == "" for r in rows if r.engine != "torchtitan")

@@ -105,6 +105,14 @@ class EngineProfile:
     # reduce-scattered once, after the last backward (0: the engine reduces as it goes).
     pp_unsharded_grad_bytes: float = 0.0
     pp_unsharded_grad_source: str = ""
+    # How its layers' element-wise ops run unless a plan says (plan.ELEMENTWISE; cost.compute.unfused_extra)
+    elementwise_default: str = "fused"
+    elementwise_source: str = ""
+
+    def elementwise(self, chosen: str = "") -> str:
+        """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
+        plan.ELEMENTWISE) if given, else the engine's own (``elementwise_default``)."""
+        return chosen or self.elementwise_default
 
     def attention_kernel(self, chosen: str = "") -> str:
         """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,
@@ -226,6 +234,10 @@ MEGATRON_CORE = EngineProfile(
                 "megatron/core/transformer/transformer_config.py overlap_moe_expert_parallel_comm: the expert "
                 "all-to-alls of one micro-batch run beside the compute of another (combined 1F1B)"),
     ),
+    elementwise_default="fused",
+    elementwise_source=("Transformer Engine's fused norms (TELayerNormColumnParallelLinear), bias-SwiGLU/GELU "
+                        "fusion and RoPE fusion, each on unless --no-bias-swiglu-fusion, --no-bias-gelu-fusion, "
+                        "--no-rope-fusion (megatron/training/arguments.py)"),
 )
 
 # ---- Megatron-DeepSpeed (DeepSpeed ZeRO) -------------------------------------------------------
@@ -293,6 +305,9 @@ MEGATRON_DEEPSPEED = EngineProfile(
         Overlap("dp_param_gather", "zero_optimization.overlap_comm (stage 3 prefetch)", False,
                 "deepspeed/runtime/zero/config.py prefetch_bucket_size"),
     ),
+    elementwise_default="fused",
+    elementwise_source=("Megatron's fused kernels: apex FusedLayerNorm / MixedFusedRMSNorm, bias-GELU fusion, "
+                        "fused scale-mask-softmax (megatron/model/fused_*.py; --no-bias-gelu-fusion turns one off)"),
 )
 
 # ---- torchtitan (FSDP2) -----------------------------------------------------------------------
@@ -345,6 +360,9 @@ TORCHTITAN = EngineProfile(
         "with set_requires_gradient_sync(False) and set_reshard_after_backward(False), and the schedule "
         "reduce-scatters once after the last (perform_reduce_grad); fsdp/_fully_shard/_fsdp_param.py "
         "to_accumulated_grad_if_needed keeps the unsharded gradient in the reduce dtype (fp32) meanwhile"),
+    elementwise_default="eager",
+    elementwise_source=("torch.compile is off unless the job config enables it ([compile] enable, "
+                        "training.compile before 2025; default false): plan a compiled run with --elementwise fused"),
 )
 
 # ---- exatrain's own trainer -------------------------------------------------------------------
@@ -385,6 +403,8 @@ EXATRAIN = EngineProfile(
                 "trainer/parallel/data.py"),
         Overlap("dp_param_gather", "FSDP2 implicit prefetch (ZeRO-2/3)", True, "trainer/parallel/data.py"),
     ),
+    elementwise_default="eager",
+    elementwise_source="the trainer runs eager; `exatrain train --compile` compiles each block (--elementwise fused)",
 )
 
 ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN)}

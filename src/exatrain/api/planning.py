@@ -48,6 +48,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
              flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
              fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+           elementwise: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
@@ -58,8 +59,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
     tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``moe_dispatcher``: how a MoE layer's tokens
     reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``attention_kernel``: which kernel the
-    run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's). ``out``: also write the
-    plan with its estimate as JSON."""
+    run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's). ``elementwise``: how its
+    element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or eager-composite
+    (``plan.ELEMENTWISE``; default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
     if out is not None:
@@ -93,6 +95,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
            fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+           elementwise: str | None = None,
            top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
@@ -136,6 +139,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
             fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+           elementwise: str | None = None,
             mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling

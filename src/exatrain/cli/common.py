@@ -11,7 +11,7 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import ATTENTION_KERNELS, DTYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from exatrain.plan import ATTENTION_KERNELS, DTYPES, ELEMENTWISE, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 
@@ -128,6 +128,10 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--attention-kernel", None, ATTENTION_KERNELS, "which kernel the run's flash attention is: fused (cuDNN / "
      "Transformer Engine), fa2 (FlashAttention-2: Megatron-DeepSpeed, and torch SDPA on Hopper before torch 2.11), "
      "sdpa (torch SDPA's own choice); default: the runtime's"),
+    ("--elementwise", None, ELEMENTWISE, "how the layers' element-wise ops run: fused (torch.compile, "
+     "Megatron's fused kernels), eager (a kernel per PyTorch op), eager-composite (also each RMSNorm as its "
+     "composite ops: a hand-written norm, or torch before 2.9); default: the runtime's "
+     "(Megatron fused; torchtitan and exatrain eager)"),
 )
 
 

@@ -35,7 +35,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     memory = (rt,) if rt == "exatrain" else (rt, "exatrain")
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
-                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel)
+                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
+                  elementwise=plan.elementwise)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -63,6 +64,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         kernel, source = ((plan.attention_kernel, f"set by --attention-kernel; {rt}'s own: {acts.flash_kernel}")
                           if plan.attention_kernel else (acts.flash_kernel, acts.flash_kernel_source))
         notes += (f"attention kernel: {kernel} ({source}; cost.compute.with_attention_kernel)",)
+    mode, source = ((plan.elementwise, f"set by --elementwise; {rt}'s own: {engine.elementwise()}")
+                    if plan.elementwise else (engine.elementwise(), engine.elementwise_source))
+    notes += (f"element-wise ops: {mode} ({source}; cost.compute.unfused_extra)",)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]

@@ -102,14 +102,16 @@ def trainer_models_it(model: ModelSpec, ep: int, cp: int, fp8: str) -> bool:
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
              dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] | None = None,
              by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
-             overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "") -> Evaluation:
+             overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
+             elementwise: str = "") -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
     are NaN), as a search that ranks only those needs. ``overlap``: which of the runtime's overlaps
     are on (``cost.overlap.overlap_rules``); ``moe_dispatcher``: how MoE tokens reach their experts
     (``plan.MOE_DISPATCHERS``, ``cost.experts.a2a_time_s``); ``attention_kernel``: flash attention's
-    kernel (``plan.ATTENTION_KERNELS``; "": the runtime's own). ``by_rank`` also fills ``hidden``."""
+    kernel (``plan.ATTENTION_KERNELS``; "": the runtime's own); ``elementwise``: how the element-wise ops
+    run (``plan.ELEMENTWISE``; "": the runtime's own). ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -192,7 +194,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
                               stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
                               hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams,
-                              moe_dispatcher=moe_dispatcher)
+                              moe_dispatcher=moe_dispatcher, elementwise=elementwise)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

@@ -93,6 +93,14 @@ class TrainConfig:
             raise UserError(f"the exatrain trainer runs torch SDPA's own attention kernel choice; plan "
                             f"--attention-kernel {self.plan.attention_kernel} for another runtime, or train a plan "
                             "made without --attention-kernel (or with sdpa)")
+        # The plan was priced with its element-wise ops as it names them (plan.ELEMENTWISE): fused ones
+        # are what --compile runs; eager ones what the trainer runs without it.
+        if self.plan.elementwise == "fused" and not self.compile:
+            raise UserError("this plan was priced with fused element-wise ops (--elementwise fused): train it "
+                            "with --compile, or plan it with --elementwise eager")
+        if self.plan.elementwise in ("eager", "eager-composite") and self.compile:
+            raise UserError(f"this plan was priced with eager element-wise ops (--elementwise "
+                            f"{self.plan.elementwise}): train it without --compile, or plan it with --elementwise fused")
         if self.plan.fp8:  # what --fp8 runs here (trainer/fp8.py): current scaling, dense models
             from exatrain.trainer.fp8 import check_fp8
 

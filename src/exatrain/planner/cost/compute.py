@@ -10,7 +10,8 @@
   (cuDNN's, FlashAttention-2's) is the runtime's (``with_attention_kernel``).
 * Element-wise kernels (norms, activation, residual adds, softmax without flash, rotary, loss) are
   memory-bound: bytes / (memory bandwidth * mem_eff); backward moves about twice the forward's bytes.
-  Byte counts assume Megatron-style fused kernels (bias-GELU, bias-dropout-add, scale-mask-softmax).
+  Byte counts assume Megatron-style fused kernels (bias-GELU, bias-dropout-add, scale-mask-softmax);
+  a run whose element-wise ops run eager, a kernel per PyTorch op, moves more (``unfused_extra``).
 
 All size arguments may be numpy arrays (the search evaluates many layouts at once).
 """
@@ -24,7 +25,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import ATTENTION_KERNELS
+from exatrain.plan import ATTENTION_KERNELS, ELEMENTWISE
 from exatrain.accounting.flops import Gemm, layer_gemms, logits_gemm
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.planner.cost.coefficients import CostParams
@@ -119,6 +120,53 @@ def elementwise_time_s(n_bytes, dev: Device):
     return n_bytes / (dev.mem_bytes_per_s * dev.params.mem_eff)
 
 
+# Bytes per element an eager (unfused) op chain moves beyond its fused kernel's read + write, bfloat16
+# activations (``e`` bytes) as the chain runs them in PyTorch:
+#   rotary on q and k, as torchtitan's apply_rotary_emb runs it: an fp32 copy (read e, write 4), the
+#     complex product (read 4, write 4) and the cast back (read 4, write e) against one read + write
+#     (2e): 16 bytes more, two more kernels per tensor;
+#   RMSNorm as its composite ops run (``eager-composite``): x.float() (read e, write 4), pow (4, 4),
+#     mean (read 4), x * rsqrt (4, 4), type_as (4, e), * weight (e, e) = 4e + 28 against 2e: 2e + 28
+#     more, five more kernels per norm;
+#   SwiGLU as silu(gate) * up: silu writes its output (e) and the product reads it again (e): 2e more,
+#     one more kernel.
+EAGER_ROTARY_EXTRA = 16.0
+
+
+def eager_norm_extra(e: float) -> float:
+    """Bytes per element a composite RMSNorm moves beyond a fused one (module comment above)."""
+    return 2.0 * e + 28.0
+
+
+def unfused_extra(m: ModelSpec, tokens, tp, *, sequence_parallel: bool, e: float, mode: str, act_elems=0.0):
+    """(bytes, kernels) one layer's forward moves and launches beyond the fused counts when its
+    element-wise ops run ``mode`` (plan.ELEMENTWISE): "fused" adds nothing; "eager" the rotary chain
+    and the gated activation's product (``act_elems``: the elements the SwiGLU products write on this
+    rank); "eager-composite" also each RMSNorm as composite ops (llama-family norms, the per-head q/k
+    norms, MLA's latent norms). The backward moves twice these bytes, as it does the fused ones."""
+    if mode not in ELEMENTWISE:
+        raise UserError(f"unknown element-wise mode {mode!r}; choose among {', '.join(ELEMENTWISE)}")
+    if mode == "fused":
+        return 0.0, 0
+    tp_a = np.asarray(tp, dtype=float)
+    extra, ops = 0.0, 0
+    if m.gated_mlp:
+        extra = extra + 2.0 * e * np.asarray(act_elems, dtype=float)
+        ops += 1
+    if not m.learned_positions:
+        extra = extra + EAGER_ROTARY_EXTRA * tokens * (m.q_width + m.kv_hidden) / tp_a
+        ops += 4
+    if mode == "eager-composite" and m.arch == "llama":
+        norm = 2.0 * m.hidden / (tp_a if sequence_parallel else 1.0)
+        if m.qk_norm:
+            norm = norm + (m.q_width + m.kv_hidden) / tp_a
+        if m.mla:
+            norm = norm + (m.q_lora_rank + m.kv_lora_rank) / (tp_a if sequence_parallel else 1.0)
+        extra = extra + eager_norm_extra(e) * tokens * norm
+        ops += 10
+    return extra, ops
+
+
 @dataclass(frozen=True)
 class LayerTimes:
     """One transformer layer, one micro-batch, one rank, communication excluded (seconds)."""
@@ -130,6 +178,8 @@ class LayerTimes:
     dense_gemm_fwd: object = 0.0  # the dense (weight) GEMMs of the forward; backward's weight gradient equals it
     # forward seconds of the GEMMs next to each sequence-parallel TP collective (``tp_paired_s``)
     tp_gemms_fwd: tuple = (0.0, 0.0, 0.0, 0.0)
+    # forward seconds of the matmuls torchtitan's per-op selective recomputation reruns (``per_op_rerun_s``)
+    per_op_gemm_fwd: object = 0.0
 
 
 # The GEMMs a sequence-parallel layer's four TP collectives feed or drain, in the layer's order:
@@ -146,8 +196,23 @@ def tp_paired_s(gemms, seconds) -> tuple:
     return tuple(sum((t for g, t in zip(gemms, seconds) if g.name in names), 0.0) for names in TP_PAIRS)
 
 
+def per_op_rerun_s(m: ModelSpec, gemms, seconds):
+    """Forward seconds of the matmuls torchtitan's per-op policy recomputes: it saves every other
+    matmul output, counting the block's matmuls in call order (torchtitan/distributed/
+    activation_checkpoint.py: the ``mm`` count, saved when odd), so wq, wv, w1, w2 are kept and the
+    2nd, 4th and 6th — wk, wo and w3 (gated; fc2 otherwise) — rerun. exatrain's GEMMs fuse q, k, v
+    (``qkv``) and gate + up (``fc1``): their shares are taken by width. Latent attention's projections
+    are not in that order: half of its dense GEMMs."""
+    t = {g.name: x for g, x in zip(gemms, seconds)}
+    if "qkv" not in t:
+        return 0.5 * sum(seconds, 0.0)
+    k_share = m.kv_hidden / (m.q_width + 2.0 * m.kv_hidden)
+    mlp = 0.5 * t.get("fc1", 0.0) if m.gated_mlp else t.get("fc2", 0.0)
+    return k_share * t["qkv"] + t.get("proj", 0.0) + mlp
+
+
 def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
-                dtype: str, dev: Device) -> LayerTimes:
+                dtype: str, dev: Device, elementwise: str = "fused") -> LayerTimes:
     e = COMPUTE_BYTES[dtype]
     tokens = np.asarray(micro_batch) * m.seq_len
     gemms = layer_gemms(m, micro_batch, tp)
@@ -166,8 +231,10 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
         sharded += 2.0 * (h + 2 * kvh)  # rotary on q and k (read + write)
     # two norms, two residual adds, the activation (+ rotary on q, k) — each a kernel launch
     n_ops = 5 + (2 if not m.learned_positions else 0) + (2 if m.dropout > 0 else 0)
-    elem_fwd = elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a), dev) \
-        + n_ops * dev.params.op_overhead_s
+    extra, extra_ops = unfused_extra(m, tokens, tp, sequence_parallel=sequence_parallel, e=e, mode=elementwise,
+                                     act_elems=tokens * f / tp_a)
+    elem_fwd = elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a) + extra, dev) \
+        + (n_ops + extra_ops) * dev.params.op_overhead_s
     if flash:
         attn_fwd, attn_bwd = flash_attention_s([g for g in gemms if g.name.startswith("attn_")], dev)
     else:
@@ -188,7 +255,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
     else:
         extra = 0.0 * fwd
     return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd, dense_gemm_fwd=gemm_fwd,
-                      tp_gemms_fwd=tp_paired_s(dense, dense_s))
+                      tp_gemms_fwd=tp_paired_s(dense, dense_s), per_op_gemm_fwd=per_op_rerun_s(m, dense, dense_s))
 
 
 def framework_layer_s(dev: Device, tp, dp, zero_stage: int):
@@ -210,13 +277,16 @@ def embedding_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, d
     return fwd, 2 * fwd
 
 
-def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device):
-    """(forward, backward) seconds of final norm, logits GEMM and cross-entropy on the last stage."""
+def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device,
+               elementwise: str = "fused"):
+    """(forward, backward) seconds of final norm, logits GEMM and cross-entropy on the last stage; the
+    norm as composite ops under "eager-composite" (``unfused_extra``)."""
     e = COMPUTE_BYTES[dtype]
     tokens = np.asarray(micro_batch) * m.seq_len
     tp_a = np.asarray(tp, dtype=float)
     g = logits_gemm(m, micro_batch, tp)
-    norm = elementwise_time_s(2.0 * tokens * m.hidden * e / (tp_a if sequence_parallel else 1.0), dev)
+    per = 2.0 * e + (eager_norm_extra(e) if elementwise == "eager-composite" and m.arch == "llama" else 0.0)
+    norm = elementwise_time_s(per * tokens * m.hidden / (tp_a if sequence_parallel else 1.0), dev)
     # cross-entropy over vocab-parallel logits in fp32: read logits, write/read fp32 softmax.
     ce = elementwise_time_s(tokens * (m.vocab / tp_a) * (e + 4 + 4), dev)
     fwd = gemm_time_s(g, dev) + norm + ce

@@ -97,11 +97,13 @@ def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = No
 
 def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, flash: bool,
                 sequence_parallel: bool, dtype: str, dev: compute.Device, fp8: str = "",
-                speedup: float = 1.0) -> compute.LayerTimes:
-    """One layer (a MoE layer if ``moe``), one micro-batch, one rank (module doc)."""
+                speedup: float = 1.0, elementwise: str = "fused") -> compute.LayerTimes:
+    """One layer (a MoE layer if ``moe``), one micro-batch, one rank (module doc); ``elementwise``: how
+    its element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``)."""
     if not extended(m, cp, fp8):
         return compute.layer_times(m, micro_batch, tp, flash=flash, recompute="none",
-                                   sequence_parallel=sequence_parallel, dtype=dtype, dev=dev)
+                                   sequence_parallel=sequence_parallel, dtype=dtype, dev=dev,
+                                   elementwise=elementwise)
     moe = bool(moe and m.is_moe)
     e = COMPUTE_BYTES[dtype]
     b = np.asarray(micro_batch, dtype=float)
@@ -136,8 +138,14 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
         # the router's softmax and top-k over its fp32 scores (read, write, read)
         elem_bytes = elem_bytes + routed * m.experts * 3.0 * moe_acc.ROUTER_SCORE_BYTES
         n_ops += 4  # router softmax/top-k, permute, activation, un-permute
+        act_elems = tokens * m.shared_experts * m.expert_width / tp_a + copies * m.expert_width
     else:
         elem_bytes = elem_bytes + tokens * e * act * m.ffn_hidden / tp_a
+        act_elems = tokens * m.ffn_hidden / tp_a
+    extra, extra_ops = compute.unfused_extra(m, tokens, tp, sequence_parallel=sequence_parallel, e=e,
+                                             mode=elementwise, act_elems=act_elems)
+    elem_bytes = elem_bytes + extra
+    n_ops += extra_ops
     if fp8:
         # cast each FP8 GEMM's input (forward) and its output gradient (backward): CAST_BYTES[fp8]
         cast_elems = sum(g.m * g.k * g.count for g in dense if g.name not in _NOT_FP8)
@@ -160,7 +168,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     return compute.LayerTimes(fwd=fwd, bwd=bwd, recompute=0.0 * fwd, attention_core_fwd=attn_fwd,
-                              dense_gemm_fwd=gemm_fwd, tp_gemms_fwd=compute.tp_paired_s(dense, dense_s))
+                              dense_gemm_fwd=gemm_fwd, tp_gemms_fwd=compute.tp_paired_s(dense, dense_s),
+                              per_op_gemm_fwd=compute.per_op_rerun_s(m, dense, dense_s))
 
 
 def stage_kinds(m: ModelSpec, stage_layers) -> tuple[np.ndarray, np.ndarray]:

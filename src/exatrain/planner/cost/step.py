@@ -114,16 +114,17 @@ def _pick(sequence_parallel, fn):
     return tuple(np.where(sequence_parallel, a, b) for a, b in zip(on, off))
 
 
-def recomputed(rec, fwd, attn, dense, *, per_op: bool = False):
+def recomputed(rec, fwd, attn, dense, *, per_op: bool = False, per_op_gemms=None):
     """Seconds the backward spends rerunning forward work, from the layers' forward ``fwd``, its
     attention core ``attn`` and dense GEMMs ``dense`` (same shapes): full recomputation reruns the
     whole forward; selective the attention core (Korthikanti et al. 2022, Sec. 5), or, under
     torchtitan's per-op policy (``per_op``: it saves the outputs of the attention kernel, the
     reduce-scatters and every second matmul, counted across calls: torchtitan/distributed/
-    activation_checkpoint.py), half of the dense GEMMs and all element-wise work (norms, rotary,
-    activation, products, residual adds: ``fwd - attn - dense``), and not the attention."""
+    activation_checkpoint.py), the matmuls it does not save (``per_op_gemms``: ``compute.per_op_rerun_s``;
+    None: half of the dense GEMMs) and all element-wise work (norms, rotary, activation, products,
+    residual adds: ``fwd - attn - dense``), and not the attention."""
     if per_op:
-        selective = 0.5 * dense + (fwd - attn - dense)
+        selective = (0.5 * dense if per_op_gemms is None else per_op_gemms) + (fwd - attn - dense)
     else:
         selective = attn
     return np.where(rec == _FULL, fwd, np.where(rec == _SELECTIVE, selective, 0.0))
@@ -132,12 +133,14 @@ def recomputed(rec, fwd, attn, dense, *, per_op: bool = False):
 def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                 flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
                 stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
-                fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall") -> StageTimes:
+                fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
+                elementwise: str = "fused") -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
     the runtime's selective recomputation reruns (``ActivationRules.selective``, see ``recomputed``);
-    ``moe_dispatcher``: how MoE tokens reach their experts (``cost.experts.a2a_time_s``)."""
+    ``moe_dispatcher``: how MoE tokens reach their experts (``cost.experts.a2a_time_s``); ``elementwise``:
+    how the element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -156,20 +159,24 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         # per stage: forward, backward, attention core, forward weight GEMMs, MoE layers' f+b, and the
         # TP seconds forward and backward a decomposing overlap leaves exposed (tp_overlap_exposed;
         # only where the runtime overlaps TP)
-        sums = [0.0] * 7
+        sums = [0.0] * 8
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
-                                     dtype=dtype, dev=dev, fp8=fp8, speedup=speedup)
+                                     dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise)
             left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts))
                     if tp_overlap and s else (0.0, 0.0))
             sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
-                                                     (lt.fwd + lt.bwd) if moe else 0.0, *left))]
+                                                     (lt.fwd + lt.bwd) if moe else 0.0, lt.per_op_gemm_fwd,
+                                                     *left))]
         return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
-                *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev))
+                *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev,
+                                    elementwise=elementwise))
 
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
-    fwd_l, bwd_l, attn_l, dense, moe_fb, tp_left_f, tp_left_b, emb_f, emb_b, head_f, head_b = _pick(sp, layer)
-    again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe)
+    fwd_l, bwd_l, attn_l, dense, moe_fb, per_op_l, tp_left_f, tp_left_b, emb_f, emb_b, head_f, head_b = \
+        _pick(sp, layer)
+    again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe,
+                       per_op_gemms=per_op_l)
     tp_one = np.where(sp, ag + rs, ar)  # tp_collective_time_s, from the collectives already priced
     # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward;
     # a MoE layer under sequence parallelism: the attention's and the shared experts' only (comms).
@@ -259,12 +266,14 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
                runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
-               moe_dispatcher: str = "alltoall") -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+               moe_dispatcher: str = "alltoall", elementwise: str = ""
+               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
     holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
     ``runtime``: the engine whose overlaps and collectives count (``cost.overlap``); ``overlap``:
-    which of its overlaps are on (``cost.overlap.overlap_rules``). ``hidden``: when given, gets the
+    which of its overlaps are on (``cost.overlap.overlap_rules``); ``elementwise``: how the element-wise
+    ops run (plan.ELEMENTWISE; "": the runtime's own). ``hidden``: when given, gets the
     seconds per step the overlaps hid (tp, pp, dp; arrays of N)."""
     from exatrain.accounting.engines import get_engine
 
@@ -276,7 +285,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
                      zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
                      stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8,
-                     selective=engine.activations.selective, moe_dispatcher=moe_dispatcher)
+                     selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
+                     elementwise=engine.elementwise(elementwise))
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -348,7 +358,8 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
 
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
-                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel)
+                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
+                  elementwise=plan.elementwise)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -367,7 +378,8 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
                        rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
-                       selective=acts.selective, moe_dispatcher=plan.moe_dispatcher)
+                       selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
+                       elementwise=engine.elementwise(plan.elementwise))
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):

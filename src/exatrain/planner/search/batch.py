@@ -57,6 +57,7 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
     ev = evaluate_layouts(layouts_of(space), model, cluster, cp, global_batch=global_batch, dtype=dtype,
                           flash=flash, memory=(runtime,), time_if_fits=time_if_fits, runtime=runtime,
                           overlap=overlap, moe_dispatcher=space.options.moe_dispatcher,
-                          attention_kernel=space.options.attention_kernel)
+                          attention_kernel=space.options.attention_kernel,
+                          elementwise=space.options.elementwise)
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
                        time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu)

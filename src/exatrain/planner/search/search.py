@@ -61,7 +61,8 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 recompute=RECOMPUTE[space.recompute[i]], sequence_parallel=bool(space.sp[i]),
                 schedule=sched if pp > 1 else "1f1b", interleave=v if pp > 1 else 1,
                 dtype=dtype, flash_attention=flash, cluster=cluster.name, fp8=space.options.fp8,
-                moe_dispatcher=space.options.moe_dispatcher, attention_kernel=space.options.attention_kernel)
+                moe_dispatcher=space.options.moe_dispatcher, attention_kernel=space.options.attention_kernel,
+                elementwise=space.options.elementwise)
 
 
 RUNTIMES = ENGINE_NAMES

@@ -60,6 +60,7 @@ class SpaceOptions:
     fp8: str = ""
     moe_dispatcher: str = "alltoall"  # one dispatcher for every candidate (plan.MOE_DISPATCHERS)
     attention_kernel: str = ""  # flash attention's kernel for every candidate (plan.ATTENTION_KERNELS)
+    elementwise: str = ""  # how every candidate's element-wise ops run (plan.ELEMENTWISE)
 
 
 @dataclass
