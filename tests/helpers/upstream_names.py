@@ -97,4 +97,6 @@ TORCHTITAN_FIELDS = {
     mode selective_ac_option per_op_sac_force_recompute_mm_shapes_by_fqns early_stop
     memory_budget visualize_memory_budget_pareto preserve_rng_state determinism_check debug
     """.split()),
+    # [compile] (Compile: enable, components of "model" / "loss"; replaced training.compile in 2025)
+    "compile": frozenset("enable components".split()),
 }

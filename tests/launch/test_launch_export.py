@@ -120,7 +120,7 @@ TORCHTITAN = {  # torchtitan/config/job_config.py @ v0.2.2 (module_fqns_per_mode
                              "fsdp_reshard_after_forward": "never", "tensor_parallel_degree": 4,
                              "pipeline_parallel_degree": 16, "pipeline_parallel_schedule": "1F1B",
                              "pipeline_parallel_microbatch_size": 1, "context_parallel_degree": 1},
-             "activation_checkpoint": {"mode": "full"}},
+             "activation_checkpoint": {"mode": "full"}, "compile": {"enable": False}},
     "1t": {"model": {"name": "llama3", "flavor": "gpt-1t"},
            "training": {"local_batch_size": 512, "global_batch_size": 1024, "seq_len": 2048,
                         "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
@@ -128,7 +128,7 @@ TORCHTITAN = {  # torchtitan/config/job_config.py @ v0.2.2 (module_fqns_per_mode
                            "fsdp_reshard_after_forward": "never", "tensor_parallel_degree": 8,
                            "pipeline_parallel_degree": 64, "pipeline_parallel_schedule": "1F1B",
                            "pipeline_parallel_microbatch_size": 1, "context_parallel_degree": 1},
-           "activation_checkpoint": {"mode": "full"}},
+           "activation_checkpoint": {"mode": "full"}, "compile": {"enable": False}},
 }
 
 PLANS = {"175b": plan_175b, "1t": plan_1t}

@@ -109,3 +109,23 @@ def test_per_op_recompute_reruns_every_second_matmul() -> None:
     none = api.estimate(**{**DENSE, "recompute": "none"}, runtime="torchtitan").estimate.time_s.compute
     assert none < sel
     assert np.isfinite(sel)
+
+
+def test_the_exports_say_how_the_plan_was_priced() -> None:
+    """torchtitan's job config compiles exactly when the plan was priced fused; a Megatron config of an
+    eager-priced plan says Megatron fuses them."""
+    from exatrain.engine_configs.megatron import render_megatron
+    from exatrain.engine_configs.torchtitan import render_torchtitan
+
+    def titan(mode: str) -> str:
+        return render_torchtitan(make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="torchtitan",
+                                           elementwise=mode)).text
+
+    assert "[compile]\nenable = true\ncomponents = [\"model\", \"loss\"]" in titan("fused")
+    assert "[compile]\nenable = false" in titan("") and "[compile]\nenable = false" in titan("eager")
+    assert "composite ops" in titan("eager-composite")
+    notes = render_megatron(make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="megatron-core",
+                                      elementwise="eager")).notes
+    assert any("priced with eager element-wise ops; Megatron-Core runs its fused kernels" in n for n in notes)
+    own = render_megatron(make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="megatron-core")).notes
+    assert not any("element-wise" in n for n in own)

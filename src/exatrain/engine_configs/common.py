@@ -86,3 +86,13 @@ def even_split(plan: Plan) -> bool:
 
 
 __all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "export", "kernel_note", "summary"]
+
+
+def elementwise_note(plan: Plan, engine: str) -> str:
+    """A note for a Megatron config of a plan priced with eager element-wise ops (``plan.ELEMENTWISE``):
+    Megatron fuses them (its bias-activation, RoPE and norm kernels); "" for a plan that names none or fused."""
+    if plan.elementwise not in ("eager", "eager-composite"):
+        return ""
+    return (f"the plan was priced with {plan.elementwise} element-wise ops; {engine} runs its fused kernels "
+            "(plan it without --elementwise, or with fused, to price them)")
+

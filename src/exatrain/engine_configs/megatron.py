@@ -29,7 +29,7 @@ import shlex
 from typing import Any
 
 from exatrain.errors import UserError
-from exatrain.engine_configs.common import Export, Flag, FlagGroup, even_split, kernel_note, summary
+from exatrain.engine_configs.common import Export, Flag, FlagGroup, elementwise_note, even_split, kernel_note, summary
 from exatrain.plan import Plan
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
@@ -131,6 +131,7 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
         FlagGroup("PRECISION_ARGS", "precision and attention kernel",
                   f"megatron/core/model_parallel_config.py, {cfg}", tuple(prec)),
     )
+    notes += [n for n in (elementwise_note(plan, "Megatron-Core"),) if n]
     return groups, tuple(notes)
 
 
@@ -277,6 +278,7 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
         FlagGroup("PRECISION_ARGS", "precision and attention kernel", f"{src} (_add_mixed_precision_args, "
                   "_add_training_args)", tuple(prec)),
     )
+    notes += [n for n in (elementwise_note(plan, "Megatron-DeepSpeed"),) if n]
     return groups, tuple(notes)
 
 

@@ -133,6 +133,11 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
             notes.append(f"torchtitan's float8 has no {plan.fp8!r} scaling: this config uses its {recipe} "
                          "recipe (per-tensor current scales, or per-row for the block recipe), which the "
                          "plan's estimate did not price")
+    # torch.compile per block (and the loss) is what --elementwise fused priced; eager otherwise
+    compile_on = plan.elementwise == "fused"
+    if plan.elementwise == "eager-composite":
+        notes.append("the plan was priced with each RMSNorm as composite ops (--elementwise eager-composite); "
+                     "torchtitan's nn.RMSNorm runs one fused kernel from torch 2.9")
     ac: dict[str, Any] = {"mode": plan.recompute}
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
@@ -143,6 +148,7 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         "training": training,
         "parallelism": par,
         "activation_checkpoint": ac,
+        "compile": {"enable": compile_on, **({"components": ["model", "loss"]} if compile_on else {})},
         **({"quantize.linear.float8": quant} if quant else {}),
     }
     return sections, tuple(notes)
