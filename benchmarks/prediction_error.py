@@ -378,6 +378,9 @@ def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
         for f in ("gemm_eff", "attn_eff", "mem_eff", "link_eff"):
             if f in vals:  # a fraction of the data sheet's peak: a GPU runs no faster than it
                 vals[f] = min(vals[f], 1.0)
+        for f, sheet in _FROM_DATA_SHEET.items():
+            if f in vals:  # FP8 GEMMs at most the data sheet's FP8 / bf16 peak ratio faster than bf16 ones
+                vals[f] = min(vals[f], sheet(device))
         return base.replace(**vals)
 
     def residuals(x: np.ndarray) -> np.ndarray:

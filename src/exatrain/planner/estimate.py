@@ -74,6 +74,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                 + ", ".join(f"{k} {v:.3f} s" for k, v in hid.items()) + " (dp: with what the pipeline's drain hides)")
               if switches
               else f"overlap {overlap}: no communication hidden",)
+    if rules.tp and not rules.tp_backward and plan.tp > 1:
+        notes += (f"{rt}'s TP overlap hides the forward's collectives only; the backward's stay exposed "
+                  f"({engine.overlap('tp').passes_source})",)
     if plan.tp > cluster.gpus_per_node:
         notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "
                   "are priced on the inter-node network",)

@@ -71,6 +71,7 @@ class OverlapRules:
     pp_p2p: bool  # with the interleaved schedule only
     grad_reduce_needs_no_pipeline: bool  # exatrain: DDP's overlap runs only without a pipeline schedule
     ep_a2a: bool = False  # the expert all-to-alls under another micro-batch's MoE-layer compute
+    tp_backward: bool = True  # the TP overlap also hides the backward's collectives (Overlap.passes)
     switches: tuple[str, ...] = ()  # the engine's switches of the overlaps that are on
 
 
@@ -99,6 +100,7 @@ def overlap_rules(engine: EngineProfile | str, on: str = "all") -> OverlapRules:
     return OverlapRules(runtime=e.name, tp="tp" in chosen, dp_grad_reduce="dp_grad_reduce" in chosen,
                         dp_param_gather="dp_param_gather" in chosen, pp_p2p="pp_p2p" in chosen,
                         ep_a2a="ep_a2a" in chosen,
+                        tp_backward="tp" in offered and offered["tp"].passes == "both",
                         # the exatrain profile's own words: "(ZeRO-0/1 without pipeline)"
                         grad_reduce_needs_no_pipeline=e.name == "exatrain",
                         switches=tuple(o.switch for c, o in offered.items() if c in chosen))
