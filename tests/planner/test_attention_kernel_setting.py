@@ -27,6 +27,7 @@ from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.step import plan_stage_times
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions
+from tests.helpers.plan_fields import check_round_trip
 
 H100 = get_cluster("dgx-h100")
 DENSE = dict(model="llama3-8b", cluster="dgx-h100", gpus=8, global_batch=8, zero=0, recompute="none")
@@ -40,14 +41,7 @@ def _compute_s(runtime: str, kernel: str | None = None) -> float:
 
 def test_one_list_of_kernels_and_the_plan_file_round_trip(tmp_path) -> None:
     assert compute.FLASH_KERNELS is ATTENTION_KERNELS == ("fused", "fa2", "sdpa")
-    plan = make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="torchtitan")
-    assert plan.attention_kernel == "" and "attention_kernel" not in plan.to_dict()
-    path = tmp_path / "p.json"
-    plan.replace(attention_kernel="fa2").save(path)
-    assert json.loads(path.read_text())["attention_kernel"] == "fa2"
-    assert Plan.load(path).attention_kernel == "fa2"
-    # a base plan's kernel is kept unless another is given
-    assert make_plan("llama3-8b", H100, gpus=8, base=Plan.load(path)).attention_kernel == "fa2"
+    path = check_round_trip(tmp_path, H100, "attention_kernel", "fa2")
     assert make_plan("llama3-8b", H100, gpus=8, base=Plan.load(path), attention_kernel="fused").attention_kernel == "fused"
     with pytest.raises(PlanError, match=r"^--attention-kernel must be one of fused, fa2, sdpa, got 'xformers'$"):
         make_plan("llama3-8b", H100, gpus=8, attention_kernel="xformers")

@@ -12,8 +12,6 @@ Deliberate bugs these tests were seen to catch:
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -24,8 +22,9 @@ from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.errors import PlanError, UserError
-from exatrain.plan import ELEMENTWISE, Plan
+from exatrain.plan import ELEMENTWISE
 from exatrain.planner.cost import compute
+from tests.helpers.plan_fields import check_round_trip
 
 H100 = get_cluster("dgx-h100")
 DENSE = dict(model="llama3-8b", cluster="dgx-h100", gpus=8, global_batch=16, micro_batch=2, zero=3,
@@ -75,13 +74,7 @@ def test_each_engine_default_and_the_estimate_orders_the_modes() -> None:
 
 
 def test_the_plan_carries_it_and_bad_values_are_one_line(tmp_path, capsys) -> None:
-    plan = make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="torchtitan")
-    assert plan.elementwise == "" and "elementwise" not in plan.to_dict()
-    path = tmp_path / "p.json"
-    plan.replace(elementwise="fused").save(path)
-    assert json.loads(path.read_text())["elementwise"] == "fused"
-    assert Plan.load(path).elementwise == "fused"
-    assert make_plan("llama3-8b", H100, gpus=8, base=Plan.load(path)).elementwise == "fused"
+    check_round_trip(tmp_path, H100, "elementwise", "fused")
     with pytest.raises(PlanError, match=r"^--elementwise must be one of fused, eager, eager-composite, got 'jit'$"):
         make_plan("llama3-8b", H100, gpus=8, elementwise="jit")
     assert main(["estimate", "--model", "llama3-8b", "--elementwise", "jit"]) == 2

@@ -1,0 +1,24 @@
+"""A plan setting's round trip: not written when unset, written and read back when set, and kept from a
+base plan (the --attention-kernel and --elementwise tests share it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from exatrain.api.plans import make_plan
+from exatrain.catalog.hardware import ClusterSpec
+from exatrain.plan import Plan
+
+
+def check_round_trip(tmp_path: Path, cluster: ClusterSpec, field: str, value: str) -> Path:
+    """Assert the round trip of ``field`` set to ``value`` on a torchtitan llama3-8b plan; the file's path."""
+    plan = make_plan("llama3-8b", cluster, gpus=8, global_batch=8, runtime="torchtitan")
+    assert getattr(plan, field) == "" and field not in plan.to_dict()
+    path = tmp_path / f"{field}.json"
+    plan.replace(**{field: value}).save(path)
+    assert json.loads(path.read_text())[field] == value
+    assert getattr(Plan.load(path), field) == value
+    # a base plan's setting is kept unless another is given
+    assert getattr(make_plan("llama3-8b", cluster, gpus=8, base=Plan.load(path)), field) == value
+    return path
