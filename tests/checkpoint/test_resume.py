@@ -1,12 +1,12 @@
 """Resume exactness, across layouts, and export of the checkpoints to Hugging Face transformers.
 
 A tp2 x dp2 ZeRO-1 run of gpt-tiny (DTensor parameters kept as local shards, ZeroRedundancyOptimizer
-partitions) trains 10 steps and saves after steps 5 and 10. From the step-5 checkpoint:
-* the same layout continues 5 steps: bit-identical losses (CPU, float32);
+partitions) trains STEPS (6) steps and saves after steps SAVED (3) and 6. From the step-3 checkpoint:
+* the same layout continues 3 steps: bit-identical losses (CPU, float32);
 * pp2 (plain AdamW, each rank half the layers) and tp2 x pp2 x dp2 with FSDP2 ZeRO-3 (2-D sharded
-  DTensors) continue 5 steps: within 1e-5 of the straight run.
-Every step records the global sample indices each dp rank read: the five resumed steps read exactly
-the samples the straight run read at steps 6-10, and the ten steps together read 0 .. 10*batch - 1
+  DTensors) continue 3 steps: within 1e-5 of the straight run.
+Every step records the global sample indices each dp rank read: the three resumed steps read exactly
+the samples the straight run read at steps 4-6, and the six steps together read 0 .. 6*batch - 1
 once each. The checkpoints are then exported (gpt and a tp2 llama) and loaded in transformers, whose
 logits must equal exatrain's own forward within 1e-5.
 """
@@ -28,24 +28,27 @@ from exatrain.trainer.model import Transformer
 pytestmark = pytest.mark.slow
 GLOBAL_BATCH = 8  # trainer_runs.GLOBAL_BATCH
 RTOL = 1e-5
+STEPS = 6  # the straight run's
+SAVED = 3  # the step of the checkpoint the other runs resume from (the straight run saves every SAVED steps)
+CKPT = f"step-{SAVED:08d}"
 
 
 def cases_on_four(out: Path) -> dict[str, dict]:
     """The straight run, its same-layout resume and llama, in the four-rank launch shared with the
     resharding tests (conftest.py)."""
     return {
-        "straight": dict(tp=2, dp=2, zero_stage=1, checkpoint_dir=str(out / "ckpt"), save_every=5,
+        "straight": dict(tp=2, dp=2, zero_stage=1, steps=STEPS, checkpoint_dir=str(out / "ckpt"), save_every=SAVED,
                          tensorboard_dir=str(out / "tb")),
-        "same-layout": dict(tp=2, dp=2, zero_stage=1, resume_from=str(out / "ckpt" / "step-00000005")),
+        "same-layout": dict(tp=2, dp=2, zero_stage=1, steps=STEPS, resume_from=str(out / "ckpt" / CKPT)),
         "llama": dict(model="llama-tiny", tp=2, dp=2, steps=3, checkpoint_dir=str(out / "llama")),
     }
 
 
 def cases_after_four(out: Path, world: int) -> dict[str, dict]:
-    """Other layouts resumed from the straight run's step-5 checkpoint, by world size."""
-    ckpt = str(out / "ckpt" / "step-00000005")
-    return {2: {"pp2": dict(pp=2, resume_from=ckpt)},
-            8: {"tp2-pp2-dp2-fsdp": dict(tp=2, pp=2, dp=2, zero_stage=3, resume_from=ckpt)}}[world]
+    """Other layouts resumed from the straight run's step-SAVED checkpoint, by world size."""
+    ckpt = str(out / "ckpt" / CKPT)
+    return {2: {"pp2": dict(pp=2, steps=STEPS, resume_from=ckpt)},
+            8: {"tp2-pp2-dp2-fsdp": dict(tp=2, pp=2, dp=2, zero_stage=3, steps=STEPS, resume_from=ckpt)}}[world]
 
 
 @pytest.fixture(scope="module")
@@ -61,30 +64,30 @@ def other_layouts(launch_two_after_four: dict, launch_eight: dict) -> dict[str, 
 def test_same_layout_resume_is_bit_identical(four: tuple[Path, dict[str, Run]]) -> None:
     runs = four[1]
     straight, resumed = runs["straight"], runs["same-layout"]
-    assert [s["step"] for s in resumed.steps] == [6, 7, 8, 9, 10]
-    assert resumed.losses == straight.losses[5:]
-    assert resumed.grad_norms == straight.grad_norms[5:]
-    assert samples_by_step(resumed) == samples_by_step(straight)[5:]
+    assert [s["step"] for s in resumed.steps] == list(range(SAVED + 1, STEPS + 1))
+    assert resumed.losses == straight.losses[SAVED:]
+    assert resumed.grad_norms == straight.grad_norms[SAVED:]
+    assert samples_by_step(resumed) == samples_by_step(straight)[SAVED:]
 
 
 @pytest.mark.parametrize("case", ["pp2", "tp2-pp2-dp2-fsdp"])
 def test_another_layout_resumes_within_tolerance(case: str, four: tuple[Path, dict[str, Run]],
                                                  other_layouts: dict[str, Run]) -> None:
     straight, resumed = four[1]["straight"], other_layouts[case]
-    assert [s["step"] for s in resumed.steps] == [6, 7, 8, 9, 10]
-    assert max_rel_diff(resumed.losses, straight.losses[5:]) <= RTOL, (resumed.losses, straight.losses[5:])
-    assert max_rel_diff(resumed.grad_norms, straight.grad_norms[5:]) <= RTOL
-    before = [i for step in samples_by_step(straight)[:5] for i in step]
+    assert [s["step"] for s in resumed.steps] == list(range(SAVED + 1, STEPS + 1))
+    assert max_rel_diff(resumed.losses, straight.losses[SAVED:]) <= RTOL, (resumed.losses, straight.losses[SAVED:])
+    assert max_rel_diff(resumed.grad_norms, straight.grad_norms[SAVED:]) <= RTOL
+    before = [i for step in samples_by_step(straight)[:SAVED] for i in step]
     after = [i for step in samples_by_step(resumed) for i in step]
-    assert sorted(before + after) == list(range(10 * GLOBAL_BATCH))  # none repeated, none skipped
-    assert samples_by_step(resumed) == samples_by_step(straight)[5:]
+    assert sorted(before + after) == list(range(STEPS * GLOBAL_BATCH))  # none repeated, none skipped
+    assert samples_by_step(resumed) == samples_by_step(straight)[SAVED:]
 
 
 def test_checkpoints_are_published_with_manifests(four: tuple[Path, dict[str, Run]]) -> None:
     root = four[0] / "ckpt"
     # no .tmp- left (ranks/ holds the ranks' logs and heartbeats: trainer/failures.py)
-    assert sorted(p.name for p in root.iterdir()) == ["ranks", "step-00000005", "step-00000010"]
-    for step in (5, 10):
+    assert sorted(p.name for p in root.iterdir()) == ["ranks", CKPT, f"step-{STEPS:08d}"]
+    for step in (SAVED, STEPS):
         d = root / f"step-{step:08d}"
         manifest = json.loads((d / "manifest.json").read_text())
         trainer = json.loads((d / "trainer.json").read_text())
@@ -100,10 +103,10 @@ def test_tensorboard_has_every_step(four: tuple[Path, dict[str, Run]]) -> None:
     acc = EventAccumulator(str(four[0] / "tb"))
     acc.Reload()
     loss = acc.Scalars("train/loss")
-    assert [e.step for e in loss] == list(range(1, 11))
+    assert [e.step for e in loss] == list(range(1, STEPS + 1))
     assert [e.value for e in loss] == pytest.approx(four[1]["straight"].losses, rel=1e-6)
     for tag in ("train/grad_norm", "train/lr", "perf/tokens_per_s", "perf/step_time_s"):
-        assert len(acc.Scalars(tag)) == 10
+        assert len(acc.Scalars(tag)) == STEPS
 
 
 def exatrain_logits(checkpoint: Path, model: str, tokens: torch.Tensor) -> torch.Tensor:
@@ -117,7 +120,7 @@ def exatrain_logits(checkpoint: Path, model: str, tokens: torch.Tensor) -> torch
         return net.eval()(tokens)
 
 
-@pytest.mark.parametrize("model,ckpt", [("gpt-tiny", "ckpt/step-00000010"), ("llama-tiny", "llama/step-00000003")])
+@pytest.mark.parametrize("model,ckpt", [("gpt-tiny", f"ckpt/step-{STEPS:08d}"), ("llama-tiny", "llama/step-00000003")])
 def test_export_loads_in_transformers_with_the_same_logits(model: str, ckpt: str, tmp_path: Path,
                                                            four: tuple[Path, dict[str, Run]]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,9 +142,9 @@ def test_export_picks_the_newest_or_a_named_step(tmp_path: Path, four: tuple[Pat
                                                  capsys: pytest.CaptureFixture) -> None:
     root = four[0] / "ckpt"
     assert main(["export", "--checkpoint", str(root), "--out", str(tmp_path / "newest")]) == 0
-    assert "step-00000010" in capsys.readouterr().out
-    assert main(["export", "--checkpoint", str(root), "--step", "5", "--out", str(tmp_path / "five")]) == 0
-    assert "step-00000005" in capsys.readouterr().out
-    assert main(["export", "--checkpoint", str(root), "--step", "7", "--out", str(tmp_path / "seven")]) == 2
-    err = capsys.readouterr().err
-    assert "step-00000007" in err and len(err.strip().splitlines()) == 1
+    assert f"step-{STEPS:08d}" in capsys.readouterr().out
+    assert main(["export", "--checkpoint", str(root), "--step", str(SAVED), "--out", str(tmp_path / "saved")]) == 0
+    assert CKPT in capsys.readouterr().out
+    assert main(["export", "--checkpoint", str(root), "--step", "4", "--out", str(tmp_path / "four")]) == 2
+    err = capsys.readouterr().err  # step 4 ran but was not saved
+    assert "step-00000004" in err and len(err.strip().splitlines()) == 1
