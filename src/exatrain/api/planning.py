@@ -48,7 +48,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
              flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
              fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
-           elementwise: str | None = None,
+             elementwise: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:

@@ -85,9 +85,6 @@ def even_split(plan: Plan) -> bool:
     return len(set(plan.layers_per_stage())) == 1
 
 
-__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "export", "kernel_note", "summary"]
-
-
 def elementwise_note(plan: Plan, engine: str) -> str:
     """A note for a Megatron config of a plan priced with eager element-wise ops (``plan.ELEMENTWISE``):
     Megatron fuses them (its bias-activation, RoPE and norm kernels); "" for a plan that names none or fused."""
@@ -95,4 +92,8 @@ def elementwise_note(plan: Plan, engine: str) -> str:
         return ""
     return (f"the plan was priced with {plan.elementwise} element-wise ops; {engine} runs its fused kernels "
             "(plan it without --elementwise, or with fused, to price them)")
+
+
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "elementwise_note", "even_split", "export", "kernel_note",
+           "summary"]
 

@@ -131,7 +131,8 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
         FlagGroup("PRECISION_ARGS", "precision and attention kernel",
                   f"megatron/core/model_parallel_config.py, {cfg}", tuple(prec)),
     )
-    notes += [n for n in (elementwise_note(plan, "Megatron-Core"),) if n]
+    note = elementwise_note(plan, "Megatron-Core")
+    notes += [note] if note else []
     return groups, tuple(notes)
 
 
@@ -278,7 +279,8 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
         FlagGroup("PRECISION_ARGS", "precision and attention kernel", f"{src} (_add_mixed_precision_args, "
                   "_add_training_args)", tuple(prec)),
     )
-    notes += [n for n in (elementwise_note(plan, "Megatron-DeepSpeed"),) if n]
+    note = elementwise_note(plan, "Megatron-DeepSpeed")
+    notes += [note] if note else []
     return groups, tuple(notes)
 
 

@@ -24,6 +24,12 @@ from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate, trainer_models_it
 from exatrain.planner.layouts import Layouts
 
 
+def _setting_note(what: str, flag: str, chosen: str, runtime: str, own: str, own_source: str, priced_by: str) -> str:
+    """The note for a plan setting that defaults to the runtime's own: the value, and who set it."""
+    source = f"set by {flag}; {runtime}'s own: {own}" if chosen else own_source
+    return f"{what}: {chosen or own} ({source}; {priced_by})"
+
+
 def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None,
                   overlap: str = "all") -> StepEstimate:
     """Memory of every stage, the counts of one optimizer step, and the predicted step time of
@@ -61,12 +67,10 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     )
     if plan.flash_attention:
         acts = engine.activations
-        kernel, source = ((plan.attention_kernel, f"set by --attention-kernel; {rt}'s own: {acts.flash_kernel}")
-                          if plan.attention_kernel else (acts.flash_kernel, acts.flash_kernel_source))
-        notes += (f"attention kernel: {kernel} ({source}; cost.compute.with_attention_kernel)",)
-    mode, source = ((plan.elementwise, f"set by --elementwise; {rt}'s own: {engine.elementwise()}")
-                    if plan.elementwise else (engine.elementwise(), engine.elementwise_source))
-    notes += (f"element-wise ops: {mode} ({source}; cost.compute.unfused_extra)",)
+        notes += (_setting_note("attention kernel", "--attention-kernel", plan.attention_kernel, rt,
+                                acts.flash_kernel, acts.flash_kernel_source, "cost.compute.with_attention_kernel"),)
+    notes += (_setting_note("element-wise ops", "--elementwise", plan.elementwise, rt, engine.elementwise(),
+                            engine.elementwise_source, "cost.compute.unfused_extra"),)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]

@@ -138,6 +138,12 @@ def eager_norm_extra(e: float) -> float:
     return 2.0 * e + 28.0
 
 
+def composite_norms(m: ModelSpec, mode: str) -> bool:
+    """Whether ``mode`` runs the model's norms as composite ops: RMSNorm (llama family) under
+    "eager-composite"; LayerNorm is one kernel in every mode."""
+    return mode == "eager-composite" and m.arch == "llama"
+
+
 def unfused_extra(m: ModelSpec, tokens, tp, *, sequence_parallel: bool, e: float, mode: str, act_elems=0.0):
     """(bytes, kernels) one layer's forward moves and launches beyond the fused counts when its
     element-wise ops run ``mode`` (plan.ELEMENTWISE): "fused" adds nothing; "eager" the rotary chain
@@ -156,7 +162,7 @@ def unfused_extra(m: ModelSpec, tokens, tp, *, sequence_parallel: bool, e: float
     if not m.learned_positions:
         extra = extra + EAGER_ROTARY_EXTRA * tokens * (m.q_width + m.kv_hidden) / tp_a
         ops += 4
-    if mode == "eager-composite" and m.arch == "llama":
+    if composite_norms(m, mode):
         norm = 2.0 * m.hidden / (tp_a if sequence_parallel else 1.0)
         if m.qk_norm:
             norm = norm + (m.q_width + m.kv_hidden) / tp_a
@@ -285,7 +291,7 @@ def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype:
     tokens = np.asarray(micro_batch) * m.seq_len
     tp_a = np.asarray(tp, dtype=float)
     g = logits_gemm(m, micro_batch, tp)
-    per = 2.0 * e + (eager_norm_extra(e) if elementwise == "eager-composite" and m.arch == "llama" else 0.0)
+    per = 2.0 * e + (eager_norm_extra(e) if composite_norms(m, elementwise) else 0.0)
     norm = elementwise_time_s(per * tokens * m.hidden / (tp_a if sequence_parallel else 1.0), dev)
     # cross-entropy over vocab-parallel logits in fp32: read logits, write/read fp32 softmax.
     ce = elementwise_time_s(tokens * (m.vocab / tp_a) * (e + 4 + 4), dev)
