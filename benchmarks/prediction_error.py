@@ -23,7 +23,13 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     FlashAttention-2's rate, as a user on that torch would plan with --attention-kernel fa2;
   * a row's ``compile`` column sets how its element-wise ops run (``_elementwise``): compiled rows with
     ``elementwise="fused"``, eager ones with "eager", or "eager-composite" where the run's torch predates
-    torch's fused RMSNorm kernel (2.9), as a user would plan with --elementwise.
+    torch's fused RMSNorm kernel (2.9), as a user would plan with --elementwise;
+  * a row's ``preset`` column names the catalog model whose architecture beyond the shape columns (head
+    width, QK-norm, multi-head latent attention, shared experts, leading dense layers) it has
+    (``_with_preset``);
+  * a MoE row's ``moe_routing`` column sets how evenly its tokens reached the experts (``_moe_routing``):
+    "force-balanced" is planned with ``moe_force_balance``, "capacity C padded" with
+    ``moe_capacity_factor=C``, as a user would plan with --moe-force-balance / --moe-capacity-factor C.
 Memory has no fitted factor: each engine profile (accounting.engines) is predicted as
 benchmarks/engine_memory.py does, so its error is out of sample by construction.
 
@@ -198,6 +204,9 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                                   dropout=float(r["dropout"] or 0.0), experts=experts,
                                   top_k=_int(r["moe_topk"], 0) if experts else 0,
                                   expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0)
+                if r.get("preset", "").strip():
+                    model = _with_preset(model, r["preset"].strip(), i)
+                    row.notes.append(f"architecture of preset {r['preset'].strip()}")
             except UserError as exc:  # a shape the planner cannot build: this row is not priced, the rest are
                 row.not_priced = f"the planner refuses the model: {exc}"
                 continue
@@ -221,6 +230,9 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             recompute = "none"
         if recompute != r["recompute"]:
             row.notes.append(f"recompute {r['recompute']!r} planned as {recompute}")
+        capacity, balance = _moe_routing(r.get("moe_routing", ""))
+        if capacity or balance:
+            row.notes.append(f"routing {r['moe_routing'].strip()}")
         pp, v = _int(r["pp"]), _int(r["vpp"], 1)
         schedule = "interleaved" if pp > 1 and v > 1 else "1f1b"
         try:
@@ -233,7 +245,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         runtime=r["engine"], fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
-                        elementwise=row.elementwise)
+                        elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance)
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -285,6 +297,39 @@ def _dispatcher(stated: str) -> str:
         if name in low:
             return name
     return "alltoall"
+
+
+# The shape columns a ``preset`` must agree with (the rest of its architecture is what the row takes).
+_PRESET_SHAPE = ("arch", "layers", "hidden", "heads", "kv_heads", "experts", "top_k", "expert_ffn_hidden")
+
+
+def _with_preset(model: ModelSpec, preset: str, index: int) -> ModelSpec:
+    """``model`` (the row's shape columns) with the architecture the columns cannot say — head width,
+    QK-norm, multi-head latent attention, shared experts, leading dense layers, router — taken from the
+    catalog preset the row's ``preset`` column names (data README); the row's shape must be the preset's."""
+    from exatrain.catalog import get_model
+
+    base = get_model(preset)
+    differ = [f"{k} {getattr(model, k)} != {getattr(base, k)}" for k in _PRESET_SHAPE
+              if getattr(model, k) != getattr(base, k)]
+    if differ:
+        raise UserError(f"row {index}: its shape is not preset {preset}'s ({'; '.join(differ)})")
+    return base.replace(name=model.name, seq_len=model.seq_len, vocab=model.vocab, dropout=model.dropout,
+                        ffn_hidden=model.ffn_hidden, description="")
+
+
+def _moe_routing(stated: str) -> tuple[float, bool]:
+    """(capacity factor, forced balance) of a row's ``moe_routing`` column (data README): "" dropless,
+    "force-balanced", or "capacity C padded"."""
+    text = stated.strip().lower()
+    if not text:
+        return 0.0, False
+    if text == "force-balanced":
+        return 0.0, True
+    m = re.fullmatch(r"capacity (\d+(?:\.\d+)?) padded", text)
+    if m and float(m.group(1)) > 0:
+        return float(m.group(1)), False
+    raise UserError(f"moe_routing must be empty, 'force-balanced' or 'capacity C padded', got {stated!r}")
 
 
 def _flash_kernel(r: dict) -> str:

@@ -44,6 +44,13 @@ FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 # "deepep" and "hybridep" (Megatron-Core's flex dispatcher backends) send a token once per destination
 # node over the network and once per destination rank over the node's links.
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# How evenly a MoE layer's routed tokens land on the expert ranks (cost.experts.moe_load): dropless routing
+# (the default) lets the busiest expert rank take more than the mean (cost.experts.LOAD_IMBALANCE, an
+# assumption); ``moe_capacity_factor`` C > 0 drops tokens beyond C times the mean per expert and pads every
+# expert's input to that capacity (Megatron-Core --moe-expert-capacity-factor C
+# --moe-pad-expert-input-to-capacity), so each expert computes and receives exactly C times the mean;
+# ``moe_force_balance`` routes tokens evenly regardless of the router (Megatron-Core
+# --moe-router-force-load-balancing, a benchmarking switch): the mean.
 # Which kernel a flash-attention run's attention is (cost.compute.with_attention_kernel): "fused" (cuDNN's
 # fused attention, Transformer Engine's FusedAttention: the device's fastest, which its prior describes),
 # "fa2" (FlashAttention-2: Megatron-DeepSpeed's --use-flash-attn-v2, and torch SDPA on Hopper before
@@ -300,6 +307,8 @@ class Plan:
     runtime: str = "exatrain"
     fp8: str = ""  # FP8 GEMM scaling recipe (FP8_RECIPES), "" = no FP8 GEMMs
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS: how a MoE layer's tokens travel to their experts
+    moe_capacity_factor: float = 0.0  # token-drop capacity, padded (see above); 0 = dropless
+    moe_force_balance: bool = False  # routing forced even (see above)
     attention_kernel: str = ""  # ATTENTION_KERNELS: flash attention's kernel, "" = the runtime's own
     elementwise: str = ""  # ELEMENTWISE: how the element-wise ops run, "" = the runtime's own
     estimate: StepEstimate | None = None
@@ -416,6 +425,8 @@ class Plan:
             **({"runtime": self.runtime} if self.runtime != "exatrain" else {}),
             **({"fp8": self.fp8} if self.fp8 else {}),
             **({"moe_dispatcher": self.moe_dispatcher} if self.moe_dispatcher != "alltoall" else {}),
+            **({"moe_capacity_factor": self.moe_capacity_factor} if self.moe_capacity_factor else {}),
+            **({"moe_force_balance": True} if self.moe_force_balance else {}),
             **({"attention_kernel": self.attention_kernel} if self.attention_kernel else {}),
             **({"elementwise": self.elementwise} if self.elementwise else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
@@ -431,7 +442,7 @@ class Plan:
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
-                    "attention_kernel", "elementwise")
+                    "moe_capacity_factor", "moe_force_balance", "attention_kernel", "elementwise")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -459,6 +470,8 @@ class Plan:
                 runtime=str(d.get("runtime", "exatrain")),
                 fp8=str(d.get("fp8", "")),
                 moe_dispatcher=str(d.get("moe_dispatcher", "alltoall")),
+                moe_capacity_factor=d.get("moe_capacity_factor", 0.0),
+                moe_force_balance=d.get("moe_force_balance", False),
                 attention_kernel=str(d.get("attention_kernel", "")),
                 elementwise=str(d.get("elementwise", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),

@@ -9,6 +9,7 @@ the rules marked ``"trainer"`` name (``TrainConfig.check``). Torch-free: the tra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -423,6 +424,22 @@ def extension_problem(plan) -> tuple[str, str] | None:
     if dispatcher != "alltoall" and not plan.model.is_moe:
         return "moe_dispatcher", (f"--moe-dispatcher {dispatcher} dispatches a mixture-of-experts layer's tokens; "
                                   f"{plan.model.name} has no experts")
+    capacity = getattr(plan, "moe_capacity_factor", 0.0)
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not 0 <= capacity < math.inf:
+        return "moe_capacity_factor", (f"--moe-capacity-factor must be a number >= 0 (0: dropless), "
+                                       f"got {capacity!r}")
+    balance = getattr(plan, "moe_force_balance", False)
+    if not isinstance(balance, bool):
+        return "moe_force_balance", f"moe_force_balance must be true or false, got {balance!r}"
+    if (capacity or balance) and not plan.model.is_moe:
+        flag = "--moe-capacity-factor" if capacity else "--moe-force-balance"
+        return ("moe_capacity_factor" if capacity else "moe_force_balance",
+                f"{flag} sets how a mixture-of-experts layer's tokens are routed; {plan.model.name} has no experts")
+    if capacity and dispatcher != "alltoall":
+        # Megatron-Core refuses it too (transformer_config.py: "moe_expert_capacity_factor only works with
+        # alltoall token dispatcher")
+        return "moe_capacity_factor", (f"--moe-capacity-factor drops and pads tokens in the alltoall dispatcher "
+                                       f"only; drop it or use --moe-dispatcher alltoall (not {dispatcher})")
     kernel = getattr(plan, "attention_kernel", "")
     if kernel and kernel not in ATTENTION_KERNELS:
         return "attention_kernel", (f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, "

@@ -78,7 +78,7 @@ def test_malformed_cluster_file(tmp_path) -> None:
 # ---- mixture of experts, long context, fp8-capable hardware ------------------------------------------
 def test_moe_and_long_context_presets() -> None:
     names = set(model_presets())
-    assert {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "moe-tiny"} <= names
+    assert {"mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "moe-tiny"} <= names
     for size in ("8b", "70b", "405b"):
         short, long = get_model(f"llama3.1-{size}-8k"), get_model(f"llama3.1-{size}-128k")
         assert (short.seq_len, long.seq_len) == (8192, 131072)
@@ -87,6 +87,12 @@ def test_moe_and_long_context_presets() -> None:
     mix, qwen, ds = get_model("mixtral-8x7b"), get_model("qwen3-30b-a3b"), get_model("deepseek-v3")
     assert (mix.experts, mix.top_k, mix.expert_width, mix.moe_layers) == (8, 2, 14336, 32)
     assert (qwen.experts, qwen.top_k, qwen.expert_width, qwen.head_dim, qwen.q_width) == (128, 8, 768, 128, 4096)
+    big = get_model("qwen3-235b-a22b")  # Qwen's model card: 235B parameters, 22B activated
+    assert (big.experts, big.top_k, big.expert_width, big.head_dim, big.q_width, big.qk_norm) == (128, 8, 1536, 128,
+                                                                                                  8192, True)
+    from exatrain.accounting.params import total_params
+
+    assert round(total_params(big) / 1e9) == 235
     assert (ds.experts, ds.top_k, ds.shared_experts, ds.dense_layers, ds.moe_layers) == (256, 8, 1, 3, 58)
     assert ds.mla and (ds.q_lora_rank, ds.kv_lora_rank, ds.rope_head_dim) == (1536, 512, 64)
     assert ds.router == "sigmoid" and ds.router_bias

@@ -70,7 +70,8 @@ DEEPSPEED_CONFIG_KEYS = {
 }
 
 # pytorch/torchtitan v0.2.2 = 73a0e697 (2026-02-20), torchtitan/config/job_config.py: JobConfig's
-# sections and the fields of their dataclasses (Job, Model, Training, Parallelism, ActivationCheckpoint).
+# sections and the fields of their dataclasses (Job, Model, Training, Parallelism, ActivationCheckpoint,
+# Compile, Debug).
 TORCHTITAN_FIELDS = {
     "job": frozenset("""
     config_file dump_folder description print_config save_config_file custom_config_module
@@ -99,4 +100,6 @@ TORCHTITAN_FIELDS = {
     """.split()),
     # [compile] (Compile: enable, components of "model" / "loss"; replaced training.compile in 2025)
     "compile": frozenset("enable components".split()),
+    # [debug] (Debug)
+    "debug": frozenset("seed deterministic deterministic_warn_only moe_force_load_balance".split()),
 }

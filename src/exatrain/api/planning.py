@@ -47,7 +47,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
              flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-             fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+             fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
+             moe_force_balance: bool | None = None, attention_kernel: str | None = None,
              elementwise: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
@@ -58,10 +59,12 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     own model per stage (torch, nothing allocated). ``overlap``: which of the runtime's overlaps
     are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
     tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``moe_dispatcher``: how a MoE layer's tokens
-    reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``attention_kernel``: which kernel the
-    run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's). ``elementwise``: how its
-    element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or eager-composite
-    (``plan.ELEMENTWISE``; default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
+    reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``moe_capacity_factor``: drop tokens
+    beyond this many times an expert's mean and pad every expert to it (default 0: dropless);
+    ``moe_force_balance``: routing forced even, a benchmarking switch (plan.py). ``attention_kernel``:
+    which kernel the run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's).
+    ``elementwise``: how its element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or
+    eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
     if out is not None:
@@ -94,7 +97,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-           fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
+           fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
+           moe_force_balance: bool | None = None, attention_kernel: str | None = None,
            elementwise: str | None = None,
            top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
@@ -138,8 +142,9 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-            fp8: str | None = None, moe_dispatcher: str | None = None, attention_kernel: str | None = None,
-           elementwise: str | None = None,
+            fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
+            moe_force_balance: bool | None = None, attention_kernel: str | None = None,
+            elementwise: str | None = None,
             mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling

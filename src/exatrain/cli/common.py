@@ -45,6 +45,17 @@ positive_int = _typed("positive", lambda v: v > 0)
 nonneg_int = _typed("non-negative", lambda v: v >= 0)
 
 
+def nonneg_float(text: str) -> float:
+    """'1.25' -> 1.25; a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
+    return value
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """'3,4,4,3' -> (3, 4, 4, 3); every entry a positive integer."""
     try:
@@ -125,6 +136,13 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--moe-dispatcher", None, MOE_DISPATCHERS, "how MoE tokens reach their experts: alltoall "
      "(every routed copy; default) or Megatron-Core's flex dispatcher with DeepEP / HybridEP (once per "
      "destination rank and node)"),
+    ("--moe-capacity-factor", nonneg_float, None, "drop a MoE layer's tokens beyond C times an expert's mean "
+     "load and pad every expert's input to it (Megatron-Core --moe-expert-capacity-factor C "
+     "--moe-pad-expert-input-to-capacity; alltoall dispatcher); default 0: dropless, the busiest expert rank "
+     "taking 1.25x the mean"),
+    ("--moe-force-balance", _BOOL, None, "route MoE tokens evenly whatever the router says (Megatron-Core "
+     "--moe-router-force-load-balancing, a benchmarking switch): the busiest expert rank takes the mean; "
+     "default off"),
     ("--attention-kernel", None, ATTENTION_KERNELS, "which kernel the run's flash attention is: fused (cuDNN / "
      "Transformer Engine), fa2 (FlashAttention-2: Megatron-DeepSpeed, and torch SDPA on Hopper before torch 2.11), "
      "sdpa (torch SDPA's own choice); default: the runtime's"),
@@ -140,7 +158,8 @@ def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False) -> Non
     g = p.add_argument_group("layout (not given: the plan's, else the default shown)")
     for name, kind, choices, help in LAYOUT_FLAGS + (EXTENSION_FLAGS if extensions else ()):
         kw: dict[str, Any] = {"action": kind} if kind is _BOOL else {"type": kind, "choices": choices}
-        g.add_argument(name, help=help, **({**kw, "metavar": "N,N,..."} if kind is int_list else kw))
+        metavar = {int_list: "N,N,...", nonneg_float: "C"}.get(kind)
+        g.add_argument(name, help=help, **({**kw, "metavar": metavar} if metavar else kw))
 
 
 RUNTIME_HELP = ("the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan or exatrain (this "

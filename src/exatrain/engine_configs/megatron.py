@@ -204,6 +204,11 @@ def moe_flags(plan: Plan) -> list[Flag]:
             *((Flag("--moe-token-dispatcher-type", "alltoall"),) if plan.moe_dispatcher == "alltoall" else
               (Flag("--moe-token-dispatcher-type", "flex"), Flag("--moe-flex-dispatcher-backend", plan.moe_dispatcher))),
             Flag("--moe-grouped-gemm")]
+    if plan.moe_capacity_factor:
+        out += [Flag("--moe-expert-capacity-factor", repr(float(plan.moe_capacity_factor))),
+                Flag("--moe-pad-expert-input-to-capacity")]
+    if plan.moe_force_balance:
+        out.append(Flag("--moe-router-force-load-balancing"))
     return out
 
 

@@ -122,6 +122,9 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
             notes.append(f"the plan was priced with the {plan.moe_dispatcher} dispatcher (one copy per destination "
                          "rank and node); this config sets no dispatcher: torchtitan's own all-to-all sends every "
                          "routed copy")
+        if plan.moe_capacity_factor:
+            notes.append(f"the plan was priced with token drop at capacity factor {plan.moe_capacity_factor:g}, "
+                         "every expert padded to it; torchtitan's MoE is dropless and this config cannot set it")
     note = kernel_note(plan, "torchtitan", ("sdpa",), "torch SDPA picks its kernel by torch version and device "
                        "(cuDNN's on Hopper from torch 2.11, FlashAttention-2's before)")
     notes += [note] if note else []
@@ -150,6 +153,8 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         "activation_checkpoint": ac,
         "compile": {"enable": compile_on, **({"components": ["model", "loss"]} if compile_on else {})},
         **({"quantize.linear.float8": quant} if quant else {}),
+        # round-robin routing, as the plan priced it (torchtitan/config/job_config.py Debug)
+        **({"debug": {"moe_force_load_balance": True}} if plan.moe_force_balance else {}),
     }
     return sections, tuple(notes)
 

@@ -19,7 +19,6 @@ from exatrain.planner.cost.overlap import overlap_rules
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
 from exatrain.planner.cost import experts
-from exatrain.planner.cost.experts import LOAD_IMBALANCE
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate, trainer_models_it
 from exatrain.planner.layouts import Layouts
 
@@ -28,6 +27,19 @@ def _setting_note(what: str, flag: str, chosen: str, runtime: str, own: str, own
     """The note for a plan setting that defaults to the runtime's own: the value, and who set it."""
     source = f"set by {flag}; {runtime}'s own: {own}" if chosen else own_source
     return f"{what}: {chosen or own} ({source}; {priced_by})"
+
+
+def _routing_note(plan: Plan) -> str:
+    """What the busiest expert rank is priced to receive, and which routing setting says so."""
+    load = experts.plan_moe_load(plan)
+    if plan.moe_capacity_factor:
+        how = (f"token drop at capacity factor {plan.moe_capacity_factor:g}, every expert's input padded to it "
+               "(--moe-capacity-factor)")
+    elif plan.moe_force_balance:
+        how = "routing forced even (--moe-force-balance)"
+    else:
+        how = "dropless routing, an assumption (--moe-capacity-factor or --moe-force-balance if the run sets either)"
+    return f"busiest expert rank priced at {load:g}x the mean routed tokens: {how} (cost.experts.moe_load)"
 
 
 def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None,
@@ -42,7 +54,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
-                  elementwise=plan.elementwise)
+                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan))
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -90,8 +102,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"MoE: ep {plan.ep}, {plan.moe_dispatcher} dispatcher"
                   + (" (each token once per destination rank and node)" if plan.moe_dispatcher != "alltoall"
                      else " (every routed copy)")
-                  + ", routed experts' states sharded over the expert-data-parallel group; "
-                  f"busiest expert rank assumed to get {LOAD_IMBALANCE:g}x the mean routed tokens (cost.experts)"
+                  + ", routed experts' states sharded over the expert-data-parallel group; " + _routing_note(plan)
                   + ("; trainer memory: N/ep experts a rank, routed tokens at a balanced load" if own else ""),)
     if plan.cp > 1:
         notes += (f"cp {plan.cp}: s/cp tokens per rank, K,V ring overlapped with attention (cost.experts)",)

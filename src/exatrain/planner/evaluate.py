@@ -15,7 +15,7 @@ sequence parallel), the accounting's scalar choices.
 
 Mixture-of-experts models, context parallelism and FP8 GEMMs are priced by the lean reference
 (``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.experts`` and its
-``LOAD_IMBALANCE``, and the FP8 recipe) and by ``cost.experts`` for time. An ep wider than dp (folded
+routing load ``moe_load``, and the FP8 recipe) and by ``cost.experts`` for time. An ep wider than dp (folded
 over tp*cp*dp, ``plan.ParallelDims``) takes the same per-rank counts (experts/ep local experts, states
 sharded over edp = tp*cp*dp/ep); only the ranks its groups span differ (``cost.experts.ep_span``,
 ``edp_span``). exatrain's own trainer memory (``accounting.trainer_memory``) counts its dense and MoE
@@ -103,7 +103,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] | None = None,
              by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
              overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
-             elementwise: str = "") -> Evaluation:
+             elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE) -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -111,7 +111,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     are on (``cost.overlap.overlap_rules``); ``moe_dispatcher``: how MoE tokens reach their experts
     (``plan.MOE_DISPATCHERS``, ``cost.experts.a2a_time_s``); ``attention_kernel``: flash attention's
     kernel (``plan.ATTENTION_KERNELS``; "": the runtime's own); ``elementwise``: how the element-wise ops
-    run (``plan.ELEMENTWISE``; "": the runtime's own). ``by_rank`` also fills ``hidden``."""
+    run (``plan.ELEMENTWISE``; "": the runtime's own); ``moe_load``: the busiest expert rank's routed
+    copies over the mean (``cost.experts.moe_load``: the plan's routing). ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -150,7 +151,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
             params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :]).astype(float)
             xparams, ext = None, {}
         if not plain:
-            ext.update(cp=cpd, fp8=recipe, capacity_factor=experts.LOAD_IMBALANCE)
+            ext.update(cp=cpd, fp8=recipe, capacity_factor=moe_load)
         m = lay.num_microbatches[:, None]
         held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
         cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
@@ -194,7 +195,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
                               stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
                               hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams,
-                              moe_dispatcher=moe_dispatcher, elementwise=elementwise)
+                              moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

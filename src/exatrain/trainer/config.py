@@ -86,6 +86,12 @@ class TrainConfig:
             raise UserError(f"the exatrain trainer dispatches MoE tokens with its own all-to-all; plan "
                             f"--moe-dispatcher {self.plan.moe_dispatcher} for Megatron-Core (--runtime megatron-core) "
                             "or train this plan with --moe-dispatcher alltoall")
+        # Its routing is dropless and follows the router (trainer.moe): a plan priced with token drop or
+        # forced-even routing is another run's.
+        if self.plan.moe_capacity_factor or self.plan.moe_force_balance:
+            flag = "--moe-capacity-factor" if self.plan.moe_capacity_factor else "--moe-force-balance"
+            raise UserError(f"the exatrain trainer routes MoE tokens dropless, as its router says; plan {flag} "
+                            "for Megatron-Core (--runtime megatron-core) or train a plan made without it")
         # Its attention is torch SDPA with SDPA's own kernel choice (model.py); forcing one would also
         # have to hold for cp's masks, the keyed dropout core and the CPU, so a plan naming another is
         # refused rather than run with a kernel it did not price.

@@ -6,7 +6,7 @@
 
 Compute of one layer (``layer_times``): the layer's forward GEMMs as ``accounting.flops.layer_gemms``
 shapes them — a MoE layer's router, tensor-parallel shared experts and one grouped GEMM per local
-expert (experts/ep of them) whose tokens are the rank's routed tokens x top_k x ``LOAD_IMBALANCE``
+expert (experts/ep of them) whose tokens are the rank's routed tokens x top_k x the load (``moe_load``, below)
 spread over them (the busiest expert rank sets the pace); a dense-first layer of a MoE model is a
 dense layer — each at the cost model's GEMM efficiency; the attention core of s/cp queries against
 all s keys (the causal mask load-balanced over 2*cp chunks, so every cp rank does 1/cp of it; TE
@@ -36,10 +36,18 @@ Communication (exposed; all in seconds per layer and micro-batch on one rank):
   (Megatron-Core / TE ``AttnFuncWithCPAndKVP2P`` overlap them this way): a step exposes only what its
   send takes beyond 1/cp of the layer's attention compute.
 
-``LOAD_IMBALANCE`` is a named assumption, not a measurement: the busiest expert rank receives 1.25x
-the mean of the routed token copies — the capacity factor Switch Transformer trains with (Fedus et al.
-2022, JMLR, Sec. 2.2 and Table 1: 1.0-1.25 keep quality at the least padding). It scales the expert
-GEMMs, the all-to-all buffers and the dispatch buffers and expert activations in memory.
+The load of the busiest expert rank over the mean of the routed token copies (``moe_load``) scales the
+expert GEMMs, the all-to-all buffers and the dispatch buffers and expert activations in memory. It follows
+the plan's routing (plan.py): under dropless routing, the default, it is ``LOAD_IMBALANCE``, a named
+assumption, not a measurement: 1.25x, the capacity factor Switch Transformer trains with (Fedus et al.
+2022, JMLR, Sec. 2.2 and Table 1: 1.0-1.25 keep quality at the least padding). With a token-drop capacity
+factor C and padding (``Plan.moe_capacity_factor``; Megatron-Core's alltoall dispatcher with
+--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity: every local expert's input is cut or
+padded to C times the mean, moe_utils.py) it is exactly C. With the routing forced even
+(``Plan.moe_force_balance``; Megatron-Core --moe-router-force-load-balancing, which replaces the router's
+scores with random ones, a benchmarking switch) it is 1: the busiest rank's excess over the mean is then a
+random fluctuation, about sqrt(2 ln(ep) / n) for n routed copies a rank (2% for the 16,384 a rank of
+Qwen3-235B at tp 2, ep 32 receives per micro-batch).
 """
 
 from __future__ import annotations
@@ -62,7 +70,22 @@ from exatrain.errors import UserError
 from exatrain.planner.cost import compute, network
 from exatrain.planner.cost.coefficients import CostParams
 
-LOAD_IMBALANCE = 1.25  # busiest expert rank's routed copies over the mean: an assumption (module doc)
+LOAD_IMBALANCE = 1.25  # busiest expert rank's routed copies over the mean, dropless: an assumption (module doc)
+
+
+def moe_load(capacity_factor: float = 0.0, force_balance: bool = False) -> float:
+    """The busiest expert rank's routed token copies over the mean (module doc): the padded capacity
+    factor where one is set, 1 under forced balance, else ``LOAD_IMBALANCE`` (dropless)."""
+    if capacity_factor:
+        return float(capacity_factor)
+    return 1.0 if force_balance else LOAD_IMBALANCE
+
+
+def plan_moe_load(plan) -> float:
+    """``moe_load`` of a plan's routing settings."""
+    return moe_load(plan.moe_capacity_factor, plan.moe_force_balance)
+
+
 _NOT_FP8 = ("attn_scores", "attn_values", "router")  # GEMMs that stay 16-bit under FP8
 # Bytes moved per element of a tensor cast to FP8 for a GEMM, by recipe. Every recipe reads the 16-bit
 # tensor (2) and writes it twice in FP8 (1 + 1): Hopper's FP8 GEMM takes only the "TN" layout, so the
@@ -97,9 +120,11 @@ def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = No
 
 def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, flash: bool,
                 sequence_parallel: bool, dtype: str, dev: compute.Device, fp8: str = "",
-                speedup: float = 1.0, elementwise: str = "fused") -> compute.LayerTimes:
+                speedup: float = 1.0, elementwise: str = "fused",
+                load: float = LOAD_IMBALANCE) -> compute.LayerTimes:
     """One layer (a MoE layer if ``moe``), one micro-batch, one rank (module doc); ``elementwise``: how
-    its element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``)."""
+    its element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``); ``load``: the busiest expert
+    rank's routed copies over the mean (``moe_load``)."""
     if not extended(m, cp, fp8):
         return compute.layer_times(m, micro_batch, tp, flash=flash, recompute="none",
                                    sequence_parallel=sequence_parallel, dtype=dtype, dev=dev,
@@ -110,7 +135,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     tp_a = np.asarray(tp, dtype=float)
     tokens = b * m.seq_len / cp
     gemms = layer_gemms(m, micro_batch, tp, moe=moe, ep=ep, cp=cp, sequence_parallel=sequence_parallel,
-                        capacity_factor=LOAD_IMBALANCE if moe else 1.0)
+                        capacity_factor=load if moe else 1.0)
     fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speedup) if fp8 else dev
     dense = [g for g in gemms if not g.name.startswith("attn_")]
     dense_s = [compute.gemm_time_s(g, fast if g.name not in _NOT_FP8 else dev) for g in dense]
@@ -131,7 +156,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     n_ops = 5 + (2 if not m.learned_positions else 0) + (2 if m.dropout > 0 else 0)
     if moe:
         routed = moe_acc.routed_tokens_per_rank(m, b, tp_a, sequence_parallel=sequence_parallel, cp=cp)
-        copies = routed * m.top_k * LOAD_IMBALANCE
+        copies = routed * m.top_k * load
         elem_bytes = elem_bytes + tokens * e * act * m.shared_experts * m.expert_width / tp_a
         # routed copies: the activation over the expert width, and permute + un-permute (r/w h each)
         elem_bytes = elem_bytes + copies * e * (act * m.expert_width + 4.0 * h)
@@ -232,13 +257,15 @@ def dedup_copies(m: ModelSpec, ep: int, local) -> tuple[np.ndarray, np.ndarray]:
 
 
 def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, ep: int, cp: int,
-               sequence_parallel: bool, dtype: str, dp=None, dispatcher: str = "alltoall"):
+               sequence_parallel: bool, dtype: str, dp=None, dispatcher: str = "alltoall",
+               load: float = LOAD_IMBALANCE):
     """One all-to-all (a dispatch or a combine) of one MoE layer and micro-batch on one rank (module
     doc). ``dp``: where ep does not divide it the group is folded (ep consecutive ranks); None: inside dp.
     ``dispatcher`` (``plan.MOE_DISPATCHERS``): "alltoall" sends every routed copy pairwise; "deepep" and
-    "hybridep" send each token once per destination rank and node (``dedup_copies``)."""
+    "hybridep" send each token once per destination rank and node (``dedup_copies``). ``load``: the busiest
+    expert rank's routed copies over the mean (``moe_load``)."""
     msg = moe_acc.a2a_message_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp,
-                                    capacity_factor=LOAD_IMBALANCE)
+                                    capacity_factor=load)
     if ep <= 1:
         return 0.0 * msg
     tp = np.asarray(tp)
@@ -305,7 +332,8 @@ def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int
 
 
 __all__ = ["LOAD_IMBALANCE", "a2a_time_s", "cp_exposed_s", "dedup_copies", "edp_span", "ep_span", "extended",
-           "fp8_recipe", "folded", "fp8_speedup", "layer_times", "rank_params_split", "stage_kinds"]
+           "fp8_recipe", "folded", "fp8_speedup", "layer_times", "moe_load", "plan_moe_load", "rank_params_split",
+           "stage_kinds"]
 
 
 def comm_bytes(plan) -> dict[str, float]:
@@ -333,7 +361,8 @@ def comm_bytes(plan) -> dict[str, float]:
             ep.append(sum(float(c.bytes_per_rank) for c in comms.moe_collectives_for(
                 m, micro_batch=plan.micro_batch, tp=plan.tp, ep=plan.ep, cp=plan.cp,
                 sequence_parallel=plan.sequence_parallel, dtype=plan.dtype, moe_layers=kinds[r][1],
-                num_microbatches=plan.num_microbatches, recompute=plan.recompute, capacity_factor=LOAD_IMBALANCE)))
+                num_microbatches=plan.num_microbatches, recompute=plan.recompute,
+                capacity_factor=plan_moe_load(plan))))
         if plan.cp > 1:
             cpb.append(sum(float(c.bytes_per_rank) for c in comms.cp_collectives_for(
                 m, micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, dtype=plan.dtype, layers=sum(kinds[r]),

@@ -134,13 +134,14 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
                 stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
                 fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
-                elementwise: str = "fused") -> StageTimes:
+                elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE) -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
     the runtime's selective recomputation reruns (``ActivationRules.selective``, see ``recomputed``);
     ``moe_dispatcher``: how MoE tokens reach their experts (``cost.experts.a2a_time_s``); ``elementwise``:
-    how the element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``)."""
+    how the element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``); ``moe_load``: the busiest
+    expert rank's routed copies over the mean (``cost.experts.moe_load``)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -162,7 +163,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         sums = [0.0] * 8
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
-                                     dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise)
+                                     dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise,
+                                     load=moe_load)
             left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts))
                     if tp_overlap and s else (0.0, 0.0))
             sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
@@ -194,7 +196,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     # recompute) and the context-parallel ring's exposed part (cost.experts).
     a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
                                                                sequence_parallel=s, dtype=dtype, dp=dp,
-                                                               dispatcher=moe_dispatcher),))[0] \
+                                                               dispatcher=moe_dispatcher, load=moe_load),))[0] \
         if model.is_moe else 0.0 * L
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1))
@@ -268,7 +270,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
                runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
-               moe_dispatcher: str = "alltoall", elementwise: str = ""
+               moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
@@ -288,7 +290,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
                      stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8,
                      selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
-                     elementwise=engine.elementwise(elementwise))
+                     elementwise=engine.elementwise(elementwise), moe_load=moe_load)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -361,7 +363,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
-                  elementwise=plan.elementwise)
+                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan))
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -381,7 +383,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
                        rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
                        selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
-                       elementwise=engine.elementwise(plan.elementwise))
+                       elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan))
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):

@@ -14,6 +14,7 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import SCHEDULES
 from exatrain.planner.cost.coefficients import CostParams
+from exatrain.planner.cost.experts import moe_load
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.evaluate import MEMORY_FIELDS
 from exatrain.planner.evaluate import evaluate as evaluate_layouts
@@ -58,6 +59,7 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
                           flash=flash, memory=(runtime,), time_if_fits=time_if_fits, runtime=runtime,
                           overlap=overlap, moe_dispatcher=space.options.moe_dispatcher,
                           attention_kernel=space.options.attention_kernel,
-                          elementwise=space.options.elementwise)
+                          elementwise=space.options.elementwise,
+                          moe_load=moe_load(space.options.moe_capacity_factor, space.options.moe_force_balance))
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
                        time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu)

@@ -62,7 +62,8 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 schedule=sched if pp > 1 else "1f1b", interleave=v if pp > 1 else 1,
                 dtype=dtype, flash_attention=flash, cluster=cluster.name, fp8=space.options.fp8,
                 moe_dispatcher=space.options.moe_dispatcher, attention_kernel=space.options.attention_kernel,
-                elementwise=space.options.elementwise)
+                elementwise=space.options.elementwise, moe_capacity_factor=space.options.moe_capacity_factor,
+                moe_force_balance=space.options.moe_force_balance)
 
 
 RUNTIMES = ENGINE_NAMES

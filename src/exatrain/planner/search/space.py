@@ -59,6 +59,8 @@ class SpaceOptions:
     cp: tuple[int, ...] | None = None
     fp8: str = ""
     moe_dispatcher: str = "alltoall"  # one dispatcher for every candidate (plan.MOE_DISPATCHERS)
+    moe_capacity_factor: float = 0.0  # every candidate's MoE routing (plan.py): token-drop capacity, 0 = dropless
+    moe_force_balance: bool = False  # ... or routing forced even
     attention_kernel: str = ""  # flash attention's kernel for every candidate (plan.ATTENTION_KERNELS)
     elementwise: str = ""  # how every candidate's element-wise ops run (plan.ELEMENTWISE)
 
