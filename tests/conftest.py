@@ -8,6 +8,35 @@ from typing import Iterator
 
 import pytest
 
+from tests.helpers import background
+
+_BACKGROUND: dict[str, background.Job] = {}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of a module that declares ``BACKGROUND_JOBS`` (tests/helpers/background.py) run last, in
+    their order, so that their commands have the rest of the session to finish on the idle core."""
+    modules = []
+    for item in items:
+        module = getattr(item, "module", None)
+        if getattr(module, "BACKGROUND_JOBS", None) and module not in modules:
+            modules.append(module)
+    if not modules:
+        return
+    late = [item for item in items if getattr(item, "module", None) in modules]
+    items[:] = [item for item in items if getattr(item, "module", None) not in modules] + late
+    _BACKGROUND.update(background.of_modules(modules))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        background.start(_BACKGROUND)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background.stop()
+
 
 def _process_group_up() -> bool:
     dist = sys.modules.get("torch.distributed")  # never import torch just to ask
