@@ -38,6 +38,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     background.stop()
 
 
+@pytest.fixture(scope="session")
+def trainer_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the trainer tests' shared launches (tests/helpers/trainer_launches.py)."""
+    return tmp_path_factory.mktemp("trainer-launches")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_one_rank_launch(request: pytest.FixtureRequest) -> None:
+    """When a selected test needs the trainer tests' one-rank launch (``world1``), start it before the
+    first test, in the background at the lowest priority (tests/helpers/trainer_launches.py)."""
+    if any("world1" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        from tests.helpers.trainer_launches import start_early
+
+        start_early(request.getfixturevalue("trainer_out"), 1)
+
+
 def _process_group_up() -> bool:
     dist = sys.modules.get("torch.distributed")  # never import torch just to ask
     return dist is not None and dist.is_available() and dist.is_initialized()
