@@ -8,6 +8,51 @@ from typing import Iterator
 
 import pytest
 
+from tests.helpers import background
+
+_BACKGROUND: dict[str, background.Job] = {}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of a module that declares ``BACKGROUND_JOBS`` (tests/helpers/background.py) run last, in
+    their order, so that their commands have the rest of the session to finish on the idle core."""
+    modules = []
+    for item in items:
+        module = getattr(item, "module", None)
+        if getattr(module, "BACKGROUND_JOBS", None) and module not in modules:
+            modules.append(module)
+    if not modules:
+        return
+    late = [item for item in items if getattr(item, "module", None) in modules]
+    items[:] = [item for item in items if getattr(item, "module", None) not in modules] + late
+    _BACKGROUND.update(background.of_modules(modules))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        background.start(_BACKGROUND)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background.stop()
+
+
+@pytest.fixture(scope="session")
+def trainer_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the trainer tests' shared launches (tests/helpers/trainer_launches.py)."""
+    return tmp_path_factory.mktemp("trainer-launches")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_one_rank_launch(request: pytest.FixtureRequest) -> None:
+    """When a selected test needs the trainer tests' one-rank launch (``world1``), start it before the
+    first test, in the background at the lowest priority (tests/helpers/trainer_launches.py)."""
+    if any("world1" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        from tests.helpers.trainer_launches import start_early
+
+        start_early(request.getfixturevalue("trainer_out"), 1)
+
 
 def _process_group_up() -> bool:
     dist = sys.modules.get("torch.distributed")  # never import torch just to ask

@@ -1,28 +1,34 @@
 """Analytical (planner) vs traced (the trainer's own model under FakeTensorMode) per-rank peak memory.
 
 The trace runs in one subprocess for the whole matrix (it keeps a fake process group for its
-process). Analytical = ``accounting.trainer_memory`` without its fragmentation allowance (the
+process), started with the session on the idle core (tests/helpers/background.py: this module's tests
+run last, by when it is done). Analytical = ``accounting.trainer_memory`` without its fragmentation allowance (the
 trace counts tensors, not allocator slack).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import trace_matrix
+from tests.helpers import background, trace_matrix
 from tests.helpers.trace_matrix import CASES, FAMILIES
 
 TOLERANCE = 0.05  # the bound (its target is 3%; see benchmarks/RESULTS.md for the matrix's largest error)
+BACKGROUND_JOBS = {
+    # run as a script, in its own process
+    "trace.matrix": background.Job([sys.executable, str(trace_matrix.__file__)]),
+    "trace.estimate-tp2-zero1": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny",
+                                                "--cluster", "local-cpu", "--gpus", "4", "--tp", "2", "--zero", "1",
+                                                "--trace"]),
+}
 
 
 @pytest.fixture(scope="module")
 def matrix() -> dict:
-    script = trace_matrix.__file__  # run as a script, in its own process
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    out = background.result("trace.matrix", BACKGROUND_JOBS)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -75,8 +81,6 @@ def test_the_matrix_covers_every_kind_of_layout_the_trainer_runs() -> None:
 def test_estimate_trace_runs_for_tensor_parallel_zero1_over_dp() -> None:
     """`estimate --trace` on tp 2 x dp 2 with ZeRO-1 (ZeroRedundancyOptimizer on tp shards) gives the
     traced peak, not a sharding-strategy error. Its own process: the trace keeps a fake process group."""
-    out = subprocess.run([sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu",
-                          "--gpus", "4", "--tp", "2", "--zero", "1", "--trace"],
-                         capture_output=True, text=True, timeout=600)
+    out = background.result("trace.estimate-tp2-zero1", BACKGROUND_JOBS)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "traced (the trainer's model per stage" in " ".join(out.stdout.split())

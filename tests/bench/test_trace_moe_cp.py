@@ -4,7 +4,8 @@ all-to-all over the ep group, grouped GEMMs; routing at a balanced load) and its
 (s/cp tokens, K/V all-gathered over the cp group); ``accounting.trainer_memory`` counts the same.
 
 The cases (tests/helpers/trace_matrix.py ``MOE_CP``) run in one subprocess of their own (the trace
-keeps a fake process group for its process). Analytical = the trainer memory model without its
+keeps a fake process group for its process), started with the session on the idle core
+(tests/helpers/background.py: this module's tests run last, by when it is done). Analytical = the trainer memory model without its
 allocator allowance. Broken on purpose, each of these fails (largest error over the cases' ranks,
 measured with ``python tests/helpers/trace_matrix.py --table moe-ep2 moe-ep2-pp2 moe-ep2-tp2
 moe-zero3-dp2 cp2 cp2-tp2 cp4``; every case is within 1.6% unbroken):
@@ -23,21 +24,25 @@ moe-zero3-dp2 cp2 cp2-tp2 cp4``; every case is within 1.6% unbroken):
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import trace_matrix
+from tests.helpers import background, trace_matrix
 from tests.helpers.trace_matrix import MOE_CP
 
 TOLERANCE = 0.05
+BACKGROUND_JOBS = {
+    "trace_moe_cp.matrix": background.Job([sys.executable, str(trace_matrix.__file__), *MOE_CP]),
+    "trace_moe_cp.estimate-moe-ep2-pp2": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model",
+                                                         "moe-tiny", "--cluster", "local-cpu", "--gpus", "4", "--dp",
+                                                         "2", "--ep", "2", "--pp", "2", "--trace", "--json"]),
+}
 
 
 @pytest.fixture(scope="module")
 def matrix() -> dict:
-    out = subprocess.run([sys.executable, str(trace_matrix.__file__), *MOE_CP], capture_output=True, text=True,
-                         timeout=600)
+    out = background.result("trace_moe_cp.matrix", BACKGROUND_JOBS)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -67,9 +72,7 @@ def test_estimate_trace_runs_for_a_moe_plan_with_expert_parallelism() -> None:
     """`estimate --trace` on the catalog's MoE preset with ep 2 x pp 2 traces every stage (one line of
     traced peaks beside the trainer memory model's, routing at a balanced load) and the runtime
     exatrain's memory is the trainer model's. Its own process: the trace keeps a fake process group."""
-    out = subprocess.run([sys.executable, "-m", "exatrain", "estimate", "--model", "moe-tiny", "--cluster", "local-cpu",
-                          "--gpus", "4", "--dp", "2", "--ep", "2", "--pp", "2", "--trace", "--json"],
-                         capture_output=True, text=True, timeout=600)
+    out = background.result("trace_moe_cp.estimate-moe-ep2-pp2", BACKGROUND_JOBS)
     assert out.returncode == 0, out.stderr[-3000:]
     est = json.loads(out.stdout)
     note = [n for n in est["notes"] if n.startswith("traced (the trainer's model per stage")]

@@ -1,15 +1,16 @@
 """What a new user meets: --help states the defaults that run and shows an example; --plan takes what
 `search --json` prints; launch warns (one line) about jobs that will not work as planned; progress
-goes to stderr only when asked for (or on a terminal)."""
+goes to stderr only when asked for (or on a terminal).
+
+The progress test's two `estimate --trace` commands start with the session on the idle core
+(tests/helpers/background.py: this module's tests run last, by when they are done)."""
 
 from __future__ import annotations
 
 import argparse
 import inspect
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,14 @@ from exatrain.cli import build_parser, main
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.trainer import spawn as trainer_launch
 
+from tests.helpers import background
+
+_TRACE = [sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2",
+          "--pp", "2", "--dtype", "float32", "--trace", "--json"]
+BACKGROUND_JOBS = {  # (OMP_NUM_THREADS=1, as the test always set)
+    "cli_surface.trace-quiet": background.Job(_TRACE),
+    "cli_surface.trace-progress": background.Job([*_TRACE, "--progress"]),
+}
 CALLS = {"estimate": api.estimate, "search": api.search, "scaling": api.scaling, "train": api.train, "tune": api.tune,
          "bench": api.bench, "calibrate": api.calibrate, "validate": api.compare, "launch": api.launch,
          "report": api.report}
@@ -112,13 +121,10 @@ def test_launch_warns_about_a_cpu_plan_as_a_gpu_job_and_a_huge_model_on_cpu_rank
 
 def test_progress_only_on_request_when_stderr_is_not_a_terminal() -> None:
     """In a process of its own: the trace keeps a fake process group for the rest of its process."""
-    argv = [sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2",
-            "--pp", "2", "--dtype", "float32", "--trace", "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    quiet = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    quiet = background.result("cli_surface.trace-quiet", BACKGROUND_JOBS)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert quiet.stderr == "" and json.loads(quiet.stdout)["traced_memory_bytes"]["total"] > 0
-    told = subprocess.run([*argv, "--progress"], capture_output=True, text=True, timeout=600, env=env)
+    told = background.result("cli_surface.trace-progress", BACKGROUND_JOBS)
     assert told.returncode == 0, told.stderr[-3000:]
     assert told.stderr.splitlines() == ["trace: tracing stage 1 of 2", "trace: tracing stage 2 of 2"]
 

@@ -5,63 +5,40 @@ cases, so the parity, compile, mixture-of-experts, context-parallel and FP8 case
 ranks (trainer/spawn.py ``launch_local`` runs its configs one after another), shared by the session.
 Each module names its cases by world size (``launch_cases``); a case is ``group.name`` on disk and
 is handed back as ``runs[group][name]``. Each launch still fails when no rank makes progress for
-``STALL_S`` (a hang, not a deadline).
+``STALL_S`` (a hang, not a deadline). The launches themselves are in tests/helpers/trainer_launches.py;
+the one-rank launch starts with the session, in the background (see there).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 
-from tests.helpers.trainer_runs import Run, run_batch
+from tests.helpers.trainer_launches import launch, launched
+from tests.helpers.trainer_runs import Run
 
-STALL_S = 900.0
-
-
-def _groups() -> dict[str, Callable[[Path], dict[int, dict[str, dict[str, Any]]]]]:
-    from tests.trainer import test_compile, test_context_parallel, test_fp8, test_moe, test_parity
-
-    return {"parity": test_parity.launch_cases, "compile": test_compile.launch_cases, "moe": test_moe.launch_cases,
-            "cp": test_context_parallel.launch_cases, "fp8": test_fp8.launch_cases}
-
-
-def _launch(out: Path, world: int) -> dict[str, dict[str, Run]]:
-    cases = {}
-    for group, of in _groups().items():
-        (out / group).mkdir(exist_ok=True)
-        cases.update({f"{group}.{name}": kw for name, kw in of(out / group).get(world, {}).items()})
-    runs: dict[str, dict[str, Run]] = {group: {} for group in _groups()}
-    for key, run in run_batch(out / f"world{world}", cases, timeout_s=STALL_S).items():
-        group, name = key.split(".", 1)
-        runs[group][name] = run
-    return runs
-
-
-@pytest.fixture(scope="session")
-def trainer_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("trainer-launches")
+# (trainer_out, the launches' folder, is in tests/conftest.py, which may start the one-rank launch early)
 
 
 @pytest.fixture(scope="session")
 def world1(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return _launch(trainer_out, 1)
+    return launched(trainer_out, 1)
 
 
 @pytest.fixture(scope="session")
 def world2(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return _launch(trainer_out, 2)
+    return launch(trainer_out, 2)
 
 
 @pytest.fixture(scope="session")
 def world4(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return _launch(trainer_out, 4)
+    return launch(trainer_out, 4)
 
 
 @pytest.fixture(scope="session")
 def world8(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return _launch(trainer_out, 8)
+    return launch(trainer_out, 8)
 
 
 @pytest.fixture
