@@ -256,3 +256,29 @@ def test_deepspeed_rejects_zero2_with_pipeline() -> None:
 def test_unknown_target() -> None:
     with pytest.raises(UserError, match="unknown export target"):
         export(plan_175b(), "colossalai")
+
+
+def test_moe_cp_and_fp8_exports_use_megatron_options_only(tmp_path: Path) -> None:
+    """The MoE (every dispatcher and routing), context-parallel and FP8 flags are Megatron-LM options too
+    (upstream_names.MEGATRON_LM_OPTIONS), each taking the value the plan priced. (Broken on purpose: the
+    force-balance flag misspelt --moe-router-force-balance; this failed.)"""
+    from exatrain.api.plans import make_plan
+    from exatrain.catalog import get_cluster
+
+    h100 = get_cluster("dgx-h100")
+    plans = [make_plan("qwen3-30b-a3b", h100, gpus=16, ep=16, global_batch=64, zero=1, runtime="megatron-core",
+                       moe_capacity_factor=1.25),
+             make_plan("qwen3-30b-a3b", h100, gpus=16, ep=16, global_batch=64, zero=1, runtime="megatron-core",
+                       moe_dispatcher="hybridep", moe_force_balance=True),
+             make_plan("deepseek-v3", h100, gpus=512, tp=2, pp=8, ep=64, sequence_parallel=True, global_batch=512,
+                       zero=1, runtime="megatron-core", fp8="current"),
+             make_plan("llama3.1-8b-128k", h100, gpus=32, tp=4, cp=4, sequence_parallel=True, global_batch=16,
+                       zero=1, recompute="full", runtime="megatron-core", fp8="block")]
+    flags = [as_flags(bash_array(export(p, "megatron").text, "MEGATRON_ARGS", tmp_path)) for p in plans]
+    for f in flags:
+        assert set(f) <= MEGATRON_LM_OPTIONS, set(f) - MEGATRON_LM_OPTIONS
+    assert flags[0]["--moe-expert-capacity-factor"] == "1.25" and "--moe-pad-expert-input-to-capacity" in flags[0]
+    assert flags[0]["--moe-token-dispatcher-type"] == "alltoall" and "--moe-router-force-load-balancing" not in flags[0]
+    assert flags[1]["--moe-flex-dispatcher-backend"] == "hybridep" and "--moe-router-force-load-balancing" in flags[1]
+    assert flags[2]["--expert-model-parallel-size"] == "64" and flags[2]["--fp8-recipe"] == "tensorwise"
+    assert flags[3]["--context-parallel-size"] == "4" and flags[3]["--fp8-recipe"] == "blockwise"
