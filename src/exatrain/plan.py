@@ -374,6 +374,24 @@ class Plan:
             return "no pipeline"
         return self.schedule + (f"×{self.interleave}" if self.interleave > 1 else "")
 
+    @property
+    def settings_label(self) -> str:
+        """The run settings a plan was priced with that are not the defaults, as the one-line
+        descriptions append them (", deepep dispatcher, force-balanced routing, attention fa2"); ""
+        when all are defaults."""
+        parts = []
+        if self.moe_dispatcher != "alltoall":
+            parts.append(f"{self.moe_dispatcher} dispatcher")
+        if self.moe_capacity_factor:
+            parts.append(f"token drop at capacity {self.moe_capacity_factor:g}, padded")
+        elif self.moe_force_balance:
+            parts.append("force-balanced routing")
+        if self.attention_kernel:
+            parts.append(f"attention {self.attention_kernel}")
+        if self.elementwise:
+            parts.append(f"element-wise {self.elementwise}")
+        return "".join(f", {p}" for p in parts)
+
     def layers_per_stage(self) -> tuple[int, ...]:
         """Layers of each virtual stage, in model order (length pp * interleave)."""
         return self.stage_layers or balanced_split(self.model.layers, self.virtual_stages)

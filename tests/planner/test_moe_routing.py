@@ -207,3 +207,19 @@ def test_a_published_rows_preset_gives_it_the_architecture_its_columns_cannot_sa
     m = get_model("qwen3-30b-a3b")
     with pytest.raises(UserError, match=r"row 7: its shape is not preset qwen3-30b-a3b's \(hidden 1024 != 2048\)"):
         pe._with_preset(m.replace(hidden=1024, kv_channels=0, qk_norm=False), "qwen3-30b-a3b", 7)
+
+
+def test_the_one_line_descriptions_name_the_settings_a_plan_was_priced_with() -> None:
+    """The estimate's header, the reports' one-line description and an export's summary name a non-default
+    dispatcher, routing, attention kernel and element-wise mode; a plan at the defaults adds nothing."""
+    from exatrain.engine_configs.common import summary
+    from exatrain.report.style import describe
+
+    plain = _plan()
+    assert plain.settings_label == ""
+    set_ = _plan(moe_dispatcher="hybridep", moe_force_balance=True, attention_kernel="fa2", elementwise="eager")
+    label = ", hybridep dispatcher, force-balanced routing, attention fa2, element-wise eager"
+    assert set_.settings_label == label
+    assert _plan(moe_capacity_factor=1.25).settings_label == ", token drop at capacity 1.25, padded"
+    assert describe(set_).endswith(label) and summary(set_).endswith(label)
+    assert describe(plain) + label == describe(set_)

@@ -66,7 +66,7 @@ def summary(plan: Plan) -> str:
     return (f"{plan.model.name}, tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp}{extra} = {plan.gpus} ranks, "
             f"micro-batch {plan.micro_batch}, global batch {plan.global_batch}, ZeRO-{plan.zero_stage}, "
             f"recompute {plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
-            f"{plan.dtype}" + (f" with FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else ""))
+            f"{plan.dtype}" + (f" with FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else "") + plan.settings_label)
 
 
 def kernel_note(plan: Plan, engine: str, switches: tuple[str, ...], runs: str) -> str:

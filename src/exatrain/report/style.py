@@ -190,4 +190,5 @@ def describe(plan: Any) -> str:
     where = f" on {plan.gpus} × {plan.cluster}" if plan.cluster else f" on {plan.gpus} devices"
     return (f"{plan.model.name}{where}: {plan.label}, micro-batch {plan.micro_batch}, global batch "
             f"{plan.global_batch}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}"
-            f"{', SP' if plan.sequence_parallel else ''}, {plan.schedule_label}")
+            f"{', SP' if plan.sequence_parallel else ''}, {plan.schedule_label}"
+            f"{getattr(plan, 'settings_label', '')}")

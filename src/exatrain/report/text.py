@@ -52,7 +52,7 @@ def render_estimate(plan: Plan, con=None) -> None:
               f"global batch {plan.global_batch} ({plan.num_microbatches} micro-batches), ZeRO-{plan.zero_stage}, "
               f"recompute {plan.recompute}, SP {'on' if plan.sequence_parallel else 'off'}, schedule {plan.schedule}"
               + (f" x{plan.interleave}" if plan.interleave > 1 else "") + f", {plan.dtype}, runtime {plan.runtime}"
-              + (f", FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else ""))
+              + (f", FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else "") + plan.settings_label)
     t = table(f"memory per rank, GiB (capacity {_gib(est.capacity_bytes)})", ("stage", "layers", "params", "weights",
               "gradients", "optimizer", "activations", "other", "total", "of capacity"))
     layers = plan.layers_per_stage()
