@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
-from exatrain.catalog import get_cluster
+from exatrain.catalog import get_cluster, get_model
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
@@ -307,8 +307,6 @@ def _with_preset(model: ModelSpec, preset: str, index: int) -> ModelSpec:
     """``model`` (the row's shape columns) with the architecture the columns cannot say — head width,
     QK-norm, multi-head latent attention, shared experts, leading dense layers, router — taken from the
     catalog preset the row's ``preset`` column names (data README); the row's shape must be the preset's."""
-    from exatrain.catalog import get_model
-
     base = get_model(preset)
     differ = [f"{k} {getattr(model, k)} != {getattr(base, k)}" for k in _PRESET_SHAPE
               if getattr(model, k) != getattr(base, k)]

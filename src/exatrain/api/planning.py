@@ -64,7 +64,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     ``moe_force_balance``: routing forced even, a benchmarking switch (plan.py). ``attention_kernel``:
     which kernel the run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's).
     ``elementwise``: how its element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or
-    eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
+    eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``out``: also write the plan with its
+    estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
     if out is not None:

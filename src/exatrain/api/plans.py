@@ -114,10 +114,11 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
     ranks; ``fp8``: an FP8 GEMM scaling recipe (default none); ``moe_dispatcher``: how a MoE layer's
     tokens travel (``plan.MOE_DISPATCHERS``, default alltoall); ``moe_capacity_factor`` (default 0: dropless)
-    and ``moe_force_balance`` (default off): how evenly they land on the experts (plan.py); ``attention_kernel``: flash attention's
-    kernel (``plan.ATTENTION_KERNELS``, default "": the runtime's); ``elementwise``: how its element-wise
-    ops run (``plan.ELEMENTWISE``, default "": the runtime's); ``runtime``: the engine that runs it
-    (default exatrain), which decides where ep may reach (``rules.ep_fits``)."""
+    and ``moe_force_balance`` (default off): how evenly they land on the experts (plan.py);
+    ``attention_kernel``: flash attention's kernel (``plan.ATTENTION_KERNELS``, default "": the runtime's);
+    ``elementwise``: how its element-wise ops run (``plan.ELEMENTWISE``, default "": the runtime's);
+    ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
+    (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model
     c = get_cluster(cluster) if isinstance(cluster, str) else cluster
     b = base

@@ -191,4 +191,4 @@ def describe(plan: Any) -> str:
     return (f"{plan.model.name}{where}: {plan.label}, micro-batch {plan.micro_batch}, global batch "
             f"{plan.global_batch}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}"
             f"{', SP' if plan.sequence_parallel else ''}, {plan.schedule_label}"
-            f"{getattr(plan, 'settings_label', '')}")
+            f"{plan.settings_label}")
