@@ -166,6 +166,13 @@ def test_megatron_deepspeed_golden(layout: str, tmp_path: Path) -> None:
     # DeepSpeed's own consistency rule: train_batch_size = micro x accumulation x dp
     assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
                                           * config["gradient_accumulation_steps"] * plan.dp)
+    # The two micro-batch sizes must agree. DeepSpeed's pipeline engine runs train_batch_size /
+    # (its micro-batch x dp) micro-batches, each drawn from Megatron's loader at --micro-batch-size:
+    # a JSON micro-batch of 4 against a flag of 1 trains a quarter of the global batch per
+    # iteration, while Megatron's throughput line counts all of it (benchmarks/data/README.md,
+    # the Frontier authors' run log).
+    assert config["train_micro_batch_size_per_gpu"] == int(flags["--micro-batch-size"]) == plan.micro_batch
+    assert config["train_batch_size"] == int(flags["--global-batch-size"]) == plan.global_batch
 
 
 @pytest.mark.parametrize("layout", ["175b", "1t"])
