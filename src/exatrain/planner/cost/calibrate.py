@@ -390,6 +390,8 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
             inner = dataclasses.replace(tier, span=max(2, int(raw.get("ranks", 2))))
             tiers[cluster.name] = (inner, *[t for t in cluster.tiers if t.span == 0 or t.span > inner.span])
         fields["link_eff"] = 1.0  # the tier's bandwidth is what the collectives achieved
+        if len(tiers[cluster.name]) == 1:  # the measured tier is the network itself: no catalog rate left
+            fields["net_eff"] = None
     params = base.replace(**fields, source=f"exatrain bench ({raw.get('machine', {}).get('host', 'this machine')})")
     framework_curve: list[dict] = []
     if framework and cluster is not None:

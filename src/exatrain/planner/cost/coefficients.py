@@ -46,6 +46,10 @@ class CostParams:
     fp8_speedup: float | None = None
     mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels
     link_eff: float = 0.75  # fraction of link bandwidth reached by collectives (algorithm bw)
+    # ... and by the ring collectives and sends that cross the network tier (the cluster's last), where
+    # they differ: a NIC's large messages come closer to its line rate than the node's links do.
+    # None: link_eff (cost.network.tier_arrays; all-to-all and the context-parallel ring keep link_eff)
+    net_eff: float | None = None
     # Fixed time per collective call beyond its per-hop latency: the library's launch and protocol
     # setup (NCCL's own cost model: src/graph/tuning.cc baseLat, Ring/Simple 8.4 us; RCCL's 17 us).
     collective_overhead_s: float = 0.0
@@ -75,7 +79,7 @@ class CostParams:
             v = getattr(out, f.name)
             if f.name == "source":
                 continue
-            if v is None and f.name in ("peak_flops", "mem_bytes_per_s", "fp8_speedup"):
+            if v is None and f.name in ("peak_flops", "mem_bytes_per_s", "fp8_speedup", "net_eff"):
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise UserError(f"{source}: {f.name} must be a non-negative number, got {v!r}")
@@ -105,26 +109,32 @@ _HOPPER_FLASH = dict(attn_eff=1.2026, attn_seq_half=743.0, attn_call_overhead_s=
 # Megatron-Core's H100 runs, and torchtitan's DGX H100 runs, never enter that fit. `exatrain bench` on a GPU
 # measures the ratio itself (calibrate.fit_fp8) and replaces this.
 _HOPPER_FP8_SPEEDUP = 2.0001
+# NVIDIA's NICs under NCCL's ring collectives: "For NDR @ 400Gbps you should see 46-48GB/s per NIC"
+# (NVIDIA/nccl-tests#290, an NCCL maintainer, 2025-03-03), and 24 GB/s reached on one 200 Gb/s HDR NIC
+# (NVIDIA/nccl#1048): 0.92-0.96 of line rate, where the node's NVLink ring reaches 232.5 of 300 GB/s
+# on DGX A100 (NVIDIA/nccl-tests#175), the 0.70-0.75 of link_eff. The low end, for every NVIDIA prior.
+_IB_RING_EFF = 0.92
+_NCCL = dict(collective_overhead_s=_NCCL_BASE_S, net_eff=_IB_RING_EFF)  # every NVIDIA prior's
 DEFAULTS: dict[str, CostParams] = {
     "a100-80gb": CostParams(gemm_eff=0.80, gemm_overhead_s=15e-6, attn_eff=1.0, mem_eff=0.70,
-                            link_eff=0.70, dp_overlap=1.0, step_overhead_s=0.02, collective_overhead_s=_NCCL_BASE_S,
+                            link_eff=0.70, dp_overlap=1.0, step_overhead_s=0.02, **_NCCL,
                             source="prior"),
     "mi250x-gcd": CostParams(gemm_eff=0.55, gemm_overhead_s=25e-6, attn_eff=0.20, mem_eff=0.60,
                              link_eff=0.60, dp_overlap=0.5, step_overhead_s=0.05, collective_overhead_s=_RCCL_BASE_S,
                              source="prior"),
     "h100-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
-                           link_eff=0.75, collective_overhead_s=_NCCL_BASE_S, fp8_speedup=_HOPPER_FP8_SPEEDUP,
+                           link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_FP8_SPEEDUP,
                            source="prior"),
     "h200-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
-                           link_eff=0.75, collective_overhead_s=_NCCL_BASE_S, fp8_speedup=_HOPPER_FP8_SPEEDUP,
+                           link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_FP8_SPEEDUP,
                            source="h200 anchor"),
     # The H100 prior at the clock factor fitted, with the FP8 speed-up above, to every published run of
     # this part (torchtitan's three benchmark pages: `python benchmarks/prediction_error.py --fit-prior
     # h100-sxm-500w`); no other engine's runs exist on it, so the factor holds torchtitan's own losses
     # too (RESULTS.md).
     "h100-sxm-500w": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
-                                link_eff=0.75, collective_overhead_s=_NCCL_BASE_S, fp8_speedup=_HOPPER_FP8_SPEEDUP,
-                                clock_factor=0.6675, source="prior (clock and FP8 fitted to torchtitan's runs)"),
+                                link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_FP8_SPEEDUP,
+                                clock_factor=0.6674, source="prior (clock and FP8 fitted to torchtitan's runs)"),
     "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
                          link_eff=0.65, collective_overhead_s=_RCCL_BASE_S, source="prior"),
     "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=10e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,

@@ -23,10 +23,16 @@ from exatrain.planner.cost.coefficients import CostParams
 _STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
 
 
-def tier_arrays(cluster: ClusterSpec, span):
-    """Per-rank bandwidth (bytes/s) and latency (s) of the tier carrying a group of ``span`` ranks."""
+def tier_arrays(cluster: ClusterSpec, span, params: CostParams | None = None):
+    """Per-rank bandwidth (bytes/s) and latency (s) of the tier carrying a group of ``span`` ranks.
+    With ``params`` (a ring collective's or a send's caller), the network tier's bandwidth is scaled by
+    net_eff / link_eff, so that ``collective_time_s``'s link_eff leaves it at net_eff of line rate
+    (``CostParams.net_eff``); all-to-all and the context-parallel ring pass none."""
     span = np.asarray(span)
-    bw = np.full(span.shape, cluster.network.bytes_per_s, dtype=float)
+    net = cluster.network.bytes_per_s
+    if params is not None and params.net_eff is not None and params.link_eff > 0:
+        net = net * params.net_eff / params.link_eff
+    bw = np.full(span.shape, net, dtype=float)
     lat = np.full(span.shape, cluster.network.latency_s, dtype=float)
     # Walk tiers widest-first so the narrowest covering tier wins.
     for tier in reversed(cluster.tiers[:-1]):

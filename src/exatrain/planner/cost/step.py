@@ -72,7 +72,7 @@ class StageTimes:
 def tp_collectives_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, kinds=("all_gather", "reduce_scatter")):
     """Seconds of each of ``kinds`` of TP collective on b*s*h over the tp group's tier (0 where tp is
     1); arrays allowed."""
-    bw, lat = network.tier_arrays(cluster, network.tp_span(tp))
+    bw, lat = network.tier_arrays(cluster, network.tp_span(tp), cp)
     on = np.asarray(tp) > 1
     return tuple(np.where(on, network.collective_time_s(kind, tp, message_bytes, bw, lat, cp), 0.0) for kind in kinds)
 
@@ -225,7 +225,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
             tp_b = np.where(sp, tp_left_b + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one, tp_b)
     if pp > 1:
         msg = bl[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
-        bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]))
+        bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]), cp)
         p2p = network.collective_time_s("send_recv", 2, msg, bw, lat, cp)
     else:
         p2p = np.zeros(len(b))
@@ -245,9 +245,9 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
     ``split``: (gradient reductions, parameter gathers) apart instead of their sum. With context
     parallelism the group is dp*cp (strided by tp); a MoE model's routed-expert gradients reduce over
     the expert-data-parallel group (``cost.experts.edp_span``)."""
-    bw, lat = network.tier_arrays(cluster, network.dp_span(tp, np.asarray(dp) * cp_size))
-    ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1)
-    xbw, xlat = network.tier_arrays(cluster, experts.edp_span(tp, dp, cp_size, ep)) if model.is_moe else (bw, lat)
+    bw, lat = network.tier_arrays(cluster, network.dp_span(tp, np.asarray(dp) * cp_size), cp)
+    ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1, cp)
+    xbw, xlat = network.tier_arrays(cluster, experts.edp_span(tp, dp, cp_size, ep), cp) if model.is_moe else (bw, lat)
     reduce_s, gather_s = 0.0, 0.0
     cs = comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
                                   num_microbatches=num_microbatches, dtype=dtype,
@@ -335,7 +335,15 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     slack = pipe[:, None] - pt.rank_end_s
     red_exposed = exposed(t_red, red_window + slack)
     gat_exposed = exposed(t_gat, gat_window)
-    dp_exposed = (red_exposed + gat_exposed).max(axis=1)
+    # ZeRO-3 sends in both passes over the same links: half its gathers (each micro-batch's forward
+    # ones) beside the forward, the other half and the gradient reduction beside the backward. Those
+    # two share the backward's window, so together they can hide no more than it (plus the drain),
+    # however each would fare alone.
+    gather = cp.dp_overlap if rules.dp_param_gather else 0.0
+    gat_b = exposed(t_gat / 2, gather * per_rank(B + W))
+    both_b = exposed(t_gat / 2 + t_red, np.where(red_on[:, None], cp.dp_overlap, gather) * per_rank(B + W) + slack)
+    z3_exposed = exposed(t_gat / 2, gather * per_rank(F)) + np.maximum(gat_b + red_exposed, both_b)
+    dp_exposed = np.where(z3, z3_exposed, red_exposed + gat_exposed).max(axis=1)
     if hidden is not None:
         hidden["tp"] = np.take_along_axis(per_rank(st.tp_hidden), np.argmax(pt.busy_s, axis=1)[:, None], axis=1)[:, 0]
         raw = pipeline_times(F, B, W, pp=p, interleave=v, num_microbatches=m, schedule=schedule, p2p_s=st.p2p)
