@@ -25,7 +25,9 @@ The planner predicts a plan as run by one engine (``Plan.runtime``, a profile of
     overlap_grad_reduce, DeepSpeed zero overlap_comm, torch DDP/FSDP2);
   - ``dp_param_gather``: the forward (Megatron-Core overlap_param_gather: the distributed
     optimizer's all-gather of updated parameters runs under the next step's first forward;
-    ZeRO-3/FSDP prefetch: each micro-batch's gathers run under its forward and backward);
+    ZeRO-3/FSDP prefetch: each micro-batch's gathers run under its forward and backward; the
+    backward's gathers and the gradient reduction travel over the same links, so together they hide
+    behind the backward at most once: ``cost.step.step_times``);
   - ``pp_p2p``: with the interleaved schedule only (Megatron-Core overlap_p2p_comm,
     megatron/core/pipeline_parallel/schedules.py), a stage's send/receive under its next forward.
   - ``ep_a2a``: a MoE layer's dispatch and combine all-to-alls (forward and backward) under the

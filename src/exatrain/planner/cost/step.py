@@ -13,6 +13,8 @@ layouts that share pp and interleave (``planner.evaluate`` groups them):
      the exposed pipeline communication;
   4. DP gradient reduction / ZeRO gathers of every pipeline rank: what one micro-batch's backward
      cannot hide (dp_overlap), less the time the rank waits for the pipeline to drain, is exposed;
+     ZeRO-3's backward gathers and its reduction share the links, so the backward hides their sum
+     at most once;
   5. the optimizer update of the rank with the most (sharded) parameters and a fixed per-step
      overhead.
 What is hidden depends on the runtime (``cost.overlap``): TP collectives behind the layer's GEMMs,
