@@ -497,12 +497,29 @@ def table(rows: list[Row]) -> dict:
         if ratios:
             cell["ratio_low"], cell["ratio_high"] = (float(np.percentile(ratios, q)) for q in (10, 90))
         cells[f"{engine}/{family}"] = cell
-    return {"cells": cells,
+    return {"cells": cells, "kinds": by_kind(rows),
             "rows": [{"index": r.index, "name": r.name, "engine": r.engine, "family": r.family, "source": r.source,
                       "measured_s": r.measured_s, "measured_from": r.measured_from, "prior_s": r.prior_s,
                       "in_sample": r.in_sample, "out_of_sample_s": r.oos_s, "how": r.oos_how,
                       "memory_gib": r.memory_gib, "memory_predicted_gib": r.memory_pred_gib,
                       "not_priced": r.not_priced, "notes": r.notes} for r in rows]}
+
+
+# The kinds of run the README reports apart: the table's ``kind`` column (dense, moe, long-context), dense
+# runs split by FP8 GEMMs; a row is in one kind only.
+KINDS = ("dense bf16/fp16", "dense FP8", "moe", "long-context")
+
+
+def kind_of(r: Row) -> str:
+    if r.kind == "dense":
+        return "dense FP8" if "FP8" in r.traits else "dense bf16/fp16"
+    return r.kind
+
+
+def by_kind(rows: list[Row]) -> dict[str, dict]:
+    """Out-of-sample step-time error per kind of run (``KINDS``), every engine and family together."""
+    return {k: _stats([r.oos_s / r.measured_s - 1 for r in rows if r.oos_s is not None and kind_of(r) == k])
+            for k in KINDS}
 
 
 def _pct(s: dict, k: str) -> str:
@@ -598,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r.index:3d} {r.name[:52]:52} {r.engine:18} {r.family:9} {r.not_priced[:110]}")
     print(not_priced_summary(rows) + "\n")
     print(markdown(t))
+    print("\nby kind of run (out of sample, every engine and family): " + "; ".join(
+        f"{k} n={v['n']}" + (f" median {v['median']:.1%} p90 {v['p90']:.1%} max {v['max']:.1%}" if v["n"] else "")
+        for k, v in t["kinds"].items()))
     ins = [c for c in t["cells"].values() if c["in_sample_prior"]["n"]]
     for c in ins:
         s = c["in_sample_prior"]

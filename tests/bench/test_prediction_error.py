@@ -174,3 +174,17 @@ def test_a_rows_compile_column_sets_its_elementwise_mode(pe) -> None:
     assert eager == [57, 60, 92, 93, 94]
     assert all(r.plan.elementwise == "eager-composite" for r in rows if r.index in eager and r.plan)
     assert all(r.elementwise == "" for r in rows if r.engine != "torchtitan")
+
+
+def test_kinds_of_run_partition_the_priced_rows(pe, base) -> None:
+    """The per-kind summary the README quotes counts every out-of-sample row exactly once: dense rows
+    apart by FP8 GEMMs, MoE and long-context by the table's kind column."""
+    rows, table = base
+    kinds = table["kinds"]
+    assert set(kinds) == set(pe.KINDS)
+    assert sum(k["n"] for k in kinds.values()) == table["cells"]["all/all"]["step"]["n"] > 0
+    fp8 = [r for r in rows if r.plan is not None and r.kind == "dense" and r.plan.fp8]
+    assert fp8 and all(pe.kind_of(r) == "dense FP8" for r in fp8)
+    assert kinds["dense FP8"]["n"] == sum(r.oos_s is not None for r in fp8)
+    assert kinds["dense bf16/fp16"]["n"] == sum(r.oos_s is not None and r.kind == "dense" and not r.plan.fp8
+                                                for r in rows if r.plan is not None) > 0
