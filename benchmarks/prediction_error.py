@@ -233,6 +233,11 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         capacity, balance = _moe_routing(r.get("moe_routing", ""))
         if capacity or balance:
             row.notes.append(f"routing {r['moe_routing'].strip()}")
+        # FP8 weights gathered in FP8 (torchtitan's float8 all-gather, Megatron-Core --fp8-param-gather)
+        gather = any(k in r.get("overlap", "").lower() for k in ("float8 all-gather", "fp8-param-gather",
+                                                                 "fp8_param_gather"))
+        if gather:
+            row.notes.append("FP8 parameter gather")
         pp, v = _int(r["pp"]), _int(r["vpp"], 1)
         schedule = "interleaved" if pp > 1 and v > 1 else "1f1b"
         try:
@@ -245,7 +250,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         runtime=r["engine"], fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
-                        elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance)
+                        elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
+                        fp8_param_gather=gather)
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)

@@ -44,6 +44,12 @@ FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 # "deepep" and "hybridep" (Megatron-Core's flex dispatcher backends) send a token once per destination
 # node over the network and once per destination rank over the node's links.
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# ``fp8_param_gather``: the FP8 GEMMs' weights are gathered in FP8 over the data-parallel group, one byte a
+# parameter instead of the compute dtype's two, and their gathered copy is the FP8 one (no 16-bit copy
+# of them). Megatron-Core --fp8-param-gather (with the distributed optimizer: ZeRO-1 and up;
+# Transformer Engine fp8_model_init); torchtitan enable_fsdp_float8_all_gather (with FSDP: ZeRO-2/3, and
+# tensorwise scaling: "current"). accounting.fp8 Fp8Recipe.fp8_params; cost.overlap.engine_collectives.
+FP8_PARAM_GATHER_RUNTIMES = {"megatron-core": 1, "torchtitan": 2}  # runtime -> the lowest ZeRO stage it needs
 # How evenly a MoE layer's routed tokens land on the expert ranks (cost.experts.moe_load): dropless routing
 # (the default) lets the busiest expert rank take more than the mean (cost.experts.LOAD_IMBALANCE, an
 # assumption); ``moe_capacity_factor`` C > 0 drops tokens beyond C times the mean per expert and pads every
@@ -309,6 +315,7 @@ class Plan:
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS: how a MoE layer's tokens travel to their experts
     moe_capacity_factor: float = 0.0  # token-drop capacity, padded (see above); 0 = dropless
     moe_force_balance: bool = False  # routing forced even (see above)
+    fp8_param_gather: bool = False  # FP8 GEMM weights kept and gathered in FP8 (see FP8_PARAM_GATHER)
     attention_kernel: str = ""  # ATTENTION_KERNELS: flash attention's kernel, "" = the runtime's own
     elementwise: str = ""  # ELEMENTWISE: how the element-wise ops run, "" = the runtime's own
     estimate: StepEstimate | None = None
@@ -386,6 +393,8 @@ class Plan:
             parts.append(f"token drop at capacity {self.moe_capacity_factor:g}, padded")
         elif self.moe_force_balance:
             parts.append("force-balanced routing")
+        if self.fp8_param_gather:
+            parts.append("FP8 parameter gather")
         if self.attention_kernel:
             parts.append(f"attention {self.attention_kernel}")
         if self.elementwise:
@@ -445,6 +454,7 @@ class Plan:
             **({"moe_dispatcher": self.moe_dispatcher} if self.moe_dispatcher != "alltoall" else {}),
             **({"moe_capacity_factor": self.moe_capacity_factor} if self.moe_capacity_factor else {}),
             **({"moe_force_balance": True} if self.moe_force_balance else {}),
+            **({"fp8_param_gather": True} if self.fp8_param_gather else {}),
             **({"attention_kernel": self.attention_kernel} if self.attention_kernel else {}),
             **({"elementwise": self.elementwise} if self.elementwise else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
@@ -460,7 +470,8 @@ class Plan:
                     "recompute", "sequence_parallel", "schedule", "interleave")
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
-                    "moe_capacity_factor", "moe_force_balance", "attention_kernel", "elementwise")
+                    "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
+                    "elementwise")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -490,6 +501,7 @@ class Plan:
                 moe_dispatcher=str(d.get("moe_dispatcher", "alltoall")),
                 moe_capacity_factor=d.get("moe_capacity_factor", 0.0),
                 moe_force_balance=d.get("moe_force_balance", False),
+                fp8_param_gather=d.get("fp8_param_gather", False),
                 attention_kernel=str(d.get("attention_kernel", "")),
                 elementwise=str(d.get("elementwise", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),

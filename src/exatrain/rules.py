@@ -18,7 +18,8 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import ATTENTION_KERNELS, DTYPES, ELEMENTWISE, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES
+from exatrain.plan import (ATTENTION_KERNELS, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, MOE_DISPATCHERS,
+                           RECOMPUTE, RUNTIMES, SCHEDULES)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -440,6 +441,26 @@ def extension_problem(plan) -> tuple[str, str] | None:
         # alltoall token dispatcher")
         return "moe_capacity_factor", (f"--moe-capacity-factor drops and pads tokens in the alltoall dispatcher "
                                        f"only; drop it or use --moe-dispatcher alltoall (not {dispatcher})")
+    gather = getattr(plan, "fp8_param_gather", False)
+    if not isinstance(gather, bool):
+        return "fp8_param_gather", f"fp8_param_gather must be true or false, got {gather!r}"
+    if gather:
+        need = FP8_PARAM_GATHER_RUNTIMES.get(plan.runtime)
+        if not plan.fp8:
+            return "fp8_param_gather", ("--fp8-param-gather gathers the FP8 GEMMs' weights in FP8: it needs --fp8 "
+                                        "(a scaling recipe)")
+        if need is None:
+            return "fp8_param_gather", (f"--fp8-param-gather is Megatron-Core's --fp8-param-gather or torchtitan's "
+                                        f"enable_fsdp_float8_all_gather; runtime {plan.runtime} has no such switch: "
+                                        "use --runtime megatron-core or torchtitan, or drop it")
+        if plan.runtime == "torchtitan" and plan.fp8 != "current":
+            return "fp8_param_gather", (f"torchtitan gathers FP8 weights with tensorwise scaling only: use --fp8 "
+                                        f"current (not {plan.fp8}), or drop --fp8-param-gather")
+        if isinstance(plan.zero_stage, int) and plan.zero_stage < need:
+            what = "the distributed optimizer" if plan.runtime == "megatron-core" else "FSDP"
+            return "fp8_param_gather", (f"--fp8-param-gather needs {what} (ZeRO-{need} or higher) under "
+                                        f"{plan.runtime}, which gathers the weights it sends: use --zero {need}, "
+                                        "or drop it")
     kernel = getattr(plan, "attention_kernel", "")
     if kernel and kernel not in ATTENTION_KERNELS:
         return "attention_kernel", (f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, "

@@ -36,7 +36,7 @@ MEGATRON_LM_OPTIONS = frozenset("""
     --use-megatron-fsdp --use-rotary-position-embeddings --use-torch-fsdp2 --vocab-size
 """.split()) | frozenset("""
     --context-parallel-size --cp-comm-type --expert-model-parallel-size --expert-tensor-parallel-size
-    --fp8-format --fp8-recipe --moe-expert-capacity-factor --moe-ffn-hidden-size
+    --fp8-format --fp8-param-gather --fp8-recipe --moe-expert-capacity-factor --moe-ffn-hidden-size
     --moe-flex-dispatcher-backend --moe-grouped-gemm --moe-layer-freq --moe-pad-expert-input-to-capacity
     --moe-router-force-load-balancing --moe-router-topk --moe-shared-expert-intermediate-size
     --moe-token-dispatcher-type --num-experts
@@ -111,4 +111,7 @@ TORCHTITAN_FIELDS = {
     "compile": frozenset("enable components".split()),
     # [debug] (Debug)
     "debug": frozenset("seed deterministic deterministic_warn_only moe_force_load_balance".split()),
+    # [quantize.linear.float8] (Float8Linear, under Quantize.linear: QuantizedLinear.float8)
+    "quantize.linear.float8": frozenset(
+        "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp recipe_name filter_fqns emulate".split()),
 }

@@ -104,6 +104,12 @@ def gemm_weights(m: ModelSpec, moe: bool, tp: int = 1, ep: int = 1, etp: int = 1
     return attn + shared + routed
 
 
+def routed_gemm_weights(m: ModelSpec, ep: int = 1, etp: int = 1) -> float:
+    """The routed experts' share of ``gemm_weights`` of a MoE layer on one rank (the weights the
+    expert-data-parallel group gathers; the rest the data-parallel group does)."""
+    return m.experts * mlp_weight_params(m, m.expert_width) / (ep * etp) if m.is_moe else 0.0
+
+
 def gemms_per_layer(m: ModelSpec, moe: bool, ep=1):
     """TE GEMM modules (each with its own fp8 meta) of one layer on one rank: QKV (or MLA's q and kv
     projections), output projection, fc1 and fc2; a MoE layer's grouped experts count one GEMM per

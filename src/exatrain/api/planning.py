@@ -48,7 +48,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
              flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
              fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
-             moe_force_balance: bool | None = None, attention_kernel: str | None = None,
+             moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
+             attention_kernel: str | None = None,
              elementwise: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
@@ -61,7 +62,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``moe_dispatcher``: how a MoE layer's tokens
     reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``moe_capacity_factor``: drop tokens
     beyond this many times an expert's mean and pad every expert to it (default 0: dropless);
-    ``moe_force_balance``: routing forced even, a benchmarking switch (plan.py). ``attention_kernel``:
+    ``moe_force_balance``: routing forced even, a benchmarking switch (plan.py). ``fp8_param_gather``: the FP8
+    GEMMs' weights gathered in FP8 (Megatron-Core --fp8-param-gather, torchtitan's float8 all-gather; plan.py).
+    ``attention_kernel``:
     which kernel the run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's).
     ``elementwise``: how its element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or
     eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``out``: also write the plan with its
@@ -99,7 +102,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
            fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
-           moe_force_balance: bool | None = None, attention_kernel: str | None = None,
+           moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
+           attention_kernel: str | None = None,
            elementwise: str | None = None,
            top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
@@ -144,7 +148,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
             fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
-            moe_force_balance: bool | None = None, attention_kernel: str | None = None,
+            moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
+            attention_kernel: str | None = None,
             elementwise: str | None = None,
             mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):

@@ -22,7 +22,8 @@ Warn = Callable[[str], None]
 MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
 LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
                  "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp", "fp8",
-                 "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "attention_kernel", "elementwise")
+                 "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
+                 "elementwise")
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
@@ -108,13 +109,14 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               default_dtype: str = "bfloat16", ep: int | None = None, cp: int | None = None,
               fp8: str | None = None, runtime: str | None = None, moe_dispatcher: str | None = None,
               moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
-              attention_kernel: str | None = None, elementwise: str | None = None) -> Plan:
+              fp8_param_gather: bool | None = None, attention_kernel: str | None = None, elementwise: str | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
     ranks; ``fp8``: an FP8 GEMM scaling recipe (default none); ``moe_dispatcher``: how a MoE layer's
     tokens travel (``plan.MOE_DISPATCHERS``, default alltoall); ``moe_capacity_factor`` (default 0: dropless)
-    and ``moe_force_balance`` (default off): how evenly they land on the experts (plan.py);
+    and ``moe_force_balance`` (default off): how evenly they land on the experts (plan.py); ``fp8_param_gather``
+    (default off): the FP8 GEMMs' weights gathered in FP8 (plan.py);
     ``attention_kernel``: flash attention's kernel (``plan.ATTENTION_KERNELS``, default "": the runtime's);
     ``elementwise``: how its element-wise ops run (``plan.ELEMENTWISE``, default "": the runtime's);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
@@ -160,6 +162,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 moe_dispatcher=_pick(moe_dispatcher, b and b.moe_dispatcher, "alltoall"),
                 moe_capacity_factor=_pick(moe_capacity_factor, b and b.moe_capacity_factor, 0.0),
                 moe_force_balance=_pick(moe_force_balance, b and b.moe_force_balance, False),
+                fp8_param_gather=_pick(fp8_param_gather, b and b.fp8_param_gather, False),
                 attention_kernel=_pick(attention_kernel, b and b.attention_kernel, ""),
                 elementwise=_pick(elementwise, b and b.elementwise, ""))
     return plan.validate(c)
@@ -215,7 +218,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   interleave: int | None = None, stage_layers: Any = None, ep: int | None = None,
                   cp: int | None = None, fp8: str | None = None, moe_dispatcher: str | None = None,
                   moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
-                  attention_kernel: str | None = None, elementwise: str | None = None, **_: Any):
+                  fp8_param_gather: bool | None = None, attention_kernel: str | None = None, elementwise: str | None = None, **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
 
@@ -237,7 +240,8 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
         schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None, fp8=fp8 or "",
         moe_dispatcher=moe_dispatcher or "alltoall", moe_capacity_factor=moe_capacity_factor or 0.0,
-        moe_force_balance=bool(moe_force_balance), attention_kernel=attention_kernel or "",
+        moe_force_balance=bool(moe_force_balance), fp8_param_gather=bool(fp8_param_gather),
+        attention_kernel=attention_kernel or "",
         elementwise=elementwise or "")
 
 

@@ -143,6 +143,9 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--moe-force-balance", _BOOL, None, "route MoE tokens evenly whatever the router says (Megatron-Core "
      "--moe-router-force-load-balancing, a benchmarking switch): the busiest expert rank takes the mean; "
      "default off"),
+    ("--fp8-param-gather", _BOOL, None, "gather the FP8 GEMMs' weights in FP8 over the data-parallel group and "
+     "keep no 16-bit copy of them (Megatron-Core --fp8-param-gather, with the distributed optimizer: ZeRO-1+; "
+     "torchtitan enable_fsdp_float8_all_gather, with FSDP: ZeRO-2/3 and --fp8 current); needs --fp8; default off"),
     ("--attention-kernel", None, ATTENTION_KERNELS, "which kernel the run's flash attention is: fused (cuDNN / "
      "Transformer Engine), fa2 (FlashAttention-2: Megatron-DeepSpeed, and torch SDPA on Hopper before torch 2.11), "
      "sdpa (torch SDPA's own choice); default: the runtime's"),

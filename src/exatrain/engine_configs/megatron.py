@@ -166,6 +166,8 @@ def fp8_flags(plan: Plan) -> list[Flag]:
     out = [Flag("--fp8-format", fmt), Flag("--fp8-recipe", FP8_RECIPES[plan.fp8])]
     if plan.fp8 == "delayed":
         out.append(Flag("--fp8-amax-history-len", str(Fp8Recipe().amax_history_len)))
+    if plan.fp8_param_gather:  # FP8 weights gathered by the distributed optimizer (Plan.fp8_param_gather)
+        out.append(Flag("--fp8-param-gather", None))
     return out
 
 

@@ -132,6 +132,11 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
     if plan.fp8:
         recipe = {"current": "tensorwise", "block": "rowwise"}.get(plan.fp8, "tensorwise")
         quant = {"recipe_name": recipe}
+        if plan.fp8_param_gather:
+            # FSDP's all-gather in float8 is torchtitan's tensorwise path without a recipe name (v0.2.2
+            # components/quantization/float8.py asserts the two are not set together), with the scales
+            # precomputed once a step for the sharded weights
+            quant = {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
         if plan.fp8 in ("delayed", "mxfp8", "block"):
             notes.append(f"torchtitan's float8 has no {plan.fp8!r} scaling: this config uses its {recipe} "
                          "recipe (per-tensor current scales, or per-row for the block recipe), which the "

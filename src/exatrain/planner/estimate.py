@@ -54,7 +54,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
-                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan))
+                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
+                  fp8_param_gather=plan.fp8_param_gather)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]

@@ -103,7 +103,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] | None = None,
              by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
              overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
-             elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE) -> Evaluation:
+             elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
+             fp8_param_gather: bool = False) -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -112,7 +113,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     (``plan.MOE_DISPATCHERS``, ``cost.experts.a2a_time_s``); ``attention_kernel``: flash attention's
     kernel (``plan.ATTENTION_KERNELS``; "": the runtime's own); ``elementwise``: how the element-wise ops
     run (``plan.ELEMENTWISE``; "": the runtime's own); ``moe_load``: the busiest expert rank's routed
-    copies over the mean (``cost.experts.moe_load``: the plan's routing). ``by_rank`` also fills ``hidden``."""
+    copies over the mean (``cost.experts.moe_load``: the plan's routing); ``fp8_param_gather``: the FP8 GEMMs'
+    weights gathered and kept in FP8 (``Plan.fp8_param_gather``). ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -135,7 +137,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     capacity = cluster.device.hbm_bytes
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
     fp8 = layouts.fp8
-    recipe = experts.fp8_recipe(fp8)
+    recipe = experts.fp8_recipe(fp8, fp8_param_gather)
     for idx, (gpus, pp, v, ep, cpd) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp])):
         lay = layouts.take(idx)
         p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
@@ -195,7 +197,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
                               stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
                               hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams,
-                              moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load)
+                              moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load,
+                              fp8_param_gather=fp8_param_gather)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

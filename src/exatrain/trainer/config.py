@@ -92,6 +92,12 @@ class TrainConfig:
             flag = "--moe-capacity-factor" if self.plan.moe_capacity_factor else "--moe-force-balance"
             raise UserError(f"the exatrain trainer routes MoE tokens dropless, as its router says; plan {flag} "
                             "for Megatron-Core (--runtime megatron-core) or train a plan made without it")
+        # Its FP8 linears (trainer/fp8.py) keep 16-bit weights and FSDP gathers them in 16 bits; a plan
+        # made for another runtime with FP8 gathers (Plan.fp8_param_gather) is that runtime's run.
+        if self.plan.fp8_param_gather:
+            raise UserError("the exatrain trainer gathers and keeps its weights in 16 bits; plan --fp8-param-gather "
+                            "for Megatron-Core or torchtitan (--runtime megatron-core / torchtitan) or train a plan "
+                            "made without it")
         # Its attention is torch SDPA with SDPA's own kernel choice (model.py); forcing one would also
         # have to hold for cp's masks, the keyed dropout core and the CPU, so a plan naming another is
         # refused rather than run with a kernel it did not price.

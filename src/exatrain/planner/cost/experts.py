@@ -101,8 +101,10 @@ def extended(m: ModelSpec, cp: int, fp8: str) -> bool:
     return bool(m.is_moe or m.mla or m.qk_norm or m.kv_channels or cp > 1 or fp8)
 
 
-def fp8_recipe(fp8: str) -> Fp8Recipe | None:
-    return Fp8Recipe(scaling=fp8) if fp8 else None
+def fp8_recipe(fp8: str, param_gather: bool = False) -> Fp8Recipe | None:
+    """The accounting's FP8 configuration of a plan: its scaling and, with ``param_gather``
+    (``Plan.fp8_param_gather``), FP8 weights in place of the GEMMs' 16-bit compute copy."""
+    return Fp8Recipe(scaling=fp8, fp8_params=param_gather) if fp8 else None
 
 
 def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = None) -> float:

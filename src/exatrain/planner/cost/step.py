@@ -25,11 +25,12 @@ leftover, ``max(0, comm - overlappable compute)``, is what the terms above count
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from exatrain.accounting import comms
+from exatrain.accounting import fp8 as fp8_acc
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
@@ -238,15 +239,31 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                       **dict(zip(("ext_fwd", "ext_bwd", "ep_share"), (np.broadcast_to(x, shape) + 0.0 for x in ext))))
 
 
+def fp8_gathered_params(m: ModelSpec, tp, stage_layers, pp: int, ep: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(data-parallel, expert-data-parallel) GEMM weights each pipeline rank holds (N, pp), of N layouts
+    of tensor-parallel degree ``tp`` (N,) sharing the layer split (S,): what ``Plan.fp8_param_gather``
+    gathers in FP8 (accounting.fp8.gemm_weights; the routed experts' part on the edp group)."""
+    n_dense, n_moe = experts.stage_kinds(m, stage_layers)
+    S = len(n_dense)
+    dense_r, moe_r = (x.reshape(S // pp, pp).sum(axis=0)[None, :] for x in (n_dense, n_moe))
+    t = np.asarray(tp, dtype=float)[:, None]
+    routed = fp8_acc.routed_gemm_weights(m, ep)
+    moe_w = fp8_acc.gemm_weights(m, True, t, ep) - routed if m.is_moe else 0.0
+    return dense_r * fp8_acc.gemm_weights(m, False, t) + moe_r * moe_w, moe_r * routed + 0.0 * t
+
+
 def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, dp, zero_stage: int,
                         params_here, num_microbatches, dtype: str, pipeline_end: bool, engine=None,
-                        split: bool = False, cp_size: int = 1, ep: int = 1, expert_params_here=0):
+                        split: bool = False, cp_size: int = 1, ep: int = 1, expert_params_here=0,
+                        fp8_gathered=None):
     """Seconds of one rank's DP collectives per step, plus the tied-embedding gradient reduction
     between the pipeline's two ends, which crosses the pipeline tier; arrays allowed. ``engine``: the
     runtime's profile (what it sends, ``cost.overlap.engine_collectives``; None: exatrain's trainer).
     ``split``: (gradient reductions, parameter gathers) apart instead of their sum. With context
     parallelism the group is dp*cp (strided by tp); a MoE model's routed-expert gradients reduce over
-    the expert-data-parallel group (``cost.experts.edp_span``)."""
+    the expert-data-parallel group (``cost.experts.edp_span``). ``fp8_gathered``: (dp, edp) GEMM weights
+    of the rank gathered in FP8 (``Plan.fp8_param_gather``): their gathers send one byte each instead
+    of the compute dtype's; None: none."""
     bw, lat = network.tier_arrays(cluster, network.dp_span(tp, np.asarray(dp) * cp_size), cp)
     ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1, cp)
     xbw, xlat = network.tier_arrays(cluster, experts.edp_span(tp, dp, cp_size, ep), cp) if model.is_moe else (bw, lat)
@@ -257,6 +274,10 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
                                   expert_params_here=expert_params_here)
     if engine is not None:
         cs = engine_collectives(cs, engine, dtype=dtype)
+    if fp8_gathered is not None:
+        saved = dict(zip(("dp", "edp"), fp8_gathered))
+        cs = tuple(replace(c, message_bytes=c.message_bytes - saved[c.axis] * (COMPUTE_BYTES[dtype] - 1.0))
+                   if is_gather(c) and c.axis in saved else c for c in cs)
     for c in cs:
         b_, l_ = {"dp": (bw, lat), "edp": (xbw, xlat)}.get(c.axis, (ebw, elat))
         t = c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp)
@@ -272,7 +293,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
                runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
-               moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE
+               moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
+               fp8_param_gather: bool = False
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
@@ -280,7 +302,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     ``runtime``: the engine whose overlaps and collectives count (``cost.overlap``); ``overlap``:
     which of its overlaps are on (``cost.overlap.overlap_rules``); ``elementwise``: how the element-wise
     ops run (plan.ELEMENTWISE; "": the runtime's own). ``hidden``: when given, gets the
-    seconds per step the overlaps hid (tp, pp, dp; arrays of N)."""
+    seconds per step the overlaps hid (tp, pp, dp; arrays of N). ``fp8_param_gather`` (with ``fp8``): the
+    GEMM weights' gathers at one byte a weight (``fp8_gathered_params``, ``Plan.fp8_param_gather``)."""
     from exatrain.accounting.engines import get_engine
 
     engine = get_engine(runtime)
@@ -317,11 +340,12 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     # backward; ZeRO-1/2's all-gather of updated weights runs under the next step's first forward
     # (overlap_param_gather), in each case where the runtime overlaps them.
     rank = np.arange(p)[None, :]
+    gathered = fp8_gathered_params(model, tp, stage_layers, p, ep) if (fp8 and fp8_param_gather) else None
     t_red, t_gat = np.zeros((N, p)), np.zeros((N, p))
     for z in np.unique(zero):
         kw = dict(tp=tp[:, None], pp=p, dp=dp[:, None], zero_stage=int(z), params_here=params_by_rank,
                   num_microbatches=m[:, None], dtype=dtype, engine=engine, split=True, cp_size=cp_size, ep=ep,
-                  expert_params_here=xp)
+                  expert_params_here=xp, fp8_gathered=gathered)
         r_, g_ = dp_collective_times(cluster, cp, model, pipeline_end=True, **kw)
         if model.tied_embeddings and p > 2:  # the ends' embedding all-reduce: ranks 0 and pp-1 only
             mid_r, mid_g = dp_collective_times(cluster, cp, model, pipeline_end=False, **kw)
@@ -373,7 +397,8 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
                   dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
-                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan))
+                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
+                  fp8_param_gather=plan.fp8_param_gather)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 

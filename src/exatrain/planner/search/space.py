@@ -28,7 +28,7 @@ from exatrain import rules
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, SCHEDULES
+from exatrain.plan import FP8_PARAM_GATHER_RUNTIMES, RECOMPUTE, SCHEDULES
 
 # Schedule variants searched: (name, interleave). interleave = virtual stages per rank.
 SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
@@ -42,6 +42,7 @@ REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
 # to run. (Its "run"-scope rules concern --compile, which the search does not choose.)
 TRAINER_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "trainer")
 RUNTIME_REASON = "ZeRO stage the runtime does not offer"
+FP8_GATHER_REASON = "ZeRO stage below the one --fp8-param-gather needs"  # plan.FP8_PARAM_GATHER_RUNTIMES
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class SpaceOptions:
     moe_dispatcher: str = "alltoall"  # one dispatcher for every candidate (plan.MOE_DISPATCHERS)
     moe_capacity_factor: float = 0.0  # every candidate's MoE routing (plan.py): token-drop capacity, 0 = dropless
     moe_force_balance: bool = False  # ... or routing forced even
+    fp8_param_gather: bool = False  # every candidate's FP8 GEMM weights gathered in FP8 (plan.py)
     attention_kernel: str = ""  # flash attention's kernel for every candidate (plan.ATTENTION_KERNELS)
     elementwise: str = ""  # how every candidate's element-wise ops run (plan.ELEMENTWISE)
 
@@ -165,6 +167,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
                      interleave=v, cluster=cluster, ep=ep, cp=cp, runtime=runtime)
     offered = get_engine(runtime).zero_stages(dtype)
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
+    if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's
+        masks[FP8_GATHER_REASON] = zero < FP8_PARAM_GATHER_RUNTIMES.get(runtime, 0)
     rejected, alive = rules.first_reasons(masks, keep)
     m = np.where(dp > 0, x.num_microbatches, 0)
     idx = np.nonzero(alive)[0]

@@ -1,0 +1,142 @@
+"""FP8 weights gathered in FP8 (``Plan.fp8_param_gather``: Megatron-Core --fp8-param-gather, torchtitan's
+enable_fsdp_float8_all_gather): what it changes (the data-parallel gathers of the GEMM weights at one
+byte a parameter, the GEMMs' 16-bit copy replaced by the FP8 one) and what it leaves alone, and the
+setting through the plan file, the search, the exports, the CLI's and the trainer's refusals and the
+published-runs benchmark.
+
+Broken on purpose and seen to fail here: the gathers left in the compute dtype (``step.dp_collective_times``
+ignoring ``fp8_gathered``: the gather test), ``Fp8Recipe.fp8_params`` not passed by ``evaluate`` (the memory
+test), the search space keeping ZeRO stages the runtime cannot gather from (the search test)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import numpy as np
+import pytest
+
+from exatrain.accounting.fp8 import gemm_weights
+from exatrain.api.plans import make_plan
+from exatrain.catalog import get_cluster, get_model
+from exatrain.cli import main
+from exatrain.errors import UserError
+from exatrain.plan import Plan
+from exatrain.planner.cost import network, step
+from exatrain.planner.cost.coefficients import default_params
+from exatrain.planner.estimate import estimate_plan
+from exatrain.planner.search.search import search
+from exatrain.planner.search.space import FP8_GATHER_REASON, SpaceOptions
+from tests.helpers import benchmarks
+from tests.helpers.upstream_names import MEGATRON_LM_OPTIONS, TORCHTITAN_FIELDS
+
+H100 = get_cluster("dgx-h100")
+LLAMA = get_model("llama3-8b").replace(seq_len=4096)
+
+
+def _plan(runtime="torchtitan", zero=3, **kw) -> Plan:
+    return make_plan(LLAMA, H100, gpus=16, micro_batch=1, global_batch=16, zero=zero, fp8="current",
+                     runtime=runtime, **kw)
+
+
+def test_the_gathers_send_the_gemm_weights_at_one_byte() -> None:
+    """A ZeRO-3 rank's gathers shrink by exactly its GEMM weights x (2 - 1) bytes a call; the reduction
+    does not move."""
+    cp = default_params("h100-sxm").replace(collective_overhead_s=0.0)
+    n, L = 16, LLAMA.layers
+    params = np.array([[8.0e9]])
+    gemm = L * gemm_weights(LLAMA, False, 1)
+    dense, routed = step.fp8_gathered_params(LLAMA, np.array([1]), np.array([L]), 1)
+    assert float(dense[0, 0]) == pytest.approx(gemm) and float(routed[0, 0]) == 0.0
+    from exatrain.accounting.engines import get_engine
+
+    kw = dict(tp=np.array([[1]]), pp=1, dp=np.array([[n]]), zero_stage=3, params_here=params,
+              num_microbatches=np.array([[1]]), dtype="bfloat16", engine=get_engine("torchtitan"), split=True,
+              pipeline_end=True)
+    red16, gat16 = step.dp_collective_times(H100, cp, LLAMA, **kw)
+    red8, gat8 = step.dp_collective_times(H100, cp, LLAMA, fp8_gathered=(dense, routed), **kw)
+    assert np.asarray(red8).item() == np.asarray(red16).item()
+    bw, _ = network.tier_arrays(H100, network.dp_span(1, n), cp)
+    per_call = (n - 1) / n * gemm * 1.0 / (np.asarray(bw).item() * cp.link_eff)
+    # ZeRO-3: a forward and a backward gather
+    assert np.asarray(gat16 - gat8).item() == pytest.approx(2 * per_call, rel=1e-9)
+
+
+def test_memory_drops_the_gemms_16_bit_copy() -> None:
+    """Megatron-Core with the distributed optimizer keeps its GEMM weights in FP8 (and their transpose) in
+    place of the 16-bit compute copy: 2 bytes a GEMM weight fewer, nothing else moves."""
+    base = estimate_plan(_plan("megatron-core", zero=1), H100)
+    fp8w = estimate_plan(_plan("megatron-core", zero=1, fp8_param_gather=True), H100)
+    saved = base.memory_bytes.weights - fp8w.memory_bytes.weights
+    assert saved == pytest.approx(LLAMA.layers * gemm_weights(LLAMA, False, 1) * 2.0, rel=1e-9)
+    for f in ("gradients", "optimizer", "activations"):
+        assert getattr(base.memory_bytes, f) == getattr(fp8w.memory_bytes, f)
+    # and its parameter all-gather after the optimizer step is cheaper, never dearer
+    assert fp8w.time_s.step <= base.time_s.step
+
+
+def test_plan_file_search_and_exports_carry_it(tmp_path) -> None:
+    plan = _plan(fp8_param_gather=True)
+    path = tmp_path / "p.json"
+    plan.save(path)
+    assert Plan.load(path).fp8_param_gather and Plan.load(path).to_dict() == plan.to_dict()
+    assert "fp8_param_gather" not in _plan().to_dict()  # older readers see nothing new
+    assert make_plan(LLAMA, H100, gpus=16, base=Plan.load(path), runtime="torchtitan").fp8_param_gather
+    assert ", FP8 parameter gather" in plan.settings_label
+    from exatrain.engine_configs.common import export
+
+    meg = export(_plan("megatron-core", zero=1, fp8_param_gather=True), "megatron").text
+    assert "--fp8-param-gather" in meg.split() and "--fp8-param-gather" in MEGATRON_LM_OPTIONS
+    assert "--fp8-param-gather" not in export(_plan("megatron-core", zero=1), "megatron").text.split()
+    toml = tomllib.loads(export(plan, "torchtitan").text)
+    f8 = toml["quantize"]["linear"]["float8"]
+    assert f8 == {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
+    assert set(f8) <= TORCHTITAN_FIELDS["quantize.linear.float8"]
+    assert tomllib.loads(export(_plan(), "torchtitan").text)["quantize"]["linear"]["float8"] == {"recipe_name": "tensorwise"}
+    # the search prices every candidate with it and keeps only the ZeRO stages that can gather
+    res = search(LLAMA, H100, 16, 16, top=3, runtime="torchtitan",
+                 options=SpaceOptions(tp=(1,), pp=(1,), fp8="current", fp8_param_gather=True))
+    assert res.ranked and all(p.fp8_param_gather and p.zero_stage >= 2 for p in res.ranked)
+    assert res.rejected.get(FP8_GATHER_REASON, 0) > 0
+    for p in res.ranked[:2]:
+        est = estimate_plan(p, H100, default_params("h100-sxm"), "all")
+        assert p.estimate.time_s.step == pytest.approx(est.time_s.step, rel=1e-9)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--fp8-param-gather"], "it needs --fp8"),
+    (["--fp8", "current", "--fp8-param-gather", "--runtime", "exatrain"], "runtime exatrain has no such switch"),
+    (["--fp8", "current", "--fp8-param-gather", "--runtime", "megatron-deepspeed", "--zero", "1"],
+     "runtime megatron-deepspeed has no such switch"),
+    (["--fp8", "delayed", "--fp8-param-gather", "--runtime", "torchtitan", "--zero", "3"], "--fp8 current"),
+    (["--fp8", "current", "--fp8-param-gather", "--runtime", "torchtitan", "--zero", "1"], "ZeRO-2 or higher"),
+    (["--fp8", "current", "--fp8-param-gather", "--runtime", "megatron-core", "--zero", "0"], "ZeRO-1 or higher"),
+])
+def test_bad_use_is_one_line_and_exit_2(argv, message, capsys) -> None:
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                 *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_a_plan_file_with_a_bad_value_and_the_trainer_are_refused(tmp_path, capsys) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**_plan().to_dict(), "fp8_param_gather": "yes"}))
+    with pytest.raises(UserError, match="must be true or false"):
+        Plan.load(path).validate(H100)
+    assert main(["export-config", "--plan", str(path), "--for", "torchtitan"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    from exatrain.trainer.config import TrainConfig
+
+    # a plan made for torchtitan, handed to exatrain's trainer
+    plan = make_plan("llama-tiny", get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2, zero=3,
+                     dtype="bfloat16", fp8="current", runtime="torchtitan", fp8_param_gather=True)
+    with pytest.raises(UserError, match="gathers and keeps its weights in 16 bits"):
+        TrainConfig(plan=plan).check()
+
+
+def test_the_published_rows_that_gathered_in_fp8_are_planned_so() -> None:
+    """The two H200 torchtitan runs enabled float8 all-gather (their ``overlap`` column), no other row."""
+    pe = benchmarks.load("prediction_error")
+    rows = {r.index: r for r in pe.load_rows() if r.plan is not None}
+    assert {i for i, r in rows.items() if r.plan.fp8_param_gather} == {87, 88}
