@@ -123,8 +123,8 @@ def _int(text: str, default: int | None = None) -> int | None:
 
 
 def _cluster(hardware: str) -> ClusterSpec:
-    for key, name in (("Jean Zay", "jean-zay-a100"), ("A100", "dgx-a100"), ("500W", "grand-teton-h100"), ("lower TDP", "grand-teton-h100"),
-                      ("H100", "dgx-h100"), ("H200", "dgx-h200"), ("MI250X", "frontier")):
+    for key, name in (("Jean Zay", "jean-zay-a100"), ("A100", "dgx-a100"), ("500W", "grand-teton-h100"),
+                      ("lower TDP", "grand-teton-h100"), ("H100", "dgx-h100"), ("H200", "dgx-h200"), ("MI250X", "frontier")):
         if key in hardware:
             return get_cluster(name)
     raise UserError(f"no catalog cluster for hardware {hardware!r}")

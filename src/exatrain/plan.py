@@ -315,7 +315,7 @@ class Plan:
     moe_dispatcher: str = "alltoall"  # MOE_DISPATCHERS: how a MoE layer's tokens travel to their experts
     moe_capacity_factor: float = 0.0  # token-drop capacity, padded (see above); 0 = dropless
     moe_force_balance: bool = False  # routing forced even (see above)
-    fp8_param_gather: bool = False  # FP8 GEMM weights kept and gathered in FP8 (see FP8_PARAM_GATHER)
+    fp8_param_gather: bool = False  # FP8 GEMM weights kept and gathered in FP8 (see FP8_PARAM_GATHER_RUNTIMES)
     attention_kernel: str = ""  # ATTENTION_KERNELS: flash attention's kernel, "" = the runtime's own
     elementwise: str = ""  # ELEMENTWISE: how the element-wise ops run, "" = the runtime's own
     estimate: StepEstimate | None = None

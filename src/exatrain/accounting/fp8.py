@@ -100,8 +100,7 @@ def gemm_weights(m: ModelSpec, moe: bool, tp: int = 1, ep: int = 1, etp: int = 1
     if not (moe and m.is_moe):
         return attn + mlp_weight_params(m, m.ffn_hidden) / tp
     shared = m.shared_experts * mlp_weight_params(m, m.expert_width) / tp
-    routed = m.experts * mlp_weight_params(m, m.expert_width) / (ep * etp)
-    return attn + shared + routed
+    return attn + shared + routed_gemm_weights(m, ep, etp)
 
 
 def routed_gemm_weights(m: ModelSpec, ep: int = 1, etp: int = 1) -> float:

@@ -109,7 +109,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               default_dtype: str = "bfloat16", ep: int | None = None, cp: int | None = None,
               fp8: str | None = None, runtime: str | None = None, moe_dispatcher: str | None = None,
               moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
-              fp8_param_gather: bool | None = None, attention_kernel: str | None = None, elementwise: str | None = None) -> Plan:
+              fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
+              elementwise: str | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
@@ -218,7 +219,8 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   interleave: int | None = None, stage_layers: Any = None, ep: int | None = None,
                   cp: int | None = None, fp8: str | None = None, moe_dispatcher: str | None = None,
                   moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
-                  fp8_param_gather: bool | None = None, attention_kernel: str | None = None, elementwise: str | None = None, **_: Any):
+                  fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
+                  elementwise: str | None = None, **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
 
