@@ -8,17 +8,17 @@ evaluation path (``planner.estimate.estimate_plan``), so a runtime-aware cost mo
 Leave one source out. The only thing the cost model takes from data is its per-device coefficients
 (planner/cost/coefficients.py):
   * the A100 and MI250X priors were chosen by hand against the rows of the catalog's calibration
-    table (Narayanan 2021, Korthikanti 2022, Dash 2023), and the 500 W H100's clock factor and the
-    Hopper FP8 speed-up were fitted to torchtitan's three benchmark pages (``PRIOR_CHOSEN_ON``;
-    ``--fit-prior``). Rows of those sources are predicted by coefficients refitted without them
-    (``REFIT``: the calibrate machinery's factors, ``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``,
-    from the generic ``CostParams()``, or the 500 W part's clock factor and FP8 speed-up from the H100
-    prior with the data sheet's FP8 ratio; Levenberg-Marquardt on the log step time) on the same
-    device's rows of every *other* source; the shipped prior's error on them is printed apart, as
-    in-sample;
+    table (Narayanan 2021, Korthikanti 2022, Dash 2023); the 500 W H100's clock factor and FP8
+    speed-up were fitted to torchtitan's three benchmark pages, and the 700 W Hopper parts' FP8
+    speed-up to Megatron-Bridge's two performance pages and torchtitan's H200 page, the DGX H100 and
+    H200 runs together (``FIT_GROUP``: one die) (``PRIOR_CHOSEN_ON``; ``--fit-prior``). Rows of those
+    sources are predicted by coefficients refitted without them (``REFIT``: the calibrate machinery's
+    factors, ``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``, from the generic ``CostParams()``; or
+    the Hopper factors from the H100 prior, the FP8 speed-up started from the data sheet's FP8 ratio;
+    Levenberg-Marquardt on the log step time) on the same device group's rows of every *other* source;
+    the shipped prior's error on them is printed apart, as in-sample;
   * every other row is predicted with the shipped prior, which never saw its source (the H100/H200
-    priors come from micro-benchmarks, and their FP8 speed-up from the 500 W part's runs, never
-    from a DGX H100 or H200 run);
+    priors' bf16 kernels come from micro-benchmarks);
   * a torchtitan row whose torch predates 2.11 is planned with ``attention_kernel="fa2"`` (``_flash_kernel``):
     FlashAttention-2's rate, as a user on that torch would plan with --attention-kernel fa2;
   * a row's ``compile`` column sets how its element-wise ops run (``_elementwise``): compiled rows with
@@ -39,7 +39,7 @@ Measured step time, from the row's own figure in this order: s/iteration; tokens
 model FLOPs (Korthikanti 2022 Eq. 7) against the catalog peak. Error = predicted / measured - 1.
 
     python benchmarks/prediction_error.py [--engine E] [--family F] [--json OUT] [--write-bands]
-    python benchmarks/prediction_error.py --fit-prior h100-sxm-500w
+    python benchmarks/prediction_error.py --fit-prior h100-sxm-500w   (or h100-sxm: the 700 W parts)
 """
 
 from __future__ import annotations
@@ -77,12 +77,29 @@ TT_2412, TT_ASYNC, TT_DOCS = (TORCHTITAN + "main/benchmarks/llama3_h100_202412_t
                               TORCHTITAN + "main/benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
                               TORCHTITAN + "4d88a8a44/docs/performance.md")
 # The sources each device's shipped prior was chosen against (coefficients.py DEFAULTS comment).
+MB_PAGES = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/docs/fern/" \
+    "versions/nightly/pages/"
+MB_SUMMARY, MB_ARCHIVE = MB_PAGES + "performance-summary.mdx", MB_PAGES + "performance-summary-archive.mdx"
+TT_H200 = TORCHTITAN + "main/benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md"
 PRIOR_CHOSEN_ON = {"a100-80gb": (NARAYANAN, KORTHIKANTI), "mi250x-gcd": (DASH,),
-                   "h100-sxm-500w": (TT_2412, TT_ASYNC, TT_DOCS)}
+                   "h100-sxm-500w": (TT_2412, TT_ASYNC, TT_DOCS),
+                   "h100-sxm": (MB_SUMMARY, MB_ARCHIVE, TT_H200)}
+# Devices whose prior is fitted as one: the H200 is the H100's die (its HBM larger and faster, which the
+# catalog prices), so an FP8 GEMM's speed-up over a bf16 one is the same on both at the same 700 W.
+FIT_GROUP = {"h200-sxm": "h100-sxm"}
+
+
+def fit_group(device: str) -> str:
+    """The device whose prior ``device``'s runs are fitted into (FIT_GROUP; else itself)."""
+    return FIT_GROUP.get(device, device)
+
+
 # What a held-out source's refit fits, and from which parameters: the A100 and MI250X priors' free
-# factors from the generic CostParams(); the 500 W H100's one clock factor from the H100 prior (its
-# micro-benchmarked kernels, at the clock a 500 W limit leaves: the only thing that part's prior adds).
-REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm")}
+# factors from the generic CostParams(); the 500 W H100's clock factor and FP8 speed-up from the H100
+# prior (its micro-benchmarked kernels, at the clock a 500 W limit leaves); the 700 W Hopper parts' FP8
+# speed-up from the H100 prior (their bf16 kernels are micro-benchmarked; no FP8 GEMM has been).
+REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm"),
+         "h100-sxm": (("fp8_speedup",), "h100-sxm")}
 MAX_FACTORS = 3  # factors refitted per held-out source (gemm_eff, step_overhead_s, mem_eff): keeps the run short
 GIB = 2.0 ** 30
 FLAGGED = "flagged by its source: "  # a row whose ``source_flag`` says the figure measures an engine defect
@@ -402,6 +419,9 @@ def price(rows: list[Row]) -> None:
 _FROM_DATA_SHEET = {"fp8_speedup": lambda d: d.peak_flops("float8") / d.peak_flops("bfloat16")}
 
 
+_INSIDE = 0.95  # where a fit of a factor bounded by the data sheet starts, as a fraction of the bound
+
+
 def refit_spec(device: str) -> tuple[tuple[str, ...] | None, CostParams]:
     """(the factors a refit for ``device`` fits, None: the first of RUN_FACTORS; the parameters it starts from)."""
     factors, base = REFIT.get(device, (None, None))
@@ -418,7 +438,9 @@ def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
     ``factors``: which (default: the first of RUN_FACTORS, at most MAX_FACTORS and half the runs)."""
     factors = factors or RUN_FACTORS[:max(1, min(MAX_FACTORS, len(train) // 2))]
     device = train[0].cluster.device
-    x0 = np.log([max(_FROM_DATA_SHEET[f](device) if getattr(base, f) is None else getattr(base, f), 1e-9)
+    # a factor bounded by the data sheet starts just inside its bound: at the bound the forward-difference
+    # Jacobian sees the clip, not the model, and the fit never leaves it
+    x0 = np.log([max(_INSIDE * _FROM_DATA_SHEET[f](device) if getattr(base, f) is None else getattr(base, f), 1e-9)
                  for f in factors])
     log_measured = np.log([r.measured_s for r in train])
 
@@ -438,21 +460,28 @@ def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
         return np.concatenate([(pred - log_measured) / math.sqrt(len(train)), 1e-3 * (x - x0)])
 
     x, _ = levenberg_marquardt(residuals, x0, max_iter=max_iter)
-    return params_at(x).replace(source=f"refit on {len(train)} runs of other sources")
+    fitted = params_at(x).replace(source=f"refit on {len(train)} runs of other sources")
+    # a factor the fit took to its data-sheet bound stays there, and the others are fitted again without
+    # it: past the bound the clip leaves the Jacobian nothing to follow, and the rest stop short
+    pinned = {f for f in factors if f in _FROM_DATA_SHEET and getattr(fitted, f) >= _FROM_DATA_SHEET[f](device)}
+    if pinned and len(pinned) < len(factors):
+        return fit_without(train, fitted, max_iter, tuple(f for f in factors if f not in pinned))
+    return fitted
 
 
 def out_of_sample(rows: list[Row]) -> None:
     """Fill ``oos_s``: the shipped prior where it never saw the row's source, else a refit on the
     same device's rows of the other sources (leave one source out)."""
     priced = [r for r in rows if r.prior_s is not None and r.measured_s]
+    group = lambda r: fit_group(r.cluster.device.name)  # noqa: E731
     for r in priced:
-        r.in_sample = r.source in PRIOR_CHOSEN_ON.get(r.cluster.device.name, ())
+        r.in_sample = r.source in PRIOR_CHOSEN_ON.get(group(r), ())
         if not r.in_sample:
             r.oos_s, r.oos_how = r.prior_s, "shipped prior (never saw this source)"
-    held = {(r.cluster.device.name, r.source) for r in priced if r.in_sample}
+    held = {(group(r), r.source) for r in priced if r.in_sample}
     for device, source in sorted(held):
-        train = [r for r in priced if r.cluster.device.name == device and r.source != source]
-        test = [r for r in priced if r.cluster.device.name == device and r.source == source]
+        train = [r for r in priced if group(r) == device and r.source != source]
+        test = [r for r in priced if group(r) == device and r.source == source]
         if not train:
             for r in test:
                 r.oos_how = "no other source on this device to fit from"
@@ -468,7 +497,7 @@ def fit_prior(rows: list[Row], device: str) -> CostParams:
     """The shipped prior of a device whose prior is fitted to published runs (``REFIT``): the refit
     on every priced run of the device (what coefficients.DEFAULTS holds; the held-out refits leave a
     source out of this)."""
-    train = [r for r in rows if r.prior_s is not None and r.measured_s and r.cluster.device.name == device]
+    train = [r for r in rows if r.prior_s is not None and r.measured_s and fit_group(r.cluster.device.name) == device]
     if not train:
         raise UserError(f"no priced run on device {device!r}")
     factors, base = refit_spec(device)
