@@ -75,6 +75,27 @@ def test_memory_drops_the_gemms_16_bit_copy() -> None:
     assert fp8w.time_s.step <= base.time_s.step
 
 
+def test_estimates_bytes_sent_are_the_runtimes_own() -> None:
+    """estimate's dp "bytes sent per rank" are those its dp time is priced from: Megatron-Core's distributed
+    optimizer reduce-scatters fp32 main gradients and all-gathers bf16 weights, (dp-1)/dp x P x (4 + 2) for
+    a rank holding P parameters; --fp8-param-gather takes (dp-1)/dp x 1 byte off each GEMM weight; the
+    exatrain trainer's count (fp32 all-reduce, then each shard broadcast) is accounting.comms' own.
+    Broken on purpose and seen to fail: ``experts.comm_bytes`` returning the trainer's count for every runtime."""
+    from exatrain.accounting import comms
+    from exatrain.accounting.params import stage_params
+
+    dp = 16
+    mc = _plan("megatron-core", zero=1)
+    P = float(stage_params(mc)[0])
+    assert (mc.tp, mc.pp, mc.dp) == (1, 1, dp)
+    assert estimate_plan(mc, H100).comm_bytes["dp"] == pytest.approx((dp - 1) / dp * P * (4 + 2), rel=1e-9)
+    fp8w = estimate_plan(_plan("megatron-core", zero=1, fp8_param_gather=True), H100).comm_bytes["dp"]
+    gemm = LLAMA.layers * gemm_weights(LLAMA, False, 1)
+    assert fp8w == pytest.approx((dp - 1) / dp * (P * (4 + 2) - gemm), rel=1e-9)
+    own = _plan("exatrain", zero=1).replace(fp8="")
+    assert estimate_plan(own, H100).comm_bytes["dp"] == comms.comm_bytes_per_rank(own)["dp"]
+
+
 def test_plan_file_search_and_exports_carry_it(tmp_path) -> None:
     plan = _plan(fp8_param_gather=True)
     path = tmp_path / "p.json"

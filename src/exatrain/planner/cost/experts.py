@@ -343,22 +343,31 @@ def comm_bytes(plan) -> dict[str, float]:
     with ep, cp and the expert split: tp and pp messages of s/cp tokens, dp over the dp*cp group plus
     the experts' reduction over the expert-data-parallel group, the expert all-to-alls ("ep": a
     deduplicating dispatcher sends each routed token once per destination rank, ``dedup_copies``, where
-    the all-to-all sends its top_k copies) and the K,V ring ("cp")."""
+    the all-to-all sends its top_k copies) and the K,V ring ("cp"). The dp bytes are those the plan's
+    runtime sends (``cost.step.engine_dp_collectives``: its gradient dtype, its ZeRO-1 collectives, FP8
+    weight gathers under ``Plan.fp8_param_gather``), the ones its dp time is priced from."""
     from exatrain.accounting import comms
+    from exatrain.accounting.engines import get_engine
+    from exatrain.planner.cost import step
 
     out = comms.comm_bytes_per_rank(plan)
     m = plan.model
-    if not (m.is_moe or plan.cp > 1):
+    if not (m.is_moe or plan.cp > 1 or plan.runtime != "exatrain"):
         return out
     split = stage_params_split_for(plan)
-    kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=plan.layers_per_stage())
+    stage_layers = np.asarray(plan.layers_per_stage())
+    kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers))
+    engine = None if plan.runtime == "exatrain" else get_engine(plan.runtime)
+    fp8_gathered = (step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
+                    if plan.fp8 and plan.fp8_param_gather else None)
     dp, ep, cpb = [], [], []
     for r in range(plan.pp):
         dense, experts = split[r]
-        dp.append(sum(float(c.bytes_per_rank) for c in comms.dp_collectives_for(
-            m, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage,
-            num_microbatches=plan.num_microbatches, dtype=plan.dtype, params_here=dense,
-            pipeline_end=r in (0, plan.pp - 1), cp=plan.cp, ep=plan.ep, expert_params_here=experts)))
+        dp.append(sum(float(c.bytes_per_rank) for c in step.engine_dp_collectives(
+            m, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage, params_here=dense,
+            num_microbatches=plan.num_microbatches, dtype=plan.dtype, pipeline_end=r in (0, plan.pp - 1),
+            engine=engine, cp_size=plan.cp, ep=plan.ep, expert_params_here=experts,
+            fp8_gathered=None if fp8_gathered is None else tuple(float(g[0, r]) for g in fp8_gathered))))
         if m.is_moe:
             ep.append(sum(float(c.bytes_per_rank) for c in comms.moe_collectives_for(
                 m, micro_batch=plan.micro_batch, tp=plan.tp, ep=plan.ep, cp=plan.cp,

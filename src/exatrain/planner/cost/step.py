@@ -252,6 +252,26 @@ def fp8_gathered_params(m: ModelSpec, tp, stage_layers, pp: int, ep: int = 1) ->
     return dense_r * fp8_acc.gemm_weights(m, False, t) + moe_r * moe_w, moe_r * routed + 0.0 * t
 
 
+def engine_dp_collectives(model, *, tp, pp, dp, zero_stage: int, params_here, num_microbatches, dtype: str,
+                          pipeline_end: bool, engine=None, cp_size: int = 1, ep: int = 1, expert_params_here=0,
+                          fp8_gathered=None) -> tuple:
+    """One rank's data-parallel collectives per step as ``engine`` sends them (``accounting.comms``'
+    ``dp_collectives_for``, the exatrain trainer's, through ``cost.overlap.engine_collectives``; None:
+    the trainer's own), the FP8-gathered GEMM weights (``fp8_gathered``: (dp, edp) weights, or None) at
+    one byte each: what ``dp_collective_times`` prices and ``experts.comm_bytes`` counts."""
+    cs = comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
+                                  num_microbatches=num_microbatches, dtype=dtype,
+                                  params_here=params_here, pipeline_end=pipeline_end, cp=cp_size, ep=ep,
+                                  expert_params_here=expert_params_here)
+    if engine is not None:
+        cs = engine_collectives(cs, engine, dtype=dtype)
+    if fp8_gathered is not None:
+        saved = dict(zip(("dp", "edp"), fp8_gathered))
+        cs = tuple(replace(c, message_bytes=c.message_bytes - saved[c.axis] * (COMPUTE_BYTES[dtype] - 1.0))
+                   if is_gather(c) and c.axis in saved else c for c in cs)
+    return tuple(cs)
+
+
 def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, dp, zero_stage: int,
                         params_here, num_microbatches, dtype: str, pipeline_end: bool, engine=None,
                         split: bool = False, cp_size: int = 1, ep: int = 1, expert_params_here=0,
@@ -268,16 +288,10 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
     ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1, cp)
     xbw, xlat = network.tier_arrays(cluster, experts.edp_span(tp, dp, cp_size, ep), cp) if model.is_moe else (bw, lat)
     reduce_s, gather_s = 0.0, 0.0
-    cs = comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
-                                  num_microbatches=num_microbatches, dtype=dtype,
-                                  params_here=params_here, pipeline_end=pipeline_end, cp=cp_size, ep=ep,
-                                  expert_params_here=expert_params_here)
-    if engine is not None:
-        cs = engine_collectives(cs, engine, dtype=dtype)
-    if fp8_gathered is not None:
-        saved = dict(zip(("dp", "edp"), fp8_gathered))
-        cs = tuple(replace(c, message_bytes=c.message_bytes - saved[c.axis] * (COMPUTE_BYTES[dtype] - 1.0))
-                   if is_gather(c) and c.axis in saved else c for c in cs)
+    cs = engine_dp_collectives(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, params_here=params_here,
+                               num_microbatches=num_microbatches, dtype=dtype, pipeline_end=pipeline_end,
+                               engine=engine, cp_size=cp_size, ep=ep, expert_params_here=expert_params_here,
+                               fp8_gathered=fp8_gathered)
     for c in cs:
         b_, l_ = {"dp": (bw, lat), "edp": (xbw, xlat)}.get(c.axis, (ebw, elat))
         t = c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp)
