@@ -23,7 +23,9 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     FlashAttention-2's rate, as a user on that torch would plan with --attention-kernel fa2;
   * a row's ``compile`` column sets how its element-wise ops run (``_elementwise``): compiled rows with
     ``elementwise="fused"``, eager ones with "eager", or "eager-composite" where the run's torch predates
-    torch's fused RMSNorm kernel (2.9), as a user would plan with --elementwise;
+    torch's fused RMSNorm kernel (2.9), as a user would plan with --elementwise; a compiled torchtitan row
+    from before torchtitan compiled its loss with the model (2025-04) with ``cross_entropy="upcast"``
+    (``_cross_entropy``), as a user would plan with --cross-entropy upcast;
   * a row's ``preset`` column names the catalog model whose architecture beyond the shape columns (head
     width, QK-norm, multi-head latent attention, shared experts, leading dense layers) it has
     (``_with_preset``);
@@ -132,6 +134,7 @@ class Row:
     overlap: str = "all"  # which of the runtime's overlaps the run had on (cost.overlap.overlap_rules)
     flash_kernel: str = ""  # the attention kernel the run had where its engine's profile would guess wrong
     elementwise: str = ""  # how its element-wise ops ran (plan.ELEMENTWISE), "" = the engine's own
+    cross_entropy: str = ""  # how its loss ran over the logits (plan.CROSS_ENTROPY), "" = the engine's own
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -198,6 +201,9 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row.elementwise = _elementwise(r)
         if row.elementwise:
             row.notes.append(f"element-wise {row.elementwise}")
+        row.cross_entropy = _cross_entropy(r)
+        if row.cross_entropy:
+            row.notes.append(f"cross-entropy {row.cross_entropy} (torchtitan before 2025-04 compiled no loss)")
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
@@ -268,7 +274,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
-                        fp8_param_gather=gather)
+                        fp8_param_gather=gather, cross_entropy=row.cross_entropy)
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -384,6 +390,22 @@ def _elementwise(r: dict) -> str:
     years = [int(y) for y in re.findall(r"\b(20\d\d)\b", version)]
     old = int(m.group(1)) < 9 if m else bool(years) and max(years) < 2025
     return "eager-composite" if old else "eager"
+
+
+# torchtitan compiles its loss with the model from 2025-04 (pytorch/torchtitan bbb1b616e, build_loss_fn:
+# components/loss.py build_cross_entropy_loss); at 9dec370 (2024-12) train.py left it eager ("compiling loss
+# function causes CUDA errors, turning off for now").
+_TORCHTITAN_COMPILED_LOSS = (2025, 4)
+
+
+def _cross_entropy(r: dict) -> str:
+    """How a torchtitan row's loss ran (plan.CROSS_ENTROPY): "upcast" for a compiled run whose torchtitan's
+    dates (``engine_version``, YYYY-MM) all predate ``_TORCHTITAN_COMPILED_LOSS``; else "" (the engine's own:
+    the loss compiled with a compiled model, upcast with an eager one)."""
+    if r.get("engine") != "torchtitan" or r.get("compile", "").strip().lower() != "y":
+        return ""
+    dates = [(int(y), int(mo)) for y, mo in re.findall(r"\b(20\d\d)-(\d\d)\b", r.get("engine_version", ""))]
+    return "upcast" if dates and max(dates) < _TORCHTITAN_COMPILED_LOSS else ""
 
 
 def _predicted_memory_gib(row: Row) -> float:

@@ -72,6 +72,13 @@ ATTENTION_KERNELS = ("fused", "fa2", "sdpa")
 # dispatch to the fused kernel, pytorch#167308). A plan that names none runs its runtime's own
 # (accounting.engines EngineProfile.elementwise).
 ELEMENTWISE = ("fused", "eager", "eager-composite")
+# How the loss's cross-entropy over the logits runs (accounting.memory, cost.compute.head_times): "upcast"
+# (eager PyTorch, cross_entropy(logits.float()): the 16-bit logits, their fp32 copy (log-softmax) and its
+# fp32 gradient, each a full logits tensor), or "fused" (one compiled kernel over the 16-bit logits:
+# only they and their 16-bit gradient; torchtitan's compiled loss, [compile] components "loss"). A plan
+# that names none runs its runtime's own (accounting.engines EngineProfile.cross_entropy).
+CROSS_ENTROPY = ("upcast", "fused")
+CROSS_ENTROPY_FUSED_RUNTIMES = ("torchtitan",)  # the runtimes that can compile their loss
 PLAN_VERSION = 1
 
 
@@ -318,6 +325,7 @@ class Plan:
     fp8_param_gather: bool = False  # FP8 GEMM weights kept and gathered in FP8 (see FP8_PARAM_GATHER_RUNTIMES)
     attention_kernel: str = ""  # ATTENTION_KERNELS: flash attention's kernel, "" = the runtime's own
     elementwise: str = ""  # ELEMENTWISE: how the element-wise ops run, "" = the runtime's own
+    cross_entropy: str = ""  # CROSS_ENTROPY: how the loss runs over the logits, "" = the runtime's own
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -399,6 +407,8 @@ class Plan:
             parts.append(f"attention {self.attention_kernel}")
         if self.elementwise:
             parts.append(f"element-wise {self.elementwise}")
+        if self.cross_entropy:
+            parts.append(f"cross-entropy {self.cross_entropy}")
         return "".join(f", {p}" for p in parts)
 
     def layers_per_stage(self) -> tuple[int, ...]:
@@ -457,6 +467,7 @@ class Plan:
             **({"fp8_param_gather": True} if self.fp8_param_gather else {}),
             **({"attention_kernel": self.attention_kernel} if self.attention_kernel else {}),
             **({"elementwise": self.elementwise} if self.elementwise else {}),
+            **({"cross_entropy": self.cross_entropy} if self.cross_entropy else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -471,7 +482,7 @@ class Plan:
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                    "elementwise")
+                    "elementwise", "cross_entropy")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -504,6 +515,7 @@ class Plan:
                 fp8_param_gather=d.get("fp8_param_gather", False),
                 attention_kernel=str(d.get("attention_kernel", "")),
                 elementwise=str(d.get("elementwise", "")),
+                cross_entropy=str(d.get("cross_entropy", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

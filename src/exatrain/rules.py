@@ -18,8 +18,8 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import (ATTENTION_KERNELS, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, MOE_DISPATCHERS,
-                           RECOMPUTE, RUNTIMES, SCHEDULES)
+from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_FUSED_RUNTIMES, DTYPES, ELEMENTWISE,
+                           FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -471,6 +471,13 @@ def extension_problem(plan) -> tuple[str, str] | None:
     elementwise = getattr(plan, "elementwise", "")
     if elementwise and elementwise not in ELEMENTWISE:
         return "elementwise", f"--elementwise must be one of {', '.join(ELEMENTWISE)}, got {elementwise!r}"
+    loss = getattr(plan, "cross_entropy", "")
+    if loss and loss not in CROSS_ENTROPY:
+        return "cross_entropy", f"--cross-entropy must be one of {', '.join(CROSS_ENTROPY)}, got {loss!r}"
+    if loss == "fused" and plan.runtime not in CROSS_ENTROPY_FUSED_RUNTIMES:
+        return "cross_entropy", (f"--cross-entropy fused is a compiled loss ({', '.join(CROSS_ENTROPY_FUSED_RUNTIMES)}'s "
+                                 f"[compile] components \"loss\"); {plan.runtime} runs its loss upcast to fp32: use "
+                                 "--runtime torchtitan, or drop it")
     return None
 
 

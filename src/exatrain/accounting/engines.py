@@ -112,11 +112,23 @@ class EngineProfile:
     # How its layers' element-wise ops run unless a plan says (plan.ELEMENTWISE; cost.compute.unfused_extra)
     elementwise_default: str = "fused"
     elementwise_source: str = ""
+    # Whether compiling the model compiles its loss too (plan.CROSS_ENTROPY "fused" where its element-wise ops
+    # are "fused"); otherwise, and for every engine without it, the loss upcasts its logits to fp32.
+    compiles_loss: bool = False
+    cross_entropy_source: str = ""
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
         plan.ELEMENTWISE) if given, else the engine's own (``elementwise_default``)."""
         return chosen or self.elementwise_default
+
+    def cross_entropy(self, chosen: str = "", elementwise: str = "") -> str:
+        """How a plan of this engine runs its loss over the logits (plan.CROSS_ENTROPY): ``chosen`` (a plan's
+        --cross-entropy) if given, else "fused" where the engine compiles its loss with its model and the
+        plan's element-wise ops are compiled (``elementwise``, as ``elementwise()`` reads it), else "upcast"."""
+        if chosen:
+            return chosen
+        return "fused" if self.compiles_loss and self.elementwise(elementwise) == "fused" else "upcast"
 
     def attention_kernel(self, chosen: str = "") -> str:
         """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,
@@ -371,6 +383,10 @@ TORCHTITAN = EngineProfile(
     elementwise_default="eager",
     elementwise_source=("torch.compile is off unless the job config enables it ([compile] enable, "
                         "training.compile before 2025; default false): plan a compiled run with --elementwise fused"),
+    compiles_loss=True,
+    cross_entropy_source=("torchtitan/components/loss.py build_cross_entropy_loss compiles cross_entropy("
+                          "pred.float(), labels) with the model (since 2025-04; [compile] components \"loss\"); "
+                          "before it train.py left the loss eager: plan such a run with --cross-entropy upcast"),
 )
 
 # ---- exatrain's own trainer -------------------------------------------------------------------

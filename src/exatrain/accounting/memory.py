@@ -79,6 +79,19 @@ def state_bytes_per_param(dtype: str, zero_stage: int, dp: int) -> StateBytesPer
     return StateBytesPerParam(4.0 / dp, 4.0 / dp, 8.0 / dp)
 
 
+def logits_bytes_per_element(cross_entropy: str, dtype: str) -> float:
+    """Bytes the loss holds per logit element at its peak (plan.CROSS_ENTROPY): "upcast", the 16-bit logits,
+    their fp32 copy (the log-softmax, saved for backward) and its fp32 gradient, e + 4 + 4; "fused", one
+    compiled kernel that keeps the 16-bit logits (and a per-token log-sum-exp) and writes their 16-bit
+    gradient, 2e."""
+    e = COMPUTE_BYTES[dtype]
+    if cross_entropy == "fused":
+        return 2.0 * e
+    if cross_entropy == "upcast":
+        return e + 4.0 + 4.0
+    raise ValueError(f"unknown cross-entropy {cross_entropy!r}")
+
+
 def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *,
                                        sequence_parallel: bool = False, recompute: str = "none") -> float:
     """Activation bytes of one transformer layer, 16-bit, exactly Korthikanti et al. 2022 Table 2."""
@@ -253,14 +266,17 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
                         interleave=plan.interleave, params_here=params_here,
                         layers_here=layers_here,
                         inflight_mb=inflight_microbatches(plan, pp_rank),
-                        is_last=pp_rank == plan.pp - 1, engine=engine, **moe)
+                        is_last=pp_rank == plan.pp - 1, engine=engine,
+                        cross_entropy=(engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None
+                                       else plan.cross_entropy or "upcast"), **moe)
     return MemoryBreakdown(*(float(x) for x in parts))
 
 
 def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, sequence_parallel: bool,
                 flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
                 is_last, engine: EngineProfile | None = None, cp=1, ep=1, etp=1, expert_params_here=0,
-                moe_layers_here=0, capacity_factor=1.0, cp_comm: str = "p2p", fp8: Fp8Recipe | None = None):
+                moe_layers_here=0, capacity_factor=1.0, cp_comm: str = "p2p", fp8: Fp8Recipe | None = None,
+                cross_entropy: str = "upcast"):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
@@ -283,6 +299,7 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         under ZeRO-3 only the gathered layers') join the weights, GEMM inputs are saved in fp8, and delayed scaling's amax histories join
         "other". The two transient working sets (CP's and the all-to-all's) belong to different
         parts of a layer, so the larger of them is counted.
+    ``cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``).
     """
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
     is_last = np.asarray(is_last, dtype=float)
@@ -355,10 +372,10 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
             acts = acts + full_layer - (per_layer if recompute == "selective" else 0.0)
     tokens = b * m.seq_len / cp
     sp_div = tp if sequence_parallel else 1.0
-    # Last stage: final-norm and head inputs per in-flight micro-batch; the logits of one
-    # micro-batch in the compute dtype, their fp32 copy for the loss, and its fp32 gradient.
+    # Last stage: final-norm and head inputs per in-flight micro-batch; the logits of one micro-batch
+    # as the loss holds them (the 16-bit logits, and upcast: their fp32 copy and its fp32 gradient).
     acts = acts + is_last * (2 * e * tokens * m.hidden / sp_div * inflight_mb
-                             + tokens * m.vocab / tp * (e + 4 + 4))
+                             + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype))
     # Pipeline receive buffers: one activation and one gradient per virtual stage boundary.
     p2p = np.where(pp > 1, 2 * e * tokens * m.hidden / sp_div * v, 0.0)
     if buffers:  # communication-bucket buffers the engine keeps for the whole run

@@ -50,7 +50,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
              moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
              attention_kernel: str | None = None,
-             elementwise: str | None = None,
+             elementwise: str | None = None, cross_entropy: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
@@ -67,8 +67,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     ``attention_kernel``:
     which kernel the run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's).
     ``elementwise``: how its element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or
-    eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``out``: also write the plan with its
-    estimate as JSON."""
+    eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``cross_entropy``: how its loss runs over
+    the logits — upcast (fp32 copy and gradient) or fused (torchtitan's compiled loss) (``plan.CROSS_ENTROPY``;
+    default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
     if out is not None:
@@ -104,7 +105,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
            moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
            attention_kernel: str | None = None,
-           elementwise: str | None = None,
+           elementwise: str | None = None, cross_entropy: str | None = None,
            top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
@@ -150,7 +151,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
             moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
             attention_kernel: str | None = None,
-            elementwise: str | None = None,
+            elementwise: str | None = None, cross_entropy: str | None = None,
             mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling

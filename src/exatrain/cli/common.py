@@ -11,7 +11,8 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import ATTENTION_KERNELS, DTYPES, ELEMENTWISE, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, MOE_DISPATCHERS,
+                           RECOMPUTE, SCHEDULES)
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 
@@ -153,6 +154,10 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "Megatron's fused kernels), eager (a kernel per PyTorch op), eager-composite (also each RMSNorm as its "
      "composite ops: a hand-written norm, or torch before 2.9); default: the runtime's "
      "(Megatron fused; torchtitan and exatrain eager)"),
+    ("--cross-entropy", None, CROSS_ENTROPY, "how the loss runs over the logits: upcast (cross_entropy(logits.float()): "
+     "their fp32 copy and fp32 gradient held beside them) or fused (one compiled kernel over the 16-bit logits: "
+     "torchtitan's compiled loss, [compile] components \"loss\"); default: the runtime's (torchtitan fused when "
+     "its element-wise ops are, else upcast)"),
 )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from exatrain.accounting.engines import get_engine
 from exatrain.engine_configs.common import Export, kernel_note, summary
 from exatrain.plan import Plan
 
@@ -141,8 +142,11 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
             notes.append(f"torchtitan's float8 has no {plan.fp8!r} scaling: this config uses its {recipe} "
                          "recipe (per-tensor current scales, or per-row for the block recipe), which the "
                          "plan's estimate did not price")
-    # torch.compile per block (and the loss) is what --elementwise fused priced; eager otherwise
-    compile_on = plan.elementwise == "fused"
+    # torch.compile per block is what --elementwise fused priced, and the compiled loss what --cross-entropy
+    # fused (torchtitan's own with compiled blocks) priced; eager otherwise
+    components = [c for c, on in (("model", plan.elementwise == "fused"),
+                                  ("loss", get_engine("torchtitan").cross_entropy(plan.cross_entropy,
+                                                                                  plan.elementwise) == "fused")) if on]
     if plan.elementwise == "eager-composite":
         notes.append("the plan was priced with each RMSNorm as composite ops (--elementwise eager-composite); "
                      "torchtitan's nn.RMSNorm runs one fused kernel from torch 2.9")
@@ -156,7 +160,7 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         "training": training,
         "parallelism": par,
         "activation_checkpoint": ac,
-        "compile": {"enable": compile_on, **({"components": ["model", "loss"]} if compile_on else {})},
+        "compile": {"enable": bool(components), **({"components": components} if components else {})},
         **({"quantize.linear.float8": quant} if quant else {}),
         # round-robin routing, as the plan priced it (torchtitan/config/job_config.py Debug)
         **({"debug": {"moe_force_load_balance": True}} if plan.moe_force_balance else {}),

@@ -12,7 +12,7 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
 from exatrain.accounting.engines import get_engine
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
-from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE
+from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.overlap import overlap_rules
@@ -55,7 +55,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
-                  fp8_param_gather=plan.fp8_param_gather)
+                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -84,6 +84,13 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                                 acts.flash_kernel, acts.flash_kernel_source, "cost.compute.with_attention_kernel"),)
     notes += (_setting_note("element-wise ops", "--elementwise", plan.elementwise, rt, engine.elementwise(),
                             engine.elementwise_source, "cost.compute.unfused_extra"),)
+    loss = engine.cross_entropy(plan.cross_entropy, plan.elementwise)
+    notes += (f"cross-entropy: {loss}, the logits held at {logits_bytes_per_element(loss, plan.dtype):g} bytes an "
+              "element (" + (f"set by --cross-entropy; {rt}'s own: {engine.cross_entropy('', plan.elementwise)}"
+                             if plan.cross_entropy else
+                             f"{rt}'s own with element-wise {engine.elementwise(plan.elementwise)}: "
+                             + (engine.cross_entropy_source or "it upcasts its logits to fp32 for the loss"))
+              + "; accounting.memory.logits_bytes_per_element)",)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]

@@ -70,12 +70,12 @@ class TuneSettings:
 # The planner-only space fields and the values a study made before they existed implicitly had.
 _PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": ("alltoall",),
                  "moe_capacity_factor": (0.0,), "moe_force_balance": (False,), "fp8_param_gather": (False,),
-                 "attention_kernel": ("",), "elementwise": ("",)}
+                 "attention_kernel": ("",), "elementwise": ("",), "cross_entropy": ("",)}
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:
     """The space's fields, without the planner-only ones (ep, cp, fp8 and its parameter gather, the MoE
-    dispatcher and routing, attention_kernel, elementwise) at their defaults, so a study started before
+    dispatcher and routing, attention_kernel, elementwise, cross_entropy) at their defaults, so a study started before
     they existed keeps its name and problem."""
     d = dataclasses.asdict(options)
     for k, default in _PLANNER_ONLY.items():

@@ -284,19 +284,23 @@ def embedding_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, d
 
 
 def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device,
-               elementwise: str = "fused"):
+               elementwise: str = "fused", cross_entropy: str = "upcast"):
     """(forward, backward) seconds of final norm, logits GEMM and cross-entropy on the last stage; the
-    norm as composite ops under "eager-composite" (``unfused_extra``)."""
+    norm as composite ops under "eager-composite" (``unfused_extra``); the cross-entropy as
+    ``cross_entropy`` runs it (plan.CROSS_ENTROPY)."""
     e = COMPUTE_BYTES[dtype]
     tokens = np.asarray(micro_batch) * m.seq_len
     tp_a = np.asarray(tp, dtype=float)
     g = logits_gemm(m, micro_batch, tp)
     per = 2.0 * e + (eager_norm_extra(e) if composite_norms(m, elementwise) else 0.0)
     norm = elementwise_time_s(per * tokens * m.hidden / (tp_a if sequence_parallel else 1.0), dev)
-    # cross-entropy over vocab-parallel logits in fp32: read logits, write/read fp32 softmax.
-    ce = elementwise_time_s(tokens * (m.vocab / tp_a) * (e + 4 + 4), dev)
-    fwd = gemm_time_s(g, dev) + norm + ce
-    bwd = gemm_time_s(g, dev, calls=2) + 2 * norm + ce
+    # cross-entropy over vocab-parallel logits, "upcast": read the logits, write and read their fp32
+    # log-softmax, each way; "fused": the forward reads the 16-bit logits once (a log-sum-exp per token),
+    # the backward reads them and writes their 16-bit gradient.
+    logits = tokens * (m.vocab / tp_a)
+    ce_f, ce_b = (e, 2.0 * e) if cross_entropy == "fused" else (e + 4 + 4, e + 4 + 4)
+    fwd = gemm_time_s(g, dev) + norm + elementwise_time_s(logits * ce_f, dev)
+    bwd = gemm_time_s(g, dev, calls=2) + 2 * norm + elementwise_time_s(logits * ce_b, dev)
     return fwd, bwd
 
 

@@ -137,14 +137,16 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
                 stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
                 fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
-                elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE) -> StageTimes:
+                elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
+                cross_entropy: str = "upcast") -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
     the runtime's selective recomputation reruns (``ActivationRules.selective``, see ``recomputed``);
     ``moe_dispatcher``: how MoE tokens reach their experts (``cost.experts.a2a_time_s``); ``elementwise``:
     how the element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``); ``moe_load``: the busiest
-    expert rank's routed copies over the mean (``cost.experts.moe_load``)."""
+    expert rank's routed copies over the mean (``cost.experts.moe_load``); ``cross_entropy``: how the loss
+    runs over the logits (plan.CROSS_ENTROPY, ``compute.head_times``)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -175,7 +177,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                                                      *left))]
         return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
                 *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev,
-                                    elementwise=elementwise))
+                                    elementwise=elementwise, cross_entropy=cross_entropy))
 
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
     fwd_l, bwd_l, attn_l, dense, moe_fb, per_op_l, tp_left_f, tp_left_b, emb_f, emb_b, head_f, head_b = \
@@ -308,7 +310,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
-               fp8_param_gather: bool = False
+               fp8_param_gather: bool = False, cross_entropy: str = ""
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
@@ -317,7 +319,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     which of its overlaps are on (``cost.overlap.overlap_rules``); ``elementwise``: how the element-wise
     ops run (plan.ELEMENTWISE; "": the runtime's own). ``hidden``: when given, gets the
     seconds per step the overlaps hid (tp, pp, dp; arrays of N). ``fp8_param_gather`` (with ``fp8``): the
-    GEMM weights' gathers at one byte a weight (``fp8_gathered_params``, ``Plan.fp8_param_gather``)."""
+    GEMM weights' gathers at one byte a weight (``fp8_gathered_params``, ``Plan.fp8_param_gather``);
+    ``cross_entropy``: how the loss runs over the logits (plan.CROSS_ENTROPY; "": the runtime's own)."""
     from exatrain.accounting.engines import get_engine
 
     engine = get_engine(runtime)
@@ -329,7 +332,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
                      stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8,
                      selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
-                     elementwise=engine.elementwise(elementwise), moe_load=moe_load)
+                     elementwise=engine.elementwise(elementwise), moe_load=moe_load,
+                     cross_entropy=engine.cross_entropy(cross_entropy, elementwise))
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -412,7 +416,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
-                  fp8_param_gather=plan.fp8_param_gather)
+                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -432,7 +436,8 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
                        rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
                        selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
-                       elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan))
+                       elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
+                       cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise))
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):

@@ -65,6 +65,7 @@ class SpaceOptions:
     fp8_param_gather: bool = False  # every candidate's FP8 GEMM weights gathered in FP8 (plan.py)
     attention_kernel: str = ""  # flash attention's kernel for every candidate (plan.ATTENTION_KERNELS)
     elementwise: str = ""  # how every candidate's element-wise ops run (plan.ELEMENTWISE)
+    cross_entropy: str = ""  # how every candidate's loss runs over the logits (plan.CROSS_ENTROPY)
 
 
 @dataclass

@@ -1,0 +1,129 @@
+"""How the loss runs over the logits (``Plan.cross_entropy``, plan.CROSS_ENTROPY): "upcast" holds the 16-bit
+logits, their fp32 log-softmax and its fp32 gradient; "fused" (torchtitan's compiled loss) holds the logits and
+their 16-bit gradient. What it changes (the last stage's logits bytes, the loss's time), each runtime's own,
+the refusals, the plan file, the search, the torchtitan export and the published rows that set it.
+
+Broken on purpose and seen to fail here: the fused loss held at the upcast's 10 bytes an element
+(``logits_bytes_per_element`` ignoring "fused": the memory test), torchtitan's own ignoring its compiled blocks
+(``EngineProfile.cross_entropy`` returning "upcast": the defaults test), the export's compile components left
+at ["model", "loss"] whatever the plan (the export test)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from exatrain.accounting.engines import get_engine
+from exatrain.api.plans import make_plan
+from exatrain.catalog import get_cluster, get_model
+from exatrain.cli import main
+from exatrain.engine_configs.common import export
+from exatrain.errors import PlanError, UserError
+from exatrain.plan import CROSS_ENTROPY, Plan
+from exatrain.planner.estimate import estimate_plan
+from exatrain.planner.search.search import search
+from exatrain.planner.search.space import SpaceOptions
+from tests.helpers import benchmarks
+from tests.helpers.plan_fields import check_round_trip
+
+H200 = get_cluster("dgx-h200")
+LLAMA = get_model("llama3-8b").replace(seq_len=4096)
+
+
+def _plan(runtime="torchtitan", **kw):
+    kw = {"zero": 3, "recompute": "selective", **kw}
+    return make_plan(LLAMA, H200, gpus=8, micro_batch=2, global_batch=16, runtime=runtime, **kw)
+
+
+def test_one_list_and_the_plan_file_round_trip(tmp_path) -> None:
+    assert CROSS_ENTROPY == ("upcast", "fused")
+    path = check_round_trip(tmp_path, H200, "cross_entropy", "upcast")
+    fused = _plan(cross_entropy="fused")
+    fused.save(path)
+    assert Plan.load(path).cross_entropy == "fused" and Plan.load(path).to_dict() == fused.to_dict()
+    assert ", cross-entropy fused" in _plan(cross_entropy="fused").settings_label
+    assert "cross_entropy" not in _plan().to_dict()  # older readers see nothing new
+
+
+def test_the_fused_loss_holds_two_16_bit_logits_where_upcast_holds_ten_bytes() -> None:
+    """Last (only) stage: the activations differ by exactly tokens x vocab x (e + 4 + 4 - 2e) bytes and the
+    allocator allowance on them; weights, gradients and optimizer do not move; the fused loss is faster."""
+    up, fu = (estimate_plan(_plan(cross_entropy=c, elementwise="fused"), H200) for c in CROSS_ENTROPY)
+    logits = 2 * LLAMA.seq_len * LLAMA.vocab  # micro-batch 2, tp 1
+    assert up.memory_bytes.activations - fu.memory_bytes.activations == pytest.approx(logits * (10 - 4), rel=1e-12)
+    allowance = get_engine("torchtitan").allocator_allowance
+    assert up.memory_bytes.total - fu.memory_bytes.total == pytest.approx(logits * 6 * (1 + allowance), rel=1e-9)
+    for f in ("weights", "gradients", "optimizer"):
+        assert getattr(up.memory_bytes, f) == getattr(fu.memory_bytes, f)
+    assert fu.time_s.compute < up.time_s.compute and fu.time_s.step < up.time_s.step
+    assert any(n.startswith("cross-entropy: fused, the logits held at 4 bytes") for n in fu.notes)
+
+
+def test_each_runtimes_own() -> None:
+    """torchtitan compiles its loss with its model: fused when its element-wise ops are fused, upcast when eager;
+    every other runtime upcasts; a chosen value wins; the exatrain trainer's memory (a second model in
+    torchtitan's estimate) keeps its own upcast."""
+    tt = get_engine("torchtitan")
+    assert tt.cross_entropy() == "upcast" and tt.cross_entropy("", "fused") == "fused"
+    assert tt.cross_entropy("upcast", "fused") == "upcast" and tt.cross_entropy("fused", "eager") == "fused"
+    for name in ("megatron-core", "megatron-deepspeed", "exatrain"):
+        assert get_engine(name).cross_entropy("", "fused") == "upcast"
+    own = estimate_plan(_plan(elementwise="fused"), H200)
+    assert own.memory_bytes.total == estimate_plan(_plan(elementwise="fused", cross_entropy="fused"), H200).memory_bytes.total
+    eager = estimate_plan(_plan(), H200)
+    assert eager.memory_bytes.activations == estimate_plan(_plan(cross_entropy="upcast"), H200).memory_bytes.activations
+    assert own.trainer_memory_bytes == eager.trainer_memory_bytes
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cross-entropy", "fused"], "exatrain runs its loss upcast to fp32: use --runtime torchtitan"),
+    (["--cross-entropy", "fused", "--runtime", "megatron-core"], "megatron-core runs its loss upcast"),
+    (["--cross-entropy", "chunked"], "invalid choice: 'chunked'"),
+])
+def test_bad_use_is_one_line_and_exit_2(argv, message, capsys) -> None:
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h200", "--gpus", "8", "--global-batch", "8",
+                 *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_a_plan_file_with_a_bad_value_and_the_trainer_are_refused(tmp_path) -> None:
+    with pytest.raises(PlanError, match=r"^--cross-entropy must be one of upcast, fused, got 'chunked'$"):
+        _plan(cross_entropy="chunked")
+    from exatrain.trainer.config import TrainConfig
+
+    plan = make_plan("llama-tiny", get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2, zero=3,
+                     runtime="torchtitan", cross_entropy="fused")
+    with pytest.raises(UserError, match="the exatrain trainer runs its loss upcast to fp32"):
+        TrainConfig(plan=plan).check()
+
+
+def test_the_search_and_the_export_carry_it() -> None:
+    res = search(LLAMA, H200, 8, 16, top=2, runtime="torchtitan",
+                 options=SpaceOptions(tp=(1,), pp=(1,), cross_entropy="fused"))
+    assert res.ranked and all(p.cross_entropy == "fused" for p in res.ranked)
+    for p in res.ranked:
+        assert p.estimate.memory_bytes.total == pytest.approx(estimate_plan(p, H200).memory_bytes.total, rel=1e-12)
+    # torchtitan's [compile] components: the model for compiled blocks, the loss for a fused loss
+    def components(**kw):
+        c = tomllib.loads(export(_plan(**kw), "torchtitan").text)["compile"]
+        return c.get("components") if c["enable"] else None
+
+    assert components(elementwise="fused") == ["model", "loss"]
+    assert components(elementwise="fused", cross_entropy="upcast") == ["model"]
+    assert components(cross_entropy="fused") == ["loss"]
+    assert components() is None
+
+
+def test_the_published_rows_before_torchtitan_compiled_its_loss_are_planned_upcast() -> None:
+    pe = benchmarks.load("prediction_error")
+    rows = {r.index: r for r in pe.load_rows()}
+    dec = [r for r in rows.values() if "9dec370" in r.source or r.index in (58, 61, 62, 89)]
+    assert dec and {r.cross_entropy for r in rows.values() if r.index in (58, 59, 61, 62, 89, 90, 91)} == {"upcast"}
+    assert rows[57].cross_entropy == rows[60].cross_entropy == ""  # eager: torchtitan's own is upcast already
+    assert rows[87].cross_entropy == rows[88].cross_entropy == ""  # 2025-06, compiled: its own, the fused loss
+    assert all(r.plan.cross_entropy == r.cross_entropy for r in rows.values() if r.plan is not None)
+    assert pe._cross_entropy({"engine": "torchtitan", "compile": "y", "engine_version": "x (2025-03-31)"}) == "upcast"
+    assert pe._cross_entropy({"engine": "torchtitan", "compile": "y", "engine_version": "x (2025-04)"}) == ""
+    assert pe._cross_entropy({"engine": "megatron-core", "compile": "y", "engine_version": "(2024-01)"}) == ""
