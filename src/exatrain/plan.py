@@ -72,13 +72,17 @@ ATTENTION_KERNELS = ("fused", "fa2", "sdpa")
 # dispatch to the fused kernel, pytorch#167308). A plan that names none runs its runtime's own
 # (accounting.engines EngineProfile.elementwise).
 ELEMENTWISE = ("fused", "eager", "eager-composite")
-# How the loss's cross-entropy over the logits runs (accounting.memory, cost.compute.head_times): "upcast"
-# (eager PyTorch, cross_entropy(logits.float()): the 16-bit logits, their fp32 copy (log-softmax) and its
-# fp32 gradient, each a full logits tensor), or "fused" (one compiled kernel over the 16-bit logits:
+# How the loss's cross-entropy over the logits runs (accounting.memory.logits_bytes_per_element,
+# cost.compute.head_times): "upcast" (eager PyTorch, cross_entropy(logits.float()): an fp32 copy, its
+# log-softmax saved for backward, whose backward holds it, the incoming fp32 gradient and the outgoing one:
+# torchtitan uncompiled, exatrain's trainer), "inplace" (Megatron's vocab-parallel cross-entropy: one fp32
+# copy turned into the softmax in place, saved, and turned into the gradient in place:
+# megatron/core/tensor_parallel/cross_entropy.py) or "fused" (one compiled kernel over the 16-bit logits:
 # only they and their 16-bit gradient; torchtitan's compiled loss, [compile] components "loss"). A plan
 # that names none runs its runtime's own (accounting.engines EngineProfile.cross_entropy).
-CROSS_ENTROPY = ("upcast", "fused")
-CROSS_ENTROPY_FUSED_RUNTIMES = ("torchtitan",)  # the runtimes that can compile their loss
+CROSS_ENTROPY = ("upcast", "inplace", "fused")
+CROSS_ENTROPY_RUNTIMES = {"upcast": ("torchtitan", "exatrain"), "inplace": ("megatron-core", "megatron-deepspeed"),
+                          "fused": ("torchtitan",)}  # the runtimes that run each
 PLAN_VERSION = 1
 
 

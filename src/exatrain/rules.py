@@ -18,7 +18,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_FUSED_RUNTIMES, DTYPES, ELEMENTWISE,
+from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE,
                            FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
@@ -474,10 +474,11 @@ def extension_problem(plan) -> tuple[str, str] | None:
     loss = getattr(plan, "cross_entropy", "")
     if loss and loss not in CROSS_ENTROPY:
         return "cross_entropy", f"--cross-entropy must be one of {', '.join(CROSS_ENTROPY)}, got {loss!r}"
-    if loss == "fused" and plan.runtime not in CROSS_ENTROPY_FUSED_RUNTIMES:
-        return "cross_entropy", (f"--cross-entropy fused is a compiled loss ({', '.join(CROSS_ENTROPY_FUSED_RUNTIMES)}'s "
-                                 f"[compile] components \"loss\"); {plan.runtime} runs its loss upcast to fp32: use "
-                                 "--runtime torchtitan, or drop it")
+    if loss and plan.runtime not in CROSS_ENTROPY_RUNTIMES[loss]:
+        what = {"upcast": "torch's cross_entropy over an fp32 copy", "inplace": "Megatron's vocab-parallel loss",
+                "fused": "a compiled loss ([compile] components \"loss\")"}[loss]
+        return "cross_entropy", (f"--cross-entropy {loss} is {what}, which {plan.runtime} does not run: use "
+                                 f"--runtime {' or '.join(CROSS_ENTROPY_RUNTIMES[loss])}, or drop it")
     return None
 
 

@@ -1,12 +1,14 @@
-"""How the loss runs over the logits (``Plan.cross_entropy``, plan.CROSS_ENTROPY): "upcast" holds the 16-bit
-logits, their fp32 log-softmax and its fp32 gradient; "fused" (torchtitan's compiled loss) holds the logits and
-their 16-bit gradient. What it changes (the last stage's logits bytes, the loss's time), each runtime's own,
-the refusals, the plan file, the search, the torchtitan export and the published rows that set it.
+"""How the loss runs over the logits (``Plan.cross_entropy``, plan.CROSS_ENTROPY): "upcast" (torch's
+cross_entropy over an fp32 copy) peaks at three fp32 logits tensors in its backward, "inplace" (Megatron's
+vocab-parallel loss) at the 16-bit logits and one fp32 copy, "fused" (torchtitan's compiled loss) at the 16-bit
+logits and their 16-bit gradient. What it changes (the last stage's logits bytes, the loss's time), each
+runtime's own, the refusals, the plan file, the search, the torchtitan export and the published rows that set it.
 
-Broken on purpose and seen to fail here: the fused loss held at the upcast's 10 bytes an element
-(``logits_bytes_per_element`` ignoring "fused": the memory test), torchtitan's own ignoring its compiled blocks
-(``EngineProfile.cross_entropy`` returning "upcast": the defaults test), the export's compile components left
-at ["model", "loss"] whatever the plan (the export test)."""
+Broken on purpose and seen to fail here: the fused loss held at the upcast's bytes (``logits_bytes_per_element``
+ignoring "fused": the memory test), the upcast's backward peak left at its forward's e + 8 bytes (the memory
+test), torchtitan's own ignoring its compiled blocks (``EngineProfile.cross_entropy`` returning its default:
+the defaults test), the export's compile components left at ["model", "loss"] whatever the plan (the export
+test)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import tomllib
 import pytest
 
 from exatrain.accounting.engines import get_engine
+from exatrain.accounting.memory import logits_bytes_per_element, stage_memory
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
@@ -37,7 +40,7 @@ def _plan(runtime="torchtitan", **kw):
 
 
 def test_one_list_and_the_plan_file_round_trip(tmp_path) -> None:
-    assert CROSS_ENTROPY == ("upcast", "fused")
+    assert CROSS_ENTROPY == ("upcast", "inplace", "fused")
     path = check_round_trip(tmp_path, H200, "cross_entropy", "upcast")
     fused = _plan(cross_entropy="fused")
     fused.save(path)
@@ -46,14 +49,22 @@ def test_one_list_and_the_plan_file_round_trip(tmp_path) -> None:
     assert "cross_entropy" not in _plan().to_dict()  # older readers see nothing new
 
 
-def test_the_fused_loss_holds_two_16_bit_logits_where_upcast_holds_ten_bytes() -> None:
-    """Last (only) stage: the activations differ by exactly tokens x vocab x (e + 4 + 4 - 2e) bytes and the
-    allocator allowance on them; weights, gradients and optimizer do not move; the fused loss is faster."""
-    up, fu = (estimate_plan(_plan(cross_entropy=c, elementwise="fused"), H200) for c in CROSS_ENTROPY)
+def test_the_fused_loss_holds_two_16_bit_logits_where_upcast_holds_three_fp32() -> None:
+    """Last (only) stage: the activations differ by exactly tokens x vocab x (3 x 4 - 2e) bytes and the
+    allocator allowance on them; weights, gradients and optimizer do not move; the fused loss is faster.
+    Megatron's in-place loss holds e + 4 bytes a logit (4 in fp32, where the copy is the logits)."""
+    up, fu = (estimate_plan(_plan(cross_entropy=c, elementwise="fused"), H200) for c in ("upcast", "fused"))
     logits = 2 * LLAMA.seq_len * LLAMA.vocab  # micro-batch 2, tp 1
-    assert up.memory_bytes.activations - fu.memory_bytes.activations == pytest.approx(logits * (10 - 4), rel=1e-12)
+    assert up.memory_bytes.activations - fu.memory_bytes.activations == pytest.approx(logits * (12 - 4), rel=1e-12)
     allowance = get_engine("torchtitan").allocator_allowance
-    assert up.memory_bytes.total - fu.memory_bytes.total == pytest.approx(logits * 6 * (1 + allowance), rel=1e-9)
+    assert up.memory_bytes.total - fu.memory_bytes.total == pytest.approx(logits * 8 * (1 + allowance), rel=1e-9)
+    assert [logits_bytes_per_element(c, "bfloat16") for c in CROSS_ENTROPY] == [12.0, 6.0, 4.0]
+    assert [logits_bytes_per_element(c, "float32") for c in CROSS_ENTROPY] == [12.0, 4.0, 8.0]
+    mc = _plan("megatron-core", zero=1)
+    meg = get_engine("megatron-core")
+    own, upcast = (stage_memory(p, 0, meg).activations for p in (mc, mc.replace(cross_entropy="upcast")))
+    assert upcast - own == pytest.approx(logits * (12 - 6), rel=1e-12)
+    assert any(n.startswith("cross-entropy: inplace, the logits held at 6 bytes") for n in estimate_plan(mc, H200).notes)
     for f in ("weights", "gradients", "optimizer"):
         assert getattr(up.memory_bytes, f) == getattr(fu.memory_bytes, f)
     assert fu.time_s.compute < up.time_s.compute and fu.time_s.step < up.time_s.step
@@ -62,13 +73,14 @@ def test_the_fused_loss_holds_two_16_bit_logits_where_upcast_holds_ten_bytes() -
 
 def test_each_runtimes_own() -> None:
     """torchtitan compiles its loss with its model: fused when its element-wise ops are fused, upcast when eager;
-    every other runtime upcasts; a chosen value wins; the exatrain trainer's memory (a second model in
-    torchtitan's estimate) keeps its own upcast."""
+    Megatron's engines run theirs in place, exatrain's trainer upcasts; a chosen value wins; the exatrain
+    trainer's memory (a second model in torchtitan's estimate) keeps its own."""
     tt = get_engine("torchtitan")
     assert tt.cross_entropy() == "upcast" and tt.cross_entropy("", "fused") == "fused"
     assert tt.cross_entropy("upcast", "fused") == "upcast" and tt.cross_entropy("fused", "eager") == "fused"
-    for name in ("megatron-core", "megatron-deepspeed", "exatrain"):
-        assert get_engine(name).cross_entropy("", "fused") == "upcast"
+    assert get_engine("exatrain").cross_entropy("", "fused") == "upcast"
+    for name in ("megatron-core", "megatron-deepspeed"):
+        assert get_engine(name).cross_entropy("", "fused") == get_engine(name).cross_entropy() == "inplace"
     own = estimate_plan(_plan(elementwise="fused"), H200)
     assert own.memory_bytes.total == estimate_plan(_plan(elementwise="fused", cross_entropy="fused"), H200).memory_bytes.total
     eager = estimate_plan(_plan(), H200)
@@ -77,8 +89,12 @@ def test_each_runtimes_own() -> None:
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--cross-entropy", "fused"], "exatrain runs its loss upcast to fp32: use --runtime torchtitan"),
-    (["--cross-entropy", "fused", "--runtime", "megatron-core"], "megatron-core runs its loss upcast"),
+    (["--cross-entropy", "fused"], "which exatrain does not run: use --runtime torchtitan, or drop it"),
+    (["--cross-entropy", "fused", "--runtime", "megatron-core"], "which megatron-core does not run"),
+    (["--cross-entropy", "upcast", "--runtime", "megatron-deepspeed"], "torch's cross_entropy over an fp32 copy"),
+    (["--cross-entropy", "inplace", "--runtime", "torchtitan"],
+     "--cross-entropy inplace is Megatron's vocab-parallel loss, which torchtitan does not run: use --runtime "
+     "megatron-core or megatron-deepspeed"),
     (["--cross-entropy", "chunked"], "invalid choice: 'chunked'"),
 ])
 def test_bad_use_is_one_line_and_exit_2(argv, message, capsys) -> None:
@@ -89,7 +105,7 @@ def test_bad_use_is_one_line_and_exit_2(argv, message, capsys) -> None:
 
 
 def test_a_plan_file_with_a_bad_value_and_the_trainer_are_refused(tmp_path) -> None:
-    with pytest.raises(PlanError, match=r"^--cross-entropy must be one of upcast, fused, got 'chunked'$"):
+    with pytest.raises(PlanError, match=r"^--cross-entropy must be one of upcast, inplace, fused, got 'chunked'$"):
         _plan(cross_entropy="chunked")
     from exatrain.trainer.config import TrainConfig
 

@@ -112,8 +112,9 @@ class EngineProfile:
     # How its layers' element-wise ops run unless a plan says (plan.ELEMENTWISE; cost.compute.unfused_extra)
     elementwise_default: str = "fused"
     elementwise_source: str = ""
-    # Whether compiling the model compiles its loss too (plan.CROSS_ENTROPY "fused" where its element-wise ops
-    # are "fused"); otherwise, and for every engine without it, the loss upcasts its logits to fp32.
+    # How its loss runs over the logits (plan.CROSS_ENTROPY), and whether compiling the model compiles the
+    # loss too ("fused" where its element-wise ops are "fused")
+    cross_entropy_default: str = "upcast"
     compiles_loss: bool = False
     cross_entropy_source: str = ""
 
@@ -125,10 +126,13 @@ class EngineProfile:
     def cross_entropy(self, chosen: str = "", elementwise: str = "") -> str:
         """How a plan of this engine runs its loss over the logits (plan.CROSS_ENTROPY): ``chosen`` (a plan's
         --cross-entropy) if given, else "fused" where the engine compiles its loss with its model and the
-        plan's element-wise ops are compiled (``elementwise``, as ``elementwise()`` reads it), else "upcast"."""
+        plan's element-wise ops are compiled (``elementwise``, as ``elementwise()`` reads it), else its own
+        (``cross_entropy_default``)."""
         if chosen:
             return chosen
-        return "fused" if self.compiles_loss and self.elementwise(elementwise) == "fused" else "upcast"
+        if self.compiles_loss and self.elementwise(elementwise) == "fused":
+            return "fused"
+        return self.cross_entropy_default
 
     def attention_kernel(self, chosen: str = "") -> str:
         """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,
@@ -254,6 +258,9 @@ MEGATRON_CORE = EngineProfile(
     elementwise_source=("Transformer Engine's fused norms (TELayerNormColumnParallelLinear), bias-SwiGLU/GELU "
                         "fusion and RoPE fusion, each on unless --no-bias-swiglu-fusion, --no-bias-gelu-fusion, "
                         "--no-rope-fusion (megatron/training/arguments.py)"),
+    cross_entropy_default="inplace",
+    cross_entropy_source=("megatron/core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy: "
+                          "logits.float(), exp and softmax in place, saved, the gradient in place"),
 )
 
 # ---- Megatron-DeepSpeed (DeepSpeed ZeRO) -------------------------------------------------------
@@ -324,6 +331,9 @@ MEGATRON_DEEPSPEED = EngineProfile(
     elementwise_default="fused",
     elementwise_source=("Megatron's fused kernels: apex FusedLayerNorm / MixedFusedRMSNorm, bias-GELU fusion, "
                         "fused scale-mask-softmax (megatron/model/fused_*.py; --no-bias-gelu-fusion turns one off)"),
+    cross_entropy_default="inplace",
+    cross_entropy_source=("megatron/model/gpt_model.py: vocab_parallel_cross_entropy(output.float(), labels), "
+                          "Megatron's in-place vocab-parallel loss (mpu/cross_entropy.py)"),
 )
 
 # ---- torchtitan (FSDP2) -----------------------------------------------------------------------
@@ -429,6 +439,7 @@ EXATRAIN = EngineProfile(
     ),
     elementwise_default="eager",
     elementwise_source="the trainer runs eager; `exatrain train --compile` compiles each block (--elementwise fused)",
+    cross_entropy_source="trainer/train.py: F.cross_entropy(logits.float(), ...), uncompiled even under --compile",
 )
 
 ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN)}

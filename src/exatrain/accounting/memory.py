@@ -80,15 +80,22 @@ def state_bytes_per_param(dtype: str, zero_stage: int, dp: int) -> StateBytesPer
 
 
 def logits_bytes_per_element(cross_entropy: str, dtype: str) -> float:
-    """Bytes the loss holds per logit element at its peak (plan.CROSS_ENTROPY): "upcast", the 16-bit logits,
-    their fp32 copy (the log-softmax, saved for backward) and its fp32 gradient, e + 4 + 4; "fused", one
-    compiled kernel that keeps the 16-bit logits (and a per-token log-sum-exp) and writes their 16-bit
-    gradient, 2e."""
+    """Bytes the loss holds per logit element at its peak (plan.CROSS_ENTROPY), the rest of the step's
+    activations still held beside it:
+      "upcast", torch's cross_entropy(logits.float()): the forward holds the e-byte logits, their fp32 copy
+        and its fp32 log-softmax (saved for backward); the backward holds the saved log-softmax, the
+        incoming fp32 gradient and the outgoing one, 12 bytes, the larger (for e <= 4);
+      "inplace", Megatron's vocab-parallel loss: the logits and one fp32 copy, which becomes the softmax and
+        then the gradient in place (no copy where the logits are fp32 already): e + 4, or 4;
+      "fused", one compiled kernel: the e-byte logits (and a log-sum-exp per token) and their e-byte
+        gradient, 2e."""
     e = COMPUTE_BYTES[dtype]
     if cross_entropy == "fused":
         return 2.0 * e
+    if cross_entropy == "inplace":
+        return e + 4.0 if e < 4 else 4.0
     if cross_entropy == "upcast":
-        return e + 4.0 + 4.0
+        return max(e + 4.0 + 4.0, 12.0)
     raise ValueError(f"unknown cross-entropy {cross_entropy!r}")
 
 
@@ -373,7 +380,7 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
     tokens = b * m.seq_len / cp
     sp_div = tp if sequence_parallel else 1.0
     # Last stage: final-norm and head inputs per in-flight micro-batch; the logits of one micro-batch
-    # as the loss holds them (the 16-bit logits, and upcast: their fp32 copy and its fp32 gradient).
+    # as the loss holds them at its peak (logits_bytes_per_element).
     acts = acts + is_last * (2 * e * tokens * m.hidden / sp_div * inflight_mb
                              + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype))
     # Pipeline receive buffers: one activation and one gradient per virtual stage boundary.

@@ -68,7 +68,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     which kernel the run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's).
     ``elementwise``: how its element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or
     eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``cross_entropy``: how its loss runs over
-    the logits — upcast (fp32 copy and gradient) or fused (torchtitan's compiled loss) (``plan.CROSS_ENTROPY``;
+    the logits — upcast (torch's over an fp32 copy), inplace (Megatron's) or fused (torchtitan's compiled loss)
+    (``plan.CROSS_ENTROPY``;
     default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)

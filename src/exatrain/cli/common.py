@@ -154,10 +154,11 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "Megatron's fused kernels), eager (a kernel per PyTorch op), eager-composite (also each RMSNorm as its "
      "composite ops: a hand-written norm, or torch before 2.9); default: the runtime's "
      "(Megatron fused; torchtitan and exatrain eager)"),
-    ("--cross-entropy", None, CROSS_ENTROPY, "how the loss runs over the logits: upcast (cross_entropy(logits.float()): "
-     "their fp32 copy and fp32 gradient held beside them) or fused (one compiled kernel over the 16-bit logits: "
-     "torchtitan's compiled loss, [compile] components \"loss\"); default: the runtime's (torchtitan fused when "
-     "its element-wise ops are, else upcast)"),
+    ("--cross-entropy", None, CROSS_ENTROPY, "how the loss runs over the logits: upcast (torch's "
+     "cross_entropy(logits.float()): 12 bytes a logit at its peak; torchtitan, exatrain), inplace (Megatron's "
+     "vocab-parallel loss, one fp32 copy worked in place: e + 4 bytes) or fused (one compiled kernel over the 16-bit "
+     "logits, 2e bytes: torchtitan's compiled loss, [compile] components \"loss\"); default: the runtime's "
+     "(Megatron inplace; torchtitan fused when its element-wise ops are, else upcast; exatrain upcast)"),
 )
 
 

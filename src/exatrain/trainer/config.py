@@ -106,10 +106,11 @@ class TrainConfig:
                             f"--attention-kernel {self.plan.attention_kernel} for another runtime, or train a plan "
                             "made without --attention-kernel (or with sdpa)")
         # Its loss is cross_entropy(logits.float()) uncompiled, even under --compile (train.py): a plan priced
-        # with a compiled loss (plan.CROSS_ENTROPY "fused") is torchtitan's run.
-        if self.plan.cross_entropy == "fused":
-            raise UserError("the exatrain trainer runs its loss upcast to fp32, uncompiled; plan --cross-entropy fused "
-                            "for torchtitan (--runtime torchtitan), or train a plan made without it (or with upcast)")
+        # with another loss (plan.CROSS_ENTROPY) is another runtime's run.
+        if self.plan.cross_entropy not in ("", "upcast"):
+            raise UserError(f"the exatrain trainer runs its loss upcast to fp32, uncompiled; plan --cross-entropy "
+                            f"{self.plan.cross_entropy} for the runtime that runs it, or train a plan made without it "
+                            "(or with upcast)")
         # The plan was priced with its element-wise ops as it names them (plan.ELEMENTWISE): fused ones
         # are what --compile runs; eager ones what the trainer runs without it.
         if self.plan.elementwise == "fused" and not self.compile:

@@ -294,9 +294,9 @@ def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype:
     g = logits_gemm(m, micro_batch, tp)
     per = 2.0 * e + (eager_norm_extra(e) if composite_norms(m, elementwise) else 0.0)
     norm = elementwise_time_s(per * tokens * m.hidden / (tp_a if sequence_parallel else 1.0), dev)
-    # cross-entropy over vocab-parallel logits, "upcast": read the logits, write and read their fp32
-    # log-softmax, each way; "fused": the forward reads the 16-bit logits once (a log-sum-exp per token),
-    # the backward reads them and writes their 16-bit gradient.
+    # cross-entropy over vocab-parallel logits, "upcast" and "inplace": read the logits, write and read
+    # their fp32 copy, each way; "fused": the forward reads the 16-bit logits once (a log-sum-exp per
+    # token), the backward reads them and writes their 16-bit gradient.
     logits = tokens * (m.vocab / tp_a)
     ce_f, ce_b = (e, 2.0 * e) if cross_entropy == "fused" else (e + 4 + 4, e + 4 + 4)
     fwd = gemm_time_s(g, dev) + norm + elementwise_time_s(logits * ce_f, dev)
