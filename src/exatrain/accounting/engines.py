@@ -109,6 +109,10 @@ class EngineProfile:
     # reduce-scattered once, after the last backward (0: the engine reduces as it goes).
     pp_unsharded_grad_bytes: float = 0.0
     pp_unsharded_grad_source: str = ""
+    # Whether its sharded-gradient stages (ZeRO-2/3) reduce-scatter after every micro-batch's backward
+    # when no pipeline schedule defers it (False: once a step, after the last micro-batch)
+    reduce_each_microbatch: bool = False
+    reduce_each_microbatch_source: str = ""
     # How its layers' element-wise ops run unless a plan says (plan.ELEMENTWISE; cost.compute.unfused_extra)
     elementwise_default: str = "fused"
     elementwise_source: str = ""
@@ -334,6 +338,10 @@ MEGATRON_DEEPSPEED = EngineProfile(
     cross_entropy_default="inplace",
     cross_entropy_source=("megatron/model/gpt_model.py: vocab_parallel_cross_entropy(output.float(), labels), "
                           "Megatron's in-place vocab-parallel loss (mpu/cross_entropy.py)"),
+    reduce_each_microbatch=True,
+    reduce_each_microbatch_source=("deepspeed/runtime/engine.py no_sync: \"incompatible with gradient "
+                                   "partitioning logic of ZeRO stage 2/3\", whose gradients are reduced in every "
+                                   "backward; its pipeline engine runs ZeRO-1 only"),
 )
 
 # ---- torchtitan (FSDP2) -----------------------------------------------------------------------
@@ -390,6 +398,11 @@ TORCHTITAN = EngineProfile(
         "with set_requires_gradient_sync(False) and set_reshard_after_backward(False), and the schedule "
         "reduce-scatters once after the last (perform_reduce_grad); fsdp/_fully_shard/_fsdp_param.py "
         "to_accumulated_grad_if_needed keeps the unsharded gradient in the reduce dtype (fp32) meanwhile"),
+    reduce_each_microbatch=True,
+    reduce_each_microbatch_source=(
+        "torchtitan/trainer.py train_step: each gradient-accumulation micro-batch's forward_backward_step runs "
+        "with FSDP2's gradient sync on (no set_requires_gradient_sync(False)), so each backward reduce-scatters; "
+        "under a pipeline schedule the schedule holds it to the last micro-batch (pp_unsharded_grad_source)"),
     elementwise_default="eager",
     elementwise_source=("torch.compile is off unless the job config enables it ([compile] enable, "
                         "training.compile before 2025; default false): plan a compiled run with --elementwise fused"),

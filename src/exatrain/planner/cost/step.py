@@ -259,14 +259,21 @@ def engine_dp_collectives(model, *, tp, pp, dp, zero_stage: int, params_here, nu
                           fp8_gathered=None) -> tuple:
     """One rank's data-parallel collectives per step as ``engine`` sends them (``accounting.comms``'
     ``dp_collectives_for``, the exatrain trainer's, through ``cost.overlap.engine_collectives``; None:
-    the trainer's own), the FP8-gathered GEMM weights (``fp8_gathered``: (dp, edp) weights, or None) at
-    one byte each: what ``dp_collective_times`` prices and ``experts.comm_bytes`` counts."""
+    the trainer's own): the gradient reduce-scatter once a micro-batch where the engine reduces each
+    (``EngineProfile.reduce_each_microbatch``, ZeRO-2/3 without a pipeline), the FP8-gathered GEMM weights
+    (``fp8_gathered``: (dp, edp) weights, or None) at one byte each: what ``dp_collective_times`` prices and
+    ``experts.comm_bytes`` counts."""
     cs = comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
                                   num_microbatches=num_microbatches, dtype=dtype,
                                   params_here=params_here, pipeline_end=pipeline_end, cp=cp_size, ep=ep,
                                   expert_params_here=expert_params_here)
     if engine is not None:
         cs = engine_collectives(cs, engine, dtype=dtype)
+        if engine.reduce_each_microbatch and zero_stage >= 2:
+            # a reduce-scatter after every micro-batch's backward, unless a pipeline schedule defers it
+            each = np.where(np.asarray(pp) == 1, np.asarray(num_microbatches, dtype=float), 1.0)
+            cs = tuple(replace(c, count=c.count * each) if c.kind == "reduce_scatter" and c.axis in ("dp", "edp")
+                       else c for c in cs)
     if fp8_gathered is not None:
         saved = dict(zip(("dp", "edp"), fp8_gathered))
         cs = tuple(replace(c, message_bytes=c.message_bytes - saved[c.axis] * (COMPUTE_BYTES[dtype] - 1.0))
@@ -373,7 +380,9 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
         t_gat = np.where((zero == z)[:, None], g_, t_gat)
     z3 = (zero == 3)[:, None]
     red_on = rules.dp_grad_reduce & ((p == 1) | (zero >= 2) | (not rules.grad_reduce_needs_no_pipeline))
-    red_window = np.where(red_on[:, None], cp.dp_overlap * per_rank(B + W) / m[:, None], 0.0)
+    # the reduction hides behind the last micro-batch's backward, or behind every one where each reduces its own
+    each = engine.reduce_each_microbatch & (zero >= 2) & (p == 1)
+    red_window = np.where(red_on[:, None], cp.dp_overlap * per_rank(B + W) / np.where(each, 1, m)[:, None], 0.0)
     gat_window = (cp.dp_overlap * np.where(z3, per_rank(F + B), per_rank(F) / m[:, None])
                   if rules.dp_param_gather else np.zeros((N, p)))
     slack = pipe[:, None] - pt.rank_end_s
