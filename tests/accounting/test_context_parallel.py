@@ -90,7 +90,9 @@ def test_rank_memory_under_cp_by_hand() -> None:
     keep = memory.layer_activation_bytes(m, 1, 8, recompute="selective", cp=cp, **la)
     full = memory.layer_activation_bytes(m, 1, 8, recompute="none", cp=cp, **la)
     tokens = m.seq_len / cp
-    last = 2 * 2 * tokens * m.hidden / 8 * 2 + tokens * m.vocab / 8 * (4 + 4 + 4)  # the upcast loss: three fp32
+    # (two micro-batches in flight) the final norm's input, a sequence shard, and the head's, all-gathered over
+    # tp; the upcast loss on a vocabulary shard: four fp32
+    last = (2 * tokens * m.hidden / 8 + 2 * tokens * m.hidden) * 2 + tokens * m.vocab / 8 * (4 + 4 + 4 + 4)
     assert acts == pytest.approx(keep * 40 * 2 + full - keep + last)
     p2p = 2 * 2 * tokens * m.hidden / 8
     work = context.cp_buffer_bytes(m, 1, 8, cp)

@@ -217,7 +217,9 @@ def test_rank_memory_moe_activations_and_buffers() -> None:
     layer = memory.layer_activation_bytes(m, 2, 2, moe=False, **la)
     moe_layer = memory.layer_activation_bytes(m, 2, 2, moe=True, **la)
     tokens = 2 * m.seq_len
-    logits = 2 * 2 * tokens * m.hidden / 2 + tokens * m.vocab / 2 * (4 + 4 + 4)  # the upcast loss: three fp32
+    # the final norm's input (a sequence shard), the head's (all-gathered over tp, as the trainer's DTensor head
+    # keeps it) and the upcast loss on a vocabulary shard (four fp32)
+    logits = 2 * tokens * m.hidden / 2 + 2 * tokens * m.hidden + tokens * m.vocab / 2 * (4 + 4 + 4 + 4)
     assert acts == pytest.approx(layer + 3 * moe_layer + logits)
     a2a = moe.dispatch_buffer_bytes(m, 2, 2, sequence_parallel=True)
     assert other == pytest.approx(a2a + memory.FRAGMENTATION_ALLOWANCE * (w + g + o + acts + a2a))

@@ -49,6 +49,11 @@ CASES = {
     "zero1-dp2-tp2": (SMALL, dict(dp=2, zero_stage=1, tp=2), None, False),
     "pp2-gpipe-zero2-dp2-untied": (dict(SMALL, tied_embeddings=False), dict(pp=2, dp=2, zero_stage=2,
                                                                          schedule="gpipe"), None, False),
+    # a vocabulary large beside the rest, so that the loss's backward is the peak: torch's loss_parallel
+    # on the vocabulary shard (16 bytes a logit, accounting.memory.logits_bytes_per_element) and on whole
+    # logits (12)
+    "big-vocab-tp2-sp": (dict(SMALL, vocab=16384, seq_len=512), dict(tp=2, sequence_parallel=True), None, False),
+    "big-vocab-tp1": (dict(SMALL, vocab=16384, seq_len=512), {}, None, False),
 }
 
 # Layout families the trainer runs that CASES does not hold: traced (the test checks that each traces and

@@ -8,12 +8,21 @@ Broken on purpose and seen to fail here: the fused loss held at the upcast's byt
 ignoring "fused": the memory test), the upcast's backward peak left at its forward's e + 8 bytes (the memory
 test), torchtitan's own ignoring its compiled blocks (``EngineProfile.cross_entropy`` returning its default:
 the defaults test), the export's compile components left at ["model", "loss"] whatever the plan (the export
-test)."""
+test), the vocabulary-parallel loss held at the plain loss's 12 bytes (``logits_bytes_per_element`` ignoring
+tp: the traced test), torchtitan's head input counted as a sequence shard under SP
+(``sp_gathered_head_input`` ignored in ``rank_memory``: the head-input test)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exatrain.accounting.engines import get_engine
@@ -143,3 +152,35 @@ def test_the_published_rows_before_torchtitan_compiled_its_loss_are_planned_upca
     assert pe._cross_entropy({"engine": "torchtitan", "compile": "y", "engine_version": "x (2025-03-31)"}) == "upcast"
     assert pe._cross_entropy({"engine": "torchtitan", "compile": "y", "engine_version": "x (2025-04)"}) == ""
     assert pe._cross_entropy({"engine": "megatron-core", "compile": "y", "engine_version": "(2024-01)"}) == ""
+
+
+def test_the_vocabulary_parallel_loss_peaks_at_16_bytes_a_logit_as_torch_traces_it() -> None:
+    """torch's cross-entropy over upcast logits, traced with MemTracker (tests/helpers/loss_peak_trace.py, in
+    a process of its own: it starts a fake two-rank group): 12 bytes a logit on whole logits, 16 on a
+    vocabulary shard under ``loss_parallel``, whose backward is eager ops (the saved log-softmax, zeros,
+    their exponential and its sum), within the head's own few percent. The count follows tp, arrays too."""
+    script = Path(__file__).resolve().parents[1] / "helpers" / "loss_peak_trace.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    traced = json.loads(out.stdout.strip().splitlines()[-1])
+    assert traced["plain"] == pytest.approx(logits_bytes_per_element("upcast", "bfloat16"), abs=0.5)
+    assert traced["vocab_parallel"] == pytest.approx(logits_bytes_per_element("upcast", "bfloat16", 2), abs=0.5)
+    assert logits_bytes_per_element("upcast", "float32", 8) == 16.0
+    assert list(logits_bytes_per_element("upcast", "bfloat16", np.array([1, 2, 8]))) == [12.0, 16.0, 16.0]
+    assert [logits_bytes_per_element(c, "bfloat16", 8) for c in ("inplace", "fused")] == [6.0, 4.0]
+
+
+def test_torchtitan_keeps_the_heads_input_gathered_under_sequence_parallelism() -> None:
+    """torchtitan's head (ColwiseParallel from the sequence-sharded stream) saves its all-gathered input:
+    e x tokens x h x (1 - 1/tp) bytes more than a shard on the last stage; the Megatron engines keep the
+    shard and gather again in backward; without SP nothing moves."""
+    tt = get_engine("torchtitan")
+    sharded = dataclasses.replace(tt, sp_gathered_head_input=False)
+    assert not get_engine("megatron-core").sp_gathered_head_input and get_engine("exatrain").sp_gathered_head_input
+    for sp, tp in ((True, 4), (False, 4), (True, 1)):
+        plan = make_plan(LLAMA, H200, gpus=8, tp=tp, micro_batch=2, global_batch=16, runtime="torchtitan", zero=3,
+                         sequence_parallel=sp if tp > 1 else None)
+        gathered, shard = (stage_memory(plan, 0, eng).activations for eng in (tt, sharded))
+        want = 2 * 2 * LLAMA.seq_len * LLAMA.hidden * (1 - 1 / tp) if sp and tp > 1 else 0.0
+        assert gathered - shard == pytest.approx(want, rel=1e-12, abs=1e-6)

@@ -121,6 +121,11 @@ class EngineProfile:
     cross_entropy_default: str = "upcast"
     compiles_loss: bool = False
     cross_entropy_source: str = ""
+    # Under sequence parallelism, whether its output layer keeps its input all-gathered over tp for the
+    # backward (DTensor's ColwiseParallel from Shard(1)) or only this rank's sequence shard (gathered again
+    # in the backward)
+    sp_gathered_head_input: bool = False
+    sp_head_input_source: str = ""
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
@@ -265,6 +270,8 @@ MEGATRON_CORE = EngineProfile(
     cross_entropy_default="inplace",
     cross_entropy_source=("megatron/core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy: "
                           "logits.float(), exp and softmax in place, saved, the gradient in place"),
+    sp_head_input_source=("megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication: "
+                          "under sequence parallelism it saves the input shard and all-gathers it again in backward"),
 )
 
 # ---- Megatron-DeepSpeed (DeepSpeed ZeRO) -------------------------------------------------------
@@ -338,6 +345,8 @@ MEGATRON_DEEPSPEED = EngineProfile(
     cross_entropy_default="inplace",
     cross_entropy_source=("megatron/model/gpt_model.py: vocab_parallel_cross_entropy(output.float(), labels), "
                           "Megatron's in-place vocab-parallel loss (mpu/cross_entropy.py)"),
+    sp_head_input_source=("megatron/core/tensor_parallel/layers.py (Megatron-DeepSpeed: megatron/core/tensor_parallel/layers.py, as Megatron-LM's) LinearWithGradAccumulationAndAsyncCommunication: "
+                          "under sequence parallelism it saves the input shard and all-gathers it again in backward"),
     reduce_each_microbatch=True,
     reduce_each_microbatch_source=("deepspeed/runtime/engine.py no_sync: \"incompatible with gradient "
                                    "partitioning logic of ZeRO stage 2/3\", whose gradients are reduced in every "
@@ -410,6 +419,9 @@ TORCHTITAN = EngineProfile(
     cross_entropy_source=("torchtitan/components/loss.py build_cross_entropy_loss compiles cross_entropy("
                           "pred.float(), labels) with the model (since 2025-04; [compile] components \"loss\"); "
                           "before it train.py left the loss eager: plan such a run with --cross-entropy upcast"),
+    sp_gathered_head_input=True,
+    sp_head_input_source=("torchtitan's llama parallelize plan: \"output\": ColwiseParallel(input_layouts=Shard(1)) "
+                          "redistributes the final norm's output to Replicate, and the matmul saves that gathered input"),
 )
 
 # ---- exatrain's own trainer -------------------------------------------------------------------
@@ -453,6 +465,8 @@ EXATRAIN = EngineProfile(
     elementwise_default="eager",
     elementwise_source="the trainer runs eager; `exatrain train --compile` compiles each block (--elementwise fused)",
     cross_entropy_source="trainer/train.py: F.cross_entropy(logits.float(), ...), uncompiled even under --compile",
+    sp_gathered_head_input=True,
+    sp_head_input_source="trainer/parallel/tensor.py: the head is ColwiseParallel from the sequence-sharded stream",
 )
 
 ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN)}

@@ -79,23 +79,32 @@ def state_bytes_per_param(dtype: str, zero_stage: int, dp: int) -> StateBytesPer
     return StateBytesPerParam(4.0 / dp, 4.0 / dp, 8.0 / dp)
 
 
-def logits_bytes_per_element(cross_entropy: str, dtype: str) -> float:
-    """Bytes the loss holds per logit element at its peak (plan.CROSS_ENTROPY), the rest of the step's
-    activations still held beside it:
+def logits_bytes_per_element(cross_entropy: str, dtype: str, tp=1):
+    """Bytes the loss holds per logit element of a rank (its vocabulary shard) at its peak
+    (plan.CROSS_ENTROPY), the rest of the step's activations still held beside it:
       "upcast", torch's cross_entropy(logits.float()): the forward holds the e-byte logits, their fp32 copy
         and its fp32 log-softmax (saved for backward); the backward holds the saved log-softmax, the
-        incoming fp32 gradient and the outgoing one, 12 bytes, the larger (for e <= 4);
+        incoming fp32 gradient and the outgoing one, 12 bytes, the larger (for e <= 4). On logits
+        sharded over the vocabulary (tp > 1: torch's ``loss_parallel``, which torchtitan and the trainer
+        run) the backward is written out in eager ops (torch/distributed/tensor/parallel/loss.py
+        ``_nll_loss_and_log_softmax_backward``: (zeros + exp(log-softmax)) x grad): the saved
+        log-softmax, the zeros, the exponential and their sum, 16 bytes (traced in
+        tests/planner/test_cross_entropy.py: 16.2 and 12.1 bytes a logit);
       "inplace", Megatron's vocab-parallel loss: the logits and one fp32 copy, which becomes the softmax and
         then the gradient in place (no copy where the logits are fp32 already): e + 4, or 4;
       "fused", one compiled kernel: the e-byte logits (and a log-sum-exp per token) and their e-byte
-        gradient, 2e."""
+        gradient, 2e.
+    ``tp`` may be a numpy array (the search's batch path); the result is then one too."""
     e = COMPUTE_BYTES[dtype]
     if cross_entropy == "fused":
         return 2.0 * e
     if cross_entropy == "inplace":
         return e + 4.0 if e < 4 else 4.0
     if cross_entropy == "upcast":
-        return max(e + 4.0 + 4.0, 12.0)
+        plain = max(e + 4.0 + 4.0, 12.0)
+        if np.ndim(tp) == 0:
+            return 16.0 if tp > 1 else plain
+        return np.where(np.asarray(tp) > 1, 16.0, plain)
     raise ValueError(f"unknown cross-entropy {cross_entropy!r}")
 
 
@@ -379,10 +388,13 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
             acts = acts + full_layer - (per_layer if recompute == "selective" else 0.0)
     tokens = b * m.seq_len / cp
     sp_div = tp if sequence_parallel else 1.0
-    # Last stage: final-norm and head inputs per in-flight micro-batch; the logits of one micro-batch
-    # as the loss holds them at its peak (logits_bytes_per_element).
-    acts = acts + is_last * (2 * e * tokens * m.hidden / sp_div * inflight_mb
-                             + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype))
+    # Last stage: final-norm and head inputs per in-flight micro-batch (the head's whole sequence where the
+    # engine keeps it all-gathered under sequence parallelism, EngineProfile.sp_gathered_head_input, as the
+    # trainer's DTensor head does); the logits of one micro-batch as the loss holds them at its peak
+    # (logits_bytes_per_element).
+    head_div = 1.0 if engine is None or engine.sp_gathered_head_input else sp_div
+    acts = acts + is_last * ((e * tokens * m.hidden / sp_div + e * tokens * m.hidden / head_div) * inflight_mb
+                             + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype, tp))
     # Pipeline receive buffers: one activation and one gradient per virtual stage boundary.
     p2p = np.where(pp > 1, 2 * e * tokens * m.hidden / sp_div * v, 0.0)
     if buffers:  # communication-bucket buffers the engine keeps for the whole run

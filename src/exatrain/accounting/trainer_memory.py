@@ -269,11 +269,12 @@ def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute:
         # without recomputation for one micro-batch (minus what selective already keeps).
         acts = acts + recomputed
     # The backward's working set, at its largest either at the loss (fp32 log-softmax output, the
-    # loss gradient, the log-softmax gradient) or in the top layer's MLP: the weight gradient
+    # loss gradient, the log-softmax gradient; under tp the vocabulary-parallel loss's four fp32 tensors,
+    # accounting.memory.logits_bytes_per_element) or in the top layer's MLP: the weight gradient
     # (16-bit, then its fp32 copy under autocast), the input gradient, the fp32 gradient of the
     # residual stream; with a tied head and no pipeline the head's fp32 weight gradient waits for
     # the embedding's to be summed with it.
-    loss_temps = is_last * tokens * V / tp * 12.0
+    loss_temps = is_last * tokens * V / tp * np.where(tp > 1, 16.0, 12.0)
     wide = max(m.ffn_hidden, h)
     working = ((6.0 if autocast else 4.0) * wide * h / tp + e * tokens * wide / tp + 4.0 * tokens * h / sp_div
                + (is_first * is_last * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
