@@ -6,7 +6,8 @@ Broken on purpose and seen to fail here: the backward at 1x (not 2.5x) the forwa
 saturation taken from the local queries instead of the keys; attn_eff back to the old 0.30 prior on H100 (the refit test);
 the FA2 ratio applied to Megatron-Core (the kernel test); torchtitan's selective rerunning the
 attention core (the per-op recompute test); the cp ring priced as one call over all the keys (the
-context-parallel test)."""
+context-parallel test); torchtitan's per-op rerun left without its all-gathers (``tp_again`` dropped in
+cost.step: the per-op collectives test)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from exatrain.plan import RECOMPUTE
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.calibrate import fit_attention
 from exatrain.planner.cost.coefficients import CostParams, default_params
-from exatrain.planner.cost.step import recomputed
+from exatrain.planner.cost.step import plan_stage_times, recomputed
 from exatrain.api import make_plan
 from exatrain.planner.estimate import estimate_plan
 
@@ -160,3 +161,26 @@ def test_selective_recompute_per_engine():
     # end to end: torchtitan's selective step differs from the same plan's under exatrain's rule
     titan, own = (_h100_compute(rt, zero=3, recompute="selective") for rt in ("torchtitan", "exatrain"))
     assert titan != pytest.approx(own, rel=1e-3)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_per_op_selective_gathers_each_gemm_input_again_in_backward(sp):
+    """torchtitan's per-op policy saves the reduce-scatters' outputs, not the all-gathers' (nor, without
+    SP, the all-reduces'): its backward holds one more collective per TP pair of each layer than without
+    recomputation, where full recomputation adds the whole pair. Under SP that is the all-gather, half of
+    an all-gather + reduce-scatter pair (ring collectives of one message: equal times); without SP the
+    all-reduce, the whole pair. The forward's collectives do not move; Megatron's selective reruns none."""
+    cluster = get_cluster("dgx-h100")
+
+    def tp_b(recompute, runtime="torchtitan"):
+        plan = make_plan(model="llama3-8b", cluster=cluster, gpus=8, tp=4, micro_batch=2, global_batch=8, zero=3,
+                         recompute=recompute, sequence_parallel=sp, runtime=runtime)
+        st = plan_stage_times(plan, cluster, default_params("h100-sxm"), overlap="none")
+        return float(st.tp_bwd[0].sum()), float(st.tp_fwd[0].sum())
+
+    (none_b, none_f), (sel_b, sel_f), (full_b, full_f) = (tp_b(r) for r in ("none", "selective", "full"))
+    assert none_f == sel_f == full_f
+    assert full_b > none_b
+    assert sel_b - none_b == pytest.approx((0.5 if sp else 1.0) * (full_b - none_b), rel=1e-9)
+    (meg_none, _), (meg_sel, _) = (tp_b(r, "megatron-core") for r in ("none", "selective"))
+    assert meg_sel == meg_none

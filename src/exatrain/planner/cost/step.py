@@ -197,6 +197,12 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     wgrad = dense + 0.0 * L
     bwd = bwd_l + again + L * 2 * fw / 3 - wgrad + pp_op
     tp_f, tp_b = n_tp_f * tp_one, n_tp_f * np.where(rec == _FULL, 2, 1) * tp_one
+    # torchtitan's per-op selective recomputation saves the reduce-scatters' outputs but not the
+    # all-gathers' (nor, without SP, the all-reduces'): its rerun forward gathers each GEMM input again
+    # (torchtitan/distributed/activation_checkpoint.py _save_list), in the backward.
+    per_op_rerun = (selective == "per_op" and not model.is_moe) * (rec == _SELECTIVE)
+    tp_again = n_tp_f * np.where(sp, ag, ar) * per_op_rerun
+    tp_b = tp_b + tp_again
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
     # recompute) and the context-parallel ring's exposed part (cost.experts).
     a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
@@ -227,7 +233,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         # overlap covers the forward only (OverlapRules.tp_backward) leaves the backward's exposed.
         tp_f = np.where(sp, tp_left_f + first * tp_one, tp_f)
         if rules.tp_backward:
-            tp_b = np.where(sp, tp_left_b + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one, tp_b)
+            tp_b = np.where(sp, tp_left_b + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one + tp_again, tp_b)
     if pp > 1:
         msg = bl[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
         bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]), cp)
