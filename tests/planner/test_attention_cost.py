@@ -184,3 +184,12 @@ def test_per_op_selective_gathers_each_gemm_input_again_in_backward(sp):
     assert sel_b - none_b == pytest.approx((0.5 if sp else 1.0) * (full_b - none_b), rel=1e-9)
     (meg_none, _), (meg_sel, _) = (tp_b(r, "megatron-core") for r in ("none", "selective"))
     assert meg_sel == meg_none
+    # the estimate's bytes sent: 2 more all-gathers (all-reduces) a layer and micro-batch, (t-1)/t (twice that) each
+    m = get_model("llama3-8b")
+    sent = {r: estimate_plan(make_plan(model="llama3-8b", cluster=cluster, gpus=8, tp=4, micro_batch=2, global_batch=8,
+                                       zero=3, recompute=r, sequence_parallel=sp, runtime="torchtitan"),
+                             cluster).comm_bytes["tp"] for r in ("none", "selective")}
+    msg = 2 * m.seq_len * m.hidden * 2
+    micro_batches = 2  # global batch 8 over dp 2 at micro-batch 2
+    assert sent["selective"] - sent["none"] == pytest.approx(2 * m.layers * micro_batches * (1 if sp else 2) * 3 / 4 * msg,
+                                                        rel=1e-12)

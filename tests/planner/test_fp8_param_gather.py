@@ -6,7 +6,9 @@ published-runs benchmark.
 
 Broken on purpose and seen to fail here: the gathers left in the compute dtype (``step.dp_collective_times``
 ignoring ``fp8_gathered``: the gather test), ``Fp8Recipe.fp8_params`` not passed by ``evaluate`` (the memory
-test), the search space keeping ZeRO stages the runtime cannot gather from (the search test)."""
+test), the search space keeping ZeRO stages the runtime cannot gather from (the search test), torchtitan's
+tensor-parallel all-gathers left 16-bit under tensorwise FP8 (``fp8_tp_gather`` ignored in ``stage_times``: the
+TP gather test)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import tomllib
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import get_engine
 from exatrain.accounting.fp8 import gemm_weights
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
@@ -161,3 +164,34 @@ def test_the_published_rows_that_gathered_in_fp8_are_planned_so() -> None:
     pe = benchmarks.load("prediction_error")
     rows = {r.index: r for r in pe.load_rows() if r.plan is not None}
     assert {i for i, r in rows.items() if r.plan.fp8_param_gather} == {87, 88}
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_torchtitans_tensorwise_fp8_all_gathers_the_tp_inputs_in_fp8(recompute) -> None:
+    """Under tensorwise FP8 (``current``) torchtitan casts a sequence-sharded GEMM input to FP8 before its TP
+    all-gather: the forward's two all-gathers a layer (and a full recomputation's rerun) send one byte an
+    element, the backward's collectives stay 16-bit; not under rowwise (``block``) scaling, not for Megatron."""
+    assert get_engine("torchtitan").fp8_tp_gather == ("current",) and not get_engine("megatron-core").fp8_tp_gather
+    layers = LLAMA.layers
+
+    def tp_times(fp8, runtime="torchtitan"):
+        plan = make_plan(LLAMA, H100, gpus=16, tp=4, micro_batch=1, global_batch=16, zero=1 if runtime != "torchtitan"
+                         else 3, fp8=fp8, runtime=runtime, recompute=recompute, sequence_parallel=True)
+        st = step.plan_stage_times(plan, H100, default_params("h100-sxm"), overlap="none")
+        return float(st.tp_fwd[0].sum()), float(st.tp_bwd[0].sum())
+
+    msg = 1 * LLAMA.seq_len * LLAMA.hidden * 2  # micro-batch 1, bf16
+    ag16, ag8 = (step.tp_collectives_s(H100, default_params("h100-sxm"), np.array([4]), m, ("all_gather",))[0][0]
+                 for m in (msg, msg / 2))
+    saved = 2 * layers * (ag16 - ag8)
+    assert saved > 0
+    (f_cur, b_cur), (f_blk, b_blk) = tp_times("current"), tp_times("block")
+    assert f_blk - f_cur == pytest.approx(saved, rel=1e-9)
+    assert b_blk - b_cur == pytest.approx(saved if recompute == "full" else 0.0, rel=1e-9, abs=1e-12)
+    assert tp_times("current", "megatron-core") == tp_times("block", "megatron-core")
+    # the estimate's bytes sent per rank are those priced: (t-1)/t of each all-gather's message, one byte an element
+    sent = {fp8: estimate_plan(make_plan(LLAMA, H100, gpus=16, tp=4, micro_batch=1, global_batch=16, zero=3, fp8=fp8,
+                                         runtime="torchtitan", recompute=recompute, sequence_parallel=True),
+                               H100).comm_bytes["tp"] for fp8 in ("current", "block")}
+    gathers = 2 * layers * (2 if recompute == "full" else 1) * 4  # 4 micro-batches (dp 4)
+    assert sent["block"] - sent["current"] == pytest.approx(gathers * 3 / 4 * msg / 2, rel=1e-12)

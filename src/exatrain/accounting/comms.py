@@ -43,12 +43,16 @@ class Collective:
         return np.where(n > 1, steps * (n - 1) / np.maximum(n, 1) * self.message_bytes * self.count, 0.0)
 
 
-def tp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
+def tp_collectives(plan: Plan, pp_rank: int, engine=None) -> tuple[Collective, ...]:
     """Megatron TP (Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2): per layer and
     micro-batch, 2 all-reduces of b*s*h in forward and 2 in backward (with sequence parallelism
     each becomes an all-gather + reduce-scatter of the same total); full recomputation repeats the
     forward's. The vocab-parallel embedding adds one forward all-reduce on the first stage, the
-    head one backward all-reduce on the last; the loss all-reduces 3 fp32 numbers per token."""
+    head one backward all-reduce on the last; the loss all-reduces 3 fp32 numbers per token.
+    ``engine`` (an ``EngineProfile``; None: exatrain's trainer) adds what its runtime sends beyond that,
+    as ``cost.step.stage_times`` prices it: torchtitan's per-op selective recomputation repeats the
+    forward's all-gathers (all-reduces without SP), and its tensorwise FP8 sends the forward's all-gathers
+    in FP8, one byte an element (``EngineProfile.fp8_tp_gather``)."""
     t = plan.tp
     if t == 1:
         return ()
@@ -57,13 +61,19 @@ def tp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
     msg = b * m.seq_len * m.hidden * e
     mb = plan.num_microbatches
     layers = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
-    per_layer = 4 + (2 if plan.recompute == "full" else 0)
+    full = plan.recompute == "full"
+    per_op = (engine is not None and engine.activations.selective == "per_op" and plan.recompute == "selective"
+              and not m.is_moe)
+    fp8_gather = engine is not None and bool(plan.fp8) and plan.fp8 in engine.fp8_tp_gather
+    per_layer = 4 + (2 if full else 0)
     out: list[Collective] = []
     if plan.sequence_parallel:
-        out += [Collective("all_gather", t, msg, per_layer * layers * mb, "tp"),
+        forward_ag = (2 + (2 if full else 0) + (2 if per_op else 0)) * layers * mb  # the forward's and reruns'
+        out += [Collective("all_gather", t, msg / e if fp8_gather else msg, forward_ag, "tp"),
+                Collective("all_gather", t, msg, 2 * layers * mb, "tp"),  # the backward's (output gradients)
                 Collective("reduce_scatter", t, msg, per_layer * layers * mb, "tp")]
     else:
-        out.append(Collective("all_reduce", t, msg, per_layer * layers * mb, "tp"))
+        out.append(Collective("all_reduce", t, msg, (per_layer + (2 if per_op else 0)) * layers * mb, "tp"))
     if pp_rank == 0:
         out.append(Collective("all_reduce" if not plan.sequence_parallel else "reduce_scatter", t, msg, mb, "tp"))
     if pp_rank == plan.pp - 1:
@@ -199,9 +209,9 @@ def tp_collectives_per_layer(m: ModelSpec, *, moe: bool, sequence_parallel: bool
     return 2 * forward + (forward if recompute == "full" else 0)
 
 
-def comm_bytes_per_rank(plan: Plan) -> dict[str, float]:
-    """Bytes sent per step by the busiest rank, per kind of parallelism."""
-    out = {}
-    for kind, fn in (("tp", tp_collectives), ("pp", pp_collectives), ("dp", dp_collectives)):
+def comm_bytes_per_rank(plan: Plan, engine=None) -> dict[str, float]:
+    """Bytes sent per step by the busiest rank, per kind of parallelism (``engine``: see ``tp_collectives``)."""
+    out = {"tp": max(float(sum(c.bytes_per_rank for c in tp_collectives(plan, r, engine))) for r in range(plan.pp))}
+    for kind, fn in (("pp", pp_collectives), ("dp", dp_collectives)):
         out[kind] = max(float(sum(c.bytes_per_rank for c in fn(plan, r))) for r in range(plan.pp))
     return out

@@ -126,6 +126,10 @@ class EngineProfile:
     # in the backward)
     sp_gathered_head_input: bool = False
     sp_head_input_source: str = ""
+    # The FP8 recipes (plan.FP8_RECIPES) under which its sequence-parallel all-gathers carry the GEMM inputs
+    # already cast to FP8, one byte an element (cost.step.stage_times ``fp8_tp_gather``)
+    fp8_tp_gather: tuple[str, ...] = ()
+    fp8_tp_gather_source: str = ""
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
@@ -422,6 +426,10 @@ TORCHTITAN = EngineProfile(
     sp_gathered_head_input=True,
     sp_head_input_source=("torchtitan's llama parallelize plan: \"output\": ColwiseParallel(input_layouts=Shard(1)) "
                           "redistributes the final norm's output to Replicate, and the matmul saves that gathered input"),
+    fp8_tp_gather=("current",),
+    fp8_tp_gather_source=("torchtitan apply_tp with float8 tensorwise: torchao's Float8ColwiseParallel / "
+                          "PrepareFloat8ModuleInput cast the sequence-sharded input to float8 before the all-gather "
+                          "(not under rowwise scaling)"),
 )
 
 # ---- exatrain's own trainer -------------------------------------------------------------------

@@ -140,7 +140,7 @@ DEFAULTS: dict[str, CostParams] = {
     # too (RESULTS.md).
     "h100-sxm-500w": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
                                 link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_500W_FP8_SPEEDUP,
-                                clock_factor=0.6727, source="prior (clock and FP8 fitted to torchtitan's runs)"),
+                                clock_factor=0.6638, source="prior (clock and FP8 fitted to torchtitan's runs)"),
     "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
                          link_eff=0.65, collective_overhead_s=_RCCL_BASE_S, source="prior"),
     "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=10e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,

@@ -350,14 +350,14 @@ def comm_bytes(plan) -> dict[str, float]:
     from exatrain.accounting.engines import get_engine
     from exatrain.planner.cost import step
 
-    out = comms.comm_bytes_per_rank(plan)
+    engine = None if plan.runtime == "exatrain" else get_engine(plan.runtime)
+    out = comms.comm_bytes_per_rank(plan, engine)
     m = plan.model
     if not (m.is_moe or plan.cp > 1 or plan.runtime != "exatrain"):
         return out
     split = stage_params_split_for(plan)
     stage_layers = np.asarray(plan.layers_per_stage())
     kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers))
-    engine = None if plan.runtime == "exatrain" else get_engine(plan.runtime)
     fp8_gathered = (step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
                     if plan.fp8 and plan.fp8_param_gather else None)
     dp, ep, cpb = [], [], []

@@ -87,7 +87,7 @@ def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes
     return np.where(sequence_parallel, ag + rs, ar)
 
 
-def tp_overlap_exposed(ag, rs, tp, gemms_fwd, *, mlp: bool):
+def tp_overlap_exposed(ag, rs, tp, gemms_fwd, *, mlp: bool, ag_fwd=None):
     """(forward, backward) TP seconds a layer leaves exposed when its runtime decomposes each
     sequence-parallel collective into tp chunks pipelined with the GEMMs next to it (``cost.overlap``
     ``tp``; ``compute.TP_PAIRS``: ``gemms_fwd`` are their forward seconds). Chunk i of the GEMM waits
@@ -97,13 +97,15 @@ def tp_overlap_exposed(ag, rs, tp, gemms_fwd, *, mlp: bool):
     projections, the reduce-scatter with ``proj``, and the MLP's with ``fc1`` / ``fc2``; the backward
     runs each one's transpose (a reduce-scatter of the input gradient, an all-gather of the output
     gradient) beside the same GEMMs' input- and weight-gradient passes, twice the forward's time.
-    ``mlp``: the layer has the MLP pair (dense layers, MoE layers with shared experts)."""
+    ``mlp``: the layer has the MLP pair (dense layers, MoE layers with shared experts); ``ag_fwd``: the
+    forward's all-gathers where they carry FP8 inputs (None: ``ag``)."""
     share = (np.asarray(tp, dtype=float) - 1) / np.maximum(np.asarray(tp, dtype=float), 1)
     g_in, g_proj, g_fc1, g_fc2 = gemms_fwd
-    fwd = exposed(ag, share * g_in) + exposed(rs, share * g_proj)
+    agf = ag if ag_fwd is None else ag_fwd
+    fwd = exposed(agf, share * g_in) + exposed(rs, share * g_proj)
     bwd = exposed(rs, 2 * share * g_in) + exposed(ag, 2 * share * g_proj)
     if mlp:
-        fwd = fwd + exposed(ag, share * g_fc1) + exposed(rs, share * g_fc2)
+        fwd = fwd + exposed(agf, share * g_fc1) + exposed(rs, share * g_fc2)
         bwd = bwd + exposed(rs, 2 * share * g_fc1) + exposed(ag, 2 * share * g_fc2)
     return fwd, bwd
 
@@ -138,7 +140,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
                 fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
                 elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
-                cross_entropy: str = "upcast") -> StageTimes:
+                cross_entropy: str = "upcast", fp8_tp_gather: bool = False) -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
@@ -146,7 +148,9 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     ``moe_dispatcher``: how MoE tokens reach their experts (``cost.experts.a2a_time_s``); ``elementwise``:
     how the element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``); ``moe_load``: the busiest
     expert rank's routed copies over the mean (``cost.experts.moe_load``); ``cross_entropy``: how the loss
-    runs over the logits (plan.CROSS_ENTROPY, ``compute.head_times``)."""
+    runs over the logits (plan.CROSS_ENTROPY, ``compute.head_times``); ``fp8_tp_gather`` (with ``fp8``): the
+    forward's sequence-parallel all-gathers carry the GEMM inputs already cast to FP8, one byte an element
+    (``EngineProfile.fp8_tp_gather``), the backward's collectives stay 16-bit."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -159,6 +163,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
 
     message = bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype]
     ag, rs, ar = tp_collectives_s(cluster, cp, tp, message, ("all_gather", "reduce_scatter", "all_reduce"))
+    ag_f = (tp_collectives_s(cluster, cp, tp, message / COMPUTE_BYTES[dtype], ("all_gather",))[0]
+            if fp8 and fp8_tp_gather else ag)
     tp_overlap = rules is not None and rules.tp
 
     def layer(s: bool):
@@ -170,7 +176,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
                                      dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise,
                                      load=moe_load)
-            left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts))
+            left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts),
+                                       ag_fwd=ag_f)
                     if tp_overlap and s else (0.0, 0.0))
             sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
                                                      (lt.fwd + lt.bwd) if moe else 0.0, lt.per_op_gemm_fwd,
@@ -185,6 +192,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe,
                        per_op_gemms=per_op_l)
     tp_one = np.where(sp, ag + rs, ar)  # tp_collective_time_s, from the collectives already priced
+    tp_one_f = np.where(sp, ag_f + rs, ar)  # the forward's (and a rerun forward's): FP8 all-gathers where sent so
     # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward;
     # a MoE layer under sequence parallelism: the attention's and the shared experts' only (comms).
     moe_f = (1 + (1 if model.shared_experts else 0)) if model.is_moe else 2
@@ -196,12 +204,12 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     fwd = fwd_l + L * fw / 3 + pp_op
     wgrad = dense + 0.0 * L
     bwd = bwd_l + again + L * 2 * fw / 3 - wgrad + pp_op
-    tp_f, tp_b = n_tp_f * tp_one, n_tp_f * np.where(rec == _FULL, 2, 1) * tp_one
+    tp_f, tp_b = n_tp_f * tp_one_f, n_tp_f * (tp_one + np.where(rec == _FULL, tp_one_f, 0.0))
     # torchtitan's per-op selective recomputation saves the reduce-scatters' outputs but not the
     # all-gathers' (nor, without SP, the all-reduces'): its rerun forward gathers each GEMM input again
     # (torchtitan/distributed/activation_checkpoint.py _save_list), in the backward.
     per_op_rerun = (selective == "per_op" and not model.is_moe) * (rec == _SELECTIVE)
-    tp_again = n_tp_f * np.where(sp, ag, ar) * per_op_rerun
+    tp_again = n_tp_f * np.where(sp, ag_f, ar) * per_op_rerun
     tp_b = tp_b + tp_again
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
     # recompute) and the context-parallel ring's exposed part (cost.experts).
@@ -346,7 +354,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8,
                      selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
-                     cross_entropy=engine.cross_entropy(cross_entropy, elementwise))
+                     cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
+                     fp8_tp_gather=fp8 in engine.fp8_tp_gather)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -452,7 +461,8 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
                        selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
                        elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
-                       cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise))
+                       cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
+                       fp8_tp_gather=plan.fp8 in engine.fp8_tp_gather)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
