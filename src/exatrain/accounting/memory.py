@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import MemoryBreakdown, Plan
-from exatrain.accounting.inflight import peak_in_flight_fast
+from exatrain.plan import SCHEDULES, MemoryBreakdown, Plan
+from exatrain.accounting.inflight import group_sizes, peak_in_flight_fast, schedule_codes
 from exatrain.accounting.params import (layer_params, stage_layer_kinds, stage_params, stage_params_split,
                                        total_params)
 from exatrain.accounting.engines import EngineProfile
@@ -284,7 +284,9 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
                         inflight_mb=inflight_microbatches(plan, pp_rank),
                         is_last=pp_rank == plan.pp - 1, engine=engine,
                         cross_entropy=(engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None
-                                       else plan.cross_entropy or "upcast"), **moe)
+                                       else plan.cross_entropy or "upcast"),
+                        pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,
+                                                                 plan.interleave)), **moe)
     return MemoryBreakdown(*(float(x) for x in parts))
 
 
@@ -292,7 +294,7 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
                 flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
                 is_last, engine: EngineProfile | None = None, cp=1, ep=1, etp=1, expert_params_here=0,
                 moe_layers_here=0, capacity_factor=1.0, cp_comm: str = "p2p", fp8: Fp8Recipe | None = None,
-                cross_entropy: str = "upcast"):
+                cross_entropy: str = "upcast", pp_grad_share=1.0):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
@@ -315,7 +317,9 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         under ZeRO-3 only the gathered layers') join the weights, GEMM inputs are saved in fp8, and delayed scaling's amax histories join
         "other". The two transient working sets (CP's and the all-to-all's) belong to different
         parts of a layer, so the larger of them is counted.
-    ``cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``).
+    ``cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``);
+    ``pp_grad_share``: the part of a stage's unsharded gradient (EngineProfile.pp_unsharded_grad_bytes) alive
+    at once (``unsharded_grad_share``).
     """
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
     is_last = np.asarray(is_last, dtype=float)
@@ -368,7 +372,7 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         # (a stage holding its whole unsharded gradient holds this layer's within it)
         grads = grads + np.where(pp_grad > 0, 0.0, layer_rank_params * unsharded_grad_bytes)
     if zero_stage >= 2:
-        grads = grads + pp_grad * (params_here + (expert_params_here if m.is_moe else 0.0))
+        grads = grads + pp_grad * pp_grad_share * (params_here + (expert_params_here if m.is_moe else 0.0))
     if m.is_moe:
         moe_here = np.asarray(moe_layers_here, dtype=float)
         per_dense, per_moe = layer_bytes(recompute), layer_bytes(recompute, True)
@@ -435,6 +439,20 @@ def _working_set_bytes(m: ModelSpec, b, tp, *, dtype, sequence_parallel, cp, etp
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else np.maximum(parts[0], parts[1])
+
+
+def unsharded_grad_share(schedule, pp, num_microbatches, interleave):
+    """The part of a rank's stage gradient held unsharded at once where an engine accumulates it so over a
+    pipeline schedule (EngineProfile.pp_unsharded_grad_bytes) and reduce-scatters each virtual stage's after
+    that stage's last backward: one virtual stage's, 1/v, under the interleaved schedule when its micro-batches
+    make one interleaving group (``inflight.group_size``: m <= pp, or no divisor of m between pp and m;
+    every backward of virtual stage v-1, then all of v-2, ...: ``cost.schedule.rank_order``), else all of
+    it (the groups alternate the virtual stages). Arrays allowed."""
+    v = np.asarray(interleave, dtype=float)
+    m, p = np.asarray(num_microbatches), np.asarray(pp)
+    code = schedule_codes(schedule, np.broadcast_shapes(v.shape, m.shape, p.shape, np.shape(schedule)))
+    one_round = (code == SCHEDULES.index("interleaved")) & (v > 1) & (group_sizes(p, m) >= m)
+    return np.where(one_round, 1.0 / np.maximum(v, 1.0), 1.0)
 
 
 def memory_by_stage(plan: Plan, engine: EngineProfile | None = None) -> tuple[MemoryBreakdown, ...]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from exatrain.accounting.engines import ENGINE_NAMES, get_engine
 from exatrain.accounting.flops import model_flops_per_step
-from exatrain.accounting.memory import inflight, rank_memory
+from exatrain.accounting.memory import inflight, rank_memory, unsharded_grad_share
 from exatrain.accounting.params import rank_params
 from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
@@ -158,6 +158,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
             ext.update(cp=cpd, fp8=recipe, capacity_factor=moe_load)
         m = lay.num_microbatches[:, None]
         held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
+        grad_share = unsharded_grad_share(lay.schedule[:, None], p, m, v)
         cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
         for j, (zero, rec, sp) in (_groups(cats) if memory else ()):
             common = dict(dtype=dtype, zero_stage=int(zero), recompute=RECOMPUTE[rec], sequence_parallel=bool(sp),
@@ -176,7 +177,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                     eng = get_engine(k)
                     loss = (eng.cross_entropy(cross_entropy, elementwise) if k == runtime
                             else eng.cross_entropy())
-                    parts = rank_memory(model, engine=eng, cross_entropy=loss, **common, **ext)
+                    parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
+                                        **ext)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
                 tot = sum(parts)
                 w = np.argmax(np.nan_to_num(tot, nan=-1.0), axis=1)  # the first of equal stages, as max() over stages picks
