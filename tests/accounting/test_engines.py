@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import math
 import subprocess
@@ -247,6 +248,32 @@ def test_math_attention_keeps_the_scores_flash_keeps_log_sum_exp(dtype: str, dro
     diff = _acts("torchtitan", m, tp=tp, flash=False, dtype=dtype) - _acts("torchtitan", m, tp=tp, flash=True,
                                                                           dtype=dtype)
     assert diff == pytest.approx(s * b * (e * a * s / tp - 4 * a / tp), rel=1e-12)
+
+
+@pytest.mark.parametrize("fp8", [None, "current"])
+def test_torchtitan_keeps_its_layers_gathered_inputs_under_sequence_parallelism(fp8) -> None:
+    """torchtitan's blocks all-gather the attention's and the MLP's input (PrepareModuleInput to Replicate) and
+    their GEMMs save the whole sequence: 2h elements a token more than the shards, (1 - 1/tp) of it, in the
+    GEMM-input dtype (FP8 under an FP8 recipe); full recomputation keeps only the layer input; without SP, or
+    for Megatron (which saves the shard), nothing moves."""
+    from exatrain.accounting.fp8 import Fp8Recipe
+
+    m = get_model("llama3-8b")
+    tp, b = 4, 2
+    recipe = None if fp8 is None else Fp8Recipe(scaling=fp8)
+    g = 2 if recipe is None else recipe.saved_input_bytes
+    tt = get_engine("torchtitan")
+    shard = dataclasses.replace(tt, sp_gathered_layer_inputs=False)
+    assert tt.sp_gathered_layer_inputs and not get_engine("megatron-core").sp_gathered_layer_inputs
+
+    def layer(engine, rec, sp=True):
+        return memory.engine_layer_activation_bytes(engine, m, b, tp, sequence_parallel=sp, recompute=rec, flash=True,
+                                                    fp8=recipe)
+
+    assert layer(tt, "none") - layer(shard, "none") == pytest.approx(m.seq_len * b * 2 * m.hidden * g * (1 - 1 / tp),
+                                                                     rel=1e-12)
+    assert layer(tt, "full") == layer(shard, "full")
+    assert layer(tt, "none", sp=False) == layer(shard, "none", sp=False)
 
 
 def test_torchtitan_per_op_checkpoint_by_hand() -> None:

@@ -126,6 +126,10 @@ class EngineProfile:
     # in the backward)
     sp_gathered_head_input: bool = False
     sp_head_input_source: str = ""
+    # Under sequence parallelism, whether its layers keep the attention's and the MLP's input all-gathered
+    # over tp for their weight gradients (DTensor's PrepareModuleInput to Replicate) or their shards
+    # (accounting.memory.layer_activation_bytes ``gathered_inputs``)
+    sp_gathered_layer_inputs: bool = False
     # The FP8 recipes (plan.FP8_RECIPES) under which its sequence-parallel all-gathers carry the GEMM inputs
     # already cast to FP8, one byte an element (cost.step.stage_times ``fp8_tp_gather``)
     fp8_tp_gather: tuple[str, ...] = ()
@@ -425,7 +429,10 @@ TORCHTITAN = EngineProfile(
                           "before it train.py left the loss eager: plan such a run with --cross-entropy upcast"),
     sp_gathered_head_input=True,
     sp_head_input_source=("torchtitan's llama parallelize plan: \"output\": ColwiseParallel(input_layouts=Shard(1)) "
-                          "redistributes the final norm's output to Replicate, and the matmul saves that gathered input"),
+                          "redistributes the final norm's output to Replicate, and the matmul saves that gathered "
+                          "input; its blocks' \"attention\" and \"feed_forward\" PrepareModuleInput(desired_input_layouts="
+                          "Replicate()) do the same for wq/wk/wv and w1/w3"),
+    sp_gathered_layer_inputs=True,
     fp8_tp_gather=("current",),
     fp8_tp_gather_source=("torchtitan apply_tp with float8 tensorwise: torchao's Float8ColwiseParallel / "
                           "PrepareFloat8ModuleInput cast the sequence-sharded input to float8 before the all-gather "

@@ -121,7 +121,8 @@ def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
 
 def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str, flash: bool,
                            dtype: str = "bfloat16", dropout: bool | None = None, cp=1, moe: bool | None = None,
-                           etp=1, capacity_factor=1.0, fp8: Fp8Recipe | None = None) -> float:
+                           etp=1, capacity_factor=1.0, fp8: Fp8Recipe | None = None,
+                           gathered_inputs: bool = False) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
 
     Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
@@ -146,7 +147,11 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
       ``fp8``: the GEMM inputs kept for the weight gradients (attention input, MLA latents,
         projection input, MLP input and fc2 input; the routed experts' fc1/fc2 inputs) are saved
         in fp8 (``Fp8Recipe.saved_input_bytes``). A MoE layer's MLP input stays in the compute dtype
-        for the router's backward.
+        for the router's backward;
+      ``gathered_inputs``: under sequence parallelism the attention's and the MLP's inputs are kept
+        all-gathered over tp (whole sequence) rather than as this rank's shard (DTensor's
+        PrepareModuleInput to Replicate: torchtitan, ``EngineProfile.sp_gathered_layer_inputs``; Megatron
+        saves the shard and gathers it again in backward).
     """
     s, b, h = m.seq_len, micro_batch, m.hidden
     s_local = s / cp
@@ -164,18 +169,22 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
     else:
         scores = (2 * e + 1 if dropout else e) * m.heads * s / tp
     g = e if fp8 is None else fp8.saved_input_bytes
+    in_div = 1 if gathered_inputs else sp_div  # the attention's and the MLP's inputs (whole sequence if gathered)
     if not (m.kv_channels or m.qk_norm or m.mla or moe):
-        replicated = (4 * h * e + (2 * h if dropout else 0)) / sp_div
+        replicated = (2 * h * e + (2 * h if dropout else 0)) / sp_div + 2 * h * e / in_div
         mlp_interior = (4 if m.gated_mlp else 2) * m.ffn_hidden
         sharded = (2 * h + 2 * m.kv_hidden + mlp_interior) * e / tp
         kept = s_local * b * (replicated + sharded + scores)
         if fp8 is None:
             return kept
         # attention and MLP inputs (replicated), projection and fc2 inputs (sharded) go to fp8
-        return kept - s_local * b * (e - g) * (2 * h / sp_div + (h + m.ffn_hidden) / tp)
+        return kept - s_local * b * (e - g) * (2 * h / in_div + (h + m.ffn_hidden) / tp)
     latents = 2 * (m.q_lora_rank + m.kv_lora_rank) + m.rope_head_dim if m.mla else 0
     fp8_replicated = h + (m.q_lora_rank + m.kv_lora_rank) + (0 if moe else h)  # GEMM inputs among those
     replicated = ((4 * h + latents) * e - fp8_replicated * (e - g) + (2 * h if dropout else 0)) / sp_div
+    if gathered_inputs:  # the attention's input (and a dense MLP's) kept whole: h (and h) more than its shard
+        inputs = (h * g + (0 if moe else h * g))
+        replicated = replicated + inputs * (1 - 1 / sp_div)
     attn = m.q_width + kv_width(m) + m.attn_out_width + (m.q_width + m.kv_hidden if m.qk_norm else 0)
     if moe:
         interior, fc2_in = moe_acc.shared_expert_interior_elements(m), m.shared_experts * m.expert_width
@@ -239,7 +248,8 @@ def engine_layer_activation_bytes(engine: EngineProfile, m: ModelSpec, micro_bat
         return per_op_checkpoint_layer_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, flash=flash,
                                              dtype=dtype) / cp
     return layer_activation_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, recompute=recompute,
-                                  flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0, **extensions)
+                                  flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0,
+                                  gathered_inputs=engine.sp_gathered_layer_inputs, **extensions)
 
 
 def inflight_microbatches(plan: Plan, pp_rank: int) -> float:
