@@ -62,9 +62,8 @@ def tp_collectives(plan: Plan, pp_rank: int, engine=None) -> tuple[Collective, .
     mb = plan.num_microbatches
     layers = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
     full = plan.recompute == "full"
-    per_op = (engine is not None and engine.activations.selective == "per_op" and plan.recompute == "selective"
-              and not m.is_moe)
-    fp8_gather = engine is not None and bool(plan.fp8) and plan.fp8 in engine.fp8_tp_gather
+    per_op = engine is not None and engine.reruns_tp_gathers(plan.recompute, m.is_moe)
+    fp8_gather = engine is not None and engine.gathers_tp_in_fp8(plan.fp8)
     per_layer = 4 + (2 if full else 0)
     out: list[Collective] = []
     if plan.sequence_parallel:

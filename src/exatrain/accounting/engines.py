@@ -151,6 +151,17 @@ class EngineProfile:
             return "fused"
         return self.cross_entropy_default
 
+    def gathers_tp_in_fp8(self, fp8: str) -> bool:
+        """Whether a plan with FP8 recipe ``fp8`` ("" = none) sends its forward's sequence-parallel
+        all-gathers in FP8 under this engine (``fp8_tp_gather``)."""
+        return bool(fp8) and fp8 in self.fp8_tp_gather
+
+    def reruns_tp_gathers(self, recompute: str, moe: bool) -> bool:
+        """Whether this engine's ``recompute`` reruns the forward's TP all-gathers (all-reduces without SP) in
+        the backward without their reduce-scatters: torchtitan's per-op selective policy saves the
+        reduce-scatters' outputs, not the all-gathers' (dense layers; cost.step.recomputed)."""
+        return recompute == "selective" and self.activations.selective == "per_op" and not moe
+
     def attention_kernel(self, chosen: str = "") -> str:
         """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,
         plan.ATTENTION_KERNELS) if given, else the engine's own (``ActivationRules.flash_kernel``)."""
@@ -353,8 +364,9 @@ MEGATRON_DEEPSPEED = EngineProfile(
     cross_entropy_default="inplace",
     cross_entropy_source=("megatron/model/gpt_model.py: vocab_parallel_cross_entropy(output.float(), labels), "
                           "Megatron's in-place vocab-parallel loss (mpu/cross_entropy.py)"),
-    sp_head_input_source=("megatron/core/tensor_parallel/layers.py (Megatron-DeepSpeed: megatron/core/tensor_parallel/layers.py, as Megatron-LM's) LinearWithGradAccumulationAndAsyncCommunication: "
-                          "under sequence parallelism it saves the input shard and all-gathers it again in backward"),
+    sp_head_input_source=("megatron/core/tensor_parallel/layers.py (Megatron-LM's, in Megatron-DeepSpeed too) "
+                          "LinearWithGradAccumulationAndAsyncCommunication: under sequence parallelism it saves "
+                          "the input shard and all-gathers it again in backward"),
     reduce_each_microbatch=True,
     reduce_each_microbatch_source=("deepspeed/runtime/engine.py no_sync: \"incompatible with gradient "
                                    "partitioning logic of ZeRO stage 2/3\", whose gradients are reduced in every "
@@ -430,8 +442,8 @@ TORCHTITAN = EngineProfile(
     sp_gathered_head_input=True,
     sp_head_input_source=("torchtitan's llama parallelize plan: \"output\": ColwiseParallel(input_layouts=Shard(1)) "
                           "redistributes the final norm's output to Replicate, and the matmul saves that gathered "
-                          "input; its blocks' \"attention\" and \"feed_forward\" PrepareModuleInput(desired_input_layouts="
-                          "Replicate()) do the same for wq/wk/wv and w1/w3"),
+                          "input; its blocks' \"attention\" and \"feed_forward\" PrepareModuleInput("
+                          "desired_input_layouts=Replicate()) do the same for wq/wk/wv and w1/w3"),
     sp_gathered_layer_inputs=True,
     fp8_tp_gather=("current",),
     fp8_tp_gather_source=("torchtitan apply_tp with float8 tensorwise: torchao's Float8ColwiseParallel / "

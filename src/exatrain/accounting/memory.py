@@ -88,8 +88,8 @@ def logits_bytes_per_element(cross_entropy: str, dtype: str, tp=1):
         sharded over the vocabulary (tp > 1: torch's ``loss_parallel``, which torchtitan and the trainer
         run) the backward is written out in eager ops (torch/distributed/tensor/parallel/loss.py
         ``_nll_loss_and_log_softmax_backward``: (zeros + exp(log-softmax)) x grad): the saved
-        log-softmax, the zeros, the exponential and their sum, 16 bytes (traced in
-        tests/planner/test_cross_entropy.py: 16.2 and 12.1 bytes a logit);
+        log-softmax, the zeros, the exponential and their sum, 16 bytes (traced by
+        tests/helpers/loss_peak_trace.py: 16.1 a logit of a shard, 12.0 of whole logits);
       "inplace", Megatron's vocab-parallel loss: the logits and one fp32 copy, which becomes the softmax and
         then the gradient in place (no copy where the logits are fp32 already): e + 4, or 4;
       "fused", one compiled kernel: the e-byte logits (and a log-sum-exp per token) and their e-byte
@@ -101,10 +101,8 @@ def logits_bytes_per_element(cross_entropy: str, dtype: str, tp=1):
     if cross_entropy == "inplace":
         return e + 4.0 if e < 4 else 4.0
     if cross_entropy == "upcast":
-        plain = max(e + 4.0 + 4.0, 12.0)
-        if np.ndim(tp) == 0:
-            return 16.0 if tp > 1 else plain
-        return np.where(np.asarray(tp) > 1, 16.0, plain)
+        held = np.where(np.asarray(tp) > 1, 16.0, max(e + 4.0 + 4.0, 12.0))
+        return float(held) if held.ndim == 0 else held
     raise ValueError(f"unknown cross-entropy {cross_entropy!r}")
 
 
@@ -183,7 +181,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
     fp8_replicated = h + (m.q_lora_rank + m.kv_lora_rank) + (0 if moe else h)  # GEMM inputs among those
     replicated = ((4 * h + latents) * e - fp8_replicated * (e - g) + (2 * h if dropout else 0)) / sp_div
     if gathered_inputs:  # the attention's input (and a dense MLP's) kept whole: h (and h) more than its shard
-        inputs = (h * g + (0 if moe else h * g))
+        inputs = h * g + (0 if moe else h * g)
         replicated = replicated + inputs * (1 - 1 / sp_div)
     attn = m.q_width + kv_width(m) + m.attn_out_width + (m.q_width + m.kv_hidden if m.qk_norm else 0)
     if moe:

@@ -85,12 +85,13 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     notes += (_setting_note("element-wise ops", "--elementwise", plan.elementwise, rt, engine.elementwise(),
                             engine.elementwise_source, "cost.compute.unfused_extra"),)
     loss = engine.cross_entropy(plan.cross_entropy, plan.elementwise)
-    notes += (f"cross-entropy: {loss}, the logits held at {logits_bytes_per_element(loss, plan.dtype, plan.tp):g} bytes an "
-              "element" + (" of its vocabulary shard" if plan.tp > 1 else "") + " (" + (f"set by --cross-entropy; {rt}'s own: {engine.cross_entropy('', plan.elementwise)}"
-                             if plan.cross_entropy else
-                             f"{rt}'s own with element-wise {engine.elementwise(plan.elementwise)}: "
-                             + (engine.cross_entropy_source or "it upcasts its logits to fp32 for the loss"))
-              + "; accounting.memory.logits_bytes_per_element)",)
+    held = logits_bytes_per_element(loss, plan.dtype, plan.tp)
+    whose = (f"set by --cross-entropy; {rt}'s own: {engine.cross_entropy('', plan.elementwise)}" if plan.cross_entropy
+             else f"{rt}'s own with element-wise {engine.elementwise(plan.elementwise)}: "
+             + (engine.cross_entropy_source or "it upcasts its logits to fp32 for the loss"))
+    notes += (f"cross-entropy: {loss}, the logits held at {held:g} bytes an element"
+              + (" of its vocabulary shard" if plan.tp > 1 else "")
+              + f" ({whose}; accounting.memory.logits_bytes_per_element)",)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]

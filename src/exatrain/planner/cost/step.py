@@ -355,7 +355,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
-                     fp8_tp_gather=fp8 in engine.fp8_tp_gather)
+                     fp8_tp_gather=engine.gathers_tp_in_fp8(fp8))
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -462,7 +462,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
                        elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
                        cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
-                       fp8_tp_gather=plan.fp8 in engine.fp8_tp_gather)
+                       fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8))
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
