@@ -1,8 +1,9 @@
 """Compute time of one layer, the embedding and the head, per micro-batch on one rank.
 
-* GEMMs (the layer's shapes from accounting.flops.layer_gemms): time = FLOPs / (peak * gemm_eff *
-  prod_d d/(d + gemm_dim_half)) + gemm_overhead_s per call — large GEMMs run near a device's
-  practical peak, thin ones (a small head_dim, a small tp shard) and short ones fall off it.
+* GEMMs (the layer's shapes from accounting.flops.layer_gemms): time = max(FLOPs / (peak * gemm_eff *
+  prod_d d/(d + gemm_dim_half)), bytes moved / (bandwidth * mem_eff)) + gemm_overhead_s per call —
+  large GEMMs run near a device's practical peak, thin ones (a small head_dim, a small tp shard) and
+  short ones fall off it, and none runs faster than it can read its operands and write its output.
   Backward runs two GEMMs of the forward's size (input and weight gradient).
 * Fused (flash) attention (``flash_attention_s``): attn_eff of peak, falling off at short key lengths
   (attn_seq_half), plus a fixed time per call; its backward costs 2.5x its forward (FlashAttention-2,
@@ -65,15 +66,24 @@ def device_for(cluster: ClusterSpec, dtype: str, params: CostParams, ranks: int 
                   params=params)
 
 
-def gemm_time_s(g: Gemm, dev: Device, calls: int = 1):
-    """Seconds for ``calls`` GEMMs of shape ``g`` (batched ``g.count`` times per call)."""
+def gemm_time_s(g: Gemm, dev: Device, calls: int = 1, in_bytes: float = 2.0, out_bytes: float = 2.0):
+    """Seconds for ``calls`` GEMMs of shape ``g`` (batched ``g.count`` times per call): the slower of
+    its arithmetic (FLOPs at gemm_eff of peak, thin dimensions falling off by d/(d + gemm_dim_half))
+    and its memory traffic (both operands read at ``in_bytes`` per element, the output written at
+    ``out_bytes``, at the element-wise kernels' mem_eff of the bandwidth: the roofline), plus
+    gemm_overhead_s per call. The traffic bound is what prices a batched GEMM of a small inner
+    dimension, such as a math attention's scores (k = head_dim) against its s x s output, or a
+    tensor-parallel shard of an FP8 GEMM (1-byte operands at twice the bf16 rate)."""
     p = dev.params
     half = p.gemm_dim_half
     shape = 1.0
     for d in (g.m, g.n, g.k):
         d = np.asarray(d, dtype=float)
         shape = shape * d / (d + half)
-    return calls * (g.flops / (dev.peak_flops * p.gemm_eff * shape) + p.gemm_overhead_s)
+    arithmetic = g.flops / (dev.peak_flops * p.gemm_eff * shape)
+    m, n, k = (np.asarray(d, dtype=float) for d in (g.m, g.n, g.k))
+    traffic = elementwise_time_s(g.count * ((m * k + k * n) * in_bytes + m * n * out_bytes), dev)
+    return calls * (np.maximum(arithmetic, traffic) + p.gemm_overhead_s)
 
 
 def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1):
@@ -223,7 +233,7 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
     tokens = np.asarray(micro_batch) * m.seq_len
     gemms = layer_gemms(m, micro_batch, tp)
     dense = [g for g in gemms if not g.name.startswith("attn_")]
-    dense_s = [gemm_time_s(g, dev) for g in dense]
+    dense_s = [gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in dense]
     gemm_fwd = sum(dense_s)
     h, f, kvh = m.hidden, m.ffn_hidden, m.kv_hidden
     tp_a = np.asarray(tp, dtype=float)
@@ -250,8 +260,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, s
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
         softmax = elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
             + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
-        attn_fwd = sum(gemm_time_s(g, dev) for g in scores) + softmax
-        attn_bwd = sum(gemm_time_s(g, dev, calls=2) for g in scores) + 2 * softmax
+        attn_fwd = sum(gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in scores) + softmax
+        attn_bwd = sum(gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) for g in scores) + 2 * softmax
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + 2 * elem_fwd
     if recompute == "full":
@@ -299,8 +309,8 @@ def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype:
     # token), the backward reads them and writes their 16-bit gradient.
     logits = tokens * (m.vocab / tp_a)
     ce_f, ce_b = (e, 2.0 * e) if cross_entropy == "fused" else (e + 4 + 4, e + 4 + 4)
-    fwd = gemm_time_s(g, dev) + norm + elementwise_time_s(logits * ce_f, dev)
-    bwd = gemm_time_s(g, dev, calls=2) + 2 * norm + elementwise_time_s(logits * ce_b, dev)
+    fwd = gemm_time_s(g, dev, in_bytes=e, out_bytes=e) + norm + elementwise_time_s(logits * ce_f, dev)
+    bwd = gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) + 2 * norm + elementwise_time_s(logits * ce_b, dev)
     return fwd, bwd
 
 

@@ -140,7 +140,9 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
                         capacity_factor=load if moe else 1.0)
     fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speedup) if fp8 else dev
     dense = [g for g in gemms if not g.name.startswith("attn_")]
-    dense_s = [compute.gemm_time_s(g, fast if g.name not in _NOT_FP8 else dev) for g in dense]
+    # an FP8 GEMM reads 1-byte operands (its casts are priced below) and writes a 16-bit output
+    dense_s = [compute.gemm_time_s(g, fast, in_bytes=1.0, out_bytes=e) if fp8 and g.name not in _NOT_FP8
+               else compute.gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in dense]
     gemm_fwd = sum(dense_s)
     core = [g for g in gemms if g.name.startswith("attn_")]
     h, kvh = m.hidden, m.kv_hidden
@@ -190,8 +192,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
         softmax = compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
             + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
-        attn_fwd = sum(compute.gemm_time_s(g, dev) for g in core) + softmax
-        attn_bwd = sum(compute.gemm_time_s(g, dev, calls=2) for g in core) + 2 * softmax
+        attn_fwd = sum(compute.gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in core) + softmax
+        attn_bwd = sum(compute.gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) for g in core) + 2 * softmax
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     return compute.LayerTimes(fwd=fwd, bwd=bwd, recompute=0.0 * fwd, attention_core_fwd=attn_fwd,
