@@ -82,8 +82,8 @@ class Overlap:
     switch: str
     default_on: bool
     source: str
-    # the passes whose collectives it hides (the TP overlap: "both", or "forward" where the backward's, and a
-    # full recomputation's rerun forward inside it, stay exposed)
+    # the passes whose collectives it hides (the TP overlap: "both", or "forward" where the backward's stay
+    # exposed; a full recomputation's rerun forward is a forward, hidden either way)
     passes: str = "both"
     passes_source: str = ""
 
@@ -419,7 +419,10 @@ TORCHTITAN = EngineProfile(
                 passes="forward",
                 passes_source=("the async-TP announcement (PyTorch dev-discuss 209487, 2024-09): up to ~29% / ~20% "
                                "forward-pass speed-up and ~8% end to end on Llama 3 8B / 70B, i.e. the "
-                               "forward's collectives hidden and the backward's not")),
+                               "forward's collectives hidden and the backward's not; a full recomputation's "
+                               "rerun forward is hidden as the forward is: inductor's post-grad passes, "
+                               "micro_pipeline_tp among them, run on the backward graph too, which holds the "
+                               "recomputed forward (torch/_inductor/fx_passes/post_grad.py post_grad_passes)")),
     ),
     pp_unsharded_grad_bytes=4.0,
     pp_unsharded_grad_source=(

@@ -100,7 +100,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
               if switches
               else f"overlap {overlap}: no communication hidden",)
     if rules.tp and not rules.tp_backward and plan.tp > 1:
-        notes += (f"{rt}'s TP overlap hides the forward's collectives only; the backward's stay exposed "
+        notes += (f"{rt}'s TP overlap hides the forward's collectives (a full recomputation's rerun forward's "
+                  f"too); the backward's own stay exposed "
                   f"({engine.overlap('tp').passes_source})",)
     if plan.tp > cluster.gpus_per_node:
         notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "

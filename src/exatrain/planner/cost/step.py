@@ -238,10 +238,15 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         # TP comm overlap (sequence parallel only, cost.overlap): each layer collective decomposed beside
         # the GEMMs next to it (tp_overlap_exposed), the recomputed forward's again under full
         # recomputation; the embedding's and the head's collectives stay exposed. A runtime whose
-        # overlap covers the forward only (OverlapRules.tp_backward) leaves the backward's exposed.
+        # overlap covers the forward only (OverlapRules.tp_backward) leaves the backward's own exposed and
+        # hides the rerun forward's as the forward's (torchtitan's async TP: the compiled backward graph
+        # holds the rerun forward, and inductor's micro-pipeline pass runs on it as on the forward graph).
         tp_f = np.where(sp, tp_left_f + first * tp_one, tp_f)
         if rules.tp_backward:
             tp_b = np.where(sp, tp_left_b + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one + tp_again, tp_b)
+        else:
+            tp_b = np.where(sp, n_tp_f * tp_one + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one + tp_again,
+                            tp_b)
     if pp > 1:
         msg = bl[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
         bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]), cp)
