@@ -134,6 +134,11 @@ class EngineProfile:
     # already cast to FP8, one byte an element (cost.step.stage_times ``fp8_tp_gather``)
     fp8_tp_gather: tuple[str, ...] = ()
     fp8_tp_gather_source: str = ""
+    # How a MoE layer runs its local experts' GEMMs: "grouped", one kernel over all of them (torch's
+    # grouped_mm), or "per_expert", one GEMM launch per local expert (cost.experts.layer_times): the
+    # fixed cost per GEMM call (CostParams.gemm_overhead_s) is paid experts/ep times a layer
+    expert_gemms: str = "grouped"
+    expert_gemms_source: str = ""
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
@@ -223,6 +228,10 @@ _MFSDP_DOC = ("Megatron-LM docs/discussions/megatron-fsdp-user-guide and megatro
               "params and optimizer states")
 MEGATRON_CORE = EngineProfile(
     name="megatron-core",
+    expert_gemms="per_expert",
+    expert_gemms_source=("megatron/core/transformer/moe/experts.py TEGroupedMLP runs Transformer Engine's "
+                         "GroupedLinear, whose general_grouped_gemm (transformer_engine/pytorch/cpp_extensions/"
+                         "gemm.py) calls nvte_multi_stream_cublas_gemm: one cuBLAS GEMM per local expert"),
     grad_accum_dtype="float32",
     grad_accum_source=_MCORE_FP32_GRAD,
     states=(
@@ -303,6 +312,8 @@ _DS12 = "deepspeed/runtime/zero/stage_1_and_2.py"
 _BUCKET = 5e8
 MEGATRON_DEEPSPEED = EngineProfile(
     name="megatron-deepspeed",
+    expert_gemms="per_expert",
+    expert_gemms_source="deepspeed/moe/experts.py Experts.forward: a loop over its local experts' modules",
     grad_accum_dtype="bfloat16",
     grad_accum_source=("deepspeed/runtime/engine.py get_data_types: data_types.grad_accum_dtype defaults to the "
                        "model dtype; fp32 selects BF16_Optimizer at ZeRO-1 (_do_optimizer_sanity_check)"),
@@ -448,6 +459,7 @@ TORCHTITAN = EngineProfile(
                           "input; its blocks' \"attention\" and \"feed_forward\" PrepareModuleInput("
                           "desired_input_layouts=Replicate()) do the same for wq/wk/wv and w1/w3"),
     sp_gathered_layer_inputs=True,
+    expert_gemms_source="torchtitan's MoE GroupedExperts: torch._grouped_mm over all local experts",
     fp8_tp_gather=("current",),
     fp8_tp_gather_source=("torchtitan apply_tp with float8 tensorwise: torchao's Float8ColwiseParallel / "
                           "PrepareFloat8ModuleInput cast the sequence-sharded input to float8 before the all-gather "
@@ -459,6 +471,7 @@ _EXA = ("exatrain accounting/memory.py state_bytes_per_param (trainer/parallel/d
         "ZeroRedundancyOptimizer, FSDP2)")
 EXATRAIN = EngineProfile(
     name="exatrain",
+    expert_gemms_source="trainer/moe.py: torch.nn.functional.grouped_mm over the local experts (grouped_ok)",
     grad_accum_dtype="float32",
     grad_accum_source="trainer: autocast over fp32 parameters, fp32 .grad (trainer/parallel/data.py)",
     states=(

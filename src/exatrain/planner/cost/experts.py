@@ -123,10 +123,12 @@ def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = No
 def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, flash: bool,
                 sequence_parallel: bool, dtype: str, dev: compute.Device, fp8: str = "",
                 speedup: float = 1.0, elementwise: str = "fused",
-                load: float = LOAD_IMBALANCE) -> compute.LayerTimes:
+                load: float = LOAD_IMBALANCE, expert_gemms: str = "grouped") -> compute.LayerTimes:
     """One layer (a MoE layer if ``moe``), one micro-batch, one rank (module doc); ``elementwise``: how
     its element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``); ``load``: the busiest expert
-    rank's routed copies over the mean (``moe_load``)."""
+    rank's routed copies over the mean (``moe_load``); ``expert_gemms``: "per_expert" where the engine
+    launches one GEMM per local expert (``EngineProfile.expert_gemms``: each pays the per-call time),
+    "grouped" where one kernel runs them all."""
     if not extended(m, cp, fp8):
         return compute.layer_times(m, micro_batch, tp, flash=flash, recompute="none",
                                    sequence_parallel=sequence_parallel, dtype=dtype, dev=dev,
@@ -140,9 +142,17 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
                         capacity_factor=load if moe else 1.0)
     fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speedup) if fp8 else dev
     dense = [g for g in gemms if not g.name.startswith("attn_")]
-    # an FP8 GEMM reads 1-byte operands (its casts are priced below) and writes a 16-bit output
-    dense_s = [compute.gemm_time_s(g, fast, in_bytes=1.0, out_bytes=e) if fp8 and g.name not in _NOT_FP8
-               else compute.gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in dense]
+    # an FP8 GEMM reads 1-byte operands (its casts are priced below) and writes a 16-bit output; a routed
+    # expert's GEMM launched once per local expert is ``count`` calls of one expert's shape
+    def priced(g):
+        calls = 1
+        if expert_gemms == "per_expert" and g.name.startswith("expert_"):
+            g, calls = dataclasses.replace(g, count=1), g.count
+        if fp8 and g.name not in _NOT_FP8:
+            return compute.gemm_time_s(g, fast, calls=calls, in_bytes=1.0, out_bytes=e)
+        return compute.gemm_time_s(g, dev, calls=calls, in_bytes=e, out_bytes=e)
+
+    dense_s = [priced(g) for g in dense]
     gemm_fwd = sum(dense_s)
     core = [g for g in gemms if g.name.startswith("attn_")]
     h, kvh = m.hidden, m.kv_hidden

@@ -140,7 +140,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
                 fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
                 elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
-                cross_entropy: str = "upcast", fp8_tp_gather: bool = False) -> StageTimes:
+                cross_entropy: str = "upcast", fp8_tp_gather: bool = False,
+                expert_gemms: str = "grouped") -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
@@ -150,7 +151,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     expert rank's routed copies over the mean (``cost.experts.moe_load``); ``cross_entropy``: how the loss
     runs over the logits (plan.CROSS_ENTROPY, ``compute.head_times``); ``fp8_tp_gather`` (with ``fp8``): the
     forward's sequence-parallel all-gathers carry the GEMM inputs already cast to FP8, one byte an element
-    (``EngineProfile.fp8_tp_gather``), the backward's collectives stay 16-bit."""
+    (``EngineProfile.fp8_tp_gather``), the backward's collectives stay 16-bit; ``expert_gemms``: how the
+    engine launches its local experts' GEMMs (``EngineProfile.expert_gemms``, ``cost.experts.layer_times``)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
@@ -175,7 +177,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
                                      dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise,
-                                     load=moe_load)
+                                     load=moe_load, expert_gemms=expert_gemms)
             left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts),
                                        ag_fwd=ag_f)
                     if tp_overlap and s else (0.0, 0.0))
@@ -360,7 +362,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
-                     fp8_tp_gather=engine.gathers_tp_in_fp8(fp8))
+                     fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -467,7 +469,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
                        elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
                        cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
-                       fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8))
+                       fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
