@@ -26,6 +26,8 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     torch's fused RMSNorm kernel (2.9), as a user would plan with --elementwise; a compiled torchtitan row
     from before torchtitan compiled its loss with the model (2025-04) with ``cross_entropy="upcast"``
     (``_cross_entropy``), as a user would plan with --cross-entropy upcast;
+  * a Megatron-DeepSpeed row whose ``zero_mode`` names DeepSpeed's BF16_Optimizer is planned with
+    ``grad_accum="float32"`` (``_grad_accum``), as a user would plan with --grad-accum float32;
   * a row's ``preset`` column names the catalog model whose architecture beyond the shape columns (head
     width, QK-norm, multi-head latent attention, shared experts, leading dense layers) it has
     (``_with_preset``);
@@ -274,7 +276,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
-                        fp8_param_gather=gather, cross_entropy=row.cross_entropy)
+                        fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r))
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -406,6 +408,13 @@ def _cross_entropy(r: dict) -> str:
         return ""
     dates = [(int(y), int(mo)) for y, mo in re.findall(r"\b(20\d\d)-(\d\d)\b", r.get("engine_version", ""))]
     return "upcast" if dates and max(dates) < _TORCHTITAN_COMPILED_LOSS else ""
+
+
+def _grad_accum(r: dict) -> str:
+    """The dtype a row's gradients accumulated in where its engine's default is not what it ran
+    (plan.GRAD_ACCUM): DeepSpeed's BF16_Optimizer, named in the ``zero_mode`` column, accumulates and
+    all-reduces them in fp32, as a user would plan with --grad-accum float32; "" otherwise."""
+    return "float32" if r["engine"] == "megatron-deepspeed" and "BF16_Optimizer" in r.get("zero_mode", "") else ""
 
 
 def _predicted_memory_gib(row: Row) -> float:

@@ -83,6 +83,14 @@ ELEMENTWISE = ("fused", "eager", "eager-composite")
 CROSS_ENTROPY = ("upcast", "inplace", "fused")
 CROSS_ENTROPY_RUNTIMES = {"upcast": ("torchtitan", "exatrain"), "inplace": ("megatron-core", "megatron-deepspeed"),
                           "fused": ("torchtitan",)}  # the runtimes that run each
+# The dtype a bfloat16 run accumulates and reduces its gradients in (EngineProfile.grad_accum_dtype,
+# EngineProfile.with_grad_accum): "float32" (Megatron-Core's default; DeepSpeed's BF16_Optimizer,
+# data_types.grad_accum_dtype "fp32"; torchtitan's and exatrain's only) or "bfloat16" (DeepSpeed's default;
+# Megatron-Core --grad-reduce-in-bf16). Which an engine offers, and at which ZeRO stages, is its profile's state
+# table; a plan that names none runs its runtime's own.
+GRAD_ACCUM = ("float32", "bfloat16")
+GRAD_ACCUM_RUNTIMES = {"float32": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain"),
+                       "bfloat16": ("megatron-core", "megatron-deepspeed")}  # the runtimes that offer each
 PLAN_VERSION = 1
 
 
@@ -330,6 +338,7 @@ class Plan:
     attention_kernel: str = ""  # ATTENTION_KERNELS: flash attention's kernel, "" = the runtime's own
     elementwise: str = ""  # ELEMENTWISE: how the element-wise ops run, "" = the runtime's own
     cross_entropy: str = ""  # CROSS_ENTROPY: how the loss runs over the logits, "" = the runtime's own
+    grad_accum: str = ""  # GRAD_ACCUM: the dtype bf16 gradients accumulate and reduce in, "" = the runtime's own
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -413,6 +422,8 @@ class Plan:
             parts.append(f"element-wise {self.elementwise}")
         if self.cross_entropy:
             parts.append(f"cross-entropy {self.cross_entropy}")
+        if self.grad_accum:
+            parts.append(f"{self.grad_accum} gradients")
         return "".join(f", {p}" for p in parts)
 
     def layers_per_stage(self) -> tuple[int, ...]:
@@ -472,6 +483,7 @@ class Plan:
             **({"attention_kernel": self.attention_kernel} if self.attention_kernel else {}),
             **({"elementwise": self.elementwise} if self.elementwise else {}),
             **({"cross_entropy": self.cross_entropy} if self.cross_entropy else {}),
+            **({"grad_accum": self.grad_accum} if self.grad_accum else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -486,7 +498,7 @@ class Plan:
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                    "elementwise", "cross_entropy")
+                    "elementwise", "cross_entropy", "grad_accum")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -520,6 +532,7 @@ class Plan:
                 attention_kernel=str(d.get("attention_kernel", "")),
                 elementwise=str(d.get("elementwise", "")),
                 cross_entropy=str(d.get("cross_entropy", "")),
+                grad_accum=str(d.get("grad_accum", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -19,7 +19,8 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
 from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE,
-                           FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, RUNTIMES, SCHEDULES)
+                           FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
+                           RECOMPUTE, RUNTIMES, SCHEDULES)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -479,6 +480,22 @@ def extension_problem(plan) -> tuple[str, str] | None:
                 "fused": "a compiled loss ([compile] components \"loss\")"}[loss]
         return "cross_entropy", (f"--cross-entropy {loss} is {what}, which {plan.runtime} does not run: use "
                                  f"--runtime {' or '.join(CROSS_ENTROPY_RUNTIMES[loss])}, or drop it")
+    problem = grad_accum_problem(getattr(plan, "grad_accum", ""), plan.dtype, plan.runtime)
+    return ("grad_accum", problem) if problem else None
+
+
+def grad_accum_problem(accum: str, dtype: str, runtime: str) -> str | None:
+    """Why a plan (or a search) cannot accumulate its gradients in ``accum`` (plan.GRAD_ACCUM; "" is the
+    runtime's own) training in ``dtype`` under ``runtime``, or None."""
+    if not accum:
+        return None
+    if accum not in GRAD_ACCUM:
+        return f"--grad-accum must be one of {', '.join(GRAD_ACCUM)}, got {accum!r}"
+    if dtype != "bfloat16":
+        return f"--grad-accum sets how bfloat16 training accumulates its gradients; this one trains in {dtype}: drop it"
+    if runtime not in GRAD_ACCUM_RUNTIMES[accum]:
+        return (f"{runtime} accumulates bfloat16 gradients in float32 only (--grad-accum {accum} is offered by "
+                f"{' and '.join(GRAD_ACCUM_RUNTIMES[accum])}): drop it")
     return None
 
 

@@ -139,6 +139,15 @@ class EngineProfile:
     # fixed cost per GEMM call (CostParams.gemm_overhead_s) is paid experts/ep times a layer
     expert_gemms: str = "grouped"
     expert_gemms_source: str = ""
+    # Bytes moved per parameter of a rank's stage, every micro-batch, to accumulate that micro-batch's
+    # gradients outside the weight-gradient GEMMs, by gradient-accumulation dtype of bfloat16 training
+    # (cost.step.step_times: a pass over the stage's gradients after each backward); a dtype not listed
+    # accumulates inside the GEMMs (Megatron-Core's gradient_accumulation_fusion) or is not priced
+    accum_pass_bytes: tuple[tuple[str, float], ...] = ()
+    accum_pass_source: str = ""
+    # The gradient-accumulation dtypes under which its ZeRO-1 all-reduces the gradients (then all-gathers the
+    # updated 16-bit parameters) instead of reduce-scattering them (cost.overlap.engine_collectives)
+    allreduce_grads_accum: tuple[str, ...] = ()
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
@@ -200,9 +209,18 @@ class EngineProfile:
     def recompute_switch(self, mode: str) -> str | None:
         return dict(self.activations.recompute).get(mode)
 
+    def accum_pass(self, dtype: str) -> float:
+        """Bytes a parameter of a rank's stage costs every micro-batch to accumulate its gradient outside
+        the GEMMs (``accum_pass_bytes``) when training in ``dtype``; 0 where none is listed."""
+        if dtype != "bfloat16":
+            return 0.0
+        return float(dict(self.accum_pass_bytes).get(self.grad_accum_dtype, 0.0))
+
     def with_grad_accum(self, dtype: str) -> "EngineProfile":
         """The same engine accumulating bf16-training gradients in ``dtype`` (e.g. Megatron-Core's
         --grad-reduce-in-bf16, DeepSpeed's data_types.grad_accum_dtype)."""
+        if not dtype:
+            return self
         if dtype not in ("float32", "bfloat16"):
             raise UserError(f"gradient accumulation dtype must be float32 or bfloat16, got {dtype!r}")
         return dataclasses.replace(self, grad_accum_dtype=dtype)
@@ -314,6 +332,13 @@ MEGATRON_DEEPSPEED = EngineProfile(
     name="megatron-deepspeed",
     expert_gemms="per_expert",
     expert_gemms_source="deepspeed/moe/experts.py Experts.forward: a loop over its local experts' modules",
+    accum_pass_bytes=(("float32", 26.0),),
+    accum_pass_source=("deepspeed/runtime/pipe/engine.py _exec_backward_pass under BF16_Optimizer (fp32 gradient "
+                       "accumulation): clear_lp_grads() zeroes the bf16 gradients before each micro-batch's "
+                       "backward (write 2 bytes), autograd adds the new ones into them (read 2 + 2, write 2), and "
+                       "update_hp_grads runs hp_grad.add_(lp.grad.to(fp32)) after it (read 2, write 4; read 4 + 4, "
+                       "write 4): 26 bytes a parameter, every micro-batch (deepspeed/runtime/bf16_optimizer.py)"),
+    allreduce_grads_accum=("float32",),
     grad_accum_dtype="bfloat16",
     grad_accum_source=("deepspeed/runtime/engine.py get_data_types: data_types.grad_accum_dtype defaults to the "
                        "model dtype; fp32 selects BF16_Optimizer at ZeRO-1 (_do_optimizer_sanity_check)"),

@@ -37,6 +37,16 @@ def check_runtime(runtime: str, overlap: str = "all") -> str:
     return runtime
 
 
+def check_grad_accum(grad_accum: str | None, dtype: str | None, runtime: str) -> None:
+    """A one-line UserError where ``runtime`` cannot accumulate ``dtype`` training's gradients in
+    ``grad_accum`` (``rules.grad_accum_problem``); a search checks it before it enumerates anything."""
+    from exatrain.rules import grad_accum_problem
+
+    problem = grad_accum_problem(grad_accum or "", dtype or "bfloat16", runtime)
+    if problem:
+        raise UserError(problem)
+
+
 def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
              layers: int | None = None, hidden: int | None = None, heads: int | None = None,
              kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
@@ -50,7 +60,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
              moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
              attention_kernel: str | None = None,
-             elementwise: str | None = None, cross_entropy: str | None = None,
+             elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
@@ -70,7 +80,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``cross_entropy``: how its loss runs over
     the logits — upcast (torch's over an fp32 copy), inplace (Megatron's) or fused (torchtitan's compiled loss)
     (``plan.CROSS_ENTROPY``;
-    default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
+    default: the runtime's). ``grad_accum``: the dtype bfloat16 gradients accumulate and reduce in, float32 or
+    bfloat16 (``plan.GRAD_ACCUM``; default: the runtime's). ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
     if out is not None:
@@ -106,7 +117,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
            moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
            attention_kernel: str | None = None,
-           elementwise: str | None = None, cross_entropy: str | None = None,
+           elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
            top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
@@ -122,6 +133,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     if top < 1:
         raise UserError("--top must be at least 1")
     check_runtime(runtime, overlap)
+    check_grad_accum(grad_accum, dtype, runtime)
     if out is not None:
         check_output_file(out, "--out")
     options = space_options(**layout_of(values))
@@ -152,7 +164,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
             moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
             attention_kernel: str | None = None,
-            elementwise: str | None = None, cross_entropy: str | None = None,
+            elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
             mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
@@ -161,6 +173,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     and cluster (a ScalingResult)."""
     values = dict(locals())
     check_runtime(runtime, overlap)
+    check_grad_accum(grad_accum, dtype, runtime)
     if global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
     options = space_options(**layout_of(values))

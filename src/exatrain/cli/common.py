@@ -11,8 +11,8 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, MOE_DISPATCHERS,
-                           RECOMPUTE, SCHEDULES)
+from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, GRAD_ACCUM,
+                           MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 
@@ -159,6 +159,10 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "vocab-parallel loss, one fp32 copy worked in place: e + 4 bytes) or fused (one compiled kernel over the 16-bit "
      "logits, 2e bytes: torchtitan's compiled loss, [compile] components \"loss\"); default: the runtime's "
      "(Megatron inplace; torchtitan fused when its element-wise ops are, else upcast; exatrain upcast)"),
+    ("--grad-accum", None, GRAD_ACCUM, "the dtype bfloat16 training accumulates and reduces its gradients in: "
+     "float32 (Megatron-Core's default; DeepSpeed's BF16_Optimizer, data_types.grad_accum_dtype fp32, ZeRO-1: "
+     "26 bytes a parameter every micro-batch to accumulate them, all-reduced in fp32) or bfloat16 (DeepSpeed's "
+     "default; Megatron-Core --grad-reduce-in-bf16); default: the runtime's (torchtitan and exatrain: float32 only)"),
 )
 
 

@@ -108,6 +108,8 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                 Flag("--ckpt-format", "fsdp_dtensor")]
 
     prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
+    if plan.grad_accum == "bfloat16":  # gradients accumulated and reduced in bf16 (plan.GRAD_ACCUM)
+        prec.append(Flag("--grad-reduce-in-bf16"))
     backend, note = attention_backend(plan)
     prec.append(Flag("--attention-backend", backend))
     notes += [note] if note else []
@@ -300,6 +302,9 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation_steps": plan.num_microbatches,
         "zero_optimization": {"stage": plan.zero_stage},
         "bf16": {"enabled": plan.dtype == "bfloat16"},
+        # fp32 gradient accumulation selects DeepSpeed's BF16_Optimizer (plan.GRAD_ACCUM; engine.py
+        # get_data_types); the default is the model dtype
+        **({"data_types": {"grad_accum_dtype": "fp32"}} if plan.grad_accum == "float32" else {}),
     }
 
 

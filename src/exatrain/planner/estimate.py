@@ -55,7 +55,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
-                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy)
+                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
+                  grad_accum=plan.grad_accum)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -64,7 +65,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     by_stage = stages(rt)
     worst = by_stage[int(ev.worst_rank[rt][0])]
     capacity = cluster.device.hbm_bytes
-    engine = get_engine(rt)
+    engine = get_engine(rt).with_grad_accum(plan.grad_accum)
     rule = engine.state_rule(plan.dtype, plan.zero_stage)
     rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}
@@ -92,6 +93,13 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     notes += (f"cross-entropy: {loss}, the logits held at {held:g} bytes an element"
               + (" of its vocabulary shard" if plan.tp > 1 else "")
               + f" ({whose}; accounting.memory.logits_bytes_per_element)",)
+    if plan.dtype == "bfloat16":
+        own = get_engine(rt).grad_accum_dtype
+        notes += (f"gradients accumulated and reduced in {engine.grad_accum_dtype} ("
+                  + (f"set by --grad-accum; {rt}'s own: {own}" if plan.grad_accum else f"{rt}'s own; --grad-accum")
+                  + (f"; {engine.accum_pass(plan.dtype):g} bytes a parameter every micro-batch to accumulate "
+                     f"them: {engine.accum_pass_source}" if engine.accum_pass(plan.dtype) else "")
+                  + ")",)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]

@@ -104,7 +104,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
              overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
              elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
-             fp8_param_gather: bool = False, cross_entropy: str = "") -> Evaluation:
+             fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "") -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -116,7 +116,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     copies over the mean (``cost.experts.moe_load``: the plan's routing); ``fp8_param_gather``: the FP8 GEMMs'
     weights gathered and kept in FP8 (``Plan.fp8_param_gather``); ``cross_entropy``: how the loss runs over the
     logits (``plan.CROSS_ENTROPY``; "": the runtime's own, ``EngineProfile.cross_entropy``; another memory
-    model than the runtime's counts its own engine's). ``by_rank`` also fills ``hidden``."""
+    model than the runtime's counts its own engine's); ``grad_accum``: the dtype bfloat16 gradients accumulate and
+    reduce in under the runtime (``plan.GRAD_ACCUM``; "": its own, ``EngineProfile.with_grad_accum``).
+    ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -174,7 +176,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                 else:
                     if xparams is not None:
                         ext["expert_params_here"] = xparams[j]
-                    eng = get_engine(k)
+                    eng = get_engine(k).with_grad_accum(grad_accum) if k == runtime else get_engine(k)
                     loss = (eng.cross_entropy(cross_entropy, elementwise) if k == runtime
                             else eng.cross_entropy())
                     parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
@@ -205,7 +207,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
                               hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams,
                               moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load,
-                              fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy)
+                              fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
+                              grad_accum=grad_accum)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

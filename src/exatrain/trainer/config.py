@@ -111,6 +111,11 @@ class TrainConfig:
             raise UserError(f"the exatrain trainer runs its loss upcast to fp32, uncompiled; plan --cross-entropy "
                             f"{self.plan.cross_entropy} for the runtime that runs it, or train a plan made without it "
                             "(or with upcast)")
+        # Its parameters and their gradients are fp32 under autocast (trainer/parallel/data.py): a plan priced
+        # accumulating bf16 training's gradients in bf16 (plan.GRAD_ACCUM) is another runtime's run.
+        if self.plan.grad_accum == "bfloat16":
+            raise UserError("the exatrain trainer accumulates and reduces its gradients in float32; plan --grad-accum "
+                            "bfloat16 for Megatron-Core or DeepSpeed, or train a plan made without it")
         # The plan was priced with its element-wise ops as it names them (plan.ELEMENTWISE): fused ones
         # are what --compile runs; eager ones what the trainer runs without it.
         if self.plan.elementwise == "fused" and not self.compile:

@@ -70,7 +70,8 @@ class TuneSettings:
 # The planner-only space fields and the values a study made before they existed implicitly had.
 _PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": ("alltoall",),
                  "moe_capacity_factor": (0.0,), "moe_force_balance": (False,), "fp8_param_gather": (False,),
-                 "attention_kernel": ("",), "elementwise": ("",), "cross_entropy": ("",)}
+                 "attention_kernel": ("",), "elementwise": ("",), "cross_entropy": ("",),
+                 "grad_accum": ("",)}
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:

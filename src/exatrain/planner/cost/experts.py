@@ -362,7 +362,7 @@ def comm_bytes(plan) -> dict[str, float]:
     from exatrain.accounting.engines import get_engine
     from exatrain.planner.cost import step
 
-    engine = None if plan.runtime == "exatrain" else get_engine(plan.runtime)
+    engine = None if plan.runtime == "exatrain" else get_engine(plan.runtime).with_grad_accum(plan.grad_accum)
     out = comms.comm_bytes_per_rank(plan, engine)
     m = plan.model
     if not (m.is_moe or plan.cp > 1 or plan.runtime != "exatrain"):

@@ -127,7 +127,9 @@ def engine_collectives(collectives, engine: EngineProfile, *, dtype: str) -> tup
     accum = engine.grad_accum_dtype if dtype == "bfloat16" else "float32"
     g = COMPUTE_BYTES[accum] / GRAD_BYTES
     out = []
-    zero1 = any(c.kind == "broadcast" for c in collectives)
+    # ZeRO-1 reduce-scatters its gradients, unless the engine all-reduces them under this dtype
+    # (EngineProfile.allreduce_grads_accum: DeepSpeed's BF16_Optimizer)
+    zero1 = any(c.kind == "broadcast" for c in collectives) and accum not in engine.allreduce_grads_accum
     for c in collectives:
         if c.kind == "broadcast":  # ZeroRedundancyOptimizer's fp32 shard -> the updated compute-dtype weights
             out.append(replace(c, kind="all_gather", message_bytes=c.message_bytes * COMPUTE_BYTES[dtype] / 4))

@@ -332,13 +332,25 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
     return (reduce_s, gather_s) if split else reduce_s + gather_s
 
 
+def with_accumulation(st: StageTimes, engine, dtype: str, params_by_rank, v: int, dev: compute.Device) -> StageTimes:
+    """``st`` with each micro-batch's backward ending in the pass an engine makes over its virtual stage's
+    gradients to accumulate them outside the GEMMs (``EngineProfile.accum_pass``, bytes a parameter; a rank's
+    parameters ``params_by_rank`` (N, pp) split evenly over its ``v`` virtual stages), at the element-wise
+    kernels' bandwidth; unchanged where the engine makes none."""
+    accum = engine.accum_pass(dtype)
+    if not accum:
+        return st
+    per_stage = np.tile(np.asarray(params_by_rank, dtype=float) / v, (1, v))
+    return replace(st, bwd=st.bwd + compute.elementwise_time_s(accum * per_stage, dev))
+
+
 def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
                runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
-               fp8_param_gather: bool = False, cross_entropy: str = ""
+               fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = ""
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
@@ -348,10 +360,13 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     ops run (plan.ELEMENTWISE; "": the runtime's own). ``hidden``: when given, gets the
     seconds per step the overlaps hid (tp, pp, dp; arrays of N). ``fp8_param_gather`` (with ``fp8``): the
     GEMM weights' gathers at one byte a weight (``fp8_gathered_params``, ``Plan.fp8_param_gather``);
-    ``cross_entropy``: how the loss runs over the logits (plan.CROSS_ENTROPY; "": the runtime's own)."""
+    ``cross_entropy``: how the loss runs over the logits (plan.CROSS_ENTROPY; "": the runtime's own);
+    ``grad_accum``: the dtype bfloat16 gradients accumulate and reduce in (plan.GRAD_ACCUM; "": the runtime's
+    own): the dtype its gradient collectives carry, and the pass over the stage's gradients an engine makes
+    every micro-batch to accumulate them outside the GEMMs (``EngineProfile.accum_pass``)."""
     from exatrain.accounting.engines import get_engine
 
-    engine = get_engine(runtime)
+    engine = get_engine(runtime).with_grad_accum(grad_accum)
     rules = overlap_rules(engine, overlap)
     tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
     N, p, v = tp.size, int(pp), int(interleave)
@@ -363,6 +378,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms)
+    st = with_accumulation(st, engine, dtype, params_by_rank + xp, v, dev)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -447,7 +463,8 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
-                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy)
+                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
+                  grad_accum=plan.grad_accum)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -457,11 +474,11 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
     the schedule simulator replays for a timeline picture."""
     from exatrain.accounting.engines import get_engine
 
-    engine = get_engine(plan.runtime)
+    engine = get_engine(plan.runtime).with_grad_accum(plan.grad_accum)
     acts = engine.activations
     cp = compute.with_attention_kernel(cp, engine.attention_kernel(plan.attention_kernel))
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
-    return stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
+    st = stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
                        tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
                        recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
                        pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
@@ -470,6 +487,11 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                        elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
                        cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
                        fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms)
+    if not engine.accum_pass(plan.dtype):
+        return st
+    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
+                                                 plan.layers_per_stage(), plan.ep)
+    return with_accumulation(st, engine, plan.dtype, (dense + routed).astype(float), plan.interleave, dev)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):

@@ -66,6 +66,7 @@ class SpaceOptions:
     attention_kernel: str = ""  # flash attention's kernel for every candidate (plan.ATTENTION_KERNELS)
     elementwise: str = ""  # how every candidate's element-wise ops run (plan.ELEMENTWISE)
     cross_entropy: str = ""  # how every candidate's loss runs over the logits (plan.CROSS_ENTROPY)
+    grad_accum: str = ""  # the dtype every candidate's bf16 gradients accumulate in (plan.GRAD_ACCUM)
 
 
 @dataclass
@@ -166,7 +167,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     x = rules.layout(model, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
                      recompute=rec, sequence_parallel=sp, schedule=code,
                      interleave=v, cluster=cluster, ep=ep, cp=cp, runtime=runtime)
-    offered = get_engine(runtime).zero_stages(dtype)
+    offered = get_engine(runtime).with_grad_accum(options.grad_accum).zero_stages(dtype)
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
     if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's
         masks[FP8_GATHER_REASON] = zero < FP8_PARAM_GATHER_RUNTIMES.get(runtime, 0)

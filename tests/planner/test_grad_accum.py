@@ -1,0 +1,132 @@
+"""The dtype bfloat16 training accumulates and reduces its gradients in (``--grad-accum``, ``Plan.grad_accum``):
+the runtimes that offer each (their state tables), the memory and collectives of the engine variant it selects,
+DeepSpeed's BF16_Optimizer pass over the gradients every micro-batch, the exports, the refusals.
+
+Broken on purpose and seen to fail here: the accumulation pass left out of ``cost.step.step_times`` (the pass
+test), the BF16_Optimizer's gradients reduce-scattered like the other ZeRO-1 optimizers' (the collectives test),
+``evaluate`` ignoring ``grad_accum`` for the runtime's memory (the memory test), GRAD_ACCUM_RUNTIMES offering
+bfloat16 to torchtitan (the state-table test), the search not checking it first (the CLI test), the trainer's
+refusal dropped (the trainer test)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.api.plans import make_plan
+from exatrain.catalog import get_cluster, get_model
+from exatrain.engine_configs.megatron import deepspeed_config, render_megatron
+from exatrain.errors import UserError
+from exatrain.plan import GRAD_ACCUM, GRAD_ACCUM_RUNTIMES
+from exatrain.planner.cost import compute, experts
+from exatrain.planner.cost.coefficients import default_params
+from exatrain.planner.estimate import estimate_plan
+from tests.helpers.cli import run
+from tests.helpers.plan_fields import check_round_trip
+
+A100 = get_cluster("dgx-a100")
+
+
+def test_the_runtimes_offered_each_dtype_are_their_state_tables() -> None:
+    for accum in GRAD_ACCUM:
+        offers = {name for name in ENGINE_NAMES
+                  if any(d == "bfloat16" and a == accum for (d, _, a), _ in get_engine(name).states)}
+        assert offers == set(GRAD_ACCUM_RUNTIMES[accum]), accum
+
+
+def test_the_plan_file_round_trip(tmp_path) -> None:
+    check_round_trip(tmp_path, A100, "grad_accum", "float32")
+
+
+def _plan(runtime: str, accum: str = "", **kw):
+    args = dict(gpus=16, tp=1, pp=1, micro_batch=1, global_batch=64, zero=1, recompute="full", runtime=runtime)
+    args.update(kw)
+    return make_plan("llama3-8b", A100, grad_accum=accum or None, **args)
+
+
+def test_memory_follows_the_engine_variant() -> None:
+    # the gradients' bytes scale as the variant's state rule says against the runtime's own
+    for runtime, accum in (("megatron-deepspeed", "float32"), ("megatron-core", "bfloat16")):
+        plan = _plan(runtime, accum)
+        est, own = estimate_plan(plan, A100), estimate_plan(_plan(runtime), A100)
+        grads = get_engine(runtime).with_grad_accum(accum).state_rule("bfloat16", 1).bytes_per_param(plan.dp)[1]
+        grads_own = get_engine(runtime).state_rule("bfloat16", 1).bytes_per_param(plan.dp)[1]
+        assert grads != grads_own
+        assert est.memory_bytes.gradients / own.memory_bytes.gradients == pytest.approx(grads / grads_own, rel=1e-9)
+        assert any(f"accumulated and reduced in {accum}" in n for n in est.notes)
+
+
+def test_deepspeed_bf16_optimizer_passes_over_the_gradients_every_micro_batch() -> None:
+    # pp 1, tp 1: the rank holds every parameter; 4 micro-batches a step; the pass is the only compute change
+    plan = _plan("megatron-deepspeed", "float32")
+    params = default_params(A100.device.name)
+    with_pass = estimate_plan(plan, A100, params).time_s
+    without = estimate_plan(plan.replace(grad_accum="bfloat16"), A100, params).time_s
+    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[1]]), 1, 1, plan.layers_per_stage(), 1)
+    dev = compute.device_for(A100, "bfloat16", params, plan.gpus)
+    one = float(compute.elementwise_time_s(26.0 * float((dense + routed)[0, 0]), dev))
+    assert get_engine("megatron-deepspeed").with_grad_accum("float32").accum_pass("bfloat16") == 26.0
+    assert with_pass.compute - without.compute == pytest.approx(plan.num_microbatches * one, rel=1e-9)
+    # no other engine makes such a pass, and none in fp32 training
+    for runtime in ("megatron-core", "torchtitan", "exatrain"):
+        assert get_engine(runtime).accum_pass("bfloat16") == 0.0
+    assert get_engine("megatron-deepspeed").with_grad_accum("float32").accum_pass("float32") == 0.0
+
+
+def test_the_bf16_optimizer_all_reduces_fp32_gradients() -> None:
+    fp32 = experts.comm_bytes(_plan("megatron-deepspeed", "float32"))["dp"]
+    bf16 = experts.comm_bytes(_plan("megatron-deepspeed"))["dp"]
+    # ZeRO-1 in bf16: reduce-scatter 2 bytes + all-gather 2 bytes a parameter (ring: (d-1)/d each); the
+    # BF16_Optimizer: all-reduce 4 bytes (2 (d-1)/d) + the same all-gather: (8 + 2) / (2 + 2)
+    assert fp32 / bf16 == pytest.approx(10 / 4, rel=1e-3)
+
+
+def test_exports_carry_it() -> None:
+    assert deepspeed_config(_plan("megatron-deepspeed", "float32"))["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert "data_types" not in deepspeed_config(_plan("megatron-deepspeed"))
+    assert "--grad-reduce-in-bf16" in render_megatron(_plan("megatron-core", "bfloat16")).text
+    assert "--grad-reduce-in-bf16" not in render_megatron(_plan("megatron-core")).text
+
+
+def test_refusals_are_one_line() -> None:
+    with pytest.raises(UserError, match="torchtitan accumulates bfloat16 gradients in float32 only"):
+        _plan("torchtitan", "bfloat16", zero=2)
+    with pytest.raises(UserError, match="trains in float32: drop it"):
+        _plan("megatron-core", "float32", dtype="float32")
+    with pytest.raises(UserError, match="no ZeRO stage 2 for bfloat16 training with float32 gradients"):
+        estimate_plan(_plan("megatron-deepspeed", "float32", zero=2), A100)
+
+
+@pytest.mark.parametrize("command", ["estimate", "search"])
+def test_the_cli_refuses_with_exit_2(capsys, command: str) -> None:
+    argv = [command, "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "64",
+            "--runtime", "exatrain", "--grad-accum", "bfloat16"]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and "exatrain accumulates bfloat16 gradients in float32 only" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_saved_plan_keeps_it(tmp_path, capsys) -> None:
+    out = tmp_path / "p.json"
+    code, _, err = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "16",
+                       "--zero", "1", "--runtime", "megatron-deepspeed", "--grad-accum", "float32", "--out", str(out))
+    assert code == 0, err
+    assert json.loads(out.read_text())["grad_accum"] == "float32"
+
+
+def test_the_trainer_refuses_bf16_accumulation_and_the_search_carries_it() -> None:
+    from exatrain.planner.search.search import search
+    from exatrain.planner.search.space import SpaceOptions
+    from exatrain.trainer.config import TrainConfig
+
+    plan = make_plan("llama-tiny", get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2, zero=1,
+                     runtime="megatron-core", grad_accum="bfloat16")
+    with pytest.raises(UserError, match="the exatrain trainer accumulates and reduces its gradients in float32"):
+        TrainConfig(plan=plan).check()
+    res = search(get_model("llama3-8b"), A100, 8, 64, top=3, runtime="megatron-deepspeed",
+                 options=SpaceOptions(grad_accum="float32"))
+    # the BF16_Optimizer runs at ZeRO-1 only: every candidate is ZeRO-1 and carries the setting
+    assert res.ranked and all(p.grad_accum == "float32" and p.zero_stage == 1 for p in res.ranked)
