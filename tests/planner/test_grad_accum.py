@@ -6,7 +6,7 @@ Broken on purpose and seen to fail here: the accumulation pass left out of ``cos
 test), the BF16_Optimizer's gradients reduce-scattered like the other ZeRO-1 optimizers' (the collectives test),
 ``evaluate`` ignoring ``grad_accum`` for the runtime's memory (the memory test), GRAD_ACCUM_RUNTIMES offering
 bfloat16 to torchtitan (the state-table test), the search not checking it first (the CLI test), the trainer's
-refusal dropped (the trainer test)."""
+refusal dropped (the trainer test), ``plan_stage_times`` without the pass (the timeline test)."""
 
 from __future__ import annotations
 
@@ -130,3 +130,16 @@ def test_the_trainer_refuses_bf16_accumulation_and_the_search_carries_it() -> No
                  options=SpaceOptions(grad_accum="float32"))
     # the BF16_Optimizer runs at ZeRO-1 only: every candidate is ZeRO-1 and carries the setting
     assert res.ranked and all(p.grad_accum == "float32" and p.zero_stage == 1 for p in res.ranked)
+
+
+def test_the_timeline_replays_the_same_pass() -> None:
+    # the per-stage seconds the schedule simulator replays carry the pass as the step time does
+    from exatrain.planner.cost.step import plan_stage_times
+
+    plan = _plan("megatron-deepspeed", "float32", gpus=16, pp=2)
+    params = default_params(A100.device.name)
+    extra = plan_stage_times(plan, A100, params).bwd - plan_stage_times(plan.replace(grad_accum="bfloat16"), A100,
+                                                                        params).bwd
+    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[1]]), 2, 1, plan.layers_per_stage(), 1)
+    dev = compute.device_for(A100, "bfloat16", params, plan.gpus)
+    assert np.allclose(extra[0], compute.elementwise_time_s(26.0 * (dense + routed)[0].astype(float), dev), rtol=1e-9)

@@ -479,14 +479,14 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
     cp = compute.with_attention_kernel(cp, engine.attention_kernel(plan.attention_kernel))
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
     st = stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
-                       tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
-                       recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
-                       pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
-                       rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
-                       selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
-                       elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
-                       cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
-                       fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms)
+                     tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
+                     recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
+                     pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
+                     rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
+                     selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
+                     elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
+                     cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
+                     fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms)
     if not engine.accum_pass(plan.dtype):
         return st
     dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
