@@ -143,3 +143,12 @@ def test_the_timeline_replays_the_same_pass() -> None:
     dense, routed, _ = experts.rank_params_split(plan.model, np.array([[1]]), 2, 1, plan.layers_per_stage(), 1)
     dev = compute.device_for(A100, "bfloat16", params, plan.gpus)
     assert np.allclose(extra[0], compute.elementwise_time_s(26.0 * (dense + routed)[0].astype(float), dev), rtol=1e-9)
+
+
+def test_an_export_that_cannot_carry_it_says_so() -> None:
+    from exatrain.engine_configs.common import export
+
+    tt = export(_plan("torchtitan", "float32", zero=3), "deepspeed")
+    assert "data_types" not in tt.text and any("keeps its bfloat16 default" in n for n in tt.notes)
+    mc = export(_plan("megatron-core", "bfloat16"), "torchtitan")
+    assert any("torchtitan reduces them in float32" in n for n in mc.notes)

@@ -290,6 +290,10 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     )
     note = elementwise_note(plan, "Megatron-DeepSpeed")
     notes += [note] if note else []
+    if plan.grad_accum == "float32" and plan.zero_stage > 1:
+        notes.append(f"the plan was priced with float32 gradient accumulation; DeepSpeed accumulates in float32 only "
+                     f"through its BF16_Optimizer (ZeRO-0/1), so this config at ZeRO-{plan.zero_stage} keeps its "
+                     "bfloat16 default")
     return groups, tuple(notes)
 
 
@@ -304,7 +308,8 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "bf16": {"enabled": plan.dtype == "bfloat16"},
         # fp32 gradient accumulation selects DeepSpeed's BF16_Optimizer (plan.GRAD_ACCUM; engine.py
         # get_data_types); the default is the model dtype
-        **({"data_types": {"grad_accum_dtype": "fp32"}} if plan.grad_accum == "float32" else {}),
+        **({"data_types": {"grad_accum_dtype": "fp32"}} if plan.grad_accum == "float32" and plan.zero_stage <= 1
+           else {}),
     }
 
 

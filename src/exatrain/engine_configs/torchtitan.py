@@ -87,6 +87,9 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         notes.append("torchtitan applies mixed_precision_param through FSDP (dp > 1) or DDP-only autocast; "
                      "this layout has neither, so it trains in float32 unless training.dtype is set")
 
+    if plan.grad_accum == "bfloat16":
+        notes.append("the plan was priced with its gradients accumulated and reduced in bfloat16; torchtitan reduces "
+                     "them in float32 (mixed_precision_reduce), as this config sets")
     pipelined = plan.pp > 1
     training = {
         # per dp rank and step: all of a pipeline's micro-batches, or one accumulation micro-batch
