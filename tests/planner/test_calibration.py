@@ -201,7 +201,10 @@ def test_bench_quick_writes_a_calibration_estimate_reads(tmp_path, capsys) -> No
     curves = cal.extra["bench"]["curves"]
     assert curves["gemm"] and curves["memory"] and curves["collectives"]
     assert {c["case"] for c in curves["framework"]} == {"dp", "tp", "fsdp", "pp"}
-    assert p.tp_layer_overhead_s > 0  # DTensor's host time is never free on a CPU
+    # the framework fit ran (its four cases' curve, above) and wrote non-negative overheads; whether DTensor's
+    # host time comes out above zero here is a measurement the machine's load moves by as much (it once fitted
+    # 0 under load), so what the fit recovers is checked exactly on injected overheads (the test above)
+    assert min(p.tp_layer_overhead_s, p.fsdp_layer_overhead_s, p.pp_microbatch_overhead_s, p.dp_step_overhead_s) >= 0
     assert {"measured_tflops", "model_tflops"} <= set(curves["gemm"][0])
     # FP8 GEMMs run on the CPU (PyTorch's _scaled_mm kernels): their measured speed is the calibration's
     assert p.fp8_speedup is not None and p.fp8_speedup > 0
