@@ -181,13 +181,18 @@ class EngineProfile:
         plan.ATTENTION_KERNELS) if given, else the engine's own (``ActivationRules.flash_kernel``)."""
         return chosen or self.activations.flash_kernel
 
+    def accum_dtype(self, dtype: str) -> str:
+        """The dtype its gradients accumulate in when training in ``dtype``: ``grad_accum_dtype`` for
+        bfloat16 training, float32 otherwise."""
+        return self.grad_accum_dtype if dtype == "bfloat16" else "float32"
+
     def zero_stages(self, dtype: str = "bfloat16") -> tuple[int, ...]:
-        accum = self.grad_accum_dtype if dtype == "bfloat16" else "float32"
+        accum = self.accum_dtype(dtype)
         return tuple(sorted({z for (d, z, a), _ in self.states if d == dtype and a == accum}))
 
     def state_rule(self, dtype: str, zero_stage: int) -> StateRule:
         """The rule for ``dtype`` and ``zero_stage`` under this profile's gradient dtype."""
-        accum = self.grad_accum_dtype if dtype == "bfloat16" else "float32"
+        accum = self.accum_dtype(dtype)
         for key, rule in self.states:
             if key == (dtype, int(zero_stage), accum):
                 return rule
@@ -212,9 +217,7 @@ class EngineProfile:
     def accum_pass(self, dtype: str) -> float:
         """Bytes a parameter of a rank's stage costs every micro-batch to accumulate its gradient outside
         the GEMMs (``accum_pass_bytes``) when training in ``dtype``; 0 where none is listed."""
-        if dtype != "bfloat16":
-            return 0.0
-        return float(dict(self.accum_pass_bytes).get(self.grad_accum_dtype, 0.0))
+        return float(dict(self.accum_pass_bytes).get(self.accum_dtype(dtype), 0.0)) if dtype == "bfloat16" else 0.0
 
     def with_grad_accum(self, dtype: str) -> "EngineProfile":
         """The same engine accumulating bf16-training gradients in ``dtype`` (e.g. Megatron-Core's
@@ -540,6 +543,12 @@ EXATRAIN = EngineProfile(
 ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN)}
 
 
+def plan_engine(plan) -> EngineProfile:
+    """The profile a plan runs under: its runtime's, accumulating gradients in the plan's ``grad_accum``
+    (``EngineProfile.with_grad_accum``; "" keeps the runtime's own)."""
+    return get_engine(plan.runtime).with_grad_accum(plan.grad_accum)
+
+
 def get_engine(name: str) -> EngineProfile:
     """The profile called ``name``; an unknown name is a UserError listing the valid ones."""
     try:
@@ -548,4 +557,5 @@ def get_engine(name: str) -> EngineProfile:
         raise UserError(f"unknown engine {name!r}; use one of {', '.join(ENGINE_NAMES)}") from None
 
 
-__all__ = ["ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule", "get_engine"]
+__all__ = ["ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule", "get_engine",
+           "plan_engine"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
-from exatrain.accounting.engines import get_engine
+from exatrain.accounting.engines import get_engine, plan_engine
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
 from exatrain.accounting.params import stage_params, total_params
@@ -65,7 +65,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     by_stage = stages(rt)
     worst = by_stage[int(ev.worst_rank[rt][0])]
     capacity = cluster.device.hbm_bytes
-    engine = get_engine(rt).with_grad_accum(plan.grad_accum)
+    engine = plan_engine(plan)
     rule = engine.state_rule(plan.dtype, plan.zero_stage)
     rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}

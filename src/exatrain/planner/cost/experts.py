@@ -359,10 +359,10 @@ def comm_bytes(plan) -> dict[str, float]:
     runtime sends (``cost.step.engine_dp_collectives``: its gradient dtype, its ZeRO-1 collectives, FP8
     weight gathers under ``Plan.fp8_param_gather``), the ones its dp time is priced from."""
     from exatrain.accounting import comms
-    from exatrain.accounting.engines import get_engine
+    from exatrain.accounting.engines import plan_engine
     from exatrain.planner.cost import step
 
-    engine = None if plan.runtime == "exatrain" else get_engine(plan.runtime).with_grad_accum(plan.grad_accum)
+    engine = None if plan.runtime == "exatrain" else plan_engine(plan)
     out = comms.comm_bytes_per_rank(plan, engine)
     m = plan.model
     if not (m.is_moe or plan.cp > 1 or plan.runtime != "exatrain"):

@@ -124,7 +124,7 @@ def engine_collectives(collectives, engine: EngineProfile, *, dtype: str) -> tup
     the module doc). The exatrain profile's are returned unchanged."""
     if engine.name == "exatrain":
         return tuple(collectives)
-    accum = engine.grad_accum_dtype if dtype == "bfloat16" else "float32"
+    accum = engine.accum_dtype(dtype)
     g = COMPUTE_BYTES[accum] / GRAD_BYTES
     out = []
     # ZeRO-1 reduce-scatters its gradients, unless the engine all-reduces them under this dtype

@@ -472,9 +472,9 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
 def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all") -> StageTimes:
     """The per-stage seconds of one plan (row 0 of each array), as the step time uses them: what
     the schedule simulator replays for a timeline picture."""
-    from exatrain.accounting.engines import get_engine
+    from exatrain.accounting.engines import plan_engine
 
-    engine = get_engine(plan.runtime).with_grad_accum(plan.grad_accum)
+    engine = plan_engine(plan)
     acts = engine.activations
     cp = compute.with_attention_kernel(cp, engine.attention_kernel(plan.attention_kernel))
     dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
