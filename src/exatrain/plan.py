@@ -91,6 +91,13 @@ CROSS_ENTROPY_RUNTIMES = {"upcast": ("torchtitan", "exatrain"), "inplace": ("meg
 GRAD_ACCUM = ("float32", "bfloat16")
 GRAD_ACCUM_RUNTIMES = {"float32": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain"),
                        "bfloat16": ("megatron-core", "megatron-deepspeed")}  # the runtimes that offer each
+# Whether each micro-batch's weight gradients are added to the accumulated ones inside the weight-gradient
+# GEMMs ("on": Megatron-Core's gradient_accumulation_fusion, its default) or by a separate pass over the
+# stage's gradients after each backward ("off": --no-gradient-accumulation-fusion, what Megatron-LM ran before
+# the fusion landed in 2022-02 and what a build without the fused kernel runs; EngineProfile.accum_pass).
+# Only Megatron-Core offers the choice; a plan that names none runs its runtime's own.
+GRAD_ACCUM_FUSION = ("on", "off")
+GRAD_ACCUM_FUSION_RUNTIMES = ("megatron-core",)
 PLAN_VERSION = 1
 
 
@@ -339,6 +346,7 @@ class Plan:
     elementwise: str = ""  # ELEMENTWISE: how the element-wise ops run, "" = the runtime's own
     cross_entropy: str = ""  # CROSS_ENTROPY: how the loss runs over the logits, "" = the runtime's own
     grad_accum: str = ""  # GRAD_ACCUM: the dtype bf16 gradients accumulate and reduce in, "" = the runtime's own
+    grad_accum_fusion: str = ""  # GRAD_ACCUM_FUSION: accumulated inside the GEMMs or not, "" = the runtime's own
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -424,6 +432,8 @@ class Plan:
             parts.append(f"cross-entropy {self.cross_entropy}")
         if self.grad_accum:
             parts.append(f"{self.grad_accum} gradients")
+        if self.grad_accum_fusion:
+            parts.append(f"gradient-accumulation fusion {self.grad_accum_fusion}")
         return "".join(f", {p}" for p in parts)
 
     def layers_per_stage(self) -> tuple[int, ...]:
@@ -484,6 +494,7 @@ class Plan:
             **({"elementwise": self.elementwise} if self.elementwise else {}),
             **({"cross_entropy": self.cross_entropy} if self.cross_entropy else {}),
             **({"grad_accum": self.grad_accum} if self.grad_accum else {}),
+            **({"grad_accum_fusion": self.grad_accum_fusion} if self.grad_accum_fusion else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -498,7 +509,7 @@ class Plan:
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                    "elementwise", "cross_entropy", "grad_accum")
+                    "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -533,6 +544,7 @@ class Plan:
                 elementwise=str(d.get("elementwise", "")),
                 cross_entropy=str(d.get("cross_entropy", "")),
                 grad_accum=str(d.get("grad_accum", "")),
+                grad_accum_fusion=str(d.get("grad_accum_fusion", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

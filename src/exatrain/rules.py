@@ -19,7 +19,8 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
 from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE,
-                           FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
+                           FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
+                           GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
                            RECOMPUTE, RUNTIMES, SCHEDULES)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
@@ -481,7 +482,24 @@ def extension_problem(plan) -> tuple[str, str] | None:
         return "cross_entropy", (f"--cross-entropy {loss} is {what}, which {plan.runtime} does not run: use "
                                  f"--runtime {' or '.join(CROSS_ENTROPY_RUNTIMES[loss])}, or drop it")
     problem = grad_accum_problem(getattr(plan, "grad_accum", ""), plan.dtype, plan.runtime)
-    return ("grad_accum", problem) if problem else None
+    if problem:
+        return "grad_accum", problem
+    problem = grad_accum_fusion_problem(getattr(plan, "grad_accum_fusion", ""), plan.runtime)
+    return ("grad_accum_fusion", problem) if problem else None
+
+
+def grad_accum_fusion_problem(fusion: str, runtime: str) -> str | None:
+    """Why a plan (or a search) cannot say ``fusion`` (plan.GRAD_ACCUM_FUSION; "" is the runtime's own) for
+    whether its gradients accumulate inside the weight-gradient GEMMs under ``runtime``, or None."""
+    if not fusion:
+        return None
+    if fusion not in GRAD_ACCUM_FUSION:
+        return f"--grad-accum-fusion must be one of {', '.join(GRAD_ACCUM_FUSION)}, got {fusion!r}"
+    if runtime not in GRAD_ACCUM_FUSION_RUNTIMES:
+        return (f"--grad-accum-fusion is Megatron-Core's switch (--no-gradient-accumulation-fusion); {runtime} "
+                f"accumulates its gradients its own way: use --runtime {' or '.join(GRAD_ACCUM_FUSION_RUNTIMES)}, "
+                "or drop it")
+    return None
 
 
 def grad_accum_problem(accum: str, dtype: str, runtime: str) -> str | None:

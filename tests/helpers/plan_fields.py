@@ -11,14 +11,15 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan
 
 
-def check_round_trip(tmp_path: Path, cluster: ClusterSpec, field: str, value: str) -> Path:
-    """Assert the round trip of ``field`` set to ``value`` on a torchtitan llama3-8b plan; the file's path."""
-    plan = make_plan("llama3-8b", cluster, gpus=8, global_batch=8, runtime="torchtitan")
+def check_round_trip(tmp_path: Path, cluster: ClusterSpec, field: str, value: str,
+                     runtime: str = "torchtitan") -> Path:
+    """Assert the round trip of ``field`` set to ``value`` on a llama3-8b plan of ``runtime``; the file's path."""
+    plan = make_plan("llama3-8b", cluster, gpus=8, global_batch=8, runtime=runtime)
     assert getattr(plan, field) == "" and field not in plan.to_dict()
     path = tmp_path / f"{field}.json"
     plan.replace(**{field: value}).save(path)
     assert json.loads(path.read_text())[field] == value
     assert getattr(Plan.load(path), field) == value
     # a base plan's setting is kept unless another is given
-    assert getattr(make_plan("llama3-8b", cluster, gpus=8, base=Plan.load(path)), field) == value
+    assert getattr(make_plan("llama3-8b", cluster, gpus=8, base=Plan.load(path), runtime=runtime), field) == value
     return path

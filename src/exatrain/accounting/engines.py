@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.errors import UserError
 from exatrain.plan import RUNTIMES
 
@@ -148,6 +149,13 @@ class EngineProfile:
     # The gradient-accumulation dtypes under which its ZeRO-1 all-reduces the gradients (then all-gathers the
     # updated 16-bit parameters) instead of reduce-scattering them (cost.overlap.engine_collectives)
     allreduce_grads_accum: tuple[str, ...] = ()
+    # Where the engine lets a user take the accumulation out of the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION;
+    # "" where it offers no such choice), and whether this variant does (``with_grad_accum_fusion``): then every
+    # micro-batch's backward ends in a pass over the stage's gradients that reads each fresh 16-bit weight
+    # gradient and reads and writes its accumulator (``accum_pass``)
+    accum_fusion_switch: str = ""
+    unfused_accum: bool = False
+    unfused_accum_source: str = ""
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
@@ -216,8 +224,28 @@ class EngineProfile:
 
     def accum_pass(self, dtype: str) -> float:
         """Bytes a parameter of a rank's stage costs every micro-batch to accumulate its gradient outside
-        the GEMMs (``accum_pass_bytes``) when training in ``dtype``; 0 where none is listed."""
+        the GEMMs when training in ``dtype``: unfused (``unfused_accum``), the fresh gradient read in ``dtype``
+        plus the accumulator read and written in its dtype (``accum_dtype``): 2 + 2 x 4 = 10 bytes into fp32
+        main gradients of bf16 training; else the engine's own pass (``accum_pass_bytes``); 0 where none is
+        listed."""
+        if self.unfused_accum:
+            return float(COMPUTE_BYTES[dtype] + 2 * COMPUTE_BYTES[self.accum_dtype(dtype)])
         return float(dict(self.accum_pass_bytes).get(self.accum_dtype(dtype), 0.0)) if dtype == "bfloat16" else 0.0
+
+    def accum_pass_why(self) -> str:
+        """Where the bytes of ``accum_pass`` come from, for an estimate's notes."""
+        return self.unfused_accum_source if self.unfused_accum else self.accum_pass_source
+
+    def with_grad_accum_fusion(self, fusion: str) -> "EngineProfile":
+        """The same engine with its gradient accumulation inside the weight-gradient GEMMs ("on") or outside
+        them ("off"; Megatron-Core's --no-gradient-accumulation-fusion); "" keeps its own."""
+        if not fusion:
+            return self
+        if fusion not in ("on", "off"):
+            raise UserError(f"gradient-accumulation fusion must be on or off, got {fusion!r}")
+        if not self.accum_fusion_switch:
+            raise UserError(f"engine {self.name!r} offers no choice of gradient-accumulation fusion")
+        return dataclasses.replace(self, unfused_accum=fusion == "off")
 
     def with_grad_accum(self, dtype: str) -> "EngineProfile":
         """The same engine accumulating bf16-training gradients in ``dtype`` (e.g. Megatron-Core's
@@ -249,6 +277,11 @@ _MFSDP_DOC = ("Megatron-LM docs/discussions/megatron-fsdp-user-guide and megatro
               "params and optimizer states")
 MEGATRON_CORE = EngineProfile(
     name="megatron-core",
+    accum_fusion_switch="--no-gradient-accumulation-fusion",
+    unfused_accum_source=("--no-gradient-accumulation-fusion: the weight-gradient GEMMs return a fresh gradient and "
+                          "the backward hook adds it to the main gradient, param.main_grad.add_(param.grad) "
+                          "(megatron/core/distributed/distributed_data_parallel.py _make_backward_post_hook); "
+                          "fused, the GEMM accumulates into main_grad itself (TE fuse_wgrad_accumulation)"),
     expert_gemms="per_expert",
     expert_gemms_source=("megatron/core/transformer/moe/experts.py TEGroupedMLP runs Transformer Engine's "
                          "GroupedLinear, whose general_grouped_gemm (transformer_engine/pytorch/cpp_extensions/"
@@ -545,8 +578,15 @@ ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EX
 
 def plan_engine(plan) -> EngineProfile:
     """The profile a plan runs under: its runtime's, accumulating gradients in the plan's ``grad_accum``
-    (``EngineProfile.with_grad_accum``; "" keeps the runtime's own)."""
-    return get_engine(plan.runtime).with_grad_accum(plan.grad_accum)
+    (``EngineProfile.with_grad_accum``) inside the GEMMs or not as its ``grad_accum_fusion`` says
+    (``EngineProfile.with_grad_accum_fusion``); "" keeps the runtime's own."""
+    return engine_variant(plan.runtime, plan.grad_accum, getattr(plan, "grad_accum_fusion", ""))
+
+
+def engine_variant(runtime: str, grad_accum: str = "", grad_accum_fusion: str = "") -> EngineProfile:
+    """``runtime``'s profile accumulating gradients in ``grad_accum``, inside the GEMMs or not as
+    ``grad_accum_fusion`` says ("" each: the runtime's own): the one place the variant is chosen."""
+    return get_engine(runtime).with_grad_accum(grad_accum).with_grad_accum_fusion(grad_accum_fusion)
 
 
 def get_engine(name: str) -> EngineProfile:

@@ -12,7 +12,7 @@ import textwrap
 from typing import Any, Callable, Iterator
 
 from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, GRAD_ACCUM,
-                           MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
+                           GRAD_ACCUM_FUSION, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 
@@ -163,6 +163,10 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "float32 (Megatron-Core's default; DeepSpeed's BF16_Optimizer, data_types.grad_accum_dtype fp32, ZeRO-1: "
      "26 bytes a parameter every micro-batch to accumulate them, all-reduced in fp32) or bfloat16 (DeepSpeed's "
      "default; Megatron-Core --grad-reduce-in-bf16); default: the runtime's (torchtitan and exatrain: float32 only)"),
+    ("--grad-accum-fusion", None, GRAD_ACCUM_FUSION, "whether each micro-batch's weight gradients are added to the "
+     "accumulated ones inside the weight-gradient GEMMs (on: Megatron-Core's default) or by a pass over the stage's "
+     "gradients after each backward (off: Megatron-Core's --no-gradient-accumulation-fusion, 10 bytes a parameter "
+     "every micro-batch into fp32 main gradients); Megatron-Core only"),
 )
 
 

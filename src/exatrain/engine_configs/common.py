@@ -94,6 +94,16 @@ def elementwise_note(plan: Plan, engine: str) -> str:
             "(plan it without --elementwise, or with fused, to price them)")
 
 
-__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "elementwise_note", "even_split", "export", "kernel_note",
-           "summary"]
+def fusion_note(plan: Plan, target: str) -> str:
+    """The note for a target that cannot say the plan's gradient-accumulation fusion (plan.GRAD_ACCUM_FUSION,
+    Megatron-Core's switch), or ""."""
+    if not plan.grad_accum_fusion:
+        return ""
+    where = "inside the weight-gradient GEMMs" if plan.grad_accum_fusion == "on" else "by a pass after each backward"
+    return (f"the plan was priced with Megatron-Core's gradients accumulated {where} (--grad-accum-fusion "
+            f"{plan.grad_accum_fusion}); {target} accumulates them its own way, which this config does not set")
+
+
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "elementwise_note", "even_split", "export", "fusion_note",
+           "kernel_note", "summary"]
 

@@ -29,7 +29,8 @@ import shlex
 from typing import Any
 
 from exatrain.errors import UserError
-from exatrain.engine_configs.common import Export, Flag, FlagGroup, elementwise_note, even_split, kernel_note, summary
+from exatrain.engine_configs.common import (Export, Flag, FlagGroup, elementwise_note, even_split, fusion_note,
+                                           kernel_note, summary)
 from exatrain.plan import Plan
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
@@ -110,6 +111,8 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
     if plan.grad_accum == "bfloat16":  # gradients accumulated and reduced in bf16 (plan.GRAD_ACCUM)
         prec.append(Flag("--grad-reduce-in-bf16"))
+    if plan.grad_accum_fusion == "off":  # accumulated by the backward hook, not the GEMMs (plan.GRAD_ACCUM_FUSION)
+        prec.append(Flag("--no-gradient-accumulation-fusion"))
     backend, note = attention_backend(plan)
     prec.append(Flag("--attention-backend", backend))
     notes += [note] if note else []
@@ -294,7 +297,10 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
         notes.append(f"the plan was priced with float32 gradient accumulation; DeepSpeed accumulates in float32 only "
                      f"through its BF16_Optimizer (ZeRO-0/1), so this config at ZeRO-{plan.zero_stage} keeps its "
                      "bfloat16 default")
+    note = fusion_note(plan, "Megatron-DeepSpeed")
+    notes += [note] if note else []
     return groups, tuple(notes)
+
 
 
 def deepspeed_config(plan: Plan) -> dict[str, Any]:

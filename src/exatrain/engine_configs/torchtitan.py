@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from exatrain.accounting.engines import get_engine
-from exatrain.engine_configs.common import Export, kernel_note, summary
+from exatrain.engine_configs.common import Export, fusion_note, kernel_note, summary
 from exatrain.plan import Plan
 
 TORCHTITAN = "pytorch/torchtitan@v0.2.2"
@@ -90,6 +90,8 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
     if plan.grad_accum == "bfloat16":
         notes.append("the plan was priced with its gradients accumulated and reduced in bfloat16; torchtitan reduces "
                      "them in float32 (mixed_precision_reduce), as this config sets")
+    note = fusion_note(plan, "torchtitan")
+    notes += [note] if note else []
     pipelined = plan.pp > 1
     training = {
         # per dp rank and step: all of a pipeline's micro-batches, or one accumulation micro-batch

@@ -56,7 +56,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
-                  grad_accum=plan.grad_accum)
+                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -97,9 +97,15 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         own = get_engine(rt).grad_accum_dtype
         notes += (f"gradients accumulated and reduced in {engine.grad_accum_dtype} ("
                   + (f"set by --grad-accum; {rt}'s own: {own}" if plan.grad_accum else f"{rt}'s own; --grad-accum")
-                  + (f"; {engine.accum_pass(plan.dtype):g} bytes a parameter every micro-batch to accumulate "
-                     f"them: {engine.accum_pass_source}" if engine.accum_pass(plan.dtype) else "")
                   + ")",)
+    if engine.accum_pass(plan.dtype):
+        notes += (f"gradient accumulation: {engine.accum_pass(plan.dtype):g} bytes a parameter every micro-batch "
+                  f"outside the GEMMs ({engine.accum_pass_why()}"
+                  + ("; set by --grad-accum-fusion off" if plan.grad_accum_fusion == "off" else "") + ")",)
+    elif engine.accum_fusion_switch:
+        notes += ("gradient accumulation: inside the weight-gradient GEMMs ("
+                  + ("set by --grad-accum-fusion on" if plan.grad_accum_fusion else f"{rt}'s own")
+                  + f"; --grad-accum-fusion off prices {engine.accum_fusion_switch})",)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]

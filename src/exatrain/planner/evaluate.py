@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.engines import ENGINE_NAMES, engine_variant, get_engine
 from exatrain.accounting.flops import model_flops_per_step
 from exatrain.accounting.memory import inflight, rank_memory, unsharded_grad_share
 from exatrain.accounting.params import rank_params
@@ -104,7 +104,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
              overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
              elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
-             fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "") -> Evaluation:
+             fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
+             grad_accum_fusion: str = "") -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -117,7 +118,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     weights gathered and kept in FP8 (``Plan.fp8_param_gather``); ``cross_entropy``: how the loss runs over the
     logits (``plan.CROSS_ENTROPY``; "": the runtime's own, ``EngineProfile.cross_entropy``; another memory
     model than the runtime's counts its own engine's); ``grad_accum``: the dtype bfloat16 gradients accumulate and
-    reduce in under the runtime (``plan.GRAD_ACCUM``; "": its own, ``EngineProfile.with_grad_accum``).
+    reduce in under the runtime (``plan.GRAD_ACCUM``; "": its own, ``EngineProfile.with_grad_accum``);
+    ``grad_accum_fusion``: whether the runtime accumulates them inside its weight-gradient GEMMs
+    (``plan.GRAD_ACCUM_FUSION``; "": its own, ``EngineProfile.with_grad_accum_fusion``).
     ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
@@ -176,7 +179,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                 else:
                     if xparams is not None:
                         ext["expert_params_here"] = xparams[j]
-                    eng = get_engine(k).with_grad_accum(grad_accum) if k == runtime else get_engine(k)
+                    eng = engine_variant(k, grad_accum, grad_accum_fusion) if k == runtime else get_engine(k)
                     loss = (eng.cross_entropy(cross_entropy, elementwise) if k == runtime
                             else eng.cross_entropy())
                     parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
@@ -208,7 +211,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams,
                               moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load,
                               fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
-                              grad_accum=grad_accum)
+                              grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

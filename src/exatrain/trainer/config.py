@@ -116,6 +116,11 @@ class TrainConfig:
         if self.plan.grad_accum == "bfloat16":
             raise UserError("the exatrain trainer accumulates and reduces its gradients in float32; plan --grad-accum "
                             "bfloat16 for Megatron-Core or DeepSpeed, or train a plan made without it")
+        # Whether gradients accumulate inside the weight-gradient GEMMs is Megatron-Core's switch
+        # (plan.GRAD_ACCUM_FUSION); the trainer's autograd accumulates them into .grad its own way.
+        if self.plan.grad_accum_fusion:
+            raise UserError(f"--grad-accum-fusion {self.plan.grad_accum_fusion} is Megatron-Core's switch; the "
+                            "exatrain trainer accumulates its gradients through autograd: train a plan made without it")
         # The plan was priced with its element-wise ops as it names them (plan.ELEMENTWISE): fused ones
         # are what --compile runs; eager ones what the trainer runs without it.
         if self.plan.elementwise == "fused" and not self.compile:

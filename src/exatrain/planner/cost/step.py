@@ -350,8 +350,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
-               fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = ""
-               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+               fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
+               grad_accum_fusion: str = "") -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
     holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
@@ -363,10 +363,11 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     ``cross_entropy``: how the loss runs over the logits (plan.CROSS_ENTROPY; "": the runtime's own);
     ``grad_accum``: the dtype bfloat16 gradients accumulate and reduce in (plan.GRAD_ACCUM; "": the runtime's
     own): the dtype its gradient collectives carry, and the pass over the stage's gradients an engine makes
-    every micro-batch to accumulate them outside the GEMMs (``EngineProfile.accum_pass``)."""
-    from exatrain.accounting.engines import get_engine
+    every micro-batch to accumulate them outside the GEMMs (``EngineProfile.accum_pass``); ``grad_accum_fusion``:
+    whether that accumulation runs inside the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION; "": the runtime's own)."""
+    from exatrain.accounting.engines import engine_variant
 
-    engine = get_engine(runtime).with_grad_accum(grad_accum)
+    engine = engine_variant(runtime, grad_accum, grad_accum_fusion)
     rules = overlap_rules(engine, overlap)
     tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
     N, p, v = tp.size, int(pp), int(interleave)
@@ -464,7 +465,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
-                  grad_accum=plan.grad_accum)
+                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 

@@ -67,6 +67,7 @@ class SpaceOptions:
     elementwise: str = ""  # how every candidate's element-wise ops run (plan.ELEMENTWISE)
     cross_entropy: str = ""  # how every candidate's loss runs over the logits (plan.CROSS_ENTROPY)
     grad_accum: str = ""  # the dtype every candidate's bf16 gradients accumulate in (plan.GRAD_ACCUM)
+    grad_accum_fusion: str = ""  # every candidate's accumulation inside the GEMMs or not (plan.GRAD_ACCUM_FUSION)
 
 
 @dataclass
