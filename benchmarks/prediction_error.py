@@ -276,7 +276,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
-                        fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r))
+                        fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r),
+                        grad_accum_fusion=_grad_accum_fusion(r))
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -310,7 +311,9 @@ def _overlap(source: str, engine: str, stated: str = "") -> str:
     torchtitan its defaults (FSDP2's prefetch, no async TP), and Megatron-Core every overlap it offers
     (its published performance recipes turn them on)."""
     if source in (NARAYANAN, KORTHIKANTI):
-        return MEGATRON_LM_2021
+        # torch DDP's all-reduce overlaps the backward; Megatron-LM's local DDP (the sc21 scripts' pipelined
+        # sizes) and the runs Korthikanti et al. say did not overlap it reduce after the last backward
+        return "none" if "not overlapped" in stated.lower() else MEGATRON_LM_2021
     clauses = [c for c in stated.lower().split(";") if not _NEGATED.search(c)]
     named = sorted({c for clause in clauses for key, comms in STATED_SWITCHES if key in clause for c in comms})
     if named:
@@ -413,8 +416,24 @@ def _cross_entropy(r: dict) -> str:
 def _grad_accum(r: dict) -> str:
     """The dtype a row's gradients accumulated in where its engine's default is not what it ran
     (plan.GRAD_ACCUM): DeepSpeed's BF16_Optimizer, named in the ``zero_mode`` column, accumulates and
-    all-reduces them in fp32, as a user would plan with --grad-accum float32; "" otherwise."""
-    return "float32" if r["engine"] == "megatron-deepspeed" and "BF16_Optimizer" in r.get("zero_mode", "") else ""
+    all-reduces them in fp32, as a user would plan with --grad-accum float32; Megatron fp16 training keeps
+    them in the parameters' 16 bits (it forces fp32 accumulation for bf16 only: megatron/arguments.py),
+    planned as bfloat16 like every row; "" otherwise."""
+    if r["engine"] == "megatron-deepspeed" and "BF16_Optimizer" in r.get("zero_mode", ""):
+        return "float32"
+    return "bfloat16" if r["engine"] == "megatron-core" and r["dtype"].strip().lower() == "fp16" else ""
+
+
+# Megatron-LM's gradient accumulation fusion (the weight-gradient GEMM adds into main_grad) landed on
+# 2022-02-13 (NVIDIA/Megatron-LM commit 83b1e42); a version from before then accumulated outside the GEMMs.
+_MEGATRON_ACCUM_FUSION = 2022
+
+
+def _grad_accum_fusion(r: dict) -> str:
+    """"off" for a Megatron row whose ``engine_version`` years all predate the fusion
+    (``_MEGATRON_ACCUM_FUSION``), as a user would plan it with --grad-accum-fusion off; else "" (its own)."""
+    years = [int(y) for y in re.findall(r"\b(20\d\d)\b", r.get("engine_version", ""))]
+    return "off" if r["engine"] == "megatron-core" and years and max(years) < _MEGATRON_ACCUM_FUSION else ""
 
 
 def _predicted_memory_gib(row: Row) -> float:

@@ -15,6 +15,7 @@ own convention:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,12 @@ ASSUMED_FRONTIER_LAYOUTS = {
 MEGATRON_LM_2021 = "dp_grad_reduce"  # see PublishedRun.overlap
 
 
+def _narayanan_overlap(pp: int) -> str:
+    """The overlaps of a Narayanan et al. 2021 run: the sc21 scripts (run_table_1.sh) run --DDP-impl torch
+    at pipeline size 1 and --DDP-impl local, which overlaps nothing, on the pipelined sizes."""
+    return MEGATRON_LM_2021 if pp == 1 else "none"
+
+
 @dataclass(frozen=True)
 class PublishedRun:
     source: str  # "narayanan2021" | "korthikanti2022" | "dash2023"
@@ -49,8 +56,9 @@ class PublishedRun:
     metric: str  # "hardware_tflops_per_gpu" | "step_s" | "mfu"
     measured: float
     # Which of the runtime's overlaps the run had on (cost.overlap.overlap_rules): Megatron-LM of
-    # 2021-22 ran torch DDP (the sc21 scripts' --DDP-impl torch), whose bucketed all-reduce overlaps
-    # backward, and had neither the distributed optimizer's param-gather overlap nor TP comm overlap
+    # 2021-22 ran torch DDP where the sc21 scripts say --DDP-impl torch (pipeline size 1), whose bucketed
+    # all-reduce overlaps backward, and its local DDP, which all-reduces after the last backward, where
+    # they say --DDP-impl local (the pipelined sizes; ``_narayanan_overlap``), and had neither the distributed optimizer's param-gather overlap nor TP comm overlap
     # (both later Megatron-Core switches); the Frontier runs: DeepSpeed's defaults (overlap_comm off
     # at ZeRO-1, deepspeed/runtime/zero/config.py), the authors' DeepSpeed config not being stated.
     overlap: str = "all"
@@ -98,8 +106,11 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
                     flash_attention=False, dtype="bfloat16", cluster=cluster.name,
                     runtime="megatron-core").validate(cluster)
         if src.startswith("Narayanan"):
+            # fp16 training: Megatron-LM kept the gradients in 16 bits and, before its gradient accumulation
+            # fusion (2022-02), accumulated them by a pass after each backward (plan.GRAD_ACCUM_FUSION)
+            plan = dataclasses.replace(plan, grad_accum="bfloat16", grad_accum_fusion="off").validate(cluster)
             out.append(PublishedRun("narayanan2021", r["model_name"], plan, cluster, "hardware_tflops_per_gpu",
-                                    float(r["measured_tflops_per_gpu"]), overlap=MEGATRON_LM_2021))
+                                    float(r["measured_tflops_per_gpu"]), overlap=_narayanan_overlap(pp)))
         else:
             it = re.search(r"iteration time ([\d.]+) s", r["measured_other"] or "")
             if it:
