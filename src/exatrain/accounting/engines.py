@@ -156,6 +156,20 @@ class EngineProfile:
     accum_fusion_switch: str = ""
     unfused_accum: bool = False
     unfused_accum_source: str = ""
+    # Parameter passes of an engine that keeps fp32 parameters and computes under autocast, at the ZeRO stages
+    # that keep them whole on the rank (``param_pass_zero``; cost.step.with_parameter_passes): every
+    # micro-batch's forward casts each weight a GEMM reads to bf16 (read 4, write 2), a full recomputation's
+    # rerun forward casts its blocks' weights again, and the backward casts each weight gradient back to fp32
+    # (read 2, write 4) under bfloat16 training; autograd adds each micro-batch's gradient after the first into
+    # the fp32 .grad (read 4 + 4, write 4), under either dtype
+    autocast_casts: bool = False
+    autograd_accum: bool = False
+    param_pass_zero: tuple[int, ...] = ()
+    param_pass_source: str = ""
+    # Under FSDP2 mixed precision (bf16 gathers, fp32 reduction) at the ZeRO stages that shard (``fsdp_pass_zero``):
+    # each gather's copies into and out of its buffer, the unsharded bf16 gradients a micro-batch without gradient
+    # sync leaves kept in fp32 (the first cast, each later one added in), the reduce-scatter's copies in and out
+    fsdp_pass_zero: tuple[int, ...] = ()
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
@@ -532,6 +546,21 @@ _EXA = ("exatrain accounting/memory.py state_bytes_per_param (trainer/parallel/d
         "ZeroRedundancyOptimizer, FSDP2)")
 EXATRAIN = EngineProfile(
     name="exatrain",
+    autocast_casts=True,
+    autograd_accum=True,
+    param_pass_zero=(0, 1),
+    fsdp_pass_zero=(2, 3),
+    param_pass_source=("trainer/train.py runs each micro-batch under torch.autocast over the fp32 parameters: "
+                       "DDP (ZeRO-0/1): aten._to_copy fp32 -> bf16 of every weight a linear (and grouped_mm, "
+                       "trainer/moe.py) reads, again in a full recomputation's rerun (non-reentrant checkpoint), and "
+                       "bf16 -> fp32 of its gradient; AccumulateGrad add_ into .grad from the second micro-batch. "
+                       "FSDP2 (ZeRO-2/3, set_requires_gradient_sync(False) until the last micro-batch): each gather's "
+                       "all_gather_copy_in of the shard and split_with_sizes_copy of the gathered weights (ZeRO-3 "
+                       "gathers again for the backward), the unsharded gradient cast to fp32 after the first backward "
+                       "and added into after each later one (fsdp/_fully_shard/_fsdp_param.py "
+                       "to_accumulated_grad_if_needed), the last backward's chunk_cat into the reduce-scatter and its "
+                       "output copied into the shard's .grad. Counted on the trainer's own model by "
+                       "tests/planner/test_parameter_passes.py; float32 training under FSDP2 is not priced"),
     expert_gemms_source="trainer/moe.py: torch.nn.functional.grouped_mm over the local experts (grouped_ok)",
     grad_accum_dtype="float32",
     grad_accum_source="trainer: autocast over fp32 parameters, fp32 .grad (trainer/parallel/data.py)",

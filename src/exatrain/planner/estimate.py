@@ -98,10 +98,17 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"gradients accumulated and reduced in {engine.grad_accum_dtype} ("
                   + (f"set by --grad-accum; {rt}'s own: {own}" if plan.grad_accum else f"{rt}'s own; --grad-accum")
                   + ")",)
+    ddp_passes = plan.zero_stage in engine.param_pass_zero
     if engine.accum_pass(plan.dtype):
         notes += (f"gradient accumulation: {engine.accum_pass(plan.dtype):g} bytes a parameter every micro-batch "
                   f"outside the GEMMs ({engine.accum_pass_why()}"
                   + ("; set by --grad-accum-fusion off" if plan.grad_accum_fusion == "off" else "") + ")",)
+    elif ddp_passes or (plan.zero_stage in engine.fsdp_pass_zero and plan.dtype == "bfloat16"):
+        how = ("DDP: autocast's weight casts, the gradients cast back, autograd's adds into .grad"
+               if ddp_passes else
+               "FSDP2: its gathers' copies, the unsharded gradients kept in fp32, the reduce-scatter's copies")
+        notes += (f"parameter passes every micro-batch ({how}; cost.step.with_parameter_passes): "
+                  f"{engine.param_pass_source}",)
     elif engine.accum_fusion_switch:
         notes += ("gradient accumulation: inside the weight-gradient GEMMs ("
                   + ("set by --grad-accum-fusion on" if plan.grad_accum_fusion else f"{rt}'s own")

@@ -340,8 +340,80 @@ def with_accumulation(st: StageTimes, engine, dtype: str, params_by_rank, v: int
     accum = engine.accum_pass(dtype)
     if not accum:
         return st
-    per_stage = np.tile(np.asarray(params_by_rank, dtype=float) / v, (1, v))
-    return replace(st, bwd=st.bwd + compute.elementwise_time_s(accum * per_stage, dev))
+    return replace(st, bwd=st.bwd + compute.elementwise_time_s(accum * _per_stage(params_by_rank, v), dev))
+
+
+def _per_stage(params_by_rank, v: int) -> np.ndarray:
+    """(N, pp) parameters of a rank -> (N, pp * v) of each of its virtual stages, split evenly."""
+    return np.tile(np.asarray(params_by_rank, dtype=float) / v, (1, v))
+
+
+# Bytes an element of the parameter passes moves (EngineProfile.autocast_casts, autograd_accum, fsdp_pass_zero): a
+# weight cast fp32 -> bf16 (read 4, write 2), its gradient cast back (read 2, write 4), an fp32 add into .grad
+# (read 4 + 4, write 4), a bf16 gradient added into an fp32 one (read 2 + 4, write 4), a 16-bit copy (read 2, write
+# 2), an fp32 copy (read 4, write 4)
+CAST_BYTES_FP32_BF16 = 6.0
+GRAD_ADD_BYTES_FP32 = 12.0
+GRAD_ADD_BYTES_BF16_INTO_FP32 = 10.0
+COPY_BYTES_BF16 = 4.0
+COPY_BYTES_FP32 = 8.0
+
+def cast_params(model: ModelSpec, tp, pp: int, params_by_rank) -> tuple[np.ndarray, np.ndarray]:
+    """(the parameters of each rank (N, pp) a GEMM reads as weights, those of them in its transformer blocks):
+    ``params_by_rank`` without the input embedding table and the learned positions (looked up, never a GEMM's
+    weight; a tied table on a single stage is the head's weight too), and, for the blocks, without the head
+    and the final norm either. The norms' parameters inside the blocks stay counted (autocast leaves them fp32;
+    they are 2h to 4h of a layer's ~12h^2)."""
+    from exatrain.accounting.params import embedding_params, final_norm_params, head_params, position_params
+
+    tp = np.asarray(tp, dtype=np.int64).reshape(-1, 1)
+    rank = np.arange(pp)[None, :]
+    params = np.asarray(params_by_rank, dtype=float)
+    table = 0 if (model.tied_embeddings and pp == 1) else embedding_params(model)
+    looked_up = np.where(rank == 0, table // tp + position_params(model), 0)
+    gemm = params - looked_up
+    head = embedding_params(model) // tp if model.tied_embeddings else head_params(model) // tp
+    blocks = gemm - np.where(rank == pp - 1, head + final_norm_params(model), 0)
+    return gemm, blocks
+
+
+def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, tp, params_by_rank, v: int, m,
+                          zero, recompute, dev: compute.Device, shard=1) -> StageTimes:
+    """``st`` with the passes an engine makes over its parameters every micro-batch (rank parameters
+    ``params_by_rank`` (N, pp), tp (N,), ``m`` micro-batches, ``zero`` stages, ``recompute`` indices, FSDP's
+    ``shard`` size (N,)), spread evenly over a step's micro-batches: its accumulation outside the GEMMs
+    (``with_accumulation``); at the ZeRO stages that keep fp32 parameters whole (``EngineProfile.param_pass_zero``,
+    DDP) autocast's weight casts (bfloat16 training: the forward, a full recomputation's rerun of the blocks, the
+    gradients back in the backward) and autograd's fp32 adds into .grad after the first micro-batch; at those
+    FSDP2 shards (``fsdp_pass_zero``, bfloat16 training) each gather's copies into and out of its buffer (the
+    shard cast to bf16, the gathered weights copied out; ZeRO-3 gathers again in the backward), the unsharded
+    gradients kept in fp32 between micro-batches (the first cast, each later one added) and the last backward's
+    copies into and out of the reduce-scatter."""
+    st = with_accumulation(st, engine, dtype, params_by_rank, v, dev)
+    if not (engine.autocast_casts or engine.autograd_accum or engine.fsdp_pass_zero):
+        return st
+    z = np.asarray(zero).reshape(-1)
+    ddp, fsdp = (np.isin(z, stages)[:, None] for stages in (engine.param_pass_zero, engine.fsdp_pass_zero))
+    m = np.asarray(m, dtype=float).reshape(-1, 1)
+    params = np.asarray(params_by_rank, dtype=float)
+    gemm, blocks = cast_params(model, tp, params.shape[1], params)
+    fwd = np.zeros_like(gemm)
+    bwd = GRAD_ADD_BYTES_FP32 * (m - 1) / m * params if engine.autograd_accum else 0.0 * gemm
+    if engine.autocast_casts and dtype == "bfloat16":
+        full = (np.asarray(recompute).reshape(-1) == RECOMPUTE.index("full"))[:, None]
+        fwd = CAST_BYTES_FP32_BF16 * gemm
+        bwd = bwd + CAST_BYTES_FP32_BF16 * (gemm + np.where(full, blocks, 0.0))
+    fwd, bwd = np.where(ddp, fwd, 0.0), np.where(ddp, bwd, 0.0)
+    if dtype == "bfloat16" and engine.fsdp_pass_zero:
+        s = np.asarray(shard, dtype=float).reshape(-1, 1)
+        gather = CAST_BYTES_FP32_BF16 / s + COPY_BYTES_BF16
+        kept = np.where(m > 1, CAST_BYTES_FP32_BF16 + GRAD_ADD_BYTES_BF16_INTO_FP32 * (m - 1), 0.0)
+        reduce = np.where(m > 1, COPY_BYTES_FP32, CAST_BYTES_FP32_BF16) + COPY_BYTES_FP32 / s
+        fwd = np.where(fsdp, gather * params, fwd)
+        bwd = np.where(fsdp, (np.where((z == 3)[:, None], gather, 0.0) + (kept + reduce) / m) * params, bwd)
+    fwd_s = compute.elementwise_time_s(_per_stage(fwd, v), dev)
+    bwd_s = compute.elementwise_time_s(_per_stage(bwd, v), dev)
+    return replace(st, fwd=st.fwd + fwd_s, bwd=st.bwd + bwd_s)
 
 
 def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
@@ -379,7 +451,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms)
-    st = with_accumulation(st, engine, dtype, params_by_rank + xp, v, dev)
+    st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
+                               shard=dp * cp_size)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -488,11 +561,11 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                      elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
                      cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms)
-    if not engine.accum_pass(plan.dtype):
-        return st
     dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
                                                  plan.layers_per_stage(), plan.ep)
-    return with_accumulation(st, engine, plan.dtype, (dense + routed).astype(float), plan.interleave, dev)
+    return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),
+                                 plan.interleave, [plan.num_microbatches], [plan.zero_stage],
+                                 [RECOMPUTE.index(plan.recompute)], dev, shard=[plan.dp * plan.cp])
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
