@@ -17,6 +17,23 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """One command that must be refused as bad input: exit status 2, one line on stderr, no traceback; that line."""
+    code, _, err = run(capsys, *argv)
+    assert code == 2, (code, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def saved_plan(capsys: pytest.CaptureFixture[str], path, *argv: str) -> dict:
+    """``exatrain estimate ARGV --out PATH``, which must succeed: the plan file it wrote, as JSON."""
+    import json
+
+    code, _, err = run(capsys, "estimate", *argv, "--out", str(path))
+    assert code == 0, err
+    return json.loads(path.read_text())
+
+
 def run_cli(*argv: str) -> str:
     """stdout of one command, which must succeed (usable in session fixtures, where capsys is not)."""
     buf = io.StringIO()
