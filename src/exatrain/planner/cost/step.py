@@ -358,6 +358,7 @@ GRAD_ADD_BYTES_BF16_INTO_FP32 = 10.0
 COPY_BYTES_BF16 = 4.0
 COPY_BYTES_FP32 = 8.0
 
+
 def cast_params(model: ModelSpec, tp, pp: int, params_by_rank) -> tuple[np.ndarray, np.ndarray]:
     """(the parameters of each rank (N, pp) a GEMM reads as weights, those of them in its transformer blocks):
     ``params_by_rank`` without the input embedding table and the learned positions (looked up, never a GEMM's
