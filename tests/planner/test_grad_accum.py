@@ -19,10 +19,11 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs.megatron import deepspeed_config, render_megatron
 from exatrain.errors import UserError
 from exatrain.plan import GRAD_ACCUM, GRAD_ACCUM_RUNTIMES
-from exatrain.planner.cost import compute, experts
+from exatrain.planner.cost import experts
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refused, saved_plan
+from tests.helpers.passes import pass_seconds
 from tests.helpers.plan_fields import check_round_trip
 
 A100 = get_cluster("dgx-a100")
@@ -63,9 +64,7 @@ def test_deepspeed_bf16_optimizer_passes_over_the_gradients_every_micro_batch() 
     params = default_params(A100.device.name)
     with_pass = estimate_plan(plan, A100, params).time_s
     without = estimate_plan(plan.replace(grad_accum="bfloat16"), A100, params).time_s
-    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[1]]), 1, 1, plan.layers_per_stage(), 1)
-    dev = compute.device_for(A100, "bfloat16", params, plan.gpus)
-    one = float(compute.elementwise_time_s(26.0 * float((dense + routed)[0, 0]), dev))
+    one = float(pass_seconds(plan, A100, 26.0)[0, 0])
     assert get_engine("megatron-deepspeed").with_grad_accum("float32").accum_pass("bfloat16") == 26.0
     assert with_pass.compute - without.compute == pytest.approx(plan.num_microbatches * one, rel=1e-9)
     # no other engine makes such a pass, and none in fp32 training
@@ -134,9 +133,7 @@ def test_the_timeline_replays_the_same_pass() -> None:
     params = default_params(A100.device.name)
     extra = plan_stage_times(plan, A100, params).bwd - plan_stage_times(plan.replace(grad_accum="bfloat16"), A100,
                                                                         params).bwd
-    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[1]]), 2, 1, plan.layers_per_stage(), 1)
-    dev = compute.device_for(A100, "bfloat16", params, plan.gpus)
-    assert np.allclose(extra[0], compute.elementwise_time_s(26.0 * (dense + routed)[0].astype(float), dev), rtol=1e-9)
+    assert np.allclose(extra[0], pass_seconds(plan, A100, 26.0)[0], rtol=1e-9)
 
 
 def test_an_export_that_cannot_carry_it_says_so() -> None:

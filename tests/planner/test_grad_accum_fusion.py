@@ -20,10 +20,10 @@ from exatrain.engine_configs.common import export
 from exatrain.engine_configs.megatron import render_megatron
 from exatrain.errors import UserError
 from exatrain.plan import GRAD_ACCUM_FUSION_RUNTIMES
-from exatrain.planner.cost import compute, experts
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refused, saved_plan
+from tests.helpers.passes import pass_seconds
 from tests.helpers.plan_fields import check_round_trip
 
 A100 = get_cluster("dgx-a100")
@@ -60,9 +60,7 @@ def test_the_step_pays_the_pass_every_micro_batch() -> None:
     plan = _plan("off")
     params = default_params(A100.device.name)
     off, on = (estimate_plan(p, A100, params) for p in (plan, plan.replace(grad_accum_fusion="on")))
-    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[1]]), 1, 1, plan.layers_per_stage(), 1)
-    dev = compute.device_for(A100, "bfloat16", params, plan.gpus)
-    one = float(compute.elementwise_time_s(10.0 * float((dense + routed)[0, 0]), dev))
+    one = float(pass_seconds(plan, A100, 10.0)[0, 0])
     assert plan.num_microbatches == 4
     assert off.time_s.compute - on.time_s.compute == pytest.approx(plan.num_microbatches * one, rel=1e-9)
     # the runtime's own is the fused one, and memory does not change
@@ -79,9 +77,7 @@ def test_the_timeline_replays_the_same_pass() -> None:
     params = default_params(A100.device.name)
     extra = plan_stage_times(plan, A100, params).bwd - plan_stage_times(plan.replace(grad_accum_fusion=""), A100,
                                                                         params).bwd
-    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[1]]), 2, 1, plan.layers_per_stage(), 1)
-    dev = compute.device_for(A100, "bfloat16", params, plan.gpus)
-    assert np.allclose(extra[0], compute.elementwise_time_s(10.0 * (dense + routed)[0].astype(float), dev), rtol=1e-9)
+    assert np.allclose(extra[0], pass_seconds(plan, A100, 10.0)[0], rtol=1e-9)
 
 
 def test_the_search_carries_it() -> None:

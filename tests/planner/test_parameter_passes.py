@@ -28,7 +28,7 @@ from exatrain.accounting import engines
 from exatrain.accounting.params import total_params
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
-from exatrain.planner.cost import compute, experts
+from exatrain.planner.cost import compute
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.step import (CAST_BYTES_FP32_BF16, COPY_BYTES_BF16, COPY_BYTES_FP32,
                                         GRAD_ADD_BYTES_BF16_INTO_FP32, GRAD_ADD_BYTES_FP32, cast_params,
@@ -36,6 +36,7 @@ from exatrain.planner.cost.step import (CAST_BYTES_FP32_BF16, COPY_BYTES_BF16, C
 from exatrain.planner.estimate import estimate_plan
 from exatrain.trainer.model import Transformer
 from exatrain.trainer.parallel.activation import apply_activation_checkpointing
+from tests.helpers.passes import rank_params
 
 H100 = get_cluster("dgx-h100")
 
@@ -117,17 +118,11 @@ def _priced(plan, monkeypatch) -> tuple[float, float]:
     return with_passes, without
 
 
-def _rank_params(plan) -> np.ndarray:
-    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
-                                                 plan.layers_per_stage(), plan.ep)
-    return (dense + routed).astype(float)
-
-
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_the_step_pays_them_every_micro_batch(monkeypatch, recompute: str) -> None:
     plan = _plan(recompute=recompute)
     with_passes, without = _priced(plan, monkeypatch)
-    params = _rank_params(plan)
+    params = rank_params(plan)
     gemm, blocks = cast_params(plan.model, [plan.tp], 1, params)
     m = plan.num_microbatches
     per_micro_batch = (CAST_BYTES_FP32_BF16 * (2 * gemm + (blocks if recompute == "full" else 0))
@@ -142,7 +137,7 @@ def test_the_step_pays_them_every_micro_batch(monkeypatch, recompute: str) -> No
 def test_float32_training_pays_the_adds_only(monkeypatch) -> None:
     plan = _plan(dtype="float32", gpus=16, tp=4)
     with_passes, without = _priced(plan, monkeypatch)
-    m, params = plan.num_microbatches, _rank_params(plan)[0, 0]
+    m, params = plan.num_microbatches, rank_params(plan)[0, 0]
     dev = compute.device_for(H100, "float32", default_params(H100.device.name), plan.gpus)
     assert with_passes - without == pytest.approx(
         m * float(compute.elementwise_time_s(GRAD_ADD_BYTES_FP32 * (m - 1) / m * params, dev)), rel=1e-9)
@@ -170,7 +165,7 @@ def test_fsdp_counts_are_the_trainers_own(zero: int) -> None:
 def test_fsdp_pays_what_was_counted(monkeypatch, zero: int) -> None:
     plan = _plan(zero=zero)
     with_passes, without = _priced(plan, monkeypatch)
-    m, params, shard = plan.num_microbatches, _rank_params(plan)[0, 0], plan.dp * plan.cp
+    m, params, shard = plan.num_microbatches, rank_params(plan)[0, 0], plan.dp * plan.cp
     dev = compute.device_for(H100, "bfloat16", default_params(H100.device.name), plan.gpus)
     gather = CAST_BYTES_FP32_BF16 / shard + COPY_BYTES_BF16
     per_step = (m * gather * (2 if zero == 3 else 1) + CAST_BYTES_FP32_BF16 + GRAD_ADD_BYTES_BF16_INTO_FP32 * (m - 1)
@@ -183,7 +178,7 @@ def test_fsdp_with_one_micro_batch_keeps_nothing(monkeypatch) -> None:
     # the one backward's bf16 gradients go straight into the reduce-scatter's fp32 input: a cast, no add
     plan = _plan(zero=2, global_batch=4)
     with_passes, without = _priced(plan, monkeypatch)
-    params, shard = _rank_params(plan)[0, 0], plan.dp
+    params, shard = rank_params(plan)[0, 0], plan.dp
     dev = compute.device_for(H100, "bfloat16", default_params(H100.device.name), plan.gpus)
     per_step = (CAST_BYTES_FP32_BF16 / shard + COPY_BYTES_BF16 + CAST_BYTES_FP32_BF16 + COPY_BYTES_FP32 / shard) * params
     assert plan.num_microbatches == 1
@@ -204,6 +199,6 @@ def test_the_timeline_replays_the_same_passes(monkeypatch) -> None:
         _without_passes(mp)
         plain = plan_stage_times(plan, H100, params)
     assert np.all(st.fwd > plain.fwd) and np.all(st.bwd > plain.bwd)
-    gemm, _ = cast_params(plan.model, [plan.tp], 2, _rank_params(plan))
+    gemm, _ = cast_params(plan.model, [plan.tp], 2, rank_params(plan))
     dev = compute.device_for(H100, "bfloat16", params, plan.gpus)
     assert np.allclose(st.fwd - plain.fwd, compute.elementwise_time_s(CAST_BYTES_FP32_BF16 * gemm, dev), rtol=1e-9)
