@@ -206,6 +206,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row.cross_entropy = _cross_entropy(r)
         if row.cross_entropy:
             row.notes.append(f"cross-entropy {row.cross_entropy} (torchtitan before 2025-04 compiled no loss)")
+        if _adam_kernel(r):
+            row.notes.append(f"Adam {_adam_kernel(r)} (torchtitan's default before 2025-02)")
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
@@ -277,7 +279,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
                         fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r),
-                        grad_accum_fusion=_grad_accum_fusion(r))
+                        grad_accum_fusion=_grad_accum_fusion(r), adam_kernel=_adam_kernel(r))
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -434,6 +436,22 @@ def _grad_accum_fusion(r: dict) -> str:
     (``_MEGATRON_ACCUM_FUSION``), as a user would plan it with --grad-accum-fusion off; else "" (its own)."""
     years = [int(y) for y in re.findall(r"\b(20\d\d)\b", r.get("engine_version", ""))]
     return "off" if r["engine"] == "megatron-core" and years and max(years) < _MEGATRON_ACCUM_FUSION else ""
+
+
+# torchtitan's Adam: torch.optim.AdamW(foreach=True) unless --optimizer.fused was set, until fused became the
+# default on 2025-02-24 (pytorch/torchtitan 6e49885, "use Fused AdamW as default"; optimizer.implementation).
+_TORCHTITAN_FUSED_ADAM = (2025, 2)
+
+
+def _adam_kernel(r: dict) -> str:
+    """"foreach" for a torchtitan row whose ``engine_version`` dates (YYYY-MM, or a bare year) all predate
+    ``_TORCHTITAN_FUSED_ADAM``, as a user would plan it with --adam-kernel foreach; else "" (its own: fused)."""
+    if r.get("engine") != "torchtitan":
+        return ""
+    version = r.get("engine_version", "")
+    dates = [(int(y), int(mo)) for y, mo in re.findall(r"\b(20\d\d)-(\d\d)\b", version)]
+    dates += [(int(y), 12) for y in re.findall(r"\b(20\d\d)\b(?!-\d\d)", version)]
+    return "foreach" if dates and max(dates) < _TORCHTITAN_FUSED_ADAM else ""
 
 
 def _predicted_memory_gib(row: Row) -> float:

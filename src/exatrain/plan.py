@@ -98,6 +98,13 @@ GRAD_ACCUM_RUNTIMES = {"float32": ("megatron-core", "megatron-deepspeed", "torch
 # Only Megatron-Core offers the choice; a plan that names none runs its runtime's own.
 GRAD_ACCUM_FUSION = ("on", "off")
 GRAD_ACCUM_FUSION_RUNTIMES = ("megatron-core",)
+# The kernel the optimizer step runs Adam with: "fused", one kernel over all of a rank's parameters
+# (torch's fused AdamW, apex's, Transformer Engine's and DeepSpeed's FusedAdam), or "foreach", torch's chain of
+# multi-tensor kernels (accounting.engines.ADAM_BYTES: 28 against 84 bytes a parameter). Only torchtitan offers
+# the choice (--optimizer.implementation; foreach was its default until 2025-02); a plan that names none runs
+# its runtime's own.
+ADAM_KERNELS = ("fused", "foreach")
+ADAM_KERNEL_RUNTIMES = ("torchtitan",)
 PLAN_VERSION = 1
 
 
@@ -347,6 +354,7 @@ class Plan:
     cross_entropy: str = ""  # CROSS_ENTROPY: how the loss runs over the logits, "" = the runtime's own
     grad_accum: str = ""  # GRAD_ACCUM: the dtype bf16 gradients accumulate and reduce in, "" = the runtime's own
     grad_accum_fusion: str = ""  # GRAD_ACCUM_FUSION: accumulated inside the GEMMs or not, "" = the runtime's own
+    adam_kernel: str = ""  # ADAM_KERNELS: the optimizer step's Adam kernel, "" = the runtime's own
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -434,6 +442,8 @@ class Plan:
             parts.append(f"{self.grad_accum} gradients")
         if self.grad_accum_fusion:
             parts.append(f"gradient-accumulation fusion {self.grad_accum_fusion}")
+        if self.adam_kernel:
+            parts.append(f"{self.adam_kernel} Adam")
         return "".join(f", {p}" for p in parts)
 
     def layers_per_stage(self) -> tuple[int, ...]:
@@ -495,6 +505,7 @@ class Plan:
             **({"cross_entropy": self.cross_entropy} if self.cross_entropy else {}),
             **({"grad_accum": self.grad_accum} if self.grad_accum else {}),
             **({"grad_accum_fusion": self.grad_accum_fusion} if self.grad_accum_fusion else {}),
+            **({"adam_kernel": self.adam_kernel} if self.adam_kernel else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -509,7 +520,7 @@ class Plan:
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                    "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion")
+                    "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -545,6 +556,7 @@ class Plan:
                 cross_entropy=str(d.get("cross_entropy", "")),
                 grad_accum=str(d.get("grad_accum", "")),
                 grad_accum_fusion=str(d.get("grad_accum_fusion", "")),
+                adam_kernel=str(d.get("adam_kernel", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

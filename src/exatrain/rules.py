@@ -18,7 +18,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE,
+from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE,
                            FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
                            GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
                            RECOMPUTE, RUNTIMES, SCHEDULES)
@@ -485,7 +485,25 @@ def extension_problem(plan) -> tuple[str, str] | None:
     if problem:
         return "grad_accum", problem
     problem = grad_accum_fusion_problem(getattr(plan, "grad_accum_fusion", ""), plan.runtime)
-    return ("grad_accum_fusion", problem) if problem else None
+    if problem:
+        return "grad_accum_fusion", problem
+    problem = adam_kernel_problem(getattr(plan, "adam_kernel", ""), plan.runtime)
+    return ("adam_kernel", problem) if problem else None
+
+
+def adam_kernel_problem(kernel: str, runtime: str) -> str | None:
+    """Why a plan (or a search) cannot run Adam's ``kernel`` (plan.ADAM_KERNELS; "" is the runtime's own) under
+    ``runtime``, or None."""
+    if not kernel:
+        return None
+    if kernel not in ADAM_KERNELS:
+        return f"--adam-kernel must be one of {', '.join(ADAM_KERNELS)}, got {kernel!r}"
+    if runtime not in ADAM_KERNEL_RUNTIMES:
+        own = ("picks its own (fused over plain tensors on a GPU, foreach over DTensors and on the CPU)"
+               if runtime == "exatrain" else "runs its fused Adam")
+        return (f"--adam-kernel is torchtitan's switch (--optimizer.implementation); {runtime} {own}: use "
+                f"--runtime {' or '.join(ADAM_KERNEL_RUNTIMES)}, or drop it")
+    return None
 
 
 def grad_accum_fusion_problem(fusion: str, runtime: str) -> str | None:
@@ -527,5 +545,6 @@ def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] =
             raise RuleError(found[1], found[0])
 
 
-__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "broken",
+__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "adam_kernel_problem",
+           "broken",
            "check", "ep_fits", "expert_problem", "extension_problem", "first_reasons", "layout", "plan_layout", "problems"]

@@ -211,6 +211,23 @@ def test_megatron_lm_2021_rows_are_planned_as_their_script_ran(pe) -> None:
     assert {r.index for r in later if r.overlap == "none"} == {18, 19}  # "not overlapped", as Korthikanti says
 
 
+def test_torchtitan_rows_before_fused_adam_run_foreach(pe) -> None:
+    """torchtitan's default Adam was torch's foreach AdamW until fused became the default on 2025-02-24: a row whose
+    torchtitan dates (YYYY-MM or a bare year) all predate it is planned with --adam-kernel foreach, later ones and
+    every other engine with their own. (Broken on purpose and seen to fail here: a bare year read as January,
+    which sends "2025" rows through foreach; the YYYY-MM dates ignored, which keeps the 2024-12 rows fused.)"""
+    assert pe._adam_kernel({"engine": "torchtitan", "engine_version": "torchtitan 9dec370 (2024-12-26)"}) == "foreach"
+    assert pe._adam_kernel({"engine": "torchtitan", "engine_version": "torchtitan (2024)"}) == "foreach"
+    assert pe._adam_kernel({"engine": "torchtitan", "engine_version": "torchtitan (2025)"}) == ""
+    assert pe._adam_kernel({"engine": "torchtitan", "engine_version": "torchtitan 820504e, torch (2025-06)"}) == ""
+    assert pe._adam_kernel({"engine": "torchtitan", "engine_version": "torchtitan e7c0cae (NGC 25.05)"}) == ""
+    assert pe._adam_kernel({"engine": "megatron-core", "engine_version": "Megatron-LM 2021"}) == ""
+    rows = [r for r in pe.load_rows() if r.plan is not None and r.engine == "torchtitan"]
+    foreach = {r.index for r in rows if r.plan.adam_kernel == "foreach"}
+    assert foreach and foreach == {r.index for r in rows if "Adam foreach" in " ".join(r.notes)}
+    assert {r.plan.adam_kernel for r in rows} == {"foreach", ""}
+
+
 def test_kinds_of_run_partition_the_priced_rows(pe, base) -> None:
     """The per-kind summary the README quotes counts every out-of-sample row exactly once: dense rows
     apart by FP8 GEMMs, MoE and long-context by the table's kind column."""

@@ -30,11 +30,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.errors import UserError
 from exatrain.plan import RUNTIMES
 
 ENGINE_NAMES = RUNTIMES  # plan.RUNTIMES: the names a Plan.runtime may take
+# Bytes one AdamW update moves per parameter, by kernel (plan.ADAM_KERNELS). "fused" reads the fp32 parameter,
+# gradient, exp_avg and exp_avg_sq and writes the parameter and both moments in one kernel (torch's
+# _fused_adamw_; apex's, Transformer Engine's and DeepSpeed's FusedAdam): 7 x 4. "foreach"
+# (torch.optim.AdamW(foreach=True), torch/optim/adamw.py _multi_tensor_adamw) runs the update as a chain of
+# multi-tensor kernels, each reading and writing fp32 tensors: the weight decay's mul (8), the lerp into exp_avg
+# (12), exp_avg_sq's mul (8) and addcmul (16), the denominator's sqrt, div and add (8 each), the addcdiv into the
+# parameter (16): 84. Counted on torch by tests/planner/test_optimizer_step.py.
+ADAM_BYTES = {"fused": 28.0, "foreach": 84.0}
 COMMS = ("dp_grad_reduce", "dp_param_gather", "tp", "pp_p2p", "ep_a2a")
 
 
@@ -170,6 +180,47 @@ class EngineProfile:
     # each gather's copies into and out of its buffer, the unsharded bf16 gradients a micro-batch without gradient
     # sync leaves kept in fp32 (the first cast, each later one added in), the reduce-scatter's copies in and out
     fsdp_pass_zero: tuple[int, ...] = ()
+    # The optimizer step's passes around Adam (cost.step.optimizer_seconds), bytes per parameter by (training
+    # dtype, gradient-accumulation dtype), as (over the rank's whole stage, over its gradients as it holds them:
+    # sharded at ZeRO-2/3, over its optimizer shard): the gradient norm, a clipping that always scales, the
+    # gradients' copy into fp32 and the parameters' copy out of the fp32 master weights. A clipping that scales
+    # only when the norm exceeds the limit is not priced (it depends on the data); nor is fp16's unscaling
+    # (plans train in bf16 or fp32).
+    step_pass_bytes: tuple[tuple[tuple[str, str], tuple[float, float, float]], ...] = ()
+    step_pass_source: str = ""
+    # Its Adam kernel (ADAM_BYTES) unless a plan says (plan.ADAM_KERNELS), the switch a user sets it with ("" where
+    # the engine offers none), and whether it runs the fused kernel only over plain tensors on a GPU and the foreach
+    # one elsewhere (exatrain: DTensor parameters, ZeRO-1's ZeroRedundancyOptimizer, the CPU)
+    adam_default: str = "fused"
+    adam_switch: str = ""
+    adam_source: str = ""
+    adam_fused_only_plain: bool = False
+
+    def step_passes(self, dtype: str) -> tuple[float, float, float]:
+        """Bytes per parameter of the optimizer step's passes around Adam when training in ``dtype``
+        (``step_pass_bytes``): (over the whole stage, over the gradients as held, over the optimizer shard)."""
+        return dict(self.step_pass_bytes).get((dtype, self.accum_dtype(dtype)), (0.0, 0.0, 0.0))
+
+    def adam_kernel(self, *, tp=1, ep=1, zero=0, shard=1, on_host: bool = False):
+        """The Adam kernel a layout runs (numpy arrays broadcast): ``adam_default``, except where the engine runs
+        the fused one only over plain tensors on a GPU (``adam_fused_only_plain``): there tp 1, ep 1 and either
+        ZeRO-0 or ZeRO-1 with nothing to shard over, else foreach."""
+        tp, ep, zero, shard = np.broadcast_arrays(*(np.asarray(x) for x in (tp, ep, zero, shard)))
+        if not self.adam_fused_only_plain:
+            return np.full(tp.shape, self.adam_default)
+        plain = (tp == 1) & (ep == 1) & ((zero == 0) | ((zero == 1) & (shard == 1)))
+        return np.where(plain & (not on_host), "fused", "foreach")
+
+    def with_adam(self, kernel: str) -> "EngineProfile":
+        """The same engine running Adam's ``kernel`` (plan.ADAM_KERNELS; torchtitan's
+        --optimizer.implementation); "" keeps its own."""
+        if not kernel:
+            return self
+        if kernel not in ADAM_BYTES:
+            raise UserError(f"the Adam kernel must be one of {', '.join(ADAM_BYTES)}, got {kernel!r}")
+        if not self.adam_switch:
+            raise UserError(f"engine {self.name!r} offers no choice of Adam kernel")
+        return dataclasses.replace(self, adam_default=kernel)
 
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
@@ -368,6 +419,17 @@ MEGATRON_CORE = EngineProfile(
                           "logits.float(), exp and softmax in place, saved, the gradient in place"),
     sp_head_input_source=("megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication: "
                           "under sequence parallelism it saves the input shard and all-gathers it again in backward"),
+    # the norm reads the shard's fp32 main grads (4); the updated fp32 shard is copied into the 16-bit
+    # parameters (read 4, write 2); 16-bit main grads are first copied to fp32 (read 2, write 4)
+    step_pass_bytes=((("bfloat16", "float32"), (0.0, 0.0, 4.0 + 6.0)),
+                     (("bfloat16", "bfloat16"), (0.0, 0.0, 6.0 + 4.0 + 6.0)),
+                     (("float32", "float32"), (0.0, 0.0, 4.0))),
+    step_pass_source=("megatron/core/optimizer/optimizer.py MixedPrecisionOptimizer.step: "
+                      "_copy_model_grads_to_main_grads (main_param.grad = model_param.main_grad.float(), a copy only "
+                      "of 16-bit main grads), clip_grad_norm (get_grad_norm_fp32, multi_tensor_l2norm; "
+                      "clip_grads.py scales only where clip_coeff < 1), the optimizer, "
+                      "_copy_main_params_to_model_params (_multi_tensor_copy_this_to_that); FP32Optimizer: the norm"),
+    adam_source="megatron/core/optimizer/__init__.py: Transformer Engine's FusedAdam, else apex's",
 )
 
 # ---- Megatron-DeepSpeed (DeepSpeed ZeRO) -------------------------------------------------------
@@ -457,6 +519,20 @@ MEGATRON_DEEPSPEED = EngineProfile(
     reduce_each_microbatch_source=("deepspeed/runtime/engine.py no_sync: \"incompatible with gradient "
                                    "partitioning logic of ZeRO stage 2/3\", whose gradients are reduced in every "
                                    "backward; its pipeline engine runs ZeRO-1 only"),
+    # DeepSpeedZeroOptimizer (16-bit gradients): the norm of the 16-bit partition (2), its copy to fp32 (read 2,
+    # write 4), unscale_and_clip_grads' mul_ by the combined scale, always (read 4, write 4), the fp32 partition
+    # copied into the 16-bit one (read 4, write 2); fp32 training: the norm (4), the mul_ (8), the copy (8).
+    # BF16_Optimizer (fp32 accumulation): the norm (4), the copy into bf16 (6), and clear_hp_grads zeroing the
+    # stage's whole fp32 gradient buffer (write 4)
+    step_pass_bytes=((("bfloat16", "bfloat16"), (0.0, 0.0, 2.0 + 6.0 + 8.0 + 6.0)),
+                     (("bfloat16", "float32"), (4.0, 0.0, 4.0 + 6.0)),
+                     (("float32", "float32"), (0.0, 0.0, 4.0 + 8.0 + 8.0))),
+    step_pass_source=("deepspeed/runtime/zero/stage_1_and_2.py step: scaled_global_norm over the 16-bit gradients, "
+                      "flat_grad_partition.to(fp32), unscale_and_clip_grads (grad.data.mul_(1. / combined_scale)), "
+                      "_optimizer_step, bit16_partitions[partition_id].data.copy_(fp32_partition.data); "
+                      "deepspeed/runtime/bf16_optimizer.py step: get_global_norm_of_tensors, optimizer.step, "
+                      "update_lp_params, clear_hp_grads (the same code for ZeRO-0 and 3 assumed)"),
+    adam_source="deepspeed/ops/adam/fused_adam.py FusedAdam (Megatron-DeepSpeed's --optimizer adam)",
 )
 
 # ---- torchtitan (FSDP2) -----------------------------------------------------------------------
@@ -539,6 +615,15 @@ TORCHTITAN = EngineProfile(
     fp8_tp_gather_source=("torchtitan apply_tp with float8 tensorwise: torchao's Float8ColwiseParallel / "
                           "PrepareFloat8ModuleInput cast the sequence-sharded input to float8 before the all-gather "
                           "(not under rowwise scaling)"),
+    # clip_grad_norm_ over the gradients as held (FSDP2's shards): torch.nn.utils.get_total_norm (read 4), then
+    # clip_grads_with_norm_, whose mul_ by the clamped coefficient runs whatever the norm (read 4, write 4)
+    step_pass_bytes=((("bfloat16", "float32"), (0.0, 12.0, 0.0)), (("float32", "float32"), (0.0, 12.0, 0.0))),
+    step_pass_source=("torchtitan/distributed/utils.py clip_grad_norm_: get_total_norm, then "
+                      "torch.nn.utils.clip_grads_with_norm_ (torch/nn/utils/clip_grad.py: _foreach_mul_ by "
+                      "clip_coef_clamped, unconditionally); the sharded fp32 parameters are the master weights"),
+    adam_switch="--optimizer.implementation",
+    adam_source=("torchtitan/components/optimizer: optimizer.implementation 'fused' by default since 2025-02-24 "
+                 "(6e49885, 'use Fused AdamW as default'); 'foreach' before (--optimizer.fused off by default)"),
 )
 
 # ---- exatrain's own trainer -------------------------------------------------------------------
@@ -600,6 +685,16 @@ EXATRAIN = EngineProfile(
     cross_entropy_source="trainer/train.py: F.cross_entropy(logits.float(), ...), uncompiled even under --compile",
     sp_gathered_head_input=True,
     sp_head_input_source="trainer/parallel/tensor.py: the head is ColwiseParallel from the sequence-sharded stream",
+    # the norm over the rank's gradients as it holds them: g.double() (read 4, write 8), pow(2) (read 8,
+    # write 8), sum (read 8)
+    step_pass_bytes=((("bfloat16", "float32"), (0.0, 36.0, 0.0)), (("float32", "float32"), (0.0, 36.0, 0.0))),
+    step_pass_source=("trainer/parallel/grads.py clip_grad_norm: g.detach().double().pow(2).sum() over each local "
+                      "gradient; the mul_ only when the norm exceeds --grad-clip. Counted by "
+                      "tests/planner/test_optimizer_step.py"),
+    adam_fused_only_plain=True,
+    adam_source=("trainer/train.py build_optimizer: torch.optim.AdamW(fused=True) over plain tensors on a GPU "
+                 "(fused_adamw_ok); its foreach path over DTensors (tensor and expert parallelism, FSDP2), under "
+                 "ZeroRedundancyOptimizer (ZeRO-1) and on the CPU"),
 )
 
 ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN)}
@@ -608,14 +703,19 @@ ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EX
 def plan_engine(plan) -> EngineProfile:
     """The profile a plan runs under: its runtime's, accumulating gradients in the plan's ``grad_accum``
     (``EngineProfile.with_grad_accum``) inside the GEMMs or not as its ``grad_accum_fusion`` says
-    (``EngineProfile.with_grad_accum_fusion``); "" keeps the runtime's own."""
-    return engine_variant(plan.runtime, plan.grad_accum, getattr(plan, "grad_accum_fusion", ""))
+    (``EngineProfile.with_grad_accum_fusion``), running its ``adam_kernel`` (``EngineProfile.with_adam``);
+    "" keeps the runtime's own."""
+    return engine_variant(plan.runtime, plan.grad_accum, getattr(plan, "grad_accum_fusion", ""),
+                          getattr(plan, "adam_kernel", ""))
 
 
-def engine_variant(runtime: str, grad_accum: str = "", grad_accum_fusion: str = "") -> EngineProfile:
+def engine_variant(runtime: str, grad_accum: str = "", grad_accum_fusion: str = "",
+                   adam_kernel: str = "") -> EngineProfile:
     """``runtime``'s profile accumulating gradients in ``grad_accum``, inside the GEMMs or not as
-    ``grad_accum_fusion`` says ("" each: the runtime's own): the one place the variant is chosen."""
-    return get_engine(runtime).with_grad_accum(grad_accum).with_grad_accum_fusion(grad_accum_fusion)
+    ``grad_accum_fusion`` says, running Adam's ``adam_kernel`` ("" each: the runtime's own): the one place the
+    variant is chosen."""
+    return (get_engine(runtime).with_grad_accum(grad_accum).with_grad_accum_fusion(grad_accum_fusion)
+            .with_adam(adam_kernel))
 
 
 def get_engine(name: str) -> EngineProfile:
@@ -626,5 +726,5 @@ def get_engine(name: str) -> EngineProfile:
         raise UserError(f"unknown engine {name!r}; use one of {', '.join(ENGINE_NAMES)}") from None
 
 
-__all__ = ["ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule", "get_engine",
+__all__ = ["ADAM_BYTES", "ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule", "get_engine",
            "plan_engine"]

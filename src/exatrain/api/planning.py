@@ -37,14 +37,16 @@ def check_runtime(runtime: str, overlap: str = "all") -> str:
     return runtime
 
 
-def check_grad_accum(grad_accum: str | None, dtype: str | None, runtime: str, fusion: str | None = None) -> None:
+def check_grad_accum(grad_accum: str | None, dtype: str | None, runtime: str, fusion: str | None = None,
+                     adam_kernel: str | None = None) -> None:
     """A one-line UserError where ``runtime`` cannot accumulate ``dtype`` training's gradients in
     ``grad_accum`` (``rules.grad_accum_problem``) or with gradient-accumulation fusion ``fusion``
-    (``rules.grad_accum_fusion_problem``); a search checks both before it enumerates anything."""
-    from exatrain.rules import grad_accum_fusion_problem, grad_accum_problem
+    (``rules.grad_accum_fusion_problem``), or cannot run Adam's ``adam_kernel`` (``rules.adam_kernel_problem``);
+    a search checks them before it enumerates anything."""
+    from exatrain.rules import adam_kernel_problem, grad_accum_fusion_problem, grad_accum_problem
 
     problem = (grad_accum_problem(grad_accum or "", dtype or "bfloat16", runtime)
-               or grad_accum_fusion_problem(fusion or "", runtime))
+               or grad_accum_fusion_problem(fusion or "", runtime) or adam_kernel_problem(adam_kernel or "", runtime))
     if problem:
         raise UserError(problem)
 
@@ -63,7 +65,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
              attention_kernel: str | None = None,
              elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-             grad_accum_fusion: str | None = None,
+             grad_accum_fusion: str | None = None, adam_kernel: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
@@ -85,7 +87,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     (``plan.CROSS_ENTROPY``;
     default: the runtime's). ``grad_accum``: the dtype bfloat16 gradients accumulate and reduce in, float32 or
     bfloat16 (``plan.GRAD_ACCUM``; default: the runtime's); ``grad_accum_fusion``: whether they accumulate inside the
-    weight-gradient GEMMs, on or off (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default: the runtime's).
+    weight-gradient GEMMs, on or off (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default: the runtime's);
+    ``adam_kernel``: the kernel its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's
+    choice; default: the runtime's).
     ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
@@ -123,7 +127,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
            attention_kernel: str | None = None,
            elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-           grad_accum_fusion: str | None = None,
+           grad_accum_fusion: str | None = None, adam_kernel: str | None = None,
            top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
@@ -139,7 +143,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     if top < 1:
         raise UserError("--top must be at least 1")
     check_runtime(runtime, overlap)
-    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion)
+    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     if out is not None:
         check_output_file(out, "--out")
     options = space_options(**layout_of(values))
@@ -171,7 +175,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
             attention_kernel: str | None = None,
             elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-            grad_accum_fusion: str | None = None,
+            grad_accum_fusion: str | None = None, adam_kernel: str | None = None,
             mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
@@ -180,7 +184,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     and cluster (a ScalingResult)."""
     values = dict(locals())
     check_runtime(runtime, overlap)
-    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion)
+    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     if global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
     options = space_options(**layout_of(values))

@@ -23,7 +23,7 @@ MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "
 LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
                  "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp", "fp8",
                  "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                 "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion")
+                 "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel")
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
@@ -111,7 +111,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
               fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
               elementwise: str | None = None, cross_entropy: str | None = None,
-              grad_accum: str | None = None, grad_accum_fusion: str | None = None) -> Plan:
+              grad_accum: str | None = None, grad_accum_fusion: str | None = None,
+              adam_kernel: str | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
@@ -124,7 +125,9 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     ``cross_entropy``: how its loss runs over the logits (``plan.CROSS_ENTROPY``, default "": the runtime's);
     ``grad_accum``: the dtype its bfloat16 gradients accumulate and reduce in (``plan.GRAD_ACCUM``, default "":
     the runtime's); ``grad_accum_fusion``: whether they accumulate inside the weight-gradient GEMMs, on or off
-    (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default "": the runtime's);
+    (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default "": the runtime's); ``adam_kernel``: the kernel
+    its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's choice; default "": the
+    runtime's);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model
@@ -173,7 +176,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 elementwise=_pick(elementwise, b and b.elementwise, ""),
                 cross_entropy=_pick(cross_entropy, b and b.cross_entropy, ""),
                 grad_accum=_pick(grad_accum, b and b.grad_accum, ""),
-                grad_accum_fusion=_pick(grad_accum_fusion, b and b.grad_accum_fusion, ""))
+                grad_accum_fusion=_pick(grad_accum_fusion, b and b.grad_accum_fusion, ""),
+                adam_kernel=_pick(adam_kernel, b and b.adam_kernel, ""))
     return plan.validate(c)
 
 
@@ -229,7 +233,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
                   fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
                   elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-                  grad_accum_fusion: str | None = None, **_: Any):
+                  grad_accum_fusion: str | None = None, adam_kernel: str | None = None, **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
 
@@ -254,7 +258,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         moe_force_balance=bool(moe_force_balance), fp8_param_gather=bool(fp8_param_gather),
         attention_kernel=attention_kernel or "",
         elementwise=elementwise or "", cross_entropy=cross_entropy or "", grad_accum=grad_accum or "",
-        grad_accum_fusion=grad_accum_fusion or "")
+        grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "")
 
 
 __all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",

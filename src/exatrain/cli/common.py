@@ -11,7 +11,7 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import (ATTENTION_KERNELS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, GRAD_ACCUM,
+from exatrain.plan import (ADAM_KERNELS, ATTENTION_KERNELS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, GRAD_ACCUM,
                            GRAD_ACCUM_FUSION, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
@@ -167,6 +167,9 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "accumulated ones inside the weight-gradient GEMMs (on: Megatron-Core's default) or by a pass over the stage's "
      "gradients after each backward (off: Megatron-Core's --no-gradient-accumulation-fusion, 10 bytes a parameter "
      "every micro-batch into fp32 main gradients); Megatron-Core only"),
+    ("--adam-kernel", None, ADAM_KERNELS, "the kernel the optimizer step runs Adam with: fused (one kernel, 28 bytes "
+     "a parameter; torchtitan's default since 2025-02) or foreach (torch's chain of multi-tensor kernels, 84 bytes a "
+     "parameter; torchtitan's --optimizer.implementation foreach, its default before); torchtitan only"),
 )
 
 

@@ -104,6 +104,15 @@ def fusion_note(plan: Plan, target: str) -> str:
             f"{plan.grad_accum_fusion}); {target} accumulates them its own way, which this config does not set")
 
 
-__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "elementwise_note", "even_split", "export", "fusion_note",
+def adam_note(plan: Plan, target: str) -> str:
+    """The note for a target that runs its own fused Adam where the plan names a kernel (plan.ADAM_KERNELS,
+    torchtitan's switch), or ""."""
+    if not plan.adam_kernel:
+        return ""
+    return (f"the plan was priced with {plan.adam_kernel} Adam (--adam-kernel, torchtitan's switch); {target} runs its "
+            "FusedAdam, which this config does not change")
+
+
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "adam_note", "elementwise_note", "even_split", "export", "fusion_note",
            "kernel_note", "summary"]
 

@@ -29,8 +29,8 @@ import shlex
 from typing import Any
 
 from exatrain.errors import UserError
-from exatrain.engine_configs.common import (Export, Flag, FlagGroup, elementwise_note, even_split, fusion_note,
-                                           kernel_note, summary)
+from exatrain.engine_configs.common import (Export, Flag, FlagGroup, adam_note, elementwise_note, even_split,
+                                           fusion_note, kernel_note, summary)
 from exatrain.plan import Plan
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
@@ -136,8 +136,7 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
         FlagGroup("PRECISION_ARGS", "precision and attention kernel",
                   f"megatron/core/model_parallel_config.py, {cfg}", tuple(prec)),
     )
-    note = elementwise_note(plan, "Megatron-Core")
-    notes += [note] if note else []
+    notes += [n for n in (elementwise_note(plan, "Megatron-Core"), adam_note(plan, "Megatron-Core")) if n]
     return groups, tuple(notes)
 
 
@@ -297,8 +296,7 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
         notes.append(f"the plan was priced with float32 gradient accumulation; DeepSpeed accumulates in float32 only "
                      f"through its BF16_Optimizer (ZeRO-0/1), so this config at ZeRO-{plan.zero_stage} keeps its "
                      "bfloat16 default")
-    note = fusion_note(plan, "Megatron-DeepSpeed")
-    notes += [note] if note else []
+    notes += [n for n in (fusion_note(plan, "Megatron-DeepSpeed"), adam_note(plan, "Megatron-DeepSpeed")) if n]
     return groups, tuple(notes)
 
 

@@ -167,6 +167,8 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         "activation_checkpoint": ac,
         "compile": {"enable": bool(components), **({"components": components} if components else {})},
         **({"quantize.linear.float8": quant} if quant else {}),
+        # Adam's kernel as the plan priced it (plan.ADAM_KERNELS; torchtitan's default: fused)
+        **({"optimizer": {"implementation": plan.adam_kernel}} if plan.adam_kernel else {}),
         # round-robin routing, as the plan priced it (torchtitan/config/job_config.py Debug)
         **({"debug": {"moe_force_load_balance": True}} if plan.moe_force_balance else {}),
     }

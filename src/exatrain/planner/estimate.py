@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
-from exatrain.accounting.engines import get_engine, plan_engine
+from exatrain.accounting.engines import ADAM_BYTES, get_engine, plan_engine
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
 from exatrain.accounting.params import stage_params, total_params
@@ -56,7 +56,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
-                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion)
+                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion, adam_kernel=plan.adam_kernel)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -113,6 +113,13 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += ("gradient accumulation: inside the weight-gradient GEMMs ("
                   + ("set by --grad-accum-fusion on" if plan.grad_accum_fusion else f"{rt}'s own")
                   + f"; --grad-accum-fusion off prices {engine.accum_fusion_switch})",)
+    kernel = str(engine.adam_kernel(tp=plan.tp, ep=plan.ep, zero=plan.zero_stage,
+                                    shard=plan.dp * plan.cp if plan.zero_stage >= 1 else 1,
+                                    on_host=cluster.device.vendor == "host"))
+    around = sum(engine.step_passes(plan.dtype))
+    notes += (f"optimizer step: {kernel} Adam, {ADAM_BYTES[kernel]:g} bytes a parameter of the optimizer shard ("
+              + ("set by --adam-kernel; " if plan.adam_kernel else "") + f"{engine.adam_source})"
+              + (f", and {around:g} bytes a parameter around it ({engine.step_pass_source})" if around else ""),)
     # the switches that can act on this plan: the expert all-to-all's only for a MoE model
     moe_switch = engine.overlap("ep_a2a")
     switches = [s for s in rules.switches if plan.model.is_moe or moe_switch is None or s != moe_switch.switch]

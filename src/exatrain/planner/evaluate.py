@@ -105,7 +105,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
              elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
              fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
-             grad_accum_fusion: str = "") -> Evaluation:
+             grad_accum_fusion: str = "", adam_kernel: str = "") -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -120,7 +120,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     model than the runtime's counts its own engine's); ``grad_accum``: the dtype bfloat16 gradients accumulate and
     reduce in under the runtime (``plan.GRAD_ACCUM``; "": its own, ``EngineProfile.with_grad_accum``);
     ``grad_accum_fusion``: whether the runtime accumulates them inside its weight-gradient GEMMs
-    (``plan.GRAD_ACCUM_FUSION``; "": its own, ``EngineProfile.with_grad_accum_fusion``).
+    (``plan.GRAD_ACCUM_FUSION``; "": its own, ``EngineProfile.with_grad_accum_fusion``); ``adam_kernel``: the kernel
+    its optimizer step runs Adam with (``plan.ADAM_KERNELS``; "": its own, ``EngineProfile.with_adam``).
     ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
@@ -211,7 +212,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams,
                               moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load,
                               fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
-                              grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion)
+                              grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion,
+                              adam_kernel=adam_kernel)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

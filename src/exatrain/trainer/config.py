@@ -121,6 +121,10 @@ class TrainConfig:
         if self.plan.grad_accum_fusion:
             raise UserError(f"--grad-accum-fusion {self.plan.grad_accum_fusion} is Megatron-Core's switch; the "
                             "exatrain trainer accumulates its gradients through autograd: train a plan made without it")
+        # The Adam kernel is torchtitan's switch (plan.ADAM_KERNELS); the trainer picks its own (train.fused_adamw_ok).
+        if self.plan.adam_kernel:
+            raise UserError(f"--adam-kernel {self.plan.adam_kernel} is torchtitan's switch; the exatrain trainer runs "
+                            "fused Adam over plain tensors on a GPU and foreach elsewhere: train a plan made without it")
         # The plan was priced with its element-wise ops as it names them (plan.ELEMENTWISE): fused ones
         # are what --compile runs; eager ones what the trainer runs without it.
         if self.plan.elementwise == "fused" and not self.compile:

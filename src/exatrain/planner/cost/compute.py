@@ -314,6 +314,3 @@ def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype:
     return fwd, bwd
 
 
-def optimizer_time_s(params_updated, dev: Device):
-    """Adam over fp32 states: read param, grad, m, v and write param, m, v, plus the 16-bit copy."""
-    return elementwise_time_s(np.asarray(params_updated, dtype=float) * 32.0, dev)

@@ -417,6 +417,27 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     return replace(st, fwd=st.fwd + fwd_s, bwd=st.bwd + bwd_s)
 
 
+def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shard, xshard, zero, tp, ep: int,
+                      on_host: bool, dev: compute.Device) -> np.ndarray:
+    """(N,) seconds of the optimizer step on its slowest pipeline rank: Adam over the rank's optimizer shard
+    (``params_by_rank`` / ``shard`` and ``expert_params`` / ``xshard``, each (N, pp)) in the engine's kernel
+    (engines.ADAM_BYTES; exatrain's fused one only where its parameters are plain GPU tensors: tp 1, ep 1, no FSDP,
+    no ZeroRedundancyOptimizer), and the engine's passes around it (``EngineProfile.step_passes``) over the whole
+    stage, over the gradients as held (sharded at ZeRO-2/3) and over the optimizer shard. Element-wise bandwidth:
+    every pass is memory-bound."""
+    from exatrain.accounting.engines import ADAM_BYTES
+
+    whole_b, held_b, shard_b = engine.step_passes(dtype)
+    zero = np.asarray(zero).reshape(-1, 1)
+    whole = params_by_rank + expert_params
+    sharded = params_by_rank / shard + expert_params / xshard
+    held = np.where(zero >= 2, sharded, whole)
+    kernel = engine.adam_kernel(tp=np.asarray(tp).reshape(-1, 1), ep=ep, zero=zero, shard=shard, on_host=on_host)
+    adam = np.where(kernel == "fused", ADAM_BYTES["fused"], ADAM_BYTES["foreach"])
+    moved = whole_b * whole + held_b * held + (shard_b + adam) * sharded
+    return compute.elementwise_time_s(moved, dev).max(axis=1)
+
+
 def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
                flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
                schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
@@ -424,7 +445,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
                fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
-               grad_accum_fusion: str = "") -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+               grad_accum_fusion: str = "", adam_kernel: str = ""
+               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
     holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
@@ -437,10 +459,12 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     ``grad_accum``: the dtype bfloat16 gradients accumulate and reduce in (plan.GRAD_ACCUM; "": the runtime's
     own): the dtype its gradient collectives carry, and the pass over the stage's gradients an engine makes
     every micro-batch to accumulate them outside the GEMMs (``EngineProfile.accum_pass``); ``grad_accum_fusion``:
-    whether that accumulation runs inside the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION; "": the runtime's own)."""
+    whether that accumulation runs inside the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION; "": the runtime's own);
+    ``adam_kernel``: the kernel its optimizer step runs Adam with (plan.ADAM_KERNELS; "": the runtime's own,
+    ``optimizer_seconds``)."""
     from exatrain.accounting.engines import engine_variant
 
-    engine = engine_variant(runtime, grad_accum, grad_accum_fusion)
+    engine = engine_variant(runtime, grad_accum, grad_accum_fusion, adam_kernel)
     rules = overlap_rules(engine, overlap)
     tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
     N, p, v = tp.size, int(pp), int(interleave)
@@ -518,7 +542,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
         hidden["dp"] = (t_red + t_gat).max(axis=1) - dp_exposed
     shard = np.where(zero >= 1, dp * cp_size, 1)[:, None]
     xshard = np.where(zero >= 1, tp * cp_size * dp / ep, 1)[:, None]  # the expert-data-parallel group
-    opt = compute.optimizer_time_s(params_by_rank / shard + xp / xshard, dev).max(axis=1)
+    opt = optimizer_seconds(engine, dtype, params_by_rank, xp, shard=shard, xshard=xshard, zero=zero, tp=tp, ep=ep,
+                            on_host=cluster.device.vendor == "host", dev=dev)
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
     times = {"step": pipe + dp_exposed + opt + fixed, "compute": compute_s,
              "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
@@ -539,7 +564,8 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
-                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion)
+                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion,
+                  adam_kernel=plan.adam_kernel)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 

@@ -68,6 +68,7 @@ class SpaceOptions:
     cross_entropy: str = ""  # how every candidate's loss runs over the logits (plan.CROSS_ENTROPY)
     grad_accum: str = ""  # the dtype every candidate's bf16 gradients accumulate in (plan.GRAD_ACCUM)
     grad_accum_fusion: str = ""  # every candidate's accumulation inside the GEMMs or not (plan.GRAD_ACCUM_FUSION)
+    adam_kernel: str = ""  # every candidate's Adam kernel (plan.ADAM_KERNELS)
 
 
 @dataclass
