@@ -685,11 +685,10 @@ EXATRAIN = EngineProfile(
     cross_entropy_source="trainer/train.py: F.cross_entropy(logits.float(), ...), uncompiled even under --compile",
     sp_gathered_head_input=True,
     sp_head_input_source="trainer/parallel/tensor.py: the head is ColwiseParallel from the sequence-sharded stream",
-    # the norm over the rank's gradients as it holds them: g.double() (read 4, write 8), pow(2) (read 8,
-    # write 8), sum (read 8)
-    step_pass_bytes=((("bfloat16", "float32"), (0.0, 36.0, 0.0)), (("float32", "float32"), (0.0, 36.0, 0.0))),
-    step_pass_source=("trainer/parallel/grads.py clip_grad_norm: g.detach().double().pow(2).sum() over each local "
-                      "gradient; the mul_ only when the norm exceeds --grad-clip. Counted by "
+    # the norm over the rank's gradients as it holds them: one read of each fp32 gradient
+    step_pass_bytes=((("bfloat16", "float32"), (0.0, 4.0, 0.0)), (("float32", "float32"), (0.0, 4.0, 0.0))),
+    step_pass_source=("trainer/parallel/grads.py clip_grad_norm: torch.nn.utils.get_total_norm (foreach norms) over "
+                      "the local gradients; the mul_ only when the norm exceeds --grad-clip. Counted by "
                       "tests/planner/test_optimizer_step.py"),
     adam_fused_only_plain=True,
     adam_source=("trainer/train.py build_optimizer: torch.optim.AdamW(fused=True) over plain tensors on a GPU "
