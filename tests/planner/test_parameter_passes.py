@@ -1,13 +1,16 @@
 """The passes exatrain's own trainer makes over its parameters every micro-batch (``EngineProfile.autocast_casts``,
 ``autograd_accum``; ``cost.step.with_parameter_passes``): counted here on the trainer's own model as its step runs it
 (a dispatch-mode counter over ``aten._to_copy`` and ``add_``; FSDP2 on two gloo ranks,
-``tests/helpers/fsdp_grad_passes.py``), then priced exactly as counted.
+``tests/helpers/fsdp_grad_passes.py``), then priced exactly as counted: on the CPU all of them, on a GPU those on the
+compute stream.
 
 Broken on purpose and seen to fail here: the full recomputation's rerun casts left out of the step (the step test,
 recompute full), the embedding table counted as a GEMM weight (the counting test), the adds priced on every
 micro-batch instead of all but the first (the step and float32 tests), the casts priced under float32 training (the
 float32 test), FSDP's kept gradients priced from the first micro-batch's add on (``m - 2`` for ``m - 1``: the FSDP
-step test), ``plan_stage_times`` without them (the timeline test)."""
+step test), ``plan_stage_times`` without them (the timeline test), the shard-sized copies FSDP2 runs on its own streams
+priced on a GPU's compute stream (the FSDP compute-stream tests), or left out on the CPU, which has no streams (the
+CPU test)."""
 
 from __future__ import annotations
 
@@ -109,12 +112,12 @@ def _without_passes(monkeypatch) -> None:
     monkeypatch.setitem(engines.ENGINES, "exatrain", plain)
 
 
-def _priced(plan, monkeypatch) -> tuple[float, float]:
-    params = default_params(H100.device.name)
-    with_passes = estimate_plan(plan, H100, params).time_s.compute
+def _priced(plan, monkeypatch, cluster=H100) -> tuple[float, float]:
+    params = default_params(cluster.device.name)
+    with_passes = estimate_plan(plan, cluster, params).time_s.compute
     with monkeypatch.context() as mp:
         _without_passes(mp)
-        without = estimate_plan(plan, H100, params).time_s.compute
+        without = estimate_plan(plan, cluster, params).time_s.compute
     return with_passes, without
 
 
@@ -161,27 +164,46 @@ def test_fsdp_counts_are_the_trainers_own(zero: int) -> None:
                       {**each, "add": total, "rs_in": total, "rs_out": total // 2}]
 
 
+def _fsdp_per_step(plan, *, inline: bool) -> float:
+    """Bytes of the counted FSDP2 passes a step moves on one rank; ``inline``: also the two shard-sized copies FSDP2
+    runs on its own streams on a GPU (each gather's copy-in, the reduce-scatter output's copy into .grad)."""
+    m, params, shard = plan.num_microbatches, rank_params(plan)[0, 0], plan.dp * plan.cp
+    side = 1.0 if inline else 0.0
+    gather = side * CAST_BYTES_FP32_BF16 / shard + COPY_BYTES_BF16
+    kept = CAST_BYTES_FP32_BF16 + GRAD_ADD_BYTES_BF16_INTO_FP32 * (m - 1) if m > 1 else 0.0
+    rs_in = COPY_BYTES_FP32 if m > 1 else CAST_BYTES_FP32_BF16  # the kept fp32 gradients, or the one bf16 backward's
+    return (m * gather * (2 if plan.zero_stage == 3 else 1) + kept + rs_in + side * COPY_BYTES_FP32 / shard) * params
+
+
 @pytest.mark.parametrize("zero", [2, 3])
-def test_fsdp_pays_what_was_counted(monkeypatch, zero: int) -> None:
+def test_fsdp_pays_what_was_counted_on_its_compute_stream(monkeypatch, zero: int) -> None:
     plan = _plan(zero=zero)
     with_passes, without = _priced(plan, monkeypatch)
-    m, params, shard = plan.num_microbatches, rank_params(plan)[0, 0], plan.dp * plan.cp
     dev = compute.device_for(H100, "bfloat16", default_params(H100.device.name), plan.gpus)
-    gather = CAST_BYTES_FP32_BF16 / shard + COPY_BYTES_BF16
-    per_step = (m * gather * (2 if zero == 3 else 1) + CAST_BYTES_FP32_BF16 + GRAD_ADD_BYTES_BF16_INTO_FP32 * (m - 1)
-                + COPY_BYTES_FP32 + COPY_BYTES_FP32 / shard) * params
-    assert m == 4 and shard == 4
-    assert with_passes - without == pytest.approx(float(compute.elementwise_time_s(per_step, dev)), rel=1e-9)
+    assert plan.num_microbatches == 4 and plan.dp * plan.cp == 4
+    expect = float(compute.elementwise_time_s(_fsdp_per_step(plan, inline=False), dev))
+    assert with_passes - without == pytest.approx(expect, rel=1e-9)
+
+
+def test_fsdp_on_the_cpu_pays_every_copy_in_line(monkeypatch) -> None:
+    cpu = get_cluster("local-cpu")
+    plan = make_plan("llama-tiny", cpu, gpus=2, micro_batch=1, global_batch=6, zero=3, dtype="bfloat16",
+                     runtime="exatrain")
+    with_passes, without = _priced(plan, monkeypatch, cpu)
+    dev = compute.device_for(cpu, "bfloat16", default_params(cpu.device.name), plan.gpus)
+    assert plan.num_microbatches == 3
+    expect = float(compute.elementwise_time_s(_fsdp_per_step(plan, inline=True), dev))
+    assert with_passes - without == pytest.approx(expect, rel=1e-9)
 
 
 def test_fsdp_with_one_micro_batch_keeps_nothing(monkeypatch) -> None:
     # the one backward's bf16 gradients go straight into the reduce-scatter's fp32 input: a cast, no add
     plan = _plan(zero=2, global_batch=4)
     with_passes, without = _priced(plan, monkeypatch)
-    params, shard = rank_params(plan)[0, 0], plan.dp
     dev = compute.device_for(H100, "bfloat16", default_params(H100.device.name), plan.gpus)
-    per_step = (CAST_BYTES_FP32_BF16 / shard + COPY_BYTES_BF16 + CAST_BYTES_FP32_BF16 + COPY_BYTES_FP32 / shard) * params
+    per_step = (COPY_BYTES_BF16 + CAST_BYTES_FP32_BF16) * rank_params(plan)[0, 0]
     assert plan.num_microbatches == 1
+    assert _fsdp_per_step(plan, inline=False) == per_step
     assert with_passes - without == pytest.approx(float(compute.elementwise_time_s(per_step, dev)), rel=1e-9)
 
 

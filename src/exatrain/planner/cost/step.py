@@ -379,7 +379,7 @@ def cast_params(model: ModelSpec, tp, pp: int, params_by_rank) -> tuple[np.ndarr
 
 
 def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, tp, params_by_rank, v: int, m,
-                          zero, recompute, dev: compute.Device, shard=1) -> StageTimes:
+                          zero, recompute, dev: compute.Device, shard=1, side_streams: bool = True) -> StageTimes:
     """``st`` with the passes an engine makes over its parameters every micro-batch (rank parameters
     ``params_by_rank`` (N, pp), tp (N,), ``m`` micro-batches, ``zero`` stages, ``recompute`` indices, FSDP's
     ``shard`` size (N,)), spread evenly over a step's micro-batches: its accumulation outside the GEMMs
@@ -389,7 +389,12 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     FSDP2 shards (``fsdp_pass_zero``, bfloat16 training) each gather's copies into and out of its buffer (the
     shard cast to bf16, the gathered weights copied out; ZeRO-3 gathers again in the backward), the unsharded
     gradients kept in fp32 between micro-batches (the first cast, each later one added) and the last backward's
-    copies into and out of the reduce-scatter."""
+    copies into and out of the reduce-scatter. With ``side_streams`` (a GPU) FSDP2 runs two of those beside the
+    compute, on its own streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each gather's copy-in of
+    the shard (all_gather_copy_in_stream) and the reduce-scatter output's copy into the shard's .grad (the
+    reduce-scatter stream); they lengthen the collectives they feed, not the compute, and are left out here. The
+    gathered weights' copy-out and the reduce-scatter's copy-in run on the compute stream. Without streams (the
+    CPU) every copy is in line."""
     st = with_accumulation(st, engine, dtype, params_by_rank, v, dev)
     if not (engine.autocast_casts or engine.autograd_accum or engine.fsdp_pass_zero):
         return st
@@ -407,9 +412,10 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     fwd, bwd = np.where(ddp, fwd, 0.0), np.where(ddp, bwd, 0.0)
     if dtype == "bfloat16" and engine.fsdp_pass_zero:
         s = np.asarray(shard, dtype=float).reshape(-1, 1)
-        gather = CAST_BYTES_FP32_BF16 / s + COPY_BYTES_BF16
+        inline = 0.0 if side_streams else 1.0  # the shard-sized copies FSDP2 runs on its own streams on a GPU
+        gather = inline * CAST_BYTES_FP32_BF16 / s + COPY_BYTES_BF16
         kept = np.where(m > 1, CAST_BYTES_FP32_BF16 + GRAD_ADD_BYTES_BF16_INTO_FP32 * (m - 1), 0.0)
-        reduce = np.where(m > 1, COPY_BYTES_FP32, CAST_BYTES_FP32_BF16) + COPY_BYTES_FP32 / s
+        reduce = np.where(m > 1, COPY_BYTES_FP32, CAST_BYTES_FP32_BF16) + inline * COPY_BYTES_FP32 / s
         fwd = np.where(fsdp, gather * params, fwd)
         bwd = np.where(fsdp, (np.where((z == 3)[:, None], gather, 0.0) + (kept + reduce) / m) * params, bwd)
     fwd_s = compute.elementwise_time_s(_per_stage(fwd, v), dev)
@@ -477,7 +483,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms)
     st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
-                               shard=dp * cp_size)
+                               shard=dp * cp_size, side_streams=cluster.device.vendor != "host")
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -592,7 +598,8 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                                                  plan.layers_per_stage(), plan.ep)
     return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),
                                  plan.interleave, [plan.num_microbatches], [plan.zero_stage],
-                                 [RECOMPUTE.index(plan.recompute)], dev, shard=[plan.dp * plan.cp])
+                                 [RECOMPUTE.index(plan.recompute)], dev, shard=[plan.dp * plan.cp],
+                                 side_streams=cluster.device.vendor != "host")
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
