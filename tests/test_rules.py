@@ -88,7 +88,7 @@ def test_space_counts_each_candidate_under_its_first_rule() -> None:
                         recompute=("none",), sequence_parallel=(False, True),
                         schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2)))
     gpus, gb = 24, 24
-    for runtime in ("megatron-deepspeed", "exatrain"):  # both offer every ZeRO stage
+    for runtime in ("megatron-deepspeed", "exatrain"):  # both offer every ZeRO stage (DeepSpeed's not under a pipeline)
         space = enumerate_space(m, c, gpus, gb, opts, runtime=runtime)
         expected = dict.fromkeys(REASONS + (TRAINER_REASONS if runtime == "exatrain" else ()) + (RUNTIME_REASON,), 0)
         legal = set()
@@ -102,7 +102,8 @@ def test_space_counts_each_candidate_under_its_first_rule() -> None:
                                 if (pp == 1 and (sched, v) != ("1f1b", 1)) or (tp == 1 and sp) or (dp == 1 and zero):
                                     continue  # collapsed: an equivalent spelling of another candidate
                                 plan = Plan(model=m, dims=ParallelDims(tp, pp, max(dp, 1)), shape=TrainShape(mb, gb),
-                                            zero_stage=zero, sequence_parallel=sp, schedule=sched, interleave=v)
+                                            zero_stage=zero, sequence_parallel=sp, schedule=sched, interleave=v,
+                                            runtime=runtime)
                                 scopes = ("plan", "trainer") if runtime == "exatrain" else ("plan",)
                                 bad = rules.problems(plan, c, scopes=scopes)
                                 if not dp:  # a Plan's gpus are tp*pp*dp: only a requested count breaks that rule
@@ -255,3 +256,23 @@ def test_cp_and_runtime_round_trip_through_plan_json() -> None:
     assert again == plan
     plain = Plan(model=get_model("gpt-tiny")).to_dict()
     assert not {"cp", "runtime", "fp8"} & set(plain)  # defaults stay out of the JSON users already have
+
+
+def test_deepspeed_runs_no_zero_2_or_3_under_a_pipeline() -> None:
+    """Megatron-DeepSpeed runs pp > 1 through DeepSpeed's pipeline engine, which asserts ZeRO < 2: such plans are
+    refused with the fix, the search's mask says the same, and pp 1 or another runtime keeps them. (Broken on purpose
+    and seen to fail here: the rule dropped; its mask ignoring the runtime.)"""
+    model = get_model("gpt-175b")
+    plan = Plan(model=model, dims=ParallelDims(tp=4, pp=16, dp=2), shape=TrainShape(1, 640), zero_stage=2,
+                runtime="megatron-deepspeed")
+    with pytest.raises(PlanError, match=re.escape("refuses ZeRO-2") + ".*use --zero 0 or 1, or --pp 1"):
+        plan.validate()
+    for ok in (plan.replace(zero_stage=1), plan.replace(dims=ParallelDims(tp=4, pp=1, dp=32), zero_stage=3),
+               plan.replace(runtime="megatron-core")):
+        assert ok.validate() is ok
+    reason = "ZeRO-2/3 with a pipeline under megatron-deepspeed"
+    for runtime, expect in (("megatron-deepspeed", [True, True, False, False]), ("exatrain", [False] * 4)):
+        x = rules.layout(model, tp=[4] * 4, pp=[16, 16, 16, 1], dp=[2, 2, 2, 32], micro_batch=[1] * 4,
+                         global_batch=[640] * 4, zero_stage=[2, 3, 1, 3], recompute=["none"] * 4,
+                         sequence_parallel=[False] * 4, schedule=["1f1b"] * 4, interleave=[1] * 4, runtime=runtime)
+        assert list(rules.broken(x, scopes=ALL)[reason]) == expect, runtime

@@ -233,6 +233,13 @@ RULES: tuple[Rule, ...] = (
          lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
          lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "
                        "schedule needs at least pp: raise the global batch or lower micro-batch")),
+    # Megatron-DeepSpeed runs pp > 1 through DeepSpeed's pipeline engine, whose constructor asserts "ZeRO-2 and
+    # ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py PipelineEngine.__init__).
+    Rule("ZeRO-2/3 with a pipeline under megatron-deepspeed",
+         lambda x: _on(x.runtime == "megatron-deepspeed", x.tp.shape) & (x.pp > 1) & (x.zero_stage >= 2),
+         lambda p, c: (f"--runtime megatron-deepspeed runs pp {p.pp} through DeepSpeed's pipeline engine, which "
+                       f"refuses ZeRO-{p.zero_stage} (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                       "parallelism\"): use --zero 0 or 1, or --pp 1")),
     Rule("sequence parallel without tensor parallelism",
          lambda x: x.sequence_parallel & (x.tp == 1),
          lambda p, c: "--sequence-parallel needs tp > 1 (it splits the sequence over the tp group)"),

@@ -1,12 +1,14 @@
 """The dtype bfloat16 training accumulates and reduces its gradients in (``--grad-accum``, ``Plan.grad_accum``):
 the runtimes that offer each (their state tables), the memory and collectives of the engine variant it selects,
-DeepSpeed's BF16_Optimizer pass over the gradients every micro-batch, the exports, the refusals.
+DeepSpeed's BF16_Optimizer pass over the gradients every micro-batch and, without it, autograd's adds into the kept
+bf16 .grad, the exports, the refusals.
 
 Broken on purpose and seen to fail here: the accumulation pass left out of ``cost.step.step_times`` (the pass
 test), the BF16_Optimizer's gradients reduce-scattered like the other ZeRO-1 optimizers' (the collectives test),
 ``evaluate`` ignoring ``grad_accum`` for the runtime's memory (the memory test), GRAD_ACCUM_RUNTIMES offering
 bfloat16 to torchtitan (the state-table test), the search not checking it first (the CLI test), the trainer's
-refusal dropped (the trainer test), ``plan_stage_times`` without the pass (the timeline test)."""
+refusal dropped (the trainer test), ``plan_stage_times`` without the pass (the timeline test), DeepSpeed's adds into
+its bf16 .grad priced from the first micro-batch on (``m`` for ``m - 1``) or at ZeRO-2 too (the later-adds test)."""
 
 from __future__ import annotations
 
@@ -64,13 +66,41 @@ def test_deepspeed_bf16_optimizer_passes_over_the_gradients_every_micro_batch() 
     params = default_params(A100.device.name)
     with_pass = estimate_plan(plan, A100, params).time_s
     without = estimate_plan(plan.replace(grad_accum="bfloat16"), A100, params).time_s
-    one = float(pass_seconds(plan, A100, 26.0)[0, 0])
+    m = plan.num_microbatches
+    # against bf16 accumulation, which pays autograd's adds into its kept bf16 .grad from the second micro-batch on
+    extra = float(pass_seconds(plan, A100, 26.0 * m - 6.0 * (m - 1))[0, 0])
     assert get_engine("megatron-deepspeed").with_grad_accum("float32").accum_pass("bfloat16") == 26.0
-    assert with_pass.compute - without.compute == pytest.approx(plan.num_microbatches * one, rel=1e-9)
+    assert with_pass.compute - without.compute == pytest.approx(extra, rel=1e-9)
     # no other engine makes such a pass, and none in fp32 training
     for runtime in ("megatron-core", "torchtitan", "exatrain"):
         assert get_engine(runtime).accum_pass("bfloat16") == 0.0
     assert get_engine("megatron-deepspeed").with_grad_accum("float32").accum_pass("float32") == 0.0
+
+
+@pytest.mark.parametrize(("zero", "adds"), [(0, True), (1, True), (2, False)])
+def test_deepspeed_adds_later_micro_batches_into_its_bf16_grads(zero: int, adds: bool) -> None:
+    # ZeRO-0/1 keep .grad between micro-batches (autograd adds into it, 6 bytes a parameter, from the second on);
+    # ZeRO-2 reduces each micro-batch's gradients in its backward and keeps none; BF16_Optimizer's own pass covers
+    # its adds (the test above)
+    import dataclasses
+
+    from exatrain.accounting import engines
+
+    plan = _plan("megatron-deepspeed", zero=zero)
+    params = default_params(A100.device.name)
+    got = estimate_plan(plan, A100, params)
+    plain = dataclasses.replace(engines.MEGATRON_DEEPSPEED, later_accum_bytes=())
+    try:
+        engines.ENGINES["megatron-deepspeed"] = plain
+        without = estimate_plan(plan, A100, params).time_s.compute
+    finally:
+        engines.ENGINES["megatron-deepspeed"] = engines.MEGATRON_DEEPSPEED
+    m = plan.num_microbatches
+    expect = float(pass_seconds(plan, A100, 6.0 * (m - 1))[0, 0]) if adds else 0.0
+    assert m == 4 and got.time_s.compute - without == pytest.approx(expect, rel=1e-9, abs=1e-12)
+    assert any("autograd adds each micro-batch's gradient after the first" in n for n in got.notes) == adds
+    assert get_engine("megatron-deepspeed").with_grad_accum("float32").later_accum("bfloat16") == 0.0
+    assert {name for name in ENGINE_NAMES if get_engine(name).later_accum("bfloat16")} == {"megatron-deepspeed"}
 
 
 def test_the_bf16_optimizer_all_reduces_fp32_gradients() -> None:
@@ -133,7 +163,8 @@ def test_the_timeline_replays_the_same_pass() -> None:
     params = default_params(A100.device.name)
     extra = plan_stage_times(plan, A100, params).bwd - plan_stage_times(plan.replace(grad_accum="bfloat16"), A100,
                                                                         params).bwd
-    assert np.allclose(extra[0], pass_seconds(plan, A100, 26.0)[0], rtol=1e-9)
+    m = plan.num_microbatches  # the bf16 variant pays autograd's adds from the second micro-batch on (per micro-batch)
+    assert np.allclose(extra[0], pass_seconds(plan, A100, 26.0 - 6.0 * (m - 1) / m)[0], rtol=1e-9)
 
 
 def test_an_export_that_cannot_carry_it_says_so() -> None:

@@ -76,7 +76,7 @@ def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
     opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 1, 2, 3), recompute=("none",),
                         sequence_parallel=(False,), schedules=(("1f1b", 1), ("zero_bubble", 2)))
-    ref = enumerate_space(m, c, 4, 8, opts, runtime="megatron-deepspeed")  # dp 2, 4 micro-batches: all 8 legal
+    ref = enumerate_space(m, c, 4, 8, opts, runtime="megatron-core")  # dp 2, 4 micro-batches: all 8 legal
     own = enumerate_space(m, c, 4, 8, opts, runtime="exatrain")
     assert len(ref) == 8 and not set(TRAINER_REASONS) & set(ref.rejected)
     assert own.rejected[fsdp_zero_bubble] == 2 and len(own) == 6
@@ -150,6 +150,7 @@ def test_scaling_cli_weak_and_strong(capsys) -> None:
 
 # ---- expert and context parallelism for exatrain's own trainer -------------------------------
 
+DS_PIPELINE_ZERO = "ZeRO-2/3 with a pipeline under megatron-deepspeed"
 EP_ZERO = "ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)"
 MOE_ZERO_BUBBLE = "zero_bubble with a mixture-of-experts model (the exatrain trainer refuses it)"
 CP_MOE = "cp with a mixture-of-experts model (the exatrain trainer refuses it)"
@@ -161,10 +162,15 @@ def _keys(space) -> set[tuple]:
                                           space.recompute, space.sp, space.variant, space.ep, space.cp))))
 
 
+def _ds_pipeline_zero(k: tuple) -> bool:
+    """A key (``_keys``) DeepSpeed's pipeline engine refuses and exatrain may run: ZeRO-2/3 with pp > 1."""
+    return k[1] > 1 and k[4] >= 2
+
+
 def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
-    """moe-tiny (4 experts) on 8 CPUs: exatrain's candidates are megatron-deepspeed's (both offer every
-    ZeRO stage) less exactly those the trainer refuses, each counted under its rule: ep > 1 with ZeRO
-    1-3, a MoE model under zero bubble, and zero bubble under FSDP."""
+    """moe-tiny (4 experts) on 8 CPUs: exatrain's candidates are megatron-deepspeed's (both keep ep inside
+    dp) less exactly those the trainer refuses, each counted under its rule — ep > 1 with ZeRO 1-3, a MoE model
+    under zero bubble, and zero bubble under FSDP — plus the ZeRO-2/3 pipelines DeepSpeed refuses."""
     m, c = get_model("moe-tiny"), get_cluster("local-cpu")
     ref = enumerate_space(m, c, 8, 16, runtime="megatron-deepspeed")
     own = enumerate_space(m, c, 8, 16, runtime="exatrain")
@@ -174,8 +180,9 @@ def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
         tp, pp, dp, mb, zero, rec, sp, var, ep, cp = k
         return (ep > 1 and zero >= 1) or (pp > 1 and var in zb)
 
-    assert _keys(own) == {k for k in _keys(ref) if not refused(k)}
-    assert sum(own.rejected[r] for r in TRAINER_REASONS) == len(ref) - len(own)
+    assert {k for k in _keys(own) if not _ds_pipeline_zero(k)} == {k for k in _keys(ref) if not refused(k)}
+    assert not any(_ds_pipeline_zero(k) for k in _keys(ref)) and any(_ds_pipeline_zero(k) for k in _keys(own))
+    assert sum(own.rejected[r] for r in TRAINER_REASONS) + len(own) == len(ref) + ref.rejected[DS_PIPELINE_ZERO]
     assert own.rejected[EP_ZERO] > 0 and own.rejected[MOE_ZERO_BUBBLE] > 0
     assert set(own.ep.tolist()) == {1, 2, 4}  # the divisors of the 4 experts
     assert set(own.zero[own.ep > 1].tolist()) == {0}
@@ -204,7 +211,8 @@ def test_exatrain_search_offers_cp_for_long_context() -> None:
     assert set(own.cp.tolist()) == {1, 2, 4, 8}  # powers of two up to gpus / tp
     assert own.rejected[CP_ZERO_BUBBLE] > 0
     assert not any(cp > 1 and pp > 1 and v in zb for cp, pp, v in zip(own.cp, own.pp, own.variant))
-    assert {k for k in _keys(ref) if k[-1] > 1 and not (k[1] > 1 and k[7] in zb)} == {k for k in _keys(own) if k[-1] > 1}
+    assert ({k for k in _keys(ref) if k[-1] > 1 and not (k[1] > 1 and k[7] in zb)}
+            == {k for k in _keys(own) if k[-1] > 1 and not _ds_pipeline_zero(k)})
 
     moe = enumerate_space(get_model("mixtral-8x7b"), c, 64, 256, SpaceOptions(tp=(2,), pp=(1, 2)), runtime="exatrain")
     assert set(moe.cp.tolist()) == {1} and moe.rejected[CP_MOE] > 0

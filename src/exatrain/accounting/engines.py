@@ -180,6 +180,12 @@ class EngineProfile:
     # each gather's copies into and out of its buffer, the unsharded bf16 gradients a micro-batch without gradient
     # sync leaves kept in fp32 (the first cast, each later one added in), the reduce-scatter's copies in and out
     fsdp_pass_zero: tuple[int, ...] = ()
+    # Bytes per parameter autograd moves adding a micro-batch's gradient into the one kept in .grad, from the second
+    # micro-batch on, by gradient-accumulation dtype of bfloat16 training, at the ZeRO stages that keep .grad whole
+    # between micro-batches (``later_accum_zero``; cost.step.with_parameter_passes)
+    later_accum_bytes: tuple[tuple[str, float], ...] = ()
+    later_accum_zero: tuple[int, ...] = ()
+    later_accum_source: str = ""
     # The optimizer step's passes around Adam (cost.step.optimizer_seconds), bytes per parameter by (training
     # dtype, gradient-accumulation dtype), as (over the rank's whole stage, over its gradients as it holds them:
     # sharded at ZeRO-2/3, over its optimizer shard): the gradient norm, a clipping that always scales, the
@@ -195,6 +201,11 @@ class EngineProfile:
     adam_switch: str = ""
     adam_source: str = ""
     adam_fused_only_plain: bool = False
+
+    def later_accum(self, dtype: str) -> float:
+        """Bytes a parameter autograd moves adding each micro-batch's gradient after the first into .grad when
+        training in ``dtype`` (``later_accum_bytes``; 0 where none is listed)."""
+        return float(dict(self.later_accum_bytes).get(self.accum_dtype(dtype), 0.0)) if dtype == "bfloat16" else 0.0
 
     def step_passes(self, dtype: str) -> tuple[float, float, float]:
         """Bytes per parameter of the optimizer step's passes around Adam when training in ``dtype``
@@ -451,6 +462,14 @@ MEGATRON_DEEPSPEED = EngineProfile(
                        "update_hp_grads runs hp_grad.add_(lp.grad.to(fp32)) after it (read 2, write 4; read 4 + 4, "
                        "write 4): 26 bytes a parameter, every micro-batch (deepspeed/runtime/bf16_optimizer.py)"),
     allreduce_grads_accum=("float32",),
+    later_accum_bytes=(("bfloat16", 6.0),),
+    later_accum_zero=(0, 1),
+    later_accum_source=("deepspeed/runtime/pipe/engine.py _exec_backward_pass: each micro-batch's backward runs into "
+                        "the parameters' bf16 .grad, kept until _exec_reduce_grads; from the second on autograd's "
+                        "AccumulateGrad adds into it (read 2 + 2, write 2). deepspeed/runtime/zero/stage_1_and_2.py "
+                        "process_gradients reduces in backward only with partition_gradients (ZeRO-2) or overlap_comm, "
+                        "and keeps a separate accumulator only for another accumulation dtype (BF16_Optimizer: "
+                        "accum_pass_source)"),
     grad_accum_dtype="bfloat16",
     grad_accum_source=("deepspeed/runtime/engine.py get_data_types: data_types.grad_accum_dtype defaults to the "
                        "model dtype; fp32 selects BF16_Optimizer at ZeRO-1 (_do_optimizer_sanity_check)"),

@@ -383,7 +383,8 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     """``st`` with the passes an engine makes over its parameters every micro-batch (rank parameters
     ``params_by_rank`` (N, pp), tp (N,), ``m`` micro-batches, ``zero`` stages, ``recompute`` indices, FSDP's
     ``shard`` size (N,)), spread evenly over a step's micro-batches: its accumulation outside the GEMMs
-    (``with_accumulation``); at the ZeRO stages that keep fp32 parameters whole (``EngineProfile.param_pass_zero``,
+    (``with_accumulation``); autograd's adds into a kept 16-bit .grad after the first micro-batch
+    (``EngineProfile.later_accum``, DeepSpeed at ZeRO-0/1); at the ZeRO stages that keep fp32 parameters whole (``EngineProfile.param_pass_zero``,
     DDP) autocast's weight casts (bfloat16 training: the forward, a full recomputation's rerun of the blocks, the
     gradients back in the backward) and autograd's fp32 adds into .grad after the first micro-batch; at those
     FSDP2 shards (``fsdp_pass_zero``, bfloat16 training) each gather's copies into and out of its buffer (the
@@ -396,6 +397,12 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     gathered weights' copy-out and the reduce-scatter's copy-in run on the compute stream. Without streams (the
     CPU) every copy is in line."""
     st = with_accumulation(st, engine, dtype, params_by_rank, v, dev)
+    later = engine.later_accum(dtype)
+    if later:  # autograd's adds into a kept 16-bit .grad from the second micro-batch on
+        keeps = np.isin(np.asarray(zero).reshape(-1), engine.later_accum_zero)[:, None]
+        m_ = np.asarray(m, dtype=float).reshape(-1, 1)
+        adds = np.where(keeps, later * (m_ - 1) / m_, 0.0) * np.asarray(params_by_rank, dtype=float)
+        st = replace(st, bwd=st.bwd + compute.elementwise_time_s(_per_stage(adds, v), dev))
     if not (engine.autocast_casts or engine.autograd_accum or engine.fsdp_pass_zero):
         return st
     z = np.asarray(zero).reshape(-1)
