@@ -276,3 +276,30 @@ def test_deepspeed_runs_no_zero_2_or_3_under_a_pipeline() -> None:
                          global_batch=[640] * 4, zero_stage=[2, 3, 1, 3], recompute=["none"] * 4,
                          sequence_parallel=[False] * 4, schedule=["1f1b"] * 4, interleave=[1] * 4, runtime=runtime)
         assert list(rules.broken(x, scopes=ALL)[reason]) == expect, runtime
+
+
+def test_each_runtime_is_planned_with_the_schedules_it_runs() -> None:
+    """plan.SCHEDULE_RUNTIMES: Megatron-Core runs 1F1B and interleaved 1F1B, Megatron-DeepSpeed 1F1B only, torchtitan
+    and exatrain every schedule; a plan with another is refused with the fix, and pp 1 runs no schedule. (Broken on
+    purpose and seen to fail here: the rule dropped; its mask ignoring the runtime.)"""
+    from exatrain.plan import SCHEDULE_RUNTIMES
+
+    model = get_model("gpt-175b")
+    plan = Plan(model=model, dims=ParallelDims(tp=4, pp=16, dp=2), shape=TrainShape(1, 640), zero_stage=1)
+    runs = {rt: {s for s, r in SCHEDULE_RUNTIMES.items() if rt in r} for rt in rules.RUNTIMES}
+    assert runs == {"megatron-core": {"1f1b", "interleaved"}, "megatron-deepspeed": {"1f1b"},
+                    "torchtitan": set(SCHEDULES), "exatrain": set(SCHEDULES)}
+    reason = "a pipeline schedule the runtime does not run"
+    for runtime, allowed in runs.items():
+        for schedule in SCHEDULES:
+            p = plan.replace(runtime=runtime, schedule=schedule, interleave=2 if schedule in ("interleaved",
+                                                                                              "zero_bubble") else 1)
+            if schedule in allowed:
+                assert p.validate() is p
+            else:
+                with pytest.raises(PlanError, match=f"--runtime {runtime} does not run the {schedule} schedule: use "):
+                    p.validate()
+            x = rules.layout(model, tp=[4, 4], pp=[16, 1], dp=[2, 32], micro_batch=[1, 1], global_batch=[640, 640],
+                             zero_stage=[1, 1], recompute=["none"] * 2, sequence_parallel=[False] * 2,
+                             schedule=[schedule] * 2, interleave=[p.interleave, 1], runtime=runtime)
+            assert list(rules.broken(x, scopes=ALL)[reason]) == [schedule not in allowed, False], (runtime, schedule)

@@ -32,6 +32,14 @@ from exatrain.errors import PlanError, UserError
 #   zero_bubble  interleaved zero bubble: backward split into input- and weight-gradient passes
 #                (ScheduleInterleavedZeroBubble; Qi et al. 2023, "Zero Bubble Pipeline Parallelism")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+# The pipeline schedules each runtime runs: Megatron-Core 1F1B and interleaved 1F1B
+# (megatron/core/pipeline_parallel/schedules.py get_forward_backward_func); Megatron-DeepSpeed 1F1B, DeepSpeed's
+# pipeline engine's TrainSchedule (deepspeed/runtime/pipe/schedule.py), no virtual stages; torchtitan and
+# exatrain every schedule of torch.distributed.pipelining (torchtitan's pipeline_parallel_schedule).
+SCHEDULE_RUNTIMES = {"gpipe": ("torchtitan", "exatrain"),
+                     "1f1b": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain"),
+                     "interleaved": ("megatron-core", "torchtitan", "exatrain"),
+                     "zero_bubble": ("torchtitan", "exatrain")}
 # Activation recomputation (Korthikanti et al. 2022): none, selective (attention core only), full.
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("float32", "bfloat16")

@@ -18,10 +18,10 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
-from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE,
-                           FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
+from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES,
+                           DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
                            GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
-                           RECOMPUTE, RUNTIMES, SCHEDULES)
+                           RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -163,6 +163,12 @@ def _split_broken(x: Layout) -> np.ndarray:
     return (len(s) != x.pp * x.interleave) | bad | (sum(int(n) for n in s) != x.model.layers)
 
 
+def _schedules_run(runtime: str) -> list[int]:
+    """The SCHEDULES indices ``runtime`` runs (plan.SCHEDULE_RUNTIMES; every one for a runtime it does not list)."""
+    known = any(runtime in r for r in SCHEDULE_RUNTIMES.values())
+    return [SCHEDULES.index(s) for s, r in SCHEDULE_RUNTIMES.items() if runtime in r or not known]
+
+
 def _on(cond: bool, shape) -> np.ndarray:
     return np.full(shape, bool(cond))
 
@@ -233,6 +239,12 @@ RULES: tuple[Rule, ...] = (
          lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
          lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "
                        "schedule needs at least pp: raise the global batch or lower micro-batch")),
+    # plan.SCHEDULE_RUNTIMES: Megatron runs no GPipe or zero-bubble schedule, DeepSpeed's pipeline engine 1F1B only.
+    Rule("a pipeline schedule the runtime does not run",
+         lambda x: (x.pp > 1) & ~np.isin(x.schedule, _schedules_run(x.runtime)),
+         lambda p, c: (f"--runtime {p.runtime} does not run the {p.schedule} schedule: use --schedule "
+                       f"{' or '.join(s for s, r in SCHEDULE_RUNTIMES.items() if p.runtime in r)}, or --runtime "
+                       f"{' or '.join(SCHEDULE_RUNTIMES.get(p.schedule, ()))}")),
     # Megatron-DeepSpeed runs pp > 1 through DeepSpeed's pipeline engine, whose constructor asserts "ZeRO-2 and
     # ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py PipelineEngine.__init__).
     Rule("ZeRO-2/3 with a pipeline under megatron-deepspeed",

@@ -13,7 +13,7 @@ from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search import batch
 from exatrain.planner.search.search import plan_at, search
-from exatrain.planner.search.space import TRAINER_REASONS, SpaceOptions, enumerate_space
+from exatrain.planner.search.space import SCHEDULE_VARIANTS, TRAINER_REASONS, SpaceOptions, enumerate_space
 
 
 def test_space_rejections_by_hand() -> None:
@@ -68,18 +68,18 @@ def test_batch_trainer_memory_equals_estimate() -> None:
 
 
 def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
-    """zero_bubble + ZeRO-2/3 + dp > 1 is legal for the reference runtime but refused by the trainer
+    """zero_bubble + ZeRO-2/3 + dp > 1 is legal for torchtitan but refused by the trainer
     (TrainConfig.check): --runtime exatrain counts it as a rejection instead of proposing it."""
     fsdp_zero_bubble = "zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)"
     assert fsdp_zero_bubble in TRAINER_REASONS
 
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
-    opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 1, 2, 3), recompute=("none",),
+    opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 2, 3), recompute=("none",),
                         sequence_parallel=(False,), schedules=(("1f1b", 1), ("zero_bubble", 2)))
-    ref = enumerate_space(m, c, 4, 8, opts, runtime="megatron-core")  # dp 2, 4 micro-batches: all 8 legal
+    ref = enumerate_space(m, c, 4, 8, opts, runtime="torchtitan")  # dp 2, 4 micro-batches: all 6 legal
     own = enumerate_space(m, c, 4, 8, opts, runtime="exatrain")
-    assert len(ref) == 8 and not set(TRAINER_REASONS) & set(ref.rejected)
-    assert own.rejected[fsdp_zero_bubble] == 2 and len(own) == 6
+    assert len(ref) == 6 and not set(TRAINER_REASONS) & set(ref.rejected)
+    assert own.rejected[fsdp_zero_bubble] == 2 and len(own) == 4
     assert sum(own.rejected[r] for r in TRAINER_REASONS) == 2
     names = [s for s, _ in opts.schedules]
     assert not any(names[v] == "zero_bubble" and z >= 2 for v, z in zip(own.variant, own.zero))
@@ -151,6 +151,7 @@ def test_scaling_cli_weak_and_strong(capsys) -> None:
 # ---- expert and context parallelism for exatrain's own trainer -------------------------------
 
 DS_PIPELINE_ZERO = "ZeRO-2/3 with a pipeline under megatron-deepspeed"
+SCHEDULE_RUN = "a pipeline schedule the runtime does not run"
 EP_ZERO = "ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)"
 MOE_ZERO_BUBBLE = "zero_bubble with a mixture-of-experts model (the exatrain trainer refuses it)"
 CP_MOE = "cp with a mixture-of-experts model (the exatrain trainer refuses it)"
@@ -163,8 +164,9 @@ def _keys(space) -> set[tuple]:
 
 
 def _ds_pipeline_zero(k: tuple) -> bool:
-    """A key (``_keys``) DeepSpeed's pipeline engine refuses and exatrain may run: ZeRO-2/3 with pp > 1."""
-    return k[1] > 1 and k[4] >= 2
+    """A key (``_keys``) DeepSpeed's pipeline engine refuses and exatrain may run: ZeRO-2/3 with pp > 1, or any
+    schedule but 1F1B (variant 1 of the default SCHEDULE_VARIANTS)."""
+    return k[1] > 1 and (k[4] >= 2 or SCHEDULE_VARIANTS[k[7]] != ("1f1b", 1))
 
 
 def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
@@ -182,7 +184,8 @@ def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
 
     assert {k for k in _keys(own) if not _ds_pipeline_zero(k)} == {k for k in _keys(ref) if not refused(k)}
     assert not any(_ds_pipeline_zero(k) for k in _keys(ref)) and any(_ds_pipeline_zero(k) for k in _keys(own))
-    assert sum(own.rejected[r] for r in TRAINER_REASONS) + len(own) == len(ref) + ref.rejected[DS_PIPELINE_ZERO]
+    assert (sum(own.rejected[r] for r in TRAINER_REASONS) + len(own)
+            == len(ref) + ref.rejected[DS_PIPELINE_ZERO] + ref.rejected[SCHEDULE_RUN])
     assert own.rejected[EP_ZERO] > 0 and own.rejected[MOE_ZERO_BUBBLE] > 0
     assert set(own.ep.tolist()) == {1, 2, 4}  # the divisors of the 4 experts
     assert set(own.zero[own.ep > 1].tolist()) == {0}
