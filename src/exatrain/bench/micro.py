@@ -281,8 +281,8 @@ STEP_TENSORS = 64  # parameter tensors of a small preset (gpt-tiny 52, gpt-small
 def step_overhead_s(opts: BenchOptions, tensors: int = STEP_TENSORS) -> float:
     """The fixed per-step work of the trainer's loop on tiny parameters (so the arithmetic is
     nothing and the per-tensor dispatch is everything): zero the gradients, the global gradient
-    norm as ``trainer.parallel.grads.clip_grad_norm`` computes it (a float64 square per tensor, a
-    scale), and AdamW's step (torch's default implementation for the device)."""
+    norm as ``trainer.parallel.grads.clip_grad_norm`` computes it (torch's foreach norms, their squares in
+    float64, a scale), and AdamW's step (torch's default implementation for the device)."""
     dev, dt = opts.device, torch.float32
     params = [torch.nn.Parameter(torch.randn(64, device=dev, dtype=dt)) for _ in range(tensors)]
     decay = [p for i, p in enumerate(params) if i % 3]
@@ -294,9 +294,7 @@ def step_overhead_s(opts: BenchOptions, tensors: int = STEP_TENSORS) -> float:
         opt.zero_grad(set_to_none=True)
         for p in params:
             p.grad = torch.ones_like(p)  # what a backward leaves
-        total = torch.zeros((), dtype=torch.float64, device=dev)
-        for p in params:
-            total += p.grad.detach().double().pow(2).sum()
+        total = torch.nn.utils.get_total_norm([p.grad.detach() for p in params], 2.0).double() ** 2
         coef = 1.0 / (float(total.sqrt()) + 1e-6)
         for p in params:
             p.grad.mul_(coef)

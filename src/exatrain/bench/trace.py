@@ -351,22 +351,22 @@ def _optimizer(plan: Plan, params: list[nn.Parameter], mesh: Any, *, foreach: bo
 
 def _settle_and_clip(params: list[nn.Parameter]) -> None:
     """``settle_grads`` + ``clip_grad_norm`` of the trainer, minus reading the norm back (a fake
-    tensor has no value): the same temporaries (a float64 square per gradient), the same in-place scale."""
+    tensor has no value): the same temporaries (torch's foreach norms, one scalar per gradient), the same in-place
+    scale."""
     from torch.distributed.tensor import DTensor
 
-    total = None
+    locals_ = []
     for p in params:
         g = p.grad
         if g is None:
             continue
         if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
             p.grad = g = g.redistribute(p.device_mesh, p.placements)
-        local = g.to_local() if isinstance(g, DTensor) else g
-        sq = local.detach().double().pow(2).sum()
-        total = sq if total is None else total + sq
-    if total is None:
+        locals_.append((g.to_local() if isinstance(g, DTensor) else g).detach())
+    if not locals_:
         return
-    coef = (1.0 / (total.sqrt() + 1e-6)).clamp(max=1.0)
+    total = torch.nn.utils.get_total_norm(locals_, 2.0).double()
+    coef = (1.0 / (total + 1e-6)).clamp(max=1.0)
     for p in params:
         g = p.grad
         if g is not None:
