@@ -99,8 +99,8 @@ def test_deepspeed_adds_later_micro_batches_into_its_bf16_grads(zero: int, adds:
     expect = float(pass_seconds(plan, A100, 6.0 * (m - 1))[0, 0]) if adds else 0.0
     assert m == 4 and got.time_s.compute - without == pytest.approx(expect, rel=1e-9, abs=1e-12)
     assert any("autograd adds each micro-batch's gradient after the first" in n for n in got.notes) == adds
-    assert get_engine("megatron-deepspeed").with_grad_accum("float32").later_accum("bfloat16") == 0.0
-    assert {name for name in ENGINE_NAMES if get_engine(name).later_accum("bfloat16")} == {"megatron-deepspeed"}
+    assert get_engine("megatron-deepspeed").with_grad_accum("float32").later_accum("bfloat16", 1) == 0.0
+    assert {name for name in ENGINE_NAMES if get_engine(name).later_accum("bfloat16", 1)} == {"megatron-deepspeed"}
 
 
 def test_the_bf16_optimizer_all_reduces_fp32_gradients() -> None:

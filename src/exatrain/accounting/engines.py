@@ -202,10 +202,12 @@ class EngineProfile:
     adam_source: str = ""
     adam_fused_only_plain: bool = False
 
-    def later_accum(self, dtype: str) -> float:
+    def later_accum(self, dtype: str, zero):
         """Bytes a parameter autograd moves adding each micro-batch's gradient after the first into .grad when
-        training in ``dtype`` (``later_accum_bytes``; 0 where none is listed)."""
-        return float(dict(self.later_accum_bytes).get(self.accum_dtype(dtype), 0.0)) if dtype == "bfloat16" else 0.0
+        training in ``dtype`` at ZeRO stage(s) ``zero`` (a numpy array broadcasts): ``later_accum_bytes`` at the
+        stages that keep .grad (``later_accum_zero``), 0 elsewhere or where none is listed."""
+        listed = dict(self.later_accum_bytes).get(self.accum_dtype(dtype), 0.0) if dtype == "bfloat16" else 0.0
+        return np.where(np.isin(zero, self.later_accum_zero), float(listed), 0.0)
 
     def step_passes(self, dtype: str) -> tuple[float, float, float]:
         """Bytes per parameter of the optimizer step's passes around Adam when training in ``dtype``

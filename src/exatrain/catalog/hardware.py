@@ -33,6 +33,11 @@ class DeviceSpec:
     peak_tflops_fp8: float | None = None  # dense fp8 (E4M3/E5M2) tensor peak; None where the device has none
     link_bytes_per_s: float | None = None  # scale-up links (NVLink / Infinity Fabric), all of them, per direction
 
+    @property
+    def is_host(self) -> bool:
+        """The host CPU (catalog vendor "host"): no separate streams, so nothing runs beside the compute."""
+        return self.vendor == "host"
+
     def peak_flops(self, dtype: str) -> float | None:
         """Peak FLOP/s for a GEMM dtype ('bfloat16'/'float16', 'float32', or 'float8' for fp8
         GEMMs); None if unknown."""

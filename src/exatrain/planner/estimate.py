@@ -113,13 +113,14 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += ("gradient accumulation: inside the weight-gradient GEMMs ("
                   + ("set by --grad-accum-fusion on" if plan.grad_accum_fusion else f"{rt}'s own")
                   + f"; --grad-accum-fusion off prices {engine.accum_fusion_switch})",)
-    if engine.later_accum(plan.dtype) and plan.zero_stage in engine.later_accum_zero and plan.num_microbatches > 1:
+    later = float(engine.later_accum(plan.dtype, plan.zero_stage))
+    if later and plan.num_microbatches > 1:
         notes += (f"gradient accumulation: autograd adds each micro-batch's gradient after the first into the "
-                  f"{engine.grad_accum_dtype} .grad, {engine.later_accum(plan.dtype):g} bytes a parameter "
+                  f"{engine.grad_accum_dtype} .grad, {later:g} bytes a parameter "
                   f"({engine.later_accum_source})",)
     kernel = str(engine.adam_kernel(tp=plan.tp, ep=plan.ep, zero=plan.zero_stage,
                                     shard=plan.dp * plan.cp if plan.zero_stage >= 1 else 1,
-                                    on_host=cluster.device.vendor == "host"))
+                                    on_host=cluster.device.is_host))
     around = sum(engine.step_passes(plan.dtype))
     notes += (f"optimizer step: {kernel} Adam, {ADAM_BYTES[kernel]:g} bytes a parameter of the optimizer shard ("
               + ("set by --adam-kernel; " if plan.adam_kernel else "") + f"{engine.adam_source})"

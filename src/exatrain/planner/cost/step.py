@@ -397,11 +397,10 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     gathered weights' copy-out and the reduce-scatter's copy-in run on the compute stream. Without streams (the
     CPU) every copy is in line."""
     st = with_accumulation(st, engine, dtype, params_by_rank, v, dev)
-    later = engine.later_accum(dtype)
-    if later:  # autograd's adds into a kept 16-bit .grad from the second micro-batch on
-        keeps = np.isin(np.asarray(zero).reshape(-1), engine.later_accum_zero)[:, None]
+    later = engine.later_accum(dtype, np.asarray(zero).reshape(-1, 1))
+    if np.any(later):  # autograd's adds into a kept 16-bit .grad from the second micro-batch on
         m_ = np.asarray(m, dtype=float).reshape(-1, 1)
-        adds = np.where(keeps, later * (m_ - 1) / m_, 0.0) * np.asarray(params_by_rank, dtype=float)
+        adds = later * (m_ - 1) / m_ * np.asarray(params_by_rank, dtype=float)
         st = replace(st, bwd=st.bwd + compute.elementwise_time_s(_per_stage(adds, v), dev))
     if not (engine.autocast_casts or engine.autograd_accum or engine.fsdp_pass_zero):
         return st
@@ -446,7 +445,7 @@ def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shar
     sharded = params_by_rank / shard + expert_params / xshard
     held = np.where(zero >= 2, sharded, whole)
     kernel = engine.adam_kernel(tp=np.asarray(tp).reshape(-1, 1), ep=ep, zero=zero, shard=shard, on_host=on_host)
-    adam = np.where(kernel == "fused", ADAM_BYTES["fused"], ADAM_BYTES["foreach"])
+    adam = np.vectorize(ADAM_BYTES.__getitem__, otypes=[float])(kernel)
     moved = whole_b * whole + held_b * held + (shard_b + adam) * sharded
     return compute.elementwise_time_s(moved, dev).max(axis=1)
 
@@ -490,7 +489,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms)
     st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
-                               shard=dp * cp_size, side_streams=cluster.device.vendor != "host")
+                               shard=dp * cp_size, side_streams=not cluster.device.is_host)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -556,7 +555,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     shard = np.where(zero >= 1, dp * cp_size, 1)[:, None]
     xshard = np.where(zero >= 1, tp * cp_size * dp / ep, 1)[:, None]  # the expert-data-parallel group
     opt = optimizer_seconds(engine, dtype, params_by_rank, xp, shard=shard, xshard=xshard, zero=zero, tp=tp, ep=ep,
-                            on_host=cluster.device.vendor == "host", dev=dev)
+                            on_host=cluster.device.is_host, dev=dev)
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
     times = {"step": pipe + dp_exposed + opt + fixed, "compute": compute_s,
              "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
@@ -606,7 +605,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
     return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),
                                  plan.interleave, [plan.num_microbatches], [plan.zero_stage],
                                  [RECOMPUTE.index(plan.recompute)], dev, shard=[plan.dp * plan.cp],
-                                 side_streams=cluster.device.vendor != "host")
+                                 side_streams=not cluster.device.is_host)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
