@@ -2,6 +2,9 @@
 
 * a rank made slow (EXATRAIN_SLOW_RANK spins 0.3 s of CPU in its forward) is named a straggler, with its
   tp/pp/dp place, in the metrics, the RunRecord and rank 0's log, after two windows running;
+* a rank computing for 12 s under a 5 s watchdog (EXATRAIN_SLOW_RANK) while its peer waits for it in a
+  collective: the run finishes, neither rank is called hung (the watchdog counts a CPU rank's phase from
+  the last beat that saw it or a peer use CPU);
 * a rank stopped with SIGSTOP: its peer's watchdog (10 s) names it, every other rank ends itself with
   status 5 and the launcher raises RankHung; the last checkpoint verifies and a run resumes from it;
 * a rank killed with SIGKILL under `exatrain train`: exit status 4 and exactly one line on stderr naming
@@ -11,6 +14,9 @@
 * Ctrl-C (SIGINT to the process group): exit status 130, one line, a failed RunRecord.
 
 Every wait polls for progress and fails only when nothing moves for a long time (tests/helpers/progress_wait.py).
+
+Broken on purpose and seen to fail here: the watchdog judging CPU ranks by wall-clock age, and the
+waiting rank not reading its peers' CPU time (both: the 12 s rank is called hung, RankHung).
 """
 
 from __future__ import annotations
@@ -98,6 +104,20 @@ def test_a_slow_rank_is_named_a_straggler_after_two_windows(tmp_path: Path, monk
     assert compute[3] > 1.3 * max(compute[:3])
     log = (tmp_path / "slow.ranks" / "rank-0.log").read_text()
     assert "straggler: rank 3 (tp 1, pp 0, dp 1) computes" in log
+
+
+def test_a_rank_computing_past_the_watchdog_limit_is_waited_for_not_called_hung(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rank 1 spends 12 s of CPU in its forward under a 5 s watchdog; rank 0 waits for it in the gradient
+    # all-reduce using no CPU: rank 1's heartbeat shows it computing, so neither is ended (a hang is a
+    # collective nobody computes towards: the stopped-rank test below)
+    monkeypatch.setenv(SLOW_RANK_ENV, "1:12")
+    c = replace(config(tmp_path, "busy", dp=2, steps=1), watchdog_s=5.0)
+    err = Launch([c], tmp_path).join()
+    assert err is None, err
+    assert steps(tmp_path / "busy.jsonl") == [1]
+    (rec,) = read_run_records(tmp_path / "busy.jsonl")
+    assert rec.status == "ok"
 
 
 def test_a_stopped_rank_is_named_the_others_exit_and_the_checkpoint_resumes(tmp_path: Path) -> None:

@@ -1,12 +1,17 @@
 """Rank health without ranks: the straggler rule, the watchdog's limits, the diagnosis of a failed run
 from its rank files (the one line, the exception and its exit status), the resume command, superseded
-metrics lines, the failed RunRecord, how a rank classifies what ended it, and the per-rank picture."""
+metrics lines, the failed RunRecord, how a rank classifies what ended it, and the per-rank picture.
+
+Broken on purpose and seen to fail here: the watchdog judging CPU ranks by wall-clock age
+(``_cpu_gated`` always False: the two ``test_on_cpu_*`` tests); peers' heartbeats not read (the
+peer test)."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -63,6 +68,72 @@ def test_the_watchdog_limit_is_generous_by_default_and_exact_when_set() -> None:
 def beat(rank: int, completed: int, phase: str, age_s: float, now: float, seq: int = 3, **kw) -> dict:
     return {"rank": rank, "run": 0, "completed": completed, "phase": phase, "seq": seq, "time": now - age_s,
             "limit_s": 10.0, "beat_s": 1.0, "pid": 1000 + rank, **kw}
+
+
+def _busy(cpu_s: float = 0.02) -> None:
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+def _monitor(tmp_path: Path, world: int = 1, device: str = "cpu") -> RankMonitor:
+    """A rank 0 whose forward began 20 s ago, under a 5 s watchdog (its CPU cap: 50 s)."""
+    m = RankMonitor(0, world, tmp_path, supervised=True, watch=False)
+    m.new_run(0, SimpleNamespace(watchdog_s=5.0, device=device))
+    m._at = ("forward", time.monotonic() - 20.0)
+    return m
+
+
+def _peer_beat(tmp_path: Path, cpu_s: float, run: int = 0) -> None:
+    failures.write_json(tmp_path / failures.HEARTBEAT.format(rank=1),
+                        {"rank": 1, "run": run, "completed": 0, "phase": "forward", "seq": 1, "time": time.time(),
+                         "beat_s": 1.0, "limit_s": 5.0, "cpu_s": cpu_s})
+
+
+@pytest.mark.skipif(health.thread_cpu_clock() is None, reason="no per-thread CPU clock on this platform")
+def test_on_cpu_a_rank_still_computing_is_not_hung_and_a_rank_waiting_is(tmp_path: Path) -> None:
+    m = _monitor(tmp_path)
+    m.note_cpu()  # the first look only takes the reading
+    assert m.overdue() is not None and m.overdue()[1] is False  # 20 s without a look that saw CPU used
+    _busy()
+    m.note_cpu()
+    assert m.overdue() is None  # slow, not stuck: the phase's age counts from this beat
+    assert "cpu_s" in m.state()
+    m._moved -= 6.0  # six seconds later, and the thread used no CPU since (blocked in a collective)
+    m.note_cpu()
+    assert m.overdue() is not None and m.overdue()[1] is False
+    m._at = ("forward", time.monotonic() - 60.0)  # past CPU_CAP (10) x 5 s however busy
+    _busy()
+    m.note_cpu()
+    assert m.overdue() is not None and m.overdue()[1] is True
+
+
+@pytest.mark.skipif(health.thread_cpu_clock() is None, reason="no per-thread CPU clock on this platform")
+def test_on_cpu_a_waiting_rank_is_not_hung_while_a_peer_computes(tmp_path: Path) -> None:
+    m = _monitor(tmp_path, world=2)
+    _peer_beat(tmp_path, 1.0)
+    m.note_cpu()
+    assert m.overdue() is not None  # nothing seen moving yet
+    _peer_beat(tmp_path, 1.5)  # rank 1 computed half a second since
+    m.note_cpu()
+    assert m.overdue() is None
+    m._moved -= 6.0
+    m.note_cpu()  # rank 1's CPU time unchanged: stopped or blocked too
+    assert m.overdue() is not None
+    _peer_beat(tmp_path, 9.0, run=1)  # a heartbeat of another run in the same processes does not count
+    m.note_cpu()
+    assert m.overdue() is not None
+
+
+def test_cuda_ranks_keep_the_wall_clock_watchdog(tmp_path: Path) -> None:
+    m = _monitor(tmp_path, device="cuda")  # a host thread waiting on the GPU may spin: CPU time says nothing
+    _busy()
+    m.note_cpu()
+    _busy()
+    m.note_cpu()
+    assert m.overdue() is not None and m.overdue()[1] is False
+    m._at = ("forward", time.monotonic() - 1.0)
+    assert m.overdue() is None
 
 
 def test_not_arrived_is_the_stale_ranks_else_the_ranks_behind() -> None:

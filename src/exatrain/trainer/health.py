@@ -18,6 +18,16 @@ so ending the process is the only clean way out; the last published checkpoint i
 publishes by renaming a finished directory). The same thread reads the signal wake-up pipe, so a
 SIGTERM or SIGINT ends the rank even while its main thread is blocked inside a collective.
 
+**Computing is not hanging (CPU ranks).** A rank blocked in a gloo collective or a pipeline receive
+sleeps: its main thread, where a CPU rank's whole compute runs, uses no CPU. A rank that the operating
+system gives little CPU (a loaded machine, a low priority) still uses some: at the lowest priority on a
+busy core, about 1.5% of it, some 15 ms a second. So on CPU ranks the watchdog counts a phase's age from
+the later of its start and the last beat at which this rank's main thread (the one that runs the
+steps), or a peer's (the ``cpu_s`` of its heartbeat, read at every beat), had used ``CPU_MOVED_S`` CPU
+seconds since the beat before: a slow step is not a hang, a collective nobody computes towards is. A phase still computing past ``CPU_CAP``
+times its limit is ended all the same (a loop that never reaches its collective). CUDA ranks keep the
+wall-clock age: a host thread waiting on the GPU may spin, so its CPU time says nothing there.
+
 **Stragglers.** Each step is split into compute time and wait time. On the CPU (gloo) compute is the
 main thread's CPU time (``time.thread_time``): with one intra-op thread per rank (how exatrain runs CPU
 ranks) all of a rank's compute runs on that thread, while a rank blocked in a gloo collective or a
@@ -58,6 +68,17 @@ SLOW_RATIO = 1.3  # compute per step above this many times the stage peers' medi
 SLOW_MIN_EXCESS_S = 0.002  # ... and above it by at least this much per step (timer noise on tiny steps)
 SLOW_WINDOWS = 2  # slow in this many windows running: a straggler
 SLOW_RANK_ENV = "EXATRAIN_SLOW_RANK"  # fault injection for tests: "RANK:SECONDS" of extra compute per step
+CPU_MOVED_S = 0.005  # main-thread CPU seconds between two looks that mean computing (a blocked thread uses none)
+CPU_CAP = 10  # a CPU rank's phase still computing past this many watchdog limits is ended all the same
+
+
+def thread_cpu_clock(ident: int | None = None) -> int | None:
+    """The clock of a thread's CPU time (default: the calling thread's), readable from any thread; None
+    where the platform has none."""
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident() if ident is None else ident)
+    except (AttributeError, OSError, TypeError):
+        return None
 
 
 def slow_ranks(compute_s: Sequence[float], stage_of: Sequence[int]) -> list[int]:
@@ -124,12 +145,19 @@ class RankMonitor:
         self._handlers: dict[int, Any] = {}
         self._slow_s = _slow_injection(rank)
         self._clock: StepClock | None = None
+        self._main_cpu: int | None = None  # the CPU clock of the thread that runs the steps (new_run's caller)
+        self._cpu_gated = False  # this run's ranks compute on that thread (CPU): see the module docstring
+        self._moved = 0.0  # monotonic time of the last beat at which this rank or a peer used CPU
+        self._cpu_seen: dict[int, float] = {}  # rank -> the main-thread CPU seconds last seen
 
     # --- the main thread's side ---------------------------------------------------------------
     def new_run(self, run: int, config: Any, context: Any = None) -> None:
         """A new config starts in this process: back to setup, step 0."""
         self.run, self.config, self.context = run, config, context
         self.watchdog_s = float(getattr(config, "watchdog_s", 0.0) or 0.0)
+        self._main_cpu = thread_cpu_clock()
+        self._cpu_gated = self._main_cpu is not None and getattr(config, "device", "cpu") == "cpu"
+        self._moved, self._cpu_seen = 0.0, {}
         self.completed, self.seq = 0, 0
         self.step_times.clear()
         self.enter("setup")
@@ -182,10 +210,55 @@ class RankMonitor:
     def state(self) -> dict[str, Any]:
         """This rank's heartbeat: where it is, since when, and what its watchdog allows."""
         phase, t0 = self._at
-        return {"rank": self.rank, "run": self.run, "pid": os.getpid(), "host": socket.gethostname(),
+        beat = {"rank": self.rank, "run": self.run, "pid": os.getpid(), "host": socket.gethostname(),
                 "completed": self.completed, "phase": phase, "seq": self.seq,
                 "phase_s": round(time.monotonic() - t0, 3), "limit_s": self.limit_s(phase),
                 "beat_s": self.beat_s(), "time": time.time()}
+        if (cpu := self._cpu_now()) is not None:
+            beat["cpu_s"] = round(cpu, 4)
+        return beat
+
+    def _cpu_now(self) -> float | None:
+        """CPU seconds of the thread that runs the steps (None: no clock, or that thread has ended)."""
+        try:
+            return time.clock_gettime(self._main_cpu) if self._main_cpu is not None else None
+        except OSError:
+            return None
+
+    def note_cpu(self) -> None:
+        """CPU ranks, each beat: remember the beat when this rank's main thread, or a peer's (from its
+        heartbeat), used CPU since the last look."""
+        own = self._cpu_now() if self._cpu_gated else None
+        if own is None:
+            return
+        moved = self._advanced(self.rank, own)
+        if self.run_dir is not None and self.world > 1:  # every beat, so each peer's last value is fresh
+            from exatrain.trainer import failures
+
+            beats, _ = failures.read_ranks(self.run_dir, self.world)
+            for r, beat in beats.items():
+                if r != self.rank and int(beat.get("run", -1)) == self.run and "cpu_s" in beat:
+                    moved = self._advanced(r, float(beat["cpu_s"])) or moved
+        if moved:
+            self._moved = time.monotonic()
+
+    def _advanced(self, rank: int, cpu_s: float) -> bool:
+        """Whether ``rank``'s main thread used CPU_MOVED_S since the last look at it."""
+        seen, self._cpu_seen[rank] = self._cpu_seen.get(rank), cpu_s
+        return seen is not None and cpu_s - seen >= CPU_MOVED_S
+
+    def overdue(self) -> tuple[float, bool] | None:
+        """(the current phase's age, whether it was still computing) when the watchdog ends the rank for
+        it, else None: older than its limit counted from the last beat that saw CPU used (CPU ranks) or
+        from its start, or older than CPU_CAP limits however busy."""
+        phase, t0 = self._at
+        now = time.monotonic()
+        limit = self.limit_s(phase)
+        waited = now - t0
+        idle = now - max(t0, self._moved) if self._cpu_gated else waited
+        if idle > limit:
+            return waited, False
+        return (waited, True) if waited > CPU_CAP * limit else None
 
     # --- the heartbeat / watchdog thread ------------------------------------------------------------
     def start(self) -> None:
@@ -245,18 +318,18 @@ class RankMonitor:
                     failures.write_json(self.run_dir / failures.HEARTBEAT.format(rank=self.rank), self.state())
                 except OSError:
                     pass
-            phase, t0 = self._at
-            waited = time.monotonic() - t0
-            if waited > self.limit_s(phase):
-                self._hang(waited)
+            self.note_cpu()
+            if (late := self.overdue()) is not None:
+                self._hang(*late)
 
-    def _hang(self, waited: float) -> None:
+    def _hang(self, waited: float, computing: bool = False) -> None:
         from exatrain.trainer import failures
 
         beats, _ = failures.read_ranks(self.run_dir, self.world)
         beats[self.rank] = self.state()
         gone, why = failures.not_arrived(beats, self.world, time.time())
-        cause = (f"waited {waited:.0f} s {failures.where(self.state())} (watchdog limit {self.limit_s():.0f} s)"
+        cause = (f"waited {waited:.0f} s {failures.where(self.state())} (watchdog limit {self.limit_s():.0f} s"
+                 + (f"; still computing after {CPU_CAP} x the limit)" if computing else ")")
                  + (f"; did not arrive: {failures.ranks_text(gone)}" if gone else ""))
         self.end("hung", cause, 5, not_arrived=[r for r in gone if r != self.rank], limit_s=self.limit_s())
 

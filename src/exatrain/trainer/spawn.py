@@ -120,8 +120,9 @@ def launch_local(configs: Sequence[TrainConfig], stall_s: float | None = None) -
     RankFailed (exit status 4), RankHung (5), Interrupted (130) or the UserError a rank raised (2, 3).
     After the first rank fails the others get a few seconds to record how they ended; when the first
     failure has no cause yet (a hang, a lost peer), they get until their watchdog's limit. ``stall_s``
-    guards against a hang nothing else catches: when no rank's heartbeat moves on for that long, the
-    ranks are killed and the hang is reported."""
+    guards against a hang nothing else catches: when no rank's heartbeat moves on for that long (its
+    step, its phase, or on CPU its main thread's CPU time), the ranks are killed and the hang is
+    reported."""
     import multiprocessing
 
     from exatrain.trainer import failures
@@ -192,8 +193,8 @@ def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None) ->
                 now = time.monotonic()
                 codes = [p.exitcode for p in procs]
                 beats, fails = failures.read_ranks(run_dir, world)
-                progress = (tuple(codes), tuple(sorted((r, b.get("run"), b.get("completed"), b.get("seq"))
-                                                      for r, b in beats.items())))
+                progress = (tuple(codes), tuple(sorted((r, b.get("run"), b.get("completed"), b.get("seq"),
+                                                       b.get("cpu_s")) for r, b in beats.items())))
                 if progress != mark:
                     mark, moved = progress, now
                 if first_fail is None and any(c not in (None, 0) for c in codes):
