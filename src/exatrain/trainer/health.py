@@ -24,9 +24,10 @@ system gives little CPU (a loaded machine, a low priority) still uses some: at t
 busy core, about 1.5% of it, some 15 ms a second. So on CPU ranks the watchdog counts a phase's age from
 the later of its start and the last beat at which this rank's main thread (the one that runs the
 steps), or a peer's (the ``cpu_s`` of its heartbeat, read at every beat), had used ``CPU_MOVED_S`` CPU
-seconds since the beat before: a slow step is not a hang, a collective nobody computes towards is. A phase still computing past ``CPU_CAP``
-times its limit is ended all the same (a loop that never reaches its collective). CUDA ranks keep the
-wall-clock age: a host thread waiting on the GPU may spin, so its CPU time says nothing there.
+seconds since the beat before: a slow step is not a hang, a collective nobody computes towards is. A
+phase still computing past ``CPU_CAP`` times its limit is ended all the same (a loop that never reaches
+its collective). CUDA ranks keep the wall-clock age: a host thread waiting on the GPU may spin, so its
+CPU time says nothing there.
 
 **Stragglers.** Each step is split into compute time and wait time. On the CPU (gloo) compute is the
 main thread's CPU time (``time.thread_time``): with one intra-op thread per rank (how exatrain runs CPU
