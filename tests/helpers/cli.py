@@ -25,6 +25,13 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return err.strip()
 
 
+def refused_by_planner(capsys: pytest.CaptureFixture[str], message: str, *argv: str) -> None:
+    """``estimate ARGV`` and ``search ARGV`` are each refused as bad input, their line holding ``message``."""
+    for command in ("estimate", "search"):
+        line = refused(capsys, command, *argv)
+        assert message in line, (command, line)
+
+
 def saved_plan(capsys: pytest.CaptureFixture[str], path, *argv: str) -> dict:
     """``exatrain estimate ARGV --out PATH``, which must succeed: the plan file it wrote, as JSON."""
     import json

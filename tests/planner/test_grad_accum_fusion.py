@@ -22,9 +22,9 @@ from exatrain.errors import UserError
 from exatrain.plan import GRAD_ACCUM_FUSION_RUNTIMES
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
-from tests.helpers.cli import refused, saved_plan
+from tests.helpers.cli import refused_by_planner, saved_plan
 from tests.helpers.passes import pass_seconds
-from tests.helpers.plan_fields import check_round_trip
+from tests.helpers.plan_fields import check_round_trip, trainer_refuses
 
 A100 = get_cluster("dgx-a100")
 
@@ -108,20 +108,15 @@ def test_refusals_are_one_line() -> None:
         _plan("maybe")
 
 
-@pytest.mark.parametrize("command", ["estimate", "search"])
-def test_the_cli_refuses_with_exit_2(capsys, command: str) -> None:
-    argv = [command, "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "64",
-            "--runtime", "exatrain", "--grad-accum-fusion", "off"]
-    assert "--grad-accum-fusion is Megatron-Core's switch" in refused(capsys, *argv)
+def test_the_cli_refuses_with_exit_2(capsys) -> None:
+    refused_by_planner(capsys, "--grad-accum-fusion is Megatron-Core's switch", "--model", "llama3-8b", "--cluster",
+                       "dgx-a100", "--gpus", "8", "--global-batch", "64", "--runtime", "exatrain",
+                       "--grad-accum-fusion", "off")
 
 
 def test_a_saved_plan_keeps_it_and_the_trainer_refuses_it(tmp_path, capsys) -> None:
-    from exatrain.trainer.config import TrainConfig
-
     saved = saved_plan(capsys, tmp_path / "p.json", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "16",
                        "--zero", "1", "--runtime", "megatron-core", "--grad-accum-fusion", "off")
     assert saved["grad_accum_fusion"] == "off"
-    plan = make_plan("llama-tiny", get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2,
-                     runtime="megatron-core", grad_accum_fusion="off")
-    with pytest.raises(UserError, match="--grad-accum-fusion off is Megatron-Core's switch"):
-        TrainConfig(plan=plan).check()
+    trainer_refuses("--grad-accum-fusion off is Megatron-Core's switch", runtime="megatron-core",
+                    grad_accum_fusion="off")

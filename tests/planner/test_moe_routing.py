@@ -30,6 +30,7 @@ from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions
 from tests.helpers import benchmarks
+from tests.helpers.plan_fields import trainer_refuses
 
 H100 = get_cluster("dgx-h100")
 QWEN = get_model("qwen3-30b-a3b").replace(seq_len=4096)
@@ -165,13 +166,8 @@ def test_a_plan_file_with_a_bad_routing_is_refused(tmp_path, capsys) -> None:
 
 
 def test_the_trainer_refuses_a_routing_it_does_not_run() -> None:
-    from exatrain.trainer.config import TrainConfig
-
     for kw in ({"moe_capacity_factor": 1.0}, {"moe_force_balance": True}):
-        plan = make_plan("moe-tiny", get_cluster("local-cpu"), gpus=2, ep=2, micro_batch=1, global_batch=2,
-                         dtype="float32", **kw)
-        with pytest.raises(UserError, match="routes MoE tokens dropless"):
-            TrainConfig(plan=plan).check()
+        trainer_refuses("routes MoE tokens dropless", "moe-tiny", ep=2, dtype="float32", **kw)
 
 
 def test_the_published_tables_routing_column_is_planned() -> None:

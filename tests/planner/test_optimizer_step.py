@@ -26,9 +26,9 @@ from exatrain.errors import UserError
 from exatrain.plan import ADAM_KERNEL_RUNTIMES
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
-from tests.helpers.cli import refused, saved_plan
+from tests.helpers.cli import refused_by_planner, saved_plan
 from tests.helpers.passes import pass_seconds
-from tests.helpers.plan_fields import check_round_trip
+from tests.helpers.plan_fields import check_round_trip, trainer_refuses
 
 H100 = get_cluster("dgx-h100")
 N = 1 << 12  # elements per tensor: large enough that the optimizer's scalars do not count
@@ -176,20 +176,14 @@ def test_refusals_are_one_line() -> None:
         _plan("torchtitan", zero=3, adam_kernel="sgd")
 
 
-@pytest.mark.parametrize("command", ["estimate", "search"])
-def test_the_cli_refuses_with_exit_2(capsys, command: str) -> None:
-    argv = [command, "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16",
-            "--runtime", "megatron-core", "--adam-kernel", "foreach"]
-    assert "--adam-kernel is torchtitan's switch" in refused(capsys, *argv)
+def test_the_cli_refuses_with_exit_2(capsys) -> None:
+    refused_by_planner(capsys, "--adam-kernel is torchtitan's switch", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                       "--gpus", "8", "--global-batch", "16", "--runtime", "megatron-core", "--adam-kernel", "foreach")
 
 
 def test_a_saved_plan_keeps_it_and_the_trainer_refuses_it(tmp_path, capsys) -> None:
-    from exatrain.trainer.config import TrainConfig
-
     saved = saved_plan(capsys, tmp_path / "p.json", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                        "--zero", "3", "--runtime", "torchtitan", "--adam-kernel", "foreach")
     assert saved["adam_kernel"] == "foreach"
-    plan = make_plan("llama-tiny", get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2, zero=3,
-                     runtime="torchtitan", adam_kernel="foreach")
-    with pytest.raises(UserError, match="--adam-kernel foreach is torchtitan's switch"):
-        TrainConfig(plan=plan).check()
+    trainer_refuses("--adam-kernel foreach is torchtitan's switch", zero=3, runtime="torchtitan",
+                    adam_kernel="foreach")
