@@ -4,7 +4,7 @@ metrics lines, the failed RunRecord, how a rank classifies what ended it, and th
 
 Broken on purpose and seen to fail here: the watchdog judging CPU ranks by wall-clock age
 (``_cpu_gated`` always False: the two ``test_on_cpu_*`` tests); peers' heartbeats not read (the
-peer test)."""
+peer test); no compile floor (the compile test)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,16 @@ def test_the_watchdog_limit_is_generous_by_default_and_exact_when_set() -> None:
 def beat(rank: int, completed: int, phase: str, age_s: float, now: float, seq: int = 3, **kw) -> dict:
     return {"rank": rank, "run": 0, "completed": completed, "phase": phase, "seq": seq, "time": now - age_s,
             "limit_s": 10.0, "beat_s": 1.0, "pid": 1000 + rank, **kw}
+
+
+def test_a_compiled_runs_first_step_gets_the_compile_floor() -> None:
+    m = RankMonitor(0, 2, None, supervised=True, watch=False)
+    m.new_run(0, SimpleNamespace(watchdog_s=7.0, device="cuda", compile=True))
+    assert m.limit_s("forward") == m.limit_s("backward") == health.COMPILE_LIMIT_S  # compiling, however set
+    m.step_end(2.0)
+    assert m.limit_s("forward") == 7.0  # compiled: the limit as set
+    m.new_run(1, SimpleNamespace(watchdog_s=7.0, device="cuda", compile=False))
+    assert m.limit_s("forward") == 7.0  # an eager run's first step has none
 
 
 def _busy(cpu_s: float = 0.02) -> None:

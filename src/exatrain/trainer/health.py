@@ -10,13 +10,16 @@ phase is two attribute writes: the main thread never touches a file or a lock fo
 **Heartbeat and watchdog.** A daemon thread wakes every ``beat_s`` (the limit / 20, between 1 and
 15 s), writes heartbeat-R.json into the run directory (failures.py) and checks the phase's age. A
 phase older than its limit — ``watchdog_s``, or by default max(300 s, 20 x the median step so far);
-setup and checkpoint phases at least 300 s, since loading and saving may take minutes — means a
-collective that some rank did not join. The thread then reads every rank's heartbeat, names the
-ranks that did not arrive (failures.not_arrived), writes this rank's failure record and ends the
-process with exit status 5. A blocked collective cannot be cancelled from Python (gloo has no abort),
-so ending the process is the only clean way out; the last published checkpoint is untouched (a save
-publishes by renaming a finished directory). The same thread reads the signal wake-up pipe, so a
-SIGTERM or SIGINT ends the rank even while its main thread is blocked inside a collective.
+setup and checkpoint phases at least 300 s, since loading and saving may take minutes; every phase of a
+compiled run's first step at least 30 minutes, since torch.compile compiles the blocks there, possibly
+in worker processes, so that neither the wall clock nor the step thread's CPU time tells compiling from
+waiting — means a collective that some rank did not join. The thread then reads every rank's
+heartbeat, names the ranks that did not arrive (failures.not_arrived), writes this rank's failure
+record and ends the process with exit status 5. A blocked collective cannot be cancelled from Python
+(gloo has no abort), so ending the process is the only clean way out; the last published checkpoint is
+untouched (a save publishes by renaming a finished directory). The same thread reads the signal
+wake-up pipe, so a SIGTERM or SIGINT ends the rank even while its main thread is blocked inside a
+collective.
 
 **Computing is not hanging (CPU ranks).** A rank blocked in a gloo collective or a pipeline receive
 sleeps: its main thread, where a CPU rank's whole compute runs, uses no CPU. A rank that the operating
@@ -64,6 +67,7 @@ PHASES = ("setup", "data", "forward", "backward", "forward/backward", "grad-sync
 COMPUTE_PHASES = frozenset({"data", "forward", "backward", "forward/backward", "optimizer"})
 LONG_PHASES = frozenset({"setup", "checkpoint", "done"})
 MIN_LIMIT_S = 300.0  # the watchdog's default floor, and the floor of setup and checkpoint phases
+COMPILE_LIMIT_S = 1800.0  # the floor of every phase of a compiled run's first step (torch.compile compiles then)
 LIMIT_STEPS = 20  # the default limit: this many median steps (when more than the floor)
 SLOW_RATIO = 1.3  # compute per step above this many times the stage peers' median: slow
 SLOW_MIN_EXCESS_S = 0.002  # ... and above it by at least this much per step (timer noise on tiny steps)
@@ -137,6 +141,7 @@ class RankMonitor:
         self.seq = 0  # phases entered in the current step
         self._at = ("setup", time.monotonic())  # (phase, its start): one attribute, read whole by the thread
         self.watchdog_s = 0.0
+        self.compiles = False  # the current run compiles its blocks: its first step's phases get COMPILE_LIMIT_S
         self.step_times: deque[float] = deque(maxlen=50)
         self.started = time.time()
         self._ending = threading.Lock()
@@ -156,6 +161,7 @@ class RankMonitor:
         """A new config starts in this process: back to setup, step 0."""
         self.run, self.config, self.context = run, config, context
         self.watchdog_s = float(getattr(config, "watchdog_s", 0.0) or 0.0)
+        self.compiles = bool(getattr(config, "compile", False))
         self._main_cpu = thread_cpu_clock()
         self._cpu_gated = self._main_cpu is not None and getattr(config, "device", "cpu") == "cpu"
         self._moved, self._cpu_seen = 0.0, {}
@@ -203,6 +209,8 @@ class RankMonitor:
             limit = max(MIN_LIMIT_S, LIMIT_STEPS * statistics.median(recent)) if recent else MIN_LIMIT_S
         if (phase or self.phase) in LONG_PHASES:
             limit = max(limit, MIN_LIMIT_S)
+        if self.compiles and not self.step_times:
+            limit = max(limit, COMPILE_LIMIT_S)
         return limit
 
     def beat_s(self) -> float:
