@@ -35,6 +35,7 @@ BAD = {
                                "--schedule", "zero_bubble"], "zero_bubble schedule cannot run with FSDP"),
     "model states beyond memory": (["--model", "gpt-175b"], "GiB of model states"),
     "bad steps": (["--steps", "0"], "positive integer"),
+    "negative watchdog": (["--watchdog", "-5"], "--watchdog"),
 }
 
 
@@ -108,6 +109,10 @@ def test_flags_override_a_plan(tmp_path: Path, no_launch: list) -> None:
     p = cfg.plan
     assert (p.model.name, p.tp, p.dp, p.zero_stage, p.dtype, p.micro_batch) == ("llama-tiny", 2, 1, 0, "bfloat16", 2)
     assert (cfg.steps, cfg.seed, cfg.lr, cfg.quiet) == (7, 3, 5e-4, True)
+    assert cfg.watchdog_s == 0.0  # the default limit
+    no_launch.clear()
+    assert main(["train", "--plan", str(path), "--watchdog", "1200", "--quiet"]) == 0
+    assert no_launch[0].watchdog_s == 1200.0
     no_launch.clear()
     assert main(["train", "--plan", str(path), "--layers", "2"]) == 0
     assert no_launch[0].plan.model.layers == 2 and no_launch[0].plan.model.kv_heads == 2

@@ -210,7 +210,8 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
           tensorboard: str | Path | None = None, calibration: str | Path | None = None, compile: bool = False,
           record_samples: bool = False, data: str | Path | None = None, checkpoint_dir: str | Path | None = None,
           save_every: int = 0, keep_last: int = 0, async_save: bool = False, resume: str | Path | None = None,
-          warn: Warn | None = None, progress: Callable[[str], None] | None = None) -> TrainResult:
+          watchdog: float = 0.0, warn: Warn | None = None,
+          progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train ``plan`` (a Plan, or a file holding one: a plan, `estimate --json`, or `search --json`,
     whose first ranked plan is taken), with layout and model values overriding it; with neither a
     plan nor any of tp/pp/dp/gpus, the embedded default (``embedded_default``: gpt-small, tp2 pp2
@@ -219,7 +220,9 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     ``cp`` (context parallel) and ``ep`` (expert parallel) degrees: None keeps the plan's (else 1); cp
     adds ranks (gpus = tp*cp*pp*dp), ep splits dp. ``fp8``: the FP8 GEMM recipe (trainer/fp8.py runs
     "current"); None keeps the plan's; given, the dtype is bfloat16 unless ``dtype`` says otherwise.
-    ``warn`` hears warnings, ``progress`` what happens before the ranks start."""
+    ``watchdog``: seconds a rank's phase may last before it counts as hung (TrainConfig.watchdog_s; 0: the
+    default, max(300 s, 20 x the median step)). ``warn`` hears warnings, ``progress`` what happens before the
+    ranks start."""
     values = dict(locals())
     if fp8 and dtype is None:  # FP8 GEMMs run inside bfloat16 training (exatrain.rules): the one dtype that fits
         values["dtype"] = "bfloat16"
@@ -255,7 +258,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
                          checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir), save_every=save_every,
                          keep_last=keep_last, async_save=async_save, nan_policy=nan_policy,
                          tensorboard_dir=None if tensorboard is None else str(tensorboard),
-                         record_samples=record_samples, compile=compile).check()
+                         record_samples=record_samples, compile=compile, watchdog_s=watchdog).check()
     env = launcher.dist_env()
     if env is not None and env.world_size != p.gpus:
         raise PlanError(f"the plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.gpus} ranks but "

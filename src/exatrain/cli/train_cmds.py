@@ -9,7 +9,7 @@ from exatrain import api
 from exatrain.api.training import DEFAULT_MODEL, describe_default
 from exatrain.plan import FP8_RECIPES
 from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, flag, make_console,
-                                 nonneg_int, positive_int, warn_line)
+                                 nonneg_float, nonneg_int, positive_int, warn_line)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "was measured on this machine")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer block and the loss (tp 1 only; the first steps compile)")
+    flag(g, api.train, "--watchdog", "seconds a rank's phase (forward, a collective, a save) may last before the "
+         "rank counts as hung and the run ends with status 5 (default 0: max(300 s, 20 x the median step); setup "
+         "and saves keep at least 300 s, a --compile run's first step 30 minutes)", type=nonneg_float,
+         metavar="SECONDS")
     g.add_argument("--record-samples", action="store_true",
                    help="list in each metrics line the global sample indices each data-parallel rank read")
     g = p.add_argument_group("data and checkpoints")
