@@ -38,6 +38,7 @@ def test_space_rejections_by_hand() -> None:
     ("gpt-22b", "dgx-a100", 64, 256),
     ("llama3-70b", "dgx-h100", 128, 512),
     ("gpt-1t", "frontier", 3072, 1536),
+    ("gpt-oss-20b", "dgx-h100", 64, 256),  # sliding windows on every other layer
 ])
 def test_batch_memory_and_time_equal_estimate(model, cluster, gpus, gb) -> None:
     m, c = get_model(model), get_cluster(cluster)

@@ -241,7 +241,7 @@ def test_trainer_refuses_unsupported_moe_layouts_in_one_line(plan_kw: dict, trai
 
 def test_trainer_refuses_the_attention_variants_it_does_not_build() -> None:
     plan = Plan(model=get_model("qwen3-30b-a3b"), shape=TrainShape(1, 1)).validate()
-    with pytest.raises(UserError, match="does not build kv_channels, qk_norm or latent attention"):
+    with pytest.raises(UserError, match="does not build kv_channels, qk_norm, latent or sliding-window attention"):
         TrainConfig(plan=plan).check()
 
 

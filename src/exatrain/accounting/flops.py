@@ -39,7 +39,8 @@ def layer_forward_flops_per_token(m: ModelSpec, moe: bool | None = None) -> floa
     qkv = 2 * h * (h + 2 * kvh)
     proj = 2 * h * h
     mlp = 2 * (3 if m.gated_mlp else 2) * h * f
-    attention = 2 * 2 * s * h  # QK^T and attention-over-values: 2*s*d per head each (Korthikanti Sec. 6)
+    # QK^T and attention-over-values: 2*s*d per head each (Korthikanti Sec. 6), s the keys a query reads
+    attention = 2 * 2 * (s if not m.sliding_window else m.attention_keys) * h
     return qkv + proj + mlp + attention
 
 
@@ -54,17 +55,19 @@ def _attention_projection_flops(m: ModelSpec) -> int:
     return 2 * weights
 
 
-def _attention_core_flops(m: ModelSpec) -> int:
+def _attention_core_flops(m: ModelSpec) -> float:
     """QK^T (query/key heads of width head_dim + rope_head_dim) and the softmax-weighted values
-    (head_dim) over all s keys, per head: Korthikanti Sec. 6's 4*s*h when heads * head_dim = h."""
-    return 2 * m.seq_len * m.heads * (2 * m.head_dim + m.rope_head_dim)
+    (head_dim) over all s keys, per head: Korthikanti Sec. 6's 4*s*h when heads * head_dim = h; under
+    sliding windows over the mean layer's keys (ModelSpec.attention_keys)."""
+    keys = m.seq_len if not m.sliding_window else m.attention_keys
+    return 2 * keys * m.heads * (2 * m.head_dim + m.rope_head_dim)
 
 
 def attention_forward_flops_per_token(m: ModelSpec) -> float:
     """The s-dependent attention core (QK^T, softmax-weighted V) of one layer, one token."""
     if m.kv_channels or m.mla:
         return float(_attention_core_flops(m))
-    return 4.0 * m.seq_len * m.hidden
+    return 4.0 * (m.seq_len if not m.sliding_window else m.attention_keys) * m.hidden
 
 
 def layers_forward_flops_per_token(m: ModelSpec) -> float:
@@ -121,7 +124,7 @@ class Gemm:
     m: int
     n: int
     k: int
-    count: int = 1
+    count: float = 1  # fractional for a sliding-window model's share of the attention heads
 
     @property
     def flops(self) -> float:
@@ -143,7 +146,7 @@ def layer_gemms(m: ModelSpec, micro_batch: int, tp: int, *, moe: bool | None = N
     (experts / ep of them), each taking ``moe_tokens_per_rank`` * top_k * capacity_factor * etp /
     (experts / ep) token copies (balanced routing) at 1/etp of the expert width.
     """
-    extended = (m.kv_channels or m.qk_norm or m.mla or m.is_moe or cp != 1)
+    extended = (m.kv_channels or m.qk_norm or m.mla or m.is_moe or m.sliding_window or cp != 1)
     if not extended:
         tokens = micro_batch * m.seq_len
         h, f, kvh, d = m.hidden, m.ffn_hidden, m.kv_hidden, m.head_dim
@@ -161,6 +164,23 @@ def layer_gemms(m: ModelSpec, micro_batch: int, tp: int, *, moe: bool | None = N
                                  cp=cp, sequence_parallel=sequence_parallel, capacity_factor=capacity_factor)
 
 
+def attention_core_gemms(m: ModelSpec, b: int, heads: int, queries: float) -> list[Gemm]:
+    """The mean layer's attention core on one rank: ``queries`` per sequence (s/cp) of ``b`` sequences
+    attend to all s keys (causal counted as full) through ``heads`` heads; with sliding windows the
+    windowed layers' share of the heads (a fractional ``count``) reads ``window_keys`` keys instead."""
+    d, qk = m.head_dim, m.head_dim + m.rope_head_dim
+    shares = [(float(m.seq_len), 1.0)]
+    if m.sliding_window:
+        windowed = m.windowed_layers / m.layers
+        shares = [(k, f) for k, f in ((float(m.seq_len), 1.0 - windowed), (m.window_keys, windowed)) if f > 0]
+    out: list[Gemm] = []
+    for keys, share in shares:
+        count = b * heads * share if m.sliding_window else b * heads
+        out += [Gemm("attn_scores", queries, keys if m.sliding_window else m.seq_len, qk, count=count),
+                Gemm("attn_values", queries, d, keys if m.sliding_window else m.seq_len, count=count)]
+    return out
+
+
 def _extended_layer_gemms(m: ModelSpec, b: int, tp: int, *, moe: bool, ep: int, etp: int, cp: int,
                           sequence_parallel: bool, capacity_factor: float) -> tuple[Gemm, ...]:
     s_local = m.seq_len / cp
@@ -176,10 +196,8 @@ def _extended_layer_gemms(m: ModelSpec, b: int, tp: int, *, moe: bool, ep: int, 
                   Gemm("kv_up", tokens, m.heads * 2 * d // tp, m.kv_lora_rank)]
     else:
         gemms = [Gemm("qkv", tokens, (m.q_width + 2 * m.kv_hidden) // tp, h)]
-    qk = d + m.rope_head_dim
-    gemms += [Gemm("attn_scores", s_local, m.seq_len, qk, count=b * heads),
-              Gemm("attn_values", s_local, d, m.seq_len, count=b * heads),
-              Gemm("proj", tokens, h, m.attn_out_width // tp)]
+    gemms += attention_core_gemms(m, b, heads, s_local)
+    gemms.append(Gemm("proj", tokens, h, m.attn_out_width // tp))
     gated = 2 if m.gated_mlp else 1
     if not (moe and m.is_moe):
         f = m.ffn_hidden

@@ -27,6 +27,12 @@ models them; the trainer builds the mixture-of-experts fields, trainer/moe.py, n
   interleaving). ``router`` is the gate's score function (``softmax`` or ``sigmoid``, Megatron-Core's
   ``--moe-router-score-function``); ``router_bias`` the per-expert balancing bias of DeepSeek-V3's
   auxiliary-loss-free routing (DeepSeek-V3 report, arXiv 2412.19437, Sec. 2.1.2).
+* sliding-window attention (Mistral 7B, arXiv 2310.06825; GPT-OSS; Gemma 2/3): ``sliding_window`` > 0
+  has each query of a windowed layer attend to itself and the ``sliding_window`` - 1 keys before it;
+  ``full_attention_every`` N > 0 keeps every N-th layer (layer i with (i + 1) a multiple of N) in full
+  causal attention (GPT-OSS alternates: N = 2; Gemma 3: N = 6), 0 windows every layer. The planner
+  prices a windowed layer's attention core by the keys it reads (``window_keys``); the trainer does not
+  build it.
 * multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): ``kv_lora_rank`` > 0
   compresses keys and values through a latent of that width, ``q_lora_rank`` (0: none) the queries;
   ``rope_head_dim`` is the decoupled rotary part of each query/key head. Per-head query/key
@@ -51,7 +57,7 @@ ROUTERS = ("softmax", "sigmoid")
 EXTENDED_DEFAULTS: dict[str, Any] = {
     "kv_channels": 0, "qk_norm": False, "experts": 0, "top_k": 0, "shared_experts": 0,
     "expert_ffn_hidden": 0, "dense_layers": 0, "moe_every": 1, "router": "softmax", "router_bias": False,
-    "q_lora_rank": 0, "kv_lora_rank": 0, "rope_head_dim": 0,
+    "q_lora_rank": 0, "kv_lora_rank": 0, "rope_head_dim": 0, "sliding_window": 0, "full_attention_every": 0,
 }
 
 
@@ -87,6 +93,8 @@ class ModelSpec:
     q_lora_rank: int = 0  # MLA query latent width; 0 means queries are projected directly
     kv_lora_rank: int = 0  # MLA key/value latent width; > 0 turns multi-head latent attention on
     rope_head_dim: int = 0  # MLA decoupled rotary width of each query/key head
+    sliding_window: int = 0  # keys a query of a windowed layer attends to (itself included); 0: full attention
+    full_attention_every: int = 0  # with sliding_window: every N-th layer attends in full; 0: none does
 
     def __post_init__(self) -> None:
         # Fill family defaults so every consumer sees resolved numbers.
@@ -136,6 +144,33 @@ class ModelSpec:
     def moe_layers(self) -> int:
         """Number of MoE layers (0 for a dense model)."""
         return sum(self.layer_is_moe(i) for i in range(self.layers))
+
+    def layer_is_windowed(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based) attends through a sliding window (module doc)."""
+        n = self.full_attention_every
+        return self.sliding_window > 0 and not (n and (index + 1) % n == 0)
+
+    @property
+    def windowed_layers(self) -> int:
+        return sum(self.layer_is_windowed(i) for i in range(self.layers))
+
+    @property
+    def window_keys(self) -> float:
+        """Keys per query of a windowed layer, counted as causal attention is (the whole prefix as if full,
+        the MFU convention, twice the pairs a causal kernel computes): query i reads min(i + 1, w) keys, so
+        the pairs are w*s - w*(w - 1)/2 and the count 2*pairs/s (s when the window covers the sequence)."""
+        w, s = self.sliding_window, self.seq_len
+        if not w or w >= s:
+            return float(s)
+        return 2.0 * w - w * (w - 1) / s
+
+    @property
+    def attention_keys(self) -> float:
+        """Keys per query of the mean layer (causal counted as full): seq_len without sliding windows."""
+        if not self.sliding_window:
+            return float(self.seq_len)
+        windowed = self.windowed_layers
+        return ((self.layers - windowed) * self.seq_len + windowed * self.window_keys) / self.layers
 
     @property
     def kv_hidden(self) -> int:
@@ -187,7 +222,7 @@ class ModelSpec:
     def _check_extension_types(self, where: str) -> None:
         """Types of the MoE / MLA / head-width fields, before anything derives from them."""
         for field in ("kv_channels", "experts", "top_k", "shared_experts", "expert_ffn_hidden", "dense_layers",
-                      "q_lora_rank", "kv_lora_rank", "rope_head_dim"):
+                      "q_lora_rank", "kv_lora_rank", "rope_head_dim", "sliding_window", "full_attention_every"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"{where}: {field} must be a non-negative integer, got {value!r}")
@@ -218,6 +253,9 @@ class ModelSpec:
             if self.dense_layers >= self.layers or self.moe_layers == 0:
                 raise UserError(f"{where}: dense_layers {self.dense_layers} and moe_every {self.moe_every} leave "
                                 f"no MoE layer among {self.layers}; lower them or set experts = 0")
+        if self.full_attention_every and not self.sliding_window:
+            raise UserError(f"{where}: full_attention_every applies to sliding-window models only; "
+                            "set sliding_window > 0")
         if self.mla:
             if self.rope_head_dim < 2 or self.rope_head_dim % 2:
                 raise UserError(f"{where}: multi-head latent attention needs an even rope_head_dim >= 2, "

@@ -95,8 +95,8 @@ def not_modelled(model: ModelSpec) -> None:
 def trainer_models_it(model: ModelSpec, ep: int, cp: int, fp8: str) -> bool:
     """Whether ``accounting.trainer_memory`` counts this layout: the trainer's dense and MoE layers
     with standard (grouped-query) attention, with or without ep and cp; not latent attention, QK-norm,
-    a separate head width, nor FP8 GEMMs."""
-    return not (model.mla or model.qk_norm or model.kv_channels or fp8)
+    a separate head width, sliding windows, nor FP8 GEMMs."""
+    return not (model.mla or model.qk_norm or model.kv_channels or model.sliding_window or fp8)
 
 
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,

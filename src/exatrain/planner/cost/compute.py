@@ -93,7 +93,8 @@ def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1):
 
         attn_eff * n / (n + attn_seq_half)
 
-    of peak, n the key length (each query row's softmax and rescaling work is amortised over n keys),
+    of peak, n the key length of each GEMM (each query row's softmax and rescaling work is amortised over
+    n keys; a sliding-window layer's share of the heads reads fewer),
     plus ``attn_call_overhead_s`` per forward + backward pair (the kernels' fixed work beyond the
     tiles: the backward's preprocessing and gradient conversion, launches), split as the FLOPs are.
     The backward costs 2.5x the forward's FLOPs at the same rate (FlashAttention-2, Dao 2023,
@@ -104,9 +105,11 @@ def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1):
     if not core:
         return 0.0, 0.0
     p = dev.params
-    flops = sum(g.flops for g in core)
-    n = np.asarray(core[0].n, dtype=float) / calls
-    fwd = flops / (dev.peak_flops * p.attn_eff * n / (n + p.attn_seq_half)) + calls * p.attn_call_overhead_s / 3.5
+    arithmetic = 0.0
+    for g in core:  # each at the rate of its own key length (a sliding-window layer's share reads fewer keys)
+        n = np.asarray(g.k if g.name == "attn_values" else g.n, dtype=float) / calls
+        arithmetic = arithmetic + g.flops / (dev.peak_flops * p.attn_eff * n / (n + p.attn_seq_half))
+    fwd = arithmetic + calls * p.attn_call_overhead_s / 3.5
     return fwd, 2.5 * fwd
 
 

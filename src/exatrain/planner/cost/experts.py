@@ -98,7 +98,7 @@ CAST_BYTES = {"delayed": 4.0, "current": 6.0, "block": 4.0, "mxfp8": 4.0}
 
 def extended(m: ModelSpec, cp: int, fp8: str) -> bool:
     """Whether the layout needs this module's layer time (else ``compute.layer_times`` is exact)."""
-    return bool(m.is_moe or m.mla or m.qk_norm or m.kv_channels or cp > 1 or fp8)
+    return bool(m.is_moe or m.mla or m.qk_norm or m.kv_channels or m.sliding_window or cp > 1 or fp8)
 
 
 def fp8_recipe(fp8: str, param_gather: bool = False) -> Fp8Recipe | None:
