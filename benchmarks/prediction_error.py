@@ -225,12 +225,14 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 row.notes.append(f"vocab {vocab} (GPT-2 BPE padded, assumed)")
             experts = _int(r["moe_experts"], 0)
             try:
+                # a preset's head width already, so a head dim that is not hidden/heads builds (GPT-OSS's 64)
+                head = get_model(r["preset"].strip()).kv_channels if r.get("preset", "").strip() else 0
                 model = ModelSpec(name=r["model"], arch=r["arch"] or "gpt", layers=_int(r["layers"]),
                                   hidden=_int(r["hidden"]), heads=_int(r["heads"]), kv_heads=_int(r["kv_heads"], 0),
                                   ffn_hidden=_int(r["ffn"], 0), seq_len=_int(r["seq"]), vocab=vocab,
                                   dropout=float(r["dropout"] or 0.0), experts=experts,
                                   top_k=_int(r["moe_topk"], 0) if experts else 0,
-                                  expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0)
+                                  expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0, kv_channels=head)
                 if r.get("preset", "").strip():
                     model = _with_preset(model, r["preset"].strip(), i)
                     row.notes.append(f"architecture of preset {r['preset'].strip()}")
@@ -341,7 +343,7 @@ _PRESET_SHAPE = ("arch", "layers", "hidden", "heads", "kv_heads", "experts", "to
 
 def _with_preset(model: ModelSpec, preset: str, index: int) -> ModelSpec:
     """``model`` (the row's shape columns) with the architecture the columns cannot say — head width,
-    QK-norm, multi-head latent attention, shared experts, leading dense layers, router — taken from the
+    QK-norm, multi-head latent attention, sliding windows, shared experts, leading dense layers, router — taken from the
     catalog preset the row's ``preset`` column names (data README); the row's shape must be the preset's."""
     base = get_model(preset)
     differ = [f"{k} {getattr(model, k)} != {getattr(base, k)}" for k in _PRESET_SHAPE
