@@ -181,7 +181,7 @@ def test_the_published_tables_routing_column_is_planned() -> None:
         with pytest.raises(UserError, match="moe_routing must be"):
             pe._moe_routing(bad)
     rows = {r.index: r for r in pe.load_rows() if r.plan is not None}
-    assert {i for i, r in rows.items() if r.plan.moe_force_balance} == {35, 36, 42, 46}
+    assert {i for i, r in rows.items() if r.plan.moe_force_balance} == {34, 35, 36, 42, 46}
     assert {i: r.plan.moe_capacity_factor for i, r in rows.items() if r.plan.moe_capacity_factor} == {47: 1.0, 48: 1.0}
     assert not any(r.plan.moe_force_balance or r.plan.moe_capacity_factor for r in rows.values() if r.kind != "moe")
 
@@ -200,6 +200,8 @@ def test_a_published_rows_preset_gives_it_the_architecture_its_columns_cannot_sa
     assert rows[36].plan.model.q_width == 8192 and rows[35].plan.model.q_width == 4096
     ds = rows[46].plan.model
     assert ds.mla and (ds.shared_experts, ds.dense_layers, ds.seq_len) == (1, 3, 4096)
+    oss = rows[34].plan.model  # GPT-OSS 120B: 64-wide heads at hidden 2880, a 128-key window every other layer
+    assert (oss.head_dim, oss.q_width, oss.sliding_window, oss.windowed_layers) == (64, 4096, 128, 18)
     m = get_model("qwen3-30b-a3b")
     with pytest.raises(UserError, match=r"row 7: its shape is not preset qwen3-30b-a3b's \(hidden 1024 != 2048\)"):
         pe._with_preset(m.replace(hidden=1024, kv_channels=0, qk_norm=False), "qwen3-30b-a3b", 7)
