@@ -1,10 +1,12 @@
 """Sliding-window attention (ModelSpec.sliding_window, full_attention_every): the keys a windowed layer
 reads against a count of every query's keys, the FLOPs and attention time it saves and nothing else, the
-GPT-OSS presets against their published sizes, validation in one line, and the trainer's refusal.
+GPT-OSS presets against their published sizes, validation in one line, the trainer's refusal, and
+`estimate`/`search` saying so when the runtime planned is that trainer.
 
 Broken on purpose and seen to fail here: window_keys as the window alone (2w - w^2/s dropped: the
 brute-force count); every layer windowed whatever full_attention_every says (the layer pattern and preset
-tests); the flash kernel's rate taken from the first GEMM's key length for every share (the time test)."""
+tests); the flash kernel's rate taken from the first GEMM's key length for every share (the time test); the
+search's line dropped (the last test)."""
 
 from __future__ import annotations
 
@@ -109,3 +111,19 @@ def test_bad_fields_are_one_line(fields: dict, message: str) -> None:
 def test_the_trainer_refuses_a_windowed_model() -> None:
     tiny = get_model("llama-tiny").replace(sliding_window=8)
     trainer_refuses("does not build kv_channels, qk_norm, latent or sliding-window attention", tiny)
+
+
+def test_planning_a_model_the_trainer_cannot_build_for_exatrain_says_so(capsys) -> None:
+    from tests.helpers.cli import run
+
+    said = ("exatrain's own trainer does not build gpt-oss-20b yet "
+            "(a head width other than hidden/heads and sliding windows)")
+    args = ["--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
+    for command in ("estimate", "search"):
+        code, out, _ = run(capsys, command, *args)
+        assert code == 0 and said in " ".join(out.split()), command
+        code, out, _ = run(capsys, command, *args, "--runtime", "megatron-core")
+        assert code == 0 and "does not build" not in out, command
+    code, out, _ = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8")
+    assert code == 0 and "does not build" not in out
+    assert get_model("qwen3-30b-a3b").unbuilt_by_trainer == ("a head width other than hidden/heads", "QK-norm")

@@ -173,6 +173,15 @@ class ModelSpec:
         return ((self.layers - windowed) * self.seq_len + windowed * self.window_keys) / self.layers
 
     @property
+    def unbuilt_by_trainer(self) -> tuple[str, ...]:
+        """The attention features of this model that exatrain's trainer does not build yet (the planner counts
+        them): a head width other than hidden/heads, QK-norm, latent attention, sliding windows."""
+        own_width = bool(self.kv_channels and self.kv_channels != self.hidden // self.heads)
+        return tuple(name for name, on in (
+            ("a head width other than hidden/heads", own_width), ("QK-norm", self.qk_norm),
+            ("latent attention", self.mla), ("sliding windows", bool(self.sliding_window))) if on)
+
+    @property
     def kv_hidden(self) -> int:
         """Width of the K (and of the V) projection: kv_heads * head_dim."""
         return self.kv_heads * self.head_dim

@@ -157,8 +157,12 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   f"HFU are against the {plan.dtype} peak",)
     if not own:
         notes += ("trainer memory: the per-tensor model counts the trainer's dense and MoE layers (with ep and cp), "
-                  "not latent attention, QK-norm, a separate head width or FP8; "
+                  "not latent attention, QK-norm, a separate head width, sliding windows or FP8; "
                   + ("memory_bytes is the accounting's exatrain profile" if rt == "exatrain" else "not given"),)
+    if rt == "exatrain" and plan.model.unbuilt_by_trainer:
+        notes += (f"exatrain's own trainer does not build {plan.model.name} yet "
+                  f"({' and '.join(plan.model.unbuilt_by_trainer)}): these figures are for a run it cannot make; "
+                  "plan the engine that will run it (--runtime megatron-core, megatron-deepspeed or torchtitan)",)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
     hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute)

@@ -140,7 +140,7 @@ class TrainConfig:
         if not self.moe_aux_loss_coef >= 0 or not self.moe_bias_update_rate >= 0:
             raise UserError("--moe-aux-loss-coef and --moe-bias-update-rate must be >= 0")
         m = self.plan.model
-        if (m.kv_channels and m.kv_channels != m.hidden // m.heads) or m.qk_norm or m.mla or m.sliding_window:
+        if m.unbuilt_by_trainer:
             raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm, latent or sliding-window "
                             "attention yet (the planner counts them); train a model without them")
         return self
