@@ -46,6 +46,17 @@ DTYPES = ("float32", "bfloat16")
 # Engines a plan can be made for (accounting.engines holds each one's profile) and FP8 GEMM scaling
 # recipes (accounting.fp8): names only here, so that the rules can check them without the accounting.
 RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
+
+
+def trainer_cannot_build(model: Any) -> str:
+    """The line a plan for exatrain's own trainer (``--runtime exatrain``) gets when its model has what the trainer
+    does not build yet (``ModelSpec.unbuilt_by_trainer``); "" when the trainer builds it."""
+    missing = model.unbuilt_by_trainer
+    if not missing:
+        return ""
+    return (f"exatrain's own trainer does not build {model.name} yet ({' and '.join(missing)}): these figures are "
+            f"for a run it cannot make; plan the engine that will run it (--runtime "
+            f"{', '.join(r for r in RUNTIMES if r != 'exatrain')})")
 FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 # How a MoE layer's tokens reach their experts (cost.experts.a2a_time_s): "alltoall" sends every routed
 # copy to its expert's rank (Megatron-Core's alltoall dispatcher, torchtitan's and exatrain's all-to-all);

@@ -27,7 +27,7 @@ def layer_forward_flops_per_token(m: ModelSpec, moe: bool | None = None) -> floa
 
     ``moe`` picks the layer kind of a MoE model as ``params.layer_params`` does (None: its MoE
     layer); a MoE layer's MLP is the router, the shared experts and top_k routed experts."""
-    h, f, kvh, s = m.hidden, m.ffn_hidden, m.kv_hidden, m.seq_len
+    h, f, kvh = m.hidden, m.ffn_hidden, m.kv_hidden
     if moe is None:
         moe = m.is_moe
     if moe and m.is_moe:
@@ -40,7 +40,7 @@ def layer_forward_flops_per_token(m: ModelSpec, moe: bool | None = None) -> floa
     proj = 2 * h * h
     mlp = 2 * (3 if m.gated_mlp else 2) * h * f
     # QK^T and attention-over-values: 2*s*d per head each (Korthikanti Sec. 6), s the keys a query reads
-    attention = 2 * 2 * (s if not m.sliding_window else m.attention_keys) * h
+    attention = 2 * 2 * m.attention_keys * h
     return qkv + proj + mlp + attention
 
 
@@ -59,15 +59,14 @@ def _attention_core_flops(m: ModelSpec) -> float:
     """QK^T (query/key heads of width head_dim + rope_head_dim) and the softmax-weighted values
     (head_dim) over all s keys, per head: Korthikanti Sec. 6's 4*s*h when heads * head_dim = h; under
     sliding windows over the mean layer's keys (ModelSpec.attention_keys)."""
-    keys = m.seq_len if not m.sliding_window else m.attention_keys
-    return 2 * keys * m.heads * (2 * m.head_dim + m.rope_head_dim)
+    return 2 * m.attention_keys * m.heads * (2 * m.head_dim + m.rope_head_dim)
 
 
 def attention_forward_flops_per_token(m: ModelSpec) -> float:
     """The s-dependent attention core (QK^T, softmax-weighted V) of one layer, one token."""
     if m.kv_channels or m.mla:
         return float(_attention_core_flops(m))
-    return 4.0 * (m.seq_len if not m.sliding_window else m.attention_keys) * m.hidden
+    return 4.0 * m.attention_keys * m.hidden
 
 
 def layers_forward_flops_per_token(m: ModelSpec) -> float:
@@ -149,12 +148,10 @@ def layer_gemms(m: ModelSpec, micro_batch: int, tp: int, *, moe: bool | None = N
     extended = (m.kv_channels or m.qk_norm or m.mla or m.is_moe or m.sliding_window or cp != 1)
     if not extended:
         tokens = micro_batch * m.seq_len
-        h, f, kvh, d = m.hidden, m.ffn_hidden, m.kv_hidden, m.head_dim
-        heads = m.heads // tp
+        h, f, kvh = m.hidden, m.ffn_hidden, m.kv_hidden
         gemms = [
             Gemm("qkv", tokens, (h + 2 * kvh) // tp, h),
-            Gemm("attn_scores", m.seq_len, m.seq_len, d, count=micro_batch * heads),
-            Gemm("attn_values", m.seq_len, d, m.seq_len, count=micro_batch * heads),
+            *attention_core_gemms(m, micro_batch, m.heads // tp, m.seq_len),
             Gemm("proj", tokens, h, h // tp),
             Gemm("fc1", tokens, (2 if m.gated_mlp else 1) * f // tp, h),
             Gemm("fc2", tokens, h, f // tp),
@@ -169,16 +166,13 @@ def attention_core_gemms(m: ModelSpec, b: int, heads: int, queries: float) -> li
     attend to all s keys (causal counted as full) through ``heads`` heads; with sliding windows the
     windowed layers' share of the heads (a fractional ``count``) reads ``window_keys`` keys instead."""
     d, qk = m.head_dim, m.head_dim + m.rope_head_dim
-    shares = [(float(m.seq_len), 1.0)]
-    if m.sliding_window:
+    if not m.sliding_window:
+        shares = [(m.seq_len, b * heads)]
+    else:
         windowed = m.windowed_layers / m.layers
-        shares = [(k, f) for k, f in ((float(m.seq_len), 1.0 - windowed), (m.window_keys, windowed)) if f > 0]
-    out: list[Gemm] = []
-    for keys, share in shares:
-        count = b * heads * share if m.sliding_window else b * heads
-        out += [Gemm("attn_scores", queries, keys if m.sliding_window else m.seq_len, qk, count=count),
-                Gemm("attn_values", queries, d, keys if m.sliding_window else m.seq_len, count=count)]
-    return out
+        shares = [(keys, b * heads * f) for keys, f in ((m.seq_len, 1.0 - windowed), (m.window_keys, windowed)) if f]
+    return [g for keys, count in shares for g in (Gemm("attn_scores", queries, keys, qk, count=count),
+                                                  Gemm("attn_values", queries, d, keys, count=count))]
 
 
 def _extended_layer_gemms(m: ModelSpec, b: int, tp: int, *, moe: bool, ep: int, etp: int, cp: int,

@@ -9,7 +9,7 @@ candidate, so a searched plan's estimate is what the search ranked it by.
 from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
-from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
+from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown, trainer_cannot_build
 from exatrain.accounting.engines import ADAM_BYTES, get_engine, plan_engine
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
@@ -159,10 +159,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += ("trainer memory: the per-tensor model counts the trainer's dense and MoE layers (with ep and cp), "
                   "not latent attention, QK-norm, a separate head width, sliding windows or FP8; "
                   + ("memory_bytes is the accounting's exatrain profile" if rt == "exatrain" else "not given"),)
-    if rt == "exatrain" and plan.model.unbuilt_by_trainer:
-        notes += (f"exatrain's own trainer does not build {plan.model.name} yet "
-                  f"({' and '.join(plan.model.unbuilt_by_trainer)}): these figures are for a run it cannot make; "
-                  "plan the engine that will run it (--runtime megatron-core, megatron-deepspeed or torchtitan)",)
+    if rt == "exatrain" and (line := trainer_cannot_build(plan.model)):
+        notes += (line,)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
     hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute)

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from exatrain.plan import Plan
+from exatrain.plan import Plan, trainer_cannot_build
 from exatrain.units import GiB
 
 
@@ -109,10 +109,8 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
         con.print(f"FP8 GEMMs ({first.fp8} scaling); MFU against the {first.dtype} peak")
     con.print(f"memory and overlaps: {first.runtime}" + (" (exatrain's own trainer as it runs today)"
                                                          if first.runtime == "exatrain" else ""))
-    if first.runtime == "exatrain" and first.model.unbuilt_by_trainer:
-        con.print(f"exatrain's own trainer does not build {first.model.name} yet "
-                  f"({' and '.join(first.model.unbuilt_by_trainer)}): plan the engine that will run it "
-                  "(--runtime megatron-core, megatron-deepspeed or torchtitan)")
+    if first.runtime == "exatrain" and (cannot := trainer_cannot_build(first.model)):
+        con.print(cannot)
     rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
     con.print(f"{result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings collapsed, "
               f"{result.legal:,} legal, {result.feasible:,} fit in memory. Rejected — {rej}.")
