@@ -69,6 +69,31 @@ MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 # Transformer Engine fp8_model_init); torchtitan enable_fsdp_float8_all_gather (with FSDP: ZeRO-2/3, and
 # tensorwise scaling: "current"). accounting.fp8 Fp8Recipe.fp8_params; cost.overlap.engine_collectives.
 FP8_PARAM_GATHER_RUNTIMES = {"megatron-core": 1, "torchtitan": 2}  # runtime -> the lowest ZeRO stage it needs
+# How attention's operands travel under context parallelism (Plan.cp_comm; accounting.context): a ring of K,V
+# blocks ("p2p"), K,V all-gathered ("all_gather"), or Q,K,V and the output traded by all-to-all ("a2a",
+# DeepSpeed-Ulysses). The ways each runtime offers, its default first (accounting.engines EngineProfile.cp_exchanges
+# cites and prices each, in this order), and those that do not run sliding-window attention (Transformer Engine's
+# attn_forward_func_with_cp asserts a window runs only with a2a or all_gather).
+CP_COMMS = ("p2p", "all_gather", "a2a")
+CP_COMM_RUNTIMES = {"megatron-core": ("p2p", "a2a", "all_gather"), "megatron-deepspeed": ("a2a",),
+                    "torchtitan": ("all_gather", "p2p"), "exatrain": ("all_gather",)}
+CP_COMMS_WITHOUT_WINDOWS = {"megatron-core": ("p2p",)}
+
+
+def cp_comm_for(runtime: str, chosen: str = "", model: Any = None) -> str:
+    """The context-parallel exchange ``runtime`` runs: ``chosen`` (a plan's --cp-comm) if it offers it, else its
+    first that runs ``model`` (one with sliding windows needs an exchange that runs them), else its first. A
+    one-line UserError for a way it does not offer."""
+    offered = CP_COMM_RUNTIMES.get(runtime, ("p2p",))
+    if chosen:
+        if chosen not in CP_COMMS:
+            raise UserError(f"--cp-comm must be one of {', '.join(CP_COMMS)}, got {chosen!r}")
+        if chosen not in offered:
+            raise UserError(f"--cp-comm {chosen}: {runtime} does not run context parallelism that way; it offers "
+                            f"{', '.join(offered)}")
+        return chosen
+    windowless = CP_COMMS_WITHOUT_WINDOWS.get(runtime, ()) if getattr(model, "sliding_window", 0) else ()
+    return next((c for c in offered if c not in windowless), offered[0])
 # How evenly a MoE layer's routed tokens land on the expert ranks (cost.experts.moe_load): dropless routing
 # (the default) lets the busiest expert rank take more than the mean (cost.experts.LOAD_IMBALANCE, an
 # assumption); ``moe_capacity_factor`` C > 0 drops tokens beyond C times the mean per expert and pads every
@@ -374,6 +399,9 @@ class Plan:
     grad_accum: str = ""  # GRAD_ACCUM: the dtype bf16 gradients accumulate and reduce in, "" = the runtime's own
     grad_accum_fusion: str = ""  # GRAD_ACCUM_FUSION: accumulated inside the GEMMs or not, "" = the runtime's own
     adam_kernel: str = ""  # ADAM_KERNELS: the optimizer step's Adam kernel, "" = the runtime's own
+    # How attention's operands travel under cp > 1 (accounting.context.CP_COMMS: p2p ring, all_gather, a2a),
+    # "" = the runtime's own for the model (EngineProfile.cp_exchange)
+    cp_comm: str = ""
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -463,6 +491,8 @@ class Plan:
             parts.append(f"gradient-accumulation fusion {self.grad_accum_fusion}")
         if self.adam_kernel:
             parts.append(f"{self.adam_kernel} Adam")
+        if self.cp_comm:
+            parts.append(f"cp {self.cp_comm}")
         return "".join(f", {p}" for p in parts)
 
     def layers_per_stage(self) -> tuple[int, ...]:
@@ -525,6 +555,7 @@ class Plan:
             **({"grad_accum": self.grad_accum} if self.grad_accum else {}),
             **({"grad_accum_fusion": self.grad_accum_fusion} if self.grad_accum_fusion else {}),
             **({"adam_kernel": self.adam_kernel} if self.adam_kernel else {}),
+            **({"cp_comm": self.cp_comm} if self.cp_comm else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -539,7 +570,8 @@ class Plan:
         optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                    "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel")
+                    "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel",
+                    "cp_comm")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -576,6 +608,7 @@ class Plan:
                 grad_accum=str(d.get("grad_accum", "")),
                 grad_accum_fusion=str(d.get("grad_accum_fusion", "")),
                 adam_kernel=str(d.get("adam_kernel", "")),
+                cp_comm=str(d.get("cp_comm", "")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

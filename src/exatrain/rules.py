@@ -17,11 +17,11 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.errors import PlanError
-from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES,
-                           DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
+from exatrain.errors import PlanError, UserError
+from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CP_COMM_RUNTIMES,
+                           CP_COMMS_WITHOUT_WINDOWS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
                            GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
-                           RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES)
+                           RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, cp_comm_for)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -63,6 +63,7 @@ class Layout:
     ep: np.ndarray | None = None  # expert-parallel degree (adds no ranks); None: 1 everywhere
     cp: np.ndarray | None = None  # context-parallel degree (adds ranks); None: 1 everywhere
     runtime: str = "exatrain"  # the engine that runs the layouts: where it lets ep reach (ep_ranks)
+    cp_comm: str = ""  # how attention's operands travel under cp (Plan.cp_comm; "" = the runtime's own)
 
     def __post_init__(self) -> None:
         for name in ("ep", "cp"):
@@ -214,6 +215,12 @@ RULES: tuple[Rule, ...] = (
     Rule("cp does not split the sequence into 2*cp chunks",
          lambda x: (x.cp > 1) & (x.model.seq_len % _d(2 * x.cp) != 0),
          lambda p, c: (extension_problem(p) or ("cp", f"--cp {p.cp} does not fit"))[1]),
+    # How the runtime exchanges attention's operands under cp (plan.CP_COMM_RUNTIMES, plan.cp_comm_for): one it
+    # offers, that runs the model's sliding windows, and under a2a heads a rank holds that divide by cp.
+    Rule("cp exchange the runtime does not run for this layout",
+         lambda x: (x.cp > 1) & (_on(cp_comm_problem(x.cp_comm, x.runtime, x.model) is not None, x.tp.shape)
+                                 | _a2a_heads_broken(x)),
+         lambda p, c: (extension_problem(p) or ("cp_comm", f"--cp {p.cp} does not fit"))[1]),
     Rule("global batch not divisible by micro-batch*dp",
          lambda x: x.global_batch % _d(x.micro_batch * x.dp) != 0,
          lambda p, c: (f"global batch {p.global_batch} is not divisible by micro-batch x dp = {p.micro_batch} x "
@@ -327,7 +334,7 @@ def _codes(values, names: tuple[str, ...]) -> np.ndarray:
 def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, recompute, sequence_parallel,
            schedule, interleave, dp=None, gpus=None, dtype: str = "bfloat16", stage_layers: tuple = (),
            cluster: ClusterSpec | None = None, compile: bool = False, ep=1, cp=1,
-           runtime: str = "exatrain") -> Layout:
+           runtime: str = "exatrain", cp_comm: str = "") -> Layout:
     """Layouts as arrays. Without ``dp``, dp = gpus // (tp*cp*pp) (1 where that does not divide; the
     gpus rules mark those). ``recompute``/``schedule``: names or indices. ``runtime``: the engine
     that runs them (decides where ep may reach: ``ep_fits``)."""
@@ -342,7 +349,8 @@ def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, r
     return Layout(model, *arrays, dtype_ok=dtype in DTYPES, stage_layers=tuple(stage_layers),
                   gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
                   gpus_per_node=None if cluster is None else cluster.gpus_per_node,
-                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile, ep=ep, cp=cp, runtime=runtime)
+                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile, ep=ep, cp=cp, runtime=runtime,
+                  cp_comm=cp_comm)
 
 
 def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = False) -> Layout:
@@ -361,7 +369,8 @@ def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = Fal
                schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
                sequence_parallel=[bool(plan.sequence_parallel)], dtype=plan.dtype, stage_layers=plan.stage_layers,
                cluster=cluster, compile=compile, ep=ok["ep"], cp=ok["cp"],
-               runtime=plan.runtime if isinstance(plan.runtime, str) else "")
+               runtime=plan.runtime if isinstance(plan.runtime, str) else "",
+               cp_comm=plan.cp_comm if isinstance(getattr(plan, "cp_comm", ""), str) else "")
     return Layout(**{**x.__dict__, "malformed": np.array([malformed])})
 
 
@@ -423,6 +432,42 @@ def expert_problem(plan) -> tuple[str, str] | None:
     return "ep", f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep ({why})"
 
 
+def cp_comm_problem(comm: str, runtime: str, model: ModelSpec, tp: int | None = None,
+                    cp: int | None = None) -> str | None:
+    """Why ``runtime`` cannot run context parallelism by ``comm`` (Plan.cp_comm; "" = its own for the model)
+    for ``model`` (and, given tp and cp, that layout), or None: a way it does not offer, a way that does not run
+    the model's sliding windows (Transformer Engine's p2p ring), or an all-to-all whose cp does not divide the
+    heads and K,V heads a rank holds (each rank attends over the whole sequence for heads/cp of them)."""
+    if runtime not in RUNTIMES:
+        return None  # the runtime's own rule reports it
+    try:
+        chosen = cp_comm_for(runtime, comm, model)
+    except UserError as e:
+        return str(e)
+    windowless = CP_COMMS_WITHOUT_WINDOWS.get(runtime, ())
+    if model.sliding_window and chosen in windowless:
+        others = [c for c in CP_COMM_RUNTIMES[runtime] if c not in windowless]
+        return (f"{runtime}'s {chosen} context parallelism does not run sliding-window attention, which "
+                f"{model.name} has" + (f": use --cp-comm {' or '.join(others)}" if others else ""))
+    if chosen == "a2a" and tp and cp and cp > 1:
+        heads, kv = model.heads // max(tp, 1), model.kv_heads // max(tp, 1)
+        if heads % cp or kv % cp:
+            return (f"--cp {cp} by all-to-all splits the {heads} heads and {kv} K,V heads a rank holds at tp {tp} "
+                    f"into cp groups: cp must divide both (or use another --cp-comm)")
+    return None
+
+
+def _a2a_heads_broken(x: Layout) -> np.ndarray:
+    """Layouts whose all-to-all context parallelism (the plan's or the runtime's own) does not divide the heads
+    and K,V heads a rank holds by cp."""
+    if x.runtime not in RUNTIMES or cp_comm_problem(x.cp_comm, x.runtime, x.model) is not None:
+        return np.zeros(x.tp.shape, dtype=bool)
+    if cp_comm_for(x.runtime, x.cp_comm, x.model) != "a2a":
+        return np.zeros(x.tp.shape, dtype=bool)
+    tp, cp = _d(x.tp), _d(x.cp)
+    return ((x.model.heads // tp) % cp != 0) | ((x.model.kv_heads // tp) % cp != 0)
+
+
 def extension_problem(plan) -> tuple[str, str] | None:
     """(reason, message) for the first rule on context parallelism, the runtime, FP8, the MoE dispatcher
     or the attention kernel the plan breaks, or None. The cp message is the vectorised cp rule's (RULES):
@@ -436,6 +481,13 @@ def extension_problem(plan) -> tuple[str, str] | None:
                       "(two load-balanced chunks per cp rank)")
     if plan.runtime not in RUNTIMES:
         return "runtime", f"--runtime must be one of {', '.join(RUNTIMES)}, got {plan.runtime!r}"
+    comm = getattr(plan, "cp_comm", "")
+    if not isinstance(comm, str):
+        return "cp_comm", f"cp_comm must be a string, got {comm!r}"
+    tp = plan.dims.tp if isinstance(plan.dims.tp, int) and not isinstance(plan.dims.tp, bool) else None
+    problem = cp_comm_problem(comm, plan.runtime, plan.model, tp, cp) if (cp > 1 or comm) else None
+    if problem:
+        return "cp_comm", problem
     if plan.fp8 and plan.fp8 not in FP8_RECIPES:
         return "fp8", f"--fp8 must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8!r}"
     if plan.fp8 and plan.dtype != "bfloat16":

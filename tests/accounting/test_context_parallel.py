@@ -67,8 +67,10 @@ def test_cp_traffic_by_hand(comm: str) -> None:
 
 
 def test_unknown_cp_comm_is_rejected() -> None:
-    with pytest.raises(ValueError, match="a2a"):
-        context.cp_buffer_bytes(get_model("llama3-8b"), 1, 1, 2, comm="a2a")
+    with pytest.raises(ValueError, match="p2p, all_gather, a2a"):
+        context.cp_buffer_bytes(get_model("llama3-8b"), 1, 1, 2, comm="ring")
+    with pytest.raises(ValueError, match="no K,V blocks"):
+        context.cp_sends_per_layer(2, comm="a2a")
 
 
 def _rank(m, **kw):

@@ -122,9 +122,10 @@ def test_cp_halves_activations_per_rank() -> None:
 def test_cp_ring_is_exposed_only_beyond_the_attention_it_hides_under() -> None:
     """At 8k tokens a ring across two nodes (tp 2, cp 8: 15 ranks) carries a micro-batch of 4's K,V block
     more slowly than the ring step's attention call it overlaps: some of it shows, and more at a
-    micro-batch of 8; at 128k each call's attention hides it."""
+    micro-batch of 8; at 128k each call's attention hides it (Megatron-Core's p2p ring, its default)."""
     def ring(model: str, mb: int, **kw):
-        plan = make_plan(model, H100, gpus=16, tp=2, micro_batch=mb, global_batch=8 * mb, sequence_parallel=True, **kw)
+        plan = make_plan(model, H100, gpus=16, tp=2, micro_batch=mb, global_batch=8 * mb, sequence_parallel=True,
+                         runtime="megatron-core", **kw)
         return estimate_plan(plan.replace(dims=ParallelDims(2, 1, 1, cp=8)).validate(H100), H100).time_s
 
     short4, short8 = ring("llama3.1-8b-8k", 4), ring("llama3.1-8b-8k", 8)

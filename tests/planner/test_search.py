@@ -205,8 +205,10 @@ def test_search_cli_lists_ep_candidates_for_a_moe_preset_with_zero_0(capsys) -> 
 
 
 def test_exatrain_search_offers_cp_for_long_context() -> None:
-    """llama3.1-8b-128k at tp 4 on 32 H100s: cp candidates for exatrain as for megatron-core, those
-    with zero bubble refused; a long-context MoE model (mixtral, 32k tokens) gets no cp > 1."""
+    """llama3.1-8b-128k at tp 4 on 32 H100s: cp candidates for exatrain as for megatron-deepspeed, those
+    with zero bubble refused, and those Megatron-DeepSpeed's all-to-all (DeepSpeed-Ulysses) cannot split (cp
+    must divide the 2 K,V heads a rank holds at tp 4) counted under their rule; a long-context MoE model
+    (mixtral, 32k tokens) gets no cp > 1."""
     m, c = get_model("llama3.1-8b-128k"), get_cluster("dgx-h100")
     opts = SpaceOptions(tp=(4,))
     ref = enumerate_space(m, c, 32, 16, opts, runtime="megatron-deepspeed")
@@ -216,7 +218,8 @@ def test_exatrain_search_offers_cp_for_long_context() -> None:
     assert own.rejected[CP_ZERO_BUBBLE] > 0
     assert not any(cp > 1 and pp > 1 and v in zb for cp, pp, v in zip(own.cp, own.pp, own.variant))
     assert ({k for k in _keys(ref) if k[-1] > 1 and not (k[1] > 1 and k[7] in zb)}
-            == {k for k in _keys(own) if k[-1] > 1 and not _ds_pipeline_zero(k)})
+            == {k for k in _keys(own) if k[-1] > 1 and not _ds_pipeline_zero(k) and (m.kv_heads // 4) % k[-1] == 0})
+    assert set(ref.cp.tolist()) == {1, 2} and ref.rejected["cp exchange the runtime does not run for this layout"] > 0
 
     moe = enumerate_space(get_model("mixtral-8x7b"), c, 64, 256, SpaceOptions(tp=(2,), pp=(1, 2)), runtime="exatrain")
     assert set(moe.cp.tolist()) == {1} and moe.rejected[CP_MOE] > 0

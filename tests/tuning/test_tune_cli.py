@@ -287,8 +287,8 @@ def test_a_moe_study_has_one_candidate_per_layout_key(tmp_path, capsys, fake, mo
 
 def test_a_study_name_ignores_planner_only_settings_at_their_defaults() -> None:
     """A study started before ep, cp, fp8 (and its parameter gather), the MoE dispatcher and routing, the
-    attention kernel, the element-wise mode, the cross-entropy, the gradient dtype, its accumulation fusion or the Adam
-    kernel existed keeps
+    attention kernel, the element-wise mode, the cross-entropy, the gradient dtype, its accumulation fusion, the Adam
+    kernel or the context-parallel exchange existed keeps
     its name: those fields enter the problem only when set. (Broken on purpose: with moe_dispatcher left in at
     "alltoall", every study name changed and this failed.)"""
     import dataclasses
@@ -300,10 +300,10 @@ def test_a_study_name_ignores_planner_only_settings_at_their_defaults() -> None:
                    dtype="float32", flash_attention=False)
     assert set(base.to_dict()["space"]) == {f.name for f in dataclasses.fields(SpaceOptions)} - {
         "ep", "cp", "fp8", "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather",
-        "attention_kernel", "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel"}
+        "attention_kernel", "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel", "cp_comm"}
     for field, value in (("fp8", "current"), ("moe_dispatcher", "deepep"), ("attention_kernel", "fa2"),
                          ("elementwise", "fused"), ("moe_capacity_factor", 1.0), ("moe_force_balance", True),
                          ("fp8_param_gather", True), ("cross_entropy", "upcast"), ("grad_accum", "float32"),
-                         ("grad_accum_fusion", "off"), ("adam_kernel", "foreach")):
+                         ("grad_accum_fusion", "off"), ("adam_kernel", "foreach"), ("cp_comm", "all_gather")):
         other = dataclasses.replace(base, options=dataclasses.replace(SpaceOptions(), **{field: value}))
         assert other.to_dict()["space"][field] == value and other.study_name() != base.study_name()

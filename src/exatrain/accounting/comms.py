@@ -182,9 +182,15 @@ def cp_collectives_for(m: ModelSpec, *, micro_batch, tp, cp, dtype: str, layers,
     """Key/value traffic of a rank's ``layers`` attention layers per step under context parallelism
     (``accounting.context``): the ring sends cp-1 K,V blocks forward and cp-1 K,V plus cp-1 dK,dV
     blocks backward per layer and micro-batch; the all-gather variant gathers the whole K,V forward
-    and again backward and reduce-scatters dK,dV. Full recomputation repeats the forward's."""
+    and again backward and reduce-scatters dK,dV; the all-to-all variant trades Q,K,V before attention
+    and the output after it, forward and (as gradients) backward. Full recomputation repeats the forward's."""
     block = context.kv_block_bytes(m, micro_batch, tp, cp, dtype)
     n = np.asarray(layers) * np.asarray(num_microbatches)
+    if comm == "a2a":
+        qkv, out = context.a2a_tensor_bytes(m, micro_batch, tp, cp, dtype)
+        passes = 2 + (1 if recompute == "full" else 0)
+        return (Collective("all_to_all", cp, qkv, passes * n, axis="cp"),
+                Collective("all_to_all", cp, out, passes * n, axis="cp"))
     if comm == "p2p":
         fwd, bwd = context.cp_sends_per_layer(cp, comm=comm, recompute=recompute)
         return (Collective("send_recv", cp, block, (fwd + bwd) * n, axis="cp"),)

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exatrain.accounting.context import CpExchange
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.errors import UserError
-from exatrain.plan import RUNTIMES
+from exatrain.plan import RUNTIMES, cp_comm_for
 
 ENGINE_NAMES = RUNTIMES  # plan.RUNTIMES: the names a Plan.runtime may take
 # Bytes one AdamW update moves per parameter, by kernel (plan.ADAM_KERNELS). "fused" reads the fp32 parameter,
@@ -150,6 +151,9 @@ class EngineProfile:
     # fixed cost per GEMM call (CostParams.gemm_overhead_s) is paid experts/ep times a layer
     expert_gemms: str = "grouped"
     expert_gemms_source: str = ""
+    # How it exchanges attention's operands under context parallelism (accounting.context.CpExchange), the
+    # first its default; () runs no context parallelism of its own (priced as a TE-style ring)
+    cp_exchanges: tuple[CpExchange, ...] = ()
     # Bytes moved per parameter of a rank's stage, every micro-batch, to accumulate that micro-batch's
     # gradients outside the weight-gradient GEMMs, by gradient-accumulation dtype of bfloat16 training
     # (cost.step.step_times: a pass over the stage's gradients after each backward); a dtype not listed
@@ -262,6 +266,13 @@ class EngineProfile:
         reduce-scatters' outputs, not the all-gathers' (dense layers; cost.step.recomputed)."""
         return recompute == "selective" and self.activations.selective == "per_op" and not moe
 
+    def cp_exchange(self, chosen: str = "", model=None) -> CpExchange:
+        """How this engine runs context parallelism: the exchange ``plan.cp_comm_for`` picks (``chosen``, a
+        plan's --cp-comm, if the engine offers it; else its first that runs ``model``'s sliding windows). A
+        one-line UserError where it offers no ``chosen``."""
+        comm = cp_comm_for(self.name, chosen, model)
+        return next(x for x in self.cp_exchanges or (_TE_P2P,) if x.comm == comm)
+
     def attention_kernel(self, chosen: str = "") -> str:
         """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,
         plan.ATTENTION_KERNELS) if given, else the engine's own (``ActivationRules.flash_kernel``)."""
@@ -340,6 +351,24 @@ def _rule(w, g, o, mode, source, buffer_bytes=0.0):
                      float(buffer_bytes))
 
 
+# ---- Context parallelism, as each engine runs it (accounting.context.CpExchange) ----------------
+_TE_CP = "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
+_TE_P2P = CpExchange(
+    "p2p", "--cp-comm-type p2p, the default",
+    _TE_CP + " AttnFuncWithCPAndKVP2P: cp steps, each block's send behind the previous step's attention; "
+    "attn_forward_func_with_cp asserts a sliding window runs only with a2a or all_gather",
+    calls="ring", overlapped=True)
+_TE_ALL_GATHER = CpExchange(
+    "all_gather", "--cp-comm-type allgather",
+    _TE_CP + " AttnFuncWithCPAndKVAllGather ('KV all-gather between CP ranks is exposed'): K and V gathered "
+    "before two attention calls, one per local chunk; the backward gathers them again and reduce-scatters dK, dV",
+    calls="chunks", overlapped=False, regather=True)
+_TE_A2A = CpExchange(
+    "a2a", "--cp-comm-type a2a",
+    _TE_CP + " AttnFuncWithCPAndQKVOA2A: all-to-all of Q, K, V before one attention call over the whole "
+    "sequence for heads/cp heads, and of the output after it; heads must divide by cp",
+    calls="one", overlapped=False)
+
 # ---- Megatron-Core ---------------------------------------------------------------------------
 # ZeRO-1 is the distributed optimizer (grads are reduce-scattered but the full grad buffer stays).
 # ZeRO-2/3 are Megatron-FSDP (--use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads /
@@ -364,6 +393,8 @@ MEGATRON_CORE = EngineProfile(
     expert_gemms_source=("megatron/core/transformer/moe/experts.py TEGroupedMLP runs Transformer Engine's "
                          "GroupedLinear, whose general_grouped_gemm (transformer_engine/pytorch/cpp_extensions/"
                          "gemm.py) calls nvte_multi_stream_cublas_gemm: one cuBLAS GEMM per local expert"),
+    # megatron/training/arguments.py --cp-comm-type {p2p, a2a, allgather, a2a+p2p} (a2a+p2p is not priced)
+    cp_exchanges=(_TE_P2P, _TE_A2A, _TE_ALL_GATHER),
     grad_accum_dtype="float32",
     grad_accum_source=_MCORE_FP32_GRAD,
     states=(
@@ -457,6 +488,11 @@ MEGATRON_DEEPSPEED = EngineProfile(
     name="megatron-deepspeed",
     expert_gemms="per_expert",
     expert_gemms_source="deepspeed/moe/experts.py Experts.forward: a loop over its local experts' modules",
+    cp_exchanges=(CpExchange(
+        "a2a", "--ds-sequence-parallel-size",
+        "DeepSpeed-Ulysses (deepspeed/sequence/layer.py DistributedAttention): all-to-all of Q, K and V before "
+        "the local attention over the whole sequence for heads/cp heads, and of its output after; not overlapped",
+        calls="one", overlapped=False),),
     accum_pass_bytes=(("float32", 26.0),),
     accum_pass_source=("deepspeed/runtime/pipe/engine.py _exec_backward_pass under BF16_Optimizer (fp32 gradient "
                        "accumulation): clear_lp_grads() zeroes the bf16 gradients before each micro-batch's "
@@ -561,6 +597,18 @@ _TT_MP = ("torchtitan/distributed/fsdp.py MixedPrecisionPolicy(param_dtype=bf16,
           "sharded params; docs/fsdp.md: reshard_after_forward True = ZeRO-3, False = ZeRO-2")
 TORCHTITAN = EngineProfile(
     name="torchtitan",
+    cp_exchanges=(
+        CpExchange("all_gather", "parallelism.context_parallel_rotate_method = 'allgather', the default",
+                   "torch/distributed/tensor/experimental/_attention.py _AllGatherRotater: one all-gather of K,V "
+                   "issued before the local block's attention, the other blocks' calls after it; the backward "
+                   "gathers again and passes dK,dV round the ring (_templated_ring_attention_backward, all-to-all "
+                   "rotater), each behind the next block's backward",
+                   calls="ring", overlapped=True, regather=True, dkv_ring=True),
+        CpExchange("p2p", "parallelism.context_parallel_rotate_method = 'alltoall'",
+                   "torch/distributed/tensor/experimental/_attention.py _AllToAllRotater: K,V passed round the "
+                   "ring (permute_tensor), each block's behind the previous block's attention",
+                   calls="ring", overlapped=True),
+    ),
     grad_accum_dtype="float32",
     grad_accum_source=("torchtitan training.mixed_precision_reduce = float32; sharded gradients in the fp32 "
                        "params' dtype"),
@@ -652,6 +700,11 @@ _EXA = ("exatrain accounting/memory.py state_bytes_per_param (trainer/parallel/d
         "ZeroRedundancyOptimizer, FSDP2)")
 EXATRAIN = EngineProfile(
     name="exatrain",
+    cp_exchanges=(CpExchange(
+        "all_gather", "--cp",
+        "trainer/parallel/context.py GatherSequence: K and V all-gathered before one masked attention call over "
+        "the whole sequence, kept for the backward, whose dK, dV are reduce-scattered; not overlapped",
+        calls="one", overlapped=False, regather=False),),
     autocast_casts=True,
     autograd_accum=True,
     param_pass_zero=(0, 1),

@@ -51,6 +51,17 @@ def check_grad_accum(grad_accum: str | None, dtype: str | None, runtime: str, fu
         raise UserError(problem)
 
 
+def check_cp_comm(cp_comm: str | None, runtime: str, model: ModelSpec) -> None:
+    """A one-line UserError where ``runtime`` does not run context parallelism by ``cp_comm`` for ``model``
+    (``rules.cp_comm_problem``: a way it does not offer, or one without the model's sliding windows); a search
+    checks it before it enumerates anything (the heads' divisibility under a2a is each layout's own)."""
+    from exatrain.rules import cp_comm_problem
+
+    problem = cp_comm_problem(cp_comm or "", runtime, model) if cp_comm else None
+    if problem:
+        raise UserError(problem)
+
+
 def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
              layers: int | None = None, hidden: int | None = None, heads: int | None = None,
              kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
@@ -65,7 +76,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
              attention_kernel: str | None = None,
              elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-             grad_accum_fusion: str | None = None, adam_kernel: str | None = None,
+             grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
              runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
@@ -89,7 +100,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     bfloat16 (``plan.GRAD_ACCUM``; default: the runtime's); ``grad_accum_fusion``: whether they accumulate inside the
     weight-gradient GEMMs, on or off (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default: the runtime's);
     ``adam_kernel``: the kernel its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's
-    choice; default: the runtime's).
+    choice; default: the runtime's). ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or
+    a2a (``accounting.context.CP_COMMS``; default: the runtime's own for the model, ``EngineProfile.cp_exchange``).
     ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     check_runtime(runtime, overlap)
@@ -127,7 +139,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
            attention_kernel: str | None = None,
            elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-           grad_accum_fusion: str | None = None, adam_kernel: str | None = None,
+           grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
            top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
@@ -149,6 +161,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
+    check_cp_comm(cp_comm, runtime, m)
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
@@ -175,7 +188,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
             attention_kernel: str | None = None,
             elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-            grad_accum_fusion: str | None = None, adam_kernel: str | None = None,
+            grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
             mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
@@ -190,6 +203,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
+    check_cp_comm(cp_comm, runtime, m)
     from exatrain.planner.scaling import scaling as run_scaling
 
     return run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
@@ -197,4 +211,4 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
                        runtime=runtime, overlap=overlap)
 
 
-__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "check_runtime", "estimate", "scaling", "search"]
+__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "check_cp_comm", "check_runtime", "estimate", "scaling", "search"]

@@ -23,7 +23,7 @@ MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "
 LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
                  "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp", "fp8",
                  "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                 "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel")
+                 "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel", "cp_comm")
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
@@ -112,7 +112,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
               elementwise: str | None = None, cross_entropy: str | None = None,
               grad_accum: str | None = None, grad_accum_fusion: str | None = None,
-              adam_kernel: str | None = None) -> Plan:
+              adam_kernel: str | None = None, cp_comm: str | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
@@ -127,7 +127,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     the runtime's); ``grad_accum_fusion``: whether they accumulate inside the weight-gradient GEMMs, on or off
     (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default "": the runtime's); ``adam_kernel``: the kernel
     its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's choice; default "": the
-    runtime's);
+    runtime's); ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or a2a
+    (``accounting.context.CP_COMMS``; default "": the runtime's own for the model);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model
@@ -177,7 +178,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 cross_entropy=_pick(cross_entropy, b and b.cross_entropy, ""),
                 grad_accum=_pick(grad_accum, b and b.grad_accum, ""),
                 grad_accum_fusion=_pick(grad_accum_fusion, b and b.grad_accum_fusion, ""),
-                adam_kernel=_pick(adam_kernel, b and b.adam_kernel, ""))
+                adam_kernel=_pick(adam_kernel, b and b.adam_kernel, ""),
+                cp_comm=_pick(cp_comm, b and b.cp_comm, ""))
     return plan.validate(c)
 
 
@@ -233,7 +235,8 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
                   fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
                   elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-                  grad_accum_fusion: str | None = None, adam_kernel: str | None = None, **_: Any):
+                  grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
+                  **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
 
@@ -258,7 +261,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         moe_force_balance=bool(moe_force_balance), fp8_param_gather=bool(fp8_param_gather),
         attention_kernel=attention_kernel or "",
         elementwise=elementwise or "", cross_entropy=cross_entropy or "", grad_accum=grad_accum or "",
-        grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "")
+        grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "", cp_comm=cp_comm or "")
 
 
 __all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",

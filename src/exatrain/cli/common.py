@@ -11,7 +11,7 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import (ADAM_KERNELS, ATTENTION_KERNELS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, GRAD_ACCUM,
+from exatrain.plan import (ADAM_KERNELS, ATTENTION_KERNELS, CP_COMMS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, GRAD_ACCUM,
                            GRAD_ACCUM_FUSION, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
@@ -170,6 +170,11 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--adam-kernel", None, ADAM_KERNELS, "the kernel the optimizer step runs Adam with: fused (one kernel, 28 bytes "
      "a parameter; torchtitan's default since 2025-02) or foreach (torch's chain of multi-tensor kernels, 84 bytes a "
      "parameter; torchtitan's --optimizer.implementation foreach, its default before); torchtitan only"),
+    ("--cp-comm", None, CP_COMMS, "how attention's operands travel under --cp: p2p (a ring of K,V blocks, each "
+     "behind a block's attention), all_gather (K,V gathered; exposed in Transformer Engine and exatrain, behind the "
+     "local block in torchtitan) or a2a (all-to-all of Q,K,V and the output: DeepSpeed-Ulysses, Megatron-Core "
+     "--cp-comm-type a2a; cp must divide the heads a rank holds); default: the runtime's (Megatron-Core p2p, a2a for "
+     "sliding-window models; Megatron-DeepSpeed a2a; torchtitan and exatrain all_gather)"),
 )
 
 

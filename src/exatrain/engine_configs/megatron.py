@@ -31,7 +31,7 @@ from typing import Any
 from exatrain.errors import UserError
 from exatrain.engine_configs.common import (Export, Flag, FlagGroup, adam_note, elementwise_note, even_split,
                                            fusion_note, kernel_note, summary)
-from exatrain.plan import Plan
+from exatrain.plan import Plan, cp_comm_for
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
 MEGATRON_DEEPSPEED = "deepspeedai/Megatron-DeepSpeed@4efb479d"
@@ -117,8 +117,10 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     prec.append(Flag("--attention-backend", backend))
     notes += [note] if note else []
     prec += fp8_flags(plan)
-    if plan.cp > 1:  # the K,V ring the planner prices (cost.experts)
-        par += [Flag("--context-parallel-size", str(plan.cp)), Flag("--cp-comm-type", "p2p")]
+    if plan.cp > 1:  # the exchange the planner prices (cost.experts.cp_exposed_s; Megatron spells all_gather "allgather")
+        comm = cp_comm_for("megatron-core", plan.cp_comm, plan.model)
+        par += [Flag("--context-parallel-size", str(plan.cp)),
+                Flag("--cp-comm-type", {"all_gather": "allgather"}.get(comm, comm))]
     moe = moe_flags(plan)
 
     cfg = "megatron/core/transformer/transformer_config.py"

@@ -23,7 +23,7 @@ from typing import Any
 
 from exatrain.accounting.engines import get_engine
 from exatrain.engine_configs.common import Export, fusion_note, kernel_note, summary
-from exatrain.plan import Plan
+from exatrain.plan import Plan, cp_comm_for
 
 TORCHTITAN = "pytorch/torchtitan@v0.2.2"
 # exatrain schedule -> torch.distributed.pipelining schedule name (get_schedule_class)
@@ -114,6 +114,9 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         par["module_fqns_per_model_part"] = model_parts(plan)
     par["context_parallel_degree"] = plan.cp
+    if plan.cp > 1:  # the exchange the planner prices (cost.experts.cp_exposed_s): torch's rotate method
+        comm = cp_comm_for("torchtitan", plan.cp_comm, plan.model)
+        par["context_parallel_rotate_method"] = {"all_gather": "allgather", "p2p": "alltoall"}[comm]
     if plan.model.is_moe:
         par["expert_parallel_degree"] = plan.ep
         if plan.ep > 1 and plan.ep % (plan.tp * plan.cp) == 0:

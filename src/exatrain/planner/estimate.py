@@ -56,7 +56,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
-                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion, adam_kernel=plan.adam_kernel)
+                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion, adam_kernel=plan.adam_kernel,
+                  cp_comm=plan.cp_comm)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -148,7 +149,13 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   + ", routed experts' states sharded over the expert-data-parallel group; " + _routing_note(plan)
                   + ("; trainer memory: N/ep experts a rank, routed tokens at a balanced load" if own else ""),)
     if plan.cp > 1:
-        notes += (f"cp {plan.cp}: s/cp tokens per rank, K,V ring overlapped with attention (cost.experts)",)
+        x = get_engine(rt).cp_exchange(plan.cp_comm, plan.model)
+        how = {"p2p": "K,V blocks passed round the ring, each behind a block's attention",
+               "all_gather": "K,V all-gathered" + (", behind the local block's attention" if x.overlapped
+                                                   else ", exposed"),
+               "a2a": "all-to-all of Q,K,V and of the output (heads/cp a rank over the whole sequence), exposed"}
+        notes += (f"cp {plan.cp}: s/cp tokens per rank; {how[x.comm]} — {x.comm} ({x.switch}"
+                  + ("; set by --cp-comm" if plan.cp_comm else "") + f"; {x.source}) (cost.experts.cp_exposed_s)",)
     if plan.fp8:
         speedup = experts.fp8_speedup(cluster, plan.dtype, cp)
         whence = "measured or fitted, cost params" if cp.fp8_speedup is not None else "the data sheet's FP8 peak ratio"

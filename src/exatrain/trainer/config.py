@@ -105,6 +105,12 @@ class TrainConfig:
             raise UserError(f"the exatrain trainer runs torch SDPA's own attention kernel choice; plan "
                             f"--attention-kernel {self.plan.attention_kernel} for another runtime, or train a plan "
                             "made without --attention-kernel (or with sdpa)")
+        # Its context parallelism all-gathers K,V (parallel/context.py): a plan priced with a ring or an all-to-all
+        # (Plan.cp_comm) is another runtime's run.
+        if self.plan.cp_comm not in ("", "all_gather"):
+            raise UserError(f"the exatrain trainer runs context parallelism by all-gathering K,V; plan --cp-comm "
+                            f"{self.plan.cp_comm} for the runtime that runs it, or train a plan made without it "
+                            "(or with all_gather)")
         # Its loss is cross_entropy(logits.float()) uncompiled, even under --compile (train.py): a plan priced
         # with another loss (plan.CROSS_ENTROPY) is another runtime's run.
         if self.plan.cross_entropy not in ("", "upcast"):

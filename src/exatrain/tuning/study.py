@@ -72,7 +72,7 @@ _PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": (
                  "moe_capacity_factor": (0.0,), "moe_force_balance": (False,), "fp8_param_gather": (False,),
                  "attention_kernel": ("",), "elementwise": ("",), "cross_entropy": ("",),
                  "grad_accum": ("",), "grad_accum_fusion": ("",),
-                 "adam_kernel": ("",)}
+                 "adam_kernel": ("",), "cp_comm": ("",)}
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:

@@ -58,7 +58,7 @@ import math
 import numpy as np
 
 from exatrain.accounting import moe as moe_acc
-from exatrain.accounting.context import kv_block_bytes
+from exatrain.accounting.context import CpExchange, a2a_tensor_bytes, kv_block_bytes
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.accounting.flops import layer_gemms
 from exatrain.accounting.fp8 import Fp8Recipe
@@ -67,6 +67,7 @@ from exatrain.accounting.params import (embedding_params, final_norm_params, hea
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
+from exatrain.plan import cp_comm_for
 from exatrain.planner.cost import compute, network
 from exatrain.planner.cost.coefficients import CostParams
 
@@ -123,12 +124,14 @@ def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = No
 def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, flash: bool,
                 sequence_parallel: bool, dtype: str, dev: compute.Device, fp8: str = "",
                 speedup: float = 1.0, elementwise: str = "fused",
-                load: float = LOAD_IMBALANCE, expert_gemms: str = "grouped") -> compute.LayerTimes:
+                load: float = LOAD_IMBALANCE, expert_gemms: str = "grouped",
+                cp_calls: int | None = None) -> compute.LayerTimes:
     """One layer (a MoE layer if ``moe``), one micro-batch, one rank (module doc); ``elementwise``: how
     its element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``); ``load``: the busiest expert
     rank's routed copies over the mean (``moe_load``); ``expert_gemms``: "per_expert" where the engine
     launches one GEMM per local expert (``EngineProfile.expert_gemms``: each pays the per-call time),
-    "grouped" where one kernel runs them all."""
+    "grouped" where one kernel runs them all. ``cp_calls``: the attention kernel calls a layer's core takes under
+    cp (``CpExchange.kernel_calls``; None: cp, one per K,V block of the ring)."""
     if not extended(m, cp, fp8):
         return compute.layer_times(m, micro_batch, tp, flash=flash, recompute="none",
                                    sequence_parallel=sequence_parallel, dtype=dtype, dev=dev,
@@ -196,8 +199,9 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     elem_bwd = 2 * compute.elementwise_time_s(elem_bytes, dev) + compute.elementwise_time_s(per * cast_bwd, dev) \
         + 2 * n_ops * dev.params.op_overhead_s
     if flash:
-        # a cp ring runs the kernel once per K,V block: cp calls over s/cp keys each
-        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev, calls=cp)
+        # a cp ring runs the kernel once per K,V block: cp calls over s/cp keys each (cp_calls: as the
+        # engine's exchange runs it, e.g. one call over all s keys after an all-to-all)
+        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev, calls=cp if cp_calls is None else cp_calls)
     else:
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
         softmax = compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
@@ -311,16 +315,50 @@ def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_bat
 
 
 def cp_exposed_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, cp: int, dtype: str,
-                 attn_fwd, attn_bwd):
-    """(forward, backward) exposed seconds of one layer's K,V ring per micro-batch (module doc). The
-    cp group is cp consecutive tp groups: it spans (cp-1)*tp + 1 ranks."""
+                 attn_fwd, attn_bwd, exchange: CpExchange | None = None):
+    """(forward, backward) exposed seconds of one layer's context-parallel exchange per micro-batch, as
+    the engine runs it (``exchange``, ``accounting.context.CpExchange``; None: Transformer Engine's p2p
+    ring). The cp group is cp consecutive tp groups: it spans (cp-1)*tp + 1 ranks. With a K,V block's
+    send ``send`` (one rank's s/cp tokens of K and V) and the layer's attention ``attn_fwd``/``attn_bwd``:
+
+    * p2p, overlapped (the module doc): cp-1 sends each behind 1/cp of the attention, forward; cp-1
+      pairs (K,V and dK,dV together) backward.
+    * all_gather, exposed (TE's, exatrain's): the all-gather of the whole K,V forward; backward the
+      reduce-scatter of dK,dV, after gathering K,V again where the engine does (``regather``).
+    * all_gather, overlapped (torch's rotater): the gather behind the local block's attention (1/cp of
+      it), forward and again backward; dK,dV round the ring (``dkv_ring``), cp-1 sends each behind a
+      block's backward and the last one exposed.
+    * a2a: two all-to-alls forward (Q,K,V out, the output back) and two backward (their gradients),
+      each sending all but 1/cp of a rank's tensor to its cp-1 peers over the tier spanning the group
+      (cp-1 latency steps each), exposed.
+
+    Collectives carry ``collective_overhead_s`` each; the ring's sends, as before, only the tier's latency."""
     if cp <= 1:
         return 0.0 * attn_fwd, 0.0 * attn_bwd
     block = kv_block_bytes(m, micro_batch, tp, cp, dtype)
-    bw, lat = network.tier_arrays(cluster, (cp - 1) * np.asarray(tp) + 1)
+    span = (cp - 1) * np.asarray(tp) + 1
+    bw, lat = network.tier_arrays(cluster, span)
     send = lat + block / (bw * params.link_eff)
-    fwd = (cp - 1) * np.maximum(send - attn_fwd / cp, 0.0)
-    bwd = (cp - 1) * np.maximum(2 * send - attn_bwd / cp, 0.0)  # K,V and dK,dV travel together
+    comm = "p2p" if exchange is None else exchange.comm
+    if comm == "p2p":
+        fwd = (cp - 1) * np.maximum(send - attn_fwd / cp, 0.0)
+        bwd = (cp - 1) * np.maximum(2 * send - attn_bwd / cp, 0.0)  # K,V and dK,dV travel together
+        return fwd, bwd
+    if comm == "a2a":
+        qkv, out = a2a_tensor_bytes(m, micro_batch, tp, cp, dtype)
+        one = 2 * (params.collective_overhead_s + (cp - 1) * lat) + (cp - 1) / cp * (qkv + out) / (bw * params.link_eff)
+        return one + 0.0 * attn_fwd, one + 0.0 * attn_bwd
+    nbw, nlat = network.tier_arrays(cluster, span, params)
+    gather = network.collective_time_s("all_gather", cp, cp * block, nbw, nlat, params)
+    if not exchange.overlapped:
+        scatter = network.collective_time_s("reduce_scatter", cp, cp * block, nbw, nlat, params)
+        return gather + 0.0 * attn_fwd, (gather if exchange.regather else 0.0) + scatter + 0.0 * attn_bwd
+    fwd = np.maximum(gather - attn_fwd / cp, 0.0)
+    bwd = np.maximum(gather - attn_bwd / cp, 0.0) if exchange.regather else 0.0 * attn_bwd
+    if exchange.dkv_ring:
+        bwd = bwd + (cp - 1) * np.maximum(send - attn_bwd / cp, 0.0) + send
+    else:
+        bwd = bwd + network.collective_time_s("reduce_scatter", cp, cp * block, nbw, nlat, params)
     return fwd, bwd
 
 
@@ -368,6 +406,7 @@ def comm_bytes(plan) -> dict[str, float]:
     if not (m.is_moe or plan.cp > 1 or plan.runtime != "exatrain"):
         return out
     split = stage_params_split_for(plan)
+    cp_comm = cp_comm_for(plan.runtime, plan.cp_comm, m)
     stage_layers = np.asarray(plan.layers_per_stage())
     kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers))
     fp8_gathered = (step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
@@ -389,7 +428,7 @@ def comm_bytes(plan) -> dict[str, float]:
         if plan.cp > 1:
             cpb.append(sum(float(c.bytes_per_rank) for c in comms.cp_collectives_for(
                 m, micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, dtype=plan.dtype, layers=sum(kinds[r]),
-                num_microbatches=plan.num_microbatches, recompute=plan.recompute)))
+                num_microbatches=plan.num_microbatches, recompute=plan.recompute, comm=cp_comm)))
     out["dp"] = max(dp)
     for k in ("tp", "pp"):  # their messages are a rank's tokens wide: s/cp of each sequence
         out[k] = out[k] / plan.cp

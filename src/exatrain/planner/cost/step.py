@@ -141,7 +141,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
                 elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
                 cross_entropy: str = "upcast", fp8_tp_gather: bool = False,
-                expert_gemms: str = "grouped") -> StageTimes:
+                expert_gemms: str = "grouped", cp_exchange=None) -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
@@ -152,8 +152,11 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     runs over the logits (plan.CROSS_ENTROPY, ``compute.head_times``); ``fp8_tp_gather`` (with ``fp8``): the
     forward's sequence-parallel all-gathers carry the GEMM inputs already cast to FP8, one byte an element
     (``EngineProfile.fp8_tp_gather``), the backward's collectives stay 16-bit; ``expert_gemms``: how the
-    engine launches its local experts' GEMMs (``EngineProfile.expert_gemms``, ``cost.experts.layer_times``)."""
+    engine launches its local experts' GEMMs (``EngineProfile.expert_gemms``, ``cost.experts.layer_times``);
+    ``cp_exchange``: how it runs context parallelism (``accounting.context.CpExchange``: its kernel calls and
+    what its exchange exposes, ``cost.experts.cp_exposed_s``; None: Transformer Engine's p2p ring)."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
+    cp_calls = None if cp_exchange is None else cp_exchange.kernel_calls(cp_size)
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
     rec = np.asarray(recompute)[:, None]
     zero = np.asarray(zero_stage)[:, None]
@@ -177,7 +180,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
                                      dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise,
-                                     load=moe_load, expert_gemms=expert_gemms)
+                                     load=moe_load, expert_gemms=expert_gemms, cp_calls=cp_calls)
             left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts),
                                        ag_fwd=ag_f)
                     if tp_overlap and s else (0.0, 0.0))
@@ -220,7 +223,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                                                                dispatcher=moe_dispatcher, load=moe_load),))[0] \
         if model.is_moe else 0.0 * L
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
-                                      attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1))
+                                      attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1),
+                                      exchange=cp_exchange)
     a2a_f, a2a_b = a2a, a2a * np.where(rec == _FULL, 2, 1)
     if rules is not None and rules.ep_a2a:
         # EP all-to-all overlap (cost.overlap): hidden behind another micro-batch's MoE-layer compute;
@@ -457,7 +461,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
                fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
-               grad_accum_fusion: str = "", adam_kernel: str = ""
+               grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = ""
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
@@ -473,7 +477,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     every micro-batch to accumulate them outside the GEMMs (``EngineProfile.accum_pass``); ``grad_accum_fusion``:
     whether that accumulation runs inside the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION; "": the runtime's own);
     ``adam_kernel``: the kernel its optimizer step runs Adam with (plan.ADAM_KERNELS; "": the runtime's own,
-    ``optimizer_seconds``)."""
+    ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (accounting.context.CP_COMMS;
+    "": the runtime's own for the model, ``EngineProfile.cp_exchange``)."""
     from exatrain.accounting.engines import engine_variant
 
     engine = engine_variant(runtime, grad_accum, grad_accum_fusion, adam_kernel)
@@ -487,7 +492,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
-                     fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms)
+                     fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms,
+                     cp_exchange=engine.cp_exchange(cp_comm, model))
     st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
                                shard=dp * cp_size, side_streams=not cluster.device.is_host)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
@@ -577,7 +583,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion,
-                  adam_kernel=plan.adam_kernel)
+                  adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -599,7 +605,8 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                      selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
                      elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
                      cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
-                     fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms)
+                     fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms,
+                     cp_exchange=engine.cp_exchange(plan.cp_comm, plan.model))
     dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
                                                  plan.layers_per_stage(), plan.ep)
     return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),

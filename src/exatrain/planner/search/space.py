@@ -69,6 +69,7 @@ class SpaceOptions:
     grad_accum: str = ""  # the dtype every candidate's bf16 gradients accumulate in (plan.GRAD_ACCUM)
     grad_accum_fusion: str = ""  # every candidate's accumulation inside the GEMMs or not (plan.GRAD_ACCUM_FUSION)
     adam_kernel: str = ""  # every candidate's Adam kernel (plan.ADAM_KERNELS)
+    cp_comm: str = ""  # how every candidate with cp > 1 exchanges attention's operands (Plan.cp_comm)
 
 
 @dataclass
@@ -168,7 +169,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
         scopes += ("search",)
     x = rules.layout(model, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
                      recompute=rec, sequence_parallel=sp, schedule=code,
-                     interleave=v, cluster=cluster, ep=ep, cp=cp, runtime=runtime)
+                     interleave=v, cluster=cluster, ep=ep, cp=cp, runtime=runtime, cp_comm=options.cp_comm)
     offered = get_engine(runtime).with_grad_accum(options.grad_accum).zero_stages(dtype)
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
     if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's
