@@ -57,6 +57,23 @@ def trainer_cannot_build(model: Any) -> str:
     return (f"exatrain's own trainer does not build {model.name} yet ({' and '.join(missing)}): these figures are "
             f"for a run it cannot make; plan the engine that will run it (--runtime "
             f"{', '.join(r for r in RUNTIMES if r != 'exatrain')})")
+
+
+def default_runtime(model: Any) -> str:
+    """The engine a plan is predicted for when none is named: exatrain's own trainer (the one `train` and `tune`
+    run) where it builds the model, else Megatron-Core, which builds every architecture the catalog describes
+    (latent attention, QK-norm, a head width of its own, sliding windows)."""
+    return "megatron-core" if model.unbuilt_by_trainer else "exatrain"
+
+
+def default_runtime_note(model: Any) -> str:
+    """The line a plan gets whose runtime was chosen for it (``default_runtime``) as another than exatrain's own
+    trainer; "" where the default is the trainer."""
+    missing = model.unbuilt_by_trainer
+    if not missing:
+        return ""
+    return (f"runtime megatron-core, the default for {model.name}: exatrain's own trainer does not build it yet "
+            f"({' and '.join(missing)}); name the engine that will run it with --runtime")
 FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 # How a MoE layer's tokens reach their experts (cost.experts.a2a_time_s): "alltoall" sends every routed
 # copy to its expert's rank (Megatron-Core's alltoall dispatcher, torchtitan's and exatrain's all-to-all);

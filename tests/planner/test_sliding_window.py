@@ -1,12 +1,14 @@
 """Sliding-window attention (ModelSpec.sliding_window, full_attention_every): the keys a windowed layer
 reads against a count of every query's keys, the FLOPs and attention time it saves and nothing else, the
-GPT-OSS presets against their published sizes, validation in one line, the trainer's refusal, and
-`estimate`/`search` saying so when the runtime planned is that trainer.
+GPT-OSS presets against their published sizes, validation in one line, the trainer's refusal,
+`estimate`/`search` saying so when the runtime planned is that trainer, and the default runtime for a model the
+trainer does not build (Megatron-Core, said in the output).
 
 Broken on purpose and seen to fail here: window_keys as the window alone (2w - w^2/s dropped: the
 brute-force count); every layer windowed whatever full_attention_every says (the layer pattern and preset
 tests); the flash kernel's rate taken from the first GEMM's key length for every share (the time test); the
-search's line dropped (the last test)."""
+search's line dropped (the "says so" test); plan.default_runtime returning exatrain whatever the model (the default
+runtime test)."""
 
 from __future__ import annotations
 
@@ -120,10 +122,39 @@ def test_planning_a_model_the_trainer_cannot_build_for_exatrain_says_so(capsys) 
             "(a head width other than hidden/heads and sliding windows)")
     args = ["--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
     for command in ("estimate", "search"):
-        code, out, _ = run(capsys, command, *args)
+        code, out, _ = run(capsys, command, *args, "--runtime", "exatrain")
         assert code == 0 and said in " ".join(out.split()), command
         code, out, _ = run(capsys, command, *args, "--runtime", "megatron-core")
         assert code == 0 and "does not build" not in out, command
     code, out, _ = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8")
     assert code == 0 and "does not build" not in out
     assert get_model("qwen3-30b-a3b").unbuilt_by_trainer == ("a head width other than hidden/heads", "QK-norm")
+
+
+def test_the_default_runtime_is_one_that_builds_the_model(capsys) -> None:
+    """No --runtime: exatrain's own trainer where it builds the model, else Megatron-Core, and the output says
+    why; a runtime named is kept, and says nothing of the default."""
+    import json
+
+    from exatrain import api
+    from tests.helpers.cli import run
+
+    said = ("runtime megatron-core, the default for gpt-oss-20b: exatrain's own trainer does not build it yet (a "
+            "head width other than hidden/heads and sliding windows); name the engine that will run it with --runtime")
+    plan = api.estimate(model="gpt-oss-20b", cluster="dgx-h100", gpus=16, ep=8)
+    assert plan.runtime == "megatron-core" and plan.estimate.notes[0] == said
+    assert api.estimate(model="llama3-8b", cluster="dgx-h100", gpus=8).runtime == "exatrain"
+    named = api.estimate(model="gpt-oss-20b", cluster="dgx-h100", gpus=16, ep=8, runtime="torchtitan")
+    assert named.runtime == "torchtitan" and not any("the default for" in n for n in named.estimate.notes)
+    args = ["--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
+    code, out, _ = run(capsys, "search", *args, "--top", "1")
+    assert code == 0 and said in " ".join(out.split()) and "runtime megatron-core" in out
+    code, out, _ = run(capsys, "search", *args, "--top", "1", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["notes"] == [said] and d["ranked"][0]["plan"]["runtime"] == "megatron-core"
+    scaled = api.scaling(model="gpt-oss-20b", cluster="dgx-h100", gpus=[16, 32], global_batch=64)
+    assert {p.plan.runtime for p in scaled.points} == {"megatron-core"}
+    # a runtime's own checks run on the one chosen: exatrain's trainer offers no all-to-all
+    code, _, err = run(capsys, "estimate", "--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "16",
+                       "--cp", "4", "--cp-comm", "a2a")
+    assert code == 2 and "exatrain does not run context parallelism that way" in err

@@ -8,6 +8,7 @@ name, a ClusterSpec or ``cluster_file`` (neither: ``DEFAULT_CLUSTER``, the Front
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,12 +16,13 @@ from exatrain.api.plans import calibrated, layout_of, make_plan, resolve_cluster
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
 from exatrain.paths import check_output_file
-from exatrain.plan import Plan
+from exatrain.plan import Plan, default_runtime, default_runtime_note
 
 Progress = Callable[[str], None]
 DEFAULT_CLUSTER = "frontier"  # the cluster when neither cluster nor cluster_file is given
-# The engine a plan is predicted for when none is named: exatrain's own trainer, the runtime a Plan
-# defaults to and the one `train` and `tune` run, so a searched plan is one this project can run.
+# The engine a plan is predicted for when none is named and the model is one exatrain's own trainer builds: the
+# trainer, the runtime a Plan defaults to and the one `train` and `tune` run, so a searched plan is one this project
+# can run. For a model it does not build (plan.default_runtime) the default is Megatron-Core, and the plan says so.
 DEFAULT_RUNTIME = "exatrain"
 
 
@@ -77,11 +79,12 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              attention_kernel: str | None = None,
              elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
              grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-             runtime: str = DEFAULT_RUNTIME, overlap: str = "all", calibration: str | Path | None = None,
+             runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
-    megatron-core, megatron-deepspeed, torchtitan, exatrain) runs it: the validated Plan (its
+    megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
+    exatrain's trainer does not build, ``plan.default_runtime``, said in the notes) runs it: the validated Plan (its
     ``runtime`` set) with its StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's
     own model per stage (torch, nothing allocated). ``overlap``: which of the runtime's overlaps
     are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
@@ -104,18 +107,23 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     a2a (``accounting.context.CP_COMMS``; default: the runtime's own for the model, ``EngineProfile.cp_exchange``).
     ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
-    check_runtime(runtime, overlap)
+    if runtime is not None:
+        check_runtime(runtime, overlap)
     if out is not None:
         check_output_file(out, "--out")
     c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
     c, params = calibrated(c, calibration)
     m = resolve_model(model, model_file, **shape_of(values))
+    chosen, runtime = runtime is None, check_runtime(runtime or default_runtime(m), overlap)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
     plan = make_plan(m, c, gpus=gpus, **{**layout_of(values), "stage_layers": stage_layers}, runtime=runtime)
     plan = plan.replace(runtime=runtime).validate(c)
     from exatrain.planner.estimate import estimate_plan
 
-    plan = plan.with_estimate(estimate_plan(plan, c, params, overlap))
+    est = estimate_plan(plan, c, params, overlap)
+    if chosen and (note := default_runtime_note(m)):
+        est = dataclasses.replace(est, notes=(note, *est.notes))
+    plan = plan.with_estimate(est)
     if trace:
         from exatrain.bench.traced import traced_estimate
 
@@ -140,13 +148,13 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            attention_kernel: str | None = None,
            elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
            grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-           top: int = 10, runtime: str = DEFAULT_RUNTIME, overlap: str = "all",
+           top: int = 10, runtime: str | None = None, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
     values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
     fits, its overlaps (``overlap``, as for ``estimate``) and collectives the step time, its ZeRO
-    stages are the candidates.
+    stages are the candidates (None: as for ``estimate``, said in ``SearchResult.notes``).
     ``out``: write the best plan as JSON. No feasible layout is a UserError naming the constraint
     that removed the most."""
     values = dict(locals())
@@ -154,13 +162,16 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
         raise UserError("search needs --gpus and --global-batch")
     if top < 1:
         raise UserError("--top must be at least 1")
-    check_runtime(runtime, overlap)
-    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
+    if runtime is not None:
+        check_runtime(runtime, overlap)
+        check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     if out is not None:
         check_output_file(out, "--out")
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
+    chosen, runtime = runtime is None, check_runtime(runtime or default_runtime(m), overlap)
+    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     check_cp_comm(cp_comm, runtime, m)
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
@@ -169,6 +180,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
                         runtime=runtime, overlap=overlap, flash=True if flash_attention is None else flash_attention)
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
+    if chosen and (note := default_runtime_note(m)):
+        result.notes = (note, *result.notes)
     if out is not None:
         result.ranked[0].save(out)
     return result
@@ -189,20 +202,23 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             attention_kernel: str | None = None,
             elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
             grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-            mode: str = "weak", runtime: str = DEFAULT_RUNTIME,
+            mode: str = "weak", runtime: str | None = None,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
     pinned one), its throughput and efficiency, and what a published study measured for this model
-    and cluster (a ScalingResult)."""
+    and cluster (a ScalingResult). ``runtime`` None: as for ``estimate`` (the title names it)."""
     values = dict(locals())
-    check_runtime(runtime, overlap)
-    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
+    if runtime is not None:
+        check_runtime(runtime, overlap)
+        check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     if global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
+    runtime = check_runtime(runtime or default_runtime(m), overlap)
+    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     check_cp_comm(cp_comm, runtime, m)
     from exatrain.planner.scaling import scaling as run_scaling
 

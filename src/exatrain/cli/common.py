@@ -188,7 +188,9 @@ def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False) -> Non
 
 
 RUNTIME_HELP = ("the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan or exatrain (this "
-                "project's trainer); its memory decides what fits and its overlaps and collectives the step time")
+                "project's trainer); its memory decides what fits and its overlaps and collectives the step time; "
+                "default exatrain, or megatron-core for a model exatrain's trainer does not build (said in the "
+                "output)")
 
 
 def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> None:

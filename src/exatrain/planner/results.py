@@ -22,6 +22,8 @@ def search_json(result: Any, explain: Sequence[str] | None = None) -> dict[str, 
     out = {"ranked": [estimate_json(p) for p in result.ranked], "examined": result.examined,
            "legal": result.legal, "feasible": result.feasible, "rejected": result.rejected,
            "collapsed": result.collapsed}
+    if getattr(result, "notes", ()):
+        out["notes"] = list(result.notes)
     if explain is not None:
         out["explain"] = list(explain)
     return out

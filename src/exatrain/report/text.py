@@ -111,6 +111,8 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
                                                          if first.runtime == "exatrain" else ""))
     if first.runtime == "exatrain" and (cannot := trainer_cannot_build(first.model)):
         con.print(cannot)
+    for note in getattr(result, "notes", ()):
+        con.print(note)
     rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
     con.print(f"{result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings collapsed, "
               f"{result.legal:,} legal, {result.feasible:,} fit in memory. Rejected — {rej}.")

@@ -31,6 +31,7 @@ class SearchResult:
     rejected: dict[str, int] = field(default_factory=dict)
     collapsed: int = 0
     min_memory_bytes: float | None = None  # the leanest legal layout's worst stage
+    notes: tuple[str, ...] = ()  # what the caller chose for the search (api.search: a default runtime)
 
     def why_empty(self, capacity_bytes: float) -> str:
         """One sentence on what left no feasible layout."""
