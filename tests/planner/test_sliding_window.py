@@ -8,7 +8,7 @@ Broken on purpose and seen to fail here: window_keys as the window alone (2w - w
 brute-force count); every layer windowed whatever full_attention_every says (the layer pattern and preset
 tests); the flash kernel's rate taken from the first GEMM's key length for every share (the time test); the
 search's line dropped (the "says so" test); plan.default_runtime returning exatrain whatever the model (the default
-runtime test)."""
+runtime test); `train` checking the model only after laying the plan out (the train test)."""
 
 from __future__ import annotations
 
@@ -158,3 +158,15 @@ def test_the_default_runtime_is_one_that_builds_the_model(capsys) -> None:
     code, _, err = run(capsys, "estimate", "--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "16",
                        "--cp", "4", "--cp-comm", "a2a")
     assert code == 2 and "exatrain does not run context parallelism that way" in err
+
+
+def test_train_refuses_a_model_it_does_not_build_before_its_layout(tmp_path) -> None:
+    """A Megatron-Core plan (ep 16 folded over tp 2 x dp 8, which the trainer's ep-inside-dp would refuse) of a
+    model the trainer does not build: `train` says the model, not the layout."""
+    from exatrain import api
+    from exatrain.errors import PlanError
+
+    path = tmp_path / "qwen3.json"
+    api.estimate(model="qwen3-30b-a3b", cluster="dgx-h100", gpus=16, tp=2, ep=16, sequence_parallel=True, out=path)
+    with pytest.raises(PlanError, match="qwen3-30b-a3b: the trainer does not build kv_channels, qk_norm"):
+        api.train(plan=path, steps=1)

@@ -240,6 +240,9 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
         check_input_dir(resume, "--resume")
     base = load_plan(plan, warn=warn) if plan is not None else None
     m = resolve_model(model, model_file, base=base.model if base else None, default=DEFAULT_MODEL, **shape_of(values))
+    from exatrain.trainer.config import check_model_built
+
+    check_model_built(m)
     if base is None and all(v is None for v in (tp, pp, dp, gpus, cp, ep)):
         base = embedded_default(m)
     device = _pick_device(device, base)

@@ -79,6 +79,7 @@ class TrainConfig:
             raise UserError(f"watchdog_s must be >= 0 seconds, got {self.watchdog_s}")
         if self.checkpoint_dir is None and (self.save_every or self.keep_last or self.async_save):
             raise UserError("--save-every, --keep-last and --async-save need --checkpoint-dir")
+        check_model_built(self.plan.model)
         # The layouts this trainer refuses to run, with cp, ep and MoE among them (exatrain.rules: the
         # list the search's --runtime exatrain uses).
         rules.check(self.plan, scopes=("run", "trainer"), compile=self.compile)
@@ -145,11 +146,16 @@ class TrainConfig:
             check_fp8(self.plan, self.device, compile=self.compile)
         if not self.moe_aux_loss_coef >= 0 or not self.moe_bias_update_rate >= 0:
             raise UserError("--moe-aux-loss-coef and --moe-bias-update-rate must be >= 0")
-        m = self.plan.model
-        if m.unbuilt_by_trainer:
-            raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm, latent or sliding-window "
-                            "attention yet (the planner counts them); train a model without them")
         return self
 
 
-__all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig"]
+def check_model_built(m) -> None:
+    """A one-line PlanError for a model the trainer does not build yet (``ModelSpec.unbuilt_by_trainer``); `train`
+    checks it before it lays the plan out for the trainer, so a plan made for another engine hears this first,
+    not where that engine's layout differs from the trainer's."""
+    if m.unbuilt_by_trainer:
+        raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm, latent or sliding-window "
+                        "attention yet (the planner counts them); train a model without them")
+
+
+__all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig", "check_model_built"]
