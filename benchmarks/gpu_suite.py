@@ -10,7 +10,10 @@
    ``exatrain train --plan ... --device cuda --steps N --metrics-file DIR/runs.jsonl``;
 3. predicted vs measured step time and peak memory (``torch.cuda.max_memory_allocated``, which the
    trainer records) per run, the trainer memory model's prediction beside them; all written to
-   DIR/gpu_suite.json (DIR: --out, else $OUT, else ./gpu_suite_out).
+   DIR/gpu_suite.json (DIR: --out, else $OUT, else ./gpu_suite_out);
+4. with the time left (at least 30 s), ``benchmarks/expert_gemm_speed.py`` with the same calibration: routed
+   experts' GEMMs at 16 to 4,096 rows per expert, per-expert launches and one grouped call, beside the cost
+   model's price (DIR/expert_gemm_speed.json; a few seconds).
 
 Import-safe: nothing here imports torch until main() runs on the GPU machine (tests build the plans
 and the command lines on a CPU with --dry-run).
@@ -103,6 +106,14 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
     return cmds
 
 
+def expert_gemm_command(args: argparse.Namespace) -> list[str]:
+    """Step 4: the routed experts' GEMMs beside their price (benchmarks/expert_gemm_speed.py), in DIR."""
+    d = out_dir(args)
+    cal = [] if args.no_bench else ["--calibration", str(d / "calib.json")]
+    return [sys.executable, str(Path(__file__).with_name("expert_gemm_speed.py")), "--out", str(d),
+            "--cluster", args.cluster, *cal]
+
+
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, timeout))
 
@@ -111,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     d = out_dir(args)
     if args.dry_run:
-        for cmd in commands(args):
+        for cmd in [*commands(args), expert_gemm_command(args)]:
             print(" ".join(cmd))
         return 0
     import torch
@@ -183,6 +194,19 @@ def main(argv: list[str] | None = None) -> int:
         results["median_step_error"] = statistics.median(abs(r["step_error"]) for r in done)
         results["median_memory_error_trainer_model"] = statistics.median(
             abs(r["memory_error_trainer_model"]) for r in done)
+    left = args.budget_s - (time.perf_counter() - t_start)
+    if left >= 30:
+        cmd = expert_gemm_command(args)
+        t0 = time.perf_counter()
+        try:
+            eg = _run(cmd, min(left, 120.0))
+            log.append({"cmd": " ".join(cmd), "rc": eg.returncode, "s": time.perf_counter() - t0,
+                        "stderr": eg.stderr[-1500:]})
+            results["expert_gemms"] = eg.stdout[-6000:]
+        except subprocess.TimeoutExpired:
+            log.append({"cmd": " ".join(cmd), "rc": None, "s": time.perf_counter() - t0, "stderr": "timed out"})
+    else:
+        results["expert_gemms"] = f"skipped: time budget, {left:.0f} s left"
     results["seconds"] = time.perf_counter() - t_start
     _write(d, results)
     GiB = 2**30
@@ -194,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"planner {r['predicted_memory_bytes'] / GiB:.1f} GiB")
         else:
             print(f"{r['run']:30s} {r.get('skipped') or r.get('error')}")
+    print(results.get("expert_gemms", ""))
     print(f"-> {d / 'gpu_suite.json'} ({results['seconds']:.0f} s)")
     return 0
 

@@ -61,7 +61,10 @@ def test_commands_bench_then_estimate_and_train_each_plan(tmp_path, capsys) -> N
     no_bench = gpu_suite.commands(gpu_suite.parse_args(["--no-bench", "--out", str(tmp_path)]))
     assert all("bench" not in c and "--calibration" not in c for c in no_bench)
     assert gpu_suite.main(["--dry-run", "--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.count("\n") == len(cmds)
+    assert capsys.readouterr().out.count("\n") == len(cmds) + 1  # and the experts' GEMMs, last
+    last = gpu_suite.expert_gemm_command(gpu_suite.parse_args(["--out", str(tmp_path)]))
+    assert last[1].endswith("expert_gemm_speed.py") and last[-2:] == ["--calibration", str(tmp_path / "calib.json")]
+    assert "--calibration" not in gpu_suite.expert_gemm_command(gpu_suite.parse_args(["--no-bench"]))
 
 
 # ---- benchmarks/gpu_speed.py: the side-by-side single-GPU speed script ------------------------------
