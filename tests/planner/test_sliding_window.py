@@ -8,7 +8,8 @@ Broken on purpose and seen to fail here: window_keys as the window alone (2w - w
 brute-force count); every layer windowed whatever full_attention_every says (the layer pattern and preset
 tests); the flash kernel's rate taken from the first GEMM's key length for every share (the time test); the
 search's line dropped (the "says so" test); plan.default_runtime returning exatrain whatever the model (the default
-runtime test); `train` checking the model only after laying the plan out (the train test)."""
+runtime test); `train` checking the model only after laying the plan out (the train test); a windowed share's key
+length divided by the calls of a context-parallel kernel (the split calls test)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,23 @@ def test_attention_time_prices_each_share_at_its_own_key_length() -> None:
     # may differ: a shorter backward hides less of the gradient reduction)
     assert windowed.memory_bytes.total == whole.memory_bytes.total  # flash attention keeps no s x s scores
     assert experts.extended(m, 1, "")
+
+
+def test_split_calls_keep_a_windowed_shares_key_length() -> None:
+    """Under context parallelism the kernel runs in calls over s/calls keys each; a windowed share's query reads
+    its window in whichever call holds it, so its rate stays at its own key length while the full share's falls
+    to s/calls."""
+    m = get_model("gpt-oss-120b")  # 4,096 tokens; every other layer a 128-token window
+    dev = device_for(H100, "bfloat16", default_params("h100-sxm"))
+    p = dev.params
+    core = [g for g in layer_gemms(m, 1, 1, cp=4) if g.name.startswith("attn_")]
+    fwd, _ = flash_attention_s(core, dev, calls=4, seq_len=m.seq_len)
+    want = 0.0
+    for keys, layers in ((4096.0 / 4, m.layers - m.windowed_layers), (m.window_keys, m.windowed_layers)):
+        flops = 2 * 2 * 1024 * (4096.0 if keys == 1024 else m.window_keys) * 64 * 64 * layers / m.layers
+        want += flops / (dev.peak_flops * p.attn_eff * keys / (keys + p.attn_seq_half))
+    assert m.window_keys < 4096 / 4  # the window is shorter than a call's keys
+    assert fwd == pytest.approx(want + 4 * p.attn_call_overhead_s / 3.5, rel=1e-12)
 
 
 def test_the_gpt_oss_presets_have_their_published_sizes() -> None:

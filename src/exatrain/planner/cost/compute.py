@@ -86,7 +86,7 @@ def gemm_time_s(g: Gemm, dev: Device, calls: int = 1, in_bytes: float = 2.0, out
     return calls * (np.maximum(arithmetic, traffic) + p.gemm_overhead_s)
 
 
-def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1):
+def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1, seq_len: float | None = None):
     """(forward, backward) seconds of a fused (flash) attention kernel over the layer's two attention
     GEMMs (``attn_scores``, ``attn_values``: queries x keys x head_dim, ``count`` = batch x heads on this
     rank). FLOPs are the full count (4 b s^2 heads d forward, causal skip not taken); the kernel runs at
@@ -101,13 +101,16 @@ def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1):
     Sec. 3.2: five matmuls against two). With attn_seq_half and the overhead 0 (the generic prior)
     the rate is attn_eff at every shape. ``calls``: the work split into that many kernel calls over
     1/calls of the keys each (a context-parallel ring runs one per K,V block: cp calls of s/cp keys),
-    each paying the call time."""
+    each paying the call time. ``seq_len`` (the sequence the calls split): a call covers at most seq_len/calls
+    keys of a query, and a sliding-window share, whose queries read fewer keys than that, keeps its own key
+    length in each call (without it every share's is divided by calls)."""
     if not core:
         return 0.0, 0.0
     p = dev.params
     arithmetic = 0.0
     for g in core:  # each at the rate of its own key length (a sliding-window layer's share reads fewer keys)
-        n = np.asarray(g.k if g.name == "attn_values" else g.n, dtype=float) / calls
+        keys = np.asarray(g.k if g.name == "attn_values" else g.n, dtype=float)
+        n = keys / calls if seq_len is None else np.minimum(keys, seq_len / calls)
         arithmetic = arithmetic + g.flops / (dev.peak_flops * p.attn_eff * n / (n + p.attn_seq_half))
     fwd = arithmetic + calls * p.attn_call_overhead_s / 3.5
     return fwd, 2.5 * fwd

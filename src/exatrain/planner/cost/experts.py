@@ -201,7 +201,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     if flash:
         # a cp ring runs the kernel once per K,V block: cp calls over s/cp keys each (cp_calls: as the
         # engine's exchange runs it, e.g. one call over all s keys after an all-to-all)
-        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev, calls=cp if cp_calls is None else cp_calls)
+        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev, calls=cp if cp_calls is None else cp_calls,
+                                                       seq_len=m.seq_len)
     else:
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
         softmax = compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
