@@ -48,13 +48,19 @@ DTYPES = ("float32", "bfloat16")
 RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
 
 
+def listed(items) -> str:
+    """"a", "a and b", "a, b and c"."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def trainer_cannot_build(model: Any) -> str:
     """The line a plan for exatrain's own trainer (``--runtime exatrain``) gets when its model has what the trainer
     does not build yet (``ModelSpec.unbuilt_by_trainer``); "" when the trainer builds it."""
     missing = model.unbuilt_by_trainer
     if not missing:
         return ""
-    return (f"exatrain's own trainer does not build {model.name} yet ({' and '.join(missing)}): these figures are "
+    return (f"exatrain's own trainer does not build {model.name} yet ({listed(missing)}): these figures are "
             f"for a run it cannot make; plan the engine that will run it (--runtime "
             f"{', '.join(r for r in RUNTIMES if r != 'exatrain')})")
 
@@ -73,7 +79,7 @@ def default_runtime_note(model: Any) -> str:
     if not missing:
         return ""
     return (f"runtime megatron-core, the default for {model.name}: exatrain's own trainer does not build it yet "
-            f"({' and '.join(missing)}); name the engine that will run it with --runtime")
+            f"({listed(missing)}); name the engine that will run it with --runtime")
 FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 # How a MoE layer's tokens reach their experts (cost.experts.a2a_time_s): "alltoall" sends every routed
 # copy to its expert's rank (Megatron-Core's alltoall dispatcher, torchtitan's and exatrain's all-to-all);
@@ -95,12 +101,17 @@ CP_COMMS = ("p2p", "all_gather", "a2a")
 CP_COMM_RUNTIMES = {"megatron-core": ("p2p", "a2a", "all_gather"), "megatron-deepspeed": ("a2a",),
                     "torchtitan": ("all_gather", "p2p"), "exatrain": ("all_gather",)}
 CP_COMMS_WITHOUT_WINDOWS = {"megatron-core": ("p2p",)}
+# Those that do not run attention sinks (a learned softmax logit per head, ModelSpec.attention_sinks): Transformer
+# Engine runs a softmax other than the vanilla one under context parallelism only through its fused attention with
+# cp_comm_type "a2a" (dot_product_attention/utils.py get_attention_backend: flash attention takes no such softmax,
+# the fused one only with a2a under CP, the unfused one no CP at all).
+CP_COMMS_WITHOUT_SINKS = {"megatron-core": ("p2p", "all_gather")}
 
 
 def cp_comm_for(runtime: str, chosen: str = "", model: Any = None) -> str:
     """The context-parallel exchange ``runtime`` runs: ``chosen`` (a plan's --cp-comm) if it offers it, else its
-    first that runs ``model`` (one with sliding windows needs an exchange that runs them), else its first. A
-    one-line UserError for a way it does not offer."""
+    first that runs ``model`` (one with sliding windows or attention sinks needs an exchange that runs them), else
+    its first. A one-line UserError for a way it does not offer."""
     offered = CP_COMM_RUNTIMES.get(runtime, ("p2p",))
     if chosen:
         if chosen not in CP_COMMS:
@@ -109,8 +120,20 @@ def cp_comm_for(runtime: str, chosen: str = "", model: Any = None) -> str:
             raise UserError(f"--cp-comm {chosen}: {runtime} does not run context parallelism that way; it offers "
                             f"{', '.join(offered)}")
         return chosen
-    windowless = CP_COMMS_WITHOUT_WINDOWS.get(runtime, ()) if getattr(model, "sliding_window", 0) else ()
-    return next((c for c in offered if c not in windowless), offered[0])
+    unable = cp_comms_unable(runtime, model)
+    return next((c for c in offered if c not in unable), offered[0])
+
+
+def cp_comms_unable(runtime: str, model: Any) -> dict[str, str]:
+    """The context-parallel exchanges of ``runtime`` that cannot run ``model``, each with what it lacks
+    (sliding-window attention, attention sinks)."""
+    lacks: dict[str, list[str]] = {}
+    for table, attr, what in ((CP_COMMS_WITHOUT_WINDOWS, "sliding_window", "sliding-window attention"),
+                              (CP_COMMS_WITHOUT_SINKS, "attention_sinks", "attention sinks")):
+        if getattr(model, attr, 0):
+            for c in table.get(runtime, ()):
+                lacks.setdefault(c, []).append(what)
+    return {c: listed(whats) for c, whats in lacks.items()}
 # How evenly a MoE layer's routed tokens land on the expert ranks (cost.experts.moe_load): dropless routing
 # (the default) lets the busiest expert rank take more than the mean (cost.experts.LOAD_IMBALANCE, an
 # assumption); ``moe_capacity_factor`` C > 0 drops tokens beyond C times the mean per expert and pads every

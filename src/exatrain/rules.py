@@ -19,9 +19,10 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError, UserError
 from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CP_COMM_RUNTIMES,
-                           CP_COMMS_WITHOUT_WINDOWS, CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
+                           CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
                            GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
-                           RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, cp_comm_for)
+                           RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, cp_comm_for,
+                           cp_comms_unable)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -436,18 +437,19 @@ def cp_comm_problem(comm: str, runtime: str, model: ModelSpec, tp: int | None = 
                     cp: int | None = None) -> str | None:
     """Why ``runtime`` cannot run context parallelism by ``comm`` (Plan.cp_comm; "" = its own for the model)
     for ``model`` (and, given tp and cp, that layout), or None: a way it does not offer, a way that does not run
-    the model's sliding windows (Transformer Engine's p2p ring), or an all-to-all whose cp does not divide the
-    heads and K,V heads a rank holds (each rank attends over the whole sequence for heads/cp of them)."""
+    the model's sliding windows (Transformer Engine's p2p ring) or attention sinks (its ring and all-gather),
+    or an all-to-all whose cp does not divide the heads and K,V heads a rank holds (each rank attends over the
+    whole sequence for heads/cp of them)."""
     if runtime not in RUNTIMES:
         return None  # the runtime's own rule reports it
     try:
         chosen = cp_comm_for(runtime, comm, model)
     except UserError as e:
         return str(e)
-    windowless = CP_COMMS_WITHOUT_WINDOWS.get(runtime, ())
-    if model.sliding_window and chosen in windowless:
-        others = [c for c in CP_COMM_RUNTIMES[runtime] if c not in windowless]
-        return (f"{runtime}'s {chosen} context parallelism does not run sliding-window attention, which "
+    unable = cp_comms_unable(runtime, model)
+    if chosen in unable:
+        others = [c for c in CP_COMM_RUNTIMES[runtime] if c not in unable]
+        return (f"{runtime}'s {chosen} context parallelism does not run {unable[chosen]}, which "
                 f"{model.name} has" + (f": use --cp-comm {' or '.join(others)}" if others else ""))
     if chosen == "a2a" and tp and cp and cp > 1:
         heads, kv = model.heads // max(tp, 1), model.kv_heads // max(tp, 1)

@@ -8,7 +8,8 @@ Broken on purpose and seen to fail here:
 - TE's all-gather not gathering again in the backward (``regather`` dropped): test_all_gather_exposed_by_hand;
 - the a2a all-to-alls counted once a pass instead of twice (Q,K,V and the output): test_a2a_by_hand;
 - ``kernel_calls`` ignored by ``layer_times`` (always cp calls): test_kernel_calls_follow_the_exchange;
-- the windows check dropped from ``rules.cp_comm_problem``: test_a_windowed_model_needs_an_exchange_that_runs_windows;
+- megatron-core's entry dropped from plan.CP_COMMS_WITHOUT_WINDOWS: test_a_windowed_model_needs_an_exchange_that_runs_windows;
+- megatron-core's sinks entry dropped from plan.CP_COMMS_WITHOUT_SINKS: test_attention_sinks_need_the_all_to_all;
 - the heads check dropped (``_a2a_heads_broken`` all False): test_a2a_needs_cp_to_divide_the_heads_a_rank_holds;
 - Megatron's "allgather" spelling replaced by TE's "all_gather" in the export: test_exports_carry_the_exchange.
 """
@@ -157,13 +158,31 @@ def test_memory_counts_the_exchange_s_working_set() -> None:
 
 
 def test_a_windowed_model_needs_an_exchange_that_runs_windows(capsys) -> None:
-    refused_by_planner(capsys, "megatron-core's p2p context parallelism does not run sliding-window attention, which "
-                       "gpt-oss-20b has: use --cp-comm a2a or all_gather",
+    refused_by_planner(capsys, "megatron-core's p2p context parallelism does not run sliding-window attention and "
+                       "attention sinks, which gpt-oss-20b has: use --cp-comm a2a",
                        "--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--cp", "2",
                        "--global-batch", "16", "--runtime", "megatron-core", "--cp-comm", "p2p")
+    windows_only = get_model("gpt-oss-20b").replace(attention_sinks=False)
+    from exatrain.rules import cp_comm_problem
+
+    assert cp_comm_problem("p2p", "megatron-core", windows_only) == (
+        "megatron-core's p2p context parallelism does not run sliding-window attention, which gpt-oss-20b has: use "
+        "--cp-comm a2a or all_gather")
+    assert cp_comm_problem("all_gather", "megatron-core", windows_only) is None
     # left to itself, Megatron-Core's plan for it runs the all-to-all
     plan = make_plan("gpt-oss-20b", H100, gpus=16, cp=2, ep=8, global_batch=16, runtime="megatron-core")
     assert any("a2a (--cp-comm-type a2a;" in n for n in estimate_plan(plan, H100).notes)
+
+
+def test_attention_sinks_need_the_all_to_all(capsys) -> None:
+    # GPT-OSS's learned sinks: Transformer Engine runs them under cp only through its fused all-to-all path
+    refused_by_planner(capsys, "megatron-core's all_gather context parallelism does not run attention sinks, which "
+                       "gpt-oss-20b has: use --cp-comm a2a", "--model", "gpt-oss-20b", "--cluster", "dgx-h100",
+                       "--gpus", "16", "--cp", "2", "--global-batch", "16", "--runtime", "megatron-core",
+                       "--cp-comm", "all_gather")
+    sinks_only = get_model("llama3.1-8b-128k").replace(attention_sinks=True)
+    assert get_engine("megatron-core").cp_exchange("", sinks_only).comm == "a2a"
+    assert get_engine("torchtitan").cp_exchange("", sinks_only).comm == "all_gather"  # listed for TE only
 
 
 def test_a2a_needs_cp_to_divide_the_heads_a_rank_holds(capsys) -> None:

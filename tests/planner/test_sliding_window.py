@@ -111,13 +111,15 @@ def test_the_gpt_oss_presets_have_their_published_sizes() -> None:
     assert total_params(get_model("gpt-oss-20b")) / 1e9 == pytest.approx(20.9, abs=0.05)
     m = get_model("gpt-oss-20b")
     assert (m.head_dim, m.sliding_window, m.full_attention_every, m.windowed_layers) == (64, 128, 2, 12)
+    assert m.attention_sinks and get_model("gpt-oss-120b").attention_sinks
     back = ModelSpec.from_dict(m.to_dict())
-    assert back == m and "sliding_window" not in _spec(0).to_dict()
+    assert back == m and "sliding_window" not in _spec(0).to_dict() and "attention_sinks" not in _spec(0).to_dict()
 
 
 @pytest.mark.parametrize("fields, message", [
     ({"full_attention_every": 2}, "full_attention_every applies to sliding-window models only"),
     ({"sliding_window": -1}, "sliding_window must be a non-negative integer, got -1"),
+    ({"attention_sinks": "yes"}, "attention_sinks must be true or false, got 'yes'"),
     ({"sliding_window": 128, "arch": "gpt", "kv_heads": 16}, "sliding_window describe llama-family models"),
 ])
 def test_bad_fields_are_one_line(fields: dict, message: str) -> None:
@@ -137,7 +139,7 @@ def test_planning_a_model_the_trainer_cannot_build_for_exatrain_says_so(capsys) 
     from tests.helpers.cli import run
 
     said = ("exatrain's own trainer does not build gpt-oss-20b yet "
-            "(a head width other than hidden/heads and sliding windows)")
+            "(a head width other than hidden/heads, sliding windows and attention sinks)")
     args = ["--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
     for command in ("estimate", "search"):
         code, out, _ = run(capsys, command, *args, "--runtime", "exatrain")
@@ -158,7 +160,8 @@ def test_the_default_runtime_is_one_that_builds_the_model(capsys) -> None:
     from tests.helpers.cli import run
 
     said = ("runtime megatron-core, the default for gpt-oss-20b: exatrain's own trainer does not build it yet (a "
-            "head width other than hidden/heads and sliding windows); name the engine that will run it with --runtime")
+            "head width other than hidden/heads, sliding windows and attention sinks); name the engine that will run it "
+            "with --runtime")
     plan = api.estimate(model="gpt-oss-20b", cluster="dgx-h100", gpus=16, ep=8)
     assert plan.runtime == "megatron-core" and plan.estimate.notes[0] == said
     assert api.estimate(model="llama3-8b", cluster="dgx-h100", gpus=8).runtime == "exatrain"

@@ -33,6 +33,10 @@ models them; the trainer builds the mixture-of-experts fields, trainer/moe.py, n
   causal attention (GPT-OSS alternates: N = 2; Gemma 3: N = 6), 0 windows every layer. The planner
   prices a windowed layer's attention core by the keys it reads (``window_keys``); the trainer does not
   build it.
+* ``attention_sinks`` — a learned logit per head that joins every query's softmax as one more key with no
+  value (GPT-OSS; Transformer Engine's ``softmax_type="learnable"``). It changes no GEMM's shape (its parameters,
+  one per head and layer, are not counted); it matters where an engine's attention kernel or context
+  parallelism does not run it (plan.CP_COMMS_WITHOUT_SINKS). The trainer does not build it.
 * multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): ``kv_lora_rank`` > 0
   compresses keys and values through a latent of that width, ``q_lora_rank`` (0: none) the queries;
   ``rope_head_dim`` is the decoupled rotary part of each query/key head. Per-head query/key
@@ -58,6 +62,7 @@ EXTENDED_DEFAULTS: dict[str, Any] = {
     "kv_channels": 0, "qk_norm": False, "experts": 0, "top_k": 0, "shared_experts": 0,
     "expert_ffn_hidden": 0, "dense_layers": 0, "moe_every": 1, "router": "softmax", "router_bias": False,
     "q_lora_rank": 0, "kv_lora_rank": 0, "rope_head_dim": 0, "sliding_window": 0, "full_attention_every": 0,
+    "attention_sinks": False,
 }
 
 
@@ -95,6 +100,7 @@ class ModelSpec:
     rope_head_dim: int = 0  # MLA decoupled rotary width of each query/key head
     sliding_window: int = 0  # keys a query of a windowed layer attends to (itself included); 0: full attention
     full_attention_every: int = 0  # with sliding_window: every N-th layer attends in full; 0: none does
+    attention_sinks: bool = False  # a learned softmax logit per head (GPT-OSS; TE softmax_type "learnable")
 
     def __post_init__(self) -> None:
         # Fill family defaults so every consumer sees resolved numbers.
@@ -175,11 +181,12 @@ class ModelSpec:
     @property
     def unbuilt_by_trainer(self) -> tuple[str, ...]:
         """The attention features of this model that exatrain's trainer does not build yet (the planner counts
-        them): a head width other than hidden/heads, QK-norm, latent attention, sliding windows."""
+        them): a head width other than hidden/heads, QK-norm, latent attention, sliding windows, attention sinks."""
         own_width = bool(self.kv_channels and self.kv_channels != self.hidden // self.heads)
         return tuple(name for name, on in (
             ("a head width other than hidden/heads", own_width), ("QK-norm", self.qk_norm),
-            ("latent attention", self.mla), ("sliding windows", bool(self.sliding_window))) if on)
+            ("latent attention", self.mla), ("sliding windows", bool(self.sliding_window)),
+            ("attention sinks", self.attention_sinks)) if on)
 
     @property
     def kv_hidden(self) -> int:
@@ -235,7 +242,7 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"{where}: {field} must be a non-negative integer, got {value!r}")
-        for field in ("qk_norm", "router_bias"):
+        for field in ("qk_norm", "router_bias", "attention_sinks"):
             if not isinstance(getattr(self, field), bool):
                 raise UserError(f"{where}: {field} must be true or false, got {getattr(self, field)!r}")
         if not isinstance(self.moe_every, int) or isinstance(self.moe_every, bool) or self.moe_every < 1:

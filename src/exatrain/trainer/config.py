@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from exatrain import rules
 from exatrain.errors import PlanError, UserError
-from exatrain.plan import Plan
+from exatrain.plan import Plan, listed
 
 DEVICES = ("cpu", "cuda")
 NAN_POLICIES = ("stop", "skip")
@@ -155,7 +155,8 @@ def check_model_built(m) -> None:
     not where that engine's layout differs from the trainer's."""
     if m.unbuilt_by_trainer:
         raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm, latent or sliding-window "
-                        "attention yet (the planner counts them); train a model without them")
+                        f"attention yet (this model has {listed(m.unbuilt_by_trainer)}; the planner counts "
+                        "them): train a model without them, or plan it for another runtime")
 
 
 __all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig", "check_model_built"]
