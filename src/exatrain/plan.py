@@ -439,7 +439,7 @@ class Plan:
     grad_accum: str = ""  # GRAD_ACCUM: the dtype bf16 gradients accumulate and reduce in, "" = the runtime's own
     grad_accum_fusion: str = ""  # GRAD_ACCUM_FUSION: accumulated inside the GEMMs or not, "" = the runtime's own
     adam_kernel: str = ""  # ADAM_KERNELS: the optimizer step's Adam kernel, "" = the runtime's own
-    # How attention's operands travel under cp > 1 (accounting.context.CP_COMMS: p2p ring, all_gather, a2a),
+    # How attention's operands travel under cp > 1 (plan.CP_COMMS: p2p ring, all_gather, a2a),
     # "" = the runtime's own for the model (EngineProfile.cp_exchange)
     cp_comm: str = ""
     estimate: StepEstimate | None = None

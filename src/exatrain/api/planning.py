@@ -104,7 +104,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     weight-gradient GEMMs, on or off (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default: the runtime's);
     ``adam_kernel``: the kernel its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's
     choice; default: the runtime's). ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or
-    a2a (``accounting.context.CP_COMMS``; default: the runtime's own for the model, ``EngineProfile.cp_exchange``).
+    a2a (``plan.CP_COMMS``; default: the runtime's own for the model, ``EngineProfile.cp_exchange``).
     ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     if runtime is not None:

@@ -128,7 +128,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default "": the runtime's); ``adam_kernel``: the kernel
     its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's choice; default "": the
     runtime's); ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or a2a
-    (``accounting.context.CP_COMMS``; default "": the runtime's own for the model);
+    (``plan.CP_COMMS``; default "": the runtime's own for the model);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model

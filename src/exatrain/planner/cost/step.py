@@ -477,7 +477,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     every micro-batch to accumulate them outside the GEMMs (``EngineProfile.accum_pass``); ``grad_accum_fusion``:
     whether that accumulation runs inside the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION; "": the runtime's own);
     ``adam_kernel``: the kernel its optimizer step runs Adam with (plan.ADAM_KERNELS; "": the runtime's own,
-    ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (accounting.context.CP_COMMS;
+    ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (plan.CP_COMMS;
     "": the runtime's own for the model, ``EngineProfile.cp_exchange``)."""
     from exatrain.accounting.engines import engine_variant
 
