@@ -56,8 +56,11 @@ def test_megatron_core_folds_ep_and_the_other_runtimes_keep_theirs() -> None:
     plan = _qwen().validate(H100)
     broken = rules.problems(plan, H100, scopes=("plan", "trainer"))
     assert broken[0].reason == "ep wider than dp (the exatrain trainer refuses it)"  # reported first
+    with pytest.raises(PlanError, match="^qwen3-30b-a3b: the trainer does not build"):
+        TrainConfig(plan=plan).check()  # the model it does not build (QK-norm, its head width) is said first
+    built = plan.replace(model=plan.model.replace(kv_channels=0, qk_norm=False)).validate(H100)
     with pytest.raises(PlanError) as err:
-        TrainConfig(plan=plan).check()
+        TrainConfig(plan=built).check()
     assert str(err.value).startswith("--ep 32 is wider than dp 16: exatrain's trainer splits the experts over dp")
     assert "\n" not in str(err.value)
     # ep | dp stays legal everywhere; a folded ep still has to divide tp*cp*dp and the experts
