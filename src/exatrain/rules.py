@@ -19,7 +19,8 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError, UserError
 from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CP_COMM_RUNTIMES,
-                           CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES, FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
+                           CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES,
+                           FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
                            GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
                            RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, cp_comm_for,
                            cp_comms_unable)
@@ -451,12 +452,16 @@ def cp_comm_problem(comm: str, runtime: str, model: ModelSpec, tp: int | None = 
         others = [c for c in CP_COMM_RUNTIMES[runtime] if c not in unable]
         return (f"{runtime}'s {chosen} context parallelism does not run {unable[chosen]}, which "
                 f"{model.name} has" + (f": use --cp-comm {' or '.join(others)}" if others else ""))
-    if chosen == "a2a" and tp and cp and cp > 1:
-        heads, kv = model.heads // max(tp, 1), model.kv_heads // max(tp, 1)
-        if heads % cp or kv % cp:
-            return (f"--cp {cp} by all-to-all splits the {heads} heads and {kv} K,V heads a rank holds at tp {tp} "
-                    f"into cp groups: cp must divide both (or use another --cp-comm)")
+    if chosen == "a2a" and tp and cp and cp > 1 and bool(_heads_not_split(model, tp, cp)):
+        return (f"--cp {cp} by all-to-all splits the {model.heads // tp} heads and {model.kv_heads // tp} K,V heads a "
+                f"rank holds at tp {tp} into cp groups: cp must divide both (or use another --cp-comm)")
     return None
+
+
+def _heads_not_split(model: ModelSpec, tp, cp):
+    """Where cp does not divide the heads or the K,V heads a rank holds at tp (scalars or arrays)."""
+    tp, cp = _d(np.asarray(tp)), _d(np.asarray(cp))
+    return ((model.heads // tp) % cp != 0) | ((model.kv_heads // tp) % cp != 0)
 
 
 def _a2a_heads_broken(x: Layout) -> np.ndarray:
@@ -466,8 +471,7 @@ def _a2a_heads_broken(x: Layout) -> np.ndarray:
         return np.zeros(x.tp.shape, dtype=bool)
     if cp_comm_for(x.runtime, x.cp_comm, x.model) != "a2a":
         return np.zeros(x.tp.shape, dtype=bool)
-    tp, cp = _d(x.tp), _d(x.cp)
-    return ((x.model.heads // tp) % cp != 0) | ((x.model.kv_heads // tp) % cp != 0)
+    return _heads_not_split(x.model, x.tp, x.cp)
 
 
 def extension_problem(plan) -> tuple[str, str] | None:

@@ -152,7 +152,7 @@ class EngineProfile:
     expert_gemms: str = "grouped"
     expert_gemms_source: str = ""
     # How it exchanges attention's operands under context parallelism (accounting.context.CpExchange), the
-    # first its default; () runs no context parallelism of its own (priced as a TE-style ring)
+    # first its default, in the order of plan.CP_COMM_RUNTIMES (which the rules read)
     cp_exchanges: tuple[CpExchange, ...] = ()
     # Bytes moved per parameter of a rank's stage, every micro-batch, to accumulate that micro-batch's
     # gradients outside the weight-gradient GEMMs, by gradient-accumulation dtype of bfloat16 training
@@ -271,7 +271,7 @@ class EngineProfile:
         plan's --cp-comm, if the engine offers it; else its first that runs ``model``'s sliding windows). A
         one-line UserError where it offers no ``chosen``."""
         comm = cp_comm_for(self.name, chosen, model)
-        return next(x for x in self.cp_exchanges or (_TE_P2P,) if x.comm == comm)
+        return next(x for x in self.cp_exchanges if x.comm == comm)
 
     def attention_kernel(self, chosen: str = "") -> str:
         """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,

@@ -64,6 +64,20 @@ def check_cp_comm(cp_comm: str | None, runtime: str, model: ModelSpec) -> None:
         raise UserError(problem)
 
 
+def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, cp_comm: str | None = None,
+                 accum: tuple | None = None) -> tuple[str, bool]:
+    """(the runtime to plan for, whether it was chosen here): ``runtime``, else ``plan.default_runtime`` of the
+    model; its overlaps, its gradient accumulation (``accum``: grad_accum, dtype, fusion, adam kernel, where the
+    caller checks them) and its context-parallel exchange checked once, each a one-line UserError."""
+    chosen = runtime is None
+    runtime = check_runtime(default_runtime(model) if chosen else runtime, overlap)
+    if accum is not None:
+        grad_accum, dtype, fusion, adam_kernel = accum
+        check_grad_accum(grad_accum, dtype, runtime, fusion, adam_kernel)
+    check_cp_comm(cp_comm, runtime, model)
+    return runtime, chosen
+
+
 def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
              layers: int | None = None, hidden: int | None = None, heads: int | None = None,
              kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
@@ -114,7 +128,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
     c, params = calibrated(c, calibration)
     m = resolve_model(model, model_file, **shape_of(values))
-    chosen, runtime = runtime is None, check_runtime(runtime or default_runtime(m), overlap)
+    runtime, chosen = _runtime_for(runtime, m, overlap)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
     plan = make_plan(m, c, gpus=gpus, **{**layout_of(values), "stage_layers": stage_layers}, runtime=runtime)
     plan = plan.replace(runtime=runtime).validate(c)
@@ -162,17 +176,14 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
         raise UserError("search needs --gpus and --global-batch")
     if top < 1:
         raise UserError("--top must be at least 1")
-    if runtime is not None:
+    if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
         check_runtime(runtime, overlap)
-        check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     if out is not None:
         check_output_file(out, "--out")
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
-    chosen, runtime = runtime is None, check_runtime(runtime or default_runtime(m), overlap)
-    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
-    check_cp_comm(cp_comm, runtime, m)
+    runtime, chosen = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel))
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
@@ -209,17 +220,14 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     pinned one), its throughput and efficiency, and what a published study measured for this model
     and cluster (a ScalingResult). ``runtime`` None: as for ``estimate`` (the title names it)."""
     values = dict(locals())
-    if runtime is not None:
+    if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
         check_runtime(runtime, overlap)
-        check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
     if global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
-    runtime = check_runtime(runtime or default_runtime(m), overlap)
-    check_grad_accum(grad_accum, dtype, runtime, grad_accum_fusion, adam_kernel)
-    check_cp_comm(cp_comm, runtime, m)
+    runtime, _ = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel))
     from exatrain.planner.scaling import scaling as run_scaling
 
     return run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,

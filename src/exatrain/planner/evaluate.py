@@ -37,7 +37,7 @@ from exatrain.accounting.params import rank_params
 from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, balanced_split
+from exatrain.plan import RECOMPUTE, balanced_split, cp_comm_for
 from exatrain.planner.cost import compute, experts
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.step import TIME_FIELDS, step_times
@@ -186,7 +186,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                     loss = (eng.cross_entropy(cross_entropy, elementwise) if k == runtime
                             else eng.cross_entropy())
                     if cpd > 1:  # the working set of its exchange (the plan's choice for the runtime, else each one's own)
-                        ext["cp_comm"] = get_engine(k).cp_exchange(cp_comm if k == runtime else "", model).comm
+                        ext["cp_comm"] = cp_comm_for(k, cp_comm if k == runtime else "", model)
                     parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
                                         **ext)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
