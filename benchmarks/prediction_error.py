@@ -65,7 +65,7 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.plan import ParallelDims, Plan, TrainShape, recompute_modules_of
 from exatrain.planner.band import BANDS_PATH, MIN_RUNS, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, default_params
@@ -253,11 +253,12 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             continue
         recompute = r["recompute"].split(" (")[0]
         modules = r["recompute"][len(recompute):].strip(" ()")
-        if r["engine"] == "megatron-core" and recompute == "selective" and modules and "core_attn" not in modules:
-            # Megatron-Core --recompute-modules without core_attn: exatrain's selective is the attention
-            # core (Korthikanti 2022); these modules' recomputation is not counted, their outputs are
-            recompute = "none"
-        if recompute != r["recompute"]:
+        recompute_modules: tuple[str, ...] = ()
+        if r["engine"] == "megatron-core" and recompute == "selective" and modules:
+            # Megatron-Core --recompute-modules: planned as it ran (Plan.recompute_modules)
+            recompute_modules = recompute_modules_of(modules.replace(" ", ""))
+            row.notes.append(f"recompute modules {','.join(recompute_modules)}")
+        elif recompute != r["recompute"]:
             row.notes.append(f"recompute {r['recompute']!r} planned as {recompute}")
         capacity, balance = _moe_routing(r.get("moe_routing", ""))
         if capacity or balance:
@@ -281,7 +282,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
                         fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r),
-                        grad_accum_fusion=_grad_accum_fusion(r), adam_kernel=_adam_kernel(r))
+                        grad_accum_fusion=_grad_accum_fusion(r), adam_kernel=_adam_kernel(r),
+                        recompute_modules=recompute_modules)
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)

@@ -81,6 +81,31 @@ def default_runtime_note(model: Any) -> str:
     return (f"runtime megatron-core, the default for {model.name}: exatrain's own trainer does not build it yet "
             f"({listed(missing)}); name the engine that will run it with --runtime")
 FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
+# What Megatron-Core's selective recomputation reruns (Plan.recompute_modules; its --recompute-modules, read only
+# under --recompute-granularity selective; megatron/core/transformer/transformer_config.py recompute_modules, default
+# ["core_attn"]): "core_attn" the attention core; "layernorm" the norms that stand alone (a MoE layer's pre-MLP norm,
+# latent attention's input norm: Transformer Engine's layer spec fuses the others into the next GEMM, where there is
+# nothing to rerun); "moe_act" the routed experts' activation; "mla_up_proj" latent attention's up-projections and
+# rotary; "mlp" a dense layer's whole MLP (its fused norm included; not a MoE layer's); "shared_experts" the shared
+# experts; "moe" the whole MoE layer (its router, all-to-alls and experts). The first three and "mla_up_proj"
+# discard their outputs and rerun them before the backward needs them; the others keep only their inputs. Pricing:
+# accounting.memory.layer_activation_bytes (what each drops), cost.experts.module_rerun_s (what each reruns).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts", "moe")
+RECOMPUTE_MODULES_RUNTIMES = ("megatron-core",)
+
+
+def recompute_modules_of(value: Any) -> tuple[str, ...]:
+    """A plan's recompute modules from "a,b" or a list: known names (RECOMPUTE_MODULES), each once, in that
+    order; () for none. A one-line UserError names an unknown one."""
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(x).strip() for x in items if str(x).strip()]
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown:
+        raise UserError(f"--recompute-modules: unknown module {unknown[0]!r}; choose among "
+                        f"{', '.join(RECOMPUTE_MODULES)}")
+    return tuple(n for n in RECOMPUTE_MODULES if n in names)
 # How a MoE layer's tokens reach their experts (cost.experts.a2a_time_s): "alltoall" sends every routed
 # copy to its expert's rank (Megatron-Core's alltoall dispatcher, torchtitan's and exatrain's all-to-all);
 # "deepep" and "hybridep" (Megatron-Core's flex dispatcher backends) send a token once per destination
@@ -442,6 +467,9 @@ class Plan:
     # How attention's operands travel under cp > 1 (plan.CP_COMMS: p2p ring, all_gather, a2a),
     # "" = the runtime's own for the model (EngineProfile.cp_exchange)
     cp_comm: str = ""
+    # What selective recomputation reruns, by Megatron-Core module (RECOMPUTE_MODULES); () = the runtime's own
+    # (the attention core; torchtitan's per-op policy)
+    recompute_modules: tuple[str, ...] = ()
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -533,6 +561,8 @@ class Plan:
             parts.append(f"{self.adam_kernel} Adam")
         if self.cp_comm:
             parts.append(f"cp {self.cp_comm}")
+        if self.recompute_modules:
+            parts.append(f"recompute modules {','.join(self.recompute_modules)}")
         return "".join(f", {p}" for p in parts)
 
     def layers_per_stage(self) -> tuple[int, ...]:
@@ -596,6 +626,7 @@ class Plan:
             **({"grad_accum_fusion": self.grad_accum_fusion} if self.grad_accum_fusion else {}),
             **({"adam_kernel": self.adam_kernel} if self.adam_kernel else {}),
             **({"cp_comm": self.cp_comm} if self.cp_comm else {}),
+            **({"recompute_modules": list(self.recompute_modules)} if self.recompute_modules else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -611,7 +642,7 @@ class Plan:
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
                     "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel",
-                    "cp_comm")
+                    "cp_comm", "recompute_modules")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -649,6 +680,7 @@ class Plan:
                 grad_accum_fusion=str(d.get("grad_accum_fusion", "")),
                 adam_kernel=str(d.get("adam_kernel", "")),
                 cp_comm=str(d.get("cp_comm", "")),
+                recompute_modules=recompute_modules_of(d.get("recompute_modules")),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -887,7 +919,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 __all__ = [
-    "DTYPES", "RECOMPUTE", "SCHEDULES", "Measured", "MemoryBreakdown", "ParallelDims", "Plan",
+    "DTYPES", "RECOMPUTE", "RECOMPUTE_MODULES", "RECOMPUTE_MODULES_RUNTIMES", "SCHEDULES", "Measured", "MemoryBreakdown",
+    "ParallelDims", "Plan", "recompute_modules_of",
     "RunRecord", "StepEstimate", "TimeBreakdown", "TrainShape", "append_run_record",
     "balanced_split", "read_json", "read_run_records", "write_json_atomic",
 ]

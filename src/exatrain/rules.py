@@ -22,8 +22,8 @@ from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS
                            CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES,
                            FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
                            GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
-                           RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, cp_comm_for,
-                           cp_comms_unable)
+                           RECOMPUTE, RECOMPUTE_MODULES, RECOMPUTE_MODULES_RUNTIMES, RUNTIMES, SCHEDULE_RUNTIMES,
+                           SCHEDULES, cp_comm_for, cp_comms_unable)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -474,6 +474,24 @@ def _a2a_heads_broken(x: Layout) -> np.ndarray:
     return _heads_not_split(x.model, x.tp, x.cp)
 
 
+def recompute_modules_problem(modules, recompute, runtime: str) -> str | None:
+    """Why a plan cannot recompute ``modules`` (plan.RECOMPUTE_MODULES) under ``recompute`` on ``runtime``, or None:
+    only Megatron-Core recomputes by module, and only under selective granularity (it ignores the list otherwise;
+    transformer_layer.py reads recompute_modules under recompute_granularity == "selective")."""
+    if not modules:
+        return None
+    if not isinstance(modules, tuple) or any(m not in RECOMPUTE_MODULES for m in modules):
+        return (f"recompute_modules must be a list of {', '.join(RECOMPUTE_MODULES)}, got {modules!r}")
+    if runtime not in RECOMPUTE_MODULES_RUNTIMES:
+        return (f"--recompute-modules is Megatron-Core's choice of what selective recomputation reruns; runtime "
+                f"{runtime} reruns its own (exatrain and Megatron-DeepSpeed the attention core, torchtitan its per-op "
+                "policy): use --runtime megatron-core, or drop it")
+    if recompute != "selective":
+        return (f"--recompute-modules chooses what selective recomputation reruns; with --recompute {recompute} "
+                "Megatron-Core ignores it: use --recompute selective, or drop it")
+    return None
+
+
 def extension_problem(plan) -> tuple[str, str] | None:
     """(reason, message) for the first rule on context parallelism, the runtime, FP8, the MoE dispatcher
     or the attention kernel the plan breaks, or None. The cp message is the vectorised cp rule's (RULES):
@@ -494,6 +512,9 @@ def extension_problem(plan) -> tuple[str, str] | None:
     problem = cp_comm_problem(comm, plan.runtime, plan.model, tp, cp) if (cp > 1 or comm) else None
     if problem:
         return "cp_comm", problem
+    problem = recompute_modules_problem(getattr(plan, "recompute_modules", ()), plan.recompute, plan.runtime)
+    if problem:
+        return "recompute_modules", problem
     if plan.fp8 and plan.fp8 not in FP8_RECIPES:
         return "fp8", f"--fp8 must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8!r}"
     if plan.fp8 and plan.dtype != "bfloat16":

@@ -95,7 +95,25 @@ def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:
     return 3.0 * tokens * (layers_forward_flops_per_token(m) + logits_forward_flops_per_token(m))
 
 
-def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str) -> float:
+# The forward GEMMs each of Megatron-Core's recompute modules reruns (plan.RECOMPUTE_MODULES; "core_attn" is the
+# attention core, counted apart)
+MODULE_GEMMS = {"mla_up_proj": ("q_up", "kv_up"), "mlp": ("fc1", "fc2"), "shared_experts": ("shared_fc1", "shared_fc2"),
+                "moe": ("router", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2")}
+
+
+def module_forward_flops_per_token(m: ModelSpec, modules, *, moe: bool) -> float:
+    """Forward GEMM FLOPs per token of one layer (a MoE layer if ``moe``) that recomputing ``modules`` reruns,
+    at an even routing: "mlp" a dense layer's fc1 and fc2 (not a MoE layer's), "mla_up_proj" latent attention's
+    up-projections, "shared_experts" and "moe" their GEMMs (``MODULE_GEMMS``); the norms and activations run no
+    GEMM."""
+    moe = bool(moe and m.is_moe)
+    names = {n for mod in modules if mod in MODULE_GEMMS and not (mod == "mlp" and moe)
+             for n in MODULE_GEMMS[mod]}
+    gemms = layer_gemms(m, 1, 1, moe=moe) if names else ()
+    return sum(2.0 * g.m * g.n * g.k * g.count for g in gemms if g.name in names) / m.seq_len
+
+
+def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str, modules=()) -> float:
     """FLOPs the hardware executes, recomputation included.
 
     selective: Korthikanti et al. 2022 Eq. 8, which adds 3x the attention core's forward FLOPs
@@ -103,9 +121,17 @@ def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str) -> 
                HFU the paper reports, kept so our HFU is comparable with it.
     full:      one more forward of every layer, not of the logits: Narayanan et al. 2021 Eq. 3,
                96*B*s*L*h^2*(1 + s/(6h) + V/(16hL)) for the GPT family.
+    ``modules`` (selective; Plan.recompute_modules): the attention core as above where "core_attn" is one of
+    them, plus one more forward of the GEMMs the others rerun (``module_forward_flops_per_token``).
     """
     tokens = global_batch * m.seq_len
     base = model_flops_per_step(m, global_batch)
+    if recompute == "selective" and modules:
+        core = 3.0 * m.layers * attention_forward_flops_per_token(m) if "core_attn" in modules else 0.0
+        n_moe = m.moe_layers if m.is_moe else 0
+        gemms = ((m.layers - n_moe) * module_forward_flops_per_token(m, modules, moe=False)
+                 + n_moe * module_forward_flops_per_token(m, modules, moe=True))
+        return base + tokens * (core + gemms)
     if recompute == "selective":
         return base + 3.0 * tokens * m.layers * attention_forward_flops_per_token(m)
     if recompute == "full":

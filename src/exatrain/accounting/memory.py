@@ -120,7 +120,7 @@ def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
 def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str, flash: bool,
                            dtype: str = "bfloat16", dropout: bool | None = None, cp=1, moe: bool | None = None,
                            etp=1, capacity_factor=1.0, fp8: Fp8Recipe | None = None,
-                           gathered_inputs: bool = False) -> float:
+                           gathered_inputs: bool = False, recompute_modules: tuple[str, ...] = ()) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
 
     Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
@@ -149,7 +149,16 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
       ``gathered_inputs``: under sequence parallelism the attention's and the MLP's inputs are kept
         all-gathered over tp (whole sequence) rather than as this rank's shard (DTensor's
         PrepareModuleInput to Replicate: torchtitan, ``EngineProfile.sp_gathered_layer_inputs``; Megatron
-        saves the shard and gathers it again in backward).
+        saves the shard and gathers it again in backward);
+      ``recompute_modules`` (with ``recompute`` "selective"; plan.RECOMPUTE_MODULES, Megatron-Core's): what the
+        layer no longer keeps is the nothing-recomputed count less, per token, "core_attn" the attention scores
+        (the selective count), "layernorm" the outputs of the norms that stand alone (a MoE layer's MLP input, in
+        the compute dtype; latent attention's input, a GEMM input), "mla_up_proj" Q, K and V (the up-projections'
+        and rotary's outputs, which the attention kernel saved: output-discarding checkpointing frees them),
+        "mlp" a dense layer's MLP input and interior (its checkpoint keeps the residual stream, counted as the
+        norm's input), "shared_experts" the shared experts' interior, "moe_act" each routed copy's activation
+        beyond its input (``moe.expert_activation_bytes``), "moe" everything the MoE layer keeps past its input
+        (router, routed copies, shared experts).
     """
     s, b, h = m.seq_len, micro_batch, m.hidden
     s_local = s / cp
@@ -160,7 +169,8 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
     sp_div = tp if sequence_parallel else 1
     if recompute == "full":
         return e * s_local * b * h / sp_div  # only the layer input is kept
-    if recompute == "selective":
+    modules = recompute_modules if recompute == "selective" else ()
+    if recompute == "selective" and (not modules or "core_attn" in modules):
         scores = 0.0
     elif flash:
         scores = 4.0 * m.heads / tp  # fp32 log-sum-exp per head and query
@@ -173,10 +183,13 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
         mlp_interior = (4 if m.gated_mlp else 2) * m.ffn_hidden
         sharded = (2 * h + 2 * m.kv_hidden + mlp_interior) * e / tp
         kept = s_local * b * (replicated + sharded + scores)
+        if "mlp" in modules:  # the MLP's input and interior (fc2's input in fp8 under FP8 GEMMs, below)
+            kept = kept - s_local * b * (h * e / in_div + mlp_interior * e / tp)
         if fp8 is None:
             return kept
         # attention and MLP inputs (replicated), projection and fc2 inputs (sharded) go to fp8
-        return kept - s_local * b * (e - g) * (2 * h / in_div + (h + m.ffn_hidden) / tp)
+        held = 0 if "mlp" in modules else h / in_div + m.ffn_hidden / tp
+        return kept - s_local * b * (e - g) * (h / in_div + h / tp + held)
     latents = 2 * (m.q_lora_rank + m.kv_lora_rank) + m.rope_head_dim if m.mla else 0
     fp8_replicated = h + (m.q_lora_rank + m.kv_lora_rank) + (0 if moe else h)  # GEMM inputs among those
     replicated = ((4 * h + latents) * e - fp8_replicated * (e - g) + (2 * h if dropout else 0)) / sp_div
@@ -190,11 +203,22 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
         interior, fc2_in = (4 if m.gated_mlp else 2) * m.ffn_hidden, m.ffn_hidden
     sharded = ((attn + interior) * e - (m.attn_out_width + fc2_in) * (e - g)) / tp
     kept = s_local * b * (replicated + sharded + scores)
-    if moe:
+    if modules:
+        drop = 0.0
+        if "layernorm" in modules:  # the stand-alone norms' outputs (module doc)
+            drop = drop + (h * e / sp_div if moe else 0.0) + (h * g / in_div if m.mla else 0.0)
+        if "mla_up_proj" in modules and m.mla:
+            drop = drop + (m.q_width + kv_width(m)) * e / tp
+        if "mlp" in modules and not moe:
+            drop = drop + h * g / in_div + (interior * e - fc2_in * (e - g)) / tp
+        if moe and ("shared_experts" in modules or "moe" in modules):
+            drop = drop + (interior * e - fc2_in * (e - g)) / tp
+        kept = kept - s_local * b * drop
+    if moe and "moe" not in modules:
         kept = kept + moe_acc.router_activation_bytes(m, b, tp, sequence_parallel=sequence_parallel, cp=cp)
         kept = kept + moe_acc.expert_activation_bytes(m, b, tp, sequence_parallel=sequence_parallel, dtype=dtype,
                                                       cp=cp, etp=etp, capacity_factor=capacity_factor,
-                                                      gemm_input_bytes=g)
+                                                      gemm_input_bytes=g, act_recompute="moe_act" in modules)
     return kept
 
 
@@ -290,7 +314,7 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
                         interleave=plan.interleave, params_here=params_here,
                         layers_here=layers_here,
                         inflight_mb=inflight_microbatches(plan, pp_rank),
-                        is_last=pp_rank == plan.pp - 1, engine=engine,
+                        is_last=pp_rank == plan.pp - 1, engine=engine, recompute_modules=plan.recompute_modules,
                         cross_entropy=(engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None
                                        else plan.cross_entropy or "upcast"),
                         pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,
@@ -302,7 +326,7 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
                 flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
                 is_last, engine: EngineProfile | None = None, cp=1, ep=1, etp=1, expert_params_here=0,
                 moe_layers_here=0, capacity_factor=1.0, cp_comm: str = "p2p", fp8: Fp8Recipe | None = None,
-                cross_entropy: str = "upcast", pp_grad_share=1.0):
+                cross_entropy: str = "upcast", pp_grad_share=1.0, recompute_modules: tuple[str, ...] = ()):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
@@ -327,13 +351,14 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         parts of a layer, so the larger of them is counted.
     ``cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``);
     ``pp_grad_share``: the part of a stage's unsharded gradient (EngineProfile.pp_unsharded_grad_bytes) alive
-    at once (``unsharded_grad_share``).
+    at once (``unsharded_grad_share``); ``recompute_modules``: what selective recomputation reruns
+    (Plan.recompute_modules, ``layer_activation_bytes``).
     """
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
     is_last = np.asarray(is_last, dtype=float)
     e = COMPUTE_BYTES[dtype]
     shard_dp = dp * cp
-    ext = dict(cp=cp, etp=etp, capacity_factor=capacity_factor, fp8=fp8)
+    ext = dict(cp=cp, etp=etp, capacity_factor=capacity_factor, fp8=fp8, recompute_modules=tuple(recompute_modules))
     if engine is None:
         per = state_bytes_per_param(dtype, zero_stage, shard_dp)
         per_weights, per_grads, per_optim = per.weights, per.gradients, per.optimizer

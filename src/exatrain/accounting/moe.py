@@ -57,18 +57,25 @@ def router_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel:
 
 
 def expert_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str = "bfloat16",
-                            cp=1, etp=1, capacity_factor=1.0, gemm_input_bytes: float | None = None):
+                            cp=1, etp=1, capacity_factor=1.0, gemm_input_bytes: float | None = None,
+                            act_recompute: bool = False):
     """What the routed experts keep for backward per MoE layer and micro-batch on one rank: for every
     received token copy its fc1 input (h), the SwiGLU interior of 1/etp of the expert width (gate,
     silu(gate), up and the product that is fc2's input: 4*f/etp, as ``memory.layer_activation_bytes``
     counts a dense MLP) and its routing probability (fp32; Megatron-Core applies it inside the
     expert's activation, so the expert output is not kept). ``gemm_input_bytes``: bytes per element
-    of the saved fc1 and fc2 inputs (fp8 training saves them in fp8; default the compute dtype)."""
+    of the saved fc1 and fc2 inputs (fp8 training saves them in fp8; default the compute dtype).
+    ``act_recompute``: the activation is recomputed in backward (Megatron-Core's "moe_act" module,
+    output-discarding checkpointing): a copy keeps fc1's output (the activation's input: 2f gated, f not)
+    and none of the activation's own tensors nor its output."""
     e = COMPUTE_BYTES[dtype]
     g = e if gemm_input_bytes is None else gemm_input_bytes
     f = m.expert_width / etp
     interior = (4 if m.gated_mlp else 2) * f
-    per_copy = m.hidden * g + (interior - f) * e + f * g + ROUTER_SCORE_BYTES
+    if act_recompute:
+        per_copy = m.hidden * g + (2 * f if m.gated_mlp else f) * e + ROUTER_SCORE_BYTES
+    else:
+        per_copy = m.hidden * g + (interior - f) * e + f * g + ROUTER_SCORE_BYTES
     copies = received_copies_per_rank(m, micro_batch, tp, sequence_parallel=sequence_parallel, cp=cp, etp=etp,
                                       capacity_factor=capacity_factor)
     return copies * per_copy

@@ -16,7 +16,7 @@ from exatrain.api.plans import calibrated, layout_of, make_plan, resolve_cluster
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
 from exatrain.paths import check_output_file
-from exatrain.plan import Plan, default_runtime, default_runtime_note
+from exatrain.plan import Plan, default_runtime, default_runtime_note, recompute_modules_of
 
 Progress = Callable[[str], None]
 DEFAULT_CLUSTER = "frontier"  # the cluster when neither cluster nor cluster_file is given
@@ -65,16 +65,22 @@ def check_cp_comm(cp_comm: str | None, runtime: str, model: ModelSpec) -> None:
 
 
 def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, cp_comm: str | None = None,
-                 accum: tuple | None = None) -> tuple[str, bool]:
+                 accum: tuple | None = None, recompute_modules=None) -> tuple[str, bool]:
     """(the runtime to plan for, whether it was chosen here): ``runtime``, else ``plan.default_runtime`` of the
     model; its overlaps, its gradient accumulation (``accum``: grad_accum, dtype, fusion, adam kernel, where the
-    caller checks them) and its context-parallel exchange checked once, each a one-line UserError."""
+    caller checks them), its context-parallel exchange and its recompute modules (every candidate of a search that
+    names them is selective) checked once, each a one-line UserError."""
     chosen = runtime is None
     runtime = check_runtime(default_runtime(model) if chosen else runtime, overlap)
     if accum is not None:
         grad_accum, dtype, fusion, adam_kernel = accum
         check_grad_accum(grad_accum, dtype, runtime, fusion, adam_kernel)
     check_cp_comm(cp_comm, runtime, model)
+    from exatrain.rules import recompute_modules_problem
+
+    problem = recompute_modules_problem(recompute_modules_of(recompute_modules), "selective", runtime)
+    if problem:
+        raise UserError(problem)
     return runtime, chosen
 
 
@@ -93,6 +99,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              attention_kernel: str | None = None,
              elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
              grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
+             recompute_modules: str | tuple[str, ...] | None = None,
              runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
@@ -119,7 +126,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     ``adam_kernel``: the kernel its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's
     choice; default: the runtime's). ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or
     a2a (``plan.CP_COMMS``; default: the runtime's own for the model, ``EngineProfile.cp_exchange``).
-    ``out``: also write the plan with its estimate as JSON."""
+    ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module ("layernorm,moe_act" or a
+    list, ``plan.RECOMPUTE_MODULES``; with ``recompute`` selective and runtime megatron-core; default: the runtime's
+    own, the attention core). ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     if runtime is not None:
         check_runtime(runtime, overlap)
@@ -162,6 +171,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            attention_kernel: str | None = None,
            elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
            grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
+           recompute_modules: str | tuple[str, ...] | None = None,
            top: int = 10, runtime: str | None = None, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
@@ -183,7 +193,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
-    runtime, chosen = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel))
+    runtime, chosen = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel),
+                                   recompute_modules)
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
@@ -213,6 +224,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             attention_kernel: str | None = None,
             elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
             grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
+            recompute_modules: str | tuple[str, ...] | None = None,
             mode: str = "weak", runtime: str | None = None,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
@@ -227,7 +239,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     options = space_options(**layout_of(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
-    runtime, _ = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel))
+    runtime, _ = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel),
+                              recompute_modules)
     from exatrain.planner.scaling import scaling as run_scaling
 
     return run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from exatrain.catalog import ClusterSpec, ModelSpec, get_cluster, get_model, load_cluster_file, load_model_file
 from exatrain.errors import PlanError, UserError
 from exatrain.paths import check_input_file
-from exatrain.plan import ParallelDims, Plan, TrainShape, read_json
+from exatrain.plan import ParallelDims, Plan, TrainShape, read_json, recompute_modules_of
 
 Warn = Callable[[str], None]
 
@@ -23,7 +23,8 @@ MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "
 LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
                  "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp", "fp8",
                  "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                 "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel", "cp_comm")
+                 "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel", "cp_comm",
+                 "recompute_modules")
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
@@ -112,7 +113,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
               elementwise: str | None = None, cross_entropy: str | None = None,
               grad_accum: str | None = None, grad_accum_fusion: str | None = None,
-              adam_kernel: str | None = None, cp_comm: str | None = None) -> Plan:
+              adam_kernel: str | None = None, cp_comm: str | None = None,
+              recompute_modules: str | tuple[str, ...] | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
@@ -128,7 +130,9 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default "": the runtime's); ``adam_kernel``: the kernel
     its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's choice; default "": the
     runtime's); ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or a2a
-    (``plan.CP_COMMS``; default "": the runtime's own for the model);
+    (``plan.CP_COMMS``; default "": the runtime's own for the model); ``recompute_modules``: what selective
+    recomputation reruns, Megatron-Core's modules ("layernorm,moe_act" or a list; ``plan.RECOMPUTE_MODULES``;
+    default (): the runtime's own);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model
@@ -179,7 +183,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 grad_accum=_pick(grad_accum, b and b.grad_accum, ""),
                 grad_accum_fusion=_pick(grad_accum_fusion, b and b.grad_accum_fusion, ""),
                 adam_kernel=_pick(adam_kernel, b and b.adam_kernel, ""),
-                cp_comm=_pick(cp_comm, b and b.cp_comm, ""))
+                cp_comm=_pick(cp_comm, b and b.cp_comm, ""),
+                recompute_modules=recompute_modules_of(_pick(recompute_modules, b and b.recompute_modules, ())))
     return plan.validate(c)
 
 
@@ -236,13 +241,17 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
                   elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
                   grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-                  **_: Any):
+                  recompute_modules: str | tuple[str, ...] | None = None, **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
 
     if stage_layers is not None or dp is not None:
         raise UserError("search chooses dp and the stage split itself; drop --dp / --stage-layers "
                         "(pin --tp / --pp instead)")
+    modules = recompute_modules_of(recompute_modules)
+    if modules and recompute not in (None, "selective"):  # rules.recompute_modules_problem's line
+        raise UserError(f"--recompute-modules chooses what selective recomputation reruns; with --recompute "
+                        f"{recompute} Megatron-Core ignores it: use --recompute selective, or drop it")
     variants = SCHEDULE_VARIANTS
     if schedule is not None:
         variants = tuple(v for v in variants if v[0] == schedule)
@@ -254,14 +263,16 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
     return SpaceOptions(
         tp=(tp,) if tp else None, pp=(pp,) if pp else None, micro_batch=(micro_batch,) if micro_batch else None,
         zero_stage=(zero,) if zero is not None else (0, 1, 2, 3),
-        recompute=(recompute,) if recompute else ("none", "selective", "full"),
+        # modules name what selective reruns: every candidate is selective
+        recompute=("selective",) if modules else (recompute,) if recompute else ("none", "selective", "full"),
         sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
         schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None, fp8=fp8 or "",
         moe_dispatcher=moe_dispatcher or "alltoall", moe_capacity_factor=moe_capacity_factor or 0.0,
         moe_force_balance=bool(moe_force_balance), fp8_param_gather=bool(fp8_param_gather),
         attention_kernel=attention_kernel or "",
         elementwise=elementwise or "", cross_entropy=cross_entropy or "", grad_accum=grad_accum or "",
-        grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "", cp_comm=cp_comm or "")
+        grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "", cp_comm=cp_comm or "",
+        recompute_modules=modules)
 
 
 __all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",

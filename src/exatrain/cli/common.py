@@ -175,6 +175,9 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "local block in torchtitan) or a2a (all-to-all of Q,K,V and the output: DeepSpeed-Ulysses, Megatron-Core "
      "--cp-comm-type a2a; cp must divide the heads a rank holds); default: the runtime's (Megatron-Core p2p, a2a for "
      "sliding-window models; Megatron-DeepSpeed a2a; torchtitan and exatrain all_gather)"),
+    ("--recompute-modules", None, None, "what --recompute selective reruns, Megatron-Core's modules, comma-separated: "
+     "core_attn (its default), layernorm, moe_act, mla_up_proj, mlp (a dense layer's), shared_experts, moe; "
+     "--runtime megatron-core only (its --recompute-modules); a search with it tries selective recomputation only"),
 )
 
 

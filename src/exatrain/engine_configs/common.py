@@ -20,13 +20,15 @@ TARGETS = ("megatron", "deepspeed", "torchtitan")
 
 @dataclass(frozen=True)
 class Flag:
-    """One command-line option; ``value`` None for a switch (store_true)."""
+    """One command-line option; ``value`` None for a switch (store_true); ``more``: further values of an
+    option that takes several (argparse nargs='*'), each its own word."""
 
     name: str
     value: str | None = None
+    more: tuple[str, ...] = ()
 
     def words(self) -> list[str]:
-        return [self.name] if self.value is None else [self.name, self.value]
+        return [self.name] if self.value is None else [self.name, self.value, *self.more]
 
 
 @dataclass(frozen=True)

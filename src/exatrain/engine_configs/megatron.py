@@ -99,6 +99,8 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                 Flag("--recompute-num-layers", "1")]
     elif plan.recompute == "selective":  # default --recompute-modules is core_attn: the attention core
         mem.append(Flag("--recompute-granularity", "selective"))
+        if plan.recompute_modules:  # a list of its own (plan.RECOMPUTE_MODULES: Megatron-Core's names, nargs='*')
+            mem.append(Flag("--recompute-modules", plan.recompute_modules[0], plan.recompute_modules[1:]))
     if plan.zero_stage == 1:  # the distributed optimizer shards fp32 master weights + Adam states over dp
         mem.append(Flag("--use-distributed-optimizer"))
     elif plan.zero_stage in (2, 3):  # Megatron-FSDP: optim_grads = ZeRO-2, optim_grads_params = ZeRO-3;

@@ -57,7 +57,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion, adam_kernel=plan.adam_kernel,
-                  cp_comm=plan.cp_comm)
+                  cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -142,6 +142,11 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   "are priced on the inter-node network",)
     trainer_by_stage = stages("exatrain")
     own = trainer_models_it(plan.model, plan.ep, plan.cp, plan.fp8)
+    if plan.recompute_modules:
+        notes += (f"selective recomputation reruns {', '.join(plan.recompute_modules)} in the backward (Megatron-Core "
+                  f"--recompute-modules {' '.join(plan.recompute_modules)}): their outputs are not kept "
+                  "(accounting.memory.layer_activation_bytes), their forward runs again, with the TP collectives "
+                  "inside them and, for moe, the all-to-alls (cost.experts.module_rerun_s)",)
     if plan.model.is_moe:
         notes += (f"MoE: ep {plan.ep}, {plan.moe_dispatcher} dispatcher"
                   + (" (each token once per destination rank and node)" if plan.moe_dispatcher != "alltoall"
@@ -170,7 +175,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (line,)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
-    hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute)
+    hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute, plan.recompute_modules)
     model_tf = model_flops / time_s.step / plan.gpus / 1e12
     hw_tf = hw_flops / time_s.step / plan.gpus / 1e12
     peak = cluster.device.peak_flops(plan.dtype)

@@ -105,7 +105,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
              elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
              fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
-             grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "") -> Evaluation:
+             grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
+             recompute_modules: tuple[str, ...] = ()) -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -123,8 +124,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     (``plan.GRAD_ACCUM_FUSION``; "": its own, ``EngineProfile.with_grad_accum_fusion``); ``adam_kernel``: the kernel
     its optimizer step runs Adam with (``plan.ADAM_KERNELS``; "": its own, ``EngineProfile.with_adam``);
     ``cp_comm``: how attention's operands travel under cp (``Plan.cp_comm``; "": the runtime's own for the model,
-    ``EngineProfile.cp_exchange``), in its step time and its working set in memory.
-    ``by_rank`` also fills ``hidden``."""
+    ``EngineProfile.cp_exchange``), in its step time and its working set in memory; ``recompute_modules``: what the
+    runtime's selective recomputation reruns (``Plan.recompute_modules``; (): its own), in its step time and what its
+    memory model keeps. ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -187,6 +189,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                             else eng.cross_entropy())
                     if cpd > 1:  # the working set of its exchange (the plan's choice for the runtime, else each one's own)
                         ext["cp_comm"] = cp_comm_for(k, cp_comm if k == runtime else "", model)
+                    ext["recompute_modules"] = tuple(recompute_modules) if k == runtime else ()
                     parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
                                         **ext)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
@@ -217,7 +220,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load,
                               fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
                               grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion,
-                              adam_kernel=adam_kernel, cp_comm=cp_comm)
+                              adam_kernel=adam_kernel, cp_comm=cp_comm, recompute_modules=recompute_modules)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

@@ -112,6 +112,12 @@ class TrainConfig:
             raise UserError(f"the exatrain trainer runs context parallelism by all-gathering K,V; plan --cp-comm "
                             f"{self.plan.cp_comm} for the runtime that runs it, or train a plan made without it "
                             "(or with all_gather)")
+        # Its selective recomputation reruns the attention core (parallel/activation.py): a plan whose selective
+        # recomputation reruns Megatron-Core's modules (Plan.recompute_modules) is Megatron-Core's run.
+        if self.plan.recompute_modules:
+            raise UserError(f"the exatrain trainer's selective recomputation reruns the attention core; plan "
+                            f"--recompute-modules {','.join(self.plan.recompute_modules)} for Megatron-Core "
+                            "(--runtime megatron-core), or train a plan made without it")
         # Its loss is cross_entropy(logits.float()) uncompiled, even under --compile (train.py): a plan priced
         # with another loss (plan.CROSS_ENTROPY) is another runtime's run.
         if self.plan.cross_entropy not in ("", "upcast"):

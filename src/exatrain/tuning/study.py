@@ -72,7 +72,8 @@ _PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": (
                  "moe_capacity_factor": (0.0,), "moe_force_balance": (False,), "fp8_param_gather": (False,),
                  "attention_kernel": ("",), "elementwise": ("",), "cross_entropy": ("",),
                  "grad_accum": ("",), "grad_accum_fusion": ("",),
-                 "adam_kernel": ("",), "cp_comm": ("",)}
+                 "adam_kernel": ("",), "cp_comm": ("",),
+                 "recompute_modules": ((), [])}
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:

@@ -143,18 +143,8 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     tokens = b * m.seq_len / cp
     gemms = layer_gemms(m, micro_batch, tp, moe=moe, ep=ep, cp=cp, sequence_parallel=sequence_parallel,
                         capacity_factor=load if moe else 1.0)
-    fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speedup) if fp8 else dev
     dense = [g for g in gemms if not g.name.startswith("attn_")]
-    # an FP8 GEMM reads 1-byte operands (its casts are priced below) and writes a 16-bit output; a routed
-    # expert's GEMM launched once per local expert is ``count`` calls of one expert's shape
-    def priced(g):
-        calls = 1
-        if expert_gemms == "per_expert" and g.name.startswith("expert_"):
-            g, calls = dataclasses.replace(g, count=1), g.count
-        if fp8 and g.name not in _NOT_FP8:
-            return compute.gemm_time_s(g, fast, calls=calls, in_bytes=1.0, out_bytes=e)
-        return compute.gemm_time_s(g, dev, calls=calls, in_bytes=e, out_bytes=e)
-
+    priced = _gemm_pricer(dev, dtype, fp8, speedup, expert_gemms)
     dense_s = [priced(g) for g in dense]
     gemm_fwd = sum(dense_s)
     core = [g for g in gemms if g.name.startswith("attn_")]
@@ -214,6 +204,99 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, f
     return compute.LayerTimes(fwd=fwd, bwd=bwd, recompute=0.0 * fwd, attention_core_fwd=attn_fwd,
                               dense_gemm_fwd=gemm_fwd, tp_gemms_fwd=compute.tp_paired_s(dense, dense_s),
                               per_op_gemm_fwd=compute.per_op_rerun_s(m, dense, dense_s))
+
+
+def _gemm_pricer(dev: compute.Device, dtype: str, fp8: str, speedup: float, expert_gemms: str):
+    """Seconds of one forward GEMM as ``layer_times`` prices it: an FP8 GEMM reads 1-byte operands (its casts
+    are priced apart) at the FP8 rate and writes a 16-bit output; a routed expert's GEMM launched once per local
+    expert (``expert_gemms`` "per_expert") is ``count`` calls of one expert's shape."""
+    e = COMPUTE_BYTES[dtype]
+    fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speedup) if fp8 else dev
+
+    def priced(g):
+        calls = 1
+        if expert_gemms == "per_expert" and g.name.startswith("expert_"):
+            g, calls = dataclasses.replace(g, count=1), g.count
+        if fp8 and g.name not in _NOT_FP8:
+            return compute.gemm_time_s(g, fast, calls=calls, in_bytes=1.0, out_bytes=e)
+        return compute.gemm_time_s(g, dev, calls=calls, in_bytes=e, out_bytes=e)
+
+    return priced
+
+
+def module_rerun_s(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, sequence_parallel: bool,
+                   dtype: str, dev: compute.Device, modules: tuple[str, ...], attention_core_fwd=0.0, fp8: str = "",
+                   speedup: float = 1.0, load: float = LOAD_IMBALANCE, expert_gemms: str = "grouped"):
+    """Forward seconds Megatron-Core's selective recomputation of ``modules`` (plan.RECOMPUTE_MODULES) reruns in
+    one layer (a MoE layer if ``moe``), one micro-batch, one rank, priced as ``layer_times`` prices the forward:
+    "core_attn" the attention core (``attention_core_fwd``, the layer's own); "layernorm" a stand-alone norm (read
+    and write h per token: a MoE layer's pre-MLP norm, latent attention's input norm; Transformer Engine fuses the
+    others into their GEMM, plan.py); "mla_up_proj" the q and kv up-projections and rotary; "mlp" a dense layer's
+    fc1 and fc2, its activation and its fused norm; "shared_experts" the shared experts' GEMMs and activation;
+    "moe_act" the routed copies' activation; "moe" the router, the experts, the shared experts and every
+    element-wise pass of the MoE layer (permutes, activation, router softmax). FP8 GEMMs cast their inputs again.
+    The collectives a rerun repeats (TP around the MLP, the all-to-alls) are ``cost.step.stage_times``'."""
+    moe = bool(moe and m.is_moe)
+    mods = set(modules)
+    e = COMPUTE_BYTES[dtype]
+    b = np.asarray(micro_batch, dtype=float)
+    tp_a = np.asarray(tp, dtype=float)
+    tokens = b * m.seq_len / cp
+    rep_div = tp_a if sequence_parallel else 1.0
+    gemms = layer_gemms(m, micro_batch, tp, moe=moe, ep=ep, cp=cp, sequence_parallel=sequence_parallel,
+                        capacity_factor=load if moe else 1.0)
+    priced = _gemm_pricer(dev, dtype, fp8, speedup, expert_gemms)
+    per = CAST_BYTES.get(fp8, 0.0)
+
+    def gemms_s(names):
+        chosen = [g for g in gemms if g.name in names]
+        casts = sum((g.m * g.k * g.count for g in chosen if fp8 and g.name not in _NOT_FP8), 0.0)
+        return sum((priced(g) for g in chosen), 0.0) + compute.elementwise_time_s(per * casts, dev)
+
+    def elem(n_bytes, ops: int):
+        return compute.elementwise_time_s(n_bytes, dev) + ops * dev.params.op_overhead_s
+
+    act = 3.0 if m.gated_mlp else 2.0  # as layer_times: SwiGLU reads gate, up, writes product; GELU reads, writes
+    norm = elem(tokens * e * 2.0 * m.hidden / rep_div, 1)
+    total = 0.0 * tokens
+    if "core_attn" in mods:
+        total = total + attention_core_fwd
+    if "layernorm" in mods:
+        total = total + norm * ((1 if moe else 0) + (1 if m.mla else 0))
+    if "mla_up_proj" in mods and m.mla:
+        rotary = 0.0 if m.learned_positions else 2.0 * (m.q_width + 2 * m.kv_hidden)
+        total = total + gemms_s(("q_up", "kv_up")) + elem(tokens * e * rotary / tp_a, 2)
+    if "mlp" in mods and not moe:
+        total = total + gemms_s(("fc1", "fc2")) + elem(tokens * e * act * m.ffn_hidden / tp_a, 1) + norm
+    if moe:
+        shared = (gemms_s(("shared_fc1", "shared_fc2"))
+                  + elem(tokens * e * act * m.shared_experts * m.expert_width / tp_a, 1)) if m.shared_experts else 0.0
+        routed = moe_acc.routed_tokens_per_rank(m, b, tp_a, sequence_parallel=sequence_parallel, cp=cp)
+        copies = routed * m.top_k * load
+        if "moe" in mods:
+            total = total + gemms_s(("router", "expert_fc1", "expert_fc2")) + shared + elem(
+                copies * e * (act * m.expert_width + 4.0 * m.hidden)
+                + routed * m.experts * 3.0 * moe_acc.ROUTER_SCORE_BYTES, 4)
+        else:
+            if "shared_experts" in mods:
+                total = total + shared
+            if "moe_act" in mods:
+                total = total + elem(copies * e * act * m.expert_width, 1)
+    return total
+
+
+def module_rerun_tp_pairs(m: ModelSpec, modules: tuple[str, ...], sequence_parallel) -> tuple[object, object]:
+    """(per dense layer, per MoE layer) TP collective pairs (forward's all-gather + reduce-scatter, or all-reduce
+    without sequence parallelism) a rerun of ``modules`` repeats, as ``cost.step.stage_times`` counts a layer's
+    collectives: a dense layer's MLP ("mlp": its checkpoint holds the pair, Transformer Engine's linears run them);
+    a MoE layer's shared experts' pair under sequence parallelism, its MLP all-reduce without ("moe", or
+    "shared_experts" where it has shared experts)."""
+    sp = np.asarray(sequence_parallel, dtype=bool)
+    dense = 1.0 if "mlp" in modules else 0.0
+    mods = set(modules)
+    rerun = "moe" in mods or ("shared_experts" in mods and m.shared_experts)
+    moe = np.where(sp, 1.0 if m.shared_experts else 0.0, 1.0) * (1.0 if rerun and m.is_moe else 0.0)
+    return dense, moe
 
 
 def stage_kinds(m: ModelSpec, stage_layers) -> tuple[np.ndarray, np.ndarray]:

@@ -141,7 +141,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
                 elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
                 cross_entropy: str = "upcast", fp8_tp_gather: bool = False,
-                expert_gemms: str = "grouped", cp_exchange=None) -> StageTimes:
+                expert_gemms: str = "grouped", cp_exchange=None,
+                recompute_modules: tuple[str, ...] = ()) -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
@@ -154,7 +155,10 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     (``EngineProfile.fp8_tp_gather``), the backward's collectives stay 16-bit; ``expert_gemms``: how the
     engine launches its local experts' GEMMs (``EngineProfile.expert_gemms``, ``cost.experts.layer_times``);
     ``cp_exchange``: how it runs context parallelism (``accounting.context.CpExchange``: its kernel calls and
-    what its exchange exposes, ``cost.experts.cp_exposed_s``; None: Transformer Engine's p2p ring)."""
+    what its exchange exposes, ``cost.experts.cp_exposed_s``; None: Transformer Engine's p2p ring);
+    ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module (Plan.recompute_modules;
+    (): ``selective``): their forward seconds (``cost.experts.module_rerun_s``), the TP collectives inside them
+    (``module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     cp_calls = None if cp_exchange is None else cp_exchange.kernel_calls(cp_size)
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
@@ -176,7 +180,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         # per stage: forward, backward, attention core, forward weight GEMMs, MoE layers' f+b, and the
         # TP seconds forward and backward a decomposing overlap leaves exposed (tp_overlap_exposed;
         # only where the runtime overlaps TP)
-        sums = [0.0] * 8
+        sums = [0.0] * 9
         for moe, n in kinds:
             lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
                                      dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise,
@@ -184,18 +188,25 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
             left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts),
                                        ag_fwd=ag_f)
                     if tp_overlap and s else (0.0, 0.0))
+            rerun = (experts.module_rerun_s(model, b, tp, moe=moe, ep=ep, cp=cp_size, sequence_parallel=s,
+                                            dtype=dtype, dev=dev, modules=recompute_modules,
+                                            attention_core_fwd=lt.attention_core_fwd, fp8=fp8, speedup=speedup,
+                                            load=moe_load, expert_gemms=expert_gemms)
+                     if recompute_modules else 0.0)
             sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
                                                      (lt.fwd + lt.bwd) if moe else 0.0, lt.per_op_gemm_fwd,
-                                                     *left))]
+                                                     *left, rerun))]
         return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
                 *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev,
                                     elementwise=elementwise, cross_entropy=cross_entropy))
 
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
-    fwd_l, bwd_l, attn_l, dense, moe_fb, per_op_l, tp_left_f, tp_left_b, emb_f, emb_b, head_f, head_b = \
+    fwd_l, bwd_l, attn_l, dense, moe_fb, per_op_l, tp_left_f, tp_left_b, modules_l, emb_f, emb_b, head_f, head_b = \
         _pick(sp, layer)
     again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe,
                        per_op_gemms=per_op_l)
+    if recompute_modules:
+        again = np.where(rec == _SELECTIVE, modules_l, again)
     tp_one = np.where(sp, ag + rs, ar)  # tp_collective_time_s, from the collectives already priced
     tp_one_f = np.where(sp, ag_f + rs, ar)  # the forward's (and a rerun forward's): FP8 all-gathers where sent so
     # TP collectives per layer: 2 in forward, 2 in backward, 2 more when full recompute reruns forward;
@@ -215,7 +226,11 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     # (torchtitan/distributed/activation_checkpoint.py _save_list), in the backward.
     per_op_rerun = (selective == "per_op" and not model.is_moe) * (rec == _SELECTIVE)
     tp_again = n_tp_f * np.where(sp, ag_f, ar) * per_op_rerun
-    tp_b = tp_b + tp_again
+    pairs = 0.0  # TP collective pairs inside the modules a selective recomputation reruns, again in the backward
+    if recompute_modules:
+        pairs_dense, pairs_moe = experts.module_rerun_tp_pairs(model, recompute_modules, sp)
+        pairs = (pairs_dense * n_dense + pairs_moe * n_moe) * (rec == _SELECTIVE)
+    tp_b = tp_b + tp_again + pairs * tp_one_f
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
     # recompute) and the context-parallel ring's exposed part (cost.experts).
     a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
@@ -225,7 +240,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1),
                                       exchange=cp_exchange)
-    a2a_f, a2a_b = a2a, a2a * np.where(rec == _FULL, 2, 1)
+    moe_rerun = (rec == _FULL) | ((rec == _SELECTIVE) & ("moe" in recompute_modules))  # reruns the all-to-alls
+    a2a_f, a2a_b = a2a, a2a * np.where(moe_rerun, 2, 1)
     if rules is not None and rules.ep_a2a:
         # EP all-to-all overlap (cost.overlap): hidden behind another micro-batch's MoE-layer compute;
         # what stays exposed is split between forward and backward in proportion.
@@ -248,6 +264,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         # hides the rerun forward's as the forward's (torchtitan's async TP: the compiled backward graph
         # holds the rerun forward, and inductor's micro-pipeline pass runs on it as on the forward graph).
         tp_f = np.where(sp, tp_left_f + first * tp_one, tp_f)
+        # a rerun module's pairs decomposed as the forward's are: their share of what the forward leaves exposed
+        tp_again = tp_again + pairs * tp_left_f / np.maximum(n_tp_f, 1)
         if rules.tp_backward:
             tp_b = np.where(sp, tp_left_b + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one + tp_again, tp_b)
         else:
@@ -461,8 +479,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
                fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
-               grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = ""
-               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+               grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
+               recompute_modules: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
     holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
@@ -478,7 +496,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     whether that accumulation runs inside the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION; "": the runtime's own);
     ``adam_kernel``: the kernel its optimizer step runs Adam with (plan.ADAM_KERNELS; "": the runtime's own,
     ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (plan.CP_COMMS;
-    "": the runtime's own for the model, ``EngineProfile.cp_exchange``)."""
+    "": the runtime's own for the model, ``EngineProfile.cp_exchange``); ``recompute_modules``: what selective
+    recomputation reruns (Plan.recompute_modules; (): the runtime's own, ``stage_times``)."""
     from exatrain.accounting.engines import engine_variant
 
     engine = engine_variant(runtime, grad_accum, grad_accum_fusion, adam_kernel)
@@ -493,7 +512,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms,
-                     cp_exchange=engine.cp_exchange(cp_comm, model))
+                     cp_exchange=engine.cp_exchange(cp_comm, model), recompute_modules=tuple(recompute_modules))
     st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
                                shard=dp * cp_size, side_streams=not cluster.device.is_host)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
@@ -583,7 +602,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion,
-                  adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm)
+                  adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -606,7 +625,8 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                      elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
                      cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms,
-                     cp_exchange=engine.cp_exchange(plan.cp_comm, plan.model))
+                     cp_exchange=engine.cp_exchange(plan.cp_comm, plan.model),
+                     recompute_modules=plan.recompute_modules)
     dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
                                                  plan.layers_per_stage(), plan.ep)
     return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),

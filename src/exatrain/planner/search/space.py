@@ -70,6 +70,7 @@ class SpaceOptions:
     grad_accum_fusion: str = ""  # every candidate's accumulation inside the GEMMs or not (plan.GRAD_ACCUM_FUSION)
     adam_kernel: str = ""  # every candidate's Adam kernel (plan.ADAM_KERNELS)
     cp_comm: str = ""  # how every candidate with cp > 1 exchanges attention's operands (Plan.cp_comm)
+    recompute_modules: tuple[str, ...] = ()  # what every selective candidate reruns (Plan.recompute_modules)
 
 
 @dataclass
