@@ -92,6 +92,11 @@ FP8_RECIPES = ("delayed", "current", "block", "mxfp8")
 # accounting.memory.layer_activation_bytes (what each drops), cost.experts.module_rerun_s (what each reruns).
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts", "moe")
 RECOMPUTE_MODULES_RUNTIMES = ("megatron-core",)
+# ``recompute_layers`` N > 0 (with recompute "full"): only the first N layers of each (virtual) pipeline stage are
+# recomputed, the others keep everything (Megatron-Core --recompute-method block --recompute-num-layers N,
+# megatron/core/transformer/transformer_block.py _checkpointed_forward: per model chunk); 0 = every layer
+# (--recompute-method uniform --recompute-num-layers 1). Fewer layers recomputed: less rerun, more memory.
+RECOMPUTE_LAYERS_RUNTIMES = ("megatron-core",)
 
 
 def recompute_modules_of(value: Any) -> tuple[str, ...]:
@@ -470,6 +475,9 @@ class Plan:
     # What selective recomputation reruns, by Megatron-Core module (RECOMPUTE_MODULES); () = the runtime's own
     # (the attention core; torchtitan's per-op policy)
     recompute_modules: tuple[str, ...] = ()
+    # Layers of each (virtual) stage a full recomputation covers, the first ones (RECOMPUTE_LAYERS_RUNTIMES);
+    # 0 = every layer
+    recompute_layers: int = 0
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -563,7 +571,18 @@ class Plan:
             parts.append(f"cp {self.cp_comm}")
         if self.recompute_modules:
             parts.append(f"recompute modules {','.join(self.recompute_modules)}")
+        if self.recompute_layers:
+            parts.append(f"the first {self.recompute_layers} layers of each stage recomputed")
         return "".join(f", {p}" for p in parts)
+
+    def recomputed_layers_of_rank(self, pp_rank: int) -> int:
+        """Layers of pipeline rank ``pp_rank`` that recomputation reruns whole: all of them under full
+        recomputation (the first ``recompute_layers`` of each of its virtual stages where set), else none."""
+        if self.recompute != "full":
+            return 0
+        stages = self.layers_per_stage()
+        n = self.recompute_layers
+        return sum(min(n, stages[v]) if n else stages[v] for v in self.stages_of_rank(pp_rank))
 
     def layers_per_stage(self) -> tuple[int, ...]:
         """Layers of each virtual stage, in model order (length pp * interleave)."""
@@ -627,6 +646,7 @@ class Plan:
             **({"adam_kernel": self.adam_kernel} if self.adam_kernel else {}),
             **({"cp_comm": self.cp_comm} if self.cp_comm else {}),
             **({"recompute_modules": list(self.recompute_modules)} if self.recompute_modules else {}),
+            **({"recompute_layers": self.recompute_layers} if self.recompute_layers else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -642,7 +662,7 @@ class Plan:
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
                     "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel",
-                    "cp_comm", "recompute_modules")
+                    "cp_comm", "recompute_modules", "recompute_layers")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -681,6 +701,7 @@ class Plan:
                 adam_kernel=str(d.get("adam_kernel", "")),
                 cp_comm=str(d.get("cp_comm", "")),
                 recompute_modules=recompute_modules_of(d.get("recompute_modules")),
+                recompute_layers=d.get("recompute_layers", 0),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -920,7 +941,7 @@ def _fsync_dir(directory: Path) -> None:
 
 __all__ = [
     "DTYPES", "RECOMPUTE", "RECOMPUTE_MODULES", "RECOMPUTE_MODULES_RUNTIMES", "SCHEDULES", "Measured", "MemoryBreakdown",
-    "ParallelDims", "Plan", "recompute_modules_of",
+    "ParallelDims", "Plan", "RECOMPUTE_LAYERS_RUNTIMES", "recompute_modules_of",
     "RunRecord", "StepEstimate", "TimeBreakdown", "TrainShape", "append_run_record",
     "balanced_split", "read_json", "read_run_records", "write_json_atomic",
 ]

@@ -14,7 +14,9 @@ Broken on purpose and seen to fail here:
 - "core_attn" not rerunning the attention core in ``module_rerun_s``: test_core_attn_alone_is_the_default;
 - "layernorm" dropping the fused norms of a dense layer (the ``if moe`` test of its drop removed; or a drop
   added to the plain count): test_dense_layer_modules_by_hand;
-- hardware FLOPs adding the attention core without "core_attn": test_hardware_flops_follow_the_modules.
+- hardware FLOPs adding the attention core without "core_attn": test_hardware_flops_follow_the_modules;
+- the bytes sent without the rerun modules' TP pairs (``_module_pairs`` 0 in accounting.comms), or without "moe"'s
+  all-to-alls again (``moe_again`` the full share only): test_bytes_count_the_reruns.
 """
 
 from __future__ import annotations
@@ -162,6 +164,21 @@ def test_moe_reruns_its_all_to_alls() -> None:
     assert float((act.ext_bwd - base.ext_bwd).sum()) == 0.0
     # the whole layer's rerun costs more than its activation's, which costs more than nothing
     assert float(moe.bwd.sum()) > float(act.bwd.sum()) > float(base.bwd.sum())
+
+
+def test_bytes_count_the_reruns() -> None:
+    from exatrain.accounting import comms
+
+    plan = make_plan(LLAMA, H100, gpus=8, tp=2, sequence_parallel=True, global_batch=64, recompute="selective",
+                     runtime="megatron-core")
+    rs = [next(c.count for c in comms.tp_collectives(p, 0) if c.kind == "reduce_scatter")
+          for p in (plan, plan.replace(recompute_modules=("mlp",)), plan.replace(recompute_modules=("layernorm",)))]
+    mb, L = plan.num_microbatches, LLAMA.layers
+    assert rs == [4 * L * mb, 5 * L * mb, 4 * L * mb]  # the layers' (the embedding's is one of its own)
+    moe = make_plan(QWEN, H100, gpus=8, ep=8, global_batch=64, recompute="selective", runtime="megatron-core")
+    ep = experts.comm_bytes(moe)["ep"]
+    assert experts.comm_bytes(moe.replace(recompute_modules=("moe",)))["ep"] == pytest.approx(1.5 * ep)
+    assert experts.comm_bytes(moe.replace(recompute_modules=("moe_act",)))["ep"] == ep
 
 
 def test_modules_trade_memory_for_time_within_none_and_full() -> None:

@@ -47,7 +47,9 @@ def tp_collectives(plan: Plan, pp_rank: int, engine=None) -> tuple[Collective, .
     """Megatron TP (Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2): per layer and
     micro-batch, 2 all-reduces of b*s*h in forward and 2 in backward (with sequence parallelism
     each becomes an all-gather + reduce-scatter of the same total); full recomputation repeats the
-    forward's. The vocab-parallel embedding adds one forward all-reduce on the first stage, the
+    forward's (in the layers it covers: ``Plan.recomputed_layers_of_rank``), selective recomputation by module the
+    pair of each rerun module that holds one (``Plan.recompute_modules``: a dense layer's MLP; a MoE layer's shared
+    experts, or its MLP all-reduce without SP). The vocab-parallel embedding adds one forward all-reduce on the first stage, the
     head one backward all-reduce on the last; the loss all-reduces 3 fp32 numbers per token.
     ``engine`` (an ``EngineProfile``; None: exatrain's trainer) adds what its runtime sends beyond that,
     as ``cost.step.stage_times`` prices it: torchtitan's per-op selective recomputation repeats the
@@ -61,24 +63,38 @@ def tp_collectives(plan: Plan, pp_rank: int, engine=None) -> tuple[Collective, .
     msg = b * m.seq_len * m.hidden * e
     mb = plan.num_microbatches
     layers = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
-    full = plan.recompute == "full"
     per_op = engine is not None and engine.reruns_tp_gathers(plan.recompute, m.is_moe)
     fp8_gather = engine is not None and engine.gathers_tp_in_fp8(plan.fp8)
-    per_layer = 4 + (2 if full else 0)
+    # the forward's pairs again: a full recomputation's layers (two a layer), a module rerun's own
+    again = 2 * plan.recomputed_layers_of_rank(pp_rank) + _module_pairs(plan, pp_rank)
     out: list[Collective] = []
     if plan.sequence_parallel:
-        forward_ag = (2 + (2 if full else 0) + (2 if per_op else 0)) * layers * mb  # the forward's and reruns'
+        forward_ag = (2 * layers + again + (2 * layers if per_op else 0)) * mb  # the forward's and reruns'
         out += [Collective("all_gather", t, msg / e if fp8_gather else msg, forward_ag, "tp"),
                 Collective("all_gather", t, msg, 2 * layers * mb, "tp"),  # the backward's (output gradients)
-                Collective("reduce_scatter", t, msg, per_layer * layers * mb, "tp")]
+                Collective("reduce_scatter", t, msg, (4 * layers + again) * mb, "tp")]
     else:
-        out.append(Collective("all_reduce", t, msg, (per_layer + (2 if per_op else 0)) * layers * mb, "tp"))
+        out.append(Collective("all_reduce", t, msg, (4 * layers + again + (2 * layers if per_op else 0)) * mb, "tp"))
     if pp_rank == 0:
         out.append(Collective("all_reduce" if not plan.sequence_parallel else "reduce_scatter", t, msg, mb, "tp"))
     if pp_rank == plan.pp - 1:
         out.append(Collective("all_reduce" if not plan.sequence_parallel else "reduce_scatter", t, msg, mb, "tp"))
         out.append(Collective("all_reduce", t, 3 * 4 * b * m.seq_len, mb, "tp"))
     return tuple(out)
+
+
+def _module_pairs(plan: Plan, pp_rank: int) -> float:
+    """TP collective pairs per micro-batch that rerunning ``plan.recompute_modules`` repeats on ``pp_rank``
+    (``cost.experts.module_rerun_tp_pairs``, per dense and per MoE layer)."""
+    if plan.recompute != "selective" or not plan.recompute_modules:
+        return 0.0
+    from exatrain.accounting.params import stage_layer_kinds
+    from exatrain.planner.cost.experts import module_rerun_tp_pairs
+
+    dense, moe = stage_layer_kinds(plan.model, pp=plan.pp, interleave=plan.interleave,
+                                   layers_per_stage=plan.layers_per_stage())[pp_rank]
+    per_dense, per_moe = module_rerun_tp_pairs(plan.model, plan.recompute_modules, plan.sequence_parallel)
+    return float(per_dense * dense + per_moe * moe)
 
 
 def pp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
@@ -158,16 +174,18 @@ def _state_collectives(zero_stage: int, group, params, dtype: str, num_microbatc
 
 def moe_collectives_for(m: ModelSpec, *, micro_batch, tp, ep, etp=1, cp=1, sequence_parallel: bool, dtype: str,
                         moe_layers, num_microbatches, recompute: str = "none",
-                        capacity_factor=1.0) -> tuple[Collective, ...]:
+                        capacity_factor=1.0, rerun=None) -> tuple[Collective, ...]:
     """Token traffic of a rank's ``moe_layers`` MoE layers per step (Megatron-Core's all-to-all token
     dispatcher, megatron/core/transformer/moe/token_dispatcher.py): per layer and micro-batch the
     forward dispatches (all-to-all over ep) and combines (all-to-all back) T*top_k token copies of h
     elements (``moe.a2a_message_bytes``), and the backward does both again on the gradients; full
-    recomputation repeats the forward's. With etp > 1 the dispatched copies are all-gathered over the
-    etp group and the experts' outputs reduce-scattered, once each way in forward and in backward."""
+    recomputation repeats the forward's (``rerun``: the share of the layers whose forward runs again, where not
+    every layer's or none: Plan.recompute_layers, the "moe" module). With etp > 1 the dispatched copies are
+    all-gathered over the etp group and the experts' outputs reduce-scattered, once each way in forward and in
+    backward."""
     msg = moe.a2a_message_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp,
                                 capacity_factor=capacity_factor)
-    passes = 2 + (1 if recompute == "full" else 0)  # forward, backward, recomputed forward
+    passes = 2 + ((1 if recompute == "full" else 0) if rerun is None else rerun)  # forward, backward, rerun forward
     n = passes * np.asarray(moe_layers) * np.asarray(num_microbatches)
     out = [Collective("all_to_all", ep, msg, 2 * n, axis="ep")]
     if np.any(np.asarray(etp) > 1):
@@ -178,24 +196,26 @@ def moe_collectives_for(m: ModelSpec, *, micro_batch, tp, ep, etp=1, cp=1, seque
 
 
 def cp_collectives_for(m: ModelSpec, *, micro_batch, tp, cp, dtype: str, layers, num_microbatches,
-                       comm: str = "p2p", recompute: str = "none") -> tuple[Collective, ...]:
+                       comm: str = "p2p", recompute: str = "none", rerun=None) -> tuple[Collective, ...]:
     """Key/value traffic of a rank's ``layers`` attention layers per step under context parallelism
     (``accounting.context``): the ring sends cp-1 K,V blocks forward and cp-1 K,V plus cp-1 dK,dV
     blocks backward per layer and micro-batch; the all-gather variant gathers the whole K,V forward
     and again backward and reduce-scatters dK,dV; the all-to-all variant trades Q,K,V before attention
-    and the output after it, forward and (as gradients) backward. Full recomputation repeats the forward's."""
+    and the output after it, forward and (as gradients) backward. Full recomputation repeats the forward's
+    (``rerun``: in that share of the layers, Plan.recompute_layers; None: all of them)."""
     block = context.kv_block_bytes(m, micro_batch, tp, cp, dtype)
     n = np.asarray(layers) * np.asarray(num_microbatches)
+    again = (1 if recompute == "full" else 0) if rerun is None else rerun
     if comm == "a2a":
         qkv, out = context.a2a_tensor_bytes(m, micro_batch, tp, cp, dtype)
-        passes = 2 + (1 if recompute == "full" else 0)
+        passes = 2 + again
         return (Collective("all_to_all", cp, qkv, passes * n, axis="cp"),
                 Collective("all_to_all", cp, out, passes * n, axis="cp"))
     if comm == "p2p":
-        fwd, bwd = context.cp_sends_per_layer(cp, comm=comm, recompute=recompute)
-        return (Collective("send_recv", cp, block, (fwd + bwd) * n, axis="cp"),)
+        fwd, bwd = context.cp_sends_per_layer(cp, comm=comm)
+        return (Collective("send_recv", cp, block, ((1 + again) * fwd + bwd) * n, axis="cp"),)
     context.cp_sends_per_layer(cp, comm=comm)  # validates comm
-    gathers = 2 + (1 if recompute == "full" else 0)
+    gathers = 2 + again
     whole = block * np.asarray(cp, dtype=float)
     return (Collective("all_gather", cp, whole, gathers * n, axis="cp"),
             Collective("reduce_scatter", cp, whole, n, axis="cp"))

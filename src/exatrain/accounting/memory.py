@@ -315,6 +315,7 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
                         layers_here=layers_here,
                         inflight_mb=inflight_microbatches(plan, pp_rank),
                         is_last=pp_rank == plan.pp - 1, engine=engine, recompute_modules=plan.recompute_modules,
+                        recomputed_here=plan.recomputed_layers_of_rank(pp_rank) if plan.recompute_layers else None,
                         cross_entropy=(engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None
                                        else plan.cross_entropy or "upcast"),
                         pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,
@@ -326,7 +327,8 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
                 flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
                 is_last, engine: EngineProfile | None = None, cp=1, ep=1, etp=1, expert_params_here=0,
                 moe_layers_here=0, capacity_factor=1.0, cp_comm: str = "p2p", fp8: Fp8Recipe | None = None,
-                cross_entropy: str = "upcast", pp_grad_share=1.0, recompute_modules: tuple[str, ...] = ()):
+                cross_entropy: str = "upcast", pp_grad_share=1.0, recompute_modules: tuple[str, ...] = (),
+                recomputed_here=None):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
@@ -352,7 +354,9 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
     ``cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``);
     ``pp_grad_share``: the part of a stage's unsharded gradient (EngineProfile.pp_unsharded_grad_bytes) alive
     at once (``unsharded_grad_share``); ``recompute_modules``: what selective recomputation reruns
-    (Plan.recompute_modules, ``layer_activation_bytes``).
+    (Plan.recompute_modules, ``layer_activation_bytes``); ``recomputed_here``: under full recomputation, the layers of
+    the rank it covers (Plan.recompute_layers: the first N of each virtual stage), the others keeping everything
+    (None: all ``layers_here``); MoE layers among them in the rank's proportion.
     """
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
     is_last = np.asarray(is_last, dtype=float)
@@ -406,9 +410,15 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         grads = grads + np.where(pp_grad > 0, 0.0, layer_rank_params * unsharded_grad_bytes)
     if zero_stage >= 2:
         grads = grads + pp_grad * pp_grad_share * (params_here + (expert_params_here if m.is_moe else 0.0))
+    partial = recompute == "full" and recomputed_here is not None
+    if partial:  # the rerun layers keep their input, the others everything (the rank's mix of MoE layers in each)
+        share = np.asarray(recomputed_here, dtype=float) / np.maximum(np.asarray(layers_here, dtype=float), 1.0)
     if m.is_moe:
         moe_here = np.asarray(moe_layers_here, dtype=float)
         per_dense, per_moe = layer_bytes(recompute), layer_bytes(recompute, True)
+        if partial:
+            per_dense = share * per_dense + (1 - share) * layer_bytes("none")
+            per_moe = share * per_moe + (1 - share) * layer_bytes("none", True)
         acts = (per_dense * (layers_here - moe_here) + per_moe * moe_here) * inflight_mb
         if recompute != "none":
             # the recomputed layer's working set: the larger kind present on this rank
@@ -417,6 +427,8 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
             acts = acts + full_layer - (kept if recompute == "selective" else 0.0)
     else:
         per_layer = layer_bytes(recompute)
+        if partial:
+            per_layer = share * per_layer + (1 - share) * layer_bytes("none")
         acts = per_layer * layers_here * inflight_mb
         if recompute != "none":
             # Backward recomputes one layer at a time, holding what that layer would have kept

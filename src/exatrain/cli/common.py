@@ -178,6 +178,10 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--recompute-modules", None, None, "what --recompute selective reruns, Megatron-Core's modules, comma-separated: "
      "core_attn (its default), layernorm, moe_act, mla_up_proj, mlp (a dense layer's), shared_experts, moe; "
      "--runtime megatron-core only (its --recompute-modules); a search with it tries selective recomputation only"),
+    ("--recompute-layers", positive_int, None, "with --recompute full: recompute only the first N layers of each "
+     "(virtual) pipeline stage, the others keeping all they keep without recomputation (Megatron-Core "
+     "--recompute-method block --recompute-num-layers N); --runtime megatron-core only; default: every layer; a "
+     "search with it tries full recomputation only"),
 )
 
 

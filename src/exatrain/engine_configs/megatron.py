@@ -94,7 +94,10 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
              Flag("--global-batch-size", str(plan.global_batch))]
 
     mem: list[Flag] = []
-    if plan.recompute == "full":  # every layer recomputed from its input (Korthikanti 2022 "full")
+    if plan.recompute == "full" and plan.recompute_layers:  # the first N layers of each model chunk
+        mem += [Flag("--recompute-granularity", "full"), Flag("--recompute-method", "block"),
+                Flag("--recompute-num-layers", str(plan.recompute_layers))]
+    elif plan.recompute == "full":  # every layer recomputed from its input (Korthikanti 2022 "full")
         mem += [Flag("--recompute-granularity", "full"), Flag("--recompute-method", "uniform"),
                 Flag("--recompute-num-layers", "1")]
     elif plan.recompute == "selective":  # default --recompute-modules is core_attn: the attention core

@@ -106,7 +106,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
              fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
              grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-             recompute_modules: tuple[str, ...] = ()) -> Evaluation:
+             recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0) -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -126,7 +126,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     ``cp_comm``: how attention's operands travel under cp (``Plan.cp_comm``; "": the runtime's own for the model,
     ``EngineProfile.cp_exchange``), in its step time and its working set in memory; ``recompute_modules``: what the
     runtime's selective recomputation reruns (``Plan.recompute_modules``; (): its own), in its step time and what its
-    memory model keeps. ``by_rank`` also fills ``hidden``."""
+    memory model keeps; ``recompute_layers``: the layers of each virtual stage a full recomputation covers
+    (``Plan.recompute_layers``; 0: all). ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -156,6 +157,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
         split = layer_split(model, p, v, layouts.stage_layers)
         rank = np.arange(p)
         on_rank = split.reshape(v, p).sum(axis=0)  # layers held by each pipeline rank (looped placement)
+        # the layers of each rank a full recomputation covers where it covers the first N of each virtual stage
+        rerun_on_rank = np.minimum(split, recompute_layers).reshape(v, p).sum(axis=0) if recompute_layers else None
         plain = not experts.extended(model, cpd, fp8)
         if model.is_moe:
             params, xparams, moe_here = (x.astype(float) for x in
@@ -190,6 +193,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                     if cpd > 1:  # the working set of its exchange (the plan's choice for the runtime, else each one's own)
                         ext["cp_comm"] = cp_comm_for(k, cp_comm if k == runtime else "", model)
                     ext["recompute_modules"] = tuple(recompute_modules) if k == runtime else ()
+                    partial = k == runtime and rerun_on_rank is not None and RECOMPUTE[rec] == "full"
+                    ext["recomputed_here"] = rerun_on_rank[None, :] if partial else None
                     parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
                                         **ext)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
@@ -220,7 +225,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load,
                               fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
                               grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion,
-                              adam_kernel=adam_kernel, cp_comm=cp_comm, recompute_modules=recompute_modules)
+                              adam_kernel=adam_kernel, cp_comm=cp_comm, recompute_modules=recompute_modules,
+                              recompute_layers=recompute_layers)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

@@ -503,16 +503,19 @@ def comm_bytes(plan) -> dict[str, float]:
             num_microbatches=plan.num_microbatches, dtype=plan.dtype, pipeline_end=r in (0, plan.pp - 1),
             engine=engine, cp_size=plan.cp, ep=plan.ep, expert_params_here=experts,
             fp8_gathered=None if fp8_gathered is None else tuple(float(g[0, r]) for g in fp8_gathered))))
+        # the share of the rank's layers whose forward runs again: a full recomputation's (the first
+        # recompute_layers of each stage), the "moe" module's for the all-to-alls
+        full = plan.recomputed_layers_of_rank(r) / max(sum(kinds[r]), 1)
         if m.is_moe:
+            moe_again = 1.0 if plan.recompute == "selective" and "moe" in plan.recompute_modules else full
             ep.append(sum(float(c.bytes_per_rank) for c in comms.moe_collectives_for(
                 m, micro_batch=plan.micro_batch, tp=plan.tp, ep=plan.ep, cp=plan.cp,
                 sequence_parallel=plan.sequence_parallel, dtype=plan.dtype, moe_layers=kinds[r][1],
-                num_microbatches=plan.num_microbatches, recompute=plan.recompute,
-                capacity_factor=plan_moe_load(plan))))
+                num_microbatches=plan.num_microbatches, capacity_factor=plan_moe_load(plan), rerun=moe_again)))
         if plan.cp > 1:
             cpb.append(sum(float(c.bytes_per_rank) for c in comms.cp_collectives_for(
                 m, micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, dtype=plan.dtype, layers=sum(kinds[r]),
-                num_microbatches=plan.num_microbatches, recompute=plan.recompute, comm=cp_comm)))
+                num_microbatches=plan.num_microbatches, comm=cp_comm, rerun=full)))
     out["dp"] = max(dp)
     for k in ("tp", "pp"):  # their messages are a rank's tokens wide: s/cp of each sequence
         out[k] = out[k] / plan.cp

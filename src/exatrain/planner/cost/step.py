@@ -142,7 +142,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
                 cross_entropy: str = "upcast", fp8_tp_gather: bool = False,
                 expert_gemms: str = "grouped", cp_exchange=None,
-                recompute_modules: tuple[str, ...] = ()) -> StageTimes:
+                recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0) -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
@@ -158,7 +158,9 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     what its exchange exposes, ``cost.experts.cp_exposed_s``; None: Transformer Engine's p2p ring);
     ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module (Plan.recompute_modules;
     (): ``selective``): their forward seconds (``cost.experts.module_rerun_s``), the TP collectives inside them
-    (``module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward."""
+    (``module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward; ``recompute_layers``:
+    the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers; 0: all): the rerun
+    forward, its TP collectives, all-to-alls and cp exchange in that share of the stage's layers."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     cp_calls = None if cp_exchange is None else cp_exchange.kernel_calls(cp_size)
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
@@ -203,8 +205,13 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
     fwd_l, bwd_l, attn_l, dense, moe_fb, per_op_l, tp_left_f, tp_left_b, modules_l, emb_f, emb_b, head_f, head_b = \
         _pick(sp, layer)
+    L = np.asarray(stage_layers, dtype=float)[None, :]
+    # the share of each stage's layers a full recomputation reruns (the first recompute_layers of each)
+    share = np.minimum(recompute_layers, L) / np.maximum(L, 1.0) if recompute_layers else 1.0
+    full = np.where(rec == _FULL, share, 0.0)
     again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe,
                        per_op_gemms=per_op_l)
+    again = np.where(rec == _FULL, share * again, again)
     if recompute_modules:
         again = np.where(rec == _SELECTIVE, modules_l, again)
     tp_one = np.where(sp, ag + rs, ar)  # tp_collective_time_s, from the collectives already priced
@@ -215,12 +222,11 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     n_tp_f = 2 * n_dense + np.where(sp, moe_f, 2) * n_moe
     fw = compute.framework_layer_s(dev, tp, dp, zero)
     pp_op = dev.params.pp_microbatch_overhead_s / 2 if pp > 1 else 0.0  # per F and per B op
-    L = np.asarray(stage_layers, dtype=float)[None, :]
     S = L.shape[1]
     fwd = fwd_l + L * fw / 3 + pp_op
     wgrad = dense + 0.0 * L
     bwd = bwd_l + again + L * 2 * fw / 3 - wgrad + pp_op
-    tp_f, tp_b = n_tp_f * tp_one_f, n_tp_f * (tp_one + np.where(rec == _FULL, tp_one_f, 0.0))
+    tp_f, tp_b = n_tp_f * tp_one_f, n_tp_f * (tp_one + full * tp_one_f)
     # torchtitan's per-op selective recomputation saves the reduce-scatters' outputs but not the
     # all-gathers' (nor, without SP, the all-reduces'): its rerun forward gathers each GEMM input again
     # (torchtitan/distributed/activation_checkpoint.py _save_list), in the backward.
@@ -240,8 +246,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1),
                                       exchange=cp_exchange)
-    moe_rerun = (rec == _FULL) | ((rec == _SELECTIVE) & ("moe" in recompute_modules))  # reruns the all-to-alls
-    a2a_f, a2a_b = a2a, a2a * np.where(moe_rerun, 2, 1)
+    moe_rerun = full + ((rec == _SELECTIVE) & ("moe" in recompute_modules))  # the share rerunning the all-to-alls
+    a2a_f, a2a_b = a2a, a2a * (1 + moe_rerun)
     if rules is not None and rules.ep_a2a:
         # EP all-to-all overlap (cost.overlap): hidden behind another micro-batch's MoE-layer compute;
         # what stays exposed is split between forward and backward in proportion.
@@ -249,7 +255,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         left = exposed(whole, moe_fb) / np.where(whole > 0, whole, 1.0)
         a2a_f, a2a_b = a2a_f * left, a2a_b * left
     ext_f = a2a_f + L * cp_f
-    ext_b = a2a_b + L * (cp_b + np.where(rec == _FULL, cp_f, 0.0))
+    ext_b = a2a_b + L * (cp_b + full * cp_f)
     first, last = np.arange(S) == 0, np.arange(S) == S - 1
     fwd = fwd + first * emb_f + last * head_f
     bwd = bwd + first * emb_b + last * head_b
@@ -267,10 +273,9 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         # a rerun module's pairs decomposed as the forward's are: their share of what the forward leaves exposed
         tp_again = tp_again + pairs * tp_left_f / np.maximum(n_tp_f, 1)
         if rules.tp_backward:
-            tp_b = np.where(sp, tp_left_b + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one + tp_again, tp_b)
+            tp_b = np.where(sp, tp_left_b + full * tp_left_f + last * tp_one + tp_again, tp_b)
         else:
-            tp_b = np.where(sp, n_tp_f * tp_one + np.where(rec == _FULL, tp_left_f, 0.0) + last * tp_one + tp_again,
-                            tp_b)
+            tp_b = np.where(sp, n_tp_f * tp_one + full * tp_left_f + last * tp_one + tp_again, tp_b)
     if pp > 1:
         msg = bl[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
         bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]), cp)
@@ -480,7 +485,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
                fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
                grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-               recompute_modules: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+               recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0
+               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
     holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
@@ -497,7 +503,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     ``adam_kernel``: the kernel its optimizer step runs Adam with (plan.ADAM_KERNELS; "": the runtime's own,
     ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (plan.CP_COMMS;
     "": the runtime's own for the model, ``EngineProfile.cp_exchange``); ``recompute_modules``: what selective
-    recomputation reruns (Plan.recompute_modules; (): the runtime's own, ``stage_times``)."""
+    recomputation reruns (Plan.recompute_modules; (): the runtime's own, ``stage_times``); ``recompute_layers``: the
+    layers of each stage a full recomputation covers (Plan.recompute_layers; 0: all)."""
     from exatrain.accounting.engines import engine_variant
 
     engine = engine_variant(runtime, grad_accum, grad_accum_fusion, adam_kernel)
@@ -512,7 +519,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      elementwise=engine.elementwise(elementwise), moe_load=moe_load,
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms,
-                     cp_exchange=engine.cp_exchange(cp_comm, model), recompute_modules=tuple(recompute_modules))
+                     cp_exchange=engine.cp_exchange(cp_comm, model), recompute_modules=tuple(recompute_modules),
+                     recompute_layers=recompute_layers)
     st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
                                shard=dp * cp_size, side_streams=not cluster.device.is_host)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
@@ -602,7 +610,8 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion,
-                  adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules)
+                  adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules,
+                  recompute_layers=plan.recompute_layers)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -626,7 +635,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                      cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms,
                      cp_exchange=engine.cp_exchange(plan.cp_comm, plan.model),
-                     recompute_modules=plan.recompute_modules)
+                     recompute_modules=plan.recompute_modules, recompute_layers=plan.recompute_layers)
     dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
                                                  plan.layers_per_stage(), plan.ep)
     return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),

@@ -67,7 +67,8 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 moe_force_balance=space.options.moe_force_balance, fp8_param_gather=space.options.fp8_param_gather,
                 cross_entropy=space.options.cross_entropy, grad_accum=space.options.grad_accum,
                 grad_accum_fusion=space.options.grad_accum_fusion, adam_kernel=space.options.adam_kernel,
-                cp_comm=space.options.cp_comm, recompute_modules=space.options.recompute_modules)
+                cp_comm=space.options.cp_comm, recompute_modules=space.options.recompute_modules,
+                recompute_layers=space.options.recompute_layers)
 
 
 RUNTIMES = ENGINE_NAMES

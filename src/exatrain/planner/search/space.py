@@ -71,6 +71,7 @@ class SpaceOptions:
     adam_kernel: str = ""  # every candidate's Adam kernel (plan.ADAM_KERNELS)
     cp_comm: str = ""  # how every candidate with cp > 1 exchanges attention's operands (Plan.cp_comm)
     recompute_modules: tuple[str, ...] = ()  # what every selective candidate reruns (Plan.recompute_modules)
+    recompute_layers: int = 0  # the layers of each stage every full candidate recomputes (Plan.recompute_layers)
 
 
 @dataclass

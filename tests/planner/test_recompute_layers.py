@@ -1,0 +1,143 @@
+"""Full recomputation of only the first N layers of each pipeline stage (``Plan.recompute_layers``, Megatron-Core's
+--recompute-method block --recompute-num-layers N): the memory of the rerun and the kept layers, the rerun forward
+and the communication it repeats in that share, the bytes counted, the rules, the plan file, the search, the export
+and the trainer's refusal.
+
+Broken on purpose and seen to fail here:
+- the share ignored in the step (``share`` 1 in stage_times): test_time_moves_linearly_between_none_and_full;
+- the kept layers counted as recomputed in memory (``partial`` ignored in rank_memory):
+  test_memory_mixes_rerun_and_kept_layers_by_hand;
+- the TP bytes counting every layer's rerun (``recomputed_layers_of_rank`` returning all layers):
+  test_bytes_repeat_the_rerun_layers_only;
+- the block method's count taken per rank instead of per virtual stage (``min(n, stages[v])`` over the rank's
+  whole share): test_interleaved_stages_count_each_chunk;
+- the export writing the uniform method: test_plan_file_export_and_trainer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from exatrain.accounting import comms, memory
+from exatrain.api.plans import make_plan, space_options
+from exatrain.catalog import get_cluster, get_model
+from exatrain.engine_configs import export
+from exatrain.plan import Plan
+from exatrain.planner.cost.coefficients import default_params
+from exatrain.planner.cost.step import plan_stage_times
+from exatrain.planner.estimate import estimate_plan
+from tests.helpers.cli import refused, run
+from tests.helpers.plan_fields import trainer_refuses
+
+H100 = get_cluster("dgx-h100")
+LLAMA70 = get_model("llama3-70b")  # 80 layers: 20 a stage at pp 4
+QWEN = get_model("qwen3-30b-a3b")
+
+
+def _plan(**kw):
+    return make_plan(LLAMA70, H100, **{"gpus": 64, "tp": 4, "pp": 4, "micro_batch": 1, "global_batch": 256,
+                                       "zero": 1, "sequence_parallel": True, "runtime": "megatron-core", **kw})
+
+
+def test_time_moves_linearly_between_none_and_full() -> None:
+    params = default_params("h100-sxm")
+    none, full = (plan_stage_times(_plan(recompute=r), H100, params, overlap="none") for r in ("none", "full"))
+    for n in (1, 5, 10):
+        part = plan_stage_times(_plan(recompute="full", recompute_layers=n), H100, params, overlap="none")
+        share = n / 20
+        for field in ("bwd", "tp_bwd", "ext_bwd"):
+            a, b, c = (getattr(x, field) for x in (none, part, full))
+            np.testing.assert_allclose(b, a + share * (c - a), rtol=1e-12, err_msg=f"{field} at {n}")
+        np.testing.assert_allclose(part.fwd, none.fwd, rtol=1e-12)
+    # as many layers as a stage holds, or more: every layer, as without the flag
+    for n in (20, 30):
+        same = plan_stage_times(_plan(recompute="full", recompute_layers=n), H100, params, overlap="none")
+        np.testing.assert_allclose(same.bwd, full.bwd, rtol=1e-12)
+    steps = [estimate_plan(_plan(recompute="full", recompute_layers=n), H100).time_s.step for n in (1, 5, 10, 19)]
+    assert steps == sorted(steps) and estimate_plan(_plan(), H100).time_s.step < steps[0]
+
+
+def test_memory_mixes_rerun_and_kept_layers_by_hand() -> None:
+    plan = _plan(recompute="full", recompute_layers=5)
+    st = memory.stage_memory(plan, 0)
+    kw = dict(sequence_parallel=True, flash=True, dtype="bfloat16")
+    full = memory.layer_activation_bytes(LLAMA70, 1, 4, recompute="full", **kw)
+    none = memory.layer_activation_bytes(LLAMA70, 1, 4, recompute="none", **kw)
+    held = memory.inflight_microbatches(plan, 0)
+    whole = memory.stage_memory(plan.replace(recompute_layers=0), 0)
+    # five layers keep their input, fifteen everything, for each micro-batch in flight; the working set is the same
+    assert st.activations - whole.activations == pytest.approx(15 * (none - full) * held, rel=1e-12)
+    est = estimate_plan(plan, H100)
+    assert estimate_plan(_plan(recompute="full"), H100).memory_bytes.activations < est.memory_bytes.activations \
+        < estimate_plan(_plan(recompute="none"), H100).memory_bytes.activations
+
+
+def test_bytes_repeat_the_rerun_layers_only() -> None:
+    def ag(plan):
+        return next(c.count for c in comms.tp_collectives(plan, 0) if c.kind == "reduce_scatter")
+
+    mb = _plan().num_microbatches
+    assert ag(_plan(recompute="none")) == 4 * 20 * mb
+    assert ag(_plan(recompute="full")) == 6 * 20 * mb
+    assert ag(_plan(recompute="full", recompute_layers=5)) == (4 * 20 + 2 * 5) * mb
+    moe = make_plan(QWEN, H100, gpus=8, ep=8, global_batch=64, recompute="full", runtime="megatron-core",
+                    recompute_layers=12)
+    a2a = next(c for c in comms.moe_collectives_for(QWEN, micro_batch=1, tp=1, ep=8, sequence_parallel=False,
+                                                   dtype="bfloat16", moe_layers=48, num_microbatches=1,
+                                                   rerun=0.25) if c.kind == "all_to_all")
+    assert a2a.count == 2 * 2.25 * 48
+    from exatrain.planner.cost.experts import comm_bytes
+
+    assert comm_bytes(moe)["ep"] < comm_bytes(moe.replace(recompute_layers=0))["ep"]
+
+
+def test_interleaved_stages_count_each_chunk() -> None:
+    plan = _plan(recompute="full", recompute_layers=3, schedule="interleaved", interleave=2)
+    # 8 chunks of 10 layers, two on each rank: 3 of each chunk rerun, 6 of a rank's 20
+    assert plan.layers_per_stage() == (10,) * 8
+    assert [plan.recomputed_layers_of_rank(r) for r in range(4)] == [6, 6, 6, 6]
+    assert [_plan(recompute="full").recomputed_layers_of_rank(r) for r in range(4)] == [20] * 4
+    assert _plan(recompute="selective").recomputed_layers_of_rank(0) == 0
+
+
+def test_rules_refuse_where_no_engine_runs_it(capsys) -> None:
+    args = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64")
+    line = refused(capsys, "estimate", *args, "--runtime", "torchtitan", "--recompute", "full",
+                   "--recompute-layers", "2")
+    assert "--recompute-method block --recompute-num-layers" in line
+    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "selective",
+                   "--recompute-layers", "2")
+    assert "use --recompute full" in line
+    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute-layers", "0")
+    assert "--recompute-layers" in line
+    line = refused(capsys, "search", *args, "--runtime", "megatron-core", "--recompute-layers", "2",
+                   "--recompute-modules", "mlp")
+    assert "choose one" in line
+
+
+def test_search_tries_full_only(capsys) -> None:
+    assert space_options(recompute_layers=4).recompute == ("full",)
+    code, out, err = run(capsys, "search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                         "--global-batch", "64", "--runtime", "megatron-core", "--recompute-layers", "4",
+                         "--top", "3", "--json")
+    assert code == 0, err
+    ranked = json.loads(out)["ranked"]
+    assert ranked and all(r["plan"]["recompute"] == "full" and r["plan"]["recompute_layers"] == 4 for r in ranked)
+
+
+def test_plan_file_export_and_trainer(tmp_path) -> None:
+    plan = _plan(recompute="full", recompute_layers=5)
+    assert "the first 5 layers of each stage recomputed" in plan.settings_label
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Plan.load(path).recompute_layers == 5
+    assert "recompute_layers" not in _plan(recompute="full").to_dict()
+    text = export(plan, "megatron").text
+    assert "--recompute-method block" in text and "--recompute-num-layers 5" in text
+    assert "--recompute-method uniform" in export(_plan(recompute="full"), "megatron").text
+    assert any("first 5 layers of each stage" in n for n in estimate_plan(plan, H100).notes)
+    trainer_refuses("full recomputation reruns every layer", runtime="megatron-core", recompute="full",
+                    recompute_layers=1)
