@@ -11,7 +11,8 @@ Broken on purpose and seen to fail here:
   test_bytes_repeat_the_rerun_layers_only;
 - the block method's count taken per rank instead of per virtual stage (``min(n, stages[v])`` over the rank's
   whole share): test_interleaved_stages_count_each_chunk;
-- the export writing the uniform method: test_plan_file_export_and_trainer.
+- the export writing the uniform method, or the hardware FLOPs rerunning every layer (``rerun_share`` ignored):
+  test_plan_file_export_and_trainer.
 """
 
 from __future__ import annotations
@@ -138,6 +139,11 @@ def test_plan_file_export_and_trainer(tmp_path) -> None:
     text = export(plan, "megatron").text
     assert "--recompute-method block" in text and "--recompute-num-layers 5" in text
     assert "--recompute-method uniform" in export(_plan(recompute="full"), "megatron").text
-    assert any("first 5 layers of each stage" in n for n in estimate_plan(plan, H100).notes)
+    est = estimate_plan(plan, H100)
+    assert any("first 5 layers of each stage" in n for n in est.notes)
+    # the hardware FLOPs rerun the forward of 5 of each stage's 20 layers
+    full, none = (estimate_plan(_plan(recompute=r), H100) for r in ("full", "none"))
+    assert est.hardware_flops_per_step == pytest.approx(none.hardware_flops_per_step + (
+        full.hardware_flops_per_step - none.hardware_flops_per_step) / 4)
     trainer_refuses("full recomputation reruns every layer", runtime="megatron-core", recompute="full",
                     recompute_layers=1)

@@ -113,7 +113,8 @@ def module_forward_flops_per_token(m: ModelSpec, modules, *, moe: bool) -> float
     return sum(2.0 * g.m * g.n * g.k * g.count for g in gemms if g.name in names) / m.seq_len
 
 
-def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str, modules=()) -> float:
+def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str, modules=(), rerun_share: float = 1.0
+                            ) -> float:
     """FLOPs the hardware executes, recomputation included.
 
     selective: Korthikanti et al. 2022 Eq. 8, which adds 3x the attention core's forward FLOPs
@@ -123,6 +124,7 @@ def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str, mod
                96*B*s*L*h^2*(1 + s/(6h) + V/(16hL)) for the GPT family.
     ``modules`` (selective; Plan.recompute_modules): the attention core as above where "core_attn" is one of
     them, plus one more forward of the GEMMs the others rerun (``module_forward_flops_per_token``).
+    ``rerun_share`` (full): the share of the layers recomputed (Plan.recompute_layers: the first N of each stage).
     """
     tokens = global_batch * m.seq_len
     base = model_flops_per_step(m, global_batch)
@@ -136,8 +138,8 @@ def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str, mod
         return base + 3.0 * tokens * m.layers * attention_forward_flops_per_token(m)
     if recompute == "full":
         if m.is_moe:
-            return base + tokens * layers_forward_flops_per_token(m)
-        return base + tokens * m.layers * layer_forward_flops_per_token(m)
+            return base + rerun_share * tokens * layers_forward_flops_per_token(m)
+        return base + rerun_share * tokens * m.layers * layer_forward_flops_per_token(m)
     return base
 
 

@@ -184,7 +184,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (line,)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
-    hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute, plan.recompute_modules)
+    rerun_share = sum(plan.recomputed_layers_of_rank(r) for r in range(plan.pp)) / plan.model.layers
+    hw_flops = hardware_flops_per_step(plan.model, plan.global_batch, plan.recompute, plan.recompute_modules,
+                                       rerun_share=rerun_share if plan.recompute == "full" else 1.0)
     model_tf = model_flops / time_s.step / plan.gpus / 1e12
     hw_tf = hw_flops / time_s.step / plan.gpus / 1e12
     peak = cluster.device.peak_flops(plan.dtype)
