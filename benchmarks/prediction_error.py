@@ -254,10 +254,16 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         recompute = r["recompute"].split(" (")[0]
         modules = r["recompute"][len(recompute):].strip(" ()")
         recompute_modules: tuple[str, ...] = ()
+        every = 0
         if r["engine"] == "megatron-core" and recompute == "selective" and modules:
             # Megatron-Core --recompute-modules: planned as it ran (Plan.recompute_modules)
             recompute_modules = recompute_modules_of(modules.replace(" ", ""))
             row.notes.append(f"recompute modules {','.join(recompute_modules)}")
+        elif r["engine"] == "torchtitan" and recompute == "selective" and modules == "every other layer":
+            # torchtitan's layer-level selective checkpointing (selective_ac_option 2): every other block
+            # checkpointed whole (Plan.recompute_every)
+            recompute, every = "full", 2
+            row.notes.append("recompute one layer in 2, whole (torchtitan's selective_ac_option 2)")
         elif recompute != r["recompute"]:
             row.notes.append(f"recompute {r['recompute']!r} planned as {recompute}")
         capacity, balance = _moe_routing(r.get("moe_routing", ""))
@@ -283,7 +289,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
                         fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r),
                         grad_accum_fusion=_grad_accum_fusion(r), adam_kernel=_adam_kernel(r),
-                        recompute_modules=recompute_modules)
+                        recompute_modules=recompute_modules, recompute_every=every)
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)

@@ -97,6 +97,29 @@ RECOMPUTE_MODULES_RUNTIMES = ("megatron-core",)
 # megatron/core/transformer/transformer_block.py _checkpointed_forward: per model chunk); 0 = every layer
 # (--recompute-method uniform --recompute-num-layers 1). Fewer layers recomputed: less rerun, more memory.
 RECOMPUTE_LAYERS_RUNTIMES = ("megatron-core",)
+# ``recompute_every`` N > 0 (with recompute "full"): every Nth layer a rank builds is recomputed whole, counted over
+# its model parts in order, the others keep everything (torchtitan's layer-level selective checkpointing:
+# activation_checkpoint.mode "selective" with selective_ac_option "N", torchtitan/distributed/
+# activation_checkpoint.py: a process-wide count of the blocks it wraps, each whose count N divides checkpointed);
+# 0 = every layer (its mode "full").
+RECOMPUTE_EVERY_RUNTIMES = ("torchtitan",)
+
+
+def full_rerun_layers(stage_layers, pp: int, first: int = 0, every: int = 0) -> tuple[int, ...]:
+    """Layers of each virtual stage (``stage_layers``, model order; stage k on rank k % pp) a full recomputation
+    reruns: all of them; the first ``first`` of each (Plan.recompute_layers); or those whose place among their
+    rank's layers, counted over its stages in order from 1, ``every`` divides (Plan.recompute_every)."""
+    stages = [int(n) for n in stage_layers]
+    if first:
+        return tuple(min(n, first) for n in stages)
+    if not every:
+        return tuple(stages)
+    out, before = [], [0] * pp  # a rank's layers in its earlier stages
+    for k, n in enumerate(stages):
+        r = k % pp
+        out.append((before[r] + n) // every - before[r] // every)
+        before[r] += n
+    return tuple(out)
 
 
 def recompute_modules_of(value: Any) -> tuple[str, ...]:
@@ -478,6 +501,8 @@ class Plan:
     # Layers of each (virtual) stage a full recomputation covers, the first ones (RECOMPUTE_LAYERS_RUNTIMES);
     # 0 = every layer
     recompute_layers: int = 0
+    # Every Nth layer of a rank recomputed whole under full recomputation (RECOMPUTE_EVERY_RUNTIMES); 0 = every layer
+    recompute_every: int = 0
     estimate: StepEstimate | None = None
 
     # ---- derived ---------------------------------------------------------------------------
@@ -573,16 +598,17 @@ class Plan:
             parts.append(f"recompute modules {','.join(self.recompute_modules)}")
         if self.recompute_layers:
             parts.append(f"the first {self.recompute_layers} layers of each stage recomputed")
+        if self.recompute_every:
+            parts.append(f"one layer in {self.recompute_every} recomputed")
         return "".join(f", {p}" for p in parts)
 
     def recomputed_layers_of_rank(self, pp_rank: int) -> int:
-        """Layers of pipeline rank ``pp_rank`` that recomputation reruns whole: all of them under full
-        recomputation (the first ``recompute_layers`` of each of its virtual stages where set), else none."""
+        """Layers of pipeline rank ``pp_rank`` that recomputation reruns whole: under full recomputation all of them,
+        or those ``recompute_layers`` / ``recompute_every`` pick (``full_rerun_layers``); else none."""
         if self.recompute != "full":
             return 0
-        stages = self.layers_per_stage()
-        n = self.recompute_layers
-        return sum(min(n, stages[v]) if n else stages[v] for v in self.stages_of_rank(pp_rank))
+        rerun = full_rerun_layers(self.layers_per_stage(), self.pp, self.recompute_layers, self.recompute_every)
+        return int(sum(rerun[v] for v in self.stages_of_rank(pp_rank)))
 
     def layers_per_stage(self) -> tuple[int, ...]:
         """Layers of each virtual stage, in model order (length pp * interleave)."""
@@ -647,6 +673,7 @@ class Plan:
             **({"cp_comm": self.cp_comm} if self.cp_comm else {}),
             **({"recompute_modules": list(self.recompute_modules)} if self.recompute_modules else {}),
             **({"recompute_layers": self.recompute_layers} if self.recompute_layers else {}),
+            **({"recompute_every": self.recompute_every} if self.recompute_every else {}),
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
         }
 
@@ -662,7 +689,7 @@ class Plan:
                     "flash_attention", "estimate", "ep", "cp", "runtime", "fp8", "moe_dispatcher",
                     "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
                     "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel",
-                    "cp_comm", "recompute_modules", "recompute_layers")
+                    "cp_comm", "recompute_modules", "recompute_layers", "recompute_every")
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -702,6 +729,7 @@ class Plan:
                 cp_comm=str(d.get("cp_comm", "")),
                 recompute_modules=recompute_modules_of(d.get("recompute_modules")),
                 recompute_layers=d.get("recompute_layers", 0),
+                recompute_every=d.get("recompute_every", 0),
                 estimate=None if d.get("estimate") is None else StepEstimate.from_dict(d["estimate"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -941,7 +969,8 @@ def _fsync_dir(directory: Path) -> None:
 
 __all__ = [
     "DTYPES", "RECOMPUTE", "RECOMPUTE_MODULES", "RECOMPUTE_MODULES_RUNTIMES", "SCHEDULES", "Measured", "MemoryBreakdown",
-    "ParallelDims", "Plan", "RECOMPUTE_LAYERS_RUNTIMES", "recompute_modules_of",
+    "ParallelDims", "Plan", "RECOMPUTE_EVERY_RUNTIMES", "RECOMPUTE_LAYERS_RUNTIMES", "full_rerun_layers",
+    "recompute_modules_of",
     "RunRecord", "StepEstimate", "TimeBreakdown", "TrainShape", "append_run_record",
     "balanced_split", "read_json", "read_run_records", "write_json_atomic",
 ]

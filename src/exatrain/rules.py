@@ -22,7 +22,8 @@ from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS
                            CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES,
                            FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
                            GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
-                           RECOMPUTE, RECOMPUTE_LAYERS_RUNTIMES, RECOMPUTE_MODULES, RECOMPUTE_MODULES_RUNTIMES,
+                           RECOMPUTE, RECOMPUTE_EVERY_RUNTIMES, RECOMPUTE_LAYERS_RUNTIMES, RECOMPUTE_MODULES,
+                           RECOMPUTE_MODULES_RUNTIMES,
                            RUNTIMES, SCHEDULE_RUNTIMES,
                            SCHEDULES, cp_comm_for, cp_comms_unable)
 
@@ -493,19 +494,28 @@ def recompute_modules_problem(modules, recompute, runtime: str) -> str | None:
     return None
 
 
-def recompute_layers_problem(n, recompute, runtime: str) -> str | None:
-    """Why a plan cannot fully recompute only the first ``n`` layers of each stage (plan.RECOMPUTE_LAYERS_RUNTIMES),
-    or None: a whole number of layers, under full recomputation, on an engine that does it."""
+def recompute_layers_problem(n, recompute, runtime: str, every: bool = False) -> str | None:
+    """Why a plan cannot fully recompute only the first ``n`` layers of each stage (plan.RECOMPUTE_LAYERS_RUNTIMES;
+    ``every``: only one layer in ``n``, plan.RECOMPUTE_EVERY_RUNTIMES), or None: a whole number, under full
+    recomputation, on an engine that does it."""
+    flag = "--recompute-every" if every else "--recompute-layers"
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        return f"--recompute-layers must be a whole number of layers >= 1 (0: every layer), got {n!r}"
+        return f"{flag} must be a whole number of layers >= 1 (0: every layer), got {n!r}"
     if not n:
         return None
-    if runtime not in RECOMPUTE_LAYERS_RUNTIMES:
+    if every and runtime not in RECOMPUTE_EVERY_RUNTIMES:
+        return (f"--recompute-every is torchtitan's layer-level selective checkpointing (selective_ac_option N); "
+                f"runtime {runtime} does not pick layers that way: use --runtime torchtitan, or drop it"
+                + (" (Megatron-Core: --recompute-layers, the first N of each stage)" if runtime == "megatron-core"
+                   else ""))
+    if not every and runtime not in RECOMPUTE_LAYERS_RUNTIMES:
         return (f"--recompute-layers is Megatron-Core's --recompute-method block --recompute-num-layers; runtime "
-                f"{runtime} recomputes every layer or none: use --runtime megatron-core, or drop it")
+                f"{runtime} does not pick layers that way: use --runtime megatron-core, or drop it"
+                + (" (torchtitan: --recompute-every, one layer in N)" if runtime == "torchtitan" else ""))
+    what = "one layer in N" if every else "the first N layers of each stage"
     if recompute != "full":
-        return (f"--recompute-layers N recomputes the first N layers of each stage whole; with --recompute {recompute} "
-                "there is no whole-layer recomputation: use --recompute full, or drop it")
+        return (f"{flag} N recomputes {what} whole; with --recompute {recompute} there is no whole-layer "
+                "recomputation: use --recompute full, or drop it")
     return None
 
 
@@ -535,6 +545,9 @@ def extension_problem(plan) -> tuple[str, str] | None:
     problem = recompute_layers_problem(getattr(plan, "recompute_layers", 0), plan.recompute, plan.runtime)
     if problem:
         return "recompute_layers", problem
+    problem = recompute_layers_problem(getattr(plan, "recompute_every", 0), plan.recompute, plan.runtime, every=True)
+    if problem:
+        return "recompute_every", problem
     if plan.fp8 and plan.fp8 not in FP8_RECIPES:
         return "fp8", f"--fp8 must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8!r}"
     if plan.fp8 and plan.dtype != "bfloat16":

@@ -1,7 +1,8 @@
-"""Full recomputation of only the first N layers of each pipeline stage (``Plan.recompute_layers``, Megatron-Core's
---recompute-method block --recompute-num-layers N): the memory of the rerun and the kept layers, the rerun forward
-and the communication it repeats in that share, the bytes counted, the rules, the plan file, the search, the export
-and the trainer's refusal.
+"""Full recomputation of only some layers: the first N of each pipeline stage (``Plan.recompute_layers``,
+Megatron-Core's --recompute-method block --recompute-num-layers N) or one in N of a rank's (``Plan.recompute_every``,
+torchtitan's layer-level selective checkpointing): which layers, the memory of the rerun and the kept layers, the
+rerun forward and the communication it repeats in that share, the bytes counted, the rules, the plan file, the
+search, the export and the trainer's refusal.
 
 Broken on purpose and seen to fail here:
 - the share ignored in the step (``share`` 1 in stage_times): test_time_moves_linearly_between_none_and_full;
@@ -12,7 +13,10 @@ Broken on purpose and seen to fail here:
 - the block method's count taken per rank instead of per virtual stage (``min(n, stages[v])`` over the rank's
   whole share): test_interleaved_stages_count_each_chunk;
 - the export writing the uniform method, or the hardware FLOPs rerunning every layer (``rerun_share`` ignored):
-  test_plan_file_export_and_trainer.
+  test_plan_file_export_and_trainer;
+- one layer in N counted per stage from its own first layer instead of over the rank's stages in order
+  (``before`` reset per stage in plan.full_rerun_layers): test_one_in_n_counts_over_a_ranks_stages;
+- torchtitan's export writing mode "full" for one layer in N: test_one_in_n_is_torchtitans_layer_checkpointing.
 """
 
 from __future__ import annotations
@@ -147,3 +151,54 @@ def test_plan_file_export_and_trainer(tmp_path) -> None:
         full.hardware_flops_per_step - none.hardware_flops_per_step) / 4)
     trainer_refuses("full recomputation reruns every layer", runtime="megatron-core", recompute="full",
                     recompute_layers=1)
+
+
+def test_one_in_n_counts_over_a_ranks_stages() -> None:
+    from exatrain.plan import full_rerun_layers
+
+    # one stage of 32 layers, one in 2: 16; in 3: 10 (the 3rd, 6th, ..., 30th)
+    assert full_rerun_layers((32,), 1, every=2) == (16,) and full_rerun_layers((32,), 1, every=3) == (10,)
+    # interleaved: rank 0 holds stages 0 and 2 (5 layers each): its 3rd, 6th and 9th layers, 1 + 2;
+    # rank 1 stages 1 and 3 the same
+    assert full_rerun_layers((5, 5, 5, 5), 2, every=3) == (1, 1, 2, 2)
+    assert full_rerun_layers((5, 5, 5, 5), 2, first=3) == (3, 3, 3, 3)
+    assert full_rerun_layers((5, 5, 5, 5), 2) == (5, 5, 5, 5)
+
+
+def _titan(**kw):
+    return make_plan(get_model("llama3-8b"), get_cluster("dgx-a100"), **{"gpus": 64, "zero": 3, "micro_batch": 1,
+                                                                       "global_batch": 64, "runtime": "torchtitan",
+                                                                       **kw})
+
+
+def test_one_in_n_is_torchtitans_layer_checkpointing(tmp_path) -> None:
+    params = default_params("a100-80gb")
+    cluster = get_cluster("dgx-a100")
+    none, full = (plan_stage_times(_titan(recompute=r), cluster, params) for r in ("none", "full"))
+    half = plan_stage_times(_titan(recompute="full", recompute_every=2), cluster, params)
+    np.testing.assert_allclose(half.bwd, none.bwd + 0.5 * (full.bwd - none.bwd), rtol=1e-12)
+    plan = _titan(recompute="full", recompute_every=2)
+    assert plan.recomputed_layers_of_rank(0) == 16 and "one layer in 2 recomputed" in plan.settings_label
+    text = export(plan, "torchtitan").text
+    assert 'mode = "selective"' in text and 'selective_ac_option = "2"' in text
+    assert 'mode = "full"' in export(_titan(recompute="full"), "torchtitan").text
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Plan.load(path).recompute_every == 2
+    assert any("one layer in 2" in n for n in estimate_plan(plan, cluster).notes)
+    trainer_refuses("full recomputation reruns every layer", runtime="torchtitan", recompute="full",
+                    recompute_every=2)
+
+
+def test_one_in_n_rules(capsys) -> None:
+    args = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64")
+    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "full",
+                   "--recompute-every", "2")
+    assert "torchtitan's layer-level selective checkpointing" in line and "--recompute-layers" in line
+    line = refused(capsys, "estimate", *args, "--runtime", "torchtitan", "--recompute", "full",
+                   "--recompute-layers", "2")
+    assert "--recompute-every" in line
+    line = refused(capsys, "search", *args, "--runtime", "torchtitan", "--recompute", "selective",
+                   "--recompute-every", "2")
+    assert "use --recompute full" in line
+    assert space_options(recompute_every=2).recompute == ("full",)

@@ -301,12 +301,13 @@ def test_a_study_name_ignores_planner_only_settings_at_their_defaults() -> None:
     assert set(base.to_dict()["space"]) == {f.name for f in dataclasses.fields(SpaceOptions)} - {
         "ep", "cp", "fp8", "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather",
         "attention_kernel", "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel", "cp_comm",
-        "recompute_modules", "recompute_layers"}
+        "recompute_modules", "recompute_layers", "recompute_every"}
     for field, value in (("fp8", "current"), ("moe_dispatcher", "deepep"), ("attention_kernel", "fa2"),
                          ("elementwise", "fused"), ("moe_capacity_factor", 1.0), ("moe_force_balance", True),
                          ("fp8_param_gather", True), ("cross_entropy", "upcast"), ("grad_accum", "float32"),
                          ("grad_accum_fusion", "off"), ("adam_kernel", "foreach"), ("cp_comm", "all_gather"),
-                         ("recompute_modules", ("mlp",)), ("recompute_layers", 2)):
+                         ("recompute_modules", ("mlp",)), ("recompute_layers", 2),
+                         ("recompute_every", 2)):
         other = dataclasses.replace(base, options=dataclasses.replace(SpaceOptions(), **{field: value}))
         written = list(value) if isinstance(value, tuple) else value  # the space is stored as JSON
         assert other.to_dict()["space"][field] == written and other.study_name() != base.study_name()

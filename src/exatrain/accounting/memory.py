@@ -315,7 +315,8 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
                         layers_here=layers_here,
                         inflight_mb=inflight_microbatches(plan, pp_rank),
                         is_last=pp_rank == plan.pp - 1, engine=engine, recompute_modules=plan.recompute_modules,
-                        recomputed_here=plan.recomputed_layers_of_rank(pp_rank) if plan.recompute_layers else None,
+                        recomputed_here=(plan.recomputed_layers_of_rank(pp_rank)
+                                         if plan.recompute_layers or plan.recompute_every else None),
                         cross_entropy=(engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None
                                        else plan.cross_entropy or "upcast"),
                         pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,
@@ -355,7 +356,7 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
     ``pp_grad_share``: the part of a stage's unsharded gradient (EngineProfile.pp_unsharded_grad_bytes) alive
     at once (``unsharded_grad_share``); ``recompute_modules``: what selective recomputation reruns
     (Plan.recompute_modules, ``layer_activation_bytes``); ``recomputed_here``: under full recomputation, the layers of
-    the rank it covers (Plan.recompute_layers: the first N of each virtual stage), the others keeping everything
+    the rank it covers (Plan.recompute_layers, recompute_every: plan.full_rerun_layers), the others keeping everything
     (None: all ``layers_here``); MoE layers among them in the rank's proportion.
     """
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))

@@ -65,7 +65,8 @@ def check_cp_comm(cp_comm: str | None, runtime: str, model: ModelSpec) -> None:
 
 
 def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, cp_comm: str | None = None,
-                 accum: tuple | None = None, recompute_modules=None, recompute_layers=None) -> tuple[str, bool]:
+                 accum: tuple | None = None, recompute_modules=None, recompute_layers=None,
+                 recompute_every=None) -> tuple[str, bool]:
     """(the runtime to plan for, whether it was chosen here): ``runtime``, else ``plan.default_runtime`` of the
     model; its overlaps, its gradient accumulation (``accum``: grad_accum, dtype, fusion, adam kernel, where the
     caller checks them), its context-parallel exchange, its recompute modules (every candidate of a search that
@@ -79,7 +80,8 @@ def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, cp_comm: s
     from exatrain.rules import recompute_layers_problem, recompute_modules_problem
 
     problem = (recompute_modules_problem(recompute_modules_of(recompute_modules), "selective", runtime)
-               or recompute_layers_problem(recompute_layers or 0, "full", runtime))
+               or recompute_layers_problem(recompute_layers or 0, "full", runtime)
+               or recompute_layers_problem(recompute_every or 0, "full", runtime, every=True))
     if problem:
         raise UserError(problem)
     return runtime, chosen
@@ -102,6 +104,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
              recompute_modules: str | tuple[str, ...] | None = None,
              recompute_layers: int | None = None,
+             recompute_every: int | None = None,
              runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None) -> Plan:
@@ -131,8 +134,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module ("layernorm,moe_act" or a
     list, ``plan.RECOMPUTE_MODULES``; with ``recompute`` selective and runtime megatron-core; default: the runtime's
     own, the attention core). ``recompute_layers``: with ``recompute`` full, the first N layers of each (virtual) stage
-    recomputed, the others not (Megatron-Core's block method; default: every layer). ``out``: also write the plan
-    with its estimate as JSON."""
+    recomputed, the others not (Megatron-Core's block method; default: every layer); ``recompute_every``: with
+    ``recompute`` full, one layer in N of each rank recomputed (torchtitan's layer-level selective checkpointing;
+    default: every layer). ``out``: also write the plan with its estimate as JSON."""
     values = dict(locals())
     if runtime is not None:
         check_runtime(runtime, overlap)
@@ -177,6 +181,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
            recompute_modules: str | tuple[str, ...] | None = None,
            recompute_layers: int | None = None,
+           recompute_every: int | None = None,
            top: int = 10, runtime: str | None = None, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
@@ -199,7 +204,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
     runtime, chosen = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel),
-                                   recompute_modules, recompute_layers)
+                                   recompute_modules, recompute_layers, recompute_every)
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
@@ -231,6 +236,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
             recompute_modules: str | tuple[str, ...] | None = None,
             recompute_layers: int | None = None,
+            recompute_every: int | None = None,
             mode: str = "weak", runtime: str | None = None,
             overlap: str = "all", calibration: str | Path | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
@@ -246,7 +252,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
     runtime, _ = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel),
-                              recompute_modules, recompute_layers)
+                              recompute_modules, recompute_layers, recompute_every)
     from exatrain.planner.scaling import scaling as run_scaling
 
     return run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,

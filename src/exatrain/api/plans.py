@@ -24,7 +24,7 @@ LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recom
                  "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp", "fp8",
                  "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
                  "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel", "cp_comm",
-                 "recompute_modules", "recompute_layers")
+                 "recompute_modules", "recompute_layers", "recompute_every")
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
@@ -114,7 +114,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               elementwise: str | None = None, cross_entropy: str | None = None,
               grad_accum: str | None = None, grad_accum_fusion: str | None = None,
               adam_kernel: str | None = None, cp_comm: str | None = None,
-              recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | None = None) -> Plan:
+              recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | None = None,
+              recompute_every: int | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
@@ -134,6 +135,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     recomputation reruns, Megatron-Core's modules ("layernorm,moe_act" or a list; ``plan.RECOMPUTE_MODULES``;
     default (): the runtime's own); ``recompute_layers``: with full recomputation, the first N layers of each
     (virtual) stage recomputed, the others not (``plan.RECOMPUTE_LAYERS_RUNTIMES``; default 0: every layer);
+    ``recompute_every``: with full recomputation, one layer in N of each rank recomputed
+    (``plan.RECOMPUTE_EVERY_RUNTIMES``; default 0: every layer);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
     m = get_model(model) if isinstance(model, str) else model
@@ -186,7 +189,8 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 adam_kernel=_pick(adam_kernel, b and b.adam_kernel, ""),
                 cp_comm=_pick(cp_comm, b and b.cp_comm, ""),
                 recompute_modules=recompute_modules_of(_pick(recompute_modules, b and b.recompute_modules, ())),
-                recompute_layers=_pick(recompute_layers, b and b.recompute_layers, 0))
+                recompute_layers=_pick(recompute_layers, b and b.recompute_layers, 0),
+                recompute_every=_pick(recompute_every, b and b.recompute_every, 0))
     return plan.validate(c)
 
 
@@ -244,7 +248,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
                   grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
                   recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | None = None,
-                  **_: Any):
+                  recompute_every: int | None = None, **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
 
@@ -255,12 +259,17 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
     if modules and recompute not in (None, "selective"):  # rules.recompute_modules_problem's line
         raise UserError(f"--recompute-modules chooses what selective recomputation reruns; with --recompute "
                         f"{recompute} Megatron-Core ignores it: use --recompute selective, or drop it")
-    if recompute_layers and recompute not in (None, "full"):  # rules.recompute_layers_problem's line
-        raise UserError(f"--recompute-layers N recomputes the first N layers of each stage whole; with --recompute "
-                        f"{recompute} there is no whole-layer recomputation: use --recompute full, or drop it")
-    if recompute_layers and modules:
-        raise UserError("--recompute-layers goes with --recompute full, --recompute-modules with selective: "
-                        "choose one")
+    from exatrain.rules import recompute_layers_problem
+
+    # rules.recompute_layers_problem's lines (the runtime is checked by the caller, named here as each flag's own)
+    for n, every, runtime in ((recompute_layers, False, "megatron-core"), (recompute_every, True, "torchtitan")):
+        if n and recompute not in (None, "full"):
+            raise UserError(recompute_layers_problem(n, recompute, runtime, every=every))
+    if (recompute_layers or recompute_every) and modules:
+        raise UserError(f"--{'recompute-layers' if recompute_layers else 'recompute-every'} goes with --recompute "
+                        "full, --recompute-modules with selective: choose one")
+    if recompute_layers and recompute_every:
+        raise UserError("--recompute-layers is Megatron-Core's, --recompute-every torchtitan's: choose one")
     variants = SCHEDULE_VARIANTS
     if schedule is not None:
         variants = tuple(v for v in variants if v[0] == schedule)
@@ -273,8 +282,8 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         tp=(tp,) if tp else None, pp=(pp,) if pp else None, micro_batch=(micro_batch,) if micro_batch else None,
         zero_stage=(zero,) if zero is not None else (0, 1, 2, 3),
         # modules name what selective reruns: every candidate is selective
-        recompute=(("selective",) if modules else ("full",) if recompute_layers else (recompute,) if recompute
-                   else ("none", "selective", "full")),
+        recompute=(("selective",) if modules else ("full",) if recompute_layers or recompute_every
+                   else (recompute,) if recompute else ("none", "selective", "full")),
         sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
         schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None, fp8=fp8 or "",
         moe_dispatcher=moe_dispatcher or "alltoall", moe_capacity_factor=moe_capacity_factor or 0.0,
@@ -282,7 +291,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         attention_kernel=attention_kernel or "",
         elementwise=elementwise or "", cross_entropy=cross_entropy or "", grad_accum=grad_accum or "",
         grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "", cp_comm=cp_comm or "",
-        recompute_modules=modules, recompute_layers=recompute_layers or 0)
+        recompute_modules=modules, recompute_layers=recompute_layers or 0, recompute_every=recompute_every or 0)
 
 
 __all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",

@@ -182,6 +182,10 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
      "(virtual) pipeline stage, the others keeping all they keep without recomputation (Megatron-Core "
      "--recompute-method block --recompute-num-layers N); --runtime megatron-core only; default: every layer; a "
      "search with it tries full recomputation only"),
+    ("--recompute-every", positive_int, None, "with --recompute full: recompute one layer in N of each rank (counted "
+     "over its stages in order), the others keeping all they keep without recomputation (torchtitan's layer-level "
+     "selective checkpointing: activation_checkpoint.mode selective, selective_ac_option N); --runtime torchtitan "
+     "only; default: every layer; a search with it tries full recomputation only"),
 )
 
 

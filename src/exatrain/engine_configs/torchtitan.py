@@ -161,6 +161,8 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
     ac: dict[str, Any] = {"mode": plan.recompute}
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
+    elif plan.recompute == "full" and plan.recompute_every:  # layer-level: every Nth block checkpointed whole
+        ac = {"mode": "selective", "selective_ac_option": str(plan.recompute_every)}
     sections = {
         "job": {"description": f"exatrain plan: {summary(plan)}"},
         "model": {"name": "llama3", "flavor": m.name,

@@ -58,7 +58,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion, adam_kernel=plan.adam_kernel,
                   cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules,
-                  recompute_layers=plan.recompute_layers)
+                  recompute_layers=plan.recompute_layers, recompute_every=plan.recompute_every)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -148,10 +148,12 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   f"--recompute-modules {' '.join(plan.recompute_modules)}): their outputs are not kept "
                   "(accounting.memory.layer_activation_bytes), their forward runs again, with the TP collectives "
                   "inside them and, for moe, the all-to-alls (cost.experts.module_rerun_s)",)
-    if plan.recompute_layers and plan.recompute == "full":
+    if (plan.recompute_layers or plan.recompute_every) and plan.recompute == "full":
         rerun = [plan.recomputed_layers_of_rank(r) for r in range(plan.pp)]
-        notes += (f"full recomputation of the first {plan.recompute_layers} layers of each stage (Megatron-Core "
-                  f"--recompute-method block --recompute-num-layers {plan.recompute_layers}): "
+        how = (f"the first {plan.recompute_layers} layers of each stage (Megatron-Core --recompute-method block "
+               f"--recompute-num-layers {plan.recompute_layers})" if plan.recompute_layers else
+               f"one layer in {plan.recompute_every} (torchtitan's selective_ac_option \"{plan.recompute_every}\")")
+        notes += (f"full recomputation of {how}: "
                   + ", ".join(f"{n} of {sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(r))}"
                               for r, n in enumerate(rerun))
                   + " layers by pipeline rank rerun their forward; the others keep what they keep without "

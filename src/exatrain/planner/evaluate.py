@@ -37,7 +37,7 @@ from exatrain.accounting.params import rank_params
 from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, balanced_split, cp_comm_for
+from exatrain.plan import RECOMPUTE, balanced_split, cp_comm_for, full_rerun_layers
 from exatrain.planner.cost import compute, experts
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.step import TIME_FIELDS, step_times
@@ -106,7 +106,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
              fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
              grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-             recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0) -> Evaluation:
+             recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0,
+             recompute_every: int = 0) -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -127,7 +128,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     ``EngineProfile.cp_exchange``), in its step time and its working set in memory; ``recompute_modules``: what the
     runtime's selective recomputation reruns (``Plan.recompute_modules``; (): its own), in its step time and what its
     memory model keeps; ``recompute_layers``: the layers of each virtual stage a full recomputation covers
-    (``Plan.recompute_layers``; 0: all). ``by_rank`` also fills ``hidden``."""
+    (``Plan.recompute_layers``; 0: all); ``recompute_every``: one layer in that many of a rank recomputed
+    (``Plan.recompute_every``; 0: all). ``by_rank`` also fills ``hidden``."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -157,8 +159,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
         split = layer_split(model, p, v, layouts.stage_layers)
         rank = np.arange(p)
         on_rank = split.reshape(v, p).sum(axis=0)  # layers held by each pipeline rank (looped placement)
-        # the layers of each rank a full recomputation covers where it covers the first N of each virtual stage
-        rerun_on_rank = np.minimum(split, recompute_layers).reshape(v, p).sum(axis=0) if recompute_layers else None
+        # the layers of each rank a full recomputation covers where it does not cover them all (plan.full_rerun_layers)
+        rerun_on_rank = (np.asarray(full_rerun_layers(split, p, recompute_layers, recompute_every)).reshape(v, p)
+                         .sum(axis=0) if recompute_layers or recompute_every else None)
         plain = not experts.extended(model, cpd, fp8)
         if model.is_moe:
             params, xparams, moe_here = (x.astype(float) for x in
@@ -226,7 +229,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
                               grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion,
                               adam_kernel=adam_kernel, cp_comm=cp_comm, recompute_modules=recompute_modules,
-                              recompute_layers=recompute_layers)
+                              recompute_layers=recompute_layers, recompute_every=recompute_every)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

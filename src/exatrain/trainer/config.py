@@ -120,10 +120,11 @@ class TrainConfig:
                             "(--runtime megatron-core), or train a plan made without it")
         # Its full recomputation wraps every block (parallel/activation.py): a plan recomputing only some layers of
         # each stage (Plan.recompute_layers) is Megatron-Core's run.
-        if self.plan.recompute_layers:
-            raise UserError(f"the exatrain trainer's full recomputation reruns every layer; plan --recompute-layers "
-                            f"{self.plan.recompute_layers} for Megatron-Core (--runtime megatron-core), or train a "
-                            "plan made without it")
+        if self.plan.recompute_layers or self.plan.recompute_every:
+            flag, n = (("--recompute-layers", self.plan.recompute_layers) if self.plan.recompute_layers
+                       else ("--recompute-every", self.plan.recompute_every))
+            raise UserError(f"the exatrain trainer's full recomputation reruns every layer; plan {flag} {n} for the "
+                            "runtime that picks layers (Megatron-Core, torchtitan), or train a plan made without it")
         # Its loss is cross_entropy(logits.float()) uncompiled, even under --compile (train.py): a plan priced
         # with another loss (plan.CROSS_ENTROPY) is another runtime's run.
         if self.plan.cross_entropy not in ("", "upcast"):

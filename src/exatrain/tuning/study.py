@@ -73,7 +73,8 @@ _PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": (
                  "attention_kernel": ("",), "elementwise": ("",), "cross_entropy": ("",),
                  "grad_accum": ("",), "grad_accum_fusion": ("",),
                  "adam_kernel": ("",), "cp_comm": ("",),
-                 "recompute_modules": ((), []), "recompute_layers": (0,)}
+                 "recompute_modules": ((), []), "recompute_layers": (0,),
+                 "recompute_every": (0,)}
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:

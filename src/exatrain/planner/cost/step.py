@@ -34,7 +34,7 @@ from exatrain.accounting import fp8 as fp8_acc
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, SCHEDULES, Plan, TimeBreakdown
+from exatrain.plan import RECOMPUTE, SCHEDULES, Plan, TimeBreakdown, full_rerun_layers
 from exatrain.planner.cost import compute, experts, network
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.overlap import OverlapRules, engine_collectives, exposed, is_gather, overlap_rules, p2p_exposed
@@ -142,7 +142,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
                 cross_entropy: str = "upcast", fp8_tp_gather: bool = False,
                 expert_gemms: str = "grouped", cp_exchange=None,
-                recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0) -> StageTimes:
+                recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0,
+                recompute_every: int = 0) -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
     the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
@@ -159,7 +160,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module (Plan.recompute_modules;
     (): ``selective``): their forward seconds (``cost.experts.module_rerun_s``), the TP collectives inside them
     (``module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward; ``recompute_layers``:
-    the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers; 0: all): the rerun
+    the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers; 0: all), or
+    ``recompute_every``: one in that many of a rank's (Plan.recompute_every; plan.full_rerun_layers): the rerun
     forward, its TP collectives, all-to-alls and cp exchange in that share of the stage's layers."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     cp_calls = None if cp_exchange is None else cp_exchange.kernel_calls(cp_size)
@@ -207,7 +209,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         _pick(sp, layer)
     L = np.asarray(stage_layers, dtype=float)[None, :]
     # the share of each stage's layers a full recomputation reruns (the first recompute_layers of each)
-    share = np.minimum(recompute_layers, L) / np.maximum(L, 1.0) if recompute_layers else 1.0
+    share = (np.asarray(full_rerun_layers(stage_layers, pp, recompute_layers, recompute_every), dtype=float)[None, :]
+             / np.maximum(L, 1.0) if recompute_layers or recompute_every else 1.0)
     full = np.where(rec == _FULL, share, 0.0)
     again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe,
                        per_op_gemms=per_op_l)
@@ -485,7 +488,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
                fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
                grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-               recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0
+               recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0, recompute_every: int = 0
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
@@ -504,7 +507,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (plan.CP_COMMS;
     "": the runtime's own for the model, ``EngineProfile.cp_exchange``); ``recompute_modules``: what selective
     recomputation reruns (Plan.recompute_modules; (): the runtime's own, ``stage_times``); ``recompute_layers``: the
-    layers of each stage a full recomputation covers (Plan.recompute_layers; 0: all)."""
+    layers of each stage a full recomputation covers (Plan.recompute_layers, recompute_every; 0: all)."""
     from exatrain.accounting.engines import engine_variant
 
     engine = engine_variant(runtime, grad_accum, grad_accum_fusion, adam_kernel)
@@ -520,7 +523,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                      cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms,
                      cp_exchange=engine.cp_exchange(cp_comm, model), recompute_modules=tuple(recompute_modules),
-                     recompute_layers=recompute_layers)
+                     recompute_layers=recompute_layers, recompute_every=recompute_every)
     st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
                                shard=dp * cp_size, side_streams=not cluster.device.is_host)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
@@ -611,7 +614,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion,
                   adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules,
-                  recompute_layers=plan.recompute_layers)
+                  recompute_layers=plan.recompute_layers, recompute_every=plan.recompute_every)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
@@ -635,7 +638,8 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: 
                      cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
                      fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms,
                      cp_exchange=engine.cp_exchange(plan.cp_comm, plan.model),
-                     recompute_modules=plan.recompute_modules, recompute_layers=plan.recompute_layers)
+                     recompute_modules=plan.recompute_modules, recompute_layers=plan.recompute_layers,
+                     recompute_every=plan.recompute_every)
     dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
                                                  plan.layers_per_stage(), plan.ep)
     return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),

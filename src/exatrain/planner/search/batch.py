@@ -65,6 +65,6 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
                           cross_entropy=space.options.cross_entropy, grad_accum=space.options.grad_accum,
                 grad_accum_fusion=space.options.grad_accum_fusion, adam_kernel=space.options.adam_kernel,
                 cp_comm=space.options.cp_comm, recompute_modules=space.options.recompute_modules,
-                recompute_layers=space.options.recompute_layers)
+                recompute_layers=space.options.recompute_layers, recompute_every=space.options.recompute_every)
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
                        time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu)

@@ -68,7 +68,7 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 cross_entropy=space.options.cross_entropy, grad_accum=space.options.grad_accum,
                 grad_accum_fusion=space.options.grad_accum_fusion, adam_kernel=space.options.adam_kernel,
                 cp_comm=space.options.cp_comm, recompute_modules=space.options.recompute_modules,
-                recompute_layers=space.options.recompute_layers)
+                recompute_layers=space.options.recompute_layers, recompute_every=space.options.recompute_every)
 
 
 RUNTIMES = ENGINE_NAMES

@@ -72,6 +72,7 @@ class SpaceOptions:
     cp_comm: str = ""  # how every candidate with cp > 1 exchanges attention's operands (Plan.cp_comm)
     recompute_modules: tuple[str, ...] = ()  # what every selective candidate reruns (Plan.recompute_modules)
     recompute_layers: int = 0  # the layers of each stage every full candidate recomputes (Plan.recompute_layers)
+    recompute_every: int = 0  # one layer in this many every full candidate recomputes (Plan.recompute_every)
 
 
 @dataclass
