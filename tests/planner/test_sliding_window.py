@@ -138,8 +138,8 @@ def test_the_trainer_refuses_a_windowed_model() -> None:
 def test_planning_a_model_the_trainer_cannot_build_for_exatrain_says_so(capsys) -> None:
     from tests.helpers.cli import run
 
-    said = ("exatrain's own trainer does not build gpt-oss-20b yet "
-            "(a head width other than hidden/heads, sliding windows and attention sinks)")
+    said = ("exatrain's own trainer does not build gpt-oss-20b yet (a head width other than hidden/heads, sliding "
+            "windows, attention sinks and biases on a llama-family model's linear layers)")
     args = ["--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
     for command in ("estimate", "search"):
         code, out, _ = run(capsys, command, *args, "--runtime", "exatrain")
@@ -160,8 +160,8 @@ def test_the_default_runtime_is_one_that_builds_the_model(capsys) -> None:
     from tests.helpers.cli import run
 
     said = ("runtime megatron-core, the default for gpt-oss-20b: exatrain's own trainer does not build it yet (a "
-            "head width other than hidden/heads, sliding windows and attention sinks); name the engine that will run it "
-            "with --runtime")
+            "head width other than hidden/heads, sliding windows, attention sinks and biases on a llama-family "
+            "model's linear layers); name the engine that will run it with --runtime")
     plan = api.estimate(model="gpt-oss-20b", cluster="dgx-h100", gpus=16, ep=8)
     assert plan.runtime == "megatron-core" and plan.estimate.notes[0] == said
     assert api.estimate(model="llama3-8b", cluster="dgx-h100", gpus=8).runtime == "exatrain"

@@ -41,25 +41,28 @@ class LayerParams:
 
 
 def attention_params(m: ModelSpec) -> LayerParams:
-    """The attention block's weights (no norm before it, no biases).
+    """The attention block's weights (no norm before it; biases only where the model has ``linear_bias``).
 
     Standard/grouped-query: Q (h x heads*d), K and V (h x kv_heads*d each, column-parallel), output
     projection (heads*d x h, row-parallel); ``qk_norm`` adds one d-wide RMSNorm weight for queries
-    and one for keys (replicated). Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434,
-    Eqs. 9-10 and 12-14; Megatron-Core's MLASelfAttention): the down-projections h x q_lora and
-    h x (kv_lora + rope) and their latent RMSNorms are replicated over tp; the up-projections
-    q_lora x heads*(d + rope) and kv_lora x heads*2d and the output projection are split.
+    and one for keys (replicated); ``linear_bias`` the projections' biases (Q, K, V's split, the output's
+    whole); ``attention_sinks`` one logit per head (split with the heads). Multi-head latent attention
+    (DeepSeek-V2, arXiv 2405.04434, Eqs. 9-10 and 12-14; Megatron-Core's MLASelfAttention): the
+    down-projections h x q_lora and h x (kv_lora + rope) and their latent RMSNorms are replicated over tp;
+    the up-projections q_lora x heads*(d + rope) and kv_lora x heads*2d and the output projection are split.
     """
     h = m.hidden
+    sinks = m.heads if m.attention_sinks else 0  # one learned logit per head, split over tp with the heads
     if not m.mla:
         q, kvh = m.q_width, m.kv_hidden
-        return LayerParams(sharded=h * (q + 2 * kvh) + m.attn_out_width * h,
-                           replicated=2 * m.head_dim if m.qk_norm else 0)
+        bias = m.linear_bias  # q, k, v biases split with their columns; the output projection's whole
+        return LayerParams(sharded=h * (q + 2 * kvh) + m.attn_out_width * h + sinks + (q + 2 * kvh) * bias,
+                           replicated=(2 * m.head_dim if m.qk_norm else 0) + h * bias)
     up_q = (m.q_lora_rank or h) * m.q_width
     down_q = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0  # projection + its RMSNorm
     down_kv = h * (m.kv_lora_rank + m.rope_head_dim) + m.kv_lora_rank
     up_kv = m.kv_lora_rank * m.heads * 2 * m.head_dim  # non-rotary keys and values
-    return LayerParams(sharded=up_q + up_kv + m.attn_out_width * h, replicated=down_q + down_kv)
+    return LayerParams(sharded=up_q + up_kv + m.attn_out_width * h + sinks, replicated=down_q + down_kv)
 
 
 def mlp_weight_params(m: ModelSpec, width: int) -> int:
@@ -67,9 +70,18 @@ def mlp_weight_params(m: ModelSpec, width: int) -> int:
     return (3 if m.gated_mlp else 2) * m.hidden * width
 
 
+def mlp_bias_params(m: ModelSpec, width: int) -> tuple[int, int]:
+    """(column-parallel, row-parallel) biases of one MLP (or one expert) of ``width`` where the model has
+    ``linear_bias``: fc1's (gate and up: 2 x width, SwiGLU) and fc2's (hidden); (0, 0) otherwise."""
+    if not m.linear_bias:
+        return 0, 0
+    return (2 if m.gated_mlp else 1) * width, m.hidden
+
+
 def router_params(m: ModelSpec) -> int:
-    """The MoE gate: an experts x h matrix, plus the per-expert balancing bias where the model has one."""
-    return m.experts * m.hidden + (m.experts if m.router_bias else 0)
+    """The MoE gate: an experts x h matrix, plus the per-expert balancing bias where the model has one, and its
+    learned bias where every linear layer has one (``linear_bias``)."""
+    return m.experts * m.hidden + (m.experts if m.router_bias else 0) + (m.experts if m.linear_bias else 0)
 
 
 def layer_params(m: ModelSpec, moe: bool | None = None) -> LayerParams:
@@ -84,12 +96,16 @@ def layer_params(m: ModelSpec, moe: bool | None = None) -> LayerParams:
     if moe and m.is_moe:
         attn = attention_params(m)
         norms = 2 * h  # two RMSNorms
-        return LayerParams(sharded=attn.sharded + m.shared_experts * mlp_weight_params(m, m.expert_width),
-                           replicated=attn.replicated + norms + router_params(m),
-                           experts=m.experts * mlp_weight_params(m, m.expert_width))
-    if m.kv_channels or m.qk_norm or m.mla:
+        e_col, e_row = mlp_bias_params(m, m.expert_width)
+        s_col, s_row = mlp_bias_params(m, m.shared_experts * m.expert_width) if m.shared_experts else (0, 0)
+        return LayerParams(sharded=attn.sharded + m.shared_experts * mlp_weight_params(m, m.expert_width) + s_col,
+                           replicated=attn.replicated + norms + router_params(m) + s_row,
+                           experts=m.experts * (mlp_weight_params(m, m.expert_width) + e_col + e_row))
+    if m.kv_channels or m.qk_norm or m.mla or m.linear_bias or m.attention_sinks:
         attn = attention_params(m)
-        return LayerParams(sharded=attn.sharded + mlp_weight_params(m, f), replicated=attn.replicated + 2 * h)
+        col, row = mlp_bias_params(m, f)
+        return LayerParams(sharded=attn.sharded + mlp_weight_params(m, f) + col,
+                           replicated=attn.replicated + 2 * h + row)
     attn_w = h * (h + 2 * kvh) + h * h  # fused QKV (column-parallel) + output projection (row-parallel)
     mlp_w = (3 if m.gated_mlp else 2) * h * f  # SwiGLU: gate, up, down; GELU MLP: fc1, fc2
     if m.has_bias:

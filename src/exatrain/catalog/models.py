@@ -34,9 +34,14 @@ models them; the trainer builds the mixture-of-experts fields, trainer/moe.py, n
   prices a windowed layer's attention core by the keys it reads (``window_keys``); the trainer does not
   build it.
 * ``attention_sinks`` — a learned logit per head that joins every query's softmax as one more key with no
-  value (GPT-OSS; Transformer Engine's ``softmax_type="learnable"``). It changes no GEMM's shape (its parameters,
-  one per head and layer, are not counted); it matters where an engine's attention kernel or context
-  parallelism does not run it (plan.CP_COMMS_WITHOUT_SINKS). The trainer does not build it.
+  value (GPT-OSS; Transformer Engine's ``softmax_type="learnable"``). It changes no GEMM's shape; its parameters,
+  one per head and layer, are counted (split over tp with the heads); it matters where an engine's attention
+  kernel or context parallelism does not run it (plan.CP_COMMS_WITHOUT_SINKS). The trainer does not build it.
+* ``linear_bias`` — a bias on every linear layer of the blocks and on the router (GPT-OSS: q, k, v and the
+  output projection, the router, each expert's gate/up and down; Megatron-Core ``--add-bias-linear`` with a
+  llama-family model). Counted as parameters (``accounting.params``: column-parallel biases split over tp,
+  row-parallel ones whole on every tp rank, an expert's with its expert); no GEMM changes. Not with latent
+  attention. The trainer does not build it.
 * multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): ``kv_lora_rank`` > 0
   compresses keys and values through a latent of that width, ``q_lora_rank`` (0: none) the queries;
   ``rope_head_dim`` is the decoupled rotary part of each query/key head. Per-head query/key
@@ -62,7 +67,7 @@ EXTENDED_DEFAULTS: dict[str, Any] = {
     "kv_channels": 0, "qk_norm": False, "experts": 0, "top_k": 0, "shared_experts": 0,
     "expert_ffn_hidden": 0, "dense_layers": 0, "moe_every": 1, "router": "softmax", "router_bias": False,
     "q_lora_rank": 0, "kv_lora_rank": 0, "rope_head_dim": 0, "sliding_window": 0, "full_attention_every": 0,
-    "attention_sinks": False,
+    "attention_sinks": False, "linear_bias": False,
 }
 
 
@@ -101,6 +106,7 @@ class ModelSpec:
     sliding_window: int = 0  # keys a query of a windowed layer attends to (itself included); 0: full attention
     full_attention_every: int = 0  # with sliding_window: every N-th layer attends in full; 0: none does
     attention_sinks: bool = False  # a learned softmax logit per head (GPT-OSS; TE softmax_type "learnable")
+    linear_bias: bool = False  # biases on the blocks' linear layers and the router (GPT-OSS)
 
     def __post_init__(self) -> None:
         # Fill family defaults so every consumer sees resolved numbers.
@@ -181,12 +187,14 @@ class ModelSpec:
     @property
     def unbuilt_by_trainer(self) -> tuple[str, ...]:
         """The attention features of this model that exatrain's trainer does not build yet (the planner counts
-        them): a head width other than hidden/heads, QK-norm, latent attention, sliding windows, attention sinks."""
+        them): a head width other than hidden/heads, QK-norm, latent attention, sliding windows, attention sinks,
+        biases on a llama-family model's linear layers."""
         own_width = bool(self.kv_channels and self.kv_channels != self.hidden // self.heads)
         return tuple(name for name, on in (
             ("a head width other than hidden/heads", own_width), ("QK-norm", self.qk_norm),
             ("latent attention", self.mla), ("sliding windows", bool(self.sliding_window)),
-            ("attention sinks", self.attention_sinks)) if on)
+            ("attention sinks", self.attention_sinks), ("biases on a llama-family model's linear layers",
+                                                        self.linear_bias)) if on)
 
     @property
     def kv_hidden(self) -> int:
@@ -242,7 +250,7 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"{where}: {field} must be a non-negative integer, got {value!r}")
-        for field in ("qk_norm", "router_bias", "attention_sinks"):
+        for field in ("qk_norm", "router_bias", "attention_sinks", "linear_bias"):
             if not isinstance(getattr(self, field), bool):
                 raise UserError(f"{where}: {field} must be true or false, got {getattr(self, field)!r}")
         if not isinstance(self.moe_every, int) or isinstance(self.moe_every, bool) or self.moe_every < 1:
@@ -281,6 +289,8 @@ class ModelSpec:
                                 f"kv_heads must equal heads ({self.heads})")
             if self.qk_norm:
                 raise UserError(f"{where}: qk_norm is not modelled together with multi-head latent attention")
+            if self.linear_bias:
+                raise UserError(f"{where}: linear_bias is not modelled together with multi-head latent attention")
         elif self.q_lora_rank or self.rope_head_dim:
             raise UserError(f"{where}: q_lora_rank and rope_head_dim belong to multi-head latent attention; "
                             "set kv_lora_rank too")
