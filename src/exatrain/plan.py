@@ -567,6 +567,16 @@ class Plan:
         return self.schedule + (f"×{self.interleave}" if self.interleave > 1 else "")
 
     @property
+    def recompute_label(self) -> str:
+        """The recomputation as a table spells it: "none", "selective", "full", or for a full one that covers
+        some layers "full 3/stage" (the first 3 of each stage) or "full 1/2" (one layer in 2)."""
+        if self.recompute == "full" and self.recompute_layers:
+            return f"full {self.recompute_layers}/stage"
+        if self.recompute == "full" and self.recompute_every:
+            return f"full 1/{self.recompute_every}"
+        return self.recompute
+
+    @property
     def settings_label(self) -> str:
         """The run settings a plan was priced with that are not the defaults, as the one-line
         descriptions append them (", deepep dispatcher, force-balanced routing, attention fa2"); ""

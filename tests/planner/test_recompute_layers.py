@@ -16,7 +16,9 @@ Broken on purpose and seen to fail here:
   test_plan_file_export_and_trainer;
 - one layer in N counted per stage from its own first layer instead of over the rank's stages in order
   (``before`` reset per stage in plan.full_rerun_layers): test_one_in_n_counts_over_a_ranks_stages;
-- torchtitan's export writing mode "full" for one layer in N: test_one_in_n_is_torchtitans_layer_checkpointing.
+- torchtitan's export writing mode "full" for one layer in N: test_one_in_n_is_torchtitans_layer_checkpointing;
+- the search's fit reading one layer's saving off the wrong count (``held - rerun[0]`` as ``held``), or taking
+  the largest N that fits (``argmax`` over reversed N): test_search_fits_the_fewest_layers.
 """
 
 from __future__ import annotations
@@ -202,3 +204,46 @@ def test_one_in_n_rules(capsys) -> None:
                    "--recompute-every", "2")
     assert "use --recompute full" in line
     assert space_options(recompute_every=2).recompute == ("full",)
+
+
+def test_search_fits_the_fewest_layers(capsys) -> None:
+    """--recompute-layers auto: each full-recomputation layout of the search recomputes the fewest layers of each
+    stage with which every rank fits; one fewer does not fit."""
+    from exatrain.api import search
+
+    res = search(model="llama3-70b", cluster="dgx-h100", gpus=64, global_batch=256, tp=4, pp=4,
+                 runtime="megatron-core", recompute_layers="auto", top=20)
+    partial = [p for p in res.ranked if p.recompute == "full" and p.recompute_layers]
+    assert partial, [p.recompute_label for p in res.ranked]
+    capacity = H100.device.hbm_bytes
+    for plan in partial[:4]:
+        assert plan.estimate.memory_bytes.total <= capacity
+        fewer = (plan.replace(recompute_layers=plan.recompute_layers - 1) if plan.recompute_layers > 1
+                 else plan.replace(recompute="none", recompute_layers=0))
+        assert estimate_plan(fewer, H100).memory_bytes.total > capacity, plan.label
+    # the best of it is faster than the best without it, which recomputes every layer or none
+    plain = search(model="llama3-70b", cluster="dgx-h100", gpus=64, global_batch=256, tp=4, pp=4,
+                   runtime="megatron-core", top=1)
+    assert res.ranked[0].estimate.time_s.step < plain.ranked[0].estimate.time_s.step
+    code, out, err = run(capsys, "search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64",
+                         "--global-batch", "256", "--tp", "4", "--pp", "4", "--runtime", "megatron-core",
+                         "--recompute-layers", "auto", "--top", "1")
+    assert code == 0 and f"full {res.ranked[0].recompute_layers}/stage" in out, err
+    # ZeRO-1, micro-batch 1, 1F1B: tp4·pp4·dp4 fits with 6 of each stage's 20 layers recomputed, not with 5
+    pinned = search(model="llama3-70b", cluster="dgx-h100", gpus=64, global_batch=256, tp=4, pp=4, zero=1,
+                    micro_batch=1, sequence_parallel=True, schedule="1f1b", runtime="megatron-core",
+                    recompute_layers="auto", top=10)
+    dp4 = next(p for p in pinned.ranked if p.dp == 4 and p.cp == 1)
+    assert dp4.recompute_layers == 6 and dp4.recompute_label == "full 6/stage"
+    assert estimate_plan(dp4.replace(recompute_layers=5), H100).memory_bytes.total > capacity
+
+
+def test_auto_is_the_searchs(capsys) -> None:
+    args = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256")
+    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "full",
+                   "--recompute-layers", "auto")
+    assert "one plan takes a number" in line
+    line = refused(capsys, "search", *args, "--runtime", "torchtitan", "--recompute-layers", "auto")
+    assert "--recompute-method block" in line
+    line = refused(capsys, "search", *args, "--runtime", "megatron-core", "--recompute-layers", "some")
+    assert "expected a positive integer" in line

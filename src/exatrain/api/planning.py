@@ -80,7 +80,7 @@ def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, cp_comm: s
     from exatrain.rules import recompute_layers_problem, recompute_modules_problem
 
     problem = (recompute_modules_problem(recompute_modules_of(recompute_modules), "selective", runtime)
-               or recompute_layers_problem(recompute_layers or 0, "full", runtime)
+               or recompute_layers_problem(1 if recompute_layers == "auto" else recompute_layers or 0, "full", runtime)
                or recompute_layers_problem(recompute_every or 0, "full", runtime, every=True))
     if problem:
         raise UserError(problem)
@@ -103,7 +103,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
              grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
              recompute_modules: str | tuple[str, ...] | None = None,
-             recompute_layers: int | None = None,
+             recompute_layers: int | str | None = None,
              recompute_every: int | None = None,
              runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
@@ -180,7 +180,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
            grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
            recompute_modules: str | tuple[str, ...] | None = None,
-           recompute_layers: int | None = None,
+           recompute_layers: int | str | None = None,
            recompute_every: int | None = None,
            top: int = 10, runtime: str | None = None, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None):
@@ -235,7 +235,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
             grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
             recompute_modules: str | tuple[str, ...] | None = None,
-            recompute_layers: int | None = None,
+            recompute_layers: int | str | None = None,
             recompute_every: int | None = None,
             mode: str = "weak", runtime: str | None = None,
             overlap: str = "all", calibration: str | Path | None = None):

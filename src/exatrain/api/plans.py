@@ -114,7 +114,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               elementwise: str | None = None, cross_entropy: str | None = None,
               grad_accum: str | None = None, grad_accum_fusion: str | None = None,
               adam_kernel: str | None = None, cp_comm: str | None = None,
-              recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | None = None,
+              recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | str | None = None,
               recompute_every: int | None = None) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
@@ -139,6 +139,9 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     (``plan.RECOMPUTE_EVERY_RUNTIMES``; default 0: every layer);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
+    if recompute_layers == "auto":
+        raise UserError("--recompute-layers auto lets a search fit each layout's own; one plan takes a number "
+                        "(search or scaling with auto, then its plan)")
     m = get_model(model) if isinstance(model, str) else model
     c = get_cluster(cluster) if isinstance(cluster, str) else cluster
     b = base
@@ -247,10 +250,10 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
                   elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
                   grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-                  recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | None = None,
+                  recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | str | None = None,
                   recompute_every: int | None = None, **_: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
-    from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions
+    from exatrain.planner.search.space import RECOMPUTE_LAYERS_AUTO, SCHEDULE_VARIANTS, SpaceOptions
 
     if stage_layers is not None or dp is not None:
         raise UserError("search chooses dp and the stage split itself; drop --dp / --stage-layers "
@@ -262,7 +265,9 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
     from exatrain.rules import recompute_layers_problem
 
     # rules.recompute_layers_problem's lines (the runtime is checked by the caller, named here as each flag's own)
-    for n, every, runtime in ((recompute_layers, False, "megatron-core"), (recompute_every, True, "torchtitan")):
+    auto = recompute_layers == "auto"  # each full-recomputation candidate fits its own (search.batch)
+    for n, every, runtime in ((None if auto else recompute_layers, False, "megatron-core"),
+                              (recompute_every, True, "torchtitan")):
         if n and recompute not in (None, "full"):
             raise UserError(recompute_layers_problem(n, recompute, runtime, every=every))
     if (recompute_layers or recompute_every) and modules:
@@ -282,7 +287,7 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         tp=(tp,) if tp else None, pp=(pp,) if pp else None, micro_batch=(micro_batch,) if micro_batch else None,
         zero_stage=(zero,) if zero is not None else (0, 1, 2, 3),
         # modules name what selective reruns: every candidate is selective
-        recompute=(("selective",) if modules else ("full",) if recompute_layers or recompute_every
+        recompute=(("selective",) if modules else ("full",) if (recompute_layers and not auto) or recompute_every
                    else (recompute,) if recompute else ("none", "selective", "full")),
         sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
         schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None, fp8=fp8 or "",
@@ -291,7 +296,8 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         attention_kernel=attention_kernel or "",
         elementwise=elementwise or "", cross_entropy=cross_entropy or "", grad_accum=grad_accum or "",
         grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "", cp_comm=cp_comm or "",
-        recompute_modules=modules, recompute_layers=recompute_layers or 0, recompute_every=recompute_every or 0)
+        recompute_modules=modules, recompute_layers=RECOMPUTE_LAYERS_AUTO if auto else recompute_layers or 0,
+        recompute_every=recompute_every or 0)
 
 
 __all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",

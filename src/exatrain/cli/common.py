@@ -43,6 +43,11 @@ def _typed(kind: str, ok: Callable[[int], bool]) -> Callable[[str], int]:
 
 
 positive_int = _typed("positive", lambda v: v > 0)
+
+
+def positive_int_or_auto(text: str) -> int | str:
+    """A positive integer, or "auto" (the search picks one per candidate)."""
+    return "auto" if text == "auto" else _typed("positive", lambda v: v > 0)(text)
 nonneg_int = _typed("non-negative", lambda v: v >= 0)
 
 
@@ -178,10 +183,11 @@ EXTENSION_FLAGS = (  # the planner's (estimate, search, scaling); exatrain's tra
     ("--recompute-modules", None, None, "what --recompute selective reruns, Megatron-Core's modules, comma-separated: "
      "core_attn (its default), layernorm, moe_act, mla_up_proj, mlp (a dense layer's), shared_experts, moe; "
      "--runtime megatron-core only (its --recompute-modules); a search with it tries selective recomputation only"),
-    ("--recompute-layers", positive_int, None, "with --recompute full: recompute only the first N layers of each "
-     "(virtual) pipeline stage, the others keeping all they keep without recomputation (Megatron-Core "
+    ("--recompute-layers", positive_int_or_auto, None, "with --recompute full: recompute only the first N layers of "
+     "each (virtual) pipeline stage, the others keeping all they keep without recomputation (Megatron-Core "
      "--recompute-method block --recompute-num-layers N); --runtime megatron-core only; default: every layer; a "
-     "search with it tries full recomputation only"),
+     "search with a number tries full recomputation only, with 'auto' (search and scaling) each full-recomputation "
+     "layout recomputes the fewest layers a stage with which it fits"),
     ("--recompute-every", positive_int, None, "with --recompute full: recompute one layer in N of each rank (counted "
      "over its stages in order), the others keeping all they keep without recomputation (torchtitan's layer-level "
      "selective checkpointing: activation_checkpoint.mode selective, selective_ac_option N); --runtime torchtitan "

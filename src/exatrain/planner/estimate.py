@@ -58,7 +58,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion, adam_kernel=plan.adam_kernel,
                   cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules,
-                  recompute_layers=plan.recompute_layers, recompute_every=plan.recompute_every)
+                  recompute_every=plan.recompute_every)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]

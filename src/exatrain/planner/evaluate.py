@@ -106,8 +106,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
              fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
              grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-             recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0,
-             recompute_every: int = 0) -> Evaluation:
+             recompute_modules: tuple[str, ...] = (), recompute_every: int = 0,
+             time: bool = True) -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -127,9 +127,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     ``cp_comm``: how attention's operands travel under cp (``Plan.cp_comm``; "": the runtime's own for the model,
     ``EngineProfile.cp_exchange``), in its step time and its working set in memory; ``recompute_modules``: what the
     runtime's selective recomputation reruns (``Plan.recompute_modules``; (): its own), in its step time and what its
-    memory model keeps; ``recompute_layers``: the layers of each virtual stage a full recomputation covers
-    (``Plan.recompute_layers``; 0: all); ``recompute_every``: one layer in that many of a rank recomputed
-    (``Plan.recompute_every``; 0: all). ``by_rank`` also fills ``hidden``."""
+    memory model keeps; a full recomputation covers each layout's ``Layouts.recompute_layers`` of each virtual
+    stage (``Plan.recompute_layers``; 0: all), or one layer in ``recompute_every`` of a rank (``Plan.recompute_every``;
+    0: all). ``by_rank`` also fills ``hidden``; ``time`` False: memory only (the times NaN)."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -159,9 +159,17 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
         split = layer_split(model, p, v, layouts.stage_layers)
         rank = np.arange(p)
         on_rank = split.reshape(v, p).sum(axis=0)  # layers held by each pipeline rank (looped placement)
-        # the layers of each rank a full recomputation covers where it does not cover them all (plan.full_rerun_layers)
-        rerun_on_rank = (np.asarray(full_rerun_layers(split, p, recompute_layers, recompute_every)).reshape(v, p)
-                         .sum(axis=0) if recompute_layers or recompute_every else None)
+        # the layers of each layout's ranks a full recomputation covers where it does not cover them all
+        # (plan.full_rerun_layers): (layouts, pp), or None
+        nl = lay.recompute_layers
+        if recompute_every:
+            rerun_on_rank = np.broadcast_to(np.asarray(full_rerun_layers(split, p, every=recompute_every))
+                                            .reshape(v, p).sum(axis=0), (len(lay), p))
+        elif np.any(nl > 0):
+            per_stage = np.where(nl[:, None] > 0, np.minimum(split[None, :], nl[:, None]), split[None, :])
+            rerun_on_rank = per_stage.reshape(-1, v, p).sum(axis=1)
+        else:
+            rerun_on_rank = None
         plain = not experts.extended(model, cpd, fp8)
         if model.is_moe:
             params, xparams, moe_here = (x.astype(float) for x in
@@ -197,7 +205,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                         ext["cp_comm"] = cp_comm_for(k, cp_comm if k == runtime else "", model)
                     ext["recompute_modules"] = tuple(recompute_modules) if k == runtime else ()
                     partial = k == runtime and rerun_on_rank is not None and RECOMPUTE[rec] == "full"
-                    ext["recomputed_here"] = rerun_on_rank[None, :] if partial else None
+                    ext["recomputed_here"] = rerun_on_rank[j] if partial else None
                     parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
                                         **ext)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
@@ -210,6 +218,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                     mem[k][f][rows] = np.take_along_axis(x, w[:, None], axis=1)[:, 0]
                     if by_rank:
                         ranks[k][f][rows, :p] = x
+        if not time:
+            continue
         keep = np.arange(idx.size)
         if time_if_fits and memory:
             keep = np.nonzero(total[memory[0]][idx] <= capacity)[0]
@@ -229,7 +239,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                               fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
                               grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion,
                               adam_kernel=adam_kernel, cp_comm=cp_comm, recompute_modules=recompute_modules,
-                              recompute_layers=recompute_layers, recompute_every=recompute_every)
+                              recompute_layers=lay.recompute_layers, recompute_every=recompute_every)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

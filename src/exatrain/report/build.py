@@ -133,7 +133,7 @@ def _search_section(s: SearchInput, prefix: str, folder: Path) -> Section:
     from exatrain.report.steptime import step_time_breakdown
 
     best = s.ranked[0]
-    rows = [(f"#{i} {p.label} mb{p.micro_batch} Z{p.zero_stage} {p.recompute} {p.schedule_label}",
+    rows = [(f"#{i} {p.label} mb{p.micro_batch} Z{p.zero_stage} {p.recompute_label} {p.schedule_label}",
              p.estimate.time_s) for i, p in enumerate(s.ranked[:12], 1)]
     figs = [search_landscape(s, folder / f"{prefix}-landscape.png"),
             step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time of the top {len(rows)} layouts"),

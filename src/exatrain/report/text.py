@@ -100,7 +100,7 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
     for i, p in enumerate(result.ranked, 1):
         e = p.estimate
         mem = e.memory_bytes
-        t.add_row(str(i), p.label, str(p.micro_batch), str(p.zero_stage), p.recompute,
+        t.add_row(str(i), p.label, str(p.micro_batch), str(p.zero_stage), p.recompute_label,
                   "on" if p.sequence_parallel else "off", p.schedule_label, f"{e.time_s.step:.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}", opt(e.mfu, "{:.1%}"),
                   f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
@@ -131,7 +131,7 @@ def render_scaling(result, con=None) -> None:
     for pt in result.points:
         p, e = pt.plan, pt.plan.estimate
         t.add_row(str(pt.gpus), str(pt.global_batch), p.label, str(p.micro_batch), str(p.zero_stage),
-                  p.recompute, p.schedule_label, f"{e.time_s.step:.2f}", f"{e.model_tflops_per_gpu:.1f}",
+                  p.recompute_label, p.schedule_label, f"{e.time_s.step:.2f}", f"{e.model_tflops_per_gpu:.1f}",
                   opt(e.mfu, "{:.1%}"), f"{pt.efficiency:.1%}")
     con.print(t)
     if result.points and result.points[0].plan.fp8:

@@ -142,7 +142,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
                 elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
                 cross_entropy: str = "upcast", fp8_tp_gather: bool = False,
                 expert_gemms: str = "grouped", cp_exchange=None,
-                recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0,
+                recompute_modules: tuple[str, ...] = (), recompute_layers=0,
                 recompute_every: int = 0) -> StageTimes:
     """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
     and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
@@ -160,7 +160,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module (Plan.recompute_modules;
     (): ``selective``): their forward seconds (``cost.experts.module_rerun_s``), the TP collectives inside them
     (``module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward; ``recompute_layers``:
-    the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers; 0: all), or
+    the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers, one per layout or
+    one for all; 0: all), or
     ``recompute_every``: one in that many of a rank's (Plan.recompute_every; plan.full_rerun_layers): the rerun
     forward, its TP collectives, all-to-alls and cp exchange in that share of the stage's layers."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
@@ -209,8 +210,13 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         _pick(sp, layer)
     L = np.asarray(stage_layers, dtype=float)[None, :]
     # the share of each stage's layers a full recomputation reruns (the first recompute_layers of each)
-    share = (np.asarray(full_rerun_layers(stage_layers, pp, recompute_layers, recompute_every), dtype=float)[None, :]
-             / np.maximum(L, 1.0) if recompute_layers or recompute_every else 1.0)
+    n = np.asarray(recompute_layers, dtype=float).reshape(-1, 1)  # one per layout, or one for all
+    if recompute_every:
+        share = np.asarray(full_rerun_layers(stage_layers, pp, every=recompute_every), dtype=float)[None, :] / L
+    elif np.any(n > 0):
+        share = np.where(n > 0, np.minimum(n, L) / np.maximum(L, 1.0), 1.0)
+    else:
+        share = 1.0
     full = np.where(rec == _FULL, share, 0.0)
     again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe,
                        per_op_gemms=per_op_l)
@@ -488,7 +494,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
                fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
                grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-               recompute_modules: tuple[str, ...] = (), recompute_layers: int = 0, recompute_every: int = 0
+               recompute_modules: tuple[str, ...] = (), recompute_layers=0, recompute_every: int = 0
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
     the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank

@@ -6,22 +6,23 @@ The Space's arrays become ``Layouts`` and go through ``planner.evaluate``, the p
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import SCHEDULES
+from exatrain.plan import RECOMPUTE, SCHEDULES
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.experts import moe_load
 from exatrain.planner.cost.step import TIME_FIELDS
-from exatrain.planner.evaluate import MEMORY_FIELDS
+from exatrain.planner.evaluate import MEMORY_FIELDS, layer_split
 from exatrain.planner.evaluate import evaluate as evaluate_layouts
 from exatrain.planner.layouts import Layouts
-from exatrain.planner.search.space import Space
+from exatrain.planner.search.space import RECOMPUTE_LAYERS_AUTO, Space
 
-__all__ = ["BatchResult", "MEMORY_FIELDS", "TIME_FIELDS", "evaluate", "layouts_of"]
+__all__ = ["BatchResult", "MEMORY_FIELDS", "TIME_FIELDS", "evaluate", "fit_recompute_layers", "layouts_of"]
 
 
 @dataclass
@@ -34,6 +35,7 @@ class BatchResult:
     time: dict[str, np.ndarray]  # seconds
     tokens_per_s: np.ndarray
     model_tflops_per_gpu: np.ndarray
+    recompute_layers: np.ndarray | None = None  # each candidate's (Layouts.recompute_layers)
 
 
 def layouts_of(space: Space) -> Layouts:
@@ -46,7 +48,7 @@ def layouts_of(space: Space) -> Layouts:
                       sequence_parallel=space.sp,
                       schedule=np.where(one, SCHEDULES.index("1f1b"), names[space.variant] if len(space) else 0),
                       interleave=np.where(one, 1, vs[space.variant] if len(space) else 1), ep=space.ep, cp=space.cp,
-                      fp8=space.options.fp8)
+                      fp8=space.options.fp8, recompute_layers=max(space.options.recompute_layers, 0))
 
 
 def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, cp: CostParams,
@@ -54,17 +56,54 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
              time_if_fits: bool = False, overlap: str = "all") -> BatchResult:
     """``runtime``: the engine that runs the candidates (``accounting.engines.ENGINE_NAMES``): its
     memory judges them and its overlaps time them (``planner.evaluate``). ``time_if_fits``: time only
-    the candidates that fit (NaN for the others)."""
-    ev = evaluate_layouts(layouts_of(space), model, cluster, cp, global_batch=global_batch, dtype=dtype,
-                          flash=flash, memory=(runtime,), time_if_fits=time_if_fits, runtime=runtime,
-                          overlap=overlap, moe_dispatcher=space.options.moe_dispatcher,
-                          attention_kernel=space.options.attention_kernel,
-                          elementwise=space.options.elementwise,
-                          moe_load=moe_load(space.options.moe_capacity_factor, space.options.moe_force_balance),
-                          fp8_param_gather=space.options.fp8_param_gather,
-                          cross_entropy=space.options.cross_entropy, grad_accum=space.options.grad_accum,
-                grad_accum_fusion=space.options.grad_accum_fusion, adam_kernel=space.options.adam_kernel,
-                cp_comm=space.options.cp_comm, recompute_modules=space.options.recompute_modules,
-                recompute_layers=space.options.recompute_layers, recompute_every=space.options.recompute_every)
+    the candidates that fit (NaN for the others). With ``space.options.recompute_layers`` RECOMPUTE_LAYERS_AUTO each
+    full-recomputation candidate recomputes the fewest layers of each stage it needs (``fit_recompute_layers``)."""
+    o = space.options
+    kw = dict(global_batch=global_batch, dtype=dtype, flash=flash, memory=(runtime,), runtime=runtime,
+              overlap=overlap, moe_dispatcher=o.moe_dispatcher, attention_kernel=o.attention_kernel,
+              elementwise=o.elementwise, moe_load=moe_load(o.moe_capacity_factor, o.moe_force_balance),
+              fp8_param_gather=o.fp8_param_gather, cross_entropy=o.cross_entropy, grad_accum=o.grad_accum,
+              grad_accum_fusion=o.grad_accum_fusion, adam_kernel=o.adam_kernel, cp_comm=o.cp_comm,
+              recompute_modules=o.recompute_modules, recompute_every=o.recompute_every)
+    layouts = layouts_of(space)
+    if o.recompute_layers == RECOMPUTE_LAYERS_AUTO:
+        layouts = dataclasses.replace(layouts, recompute_layers=fit_recompute_layers(layouts, model, cluster, cp,
+                                                                                    **kw))
+    ev = evaluate_layouts(layouts, model, cluster, cp, time_if_fits=time_if_fits, **kw)
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
-                       time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu)
+                       time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu,
+                       recompute_layers=layouts.recompute_layers)
+
+
+def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *,
+                         memory: tuple[str, ...], **kw) -> np.ndarray:
+    """Per layout, the fewest layers of each (virtual) stage a full recomputation must cover, the first ones
+    (Megatron-Core's block method, ``Plan.recompute_layers``), for every rank to fit the device in ``memory[0]``'s
+    count; 0 (every layer) where no fewer fit, or for a layout that does not recompute in full. A rank's memory is
+    linear in the layers it reruns (``accounting.memory.rank_memory``: a rerun layer keeps its input, a kept one
+    everything), so two counts — every layer, and one a stage — give each rank's line, and the smallest N whose
+    line fits on every rank is read off it."""
+    out = np.zeros(len(layouts), dtype=np.int64)
+    full = np.nonzero(layouts.recompute == RECOMPUTE.index("full"))[0]
+    if not full.size:
+        return out
+    sub = layouts.take(full)
+    totals = []
+    for n in (0, 1):
+        ev = evaluate_layouts(dataclasses.replace(sub, recompute_layers=np.full(len(sub), n)), model, cluster, cp,
+                              memory=memory, by_rank=True, time=False, **kw)
+        totals.append(sum(ev.by_rank[memory[0]][f] for f in MEMORY_FIELDS))
+    every, one = totals
+    capacity = cluster.device.hbm_bytes
+    v_eff = np.where(sub.pp > 1, sub.interleave, 1)
+    for pp, v in {(int(a), int(b)) for a, b in zip(sub.pp, v_eff)}:
+        rows = np.nonzero((sub.pp == pp) & (v_eff == v))[0]
+        split = layer_split(model, pp, v, sub.stage_layers)
+        held = split.reshape(v, pp).sum(axis=0)  # each rank's layers
+        ns = np.arange(1, int(split.max()) + 1)
+        rerun = np.minimum(split[None, :], ns[:, None]).reshape(len(ns), v, pp).sum(axis=1)  # (N values, pp)
+        per_layer = (one[rows, :pp] - every[rows, :pp]) / np.maximum(held - rerun[0], 1)  # bytes a rerun layer saves
+        fits = ((every[rows, None, :pp] + (held - rerun)[None] * per_layer[:, None, :]) <= capacity).all(axis=2)
+        first = ns[np.argmax(fits, axis=1)]
+        out[full[rows]] = np.where(fits.any(axis=1) & (first < split.max()), first, 0)
+    return out

@@ -19,7 +19,7 @@ def _terms(plans: Sequence[Plan]) -> tuple[str, ...]:
 def describe(p: Plan) -> str:
     """Every layout choice in one line: 'tp8·pp32·dp12 mb1 ZeRO-2 none SP zero_bubble×4'."""
     sched = "" if p.pp == 1 else f" {p.schedule_label}"
-    return f"{p.label} mb{p.micro_batch} ZeRO-{p.zero_stage} {p.recompute}{' SP' if p.sequence_parallel else ''}{sched}"
+    return f"{p.label} mb{p.micro_batch} ZeRO-{p.zero_stage} {p.recompute_label}{' SP' if p.sequence_parallel else ''}{sched}"
 
 
 def explain(ranked: Sequence[Plan], runners_up: int = 3) -> list[str]:

@@ -53,7 +53,7 @@ class SearchResult:
 
 
 def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: ClusterSpec,
-            dtype: str, flash: bool) -> Plan:
+            dtype: str, flash: bool, recompute_layers: int | None = None) -> Plan:
     sched, v = space.options.schedules[space.variant[i]]
     pp = int(space.pp[i])
     return Plan(model=model, dims=ParallelDims(int(space.tp[i]), pp, int(space.dp[i]), ep=int(space.ep[i]),
@@ -68,7 +68,9 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 cross_entropy=space.options.cross_entropy, grad_accum=space.options.grad_accum,
                 grad_accum_fusion=space.options.grad_accum_fusion, adam_kernel=space.options.adam_kernel,
                 cp_comm=space.options.cp_comm, recompute_modules=space.options.recompute_modules,
-                recompute_layers=space.options.recompute_layers, recompute_every=space.options.recompute_every)
+                recompute_layers=(max(space.options.recompute_layers, 0) if recompute_layers is None
+                                  else recompute_layers),
+                recompute_every=space.options.recompute_every)
 
 
 RUNTIMES = ENGINE_NAMES
@@ -95,7 +97,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
     ranked = []
     for i in order[:max(top, 0)]:
-        plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash)
+        plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash,
+                       None if res.recompute_layers is None else int(res.recompute_layers[i]))
         plan = plan.replace(runtime=runtime).validate(cluster)
         ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp, overlap)))
     return SearchResult(ranked, space.examined, len(space), int(fits.sum()), rejected, space.collapsed,

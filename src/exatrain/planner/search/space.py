@@ -45,6 +45,9 @@ RUNTIME_REASON = "ZeRO stage the runtime does not offer"
 FP8_GATHER_REASON = "ZeRO stage below the one --fp8-param-gather needs"  # plan.FP8_PARAM_GATHER_RUNTIMES
 
 
+RECOMPUTE_LAYERS_AUTO = -1  # SpaceOptions.recompute_layers: fit each full-recomputation candidate's own
+
+
 @dataclass(frozen=True)
 class SpaceOptions:
     """What to search over. ``None`` means "every legal value"."""
@@ -71,7 +74,9 @@ class SpaceOptions:
     adam_kernel: str = ""  # every candidate's Adam kernel (plan.ADAM_KERNELS)
     cp_comm: str = ""  # how every candidate with cp > 1 exchanges attention's operands (Plan.cp_comm)
     recompute_modules: tuple[str, ...] = ()  # what every selective candidate reruns (Plan.recompute_modules)
-    recompute_layers: int = 0  # the layers of each stage every full candidate recomputes (Plan.recompute_layers)
+    # the layers of each stage every full candidate recomputes (Plan.recompute_layers); RECOMPUTE_LAYERS_AUTO: the
+    # fewest each candidate needs to fit (search.batch.fit_recompute_layers)
+    recompute_layers: int = 0
     recompute_every: int = 0  # one layer in this many every full candidate recomputes (Plan.recompute_every)
 
 
