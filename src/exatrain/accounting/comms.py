@@ -83,13 +83,26 @@ def tp_collectives(plan: Plan, pp_rank: int, engine=None) -> tuple[Collective, .
     return tuple(out)
 
 
+def module_rerun_tp_pairs(m: ModelSpec, modules: tuple[str, ...], sequence_parallel) -> tuple[object, object]:
+    """(per dense layer, per MoE layer) TP collective pairs (forward's all-gather + reduce-scatter, or all-reduce
+    without sequence parallelism) a rerun of ``modules`` repeats, as ``cost.step.stage_times`` counts a layer's
+    collectives: a dense layer's MLP ("mlp": its checkpoint holds the pair, Transformer Engine's linears run them);
+    a MoE layer's shared experts' pair under sequence parallelism, its MLP all-reduce without ("moe", or
+    "shared_experts" where it has shared experts)."""
+    sp = np.asarray(sequence_parallel, dtype=bool)
+    dense = 1.0 if "mlp" in modules else 0.0
+    mods = set(modules)
+    rerun = "moe" in mods or ("shared_experts" in mods and m.shared_experts)
+    moe = np.where(sp, 1.0 if m.shared_experts else 0.0, 1.0) * (1.0 if rerun and m.is_moe else 0.0)
+    return dense, moe
+
+
 def _module_pairs(plan: Plan, pp_rank: int) -> float:
     """TP collective pairs per micro-batch that rerunning ``plan.recompute_modules`` repeats on ``pp_rank``
-    (``cost.experts.module_rerun_tp_pairs``, per dense and per MoE layer)."""
+    (``module_rerun_tp_pairs``, per dense and per MoE layer)."""
     if plan.recompute != "selective" or not plan.recompute_modules:
         return 0.0
     from exatrain.accounting.params import stage_layer_kinds
-    from exatrain.planner.cost.experts import module_rerun_tp_pairs
 
     dense, moe = stage_layer_kinds(plan.model, pp=plan.pp, interleave=plan.interleave,
                                    layers_per_stage=plan.layers_per_stage())[pp_rank]

@@ -285,20 +285,6 @@ def module_rerun_s(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int
     return total
 
 
-def module_rerun_tp_pairs(m: ModelSpec, modules: tuple[str, ...], sequence_parallel) -> tuple[object, object]:
-    """(per dense layer, per MoE layer) TP collective pairs (forward's all-gather + reduce-scatter, or all-reduce
-    without sequence parallelism) a rerun of ``modules`` repeats, as ``cost.step.stage_times`` counts a layer's
-    collectives: a dense layer's MLP ("mlp": its checkpoint holds the pair, Transformer Engine's linears run them);
-    a MoE layer's shared experts' pair under sequence parallelism, its MLP all-reduce without ("moe", or
-    "shared_experts" where it has shared experts)."""
-    sp = np.asarray(sequence_parallel, dtype=bool)
-    dense = 1.0 if "mlp" in modules else 0.0
-    mods = set(modules)
-    rerun = "moe" in mods or ("shared_experts" in mods and m.shared_experts)
-    moe = np.where(sp, 1.0 if m.shared_experts else 0.0, 1.0) * (1.0 if rerun and m.is_moe else 0.0)
-    return dense, moe
-
-
 def stage_kinds(m: ModelSpec, stage_layers) -> tuple[np.ndarray, np.ndarray]:
     """(dense layers, MoE layers) of each virtual stage (S,), layers in model order."""
     split = np.asarray(stage_layers, dtype=np.int64)

@@ -159,7 +159,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     what its exchange exposes, ``cost.experts.cp_exposed_s``; None: Transformer Engine's p2p ring);
     ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module (Plan.recompute_modules;
     (): ``selective``): their forward seconds (``cost.experts.module_rerun_s``), the TP collectives inside them
-    (``module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward; ``recompute_layers``:
+    (``accounting.comms.module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward; ``recompute_layers``:
     the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers, one per layout or
     one for all; 0: all), or
     ``recompute_every``: one in that many of a rank's (Plan.recompute_every; plan.full_rerun_layers): the rerun
@@ -243,7 +243,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     tp_again = n_tp_f * np.where(sp, ag_f, ar) * per_op_rerun
     pairs = 0.0  # TP collective pairs inside the modules a selective recomputation reruns, again in the backward
     if recompute_modules:
-        pairs_dense, pairs_moe = experts.module_rerun_tp_pairs(model, recompute_modules, sp)
+        pairs_dense, pairs_moe = comms.module_rerun_tp_pairs(model, recompute_modules, sp)
         pairs = (pairs_dense * n_dense + pairs_moe * n_moe) * (rec == _SELECTIVE)
     tp_b = tp_b + tp_again + pairs * tp_one_f
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
