@@ -581,36 +581,23 @@ class Plan:
         """The run settings a plan was priced with that are not the defaults, as the one-line
         descriptions append them (", deepep dispatcher, force-balanced routing, attention fa2"); ""
         when all are defaults."""
-        parts = []
-        if self.moe_dispatcher != "alltoall":
-            parts.append(f"{self.moe_dispatcher} dispatcher")
-        if self.moe_capacity_factor:
-            parts.append(f"token drop at capacity {self.moe_capacity_factor:g}, padded")
-        elif self.moe_force_balance:
-            parts.append("force-balanced routing")
-        if self.fp8_param_gather:
-            parts.append("FP8 parameter gather")
-        if self.attention_kernel:
-            parts.append(f"attention {self.attention_kernel}")
-        if self.elementwise:
-            parts.append(f"element-wise {self.elementwise}")
-        if self.cross_entropy:
-            parts.append(f"cross-entropy {self.cross_entropy}")
-        if self.grad_accum:
-            parts.append(f"{self.grad_accum} gradients")
-        if self.grad_accum_fusion:
-            parts.append(f"gradient-accumulation fusion {self.grad_accum_fusion}")
-        if self.adam_kernel:
-            parts.append(f"{self.adam_kernel} Adam")
-        if self.cp_comm:
-            parts.append(f"cp {self.cp_comm}")
-        if self.recompute_modules:
-            parts.append(f"recompute modules {','.join(self.recompute_modules)}")
-        if self.recompute_layers:
-            parts.append(f"the first {self.recompute_layers} layers of each stage recomputed")
-        if self.recompute_every:
-            parts.append(f"one layer in {self.recompute_every} recomputed")
-        return "".join(f", {p}" for p in parts)
+        parts = (
+            (self.moe_dispatcher != "alltoall", f"{self.moe_dispatcher} dispatcher"),
+            (self.moe_capacity_factor, f"token drop at capacity {self.moe_capacity_factor:g}, padded"),
+            (self.moe_force_balance and not self.moe_capacity_factor, "force-balanced routing"),
+            (self.fp8_param_gather, "FP8 parameter gather"),
+            (self.attention_kernel, f"attention {self.attention_kernel}"),
+            (self.elementwise, f"element-wise {self.elementwise}"),
+            (self.cross_entropy, f"cross-entropy {self.cross_entropy}"),
+            (self.grad_accum, f"{self.grad_accum} gradients"),
+            (self.grad_accum_fusion, f"gradient-accumulation fusion {self.grad_accum_fusion}"),
+            (self.adam_kernel, f"{self.adam_kernel} Adam"),
+            (self.cp_comm, f"cp {self.cp_comm}"),
+            (self.recompute_modules, f"recompute modules {','.join(self.recompute_modules)}"),
+            (self.recompute_layers, f"the first {self.recompute_layers} layers of each stage recomputed"),
+            (self.recompute_every, f"one layer in {self.recompute_every} recomputed"),
+        )
+        return "".join(f", {text}" for on, text in parts if on)
 
     def recomputed_layers_of_rank(self, pp_rank: int) -> int:
         """Layers of pipeline rank ``pp_rank`` that recomputation reruns whole: under full recomputation all of them,

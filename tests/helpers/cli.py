@@ -32,6 +32,14 @@ def refused_by_planner(capsys: pytest.CaptureFixture[str], message: str, *argv: 
         assert message in line, (command, line)
 
 
+def refusals(capsys: pytest.CaptureFixture[str], args: tuple[str, ...], cases) -> None:
+    """Each ``(command, extra argv, text)`` of ``cases``, run with ``args`` after ``extra``, is refused as bad input in
+    one line that holds ``text``."""
+    for command, extra, text in cases:
+        line = refused(capsys, command, *args, *extra)
+        assert text in line, (command, extra, line)
+
+
 def saved_plan(capsys: pytest.CaptureFixture[str], path, *argv: str) -> dict:
     """``exatrain estimate ARGV --out PATH``, which must succeed: the plan file it wrote, as JSON."""
     import json

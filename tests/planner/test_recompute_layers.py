@@ -36,7 +36,7 @@ from exatrain.plan import Plan
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.step import plan_stage_times
 from exatrain.planner.estimate import estimate_plan
-from tests.helpers.cli import refused, run
+from tests.helpers.cli import refusals, run
 from tests.helpers.plan_fields import trainer_refuses
 
 H100 = get_cluster("dgx-h100")
@@ -110,19 +110,18 @@ def test_interleaved_stages_count_each_chunk() -> None:
     assert _plan(recompute="selective").recomputed_layers_of_rank(0) == 0
 
 
+ARGS = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64")
+
+
 def test_rules_refuse_where_no_engine_runs_it(capsys) -> None:
-    args = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64")
-    line = refused(capsys, "estimate", *args, "--runtime", "torchtitan", "--recompute", "full",
-                   "--recompute-layers", "2")
-    assert "--recompute-method block --recompute-num-layers" in line
-    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "selective",
-                   "--recompute-layers", "2")
-    assert "use --recompute full" in line
-    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute-layers", "0")
-    assert "--recompute-layers" in line
-    line = refused(capsys, "search", *args, "--runtime", "megatron-core", "--recompute-layers", "2",
-                   "--recompute-modules", "mlp")
-    assert "choose one" in line
+    refusals(capsys, ARGS, [
+        ("estimate", ("--runtime", "torchtitan", "--recompute", "full", "--recompute-layers", "2"),
+         "--recompute-method block --recompute-num-layers"),
+        ("estimate", ("--runtime", "megatron-core", "--recompute", "selective", "--recompute-layers", "2"),
+         "use --recompute full"),
+        ("estimate", ("--runtime", "megatron-core", "--recompute-layers", "0"), "--recompute-layers"),
+        ("search", ("--runtime", "megatron-core", "--recompute-layers", "2", "--recompute-modules", "mlp"),
+         "choose one")])
 
 
 def test_search_tries_full_only(capsys) -> None:
@@ -193,16 +192,15 @@ def test_one_in_n_is_torchtitans_layer_checkpointing(tmp_path) -> None:
 
 
 def test_one_in_n_rules(capsys) -> None:
-    args = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64")
-    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "full",
-                   "--recompute-every", "2")
-    assert "torchtitan's layer-level selective checkpointing" in line and "--recompute-layers" in line
-    line = refused(capsys, "estimate", *args, "--runtime", "torchtitan", "--recompute", "full",
-                   "--recompute-layers", "2")
-    assert "--recompute-every" in line
-    line = refused(capsys, "search", *args, "--runtime", "torchtitan", "--recompute", "selective",
-                   "--recompute-every", "2")
-    assert "use --recompute full" in line
+    refusals(capsys, ARGS, [
+        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-every", "2"),
+         "torchtitan's layer-level selective checkpointing"),
+        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-every", "2"),
+         "(Megatron-Core: --recompute-layers"),
+        ("estimate", ("--runtime", "torchtitan", "--recompute", "full", "--recompute-layers", "2"),
+         "--recompute-every"),
+        ("search", ("--runtime", "torchtitan", "--recompute", "selective", "--recompute-every", "2"),
+         "use --recompute full")])
     assert space_options(recompute_every=2).recompute == ("full",)
 
 
@@ -239,11 +237,8 @@ def test_search_fits_the_fewest_layers(capsys) -> None:
 
 
 def test_auto_is_the_searchs(capsys) -> None:
-    args = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256")
-    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "full",
-                   "--recompute-layers", "auto")
-    assert "one plan takes a number" in line
-    line = refused(capsys, "search", *args, "--runtime", "torchtitan", "--recompute-layers", "auto")
-    assert "--recompute-method block" in line
-    line = refused(capsys, "search", *args, "--runtime", "megatron-core", "--recompute-layers", "some")
-    assert "expected a positive integer" in line
+    refusals(capsys, ARGS, [
+        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-layers", "auto"),
+         "one plan takes a number"),
+        ("search", ("--runtime", "torchtitan", "--recompute-layers", "auto"), "--recompute-method block"),
+        ("search", ("--runtime", "megatron-core", "--recompute-layers", "some"), "expected a positive integer")])

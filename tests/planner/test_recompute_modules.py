@@ -36,7 +36,7 @@ from exatrain.planner.cost import compute, experts
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.step import plan_stage_times
 from exatrain.planner.estimate import estimate_plan
-from tests.helpers.cli import refused, run
+from tests.helpers.cli import refusals, run
 from tests.helpers.plan_fields import trainer_refuses
 
 H100 = get_cluster("dgx-h100")
@@ -206,20 +206,16 @@ def test_hardware_flops_follow_the_modules() -> None:
 
 def test_rules_refuse_where_no_engine_runs_it(capsys) -> None:
     args = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64")
-    line = refused(capsys, "estimate", *args, "--runtime", "torchtitan", "--recompute", "selective",
-                   "--recompute-modules", "mlp")
-    assert "Megatron-Core's choice of what selective recomputation reruns" in line
-    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "full",
-                   "--recompute-modules", "mlp")
-    assert "use --recompute selective" in line
-    line = refused(capsys, "estimate", *args, "--runtime", "megatron-core", "--recompute", "selective",
-                   "--recompute-modules", "mlp,ffn")
-    assert "unknown module 'ffn'" in line
-    line = refused(capsys, "search", *args, "--runtime", "exatrain", "--recompute-modules", "mlp")
-    assert "runtime exatrain reruns its own" in line
-    line = refused(capsys, "search", *args, "--runtime", "megatron-core", "--recompute", "none",
-                   "--recompute-modules", "mlp")
-    assert "use --recompute selective" in line
+    refusals(capsys, args, [
+        ("estimate", ("--runtime", "torchtitan", "--recompute", "selective", "--recompute-modules", "mlp"),
+         "Megatron-Core's choice of what selective recomputation reruns"),
+        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-modules", "mlp"),
+         "use --recompute selective"),
+        ("estimate", ("--runtime", "megatron-core", "--recompute", "selective", "--recompute-modules", "mlp,ffn"),
+         "unknown module 'ffn'"),
+        ("search", ("--runtime", "exatrain", "--recompute-modules", "mlp"), "runtime exatrain reruns its own"),
+        ("search", ("--runtime", "megatron-core", "--recompute", "none", "--recompute-modules", "mlp"),
+         "use --recompute selective")])
 
 
 def test_search_tries_selective_only(capsys) -> None:
