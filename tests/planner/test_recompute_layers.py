@@ -5,7 +5,8 @@ rerun forward and the communication it repeats in that share, the bytes counted,
 search, the export and the trainer's refusal.
 
 Broken on purpose and seen to fail here:
-- the share ignored in the step (``share`` 1 in stage_times): test_time_moves_linearly_between_none_and_full;
+- the share ignored in the step (``share`` 1 in stage_times), or a plan's layers dropped on its way to the batch of
+  one (``Layouts.from_plan`` without them): test_time_moves_linearly_between_none_and_full;
 - the kept layers counted as recomputed in memory (``partial`` ignored in rank_memory):
   test_memory_mixes_rerun_and_kept_layers_by_hand;
 - the TP bytes counting every layer's rerun (``recomputed_layers_of_rank`` returning all layers):
@@ -63,6 +64,12 @@ def test_time_moves_linearly_between_none_and_full() -> None:
     for n in (20, 30):
         same = plan_stage_times(_plan(recompute="full", recompute_layers=n), H100, params, overlap="none")
         np.testing.assert_allclose(same.bwd, full.bwd, rtol=1e-12)
+    # a plan's own step time (calibration's path) reads the plan's layers as the estimate does
+    from exatrain.planner.cost.step import step_time
+
+    five = _plan(recompute="full", recompute_layers=5)
+    assert step_time(five, H100, params)[0].step == estimate_plan(five, H100, params).time_s.step
+    assert step_time(five, H100, params)[0].step < step_time(_plan(recompute="full"), H100, params)[0].step
     steps = [estimate_plan(_plan(recompute="full", recompute_layers=n), H100).time_s.step for n in (1, 5, 10, 19)]
     assert steps == sorted(steps) and estimate_plan(_plan(), H100).time_s.step < steps[0]
 

@@ -620,7 +620,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "
                   fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
                   grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion,
                   adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules,
-                  recompute_layers=plan.recompute_layers, recompute_every=plan.recompute_every)
+                  recompute_every=plan.recompute_every)
     return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
