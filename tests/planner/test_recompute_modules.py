@@ -200,7 +200,8 @@ def test_hardware_flops_follow_the_modules() -> None:
         hardware_flops_per_step(LLAMA, gb, "selective")
     # mlp: one more forward of fc1 (gate and up) and fc2 in every layer, nothing for the attention core
     mlp = 2.0 * 3 * LLAMA.hidden * LLAMA.ffn_hidden
-    assert hardware_flops_per_step(LLAMA, gb, "selective", ("mlp",)) == pytest.approx(base + tokens * LLAMA.layers * mlp)
+    assert hardware_flops_per_step(LLAMA, gb, "selective", ("mlp",)) == pytest.approx(
+        base + tokens * LLAMA.layers * mlp)
     assert hardware_flops_per_step(LLAMA, gb, "selective", ("layernorm",)) == base
 
 

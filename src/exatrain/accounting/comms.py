@@ -49,8 +49,8 @@ def tp_collectives(plan: Plan, pp_rank: int, engine=None) -> tuple[Collective, .
     each becomes an all-gather + reduce-scatter of the same total); full recomputation repeats the
     forward's (in the layers it covers: ``Plan.recomputed_layers_of_rank``), selective recomputation by module the
     pair of each rerun module that holds one (``Plan.recompute_modules``: a dense layer's MLP; a MoE layer's shared
-    experts, or its MLP all-reduce without SP). The vocab-parallel embedding adds one forward all-reduce on the first stage, the
-    head one backward all-reduce on the last; the loss all-reduces 3 fp32 numbers per token.
+    experts, or its MLP all-reduce without SP). The vocab-parallel embedding adds one forward all-reduce on the
+    first stage, the head one backward all-reduce on the last; the loss all-reduces 3 fp32 numbers per token.
     ``engine`` (an ``EngineProfile``; None: exatrain's trainer) adds what its runtime sends beyond that,
     as ``cost.step.stage_times`` prices it: torchtitan's per-op selective recomputation repeats the
     forward's all-gathers (all-reduces without SP), and its tensorwise FP8 sends the forward's all-gathers

@@ -159,11 +159,11 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
     what its exchange exposes, ``cost.experts.cp_exposed_s``; None: Transformer Engine's p2p ring);
     ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module (Plan.recompute_modules;
     (): ``selective``): their forward seconds (``cost.experts.module_rerun_s``), the TP collectives inside them
-    (``accounting.comms.module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward; ``recompute_layers``:
-    the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers, one per layout or
-    one for all; 0: all), or
-    ``recompute_every``: one in that many of a rank's (Plan.recompute_every; plan.full_rerun_layers): the rerun
-    forward, its TP collectives, all-to-alls and cp exchange in that share of the stage's layers."""
+    (``accounting.comms.module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward;
+    ``recompute_layers``: the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers,
+    one per layout or one for all; 0: all), or ``recompute_every``: one in that many of a rank's
+    (Plan.recompute_every; plan.full_rerun_layers): the rerun forward, its TP collectives, all-to-alls and cp
+    exchange in that share of the stage's layers."""
     tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
     cp_calls = None if cp_exchange is None else cp_exchange.kernel_calls(cp_size)
     sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
