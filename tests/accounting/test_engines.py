@@ -8,7 +8,6 @@ import itertools
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

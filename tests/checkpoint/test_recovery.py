@@ -10,11 +10,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from exatrain.catalog import get_model
 from exatrain.cli import main

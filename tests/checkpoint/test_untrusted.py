@@ -14,11 +14,10 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from exatrain.catalog import get_model
 from exatrain.cli import main

@@ -12,7 +12,6 @@ cost.step: the per-op collectives test)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np

@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from exatrain.catalog import get_model
