@@ -13,7 +13,9 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     speed-up to Megatron-Bridge's two performance pages and torchtitan's H200 page, the DGX H100 and
     H200 runs together (``FIT_GROUP``: one die) (``PRIOR_CHOSEN_ON``; ``--fit-prior``). Rows of those
     sources are predicted by coefficients refitted without them (``REFIT``: the calibrate machinery's
-    factors, ``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``, from the generic ``CostParams()``; or
+    factors, ``calibrate.RUN_FACTORS``, at most ``MAX_FACTORS``, from the generic ``CostParams()`` with the
+    prior's cited constants, chosen against no run (``coefficients.cited_params``: A100's attention rate,
+    NCCL's and RCCL's per-call latency and ring rate over the NICs); or
     the Hopper factors from the H100 prior, the FP8 speed-up started from the data sheet's FP8 ratio;
     Levenberg-Marquardt on the log step time) on the same device group's rows of every *other* source;
     the shipped prior's error on them is printed apart, as in-sample;
@@ -68,7 +70,7 @@ from exatrain.errors import UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape, recompute_modules_of
 from exatrain.planner.band import BANDS_PATH, MIN_RUNS, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
-from exatrain.planner.cost.coefficients import CostParams, default_params
+from exatrain.planner.cost.coefficients import CostParams, cited_params, default_params
 from exatrain.planner.cost.published import MEGATRON_LM_2021
 from exatrain.planner.estimate import estimate_plan
 
@@ -99,7 +101,7 @@ def fit_group(device: str) -> str:
 
 
 # What a held-out source's refit fits, and from which parameters: the A100 and MI250X priors' free
-# factors from the generic CostParams(); the 500 W H100's clock factor and FP8 speed-up from the H100
+# factors from the generic CostParams() with the prior's cited constants (coefficients.CITED); the 500 W H100's clock factor and FP8 speed-up from the H100
 # prior (its micro-benchmarked kernels, at the clock a 500 W limit leaves); the 700 W Hopper parts' FP8
 # speed-up from the H100 prior (their bf16 kernels are micro-benchmarked; no FP8 GEMM has been).
 REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm"),
@@ -504,7 +506,7 @@ def refit_spec(device: str) -> tuple[tuple[str, ...] | None, CostParams]:
     """(the factors a refit for ``device`` fits, None: the first of RUN_FACTORS; the parameters it starts from)."""
     factors, base = REFIT.get(device, (None, None))
     if not base:
-        return factors, CostParams()
+        return factors, cited_params(device)
     # a fitted factor starts from the data sheet, never from the shipped value fitted on these runs
     return factors, default_params(base).replace(**{f: None for f in factors or () if f in _FROM_DATA_SHEET})
 

@@ -149,8 +149,27 @@ DEFAULTS: dict[str, CostParams] = {
 }
 
 
+# The fields of a hand-chosen prior that come from outside the published runs it was chosen against — a
+# paper's or a library's own figure, cited above — and so were chosen against no run: A100's attention
+# rate (Dao 2023), NCCL's per-call latency (tuning.cc baseLat) and its ring rate over the NICs
+# (nccl-tests#290, nccl#1048); RCCL's per-call latency. A refit that holds a source out
+# (benchmarks/prediction_error.py, leave one source out) starts from the generic CostParams() with these
+# (``cited_params``) and fits only the factors chosen by hand.
+CITED: dict[str, tuple[str, ...]] = {
+    "a100-80gb": ("attn_eff", "collective_overhead_s", "net_eff"),
+    "mi250x-gcd": ("collective_overhead_s",),
+}
+
+
 def default_params(device_name: str) -> CostParams:
     return DEFAULTS.get(device_name, CostParams())
+
+
+def cited_params(device_name: str) -> CostParams:
+    """The generic ``CostParams()`` with the fields of ``device_name``'s prior that are cited (``CITED``),
+    none of them chosen against a published run: where a refit of the hand-chosen factors starts."""
+    prior = default_params(device_name)
+    return CostParams().replace(**{f: getattr(prior, f) for f in CITED.get(device_name, ())})
 
 
 @dataclass(frozen=True)
