@@ -101,9 +101,10 @@ def fit_group(device: str) -> str:
 
 
 # What a held-out source's refit fits, and from which parameters: the A100 and MI250X priors' free
-# factors from the generic CostParams() with the prior's cited constants (coefficients.CITED); the 500 W H100's clock factor and FP8 speed-up from the H100
-# prior (its micro-benchmarked kernels, at the clock a 500 W limit leaves); the 700 W Hopper parts' FP8
-# speed-up from the H100 prior (their bf16 kernels are micro-benchmarked; no FP8 GEMM has been).
+# factors from the generic CostParams() with the prior's cited constants (coefficients.CITED); the 500 W
+# H100's clock factor and FP8 speed-up from the H100 prior (its micro-benchmarked kernels, at the clock a
+# 500 W limit leaves); the 700 W Hopper parts' FP8 speed-up from the H100 prior (their bf16 kernels are
+# micro-benchmarked; no FP8 GEMM has been).
 REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm"),
          "h100-sxm": (("fp8_speedup",), "h100-sxm")}
 MAX_FACTORS = 3  # factors refitted per held-out source (gemm_eff, step_overhead_s, mem_eff): keeps the run short
