@@ -4,7 +4,8 @@
 # PYTHON is the interpreter to start from. When it is not already a virtual or conda environment,
 # `make install` makes a project-local one in $(VENV) (with the system site-packages, so an installed
 # torch is kept) and every target runs there; see scripts/install_env.py for each decision.
-# `make check` runs the suite in that environment without the install step.
+# `make check` runs the linter, then the suite, in that environment without the install step;
+# `make lint` runs the linter alone, `make format` rewrites the code in ruff's format.
 PYTHON ?= python3
 VENV ?= .venv
 # Where `make run` writes its metrics: one JSON line per step, then the RunRecord (appended per run).
@@ -18,7 +19,10 @@ ENV_PYTHON ?= $$(bash scripts/install.sh --print-python)
 
 export PYTHON VENV
 
-.PHONY: install run test check bench
+.PHONY: install run test check lint format bench
+
+# What ruff checks and formats (its settings: [tool.ruff] in pyproject.toml).
+LINT_PATHS ?= src tests benchmarks scripts
 
 install:
 	@bash scripts/install.sh
@@ -30,12 +34,18 @@ run: install
 test: install
 	@$(MAKE) --no-print-directory check
 
-# The suite in the installed environment, without installing first. pytest's exit status 5
-# ("no tests ran") fails the target, with a line saying so.
-check:
+# The linter, then the suite, in the installed environment, without installing first. pytest's exit
+# status 5 ("no tests ran") fails the target, with a line saying so.
+check: lint
 	@py="$(ENV_PYTHON)" && "$$py" -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest ran no tests (exit status 5): that is a failure" >&2; fi; \
 	exit $$rc
+
+lint:
+	@py="$(ENV_PYTHON)" && "$$py" -m ruff check $(LINT_PATHS)
+
+format:
+	@py="$(ENV_PYTHON)" && "$$py" -m ruff format $(LINT_PATHS)
 
 bench: install
 	@py="$(ENV_PYTHON)" && "$$py" benchmarks/search_speed.py
