@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 parts = x.split(r)
                 flops = 2.0 * experts * r * n * k
                 case = {"model": model.name, "gemm": name, "rows": r, "n": n, "k": k, "flops": flops}
-                loop_s = _timed(lambda: [torch.mm(p, w[e]) for e, p in enumerate(parts)], sync, args.repeats)
+                loop_s = _timed(lambda w=w, parts=parts: [torch.mm(p, w[e]) for e, p in enumerate(parts)], sync,
+                                args.repeats)
                 case["per_expert_s"] = loop_s
                 case["per_expert_predicted_s"] = predicted_s(cluster, params, rows=r, n=n, k=k, experts=experts,
                                                              how="per_expert", dtype=dname)
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     offs = torch.arange(r, experts * r + 1, r, device=device, dtype=torch.int32)
                     try:
-                        case["grouped_s"] = _timed(lambda: grouped_mm(x, w, offs=offs), sync, args.repeats)
+                        case["grouped_s"] = _timed(lambda x=x, w=w, offs=offs: grouped_mm(x, w, offs=offs), sync,
+                                                   args.repeats)
                     except (RuntimeError, TypeError, NotImplementedError) as e:
                         case["grouped_unavailable"] = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 case["grouped_predicted_s"] = predicted_s(cluster, params, rows=r, n=n, k=k, experts=experts,

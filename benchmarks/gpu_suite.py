@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         if "step_error" in r:
             print(f"{r['run']:30s} step {r['predicted_step_s']:.3f} s pred / {r['measured_step_s']:.3f} s meas "
                   f"({r['step_error']:+.1%}); memory {r['measured_memory_bytes'] / GiB:.1f} GiB measured, "
-                  f"trainer model {r['trainer_model_memory_bytes'] / GiB:.1f} ({r['memory_error_trainer_model']:+.1%}), "
+                  f"trainer model {r['trainer_model_memory_bytes'] / GiB:.1f} "
+                  f"({r['memory_error_trainer_model']:+.1%}), "
                   f"planner {r['predicted_memory_bytes'] / GiB:.1f} GiB")
         else:
             print(f"{r['run']:30s} {r.get('skipped') or r.get('error')}")

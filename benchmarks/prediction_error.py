@@ -149,7 +149,8 @@ def _int(text: str, default: int | None = None) -> int | None:
 
 def _cluster(hardware: str) -> ClusterSpec:
     for key, name in (("Jean Zay", "jean-zay-a100"), ("A100", "dgx-a100"), ("500W", "grand-teton-h100"),
-                      ("lower TDP", "grand-teton-h100"), ("H100", "dgx-h100"), ("H200", "dgx-h200"), ("MI250X", "frontier")):
+                      ("lower TDP", "grand-teton-h100"), ("H100", "dgx-h100"), ("H200", "dgx-h200"),
+                      ("MI250X", "frontier")):
         if key in hardware:
             return get_cluster(name)
     raise UserError(f"no catalog cluster for hardware {hardware!r}")
@@ -197,7 +198,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
     for i, r in enumerate(csv.DictReader(path.open(encoding="utf-8"))):
         cluster = _cluster(r["hardware"])
         row = Row(index=i, source=r["url"].split("#")[0], engine=r["engine"],
-                  family=hardware_family(cluster.device.name), kind=r["kind"], name=f"{r['model']} ({r['source'].split(',')[0]})",
+                  family=hardware_family(cluster.device.name), kind=r["kind"],
+                  name=f"{r['model']} ({r['source'].split(',')[0]})",
                   measured_s=None, measured_from="", cluster=cluster)
         row.overlap = _overlap(row.source, row.engine, r.get("overlap", ""))
         row.flash_kernel = _flash_kernel(r)
@@ -322,9 +324,9 @@ _NEGATED = re.compile(r"\b(off|false|no|not|without|requested but)\b")
 def _overlap(source: str, engine: str, stated: str = "") -> str:
     """The overlaps a run had on. Megatron-LM of 2021-22 overlapped only the DDP gradient
     all-reduce (``cost.published``); a row whose ``overlap`` field names switches gets exactly those
-    (``STATED_SWITCHES``; ';'-separated clauses, a negated clause skipped); otherwise DeepSpeed runs its defaults (overlap_comm off at ZeRO-1),
-    torchtitan its defaults (FSDP2's prefetch, no async TP), and Megatron-Core every overlap it offers
-    (its published performance recipes turn them on)."""
+    (``STATED_SWITCHES``; ';'-separated clauses, a negated clause skipped); otherwise DeepSpeed runs its defaults
+    (overlap_comm off at ZeRO-1), torchtitan its defaults (FSDP2's prefetch, no async TP), and Megatron-Core every
+    overlap it offers (its published performance recipes turn them on)."""
     if source in (NARAYANAN, KORTHIKANTI):
         # torch DDP's all-reduce overlaps the backward; Megatron-LM's local DDP (the sc21 scripts' pipelined
         # sizes) and the runs Korthikanti et al. say did not overlap it reduce after the last backward
@@ -650,8 +652,9 @@ def markdown(t: dict) -> str:
     for c in t["cells"].values():
         s, m = c["step"], c["memory"]
         band = f"{c['ratio_low']:.2f}–{c['ratio_high']:.2f}" if "ratio_low" in c else "—"
-        lines.append(f"| {c['engine']} | {c['family']} | {c['rows']} | {c['not_priced']} | {s['n']} | {_pct(s, 'median')} "
-                     f"| {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {m['n']} | {_pct(m, 'median')} | {_pct(m, 'max')} |")
+        lines.append(f"| {c['engine']} | {c['family']} | {c['rows']} | {c['not_priced']} | {s['n']} "
+                     f"| {_pct(s, 'median')} | {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {m['n']} "
+                     f"| {_pct(m, 'median')} | {_pct(m, 'max')} |")
     return "\n".join(lines)
 
 

@@ -417,7 +417,8 @@ def dry_run(target: Target) -> None:
         # The new venv sees the base Python's site-packages but not its user site (-s).
         action, what = torch_decision(sys.executable, "-s")
     else:
-        print("pip: in the environment" if has_pip(target.python) else "pip: missing (the install stops and says how to add it)")
+        print("pip: in the environment" if has_pip(target.python)
+              else "pip: missing (the install stops and says how to add it)")
         action, what = torch_decision(target.python)
     print(f"torch: keep {what}" if action == "keep" else f"torch: install {what}")
     state = "up to date" if up_to_date(target) else f"pip install -e {REPO}[{EXTRAS}]"

@@ -80,5 +80,5 @@ def error_line(command: str, exc: UserError) -> str:
     return f"exatrain {command}: error: {exc}\n"
 
 
-__all__ = ["EXIT_STATUSES", "Interrupted", "OutOfMemoryPredicted", "PlanError", "RankFailed", "RankHung", "RunFailed", "TrainingStopped",
-           "UserError", "error_line"]
+__all__ = ["EXIT_STATUSES", "Interrupted", "OutOfMemoryPredicted", "PlanError", "RankFailed", "RankHung", "RunFailed",
+           "TrainingStopped", "UserError", "error_line"]

@@ -965,7 +965,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 __all__ = [
-    "DTYPES", "RECOMPUTE", "RECOMPUTE_MODULES", "RECOMPUTE_MODULES_RUNTIMES", "SCHEDULES", "Measured", "MemoryBreakdown",
+    "DTYPES", "RECOMPUTE", "RECOMPUTE_MODULES", "RECOMPUTE_MODULES_RUNTIMES", "SCHEDULES", "Measured",
+    "MemoryBreakdown",
     "ParallelDims", "Plan", "RECOMPUTE_EVERY_RUNTIMES", "RECOMPUTE_LAYERS_RUNTIMES", "full_rerun_layers",
     "recompute_modules_of",
     "RunRecord", "StepEstimate", "TimeBreakdown", "TrainShape", "append_run_record",

@@ -415,7 +415,8 @@ def expert_problem(plan) -> tuple[str, str] | None:
     if ep > 1 and not m.is_moe:
         return "ep", f"--ep {ep} needs a mixture-of-experts model; {m.name} has no experts"
     if m.is_moe and m.experts % ep:
-        return "ep", f"experts {m.experts} of {m.name} are not divisible by ep {ep}; choose ep among {_divisors(m.experts)}"
+        return "ep", (f"experts {m.experts} of {m.name} are not divisible by ep {ep}; "
+                      f"choose ep among {_divisors(m.experts)}")
     dims = [getattr(plan.dims, k, 1) for k in ("tp", "cp", "dp")]
     if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
         return None  # the degree's own rule reports it
@@ -433,7 +434,8 @@ def expert_problem(plan) -> tuple[str, str] | None:
     why = ("DeepSpeed carves its expert groups out of dp" if runtime == "megatron-deepspeed" else
            "exatrain's trainer builds its ep groups from dp ranks; to plan for Megatron-Core, which folds ep "
            "over tp*cp*dp, estimate or search with --runtime megatron-core")
-    return "ep", f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep ({why})"
+    return "ep", (f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep "
+                  f"({why})")
 
 
 def cp_comm_problem(comm: str, runtime: str, model: ModelSpec, tp: int | None = None,
@@ -676,6 +678,6 @@ def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] =
             raise RuleError(found[1], found[0])
 
 
-__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError", "adam_kernel_problem",
-           "broken",
-           "check", "ep_fits", "expert_problem", "extension_problem", "first_reasons", "layout", "plan_layout", "problems"]
+__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError",
+           "adam_kernel_problem", "broken", "check", "ep_fits", "expert_problem", "extension_problem", "first_reasons",
+           "layout", "plan_layout", "problems"]

@@ -125,7 +125,7 @@ def test_flash_removes_the_score_term() -> None:
     kw = dict(sequence_parallel=False, recompute="none", dtype="bfloat16", dropout=False)
     plain = memory.layer_activation_bytes(m, 1, 8, flash=False, **kw)
     flash = memory.layer_activation_bytes(m, 1, 8, flash=True, **kw)
-    s, h, a = m.seq_len, m.hidden, m.heads
+    s, a = m.seq_len, m.heads
     assert plain - flash == pytest.approx(s * (2 * a * s / 8 - 4 * a / 8), rel=1e-12)
 
 

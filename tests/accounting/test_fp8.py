@@ -71,7 +71,7 @@ def test_dense_saved_inputs_in_fp8_by_hand(sp: bool, tp: int) -> None:
 
 def test_moe_saved_inputs_in_fp8_by_hand() -> None:
     m = get_model("moe-tiny")
-    h, fe, k, s, b, tp, etp, e, g = 64, 64, 2, 64, 2, 2, 2, 2, 1.0
+    h, fe, s, b, tp, etp, e, g = 64, 64, 64, 2, 2, 2, 2, 1.0
     kw = dict(sequence_parallel=True, recompute="none", flash=True, moe=True, etp=etp)
     delta = (memory.layer_activation_bytes(m, b, tp, **kw)
              - memory.layer_activation_bytes(m, b, tp, fp8=Fp8Recipe(), **kw))

@@ -57,7 +57,8 @@ def test_deepseek_head_and_active_split() -> None:
 
 # ---- moe-tiny by hand ---------------------------------------------------------------------------
 def _tiny() -> ModelSpec:
-    return get_model("moe-tiny")  # L4, h64, 4 heads (d16), 2 kv heads, ffn 176, 1 dense layer, E4 top-2, 1 shared, fe 64
+    # L4, h64, 4 heads (d16), 2 kv heads, ffn 176, 1 dense layer, E4 top-2, 1 shared, fe 64
+    return get_model("moe-tiny")
 
 
 def test_moe_tiny_layer_params_by_hand() -> None:

@@ -29,7 +29,8 @@ def _subset(tmp_path: Path, pe, scale_narayanan: float = 1.0) -> Path:
     keep = []
     for r in rows:
         small = r["n_gpus"] in ("32", "64", "8") and "A100" in r["hardware"]
-        if r["url"] in (NARAYANAN, KORTHIKANTI) and small and r["model"].startswith(("GPT 1.7B", "GPT 3.6B", "GPT 22B")):
+        if r["url"] in (NARAYANAN, KORTHIKANTI) and small \
+                and r["model"].startswith(("GPT 1.7B", "GPT 3.6B", "GPT 22B")):
             keep.append(dict(r))
         elif r["engine"] == "torchtitan" and "A100" in r["hardware"] and r["model"] == "Llama 3 8B":
             keep.append(dict(r))
@@ -78,7 +79,8 @@ def test_rows_not_priced_are_counted_and_listed(pe, base) -> None:
     fp8 = [r for r in rows if r.engine == "torchtitan" and r.plan is not None and r.plan.fp8]
     assert fp8 and all(not r.not_priced and r.prior_s > 0 for r in fp8)  # FP8 GEMMs are priced
     assert any("micro_batch" in r.not_priced for r in refused)
-    assert any("recompute" in r.not_priced and "FP8" in r.not_priced for r in refused)  # the missing field, then the traits
+    # the missing field, then the traits
+    assert any("recompute" in r.not_priced and "FP8" in r.not_priced for r in refused)
     # a figure its source flags as an engine defect is listed with the flag, never priced
     flagged = [r for r in refused if r.not_priced.startswith(pe.FLAGGED)]
     assert len(flagged) == 1 and "torchtitan#1207" in flagged[0].not_priced

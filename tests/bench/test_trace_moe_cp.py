@@ -5,8 +5,8 @@ all-to-all over the ep group, grouped GEMMs; routing at a balanced load) and its
 
 The cases (tests/helpers/trace_matrix.py ``MOE_CP``) run in one subprocess of their own (the trace
 keeps a fake process group for its process), started with the session on the idle core
-(tests/helpers/background.py: this module's tests run last, by when it is done). Analytical = the trainer memory model without its
-allocator allowance. Broken on purpose, each of these fails (largest error over the cases' ranks,
+(tests/helpers/background.py: this module's tests run last, by when it is done). Analytical = the trainer memory model
+without its allocator allowance. Broken on purpose, each of these fails (largest error over the cases' ranks,
 measured with ``python tests/helpers/trace_matrix.py --table moe-ep2 moe-ep2-pp2 moe-ep2-tp2
 moe-zero3-dp2 cp2 cp2-tp2 cp4``; every case is within 1.6% unbroken):
 * the model counts the routed experts whole instead of N/ep per rank (``stage_params_split`` without

@@ -18,9 +18,9 @@ def test_required_presets_exist() -> None:
 
 
 def test_family_defaults() -> None:
-    g, l = get_model("gpt-175b"), get_model("llama3-70b")
+    g, llama = get_model("gpt-175b"), get_model("llama3-70b")
     assert (g.ffn_hidden, g.kv_heads, g.tied_embeddings) == (4 * 12288, 96, True)
-    assert (l.ffn_hidden, l.kv_heads, l.tied_embeddings) == (28672, 8, False)
+    assert (llama.ffn_hidden, llama.kv_heads, llama.tied_embeddings) == (28672, 8, False)
 
 
 def test_frontier_link_tiers() -> None:

@@ -4,8 +4,8 @@ test_reshard_ep_cp.py).
 A launch (ranks started, torch imported in each, a process group) costs more than a case, so cases of
 one world size run in one set of spawned ranks (trainer/spawn.py ``launch_local`` runs its configs one
 after another) wherever their order allows: a resume runs after the save it reads. Four launches:
-two ranks (resharding, of tp/pp and of ep/cp: the saves, then their resumes on two ranks), four (the resume tests' straight
-run, its same-layout resume and llama; resharding's resumes on four ranks), then two and eight (the
+two ranks (resharding, of tp/pp and of ep/cp: the saves, then their resumes on two ranks), four (the resume tests'
+straight run, its same-layout resume and llama; resharding's resumes on four ranks), then two and eight (the
 resume tests' other layouts, from the four-rank checkpoint). A case is ``group.name`` on disk and is
 handed back as ``runs[group][name]``; each module keeps its own folder (``ckpt_out / group``). A
 launch fails only when no rank makes progress for ``STALL_S`` (a hang, not a deadline).

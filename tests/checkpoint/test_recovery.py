@@ -158,7 +158,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank(case: str, ckpt: Path,
     corrupt = ckpt / "step-00000002"
     flip_byte(corrupt / "__0.safetensors")
     (ckpt / "step-00000001" / "manifest.json").unlink()
-    subs = {"NOWHERE": str(tmp_path / "nowhere"), "BIGVOCAB": str(other_data / "data"), "OTHERTOK": str(other_data / "other"), "CKPT": str(ckpt),
+    subs = {"NOWHERE": str(tmp_path / "nowhere"), "BIGVOCAB": str(other_data / "data"),
+            "OTHERTOK": str(other_data / "other"), "CKPT": str(ckpt),
             "CORRUPT": str(corrupt), "NOMANIFEST": str(ckpt / "step-00000001")}
     argv, message = BAD[case]
     for k, v in subs.items():

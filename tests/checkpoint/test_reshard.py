@@ -97,7 +97,8 @@ def test_training_continues_as_the_straight_run(case: str, runs: tuple[Path, dic
         return
     assert max_rel_diff(resumed.losses, straight.losses[3:]) <= RTOL, (resumed.losses, straight.losses[3:])
     assert max_rel_diff(resumed.grad_norms, straight.grad_norms[3:]) <= RTOL
-    u_err, w_err, at = weight_errors(resumed.weights(), straight.weights(), read_full(checkpoint(out, CASES[case][1]), prefix="model."))
+    u_err, w_err, at = weight_errors(resumed.weights(), straight.weights(),
+                                     read_full(checkpoint(out, CASES[case][1]), prefix="model."))
     assert u_err <= UPDATE_RTOL and w_err <= WEIGHT_ATOL, (u_err, w_err, at)
 
 

@@ -156,7 +156,8 @@ CRAFTED: dict[str, tuple[Callable[[Path], None] | None, Callable[[dict], None] |
         separator_id="0")), None, "field 'separator_id' is str"),
     "trainer.json layout disagrees with its plan": (lambda d: edit_json(d / "trainer.json", lambda t: t.update(
         layout={"tp": 2, "pp": 1, "dp": 1})), None, "layout, seq_len or global batch disagree with its plan"),
-    "chunk file ..": (chunk_file(".."), None, "names a file that is not one of the checkpoint's safetensors files ('..')"),
+    "chunk file ..": (chunk_file(".."), None,
+                      "names a file that is not one of the checkpoint's safetensors files ('..')"),
     "chunk file escapes": (chunk_file("../step-00000002/__0.safetensors"), None, "names a file that is not one of"),
     "chunk file is the metadata": (chunk_file("metadata.json"), None, "names a file that is not one of"),
     "unknown tensor key": (lambda d: unknown_tensor(d, "evil"), None, "holds tensor 'evil', which no exatrain "
@@ -167,8 +168,9 @@ CRAFTED: dict[str, tuple[Callable[[Path], None] | None, Callable[[dict], None] |
                                 "holds tensor 'optim.norm.weight.momentum', which is not a state"),
     "wrong size in the table only": (lambda d: edit_table(d, lambda t: t["model.norm.weight"].update(size=[65])),
                                      None, "its chunks do not tile its size [65]"),
-    "wrong chunk shape in the table only": (lambda d: edit_table(d, lambda t: t["model.norm.weight"]["chunks"][0].update(
-        sizes=[32])), None, "holds chunk 'model.norm.weight@0' as F32 [64], not F32 [32]"),
+    "wrong chunk shape in the table only": (
+        lambda d: edit_table(d, lambda t: t["model.norm.weight"]["chunks"][0].update(sizes=[32])), None,
+        "holds chunk 'model.norm.weight@0' as F32 [64], not F32 [32]"),
     "wrong shape everywhere": (wq_shape, None, "layers.0.attn.wq.weight is [32, 64] there but [64, 64] in gpt-tiny"),
     "wrong dtype everywhere": (wq_dtype, None, "model.layers.0.attn.wq.weight is float64 [64, 64], not float32"),
     "wrong dtype in the table only": (lambda d: edit_table(d, lambda t: t["model.norm.weight"].update(dtype="int32")),
@@ -209,7 +211,8 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
 
 # ---- the cases -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", list(CRAFTED))
-def test_a_crafted_checkpoint_is_one_line_and_skipped_for_the_previous_one(case: str, ckpt: Path, tmp_path: Path) -> None:
+def test_a_crafted_checkpoint_is_one_line_and_skipped_for_the_previous_one(case: str, ckpt: Path,
+                                                                           tmp_path: Path) -> None:
     bad = craft(ckpt, case)
     reason = CRAFTED[case][2]
     before = snapshot(tmp_path)
@@ -284,7 +287,8 @@ def test_unfinished_saves_are_reported_then_removed_without_following_links(ckpt
     assert warnings == [f"warning: ignoring unfinished checkpoint save {link} (the next save into {ckpt} removes it)",
                         f"warning: ignoring unfinished checkpoint save {stale} (the next save into {ckpt} removes it)"]
     assert link.is_symlink() and stale.is_dir()
-    Trainer(TrainConfig(plan=plan(), steps=4, quiet=True, checkpoint_dir=str(ckpt), resume_from=str(manifest.path))).run()
+    Trainer(TrainConfig(plan=plan(), steps=4, quiet=True, checkpoint_dir=str(ckpt),
+                        resume_from=str(manifest.path))).run()
     err = [x for x in capsys.readouterr().err.splitlines() if "unfinished" in x]
     assert err == [f"removed unfinished checkpoint save {link}", f"removed unfinished checkpoint save {stale}"]
     assert not os.path.lexists(link) and not stale.exists()

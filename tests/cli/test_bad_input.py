@@ -64,7 +64,8 @@ def w(tmp_path: Path) -> dict[str, str]:
 TINY = ["--model", "gpt-tiny", "--cluster", "local-cpu"]
 SEARCH = [*TINY, "--gpus", "2", "--global-batch", "4"]
 TUNE = ["tune", *SEARCH, "--study", "{tmp}/t.db", "--trials", "1"]
-MISSING, DIR_FOR_FILE, FILE_FOR_DIR, UNWRITABLE = "missing file", "directory for a file", "file for a directory", "unwritable"
+MISSING, DIR_FOR_FILE, FILE_FOR_DIR = "missing file", "directory for a file", "file for a directory"
+UNWRITABLE = "unwritable"
 MALFORMED, EMPTY, WRONG_TYPES, RANGE = "malformed JSON", "empty file", "wrong JSON types", "out of range"
 
 # (command, kind, argv, what the line says)

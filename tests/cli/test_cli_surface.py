@@ -50,7 +50,8 @@ def test_every_flag_default_is_the_api_default_and_help_says_it() -> None:
     for name, fn in CALLS.items():
         params = inspect.signature(fn).parameters
         for action in _subparsers()[name]._actions:
-            if action.dest not in params or action.dest == "progress" or action.default is None or not action.option_strings:
+            if action.dest not in params or action.dest == "progress" or action.default is None \
+                    or not action.option_strings:
                 continue
             want = params[action.dest].default
             assert action.default == want or (action.default in ([], "") and want in ((), "")), (name, action.dest)

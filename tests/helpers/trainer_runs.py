@@ -63,9 +63,10 @@ def default_data() -> str:
     return str(stdlib_dataset())
 
 
-def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
-           cp: int = 1, dtype: str = "float32", steps: int = STEPS, compile: bool = False, dropout: float = 0.0,
-           tied: bool | None = None, train_kw: dict[str, Any] | None = None, **plan_kw: Any) -> TrainConfig:
+def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1,
+           ep: int = 1, cp: int = 1, dtype: str = "float32", steps: int = STEPS, compile: bool = False,
+           dropout: float = 0.0, tied: bool | None = None, train_kw: dict[str, Any] | None = None,
+           **plan_kw: Any) -> TrainConfig:
     """The config of one case, dumped to out/<name>.dump/: ``model`` a preset name or a spec; ``dropout``
     and ``tied`` override the model's; ``train_kw`` further TrainConfig fields."""
     spec = (get_model(model) if isinstance(model, str) else model).replace(dropout=dropout)

@@ -113,5 +113,6 @@ TORCHTITAN_FIELDS = {
     "debug": frozenset("seed deterministic deterministic_warn_only moe_force_load_balance".split()),
     # [quantize.linear.float8] (Float8Linear, under Quantize.linear: QuantizedLinear.float8)
     "quantize.linear.float8": frozenset(
-        "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp recipe_name filter_fqns emulate".split()),
+        "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp recipe_name filter_fqns "
+        "emulate".split()),
 }

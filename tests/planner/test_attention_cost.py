@@ -3,8 +3,8 @@ refitted from the H200 micro-benchmark it was taken from, the engines' attention
 recomputation each engine's selective mode reruns.
 
 Broken on purpose and seen to fail here: the backward at 1x (not 2.5x) the forward; the rate's
-saturation taken from the local queries instead of the keys; attn_eff back to the old 0.30 prior on H100 (the refit test);
-the FA2 ratio applied to Megatron-Core (the kernel test); torchtitan's selective rerunning the
+saturation taken from the local queries instead of the keys; attn_eff back to the old 0.30 prior on H100 (the refit
+test); the FA2 ratio applied to Megatron-Core (the kernel test); torchtitan's selective rerunning the
 attention core (the per-op recompute test); the cp ring priced as one call over all the keys (the
 context-parallel test); torchtitan's per-op rerun left without its all-gathers (``tp_again`` dropped in
 cost.step: the per-op collectives test)."""

@@ -8,7 +8,8 @@ Broken on purpose and seen to fail here:
 - TE's all-gather not gathering again in the backward (``regather`` dropped): test_all_gather_exposed_by_hand;
 - the a2a all-to-alls counted once a pass instead of twice (Q,K,V and the output): test_a2a_by_hand;
 - ``kernel_calls`` ignored by ``layer_times`` (always cp calls): test_kernel_calls_follow_the_exchange;
-- megatron-core's entry dropped from plan.CP_COMMS_WITHOUT_WINDOWS: test_a_windowed_model_needs_an_exchange_that_runs_windows;
+- megatron-core's entry dropped from plan.CP_COMMS_WITHOUT_WINDOWS:
+  test_a_windowed_model_needs_an_exchange_that_runs_windows;
 - megatron-core's sinks entry dropped from plan.CP_COMMS_WITHOUT_SINKS: test_attention_sinks_need_the_all_to_all;
 - the heads check dropped (``_a2a_heads_broken`` all False): test_a2a_needs_cp_to_divide_the_heads_a_rank_holds;
 - Megatron's "allgather" spelling replaced by TE's "all_gather" in the export: test_exports_carry_the_exchange.
@@ -47,7 +48,8 @@ def test_each_engine_offers_and_picks_its_own() -> None:
     # a model with sliding windows: Transformer Engine's ring does not run them, its all-to-all does
     assert get_engine("megatron-core").cp_exchange("", get_model("gpt-oss-20b")).comm == "a2a"
     assert get_engine("megatron-core").cp_exchange("all_gather").calls == "chunks"
-    with pytest.raises(UserError, match="torchtitan does not run context parallelism that way; it offers all_gather, p2p"):
+    with pytest.raises(UserError,
+                       match="torchtitan does not run context parallelism that way; it offers all_gather, p2p"):
         get_engine("torchtitan").cp_exchange("a2a")
     with pytest.raises(UserError, match="--cp-comm must be one of p2p, all_gather, a2a"):
         get_engine("megatron-core").cp_exchange("ring")

@@ -73,7 +73,8 @@ def test_the_fused_loss_holds_two_16_bit_logits_where_upcast_holds_three_fp32() 
     meg = get_engine("megatron-core")
     own, upcast = (stage_memory(p, 0, meg).activations for p in (mc, mc.replace(cross_entropy="upcast")))
     assert upcast - own == pytest.approx(logits * (12 - 6), rel=1e-12)
-    assert any(n.startswith("cross-entropy: inplace, the logits held at 6 bytes") for n in estimate_plan(mc, H200).notes)
+    notes = estimate_plan(mc, H200).notes
+    assert any(n.startswith("cross-entropy: inplace, the logits held at 6 bytes") for n in notes)
     for f in ("weights", "gradients", "optimizer"):
         assert getattr(up.memory_bytes, f) == getattr(fu.memory_bytes, f)
     assert fu.time_s.compute < up.time_s.compute and fu.time_s.step < up.time_s.step
@@ -91,7 +92,8 @@ def test_each_runtimes_own() -> None:
     for name in ("megatron-core", "megatron-deepspeed"):
         assert get_engine(name).cross_entropy("", "fused") == get_engine(name).cross_entropy() == "inplace"
     own = estimate_plan(_plan(elementwise="fused"), H200)
-    assert own.memory_bytes.total == estimate_plan(_plan(elementwise="fused", cross_entropy="fused"), H200).memory_bytes.total
+    assert own.memory_bytes.total == estimate_plan(_plan(elementwise="fused", cross_entropy="fused"),
+                                                   H200).memory_bytes.total
     eager = estimate_plan(_plan(), H200)
     assert eager.memory_bytes.activations == estimate_plan(_plan(cross_entropy="upcast"), H200).memory_bytes.activations
     assert own.trainer_memory_bytes == eager.trainer_memory_bytes

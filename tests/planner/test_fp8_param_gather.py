@@ -117,7 +117,8 @@ def test_plan_file_search_and_exports_carry_it(tmp_path) -> None:
     f8 = toml["quantize"]["linear"]["float8"]
     assert f8 == {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
     assert set(f8) <= TORCHTITAN_FIELDS["quantize.linear.float8"]
-    assert tomllib.loads(export(_plan(), "torchtitan").text)["quantize"]["linear"]["float8"] == {"recipe_name": "tensorwise"}
+    toml = tomllib.loads(export(_plan(), "torchtitan").text)
+    assert toml["quantize"]["linear"]["float8"] == {"recipe_name": "tensorwise"}
     # the search prices every candidate with it and keeps only the ZeRO stages that can gather
     res = search(LLAMA, H100, 16, 16, top=3, runtime="torchtitan",
                  options=SpaceOptions(tp=(1,), pp=(1,), fp8="current", fp8_param_gather=True))

@@ -202,7 +202,8 @@ def test_bad_ep_or_cp_is_one_line_and_exit_2(capsys) -> None:
     for argv, words in ((["--model", "mixtral-8x7b", "--gpus", "64", "--ep", "3"], "not divisible by ep 3"),
                         (["--model", "llama3-8b", "--gpus", "64", "--ep", "2"], "needs a mixture-of-experts model"),
                         (["--model", "llama3-8b", "--gpus", "48", "--cp", "3"], "divisible by 2*cp"),
-                        (["--model", "llama3-8b", "--gpus", "64", "--fp8", "delayed", "--dtype", "float32"], "bfloat16")):
+                        (["--model", "llama3-8b", "--gpus", "64", "--fp8", "delayed", "--dtype", "float32"],
+                         "bfloat16")):
         code = main(["estimate", "--cluster", "dgx-h100", *argv])
         err = capsys.readouterr().err
         assert code == 2, argv

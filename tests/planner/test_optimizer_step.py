@@ -1,11 +1,11 @@
-"""The optimizer step as each engine runs it (``EngineProfile.step_passes``, ``adam_kernel``; ``cost.step.optimizer_seconds``;
-``--adam-kernel``): torch's two AdamW kernels and its gradient clipping counted byte by byte with a dispatch-mode counter,
-exatrain's own gradient norm counted on its trainer's code, then priced exactly as counted; torchtitan's kernel switch,
-its export, the refusals.
+"""The optimizer step as each engine runs it (``EngineProfile.step_passes``, ``adam_kernel``;
+``cost.step.optimizer_seconds``; ``--adam-kernel``): torch's two AdamW kernels and its gradient clipping counted byte by
+byte with a dispatch-mode counter, exatrain's own gradient norm counted on its trainer's code, then priced exactly as
+counted; torchtitan's kernel switch, its export, the refusals.
 
-Broken on purpose and seen to fail here: the foreach kernel priced at 28 bytes like the fused one (the kernel-count test),
-exatrain's fused kernel kept under tensor parallelism (the exatrain pricing test), the norm's pass priced over the
-optimizer shard instead of the gradients as held (the exatrain pricing test at ZeRO-1), the trainer's norm back to a
+Broken on purpose and seen to fail here: the foreach kernel priced at 28 bytes like the fused one (the kernel-count
+test), exatrain's fused kernel kept under tensor parallelism (the exatrain pricing test), the norm's pass priced over
+the optimizer shard instead of the gradients as held (the exatrain pricing test at ZeRO-1), the trainer's norm back to a
 float64 copy of every gradient (the trainer norm test: 36 bytes a parameter), ``estimate_plan`` dropping
 ``adam_kernel`` on its way to ``evaluate`` (the torchtitan pricing test), the rule offering the switch to exatrain (the
 refusal tests), the torchtitan export without its ``[optimizer]`` section (the export test), the trainer's refusal

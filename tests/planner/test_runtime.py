@@ -69,7 +69,8 @@ def test_tp_overlap_hides_tp_comm_behind_gemms_only_with_sequence_parallelism() 
         assert on.time_s.compute == off.time_s.compute
     # megatron-deepspeed has no TP overlap: its TP time is the same with every overlap on
     kw = dict(tp=8, sequence_parallel=True, runtime="megatron-deepspeed")
-    assert _estimate(overlap="all", **kw).estimate.time_s.tp_comm == _estimate(overlap="none", **kw).estimate.time_s.tp_comm
+    assert (_estimate(overlap="all", **kw).estimate.time_s.tp_comm
+            == _estimate(overlap="none", **kw).estimate.time_s.tp_comm)
 
 
 def test_decomposed_tp_overlap_hides_each_collective_behind_its_own_gemm() -> None:
@@ -126,7 +127,8 @@ def test_grad_reduce_overlap_and_exatrains_pipeline_exception() -> None:
     assert 0 <= on.time_s.dp_comm < off.time_s.dp_comm
     # exatrain's DDP overlaps backward only without a pipeline schedule
     kw = dict(tp=2, pp=4, zero=0, runtime="exatrain")
-    assert _estimate(overlap="all", **kw).estimate.time_s.dp_comm == _estimate(overlap="none", **kw).estimate.time_s.dp_comm
+    assert (_estimate(overlap="all", **kw).estimate.time_s.dp_comm
+            == _estimate(overlap="none", **kw).estimate.time_s.dp_comm)
 
 
 @pytest.mark.parametrize("runtime", ENGINE_NAMES)

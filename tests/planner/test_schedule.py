@@ -151,7 +151,9 @@ def test_timeline_respects_dependencies_and_one_op_per_rank(case):
 
 
 def test_orders_follow_the_papers():
-    kinds = lambda sch, r, p, v, m: "".join("FBW"[k] for k in rank_order(sch, r, p, v, m)[0])
+    def kinds(sch, r, p, v, m):
+        return "".join("FBW"[k] for k in rank_order(sch, r, p, v, m)[0])
+
     assert kinds("gpipe", 0, 4, 1, 3) == "FFFBBB"
     assert kinds("1f1b", 0, 4, 1, 6) == "FFF" + "FB" * 3 + "BBB"  # p-1 warm-up forwards
     assert kinds("1f1b", 3, 4, 1, 6) == "FB" * 6

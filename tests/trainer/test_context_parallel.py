@@ -3,9 +3,9 @@
 float32, CPU, gloo, seed 0, STEPS steps, the checks of test_parity.py: per-step losses and gradient
 norms within RTOL, every parameter's step-1 gradient gathered whole within GRAD_RTOL
 (trainer_runs.grad_error), the weights after the last step within UPDATE_RTOL / WEIGHT_ATOL
-(trainer_runs.weight_errors). The trainer tests' shared launch of each rank count (conftest.py): cp2 alone (gpt-tiny: learned positions; and
-llama-tiny: rotary angles, grouped-query heads, dropout 0.1 keyed by sample, selective recomputation),
-then four ranks: tp2 x cp2, llama's tp2 + sequence parallelism x cp2 with dropout, cp2 x pp2 (1f1b)
+(trainer_runs.weight_errors). The trainer tests' shared launch of each rank count (conftest.py): cp2 alone (gpt-tiny:
+learned positions; and llama-tiny: rotary angles, grouped-query heads, dropout 0.1 keyed by sample, selective
+recomputation), then four ranks: tp2 x cp2, llama's tp2 + sequence parallelism x cp2 with dropout, cp2 x pp2 (1f1b)
 and cp2 x dp2 under FSDP (ZeRO-3), whose gradients are reduced and sharded over dp x cp.
 
 Measured on this machine (torch 2.13 CPU, 2026-12-01, ``pytest -s -m slow tests/trainer/

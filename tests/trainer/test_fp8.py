@@ -4,8 +4,8 @@ The error bound the layer must meet, derived from the formats (Micikevicius et a
 2209.05433, Table 1): rounding a scaled value v to E4M3 (3 mantissa bits) moves it by at most
 2^-4 |v| while v is normal, and by at most half the subnormal spacing, 2^-10, below 2^-6; E5M2 (2
 bits): 2^-3 |v| and 2^-17. Unscaled, the error of an entry t of a tensor scaled by s is at most
-e(t) = u |t| + d / s (u the relative rounding, d the subnormal half-spacing). A product of two rounded operands then errs by at most
-sum_k (e(x_k) |w_k| + |x_k| e(w_k) + e(x_k) e(w_k)) per output entry, plus the output's own rounding
+e(t) = u |t| + d / s (u the relative rounding, d the subnormal half-spacing). A product of two rounded operands then
+errs by at most sum_k (e(x_k) |w_k| + |x_k| e(w_k) + e(x_k) e(w_k)) per output entry, plus the output's own rounding
 (2^-8 relative in bf16; fp32 summation adds K 2^-24 sum |x w|, covered by a 1e-5 slack).
 
 Broken on purpose, and what failed:

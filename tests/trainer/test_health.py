@@ -148,7 +148,8 @@ def test_cuda_ranks_keep_the_wall_clock_watchdog(tmp_path: Path) -> None:
 
 def test_not_arrived_is_the_stale_ranks_else_the_ranks_behind() -> None:
     now = time.time()
-    beats = {0: beat(0, 16, "grad-sync", 1, now), 1: beat(1, 16, "grad-sync", 1, now), 2: beat(2, 16, "forward", 30, now)}
+    beats = {0: beat(0, 16, "grad-sync", 1, now), 1: beat(1, 16, "grad-sync", 1, now),
+             2: beat(2, 16, "forward", 30, now)}
     assert failures.not_arrived(beats, 4, now) == ([2, 3], "stale")  # rank 3 never beat
     beats[3] = beat(3, 16, "forward", 1, now, seq=1)
     beats[2] = beat(2, 16, "grad-sync", 1, now)
@@ -192,10 +193,12 @@ def ctx(p: Plan, ckpt: Path | None, run_dir: Path, resume: str = "exatrain train
 
 def fail(rank: int, kind: str, cause: str, completed: int, phase: str, t: float, **kw) -> dict:
     return {"rank": rank, "run": 0, "completed": completed, "phase": phase, "seq": 2, "time": t, "kind": kind,
-            "cause": cause, "exit_code": kw.pop("exit_code", 4), "user_error": False, "limit_s": 10.0, "beat_s": 1.0, **kw}
+            "cause": cause, "exit_code": kw.pop("exit_code", 4), "user_error": False, "limit_s": 10.0, "beat_s": 1.0,
+            **kw}
 
 
-def test_an_exception_in_one_rank_is_named_with_its_place_step_checkpoint_and_resume(ckpt: Path, tmp_path: Path) -> None:
+def test_an_exception_in_one_rank_is_named_with_its_place_step_checkpoint_and_resume(ckpt: Path,
+                                                                                     tmp_path: Path) -> None:
     now = time.time()
     p = plan()
     fails = {3: fail(3, "error", "ValueError: bad shard", 16, "backward", now - 2),
@@ -285,7 +288,7 @@ def test_exception_text_is_one_short_line() -> None:
     assert len(failures.compact(ValueError("x" * 1000))) == 400
 
 
-# --- how a rank classifies what ended it -------------------------------------------------------------------------------
+# --- how a rank classifies what ended it ------------------------------------------------------------------------------
 class Ended(Exception):
     pass
 
@@ -353,7 +356,7 @@ def test_dcp_checkpoint_exception_a_baseexception_is_recorded_as_the_ranks_own_f
     assert m.got[0] == "error" and m.got[1].startswith("CheckpointException") and m.got[2] == 4
 
 
-# --- metrics files ----------------------------------------------------------------------------------------------------------
+# --- metrics files ----------------------------------------------------------------------------------------------------
 def step(i: int) -> dict:
     return {"kind": "step", "step": i, "loss": 5.0 - 0.1 * i}
 
@@ -391,7 +394,8 @@ def test_the_failed_record_keeps_what_the_run_measured_and_its_ranks(tmp_path: P
     rec = read_run_records(metrics)[-1]
     assert rec.status == "failed" and rec.error == str(d.error) and rec.failure["rank"] == 1
     assert isinstance(rec.measured, Measured) and rec.measured.steps == 3 and rec.measured.peak_memory_bytes == 20
-    assert rec.rank_times == {"steps": 2, "windows": 1, "compute_s": [0.1, 0.3], "wait_s": [0.2, 0.0], "stragglers": [1]}
+    assert rec.rank_times == {"steps": 2, "windows": 1, "compute_s": [0.1, 0.3], "wait_s": [0.2, 0.0],
+                              "stragglers": [1]}
     assert rec.env["world_size"] == 2 and rec.env["backend"] == "gloo" and rec.env["wall_s"] == 12.0
     # a record read back equals the one written; records from before these fields still load
     assert RunRecord.from_dict(rec.to_dict()) == rec
@@ -400,15 +404,17 @@ def test_the_failed_record_keeps_what_the_run_measured_and_its_ranks(tmp_path: P
     assert RunRecord.from_dict(old).failure is None
 
 
-# --- the per-rank picture -----------------------------------------------------------------------------------------------------
+# --- the per-rank picture ---------------------------------------------------------------------------------------------
 def test_the_per_rank_picture_draws_the_last_runs_windows(tmp_path: Path) -> None:
     from PIL import Image
 
     from exatrain.report.ranks import rank_times
 
     coords = [[r % 2, 0, r // 2] for r in range(4)]
-    w = lambda a, b, c3, named: {"kind": "ranks", "first_step": a, "last_step": b, "compute_s": [0.1, 0.1, 0.1, c3],
-                                 "wait_s": [0.3, 0.3, 0.3, 0.1], "coords": coords, "slow": [3], "stragglers": named}
+    def w(a, b, c3, named):
+        return {"kind": "ranks", "first_step": a, "last_step": b, "compute_s": [0.1, 0.1, 0.1, c3],
+                "wait_s": [0.3, 0.3, 0.3, 0.1], "coords": coords, "slow": [3], "stragglers": named}
+
     lines = [w(1, 3, 9.0, []), RunRecord(plan=plan(), measured=None).to_dict(),  # an earlier run: not drawn
              w(1, 3, 0.4, []), w(4, 6, 0.4, [3]),
              {"kind": "superseded", "resumed_from_step": 3, "line": w(4, 6, 7.0, [3])}, w(4, 9, 0.3, [3])]

@@ -81,7 +81,8 @@ def test_layer_equals_transformers_mixtral_block() -> None:
     y_ref.backward(g)
     for mine, theirs in ((x1.grad, x2.grad), (ours.router.weight.grad, ref.gate.weight.grad),
                          (ours.experts.w2.grad, ref.experts.down_proj.grad),
-                         (torch.cat([ours.experts.w1.grad, ours.experts.w3.grad], dim=1), ref.experts.gate_up_proj.grad)):
+                         (torch.cat([ours.experts.w1.grad, ours.experts.w3.grad], dim=1),
+                          ref.experts.gate_up_proj.grad)):
         assert_close(mine, theirs)
 
 

@@ -32,9 +32,9 @@ loss-only parity took.
 bf16 (autocast; weights, gradients and AdamW states float32): the bf16 reference's step-1 gradients
 are 2.1e-2 (grad_error) from the float32 reference's. dp2 with DDP runs the reference's own
 micro-batches and averages in float32, so it gets the float32 bounds (measured: gradients and weights
-equal bit for bit, losses within 8.7e-8), which a float32 run misses by far. FSDP's mixed precision is another recipe (bf16 weights gathered,
-norms and embeddings included; micro-batch gradients accumulated in bf16): its losses are 4.1e-4 from
-the bf16 reference, farther than float32's 4.9e-5, so no loss bound tells it from float32; it must
+equal bit for bit, losses within 8.7e-8), which a float32 run misses by far. FSDP's mixed precision is another recipe
+(bf16 weights gathered, norms and embeddings included; micro-batch gradients accumulated in bf16): its losses are 4.1e-4
+from the bf16 reference, farther than float32's 4.9e-5, so no loss bound tells it from float32; it must
 show bf16 weights and bf16 outputs in its forward and gradients at least FP32_FLOOR from float32's.
 
 A plan with pp 1 and an interleaved schedule is executed as the plain one-stage plan; that is checked

@@ -63,7 +63,8 @@ MODELS = {
 
 
 def train_config(spec: ModelSpec, dump: Path, grad_clip: float) -> TrainConfig:
-    plan = Plan(model=spec, dims=ParallelDims(), shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype="float32").validate()
+    plan = Plan(model=spec, dims=ParallelDims(), shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH),
+                dtype="float32").validate()
     return TrainConfig(plan=plan, steps=STEPS, seed=0, lr=LR, warmup_steps=WARMUP, grad_clip=grad_clip,
                        quiet=True, dump_dir=str(dump)).check()
 

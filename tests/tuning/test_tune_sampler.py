@@ -18,8 +18,9 @@ from exatrain.tuning.sampler import (Candidates, HopelessPruner, Observations, c
 @pytest.fixture(scope="module")
 def cands() -> Candidates:
     # A runtime that runs every pipeline schedule and judges memory by the accounting (torchtitan): 80 layouts of
-    # many meshes, schedules and ZeRO stages. (Megatron-DeepSpeed's run 1F1B only.) (exatrain's own candidates of this size are mostly ZeRO twins of one mesh,
-    # among which a single fast measurement is, rightly, not believed enough to stop the study.)
+    # many meshes, schedules and ZeRO stages. (Megatron-DeepSpeed's run 1F1B only.) (exatrain's own candidates of this
+    # size are mostly ZeRO twins of one mesh, among which a single fast measurement is, rightly, not believed enough to
+    # stop the study.)
     result = search(get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=80, dtype="float32",
                     runtime="torchtitan")
     return Candidates.from_plans(result.ranked, gpus=4, global_batch=8)

@@ -128,7 +128,8 @@ def pp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
 
 def dp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
     """The DP collectives of one rank of pipeline stage ``pp_rank``, once per step (see
-    ``dp_collectives_for``; a MoE model's experts whole on every rank: ep is counted by ``dp_collective_times`` of ``cost.step``)."""
+    ``dp_collectives_for``; a MoE model's experts whole on every rank: ep is counted by ``dp_collective_times`` of
+    ``cost.step``)."""
     if plan.model.is_moe:
         dense, experts = stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
                                             layers_per_stage=plan.layers_per_stage())[pp_rank]

@@ -799,5 +799,5 @@ def get_engine(name: str) -> EngineProfile:
         raise UserError(f"unknown engine {name!r}; use one of {', '.join(ENGINE_NAMES)}") from None
 
 
-__all__ = ["ADAM_BYTES", "ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule", "get_engine",
-           "plan_engine"]
+__all__ = ["ADAM_BYTES", "ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule",
+           "get_engine", "plan_engine"]

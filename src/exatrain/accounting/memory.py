@@ -349,8 +349,8 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         ``moe_layers_here`` of the ``layers_here`` layers are MoE layers (their activations with
         ``etp`` and ``capacity_factor``), and one all-to-all's buffers join "other";
       ``fp8``: the cached fp8 weights (``Fp8Recipe.weight_bytes_per_param`` per GEMM weight here;
-        under ZeRO-3 only the gathered layers') join the weights, GEMM inputs are saved in fp8, and delayed scaling's amax histories join
-        "other". The two transient working sets (CP's and the all-to-all's) belong to different
+        under ZeRO-3 only the gathered layers') join the weights, GEMM inputs are saved in fp8, and delayed scaling's
+        amax histories join "other". The two transient working sets (CP's and the all-to-all's) belong to different
         parts of a layer, so the larger of them is counted.
     ``cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``);
     ``pp_grad_share``: the part of a stage's unsharded gradient (EngineProfile.pp_unsharded_grad_bytes) alive

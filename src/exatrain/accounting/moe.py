@@ -13,8 +13,8 @@ tp*cp*dp and ep must divide experts: legality rules for the plan checks, not enf
 Routing, per MoE layer and micro-batch (Megatron-Core's all-to-all token dispatcher,
 megatron/core/transformer/moe/token_dispatcher.py): each rank routes the tokens it holds, T =
 b*s/cp, divided by tp under sequence parallelism (Megatron-LM's megatron/training/arguments.py
-requires sequence parallelism for MoE with tp > 1; without it every tp rank would route all T). Every token goes to top_k experts, so a
-rank sends T*top_k token copies and, with balanced routing, receives as many; ``capacity_factor``
+requires sequence parallelism for MoE with tp > 1; without it every tp rank would route all T). Every token goes to
+top_k experts, so a rank sends T*top_k token copies and, with balanced routing, receives as many; ``capacity_factor``
 is the largest load over the mean (a token-dropping capacity factor, or the measured imbalance of
 dropless routing: 1.0 = perfectly balanced). With etp > 1 the received copies are all-gathered over
 the etp group, each rank computing 1/etp of every local expert's width.

@@ -35,6 +35,7 @@ from exatrain.report.text import make_console, opt, render_estimate, render_scal
 
 __all__ = ["EXPORT_TARGETS", "describe", "estimate_json", "explain",
            "search_json", "size", "total_params", "make_console", "opt", "render_estimate", "render_scaling",
-           "render_search", "table", "CompareResult", "ExatrainWarning", "TrainResult", "bench", "calibrate", "compare", "estimate",
-           "export_config", "export_model", "launch", "load_plan", "make_plan", "prepare", "report",
+           "render_search", "table", "CompareResult", "ExatrainWarning", "TrainResult", "bench", "calibrate",
+           "compare", "estimate", "export_config", "export_model", "launch", "load_plan", "make_plan", "prepare",
+           "report",
            "resolve_cluster", "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]

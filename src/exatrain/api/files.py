@@ -94,8 +94,10 @@ def report(*, out: str | Path = "report", plan: Sequence[str | Path] = (), searc
         cal = load_calibration(check_input_file(calibration, "--calibration"))
     c = (get_cluster(cluster) if cluster else
          load_cluster_file(check_input_file(cluster_file, "--cluster-file")) if cluster_file else None)
-    inputs = ReportInputs(plans=tuple(rin.read_plan(x) for x in plan), searches=tuple(rin.read_search(x) for x in search),
-                          scalings=tuple(rin.read_scaling(x) for x in scaling), runs=tuple(rin.read_runs(x) for x in runs),
+    inputs = ReportInputs(plans=tuple(rin.read_plan(x) for x in plan),
+                          searches=tuple(rin.read_search(x) for x in search),
+                          scalings=tuple(rin.read_scaling(x) for x in scaling),
+                          runs=tuple(rin.read_runs(x) for x in runs),
                           cluster=c, calibration=cal)
     return write_report(inputs, out)
 

@@ -204,7 +204,8 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
           global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
           sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
           stage_layers: Sequence[int] | None = None, dtype: str | None = None, flash_attention: bool | None = None,
-          cp: int | None = None, ep: int | None = None, fp8: str | None = None, steps: int = 100, seed: int = 0, lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
+          cp: int | None = None, ep: int | None = None, fp8: str | None = None, steps: int = 100, seed: int = 0,
+          lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
           weight_decay: float = 0.1, grad_clip: float = 1.0, device: str | None = None,
           metrics_file: str | Path | None = None, quiet: bool = False, nan_policy: str = "stop",
           tensorboard: str | Path | None = None, calibration: str | Path | None = None, compile: bool = False,
@@ -308,5 +309,5 @@ def _last_record(metrics: str | None, env: Any) -> RunRecord | None:
     return records[-1] if records else None
 
 
-__all__ = ["DEFAULT_MODEL", "TrainResult", "check_cpu_memory", "checkpoint_bytes", "describe_default", "embedded_default",
-           "state_bytes", "train"]
+__all__ = ["DEFAULT_MODEL", "TrainResult", "check_cpu_memory", "checkpoint_bytes", "describe_default",
+           "embedded_default", "state_bytes", "train"]

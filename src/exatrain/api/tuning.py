@@ -154,7 +154,8 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     if out_result.best is not None:
         out_result.best.plan.save(best_path)
 
-    return dataclasses.replace(out_result, storage=url, runs_file=str(files.runs_file), trials_dir=str(files.trials_dir),
+    return dataclasses.replace(out_result, storage=url, runs_file=str(files.runs_file),
+                               trials_dir=str(files.trials_dir),
                                best_file=str(best_path) if out_result.best is not None else None)
 
 

@@ -38,7 +38,8 @@ def collective_points(ranks: int, device: str = "cpu", quick: bool = False, time
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        procs = [ctx.Process(target=_rank_main, args=(r, ranks, port, device, quick, framework, queue)) for r in range(ranks)]
+        procs = [ctx.Process(target=_rank_main, args=(r, ranks, port, device, quick, framework, queue))
+                 for r in range(ranks)]
         for p in procs:
             p.start()
     finally:

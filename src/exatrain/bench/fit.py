@@ -43,7 +43,8 @@ class CalibrateResult:
         """Per device: the fitted factors, and the step-time error before and after the fit."""
         lines = []
         for f in self.fits:
-            lines.append(f"{f.device}: {f.runs} runs; fitted " + ", ".join(f"{k}={v:.3g}" for k, v in f.factors.items()))
+            fitted = ", ".join(f"{k}={v:.3g}" for k, v in f.factors.items())
+            lines.append(f"{f.device}: {f.runs} runs; fitted {fitted}")
             for when, e in (("before:", f.before), ("after: ", f.after)):
                 lines.append(f"  step-time error {when} median {e['median']:.1%}, p90 {e['p90']:.1%}, max "
                              f"{e['max']:.1%} (rms log-error {e['rms_log']:.3f}"

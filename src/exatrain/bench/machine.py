@@ -34,9 +34,11 @@ class BenchResult:
 
         p, spec = self.params, device_catalog().get(self.device)
         peak = p.peak_flops or (spec.peak_flops(self.dtype) if spec else None) or 0.0
-        lines = [f"{self.device} ({self.dtype}, {self.threads_per_rank} thread(s) per rank) measured in {self.seconds:.1f} s",
+        lines = [f"{self.device} ({self.dtype}, {self.threads_per_rank} thread(s) per rank) "
+                 f"measured in {self.seconds:.1f} s",
                  f"GEMM: {peak * p.gemm_eff / 1e12:.3f} TFLOPS at large sizes (peak {peak / 1e12:.3f}, eff "
-                 f"{p.gemm_eff:.2f}), dimension half-point {p.gemm_dim_half:.0f}, {p.gemm_overhead_s * 1e6:.1f} µs per call",
+                 f"{p.gemm_eff:.2f}), dimension half-point {p.gemm_dim_half:.0f}, "
+                 f"{p.gemm_overhead_s * 1e6:.1f} µs per call",
                  f"attention: {p.attn_eff:.1%} of peak; memory: {(p.mem_bytes_per_s or 0) / 1e9:.1f} GB/s copy, "
                  f"element-wise at {p.mem_eff:.0%} of it + {p.op_overhead_s * 1e6:.1f} µs per kernel; "
                  f"{p.step_overhead_s * 1e3:.1f} ms fixed per step"]

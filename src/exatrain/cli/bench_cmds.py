@@ -71,7 +71,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     result = call(api.calibrate, args)
     if args.json:
-        print_json({"out": args.out, "devices": {f.device: f.to_dict() for f in result.fits}, "skipped": result.skipped})
+        print_json({"out": args.out, "devices": {f.device: f.to_dict() for f in result.fits},
+                    "skipped": result.skipped})
         return 0
     make_console().print("\n".join([*result.summary_lines(), f"-> {args.out}"]), highlight=False)
     return 0
@@ -84,7 +85,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     "prediction": result.prediction})
         return 0
     con = make_console()
-    t = table(f"predicted vs measured ({'re-predicted with ' + args.calibration if args.calibration else 'predictions stored in the records'})",
+    source = "re-predicted with " + args.calibration if args.calibration else "predictions stored in the records"
+    t = table(f"predicted vs measured ({source})",
               ("run", "device", "pred s/step", "meas s/step", "error", "trainer model", "measured", "mem error"),
               left=("run", "device"))
     for c in result.comparisons:

@@ -38,9 +38,11 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 
     devices, clusters = device_catalog(), cluster_catalog()
     if args.json:
-        print_json({"devices": [d.__dict__ for d in devices.values()], "clusters": [c.to_dict() for c in clusters.values()]})
+        print_json({"devices": [d.__dict__ for d in devices.values()],
+                    "clusters": [c.to_dict() for c in clusters.values()]})
         return 0
-    t = table("devices", ("name", "vendor", "bf16 TFLOPS", "fp32 TFLOPS", "memory GiB", "HBM TB/s"), left=("name", "vendor"))
+    t = table("devices", ("name", "vendor", "bf16 TFLOPS", "fp32 TFLOPS", "memory GiB", "HBM TB/s"),
+              left=("name", "vendor"))
     for d in devices.values():
         t.add_row(d.name, d.vendor, opt(d.peak_tflops, "{:g}"), opt(d.peak_tflops_fp32, "{:g}"),
                   f"{d.hbm_bytes / 2**30:.1f}", f"{d.hbm_bytes_per_s / 1e12:.2f}")
@@ -48,7 +50,8 @@ def cmd_hardware(args: argparse.Namespace) -> int:
               left=("name", "device", "link tiers (span: GB/s per rank, latency)"))
     for cl in clusters.values():
         c.add_row(cl.name, cl.device.name, str(cl.gpus_per_node), "; ".join(
-            f"{t.name} ({t.span or 'network'}: {t.bytes_per_s / 1e9:g} GB/s, {t.latency_s * 1e6:g} us)" for t in cl.tiers))
+            f"{t.name} ({t.span or 'network'}: {t.bytes_per_s / 1e9:g} GB/s, {t.latency_s * 1e6:g} us)"
+            for t in cl.tiers))
     console = make_console()
     console.print(t)
     console.print(c)

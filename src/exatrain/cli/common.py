@@ -11,8 +11,8 @@ import sys
 import textwrap
 from typing import Any, Callable, Iterator
 
-from exatrain.plan import (ADAM_KERNELS, ATTENTION_KERNELS, CP_COMMS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES, GRAD_ACCUM,
-                           GRAD_ACCUM_FUSION, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
+from exatrain.plan import (ADAM_KERNELS, ATTENTION_KERNELS, CP_COMMS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES,
+                           GRAD_ACCUM, GRAD_ACCUM_FUSION, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
 
 

@@ -32,16 +32,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(splits dp: dp divisible by N)")
     g.add_argument("--fp8", choices=FP8_RECIPES, help="run the transformer blocks' linear layers' GEMMs in FP8 "
                    "(torch._scaled_mm, on the CPU too): the trainer runs 'current' (per-tensor dynamic scaling; "
-                   "e4m3 forward, e5m2 gradients), in bfloat16 training (the dtype then, unless --dtype says otherwise)")
+                   "e4m3 forward, e5m2 gradients), in bfloat16 training (the dtype then, unless --dtype says "
+                   "otherwise)")
     add_cluster_args(p, "the plan's, else local-cpu")
     g = p.add_argument_group("training")
-    for name, kind, help in (("--steps", positive_int, "optimizer steps"), ("--seed", nonneg_int, "weights and data order"),
+    for name, kind, help in (("--steps", positive_int, "optimizer steps"),
+                             ("--seed", nonneg_int, "weights and data order"),
                              ("--lr", float, "peak learning rate"), ("--warmup", nonneg_int, "linear warm-up steps"),
                              ("--min-lr-ratio", float, "cosine decay floor, x lr"),
                              ("--weight-decay", float, "AdamW weight decay"),
                              ("--grad-clip", float, "max global grad norm, 0 = off")):
         flag(g, api.train, name, help, type=kind)
-    g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda for a plan made for a GPU cluster, else cpu")
+    g.add_argument("--device", choices=("cpu", "cuda"),
+                   help="default: cuda for a plan made for a GPU cluster, else cpu")
     g.add_argument("--metrics-file", metavar="PATH", help="append one JSON line per step and a RunRecord at the end")
     g.add_argument("--quiet", action="store_true", help="no progress output")
     flag(g, api.train, "--nan-policy", "a non-finite loss or gradient norm: stop with the step number, or skip "
@@ -68,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag(g, api.train, "--keep-last", "keep only the newest K (default 0: all)", type=nonneg_int, metavar="K")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
     g.add_argument("--resume", metavar="auto|PATH", help="auto: continue from the newest complete checkpoint in "
-                   "--checkpoint-dir (start fresh if there is none); PATH: from that checkpoint. Any layout may load it")
+                   "--checkpoint-dir (start fresh if there is none); PATH: from that checkpoint. Any layout may "
+                   "load it")
     p.set_defaults(func=cmd_train)
 
 

@@ -40,12 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--launcher", metavar="TEMPLATE", help="start each run through this command, {cmd} = `python -m "
                    "exatrain.train ...`, e.g. 'srun -N4 --ntasks-per-node 8 {cmd}' (default: local ranks)")
     flag(g, t, "--candidates", "tune over the N best predicted feasible layouts", type=positive_int)
-    flag(g, t, "--seed-trials", "first trials: the best predicted layout of each of the N best tp x pp meshes", type=int)
+    flag(g, t, "--seed-trials", "first trials: the best predicted layout of each of the N best tp x pp meshes",
+         type=int)
     flag(g, t, "--prune-ratio", "stop a run below this x the best run after warm-up; 0 = never", type=float)
     flag(g, t, "--runtime", "the engine the candidates are ranked for: only exatrain, the trainer the trials run",
          metavar="ENGINE")
     g.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")
-    g.add_argument("--out", metavar="PATH", help="the best plan as JSON (default: beside the study, e.g. tune.best.json)")
+    g.add_argument("--out", metavar="PATH",
+                   help="the best plan as JSON (default: beside the study, e.g. tune.best.json)")
     g.add_argument("--runs-file", metavar="PATH",
                    help="append a RunRecord per finished run (default: beside the study, e.g. tune.runs.jsonl)")
     g.add_argument("--json", action="store_true", help="machine-readable output")

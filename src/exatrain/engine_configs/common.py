@@ -115,6 +115,6 @@ def adam_note(plan: Plan, target: str) -> str:
             "FusedAdam, which this config does not change")
 
 
-__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "adam_note", "elementwise_note", "even_split", "export", "fusion_note",
-           "kernel_note", "summary"]
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "adam_note", "elementwise_note", "even_split", "export",
+           "fusion_note", "kernel_note", "summary"]
 

@@ -122,7 +122,8 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     prec.append(Flag("--attention-backend", backend))
     notes += [note] if note else []
     prec += fp8_flags(plan)
-    if plan.cp > 1:  # the exchange the planner prices (cost.experts.cp_exposed_s; Megatron spells all_gather "allgather")
+    # the exchange the planner prices (cost.experts.cp_exposed_s; Megatron spells all_gather "allgather")
+    if plan.cp > 1:
         comm = cp_comm_for("megatron-core", plan.cp_comm, plan.model)
         par += [Flag("--context-parallel-size", str(plan.cp)),
                 Flag("--cp-comm-type", {"all_gather": "allgather"}.get(comm, comm))]
@@ -215,7 +216,8 @@ def moe_flags(plan: Plan) -> list[Flag]:
         out.append(Flag("--moe-layer-freq", freq))
     out += [Flag("--expert-model-parallel-size", str(plan.ep)), Flag("--expert-tensor-parallel-size", "1"),
             *((Flag("--moe-token-dispatcher-type", "alltoall"),) if plan.moe_dispatcher == "alltoall" else
-              (Flag("--moe-token-dispatcher-type", "flex"), Flag("--moe-flex-dispatcher-backend", plan.moe_dispatcher))),
+              (Flag("--moe-token-dispatcher-type", "flex"),
+               Flag("--moe-flex-dispatcher-backend", plan.moe_dispatcher))),
             Flag("--moe-grouped-gemm")]
     if plan.moe_capacity_factor:
         out += [Flag("--moe-expert-capacity-factor", repr(float(plan.moe_capacity_factor))),
@@ -372,7 +374,8 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
     if plan.sequence_parallel:  # megatron/arguments.py validate_args raises without it on CUDA
         header.append("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (required with --sequence-parallel).")
     text = _render("MEGATRON_DEEPSPEED", header, groups, notes,
-                   f"{plan.gpus} ranks, e.g. deepspeed pretrain_gpt.py \"${{MEGATRON_DEEPSPEED_ARGS[@]}}\" <data flags>.")
+                   f"{plan.gpus} ranks, e.g. deepspeed pretrain_gpt.py "
+                   "\"${MEGATRON_DEEPSPEED_ARGS[@]}\" <data flags>.")
     # The JSON goes beside the flags: a heredoc, so the fragment stays one self-contained file.
     text += (f"\n# DeepSpeed config — {DEEPSPEED} deepspeed/runtime/constants.py, deepspeed/runtime/zero/config.py\n"
              f"cat > {_q(ds_config_path)} <<'EXATRAIN_DS_CONFIG'\n{cfg}\nEXATRAIN_DS_CONFIG\n")

@@ -8,8 +8,8 @@ then carries ``step_range_s = step_s * [p10, p90]`` with the cell it came from a
 Which cell answers (``band_for``): the plan's runtime on its device's family when that cell holds
 at least ``MIN_RUNS`` runs; else every engine on that family; else, for a family with some runs but
 too few, every run of every family ("all/all") widened to cover that family's own p10-p90; a family
-with no published run at all gets ``WIDE_DEFAULT`` and says so. The default is a stated convention, not a measurement: a factor of
-three either way, wider than every measured cell (the MI250X runs reach ×2.25; the band test checks it).
+with no published run at all gets ``WIDE_DEFAULT`` and says so. The default is a stated convention, not a measurement: a
+factor of three either way, wider than every measured cell (the MI250X runs reach ×2.25; the band test checks it).
 """
 
 from __future__ import annotations

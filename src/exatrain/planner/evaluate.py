@@ -201,7 +201,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                     eng = engine_variant(k, grad_accum, grad_accum_fusion) if k == runtime else get_engine(k)
                     loss = (eng.cross_entropy(cross_entropy, elementwise) if k == runtime
                             else eng.cross_entropy())
-                    if cpd > 1:  # the working set of its exchange (the plan's choice for the runtime, else each one's own)
+                    # the working set of its exchange (the plan's choice for the runtime, else each one's own)
+                    if cpd > 1:
                         ext["cp_comm"] = cp_comm_for(k, cp_comm if k == runtime else "", model)
                     ext["recompute_modules"] = tuple(recompute_modules) if k == runtime else ()
                     partial = k == runtime and rerun_on_rank is not None and RECOMPUTE[rec] == "full"
@@ -210,7 +211,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                                         **ext)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
                 tot = sum(parts)
-                w = np.argmax(np.nan_to_num(tot, nan=-1.0), axis=1)  # the first of equal stages, as max() over stages picks
+                # the first of equal stages, as max() over stages picks
+                w = np.argmax(np.nan_to_num(tot, nan=-1.0), axis=1)
                 rows = idx[j]
                 worst[k][rows] = w
                 total[k][rows] = np.take_along_axis(tot, w[:, None], axis=1)[:, 0]

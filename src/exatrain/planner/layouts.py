@@ -18,9 +18,10 @@ from exatrain.plan import RECOMPUTE, SCHEDULES, Plan
 class Layouts:
     """N layouts (every field an array of N entries). ``stage_layers``: one custom split, in
     layers per virtual stage, shared by every layout (a plan's own); () = ``balanced_split``.
-    ``ep`` (expert parallelism, adds no ranks: ``plan.ParallelDims``) and ``cp`` (context parallelism, adds ranks: tp*cp*pp*dp)
-    default to 1 each; ``fp8``: one FP8 GEMM recipe for every layout ("" = none); ``recompute_layers``: the layers
-    of each virtual stage a full recomputation covers, the first ones (``Plan.recompute_layers``; default 0: all)."""
+    ``ep`` (expert parallelism, adds no ranks: ``plan.ParallelDims``) and ``cp`` (context parallelism, adds ranks:
+    tp*cp*pp*dp) default to 1 each; ``fp8``: one FP8 GEMM recipe for every layout ("" = none); ``recompute_layers``: the
+    layers of each virtual stage a full recomputation covers, the first ones (``Plan.recompute_layers``; default 0:
+    all)."""
 
     tp: np.ndarray
     pp: np.ndarray

@@ -148,7 +148,8 @@ def _scaling_section(s: ScalingInput, prefix: str, folder: Path) -> Section:
 
     rows = [(f"{p.gpus:,} GPUs {p.plan.label}", p.plan.estimate.time_s) for p in s.points]
     figs = [scaling_curves(s, folder / f"{prefix}-scaling.png"),
-            step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time per GPU count ({s.mode} scaling)")]
+            step_time_breakdown(rows, folder / f"{prefix}-step-time.png",
+                                f"step time per GPU count ({s.mode} scaling)")]
     first = s.points[0].plan
     return Section(title=f"{s.mode.capitalize()} scaling: {first.model.name} on {first.cluster or 'the cluster'}",
                    source=str(s.path), figures=tuple(figs))

@@ -83,7 +83,8 @@ def render_estimate(plan: Plan, con=None) -> None:
                       f"{(est.band or {}).get('text', '')})")
         line = f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.1f} model TFLOPS per GPU"
         con.print(line + (f" (MFU {est.mfu:.1%}, HFU {est.hfu:.1%}"
-                          + (f", against the {plan.dtype} peak" if plan.fp8 else "") + ")" if est.mfu is not None else ""))
+                          + (f", against the {plan.dtype} peak" if plan.fp8 else "") + ")"
+                          if est.mfu is not None else ""))
     for note in est.notes:
         con.print(f"[dim]· {note}[/]")
 
@@ -139,4 +140,5 @@ def render_scaling(result, con=None) -> None:
         con.print(f"FP8 GEMMs ({p.fp8} scaling); MFU against the {p.dtype} peak")
     if result.measured:
         con.print(f"{result.measured[0].source} measured: " + ", ".join(
-            f"{m.mode} {m.efficiency:.0%}" + (f" to {m.gpus:,} GPUs" if m.range_stated else "") for m in result.measured))
+            f"{m.mode} {m.efficiency:.0%}" + (f" to {m.gpus:,} GPUs" if m.range_stated else "")
+            for m in result.measured))

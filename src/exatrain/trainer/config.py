@@ -144,7 +144,8 @@ class TrainConfig:
         # The Adam kernel is torchtitan's switch (plan.ADAM_KERNELS); the trainer picks its own (train.fused_adamw_ok).
         if self.plan.adam_kernel:
             raise UserError(f"--adam-kernel {self.plan.adam_kernel} is torchtitan's switch; the exatrain trainer runs "
-                            "fused Adam over plain tensors on a GPU and foreach elsewhere: train a plan made without it")
+                            "fused Adam over plain tensors on a GPU and foreach elsewhere: train a plan made without "
+                            "it")
         # The plan was priced with its element-wise ops as it names them (plan.ELEMENTWISE): fused ones
         # are what --compile runs; eager ones what the trainer runs without it.
         if self.plan.elementwise == "fused" and not self.compile:
@@ -152,7 +153,8 @@ class TrainConfig:
                             "with --compile, or plan it with --elementwise eager")
         if self.plan.elementwise in ("eager", "eager-composite") and self.compile:
             raise UserError(f"this plan was priced with eager element-wise ops (--elementwise "
-                            f"{self.plan.elementwise}): train it without --compile, or plan it with --elementwise fused")
+                            f"{self.plan.elementwise}): train it without --compile, or plan it with --elementwise "
+                            "fused")
         if self.plan.fp8:  # what --fp8 runs here (trainer/fp8.py): current scaling, dense models
             from exatrain.trainer.fp8 import check_fp8
 

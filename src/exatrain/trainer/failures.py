@@ -485,7 +485,8 @@ def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *
     status = "oom" if "out of memory" in diag.failure.get("cause", "").lower() else "failed"
     append_run_record(metrics_file, RunRecord(
         plan=plan, measured=summarize(steps, plan, measure_after) if steps else None, status=status,
-        device=name, env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device), error=message[:4000],
+        device=name, env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device),
+        error=message[:4000],
         failure=diag.failure, rank_times=summarize_windows(windows)))
 
 

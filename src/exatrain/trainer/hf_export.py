@@ -55,7 +55,8 @@ def gpt2_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torc
         qkv = [p + f"attn.{w}" for w in ("wq", "wk", "wv")]
         out[h + "attn.c_attn.weight"] = torch.cat([sd[n + ".weight"] for n in qkv], dim=0).t()  # Conv1D: [in, out]
         out[h + "attn.c_attn.bias"] = torch.cat([sd[n + ".bias"] for n in qkv], dim=0)
-        out[h + "attn.c_proj.weight"], out[h + "attn.c_proj.bias"] = sd[p + "attn.wo.weight"].t(), sd[p + "attn.wo.bias"]
+        out[h + "attn.c_proj.weight"] = sd[p + "attn.wo.weight"].t()
+        out[h + "attn.c_proj.bias"] = sd[p + "attn.wo.bias"]
         out[h + "mlp.c_fc.weight"], out[h + "mlp.c_fc.bias"] = sd[p + "mlp.fc1.weight"].t(), sd[p + "mlp.fc1.bias"]
         out[h + "mlp.c_proj.weight"], out[h + "mlp.c_proj.bias"] = sd[p + "mlp.fc2.weight"].t(), sd[p + "mlp.fc2.bias"]
     if not spec.tied_embeddings:
@@ -167,5 +168,5 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-__all__ = ["FORMATS", "export_hf", "gpt2_config", "gpt2_weights", "llama_config", "llama_layer_weights", "llama_weights",
-           "rotate_half_rows"]
+__all__ = ["FORMATS", "export_hf", "gpt2_config", "gpt2_weights", "llama_config", "llama_layer_weights",
+           "llama_weights", "rotate_half_rows"]

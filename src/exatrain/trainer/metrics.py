@@ -156,7 +156,8 @@ def supersede_redone_steps(path: str | Path, resumed_from: int) -> int:
         obj = parsed[i]
         if not isinstance(obj, dict):
             continue
-        last = obj.get("step") if obj.get("kind") == "step" else obj.get("last_step") if obj.get("kind") == "ranks" else None
+        last = (obj.get("step") if obj.get("kind") == "step"
+                else obj.get("last_step") if obj.get("kind") == "ranks" else None)
         if isinstance(last, int) and last > resumed_from:
             raw[i] = json.dumps({"kind": "superseded", "resumed_from_step": resumed_from, "line": obj})
             marked += 1

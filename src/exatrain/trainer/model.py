@@ -384,5 +384,5 @@ def canonical_name(name: str, spec: ModelSpec) -> str:
 
 
 __all__ = ["ATTN_OUT", "ATTN_PROBS", "Attention", "Block", "Embeddings", "MLP", "MLP_OUT", "MoEBlock", "Transformer",
-           "apply_rope", "canonical_name", "dropout_keys", "init_fill", "init_std", "keep_mask", "make_block", "make_norm",
-           "rope_table"]
+           "apply_rope", "canonical_name", "dropout_keys", "init_fill", "init_std", "keep_mask", "make_block",
+           "make_norm", "rope_table"]

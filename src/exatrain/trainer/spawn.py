@@ -209,7 +209,8 @@ def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None) ->
                 alive = [r for r, c in enumerate(codes) if c is None]
                 if first_fail is not None:
                     wall = time.time()
-                    stale = [r for r in alive if r in beats and wall - float(beats[r]["time"]) > failures.stale_after(beats[r])]
+                    stale = [r for r in alive
+                             if r in beats and wall - float(beats[r]["time"]) > failures.stale_after(beats[r])]
                     if len(stale) == len(alive) or (stop_at is not None and now > stop_at):
                         _kill(procs, alive, out)
                 elif stall_s is not None and now - moved > stall_s:

@@ -340,7 +340,8 @@ class Trainer:
     def run(self) -> list[StepMetrics]:
         """Every step, the metrics lines, checkpoints, and the closing RunRecord (written by rank 0)."""
         config, plan = self.config, self.plan
-        title = (f"{plan.model.name}: tp{plan.tp} {f'cp{plan.cp} ' if plan.cp > 1 else ''}pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
+        title = (f"{plan.model.name}: tp{plan.tp} {f'cp{plan.cp} ' if plan.cp > 1 else ''}pp{plan.pp} dp{plan.dp} "
+                 f"zero{plan.zero_stage} "
                  f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}"
                  + (f", resumed at step {self.start_step}" if self.start_step else ""))
         progress = Progress(config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()),
@@ -359,7 +360,8 @@ class Trainer:
                 progress.update(m)
                 self._health_window(m, progress)
                 done = step + 1
-                if config.checkpoint_dir and (done == config.steps or (config.save_every and done % config.save_every == 0)):
+                if config.checkpoint_dir and (done == config.steps
+                                              or (config.save_every and done % config.save_every == 0)):
                     assert self.checkpointer is not None
                     self.health.enter("checkpoint")
                     self.checkpointer.save(done, self.pm, self.optimizer, self._trainer_state(done))

@@ -468,5 +468,6 @@ def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str
                   predicted_after=tuple(after.tolist()))
 
 
-__all__ = ["RUN_FACTORS", "RunFit", "RunPoint", "calibration_from_bench", "error_stats", "fit_attention", "fit_flash2", "fit_fp8",
-           "fit_gemm", "fit_link", "fit_memory", "fit_runs", "levenberg_marquardt", "nelder_mead", "predict_runs"]
+__all__ = ["RUN_FACTORS", "RunFit", "RunPoint", "calibration_from_bench", "error_stats", "fit_attention", "fit_flash2",
+           "fit_fp8", "fit_gemm", "fit_link", "fit_memory", "fit_runs", "levenberg_marquardt", "nelder_mead",
+           "predict_runs"]

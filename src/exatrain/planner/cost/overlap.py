@@ -150,4 +150,5 @@ def p2p_exposed(p2p_s, stage_fwd_s, *, rules: OverlapRules, interleaved):
     return np.where(np.asarray(interleaved), exposed(p2p_s, np.min(stage_fwd_s, axis=1)), p2p_s)
 
 
-__all__ = ["OVERLAP_CHOICES", "OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_rules", "p2p_exposed"]
+__all__ = ["OVERLAP_CHOICES", "OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_rules",
+           "p2p_exposed"]

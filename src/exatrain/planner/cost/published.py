@@ -58,9 +58,10 @@ class PublishedRun:
     # Which of the runtime's overlaps the run had on (cost.overlap.overlap_rules): Megatron-LM of
     # 2021-22 ran torch DDP where the sc21 scripts say --DDP-impl torch (pipeline size 1), whose bucketed
     # all-reduce overlaps backward, and its local DDP, which all-reduces after the last backward, where
-    # they say --DDP-impl local (the pipelined sizes; ``_narayanan_overlap``), and had neither the distributed optimizer's param-gather overlap nor TP comm overlap
-    # (both later Megatron-Core switches); the Frontier runs: DeepSpeed's defaults (overlap_comm off
-    # at ZeRO-1, deepspeed/runtime/zero/config.py), the authors' DeepSpeed config not being stated.
+    # they say --DDP-impl local (the pipelined sizes; ``_narayanan_overlap``), and had neither the distributed
+    # optimizer's param-gather overlap nor TP comm overlap (both later Megatron-Core switches); the Frontier runs:
+    # DeepSpeed's defaults (overlap_comm off at ZeRO-1, deepspeed/runtime/zero/config.py), the authors' DeepSpeed config
+    # not being stated.
     overlap: str = "all"
 
 
@@ -85,9 +86,9 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
         cluster = _cluster_for(r["hardware"])
         if src.startswith("Dash"):
             preset, tp, pp, dp, mb, gb = ASSUMED_FRONTIER_LAYOUTS[r["model_name"]]
-            plan = Plan(model=get_model(preset).replace(dropout=0.1), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb),
-                        zero_stage=1, recompute="full", flash_attention=True, cluster=cluster.name,
-                        runtime="megatron-deepspeed")
+            plan = Plan(model=get_model(preset).replace(dropout=0.1), dims=ParallelDims(tp, pp, dp),
+                        shape=TrainShape(mb, gb), zero_stage=1, recompute="full", flash_attention=True,
+                        cluster=cluster.name, runtime="megatron-deepspeed")
             out.append(PublishedRun("dash2023", r["model_name"], plan.validate(cluster), cluster,
                                     "hardware_tflops_per_gpu", _first_number(r["measured_tflops_per_gpu"]),
                                     overlap="default"))

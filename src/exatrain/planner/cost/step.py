@@ -37,7 +37,8 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.plan import RECOMPUTE, SCHEDULES, Plan, TimeBreakdown, full_rerun_layers
 from exatrain.planner.cost import compute, experts, network
 from exatrain.planner.cost.coefficients import CostParams
-from exatrain.planner.cost.overlap import OverlapRules, engine_collectives, exposed, is_gather, overlap_rules, p2p_exposed
+from exatrain.planner.cost.overlap import (OverlapRules, engine_collectives, exposed, is_gather, overlap_rules,
+                                           p2p_exposed)
 from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
 
 TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "ep_comm",
@@ -420,14 +421,14 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     ``params_by_rank`` (N, pp), tp (N,), ``m`` micro-batches, ``zero`` stages, ``recompute`` indices, FSDP's
     ``shard`` size (N,)), spread evenly over a step's micro-batches: its accumulation outside the GEMMs
     (``with_accumulation``); autograd's adds into a kept 16-bit .grad after the first micro-batch
-    (``EngineProfile.later_accum``, DeepSpeed at ZeRO-0/1); at the ZeRO stages that keep fp32 parameters whole (``EngineProfile.param_pass_zero``,
-    DDP) autocast's weight casts (bfloat16 training: the forward, a full recomputation's rerun of the blocks, the
-    gradients back in the backward) and autograd's fp32 adds into .grad after the first micro-batch; at those
-    FSDP2 shards (``fsdp_pass_zero``, bfloat16 training) each gather's copies into and out of its buffer (the
-    shard cast to bf16, the gathered weights copied out; ZeRO-3 gathers again in the backward), the unsharded
-    gradients kept in fp32 between micro-batches (the first cast, each later one added) and the last backward's
-    copies into and out of the reduce-scatter. With ``side_streams`` (a GPU) FSDP2 runs two of those beside the
-    compute, on its own streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each gather's copy-in of
+    (``EngineProfile.later_accum``, DeepSpeed at ZeRO-0/1); at the ZeRO stages that keep fp32 parameters whole
+    (``EngineProfile.param_pass_zero``, DDP) autocast's weight casts (bfloat16 training: the forward, a full
+    recomputation's rerun of the blocks, the gradients back in the backward) and autograd's fp32 adds into .grad after
+    the first micro-batch; at those FSDP2 shards (``fsdp_pass_zero``, bfloat16 training) each gather's copies into and
+    out of its buffer (the shard cast to bf16, the gathered weights copied out; ZeRO-3 gathers again in the backward),
+    the unsharded gradients kept in fp32 between micro-batches (the first cast, each later one added) and the last
+    backward's copies into and out of the reduce-scatter. With ``side_streams`` (a GPU) FSDP2 runs two of those beside
+    the compute, on its own streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each gather's copy-in of
     the shard (all_gather_copy_in_stream) and the reduce-scatter output's copy into the shard's .grad (the
     reduce-scatter stream); they lengthen the collectives they feed, not the compute, and are left out here. The
     gathered weights' copy-out and the reduce-scatter's copy-in run on the compute stream. Without streams (the

@@ -1,1 +1,2 @@
-"""Configuration search: the legal space, its vectorised evaluation and ranking (tuning by real runs: exatrain.tuning)."""
+"""Configuration search: the legal space, its vectorised evaluation and ranking (tuning by real runs:
+exatrain.tuning)."""

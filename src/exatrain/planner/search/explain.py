@@ -19,7 +19,8 @@ def _terms(plans: Sequence[Plan]) -> tuple[str, ...]:
 def describe(p: Plan) -> str:
     """Every layout choice in one line: 'tp8·pp32·dp12 mb1 ZeRO-2 none SP zero_bubble×4'."""
     sched = "" if p.pp == 1 else f" {p.schedule_label}"
-    return f"{p.label} mb{p.micro_batch} ZeRO-{p.zero_stage} {p.recompute_label}{' SP' if p.sequence_parallel else ''}{sched}"
+    sp = " SP" if p.sequence_parallel else ""
+    return f"{p.label} mb{p.micro_batch} ZeRO-{p.zero_stage} {p.recompute_label}{sp}{sched}"
 
 
 def explain(ranked: Sequence[Plan], runners_up: int = 3) -> list[str]:
@@ -36,8 +37,9 @@ def explain(ranked: Sequence[Plan], runners_up: int = 3) -> list[str]:
         b = other.estimate.time_s  # type: ignore[union-attr]
         diffs = sorted(((getattr(b, k) - getattr(a, k), k) for k in terms), key=lambda x: -abs(x[0]))
         parts = [f"{k} {'+' if d > 0 else '−'}{abs(d):.3f} s" for d, k in diffs[:2] if abs(d) > 1e-9]
-        lines.append(f"#{i} {describe(other)} is {b.step / a.step - 1:.1%} slower: " + (", ".join(parts) or "same terms")
-                     + f"; it would need {other.estimate.memory_bytes.total / GiB:.1f} GiB")  # type: ignore[union-attr]
+        need = other.estimate.memory_bytes.total / GiB  # type: ignore[union-attr]
+        lines.append(f"#{i} {describe(other)} is {b.step / a.step - 1:.1%} slower: "
+                     + (", ".join(parts) or "same terms") + f"; it would need {need:.1f} GiB")
     return lines
 
 

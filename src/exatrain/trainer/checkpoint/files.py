@@ -215,7 +215,8 @@ def read_tensor_table(path: str | Path, listed: dict[str, Any]) -> dict[str, dic
         volume = 0
         boxes = []
         for c in t["chunks"]:
-            if not isinstance(c, dict) or not _dims(c.get("offsets"), len(size)) or not _dims(c.get("sizes"), len(size)) \
+            if not isinstance(c, dict) or not _dims(c.get("offsets"), len(size)) \
+                    or not _dims(c.get("sizes"), len(size)) \
                     or not isinstance(c.get("file"), str) or not isinstance(c.get("key"), str):
                 raise CheckpointError(f"{where} has a malformed chunk (needs offsets, sizes, file, key)")
             if any(o + n > s for o, n, s in zip(c["offsets"], c["sizes"], size)):

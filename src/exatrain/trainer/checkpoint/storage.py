@@ -91,7 +91,8 @@ class SafetensorsWriter(_AtPath, StorageWriter):
             data = planner.resolve_data(item)
             key = _key(item.index.fqn, item.index.offset or ())
             tensors[key] = data.detach().to("cpu").contiguous().clone()
-            results.append(WriteResult(index=item.index, size_in_bytes=tensors[key].numel() * tensors[key].element_size(),
+            results.append(WriteResult(index=item.index,
+                                       size_in_bytes=tensors[key].numel() * tensors[key].element_size(),
                                        storage_data={"file": file, "key": key}))
         if tensors:
             save_file(tensors, str(self.path / file))

@@ -107,4 +107,5 @@ def shard_batch(x: torch.Tensor, shard: ContextShard | None) -> torch.Tensor:
     return x.index_select(1, shard.positions.to(x.device)).contiguous()
 
 
-__all__ = ["ContextShard", "GatherSequence", "apply_context_parallel", "chunk_positions", "context_shard", "shard_batch"]
+__all__ = ["ContextShard", "GatherSequence", "apply_context_parallel", "chunk_positions", "context_shard",
+           "shard_batch"]

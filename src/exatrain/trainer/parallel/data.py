@@ -14,8 +14,9 @@
 
 DDP cannot hold DTensor parameters (its reducer and its initial broadcast work on plain tensors), nor can
 ZeroRedundancyOptimizer (it broadcasts updated parameters), so with ZeRO-0/1 under tensor parallelism
-each DTensor parameter is registered as its local shard and re-wrapped as a DTensor on access (a parametrization, ``DTensor.from_local``): DDP and ZeroRedundancyOptimizer see plain
-tensors, the layer sees the DTensor, and gradients flow through ``from_local`` to the local shard.
+each DTensor parameter is registered as its local shard and re-wrapped as a DTensor on access (a parametrization,
+``DTensor.from_local``): DDP and ZeroRedundancyOptimizer see plain tensors, the layer sees the DTensor, and gradients
+flow through ``from_local`` to the local shard.
 
 Mixed precision (bf16): weights, gradients and optimizer states stay float32 (the master copy);
 compute runs under autocast; FSDP gathers bf16 weights and reduces gradients in float32.

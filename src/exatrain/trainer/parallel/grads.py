@@ -6,8 +6,8 @@ all-reduce over the world sums those. A tensor-parallel shard is held once; a re
 tp times (norms, biases after the all-reduce); under DDP/ZeRO-1 every gradient is also replicated dp
 times, under FSDP sharded; a tied embedding split over the pipeline has two copies (first and
 last stage). Under context parallelism the cp ranks hold replicas as the dp ranks do: ``dp`` here
-is then dp x cp (parallel/context.py). Routed experts under expert parallelism are sharded over ep and replicated over tp and
-the dp/ep expert-data-parallel ranks.
+is then dp x cp (parallel/context.py). Routed experts under expert parallelism are sharded over ep and replicated over
+tp and the dp/ep expert-data-parallel ranks.
 
 Averaging over data parallelism: a dense gradient is averaged over the dp group. An expert's
 gradient under expert parallelism already holds the contributions of the tokens every rank of its ep
@@ -167,4 +167,5 @@ def clip_grad_norm(entries: list[GradEntry], max_norm: float, device: torch.devi
     return norm
 
 
-__all__ = ["GradEntry", "average_over_dp", "clip_grad_norm", "grad_entries", "local_grad", "settle_grads", "sync_tied_embedding"]
+__all__ = ["GradEntry", "average_over_dp", "clip_grad_norm", "grad_entries", "local_grad", "settle_grads",
+           "sync_tied_embedding"]
