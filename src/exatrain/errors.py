@@ -4,7 +4,7 @@ The CLI turns a `UserError` (or a subclass) into one line on stderr, ``exatrain 
 and returns the exception's ``exit_code``; no traceback. Anything else escaping is a bug in exatrain
 and keeps its traceback.
 
-Exit statuses (README, "Exit statuses"):
+Exit statuses (docs/cli.md, "Exit statuses"):
 
     0    success
     2    bad input: a missing or malformed file, an unknown preset, an impossible layout (UserError)

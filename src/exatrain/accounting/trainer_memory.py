@@ -43,7 +43,7 @@ sequence through everything token-wise, its attention keeps the all-gathered key
 whole sequence and the [s/cp, s] mask, and its states are sharded over dp x cp. Both were checked
 against the trace (tests/bench/test_trace_moe_cp.py, within 1.6% on eight ranks of seven layouts).
 
-Not counted (runtime overheads measured by neither model; see the README's "Calibration and
+Not counted (runtime overheads measured by neither model; see docs/accuracy.md, "Calibration and
 validation"): DDP's gradient buckets, torch.distributed.pipelining's per-micro-batch receive
 buffers, DTensor's replicated gradient of the vocabulary-parallel embedding, and a loss computed
 on whole-vocabulary logits when autocast is on around ``loss_parallel``. Per-norm statistics
