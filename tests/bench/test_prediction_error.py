@@ -252,7 +252,7 @@ def test_torchtitan_rows_before_fused_adam_run_foreach(pe) -> None:
 
 
 def test_kinds_of_run_partition_the_priced_rows(pe, base) -> None:
-    """The per-kind summary the README quotes counts every out-of-sample row exactly once: dense rows
+    """The per-kind summary the docs quote counts every out-of-sample row exactly once: dense rows
     apart by FP8 GEMMs, MoE and long-context by the table's kind column."""
     rows, table = base
     kinds = table["kinds"]

@@ -96,7 +96,7 @@ def test_timeline_names_schedules_it_cannot_draw(est_tiny: dict, tmp_path: Path)
 
 
 def test_1t_timeline_matches_its_estimate_and_stays_small(est_1t: dict, tmp_path: Path) -> None:
-    """The README's picture: 64 ranks × 256 micro-batches under four schedules, ≤ 200 KB."""
+    """The picture of docs/planning.md: 64 ranks × 256 micro-batches under four schedules, ≤ 200 KB."""
     plan, fig = _timeline(est_1t, tmp_path / "tl.png")
     own = next(r for r in fig.numbers["schedules"] if r["own"])
     assert own["schedule"] == "1f1b" and own["step_s"] == pytest.approx(est_1t["time_s"]["step"], rel=1e-9)
