@@ -43,7 +43,8 @@ def resolve_model(model: str | ModelSpec | None = None, model_file: str | Path |
     """A preset name, a ModelSpec or a model file; else ``base`` (a plan's model); else a model from
     the shape values alone (named 'custom'); else the ``default`` preset. Shape values (arch, layers,
     hidden, heads, kv_heads, ffn_hidden, seq_len, vocab) override; an overridden preset is named
-    '<preset>*'."""
+    '<preset>*'. A Hugging Face config.json takes ``seq_len`` as its own training sequence, and what its
+    reader chose (the sequence length when none is given, what it does not model) is an ExatrainWarning each."""
     unknown = set(shape) - set(MODEL_FIELDS)
     if unknown:
         raise TypeError(f"unknown model field(s): {', '.join(sorted(unknown))}")
@@ -52,8 +53,13 @@ def resolve_model(model: str | ModelSpec | None = None, model_file: str | Path |
     overrides = {k: v for k, v in shape.items() if v is not None}
     if isinstance(model, ModelSpec):
         found = model
-    elif model_file is not None:
-        found = load_model_file(check_input_file(model_file, "--model-file"))
+    elif model_file is not None:  # a config.json takes the sequence length as its own (it states none)
+        notes: list[str] = []
+        found = load_model_file(check_input_file(model_file, "--model-file"), seq_len=overrides.get("seq_len"),
+                                notes=notes)
+        overrides = {k: v for k, v in overrides.items() if not (k == "seq_len" and v == found.seq_len)}
+        for note in notes:
+            warner(None)(note)
     elif model is not None:
         found = get_model(model)
     elif base is not None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
+from exatrain.api import ExatrainWarning
 from exatrain.cli.common import Parser
 from exatrain.errors import UserError
 
@@ -24,6 +26,18 @@ COMMAND_MODULES = (
     "exatrain.cli.report_cmds",    # report
     "exatrain.cli.bench_cmds",     # bench, calibrate, validate
 )
+
+
+def _warning_line(command: str):
+    """``warnings.showwarning`` that prints an API's ExatrainWarning as one line on stderr (others as Python does)."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if issubclass(category, ExatrainWarning):
+            sys.stderr.write(f"exatrain {command}: warning: {message}\n")
+        else:
+            shown(message, category, filename, lineno, file, line)
+    return show
 
 
 def build_parser() -> Parser:
@@ -49,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ExatrainWarning)
+            warnings.showwarning = _warning_line(args.command)
+            return int(args.func(args) or 0)
     except UserError as exc:
         sys.stderr.write(f"exatrain {args.command}: error: {exc}\n")
         return exc.exit_code
