@@ -68,12 +68,13 @@ def megatron_padded_vocab(tokenizer_vocab: int, divisor: int, tp: int) -> int:
     return math.ceil(tokenizer_vocab / multiple) * multiple
 
 
+NO_DROPOUT = {"--attention-dropout": "0.0", "--hidden-dropout": "0.0"}  # both engines default to 0.1
 MODEL_175B = {"--num-layers": "96", "--hidden-size": "12288", "--ffn-hidden-size": "49152",
               "--num-attention-heads": "96", "--seq-length": "2048", "--max-position-embeddings": "2048",
-              "--make-vocab-size-divisible-by": "12800"}
+              "--make-vocab-size-divisible-by": "12800", **NO_DROPOUT}
 MODEL_1T = {"--num-layers": "128", "--hidden-size": "25600", "--ffn-hidden-size": "102400",
             "--num-attention-heads": "128", "--seq-length": "2048", "--max-position-embeddings": "2048",
-            "--make-vocab-size-divisible-by": "6400"}
+            "--make-vocab-size-divisible-by": "6400", **NO_DROPOUT}
 
 MEGATRON_LM = {  # megatron/training/arguments.py @ d98e8a64
     "175b": {**MODEL_175B, "--norm-epsilon": "1e-05", "--position-embedding-type": "learned_absolute",

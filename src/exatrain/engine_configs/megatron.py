@@ -46,6 +46,13 @@ def vocab_divisor(plan: Plan) -> int:
     return plan.model.vocab // plan.tp
 
 
+def dropout_flags(plan: Plan) -> list[Flag]:
+    """The model's dropout on attention probabilities and the residual branches: Megatron-LM's and Megatron-DeepSpeed's
+    --attention-dropout and --hidden-dropout default to 0.1, so a model without dropout must say 0."""
+    value = repr(float(plan.model.dropout))
+    return [Flag("--attention-dropout", value), Flag("--hidden-dropout", value)]
+
+
 def pipeline_layout(plan: Plan) -> str:
     """Megatron-LM's --pipeline-model-parallel-layout for an uneven split: virtual stages separated
     by '|', 't' a transformer layer (t*n for n of them), 'E' the embedding on the first and 'L' the
@@ -64,7 +71,7 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
              Flag("--ffn-hidden-size", str(m.ffn_hidden)), Flag("--num-attention-heads", str(m.heads)),
              Flag("--seq-length", str(m.seq_len)), Flag("--max-position-embeddings", str(m.seq_len)),
              Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
-             Flag("--norm-epsilon", repr(m.norm_eps))]
+             Flag("--norm-epsilon", repr(m.norm_eps)), *dropout_flags(plan)]
     if m.arch == "gpt":  # learned positions, LayerNorm, biases, GELU: Megatron's GPT defaults, made explicit
         shape += [Flag("--position-embedding-type", "learned_absolute"), Flag("--normalization", "LayerNorm")]
     else:
@@ -241,7 +248,7 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
              Flag("--ffn-hidden-size", str(m.ffn_hidden)), Flag("--num-attention-heads", str(m.heads)),
              Flag("--seq-length", str(m.seq_len)), Flag("--max-position-embeddings", str(m.seq_len)),
              Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
-             Flag("--layernorm-epsilon", repr(m.norm_eps))]
+             Flag("--layernorm-epsilon", repr(m.norm_eps)), *dropout_flags(plan)]
     if m.arch == "gpt":
         shape.append(Flag("--normalization", "layernorm"))
     else:
@@ -382,5 +389,5 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
     return Export("deepspeed", text, notes, files=((ds_config_path, cfg + "\n"),))
 
 
-__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "megatron_deepspeed_groups",
+__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "dropout_flags", "megatron_deepspeed_groups",
            "megatron_lm_groups", "pipeline_layout", "render_deepspeed", "render_megatron", "vocab_divisor"]
