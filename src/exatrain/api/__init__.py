@@ -10,6 +10,7 @@ name, a ClusterSpec or ``cluster_file``. Each call returns the typed result the 
 * ``bench``     -> BenchResult (a calibration)       ``calibrate`` -> CalibrateResult
 * ``compare``   -> CompareResult (predicted vs measured of recorded runs)
 * ``make_plan`` -> a validated Plan from layout values; ``load_plan`` reads any file holding one
+* ``from_launch`` -> the keyword arguments a Megatron-LM / Megatron-DeepSpeed launch or torchtitan TOML states
 * ``launch`` / ``export_config`` / ``prepare`` / ``export_model`` / ``report``: files for elsewhere
 
 Bad input raises ``exatrain.errors.UserError`` (one line naming the problem), before any work.
@@ -21,7 +22,7 @@ from exatrain.api.files import export_model, prepare, report, verify_dataset
 from exatrain.api.jobs import export_config, launch
 from exatrain.api.measuring import CompareResult, bench, calibrate, compare
 from exatrain.api.planning import estimate, scaling, search
-from exatrain.api.plans import ExatrainWarning, load_plan, make_plan, resolve_cluster, resolve_model
+from exatrain.api.plans import ExatrainWarning, from_launch, load_plan, make_plan, resolve_cluster, resolve_model
 from exatrain.api.training import TrainResult, train
 from exatrain.api.tuning import tune
 
@@ -36,6 +37,6 @@ from exatrain.report.text import make_console, opt, render_estimate, render_scal
 __all__ = ["EXPORT_TARGETS", "describe", "estimate_json", "explain",
            "search_json", "size", "total_params", "make_console", "opt", "render_estimate", "render_scaling",
            "render_search", "table", "CompareResult", "ExatrainWarning", "TrainResult", "bench", "calibrate",
-           "compare", "estimate", "export_config", "export_model", "launch", "load_plan", "make_plan", "prepare",
-           "report",
+           "compare", "estimate", "export_config", "export_model", "from_launch", "launch", "load_plan", "make_plan",
+           "prepare", "report",
            "resolve_cluster", "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]

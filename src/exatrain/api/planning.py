@@ -12,7 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Sequence
 
-from exatrain.api.plans import calibrated, layout_of, make_plan, resolve_cluster, resolve_model, shape_of, space_options
+from exatrain.api.plans import (calibrated, layout_of, make_plan, resolve_cluster, resolve_model, shape_of, space_options,
+                                with_launch)
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
 from exatrain.paths import check_output_file
@@ -107,7 +108,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              recompute_every: int | None = None,
              runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
-             out: str | Path | None = None, progress: Progress | None = None) -> Plan:
+             out: str | Path | None = None, progress: Progress | None = None,
+             from_file: str | Path | None = None) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
     megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
     exatrain's trainer does not build, ``plan.default_runtime``, said in the notes) runs it: the validated Plan (its
@@ -136,7 +138,11 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     own, the attention core). ``recompute_layers``: with ``recompute`` full, the first N layers of each (virtual) stage
     recomputed, the others not (Megatron-Core's block method; default: every layer); ``recompute_every``: with
     ``recompute`` full, one layer in N of each rank recomputed (torchtitan's layer-level selective checkpointing;
-    default: every layer). ``out``: also write the plan with its estimate as JSON."""
+    default: every layer). ``out``: also write the plan with its estimate as JSON. ``from_file``: a Megatron-LM /
+    Megatron-DeepSpeed launch or torchtitan job TOML whose model, world size, layout and settings fill every argument
+    left at its default (``plans.with_launch``)."""
+    if from_file is not None:
+        return estimate(**with_launch(locals(), estimate))
     values = dict(locals())
     if runtime is not None:
         check_runtime(runtime, overlap)
@@ -183,14 +189,17 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            recompute_layers: int | str | None = None,
            recompute_every: int | None = None,
            top: int = 10, runtime: str | None = None, overlap: str = "all",
-           calibration: str | Path | None = None, out: str | Path | None = None):
+           calibration: str | Path | None = None, out: str | Path | None = None,
+           from_file: str | Path | None = None):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
     values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
     fits, its overlaps (``overlap``, as for ``estimate``) and collectives the step time, its ZeRO
     stages are the candidates (None: as for ``estimate``, said in ``SearchResult.notes``).
     ``out``: write the best plan as JSON. No feasible layout is a UserError naming the constraint
-    that removed the most."""
+    that removed the most. ``from_file``: a launch (as for ``estimate``) whose values pin what it states."""
+    if from_file is not None:
+        return search(**with_launch(locals(), search))
     values = dict(locals())
     if gpus is None or global_batch is None:
         raise UserError("search needs --gpus and --global-batch")

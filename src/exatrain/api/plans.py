@@ -232,6 +232,63 @@ def load_plan(path: str | Path | Plan, *, flag: str = "--plan", warn: Warn | Non
     return Plan.from_dict(d, source=str(path))
 
 
+def from_launch(path: str | Path, *, gpus: int | None = None, model: bool = True,
+                shape: Mapping[str, Any] | None = None, warn: Warn | None = None) -> dict[str, Any]:
+    """The ``estimate`` / ``search`` keyword arguments a launch states: a Megatron-LM or Megatron-DeepSpeed script
+    (pretrain_gpt.py and its flags, the DeepSpeed JSON beside it) or a torchtitan job TOML, as
+    ``engine_configs.reading`` reads it — ``model`` (a ModelSpec; with ``model=False`` none, the caller gives its
+    own), ``gpus``, the layout by ``make_plan``'s names, ``runtime`` and ``overlap``. One warning line names what the
+    file leaves to the engine's defaults, one the options it has that exatrain does not read, one each what is read
+    otherwise than the file says. ``gpus``: the caller's world size, which wins over the file's (and gives one the
+    file leaves to its launcher); ``shape``: model shape values (vocab, layers, ...) filling or replacing the file's.
+    Use: ``estimate(**from_launch("pretrain.sh"), cluster="dgx-h100")``."""
+    from exatrain.engine_configs.reading import read_launch, side_file_names
+
+    p = check_input_file(path, "--from")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    side: dict[str, str] = {}
+    for name in side_file_names(text, source=str(p)):
+        found = next((c for c in (p.parent / name, Path(name)) if c.is_file()), None)
+        if found is not None:
+            side[name] = found.read_text(encoding="utf-8", errors="replace")
+    read = read_launch(text, source=str(p), side_files=side, gpus=gpus)
+    world = gpus or read.gpus
+    if world is None:
+        raise UserError(f"{p}: the world size is not stated ({read.world}); pass --gpus")
+    values: dict[str, Any] = {**read.settings, "runtime": read.runtime, "overlap": read.overlap, "gpus": world}
+    if model:
+        values["model"] = read.model(p.stem, source=str(p), **dict(shape or {}))
+    say = warner(warn)  # once the file is read whole: a refused file gets its one line only
+    if read.defaults:
+        say(f"{p.name} leaves to {read.source}'s defaults: {'; '.join(read.defaults)}")
+    if read.unknown:
+        say(f"{p.name}: options exatrain does not read (not planned): {', '.join(read.unknown)}")
+    for note in read.notes:
+        say(f"{p.name}: {note}")
+    return values
+
+
+def with_launch(given: Mapping[str, Any], fn: Callable[..., Any]) -> dict[str, Any]:
+    """``fn``'s keyword arguments ``given`` (estimate's or search's, with ``from_file``) with what the launch file
+    states (``from_launch``) in place of every argument left at its default: arguments given win (``overlap``: one
+    other than its default, all). Search takes no stage split from it (it chooses one; a warning says so)."""
+    import inspect
+
+    defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}
+    args = {k: v for k, v in given.items() if k in defaults}
+    path = args.pop("from_file")
+    own_model = args.get("model") is not None or args.get("model_file") is not None
+    shape = {} if own_model else {k: args[k] for k in MODEL_FIELDS if args.get(k) is not None}
+    values = from_launch(path, gpus=args.get("gpus"), model=not own_model, shape=shape)
+    args.update({k: None for k in shape})  # in the model now
+    if fn.__name__ == "search" and values.pop("stage_layers", None):
+        warner(None)(f"{Path(path).name}: its stage split is not pinned (search chooses the split)")
+    for k, v in values.items():
+        if k in defaults and args.get(k) == defaults[k]:
+            args[k] = v
+    return args
+
+
 def calibrated(cluster: ClusterSpec, calibration: str | Path | None) -> tuple[ClusterSpec, Any]:
     """(the cluster with the calibration's measured link tiers, its cost parameters for the
     cluster's device), or (cluster, None) without a calibration file."""
@@ -306,5 +363,5 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         recompute_every=recompute_every or 0)
 
 
-__all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "layout_of", "load_plan", "make_plan",
-           "resolve_cluster", "resolve_model", "shape_of", "space_options", "warner"]
+__all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "from_launch", "layout_of", "load_plan",
+           "make_plan", "resolve_cluster", "resolve_model", "shape_of", "space_options", "warner", "with_launch"]

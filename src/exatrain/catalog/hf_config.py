@@ -258,21 +258,41 @@ def _experts(f: _Fields, fields: dict[str, Any], unmodelled: list[tuple[str, int
         _moe_layers(f, fields, moe)
 
 
-def _moe_layers(f: _Fields, fields: dict[str, Any], moe: list[bool]) -> None:
-    """(dense_layers, moe_every) that make exactly the layers in ``moe`` MoE layers (ModelSpec.layer_is_moe), or
-    one line saying the pattern is not one a ModelSpec holds."""
+def moe_layout(moe: list[bool]) -> tuple[int, int] | None:
+    """(dense_layers, moe_every) that make exactly the layers marked in ``moe`` MoE layers (ModelSpec.layer_is_moe),
+    or None when no pair does (or no layer is MoE)."""
     if not any(moe):
-        raise UserError(f"{f.source}: a {f.kind} config.json whose settings leave no layer a MoE layer")
+        return None
     first = moe.index(True)
     for every in range(1, len(moe) + 1):
         dense = first - (every - 1)
         if dense < 0:
-            break
+            return None
         if all((i >= dense and (i - dense + 1) % every == 0) == m for i, m in enumerate(moe)):
-            fields.update(dense_layers=dense, moe_every=every)
-            return
-    raise UserError(f"{f.source}: MoE layers {[i for i, m in enumerate(moe) if m]} are not a leading run of dense "
-                    "layers followed by every n-th layer MoE; not modelled")
+            return dense, every
+    return None
+
+
+def window_layout(windowed: list[bool]) -> int | None:
+    """full_attention_every that windows exactly the layers marked in ``windowed`` (ModelSpec.layer_is_windowed;
+    0: all of them), or None when none does (or no layer is windowed)."""
+    if not any(windowed):
+        return None
+    if all(windowed):
+        return 0
+    every = windowed.index(False) + 1
+    return every if all(w == ((i + 1) % every != 0) for i, w in enumerate(windowed)) else None
+
+
+def _moe_layers(f: _Fields, fields: dict[str, Any], moe: list[bool]) -> None:
+    """moe_layout of ``moe`` into ``fields``, or one line saying the pattern is not one a ModelSpec holds."""
+    if not any(moe):
+        raise UserError(f"{f.source}: a {f.kind} config.json whose settings leave no layer a MoE layer")
+    layout = moe_layout(moe)
+    if layout is None:
+        raise UserError(f"{f.source}: MoE layers {[i for i, m in enumerate(moe) if m]} are not a leading run of dense "
+                        "layers followed by every n-th layer MoE; not modelled")
+    fields.update(dense_layers=layout[0], moe_every=layout[1])
 
 
 def _windows(f: _Fields, fields: dict[str, Any]) -> None:
@@ -295,16 +315,12 @@ def _windows(f: _Fields, fields: dict[str, Any]) -> None:
         return
     if not window:
         raise UserError(f"{f.source}: sliding-window layers but no sliding_window size")
-    if all(windowed):
-        fields["sliding_window"] = window
-        return
-    every = windowed.index(False) + 1
-    if all(w == ((i + 1) % every != 0) for i, w in enumerate(windowed)):
-        fields.update(sliding_window=window, full_attention_every=every)
-        return
-    raise UserError(f"{f.source}: sliding-window layers {[i for i, w in enumerate(windowed) if w]} are not every "
-                    "layer but each n-th; not modelled")
+    every = window_layout(windowed)
+    if every is None:
+        raise UserError(f"{f.source}: sliding-window layers {[i for i, w in enumerate(windowed) if w]} are not every "
+                        "layer but each n-th; not modelled")
+    fields.update(sliding_window=window, **({"full_attention_every": every} if every else {}))
 
 
 __all__ = ["ARCHITECTURES", "DEFAULT_SEQ_LEN", "HFModel", "MODEL_TYPES", "is_hf_config", "model_type_of",
-           "read_hf_config"]
+           "moe_layout", "read_hf_config", "window_layout"]

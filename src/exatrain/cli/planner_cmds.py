@@ -16,8 +16,18 @@ CALIBRATION_HELP = "cost-model parameters measured by `exatrain bench` or fitted
 RUNTIME_WHY = "default exatrain, the runtime `train` and `tune` run, so a predicted plan is one this project runs"
 
 
+FROM_HELP = ("a launch to start from: a Megatron-LM or Megatron-DeepSpeed script running pretrain_gpt.py (its flags, "
+             "variables, torchrun/deepspeed/srun line and DeepSpeed JSON), or a torchtitan job TOML (export-config "
+             "writes all three); its model, world size, layout, batch, precision, recomputation, runtime and overlaps, "
+             "flags given here winning (--overlap: one other than all); one line names what it leaves to the engine's "
+             "defaults")
+
+
 def _planner_parser(sub, name: str, help: str, description: str, example: str, gpus: bool = True):
     p = sub.add_parser(name, help=help, description=description, epilog=f"example: {example}")
+    if name in ("estimate", "search"):
+        p.add_argument("--from", dest="from_file", metavar="FILE", help=FROM_HELP + (
+            "" if name == "estimate" else "; search pins what it states"))
     add_model_args(p)
     add_cluster_args(p, DEFAULT_CLUSTER, gpus=gpus)
     add_layout_args(p, extensions=True)

@@ -1,0 +1,387 @@
+"""A torchtitan job TOML read back (the file ``--job.config_file`` takes; what ``export-config --for torchtitan``
+writes). Sections, keys and defaults are torchtitan v0.2.2's (torchtitan/config/job_config.py, the version the
+exporter targets): local_batch_size 8, global_batch_size -1 (local x dp), seq_len 2048, data_parallel_shard_degree
+-1 (every rank left), fsdp_reshard_after_forward "default" (reshard unless pipelined), pipeline_parallel_schedule
+1F1B, activation_checkpoint selective with selective_ac_option "2", compile off, mixed_precision_param bfloat16.
+
+The model is the flavor's: the ``TransformerModelArgs`` an export writes in its header comment for it, else the
+catalog preset the flavor is named after, else one of torchtitan's own llama3 flavors (8B, 70B, 405B: the catalog's
+llama3 shapes, torchtitan/models/llama3/__init__.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from typing import Any, Mapping
+
+from exatrain.accounting.engines import get_engine
+from exatrain.catalog.models import model_presets
+from exatrain.engine_configs.reading import LaunchRead, positive
+from exatrain.engine_configs.torchtitan import SCHEDULE_NAMES
+from exatrain.errors import UserError
+from exatrain.plan import balanced_split, cp_comm_for
+
+TORCHTITAN_SECTIONS = ("job", "model", "training", "parallelism", "activation_checkpoint", "compile", "float8",
+                       "quantize", "optimizer", "lr_scheduler", "checkpoint", "metrics", "profiling", "comm",
+                       "validation", "fault_tolerance", "experimental", "memory_estimation", "debug")
+BUILTIN_FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b"}
+_SNIPPET = re.compile(r"(\w+)_args\[\"([^\"]+)\"\]\s*=\s*TransformerModelArgs\((.*)\)")
+# keys read without a word (they change nothing a plan holds); every other key not read is named
+_IGNORED = {
+    "job": None, "optimizer": {"name", "lr", "eps", "beta1", "beta2", "weight_decay", "early_step_in_backward"},
+    "lr_scheduler": None, "checkpoint": None, "metrics": None, "profiling": None, "comm": None, "validation": None,
+    "fault_tolerance": None, "experimental": None, "memory_estimation": None,
+    "model": {"hf_assets_path", "tokenizer_path", "print_after_conversion"},
+    "training": {"dataset", "dataset_path", "steps", "max_norm", "gc_freq", "gc_debug", "seed", "deterministic",
+                 "dataloader", "warmup_steps"},
+    "parallelism": {"disable_loss_parallel", "pipeline_parallel_split_points", "context_parallel_load_balancer",
+                    "expert_parallel_comm_backend", "pipeline_parallel_schedule_csv"},
+    "activation_checkpoint": {"preserve_rng_state", "determinism_check", "debug", "early_stop"},
+    "debug": {"seed", "deterministic", "deterministic_warn_only"},
+}
+
+
+def looks_like_toml(text: str) -> bool:
+    """A torchtitan job file: TOML with one of its sections (a shell script does not parse as TOML)."""
+    data = _parse(text, "")
+    return data is not None and any(k in data for k in TORCHTITAN_SECTIONS)
+
+
+def _parse(text: str, source: str) -> dict | None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(text)
+    except (ValueError, TypeError):
+        return None
+
+
+class _Toml:
+    """The sections; every read marks the key used, so the rest can be named."""
+
+    def __init__(self, data: Mapping[str, Any], text: str, source: str) -> None:
+        self.data, self.text, self.source, self.used = data, text, source, set()
+
+    def get(self, section: str, key: str, default: Any = None) -> Any:
+        self.used.add((section, key))
+        table = self.data.get(section)
+        if table is not None and not isinstance(table, dict):
+            raise UserError(f"{self.source}: [{section}] is not a table")
+        return default if table is None or key not in table else table[key]
+
+    def has(self, section: str, key: str) -> bool:
+        self.used.add((section, key))
+        return isinstance(self.data.get(section), dict) and key in self.data[section]
+
+    def int(self, section: str, key: str, default: int) -> int:
+        value = self.get(section, key, default)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UserError(f"{self.source}: {section}.{key} must be an integer, got {value!r}")
+        return value
+
+    def unknown(self) -> list[str]:
+        out = []
+        for section, table in self.data.items():
+            if section == "quantize":
+                table = {f"linear.{k}": v for k, v in (table.get("linear") or {}).items()} if isinstance(table, dict) \
+                    else {}
+                out += [f"quantize.{k}" for k in table if ("quantize", k) not in self.used]
+                continue
+            ignored = _IGNORED.get(section, set())
+            if section not in _IGNORED and section not in {s for s, _ in self.used}:
+                out.append(f"[{section}]")
+                continue
+            if ignored is None or not isinstance(table, dict):
+                continue
+            out += [f"{section}.{k}" for k in table if (section, k) not in self.used and k not in ignored]
+        return out
+
+
+def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> LaunchRead:
+    """The job file ``text`` as a LaunchRead (the module doc); ``gpus``: the world size when the file leaves the
+    data-parallel shard degree to it (-1)."""
+    data = _parse(text, source)
+    if data is None:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        try:
+            tomllib.loads(text)
+        except (ValueError, TypeError) as exc:
+            raise UserError(f"{source}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    if not any(k in data for k in TORCHTITAN_SECTIONS):
+        raise UserError(f"{source}: no torchtitan section ([model], [training], [parallelism], ...): not a torchtitan "
+                        "job file")
+    t = _Toml(data, text, source)
+    defaults: list[str] = []
+    notes: list[str] = []
+    s: dict[str, Any] = {}
+    tp = t.int("parallelism", "tensor_parallel_degree", 1)
+    pp = t.int("parallelism", "pipeline_parallel_degree", 1)
+    cp = t.int("parallelism", "context_parallel_degree", 1)
+    replicate = t.int("parallelism", "data_parallel_replicate_degree", 1)
+    shard = t.int("parallelism", "data_parallel_shard_degree", -1)
+    for what, n in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
+                    ("context_parallel_degree", cp), ("data_parallel_replicate_degree", replicate)):
+        positive(n, f"parallelism.{what}", source)
+    if shard == -1:
+        if not t.has("parallelism", "data_parallel_shard_degree"):
+            defaults.append("data_parallel_shard_degree (-1: every rank left)")
+        if gpus is not None:
+            rest = gpus // (tp * pp * cp * replicate) if gpus % (tp * pp * cp * replicate) == 0 else None
+            if rest is None:
+                raise UserError(f"{source}: --gpus {gpus} is not a multiple of tp*pp*cp*replicate "
+                                f"{tp * pp * cp * replicate}")
+            shard = rest
+    elif shard < 1:
+        raise UserError(f"{source}: parallelism.data_parallel_shard_degree must be -1 or positive, got {shard}")
+    dp = replicate * shard if shard > 0 else None
+    world = dp * tp * pp * cp if dp else None
+    s.update(tp=tp, pp=pp)
+    if cp > 1:
+        s["cp"] = cp
+    model, missing = _model(t, source, defaults)
+    # ZeRO: FSDP2 over the shard degree (its resharding: ZeRO-3 or -2), DDP over the replicate degree
+    fsdp = shard > 1 or shard == -1
+    if fsdp:
+        reshard = t.get("parallelism", "fsdp_reshard_after_forward", "default")
+        if reshard == "default":
+            defaults.append("fsdp_reshard_after_forward (default: " + ("never, pipelined" if pp > 1 else "always") + ")")
+            reshard = "never" if pp > 1 else "always"
+        if reshard not in ("always", "never"):
+            raise UserError(f"{source}: fsdp_reshard_after_forward {reshard!r} is not always, never or default")
+        s["zero"] = 3 if reshard == "always" else 2
+        if replicate > 1:
+            notes.append(f"HSDP (replicate {replicate} x shard {shard}) is priced as FSDP over all {dp} "
+                         "data-parallel ranks")
+    else:
+        s["zero"] = 0
+    only_dp = tp == 1 and pp == 1
+    # mixed precision comes through FSDP (or DDP-only autocast); otherwise training.dtype
+    param = t.get("training", "mixed_precision_param", "bfloat16")
+    own = t.get("training", "dtype", "float32")
+    s["dtype"] = param if (fsdp or only_dp) else own
+    if s["dtype"] not in ("bfloat16", "float32"):
+        raise UserError(f"{source}: precision {s['dtype']!r} is not planned (bfloat16 or float32)")
+    reduce = t.get("training", "mixed_precision_reduce", "float32")
+    if reduce != get_engine("torchtitan").accum_dtype(s["dtype"]):
+        s["grad_accum"] = {"bfloat16": "bfloat16", "float32": "float32"}.get(reduce, reduce)
+    s["sequence_parallel"] = tp > 1  # torchtitan's TP always shards the norms
+    _pipeline(t, s, model.get("layers", 0), pp, source, defaults)
+    _batch(t, s, dp, pp, defaults, source)
+    _recompute(t, s, source, defaults)
+    if cp > 1:
+        rotate = t.get("parallelism", "context_parallel_rotate_method", "allgather")
+        comm = {"allgather": "all_gather", "alltoall": "p2p"}.get(rotate)
+        if comm is None:
+            raise UserError(f"{source}: context_parallel_rotate_method {rotate!r} is not allgather or alltoall")
+        if comm != cp_comm_for("torchtitan", "", _Shape(model)):
+            s["cp_comm"] = comm
+    if model.get("experts"):
+        s["ep"] = t.int("parallelism", "expert_parallel_degree", 1)
+        etp = t.int("parallelism", "expert_tensor_parallel_degree", 1)
+        if etp != 1:
+            notes.append(f"expert_tensor_parallel_degree {etp} is not modelled: experts priced whole on each rank")
+    else:
+        for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
+            t.get("parallelism", key)
+    _precision_extras(t, s, source)
+    overlap = "tp,dp_param_gather,dp_grad_reduce" if _async_tp(t) else "default"
+    if overlap == "default":
+        defaults.append("overlap (FSDP2's prefetch and reduce-scatter on; async TP off)")
+    return LaunchRead(source="torchtitan", runtime="torchtitan", model_fields=model, model_missing=missing, settings=s,
+                      gpus=world or gpus, overlap=overlap,
+                      world="the parallelism degrees" if world else "data_parallel_shard_degree -1 leaves it to the "
+                      "launcher", defaults=tuple(defaults), unknown=tuple(t.unknown()),
+                      notes=tuple(notes))
+
+
+class _Shape:
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        self.sliding_window = fields.get("sliding_window", 0)
+        self.attention_sinks = fields.get("attention_sinks", False)
+
+
+def _model(t: _Toml, source: str, defaults: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The flavor's ModelSpec fields (module doc) at training.seq_len."""
+    name, flavor = t.get("model", "name", "llama3"), str(t.get("model", "flavor", "debugmodel"))
+    t.get("model", "converters")
+    seq = t.get("training", "seq_len", None)
+    if seq is None:
+        defaults.append("training.seq_len (2048)")
+        seq = 2048
+    seq = positive(seq, "training.seq_len", source)
+    snippet = _snippets(t).get((name, flavor))
+    if snippet is not None:
+        return {**snippet, "seq_len": seq}, {}
+    presets = model_presets()
+    preset = presets.get(flavor) or presets.get(BUILTIN_FLAVORS.get((name, flavor), ""))
+    if preset is not None:
+        fields = preset.to_dict()
+        fields.pop("name")
+        fields.pop("description")
+        return {**fields, "seq_len": seq}, {}
+    why = f"torchtitan's {name} flavor {flavor!r} is not one exatrain knows: pass --model or --model-file"
+    return {"seq_len": seq}, {"shape": why}
+
+
+def _snippets(t: _Toml) -> dict[tuple[str, str], dict[str, Any]]:
+    """The flavors an export's header registers: ``llama3_args["NAME"] = TransformerModelArgs(...)``, as
+    ModelSpec fields (torchtitan/models/llama3/model/args.py names; FeedForward's width as model.py computes it)."""
+    out = {}
+    for m in _SNIPPET.finditer(t.text):
+        family, flavor, body = m.groups()
+        try:
+            call = ast.parse(f"f({body})", mode="eval").body
+            args = {k.arg: ast.literal_eval(k.value) for k in call.keywords}  # type: ignore[attr-defined]
+        except (SyntaxError, ValueError):
+            raise UserError(f"{t.source}: the flavor {flavor!r} in the header is not TransformerModelArgs(...) of "
+                            "literal values") from None
+        dim = args.get("dim", 4096)
+        hidden = int(2 * (4 * dim) / 3)  # llama3/model/model.py FeedForward
+        if args.get("ffn_dim_multiplier") is not None:
+            hidden = int(args["ffn_dim_multiplier"] * hidden)
+        multiple = args.get("multiple_of", 256)
+        hidden = multiple * math.ceil(hidden / multiple)
+        out[(family, flavor)] = {"arch": "llama", "layers": args.get("n_layers", 32), "hidden": dim,
+                                 "heads": args.get("n_heads", 32), "kv_heads": args.get("n_kv_heads") or 0,
+                                 "vocab": args.get("vocab_size", 128256), "ffn_hidden": hidden,
+                                 "norm_eps": float(args.get("norm_eps", 1e-5)),
+                                 "rope_theta": float(args.get("rope_theta", 10000.0)), "tied_embeddings": False,
+                                 "dropout": 0.0}
+    return out
+
+
+def _pipeline(t: _Toml, s: dict[str, Any], layers: int, pp: int, source: str, defaults: list[str]) -> None:
+    schedule = t.get("parallelism", "pipeline_parallel_schedule", "1F1B")
+    parts = t.get("parallelism", "module_fqns_per_model_part")
+    per_stage = t.get("parallelism", "pipeline_parallel_layers_per_stage")
+    for key in ("pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers"):
+        t.get("parallelism", key)
+    if pp == 1:
+        return
+    inverse = {v: k for k, v in SCHEDULE_NAMES.items()}
+    if schedule not in inverse:
+        raise UserError(f"{source}: pipeline_parallel_schedule {schedule!r} is not modelled "
+                        f"({', '.join(inverse)})")
+    s["schedule"] = inverse[schedule]
+    multi = s["schedule"] in ("interleaved", "zero_bubble")
+    if parts is not None:
+        counts = []
+        for part in parts:
+            if not isinstance(part, list):
+                raise UserError(f"{source}: module_fqns_per_model_part must be a list of lists of module names")
+            counts.append(sum(1 for name in part if re.fullmatch(r"layers\.\d+", str(name))))
+        if len(counts) % pp:
+            raise UserError(f"{source}: module_fqns_per_model_part has {len(counts)} parts, not a multiple of pp {pp}")
+        if layers and sum(counts) != layers:
+            raise UserError(f"{source}: module_fqns_per_model_part holds {sum(counts)} layers, the model {layers}")
+        s["interleave"] = len(counts) // pp
+        if not (layers and tuple(counts) == balanced_split(layers, len(counts))):
+            s["stage_layers"] = tuple(counts)
+    elif per_stage is not None and layers:
+        stages = math.ceil(layers / positive(per_stage, "pipeline_parallel_layers_per_stage", source))
+        if stages % pp:
+            raise UserError(f"{source}: {stages} stages of pipeline_parallel_layers_per_stage {per_stage} do not "
+                            f"spread over pp {pp}")
+        s["interleave"] = stages // pp
+    else:
+        s["interleave"] = 2 if multi else 1
+        if multi:
+            defaults.append("virtual stages per rank (2)")
+    if multi != (s["interleave"] > 1):
+        raise UserError(f"{source}: schedule {schedule} with {s['interleave']} stage(s) per rank does not run")
+
+
+def _batch(t: _Toml, s: dict[str, Any], dp: int | None, pp: int, defaults: list[str], source: str) -> None:
+    local = t.get("training", "local_batch_size", None)
+    if local is None:
+        defaults.append("training.local_batch_size (8)")
+        local = 8
+    local = positive(local, "training.local_batch_size", source)
+    micro = t.get("parallelism", "pipeline_parallel_microbatch_size", 1) if pp > 1 else local
+    s["micro_batch"] = positive(micro, "pipeline_parallel_microbatch_size", source)
+    if pp > 1 and local % s["micro_batch"]:
+        raise UserError(f"{source}: local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size "
+                        f"{s['micro_batch']}")
+    glob = t.get("training", "global_batch_size", -1)
+    if glob in (-1, None):
+        if dp is None:
+            raise UserError(f"{source}: global_batch_size -1 (local x data-parallel size) with the data-parallel size "
+                            "left to the launcher: pass --gpus")
+        defaults.append("training.global_batch_size (local x dp)")
+        glob = local * dp
+    s["global_batch"] = positive(glob, "training.global_batch_size", source)
+    if dp is not None and s["global_batch"] % (local * dp):
+        raise UserError(f"{source}: global_batch_size {glob} is not a multiple of local_batch_size {local} x "
+                        f"data-parallel size {dp}")
+
+
+def _recompute(t: _Toml, s: dict[str, Any], source: str, defaults: list[str]) -> None:
+    if not isinstance(t.data.get("activation_checkpoint"), dict):
+        defaults.append("activation_checkpoint (selective, selective_ac_option 2)")
+    mode = t.get("activation_checkpoint", "mode", "selective")
+    option = str(t.get("activation_checkpoint", "selective_ac_option", "2"))
+    if mode == "none":
+        s["recompute"] = "none"
+    elif mode == "full":
+        s["recompute"] = "full"
+    elif mode == "selective" and option == "op":
+        s["recompute"] = "selective"
+    elif mode == "selective" and option.isdigit() and int(option) > 0:
+        s["recompute"] = "full"  # layer-level: every N-th block checkpointed whole
+        if int(option) > 1:
+            s["recompute_every"] = int(option)
+    else:
+        raise UserError(f"{source}: activation_checkpoint mode {mode!r} with selective_ac_option {option!r} is not "
+                        "modelled")
+    for key in ("per_op_sac_force_recompute_mm_shapes_by_fqns", "memory_budget", "visualize_memory_budget_pareto"):
+        t.get("activation_checkpoint", key)
+
+
+def _precision_extras(t: _Toml, s: dict[str, Any], source: str) -> None:
+    """Float8, compile, the Adam kernel, forced routing."""
+    engine = get_engine("torchtitan")
+    converters = t.get("model", "converters", []) or []
+    if any(c in ("quantize.linear.float8", "float8") for c in converters):
+        table = (t.data.get("quantize", {}).get("linear", {}).get("float8") if isinstance(t.data.get("quantize"), dict)
+                 else None) or t.data.get("float8") or {}
+        for key in table:
+            t.used.add(("quantize", f"linear.float8.{key}") if "quantize" in t.data else ("float8", key))
+            t.used.add(("quantize", "linear.float8"))
+        if table.get("enable_fsdp_float8_all_gather"):
+            s.update(fp8="current", fp8_param_gather=True)
+        else:
+            recipe = table.get("recipe_name", "tensorwise")
+            fp8 = {"tensorwise": "current", "rowwise": "block", "rowwise_with_gw_hp": "block"}.get(recipe)
+            if fp8 is None:
+                raise UserError(f"{source}: float8 recipe_name {recipe!r} is not modelled")
+            s["fp8"] = fp8
+    elif isinstance(t.data.get("quantize"), dict):
+        t.used.add(("quantize", "linear.float8"))
+    components = t.get("compile", "components", ["model", "loss"]) if t.get("compile", "enable", False) else []
+    if "model" in components:
+        s["elementwise"] = "fused"
+    ce = "fused" if "loss" in components else "upcast"
+    if ce != engine.cross_entropy("", s.get("elementwise", "")):
+        s["cross_entropy"] = ce
+    implementation = t.get("optimizer", "implementation")
+    if implementation not in (None, "fused", "foreach"):
+        raise UserError(f"{source}: optimizer.implementation {implementation!r} is not fused or foreach")
+    if implementation == "foreach":
+        s["adam_kernel"] = "foreach"
+    if t.get("debug", "moe_force_load_balance", False):
+        s["moe_force_balance"] = True
+
+
+def _async_tp(t: _Toml) -> bool:
+    return bool(t.get("parallelism", "enable_async_tensor_parallel", False)
+                or t.get("compile", "enable_async_tensor_parallel", False))
+
+
+__all__ = ["BUILTIN_FLAVORS", "TORCHTITAN_SECTIONS", "looks_like_toml", "read_torchtitan"]
