@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hf_config import moe_layout, window_layout
 from exatrain.engine_configs.megatron import FP8_RECIPES
-from exatrain.engine_configs.reading import LaunchRead, number, positive
+from exatrain.engine_configs.reading import AttentionShape, LaunchRead, number, positive
 from exatrain.engine_configs.shell import Script, run_script
 from exatrain.errors import UserError
 from exatrain.plan import balanced_split, cp_comm_for
@@ -226,10 +226,10 @@ def read_megatron(text: str, *, source: str, side_files: Mapping[str, str]) -> L
             mapped = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather"}.get(comm)
             if mapped is None:
                 raise UserError(f"{source}: --cp-comm-type {comm} is not modelled (p2p, a2a or allgather)")
-            if mapped != cp_comm_for(runtime, "", _Shape(model)):
+            if mapped != cp_comm_for(runtime, "", AttentionShape(model)):
                 s["cp_comm"] = mapped
         else:
-            defaults.append(f"--cp-comm-type ({cp_comm_for(runtime, '', _Shape(model))})")
+            defaults.append(f"--cp-comm-type ({cp_comm_for(runtime, '', AttentionShape(model))})")
     overlap = _overlap(f, ds, runtime, defaults)
 
     gpus, where = _world_size(launcher, script, text)
@@ -248,14 +248,6 @@ def _stage(text: str, what: str, source: str) -> int:
     if text not in ("0", "1", "2", "3"):
         raise UserError(f"{source}: {what} must be 0, 1, 2 or 3, got {text!r}")
     return int(text)
-
-
-class _Shape:
-    """The attributes of a model cp_comm_for reads (its sliding windows and sinks), from ModelSpec fields."""
-
-    def __init__(self, fields: Mapping[str, Any]) -> None:
-        self.sliding_window = fields.get("sliding_window", 0)
-        self.attention_sinks = fields.get("attention_sinks", False)
 
 
 # ---- the model ------------------------------------------------------------------------------------------------

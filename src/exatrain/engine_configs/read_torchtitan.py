@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.models import model_presets
-from exatrain.engine_configs.reading import LaunchRead, positive
+from exatrain.engine_configs.reading import AttentionShape, LaunchRead, positive
 from exatrain.engine_configs.torchtitan import SCHEDULE_NAMES
 from exatrain.errors import UserError
 from exatrain.plan import balanced_split, cp_comm_for
@@ -45,11 +45,11 @@ _IGNORED = {
 
 def looks_like_toml(text: str) -> bool:
     """A torchtitan job file: TOML with one of its sections (a shell script does not parse as TOML)."""
-    data = _parse(text, "")
+    data = _parse(text)
     return data is not None and any(k in data for k in TORCHTITAN_SECTIONS)
 
 
-def _parse(text: str, source: str) -> dict | None:
+def _parse(text: str) -> dict | None:
     try:
         import tomllib
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10
@@ -104,7 +104,7 @@ class _Toml:
 def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> LaunchRead:
     """The job file ``text`` as a LaunchRead (the module doc); ``gpus``: the world size when the file leaves the
     data-parallel shard degree to it (-1)."""
-    data = _parse(text, source)
+    data = _parse(text)
     if data is None:
         try:
             import tomllib
@@ -180,7 +180,7 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
         comm = {"allgather": "all_gather", "alltoall": "p2p"}.get(rotate)
         if comm is None:
             raise UserError(f"{source}: context_parallel_rotate_method {rotate!r} is not allgather or alltoall")
-        if comm != cp_comm_for("torchtitan", "", _Shape(model)):
+        if comm != cp_comm_for("torchtitan", "", AttentionShape(model)):
             s["cp_comm"] = comm
     if model.get("experts"):
         s["ep"] = t.int("parallelism", "expert_parallel_degree", 1)
@@ -199,12 +199,6 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
                       world="the parallelism degrees" if world else "data_parallel_shard_degree -1 leaves it to the "
                       "launcher", defaults=tuple(defaults), unknown=tuple(t.unknown()),
                       notes=tuple(notes))
-
-
-class _Shape:
-    def __init__(self, fields: Mapping[str, Any]) -> None:
-        self.sliding_window = fields.get("sliding_window", 0)
-        self.attention_sinks = fields.get("attention_sinks", False)
 
 
 def _model(t: _Toml, source: str, defaults: list[str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -16,9 +16,6 @@ from typing import Any, Mapping
 from exatrain.catalog.models import ModelSpec, model_presets
 from exatrain.errors import UserError
 
-FORMATS = ("megatron", "torchtitan")
-
-
 @dataclass(frozen=True)
 class LaunchRead:
     """What a launch file states. ``settings`` are make_plan keyword arguments; ``model_fields`` ModelSpec fields
@@ -49,6 +46,15 @@ class LaunchRead:
         spec = ModelSpec.from_dict({"name": name, "description": f"read from a {self.source} launch", **fields},
                                    source=f"{source} ({self.source} launch)")
         return preset_named(spec)
+
+
+class AttentionShape:
+    """What ``plan.cp_comm_for`` reads of a model (its sliding windows and sinks), from ModelSpec fields: a launch's
+    context-parallel exchange is compared with the engine's default for the model before the model is built."""
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        self.sliding_window = fields.get("sliding_window", 0)
+        self.attention_sinks = fields.get("attention_sinks", False)
 
 
 def preset_named(spec: ModelSpec) -> ModelSpec:
@@ -104,4 +110,4 @@ def side_file_names(text: str, *, source: str) -> tuple[str, ...]:
     return read_megatron.side_file_names(text, source=source)
 
 
-__all__ = ["FORMATS", "LaunchRead", "number", "positive", "preset_named", "read_launch", "side_file_names"]
+__all__ = ["AttentionShape", "LaunchRead", "number", "positive", "preset_named", "read_launch", "side_file_names"]
