@@ -45,6 +45,8 @@ def draw(rng: random.Random, target: str) -> dict:
     """make_plan keyword arguments for ``target``'s runtime (not yet validated)."""
     runtime = RUNTIME[target]
     names = [n for n in MODELS if not (target == "deepspeed" and get_model(n).is_moe)]
+    if target == "torchtitan" and rng.random() < 0.7:  # its exports of the others are known defects (see above)
+        names = [n for n in names if get_model(n).arch == "llama" and not get_model(n).is_moe]
     m = get_model(rng.choice(names))
     k: dict = {"model": m, "runtime": runtime}
     k["tp"] = rng.choice([1, 1, 2, 4, 8])
@@ -167,6 +169,8 @@ def expected(k: dict, target: str) -> dict:
         flash, kernel = True, ""  # torch SDPA, its own kernel choice
         if k.get("fp8_param_gather"):
             e["fp8"] = "current"
+            if dp == 1:  # no FSDP: the float8 all-gather has nothing to gather
+                del e["fp8_param_gather"]
         elif k.get("fp8") in ("delayed", "mxfp8"):
             e["fp8"] = "current"  # tensorwise: torchtitan's float8 has no delayed or MX scaling
         elementwise = "fused" if k.get("elementwise") == "fused" else ""

@@ -191,6 +191,9 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
         for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
             t.get("parallelism", key)
     _precision_extras(t, s, source)
+    if s.get("fp8_param_gather") and not (fsdp and (dp or 2) > 1):
+        del s["fp8_param_gather"]
+        notes.append("enable_fsdp_float8_all_gather without FSDP (one data-parallel rank) gathers nothing: not planned")
     overlap = "tp,dp_param_gather,dp_grad_reduce" if _async_tp(t) else "default"
     if overlap == "default":
         defaults.append("overlap (FSDP2's prefetch and reduce-scatter on; async TP off)")
