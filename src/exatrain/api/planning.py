@@ -12,8 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Sequence
 
-from exatrain.api.plans import (calibrated, layout_of, make_plan, resolve_cluster, resolve_model, shape_of, space_options,
-                                with_launch)
+from exatrain.api.plans import (calibrated, layout_of, make_plan, resolve_cluster, resolve_model, shape_of,
+                                space_options, with_launch)
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
 from exatrain.paths import check_output_file

@@ -389,5 +389,6 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
     return Export("deepspeed", text, notes, files=((ds_config_path, cfg + "\n"),))
 
 
-__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "dropout_flags", "megatron_deepspeed_groups",
-           "megatron_lm_groups", "pipeline_layout", "render_deepspeed", "render_megatron", "vocab_divisor"]
+__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "dropout_flags",
+           "megatron_deepspeed_groups", "megatron_lm_groups", "pipeline_layout", "render_deepspeed", "render_megatron",
+           "vocab_divisor"]

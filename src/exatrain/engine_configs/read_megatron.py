@@ -607,8 +607,8 @@ def _precision(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], runtime: str
         else:
             raise UserError(f"{source}: --attention-backend {backend} is not flash, fused, unfused, local or auto")
     else:
-        flash = [n for n in ("--use-flash-attn-v2", "--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-triton",
-                             "--use-flash-attn-builder") if f.has(n)]
+        flash = [n for n in ("--use-flash-attn-v2", "--use-flash-attn", "--use-flash-attn-v1",
+                             "--use-flash-attn-triton", "--use-flash-attn-builder") if f.has(n)]
         s["flash_attention"] = bool(flash)
         kernel = "fa2" if flash else ""
         if not flash:

@@ -151,7 +151,7 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
     if fsdp:
         reshard = t.get("parallelism", "fsdp_reshard_after_forward", "default")
         if reshard == "default":
-            defaults.append("fsdp_reshard_after_forward (default: " + ("never, pipelined" if pp > 1 else "always") + ")")
+            defaults.append(f"fsdp_reshard_after_forward (default: {'never, pipelined' if pp > 1 else 'always'})")
             reshard = "never" if pp > 1 else "always"
         if reshard not in ("always", "never"):
             raise UserError(f"{source}: fsdp_reshard_after_forward {reshard!r} is not always, never or default")

@@ -20,8 +20,9 @@ from exatrain.errors import UserError
 class LaunchRead:
     """What a launch file states. ``settings`` are make_plan keyword arguments; ``model_fields`` ModelSpec fields
     (``model_missing``: a field the file cannot give, with why); ``gpus`` the world size (``world``: where from, or
-    why it is not known); ``overlap`` an ``--overlap`` value ("default": the engine's defaults); ``defaults``: what the file leaves to the engine (each "what (the default)");
-    ``unknown``: flags or keys the reader does not know; ``notes``: what it reads differently from the file."""
+    why it is not known); ``overlap`` an ``--overlap`` value ("default": the engine's defaults); ``defaults``: what
+    the file leaves to the engine (each "what (the default)"); ``unknown``: flags or keys the reader does not know;
+    ``notes``: what it reads differently from the file."""
 
     source: str  # "Megatron-LM", "Megatron-DeepSpeed" or "torchtitan"
     runtime: str
