@@ -18,6 +18,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError, UserError
+from exatrain.limits import beyond, too_large
 from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CP_COMM_RUNTIMES,
                            CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES,
                            FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
@@ -126,6 +127,8 @@ def _positive_message(p, cluster) -> str:
         value = getattr(p, attr)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             return f"--{flag} must be a positive integer, got {value!r}"
+        if beyond(value):
+            return str(too_large(f"--{flag}", value))
     return "degrees and batch sizes must be positive integers"
 
 
@@ -363,7 +366,7 @@ def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = Fal
     malformed = False
     for _, attr in _POSITIVE:
         value = getattr(plan, attr)
-        good = not isinstance(value, bool) and isinstance(value, int)
+        good = not isinstance(value, bool) and isinstance(value, int) and not beyond(value)  # int64-safe
         ok[attr] = [value if good else 1]
         malformed |= not good
     x = layout(plan.model, tp=ok["tp"], pp=ok["pp"], dp=ok["dp"], micro_batch=ok["micro_batch"],

@@ -222,7 +222,7 @@ def test_a_crafted_checkpoint_is_one_line_and_skipped_for_the_previous_one(case:
     warnings: list[str] = []
     found = files.resolve("auto", str(ckpt), warn=warnings.append)
     assert found is not None and found.path == ckpt / GOOD
-    assert len(warnings) == 1 and warnings[0].startswith("warning: skipping checkpoint ") and NEWEST in warnings[0]
+    assert len(warnings) == 1 and warnings[0].startswith("skipping checkpoint ") and NEWEST in warnings[0]
     assert reason in warnings[0], warnings[0]
     assert snapshot(tmp_path) == before  # nothing deleted, nothing written
 
@@ -284,8 +284,8 @@ def test_unfinished_saves_are_reported_then_removed_without_following_links(ckpt
     warnings: list[str] = []
     manifest = files.resolve("auto", str(ckpt), warn=warnings.append)
     assert manifest is not None and manifest.path == ckpt / NEWEST
-    assert warnings == [f"warning: ignoring unfinished checkpoint save {link} (the next save into {ckpt} removes it)",
-                        f"warning: ignoring unfinished checkpoint save {stale} (the next save into {ckpt} removes it)"]
+    assert warnings == [f"ignoring unfinished checkpoint save {link} (the next save into {ckpt} removes it)",
+                        f"ignoring unfinished checkpoint save {stale} (the next save into {ckpt} removes it)"]
     assert link.is_symlink() and stale.is_dir()
     Trainer(TrainConfig(plan=plan(), steps=4, quiet=True, checkpoint_dir=str(ckpt),
                         resume_from=str(manifest.path))).run()
@@ -318,5 +318,34 @@ def test_the_previous_checkpoint_is_not_deleted_when_the_newest_is_bad(ckpt: Pat
     assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 3 and lines[-1].endswith(f"error: {ckpt}: no complete checkpoint here"), lines
-    assert all("warning: skipping checkpoint" in x for x in lines[:2])
+    assert all("warning: skipping checkpoint" in x and "warning: warning" not in x for x in lines[:2])
     assert snapshot(ckpt) == before and not (tmp_path / "hf").exists()
+
+
+def test_resume_auto_with_every_checkpoint_unusable_says_it_starts_from_step_1(ckpt: Path, no_launch: list,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    """--resume auto over a folder whose checkpoints are all unusable: one warning per checkpoint (why), each
+    once prefixed, then one line saying the run starts from step 1; the run starts fresh and nothing is deleted."""
+    craft(ckpt, "manifest entries are not objects")
+    edit_json(ckpt / GOOD / files.MANIFEST, lambda m: m["files"].update({"metadata.json": None}))
+    before = snapshot(ckpt)
+    assert main(["train", *ARGS, "--steps", "5", "--checkpoint-dir", str(ckpt), "--resume", "auto", "--quiet"]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and all(x.startswith("exatrain train: warning: ") for x in lines), lines
+    assert not any("warning: warning" in x for x in lines), lines
+    assert "skipping checkpoint" in lines[0] and NEWEST in lines[0] and GOOD in lines[1], lines
+    assert lines[2] == (f"exatrain train: warning: no usable checkpoint in {ckpt} (2 skipped, each named above with "
+                        "why), starting from step 1"), lines
+    (cfg,) = no_launch
+    assert cfg.resume_from is None
+    assert snapshot(ckpt) == before
+
+
+def test_an_empty_checkpoint_folder_is_a_first_run_without_a_word(tmp_path: Path, no_launch: list,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """A requeue-safe job's first run: --resume auto over a folder with no checkpoint starts quietly."""
+    (tmp_path / "ckpt").mkdir()
+    assert main(["train", *ARGS, "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume", "auto",
+                 "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert [c.resume_from for c in no_launch] == [None]

@@ -2,9 +2,18 @@
 
 The matrix: every command that reads or writes a path, or takes a number, against a missing file,
 a directory where a file is expected, a file where a directory is, an unwritable location,
-malformed JSON, an empty file, JSON of the wrong types, and out-of-range numbers. Every case fails
-before any work starts (no rank, no benchmark, no tokenizing), so the matrix runs in seconds.
-(`models` and `hardware` read and write no path and take no number: only --json.)
+malformed JSON, an empty file, JSON of the wrong types, and out-of-range numbers: integers beyond
+exatrain.limits.MAX_COUNT (which would overflow the planner's int64 arrays), a NaN or an infinity where a
+setting is a number, a SLURM time with a field beyond its range, a plan whose global batch a changed
+layout cannot split, a dataset shard whose bytes changed since `prepare`. Every case fails before any
+work starts (no rank, no benchmark, no tokenizing), so the matrix runs in seconds. The API refuses the
+same values with a UserError (API_CASES). (`models` and `hardware` read and write no path and take no
+number: only --json.)
+
+Checked to fail with the fix taken out: the CLI's integer parsers without their bound (the int64
+cases end in an OverflowError traceback), TrainConfig.check without its finiteness check (the API's
+grad_clip=nan case runs), check_dataset_for without check_shards (the changed-shard case reaches the
+ranks), launch's time_limit back to the pattern alone (99:99 is rendered).
 """
 
 from __future__ import annotations
@@ -53,6 +62,10 @@ def w(tmp_path: Path) -> dict[str, str]:
                                                            "heads": 4, "seq_len": 32, "vocab": 128}))
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "manifest.json").write_text("{not json")
+    huge = plan.to_dict()
+    huge["global_batch"] = 10**20  # beyond int64
+    (tmp_path / "huge.json").write_text(json.dumps(huge))
+    _changed_shard_dataset(tmp_path / "changed")
     ro = _unwritable()
     if ro is None and os.geteuid() != 0:
         ro = tmp_path / "ro"
@@ -61,7 +74,26 @@ def w(tmp_path: Path) -> dict[str, str]:
     return {"tmp": str(tmp_path), "ro": str(ro) if ro else ""}
 
 
+def _changed_shard_dataset(root: Path) -> None:
+    """A byte-tokenized dataset whose second shard was overwritten after `prepare` with bytes of the same
+    size and ids inside the vocabulary: only its sha256 tells."""
+    import numpy as np
+
+    from exatrain.data import tokenizer as tk
+    from exatrain.data.prepare import Document, prepare
+
+    root.mkdir()
+    (root / "a.txt").write_text("".join(chr(97 + i % 26) for i in range(2000)), encoding="utf-8")
+    prepare([Document("a.txt", root / "a.txt")], root / "data", tokenizer_json=tk.byte_tokenizer_json(),
+            separator=tk.byte_separator(), shard_tokens=600, quiet=True)
+    shard = root / "data" / "shard-00001.bin"
+    ids = np.fromfile(shard, dtype="<u2")
+    ids[:10] = ids[:10][::-1] + 1
+    ids.tofile(shard)
+
+
 TINY = ["--model", "gpt-tiny", "--cluster", "local-cpu"]
+BEYOND = "1180591620717411303424"  # 2**70: beyond int64
 SEARCH = [*TINY, "--gpus", "2", "--global-batch", "4"]
 TUNE = ["tune", *SEARCH, "--study", "{tmp}/t.db", "--trials", "1"]
 MISSING, DIR_FOR_FILE, FILE_FOR_DIR = "missing file", "directory for a file", "file for a directory"
@@ -78,12 +110,19 @@ CASES = [
     ("estimate", EMPTY, ["estimate", *TINY, "--calibration", "{tmp}/empty.json"], "not valid JSON"),
     ("estimate", WRONG_TYPES, ["estimate", "--model-file", "{tmp}/wrong_model.json"], "layers must be a positive"),
     ("estimate", RANGE, ["estimate", *TINY, "--tp", "0"], "expected a positive integer"),
+    ("estimate", RANGE, ["estimate", *TINY, "--gpus", BEYOND], "expected a positive integer of at most 1,000,000,000"),
+    ("estimate", RANGE, ["estimate", *TINY, "--layers", "1e20"], "argument --layers: expected a positive integer"),
+    ("estimate", RANGE, ["estimate", *TINY, "--layers", "10" + "0" * 20], "--layers: expected a positive integer of "
+                                                                          "at most 1,000,000,000"),
     ("search", MISSING, ["search", *SEARCH, "--cluster-file", "{tmp}/nope.toml", "--cluster", "local-cpu"],
      "either --cluster or --cluster-file"),
     ("search", DIR_FOR_FILE, ["search", *SEARCH, "--out", "{tmp}/dir"], "is a directory"),
     ("search", UNWRITABLE, ["search", *SEARCH, "--out", "{ro}/best.json"], "cannot write in"),
     ("search", WRONG_TYPES, ["search", *SEARCH, "--calibration", "{tmp}/wrong_cal.json"], "must be a non-negative"),
     ("search", RANGE, ["search", *SEARCH, "--top", "0"], "--top must be at least 1"),
+    ("search", RANGE, ["search", *TINY, "--gpus", "2", "--global-batch", "99999999999999999999"],
+     "--global-batch: expected a positive integer of at most 1,000,000,000"),
+    ("search", RANGE, ["search", *SEARCH, "--top", BEYOND], "--top must be a positive integer of at most"),
     ("scaling", MISSING, ["scaling", *TINY, "--gpus", "2,4", "--global-batch", "4", "--calibration", "{tmp}/no.json"],
      "no such file"),
     ("scaling", DIR_FOR_FILE, ["scaling", *TINY, "--gpus", "2,4", "--global-batch", "4", "--calibration", "{tmp}/dir"],
@@ -91,6 +130,12 @@ CASES = [
     ("scaling", MALFORMED, ["scaling", *TINY, "--gpus", "2,4", "--global-batch", "4", "--calibration",
                             "{tmp}/bad.json"], "not valid JSON"),
     ("scaling", RANGE, ["scaling", *TINY, "--gpus", "0,4", "--global-batch", "4"], "positive integers"),
+    ("scaling", RANGE, ["scaling", *TINY, "--gpus", "128,1e20", "--global-batch", "4"],
+     "expected comma-separated positive integers of at most 1,000,000,000"),
+    ("scaling", RANGE, ["scaling", *TINY, "--gpus", f"128,{BEYOND}", "--global-batch", "4"],
+     "expected comma-separated positive integers of at most 1,000,000,000"),
+    ("scaling", RANGE, ["scaling", *TINY, "--gpus", "1,1000000", "--global-batch", "100000"],
+     "weak scaling: 1000000 GPUs grow global batch 100000 to 100,000,000,000, beyond 1,000,000,000"),
     ("train", MISSING, ["train", "--plan", "{tmp}/nope.json"], "no such file"),
     ("train", DIR_FOR_FILE, ["train", "--model", "gpt-tiny", "--metrics-file", "{tmp}/dir"], "is a directory"),
     ("train", FILE_FOR_DIR, ["train", "--model", "gpt-tiny", "--checkpoint-dir", "{tmp}/file.txt"],
@@ -105,6 +150,16 @@ CASES = [
     ("train", RANGE, ["train", "--steps", "0"], "expected a positive integer"),
     ("train", RANGE, ["train", "--model", "gpt-tiny", "--lr", "-1"], "--lr must be positive"),
     ("train", RANGE, ["train", "--model", "gpt-tiny", "--min-lr-ratio", "2"], "--min-lr-ratio must be in [0, 1]"),
+    ("train", RANGE, ["train", "--model", "gpt-tiny", "--grad-clip", "nan"], "--grad-clip: expected a finite number"),
+    ("train", RANGE, ["train", "--model", "gpt-tiny", "--lr", "inf"], "--lr: expected a finite number"),
+    ("train", RANGE, ["train", "--model", "gpt-tiny", "--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
+    ("train", RANGE, ["train", "--model", "gpt-tiny", "--gpus", BEYOND], "expected a positive integer of at most"),
+    ("train", WRONG_TYPES, ["train", "--plan", "{tmp}/huge.json"],
+     "--global-batch must be a positive integer of at most 1,000,000,000, got 100000000000000000000"),
+    ("train", RANGE, ["train", "--plan", "{tmp}/plan.json", "--gpus", "3"],
+     "the plan's global batch 2 does not split over micro-batch x dp = 1 x 3: pass --global-batch"),
+    ("train", WRONG_TYPES, ["train", "--model", "gpt-tiny", "--data", "{tmp}/changed/data"],
+     "changed/data/shard-00001.bin: shard is corrupted (its sha256 differs from the one dataset.json records"),
     ("prepare", MISSING, ["prepare", "--input", "{tmp}/*.txt", "--tokenizer", "{tmp}/nope.json", "--out",
                           "{tmp}/data"], "no such file"),
     ("prepare", DIR_FOR_FILE, ["prepare", "--input", "{tmp}/*.txt", "--tokenizer", "{tmp}/dir", "--out",
@@ -128,6 +183,8 @@ CASES = [
     ("export", MALFORMED, ["export", "--checkpoint", "{tmp}/ckpt", "--out", "{tmp}/hf"], "manifest.json"),
     ("export", RANGE, ["export", "--checkpoint", "{tmp}/ckpt", "--step", "-1", "--out", "{tmp}/hf"],
      "non-negative integer"),
+    ("export", RANGE, ["export", "--checkpoint", "{tmp}/ckpt", "--step", BEYOND, "--out", "{tmp}/hf"],
+     "non-negative integer of at most 1,000,000,000"),
     ("launch", MISSING, ["launch", "--plan", "{tmp}/nope.json", "--scheduler", "slurm"], "no such file"),
     ("launch", DIR_FOR_FILE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--out", "{tmp}/dir"],
      "is a directory"),
@@ -140,6 +197,12 @@ CASES = [
     ("launch", WRONG_TYPES, ["launch", "--plan", "{tmp}/wrong.json", "--scheduler", "slurm"], "--tp must be"),
     ("launch", RANGE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--nodes", "0"],
      "expected a positive integer"),
+    ("launch", RANGE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--time", "99:99"],
+     "--time 99:99: 99 seconds in minutes:seconds (at most 59)"),
+    ("launch", RANGE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--time", "1-24:00"],
+     "--time 1-24:00: 24 hours in days-hours:minutes (at most 23)"),
+    ("launch", RANGE, ["launch", "--plan", "{tmp}/plan.json", "--scheduler", "slurm", "--time", "1:60:00"],
+     "--time 1:60:00: 60 minutes in hours:minutes:seconds (at most 59)"),
     ("export-config", MISSING, ["export-config", "--plan", "{tmp}/nope.json", "--for", "megatron"], "no such file"),
     ("export-config", DIR_FOR_FILE, ["export-config", "--plan", "{tmp}/dir", "--for", "megatron"], "is a directory"),
     ("export-config", DIR_FOR_FILE, ["export-config", "--plan", "{tmp}/plan.json", "--for", "deepspeed", "--out",
@@ -159,6 +222,9 @@ CASES = [
     ("tune", WRONG_TYPES, [*TUNE, "--calibration", "{tmp}/wrong_cal.json"], "must be a non-negative"),
     ("tune", RANGE, [*TUNE, "--prune-ratio", "2"], "--prune-ratio must be in [0, 1)"),
     ("tune", RANGE, [*TUNE, "--trials", "0"], "expected a positive integer"),
+    ("tune", RANGE, [*TUNE, "--prune-ratio", "nan"], "--prune-ratio: expected a finite number"),
+    ("tune", RANGE, ["tune", *TINY, "--gpus", BEYOND, "--global-batch", "4", "--study", "{tmp}/t.db"],
+     "expected a positive integer of at most"),
     ("report", MISSING, ["report", "--plan", "{tmp}/nope.json", "--out", "{tmp}/report"], "no such file"),
     ("report", DIR_FOR_FILE, ["report", "--plan", "{tmp}/dir", "--out", "{tmp}/report"], "is a directory"),
     ("report", FILE_FOR_DIR, ["report", "--plan", "{tmp}/plan.json", "--out", "{tmp}/file.txt"],
@@ -220,3 +286,51 @@ def test_every_command_with_inputs_is_in_the_matrix() -> None:
     for command in covered - {"validate", "bench", "scaling", "search"}:
         kinds = {k for c, k, *_ in CASES if c == command}
         assert {MISSING, RANGE} & kinds or {MISSING, MALFORMED} <= kinds, command
+
+
+# The Python API refuses the same values as the CLI, with a one-line UserError, before any work.
+B = 2**70
+API_CASES = [
+    ("estimate", dict(model="gpt-tiny", cluster="local-cpu", gpus=B), "--gpus must be a positive integer of at most "
+                                                                       "1,000,000,000, got 1180591620717411303424"),
+    ("estimate", dict(model="gpt-tiny", cluster="local-cpu", gpus=2, global_batch=10**20), "--global-batch must be"),
+    ("estimate", dict(model="gpt-tiny", cluster="local-cpu", gpus=2, layers=10**20), "--layers must be a positive"),
+    ("estimate", dict(model="gpt-tiny", cluster="local-cpu", gpus=2, layers=1e20), "layers must be a positive integer"),
+    ("search", dict(model="gpt-tiny", cluster="local-cpu", gpus=B, global_batch=4), "--gpus must be"),
+    ("search", dict(model="gpt-tiny", cluster="local-cpu", gpus=2, global_batch=10**20), "--global-batch must be"),
+    ("scaling", dict(model="gpt-tiny", cluster="local-cpu", gpus=(128, 10**20), global_batch=4), "--gpus must be"),
+    ("make_plan", dict(model="gpt-tiny", cluster="local-cpu", gpus=B), "--gpus must be"),
+    ("make_plan", dict(model="gpt-tiny", cluster="local-cpu", tp=1, dp=2, micro_batch=B), "--micro-batch must be"),
+    ("train", dict(model="gpt-tiny", gpus=B), "--gpus must be"),
+    ("train", dict(model="gpt-tiny", grad_clip=float("nan")), "--grad-clip must be a finite number, got nan"),
+    ("train", dict(model="gpt-tiny", lr=float("inf")), "--lr must be a finite number, got inf"),
+    ("train", dict(model="gpt-tiny", weight_decay=float("-inf")), "--weight-decay must be a finite number"),
+    ("train", dict(model="gpt-tiny", lr=-1e-3), "--lr must be positive"),
+    ("tune", dict(model="gpt-tiny", gpus=B, global_batch=4, study="{tmp}/t.db"), "--gpus must be"),
+    ("tune", dict(model="gpt-tiny", gpus=2, global_batch=4, prune_ratio=float("nan"), study="{tmp}/t.db"),
+     "--prune-ratio must be in [0, 1)"),
+    ("launch", dict(plan="{tmp}/plan.json", scheduler="slurm", nodes=B), "--nodes must be"),
+    ("launch", dict(plan="{tmp}/plan.json", scheduler="slurm", time="99:99"), "99 seconds in minutes:seconds"),
+    ("export_model", dict(checkpoint="{tmp}/ckpt", out="{tmp}/hf", step=B), "--step must be"),
+]
+
+
+@pytest.mark.parametrize("call, kwargs, needle", API_CASES, ids=[f"{c} {i}" for i, (c, _, _) in enumerate(API_CASES)])
+def test_the_api_refuses_the_same_values_in_one_line(call, kwargs, needle, w, monkeypatch) -> None:
+    from exatrain import api
+    from exatrain.errors import UserError
+
+    import importlib
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    # a value let through would start no rank: the launcher records nothing and returns
+    monkeypatch.setattr(importlib.import_module("exatrain.trainer.spawn"), "launch_local", lambda configs, **kw: None)
+    monkeypatch.chdir(w["tmp"])
+    root = Path(w["tmp"])
+    before = _tree(root)
+    kwargs = {k: v.format(**w) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(UserError) as exc:
+        getattr(api, call)(**kwargs)
+    assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+    assert _tree(root) == before

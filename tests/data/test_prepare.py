@@ -105,8 +105,8 @@ BAD = {
     "tokenizer is not json": (["--input", "CORPUS/**/*.txt", "--tokenizer", "CORPUS/a/one.txt"],
                               "not a Hugging Face tokenizer.json"),
     "vocab below the bytes": (["--input", "CORPUS/**/*.txt", "--train-tokenizer", "100"], "at least 257"),
-    "vocab beyond any real one": (["--input", "CORPUS/**/*.txt", "--train-tokenizer", "10000000000"],
-                                  "--train-tokenizer 10,000,000,000 is beyond the 1,048,576 ids"),
+    "vocab beyond any real one": (["--input", "CORPUS/**/*.txt", "--train-tokenizer", "100000000"],
+                                  "--train-tokenizer 100,000,000 is beyond the 1,048,576 ids"),
     "out holds a dataset": (["--stdlib", "--out", "EXISTING"], "already holds a dataset"),
 }
 

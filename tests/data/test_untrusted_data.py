@@ -1,7 +1,8 @@
 """A prepared dataset read as untrusted input: every field of dataset.json type-checked, the largest
 token id per shard recorded and checked against the model before any rank starts (or read from the
-shards for a dataset.json that predates it), a dataset shorter than one sample refused, and a shard
-corrupted after `prepare` stopped with one line by the sampler, never in the embedding."""
+shards for a dataset.json that predates it), a dataset shorter than one sample refused, a shard
+whose bytes changed after `prepare` refused before any rank starts (its sha256), and one changed while
+a run reads it stopped with one line by the sampler, never in the embedding."""
 
 from __future__ import annotations
 
@@ -115,16 +116,20 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
     dataset.check_dataset_for(gpt_tiny(vocab=vocab), tmp_path / "data")
 
 
-def test_the_sampler_stops_at_a_corrupted_window_with_one_line(tmp_path: Path) -> None:
-    """A shard overwritten after prepare with the same size: its recorded max_id still passes the
-    cheap check, the window that reads the bad id stops the rank with one line naming the shard."""
+def test_a_changed_shard_is_refused_before_the_ranks_and_stops_the_sampler(tmp_path: Path) -> None:
+    """A shard overwritten after prepare with the same size: its size and recorded max_id still pass
+    the cheap checks, its sha256 does not (check_dataset_for refuses it before any rank starts, naming
+    it); a rank that reads it anyway (the shard changed under a running job) stops at the window that
+    reads the bad id, with one line naming the shard."""
     data = byte_data(tmp_path, "".join(chr(97 + i % 26) for i in range(1000)), shard_tokens=300)
     meta = dataset.read_meta(data)
     shard = data / meta.shards[1].file
     ids = np.fromfile(shard, dtype="<u2")
     ids[10] = 5000
     ids.tofile(shard)
-    dataset.check_dataset_for(gpt_tiny(), data)  # sizes and recorded ids agree: only the hashes could tell
+    with pytest.raises(UserError) as exc:  # sizes and recorded ids agree: only the hash tells
+        dataset.check_dataset_for(gpt_tiny(), data)
+    assert one_line(exc).startswith(f"{shard}: shard is corrupted (its sha256 differs")
     src = TokenShards(data, shuffle=False)
     seq = 16
     assert src.sample(0, seq).max() < 256

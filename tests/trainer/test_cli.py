@@ -108,6 +108,7 @@ def test_flags_override_a_plan(tmp_path: Path, no_launch: list) -> None:
     (cfg,) = no_launch
     p = cfg.plan
     assert (p.model.name, p.tp, p.dp, p.zero_stage, p.dtype, p.micro_batch) == ("llama-tiny", 2, 1, 0, "bfloat16", 2)
+    assert p.global_batch == 8  # the plan's batch, now over 4 micro-batches of dp 1
     assert (cfg.steps, cfg.seed, cfg.lr, cfg.quiet) == (7, 3, 5e-4, True)
     assert cfg.watchdog_s == 0.0  # the default limit
     no_launch.clear()

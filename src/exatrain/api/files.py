@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from exatrain.errors import UserError
+from exatrain.limits import check_counts
 from exatrain.paths import check_input_dir, check_input_file, check_output_dir
 
 DEFAULT_SEPARATOR = "<|endoftext|>"
@@ -24,6 +25,7 @@ def prepare(*, out: str | Path, input: Sequence[str] = (), stdlib: bool = False,
     dataset.json in ``out`` (new or empty). Returns the DatasetMeta."""
     from exatrain.data import prepare as prep
 
+    check_counts({"shard_tokens": shard_tokens, "train_tokenizer": train_tokenizer})
     check_output_dir(out, "--out")
     kw: dict = {"quiet": quiet}
     if shard_tokens is not None:
@@ -62,6 +64,7 @@ def export_model(*, checkpoint: str | Path, out: str | Path, step: int | None = 
     that step's) as a Hugging Face model in ``out`` (new or empty). Returns the checkpoint used."""
     if format != "hf":
         raise UserError(f"--format must be hf, got {format!r}")
+    check_counts({"step": step})
     check_input_dir(checkpoint, "--checkpoint")
     check_output_dir(out, "--out")
     from exatrain.trainer.hf_export import export_hf

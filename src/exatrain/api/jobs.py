@@ -14,6 +14,7 @@ from typing import Sequence
 from exatrain.api.plans import Warn, load_plan, resolve_cluster, warner
 from exatrain.catalog import ClusterSpec
 from exatrain.errors import UserError
+from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan
 
@@ -65,6 +66,7 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
     from exatrain.launch import SlurmOptions, TorchrunOptions, TrainArgs, node_layout, render_slurm, render_torchrun
 
     warn = warner(warn)
+    check_counts({"nodes": nodes, "steps": steps})
     if scheduler not in SCHEDULERS:
         raise UserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
     if out is not None:
@@ -74,6 +76,12 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
     train = TrainArgs(checkpoint_dir=os.path.abspath(checkpoint_dir), steps=steps,
                       metrics_file=os.path.abspath(metrics_file) if metrics_file else None)
     if scheduler == "slurm":
+        from exatrain.launch.slurm import time_limit
+
+        seconds, form = time_limit(time)
+        if form == "minutes:seconds":
+            warn(f"--time {time} is {seconds // 60} min {seconds % 60} s to sbatch (minutes:seconds); for hours "
+                 f"write hours:minutes:seconds, e.g. {time}:00")
         if master:
             raise UserError("--master is for --scheduler torchrun; under SLURM the first allocated host "
                             "is the master (set the port with --master-port)")

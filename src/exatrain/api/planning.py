@@ -16,6 +16,7 @@ from exatrain.api.plans import (calibrated, layout_of, make_plan, resolve_cluste
                                 space_options, with_launch)
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
+from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan, default_runtime, default_runtime_note, recompute_modules_of
 
@@ -144,6 +145,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     if from_file is not None:
         return estimate(**with_launch(locals(), estimate))
     values = dict(locals())
+    check_counts(values)
     if runtime is not None:
         check_runtime(runtime, overlap)
     if out is not None:
@@ -201,6 +203,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     if from_file is not None:
         return search(**with_launch(locals(), search))
     values = dict(locals())
+    check_counts(values)
     if gpus is None or global_batch is None:
         raise UserError("search needs --gpus and --global-batch")
     if top < 1:
@@ -253,6 +256,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     pinned one), its throughput and efficiency, and what a published study measured for this model
     and cluster (a ScalingResult). ``runtime`` None: as for ``estimate`` (the title names it)."""
     values = dict(locals())
+    check_counts(values)
     if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
         check_runtime(runtime, overlap)
     if global_batch is None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from exatrain.catalog import ClusterSpec, ModelSpec, get_cluster, get_model, load_cluster_file, load_model_file
 from exatrain.errors import PlanError, UserError
+from exatrain.limits import check_counts
 from exatrain.paths import check_input_file
 from exatrain.plan import ParallelDims, Plan, TrainShape, read_json, recompute_modules_of
 
@@ -145,6 +146,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     (``plan.RECOMPUTE_EVERY_RUNTIMES``; default 0: every layer);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
+    check_counts(locals())
     if recompute_layers == "auto":
         raise UserError("--recompute-layers auto lets a search fit each layout's own; one plan takes a number "
                         "(search or scaling with auto, then its plan)")

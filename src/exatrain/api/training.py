@@ -21,6 +21,7 @@ from exatrain.api.plans import Warn, calibrated, layout_of, load_plan, make_plan
     shape_of, warner
 from exatrain.catalog import ClusterSpec, ModelSpec, cluster_catalog, get_cluster, match_device
 from exatrain.errors import OutOfMemoryPredicted, PlanError, UserError
+from exatrain.limits import check_counts
 from exatrain.paths import check_input_dir, check_output_dir, check_output_file
 from exatrain.plan import ParallelDims, Plan, RunRecord, TrainShape
 
@@ -195,6 +196,27 @@ def _check_device(device: str, local_ranks: int) -> None:
                         "lower the degrees or use more nodes (torchrun/srun)")
 
 
+def _plan_keeping_batch(m: ModelSpec, c: ClusterSpec | None, gpus: int | None, base: Plan | None, keep: bool,
+                        layout: dict[str, Any], default_dtype: str) -> Plan:
+    """make_plan over ``base``; with ``keep`` (a user's plan and no --global-batch) the plan's global batch
+    is the run's whatever the layout flags change (another dp or micro-batch only changes how it is split into
+    micro-batches), and a layout that cannot split it is refused in one line rather than given another batch."""
+    from exatrain.rules import RuleError
+
+    if not keep or base is None:
+        return make_plan(m, c, gpus=gpus, base=base, default_dtype=default_dtype, **layout)
+    gb = base.global_batch
+    try:
+        return make_plan(m, c, gpus=gpus, base=base, default_dtype=default_dtype, **{**layout, "global_batch": gb})
+    except RuleError as exc:
+        if exc.reason != "global batch not divisible by micro-batch*dp":
+            raise
+        split = make_plan(m, c, gpus=gpus, base=base, default_dtype=default_dtype, **{**layout, "global_batch": None})
+        raise PlanError(f"the plan's global batch {gb} does not split over micro-batch x dp = {split.micro_batch} x "
+                        f"{split.dp}: pass --global-batch (a multiple of {split.micro_batch * split.dp}) to train "
+                        f"another batch, or a layout whose micro-batch x dp divides {gb}") from None
+
+
 def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | None = None,
           model_file: str | Path | None = None, arch: str | None = None, layers: int | None = None,
           hidden: int | None = None, heads: int | None = None, kv_heads: int | None = None,
@@ -214,7 +236,8 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
           watchdog: float = 0.0, warn: Warn | None = None,
           progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train ``plan`` (a Plan, or a file holding one: a plan, `estimate --json`, or `search --json`,
-    whose first ranked plan is taken), with layout and model values overriding it; with neither a
+    whose first ranked plan is taken), with layout and model values overriding it (its global batch stays the
+    run's unless ``global_batch`` is given: a layout that cannot split it is refused); with neither a
     plan nor any of tp/pp/dp/gpus, the embedded default (``embedded_default``: gpt-small, tp2 pp2
     dp2 on 8 CPU ranks, float32). The device is cuda for a plan made for a GPU cluster, else cpu.
     ``resume``: 'auto' (the newest complete checkpoint in ``checkpoint_dir``) or a checkpoint path.
@@ -225,6 +248,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     default, max(300 s, 20 x the median step)). ``warn`` hears warnings, ``progress`` what happens before the
     ranks start."""
     values = dict(locals())
+    check_counts(values)
     if fp8 and dtype is None:  # FP8 GEMMs run inside bfloat16 training (exatrain.rules): the one dtype that fits
         values["dtype"] = "bfloat16"
     warn = warner(warn)
@@ -249,8 +273,9 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     device = _pick_device(device, base)
     c = _pick_cluster(cluster, cluster_file, base, device)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    p = make_plan(m, c, gpus=gpus, base=base, default_dtype="float32" if device == "cpu" else "bfloat16",
-                  **{**layout_of(values), "stage_layers": stage_layers})  # cp and ep too (dp = gpus / tp*cp*pp)
+    layout = {**layout_of(values), "stage_layers": stage_layers}  # cp and ep too (dp = gpus / tp*cp*pp)
+    p = _plan_keeping_batch(m, c, gpus, base, plan is not None and global_batch is None, layout,
+                            default_dtype="float32" if device == "cpu" else "bfloat16")
     p = _attach_estimate(p, base, c, calibration, warn)
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "--checkpoint-dir", need_bytes=int(checkpoint_bytes(p)))

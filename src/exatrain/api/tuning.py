@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from exatrain.api.plans import calibrated, layout_of, resolve_cluster, resolve_model, shape_of, space_options
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
+from exatrain.limits import check_counts
 from exatrain.paths import check_output_dir, check_output_file
 
 DEFAULT_STUDY = "sqlite:///tune.db"
@@ -81,6 +82,7 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     ``progress`` hears one line per finished trial. ``runtime``: the trials run exatrain's own
     trainer, so its candidates are ranked as that runtime runs them; no other is accepted."""
     values = dict(locals())
+    check_counts(values)
     from exatrain.api.planning import check_runtime
 
     if check_runtime(runtime) != "exatrain":

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from exatrain.errors import UserError
+from exatrain.limits import MAX_COUNT
 
 ARCHS = ("gpt", "llama")
 ROUTERS = ("softmax", "sigmoid")
@@ -223,12 +224,17 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"{where}: {field} must be a positive integer, got {value!r}")
+            if value > MAX_COUNT:  # exatrain.limits
+                raise UserError(f"{where}: {field} must be a positive integer of at most {MAX_COUNT:,}, got {value}")
         self._check_extension_types(where)
         if self.arch == "llama" and self.ffn_hidden <= 0:
             raise UserError(f"{where}: a llama-style model needs ffn_hidden (the SwiGLU width); "
                             "pass --ffn-hidden")
         if not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0:
             raise UserError(f"{where}: ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
+        if self.ffn_hidden > MAX_COUNT:  # exatrain.limits
+            raise UserError(f"{where}: ffn_hidden must be a positive integer of at most {MAX_COUNT:,}, "
+                            f"got {self.ffn_hidden}")
         if self.hidden % self.heads and not self.kv_channels:
             raise UserError(f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; "
                             "choose heads that divide hidden")
@@ -250,6 +256,8 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"{where}: {field} must be a non-negative integer, got {value!r}")
+            if value > MAX_COUNT:  # exatrain.limits
+                raise UserError(f"{where}: {field} must be an integer of at most {MAX_COUNT:,}, got {value}")
         for field in ("qk_norm", "router_bias", "attention_sinks", "linear_bias"):
             if not isinstance(getattr(self, field), bool):
                 raise UserError(f"{where}: {field} must be true or false, got {getattr(self, field)!r}")

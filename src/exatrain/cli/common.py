@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import inspect
 import json
+import math
 import sys
 import textwrap
 from typing import Any, Callable, Iterator
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterator
 from exatrain.plan import (ADAM_KERNELS, ATTENTION_KERNELS, CP_COMMS, CROSS_ENTROPY, DTYPES, ELEMENTWISE, FP8_RECIPES,
                            GRAD_ACCUM, GRAD_ACCUM_FUSION, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES)
 from exatrain.api import make_console, opt, table  # noqa: F401 (the commands' output helpers)
+from exatrain.limits import MAX_COUNT
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +40,8 @@ def _typed(kind: str, ok: Callable[[int], bool]) -> Callable[[str], int]:
             value = None
         if value is None or not ok(value):
             raise argparse.ArgumentTypeError(f"expected a {kind} integer, got {text!r}")
+        if value > MAX_COUNT:  # exatrain.limits: beyond it the planner's int64 arithmetic overflows
+            raise argparse.ArgumentTypeError(f"expected a {kind} integer of at most {MAX_COUNT:,}, got {text!r}")
         return value
     return parse
 
@@ -67,10 +71,22 @@ def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+        values = ()
+    if not values or any(v <= 0 or v > MAX_COUNT for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers of at most {MAX_COUNT:,}, "
+                                         f"got {text!r}")
     return values
+
+
+def finite_float(text: str) -> float:
+    """'3e-4' -> 0.0003; a finite number (its range is the API's to check, in one line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def default(fn: Callable, name: str) -> Any:

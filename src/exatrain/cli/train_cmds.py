@@ -8,8 +8,8 @@ import os
 from exatrain import api
 from exatrain.api.training import DEFAULT_MODEL, describe_default
 from exatrain.plan import FP8_RECIPES
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, flag, make_console,
-                                 nonneg_float, nonneg_int, positive_int, warn_line)
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, flag, finite_float,
+                                 make_console, nonneg_float, nonneg_int, positive_int, warn_line)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  exatrain train --model gpt-tiny --tp 2 --pp 2 --dp 2 --schedule interleaved --steps 50\n"
                "  exatrain train --model llama-tiny --tp 2 --cp 2 --steps 20")
     p.add_argument("--plan", metavar="PATH", help="a plan: `estimate/search --out`, `estimate --json`, or "
-                   "`search --json` (its first ranked plan, the best); flags override it")
+                   "`search --json` (its first ranked plan, the best); flags override it, but its global batch stays unless "
+                   "--global-batch is given (a layout that cannot split it is refused)")
     add_model_args(p, DEFAULT_MODEL)
     add_layout_args(p)
     g = p.add_argument_group("context and expert parallelism, FP8 (not given: the plan's, else 1 / none)")
@@ -38,10 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("training")
     for name, kind, help in (("--steps", positive_int, "optimizer steps"),
                              ("--seed", nonneg_int, "weights and data order"),
-                             ("--lr", float, "peak learning rate"), ("--warmup", nonneg_int, "linear warm-up steps"),
-                             ("--min-lr-ratio", float, "cosine decay floor, x lr"),
-                             ("--weight-decay", float, "AdamW weight decay"),
-                             ("--grad-clip", float, "max global grad norm, 0 = off")):
+                             ("--lr", finite_float, "peak learning rate"),
+                             ("--warmup", nonneg_int, "linear warm-up steps"),
+                             ("--min-lr-ratio", finite_float, "cosine decay floor, x lr"),
+                             ("--weight-decay", finite_float, "AdamW weight decay"),
+                             ("--grad-clip", finite_float, "max global grad norm, 0 = off")):
         flag(g, api.train, name, help, type=kind)
     g.add_argument("--device", choices=("cpu", "cuda"),
                    help="default: cuda for a plan made for a GPU cluster, else cpu")

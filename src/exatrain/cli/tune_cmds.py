@@ -7,8 +7,9 @@ import sys
 
 from exatrain import api
 from exatrain.api.tuning import DEFAULT_CLUSTER
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call, flag,
-                                 make_console, nonneg_int, opt, positive_int, print_json, progress, table)
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call,
+                                 finite_float, flag, make_console, nonneg_int, opt, positive_int, print_json,
+                                 progress, table)
 from exatrain.api import describe
 
 
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag(g, t, "--candidates", "tune over the N best predicted feasible layouts", type=positive_int)
     flag(g, t, "--seed-trials", "first trials: the best predicted layout of each of the N best tp x pp meshes",
          type=int)
-    flag(g, t, "--prune-ratio", "stop a run below this x the best run after warm-up; 0 = never", type=float)
+    flag(g, t, "--prune-ratio", "stop a run below this x the best run after warm-up; 0 = never", type=finite_float)
     flag(g, t, "--runtime", "the engine the candidates are ranked for: only exatrain, the trainer the trials run",
          metavar="ENGINE")
     g.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")

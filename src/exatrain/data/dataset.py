@@ -11,9 +11,11 @@ The shards are raw arrays (``numpy.memmap`` reads them without loading), so the 
 the concatenation of the shards in order; documents inside it end with the separator id.
 Every field of dataset.json is type-checked on reading (it may be hand-edited or crafted). Reading
 checks what is cheap (the metadata, the tokenizer's hash, every shard's size); ``check_dataset_for``
-adds what a model needs (ids inside its vocabulary, one sample window); ``verify`` also recomputes
-every shard's sha256 (``exatrain prepare --verify``). The trainer checks each window it reads too
-(trainer/sampler.py), so a same-size corrupted shard stops with one line, not in the embedding.
+(before a run's ranks start) adds what a model needs (ids inside its vocabulary, one sample window)
+and, as ``verify`` (``exatrain prepare --verify``) does, every shard's sha256: a shard whose bytes
+changed since ``prepare`` is refused in one line naming it, before anything trains on it (one pass
+over the data, about 0.7 GB/s on one CPU core). The trainer checks each window it reads too
+(trainer/sampler.py), so a shard changed while a run reads it stops with one line, not in the embedding.
 """
 
 from __future__ import annotations
@@ -195,8 +197,9 @@ def check_dataset_for(plan: Any, data_dir: str | Path, where: str | None = None)
     The cheap checks of read_meta, then: the tokenizer's vocabulary fits the model's embedding; the
     stream holds at least one sample window, seq_len + 1 tokens (inputs and next-token targets);
     every shard's largest token id (shard_max_ids) is inside the tokenizer's vocabulary (else the
-    shard is corrupted or crafted), hence inside the model's. Each failure is one UserError line
-    naming the file and the fix. Returns the description."""
+    shard is corrupted or crafted), hence inside the model's; every shard's sha256 is the one dataset.json
+    records (``check_shards``). Each failure is one UserError line naming the file and the fix. Returns
+    the description."""
     root = Path(data_dir)
     meta = read_meta(root)
     model = plan.model
@@ -210,15 +213,28 @@ def check_dataset_for(plan: Any, data_dir: str | Path, where: str | None = None)
         if top >= meta.vocab_size:
             raise UserError(f"{root / s.file}: holds token id {top}, beyond its tokenizer's {meta.vocab_size} "
                             f"ids: the shard is corrupted or not made by {TOKENIZER}; prepare the data again")
+    check_shards(root, meta)
     return meta
 
 
-def verify(data_dir: str | Path) -> DatasetMeta:
-    """read_meta, then every shard's sha256 against the recorded one."""
-    meta = read_meta(data_dir)
+def check_shards(data_dir: str | Path, meta: DatasetMeta) -> None:
+    """Every shard's sha256 against the one dataset.json records: a one-line UserError naming the first
+    shard whose bytes changed since ``prepare``."""
     for s in meta.shards:
-        if sha256_file(Path(data_dir) / s.file) != s.sha256:
-            raise UserError(f"{Path(data_dir) / s.file}: shard is corrupted (sha256 differs from {META})")
+        path = Path(data_dir) / s.file
+        try:
+            digest = sha256_file(path)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read the shard ({exc.strerror or exc})") from None
+        if digest != s.sha256:
+            raise UserError(f"{path}: shard is corrupted (its sha256 differs from the one {META} records: its bytes "
+                            "changed since `exatrain prepare`); prepare the data again")
+
+
+def verify(data_dir: str | Path) -> DatasetMeta:
+    """read_meta, then every shard's sha256 against the recorded one (check_shards)."""
+    meta = read_meta(data_dir)
+    check_shards(data_dir, meta)
     return meta
 
 
@@ -239,5 +255,5 @@ def open_shards(data_dir: str | Path, meta: DatasetMeta) -> list[np.ndarray]:
     return out
 
 
-__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "check_dataset_for", "check_vocab", "open_shards",
+__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "check_dataset_for", "check_shards", "check_vocab", "open_shards",
            "plain_name", "read_meta", "sha256_file", "shard_max_ids", "token_dtype", "verify"]

@@ -26,8 +26,9 @@ from exatrain.launch.common import (TrainArgs, environment, job_label, node_layo
 from exatrain.plan import Plan
 
 _HEREDOC = "EXATRAIN_PLAN_JSON"
-# sbatch --time formats (sbatch(1)): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+# sbatch --time formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds.
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
 _SAFE = re.compile(r"^[A-Za-z0-9._%@+,:/=-]+$")  # what may appear unquoted in a #SBATCH line
 
 
@@ -47,6 +48,33 @@ class SlurmOptions:
     setup: tuple[str, ...] = ()  # shell lines run before the ranks start (module load, venv)
 
 
+def time_limit(text: str) -> tuple[int, str]:
+    """An sbatch --time value -> (seconds, the form it was read as: "minutes:seconds", ...); a one-line
+    UserError for a value sbatch(1) does not define or a field beyond its range (99:99, 1-25, 1:60:00).
+    sbatch itself adds an overflowing field to the next (Slurm's time_str2secs), so 99:99 would be a
+    limit nobody meant."""
+    m = _TIME.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise UserError(f"--time must be a SLURM duration such as 02:00:00 or 1-12:00:00, got {text!r}")
+    days, first, second, third = m.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        fields = [("days", int(days), None), ("hours", int(first), 24), ("minutes", int(second or 0), 60),
+                  ("seconds", int(third or 0), 60)]
+        form = "days-hours" + (":minutes" if second is not None else "") + (":seconds" if third is not None else "")
+    elif third is not None:  # hours:minutes:seconds
+        fields = [("hours", int(first), None), ("minutes", int(second), 60), ("seconds", int(third), 60)]
+        form = "hours:minutes:seconds"
+    else:  # minutes[:seconds]
+        fields = [("minutes", int(first), None), ("seconds", int(second or 0), 60)]
+        form = "minutes:seconds" if second is not None else "minutes"
+    for name, value, limit in fields:
+        if limit is not None and value >= limit:
+            raise UserError(f"--time {text}: {value} {name} in {form} (at most {limit - 1}); write e.g. 02:00:00 "
+                            "(hours:minutes:seconds) or 1-12:00:00")
+    scale = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+    return sum(scale[name] * value for name, value, _ in fields), form
+
+
 def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = SlurmOptions()) -> str:
     """The sbatch script as text. Raises UserError when the plan cannot be laid out on the cluster
     or an option would make an invalid #SBATCH line."""
@@ -58,8 +86,7 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
                          ("--output", o.output)):
         if value and not _SAFE.match(value):
             raise UserError(f"{label} {value!r} has characters a #SBATCH line cannot carry unquoted")
-    if not _TIME.match(o.time):
-        raise UserError(f"--time must be a SLURM duration such as 02:00:00 or 1-12:00:00, got {o.time!r}")
+    time_limit(o.time)
     if not 0 < o.master_port < 65536:
         raise UserError(f"master port must be in 1..65535, got {o.master_port}")
 
@@ -139,4 +166,4 @@ def _shell_word(text: str) -> str:
     return f'"{text}"' if "$" in text else shlex.quote(text)
 
 
-__all__ = ["SlurmOptions", "render_slurm"]
+__all__ = ["SlurmOptions", "render_slurm", "time_limit"]

@@ -21,6 +21,7 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.catalog.studies import MeasuredScaling, study_scaling
 from exatrain.errors import UserError
+from exatrain.limits import MAX_COUNT
 from exatrain.plan import Plan
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.results import estimate_json
@@ -72,6 +73,9 @@ def global_batches(counts: Sequence[int], global_batch: int, mode: str) -> list[
         if (global_batch * n) % counts[0]:
             raise UserError(f"weak scaling: {n} GPUs do not scale global batch {global_batch} evenly")
         out.append(global_batch * n // counts[0])
+        if out[-1] > MAX_COUNT:
+            raise UserError(f"weak scaling: {n} GPUs grow global batch {global_batch} to {out[-1]:,}, beyond "
+                            f"{MAX_COUNT:,}; use a smaller batch or --mode strong")
     return out
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from exatrain import rules
 from exatrain.errors import PlanError, UserError
+from exatrain.limits import check_finite
 from exatrain.plan import Plan, listed
 
 DEVICES = ("cpu", "cuda")
@@ -59,6 +60,10 @@ class TrainConfig:
     def check(self) -> "TrainConfig":
         if self.steps <= 0:
             raise UserError(f"--steps must be positive, got {self.steps}")
+        for flag, value in (("--lr", self.lr), ("--min-lr-ratio", self.min_lr_ratio),
+                            ("--weight-decay", self.weight_decay), ("--grad-clip", self.grad_clip),
+                            ("--watchdog", self.watchdog_s)):
+            check_finite(flag, value)  # a NaN passes `x < 0`: --grad-clip nan would turn clipping off
         if not self.lr > 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
         if self.warmup_steps < 0:
@@ -67,6 +72,8 @@ class TrainConfig:
             raise UserError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.grad_clip < 0:
             raise UserError(f"--grad-clip must be >= 0, got {self.grad_clip}")
+        if self.weight_decay < 0:
+            raise UserError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.device not in DEVICES:
             raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.save_every < 0 or self.keep_last < 0:

@@ -328,22 +328,28 @@ def remove_path(path: Path) -> None:
 
 
 def clear_leftovers(root: str | Path, warn: Callable[[str], None] | None = None) -> list[Path]:
-    """Remove every unfinished save under ``root`` (remove_path), reporting each one; returns them."""
-    warn = warn or _stderr
+    """Remove every unfinished save under ``root`` (remove_path), reporting each one through ``warn``
+    (default: a line on stderr, a warning where one could not be removed); returns them."""
     gone = []
     for p in leftovers(root):
         try:
             remove_path(p)
         except OSError as exc:
-            warn(f"warning: cannot remove unfinished checkpoint save {p} ({exc.strerror or exc})")
+            (warn or _stderr)(f"cannot remove unfinished checkpoint save {p} ({exc.strerror or exc})")
             continue
-        warn(f"removed unfinished checkpoint save {p}")
+        (warn or _note)(f"removed unfinished checkpoint save {p}")
         gone.append(p)
     return gone
 
 
-def _stderr(line: str) -> None:
+def _note(line: str) -> None:
     sys.stderr.write(line + "\n")
+
+
+def _stderr(line: str) -> None:
+    """The default ``warn``: one line on stderr. Messages carry no prefix of their own; each ``warn`` adds
+    its own (the CLI's: ``exatrain CMD: warning:``)."""
+    sys.stderr.write(f"warning: {line}\n")
 
 
 def is_checkpoint_root(path: Path) -> bool:
@@ -374,25 +380,31 @@ def newest_complete(root: str | Path, hashes: bool = True, warn: Callable[[str],
     ``warn`` (one line: which and why) and skipped, as is each unfinished save. None when there is none."""
     warn = warn or _stderr
     for p in leftovers(root):
-        warn(f"warning: ignoring unfinished checkpoint save {p} (the next save into {Path(root)} removes it)")
+        warn(f"ignoring unfinished checkpoint save {p} (the next save into {Path(root)} removes it)")
     for _, path in list_checkpoints(root):
         try:
             return usable(path, hashes=hashes, check=check)
         except CheckpointError as exc:
-            warn(f"warning: skipping checkpoint {exc}")
+            warn(f"skipping checkpoint {exc}")
     return None
 
 
 def resolve(resume: str | None, checkpoint_dir: str | None, hashes: bool = True,
             warn: Callable[[str], None] | None = None, check: Check | None = _consistent) -> Manifest | None:
     """What ``--resume`` names: None (start fresh), ``auto`` (the newest usable checkpoint in
-    ``checkpoint_dir``, or nothing), or a path (that checkpoint; a checkpoint root means its newest)."""
+    ``checkpoint_dir``, or nothing: a folder whose checkpoints are all unusable says so through ``warn``),
+    or a path (that checkpoint; a checkpoint root means its newest)."""
     if resume is None:
         return None
     if resume == "auto":
         if checkpoint_dir is None:
             raise UserError("--resume auto needs --checkpoint-dir (where to look for checkpoints)")
-        return newest_complete(checkpoint_dir, hashes=hashes, warn=warn, check=check)
+        found = newest_complete(checkpoint_dir, hashes=hashes, warn=warn, check=check)
+        skipped = list_checkpoints(checkpoint_dir)
+        if found is None and skipped:  # each one was named above, with why; an empty folder is a first run
+            (warn or _stderr)(f"no usable checkpoint in {checkpoint_dir} ({len(skipped)} skipped, each named above "
+                              "with why), starting from step 1")
+        return found
     path = Path(resume)
     if is_checkpoint_root(path):
         found = newest_complete(path, hashes=hashes, warn=warn, check=check)
