@@ -10,10 +10,11 @@ work starts (no rank, no benchmark, no tokenizing), so the matrix runs in second
 same values with a UserError (API_CASES). (`models` and `hardware` read and write no path and take no
 number: only --json.)
 
-Checked to fail with the fix taken out: the CLI's integer parsers without their bound (the int64
-cases end in an OverflowError traceback), TrainConfig.check without its finiteness check (the API's
-grad_clip=nan case runs), check_dataset_for without check_shards (the changed-shard case reaches the
-ranks), launch's time_limit back to the pattern alone (99:99 is rendered).
+Checked to fail with the fix taken out: the CLI's integer parsers without their bound (6 cases: the
+API's line instead of the parser's), and limits.check_counts too (17 cases, 3 of them an OverflowError
+traceback); TrainConfig.check without its finiteness check (the API's NaN and infinite train cases
+run); check_dataset_for without check_shards (the changed-shard case reaches the launcher); launch's
+time_limit without its field ranges (99:99, 1-24:00 and 1:60:00 are rendered).
 """
 
 from __future__ import annotations
@@ -263,8 +264,12 @@ def _tree(root: Path) -> dict[str, float]:
 def test_one_line_exit_2_nothing_written(command, kind, argv, needle, w, capsys, monkeypatch) -> None:
     if kind == UNWRITABLE and not w["ro"]:
         pytest.skip("running as root with no read-only directory: root writes through file permissions")
+    import importlib
+
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
+    # a train case let through starts no rank: the launcher returns at once
+    monkeypatch.setattr(importlib.import_module("exatrain.trainer.spawn"), "launch_local", lambda configs, **kw: None)
     monkeypatch.chdir(w["tmp"])  # anything written by default lands where it is seen
     root = Path(w["tmp"])
     before = _tree(root)
