@@ -148,6 +148,8 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
                 line = f"trial {v.number}: {describe(v.plan)} [{v.source or 'sampler'}]: {v.status}"
                 if v.measured_tokens_per_s is not None:
                     line += f", {v.measured_tokens_per_s:,.0f} tokens/s"
+                if v.predicted_tokens_per_s is not None:
+                    line += f" (predicted {v.predicted_tokens_per_s:,.0f})"
                 progress(line + (f" — {v.error}" if v.error and v.status != "ok" else ""))
 
         out_result = run_study(problem, cands, runner, files, storage, settings, study_name=name, progress=on_trial)

@@ -28,8 +28,9 @@ class BenchResult:
         return self.calibration.devices[self.device]
 
     def summary_lines(self) -> list[str]:
-        """What was measured, in the cost model's terms: GEMM throughput and its fall-off, attention,
-        memory bandwidth and overheads, and each measured link tier."""
+        """What was measured, in the cost model's terms: GEMM throughput and its fall-off, attention at
+        the sequence lengths measured (and where the fitted rate goes beyond them), memory bandwidth and
+        overheads, and each measured link tier."""
         from exatrain.catalog import device_catalog
 
         p, spec = self.params, device_catalog().get(self.device)
@@ -39,13 +40,35 @@ class BenchResult:
                  f"GEMM: {peak * p.gemm_eff / 1e12:.3f} TFLOPS at large sizes (peak {peak / 1e12:.3f}, eff "
                  f"{p.gemm_eff:.2f}), dimension half-point {p.gemm_dim_half:.0f}, "
                  f"{p.gemm_overhead_s * 1e6:.1f} µs per call",
-                 f"attention: {p.attn_eff:.1%} of peak; memory: {(p.mem_bytes_per_s or 0) / 1e9:.1f} GB/s copy, "
+                 *self._attention_lines(),
+                 f"memory: {(p.mem_bytes_per_s or 0) / 1e9:.1f} GB/s copy, "
                  f"element-wise at {p.mem_eff:.0%} of it + {p.op_overhead_s * 1e6:.1f} µs per kernel; "
                  f"{p.step_overhead_s * 1e3:.1f} ms fixed per step"]
+        lines += [f"note: {n}" for n in self.calibration.extra.get("bench", {}).get("notes", [])]
         for cluster, tiers in self.calibration.cluster_tiers.items():
             lines += [f"links ({cluster}, {t.name}): {t.bytes_per_s / 1e9:.2f} GB/s, {t.latency_s * 1e6:.0f} µs latency"
                       for t in tiers]
         return lines
+
+
+    def _attention_lines(self) -> list[str]:
+        """Attention's efficiency (counted FLOPs / seconds / peak) at each sequence length measured, and the
+        fitted rate at the longest of them and beyond (attn_eff x n / (n + attn_seq_half), at most its
+        asymptote attn_eff): the fit is only printed beside the points it was fitted to."""
+        p = self.params
+        curve = self.calibration.extra.get("bench", {}).get("curves", {}).get("attention", [])
+        if not curve:
+            return [f"attention: {p.attn_eff:.1%} of peak (the prior: not measured)"]
+        by_seq: dict[int, list[float]] = {}
+        for c in curve:
+            by_seq.setdefault(int(c["seq"]), []).append(float(c["efficiency"]))
+        measured = ", ".join(f"{'/'.join(f'{e:.1%}' for e in effs)} at {s}" for s, effs in sorted(by_seq.items()))
+        longest = max(by_seq)
+        at_longest = p.attn_eff * longest / (longest + p.attn_seq_half)
+        fitted = (f"the fit: {at_longest:.1%} at {longest} tokens" + (
+            f", rising to at most {p.attn_eff:.1%} beyond (half-point {p.attn_seq_half:.0f} tokens)"
+            if p.attn_seq_half else " and beyond") + f", + {p.attn_call_overhead_s * 1e6:.0f} µs per call")
+        return [f"attention (fwd+bwd, % of peak by tokens): measured {measured}; {fitted}"]
 
 
 def measure(*, device: str = "cpu", ranks: int | None = None, dtype: str | None = None, quick: bool = False,

@@ -241,11 +241,16 @@ def add_progress_arg(p: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def progress(args: argparse.Namespace, title: str) -> Iterator[Callable[[str], None] | None]:
+def progress(args: argparse.Namespace, title: str, always: bool = False) -> Iterator[Callable[[str], None] | None]:
     """A callback printing progress lines (and a spinner on a terminal) to stderr, or None when
-    stderr is not a terminal and --progress was not given."""
-    if not (getattr(args, "progress", False) or sys.stderr.isatty()):
-        yield None
+    stderr is not a terminal and neither --progress nor ``always`` (a command that would otherwise say
+    nothing for minutes: tune) asks for them. Off a terminal each message is one plain line, flushed."""
+    if not sys.stderr.isatty():
+        def plain(message: str) -> None:
+            sys.stderr.write(f"{title}: {' '.join(message.split())}\n")
+            sys.stderr.flush()
+
+        yield plain if getattr(args, "progress", False) or always else None
         return
     from rich.markup import escape
 
@@ -254,9 +259,6 @@ def progress(args: argparse.Namespace, title: str) -> Iterator[Callable[[str], N
     def line(message: str) -> None:
         con.print(f"[dim]{escape(f'{title}: {message}')}[/]", highlight=False)
 
-    if not con.is_terminal:
-        yield line
-        return
     with con.status(title) as status:
         def update(message: str) -> None:
             line(message)

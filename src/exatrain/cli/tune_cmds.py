@@ -52,12 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--runs-file", metavar="PATH",
                    help="append a RunRecord per finished run (default: beside the study, e.g. tune.runs.jsonl)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
-    add_progress_arg(p)
+    add_progress_arg(p)  # kept for scripts that pass it: tune prints a line per trial in any case
     p.set_defaults(func=cmd_tune)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    with progress(args, "tune") as say:
+    with progress(args, "tune", always=True) as say:  # a trial takes minutes: one line each, terminal or not
         out = call(api.tune, args, progress=say)
     if args.json:
         print_json(out.to_dict())

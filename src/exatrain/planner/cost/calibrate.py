@@ -158,16 +158,25 @@ def fit_gemm(points: Sequence[dict], catalog_peak: float | None, overhead_s: flo
             "_bare_call_s": c, "curve": curve}
 
 
+# The most of the peak attention's counted FLOPs can run at: they are the full count (cost.compute), of which a
+# causal kernel computes about half (the masked half of the scores and values products is skipped).
+ATTN_EFF_MAX = 2.0
+
+
 def fit_attention(points: Sequence[dict], peak: float) -> dict:
     """attn_eff, attn_seq_half and attn_call_overhead_s (``cost.compute.flash_attention_s``) from causal
     SDPA forward + backward timings: ``flops`` counted as the cost model counts them (3.5 x the
     full-count forward), ``seconds``, and the shape (batch, heads, seq, head_dim).
 
     With at least three points, two sequence lengths and two FLOP counts among them, all three are
-    fitted (least squares on the log time, from the summed rate, a 1000-token half and 10 us);
-    otherwise attn_eff alone: the points' FLOPs over their seconds, summed (so the larger, more
-    representative cases weigh most), over peak, the other two 0. ``curve``: each point's efficiency
-    (counted FLOPs / seconds / peak), measured and modelled."""
+    fitted (least squares on the log time, from the summed rate, a 1000-token half and 10 us). The
+    curve must stay inside what the points show: a half-point beyond the longest measured sequence
+    (the rate still rising at the last point, its asymptote an extrapolation) or an asymptote above
+    ATTN_EFF_MAX is refused, and the rate and call time are fitted alone (the half-point 0: the rate
+    at longer sequences is the measured one). With fewer points, attn_eff alone: the points' FLOPs
+    over their seconds, summed (so the larger, more representative cases weigh most), over peak, the
+    other two 0. attn_eff never exceeds ATTN_EFF_MAX. ``curve``: each point's efficiency (counted
+    FLOPs / seconds / peak), measured and modelled; ``note``: what was refused, if anything."""
     if not points:
         return {}
     flops = np.array([p["flops"] for p in points], dtype=float)
@@ -175,19 +184,30 @@ def fit_attention(points: Sequence[dict], peak: float) -> dict:
     seq = np.array([p["seq"] for p in points], dtype=float)
     total = float(flops.sum() / t.sum() / peak)
     eff, s_half, call = total, 0.0, 0.0
+    note = ""
 
     def model(e: float, sh: float, c: float) -> np.ndarray:
         return flops / (peak * e * seq / (seq + sh)) + c
 
     if len(points) >= 3 and np.unique(seq).size >= 2 and np.unique(flops).size >= 2:
-        x, _ = levenberg_marquardt(lambda x: np.log(model(*np.exp(x)) / t),
-                                   [math.log(total), math.log(1000.0), math.log(1e-5)])
+        with np.errstate(over="ignore"):  # a trial step far out is an infinite cost, refused by the solver
+            x, _ = levenberg_marquardt(lambda x: np.log(model(*np.exp(x)) / t),
+                                       [math.log(total), math.log(1000.0), math.log(1e-5)])
         eff, s_half, call = (float(v) for v in np.exp(x))
+        if s_half > seq.max() or eff > ATTN_EFF_MAX:
+            note = (f"the rate's fitted half-point {s_half:.0f} tokens (asymptote {eff:.1%} of peak) lies beyond the "
+                    f"measured {seq.min():.0f}-{seq.max():.0f} tokens: fitted without a half-point")
+            x, _ = levenberg_marquardt(lambda x: np.log(model(math.exp(x[0]), 0.0, math.exp(x[1])) / t),
+                                       [math.log(total), math.log(1e-5)])
+            eff, s_half, call = float(math.exp(x[0])), 0.0, float(math.exp(x[1]))
+    if eff > ATTN_EFF_MAX:
+        note = (note + "; " if note else "") + f"attn_eff {eff:.3g} clamped to {ATTN_EFF_MAX:g}"
+        eff = ATTN_EFF_MAX
     modelled = flops / model(eff, s_half, call) / peak
     curve = [{"seq": p["seq"], "batch": p["batch"], "heads": p["heads"], "head_dim": p["head_dim"],
               "efficiency": float(f / s / peak), "model_efficiency": float(me)}
              for p, f, s, me in zip(points, flops, t, modelled)]
-    return {"attn_eff": eff, "attn_seq_half": s_half, "attn_call_overhead_s": call, "curve": curve}
+    return {"attn_eff": eff, "attn_seq_half": s_half, "attn_call_overhead_s": call, "curve": curve, "note": note}
 
 
 def fit_fp8(points: Sequence[dict]) -> dict:
@@ -368,7 +388,7 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
     attention = fit_attention(raw.get("attention", []), peak)
     memory = fit_memory(raw.get("bandwidth", []), op_over)
     fields = {k: v for k, v in gemm.items() if k != "curve"}
-    fields.update({k: v for k, v in attention.items() if k != "curve"})
+    fields.update({k: v for k, v in attention.items() if k not in ("curve", "note")})
     fields.update(fit_fp8(raw.get("fp8_gemm", [])))
     fields.update(fit_flash2(raw.get("attention_fa2", [])))
     fields.update({k: v for k, v in memory.items() if k not in ("curve", "layer_mix_bytes_per_s")})
@@ -399,6 +419,7 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
         found, framework_curve = fit_framework(framework, params, measured_cluster)
         params = params.replace(**found)
     extra = {"bench": {"machine": raw.get("machine", {}), "options": raw.get("options", {}),
+                       "notes": [n for n in (attention.get("note"),) if n],
                        "curves": {"gemm": gemm["curve"], "attention": attention.get("curve", []),
                                   "memory": memory.get("curve", []), "layers": layer.get("curve", []),
                                   "collectives": link_curve, "framework": framework_curve},
