@@ -30,7 +30,8 @@ def _points(rate, peak: float) -> list[dict]:
     out = []
     for b, h, s, d in ((1, 4, 64, 16), (4, 4, 64, 16), (1, 6, 128, 32), (4, 6, 128, 32)):
         flops = 3.5 * 4.0 * b * s * s * h * d
-        out.append({"batch": b, "heads": h, "seq": s, "head_dim": d, "flops": flops, "seconds": flops / (peak * rate(s))})
+        out.append({"batch": b, "heads": h, "seq": s, "head_dim": d, "flops": flops,
+                    "seconds": flops / (peak * rate(s))})
     return out
 
 
@@ -61,8 +62,8 @@ def test_no_fitted_rate_exceeds_the_physical_bound() -> None:
 
 def test_the_summary_prints_the_measured_points_beside_the_fit() -> None:
     fit = fit_attention(CPU_POINTS, CPU_PEAK)
-    params = default_params("cpu").replace(peak_flops=CPU_PEAK, **{k: fit[k] for k in
-                                                                    ("attn_eff", "attn_seq_half", "attn_call_overhead_s")})
+    fitted = {k: fit[k] for k in ("attn_eff", "attn_seq_half", "attn_call_overhead_s")}
+    params = default_params("cpu").replace(peak_flops=CPU_PEAK, **fitted)
     cal = Calibration(devices={"cpu": params}, cluster_tiers={},
                       extra={"bench": {"curves": {"attention": fit["curve"]}, "notes": [fit["note"]]}})
     lines = BenchResult(calibration=cal, device="cpu", dtype="float32", ranks=2, threads_per_rank=1,

@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  exatrain train --model gpt-tiny --tp 2 --pp 2 --dp 2 --schedule interleaved --steps 50\n"
                "  exatrain train --model llama-tiny --tp 2 --cp 2 --steps 20")
     p.add_argument("--plan", metavar="PATH", help="a plan: `estimate/search --out`, `estimate --json`, or "
-                   "`search --json` (its first ranked plan, the best); flags override it, but its global batch stays unless "
-                   "--global-batch is given (a layout that cannot split it is refused)")
+                   "`search --json` (its first ranked plan, the best); flags override it, but its global batch "
+                   "stays unless --global-batch is given (a layout that cannot split it is refused)")
     add_model_args(p, DEFAULT_MODEL)
     add_layout_args(p)
     g = p.add_argument_group("context and expert parallelism, FP8 (not given: the plan's, else 1 / none)")

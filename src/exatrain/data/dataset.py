@@ -255,5 +255,5 @@ def open_shards(data_dir: str | Path, meta: DatasetMeta) -> list[np.ndarray]:
     return out
 
 
-__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "check_dataset_for", "check_shards", "check_vocab", "open_shards",
-           "plain_name", "read_meta", "sha256_file", "shard_max_ids", "token_dtype", "verify"]
+__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "check_dataset_for", "check_shards", "check_vocab",
+           "open_shards", "plain_name", "read_meta", "sha256_file", "shard_max_ids", "token_dtype", "verify"]
