@@ -60,8 +60,9 @@ def test_the_gathers_send_the_gemm_weights_at_one_byte() -> None:
     red16, gat16 = step.dp_collective_times(H100, cp, LLAMA, **kw)
     red8, gat8 = step.dp_collective_times(H100, cp, LLAMA, fp8_gathered=(dense, routed), **kw)
     assert np.asarray(red8).item() == np.asarray(red16).item()
-    bw, _ = network.tier_arrays(H100, network.dp_span(1, n), cp)
-    per_call = (n - 1) / n * gemm * 1.0 / (np.asarray(bw).item() * cp.link_eff)
+    # the dp group spans two nodes, all 8 ranks of each: its bus rate is the node's (network.node_bus_bandwidth)
+    bus = network.node_bus_bandwidth(H100, n, network.dp_span(1, n), cp)[0]
+    per_call = (n - 1) / n * gemm * 1.0 / np.asarray(bus).item()
     # ZeRO-3: a forward and a backward gather
     assert np.asarray(gat16 - gat8).item() == pytest.approx(2 * per_call, rel=1e-9)
 

@@ -179,17 +179,21 @@ def test_zero3_step_is_faster_with_bf16_reduce_scatter() -> None:
 
 
 def test_tp_across_nodes_is_priced_on_the_network() -> None:
-    """tp 16 on 8-device nodes: a legal plan, its collectives on the inter-node tier, so each byte
-    costs more than under tp 8 inside a node; the estimate says so."""
-    c = get_cluster("dgx-h100")
-    cp = default_params(c.device.name)
+    """tp 16 on 8-device nodes: a legal plan, its collectives across the network; a byte costs more than
+    under tp 8 inside a node where the node's NICs together are slower than its NVLink (DGX A100: 8 x
+    200 Gb/s against NVLink3), about the same where they are not (DGX H100: 8 x 400 Gb/s against NVLink4),
+    never the several times one NIC would cost (cost.network.collective_s); the estimate says so."""
     msg = 1 << 28
-    per_byte = [float(tp_collective_time_s(c, cp, np.array([tp]), msg, np.array([True]))[0]) / msg for tp in (8, 16)]
-    assert per_byte[1] > 1.5 * per_byte[0]
+    for name, lo, hi in (("dgx-a100", 1.05, 1.5), ("dgx-h100", 0.9, 1.3)):
+        c = get_cluster(name)
+        cp = default_params(c.device.name)
+        per_byte = [float(tp_collective_time_s(c, cp, np.array([tp]), msg, np.array([True]))[0]) / msg
+                    for tp in (8, 16)]
+        assert lo * per_byte[0] < per_byte[1] < hi * per_byte[0], name
     plans = {tp: _estimate(model="gpt-1t", gpus=256, tp=tp, pp=16, recompute="full", sequence_parallel=True,
                            runtime="megatron-core", overlap="none") for tp in (8, 16)}
     e8, e16 = plans[8].estimate, plans[16].estimate
-    assert e16.time_s.tp_comm / e16.comm_bytes["tp"] > 1.5 * e8.time_s.tp_comm / e8.comm_bytes["tp"]
+    assert e16.time_s.tp_comm / e16.comm_bytes["tp"] < 1.3 * e8.time_s.tp_comm / e8.comm_bytes["tp"]
     assert any("spans 2 dgx-h100 nodes" in n for n in e16.notes)
     assert not any("spans" in n for n in e8.notes)
 

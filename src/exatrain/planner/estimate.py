@@ -140,7 +140,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   f"({engine.overlap('tp').passes_source})",)
     if plan.tp > cluster.gpus_per_node:
         notes += (f"tp {plan.tp} spans {-(-plan.tp // cluster.gpus_per_node)} {cluster.name} nodes: its collectives "
-                  "are priced on the inter-node network",)
+                  "are priced on the inter-node network, striped over all of a node's NICs as NCCL runs them "
+                  "(cost.network.collective_s)",)
     trainer_by_stage = stages("exatrain")
     own = trainer_models_it(plan.model, plan.ep, plan.cp, plan.fp8)
     if plan.recompute_modules:

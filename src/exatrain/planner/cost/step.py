@@ -76,9 +76,9 @@ class StageTimes:
 def tp_collectives_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, kinds=("all_gather", "reduce_scatter")):
     """Seconds of each of ``kinds`` of TP collective on b*s*h over the tp group's tier (0 where tp is
     1); arrays allowed."""
-    bw, lat = network.tier_arrays(cluster, network.tp_span(tp), cp)
     on = np.asarray(tp) > 1
-    return tuple(np.where(on, network.collective_time_s(kind, tp, message_bytes, bw, lat, cp), 0.0) for kind in kinds)
+    return tuple(np.where(on, network.collective_s(kind, cluster, tp, network.tp_span(tp), message_bytes, cp), 0.0)
+                 for kind in kinds)
 
 
 def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel):
@@ -351,17 +351,17 @@ def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, 
     the expert-data-parallel group (``cost.experts.edp_span``). ``fp8_gathered``: (dp, edp) GEMM weights
     of the rank gathered in FP8 (``Plan.fp8_param_gather``): their gathers send one byte each instead
     of the compute dtype's; None: none."""
-    bw, lat = network.tier_arrays(cluster, network.dp_span(tp, np.asarray(dp) * cp_size), cp)
-    ebw, elat = network.tier_arrays(cluster, (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1, cp)
-    xbw, xlat = network.tier_arrays(cluster, experts.edp_span(tp, dp, cp_size, ep), cp) if model.is_moe else (bw, lat)
+    # the span each axis's group covers (a group across nodes is priced on the node's NICs: network.collective_s)
+    dp_span = network.dp_span(tp, np.asarray(dp) * cp_size)
+    spans = {"dp": dp_span, "edp": experts.edp_span(tp, dp, cp_size, ep) if model.is_moe else dp_span}
+    ends = (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1
     reduce_s, gather_s = 0.0, 0.0
     cs = engine_dp_collectives(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, params_here=params_here,
                                num_microbatches=num_microbatches, dtype=dtype, pipeline_end=pipeline_end,
                                engine=engine, cp_size=cp_size, ep=ep, expert_params_here=expert_params_here,
                                fp8_gathered=fp8_gathered)
     for c in cs:
-        b_, l_ = {"dp": (bw, lat), "edp": (xbw, xlat)}.get(c.axis, (ebw, elat))
-        t = c.count * network.collective_time_s(c.kind, c.group, c.message_bytes, b_, l_, cp)
+        t = c.count * network.collective_s(c.kind, cluster, c.group, spans.get(c.axis, ends), c.message_bytes, cp)
         if is_gather(c):
             gather_s = gather_s + t
         else:
