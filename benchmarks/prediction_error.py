@@ -118,7 +118,7 @@ class Row:
 
     index: int
     source: str  # the document (url), the unit left out
-    engine: str
+    engine: str  # the engine that ran it, as the table names it
     family: str
     kind: str  # dense / moe / long-context, as the table marks it
     name: str
@@ -140,6 +140,7 @@ class Row:
     flash_kernel: str = ""  # the attention kernel the run had where its engine's profile would guess wrong
     elementwise: str = ""  # how its element-wise ops ran (plan.ELEMENTWISE), "" = the engine's own
     cross_entropy: str = ""  # how its loss ran over the logits (plan.CROSS_ENTROPY), "" = the engine's own
+    runtime: str = ""  # the exatrain runtime it is planned with: its engine, or the ``priced_as`` profile
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -201,7 +202,10 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                   family=hardware_family(cluster.device.name), kind=r["kind"],
                   name=f"{r['model']} ({r['source'].split(',')[0]})",
                   measured_s=None, measured_from="", cluster=cluster)
-        row.overlap = _overlap(row.source, row.engine, r.get("overlap", ""))
+        row.runtime = r.get("priced_as", "").strip() or r["engine"]
+        if row.runtime != row.engine:
+            row.notes.append(f"planned as {row.runtime} (exatrain has no profile of {row.engine})")
+        row.overlap = _overlap(row.source, row.runtime, r.get("overlap", ""))
         row.flash_kernel = _flash_kernel(r)
         if row.flash_kernel:
             row.notes.append(f"attention {row.flash_kernel} (SDPA of a torch before 2.11)")
@@ -288,7 +292,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         zero_stage=_int(r["zero"], 0), recompute=recompute, sequence_parallel=r["sp"] == "y",
                         schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype="bfloat16",
                         flash_attention=r["attention"].startswith("flash"), cluster=cluster.name,
-                        runtime=r["engine"], fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
+                        runtime=row.runtime, fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
@@ -387,6 +391,10 @@ def _flash_kernel(r: dict) -> str:
     passes sdp_utils.cpp's check_prefer_cudnn_attention gate). The torch version is the row's
     ``torch 2.N``, else its dates (every year before 2026 predates 2.11). "" where the engine's own
     profile holds (Megatron's Transformer Engine kernels, flash-attn 2 in Megatron-DeepSpeed)."""
+    if "triton" in r.get("attention", "") or "flash-attn" in r.get("attention", ""):
+        # a kernel exatrain has no rate of (llm-foundry's triton flash attention): FlashAttention-2's, the
+        # nearest published one (the row's unstated_assumed says so)
+        return "fa2"
     if "SDPA" not in r.get("attention", ""):
         return ""
     version = r.get("engine_version", "")
@@ -424,6 +432,8 @@ def _cross_entropy(r: dict) -> str:
     """How a torchtitan row's loss ran (plan.CROSS_ENTROPY): "upcast" for a compiled run whose torchtitan's
     dates (``engine_version``, YYYY-MM) all predate ``_TORCHTITAN_COMPILED_LOSS``; else "" (the engine's own:
     the loss compiled with a compiled model, upcast with an eager one)."""
+    if r.get("engine") == "llm-foundry":
+        return "upcast"  # an eager model: torch's cross_entropy on the logits, autocast to fp32
     if r.get("engine") != "torchtitan" or r.get("compile", "").strip().lower() != "y":
         return ""
     dates = [(int(y), int(mo)) for y, mo in re.findall(r"\b(20\d\d)-(\d\d)\b", r.get("engine_version", ""))]
@@ -438,6 +448,7 @@ def _grad_accum(r: dict) -> str:
     planned as bfloat16 like every row; "" otherwise."""
     if r["engine"] == "megatron-deepspeed" and "BF16_Optimizer" in r.get("zero_mode", ""):
         return "float32"
+
     return "bfloat16" if r["engine"] == "megatron-core" and r["dtype"].strip().lower() == "fp16" else ""
 
 
@@ -461,6 +472,8 @@ _TORCHTITAN_FUSED_ADAM = (2025, 2)
 def _adam_kernel(r: dict) -> str:
     """"foreach" for a torchtitan row whose ``engine_version`` dates (YYYY-MM, or a bare year) all predate
     ``_TORCHTITAN_FUSED_ADAM``, as a user would plan it with --adam-kernel foreach; else "" (its own: fused)."""
+    if r.get("engine") == "llm-foundry":
+        return "foreach"  # Composer's DecoupledAdamW steps tensor by tensor: no fused kernel
     if r.get("engine") != "torchtitan":
         return ""
     version = r.get("engine_version", "")
@@ -476,7 +489,7 @@ def _predicted_memory_gib(row: Row) -> float:
     from exatrain.accounting.engines import get_engine
 
     worst = estimate_plan(row.plan, row.cluster, overlap=row.overlap).memory_bytes.total
-    allowance = get_engine(row.engine).allocator_allowance
+    allowance = get_engine(row.runtime).allocator_allowance
     return (worst / (1 + allowance) if row.memory_allocated else worst) / GIB
 
 
@@ -557,13 +570,16 @@ def out_of_sample(rows: list[Row]) -> None:
     same device's rows of the other sources (leave one source out)."""
     priced = [r for r in rows if r.prior_s is not None and r.measured_s]
     group = lambda r: fit_group(r.cluster.device.name)  # noqa: E731
+    # a refit learns a device's factors from runs priced with their own engine's profile; a run planned through
+    # another engine's (``priced_as``) is predicted, never fitted to
+    fits = [r for r in priced if r.runtime == r.engine]
     for r in priced:
         r.in_sample = r.source in PRIOR_CHOSEN_ON.get(group(r), ())
         if not r.in_sample:
             r.oos_s, r.oos_how = r.prior_s, "shipped prior (never saw this source)"
     held = {(group(r), r.source) for r in priced if r.in_sample}
     for device, source in sorted(held):
-        train = [r for r in priced if group(r) == device and r.source != source]
+        train = [r for r in fits if group(r) == device and r.source != source]
         test = [r for r in priced if group(r) == device and r.source == source]
         if not train:
             for r in test:
@@ -580,7 +596,8 @@ def fit_prior(rows: list[Row], device: str) -> CostParams:
     """The shipped prior of a device whose prior is fitted to published runs (``REFIT``): the refit
     on every priced run of the device (what coefficients.DEFAULTS holds; the held-out refits leave a
     source out of this)."""
-    train = [r for r in rows if r.prior_s is not None and r.measured_s and fit_group(r.cluster.device.name) == device]
+    train = [r for r in rows if r.prior_s is not None and r.measured_s and fit_group(r.cluster.device.name) == device
+             and r.runtime == r.engine]
     if not train:
         raise UserError(f"no priced run on device {device!r}")
     factors, base = refit_spec(device)
