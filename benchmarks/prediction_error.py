@@ -68,7 +68,8 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape, recompute_modules_of
-from exatrain.planner.band import BANDS_PATH, MIN_RUNS, hardware_family
+from exatrain.planner import band as bandlib
+from exatrain.planner.band import BANDS_PATH, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, cited_params, default_params
 from exatrain.planner.cost.published import MEGATRON_LM_2021
@@ -140,6 +141,7 @@ class Row:
     flash_kernel: str = ""  # the attention kernel the run had where its engine's profile would guess wrong
     elementwise: str = ""  # how its element-wise ops ran (plan.ELEMENTWISE), "" = the engine's own
     cross_entropy: str = ""  # how its loss ran over the logits (plan.CROSS_ENTROPY), "" = the engine's own
+    band: tuple[float, float] | None = None  # its p10-p90 of measured / predicted, fitted without its source
     runtime: str = ""  # the exatrain runtime it is planned with: its engine, or the ``priced_as`` profile
 
 
@@ -631,13 +633,15 @@ def table(rows: list[Row]) -> dict:
                 "no_measured_step": sum(1 for r in rs if not r.not_priced and not r.measured_s)}
         if ratios:
             cell["ratio_low"], cell["ratio_high"] = (float(np.percentile(ratios, q)) for q in (10, 90))
+        cell["band"] = band_stats([r for r in oos if r.band is not None])
         cells[f"{engine}/{family}"] = cell
-    return {"cells": cells, "kinds": by_kind(rows),
+    return {"cells": cells, "kinds": by_kind(rows), "rank": rank_correlations(rows),
             "rows": [{"index": r.index, "name": r.name, "engine": r.engine, "family": r.family, "source": r.source,
                       "measured_s": r.measured_s, "measured_from": r.measured_from, "prior_s": r.prior_s,
                       "in_sample": r.in_sample, "out_of_sample_s": r.oos_s, "how": r.oos_how,
                       "memory_gib": r.memory_gib, "memory_predicted_gib": r.memory_pred_gib,
-                      "not_priced": r.not_priced, "notes": r.notes} for r in rows]}
+                      "not_priced": r.not_priced, "notes": r.notes,
+                      "band": list(r.band) if r.band else None} for r in rows]}
 
 
 # The kinds of run the README reports apart: the table's ``kind`` column (dense, moe, long-context), dense
@@ -664,14 +668,28 @@ def _pct(s: dict, k: str) -> str:
 def markdown(t: dict) -> str:
     """The README / RESULTS table."""
     lines = ["| engine | hardware | runs | not priced | step n | median | p90 | max | p10–p90 measured/predicted "
-             "| memory n | median | max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| in band | band width | memory n | median | max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in t["cells"].values():
-        s, m = c["step"], c["memory"]
+        s, m, b = c["step"], c["memory"], c["band"]
         band = f"{c['ratio_low']:.2f}–{c['ratio_high']:.2f}" if "ratio_low" in c else "—"
+        cov = f"{b['coverage']:.0%}" if b["n"] else "—"
+        width = f"{b['median_width']:.0%}" if b["n"] else "—"
         lines.append(f"| {c['engine']} | {c['family']} | {c['rows']} | {c['not_priced']} | {s['n']} "
-                     f"| {_pct(s, 'median')} | {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {m['n']} "
-                     f"| {_pct(m, 'median')} | {_pct(m, 'max')} |")
+                     f"| {_pct(s, 'median')} | {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {cov} | {width} "
+                     f"| {m['n']} | {_pct(m, 'median')} | {_pct(m, 'max')} |")
+    return "\n".join(lines)
+
+
+def rank_markdown(t: dict) -> str:
+    """Rank correlation among the layouts of one model, per family (``rank_correlations``)."""
+    lines = ["| hardware | sweeps | median Spearman | worst | pairs on the same GPUs | ordered right |",
+             "|---|---|---|---|---|---|"]
+    for f in sorted(set(t["rank"]["families"]) | set(t["rank"]["pairs"]), key=lambda f: (f == "all", f)):
+        v, p = t["rank"]["families"].get(f), t["rank"]["pairs"].get(f)
+        sweep = f"{v['sweeps']} | {v['median']:.2f} | {v['min']:.2f}" if v else "0 | — | —"
+        pair = f"{p['pairs']} | {p['ordered']:.0%}" if p else "0 | —"
+        lines.append(f"| {f} | {sweep} | {pair} |")
     return "\n".join(lines)
 
 
@@ -689,15 +707,146 @@ def not_priced_summary(rows: list[Row]) -> str:
             + " (a row can have several)")
 
 
-def bands(t: dict, command: str) -> dict:
-    """The catalog's error_bands.json contents: every cell with an out-of-sample band."""
-    return {"kind": "exatrain-error-bands", "date": datetime.date.today().isoformat(), "command": command,
-            "statistic": "p10-p90 of measured/predicted step time, leave-one-source-out",
-            "min_runs": MIN_RUNS,
-            "cells": {k: {"n": c["step"]["n"], "ratio_low": round(c["ratio_low"], 4),
-                          "ratio_high": round(c["ratio_high"], 4), "median_abs_error": round(c["step"]["median"], 4),
-                          "p90_abs_error": round(c["step"]["p90"], 4)}
-                      for k, c in t["cells"].items() if "ratio_low" in c}}
+def bands(rows: list[Row], t: dict, command: str) -> dict:
+    """The catalog's error_bands.json contents (planner/band.py): the band's parameters fitted on every priced
+    run's out-of-sample ratio, what the runs validate per family, and the leave-one-source-out coverage and width
+    the same fit reached on sources it never saw."""
+    items = band_items(rows)
+    params = bandlib.fit(*_fit_inputs(items))
+    rnd = lambda x: round(float(x), 5)  # noqa: E731
+    return {"kind": "exatrain-error-bands", "version": 2, "date": datetime.date.today().isoformat(),
+            "command": command,
+            "statistic": "p10-p90 of measured/predicted step time: center + sigma x quantiles of the standardized "
+                         "out-of-sample log ratios, sigma growing with the distance from the validated runs",
+            "center": rnd(params["center"]), "sigma": {k: rnd(v) for k, v in params["sigma"].items()},
+            "quantiles": [rnd(q) for q in params["quantiles"]], "runs": params["runs"], "sources": params["sources"],
+            "validated": bandlib.validated_summary([tr for _, tr in items]),
+            "leave_one_source_out": {k: c["band"] for k, c in t["cells"].items() if c["band"]["n"]}}
+
+
+# ---- bands: fitted on other sources' runs, judged on the held-out source's --------------------------------------
+
+def band_items(rows: list[Row]) -> list[tuple[Row, "bandlib.Traits"]]:
+    """Every row with an out-of-sample prediction, with its traits (a row planned through another engine's
+    profile is a proxy run)."""
+    return [(r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine)) for r in rows
+            if r.oos_s is not None and r.plan is not None]
+
+
+def _distances(items: list) -> list[dict[str, float]]:
+    """Each row's distance from what the runs of the *other* sources validate."""
+    by_source = {r.source for r, _ in items}
+    summary = {s: bandlib.validated_summary([tr for r, tr in items if r.source != s]) for s in by_source}
+    return [bandlib.distance(tr, summary[r.source]) for r, tr in items]
+
+
+def _fit_inputs(items: list, distances: list | None = None):
+    distances = _distances(items) if distances is None else distances
+    return ([math.log(r.measured_s / r.oos_s) for r, _ in items], distances, [r.source for r, _ in items],
+            [tr.defaults for _, tr in items])
+
+
+def loso_bands(rows: list[Row]) -> None:
+    """Fill each row's ``band``: the band fitted on the runs of every other source (nested leave one source
+    out: neither the row's prediction nor its band saw its source)."""
+    items = band_items(rows)
+    if len({r.source for r, _ in items}) < 2:
+        return
+    dist = _distances(items)
+    for source in sorted({r.source for r, _ in items}):
+        train = [i for i, (r, _) in enumerate(items) if r.source != source]
+        params = bandlib.fit(*_fit_inputs([items[i] for i in train], [dist[i] for i in train]))
+        for i, (r, tr) in enumerate(items):
+            if r.source == source:
+                lo, hi, _ = bandlib.interval(tr, dist[i], params)
+                r.band = (lo, hi)
+
+
+def one_cell_bands(rows: list[Row], engine: str = "megatron-core", family: str = "A100") -> None:
+    """Broken on purpose (tests/bench/test_prediction_error.py): every row's band the p10-p90 of one
+    (engine, family) cell's out-of-sample ratios of the other sources, as the band was before it was pooled."""
+    for r in rows:
+        cell = [x.measured_s / x.oos_s for x in rows if x.oos_s is not None and x.engine == engine
+                and x.family == family and x.source != r.source]
+        if r.oos_s is not None and len(cell) >= 2:
+            r.band = tuple(float(np.percentile(cell, q)) for q in (10, 90))
+
+
+def band_stats(rows: list[Row]) -> dict:
+    """Share of runs whose measured / predicted lies inside their band, by run and with every source weighing
+    the same, and the median width (p90 - p10) over the prediction."""
+    if not rows:
+        return {"n": 0}
+    inside = np.array([r.band[0] <= r.measured_s / r.oos_s <= r.band[1] for r in rows], dtype=float)
+    per = {}
+    for r, x in zip(rows, inside):
+        per.setdefault(r.source, []).append(x)
+    width = np.array([r.band[1] - r.band[0] for r in rows])
+    weight = np.array([1.0 / len(per[r.source]) for r in rows])
+    return {"n": len(rows), "coverage": float(inside.mean()),
+            "coverage_by_source": float(np.mean([np.mean(v) for v in per.values()])),
+            "median_width": float(np.median(width)),
+            "median_width_by_source": bandlib.weighted_quantile(width, weight, 0.5)}
+
+
+# ---- rank correlation among the layouts of one model ----------------------------------------------------------
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=float)
+    for v in np.unique(x):  # ties share their mean rank
+        tie = x == v
+        ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation (Pearson's on the ranks, ties averaged)."""
+    ra, rb = _ranks(np.asarray(a, dtype=float)), _ranks(np.asarray(b, dtype=float))
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def rank_correlations(rows: list[Row], min_layouts: int = 3) -> dict:
+    """Among the layouts of one model in one source on one family (a multi-layout sweep: what a search lives on),
+    the rank correlation of predicted and measured throughput per GPU (tokens/s/GPU, so runs of different batch
+    or GPU count compare); per family, the median and worst sweep."""
+    sweeps: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        if r.oos_s is not None and r.plan is not None:
+            model = r.name.split(" (")[0] + f" seq {r.plan.model.seq_len}"
+            sweeps.setdefault((r.family, r.source, model), []).append(r)
+    out = []
+    for (family, source, model), rs in sorted(sweeps.items()):
+        if len(rs) < min_layouts:
+            continue
+        rate = lambda r, s: r.plan.tokens_per_step / (s * r.plan.gpus)  # noqa: E731
+        rho = spearman([rate(r, r.oos_s) for r in rs], [rate(r, r.measured_s) for r in rs])
+        if not math.isnan(rho):
+            out.append({"family": family, "source": source, "model": model, "layouts": len(rs), "spearman": rho})
+    fams = {}
+    for s in out:
+        fams.setdefault(s["family"], []).append(s["spearman"])
+    fams["all"] = [s["spearman"] for s in out]
+    # what a search decides: of two layouts of one model on the same GPUs, which is faster
+    pairs: dict[str, list[bool]] = {}
+    same: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.oos_s is not None and r.plan is not None:
+            same.setdefault((r.family, r.source, r.name.split(" (")[0], r.plan.model.seq_len, r.plan.gpus,
+                             r.plan.global_batch), []).append(r)
+    for key, rs in same.items():
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                if a.measured_s != b.measured_s:
+                    ok = (a.oos_s < b.oos_s) == (a.measured_s < b.measured_s)
+                    for f in (key[0], "all"):
+                        pairs.setdefault(f, []).append(ok)
+    return {"sweeps": out, "families": {f: {"sweeps": len(v), "median": float(np.median(v)), "min": float(min(v))}
+                                        for f, v in fams.items() if v},
+            "pairs": {f: {"pairs": len(v), "ordered": float(np.mean(v))} for f, v in pairs.items()}}
 
 
 def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = None) -> tuple[list[Row], dict]:
@@ -709,6 +858,7 @@ def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = N
                         f"{', '.join(sorted({r.family for r in every}))})")
     price(rows)
     out_of_sample(rows)
+    loso_bands(rows)
     return rows, table(rows)
 
 
@@ -751,6 +901,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r.index:3d} {r.name[:52]:52} {r.engine:18} {r.family:9} {r.not_priced[:110]}")
     print(not_priced_summary(rows) + "\n")
     print(markdown(t))
+    b = t["cells"]["all/all"]["band"] if "all/all" in t["cells"] else {"n": 0}
+    if b["n"]:
+        print(f"\nbands (fitted on the other sources' runs, nested leave one source out): {b['coverage']:.0%} of "
+              f"{b['n']} runs inside their p10–p90 ({b['coverage_by_source']:.0%} with every source weighing the "
+              "same); "
+              f"median width (p90 - p10) {b['median_width']:.0%} of the prediction "
+              f"({b['median_width_by_source']:.0%} with every source weighing the same)")
+    print("\nrank correlation of predicted and measured tokens/s/GPU among the layouts of one model at one sequence "
+          "length in one source (sweeps of >= 3 layouts, any GPU count), and the share of pairs of layouts on the same "
+          "GPUs and batch whose faster one is predicted faster:\n" + rank_markdown(t))
     print("\nby kind of run (out of sample, every engine and family): " + "; ".join(
         f"{k} n={v['n']}" + (f" median {v['median']:.1%} p90 {v['p90']:.1%} max {v['max']:.1%}" if v["n"] else "")
         for k, v in t["kinds"].items()))
@@ -763,7 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(t, indent=1) + "\n", encoding="utf-8")
     if args.write_bands:
-        BANDS_PATH.write_text(json.dumps(bands(t, command), indent=1) + "\n", encoding="utf-8")
+        BANDS_PATH.write_text(json.dumps(bands(rows, t, command), indent=1) + "\n", encoding="utf-8")
         print(f"\nwrote {BANDS_PATH}")
     return 0
 

@@ -1,30 +1,46 @@
-"""The uncertainty band of a step-time estimate: how far published runs landed from the prediction.
+"""The uncertainty band of a step-time estimate: how far published runs landed from the prediction, widened
+by how far the plan lies from what those runs validated.
 
-``benchmarks/prediction_error.py --write-bands`` predicts every published run it can price
-out of sample (leave one source out) and stores, per (engine, hardware family), the 10th and 90th
-percentiles of measured / predicted step time in ``catalog/data/error_bands.json``. An estimate
-then carries ``step_range_s = step_s * [p10, p90]`` with the cell it came from and its n.
+``benchmarks/prediction_error.py --write-bands`` predicts every published run it can price out of sample
+(leave one source out) and fits, on the log ratios r = log(measured / predicted) of every source pooled
+(each source weighing the same, however many runs it gives), a spread that grows with a plan's distance
+from the validated runs (``FEATURES``):
 
-Which cell answers (``band_for``): the plan's runtime on its device's family when that cell holds
-at least ``MIN_RUNS`` runs; else every engine on that family; else, for a family with some runs but
-too few, every run of every family ("all/all") widened to cover that family's own p10-p90; a family
-with no published run at all gets ``WIDE_DEFAULT`` and says so. The default is a stated convention, not a measurement: a
-factor of three either way, wider than every measured cell (the MI250X runs reach ×2.25; the band test checks it).
+    scale = base + sum_f d_f * sigma_f   (+ defaults * default)
+
+where d_f is 1 (or octaves, for model size and sequence length) where the plan's engine anywhere, its engine
+on its hardware family, the family itself (or more than a few of its runs), its size, its sequence length, a
+tp/ep group spanning nodes, FP8, MoE, or an engine exatrain has no profile of (a run planned through another's)
+lies outside what runs of *other* sources cover; and ``defaults`` counts the settings whose engine default changed across that engine's
+versions and which the plan leaves to the engine (``VERSIONED_DEFAULTS``); the scales are fitted by
+non-negative least squares of |r - center|. The band is the prediction times exp(center + scale * [q10, q90])
+with q10, q90 the quantiles of the residuals over their scale (split-conformal: the coverage holds on sources
+the fit never saw, which ``prediction_error.py`` measures by leaving each source out of the fit in turn). The
+file also holds, per family, what was validated (``validated_summary``), so an estimate measures its own
+distance.
+
+A distance no run of the fit lies at (no validated MoE at all, say) cannot be measured and takes the widest
+scale the runs did show. The default-settings term is the one scale not fitted directly:
+``default = proxy / PROXY_SETTINGS``, the spread of runs planned through another engine's profile (every version-dependent setting another
+engine's) shared over the settings such a plan takes from it. Without a stored table every estimate gets
+``WIDE_DEFAULT``, a stated convention (a factor of three either way), not a measurement.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan, StepEstimate
 
 BANDS_PATH = Path(__file__).resolve().parents[1] / "catalog" / "data" / "error_bands.json"
-MIN_RUNS = 5  # fewer runs than this in a cell: its p10/p90 say little, fall back to a wider cell
 WIDE_DEFAULT = (0.33, 3.0)  # measured / predicted where nothing is known (convention, see above)
 
 # Hardware family of each catalog device (catalog/data/hardware.toml): devices whose kernels and
@@ -33,10 +49,156 @@ FAMILIES = {"a100-80gb": "A100", "h100-sxm": "H100/H200", "h200-sxm": "H100/H200
             "b200": "B200",
             "mi250x-gcd": "MI250X", "mi300x": "MI300X", "mi355x": "MI355X", "cpu": "CPU"}
 
+# The distances the spread grows with (module doc); size and seq are octaves outside the validated range.
+FEATURES = ("engine", "cell", "family", "thin", "size", "seq", "spans", "fp8", "moe", "proxy")
+_WHY = {"engine": "no published run of {runtime} validated", "cell": "{runtime} not validated on {family}",
+        "family": "no validated run on {family}",
+        "thin": "fewer than {min_runs} validated runs on {family}",
+        "size": "model size {n:.1f} octaves outside the validated sizes", "seq": "sequence {n:.1f} octaves "
+        "outside the validated lengths", "spans": "a tp/ep group across nodes, not validated on {family}",
+        "fp8": "FP8 not validated on {family}", "moe": "MoE not validated on {family}",
+        "proxy": "the engine has no profile of its own"}
+OCTAVES_CAP = 4.0  # a size or sequence distance counts at most this many octaves
+MIN_RUNS = 5  # a family validated by fewer runs than this is thinly validated (feature "thin")
+# Plan settings whose default, under each runtime, changed across that engine's versions (the engine profiles'
+# sources: torch's SDPA backend from 2.11, torchtitan's compile switch, compiled loss (2025-04) and fused Adam
+# (2025-02); Megatron-LM's gradient-accumulation fusion (2022-02); DeepSpeed's BF16_Optimizer; the cp exchange
+# each engine's flags choose): left to the engine, each widens the band.
+VERSIONED_DEFAULTS = {"torchtitan": ("attention_kernel", "elementwise", "cross_entropy", "adam_kernel"),
+                      "megatron-core": ("grad_accum_fusion",), "megatron-deepspeed": ("grad_accum",),
+                      "exatrain": ()}
+PROXY_SETTINGS = 4  # the version-dependent settings a run planned through torchtitan's profile takes from it
+
 
 def hardware_family(device_name: str) -> str:
     """The family a device's band is looked up under (its own name when the table has none)."""
     return FAMILIES.get(device_name, device_name)
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a plan's distance from the validated runs is measured on."""
+
+    runtime: str
+    family: str
+    params: float  # total parameters
+    seq: int
+    spans: bool  # a tp or ep group crosses nodes
+    fp8: bool
+    moe: bool
+    proxy: bool = False  # planned through another engine's profile (a published run whose engine has none)
+    defaults: int = 0  # VERSIONED_DEFAULTS the plan leaves to its runtime
+
+
+def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Traits:
+    """The plan's ``Traits`` on ``cluster``."""
+    from exatrain.accounting.params import total_params
+
+    gpn = cluster.gpus_per_node
+    ep_span = (plan.ep - 1) * plan.tp * plan.cp + 1
+    spans = plan.tp > gpn or (plan.ep > 1 and ep_span > gpn)
+    names = VERSIONED_DEFAULTS.get(plan.runtime, ())
+    if plan.cp > 1 and plan.runtime in ("megatron-core", "torchtitan"):
+        names = names + ("cp_comm",)
+    left = sum(1 for n in names if not getattr(plan, n, ""))
+    return Traits(runtime=plan.runtime, family=hardware_family(cluster.device.name),
+                  params=float(total_params(plan.model)), seq=int(plan.model.seq_len), spans=bool(spans),
+                  fp8=bool(plan.fp8), moe=bool(plan.model.is_moe), proxy=proxy, defaults=0 if proxy else left)
+
+
+def validated_summary(traits: Sequence[Traits]) -> dict[str, dict[str, Any]]:
+    """Per family, what a set of runs validated: the runtimes with runs planned through their own profile, the
+    size and sequence ranges, and whether any had a tp/ep group across nodes, FP8, MoE."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in traits:
+        s = out.setdefault(t.family, {"runtimes": [], "params": [t.params, t.params], "seq": [t.seq, t.seq],
+                                      "spans": False, "fp8": False, "moe": False, "runs": 0})
+        s["runs"] += 1
+        if not t.proxy and t.runtime not in s["runtimes"]:
+            s["runtimes"] = sorted(s["runtimes"] + [t.runtime])
+        s["params"] = [min(s["params"][0], t.params), max(s["params"][1], t.params)]
+        s["seq"] = [min(s["seq"][0], t.seq), max(s["seq"][1], t.seq)]
+        for k in ("spans", "fp8", "moe"):
+            s[k] = s[k] or getattr(t, k)
+    return out
+
+
+def _octaves(x: float, lo: float, hi: float) -> float:
+    return min(OCTAVES_CAP, max(0.0, math.log2(lo / x), math.log2(x / hi)))
+
+
+def distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The plan's distance from ``validated`` (``validated_summary``), feature by feature (``FEATURES``)."""
+    s = validated.get(t.family)
+    engine = float(not t.proxy and not any(t.runtime in v["runtimes"] for v in validated.values()))
+    if not s:
+        return {"engine": engine, "cell": 1.0, "family": 1.0, "thin": 1.0, "size": 0.0, "seq": 0.0,
+                "spans": float(t.spans), "fp8": float(t.fp8), "moe": float(t.moe), "proxy": float(t.proxy)}
+    return {"engine": engine, "cell": float(not t.proxy and t.runtime not in s["runtimes"]), "family": 0.0,
+            "thin": float(s["runs"] < MIN_RUNS),
+            "size": _octaves(t.params, *s["params"]), "seq": _octaves(t.seq, *s["seq"]),
+            "spans": float(t.spans and not s["spans"]), "fp8": float(t.fp8 and not s["fp8"]),
+            "moe": float(t.moe and not s["moe"]), "proxy": float(t.proxy)}
+
+
+def sigma_of(d: Mapping[str, float], defaults: int, sigma: Mapping[str, float]) -> float:
+    """The scale (typical |log ratio|) of a plan at distance ``d`` leaving ``defaults`` settings to its engine."""
+    return sigma["base"] + sum(d[f] * sigma.get(f, 0.0) for f in FEATURES) + defaults * sigma.get("default", 0.0)
+
+
+def weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
+    """The q-quantile of ``x`` with weights ``w`` (midpoint interpolation)."""
+    order = np.argsort(x)
+    x, w = x[order], w[order]
+    cum = np.cumsum(w) - 0.5 * w
+    return float(np.interp(q * w.sum(), cum, x))
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative solution (active set: drop the most negative until none is)."""
+    free = list(range(a.shape[1]))
+    while True:
+        x = np.zeros(a.shape[1])
+        if free:
+            x[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        neg = [i for i in free if x[i] < 0]
+        if not neg:
+            return x
+        free.remove(min(neg, key=lambda i: x[i]))
+
+
+def fit(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], sources: Sequence[str],
+        defaults: Sequence[int] | None = None) -> dict[str, Any]:
+    """The band's parameters from out-of-sample log ratios, their plans' distances and sources (module doc):
+    every source weighs the same; the scales by non-negative least squares of the absolute deviations from
+    the (weighted) median (robust to a source far off); the quantiles of the residuals over their scale."""
+    r = np.asarray(residuals, dtype=float)
+    n_src = {s: sources.count(s) for s in set(sources)}
+    w = np.array([1.0 / (len(n_src) * n_src[s]) for s in sources])
+    center = weighted_quantile(r, w, 0.5)
+    d = np.array([[1.0] + [dist[f] for f in FEATURES] for dist in distances])
+    sw = np.sqrt(w)
+    coef = _nnls(d * sw[:, None], np.abs(r - center) * sw)
+    sigma = {"base": max(float(coef[0]), 1e-3), **{f: float(v) for f, v in zip(FEATURES, coef[1:])}}
+    # a distance no run of the fit lies at cannot be measured: it takes the widest scale the runs did show
+    unseen = [f for i, f in enumerate(FEATURES) if not np.any(d[:, i + 1] > 0)]
+    widest = max([sigma["base"]] + [sigma[f] for f in FEATURES if f not in unseen])
+    for f in unseen:
+        sigma[f] = widest
+    sigma["default"] = sigma["proxy"] / PROXY_SETTINGS
+    defaults = list(defaults) if defaults is not None else [0] * len(r)
+    s = np.array([sigma_of(dist, k, sigma) for dist, k in zip(distances, defaults)])
+    u = (r - center) / s
+    return {"center": center, "sigma": sigma, "unseen": unseen,
+            "quantiles": [weighted_quantile(u, w, 0.1), weighted_quantile(u, w, 0.9)],
+            "runs": int(r.size), "sources": len(n_src)}
+
+
+def interval(t: Traits, d: Mapping[str, float], params: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(low, high, sigma): the band of measured / predicted for a plan at distance ``d`` under ``params``."""
+    s = sigma_of(d, t.defaults, params["sigma"])
+    q10, q90 = params["quantiles"]
+    return math.exp(params["center"] + q10 * s), math.exp(params["center"] + q90 * s), s
 
 
 @dataclass(frozen=True)
@@ -45,12 +207,13 @@ class Band:
 
     low: float  # measured / predicted, 10th percentile
     high: float  # 90th percentile
-    n: int  # runs behind it (0 for the default)
-    engine: str  # the cell's engine ("all" when every engine's runs)
-    family: str  # the cell's hardware family ("all" when every family's)
+    n: int  # out-of-sample runs behind it (0 for the default)
+    engine: str  # the plan's runtime
+    family: str  # the plan's hardware family
     basis: str  # "out of sample" | "default"
     statistic: str = "p10-p90 of measured/predicted step time"
-    widened_by: tuple[int, str] | None = None  # (n, family): that family's own runs widened the band
+    sources: int = 0
+    widened: tuple[str, ...] = field(default_factory=tuple)  # why the band is wider than the validated runs'
 
     @property
     def cell(self) -> str:
@@ -59,18 +222,14 @@ class Band:
     def describe(self) -> str:
         """One phrase for the estimate's step line."""
         if self.basis == "default":
-            return (f"×{self.low:g}–×{self.high:g}: no published runs on {self.family} hardware, "
-                    "wide default")
-        who = "runs" if self.engine == "all" else f"{self.engine} runs"
-        where = "all hardware" if self.family == "all" else self.family
-        extra = f", widened to the n={self.widened_by[0]} {self.widened_by[1]} runs" if self.widened_by else ""
-        return f"p10–p90 of n={self.n} {who} on {where}{extra}, out of sample"
+            return (f"×{self.low:g}–×{self.high:g}: no published-run table, wide default")
+        extra = ("; widened: " + ", ".join(self.widened)) if self.widened else ""
+        return f"p10–p90 from n={self.n} runs of {self.sources} sources, out of sample{extra}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"cell": self.cell, "engine": self.engine, "family": self.family, "n": self.n,
-                "ratio_low": self.low, "ratio_high": self.high, "basis": self.basis,
-                "statistic": self.statistic, "text": self.describe(),
-                **({"widened_by": {"n": self.widened_by[0], "family": self.widened_by[1]}} if self.widened_by else {})}
+                "sources": self.sources, "ratio_low": self.low, "ratio_high": self.high, "basis": self.basis,
+                "statistic": self.statistic, "widened": list(self.widened), "text": self.describe()}
 
 
 @lru_cache(maxsize=4)
@@ -81,21 +240,23 @@ def load_bands(path: Path = BANDS_PATH) -> Mapping[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def band_for(runtime: str, device_name: str, table: Mapping[str, Any] | None = None) -> Band:
-    """The band an estimate for ``runtime`` on ``device_name`` carries (fallback order above)."""
-    table = load_bands() if table is None else table
-    cells = table.get("cells", {})
-    family = hardware_family(device_name)
-    for engine, fam in ((runtime, family), ("all", family)):
-        c = cells.get(f"{engine}/{fam}")
-        if c and c["n"] >= MIN_RUNS:
-            return Band(c["ratio_low"], c["ratio_high"], c["n"], engine, fam, "out of sample")
-    own, c = cells.get(f"all/{family}"), cells.get("all/all")
-    if own and own["n"] and c and c["n"] >= MIN_RUNS:
-        # Too few runs on this family for its own quantiles, but never narrower than what they showed.
-        return Band(min(c["ratio_low"], own["ratio_low"]), max(c["ratio_high"], own["ratio_high"]), c["n"],
-                    "all", "all", "out of sample", widened_by=(own["n"], family))
-    return Band(*WIDE_DEFAULT, 0, runtime, family, "default")
+def band_of(t: Traits, table: Mapping[str, Any]) -> Band:
+    """The band of a plan with traits ``t`` under a stored table (``WIDE_DEFAULT`` without one)."""
+    if not table.get("sigma") or not table.get("validated"):  # no table, or one of an older format
+        return Band(*WIDE_DEFAULT, 0, t.runtime, t.family, "default")
+    d = distance(t, table["validated"])
+    lo, hi, _ = interval(t, d, table)
+    why = [_WHY[f].format(runtime=t.runtime, family=t.family, n=d[f], min_runs=MIN_RUNS) for f in FEATURES
+           if d[f] > 0 and table["sigma"].get(f, 0.0) > 0]
+    if t.defaults:
+        why.append(f"{t.defaults} setting{'s' * (t.defaults > 1)} left to {t.runtime}'s default")
+    return Band(lo, hi, int(table["runs"]), t.runtime, t.family, "out of sample", sources=int(table["sources"]),
+                widened=tuple(why))
+
+
+def band_for(plan: Plan, cluster: ClusterSpec, table: Mapping[str, Any] | None = None) -> Band:
+    """The band an estimate of ``plan`` on ``cluster`` carries."""
+    return band_of(traits_of(plan, cluster), load_bands() if table is None else table)
 
 
 def step_range(step_s: float, tokens_per_step: int, band: Band) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -105,10 +266,10 @@ def step_range(step_s: float, tokens_per_step: int, band: Band) -> tuple[tuple[f
 
 
 def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec) -> StepEstimate:
-    """``estimate`` carrying the band of ``plan.runtime`` on ``cluster``'s device (unchanged without a time).
-    The table measures the shipped priors; an estimate made with a calibration file gets the same band."""
+    """``estimate`` carrying the band of ``plan`` on ``cluster`` (unchanged without a time). The table measures
+    the shipped priors; an estimate made with a calibration file gets the same band."""
     if estimate.time_s is None:
         return estimate
-    b = band_for(plan.runtime, cluster.device.name)
+    b = band_for(plan, cluster)
     steps, tokens = step_range(estimate.time_s.step, plan.tokens_per_step, b)
     return estimate.replace(step_range_s=steps, tokens_per_s_range=tokens, band=b.to_dict())
