@@ -11,8 +11,9 @@ from the validated runs (``FEATURES``):
 where d_f is 1 (or octaves, for model size and sequence length) where the plan's engine anywhere, its engine
 on its hardware family, the family itself (or more than a few of its runs), its size, its sequence length, a
 tp/ep group spanning nodes, FP8, MoE, or an engine exatrain has no profile of (a run planned through another's)
-lies outside what runs of *other* sources cover; and ``defaults`` counts the settings whose engine default changed across that engine's
-versions and which the plan leaves to the engine (``VERSIONED_DEFAULTS``); the scales are fitted by
+lies outside what runs of *other* sources cover; and ``defaults`` counts the settings whose engine default
+changed across that engine's versions and which the plan leaves to the engine (``VERSIONED_DEFAULTS``); the
+scales are fitted by
 non-negative least squares of |r - center|. The band is the prediction times exp(center + scale * [q10, q90])
 with q10, q90 the quantiles of the residuals over their scale (split-conformal: the coverage holds on sources
 the fit never saw, which ``prediction_error.py`` measures by leaving each source out of the fit in turn). The
@@ -21,9 +22,10 @@ distance.
 
 A distance no run of the fit lies at (no validated MoE at all, say) cannot be measured and takes the widest
 scale the runs did show. The default-settings term is the one scale not fitted directly:
-``default = proxy / PROXY_SETTINGS``, the spread of runs planned through another engine's profile (every version-dependent setting another
-engine's) shared over the settings such a plan takes from it. Without a stored table every estimate gets
-``WIDE_DEFAULT``, a stated convention (a factor of three either way), not a measurement.
+``default = proxy / PROXY_SETTINGS``, the spread of runs planned through another engine's profile (every
+version-dependent setting another engine's) shared over the settings such a plan takes from it. Without a
+stored table every estimate gets ``WIDE_DEFAULT``, a stated convention (a factor of three either way), not a
+measurement.
 """
 
 from __future__ import annotations
