@@ -62,10 +62,11 @@ _WHY = {"engine": "no published run of {runtime} validated", "cell": "{runtime} 
         "proxy": "the engine has no profile of its own"}
 OCTAVES_CAP = 4.0  # a size or sequence distance counts at most this many octaves
 MIN_RUNS = 5  # a family validated by fewer runs than this is thinly validated (feature "thin")
-# Plan settings whose default, under each runtime, changed across that engine's versions (the engine profiles'
-# sources: torch's SDPA backend from 2.11, torchtitan's compile switch, compiled loss (2025-04) and fused Adam
-# (2025-02); Megatron-LM's gradient-accumulation fusion (2022-02); DeepSpeed's BF16_Optimizer; the cp exchange
-# each engine's flags choose): left to the engine, each widens the band.
+# Plan settings whose default, under each runtime, changed across that engine's versions or is one of its config
+# choices (the engine profiles' sources: torch's SDPA backend from 2.11, torchtitan's compile switch, compiled loss
+# (2025-04) and fused Adam (2025-02); Megatron-LM's gradient-accumulation fusion (2022-02: the runs of Megatron-LM
+# before it are planned as megatron-core); DeepSpeed's BF16_Optimizer or not; the cp exchange each engine's flags
+# choose, added where cp > 1): left to the engine, each widens the band, and the band names it.
 VERSIONED_DEFAULTS = {"torchtitan": ("attention_kernel", "elementwise", "cross_entropy", "adam_kernel"),
                       "megatron-core": ("grad_accum_fusion",), "megatron-deepspeed": ("grad_accum",),
                       "exatrain": ()}
@@ -90,6 +91,7 @@ class Traits:
     moe: bool
     proxy: bool = False  # planned through another engine's profile (a published run whose engine has none)
     defaults: int = 0  # VERSIONED_DEFAULTS the plan leaves to its runtime
+    left: tuple[str, ...] = ()  # which ones
 
 
 def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Traits:
@@ -102,10 +104,11 @@ def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Trait
     names = VERSIONED_DEFAULTS.get(plan.runtime, ())
     if plan.cp > 1 and plan.runtime in ("megatron-core", "torchtitan"):
         names = names + ("cp_comm",)
-    left = sum(1 for n in names if not getattr(plan, n, ""))
+    left = tuple(n for n in names if not getattr(plan, n, ""))
     return Traits(runtime=plan.runtime, family=hardware_family(cluster.device.name),
                   params=float(total_params(plan.model)), seq=int(plan.model.seq_len), spans=bool(spans),
-                  fp8=bool(plan.fp8), moe=bool(plan.model.is_moe), proxy=proxy, defaults=0 if proxy else left)
+                  fp8=bool(plan.fp8), moe=bool(plan.model.is_moe), proxy=proxy, defaults=0 if proxy else len(left),
+                  left=() if proxy else left)
 
 
 def validated_summary(traits: Sequence[Traits]) -> dict[str, dict[str, Any]]:
@@ -251,7 +254,8 @@ def band_of(t: Traits, table: Mapping[str, Any]) -> Band:
     why = [_WHY[f].format(runtime=t.runtime, family=t.family, n=d[f], min_runs=MIN_RUNS) for f in FEATURES
            if d[f] > 0 and table["sigma"].get(f, 0.0) > 0]
     if t.defaults:
-        why.append(f"{t.defaults} setting{'s' * (t.defaults > 1)} left to {t.runtime}'s default")
+        names = ", ".join(n.replace("_", "-") for n in t.left) or f"{t.defaults} setting{'s' * (t.defaults > 1)}"
+        why.append(f"{names} left to {t.runtime}'s default, which its versions change")
     return Band(lo, hi, int(table["runs"]), t.runtime, t.family, "out of sample", sources=int(table["sources"]),
                 widened=tuple(why))
 
