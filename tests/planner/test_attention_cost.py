@@ -192,3 +192,21 @@ def test_per_op_selective_gathers_each_gemm_input_again_in_backward(sp):
     micro_batches = 2  # global batch 8 over dp 2 at micro-batch 2
     again = 2 * m.layers * micro_batches * (1 if sp else 2) * 3 / 4 * msg
     assert sent["selective"] - sent["none"] == pytest.approx(again, rel=1e-12)
+
+
+def test_b200_prior_attention_against_flashattention_4_on_b200():
+    """The B200 prior takes the H100's attention rate (coefficients.DEFAULTS): a causal fwd + bwd at 8,192 tokens,
+    batch 4, 16 heads of 128 comes within 20% of FlashAttention-4's published time on one B200 (1,418.1 TFLOPS
+    forward, 1,208.6 backward, half-count FLOPs, backward 2.5x the forward's: Dao-AILab/flash-attention#2280).
+    Broken on purpose: with the generic CostParams() attention (attn_eff 0.3, the B200's prior until 2026-12-05)
+    the model takes 3.7x the published time and this fails."""
+    c = get_cluster("dgx-b200")
+    b, s, heads, d = 4, 8192, 16, 128
+    half = 4.0 * b * s * s * heads * d / 2  # the benchmark's causal forward count
+    published = half / 1418.1e12 + 2.5 * half / 1208.6e12
+    m = get_model("llama3-8b").replace(heads=heads, kv_heads=heads, hidden=heads * d, seq_len=s, kv_channels=d)
+    core = _core(m, b, 1)
+    dev = compute.Device(peak_flops=c.device.peak_flops("bfloat16"), mem_bytes_per_s=c.device.hbm_bytes_per_s,
+                         params=default_params("b200"))
+    fwd, bwd = compute.flash_attention_s(core, dev)
+    assert 0.8 < (fwd + bwd) / published < 1.2

@@ -141,6 +141,14 @@ DEFAULTS: dict[str, CostParams] = {
     "h100-sxm-500w": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
                                 link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_500W_FP8_SPEEDUP,
                                 clock_factor=0.6589, source="prior (clock and FP8 fitted to torchtitan's runs)"),
+    # B200: no micro-benchmark and no published run priced yet; the H100 prior's kernel efficiencies (the same
+    # CUDA libraries, at the same fraction of the data sheet's peak) and NCCL's constants. Its attention rate is
+    # checked against Blackwell's own: FlashAttention-4 on one B200, causal, head dim 128, 8,192 tokens, 1,418
+    # TFLOPS forward and 1,209 backward (Dao-AILab/flash-attention#2280, 2026-02-27; half-count FLOPs), 56% of the
+    # 2,250 TFLOPS peak, where this rate gives 55% at that length (the generic attn_eff priced it at 15%). The FP8
+    # speed-up is the data sheet's ratio (None).
+    "b200": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75, link_eff=0.75, **_NCCL,
+                       source="prior (H100's efficiencies; attention checked against FlashAttention-4 on B200)"),
     "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
                          link_eff=0.65, collective_overhead_s=_RCCL_BASE_S, source="prior"),
     "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=10e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,
