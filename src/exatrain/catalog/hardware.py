@@ -32,6 +32,7 @@ class DeviceSpec:
     description: str = ""
     peak_tflops_fp8: float | None = None  # dense fp8 (E4M3/E5M2) tensor peak; None where the device has none
     link_bytes_per_s: float | None = None  # scale-up links (NVLink / Infinity Fabric), all of them, per direction
+    tdp_watts: float | None = None  # the data sheet's maximum power of one device (TDP / total board power)
 
     @property
     def is_host(self) -> bool:
@@ -101,7 +102,7 @@ def _device_from(name: str, fields: Mapping[str, Any], source: str) -> DeviceSpe
         value = getattr(spec, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise UserError(f"{source}: device {name!r} {field} must be a positive number, got {value!r}")
-    for field in ("peak_tflops", "peak_tflops_fp32", "peak_tflops_fp8", "link_bytes_per_s"):
+    for field in ("peak_tflops", "peak_tflops_fp32", "peak_tflops_fp8", "link_bytes_per_s", "tdp_watts"):
         value = getattr(spec, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value <= 0):
