@@ -374,6 +374,9 @@ class StepEstimate:
     step_range_s: tuple[float, float] | None = None
     tokens_per_s_range: tuple[float, float] | None = None
     band: Mapping[str, Any] | None = None
+    # The whole run at a token budget (planner/time_to_train.py): steps, days, GPU-hours, energy and cost,
+    # each with the band's low and high; None unless a token budget was given.
+    time_to_train: Mapping[str, Any] | None = None
 
     def replace(self, **changes: Any) -> "StepEstimate":
         return dataclasses.replace(self, **changes)
@@ -410,6 +413,7 @@ class StepEstimate:
             "notes": list(self.notes),
             **({"step_range_s": list(self.step_range_s), "tokens_per_s_range": list(self.tokens_per_s_range or ()),
                 "band": dict(self.band or {})} if self.step_range_s is not None else {}),
+            **({"time_to_train": dict(self.time_to_train)} if self.time_to_train is not None else {}),
         }
 
     @classmethod
@@ -440,6 +444,7 @@ class StepEstimate:
             step_range_s=_pair(d.get("step_range_s")),
             tokens_per_s_range=_pair(d.get("tokens_per_s_range")),
             band=dict(d["band"]) if isinstance(d.get("band"), Mapping) else None,
+            time_to_train=dict(d["time_to_train"]) if isinstance(d.get("time_to_train"), Mapping) else None,
         )
 
 
