@@ -19,6 +19,7 @@ from exatrain.errors import UserError
 from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan, default_runtime, default_runtime_note, recompute_modules_of
+from exatrain.planner.time_to_train import RANK_BY, RANK_BY_HELP, RUN_FLAGS, rank, run_options, with_time_to_train
 
 Progress = Callable[[str], None]
 DEFAULT_CLUSTER = "frontier"  # the cluster when neither cluster nor cluster_file is given
@@ -110,7 +111,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
              trace: bool = False,
              out: str | Path | None = None, progress: Progress | None = None,
-             from_file: str | Path | None = None) -> Plan:
+             from_file: str | Path | None = None,
+             tokens: int | float | str | None = None, gpu_hour_price: float | str | None = None,
+             power_overhead: float | str | None = None) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
     megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
     exatrain's trainer does not build, ``plan.default_runtime``, said in the notes) runs it: the validated Plan (its
@@ -141,11 +144,14 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     ``recompute`` full, one layer in N of each rank recomputed (torchtitan's layer-level selective checkpointing;
     default: every layer). ``out``: also write the plan with its estimate as JSON. ``from_file``: a Megatron-LM /
     Megatron-DeepSpeed launch or torchtitan job TOML whose model, world size, layout and settings fill every argument
-    left at its default (``plans.with_launch``)."""
+    left at its default (``plans.with_launch``). ``tokens``: the run's token budget (15T, 300e9, ...): the estimate
+    also carries ``time_to_train`` (steps, days, GPU-hours, energy at TDP times ``power_overhead``, and with
+    ``gpu_hour_price`` the cost; each with the band: ``planner.time_to_train``)."""
     if from_file is not None:
         return estimate(**with_launch(locals(), estimate))
     values = dict(locals())
     check_counts(values)
+    run = run_options(tokens, gpu_hour_price, power_overhead)
     if runtime is not None:
         check_runtime(runtime, overlap)
     if out is not None:
@@ -167,6 +173,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
         from exatrain.bench.traced import traced_estimate
 
         plan = plan.with_estimate(traced_estimate(plan, c, progress))
+    plan = with_time_to_train(plan, c.device, run)
     if out is not None:
         plan.save(out)
     return plan
@@ -192,18 +199,24 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            recompute_every: int | None = None,
            top: int = 10, runtime: str | None = None, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None,
-           from_file: str | Path | None = None):
+           from_file: str | Path | None = None, tokens: int | float | str | None = None,
+           gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
+           rank_by: str = "throughput"):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
     values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
     fits, its overlaps (``overlap``, as for ``estimate``) and collectives the step time, its ZeRO
     stages are the candidates (None: as for ``estimate``, said in ``SearchResult.notes``).
     ``out``: write the best plan as JSON. No feasible layout is a UserError naming the constraint
-    that removed the most. ``from_file``: a launch (as for ``estimate``) whose values pin what it states."""
+    that removed the most. ``from_file``: a launch (as for ``estimate``) whose values pin what it states.
+    ``tokens``, ``gpu_hour_price``, ``power_overhead``: each ranked plan carries ``time_to_train`` (as for
+    ``estimate``); ``rank_by``: throughput, or days, gpu_hours or cost to train (``planner.time_to_train.rank``:
+    on one GPU count and batch the same order, said in ``SearchResult.notes``)."""
     if from_file is not None:
         return search(**with_launch(locals(), search))
     values = dict(locals())
     check_counts(values)
+    run = run_options(tokens, gpu_hour_price, power_overhead, rank_by)
     if gpus is None or global_batch is None:
         raise UserError("search needs --gpus and --global-batch")
     if top < 1:
@@ -226,6 +239,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
         raise no_feasible_layout(result, gpus, c)
     if chosen and (note := default_runtime_note(m)):
         result.notes = (note, *result.notes)
+    result.ranked, order = rank([with_time_to_train(p, c.device, run) for p in result.ranked], rank_by)
+    result.notes = (*result.notes, *((order,) if order else ()))
     if out is not None:
         result.ranked[0].save(out)
     return result
@@ -250,13 +265,17 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             recompute_layers: int | str | None = None,
             recompute_every: int | None = None,
             mode: str = "weak", runtime: str | None = None,
-            overlap: str = "all", calibration: str | Path | None = None):
+            overlap: str = "all", calibration: str | Path | None = None, tokens: int | float | str | None = None,
+            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
     pinned one), its throughput and efficiency, and what a published study measured for this model
-    and cluster (a ScalingResult). ``runtime`` None: as for ``estimate`` (the title names it)."""
+    and cluster (a ScalingResult). ``runtime`` None: as for ``estimate`` (the title names it). ``tokens``,
+    ``gpu_hour_price``, ``power_overhead``: each point's plan carries ``time_to_train`` (as for ``estimate``): where
+    the GPU counts differ, so do days and GPU-hours."""
     values = dict(locals())
     check_counts(values)
+    run = run_options(tokens, gpu_hour_price, power_overhead)
     if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
         check_runtime(runtime, overlap)
     if global_batch is None:
@@ -268,9 +287,12 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
                               recompute_modules, recompute_layers, recompute_every)
     from exatrain.planner.scaling import scaling as run_scaling
 
-    return run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
-                       dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention,
-                       runtime=runtime, overlap=overlap)
+    result = run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
+                         dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention,
+                         runtime=runtime, overlap=overlap)
+    points = tuple(dataclasses.replace(pt, plan=with_time_to_train(pt.plan, c.device, run)) for pt in result.points)
+    return dataclasses.replace(result, points=points)
 
 
-__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "check_cp_comm", "check_runtime", "estimate", "scaling", "search"]
+__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "RANK_BY", "RANK_BY_HELP", "RUN_FLAGS", "check_cp_comm",
+           "check_runtime", "estimate", "scaling", "search"]

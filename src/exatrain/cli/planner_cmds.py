@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from exatrain import api
-from exatrain.api.planning import DEFAULT_CLUSTER
+from exatrain.api.planning import DEFAULT_CLUSTER, RANK_BY, RANK_BY_HELP, RUN_FLAGS
 from exatrain.api import estimate_json, explain, render_estimate, render_scaling, render_search, search_json
 from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg,
                                  add_runtime_arg, call, flag, int_list, print_json, progress)
@@ -33,6 +33,8 @@ def _planner_parser(sub, name: str, help: str, description: str, example: str, g
     add_layout_args(p, extensions=True)
     add_runtime_arg(p, getattr(api, name), RUNTIME_WHY)
     p.add_argument("--calibration", metavar="PATH", help=CALIBRATION_HELP)
+    for flag_name, (metavar, flag_help) in RUN_FLAGS.items():  # the whole run at a token budget
+        p.add_argument(flag_name, metavar=metavar, help=flag_help)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
@@ -55,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exatrain search --model gpt-1t --cluster frontier --gpus 3072 --global-batch 1536 --top 10")
     flag(p, api.search, "--top", "how many layouts to show", type=int)
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
+    flag(p, api.search, "--rank-by", RANK_BY_HELP, choices=RANK_BY)
     p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
     p.set_defaults(func=cmd_search)
 

@@ -39,6 +39,55 @@ def _gib(x: float) -> str:
     return f"{x / GiB:,.2f}"
 
 
+# The whole run's figures (planner/time_to_train.py): (key, column title, format), cost only where priced.
+RUN_FIGURES = (("days", "days", "{:,.1f}"), ("gpu_hours", "GPU-hours", "{:,.0f}"), ("energy_mwh", "MWh", "{:,.1f}"),
+               ("cost", "cost", "{:,.0f}"))
+
+
+def _tokens(n: int) -> str:
+    """300000000000 -> '300B' (the largest suffix that divides it), else the digits."""
+    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if n % (scale // 10) == 0 and n >= scale:
+            return f"{n / scale:g}{suffix}"
+    return f"{n:,}"
+
+
+def run_columns(plans) -> tuple[str, ...]:
+    """The whole-run figures every one of ``plans`` carries (none without a token budget)."""
+    ttts = [p.estimate.time_to_train for p in plans if p.estimate is not None]
+    if not ttts or any(t is None for t in ttts):
+        return ()
+    return tuple(key for key, _, _ in RUN_FIGURES if all(t.get(key) is not None for t in ttts))
+
+
+def run_cells(plan: Plan, keys: tuple[str, ...]) -> list[str]:
+    ttt = plan.estimate.time_to_train or {}
+    return [fmt.format(ttt[key]["value"]) for key, _, fmt in RUN_FIGURES if key in keys]
+
+
+def run_lines(ttt, per_row: bool = False) -> list[str]:
+    """What a whole-run figure is: the budget, its steps, the band, the power basis; ``per_row``: the figures are in a
+    table's columns (one line of basis), else they follow here with their low and high."""
+    head = f"{_tokens(ttt['tokens'])} tokens: {ttt['steps']:,} steps of {ttt['tokens_per_step']:,} tokens"
+    if per_row:
+        head = f"time to train {_tokens(ttt['tokens'])} tokens (value at the predicted step time)"
+    lines = [head]
+    if not per_row:
+        figures = [(title, ttt[key]) for key, title, _ in RUN_FIGURES if ttt.get(key) is not None]
+        fmts = {title: fmt for _, title, fmt in RUN_FIGURES}
+        lines.append("time to train: " + " · ".join(
+            f"{t} {fmts[t].format(f['value'])}" + (f" ({fmts[t].format(f['low'])}–{fmts[t].format(f['high'])})"
+                                                   if f["low"] is not None else "") for t, f in figures)
+            + (f" at {ttt['gpu_hour_price']:g} a GPU-hour" if ttt.get("cost") is not None
+               else " · cost: give --gpu-hour-price"))
+    band = f"each ×{ttt['days']['low'] / ttt['days']['value']:.2f}–×{ttt['days']['high'] / ttt['days']['value']:.2f}" \
+        if ttt["days"]["low"] is not None else "no band"
+    price = f"; cost at {ttt['gpu_hour_price']:g} a GPU-hour" if per_row and ttt.get("cost") is not None else ""
+    lines.append(f"{'range' if not per_row else 'band'}: {band} ({ttt.get('band') or 'no published runs'}); "
+                 f"energy: {ttt['power']}{price}; not counted: {ttt['excludes']}")
+    return lines
+
+
 def render_estimate(plan: Plan, con=None) -> None:
     """A plan's estimate as the terminal shows it: the layout, memory per stage, the verdict, FLOPs
     and bytes, the step-time breakdown with its out-of-sample range, throughput and the notes."""
@@ -85,6 +134,9 @@ def render_estimate(plan: Plan, con=None) -> None:
         con.print(line + (f" (MFU {est.mfu:.1%}, HFU {est.hfu:.1%}"
                           + (f", against the {plan.dtype} peak" if plan.fp8 else "") + ")"
                           if est.mfu is not None else ""))
+    if est.time_to_train is not None:
+        for line in run_lines(est.time_to_train):
+            con.print(line)
     for note in est.notes:
         con.print(f"[dim]· {note}[/]")
 
@@ -94,18 +146,22 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
     explanation of the winner, when asked for)."""
     first = result.ranked[0]
     con = con or make_console()
+    runs = run_columns(result.ranked)
     t = table(f"{first.model.name} on {gpus} × {first.cluster}, global batch {global_batch}, "
               f"runtime {first.runtime}",
               ("#", "layout", "mb", "ZeRO", "recompute", "SP", "schedule", "step s", "tokens/s", "TFLOPS/GPU", "MFU",
-               "memory GiB"), left=("layout", "recompute", "schedule"))
+               "memory GiB", *(title for key, title, _ in RUN_FIGURES if key in runs)),
+              left=("layout", "recompute", "schedule"))
     for i, p in enumerate(result.ranked, 1):
         e = p.estimate
         mem = e.memory_bytes
         t.add_row(str(i), p.label, str(p.micro_batch), str(p.zero_stage), p.recompute_label,
                   "on" if p.sequence_parallel else "off", p.schedule_label, f"{e.time_s.step:.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}", opt(e.mfu, "{:.1%}"),
-                  f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}")
+                  f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}", *run_cells(p, runs))
     con.print(t)
+    for line in run_lines(first.estimate.time_to_train, per_row=True) if runs else ():
+        con.print(line)
     if first.fp8:
         con.print(f"FP8 GEMMs ({first.fp8} scaling); MFU against the {first.dtype} peak")
     con.print(f"memory and overlaps: {first.runtime}" + (" (exatrain's own trainer as it runs today)"
@@ -125,16 +181,20 @@ def render_scaling(result, con=None) -> None:
     """The points of a scaling study: best layout, step time, MFU and efficiency per GPU count, and
     the study's measured efficiencies where the catalog holds them."""
     con = con or make_console()
+    runs = run_columns([pt.plan for pt in result.points])
     t = table(f"{result.mode} scaling of {result.model.name} on {result.cluster.name}, runtime "
               f"{result.points[0].plan.runtime}",
               ("GPUs", "global batch", "layout", "mb", "ZeRO", "recompute", "schedule", "step s", "TFLOPS/GPU",
-               "MFU", "efficiency"), left=("layout", "recompute", "schedule"))
+               "MFU", "efficiency", *(title for key, title, _ in RUN_FIGURES if key in runs)),
+              left=("layout", "recompute", "schedule"))
     for pt in result.points:
         p, e = pt.plan, pt.plan.estimate
         t.add_row(str(pt.gpus), str(pt.global_batch), p.label, str(p.micro_batch), str(p.zero_stage),
                   p.recompute_label, p.schedule_label, f"{e.time_s.step:.2f}", f"{e.model_tflops_per_gpu:.1f}",
-                  opt(e.mfu, "{:.1%}"), f"{pt.efficiency:.1%}")
+                  opt(e.mfu, "{:.1%}"), f"{pt.efficiency:.1%}", *run_cells(p, runs))
     con.print(t)
+    for line in run_lines(result.points[0].plan.estimate.time_to_train, per_row=True) if runs else ():
+        con.print(line)
     if result.points and result.points[0].plan.fp8:
         p = result.points[0].plan
         con.print(f"FP8 GEMMs ({p.fp8} scaling); MFU against the {p.dtype} peak")
