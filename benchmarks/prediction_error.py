@@ -153,7 +153,7 @@ def _int(text: str, default: int | None = None) -> int | None:
 def _cluster(hardware: str) -> ClusterSpec:
     for key, name in (("Jean Zay", "jean-zay-a100"), ("A100", "dgx-a100"), ("500W", "grand-teton-h100"),
                       ("lower TDP", "grand-teton-h100"), ("H100", "dgx-h100"), ("H200", "dgx-h200"),
-                      ("MI250X", "frontier")):
+                      ("DGX-B200", "dgx-b200"), ("LUMI", "lumi"), ("MI250X", "frontier")):
         if key in hardware:
             return get_cluster(name)
     raise UserError(f"no catalog cluster for hardware {hardware!r}")
@@ -184,6 +184,8 @@ def _measured_step_s(r: dict, model: ModelSpec | None, peak: float | None) -> tu
         return None, "no shape or batch to convert the figure"
     if "tokens/s/GPU" in got:
         return gb * model.seq_len / (got["tokens/s/GPU"] * n), "tokens/s/GPU"
+    if "samples/s" in got:  # the whole job's samples a second
+        return gb / got["samples/s"], "samples/s"
     tf = next((got[u] for u in ("TFLOPS/GPU", "TFLOPS/GCD") if u in got), None)
     if tf is not None:  # the source's count includes the recompute forward (Narayanan 2021 Eq. 3)
         return hardware_flops_per_step(model, gb, r["recompute"] or "none") / (tf * 1e12 * n), "TFLOPS (Eq. 3)"
