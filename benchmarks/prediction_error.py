@@ -108,6 +108,10 @@ def fit_group(device: str) -> str:
 # micro-benchmarked; no FP8 GEMM has been).
 REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm"),
          "h100-sxm": (("fp8_speedup",), "h100-sxm")}
+# A device whose prior takes a factor fitted on another device's runs: B200 plans run Transformer Engine's FP8 recipes
+# at the speed-up over bf16 fitted to the 700 W Hopper runs (coefficients.DEFAULTS["b200"]). A B200 row of a source
+# that fit saw is predicted with that factor refitted without its source (``out_of_sample``).
+BORROWS = {"b200": ("h100-sxm", ("fp8_speedup",))}
 MAX_FACTORS = 3  # factors refitted per held-out source (gemm_eff, step_overhead_s, mem_eff): keeps the run short
 GIB = 2.0 ** 30
 FLAGGED = "flagged by its source: "  # a row whose ``source_flag`` says the figure measures an engine defect
@@ -582,18 +586,37 @@ def out_of_sample(rows: list[Row]) -> None:
         if not r.in_sample:
             r.oos_s, r.oos_how = r.prior_s, "shipped prior (never saw this source)"
     held = {(group(r), r.source) for r in priced if r.in_sample}
-    for device, source in sorted(held):
+    refits: dict[tuple[str, str], CostParams] = {}
+
+    def refit(device: str, source: str) -> tuple[CostParams | None, list[Row]]:
         train = [r for r in fits if group(r) == device and r.source != source]
+        if (device, source) not in refits and train:
+            factors, base = refit_spec(device)
+            refits[(device, source)] = fit_without(train, base, factors=factors)
+        return refits.get((device, source)), train
+
+    for device, source in sorted(held):
+        params, train = refit(device, source)
         test = [r for r in priced if group(r) == device and r.source == source]
-        if not train:
+        if params is None:
             for r in test:
                 r.oos_how = "no other source on this device to fit from"
             continue
-        factors, base = refit_spec(device)
-        params = fit_without(train, base, factors=factors)
         for r in test:
             r.oos_s = _predict_s(r, params)
             r.oos_how = f"refit on {len(train)} runs of {len({t.source for t in train})} other source(s)"
+    for r in priced:  # a borrowed factor fitted on the lender's runs of the row's own source: refitted without it
+        lender, borrowed = BORROWS.get(group(r), ("", ()))
+        if lender and r.source in PRIOR_CHOSEN_ON.get(lender, ()):
+            params, train = refit(lender, r.source)
+            r.in_sample = True
+            if params is None:
+                r.oos_s, r.oos_how = None, f"no other source of {lender} to fit {', '.join(borrowed)} from"
+                continue
+            mine = default_params(r.cluster.device.name).replace(**{f: getattr(params, f) for f in borrowed})
+            r.oos_s = _predict_s(r, mine)
+            r.oos_how = (f"{', '.join(borrowed)} of {lender} refit on {len(train)} runs of "
+                         f"{len({t.source for t in train})} other source(s)")
 
 
 def fit_prior(rows: list[Row], device: str) -> CostParams:

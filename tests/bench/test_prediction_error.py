@@ -312,3 +312,36 @@ def test_rank_correlation_among_layouts_of_one_model(pe, full) -> None:
     sweeps = t["rank"]["sweeps"]
     assert sweeps and all(s["layouts"] >= 3 and -1.0 <= s["spearman"] <= 1.0 for s in sweeps)
     assert t["rank"]["families"]["all"]["sweeps"] == len(sweeps)
+
+
+def test_b200_takes_the_hopper_fp8_speedup_refitted_without_its_own_source(pe) -> None:
+    """The B200 prior runs FP8 GEMMs at the 700 W Hopper parts' fitted speed-up over bf16, not the data sheet's 2x;
+    a B200 row of a source that fit saw (the Megatron-Bridge pages) is predicted with the speed-up refitted on the
+    Hopper runs of the other sources, and counts as in-sample for the shipped prior. Broken on purpose: with the
+    B200 prior's fp8_speedup left at None (the data sheet's ratio) the first assert fails; with BORROWS emptied the
+    B200 rows read "shipped prior (never saw this source)" and the in-sample assert fails."""
+    from exatrain.planner.cost.coefficients import default_params
+
+    assert default_params("b200").fp8_speedup == default_params("h100-sxm").fp8_speedup < 2.0
+    rows = pe.load_rows()
+    pe.price(rows)
+    pe.out_of_sample(rows)
+    b200 = [r for r in rows if r.cluster.device.name == "b200" and r.oos_s is not None]
+    assert len(b200) >= 4 and all(r.in_sample and r.oos_how.startswith("fp8_speedup of h100-sxm refit") for r in b200)
+    for r in b200:
+        assert r.source in pe.PRIOR_CHOSEN_ON["h100-sxm"]
+        train = [t for t in rows if t.prior_s is not None and t.measured_s and t.runtime == t.engine
+                 and pe.fit_group(t.cluster.device.name) == "h100-sxm" and t.source != r.source]
+        factors, start = pe.refit_spec("h100-sxm")
+        speedup = pe.fit_without(train, start, factors=factors).fp8_speedup
+        assert speedup != pytest.approx(default_params("h100-sxm").fp8_speedup, rel=1e-4)
+        assert r.oos_s == pytest.approx(pe._predict_s(r, default_params("b200").replace(fp8_speedup=speedup)), rel=1e-9)
+
+
+def test_a_samples_per_second_figure_is_the_global_batch_over_it(pe) -> None:
+    """A source's samples/s (the whole job's) becomes global batch / samples/s, before any TFLOPS it also prints."""
+    from exatrain.catalog import get_model
+
+    row = {"throughput": "2.686; 74.90", "throughput_unit": "samples/s; TFLOPS/GCD", "n_gpus": "8",
+           "global_batch": "1024", "recompute": "full"}
+    assert pe._measured_step_s(row, get_model("gpt-1.3b"), None) == (pytest.approx(1024 / 2.686), "samples/s")

@@ -155,6 +155,13 @@ def test_new_clusters_and_their_node_links() -> None:
     assert mi.tier_for(16).name == "400g-nic"
 
 
+def test_lumi_is_frontiers_node() -> None:
+    """LUMI-G's node is Frontier's: 4 MI250X (8 GCDs), the GCD pair, Infinity Fabric, 4 Slingshot-11 NICs."""
+    lumi, frontier = get_cluster("lumi"), get_cluster("frontier")
+    assert lumi.device.name == "mi250x-gcd" and lumi.gpus_per_node == 8
+    assert [(t.span, t.bytes_per_s) for t in lumi.tiers] == [(t.span, t.bytes_per_s) for t in frontier.tiers]
+
+
 def test_match_new_device_names() -> None:
     assert match_device("NVIDIA B200").name == "b200"
     assert match_device("AMD Instinct MI355X").name == "mi355x"
