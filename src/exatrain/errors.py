@@ -11,7 +11,12 @@ Exit statuses (docs/cli.md, "Exit statuses"):
     3    a training run stopped itself: a non-finite loss under --nan-policy stop (TrainingStopped)
     4    a rank failed: an exception in it, or a signal that killed it (RankFailed)
     5    a rank hung: a collective or step did not complete within the watchdog's timeout (RankHung)
-    130  interrupted: Ctrl-C, or SIGTERM from a launcher or scheduler (Interrupted)
+    129  interrupted by SIGHUP (a closed terminal), or a rank whose launcher went away (Interrupted)
+    130  interrupted by SIGINT: Ctrl-C (Interrupted)
+    143  interrupted by SIGTERM: kill, timeout, a scheduler's time limit or preemption (Interrupted)
+
+An interrupted run exits with 128 + the signal's number, the status a shell gives a process that the
+signal ended, so that a batch script can tell a scheduler's stop (143: requeue) from a user's Ctrl-C (130).
 """
 
 from __future__ import annotations
@@ -64,14 +69,19 @@ class RankHung(RunFailed):
 
 
 class Interrupted(RunFailed):
-    """The run was interrupted (SIGINT, or SIGTERM from a launcher or scheduler): exit status 130,
-    the shell's code for a SIGINT."""
+    """The run was stopped by a signal (SIGINT, SIGTERM, SIGHUP): exit status 128 + the signal's number
+    (130, 143, 129), the status a shell reports for a process that signal ended."""
 
     exit_code = 130
 
+    def __init__(self, message: str, signum: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
 
 EXIT_STATUSES = {0: "success", 2: "bad input", 3: "diverged (--nan-policy stop)", 4: "a rank failed",
-                 5: "a rank hung (watchdog)", 130: "interrupted"}
+                 5: "a rank hung (watchdog)", 129: "interrupted (SIGHUP, or the launcher went away)",
+                 130: "interrupted (SIGINT)", 143: "interrupted (SIGTERM)"}
 
 
 def error_line(command: str, exc: UserError) -> str:

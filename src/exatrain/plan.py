@@ -795,7 +795,7 @@ class RunRecord:
 
     plan: Plan
     measured: Measured | None
-    status: str = "ok"  # ok | failed | oom | timeout
+    status: str = "ok"  # ok | failed | oom | timeout | interrupted (stopped by a signal: trainer/health.py)
     device: str = ""  # e.g. "cpu", "NVIDIA H200"
     env: Mapping[str, Any] = field(default_factory=dict)  # torch version, host, backend, date ...
     error: str = ""

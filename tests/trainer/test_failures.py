@@ -256,4 +256,4 @@ def test_ctrl_c_is_status_130_one_line_and_a_failed_record(tmp_path: Path) -> No
     (line,) = stderr.splitlines()
     assert line.startswith("exatrain train: error: interrupted (SIGINT) "), line
     rec = read_run_records(metrics)[-1]
-    assert rec.status == "failed" and rec.failure["kind"] == "interrupted" and rec.failure["exit_code"] == 130
+    assert rec.status == "interrupted" and rec.failure["kind"] == "interrupted" and rec.failure["exit_code"] == 130

@@ -9,6 +9,7 @@ peer test); no compile floor (the compile test)."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -307,7 +308,9 @@ class FakeMonitor(RankMonitor):
 @pytest.mark.parametrize("exc, kind, code, user", [
     (UserError("bad --data"), "error", 2, True),
     (KeyboardInterrupt(), "interrupted", 130, False),
-    (health.Terminated("terminated (SIGTERM)"), "interrupted", 130, False),
+    (health.Terminated(signal.SIGTERM), "interrupted", 143, False),
+    (health.Terminated(signal.SIGHUP), "interrupted", 129, False),
+    (health.Stopped(7, {0: signal.SIGTERM}, "interrupted (SIGTERM)", signal.SIGTERM), "interrupted", 143, False),
     (SystemExit(1), "error", 4, False),
     (FileExistsError(17, "File exists"), "error", 4, False),
     (RuntimeError("Connection closed by peer"), "peer", 4, False),
@@ -327,20 +330,20 @@ def test_sigterm_under_torchrun_or_srun_is_a_consequence_and_the_silent_rank_is_
 
     m = FakeMonitor(supervised=False)
     with pytest.raises(Ended):
-        _end_rank(m, health.Terminated("terminated (SIGTERM)"))
-    assert m.got[:3] == ("terminated", "interrupted (SIGTERM)", 130)
+        _end_rank(m, health.Terminated(signal.SIGTERM))
+    assert m.got[:3] == ("terminated", "interrupted (SIGTERM)", 143)
     # rank 2 went without a word (SIGKILL); torchrun then sent SIGTERM to the others, who recorded it
     now = time.time()
     beats = {r: beat(r, 7, "backward", 0.5, now) for r in range(4)}  # not stale yet: it just died
-    fails = {r: fail(r, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=130) for r in (0, 1, 3)}
+    fails = {r: fail(r, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=143) for r in (0, 1, 3)}
     d = failures.diagnose(ctx(plan(), None, tmp_path), beats, fails, now=now)
     assert isinstance(d.error, RankFailed) and d.failure["rank"] == 2 and d.failure["kind"] == "lost"
     assert str(d.error).startswith("rank 2 (tp 0, pp 0, dp 1) failed at step 8 (backward): stopped without a "
                                    "failure record (last heartbeat 0 s before; killed by a signal?)")
     # every rank told to stop (scancel): an interrupt
-    fails[2] = fail(2, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=130)
+    fails[2] = fail(2, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=143)
     d = failures.diagnose(ctx(plan(), None, tmp_path), beats, fails, now=now)
-    assert isinstance(d.error, Interrupted) and d.error.exit_code == 130
+    assert isinstance(d.error, Interrupted) and d.error.exit_code == 143
 
 
 def test_dcp_checkpoint_exception_a_baseexception_is_recorded_as_the_ranks_own_failure() -> None:

@@ -68,13 +68,22 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _warning_line(args.command)
             return int(args.func(args) or 0)
     except UserError as exc:
-        sys.stderr.write(f"exatrain {args.command}: error: {exc}\n")
+        _error(f"exatrain {args.command}: error: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write("exatrain: interrupted\n")
+        _error("exatrain: interrupted\n")
         return 130
     except BrokenPipeError:  # e.g. `exatrain search ... | head`
         return 0
+
+
+def _error(line: str) -> None:
+    """The one line on stderr; none when stderr is gone (a closed terminal: the run ended on SIGHUP)."""
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

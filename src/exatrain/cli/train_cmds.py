@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+from typing import Iterator
 
 from exatrain import api
 from exatrain.api.training import DEFAULT_MODEL, describe_default
@@ -80,9 +83,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     quiet = args.quiet or os.environ.get("RANK", "0") != "0" or os.environ.get("SLURM_PROCID", "0") != "0"
-    result = call(api.train, args, warn=warn_line("train"), progress=None if quiet else print)
+    with _signals_interrupt():
+        result = call(api.train, args, warn=warn_line("train"), progress=None if quiet else print)
     if not quiet:
         con = make_console()
         for line in result.summary_lines():
             con.print(line, highlight=False)
     return 0
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP while the command checks its input or prepares data end it as Ctrl-C does: one
+    line, exit status 128 + the signal. Once ranks run, the launcher (trainer/spawn.py) or the rank's
+    monitor (trainer/health.py) takes the signals over, and gives these handlers back after."""
+    from exatrain.errors import Interrupted
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(f"interrupted ({signal.Signals(signum).name})", signum)
+
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    old = {getattr(signal, n): signal.signal(getattr(signal, n), interrupt) for n in names}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

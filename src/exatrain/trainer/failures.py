@@ -8,11 +8,13 @@
 
 The heartbeat and failure files are written aside and renamed into place, so a reader never sees half
 of one. ``diagnose`` reads them (with the exit statuses, when a local launcher knows them) and picks the
-one rank to name, in this order: an interrupt (Ctrl-C, a scheduler's SIGTERM); bad input a rank found
+one rank to name, in this order: an interrupt (Ctrl-C, a scheduler's SIGTERM, a hangup); bad input a rank found
 (the same one line as if the CLI had found it); a rank's own exception, the earliest; a rank killed by
 a signal; a hang (the ranks that did not arrive); a rank that exited without a record; a rank that lost
 a peer (a collective error such as gloo's "Connection closed by peer"), the earliest. ``tail`` adds
-where the last checkpoint is and how to resume; ``write_failed_record`` appends the failed RunRecord.
+where the last checkpoint is and how to resume; ``write_failed_record`` appends the RunRecord: status
+``interrupted`` for a run a signal stopped (nothing went wrong with it: it is resumable, and a run that
+measures or calibrates leaves it out like any run that did not finish), else ``failed`` (``oom``).
 Nothing here imports torch at module level.
 """
 
@@ -146,6 +148,8 @@ def where(state: Mapping[str, Any]) -> str:
         return f"saving the checkpoint of step {done}"
     if phase == "done":
         return f"finishing after step {done}"
+    if phase == "stopped":
+        return f"after step {done}"
     return f"in {phase} of step {done + 1}"
 
 
@@ -192,10 +196,11 @@ class RunContext:
 
 def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dict], *,
              exit_codes: Mapping[int, int | None] | None = None, killed: set[int] | frozenset = frozenset(),
-             interrupted: bool = False, now: float | None = None) -> Diagnosis:
+             interrupted: bool | int = False, now: float | None = None) -> Diagnosis:
     """Name the failure of run ``ctx.run`` (see the module docstring for the order of the rules).
     ``exit_codes``: each rank's exit status as a local launcher saw it (negative: killed by that signal);
-    ``killed``: ranks the launcher itself killed (their deaths are not a cause)."""
+    ``killed``: ranks the launcher itself killed (their deaths are not a cause); ``interrupted``: the
+    stop signal the launcher itself got (True: SIGINT)."""
     world = ctx.plan.gpus
     now = time.time() if now is None else now
     beats = {r: b for r, b in beats.items() if int(b.get("run", 0)) == ctx.run}
@@ -233,10 +238,15 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
 
     interrupts = by_time("interrupted")
     if interrupted or interrupts:
+        sig = signal.SIGINT if interrupted is True else int(interrupted)
         r = interrupts[0] if interrupts else min(range(world), key=lambda q: (-_progress(state(q)), q))
-        cause = fails[r]["cause"] if interrupts else "interrupted (SIGINT)"
-        f = failure(r, "interrupted", cause, Interrupted.exit_code)
-        return Diagnosis(Interrupted(f"{cause} {where(state(r))}{end}"), f, ctx.run)
+        if interrupts:
+            cause, sig = fails[r]["cause"], _signal_of(fails[r], sig)
+        else:
+            cause = f"interrupted ({_signal_name(sig)})"
+        error = Interrupted(f"{cause} {where(state(r))}{end}", sig)
+        extra = {"stopped_after": fails[r]["stopped_after"]} if interrupts and "stopped_after" in fails[r] else {}
+        return Diagnosis(error, failure(r, "interrupted", cause, error.exit_code, **extra), ctx.run)
 
     users = sorted((r for r, f in fails.items() if f.get("kind") == "error" and f.get("user_error")),
                    key=lambda r: (fails[r]["time"], r))
@@ -287,8 +297,8 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
     if terms and not by_time("peer"):  # every rank was told to stop (scancel, a launcher's SIGTERM)
         r = terms[0]
         cause = fails[r]["cause"]
-        f = failure(r, "terminated", cause, Interrupted.exit_code)
-        return Diagnosis(Interrupted(f"{cause} {where(state(r))}{end}"), f, ctx.run)
+        error = Interrupted(f"{cause} {where(state(r))}{end}", _signal_of(fails[r], signal.SIGTERM))
+        return Diagnosis(error, failure(r, "terminated", cause, error.exit_code), ctx.run)
     if peers:
         r = peers[0]
         cause = fails[r]["cause"]
@@ -342,7 +352,7 @@ def _progress(state: Mapping[str, Any]) -> int:
 def _step_of(state: Mapping[str, Any]) -> int:
     """The step a rank was running (1-based); the step just finished while it saved its checkpoint."""
     done = int(state.get("completed", 0))
-    return done if state.get("phase") in ("checkpoint", "done") else done + 1
+    return done if state.get("phase") in ("checkpoint", "stopped", "done") else done + 1
 
 
 def _at(state: Mapping[str, Any]) -> str:
@@ -351,6 +361,8 @@ def _at(state: Mapping[str, Any]) -> str:
         return "during setup"
     if phase == "checkpoint":
         return f"saving the checkpoint of step {_step_of(state)}"
+    if phase == "stopped":
+        return f"after step {_step_of(state)}"
     if phase == "unknown":
         return f"at step {_step_of(state)}"
     return f"at step {_step_of(state)} ({phase})"
@@ -366,6 +378,12 @@ def compact(exc: BaseException, limit: int = 400) -> str:
     text = _GLOO_ADVICE.sub("", _SOURCE_TAG.sub("", " ".join(str(exc).split())))
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _signal_of(record: Mapping[str, Any], default: int) -> int:
+    """The signal an interrupted rank's record ended it for (its exit status is 128 + it)."""
+    code = int(record.get("exit_code", 0) or 0)
+    return code - 128 if 128 < code < 128 + 65 else int(default)
 
 
 def _signal_name(num: int) -> str:
@@ -456,8 +474,9 @@ def run_lines(metrics_file: str | Path) -> list[dict]:
 
 def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *, device: str, wall_s: float,
                         measure_after: int) -> None:
-    """Append the failed run's RunRecord: what its steps measured (from the metrics lines rank 0 wrote),
-    the per-rank times of its straggler windows, the failure and its one line. ``device``: cpu or cuda."""
+    """Append the failed or interrupted run's RunRecord: what its steps measured (from the metrics lines
+    rank 0 wrote), the per-rank times of its straggler windows, the failure and its one line. ``device``:
+    cpu or cuda."""
     if not metrics_file:
         return
     from exatrain.trainer.health import summarize_windows
@@ -482,7 +501,8 @@ def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *
                 continue
     windows = [d for d in lines if d.get("kind") == "ranks"]
     message = str(diag.error)
-    status = "oom" if "out of memory" in diag.failure.get("cause", "").lower() else "failed"
+    status = ("interrupted" if isinstance(diag.error, Interrupted) else
+              "oom" if "out of memory" in diag.failure.get("cause", "").lower() else "failed")
     append_run_record(metrics_file, RunRecord(
         plan=plan, measured=summarize(steps, plan, measure_after) if steps else None, status=status,
         device=name, env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device),

@@ -17,9 +17,20 @@ waiting — means a collective that some rank did not join. The thread then read
 heartbeat, names the ranks that did not arrive (failures.not_arrived), writes this rank's failure
 record and ends the process with exit status 5. A blocked collective cannot be cancelled from Python
 (gloo has no abort), so ending the process is the only clean way out; the last published checkpoint is
-untouched (a save publishes by renaming a finished directory). The same thread reads the signal
-wake-up pipe, so a SIGTERM or SIGINT ends the rank even while its main thread is blocked inside a
-collective.
+untouched (a save publishes by renaming a finished directory).
+
+**Stopping on a signal.** SIGTERM, SIGINT and SIGHUP during the step loop ask for a stop; they do not
+end the rank where it is, since a rank cannot leave a collective alone. The request rides on the
+step's last collective (the peak-memory all_gather, ``stop_vote``), so every rank learns at the same
+step boundary that some rank was asked to stop, and all stop there: the checkpoint of that step is
+saved when the run has a checkpoint directory, then each rank ends as interrupted (``Stopped``),
+exit status 128 + the signal's number. A rank that does not reach the boundary within
+``stop_grace_s`` (a peer gone, a collective stuck) ends where it is, as before. Outside the step loop
+(setup, the end of a run) a signal ends the rank at once. The heartbeat thread reads the signal
+wake-up pipe, so it sees the signal even while the main thread is blocked inside a collective, and it
+enforces the grace. A rank spawned by ``launch_local`` also watches its launcher through the pipe
+that multiprocessing keeps open to it (``launcher_fd``): when the launcher is gone, however it ended,
+the rank stops as on SIGHUP and reports the run itself, so no rank outlives its launcher.
 
 **Computing is not hanging (CPU ranks).** A rank blocked in a gloo collective or a pipeline receive
 sleeps: its main thread, where a CPU rank's whole compute runs, uses no CPU. A rank that the operating
@@ -63,9 +74,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 PHASES = ("setup", "data", "forward", "backward", "forward/backward", "grad-sync", "optimizer", "metrics",
-          "checkpoint", "done")
+          "checkpoint", "stopped", "done")
 COMPUTE_PHASES = frozenset({"data", "forward", "backward", "forward/backward", "optimizer"})
-LONG_PHASES = frozenset({"setup", "checkpoint", "done"})
+LONG_PHASES = frozenset({"setup", "checkpoint", "stopped", "done"})
 MIN_LIMIT_S = 300.0  # the watchdog's default floor, and the floor of setup and checkpoint phases
 COMPILE_LIMIT_S = 1800.0  # the floor of every phase of a compiled run's first step (torch.compile compiles then)
 LIMIT_STEPS = 20  # the default limit: this many median steps (when more than the floor)
@@ -75,6 +86,14 @@ SLOW_WINDOWS = 2  # slow in this many windows running: a straggler
 SLOW_RANK_ENV = "EXATRAIN_SLOW_RANK"  # fault injection for tests: "RANK:SECONDS" of extra compute per step
 CPU_MOVED_S = 0.005  # main-thread CPU seconds between two looks that mean computing (a blocked thread uses none)
 CPU_CAP = 10  # a CPU rank's phase still computing past this many watchdog limits is ended all the same
+# The signals that stop a run (SIGHUP: the terminal closed; absent on Windows).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+# How long a stop request waits for the step boundary before the rank ends where it is: STOP_STEPS median
+# steps, at least STOP_MIN_S (a first step, a loaded machine) and at most STOP_MAX_S (SLURM's default KillWait
+# is 30 s, torchrun's 30 s: a step longer than that needs an earlier signal, e.g. sbatch --signal=TERM@120).
+STOP_STEPS = 3
+STOP_MIN_S = 10.0
+STOP_MAX_S = 120.0
 
 
 def thread_cpu_clock(ident: int | None = None) -> int | None:
@@ -118,8 +137,31 @@ def summarize_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | 
             "stragglers": sorted({r for w in windows for r in w.get("stragglers", [])})}
 
 
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 class Terminated(BaseException):
-    """SIGTERM in the main thread: a launcher or scheduler ending the rank (like KeyboardInterrupt)."""
+    """SIGTERM or SIGHUP in the main thread outside the step loop: a launcher or scheduler ending the rank
+    (like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(f"terminated ({signal_name(signum)})")
+        self.signum = int(signum)
+
+
+class Stopped(BaseException):
+    """The ranks agreed at the boundary after ``step`` to stop; ``votes``: the ranks asked to stop, each
+    with its signal's number. Raised once that step's checkpoint is saved."""
+
+    def __init__(self, step: int, votes: Mapping[int, int], cause: str, signum: int = 0) -> None:
+        super().__init__(cause)
+        self.step, self.votes, self.cause = step, dict(votes), cause
+        # The exit status's signal: this rank's own, else the one its peers got (the lowest when several)
+        self.signum = int(signum) or min(votes.values())
 
 
 class RankMonitor:
@@ -131,9 +173,17 @@ class RankMonitor:
     ``watch``: run the heartbeat/watchdog thread (False for a Trainer built without a launcher)."""
 
     def __init__(self, rank: int, world: int, run_dir: Path | None, *, supervised: bool, watch: bool = True,
-                 report_fd: int | None = None) -> None:
+                 report_fd: int | None = None, launcher_fd: int | None = None) -> None:
         self.rank, self.world, self.run_dir = rank, world, run_dir
         self.supervised, self.watch, self.report_fd = supervised, watch, report_fd
+        self.launcher_fd = launcher_fd  # readable (EOF) once the launcher that spawned this rank is gone
+        # Stop requests (see the module docstring): the signal asked with, since when (monotonic), in words;
+        # ``stoppable``: the step loop runs and can stop at a boundary; ``stopping``: the boundary is reached.
+        self.stop_signal = 0
+        self.stop_cause = ""
+        self._stop_t = 0.0
+        self.stoppable = False
+        self.stopping = False
         self.run = 0
         self.context: Any = None  # failures.RunContext of the current run (for a report made here)
         self.config: Any = None
@@ -166,6 +216,7 @@ class RankMonitor:
         self._cpu_gated = self._main_cpu is not None and getattr(config, "device", "cpu") == "cpu"
         self._moved, self._cpu_seen = 0.0, {}
         self.completed, self.seq = 0, 0
+        self.stoppable = self.stopping = False
         self.step_times.clear()
         self.enter("setup")
 
@@ -184,6 +235,47 @@ class RankMonitor:
 
     def resumed(self, step: int) -> None:
         self.completed = step
+
+    # --- stop requests -------------------------------------------------------------------------------
+    def request_stop(self, signum: int, cause: str = "") -> None:
+        """Ask the step loop to stop at the next step boundary (the first request counts; more are the same)."""
+        if self.stop_signal:
+            return
+        self.stop_cause = cause or f"interrupted ({signal_name(signum)})"
+        self._stop_t = time.monotonic()
+        self.stop_signal = int(signum)
+
+    def stop_vote(self) -> int:
+        """This rank's vote for the step's last collective: the signal it was asked to stop with, else 0."""
+        return self.stop_signal
+
+    def stop_agreed(self, step: int, votes: Mapping[int, int]) -> str:
+        """Every rank saw ``votes`` (rank -> signal) after ``step``: the stop begins here (the grace no
+        longer runs). Returns the cause the ranks record: this rank's own, else whose signal it was."""
+        from exatrain.trainer.failures import ranks_text
+
+        self.stopping = True
+        if self.stop_signal:
+            return self.stop_cause
+        named = sorted({signal_name(v) for v in votes.values()})
+        return f"interrupted ({'/'.join(named)} to {ranks_text(sorted(votes))})"
+
+    def stop_grace_s(self) -> float:
+        """How long a stop request waits for the step boundary (STOP_STEPS median steps, clamped)."""
+        recent = list(self.step_times)
+        steps = STOP_STEPS * statistics.median(recent) if recent else 0.0
+        return min(STOP_MAX_S, max(STOP_MIN_S, steps))
+
+    def _stop_overdue(self) -> bool:
+        """A stop request that has waited past its grace for the boundary (a save in progress restarts
+        the wait: a published checkpoint is worth the time, and the save has its own watchdog)."""
+        if not self.stop_signal or self.stopping or not self.stoppable:
+            return False
+        now = time.monotonic()
+        if self.phase == "checkpoint":
+            self._stop_t = max(self._stop_t, now)
+            return False
+        return now - self._stop_t > self.stop_grace_s()
 
     def attach_clock(self, clock: "StepClock | None") -> None:
         self._clock = clock
@@ -271,14 +363,14 @@ class RankMonitor:
 
     # --- the heartbeat / watchdog thread ------------------------------------------------------------
     def start(self) -> None:
-        """Start the heartbeat thread, and route SIGTERM/SIGINT to it through the wake-up pipe (call from
-        the main thread)."""
+        """Start the heartbeat thread, and route SIGTERM/SIGINT/SIGHUP to it through the wake-up pipe (call
+        from the main thread)."""
         if not self.watch or self._thread is not None:
             return
         r, w = os.pipe()
         os.set_blocking(w, False)
         self._wake = (r, w)
-        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._loop, name="exatrain-heartbeat", daemon=True)
         self._thread.start()
@@ -298,13 +390,17 @@ class RankMonitor:
         self._thread, self._wake = None, None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        """SIGINT and SIGTERM in the main thread: an exception the rank's guard records, unless the rank
-        is already ending (then its record and report are finished first)."""
+        """A stop signal in the main thread: in the step loop a stop request (the boundary ends the rank);
+        elsewhere an exception the rank's guard records, unless the rank is already ending (then its record
+        and report are finished first)."""
         if self._ending.locked():
+            return
+        if self.stoppable:
+            self.request_stop(signum)
             return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        raise Terminated(f"terminated ({signal.Signals(signum).name})")
+        raise Terminated(signum)
 
     def _loop(self) -> None:
         from exatrain.trainer import failures
@@ -312,16 +408,19 @@ class RankMonitor:
         assert self._wake is not None
         timeout = 0.0  # the first heartbeat at once
         while not self._stop.is_set():
-            ready, _, _ = select.select([self._wake[0]], [], [], timeout)
-            timeout = self.beat_s()
-            if ready:
+            watched = [self._wake[0]] + ([self.launcher_fd] if self.launcher_fd is not None else [])
+            ready, _, _ = select.select(watched, [], [], timeout)
+            timeout = self.beat_s() if not self.stop_signal or self.stopping else min(self.beat_s(), 0.25)
+            if self._wake[0] in ready:
                 for num in os.read(self._wake[0], 64):
-                    if num == signal.SIGINT and not self._stop.is_set():
-                        self.end("interrupted", "interrupted (SIGINT)", 130)
-                    if num == signal.SIGTERM and not self._stop.is_set():
-                        self.end(*self.terminated())
+                    if num in STOP_SIGNALS and not self._stop.is_set():
+                        self._signalled(num)
+            if self.launcher_fd is not None and self.launcher_fd in ready and not self._stop.is_set():
+                self._launcher_gone()
             if self._stop.is_set():
                 return
+            if self._stop_overdue():
+                self.end(*self.terminated(self.stop_signal), cause_of=self.stop_cause)
             if self.run_dir is not None:
                 try:
                     failures.write_json(self.run_dir / failures.HEARTBEAT.format(rank=self.rank), self.state())
@@ -342,20 +441,57 @@ class RankMonitor:
                  + (f"; did not arrive: {failures.ranks_text(gone)}" if gone else ""))
         self.end("hung", cause, 5, not_arrived=[r for r in gone if r != self.rank], limit_s=self.limit_s())
 
-    def terminated(self) -> tuple[str, str, int]:
-        """How a SIGTERM is recorded: under a local launcher an interrupt (someone stopped the run); under
-        torchrun/srun usually the launcher stopping the survivors of another rank's failure, so a
-        consequence (``terminated``) that the report looks past for its cause."""
-        return ("interrupted" if self.supervised else "terminated", "interrupted (SIGTERM)", 130)
+    def _signalled(self, signum: int) -> None:
+        """The heartbeat thread saw a stop signal: a stop request in the step loop, else the end now. After
+        a hangup the terminal is gone: the rank's stdout (progress lines) goes nowhere rather than fail."""
+        if signum == getattr(signal, "SIGHUP", None) and _isatty(1):
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, 1)
+            os.close(fd)
+        if self.stoppable:
+            self.request_stop(signum)
+        else:
+            self.end(*self.terminated(signum))
+
+    def _launcher_gone(self) -> None:
+        """The launcher that spawned this rank has ended: nobody will read the rank files, so this rank
+        reports (as under torchrun), and stops as on SIGHUP."""
+        from exatrain.trainer import failures
+
+        self.launcher_fd = None
+        self.supervised = False
+        if self.context is None and self.config is not None:
+            config = self.config
+            self.context = failures.RunContext(
+                plan=config.plan, run=self.run, checkpoint_dir=config.checkpoint_dir, run_dir=self.run_dir,
+                resume=failures.resume_command(sys.argv))
+        signum = getattr(signal, "SIGHUP", signal.SIGTERM)
+        cause = "interrupted (the launcher ended)"
+        if self.stoppable:
+            self.request_stop(signum, cause)
+        else:
+            self.end("interrupted", cause, 128 + signum)
+
+    def terminated(self, signum: int = signal.SIGTERM) -> tuple[str, str, int]:
+        """How a stop signal that ends the rank where it is gets recorded: SIGINT, and anything under a
+        local launcher, as an interrupt (someone stopped the run); SIGTERM/SIGHUP under torchrun/srun
+        usually as the launcher stopping the survivors of another rank's failure, so a consequence
+        (``terminated``) that the report looks past for its cause."""
+        kind = "interrupted" if self.supervised or signum == signal.SIGINT else "terminated"
+        return (kind, f"interrupted ({signal_name(signum)})", 128 + int(signum))
 
     # --- ending the rank ------------------------------------------------------------------------------------
-    def end(self, kind: str, cause: str, exit_code: int, *, user_error: bool = False, **extra: Any) -> None:
+    def end(self, kind: str, cause: str, exit_code: int, *, user_error: bool = False, cause_of: str = "",
+            **extra: Any) -> None:
         """Record how this rank ends (failure-R.json and a line in its log), report it when no launcher
         will (the first rank to claim the run), and end the process with ``exit_code``. Never returns:
-        a second caller (another thread) waits here until the process is gone."""
+        a second caller (another thread) waits here until the process is gone. ``cause_of``: a stop
+        request's own words, in place of ``cause``."""
         if not self._ending.acquire(blocking=False):
             threading.Event().wait()
         from exatrain.trainer import failures
+
+        cause = cause_of or cause
 
         record = {**self.state(), "kind": kind, "cause": cause, "exit_code": exit_code, "user_error": user_error,
                   **extra}
@@ -390,7 +526,7 @@ class RankMonitor:
             if self.rank != 0 and (kind != "error" or record.get("user_error")):
                 return None
         else:
-            if kind not in ("error", "hung"):
+            if kind not in ("error", "hung") and record.get("stopped_after") is None:  # an agreed stop: no wait
                 time.sleep(min(10.0, 3 * self.beat_s()))
             if not failures.claim(self.run_dir, self.run):
                 return None
@@ -508,6 +644,13 @@ def straggler_lines(window: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
 def _slow_injection(rank: int) -> float:
     """Seconds of extra compute per step this rank spins for (EXATRAIN_SLOW_RANK=RANK:SECONDS), else 0."""
     spec = os.environ.get(SLOW_RANK_ENV, "")
@@ -528,5 +671,6 @@ def _spin(seconds: float) -> None:
         pass
 
 
-__all__ = ["COMPUTE_PHASES", "PHASES", "RankMonitor", "SLOW_RANK_ENV", "SLOW_RATIO", "StepClock", "StragglerWindows",
-           "Terminated", "slow_ranks", "straggler_lines", "summarize_windows"]
+__all__ = ["COMPUTE_PHASES", "PHASES", "RankMonitor", "SLOW_RANK_ENV", "SLOW_RATIO", "STOP_SIGNALS", "StepClock",
+           "Stopped", "StragglerWindows", "Terminated", "signal_name", "slow_ranks", "straggler_lines",
+           "summarize_windows"]

@@ -6,9 +6,15 @@ Otherwise ``launch_local`` spawns the plan's ranks on this machine, each with OM
 (more threads per rank oversubscribe the cores: several times slower on a small CPU machine).
 gloo on the CPU, NCCL on CUDA devices (the ROCm build's RCCL answers to the same name).
 
-Every rank runs under a RankMonitor (health.py: heartbeat, watchdog, straggler windows) and ends any
-failure through it, so a failure becomes one record per rank in the run directory and one line for the
-user (failures.py), never a rank's traceback or the launcher's teardown on the terminal.
+Every rank runs under a RankMonitor (health.py: heartbeat, watchdog, straggler windows, stop requests)
+and ends any failure through it, so a failure becomes one record per rank in the run directory and one
+line for the user (failures.py), never a rank's traceback or the launcher's teardown on the terminal.
+
+Signals. ``launch_local`` catches SIGTERM, SIGINT and SIGHUP (what ``kill``, ``timeout``, a scheduler, a
+terminal's Ctrl-C or hangup send, to it alone or to its whole process group) and passes the signal on
+to every rank, which stop together after the step they are in (health.py); a second signal kills the
+ranks at once. A rank watches its launcher too, so it never outlives it (health.py). The launcher then
+writes the interrupted RunRecord and raises Interrupted: one line, exit status 128 + the signal.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ import dataclasses
 import gc
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -116,13 +124,14 @@ def launch_local(configs: Sequence[TrainConfig], stall_s: float | None = None) -
     Each rank's stderr goes to RUN_DIR/rank-R.log (the run directory of the first config; a temporary
     one, removed after a clean run, when it names none), so the terminal shows the progress and, if a
     rank fails, one line: failures.diagnose reads the ranks' records and heartbeats with their exit
-    statuses, the failed RunRecord is appended to the metrics file, and the line is raised as a
-    RankFailed (exit status 4), RankHung (5), Interrupted (130) or the UserError a rank raised (2, 3).
-    After the first rank fails the others get a few seconds to record how they ended; when the first
-    failure has no cause yet (a hang, a lost peer), they get until their watchdog's limit. ``stall_s``
-    guards against a hang nothing else catches: when no rank's heartbeat moves on for that long (its
-    step, its phase, or on CPU its main thread's CPU time), the ranks are killed and the hang is
-    reported."""
+    statuses, the failed (or interrupted) RunRecord is appended to the metrics file, and the line is
+    raised as a RankFailed (exit status 4), RankHung (5), Interrupted (128 + the signal: 129, 130, 143)
+    or the UserError a rank raised (2, 3). After the first rank fails the others get a few seconds to
+    record how they ended; when the first failure has no cause yet (a hang, a lost peer), they get until
+    their watchdog's limit. A stop signal to this process (from the main thread's point of view: it is
+    caught only there) is passed on to the ranks (see the module docstring). ``stall_s`` guards against
+    a hang nothing else catches: when no rank's heartbeat moves on for that long (its step, its phase, or
+    on CPU its main thread's CPU time), the ranks are killed and the hang is reported."""
     import multiprocessing
 
     from exatrain.trainer import failures
@@ -139,12 +148,13 @@ def launch_local(configs: Sequence[TrainConfig], stall_s: float | None = None) -
     procs = [spawn.Process(target=_spawned, args=(r, world, port, configs, str(run_dir)), name=f"exatrain-rank-{r}")
              for r in range(world)]
     started = time.time()
-    with _environ(OMP_NUM_THREADS="1"):
-        for p in procs:
-            p.start()
-    outcome = _supervise(procs, run_dir, world, stall_s)
+    with _StopSignals() as signals:
+        with _environ(OMP_NUM_THREADS="1"):
+            for p in procs:
+                p.start()
+        outcome = _supervise(procs, run_dir, world, stall_s, signals)
     codes = {r: p.exitcode for r, p in enumerate(procs)}
-    if not outcome.interrupted and not outcome.stalled and all(c == 0 for c in codes.values()):
+    if not outcome.stalled and all(c == 0 for c in codes.values()):  # a signal after the last step: done
         if named is None:
             shutil.rmtree(run_dir, ignore_errors=True)
         return
@@ -167,7 +177,7 @@ def launch_local(configs: Sequence[TrainConfig], stall_s: float | None = None) -
 
 @dataclass
 class _Outcome:
-    interrupted: bool = False
+    interrupted: int = 0  # the first stop signal the launcher got (0: none)
     stalled: bool = False
     killed: set[int] = dataclasses.field(default_factory=set)
 
@@ -175,58 +185,138 @@ class _Outcome:
 CAUSE_GRACE_S = 10.0  # after a failure whose cause is known, how long the other ranks get to record theirs
 
 
-def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None) -> _Outcome:
-    """Wait for the ranks (see launch_local); kill what is left on the way out."""
+def _stop_backstop_s() -> float:
+    """After a stop signal, how long the launcher waits for the ranks before it kills them: a hang's limit
+    only, since each rank bounds its own wait for the step boundary (health.STOP_MAX_S) and then saves
+    under its checkpoint watchdog (at least health.MIN_LIMIT_S)."""
+    from exatrain.trainer.health import MIN_LIMIT_S, STOP_MAX_S
+
+    return STOP_MAX_S + MIN_LIMIT_S + 30.0
+
+
+class _StopSignals:
+    """SIGTERM, SIGINT and SIGHUP caught while the ranks run (only the main thread can catch signals;
+    elsewhere this does nothing): ``got`` lists them; a wake-up pipe (``fd``) ends the supervisor's
+    wait at once. The previous handlers come back on exit."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.fd: int | None = None
+        self._fds: tuple[int, int] | None = None
+        self._old: dict[int, object] = {}
+        self._old_wakeup = -1
+
+    def __enter__(self) -> _StopSignals:
+        from exatrain.trainer.health import STOP_SIGNALS
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        self._fds, self.fd = (r, w), r
+        self._old = {sig: signal.signal(sig, self._caught) for sig in STOP_SIGNALS}
+        self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        return self
+
+    def _caught(self, signum: int, frame: object) -> None:
+        self.got.append(int(signum))
+
+    def drain(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            while os.read(self.fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fds is None:
+            return
+        signal.set_wakeup_fd(self._old_wakeup)
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        for fd in self._fds:
+            os.close(fd)
+        self._fds, self.fd = None, None
+
+
+def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None,
+               signals: _StopSignals | None = None) -> _Outcome:
+    """Wait for the ranks (see launch_local); pass a stop signal on to them, kill them on a second one;
+    kill what is left on the way out."""
     from multiprocessing.connection import wait
 
     from exatrain.trainer import failures
 
+    signals = signals or _StopSignals()
     out = _Outcome()
     first_fail: float | None = None
     mark: tuple = ()
     moved = time.monotonic()
     stop_at: float | None = None
+    handled = 0  # stop signals acted on
     try:
         while any(p.exitcode is None for p in procs):
-            try:
-                wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.5)
-                now = time.monotonic()
-                codes = [p.exitcode for p in procs]
-                beats, fails = failures.read_ranks(run_dir, world)
-                progress = (tuple(codes), tuple(sorted((r, b.get("run"), b.get("completed"), b.get("seq"),
-                                                       b.get("cpu_s")) for r, b in beats.items())))
-                if progress != mark:
-                    mark, moved = progress, now
-                if first_fail is None and any(c not in (None, 0) for c in codes):
-                    first_fail = now
-                    # A known cause: a signal, an error, an interrupt, or a watchdog that named the ranks
-                    # that did not arrive (a frozen rank records nothing, and its last heartbeat may be
-                    # in a phase with a long limit: waiting for it to go stale would only add minutes).
-                    caused = any(c is not None and c < 0 for c in codes) or any(
-                        f.get("kind") in ("error", "interrupted", "hung") for f in fails.values())
-                    limits = [float(b.get("limit_s", 300.0)) + 3 * float(b.get("beat_s", 5.0)) for b in beats.values()]
-                    stop_at = now + (CAUSE_GRACE_S if caused else max(limits, default=300.0) + 30.0)
-                alive = [r for r, c in enumerate(codes) if c is None]
-                if first_fail is not None:
-                    wall = time.time()
-                    stale = [r for r in alive
-                             if r in beats and wall - float(beats[r]["time"]) > failures.stale_after(beats[r])]
-                    if len(stale) == len(alive) or (stop_at is not None and now > stop_at):
-                        _kill(procs, alive, out)
-                elif stall_s is not None and now - moved > stall_s:
-                    out.stalled = True
+            wait([p.sentinel for p in procs if p.exitcode is None] + ([signals.fd] if signals.fd is not None else []),
+                 timeout=0.5)
+            signals.drain()
+            now = time.monotonic()
+            codes = [p.exitcode for p in procs]
+            beats, fails = failures.read_ranks(run_dir, world)
+            alive = [r for r, c in enumerate(codes) if c is None]
+            if len(signals.got) > handled:
+                if not handled:  # the first: every rank stops after the step it is in
+                    out.interrupted = signals.got[0]
+                    _forward(procs, alive, beats, out.interrupted, out)
+                    stop_at = now + _stop_backstop_s()
+                else:  # a second: at once
                     _kill(procs, alive, out)
-            except KeyboardInterrupt:  # the ranks got the terminal's SIGINT too; give them a moment
-                out.interrupted = True
-                deadline = time.monotonic() + CAUSE_GRACE_S
-                while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
-                    wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.5)
-                _kill(procs, [r for r, p in enumerate(procs) if p.exitcode is None], out)
+                handled = len(signals.got)
+                continue
+            progress = (tuple(codes), tuple(sorted((r, b.get("run"), b.get("completed"), b.get("seq"),
+                                                   b.get("cpu_s")) for r, b in beats.items())))
+            if progress != mark:
+                mark, moved = progress, now
+            if first_fail is None and any(c not in (None, 0) for c in codes):
+                first_fail = now
+                # A known cause: a signal, an error, an interrupt, or a watchdog that named the ranks
+                # that did not arrive (a frozen rank records nothing, and its last heartbeat may be
+                # in a phase with a long limit: waiting for it to go stale would only add minutes).
+                # After a stop signal the ranks end themselves (the backstop above stays).
+                caused = any(c is not None and c < 0 for c in codes) or any(
+                    f.get("kind") in ("error", "interrupted", "hung") for f in fails.values())
+                limits = [float(b.get("limit_s", 300.0)) + 3 * float(b.get("beat_s", 5.0)) for b in beats.values()]
+                if not out.interrupted:
+                    stop_at = now + (CAUSE_GRACE_S if caused else max(limits, default=300.0) + 30.0)
+            if first_fail is not None or out.interrupted:
+                wall = time.time()
+                stale = [r for r in alive
+                         if r in beats and wall - float(beats[r]["time"]) > failures.stale_after(beats[r])]
+                if (first_fail is not None and len(stale) == len(alive)) or (stop_at is not None and now > stop_at):
+                    _kill(procs, alive, out)
+            elif stall_s is not None and now - moved > stall_s:
+                out.stalled = True
+                _kill(procs, alive, out)
     finally:
         _kill(procs, [r for r, p in enumerate(procs) if p.exitcode is None], out)
         for p in procs:
             p.join(30)
     return out
+
+
+def _forward(procs: list, ranks: Sequence[int], beats: Mapping[int, dict], signum: int, out: _Outcome) -> None:
+    """Pass a stop signal on to the ranks whose monitor runs (they have a heartbeat); a rank still
+    starting has nothing to save and is killed (a signal there would end it with a traceback)."""
+    starting = [r for r in ranks if r not in beats]
+    for r in ranks:
+        if r not in starting:
+            try:
+                os.kill(procs[r].pid, signum)
+            except ProcessLookupError:
+                pass
+    _kill(procs, starting, out)
 
 
 def _kill(procs: list, ranks: Sequence[int], out: _Outcome) -> None:
@@ -244,12 +334,16 @@ def _spawned(rank: int, world: int, port: int, configs: tuple[TrainConfig, ...],
     from exatrain.trainer import failures
 
     _stderr_to(failures.log_path(Path(run_dir), rank), rank)
+    import multiprocessing
+
     import torch.distributed as dist
 
-    from exatrain.trainer.health import RankMonitor
+    from exatrain.trainer.health import RankMonitor, Terminated
     from exatrain.trainer.train import train
 
-    monitor = RankMonitor(rank, world, Path(run_dir), supervised=True)
+    launcher = multiprocessing.parent_process()  # its sentinel: readable once the launcher is gone
+    monitor = RankMonitor(rank, world, Path(run_dir), supervised=True,
+                          launcher_fd=None if launcher is None else launcher.sentinel)
     monitor.new_run(0, configs[0])
     monitor.start()
     try:
@@ -258,6 +352,8 @@ def _spawned(rank: int, world: int, port: int, configs: tuple[TrainConfig, ...],
                                 rank=rank, world_size=world)
         for i, config in enumerate(configs):
             if i:
+                if monitor.stop_signal:  # asked to stop during the last step of the run before
+                    raise Terminated(monitor.stop_signal)
                 monitor.new_run(i, config)
             train(config, rank, monitor)
             gc.collect()
@@ -269,19 +365,22 @@ def _spawned(rank: int, world: int, port: int, configs: tuple[TrainConfig, ...],
 
 def _end_rank(monitor, exc: BaseException) -> None:
     """Record how the rank ended and end it (RankMonitor.end): bad input as its own one line and exit
-    status, an interrupt as 130, a collective error that means a lost peer as such, anything else as
-    the rank's own failure (its traceback into the rank's log)."""
+    status, a stop at a step boundary or an interrupt as 128 + the signal, a collective error that means
+    a lost peer as such, anything else as the rank's own failure (its traceback into the rank's log)."""
     import traceback
 
     from exatrain.trainer.failures import compact, is_peer_loss
-    from exatrain.trainer.health import Terminated
+    from exatrain.trainer.health import Stopped, Terminated
 
     if isinstance(exc, UserError):
         monitor.end("error", str(exc), exc.exit_code, user_error=True)
+    if isinstance(exc, Stopped):
+        monitor.end("interrupted", exc.cause, 128 + exc.signum, stopped_after=exc.step,
+                    signalled=sorted(exc.votes))
     if isinstance(exc, KeyboardInterrupt):
         monitor.end("interrupted", "interrupted (SIGINT)", 130)
     if isinstance(exc, Terminated):
-        monitor.end(*monitor.terminated())
+        monitor.end(*monitor.terminated(exc.signum))
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     cause = compact(exc)
     monitor.end("peer" if is_peer_loss(cause) else "error", cause, 4)

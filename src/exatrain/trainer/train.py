@@ -8,7 +8,9 @@ loss or the norm is not finite (``--nan-policy``: stop with the step number, or 
 count it); metrics, and a checkpoint every ``save_every`` steps and after the last. The learning
 rate is a function of the step number alone, so a resumed run continues the same schedule.
 ``spawn.py`` starts the ranks; ``health.py`` watches them: the loop tells its RankMonitor which phase
-it is in and feeds the straggler windows (``_health_*`` below).
+it is in and feeds the straggler windows (``_health_*`` below). A signal asks for a stop: every rank's
+vote rides on the step's last collective, so all ranks stop after the same step, save its checkpoint
+(when the run has a checkpoint directory) and end as interrupted (``_stop``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.spawn import cuda_index
 from exatrain.trainer.sampler import SampleOrder, TokenShards, check_vocab, local_batch
 from exatrain.trainer.debug import Dump
-from exatrain.trainer.health import RankMonitor, StepClock, StragglerWindows, straggler_lines, summarize_windows
+from exatrain.trainer.health import (RankMonitor, StepClock, Stopped, StragglerWindows, straggler_lines,
+                                     summarize_windows)
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
                                       model_flops_per_step, peak_flops, peak_memory_bytes, run_env, summarize,
                                       supersede_redone_steps)
@@ -219,6 +222,7 @@ class Trainer:
         self.stepper.mark = self.health.enter
         self.stragglers = StragglerWindows(self.config.straggler_every, self.plan, self.device)
         self.step_split: tuple[float, float] | None = None
+        self.stop_votes: dict[int, int] = {}  # rank -> the signal it was asked to stop with, as of the last step
         if self.rank0 and self.start_step and self.config.metrics_file:
             supersede_redone_steps(self.config.metrics_file, self.start_step)
 
@@ -314,13 +318,18 @@ class Trainer:
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
         self.step_split = self.health.step_end(dt)
-        mems = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(plan.gpus)]
-        dist.all_gather(mems, torch.tensor([float(peak_memory_bytes(device))], dtype=torch.float64, device=device))
+        # The step's last collective: every rank's peak memory, and its stop vote (health.py), so that all
+        # ranks see the same votes after the same step.
+        mems = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(plan.gpus)]
+        mine = [float(peak_memory_bytes(device)), float(self.health.stop_vote())]
+        dist.all_gather(mems, torch.tensor(mine, dtype=torch.float64, device=device))
+        rows = [x.tolist() for x in mems]
+        self.stop_votes = {r: int(v) for r, (_, v) in enumerate(rows) if v}
         return StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
                            tokens_per_s=plan.tokens_per_step / dt,
                            model_tflops_per_gpu=self.flops / dt / plan.gpus / 1e12,
                            mfu=None if self.peak is None else self.flops / (dt * plan.gpus * self.peak),
-                           peak_memory_bytes=tuple(int(x.item()) for x in mems), skipped=skipped,
+                           peak_memory_bytes=tuple(int(m) for m, _ in rows), skipped=skipped,
                            samples=samples, aux_loss=aux_loss)
 
     def _gather_samples(self, step: int) -> tuple[tuple[int, ...], ...]:
@@ -350,6 +359,7 @@ class Trainer:
         history: list[StepMetrics] = []
         start = time.perf_counter()
         try:
+            self.health.stoppable = True  # a signal from here on asks for a stop at a step boundary
             for step in range(self.start_step, config.steps):
                 m = self.step(step)
                 history.append(m)
@@ -360,11 +370,15 @@ class Trainer:
                 progress.update(m)
                 self._health_window(m, progress)
                 done = step + 1
-                if config.checkpoint_dir and (done == config.steps
-                                              or (config.save_every and done % config.save_every == 0)):
+                saved = bool(config.checkpoint_dir) and (
+                    done == config.steps or bool(config.save_every and done % config.save_every == 0))
+                if saved:
                     assert self.checkpointer is not None
                     self.health.enter("checkpoint")
                     self.checkpointer.save(done, self.pm, self.optimizer, self._trainer_state(done))
+                if self.stop_votes and done < config.steps:  # the last step ends the run as it is
+                    self._stop(done, saved, progress)
+            self.health.stoppable = False
             if self.checkpointer is not None:
                 self.health.enter("checkpoint")
                 self.checkpointer.close()  # the last asynchronous save is published before the run ends
@@ -372,10 +386,11 @@ class Trainer:
                 self.dump.weights(config.steps)
             self.health.enter("done")
         except BaseException as exc:  # noqa: B036 - DCP's CheckpointException is a BaseException
+            self.health.stoppable = False
             if self.records_failures:  # otherwise the launcher records the run's failure (failures.py)
                 oom = "out of memory" in str(exc).lower()
-                self._record(history, time.perf_counter() - start, "oom" if oom else "failed",
-                             f"{type(exc).__name__}: {exc}"[:2000])
+                status = "interrupted" if isinstance(exc, Stopped) else "oom" if oom else "failed"
+                self._record(history, time.perf_counter() - start, status, f"{type(exc).__name__}: {exc}"[:2000])
             raise
         finally:
             if board is not None:
@@ -389,6 +404,19 @@ class Trainer:
         else:
             progress.close(f"nothing to do: the checkpoint is at step {self.start_step} of {config.steps}")
         return history
+
+    def _stop(self, done: int, saved: bool, progress: Progress) -> None:
+        """Every rank saw a stop vote after step ``done``: save that step's checkpoint (unless just saved),
+        publish it, and end the run (Stopped, which the rank's guard records as interrupted)."""
+        cause = self.health.stop_agreed(done, self.stop_votes)
+        if self.checkpointer is not None and self.config.checkpoint_dir:
+            self.health.enter("checkpoint")
+            if not saved:
+                self.checkpointer.save(done, self.pm, self.optimizer, self._trainer_state(done))
+            self.checkpointer.close()  # an asynchronous save is published before the rank ends
+        self.health.enter("stopped")
+        progress.close(f"stopped after step {done}: {cause}")
+        raise Stopped(done, self.stop_votes, cause, self.health.stop_signal)
 
     def _record(self, history: list[StepMetrics], wall_s: float, status: str, error: str) -> Measured | None:
         """Append the RunRecord (rank 0, when there is a metrics file); a failed run keeps what it measured."""
