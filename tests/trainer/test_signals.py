@@ -1,6 +1,7 @@
 """Stop signals: SIGTERM, SIGINT and SIGHUP to the launcher, SIGTERM to its whole process group (a
-scheduler's time limit or preemption), SIGTERM to one rank started torchrun-style, and a launcher
-killed outright (gpt-tiny, two CPU ranks on gloo, for real).
+scheduler's time limit or preemption), SIGTERM to one rank of ``python -m exatrain.train`` under srun
+(the torchrun/srun entry, as a launch script runs it, with --kill-on-bad-exit), and a launcher killed
+outright (gpt-tiny, two CPU ranks on gloo, for real).
 
 Each path is held to the same promises: every rank process is gone within HANG_S of the signal (a
 bound that only catches a hang or an orphan: a correct stop takes about a second, and a run left alone
@@ -11,17 +12,20 @@ failure names the step. In process: the step loop stops at the boundary after th
 there; a request in the last step lets the run finish; the grace and the cause of a stop request.
 
 Broken on purpose and seen to fail here:
-* the launcher not catching the signals (``_StopSignals.__enter__`` returning at once): SIGTERM to the
-  launcher ends it with -15 and the ranks train on (the launcher cases fail on the exit status, then
-  on HANG_S for the ranks); the group case gets no RunRecord;
+* the launcher not catching the signals (``_StopSignals.__enter__`` returning at once): the train
+  command's own handler then ends the launcher, which kills the ranks: no checkpoint, no RunRecord (the
+  SIGTERM-launcher and SIGTERM-group cases fail);
 * the ranks not watching their launcher (``launcher_fd`` left None): after the launcher's SIGKILL the
   ranks train on (the killed-launcher case fails on HANG_S);
 * the stop vote left out of the step's last collective (``stop_vote`` returning 0): no rank stops at a
-  boundary; each ends where it is after the grace, without a checkpoint (every case fails);
-* a peer's vote ignored (``stop_votes`` built from this rank's vote only): under torchrun rank 0 trains
-  on after rank 1 stopped and ends on the lost peer (the torchrun case fails on the one line);
-* no save at the stop (``_stop`` without ``checkpointer.save``): the checkpoint assertions fail;
-* the RunRecord of a stop written as ``failed``: the status assertions fail.
+  boundary, each ends where it is after the grace, without a checkpoint (the group case fails on
+  ``stopped_after``; the in-process loop never stops);
+* a peer's vote ignored (``stop_votes`` keeping this rank's vote only): under srun rank 1 stops and
+  waits in its checkpoint save for rank 0, which trains on into the next step's collectives; both wait
+  past HANG_S;
+* no save at the stop (``_stop`` without ``checkpointer.save``): the in-process loop test finds no checkpoint;
+* the RunRecord of a stop written as ``failed`` (failures.write_failed_record): the SIGINT- and
+  SIGHUP-launcher cases fail on the status.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -37,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.progress_wait import finish, start, wait_for
+from tests.helpers.slurm_standins import install
 
 from exatrain.plan import read_run_records
 from exatrain.trainer.checkpoint import files as ckpt_files
@@ -73,10 +77,14 @@ def rank_pids(run_dir: Path) -> list[int]:
 
 
 def wait_gone(pids: list[int], since: float) -> float:
-    """Seconds from ``since`` until every process in ``pids`` has ended; fails past HANG_S."""
+    """Seconds from ``since`` until every process in ``pids`` has ended; past HANG_S, kills what is left
+    (orphans would outlive the test) and fails."""
     while any(alive(p) for p in pids):
         if time.monotonic() - since > HANG_S:
-            pytest.fail(f"ranks {[p for p in pids if alive(p)]} still run {HANG_S:.0f} s after the signal")
+            left = [p for p in pids if alive(p)]
+            for p in left:
+                os.kill(p, signal.SIGKILL)
+            pytest.fail(f"ranks {left} still ran {HANG_S:.0f} s after the signal")
         time.sleep(0.05)
     return time.monotonic() - since
 
@@ -144,30 +152,30 @@ def test_a_stop_signal_stops_every_rank_after_one_step_with_a_checkpoint_and_a_r
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_rank_under_torchrun_stops_both_with_a_checkpoint_and_one_report(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    procs, errs = [], []
-    for r in range(2):  # what torchrun gives each worker
-        env = {**base, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        proc, out, err = start([sys.executable, "-m", "exatrain.train", *train_args(tmp_path, True)], tmp_path / "logs",
-                               f"rank{r}", env=env)
-        procs.append(proc)
-        errs += [out, err]
+def test_sigterm_to_one_rank_under_srun_stops_both_with_a_checkpoint_and_one_report(tmp_path: Path) -> None:
+    # `python -m exatrain.train` as a launch script runs it: one task per rank under srun (the stand-in,
+    # tests/helpers/slurm_standins.py), --kill-on-bad-exit=1 (the first task to exit has the rest killed)
+    from exatrain.trainer.spawn import _free_port
+
+    metrics, run_dir = tmp_path / "m.jsonl", tmp_path / "ckpt" / "ranks"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update(PATH=f"{install(tmp_path / 'bin')}{os.pathsep}{env['PATH']}", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    cmd = ["srun", "--ntasks=2", "--kill-on-bad-exit=1", sys.executable, "-m", "exatrain.train",
+           *train_args(tmp_path, True)]
+    proc, out, err = start(cmd, tmp_path / "logs", "srun", env=env)
     try:
-        wait_for(lambda: any(p.poll() is not None for p in procs) or len(steps(tmp_path / "m.jsonl")) >= 3,
-                 watch=[tmp_path], what="the ranks")
-        assert all(p.poll() is None for p in procs), [e.read_text() for e in errs]
+        wait_for(lambda: proc.poll() is not None or len(steps(metrics)) >= 3, watch=[tmp_path], what="the ranks")
+        assert proc.poll() is None, err.read_text()
+        pids = rank_pids(run_dir)
         t0 = time.monotonic()
-        os.kill(procs[1].pid, signal.SIGTERM)
-        wait_gone([p.pid for p in procs], t0)
+        os.kill(pids[1], signal.SIGTERM)
+        wait_gone(pids, t0)
     finally:
-        finish(procs, [tmp_path], errs)
-    assert [p.returncode for p in procs] == [143, 143], [e.read_text() for e in errs]
-    (line,) = [x for e in errs for x in e.read_text().splitlines()]  # one rank reports, once
+        finish([proc], [tmp_path], [out, err])
+    assert proc.returncode == 143, err.read_text()
+    (line,) = err.read_text().splitlines()  # one rank reports, once
     # rank 1 got the signal; rank 0 learnt of it in the step's last collective (whichever reports)
     cause = "interrupted (SIGTERM)" if "(SIGTERM) after" in line else "interrupted (SIGTERM to rank 1)"
     check_stopped(tmp_path, line, signal.SIGTERM, True, cause)
@@ -277,3 +285,15 @@ def test_a_stop_request_waits_for_the_boundary_within_its_grace() -> None:
     peer = RankMonitor(1, 2, None, supervised=False, watch=False)  # a rank that only saw the vote
     assert peer.stop_agreed(7, {0: signal.SIGTERM}) == "interrupted (SIGTERM to rank 0)"
     assert peer.terminated(signal.SIGHUP) == ("terminated", "interrupted (SIGHUP)", 129)
+
+
+def test_a_rank_that_does_not_report_waits_for_the_report(tmp_path: Path) -> None:
+    from exatrain.trainer import failures
+
+    assert failures.claim(tmp_path, 0) and not failures.claim(tmp_path, 0)  # one reporter per run
+    t0 = time.monotonic()
+    assert not failures.wait_reported(tmp_path, 0, 0.3)  # not written yet: waits out its bound, then goes
+    assert time.monotonic() - t0 >= 0.3
+    failures.mark_reported(tmp_path, 0)
+    assert failures.wait_reported(tmp_path, 0, 30.0)
+    assert not failures.wait_reported(tmp_path, 1, 0.0)  # another run's report is not this one's

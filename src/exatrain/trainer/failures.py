@@ -4,7 +4,8 @@
       rank-3.log             rank 3's stderr (appended to; each start adds a header line)
       heartbeat-3.json       rank 3's last heartbeat: run, steps completed, phase and its age, pid, limit
       failure-3.json         how rank 3 ended when it did not finish: kind, cause, step, phase, exit status
-      reported-0             created (O_EXCL) by the one rank that reports run 0's failure (torchrun/srun)
+      reported-0             created (O_EXCL) by the one rank that reports run 0's failure (torchrun/srun);
+                             "done" added once its RunRecord and line are written
 
 The heartbeat and failure files are written aside and renamed into place, so a reader never sees half
 of one. ``diagnose`` reads them (with the exit statuses, when a local launcher knows them) and picks the
@@ -113,6 +114,34 @@ def claim(run_dir: Path, run: int) -> bool:
     os.write(fd, f"{os.getpid()}\n".encode())
     os.close(fd)
     return True
+
+
+def mark_reported(run_dir: Path | None, run: int) -> None:
+    """The reporting rank has written the RunRecord and the line (see ``wait_reported``)."""
+    if run_dir is None:
+        return
+    try:
+        with open(run_dir / CLAIM.format(run=run), "a", encoding="utf-8") as f:
+            f.write("done\n")
+    except OSError:
+        pass
+
+
+def wait_reported(run_dir: Path | None, run: int, timeout_s: float) -> bool:
+    """Wait (at most ``timeout_s``) until the reporting rank is done: a rank that ends first would let
+    a launcher that kills the other tasks when one exits (srun --kill-on-bad-exit) cut the report short."""
+    if run_dir is None:
+        return True
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            if "done" in (run_dir / CLAIM.format(run=run)).read_text(encoding="utf-8"):
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
 
 
 def is_peer_loss(message: str) -> bool:
@@ -511,5 +540,5 @@ def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *
 
 
 __all__ = ["Diagnosis", "RunContext", "claim", "compact", "diagnose", "is_peer_loss", "last_checkpoint", "log_path",
-           "not_arrived", "prepare", "rank_label", "read_ranks", "resume_command", "run_dir_for", "run_lines",
-           "tail", "where", "write_failed_record", "write_failure", "write_json"]
+           "mark_reported", "not_arrived", "prepare", "rank_label", "read_ranks", "resume_command", "run_dir_for", "run_lines",
+           "tail", "wait_reported", "where", "write_failed_record", "write_failure", "write_json"]

@@ -94,6 +94,7 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SI
 STOP_STEPS = 3
 STOP_MIN_S = 10.0
 STOP_MAX_S = 120.0
+REPORT_WAIT_S = 10.0  # torchrun/srun: how long a rank that does not report waits for the one that does
 
 
 def thread_cpu_clock(ident: int | None = None) -> int | None:
@@ -514,8 +515,9 @@ class RankMonitor:
     def _report(self, kind: str, record: Mapping[str, Any]) -> int | None:
         """torchrun/srun: no launcher of ours reads the files, so one rank reports, and ends with the
         report's exit status (returned; None when another rank reports). A rank with the cause (its own
-        error, the watchdog) claims at once; a rank hit by a peer's failure or a signal first gives the
-        rank with the cause a few beats to claim."""
+        error, the watchdog, a stop all ranks agreed on) claims at once; a rank hit by a peer's failure or
+        a signal first gives the rank with the cause a few beats to claim. A rank that does not report
+        waits until the report is written (``failures.wait_reported``)."""
         from exatrain.errors import error_line
         from exatrain.trainer import failures
 
@@ -529,16 +531,20 @@ class RankMonitor:
             if kind not in ("error", "hung") and record.get("stopped_after") is None:  # an agreed stop: no wait
                 time.sleep(min(10.0, 3 * self.beat_s()))
             if not failures.claim(self.run_dir, self.run):
+                failures.wait_reported(self.run_dir, self.run, REPORT_WAIT_S)
                 return None
-        beats, fails = failures.read_ranks(self.run_dir, self.world)
-        beats[self.rank] = self.state()
-        fails[self.rank] = dict(record)
-        diag = failures.diagnose(ctx, beats, fails)
-        config = self.config
-        failures.write_failed_record(config.metrics_file, ctx.plan, diag, device=config.device,
-                                     wall_s=time.time() - self.started, measure_after=config.measure_after)
-        line = error_line("train", diag.error)
-        os.write(self.report_fd if self.report_fd is not None else 2, line.encode())
+        try:
+            beats, fails = failures.read_ranks(self.run_dir, self.world)
+            beats[self.rank] = self.state()
+            fails[self.rank] = dict(record)
+            diag = failures.diagnose(ctx, beats, fails)
+            config = self.config
+            failures.write_failed_record(config.metrics_file, ctx.plan, diag, device=config.device,
+                                         wall_s=time.time() - self.started, measure_after=config.measure_after)
+            line = error_line("train", diag.error)
+            os.write(self.report_fd if self.report_fd is not None else 2, line.encode())
+        finally:
+            failures.mark_reported(self.run_dir, self.run)
         return diag.error.exit_code
 
 
