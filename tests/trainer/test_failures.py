@@ -11,7 +11,8 @@
   the rank, its step, the last checkpoint, the resume command and the rank's log; a failed RunRecord;
   the resume command finishes the run and the metrics file holds every step once (redone ones marked);
 * a rank whose first checkpoint save fails (FileExistsError): RankFailed naming it, a failed RunRecord;
-* Ctrl-C (SIGINT to the process group): exit status 130, one line, a failed RunRecord.
+* Ctrl-C (SIGINT to the process group): exit status 130, one line, an interrupted RunRecord (more paths:
+  test_signals.py).
 
 Every wait polls for progress and fails only when nothing moves for a long time (tests/helpers/progress_wait.py).
 
@@ -242,7 +243,7 @@ def test_under_srun_the_failing_rank_reports_once(tmp_path: Path) -> None:
     assert rec.status == "failed" and rec.failure["rank"] == 0 and rec.measured.steps == 2
 
 
-def test_ctrl_c_is_status_130_one_line_and_a_failed_record(tmp_path: Path) -> None:
+def test_ctrl_c_is_status_130_one_line_and_an_interrupted_record(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     proc, out, err = start(train_cmd(tmp_path, "--steps", "40"), tmp_path, "interrupted")
     try:
