@@ -9,7 +9,8 @@ would go on for thousands of steps); both ranks stop after the same step; that s
 saved and verifies when the run has a checkpoint directory; the exit status is 128 + the signal; stderr
 holds one line that says so; the metrics file ends with a RunRecord of status ``interrupted`` whose
 failure names the step. In process: the step loop stops at the boundary after the request and saves
-there; a request in the last step lets the run finish; the grace and the cause of a stop request.
+there; a request in the last step lets the run finish; the grace and the cause of a stop request; a
+rank that does not report waits for the one that does; the launcher's report needs no torch.
 
 Broken on purpose and seen to fail here:
 * the launcher not catching the signals (``_StopSignals.__enter__`` returning at once): the train
@@ -25,7 +26,9 @@ Broken on purpose and seen to fail here:
   past HANG_S;
 * no save at the stop (``_stop`` without ``checkpointer.save``): the in-process loop test finds no checkpoint;
 * the RunRecord of a stop written as ``failed`` (failures.write_failed_record): the SIGINT- and
-  SIGHUP-launcher cases fail on the status.
+  SIGHUP-launcher cases fail on the status;
+* failures.py taking ``coordinates`` from parallel/mesh.py (which imports torch) again: the launcher's
+  report loads torch (the no-torch test fails).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -297,3 +301,37 @@ def test_a_rank_that_does_not_report_waits_for_the_report(tmp_path: Path) -> Non
     failures.mark_reported(tmp_path, 0)
     assert failures.wait_reported(tmp_path, 0, 30.0)
     assert not failures.wait_reported(tmp_path, 1, 0.0)  # another run's report is not this one's
+
+
+def test_the_launchers_report_imports_no_torch(tmp_path: Path) -> None:
+    # after the ranks end, the launcher names the stop and writes the RunRecord: importing torch there took
+    # 5-15 s on a loaded 2-core machine, between the ranks' exit and the one line
+    script = f"""
+import json, sys, time
+from pathlib import Path
+from exatrain.catalog import get_model
+from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
+from exatrain.trainer import failures
+run_dir, metrics = Path({str(tmp_path / "ranks")!r}), Path({str(tmp_path / "m.jsonl")!r})
+run_dir.mkdir()
+plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(dp=2), shape=TrainShape(2, 4)).validate()
+versions = {{"torch": "9.9.9", "hip": None, "cuda": None}}
+for r in range(2):
+    failures.write_failure(run_dir, {{"rank": r, "run": 0, "completed": 5, "phase": "stopped", "kind": "interrupted",
+                                      "cause": "interrupted (SIGTERM)", "exit_code": 143, "stopped_after": 5,
+                                      "time": time.time(), "versions": versions}})
+metrics.write_text(json.dumps({{"kind": "step", "step": 5, "loss": 5.0}}) + "\\n")
+beats, fails = failures.read_ranks(run_dir, 2)
+ctx = failures.RunContext(plan=plan, run=0, checkpoint_dir=None, run_dir=run_dir, resume=None)
+diag = failures.diagnose(ctx, beats, fails, exit_codes={{0: 143, 1: 143}}, interrupted=15)
+failures.write_failed_record(str(metrics), plan, diag, device="cpu", wall_s=1.0, measure_after=2,
+                             versions=failures.versions_of(fails))
+rec = read_run_records(metrics)[-1]
+print(json.dumps([str(diag.error), diag.error.exit_code, rec.status, rec.env["torch"], "torch" in sys.modules]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line, code, status, version, torch_loaded = json.loads(out.stdout)
+    assert line == "interrupted (SIGTERM) after step 5; no checkpoint (the run has no --checkpoint-dir)"
+    assert (code, status, version) == (143, "interrupted", "9.9.9")
+    assert not torch_loaded

@@ -163,7 +163,6 @@ def _check_data_and_resume(data: Any, resume: Any, checkpoint_dir: Any, plan: Pl
     from exatrain.data.dataset import check_dataset_for
     from exatrain.data.prepare import stdlib_dataset
     from exatrain.trainer.checkpoint import files as ckpt_files
-    from exatrain.trainer.checkpoint.compat import check_model
 
     data_dir = str(data) if data else str(stdlib_dataset(quiet=quiet))
     meta = check_dataset_for(plan, data_dir,
@@ -171,6 +170,8 @@ def _check_data_and_resume(data: Any, resume: Any, checkpoint_dir: Any, plan: Pl
     manifest = ckpt_files.resolve(None if resume is None else str(resume),
                                   None if checkpoint_dir is None else str(checkpoint_dir), warn=warn)
     if manifest is not None:
+        from exatrain.trainer.checkpoint.compat import check_model  # imports torch: only to resume
+
         check_model(manifest, plan.model)
         t = manifest.trainer
         if t.get("tokenizer_sha256") != meta.tokenizer_sha256:

@@ -151,7 +151,7 @@ def is_peer_loss(message: str) -> bool:
 
 def rank_label(rank: int, plan: Plan) -> str:
     """``rank 3 (tp 1, pp 0, dp 1)``: a rank and its place in the mesh (ParallelDims' rank order)."""
-    from exatrain.trainer.parallel.mesh import coordinates, cp_coordinate
+    from exatrain.trainer.parallel.ranks import coordinates, cp_coordinate
 
     pp, dp, tp = coordinates(rank, plan)
     cp = f", cp {cp_coordinate(rank, plan)}" if plan.cp > 1 else ""
@@ -251,7 +251,7 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
 
     def failure(r: int, kind: str, cause: str, code: int, state_: Mapping[str, Any] | None = None,
                 **extra: Any) -> dict[str, Any]:
-        from exatrain.trainer.parallel.mesh import coordinates
+        from exatrain.trainer.parallel.ranks import coordinates
 
         s = state(r) if state_ is None else state_
         pp, dp, tp = coordinates(r, ctx.plan)
@@ -423,12 +423,14 @@ def _signal_name(num: int) -> str:
 
 
 def last_checkpoint(checkpoint_dir: str | None) -> tuple[int, Path] | None:
-    """(step, path) of the newest complete checkpoint (sizes checked, not hashes), or None."""
+    """(step, path) of the newest complete checkpoint (its files and their sizes checked; not hashes, nor
+    its tensors against the model, which the resume checks anyway: building the model for that imports
+    torch, seconds between a launcher's ranks ending and its one line), or None."""
     if not checkpoint_dir:
         return None
     from exatrain.trainer.checkpoint.files import newest_complete
 
-    found = newest_complete(checkpoint_dir, hashes=False, warn=lambda line: None)
+    found = newest_complete(checkpoint_dir, hashes=False, warn=lambda line: None, check=None)
     return None if found is None else (found.step, found.path)
 
 
@@ -481,6 +483,11 @@ def _resume_value(flags: Sequence[str]) -> str | None:
     return None
 
 
+def versions_of(fails: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The torch versions a rank's failure record carries (the first that has them), else None."""
+    return next((dict(f["versions"]) for _, f in sorted(fails.items()) if isinstance(f.get("versions"), dict)), None)
+
+
 def run_lines(metrics_file: str | Path) -> list[dict]:
     """The metrics lines of the run being written: those after the file's last RunRecord."""
     path = Path(metrics_file)
@@ -502,10 +509,11 @@ def run_lines(metrics_file: str | Path) -> list[dict]:
 
 
 def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *, device: str, wall_s: float,
-                        measure_after: int) -> None:
+                        measure_after: int, versions: Mapping[str, Any] | None = None) -> None:
     """Append the failed or interrupted run's RunRecord: what its steps measured (from the metrics lines
     rank 0 wrote), the per-rank times of its straggler windows, the failure and its one line. ``device``:
-    cpu or cuda."""
+    cpu or cuda; ``versions``: torch's, as a rank recorded them (``versions_of``; without them torch is
+    imported here to ask)."""
     if not metrics_file:
         return
     from exatrain.trainer.health import summarize_windows
@@ -534,11 +542,12 @@ def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *
               "oom" if "out of memory" in diag.failure.get("cause", "").lower() else "failed")
     append_run_record(metrics_file, RunRecord(
         plan=plan, measured=summarize(steps, plan, measure_after) if steps else None, status=status,
-        device=name, env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device),
+        device=name, env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device, versions),
         error=message[:4000],
         failure=diag.failure, rank_times=summarize_windows(windows)))
 
 
 __all__ = ["Diagnosis", "RunContext", "claim", "compact", "diagnose", "is_peer_loss", "last_checkpoint", "log_path",
-           "mark_reported", "not_arrived", "prepare", "rank_label", "read_ranks", "resume_command", "run_dir_for", "run_lines",
-           "tail", "wait_reported", "where", "write_failed_record", "write_failure", "write_json"]
+           "mark_reported", "not_arrived", "prepare", "rank_label", "read_ranks", "resume_command", "run_dir_for",
+           "run_lines", "tail", "versions_of", "wait_reported", "where", "write_failed_record", "write_failure",
+           "write_json"]

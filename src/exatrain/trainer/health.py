@@ -185,6 +185,7 @@ class RankMonitor:
         self._stop_t = 0.0
         self.stoppable = False
         self.stopping = False
+        self.versions: dict[str, Any] | None = None  # metrics.torch_versions(), once torch is loaded here
         self.run = 0
         self.context: Any = None  # failures.RunContext of the current run (for a report made here)
         self.config: Any = None
@@ -219,6 +220,10 @@ class RankMonitor:
         self.completed, self.seq = 0, 0
         self.stoppable = self.stopping = False
         self.step_times.clear()
+        if self.versions is None and "torch" in sys.modules:  # for a launcher's RunRecord (failures.py)
+            from exatrain.trainer.metrics import torch_versions
+
+            self.versions = torch_versions()
         self.enter("setup")
 
     @property
@@ -495,7 +500,7 @@ class RankMonitor:
         cause = cause_of or cause
 
         record = {**self.state(), "kind": kind, "cause": cause, "exit_code": exit_code, "user_error": user_error,
-                  **extra}
+                  **({"versions": self.versions} if self.versions else {}), **extra}
         try:
             if self.run_dir is not None:
                 failures.write_failure(self.run_dir, record)
@@ -594,7 +599,7 @@ class StragglerWindows:
     every ``every`` steps); each returns the same window line."""
 
     def __init__(self, every: int, plan: Any, device: Any) -> None:
-        from exatrain.trainer.parallel.mesh import coordinates
+        from exatrain.trainer.parallel.ranks import coordinates
 
         self.every, self.device = every, device
         self.coords = [coordinates(r, plan) for r in range(plan.gpus)]  # (pp, dp, tp)

@@ -10,6 +10,8 @@ sees each step once, and the interrupted run's numbers stay in the file.
 Model FLOPs per step are the plan's estimate (``plan.estimate.model_flops_per_step``, attached by the
 CLI from the planner) when it carries one; otherwise the same count made here from the model shape.
 MFU needs the device's catalog peak, so it is null on the CPU and on accelerators the catalog lacks.
+Torch is imported inside the functions that need it: a launcher writes a failed run's RunRecord with
+this module, and importing torch there would delay its one line by seconds.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import sys
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from exatrain.catalog.hardware import match_device
 from exatrain.plan import Measured, Plan
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ def model_flops_per_step(plan: Plan) -> float:
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(device)
     return "cpu"
 
@@ -97,6 +102,8 @@ def peak_flops(device: torch.device, dtype: str) -> float | None:
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of this rank: allocated device memory, or the process's peak RSS on the CPU."""
     if device.type == "cuda":
+        import torch
+
         return int(torch.cuda.max_memory_allocated(device))
     try:
         import resource
@@ -168,18 +175,28 @@ def supersede_redone_steps(path: str | Path, resumed_from: int) -> int:
     return marked
 
 
-def run_env(backend: str, world_size: int, wall_s: float, device: str) -> dict[str, Any]:
-    """A RunRecord's ``env``: versions, backend, world size, host, date and the run's wall time."""
+def torch_versions() -> dict[str, str | None]:
+    """torch's version and the HIP and CUDA versions it was built with (a RunRecord's ``env``)."""
+    import torch
+
+    return {"torch": torch.__version__, "hip": getattr(torch.version, "hip", None), "cuda": torch.version.cuda}
+
+
+def run_env(backend: str, world_size: int, wall_s: float, device: str,
+            versions: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """A RunRecord's ``env``: versions, backend, world size, host, date and the run's wall time.
+    ``versions``: ``torch_versions()`` as a rank found them (a launcher then needs no torch)."""
+    v = dict(versions) if versions is not None else torch_versions()
     return {
-        "torch": torch.__version__,
+        "torch": v.get("torch"),
         "backend": backend,
         "world_size": world_size,
         "host": platform.node(),
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(wall_s, 3),
-        "hip": getattr(torch.version, "hip", None),
-        "cuda": torch.version.cuda if device == "cuda" else None,
+        "hip": v.get("hip"),
+        "cuda": v.get("cuda") if device == "cuda" else None,
     }
 
 
@@ -251,4 +268,4 @@ class Progress:
 
 
 __all__ = ["Progress", "StepMetrics", "TensorBoardLog", "append_json_line", "device_name", "model_flops_per_step",
-           "peak_flops", "peak_memory_bytes", "run_env", "summarize", "supersede_redone_steps"]
+           "peak_flops", "peak_memory_bytes", "run_env", "summarize", "supersede_redone_steps", "torch_versions"]

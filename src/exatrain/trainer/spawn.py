@@ -171,7 +171,8 @@ def launch_local(configs: Sequence[TrainConfig], stall_s: float | None = None) -
     diag = failures.diagnose(ctx, beats, fails, exit_codes=codes, killed=outcome.killed,
                              interrupted=outcome.interrupted)
     failures.write_failed_record(config.metrics_file, config.plan, diag, device=config.device,
-                                 wall_s=time.time() - started, measure_after=config.measure_after)
+                                 wall_s=time.time() - started, measure_after=config.measure_after,
+                                 versions=failures.versions_of(fails))
     raise diag.error
 
 

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from exatrain.errors import PlanError
 from exatrain.plan import Plan
+from exatrain.trainer.parallel.ranks import coordinates, cp_coordinate, global_rank  # torch-free, re-exported
 
 
 @dataclass(frozen=True)
@@ -89,21 +90,6 @@ class Mesh:
 
     def size(self, dim: str) -> int:
         return self.dp_mesh.size() if dim == "dp" else self.mesh[dim].size()
-
-
-def coordinates(rank: int, plan: Plan) -> tuple[int, int, int]:
-    """(pp_rank, dp_rank, tp_rank) of a global rank (its cp rank: ``cp_coordinate``)."""
-    tp, cp, dp = plan.tp, plan.cp, plan.dp
-    return rank // (tp * cp * dp), (rank // (tp * cp)) % dp, rank % tp
-
-
-def cp_coordinate(rank: int, plan: Plan) -> int:
-    """The context-parallel rank of a global rank."""
-    return (rank // plan.tp) % plan.cp
-
-
-def global_rank(plan: Plan, pp_rank: int, dp_rank: int, tp_rank: int, cp_rank: int = 0) -> int:
-    return ((pp_rank * plan.dp + dp_rank) * plan.cp + cp_rank) * plan.tp + tp_rank
 
 
 def build_mesh(plan: Plan, device: torch.device) -> Mesh:
