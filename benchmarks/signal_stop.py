@@ -113,6 +113,10 @@ def run(path: str) -> dict:
             "record": records[-1]["status"] if records else None}
 
 
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", default=list(PATHS), help=f"of {', '.join(PATHS)}")
@@ -121,13 +125,12 @@ def main() -> int:
     for path in a.paths:
         if path not in PATHS:
             ap.error(f"unknown path {path!r}")
-    print(f"{'path':18s} {'ranks gone':>10s} {'exit':>7s}  status  steps  checkpoint      record")
+    print(f"{'path':18s} {'ranks gone':>10s} {'exit':>7s}  status      steps  checkpoint      record")
     for _ in range(a.repeat):
         for path in a.paths:
             r = run(path)
-            fmt = lambda v: "-" if v is None else f"{v:.2f} s"  # noqa: E731
-            print(f"{r['path']:18s} {fmt(r['ranks_gone_s']):>10s} {fmt(r['exit_s']):>7s}  {str(r['exit']):6s}  "
-                  f"{r['steps']:5d}  {str(r['checkpoint']):14s}  {r['record']}", flush=True)
+            print(f"{r['path']:18s} {_secs(r['ranks_gone_s']):>10s} {_secs(r['exit_s']):>7s}  {r['exit']!s:10s}  "
+                  f"{r['steps']:5d}  {r['checkpoint']!s:14s}  {r['record']}", flush=True)
     return 0
 
 
