@@ -77,7 +77,7 @@ def test_train_help_states_what_train_with_no_flags_runs(no_launch, capsys) -> N
     assert main(["train", "--quiet"]) == 0
     (cfg,) = no_launch
     p = cfg.plan
-    said = (f"With no flags: {p.model.name} over the standard library's source text (bytes), tp{p.tp} x pp{p.pp} x "
+    said = (f"With no flags: {p.model.name} over the built-in corpus (bytes), tp{p.tp} x pp{p.pp} x "
             f"dp{p.dp} on {p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of "
             f"{p.micro_batch}, global batch {p.global_batch}, {p.dtype}, {cfg.steps} steps")
     assert said in text and cfg.device == "cpu" and p.cluster == "local-cpu"

@@ -15,7 +15,7 @@ import torch
 from exatrain.catalog import get_model
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.data.prepare import stdlib_dataset
+from exatrain.data.prepare import default_dataset
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.debug import read_dump
 from exatrain.trainer.spawn import launch_local
@@ -59,8 +59,8 @@ class Run:
 @cache
 def default_data() -> str:
     """The default corpus's prepared dataset (data/prepare.py), found once per test process: the path a
-    rank would find itself, handed over so that no rank of any case re-walks the standard library."""
-    return str(stdlib_dataset())
+    rank would find itself, handed over so that no rank of any case generates the corpus again."""
+    return str(default_dataset())
 
 
 def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1,

@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from exatrain.data.prepare import prepare, stdlib_dataset, stdlib_documents, stdlib_root
+from exatrain.data import corpus
+from exatrain.data.prepare import default_dataset, prepare, stdlib_documents, stdlib_root
 from exatrain.data import tokenizer as tk
 from exatrain.trainer.sampler import SampleOrder, TokenShards, local_batch, permute
 
 
 @pytest.fixture(scope="module")
-def stdlib() -> Path:
-    return stdlib_dataset()
+def builtin() -> Path:
+    return default_dataset()
 
 
-def test_default_corpus_is_the_sorted_stdlib_without_third_party_packages() -> None:
+def test_the_stdlib_corpus_is_sorted_without_third_party_packages() -> None:
     docs = stdlib_documents()
     names = [d.name for d in docs]
     assert names == sorted(names) and len(names) > 100
@@ -27,14 +28,15 @@ def test_default_corpus_is_the_sorted_stdlib_without_third_party_packages() -> N
     assert all(d.path == stdlib_root() / d.name for d in docs[:50])
 
 
-def test_a_sample_is_a_window_of_the_documents_joined_by_separators(stdlib: Path) -> None:
-    src = TokenShards(stdlib, shuffle=False)
-    docs = stdlib_documents()
-    stream = b"\0".join(d.path.read_bytes() for d in docs[:3]) + b"\0"  # the byte tokenizer's separator is id 0
+def test_a_sample_is_a_window_of_the_documents_joined_by_separators(builtin: Path) -> None:
+    src = TokenShards(builtin, shuffle=False)
+    docs = corpus.documents()
+    stream = b"\0".join(d.encode() for d in docs[:3]) + b"\0"  # the byte tokenizer's separator is id 0
     seq = 64
     for i in range(3):
         assert bytes(src.sample(i, seq).tolist()) == stream[i * seq:i * seq + seq + 1]
     assert src.vocab_size == 256 and src.meta.separator_id == 0 and src.meta.documents == len(docs)
+    assert src.meta.tokens == sum(len(d.encode()) + 1 for d in docs)
 
 
 def test_windows_cross_shard_boundaries(tmp_path: Path) -> None:
@@ -53,8 +55,8 @@ def test_windows_cross_shard_boundaries(tmp_path: Path) -> None:
         assert bytes(src.sample(i, seq).tolist()) == stream[i * seq:i * seq + seq + 1]
 
 
-def test_order_is_a_seeded_permutation_per_epoch(stdlib: Path) -> None:
-    a, b, c = TokenShards(stdlib, seed=0), TokenShards(stdlib, seed=0), TokenShards(stdlib, seed=1)
+def test_order_is_a_seeded_permutation_per_epoch(builtin: Path) -> None:
+    a, b, c = TokenShards(builtin, seed=0), TokenShards(builtin, seed=0), TokenShards(builtin, seed=1)
     assert torch.equal(a.sample(5, 64), b.sample(5, 64))
     assert not torch.equal(a.sample(5, 64), c.sample(5, 64))
     for n in (1, 2, 3, 10, 1000, 4097):
@@ -64,8 +66,8 @@ def test_order_is_a_seeded_permutation_per_epoch(stdlib: Path) -> None:
     assert not np.array_equal(permute(np.arange(n), n, 7, 0), permute(np.arange(n), n, 7, 1))  # reshuffled
 
 
-def test_dp_ranks_split_the_single_process_batch(stdlib: Path) -> None:
-    src, seq, gb = TokenShards(stdlib, seed=0), 32, 8
+def test_dp_ranks_split_the_single_process_batch(builtin: Path) -> None:
+    src, seq, gb = TokenShards(builtin, seed=0), 32, 8
     x1, y1 = local_batch(src, SampleOrder(gb, 1), 3, 0, seq)
     parts = [local_batch(src, SampleOrder(gb, 4), 3, r, seq) for r in range(4)]
     assert torch.equal(torch.cat([x for x, _ in parts]), x1) and torch.equal(torch.cat([y for _, y in parts]), y1)

@@ -16,13 +16,14 @@ from exatrain.paths import check_input_dir, check_input_file, check_output_dir
 DEFAULT_SEPARATOR = "<|endoftext|>"
 
 
-def prepare(*, out: str | Path, input: Sequence[str] = (), stdlib: bool = False, tokenizer: str | Path | None = None,
-            train_tokenizer: int | None = None, separator: str | None = None, shard_tokens: int | None = None,
-            quiet: bool = False):
+def prepare(*, out: str | Path, input: Sequence[str] = (), stdlib: bool = False, builtin: bool = False,
+            tokenizer: str | Path | None = None, train_tokenizer: int | None = None, separator: str | None = None,
+            shard_tokens: int | None = None, quiet: bool = False):
     """Tokenize the files matching ``input`` globs (each file one document) with a Hugging Face
     ``tokenizer`` (tokenizer.json) or a byte-level BPE of ``train_tokenizer`` ids trained on them,
-    or the standard library's source with the byte tokenizer (``stdlib``), into token shards and
-    dataset.json in ``out`` (new or empty). Returns the DatasetMeta."""
+    or, with the byte tokenizer, the built-in corpus that ``train`` uses without data (``builtin``)
+    or this Python's standard library source (``stdlib``), into token shards and dataset.json in
+    ``out`` (new or empty). Returns the DatasetMeta."""
     from exatrain.data import prepare as prep
 
     check_counts({"shard_tokens": shard_tokens, "train_tokenizer": train_tokenizer})
@@ -30,13 +31,16 @@ def prepare(*, out: str | Path, input: Sequence[str] = (), stdlib: bool = False,
     kw: dict = {"quiet": quiet}
     if shard_tokens is not None:
         kw["shard_tokens"] = shard_tokens
-    if stdlib:
+    if stdlib and builtin:
+        raise UserError("give either --builtin or --stdlib, not both")
+    if stdlib or builtin:
+        flag, what = ("--stdlib", "this Python's standard library") if stdlib else ("--builtin", "the built-in corpus")
         if input or tokenizer or train_tokenizer or separator:
-            raise UserError("--stdlib uses the byte tokenizer over this Python's standard library; drop "
+            raise UserError(f"{flag} uses the byte tokenizer over {what}; drop "
                             "--input/--tokenizer/--train-tokenizer/--separator")
-        return prep.prepare_stdlib(out, **kw)
+        return prep.prepare_stdlib(out, **kw) if stdlib else prep.prepare_builtin(out, **kw)
     if not input:
-        raise UserError("give --input GLOB (repeatable) or --stdlib")
+        raise UserError("give --input GLOB (repeatable), --builtin or --stdlib")
     if tokenizer is not None and train_tokenizer is not None:
         raise UserError("give either --tokenizer or --train-tokenizer, not both")
     if tokenizer is None and train_tokenizer is None:

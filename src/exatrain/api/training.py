@@ -43,7 +43,7 @@ def describe_default() -> str:
 
     p = embedded_default(get_model(DEFAULT_MODEL))
     steps = inspect.signature(train).parameters["steps"].default
-    return (f"{DEFAULT_MODEL} over the standard library's source text (bytes), tp{p.tp} x pp{p.pp} x dp{p.dp} on "
+    return (f"{DEFAULT_MODEL} over the built-in corpus (bytes), tp{p.tp} x pp{p.pp} x dp{p.dp} on "
             f"{p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of {p.micro_batch}, "
             f"global batch {p.global_batch}, {p.dtype}, {steps} steps")
 
@@ -161,10 +161,10 @@ def _check_data_and_resume(data: Any, resume: Any, checkpoint_dir: Any, plan: Pl
     """The dataset (the default corpus is prepared into the cache now) and its vocabulary against
     the model; the checkpoint to resume, verified, for this model, tokenizer and sequence length."""
     from exatrain.data.dataset import check_dataset_for
-    from exatrain.data.prepare import stdlib_dataset
+    from exatrain.data.prepare import default_dataset
     from exatrain.trainer.checkpoint import files as ckpt_files
 
-    data_dir = str(data) if data else str(stdlib_dataset(quiet=quiet))
+    data_dir = str(data) if data else str(default_dataset(quiet=quiet))
     meta = check_dataset_for(plan, data_dir,
                              where=f"the training data ({'the default corpus' if not data else data_dir})")
     manifest = ckpt_files.resolve(None if resume is None else str(resume),

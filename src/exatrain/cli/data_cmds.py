@@ -17,11 +17,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "of each shard, the tokenizer's identity). Each file is one document, followed by the "
                     "separator token.",
         epilog="examples:\n  exatrain prepare --input 'corpus/**/*.txt' --train-tokenizer 32000 --out data/\n"
-               "  exatrain prepare --stdlib --out data/\n  exatrain prepare --verify data/")
+               "  exatrain prepare --builtin --out data/\n  exatrain prepare --verify data/")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--input", action="append", metavar="GLOB", help="text files ('corpus/**/*.txt'; repeatable)")
+    src.add_argument("--builtin", action="store_true",
+                     help="the built-in corpus `train` uses without --data (about 1 MB of generated text, the same "
+                          "on every machine), byte tokenizer")
     src.add_argument("--stdlib", action="store_true",
-                     help="the default corpus: this Python's standard library source, byte tokenizer")
+                     help="this Python's standard library source (differs between Python versions), byte tokenizer")
     src.add_argument("--verify", metavar="DIR", help="recompute every shard's sha256 of a prepared dataset")
     tok = p.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", metavar="PATH", help="a Hugging Face tokenizer.json")
@@ -53,7 +56,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise UserError("--out DIR is required (where the dataset goes)")
-    meta = api.prepare(out=args.out, input=args.input or (), stdlib=args.stdlib, tokenizer=args.tokenizer,
+    meta = api.prepare(out=args.out, input=args.input or (), stdlib=args.stdlib, builtin=args.builtin, tokenizer=args.tokenizer,
                        train_tokenizer=args.train_tokenizer, separator=args.separator, shard_tokens=args.shard_tokens,
                        quiet=args.quiet)
     if not args.quiet:

@@ -6,9 +6,10 @@ the stream is cut into shards of at most ``shard_tokens`` tokens. Everything is 
 temporary directory beside ``out`` and renamed into place at the end, so an interrupted run leaves no
 half dataset behind.
 
-The default corpus is the Python standard library's own ``.py`` files (every install has them), with
-the 256-id byte tokenizer; the trainer's default data is that dataset, prepared once into a cache
-directory (``stdlib_dataset``) by this same code.
+The trainer's default data is the built-in corpus (``data/corpus.py``: generated, the same bytes on
+every machine) with the 256-id byte tokenizer, prepared once into a cache directory
+(``default_dataset``) by this same code. ``prepare --stdlib`` makes a larger dataset of the running
+Python's standard library sources, which differ between Python versions.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ DEFAULT_SHARD_TOKENS = 100_000_000
 @dataclass(frozen=True)
 class Document:
     name: str  # as recorded (relative to the corpus root)
-    path: Path
+    path: Path | None  # the file it is read from; None for a document given as text
+    text: str | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk (or of the text's UTF-8), for the progress bar."""
+        return self.path.stat().st_size if self.text is None else len(self.text.encode("utf-8"))
 
 
 def find_documents(patterns: Sequence[str]) -> list[Document]:
@@ -76,6 +83,8 @@ def stdlib_documents(root: Path | None = None) -> list[Document]:
 
 
 def read_text(doc: Document) -> str:
+    if doc.text is not None:
+        return doc.text
     try:
         return doc.path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
@@ -155,7 +164,7 @@ def prepare(docs: list[Document], out: str | Path, *, tokenizer_json: str | None
         raise UserError(f"--shard-tokens must be positive, got {shard_tokens}")
     if tokenizer_json is None and train_vocab is not None:
         tk.check_train_vocab(train_vocab)
-    total_bytes = sum(d.path.stat().st_size for d in docs)
+    total_bytes = sum(d.size for d in docs)
     if tokenizer_json is None:
         if train_vocab is None:
             raise UserError("give --tokenizer tokenizer.json or --train-tokenizer VOCAB")
@@ -182,7 +191,7 @@ def prepare(docs: list[Document], out: str | Path, *, tokenizer_json: str | None
                 for ids in tk.encode_documents(tokenizer, texts, byte_identity):
                     writer.write(ids)
                     writer.write(sep_arr)
-                advance(sum(d.path.stat().st_size for d in chunk))
+                advance(sum(d.size for d in chunk))
         meta = DatasetMeta(dtype=token_dtype(vocab), vocab_size=vocab, separator=separator, separator_id=sep,
                            tokenizer_sha256=tk.identity(tokenizer_json), documents=len(docs),
                            shards=writer.close(), sources={"files": len(docs), **(sources or {})})
@@ -216,20 +225,36 @@ def cache_root() -> Path:
     return Path(base) / "exatrain"
 
 
-def stdlib_dataset(quiet: bool = True) -> Path:
-    """The prepared stdlib dataset in the cache, made on first use. Its name hashes the file list and
-    sizes, so another Python (or an edited stdlib) gets its own. Concurrent callers (every rank of a
-    run) serialise on a lock file; the first prepares, the rest find it ready."""
-    docs = stdlib_documents()
-    key = hashlib.sha256("\n".join(f"{d.name}:{d.path.stat().st_size}" for d in docs).encode()
-                         + tk.byte_tokenizer_identity().encode()).hexdigest()[:16]
-    target = cache_root() / f"stdlib-{key}"
+def builtin_documents() -> list[Document]:
+    """The built-in corpus (data/corpus.py) as documents, named doc-00000 ..."""
+    from exatrain.data import corpus
+
+    return [Document(f"doc-{i:05d}", None, text) for i, text in enumerate(corpus.documents())]
+
+
+def prepare_builtin(out: str | Path, *, shard_tokens: int = DEFAULT_SHARD_TOKENS, quiet: bool = False) -> DatasetMeta:
+    """The built-in corpus with the byte tokenizer: the data ``exatrain train`` uses without --data."""
+    from exatrain.data import corpus
+
+    return prepare(builtin_documents(), out, tokenizer_json=tk.byte_tokenizer_json(), separator=tk.byte_separator(),
+                   shard_tokens=shard_tokens, quiet=quiet,
+                   sources={"corpus": "exatrain-builtin", "sha256": corpus.SHA256})
+
+
+def default_dataset(quiet: bool = True) -> Path:
+    """The prepared built-in corpus in the cache, made on first use. Its name holds the corpus's
+    recorded sha256 and the tokenizer's, so a changed corpus gets a directory of its own. Concurrent
+    callers (every rank of a run) serialise on a lock file; the first prepares, the rest find it ready."""
+    from exatrain.data import corpus
+
+    key = hashlib.sha256((corpus.SHA256 + tk.byte_tokenizer_identity()).encode()).hexdigest()[:16]
+    target = cache_root() / f"builtin-{key}"
     if (target / META).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".stdlib-{key}.lock"):
+    with _locked(target.parent / f".builtin-{key}.lock"):
         if not (target / META).is_file():
-            prepare_stdlib(target, quiet=quiet)
+            prepare_builtin(target, quiet=quiet)
     read_meta(target)
     return target
 
@@ -246,5 +271,5 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "Document", "cache_root", "find_documents", "prepare", "prepare_stdlib",
-           "stdlib_dataset", "stdlib_documents", "stdlib_root"]
+__all__ = ["DEFAULT_SHARD_TOKENS", "Document", "builtin_documents", "cache_root", "default_dataset", "find_documents",
+           "prepare", "prepare_builtin", "prepare_stdlib", "stdlib_documents", "stdlib_root"]

@@ -34,7 +34,7 @@ class TrainConfig:
     quiet: bool = False
     measure_after: int = 2  # steps excluded from the medians of the RunRecord (warm-up)
     data_shuffle: bool = True
-    data_dir: str | None = None  # a prepared dataset; None: the default corpus (stdlib, cached)
+    data_dir: str | None = None  # a prepared dataset; None: the built-in corpus (data/corpus.py, cached)
     checkpoint_dir: str | None = None  # where checkpoints are saved (None: no saving)
     save_every: int = 0  # save after every N steps; 0: only after the last step
     keep_last: int = 0  # keep the newest K checkpoints; 0: keep all

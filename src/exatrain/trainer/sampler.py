@@ -12,8 +12,8 @@ share of those, its micro-batches consecutive slices of that share. So what a st
 on the count of samples consumed before it: a resume, even onto another dp (or another global
 batch), reads every remaining sample exactly once. That count is the sampler state a checkpoint keeps.
 
-Without ``--data`` the trainer reads the default corpus (the standard library's source, byte
-tokenizer), prepared once into a cache by the same code as ``exatrain prepare --stdlib``.
+Without ``--data`` the trainer reads the built-in corpus (``data/corpus.py``, byte tokenizer),
+prepared once into a cache by the same code as ``exatrain prepare --builtin``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from exatrain.data.prepare import stdlib_dataset
+from exatrain.data.prepare import default_dataset
 from exatrain.errors import TrainingStopped
 from exatrain.plan import Measured, RunRecord, append_run_record
 from exatrain.trainer.checkpoint import files as ckpt_files
@@ -178,7 +178,7 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.set_device(device)
             torch.cuda.reset_peak_memory_stats(device)
-        self.data_dir = Path(config.data_dir) if config.data_dir else stdlib_dataset()
+        self.data_dir = Path(config.data_dir) if config.data_dir else default_dataset()
         manifest = ckpt_files.verify(config.resume_from, hashes=False) if config.resume_from else None
         data_seed, shuffle = config.seed, config.data_shuffle
         if manifest is not None:  # the sampler continues the checkpoint's order
