@@ -6,7 +6,10 @@
 # torch is kept) and every target runs there; see scripts/install_env.py for each decision.
 # `make check` runs the linter, then the suite, in that environment without the install step;
 # `make lint` runs the linter alone, `make format` rewrites the code in ruff's format.
+# Versions: what constraints/exatrain.txt pins (CI and a user test the same ones); UPGRADE=1 (e.g.
+# `make test UPGRADE=1`) installs the newest versions pyproject.toml allows instead. torch is never replaced.
 PYTHON ?= python3
+UPGRADE ?=
 VENV ?= .venv
 # Where `make run` writes its metrics: one JSON line per step, then the RunRecord (appended per run).
 RUN_METRICS ?= runs/make-run/metrics.jsonl
@@ -17,7 +20,7 @@ PYTEST_ARGS ?=
 # The interpreter of the installed environment (override to run `make check` with another one).
 ENV_PYTHON ?= $$(bash scripts/install.sh --print-python)
 
-export PYTHON VENV
+export PYTHON VENV UPGRADE
 
 .PHONY: install run test check lint format bench
 

@@ -26,9 +26,16 @@ Decisions and why:
   wheel directory, a mirror), else from PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu,
   as pytorch.org's install selector gives it; on Linux the ``+cpu`` local version is asked for so a
   multi-GB CUDA build can never be picked instead).
-* re-runs: a stamp (hash of pyproject.toml, these two scripts and the interpreter) skips pip when
-  nothing it depends on changed and exatrain still imports from this checkout's src/; the install is
-  editable, so source edits need no reinstall.
+* versions: every package exatrain[all,dev] brings in besides torch is installed at the version
+  ``constraints/exatrain.txt`` pins (pip's ``-c``), so CI and a user run the suite on the same
+  versions; the CPU torch this script installs comes with ``constraints/torch-cpu.txt`` for its own
+  dependencies (a kept torch never meets that file: its own pins may differ).  ``UPGRADE=1`` drops
+  both files and asks pip for the newest versions pyproject.toml allows (``--upgrade
+  --upgrade-strategy eager``), still keeping torch as above: the way to test against the newest.
+* re-runs: a stamp (hash of pyproject.toml, these two scripts, the constraints files, the mode and the
+  interpreter) skips pip when nothing it depends on changed and exatrain still imports from this
+  checkout's src/; the install is editable, so source edits need no reinstall.  ``UPGRADE=1`` always
+  runs pip (the newest versions move), and the next pinned install puts the pins back.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PIP_JSON = "https://pypi.org/pypi/pip/json"  # PyPI JSON API: docs.pypi.org/api/json/
 DISTRO_WHEELS = "/usr/share/python-wheels"  # Debian/Ubuntu python3-pip-whl
 MARKER = "made-by-exatrain-install"  # inside a VENV this script made (and so may make again)
+CONSTRAINTS = REPO / "constraints" / "exatrain.txt"  # what exatrain[all,dev] brings in, torch aside
+TORCH_CONSTRAINTS = REPO / "constraints" / "torch-cpu.txt"  # what the pinned CPU torch brings in beside it
 
 # Runs inside a candidate interpreter: is torch importable, and does pip see it installed?
 TORCH_PROBE = r"""
@@ -116,6 +125,26 @@ def probe(python: str, code: str, *flags: str) -> dict | None:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return None
+
+
+def upgrade_mode() -> bool:
+    """UPGRADE=1: the newest versions pyproject.toml allows instead of the pinned ones (UPGRADE unset, empty or 0)."""
+    value = os.environ.get("UPGRADE", "").strip()
+    if value not in ("", "0", "1"):
+        raise Stop(f"UPGRADE={value!r}: use UPGRADE=1 (the newest versions pyproject.toml allows) or leave it unset "
+                   f"(the versions {CONSTRAINTS.relative_to(REPO)} pins)")
+    return value == "1"
+
+
+def version_flags(upgrade: bool, *files: Path) -> list[str]:
+    """pip's flags for the versions: ``-c`` each constraints file, or the eager upgrade of UPGRADE=1."""
+    if upgrade:
+        return ["--upgrade", "--upgrade-strategy", "eager"]
+    for f in files:
+        if not f.is_file():
+            raise Stop(f"{f} is missing: restore it (git checkout -- {f.relative_to(REPO)}) or install with "
+                       f"UPGRADE=1")
+    return [arg for f in files for arg in ("-c", str(f))]
 
 
 def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -362,27 +391,32 @@ def torch_decision(python: str, *flags: str) -> tuple[str, str]:
     return "install", torch_spec()
 
 
-def install_torch(python: str, spec: str) -> None:
+def install_torch(python: str, spec: str, upgrade: bool) -> None:
     """The pinned CPU build from the configured package sources first (a local wheel directory or a
-    mirror that has it: no other host is asked); only where they lack it, PyTorch's CPU index."""
+    mirror that has it: no other host is asked); only where they lack it, PyTorch's CPU index. Its
+    dependencies at the pinned versions (or, with UPGRADE=1, the newest)."""
     say(f"no torch installed: installing the CPU build {spec}")
-    first = subprocess.run([python, "-m", "pip", "install", "-q", spec], stdin=subprocess.DEVNULL)
+    versions = [] if upgrade else version_flags(False, CONSTRAINTS, TORCH_CONSTRAINTS)
+    first = subprocess.run([python, "-m", "pip", "install", "-q", *versions, spec], stdin=subprocess.DEVNULL)
     if first.returncode == 0:
         return
     index = os.environ.get("TORCH_INDEX_URL", TORCH_CPU_INDEX)
     if not index:
         raise Stop(f"installing {spec} failed and TORCH_INDEX_URL is empty: install torch yourself, then re-run")
     say(f"{spec} is not in the configured package sources: trying {index}")
-    pip_step([python, "-m", "pip", "install", spec, "--extra-index-url", index], f"installing {spec}")
+    pip_step([python, "-m", "pip", "install", *versions, spec, "--extra-index-url", index], f"installing {spec}")
 
 
 # ---------------------------------------------------------------- stamp
 
 
 def stamp_key(python: str) -> str:
+    """What a pinned install depends on: pyproject.toml, the install scripts, the constraints files and
+    the interpreter (an UPGRADE=1 install leaves no stamp: it always runs)."""
     h = hashlib.sha256()
-    for f in (REPO / "pyproject.toml", REPO / "scripts" / "install.sh", Path(__file__).resolve()):
-        h.update(f.read_bytes())
+    for f in (REPO / "pyproject.toml", REPO / "scripts" / "install.sh", Path(__file__).resolve(), CONSTRAINTS,
+              TORCH_CONSTRAINTS):
+        h.update(f.read_bytes() if f.is_file() else b"(missing)")
     h.update(os.path.abspath(python).encode())
     return h.hexdigest()
 
@@ -397,8 +431,8 @@ def editable_here(python: str) -> bool:
     return Path(p.stdout.strip()).resolve().is_relative_to((REPO / "src").resolve())
 
 
-def up_to_date(target: Target) -> bool:
-    if target.makes_venv or not STAMP.is_file() or not Path(target.python).exists():
+def up_to_date(target: Target, upgrade: bool = False) -> bool:
+    if upgrade or target.makes_venv or not STAMP.is_file() or not Path(target.python).exists():
         return False
     return STAMP.read_text(encoding="utf-8").strip() == stamp_key(target.python) and editable_here(target.python)
 
@@ -406,7 +440,14 @@ def up_to_date(target: Target) -> bool:
 # ---------------------------------------------------------------- modes
 
 
+def pip_install_argv(python: str, torch_pin: Path, upgrade: bool) -> list[str]:
+    """The pip command that installs exatrain[all,dev] editable, torch held at ``torch_pin``'s version."""
+    return [python, "-m", "pip", "install", "-q", "-c", str(torch_pin), *version_flags(upgrade, CONSTRAINTS), "-e",
+            f"{REPO}[{EXTRAS}]"]
+
+
 def dry_run(target: Target) -> None:
+    upgrade = upgrade_mode()
     print(f"python: {sys.executable} ({platform.python_version()})")
     print(f"environment: {target.describe()}")
     if target.makes_venv:
@@ -421,14 +462,23 @@ def dry_run(target: Target) -> None:
               else "pip: missing (the install stops and says how to add it)")
         action, what = torch_decision(target.python)
     print(f"torch: keep {what}" if action == "keep" else f"torch: install {what}")
-    state = "up to date" if up_to_date(target) else f"pip install -e {REPO}[{EXTRAS}]"
+    if upgrade:
+        print("versions: the newest pyproject.toml allows (UPGRADE=1), torch as above")
+    else:
+        version_flags(False, CONSTRAINTS, TORCH_CONSTRAINTS)
+        pinned = CONSTRAINTS.relative_to(REPO)
+        print(f"versions: {pinned}" + (f" and {TORCH_CONSTRAINTS.relative_to(REPO)}" if action == "install" else ""))
+    flags = " --upgrade --upgrade-strategy eager" if upgrade else f" -c {CONSTRAINTS.relative_to(REPO)}"
+    state = "up to date" if up_to_date(target, upgrade) else f"pip install{flags} -e {REPO}[{EXTRAS}]"
     print(f"install: {state}")
     print(f"runs: {target.python}")
 
 
 def install(target: Target) -> None:
-    if up_to_date(target):
-        say("up to date (pyproject.toml and the install scripts unchanged since the last install)")
+    upgrade = upgrade_mode()
+    version_flags(upgrade, CONSTRAINTS, TORCH_CONSTRAINTS)  # a missing constraints file stops here, before any work
+    if up_to_date(target, upgrade):
+        say("up to date (pyproject.toml, the install scripts and the constraints unchanged since the last install)")
         say(target.where_line())
         return
     if target.makes_venv:
@@ -441,7 +491,7 @@ def install(target: Target) -> None:
                        f"(or install pip there), then make install again")
     action, what = torch_decision(target.python)
     if action == "install":
-        install_torch(target.python, what)
+        install_torch(target.python, what, upgrade)
         action, what = torch_decision(target.python)
         if action != "keep":
             raise Stop(f"torch still does not import after installing {torch_spec()}")
@@ -451,12 +501,14 @@ def install(target: Target) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         constraints = Path(tmp) / "torch.txt"
         constraints.write_text(f"torch=={what}\n", encoding="utf-8")
-        say(f"pip install -e .[{EXTRAS}] into {target.prefix}")
-        pip_step([target.python, "-m", "pip", "install", "-q", "-c", str(constraints), "-e", f"{REPO}[{EXTRAS}]"],
-                 f"installing exatrain[{EXTRAS}]")
+        how = ("the newest versions pyproject.toml allows (UPGRADE=1)" if upgrade
+               else f"the versions {CONSTRAINTS.relative_to(REPO)} pins")
+        say(f"pip install -e .[{EXTRAS}] into {target.prefix}, {how}")
+        pip_step(pip_install_argv(target.python, constraints, upgrade), f"installing exatrain[{EXTRAS}]")
     if not editable_here(target.python):
         raise Stop(f"after installing, {target.python} does not import exatrain from {REPO / 'src'}")
-    STAMP.write_text(stamp_key(target.python) + "\n", encoding="utf-8")
+    if not upgrade:
+        STAMP.write_text(stamp_key(target.python) + "\n", encoding="utf-8")
     say(target.where_line())
 
 

@@ -61,10 +61,12 @@ def fake_torch(root: Path, version: str, *, metadata: bool = True, imports: bool
 
 
 def install(*args: str, python: str, venv: Path, home: Path | None = None, path: Path | None = None,
-            conda: Path | None = None) -> subprocess.CompletedProcess:
+            conda: Path | None = None, upgrade: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+           if k not in ("CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UPGRADE")}
     env.update(PYTHON=python, VENV=str(venv))
+    if upgrade is not None:
+        env["UPGRADE"] = upgrade
     if home:
         env["PYTHONHOME"] = str(home)
     if path:
@@ -129,7 +131,8 @@ def test_a_plain_python_with_torch_gets_a_venv_that_keeps_its_torch(tmp_path: Pa
     assert d["environment"] == f"new venv {venv}, --system-site-packages of {BARE}"
     assert d["pip"] == "ensurepip"
     assert d["torch"] == "keep 2.8.0"
-    assert d["install"] == f"pip install -e {ROOT}[all,dev]"
+    assert d["versions"] == "constraints/exatrain.txt"  # a kept torch never meets torch-cpu.txt's pins
+    assert d["install"] == f"pip install -c constraints/exatrain.txt -e {ROOT}[all,dev]"
     assert d["runs"] == str(venv / "bin" / "python")
     p = install("--print-python", python=BARE, venv=venv, home=bare_home)
     assert p.stdout.strip() == str(venv / "bin" / "python")
@@ -140,6 +143,7 @@ def test_a_plain_python_without_torch_gets_a_venv_and_the_cpu_torch(venv: Path, 
     d = decisions(install("--dry-run", python=BARE, venv=venv, home=bare_home))
     assert d["environment"].startswith(f"new venv {venv}")
     assert d["torch"] == f"install {CPU_TORCH}"
+    assert d["versions"] == "constraints/exatrain.txt and constraints/torch-cpu.txt"
 
 
 # ------------------------------------------------------------------ pip without ensurepip (Debian without python3-venv)
@@ -255,3 +259,148 @@ def test_make_check_runs_the_linter_before_the_tests(tmp_path: Path) -> None:
     assert p.returncode != 0
     assert "F401" in p.stdout and "`os` imported but unused" in p.stdout, p.stdout + p.stderr
     assert "passed" not in p.stdout, p.stdout
+
+
+# ------------------------------------------------------------------ pinned versions, or the newest (UPGRADE=1)
+
+
+def install_env_module():
+    """scripts/install_env.py imported as a module (it is a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("install_env", ROOT / "scripts" / "install_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_upgrade_asks_for_the_newest_versions(tmp_path: Path, venv: Path, bare_home: Path) -> None:
+    torch_dir = fake_torch(tmp_path / "t", "2.8.0")
+    d = decisions(install("--dry-run", python=BARE, venv=venv, home=bare_home, path=torch_dir, upgrade="1"))
+    assert d["versions"] == "the newest pyproject.toml allows (UPGRADE=1), torch as above"
+    assert d["torch"] == "keep 2.8.0"  # never replaced, upgrade or not
+    assert d["install"] == f"pip install --upgrade --upgrade-strategy eager -e {ROOT}[all,dev]"
+    for off in ("", "0"):
+        d = decisions(install("--dry-run", python=BARE, venv=venv, home=bare_home, path=torch_dir, upgrade=off))
+        assert d["versions"] == "constraints/exatrain.txt"
+    err = one_line_refusal(install("--dry-run", python=BARE, venv=venv, home=bare_home, upgrade="yes"))
+    assert "UPGRADE='yes': use UPGRADE=1" in err
+    assert not venv.exists()
+
+
+def test_the_pip_commands_carry_the_constraints_or_the_upgrade(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = install_env_module()
+    pin = tmp_path / "torch.txt"
+    argv = m.pip_install_argv("py", pin, upgrade=False)
+    assert argv[:4] == ["py", "-m", "pip", "install"] and argv[-2:] == ["-e", f"{ROOT}[all,dev]"]
+    assert ["-c", str(pin)] == argv[5:7] and ["-c", str(ROOT / "constraints" / "exatrain.txt")] == argv[7:9]
+    up = m.pip_install_argv("py", pin, upgrade=True)
+    assert "--upgrade" in up and "eager" in up and str(ROOT / "constraints" / "exatrain.txt") not in up
+    assert ["-c", str(pin)] == up[5:7]  # the torch found (or installed) stays
+    # The torch this script installs gets its dependencies' pins too.
+    assert m.version_flags(False, m.CONSTRAINTS, m.TORCH_CONSTRAINTS) == [
+        "-c", str(m.CONSTRAINTS), "-c", str(m.TORCH_CONSTRAINTS)]
+    monkeypatch.setattr(m, "CONSTRAINTS", ROOT / "constraints" / "gone.txt")
+    with pytest.raises(m.Stop, match="gone.txt is missing"):
+        m.version_flags(False, m.CONSTRAINTS)
+
+
+def test_changed_constraints_or_an_upgrade_reinstall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = install_env_module()
+    pins = tmp_path / "exatrain.txt"
+    pins.write_text("numpy==2.4.6\n")
+    monkeypatch.setattr(m, "CONSTRAINTS", pins)
+    before = m.stamp_key(sys.executable)
+    assert m.stamp_key(sys.executable) == before
+    pins.write_text("numpy==2.4.5\n")
+    assert m.stamp_key(sys.executable) != before
+
+    class Ready:  # an installed environment whose stamp matches
+        makes_venv, python = False, sys.executable
+
+    stamp = tmp_path / "stamp"
+    stamp.write_text(m.stamp_key(sys.executable) + "\n")
+    monkeypatch.setattr(m, "STAMP", stamp)
+    monkeypatch.setattr(m, "editable_here", lambda python: True)
+    assert m.up_to_date(Ready(), upgrade=False)
+    assert not m.up_to_date(Ready(), upgrade=True)  # the newest versions move: pip always runs
+
+
+def _requirements(extras: tuple[str, ...]) -> list:
+    """exatrain's requirements with ``extras`` (the self-references of ``all`` expanded), from pyproject.toml."""
+    from packaging.requirements import Requirement
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    reqs, todo, seen = [Requirement(r) for r in project["dependencies"]], list(extras), set()
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for text in project["optional-dependencies"][extra]:
+            r = Requirement(text)
+            if r.name == "exatrain":
+                todo += sorted(r.extras)
+            else:
+                reqs.append(r)
+    return reqs
+
+
+def _pins(path: Path, python: str) -> dict[str, str]:
+    """{name: version} that ``path`` pins for Python ``python`` (markers evaluated for it)."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    env = dict(default_environment(), python_version=python, python_full_version=f"{python}.0")
+    pins: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        r = Requirement(line)
+        spec = list(r.specifier)
+        assert len(spec) == 1 and spec[0].operator == "==" and not r.extras and not r.url, line
+        if r.marker is None or r.marker.evaluate(env):
+            name = canonicalize_name(r.name)
+            assert name not in pins, f"{path.name} pins {name} twice for Python {python}"
+            pins[name] = spec[0].version
+    return pins
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13"])
+def test_the_constraints_pin_every_dependency_within_pyproject(python: str) -> None:
+    """For Python 3.10 (requires-python) to 3.13: each requirement of exatrain[all,dev]
+    but torch is pinned once, inside its range; torch is pinned nowhere (install keeps or installs it);
+    the torch file pins only what the other does not."""
+    from packaging.markers import default_environment
+    from packaging.utils import canonicalize_name
+
+    pins = _pins(ROOT / "constraints" / "exatrain.txt", python)
+    torch_pins = _pins(ROOT / "constraints" / "torch-cpu.txt", python)
+    assert "torch" not in pins and "torch" not in torch_pins
+    assert not set(pins) & set(torch_pins), set(pins) & set(torch_pins)
+    env = dict(default_environment(), python_version=python, python_full_version=f"{python}.0", extra="")
+    for r in _requirements(("all", "dev")):
+        name = canonicalize_name(r.name)
+        if name == "torch" or (r.marker is not None and not r.marker.evaluate(env)):
+            continue
+        assert name in pins, f"constraints/exatrain.txt pins no {name} for Python {python}"
+        assert r.specifier.contains(pins[name], prereleases=True), (name, pins[name], str(r.specifier))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_install_passes_upgrade_to_the_installer(tmp_path: Path) -> None:
+    """`make install UPGRADE=1` (and `make test UPGRADE=1`, which installs first) reach scripts/install_env.py."""
+    fake = tmp_path / "python3"
+    fake.write_text('#!/bin/sh\n[ "$1" = "-c" ] && { echo 3.11; exit 0; }\necho "UPGRADE=[$UPGRADE] $*"\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "UPGRADE"}
+    for args, want in (([], "UPGRADE=[]"), (["UPGRADE=1"], "UPGRADE=[1]")):
+        p = subprocess.run(["make", "-s", "-C", str(ROOT), "install", f"PYTHON={fake}", *args], capture_output=True,
+                           text=True, env=env, stdin=subprocess.DEVNULL, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == f"{want} scripts/install_env.py", p.stdout
