@@ -1,5 +1,5 @@
-# Two entry points: `make run` (install, then the main job on its embedded default) and `make test`
-# (install, then the whole test suite; `.ci/run` calls `make test`).
+# Two entry points: `make run` (install, then `exatrain demo`: the whole loop on this machine in a few
+# minutes) and `make test` (install, then the whole test suite; `.ci/run` calls `make test`).
 #
 # PYTHON is the interpreter to start from. When it is not already a virtual or conda environment,
 # `make install` makes a project-local one in $(VENV) (with the system site-packages, so an installed
@@ -11,9 +11,8 @@
 PYTHON ?= python3
 UPGRADE ?=
 VENV ?= .venv
-# Where `make run` writes its metrics: one JSON line per step, then the RunRecord (appended per run).
-RUN_METRICS ?= runs/make-run/metrics.jsonl
-# Extra flags for `exatrain train` in `make run`, e.g. `make run RUN_ARGS="--steps 10"`.
+# Extra flags for `exatrain demo` in `make run`, e.g. `make run RUN_ARGS="--steps 100 --ranks 4"`. It writes
+# into a new runs/demo-<time>/ (ignored by git): calib.json, plan.json, metrics.jsonl, summary.txt.
 RUN_ARGS ?=
 # Extra arguments for pytest, e.g. `make test PYTEST_ARGS=tests/planner`.
 PYTEST_ARGS ?=
@@ -31,8 +30,7 @@ install:
 	@bash scripts/install.sh
 
 run: install
-	@echo "make run: metrics (one JSON line per step, then the RunRecord) are appended to $(RUN_METRICS); checkpoints only with RUN_ARGS=\"--checkpoint-dir DIR\""
-	@py="$(ENV_PYTHON)" && "$$py" -m exatrain train --metrics-file $(RUN_METRICS) $(RUN_ARGS)
+	@py="$(ENV_PYTHON)" && "$$py" -m exatrain demo $(RUN_ARGS)
 
 test: install
 	@$(MAKE) --no-print-directory check

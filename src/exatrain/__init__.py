@@ -6,7 +6,7 @@
     best = exatrain.search(model="gpt-1t", gpus=3072, global_batch=1536).ranked[0]
 
 The calls (``exatrain.estimate``, ``search``, ``scaling``, ``train``, ``tune``, ``make_plan``,
-``load_plan``, ``calibrate``, ``compare``; the rest in ``exatrain.api``) are loaded on first use,
+``load_plan``, ``calibrate``, ``compare``, ``demo``; the rest in ``exatrain.api``) are loaded on first use,
 so ``import exatrain`` stays fast and torch-free.
 
 Layers (kept true by tests/test_layering.py):
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 # Names served from exatrain.api. `train` is also a module (`python -m exatrain.train`, what launchers
 # run); that module is callable and forwards to the API's function.
-_API = ("estimate", "search", "scaling", "tune", "make_plan", "load_plan", "calibrate", "compare")
+_API = ("estimate", "search", "scaling", "tune", "make_plan", "load_plan", "calibrate", "compare", "demo")
 _CALLABLE_MODULES = ("train",)
 
 

@@ -152,7 +152,8 @@ def test_the_cli_passes_its_flags_by_the_api_names() -> None:
     sub = next(a for a in parser._actions if a.dest == "command").choices
     output_only = {"help", "json", "explain", "progress"}
     for command, fn in (("estimate", api.estimate), ("search", api.search), ("scaling", api.scaling),
-                        ("train", api.train), ("tune", api.tune), ("bench", api.bench), ("launch", api.launch)):
+                        ("train", api.train), ("tune", api.tune), ("bench", api.bench), ("launch", api.launch),
+                        ("demo", api.demo)):
         names = set(inspect.signature(fn).parameters)
         flags = {a.dest for a in sub[command]._actions} - output_only
         assert flags <= names, (command, sorted(flags - names))

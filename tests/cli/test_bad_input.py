@@ -100,6 +100,7 @@ TUNE = ["tune", *SEARCH, "--study", "{tmp}/t.db", "--trials", "1"]
 MISSING, DIR_FOR_FILE, FILE_FOR_DIR = "missing file", "directory for a file", "file for a directory"
 UNWRITABLE = "unwritable"
 MALFORMED, EMPTY, WRONG_TYPES, RANGE = "malformed JSON", "empty file", "wrong JSON types", "out of range"
+EXISTING = "a folder that already holds files"
 
 # (command, kind, argv, what the line says)
 CASES = [
@@ -234,6 +235,11 @@ CASES = [
     ("report", MALFORMED, ["report", "--search", "{tmp}/bad.json", "--out", "{tmp}/report"], "not valid JSON"),
     ("report", EMPTY, ["report", "--scaling", "{tmp}/empty.json", "--out", "{tmp}/report"], "not valid JSON"),
     ("report", WRONG_TYPES, ["report", "--plan", "{tmp}/wrong.json", "--out", "{tmp}/report"], "--tp must be"),
+    ("demo", FILE_FOR_DIR, ["demo", "--out", "{tmp}/file.txt"], "is a file, not a directory"),
+    ("demo", UNWRITABLE, ["demo", "--out", "{ro}/demo"], "not writable"),
+    ("demo", EXISTING, ["demo", "--out", "{tmp}/ckpt"], "already holds files"),
+    ("demo", RANGE, ["demo", "--out", "{tmp}/demo", "--ranks", "0"], "expected a positive integer"),
+    ("demo", RANGE, ["demo", "--out", "{tmp}/demo", "--steps", "3"], "--steps must be an integer of at least 4"),
     ("bench", DIR_FOR_FILE, ["bench", "--out", "{tmp}/dir", "--quick"], "is a directory"),
     ("bench", FILE_FOR_DIR, ["bench", "--out", "{tmp}/file.txt/c.json", "--quick"], "is a file, not a directory"),
     ("bench", UNWRITABLE, ["bench", "--out", "{ro}/c.json", "--quick"], "cannot write in"),

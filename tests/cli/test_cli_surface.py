@@ -32,7 +32,7 @@ BACKGROUND_JOBS = {  # (OMP_NUM_THREADS=1, as the test always set)
 }
 CALLS = {"estimate": api.estimate, "search": api.search, "scaling": api.scaling, "train": api.train, "tune": api.tune,
          "bench": api.bench, "calibrate": api.calibrate, "validate": api.compare, "launch": api.launch,
-         "report": api.report}
+         "report": api.report, "demo": api.demo}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -102,8 +102,18 @@ def test_train_summary_line_shows_a_prediction_only_when_calibrated_on_this_host
     assert lines[1].startswith("peak memory: measured 286 MiB")  # 3e8 bytes: MiB under 1 GiB
     benched = estimate_plan(rec.plan.with_estimate(None), CPU, TRUE.replace(source="exatrain bench (host-a)"))
     assert calibrated_on(benched, "host-a") and not calibrated_on(benched, "host-b")
-    lines = summary_lines(compare(dataclasses.replace(rec, plan=rec.plan.with_estimate(benched))), calibrated=True)
-    assert lines[0].startswith("step time: predicted") and "measured" in lines[0]
+    c = compare(dataclasses.replace(rec, plan=rec.plan.with_estimate(benched)))
+    lines = summary_lines(c, calibrated=True)
+    assert lines[0].startswith(f"step time: predicted {benched.time_s.step:.3f} s (band ")
+    # The band the estimate carries (planner/band.py), and which side of it the measurement fell.
+    low, high = benched.step_range_s
+    assert c.predicted_range_s == (low, high) and f", {benched.band['text']})" in lines[0]
+    assert f"measured {c.measured_step_s:.3f} s (prediction {c.step_error:+.1%})" in lines[0]
+    inside = low <= c.measured_step_s <= high
+    assert lines[0].endswith(": inside the band" if inside else ("slower" if c.measured_step_s > high else "faster"))
+    narrow = dataclasses.replace(c, predicted_range_s=(c.measured_step_s * 1.1, c.measured_step_s * 1.2))
+    assert summary_lines(narrow, calibrated=True)[0].endswith(": outside the band, faster")
+    assert dataclasses.replace(c, predicted_range_s=(0.5 * c.measured_step_s, 2 * c.measured_step_s)).in_band
     fitted = estimate_plan(rec.plan.with_estimate(None), CPU, TRUE.replace(source="exatrain calibrate (12 runs; a, b)"))
     assert calibrated_on(fitted, "b") and not calibrated_on(fitted, "c")
     anonymous = estimate_plan(rec.plan.with_estimate(None), CPU, TRUE.replace(source="exatrain calibrate (12 runs)"))

@@ -9,6 +9,7 @@ name, a ClusterSpec or ``cluster_file``. Each call returns the typed result the 
 * ``train``     -> TrainResult (the RunRecord)       ``tune``    -> TuneResult (trials, the best)
 * ``bench``     -> BenchResult (a calibration)       ``calibrate`` -> CalibrateResult
 * ``compare``   -> CompareResult (predicted vs measured of recorded runs)
+* ``demo``      -> DemoResult (the loop on this machine: bench --quick, search, train, compare)
 * ``make_plan`` -> a validated Plan from layout values; ``load_plan`` reads any file holding one
 * ``from_launch`` -> the keyword arguments a Megatron-LM / Megatron-DeepSpeed launch or torchtitan TOML states
 * ``launch`` / ``export_config`` / ``prepare`` / ``export_model`` / ``report``: files for elsewhere
@@ -18,6 +19,7 @@ Importing this package does not import torch; ``train``, ``bench`` and ``estimat
 when they run.
 """
 
+from exatrain.api.demo import DemoResult, demo
 from exatrain.api.files import export_model, prepare, report, verify_dataset
 from exatrain.api.jobs import export_config, launch
 from exatrain.api.measuring import CompareResult, bench, calibrate, compare
@@ -36,7 +38,7 @@ from exatrain.report.text import make_console, opt, render_estimate, render_scal
 
 __all__ = ["EXPORT_TARGETS", "describe", "estimate_json", "explain",
            "search_json", "size", "total_params", "make_console", "opt", "render_estimate", "render_scaling",
-           "render_search", "table", "CompareResult", "ExatrainWarning", "TrainResult", "bench", "calibrate",
-           "compare", "estimate", "export_config", "export_model", "from_launch", "launch", "load_plan", "make_plan",
-           "prepare", "report",
+           "render_search", "table", "CompareResult", "DemoResult", "ExatrainWarning", "TrainResult", "bench",
+           "calibrate", "compare", "demo", "estimate", "export_config", "export_model", "from_launch", "launch",
+           "load_plan", "make_plan", "prepare", "report",
            "resolve_cluster", "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]

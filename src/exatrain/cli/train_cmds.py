@@ -1,4 +1,5 @@
-"""`exatrain train`: run a plan (or the embedded default) with PyTorch's distributed engine."""
+"""`exatrain train`: run a plan (or the embedded default) with PyTorch's distributed engine; `exatrain demo`:
+the whole loop (bench --quick, search, train, predicted vs measured) on this machine."""
 
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--record-samples", action="store_true",
                    help="list in each metrics line the global sample indices each data-parallel rank read")
     g = p.add_argument_group("data and checkpoints")
-    g.add_argument("--data", metavar="DIR", help="a dataset made by `exatrain prepare` (default: the standard "
-                   "library's source, bytes)")
+    g.add_argument("--data", metavar="DIR", help="a dataset made by `exatrain prepare` (default: the built-in "
+                   "corpus, bytes: `exatrain prepare --builtin`)")
     g.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (after the last step, and every "
                    "--save-every steps); its filesystem needs room for one checkpoint (fp32 weights + AdamW moments)")
     flag(g, api.train, "--save-every", "save every N steps (default 0: only after the last step)", type=nonneg_int,
@@ -79,6 +80,32 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "--checkpoint-dir (start fresh if there is none); PATH: from that checkpoint. Any layout may "
                    "load it")
     p.set_defaults(func=cmd_train)
+    register_demo(sub)
+
+
+def register_demo(sub: argparse._SubParsersAction) -> None:
+    from exatrain.api.demo import DEMO_MODEL, DEMO_STEPS, MAX_RANKS
+
+    p = sub.add_parser(
+        "demo", help="the whole loop on this machine in minutes: bench --quick, search, train, predicted vs measured",
+        description=f"Measure this machine (`bench --quick`), search the best layout of {DEMO_MODEL} for its CPU "
+                    "ranks with those measurements, train it, and print the predicted step time (with its band) "
+                    "beside the measured one. Everything goes into one folder: calib.json, plan.json, "
+                    "metrics.jsonl (one line per step, then the RunRecord; each rank's log in metrics.ranks/), summary.txt. `make run` runs this.",
+        epilog="examples:\n  exatrain demo\n  exatrain demo --ranks 4 --steps 100 --out runs/demo4")
+    p.add_argument("--out", metavar="DIR", help="a new or empty folder for what it writes (default: a new "
+                   "runs/demo-<time>)")
+    p.add_argument("--ranks", type=positive_int, help=f"CPU ranks (default: one per core, a power of two from 2 to "
+                   f"{MAX_RANKS})")
+    p.add_argument("--steps", type=positive_int, default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
+    p.add_argument("--quiet", action="store_true", help="no step lines while training")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    result = call(api.demo, args, warn=warn_line("demo"), progress=lambda line: print(f"demo: {line}", flush=True))
+    print("\n".join(result.summary_lines()))  # plain: long lines stay whole, as summary.txt has them
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

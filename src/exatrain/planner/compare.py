@@ -35,6 +35,16 @@ class Comparison:
     trainer_memory_bytes: float | None  # trainer execution model, worst stage (tensors + allowance)
     measured_memory_bytes: float | None  # max over ranks
     device_memory: bool  # measured memory is device memory (comparable), not a CPU process's RSS
+    predicted_range_s: tuple[float, float] | None = None  # the prediction's band (planner/band.py), seconds
+    band_text: str | None = None  # where that band comes from, in words
+
+    @property
+    def in_band(self) -> bool | None:
+        """Did the measured step time land inside the prediction's band (None: no band or no measurement)?"""
+        if self.predicted_range_s is None or not self.measured_step_s:
+            return None
+        low, high = self.predicted_range_s
+        return low <= self.measured_step_s <= high
 
     @property
     def step_error(self) -> float | None:
@@ -54,6 +64,8 @@ class Comparison:
                 "step_error": self.step_error, "predicted_memory_bytes": self.predicted_memory_bytes,
                 "trainer_memory_bytes": self.trainer_memory_bytes,
                 "measured_memory_bytes": self.measured_memory_bytes, "device_memory": self.device_memory,
+                "predicted_range_s": None if self.predicted_range_s is None else list(self.predicted_range_s),
+                "in_band": self.in_band,
                 "memory_error": self.memory_error("trainer"),
                 "reference_memory_error": self.memory_error("reference")}
 
@@ -117,7 +129,9 @@ def compare(record: RunRecord, calibration: Calibration | None = None,
         predicted_memory_bytes=None if est is None else est.memory_bytes.total,
         trainer_memory_bytes=trainer_mem,
         measured_memory_bytes=None if m is None else m.peak_memory_bytes,
-        device_memory=bool(record.device) and record.device != "cpu")
+        device_memory=bool(record.device) and record.device != "cpu",
+        predicted_range_s=None if est is None or est.step_range_s is None else tuple(est.step_range_s),
+        band_text=None if est is None or not est.band else est.band.get("text"))
 
 
 def compare_all(records: Iterable[RunRecord], calibration: Calibration | None = None,
@@ -168,8 +182,15 @@ def summary_lines(c: Comparison, calibrated: bool) -> list[str]:
     lines = []
     if c.measured_step_s is not None:
         if calibrated and c.step_error is not None:
-            lines.append(f"step time: predicted {c.predicted_step_s:.3f} s, measured {c.measured_step_s:.3f} s "
-                         f"({c.step_error:+.1%})")
+            line = f"step time: predicted {c.predicted_step_s:.3f} s"
+            if c.predicted_range_s is not None:
+                low, high = c.predicted_range_s
+                line += f" (band {low:.3f}–{high:.3f} s" + (f", {c.band_text})" if c.band_text else ")")
+            line += f", measured {c.measured_step_s:.3f} s (prediction {c.step_error:+.1%})"
+            if c.in_band is not None:
+                line += ": inside the band" if c.in_band else (
+                    ": outside the band, " + ("slower" if c.measured_step_s > c.predicted_range_s[1] else "faster"))
+            lines.append(line)
         else:
             lines.append(f"step time: measured {c.measured_step_s:.3f} s; no prediction shown, uncalibrated for "
                          "this machine: run `exatrain bench`, then train with --calibration")
