@@ -81,8 +81,9 @@ class DemoResult:
         measured = self.bench.summary_lines()
         lines = [f"1. measured this machine (bench --quick, {_duration(self.bench.seconds)}): {measured[1]}",
                  *(f"   {line}" for line in measured[3:]),
-                 f"2. searched {self.search.legal:,} layouts of {best.model.name} on {self.ranks} CPU ranks, global batch "
-                 f"{best.global_batch}: best {describe(best)}, predicted {best.estimate.time_s.step:.3f} s/step"]
+                 f"2. searched {self.search.legal:,} layouts of {best.model.name} on {self.ranks} CPU ranks, "
+                 f"global batch {best.global_batch}: best {describe(best)}, "
+                 f"predicted {best.estimate.time_s.step:.3f} s/step"]
         for i, p in enumerate(self.search.ranked[1:3], start=2):
             lines.append(f"   #{i} {describe(p)}: {p.estimate.time_s.step:.3f} s/step")
         record = self.train.record
@@ -112,15 +113,17 @@ def demo(*, out: str | Path | None = None, ranks: int | None = None, steps: int 
     ``steps`` steps and compare its predicted step time (and band) with the measured one.
     ``ranks``: default one per core, a power of two from 2 to 8 (``default_ranks``). ``out``: a new or
     empty folder (default a new ``runs/demo-<time>``) that gets calib.json, plan.json, metrics.jsonl
-    (with metrics.ranks/, the trainer's per-rank logs) and summary.txt. ``progress`` hears each phase, ``warn`` the warnings; ``quiet`` hides the
-    trainer's step lines. Returns a DemoResult (``summary_lines()`` is what ``exatrain demo`` prints)."""
+    (with metrics.ranks/, the trainer's per-rank logs) and summary.txt. ``progress`` hears each phase,
+    ``warn`` the warnings; ``quiet`` hides the trainer's step lines. Returns a DemoResult
+    (``summary_lines()`` is what ``exatrain demo`` prints)."""
     from exatrain.api.measuring import bench
     from exatrain.api.planning import search
     from exatrain.api.training import train
 
     say = progress or (lambda message: None)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 4:
-        raise UserError(f"--steps must be an integer of at least 4 (the first 2 are warm-up, not measured), got {steps!r}")
+        raise UserError(f"--steps must be an integer of at least 4 (the first 2 are warm-up, not measured), "
+                        f"got {steps!r}")
     ranks = default_ranks() if ranks is None else ranks
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise UserError(f"--ranks must be a positive integer, got {ranks!r}")

@@ -56,9 +56,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise UserError("--out DIR is required (where the dataset goes)")
-    meta = api.prepare(out=args.out, input=args.input or (), stdlib=args.stdlib, builtin=args.builtin, tokenizer=args.tokenizer,
-                       train_tokenizer=args.train_tokenizer, separator=args.separator, shard_tokens=args.shard_tokens,
-                       quiet=args.quiet)
+    meta = api.prepare(out=args.out, input=args.input or (), stdlib=args.stdlib, builtin=args.builtin,
+                       tokenizer=args.tokenizer, train_tokenizer=args.train_tokenizer, separator=args.separator,
+                       shard_tokens=args.shard_tokens, quiet=args.quiet)
     if not args.quiet:
         print(f"{args.out}: {meta.documents:,} documents, {meta.tokens:,} tokens in {len(meta.shards)} shard(s) "
               f"of {meta.dtype}; vocabulary {meta.vocab_size:,}, separator id {meta.separator_id}")

@@ -91,7 +91,8 @@ def register_demo(sub: argparse._SubParsersAction) -> None:
         description=f"Measure this machine (`bench --quick`), search the best layout of {DEMO_MODEL} for its CPU "
                     "ranks with those measurements, train it, and print the predicted step time (with its band) "
                     "beside the measured one. Everything goes into one folder: calib.json, plan.json, "
-                    "metrics.jsonl (one line per step, then the RunRecord; each rank's log in metrics.ranks/), summary.txt. `make run` runs this.",
+                    "metrics.jsonl (one line per step, then the RunRecord; each rank's log in metrics.ranks/), "
+                    "summary.txt. `make run` runs this.",
         epilog="examples:\n  exatrain demo\n  exatrain demo --ranks 4 --steps 100 --out runs/demo4")
     p.add_argument("--out", metavar="DIR", help="a new or empty folder for what it writes (default: a new "
                    "runs/demo-<time>)")
