@@ -78,9 +78,10 @@ class DemoResult:
         from exatrain.planner.search.explain import describe
 
         best = self.search.ranked[0]
-        measured = self.bench.summary_lines()
-        lines = [f"1. measured this machine (bench --quick, {_duration(self.bench.seconds)}): {measured[1]}",
-                 *(f"   {line}" for line in measured[3:]),
+        # GEMM throughput, memory and overheads, the links: the figures the search's ranking leans on here
+        measured = [line for line in self.bench.summary_lines() if line.startswith(("GEMM:", "memory:", "links ("))]
+        lines = [f"1. measured this machine (bench --quick, {_duration(self.bench.seconds)}): {measured[0]}",
+                 *(f"   {line}" for line in measured[1:]),
                  f"2. searched {self.search.legal:,} layouts of {best.model.name} on {self.ranks} CPU ranks, "
                  f"global batch {best.global_batch}: best {describe(best)}, "
                  f"predicted {best.estimate.time_s.step:.3f} s/step"]
