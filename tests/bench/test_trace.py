@@ -23,7 +23,7 @@ from tests.helpers.trace_matrix import CASES, FAMILIES
 TOLERANCE = 0.05  # the bound (its target is 3%; see benchmarks/RESULTS.md for the matrix's largest error)
 BACKGROUND_JOBS = {
     # run as a script, in its own process
-    "trace.matrix": background.Job([sys.executable, str(trace_matrix.__file__)]),
+    "trace.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast"]),
     "trace.estimate-tp2-zero1": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny",
                                                 "--cluster", "local-cpu", "--gpus", "4", "--tp", "2", "--zero", "1",
                                                 "--trace"]),
@@ -43,6 +43,16 @@ def test_traced_peak_matches_analytical(matrix, case) -> None:
         err = row["analytical"] / row["traced"] - 1
         assert abs(err) <= TOLERANCE, f"{case} rank {row['rank']}: analytical {row['analytical'] / 2**20:.1f} MiB " \
                                       f"vs traced {row['traced'] / 2**20:.1f} MiB ({err:+.1%})"
+
+
+@pytest.mark.parametrize("case", [*CASES, *FAMILIES])
+def test_fast_trace_equals_full_trace(matrix, case) -> None:
+    """``estimate --trace``'s fast trace (one rank per stage shape, every stage's peak replayed over its
+    own order: bench.trace.fast_trace) gives each traced stage the full trace's peak in every category,
+    to the byte, without falling back to tracing it in full (test_trace_fast.py: why, and what breaks it)."""
+    for row in matrix[case]:
+        assert not row["fast_in_full"], f"{case} rank {row['rank']} fell back to the full trace"
+        assert row["fast"] == row["full"], f"{case} rank {row['rank']}: fast {row['fast']} vs full {row['full']}"
 
 
 @pytest.mark.parametrize("case", [c for c, (_, layout, _, _) in CASES.items() if layout.get("zero_stage", 0) < 2])

@@ -33,7 +33,7 @@ from tests.helpers.trace_matrix import MOE_CP
 
 TOLERANCE = 0.05
 BACKGROUND_JOBS = {
-    "trace_moe_cp.matrix": background.Job([sys.executable, str(trace_matrix.__file__), *MOE_CP]),
+    "trace_moe_cp.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast", *MOE_CP]),
     "trace_moe_cp.estimate-moe-ep2-pp2": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model",
                                                          "moe-tiny", "--cluster", "local-cpu", "--gpus", "4", "--dp",
                                                          "2", "--ep", "2", "--pp", "2", "--trace", "--json"]),
@@ -56,6 +56,15 @@ def test_moe_and_cp_traced_peak_matches_analytical(matrix, case) -> None:
         err = row["analytical"] / row["traced"] - 1
         assert abs(err) <= TOLERANCE, f"{case} rank {row['rank']}: analytical {row['analytical'] / 2**20:.1f} MiB " \
                                       f"vs traced {row['traced'] / 2**20:.1f} MiB ({err:+.1%})"
+
+
+@pytest.mark.parametrize("case", list(MOE_CP))
+def test_fast_trace_equals_full_trace(matrix, case) -> None:
+    """The fast trace (bench.trace.fast_trace) gives each MoE and cp stage the full trace's peak in
+    every category, to the byte, without falling back to tracing it in full."""
+    for row in matrix[case]:
+        assert not row["fast_in_full"], f"{case} rank {row['rank']} fell back to the full trace"
+        assert row["fast"] == row["full"], f"{case} rank {row['rank']}: fast {row['fast']} vs full {row['full']}"
 
 
 @pytest.mark.parametrize("case", [c for c, (_, layout, _, _) in MOE_CP.items() if layout.get("zero_stage", 0) < 2])

@@ -127,7 +127,9 @@ def test_progress_only_on_request_when_stderr_is_not_a_terminal() -> None:
     assert quiet.stderr == "" and json.loads(quiet.stdout)["traced_memory_bytes"]["total"] > 0
     told = background.result("cli_surface.trace-progress", BACKGROUND_JOBS)
     assert told.returncode == 0, told.stderr[-3000:]
-    assert told.stderr.splitlines() == ["trace: tracing stage 1 of 2", "trace: tracing stage 2 of 2"]
+    assert told.stderr.splitlines() == [
+        "trace: tracing stage 1 of 2 (shape 1 of 2, for stage 1): 6 ops, 3 micro-batches (the step has 8)",
+        "trace: tracing stage 2 of 2 (shape 2 of 2, for stage 2): 4 ops, 2 micro-batches (the step has 8)"]
 
 
 def test_layout_help_names_make_plans_defaults() -> None:

@@ -3,7 +3,10 @@ test_trace.py, in a process of its own: the trace keeps a fake process group for
 
 Prints one JSON object: {case id: [{rank, traced, analytical, traced_weights, params_here}, ...]};
 run it directly to see the errors (``python tests/helpers/trace_matrix.py --table``; case ids as
-arguments for some of them, e.g. the MoE and cp cases of test_trace_moe_cp.py).
+arguments for some of them, e.g. the MoE and cp cases of test_trace_moe_cp.py). With ``--fast``,
+each case is traced the fast way too (``bench.trace.fast_trace``: one rank per stage shape, every
+stage replayed) and each row also holds both peaks by category (``full``, ``fast``) and whether
+the fast trace fell back to tracing that stage in full (``fast_in_full``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,31 @@ MOE_CP = {
 }
 
 
+# Pipelines whose stages share a shape but not an op order (4 and 8 stages, every schedule, uneven
+# stage layers, ZeRO-1 and FSDP under a pipeline, MoE with a dense first layer, cp) and steps of many
+# micro-batches: the fast trace replays these stages' orders from fewer ranks and fewer micro-batches
+# than the step has, and must give every stage the full trace's peak (test_trace_fast.py).
+SMALL8 = dict(SMALL, layers=8)
+REPLAY = {
+    "pp4-1f1b": (SMALL8, dict(pp=4), None, False),
+    "pp4-gpipe": (SMALL8, dict(pp=4, schedule="gpipe"), None, False),
+    "pp4-interleaved": (SMALL8, dict(pp=4, schedule="interleaved", interleave=2), None, False),
+    "pp4-interleaved-m12": (SMALL8, dict(pp=4, schedule="interleaved", interleave=2, m=12), None, False),
+    "pp4-zero-bubble": (SMALL8, dict(pp=4, schedule="zero_bubble", interleave=2), None, False),
+    "pp4-uneven-1-2-2-3": (SMALL8, dict(pp=4, stage_layers=(1, 2, 2, 3)), None, False),
+    "pp8-1f1b-m16-full": (SMALL8, dict(pp=8, m=16, recompute="full"), None, False),
+    "pp4-tp2-sp-zero1-dp2": (SMALL8, dict(pp=4, tp=2, sequence_parallel=True, dp=2, zero_stage=1), None, False),
+    "pp4-zero2-dp2": (dict(LLAMA, layers=8), dict(pp=4, dp=2, zero_stage=2), None, False),
+    "pp4-interleaved-zero3-dp2": (SMALL8, dict(pp=4, dp=2, zero_stage=3, schedule="interleaved", interleave=2),
+                                  None, False),
+    "pp4-foreach-untied": (dict(SMALL8, tied_embeddings=False), dict(pp=4), None, True),
+    "pp1-m8": (SMALL, dict(m=8), None, False),
+    "moe-ep2-pp4": (dict(MOE, layers=8), dict(dp=2, ep=2, pp=4), None, False),
+    "moe-ep2-m4": (MOE, dict(dp=2, ep=2, m=4), None, False),
+    "cp2-pp4": (dict(LONG, layers=8), dict(cp=2, pp=4), None, False),
+}
+
+
 def plan_for(fields: dict, layout: dict) -> Plan:
     layout = dict(layout)
     tp, pp, dp = layout.pop("tp", 1), layout.pop("pp", 1), layout.pop("dp", 1)
@@ -106,27 +134,36 @@ def params_here(plan: Plan) -> tuple[int, ...]:
     return tuple(dense + experts for dense, experts in split)
 
 
-def run(ids: list[str]) -> dict:
-    from exatrain.bench.trace import trace_stage
+def run(ids: list[str], fast: bool = False) -> dict:
+    from exatrain.bench.trace import fast_trace, trace_stage
 
     out = {}
     for case in ids:
-        fields, layout, ranks, accelerator = {**CASES, **FAMILIES, **MOE_CP}[case]
+        fields, layout, ranks, accelerator = ALL[case]
         plan = plan_for(fields, layout)
+        quick = fast_trace(plan, accelerator=accelerator) if fast else None
         rows = []
         for r in ranks if ranks is not None else range(plan.pp):
             traced = trace_stage(plan, r, accelerator=accelerator)
             est = trainer_stage_memory(plan, r, on_cpu=not accelerator)
-            rows.append({"rank": r, "traced": traced.total,
-                         "analytical": est.total / (1 + FRAGMENTATION_ALLOWANCE),  # tensors only
-                         "traced_weights": traced.weights, "params_here": params_here(plan)[r]})
+            row = {"rank": r, "traced": traced.total,
+                   "analytical": est.total / (1 + FRAGMENTATION_ALLOWANCE),  # tensors only
+                   "traced_weights": traced.weights, "params_here": params_here(plan)[r]}
+            if quick is not None:
+                row.update(full=traced.to_dict(), fast=quick.stages[r].to_dict(),
+                           fast_in_full=r in quick.traced_in_full,
+                           shapes=len(quick.probes), fast_ops=sum(len(p.order) for p in quick.probes))
+            rows.append(row)
         out[case] = rows
     return out
 
 
+ALL = {**CASES, **FAMILIES, **MOE_CP, **REPLAY}
+
+
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--table"]
-    result = run(args or [*CASES, *FAMILIES])
+    args = [a for a in sys.argv[1:] if a not in ("--table", "--fast")]
+    result = run(args or [*CASES, *FAMILIES], fast="--fast" in sys.argv)
     if "--table" in sys.argv:
         errs = []
         for case, rows in result.items():

@@ -109,7 +109,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              recompute_layers: int | str | None = None,
              recompute_every: int | None = None,
              runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
-             trace: bool = False,
+             trace: bool | str = False,
              out: str | Path | None = None, progress: Progress | None = None,
              from_file: str | Path | None = None,
              tokens: int | float | str | None = None, gpu_hour_price: float | str | None = None,
@@ -118,7 +118,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
     exatrain's trainer does not build, ``plan.default_runtime``, said in the notes) runs it: the validated Plan (its
     ``runtime`` set) with its StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's
-    own model per stage (torch, nothing allocated). ``overlap``: which of the runtime's overlaps
+    own model per stage (torch, nothing allocated): True or "fast" one rank per distinct stage shape,
+    replayed over every stage's order; "full" every stage over the whole step. ``overlap``: which of the runtime's overlaps
     are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
     tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``moe_dispatcher``: how a MoE layer's tokens
     reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``moe_capacity_factor``: drop tokens
@@ -152,6 +153,10 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     values = dict(locals())
     check_counts(values)
     run = run_options(tokens, gpu_hour_price, power_overhead)
+    if trace:
+        from exatrain.bench.traced import trace_mode
+
+        trace_mode(trace)  # bad input is refused before anything is planned
     if runtime is not None:
         check_runtime(runtime, overlap)
     if out is not None:
@@ -170,9 +175,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
         est = dataclasses.replace(est, notes=(note, *est.notes))
     plan = plan.with_estimate(est)
     if trace:
-        from exatrain.bench.traced import traced_estimate
+        from exatrain.bench.traced import trace_mode, traced_estimate
 
-        plan = plan.with_estimate(traced_estimate(plan, c, progress))
+        plan = plan.with_estimate(traced_estimate(plan, c, progress, mode=trace_mode(trace) or "fast"))
     plan = with_time_to_train(plan, c.device, run)
     if out is not None:
         plan.save(out)

@@ -51,13 +51,26 @@ direction, kept across steps) are a runtime overhead and are not traced (see the
 
 Works for 175B-size layers on a laptop: nothing is allocated (a stage of three 175B-size layers at
 tp 8 traces in a few seconds). Needs no accelerator; the autocast rules applied are the CPU's.
+
+The fast trace (``fast_trace``, what ``trace_plan`` and ``estimate --trace`` run; ``trace_stage`` and
+``--trace full`` trace every micro-batch): stages that build the same modules (``stage_shape``: the
+embedding, the head, each layer's kind) differ only in their op order, i.e. in how many micro-batches
+they hold in flight. One rank per shape is traced over a short order (``covering_order``: a few
+micro-batches per chunk, in which every op type of its stages' full orders occurs), recording the
+memory before, at the peak of, and after each op. An op's effect depends on its type (``op_types``:
+kind, chunk, the chunk's previous op, whether its gradients exist), not on how many other
+micro-batches are held; so each stage's peak is its own full order replayed from those effects
+(``_replay``), the in-flight count of every rank (``accounting.inflight``) included. Where the traced
+ops of one type differ, the shape's stages are traced in full instead. Tests hold the replayed peaks
+equal to the full trace's, to the byte, on every layout of the trace matrices.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -65,7 +78,8 @@ from torch import nn
 
 from exatrain.plan import Plan
 
-__all__ = ["TracedMemory", "trace_plan", "trace_stage"]
+__all__ = ["FastTrace", "ShapeProbe", "TracedMemory", "covering_order", "fast_trace", "op_types", "schedule_orders",
+           "shape_probes", "stage_shape", "trace_plan", "trace_stage"]
 
 
 @dataclass(frozen=True)
@@ -92,16 +106,34 @@ class TracedMemory:
         return d
 
 
-def trace_plan(plan: Plan, *, accelerator: bool = False, steps: int = 1) -> list[TracedMemory]:
+def trace_plan(plan: Plan, *, accelerator: bool = False, steps: int = 1, full: bool = False,
+               progress: Callable[[str], None] | None = None) -> list[TracedMemory]:
     """The traced peak of one rank of every pipeline stage of ``plan``, in stage order.
 
     ``accelerator`` picks the optimizer implementation the trainer gets on a GPU (AdamW's foreach
-    path, whose temporaries span all parameters); on the CPU torch runs the per-tensor loop."""
-    return [trace_stage(plan, r, accelerator=accelerator, steps=steps) for r in range(plan.pp)]
+    path, whose temporaries span all parameters); on the CPU torch runs the per-tensor loop.
+    By default one rank per distinct stage shape is traced, over a short op order, and every stage's
+    peak is replayed from it (``fast_trace``); ``full`` (or ``steps`` > 1) traces every stage with
+    every micro-batch of the step. ``progress`` hears which rank is traced and with how many ops."""
+    if full or steps != 1:
+        out = []
+        for r in range(plan.pp):
+            if progress is not None:
+                progress(f"tracing stage {r + 1} of {plan.pp} (all {plan.num_microbatches} micro-batches)")
+            out.append(trace_stage(plan, r, accelerator=accelerator, steps=steps))
+        return out
+    return fast_trace(plan, accelerator=accelerator, progress=progress).stages
 
 
 def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1) -> TracedMemory:
     """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, cp 0, tp 0); the peak over them."""
+    return _trace_rank(plan, pp_rank, accelerator=accelerator, steps=steps)[0]
+
+
+def _trace_rank(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1,
+                order: list[Op] | None = None) -> tuple[TracedMemory, "_Recorder | None"]:
+    """Trace the rank (pp_rank, dp 0, cp 0, tp 0) over ``steps`` steps of its own op order, or (one
+    step) over ``order`` ((kind, chunk, micro-batch) ops on its chunks), recording every op's memory."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from exatrain.trainer.parallel.build import execution_plan, local_params_needed
@@ -111,6 +143,8 @@ def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: i
     _ensure_fake_world()
     mesh = _mesh(plan, pp_rank)
     chunks = _build(plan, mesh, pp_rank)
+    if order is None:
+        order = schedule_orders(plan, plan.num_microbatches)[pp_rank]
     with FakeTensorMode(allow_non_fake_inputs=True), _balanced_routing(plan):
         modules = [m for _, m in chunks]
         for module in modules:
@@ -123,15 +157,18 @@ def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: i
         tracker_cls = _peak_tracker_class()
         tracker = tracker_cls()
         tracker.track_external(*modules, optimizer, *([optimizer.optim] if hasattr(optimizer, "optim") else []))
-        run = _StepRunner(plan, chunks, mesh, tracker)
+        recorder = _Recorder(tracker) if steps == 1 else None
+        run = _StepRunner(plan, chunks, tracker, order, recorder)
         with _propagation_untracked(tracker_cls), tracker:
             for _ in range(steps):
                 optimizer.zero_grad(set_to_none=True)
                 run.step()
                 _settle_and_clip(params)
                 optimizer.step()
+            if recorder is not None:
+                recorder.close()
         peak = tracker.get_tracker_snapshot("peak")
-    return _fold(pp_rank, peak)
+    return _traced(pp_rank, _categories(peak)), recorder
 
 
 # ---- the fake world -------------------------------------------------------------------------------
@@ -281,6 +318,10 @@ def _peak_tracker_class() -> type:
         those global-shape tensors as allocations of this rank."""
 
         propagating = 0
+        # The peak since the window was last opened (``_Recorder``: one op of the step), as
+        # ``_categories`` gives it; None while no window is open.
+        window: dict[str, int] | None = None
+        windowed = True  # False once the fallback below ran: no window was kept
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             if type(self).propagating:
@@ -291,12 +332,19 @@ def _peak_tracker_class() -> type:
             try:
                 snaps, peaks, peak_snaps = self._curr_mem_snap, self._peak_mem, self._peak_mem_snap
             except AttributeError:  # another MemTracker layout: do what it does
+                self.windowed = False
                 return super()._update_peak_stats(peak_state)
+            total = 0
             for dev, dev_snap in snaps.items():
-                total = dev_snap["Total"]
-                if peaks.get(dev, 0) < total:
-                    peaks[dev] = total
+                total += dev_snap["Total"]
+                if peaks.get(dev, 0) < dev_snap["Total"]:
+                    peaks[dev] = dev_snap["Total"]
                     peak_snaps[dev] = dict(dev_snap)
+            if self.window is not None and total > self.window[TOTAL]:
+                self.window = _categories(snaps)
+
+        def current(self) -> dict[str, int]:
+            return _categories(self._curr_mem_snap)
 
     return PeakTracker
 
@@ -374,11 +422,19 @@ def _settle_and_clip(params: list[nn.Parameter]) -> None:
 
 
 # ---- one step of one rank -------------------------------------------------------------------------
-class _StepRunner:
-    """Forward and backward of one step's micro-batches, in this rank's schedule order."""
+Op = tuple[str, int, int]  # (kind, chunk: the rank's k-th held stage, micro-batch)
 
-    def __init__(self, plan: Plan, chunks: list[tuple[int, nn.Module]], mesh: Any, tracker: Any) -> None:
-        self.plan, self.chunks, self.mesh, self.tracker = plan, dict(chunks), mesh, tracker
+
+class _StepRunner:
+    """Forward and backward of one step's micro-batches, in the order given: kind F forward, B whole
+    backward, I input-gradient pass, W weight-gradient pass; without a pipeline, FB (forward and
+    backward of one micro-batch, as trainer.train.Stepper runs it)."""
+
+    def __init__(self, plan: Plan, chunks: list[tuple[int, nn.Module]], tracker: Any, order: list[Op],
+                 recorder: "_Recorder | None" = None) -> None:
+        self.plan, self.chunks, self.tracker = plan, dict(chunks), tracker
+        self.held = [i for i, _ in chunks]  # chunk k -> its virtual stage
+        self.order, self.recorder = order, recorder
         self.last = plan.virtual_stages - 1
         m = plan.model
         self.tokens = (plan.micro_batch, m.seq_len // plan.cp)  # a cp rank's share of each sequence
@@ -390,7 +446,6 @@ class _StepRunner:
             self.loss_ctx = loss_parallel
         else:
             self.loss_ctx = contextlib.nullcontext
-        self.order = _rank_order(plan, [i for i, _ in chunks], mesh) if plan.pp > 1 else None
 
     def _forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
         module = self.chunks[index]
@@ -407,14 +462,18 @@ class _StepRunner:
 
         return lm_loss(logits, targets)
 
+    def _op(self) -> contextlib.AbstractContextManager:
+        return self.recorder.op() if self.recorder is not None else contextlib.nullcontext()
+
     def step(self) -> None:
         n = self.plan.num_microbatches
-        if self.order is None:  # trainer.train.Stepper without a pipeline: autocast per micro-batch
-            for _ in range(n):
-                with self.amp(), self.loss_ctx():
+        if self.plan.pp == 1:  # trainer.train.Stepper without a pipeline: autocast per micro-batch
+            for _ in self.order:
+                with self._op(), self.amp(), self.loss_ctx():
                     x = self._ids()
                     loss = self._loss(self._forward(0, x), x)
                     (loss / n).backward()
+                    del loss, x
             return
         with self.amp(), self.loss_ctx():  # the whole schedule runs inside one autocast region
             self._pipeline_step()
@@ -429,89 +488,411 @@ class _StepRunner:
         return torch.empty(p.micro_batch, s, m.hidden, dtype=dtype).requires_grad_(True)
 
     def _pipeline_step(self) -> None:
-        from torch.distributed.tensor import DTensor
-
         saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         pending_w: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for kind, index, mb in self.order:
-            key = (index, mb)
-            if kind == "F":
-                if index == 0:
-                    x = self._ids()
-                else:
-                    x = self._stage_input()
-                out = self._forward(index, x)
-                if index == self.last:
-                    out = self._loss(out, self._ids())
-                saved[key] = (out, x)
-                continue
-            if kind == "W":
-                out, grad = pending_w.pop(key)
-                out.backward(grad)
-                continue
-            out, x = saved.pop(key)
-            grad = None
-            if index != self.last:  # the gradient received from the next stage
-                local = out.to_local() if isinstance(out, DTensor) else out
-                grad = torch.empty_like(local)
-                if isinstance(out, DTensor):
-                    grad = DTensor.from_local(grad, out.device_mesh, out.placements, run_check=False)
-            if kind == "B":
-                out.backward(grad)
-            else:  # zero bubble's input-gradient pass: the graph stays for the weight pass
-                if x.requires_grad:
-                    torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
-                pending_w[key] = (out, grad)
-            x.grad = None  # the input gradient is sent to the previous stage
-            if x.is_floating_point():
-                # The received activation is dead now; MemTracker's module hooks keep a reference
-                # to a root module's inputs, so release its storage explicitly (resize_ is tracked).
-                x.untyped_storage().resize_(0)
-            del out, x, grad
+        for kind, k, mb in self.order:
+            with self._op():
+                self._run_op(kind, self.held[k], mb, saved, pending_w)
+
+    def _run_op(self, kind: str, index: int, mb: int, saved: dict, pending_w: dict) -> None:
+        from torch.distributed.tensor import DTensor
+
+        key = (index, mb)
+        if kind == "F":
+            if index == 0:
+                x = self._ids()
+            else:
+                x = self._stage_input()
+            out = self._forward(index, x)
+            if index == self.last:
+                out = self._loss(out, self._ids())
+            saved[key] = (out, x)
+            return
+        if kind == "W":
+            out, grad = pending_w.pop(key)
+            out.backward(grad)
+            del out, grad
+            return
+        out, x = saved.pop(key)
+        grad = None
+        if index != self.last:  # the gradient received from the next stage
+            local = out.to_local() if isinstance(out, DTensor) else out
+            grad = torch.empty_like(local)
+            if isinstance(out, DTensor):
+                grad = DTensor.from_local(grad, out.device_mesh, out.placements, run_check=False)
+        if kind == "B":
+            out.backward(grad)
+        else:  # zero bubble's input-gradient pass: the graph stays for the weight pass
+            if x.requires_grad:
+                torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
+            pending_w[key] = (out, grad)
+        x.grad = None  # the input gradient is sent to the previous stage
+        if x.is_floating_point():
+            # The received activation is dead now; MemTracker's module hooks keep a reference
+            # to a root module's inputs, so release its storage explicitly (resize_ is tracked).
+            x.untyped_storage().resize_(0)
+        del out, x, grad
 
 
-def _rank_order(plan: Plan, held: list[int], mesh: Any) -> list[tuple[str, int, int]]:
-    """(kind, virtual stage, micro-batch) of every compute op of this rank, in execution order:
-    kind F forward, B whole backward, I input-gradient pass, W weight-gradient pass."""
-    p, m = plan.pp, plan.num_microbatches
-    r = held[0] % p
+def schedule_orders(plan: Plan, num_microbatches: int) -> list[list[Op]]:
+    """Every pipeline rank's compute ops, in execution order, for ``num_microbatches`` micro-batches of
+    the plan's schedule: GPipe and 1F1B as torch's ScheduleGPipe / Schedule1F1B run them (1F1B: rank
+    r's min(m, p - r) warm-up forwards, then backward/forward pairs, then the cool-down), the
+    interleaved schedules as torch computes them (``pipeline_order``). Without a pipeline: one FB op
+    per micro-batch. Raises ValueError where torch refuses the micro-batch count."""
+    p, m = plan.pp, num_microbatches
+    if p == 1:
+        return [[("FB", 0, j) for j in range(m)]]
     if plan.schedule == "gpipe":
-        return [("F", r, j) for j in range(m)] + [("B", r, j) for j in range(m)]
+        return [[("F", 0, j) for j in range(m)] + [("B", 0, j) for j in range(m)] for _ in range(p)]
     if plan.schedule == "1f1b":
-        # torch Schedule1F1B: min(m, p - r) warm-up forwards, then backward/forward pairs, cool-down.
-        warm = min(m, p - r)
-        ops = [("F", r, j) for j in range(warm)]
-        f = warm
-        for b in range(m):
-            ops.append(("B", r, b))
-            if f < m:
-                ops.append(("F", r, f))
-                f += 1
-        return ops
-    # Interleaved schedules: torch computes the per-rank order when the schedule is built.
+        orders = []
+        for r in range(p):
+            warm = min(m, p - r)
+            ops = [("F", 0, j) for j in range(warm)]
+            f = warm
+            for b in range(m):
+                ops.append(("B", 0, b))
+                if f < m:
+                    ops.append(("F", 0, f))
+                    f += 1
+            orders.append(ops)
+        return orders
     from torch.distributed.pipelining import (PipelineStage, ScheduleInterleaved1F1B,
                                               ScheduleInterleavedZeroBubble)
 
-    stub = [PipelineStage(nn.Identity(), k, plan.virtual_stages, torch.device("cpu"), group=mesh.pp_group)
-            for k in held]
+    _ensure_fake_world()
+    group = _mesh(plan, 0).pp_group
+    stub = [PipelineStage(nn.Identity(), k, plan.virtual_stages, torch.device("cpu"), group=group)
+            for k in plan.stages_of_rank(0)]
     cls = ScheduleInterleaved1F1B if plan.schedule == "interleaved" else ScheduleInterleavedZeroBubble
     sched = cls(stub, m, loss_fn=lambda a, b: a)
-    ops = []
-    for action in sched.pipeline_order[r]:
-        if action is None:
-            continue
-        kind = str(getattr(action.computation_type, "value", action.computation_type))
-        if kind in ("F", "B", "I", "W"):
-            ops.append((kind, int(action.stage_index), int(action.microbatch_index)))
-    return ops
+    orders = []
+    for r in range(p):
+        ops = []
+        for action in sched.pipeline_order[r]:
+            if action is None:
+                continue
+            kind = str(getattr(action.computation_type, "value", action.computation_type))
+            if kind in ("F", "B", "I", "W"):
+                ops.append((kind, int(action.stage_index) // p, int(action.microbatch_index)))
+        orders.append(ops)
+    return orders
 
 
-def _fold(pp_rank: int, peak: dict) -> TracedMemory:
-    """MemTracker's peak snapshot (one device) in the plan's categories."""
-    snap: dict[str, int] = {}
-    for dev_snap in peak.values():
+def op_types(order: list[Op]) -> list[tuple]:
+    """What an op's effect on the rank's memory depends on besides its chunk's shape: (kind, chunk,
+    the kind of the chunk's previous op (FSDP keeps a chunk's parameters gathered from a forward to
+    its backward under ZeRO-2), whether the chunk already has gradients (the first backward allocates
+    them; later ones accumulate into them)). The stored activations of the other micro-batches in
+    flight are state, carried by the replay (``_replay``)."""
+    prev: dict[int, str] = {}
+    graded: set[int] = set()
+    out = []
+    for kind, k, _ in order:
+        out.append((kind, k, prev.get(k), k in graded))
+        prev[k] = kind
+        if kind in ("B", "W", "FB"):
+            graded.add(k)
+    return out
+
+
+# ---- the fast trace: one rank per stage shape, replayed over every stage --------------------------
+TOTAL = "Total"
+
+
+def _categories(snap_by_device: dict) -> dict[str, int]:
+    """A MemTracker snapshot ({device: {reference type: bytes, "Total": bytes}}), summed over devices."""
+    out: dict[str, int] = {}
+    for dev_snap in snap_by_device.values():
         for k, v in dev_snap.items():
-            snap[str(getattr(k, "value", k))] = snap.get(str(getattr(k, "value", k)), 0) + int(v)
+            name = str(getattr(k, "value", k))
+            out[name] = out.get(name, 0) + int(v)
+    out.setdefault(TOTAL, 0)
+    return out
+
+
+def _plus(a: dict[str, int], b: dict[str, int], sign: int = 1) -> dict[str, int]:
+    """a + sign * b by category; categories at zero are left out (the total is always there)."""
+    out = {k: a.get(k, 0) + sign * b.get(k, 0) for k in set(a) | set(b)}
+    return {k: v for k, v in out.items() if v or k == TOTAL}
+
+
+class _Recorder:
+    """The rank's memory around every op of a traced step: before it, at its own peak, after it;
+    the peak before the first op (the step's start) and after the last (autocast's exit, the
+    gradient norm, the optimizer step)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+        self.ops: list[tuple[dict[str, int], dict[str, int], dict[str, int]]] = []
+        self.pre: dict[str, int] | None = None
+        self.post: dict[str, int] | None = None
+
+    @contextlib.contextmanager
+    def op(self) -> Iterator[None]:
+        if self.pre is None:
+            self.pre = _categories(self.tracker.get_tracker_snapshot("peak"))
+        before = self.tracker.current()
+        self.tracker.window = dict(before)
+        yield
+        after = self.tracker.current()
+        self.ops.append((before, self.tracker.window, after))
+        self.tracker.window = dict(after)  # stays open to the step's end: the post phase
+
+    def close(self) -> None:
+        self.post, self.tracker.window = self.tracker.window, None
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.ops) and self.post is not None and self.tracker.windowed
+
+
+class ReplayError(ValueError):
+    """A traced order's ops do not behave alike where ``op_types`` says they should."""
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """Per op type, its memory change (after - before) and its rise to its own peak (peak - before);
+    the step's start, pre-phase peak, end state and post-phase peak."""
+
+    start: dict[str, int]
+    pre: dict[str, int]
+    end: dict[str, int]
+    post: dict[str, int]
+    effect: dict[tuple, tuple[dict[str, int], dict[str, int]]]
+
+    @classmethod
+    def of(cls, recorder: _Recorder, types: list[tuple]) -> "_Profile":
+        if not recorder.usable or len(recorder.ops) != len(types):
+            raise ReplayError("the trace recorded no per-op memory")
+        effect: dict[tuple, tuple[dict[str, int], dict[str, int]]] = {}
+        for t, (before, peak, after) in zip(types, recorder.ops):
+            e = (_plus(after, before, -1), _plus(peak, before, -1))
+            if effect.setdefault(t, e) != e:
+                raise ReplayError(f"two ops of type {t} changed memory differently")
+        assert recorder.pre is not None and recorder.post is not None
+        return cls(start=recorder.ops[0][0], pre=recorder.pre, end=recorder.ops[-1][2], post=recorder.post,
+                   effect=effect)
+
+
+def _replay(profile: _Profile, types: list[tuple]) -> dict[str, int]:
+    """The peak (by category) of a step running ops of ``types`` in that order: the memory walks
+    from the step's start by each op's change, each op peaks at its own rise above where it starts;
+    the first time the largest total is reached is the peak, as MemTracker keeps it."""
+    state, best = profile.start, profile.pre
+    for t in types:
+        if t not in profile.effect:
+            raise ReplayError(f"op type {t} was not traced")
+        change, rise = profile.effect[t]
+        here = _plus(state, rise)
+        if here[TOTAL] > best[TOTAL]:
+            best = here
+        state = _plus(state, change)
+    # What the ops leave behind beyond the traced order's (the MoE layers' per-backward records of
+    # their balancing loss and loads, kept to the step's end) is still held after the last op: the post
+    # phase (autocast's exit, the gradient norm, the optimizer step) peaks that much higher.
+    post = _plus(profile.post, _plus(state, profile.end, -1))
+    if post[TOTAL] > best[TOTAL]:
+        best = post
+    return best
+
+
+def stage_shape(plan: Plan, pp_rank: int) -> tuple:
+    """What the rank's modules are: per held stage, whether it holds the embedding and the head, and
+    each layer's kind (a MoE MLP or a dense one, windowed attention or not). Ranks of one shape build
+    the same modules on the same mesh coordinates (dp, cp, tp 0), so their ops behave alike."""
+    spec = plan.model
+    counts = plan.layers_per_stage()
+    starts = [0, *itertools.accumulate(counts)]
+    last = plan.virtual_stages - 1
+    return tuple((v == 0, v == last,
+                  tuple((spec.layer_is_moe(i), spec.layer_is_windowed(i)) for i in range(starts[v], starts[v + 1])))
+                 for v in plan.stages_of_rank(pp_rank))
+
+
+@dataclass(frozen=True)
+class ShapeProbe:
+    """One traced rank standing for every stage of its shape (``members``): ``order`` is the short op
+    order traced, holding every op type (``op_types``) that the members' full orders hold."""
+
+    rank: int
+    members: tuple[int, ...]
+    order: tuple[Op, ...]
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches the order runs through its fullest chunk."""
+        return max(sum(1 for kind, c, _ in self.order if kind in ("F", "FB") and c == k)
+                   for k in {c for _, c, _ in self.order})
+
+
+def shape_probes(plan: Plan, full: list[list[Op]] | None = None) -> list[ShapeProbe]:
+    """The distinct stage shapes of the plan (``stage_shape``), each with a short order to trace: per
+    chunk, a walk through the op types its stages' full orders hold (``covering_order``), or, where
+    none is found, the fewest micro-batches of the schedule whose order on some position holds them.
+    ``full``: the plan's ``schedule_orders``, where already at hand."""
+    from exatrain.trainer.parallel.build import execution_plan
+
+    plan = execution_plan(plan)
+    if full is None:
+        full = schedule_orders(plan, plan.num_microbatches)
+    groups: dict[tuple, list[int]] = {}
+    for r in range(plan.pp):
+        groups.setdefault(stage_shape(plan, r), []).append(r)
+    probes = []
+    for members in groups.values():
+        need = set().union(*(op_types(full[r]) for r in members))
+        order = covering_order(need) or _schedule_probe(plan, members, need)
+        if order is None:  # each stage its own full order
+            probes += [ShapeProbe(rank=r, members=(r,), order=tuple(full[r])) for r in members]
+        else:
+            probes.append(ShapeProbe(rank=members[0], members=tuple(members), order=tuple(order)))
+    return probes
+
+
+def covering_order(need: set[tuple], cap: int = 3) -> list[Op] | None:
+    """A shortest op order, chunk after chunk, in which every type of ``need`` occurs and no other:
+    per chunk a breadth-first search over (previous kind, has gradients, forwards awaiting their
+    backward, input-gradient passes awaiting their weight pass, the types run so far) for a walk that
+    runs every type of the chunk and ends drained (every forward's backward run), holding at most
+    ``cap`` micro-batches at once. None where no such walk exists."""
+    order: list[Op] = []
+    for k in sorted({t[1] for t in need}):
+        mine = sorted((t for t in need if t[1] == k), key=str)
+        bit = {t: 1 << i for i, t in enumerate(mine)}
+        goal = (1 << len(mine)) - 1
+        start = (None, False, 0, 0, 0)
+        parent: dict[tuple, tuple[tuple, str] | None] = {start: None}
+        frontier, end = [start], None
+        while frontier and end is None:
+            nxt = []
+            for node in frontier:
+                prev, graded, saved, pending, done = node
+                for t in mine:
+                    kind = t[0]
+                    if t[2] != prev or t[3] != graded:
+                        continue
+                    s_, w_ = saved + (kind == "F") - (kind in ("B", "I")), pending + (kind == "I") - (kind == "W")
+                    if not (0 <= s_ <= cap and 0 <= w_ <= cap):
+                        continue
+                    after = (kind, graded or kind in ("B", "W", "FB"), s_, w_, done | bit[t])
+                    if after in parent:
+                        continue
+                    parent[after] = (node, kind)
+                    if after[4] == goal and not s_ and not w_:
+                        end = after
+                        break
+                    nxt.append(after)
+                if end is not None:
+                    break
+            frontier = nxt
+        if end is None:
+            return None
+        kinds: list[str] = []
+        node = end
+        while parent[node] is not None:
+            node, kind = parent[node]  # type: ignore[misc]
+            kinds.append(kind)
+        order += _numbered(k, kinds[::-1])
+    return order
+
+
+def _numbered(k: int, kinds: list[str]) -> list[Op]:
+    """Micro-batch numbers for a chunk's kinds: each forward a new one; backward and input-gradient
+    passes take the oldest forward waiting, weight passes the oldest input-gradient pass waiting."""
+    saved: list[int] = []
+    pending: list[int] = []
+    out, fresh = [], 0
+    for kind in kinds:
+        if kind in ("F", "FB"):
+            mb, fresh = fresh, fresh + 1
+            if kind == "F":
+                saved.append(mb)
+        elif kind in ("B", "I"):
+            mb = saved.pop(0)
+            if kind == "I":
+                pending.append(mb)
+        else:
+            mb = pending.pop(0)
+        out.append((kind, k, mb))
+    return out
+
+
+def _schedule_probe(plan: Plan, members: list[int], need: set[tuple]) -> list[Op] | None:
+    """The order of the fewest micro-batches of the plan's schedule, on some pipeline position, that
+    holds every type of ``need``; None if no order of fewer micro-batches than the step's does."""
+    for n in range(1, plan.num_microbatches):
+        try:
+            got = schedule_orders(plan, n)
+        except ValueError:  # torch refuses this many micro-batches for the schedule
+            continue
+        for r in [*members, *(q for q in range(plan.pp) if q not in members)]:
+            if need <= set(op_types(got[r])):
+                return got[r]
+    return None
+
+
+@dataclass(frozen=True)
+class FastTrace:
+    """``fast_trace``'s answer: every stage's traced peak, the shapes traced, and the stages traced in
+    full because their shape's ops could not be replayed."""
+
+    stages: list[TracedMemory]
+    probes: list[ShapeProbe]
+    traced_in_full: tuple[int, ...]
+
+
+def fast_trace(plan: Plan, *, accelerator: bool = False,
+               progress: Callable[[str], None] | None = None) -> FastTrace:
+    """``trace_plan`` by stage shape: one rank of each distinct shape is traced over its short order
+    (``shape_probes``), every op's memory recorded; each stage of that shape then gets the peak of its
+    own full order replayed from those ops (``_replay``). Where the traced ops of one type differ, or
+    a replay cannot account for the traced step, that shape's stages are traced in full instead."""
+    from exatrain.trainer.parallel.build import execution_plan
+
+    plan = execution_plan(plan)
+    full = schedule_orders(plan, plan.num_microbatches)
+    probes = shape_probes(plan, full)
+    out: dict[int, TracedMemory] = {}
+    in_full: list[int] = []
+    for i, probe in enumerate(probes, 1):
+        if progress is not None:
+            n = probe.microbatches
+            progress(f"tracing stage {probe.rank + 1} of {plan.pp} (shape {i} of {len(probes)}, for "
+                     f"stage{_ranks_text(probe.members)}): {len(probe.order)} ops, {n} micro-batch"
+                     f"{'es' if n != 1 else ''} (the step has {plan.num_microbatches})")
+        traced, recorder = _trace_rank(plan, probe.rank, accelerator=accelerator, order=list(probe.order))
+        try:
+            assert recorder is not None
+            types = op_types(list(probe.order))
+            profile = _Profile.of(recorder, types)
+            if _traced(probe.rank, _replay(profile, types)) != traced:
+                raise ReplayError("the replay of the traced order misses its traced peak")
+            for r in probe.members:
+                out[r] = _traced(r, _replay(profile, op_types(full[r])))
+        except ReplayError as exc:
+            for r in probe.members:
+                if progress is not None:
+                    progress(f"tracing stage {r + 1} of {plan.pp} in full ({exc})")
+                out[r] = trace_stage(plan, r, accelerator=accelerator)
+                in_full.append(r)
+    return FastTrace(stages=[out[r] for r in range(plan.pp)], probes=probes, traced_in_full=tuple(sorted(in_full)))
+
+
+def _ranks_text(ranks: tuple[int, ...]) -> str:
+    """' 3' or 's 2-15' (1-based stage numbers, runs collapsed)."""
+    runs, start = [], ranks[0]
+    for a, b in zip(ranks, [*ranks[1:], None]):
+        if b != a + 1:
+            runs.append(f"{start + 1}" if start == a else f"{start + 1}-{a + 1}")
+            start = b
+    return ("s " if len(ranks) > 1 else " ") + ", ".join(runs)
+
+
+def _traced(pp_rank: int, snap: dict[str, int]) -> TracedMemory:
+    """A peak snapshot (``_categories``) in the plan's categories."""
     return TracedMemory(
         pp_rank=pp_rank,
         weights=float(snap.get("Parameter", 0)),

@@ -45,8 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exatrain estimate --model gpt-1t --cluster frontier --gpus 3072 --tp 8 --pp 64 "
                         "--micro-batch 1 --global-batch 1536 --zero 1 --recompute full")
     p.add_argument("--out", metavar="PATH", help="also write the plan (with its estimate) as JSON")
-    p.add_argument("--trace", action="store_true", help="also trace the trainer's own model per stage "
-                   "(FakeTensorMode, no allocation; seconds to minutes of CPU per stage) and add traced_memory_bytes")
+    p.add_argument("--trace", nargs="?", const="fast", choices=("fast", "full"),
+                   help="also trace the trainer's own model (FakeTensorMode, no allocation) and add "
+                   "traced_memory_bytes: fast (the default) traces one rank per distinct stage shape over a short "
+                   "op order and replays every stage's own order from it; full traces every stage over the whole "
+                   "step (minutes of CPU per stage at 175B scale)")
     add_progress_arg(p)
     p.set_defaults(func=cmd_estimate)
 
