@@ -23,7 +23,7 @@ from tests.helpers.trace_matrix import CASES, FAMILIES
 TOLERANCE = 0.05  # the bound (its target is 3%; see benchmarks/RESULTS.md for the matrix's largest error)
 BACKGROUND_JOBS = {
     # run as a script, in its own process
-    "trace.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast"]),
+    "trace.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast"], timeout_s=1800),
     "trace.estimate-tp2-zero1": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny",
                                                 "--cluster", "local-cpu", "--gpus", "4", "--tp", "2", "--zero", "1",
                                                 "--trace"]),

@@ -8,16 +8,18 @@ test_trace_moe_cp.py hold the same check for every layout of their matrices.
 The cases run in one subprocess of their own (the trace keeps a fake process group for its process),
 started with the session on the idle core (tests/helpers/background.py).
 
-Broken on purpose and seen to fail here (each in ``bench/trace.py``):
-* ``op_types`` without the chunk's previous kind: pp4-zero2-dp2's ops of one type differ (FSDP keeps
-  ZeRO-2's parameters gathered from a forward to its backward), its stages fall back to the full trace
-  and ``test_fast_trace_equals_full_trace`` fails on ``fast_in_full``;
-* ``op_types`` without "has gradients": every pipeline case falls back or differs;
-* ``stage_shape`` without the head: the last stage is replayed from a middle one, every pipeline
-  case's last stage differs;
-* ``_replay`` taking each op's state after it instead of its own peak: every case differs;
-* ``_replay`` without the post-phase shift: moe-ep2-pp4 and moe-ep2-m4 differ (the MoE layers keep
-  a record per backward to the step's end).
+Broken on purpose and seen to fail here (each in ``bench/trace.py``; run on the cases named):
+* ``op_types`` without the chunk's previous kind: pp4-zero2-dp2 and pp4-1f1b, stages 1-3 differ (a
+  chunk's first forward, which makes autocast's 16-bit weight copies, becomes one type with the rest);
+* ``op_types`` without "has gradients": pp4-1f1b and pp4-zero-bubble fall back to the full trace on
+  every stage (the first backward allocates the gradients; the traced ops of one type disagree);
+* ``stage_shape`` without the head: pp4-1f1b's last stage is replayed from a middle one and differs;
+* ``_replay`` taking each op's state after it instead of its own peak: pp4-1f1b and pp1-m8 fall back
+  (the replay misses the traced order's own peak);
+* ``_replay`` taking the traced order's post phase as it is: moe-ep2-m4-optimizer-peak and the last
+  stage of moe-ep2-pp4-optimizer-peak differ (by the MoE layers' records of the micro-batches beyond
+  the traced ones, kept to the step's end, under a peak in the optimizer step).
+A fall-back fails ``test_fast_trace_equals_full_trace`` on ``fast_in_full``, a wrong peak on its bytes.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from tests.helpers.trace_matrix import REPLAY
 _TINY_PP4 = [sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny", "--layers", "8", "--cluster",
              "local-cpu", "--gpus", "4", "--pp", "4", "--global-batch", "16", "--json"]
 BACKGROUND_JOBS = {
-    "trace_fast.replay": background.Job([sys.executable, str(trace_matrix.__file__), "--fast", *REPLAY]),
+    "trace_fast.replay": background.Job([sys.executable, str(trace_matrix.__file__), "--fast", *REPLAY],
+                                        timeout_s=1800),
     "trace_fast.estimate-fast": background.Job([*_TINY_PP4, "--trace", "--progress"]),
     "trace_fast.estimate-full": background.Job([*_TINY_PP4, "--trace", "full", "--progress"]),
 }

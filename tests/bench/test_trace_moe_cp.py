@@ -33,7 +33,8 @@ from tests.helpers.trace_matrix import MOE_CP
 
 TOLERANCE = 0.05
 BACKGROUND_JOBS = {
-    "trace_moe_cp.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast", *MOE_CP]),
+    "trace_moe_cp.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast", *MOE_CP],
+                                          timeout_s=1200),
     "trace_moe_cp.estimate-moe-ep2-pp2": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model",
                                                          "moe-tiny", "--cluster", "local-cpu", "--gpus", "4", "--dp",
                                                          "2", "--ep", "2", "--pp", "2", "--trace", "--json"]),

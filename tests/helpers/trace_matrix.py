@@ -111,6 +111,10 @@ REPLAY = {
     "pp1-m8": (SMALL, dict(m=8), None, False),
     "moe-ep2-pp4": (dict(MOE, layers=8), dict(dp=2, ep=2, pp=4), None, False),
     "moe-ep2-m4": (MOE, dict(dp=2, ep=2, m=4), None, False),
+    # short sequences and foreach AdamW: the optimizer step is the peak, above the MoE layers' records
+    # of every micro-batch's balancing loss, which are kept to the step's end
+    "moe-ep2-m4-optimizer-peak": (dict(MOE, seq_len=32), dict(dp=2, ep=2, m=4), None, True),
+    "moe-ep2-pp4-optimizer-peak": (dict(MOE, seq_len=32, layers=8), dict(dp=2, ep=2, pp=4), None, True),
     "cp2-pp4": (dict(LONG, layers=8), dict(cp=2, pp=4), None, False),
 }
 
