@@ -1,5 +1,5 @@
-"""Time `exatrain estimate --trace` on the 175B example (tp 4 · pp 16 · dp 2 on 128 frontier GPUs,
-64 micro-batches a step): the fast trace (one rank per stage shape, every stage replayed) as the
+"""Time `exatrain estimate --trace` on the README's 175B example (tp 4 · pp 16 · dp 2 on 128 frontier
+GPUs, 64 micro-batches a step; ``--tp 8``: tp 8 · pp 16 · dp 1, 128 micro-batches): the fast trace (one rank per stage shape, every stage replayed) as the
 command a user runs, and, with ``--full-stages``, some stages traced in full (every micro-batch, the
 ``--trace full`` path), each checked to the byte against the fast trace's peak for that stage, with
 the whole full trace extrapolated from them (the first stage, the middle stages at the time of the
@@ -7,6 +7,7 @@ middle one measured, the last stage).
 
     python benchmarks/trace_speed.py                       # the fast command: wall and CPU seconds
     python benchmarks/trace_speed.py --full-stages 1,2,16  # also those stages in full (1-based)
+    python benchmarks/trace_speed.py --tp 8                # the tp 8 · pp 16 layout
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 
 ARGS = ["--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128", "--tp", "4", "--pp", "16"]
+TP = ARGS.index("--tp") + 1
 
 
 def child_cpu() -> float:
@@ -40,7 +42,9 @@ def time_command(extra: list[str]) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full-stages", default="", help="comma list of 1-based stages to trace in full as well")
+    ap.add_argument("--tp", default="4", choices=("4", "8"), help="tensor-parallel degree (default 4, the README's)")
     args = ap.parse_args()
+    ARGS[TP] = args.tp
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     wall, cpu = time_command(["--trace"])
     print(f"exatrain estimate {' '.join(ARGS)} --trace --json: {wall:.1f} s wall, {cpu:.1f} s CPU")
