@@ -119,8 +119,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     exatrain's trainer does not build, ``plan.default_runtime``, said in the notes) runs it: the validated Plan (its
     ``runtime`` set) with its StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's
     own model per stage (torch, nothing allocated): True or "fast" one rank per distinct stage shape,
-    replayed over every stage's order; "full" every stage over the whole step. ``overlap``: which of the runtime's overlaps
-    are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
+    replayed over every stage's order; "full" every stage over the whole step. ``overlap``: which of the
+    runtime's overlaps are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
     tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``moe_dispatcher``: how a MoE layer's tokens
     reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``moe_capacity_factor``: drop tokens
     beyond this many times an expert's mean and pad every expert to it (default 0: dropless);
