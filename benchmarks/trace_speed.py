@@ -1,9 +1,9 @@
 """Time `exatrain estimate --trace` on the README's 175B example (tp 4 · pp 16 · dp 2 on 128 frontier
 GPUs, 64 micro-batches a step; ``--tp 8``: tp 8 · pp 16 · dp 1, 128 micro-batches): the fast trace (one
 rank per stage shape, every stage replayed) as the command a user runs, and, with ``--full-stages``, some
-stages traced in full (every micro-batch, the ``--trace full`` path), each checked to the byte against the fast trace's peak for that stage, with
-the whole full trace extrapolated from them (the first stage, the middle stages at the time of the
-middle one measured, the last stage).
+stages traced in full (every micro-batch, the ``--trace full`` path), each checked to the byte against the
+fast trace's peak for that stage, with the whole full trace extrapolated from them (the first stage, the
+middle stages at the time of the middle one measured, the last stage).
 
     python benchmarks/trace_speed.py                       # the fast command: wall and CPU seconds
     python benchmarks/trace_speed.py --full-stages 1,2,16  # also those stages in full (1-based)
