@@ -28,6 +28,7 @@ import json
 import shlex
 from typing import Any
 
+from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.engine_configs.common import (Export, Flag, FlagGroup, adam_note, elementwise_note, even_split,
                                            fusion_note, kernel_note, summary)
@@ -76,9 +77,10 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
         shape += [Flag("--position-embedding-type", "learned_absolute"), Flag("--normalization", "LayerNorm")]
     else:
         shape += [Flag("--position-embedding-type", "rope"), Flag("--rotary-base", str(int(m.rope_theta))),
-                  Flag("--normalization", "RMSNorm"), Flag("--swiglu"), Flag("--disable-bias-linear")]
-        if m.kv_heads != m.heads:
-            shape += [Flag("--group-query-attention"), Flag("--num-query-groups", str(m.kv_heads))]
+                  Flag("--normalization", "RMSNorm"), Flag("--swiglu")]
+        if not m.linear_bias:  # Megatron's linear layers carry biases unless told not to (add_bias_linear)
+            shape.append(Flag("--disable-bias-linear"))
+        shape += attention_shape_flags(m)
     if not m.tied_embeddings:
         shape.append(Flag("--untie-embeddings-and-output-weights"))
 
@@ -155,6 +157,46 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     return groups, tuple(notes)
 
 
+def attention_shape_flags(m: ModelSpec) -> list[Flag]:
+    """A llama-family model's attention as Megatron-LM builds it (megatron/core/transformer/transformer_config.py,
+    MLATransformerConfig; megatron/training/arguments.py _add_network_size_args and _add_mla_args):
+
+    * latent attention: --multi-latent-attention with the query latent (--q-lora-rank; absent: queries projected
+      directly), the key/value latent (--kv-lora-rank), the per-head query/key width (--qk-head-dim), its rotary
+      part (--qk-pos-emb-head-dim) and the value width (--v-head-dim), both head_dim in exatrain's spec, and
+      --qk-layernorm, which under latent attention builds the latents' RMSNorms (megatron/core/models/gpt/
+      gpt_layer_specs.py: q_layernorm / kv_layernorm; without it they are identities);
+    * otherwise grouped queries (--group-query-attention --num-query-groups), the head width when the model
+      names one (--kv-channels; Megatron's default is hidden/heads), and QK-norm (--qk-layernorm: the model's
+      normalization over each query and key head);
+    * sliding windows: --window-size "left,0" (a query sees itself and left keys before it: the window less one)
+      and --window-attn-skip-freq N (every N-th layer, 1-based, attends in full: exatrain's full_attention_every);
+    * attention sinks: --softmax-type learnable (one learned logit per head, TE's softmax_type)."""
+    out: list[Flag] = []
+    if m.mla:
+        out.append(Flag("--multi-latent-attention"))
+        if m.q_lora_rank:
+            out.append(Flag("--q-lora-rank", str(m.q_lora_rank)))
+        out += [Flag("--kv-lora-rank", str(m.kv_lora_rank)), Flag("--qk-head-dim", str(m.head_dim)),
+                Flag("--qk-pos-emb-head-dim", str(m.rope_head_dim)), Flag("--v-head-dim", str(m.head_dim)),
+                # under latent attention the RMSNorms of the query and key/value latents (gpt_layer_specs.py)
+                Flag("--qk-layernorm")]
+    else:
+        if m.kv_heads != m.heads:
+            out += [Flag("--group-query-attention"), Flag("--num-query-groups", str(m.kv_heads))]
+        if m.kv_channels:
+            out.append(Flag("--kv-channels", str(m.kv_channels)))
+        if m.qk_norm:
+            out.append(Flag("--qk-layernorm"))
+    if m.sliding_window:
+        out.append(Flag("--window-size", f"{m.sliding_window - 1},0"))
+        if m.full_attention_every:
+            out.append(Flag("--window-attn-skip-freq", str(m.full_attention_every)))
+    if m.attention_sinks:
+        out.append(Flag("--softmax-type", "learnable"))
+    return out
+
+
 def attention_backend(plan: Plan) -> tuple[str, str]:
     """(Megatron-LM's --attention-backend, a note or ""): megatron/core/transformer/enums.py AttnBackend
     (flash, fused, unfused, local, auto). Without flash attention "unfused"; with it the plan's
@@ -216,6 +258,10 @@ def moe_flags(plan: Plan) -> list[Flag]:
         return []
     out = [Flag("--num-experts", str(m.experts)), Flag("--moe-router-topk", str(m.top_k)),
            Flag("--moe-ffn-hidden-size", str(m.expert_width))]
+    if m.router != "softmax":  # the gate's score function (Megatron's default: softmax)
+        out.append(Flag("--moe-router-score-function", m.router))
+    if m.router_bias:  # the per-expert balancing bias of auxiliary-loss-free routing (DeepSeek-V3)
+        out.append(Flag("--moe-router-enable-expert-bias"))
     if m.shared_experts:
         out.append(Flag("--moe-shared-expert-intermediate-size", str(m.shared_experts * m.expert_width)))
     freq = moe_layer_freq(plan)
@@ -241,6 +287,14 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     if plan.model.is_moe or plan.cp > 1 or plan.fp8:
         raise UserError("--for deepspeed renders dense layouts without context parallelism or FP8; "
                         "use --for megatron for mixture-of-experts, --cp or --fp8 plans")
+    # Megatron-DeepSpeed's GPT model has no latent attention, QK-norm, sliding windows or attention sinks
+    # (megatron/arguments.py, megatron/model/transformer.py at the pinned commit)
+    unbuilt = [name for name, on in (("latent attention", m.mla), ("QK-norm", m.qk_norm),
+                                     ("sliding windows", bool(m.sliding_window)),
+                                     ("attention sinks", m.attention_sinks)) if on]
+    if unbuilt:
+        raise UserError(f"Megatron-DeepSpeed does not build {' or '.join(unbuilt)} ({m.name}): "
+                        "use --for megatron")
     if plan.pp > 1 and plan.zero_stage >= 2:
         raise UserError(f"DeepSpeed's pipeline engine rejects ZeRO-{plan.zero_stage} with pipeline parallelism "
                         "(deepspeed/runtime/pipe/engine.py): use ZeRO-1 or pp 1 for --for deepspeed")
@@ -254,10 +308,13 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     else:
         shape += [Flag("--use-rotary-position-embeddings"),
                   Flag("--rotary-position-embeddings-theta", str(int(m.rope_theta))),
-                  Flag("--no-position-embedding"), Flag("--normalization", "rmsnorm"), Flag("--swiglu"),
-                  Flag("--disable-bias-linear")]
+                  Flag("--no-position-embedding"), Flag("--normalization", "rmsnorm"), Flag("--swiglu")]
+        if not m.linear_bias:
+            shape.append(Flag("--disable-bias-linear"))
         if m.kv_heads != m.heads:
             shape.append(Flag("--num-key-value-heads", str(m.kv_heads)))
+        if m.kv_channels:  # the head width, where the model names one (default hidden/heads)
+            shape.append(Flag("--kv-channels", str(m.kv_channels)))
     if not m.tied_embeddings:
         shape.append(Flag("--untie-embeddings-and-output-weights"))
 
@@ -333,8 +390,10 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _render(target: str, header: list[str], groups: tuple[FlagGroup, ...], notes: tuple[str, ...],
+def render_arrays(target: str, header: list[str], groups: tuple[FlagGroup, ...], notes: tuple[str, ...],
             launch_hint: str) -> str:
+    """A bash fragment: the header and notes as comments, one array per flag group, and ``<target>_ARGS``
+    holding them all in order."""
     lines = ["#!/bin/bash", *header]
     lines += [f"# note: {n}" for n in notes]
     lines += [f"# Launch {launch_hint}", ""]
@@ -367,7 +426,7 @@ def render_megatron(plan: Plan) -> Export:
               "# Rendered by `exatrain export-config --for megatron`; option names checked against",
               f"# {MEGATRON_LM} megatron/training/arguments.py. Add your data, tokenizer and optimizer flags.",
               device_connections_hint(plan)]
-    text = _render("MEGATRON", header, groups, notes,
+    text = render_arrays("MEGATRON", header, groups, notes,
                    f"{plan.gpus} ranks, e.g. torchrun ... pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data flags>.")
     return Export("megatron", text, notes)
 
@@ -380,7 +439,7 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
               f"# {MEGATRON_DEEPSPEED} megatron/arguments.py and {DEEPSPEED} deepspeed/runtime/constants.py."]
     if plan.sequence_parallel:  # megatron/arguments.py validate_args raises without it on CUDA
         header.append("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (required with --sequence-parallel).")
-    text = _render("MEGATRON_DEEPSPEED", header, groups, notes,
+    text = render_arrays("MEGATRON_DEEPSPEED", header, groups, notes,
                    f"{plan.gpus} ranks, e.g. deepspeed pretrain_gpt.py "
                    "\"${MEGATRON_DEEPSPEED_ARGS[@]}\" <data flags>.")
     # The JSON goes beside the flags: a heredoc, so the fragment stays one self-contained file.
@@ -390,5 +449,6 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
 
 
 __all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "dropout_flags",
-           "megatron_deepspeed_groups", "megatron_lm_groups", "pipeline_layout", "render_deepspeed", "render_megatron",
+           "megatron_deepspeed_groups", "megatron_lm_groups", "pipeline_layout", "render_arrays", "render_deepspeed",
+           "render_megatron",
            "vocab_divisor"]
