@@ -50,10 +50,18 @@ def test_launch_torchrun(plan_file: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_export_config_cli(plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["export-config", "--plan", str(plan_file), "--for", "torchtitan"]) == 0
+    one_line_error(capsys, ["export-config", "--plan", str(plan_file), "--for", "torchtitan"],
+                   "torchtitan has no model like gpt-175b")  # no GPT-2-style model there: refused, not substituted
+    llama = tmp_path / "llama.json"
+    Plan(model=get_model("llama3-70b"), dims=ParallelDims(4, 16, 2), shape=TrainShape(1, 640), zero_stage=1,
+         recompute="full").validate().save(llama)
+    assert main(["export-config", "--plan", str(llama), "--for", "torchtitan"]) == 0
     captured = capsys.readouterr()
     assert tomllib.loads(captured.out)["parallelism"]["tensor_parallel_degree"] == 4
     assert "note: torchtitan has no ZeRO-1" in captured.err
+    assert main(["export-config", "--plan", str(llama), "--for", "torchtitan-0.3"]) == 0
+    captured = capsys.readouterr()
+    assert "--module llama3\n  --config llama3_70b" in captured.out and "note: torchtitan has no ZeRO-1" in captured.err
     out = tmp_path / "out" / "ds_args.sh"
     assert main(["export-config", "--plan", str(plan_file), "--for", "deepspeed", "--out", str(out)]) == 0
     ds_config = tmp_path / "out" / "ds_config.json"

@@ -17,8 +17,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tests.helpers.export_readback import options
 from tests.helpers.upstream_names import (DEEPSPEED_CONFIG_KEYS, DEEPSPEED_LAUNCHER_OPTIONS, MEGATRON_DEEPSPEED_OPTIONS,
-                            MEGATRON_LM_OPTIONS, TORCHTITAN_FIELDS)
+                                          MEGATRON_LM_OPTIONS, TORCHTITAN_03_OPTIONS, TORCHTITAN_FIELDS)
 
 from exatrain.catalog import get_model
 from exatrain.errors import UserError
@@ -113,24 +114,24 @@ DEEPSPEED_JSON = {  # deepspeed/runtime/constants.py, deepspeed/runtime/zero/con
            "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}},
 }
 
+# The 175B layout (tp4 pp16 dp2, micro-batch 1, global batch 640, ZeRO-1, full recompute) on Llama 3 70B (80
+# layers: 5 a stage): torchtitan has no GPT-2-style model, so the GPT plans themselves are refused (below).
 TORCHTITAN = {  # torchtitan/config/job_config.py @ v0.2.2 (module_fqns_per_model_part checked separately)
-    "175b": {"model": {"name": "llama3", "flavor": "gpt-175b"},
-             "training": {"local_batch_size": 320, "global_batch_size": 640, "seq_len": 2048,
-                          "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
-             "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2,
-                             "fsdp_reshard_after_forward": "never", "tensor_parallel_degree": 4,
-                             "pipeline_parallel_degree": 16, "pipeline_parallel_schedule": "1F1B",
-                             "pipeline_parallel_microbatch_size": 1, "context_parallel_degree": 1},
-             "activation_checkpoint": {"mode": "full"}, "compile": {"enable": False}},
-    "1t": {"model": {"name": "llama3", "flavor": "gpt-1t"},
-           "training": {"local_batch_size": 512, "global_batch_size": 1024, "seq_len": 2048,
-                        "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
-           "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2,
-                           "fsdp_reshard_after_forward": "never", "tensor_parallel_degree": 8,
-                           "pipeline_parallel_degree": 64, "pipeline_parallel_schedule": "1F1B",
-                           "pipeline_parallel_microbatch_size": 1, "context_parallel_degree": 1},
-           "activation_checkpoint": {"mode": "full"}, "compile": {"enable": False}},
-}
+    "model": {"name": "llama3", "flavor": "70B"},
+    "training": {"local_batch_size": 320, "global_batch_size": 640, "seq_len": 8192,
+                 "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
+    "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2,
+                    "fsdp_reshard_after_forward": "never", "tensor_parallel_degree": 4,
+                    "pipeline_parallel_degree": 16, "pipeline_parallel_schedule": "1F1B",
+                    "pipeline_parallel_microbatch_size": 1, "context_parallel_degree": 1},
+    "activation_checkpoint": {"mode": "full"}, "compile": {"enable": False}}
+
+
+def plan_70b() -> Plan:
+    return Plan(model=get_model("llama3-70b"), dims=ParallelDims(tp=4, pp=16, dp=2),
+                shape=TrainShape(micro_batch=1, global_batch=640), zero_stage=1, recompute="full",
+                sequence_parallel=True).validate()
+
 
 PLANS = {"175b": plan_175b, "1t": plan_1t}
 
@@ -176,16 +177,15 @@ def test_megatron_deepspeed_golden(layout: str, tmp_path: Path) -> None:
     assert config["train_batch_size"] == int(flags["--global-batch-size"]) == plan.global_batch
 
 
-@pytest.mark.parametrize("layout", ["175b", "1t"])
-def test_torchtitan_golden(layout: str) -> None:
-    plan = PLANS[layout]()
+def test_torchtitan_golden() -> None:
+    plan = plan_70b()
     result = export(plan, "torchtitan")
     config = tomllib.loads(result.text)
     for section, fields in config.items():
         assert set(fields) <= TORCHTITAN_FIELDS[section], (section, set(fields) - TORCHTITAN_FIELDS[section])
     parts = config["parallelism"].pop("module_fqns_per_model_part")
     config.pop("job")
-    assert config == TORCHTITAN[layout]
+    assert config == TORCHTITAN
     # one model part per pipeline stage, in model order, each layer exactly once
     per_stage = plan.model.layers // plan.pp
     assert len(parts) == plan.pp
@@ -197,7 +197,32 @@ def test_torchtitan_golden(layout: str) -> None:
     assert (config["training"]["local_batch_size"] // config["parallelism"]["pipeline_parallel_microbatch_size"]
             == plan.num_microbatches)
     assert any("ZeRO-1" in n for n in result.notes)  # torchtitan has FSDP, not ZeRO-1: said, not hidden
-    assert any("GPT-2-style" in n for n in result.notes)
+    assert "Register the model" not in result.text  # the built-in 70B flavor is this network
+
+
+def test_torchtitan_03_golden(tmp_path: Path) -> None:
+    """torchtitan 0.3 takes the same layout on its command line: --module/--config, then tyro's
+    --section.field-name options, the checkpointing subcommand last (upstream_names.TORCHTITAN_03_OPTIONS)."""
+    plan = plan_70b()
+    argv = bash_array(export(plan, "torchtitan-0.3").text, "TORCHTITAN_ARGS", tmp_path)
+    assert argv[:4] == ["--module", "llama3", "--config", "llama3_70b"] and argv[-1] == "activation-checkpoint:full"
+    names = [w for w in argv if w.startswith("--")]
+    assert set(names) <= TORCHTITAN_03_OPTIONS, set(names) - TORCHTITAN_03_OPTIONS
+    f = options(argv[:-1])
+    assert f["--training.local-batch-size"] == ["320"] and f["--training.global-batch-size"] == ["640"]
+    assert f["--parallelism.tensor-parallel-degree"] == ["4"] and f["--parallelism.pipeline-parallel-degree"] == ["16"]
+    assert f["--parallelism.enable-sequence-parallel"] == [] and f["--training.disable-cuda-graphs"] == []
+    parts = f["--parallelism.module-fqns-per-model-part"]  # one word per stage, its modules comma-separated
+    assert len(parts) == plan.pp and parts[0].startswith("tok_embeddings,layers.0,")
+    assert parts[-1].endswith(",norm,lm_head") and all(len(p.split(",")) >= 5 for p in parts)
+
+
+@pytest.mark.parametrize("layout", ["175b", "1t"])
+def test_torchtitan_refuses_gpt_models(layout: str) -> None:
+    """torchtitan builds no GPT-2-style model; the export had named a llama3 flavor of equal size instead."""
+    for target in ("torchtitan", "torchtitan-0.3"):
+        with pytest.raises(UserError, match="no GPT-2-style model"):
+            export(PLANS[layout](), target)
 
 
 def torchtitan_ffn_width(dim: int, multiple_of: int, multiplier: float | None) -> int:
@@ -242,11 +267,11 @@ def test_export_variants_map_each_field(tmp_path: Path) -> None:
     ds = as_flags(bash_array(export(zero3, "deepspeed").text, "MEGATRON_DEEPSPEED_ARGS", tmp_path))
     assert ds["--zero-stage"] == "3" and "--no-pipeline-parallel" in ds and "--use-flash-attn-v2" not in ds
     assert set(ds) <= MEGATRON_DEEPSPEED_OPTIONS | DEEPSPEED_LAUNCHER_OPTIONS
-    tt = tomllib.loads(export(zero3, "torchtitan").text)
+    tt = tomllib.loads(export(zero3.replace(model=get_model("llama3-8b")), "torchtitan").text)
     assert tt["parallelism"]["fsdp_reshard_after_forward"] == "always"
     assert tt["training"]["mixed_precision_param"] == "float32"
 
-    ddp = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(1, 1, 4), shape=TrainShape(2, 16)).validate()
+    ddp = Plan(model=get_model("llama-tiny"), dims=ParallelDims(1, 1, 4), shape=TrainShape(2, 16)).validate()
     tt = tomllib.loads(export(ddp, "torchtitan").text)
     assert tt["parallelism"]["data_parallel_replicate_degree"] == 4
     assert tt["parallelism"]["data_parallel_shard_degree"] == 1

@@ -101,8 +101,8 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
 
 def export_config(*, plan: str | Path | Plan, target: str, out: str | Path | None = None, warn: Warn | None = None):
     """``plan``'s layout as another engine's configuration (an Export: text, notes, extra files).
-    ``target``: megatron | deepspeed | torchtitan. ``out``: write the text there (deepspeed: and
-    ds_config.json beside it; both are checked before either is written)."""
+    ``target``: megatron | deepspeed | torchtitan (v0.2.2 TOML) | torchtitan-0.3. ``out``: write the text there
+    (deepspeed: and ds_config.json beside it; both are checked before either is written)."""
     from exatrain.engine_configs import export
 
     p = load_plan(plan, warn=warn)

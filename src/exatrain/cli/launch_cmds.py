@@ -49,9 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser(
         "export-config", help="the plan's layout as Megatron-LM, Megatron-DeepSpeed or torchtitan config",
         description="Render the plan's layout (tp, pp, virtual stages, dp, batch, ZeRO, recompute, sequence "
-                    "parallel, precision, model shape) as Megatron-LM flags (megatron), Megatron-DeepSpeed flags + "
-                    "DeepSpeed JSON (deepspeed) or a torchtitan TOML job config (torchtitan). Where an engine "
-                    "cannot express part of the plan, a note says so.",
+                    "parallel, precision, model shape) as Megatron-LM flags (megatron, for Megatron-LM d98e8a64), "
+                    "Megatron-DeepSpeed flags + DeepSpeed JSON (deepspeed), a torchtitan v0.2.2 TOML job config "
+                    "(torchtitan) or torchtitan 0.3's command line (torchtitan-0.3). Where an engine cannot express "
+                    "part of the plan, a note says so; where it cannot build the planned model, one line says why.",
         epilog="example: exatrain export-config --plan plan.json --for megatron > megatron_args.sh")
     e.add_argument("--plan", required=True, metavar="PATH", help=PLAN_HELP)
     e.add_argument("--for", dest="target", required=True, choices=TARGETS)

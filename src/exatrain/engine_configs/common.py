@@ -1,4 +1,5 @@
-"""A plan's layout for other engines: Megatron-LM, Megatron-DeepSpeed (+ DeepSpeed JSON), torchtitan.
+"""A plan's layout for other engines: Megatron-LM, Megatron-DeepSpeed (+ DeepSpeed JSON), torchtitan v0.2.2 (a TOML
+job file) and torchtitan 0.3 (its command line).
 
 Teams already on one of those engines can search with exatrain's planner and run with their own.
 Every exporter maps the same fields — tp, pp, virtual stages, dp, micro/global batch, ZeRO stage,
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from exatrain.errors import UserError
 from exatrain.plan import Plan
 
-TARGETS = ("megatron", "deepspeed", "torchtitan")
+TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.3")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ def export(plan: Plan, target: str, *, ds_config_path: str = "ds_config.json") -
         return megatron.render_deepspeed(plan, ds_config_path=ds_config_path)
     if target == "torchtitan":
         return torchtitan.render_torchtitan(plan)
+    if target == "torchtitan-0.3":
+        return torchtitan.render_torchtitan_03(plan)
     raise UserError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
 
 

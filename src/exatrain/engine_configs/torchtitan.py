@@ -1,34 +1,186 @@
-"""A torchtitan TOML job config (``--job.config_file``) for a plan.
+"""torchtitan configurations for a plan: a TOML job file for torchtitan v0.2.2 (``--for torchtitan``) and the
+command line of torchtitan 0.3 (``--for torchtitan-0.3``), each building the model that was planned.
 
-Keys checked against pytorch/torchtitan v0.2.2 (73a0e697, 2026-02-20), the last release that reads
-TOML job files: torchtitan/config/job_config.py (sections and fields),
-torchtitan/distributed/pipeline_parallel.py (module_fqns_per_model_part, microbatches =
-local_batch_size / pipeline_parallel_microbatch_size, looped stage placement), torchtitan/train.py
-(gradient accumulation = global_batch_size / (local_batch_size x dp)),
-torchtitan/models/llama3/model/model.py and model/args.py (FeedForward width, flavor fields),
-torchtitan/models/llama3/infra/parallelize.py (DDP only as the sole parallelism; TP always shards
-the norms = sequence parallel), and the same job_config.py for parallelism.context_parallel_degree,
-parallelism.expert_parallel_degree and expert_tensor_parallel_degree (etp = tp: ep inside
-dp_shard*cp, cp | ep; etp = 1: ep over all of tp and cp and part of dp_shard, tp*cp | ep; checked in
-torchtitan/distributed/parallel_dims.py ParallelDims._validate) and quantize.linear.float8
-(recipe_name tensorwise / rowwise; torchao Float8Linear, swapped in by the model converter
-"quantize.linear.float8"). torchtitan main replaced TOML files with Python config functions
-(#2386, 2026-02-23); the same section.field names remain its (frozen) command-line overrides.
+torchtitan v0.2.2 (73a0e697, 2026-02-20) is the last release that reads TOML job files: keys checked against
+torchtitan/config/job_config.py (sections and fields), torchtitan/distributed/pipeline_parallel.py
+(module_fqns_per_model_part, microbatches = local_batch_size / pipeline_parallel_microbatch_size, looped stage
+placement), torchtitan/train.py (gradient accumulation = global_batch_size / (local_batch_size x dp); the model
+built from ``train_spec.model_args[model.flavor]`` on the meta device), torchtitan/models/llama3/infra/parallelize.py
+(DDP only as the sole parallelism; TP always shards the norms = sequence parallel), the same job_config.py for
+parallelism.context_parallel_degree, parallelism.expert_parallel_degree and expert_tensor_parallel_degree
+(etp = tp: ep inside dp_shard*cp, cp | ep; etp = 1: ep over all of tp and cp and part of dp_shard, tp*cp | ep;
+torchtitan/distributed/parallel_dims.py ParallelDims._validate) and quantize.linear.float8 (recipe_name tensorwise
+/ rowwise; torchao Float8Linear, swapped in by the model converter "quantize.linear.float8").
+
+torchtitan 0.3.0 (the PyPI release of 2026) reads no job file: torchtitan/config/manager.py ConfigManager takes
+``--module FAMILY --config FUNCTION`` (a function of ``torchtitan.models.FAMILY.config_registry`` that returns the
+whole Trainer.Config, the model included) and then command-line overrides parsed by tyro, spelt
+``--section.field-name`` (dashes), with the activation checkpointing policy a subcommand that comes last
+(``activation-checkpoint:full``); torchtitan/config/configs.py (TrainingConfig, ParallelismConfig, CompileConfig),
+torchtitan/distributed/parallel_dims.py (no expert-tensor parallelism: experts whole, ep | dp_shard*cp*tp), and
+torchtitan/distributed/activation_checkpoint.py (FullAC, SelectiveAC: per-op only). The model comes only from a
+config function, so a model without one is refused in one line.
+
+The model families (torchtitan/models/*/__init__.py at both releases): llama3 (dense, untied, the FFN width from
+multiple_of and ffn_dim_multiplier), qwen3 (a head width of its own, QK-norm, tied or untied, dense or a MoE layer in
+every layer), deepseek_v3 (latent attention, leading dense layers, shared experts, sigmoid routing) and gpt_oss
+(sliding windows every other layer, attention sinks, biases). A model none of them builds — GPT-2-style models
+among them — is refused in one line; one they build but ship no flavor of gets, for v0.2.2, the model arguments to
+register as that flavor (in the header, and a note).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from exatrain.accounting.engines import get_engine
-from exatrain.engine_configs.common import Export, fusion_note, kernel_note, summary
+from exatrain.catalog.models import ModelSpec
+from exatrain.engine_configs.common import Export, Flag, FlagGroup, fusion_note, kernel_note, summary
+from exatrain.engine_configs.megatron import render_arrays
+from exatrain.errors import UserError
 from exatrain.plan import Plan, cp_comm_for
 
 TORCHTITAN = "pytorch/torchtitan@v0.2.2"
+TORCHTITAN_03 = "torchtitan 0.3.0"
+RELEASES = ("0.2.2", "0.3.0")
 # exatrain schedule -> torch.distributed.pipelining schedule name (get_schedule_class)
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                   "zero_bubble": "InterleavedZeroBubble"}
+# Where each family's flavors live (v0.2.2: a dict of model arguments in torchtitan/models/FAMILY/__init__.py)
+FLAVOR_DICTS = {"llama3": ("llama3_args", "TransformerModelArgs"), "qwen3": ("qwen3_args", "Qwen3ModelArgs"),
+                "deepseek_v3": ("deepseekv3_args", "DeepSeekV3ModelArgs"),
+                "gpt_oss": ("gptoss_configs", "GptOssModelArgs")}
+# The output projection's module name: v0.2.2's models call it "output", 0.3's decoders "lm_head"
+HEAD_MODULE = {"0.2.2": "output", "0.3.0": "lm_head"}
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """A model torchtitan ships: its family and flavor name, the model as a ModelSpec (the shape and the
+    rope_theta / norm_eps the flavor sets), whether its MoE keeps a per-expert balancing bias (a buffer, set
+    by load_balance_coeff), and torchtitan 0.3's config function for it ("" where 0.3 has none)."""
+
+    family: str
+    name: str
+    model: ModelSpec
+    expert_bias: bool = False
+    config: str = ""
+    config_fp8: str = ""  # the float8 recipe 0.3's config function converts the model's linear layers to
+
+
+def _llama(name: str, **f: Any) -> ModelSpec:
+    return ModelSpec(name=name, arch="llama", seq_len=8192, **f)
+
+
+# Recorded from torchtitan v0.2.2's torchtitan/models/{llama3,qwen3,deepseek_v3,gpt_oss}/__init__.py (the same
+# flavors are 0.3.0's model_registry entries) and 0.3.0's config_registry.py functions; the debug models left out.
+# llama3's widths are its FeedForward's: int(2*4*dim/3) x ffn_dim_multiplier, rounded up to multiple_of.
+_MOE_QWEN = dict(router="softmax", shared_experts=0, dense_layers=0)
+FLAVORS: tuple[Flavor, ...] = (
+    Flavor("llama3", "8B", _llama("8B", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                                  rope_theta=500000.0), config="llama3_8b"),
+    Flavor("llama3", "70B", _llama("70B", layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672,
+                                   vocab=128256, rope_theta=500000.0), config="llama3_70b"),
+    Flavor("llama3", "405B", _llama("405B", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248,
+                                    vocab=128256, rope_theta=500000.0), config="llama3_405b",
+           config_fp8="current"),
+    *(Flavor("qwen3", name, _llama(name, layers=layers, hidden=dim, heads=heads, kv_heads=8, kv_channels=128,
+                                   ffn_hidden=ffn, vocab=151936, qk_norm=True, tied_embeddings=tied,
+                                   rope_theta=1000000.0, norm_eps=1e-6), config=config)
+      for name, layers, dim, heads, ffn, tied, config in (
+          ("0.6B", 28, 1024, 16, 3072, True, "qwen3_0_6b"), ("1.7B", 28, 2048, 16, 6144, True, "qwen3_1_7b"),
+          ("4B", 36, 2560, 32, 9728, True, ""), ("8B", 36, 4096, 32, 12288, False, ""),
+          ("14B", 40, 5120, 40, 17408, False, "qwen3_14b"), ("32B", 64, 5120, 64, 25600, False, "qwen3_32b"))),
+    Flavor("qwen3", "30B-A3B", _llama("30B-A3B", layers=48, hidden=2048, heads=32, kv_heads=4, kv_channels=128,
+                                      ffn_hidden=6144, vocab=151936, qk_norm=True, rope_theta=1000000.0,
+                                      norm_eps=1e-6, experts=128, top_k=8, expert_ffn_hidden=768),
+           expert_bias=True, config="qwen3_30b_a3b"),
+    Flavor("qwen3", "235B-A22B", _llama("235B-A22B", layers=94, hidden=4096, heads=64, kv_heads=4, kv_channels=128,
+                                        ffn_hidden=12288, vocab=151936, qk_norm=True, rope_theta=5000000.0,
+                                        norm_eps=1e-6, experts=128, top_k=8, expert_ffn_hidden=1536),
+           expert_bias=True),
+    Flavor("deepseek_v3", "16B", _llama("16B", layers=27, hidden=2048, heads=16, kv_channels=128, ffn_hidden=10944,
+                                        vocab=102400, kv_lora_rank=512, rope_head_dim=64, experts=64, top_k=6,
+                                        shared_experts=2, expert_ffn_hidden=1408, dense_layers=1),
+           expert_bias=True, config="deepseek_v3_16b"),
+    Flavor("deepseek_v3", "236B", _llama("236B", layers=60, hidden=5120, heads=128, kv_channels=128,
+                                         ffn_hidden=12288, vocab=102400, q_lora_rank=1536, kv_lora_rank=512,
+                                         rope_head_dim=64, experts=160, top_k=6, shared_experts=2,
+                                         expert_ffn_hidden=1536, dense_layers=1), expert_bias=True),
+    Flavor("deepseek_v3", "671B", _llama("671B", layers=61, hidden=7168, heads=128, kv_channels=128,
+                                         ffn_hidden=18432, vocab=129280, q_lora_rank=1536, kv_lora_rank=512,
+                                         rope_head_dim=64, experts=256, top_k=8, shared_experts=1,
+                                         expert_ffn_hidden=2048, dense_layers=3, router="sigmoid",
+                                         router_bias=True), expert_bias=True, config="deepseek_v3_671b"),
+    *(Flavor("gpt_oss", name, _llama(name, layers=layers, hidden=2880, heads=64, kv_heads=8, kv_channels=64,
+                                     ffn_hidden=2880, vocab=201088, rope_theta=150000.0, experts=experts, top_k=4,
+                                     expert_ffn_hidden=2880, sliding_window=128, full_attention_every=2,
+                                     attention_sinks=True, linear_bias=True), expert_bias=True, config=config)
+      for name, layers, experts, config in (("20b", 24, 32, "gpt_oss_20b"), ("120b", 36, 128, "gpt_oss_120b"))),
+)
+
+
+def architecture(m: ModelSpec) -> tuple:
+    """What makes two models the same network, parameter for parameter (the name, sequence length, rope base,
+    norm epsilon and dropout left out; the dense MLP's width only where a layer has one; the router's balancing
+    bias left out: torchtitan keeps it as a buffer, which a flavor turns on for every MoE)."""
+    dense_width = m.ffn_hidden if m.moe_layers < m.layers else 0
+    moe = (m.experts, m.top_k, m.shared_experts, m.expert_width, m.dense_layers, m.moe_every, m.router) \
+        if m.is_moe else ()
+    return (m.arch, m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, dense_width, m.vocab, m.tied_embeddings,
+            m.qk_norm, moe, m.q_lora_rank, m.kv_lora_rank, m.rope_head_dim, m.sliding_window,
+            m.full_attention_every, m.attention_sinks, m.linear_bias)
+
+
+def model_family(m: ModelSpec) -> str:
+    """torchtitan's model family that builds ``m`` (module doc), or UserError naming why none does."""
+    def refuse(why: str) -> UserError:
+        return UserError(f"torchtitan has no model like {m.name}: {why}; use --for megatron")
+
+    if m.arch == "gpt":
+        raise refuse("no GPT-2-style model (learned positions, LayerNorm and biases, GELU MLP, tied head)")
+    every_layer_moe = m.is_moe and m.dense_layers == 0 and m.moe_every == 1
+    if m.mla:
+        if not m.is_moe or m.moe_every != 1:
+            raise refuse("its latent-attention model (deepseek_v3) has a MoE layer in every layer after the dense ones")
+        return "deepseek_v3"
+    if m.sliding_window or m.attention_sinks or m.linear_bias:
+        gpt_oss = (m.sliding_window and m.full_attention_every == 2 and m.attention_sinks and m.linear_bias
+                   and every_layer_moe and not m.shared_experts and not m.qk_norm and m.router == "softmax")
+        if not gpt_oss:
+            raise refuse("its only model with sliding windows, attention sinks or biases (gpt_oss) has all three, "
+                         "a window every other layer and a softmax-routed MoE layer in every layer")
+        return "gpt_oss"
+    own_width = bool(m.kv_channels) and m.kv_channels != m.hidden // m.heads
+    if m.qk_norm or own_width or m.is_moe or m.tied_embeddings or m.hidden % m.heads:
+        if m.is_moe and not every_layer_moe:
+            raise refuse("its MoE models without latent attention (qwen3) have a MoE layer in every layer")
+        return "qwen3"
+    return "llama3"
+
+
+def builtin_flavor(m: ModelSpec, release: str = "0.2.2") -> Flavor | None:
+    """The torchtitan flavor that is ``m``'s network (``architecture``), in ``release``'s terms: 0.3.0 needs a
+    config function for it; None when there is none."""
+    family, arch = model_family(m), architecture(m)
+    for f in FLAVORS:
+        if f.family == family and architecture(f.model) == arch and (release == "0.2.2" or f.config):
+            return f
+    return None
+
+
+def flavor_notes(m: ModelSpec, flavor: Flavor) -> list[str]:
+    """What a built-in flavor sets differently from the plan's model without changing a parameter."""
+    notes = [f"torchtitan's {flavor.family} {flavor.name} sets {field} {theirs:g}; the plan's model has {ours:g} "
+             "(the parameter count is the same)"
+             for field, theirs, ours in (("rope_theta", flavor.model.rope_theta, m.rope_theta),
+                                         ("norm_eps", flavor.model.norm_eps, m.norm_eps)) if theirs != ours]
+    if m.is_moe and flavor.expert_bias and not m.router_bias:
+        notes.append(f"torchtitan's {flavor.family} {flavor.name} balances its experts with a per-expert bias on the "
+                     "router scores (load_balance_coeff), which the plan's model does not have")
+    return notes
 
 
 def llama3_ffn_args(dim: int, width: int) -> tuple[int, float]:
@@ -42,33 +194,84 @@ def llama3_ffn_args(dim: int, width: int) -> tuple[int, float]:
     return multiple, width / base
 
 
-def model_parts(plan: Plan) -> list[list[str]]:
-    """Module names of each virtual stage in model order (llama3's tok_embeddings, layers.i,
-    norm, output); torchtitan places part k on pipeline rank k % pp, as the plan does."""
+def _moe_args(m: ModelSpec, **extra: Any) -> str:
+    """torchtitan's MoEArgs for ``m`` (torchtitan/models/moe/moe.py): the balancing bias buffer exactly where the
+    model routes with one (load_balance_coeff; None turns it off)."""
+    fields = dict(num_experts=m.experts, num_shared_experts=m.shared_experts, top_k=m.top_k, score_func=m.router,
+                  route_norm=True, score_before_experts=False, **extra,
+                  load_balance_coeff=1e-3 if m.router_bias else None)
+    return "MoEArgs(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+def flavor_snippet(m: ModelSpec, flavor: str = "") -> str:
+    """The v0.2.2 model arguments to register as ``flavor`` (default the model's name) in its family's flavor dict
+    (FLAVOR_DICTS; field names from each family's model/args.py)."""
+    family = model_family(m)
+    table, cls = FLAVOR_DICTS[family]
+    if family == "llama3":
+        multiple, mult = llama3_ffn_args(m.hidden, m.ffn_hidden)
+        args = dict(dim=m.hidden, n_layers=m.layers, n_heads=m.heads, n_kv_heads=m.kv_heads, vocab_size=m.vocab,
+                    multiple_of=multiple, ffn_dim_multiplier=mult, norm_eps=m.norm_eps, rope_theta=m.rope_theta)
+    elif family == "qwen3":
+        args = dict(dim=m.hidden, n_layers=m.layers, n_heads=m.heads, n_kv_heads=m.kv_heads, vocab_size=m.vocab,
+                    head_dim=m.head_dim, hidden_dim=m.ffn_hidden, norm_eps=m.norm_eps, rope_theta=m.rope_theta,
+                    qk_norm=m.qk_norm, enable_weight_tying=m.tied_embeddings)
+        if m.is_moe:
+            args.update(moe_enabled=True, moe_inter_dim=m.expert_width)
+    elif family == "deepseek_v3":
+        args = dict(vocab_size=m.vocab, dim=m.hidden, inter_dim=m.ffn_hidden, moe_inter_dim=m.expert_width,
+                    n_layers=m.layers, n_dense_layers=m.dense_layers, n_heads=m.heads, norm_eps=m.norm_eps,
+                    rope_theta=m.rope_theta, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
+                    qk_nope_head_dim=m.head_dim, qk_rope_head_dim=m.rope_head_dim, v_head_dim=m.head_dim)
+    else:  # gpt_oss: alternating windows, sinks and biases are the family's own
+        args = dict(vocab_size=m.vocab, dim=m.hidden, moe_inter_dim=m.expert_width, n_layers=m.layers,
+                    norm_eps=m.norm_eps, head_dim=m.head_dim, n_heads=m.heads, n_kv_heads=m.kv_heads,
+                    sliding_window_size=m.sliding_window, rope_theta=m.rope_theta)
+    text = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    if m.is_moe:
+        text += ", moe_args=" + _moe_args(m, **({"gate_bias": True} if family == "gpt_oss" else {}))
+    return f'{table}["{flavor or m.name}"] = {cls}({text})'
+
+
+def model_parts(plan: Plan, head: str = "output") -> list[list[str]]:
+    """Module names of each virtual stage in model order (tok_embeddings, layers.i, norm and the output
+    projection ``head``: HEAD_MODULE); torchtitan places part k on pipeline rank k % pp, as the plan does."""
     parts: list[list[str]] = []
     first = 0
     for n in plan.layers_per_stage():
         parts.append([f"layers.{i}" for i in range(first, first + n)])
         first += n
     parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
+    parts[-1] += ["norm", head]
     return parts
 
 
-def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
-    """(sections, notes): the job config as nested dicts, and what it cannot express exactly."""
+def _model_section(plan: Plan) -> tuple[dict[str, Any], list[str], str]:
+    """([model] for v0.2.2, notes, the registration line or "" for a built-in flavor)."""
     m = plan.model
-    notes: list[str] = []
-    if m.arch == "gpt":
-        notes.append("torchtitan has no GPT-2-style model (learned positions, LayerNorm with biases, GELU, "
-                     "tied head): the flavor below is the llama3 family with the same depth, width, heads "
-                     "and vocabulary and a SwiGLU of equal parameter count")
+    family = model_family(m)
+    flavor = builtin_flavor(m, "0.2.2")
+    if flavor is not None:
+        return {"name": family, "flavor": flavor.name}, flavor_notes(m, flavor), ""
+    table = FLAVOR_DICTS[family][0]
+    return ({"name": family, "flavor": m.name},
+            [f"torchtitan v0.2.2 ships no {family} flavor of {m.name}: register it as the header says "
+             f"(torchtitan/models/{family}/__init__.py, {table})"], flavor_snippet(m))
+
+
+def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """(sections, notes): the job config as nested dicts in v0.2.2's section and field names, and what it cannot
+    express exactly; ``release`` "0.3.0" gives the fields torchtitan 0.3 takes on its command line instead
+    (``torchtitan_03_args`` spells them), a model section of its --module and --config."""
+    m = plan.model
+    v03 = release == "0.3.0"
+    model, notes, _ = _model_section_03(plan) if v03 else _model_section(plan)
     only_dp = plan.tp == 1 and plan.pp == 1
     reshard: str | None = None
     if plan.dp == 1:
         replicate, shard = 1, 1
-    elif plan.zero_stage == 0 and only_dp:
-        replicate, shard = plan.dp, 1  # plain DDP
+    elif plan.zero_stage == 0 and only_dp and plan.ep == 1:
+        replicate, shard = plan.dp, 1  # plain DDP (expert parallelism shards its experts' gradients: FSDP)
     else:
         replicate, shard = 1, plan.dp
         reshard = "always" if plan.zero_stage == 3 else "never"
@@ -78,7 +281,7 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
                          "weights once per step (ZeRO-2's traffic, ZeRO-3's resting memory)")
         elif plan.zero_stage == 0:
             notes.append("torchtitan runs DDP only as the sole parallelism; with tp/pp the dp dimension is FSDP2")
-    if plan.tp > 1 and not plan.sequence_parallel:
+    if plan.tp > 1 and not plan.sequence_parallel and not v03:
         notes.append("torchtitan's tensor parallelism always shards the norms over tp (sequence parallel on)")
     if plan.recompute == "selective":
         notes.append("torchtitan's selective checkpointing is per operator (selective_ac_option 'op': matmul "
@@ -101,6 +304,9 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
         "mixed_precision_param": plan.dtype,
         "mixed_precision_reduce": "float32",
     }
+    if v03 and (pipelined or plan.ep > 1):  # 0.3 captures CUDA graphs by default, which it refuses with a
+        # pipeline or its standard expert-parallel dispatcher (trainer.py Config._validate_cuda_graphs)
+        training["disable_cuda_graphs"] = True
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
@@ -108,25 +314,34 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
     if reshard is not None:
         par["fsdp_reshard_after_forward"] = reshard
     par["tensor_parallel_degree"] = plan.tp
+    if v03 and plan.tp > 1:  # 0.3 can leave the norms whole (ParallelismConfig.enable_sequence_parallel)
+        par["enable_sequence_parallel"] = plan.sequence_parallel
     par["pipeline_parallel_degree"] = plan.pp
     if pipelined:
         par["pipeline_parallel_schedule"] = SCHEDULE_NAMES[plan.schedule]
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
-        par["module_fqns_per_model_part"] = model_parts(plan)
+        par["module_fqns_per_model_part"] = model_parts(plan, HEAD_MODULE[release])
     par["context_parallel_degree"] = plan.cp
     if plan.cp > 1:  # the exchange the planner prices (cost.experts.cp_exposed_s): torch's rotate method
         comm = cp_comm_for("torchtitan", plan.cp_comm, plan.model)
-        par["context_parallel_rotate_method"] = {"all_gather": "allgather", "p2p": "alltoall"}[comm]
+        if not v03:
+            par["context_parallel_rotate_method"] = {"all_gather": "allgather", "p2p": "alltoall"}[comm]
+        elif comm != "all_gather":  # context_parallel/api.py: flex_cp_allgather, or SDPA's dispatcher
+            notes.append(f"the plan was priced with the {comm} K,V exchange; torchtitan 0.3 has no switch for it "
+                         "and all-gathers K and V")
     if plan.model.is_moe:
         par["expert_parallel_degree"] = plan.ep
-        if plan.ep > 1 and plan.ep % (plan.tp * plan.cp) == 0:
+        if v03 and plan.ep > 1 and (plan.dp * plan.cp * plan.tp) % plan.ep:
+            raise UserError(f"torchtitan 0.3 spreads ep over dp x cp x tp = {plan.dp * plan.cp * plan.tp} ranks "
+                            f"(parallel_dims.py efsdp), which ep {plan.ep} does not divide")
+        if v03:
+            pass  # no expert-tensor parallelism: experts whole on each rank, as priced
+        elif plan.ep > 1 and plan.ep % (plan.tp * plan.cp) == 0:
             par["expert_tensor_parallel_degree"] = 1  # ep takes all of tp and cp: experts whole, as priced
         elif plan.ep > 1 and plan.tp > 1:
             par["expert_tensor_parallel_degree"] = plan.tp
             notes.append(f"torchtitan runs ep {plan.ep} inside dp with its experts split over tp "
                          f"(expert_tensor_parallel_degree {plan.tp}); the estimate priced them whole on each rank")
-        notes.append("torchtitan's llama3 family has no MoE layer: use its deepseek_v3 or qwen3 model with "
-                     "this expert count and width as the flavor")
         if plan.moe_dispatcher != "alltoall":
             notes.append(f"the plan was priced with the {plan.moe_dispatcher} dispatcher (one copy per destination "
                          "rank and node); this config sets no dispatcher: torchtitan's own all-to-all sends every "
@@ -138,7 +353,12 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
                        "(cuDNN's on Hopper from torch 2.11, FlashAttention-2's before)")
     notes += [note] if note else []
     quant: dict[str, Any] = {}
-    if plan.fp8:
+    if plan.fp8 and v03 and builtin_flavor(m, "0.3.0").config_fp8 == plan.fp8:
+        pass  # the config function's own float8 converter: what the plan priced
+    elif plan.fp8 and v03:
+        notes.append("torchtitan 0.3 has no command-line switch for float8 GEMMs (its float8 converters come with "
+                     "config functions): this command line trains without the plan's FP8")
+    elif plan.fp8:
         recipe = {"current": "tensorwise", "block": "rowwise"}.get(plan.fp8, "tensorwise")
         quant = {"recipe_name": recipe}
         if plan.fp8_param_gather:
@@ -161,16 +381,21 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
     ac: dict[str, Any] = {"mode": plan.recompute}
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
+    elif plan.recompute == "full" and plan.recompute_every and v03:
+        notes.append(f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
+                     f"{plan.recompute_every}, and this command line every block")
     elif plan.recompute == "full" and plan.recompute_every:  # layer-level: every Nth block checkpointed whole
         ac = {"mode": "selective", "selective_ac_option": str(plan.recompute_every)}
     sections = {
-        "job": {"description": f"exatrain plan: {summary(plan)}"},
-        "model": {"name": "llama3", "flavor": m.name,
-                  **({"converters": ["quantize.linear.float8"]} if quant else {})},
+        **({} if v03 else {"job": {"description": f"exatrain plan: {summary(plan)}"}}),
+        "model": {**model, **({"converters": ["quantize.linear.float8"]} if quant else {})},
         "training": training,
         "parallelism": par,
         "activation_checkpoint": ac,
-        "compile": {"enable": bool(components), **({"components": components} if components else {})},
+        "compile": {"enable": bool(components), **({"components": components} if components else {}),
+                    # 0.3: async TP compiles the model; a config function that turns it on (llama3_405b) would
+                    # refuse a command line that turns compiling off (CompileConfig's check)
+                    **({"enable_async_tensor_parallel": False} if v03 and not components else {})},
         **({"quantize.linear.float8": quant} if quant else {}),
         # Adam's kernel as the plan priced it (plan.ADAM_KERNELS; torchtitan's default: fused)
         **({"optimizer": {"implementation": plan.adam_kernel}} if plan.adam_kernel else {}),
@@ -180,35 +405,101 @@ def torchtitan_config(plan: Plan) -> tuple[dict[str, dict[str, Any]], tuple[str,
     return sections, tuple(notes)
 
 
-def flavor_snippet(plan: Plan) -> str:
-    """The TransformerModelArgs to register as the flavor (llama3/model/args.py field names)."""
+def _model_section_03(plan: Plan) -> tuple[dict[str, Any], list[str], str]:
+    """(--module and --config of torchtitan 0.3, notes, ""), or UserError where 0.3 has no config function that
+    builds the plan's model."""
     m = plan.model
-    width = m.ffn_hidden if m.gated_mlp else _swiglu_width(m.ffn_hidden)
-    multiple, mult = llama3_ffn_args(m.hidden, width)
-    return (f'llama3_args["{m.name}"] = TransformerModelArgs(dim={m.hidden}, n_layers={m.layers}, '
-            f"n_heads={m.heads}, n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, multiple_of={multiple}, "
-            f"ffn_dim_multiplier={mult!r}, norm_eps={m.norm_eps!r}, rope_theta={m.rope_theta!r})")
-
-
-def _swiglu_width(gelu_width: int) -> int:
-    """A SwiGLU (3 matrices) with the parameters of a 2-matrix MLP: 2/3 of the width, rounded up to 256."""
-    return -(-(2 * gelu_width) // (3 * 256)) * 256
+    flavor = builtin_flavor(m, "0.3.0")
+    if flavor is None:
+        there = builtin_flavor(m, "0.2.2")
+        has = f"; it has the {there.family} {there.name} model but no config function for it" if there else ""
+        functions = ", ".join(f.config for f in FLAVORS if f.config)
+        raise UserError(f"torchtitan 0.3 builds only the models of its config functions ({functions}), and "
+                        f"{m.name} is none of them{has}: use --for torchtitan (v0.2.2, whose flavor you can "
+                        "register) or --for megatron")
+    notes = flavor_notes(m, flavor)
+    if flavor.config_fp8 and plan.fp8 != flavor.config_fp8:  # model converters are not on the command line
+        notes.append(f"torchtitan 0.3's {flavor.config} converts the linear layers to float8 ({flavor.config_fp8} "
+                     "scaling), which its command line cannot undo: the plan priced "
+                     + (f"{plan.fp8} scaling" if plan.fp8 else f"{plan.dtype} GEMMs"))
+    return {"module": flavor.family, "config": flavor.config}, notes, ""
 
 
 def render_torchtitan(plan: Plan) -> Export:
+    """The v0.2.2 TOML job file."""
     sections, notes = torchtitan_config(plan)
+    _, _, register = _model_section(plan)
     lines = [f"# torchtitan job config for {summary(plan)}.",
-             "# Rendered by `exatrain export-config --for torchtitan`; keys checked against",
-             f"# {TORCHTITAN} torchtitan/config/job_config.py. Run: ./run_train.sh --job.config_file <this file>",
+             "# Rendered by `exatrain export-config --for torchtitan` for torchtitan v0.2.2 (the last release that "
+             "reads",
+             f"# TOML job files; keys checked against {TORCHTITAN} torchtitan/config/job_config.py; torchtitan 0.3:",
+             "# --for torchtitan-0.3). Run: ./run_train.sh --job.config_file <this file>",
              f"# (world size {plan.gpus} = dp x tp x pp" + (" x cp" if plan.cp > 1 else "")
-             + "). Add your dataset, optimizer and checkpoint sections.",
-             "# Register the model shape as a flavor in torchtitan/models/llama3/__init__.py:",
-             f"#   {flavor_snippet(plan)}"]
+             + "). Add your dataset, optimizer and checkpoint sections."]
+    if register:
+        family = sections["model"]["name"]
+        lines += [f"# Register the model as a flavor in torchtitan/models/{family}/__init__.py:", f"#   {register}"]
     lines += [f"# note: {n}" for n in notes]
     for name, fields in sections.items():
         lines += ["", f"[{name}]"]
         lines += [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
     return Export("torchtitan", "\n".join(lines) + "\n", notes)
+
+
+def _cli_name(section: str, key: str) -> str:
+    """tyro's spelling of a config field: --section.field-name (torchtitan 0.3 config/manager.py)."""
+    return f"--{section}.{key}".replace("_", "-")
+
+
+def torchtitan_03_args(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ...]]:
+    """torchtitan 0.3's command line for the plan, in flag groups, and its notes (``torchtitan_config`` with
+    release "0.3.0", each field spelt as tyro parses it; the checkpointing policy a subcommand, last)."""
+    sections, notes = torchtitan_config(plan, "0.3.0")
+    model = sections.pop("model")
+    ac = sections.pop("activation_checkpoint")
+    groups = [FlagGroup("MODEL_ARGS", "model: a config function of torchtitan.models.<module>.config_registry",
+                        "torchtitan/config/manager.py (ConfigManager._load_config)",
+                        (Flag("--module", model["module"]), Flag("--config", model["config"])))]
+    titles = {"training": ("TRAINING_ARGS", "batch and precision", "torchtitan/config/configs.py (TrainingConfig)"),
+              "parallelism": ("PARALLEL_ARGS", "parallel layout", "torchtitan/config/configs.py (ParallelismConfig)"),
+              "compile": ("COMPILE_ARGS", "torch.compile", "torchtitan/config/configs.py (CompileConfig)"),
+              "optimizer": ("OPTIMIZER_ARGS", "optimizer kernel", "torchtitan/components/optimizer"),
+              "debug": ("DEBUG_ARGS", "routing", "torchtitan/config/configs.py (DebugConfig)")}
+    for section, fields in sections.items():
+        flags: list[Flag] = []
+        for key, value in fields.items():
+            name = _cli_name(section, key)
+            if isinstance(value, bool):  # tyro's paired switches: --x / --no-x
+                flags.append(Flag(name if value else name.replace(f"--{section}.", f"--{section}.no-")))
+            elif key == "module_fqns_per_model_part":  # one word per model part, its modules comma-separated
+                words = [",".join(part) for part in value]
+                flags.append(Flag(name, words[0], tuple(words[1:])))
+            elif isinstance(value, list):
+                flags.append(Flag(name, ",".join(value)))
+            else:
+                flags.append(Flag(name, str(value)))
+        var, title, source = titles[section]
+        groups.append(FlagGroup(var, title, source, tuple(flags)))
+    policy = {"full": "full", "selective": "selective", "none": "none"}[ac["mode"]]
+    groups.append(FlagGroup("CHECKPOINT_ARGS", "activation checkpointing: a subcommand, after every other option",
+                            "torchtitan/distributed/activation_checkpoint.py (FullAC, SelectiveAC)",
+                            (Flag(f"activation-checkpoint:{policy}"),)))
+    return tuple(groups), notes
+
+
+def render_torchtitan_03(plan: Plan) -> Export:
+    """torchtitan 0.3's command line as bash arrays."""
+    groups, notes = torchtitan_03_args(plan)
+    header = [f"# torchtitan command line for {summary(plan)}.",
+              "# Rendered by `exatrain export-config --for torchtitan-0.3` for torchtitan 0.3 (checked against the "
+              "0.3.0 release:",
+              "# torchtitan/config/manager.py, configs.py); it reads no job file, so this is its command line "
+              "(v0.2.2: --for torchtitan).",
+              f"# World size {plan.gpus} = dp x tp x pp" + (" x cp" if plan.cp > 1 else "")
+              + ". Add your dataset, optimizer and checkpoint options before the checkpointing subcommand."]
+    text = render_arrays("TORCHTITAN", header, groups, notes,
+                         f"{plan.gpus} ranks, e.g. torchrun ... -m torchtitan.train \"${{TORCHTITAN_ARGS[@]}}\".")
+    return Export("torchtitan-0.3", text, notes)
 
 
 def _toml_value(value: Any) -> str:
@@ -222,5 +513,7 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"no TOML rendering for {type(value).__name__}")
 
 
-__all__ = ["SCHEDULE_NAMES", "TORCHTITAN", "flavor_snippet", "llama3_ffn_args", "model_parts",
-           "render_torchtitan", "torchtitan_config"]
+__all__ = ["FLAVORS", "FLAVOR_DICTS", "Flavor", "HEAD_MODULE", "RELEASES", "SCHEDULE_NAMES", "TORCHTITAN",
+           "TORCHTITAN_03", "architecture", "builtin_flavor", "flavor_notes", "flavor_snippet", "llama3_ffn_args",
+           "model_family", "model_parts", "render_torchtitan", "render_torchtitan_03", "torchtitan_03_args",
+           "torchtitan_config"]
