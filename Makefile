@@ -21,7 +21,17 @@ ENV_PYTHON ?= $$(bash scripts/install.sh --print-python)
 
 export PYTHON VENV UPGRADE
 
-.PHONY: install run test check lint format bench
+.PHONY: install run test check lint format bench check-exports
+
+# `make check-exports`: every export-config export of the plan matrix through the engines' own parsers and model
+# builders (scripts/check_exports.py): DeepSpeed 0.19.8, torchtitan 0.2.2 and 0.3.0 are pip-installed into venvs under
+# EXPORT_VENVS; Megatron-LM and Megatron-DeepSpeed are not on PyPI (the megatron-core wheel holds no megatron/training),
+# so they come from MEGATRON_LM / MEGATRON_DEEPSPEED: a checkout, or a git URL with an optional @commit (defaults: their
+# GitHub repositories at d98e8a64 / 4efb479d). EXPORT_CHECK_ARGS passes more, e.g. "--markdown out.md".
+EXPORT_VENVS ?= $(HOME)/.cache/exatrain/engines
+MEGATRON_LM ?=
+MEGATRON_DEEPSPEED ?=
+EXPORT_CHECK_ARGS ?=
 
 # What ruff checks and formats (its settings: [tool.ruff] in pyproject.toml).
 LINT_PATHS ?= src tests benchmarks scripts
@@ -50,3 +60,8 @@ format:
 
 bench: install
 	@py="$(ENV_PYTHON)" && "$$py" benchmarks/search_speed.py
+
+check-exports: install
+	@py="$(ENV_PYTHON)" && "$$py" scripts/check_exports.py --venvs "$(EXPORT_VENVS)" \
+		$(if $(MEGATRON_LM),--megatron-lm "$(MEGATRON_LM)") $(if $(MEGATRON_DEEPSPEED),--megatron-deepspeed "$(MEGATRON_DEEPSPEED)") \
+		$(EXPORT_CHECK_ARGS)
