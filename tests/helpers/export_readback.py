@@ -218,7 +218,7 @@ def torchtitan_model(text: str) -> ModelSpec:
                 if line.startswith("# Register the model as a flavor")]
     seq = job["training"]["seq_len"]
     if register:
-        if f'["{flavor}"]' not in register[0]:
+        if f"[{flavor!r}]" not in register[0]:
             raise ValueError(f"the header registers another flavor than {flavor}")
         return torchtitan_args_model(family, register[0], seq)
     return _flavor(family, name=flavor).replace(seq_len=seq)

@@ -37,6 +37,7 @@ from exatrain.plan import Plan, cp_comm_for
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
 MEGATRON_DEEPSPEED = "deepspeedai/Megatron-DeepSpeed@4efb479d"
 DEEPSPEED = "deepspeedai/DeepSpeed@edaa7221"
+DEEPSPEED_RELEASE = "0.19.8"  # the release scripts/check_exports.py runs the exports through
 
 
 def vocab_divisor(plan: Plan) -> int:
@@ -423,8 +424,9 @@ def device_connections_hint(plan: Plan) -> str:
 def render_megatron(plan: Plan) -> Export:
     groups, notes = megatron_lm_groups(plan)
     header = [f"# Megatron-LM arguments for {summary(plan)}.",
-              "# Rendered by `exatrain export-config --for megatron`; option names checked against",
-              f"# {MEGATRON_LM} megatron/training/arguments.py. Add your data, tokenizer and optimizer flags.",
+              f"# Rendered by `exatrain export-config --for megatron` for Megatron-LM {MEGATRON_LM.split('@')[1]} "
+              "(option names from",
+              f"# {MEGATRON_LM} megatron/training/arguments.py). Add your data, tokenizer and optimizer flags.",
               device_connections_hint(plan)]
     text = render_arrays("MEGATRON", header, groups, notes,
                    f"{plan.gpus} ranks, e.g. torchrun ... pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data flags>.")
@@ -435,8 +437,10 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
     groups, notes = megatron_deepspeed_groups(plan, ds_config_path)
     cfg = json.dumps(deepspeed_config(plan), indent=2)
     header = [f"# Megatron-DeepSpeed arguments and DeepSpeed config for {summary(plan)}.",
-              "# Rendered by `exatrain export-config --for deepspeed`; names checked against",
-              f"# {MEGATRON_DEEPSPEED} megatron/arguments.py and {DEEPSPEED} deepspeed/runtime/constants.py."]
+              f"# Rendered by `exatrain export-config --for deepspeed` for Megatron-DeepSpeed "
+              f"{MEGATRON_DEEPSPEED.split('@')[1]} with DeepSpeed {DEEPSPEED_RELEASE}",
+              f"# (names from {MEGATRON_DEEPSPEED} megatron/arguments.py and {DEEPSPEED} "
+              "deepspeed/runtime/constants.py)."]
     if plan.sequence_parallel:  # megatron/arguments.py validate_args raises without it on CUDA
         header.append("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (required with --sequence-parallel).")
     text = render_arrays("MEGATRON_DEEPSPEED", header, groups, notes,

@@ -230,7 +230,7 @@ def flavor_snippet(m: ModelSpec, flavor: str = "") -> str:
     text = ", ".join(f"{k}={v!r}" for k, v in args.items())
     if m.is_moe:
         text += ", moe_args=" + _moe_args(m, **({"gate_bias": True} if family == "gpt_oss" else {}))
-    return f'{table}["{flavor or m.name}"] = {cls}({text})'
+    return f"{table}[{(flavor or m.name)!r}] = {cls}({text})"
 
 
 def model_parts(plan: Plan, head: str = "output") -> list[list[str]]:
@@ -284,8 +284,9 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
     if plan.tp > 1 and not plan.sequence_parallel and not v03:
         notes.append("torchtitan's tensor parallelism always shards the norms over tp (sequence parallel on)")
     if plan.recompute == "selective":
-        notes.append("torchtitan's selective checkpointing is per operator (selective_ac_option 'op': matmul "
-                     "outputs kept), not Megatron's attention-core recompute")
+        notes.append("torchtitan's selective checkpointing is per operator ("
+                     + ("SelectiveAC" if v03 else "selective_ac_option 'op'")
+                     + ": matmul outputs kept), not Megatron's attention-core recompute")
     if plan.dtype == "bfloat16" and shard == 1 and not only_dp:
         notes.append("torchtitan applies mixed_precision_param through FSDP (dp > 1) or DDP-only autocast; "
                      "this layout has neither, so it trains in float32 unless training.dtype is set")
