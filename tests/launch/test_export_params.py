@@ -46,7 +46,7 @@ def exported_model(plan, target: str, tmp_path: Path):
 REFUSED = {
     "deepspeed": {"llama3.1-405b-cp4", "llama3.1-8b-cp2-fsdp", "llama3-8b-fp8-fsdp", "llama3-70b-fp8-delayed",
                   "mixtral-8x7b-ep8", "qwen3-30b-a3b-ep8", "qwen3-235b-a22b-ep16", "deepseek-v3-ep64",
-                  "gpt-oss-20b-ep8", "gpt-oss-120b-ep16"},
+                  "gpt-oss-20b-ep8", "gpt-oss-120b-ep16", "qwen3-0.6b-dp8"},
     "torchtitan": {"gpt-175b-tp4-pp16", "gpt3-1.3b-dp8-selective"},
     "torchtitan-0.3": {"gpt-175b-tp4-pp16", "gpt3-1.3b-dp8-selective", "custom-3b-dp8", "mixtral-8x7b-ep8",
                        "qwen3-235b-a22b-ep16"},

@@ -22,6 +22,12 @@ CUSTOM_DENSE = ModelSpec(name="custom-3b", arch="llama", layers=24, hidden=3072,
                          ffn_hidden=8192, seq_len=4096, vocab=65536, rope_theta=500000.0)
 
 
+# Qwen3-0.6B (its config.json): QK-norm, 128-wide heads at width 1024 (hidden/heads is 64), a tied head; dense.
+QWEN3_06B = ModelSpec(name="qwen3-0.6b", arch="llama", layers=28, hidden=1024, heads=16, kv_heads=8, kv_channels=128,
+                      qk_norm=True, ffn_hidden=3072, seq_len=4096, vocab=151936, tied_embeddings=True,
+                      rope_theta=1000000.0, norm_eps=1e-6)
+
+
 def _plan(model: str | ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, cp: int = 1,
           micro: int = 1, batch: int, **fields) -> Plan:
     spec = model if isinstance(model, ModelSpec) else get_model(model)
@@ -60,6 +66,8 @@ PLANS: dict[str, Callable[[], Plan]] = {
     # mixture of experts
     "mixtral-8x7b-ep8": lambda: _plan("mixtral-8x7b", tp=2, pp=4, dp=8, ep=8, batch=256, zero_stage=1,
                                       sequence_parallel=True, recompute="full", runtime="megatron-core"),
+    # QK-norm and a head width of its own, dense, tied
+    "qwen3-0.6b-dp8": lambda: _plan(QWEN3_06B, dp=8, micro=4, batch=256, zero_stage=2, runtime="torchtitan"),
     # mixture of experts + QK-norm + a head width of its own
     "qwen3-30b-a3b-ep8": lambda: _plan("qwen3-30b-a3b", pp=2, dp=8, ep=8, batch=128, zero_stage=1,
                                        recompute="full", runtime="megatron-core"),
@@ -84,4 +92,4 @@ def matrix() -> dict[str, Plan]:
     return {name: build() for name, build in PLANS.items()}
 
 
-__all__ = ["CUSTOM_DENSE", "PLANS", "matrix"]
+__all__ = ["CUSTOM_DENSE", "PLANS", "QWEN3_06B", "matrix"]
