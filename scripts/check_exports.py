@@ -162,7 +162,7 @@ def render(plans: dict, work: Path, exatrain_src: Path) -> dict:
                 "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text) else {}
             lines = text.splitlines()  # the v0.2.2 flavor to register: the line after the header says so
             entry["register"] = [lines[i + 1][1:].strip() for i, line in enumerate(lines[:-1])
-                                 if line.startswith("# Register the model as a flavor")]
+                                 if line.startswith("# Register the model")]
         manifest[name]["exports"][target] = entry
     return manifest
 
@@ -242,6 +242,8 @@ def verdict(plan: dict, export: dict, result: dict | None) -> tuple[str, str]:
         return "FAIL", "the probe gave no result"
     if not result.get("accepted"):
         return "FAIL", f"rejected: {result.get('error', '?')}"
+    if result.get("error"):
+        return "FAIL", f"accepted, but the model's build failed: {result['error']}"
     built = result["params"] + (result.get("bias_buffers", 0) if plan["router_bias"] else 0)
     problems = list(result.get("problems", []))
     if built != plan["params"]:

@@ -70,6 +70,7 @@ def probe(name: str, plan: dict, export: dict) -> dict:
     _common.expect(problems, "DeepSpeed batch", ds.train_batch_size, a.global_batch_size)
     _common.expect(problems, "DeepSpeed accumulation steps", ds.gradient_accumulation_steps, plan["num_microbatches"])
     _common.expect(problems, "ZeRO stage", ds.zero_optimization_stage, a.zero_stage)
+    _common.accepted()
     whole = copy.copy(a)
     for key, value in dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, no_pipeline_parallel=True,
                            ds_pipeline_enabled=False, sequence_parallel=False, use_cpu_initialization=True,

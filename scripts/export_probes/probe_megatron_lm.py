@@ -106,6 +106,7 @@ def probe(name: str, plan: dict, export: dict) -> dict:
     # the tokenizer's vocabulary padded as Megatron pads it (a tokenizer of the plan's vocabulary)
     a.padded_vocab_size = vocab_size_with_padding(plan["vocab"], a, logging_enabled=False)
     core_transformer_config_from_args(a)  # TransformerConfig.__post_init__ checks the whole configuration
+    _common.accepted()
     _common.expect(problems, "data-parallel size", a.data_parallel_size, plan["dp"])
     _common.expect(problems, "padded vocabulary", a.padded_vocab_size, plan["vocab"])
     per_step = a.global_batch_size // (a.micro_batch_size * a.data_parallel_size)
@@ -122,8 +123,8 @@ def probe(name: str, plan: dict, export: dict) -> dict:
                    for n in range(1, config.num_layers + 1))  # what each layer's core attention is built with
     _common.expect(problems, "sliding-window layers", windowed, plan["windowed_layers"])
     if plan["sliding_window"]:
-        _common.expect(problems, "window (keys before, after)", tuple(config.window_size),
-                       (plan["sliding_window"] - 1, 0))
+        _common.expect(problems, "window (keys before, after)",
+                       tuple(config.window_size) if config.window_size else None, (plan["sliding_window"] - 1, 0))
     return {"params": params, "bias_buffers": bias, "problems": problems}
 
 

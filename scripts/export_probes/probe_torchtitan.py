@@ -77,6 +77,7 @@ def _batch(training, parallel, dp_degree: int, plan: dict, problems: list[str]) 
 def probe_022(name: str, plan: dict, export: dict) -> dict:
     problems: list[str] = []
     cfg = ConfigManager().parse_args(["--job.config_file", export["path"]])
+    _common.accepted()
     for line in export.get("register", []):  # the header's flavor, registered as it says
         family = importlib.import_module(f"torchtitan.models.{cfg.model.name}")
         exec(line, vars(family))
@@ -100,6 +101,7 @@ def probe_022(name: str, plan: dict, export: dict) -> dict:
 def probe_03(name: str, plan: dict, export: dict) -> dict:
     problems: list[str] = []
     cfg = ConfigManager().parse_args(list(export["argv"]))
+    _common.accepted()
     model_config = cfg.model_spec.model
     model_config.update_from_config(config=cfg)
     with torch.device("meta"):
