@@ -454,5 +454,4 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
 
 __all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "dropout_flags",
            "megatron_deepspeed_groups", "megatron_lm_groups", "pipeline_layout", "render_arrays", "render_deepspeed",
-           "render_megatron",
-           "vocab_divisor"]
+           "render_megatron", "vocab_divisor"]
