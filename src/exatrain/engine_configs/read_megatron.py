@@ -303,7 +303,7 @@ def _model(f: _Flags, tp: int, deepspeed: bool, source: str, defaults: list[str]
     kv_channels = f.int("--kv-channels")
     if kv_channels and heads and (kv_channels != hidden // heads or hidden % heads):
         m["kv_channels"] = kv_channels
-    if f.has("--qk-layernorm"):
+    if f.has("--qk-layernorm") and not f.has("--multi-latent-attention"):  # under MLA: the latents' norms (below)
         m["qk_norm"] = True
     m["tied_embeddings"] = not f.has("--untie-embeddings-and-output-weights")
     if m["tied_embeddings"]:
@@ -430,12 +430,15 @@ def _model_attention(f: _Flags, m: dict[str, Any], source: str, notes: list[str]
         m.update(kv_channels=qk, kv_lora_rank=f.int("--kv-lora-rank", default=32),
                  q_lora_rank=positive(q_lora, "--q-lora-rank", source) if q_lora not in (None, "None") else 0,
                  rope_head_dim=f.int("--qk-pos-emb-head-dim", default=64))
+        if not f.has("--qk-layernorm"):  # gpt_layer_specs.py: the latents' RMSNorms are built with it only
+            notes.append("latent attention without --qk-layernorm builds no RMSNorm on the query and key/value "
+                         "latents: planned with them (DeepSeek-V2/V3 have them)")
     window = f.value("--window-size")
     if window is not None:
         sizes = [w for w in re.split(r"[(),\s]+", window) if w]
         left = positive(sizes[0], "--window-size", source) if sizes and sizes[0] not in ("-1", "None") else 0
         if left:
-            m["sliding_window"] = left
+            m["sliding_window"] = left + 1  # (left, 0): a query sees itself and the left keys before it
             skip = f.int("--window-attn-skip-freq")
             if skip and m.get("layers"):
                 windowed = [(i + 1) % skip != 0 for i in range(m["layers"])]
