@@ -4,30 +4,28 @@ exporter targets): local_batch_size 8, global_batch_size -1 (local x dp), seq_le
 -1 (every rank left), fsdp_reshard_after_forward "default" (reshard unless pipelined), pipeline_parallel_schedule
 1F1B, activation_checkpoint selective with selective_ac_option "2", compile off, mixed_precision_param bfloat16.
 
-The model is the flavor's: the ``TransformerModelArgs`` an export writes in its header comment for it, else the
-catalog preset the flavor is named after, else one of torchtitan's own llama3 flavors (8B, 70B, 405B: the catalog's
-llama3 shapes, torchtitan/models/llama3/__init__.py).
+The model is the flavor's: the model arguments an export's header registers for it (any family's:
+engine_configs.torchtitan.registered_model), else torchtitan's own flavor of that name (engine_configs.torchtitan.
+FLAVORS: llama3, qwen3, deepseek_v3, gpt_oss), read as the first catalog preset that is the same network, else the
+catalog preset the flavor is named after.
 """
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 from typing import Any, Mapping
 
 from exatrain.accounting.engines import get_engine
-from exatrain.catalog.models import model_presets
+from exatrain.catalog.models import ModelSpec, model_presets
 from exatrain.engine_configs.reading import AttentionShape, LaunchRead, positive
-from exatrain.engine_configs.torchtitan import SCHEDULE_NAMES
+from exatrain.engine_configs.torchtitan import SCHEDULE_NAMES, architecture, flavor_model, registered_model
 from exatrain.errors import UserError
 from exatrain.plan import balanced_split, cp_comm_for
 
 TORCHTITAN_SECTIONS = ("job", "model", "training", "parallelism", "activation_checkpoint", "compile", "float8",
                        "quantize", "optimizer", "lr_scheduler", "checkpoint", "metrics", "profiling", "comm",
                        "validation", "fault_tolerance", "experimental", "memory_estimation", "debug")
-BUILTIN_FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b"}
-_SNIPPET = re.compile(r"(\w+)_args\[\"([^\"]+)\"\]\s*=\s*TransformerModelArgs\((.*)\)")
 # keys read without a word (they change nothing a plan holds); every other key not read is named
 _IGNORED = {
     "job": None, "optimizer": {"name", "lr", "eps", "beta1", "beta2", "weight_decay", "early_step_in_backward"},
@@ -213,44 +211,36 @@ def _model(t: _Toml, source: str, defaults: list[str]) -> tuple[dict[str, Any], 
         defaults.append("training.seq_len (2048)")
         seq = 2048
     seq = positive(seq, "training.seq_len", source)
-    snippet = _snippets(t).get((name, flavor))
-    if snippet is not None:
-        return {**snippet, "seq_len": seq}, {}
+    registered = _registered(t).get((name, flavor))
+    builtin = flavor_model(name, flavor)
     presets = model_presets()
-    preset = presets.get(flavor) or presets.get(BUILTIN_FLAVORS.get((name, flavor), ""))
-    if preset is not None:
-        fields = preset.to_dict()
-        fields.pop("name")
-        fields.pop("description")
-        return {**fields, "seq_len": seq}, {}
-    why = f"torchtitan's {name} flavor {flavor!r} is not one exatrain knows: pass --model or --model-file"
-    return {"seq_len": seq}, {"shape": why}
+    if registered is not None:  # the header's own line: its fields, rope base and epsilon included
+        spec = registered
+    elif builtin is not None:  # torchtitan's flavor, read as the first catalog preset that is the same network
+        spec = next((p for p in presets.values() if architecture(p) == architecture(builtin)), builtin)
+    else:
+        spec = presets.get(flavor)
+    if spec is None:
+        why = f"torchtitan's {name} flavor {flavor!r} is not one exatrain knows: pass --model or --model-file"
+        return {"seq_len": seq}, {"shape": why}
+    fields = spec.to_dict()
+    fields.pop("name")
+    fields.pop("description", None)
+    return {**fields, "seq_len": seq}, {}
 
 
-def _snippets(t: _Toml) -> dict[tuple[str, str], dict[str, Any]]:
-    """The flavors an export's header registers: ``llama3_args["NAME"] = TransformerModelArgs(...)``, as
-    ModelSpec fields (torchtitan/models/llama3/model/args.py names; FeedForward's width as model.py computes it)."""
+def _registered(t: _Toml) -> dict[tuple[str, str], ModelSpec]:
+    """The flavors an export's header registers (the line after "# Register the model as a flavor ..."), read as
+    torchtitan's model args give them (engine_configs.torchtitan.registered_model)."""
+    lines = t.text.splitlines()
     out = {}
-    for m in _SNIPPET.finditer(t.text):
-        family, flavor, body = m.groups()
-        try:
-            call = ast.parse(f"f({body})", mode="eval").body
-            args = {k.arg: ast.literal_eval(k.value) for k in call.keywords}  # type: ignore[attr-defined]
-        except (SyntaxError, ValueError):
-            raise UserError(f"{t.source}: the flavor {flavor!r} in the header is not TransformerModelArgs(...) of "
-                            "literal values") from None
-        dim = args.get("dim", 4096)
-        hidden = int(2 * (4 * dim) / 3)  # llama3/model/model.py FeedForward
-        if args.get("ffn_dim_multiplier") is not None:
-            hidden = int(args["ffn_dim_multiplier"] * hidden)
-        multiple = args.get("multiple_of", 256)
-        hidden = multiple * math.ceil(hidden / multiple)
-        out[(family, flavor)] = {"arch": "llama", "layers": args.get("n_layers", 32), "hidden": dim,
-                                 "heads": args.get("n_heads", 32), "kv_heads": args.get("n_kv_heads") or 0,
-                                 "vocab": args.get("vocab_size", 128256), "ffn_hidden": hidden,
-                                 "norm_eps": float(args.get("norm_eps", 1e-5)),
-                                 "rope_theta": float(args.get("rope_theta", 10000.0)), "tied_embeddings": False,
-                                 "dropout": 0.0}
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("# Register the model"):
+            try:
+                family, flavor, model = registered_model(lines[i + 1].lstrip("#").strip(), 2048)
+            except UserError as exc:
+                raise UserError(f"{t.source}: {exc}") from None
+            out[(family, flavor)] = model
     return out
 
 
@@ -381,4 +371,4 @@ def _async_tp(t: _Toml) -> bool:
                 or t.get("compile", "enable_async_tensor_parallel", False))
 
 
-__all__ = ["BUILTIN_FLAVORS", "TORCHTITAN_SECTIONS", "looks_like_toml", "read_torchtitan"]
+__all__ = ["TORCHTITAN_SECTIONS", "looks_like_toml", "read_torchtitan"]

@@ -233,6 +233,76 @@ def flavor_snippet(m: ModelSpec, flavor: str = "") -> str:
     return f"{table}[{(flavor or m.name)!r}] = {cls}({text})"
 
 
+def registered_model(line: str, seq_len: int) -> tuple[str, str, ModelSpec]:
+    """(family, flavor, model) of a v0.2.2 registration line as ``flavor_snippet`` writes it (``TABLE[NAME] =
+    ARGS(field=literal, ..., moe_args=MoEArgs(...))``), each family's fields and defaults as its model/args.py and
+    models/moe/moe.py (MoEArgs) give them; UserError for a line of another form."""
+    import ast
+
+    tables = {table: (family, cls) for family, (table, cls) in FLAVOR_DICTS.items()}
+    try:
+        stmt = ast.parse(line.strip()).body[0]
+        target, call = stmt.targets[0], stmt.value  # type: ignore[attr-defined]
+        family, cls = tables[target.value.id]
+        flavor = ast.literal_eval(target.slice)
+        if call.func.id != cls:
+            raise ValueError(call.func.id)
+
+        def kwargs(node: ast.Call) -> dict[str, Any]:
+            return {k.arg: kwargs(k.value) if isinstance(k.value, ast.Call) else ast.literal_eval(k.value)
+                    for k in node.keywords}
+
+        a = kwargs(call)
+    except (SyntaxError, ValueError, KeyError, AttributeError, IndexError, TypeError):
+        raise UserError(f"not a torchtitan flavor registration ({', '.join(t for t in tables)}[NAME] = "
+                        f"...Args(...)): {line.strip()[:80]}") from None
+    moe = a.get("moe_args") or {}
+    base = dict(name=str(flavor), arch="llama", seq_len=seq_len, vocab=a.get("vocab_size", 128256),
+                hidden=a.get("dim", 4096), norm_eps=float(a.get("norm_eps", 1e-5)),
+                rope_theta=float(a.get("rope_theta", 10000.0)))
+    def width(head_dim: int, heads: int) -> int:  # a head width of its own, or 0: hidden/heads (ModelSpec's form)
+        return head_dim if head_dim != base["hidden"] // heads or base["hidden"] % heads else 0
+
+    routed = dict(experts=moe.get("num_experts", 8), top_k=moe.get("top_k", 1),
+                  shared_experts=moe.get("num_shared_experts", 1), router=moe.get("score_func", "sigmoid"),
+                  router_bias=moe.get("load_balance_coeff", 1e-3) is not None) if moe else {}
+    if family == "llama3":  # FeedForward: int(2*4*dim/3) x ffn_dim_multiplier, rounded up to multiple_of
+        width = int(2 * 4 * base["hidden"] / 3)
+        if a.get("ffn_dim_multiplier") is not None:
+            width = int(a["ffn_dim_multiplier"] * width)
+        multiple = a.get("multiple_of", 256)
+        model = ModelSpec(layers=a.get("n_layers", 32), heads=a.get("n_heads", 32),
+                          kv_heads=a.get("n_kv_heads") or 0, ffn_hidden=multiple * -(-width // multiple), **base)
+    elif family == "qwen3":
+        layers = dict(layers=a.get("n_layers", 28), heads=a.get("n_heads", 16), kv_heads=a.get("n_kv_heads", 8),
+                      kv_channels=width(a.get("head_dim", 128), a.get("n_heads", 16)),
+                      ffn_hidden=a.get("hidden_dim", 3072),
+                      qk_norm=a.get("qk_norm", True), tied_embeddings=a.get("enable_weight_tying", False))
+        moe_layers = dict(expert_ffn_hidden=a.get("moe_inter_dim", 768), **routed) if a.get("moe_enabled") else {}
+        model = ModelSpec(**layers, **moe_layers, **base)
+    elif family == "deepseek_v3":
+        if a.get("qk_nope_head_dim", 128) != a.get("v_head_dim", 128):
+            raise UserError(f"{flavor}: query/key head width {a.get('qk_nope_head_dim')} and value width "
+                            f"{a.get('v_head_dim')} differ: not modelled (one head_dim)")
+        model = ModelSpec(layers=a.get("n_layers", 27), heads=a.get("n_heads", 16),
+                          kv_channels=a.get("qk_nope_head_dim", 128), ffn_hidden=a.get("inter_dim", 10944),
+                          q_lora_rank=a.get("q_lora_rank", 0), kv_lora_rank=a.get("kv_lora_rank", 512),
+                          rope_head_dim=a.get("qk_rope_head_dim", 64), expert_ffn_hidden=a.get("moe_inter_dim", 1408),
+                          dense_layers=a.get("n_dense_layers", 1), **routed, **base)
+    else:  # gpt_oss: windows on every other layer, sinks and biases are the family's own
+        model = ModelSpec(layers=a.get("n_layers", 24), heads=a.get("n_heads", 64), kv_heads=a.get("n_kv_heads", 8),
+                          kv_channels=width(a.get("head_dim", 64), a.get("n_heads", 64)),
+                          ffn_hidden=a.get("moe_inter_dim", 2880), expert_ffn_hidden=a.get("moe_inter_dim", 2880),
+                          sliding_window=a.get("sliding_window_size", 128), full_attention_every=2,
+                          attention_sinks=True, linear_bias=True, **routed, **base)
+    return family, str(flavor), model
+
+
+def flavor_model(family: str, flavor: str) -> ModelSpec | None:
+    """The recorded built-in flavor (FLAVORS) as a ModelSpec, or None."""
+    return next((f.model for f in FLAVORS if f.family == family and f.name == flavor), None)
+
+
 def model_parts(plan: Plan, head: str = "output") -> list[list[str]]:
     """Module names of each virtual stage in model order (tok_embeddings, layers.i, norm and the output
     projection ``head``: HEAD_MODULE); torchtitan places part k on pipeline rank k % pp, as the plan does."""
@@ -515,6 +585,6 @@ def _toml_value(value: Any) -> str:
 
 
 __all__ = ["FLAVORS", "FLAVOR_DICTS", "Flavor", "HEAD_MODULE", "RELEASES", "SCHEDULE_NAMES", "TORCHTITAN",
-           "TORCHTITAN_03", "architecture", "builtin_flavor", "flavor_notes", "flavor_snippet", "llama3_ffn_args",
-           "model_family", "model_parts", "render_torchtitan", "render_torchtitan_03", "torchtitan_03_args",
-           "torchtitan_config"]
+           "TORCHTITAN_03", "architecture", "builtin_flavor", "flavor_model", "flavor_notes", "flavor_snippet",
+           "llama3_ffn_args", "model_family", "model_parts", "registered_model", "render_torchtitan",
+           "render_torchtitan_03", "torchtitan_03_args", "torchtitan_config"]
