@@ -198,9 +198,10 @@ def ensure_venv(engine: Engine, root: Path, python: str, reuse_torch: bool) -> P
             (path / "constraints.txt").write_text(f"torch=={torch_version}\n")
             constraint = ["-c", str(path / "constraints.txt")]
     pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *constraint]
-    if engine.extra_pip:
-        run(pip + list(engine.extra_pip), check=True)
-    run(pip + ([] if engine.build_isolation else ["--no-build-isolation"]) + list(engine.pip), check=True)
+    for step in ([list(engine.extra_pip)] if engine.extra_pip else []) + [
+            ([] if engine.build_isolation else ["--no-build-isolation"]) + list(engine.pip)]:
+        if run(pip + step).returncode:
+            fail(f"pip could not install {' '.join(step)} into {path} (its output is above)")
     marker.write_text(json.dumps(want))
     return py
 
@@ -215,11 +216,16 @@ def ensure_source(spec: str, root: Path, name: str, default_commit: str) -> tupl
     url, _, commit = spec.rpartition("@") if "@" in spec and not spec.startswith("git@") else (spec, "", "")
     url, commit = (url or spec), (commit or default_commit)
     dest = root / "src" / name
-    if not (dest / ".git").exists():
-        print(f"check_exports: cloning {url} into {dest}", flush=True)
-        run(["git", "clone", "--quiet", url, str(dest)], check=True)
-    run(["git", "-C", str(dest), "checkout", "--quiet", commit], check=True)
-    rev = run(["git", "-C", str(dest), "rev-parse", "HEAD"], capture_output=True, check=True).stdout.strip()
+    try:
+        if not (dest / ".git").exists():
+            print(f"check_exports: cloning {url} into {dest}", flush=True)
+            run(["git", "clone", "--quiet", url, str(dest)], check=True, capture_output=True)
+        run(["git", "-C", str(dest), "checkout", "--quiet", commit], check=True, capture_output=True)
+        rev = run(["git", "-C", str(dest), "rev-parse", "HEAD"], capture_output=True, check=True).stdout.strip()
+    except subprocess.CalledProcessError as exc:
+        last = ((exc.stderr or "").strip().splitlines() or ["?"])[-1]
+        fail(f"{name} sources from {spec}: git {exc.cmd[1] if exc.cmd[1] != '-C' else exc.cmd[3]} failed ({last}); "
+             f"pass --{name} PATH (a checkout) or URL@COMMIT")
     return dest, rev
 
 
@@ -316,15 +322,19 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict] = {}
     versions: dict[str, str] = {}
+    sources = {}
+    for engine in engines:  # the sources first: a wrong path or URL fails before any install
+        if engine.source:
+            spec = getattr(args, engine.source.replace("-", "_")) or \
+                f"{DEFAULT_SOURCES[engine.source]}@{engine.default_commit}"
+            sources[engine.name] = ensure_source(spec, root, engine.source, engine.default_commit)
     for engine in engines:
         py = ensure_venv(engine, root, args.python, reuse)
         cmd = [str(py), str(PROBES / engine.probe), "--manifest", str(work / "manifest.json"),
                "--target", engine.target, "--out", str(work / f"{engine.name}.json")]
         label = engine.label
         if engine.source:
-            spec = getattr(args, engine.source.replace("-", "_")) or \
-                f"{DEFAULT_SOURCES[engine.source]}@{engine.default_commit}"
-            src, rev = ensure_source(spec, root, engine.source, engine.default_commit)
+            src, rev = sources[engine.name]
             cmd += ["--source", str(src)]
             label = f"{engine.label.split(' + ')[0]} {rev[:8]}" + (
                 f" + DeepSpeed {engine_version(py, engine)}" if engine.name == "megatron-deepspeed" else "")
