@@ -84,6 +84,11 @@ class ActivationRules:
     # cuDNN passes the check_prefer_cudnn_attention gate, aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)
     flash_kernel: str = "sdpa"
     flash_kernel_source: str = ""
+    # What a dense layer's SwiGLU keeps for its backward: "eager" (gate, silu(gate), up and their product, 4f a
+    # token: the separate ops autograd saves for) or "fused" (one function saving its input, the fc1 output 2f,
+    # recomputing silu in its backward, and fc2's input: 3f; accounting.memory.layer_activation_bytes)
+    glu: str = "eager"
+    glu_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -440,6 +445,11 @@ MEGATRON_CORE = EngineProfile(
         flash_kernel="fused",
         flash_kernel_source=("Transformer Engine DotProductAttention, attention_backend auto: cuDNN FusedAttention "
                              "where eligible (transformer_engine/pytorch/attention backend selection)"),
+        glu="fused",
+        glu_source=("megatron/core/transformer/mlp.py: bias_activation_fusion (megatron/training/arguments.py "
+                    "--no-bias-swiglu-fusion, on by default; Megatron-Bridge's Llama bridge sets it) runs "
+                    "bias_swiglu_impl, whose SwiGLUFunction saves only its input (megatron/core/fusions/"
+                    "fused_bias_swiglu.py)"),
     ),
     overlaps=(
         Overlap("dp_grad_reduce", "--overlap-grad-reduce", False,
@@ -484,6 +494,8 @@ _DS12 = "deepspeed/runtime/zero/stage_1_and_2.py"
 # stage3.py keeps one. BF16_Optimizer (fp32 accumulation) keeps none. Bytes: elements x 2 (16-bit
 # gradients) or x 4 (fp32 training).
 _BUCKET = 5e8
+_BF16_OPT = ("deepspeed/runtime/bf16_optimizer.py: bf16 params and gradients, a whole-stage accumulation buffer, "
+             "fp32 master partition and Adam states over dp")
 MEGATRON_DEEPSPEED = EngineProfile(
     name="megatron-deepspeed",
     expert_gemms="per_expert",
@@ -512,7 +524,15 @@ MEGATRON_DEEPSPEED = EngineProfile(
     grad_accum_source=("deepspeed/runtime/engine.py get_data_types: data_types.grad_accum_dtype defaults to the "
                        "model dtype; fp32 selects BF16_Optimizer at ZeRO-1 (_do_optimizer_sanity_check)"),
     states=(
-        (("bfloat16", 0, "bfloat16"), _rule((2 + 4, 0), (2, 0), (8, 0), "no ZeRO", _ZERO_PAPER + ": baseline 16")),
+        # bf16 without ZeRO is DeepSpeed's BF16_Optimizer, which partitions the fp32 master weights and Adam's states
+        # over dp (its own ZeRO-1) and keeps a whole-stage gradient buffer in the accumulation dtype beside the bf16
+        # gradients: deepspeed/runtime/engine.py _do_optimizer_sanity_check returns BFLOAT16 for bf16 at stage 0
+        # under the pipeline engine (Megatron-DeepSpeed's unless --no-pipeline-parallel; bf16 accumulation by
+        # default since v0.17.6, 889f0ea); bf16_optimizer.py fp32_groups_gradients_flat (in grad_acc_dtype),
+        # fp32_groups_flat_partition. Up to v0.17.5 get_data_types defaulted bf16 at stage 0 to fp32 accumulation
+        # (v0.7.6, 21c2802): that run is the BF16_Optimizer row below, planned as ZeRO-1 with --grad-accum float32.
+        (("bfloat16", 0, "bfloat16"), _rule((2, 4), (2 + 2, 0), (0, 8), "stage 0: BF16_Optimizer, bf16 accumulation",
+                                            _BF16_OPT + " (grad_acc_dtype bf16: 6 + 12/d)")),
         (("bfloat16", 1, "bfloat16"), _rule((2, 4), (2, 0), (0, 8), "zero_optimization.stage 1",
                                             _ZERO_PAPER + ": P_os = 4 + 12/d", 2 * _BUCKET)),
         (("bfloat16", 2, "bfloat16"), _rule((2, 4), (0, 2), (0, 8), "zero_optimization.stage 2",

@@ -120,7 +120,8 @@ def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
 def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str, flash: bool,
                            dtype: str = "bfloat16", dropout: bool | None = None, cp=1, moe: bool | None = None,
                            etp=1, capacity_factor=1.0, fp8: Fp8Recipe | None = None,
-                           gathered_inputs: bool = False, recompute_modules: tuple[str, ...] = ()) -> float:
+                           gathered_inputs: bool = False, recompute_modules: tuple[str, ...] = (),
+                           glu_saves_input: bool = False) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
 
     Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
@@ -146,6 +147,11 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
         projection input, MLP input and fc2 input; the routed experts' fc1/fc2 inputs) are saved
         in fp8 (``Fp8Recipe.saved_input_bytes``). A MoE layer's MLP input stays in the compute dtype
         for the router's backward;
+      ``glu_saves_input``: a dense layer's SwiGLU runs as one fused function that saves only its input, the
+        fc1 output (gate and up, 2f), and recomputes silu(gate) in its backward, so the MLP interior is 3f (with
+        fc2's input) instead of 4f (Megatron-Core's bias_swiglu_impl, on unless --no-bias-swiglu-fusion:
+        megatron/core/fusions/fused_bias_swiglu.py SwiGLUFunction.forward saves ``input`` alone;
+        ``ActivationRules.glu``);
       ``gathered_inputs``: under sequence parallelism the attention's and the MLP's inputs are kept
         all-gathered over tp (whole sequence) rather than as this rank's shard (DTensor's
         PrepareModuleInput to Replicate: torchtitan, ``EngineProfile.sp_gathered_layer_inputs``; Megatron
@@ -180,7 +186,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
     in_div = 1 if gathered_inputs else sp_div  # the attention's and the MLP's inputs (whole sequence if gathered)
     if not (m.kv_channels or m.qk_norm or m.mla or moe):
         replicated = (2 * h * e + (2 * h if dropout else 0)) / sp_div + 2 * h * e / in_div
-        mlp_interior = (4 if m.gated_mlp else 2) * m.ffn_hidden
+        mlp_interior = ((3 if glu_saves_input else 4) if m.gated_mlp else 2) * m.ffn_hidden
         sharded = (2 * h + 2 * m.kv_hidden + mlp_interior) * e / tp
         kept = s_local * b * (replicated + sharded + scores)
         if "mlp" in modules:  # the MLP's input and interior (fc2's input in fp8 under FP8 GEMMs, below)
@@ -200,7 +206,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
     if moe:
         interior, fc2_in = moe_acc.shared_expert_interior_elements(m), m.shared_experts * m.expert_width
     else:
-        interior, fc2_in = (4 if m.gated_mlp else 2) * m.ffn_hidden, m.ffn_hidden
+        interior, fc2_in = ((3 if glu_saves_input else 4) if m.gated_mlp else 2) * m.ffn_hidden, m.ffn_hidden
     sharded = ((attn + interior) * e - (m.attn_out_width + fc2_in) * (e - g)) / tp
     kept = s_local * b * (replicated + sharded + scores)
     if modules:
@@ -271,7 +277,8 @@ def engine_layer_activation_bytes(engine: EngineProfile, m: ModelSpec, micro_bat
                                              dtype=dtype) / cp
     return layer_activation_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, recompute=recompute,
                                   flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0,
-                                  gathered_inputs=engine.sp_gathered_layer_inputs, **extensions)
+                                  gathered_inputs=engine.sp_gathered_layer_inputs,
+                                  glu_saves_input=rules.glu == "fused", **extensions)
 
 
 def inflight_microbatches(plan: Plan, pp_rank: int) -> float:
