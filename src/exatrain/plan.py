@@ -377,9 +377,19 @@ class StepEstimate:
     # The whole run at a token budget (planner/time_to_train.py): steps, days, GPU-hours, energy and cost,
     # each with the band's low and high; None unless a token budget was given.
     time_to_train: Mapping[str, Any] | None = None
+    # Whether the worst stage fits (planner/memory_band.py): "fits", "tight" (capacity inside the band of its
+    # measured peak) or "does not fit" (capacity below the band), and that band; ``fits`` is "not does not fit".
+    # Files written before the verdict existed read "" and take it from ``fits`` (``verdict``).
+    memory_verdict: str = ""
+    memory_band: Mapping[str, Any] | None = None
 
     def replace(self, **changes: Any) -> "StepEstimate":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def verdict(self) -> str:
+        """"fits", "tight" or "does not fit" (an estimate without a band: "fits" or "does not fit" from ``fits``)."""
+        return self.memory_verdict or ("fits" if self.fits else "does not fit")
 
     @property
     def trainer_fits(self) -> bool | None:
@@ -414,6 +424,8 @@ class StepEstimate:
             **({"step_range_s": list(self.step_range_s), "tokens_per_s_range": list(self.tokens_per_s_range or ()),
                 "band": dict(self.band or {})} if self.step_range_s is not None else {}),
             **({"time_to_train": dict(self.time_to_train)} if self.time_to_train is not None else {}),
+            "memory_verdict": self.verdict,
+            **({"memory_band": dict(self.memory_band)} if self.memory_band is not None else {}),
         }
 
     @classmethod
@@ -445,7 +457,18 @@ class StepEstimate:
             tokens_per_s_range=_pair(d.get("tokens_per_s_range")),
             band=dict(d["band"]) if isinstance(d.get("band"), Mapping) else None,
             time_to_train=dict(d["time_to_train"]) if isinstance(d.get("time_to_train"), Mapping) else None,
+            memory_verdict=_verdict(d.get("memory_verdict")),
+            memory_band=dict(d["memory_band"]) if isinstance(d.get("memory_band"), Mapping) else None,
         )
+
+
+def _verdict(v: Any) -> str:
+    """A stored memory verdict ("" when absent: files written before it existed)."""
+    if v in (None, ""):
+        return ""
+    if v not in ("fits", "tight", "does not fit"):
+        raise ValueError(f"memory_verdict must be fits, tight or does not fit, got {v!r}")
+    return str(v)
 
 
 def _pair(v: Any) -> tuple[float, float] | None:

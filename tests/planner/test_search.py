@@ -10,7 +10,9 @@ import pytest
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.planner.cost.coefficients import default_params
+from exatrain.plan import RECOMPUTE
 from exatrain.planner.estimate import estimate_plan
+from exatrain.planner.memory_band import VERDICTS, layout_ratios, verdict_codes
 from exatrain.planner.search import batch
 from exatrain.planner.search.search import plan_at, search
 from exatrain.planner.search.space import SCHEDULE_VARIANTS, TRAINER_REASONS, SpaceOptions, enumerate_space
@@ -44,12 +46,18 @@ def test_batch_memory_and_time_equal_estimate(model, cluster, gpus, gb) -> None:
     m, c = get_model(model), get_cluster(cluster)
     space = enumerate_space(m, c, gpus, gb)
     res = batch.evaluate(space, m, c, gb, default_params(c.device.name))
+    # the search's verdict of every candidate (its memory band by ZeRO stage, recomputation, cp and ep) is the
+    # estimate's
+    low, high = layout_ratios(plan_at(space, 0, m, gb, c, "bfloat16", True), c, zero=space.zero,
+                              recompute=np.asarray(RECOMPUTE)[space.recompute], cp=space.cp, ep=space.ep)
+    codes = verdict_codes(res.memory_total, c.device.hbm_bytes, low, high)
     rng = np.random.default_rng(0)
     for i in rng.choice(len(space), size=60, replace=False):
         plan = plan_at(space, int(i), m, gb, c, "bfloat16", True).validate(c)
         est = estimate_plan(plan, c)
         assert res.memory_total[i] == pytest.approx(est.memory_bytes.total, rel=1e-9)
-        assert bool(res.fits[i]) == est.fits
+        assert bool(res.fits[i]) == (est.memory_bytes.total <= c.device.hbm_bytes)
+        assert VERDICTS[codes[i]] == est.verdict and est.fits == (est.verdict != "does not fit")
         # One step-time definition: the batch path is the estimate's (a plan is a batch of one).
         assert res.time["step"][i] == pytest.approx(est.time_s.step, rel=1e-9)
 
@@ -132,7 +140,7 @@ def test_no_feasible_layout_names_the_constraint(capsys) -> None:
     code = main(["search", "--model", "gpt-1t", "--cluster", "frontier", "--gpus", "8", "--global-batch", "8"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "no feasible layout on 8 devices" in err and "legal layouts run out of memory" in err
+    assert "no feasible layout on 8 devices" in err and "legal layouts do not fit in memory" in err
     assert "GiB per device" in err
     assert len(err.strip().splitlines()) == 1
 

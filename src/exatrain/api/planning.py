@@ -206,7 +206,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            calibration: str | Path | None = None, out: str | Path | None = None,
            from_file: str | Path | None = None, tokens: int | float | str | None = None,
            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-           rank_by: str = "throughput"):
+           rank_by: str = "throughput", strict_memory: bool = False):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
     values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
@@ -216,7 +216,9 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     that removed the most. ``from_file``: a launch (as for ``estimate``) whose values pin what it states.
     ``tokens``, ``gpu_hour_price``, ``power_overhead``: each ranked plan carries ``time_to_train`` (as for
     ``estimate``); ``rank_by``: throughput, or days, gpu_hours or cost to train (``planner.time_to_train.rank``:
-    on one GPU count and batch the same order, said in ``SearchResult.notes``)."""
+    on one GPU count and batch the same order, said in ``SearchResult.notes``). A layout whose device capacity lies
+    inside its band of measured peak memory is "tight": kept and marked (its estimate's ``memory_verdict``;
+    ``SearchResult.tight`` counts them), dropped with ``strict_memory`` (planner/memory_band.py)."""
     if from_file is not None:
         return search(**with_launch(locals(), search))
     values = dict(locals())
@@ -239,7 +241,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     from exatrain.planner.search.search import search as run_search
 
     result = run_search(m, c, gpus, global_batch, top=top, options=options, params=params, dtype=dtype or "bfloat16",
-                        runtime=runtime, overlap=overlap, flash=True if flash_attention is None else flash_attention)
+                        runtime=runtime, overlap=overlap, flash=True if flash_attention is None else flash_attention,
+                        strict_memory=bool(strict_memory))
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
     if chosen and (note := default_runtime_note(m)):
@@ -271,13 +274,15 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             recompute_every: int | None = None,
             mode: str = "weak", runtime: str | None = None,
             overlap: str = "all", calibration: str | Path | None = None, tokens: int | float | str | None = None,
-            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None):
+            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
+            strict_memory: bool = False):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
     pinned one), its throughput and efficiency, and what a published study measured for this model
     and cluster (a ScalingResult). ``runtime`` None: as for ``estimate`` (the title names it). ``tokens``,
     ``gpu_hour_price``, ``power_overhead``: each point's plan carries ``time_to_train`` (as for ``estimate``): where
-    the GPU counts differ, so do days and GPU-hours."""
+    the GPU counts differ, so do days and GPU-hours. ``strict_memory``: each count's search drops tight layouts too
+    (as ``search``)."""
     values = dict(locals())
     check_counts(values)
     run = run_options(tokens, gpu_hour_price, power_overhead)
@@ -294,7 +299,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
 
     result = run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
                          dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention,
-                         runtime=runtime, overlap=overlap)
+                         runtime=runtime, overlap=overlap, strict_memory=bool(strict_memory))
     points = tuple(dataclasses.replace(pt, plan=with_time_to_train(pt.plan, c.device, run)) for pt in result.points)
     return dataclasses.replace(result, points=points)
 

@@ -16,6 +16,10 @@ CALIBRATION_HELP = "cost-model parameters measured by `exatrain bench` or fitted
 RUNTIME_WHY = "default exatrain, the runtime `train` and `tune` run, so a predicted plan is one this project runs"
 
 
+STRICT_MEMORY_HELP = ("drop tight layouts too: those whose device capacity lies inside their band of measured peak "
+                      "memory (kept and marked by default; only layouts that do not fit are dropped)")
+
+
 FROM_HELP = ("a launch to start from: a Megatron-LM or Megatron-DeepSpeed script running pretrain_gpt.py (its flags, "
              "variables, torchrun/deepspeed/srun line and DeepSpeed JSON), or a torchtitan job TOML (export-config "
              "writes all three); its model, world size, layout, batch, precision, recomputation, runtime and overlaps, "
@@ -55,13 +59,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = _planner_parser(sub, "search", "rank every legal layout by predicted throughput",
                         "Enumerate every legal layout (tp, pp, dp, micro-batch, ZeRO, recompute, sequence parallel, "
-                        "schedule), drop those that do not fit in memory, rank the rest by predicted throughput. "
+                        "schedule), drop those that do not fit in memory, rank the rest by predicted throughput; "
+                        "a tight layout (capacity inside its memory band) is kept and marked. "
                         "Layout flags pin a dimension (e.g. --tp 8).",
                         "exatrain search --model gpt-1t --cluster frontier --gpus 3072 --global-batch 1536 --top 10")
     flag(p, api.search, "--top", "how many layouts to show", type=int)
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
     flag(p, api.search, "--rank-by", RANK_BY_HELP, choices=RANK_BY)
     p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
+    p.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
     p.set_defaults(func=cmd_search)
 
     p = _planner_parser(sub, "scaling", "predicted weak or strong scaling over GPU counts",
@@ -72,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", required=True, type=int_list, metavar="N,N,...", help="GPU counts, smallest first")
     flag(p, api.scaling, "--mode", "weak: global batch grows with the GPU count; strong: fixed",
          choices=("weak", "strong"))
+    p.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
     p.set_defaults(func=cmd_scaling)
 
 

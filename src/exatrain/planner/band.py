@@ -92,6 +92,11 @@ class Traits:
     proxy: bool = False  # planned through another engine's profile (a published run whose engine has none)
     defaults: int = 0  # VERSIONED_DEFAULTS the plan leaves to its runtime
     left: tuple[str, ...] = ()  # which ones
+    # what a memory band's distance also reads (planner/memory_band.py)
+    recompute: str = "none"
+    zero: int = 0
+    cp: bool = False  # context parallelism
+    ep: bool = False  # expert parallelism
 
 
 def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Traits:
@@ -108,23 +113,28 @@ def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Trait
     return Traits(runtime=plan.runtime, family=hardware_family(cluster.device.name),
                   params=float(total_params(plan.model)), seq=int(plan.model.seq_len), spans=bool(spans),
                   fp8=bool(plan.fp8), moe=bool(plan.model.is_moe), proxy=proxy, defaults=0 if proxy else len(left),
-                  left=() if proxy else left)
+                  left=() if proxy else left, recompute=plan.recompute, zero=int(plan.zero_stage), cp=plan.cp > 1,
+                  ep=plan.ep > 1)
 
 
 def validated_summary(traits: Sequence[Traits]) -> dict[str, dict[str, Any]]:
     """Per family, what a set of runs validated: the runtimes with runs planned through their own profile, the
-    size and sequence ranges, and whether any had a tp/ep group across nodes, FP8, MoE."""
+    size and sequence ranges, whether any had a tp/ep group across nodes, FP8, MoE, context or expert
+    parallelism, and the recomputation modes and ZeRO stages they ran."""
     out: dict[str, dict[str, Any]] = {}
     for t in traits:
         s = out.setdefault(t.family, {"runtimes": [], "params": [t.params, t.params], "seq": [t.seq, t.seq],
-                                      "spans": False, "fp8": False, "moe": False, "runs": 0})
+                                      "spans": False, "fp8": False, "moe": False, "cp": False, "ep": False,
+                                      "recompute": [], "zero": [], "runs": 0})
         s["runs"] += 1
         if not t.proxy and t.runtime not in s["runtimes"]:
             s["runtimes"] = sorted(s["runtimes"] + [t.runtime])
         s["params"] = [min(s["params"][0], t.params), max(s["params"][1], t.params)]
         s["seq"] = [min(s["seq"][0], t.seq), max(s["seq"][1], t.seq)]
-        for k in ("spans", "fp8", "moe"):
+        for k in ("spans", "fp8", "moe", "cp", "ep"):
             s[k] = s[k] or getattr(t, k)
+        s["recompute"] = sorted(set(s["recompute"]) | {t.recompute})
+        s["zero"] = sorted(set(s["zero"]) | {t.zero})
     return out
 
 
@@ -146,9 +156,11 @@ def distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str,
             "moe": float(t.moe and not s["moe"]), "proxy": float(t.proxy)}
 
 
-def sigma_of(d: Mapping[str, float], defaults: int, sigma: Mapping[str, float]) -> float:
-    """The scale (typical |log ratio|) of a plan at distance ``d`` leaving ``defaults`` settings to its engine."""
-    return sigma["base"] + sum(d[f] * sigma.get(f, 0.0) for f in FEATURES) + defaults * sigma.get("default", 0.0)
+def sigma_of(d: Mapping[str, float], defaults: int, sigma: Mapping[str, float],
+             features: Sequence[str] = FEATURES) -> float:
+    """The scale (typical |log ratio|) of a plan at distance ``d`` (over ``features``) leaving ``defaults`` settings
+    to its engine."""
+    return sigma["base"] + sum(d[f] * sigma.get(f, 0.0) for f in features) + defaults * sigma.get("default", 0.0)
 
 
 def weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
@@ -173,35 +185,38 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], sources: Sequence[str],
-        defaults: Sequence[int] | None = None) -> dict[str, Any]:
-    """The band's parameters from out-of-sample log ratios, their plans' distances and sources (module doc):
-    every source weighs the same; the scales by non-negative least squares of the absolute deviations from
-    the (weighted) median (robust to a source far off); the quantiles of the residuals over their scale."""
+        defaults: Sequence[int] | None = None, features: Sequence[str] = FEATURES) -> dict[str, Any]:
+    """The band's parameters from out-of-sample log ratios, their plans' distances (over ``features``: the step
+    time's ``FEATURES``, or a memory band's, planner/memory_band.py) and sources (module doc): every source weighs
+    the same; the scales by non-negative least squares of the absolute deviations from the (weighted) median
+    (robust to a source far off); the quantiles of the residuals over their scale."""
     r = np.asarray(residuals, dtype=float)
     n_src = {s: sources.count(s) for s in set(sources)}
     w = np.array([1.0 / (len(n_src) * n_src[s]) for s in sources])
     center = weighted_quantile(r, w, 0.5)
-    d = np.array([[1.0] + [dist[f] for f in FEATURES] for dist in distances])
+    d = np.array([[1.0] + [dist[f] for f in features] for dist in distances])
     sw = np.sqrt(w)
     coef = _nnls(d * sw[:, None], np.abs(r - center) * sw)
-    sigma = {"base": max(float(coef[0]), 1e-3), **{f: float(v) for f, v in zip(FEATURES, coef[1:])}}
+    sigma = {"base": max(float(coef[0]), 1e-3), **{f: float(v) for f, v in zip(features, coef[1:])}}
     # a distance no run of the fit lies at cannot be measured: it takes the widest scale the runs did show
-    unseen = [f for i, f in enumerate(FEATURES) if not np.any(d[:, i + 1] > 0)]
-    widest = max([sigma["base"]] + [sigma[f] for f in FEATURES if f not in unseen])
+    unseen = [f for i, f in enumerate(features) if not np.any(d[:, i + 1] > 0)]
+    widest = max([sigma["base"]] + [sigma[f] for f in features if f not in unseen])
     for f in unseen:
         sigma[f] = widest
-    sigma["default"] = sigma["proxy"] / PROXY_SETTINGS
+    sigma["default"] = sigma.get("proxy", widest) / PROXY_SETTINGS
     defaults = list(defaults) if defaults is not None else [0] * len(r)
-    s = np.array([sigma_of(dist, k, sigma) for dist, k in zip(distances, defaults)])
+    s = np.array([sigma_of(dist, k, sigma, features) for dist, k in zip(distances, defaults)])
     u = (r - center) / s
     return {"center": center, "sigma": sigma, "unseen": unseen,
             "quantiles": [weighted_quantile(u, w, 0.1), weighted_quantile(u, w, 0.9)],
             "runs": int(r.size), "sources": len(n_src)}
 
 
-def interval(t: Traits, d: Mapping[str, float], params: Mapping[str, Any]) -> tuple[float, float, float]:
-    """(low, high, sigma): the band of measured / predicted for a plan at distance ``d`` under ``params``."""
-    s = sigma_of(d, t.defaults, params["sigma"])
+def interval(t: Traits, d: Mapping[str, float], params: Mapping[str, Any],
+             features: Sequence[str] = FEATURES) -> tuple[float, float, float]:
+    """(low, high, sigma): the band of measured / predicted for a plan at distance ``d`` (over ``features``) under
+    ``params``."""
+    s = sigma_of(d, t.defaults, params["sigma"], features)
     q10, q90 = params["quantiles"]
     return math.exp(params["center"] + q10 * s), math.exp(params["center"] + q90 * s), s
 

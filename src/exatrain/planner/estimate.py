@@ -18,6 +18,7 @@ from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.overlap import overlap_rules
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
+from exatrain.planner.memory_band import with_memory_band
 from exatrain.planner.cost import experts
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate, trainer_models_it
 from exatrain.planner.layouts import Layouts
@@ -72,8 +73,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}
     notes = (
-        f"runtime {rt}: memory_bytes / fits are what it keeps ({rule.mode}); trainer_memory_bytes / "
-        "trainer_fits: what exatrain's own trainer keeps today",
+        f"runtime {rt}: memory_bytes / memory_verdict are what it keeps ({rule.mode}; the verdict: the capacity "
+        "against the band of measured peaks, planner/memory_band.py; fits: not 'does not fit'); trainer_memory_bytes / "
+        "trainer_fits: what exatrain's own trainer keeps today (the point prediction against the capacity)",
         "bytes/param: weights {:g}, gradients {:g}, optimizer {:g} ({})".format(
             *rule.bytes_per_param(plan.dp), rule.source),
         f"other = pipeline buffers + {FRAGMENTATION_ALLOWANCE:.0%} allocator allowance",
@@ -194,7 +196,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     hw_tf = hw_flops / time_s.step / plan.gpus / 1e12
     peak = cluster.device.peak_flops(plan.dtype)
     notes += (f"cost model: {cp.source} parameters for {cluster.device.name}",)
-    return with_band(StepEstimate(
+    return with_memory_band(with_band(StepEstimate(
         params=total_params(plan.model),
         params_by_stage=stage_params(plan),
         memory_bytes=worst,
@@ -213,4 +215,4 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         hardware_tflops_per_gpu=hw_tf,
         hfu=None if peak is None else hw_tf * 1e12 / peak,
         notes=notes,
-    ), plan, cluster)
+    ), plan, cluster), plan, cluster)

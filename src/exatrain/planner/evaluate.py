@@ -107,7 +107,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
              fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
              grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
              recompute_modules: tuple[str, ...] = (), recompute_every: int = 0,
-             time: bool = True) -> Evaluation:
+             time: bool = True, fit_bytes: float | None = None) -> Evaluation:
     """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
     which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
     time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
@@ -129,7 +129,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     runtime's selective recomputation reruns (``Plan.recompute_modules``; (): its own), in its step time and what its
     memory model keeps; a full recomputation covers each layout's ``Layouts.recompute_layers`` of each virtual
     stage (``Plan.recompute_layers``; 0: all), or one layer in ``recompute_every`` of a rank (``Plan.recompute_every``;
-    0: all). ``by_rank`` also fills ``hidden``; ``time`` False: memory only (the times NaN)."""
+    0: all). ``by_rank`` also fills ``hidden``; ``time`` False: memory only (the times NaN). ``fit_bytes``: the worst
+    stage's bytes ``time_if_fits`` times up to (None: the device's capacity; a search keeping layouts whose capacity
+    lies inside their memory band passes capacity over the band's lowest low end, planner/memory_band.py)."""
     # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
     cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
     memory = (runtime,) if memory is None else tuple(memory)
@@ -224,7 +226,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
             continue
         keep = np.arange(idx.size)
         if time_if_fits and memory:
-            keep = np.nonzero(total[memory[0]][idx] <= capacity)[0]
+            keep = np.nonzero(total[memory[0]][idx] <= (capacity if fit_bytes is None else fit_bytes))[0]
             if not keep.size:
                 continue
             lay, params = lay.take(keep), params[keep]

@@ -18,10 +18,13 @@ def estimate_json(plan: Plan) -> dict[str, Any]:
 
 
 def search_json(result: Any, explain: Sequence[str] | None = None) -> dict[str, Any]:
-    """A SearchResult: the ranked plans (each as ``estimate_json``) and the counts of the search."""
+    """A SearchResult: the ranked plans (each as ``estimate_json``, with its ``memory_verdict``) and the counts of the
+    search: ``rejected`` (with "does not fit", and "tight (--strict-memory)" under strict memory) and ``tight``, the
+    legal layouts whose capacity lies inside their memory band (kept unless ``strict_memory``)."""
     out = {"ranked": [estimate_json(p) for p in result.ranked], "examined": result.examined,
            "legal": result.legal, "feasible": result.feasible, "rejected": result.rejected,
-           "collapsed": result.collapsed}
+           "collapsed": result.collapsed, "tight": getattr(result, "tight", 0),
+           "strict_memory": bool(getattr(result, "strict_memory", False))}
     if getattr(result, "notes", ()):
         out["notes"] = list(result.notes)
     if explain is not None:

@@ -88,12 +88,13 @@ def no_feasible_layout(result: SearchResult, gpus: int, cluster: ClusterSpec) ->
 def scaling(model: ModelSpec, cluster: ClusterSpec, counts: Sequence[int], global_batch: int, *,
             mode: str = "weak", options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
             dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-            overlap: str = "all") -> ScalingResult:
-    """The best layout ``search`` finds at each GPU count (under ``options``), and its efficiency."""
+            overlap: str = "all", strict_memory: bool = False) -> ScalingResult:
+    """The best layout ``search`` finds at each GPU count (under ``options``; ``strict_memory``: tight layouts
+    dropped, as search drops them), and its efficiency."""
     points: list[ScalingPoint] = []
     for n, gb in zip(counts, global_batches(counts, global_batch, mode)):
         result = search(model, cluster, n, gb, top=1, options=options, params=params, dtype=dtype, flash=flash,
-                        runtime=runtime, overlap=overlap)
+                        runtime=runtime, overlap=overlap, strict_memory=strict_memory)
         if not result.ranked:
             raise no_feasible_layout(result, n, cluster)
         best = result.ranked[0]

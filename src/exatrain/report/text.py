@@ -88,6 +88,22 @@ def run_lines(ttt, per_row: bool = False) -> list[str]:
     return lines
 
 
+VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def memory_verdict_text(est, markup: bool = True) -> str:
+    """A StepEstimate's memory verdict as the estimate prints it, e.g. "tight (capacity inside 0.93–1.08 of the
+    prediction)" (planner/memory_band.py); the bare word where the estimate carries no band."""
+    v = est.verdict
+    word = f"[{VERDICT_STYLE[v]}]{v}[/]" if markup else v
+    b = est.memory_band
+    if not b:
+        return word
+    ends = f"{b['ratio_low']:.2f}–{b['ratio_high']:.2f}"
+    where = {"fits": "above", "tight": "inside", "does not fit": "below"}[v]
+    return f"{word} (capacity {where} {ends} of the prediction)"
+
+
 def render_estimate(plan: Plan, con=None) -> None:
     """A plan's estimate as the terminal shows it: the layout, memory per stage, the verdict, FLOPs
     and bytes, the step-time breakdown with its out-of-sample range, throughput and the notes."""
@@ -112,9 +128,10 @@ def render_estimate(plan: Plan, con=None) -> None:
                   *(_gib(x) for x in (mb.weights, mb.gradients, mb.optimizer, mb.activations, mb.other, mb.total)),
                   f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}")
     con.print(t)
-    verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
-    con.print(f"worst stage: {_gib(est.memory_bytes.total)} GiB of {_gib(est.capacity_bytes)} GiB — {verdict} "
-              f"(as {plan.runtime} runs it)")
+    con.print(f"worst stage: {_gib(est.memory_bytes.total)} GiB of {_gib(est.capacity_bytes)} GiB — "
+              f"{memory_verdict_text(est)} (as {plan.runtime} runs it)")
+    if est.memory_band and est.memory_band.get("widened"):
+        con.print(f"memory band: {est.memory_band['text']}")
     if est.trainer_memory_bytes is not None and plan.runtime != "exatrain":
         tv = "[green]fits[/]" if est.trainer_fits else "[red]does not fit[/]"
         con.print(f"with exatrain's own trainer as it runs today: {_gib(est.trainer_memory_bytes.total)} GiB — {tv}")
@@ -150,7 +167,7 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
     t = table(f"{first.model.name} on {gpus} × {first.cluster}, global batch {global_batch}, "
               f"runtime {first.runtime}",
               ("#", "layout", "mb", "ZeRO", "recompute", "SP", "schedule", "step s", "tokens/s", "TFLOPS/GPU", "MFU",
-               "memory GiB", *(title for key, title, _ in RUN_FIGURES if key in runs)),
+               "memory GiB", "memory", *(title for key, title, _ in RUN_FIGURES if key in runs)),
               left=("layout", "recompute", "schedule"))
     for i, p in enumerate(result.ranked, 1):
         e = p.estimate
@@ -158,8 +175,19 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
         t.add_row(str(i), p.label, str(p.micro_batch), str(p.zero_stage), p.recompute_label,
                   "on" if p.sequence_parallel else "off", p.schedule_label, f"{e.time_s.step:.2f}",
                   f"{e.tokens_per_s:,.0f}", f"{e.model_tflops_per_gpu:.1f}", opt(e.mfu, "{:.1%}"),
-                  f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}", *run_cells(p, runs))
+                  f"{mem.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f}", f"[{VERDICT_STYLE[e.verdict]}]{e.verdict}[/]",
+                  *run_cells(p, runs))
     con.print(t)
+    marked: dict[str, list[int]] = {}
+    for i, p in enumerate(result.ranked, 1):
+        b = p.estimate.memory_band
+        if p.estimate.verdict == "tight" and b:
+            marked.setdefault(f"{b['ratio_low']:.2f}–{b['ratio_high']:.2f}", []).append(i)
+    if marked:
+        con.print("tight: " + "; ".join(", ".join(f"#{i}" for i in ids) + f" (capacity inside {ends} of the "
+                                        "prediction)" for ends, ids in marked.items())
+                  + " — the band of measured peak memory (out of sample) straddles the device: kept, "
+                  "--strict-memory drops them")
     for line in run_lines(first.estimate.time_to_train, per_row=True) if runs else ():
         con.print(line)
     if first.fp8:
@@ -171,8 +199,10 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
     for note in getattr(result, "notes", ()):
         con.print(note)
     rej = ", ".join(f"{k}: {v:,}" for k, v in result.rejected.items() if v)
+    tight = getattr(result, "tight", 0)
+    kept = "" if getattr(result, "strict_memory", False) or not tight else f" ({tight:,} of them tight, kept)"
     con.print(f"{result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings collapsed, "
-              f"{result.legal:,} legal, {result.feasible:,} fit in memory. Rejected — {rej}.")
+              f"{result.legal:,} legal, {result.feasible:,} kept by memory{kept}. Rejected — {rej or 'none'}.")
     for line in lines or ():
         con.print(f"· {line}")
 

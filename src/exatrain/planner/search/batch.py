@@ -53,11 +53,14 @@ def layouts_of(space: Space) -> Layouts:
 
 def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, cp: CostParams,
              dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-             time_if_fits: bool = False, overlap: str = "all") -> BatchResult:
+             time_if_fits: bool = False, overlap: str = "all", fit_bytes: float | None = None,
+             recompute_limit_bytes: float | None = None) -> BatchResult:
     """``runtime``: the engine that runs the candidates (``accounting.engines.ENGINE_NAMES``): its
     memory judges them and its overlaps time them (``planner.evaluate``). ``time_if_fits``: time only
-    the candidates that fit (NaN for the others). With ``space.options.recompute_layers`` RECOMPUTE_LAYERS_AUTO each
-    full-recomputation candidate recomputes the fewest layers of each stage it needs (``fit_recompute_layers``)."""
+    the candidates whose worst stage is at most ``fit_bytes`` (None: the capacity; NaN for the others). With
+    ``space.options.recompute_layers`` RECOMPUTE_LAYERS_AUTO each full-recomputation candidate recomputes the fewest
+    layers of each stage it needs to come under ``recompute_limit_bytes`` (None: the capacity;
+    ``fit_recompute_layers``)."""
     o = space.options
     kw = dict(global_batch=global_batch, dtype=dtype, flash=flash, memory=(runtime,), runtime=runtime,
               overlap=overlap, moe_dispatcher=o.moe_dispatcher, attention_kernel=o.attention_kernel,
@@ -67,22 +70,22 @@ def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch:
               recompute_modules=o.recompute_modules, recompute_every=o.recompute_every)
     layouts = layouts_of(space)
     if o.recompute_layers == RECOMPUTE_LAYERS_AUTO:
-        layouts = dataclasses.replace(layouts, recompute_layers=fit_recompute_layers(layouts, model, cluster, cp,
-                                                                                    **kw))
-    ev = evaluate_layouts(layouts, model, cluster, cp, time_if_fits=time_if_fits, **kw)
+        layouts = dataclasses.replace(layouts, recompute_layers=fit_recompute_layers(
+            layouts, model, cluster, cp, limit_bytes=recompute_limit_bytes, **kw))
+    ev = evaluate_layouts(layouts, model, cluster, cp, time_if_fits=time_if_fits, fit_bytes=fit_bytes, **kw)
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
                        time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu,
                        recompute_layers=layouts.recompute_layers)
 
 
 def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *,
-                         memory: tuple[str, ...], **kw) -> np.ndarray:
+                         memory: tuple[str, ...], limit_bytes: float | None = None, **kw) -> np.ndarray:
     """Per layout, the fewest layers of each (virtual) stage a full recomputation must cover, the first ones
     (Megatron-Core's block method, ``Plan.recompute_layers``), for every rank to fit the device in ``memory[0]``'s
     count; 0 (every layer) where no fewer fit, or for a layout that does not recompute in full. A rank's memory is
     linear in the layers it reruns (``accounting.memory.rank_memory``: a rerun layer keeps its input, a kept one
     everything), so two counts — every layer, and one a stage — give each rank's line, and the smallest N whose
-    line fits on every rank is read off it."""
+    line fits on every rank is read off it. ``limit_bytes``: what "fits" means (None: the device's capacity)."""
     out = np.zeros(len(layouts), dtype=np.int64)
     full = np.nonzero(layouts.recompute == RECOMPUTE.index("full"))[0]
     if not full.size:
@@ -94,7 +97,7 @@ def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpe
                               memory=memory, by_rank=True, time=False, **kw)
         totals.append(sum(ev.by_rank[memory[0]][f] for f in MEMORY_FIELDS))
     every, one = totals
-    capacity = cluster.device.hbm_bytes
+    capacity = cluster.device.hbm_bytes if limit_bytes is None else limit_bytes
     v_eff = np.where(sub.pp > 1, sub.interleave, 1)
     for pp, v in {(int(a), int(b)) for a, b in zip(sub.pp, v_eff)}:
         rows = np.nonzero((sub.pp == pp) & (v_eff == v))[0]

@@ -4,6 +4,10 @@ The whole space is evaluated in one vectorised pass (search.batch, through ``pla
 every stage's memory, the cost model's step time); the best are returned with ``estimate_plan``
 attached, which runs the same code on each as a batch of one, so what the user sees is what the
 search ranked by and what ``exatrain estimate`` says for that plan.
+
+Memory prunes by the three-way verdict (planner/memory_band.py): a layout that "does not fit" (the device's
+capacity below its band of measured peaks) is dropped; a "tight" one (capacity inside the band) is kept and ranked,
+its plan's estimate saying so (``memory_verdict``), unless ``strict_memory`` drops it too. The counts say which.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
 from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.estimate import estimate_plan
+from exatrain.planner.memory_band import layout_ratios, verdict_codes
 from exatrain.planner.search import batch
 from exatrain.planner.search.space import Space, SpaceOptions, enumerate_space
 
@@ -32,11 +37,15 @@ class SearchResult:
     collapsed: int = 0
     min_memory_bytes: float | None = None  # the leanest legal layout's worst stage
     notes: tuple[str, ...] = ()  # what the caller chose for the search (api.search: a default runtime)
+    tight: int = 0  # legal layouts whose capacity lies inside their memory band (kept, unless strict_memory)
+    strict_memory: bool = False  # whether the tight ones were dropped
 
     def why_empty(self, capacity_bytes: float) -> str:
         """One sentence on what left no feasible layout."""
         if self.legal and not self.feasible:
-            return (f"all {self.legal:,} legal layouts run out of memory (the leanest needs "
+            why = ("do not fit or are tight (dropped by --strict-memory)" if self.strict_memory and self.tight
+                   else "do not fit in memory")
+            return (f"all {self.legal:,} legal layouts {why} (the leanest needs "
                     f"{self.min_memory_bytes / GiB:,.1f} GiB per device of {capacity_bytes / GiB:,.0f})")
         reason = self.top_reason
         if reason is None:
@@ -79,21 +88,34 @@ RUNTIMES = ENGINE_NAMES
 def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int = 10,
            options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
            dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-           overlap: str = "all") -> SearchResult:
+           overlap: str = "all", strict_memory: bool = False) -> SearchResult:
     """Rank every legal layout as run by ``runtime`` (an engine of ``accounting.engines``): its memory
     decides what fits (exatrain: its own trainer as it runs today, accounting.trainer_memory), its
     overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
-    are candidates."""
+    are candidates. A layout that does not fit is dropped, a tight one kept (``strict_memory``: dropped too;
+    the module doc)."""
     cp = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime, dtype=dtype)
     rejected = dict(space.rejected)
     if len(space) == 0:
-        return SearchResult([], space.examined, 0, 0, rejected, space.collapsed)
+        return SearchResult([], space.examined, 0, 0, rejected, space.collapsed, strict_memory=strict_memory)
+    # each candidate's memory band (what varies across the space: ZeRO stage, recomputation, cp, ep)
+    low, high = layout_ratios(plan_at(space, 0, model, global_batch, cluster, dtype, flash).replace(runtime=runtime),
+                              cluster, zero=space.zero, recompute=np.asarray(RECOMPUTE)[space.recompute],
+                              cp=space.cp, ep=space.ep)
+    capacity = cluster.device.hbm_bytes
+    # time every layout that may be kept: capacity at least the band's low end of its prediction
     res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash, runtime=runtime,
-                         time_if_fits=True, overlap=overlap)  # only what fits is ranked
-    fits = res.fits
-    rejected["out of memory"] = int((~fits).sum())
-    feasible = np.nonzero(fits)[0]
+                         time_if_fits=True, overlap=overlap,
+                         fit_bytes=capacity / float(high.min() if strict_memory else low.min()),
+                         recompute_limit_bytes=capacity / float(high.max()) if strict_memory else None)
+    codes = verdict_codes(res.memory_total, capacity, low, high)
+    tight = codes == 1
+    rejected["does not fit"] = int((codes == 2).sum())
+    if strict_memory:
+        rejected["tight (--strict-memory)"] = int(tight.sum())
+    keep = codes == 0 if strict_memory else codes < 2
+    feasible = np.nonzero(keep)[0]
     order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
     ranked = []
     for i in order[:max(top, 0)]:
@@ -101,5 +123,5 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
                        None if res.recompute_layers is None else int(res.recompute_layers[i]))
         plan = plan.replace(runtime=runtime).validate(cluster)
         ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp, overlap)))
-    return SearchResult(ranked, space.examined, len(space), int(fits.sum()), rejected, space.collapsed,
-                        float(res.memory_total.min()))
+    return SearchResult(ranked, space.examined, len(space), int(keep.sum()), rejected, space.collapsed,
+                        float(res.memory_total.min()), tight=int(tight.sum()), strict_memory=strict_memory)
