@@ -27,7 +27,8 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     ``elementwise="fused"``, eager ones with "eager", or "eager-composite" where the run's torch predates
     torch's fused RMSNorm kernel (2.9), as a user would plan with --elementwise; a compiled torchtitan row
     from before torchtitan compiled its loss with the model (2025-04) with ``cross_entropy="upcast"``
-    (``_cross_entropy``), as a user would plan with --cross-entropy upcast;
+    (``_cross_entropy``), as a user would plan with --cross-entropy upcast; an llm-foundry row with "fused" (MPT's
+    default loss, flash-attn's fused cross-entropy);
   * a Megatron-DeepSpeed row whose ``zero_mode`` names DeepSpeed's BF16_Optimizer is planned with
     ``grad_accum="float32"`` (``_grad_accum``), as a user would plan with --grad-accum float32;
   * a row's ``preset`` column names the catalog model whose architecture beyond the shape columns (head
@@ -37,14 +38,19 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     "force-balanced" is planned with ``moe_force_balance``, "capacity C padded" with
     ``moe_capacity_factor=C``, as a user would plan with --moe-force-balance / --moe-capacity-factor C.
 Memory has no fitted factor: each engine profile (accounting.engines) is predicted as
-benchmarks/engine_memory.py does, so its error is out of sample by construction.
+benchmarks/engine_memory.py does, so its error is out of sample by construction. The memory band
+(planner/memory_band.py) is fitted on the measured peaks of every source but the row's own (the residuals' quantiles
+themselves out of source, ``_memory_fit``), and with it every run that trained gets the verdict of its predicted worst
+stage against its device: a run that trained fitted, so "does not fit" there is a miss (target 0), and the report
+counts those and the tight ones. ``--runs FILE`` adds the trainer's own measured peaks (RunRecords that measured
+device memory) as memory rows of runtime exatrain, one source per file.
 
 Measured step time, from the row's own figure in this order: s/iteration; tokens/s/GPU
 (global_batch * seq / (tokens/s/GPU * GPUs)); TFLOPS/GPU with the source's hardware-FLOP count
 (accounting.flops.hardware_flops_per_step: Narayanan 2021 Eq. 3 under full recompute); MFU with
 model FLOPs (Korthikanti 2022 Eq. 7) against the catalog peak. Error = predicted / measured - 1.
 
-    python benchmarks/prediction_error.py [--engine E] [--family F] [--json OUT] [--write-bands]
+    python benchmarks/prediction_error.py [--engine E] [--family F] [--json OUT] [--write-bands] [--runs FILE ...]
     python benchmarks/prediction_error.py --fit-prior h100-sxm-500w   (or h100-sxm: the 700 W parts)
 """
 
@@ -69,6 +75,7 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape, recompute_modules_of
 from exatrain.planner import band as bandlib
+from exatrain.planner import memory_band as memband
 from exatrain.planner.band import BANDS_PATH, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, cited_params, default_params
@@ -147,6 +154,10 @@ class Row:
     cross_entropy: str = ""  # how its loss ran over the logits (plan.CROSS_ENTROPY), "" = the engine's own
     band: tuple[float, float] | None = None  # its p10-p90 of measured / predicted, fitted without its source
     runtime: str = ""  # the exatrain runtime it is planned with: its engine, or the ``priced_as`` profile
+    memory_full_gib: float | None = None  # the worst stage as ``estimate`` gives it (the verdict's prediction)
+    memory_band: tuple[float, float] | None = None  # p10-p90 of measured / predicted memory, without its source
+    verdict: str = ""  # the memory verdict with that band (planner/memory_band.py), for a run that trained
+    trained: bool = False  # the run trained (a measured step time, or a RunRecord that ended ok)
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -222,7 +233,9 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             row.notes.append(f"element-wise {row.elementwise}")
         row.cross_entropy = _cross_entropy(r)
         if row.cross_entropy:
-            row.notes.append(f"cross-entropy {row.cross_entropy} (torchtitan before 2025-04 compiled no loss)")
+            why = ("(flash-attn's fused loss)" if row.engine == "llm-foundry"
+                   else "(torchtitan before 2025-04 compiled no loss)")
+            row.notes.append(f"cross-entropy {row.cross_entropy} {why}")
         if _adam_kernel(r):
             row.notes.append(f"Adam {_adam_kernel(r)} (torchtitan's default before 2025-02)")
         if r["memory_per_gpu_gib"].strip():
@@ -260,6 +273,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row.traits = [t for t, on in (("FP8", dtype.startswith("fp8")), ("context parallel", _int(r["cp"], 1) > 1),
                                       ("MoE", r["kind"] == "moe")) if on]
         row.measured_s, row.measured_from = _measured_step_s(r, model, cluster.device.peak_flops("bfloat16"))
+        row.trained = bool(row.measured_s)
         if r.get("source_flag", "").strip():
             # the source itself says the figure measures a defect of its engine (data README)
             row.not_priced = f"{FLAGGED}{r['source_flag'].strip()}"
@@ -441,7 +455,10 @@ def _cross_entropy(r: dict) -> str:
     dates (``engine_version``, YYYY-MM) all predate ``_TORCHTITAN_COMPILED_LOSS``; else "" (the engine's own:
     the loss compiled with a compiled model, upcast with an eager one)."""
     if r.get("engine") == "llm-foundry":
-        return "upcast"  # an eager model: torch's cross_entropy on the logits, autocast to fp32
+        # MPT's loss_fn defaults to fused_crossentropy (llmfoundry/models/mpt/modeling_mpt.py, since 5f43bf160 of
+        # 2023-05-03, before every table): flash-attn's CrossEntropyLoss, one kernel over the bf16 logits keeping them
+        # and their bf16 gradient (flash_attn/losses/cross_entropy.py)
+        return "fused"
     if r.get("engine") != "torchtitan" or r.get("compile", "").strip().lower() != "y":
         return ""
     dates = [(int(y), int(mo)) for y, mo in re.findall(r"\b(20\d\d)-(\d\d)\b", r.get("engine_version", ""))]
@@ -490,15 +507,14 @@ def _adam_kernel(r: dict) -> str:
     return "foreach" if dates and max(dates) < _TORCHTITAN_FUSED_ADAM else ""
 
 
-def _predicted_memory_gib(row: Row) -> float:
+def _predicted_memory_gib(row: Row, worst_bytes: float) -> float:
     """The worst stage's bytes as ``estimate`` gives them for the row's engine (the evaluation path,
     which counts cp, ep and FP8; memory does not depend on the cost parameters); without the engine's
     allocator allowance where the source reports allocated rather than reserved bytes."""
     from exatrain.accounting.engines import get_engine
 
-    worst = estimate_plan(row.plan, row.cluster, overlap=row.overlap).memory_bytes.total
     allowance = get_engine(row.runtime).allocator_allowance
-    return (worst / (1 + allowance) if row.memory_allocated else worst) / GIB
+    return (worst_bytes / (1 + allowance) if row.memory_allocated else worst_bytes) / GIB
 
 
 def _predict_s(row: Row, params: CostParams) -> float:
@@ -511,12 +527,14 @@ def price(rows: list[Row]) -> None:
         if row.plan is None:
             continue
         try:
-            row.prior_s = _predict_s(row, default_params(row.cluster.device.name))
+            est = estimate_plan(row.plan, row.cluster, default_params(row.cluster.device.name), overlap=row.overlap)
         except UserError as exc:
             row.not_priced = str(exc)
             continue
+        row.prior_s = est.time_s.step
+        row.memory_full_gib = est.memory_bytes.total / GIB
         if row.memory_gib is not None:
-            row.memory_pred_gib = _predicted_memory_gib(row)
+            row.memory_pred_gib = _predicted_memory_gib(row, est.memory_bytes.total)
 
 
 # Factors whose prior default is None (the data sheet's value): where a refit starts them.
@@ -660,11 +678,13 @@ def table(rows: list[Row]) -> dict:
             cell["ratio_low"], cell["ratio_high"] = (float(np.percentile(ratios, q)) for q in (10, 90))
         cell["band"] = band_stats([r for r in oos if r.band is not None])
         cells[f"{engine}/{family}"] = cell
-    return {"cells": cells, "kinds": by_kind(rows), "rank": rank_correlations(rows),
+    return {"cells": cells, "kinds": by_kind(rows), "rank": rank_correlations(rows), "memory": memory_summary(rows),
             "rows": [{"index": r.index, "name": r.name, "engine": r.engine, "family": r.family, "source": r.source,
                       "measured_s": r.measured_s, "measured_from": r.measured_from, "prior_s": r.prior_s,
                       "in_sample": r.in_sample, "out_of_sample_s": r.oos_s, "how": r.oos_how,
                       "memory_gib": r.memory_gib, "memory_predicted_gib": r.memory_pred_gib,
+                      "memory_worst_stage_gib": r.memory_full_gib,
+                      "memory_band": list(r.memory_band) if r.memory_band else None, "memory_verdict": r.verdict,
                       "not_priced": r.not_priced, "notes": r.notes,
                       "band": list(r.band) if r.band else None} for r in rows]}
 
@@ -730,6 +750,32 @@ def not_priced_summary(rows: list[Row]) -> str:
         counts[trait] = sum(trait in r.traits for r in out)
     return (f"not priced: {len(out)} of {len(rows)} rows — " + ", ".join(f"{k} {v}" for k, v in counts.items())
             + " (a row can have several)")
+
+
+def memory_lines(rows: list[Row], m: dict) -> list[str]:
+    """The memory section of the report: each measured peak beside its prediction and band, the error and band
+    coverage, and the verdicts on the runs that trained (misses listed)."""
+    out = ["memory: measured peak (allocated or reserved, as the source states) against the prediction, the band "
+           "fitted without the row's source:",
+           f"{'#':>3} {'run':52} {'measured':>9} {'predicted':>9} {'error':>7}  band"]
+    for r in rows:
+        if r.memory_gib is not None and r.memory_pred_gib is not None:
+            band = f"{r.memory_band[0]:.2f}–{r.memory_band[1]:.2f}" if r.memory_band else "—"
+            out.append(f"{r.index:3d} {r.name[:52]:52} {r.memory_gib:9.2f} {r.memory_pred_gib:9.2f} "
+                       f"{r.memory_pred_gib / r.memory_gib - 1:+7.1%}  {band}")
+    e, b = m["error"], m["band"]
+    if e["n"]:
+        out.append(f"memory error: n={e['n']} of {m['sources']} sources, median {e['median']:.1%}, p90 {e['p90']:.1%}, "
+                   f"max {e['max']:.1%}" + (f"; inside the band (leave one source out): {b['coverage']:.0%} "
+                                            f"({b['coverage_by_source']:.0%} with every source weighing the same), "
+                                            f"median width {b['median_width']:.2f}" if b["n"] else ""))
+    v = m["verdicts"]
+    out.append(f"runs that trained: {m['trained']}, called does not fit: {v['does not fit']} (target 0), tight: "
+               f"{v['tight']}, fits: {v['fits']}")
+    for x in m["misses"]:
+        out.append(f"  {x['verdict']:12} #{x['index']:<3d} {x['name'][:60]:60} {x['predicted_gib']:.1f} GiB of "
+                   f"{x['capacity_gib']:.1f} (band {x['band'][0]:.2f}–{x['band'][1]:.2f})")
+    return out
 
 
 def bands(rows: list[Row], t: dict, command: str) -> dict:
@@ -814,6 +860,145 @@ def band_stats(rows: list[Row]) -> dict:
             "median_width_by_source": bandlib.weighted_quantile(width, weight, 0.5)}
 
 
+# ---- memory: bands fitted on other sources' measured peaks, verdicts on the runs that trained -------------------
+
+def memory_items(rows: list[Row]) -> list[tuple[Row, "bandlib.Traits"]]:
+    """Every row with a measured and a predicted peak memory, with its traits."""
+    return [(r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine)) for r in rows
+            if r.memory_gib is not None and r.memory_pred_gib is not None and r.plan is not None]
+
+
+def _memory_scale(train: list) -> dict | None:
+    """The memory band's center and scales fitted on ``train`` (None below two sources), each run's distance
+    measured from what the *other* sources of ``train`` validate."""
+    sources = {r.source for r, _ in train}
+    if len(sources) < 2:
+        return None
+    summary = {src: bandlib.validated_summary([tr for r, tr in train if r.source != src]) for src in sources}
+    dist = [memband.memory_distance(tr, summary[r.source]) for r, tr in train]
+    return memband.fit_scale([math.log(r.memory_gib / r.memory_pred_gib) for r, _ in train], dist,
+                             [r.source for r, _ in train], [tr.defaults for _, tr in train])
+
+
+def _memory_fit(items: list, holdout: str | None = None) -> dict | None:
+    """The memory band's parameters from ``items`` of every source but ``holdout`` (None below two sources): the
+    center and scales of ``_memory_scale``, and quantiles of residuals each out of its own source (every source of
+    the fit left out of an inner fit in turn, its runs standardized by that fit's center and scale, each source
+    weighing the same): measured memories come from a handful of sources whose offsets differ, so quantiles of
+    in-fit residuals would cover the fit's sources and not the next one."""
+    train = [(r, tr) for r, tr in items if r.source != holdout]
+    params = _memory_scale(train)
+    if params is None:
+        return None
+    srcs = sorted({r.source for r, _ in train})
+    u, w = [], []
+    for src in srcs:
+        inner = _memory_scale([x for x in train if x[0].source != src])
+        if inner is None:
+            continue
+        seen = bandlib.validated_summary([tr for r, tr in train if r.source != src])
+        held = [(r, tr) for r, tr in train if r.source == src]
+        for r, tr in held:
+            # an inner fit on fewer sources is no narrower than the fit it checks (two sources can agree closely)
+            scale = max(bandlib.sigma_of(memband.memory_distance(tr, seen), tr.defaults, inner["sigma"],
+                                         memband.SCALE_FEATURES), params["sigma"]["base"])
+            u.append((math.log(r.memory_gib / r.memory_pred_gib) - inner["center"]) / scale)
+            w.append(1.0 / (len(srcs) * len(held)))
+    if u:
+        params["quantiles"] = [bandlib.weighted_quantile(np.array(u), np.array(w), q) for q in (0.1, 0.9)]
+        params["quantiles_from"] = "out of source"
+    params["validated"] = bandlib.validated_summary([tr for _, tr in train])
+    return params
+
+
+def loso_memory_bands(rows: list[Row]) -> None:
+    """Fill every priced row's ``memory_band`` from a fit that never saw its source (nested leave one source out:
+    the memory model has no fitted factor, so its prediction is out of sample already), and, for a run that trained
+    (a measured step time), its ``verdict`` against its device's capacity."""
+    items = memory_items(rows)
+    fits: dict[str | None, dict | None] = {}
+    for r in rows:
+        if r.plan is None or r.memory_full_gib is None:
+            continue
+        key = r.source if any(x.source == r.source for x, _ in items) else None
+        if key not in fits:
+            fits[key] = _memory_fit(items, key)
+        params = fits[key]
+        if params is None:
+            continue
+        tr = bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine)
+        lo, hi, _ = bandlib.interval(tr, memband.memory_distance(tr, params["validated"]), params,
+                                     memband.SCALE_FEATURES)
+        r.memory_band = (lo, hi)
+        if r.trained and not r.not_priced:
+            r.verdict = memband.verdict(r.memory_full_gib * GIB, r.cluster.device.hbm_bytes, lo, hi)
+
+
+def memory_summary(rows: list[Row]) -> dict:
+    """Memory error and band coverage on the measured peaks (every source weighing the same too), and the verdicts
+    on the runs that trained: a run that trained fitted, so "does not fit" is a miss (target 0)."""
+    meas = [r for r in rows if r.memory_pred_gib is not None and r.memory_gib is not None]
+    banded = [r for r in meas if r.memory_band is not None]
+    inside = [r.memory_band[0] <= r.memory_gib / r.memory_pred_gib <= r.memory_band[1] for r in banded]
+    per: dict[str, list[bool]] = {}
+    for r, x in zip(banded, inside):
+        per.setdefault(r.source, []).append(x)
+    trained = [r for r in rows if r.verdict]
+    counts = {v: sum(r.verdict == v for r in trained) for v in memband.VERDICTS}
+    return {"n": len(meas), "sources": len({r.source for r in meas}),
+            "error": _stats([r.memory_pred_gib / r.memory_gib - 1 for r in meas]),
+            "band": {"n": len(banded), "coverage": float(np.mean(inside)) if inside else None,
+                     "coverage_by_source": float(np.mean([np.mean(v) for v in per.values()])) if per else None,
+                     "median_width": (float(np.median([r.memory_band[1] - r.memory_band[0] for r in banded]))
+                                      if banded else None)},
+            "trained": len(trained), "verdicts": counts,
+            "misses": [{"index": r.index, "name": r.name, "predicted_gib": r.memory_full_gib,
+                        "capacity_gib": r.cluster.device.hbm_bytes / GIB, "band": list(r.memory_band),
+                        "verdict": r.verdict} for r in trained if r.verdict != "fits"]}
+
+
+def memory_bands(rows: list[Row], t: dict, command: str) -> dict:
+    """The catalog's memory_bands.json (planner/memory_band.py): the band fitted on every measured peak, what those
+    runs validate per family, and the leave-one-source-out coverage and verdict counts the same fit reached."""
+    params = _memory_fit(memory_items(rows))
+    if params is None:
+        raise UserError("the memory band needs measured peak memory from at least two sources")
+    rnd = lambda x: round(float(x), 5)  # noqa: E731
+    return {"kind": "exatrain-memory-bands", "version": 1, "date": datetime.date.today().isoformat(),
+            "command": command,
+            "statistic": "p10-p90 of measured/predicted peak memory: center + sigma x quantiles of the standardized "
+                         "log ratios, sigma growing with the distance from the measured runs",
+            "center": rnd(params["center"]), "sigma": {k: rnd(v) for k, v in params["sigma"].items()},
+            "quantiles": [rnd(q) for q in params["quantiles"]], "runs": params["runs"], "sources": params["sources"],
+            "unseen": params["unseen"], "validated": params["validated"],
+            "leave_one_source_out": {k: t["memory"][k] for k in ("band", "trained", "verdicts")}}
+
+
+def record_rows(paths: list[Path], start: int) -> list[Row]:
+    """The trainer's own measured peaks: every RunRecord of ``paths`` that measured device memory (not a CPU's
+    RSS), as a memory row of runtime exatrain (one source per file); its peak is torch's max allocated, so the
+    prediction is compared without the allocator allowance."""
+    from exatrain.plan import read_run_records
+    from exatrain.planner.compare import cluster_for
+
+    out = []
+    for path in paths:
+        for rec in read_run_records(path):
+            m = rec.measured
+            if rec.status != "ok" or m is None or not m.peak_memory_bytes or rec.device in ("", "cpu"):
+                continue
+            cluster = cluster_for(rec)
+            if cluster is None:
+                continue
+            row = Row(index=start + len(out), source=f"exatrain runs {path}", engine="exatrain",
+                      family=hardware_family(cluster.device.name), kind="dense", name=f"{rec.plan.model.name} "
+                      f"{rec.plan.label} (exatrain run on {rec.device})", measured_s=None,
+                      measured_from="RunRecord (memory only)", plan=rec.plan, cluster=cluster, runtime="exatrain",
+                      memory_gib=m.peak_memory_bytes / GIB, memory_allocated=True, trained=True)
+            out.append(row)
+    return out
+
+
 # ---- rank correlation among the layouts of one model ----------------------------------------------------------
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -874,8 +1059,10 @@ def rank_correlations(rows: list[Row], min_layouts: int = 3) -> dict:
             "pairs": {f: {"pairs": len(v), "ordered": float(np.mean(v))} for f, v in pairs.items()}}
 
 
-def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = None) -> tuple[list[Row], dict]:
+def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = None,
+        runs: list[Path] | None = None) -> tuple[list[Row], dict]:
     every = load_rows(path)
+    every += record_rows(list(runs or ()), len(every))
     rows = [r for r in every if (engine is None or r.engine == engine) and (family is None or r.family == family)]
     if not rows:
         raise UserError(f"no published row matches --engine {engine} --family {family} (engines: "
@@ -884,6 +1071,7 @@ def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = N
     price(rows)
     out_of_sample(rows)
     loso_bands(rows)
+    loso_memory_bands(rows)
     return rows, table(rows)
 
 
@@ -893,13 +1081,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", help="only this engine's rows (megatron-core, megatron-deepspeed, torchtitan)")
     ap.add_argument("--family", help="only this hardware family's rows (A100, H100/H200, MI250X)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write the table (cells and rows) as JSON")
-    ap.add_argument("--write-bands", action="store_true", help=f"write {BANDS_PATH.name} into the catalog")
+    ap.add_argument("--write-bands", action="store_true",
+                    help=f"write {BANDS_PATH.name} and {memband.MEMORY_BANDS_PATH.name} into the catalog")
+    ap.add_argument("--runs", type=Path, nargs="+", metavar="RUNS", default=[],
+                    help="runs files (RunRecords) whose measured device peak memory joins the memory rows")
     ap.add_argument("--fit-prior", metavar="DEVICE", choices=sorted(REFIT),
                     help="print the prior fitted on every run of DEVICE (coefficients.DEFAULTS) and stop")
     args = ap.parse_args(argv)
     try:
         if args.write_bands and (args.engine or args.family or args.csv != CSV_PATH):
             raise UserError("--write-bands takes the whole published table: drop --engine/--family/--csv")
+        for path in args.runs:
+            if not path.is_file():
+                raise UserError(f"{path}: no such runs file")
         if args.fit_prior:
             every = load_rows(args.csv)
             price(every)
@@ -907,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
             factors, _ = refit_spec(args.fit_prior)
             print(", ".join(f"{f}={getattr(p, f):.4f}" for f in factors) + f"  ({p.source})")
             return 0
-        rows, t = run(args.csv, args.engine, args.family)
+        rows, t = run(args.csv, args.engine, args.family, args.runs)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -939,6 +1133,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nby kind of run (out of sample, every engine and family): " + "; ".join(
         f"{k} n={v['n']}" + (f" median {v['median']:.1%} p90 {v['p90']:.1%} max {v['max']:.1%}" if v["n"] else "")
         for k, v in t["kinds"].items()))
+    print("\n" + "\n".join(memory_lines(rows, t["memory"])))
     ins = [c for c in t["cells"].values() if c["in_sample_prior"]["n"]]
     for c in ins:
         s = c["in_sample_prior"]
@@ -949,7 +1144,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(t, indent=1) + "\n", encoding="utf-8")
     if args.write_bands:
         BANDS_PATH.write_text(json.dumps(bands(rows, t, command), indent=1) + "\n", encoding="utf-8")
-        print(f"\nwrote {BANDS_PATH}")
+        memband.MEMORY_BANDS_PATH.write_text(json.dumps(memory_bands(rows, t, command), indent=1) + "\n",
+                                             encoding="utf-8")
+        print(f"\nwrote {BANDS_PATH} and {memband.MEMORY_BANDS_PATH}")
     return 0
 
 
