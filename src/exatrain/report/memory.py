@@ -40,6 +40,7 @@ def memory_by_stage(plan: Plan, path: Path) -> Figure:
     numbers["total"] = [float(mb.total) for mb in est.memory_by_stage]
     numbers["capacity_bytes"] = int(est.capacity_bytes)
     numbers["fits"] = bool(est.fits)
+    numbers["memory_verdict"] = est.verdict
     worst = int(np.argmax(numbers["total"]))
     numbers["worst_stage"] = worst
     top, cap_b = numbers["total"][worst], float(est.capacity_bytes)
@@ -85,7 +86,8 @@ def memory_by_stage(plan: Plan, path: Path) -> Figure:
                   f"; the device's capacity ({human_bytes(cap_b)}) is more than {CAPACITY_ON_AXIS:.0f}× "
                   "the fullest stage and is left off the axis")
                + f". The worst is stage {worst}: {human_bytes(w.total)} of {human_bytes(cap_b)} ({percent(share)}) — "
-               + ("it fits." if est.fits else "it does not fit."))
+               + {"fits": "it fits.", "does not fit": "it does not fit.",
+                  "tight": "tight: the capacity lies inside the band of measured peaks around it."}[est.verdict])
     key = (("worst stage", f"{worst} of {n}"),
            ("worst stage total", f"{human_bytes(w.total)} ({percent(share)} of {human_bytes(cap_b)})"),
            *((k, human_bytes(getattr(w, k))) for k in MEMORY_KINDS))
