@@ -31,7 +31,6 @@ older files as "not does not fit" (what a search keeps). Without a stored table 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -41,7 +40,8 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan, StepEstimate
-from exatrain.planner.band import MIN_RUNS, OCTAVES_CAP, VERSIONED_DEFAULTS, Traits, fit, interval, traits_of
+from exatrain.planner.band import MIN_RUNS, VERSIONED_DEFAULTS, Traits, fit, interval, traits_of
+from exatrain.planner.band import _octaves  # the step band's octaves outside a range, capped
 
 MEMORY_BANDS_PATH = Path(__file__).resolve().parents[1] / "catalog" / "data" / "memory_bands.json"
 MEMORY_WIDE_DEFAULT = (0.8, 1.25)  # measured / predicted where no table is stored (convention, module doc)
@@ -58,10 +58,6 @@ _WHY = {"engine": "no measured memory of {runtime}", "cell": "no measured memory
         "zero": "ZeRO-{zero} not measured on {family}",
         "fp8": "FP8 not measured on {family}", "cp": "context parallelism not measured on {family}",
         "ep": "expert parallelism not measured on {family}", "proxy": "the engine has no profile of its own"}
-
-
-def _octaves(x: float, lo: float, hi: float) -> float:
-    return min(OCTAVES_CAP, max(0.0, math.log2(lo / x), math.log2(x / hi)))
 
 
 def memory_distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
