@@ -286,9 +286,12 @@ def test_each_runtime_is_planned_with_the_schedules_it_runs() -> None:
 
     model = get_model("gpt-175b")
     plan = Plan(model=model, dims=ParallelDims(tp=4, pp=16, dp=2), shape=TrainShape(1, 640), zero_stage=1)
-    runs = {rt: {s for s, r in SCHEDULE_RUNTIMES.items() if rt in r} for rt in rules.RUNTIMES}
+    runs = {rt: {s for s, r in SCHEDULE_RUNTIMES.items() if rt in r} for rt in rules.RUNTIMES if rt != "llm-foundry"}
     assert runs == {"megatron-core": {"1f1b", "interleaved"}, "megatron-deepspeed": {"1f1b"},
                     "torchtitan": set(SCHEDULES), "exatrain": set(SCHEDULES)}
+    # llm-foundry runs no pipeline at all: its own rule refuses pp > 1 whatever the schedule
+    with pytest.raises(PlanError, match="--runtime llm-foundry shards with Composer's FSDP over data parallelism"):
+        plan.replace(runtime="llm-foundry").validate()
     reason = "a pipeline schedule the runtime does not run"
     for runtime, allowed in runs.items():
         for schedule in SCHEDULES:

@@ -45,7 +45,7 @@ RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("float32", "bfloat16")
 # Engines a plan can be made for (accounting.engines holds each one's profile) and FP8 GEMM scaling
 # recipes (accounting.fp8): names only here, so that the rules can check them without the accounting.
-RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
+RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry")
 
 
 def listed(items) -> str:
@@ -101,8 +101,9 @@ RECOMPUTE_LAYERS_RUNTIMES = ("megatron-core",)
 # its model parts in order, the others keep everything (torchtitan's layer-level selective checkpointing:
 # activation_checkpoint.mode "selective" with selective_ac_option "N", torchtitan/distributed/
 # activation_checkpoint.py: a process-wide count of the blocks it wraps, each whose count N divides checkpointed);
-# 0 = every layer (its mode "full").
-RECOMPUTE_EVERY_RUNTIMES = ("torchtitan",)
+# 0 = every layer (its mode "full"). Under PyTorch FSDP1 (llm-foundry) the same choice is torch's
+# apply_activation_checkpointing with a check_fn that wraps every Nth block (fms-fsdp's selective_checkpointing).
+RECOMPUTE_EVERY_RUNTIMES = ("torchtitan", "llm-foundry")
 
 
 def full_rerun_layers(stage_layers, pp: int, first: int = 0, every: int = 0) -> tuple[int, ...]:
@@ -197,9 +198,10 @@ def cp_comms_unable(runtime: str, model: Any) -> dict[str, str]:
 # Which kernel a flash-attention run's attention is (cost.compute.with_attention_kernel): "fused" (cuDNN's
 # fused attention, Transformer Engine's FusedAttention: the device's fastest, which its prior describes),
 # "fa2" (FlashAttention-2: Megatron-DeepSpeed's --use-flash-attn-v2, and torch SDPA on Hopper before
-# torch 2.11) or "sdpa" (whatever torch's scaled_dot_product_attention picks). A plan that names none
+# torch 2.11), "sdpa" (whatever torch's scaled_dot_product_attention picks) or "triton" (the FlashAttention-1
+# class Triton kernel, flash_attn_triton.py, that llm-foundry's attn_impl "triton" runs). A plan that names none
 # runs its runtime's own (accounting.engines ActivationRules.flash_kernel).
-ATTENTION_KERNELS = ("fused", "fa2", "sdpa")
+ATTENTION_KERNELS = ("fused", "fa2", "sdpa", "triton")
 # How a layer's element-wise work (norms, rotary, the gated activation) runs (cost.compute.unfused_extra):
 # "fused" (a kernel per fused group: torch.compile'd blocks, Megatron's and Transformer Engine's fused
 # kernels), "eager" (plain PyTorch, a kernel per op; each norm one kernel, as torch's layer_norm and, where
@@ -214,20 +216,23 @@ ELEMENTWISE = ("fused", "eager", "eager-composite")
 # log-softmax saved for backward, whose backward holds it, the incoming fp32 gradient and the outgoing one:
 # torchtitan uncompiled, exatrain's trainer), "inplace" (Megatron's vocab-parallel cross-entropy: one fp32
 # copy turned into the softmax in place, saved, and turned into the gradient in place:
-# megatron/core/tensor_parallel/cross_entropy.py) or "fused" (one compiled kernel over the 16-bit logits:
-# only they and their 16-bit gradient; torchtitan's compiled loss, [compile] components "loss"). A plan
+# megatron/core/tensor_parallel/cross_entropy.py) or "fused" (one kernel over the 16-bit logits: only they and their
+# 16-bit gradient; torchtitan's compiled loss, [compile] components "loss"; llm-foundry's fused_crossentropy,
+# flash-attn's xentropy kernel). A plan
 # that names none runs its runtime's own (accounting.engines EngineProfile.cross_entropy).
 CROSS_ENTROPY = ("upcast", "inplace", "fused")
-CROSS_ENTROPY_RUNTIMES = {"upcast": ("torchtitan", "exatrain"), "inplace": ("megatron-core", "megatron-deepspeed"),
-                          "fused": ("torchtitan",)}  # the runtimes that run each
+CROSS_ENTROPY_RUNTIMES = {"upcast": ("torchtitan", "exatrain", "llm-foundry"),
+                          "inplace": ("megatron-core", "megatron-deepspeed"),
+                          "fused": ("torchtitan", "llm-foundry")}  # the runtimes that run each
 # The dtype a bfloat16 run accumulates and reduces its gradients in (EngineProfile.grad_accum_dtype,
 # EngineProfile.with_grad_accum): "float32" (Megatron-Core's default; DeepSpeed's BF16_Optimizer,
 # data_types.grad_accum_dtype "fp32"; torchtitan's and exatrain's only) or "bfloat16" (DeepSpeed's default;
 # Megatron-Core --grad-reduce-in-bf16). Which an engine offers, and at which ZeRO stages, is its profile's state
 # table; a plan that names none runs its runtime's own.
 GRAD_ACCUM = ("float32", "bfloat16")
-GRAD_ACCUM_RUNTIMES = {"float32": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain"),
-                       "bfloat16": ("megatron-core", "megatron-deepspeed")}  # the runtimes that offer each
+# the runtimes that offer each
+GRAD_ACCUM_RUNTIMES = {"float32": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry"),
+                       "bfloat16": ("megatron-core", "megatron-deepspeed", "llm-foundry")}
 # Whether each micro-batch's weight gradients are added to the accumulated ones inside the weight-gradient
 # GEMMs ("on": Megatron-Core's gradient_accumulation_fusion, its default) or by a separate pass over the
 # stage's gradients after each backward ("off": --no-gradient-accumulation-fusion, what Megatron-LM ran before

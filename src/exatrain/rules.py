@@ -266,6 +266,12 @@ RULES: tuple[Rule, ...] = (
          lambda p, c: (f"--runtime megatron-deepspeed runs pp {p.pp} through DeepSpeed's pipeline engine, which "
                        f"refuses ZeRO-{p.zero_stage} (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
                        "parallelism\"): use --zero 0 or 1, or --pp 1")),
+    # llm-foundry's benchmark and pretraining configurations shard with Composer's FSDP alone: every rank a data-
+    # parallel rank (composer/trainer/dist_strategy.py prepare_fsdp_module, one process group over the world).
+    Rule("tensor, pipeline, context or expert parallelism under llm-foundry",
+         lambda x: _on(x.runtime == "llm-foundry", x.tp.shape) & ((x.tp > 1) | (x.pp > 1) | (x.cp > 1) | (x.ep > 1)),
+         lambda p, c: ("--runtime llm-foundry shards with Composer's FSDP over data parallelism alone: use "
+                       "--tp 1 --pp 1 (and no --cp, --ep), or another runtime")),
     Rule("sequence parallel without tensor parallelism",
          lambda x: x.sequence_parallel & (x.tp == 1),
          lambda p, c: "--sequence-parallel needs tp > 1 (it splits the sequence over the tp group)"),
@@ -509,8 +515,9 @@ def recompute_layers_problem(n, recompute, runtime: str, every: bool = False) ->
     if not n:
         return None
     if every and runtime not in RECOMPUTE_EVERY_RUNTIMES:
-        return (f"--recompute-every is torchtitan's layer-level selective checkpointing (selective_ac_option N); "
-                f"runtime {runtime} does not pick layers that way: use --runtime torchtitan, or drop it"
+        return (f"--recompute-every is torchtitan's layer-level selective checkpointing (selective_ac_option N; "
+                f"FSDP1's every-Nth-block check_fn under llm-foundry); runtime {runtime} does not pick layers that "
+                f"way: use --runtime {' or '.join(RECOMPUTE_EVERY_RUNTIMES)}, or drop it"
                 + (" (Megatron-Core: --recompute-layers, the first N of each stage)" if runtime == "megatron-core"
                    else ""))
     if not every and runtime not in RECOMPUTE_LAYERS_RUNTIMES:
@@ -614,7 +621,7 @@ def extension_problem(plan) -> tuple[str, str] | None:
         return "cross_entropy", f"--cross-entropy must be one of {', '.join(CROSS_ENTROPY)}, got {loss!r}"
     if loss and plan.runtime not in CROSS_ENTROPY_RUNTIMES[loss]:
         what = {"upcast": "torch's cross_entropy over an fp32 copy", "inplace": "Megatron's vocab-parallel loss",
-                "fused": "a compiled loss ([compile] components \"loss\")"}[loss]
+                "fused": "one kernel over the 16-bit logits (a compiled loss, flash-attn's xentropy)"}[loss]
         return "cross_entropy", (f"--cross-entropy {loss} is {what}, which {plan.runtime} does not run: use "
                                  f"--runtime {' or '.join(CROSS_ENTROPY_RUNTIMES[loss])}, or drop it")
     problem = grad_accum_problem(getattr(plan, "grad_accum", ""), plan.dtype, plan.runtime)

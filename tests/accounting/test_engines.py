@@ -145,7 +145,7 @@ def test_fp32_accumulation_elsewhere_than_bf16_optimizer_is_refused() -> None:
 
 # ---- names --------------------------------------------------------------------------------------
 def test_profile_names() -> None:
-    assert ENGINE_NAMES == ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
+    assert ENGINE_NAMES == ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry")
     assert [get_engine(n).name for n in ENGINE_NAMES] == list(ENGINE_NAMES)
 
 

@@ -41,11 +41,12 @@ def _compute_s(runtime: str, kernel: str | None = None) -> float:
 
 
 def test_one_list_of_kernels_and_the_plan_file_round_trip(tmp_path) -> None:
-    assert compute.FLASH_KERNELS is ATTENTION_KERNELS == ("fused", "fa2", "sdpa")
+    assert compute.FLASH_KERNELS is ATTENTION_KERNELS == ("fused", "fa2", "sdpa", "triton")
     path = check_round_trip(tmp_path, H100, "attention_kernel", "fa2")
     assert make_plan("llama3-8b", H100, gpus=8, base=Plan.load(path),
                      attention_kernel="fused").attention_kernel == "fused"
-    with pytest.raises(PlanError, match=r"^--attention-kernel must be one of fused, fa2, sdpa, got 'xformers'$"):
+    with pytest.raises(PlanError,
+                       match=r"^--attention-kernel must be one of fused, fa2, sdpa, triton, got 'xformers'$"):
         make_plan("llama3-8b", H100, gpus=8, attention_kernel="xformers")
     with pytest.raises(PlanError, match="flash attention off"):
         make_plan("llama3-8b", H100, gpus=8, attention_kernel="fused", flash_attention=False)

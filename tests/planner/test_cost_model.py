@@ -77,7 +77,7 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
     rng = np.random.default_rng(2024)
     t0 = time.perf_counter()
     seen = {"schedule": set(), "zero": set(), "recompute": set(), "sp": set(), "runtime": set()}
-    total = 0
+    total = skipped = 0
     for k, (name, cl, gpus, gb, dtype) in enumerate(SPACES):
         model, cluster, space = _space(name, cl, gpus, gb)
         n = N_RANDOM // len(SPACES) + (N_RANDOM % len(SPACES) if k == 0 else 0)
@@ -87,6 +87,10 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
         for r, rt in enumerate(ENGINE_NAMES):
             count = int((runtimes == r).sum())
             pool = _offered(space, rt, dtype, model, cluster, gb)
+            if not pool.size:  # llm-foundry runs dp alone: gpt-175b's 1,536-sample batch splits over no 1,024 ranks
+                assert rt == "llm-foundry" and name == "gpt-175b", (rt, name)
+                skipped += count
+                continue
             idx = pool[rng.choice(pool.size, size=count, replace=pool.size < count)]
             mem = _memories(rt)
             lay = layouts_of(space).take(idx)
@@ -106,7 +110,7 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
                 seen["sp"].add(plan.sequence_parallel)
                 seen["runtime"].add(rt)
             total += count
-    assert total == N_RANDOM
+    assert total + skipped == N_RANDOM and skipped < N_RANDOM // len(SPACES)
     assert seen["schedule"] >= {"gpipe1", "1f1b1", "interleaved2", "interleaved3", "interleaved4",
                                 "zero_bubble2", "zero_bubble4"}
     assert seen["zero"] == {0, 1, 2, 3} and seen["recompute"] == set(RECOMPUTE) and seen["sp"] == {False, True}
@@ -160,6 +164,9 @@ def test_estimate_is_the_batch_of_one_and_memory_is_every_stages(space) -> None:
     rng = np.random.default_rng(5)
     for rt in ENGINE_NAMES:
         pool = _offered(sp, rt, dtype, model, cluster, gb)
+        if not pool.size:  # llm-foundry runs dp alone: no such layout of gpt-175b on 1,024 GCDs
+            assert rt == "llm-foundry" and name == "gpt-175b", (rt, name)
+            continue
         idx = pool[rng.choice(pool.size, size=15, replace=False)]
         batch = evaluate(layouts_of(sp).take(idx), model, cluster, cp, global_batch=gb, dtype=dtype,
                          memory=_memories(rt), runtime=rt)

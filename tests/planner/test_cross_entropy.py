@@ -100,7 +100,7 @@ def test_each_runtimes_own() -> None:
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--cross-entropy", "fused"], "which exatrain does not run: use --runtime torchtitan, or drop it"),
+    (["--cross-entropy", "fused"], "which exatrain does not run: use --runtime torchtitan or llm-foundry, or drop it"),
     (["--cross-entropy", "fused", "--runtime", "megatron-core"], "which megatron-core does not run"),
     (["--cross-entropy", "upcast", "--runtime", "megatron-deepspeed"], "torch's cross_entropy over an fp32 copy"),
     (["--cross-entropy", "inplace", "--runtime", "torchtitan"],

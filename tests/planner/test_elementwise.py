@@ -61,7 +61,8 @@ def test_unfused_bytes_match_the_closed_form() -> None:
 def test_each_engine_default_and_the_estimate_orders_the_modes() -> None:
     assert ELEMENTWISE == ("fused", "eager", "eager-composite")
     assert {n: p.elementwise() for n, p in ENGINES.items()} == {
-        "megatron-core": "fused", "megatron-deepspeed": "fused", "torchtitan": "eager", "exatrain": "eager"}
+        "megatron-core": "fused", "megatron-deepspeed": "fused", "torchtitan": "eager", "exatrain": "eager",
+        "llm-foundry": "eager"}
     assert all(p.elementwise_source for p in ENGINES.values())
     fused, eager, comp = (_compute_s("torchtitan", mode) for mode in ELEMENTWISE)
     assert fused < eager < comp

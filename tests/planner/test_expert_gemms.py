@@ -22,7 +22,7 @@ from exatrain.planner.estimate import estimate_plan
 
 def test_each_profile_says_how_it_launches_expert_gemms_and_why() -> None:
     want = {"megatron-core": "per_expert", "megatron-deepspeed": "per_expert", "torchtitan": "grouped",
-            "exatrain": "grouped"}
+            "exatrain": "grouped", "llm-foundry": "grouped"}
     assert set(want) == set(ENGINE_NAMES)
     for name, how in want.items():
         engine = get_engine(name)

@@ -140,7 +140,10 @@ def test_overlap_never_makes_a_step_shorter_than_its_compute(runtime) -> None:
                                ("mixtral-8x7b", "dgx-h100", 64, 256)):
         m, c = get_model(name), get_cluster(cl)
         space = enumerate_space(m, c, gpus, gb, runtime=runtime)
-        lay = layouts_of(space).take(rng.choice(len(space), size=200, replace=False))
+        if not len(space):  # llm-foundry runs data parallelism alone: no layout of gpt-175b fits 1,024 GCDs
+            assert runtime == "llm-foundry" and name == "gpt-175b"
+            continue
+        lay = layouts_of(space).take(rng.choice(len(space), size=min(200, len(space)), replace=False))
         cp = default_params(c.device.name)
         t_all = evaluate(lay, m, c, cp, global_batch=gb, memory=(), runtime=runtime, overlap="all").time
         t_none = evaluate(lay, m, c, cp, global_batch=gb, memory=(), runtime=runtime, overlap="none").time
@@ -225,8 +228,8 @@ def test_runtime_round_trips_through_the_cli_and_plan_json(tmp_path, capsys) -> 
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["estimate", "--model", "gpt-22b", "--runtime", "nemo"], "--runtime must be one of megatron-core, "
-                                                             "megatron-deepspeed, torchtitan, exatrain, got 'nemo'"),
+    (["estimate", "--model", "gpt-22b", "--runtime", "nemo"],
+     "--runtime must be one of megatron-core, megatron-deepspeed, torchtitan, exatrain, llm-foundry, got 'nemo'"),
     (["search", "--model", "gpt-22b", "--gpus", "8", "--global-batch", "8", "--runtime", "megatron"],
      "(Megatron-LM is megatron-core)"),
     (["scaling", "--model", "gpt-22b", "--gpus", "8,16", "--global-batch", "8", "--runtime", "x"], "--runtime must be"),

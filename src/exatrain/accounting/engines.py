@@ -210,6 +210,30 @@ class EngineProfile:
     adam_switch: str = ""
     adam_source: str = ""
     adam_fused_only_plain: bool = False
+    # FSDP1's FlatParameter (torch.distributed.fsdp, ``flat_param_grad_copy``): every micro-batch's backward builds
+    # each wrapped unit's flat gradient from its parameters' views (autograd's split backward concatenates them: read
+    # and write the compute dtype, on the compute stream), and the gradient's reduce-scatter is preceded, on FSDP's
+    # post-backward stream, by the pre-divide in place (read and write in the reduce dtype) and, where the reduce
+    # dtype is not the compute dtype, a cast into it (``reduce_prep``: they lengthen the reduction they feed)
+    flat_param_grad_copy: bool = False
+    flat_param_source: str = ""
+    # The versions of the engine whose defaults this profile prices, and how to plan a run of an older one (an
+    # estimate's notes say it: a user of another version changes the settings it names)
+    version_assumed: str = ""
+
+    def flat_grad_copy_bytes(self, dtype: str) -> float:
+        """Bytes a parameter autograd moves on the compute stream every backward to build an FSDP1 flat gradient from
+        its views (read and write in ``dtype``); 0 for an engine without FlatParameters."""
+        return 2.0 * COMPUTE_BYTES[dtype] if self.flat_param_grad_copy else 0.0
+
+    def reduce_prep_bytes(self, dtype: str) -> float:
+        """Bytes a parameter FSDP1 moves on its post-backward stream before each gradient reduce-scatter when
+        training in ``dtype``: the cast into the reduce dtype where it differs (read ``dtype``, write the reduce
+        dtype), then the in-place pre-divide (read and write the reduce dtype); 0 for an engine without them."""
+        if not self.flat_param_grad_copy:
+            return 0.0
+        e, r = COMPUTE_BYTES[dtype], COMPUTE_BYTES[self.accum_dtype(dtype)]
+        return (e + r if r != e else 0.0) + 2.0 * r
 
     def later_accum(self, dtype: str, zero):
         """Bytes a parameter autograd moves adding each micro-batch's gradient after the first into .grad when
@@ -271,10 +295,12 @@ class EngineProfile:
         reduce-scatters' outputs, not the all-gathers' (dense layers; cost.step.recomputed)."""
         return recompute == "selective" and self.activations.selective == "per_op" and not moe
 
-    def cp_exchange(self, chosen: str = "", model=None) -> CpExchange:
+    def cp_exchange(self, chosen: str = "", model=None) -> CpExchange | None:
         """How this engine runs context parallelism: the exchange ``plan.cp_comm_for`` picks (``chosen``, a
         plan's --cp-comm, if the engine offers it; else its first that runs ``model``'s sliding windows). A
         one-line UserError where it offers no ``chosen``."""
+        if not self.cp_exchanges:  # an engine without context parallelism (the rules refuse cp > 1 for it)
+            return None
         comm = cp_comm_for(self.name, chosen, model)
         return next(x for x in self.cp_exchanges if x.comm == comm)
 
@@ -484,6 +510,14 @@ MEGATRON_CORE = EngineProfile(
                       "clip_grads.py scales only where clip_coeff < 1), the optimizer, "
                       "_copy_main_params_to_model_params (_multi_tensor_copy_this_to_that); FP32Optimizer: the norm"),
     adam_source="megatron/core/optimizer/__init__.py: Transformer Engine's FusedAdam, else apex's",
+    version_assumed=("Megatron-Core of 2024-26 as Megatron-Bridge's recipes run it: every overlap it offers on "
+                     "(--overlap all), gradient accumulation inside the weight-gradient GEMMs, fp32 main gradients, "
+                     "Transformer Engine's fused attention. Megatron-LM of 2021-22 overlapped only torch DDP's "
+                     "all-reduce (none under its local DDP or a pipeline), accumulated gradients outside the GEMMs "
+                     "before 2022-02 and kept fp16 gradients in 16 bits: plan such a run with --overlap "
+                     "dp_grad_reduce (or none), --grad-accum-fusion off and, for fp16, --grad-accum bfloat16 (on "
+                     "Narayanan 2021 and Korthikanti 2022, those settings read 2.0% off at the median, today's "
+                     "defaults 5.9%, the sequence-parallel runs up to 16% too fast)"),
 )
 
 # ---- Megatron-DeepSpeed (DeepSpeed ZeRO) -------------------------------------------------------
@@ -715,6 +749,102 @@ TORCHTITAN = EngineProfile(
                  "(6e49885, 'use Fused AdamW as default'); 'foreach' before (--optimizer.fused off by default)"),
 )
 
+# ---- llm-foundry (Composer with PyTorch FSDP1) --------------------------------------------------------
+# MosaicML's llm-foundry trains its MPT models through Composer, which wraps each transformer block in a PyTorch
+# FSDP1 unit (torch.distributed.fsdp.FullyShardedDataParallel: one FlatParameter a block) and the rest in the root
+# unit. Versions read: Composer v0.15.0 (composer/trainer/dist_strategy.py, mosaic_fsdp.py, optim/
+# decoupled_weight_decay.py), llm-foundry of 2023-07 to 2024-01 (ef350d9e6, b2a43a147, 5e85bd62d: llmfoundry/models/
+# mpt, scripts/train/yamls/pretrain, scripts/train/benchmarking), torch 1.13 to 2.1 FSDP1 (torch/distributed/fsdp/
+# flat_param.py, _runtime_utils.py).
+_COMPOSER = "composer/trainer/dist_strategy.py (v0.15.0) set_fsdp_default and prepare_fsdp_module"
+_FSDP1_MP = ("composer/trainer/mosaic_fsdp.py get_mixed_precision: DEFAULT = MixedPrecision(param_dtype=bf16, "
+             "buffer_dtype=bf16, reduce_dtype=None), PURE adds reduce_dtype=bf16; torch FSDP1 flat_param.py "
+             "FlatParamHandle._init_param_reduce_dtypes: a param_dtype without a reduce_dtype reduces in the param "
+             "dtype; the sharded gradient is cast back to the fp32 parameters' dtype after the reduce-scatter "
+             "(_runtime_utils.py _cast_grad_to_param_dtype) and accumulated there")
+LLM_FOUNDRY = EngineProfile(
+    name="llm-foundry",
+    grad_accum_dtype="bfloat16",
+    grad_accum_source=(_FSDP1_MP + "; a mixed_precision dict with reduce_dtype fp32 reduces in fp32 "
+                       "(--grad-accum float32)"),
+    states=tuple(
+        ((dtype, zero, accum), rule) for accum in ("bfloat16", "float32") for dtype, zero, rule in (
+            # NO_SHARD: the fp32 parameters, their bf16 copy kept from the forward to the end of the backward
+            # (flat_param.py post_reshard: _mp_shard freed at the reshard), fp32 gradients after the cast, Adam.
+            ("bfloat16", 0, _rule((4 + 2, 0), (4, 0), (8, 0), "sharding_strategy NO_SHARD", _FSDP1_MP)),
+            # SHARD_GRAD_OP keeps each unit's unsharded bf16 parameters from its forward to its backward
+            ("bfloat16", 2, _rule((2, 4), (0, 4), (0, 8), "sharding_strategy SHARD_GRAD_OP", _FSDP1_MP)),
+            ("bfloat16", 3, _rule((0, 4), (0, 4), (0, 8), "sharding_strategy FULL_SHARD", _FSDP1_MP)),
+        )) + (
+        (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "NO_SHARD, mixed_precision FULL", _FSDP1_MP)),
+        (("float32", 2, "float32"), _rule((4, 4), (0, 4), (0, 8), "SHARD_GRAD_OP, mixed_precision FULL", _FSDP1_MP)),
+        (("float32", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FULL_SHARD, mixed_precision FULL", _FSDP1_MP)),
+    ),
+    # limit_all_gathers (every llm-foundry pretraining YAML sets it): the CPU waits before a third unit's all-gather
+    # until the unit two before it is freed (_runtime_utils.py _unshard, _free_event_queue), so two units at a time
+    zero3_gathered_layers=2,
+    zero3_prefetch_elements=0.0,
+    zero3_unsharded_grad_bytes=2.0,  # a unit's bf16 flat gradient until its reduce-scatter
+    buckets=(("FSDP1", "one all-gather / reduce-scatter per wrapped unit (an MPT block; the root unit)"),),
+    bucket_source="torch FSDP1: one FlatParameter per unit, gathered into _full_param_padded; no persistent bucket",
+    allocator_allowance=0.05,
+    activations=ActivationRules(
+        dropout_masks=False,
+        attention="flash",
+        selective="core_attention",
+        recompute=(("none", "fsdp_config.activation_checkpointing false"),
+                   ("selective", "(no attention-core-only policy: activation_checkpointing checkpoints whole blocks)"),
+                   ("full", "fsdp_config.activation_checkpointing true, activation_checkpointing_reentrant false")),
+        source=("llm-foundry MPT: resid_pdrop/attn_pdrop 0 in its pretraining YAMLs; Composer applies "
+                "checkpoint_wrapper to each block (non-reentrant where activation_checkpointing_reentrant is false)"),
+        flash_kernel="triton",
+        flash_kernel_source=("llm-foundry attn_impl: triton in its pretraining YAMLs and submit_benchmarks.py's "
+                             "default "
+                             "(llmfoundry/models/layers/flash_attn_triton.py, a copy of flash-attention's Triton "
+                             "kernel); attn_impl flash runs the flash-attn package installed: --attention-kernel fa2"),
+    ),
+    overlaps=(
+        Overlap("dp_param_gather", "FSDP1 prefetch: backward_prefetch (BACKWARD_POST by default), limit_all_gathers",
+                True, _COMPOSER + "; torch FSDP1 _runtime_utils.py _prefetch_handle (the next unit's all-gather on "
+                "the unshard stream)"),
+        Overlap("dp_grad_reduce", "FSDP1 reduce-scatter on its post-backward stream", True,
+                "torch FSDP1 _runtime_utils.py _post_backward_hook (state._post_backward_stream)"),
+    ),
+    reduce_each_microbatch=True,
+    reduce_each_microbatch_source=("composer/trainer/trainer.py _train_microbatch: no no_sync context unless the "
+                                   "model is a DistributedDataParallel, so an FSDP model reduce-scatters after every "
+                                   "micro-batch's backward"),
+    flat_param_grad_copy=True,
+    flat_param_source=("torch FSDP1 flat_param.py _use_unsharded_views: each parameter is a view of the unit's "
+                       "FlatParameter made by torch.split, whose backward concatenates the views' gradients into "
+                       "the flat gradient; _runtime_utils.py _post_backward_hook then, on the post-backward stream, "
+                       "casts it to the reduce dtype where it differs and _reduce_grad pre-divides it in place "
+                       "(_div_if_needed by the gradient predivide factor) before reduce_scatter_tensor"),
+    elementwise_default="eager",
+    elementwise_source=("llm-foundry trains its MPT models eager (no torch.compile in its benchmark runs): "
+                        "LayerNorm (low_precision_layernorm), GELU and the residual adds a kernel each"),
+    cross_entropy_default="fused",
+    cross_entropy_source=("llmfoundry/models/mpt/modeling_mpt.py: loss_fn 'fused_crossentropy' by default, "
+                          "flash-attn's CrossEntropyLoss (the xentropy CUDA kernel over the 16-bit logits); "
+                          "loss_fn torch_crossentropy runs torch's: --cross-entropy upcast"),
+    # FSDP1 clip_grad_norm_ (Composer's gradient_clipping, norm, in every pretraining YAML) over the sharded fp32
+    # gradients: the local norms (read 4), then grad.mul_(clip_coef_clamped) whatever the norm (read 4, write 4)
+    step_pass_bytes=((("bfloat16", "bfloat16"), (0.0, 12.0, 0.0)), (("bfloat16", "float32"), (0.0, 12.0, 0.0)),
+                     (("float32", "float32"), (0.0, 12.0, 0.0))),
+    step_pass_source=("torch FSDP1 FullyShardedDataParallel.clip_grad_norm_: _get_grad_norm, then "
+                      "grad.detach().mul_(clip_coef_clamped) for every gradient"),
+    expert_gemms_source=("llm-foundry's MPT blocks are dense; a MoE plan under this profile is priced as one grouped "
+                         "GEMM over the local experts, which no llm-foundry run validates"),
+    version_assumed=("llm-foundry of 2023-07 to 2024-01 (Composer 0.15-0.16, torch 1.13-2.1): PyTorch FSDP1, "
+                     "attn_impl triton, the fused cross-entropy, eager; runs with attn_impl flash plan "
+                     "--attention-kernel fa2; later llm-foundry (FSDP2, tensor parallelism, torch.compile) is not "
+                     "this profile"),
+    adam_default="foreach",
+    adam_source=("composer/optim/decoupled_weight_decay.py DecoupledAdamW.adamw: a loop over the parameters, each "
+                 "update a chain of element-wise ops (mul_, add_, mul_, addcmul_, sqrt, div, add_, addcdiv_): the "
+                 "bytes of torch's foreach chain, whose weight-decay mul_ the YAMLs' weight_decay 0 skips"),
+)
+
 # ---- exatrain's own trainer -------------------------------------------------------------------
 _EXA = ("exatrain accounting/memory.py state_bytes_per_param (trainer/parallel/data.py: DDP, "
         "ZeroRedundancyOptimizer, FSDP2)")
@@ -790,7 +920,7 @@ EXATRAIN = EngineProfile(
                  "ZeroRedundancyOptimizer (ZeRO-1) and on the CPU"),
 )
 
-ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN)}
+ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN, LLM_FOUNDRY)}
 
 
 def plan_engine(plan) -> EngineProfile:

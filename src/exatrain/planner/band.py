@@ -65,11 +65,12 @@ MIN_RUNS = 5  # a family validated by fewer runs than this is thinly validated (
 # Plan settings whose default, under each runtime, changed across that engine's versions or is one of its config
 # choices (the engine profiles' sources: torch's SDPA backend from 2.11, torchtitan's compile switch, compiled loss
 # (2025-04) and fused Adam (2025-02); Megatron-LM's gradient-accumulation fusion (2022-02: the runs of Megatron-LM
-# before it are planned as megatron-core); DeepSpeed's BF16_Optimizer or not; the cp exchange each engine's flags
-# choose, added where cp > 1): left to the engine, each widens the band, and the band names it.
+# before it are planned as megatron-core); DeepSpeed's BF16_Optimizer or not; llm-foundry's attn_impl (triton in its
+# 2023 YAMLs, flash later) and Composer's mixed-precision mode (bf16 or fp32 reduction); the cp exchange each engine's
+# flags choose, added where cp > 1): left to the engine, each widens the band, and the band names it.
 VERSIONED_DEFAULTS = {"torchtitan": ("attention_kernel", "elementwise", "cross_entropy", "adam_kernel"),
                       "megatron-core": ("grad_accum_fusion",), "megatron-deepspeed": ("grad_accum",),
-                      "exatrain": ()}
+                      "llm-foundry": ("attention_kernel", "grad_accum"), "exatrain": ()}
 PROXY_SETTINGS = 4  # the version-dependent settings a run planned through torchtitan's profile takes from it
 
 
@@ -118,16 +119,17 @@ def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Trait
 
 
 def validated_summary(traits: Sequence[Traits]) -> dict[str, dict[str, Any]]:
-    """Per family, what a set of runs validated: the runtimes with runs planned through their own profile, the
-    size and sequence ranges, whether any had a tp/ep group across nodes, FP8, MoE, context or expert
-    parallelism, and the recomputation modes and ZeRO stages they ran."""
+    """Per family, what a set of runs validated: the runtimes whose profile runs were planned with (their own
+    engine's, or another engine's run planned through it: fms-fsdp's plain FSDP1 through llm-foundry's FSDP1
+    profile exercises that profile), the size and sequence ranges, whether any had a tp/ep group across nodes, FP8,
+    MoE, context or expert parallelism, and the recomputation modes and ZeRO stages they ran."""
     out: dict[str, dict[str, Any]] = {}
     for t in traits:
         s = out.setdefault(t.family, {"runtimes": [], "params": [t.params, t.params], "seq": [t.seq, t.seq],
                                       "spans": False, "fp8": False, "moe": False, "cp": False, "ep": False,
                                       "recompute": [], "zero": [], "runs": 0})
         s["runs"] += 1
-        if not t.proxy and t.runtime not in s["runtimes"]:
+        if t.runtime not in s["runtimes"]:
             s["runtimes"] = sorted(s["runtimes"] + [t.runtime])
         s["params"] = [min(s["params"][0], t.params), max(s["params"][1], t.params)]
         s["seq"] = [min(s["seq"][0], t.seq), max(s["seq"][1], t.seq)]

@@ -87,6 +87,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         acts = engine.activations
         notes += (_setting_note("attention kernel", "--attention-kernel", plan.attention_kernel, rt,
                                 acts.flash_kernel, acts.flash_kernel_source, "cost.compute.with_attention_kernel"),)
+    if engine.version_assumed:
+        notes += (f"engine version priced: {engine.version_assumed}",)
     notes += (_setting_note("element-wise ops", "--elementwise", plan.elementwise, rt, engine.elementwise(),
                             engine.elementwise_source, "cost.compute.unfused_extra"),)
     loss = engine.cross_entropy(plan.cross_entropy, plan.elementwise)

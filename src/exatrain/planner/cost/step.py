@@ -432,8 +432,12 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     the shard (all_gather_copy_in_stream) and the reduce-scatter output's copy into the shard's .grad (the
     reduce-scatter stream); they lengthen the collectives they feed, not the compute, and are left out here. The
     gathered weights' copy-out and the reduce-scatter's copy-in run on the compute stream. Without streams (the
-    CPU) every copy is in line."""
+    CPU) every copy is in line. An FSDP1 engine (``EngineProfile.flat_param_grad_copy``) copies every backward's
+    gradients into its units' flat gradients on the compute stream (``flat_grad_copy_bytes``)."""
     st = with_accumulation(st, engine, dtype, params_by_rank, v, dev)
+    flat = engine.flat_grad_copy_bytes(dtype)
+    if flat:  # FSDP1: autograd builds each unit's flat gradient from its views, every backward, on the compute stream
+        st = replace(st, bwd=st.bwd + compute.elementwise_time_s(flat * _per_stage(params_by_rank, v), dev))
     later = engine.later_accum(dtype, np.asarray(zero).reshape(-1, 1))
     if np.any(later):  # autograd's adds into a kept 16-bit .grad from the second micro-batch on
         m_ = np.asarray(m, dtype=float).reshape(-1, 1)
@@ -514,7 +518,10 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (plan.CP_COMMS;
     "": the runtime's own for the model, ``EngineProfile.cp_exchange``); ``recompute_modules``: what selective
     recomputation reruns (Plan.recompute_modules; (): the runtime's own, ``stage_times``); ``recompute_layers``: the
-    layers of each stage a full recomputation covers (Plan.recompute_layers, recompute_every; 0: all)."""
+    layers of each stage a full recomputation covers (Plan.recompute_layers, recompute_every; 0: all). The data-
+    parallel collectives hidden behind compute slow it by ``CostParams.comm_contention`` of their seconds (counted
+    in ``dp_comm``); an FSDP1 engine's pass before each reduce-scatter (``EngineProfile.reduce_prep_bytes``) lengthens
+    the reduction."""
     from exatrain.accounting.engines import engine_variant
 
     engine = engine_variant(runtime, grad_accum, grad_accum_fusion, adam_kernel)
@@ -564,6 +571,11 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
                   num_microbatches=m[:, None], dtype=dtype, engine=engine, split=True, cp_size=cp_size, ep=ep,
                   expert_params_here=xp, fp8_gathered=gathered)
         r_, g_ = dp_collective_times(cluster, cp, model, pipeline_end=True, **kw)
+        prep = engine.reduce_prep_bytes(dtype) if z >= 2 else 0.0
+        if prep:  # FSDP1's cast and pre-divide before each reduce-scatter, on the stream that then runs it
+            reductions = np.where(engine.reduce_each_microbatch & (p == 1), m, 1)[:, None]
+            r_ = r_ + np.where(dp[:, None] > 1, reductions * compute.elementwise_time_s(
+                prep * (params_by_rank + xp), dev), 0.0)
         if model.tied_embeddings and p > 2:  # the ends' embedding all-reduce: ranks 0 and pp-1 only
             mid_r, mid_g = dp_collective_times(cluster, cp, model, pipeline_end=False, **kw)
             ends = (rank == 0) | (rank == p - 1)
@@ -589,12 +601,17 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     both_b = exposed(t_gat / 2 + t_red, np.where(red_on[:, None], cp.dp_overlap, gather) * per_rank(B + W) + slack)
     z3_exposed = exposed(t_gat / 2, gather * per_rank(F)) + np.maximum(gat_b + red_exposed, both_b)
     dp_exposed = np.where(z3, z3_exposed, red_exposed + gat_exposed).max(axis=1)
+    # the collectives hidden behind compute (not behind the pipeline's drain, where the rank waits) slow the compute
+    # they overlap by comm_contention of their time
+    overlapped = np.maximum((t_red + t_gat).max(axis=1) - dp_exposed - slack.max(axis=1), 0.0)
+    contention = cp.comm_contention * overlapped
+    dp_exposed = dp_exposed + contention
     if hidden is not None:
         hidden["tp"] = np.take_along_axis(per_rank(st.tp_hidden), np.argmax(pt.busy_s, axis=1)[:, None], axis=1)[:, 0]
         raw = pipeline_times(F, B, W, pp=p, interleave=v, num_microbatches=m, schedule=schedule, p2p_s=st.p2p)
         hidden["pp"] = raw.step_s - pipe
         # DP seconds not exposed, whether the overlap or the wait for the pipeline to drain hid them
-        hidden["dp"] = (t_red + t_gat).max(axis=1) - dp_exposed
+        hidden["dp"] = (t_red + t_gat).max(axis=1) - (dp_exposed - contention)
     shard = np.where(zero >= 1, dp * cp_size, 1)[:, None]
     xshard = np.where(zero >= 1, tp * cp_size * dp / ep, 1)[:, None]  # the expert-data-parallel group
     opt = optimizer_seconds(engine, dtype, params_by_rank, xp, shard=shard, xshard=xshard, zero=zero, tp=tp, ep=ep,
