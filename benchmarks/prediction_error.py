@@ -166,7 +166,8 @@ def _int(text: str, default: int | None = None) -> int | None:
 
 
 def _cluster(hardware: str) -> ClusterSpec:
-    for key, name in (("Jean Zay", "jean-zay-a100"), ("A100", "dgx-a100"), ("500W", "grand-teton-h100"),
+    for key, name in (("400 Gb/s a node", "a100-400g"), ("800 Gb/s a node", "h100-800g"),
+                      ("Jean Zay", "jean-zay-a100"), ("A100", "dgx-a100"), ("500W", "grand-teton-h100"),
                       ("lower TDP", "grand-teton-h100"), ("H100", "dgx-h100"), ("H200", "dgx-h200"),
                       ("DGX-B200", "dgx-b200"), ("LUMI", "lumi"), ("MI250X", "frontier")):
         if key in hardware:
@@ -227,14 +228,15 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         row.overlap = _overlap(row.source, row.runtime, r.get("overlap", ""))
         row.flash_kernel = _flash_kernel(r)
         if row.flash_kernel:
-            row.notes.append(f"attention {row.flash_kernel} (SDPA of a torch before 2.11)")
+            which = "the flash-attn package" if row.engine == "llm-foundry" else "SDPA of a torch before 2.11"
+            row.notes.append(f"attention {row.flash_kernel} ({which})")
         row.elementwise = _elementwise(r)
         if row.elementwise:
             row.notes.append(f"element-wise {row.elementwise}")
         row.cross_entropy = _cross_entropy(r)
         if row.cross_entropy:
-            why = ("(flash-attn's fused loss)" if row.engine == "llm-foundry"
-                   else "(torchtitan before 2025-04 compiled no loss)")
+            why = ("(flash-attn's fused loss)" if row.engine == "llm-foundry" else "(torch's eager loss)"
+                   if row.engine == "fms-fsdp" else "(torchtitan before 2025-04 compiled no loss)")
             row.notes.append(f"cross-entropy {row.cross_entropy} {why}")
         if _adam_kernel(r):
             row.notes.append(f"Adam {_adam_kernel(r)} (torchtitan's default before 2025-02)")
@@ -290,11 +292,11 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             # Megatron-Core --recompute-modules: planned as it ran (Plan.recompute_modules)
             recompute_modules = recompute_modules_of(modules.replace(" ", ""))
             row.notes.append(f"recompute modules {','.join(recompute_modules)}")
-        elif r["engine"] == "torchtitan" and recompute == "selective" and modules == "every other layer":
-            # torchtitan's layer-level selective checkpointing (selective_ac_option 2): every other block
-            # checkpointed whole (Plan.recompute_every)
+        elif r["engine"] in ("torchtitan", "fms-fsdp") and recompute == "selective" and modules == "every other layer":
+            # torchtitan's layer-level selective checkpointing (selective_ac_option 2), fms-fsdp's
+            # selective_checkpointing 2: every other block checkpointed whole (Plan.recompute_every)
             recompute, every = "full", 2
-            row.notes.append("recompute one layer in 2, whole (torchtitan's selective_ac_option 2)")
+            row.notes.append("recompute one layer in 2, whole (every other block checkpointed)")
         elif recompute != r["recompute"]:
             row.notes.append(f"recompute {r['recompute']!r} planned as {recompute}")
         capacity, balance = _moe_routing(r.get("moe_routing", ""))
@@ -313,7 +315,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         shape=TrainShape(_int(r["micro_batch"]), _int(r["global_batch"])),
                         zero_stage=_int(r["zero"], 0), recompute=recompute, sequence_parallel=r["sp"] == "y",
                         schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype="bfloat16",
-                        flash_attention=r["attention"].startswith("flash"), cluster=cluster.name,
+                        flash_attention=r["attention"].startswith(("flash", "triton")), cluster=cluster.name,
                         runtime=row.runtime, fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
                         attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
@@ -413,10 +415,10 @@ def _flash_kernel(r: dict) -> str:
     passes sdp_utils.cpp's check_prefer_cudnn_attention gate). The torch version is the row's
     ``torch 2.N``, else its dates (every year before 2026 predates 2.11). "" where the engine's own
     profile holds (Megatron's Transformer Engine kernels, flash-attn 2 in Megatron-DeepSpeed)."""
-    if "triton" in r.get("attention", "") or "flash-attn" in r.get("attention", ""):
-        # a kernel exatrain has no rate of (llm-foundry's triton flash attention): FlashAttention-2's, the
-        # nearest published one (the row's unstated_assumed says so)
-        return "fa2"
+    if r.get("engine") == "llm-foundry":
+        # its own kernel (Triton's FlashAttention) unless the run chose the flash-attn package's (FlashAttention-2
+        # for the large-scale table's runs: the row's unstated_assumed says which version)
+        return "fa2" if r.get("attention", "").startswith("flash-attn") else "triton"
     if "SDPA" not in r.get("attention", ""):
         return ""
     version = r.get("engine_version", "")
@@ -459,6 +461,8 @@ def _cross_entropy(r: dict) -> str:
         # 2023-05-03, before every table): flash-attn's CrossEntropyLoss, one kernel over the bf16 logits keeping them
         # and their bf16 gradient (flash_attn/losses/cross_entropy.py)
         return "fused"
+    if r.get("engine") == "fms-fsdp":
+        return "upcast"  # torch's CrossEntropyLoss on the logits, eager
     if r.get("engine") != "torchtitan" or r.get("compile", "").strip().lower() != "y":
         return ""
     dates = [(int(y), int(mo)) for y, mo in re.findall(r"\b(20\d\d)-(\d\d)\b", r.get("engine_version", ""))]
@@ -473,6 +477,9 @@ def _grad_accum(r: dict) -> str:
     planned as bfloat16 like every row; "" otherwise."""
     if r["engine"] == "megatron-deepspeed" and "BF16_Optimizer" in r.get("zero_mode", ""):
         return "float32"
+    if r["engine"] in ("llm-foundry", "fms-fsdp"):
+        # Composer's mixed precision DEFAULT and PURE, fms-fsdp's bfSixteen: torch FSDP1 reduces in bf16
+        return "bfloat16"
 
     return "bfloat16" if r["engine"] == "megatron-core" and r["dtype"].strip().lower() == "fp16" else ""
 
@@ -497,8 +504,6 @@ _TORCHTITAN_FUSED_ADAM = (2025, 2)
 def _adam_kernel(r: dict) -> str:
     """"foreach" for a torchtitan row whose ``engine_version`` dates (YYYY-MM, or a bare year) all predate
     ``_TORCHTITAN_FUSED_ADAM``, as a user would plan it with --adam-kernel foreach; else "" (its own: fused)."""
-    if r.get("engine") == "llm-foundry":
-        return "foreach"  # Composer's DecoupledAdamW steps tensor by tensor: no fused kernel
     if r.get("engine") != "torchtitan":
         return ""
     version = r.get("engine_version", "")
@@ -639,10 +644,10 @@ def out_of_sample(rows: list[Row]) -> None:
 
 def fit_prior(rows: list[Row], device: str) -> CostParams:
     """The shipped prior of a device whose prior is fitted to published runs (``REFIT``): the refit
-    on every priced run of the device (what coefficients.DEFAULTS holds; the held-out refits leave a
-    source out of this)."""
+    on every priced run of the sources it is chosen on (``PRIOR_CHOSEN_ON``; what coefficients.DEFAULTS holds;
+    the held-out refits leave a source out of this)."""
     train = [r for r in rows if r.prior_s is not None and r.measured_s and fit_group(r.cluster.device.name) == device
-             and r.runtime == r.engine]
+             and r.runtime == r.engine and r.source in PRIOR_CHOSEN_ON.get(device, ())]
     if not train:
         raise UserError(f"no priced run on device {device!r}")
     factors, base = refit_spec(device)
