@@ -384,9 +384,14 @@ class StepEstimate:
     time_to_train: Mapping[str, Any] | None = None
     # Whether the worst stage fits (planner/memory_band.py): "fits", "tight" (capacity inside the band of its
     # measured peak) or "does not fit" (capacity below the band), and that band; ``fits`` is "not does not fit".
-    # Files written before the verdict existed read "" and take it from ``fits`` (``verdict``).
+    # Left "" (files written before the verdict existed, estimates without a band) it is taken from ``fits``
+    # on construction, so a saved and reloaded estimate equals the one saved.
     memory_verdict: str = ""
     memory_band: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.memory_verdict:
+            object.__setattr__(self, "memory_verdict", "fits" if self.fits else "does not fit")
 
     def replace(self, **changes: Any) -> "StepEstimate":
         return dataclasses.replace(self, **changes)
@@ -394,7 +399,7 @@ class StepEstimate:
     @property
     def verdict(self) -> str:
         """"fits", "tight" or "does not fit" (an estimate without a band: "fits" or "does not fit" from ``fits``)."""
-        return self.memory_verdict or ("fits" if self.fits else "does not fit")
+        return self.memory_verdict
 
     @property
     def trainer_fits(self) -> bool | None:
