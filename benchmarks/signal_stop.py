@@ -26,21 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from exatrain.procs import pid_alive
+
 PATHS = ("launcher:SIGTERM", "launcher:SIGINT", "launcher:SIGHUP", "group:SIGTERM", "group:SIGINT",
          "launcher:SIGKILL", "rank:SIGTERM")
 ARGS = ["--model", "gpt-tiny", "--dp", "2", "--micro-batch", "2", "--global-batch", "4", "--steps", "20000",
         "--quiet"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _steps(metrics: Path) -> int:
@@ -91,7 +82,7 @@ def run(path: str) -> dict:
         gone = exited = None
         while gone is None or exited is None:
             now = time.monotonic() - t0
-            if gone is None and not any(_alive(p) for p in ranks):
+            if gone is None and not any(pid_alive(p) for p in ranks):
                 gone = now
             if exited is None and all(p.poll() is not None for p in procs):
                 exited = now
@@ -104,7 +95,7 @@ def run(path: str) -> dict:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         for pid in locals().get("ranks", []):
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
     records = [json.loads(x) for x in metrics.read_text().splitlines() if '"run_record"' in x]
     saved = sorted(p.name for p in ckpt.glob("step-*"))

@@ -98,6 +98,18 @@ def read_run(path: Path) -> Run:
                record=records[-1] if records else None, dump=dump if dump.is_dir() else None)
 
 
+def lines(metrics: Path) -> list[dict]:
+    """A run's metrics file (JSON lines), [] before it exists."""
+    if not metrics.is_file():
+        return []
+    return [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+
+
+def steps(metrics: Path) -> list[int]:
+    """The steps a run's metrics file has recorded, in order."""
+    return [x["step"] for x in lines(metrics) if x["kind"] == "step"]
+
+
 def max_rel_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))

@@ -35,7 +35,7 @@ import pytest
 
 from tests.helpers.progress_wait import IDLE_S, finish, start, wait_for
 from tests.helpers.slurm_standins import install
-from tests.helpers.trainer_runs import config
+from tests.helpers.trainer_runs import config, lines, steps
 
 from exatrain.errors import RankFailed, RankHung
 from exatrain.plan import read_run_records
@@ -44,16 +44,6 @@ from exatrain.trainer.health import SLOW_RANK_ENV
 from exatrain.trainer.spawn import launch_local
 
 pytestmark = pytest.mark.slow
-
-
-def lines(metrics: Path) -> list[dict]:
-    if not metrics.is_file():
-        return []
-    return [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-
-
-def steps(metrics: Path) -> list[int]:
-    return [x["step"] for x in lines(metrics) if x["kind"] == "step"]
 
 
 def pid_of(run_dir: Path, rank: int) -> int:

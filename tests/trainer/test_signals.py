@@ -45,35 +45,15 @@ import pytest
 
 from tests.helpers.progress_wait import finish, start, wait_for
 from tests.helpers.slurm_standins import install
+from tests.helpers.trainer_runs import steps
 
 from exatrain.plan import read_run_records
+from exatrain.procs import pid_alive
 from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.health import STOP_MAX_S, STOP_MIN_S, RankMonitor, Stopped, Terminated
 
 HANG_S = 120.0  # from the signal to every rank gone: a correct stop takes about a second
 STEPS = 20000  # far more than a test waits for: a rank that does not stop would run on for many minutes
-
-
-def lines(metrics: Path) -> list[dict]:
-    if not metrics.is_file():
-        return []
-    return [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-
-
-def steps(metrics: Path) -> list[int]:
-    return [x["step"] for x in lines(metrics) if x["kind"] == "step"]
-
-
-def alive(pid: int) -> bool:
-    """Whether a process runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def rank_pids(run_dir: Path) -> list[int]:
@@ -83,9 +63,9 @@ def rank_pids(run_dir: Path) -> list[int]:
 def wait_gone(pids: list[int], since: float) -> float:
     """Seconds from ``since`` until every process in ``pids`` has ended; past HANG_S, kills what is left
     (orphans would outlive the test) and fails."""
-    while any(alive(p) for p in pids):
+    while any(pid_alive(p) for p in pids):
         if time.monotonic() - since > HANG_S:
-            left = [p for p in pids if alive(p)]
+            left = [p for p in pids if pid_alive(p)]
             for p in left:
                 os.kill(p, signal.SIGKILL)
             pytest.fail(f"ranks {left} still ran {HANG_S:.0f} s after the signal")

@@ -47,6 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import Plan, RunRecord, append_run_record
+from exatrain.procs import pid_alive
 from exatrain.planner.search.space import SpaceOptions
 from exatrain.tuning.runner import RunOutcome, TrialRunner
 from exatrain.tuning.sampler import (PARAM_NAMES, RUN_STATUSES, Candidates, CostModelSampler,
@@ -202,20 +203,6 @@ class _Interrupted:
         study.enqueue_trial(dict(params), user_attrs={"source": "retry", "retry_of": number})
 
 
-def _pid_alive(pid: Any) -> bool:
-    try:
-        pid = int(pid)
-        os.kill(pid, 0)
-    except (TypeError, ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (killed, not yet reaped) is dead
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _end_leftovers(trial: FrozenTrial) -> None:
     attrs = trial.user_attrs
     pgid, plan_path = attrs.get("run_pgid"), str(Path(str(attrs.get("trial_dir", ""))) / "plan.json")
@@ -239,7 +226,7 @@ def _fail_abandoned(study: optuna.Study, storage: optuna.storages.BaseStorage, o
     host = socket.gethostname()
     study_id = storage.get_study_id_from_name(study.study_name)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("tuner_host") != host or _pid_alive(t.user_attrs.get("tuner_pid")):
+        if t.user_attrs.get("tuner_host") != host or pid_alive(t.user_attrs.get("tuner_pid")):
             continue
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
         try:
