@@ -789,15 +789,21 @@ def bands(rows: list[Row], t: dict, command: str) -> dict:
     the same fit reached on sources it never saw."""
     items = band_items(rows)
     params = bandlib.fit(*_fit_inputs(items))
-    rnd = lambda x: round(float(x), 5)  # noqa: E731
-    return {"kind": "exatrain-error-bands", "version": 2, "date": datetime.date.today().isoformat(),
-            "command": command,
-            "statistic": "p10-p90 of measured/predicted step time: center + sigma x quantiles of the standardized "
-                         "out-of-sample log ratios, sigma growing with the distance from the validated runs",
-            "center": rnd(params["center"]), "sigma": {k: rnd(v) for k, v in params["sigma"].items()},
-            "quantiles": [rnd(q) for q in params["quantiles"]], "runs": params["runs"], "sources": params["sources"],
+    return {**_band_file("exatrain-error-bands", 2, command, params,
+                         "p10-p90 of measured/predicted step time: center + sigma x quantiles of the standardized "
+                         "out-of-sample log ratios, sigma growing with the distance from the validated runs"),
             "validated": bandlib.validated_summary([tr for _, tr in items]),
             "leave_one_source_out": {k: c["band"] for k, c in t["cells"].items() if c["band"]["n"]}}
+
+
+def _band_file(kind: str, version: int, command: str, params: dict, statistic: str) -> dict:
+    """The fields a band file (error_bands.json, memory_bands.json) opens with: what it is, how it was made, and
+    the fitted center, scales and quantiles, rounded."""
+    rnd = lambda x: round(float(x), 5)  # noqa: E731
+    return {"kind": kind, "version": version, "date": datetime.date.today().isoformat(), "command": command,
+            "statistic": statistic, "center": rnd(params["center"]),
+            "sigma": {k: rnd(v) for k, v in params["sigma"].items()},
+            "quantiles": [rnd(q) for q in params["quantiles"]], "runs": params["runs"], "sources": params["sources"]}
 
 
 # ---- bands: fitted on other sources' runs, judged on the held-out source's --------------------------------------
@@ -968,13 +974,9 @@ def memory_bands(rows: list[Row], t: dict, command: str) -> dict:
     params = _memory_fit(memory_items(rows))
     if params is None:
         raise UserError("the memory band needs measured peak memory from at least two sources")
-    rnd = lambda x: round(float(x), 5)  # noqa: E731
-    return {"kind": "exatrain-memory-bands", "version": 1, "date": datetime.date.today().isoformat(),
-            "command": command,
-            "statistic": "p10-p90 of measured/predicted peak memory: center + sigma x quantiles of the standardized "
-                         "log ratios, sigma growing with the distance from the measured runs",
-            "center": rnd(params["center"]), "sigma": {k: rnd(v) for k, v in params["sigma"].items()},
-            "quantiles": [rnd(q) for q in params["quantiles"]], "runs": params["runs"], "sources": params["sources"],
+    return {**_band_file("exatrain-memory-bands", 1, command, params,
+                         "p10-p90 of measured/predicted peak memory: center + sigma x quantiles of the standardized "
+                         "log ratios, sigma growing with the distance from the measured runs"),
             "unseen": params["unseen"], "validated": params["validated"],
             "leave_one_source_out": {k: t["memory"][k] for k in ("band", "trained", "verdicts")}}
 
