@@ -28,7 +28,8 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.settings import RECOMPUTE
 from exatrain.accounting.engines import ENGINE_NAMES, get_engine
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
 

@@ -73,7 +73,7 @@ def expert_shapes(model) -> tuple[tuple[str, int, int], ...]:
 
 def predicted_s(cluster, params, *, rows: int, n: int, k: int, experts: int, how: str, dtype: str) -> float:
     """The cost model's seconds for E experts' GEMM of (rows x k) @ (k x n): E calls of one (``per_expert``) or one
-    call of E (``grouped``), as ``cost.experts.layer_times`` prices them."""
+    call of E (``grouped``), as ``cost.layer.layer_times`` prices them."""
     from exatrain.accounting.flops import Gemm
     from exatrain.planner.cost import compute
 

@@ -163,7 +163,7 @@ def exatrain_cmd(model: str, batch: int, steps: int, cluster: str, device: str, 
 
 
 def run_exatrain(cmd: list[str], metrics: Path, timeout: float) -> dict:
-    from exatrain.plan import read_run_records
+    from exatrain.records import read_run_records
     from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 
     metrics.unlink(missing_ok=True)

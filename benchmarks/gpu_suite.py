@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             _write(d, results)
             return 1
         results["calibration"] = json.loads((d / "calib.json").read_text())["devices"]
-    from exatrain.plan import read_run_records
+    from exatrain.records import read_run_records
     from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 
     for i, run in enumerate(RUNS):

@@ -4,7 +4,7 @@ Draws random legal layouts from several search spaces (GPT and Llama/GQA models 
 dgx-h100 and local-cpu; every schedule, ZeRO stage, recompute mode, sequence parallelism), gives a
 share of them a random custom layer split (``stage_layers``), and compares, per layout, the pipeline
 makespan ``planner.evaluate`` uses with ``cost.schedule.simulate`` run on the very same per-stage
-seconds (``cost.step.simulate_plan``). Prints, per schedule and kind of split: how many layouts, the
+seconds (``planner.plan_cost.simulate_plan``). Prints, per schedule and kind of split: how many layouts, the
 largest shortfall (the closed form is a lower bound: it is never above), the mean |error| and the
 share that is exact (within 1e-9).
 
@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 
+from exatrain.accounting.engines import plan_run
 from exatrain.catalog import get_cluster, get_model
-from exatrain.plan import SCHEDULES
+from exatrain.settings import SCHEDULES
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.planner.cost.step import simulate_plan
+from exatrain.planner.plan_cost import simulate_plan
 from exatrain.planner.evaluate import evaluate
 from exatrain.planner.layouts import Layouts
 from exatrain.planner.search.search import plan_at
@@ -68,10 +69,10 @@ def gaps(pairs) -> list[tuple[str, bool, float]]:
     """(schedule, custom split?, closed form / simulation - 1) per layout."""
     out = []
     for plan, cluster in pairs:
-        cp = default_params(cluster.device.name)
-        ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
-                      dtype=plan.dtype, flash=plan.flash_attention, memory=())
-        sim = simulate_plan(plan, cluster, cp).step_s
+        coeffs = default_params(cluster.device.name)
+        ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch,
+                      run=plan_run(plan), memory=())
+        sim = simulate_plan(plan, cluster, coeffs).step_s
         out.append((plan.schedule, bool(plan.stage_layers), float(ev.pipeline_s[0]) / sim - 1))
     return out
 

@@ -73,7 +73,8 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import ParallelDims, Plan, TrainShape, recompute_modules_of
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.settings import recompute_modules_of
 from exatrain.planner import band as bandlib
 from exatrain.planner import memory_band as memband
 from exatrain.planner.band import BANDS_PATH, hardware_family
@@ -985,7 +986,7 @@ def record_rows(paths: list[Path], start: int) -> list[Row]:
     """The trainer's own measured peaks: every RunRecord of ``paths`` that measured device memory (not a CPU's
     RSS), as a memory row of runtime exatrain (one source per file); its peak is torch's max allocated, so the
     prediction is compared without the allocator allowance."""
-    from exatrain.plan import read_run_records
+    from exatrain.records import read_run_records
     from exatrain.planner.compare import cluster_for
 
     out = []

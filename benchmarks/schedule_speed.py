@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from exatrain.plan import SCHEDULES
+from exatrain.settings import SCHEDULES
 from exatrain.accounting.inflight import peak_in_flight_fast
 from exatrain.planner.cost.schedule import simulate, step_time_fast
 

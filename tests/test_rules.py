@@ -13,7 +13,8 @@ import pytest
 from exatrain import rules
 from exatrain.catalog import get_cluster, get_model
 from exatrain.errors import PlanError
-from exatrain.plan import RECOMPUTE, SCHEDULES, ParallelDims, Plan, TrainShape
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.settings import RECOMPUTE, SCHEDULES, RunSettings
 from exatrain.planner.search.space import REASONS, RUNTIME_REASON, TRAINER_REASONS, SpaceOptions, enumerate_space
 from exatrain.trainer.config import TrainConfig
 
@@ -55,13 +56,13 @@ def test_vectorised_rules_equal_the_per_plan_ones_reason_by_reason() -> None:
             # A layout set shares the model, the custom split and the dtype (as the search's do).
             for model, split, dtype in {(p.model, p.stage_layers, p.dtype) for p in plans}:
                 sub = [p for p in plans if (p.model, p.stage_layers, p.dtype) == (model, split, dtype)]
-                x = rules.layout(model, tp=[p.tp for p in sub], pp=[p.pp for p in sub], dp=[p.dp for p in sub],
+                shared = rules.Shared(model, dtype=dtype, stage_layers=split, cluster=cluster, compile=compile_)
+                x = rules.rule_inputs(shared, tp=[p.tp for p in sub], pp=[p.pp for p in sub], dp=[p.dp for p in sub],
                                  micro_batch=[p.micro_batch for p in sub], global_batch=[p.global_batch for p in sub],
                                  zero_stage=[p.zero_stage for p in sub], recompute=[p.recompute for p in sub],
                                  sequence_parallel=[p.sequence_parallel for p in sub],
                                  schedule=[p.schedule for p in sub], interleave=[p.interleave for p in sub],
-                                 ep=[p.ep for p in sub], cp=[p.cp for p in sub],
-                                 stage_layers=split, dtype=dtype, cluster=cluster, compile=compile_)
+                                 ep=[p.ep for p in sub], cp=[p.cp for p in sub])
                 masks = rules.broken(x, scopes=ALL)
                 assert list(masks) == list(rules.REASONS)
                 for i, plan in enumerate(sub):
@@ -216,7 +217,7 @@ def test_each_ep_and_cp_refusal_is_a_rule_with_its_line(model, dims, kw, compile
     plan = Plan(model=get_model(model), dims=ParallelDims(**dims), shape=TrainShape(1, 8), **kw).validate()
     broken = rules.problems(plan, scopes=ALL, compile=compile_)
     assert [r.reason for r in broken] == [f"{reason} (the exatrain trainer refuses it)"]
-    x = rules.plan_layout(plan, compile=compile_)
+    x = rules.plan_rule_inputs(plan, compile=compile_)
     assert [k for k, m in rules.broken(x, scopes=ALL).items() if m[0]] == [broken[0].reason]
     with pytest.raises(PlanError) as err:
         TrainConfig(plan=plan, compile=compile_).check()
@@ -272,9 +273,10 @@ def test_deepspeed_runs_no_zero_2_or_3_under_a_pipeline() -> None:
         assert ok.validate() is ok
     reason = "ZeRO-2/3 with a pipeline under megatron-deepspeed"
     for runtime, expect in (("megatron-deepspeed", [True, True, False, False]), ("exatrain", [False] * 4)):
-        x = rules.layout(model, tp=[4] * 4, pp=[16, 16, 16, 1], dp=[2, 2, 2, 32], micro_batch=[1] * 4,
-                         global_batch=[640] * 4, zero_stage=[2, 3, 1, 3], recompute=["none"] * 4,
-                         sequence_parallel=[False] * 4, schedule=["1f1b"] * 4, interleave=[1] * 4, runtime=runtime)
+        x = rules.rule_inputs(rules.Shared(model, settings=RunSettings(runtime=runtime)), tp=[4] * 4,
+                             pp=[16, 16, 16, 1], dp=[2, 2, 2, 32], micro_batch=[1] * 4, global_batch=[640] * 4,
+                             zero_stage=[2, 3, 1, 3], recompute=["none"] * 4, sequence_parallel=[False] * 4,
+                             schedule=["1f1b"] * 4, interleave=[1] * 4)
         assert list(rules.broken(x, scopes=ALL)[reason]) == expect, runtime
 
 
@@ -282,7 +284,7 @@ def test_each_runtime_is_planned_with_the_schedules_it_runs() -> None:
     """plan.SCHEDULE_RUNTIMES: Megatron-Core runs 1F1B and interleaved 1F1B, Megatron-DeepSpeed 1F1B only, torchtitan
     and exatrain every schedule; a plan with another is refused with the fix, and pp 1 runs no schedule. (Broken on
     purpose and seen to fail here: the rule dropped; its mask ignoring the runtime.)"""
-    from exatrain.plan import SCHEDULE_RUNTIMES
+    from exatrain.settings import SCHEDULE_RUNTIMES
 
     model = get_model("gpt-175b")
     plan = Plan(model=model, dims=ParallelDims(tp=4, pp=16, dp=2), shape=TrainShape(1, 640), zero_stage=1)
@@ -302,7 +304,8 @@ def test_each_runtime_is_planned_with_the_schedules_it_runs() -> None:
             else:
                 with pytest.raises(PlanError, match=f"--runtime {runtime} does not run the {schedule} schedule: use "):
                     p.validate()
-            x = rules.layout(model, tp=[4, 4], pp=[16, 1], dp=[2, 32], micro_batch=[1, 1], global_batch=[640, 640],
-                             zero_stage=[1, 1], recompute=["none"] * 2, sequence_parallel=[False] * 2,
-                             schedule=[schedule] * 2, interleave=[p.interleave, 1], runtime=runtime)
+            x = rules.rule_inputs(rules.Shared(model, settings=RunSettings(runtime=runtime)), tp=[4, 4], pp=[16, 1],
+                                 dp=[2, 32], micro_batch=[1, 1], global_batch=[640, 640], zero_stage=[1, 1],
+                                 recompute=["none"] * 2, sequence_parallel=[False] * 2, schedule=[schedule] * 2,
+                                 interleave=[p.interleave, 1])
             assert list(rules.broken(x, scopes=ALL)[reason]) == [schedule not in allowed, False], (runtime, schedule)

@@ -21,6 +21,10 @@ signal ended, so that a batch script can tell a scheduler's stop (143: requeue) 
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from typing import Iterator
+
 
 class UserError(Exception):
     """Bad input: an unknown preset, indivisible degrees, a malformed file, ...
@@ -90,5 +94,23 @@ def error_line(command: str, exc: UserError) -> str:
     return f"exatrain {command}: error: {exc}\n"
 
 
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP inside the block end it as Ctrl-C does: Interrupted, one line, exit status 128 + the
+    signal (`exatrain train` while it checks its input or prepares data; once ranks run, the launcher,
+    trainer/spawn.py, or the rank's monitor, trainer/health.py, takes the signals over and gives these handlers
+    back after)."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(f"interrupted ({signal.Signals(signum).name})", signum)
+
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    old = {getattr(signal, n): signal.signal(getattr(signal, n), interrupt) for n in names}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 __all__ = ["EXIT_STATUSES", "Interrupted", "OutOfMemoryPredicted", "PlanError", "RankFailed", "RankHung", "RunFailed",
-           "TrainingStopped", "UserError", "error_line"]
+           "TrainingStopped", "UserError", "error_line", "interrupt_on_signals"]

@@ -4,12 +4,12 @@ Every rule is written once, as a numpy predicate over layouts given as arrays. `
 evaluates them on the plan (a batch of one) and raises for the first broken one, with a message that
 names the problem and its fix; the search evaluates them over its whole grid at once and counts each
 rejected candidate under the first reason it fails (``RULES`` order); exatrain's trainer refuses what
-the rules marked ``"trainer"`` name (``TrainConfig.check``). Torch-free: the trainer imports it.
+the rules marked ``"trainer"`` name (``TrainConfig.check``). A run setting's own rule is its record's
+(``settings.SETTINGS``), which ``extension_problem`` runs. Torch-free: the trainer imports it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,16 +17,11 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.errors import PlanError, UserError
+from exatrain.errors import PlanError
 from exatrain.limits import beyond, too_large
-from exatrain.plan import (ADAM_KERNEL_RUNTIMES, ADAM_KERNELS, ATTENTION_KERNELS, CP_COMM_RUNTIMES,
-                           CROSS_ENTROPY, CROSS_ENTROPY_RUNTIMES, DTYPES, ELEMENTWISE, FP8_PARAM_GATHER_RUNTIMES,
-                           FP8_RECIPES, GRAD_ACCUM, GRAD_ACCUM_FUSION,
-                           GRAD_ACCUM_FUSION_RUNTIMES, GRAD_ACCUM_RUNTIMES, MOE_DISPATCHERS,
-                           RECOMPUTE, RECOMPUTE_EVERY_RUNTIMES, RECOMPUTE_LAYERS_RUNTIMES, RECOMPUTE_MODULES,
-                           RECOMPUTE_MODULES_RUNTIMES,
-                           RUNTIMES, SCHEDULE_RUNTIMES,
-                           SCHEDULES, cp_comm_for, cp_comms_unable)
+from exatrain.settings import (DTYPES, RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, SETTINGS, RunSettings,
+                               cp_comm_for,
+                               cp_comm_problem, heads_not_split)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
@@ -43,8 +38,23 @@ class RuleError(PlanError):
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Layouts of one model as arrays (one entry each), with what the rules derive from them.
+class Shared:
+    """What a batch of candidate layouts shares: the model, the dtype, a custom layer split, the cluster (its
+    node size: tp beyond a node), whether exatrain's trainer is to compile them, and the run settings (their
+    runtime decides where ep may reach, ``ep_fits``, and which schedules, ZeRO stages and cp exchanges run)."""
+
+    model: ModelSpec
+    dtype: str = "bfloat16"
+    stage_layers: tuple = ()
+    cluster: ClusterSpec | None = None
+    compile: bool = False
+    settings: RunSettings = RunSettings()
+
+
+@dataclass(frozen=True)
+class RuleInputs:
+    """Candidate layouts of one model as arrays (one entry each), with what the rules derive from them: what the
+    rules check (the planner evaluates ``planner.layouts.Layouts``).
     ``recompute`` and ``schedule`` index RECOMPUTE and SCHEDULES (-1: not one of them);
     ``malformed`` marks a degree or batch size that was not an integer at all."""
 
@@ -113,7 +123,7 @@ class Rule:
     "search" (legal, but left out of an unpinned search)."""
 
     reason: str
-    broken: Callable[[Layout], np.ndarray]
+    broken: Callable[[RuleInputs], np.ndarray]
     message: Callable[[Any, ClusterSpec | None], str]
     scope: str = "plan"
 
@@ -163,7 +173,7 @@ def _split_message(p, cluster) -> str:
     return f"stage_layers sums to {sum(p.stage_layers)} but {p.model.name} has {p.model.layers} layers"
 
 
-def _split_broken(x: Layout) -> np.ndarray:
+def _split_broken(x: RuleInputs) -> np.ndarray:
     s = x.stage_layers
     if not s:
         return np.zeros(x.tp.shape, dtype=bool)
@@ -172,7 +182,7 @@ def _split_broken(x: Layout) -> np.ndarray:
 
 
 def _schedules_run(runtime: str) -> list[int]:
-    """The SCHEDULES indices ``runtime`` runs (plan.SCHEDULE_RUNTIMES; every one for a runtime it does not list)."""
+    """The SCHEDULES indices ``runtime`` runs (settings.SCHEDULE_RUNTIMES; every one for a runtime it does not list)."""
     known = any(runtime in r for r in SCHEDULE_RUNTIMES.values())
     return [SCHEDULES.index(s) for s, r in SCHEDULE_RUNTIMES.items() if runtime in r or not known]
 
@@ -222,7 +232,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cp does not split the sequence into 2*cp chunks",
          lambda x: (x.cp > 1) & (x.model.seq_len % _d(2 * x.cp) != 0),
          lambda p, c: (extension_problem(p) or ("cp", f"--cp {p.cp} does not fit"))[1]),
-    # How the runtime exchanges attention's operands under cp (plan.CP_COMM_RUNTIMES, plan.cp_comm_for): one it
+    # How the runtime exchanges attention's operands under cp (settings.CP_COMM_RUNTIMES, settings.cp_comm_for): one it
     # offers, that runs the model's sliding windows, and under a2a heads a rank holds that divide by cp.
     Rule("cp exchange the runtime does not run for this layout",
          lambda x: (x.cp > 1) & (_on(cp_comm_problem(x.cp_comm, x.runtime, x.model) is not None, x.tp.shape)
@@ -253,7 +263,7 @@ RULES: tuple[Rule, ...] = (
          lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
          lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "
                        "schedule needs at least pp: raise the global batch or lower micro-batch")),
-    # plan.SCHEDULE_RUNTIMES: Megatron runs no GPipe or zero-bubble schedule, DeepSpeed's pipeline engine 1F1B only.
+    # settings.SCHEDULE_RUNTIMES: Megatron runs no GPipe or zero-bubble schedule, DeepSpeed's pipeline engine 1F1B only.
     Rule("a pipeline schedule the runtime does not run",
          lambda x: (x.pp > 1) & ~np.isin(x.schedule, _schedules_run(x.runtime)),
          lambda p, c: (f"--runtime {p.runtime} does not run the {p.schedule} schedule: use --schedule "
@@ -344,13 +354,10 @@ def _codes(values, names: tuple[str, ...]) -> np.ndarray:
                     dtype=np.int64).reshape(a.shape)
 
 
-def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, recompute, sequence_parallel,
-           schedule, interleave, dp=None, gpus=None, dtype: str = "bfloat16", stage_layers: tuple = (),
-           cluster: ClusterSpec | None = None, compile: bool = False, ep=1, cp=1,
-           runtime: str = "exatrain", cp_comm: str = "") -> Layout:
-    """Layouts as arrays. Without ``dp``, dp = gpus // (tp*cp*pp) (1 where that does not divide; the
-    gpus rules mark those). ``recompute``/``schedule``: names or indices. ``runtime``: the engine
-    that runs them (decides where ep may reach: ``ep_fits``)."""
+def rule_inputs(shared: Shared, *, tp, pp, micro_batch, global_batch, zero_stage, recompute, sequence_parallel,
+               schedule, interleave, dp=None, gpus=None, ep=1, cp=1) -> RuleInputs:
+    """Layouts as arrays, sharing ``shared``. Without ``dp``, dp = gpus // (tp*cp*pp) (1 where that does not
+    divide; the gpus rules mark those). ``recompute``/``schedule``: names or indices."""
     tp, pp, mb, gb, zero, v, ep, cp = (np.asarray(a, dtype=np.int64) for a in
                                        (tp, pp, micro_batch, global_batch, zero_stage, interleave, ep, cp))
     if dp is None:
@@ -359,15 +366,17 @@ def layout(model: ModelSpec, *, tp, pp, micro_batch, global_batch, zero_stage, r
     arrays = np.broadcast_arrays(tp, pp, np.asarray(dp, dtype=np.int64), mb, gb, zero, _codes(recompute, RECOMPUTE),
                                  np.asarray(sequence_parallel, dtype=bool), _codes(schedule, SCHEDULES), v, ep, cp)
     *arrays, ep, cp = arrays
-    return Layout(model, *arrays, dtype_ok=dtype in DTYPES, stage_layers=tuple(stage_layers),
-                  gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
-                  gpus_per_node=None if cluster is None else cluster.gpus_per_node,
-                  malformed=np.zeros(arrays[0].shape, dtype=bool), compile=compile, ep=ep, cp=cp, runtime=runtime,
-                  cp_comm=cp_comm)
+    s = shared.settings
+    return RuleInputs(shared.model, *arrays, dtype_ok=shared.dtype in DTYPES, stage_layers=tuple(shared.stage_layers),
+                      gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
+                      gpus_per_node=None if shared.cluster is None else shared.cluster.gpus_per_node,
+                      malformed=np.zeros(arrays[0].shape, dtype=bool), compile=shared.compile, ep=ep, cp=cp,
+                      runtime=s.runtime if isinstance(s.runtime, str) else "",
+                      cp_comm=s.cp_comm if isinstance(s.cp_comm, str) else "")
 
 
-def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = False) -> Layout:
-    """One plan as a Layout of one (fields that are not positive integers become 1, marked malformed)."""
+def plan_rule_inputs(plan, cluster: ClusterSpec | None = None, *, compile: bool = False) -> RuleInputs:
+    """One plan as RuleInputs of one (fields that are not positive integers become 1, marked malformed)."""
     ok = {}
     malformed = False
     for _, attr in _POSITIVE:
@@ -375,19 +384,18 @@ def plan_layout(plan, cluster: ClusterSpec | None = None, *, compile: bool = Fal
         good = not isinstance(value, bool) and isinstance(value, int) and not beyond(value)  # int64-safe
         ok[attr] = [value if good else 1]
         malformed |= not good
-    x = layout(plan.model, tp=ok["tp"], pp=ok["pp"], dp=ok["dp"], micro_batch=ok["micro_batch"],
-               global_batch=ok["global_batch"], interleave=ok["interleave"],
-               zero_stage=[plan.zero_stage if isinstance(plan.zero_stage, int) else -1],
-               recompute=[plan.recompute if isinstance(plan.recompute, str) else ""],
-               schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
-               sequence_parallel=[bool(plan.sequence_parallel)], dtype=plan.dtype, stage_layers=plan.stage_layers,
-               cluster=cluster, compile=compile, ep=ok["ep"], cp=ok["cp"],
-               runtime=plan.runtime if isinstance(plan.runtime, str) else "",
-               cp_comm=plan.cp_comm if isinstance(getattr(plan, "cp_comm", ""), str) else "")
-    return Layout(**{**x.__dict__, "malformed": np.array([malformed])})
+    x = rule_inputs(Shared(plan.model, dtype=plan.dtype, stage_layers=plan.stage_layers, cluster=cluster,
+                          compile=compile, settings=plan.settings),
+                   tp=ok["tp"], pp=ok["pp"], dp=ok["dp"], micro_batch=ok["micro_batch"],
+                   global_batch=ok["global_batch"], interleave=ok["interleave"],
+                   zero_stage=[plan.zero_stage if isinstance(plan.zero_stage, int) else -1],
+                   recompute=[plan.recompute if isinstance(plan.recompute, str) else ""],
+                   schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
+                   sequence_parallel=[bool(plan.sequence_parallel)], ep=ok["ep"], cp=ok["cp"])
+    return RuleInputs(**{**x.__dict__, "malformed": np.array([malformed])})
 
 
-def broken(x: Layout, *, scopes: tuple[str, ...] = ("plan",)) -> dict[str, np.ndarray]:
+def broken(x: RuleInputs, *, scopes: tuple[str, ...] = ("plan",)) -> dict[str, np.ndarray]:
     """reason -> which layouts break that rule, for the rules of the given scopes (RULES order)."""
     return {r.reason: np.asarray(r.broken(x), dtype=bool) for r in RULES if r.scope in scopes}
 
@@ -407,7 +415,7 @@ def first_reasons(masks: dict[str, np.ndarray], alive: np.ndarray) -> tuple[dict
 def problems(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",),
              compile: bool = False) -> list[Rule]:
     """The rules (of the given scopes) the plan breaks, in RULES order."""
-    x = plan_layout(plan, cluster, compile=compile)
+    x = plan_rule_inputs(plan, cluster, compile=compile)
     return [r for r in RULES if r.scope in scopes and bool(np.asarray(r.broken(x)).reshape(-1)[0])]
 
 
@@ -447,234 +455,32 @@ def expert_problem(plan) -> tuple[str, str] | None:
                   f"({why})")
 
 
-def cp_comm_problem(comm: str, runtime: str, model: ModelSpec, tp: int | None = None,
-                    cp: int | None = None) -> str | None:
-    """Why ``runtime`` cannot run context parallelism by ``comm`` (Plan.cp_comm; "" = its own for the model)
-    for ``model`` (and, given tp and cp, that layout), or None: a way it does not offer, a way that does not run
-    the model's sliding windows (Transformer Engine's p2p ring) or attention sinks (its ring and all-gather),
-    or an all-to-all whose cp does not divide the heads and K,V heads a rank holds (each rank attends over the
-    whole sequence for heads/cp of them)."""
-    if runtime not in RUNTIMES:
-        return None  # the runtime's own rule reports it
-    try:
-        chosen = cp_comm_for(runtime, comm, model)
-    except UserError as e:
-        return str(e)
-    unable = cp_comms_unable(runtime, model)
-    if chosen in unable:
-        others = [c for c in CP_COMM_RUNTIMES[runtime] if c not in unable]
-        return (f"{runtime}'s {chosen} context parallelism does not run {unable[chosen]}, which "
-                f"{model.name} has" + (f": use --cp-comm {' or '.join(others)}" if others else ""))
-    if chosen == "a2a" and tp and cp and cp > 1 and bool(_heads_not_split(model, tp, cp)):
-        return (f"--cp {cp} by all-to-all splits the {model.heads // tp} heads and {model.kv_heads // tp} K,V heads a "
-                f"rank holds at tp {tp} into cp groups: cp must divide both (or use another --cp-comm)")
-    return None
-
-
-def _heads_not_split(model: ModelSpec, tp, cp):
-    """Where cp does not divide the heads or the K,V heads a rank holds at tp (scalars or arrays)."""
-    tp, cp = _d(np.asarray(tp)), _d(np.asarray(cp))
-    return ((model.heads // tp) % cp != 0) | ((model.kv_heads // tp) % cp != 0)
-
-
-def _a2a_heads_broken(x: Layout) -> np.ndarray:
+def _a2a_heads_broken(x: RuleInputs) -> np.ndarray:
     """Layouts whose all-to-all context parallelism (the plan's or the runtime's own) does not divide the heads
     and K,V heads a rank holds by cp."""
     if x.runtime not in RUNTIMES or cp_comm_problem(x.cp_comm, x.runtime, x.model) is not None:
         return np.zeros(x.tp.shape, dtype=bool)
     if cp_comm_for(x.runtime, x.cp_comm, x.model) != "a2a":
         return np.zeros(x.tp.shape, dtype=bool)
-    return _heads_not_split(x.model, x.tp, x.cp)
-
-
-def recompute_modules_problem(modules, recompute, runtime: str) -> str | None:
-    """Why a plan cannot recompute ``modules`` (plan.RECOMPUTE_MODULES) under ``recompute`` on ``runtime``, or None:
-    only Megatron-Core recomputes by module, and only under selective granularity (it ignores the list otherwise;
-    transformer_layer.py reads recompute_modules under recompute_granularity == "selective")."""
-    if not modules:
-        return None
-    if not isinstance(modules, tuple) or any(m not in RECOMPUTE_MODULES for m in modules):
-        return (f"recompute_modules must be a list of {', '.join(RECOMPUTE_MODULES)}, got {modules!r}")
-    if runtime not in RECOMPUTE_MODULES_RUNTIMES:
-        return (f"--recompute-modules is Megatron-Core's choice of what selective recomputation reruns; runtime "
-                f"{runtime} reruns its own (exatrain and Megatron-DeepSpeed the attention core, torchtitan its per-op "
-                "policy): use --runtime megatron-core, or drop it")
-    if recompute != "selective":
-        return (f"--recompute-modules chooses what selective recomputation reruns; with --recompute {recompute} "
-                "Megatron-Core ignores it: use --recompute selective, or drop it")
-    return None
-
-
-def recompute_layers_problem(n, recompute, runtime: str, every: bool = False) -> str | None:
-    """Why a plan cannot fully recompute only the first ``n`` layers of each stage (plan.RECOMPUTE_LAYERS_RUNTIMES;
-    ``every``: only one layer in ``n``, plan.RECOMPUTE_EVERY_RUNTIMES), or None: a whole number, under full
-    recomputation, on an engine that does it."""
-    flag = "--recompute-every" if every else "--recompute-layers"
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        return f"{flag} must be a whole number of layers >= 1 (0: every layer), got {n!r}"
-    if not n:
-        return None
-    if every and runtime not in RECOMPUTE_EVERY_RUNTIMES:
-        return (f"--recompute-every is torchtitan's layer-level selective checkpointing (selective_ac_option N; "
-                f"FSDP1's every-Nth-block check_fn under llm-foundry); runtime {runtime} does not pick layers that "
-                f"way: use --runtime {' or '.join(RECOMPUTE_EVERY_RUNTIMES)}, or drop it"
-                + (" (Megatron-Core: --recompute-layers, the first N of each stage)" if runtime == "megatron-core"
-                   else ""))
-    if not every and runtime not in RECOMPUTE_LAYERS_RUNTIMES:
-        return (f"--recompute-layers is Megatron-Core's --recompute-method block --recompute-num-layers; runtime "
-                f"{runtime} does not pick layers that way: use --runtime megatron-core, or drop it"
-                + (" (torchtitan: --recompute-every, one layer in N)" if runtime == "torchtitan" else ""))
-    what = "one layer in N" if every else "the first N layers of each stage"
-    if recompute != "full":
-        return (f"{flag} N recomputes {what} whole; with --recompute {recompute} there is no whole-layer "
-                "recomputation: use --recompute full, or drop it")
-    return None
+    return heads_not_split(x.model, x.tp, x.cp)
 
 
 def extension_problem(plan) -> tuple[str, str] | None:
-    """(reason, message) for the first rule on context parallelism, the runtime, FP8, the MoE dispatcher
-    or the attention kernel the plan breaks, or None. The cp message is the vectorised cp rule's (RULES):
-    cp needs every sequence split into 2*cp equal chunks (each cp rank holds one early and one late
-    chunk, which balances causal attention, as Megatron-Core and torch's context parallel do)."""
+    """(reason, message) for the first rule on context parallelism or a run setting the plan breaks, or None.
+    The cp message is the vectorised cp rule's (RULES): cp needs every sequence split into 2*cp equal chunks
+    (each cp rank holds one early and one late chunk, which balances causal attention, as Megatron-Core and
+    torch's context parallel do). Then each run setting's own rule (``settings.SETTINGS``, in that order; the
+    reason is the setting's name)."""
     cp = getattr(plan.dims, "cp", 1)
     if isinstance(cp, bool) or not isinstance(cp, int) or cp <= 0:
         return "cp", f"--cp must be a positive integer, got {cp!r}"
     if cp > 1 and plan.model.seq_len % (2 * cp):
         return "cp", (f"context parallelism needs seq_len {plan.model.seq_len} divisible by 2*cp = {2 * cp} "
                       "(two load-balanced chunks per cp rank)")
-    if plan.runtime not in RUNTIMES:
-        return "runtime", f"--runtime must be one of {', '.join(RUNTIMES)}, got {plan.runtime!r}"
-    comm = getattr(plan, "cp_comm", "")
-    if not isinstance(comm, str):
-        return "cp_comm", f"cp_comm must be a string, got {comm!r}"
-    tp = plan.dims.tp if isinstance(plan.dims.tp, int) and not isinstance(plan.dims.tp, bool) else None
-    problem = cp_comm_problem(comm, plan.runtime, plan.model, tp, cp) if (cp > 1 or comm) else None
-    if problem:
-        return "cp_comm", problem
-    problem = recompute_modules_problem(getattr(plan, "recompute_modules", ()), plan.recompute, plan.runtime)
-    if problem:
-        return "recompute_modules", problem
-    problem = recompute_layers_problem(getattr(plan, "recompute_layers", 0), plan.recompute, plan.runtime)
-    if problem:
-        return "recompute_layers", problem
-    problem = recompute_layers_problem(getattr(plan, "recompute_every", 0), plan.recompute, plan.runtime, every=True)
-    if problem:
-        return "recompute_every", problem
-    if plan.fp8 and plan.fp8 not in FP8_RECIPES:
-        return "fp8", f"--fp8 must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8!r}"
-    if plan.fp8 and plan.dtype != "bfloat16":
-        return "fp8", "--fp8 runs its GEMMs in FP8 inside bfloat16 training: use --dtype bfloat16"
-    dispatcher = getattr(plan, "moe_dispatcher", "alltoall")
-    if dispatcher not in MOE_DISPATCHERS:
-        return "moe_dispatcher", f"--moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {dispatcher!r}"
-    if dispatcher != "alltoall" and not plan.model.is_moe:
-        return "moe_dispatcher", (f"--moe-dispatcher {dispatcher} dispatches a mixture-of-experts layer's tokens; "
-                                  f"{plan.model.name} has no experts")
-    capacity = getattr(plan, "moe_capacity_factor", 0.0)
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not 0 <= capacity < math.inf:
-        return "moe_capacity_factor", (f"--moe-capacity-factor must be a number >= 0 (0: dropless), "
-                                       f"got {capacity!r}")
-    balance = getattr(plan, "moe_force_balance", False)
-    if not isinstance(balance, bool):
-        return "moe_force_balance", f"moe_force_balance must be true or false, got {balance!r}"
-    if (capacity or balance) and not plan.model.is_moe:
-        flag = "--moe-capacity-factor" if capacity else "--moe-force-balance"
-        return ("moe_capacity_factor" if capacity else "moe_force_balance",
-                f"{flag} sets how a mixture-of-experts layer's tokens are routed; {plan.model.name} has no experts")
-    if capacity and dispatcher != "alltoall":
-        # Megatron-Core refuses it too (transformer_config.py: "moe_expert_capacity_factor only works with
-        # alltoall token dispatcher")
-        return "moe_capacity_factor", (f"--moe-capacity-factor drops and pads tokens in the alltoall dispatcher "
-                                       f"only; drop it or use --moe-dispatcher alltoall (not {dispatcher})")
-    gather = getattr(plan, "fp8_param_gather", False)
-    if not isinstance(gather, bool):
-        return "fp8_param_gather", f"fp8_param_gather must be true or false, got {gather!r}"
-    if gather:
-        need = FP8_PARAM_GATHER_RUNTIMES.get(plan.runtime)
-        if not plan.fp8:
-            return "fp8_param_gather", ("--fp8-param-gather gathers the FP8 GEMMs' weights in FP8: it needs --fp8 "
-                                        "(a scaling recipe)")
-        if need is None:
-            return "fp8_param_gather", (f"--fp8-param-gather is Megatron-Core's --fp8-param-gather or torchtitan's "
-                                        f"enable_fsdp_float8_all_gather; runtime {plan.runtime} has no such switch: "
-                                        "use --runtime megatron-core or torchtitan, or drop it")
-        if plan.runtime == "torchtitan" and plan.fp8 != "current":
-            return "fp8_param_gather", (f"torchtitan gathers FP8 weights with tensorwise scaling only: use --fp8 "
-                                        f"current (not {plan.fp8}), or drop --fp8-param-gather")
-        if isinstance(plan.zero_stage, int) and plan.zero_stage < need:
-            what = "the distributed optimizer" if plan.runtime == "megatron-core" else "FSDP"
-            return "fp8_param_gather", (f"--fp8-param-gather needs {what} (ZeRO-{need} or higher) under "
-                                        f"{plan.runtime}, which gathers the weights it sends: use --zero {need}, "
-                                        "or drop it")
-    kernel = getattr(plan, "attention_kernel", "")
-    if kernel and kernel not in ATTENTION_KERNELS:
-        return "attention_kernel", (f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
-                                    f"got {kernel!r}")
-    if kernel and not plan.flash_attention:
-        return "attention_kernel", (f"--attention-kernel {kernel} names flash attention's kernel; this plan has "
-                                    "flash attention off (--no-flash-attention): drop one of them")
-    elementwise = getattr(plan, "elementwise", "")
-    if elementwise and elementwise not in ELEMENTWISE:
-        return "elementwise", f"--elementwise must be one of {', '.join(ELEMENTWISE)}, got {elementwise!r}"
-    loss = getattr(plan, "cross_entropy", "")
-    if loss and loss not in CROSS_ENTROPY:
-        return "cross_entropy", f"--cross-entropy must be one of {', '.join(CROSS_ENTROPY)}, got {loss!r}"
-    if loss and plan.runtime not in CROSS_ENTROPY_RUNTIMES[loss]:
-        what = {"upcast": "torch's cross_entropy over an fp32 copy", "inplace": "Megatron's vocab-parallel loss",
-                "fused": "one kernel over the 16-bit logits (a compiled loss, flash-attn's xentropy)"}[loss]
-        return "cross_entropy", (f"--cross-entropy {loss} is {what}, which {plan.runtime} does not run: use "
-                                 f"--runtime {' or '.join(CROSS_ENTROPY_RUNTIMES[loss])}, or drop it")
-    problem = grad_accum_problem(getattr(plan, "grad_accum", ""), plan.dtype, plan.runtime)
-    if problem:
-        return "grad_accum", problem
-    problem = grad_accum_fusion_problem(getattr(plan, "grad_accum_fusion", ""), plan.runtime)
-    if problem:
-        return "grad_accum_fusion", problem
-    problem = adam_kernel_problem(getattr(plan, "adam_kernel", ""), plan.runtime)
-    return ("adam_kernel", problem) if problem else None
-
-
-def adam_kernel_problem(kernel: str, runtime: str) -> str | None:
-    """Why a plan (or a search) cannot run Adam's ``kernel`` (plan.ADAM_KERNELS; "" is the runtime's own) under
-    ``runtime``, or None."""
-    if not kernel:
-        return None
-    if kernel not in ADAM_KERNELS:
-        return f"--adam-kernel must be one of {', '.join(ADAM_KERNELS)}, got {kernel!r}"
-    if runtime not in ADAM_KERNEL_RUNTIMES:
-        own = ("picks its own (fused over plain tensors on a GPU, foreach over DTensors and on the CPU)"
-               if runtime == "exatrain" else "runs its fused Adam")
-        return (f"--adam-kernel is torchtitan's switch (--optimizer.implementation); {runtime} {own}: use "
-                f"--runtime {' or '.join(ADAM_KERNEL_RUNTIMES)}, or drop it")
-    return None
-
-
-def grad_accum_fusion_problem(fusion: str, runtime: str) -> str | None:
-    """Why a plan (or a search) cannot say ``fusion`` (plan.GRAD_ACCUM_FUSION; "" is the runtime's own) for
-    whether its gradients accumulate inside the weight-gradient GEMMs under ``runtime``, or None."""
-    if not fusion:
-        return None
-    if fusion not in GRAD_ACCUM_FUSION:
-        return f"--grad-accum-fusion must be one of {', '.join(GRAD_ACCUM_FUSION)}, got {fusion!r}"
-    if runtime not in GRAD_ACCUM_FUSION_RUNTIMES:
-        return (f"--grad-accum-fusion is Megatron-Core's switch (--no-gradient-accumulation-fusion); {runtime} "
-                f"accumulates its gradients its own way: use --runtime {' or '.join(GRAD_ACCUM_FUSION_RUNTIMES)}, "
-                "or drop it")
-    return None
-
-
-def grad_accum_problem(accum: str, dtype: str, runtime: str) -> str | None:
-    """Why a plan (or a search) cannot accumulate its gradients in ``accum`` (plan.GRAD_ACCUM; "" is the
-    runtime's own) training in ``dtype`` under ``runtime``, or None."""
-    if not accum:
-        return None
-    if accum not in GRAD_ACCUM:
-        return f"--grad-accum must be one of {', '.join(GRAD_ACCUM)}, got {accum!r}"
-    if dtype != "bfloat16":
-        return f"--grad-accum sets how bfloat16 training accumulates its gradients; this one trains in {dtype}: drop it"
-    if runtime not in GRAD_ACCUM_RUNTIMES[accum]:
-        return (f"{runtime} accumulates bfloat16 gradients in float32 only (--grad-accum {accum} is offered by "
-                f"{' and '.join(GRAD_ACCUM_RUNTIMES[accum])}): drop it")
+    for s in SETTINGS:
+        problem = s.problem(getattr(plan.settings, s.name), plan)
+        if problem:
+            return s.name, problem
     return None
 
 
@@ -688,6 +494,6 @@ def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] =
             raise RuleError(found[1], found[0])
 
 
-__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "Layout", "Rule", "RuleError",
-           "adam_kernel_problem", "broken", "check", "ep_fits", "expert_problem", "extension_problem", "first_reasons",
-           "layout", "plan_layout", "problems"]
+__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "RuleInputs", "Rule", "RuleError", "Shared",
+           "broken", "rule_inputs",
+           "check", "ep_fits", "expert_problem", "extension_problem", "first_reasons", "plan_rule_inputs", "problems"]

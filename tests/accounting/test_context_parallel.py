@@ -8,6 +8,7 @@ import pytest
 
 from exatrain.catalog import get_model
 from exatrain.accounting import comms, context, memory
+from tests.helpers.memory import rank_memory
 
 
 @pytest.mark.parametrize("name", ["llama3-70b", "gpt-175b", "moe-tiny", "deepseek-v3"])
@@ -77,7 +78,7 @@ def _rank(m, **kw):
     base = dict(dtype="bfloat16", zero_stage=1, recompute="selective", sequence_parallel=True, flash=True, tp=8,
                 dp=4, micro_batch=1, pp=2, interleave=1, params_here=4e9, layers_here=40, inflight_mb=2, is_last=True)
     base.update(kw)
-    return memory.rank_memory(m, **base)
+    return rank_memory(m, **base)
 
 
 def test_rank_memory_under_cp_by_hand() -> None:

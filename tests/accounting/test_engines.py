@@ -20,6 +20,7 @@ from exatrain.accounting.engines import ENGINE_NAMES, get_engine
 from exatrain.accounting.params import layer_params
 
 from tests.helpers.benchmarks import BENCHMARKS, load
+from tests.helpers.memory import rank_memory
 
 DS = [1, 2, 3, 8, 64, 1024]
 
@@ -91,7 +92,7 @@ def test_torchtitan_pipeline_stage_holds_its_whole_gradient_unsharded_in_fp32(ze
     n, dp = 3.0e7, 8
 
     def grads(engine: str, pp: int) -> float:
-        return float(memory.rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute="full",
+        return float(rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute="full",
                                         sequence_parallel=False, flash=True, tp=1, dp=dp, micro_batch=1, pp=pp,
                                         interleave=1, params_here=n, layers_here=2, inflight_mb=pp, is_last=0,
                                         engine=get_engine(engine))[1])
@@ -195,8 +196,8 @@ def test_exatrain_profile_equals_the_default_memory_path_on_arrays(model: str) -
                                                                (False, True), (0.0, 0.1)):
         mm = m.replace(dropout=drop) if m.arch == "gpt" else m
         args = dict(dtype=dtype, zero_stage=zero, recompute=rec, sequence_parallel=sp, flash=flash, **kw)
-        default = memory.rank_memory(mm, **args)
-        ours = memory.rank_memory(mm, engine=exa, **args)
+        default = rank_memory(mm, **args)
+        ours = rank_memory(mm, engine=exa, **args)
         for a, b in zip(default, ours):
             np.testing.assert_array_equal(a, b)
 
@@ -213,7 +214,7 @@ def test_exatrain_profile_equals_the_default_memory_by_stage(kw) -> None:
 # ---- memory: what the other profiles change, in closed form ---------------------------------------
 def _acts(engine, m, *, tp=1, sp=False, rec="none", flash=True, dtype="bfloat16", b=2):
     """Activation bytes of one non-last rank holding one layer and one micro-batch (nothing else)."""
-    return memory.rank_memory(m, dtype=dtype, zero_stage=0, recompute=rec, sequence_parallel=sp, flash=flash,
+    return rank_memory(m, dtype=dtype, zero_stage=0, recompute=rec, sequence_parallel=sp, flash=flash,
                               tp=tp, dp=1, micro_batch=b, pp=1, interleave=1, params_here=0, layers_here=1,
                               inflight_mb=1, is_last=0, engine=get_engine(engine))[3]
 
@@ -303,24 +304,24 @@ def test_torchtitan_per_op_checkpoint_by_hand() -> None:
               pp=1, interleave=1, params_here=0, layers_here=3, inflight_mb=2, is_last=0)
     per_op = memory.per_op_checkpoint_layer_bytes(m, b, 1, sequence_parallel=False, flash=True)
     full = memory.layer_activation_bytes(m, b, 1, sequence_parallel=False, recompute="none", flash=True)
-    tt = memory.rank_memory(m, recompute="selective", engine=get_engine("torchtitan"), **kw)[3]
+    tt = rank_memory(m, recompute="selective", engine=get_engine("torchtitan"), **kw)[3]
     assert tt == pytest.approx(6 * per_op + full - per_op, rel=1e-12)
     for rec in ("none", "full"):
-        assert memory.rank_memory(m, recompute=rec, engine=get_engine("torchtitan"), **kw)[3] == pytest.approx(
-            memory.rank_memory(m, recompute=rec, **kw)[3], rel=1e-15)
+        assert rank_memory(m, recompute=rec, engine=get_engine("torchtitan"), **kw)[3] == pytest.approx(
+            rank_memory(m, recompute=rec, **kw)[3], rel=1e-15)
 
 
 def test_deepspeed_bucket_buffer_is_counted_once_per_rank() -> None:
     m = get_model("gpt-tiny")
     base = dict(dtype="bfloat16", recompute="none", sequence_parallel=False, flash=True, tp=1, dp=4,
                 micro_batch=1, pp=1, interleave=1, params_here=1e6, layers_here=4, inflight_mb=1, is_last=1)
-    ds = memory.rank_memory(m, zero_stage=1, engine=get_engine("megatron-deepspeed"), **base)
+    ds = rank_memory(m, zero_stage=1, engine=get_engine("megatron-deepspeed"), **base)
     w, g, o, acts, other = ds
     # 1e6 params: 2 + 4/4 weights, 2 grads, 8/4 Adam; one 5e8-element 16-bit reduce bucket.
     assert (w, g, o) == pytest.approx((3e6, 2e6, 2e6))
     assert other == pytest.approx(1e9 + 0.05 * (w + g + o + acts + 1e9), rel=1e-12)
     # The BF16_Optimizer keeps no bucket but a full fp32 gradient buffer.
-    bf = memory.rank_memory(m, zero_stage=1, engine=get_engine("megatron-deepspeed").with_grad_accum("float32"),
+    bf = rank_memory(m, zero_stage=1, engine=get_engine("megatron-deepspeed").with_grad_accum("float32"),
                             **base)
     assert bf[1] == pytest.approx(6e6) and bf[4] == pytest.approx(0.05 * sum(bf[:4]), rel=1e-12)
 
@@ -331,10 +332,10 @@ def test_zero3_working_set_per_engine() -> None:
     kw = dict(dtype="bfloat16", zero_stage=3, recompute="none", sequence_parallel=False, flash=True, tp=1, dp=8,
               micro_batch=1, pp=1, interleave=1, params_here=8e6, layers_here=4, inflight_mb=1, is_last=1)
     layer = lp.sharded + lp.replicated
-    tt = memory.rank_memory(m, engine=get_engine("torchtitan"), **kw)
+    tt = rank_memory(m, engine=get_engine("torchtitan"), **kw)
     assert tt[0] == pytest.approx(8e6 * 4 / 8 + 2 * layer * 2)  # two gathered bf16 layers
     assert tt[1] == pytest.approx(8e6 * 4 / 8 + layer * 4)  # one unsharded fp32 layer gradient
-    ds = memory.rank_memory(m, engine=get_engine("megatron-deepspeed"), **kw)
+    ds = rank_memory(m, engine=get_engine("megatron-deepspeed"), **kw)
     assert ds[0] == pytest.approx(8e6 * 6 / 8 + layer * 2 + 5e7 * 2)  # one layer + the prefetch bucket
     assert ds[1] == pytest.approx(8e6 * 2 / 8)
 
@@ -347,9 +348,9 @@ def test_engine_path_takes_numpy_arrays() -> None:
         zero = max(eng.zero_stages())
         kw = dict(dtype="bfloat16", zero_stage=zero, recompute="selective", sequence_parallel=True, flash=True,
                   pp=2, interleave=1, layers_here=2, inflight_mb=2.0, is_last=0, engine=eng)
-        arr = memory.rank_memory(m, tp=tp, dp=dp, micro_batch=mb, params_here=np.array([1e6, 2e6, 3e6]), **kw)
+        arr = rank_memory(m, tp=tp, dp=dp, micro_batch=mb, params_here=np.array([1e6, 2e6, 3e6]), **kw)
         for i in range(3):
-            one = memory.rank_memory(m, tp=int(tp[i]), dp=int(dp[i]), micro_batch=int(mb[i]),
+            one = rank_memory(m, tp=int(tp[i]), dp=int(dp[i]), micro_batch=int(mb[i]),
                                      params_here=[1e6, 2e6, 3e6][i], **kw)
             assert [float(np.asarray(x)[i]) for x in arr] == pytest.approx([float(x) for x in one], rel=1e-12)
 

@@ -9,6 +9,7 @@ from exatrain.catalog import device_catalog, get_device, get_model
 from exatrain.errors import UserError
 from exatrain.accounting import flops, fp8, memory, moe, params
 from exatrain.accounting.fp8 import Fp8Recipe
+from tests.helpers.memory import rank_memory
 
 
 def test_recipe_validation() -> None:
@@ -87,9 +88,9 @@ def test_rank_memory_with_fp8_by_hand() -> None:
     m = get_model("llama3-70b")
     kw = dict(dtype="bfloat16", zero_stage=1, recompute="selective", sequence_parallel=True, flash=True, tp=8, dp=8,
               micro_batch=1, pp=4, interleave=1, params_here=2e9, layers_here=20, inflight_mb=4, is_last=False)
-    w0, g0, o0, a0, other0 = memory.rank_memory(m, **kw)
+    w0, g0, o0, a0, other0 = rank_memory(m, **kw)
     recipe = Fp8Recipe()
-    w, g, o, a, other = memory.rank_memory(m, fp8=recipe, **kw)
+    w, g, o, a, other = rank_memory(m, fp8=recipe, **kw)
     gemm_w = 20 * fp8.gemm_weights(m, False, tp=8)
     assert w - w0 == pytest.approx(2.0 * gemm_w)  # fp8 copy and its transpose
     assert (g, o) == (g0, o0)
@@ -97,7 +98,7 @@ def test_rank_memory_with_fp8_by_hand() -> None:
     meta = recipe.meta_bytes(20 * 4)
     p2p = 2 * 2 * m.seq_len * m.hidden / 8
     assert other == pytest.approx(p2p + meta + memory.FRAGMENTATION_ALLOWANCE * (w + g + o + a + p2p + meta))
-    wp, *_ = memory.rank_memory(m, fp8=Fp8Recipe(fp8_params=True), **kw)
+    wp, *_ = rank_memory(m, fp8=Fp8Recipe(fp8_params=True), **kw)
     assert wp == pytest.approx(w0)  # fp8 weight + transpose in place of the bf16 copy
 
 

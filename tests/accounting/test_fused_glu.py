@@ -14,7 +14,7 @@ import pytest
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.accounting.engines import get_engine
 from exatrain.accounting.fp8 import Fp8Recipe
-from exatrain.accounting.memory import engine_layer_activation_bytes, layer_activation_bytes
+from exatrain.accounting.memory import EngineSaves, engine_layer_activation_bytes, layer_activation_bytes
 from exatrain.catalog import get_model
 
 KW = dict(sequence_parallel=True, recompute="none", flash=True, dtype="bfloat16")
@@ -36,8 +36,9 @@ def test_other_engines_and_gelu_keep_what_they_kept() -> None:
         rules = get_engine(engine).activations
         assert rules.glu == "eager"
         plain = layer_activation_bytes(m, 2, 2, dropout=rules.dropout_masks and m.dropout > 0,
-                                       gathered_inputs=get_engine(engine).sp_gathered_layer_inputs, **KW)
+                                       saves=EngineSaves(get_engine(engine).sp_gathered_layer_inputs), **KW)
         if rules.selective != "per_op" or KW["recompute"] != "selective":
             assert engine_layer_activation_bytes(get_engine(engine), m, 2, 2, **KW) == pytest.approx(plain)
     gpt = get_model("gpt-22b")  # a GELU MLP keeps fc1's output and fc2's input either way
-    assert layer_activation_bytes(gpt, 1, 8, glu_saves_input=True, **KW) == layer_activation_bytes(gpt, 1, 8, **KW)
+    glu = EngineSaves(glu_saves_input=True)
+    assert layer_activation_bytes(gpt, 1, 8, saves=glu, **KW) == layer_activation_bytes(gpt, 1, 8, **KW)

@@ -11,6 +11,7 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.accounting import comms, flops, memory, moe, params
+from tests.helpers.memory import rank_memory
 
 # ---- published counts ---------------------------------------------------------------------------
 # Totals: the checkpoints' safetensors index "total_size" (bf16, 2 bytes a parameter) where the
@@ -165,7 +166,7 @@ def _rank(m, **kw):
     base = dict(dtype="bfloat16", zero_stage=1, recompute="none", sequence_parallel=True, flash=True, tp=1, dp=8,
                 micro_batch=1, pp=1, interleave=1, layers_here=m.layers, inflight_mb=1, is_last=True)
     base.update(kw)
-    return memory.rank_memory(m, **base)
+    return rank_memory(m, **base)
 
 
 def test_expert_states_sharded_over_expert_dp_by_hand() -> None:
@@ -326,9 +327,9 @@ def test_extension_defaults_leave_dense_memory_unchanged() -> None:
                   is_last=np.array([True, False, True]))
     for zero in (0, 1, 2, 3):
         for rec in ("none", "selective", "full"):
-            plain = memory.rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute=rec, sequence_parallel=True,
+            plain = rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute=rec, sequence_parallel=True,
                                        flash=True, **arrays)
-            ext = memory.rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute=rec, sequence_parallel=True,
+            ext = rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute=rec, sequence_parallel=True,
                                      flash=True, cp=1, ep=1, etp=1, expert_params_here=0, moe_layers_here=0,
                                      capacity_factor=1.0, fp8=None, **arrays)
             for a, b in zip(plain, ext):

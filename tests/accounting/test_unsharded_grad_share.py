@@ -16,7 +16,8 @@ from exatrain.accounting.inflight import group_size
 from exatrain.accounting.memory import memory_by_stage, unsharded_grad_share
 from exatrain.accounting.params import stage_params
 from exatrain.catalog import get_model
-from exatrain.plan import SCHEDULES, ParallelDims, Plan, TrainShape
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.settings import SCHEDULES
 from exatrain.planner.cost.schedule import rank_order
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from exatrain.api.demo import MAX_RANKS, default_out, default_ranks
-from exatrain.plan import Plan, read_run_records
+from exatrain.plan import Plan
+from exatrain.records import read_run_records
 from exatrain.planner.compare import prediction_source
 from exatrain.planner.cost.coefficients import load_calibration
 

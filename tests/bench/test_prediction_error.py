@@ -398,7 +398,8 @@ def test_the_trainers_measured_peaks_join_the_memory_rows(pe, tmp_path) -> None:
     """A RunRecord that measured device memory (torch's max allocated) becomes a memory row of runtime exatrain,
     predicted without the allocator allowance; CPU runs (a process's RSS) and failed runs are skipped."""
     from exatrain.accounting.engines import get_engine
-    from exatrain.plan import Measured, RunRecord, append_run_record
+    from exatrain.plan import Measured, RunRecord
+    from exatrain.records import append_run_record
     from exatrain.planner.estimate import estimate_plan
     from exatrain import api
 

@@ -81,7 +81,7 @@ def test_the_matrix_covers_every_kind_of_layout_the_trainer_runs() -> None:
     """Every pipeline schedule, every ZeRO stage over dp > 1, and each way parallel/build.py
     synchronises data-parallel gradients (none, ddp, allreduce after a pipeline, fsdp), with and
     without tensor parallelism, are traced above."""
-    from exatrain.plan import SCHEDULES
+    from exatrain.settings import SCHEDULES
     from exatrain.trainer.parallel.build import data_parallel_kind
     from tests.helpers.trace_matrix import plan_for
 

@@ -17,7 +17,8 @@ import torch
 from exatrain.catalog import get_model
 from exatrain.cli import main
 from exatrain.errors import TrainingStopped
-from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.records import read_run_records
 from exatrain.trainer import spawn
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.files import CheckpointError

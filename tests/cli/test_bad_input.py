@@ -27,7 +27,8 @@ import pytest
 
 from exatrain.catalog import get_model
 from exatrain.cli import main
-from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record
+from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape
+from exatrain.records import append_run_record
 
 
 def _unwritable() -> Path | None:

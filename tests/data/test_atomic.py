@@ -1,4 +1,4 @@
-"""The atomic JSON writer (plan.write_json_atomic) and reader (plan.read_json): a reader sees the old
+"""The atomic JSON writer (jsonio.write_json_atomic) and reader (jsonio.read_json): a reader sees the old
 file or the whole new one; the temporary file is unique, lies in the target's own directory and is
 gone after a failure; a directory target is refused with one line."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from exatrain.cli import main
 from exatrain.errors import UserError
-from exatrain.plan import read_json, write_json_atomic
+from exatrain.jsonio import read_json, write_json_atomic
 
 
 def tree(root: Path) -> set[str]:

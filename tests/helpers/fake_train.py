@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from exatrain.plan import Measured, Plan, RunRecord, append_run_record
+from exatrain.plan import Measured, Plan, RunRecord
+from exatrain.records import append_run_record
 from exatrain.tuning.sampler import layout_key, plan_params
 
 

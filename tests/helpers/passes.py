@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
-from exatrain.planner.cost import compute, experts
+from exatrain.planner.cost import compute
+from exatrain.planner.cost import moe as cost_moe
 from exatrain.planner.cost.coefficients import default_params
 
 
 def rank_params(plan) -> np.ndarray:
     """(1, pp) parameters one rank of each pipeline rank holds, routed experts included."""
-    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
+    dense, routed, _ = cost_moe.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
                                                  plan.layers_per_stage(), plan.ep)
     return (dense + routed).astype(float)
 

@@ -35,7 +35,8 @@ from exatrain.catalog import get_model
 from exatrain.engine_configs import export
 from exatrain.engine_configs.reading import read_launch
 from exatrain.errors import UserError
-from exatrain.plan import RECOMPUTE_MODULES, balanced_split, cp_comm_for
+from exatrain.plan import balanced_split
+from exatrain.settings import RECOMPUTE_MODULES, cp_comm_for
 
 SEEDS = 80  # plans drawn per target
 RUNTIME = {"megatron": "megatron-core", "deepspeed": "megatron-deepspeed", "torchtitan": "torchtitan"}

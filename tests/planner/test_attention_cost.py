@@ -17,15 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import Resolved
 from exatrain.accounting.engines import get_engine
 from exatrain.accounting.flops import layer_gemms
 from exatrain.catalog import get_cluster, get_model
 from exatrain.errors import UserError
-from exatrain.plan import RECOMPUTE
+from exatrain.settings import RECOMPUTE
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.calibrate import fit_attention
 from exatrain.planner.cost.coefficients import CostParams, default_params
-from exatrain.planner.cost.step import plan_stage_times, recomputed
+from exatrain.planner.cost.step import recomputed
+from exatrain.planner.plan_cost import plan_stage_times
 from exatrain.api import make_plan
 from exatrain.planner.estimate import estimate_plan
 
@@ -71,9 +73,8 @@ def test_context_parallel_rate_follows_the_keys():
     s, n = m.seq_len, m.seq_len / 4
     flops = 4.0 * (s / 4) * s * m.heads * m.head_dim
     assert ring == pytest.approx(flops / (1e15 * n / (n + 800.0)) + 4e-4, rel=1e-12)
-    from exatrain.planner.cost import experts
-    lt = experts.layer_times(m, 1, 1, moe=False, ep=1, cp=4, flash=True, sequence_parallel=False,
-                             dtype="bfloat16", dev=_dev(p))
+    from exatrain.planner.cost import layer as cost_layer
+    lt = cost_layer.layer_times(m, 1, 1, moe=False, ep=1, cp=4, sequence_parallel=False, dev=_dev(p), run=Resolved())
     assert lt.attention_core_fwd == pytest.approx(ring, rel=1e-12)
 
 

@@ -3,7 +3,7 @@ runtime's own kernel (``ActivationRules.flash_kernel``) in the estimate, the sta
 through the plan file, reaches the exports, and is refused with one line where it cannot apply.
 
 Broken on purpose and seen to fail here: ``planner.evaluate.evaluate`` ignoring its ``attention_kernel`` (the
-estimate, search and CLI tests); ``cost.step.plan_stage_times`` using the runtime's kernel only (the stage-times
+estimate, search and CLI tests); ``planner.plan_cost.plan_stage_times`` using the runtime's kernel only (the stage-times
 check); the kernel dropped from ``plan_at`` (the search test); the flash-attention refusal left out of
 ``rules.extension_problem`` (the CLI test); the Megatron export writing ``flash`` for every kernel (the export
 test)."""
@@ -21,10 +21,11 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.engine_configs.common import export
 from exatrain.errors import PlanError, UserError
-from exatrain.plan import ATTENTION_KERNELS, Plan
+from exatrain.plan import Plan
+from exatrain.settings import ATTENTION_KERNELS
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.planner.cost.step import plan_stage_times
+from exatrain.planner.plan_cost import plan_stage_times
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions
 from tests.helpers.plan_fields import check_round_trip

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from exatrain.catalog import get_cluster, get_model
-from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, append_run_record, read_run_records
+from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape
+from exatrain.records import append_run_record, read_run_records
 from exatrain.planner.cost.calibrate import error_stats, fit_gemm, fit_link, nelder_mead
 from exatrain.planner.cost.coefficients import default_params, load_calibration
-from exatrain.planner.cost.step import step_time
+from exatrain.planner.plan_cost import step_time
 from exatrain.planner.estimate import estimate_plan
 
 from tests.helpers.cli import run
@@ -233,7 +234,8 @@ def test_fp8_and_flash2_fits_are_their_ratios() -> None:
     """fp8_speedup: summed 16-bit over summed FP8 seconds; fa2_attn_ratio: default backend over FA2;
     a measured fp8_speedup replaces the catalog's peak ratio in the layer time."""
     from exatrain.catalog import get_cluster
-    from exatrain.planner.cost import calibrate, experts
+    from exatrain.planner.cost import calibrate
+    from exatrain.planner.cost import fp8 as cost_fp8
 
     pts = [{"m": 16, "n": 16, "k": 16, "seconds_16": 1.0, "seconds_fp8": 0.5},
            {"m": 32, "n": 32, "k": 32, "seconds_16": 3.0, "seconds_fp8": 1.5}]
@@ -242,6 +244,6 @@ def test_fp8_and_flash2_fits_are_their_ratios() -> None:
     assert calibrate.fit_fp8([]) == {} and calibrate.fit_flash2([]) == {}
     h100 = get_cluster("dgx-h100")
     prior = default_params("h100-sxm")
-    assert experts.fp8_speedup(h100, "bfloat16", prior.replace(fp8_speedup=None)) == pytest.approx(1978.9 / 989.4)
-    assert experts.fp8_speedup(h100, "bfloat16", prior) == prior.fp8_speedup is not None  # the fitted prior
-    assert experts.fp8_speedup(h100, "bfloat16", prior.replace(fp8_speedup=1.6)) == 1.6
+    assert cost_fp8.fp8_speedup(h100, "bfloat16", prior.replace(fp8_speedup=None)) == pytest.approx(1978.9 / 989.4)
+    assert cost_fp8.fp8_speedup(h100, "bfloat16", prior) == prior.fp8_speedup is not None  # the fitted prior
+    assert cost_fp8.fp8_speedup(h100, "bfloat16", prior.replace(fp8_speedup=1.6)) == 1.6

@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 
 from exatrain import rules
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine, plan_run, resolve_settings
 from exatrain.accounting.memory import memory_by_stage
 from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.catalog import get_cluster, get_model
-from exatrain.plan import RECOMPUTE, SCHEDULES
+from exatrain.settings import RECOMPUTE, SCHEDULES, RunSettings
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.pipeline import pipeline_times
 from exatrain.planner.cost.schedule import simulate
-from exatrain.planner.cost.step import TIME_FIELDS, simulate_plan
+from exatrain.planner.cost.step import TIME_FIELDS
+from exatrain.planner.plan_cost import simulate_plan
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
 from exatrain.planner.layouts import Layouts
@@ -48,11 +49,11 @@ def _offered(space, runtime: str, dtype: str, model, cluster, gb: int) -> np.nda
     """Indices of the space's candidates ``runtime`` runs: a ZeRO stage it offers, and no plan rule broken under it
     (the pipeline schedules it runs, DeepSpeed's ZeRO under a pipeline)."""
     names = [s for s, _ in space.options.schedules]
-    x = rules.layout(model, tp=space.tp, pp=space.pp, dp=space.dp, micro_batch=space.micro_batch, global_batch=gb,
-                     zero_stage=space.zero, recompute=space.recompute, sequence_parallel=space.sp,
-                     schedule=[names[v] for v in space.variant],
-                     interleave=[space.options.schedules[v][1] for v in space.variant], cluster=cluster,
-                     runtime=runtime)
+    x = rules.rule_inputs(rules.Shared(model, cluster=cluster, settings=RunSettings(runtime=runtime)), tp=space.tp,
+                         pp=space.pp, dp=space.dp, micro_batch=space.micro_batch, global_batch=gb,
+                         zero_stage=space.zero, recompute=space.recompute, sequence_parallel=space.sp,
+                         schedule=[names[v] for v in space.variant],
+                         interleave=[space.options.schedules[v][1] for v in space.variant])
     runs = ~np.any(list(rules.broken(x, scopes=("plan",)).values()), axis=0)
     return np.nonzero(np.isin(space.zero, get_engine(runtime).zero_stages(dtype)) & runs)[0]
 
@@ -94,11 +95,12 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
             idx = pool[rng.choice(pool.size, size=count, replace=pool.size < count)]
             mem = _memories(rt)
             lay = layouts_of(space).take(idx)
-            batch = evaluate(lay, model, cluster, cp, global_batch=gb, dtype=dtype, memory=mem, runtime=rt)
+            batch = evaluate(lay, model, cluster, cp, global_batch=gb, memory=mem,
+                             run=resolve_settings(RunSettings(runtime=rt), model, dtype=dtype))
             for row, i in enumerate(idx):
                 plan = plan_at(space, int(i), model, gb, cluster, dtype, True).replace(runtime=rt)
-                one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, dtype=dtype, memory=mem,
-                               runtime=plan.runtime)
+                one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, memory=mem,
+                               run=plan_run(plan))
                 for f in TIME_FIELDS:
                     assert _close(batch.time[f][row], one.time[f][0]), (plan, f, batch.time[f][row], one.time[f][0])
                 for kind in mem:
@@ -118,8 +120,8 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
     assert time.perf_counter() - t0 < 600  # a hang guard, not a speed test
 
 
-# Mixture of experts with ep, context parallelism and FP8 GEMMs (cost.experts): whole spaces with their
-# ep and cp candidates, one with an FP8 recipe.
+# Mixture of experts with ep, context parallelism and FP8 GEMMs (cost.layer, cost.moe, cost.context): whole spaces
+# with their ep and cp candidates, one with an FP8 recipe.
 EXTENDED = [
     ("mixtral-8x7b", "dgx-h100", 64, 256, "delayed"),
     ("llama3.1-8b-128k", "dgx-h100", 32, 16, ""),
@@ -138,11 +140,13 @@ def test_batch_equals_single_with_ep_cp_fp8() -> None:
         cp = default_params(cluster.device.name)
         idx = rng.choice(len(space), size=400, replace=False)
         lay = layouts_of(space).take(idx)
-        assert lay.fp8 == fp8
-        batch = evaluate(lay, model, cluster, cp, global_batch=gb, runtime="megatron-core")
+        assert space.options.fp8 == fp8
+        batch = evaluate(lay, model, cluster, cp, global_batch=gb,
+                         run=resolve_settings(RunSettings(runtime="megatron-core", fp8=fp8), model))
         for row, i in enumerate(idx):
             plan = plan_at(space, int(i), model, gb, cluster, "bfloat16", True)
-            one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, runtime="megatron-core")
+            one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb,
+                           run=plan_run(plan.replace(runtime="megatron-core")))
             for f in TIME_FIELDS:
                 assert _close(batch.time[f][row], one.time[f][0]), (plan, f, batch.time[f][row], one.time[f][0])
             assert _close(batch.memory_total["megatron-core"][row], one.memory_total["megatron-core"][0]), plan
@@ -168,8 +172,8 @@ def test_estimate_is_the_batch_of_one_and_memory_is_every_stages(space) -> None:
             assert rt == "llm-foundry" and name == "gpt-175b", (rt, name)
             continue
         idx = pool[rng.choice(pool.size, size=15, replace=False)]
-        batch = evaluate(layouts_of(sp).take(idx), model, cluster, cp, global_batch=gb, dtype=dtype,
-                         memory=_memories(rt), runtime=rt)
+        batch = evaluate(layouts_of(sp).take(idx), model, cluster, cp, global_batch=gb, memory=_memories(rt),
+                         run=resolve_settings(RunSettings(runtime=rt), model, dtype=dtype))
         for row, i in enumerate(idx):
             plan = plan_at(sp, int(i), model, gb, cluster, dtype, True).replace(runtime=rt).validate(cluster)
             est = estimate_plan(plan, cluster, cp)
@@ -196,8 +200,9 @@ def test_custom_stage_layers_batch_equals_single() -> None:
     rng = np.random.default_rng(1)
     for split in [(10, 2, 8, 4, 6, 6, 6, 6), (3, 9, 3, 9, 3, 9, 3, 9)]:
         sel = dataclasses.replace(lay.take(pick[rng.choice(pick.size, size=40, replace=False)]), stage_layers=split)
-        batch = evaluate(sel, model, cluster, cp, global_batch=256, memory=BOTH)
-        balanced = evaluate(dataclasses.replace(sel, stage_layers=()), model, cluster, cp, global_batch=256)
+        run = resolve_settings(RunSettings(), model)
+        batch = evaluate(sel, model, cluster, cp, global_batch=256, memory=BOTH, run=run)
+        balanced = evaluate(dataclasses.replace(sel, stage_layers=()), model, cluster, cp, global_batch=256, run=run)
         assert np.all(batch.time["step"] != balanced.time["step"])
         for row in range(len(sel)):
             plan = plan_at(space, int(np.nonzero((lay.tp == sel.tp[row]) & (lay.pp == sel.pp[row])
@@ -249,7 +254,7 @@ def test_pipeline_term_is_a_lower_bound_of_the_simulation_within_the_measured_ga
             plan = plan.replace(stage_layers=_random_split(rng, model.layers, plan.virtual_stages))
         plan = plan.validate(cluster)
         cp = default_params(cluster.device.name)
-        ev = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, dtype=dtype, memory=())
+        ev = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, memory=(), run=plan_run(plan))
         sim = simulate_plan(plan, cluster, cp).step_s
         gap = float(ev.pipeline_s[0]) / sim - 1
         assert gap <= 1e-12, (plan, gap)

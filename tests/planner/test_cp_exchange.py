@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import Resolved
 from exatrain.accounting import comms, context, memory
 from exatrain.accounting.engines import ENGINES, get_engine
 from exatrain.accounting.flops import layer_gemms
@@ -27,13 +28,17 @@ from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs import export
 from exatrain.errors import UserError
-from exatrain.planner.cost import experts, network
+from exatrain.planner.cost import network
+from exatrain.planner.cost import context as cost_context
+from exatrain.planner.cost import layer as cost_layer
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.compute import device_for, flash_attention_s
 from exatrain.planner.estimate import estimate_plan
-from exatrain.plan import CP_COMM_RUNTIMES, Plan
+from exatrain.plan import Plan
+from exatrain.settings import CP_COMM_RUNTIMES
 from tests.helpers.cli import refused, refused_by_planner
 from tests.helpers.plan_fields import check_round_trip, trainer_refuses
+from tests.helpers.memory import rank_memory
 
 H100 = get_cluster("dgx-h100")
 LONG = get_model("llama3.1-8b-128k")  # 32 heads, 8 K,V heads of 128
@@ -59,7 +64,7 @@ def test_each_engine_offers_and_picks_its_own() -> None:
 
 def _exposed(exchange, attn_fwd=1e-3, cp=4, tp=2, b=1):
     params = default_params("h100-sxm")
-    return experts.cp_exposed_s(LONG, H100, params, b, tp, cp=cp, dtype="bfloat16", attn_fwd=attn_fwd,
+    return cost_context.cp_exposed_s(LONG, H100, params, b, tp, cp=cp, dtype="bfloat16", attn_fwd=attn_fwd,
                                 attn_bwd=2.5 * attn_fwd, exchange=exchange)
 
 
@@ -127,14 +132,14 @@ def test_kernel_calls_follow_the_exchange() -> None:
     assert calls == {"megatron-core": 8, "megatron-deepspeed": 1, "torchtitan": 8, "exatrain": 1}
     assert get_engine("megatron-core").cp_exchange("all_gather").kernel_calls(8) == 2
     assert get_engine("megatron-core").cp_exchange().kernel_calls(1) == 1
-    kw = dict(moe=False, ep=1, cp=8, flash=True, sequence_parallel=False, dtype="bfloat16", dev=dev)
+    kw = dict(moe=False, ep=1, cp=8, sequence_parallel=False, dev=dev, run=Resolved())
     core = [g for g in layer_gemms(LONG, 1, 1, moe=False, ep=1, cp=8, sequence_parallel=False)
             if g.name.startswith("attn_")]
     for n in (1, 2, 8):
-        lt = experts.layer_times(LONG, 1, 1, cp_calls=n, **kw)
+        lt = cost_layer.layer_times(LONG, 1, 1, cp_calls=n, **kw)
         assert lt.attention_core_fwd == pytest.approx(flash_attention_s(core, dev, calls=n)[0])
     # fewer, longer calls run the kernel at a better rate
-    assert experts.layer_times(LONG, 1, 1, cp_calls=1, **kw).fwd < experts.layer_times(LONG, 1, 1, **kw).fwd
+    assert cost_layer.layer_times(LONG, 1, 1, cp_calls=1, **kw).fwd < cost_layer.layer_times(LONG, 1, 1, **kw).fwd
 
 
 def test_the_plan_carries_its_choice(tmp_path) -> None:
@@ -155,8 +160,8 @@ def test_memory_counts_the_exchange_s_working_set() -> None:
     kw = dict(dtype="bfloat16", zero_stage=1, recompute="selective", sequence_parallel=True, flash=True, tp=2,
               dp=1, micro_batch=1, pp=1, interleave=1, params_here=4e9, layers_here=32, inflight_mb=1, is_last=True,
               cp=4)
-    *_, other_a2a = memory.rank_memory(LONG, cp_comm="a2a", **kw)
-    *_, other_ring = memory.rank_memory(LONG, cp_comm="p2p", **kw)
+    *_, other_a2a = rank_memory(LONG, cp_comm="a2a", **kw)
+    *_, other_ring = rank_memory(LONG, cp_comm="p2p", **kw)
     diff = context.cp_buffer_bytes(LONG, 1, 2, 4, comm="a2a") - context.cp_buffer_bytes(LONG, 1, 2, 4, comm="p2p")
     assert other_a2a - other_ring == pytest.approx(diff * (1 + memory.FRAGMENTATION_ALLOWANCE))
 
@@ -167,7 +172,7 @@ def test_a_windowed_model_needs_an_exchange_that_runs_windows(capsys) -> None:
                        "--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--cp", "2",
                        "--global-batch", "16", "--runtime", "megatron-core", "--cp-comm", "p2p")
     windows_only = get_model("gpt-oss-20b").replace(attention_sinks=False)
-    from exatrain.rules import cp_comm_problem
+    from exatrain.settings import cp_comm_problem
 
     assert cp_comm_problem("p2p", "megatron-core", windows_only) == (
         "megatron-core's p2p context parallelism does not run sliding-window attention, which gpt-oss-20b has: use "

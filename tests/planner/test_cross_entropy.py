@@ -32,7 +32,8 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.engine_configs.common import export
 from exatrain.errors import PlanError
-from exatrain.plan import CROSS_ENTROPY, Plan
+from exatrain.plan import Plan
+from exatrain.settings import CROSS_ENTROPY
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions

@@ -22,7 +22,7 @@ from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.errors import PlanError, UserError
-from exatrain.plan import ELEMENTWISE
+from exatrain.settings import ELEMENTWISE
 from exatrain.planner.cost import compute
 from tests.helpers.plan_fields import check_round_trip
 

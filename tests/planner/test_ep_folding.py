@@ -4,9 +4,9 @@ ranks its groups span, what each rank keeps, and the search that offers it.
 Broken on purpose to see these tests fail (each then reverted):
   * ``rules.ep_fits`` without the folded case (ep | dp for megatron-core too): the rules, memory and
     search tests and the published-row test (tests/bench/test_prediction_error.py) fail;
-  * ``cost.experts.ep_span`` / ``edp_span`` pricing a folded group as if it were strided by tp*cp
+  * ``cost.cost_moe.ep_span`` / ``edp_span`` pricing a folded group as if it were strided by tp*cp
     inside dp: the span test fails (63 ranks instead of 32 for tp 2, dp 16, ep 32);
-  * ``cost.experts.a2a_time_s`` counting a folded group's members per node as gpus_per_node //
+  * ``cost.cost_moe.a2a_time_s`` counting a folded group's members per node as gpus_per_node //
     (tp*cp) (4 instead of 8): the all-to-all test fails;
   * ``accounting.moe.expert_dp`` as dp / ep (leaving tp and cp out): the memory test fails;
   * ``search.space.enumerate_space`` not passing its runtime to the rules: the search test fails.
@@ -21,7 +21,8 @@ from exatrain.accounting.params import layer_params, stage_layer_kinds, stage_pa
 from exatrain.catalog import get_cluster, get_model
 from exatrain.errors import PlanError
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.planner.cost import experts
+from exatrain.planner.cost import moe as cost_moe
+from exatrain.accounting import moe as moe_acc
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search.search import search
@@ -117,33 +118,33 @@ def test_folded_groups_span_the_ranks_megatron_core_gives_them(tp, cp, dp, ep) -
     the edp group is the ranks ep apart; ``ep_span``/``edp_span`` are the spans of those groups."""
     ep_groups, edp_groups = _megatron_expert_groups(tp, cp, dp, ep)
     span = lambda g: max(g) - min(g) + 1  # noqa: E731
-    assert dp % ep != 0 and experts.folded(dp, ep)
-    assert int(experts.ep_span(tp, cp, ep, dp)) == max(span(g) for g in ep_groups) == ep
-    assert int(experts.edp_span(tp, dp, cp, ep)) == max(span(g) for g in edp_groups)
+    assert dp % ep != 0 and cost_moe.folded(dp, ep)
+    assert int(cost_moe.ep_span(tp, cp, ep, dp)) == max(span(g) for g in ep_groups) == ep
+    assert int(cost_moe.edp_span(tp, dp, cp, ep)) == max(span(g) for g in edp_groups)
     for g in ep_groups:  # consecutive ranks: whole tp groups when ep >= tp, part of one when ep < tp
         assert g == list(range(g[0], g[0] + ep))
         assert len({r % tp for r in g}) == min(tp, ep)
     # inside dp (ep | dp) the spans are what they were: ep dp ranks strided by tp*cp
     inner = 2 if dp % 2 == 0 else 1
-    assert int(experts.ep_span(tp, cp, inner, dp)) == (inner - 1) * tp * cp + 1 == int(experts.ep_span(tp, cp, inner))
+    assert int(cost_moe.ep_span(tp, cp, inner, dp)) == (inner - 1) * tp * cp + 1 == int(cost_moe.ep_span(tp, cp, inner))
 
 
 def test_folded_all_to_all_goes_over_the_node_then_the_network() -> None:
-    """One all-to-all of a folded group, by hand (``cost.experts`` module doc): ep 32 over 4 DGX
+    """One all-to-all of a folded group, by hand (``cost.moe`` module doc): ep 32 over 4 DGX
     nodes has 7 peers on its node (NVLink) and 24 beyond (the network); ep 8 at tp 2 · dp 4 is one
     node's 8 consecutive ranks, all on NVLink (the strided placement would have reached 15 ranks)."""
     m, params = get_model("qwen3-30b-a3b"), default_params(H100.device.name)
     node, net = H100.tiers[0], H100.network
-    msg = experts.moe_acc.a2a_message_bytes(m, 1, 2, sequence_parallel=True, cp=1,
-                                            capacity_factor=experts.LOAD_IMBALANCE)
+    msg = moe_acc.a2a_message_bytes(m, 1, 2, sequence_parallel=True, cp=1,
+                                            capacity_factor=moe_acc.LOAD_IMBALANCE)
     eff = params.link_eff
-    got = experts.a2a_time_s(m, H100, params, 1, 2, ep=32, cp=1, sequence_parallel=True, dtype="bfloat16", dp=16)
+    got = cost_moe.a2a_time_s(m, H100, params, 1, 2, ep=32, cp=1, sequence_parallel=True, dtype="bfloat16", dp=16)
     want = 31 * net.latency_s + max(7 * msg / 32 / (node.bytes_per_s * eff), 24 * msg / 32 / (net.bytes_per_s * eff))
     assert float(got) == pytest.approx(want, rel=1e-12)
-    got = experts.a2a_time_s(m, H100, params, 1, 2, ep=8, cp=1, sequence_parallel=True, dtype="bfloat16", dp=4)
+    got = cost_moe.a2a_time_s(m, H100, params, 1, 2, ep=8, cp=1, sequence_parallel=True, dtype="bfloat16", dp=4)
     assert float(got) == pytest.approx(7 * node.latency_s + 7 * msg / 8 / (node.bytes_per_s * eff), rel=1e-12)
     # inside dp the group is as before, whether or not dp is given
-    same = [experts.a2a_time_s(m, H100, params, 1, 2, ep=4, cp=1, sequence_parallel=True, dtype="bfloat16", **kw)
+    same = [cost_moe.a2a_time_s(m, H100, params, 1, 2, ep=4, cp=1, sequence_parallel=True, dtype="bfloat16", **kw)
             for kw in ({}, {"dp": 8})]
     assert float(same[0]) == float(same[1])
 

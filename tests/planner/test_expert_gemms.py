@@ -4,7 +4,7 @@ pay the per-call GEMM time once per local expert; torchtitan and exatrain's trai
 once per grouped GEMM. Exact differences in the layer time, and the step time's ordering.
 
 Broken on purpose and seen to fail here: Megatron-Core's profile set to "grouped" (the profile test),
-``experts.layer_times`` ignoring ``expert_gemms`` (the layer test), ``cost.step.stage_times`` not passing
+``cost_layer.layer_times`` ignoring ``expert_gemms`` (the layer test), ``cost.step.stage_times`` not passing
 the engine's ``expert_gemms`` on (the estimate test)."""
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import Resolved
 from exatrain import api
 from exatrain.accounting.engines import ENGINE_NAMES, get_engine
 from exatrain.catalog import get_cluster, get_model
-from exatrain.planner.cost import compute, experts
+from exatrain.planner.cost import compute
+from exatrain.planner.cost import fp8 as cost_fp8
+from exatrain.planner.cost import layer as cost_layer
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 
@@ -36,11 +39,11 @@ def test_per_expert_launches_pay_the_call_time_once_per_local_expert(fp8: str) -
     m, cluster = get_model("qwen3-30b-a3b"), get_cluster("dgx-h100")
     params = default_params(cluster.device.name)
     dev = compute.device_for(cluster, "bfloat16", params)
-    speed = experts.fp8_speedup(cluster, "bfloat16", params) if fp8 else 1.0
+    speed = cost_fp8.fp8_speedup(cluster, "bfloat16", params) if fp8 else 1.0
 
     def layer(how: str):
-        return experts.layer_times(m, 1, 1, moe=True, ep=16, cp=1, flash=True, sequence_parallel=False,
-                                   dtype="bfloat16", dev=dev, fp8=fp8, speedup=speed, expert_gemms=how)
+        return cost_layer.layer_times(m, 1, 1, moe=True, ep=16, cp=1, sequence_parallel=False, dev=dev,
+                                   run=Resolved(fp8=fp8, expert_gemms=how), speedup=speed)
 
     grouped, per_expert = layer("grouped"), layer("per_expert")
     extra = 2 * (m.experts // 16 - 1) * params.gemm_overhead_s
@@ -48,8 +51,8 @@ def test_per_expert_launches_pay_the_call_time_once_per_local_expert(fp8: str) -
     assert float(np.asarray(per_expert.fwd - grouped.fwd)) == pytest.approx(extra, rel=1e-9)
     assert float(np.asarray(per_expert.bwd - grouped.bwd)) == pytest.approx(2 * extra, rel=1e-9)
     # a dense layer has no expert GEMM: the same either way
-    dense = [experts.layer_times(m, 1, 1, moe=False, ep=16, cp=1, flash=True, sequence_parallel=False,
-                                 dtype="bfloat16", dev=dev, fp8=fp8, speedup=speed, expert_gemms=how).fwd
+    dense = [cost_layer.layer_times(m, 1, 1, moe=False, ep=16, cp=1, sequence_parallel=False, dev=dev,
+                                 run=Resolved(fp8=fp8, expert_gemms=how), speedup=speed).fwd
              for how in ("grouped", "per_expert")]
     assert float(np.asarray(dense[0])) == float(np.asarray(dense[1]))
 

@@ -25,6 +25,7 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.errors import UserError
 from exatrain.plan import Plan
+from exatrain.planner import plan_cost
 from exatrain.planner.cost import network, step
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
@@ -52,11 +53,10 @@ def test_the_gathers_send_the_gemm_weights_at_one_byte() -> None:
     gemm = L * gemm_weights(LLAMA, False, 1)
     dense, routed = step.fp8_gathered_params(LLAMA, np.array([1]), np.array([L]), 1)
     assert float(dense[0, 0]) == pytest.approx(gemm) and float(routed[0, 0]) == 0.0
-    from exatrain.accounting.engines import get_engine
+    from exatrain.accounting.engines import Resolved, get_engine
 
     kw = dict(tp=np.array([[1]]), pp=1, dp=np.array([[n]]), zero_stage=3, params_here=params,
-              num_microbatches=np.array([[1]]), dtype="bfloat16", engine=get_engine("torchtitan"), split=True,
-              pipeline_end=True)
+              num_microbatches=np.array([[1]]), run=Resolved(engine=get_engine("torchtitan")), pipeline_end=True)
     red16, gat16 = step.dp_collective_times(H100, cp, LLAMA, **kw)
     red8, gat8 = step.dp_collective_times(H100, cp, LLAMA, fp8_gathered=(dense, routed), **kw)
     assert np.asarray(red8).item() == np.asarray(red16).item()
@@ -181,7 +181,7 @@ def test_torchtitans_tensorwise_fp8_all_gathers_the_tp_inputs_in_fp8(recompute) 
     def tp_times(fp8, runtime="torchtitan"):
         plan = make_plan(LLAMA, H100, gpus=16, tp=4, micro_batch=1, global_batch=16, zero=1 if runtime != "torchtitan"
                          else 3, fp8=fp8, runtime=runtime, recompute=recompute, sequence_parallel=True)
-        st = step.plan_stage_times(plan, H100, default_params("h100-sxm"), overlap="none")
+        st = plan_cost.plan_stage_times(plan, H100, default_params("h100-sxm"), overlap="none")
         return float(st.tp_fwd[0].sum()), float(st.tp_bwd[0].sum())
 
     msg = 1 * LLAMA.seq_len * LLAMA.hidden * 2  # micro-batch 1, bf16

@@ -25,7 +25,7 @@ from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.overlap import engine_collectives
-from exatrain.planner.cost.step import plan_stage_times
+from exatrain.planner.plan_cost import plan_stage_times
 from exatrain.planner.estimate import estimate_plan
 
 A100, H100 = get_cluster("dgx-a100"), get_cluster("dgx-h100")
@@ -150,12 +150,13 @@ def test_contention_slows_compute_by_its_share_of_the_hidden_collectives() -> No
     than with 0 by c times the hidden data-parallel seconds; with nothing to communicate (dp 1) nothing changes."""
     plan = _plan(model="llama3-8b", dp=8, mb=2, gb=16)
     p = default_params("h100-sxm")
+    from exatrain.accounting.engines import plan_run
     from exatrain.planner.evaluate import evaluate
     from exatrain.planner.layouts import Layouts
 
     def run(c):
         ev = evaluate(Layouts.from_plan(plan), plan.model, H100, p.replace(comm_contention=c),
-                      global_batch=plan.global_batch, memory=(), runtime=plan.runtime, by_rank=True)
+                      global_batch=plan.global_batch, memory=(), run=plan_run(plan), by_rank=True)
         return ev.time, ev.hidden
 
     t0, h0 = run(0.0)

@@ -5,7 +5,7 @@ linear GEMMs).
 
 Broken on purpose and seen to fail here: the traffic term dropped from ``gemm_time_s`` (the scores test),
 ``in_bytes`` ignored, operands always read at 2 bytes (the FP8 operand test), the FP8 layer's GEMMs priced
-with 16-bit operands in ``experts.layer_times`` (the FP8 layer test), the arithmetic term dropped (the
+with 16-bit operands in ``cost_layer.layer_times`` (the FP8 layer test), the arithmetic term dropped (the
 square GEMM test)."""
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import Resolved
 from exatrain.accounting.flops import Gemm, layer_gemms
 from exatrain.catalog import get_cluster, get_model
-from exatrain.planner.cost import compute, experts
+from exatrain.planner.cost import compute
+from exatrain.planner.cost import fp8 as cost_fp8
+from exatrain.planner.cost import layer as cost_layer
 from exatrain.planner.cost.coefficients import default_params
 
 
@@ -69,10 +72,10 @@ def test_an_fp8_layer_prices_its_linear_gemms_with_one_byte_operands() -> None:
     m, cluster = get_model("llama3-8b").replace(seq_len=512), get_cluster("dgx-h100")
     params = default_params(cluster.device.name)
     dev = compute.device_for(cluster, "bfloat16", params)
-    speed = experts.fp8_speedup(cluster, "bfloat16", params)
+    speed = cost_fp8.fp8_speedup(cluster, "bfloat16", params)
     fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speed)
-    t = experts.layer_times(m, 1, 8, moe=False, ep=1, cp=1, flash=True, sequence_parallel=True,
-                            dtype="bfloat16", dev=dev, fp8="current", speedup=speed)
+    t = cost_layer.layer_times(m, 1, 8, moe=False, ep=1, cp=1, sequence_parallel=True, dev=dev,
+                            run=Resolved(fp8="current"), speedup=speed)
     gemms = [g for g in layer_gemms(m, 1, 8, sequence_parallel=True) if not g.name.startswith("attn_")]
     expected = sum(compute.gemm_time_s(g, fast, in_bytes=1, out_bytes=2) for g in gemms)
     assert float(np.asarray(t.dense_gemm_fwd)) == pytest.approx(float(expected), rel=1e-12)

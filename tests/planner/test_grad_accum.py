@@ -20,8 +20,8 @@ from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs.megatron import deepspeed_config, render_megatron
 from exatrain.errors import UserError
-from exatrain.plan import GRAD_ACCUM, GRAD_ACCUM_RUNTIMES
-from exatrain.planner.cost import experts
+from exatrain.settings import GRAD_ACCUM, GRAD_ACCUM_RUNTIMES
+from exatrain.planner import plan_cost
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refused_by_planner, saved_plan
@@ -104,8 +104,8 @@ def test_deepspeed_adds_later_micro_batches_into_its_bf16_grads(zero: int, adds:
 
 
 def test_the_bf16_optimizer_all_reduces_fp32_gradients() -> None:
-    fp32 = experts.comm_bytes(_plan("megatron-deepspeed", "float32"))["dp"]
-    bf16 = experts.comm_bytes(_plan("megatron-deepspeed"))["dp"]
+    fp32 = plan_cost.comm_bytes(_plan("megatron-deepspeed", "float32"))["dp"]
+    bf16 = plan_cost.comm_bytes(_plan("megatron-deepspeed"))["dp"]
     # ZeRO-1 in bf16: reduce-scatter 2 bytes + all-gather 2 bytes a parameter (ring: (d-1)/d each); the
     # BF16_Optimizer: all-reduce 4 bytes (2 (d-1)/d) + the same all-gather: (8 + 2) / (2 + 2)
     assert fp32 / bf16 == pytest.approx(10 / 4, rel=1e-3)
@@ -153,7 +153,7 @@ def test_the_trainer_refuses_bf16_accumulation_and_the_search_carries_it() -> No
 
 def test_the_timeline_replays_the_same_pass() -> None:
     # the per-stage seconds the schedule simulator replays carry the pass as the step time does
-    from exatrain.planner.cost.step import plan_stage_times
+    from exatrain.planner.plan_cost import plan_stage_times
 
     plan = _plan("megatron-deepspeed", "float32", gpus=16, pp=2)
     params = default_params(A100.device.name)

@@ -4,7 +4,7 @@ the bytes of the pass a plan without the fusion pays, its step time and timeline
 
 Broken on purpose and seen to fail here: the accumulator counted read only, not read and written (the closed-form
 test), the pass divided by a step's 4 micro-batches, as if paid once a step (the step test), ``evaluate``
-dropping the switch on its way to ``step_times`` (the step test), ``plan_engine`` ignoring it (the step test's
+dropping the switch on its way to ``step_times`` (the step test), ``EngineProfile.resolve`` ignoring it (the step test's
 notes), the rule offering it to torchtitan (the closed-form test), the Megatron export without the flag (the
 export test), the trainer's refusal dropped (the trainer test)."""
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exatrain.accounting.engines import ENGINE_NAMES, engine_variant, get_engine
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine, resolve_settings
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs.common import export
 from exatrain.engine_configs.megatron import render_megatron
 from exatrain.errors import UserError
-from exatrain.plan import GRAD_ACCUM_FUSION_RUNTIMES
+from exatrain.settings import GRAD_ACCUM_FUSION_RUNTIMES, RunSettings
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refused_by_planner, saved_plan
@@ -33,6 +33,11 @@ def _plan(fusion: str = "", runtime: str = "megatron-core", **kw):
     args = dict(gpus=16, tp=1, pp=1, micro_batch=1, global_batch=64, zero=1, recompute="full", runtime=runtime)
     args.update(kw)
     return make_plan("llama3-8b", A100, grad_accum_fusion=fusion or None, **args)
+
+
+def engine_variant(runtime: str, grad_accum: str = "", fusion: str = ""):
+    """The runtime's profile as a plan with these settings runs it (``EngineProfile.resolve``)."""
+    return resolve_settings(RunSettings(runtime=runtime, grad_accum=grad_accum, grad_accum_fusion=fusion)).engine
 
 
 def test_the_pass_reads_the_fresh_gradient_and_reads_and_writes_the_accumulator() -> None:
@@ -71,7 +76,7 @@ def test_the_step_pays_the_pass_every_micro_batch() -> None:
 
 
 def test_the_timeline_replays_the_same_pass() -> None:
-    from exatrain.planner.cost.step import plan_stage_times
+    from exatrain.planner.plan_cost import plan_stage_times
 
     plan = _plan("off", pp=2)
     params = default_params(A100.device.name)

@@ -119,7 +119,7 @@ def _independent_verdicts(model, cluster, gpus, gb, runtime):
     """Each legal layout's verdict from the batch path's memory and the fixture's band, counted here."""
     m, c = get_model(model), get_cluster(cluster)
     space = enumerate_space(m, c, gpus, gb, runtime=runtime)
-    res = batch.evaluate(space, m, c, gb, default_params(c.device.name), runtime=runtime)
+    res = batch.evaluate_space(space, m, c, gb, default_params(c.device.name), runtime=runtime)
     p, cap = res.memory_total, c.device.hbm_bytes
     return int((p * 0.9 > cap).sum()), int(((p * 0.9 <= cap) & (p * 1.2 >= cap)).sum()), int((p * 1.2 < cap).sum())
 

@@ -17,7 +17,7 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.plan import Plan
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.planner.cost.experts import a2a_time_s, dedup_copies
+from exatrain.planner.cost.moe import a2a_time_s, dedup_copies
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions

@@ -9,16 +9,18 @@ import dataclasses
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import Resolved
 from exatrain.accounting.flops import model_flops_per_step
 from exatrain.accounting.fp8 import Fp8Recipe
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.accounting.memory import inflight_microbatches, rank_memory
+from exatrain.accounting.memory import inflight_microbatches
 from exatrain.accounting.params import stage_layer_kinds, stage_params_split
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.plan import ParallelDims
-from exatrain.planner.cost.experts import LOAD_IMBALANCE
+from exatrain.accounting.moe import LOAD_IMBALANCE
+from tests.helpers.memory import rank_memory
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions, enumerate_space
@@ -159,16 +161,18 @@ def test_fp8_casts_cost_memory_traffic_by_recipe() -> None:
     current scaling; so a layer's forward under current scaling takes exactly 2 bytes per cast element
     longer. (Broken on purpose: with one price for every recipe this failed.)"""
     from exatrain.accounting.flops import layer_gemms
-    from exatrain.planner.cost import compute, experts
+    from exatrain.planner.cost import compute
+    from exatrain.planner.cost import fp8 as cost_fp8
+    from exatrain.planner.cost import layer as cost_layer
 
     m, cl = get_model("llama3-8b"), H100
     dev = compute.device_for(cl, "bfloat16", default_params(cl.device.name))
-    sp = experts.fp8_speedup(cl, "bfloat16", dev.params)
-    t = {r: experts.layer_times(m, 2, 4, moe=False, ep=1, cp=1, flash=True, sequence_parallel=True,
-                                dtype="bfloat16", dev=dev, fp8=r, speedup=sp) for r in ("delayed", "current", "block")}
+    sp = cost_fp8.fp8_speedup(cl, "bfloat16", dev.params)
+    t = {r: cost_layer.layer_times(m, 2, 4, moe=False, ep=1, cp=1, sequence_parallel=True, dev=dev,
+                                run=Resolved(fp8=r), speedup=sp) for r in ("delayed", "current", "block")}
     cast = sum(g.m * g.k * g.count for g in layer_gemms(m, 2, 4, sequence_parallel=True)
                if g.name not in ("attn_scores", "attn_values", "router"))
-    assert experts.CAST_BYTES == {"delayed": 4.0, "current": 6.0, "block": 4.0, "mxfp8": 4.0}
+    assert cost_fp8.CAST_BYTES == {"delayed": 4.0, "current": 6.0, "block": 4.0, "mxfp8": 4.0}
     assert t["current"].fwd - t["delayed"].fwd == pytest.approx(compute.elementwise_time_s(2.0 * cast, dev))
     assert t["block"].fwd == pytest.approx(t["delayed"].fwd)
 

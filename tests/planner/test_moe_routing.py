@@ -1,12 +1,12 @@
 """How evenly a MoE layer's tokens reach the experts (``Plan.moe_capacity_factor``,
-``Plan.moe_force_balance``; ``cost.experts.moe_load``): the load the busiest expert rank is priced at, what
+``Plan.moe_force_balance``; ``accounting.moe.moe_load``): the load the busiest expert rank is priced at, what
 it scales (expert GEMMs, all-to-all bytes and time, dispatch memory) and what it leaves alone, and the
 setting through the plan file, the search, the exports, the CLI's and the trainer's refusals and the
 published-runs benchmark's ``moe_routing`` column.
 
 Broken on purpose and seen to fail here: ``moe_load`` returning LOAD_IMBALANCE under forced balance (the
 load and scaling tests); the routed copies' element-wise bytes left at LOAD_IMBALANCE in
-``experts.layer_times`` (the scaling test's expert-compute ratio); the load dropped from
+``cost_layer.layer_times`` (the scaling test's expert-compute ratio); the load dropped from
 ``search.batch`` (the search test: the ranked plan's step differs from its own estimate); the Megatron
 export without ``--moe-pad-expert-input-to-capacity`` (the export test); the benchmark reading the column
 as always dropless (the column test)."""
@@ -25,7 +25,10 @@ from exatrain.errors import UserError
 from exatrain.plan import Plan
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.planner.cost.experts import LOAD_IMBALANCE, a2a_time_s, layer_times, moe_load
+from exatrain.accounting.engines import Resolved
+from exatrain.accounting.moe import LOAD_IMBALANCE, moe_load
+from exatrain.planner.cost.moe import a2a_time_s
+from exatrain.planner.cost.layer import layer_times
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions
@@ -60,13 +63,14 @@ def test_the_load_scales_expert_compute_and_all_to_all_only() -> None:
     dropless = float(a2a_time_s(QWEN, H100, p, ep=16, **kw))
     assert (dropless - lat) / (even - lat) == pytest.approx(LOAD_IMBALANCE, rel=1e-9)
     dev = compute.device_for(H100, "bfloat16", p)
-    lt = dict(moe=True, ep=16, cp=1, flash=True, sequence_parallel=False, dtype="bfloat16")
+    lt = dict(moe=True, ep=16, cp=1, sequence_parallel=False)
 
     def fwd(load: float, **speeds) -> float:
-        return float(layer_times(QWEN, 1, 1, load=load, dev=dataclasses.replace(dev, **speeds), **lt).fwd)
+        return float(layer_times(QWEN, 1, 1, run=Resolved(moe_load=load), dev=dataclasses.replace(dev, **speeds),
+                                 **lt).fwd)
 
-    assert float(layer_times(QWEN, 1, 1, load=1.0, dev=dev, **lt).attention_core_fwd) == \
-        float(layer_times(QWEN, 1, 1, load=2.0, dev=dev, **lt).attention_core_fwd)
+    assert float(layer_times(QWEN, 1, 1, run=Resolved(moe_load=1.0), dev=dev, **lt).attention_core_fwd) == \
+        float(layer_times(QWEN, 1, 1, run=Resolved(moe_load=2.0), dev=dev, **lt).attention_core_fwd)
     # memory-bound part alone (GEMMs at no cost): the routed copies' bytes grow linearly with the load
     ew = {load: fwd(load, peak_flops=1e30) for load in (1.0, 1.25, 2.0)}
     assert ew[1.25] > ew[1.0] and (ew[2.0] - ew[1.0]) / (ew[1.25] - ew[1.0]) == pytest.approx(4.0, rel=1e-9)
@@ -128,7 +132,7 @@ def test_plan_file_search_and_exports_carry_the_routing(tmp_path) -> None:
     for balance in (False, True):
         space = enumerate_space(QWEN, H100, 16, 64, SpaceOptions(ep=(16,), zero_stage=(1,), moe_force_balance=balance),
                                 runtime="megatron-core")
-        ev = batch.evaluate(space, QWEN, H100, 64, p, runtime="megatron-core")
+        ev = batch.evaluate_space(space, QWEN, H100, 64, p, runtime="megatron-core")
         for i in range(min(4, len(space))):
             one = plan_at(space, i, QWEN, 64, H100, "bfloat16", True).replace(runtime="megatron-core").validate(H100)
             assert one.moe_force_balance == balance

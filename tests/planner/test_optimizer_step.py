@@ -23,7 +23,7 @@ from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster
 from exatrain.engine_configs.common import export
 from exatrain.errors import UserError
-from exatrain.plan import ADAM_KERNEL_RUNTIMES
+from exatrain.settings import ADAM_KERNEL_RUNTIMES
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refused_by_planner, saved_plan

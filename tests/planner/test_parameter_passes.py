@@ -34,8 +34,8 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.step import (CAST_BYTES_FP32_BF16, COPY_BYTES_BF16, COPY_BYTES_FP32,
-                                        GRAD_ADD_BYTES_BF16_INTO_FP32, GRAD_ADD_BYTES_FP32, cast_params,
-                                        plan_stage_times)
+                                        GRAD_ADD_BYTES_BF16_INTO_FP32, GRAD_ADD_BYTES_FP32, cast_params)
+from exatrain.planner.plan_cost import plan_stage_times
 from exatrain.planner.estimate import estimate_plan
 from exatrain.trainer.model import Transformer
 from exatrain.trainer.parallel.activation import apply_activation_checkpointing

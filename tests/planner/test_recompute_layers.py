@@ -35,7 +35,7 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs import export
 from exatrain.plan import Plan
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.planner.cost.step import plan_stage_times
+from exatrain.planner.plan_cost import plan_stage_times
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refusals, run
 from tests.helpers.plan_fields import trainer_refuses
@@ -65,7 +65,7 @@ def test_time_moves_linearly_between_none_and_full() -> None:
         same = plan_stage_times(_plan(recompute="full", recompute_layers=n), H100, params, overlap="none")
         np.testing.assert_allclose(same.bwd, full.bwd, rtol=1e-12)
     # a plan's own step time (calibration's path) reads the plan's layers as the estimate does
-    from exatrain.planner.cost.step import step_time
+    from exatrain.planner.plan_cost import step_time
 
     five = _plan(recompute="full", recompute_layers=5)
     assert step_time(five, H100, params)[0].step == estimate_plan(five, H100, params).time_s.step
@@ -103,7 +103,7 @@ def test_bytes_repeat_the_rerun_layers_only() -> None:
                                                    dtype="bfloat16", moe_layers=48, num_microbatches=1,
                                                    rerun=0.25) if c.kind == "all_to_all")
     assert a2a.count == 2 * 2.25 * 48
-    from exatrain.planner.cost.experts import comm_bytes
+    from exatrain.planner.plan_cost import comm_bytes
 
     assert comm_bytes(moe)["ep"] < comm_bytes(moe.replace(recompute_layers=0))["ep"]
 
@@ -162,7 +162,7 @@ def test_plan_file_export_and_trainer(tmp_path) -> None:
 
 
 def test_one_in_n_counts_over_a_ranks_stages() -> None:
-    from exatrain.plan import full_rerun_layers
+    from exatrain.settings import full_rerun_layers
 
     # one stage of 32 layers, one in 2: 16; in 3: 10 (the 3rd, 6th, ..., 30th)
     assert full_rerun_layers((32,), 1, every=2) == (16,) and full_rerun_layers((32,), 1, every=3) == (10,)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from exatrain.accounting.engines import Resolved
 from exatrain.accounting import memory, moe as moe_acc
 from exatrain.accounting.context import kv_width
 from exatrain.accounting.flops import hardware_flops_per_step, layer_gemms, model_flops_per_step
@@ -31,10 +32,14 @@ from exatrain.api.plans import make_plan, space_options
 from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs import export
 from exatrain.errors import UserError
-from exatrain.plan import Plan, recompute_modules_of
-from exatrain.planner.cost import compute, experts
+from exatrain.plan import Plan
+from exatrain.settings import recompute_modules_of
+from exatrain.planner.cost import compute
+from exatrain.planner.cost import layer as cost_layer
+from exatrain.planner.cost import recompute as cost_recompute
+from exatrain.planner import plan_cost
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.planner.cost.step import plan_stage_times
+from exatrain.planner.plan_cost import plan_stage_times
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refusals, run
 from tests.helpers.plan_fields import trainer_refuses
@@ -114,10 +119,10 @@ def _dev(cluster=H100, gpus=8):
 
 def test_core_attn_alone_is_the_default() -> None:
     dev = _dev()
-    lt = experts.layer_times(DSV3, 1, 2, moe=True, ep=8, cp=1, flash=True, sequence_parallel=True,
-                             dtype="bfloat16", dev=dev)
-    rerun = experts.module_rerun_s(DSV3, 1, 2, moe=True, ep=8, cp=1, sequence_parallel=True, dtype="bfloat16",
-                                   dev=dev, modules=("core_attn",), attention_core_fwd=lt.attention_core_fwd)
+    lt = cost_layer.layer_times(DSV3, 1, 2, moe=True, ep=8, cp=1, sequence_parallel=True, dev=dev, run=Resolved())
+    rerun = cost_recompute.module_rerun_s(DSV3, 1, 2, moe=True, ep=8, cp=1, sequence_parallel=True, dev=dev,
+                                   run=Resolved(recompute_modules=("core_attn",)),
+                                   attention_core_fwd=lt.attention_core_fwd)
     assert rerun == pytest.approx(lt.attention_core_fwd)
     plan = make_plan(LLAMA, H100, gpus=8, tp=2, sequence_parallel=True, recompute="selective",
                      runtime="megatron-core")
@@ -176,9 +181,9 @@ def test_bytes_count_the_reruns() -> None:
     mb, L = plan.num_microbatches, LLAMA.layers
     assert rs == [4 * L * mb, 5 * L * mb, 4 * L * mb]  # the layers' (the embedding's is one of its own)
     moe = make_plan(QWEN, H100, gpus=8, ep=8, global_batch=64, recompute="selective", runtime="megatron-core")
-    ep = experts.comm_bytes(moe)["ep"]
-    assert experts.comm_bytes(moe.replace(recompute_modules=("moe",)))["ep"] == pytest.approx(1.5 * ep)
-    assert experts.comm_bytes(moe.replace(recompute_modules=("moe_act",)))["ep"] == ep
+    ep = plan_cost.comm_bytes(moe)["ep"]
+    assert plan_cost.comm_bytes(moe.replace(recompute_modules=("moe",)))["ep"] == pytest.approx(1.5 * ep)
+    assert plan_cost.comm_bytes(moe.replace(recompute_modules=("moe_act",)))["ep"] == ep
 
 
 def test_modules_trade_memory_for_time_within_none_and_full() -> None:

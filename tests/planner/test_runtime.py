@@ -10,7 +10,8 @@ import pytest
 
 from exatrain import api
 from exatrain.accounting import comms
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.engines import ENGINE_NAMES, get_engine, resolve_settings
+from exatrain.settings import RunSettings
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.errors import UserError
@@ -145,8 +146,9 @@ def test_overlap_never_makes_a_step_shorter_than_its_compute(runtime) -> None:
             continue
         lay = layouts_of(space).take(rng.choice(len(space), size=min(200, len(space)), replace=False))
         cp = default_params(c.device.name)
-        t_all = evaluate(lay, m, c, cp, global_batch=gb, memory=(), runtime=runtime, overlap="all").time
-        t_none = evaluate(lay, m, c, cp, global_batch=gb, memory=(), runtime=runtime, overlap="none").time
+        run = resolve_settings(RunSettings(runtime=runtime), m)
+        t_all = evaluate(lay, m, c, cp, global_batch=gb, memory=(), run=run, overlap="all").time
+        t_none = evaluate(lay, m, c, cp, global_batch=gb, memory=(), run=run, overlap="none").time
         assert np.all(t_all["step"] >= t_all["compute"])
         assert np.all(t_all["step"] <= t_none["step"] * (1 + 1e-12))
         for t in (t_all, t_none):
@@ -273,7 +275,7 @@ def test_async_tp_hides_the_forward_collectives_only() -> None:
     passes. Seen to catch: the torchtitan profile's passes set back to "both" (its backward TP time then
     falls without recomputation); the rerun forward's collectives left exposed (the full-recompute case)."""
     from exatrain.catalog import get_cluster
-    from exatrain.planner.cost.step import plan_stage_times
+    from exatrain.planner.plan_cost import plan_stage_times
 
     assert overlap_rules("torchtitan", "all").tp_backward is False
     assert overlap_rules("megatron-core", "all").tp_backward is True
@@ -302,7 +304,8 @@ def test_ring_collectives_on_the_network_reach_net_eff_of_line_rate() -> None:
     """NCCL's rings over the NICs come within 0.92 of line rate (coefficients._IB_RING_EFF, cited),
     the node's NVLink ring at link_eff; an all-to-all keeps link_eff on both tiers. (Broken on purpose:
     with tier_arrays ignoring net_eff this failed.)"""
-    from exatrain.planner.cost import experts, network
+    from exatrain.planner.cost import moe as cost_moe
+    from exatrain.planner.cost import network
 
     c = get_cluster("dgx-h100")
     cp = default_params(c.device.name)
@@ -320,9 +323,9 @@ def test_ring_collectives_on_the_network_reach_net_eff_of_line_rate() -> None:
     assert cp.replace(net_eff=None).net_eff is None
     # the MoE all-to-all across nodes is priced as before: link_eff on the network
     m = get_model("mixtral-8x7b")
-    a2a = experts.a2a_time_s(m, c, cp, np.array([1]), np.array([1]), ep=16, cp=1, sequence_parallel=False,
+    a2a = cost_moe.a2a_time_s(m, c, cp, np.array([1]), np.array([1]), ep=16, cp=1, sequence_parallel=False,
                              dtype="bfloat16", dp=np.array([16]))
-    a2a_same = experts.a2a_time_s(m, c, cp.replace(net_eff=None), np.array([1]), np.array([1]), ep=16, cp=1,
+    a2a_same = cost_moe.a2a_time_s(m, c, cp.replace(net_eff=None), np.array([1]), np.array([1]), ep=16, cp=1,
                                   sequence_parallel=False, dtype="bfloat16", dp=np.array([16]))
     assert float(np.asarray(a2a).ravel()[0]) == float(np.asarray(a2a_same).ravel()[0])
 

@@ -10,7 +10,7 @@ import pytest
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.plan import RECOMPUTE
+from exatrain.settings import RECOMPUTE
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.memory_band import VERDICTS, layout_ratios, verdict_codes
 from exatrain.planner.search import batch
@@ -45,7 +45,7 @@ def test_space_rejections_by_hand() -> None:
 def test_batch_memory_and_time_equal_estimate(model, cluster, gpus, gb) -> None:
     m, c = get_model(model), get_cluster(cluster)
     space = enumerate_space(m, c, gpus, gb)
-    res = batch.evaluate(space, m, c, gb, default_params(c.device.name))
+    res = batch.evaluate_space(space, m, c, gb, default_params(c.device.name))
     # the search's verdict of every candidate (its memory band by ZeRO stage, recomputation, cp and ep) is the
     # estimate's
     low, high = layout_ratios(plan_at(space, 0, m, gb, c, "bfloat16", True), c, zero=space.zero,
@@ -67,7 +67,7 @@ def test_batch_trainer_memory_equals_estimate() -> None:
     m, c = get_model("llama3-8b"), get_cluster("dgx-h100")
     # cp pinned to 1: the per-tensor memory model counts dense layers without cp (estimate.trainer_memory_bytes)
     space = enumerate_space(m, c, 64, 256, SpaceOptions(cp=(1,)), runtime="exatrain")
-    res = batch.evaluate(space, m, c, 256, default_params(c.device.name), runtime="exatrain")
+    res = batch.evaluate_space(space, m, c, 256, default_params(c.device.name), runtime="exatrain")
     for i in np.random.default_rng(1).choice(len(space), size=40, replace=False):
         plan = plan_at(space, int(i), m, 256, c, "bfloat16", True).validate(c)
         est = estimate_plan(plan, c)

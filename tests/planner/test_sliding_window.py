@@ -21,7 +21,7 @@ from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.planner.cost import experts
+from exatrain.planner.cost import layer as cost_layer
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.compute import device_for, flash_attention_s
 from exatrain.planner.estimate import estimate_plan
@@ -85,7 +85,7 @@ def test_attention_time_prices_each_share_at_its_own_key_length() -> None:
     assert windowed.time_s.compute < whole.time_s.compute  # the communication is the same bytes (its exposed part
     # may differ: a shorter backward hides less of the gradient reduction)
     assert windowed.memory_bytes.total == whole.memory_bytes.total  # flash attention keeps no s x s scores
-    assert experts.extended(m, 1, "")
+    assert cost_layer.extended(m, 1, "")
 
 
 def test_split_calls_keep_a_windowed_shares_key_length() -> None:

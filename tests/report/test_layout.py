@@ -59,7 +59,7 @@ def plan_json(request, est_tiny_pp2: dict, est_1t: dict) -> dict:
 
 def test_memory_per_stage_reads_at_a_glance(plan_json: dict, drawn: dict, tmp_path: Path) -> None:
     plan = plan_from_json(plan_json, "test")
-    fig = memory.memory_by_stage(plan, tmp_path / "memory.png")
+    fig = memory.memory_by_stage_figure(plan, tmp_path / "memory.png")
     _check(drawn["memory"], "memory")
     ax = drawn["memory"].axes[0]
     worst = max(s["total"] for s in plan_json["memory_by_stage"])
@@ -117,7 +117,7 @@ def test_search_landscape_reads_at_a_glance(search_input, drawn: dict, tmp_path:
     _check(drawn["landscape"], "landscape")
     top = max(fig.numbers["memory_bytes"])
     assert fig.numbers["unit"] == ("GiB" if top >= 2**30 else "MiB")
-    memory_fig = memory.memory_by_stage(search_input.ranked[0], tmp_path / "memory.png")  # the best's memory
+    memory_fig = memory.memory_by_stage_figure(search_input.ranked[0], tmp_path / "memory.png")  # the best's memory
     assert memory_fig.numbers["worst_stage"] >= 0
     _check(drawn["memory"], "memory")
 

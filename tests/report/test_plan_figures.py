@@ -11,7 +11,7 @@ from exatrain.catalog import get_cluster
 from exatrain.plan import TimeBreakdown
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.report.inputs import plan_from_json
-from exatrain.report.memory import memory_by_stage
+from exatrain.report.memory import memory_by_stage_figure
 from exatrain.report.steptime import step_time_breakdown
 from exatrain.report.style import MEMORY_KINDS, TIME_TERMS
 from exatrain.report.timeline import pipeline_timeline
@@ -26,7 +26,7 @@ def _timeline(est: dict, path: Path):
 
 
 def test_memory_bars_are_the_estimates_bytes(est_1t: dict, tmp_path: Path) -> None:
-    fig = memory_by_stage(plan_from_json(est_1t, "test"), tmp_path / "m.png")
+    fig = memory_by_stage_figure(plan_from_json(est_1t, "test"), tmp_path / "m.png")
     stages = est_1t["memory_by_stage"]
     assert fig.numbers["stage"] == list(range(64)) and len(stages) == 64
     for kind in MEMORY_KINDS:

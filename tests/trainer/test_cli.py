@@ -14,7 +14,8 @@ import pytest
 
 from exatrain.catalog import get_model
 from exatrain.cli import main
-from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.records import read_run_records
 from exatrain.trainer import spawn
 
 

@@ -38,7 +38,7 @@ from tests.helpers.slurm_standins import install
 from tests.helpers.trainer_runs import config, lines, steps
 
 from exatrain.errors import RankFailed, RankHung
-from exatrain.plan import read_run_records
+from exatrain.records import read_run_records
 from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.health import SLOW_RANK_ENV
 from exatrain.trainer.spawn import launch_local

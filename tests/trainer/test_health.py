@@ -18,7 +18,8 @@ import pytest
 
 from exatrain.catalog import get_model
 from exatrain.errors import EXIT_STATUSES, Interrupted, RankFailed, RankHung, UserError
-from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape, read_run_records
+from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape
+from exatrain.records import read_run_records
 from exatrain.trainer import failures, health
 from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.health import RankMonitor, slow_ranks, summarize_windows

@@ -11,7 +11,7 @@ from exatrain.catalog import get_model, match_device
 from exatrain.errors import PlanError
 from exatrain.plan import MemoryBreakdown, ParallelDims, Plan, StepEstimate, TrainShape
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.metrics import StepMetrics, model_flops_per_step, peak_flops, summarize
+from exatrain.trainer.metrics import StepMetrics, plan_model_flops, peak_flops, summarize
 from exatrain.trainer.train import lr_factor
 
 
@@ -24,14 +24,14 @@ def test_model_flops_without_an_estimate_is_korthikanti_eq7() -> None:
     m = plan.model
     B, s, L, h, V = plan.global_batch, m.seq_len, m.layers, m.hidden, m.vocab
     eq7 = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
-    assert model_flops_per_step(plan) == pytest.approx(eq7, rel=1e-12)
+    assert plan_model_flops(plan) == pytest.approx(eq7, rel=1e-12)
 
 
 def test_model_flops_come_from_the_plans_estimate_when_it_has_one() -> None:
     mem = MemoryBreakdown()
     est = StepEstimate(params=1, params_by_stage=(1,), memory_bytes=mem, memory_by_stage=(mem,),
                        capacity_bytes=1, fits=True, model_flops_per_step=1.25e15)
-    assert model_flops_per_step(plan_for("gpt-tiny").with_estimate(est)) == 1.25e15
+    assert plan_model_flops(plan_for("gpt-tiny").with_estimate(est)) == 1.25e15
 
 
 def test_device_peaks() -> None:

@@ -47,8 +47,8 @@ from tests.helpers.progress_wait import finish, start, wait_for
 from tests.helpers.slurm_standins import install
 from tests.helpers.trainer_runs import steps
 
-from exatrain.plan import read_run_records
 from exatrain.procs import pid_alive
+from exatrain.records import read_run_records
 from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.health import STOP_MAX_S, STOP_MIN_S, RankMonitor, Stopped, Terminated
 
@@ -290,7 +290,8 @@ def test_the_launchers_report_imports_no_torch(tmp_path: Path) -> None:
 import json, sys, time
 from pathlib import Path
 from exatrain.catalog import get_model
-from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.records import read_run_records
 from exatrain.trainer import failures
 run_dir, metrics = Path({str(tmp_path / "ranks")!r}), Path({str(tmp_path / "m.jsonl")!r})
 run_dir.mkdir()

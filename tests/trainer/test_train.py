@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from exatrain.catalog import get_model
-from exatrain.plan import ParallelDims, Plan, TrainShape, read_run_records
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.records import read_run_records
 from exatrain.trainer.config import TrainConfig
 from exatrain.trainer.train import Trainer
 

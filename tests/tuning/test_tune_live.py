@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from exatrain.plan import Plan, read_run_records
+from exatrain.plan import Plan
+from exatrain.records import read_run_records
 
 from tests.helpers.progress_wait import finish, kill_group, start, wait_for
 from tests.helpers.slurm_standins import install  # (the srun stand-in the launch tests use)

@@ -23,7 +23,7 @@ Llama 3 report, arXiv 2407.21783, Sec. 3.3.2). Three ways to bring the keys and 
   heads on a rank (and the K,V heads) must divide by cp.
 
 How each engine runs them, and which it offers (``CpExchange``, ``accounting.engines``), decides what
-the step time exposes (``cost.experts.cp_exposed_s``).
+the step time exposes (``cost.context.cp_exposed_s``).
 
 The keys and values are what TE moves: kv_heads * head_dim each for standard/grouped-query
 attention; for latent attention the up-projected keys (heads * (head_dim + rope_head_dim)) and
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import CP_COMMS
+from exatrain.settings import CP_COMMS
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 
 # How many attention kernel calls a layer's core takes under cp (``cost.compute.flash_attention_s(calls=)``):
@@ -57,7 +57,7 @@ class CpExchange:
     (all_gather): the backward gathers K,V again rather than keeping the gathered copy; ``dkv_ring``
     (all_gather): dK,dV return block by block round the ring, each behind the next block's backward, rather
     than in one reduce-scatter. Which exchanges an engine offers, and which of them run sliding-window attention,
-    are plan.CP_COMM_RUNTIMES and plan.CP_COMMS_WITHOUT_WINDOWS (the rules read them there)."""
+    are settings.CP_COMM_RUNTIMES and settings.CP_COMMS_WITHOUT_WINDOWS (the rules read them there)."""
 
     comm: str
     switch: str

@@ -14,7 +14,9 @@ data with a one-line source each (the engine's own docs or code, or the ZeRO pap
 * the communications it can overlap with compute and the switches that turn that on (data for the
   cost model; nothing here reads them yet).
 
-``accounting.memory.rank_memory(..., engine=...)`` turns a profile into bytes per rank. The
+``EngineProfile.resolve`` turns a plan's run settings into what the engine runs (``Resolved``: the profile as the
+settings vary it, each "the runtime's own" made concrete), which ``accounting.memory.rank_memory`` turns into bytes
+per rank and the planner's cost model into seconds. The
 ``exatrain`` profile is the convention of ``accounting.memory``'s default path: its model states
 are the trainer's (fp32 parameters as master weights, ``state_bytes_per_param``, which
 ``trainer_memory`` also uses), its activations the lean per-layer count; the per-tensor model of
@@ -28,17 +30,19 @@ commit 9dec370.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from exatrain.accounting.context import CpExchange
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.errors import UserError
-from exatrain.plan import RUNTIMES, cp_comm_for
+from exatrain.accounting.fp8 import Fp8Recipe
+from exatrain.accounting.moe import moe_load
+from exatrain.settings import RUNTIMES, SETTINGS, RunSettings, cp_comm_for
 
-ENGINE_NAMES = RUNTIMES  # plan.RUNTIMES: the names a Plan.runtime may take
-# Bytes one AdamW update moves per parameter, by kernel (plan.ADAM_KERNELS). "fused" reads the fp32 parameter,
+ENGINE_NAMES = RUNTIMES  # settings.RUNTIMES: the names a Plan.runtime may take
+# Bytes one AdamW update moves per parameter, by kernel (settings.ADAM_KERNELS). "fused" reads the fp32 parameter,
 # gradient, exp_avg and exp_avg_sq and writes the parameter and both moments in one kernel (torch's
 # _fused_adamw_; apex's, Transformer Engine's and DeepSpeed's FusedAdam): 7 x 4. "foreach"
 # (torch.optim.AdamW(foreach=True), torch/optim/adamw.py _multi_tensor_adamw) runs the update as a chain of
@@ -130,10 +134,10 @@ class EngineProfile:
     # when no pipeline schedule defers it (False: once a step, after the last micro-batch)
     reduce_each_microbatch: bool = False
     reduce_each_microbatch_source: str = ""
-    # How its layers' element-wise ops run unless a plan says (plan.ELEMENTWISE; cost.compute.unfused_extra)
+    # How its layers' element-wise ops run unless a plan says (settings.ELEMENTWISE; cost.compute.unfused_extra)
     elementwise_default: str = "fused"
     elementwise_source: str = ""
-    # How its loss runs over the logits (plan.CROSS_ENTROPY), and whether compiling the model compiles the
+    # How its loss runs over the logits (settings.CROSS_ENTROPY), and whether compiling the model compiles the
     # loss too ("fused" where its element-wise ops are "fused")
     cross_entropy_default: str = "upcast"
     compiles_loss: bool = False
@@ -147,17 +151,17 @@ class EngineProfile:
     # over tp for their weight gradients (DTensor's PrepareModuleInput to Replicate) or their shards
     # (accounting.memory.layer_activation_bytes ``gathered_inputs``)
     sp_gathered_layer_inputs: bool = False
-    # The FP8 recipes (plan.FP8_RECIPES) under which its sequence-parallel all-gathers carry the GEMM inputs
+    # The FP8 recipes (settings.FP8_RECIPES) under which its sequence-parallel all-gathers carry the GEMM inputs
     # already cast to FP8, one byte an element (cost.step.stage_times ``fp8_tp_gather``)
     fp8_tp_gather: tuple[str, ...] = ()
     fp8_tp_gather_source: str = ""
     # How a MoE layer runs its local experts' GEMMs: "grouped", one kernel over all of them (torch's
-    # grouped_mm), or "per_expert", one GEMM launch per local expert (cost.experts.layer_times): the
+    # grouped_mm), or "per_expert", one GEMM launch per local expert (cost.layer.layer_times): the
     # fixed cost per GEMM call (CostParams.gemm_overhead_s) is paid experts/ep times a layer
     expert_gemms: str = "grouped"
     expert_gemms_source: str = ""
     # How it exchanges attention's operands under context parallelism (accounting.context.CpExchange), the
-    # first its default, in the order of plan.CP_COMM_RUNTIMES (which the rules read)
+    # first its default, in the order of settings.CP_COMM_RUNTIMES (which the rules read)
     cp_exchanges: tuple[CpExchange, ...] = ()
     # Bytes moved per parameter of a rank's stage, every micro-batch, to accumulate that micro-batch's
     # gradients outside the weight-gradient GEMMs, by gradient-accumulation dtype of bfloat16 training
@@ -168,7 +172,7 @@ class EngineProfile:
     # The gradient-accumulation dtypes under which its ZeRO-1 all-reduces the gradients (then all-gathers the
     # updated 16-bit parameters) instead of reduce-scattering them (cost.overlap.engine_collectives)
     allreduce_grads_accum: tuple[str, ...] = ()
-    # Where the engine lets a user take the accumulation out of the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION;
+    # Where the engine lets a user take the accumulation out of the weight-gradient GEMMs (settings.GRAD_ACCUM_FUSION;
     # "" where it offers no such choice), and whether this variant does (``with_grad_accum_fusion``): then every
     # micro-batch's backward ends in a pass over the stage's gradients that reads each fresh 16-bit weight
     # gradient and reads and writes its accumulator (``accum_pass``)
@@ -203,7 +207,7 @@ class EngineProfile:
     # (plans train in bf16 or fp32).
     step_pass_bytes: tuple[tuple[tuple[str, str], tuple[float, float, float]], ...] = ()
     step_pass_source: str = ""
-    # Its Adam kernel (ADAM_BYTES) unless a plan says (plan.ADAM_KERNELS), the switch a user sets it with ("" where
+    # Its Adam kernel (ADAM_BYTES) unless a plan says (settings.ADAM_KERNELS), the switch a user sets it with ("" where
     # the engine offers none), and whether it runs the fused kernel only over plain tensors on a GPU and the foreach
     # one elsewhere (exatrain: DTensor parameters, ZeRO-1's ZeroRedundancyOptimizer, the CPU)
     adam_default: str = "fused"
@@ -258,7 +262,7 @@ class EngineProfile:
         return np.where(plain & (not on_host), "fused", "foreach")
 
     def with_adam(self, kernel: str) -> "EngineProfile":
-        """The same engine running Adam's ``kernel`` (plan.ADAM_KERNELS; torchtitan's
+        """The same engine running Adam's ``kernel`` (settings.ADAM_KERNELS; torchtitan's
         --optimizer.implementation); "" keeps its own."""
         if not kernel:
             return self
@@ -268,13 +272,33 @@ class EngineProfile:
             raise UserError(f"engine {self.name!r} offers no choice of Adam kernel")
         return dataclasses.replace(self, adam_default=kernel)
 
+    def resolve(self, settings: RunSettings, model=None, *, dtype: str = "bfloat16", flash: bool = True
+                ) -> "Resolved":
+        """What this engine runs for ``settings`` (its runtime's) on ``model``: itself with their gradient
+        accumulation, its fusion and Adam kernel (``with_grad_accum``, ``with_grad_accum_fusion``, ``with_adam``), and
+        each setting that names nothing made its own (``settings.Setting.own``: element-wise ops, loss, attention
+        kernel, cp exchange)."""
+        given = settings
+        s = given.replace(**{x.name: x.own(self, given, model) for x in SETTINGS
+                             if x.own is not None and getattr(given, x.name) == x.default})
+        return Resolved(
+            dtype=dtype, flash=flash, runtime=self.name,
+            engine=self.with_grad_accum(s.grad_accum).with_grad_accum_fusion(s.grad_accum_fusion).with_adam(s.adam_kernel),
+            elementwise=s.elementwise, cross_entropy=s.cross_entropy, attention_kernel=s.attention_kernel,
+            cp_comm=s.cp_comm, cp_exchange=self.cp_exchange(given.cp_comm, model), moe_dispatcher=s.moe_dispatcher,
+            moe_load=moe_load(s.moe_capacity_factor, s.moe_force_balance), fp8=s.fp8,
+            fp8_recipe=Fp8Recipe(scaling=s.fp8, fp8_params=s.fp8_param_gather) if s.fp8 else None,
+            fp8_param_gather=s.fp8_param_gather, fp8_tp_gather=self.gathers_tp_in_fp8(s.fp8),
+            selective=self.activations.selective, expert_gemms=self.expert_gemms,
+            recompute_modules=tuple(s.recompute_modules), recompute_every=s.recompute_every, settings=s)
+
     def elementwise(self, chosen: str = "") -> str:
         """How a plan of this engine runs its element-wise ops: ``chosen`` (a plan's --elementwise,
-        plan.ELEMENTWISE) if given, else the engine's own (``elementwise_default``)."""
+        settings.ELEMENTWISE) if given, else the engine's own (``elementwise_default``)."""
         return chosen or self.elementwise_default
 
     def cross_entropy(self, chosen: str = "", elementwise: str = "") -> str:
-        """How a plan of this engine runs its loss over the logits (plan.CROSS_ENTROPY): ``chosen`` (a plan's
+        """How a plan of this engine runs its loss over the logits (settings.CROSS_ENTROPY): ``chosen`` (a plan's
         --cross-entropy) if given, else "fused" where the engine compiles its loss with its model and the
         plan's element-wise ops are compiled (``elementwise``, as ``elementwise()`` reads it), else its own
         (``cross_entropy_default``)."""
@@ -296,7 +320,7 @@ class EngineProfile:
         return recompute == "selective" and self.activations.selective == "per_op" and not moe
 
     def cp_exchange(self, chosen: str = "", model=None) -> CpExchange | None:
-        """How this engine runs context parallelism: the exchange ``plan.cp_comm_for`` picks (``chosen``, a
+        """How this engine runs context parallelism: the exchange ``settings.cp_comm_for`` picks (``chosen``, a
         plan's --cp-comm, if the engine offers it; else its first that runs ``model``'s sliding windows). A
         one-line UserError where it offers no ``chosen``."""
         if not self.cp_exchanges:  # an engine without context parallelism (the rules refuse cp > 1 for it)
@@ -306,7 +330,7 @@ class EngineProfile:
 
     def attention_kernel(self, chosen: str = "") -> str:
         """The flash-attention kernel a plan of this engine runs: ``chosen`` (a plan's --attention-kernel,
-        plan.ATTENTION_KERNELS) if given, else the engine's own (``ActivationRules.flash_kernel``)."""
+        settings.ATTENTION_KERNELS) if given, else the engine's own (``ActivationRules.flash_kernel``)."""
         return chosen or self.activations.flash_kernel
 
     def accum_dtype(self, dtype: str) -> str:
@@ -923,22 +947,53 @@ EXATRAIN = EngineProfile(
 ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN, LLM_FOUNDRY)}
 
 
-def plan_engine(plan) -> EngineProfile:
-    """The profile a plan runs under: its runtime's, accumulating gradients in the plan's ``grad_accum``
-    (``EngineProfile.with_grad_accum``) inside the GEMMs or not as its ``grad_accum_fusion`` says
-    (``EngineProfile.with_grad_accum_fusion``), running its ``adam_kernel`` (``EngineProfile.with_adam``);
-    "" keeps the runtime's own."""
-    return engine_variant(plan.runtime, plan.grad_accum, getattr(plan, "grad_accum_fusion", ""),
-                          getattr(plan, "adam_kernel", ""))
+@dataclass(frozen=True)
+class Resolved:
+    """What a runtime runs for a plan's settings, resolved once (``EngineProfile.resolve``): the profile as the
+    settings vary it, and every choice whose empty value meant "the runtime's own" made. ``evaluate``,
+    ``step_times``, ``stage_times``, ``rank_memory`` and the trainer-memory model take it. Built by hand (tests,
+    ``accounting.memory.stage_memory``), its defaults are ``accounting.memory``'s own convention: no engine
+    profile (``engine`` None), the upcast loss, Transformer Engine's p2p ring, no FP8."""
+
+    dtype: str = "bfloat16"
+    flash: bool = True  # flash attention (Plan.flash_attention)
+    # the runtime's profile with the plan's gradient accumulation and Adam kernel
+    engine: EngineProfile | None = field(default=None, repr=False)
+    runtime: str = "exatrain"
+    elementwise: str = "fused"  # settings.ELEMENTWISE, resolved (EngineProfile.elementwise)
+    cross_entropy: str = "upcast"  # settings.CROSS_ENTROPY, resolved (EngineProfile.cross_entropy)
+    attention_kernel: str = ""  # settings.ATTENTION_KERNELS, resolved ("": the device prior's own rate)
+    cp_comm: str = "p2p"  # settings.CP_COMMS, resolved for the model (settings.cp_comm_for)
+    cp_exchange: CpExchange | None = None  # how the engine runs it (None: Transformer Engine's p2p ring)
+    moe_dispatcher: str = "alltoall"
+    moe_load: float = 1.25  # the busiest expert rank's routed copies over the mean (accounting.moe.moe_load)
+    fp8: str = ""  # the FP8 recipe's scaling ("": none)
+    fp8_recipe: Fp8Recipe | None = None  # the accounting's FP8 configuration (with fp8_param_gather's FP8 weights)
+    fp8_param_gather: bool = False
+    fp8_tp_gather: bool = False  # its sequence-parallel all-gathers carry FP8 (EngineProfile.gathers_tp_in_fp8)
+    selective: str = "core_attention"  # what its selective recomputation keeps (ActivationRules.selective)
+    expert_gemms: str = "grouped"  # EngineProfile.expert_gemms
+    recompute_modules: tuple[str, ...] = ()  # what selective recomputation reruns (Plan.recompute_modules)
+    recompute_every: int = 0  # Plan.recompute_every
+    settings: RunSettings = RunSettings()  # as the plan gave them, each that named nothing made the runtime's own
+
+    def other(self, runtime: str, model=None) -> "Resolved":
+        """Another runtime's own run of the same model, dtype, FP8 GEMMs and MoE routing (its memory beside the
+        plan's runtime's: ``planner.evaluate``'s other memory models), every other setting its own."""
+        s = self.settings
+        keep = RunSettings(runtime=runtime, fp8=s.fp8, fp8_param_gather=s.fp8_param_gather,
+                           moe_capacity_factor=s.moe_capacity_factor, moe_force_balance=s.moe_force_balance)
+        return get_engine(runtime).resolve(keep, model, dtype=self.dtype, flash=self.flash)
 
 
-def engine_variant(runtime: str, grad_accum: str = "", grad_accum_fusion: str = "",
-                   adam_kernel: str = "") -> EngineProfile:
-    """``runtime``'s profile accumulating gradients in ``grad_accum``, inside the GEMMs or not as
-    ``grad_accum_fusion`` says, running Adam's ``adam_kernel`` ("" each: the runtime's own): the one place the
-    variant is chosen."""
-    return (get_engine(runtime).with_grad_accum(grad_accum).with_grad_accum_fusion(grad_accum_fusion)
-            .with_adam(adam_kernel))
+def resolve_settings(settings: RunSettings, model=None, *, dtype: str = "bfloat16", flash: bool = True) -> Resolved:
+    """``settings`` as their runtime runs them for ``model`` (``EngineProfile.resolve``)."""
+    return get_engine(settings.runtime).resolve(settings, model, dtype=dtype, flash=flash)
+
+
+def plan_run(plan) -> Resolved:
+    """A plan's settings as its runtime runs them: the one place a Plan's settings are spread."""
+    return resolve_settings(plan.settings, plan.model, dtype=plan.dtype, flash=plan.flash_attention)
 
 
 def get_engine(name: str) -> EngineProfile:
@@ -949,5 +1004,5 @@ def get_engine(name: str) -> EngineProfile:
         raise UserError(f"unknown engine {name!r}; use one of {', '.join(ENGINE_NAMES)}") from None
 
 
-__all__ = ["ADAM_BYTES", "ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "StateRule",
-           "get_engine", "plan_engine"]
+__all__ = ["ADAM_BYTES", "ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "Resolved",
+           "StateRule", "get_engine", "plan_run", "resolve_settings"]

@@ -95,7 +95,7 @@ def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:
     return 3.0 * tokens * (layers_forward_flops_per_token(m) + logits_forward_flops_per_token(m))
 
 
-# The forward GEMMs each of Megatron-Core's recompute modules reruns (plan.RECOMPUTE_MODULES; "core_attn" is the
+# The forward GEMMs each of Megatron-Core's recompute modules reruns (settings.RECOMPUTE_MODULES; "core_attn" is the
 # attention core, counted apart)
 MODULE_GEMMS = {"mla_up_proj": ("q_up", "kv_up"), "mlp": ("fc1", "fc2"), "shared_experts": ("shared_fc1", "shared_fc2"),
                 "moe": ("router", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2")}

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from exatrain.catalog.hardware import DeviceSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import FP8_RECIPES
+from exatrain.settings import FP8_RECIPES
 from exatrain.accounting.params import attention_params, mlp_weight_params
 
-SCALINGS = FP8_RECIPES  # plan.FP8_RECIPES: the names a Plan.fp8 may take
+SCALINGS = FP8_RECIPES  # settings.FP8_RECIPES: the names a Plan.fp8 may take
 META_TENSORS_PER_GEMM = 5  # 3 forward (input, weight, output) + 2 backward (grad output, grad input)
 
 

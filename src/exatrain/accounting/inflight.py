@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from exatrain.plan import SCHEDULES
+from exatrain.settings import SCHEDULES
 
 
 def group_size(pp: int, m: int) -> int:

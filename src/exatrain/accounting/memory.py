@@ -32,15 +32,17 @@ model's numbers are the ones above, bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import SCHEDULES, MemoryBreakdown, Plan
+from exatrain.plan import MemoryBreakdown, Plan
+from exatrain.settings import SCHEDULES
 from exatrain.accounting.inflight import group_sizes, peak_in_flight_fast, schedule_codes
 from exatrain.accounting.params import (layer_params, stage_layer_kinds, stage_params, stage_params_split,
                                        total_params)
-from exatrain.accounting.engines import EngineProfile
+from exatrain.accounting.engines import EngineProfile, Resolved
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.accounting.fp8 import Fp8Recipe, gemms_per_layer
 from exatrain.accounting.fp8 import gemm_weights as fp8_gemm_weights
@@ -51,6 +53,16 @@ from exatrain.accounting.moe import dispatch_buffer_bytes, expert_dp
 # Fraction of the rest added as "other": allocator fragmentation and caching slack (a stated
 # allowance, not a measurement: PyTorch's caching allocator typically reserves 5-10% above the peak).
 FRAGMENTATION_ALLOWANCE = 0.05
+
+
+@dataclass(frozen=True)
+class EngineSaves:
+    """How an engine's layer saves two of its tensors for backward (``layer_activation_bytes``): the attention's and
+    the MLP's inputs all-gathered over tp under sequence parallelism (``gathered_inputs``), and a SwiGLU's input
+    alone, its output recomputed (``glu_saves_input``)."""
+
+    gathered_inputs: bool = False
+    glu_saves_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,7 +93,7 @@ def state_bytes_per_param(dtype: str, zero_stage: int, dp: int) -> StateBytesPer
 
 def logits_bytes_per_element(cross_entropy: str, dtype: str, tp=1):
     """Bytes the loss holds per logit element of a rank (its vocabulary shard) at its peak
-    (plan.CROSS_ENTROPY), the rest of the step's activations still held beside it:
+    (settings.CROSS_ENTROPY), the rest of the step's activations still held beside it:
       "upcast", torch's cross_entropy(logits.float()): the forward holds the e-byte logits, their fp32 copy
         and its fp32 log-softmax (saved for backward); the backward holds the saved log-softmax, the
         incoming fp32 gradient and the outgoing one, 12 bytes, the larger (for e <= 4). On logits
@@ -120,8 +132,7 @@ def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
 def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str, flash: bool,
                            dtype: str = "bfloat16", dropout: bool | None = None, cp=1, moe: bool | None = None,
                            etp=1, capacity_factor=1.0, fp8: Fp8Recipe | None = None,
-                           gathered_inputs: bool = False, recompute_modules: tuple[str, ...] = (),
-                           glu_saves_input: bool = False) -> float:
+                           recompute_modules: tuple[str, ...] = (), saves: EngineSaves | None = None) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
 
     Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
@@ -147,6 +158,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
         projection input, MLP input and fc2 input; the routed experts' fc1/fc2 inputs) are saved
         in fp8 (``Fp8Recipe.saved_input_bytes``). A MoE layer's MLP input stays in the compute dtype
         for the router's backward;
+      ``saves`` (``EngineSaves``; None: neither), how the engine saves two tensors:
       ``glu_saves_input``: a dense layer's SwiGLU runs as one fused function that saves only its input, the
         fc1 output (gate and up, 2f), and recomputes silu(gate) in its backward, so the MLP interior is 3f (with
         fc2's input) instead of 4f (Megatron-Core's bias_swiglu_impl, on unless --no-bias-swiglu-fusion:
@@ -156,7 +168,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
         all-gathered over tp (whole sequence) rather than as this rank's shard (DTensor's
         PrepareModuleInput to Replicate: torchtitan, ``EngineProfile.sp_gathered_layer_inputs``; Megatron
         saves the shard and gathers it again in backward);
-      ``recompute_modules`` (with ``recompute`` "selective"; plan.RECOMPUTE_MODULES, Megatron-Core's): what the
+      ``recompute_modules`` (with ``recompute`` "selective"; settings.RECOMPUTE_MODULES, Megatron-Core's): what the
         layer no longer keeps is the nothing-recomputed count less, per token, "core_attn" the attention scores
         (the selective count), "layernorm" the outputs of the norms that stand alone (a MoE layer's MLP input, in
         the compute dtype; latent attention's input, a GEMM input), "mla_up_proj" Q, K and V (the up-projections'
@@ -168,6 +180,7 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
     """
     s, b, h = m.seq_len, micro_batch, m.hidden
     s_local = s / cp
+    gathered_inputs, glu_saves_input = (saves.gathered_inputs, saves.glu_saves_input) if saves else (False, False)
     e = COMPUTE_BYTES[dtype]
     if dropout is None:
         dropout = m.dropout > 0
@@ -277,8 +290,29 @@ def engine_layer_activation_bytes(engine: EngineProfile, m: ModelSpec, micro_bat
                                              dtype=dtype) / cp
     return layer_activation_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, recompute=recompute,
                                   flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0,
-                                  gathered_inputs=engine.sp_gathered_layer_inputs,
-                                  glu_saves_input=rules.glu == "fused", **extensions)
+                                  saves=EngineSaves(engine.sp_gathered_layer_inputs, rules.glu == "fused"),
+                                  **extensions)
+
+
+@dataclass(frozen=True)
+class RankCounts:
+    """What one rank of a pipeline stage holds (numbers, or numpy arrays, one entry per layout): its parameters
+    outside the routed experts and its routed experts' (``params.stage_params_split`` with ep), its layers and
+    the MoE layers among them, the micro-batches whose activations it holds at its peak (``inflight``), whether
+    it is the last (the head and the loss) and the first (the embedding; None: when pp == 1) stage; the part of
+    its stage's unsharded gradient alive at once (``unsharded_grad_share``); and under full recomputation the
+    layers of it that recomputation covers (Plan.recompute_layers, recompute_every: ``settings.full_rerun_layers``;
+    None: all of them)."""
+
+    params_here: Any
+    layers_here: Any
+    inflight_mb: Any
+    is_last: Any
+    expert_params_here: Any = 0
+    moe_layers_here: Any = 0
+    is_first: Any = None
+    pp_grad_share: Any = 1.0
+    recomputed_here: Any = None
 
 
 def inflight_microbatches(plan: Plan, pp_rank: int) -> float:
@@ -315,38 +349,35 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
         moe = dict(expert_params_here=split[pp_rank][1], moe_layers_here=kinds[pp_rank][1])
     else:
         params_here = stage_params(plan)[pp_rank]
-    parts = rank_memory(plan.model, dtype=plan.dtype, zero_stage=plan.zero_stage, recompute=plan.recompute,
-                        sequence_parallel=plan.sequence_parallel, flash=plan.flash_attention,
-                        tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp,
-                        interleave=plan.interleave, params_here=params_here,
-                        layers_here=layers_here,
-                        inflight_mb=inflight_microbatches(plan, pp_rank),
-                        is_last=pp_rank == plan.pp - 1, engine=engine, recompute_modules=plan.recompute_modules,
-                        recomputed_here=(plan.recomputed_layers_of_rank(pp_rank)
-                                         if plan.recompute_layers or plan.recompute_every else None),
-                        cross_entropy=(engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None
-                                       else plan.cross_entropy or "upcast"),
-                        pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,
-                                                                 plan.interleave)), **moe)
+    # the convention's (or the engine's) count of the plan's loss and selective recomputation; no cp, ep, FP8
+    loss = engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None else plan.cross_entropy
+    run = Resolved(dtype=plan.dtype, flash=plan.flash_attention, engine=engine, cross_entropy=loss or "upcast",
+                   recompute_modules=plan.recompute_modules, moe_load=1.0)
+    rank = RankCounts(params_here=params_here, layers_here=layers_here,
+                      inflight_mb=inflight_microbatches(plan, pp_rank), is_last=pp_rank == plan.pp - 1,
+                      recomputed_here=(plan.recomputed_layers_of_rank(pp_rank)
+                                       if plan.recompute_layers or plan.recompute_every else None),
+                      pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,
+                                                               plan.interleave)), **moe)
+    parts = rank_memory(plan.model, run, zero_stage=plan.zero_stage, recompute=plan.recompute,
+                        sequence_parallel=plan.sequence_parallel, tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch,
+                        pp=plan.pp, interleave=plan.interleave, rank=rank)
     return MemoryBreakdown(*(float(x) for x in parts))
 
 
-def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, sequence_parallel: bool,
-                flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
-                is_last, engine: EngineProfile | None = None, cp=1, ep=1, etp=1, expert_params_here=0,
-                moe_layers_here=0, capacity_factor=1.0, cp_comm: str = "p2p", fp8: Fp8Recipe | None = None,
-                cross_entropy: str = "upcast", pp_grad_share=1.0, recompute_modules: tuple[str, ...] = (),
-                recomputed_here=None):
+def rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str, sequence_parallel: bool, tp, dp,
+                micro_batch, pp, interleave, rank: RankCounts, cp=1, ep=1, etp=1):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
-    ``engine``: count what that engine keeps (its model states by ZeRO stage, its ZeRO-3 working
-    set, bucket buffers, allocator allowance and activation rules); None is this module's own
-    convention (equal to the ``exatrain`` profile's).
+    ``run``: the run as its runtime runs it (``accounting.engines.Resolved``): its dtype, flash attention, and
+    ``run.engine``, whose count it is (that engine's model states by ZeRO stage, its ZeRO-3 working set, bucket
+    buffers, allocator allowance and activation rules; None: this module's own convention, equal to the
+    ``exatrain`` profile's). ``rank``: what the rank holds (``RankCounts``).
 
     Extensions (defaults: none, and then the result is the dense count exactly):
       ``cp``: context parallelism — activations, logits and pipeline buffers per rank divided by cp,
-        the attention's K,V working set (``accounting.context.cp_buffer_bytes``, ``cp_comm``) in
+        the attention's K,V working set (``accounting.context.cp_buffer_bytes``, ``run.cp_comm``) in
         "other", and the model states sharded over dp*cp (the gradients of ranks holding the same
         weights are reduced over the data-parallel group with context parallelism:
         Megatron-Core parallel_state, ``get_data_parallel_group(with_context_parallel=True)``);
@@ -354,23 +385,28 @@ def rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, se
         ``expert_params_here`` its routed-expert ones (``params.stage_params_split``), whose states
         are sharded over the expert-data-parallel group ``expert_dp(tp, dp, ep, etp, cp)``;
         ``moe_layers_here`` of the ``layers_here`` layers are MoE layers (their activations with
-        ``etp`` and ``capacity_factor``), and one all-to-all's buffers join "other";
-      ``fp8``: the cached fp8 weights (``Fp8Recipe.weight_bytes_per_param`` per GEMM weight here;
+        ``etp`` and the routing load ``run.moe_load``), and one all-to-all's buffers join "other";
+      ``run.fp8_recipe``: the cached fp8 weights (``Fp8Recipe.weight_bytes_per_param`` per GEMM weight here;
         under ZeRO-3 only the gathered layers') join the weights, GEMM inputs are saved in fp8, and delayed scaling's
         amax histories join "other". The two transient working sets (CP's and the all-to-all's) belong to different
         parts of a layer, so the larger of them is counted.
-    ``cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``);
-    ``pp_grad_share``: the part of a stage's unsharded gradient (EngineProfile.pp_unsharded_grad_bytes) alive
-    at once (``unsharded_grad_share``); ``recompute_modules``: what selective recomputation reruns
-    (Plan.recompute_modules, ``layer_activation_bytes``); ``recomputed_here``: under full recomputation, the layers of
-    the rank it covers (Plan.recompute_layers, recompute_every: plan.full_rerun_layers), the others keeping everything
-    (None: all ``layers_here``); MoE layers among them in the rank's proportion.
+    ``run.cross_entropy``: how the last stage's loss holds its logits (``logits_bytes_per_element``);
+    ``rank.pp_grad_share``: the part of a stage's unsharded gradient (EngineProfile.pp_unsharded_grad_bytes) alive
+    at once (``unsharded_grad_share``); ``run.recompute_modules``: what selective recomputation reruns
+    (Plan.recompute_modules, ``layer_activation_bytes``); ``rank.recomputed_here``: under full recomputation, the
+    layers of the rank it covers, the others keeping everything (None: all its layers); MoE layers among them in
+    the rank's proportion.
     """
+    dtype, flash, engine, fp8 = run.dtype, run.flash, run.engine, run.fp8_recipe
+    capacity_factor, cp_comm, cross_entropy = run.moe_load, run.cp_comm, run.cross_entropy
+    params_here, layers_here, inflight_mb = rank.params_here, rank.layers_here, rank.inflight_mb
+    expert_params_here, moe_layers_here = rank.expert_params_here, rank.moe_layers_here
+    pp_grad_share, recomputed_here = rank.pp_grad_share, rank.recomputed_here
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
-    is_last = np.asarray(is_last, dtype=float)
+    is_last = np.asarray(rank.is_last, dtype=float)
     e = COMPUTE_BYTES[dtype]
     shard_dp = dp * cp
-    ext = dict(cp=cp, etp=etp, capacity_factor=capacity_factor, fp8=fp8, recompute_modules=tuple(recompute_modules))
+    ext = dict(cp=cp, etp=etp, capacity_factor=capacity_factor, fp8=fp8, recompute_modules=tuple(run.recompute_modules))
     if engine is None:
         per = state_bytes_per_param(dtype, zero_stage, shard_dp)
         per_weights, per_grads, per_optim = per.weights, per.gradients, per.optimizer

@@ -28,6 +28,24 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 
 ROUTER_SCORE_BYTES = 4  # router scores and probabilities in fp32 (Megatron-Core --moe-router-dtype fp32)
+# The busiest expert rank's routed token copies over the mean under dropless routing: an assumption, not a
+# measurement: 1.25x, the capacity factor Switch Transformer trains with (Fedus et al. 2022, JMLR, Sec. 2.2 and
+# Table 1: 1.0-1.25 keep quality at the least padding).
+LOAD_IMBALANCE = 1.25
+
+
+def moe_load(capacity_factor: float = 0.0, force_balance: bool = False) -> float:
+    """The busiest expert rank's routed token copies over the mean, as a plan's routing sets it (settings.py): the
+    padded capacity factor C where one is set (Megatron-Core's alltoall dispatcher with --moe-expert-capacity-factor
+    C --moe-pad-expert-input-to-capacity cuts or pads every local expert's input to C times the mean, moe_utils.py);
+    1 under forced balance (--moe-router-force-load-balancing replaces the router's scores with random ones, a
+    benchmarking switch: the busiest rank's excess over the mean is then a random fluctuation, about
+    sqrt(2 ln(ep) / n) for n routed copies a rank, 2% for the 16,384 a rank of Qwen3-235B at tp 2, ep 32 receives per
+    micro-batch); else ``LOAD_IMBALANCE`` (dropless). It scales the expert GEMMs, the all-to-all buffers and the
+    dispatch buffers and expert activations in memory (``capacity_factor`` below)."""
+    if capacity_factor:
+        return float(capacity_factor)
+    return 1.0 if force_balance else LOAD_IMBALANCE
 
 
 def expert_dp(tp, dp, ep, etp=1, cp=1):

@@ -57,8 +57,9 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
-from exatrain.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, inflight_microbatches,
-                                                state_bytes_per_param)
+from exatrain.accounting.engines import Resolved
+from exatrain.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, RankCounts, inflight_microbatches,
+                                        state_bytes_per_param)
 from exatrain.accounting.params import (layer_params, router_params, stage_layer_kinds, stage_params,
                                        stage_params_split)
 
@@ -160,16 +161,14 @@ def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None
                                      layers_per_stage=plan.layers_per_stage())[pp_rank][1]
     else:
         dense, experts, moe_here = stage_params(plan)[pp_rank], 0, 0
-    parts = trainer_rank_memory(m, dtype=plan.dtype, zero_stage=plan.zero_stage, recompute=plan.recompute,
-                        sequence_parallel=plan.sequence_parallel, flash=plan.flash_attention,
-                        tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp,
-                        interleave=plan.interleave, params_here=dense, cp=plan.cp, ep=plan.ep,
-                        expert_params_here=experts, moe_layers_here=moe_here,
-                        layers_here=layers_here,
-                        inflight_mb=inflight_microbatches(plan, pp_rank),
-                        is_last=pp_rank == plan.pp - 1, is_first=pp_rank == 0,
-                        num_microbatches=plan.num_microbatches,
-                        on_cpu=plan_on_cpu(plan) if on_cpu is None else on_cpu)
+    rank = RankCounts(params_here=dense, layers_here=layers_here, inflight_mb=inflight_microbatches(plan, pp_rank),
+                      is_last=pp_rank == plan.pp - 1, is_first=pp_rank == 0, expert_params_here=experts,
+                      moe_layers_here=moe_here)
+    parts = trainer_rank_memory(m, Resolved(dtype=plan.dtype, flash=plan.flash_attention), zero_stage=plan.zero_stage,
+                                recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, tp=plan.tp,
+                                dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp, interleave=plan.interleave,
+                                rank=rank, num_microbatches=plan.num_microbatches, cp=plan.cp, ep=plan.ep,
+                                on_cpu=plan_on_cpu(plan) if on_cpu is None else on_cpu)
     return MemoryBreakdown(*(float(x) for x in parts))
 
 
@@ -181,31 +180,32 @@ def plan_on_cpu(plan: Plan) -> bool:
     return c is not None and c.device.name == "cpu"
 
 
-def trainer_rank_memory(m: ModelSpec, *, dtype: str, zero_stage: int, recompute: str, sequence_parallel: bool,
-                flash: bool, tp, dp, micro_batch, pp, interleave, params_here, layers_here, inflight_mb,
-                is_last, is_first=None, num_microbatches=None, on_cpu: bool = False, cp: int = 1, ep: int = 1,
-                expert_params_here=0, moe_layers_here=0):
+def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str, sequence_parallel: bool,
+                        tp, dp, micro_batch, pp, interleave, rank: RankCounts, num_microbatches=None,
+                        on_cpu: bool = False, cp: int = 1, ep: int = 1):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
-    ``is_first``: the rank holds the embedding (default: when pp == 1). ``num_microbatches``: per
-    step (default: more than are in flight). ``on_cpu``: CPU processes (no fused RMSNorm, LayerNorm
-    in its input's dtype, per-tensor AdamW) rather than accelerators (foreach AdamW).
+    ``run``: its dtype and flash attention (``accounting.engines.Resolved``); ``rank``: what the rank holds
+    (``accounting.memory.RankCounts``: ``is_first``, the rank holds the embedding, None: when pp == 1).
+    ``num_microbatches``: per step (default: more than are in flight). ``on_cpu``: CPU processes (no fused RMSNorm,
+    LayerNorm in its input's dtype, per-tensor AdamW) rather than accelerators (foreach AdamW).
 
     Mixture of experts and context parallelism (module doc), with ``accounting.memory.rank_memory``'s
     conventions: ``params_here`` is the rank's parameters outside the routed experts and
     ``expert_params_here`` its routed experts' (N/ep of each MoE layer's: ``params.stage_params_split``
     with ep); ``moe_layers_here`` of the ``layers_here`` layers are MoE layers; ``cp``: the rank holds
     s/cp tokens of every sequence and its states are sharded over dp x cp (the trainer's ZeRO group)."""
+    dtype, flash = run.dtype, run.flash
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
-    is_last = np.asarray(is_last, dtype=float)
-    is_first = (pp == 1).astype(float) if is_first is None else np.asarray(is_first, dtype=float)
-    expert_here = np.asarray(expert_params_here, dtype=float)
-    moe_here = np.asarray(moe_layers_here, dtype=float)
-    params_here = np.asarray(params_here, dtype=float) + expert_here
-    layers_here = np.asarray(layers_here, dtype=float)
+    is_last = np.asarray(rank.is_last, dtype=float)
+    is_first = (pp == 1).astype(float) if rank.is_first is None else np.asarray(rank.is_first, dtype=float)
+    expert_here = np.asarray(rank.expert_params_here, dtype=float)
+    moe_here = np.asarray(rank.moe_layers_here, dtype=float)
+    params_here = np.asarray(rank.params_here, dtype=float) + expert_here
+    layers_here = np.asarray(rank.layers_here, dtype=float)
     dp = dp * cp  # the replicas' group: where ZeRO and FSDP shard, gradients are averaged (parallel/mesh.py)
-    inflight_mb = np.asarray(inflight_mb, dtype=float)
+    inflight_mb = np.asarray(rank.inflight_mb, dtype=float)
     h, V = m.hidden, m.vocab
     e = COMPUTE_BYTES[dtype]
     autocast = dtype == "bfloat16"

@@ -34,11 +34,12 @@ from exatrain.engine_configs import TARGETS as EXPORT_TARGETS
 from exatrain.planner.compare import size
 from exatrain.planner.results import estimate_json, search_json
 from exatrain.planner.search.explain import describe, explain
-from exatrain.report.text import make_console, opt, render_estimate, render_scaling, render_search, table
+from exatrain.report.text import (make_console, opt, progress_lines, render_comparisons, render_estimate,
+                                  render_hardware, render_models, render_scaling, render_search, render_tune, table)
 
-__all__ = ["EXPORT_TARGETS", "describe", "estimate_json", "explain",
-           "search_json", "size", "total_params", "make_console", "opt", "render_estimate", "render_scaling",
-           "render_search", "table", "CompareResult", "DemoResult", "ExatrainWarning", "TrainResult", "bench",
-           "calibrate", "compare", "demo", "estimate", "export_config", "export_model", "from_launch", "launch",
-           "load_plan", "make_plan", "prepare", "report",
-           "resolve_cluster", "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]
+__all__ = ["EXPORT_TARGETS", "describe", "estimate_json", "explain", "search_json", "size", "total_params",
+           "make_console", "opt", "progress_lines", "render_comparisons", "render_estimate", "render_hardware",
+           "render_models", "render_scaling", "render_search", "render_tune", "table", "CompareResult", "DemoResult",
+           "ExatrainWarning", "TrainResult", "bench", "calibrate", "compare", "demo", "estimate", "export_config",
+           "export_model", "from_launch", "launch", "load_plan", "make_plan", "prepare", "report", "resolve_cluster",
+           "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]

@@ -13,7 +13,7 @@ from exatrain.paths import check_input_file, check_output_file
 
 
 def _records(path: str | Path):
-    from exatrain.plan import read_run_records
+    from exatrain.records import read_run_records
 
     records = read_run_records(check_input_file(path, "runs file"))
     if not records:
@@ -69,6 +69,10 @@ class CompareResult:
     comparisons: tuple  # planner.compare.Comparison per successful run
     distribution: dict  # |error| statistics of step time and peak memory
     prediction: str  # "stored in each record" or "calibration <file>"
+
+    def to_dict(self) -> dict:
+        return {"runs": [c.to_dict() for c in self.comparisons], "distribution": self.distribution,
+                "prediction": self.prediction}
 
 
 def compare(*, runs: str | Path, calibration: str | Path | None = None, cluster: str | None = None) -> CompareResult:

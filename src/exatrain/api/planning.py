@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from exatrain.api.plans import (calibrated, layout_of, make_plan, resolve_cluster, resolve_model, shape_of,
+from exatrain.api.plans import (calibrated, layout_values, make_plan, resolve_cluster, resolve_model, shape_of,
                                 space_options, with_launch)
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
 from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
-from exatrain.plan import Plan, default_runtime, default_runtime_note, recompute_modules_of
+from exatrain.plan import Plan
+from exatrain.settings import (adam_kernel_problem, cp_comm_problem, default_runtime, default_runtime_note,
+                               grad_accum_fusion_problem, grad_accum_problem, recompute_layers_problem,
+                               recompute_modules_of, recompute_modules_problem, takes_settings)
+from exatrain.planner.memory_band import STRICT_MEMORY_HELP
 from exatrain.planner.time_to_train import RANK_BY, RANK_BY_HELP, RUN_FLAGS, rank, run_options, with_time_to_train
 
 Progress = Callable[[str], None]
 DEFAULT_CLUSTER = "frontier"  # the cluster when neither cluster nor cluster_file is given
 # The engine a plan is predicted for when none is named and the model is one exatrain's own trainer builds: the
 # trainer, the runtime a Plan defaults to and the one `train` and `tune` run, so a searched plan is one this project
-# can run. For a model it does not build (plan.default_runtime) the default is Megatron-Core, and the plan says so.
+# can run. For a model it does not build (settings.default_runtime) the default is Megatron-Core, and the plan says so.
 DEFAULT_RUNTIME = "exatrain"
 
 
@@ -45,11 +49,9 @@ def check_runtime(runtime: str, overlap: str = "all") -> str:
 def check_grad_accum(grad_accum: str | None, dtype: str | None, runtime: str, fusion: str | None = None,
                      adam_kernel: str | None = None) -> None:
     """A one-line UserError where ``runtime`` cannot accumulate ``dtype`` training's gradients in
-    ``grad_accum`` (``rules.grad_accum_problem``) or with gradient-accumulation fusion ``fusion``
-    (``rules.grad_accum_fusion_problem``), or cannot run Adam's ``adam_kernel`` (``rules.adam_kernel_problem``);
+    ``grad_accum`` (``settings.grad_accum_problem``) or with gradient-accumulation fusion ``fusion``
+    (``settings.grad_accum_fusion_problem``), or cannot run Adam's ``adam_kernel`` (``settings.adam_kernel_problem``);
     a search checks them before it enumerates anything."""
-    from exatrain.rules import adam_kernel_problem, grad_accum_fusion_problem, grad_accum_problem
-
     problem = (grad_accum_problem(grad_accum or "", dtype or "bfloat16", runtime)
                or grad_accum_fusion_problem(fusion or "", runtime) or adam_kernel_problem(adam_kernel or "", runtime))
     if problem:
@@ -58,38 +60,37 @@ def check_grad_accum(grad_accum: str | None, dtype: str | None, runtime: str, fu
 
 def check_cp_comm(cp_comm: str | None, runtime: str, model: ModelSpec) -> None:
     """A one-line UserError where ``runtime`` does not run context parallelism by ``cp_comm`` for ``model``
-    (``rules.cp_comm_problem``: a way it does not offer, or one without the model's sliding windows); a search
+    (``settings.cp_comm_problem``: a way it does not offer, or one without the model's sliding windows); a search
     checks it before it enumerates anything (the heads' divisibility under a2a is each layout's own)."""
-    from exatrain.rules import cp_comm_problem
-
     problem = cp_comm_problem(cp_comm or "", runtime, model) if cp_comm else None
     if problem:
         raise UserError(problem)
 
 
-def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, cp_comm: str | None = None,
-                 accum: tuple | None = None, recompute_modules=None, recompute_layers=None,
-                 recompute_every=None) -> tuple[str, bool]:
-    """(the runtime to plan for, whether it was chosen here): ``runtime``, else ``plan.default_runtime`` of the
-    model; its overlaps, its gradient accumulation (``accum``: grad_accum, dtype, fusion, adam kernel, where the
-    caller checks them), its context-parallel exchange, its recompute modules (every candidate of a search that
-    names them is selective) and recomputed layers (every candidate full) checked once, each a one-line UserError."""
+def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, settings: Mapping[str, Any] | None = None,
+                 dtype: str | None = None) -> tuple[str, bool]:
+    """(the runtime to plan for, whether it was chosen here): ``runtime``, else ``settings.default_runtime`` of the
+    model; its overlaps and, for a search (``settings`` given: the run settings by name), its gradient
+    accumulation in ``dtype`` training, Adam kernel, context-parallel exchange, recompute modules (every
+    candidate of a search that names them is selective) and recomputed layers (every candidate full) checked
+    once, each a one-line UserError."""
     chosen = runtime is None
     runtime = check_runtime(default_runtime(model) if chosen else runtime, overlap)
-    if accum is not None:
-        grad_accum, dtype, fusion, adam_kernel = accum
-        check_grad_accum(grad_accum, dtype, runtime, fusion, adam_kernel)
-    check_cp_comm(cp_comm, runtime, model)
-    from exatrain.rules import recompute_layers_problem, recompute_modules_problem
-
-    problem = (recompute_modules_problem(recompute_modules_of(recompute_modules), "selective", runtime)
-               or recompute_layers_problem(1 if recompute_layers == "auto" else recompute_layers or 0, "full", runtime)
-               or recompute_layers_problem(recompute_every or 0, "full", runtime, every=True))
+    if settings is None:
+        return runtime, chosen
+    s = settings.get
+    check_grad_accum(s("grad_accum"), dtype, runtime, s("grad_accum_fusion"), s("adam_kernel"))
+    check_cp_comm(s("cp_comm"), runtime, model)
+    layers = s("recompute_layers")
+    problem = (recompute_modules_problem(recompute_modules_of(s("recompute_modules")), "selective", runtime)
+               or recompute_layers_problem(1 if layers == "auto" else layers or 0, "full", runtime)
+               or recompute_layers_problem(s("recompute_every") or 0, "full", runtime, every=True))
     if problem:
         raise UserError(problem)
     return runtime, chosen
 
 
+@takes_settings
 def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
              layers: int | None = None, hidden: int | None = None, heads: int | None = None,
              kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
@@ -100,54 +101,25 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
              flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-             fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
-             moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
-             attention_kernel: str | None = None,
-             elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-             grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-             recompute_modules: str | tuple[str, ...] | None = None,
-             recompute_layers: int | str | None = None,
-             recompute_every: int | None = None,
              runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
-             trace: bool | str = False,
-             out: str | Path | None = None, progress: Progress | None = None,
-             from_file: str | Path | None = None,
-             tokens: int | float | str | None = None, gpu_hour_price: float | str | None = None,
-             power_overhead: float | str | None = None) -> Plan:
+             trace: bool | str = False, out: str | Path | None = None, progress: Progress | None = None,
+             from_file: str | Path | None = None, tokens: int | float | str | None = None,
+             gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
+             **settings: Any) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
     megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
-    exatrain's trainer does not build, ``plan.default_runtime``, said in the notes) runs it: the validated Plan (its
+    exatrain's trainer does not build, ``settings.default_runtime``, said in the notes) runs it: the validated Plan (its
     ``runtime`` set) with its StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's
     own model per stage (torch, nothing allocated): True or "fast" one rank per distinct stage shape,
     replayed over every stage's order; "full" every stage over the whole step. ``overlap``: which of the
     runtime's overlaps are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
-    tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``moe_dispatcher``: how a MoE layer's tokens
-    reach their experts (``plan.MOE_DISPATCHERS``; default alltoall). ``moe_capacity_factor``: drop tokens
-    beyond this many times an expert's mean and pad every expert to it (default 0: dropless);
-    ``moe_force_balance``: routing forced even, a benchmarking switch (plan.py). ``fp8_param_gather``: the FP8
-    GEMMs' weights gathered in FP8 (Megatron-Core --fp8-param-gather, torchtitan's float8 all-gather; plan.py).
-    ``attention_kernel``:
-    which kernel the run's flash attention is (``plan.ATTENTION_KERNELS``; default: the runtime's).
-    ``elementwise``: how its element-wise ops run — fused (torch.compile, Megatron's fused kernels), eager or
-    eager-composite (``plan.ELEMENTWISE``; default: the runtime's). ``cross_entropy``: how its loss runs over
-    the logits — upcast (torch's over an fp32 copy), inplace (Megatron's) or fused (torchtitan's compiled loss)
-    (``plan.CROSS_ENTROPY``;
-    default: the runtime's). ``grad_accum``: the dtype bfloat16 gradients accumulate and reduce in, float32 or
-    bfloat16 (``plan.GRAD_ACCUM``; default: the runtime's); ``grad_accum_fusion``: whether they accumulate inside the
-    weight-gradient GEMMs, on or off (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default: the runtime's);
-    ``adam_kernel``: the kernel its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's
-    choice; default: the runtime's). ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or
-    a2a (``plan.CP_COMMS``; default: the runtime's own for the model, ``EngineProfile.cp_exchange``).
-    ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module ("layernorm,moe_act" or a
-    list, ``plan.RECOMPUTE_MODULES``; with ``recompute`` selective and runtime megatron-core; default: the runtime's
-    own, the attention core). ``recompute_layers``: with ``recompute`` full, the first N layers of each (virtual) stage
-    recomputed, the others not (Megatron-Core's block method; default: every layer); ``recompute_every``: with
-    ``recompute`` full, one layer in N of each rank recomputed (torchtitan's layer-level selective checkpointing;
-    default: every layer). ``out``: also write the plan with its estimate as JSON. ``from_file``: a Megatron-LM /
-    Megatron-DeepSpeed launch or torchtitan job TOML whose model, world size, layout and settings fill every argument
-    left at its default (``plans.with_launch``). ``tokens``: the run's token budget (15T, 300e9, ...): the estimate
-    also carries ``time_to_train`` (steps, days, GPU-hours, energy at TDP times ``power_overhead``, and with
-    ``gpu_hour_price`` the cost; each with the band: ``planner.time_to_train``)."""
+    tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``settings``: the run settings by name (``fp8``,
+    ``moe_dispatcher``, ``attention_kernel``, ... ``recompute_every``: ``exatrain.settings.SETTINGS``, whose help
+    says what each is; None or not given: the runtime's own). ``out``: also write the plan with its estimate as JSON.
+    ``from_file``: a Megatron-LM / Megatron-DeepSpeed launch or torchtitan job TOML whose model, world size, layout
+    and settings fill every argument left at its default (``plans.with_launch``). ``tokens``: the run's token budget
+    (15T, 300e9, ...): the estimate also carries ``time_to_train`` (steps, days, GPU-hours, energy at TDP times
+    ``power_overhead``, and with ``gpu_hour_price`` the cost; each with the band: ``planner.time_to_train``)."""
     if from_file is not None:
         return estimate(**with_launch(locals(), estimate))
     values = dict(locals())
@@ -166,7 +138,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     m = resolve_model(model, model_file, **shape_of(values))
     runtime, chosen = _runtime_for(runtime, m, overlap)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    plan = make_plan(m, c, gpus=gpus, **{**layout_of(values), "stage_layers": stage_layers}, runtime=runtime)
+    plan = make_plan(m, c, gpus=gpus, **{**layout_values(values), "stage_layers": stage_layers}, runtime=runtime)
     plan = plan.replace(runtime=runtime).validate(c)
     from exatrain.planner.estimate import estimate_plan
 
@@ -184,6 +156,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     return plan
 
 
+@takes_settings
 def search(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
            layers: int | None = None, hidden: int | None = None, heads: int | None = None,
            kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
@@ -194,19 +167,11 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-           fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
-           moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
-           attention_kernel: str | None = None,
-           elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-           grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-           recompute_modules: str | tuple[str, ...] | None = None,
-           recompute_layers: int | str | None = None,
-           recompute_every: int | None = None,
            top: int = 10, runtime: str | None = None, overlap: str = "all",
            calibration: str | Path | None = None, out: str | Path | None = None,
            from_file: str | Path | None = None, tokens: int | float | str | None = None,
            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-           rank_by: str = "throughput", strict_memory: bool = False):
+           rank_by: str = "throughput", strict_memory: bool = False, **settings: Any):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
     values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
@@ -232,11 +197,10 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
         check_runtime(runtime, overlap)
     if out is not None:
         check_output_file(out, "--out")
-    options = space_options(**layout_of(values))
+    options = space_options(**layout_values(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
-    runtime, chosen = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel),
-                                   recompute_modules, recompute_layers, recompute_every)
+    runtime, chosen = _runtime_for(runtime, m, overlap, settings, dtype)
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
@@ -254,6 +218,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     return result
 
 
+@takes_settings
 def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
             layers: int | None = None, hidden: int | None = None, heads: int | None = None,
             kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
@@ -264,18 +229,10 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-            fp8: str | None = None, moe_dispatcher: str | None = None, moe_capacity_factor: float | None = None,
-            moe_force_balance: bool | None = None, fp8_param_gather: bool | None = None,
-            attention_kernel: str | None = None,
-            elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-            grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-            recompute_modules: str | tuple[str, ...] | None = None,
-            recompute_layers: int | str | None = None,
-            recompute_every: int | None = None,
             mode: str = "weak", runtime: str | None = None,
             overlap: str = "all", calibration: str | Path | None = None, tokens: int | float | str | None = None,
             gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-            strict_memory: bool = False):
+            strict_memory: bool = False, **settings: Any):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
     pinned one), its throughput and efficiency, and what a published study measured for this model
@@ -290,11 +247,10 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
         check_runtime(runtime, overlap)
     if global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
-    options = space_options(**layout_of(values))
+    options = space_options(**layout_values(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
-    runtime, _ = _runtime_for(runtime, m, overlap, cp_comm, (grad_accum, dtype, grad_accum_fusion, adam_kernel),
-                              recompute_modules, recompute_layers, recompute_every)
+    runtime, _ = _runtime_for(runtime, m, overlap, settings, dtype)
     from exatrain.planner.scaling import scaling as run_scaling
 
     result = run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
@@ -304,5 +260,5 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     return dataclasses.replace(result, points=points)
 
 
-__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "RANK_BY", "RANK_BY_HELP", "RUN_FLAGS", "check_cp_comm",
-           "check_runtime", "estimate", "scaling", "search"]
+__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "RANK_BY", "RANK_BY_HELP", "RUN_FLAGS", "STRICT_MEMORY_HELP",
+           "check_cp_comm", "check_runtime", "estimate", "scaling", "search"]

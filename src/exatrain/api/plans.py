@@ -16,16 +16,16 @@ from exatrain.catalog import ClusterSpec, ModelSpec, get_cluster, get_model, loa
 from exatrain.errors import PlanError, UserError
 from exatrain.limits import check_counts
 from exatrain.paths import check_input_file
-from exatrain.plan import ParallelDims, Plan, TrainShape, read_json, recompute_modules_of
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.jsonio import read_json
+from exatrain.settings import NAMES, RunSettings, recompute_layers_problem, recompute_modules_of, takes_settings
 
 Warn = Callable[[str], None]
 
 MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
 LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp", "fp8",
-                 "moe_dispatcher", "moe_capacity_factor", "moe_force_balance", "fp8_param_gather", "attention_kernel",
-                 "elementwise", "cross_entropy", "grad_accum", "grad_accum_fusion", "adam_kernel", "cp_comm",
-                 "recompute_modules", "recompute_layers", "recompute_every")
+                 "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp")
+# ... and the run settings but the runtime (settings.SETTINGS), which each call takes as its own
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
@@ -108,6 +108,7 @@ def _pick(given: Any, from_base: Any, default: Any) -> Any:
     return default if from_base is None else from_base
 
 
+@takes_settings
 def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, *, gpus: int | None = None,
               tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
               global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
@@ -115,39 +116,16 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
               stage_layers: tuple[int, ...] | None = None, dtype: str | None = None,
               flash_attention: bool | None = None, base: Plan | None = None,
               default_dtype: str = "bfloat16", ep: int | None = None, cp: int | None = None,
-              fp8: str | None = None, runtime: str | None = None, moe_dispatcher: str | None = None,
-              moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
-              fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
-              elementwise: str | None = None, cross_entropy: str | None = None,
-              grad_accum: str | None = None, grad_accum_fusion: str | None = None,
-              adam_kernel: str | None = None, cp_comm: str | None = None,
-              recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | str | None = None,
-              recompute_every: int | None = None) -> Plan:
+              runtime: str | None = None, **settings: Any) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
-    ranks; ``fp8``: an FP8 GEMM scaling recipe (default none); ``moe_dispatcher``: how a MoE layer's
-    tokens travel (``plan.MOE_DISPATCHERS``, default alltoall); ``moe_capacity_factor`` (default 0: dropless)
-    and ``moe_force_balance`` (default off): how evenly they land on the experts (plan.py); ``fp8_param_gather``
-    (default off): the FP8 GEMMs' weights gathered in FP8 (plan.py);
-    ``attention_kernel``: flash attention's kernel (``plan.ATTENTION_KERNELS``, default "": the runtime's);
-    ``elementwise``: how its element-wise ops run (``plan.ELEMENTWISE``, default "": the runtime's);
-    ``cross_entropy``: how its loss runs over the logits (``plan.CROSS_ENTROPY``, default "": the runtime's);
-    ``grad_accum``: the dtype its bfloat16 gradients accumulate and reduce in (``plan.GRAD_ACCUM``, default "":
-    the runtime's); ``grad_accum_fusion``: whether they accumulate inside the weight-gradient GEMMs, on or off
-    (``plan.GRAD_ACCUM_FUSION``, Megatron-Core's choice; default "": the runtime's); ``adam_kernel``: the kernel
-    its optimizer step runs Adam with, fused or foreach (``plan.ADAM_KERNELS``, torchtitan's choice; default "": the
-    runtime's); ``cp_comm``: how attention's operands travel under cp > 1, p2p, all_gather or a2a
-    (``plan.CP_COMMS``; default "": the runtime's own for the model); ``recompute_modules``: what selective
-    recomputation reruns, Megatron-Core's modules ("layernorm,moe_act" or a list; ``plan.RECOMPUTE_MODULES``;
-    default (): the runtime's own); ``recompute_layers``: with full recomputation, the first N layers of each
-    (virtual) stage recomputed, the others not (``plan.RECOMPUTE_LAYERS_RUNTIMES``; default 0: every layer);
-    ``recompute_every``: with full recomputation, one layer in N of each rank recomputed
-    (``plan.RECOMPUTE_EVERY_RUNTIMES``; default 0: every layer);
+    ranks; ``settings``: the run settings by name (``settings.SETTINGS``; None: the base plan's, else the default:
+    "the runtime's own" for most; ``recompute_modules`` may be "layernorm,moe_act" or a list);
     ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
     (``rules.ep_fits``)."""
     check_counts(locals())
-    if recompute_layers == "auto":
+    if settings.get("recompute_layers") == "auto":
         raise UserError("--recompute-layers auto lets a search fit each layout's own; one plan takes a number "
                         "(search or scaling with auto, then its plan)")
     m = get_model(model) if isinstance(model, str) else model
@@ -187,27 +165,15 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
                 dtype=_pick(dtype, b and b.dtype, default_dtype),
                 flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
                 cluster=c.name if c is not None else (b.cluster if b else ""),
-                fp8=_pick(fp8, b and b.fp8, ""), runtime=runtime or "exatrain",
-                moe_dispatcher=_pick(moe_dispatcher, b and b.moe_dispatcher, "alltoall"),
-                moe_capacity_factor=_pick(moe_capacity_factor, b and b.moe_capacity_factor, 0.0),
-                moe_force_balance=_pick(moe_force_balance, b and b.moe_force_balance, False),
-                fp8_param_gather=_pick(fp8_param_gather, b and b.fp8_param_gather, False),
-                attention_kernel=_pick(attention_kernel, b and b.attention_kernel, ""),
-                elementwise=_pick(elementwise, b and b.elementwise, ""),
-                cross_entropy=_pick(cross_entropy, b and b.cross_entropy, ""),
-                grad_accum=_pick(grad_accum, b and b.grad_accum, ""),
-                grad_accum_fusion=_pick(grad_accum_fusion, b and b.grad_accum_fusion, ""),
-                adam_kernel=_pick(adam_kernel, b and b.adam_kernel, ""),
-                cp_comm=_pick(cp_comm, b and b.cp_comm, ""),
-                recompute_modules=recompute_modules_of(_pick(recompute_modules, b and b.recompute_modules, ())),
-                recompute_layers=_pick(recompute_layers, b and b.recompute_layers, 0),
-                recompute_every=_pick(recompute_every, b and b.recompute_every, 0))
+                settings=RunSettings.of(settings, base=b and b.settings).replace(runtime=runtime or "exatrain"))
     return plan.validate(c)
 
 
-def layout_of(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The layout values among ``values`` (e.g. a function's keyword arguments)."""
-    return {k: values.get(k) for k in LAYOUT_FIELDS}
+def layout_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The layout values and run settings (but the runtime) among ``values``: a function's keyword arguments,
+    whose run settings may sit in its ``**settings``."""
+    given = {**values, **(values.get("settings") or {})}
+    return {k: given.get(k) for k in (*LAYOUT_FIELDS, *NAMES) if k != "runtime"}
 
 
 def shape_of(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,6 +198,14 @@ def load_plan(path: str | Path | Plan, *, flag: str = "--plan", warn: Warn | Non
     if classify(d) in ("estimate", "run_record"):
         return plan_from_json(d, str(path))
     return Plan.from_dict(d, source=str(path))
+
+
+# estimate's and search's --from (from_launch, with_launch)
+FROM_HELP = ("a launch to start from: a Megatron-LM or Megatron-DeepSpeed script running pretrain_gpt.py (its flags, "
+             "variables, torchrun/deepspeed/srun line and DeepSpeed JSON), or a torchtitan job TOML (export-config "
+             "writes all three); its model, world size, layout, batch, precision, recomputation, runtime and overlaps, "
+             "flags given here winning (--overlap: one other than all); one line names what it leaves to the engine's "
+             "defaults")
 
 
 def from_launch(path: str | Path, *, gpus: int | None = None, model: bool = True,
@@ -277,6 +251,7 @@ def with_launch(given: Mapping[str, Any], fn: Callable[..., Any]) -> dict[str, A
     import inspect
 
     defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}
+    given = {**given, **(given.get("settings") or {})}  # the run settings fn takes as **settings
     args = {k: v for k, v in given.items() if k in defaults}
     path = args.pop("from_file")
     own_model = args.get("model") is not None or args.get("model_file") is not None
@@ -310,26 +285,19 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
                   micro_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
                   sequence_parallel: bool | None = None, schedule: str | None = None,
                   interleave: int | None = None, stage_layers: Any = None, ep: int | None = None,
-                  cp: int | None = None, fp8: str | None = None, moe_dispatcher: str | None = None,
-                  moe_capacity_factor: float | None = None, moe_force_balance: bool | None = None,
-                  fp8_param_gather: bool | None = None, attention_kernel: str | None = None,
-                  elementwise: str | None = None, cross_entropy: str | None = None, grad_accum: str | None = None,
-                  grad_accum_fusion: str | None = None, adam_kernel: str | None = None, cp_comm: str | None = None,
-                  recompute_modules: str | tuple[str, ...] | None = None, recompute_layers: int | str | None = None,
-                  recompute_every: int | None = None, **_: Any):
+                  cp: int | None = None, **settings: Any):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import RECOMPUTE_LAYERS_AUTO, SCHEDULE_VARIANTS, SpaceOptions
 
     if stage_layers is not None or dp is not None:
         raise UserError("search chooses dp and the stage split itself; drop --dp / --stage-layers "
                         "(pin --tp / --pp instead)")
-    modules = recompute_modules_of(recompute_modules)
-    if modules and recompute not in (None, "selective"):  # rules.recompute_modules_problem's line
+    recompute_layers, recompute_every = settings.get("recompute_layers"), settings.get("recompute_every")
+    modules = recompute_modules_of(settings.get("recompute_modules"))
+    if modules and recompute not in (None, "selective"):  # settings.recompute_modules_problem's line
         raise UserError(f"--recompute-modules chooses what selective recomputation reruns; with --recompute "
                         f"{recompute} Megatron-Core ignores it: use --recompute selective, or drop it")
-    from exatrain.rules import recompute_layers_problem
-
-    # rules.recompute_layers_problem's lines (the runtime is checked by the caller, named here as each flag's own)
+    # settings.recompute_layers_problem's lines (the runtime is checked by the caller, named here as each flag's own)
     auto = recompute_layers == "auto"  # each full-recomputation candidate fits its own (search.batch)
     for n, every, runtime in ((None if auto else recompute_layers, False, "megatron-core"),
                               (recompute_every, True, "torchtitan")):
@@ -355,15 +323,11 @@ def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | Non
         recompute=(("selective",) if modules else ("full",) if (recompute_layers and not auto) or recompute_every
                    else (recompute,) if recompute else ("none", "selective", "full")),
         sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
-        schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None, fp8=fp8 or "",
-        moe_dispatcher=moe_dispatcher or "alltoall", moe_capacity_factor=moe_capacity_factor or 0.0,
-        moe_force_balance=bool(moe_force_balance), fp8_param_gather=bool(fp8_param_gather),
-        attention_kernel=attention_kernel or "",
-        elementwise=elementwise or "", cross_entropy=cross_entropy or "", grad_accum=grad_accum or "",
-        grad_accum_fusion=grad_accum_fusion or "", adam_kernel=adam_kernel or "", cp_comm=cp_comm or "",
-        recompute_modules=modules, recompute_layers=RECOMPUTE_LAYERS_AUTO if auto else recompute_layers or 0,
-        recompute_every=recompute_every or 0)
+        schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None,
+        settings=RunSettings.of({**settings, "recompute_layers": None, "runtime": None}).replace(
+            recompute_layers=RECOMPUTE_LAYERS_AUTO if auto else recompute_layers or 0))
 
 
-__all__ = ["ExatrainWarning", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "from_launch", "layout_of", "load_plan",
-           "make_plan", "resolve_cluster", "resolve_model", "shape_of", "space_options", "warner", "with_launch"]
+__all__ = ["ExatrainWarning", "FROM_HELP", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "from_launch",
+           "layout_values", "load_plan", "make_plan", "resolve_cluster", "resolve_model", "shape_of", "space_options",
+           "warner", "with_launch"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from exatrain.api.plans import Warn, calibrated, layout_of, load_plan, make_plan, resolve_cluster, resolve_model, \
+from exatrain.api.plans import Warn, calibrated, layout_values, load_plan, make_plan, resolve_cluster, resolve_model, \
     shape_of, warner
 from exatrain.catalog import ClusterSpec, ModelSpec, cluster_catalog, get_cluster, match_device
 from exatrain.errors import OutOfMemoryPredicted, PlanError, UserError
@@ -274,7 +274,7 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     device = _pick_device(device, base)
     c = _pick_cluster(cluster, cluster_file, base, device)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    layout = {**layout_of(values), "stage_layers": stage_layers}  # cp and ep too (dp = gpus / tp*cp*pp)
+    layout = {**layout_values(values), "stage_layers": stage_layers}  # cp and ep too (dp = gpus / tp*cp*pp)
     p = _plan_keeping_batch(m, c, gpus, base, plan is not None and global_batch is None, layout,
                             default_dtype="float32" if device == "cpu" else "bfloat16")
     p = _attach_estimate(p, base, c, calibration, warn)
@@ -326,7 +326,7 @@ def _last_record(metrics: str | None, env: Any) -> RunRecord | None:
     """The RunRecord the run appended (rank 0 writes it), or None."""
     if metrics is None or (env is not None and env.rank != 0) or not Path(metrics).is_file():
         return None
-    from exatrain.plan import read_run_records
+    from exatrain.records import read_run_records
 
     try:
         records = read_run_records(metrics)

@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 from typing import Callable, Sequence
 
-from exatrain.api.plans import calibrated, layout_of, resolve_cluster, resolve_model, shape_of, space_options
+from exatrain.api.plans import calibrated, layout_values, resolve_cluster, resolve_model, shape_of, space_options
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
 from exatrain.limits import check_counts
@@ -110,7 +110,7 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     check_output_file(best_path, "--out")
     check_output_file(runs_path, "--runs-file")
     check_output_dir(Path(f"{stem}.trials"), "trials folder")
-    options = space_options(**layout_of(values))
+    options = space_options(**layout_values(values))
     c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
     device = device or ("cpu" if c.device.name == "cpu" else "cuda")

@@ -27,6 +27,12 @@ class BenchResult:
     def params(self):
         return self.calibration.devices[self.device]
 
+    def to_dict(self) -> dict:
+        """`exatrain bench --json`: the device, its fitted parameters, the measuring time and the link tiers."""
+        tiers = self.calibration.cluster_tiers
+        return {"device": self.device, "params": self.params.to_dict(), "seconds": self.seconds,
+                "tiers": {k: [t.__dict__ for t in v] for k, v in tiers.items()}}
+
     def summary_lines(self) -> list[str]:
         """What was measured, in the cost model's terms: GEMM throughput and its fall-off, attention at
         the sequence lengths measured (and where the fitted rate goes beyond them), memory bandwidth and

@@ -36,7 +36,7 @@ models them; the trainer builds the mixture-of-experts fields, trainer/moe.py, n
 * ``attention_sinks`` — a learned logit per head that joins every query's softmax as one more key with no
   value (GPT-OSS; Transformer Engine's ``softmax_type="learnable"``). It changes no GEMM's shape; its parameters,
   one per head and layer, are counted (split over tp with the heads); it matters where an engine's attention
-  kernel or context parallelism does not run it (plan.CP_COMMS_WITHOUT_SINKS). The trainer does not build it.
+  kernel or context parallelism does not run it (settings.CP_COMMS_WITHOUT_SINKS). The trainer does not build it.
 * ``linear_bias`` — a bias on every linear layer of the blocks and on the router (GPT-OSS: q, k, v and the
   output projection, the router, each expert's gate/up and down; Megatron-Core ``--add-bias-linear`` with a
   llama-family model). Counted as parameters (``accounting.params``: column-parallel biases split over tp,

@@ -12,32 +12,18 @@ import sys
 import warnings
 
 from exatrain.api import ExatrainWarning
-from exatrain.cli.common import Parser
+from exatrain.cli.common import Parser, warn_line
 from exatrain.errors import UserError
 
-# Command modules, in the order their commands appear in `exatrain --help`.
-COMMAND_MODULES = (
-    "exatrain.cli.catalog_cmds",   # models, hardware
-    "exatrain.cli.train_cmds",     # train
-    "exatrain.cli.data_cmds",      # prepare, export
-    "exatrain.cli.planner_cmds",   # estimate, search, scaling
-    "exatrain.cli.launch_cmds",    # launch, export-config
-    "exatrain.cli.tune_cmds",      # tune
-    "exatrain.cli.report_cmds",    # report
-    "exatrain.cli.bench_cmds",     # bench, calibrate, validate
-)
+# Command modules (exatrain.cli.<name>_cmds, each module's doc names its commands), in `exatrain --help`'s order.
+COMMAND_MODULES = ("catalog", "train", "data", "planner", "launch", "tune", "report", "bench")
 
 
 def _warning_line(command: str):
     """``warnings.showwarning`` that prints an API's ExatrainWarning as one line on stderr (others as Python does)."""
-    shown = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
-        if issubclass(category, ExatrainWarning):
-            sys.stderr.write(f"exatrain {command}: warning: {message}\n")
-        else:
-            shown(message, category, filename, lineno, file, line)
-    return show
+    shown, line = warnings.showwarning, warn_line(command)
+    return lambda message, category, *a, **kw: (line(message) if issubclass(category, ExatrainWarning)
+                                                 else shown(message, category, *a, **kw))
 
 
 def build_parser() -> Parser:
@@ -49,7 +35,11 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"exatrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        module = importlib.import_module(f"exatrain.cli.{name}_cmds")
+        module.register(sub)
+        for command, p in sub.choices.items():  # a command runs its module's cmd_<command> unless it says otherwise
+            if p.get_default("func") is None:
+                p.set_defaults(func=getattr(module, "cmd_" + command.replace("-", "_")))
     return parser
 
 
@@ -85,6 +75,3 @@ def _error(line: str) -> None:
     except OSError:
         pass
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

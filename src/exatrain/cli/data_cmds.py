@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from exatrain import api
-from exatrain.cli.common import nonneg_int, positive_int
+from exatrain.cli.common import call, nonneg_int, positive_int
 from exatrain.errors import UserError
 
 
@@ -34,7 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-tokens", type=positive_int, metavar="N", help="tokens per shard (default 100,000,000)")
     p.add_argument("--out", metavar="DIR", help="the dataset directory to create (new or empty)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_prepare)
 
     e = sub.add_parser(
         "export", help="export a checkpoint as a Hugging Face model (safetensors + config.json)",
@@ -46,7 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--step", type=nonneg_int, help="the checkpoint of this step (in a --checkpoint-dir)")
     e.add_argument("--format", choices=("hf",), default="hf", help="hf: Hugging Face transformers (default)")
     e.add_argument("--out", required=True, metavar="DIR", help="the directory to write (new or empty)")
-    e.set_defaults(func=cmd_export)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -56,9 +54,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise UserError("--out DIR is required (where the dataset goes)")
-    meta = api.prepare(out=args.out, input=args.input or (), stdlib=args.stdlib, builtin=args.builtin,
-                       tokenizer=args.tokenizer, train_tokenizer=args.train_tokenizer, separator=args.separator,
-                       shard_tokens=args.shard_tokens, quiet=args.quiet)
+    meta = call(api.prepare, args, input=args.input or ())
     if not args.quiet:
         print(f"{args.out}: {meta.documents:,} documents, {meta.tokens:,} tokens in {len(meta.shards)} shard(s) "
               f"of {meta.dtype}; vocabulary {meta.vocab_size:,}, separator id {meta.separator_id}")
@@ -66,9 +62,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    source = api.export_model(checkpoint=args.checkpoint, out=args.out, step=args.step, format=args.format)
+    source = call(api.export_model, args)
     print(f"{args.out}: Hugging Face model from {source}")
     return 0
 
-
-__all__ = ["register"]

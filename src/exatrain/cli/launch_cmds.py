@@ -8,7 +8,6 @@ import sys
 from exatrain import api
 from exatrain.api.jobs import SCHEDULERS
 from exatrain.cli.common import add_cluster_args, call, default, flag, positive_int, warn_line
-from exatrain.api import EXPORT_TARGETS as TARGETS
 
 PLAN_HELP = "plan JSON: `estimate/search --out`, `estimate --json`, or `search --json` (its first ranked plan)"
 
@@ -44,7 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("torchrun")
     g.add_argument("--master", default="", metavar="HOST:PORT",
                    help="c10d rendezvous endpoint (default: $MASTER_ADDR:${MASTER_PORT:-29500} at run time)")
-    p.set_defaults(func=cmd_launch)
 
     e = sub.add_parser(
         "export-config", help="the plan's layout as Megatron-LM, Megatron-DeepSpeed or torchtitan config",
@@ -55,10 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "part of the plan, a note says so; where it cannot build the planned model, one line says why.",
         epilog="example: exatrain export-config --plan plan.json --for megatron > megatron_args.sh")
     e.add_argument("--plan", required=True, metavar="PATH", help=PLAN_HELP)
-    e.add_argument("--for", dest="target", required=True, choices=TARGETS)
+    e.add_argument("--for", dest="target", required=True, choices=api.EXPORT_TARGETS)
     e.add_argument("--out", metavar="FILE",
                    help="write here instead of stdout (deepspeed: ds_config.json is written beside it)")
-    e.set_defaults(func=cmd_export)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -68,8 +65,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    result = api.export_config(plan=args.plan, target=args.target, out=args.out, warn=warn_line("export-config"))
+def cmd_export_config(args: argparse.Namespace) -> int:
+    result = call(api.export_config, args, warn=warn_line("export-config"))
     for note in result.notes:
         sys.stderr.write(f"exatrain export-config: note: {note}\n")
     if args.out is None:

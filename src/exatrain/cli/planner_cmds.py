@@ -5,26 +5,10 @@ from __future__ import annotations
 import argparse
 
 from exatrain import api
-from exatrain.api.planning import DEFAULT_CLUSTER, RANK_BY, RANK_BY_HELP, RUN_FLAGS
-from exatrain.api import estimate_json, explain, render_estimate, render_scaling, render_search, search_json
+from exatrain.api.planning import DEFAULT_CLUSTER, RANK_BY, RANK_BY_HELP, RUN_FLAGS, STRICT_MEMORY_HELP
+from exatrain.api.plans import FROM_HELP
 from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg,
-                                 add_runtime_arg, call, flag, int_list, print_json, progress)
-
-CALIBRATION_HELP = "cost-model parameters measured by `exatrain bench` or fitted by `exatrain calibrate`"
-
-
-RUNTIME_WHY = "default exatrain, the runtime `train` and `tune` run, so a predicted plan is one this project runs"
-
-
-STRICT_MEMORY_HELP = ("drop tight layouts too: those whose device capacity lies inside their band of measured peak "
-                      "memory (kept and marked by default; only layouts that do not fit are dropped)")
-
-
-FROM_HELP = ("a launch to start from: a Megatron-LM or Megatron-DeepSpeed script running pretrain_gpt.py (its flags, "
-             "variables, torchrun/deepspeed/srun line and DeepSpeed JSON), or a torchtitan job TOML (export-config "
-             "writes all three); its model, world size, layout, batch, precision, recomputation, runtime and overlaps, "
-             "flags given here winning (--overlap: one other than all); one line names what it leaves to the engine's "
-             "defaults")
+                                 add_runtime_arg, call, flag, int_list, progress, show)
 
 
 def _planner_parser(sub, name: str, help: str, description: str, example: str, gpus: bool = True):
@@ -35,8 +19,10 @@ def _planner_parser(sub, name: str, help: str, description: str, example: str, g
     add_model_args(p)
     add_cluster_args(p, DEFAULT_CLUSTER, gpus=gpus)
     add_layout_args(p, extensions=True)
-    add_runtime_arg(p, getattr(api, name), RUNTIME_WHY)
-    p.add_argument("--calibration", metavar="PATH", help=CALIBRATION_HELP)
+    add_runtime_arg(p, getattr(api, name), "default exatrain, the runtime `train` and `tune` run, so a predicted "
+                    "plan is one this project runs")
+    p.add_argument("--calibration", metavar="PATH",
+                   help="cost-model parameters measured by `exatrain bench` or fitted by `exatrain calibrate`")
     for flag_name, (metavar, flag_help) in RUN_FLAGS.items():  # the whole run at a token budget
         p.add_argument(flag_name, metavar=metavar, help=flag_help)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -55,7 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "op order and replays every stage's own order from it; full traces every stage over the whole "
                    "step (minutes of CPU per stage at 175B scale)")
     add_progress_arg(p)
-    p.set_defaults(func=cmd_estimate)
 
     p = _planner_parser(sub, "search", "rank every legal layout by predicted throughput",
                         "Enumerate every legal layout (tp, pp, dp, micro-batch, ZeRO, recompute, sequence parallel, "
@@ -68,7 +53,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag(p, api.search, "--rank-by", RANK_BY_HELP, choices=RANK_BY)
     p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
     p.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
-    p.set_defaults(func=cmd_search)
 
     p = _planner_parser(sub, "scaling", "predicted weak or strong scaling over GPU counts",
                         "Weak scaling (global batch grows with the GPU count) or strong scaling (fixed global batch): "
@@ -79,33 +63,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag(p, api.scaling, "--mode", "weak: global batch grows with the GPU count; strong: fixed",
          choices=("weak", "strong"))
     p.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
-    p.set_defaults(func=cmd_scaling)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     with progress(args, "trace") as say:
         plan = call(api.estimate, args, progress=say)
-    if args.json:
-        print_json(estimate_json(plan))
-    else:
-        render_estimate(plan)
-    return 0
+    return show(args, lambda: api.estimate_json(plan), lambda: api.render_estimate(plan))
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     result = call(api.search, args)
-    lines = explain(result.ranked) if args.explain else None
-    if args.json:
-        print_json(search_json(result, lines))
-    else:
-        render_search(result, lines, args.gpus, args.global_batch)
-    return 0
+    lines = api.explain(result.ranked) if args.explain else None
+    return show(args, lambda: api.search_json(result, lines),
+                lambda: api.render_search(result, lines, args.gpus, args.global_batch))
 
 
 def cmd_scaling(args: argparse.Namespace) -> int:
     result = call(api.scaling, args)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        render_scaling(result)
-    return 0
+    return show(args, result.to_dict, lambda: api.render_scaling(result))

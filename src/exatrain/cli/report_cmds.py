@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from exatrain import api
-from exatrain.cli.common import call, default
+from exatrain.cli.common import call, flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,21 +18,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: exatrain estimate --model gpt-1t --cluster frontier --gpus 3072 --tp 8 --pp 64 "
                "--micro-batch 1 --global-batch 1536 --zero 1 --recompute full --out plan.json && "
                "exatrain report --plan plan.json --out report/")
-    p.add_argument("--plan", action="append", default=[], metavar="PATH",
-                   help="a plan file (estimate/search --out) or `exatrain estimate --json` output")
-    p.add_argument("--search", action="append", default=[], metavar="PATH", help="`exatrain search --json` output")
-    p.add_argument("--scaling", action="append", default=[], metavar="PATH", help="`exatrain scaling --json` output")
-    p.add_argument("--runs", action="append", default=[], metavar="PATH",
-                   help="a runs file: JSON lines of run records and per-step metrics")
-    p.add_argument("--out", default=default(api.report, "out"), metavar="DIR",
-                   help=f"folder for the PNGs and index.html (default {default(api.report, 'out')})")
+    for name, help in (("--plan", "a plan file (estimate/search --out) or `exatrain estimate --json` output"),
+                       ("--search", "`exatrain search --json` output"),
+                       ("--scaling", "`exatrain scaling --json` output"),
+                       ("--runs", "a runs file: JSON lines of run records and per-step metrics")):
+        p.add_argument(name, action="append", default=[], metavar="PATH", help=help)
+    flag(p, api.report, "--out", "folder for the PNGs and index.html", metavar="DIR")
     p.add_argument("--calibration", metavar="PATH", help="cost-model parameters for the pipeline timeline "
                    "(the file given to `exatrain estimate --calibration`)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cluster", metavar="NAME", help="catalog cluster for plans that name none")
     g.add_argument("--cluster-file", metavar="PATH", help="cluster description for plans whose cluster "
                    "the catalog lacks (matched by name) or that name none")
-    p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -4,15 +4,12 @@ the whole loop (bench --quick, search, train, predicted vs measured) on this mac
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
-from typing import Iterator
 
 from exatrain import api
 from exatrain.api.training import DEFAULT_MODEL, describe_default
-from exatrain.plan import FP8_RECIPES
-from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, flag, finite_float,
+from exatrain.errors import interrupt_on_signals
+from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, call, finite_float, flag,
                                  make_console, nonneg_float, nonneg_int, positive_int, warn_line)
 
 
@@ -29,16 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "`search --json` (its first ranked plan, the best); flags override it, but its global batch "
                    "stays unless --global-batch is given (a layout that cannot split it is refused)")
     add_model_args(p, DEFAULT_MODEL)
-    add_layout_args(p)
-    g = p.add_argument_group("context and expert parallelism, FP8 (not given: the plan's, else 1 / none)")
-    g.add_argument("--cp", type=positive_int, help="context-parallel degree: every sequence split over N more "
-                   "ranks (gpus = tp*cp*pp*dp; seq_len divisible by 2*N)")
-    g.add_argument("--ep", type=positive_int, help="expert-parallel degree of a mixture-of-experts model "
-                   "(splits dp: dp divisible by N)")
-    g.add_argument("--fp8", choices=FP8_RECIPES, help="run the transformer blocks' linear layers' GEMMs in FP8 "
-                   "(torch._scaled_mm, on the CPU too): the trainer runs 'current' (per-tensor dynamic scaling; "
-                   "e4m3 forward, e5m2 gradients), in bfloat16 training (the dtype then, unless --dtype says "
-                   "otherwise)")
+    add_layout_args(p, extensions=True, settings=("fp8",))  # the trainer runs FP8 'current' (trainer/fp8.py)
     add_cluster_args(p, "the plan's, else local-cpu")
     g = p.add_argument_group("training")
     for name, kind, help in (("--steps", positive_int, "optimizer steps"),
@@ -79,12 +67,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--resume", metavar="auto|PATH", help="auto: continue from the newest complete checkpoint in "
                    "--checkpoint-dir (start fresh if there is none); PATH: from that checkpoint. Any layout may "
                    "load it")
-    p.set_defaults(func=cmd_train)
     register_demo(sub)
 
 
 def register_demo(sub: argparse._SubParsersAction) -> None:
-    from exatrain.api.demo import DEMO_MODEL, DEMO_STEPS, MAX_RANKS
+    from exatrain.api.demo import DEMO_MODEL, MAX_RANKS
 
     p = sub.add_parser(
         "demo", help="the whole loop on this machine in minutes: bench --quick, search, train, predicted vs measured",
@@ -98,9 +85,8 @@ def register_demo(sub: argparse._SubParsersAction) -> None:
                    "runs/demo-<time>)")
     p.add_argument("--ranks", type=positive_int, help=f"CPU ranks (default: one per core, a power of two from 2 to "
                    f"{MAX_RANKS})")
-    p.add_argument("--steps", type=positive_int, default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
+    flag(p, api.demo, "--steps", "training steps", type=positive_int)
     p.add_argument("--quiet", action="store_true", help="no step lines while training")
-    p.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -111,29 +97,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     quiet = args.quiet or os.environ.get("RANK", "0") != "0" or os.environ.get("SLURM_PROCID", "0") != "0"
-    with _signals_interrupt():
+    with interrupt_on_signals():
         result = call(api.train, args, warn=warn_line("train"), progress=None if quiet else print)
     if not quiet:
-        con = make_console()
-        for line in result.summary_lines():
-            con.print(line, highlight=False)
+        make_console().print("\n".join(result.summary_lines()), highlight=False)
     return 0
 
-
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP while the command checks its input or prepares data end it as Ctrl-C does: one
-    line, exit status 128 + the signal. Once ranks run, the launcher (trainer/spawn.py) or the rank's
-    monitor (trainer/health.py) takes the signals over, and gives these handlers back after."""
-    from exatrain.errors import Interrupted
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted(f"interrupted ({signal.Signals(signum).name})", signum)
-
-    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    old = {getattr(signal, n): signal.signal(getattr(signal, n), interrupt) for n in names}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)

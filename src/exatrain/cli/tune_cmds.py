@@ -8,9 +8,7 @@ import sys
 from exatrain import api
 from exatrain.api.tuning import DEFAULT_CLUSTER
 from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call,
-                                 finite_float, flag, make_console, nonneg_int, opt, positive_int, print_json,
-                                 progress, table)
-from exatrain.api import describe
+                                 finite_float, flag, nonneg_int, positive_int, progress, show)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,28 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="append a RunRecord per finished run (default: beside the study, e.g. tune.runs.jsonl)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     add_progress_arg(p)  # kept for scripts that pass it: tune prints a line per trial in any case
-    p.set_defaults(func=cmd_tune)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     with progress(args, "tune", always=True) as say:  # a trial takes minutes: one line each, terminal or not
         out = call(api.tune, args, progress=say)
-    if args.json:
-        print_json(out.to_dict())
-    else:
-        con = make_console()
-        t = table(f"study {out.study_name} ({out.storage}): {out.finished} finished runs, {out.candidates} candidates",
-                  ("#", "trial", "layout", "predicted tok/s", "measured tok/s", "status", "note"),
-                  left=("layout", "status", "note"))
-        for rank, v in enumerate(out.trials, 1):
-            t.add_row(str(rank), str(v.number), describe(v.plan), opt(v.predicted_tokens_per_s, "{:,.0f}"),
-                      opt(v.measured_tokens_per_s, "{:,.0f}"), v.status, v.error[:80] if v.status != "ok" else v.source)
-        con.print(t)
-        con.print(f"stopped: {out.stopped}; {out.ran} run(s) this time. Runs file: {out.runs_file}")
-        if out.best is not None:
-            b = out.best
-            con.print(f"best: trial {b.number}, {describe(b.plan)}: {opt(b.measured_tokens_per_s, '{:,.0f}')} tokens/s "
-                      f"(predicted {opt(b.predicted_tokens_per_s, '{:,.0f}')}); plan saved to {out.best_file}")
+    show(args, out.to_dict, lambda: api.render_tune(out))
     if out.best is None:
         sys.stderr.write(f"exatrain tune: no run succeeded ({out.finished} finished); see the trials' "
                          f"errors and {out.trials_dir}\n")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from exatrain.errors import UserError
-from exatrain.plan import read_json
+from exatrain.jsonio import read_json
 
 FORMAT = "exatrain-tokens"
 VERSION = 1

@@ -31,7 +31,7 @@ import numpy as np
 from exatrain.data import tokenizer as tk
 from exatrain.data.dataset import META, TOKENIZER, DatasetMeta, Shard, read_meta, token_dtype
 from exatrain.errors import UserError
-from exatrain.plan import write_json_atomic
+from exatrain.jsonio import write_json_atomic
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 

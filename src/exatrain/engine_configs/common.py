@@ -6,7 +6,8 @@ Every exporter maps the same fields — tp, pp, virtual stages, dp, micro/global
 recompute, sequence parallel, precision, model shape — onto the option names of a pinned upstream
 version (cited next to each flag group). Where an engine cannot express part of a plan exactly, the
 export still renders and says so in a note (a comment in the text, and ``Export.notes``); where the
-engine cannot run the layout at all, it raises UserError.
+engine cannot run the layout at all, it raises UserError. The notes for run settings an engine cannot write
+are the registry's (``settings.Setting.notes``, ``settings.setting_notes``).
 """
 
 from __future__ import annotations
@@ -74,50 +75,10 @@ def summary(plan: Plan) -> str:
             f"{plan.dtype}" + (f" with FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else "") + plan.settings_label)
 
 
-def kernel_note(plan: Plan, engine: str, switches: tuple[str, ...], runs: str) -> str:
-    """A note for a flash-attention plan priced with an --attention-kernel (``plan.ATTENTION_KERNELS``)
-    that ``engine`` has no switch for (``switches``: those it has), saying what the config ``runs``
-    instead; "" when the plan names no kernel or one the engine can be told to run. A note, not a
-    refusal: the estimate is the what-if the user asked for, and the config says what it runs."""
-    if not plan.flash_attention or not plan.attention_kernel or plan.attention_kernel in switches:
-        return ""
-    return (f"the plan was priced with the {plan.attention_kernel} attention kernel; {engine} has no switch "
-            f"for it: {runs}")
-
-
 def even_split(plan: Plan) -> bool:
     """True when every virtual stage holds the same number of layers."""
     return len(set(plan.layers_per_stage())) == 1
 
 
-def elementwise_note(plan: Plan, engine: str) -> str:
-    """A note for a Megatron config of a plan priced with eager element-wise ops (``plan.ELEMENTWISE``):
-    Megatron fuses them (its bias-activation, RoPE and norm kernels); "" for a plan that names none or fused."""
-    if plan.elementwise not in ("eager", "eager-composite"):
-        return ""
-    return (f"the plan was priced with {plan.elementwise} element-wise ops; {engine} runs its fused kernels "
-            "(plan it without --elementwise, or with fused, to price them)")
-
-
-def fusion_note(plan: Plan, target: str) -> str:
-    """The note for a target that cannot say the plan's gradient-accumulation fusion (plan.GRAD_ACCUM_FUSION,
-    Megatron-Core's switch), or ""."""
-    if not plan.grad_accum_fusion:
-        return ""
-    where = "inside the weight-gradient GEMMs" if plan.grad_accum_fusion == "on" else "by a pass after each backward"
-    return (f"the plan was priced with Megatron-Core's gradients accumulated {where} (--grad-accum-fusion "
-            f"{plan.grad_accum_fusion}); {target} accumulates them its own way, which this config does not set")
-
-
-def adam_note(plan: Plan, target: str) -> str:
-    """The note for a target that runs its own fused Adam where the plan names a kernel (plan.ADAM_KERNELS,
-    torchtitan's switch), or ""."""
-    if not plan.adam_kernel:
-        return ""
-    return (f"the plan was priced with {plan.adam_kernel} Adam (--adam-kernel, torchtitan's switch); {target} runs its "
-            "FusedAdam, which this config does not change")
-
-
-__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "adam_note", "elementwise_note", "even_split", "export",
-           "fusion_note", "kernel_note", "summary"]
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "export", "summary"]
 

@@ -30,9 +30,9 @@ from typing import Any
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.engine_configs.common import (Export, Flag, FlagGroup, adam_note, elementwise_note, even_split,
-                                           fusion_note, kernel_note, summary)
-from exatrain.plan import Plan, cp_comm_for
+from exatrain.engine_configs.common import Export, Flag, FlagGroup, even_split, summary
+from exatrain.plan import Plan
+from exatrain.settings import cp_comm_for, setting_notes
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
 MEGATRON_DEEPSPEED = "deepspeedai/Megatron-DeepSpeed@4efb479d"
@@ -112,7 +112,7 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                 Flag("--recompute-num-layers", "1")]
     elif plan.recompute == "selective":  # default --recompute-modules is core_attn: the attention core
         mem.append(Flag("--recompute-granularity", "selective"))
-        if plan.recompute_modules:  # a list of its own (plan.RECOMPUTE_MODULES: Megatron-Core's names, nargs='*')
+        if plan.recompute_modules:  # a list of its own (settings.RECOMPUTE_MODULES: Megatron-Core's names, nargs='*')
             mem.append(Flag("--recompute-modules", plan.recompute_modules[0], plan.recompute_modules[1:]))
     if plan.zero_stage == 1:  # the distributed optimizer shards fp32 master weights + Adam states over dp
         mem.append(Flag("--use-distributed-optimizer"))
@@ -124,15 +124,13 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                 Flag("--ckpt-format", "fsdp_dtensor")]
 
     prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
-    if plan.grad_accum == "bfloat16":  # gradients accumulated and reduced in bf16 (plan.GRAD_ACCUM)
+    if plan.grad_accum == "bfloat16":  # gradients accumulated and reduced in bf16 (settings.GRAD_ACCUM)
         prec.append(Flag("--grad-reduce-in-bf16"))
-    if plan.grad_accum_fusion == "off":  # accumulated by the backward hook, not the GEMMs (plan.GRAD_ACCUM_FUSION)
+    if plan.grad_accum_fusion == "off":  # accumulated by the backward hook, not the GEMMs (settings.GRAD_ACCUM_FUSION)
         prec.append(Flag("--no-gradient-accumulation-fusion"))
-    backend, note = attention_backend(plan)
-    prec.append(Flag("--attention-backend", backend))
-    notes += [note] if note else []
+    prec.append(Flag("--attention-backend", attention_backend(plan)))
     prec += fp8_flags(plan)
-    # the exchange the planner prices (cost.experts.cp_exposed_s; Megatron spells all_gather "allgather")
+    # the exchange the planner prices (cost.context.cp_exposed_s; Megatron spells all_gather "allgather")
     if plan.cp > 1:
         comm = cp_comm_for("megatron-core", plan.cp_comm, plan.model)
         par += [Flag("--context-parallel-size", str(plan.cp)),
@@ -154,8 +152,7 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
         FlagGroup("PRECISION_ARGS", "precision and attention kernel",
                   f"megatron/core/model_parallel_config.py, {cfg}", tuple(prec)),
     )
-    notes += [n for n in (elementwise_note(plan, "Megatron-Core"), adam_note(plan, "Megatron-Core")) if n]
-    return groups, tuple(notes)
+    return groups, (*notes, *setting_notes(plan, "megatron"))
 
 
 def attention_shape_flags(m: ModelSpec) -> list[Flag]:
@@ -198,17 +195,17 @@ def attention_shape_flags(m: ModelSpec) -> list[Flag]:
     return out
 
 
-def attention_backend(plan: Plan) -> tuple[str, str]:
-    """(Megatron-LM's --attention-backend, a note or ""): megatron/core/transformer/enums.py AttnBackend
+def attention_backend(plan: Plan) -> str:
+    """Megatron-LM's --attention-backend: megatron/core/transformer/enums.py AttnBackend
     (flash, fused, unfused, local, auto). Without flash attention "unfused"; with it the plan's
     --attention-kernel: "fa2" is Transformer Engine's FlashAttention backend (the flash-attn package),
     "fused" its cuDNN FusedAttention, which is also what a plan naming no kernel gets: the kernel the
     Megatron-Core profile prices (``ActivationRules.flash_kernel``), so the config runs what was priced.
-    Megatron-Core has no torch-SDPA backend: "sdpa" runs "fused" too, with a note (``kernel_note``)."""
+    Megatron-Core has no torch-SDPA backend: "sdpa" runs "fused" too, with a note (the attention_kernel setting's,
+    ``settings.SETTINGS``)."""
     if not plan.flash_attention:
-        return "unfused", ""
-    return ("flash" if plan.attention_kernel == "fa2" else "fused",
-            kernel_note(plan, "Megatron-Core", ("fused", "fa2"), "this config runs --attention-backend fused"))
+        return "unfused"
+    return "flash" if plan.attention_kernel == "fa2" else "fused"
 
 
 # exatrain's FP8 scaling -> Megatron-LM's --fp8-recipe: per-tensor current scaling is "tensorwise",
@@ -348,9 +345,6 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
     if plan.flash_attention:  # the flash-attn package's kernels (no cuDNN, no SDPA): fused or sdpa get a note
         prec.append(Flag("--use-flash-attn-v2"))
-    note = kernel_note(plan, "Megatron-DeepSpeed", ("fa2",),
-                       "this config runs FlashAttention-2 (--use-flash-attn-v2)")
-    notes += [note] if note else []
 
     groups = (
         FlagGroup("MODEL_ARGS", "model shape", f"{src} (_add_network_size_args)", tuple(shape)),
@@ -364,14 +358,7 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
         FlagGroup("PRECISION_ARGS", "precision and attention kernel", f"{src} (_add_mixed_precision_args, "
                   "_add_training_args)", tuple(prec)),
     )
-    note = elementwise_note(plan, "Megatron-DeepSpeed")
-    notes += [note] if note else []
-    if plan.grad_accum == "float32" and plan.zero_stage > 1:
-        notes.append(f"the plan was priced with float32 gradient accumulation; DeepSpeed accumulates in float32 only "
-                     f"through its BF16_Optimizer (ZeRO-0/1), so this config at ZeRO-{plan.zero_stage} keeps its "
-                     "bfloat16 default")
-    notes += [n for n in (fusion_note(plan, "Megatron-DeepSpeed"), adam_note(plan, "Megatron-DeepSpeed")) if n]
-    return groups, tuple(notes)
+    return groups, (*notes, *setting_notes(plan, "deepspeed"))
 
 
 
@@ -384,7 +371,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation_steps": plan.num_microbatches,
         "zero_optimization": {"stage": plan.zero_stage},
         "bf16": {"enabled": plan.dtype == "bfloat16"},
-        # fp32 gradient accumulation selects DeepSpeed's BF16_Optimizer (plan.GRAD_ACCUM; engine.py
+        # fp32 gradient accumulation selects DeepSpeed's BF16_Optimizer (settings.GRAD_ACCUM; engine.py
         # get_data_types); the default is the model dtype
         **({"data_types": {"grad_accum_dtype": "fp32"}} if plan.grad_accum == "float32" and plan.zero_stage <= 1
            else {}),

@@ -23,7 +23,8 @@ from exatrain.engine_configs.megatron import FP8_RECIPES
 from exatrain.engine_configs.reading import AttentionShape, LaunchRead, number, positive
 from exatrain.engine_configs.shell import Script, run_script
 from exatrain.errors import UserError
-from exatrain.plan import balanced_split, cp_comm_for
+from exatrain.plan import balanced_split
+from exatrain.settings import cp_comm_for
 
 PRETRAIN = re.compile(r"(^|/)pretrain_gpt\w*\.py$")
 EXPORT_ARRAYS = ("MEGATRON_ARGS", "MEGATRON_DEEPSPEED_ARGS")  # what export-config writes the flags into

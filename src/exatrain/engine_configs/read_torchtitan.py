@@ -21,7 +21,8 @@ from exatrain.catalog.models import ModelSpec, model_presets
 from exatrain.engine_configs.reading import AttentionShape, LaunchRead, positive
 from exatrain.engine_configs.torchtitan import SCHEDULE_NAMES, architecture, flavor_model, registered_model
 from exatrain.errors import UserError
-from exatrain.plan import balanced_split, cp_comm_for
+from exatrain.plan import balanced_split
+from exatrain.settings import cp_comm_for
 
 TORCHTITAN_SECTIONS = ("job", "model", "training", "parallelism", "activation_checkpoint", "compile", "float8",
                        "quantize", "optimizer", "lr_scheduler", "checkpoint", "metrics", "profiling", "comm",

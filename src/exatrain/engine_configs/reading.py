@@ -50,7 +50,7 @@ class LaunchRead:
 
 
 class AttentionShape:
-    """What ``plan.cp_comm_for`` reads of a model (its sliding windows and sinks), from ModelSpec fields: a launch's
+    """What ``settings.cp_comm_for`` reads of a model (its sliding windows and sinks), from ModelSpec fields: a launch's
     context-parallel exchange is compared with the engine's default for the model before the model is built."""
 
     def __init__(self, fields: Mapping[str, Any]) -> None:

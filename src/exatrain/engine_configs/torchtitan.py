@@ -37,10 +37,11 @@ from typing import Any
 
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.models import ModelSpec
-from exatrain.engine_configs.common import Export, Flag, FlagGroup, fusion_note, kernel_note, summary
+from exatrain.engine_configs.common import Export, Flag, FlagGroup, summary
 from exatrain.engine_configs.megatron import render_arrays
 from exatrain.errors import UserError
-from exatrain.plan import Plan, cp_comm_for
+from exatrain.plan import Plan
+from exatrain.settings import cp_comm_for, setting_notes
 
 TORCHTITAN = "pytorch/torchtitan@v0.2.2"
 TORCHTITAN_03 = "torchtitan 0.3.0"
@@ -360,12 +361,6 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
     if plan.dtype == "bfloat16" and shard == 1 and not only_dp:
         notes.append("torchtitan applies mixed_precision_param through FSDP (dp > 1) or DDP-only autocast; "
                      "this layout has neither, so it trains in float32 unless training.dtype is set")
-
-    if plan.grad_accum == "bfloat16":
-        notes.append("the plan was priced with its gradients accumulated and reduced in bfloat16; torchtitan reduces "
-                     "them in float32 (mixed_precision_reduce), as this config sets")
-    note = fusion_note(plan, "torchtitan")
-    notes += [note] if note else []
     pipelined = plan.pp > 1
     training = {
         # per dp rank and step: all of a pipeline's micro-batches, or one accumulation micro-batch
@@ -393,13 +388,9 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         par["module_fqns_per_model_part"] = model_parts(plan, HEAD_MODULE[release])
     par["context_parallel_degree"] = plan.cp
-    if plan.cp > 1:  # the exchange the planner prices (cost.experts.cp_exposed_s): torch's rotate method
+    if plan.cp > 1 and not v03:  # the exchange priced (cost.context.cp_exposed_s): torch's rotate method
         comm = cp_comm_for("torchtitan", plan.cp_comm, plan.model)
-        if not v03:
-            par["context_parallel_rotate_method"] = {"all_gather": "allgather", "p2p": "alltoall"}[comm]
-        elif comm != "all_gather":  # context_parallel/api.py: flex_cp_allgather, or SDPA's dispatcher
-            notes.append(f"the plan was priced with the {comm} K,V exchange; torchtitan 0.3 has no switch for it "
-                         "and all-gathers K and V")
+        par["context_parallel_rotate_method"] = {"all_gather": "allgather", "p2p": "alltoall"}[comm]
     if plan.model.is_moe:
         par["expert_parallel_degree"] = plan.ep
         if v03 and plan.ep > 1 and (plan.dp * plan.cp * plan.tp) % plan.ep:
@@ -413,16 +404,6 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
             par["expert_tensor_parallel_degree"] = plan.tp
             notes.append(f"torchtitan runs ep {plan.ep} inside dp with its experts split over tp "
                          f"(expert_tensor_parallel_degree {plan.tp}); the estimate priced them whole on each rank")
-        if plan.moe_dispatcher != "alltoall":
-            notes.append(f"the plan was priced with the {plan.moe_dispatcher} dispatcher (one copy per destination "
-                         "rank and node); this config sets no dispatcher: torchtitan's own all-to-all sends every "
-                         "routed copy")
-        if plan.moe_capacity_factor:
-            notes.append(f"the plan was priced with token drop at capacity factor {plan.moe_capacity_factor:g}, "
-                         "every expert padded to it; torchtitan's MoE is dropless and this config cannot set it")
-    note = kernel_note(plan, "torchtitan", ("sdpa",), "torch SDPA picks its kernel by torch version and device "
-                       "(cuDNN's on Hopper from torch 2.11, FlashAttention-2's before)")
-    notes += [note] if note else []
     quant: dict[str, Any] = {}
     if plan.fp8 and v03 and builtin_flavor(m, "0.3.0").config_fp8 == plan.fp8:
         pass  # the config function's own float8 converter: what the plan priced
@@ -446,16 +427,10 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
     components = [c for c, on in (("model", plan.elementwise == "fused"),
                                   ("loss", get_engine("torchtitan").cross_entropy(plan.cross_entropy,
                                                                                   plan.elementwise) == "fused")) if on]
-    if plan.elementwise == "eager-composite":
-        notes.append("the plan was priced with each RMSNorm as composite ops (--elementwise eager-composite); "
-                     "torchtitan's nn.RMSNorm runs one fused kernel from torch 2.9")
     ac: dict[str, Any] = {"mode": plan.recompute}
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"
-    elif plan.recompute == "full" and plan.recompute_every and v03:
-        notes.append(f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
-                     f"{plan.recompute_every}, and this command line every block")
-    elif plan.recompute == "full" and plan.recompute_every:  # layer-level: every Nth block checkpointed whole
+    elif plan.recompute == "full" and plan.recompute_every and not v03:  # layer-level: every Nth block whole
         ac = {"mode": "selective", "selective_ac_option": str(plan.recompute_every)}
     sections = {
         **({} if v03 else {"job": {"description": f"exatrain plan: {summary(plan)}"}}),
@@ -468,12 +443,12 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
                     # refuse a command line that turns compiling off (CompileConfig's check)
                     **({"enable_async_tensor_parallel": False} if v03 and not components else {})},
         **({"quantize.linear.float8": quant} if quant else {}),
-        # Adam's kernel as the plan priced it (plan.ADAM_KERNELS; torchtitan's default: fused)
+        # Adam's kernel as the plan priced it (settings.ADAM_KERNELS; torchtitan's default: fused)
         **({"optimizer": {"implementation": plan.adam_kernel}} if plan.adam_kernel else {}),
         # round-robin routing, as the plan priced it (torchtitan/config/job_config.py Debug)
         **({"debug": {"moe_force_load_balance": True}} if plan.moe_force_balance else {}),
     }
-    return sections, tuple(notes)
+    return sections, (*notes, *setting_notes(plan, "torchtitan-0.3" if v03 else "torchtitan"))
 
 
 def _model_section_03(plan: Plan) -> tuple[dict[str, Any], list[str], str]:

@@ -9,8 +9,9 @@ candidate, so a searched plan's estimate is what the search ranked it by.
 from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
-from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown, trainer_cannot_build
-from exatrain.accounting.engines import ADAM_BYTES, get_engine, plan_engine
+from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
+from exatrain.settings import trainer_cannot_build
+from exatrain.accounting.engines import ADAM_BYTES, get_engine, plan_run
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
 from exatrain.accounting.params import stage_params, total_params
@@ -19,7 +20,8 @@ from exatrain.planner.cost.overlap import overlap_rules
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
 from exatrain.planner.memory_band import with_memory_band
-from exatrain.planner.cost import experts
+from exatrain.planner.cost.fp8 import CAST_BYTES, fp8_speedup
+from exatrain.planner.plan_cost import comm_bytes
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate, trainer_models_it
 from exatrain.planner.layouts import Layouts
 
@@ -30,9 +32,8 @@ def _setting_note(what: str, flag: str, chosen: str, runtime: str, own: str, own
     return f"{what}: {chosen or own} ({source}; {priced_by})"
 
 
-def _routing_note(plan: Plan) -> str:
-    """What the busiest expert rank is priced to receive, and which routing setting says so."""
-    load = experts.plan_moe_load(plan)
+def _routing_note(plan: Plan, load: float) -> str:
+    """What the busiest expert rank is priced to receive (``load``), and which routing setting says so."""
     if plan.moe_capacity_factor:
         how = (f"token drop at capacity factor {plan.moe_capacity_factor:g}, every expert's input padded to it "
                "(--moe-capacity-factor)")
@@ -40,7 +41,7 @@ def _routing_note(plan: Plan) -> str:
         how = "routing forced even (--moe-force-balance)"
     else:
         how = "dropless routing, an assumption (--moe-capacity-factor or --moe-force-balance if the run sets either)"
-    return f"busiest expert rank priced at {load:g}x the mean routed tokens: {how} (cost.experts.moe_load)"
+    return f"busiest expert rank priced at {load:g}x the mean routed tokens: {how} (accounting.moe.moe_load)"
 
 
 def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None,
@@ -49,17 +50,11 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     ``plan`` on ``cluster`` as its runtime (``plan.runtime``) runs it. ``params`` are the cost
     model's efficiencies (default: the device's prior, or what a calibration file measured);
     ``overlap``: which of the runtime's overlaps are on (``cost.overlap.overlap_rules``)."""
-    cp = params or default_params(cluster.device.name)
-    rt = plan.runtime
+    coeffs = params or default_params(cluster.device.name)
+    rt, run = plan.runtime, plan_run(plan)
     memory = (rt,) if rt == "exatrain" else (rt, "exatrain")
-    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
-                  dtype=plan.dtype, flash=plan.flash_attention, memory=memory, by_rank=True, runtime=rt,
-                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
-                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
-                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
-                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion, adam_kernel=plan.adam_kernel,
-                  cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules,
-                  recompute_every=plan.recompute_every)
+    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch, run=run,
+                  memory=memory, by_rank=True, overlap=overlap)
 
     def stages(kind: str) -> tuple[MemoryBreakdown, ...]:
         parts = ev.by_rank[kind]
@@ -68,7 +63,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     by_stage = stages(rt)
     worst = by_stage[int(ev.worst_rank[rt][0])]
     capacity = cluster.device.hbm_bytes
-    engine = plan_engine(plan)
+    engine = run.engine
     rule = engine.state_rule(plan.dtype, plan.zero_stage)
     rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}
@@ -91,7 +86,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"engine version priced: {engine.version_assumed}",)
     notes += (_setting_note("element-wise ops", "--elementwise", plan.elementwise, rt, engine.elementwise(),
                             engine.elementwise_source, "cost.compute.unfused_extra"),)
-    loss = engine.cross_entropy(plan.cross_entropy, plan.elementwise)
+    loss = run.cross_entropy
     held = logits_bytes_per_element(loss, plan.dtype, plan.tp)
     whose = (f"set by --cross-entropy; {rt}'s own: {engine.cross_entropy('', plan.elementwise)}" if plan.cross_entropy
              else f"{rt}'s own with element-wise {engine.elementwise(plan.elementwise)}: "
@@ -152,7 +147,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"selective recomputation reruns {', '.join(plan.recompute_modules)} in the backward (Megatron-Core "
                   f"--recompute-modules {' '.join(plan.recompute_modules)}): their outputs are not kept "
                   "(accounting.memory.layer_activation_bytes), their forward runs again, with the TP collectives "
-                  "inside them and, for moe, the all-to-alls (cost.experts.module_rerun_s)",)
+                  "inside them and, for moe, the all-to-alls (cost.recompute.module_rerun_s)",)
     if (plan.recompute_layers or plan.recompute_every) and plan.recompute == "full":
         rerun = [plan.recomputed_layers_of_rank(r) for r in range(plan.pp)]
         how = (f"the first {plan.recompute_layers} layers of each stage (Megatron-Core --recompute-method block "
@@ -167,21 +162,23 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"MoE: ep {plan.ep}, {plan.moe_dispatcher} dispatcher"
                   + (" (each token once per destination rank and node)" if plan.moe_dispatcher != "alltoall"
                      else " (every routed copy)")
-                  + ", routed experts' states sharded over the expert-data-parallel group; " + _routing_note(plan)
+                  + ", routed experts' states sharded over the expert-data-parallel group; "
+                  + _routing_note(plan, run.moe_load)
                   + ("; trainer memory: N/ep experts a rank, routed tokens at a balanced load" if own else ""),)
     if plan.cp > 1:
-        x = get_engine(rt).cp_exchange(plan.cp_comm, plan.model)
+        x = run.cp_exchange
         how = {"p2p": "K,V blocks passed round the ring, each behind a block's attention",
                "all_gather": "K,V all-gathered" + (", behind the local block's attention" if x.overlapped
                                                    else ", exposed"),
                "a2a": "all-to-all of Q,K,V and of the output (heads/cp a rank over the whole sequence), exposed"}
         notes += (f"cp {plan.cp}: s/cp tokens per rank; {how[x.comm]} — {x.comm} ({x.switch}"
-                  + ("; set by --cp-comm" if plan.cp_comm else "") + f"; {x.source}) (cost.experts.cp_exposed_s)",)
+                  + ("; set by --cp-comm" if plan.cp_comm else "") + f"; {x.source}) (cost.context.cp_exposed_s)",)
     if plan.fp8:
-        speedup = experts.fp8_speedup(cluster, plan.dtype, cp)
-        whence = "measured or fitted, cost params" if cp.fp8_speedup is not None else "the data sheet's FP8 peak ratio"
+        speedup = fp8_speedup(cluster, plan.dtype, coeffs)
+        whence = ("measured or fitted, cost params" if coeffs.fp8_speedup is not None
+                  else "the data sheet's FP8 peak ratio")
         notes += (f"fp8 ({plan.fp8} scaling): linear-layer GEMMs at {speedup:.2f}x the {plan.dtype} rate ({whence}), "
-                  f"each cast to FP8 {experts.CAST_BYTES[plan.fp8]:g} bytes an element of memory traffic; MFU and "
+                  f"each cast to FP8 {CAST_BYTES[plan.fp8]:g} bytes an element of memory traffic; MFU and "
                   f"HFU are against the {plan.dtype} peak",)
     if not own:
         notes += ("trainer memory: the per-tensor model counts the trainer's dense and MoE layers (with ep and cp), "
@@ -197,7 +194,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     model_tf = model_flops / time_s.step / plan.gpus / 1e12
     hw_tf = hw_flops / time_s.step / plan.gpus / 1e12
     peak = cluster.device.peak_flops(plan.dtype)
-    notes += (f"cost model: {cp.source} parameters for {cluster.device.name}",)
+    notes += (f"cost model: {coeffs.source} parameters for {cluster.device.name}",)
     return with_memory_band(with_band(StepEstimate(
         params=total_params(plan.model),
         params_by_stage=stage_params(plan),
@@ -209,7 +206,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         fits=worst.total <= capacity,
         model_flops_per_step=model_flops,
         hardware_flops_per_step=hw_flops,
-        comm_bytes=experts.comm_bytes(plan),
+        comm_bytes=comm_bytes(plan),
         time_s=time_s,
         tokens_per_s=plan.tokens_per_step / time_s.step,
         model_tflops_per_gpu=model_tf,

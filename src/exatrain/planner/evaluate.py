@@ -3,21 +3,22 @@
 The one evaluation path of the planner: the search feeds it every candidate of a space, and
 ``estimate_plan`` feeds it a single plan (a batch of one), so the two agree by construction.
 Memory comes from the accounting, per runtime (the engine that runs the plan):
-``accounting.memory.rank_memory(engine=...)`` for megatron-core, megatron-deepspeed and torchtitan,
+``accounting.memory.rank_memory`` (with the engine's profile) for megatron-core, megatron-deepspeed and torchtitan,
 ``accounting.trainer_memory.trainer_rank_memory`` for exatrain's own trainer, evaluated for every
 pipeline rank, so the worst stage is the plan's true worst stage; time from ``cost.step``, with the
-runtime's overlaps and collectives (``cost.overlap``).
+runtime's overlaps and collectives (``cost.overlap``). The plan's dtype, flash attention and run settings arrive
+resolved once (``accounting.engines.Resolved``: what the runtime runs for them).
 
 Layouts are grouped by what fixes array shapes: GPU count (the device's share of a CPU), pp and
 interleave (the layer split and the number of stages), and by ep and cp (scalars to the accounting
-and to ``cost.experts``); within a group memory is evaluated once per (ZeRO stage, recompute,
+and to ``cost.moe`` and ``cost.context``); within a group memory is evaluated once per (ZeRO stage, recompute,
 sequence parallel), the accounting's scalar choices.
 
 Mixture-of-experts models, context parallelism and FP8 GEMMs are priced by the lean reference
-(``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.experts`` and its
-routing load ``moe_load``, and the FP8 recipe) and by ``cost.experts`` for time. An ep wider than dp (folded
-over tp*cp*dp, ``plan.ParallelDims``) takes the same per-rank counts (experts/ep local experts, states
-sharded over edp = tp*cp*dp/ep); only the ranks its groups span differ (``cost.experts.ep_span``,
+(``accounting.memory.rank_memory`` with ep, cp, the expert split of ``cost.moe`` and its
+routing load ``moe_load``, and the FP8 recipe) and by ``cost.layer``, ``cost.moe`` and ``cost.context`` for time.
+An ep wider than dp (folded over tp*cp*dp, ``plan.ParallelDims``) takes the same per-rank counts (experts/ep local
+experts, states sharded over edp = tp*cp*dp/ep); only the ranks its groups span differ (``cost.moe.ep_span``,
 ``edp_span``). exatrain's own trainer memory (``accounting.trainer_memory``) counts its dense and MoE
 layers with ep and cp (routed tokens at a balanced load, as the trainer's dropless routing averages);
 for latent attention, QK-norm, a separate head width and FP8 the runtime ``exatrain`` is counted by
@@ -30,15 +31,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exatrain.accounting.engines import ENGINE_NAMES, engine_variant, get_engine
+from exatrain.accounting.engines import ENGINE_NAMES, Resolved
 from exatrain.accounting.flops import model_flops_per_step
-from exatrain.accounting.memory import inflight, rank_memory, unsharded_grad_share
+from exatrain.accounting.memory import RankCounts, inflight, rank_memory, unsharded_grad_share
 from exatrain.accounting.params import rank_params
 from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, balanced_split, cp_comm_for, full_rerun_layers
-from exatrain.planner.cost import compute, experts
+from exatrain.plan import balanced_split
+from exatrain.settings import RECOMPUTE, full_rerun_layers
+from exatrain.planner.cost import compute
+from exatrain.planner.cost.moe import rank_params_split
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.step import TIME_FIELDS, step_times
 from exatrain.planner.layouts import Layouts
@@ -87,7 +90,7 @@ def layer_split(model: ModelSpec, pp: int, interleave: int, stage_layers: tuple[
 def not_modelled(model: ModelSpec) -> None:
     """Refuse, in one line, a model this step-time and memory path does not price. Every model the
     catalog can describe is priced now — mixture-of-experts, latent-attention and separate-head-width
-    layers by their own GEMM shapes and memory (``cost.experts``, ``accounting.memory``) — so this
+    layers by their own GEMM shapes and memory (``cost.layer``, ``accounting.memory``) — so this
     refuses nothing; it stays as the one place such a refusal belongs."""
     return None
 
@@ -99,45 +102,28 @@ def trainer_models_it(model: ModelSpec, ep: int, cp: int, fp8: str) -> bool:
     return not (model.mla or model.qk_norm or model.kv_channels or model.sliding_window or fp8)
 
 
-def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *, global_batch,
-             dtype: str = "bfloat16", flash: bool = True, memory: tuple[str, ...] | None = None,
-             by_rank: bool = False, time_if_fits: bool = False, runtime: str = "exatrain",
-             overlap: str = "all", moe_dispatcher: str = "alltoall", attention_kernel: str = "",
-             elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
-             fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
-             grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-             recompute_modules: tuple[str, ...] = (), recompute_every: int = 0,
-             time: bool = True, fit_bytes: float | None = None) -> Evaluation:
-    """Evaluate every layout (see the module doc) as run by ``runtime`` (an engine name). ``memory``:
-    which runtimes' memory models to evaluate, the first deciding ``fits`` (None: the runtime's; ():
-    time only, fits all true). ``time_if_fits``: time only the layouts that fit (the others' times
-    are NaN), as a search that ranks only those needs. ``overlap``: which of the runtime's overlaps
-    are on (``cost.overlap.overlap_rules``); ``moe_dispatcher``: how MoE tokens reach their experts
-    (``plan.MOE_DISPATCHERS``, ``cost.experts.a2a_time_s``); ``attention_kernel``: flash attention's
-    kernel (``plan.ATTENTION_KERNELS``; "": the runtime's own); ``elementwise``: how the element-wise ops
-    run (``plan.ELEMENTWISE``; "": the runtime's own); ``moe_load``: the busiest expert rank's routed
-    copies over the mean (``cost.experts.moe_load``: the plan's routing); ``fp8_param_gather``: the FP8 GEMMs'
-    weights gathered and kept in FP8 (``Plan.fp8_param_gather``); ``cross_entropy``: how the loss runs over the
-    logits (``plan.CROSS_ENTROPY``; "": the runtime's own, ``EngineProfile.cross_entropy``; another memory
-    model than the runtime's counts its own engine's); ``grad_accum``: the dtype bfloat16 gradients accumulate and
-    reduce in under the runtime (``plan.GRAD_ACCUM``; "": its own, ``EngineProfile.with_grad_accum``);
-    ``grad_accum_fusion``: whether the runtime accumulates them inside its weight-gradient GEMMs
-    (``plan.GRAD_ACCUM_FUSION``; "": its own, ``EngineProfile.with_grad_accum_fusion``); ``adam_kernel``: the kernel
-    its optimizer step runs Adam with (``plan.ADAM_KERNELS``; "": its own, ``EngineProfile.with_adam``);
-    ``cp_comm``: how attention's operands travel under cp (``Plan.cp_comm``; "": the runtime's own for the model,
-    ``EngineProfile.cp_exchange``), in its step time and its working set in memory; ``recompute_modules``: what the
-    runtime's selective recomputation reruns (``Plan.recompute_modules``; (): its own), in its step time and what its
-    memory model keeps; a full recomputation covers each layout's ``Layouts.recompute_layers`` of each virtual
-    stage (``Plan.recompute_layers``; 0: all), or one layer in ``recompute_every`` of a rank (``Plan.recompute_every``;
-    0: all). ``by_rank`` also fills ``hidden``; ``time`` False: memory only (the times NaN). ``fit_bytes``: the worst
-    stage's bytes ``time_if_fits`` times up to (None: the device's capacity; a search keeping layouts whose capacity
-    lies inside their memory band passes capacity over the band's lowest low end, planner/memory_band.py)."""
-    # an unknown runtime is a one-line UserError; the kernel (the plan's, else the runtime's) sets the attention rate
-    cp = compute.with_attention_kernel(cp, get_engine(runtime).attention_kernel(attention_kernel))
+def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, *, global_batch,
+             run: Resolved, memory: tuple[str, ...] | None = None, by_rank: bool = False, time_if_fits: bool = False,
+             overlap: str = "all", time: bool = True, fit_bytes: float | None = None) -> Evaluation:
+    """Evaluate every layout (see the module doc) as ``run`` says its runtime runs them (``accounting.engines.
+    Resolved``: the plan's dtype, flash attention and run settings, resolved once). ``memory``: which runtimes'
+    memory models to evaluate, the first deciding ``fits`` (None: the runtime's; (): time only, fits all true);
+    another runtime than the plan's counts its own run of the same FP8 GEMMs and MoE routing
+    (``Resolved.other``). ``time_if_fits``: time only the layouts that fit (the others' times are NaN), as a search
+    that ranks only those needs. ``overlap``: which of the runtime's overlaps are on
+    (``cost.overlap.overlap_rules``). A full recomputation covers each layout's ``Layouts.recompute_layers`` of each
+    virtual stage (``Plan.recompute_layers``; 0: all), or one layer in ``run.recompute_every`` of a rank. ``by_rank``
+    also fills ``hidden``; ``time`` False: memory only (the times NaN). ``fit_bytes``: the worst stage's bytes
+    ``time_if_fits`` times up to (None: the device's capacity; a search keeping layouts whose capacity lies inside
+    their memory band passes capacity over the band's lowest low end, planner/memory_band.py)."""
+    runtime, dtype = run.runtime, run.dtype
+    # the kernel (the plan's, else the runtime's) sets the attention rate
+    coeffs = compute.with_attention_kernel(coeffs, run.attention_kernel)
     memory = (runtime,) if memory is None else tuple(memory)
     bad = sorted(set(memory) - set(MEMORY_MODELS))
     if bad:
         raise ValueError(f"unknown memory model(s) {bad}; choose among {MEMORY_MODELS}")
+    runs = {k: run if k == runtime else run.other(k, model) for k in memory}
     not_modelled(model)
     N = len(layouts)
     pmax = int(layouts.pp.max()) if N else 1
@@ -153,8 +139,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
     on_cpu = cluster.device.name == "cpu"
     capacity = cluster.device.hbm_bytes
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
-    fp8 = layouts.fp8
-    recipe = experts.fp8_recipe(fp8, fp8_param_gather)
+    fp8, recompute_every = run.fp8, run.recompute_every
     for idx, (gpus, pp, v, ep, cpd) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp])):
         lay = layouts.take(idx)
         p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
@@ -162,7 +147,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
         rank = np.arange(p)
         on_rank = split.reshape(v, p).sum(axis=0)  # layers held by each pipeline rank (looped placement)
         # the layers of each layout's ranks a full recomputation covers where it does not cover them all
-        # (plan.full_rerun_layers): (layouts, pp), or None
+        # (settings.full_rerun_layers): (layouts, pp), or None
         nl = lay.recompute_layers
         if recompute_every:
             rerun_on_rank = np.broadcast_to(np.asarray(full_rerun_layers(split, p, every=recompute_every))
@@ -172,45 +157,32 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
             rerun_on_rank = per_stage.reshape(-1, v, p).sum(axis=1)
         else:
             rerun_on_rank = None
-        plain = not experts.extended(model, cpd, fp8)
         if model.is_moe:
             params, xparams, moe_here = (x.astype(float) for x in
-                                         experts.rank_params_split(model, lay.tp[:, None], p, v, split, ep))
-            ext = dict(ep=ep, expert_params_here=xparams, moe_layers_here=moe_here)
+                                         rank_params_split(model, lay.tp[:, None], p, v, split, ep))
         else:
             params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :]).astype(float)
-            xparams, ext = None, {}
-        if not plain:
-            ext.update(cp=cpd, fp8=recipe, capacity_factor=moe_load)
+            xparams, moe_here = None, 0
         m = lay.num_microbatches[:, None]
         held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
         grad_share = unsharded_grad_share(lay.schedule[:, None], p, m, v)
         cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
         for j, (zero, rec, sp) in (_groups(cats) if memory else ()):
-            common = dict(dtype=dtype, zero_stage=int(zero), recompute=RECOMPUTE[rec], sequence_parallel=bool(sp),
-                          flash=flash, tp=lay.tp[j, None], dp=lay.dp[j, None], micro_batch=lay.micro_batch[j, None],
-                          pp=p, interleave=v, params_here=params[j], layers_here=on_rank[None, :],
-                          inflight_mb=held[j], is_last=rank[None, :] == p - 1)
+            common = dict(zero_stage=int(zero), recompute=RECOMPUTE[rec], sequence_parallel=bool(sp),
+                          tp=lay.tp[j, None], dp=lay.dp[j, None], micro_batch=lay.micro_batch[j, None], pp=p,
+                          interleave=v, cp=cpd, ep=ep)
+            counts = dict(params_here=params[j], layers_here=on_rank[None, :], inflight_mb=held[j],
+                          is_last=rank[None, :] == p - 1, expert_params_here=0 if xparams is None else xparams[j],
+                          moe_layers_here=moe_here)
             for k in memory:
                 if k == "exatrain" and trainer_models_it(model, ep, cpd, fp8):
-                    own = {} if xparams is None else dict(ep=ep, expert_params_here=xparams[j],
-                                                          moe_layers_here=moe_here)
-                    parts = trainer_rank_memory(model, is_first=rank[None, :] == 0, num_microbatches=m[j],
-                                                on_cpu=on_cpu, cp=cpd, **common, **own)
+                    parts = trainer_rank_memory(model, runs[k], rank=RankCounts(**counts, is_first=rank[None, :] == 0),
+                                                num_microbatches=m[j], on_cpu=on_cpu, **common)
                 else:
-                    if xparams is not None:
-                        ext["expert_params_here"] = xparams[j]
-                    eng = engine_variant(k, grad_accum, grad_accum_fusion) if k == runtime else get_engine(k)
-                    loss = (eng.cross_entropy(cross_entropy, elementwise) if k == runtime
-                            else eng.cross_entropy())
-                    # the working set of its exchange (the plan's choice for the runtime, else each one's own)
-                    if cpd > 1:
-                        ext["cp_comm"] = cp_comm_for(k, cp_comm if k == runtime else "", model)
-                    ext["recompute_modules"] = tuple(recompute_modules) if k == runtime else ()
                     partial = k == runtime and rerun_on_rank is not None and RECOMPUTE[rec] == "full"
-                    ext["recomputed_here"] = rerun_on_rank[j] if partial else None
-                    parts = rank_memory(model, engine=eng, cross_entropy=loss, pp_grad_share=grad_share[j], **common,
-                                        **ext)
+                    rank_j = RankCounts(**counts, pp_grad_share=grad_share[j],
+                                        recomputed_here=rerun_on_rank[j] if partial else None)
+                    parts = rank_memory(model, runs[k], rank=rank_j, **common)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
                 tot = sum(parts)
                 # the first of equal stages, as max() over stages picks
@@ -231,19 +203,10 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostP
                 continue
             lay, params = lay.take(keep), params[keep]
             xparams = None if xparams is None else xparams[keep]
-        dev = compute.device_for(cluster, dtype, cp, int(gpus))
+        dev = compute.device_for(cluster, dtype, coeffs, int(gpus))
         hid: dict | None = {} if by_rank else None
-        t, _, pt = step_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=lay.tp, dp=lay.dp,
-                              micro_batch=lay.micro_batch, num_microbatches=lay.num_microbatches,
-                              zero_stage=lay.zero_stage, recompute=lay.recompute,
-                              sequence_parallel=lay.sequence_parallel, schedule=lay.schedule, pp=p, interleave=v,
-                              stage_layers=split, params_by_rank=params, runtime=runtime, overlap=overlap,
-                              hidden=hid, ep=ep, cp_size=cpd, fp8=fp8, expert_params_by_rank=xparams,
-                              moe_dispatcher=moe_dispatcher, elementwise=elementwise, moe_load=moe_load,
-                              fp8_param_gather=fp8_param_gather, cross_entropy=cross_entropy,
-                              grad_accum=grad_accum, grad_accum_fusion=grad_accum_fusion,
-                              adam_kernel=adam_kernel, cp_comm=cp_comm, recompute_modules=recompute_modules,
-                              recompute_layers=lay.recompute_layers, recompute_every=recompute_every)
+        t, _, pt = step_times(model, cluster, coeffs, dev, lay, run=run, stage_layers=split, params_by_rank=params,
+                              expert_params_by_rank=xparams, overlap=overlap, hidden=hid)
         rows = idx[keep]
         for k in hid or ():
             hidden[k][rows] = hid[k]

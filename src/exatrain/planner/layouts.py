@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exatrain.plan import RECOMPUTE, SCHEDULES, Plan
+from exatrain.plan import Plan
+from exatrain.settings import RECOMPUTE, SCHEDULES
 
 
 @dataclass(frozen=True, eq=False)
@@ -19,9 +20,9 @@ class Layouts:
     """N layouts (every field an array of N entries). ``stage_layers``: one custom split, in
     layers per virtual stage, shared by every layout (a plan's own); () = ``balanced_split``.
     ``ep`` (expert parallelism, adds no ranks: ``plan.ParallelDims``) and ``cp`` (context parallelism, adds ranks:
-    tp*cp*pp*dp) default to 1 each; ``fp8``: one FP8 GEMM recipe for every layout ("" = none); ``recompute_layers``: the
-    layers of each virtual stage a full recomputation covers, the first ones (``Plan.recompute_layers``; default 0:
-    all)."""
+    tp*cp*pp*dp) default to 1 each; ``recompute_layers``: the layers of each virtual stage a full recomputation
+    covers, the first ones (``Plan.recompute_layers``; default 0: all). The run settings the layouts share are the
+    evaluation's (``accounting.engines.Resolved``)."""
 
     tp: np.ndarray
     pp: np.ndarray
@@ -36,7 +37,6 @@ class Layouts:
     stage_layers: tuple[int, ...] = ()
     ep: np.ndarray | None = None
     cp: np.ndarray | None = None
-    fp8: str = ""
     recompute_layers: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -54,15 +54,14 @@ class Layouts:
 
     @classmethod
     def of(cls, *, tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
-           schedule, interleave, stage_layers: tuple[int, ...] = (), ep=1, cp=1, fp8: str = "",
-           recompute_layers=0) -> "Layouts":
+           schedule, interleave, stage_layers: tuple[int, ...] = (), ep=1, cp=1, recompute_layers=0) -> "Layouts":
         ints = [np.asarray(x, dtype=np.int64).reshape(-1) for x in
                 (tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute)]
         return cls(*ints, sequence_parallel=np.asarray(sequence_parallel, dtype=bool).reshape(-1),
                    schedule=np.asarray(schedule, dtype=np.int64).reshape(-1),
                    interleave=np.asarray(interleave, dtype=np.int64).reshape(-1), stage_layers=tuple(stage_layers),
                    ep=np.asarray(ep, dtype=np.int64).reshape(-1), cp=np.asarray(cp, dtype=np.int64).reshape(-1),
-                   fp8=fp8, recompute_layers=np.asarray(recompute_layers, dtype=np.int64).reshape(-1))
+                   recompute_layers=np.asarray(recompute_layers, dtype=np.int64).reshape(-1))
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Layouts":
@@ -70,13 +69,12 @@ class Layouts:
                       num_microbatches=plan.num_microbatches, zero_stage=plan.zero_stage,
                       recompute=RECOMPUTE.index(plan.recompute), sequence_parallel=plan.sequence_parallel,
                       schedule=SCHEDULES.index(plan.schedule), interleave=plan.interleave,
-                      stage_layers=plan.stage_layers, ep=plan.ep, cp=plan.cp, fp8=plan.fp8,
-                      recompute_layers=plan.recompute_layers)
+                      stage_layers=plan.stage_layers, ep=plan.ep, cp=plan.cp, recompute_layers=plan.recompute_layers)
 
     def take(self, idx) -> "Layouts":
         """The layouts at ``idx`` (an index array or boolean mask)."""
         return Layouts(*(getattr(self, f)[idx] for f in _ARRAYS), stage_layers=self.stage_layers,
-                       ep=self.ep[idx], cp=self.cp[idx], fp8=self.fp8, recompute_layers=self.recompute_layers[idx])
+                       ep=self.ep[idx], cp=self.cp[idx], recompute_layers=self.recompute_layers[idx])
 
 
 _ARRAYS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "zero_stage", "recompute", "sequence_parallel",

@@ -191,7 +191,10 @@ def layout_ratios(plan: Plan, cluster: ClusterSpec, *, zero, recompute, cp, ep,
     return low, high
 
 
+STRICT_MEMORY_HELP = ("drop tight layouts too: those whose device capacity lies inside their band of measured peak "
+                      "memory (kept and marked by default; only layouts that do not fit are dropped)")
+
 __all__ = ["FIT_FEATURES", "MEMORY_BANDS_PATH", "MEMORY_FEATURES", "MEMORY_WIDE_DEFAULT", "MemoryBand",
-           "SCALE_FEATURES", "VERDICTS", "fit_scale", "layout_ratios",
+           "SCALE_FEATURES", "STRICT_MEMORY_HELP", "VERDICTS", "fit_scale", "layout_ratios",
            "load_memory_bands", "memory_band_for", "memory_band_of", "memory_distance", "verdict", "verdict_codes",
            "with_memory_band"]

@@ -109,12 +109,12 @@ def _prefixes(inputs: ReportInputs) -> dict[int, str]:
 
 
 def _plan_section(p: PreparedPlan, prefix: str, folder: Path) -> Section:
-    from exatrain.report.memory import memory_by_stage
+    from exatrain.report.memory import memory_by_stage_figure
     from exatrain.report.steptime import step_time_breakdown
     from exatrain.report.timeline import pipeline_timeline
 
     plan, notes = p.plan, list(p.notes)
-    figs: list[Figure] = [memory_by_stage(plan, folder / f"{prefix}-memory.png")]
+    figs: list[Figure] = [memory_by_stage_figure(plan, folder / f"{prefix}-memory.png")]
     if plan.estimate.time_s is not None:
         label = f"{plan.label} {plan.schedule_label}"
         figs.append(step_time_breakdown([(label, plan.estimate.time_s)], folder / f"{prefix}-step-time.png",
@@ -128,7 +128,7 @@ def _plan_section(p: PreparedPlan, prefix: str, folder: Path) -> Section:
 
 
 def _search_section(s: SearchInput, prefix: str, folder: Path) -> Section:
-    from exatrain.report.memory import memory_by_stage
+    from exatrain.report.memory import memory_by_stage_figure
     from exatrain.report.search import search_landscape
     from exatrain.report.steptime import step_time_breakdown
 
@@ -137,7 +137,7 @@ def _search_section(s: SearchInput, prefix: str, folder: Path) -> Section:
              p.estimate.time_s) for i, p in enumerate(s.ranked[:12], 1)]
     figs = [search_landscape(s, folder / f"{prefix}-landscape.png"),
             step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time of the top {len(rows)} layouts"),
-            memory_by_stage(best, folder / f"{prefix}-best-memory.png")]
+            memory_by_stage_figure(best, folder / f"{prefix}-best-memory.png")]
     return Section(title=f"Search: {best.model.name} on {best.gpus} × {best.cluster or 'devices'}",
                    source=str(s.path), figures=tuple(figs))
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping, Union
 
 from exatrain.errors import UserError
-from exatrain.plan import Plan, RunRecord, iter_json_lines, read_json
+from exatrain.plan import Plan, RunRecord
+from exatrain.jsonio import iter_json_lines, read_json
+from exatrain.planner.scaling import ScalingPoint
 
 # What `classify` calls each kind of JSON, and the flag that takes it.
 FLAG_FOR = {"plan": "--plan", "estimate": "--plan", "run_record": "--plan or --runs",
@@ -43,14 +45,6 @@ class SearchInput:
     legal: int | None
     feasible: int | None
     rejected: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class ScalingPoint:
-    gpus: int
-    global_batch: int
-    efficiency: float
-    plan: Plan
 
 
 @dataclass(frozen=True)

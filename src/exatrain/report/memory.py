@@ -27,12 +27,12 @@ def stage_ticks(n: int) -> list[int]:
     return list(range(0, n, step))
 
 
-def memory_by_stage(plan: Plan, path: Path) -> Figure:
+def memory_by_stage_figure(plan: Plan, path: Path) -> Figure:
     """Draw ``plan.estimate.memory_by_stage`` (bytes per rank of each pipeline stage, by kind) as
     stacked bars with the capacity line; return the bytes drawn."""
     est = plan.estimate
     if est is None or not est.memory_by_stage:
-        raise ValueError("memory_by_stage needs a plan with an estimate")
+        raise ValueError("memory_by_stage_figure needs a plan with an estimate")
     stages = list(range(len(est.memory_by_stage)))
     numbers: dict = {"stage": stages}
     for k in MEMORY_KINDS:

@@ -1,13 +1,16 @@
-"""Results as terminal text (rich tables): what `exatrain estimate`, `search` and `scaling` print,
-callable from a script or notebook on what the API returns (``render_estimate(exatrain.estimate(...))``)."""
+"""Results as terminal text (rich tables): what `exatrain estimate`, `search`, `scaling`, `models`, `hardware`,
+`validate` and `tune` print, callable from a script or notebook on what the API returns
+(``render_estimate(exatrain.estimate(...))``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from exatrain.plan import Plan, trainer_cannot_build
+from exatrain.plan import Plan
+from exatrain.settings import trainer_cannot_build
 from exatrain.units import GiB
 
 
@@ -18,6 +21,31 @@ def make_console(stderr: bool = False) -> Any:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else int(os.environ.get("COLUMNS", "160"))
     return Console(file=stream, width=width)
+
+
+@contextlib.contextmanager
+def progress_lines(title: str, force: bool = False) -> Iterator[Callable[[str], None] | None]:
+    """A callback printing progress lines (and a spinner on a terminal) to stderr; off a terminal each message is
+    one plain line, flushed, and only when ``force`` asks for them (a command's --progress), else None."""
+    if not sys.stderr.isatty():
+        def plain(message: str) -> None:
+            sys.stderr.write(f"{title}: {' '.join(message.split())}\n")
+            sys.stderr.flush()
+
+        yield plain if force else None
+        return
+    from rich.markup import escape
+
+    con = make_console(stderr=True)
+
+    def line(message: str) -> None:
+        con.print(f"[dim]{escape(f'{title}: {message}')}[/]", highlight=False)
+
+    with con.status(title) as status:
+        def update(message: str) -> None:
+            line(message)
+            status.update(f"{title}: {message}")
+        yield update
 
 
 def table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Any:
@@ -232,3 +260,81 @@ def render_scaling(result, con=None) -> None:
         con.print(f"{result.measured[0].source} measured: " + ", ".join(
             f"{m.mode} {m.efficiency:.0%}" + (f" to {m.gpus:,} GPUs" if m.range_stated else "")
             for m in result.measured))
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def render_models(presets, con=None) -> None:
+    """The catalog's model presets (name -> ModelSpec) with their parameter counts."""
+    from exatrain.accounting.params import total_params
+
+    t = table("model presets", ("name", "arch", "layers", "hidden", "heads", "kv", "ffn", "seq", "vocab", "params"),
+              left=("name", "arch"))
+    for m in presets.values():
+        t.add_row(m.name, m.arch, *(str(x) for x in (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.seq_len,
+                                                      m.vocab)), _human(total_params(m)))
+    (con or make_console()).print(t)
+
+
+def render_hardware(devices, clusters, con=None) -> None:
+    """The catalog's devices and clusters (name -> spec each), a cluster with its link tiers."""
+    con = con or make_console()
+    t = table("devices", ("name", "vendor", "bf16 TFLOPS", "fp32 TFLOPS", "memory GiB", "HBM TB/s"),
+              left=("name", "vendor"))
+    for d in devices.values():
+        t.add_row(d.name, d.vendor, opt(d.peak_tflops, "{:g}"), opt(d.peak_tflops_fp32, "{:g}"),
+                  f"{d.hbm_bytes / 2**30:.1f}", f"{d.hbm_bytes_per_s / 1e12:.2f}")
+    c = table("clusters", ("name", "device", "per node", "link tiers (span: GB/s per rank, latency)"),
+              left=("name", "device", "link tiers (span: GB/s per rank, latency)"))
+    for cl in clusters.values():
+        c.add_row(cl.name, cl.device.name, str(cl.gpus_per_node), "; ".join(
+            f"{t.name} ({t.span or 'network'}: {t.bytes_per_s / 1e9:g} GB/s, {t.latency_s * 1e6:g} us)"
+            for t in cl.tiers))
+    con.print(t)
+    con.print(c)
+
+
+def render_comparisons(result, calibration=None, con=None) -> None:
+    """Predicted against measured step time and memory of recorded runs (``planner.compare``'s result), and the
+    distribution of the errors; ``calibration``: the file the predictions were made again with, if any."""
+    from exatrain.planner.compare import size
+
+    con = con or make_console()
+    source = "re-predicted with " + str(calibration) if calibration else "predictions stored in the records"
+    t = table(f"predicted vs measured ({source})",
+              ("run", "device", "pred s/step", "meas s/step", "error", "trainer model", "measured", "mem error"),
+              left=("run", "device"))
+    for c in result.comparisons:
+        t.add_row(c.label, c.device, opt(c.predicted_step_s, "{:.4f}"), opt(c.measured_step_s, "{:.4f}"),
+                  opt(c.step_error, "{:+.1%}"), "-" if c.trainer_memory_bytes is None else size(c.trainer_memory_bytes),
+                  ("-" if not c.measured_memory_bytes else size(c.measured_memory_bytes))
+                  + ("" if c.device_memory else " RSS"), opt(c.memory_error("trainer"), "{:+.1%}"))
+    con.print(t)
+    for what, dist in result.distribution.items():
+        if dist["n"]:
+            con.print(f"{what.replace('_', ' ')} |error| over {dist['n']} runs: median {dist['median']:.1%}, "
+                      f"p90 {dist['p90']:.1%}, max {dist['max']:.1%}")
+
+
+def render_tune(out, con=None) -> None:
+    """A tuning study's trials, best first, and its best run (``tuning.TuneResult``)."""
+    from exatrain.planner.search.explain import describe
+
+    con = con or make_console()
+    t = table(f"study {out.study_name} ({out.storage}): {out.finished} finished runs, {out.candidates} candidates",
+              ("#", "trial", "layout", "predicted tok/s", "measured tok/s", "status", "note"),
+              left=("layout", "status", "note"))
+    for rank, v in enumerate(out.trials, 1):
+        t.add_row(str(rank), str(v.number), describe(v.plan), opt(v.predicted_tokens_per_s, "{:,.0f}"),
+                  opt(v.measured_tokens_per_s, "{:,.0f}"), v.status, v.error[:80] if v.status != "ok" else v.source)
+    con.print(t)
+    con.print(f"stopped: {out.stopped}; {out.ran} run(s) this time. Runs file: {out.runs_file}")
+    if out.best is not None:
+        b = out.best
+        con.print(f"best: trial {b.number}, {describe(b.plan)}: {opt(b.measured_tokens_per_s, '{:,.0f}')} tokens/s "
+                  f"(predicted {opt(b.predicted_tokens_per_s, '{:,.0f}')}); plan saved to {out.best_file}")

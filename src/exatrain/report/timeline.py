@@ -2,8 +2,8 @@
 
 The plan is recast to each of the four schedules (same layout, batch and stage split; interleave 1
 for gpipe and 1f1b, the plan's interleave — or 2 — for interleaved and zero_bubble) and each is
-simulated op by op (``planner.cost.step.simulate_plan``) on the very per-stage seconds the estimate
-uses; its step time comes from the estimate's own path (``planner.cost.step.step_time``), whose
+simulated op by op (``planner.plan_cost.simulate_plan``) on the very per-stage seconds the estimate
+uses; its step time comes from the estimate's own path (``planner.plan_cost.step_time``), whose
 pipeline term is a closed form never above this simulation (equal to it where the critical path
 changes rank only at the first or last micro-batch; see ``planner.cost.pipeline``).
 
@@ -23,7 +23,8 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import PlanError
-from exatrain.plan import SCHEDULES, Plan, TimeBreakdown
+from exatrain.plan import Plan, TimeBreakdown
+from exatrain.settings import SCHEDULES
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.report.style import (OKABE_ITO, Figure, describe, legend_columns, new_figure, save, seconds,
                                    wrap)
@@ -85,7 +86,7 @@ def schedule_variants(plan: Plan) -> tuple[list[Plan], dict[str, str]]:
 def simulate_variants(plan: Plan, cluster: ClusterSpec, params: CostParams) -> tuple[list[Simulated], dict[str, str]]:
     """Each schedule variant: its step time by the estimate's own path, its pipeline simulated op
     by op on the same per-stage seconds."""
-    from exatrain.planner.cost.step import simulate_plan, step_time
+    from exatrain.planner.plan_cost import simulate_plan, step_time
 
     plans, skipped = schedule_variants(plan)
     out = []

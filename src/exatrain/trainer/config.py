@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from exatrain import rules
 from exatrain.errors import PlanError, UserError
 from exatrain.limits import check_finite
-from exatrain.plan import Plan, listed
+from exatrain.plan import Plan
+from exatrain.settings import SETTINGS, listed
 
 DEVICES = ("cpu", "cuda")
 NAN_POLICIES = ("stop", "skip")
@@ -90,78 +91,11 @@ class TrainConfig:
         # The layouts this trainer refuses to run, with cp, ep and MoE among them (exatrain.rules: the
         # list the search's --runtime exatrain uses).
         rules.check(self.plan, scopes=("run", "trainer"), compile=self.compile)
-        if self.plan.moe_dispatcher != "alltoall":
-            raise UserError(f"the exatrain trainer dispatches MoE tokens with its own all-to-all; plan "
-                            f"--moe-dispatcher {self.plan.moe_dispatcher} for Megatron-Core (--runtime megatron-core) "
-                            "or train this plan with --moe-dispatcher alltoall")
-        # Its routing is dropless and follows the router (trainer.moe): a plan priced with token drop or
-        # forced-even routing is another run's.
-        if self.plan.moe_capacity_factor or self.plan.moe_force_balance:
-            flag = "--moe-capacity-factor" if self.plan.moe_capacity_factor else "--moe-force-balance"
-            raise UserError(f"the exatrain trainer routes MoE tokens dropless, as its router says; plan {flag} "
-                            "for Megatron-Core (--runtime megatron-core) or train a plan made without it")
-        # Its FP8 linears (trainer/fp8.py) keep 16-bit weights and FSDP gathers them in 16 bits; a plan
-        # made for another runtime with FP8 gathers (Plan.fp8_param_gather) is that runtime's run.
-        if self.plan.fp8_param_gather:
-            raise UserError("the exatrain trainer gathers and keeps its weights in 16 bits; plan --fp8-param-gather "
-                            "for Megatron-Core or torchtitan (--runtime megatron-core / torchtitan) or train a plan "
-                            "made without it")
-        # Its attention is torch SDPA with SDPA's own kernel choice (model.py); forcing one would also
-        # have to hold for cp's masks, the keyed dropout core and the CPU, so a plan naming another is
-        # refused rather than run with a kernel it did not price.
-        if self.plan.attention_kernel not in ("", "sdpa"):
-            raise UserError(f"the exatrain trainer runs torch SDPA's own attention kernel choice; plan "
-                            f"--attention-kernel {self.plan.attention_kernel} for another runtime, or train a plan "
-                            "made without --attention-kernel (or with sdpa)")
-        # Its context parallelism all-gathers K,V (parallel/context.py): a plan priced with a ring or an all-to-all
-        # (Plan.cp_comm) is another runtime's run.
-        if self.plan.cp_comm not in ("", "all_gather"):
-            raise UserError(f"the exatrain trainer runs context parallelism by all-gathering K,V; plan --cp-comm "
-                            f"{self.plan.cp_comm} for the runtime that runs it, or train a plan made without it "
-                            "(or with all_gather)")
-        # Its selective recomputation reruns the attention core (parallel/activation.py): a plan whose selective
-        # recomputation reruns Megatron-Core's modules (Plan.recompute_modules) is Megatron-Core's run.
-        if self.plan.recompute_modules:
-            raise UserError(f"the exatrain trainer's selective recomputation reruns the attention core; plan "
-                            f"--recompute-modules {','.join(self.plan.recompute_modules)} for Megatron-Core "
-                            "(--runtime megatron-core), or train a plan made without it")
-        # Its full recomputation wraps every block (parallel/activation.py): a plan recomputing only some layers of
-        # each stage (Plan.recompute_layers) is Megatron-Core's run.
-        if self.plan.recompute_layers or self.plan.recompute_every:
-            flag, n = (("--recompute-layers", self.plan.recompute_layers) if self.plan.recompute_layers
-                       else ("--recompute-every", self.plan.recompute_every))
-            raise UserError(f"the exatrain trainer's full recomputation reruns every layer; plan {flag} {n} for the "
-                            "runtime that picks layers (Megatron-Core, torchtitan), or train a plan made without it")
-        # Its loss is cross_entropy(logits.float()) uncompiled, even under --compile (train.py): a plan priced
-        # with another loss (plan.CROSS_ENTROPY) is another runtime's run.
-        if self.plan.cross_entropy not in ("", "upcast"):
-            raise UserError(f"the exatrain trainer runs its loss upcast to fp32, uncompiled; plan --cross-entropy "
-                            f"{self.plan.cross_entropy} for the runtime that runs it, or train a plan made without it "
-                            "(or with upcast)")
-        # Its parameters and their gradients are fp32 under autocast (trainer/parallel/data.py): a plan priced
-        # accumulating bf16 training's gradients in bf16 (plan.GRAD_ACCUM) is another runtime's run.
-        if self.plan.grad_accum == "bfloat16":
-            raise UserError("the exatrain trainer accumulates and reduces its gradients in float32; plan --grad-accum "
-                            "bfloat16 for Megatron-Core or DeepSpeed, or train a plan made without it")
-        # Whether gradients accumulate inside the weight-gradient GEMMs is Megatron-Core's switch
-        # (plan.GRAD_ACCUM_FUSION); the trainer's autograd accumulates them into .grad its own way.
-        if self.plan.grad_accum_fusion:
-            raise UserError(f"--grad-accum-fusion {self.plan.grad_accum_fusion} is Megatron-Core's switch; the "
-                            "exatrain trainer accumulates its gradients through autograd: train a plan made without it")
-        # The Adam kernel is torchtitan's switch (plan.ADAM_KERNELS); the trainer picks its own (train.fused_adamw_ok).
-        if self.plan.adam_kernel:
-            raise UserError(f"--adam-kernel {self.plan.adam_kernel} is torchtitan's switch; the exatrain trainer runs "
-                            "fused Adam over plain tensors on a GPU and foreach elsewhere: train a plan made without "
-                            "it")
-        # The plan was priced with its element-wise ops as it names them (plan.ELEMENTWISE): fused ones
-        # are what --compile runs; eager ones what the trainer runs without it.
-        if self.plan.elementwise == "fused" and not self.compile:
-            raise UserError("this plan was priced with fused element-wise ops (--elementwise fused): train it "
-                            "with --compile, or plan it with --elementwise eager")
-        if self.plan.elementwise in ("eager", "eager-composite") and self.compile:
-            raise UserError(f"this plan was priced with eager element-wise ops (--elementwise "
-                            f"{self.plan.elementwise}): train it without --compile, or plan it with --elementwise "
-                            "fused")
+        # The run settings it does not run (settings.SETTINGS: each one's trainer refusal), in that order
+        for setting in SETTINGS:
+            refusal = setting.trainer(getattr(self.plan.settings, setting.name), self.compile)
+            if refusal:
+                raise UserError(refusal)
         if self.plan.fp8:  # what --fp8 runs here (trainer/fp8.py): current scaling, dense models
             from exatrain.trainer.fp8 import check_fp8
 

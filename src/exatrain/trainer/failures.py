@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from exatrain.errors import Interrupted, RankFailed, RankHung, UserError
-from exatrain.plan import Plan, RunRecord, append_run_record
+from exatrain.plan import Plan, RunRecord
+from exatrain.records import append_run_record
 
 # Messages of collective errors that mean "a peer went away", not "this rank did something wrong"
 # (gloo's TCP transport, NCCL's abort and remote-error reports, the c10d store).

@@ -49,7 +49,7 @@ from torch import nn
 
 from exatrain.errors import PlanError
 
-RECIPES_RUN = ("current",)  # of plan.FP8_RECIPES, what this trainer runs
+RECIPES_RUN = ("current",)  # of settings.FP8_RECIPES, what this trainer runs
 E4M3 = torch.float8_e4m3fn  # activations and weights (Micikevicius et al. 2022, Table 1: max 448)
 E5M2 = torch.float8_e5m2  # gradients (same table: max 57344)
 AMAX_EPS = 1e-12  # torchao float8_utils.EPS: the smallest amax a scale is taken from

@@ -63,7 +63,7 @@ class StepMetrics:
         return {"kind": "step", **d}
 
 
-def model_flops_per_step(plan: Plan) -> float:
+def plan_model_flops(plan: Plan) -> float:
     """Model FLOPs of one optimizer step of the whole job (no recomputation counted).
 
     The planner's figure when the plan carries an estimate; otherwise Korthikanti et al. 2022 Eq. 7,
@@ -267,5 +267,5 @@ class Progress:
             self.console.print(summary)
 
 
-__all__ = ["Progress", "StepMetrics", "TensorBoardLog", "append_json_line", "device_name", "model_flops_per_step",
-           "peak_flops", "peak_memory_bytes", "run_env", "summarize", "supersede_redone_steps", "torch_versions"]
+__all__ = ["Progress", "StepMetrics", "TensorBoardLog", "append_json_line", "device_name", "peak_flops",
+           "peak_memory_bytes", "plan_model_flops", "run_env", "summarize", "supersede_redone_steps", "torch_versions"]

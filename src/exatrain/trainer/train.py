@@ -32,7 +32,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from exatrain.data.prepare import default_dataset
 from exatrain.errors import TrainingStopped
-from exatrain.plan import Measured, RunRecord, append_run_record
+from exatrain.plan import Measured, RunRecord
+from exatrain.records import append_run_record
 from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.checkpoint.files import CheckpointError
 from exatrain.trainer.checkpoint.manager import Checkpointer
@@ -43,7 +44,7 @@ from exatrain.trainer.debug import Dump
 from exatrain.trainer.health import (RankMonitor, StepClock, Stopped, StragglerWindows, straggler_lines,
                                      summarize_windows)
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
-                                      model_flops_per_step, peak_flops, peak_memory_bytes, run_env, summarize,
+                                      plan_model_flops, peak_flops, peak_memory_bytes, run_env, summarize,
                                       supersede_redone_steps)
 from exatrain.trainer.model import dropout_keys
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
@@ -194,7 +195,7 @@ class Trainer:
         self.stepper = Stepper(self.pm, self.mesh, compile=config.compile)
         self.optimizer = build_optimizer(self.pm, config, self.mesh)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, config))
-        self.flops = model_flops_per_step(plan)
+        self.flops = plan_model_flops(plan)
         self.peak = peak_flops(device, plan.dtype)
         self.rank0 = self.mesh.rank == 0
         self.nan_skipped = 0

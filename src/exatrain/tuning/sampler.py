@@ -35,7 +35,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from exatrain.plan import RECOMPUTE, SCHEDULES, Plan
+from exatrain.plan import Plan
+from exatrain.settings import RECOMPUTE, SCHEDULES
 
 # Trial statuses. A *run* status means a training run was started and ended this way; only those
 # count towards --trials. "rejected" (the trainer refused the plan before starting a rank, in about a

@@ -46,9 +46,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import Plan, RunRecord, append_run_record
+from exatrain.plan import Plan, RunRecord
 from exatrain.procs import pid_alive
+from exatrain.records import append_run_record
 from exatrain.planner.search.space import SpaceOptions
+from exatrain.settings import SETTINGS
 from exatrain.tuning.runner import RunOutcome, TrialRunner
 from exatrain.tuning.sampler import (PARAM_NAMES, RUN_STATUSES, Candidates, CostModelSampler,
                                                   GPSettings, HopelessPruner, layout_key, trial_key,
@@ -68,26 +70,22 @@ class TuneSettings:
     gp: GPSettings = GPSettings()
 
 
-# The planner-only space fields and the values a study made before they existed implicitly had.
-_PLANNER_ONLY = {"ep": (None,), "cp": (None,), "fp8": ("",), "moe_dispatcher": ("alltoall",),
-                 "moe_capacity_factor": (0.0,), "moe_force_balance": (False,), "fp8_param_gather": (False,),
-                 "attention_kernel": ("",), "elementwise": ("",), "cross_entropy": ("",),
-                 "grad_accum": ("",), "grad_accum_fusion": ("",),
-                 "adam_kernel": ("",), "cp_comm": ("",),
-                 "recompute_modules": ((), []), "recompute_layers": (0,),
-                 "recompute_every": (0,)}
+# The planner-only space fields (ep, cp and the run settings but the runtime, settings.SETTINGS) and the values a
+# study made before they existed implicitly had.
+_PLANNER_ONLY = {"ep": (None,), "cp": (None,),
+                 **{s.name: (s.default, list(s.default)) if isinstance(s.default, tuple) else (s.default,)
+                    for s in SETTINGS if s.name != "runtime"}}
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:
-    """The space's fields, without the planner-only ones (ep, cp, fp8 and its parameter gather, the MoE
-    dispatcher and routing, attention_kernel, elementwise, cross_entropy) at their defaults, so a study started before
-    they existed keeps its name and problem."""
+    """The space's fields, its run settings flat among them, without the planner-only ones at their defaults, so a
+    study started before they existed keeps its name and problem."""
     d = dataclasses.asdict(options)
+    d.update({k: v for k, v in d.pop("settings").items() if k != "runtime"})
     for k, default in _PLANNER_ONLY.items():
         if d.get(k) in default:
             d.pop(k, None)
     return d
-
 
 
 @dataclass(frozen=True)
@@ -162,7 +160,7 @@ class TuneResult:
                 "best": best, "storage": self.storage, "runs_file": self.runs_file, "best_file": self.best_file}
 
 
-class RunFailed(Exception):
+class TrialFailed(Exception):
     """A run ended as oom, timeout or failed: the trial is FAIL, the tuner carries on."""
 
 
@@ -329,7 +327,7 @@ def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyF
             return float(measured)  # type: ignore[arg-type]
         if outcome.status == "pruned":
             raise optuna.TrialPruned(outcome.error)
-        raise RunFailed(f"{outcome.status}: {outcome.error}")
+        raise TrialFailed(f"{outcome.status}: {outcome.error}")
 
     stopped = ""
     while not stopped:
@@ -352,7 +350,7 @@ def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyF
         just_ran: list[FrozenTrial] = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
-            study.optimize(objective, n_trials=1, catch=(RunFailed,), gc_after_trial=False,
+            study.optimize(objective, n_trials=1, catch=(TrialFailed,), gc_after_trial=False,
                            callbacks=[lambda _study, t: just_ran.append(t)])
         for last in just_ran:
             if not last.user_attrs.get("ran"):
@@ -403,5 +401,5 @@ def _ranked(views: list[TrialView]) -> list[TrialView]:
                                         if v.status in order else 0.0, v.number))
 
 
-__all__ = ["Problem", "RunFailed", "StudyFiles", "TrialView", "TuneResult", "TuneSettings", "finished_runs",
+__all__ = ["Problem", "TrialFailed", "StudyFiles", "TrialView", "TuneResult", "TuneSettings", "finished_runs",
            "load_study", "open_storage", "tune"]

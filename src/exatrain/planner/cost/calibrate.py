@@ -273,7 +273,7 @@ def fit_layer_overhead(points: Sequence[dict], params: CostParams, peak: float) 
     really launches, spread over the element-wise kernels the cost model counts (cost.compute);
     the geometric mean over the layers measured (GPT and Llama launch different numbers)."""
     from exatrain.catalog.models import ModelSpec
-    from exatrain.planner.cost.compute import Device, layer_times
+    from exatrain.planner.cost.compute import Device, dense_layer_times
 
     if not points:
         return {}
@@ -284,7 +284,7 @@ def fit_layer_overhead(points: Sequence[dict], params: CostParams, peak: float) 
         def model_s(over: float) -> float:
             dev = Device(peak_flops=peak, mem_bytes_per_s=params.mem_bytes_per_s or 1e10,
                          params=params.replace(op_overhead_s=over))
-            lt = layer_times(m, p["micro_batch"], 1, flash=True, recompute="none", sequence_parallel=False,
+            lt = dense_layer_times(m, p["micro_batch"], 1, flash=True, recompute="none", sequence_parallel=False,
                              dtype="float32", dev=dev)
             return float(lt.fwd + lt.bwd)
 
@@ -342,7 +342,7 @@ def fit_framework(points: Sequence[dict], params: CostParams, cluster: ClusterSp
     time beyond what the cost model (with every other parameter already fitted) predicts for it,
     per layer (the slope between two depths) and per step (what is left at the shallow depth)."""
     from exatrain.plan import Plan
-    from exatrain.planner.cost.step import step_time
+    from exatrain.planner.plan_cost import step_time
 
     resid: dict[tuple[str, int], tuple[float, Plan]] = {}
     curve = []
@@ -440,7 +440,7 @@ class RunPoint:
 
 
 def predict_runs(points: Sequence[RunPoint], params: CostParams) -> np.ndarray:
-    from exatrain.planner.cost.step import step_time
+    from exatrain.planner.plan_cost import step_time
 
     return np.array([step_time(p.plan, p.cluster, params)[0].step for p in points])
 

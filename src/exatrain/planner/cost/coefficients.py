@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from exatrain.catalog.hardware import ClusterSpec, LinkTier
 from exatrain.errors import UserError
-from exatrain.plan import read_json, write_json_atomic
+from exatrain.jsonio import read_json, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class CostParams:
     fa2_attn_ratio: float = 1.0
     # speed of FP8 GEMMs over the training dtype's, measured (``exatrain bench``) or fitted (the Hopper
     # priors); None: the catalog's FP8 peak over the dtype's peak, at the same efficiency
-    # (cost.experts.fp8_speedup)
+    # (cost.fp8.fp8_speedup)
     fp8_speedup: float | None = None
     mem_eff: float = 0.70  # fraction of memory bandwidth reached by element-wise kernels
     link_eff: float = 0.75  # fraction of link bandwidth reached by collectives (algorithm bw)
@@ -107,7 +107,7 @@ _HOPPER_FLASH = dict(attn_eff=1.2026, attn_seq_half=743.0, attn_call_overhead_s=
 # A100" (Dao 2023, arXiv 2307.08691, abstract), FLOPs counted there with the causal half: the low end, 50%,
 # is attn_eff 1.0 in this model's full count (its Narayanan/Korthikanti/Dash rows have no flash kernel,
 # so this changes none of the rows the rest of the A100 prior was chosen on).
-# Hopper's FP8 GEMMs against its bf16 ones, with the casts priced apart (cost.experts.CAST_BYTES), bounded
+# Hopper's FP8 GEMMs against its bf16 ones, with the casts priced apart (cost.fp8.CAST_BYTES), bounded
 # by the data sheet's FP8 / bf16 peak ratio (2.0001x). No FP8 GEMM has been micro-benchmarked, so the
 # ratio is fitted to published runs, separately for the two power limits the table holds:
 # * 700 W (DGX H100, H200): 1.6066, fitted to the 17 priced runs of Megatron-Bridge's two performance pages

@@ -26,7 +26,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.plan import ATTENTION_KERNELS, ELEMENTWISE
+from exatrain.settings import ATTENTION_KERNELS, ELEMENTWISE
 from exatrain.accounting.flops import Gemm, layer_gemms, logits_gemm
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.planner.cost.coefficients import CostParams
@@ -171,7 +171,7 @@ def composite_norms(m: ModelSpec, mode: str) -> bool:
 
 def unfused_extra(m: ModelSpec, tokens, tp, *, sequence_parallel: bool, e: float, mode: str, act_elems=0.0):
     """(bytes, kernels) one layer's forward moves and launches beyond the fused counts when its
-    element-wise ops run ``mode`` (plan.ELEMENTWISE): "fused" adds nothing; "eager" the rotary chain
+    element-wise ops run ``mode`` (settings.ELEMENTWISE): "fused" adds nothing; "eager" the rotary chain
     and the gated activation's product (``act_elems``: the elements the SwiGLU products write on this
     rank); "eager-composite" also each RMSNorm as composite ops (llama-family norms, the per-head q/k
     norms, MLA's latent norms). The backward moves twice these bytes, as it does the fused ones."""
@@ -242,8 +242,8 @@ def per_op_rerun_s(m: ModelSpec, gemms, seconds):
     return k_share * t["qkv"] + t.get("proj", 0.0) + mlp
 
 
-def layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
-                dtype: str, dev: Device, elementwise: str = "fused") -> LayerTimes:
+def dense_layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
+                      dtype: str, dev: Device, elementwise: str = "fused") -> LayerTimes:
     e = COMPUTE_BYTES[dtype]
     tokens = np.asarray(micro_batch) * m.seq_len
     gemms = layer_gemms(m, micro_batch, tp)
@@ -312,7 +312,7 @@ def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype:
                elementwise: str = "fused", cross_entropy: str = "upcast"):
     """(forward, backward) seconds of final norm, logits GEMM and cross-entropy on the last stage; the
     norm as composite ops under "eager-composite" (``unfused_extra``); the cross-entropy as
-    ``cross_entropy`` runs it (plan.CROSS_ENTROPY)."""
+    ``cross_entropy`` runs it (settings.CROSS_ENTROPY)."""
     e = COMPUTE_BYTES[dtype]
     tokens = np.asarray(micro_batch) * m.seq_len
     tp_a = np.asarray(tp, dtype=float)

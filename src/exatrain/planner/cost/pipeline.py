@@ -41,7 +41,7 @@ from functools import lru_cache
 import numpy as np
 
 from exatrain.accounting.inflight import group_sizes, schedule_codes
-from exatrain.plan import SCHEDULES
+from exatrain.settings import SCHEDULES
 from exatrain.planner.cost.schedule import step_time_fast
 
 _ZERO_BUBBLE = SCHEDULES.index("zero_bubble")

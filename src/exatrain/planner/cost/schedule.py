@@ -41,7 +41,7 @@ from typing import NamedTuple, Sequence, Union
 import numpy as np
 
 from exatrain.accounting.inflight import group_size, group_sizes, schedule_codes
-from exatrain.plan import SCHEDULES
+from exatrain.settings import SCHEDULES
 
 Times = Union[float, Sequence[float], np.ndarray]
 KINDS = ("F", "B", "W")

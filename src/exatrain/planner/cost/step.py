@@ -31,15 +31,22 @@ import numpy as np
 
 from exatrain.accounting import comms
 from exatrain.accounting import fp8 as fp8_acc
+from exatrain.accounting.engines import Resolved
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, SCHEDULES, Plan, TimeBreakdown, full_rerun_layers
-from exatrain.planner.cost import compute, experts, network
+from exatrain.settings import RECOMPUTE, SCHEDULES, full_rerun_layers
+from exatrain.planner.cost import compute, network
+from exatrain.planner.cost.context import cp_exposed_s
+from exatrain.planner.cost.fp8 import fp8_speedup
+from exatrain.planner.cost.layer import layer_times
+from exatrain.planner.cost.moe import a2a_time_s, edp_span, stage_kinds
+from exatrain.planner.cost.recompute import module_rerun_s
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.overlap import (OverlapRules, engine_collectives, exposed, is_gather, overlap_rules,
                                            p2p_exposed)
 from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
+from exatrain.planner.layouts import Layouts
 
 TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "ep_comm",
                "cp_comm")
@@ -59,7 +66,7 @@ class StageTimes:
     tp_bwd: np.ndarray
     p2p: np.ndarray
     tp_hidden: np.ndarray | None = None  # (N, S) TP seconds per micro-batch the runtime's overlap hides
-    # exposed expert all-to-all and context-parallel ring (cost.experts), (N, S); 0 without ep / cp
+    # exposed expert all-to-all and context-parallel ring (cost.moe, cost.context), (N, S); 0 without ep / cp
     ext_fwd: np.ndarray | float = 0.0
     ext_bwd: np.ndarray | float = 0.0
     ep_share: np.ndarray | float = 0.0  # the all-to-all's part of ext_fwd + ext_bwd
@@ -73,18 +80,20 @@ class StageTimes:
         return self.bwd + self.tp_bwd + self.ext_bwd
 
 
-def tp_collectives_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, kinds=("all_gather", "reduce_scatter")):
+def tp_collectives_s(cluster: ClusterSpec, coeffs: CostParams, tp, message_bytes,
+                     kinds=("all_gather", "reduce_scatter")):
     """Seconds of each of ``kinds`` of TP collective on b*s*h over the tp group's tier (0 where tp is
     1); arrays allowed."""
     on = np.asarray(tp) > 1
-    return tuple(np.where(on, network.collective_s(kind, cluster, tp, network.tp_span(tp), message_bytes, cp), 0.0)
+    return tuple(np.where(on, network.collective_s(kind, cluster, tp, network.tp_span(tp), message_bytes, coeffs),
+                          0.0)
                  for kind in kinds)
 
 
-def tp_collective_time_s(cluster: ClusterSpec, cp: CostParams, tp, message_bytes, sequence_parallel):
+def tp_collective_time_s(cluster: ClusterSpec, coeffs: CostParams, tp, message_bytes, sequence_parallel):
     """One forward-or-backward TP collective on b*s*h (an all-reduce, or with sequence parallelism
     an all-gather + reduce-scatter pair) over the tp group's tier; arrays allowed."""
-    ag, rs, ar = tp_collectives_s(cluster, cp, tp, message_bytes, ("all_gather", "reduce_scatter", "all_reduce"))
+    ag, rs, ar = tp_collectives_s(cluster, coeffs, tp, message_bytes, ("all_gather", "reduce_scatter", "all_reduce"))
     return np.where(sequence_parallel, ag + rs, ar)
 
 
@@ -136,50 +145,45 @@ def recomputed(rec, fwd, attn, dense, *, per_op: bool = False, per_op_gemms=None
     return np.where(rec == _FULL, fwd, np.where(rec == _SELECTIVE, selective, 0.0))
 
 
-def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
-                flash: bool, tp, dp, micro_batch, zero_stage, recompute, sequence_parallel, pp: int,
-                stage_layers: np.ndarray, rules: OverlapRules | None = None, ep: int = 1, cp_size: int = 1,
-                fp8: str = "", selective: str = "core_attention", moe_dispatcher: str = "alltoall",
-                elementwise: str = "fused", moe_load: float = experts.LOAD_IMBALANCE,
-                cross_entropy: str = "upcast", fp8_tp_gather: bool = False,
-                expert_gemms: str = "grouped", cp_exchange=None,
-                recompute_modules: tuple[str, ...] = (), recompute_layers=0,
-                recompute_every: int = 0) -> StageTimes:
-    """Per-stage seconds of N layouts sharing pp, the layer split ``stage_layers`` (S,), and ep, cp
-    and the FP8 recipe (MoE layers, context parallelism and FP8 GEMMs: ``cost.experts``); ``rules``:
-    the runtime's overlaps (None: exatrain's, which hides no TP communication); ``selective``: what
-    the runtime's selective recomputation reruns (``ActivationRules.selective``, see ``recomputed``);
-    ``moe_dispatcher``: how MoE tokens reach their experts (``cost.experts.a2a_time_s``); ``elementwise``:
-    how the element-wise ops run (plan.ELEMENTWISE, ``compute.unfused_extra``); ``moe_load``: the busiest
-    expert rank's routed copies over the mean (``cost.experts.moe_load``); ``cross_entropy``: how the loss
-    runs over the logits (plan.CROSS_ENTROPY, ``compute.head_times``); ``fp8_tp_gather`` (with ``fp8``): the
-    forward's sequence-parallel all-gathers carry the GEMM inputs already cast to FP8, one byte an element
-    (``EngineProfile.fp8_tp_gather``), the backward's collectives stay 16-bit; ``expert_gemms``: how the
-    engine launches its local experts' GEMMs (``EngineProfile.expert_gemms``, ``cost.experts.layer_times``);
-    ``cp_exchange``: how it runs context parallelism (``accounting.context.CpExchange``: its kernel calls and
-    what its exchange exposes, ``cost.experts.cp_exposed_s``; None: Transformer Engine's p2p ring);
-    ``recompute_modules``: what selective recomputation reruns, by Megatron-Core module (Plan.recompute_modules;
-    (): ``selective``): their forward seconds (``cost.experts.module_rerun_s``), the TP collectives inside them
-    (``accounting.comms.module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward;
-    ``recompute_layers``: the layers of each stage a full recomputation covers, the first ones (Plan.recompute_layers,
-    one per layout or one for all; 0: all), or ``recompute_every``: one in that many of a rank's
-    (Plan.recompute_every; plan.full_rerun_layers): the rerun forward, its TP collectives, all-to-alls and cp
-    exchange in that share of the stage's layers."""
-    tp, dp, b = (np.asarray(x)[:, None] for x in (tp, dp, micro_batch))
+def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: compute.Device, lay: Layouts, *,
+                run: Resolved, stage_layers: np.ndarray, rules: OverlapRules | None = None) -> StageTimes:
+    """Per-stage seconds of the layouts ``lay``, which share pp, the layer split ``stage_layers`` (S,), ep and cp
+    (MoE layers, context parallelism and FP8 GEMMs: ``cost.layer``), as ``run`` says their runtime runs them
+    (``accounting.engines.Resolved``); ``rules``: the runtime's overlaps (None: exatrain's, which hides no TP
+    communication). From ``run``: what its selective recomputation reruns (``selective``, see ``recomputed``); how
+    MoE tokens reach their experts (``moe_dispatcher``, ``cost.moe.a2a_time_s``) and the busiest expert rank's
+    load (``moe_load``); how the element-wise ops and the loss run (``elementwise``, ``compute.unfused_extra``;
+    ``cross_entropy``, ``compute.head_times``); under FP8 (``fp8``) whether the forward's sequence-parallel
+    all-gathers carry the GEMM inputs already cast to FP8, one byte an element (``fp8_tp_gather``), the backward's
+    collectives staying 16-bit; how the engine launches its local experts' GEMMs (``expert_gemms``,
+    ``cost.layer.layer_times``); how it runs context parallelism (``cp_exchange``, ``accounting.context.CpExchange``:
+    its kernel calls and what its exchange exposes, ``cost.context.cp_exposed_s``; None: Transformer Engine's p2p
+    ring); what selective recomputation reruns by Megatron-Core module (``recompute_modules``; (): ``selective``):
+    their forward seconds (``cost.recompute.module_rerun_s``), the TP collectives inside them
+    (``accounting.comms.module_rerun_tp_pairs``) and, for "moe", the layer's all-to-alls, again in the backward. A
+    full recomputation covers the first ``lay.recompute_layers`` layers of each stage (Plan.recompute_layers; 0: all),
+    or one in ``run.recompute_every`` of a rank's (settings.full_rerun_layers): the rerun forward, its TP
+    collectives, all-to-alls and cp exchange in that share of the stage's layers."""
+    pp, ep, cp_size = int(lay.pp[0]), int(lay.ep[0]), int(lay.cp[0])
+    dtype, fp8, selective, moe_load = run.dtype, run.fp8, run.selective, run.moe_load
+    elementwise, cross_entropy, cp_exchange = run.elementwise, run.cross_entropy, run.cp_exchange
+    recompute_modules, recompute_every, recompute_layers = run.recompute_modules, run.recompute_every, \
+        lay.recompute_layers
+    tp, dp, b = (np.asarray(x)[:, None] for x in (lay.tp, lay.dp, lay.micro_batch))
     cp_calls = None if cp_exchange is None else cp_exchange.kernel_calls(cp_size)
-    sp = np.asarray(sequence_parallel, dtype=bool)[:, None]
-    rec = np.asarray(recompute)[:, None]
-    zero = np.asarray(zero_stage)[:, None]
+    sp = np.asarray(lay.sequence_parallel, dtype=bool)[:, None]
+    rec = np.asarray(lay.recompute)[:, None]
+    zero = np.asarray(lay.zero_stage)[:, None]
 
-    n_dense, n_moe = (x[None, :] for x in experts.stage_kinds(model, stage_layers))
+    n_dense, n_moe = (x[None, :] for x in stage_kinds(model, stage_layers))
     kinds = ((False, n_dense), (True, n_moe)) if model.is_moe else ((False, n_dense),)
-    speedup = experts.fp8_speedup(cluster, dtype, cp) if fp8 else 1.0
+    speedup = fp8_speedup(cluster, dtype, coeffs) if fp8 else 1.0
     bl = b / cp_size if cp_size > 1 else b  # a rank's share of each sequence, as micro-batch: s/cp tokens
 
     message = bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype]
-    ag, rs, ar = tp_collectives_s(cluster, cp, tp, message, ("all_gather", "reduce_scatter", "all_reduce"))
-    ag_f = (tp_collectives_s(cluster, cp, tp, message / COMPUTE_BYTES[dtype], ("all_gather",))[0]
-            if fp8 and fp8_tp_gather else ag)
+    ag, rs, ar = tp_collectives_s(cluster, coeffs, tp, message, ("all_gather", "reduce_scatter", "all_reduce"))
+    ag_f = (tp_collectives_s(cluster, coeffs, tp, message / COMPUTE_BYTES[dtype], ("all_gather",))[0]
+            if fp8 and run.fp8_tp_gather else ag)
     tp_overlap = rules is not None and rules.tp
 
     def layer(s: bool):
@@ -188,16 +192,13 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         # only where the runtime overlaps TP)
         sums = [0.0] * 9
         for moe, n in kinds:
-            lt = experts.layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, flash=flash, sequence_parallel=s,
-                                     dtype=dtype, dev=dev, fp8=fp8, speedup=speedup, elementwise=elementwise,
-                                     load=moe_load, expert_gemms=expert_gemms, cp_calls=cp_calls)
+            lt = layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, sequence_parallel=s, dev=dev, run=run,
+                                     speedup=speedup, cp_calls=cp_calls)
             left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts),
                                        ag_fwd=ag_f)
                     if tp_overlap and s else (0.0, 0.0))
-            rerun = (experts.module_rerun_s(model, b, tp, moe=moe, ep=ep, cp=cp_size, sequence_parallel=s,
-                                            dtype=dtype, dev=dev, modules=recompute_modules,
-                                            attention_core_fwd=lt.attention_core_fwd, fp8=fp8, speedup=speedup,
-                                            load=moe_load, expert_gemms=expert_gemms)
+            rerun = (module_rerun_s(model, b, tp, moe=moe, ep=ep, cp=cp_size, sequence_parallel=s, dev=dev,
+                                            run=run, attention_core_fwd=lt.attention_core_fwd, speedup=speedup)
                      if recompute_modules else 0.0)
             sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
                                                      (lt.fwd + lt.bwd) if moe else 0.0, lt.per_op_gemm_fwd,
@@ -248,12 +249,12 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
         pairs = (pairs_dense * n_dense + pairs_moe * n_moe) * (rec == _SELECTIVE)
     tp_b = tp_b + tp_again + pairs * tp_one_f
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
-    # recompute) and the context-parallel ring's exposed part (cost.experts).
-    a2a = 2 * n_moe * _pick(sp, lambda s: (experts.a2a_time_s(model, cluster, cp, b, tp, ep=ep, cp=cp_size,
+    # recompute) and the context-parallel ring's exposed part (cost.moe, cost.context).
+    a2a = 2 * n_moe * _pick(sp, lambda s: (a2a_time_s(model, cluster, coeffs, b, tp, ep=ep, cp=cp_size,
                                                                sequence_parallel=s, dtype=dtype, dp=dp,
-                                                               dispatcher=moe_dispatcher, load=moe_load),))[0] \
+                                                               dispatcher=run.moe_dispatcher, load=moe_load),))[0] \
         if model.is_moe else 0.0 * L
-    cp_f, cp_b = experts.cp_exposed_s(model, cluster, cp, b, tp, cp=cp_size, dtype=dtype,
+    cp_f, cp_b = cp_exposed_s(model, cluster, coeffs, b, tp, cp=cp_size, dtype=dtype,
                                       attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1),
                                       exchange=cp_exchange)
     moe_rerun = full + ((rec == _SELECTIVE) & ("moe" in recompute_modules))  # the share rerunning the all-to-alls
@@ -288,8 +289,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: com
             tp_b = np.where(sp, n_tp_f * tp_one + full * tp_left_f + last * tp_one + tp_again, tp_b)
     if pp > 1:
         msg = bl[:, 0] * model.seq_len * model.hidden * COMPUTE_BYTES[dtype] / np.where(sp[:, 0], tp[:, 0], 1)
-        bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]), cp)
-        p2p = network.collective_time_s("send_recv", 2, msg, bw, lat, cp)
+        bw, lat = network.tier_arrays(cluster, network.pp_span(tp[:, 0] * cp_size, dp[:, 0]), coeffs)
+        p2p = network.collective_time_s("send_recv", 2, msg, bw, lat, coeffs)
     else:
         p2p = np.zeros(len(b))
     shape = (len(b), S)
@@ -303,7 +304,7 @@ def fp8_gathered_params(m: ModelSpec, tp, stage_layers, pp: int, ep: int = 1) ->
     """(data-parallel, expert-data-parallel) GEMM weights each pipeline rank holds (N, pp), of N layouts
     of tensor-parallel degree ``tp`` (N,) sharing the layer split (S,): what ``Plan.fp8_param_gather``
     gathers in FP8 (accounting.fp8.gemm_weights; the routed experts' part on the edp group)."""
-    n_dense, n_moe = experts.stage_kinds(m, stage_layers)
+    n_dense, n_moe = stage_kinds(m, stage_layers)
     S = len(n_dense)
     dense_r, moe_r = (x.reshape(S // pp, pp).sum(axis=0)[None, :] for x in (n_dense, n_moe))
     t = np.asarray(tp, dtype=float)[:, None]
@@ -339,34 +340,33 @@ def engine_dp_collectives(model, *, tp, pp, dp, zero_stage: int, params_here, nu
     return tuple(cs)
 
 
-def dp_collective_times(cluster: ClusterSpec, cp: CostParams, model, *, tp, pp, dp, zero_stage: int,
-                        params_here, num_microbatches, dtype: str, pipeline_end: bool, engine=None,
-                        split: bool = False, cp_size: int = 1, ep: int = 1, expert_params_here=0,
-                        fp8_gathered=None):
-    """Seconds of one rank's DP collectives per step, plus the tied-embedding gradient reduction
-    between the pipeline's two ends, which crosses the pipeline tier; arrays allowed. ``engine``: the
-    runtime's profile (what it sends, ``cost.overlap.engine_collectives``; None: exatrain's trainer).
-    ``split``: (gradient reductions, parameter gathers) apart instead of their sum. With context
+def dp_collective_times(cluster: ClusterSpec, coeffs: CostParams, model, *, tp, pp, dp, zero_stage: int,
+                        params_here, num_microbatches, run: Resolved, pipeline_end: bool, cp_size: int = 1,
+                        ep: int = 1, expert_params_here=0, fp8_gathered=None):
+    """(gradient reductions, parameter gathers): seconds of one rank's DP collectives per step, with the
+    tied-embedding gradient reduction between the pipeline's two ends, which crosses the pipeline tier; arrays
+    allowed. ``run``: the dtype and the runtime's profile (what it sends, ``cost.overlap.engine_collectives``;
+    ``run.engine`` None: exatrain's trainer). With context
     parallelism the group is dp*cp (strided by tp); a MoE model's routed-expert gradients reduce over
-    the expert-data-parallel group (``cost.experts.edp_span``). ``fp8_gathered``: (dp, edp) GEMM weights
+    the expert-data-parallel group (``cost.moe.edp_span``). ``fp8_gathered``: (dp, edp) GEMM weights
     of the rank gathered in FP8 (``Plan.fp8_param_gather``): their gathers send one byte each instead
     of the compute dtype's; None: none."""
     # the span each axis's group covers (a group across nodes is priced on the node's NICs: network.collective_s)
     dp_span = network.dp_span(tp, np.asarray(dp) * cp_size)
-    spans = {"dp": dp_span, "edp": experts.edp_span(tp, dp, cp_size, ep) if model.is_moe else dp_span}
+    spans = {"dp": dp_span, "edp": edp_span(tp, dp, cp_size, ep) if model.is_moe else dp_span}
     ends = (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1
     reduce_s, gather_s = 0.0, 0.0
     cs = engine_dp_collectives(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, params_here=params_here,
-                               num_microbatches=num_microbatches, dtype=dtype, pipeline_end=pipeline_end,
-                               engine=engine, cp_size=cp_size, ep=ep, expert_params_here=expert_params_here,
+                               num_microbatches=num_microbatches, dtype=run.dtype, pipeline_end=pipeline_end,
+                               engine=run.engine, cp_size=cp_size, ep=ep, expert_params_here=expert_params_here,
                                fp8_gathered=fp8_gathered)
     for c in cs:
-        t = c.count * network.collective_s(c.kind, cluster, c.group, spans.get(c.axis, ends), c.message_bytes, cp)
+        t = c.count * network.collective_s(c.kind, cluster, c.group, spans.get(c.axis, ends), c.message_bytes, coeffs)
         if is_gather(c):
             gather_s = gather_s + t
         else:
             reduce_s = reduce_s + t
-    return (reduce_s, gather_s) if split else reduce_s + gather_s
+    return reduce_s, gather_s
 
 
 def with_accumulation(st: StageTimes, engine, dtype: str, params_by_rank, v: int, dev: compute.Device) -> StageTimes:
@@ -491,54 +491,33 @@ def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shar
     return compute.elementwise_time_s(moved, dev).max(axis=1)
 
 
-def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: compute.Device, *, dtype: str,
-               flash: bool, tp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
-               schedule, pp: int, interleave: int, stage_layers: np.ndarray, params_by_rank: np.ndarray,
-               runtime: str = "exatrain", overlap: str = "all", hidden: dict | None = None,
-               ep: int = 1, cp_size: int = 1, fp8: str = "", expert_params_by_rank=None,
-               moe_dispatcher: str = "alltoall", elementwise: str = "", moe_load: float = experts.LOAD_IMBALANCE,
-               fp8_param_gather: bool = False, cross_entropy: str = "", grad_accum: str = "",
-               grad_accum_fusion: str = "", adam_kernel: str = "", cp_comm: str = "",
-               recompute_modules: tuple[str, ...] = (), recompute_layers=0, recompute_every: int = 0
+def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: compute.Device, lay: Layouts, *,
+               run: Resolved, stage_layers: np.ndarray, params_by_rank: np.ndarray, expert_params_by_rank=None,
+               overlap: str = "all", hidden: dict | None = None
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
-    """TIME_FIELDS (arrays of N) for N layouts sharing pp, interleave, the layer split, ep, cp and
-    the FP8 recipe; ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
-    holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``).
-    ``runtime``: the engine whose overlaps and collectives count (``cost.overlap``); ``overlap``:
-    which of its overlaps are on (``cost.overlap.overlap_rules``); ``elementwise``: how the element-wise
-    ops run (plan.ELEMENTWISE; "": the runtime's own). ``hidden``: when given, gets the
-    seconds per step the overlaps hid (tp, pp, dp; arrays of N). ``fp8_param_gather`` (with ``fp8``): the
-    GEMM weights' gathers at one byte a weight (``fp8_gathered_params``, ``Plan.fp8_param_gather``);
-    ``cross_entropy``: how the loss runs over the logits (plan.CROSS_ENTROPY; "": the runtime's own);
-    ``grad_accum``: the dtype bfloat16 gradients accumulate and reduce in (plan.GRAD_ACCUM; "": the runtime's
-    own): the dtype its gradient collectives carry, and the pass over the stage's gradients an engine makes
-    every micro-batch to accumulate them outside the GEMMs (``EngineProfile.accum_pass``); ``grad_accum_fusion``:
-    whether that accumulation runs inside the weight-gradient GEMMs (plan.GRAD_ACCUM_FUSION; "": the runtime's own);
-    ``adam_kernel``: the kernel its optimizer step runs Adam with (plan.ADAM_KERNELS; "": the runtime's own,
-    ``optimizer_seconds``); ``cp_comm``: how attention's operands travel under cp (plan.CP_COMMS;
-    "": the runtime's own for the model, ``EngineProfile.cp_exchange``); ``recompute_modules``: what selective
-    recomputation reruns (Plan.recompute_modules; (): the runtime's own, ``stage_times``); ``recompute_layers``: the
-    layers of each stage a full recomputation covers (Plan.recompute_layers, recompute_every; 0: all). The data-
-    parallel collectives hidden behind compute slow it by ``CostParams.comm_contention`` of their seconds (counted
-    in ``dp_comm``); an FSDP1 engine's pass before each reduce-scatter (``EngineProfile.reduce_prep_bytes``) lengthens
-    the reduction."""
-    from exatrain.accounting.engines import engine_variant
-
-    engine = engine_variant(runtime, grad_accum, grad_accum_fusion, adam_kernel)
+    """TIME_FIELDS (arrays of N) for the N layouts ``lay``, which share pp, interleave, the layer split, ep and
+    cp, as ``run`` says their runtime runs them (``accounting.engines.Resolved``: the engine whose overlaps and
+    collectives count, ``cost.overlap``, with the plan's gradient accumulation, its fusion and Adam kernel; the
+    rest as ``stage_times`` reads it); ``params_by_rank`` (N, pp) are the parameters one rank of each pipeline rank
+    holds (of a MoE model: those outside the routed experts, which are ``expert_params_by_rank``). ``overlap``:
+    which of the runtime's overlaps are on (``cost.overlap.overlap_rules``). ``hidden``: when given, gets the
+    seconds per step the overlaps hid (tp, pp, dp; arrays of N). Under ``run.fp8_param_gather`` the GEMM weights'
+    gathers carry one byte a weight (``fp8_gathered_params``); the gradient collectives carry the dtype gradients
+    accumulate in, and an engine's pass over the stage's gradients to accumulate them outside the GEMMs
+    (``EngineProfile.accum_pass``) joins every backward; the optimizer step runs the engine's Adam kernel
+    (``optimizer_seconds``). The data-parallel collectives hidden behind compute slow it by
+    ``CostParams.comm_contention`` of their seconds (counted in ``dp_comm``); an FSDP1 engine's pass before each
+    reduce-scatter (``EngineProfile.reduce_prep_bytes``) lengthens the reduction."""
+    engine, dtype, fp8 = run.engine, run.dtype, run.fp8
+    p, ep, cp_size = int(lay.pp[0]), int(lay.ep[0]), int(lay.cp[0])
+    v = int(lay.interleave[0]) if p > 1 else 1
+    schedule = lay.schedule
     rules = overlap_rules(engine, overlap)
-    tp, dp, m, zero = (np.asarray(x) for x in (tp, dp, num_microbatches, zero_stage))
-    N, p, v = tp.size, int(pp), int(interleave)
+    tp, dp, m, zero = (np.asarray(x) for x in (lay.tp, lay.dp, lay.num_microbatches, lay.zero_stage))
+    N = tp.size
     xp = 0.0 * params_by_rank if expert_params_by_rank is None else expert_params_by_rank
-    st = stage_times(model, cluster, cp, dev, dtype=dtype, flash=flash, tp=tp, dp=dp, micro_batch=micro_batch,
-                     zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel, pp=p,
-                     stage_layers=stage_layers, rules=rules, ep=ep, cp_size=cp_size, fp8=fp8,
-                     selective=engine.activations.selective, moe_dispatcher=moe_dispatcher,
-                     elementwise=engine.elementwise(elementwise), moe_load=moe_load,
-                     cross_entropy=engine.cross_entropy(cross_entropy, elementwise),
-                     fp8_tp_gather=engine.gathers_tp_in_fp8(fp8), expert_gemms=engine.expert_gemms,
-                     cp_exchange=engine.cp_exchange(cp_comm, model), recompute_modules=tuple(recompute_modules),
-                     recompute_layers=recompute_layers, recompute_every=recompute_every)
-    st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, recompute, dev,
+    st = stage_times(model, cluster, coeffs, dev, lay, run=run, stage_layers=stage_layers, rules=rules)
+    st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, lay.recompute, dev,
                                shard=dp * cp_size, side_streams=not cluster.device.is_host)
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
@@ -564,20 +543,20 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     # backward; ZeRO-1/2's all-gather of updated weights runs under the next step's first forward
     # (overlap_param_gather), in each case where the runtime overlaps them.
     rank = np.arange(p)[None, :]
-    gathered = fp8_gathered_params(model, tp, stage_layers, p, ep) if (fp8 and fp8_param_gather) else None
+    gathered = fp8_gathered_params(model, tp, stage_layers, p, ep) if (fp8 and run.fp8_param_gather) else None
     t_red, t_gat = np.zeros((N, p)), np.zeros((N, p))
     for z in np.unique(zero):
         kw = dict(tp=tp[:, None], pp=p, dp=dp[:, None], zero_stage=int(z), params_here=params_by_rank,
-                  num_microbatches=m[:, None], dtype=dtype, engine=engine, split=True, cp_size=cp_size, ep=ep,
-                  expert_params_here=xp, fp8_gathered=gathered)
-        r_, g_ = dp_collective_times(cluster, cp, model, pipeline_end=True, **kw)
+                  num_microbatches=m[:, None], run=run, cp_size=cp_size, ep=ep, expert_params_here=xp,
+                  fp8_gathered=gathered)
+        r_, g_ = dp_collective_times(cluster, coeffs, model, pipeline_end=True, **kw)
         prep = engine.reduce_prep_bytes(dtype) if z >= 2 else 0.0
         if prep:  # FSDP1's cast and pre-divide before each reduce-scatter, on the stream that then runs it
             reductions = np.where(engine.reduce_each_microbatch & (p == 1), m, 1)[:, None]
             r_ = r_ + np.where(dp[:, None] > 1, reductions * compute.elementwise_time_s(
                 prep * (params_by_rank + xp), dev), 0.0)
         if model.tied_embeddings and p > 2:  # the ends' embedding all-reduce: ranks 0 and pp-1 only
-            mid_r, mid_g = dp_collective_times(cluster, cp, model, pipeline_end=False, **kw)
+            mid_r, mid_g = dp_collective_times(cluster, coeffs, model, pipeline_end=False, **kw)
             ends = (rank == 0) | (rank == p - 1)
             r_, g_ = np.where(ends, r_, mid_r), np.where(ends, g_, mid_g)
         t_red = np.where((zero == z)[:, None], r_, t_red)
@@ -586,8 +565,8 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     red_on = rules.dp_grad_reduce & ((p == 1) | (zero >= 2) | (not rules.grad_reduce_needs_no_pipeline))
     # the reduction hides behind the last micro-batch's backward, or behind every one where each reduces its own
     each = engine.reduce_each_microbatch & (zero >= 2) & (p == 1)
-    red_window = np.where(red_on[:, None], cp.dp_overlap * per_rank(B + W) / np.where(each, 1, m)[:, None], 0.0)
-    gat_window = (cp.dp_overlap * np.where(z3, per_rank(F + B), per_rank(F) / m[:, None])
+    red_window = np.where(red_on[:, None], coeffs.dp_overlap * per_rank(B + W) / np.where(each, 1, m)[:, None], 0.0)
+    gat_window = (coeffs.dp_overlap * np.where(z3, per_rank(F + B), per_rank(F) / m[:, None])
                   if rules.dp_param_gather else np.zeros((N, p)))
     slack = pipe[:, None] - pt.rank_end_s
     red_exposed = exposed(t_red, red_window + slack)
@@ -596,15 +575,15 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     # ones) beside the forward, the other half and the gradient reduction beside the backward. Those
     # two share the backward's window, so together they can hide no more than it (plus the drain),
     # however each would fare alone.
-    gather = cp.dp_overlap if rules.dp_param_gather else 0.0
+    gather = coeffs.dp_overlap if rules.dp_param_gather else 0.0
     gat_b = exposed(t_gat / 2, gather * per_rank(B + W))
-    both_b = exposed(t_gat / 2 + t_red, np.where(red_on[:, None], cp.dp_overlap, gather) * per_rank(B + W) + slack)
+    both_b = exposed(t_gat / 2 + t_red, np.where(red_on[:, None], coeffs.dp_overlap, gather) * per_rank(B + W) + slack)
     z3_exposed = exposed(t_gat / 2, gather * per_rank(F)) + np.maximum(gat_b + red_exposed, both_b)
     dp_exposed = np.where(z3, z3_exposed, red_exposed + gat_exposed).max(axis=1)
     # the collectives hidden behind compute (not behind the pipeline's drain, where the rank waits) slow the compute
     # they overlap by comm_contention of their time
     overlapped = np.maximum((t_red + t_gat).max(axis=1) - dp_exposed - slack.max(axis=1), 0.0)
-    contention = cp.comm_contention * overlapped
+    contention = coeffs.comm_contention * overlapped
     dp_exposed = dp_exposed + contention
     if hidden is not None:
         hidden["tp"] = np.take_along_axis(per_rank(st.tp_hidden), np.argmax(pt.busy_s, axis=1)[:, None], axis=1)[:, 0]
@@ -624,65 +603,6 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, cp: CostParams, dev: comp
     return times, st, pt
 
 
-def step_time(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"
-              ) -> tuple[TimeBreakdown, PipelineTimes]:
-    """Predicted seconds per optimizer step of one plan, broken down (a batch of one through
-    ``planner.evaluate``), and its pipeline's times."""
-    from exatrain.planner.evaluate import evaluate
-    from exatrain.planner.layouts import Layouts
 
-    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, cp, global_batch=plan.global_batch,
-                  dtype=plan.dtype, flash=plan.flash_attention, memory=(), runtime=plan.runtime,
-                  overlap=overlap, moe_dispatcher=plan.moe_dispatcher, attention_kernel=plan.attention_kernel,
-                  elementwise=plan.elementwise, moe_load=experts.plan_moe_load(plan),
-                  fp8_param_gather=plan.fp8_param_gather, cross_entropy=plan.cross_entropy,
-                  grad_accum=plan.grad_accum, grad_accum_fusion=plan.grad_accum_fusion,
-                  adam_kernel=plan.adam_kernel, cp_comm=plan.cp_comm, recompute_modules=plan.recompute_modules,
-                  recompute_every=plan.recompute_every)
-    return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
-            PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
-
-
-def plan_stage_times(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all") -> StageTimes:
-    """The per-stage seconds of one plan (row 0 of each array), as the step time uses them: what
-    the schedule simulator replays for a timeline picture."""
-    from exatrain.accounting.engines import plan_engine
-
-    engine = plan_engine(plan)
-    acts = engine.activations
-    cp = compute.with_attention_kernel(cp, engine.attention_kernel(plan.attention_kernel))
-    dev = compute.device_for(cluster, plan.dtype, cp, plan.gpus)
-    st = stage_times(plan.model, cluster, cp, dev, dtype=plan.dtype, flash=plan.flash_attention,
-                     tp=[plan.tp], dp=[plan.dp], micro_batch=[plan.micro_batch], zero_stage=[plan.zero_stage],
-                     recompute=[RECOMPUTE.index(plan.recompute)], sequence_parallel=[plan.sequence_parallel],
-                     pp=plan.pp, stage_layers=np.array(plan.layers_per_stage()),
-                     rules=overlap_rules(plan.runtime, overlap), ep=plan.ep, cp_size=plan.cp, fp8=plan.fp8,
-                     selective=acts.selective, moe_dispatcher=plan.moe_dispatcher,
-                     elementwise=engine.elementwise(plan.elementwise), moe_load=experts.plan_moe_load(plan),
-                     cross_entropy=engine.cross_entropy(plan.cross_entropy, plan.elementwise),
-                     fp8_tp_gather=engine.gathers_tp_in_fp8(plan.fp8), expert_gemms=engine.expert_gemms,
-                     cp_exchange=engine.cp_exchange(plan.cp_comm, plan.model),
-                     recompute_modules=plan.recompute_modules, recompute_layers=plan.recompute_layers,
-                     recompute_every=plan.recompute_every)
-    dense, routed, _ = experts.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
-                                                 plan.layers_per_stage(), plan.ep)
-    return with_parameter_passes(st, engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),
-                                 plan.interleave, [plan.num_microbatches], [plan.zero_stage],
-                                 [RECOMPUTE.index(plan.recompute)], dev, shard=[plan.dp * plan.cp],
-                                 side_streams=not cluster.device.is_host)
-
-
-def simulate_plan(plan: Plan, cluster: ClusterSpec, cp: CostParams, overlap: str = "all"):
-    """The plan's pipeline simulated op by op (``schedule.simulate``) on its own per-stage seconds:
-    the timeline picture, and the oracle the closed-form pipeline term is tested against."""
-    from exatrain.planner.cost.schedule import simulate
-
-    st = plan_stage_times(plan, cluster, cp, overlap)
-    p2p = p2p_exposed(st.p2p, st.fwd, rules=overlap_rules(plan.runtime, overlap),
-                      interleaved=plan.schedule == "interleaved" and plan.interleave > 1)
-    return simulate(st.forward_s[0], st.backward_s[0], weight_s=st.wgrad[0], p2p_s=float(p2p[0]), pp=plan.pp,
-                    num_microbatches=plan.num_microbatches, schedule=plan.schedule, interleave=plan.interleave)
-
-
-__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "plan_stage_times", "recomputed", "simulate_plan",
-           "stage_times", "step_time", "step_times", "tp_collective_time_s"]
+__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "recomputed", "stage_times", "step_times",
+           "tp_collective_time_s"]

@@ -11,18 +11,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exatrain.accounting.engines import resolve_settings
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, SCHEDULES
+from exatrain.settings import RECOMPUTE, SCHEDULES
 from exatrain.planner.cost.coefficients import CostParams
-from exatrain.planner.cost.experts import moe_load
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.evaluate import MEMORY_FIELDS, layer_split
 from exatrain.planner.evaluate import evaluate as evaluate_layouts
 from exatrain.planner.layouts import Layouts
 from exatrain.planner.search.space import RECOMPUTE_LAYERS_AUTO, Space
 
-__all__ = ["BatchResult", "MEMORY_FIELDS", "TIME_FIELDS", "evaluate", "fit_recompute_layers", "layouts_of"]
+__all__ = ["BatchResult", "MEMORY_FIELDS", "TIME_FIELDS", "evaluate_space", "fit_recompute_layers", "layouts_of"]
 
 
 @dataclass
@@ -48,37 +48,33 @@ def layouts_of(space: Space) -> Layouts:
                       sequence_parallel=space.sp,
                       schedule=np.where(one, SCHEDULES.index("1f1b"), names[space.variant] if len(space) else 0),
                       interleave=np.where(one, 1, vs[space.variant] if len(space) else 1), ep=space.ep, cp=space.cp,
-                      fp8=space.options.fp8, recompute_layers=max(space.options.recompute_layers, 0))
+                      recompute_layers=max(space.options.recompute_layers, 0))
 
 
-def evaluate(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, cp: CostParams,
-             dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-             time_if_fits: bool = False, overlap: str = "all", fit_bytes: float | None = None,
-             recompute_limit_bytes: float | None = None) -> BatchResult:
-    """``runtime``: the engine that runs the candidates (``accounting.engines.ENGINE_NAMES``): its
-    memory judges them and its overlaps time them (``planner.evaluate``). ``time_if_fits``: time only
-    the candidates whose worst stage is at most ``fit_bytes`` (None: the capacity; NaN for the others). With
-    ``space.options.recompute_layers`` RECOMPUTE_LAYERS_AUTO each full-recomputation candidate recomputes the fewest
-    layers of each stage it needs to come under ``recompute_limit_bytes`` (None: the capacity;
+def evaluate_space(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, coeffs: CostParams,
+                   dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
+                   time_if_fits: bool = False, overlap: str = "all", fit_bytes: float | None = None,
+                   recompute_limit_bytes: float | None = None) -> BatchResult:
+    """``runtime``: the engine that runs the candidates (``accounting.engines.ENGINE_NAMES``), with the space's run
+    settings (``SpaceOptions.settings``): its memory judges them and its overlaps time them (``planner.evaluate``).
+    ``time_if_fits``: time only the candidates whose worst stage is at most ``fit_bytes`` (None: the capacity; NaN
+    for the others). With ``space.options.recompute_layers`` RECOMPUTE_LAYERS_AUTO each full-recomputation candidate
+    recomputes the fewest layers of each stage it needs to come under ``recompute_limit_bytes`` (None: the capacity;
     ``fit_recompute_layers``)."""
     o = space.options
-    kw = dict(global_batch=global_batch, dtype=dtype, flash=flash, memory=(runtime,), runtime=runtime,
-              overlap=overlap, moe_dispatcher=o.moe_dispatcher, attention_kernel=o.attention_kernel,
-              elementwise=o.elementwise, moe_load=moe_load(o.moe_capacity_factor, o.moe_force_balance),
-              fp8_param_gather=o.fp8_param_gather, cross_entropy=o.cross_entropy, grad_accum=o.grad_accum,
-              grad_accum_fusion=o.grad_accum_fusion, adam_kernel=o.adam_kernel, cp_comm=o.cp_comm,
-              recompute_modules=o.recompute_modules, recompute_every=o.recompute_every)
+    run = resolve_settings(o.settings.replace(runtime=runtime), model, dtype=dtype, flash=flash)
+    kw = dict(global_batch=global_batch, memory=(runtime,), run=run, overlap=overlap)
     layouts = layouts_of(space)
     if o.recompute_layers == RECOMPUTE_LAYERS_AUTO:
         layouts = dataclasses.replace(layouts, recompute_layers=fit_recompute_layers(
-            layouts, model, cluster, cp, limit_bytes=recompute_limit_bytes, **kw))
-    ev = evaluate_layouts(layouts, model, cluster, cp, time_if_fits=time_if_fits, fit_bytes=fit_bytes, **kw)
+            layouts, model, cluster, coeffs, limit_bytes=recompute_limit_bytes, **kw))
+    ev = evaluate_layouts(layouts, model, cluster, coeffs, time_if_fits=time_if_fits, fit_bytes=fit_bytes, **kw)
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
                        time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu,
                        recompute_layers=layouts.recompute_layers)
 
 
-def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, cp: CostParams, *,
+def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, *,
                          memory: tuple[str, ...], limit_bytes: float | None = None, **kw) -> np.ndarray:
     """Per layout, the fewest layers of each (virtual) stage a full recomputation must cover, the first ones
     (Megatron-Core's block method, ``Plan.recompute_layers``), for every rank to fit the device in ``memory[0]``'s
@@ -93,7 +89,7 @@ def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpe
     sub = layouts.take(full)
     totals = []
     for n in (0, 1):
-        ev = evaluate_layouts(dataclasses.replace(sub, recompute_layers=np.full(len(sub), n)), model, cluster, cp,
+        ev = evaluate_layouts(dataclasses.replace(sub, recompute_layers=np.full(len(sub), n)), model, cluster, coeffs,
                               memory=memory, by_rank=True, time=False, **kw)
         totals.append(sum(ev.by_rank[memory[0]][f] for f in MEMORY_FIELDS))
     every, one = totals

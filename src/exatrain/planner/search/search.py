@@ -19,7 +19,8 @@ import numpy as np
 from exatrain.accounting.engines import ENGINE_NAMES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import RECOMPUTE, ParallelDims, Plan, TrainShape
+from exatrain.plan import ParallelDims, Plan, TrainShape
+from exatrain.settings import RECOMPUTE
 from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.estimate import estimate_plan
@@ -70,16 +71,10 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 shape=TrainShape(int(space.micro_batch[i]), global_batch), zero_stage=int(space.zero[i]),
                 recompute=RECOMPUTE[space.recompute[i]], sequence_parallel=bool(space.sp[i]),
                 schedule=sched if pp > 1 else "1f1b", interleave=v if pp > 1 else 1,
-                dtype=dtype, flash_attention=flash, cluster=cluster.name, fp8=space.options.fp8,
-                moe_dispatcher=space.options.moe_dispatcher, attention_kernel=space.options.attention_kernel,
-                elementwise=space.options.elementwise, moe_capacity_factor=space.options.moe_capacity_factor,
-                moe_force_balance=space.options.moe_force_balance, fp8_param_gather=space.options.fp8_param_gather,
-                cross_entropy=space.options.cross_entropy, grad_accum=space.options.grad_accum,
-                grad_accum_fusion=space.options.grad_accum_fusion, adam_kernel=space.options.adam_kernel,
-                cp_comm=space.options.cp_comm, recompute_modules=space.options.recompute_modules,
-                recompute_layers=(max(space.options.recompute_layers, 0) if recompute_layers is None
-                                  else recompute_layers),
-                recompute_every=space.options.recompute_every)
+                dtype=dtype, flash_attention=flash, cluster=cluster.name,
+                settings=space.options.settings.replace(recompute_layers=(max(space.options.recompute_layers, 0)
+                                                                          if recompute_layers is None
+                                                                          else recompute_layers)))
 
 
 RUNTIMES = ENGINE_NAMES
@@ -94,7 +89,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
     are candidates. A layout that does not fit is dropped, a tight one kept (``strict_memory``: dropped too;
     the module doc)."""
-    cp = params or default_params(cluster.device.name)
+    coeffs = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime, dtype=dtype)
     rejected = dict(space.rejected)
     if len(space) == 0:
@@ -105,10 +100,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
                               cp=space.cp, ep=space.ep)
     capacity = cluster.device.hbm_bytes
     # time every layout that may be kept: capacity at least the band's low end of its prediction
-    res = batch.evaluate(space, model, cluster, global_batch, cp, dtype=dtype, flash=flash, runtime=runtime,
-                         time_if_fits=True, overlap=overlap,
-                         fit_bytes=capacity / float(high.min() if strict_memory else low.min()),
-                         recompute_limit_bytes=capacity / float(high.max()) if strict_memory else None)
+    res = batch.evaluate_space(space, model, cluster, global_batch, coeffs, dtype=dtype, flash=flash,
+                               runtime=runtime, time_if_fits=True, overlap=overlap,
+                               fit_bytes=capacity / float(high.min() if strict_memory else low.min()),
+                               recompute_limit_bytes=capacity / float(high.max()) if strict_memory else None)
     codes = verdict_codes(res.memory_total, capacity, low, high)
     tight = codes == 1
     rejected["does not fit"] = int((codes == 2).sum())
@@ -122,6 +117,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
         plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash,
                        None if res.recompute_layers is None else int(res.recompute_layers[i]))
         plan = plan.replace(runtime=runtime).validate(cluster)
-        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, cp, overlap)))
+        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, coeffs, overlap)))
     return SearchResult(ranked, space.examined, len(space), int(keep.sum()), rejected, space.collapsed,
                         float(res.memory_total.min()), tight=int(tight.sum()), strict_memory=strict_memory)

@@ -8,7 +8,8 @@ sequences of 8,192 tokens or more (cp among the powers of two that divide seq_le
 GPU count), for every runtime: for exatrain's own trainer the rules of scope "trainer" then drop the
 ep and cp layouts it does not run (ep wider than dp, ep with ZeRO-1/2/3, cp with a mixture-of-experts
 model, either with zero bubble).
-``SpaceOptions.ep`` / ``cp`` pin or widen them. ``fp8``: one FP8 recipe for every candidate.
+``SpaceOptions.ep`` / ``cp`` pin or widen them; ``SpaceOptions.settings``: one set of run settings for every
+candidate.
 
 Rejection is a value, not an exception: the search reports how many candidates each constraint
 removed (divisibility, topology, pipeline depth, schedule, memory) and can say which killed the most.
@@ -28,7 +29,7 @@ from exatrain import rules
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.plan import FP8_PARAM_GATHER_RUNTIMES, RECOMPUTE, SCHEDULES
+from exatrain.settings import FP8_PARAM_GATHER_RUNTIMES, RECOMPUTE, SCHEDULES, RunSettings, holds_settings
 
 # Schedule variants searched: (name, interleave). interleave = virtual stages per rank.
 SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
@@ -42,12 +43,13 @@ REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
 # to run. (Its "run"-scope rules concern --compile, which the search does not choose.)
 TRAINER_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "trainer")
 RUNTIME_REASON = "ZeRO stage the runtime does not offer"
-FP8_GATHER_REASON = "ZeRO stage below the one --fp8-param-gather needs"  # plan.FP8_PARAM_GATHER_RUNTIMES
+FP8_GATHER_REASON = "ZeRO stage below the one --fp8-param-gather needs"  # settings.FP8_PARAM_GATHER_RUNTIMES
 
 
 RECOMPUTE_LAYERS_AUTO = -1  # SpaceOptions.recompute_layers: fit each full-recomputation candidate's own
 
 
+@holds_settings
 @dataclass(frozen=True)
 class SpaceOptions:
     """What to search over. ``None`` means "every legal value"."""
@@ -61,23 +63,10 @@ class SpaceOptions:
     schedules: tuple[tuple[str, int], ...] = SCHEDULE_VARIANTS
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
-    fp8: str = ""
-    moe_dispatcher: str = "alltoall"  # one dispatcher for every candidate (plan.MOE_DISPATCHERS)
-    moe_capacity_factor: float = 0.0  # every candidate's MoE routing (plan.py): token-drop capacity, 0 = dropless
-    moe_force_balance: bool = False  # ... or routing forced even
-    fp8_param_gather: bool = False  # every candidate's FP8 GEMM weights gathered in FP8 (plan.py)
-    attention_kernel: str = ""  # flash attention's kernel for every candidate (plan.ATTENTION_KERNELS)
-    elementwise: str = ""  # how every candidate's element-wise ops run (plan.ELEMENTWISE)
-    cross_entropy: str = ""  # how every candidate's loss runs over the logits (plan.CROSS_ENTROPY)
-    grad_accum: str = ""  # the dtype every candidate's bf16 gradients accumulate in (plan.GRAD_ACCUM)
-    grad_accum_fusion: str = ""  # every candidate's accumulation inside the GEMMs or not (plan.GRAD_ACCUM_FUSION)
-    adam_kernel: str = ""  # every candidate's Adam kernel (plan.ADAM_KERNELS)
-    cp_comm: str = ""  # how every candidate with cp > 1 exchanges attention's operands (Plan.cp_comm)
-    recompute_modules: tuple[str, ...] = ()  # what every selective candidate reruns (Plan.recompute_modules)
-    # the layers of each stage every full candidate recomputes (Plan.recompute_layers); RECOMPUTE_LAYERS_AUTO: the
-    # fewest each candidate needs to fit (search.batch.fit_recompute_layers)
-    recompute_layers: int = 0
-    recompute_every: int = 0  # one layer in this many every full candidate recomputes (Plan.recompute_every)
+    # Every candidate's run settings (settings.SETTINGS; their runtime is the search's, not this one), readable and
+    # given by name (SpaceOptions(fp8="current"): settings.holds_settings). recompute_layers RECOMPUTE_LAYERS_AUTO: the
+    # fewest layers each full-recomputation candidate needs to fit (search.batch.fit_recompute_layers)
+    settings: RunSettings = RunSettings()
 
 
 @dataclass
@@ -175,9 +164,9 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     scopes = ("plan", "trainer") if runtime == "exatrain" else ("plan",)
     if not options.tp:
         scopes += ("search",)
-    x = rules.layout(model, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
-                     recompute=rec, sequence_parallel=sp, schedule=code,
-                     interleave=v, cluster=cluster, ep=ep, cp=cp, runtime=runtime, cp_comm=options.cp_comm)
+    shared = rules.Shared(model, cluster=cluster, settings=options.settings.replace(runtime=runtime))
+    x = rules.rule_inputs(shared, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
+                         recompute=rec, sequence_parallel=sp, schedule=code, interleave=v, ep=ep, cp=cp)
     offered = get_engine(runtime).with_grad_accum(options.grad_accum).zero_stages(dtype)
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
     if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's

@@ -38,7 +38,8 @@ from typing import Any, Callable
 
 from exatrain.data.dataset import plain_name, sha256_file
 from exatrain.errors import UserError
-from exatrain.plan import Plan, write_json_atomic
+from exatrain.plan import Plan
+from exatrain.jsonio import write_json_atomic
 
 FORMAT = "exatrain-checkpoint"
 VERSION = 1

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from exatrain.plan import write_json_atomic
+from exatrain.jsonio import write_json_atomic
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.files import CheckpointError, Manifest
 from exatrain.trainer.checkpoint.state import restore_rng, state_dict

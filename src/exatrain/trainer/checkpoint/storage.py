@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from exatrain.data.dataset import plain_name
-from exatrain.plan import write_json_atomic
+from exatrain.jsonio import write_json_atomic
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.files import METADATA, CheckpointError
 

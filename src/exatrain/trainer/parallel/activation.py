@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from exatrain.plan import RECOMPUTE
+from exatrain.settings import RECOMPUTE
 from exatrain.trainer.model import Transformer
 
 
