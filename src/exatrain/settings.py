@@ -48,7 +48,27 @@ SCHEDULE_RUNTIMES = {"gpipe": ("torchtitan", "exatrain"),
                      "zero_bubble": ("torchtitan", "exatrain")}
 # Activation recomputation (Korthikanti et al. 2022): none, selective (attention core only), full.
 RECOMPUTE = ("none", "selective", "full")
-DTYPES = ("float32", "bfloat16")
+# Training precisions: float32, or mixed precision over fp32 master weights with 16-bit compute copies, in
+# bfloat16 or float16; float16 also scales the loss (dynamic loss scaling: the gradients are unscaled, and a step
+# whose gradients overflowed is skipped on every rank, after a found-inf all-reduce).
+DTYPES = ("float32", "bfloat16", "float16")
+HALF_DTYPES = ("bfloat16", "float16")  # 16-bit compute copies, fp32 master weights
+# The runtimes that train in float16 (those not listed train in float32 and bfloat16 only): Megatron-LM --fp16
+# (megatron/training/arguments.py) and Megatron-DeepSpeed with DeepSpeed's "fp16" block, both with dynamic loss
+# scaling, and exatrain's trainer (torch.amp autocast with a gradient scaler); torchtitan's
+# training.mixed_precision_param is bfloat16 or float32 (torchtitan/config/job_config.py) and it has no scaler;
+# llm-foundry's profile prices Composer's bf16 and fp32 runs only (its amp_fp16 is not priced).
+FLOAT16_RUNTIMES = ("megatron-core", "megatron-deepspeed", "exatrain")
+FLOAT16_WHY_NOT = {"torchtitan": "trains in bfloat16 or float32, not float16 (it has no loss scaling)",
+                   "llm-foundry": "is planned in bfloat16 or float32 (Composer's amp_fp16 is not priced)"}
+
+
+def dtype_problem(dtype: str, runtime: str) -> str | None:
+    """Why ``runtime`` does not train in ``dtype``, or None (an unknown dtype or runtime is its own rule's)."""
+    if dtype == "float16" and runtime in RUNTIMES and runtime not in FLOAT16_RUNTIMES:
+        why = FLOAT16_WHY_NOT.get(runtime, "trains in bfloat16 or float32, not float16")
+        return f"--runtime {runtime} {why}: use --dtype bfloat16, or --runtime {' or '.join(FLOAT16_RUNTIMES)}"
+    return None
 # Engines a plan can be made for (accounting.engines holds each one's profile) and FP8 GEMM scaling
 # recipes (accounting.fp8): names only here, so that the rules can check them without the accounting.
 RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry")
@@ -374,7 +394,9 @@ def grad_accum_problem(accum: str, dtype: str, runtime: str) -> str | None:
 
 
 def _runtime_problem(v, p) -> str | None:
-    return None if v in RUNTIMES else f"--runtime must be one of {', '.join(RUNTIMES)}, got {v!r}"
+    if v not in RUNTIMES:
+        return f"--runtime must be one of {', '.join(RUNTIMES)}, got {v!r}"
+    return dtype_problem(p.dtype, v)
 
 
 def _fp8_problem(v, p) -> str | None:
@@ -893,7 +915,7 @@ def setting_notes(plan: Any, target: str) -> list[str]:
 
 
 __all__ = ["ADAM_KERNELS", "ATTENTION_KERNELS", "BY_NAME", "CP_COMMS", "CROSS_ENTROPY", "DTYPES", "ELEMENTWISE",
-           "FLAG_SETTINGS", "FP8_RECIPES", "GRAD_ACCUM", "GRAD_ACCUM_FUSION", "MOE_DISPATCHERS", "NAMES",
-           "NOTES_ALSO", "RECOMPUTE", "RECOMPUTE_MODULES", "RUNTIMES", "RunSettings", "SCHEDULES", "SETTINGS",
-           "Setting", "cp_comm_for", "default_runtime", "full_rerun_layers", "holds_settings", "listed",
-           "recompute_modules_of", "setting_notes", "takes_settings"]
+           "FLAG_SETTINGS", "FLOAT16_RUNTIMES", "FP8_RECIPES", "GRAD_ACCUM", "GRAD_ACCUM_FUSION", "HALF_DTYPES",
+           "MOE_DISPATCHERS", "NAMES", "NOTES_ALSO", "RECOMPUTE", "RECOMPUTE_MODULES", "RUNTIMES", "RunSettings",
+           "SCHEDULES", "SETTINGS", "Setting", "cp_comm_for", "default_runtime", "dtype_problem", "full_rerun_layers",
+           "holds_settings", "listed", "recompute_modules_of", "setting_notes", "takes_settings"]

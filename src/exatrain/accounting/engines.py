@@ -39,7 +39,7 @@ from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.errors import UserError
 from exatrain.accounting.fp8 import Fp8Recipe
 from exatrain.accounting.moe import moe_load
-from exatrain.settings import RUNTIMES, SETTINGS, RunSettings, cp_comm_for
+from exatrain.settings import HALF_DTYPES, RUNTIMES, SETTINGS, RunSettings, cp_comm_for
 
 ENGINE_NAMES = RUNTIMES  # settings.RUNTIMES: the names a Plan.runtime may take
 # Bytes one AdamW update moves per parameter, by kernel (settings.ADAM_KERNELS). "fused" reads the fp32 parameter,
@@ -203,10 +203,15 @@ class EngineProfile:
     # dtype, gradient-accumulation dtype), as (over the rank's whole stage, over its gradients as it holds them:
     # sharded at ZeRO-2/3, over its optimizer shard): the gradient norm, a clipping that always scales, the
     # gradients' copy into fp32 and the parameters' copy out of the fp32 master weights. A clipping that scales
-    # only when the norm exceeds the limit is not priced (it depends on the data); nor is fp16's unscaling
-    # (plans train in bf16 or fp32).
+    # only when the norm exceeds the limit is not priced (it depends on the data); float16's unscaling of the
+    # gradients is (its rows), every step.
     step_pass_bytes: tuple[tuple[tuple[str, str], tuple[float, float, float]], ...] = ()
     step_pass_source: str = ""
+    # The dtype its gradients accumulate and reduce in under float16 training ("float16": the parameters' own,
+    # "float32"), and where its dynamic loss scaling lives: the unscale of the gradients (in step_pass_bytes'
+    # float16 rows) and the found-inf all-reduce before the update (cost.step.loss_scaling_s)
+    fp16_grad_accum_dtype: str = "float32"
+    loss_scale_source: str = ""
     # Its Adam kernel (ADAM_BYTES) unless a plan says (settings.ADAM_KERNELS), the switch a user sets it with ("" where
     # the engine offers none), and whether it runs the fused kernel only over plain tensors on a GPU and the foreach
     # one elsewhere (exatrain: DTensor parameters, ZeRO-1's ZeroRedundancyOptimizer, the CPU)
@@ -243,7 +248,7 @@ class EngineProfile:
         """Bytes a parameter autograd moves adding each micro-batch's gradient after the first into .grad when
         training in ``dtype`` at ZeRO stage(s) ``zero`` (a numpy array broadcasts): ``later_accum_bytes`` at the
         stages that keep .grad (``later_accum_zero``), 0 elsewhere or where none is listed."""
-        listed = dict(self.later_accum_bytes).get(self.accum_dtype(dtype), 0.0) if dtype == "bfloat16" else 0.0
+        listed = dict(self.later_accum_bytes).get(self.accum_dtype(dtype), 0.0) if dtype in HALF_DTYPES else 0.0
         return np.where(np.isin(zero, self.later_accum_zero), float(listed), 0.0)
 
     def step_passes(self, dtype: str) -> tuple[float, float, float]:
@@ -335,8 +340,8 @@ class EngineProfile:
 
     def accum_dtype(self, dtype: str) -> str:
         """The dtype its gradients accumulate in when training in ``dtype``: ``grad_accum_dtype`` for
-        bfloat16 training, float32 otherwise."""
-        return self.grad_accum_dtype if dtype == "bfloat16" else "float32"
+        bfloat16 training, ``fp16_grad_accum_dtype`` for float16, float32 otherwise."""
+        return {"bfloat16": self.grad_accum_dtype, "float16": self.fp16_grad_accum_dtype}.get(dtype, "float32")
 
     def zero_stages(self, dtype: str = "bfloat16") -> tuple[int, ...]:
         accum = self.accum_dtype(dtype)
@@ -374,7 +379,7 @@ class EngineProfile:
         listed."""
         if self.unfused_accum:
             return float(COMPUTE_BYTES[dtype] + 2 * COMPUTE_BYTES[self.accum_dtype(dtype)])
-        return float(dict(self.accum_pass_bytes).get(self.accum_dtype(dtype), 0.0)) if dtype == "bfloat16" else 0.0
+        return float(dict(self.accum_pass_bytes).get(self.accum_dtype(dtype), 0.0)) if dtype in HALF_DTYPES else 0.0
 
     def accum_pass_why(self) -> str:
         """Where the bytes of ``accum_pass`` come from, for an estimate's notes."""
@@ -471,6 +476,12 @@ MEGATRON_CORE = EngineProfile(
                                             _MFSDP_DOC)),
         (("bfloat16", 3, "bfloat16"), _rule((0, 2 + 4), (0, 2), (0, 8),
                                             _MFSDP + " optim_grads_params --grad-reduce-in-bf16", _MFSDP_DOC)),
+        # --fp16: fp16 params and main grads (megatron/training/arguments.py sets accumulate_allreduce_grads_in_fp32
+        # only for --bf16), fp32 main params and an fp32 copy of the grads in the optimizer: the 16-bit rows above
+        (("float16", 0, "float16"), _rule((2 + 4, 0), (2 + 4, 0), (8, 0), "--fp16",
+                                          _MCORE_DOC + ": 16-bit params, 16-bit grads = 20")),
+        (("float16", 1, "float16"), _rule((2, 4), (2, 4), (0, 8), "--fp16 --use-distributed-optimizer",
+                                          _MCORE_DOC + ": 16-bit params, 16-bit grads = 4 + 16/d")),
         (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "fp32 params",
                                           _MCORE_DOC + ": fp32 params, fp32 grads = 16")),
         (("float32", 1, "float32"), _rule((4, 0), (4, 0), (0, 8), "--use-distributed-optimizer",
@@ -527,7 +538,13 @@ MEGATRON_CORE = EngineProfile(
     # parameters (read 4, write 2); 16-bit main grads are first copied to fp32 (read 2, write 4)
     step_pass_bytes=((("bfloat16", "float32"), (0.0, 0.0, 4.0 + 6.0)),
                      (("bfloat16", "bfloat16"), (0.0, 0.0, 6.0 + 4.0 + 6.0)),
+                     (("float16", "float16"), (0.0, 0.0, 6.0 + 8.0 + 4.0 + 6.0)),
                      (("float32", "float32"), (0.0, 0.0, 4.0))),
+    fp16_grad_accum_dtype="float16",
+    loss_scale_source=("megatron/core/optimizer/optimizer.py MixedPrecisionOptimizer: "
+                       "_unscale_main_grads_and_check_for_nan runs torch._amp_foreach_non_finite_check_and_unscale_ "
+                       "over the fp32 main grads (read 4, write 4) and all-reduces found_inf (MAX) before the step, "
+                       "which it skips on an overflow (DynamicGradScaler, megatron/core/optimizer/grad_scaler.py)"),
     step_pass_source=("megatron/core/optimizer/optimizer.py MixedPrecisionOptimizer.step: "
                       "_copy_model_grads_to_main_grads (main_param.grad = model_param.main_grad.float(), a copy only "
                       "of 16-bit main grads), clip_grad_norm (get_grad_norm_fp32, multi_tensor_l2norm; "
@@ -570,7 +587,7 @@ MEGATRON_DEEPSPEED = EngineProfile(
                        "update_hp_grads runs hp_grad.add_(lp.grad.to(fp32)) after it (read 2, write 4; read 4 + 4, "
                        "write 4): 26 bytes a parameter, every micro-batch (deepspeed/runtime/bf16_optimizer.py)"),
     allreduce_grads_accum=("float32",),
-    later_accum_bytes=(("bfloat16", 6.0),),
+    later_accum_bytes=(("bfloat16", 6.0), ("float16", 6.0)),
     later_accum_zero=(0, 1),
     later_accum_source=("deepspeed/runtime/pipe/engine.py _exec_backward_pass: each micro-batch's backward runs into "
                         "the parameters' bf16 .grad, kept until _exec_reduce_grads; from the second on autograd's "
@@ -597,6 +614,15 @@ MEGATRON_DEEPSPEED = EngineProfile(
                                             _ZERO_PAPER + ": P_os+g = 2 + 14/d", 2 * _BUCKET)),
         (("bfloat16", 3, "bfloat16"), _rule((0, 2 + 4), (0, 2), (0, 8), "zero_optimization.stage 3",
                                             _ZERO_PAPER + ": P_os+g+p = 16/d", 2 * _BUCKET)),
+        # "fp16": {"enabled": true}: the same states in fp16 (FP16_Optimizer without ZeRO, deepspeed/runtime/fp16/
+        # fused_optimizer.py; the ZeRO optimizers with fp16 partitions), the ZeRO paper's mixed-precision Adam
+        (("float16", 0, "float16"), _rule((2 + 4, 0), (2, 0), (8, 0), "fp16, no ZeRO", _ZERO_PAPER + ": baseline 16")),
+        (("float16", 1, "float16"), _rule((2, 4), (2, 0), (0, 8), "fp16, zero_optimization.stage 1",
+                                          _ZERO_PAPER + ": P_os = 4 + 12/d", 2 * _BUCKET)),
+        (("float16", 2, "float16"), _rule((2, 4), (0, 2), (0, 8), "fp16, zero_optimization.stage 2",
+                                          _ZERO_PAPER + ": P_os+g = 2 + 14/d", 2 * _BUCKET)),
+        (("float16", 3, "float16"), _rule((0, 2 + 4), (0, 2), (0, 8), "fp16, zero_optimization.stage 3",
+                                          _ZERO_PAPER + ": P_os+g+p = 16/d", 2 * _BUCKET)),
         # BF16_Optimizer: bf16 params and their bf16 grads (zeroed, not freed), a full fp32
         # gradient-accumulation buffer, the fp32 master partition and Adam states: 8 + 12/d.
         (("bfloat16", 1, "float32"), _rule((2, 4), (2 + 4, 0), (0, 8), "BF16_Optimizer (grad_accum_dtype fp32)",
@@ -660,8 +686,14 @@ MEGATRON_DEEPSPEED = EngineProfile(
     # BF16_Optimizer (fp32 accumulation): the norm (4), the copy into bf16 (6), and clear_hp_grads zeroing the
     # stage's whole fp32 gradient buffer (write 4)
     step_pass_bytes=((("bfloat16", "bfloat16"), (0.0, 0.0, 2.0 + 6.0 + 8.0 + 6.0)),
+                     (("float16", "float16"), (0.0, 0.0, 2.0 + 2.0 + 6.0 + 8.0 + 6.0)),
                      (("bfloat16", "float32"), (4.0, 0.0, 4.0 + 6.0)),
                      (("float32", "float32"), (0.0, 0.0, 4.0 + 8.0 + 8.0))),
+    fp16_grad_accum_dtype="float16",
+    loss_scale_source=("deepspeed/runtime/zero/stage_1_and_2.py step: has_overflow reads each 16-bit gradient of "
+                       "the partition for inf/nan (2 bytes) and all-reduces the flag (MAX) over the data-parallel "
+                       "group; unscale_and_clip_grads folds 1/loss_scale into the clip's one pass; an overflow skips "
+                       "the step (deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler)"),
     step_pass_source=("deepspeed/runtime/zero/stage_1_and_2.py step: scaled_global_norm over the 16-bit gradients, "
                       "flat_grad_partition.to(fp32), unscale_and_clip_grads (grad.data.mul_(1. / combined_scale)), "
                       "_optimizer_step, bit16_partitions[partition_id].data.copy_(fp32_partition.data); "
@@ -902,6 +934,11 @@ EXATRAIN = EngineProfile(
         (("bfloat16", 1, "float32"), _rule((4 + 2, 0), (4, 0), (0, 8), "DDP + ZeroRedundancyOptimizer", _EXA)),
         (("bfloat16", 2, "float32"), _rule((2, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False", _EXA)),
         (("bfloat16", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=True", _EXA)),
+        # float16: autocast's fp16 copies in place of the bf16 ones, the same fp32 parameters and gradients
+        (("float16", 0, "float32"), _rule((4 + 2, 0), (4, 0), (8, 0), "DDP", _EXA)),
+        (("float16", 1, "float32"), _rule((4 + 2, 0), (4, 0), (0, 8), "DDP + ZeroRedundancyOptimizer", _EXA)),
+        (("float16", 2, "float32"), _rule((2, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False", _EXA)),
+        (("float16", 3, "float32"), _rule((0, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=True", _EXA)),
         (("float32", 0, "float32"), _rule((4, 0), (4, 0), (8, 0), "DDP", _EXA)),
         (("float32", 1, "float32"), _rule((4, 0), (4, 0), (0, 8), "DDP + ZeroRedundancyOptimizer", _EXA)),
         (("float32", 2, "float32"), _rule((4, 4), (0, 4), (0, 8), "FSDP2 reshard_after_forward=False", _EXA)),
@@ -934,7 +971,12 @@ EXATRAIN = EngineProfile(
     sp_gathered_head_input=True,
     sp_head_input_source="trainer/parallel/tensor.py: the head is ColwiseParallel from the sequence-sharded stream",
     # the norm over the rank's gradients as it holds them: one read of each fp32 gradient
-    step_pass_bytes=((("bfloat16", "float32"), (0.0, 4.0, 0.0)), (("float32", "float32"), (0.0, 4.0, 0.0))),
+    step_pass_bytes=((("bfloat16", "float32"), (0.0, 4.0, 0.0)), (("float16", "float32"), (0.0, 4.0 + 8.0, 0.0)),
+                     (("float32", "float32"), (0.0, 4.0, 0.0))),
+    loss_scale_source=("trainer/train.py: autocast in float16 and torch's ShardedGradScaler over the world group: "
+                       "unscale_ runs torch._amp_foreach_non_finite_check_and_unscale_ over each rank's fp32 "
+                       "gradients (read 4, write 4) and all-reduces found_inf (MAX), so every rank skips an "
+                       "overflowed step"),
     step_pass_source=("trainer/parallel/grads.py clip_grad_norm: torch.nn.utils.get_total_norm (foreach norms) over "
                       "the local gradients; the mul_ only when the norm exceeds --grad-clip. Counted by "
                       "tests/planner/test_optimizer_step.py"),

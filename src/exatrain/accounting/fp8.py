@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from exatrain.catalog.hardware import DeviceSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
-from exatrain.settings import FP8_RECIPES
+from exatrain.settings import FP8_RECIPES, HALF_DTYPES
 from exatrain.accounting.params import attention_params, mlp_weight_params
 
 SCALINGS = FP8_RECIPES  # settings.FP8_RECIPES: the names a Plan.fp8 may take
@@ -77,7 +77,7 @@ class Fp8Recipe:
         the cached fp8 copy (and its transpose), less the 16-bit compute copy under fp8_params."""
         copies = 2 if self.transpose_cache else 1
         fp8 = copies * (1.0 + self.weight_scale_bytes())
-        copy16 = 2.0 if dtype == "bfloat16" else 0.0
+        copy16 = 2.0 if dtype in HALF_DTYPES else 0.0
         return fp8 - (copy16 if self.fp8_params else 0.0)
 
     def meta_bytes(self, gemms) -> float:

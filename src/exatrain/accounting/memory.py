@@ -38,7 +38,7 @@ import numpy as np
 
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
-from exatrain.settings import SCHEDULES
+from exatrain.settings import HALF_DTYPES, SCHEDULES
 from exatrain.accounting.inflight import group_sizes, peak_in_flight_fast, schedule_codes
 from exatrain.accounting.params import (layer_params, stage_layer_kinds, stage_params, stage_params_split,
                                        total_params)
@@ -79,7 +79,7 @@ class StateBytesPerParam:
 def state_bytes_per_param(dtype: str, zero_stage: int, dp: int) -> StateBytesPerParam:
     """Bytes per parameter of weights / gradients / optimizer states (table in the module doc).
     ZeRO-3's gathered layers are added by ``stage_memory`` (they depend on layer size)."""
-    copy16 = 2.0 if dtype == "bfloat16" else 0.0
+    copy16 = 2.0 if dtype in HALF_DTYPES else 0.0
     if zero_stage == 0:
         return StateBytesPerParam(4.0 + copy16, 4.0, 8.0)
     if zero_stage == 1:

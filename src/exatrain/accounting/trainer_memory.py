@@ -56,6 +56,7 @@ from __future__ import annotations
 import numpy as np
 
 from exatrain.catalog.models import ModelSpec
+from exatrain.settings import HALF_DTYPES
 from exatrain.plan import MemoryBreakdown, Plan
 from exatrain.accounting.engines import Resolved
 from exatrain.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, RankCounts, inflight_microbatches,
@@ -92,7 +93,7 @@ def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_pa
     b = np.asarray(micro_batch, dtype=float)
     t = np.asarray(tp, dtype=float)
     d = t if sequence_parallel else 1.0
-    autocast = dtype == "bfloat16"
+    autocast = dtype in HALF_DTYPES
     e = COMPUTE_BYTES[dtype]
     stream = 2.0 if autocast else 4.0  # residual-stream bytes per element
     if recompute == "full":
@@ -208,7 +209,7 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     inflight_mb = np.asarray(rank.inflight_mb, dtype=float)
     h, V = m.hidden, m.vocab
     e = COMPUTE_BYTES[dtype]
-    autocast = dtype == "bfloat16"
+    autocast = dtype in HALF_DTYPES
     fsdp = (dp > 1) & (zero_stage >= 2)  # the trainer shards with FSDP2 only when dp > 1
     per = state_bytes_per_param(dtype, zero_stage, dp)
     per1 = state_bytes_per_param(dtype, 0, 1)

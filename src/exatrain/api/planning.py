@@ -20,7 +20,7 @@ from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan
 from exatrain.settings import (adam_kernel_problem, cp_comm_problem, default_runtime, default_runtime_note,
-                               grad_accum_fusion_problem, grad_accum_problem, recompute_layers_problem,
+                               dtype_problem, grad_accum_fusion_problem, grad_accum_problem, recompute_layers_problem,
                                recompute_modules_of, recompute_modules_problem, takes_settings)
 from exatrain.planner.memory_band import STRICT_MEMORY_HELP
 from exatrain.planner.time_to_train import RANK_BY, RANK_BY_HELP, RUN_FLAGS, rank, run_options, with_time_to_train
@@ -78,6 +78,8 @@ def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, settings: 
     runtime = check_runtime(default_runtime(model) if chosen else runtime, overlap)
     if settings is None:
         return runtime, chosen
+    if (problem := dtype_problem(dtype or "bfloat16", runtime)):  # before a search enumerates anything
+        raise UserError(problem)
     s = settings.get
     check_grad_accum(s("grad_accum"), dtype, runtime, s("grad_accum_fusion"), s("adam_kernel"))
     check_cp_comm(s("cp_comm"), runtime, model)

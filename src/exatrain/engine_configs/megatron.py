@@ -123,7 +123,7 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
                      "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"),
                 Flag("--ckpt-format", "fsdp_dtensor")]
 
-    prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
+    prec: list[Flag] = precision_flags(plan)
     if plan.grad_accum == "bfloat16":  # gradients accumulated and reduced in bf16 (settings.GRAD_ACCUM)
         prec.append(Flag("--grad-reduce-in-bf16"))
     if plan.grad_accum_fusion == "off":  # accumulated by the backward hook, not the GEMMs (settings.GRAD_ACCUM_FUSION)
@@ -193,6 +193,12 @@ def attention_shape_flags(m: ModelSpec) -> list[Flag]:
     if m.attention_sinks:
         out.append(Flag("--softmax-type", "learnable"))
     return out
+
+
+def precision_flags(plan: Plan) -> list[Flag]:
+    """--bf16, or --fp16 (dynamic loss scaling: Megatron-LM's and Megatron-DeepSpeed's default without
+    --loss-scale), or none for float32."""
+    return {"bfloat16": [Flag("--bf16")], "float16": [Flag("--fp16")]}.get(plan.dtype, [])
 
 
 def attention_backend(plan: Plan) -> str:
@@ -342,7 +348,7 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     ds = [Flag("--deepspeed"), Flag("--deepspeed_config", ds_config_path)]
     if plan.recompute == "full":
         ds.append(Flag("--deepspeed-activation-checkpointing"))
-    prec: list[Flag] = [Flag("--bf16")] if plan.dtype == "bfloat16" else []
+    prec: list[Flag] = precision_flags(plan)
     if plan.flash_attention:  # the flash-attn package's kernels (no cuDNN, no SDPA): fused or sdpa get a note
         prec.append(Flag("--use-flash-attn-v2"))
 
@@ -371,6 +377,11 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation_steps": plan.num_microbatches,
         "zero_optimization": {"stage": plan.zero_stage},
         "bf16": {"enabled": plan.dtype == "bfloat16"},
+        # float16: dynamic loss scaling (loss_scale 0) from 2^16, halved on an overflow, doubled after 1,000 clean
+        # steps, the scale lowered only after 2 overflows in a row (deepspeed/runtime/fp16/loss_scaler.py; the
+        # Megatron-DeepSpeed examples' block)
+        **({"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                     "hysteresis": 2, "min_loss_scale": 1}} if plan.dtype == "float16" else {}),
         # fp32 gradient accumulation selects DeepSpeed's BF16_Optimizer (settings.GRAD_ACCUM; engine.py
         # get_data_types); the default is the model dtype
         **({"data_types": {"grad_accum_dtype": "fp32"}} if plan.grad_accum == "float32" and plan.zero_stage <= 1

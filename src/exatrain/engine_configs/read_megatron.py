@@ -593,11 +593,11 @@ def _precision(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], runtime: str
     if ds_bf16 is not None and ds_bf16 != bf16 and (bf16 or ds_bf16):
         raise UserError(f"{source}: {'--bf16' if bf16 else 'no --bf16'} but the DeepSpeed JSON's bf16.enabled is "
                         f"{str(ds_bf16).lower()}")
-    if fp16 or ds_fp16:
-        notes.append("--fp16 is planned as bfloat16 (the same bytes; loss scaling is not modelled)")
+    if (bf16 or ds_bf16) and (fp16 or ds_fp16):
+        raise UserError(f"{source}: both bf16 and fp16 are set; Megatron trains in one of them")
     if not (bf16 or fp16 or ds_bf16 or ds_fp16):
         defaults.append("precision (float32: no --bf16)")
-    s["dtype"] = "bfloat16" if (bf16 or fp16 or ds_bf16 or ds_fp16) else "float32"
+    s["dtype"] = "float16" if (fp16 or ds_fp16) else "bfloat16" if (bf16 or ds_bf16) else "float32"
     if runtime == "megatron-core":
         backend = f.value("--attention-backend")
         if backend is None:

@@ -335,6 +335,9 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
     express exactly; ``release`` "0.3.0" gives the fields torchtitan 0.3 takes on its command line instead
     (``torchtitan_03_args`` spells them), a model section of its --module and --config."""
     m = plan.model
+    if plan.dtype == "float16":  # training.mixed_precision_param is bfloat16 or float32, and there is no loss scaler
+        raise UserError("torchtitan trains in bfloat16 or float32, not float16 (it has no loss scaling): export this "
+                        "plan for megatron or deepspeed, or plan it with --dtype bfloat16")
     v03 = release == "0.3.0"
     model, notes, _ = _model_section_03(plan) if v03 else _model_section(plan)
     only_dp = plan.tp == 1 and plan.pp == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
-from exatrain.settings import trainer_cannot_build
+from exatrain.settings import HALF_DTYPES, trainer_cannot_build
 from exatrain.accounting.engines import ADAM_BYTES, get_engine, plan_run
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
@@ -99,12 +99,16 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes += (f"gradients accumulated and reduced in {engine.grad_accum_dtype} ("
                   + (f"set by --grad-accum; {rt}'s own: {own}" if plan.grad_accum else f"{rt}'s own; --grad-accum")
                   + ")",)
+    if plan.dtype == "float16":
+        notes += (f"gradients accumulated and reduced in {engine.accum_dtype('float16')} ({rt}'s own for float16); "
+                  "dynamic loss scaling: the gradients unscaled every step (in the optimizer step's passes) and a "
+                  f"found-inf all-reduce before the update (cost.step.loss_scaling_s): {engine.loss_scale_source}",)
     ddp_passes = plan.zero_stage in engine.param_pass_zero
     if engine.accum_pass(plan.dtype):
         notes += (f"gradient accumulation: {engine.accum_pass(plan.dtype):g} bytes a parameter every micro-batch "
                   f"outside the GEMMs ({engine.accum_pass_why()}"
                   + ("; set by --grad-accum-fusion off" if plan.grad_accum_fusion == "off" else "") + ")",)
-    elif ddp_passes or (plan.zero_stage in engine.fsdp_pass_zero and plan.dtype == "bfloat16"):
+    elif ddp_passes or (plan.zero_stage in engine.fsdp_pass_zero and plan.dtype in HALF_DTYPES):
         how = ("DDP: autocast's weight casts, the gradients cast back, autograd's adds into .grad"
                if ddp_passes else
                "FSDP2: its gathers' copies, the unsharded gradients kept in fp32, the reduce-scatter's copies")
@@ -117,7 +121,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     later = float(engine.later_accum(plan.dtype, plan.zero_stage))
     if later and plan.num_microbatches > 1:
         notes += (f"gradient accumulation: autograd adds each micro-batch's gradient after the first into the "
-                  f"{engine.grad_accum_dtype} .grad, {later:g} bytes a parameter "
+                  f"{engine.accum_dtype(plan.dtype)} .grad, {later:g} bytes a parameter "
                   f"({engine.later_accum_source})",)
     kernel = str(engine.adam_kernel(tp=plan.tp, ep=plan.ep, zero=plan.zero_stage,
                                     shard=plan.dp * plan.cp if plan.zero_stage >= 1 else 1,

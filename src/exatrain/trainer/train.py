@@ -50,7 +50,8 @@ from exatrain.trainer.model import dropout_keys
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
 from exatrain.trainer.parallel.context import shard_batch
 from exatrain.trainer.parallel.expert import finish_moe_step
-from exatrain.trainer.parallel.grads import average_over_dp, clip_grad_norm, settle_grads, sync_tied_embedding
+from exatrain.trainer.parallel.grads import (average_over_dp, clip_grad_norm, local_grad, settle_grads,
+                                             sync_tied_embedding)
 from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates
 from exatrain.trainer.parallel.pipeline import build_schedule
 
@@ -107,6 +108,61 @@ def _grad_sync(module: nn.Module, last: bool) -> ContextManager:
     return contextlib.nullcontext()
 
 
+HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # autocast's dtype for each mixed precision
+
+
+class LossScaler:
+    """float16 training's dynamic loss scaling with torch's gradient scaler (a ShardedGradScaler over the world
+    group: its unscale all-reduces found_inf, so every rank skips an overflowed step together). The scaler unscales
+    each parameter's local gradient in place, a DTensor's local shard included (its foreach unscale takes plain
+    tensors), through a view of the optimizer whose parameters are those gradients' holders."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, entries, device: torch.device) -> None:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        self.optimizer, self.entries = optimizer, entries
+        self.scaler = ShardedGradScaler(device=device.type, process_group=dist.group.WORLD)
+        self.view = None
+
+    @property
+    def scale(self) -> float:
+        return float(self.scaler.get_scale())
+
+    def unscale(self) -> None:
+        """Divide every local gradient by the scale; record (and all-reduce) whether any is not finite."""
+        holders = []
+        for e in self.entries:
+            g = local_grad(e.param)
+            if g is not None:
+                holder = g.detach()
+                holder.grad = g  # the same storage: unscaled in place
+                holders.append(holder)
+        self.scaler.scale(torch.ones((), device=self.scaler._device))  # ranks without the loss start the scale too
+        self.view = _OptimizerView(self.optimizer, holders)
+        self.scaler.unscale_(self.view)
+
+    @property
+    def found_inf(self) -> bool:
+        found = self.scaler._per_optimizer_states[id(self.view)]["found_inf_per_device"]
+        return any(float(v) > 0 for v in found.values())
+
+    def step(self) -> None:
+        self.scaler.step(self.view)  # the optimizer's step (the found_inf above was 0)
+
+    def update(self) -> None:
+        self.scaler.update()
+
+
+class _OptimizerView:
+    """What the gradient scaler reads of an optimizer (its parameters, here gradient holders) and its step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, holders: list[torch.Tensor]) -> None:
+        self.optimizer, self.param_groups = optimizer, [{"params": holders}]
+
+    def step(self, *args, **kwargs):
+        return self.optimizer.step()
+
+
 class Stepper:
     """Forward + backward of one step's local batch, with or without a pipeline schedule."""
 
@@ -118,13 +174,16 @@ class Stepper:
         # Compiled, inductor can fuse the float32 upcast of the logits into the loss's kernels instead
         # of materialising a float32 copy of all b x s x V logits (not yet measured on a GPU).
         self.loss_fn: Callable = torch.compile(lm_loss) if compile else lm_loss
+        # float16: the loss the backward starts from is multiplied by the gradient scaler's scale (LossScaler)
+        self.scale = 1.0
         if self.plan.pp > 1:
-            self.schedule = build_schedule(self.plan, pm.stages, mesh.device, mesh.pp_group, self.loss_fn)
+            self.schedule = build_schedule(self.plan, pm.stages, mesh.device, mesh.pp_group,
+                                           lambda out, target: self.loss_fn(out, target) * self.scale)
             if "return_outputs" in inspect.signature(self.schedule.step).parameters:
                 self.step_kwargs["return_outputs"] = False  # the loss is all we need; keep no logits
-        bf16 = self.plan.dtype == "bfloat16"
+        half = HALF.get(self.plan.dtype)
         self.amp: Callable[[], ContextManager] = (
-            (lambda: torch.autocast(mesh.device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext)
+            (lambda: torch.autocast(mesh.device.type, dtype=half)) if half is not None else contextlib.nullcontext)
         if self.plan.tp > 1:
             from torch.distributed.tensor.parallel import loss_parallel
 
@@ -147,7 +206,7 @@ class Stepper:
                 kwargs["dropout_keys"] = keys
             with self.amp(), self.loss_ctx():
                 self.schedule.step(*args, **kwargs, **self.step_kwargs)
-            return torch.stack([_scalar(x) for x in losses]).mean() if self.pm.holds_last else zero
+            return torch.stack([_scalar(x) for x in losses]).mean() / self.scale if self.pm.holds_last else zero
         module = self.pm.modules[0]
         n = self.plan.num_microbatches
         total = zero
@@ -158,7 +217,7 @@ class Stepper:
                 self.mark("forward")
                 loss = self.loss_fn(module(x, **kw), y)
                 self.mark("backward")
-                (loss / n).backward()
+                (loss * self.scale / n).backward()
             total = total + _scalar(loss)
         return total / n
 
@@ -194,6 +253,7 @@ class Trainer:
                               moe_aux_loss_coef=config.moe_aux_loss_coef)
         self.stepper = Stepper(self.pm, self.mesh, compile=config.compile)
         self.optimizer = build_optimizer(self.pm, config, self.mesh)
+        self.scaler = LossScaler(self.optimizer, self.pm.entries, device) if plan.dtype == "float16" else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, config))
         self.flops = plan_model_flops(plan)
         self.peak = peak_flops(device, plan.dtype)
@@ -288,6 +348,8 @@ class Trainer:
         kw = {}
         if plan.model.dropout > 0:  # masks keyed by (seed, global sample): the same on any layout
             kw["keys"] = dropout_keys(self.source.seed, self.order.indices(step, mesh.dp_rank)).to(device)
+        if self.scaler is not None:
+            self.stepper.scale = self.scaler.scale
         local_loss = self.stepper(inputs.to(device), targets.to(device), **kw)
         self.health.enter("grad-sync")
         settle_grads(pm.entries)
@@ -296,21 +358,29 @@ class Trainer:
         sync_tied_embedding(pm.tied_copies, mesh.embed_group)
         if self.dump is not None:
             self.dump.grads(step + 1)
+        if self.scaler is not None:  # the gradients unscaled, an overflow on any rank known to every rank
+            self.scaler.unscale()
         grad_norm = clip_grad_norm(pm.entries, self.config.grad_clip, device)
         self.health.enter("metrics")
         loss_sum = local_loss.double().reshape(1)
         dist.all_reduce(loss_sum)  # only the tp*cp*dp ranks of the last stage contribute
         loss = float(loss_sum) / (plan.tp * plan.cp * plan.dp)  # cp: equal token shares, so means average
         skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
-        if skipped and self.config.nan_policy == "stop":
+        # float16: gradients that overflowed at the loss scale skip the step and lower the scale (not a NaN)
+        overflow = skipped and self.scaler is not None and math.isfinite(loss) and self.scaler.found_inf
+        if skipped and not overflow and self.config.nan_policy == "stop":
             raise TrainingStopped(f"loss {loss} (gradient norm {grad_norm}) at step {step + 1}: stopped by "
                                   "--nan-policy stop before the update; lower --lr, use float32, or --nan-policy skip")
         self.health.enter("optimizer")
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
-            self.nan_skipped += 1
+            self.nan_skipped += not overflow
+        elif self.scaler is not None:
+            self.scaler.step()
         else:
             self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update()
         aux_loss = finish_moe_step(pm.inner, mesh, plan, bias_rate=self.config.moe_bias_update_rate, update=not skipped)
         self.scheduler.step()
         self.health.enter("metrics")

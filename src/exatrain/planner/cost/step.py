@@ -16,7 +16,8 @@ layouts that share pp and interleave (``planner.evaluate`` groups them):
      ZeRO-3's backward gathers and its reduction share the links, so the backward hides their sum
      at most once;
   5. the optimizer update of the rank with the most (sharded) parameters and a fixed per-step
-     overhead.
+     overhead; under float16 also the loss scaler's unscale pass over the gradients and its
+     found-inf all-reduce (``loss_scaling_s``).
 What is hidden depends on the runtime (``cost.overlap``): TP collectives behind the layer's GEMMs,
 gradient reduction behind the last micro-batch's backward, parameter gathers behind forward,
 interleaved P2P behind the next forward, each only where the runtime's profile overlaps it; the
@@ -35,7 +36,7 @@ from exatrain.accounting.engines import Resolved
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.settings import RECOMPUTE, SCHEDULES, full_rerun_layers
+from exatrain.settings import HALF_DTYPES, RECOMPUTE, SCHEDULES, full_rerun_layers
 from exatrain.planner.cost import compute, network
 from exatrain.planner.cost.context import cp_exposed_s
 from exatrain.planner.cost.fp8 import fp8_speedup
@@ -452,12 +453,12 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     gemm, blocks = cast_params(model, tp, params.shape[1], params)
     fwd = np.zeros_like(gemm)
     bwd = GRAD_ADD_BYTES_FP32 * (m - 1) / m * params if engine.autograd_accum else 0.0 * gemm
-    if engine.autocast_casts and dtype == "bfloat16":
+    if engine.autocast_casts and dtype in HALF_DTYPES:
         full = (np.asarray(recompute).reshape(-1) == RECOMPUTE.index("full"))[:, None]
         fwd = CAST_BYTES_FP32_BF16 * gemm
         bwd = bwd + CAST_BYTES_FP32_BF16 * (gemm + np.where(full, blocks, 0.0))
     fwd, bwd = np.where(ddp, fwd, 0.0), np.where(ddp, bwd, 0.0)
-    if dtype == "bfloat16" and engine.fsdp_pass_zero:
+    if dtype in HALF_DTYPES and engine.fsdp_pass_zero:
         s = np.asarray(shard, dtype=float).reshape(-1, 1)
         inline = 0.0 if side_streams else 1.0  # the shard-sized copies FSDP2 runs on its own streams on a GPU
         gather = inline * CAST_BYTES_FP32_BF16 / s + COPY_BYTES_BF16
@@ -468,6 +469,20 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     fwd_s = compute.elementwise_time_s(_per_stage(fwd, v), dev)
     bwd_s = compute.elementwise_time_s(_per_stage(bwd, v), dev)
     return replace(st, fwd=st.fwd + fwd_s, bwd=st.bwd + bwd_s)
+
+
+FOUND_INF_BYTES = 4.0  # the overflow flag (an fp32 scalar) each rank all-reduces under float16 training
+
+
+def loss_scaling_s(cluster: ClusterSpec, coeffs: CostParams, dtype: str, gpus):
+    """(N,) seconds a step of float16 training spends on its dynamic loss scaling beyond the unscale pass (which is
+    an optimizer-step pass, ``EngineProfile.step_pass_bytes``): the found-inf all-reduce before the update, one
+    fp32 flag over the ``gpus`` ranks of the job (every rank holding other gradients takes part; a MAX all-reduce,
+    latency-bound: ``network.collective_s``). 0 for other dtypes."""
+    gpus = np.asarray(gpus)
+    if dtype != "float16":
+        return 0.0 * gpus
+    return network.collective_s("all_reduce", cluster, gpus, gpus, FOUND_INF_BYTES, coeffs)
 
 
 def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shard, xshard, zero, tp, ep: int,
@@ -594,7 +609,7 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     shard = np.where(zero >= 1, dp * cp_size, 1)[:, None]
     xshard = np.where(zero >= 1, tp * cp_size * dp / ep, 1)[:, None]  # the expert-data-parallel group
     opt = optimizer_seconds(engine, dtype, params_by_rank, xp, shard=shard, xshard=xshard, zero=zero, tp=tp, ep=ep,
-                            on_host=cluster.device.is_host, dev=dev)
+                            on_host=cluster.device.is_host, dev=dev) + loss_scaling_s(cluster, coeffs, dtype, lay.gpus)
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
     times = {"step": pipe + dp_exposed + opt + fixed, "compute": compute_s,
              "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
@@ -604,5 +619,5 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
 
 
 
-__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "recomputed", "stage_times", "step_times",
-           "tp_collective_time_s"]
+__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "loss_scaling_s", "recomputed", "stage_times",
+           "step_times", "tp_collective_time_s"]

@@ -135,7 +135,8 @@ def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool =
     if compile:
         compile_blocks(module)
     if data_parallel_kind(plan) == "fsdp":
-        apply_fsdp(module, dp_mesh, zero_stage=plan.zero_stage, bf16=plan.dtype == "bfloat16")  # 4.
+        half = plan.dtype if plan.dtype != "float32" else None
+        apply_fsdp(module, dp_mesh, zero_stage=plan.zero_stage, half=half)  # 4.
 
 
 def local_params_needed(plan: Plan) -> bool:

@@ -77,11 +77,12 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
     return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool) -> None:
-    """fully_shard each layer, then the root (embedding, final norm, head), in place."""
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, half: str | None) -> None:
+    """fully_shard each layer, then the root (embedding, final norm, head), in place; ``half``: the mixed
+    precision's 16-bit dtype ("bfloat16" or "float16": gathered in it, reduced in float32), None: float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+    mp = (MixedPrecisionPolicy(param_dtype=getattr(torch, half), reduce_dtype=torch.float32) if half
           else MixedPrecisionPolicy())
     reshard = zero_stage == 3
     for block in model.layers.values():
