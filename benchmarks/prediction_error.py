@@ -31,6 +31,9 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     default loss, flash-attn's fused cross-entropy);
   * a Megatron-DeepSpeed row whose ``zero_mode`` names DeepSpeed's BF16_Optimizer is planned with
     ``grad_accum="float32"`` (``_grad_accum``), as a user would plan with --grad-accum float32;
+  * a row whose ``dtype`` column is "fp16" is planned in float16 (``_dtype``: its engine's 16-bit gradients and
+    dynamic loss scaling), as a user would plan with --dtype float16; every other row (bf16, fp8, or a
+    precision the source does not state) in bfloat16;
   * a row's ``preset`` column names the catalog model whose architecture beyond the shape columns (head
     width, QK-norm, multi-head latent attention, shared experts, leading dense layers) it has
     (``_with_preset``);
@@ -315,7 +318,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                                                        cp=_int(r["cp"], 1)),
                         shape=TrainShape(_int(r["micro_batch"]), _int(r["global_batch"])),
                         zero_stage=_int(r["zero"], 0), recompute=recompute, sequence_parallel=r["sp"] == "y",
-                        schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype="bfloat16",
+                        schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype=_dtype(r),
                         flash_attention=r["attention"].startswith(("flash", "triton")), cluster=cluster.name,
                         runtime=row.runtime, fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
                         moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
@@ -470,19 +473,23 @@ def _cross_entropy(r: dict) -> str:
     return "upcast" if dates and max(dates) < _TORCHTITAN_COMPILED_LOSS else ""
 
 
+def _dtype(r: dict) -> str:
+    """The precision a row is planned in: float16 where its ``dtype`` column says fp16, else bfloat16."""
+    return "float16" if r["dtype"].strip().lower() == "fp16" else "bfloat16"
+
+
 def _grad_accum(r: dict) -> str:
     """The dtype a row's gradients accumulated in where its engine's default is not what it ran
-    (plan.GRAD_ACCUM): DeepSpeed's BF16_Optimizer, named in the ``zero_mode`` column, accumulates and
-    all-reduces them in fp32, as a user would plan with --grad-accum float32; Megatron fp16 training keeps
-    them in the parameters' 16 bits (it forces fp32 accumulation for bf16 only: megatron/arguments.py),
-    planned as bfloat16 like every row; "" otherwise."""
+    (settings.GRAD_ACCUM): DeepSpeed's BF16_Optimizer, named in the ``zero_mode`` column, accumulates and
+    all-reduces them in fp32, as a user would plan with --grad-accum float32; torch FSDP1 under llm-foundry's and
+    fms-fsdp's mixed precision reduces them in bf16; "" otherwise (Megatron's fp16 training keeps them in the
+    parameters' 16 bits, megatron/arguments.py, which is its own for float16)."""
     if r["engine"] == "megatron-deepspeed" and "BF16_Optimizer" in r.get("zero_mode", ""):
         return "float32"
     if r["engine"] in ("llm-foundry", "fms-fsdp"):
         # Composer's mixed precision DEFAULT and PURE, fms-fsdp's bfSixteen: torch FSDP1 reduces in bf16
         return "bfloat16"
-
-    return "bfloat16" if r["engine"] == "megatron-core" and r["dtype"].strip().lower() == "fp16" else ""
+    return ""
 
 
 # Megatron-LM's gradient accumulation fusion (the weight-gradient GEMM adds into main_grad) landed on

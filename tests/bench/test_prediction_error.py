@@ -231,7 +231,8 @@ def test_a_rows_compile_column_sets_its_elementwise_mode(pe) -> None:
 
 
 def test_megatron_lm_2021_rows_are_planned_as_their_script_ran(pe) -> None:
-    """The Narayanan rows: fp16 gradients kept in 16 bits and added into by a pass after each backward
+    """The Narayanan rows: fp16 training (Megatron's own 16-bit gradients for float16, with dynamic loss scaling)
+    and its gradients added into by a pass after each backward
     (Megatron-LM before its gradient accumulation fusion of 2022-02), torch DDP's overlapped all-reduce at
     pipeline size 1 and local DDP's unoverlapped one when pipelined (their ``overlap`` column, from the sc21
     script); later Megatron rows keep the engine's own. (Broken on purpose and seen to fail here:
@@ -240,14 +241,19 @@ def test_megatron_lm_2021_rows_are_planned_as_their_script_ran(pe) -> None:
     assert pe._grad_accum_fusion({"engine": "megatron-core", "engine_version": "Megatron-LM 2021 (x)"}) == "off"
     assert pe._grad_accum_fusion({"engine": "megatron-core", "engine_version": "Megatron-LM 2022 (x)"}) == ""
     assert pe._grad_accum_fusion({"engine": "torchtitan", "engine_version": "torchtitan 2021"}) == ""
-    assert pe._grad_accum({"engine": "megatron-core", "dtype": "fp16", "zero_mode": ""}) == "bfloat16"
-    assert pe._grad_accum({"engine": "megatron-core", "dtype": "fp16 or bf16 (not stated)", "zero_mode": ""}) == ""
+    assert pe._grad_accum({"engine": "megatron-core", "dtype": "fp16", "zero_mode": ""}) == ""
+    assert pe._dtype({"dtype": "fp16"}) == "float16"
+    assert pe._dtype({"dtype": "fp16 or bf16 (not stated)"}) == "bfloat16"
     rows = {r.index: r for r in pe.load_rows() if r.plan is not None}
     nar = [r for r in rows.values() if r.source == NARAYANAN]
     assert len(nar) == 10
     for r in nar:
-        assert (r.plan.grad_accum, r.plan.grad_accum_fusion) == ("bfloat16", "off"), r.index
+        assert (r.plan.dtype, r.plan.grad_accum, r.plan.grad_accum_fusion) == ("float16", "", "off"), r.index
         assert r.overlap == ("dp_grad_reduce" if r.plan.pp == 1 else "none"), r.index
+    table = list(csv.DictReader(pe.CSV_PATH.open(encoding="utf-8")))
+    fp16 = {i for i, r in enumerate(table) if r["dtype"] == "fp16"}
+    assert {i for i, r in rows.items() if r.plan.dtype == "float16"} == fp16 & set(rows)
+    assert {rows[i].engine for i in fp16 & set(rows)} == {"megatron-core", "megatron-deepspeed"}
     later = [r for r in rows.values() if r.engine == "megatron-core" and r.source != NARAYANAN]
     assert later and all(r.plan.grad_accum_fusion == "" for r in later)
     assert {r.index for r in later if r.overlap == "none"} == {18, 19}  # "not overlapped", as Korthikanti says

@@ -555,10 +555,10 @@ MEGATRON_CORE = EngineProfile(
                      "(--overlap all), gradient accumulation inside the weight-gradient GEMMs, fp32 main gradients, "
                      "Transformer Engine's fused attention. Megatron-LM of 2021-22 overlapped only torch DDP's "
                      "all-reduce (none under its local DDP or a pipeline), accumulated gradients outside the GEMMs "
-                     "before 2022-02 and kept fp16 gradients in 16 bits: plan such a run with --overlap "
-                     "dp_grad_reduce (or none), --grad-accum-fusion off and, for fp16, --grad-accum bfloat16 (on "
-                     "Narayanan 2021 and Korthikanti 2022, those settings read 2.0% off at the median, today's "
-                     "defaults 5.9%, the sequence-parallel runs up to 16% too fast)"),
+                     "before 2022-02 and kept fp16 gradients in 16 bits (as --dtype float16 plans them): plan such a "
+                     "run with --overlap dp_grad_reduce (or none) and --grad-accum-fusion off (on Narayanan 2021 and "
+                     "Korthikanti 2022, fp16, those settings read 1.9% off at the median, today's defaults 6.5%, the "
+                     "sequence-parallel runs up to 16% too fast; benchmarks/engine_version_gap.py)"),
 )
 
 # ---- Megatron-DeepSpeed (DeepSpeed ZeRO) -------------------------------------------------------

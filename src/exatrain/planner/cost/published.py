@@ -107,9 +107,10 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
                     flash_attention=False, dtype="bfloat16", cluster=cluster.name,
                     runtime="megatron-core").validate(cluster)
         if src.startswith("Narayanan"):
-            # fp16 training: Megatron-LM kept the gradients in 16 bits and, before its gradient accumulation
-            # fusion (2022-02), accumulated them by a pass after each backward (settings.GRAD_ACCUM_FUSION)
-            plan = dataclasses.replace(plan, grad_accum="bfloat16", grad_accum_fusion="off").validate(cluster)
+            # fp16 training (the script's --fp16): Megatron-LM kept the gradients in 16 bits, its own for float16,
+            # and, before its gradient accumulation fusion (2022-02), accumulated them by a pass after each
+            # backward (settings.GRAD_ACCUM_FUSION)
+            plan = dataclasses.replace(plan, dtype="float16", grad_accum_fusion="off").validate(cluster)
             out.append(PublishedRun("narayanan2021", r["model_name"], plan, cluster, "hardware_tflops_per_gpu",
                                     float(r["measured_tflops_per_gpu"]), overlap=_narayanan_overlap(pp)))
         else:
