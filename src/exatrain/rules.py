@@ -478,7 +478,7 @@ def extension_problem(plan) -> tuple[str, str] | None:
         return "cp", (f"context parallelism needs seq_len {plan.model.seq_len} divisible by 2*cp = {2 * cp} "
                       "(two load-balanced chunks per cp rank)")
     for s in SETTINGS:
-        problem = s.problem(getattr(plan.settings, s.name), plan)
+        problem = s.check(getattr(plan.settings, s.name), plan)
         if problem:
             return s.name, problem
     return None

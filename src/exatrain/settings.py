@@ -434,14 +434,10 @@ def _capacity_problem(v, p) -> str | None:
 
 
 def _balance_problem(v, p) -> str | None:
-    if not isinstance(v, bool):
-        return f"moe_force_balance must be true or false, got {v!r}"
     return _not_moe("--moe-force-balance", p) if v and not p.model.is_moe else None
 
 
 def _gather_problem(v, p) -> str | None:
-    if not isinstance(v, bool):
-        return f"fp8_param_gather must be true or false, got {v!r}"
     if not v:
         return None
     need = FP8_PARAM_GATHER_RUNTIMES.get(p.runtime)
@@ -534,12 +530,13 @@ class Setting:
     ("choice" among ``choices``, "switch" on/off, "number" >= 0, "count" > 0, "count_or_auto", "list" of
     ``choices``, "engine"); ``runtimes``: the runtimes that run a value other than the default (None: every
     one; a mapping: by value, or the ZeRO stage each needs); ``problem(value, plan)``: the one line a plan with
-    this value breaks (``rules.extension_problem`` runs them in SETTINGS order), or None; ``trainer(value,
-    compile)``: the exatrain trainer's refusal (``TrainConfig.check``), or None; ``label(value, settings)``: the
-    plan's one-line description's part ("" none; only asked for a value other than the default); ``exports``:
-    per engine config (``engine_configs``), the option that writes the setting there, and ``notes``: per
-    engine config, the note its export carries where it cannot write the value (``setting_notes``); ``own``: the
-    runtime's own value (its default per runtime, and per model where that matters) where a plan names none."""
+    this value breaks beyond its type (``check``, which ``rules.extension_problem`` runs in SETTINGS order), or
+    None; ``trainer(value, compile)``: the exatrain trainer's refusal (``TrainConfig.check``), or None;
+    ``label(value, settings)``: the plan's one-line description's part ("" none; only asked for a value other
+    than the default); ``exports``: per engine config (``engine_configs``), the option that writes the setting
+    there, and ``notes``: per engine config, the note its export carries where it cannot write the value
+    (``setting_notes``); ``own``: the runtime's own value (its default per runtime, and per model where that
+    matters) where a plan names none."""
 
     name: str
     type: Any
@@ -563,6 +560,12 @@ class Setting:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def check(self, value, plan) -> str | None:
+        """The one line a plan with ``value`` breaks: a switch that is not true or false, else ``problem``'s."""
+        if self.type is bool and not isinstance(value, bool):
+            return f"{self.name} must be true or false, got {value!r}"
+        return self.problem(value, plan)
 
 
 def _kernel_note(engine: str, switches: tuple[str, ...], runs: str) -> Callable[[Any], str]:

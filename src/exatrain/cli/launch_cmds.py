@@ -54,8 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: exatrain export-config --plan plan.json --for megatron > megatron_args.sh")
     e.add_argument("--plan", required=True, metavar="PATH", help=PLAN_HELP)
     e.add_argument("--for", dest="target", required=True, choices=api.EXPORT_TARGETS)
-    e.add_argument("--out", metavar="FILE",
-                   help="write here instead of stdout (deepspeed: ds_config.json is written beside it)")
+    e.add_argument("--out", metavar="FILE", help="write here instead of stdout (deepspeed: ds_config.json beside it)")
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

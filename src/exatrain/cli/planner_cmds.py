@@ -21,8 +21,7 @@ def _planner_parser(sub, name: str, help: str, description: str, example: str, g
     add_layout_args(p, extensions=True)
     add_runtime_arg(p, getattr(api, name), "default exatrain, the runtime `train` and `tune` run, so a predicted "
                     "plan is one this project runs")
-    p.add_argument("--calibration", metavar="PATH",
-                   help="cost-model parameters measured by `exatrain bench` or fitted by `exatrain calibrate`")
+    p.add_argument("--calibration", metavar="PATH", help="cost-model parameters from `exatrain bench` or `calibrate`")
     for flag_name, (metavar, flag_help) in RUN_FLAGS.items():  # the whole run at a token budget
         p.add_argument(flag_name, metavar=metavar, help=flag_help)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -35,18 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exatrain estimate --model gpt-1t --cluster frontier --gpus 3072 --tp 8 --pp 64 "
                         "--micro-batch 1 --global-batch 1536 --zero 1 --recompute full")
     p.add_argument("--out", metavar="PATH", help="also write the plan (with its estimate) as JSON")
-    p.add_argument("--trace", nargs="?", const="fast", choices=("fast", "full"),
-                   help="also trace the trainer's own model (FakeTensorMode, no allocation) and add "
-                   "traced_memory_bytes: fast (the default) traces one rank per distinct stage shape over a short "
-                   "op order and replays every stage's own order from it; full traces every stage over the whole "
-                   "step (minutes of CPU per stage at 175B scale)")
+    p.add_argument("--trace", nargs="?", const="fast", choices=("fast", "full"), help="also trace the trainer's "
+                   "own model (FakeTensorMode, no allocation) and add traced_memory_bytes: fast (the default) traces "
+                   "one rank per distinct stage shape over a short op order and replays every stage's own order "
+                   "from it; full traces every stage over the whole step (minutes of CPU per stage at 175B scale)")
     add_progress_arg(p)
 
     p = _planner_parser(sub, "search", "rank every legal layout by predicted throughput",
                         "Enumerate every legal layout (tp, pp, dp, micro-batch, ZeRO, recompute, sequence parallel, "
-                        "schedule), drop those that do not fit in memory, rank the rest by predicted throughput; "
-                        "a tight layout (capacity inside its memory band) is kept and marked. "
-                        "Layout flags pin a dimension (e.g. --tp 8).",
+                        "schedule), drop those that do not fit in memory, rank the rest by predicted throughput; a "
+                        "tight one (capacity inside its memory band) is kept, marked. Layout flags pin one (--tp 8).",
                         "exatrain search --model gpt-1t --cluster frontier --gpus 3072 --global-batch 1536 --top 10")
     flag(p, api.search, "--top", "how many layouts to show", type=int)
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
