@@ -95,7 +95,7 @@ def test_the_estimate_and_its_json_carry_the_verdict(table, tmp_path, capsys) ->
         raw["estimate"].pop(k)
     path.write_text(json.dumps(raw))
     old = Plan.load(path).estimate
-    assert old.memory_verdict == "" and old.verdict == ("fits" if est.fits else "does not fit")
+    assert old.memory_verdict == old.verdict == ("fits" if est.fits else "does not fit") and old.memory_band is None
     raw["estimate"]["memory_verdict"] = "roomy"  # a hand-edited file: one line, no traceback
     path.write_text(json.dumps(raw))
     with pytest.raises(UserError, match="memory_verdict must be fits, tight or does not fit") as err:
