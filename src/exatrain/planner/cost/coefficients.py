@@ -115,7 +115,7 @@ _HOPPER_FLASH = dict(attn_eff=1.2026, attn_seq_half=743.0, attn_call_overhead_s=
 #   Megatron-Bridge runs with the FP8 parameter gather their recipes set (1.5946 before it, 2026-12-05);
 # * 500 W: fitted with that part's clock to torchtitan's bf16 / FP8 runs on it (`--fit-prior
 #   h100-sxm-500w`, 29 runs of three pages): at the bound, 2.0001.
-# (Refitted 2026-12-06 once comm_contention was priced: 1.5872, 1.9624 and a clock of 0.6589 before.)
+# (Refitted 2026-12-05 once comm_contention was priced: 1.5872, 1.9624 and a clock of 0.6589 before.)
 # Why the capped part's FP8 runs gain more over its bf16 ones is not known; the published rows each fit is
 # judged on are predicted with the other sources' fit (benchmarks/prediction_error.py, leave one source
 # out). `exatrain bench` on a GPU measures the ratio itself (calibrate.fit_fp8) and replaces both.
