@@ -127,6 +127,18 @@ def test_exatrain_own_files_still_load(tmp_path) -> None:
     assert (m.name, m.seq_len) == ("mine", 32)
 
 
+def test_a_config_is_named_after_its_hub_id_or_its_folder(tmp_path) -> None:
+    data = json.loads((HF / "Llama-2-7b-hf" / "config.json").read_text())
+    assert data["_name_or_path"] == "meta-llama/Llama-2-7b-hf"
+    (tmp_path / "scratch").mkdir()
+    f = tmp_path / "scratch" / "config.json"
+    f.write_text(json.dumps(data))
+    assert load_model_file(f).name == "Llama-2-7b-hf"  # the id it was saved from, not the folder it sits in
+    del data["_name_or_path"]
+    f.write_text(json.dumps(data))
+    assert load_model_file(f).name == "scratch"
+
+
 # ---- through the CLI and the API ---------------------------------------------------------------------
 @pytest.mark.parametrize("folder, billions", [("Llama-3.1-8B", "8.03"), ("Mixtral-8x7B-v0.1", "46.70")])
 def test_cli_and_api_plan_the_config(capsys, folder: str, billions: str) -> None:
