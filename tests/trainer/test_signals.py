@@ -107,6 +107,19 @@ def check_stopped(tmp_path: Path, line: str, sig: signal.Signals, checkpoint: bo
     return done
 
 
+def start_training(tmp_path: Path, checkpoint: bool):
+    """`exatrain train` on two CPU ranks in its own process (proc, stdout file, stderr file)."""
+    cmd = [sys.executable, "-m", "exatrain", "train", *train_args(tmp_path, checkpoint)]
+    return start(cmd, tmp_path / "logs", "run", env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def running_ranks(proc, err: Path, metrics: Path, run_dir: Path, tmp_path: Path) -> list[int]:
+    """Once the run has taken three steps, its ranks' pids (the run must still be going)."""
+    wait_for(lambda: proc.poll() is not None or len(steps(metrics)) >= 3, watch=[tmp_path], what="the run")
+    assert proc.poll() is None, err.read_text()
+    return rank_pids(run_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("target, sig, checkpoint", [
     ("launcher", signal.SIGTERM, True),  # kill, timeout
@@ -118,12 +131,9 @@ def test_a_stop_signal_stops_every_rank_after_one_step_with_a_checkpoint_and_a_r
         tmp_path: Path, target: str, sig: signal.Signals, checkpoint: bool) -> None:
     metrics = tmp_path / "m.jsonl"
     run_dir = tmp_path / "ckpt" / "ranks" if checkpoint else tmp_path / "m.ranks"
-    cmd = [sys.executable, "-m", "exatrain", "train", *train_args(tmp_path, checkpoint)]
-    proc, out, err = start(cmd, tmp_path / "logs", "run", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc, out, err = start_training(tmp_path, checkpoint)
     try:
-        wait_for(lambda: proc.poll() is not None or len(steps(metrics)) >= 3, watch=[tmp_path], what="the run")
-        assert proc.poll() is None, err.read_text()
-        pids = rank_pids(run_dir)
+        pids = running_ranks(proc, err, metrics, run_dir, tmp_path)
         t0 = time.monotonic()
         (os.killpg if target == "group" else os.kill)(proc.pid, sig)
         wait_gone(pids, t0)
@@ -169,12 +179,9 @@ def test_sigterm_to_one_rank_under_srun_stops_both_with_a_checkpoint_and_one_rep
 @pytest.mark.slow
 def test_ranks_whose_launcher_is_killed_stop_save_and_record_it(tmp_path: Path) -> None:
     metrics, run_dir = tmp_path / "m.jsonl", tmp_path / "ckpt" / "ranks"
-    cmd = [sys.executable, "-m", "exatrain", "train", *train_args(tmp_path, True)]
-    proc, out, err = start(cmd, tmp_path / "logs", "run", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc, out, err = start_training(tmp_path, True)
     try:
-        wait_for(lambda: proc.poll() is not None or len(steps(metrics)) >= 3, watch=[tmp_path], what="the run")
-        assert proc.poll() is None, err.read_text()
-        pids = rank_pids(run_dir)
+        pids = running_ranks(proc, err, metrics, run_dir, tmp_path)
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGKILL)  # nothing of the launcher's own runs after this
         proc.wait()

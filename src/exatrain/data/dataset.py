@@ -155,13 +155,8 @@ def read_meta(data_dir: str | Path) -> DatasetMeta:
     tok = root / TOKENIZER
     if not tok.is_file():
         raise UserError(f"{root}: {TOKENIZER} is missing")
-    try:
-        tok_sha = sha256_file(tok)
-    except OSError as exc:
-        raise UserError(f"{tok}: cannot read ({exc.strerror or exc})") from None
-    if tok_sha != meta.tokenizer_sha256:
-        raise UserError(f"{tok}: its sha256 is not the one {META} records (the tokenizer changed since the "
-                        "shards were made)")
+    _check_sha256(tok, meta.tokenizer_sha256, "cannot read",
+                  f"its sha256 is not the one {META} records (the tokenizer changed since the shards were made)")
     if not meta.shards or meta.tokens < 2:
         raise UserError(f"{root}: the dataset holds no tokens")
     itemsize = np.dtype(meta.dtype).itemsize
@@ -221,14 +216,19 @@ def check_shards(data_dir: str | Path, meta: DatasetMeta) -> None:
     """Every shard's sha256 against the one dataset.json records: a one-line UserError naming the first
     shard whose bytes changed since ``prepare``."""
     for s in meta.shards:
-        path = Path(data_dir) / s.file
-        try:
-            digest = sha256_file(path)
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read the shard ({exc.strerror or exc})") from None
-        if digest != s.sha256:
-            raise UserError(f"{path}: shard is corrupted (its sha256 differs from the one {META} records: its bytes "
-                            "changed since `exatrain prepare`); prepare the data again")
+        _check_sha256(Path(data_dir) / s.file, s.sha256, "cannot read the shard",
+                      f"shard is corrupted (its sha256 differs from the one {META} records: its bytes changed since "
+                      "`exatrain prepare`); prepare the data again")
+
+
+def _check_sha256(path: Path, expected: str, unreadable: str, differs: str) -> None:
+    """``path``'s sha256 against the recorded one: a one-line UserError, ``unreadable`` or ``differs``, naming it."""
+    try:
+        digest = sha256_file(path)
+    except OSError as exc:
+        raise UserError(f"{path}: {unreadable} ({exc.strerror or exc})") from None
+    if digest != expected:
+        raise UserError(f"{path}: {differs}")
 
 
 def verify(data_dir: str | Path) -> DatasetMeta:
