@@ -950,7 +950,8 @@ def loso_memory_bands(rows: list[Row]) -> None:
                                      memband.SCALE_FEATURES)
         r.memory_band = (lo, hi)
         if r.trained and not r.not_priced:
-            r.verdict = memband.verdict(r.memory_full_gib * GIB, r.cluster.device.hbm_bytes, lo, hi)
+            r.verdict = memband.verdict(r.memory_full_gib * GIB, r.cluster.device.hbm_bytes, lo, hi,
+                                        allowance=memband.allowance_of(r.runtime))
 
 
 def memory_summary(rows: list[Row]) -> dict:

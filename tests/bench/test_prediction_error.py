@@ -391,7 +391,7 @@ def test_memory_bands_never_see_their_source_and_trained_runs_get_a_verdict(pe, 
     assert len(trained) == m["trained"] >= 150
     recount = {v: 0 for v in memband.VERDICTS}
     for r in trained:
-        v = memband.verdict(r.memory_full_gib, r.cluster.device.hbm_bytes / pe.GIB, *r.memory_band)
+        v = memband.verdict(r.memory_full_gib, r.cluster.device.hbm_bytes / pe.GIB, *r.memory_band, allowance=0.05)
         assert v == r.verdict
         recount[v] += 1
     assert recount == m["verdicts"] and recount["tight"] > 0

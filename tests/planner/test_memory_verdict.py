@@ -32,17 +32,33 @@ GIB = 2.0**30
 
 def test_the_three_cases_at_their_exact_boundaries() -> None:
     p, low, high = 100.0, 0.9, 1.2
-    assert mb.verdict(p, 89.99, low, high) == "does not fit"  # capacity below p * low
-    assert mb.verdict(p, 90.0, low, high) == "tight"  # capacity == p * low: inside the closed band
-    assert mb.verdict(p, 100.0, low, high) == "tight"  # the point prediction fits, the band's top does not
-    assert mb.verdict(p, 99.0, low, high) == "tight"  # the point prediction does not fit, the band's low end does
-    assert mb.verdict(p, 120.0, low, high) == "tight"  # capacity == p * high
-    assert mb.verdict(p, 120.01, low, high) == "fits"
+    v = lambda cap, allowance=0.0: mb.verdict(p, cap, low, high, allowance=allowance)  # noqa: E731
+    assert v(89.99) == "does not fit"  # capacity below p * low
+    assert v(90.0) == "tight"  # capacity == p * low: inside the closed band
+    assert v(100.0) == "tight"  # the point prediction fits, the band's top does not
+    assert v(99.0) == "tight"  # the point prediction does not fit, the band's low end does
+    assert v(120.0) == "tight"  # capacity == p * high
+    assert v(120.01) == "fits"
     caps = np.array([89.99, 90.0, 99.0, 100.0, 120.0, 120.01])
-    codes = [mb.verdict_codes(p, float(c), low, high) for c in caps]
-    assert [mb.VERDICTS[int(c)] for c in codes] == [mb.verdict(p, float(c), low, high) for c in caps]
-    arr = mb.verdict_codes(np.array([100.0, 50.0, 200.0]), 100.0, np.array([0.9, 0.9, 0.9]), np.array([1.2] * 3))
+    codes = [mb.verdict_codes(p, float(c), low, high, allowance=0.0) for c in caps]
+    assert [mb.VERDICTS[int(c)] for c in codes] == [v(float(c)) for c in caps]
+    arr = mb.verdict_codes(np.array([100.0, 50.0, 200.0]), 100.0, np.array([0.9, 0.9, 0.9]), np.array([1.2] * 3),
+                           allowance=0.0)
     assert [mb.VERDICTS[int(c)] for c in arr] == ["tight", "fits", "does not fit"]
+
+
+def test_does_not_fit_is_judged_on_the_tensors_without_the_allocator_allowance() -> None:
+    # p = 105 includes a 5% allowance: its tensors take 100; the low end of what they take is 90
+    p, low, high = 105.0, 0.9, 1.2
+    assert mb.verdict(p, 90.0, low, high, allowance=0.05) == "tight"  # 100 * 0.9 == capacity
+    assert mb.verdict(p, 89.99, low, high, allowance=0.05) == "does not fit"
+    assert mb.verdict(p, 94.0, low, high, allowance=0.0) == "does not fit"  # 105 * 0.9 = 94.5 without one
+    # fitting is judged on the whole prediction, the allowance included: 105 * 1.2 = 126
+    assert mb.verdict(p, 126.0, low, high, allowance=0.05) == "tight"
+    assert mb.verdict(p, 126.01, low, high, allowance=0.05) == "fits"
+    # every engine profile states 5% (accounting.engines): the value the verdict reads
+    assert all(mb.allowance_of(e) == 0.05 for e in ("exatrain", "megatron-core", "megatron-deepspeed", "torchtitan",
+                                                    "llm-foundry"))
 
 
 def _table(center: float = 0.0, base: float = 0.1, unseen_engine: bool = True) -> dict:
@@ -84,7 +100,7 @@ def test_the_estimate_and_its_json_carry_the_verdict(table, tmp_path, capsys) ->
     est = plan.estimate
     p, cap = est.memory_bytes.total, est.capacity_bytes
     assert est.memory_band["ratio_low"] == pytest.approx(0.9) and est.memory_band["ratio_high"] == pytest.approx(1.2)
-    assert est.verdict == mb.verdict(p, cap, 0.9, 1.2) and est.fits == (est.verdict != "does not fit")
+    assert est.verdict == mb.verdict(p, cap, 0.9, 1.2, allowance=0.05) and est.fits == (est.verdict != "does not fit")
     d = est.to_dict()
     assert d["memory_verdict"] == est.verdict and d["memory_band"]["ratio_high"] == pytest.approx(1.2)
     # a plan written before the verdict existed loads, its verdict taken from fits
@@ -121,7 +137,8 @@ def _independent_verdicts(model, cluster, gpus, gb, runtime):
     space = enumerate_space(m, c, gpus, gb, runtime=runtime)
     res = batch.evaluate_space(space, m, c, gb, default_params(c.device.name), runtime=runtime)
     p, cap = res.memory_total, c.device.hbm_bytes
-    return int((p * 0.9 > cap).sum()), int(((p * 0.9 <= cap) & (p * 1.2 >= cap)).sum()), int((p * 1.2 < cap).sum())
+    a = p / 1.05  # the tensors without the engines' 5% allocator allowance
+    return int((a * 0.9 > cap).sum()), int(((a * 0.9 <= cap) & (p * 1.2 >= cap)).sum()), int((p * 1.2 < cap).sum())
 
 
 def test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them(table, capsys) -> None:
@@ -134,7 +151,8 @@ def test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them(table, c
     assert "tight" in verdicts and "does not fit" not in verdicts
     for p in res.ranked:
         assert p.estimate.memory_band["ratio_low"] == pytest.approx(0.9)
-        assert p.estimate.verdict == mb.verdict(p.estimate.memory_bytes.total, p.estimate.capacity_bytes, 0.9, 1.2)
+        assert p.estimate.verdict == mb.verdict(p.estimate.memory_bytes.total, p.estimate.capacity_bytes, 0.9, 1.2,
+                                                 allowance=0.05)
     strict = api.search(**kw, strict_memory=True)
     assert strict.rejected["tight (--strict-memory)"] == tight and strict.feasible == fits
     assert strict.ranked and all(p.estimate.verdict == "fits" for p in strict.ranked)

@@ -50,7 +50,7 @@ def test_batch_memory_and_time_equal_estimate(model, cluster, gpus, gb) -> None:
     # estimate's
     low, high = layout_ratios(plan_at(space, 0, m, gb, c, "bfloat16", True), c, zero=space.zero,
                               recompute=np.asarray(RECOMPUTE)[space.recompute], cp=space.cp, ep=space.ep)
-    codes = verdict_codes(res.memory_total, c.device.hbm_bytes, low, high)
+    codes = verdict_codes(res.memory_total, c.device.hbm_bytes, low, high, allowance=0.05)
     rng = np.random.default_rng(0)
     for i in rng.choice(len(space), size=60, replace=False):
         plan = plan_at(space, int(i), m, gb, c, "bfloat16", True).validate(c)

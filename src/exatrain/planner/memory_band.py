@@ -19,10 +19,15 @@ band.py). The quantiles are those of residuals each out of its own source, so th
 which few sources cannot average away, are in the band (``benchmarks/prediction_error.py`` ``_memory_fit``). The band
 is [low, high] of measured / predicted, the p10-p90 of those ratios, out of sample.
 
-Verdict (``verdict``), with p the predicted peak of the worst stage and C the device's capacity:
-  "does not fit" when p * low > C (even the band's low end is above capacity);
-  "fits" when p * high < C (capacity above the whole band);
-  "tight" otherwise: C inside [p * low, p * high], both ends included.
+Verdict (``verdict``), with p the predicted peak of the worst stage, a its allocated part (p without the engine's
+allocator allowance, ``EngineProfile.allocator_allowance``: p = a * (1 + allowance)) and C the device's capacity:
+  "does not fit" when a * low > C (even the band's low end of what the tensors themselves take is above capacity);
+  "fits" when p * high < C (capacity above the whole band, the allowance included);
+  "tight" otherwise, both ends included.
+The allowance is caching slack, not a requirement: PyTorch's caching allocator, when a device allocation fails, frees
+its cached blocks and retries before it raises out-of-memory (c10/cuda/CUDACachingAllocator.cpp,
+``release_cached_blocks``), so a run whose tensors fit can train with less slack than the allowance; such a layout is
+tight, not out.
 A search drops only "does not fit" (``strict_memory``: "tight" too); a plan's JSON keeps ``fits`` for readers of
 older files as "not does not fit" (what a search keeps). Without a stored table every plan gets
 ``MEMORY_WIDE_DEFAULT``, a stated convention (a quarter either way), not a measurement.
@@ -91,20 +96,24 @@ def fit_scale(residuals: Sequence[float], distances: Sequence[Mapping[str, float
     return params
 
 
-def verdict(predicted: float, capacity: float, low: float, high: float) -> str:
-    """"fits", "tight" or "does not fit" of a worst stage predicted at ``predicted`` bytes on a device of
-    ``capacity`` bytes whose measured peak lies in [low, high] x the prediction (module doc)."""
-    if predicted * low > capacity:
-        return "does not fit"
-    if predicted * high < capacity:
-        return "fits"
-    return "tight"
+def verdict(predicted: float, capacity: float, low: float, high: float, *, allowance: float) -> str:
+    """"fits", "tight" or "does not fit" of a worst stage predicted at ``predicted`` bytes (``allowance``: the
+    allocator allowance it includes, a fraction of the rest) on a device of ``capacity`` bytes whose measured peak
+    lies in [low, high] x the prediction (module doc)."""
+    return VERDICTS[int(verdict_codes(predicted, capacity, low, high, allowance=allowance))]
 
 
-def verdict_codes(predicted, capacity: float, low, high) -> np.ndarray:
+def verdict_codes(predicted, capacity: float, low, high, *, allowance: float) -> np.ndarray:
     """``verdict`` over arrays, as indices into ``VERDICTS`` (0 fits, 1 tight, 2 does not fit)."""
     p, lo, hi = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (predicted, low, high)))
-    return np.where(p * lo > capacity, 2, np.where(p * hi < capacity, 0, 1)).astype(np.int64)
+    return np.where(p / (1.0 + allowance) * lo > capacity, 2, np.where(p * hi < capacity, 0, 1)).astype(np.int64)
+
+
+def allowance_of(runtime: str) -> float:
+    """The allocator allowance the predicted peak of a plan run by ``runtime`` includes (its engine profile's)."""
+    from exatrain.accounting.engines import get_engine
+
+    return get_engine(runtime).allocator_allowance
 
 
 @dataclass(frozen=True)
@@ -162,7 +171,8 @@ def memory_band_for(plan: Plan, cluster: ClusterSpec, table: Mapping[str, Any] |
 def with_memory_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec) -> StepEstimate:
     """``estimate`` carrying its memory band and verdict; ``fits`` becomes "not does not fit" (module doc)."""
     b = memory_band_for(plan, cluster)
-    v = verdict(estimate.memory_bytes.total, estimate.capacity_bytes, b.low, b.high)
+    v = verdict(estimate.memory_bytes.total, estimate.capacity_bytes, b.low, b.high,
+                allowance=allowance_of(plan.runtime))
     return estimate.replace(memory_verdict=v, memory_band=b.to_dict(), fits=v != "does not fit")
 
 
@@ -195,6 +205,6 @@ STRICT_MEMORY_HELP = ("drop tight layouts too: those whose device capacity lies 
                       "memory (kept and marked by default; only layouts that do not fit are dropped)")
 
 __all__ = ["FIT_FEATURES", "MEMORY_BANDS_PATH", "MEMORY_FEATURES", "MEMORY_WIDE_DEFAULT", "MemoryBand",
-           "SCALE_FEATURES", "STRICT_MEMORY_HELP", "VERDICTS", "fit_scale", "layout_ratios",
+           "SCALE_FEATURES", "STRICT_MEMORY_HELP", "VERDICTS", "allowance_of", "fit_scale", "layout_ratios",
            "load_memory_bands", "memory_band_for", "memory_band_of", "memory_distance", "verdict", "verdict_codes",
            "with_memory_band"]

@@ -24,7 +24,7 @@ from exatrain.settings import RECOMPUTE
 from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.estimate import estimate_plan
-from exatrain.planner.memory_band import layout_ratios, verdict_codes
+from exatrain.planner.memory_band import allowance_of, layout_ratios, verdict_codes
 from exatrain.planner.search import batch
 from exatrain.planner.search.space import Space, SpaceOptions, enumerate_space
 
@@ -99,12 +99,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
                               cluster, zero=space.zero, recompute=np.asarray(RECOMPUTE)[space.recompute],
                               cp=space.cp, ep=space.ep)
     capacity = cluster.device.hbm_bytes
-    # time every layout that may be kept: capacity at least the band's low end of its prediction
+    allowance = allowance_of(runtime)
+    # time every layout that may be kept: capacity at least the band's low end of its allocated part (tight) or
+    # above the whole band (--strict-memory)
     res = batch.evaluate_space(space, model, cluster, global_batch, coeffs, dtype=dtype, flash=flash,
                                runtime=runtime, time_if_fits=True, overlap=overlap,
-                               fit_bytes=capacity / float(high.min() if strict_memory else low.min()),
+                               fit_bytes=capacity / float(high.min()) if strict_memory
+                               else capacity * (1 + allowance) / float(low.min()),
                                recompute_limit_bytes=capacity / float(high.max()) if strict_memory else None)
-    codes = verdict_codes(res.memory_total, capacity, low, high)
+    codes = verdict_codes(res.memory_total, capacity, low, high, allowance=allowance)
     tight = codes == 1
     rejected["does not fit"] = int((codes == 2).sum())
     if strict_memory:
