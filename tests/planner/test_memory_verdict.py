@@ -1,9 +1,13 @@
 """The three-way memory verdict (planner/memory_band.py): fits, tight, does not fit; the estimate and search carry it.
 
 A plan is "tight" when the device's capacity lies inside [low, high] of its predicted worst stage (both ends
-included), "does not fit" when even the low end is above capacity, "fits" otherwise. Broken on purpose (each fails
-here): the verdict from the point prediction alone (``verdict`` returning fits / does not fit by p <= C fails
-``test_the_three_cases_at_their_exact_boundaries`` and the search tests, which then find no tight layout); a tight
+included; the low end applied to the prediction without the engine's allocator allowance), "does not fit" when even
+that low end is above capacity, "fits" otherwise. Broken on purpose (each fails here): the allowance left in the low
+end (``p * lo > capacity`` in ``verdict_codes``) fails
+``test_does_not_fit_is_judged_on_the_tensors_without_the_allocator_allowance`` and the search test, whose
+independent count leaves it out; the verdict from the point prediction alone (``verdict`` returning fits / does not
+fit by p <= C) fails ``test_the_three_cases_at_their_exact_boundaries`` and the search tests, which then find no
+tight layout; a tight
 layout dropped by a search that is not strict (``keep = codes == 0`` in search.search) fails
 ``test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them``; ``fits`` taken from the point prediction
 again (estimate) fails ``test_the_estimate_and_its_json_carry_the_verdict``.
