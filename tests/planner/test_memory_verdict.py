@@ -9,7 +9,8 @@ independent count leaves it out; the verdict from the point prediction alone (``
 fit by p <= C) fails ``test_the_three_cases_at_their_exact_boundaries`` and the search tests, which then find no
 tight layout; a tight
 layout dropped by a search that is not strict (``keep = codes == 0`` in search.search) fails
-``test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them``; ``fits`` taken from the point prediction
+``test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them``, as does a "fastest that fits outright" that
+takes tight layouts too (``codes[order] <= 1`` in search.search); ``fits`` taken from the point prediction
 again (estimate) fails ``test_the_estimate_and_its_json_carry_the_verdict``.
 """
 
@@ -129,10 +130,13 @@ def test_the_estimate_and_its_json_carry_the_verdict(table, tmp_path, capsys) ->
             "--global-batch", "64", "--zero", "3", "--recompute", "full", "--runtime", "torchtitan"]
     code = main(args)
     out = capsys.readouterr().out
-    assert code == 0 and "— tight (capacity inside 0.90–1.20 of the prediction)" in out
+    # the window printed: the band's low end on the tensors (0.90 / 1.05 = 0.857), its high end on the whole
+    assert code == 0 and "— tight (capacity inside 0.86–1.20 of the prediction)" in out
     code = main(args + ["--json"])
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and d["memory_verdict"] == "tight" and d["fits"] is True and d["memory_band"]["n"] == 2
+    assert d["memory_band"]["allocator_allowance"] == 0.05 and mb.tight_window(d["memory_band"]) == pytest.approx(
+        (0.9 / 1.05, 1.2))
 
 
 def _independent_verdicts(model, cluster, gpus, gb, runtime):
@@ -160,6 +164,16 @@ def test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them(table, c
     strict = api.search(**kw, strict_memory=True)
     assert strict.rejected["tight (--strict-memory)"] == tight and strict.feasible == fits
     assert strict.ranked and all(p.estimate.verdict == "fits" for p in strict.ranked)
+    # the fastest kept layout that fits outright is the strict search's winner, at its rank among the kept
+    best = res.best_fitting
+    assert best is not None and best.estimate.verdict == "fits" and res.best_fitting_rank > 1
+    assert (best.label, best.micro_batch, best.zero_stage, best.recompute_label, best.schedule_label) == (
+        strict.ranked[0].label, strict.ranked[0].micro_batch, strict.ranked[0].zero_stage,
+        strict.ranked[0].recompute_label, strict.ranked[0].schedule_label)
+    assert best.estimate.time_s.step == pytest.approx(strict.ranked[0].estimate.time_s.step)
+    if res.best_fitting_rank <= len(res.ranked):
+        assert res.ranked[res.best_fitting_rank - 1] is best
+    assert all(p.estimate.verdict != "fits" for p in res.ranked[:res.best_fitting_rank - 1])
     # the CLI: a column marks them, a line says why; --strict-memory drops them; --json carries both
     code = main(["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256",
                  "--runtime", "megatron-core", "--top", "60"])
@@ -167,10 +181,12 @@ def test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them(table, c
     rows = [line for line in out.splitlines() if line.startswith("│")]
     assert code == 0 and any(line.rstrip("│ ").endswith("tight") for line in rows)
     assert "tight: #" in out and "--strict-memory drops them" in out and f"{tight:,} of them tight, kept" in out
+    assert f"fastest that fits outright: #{res.best_fitting_rank:,} {best.label} " in out
     code = main(["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256",
                  "--runtime", "megatron-core", "--top", "60", "--strict-memory", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and d["strict_memory"] is True and d["tight"] == tight
+    assert d["best_fitting"]["rank"] == 1 and d["best_fitting"]["memory_verdict"] == "fits"
     assert d["rejected"]["tight (--strict-memory)"] == tight and d["rejected"]["does not fit"] == dnf
     assert {r["memory_verdict"] for r in d["ranked"]} == {"fits"}
 

@@ -171,9 +171,17 @@ def memory_band_for(plan: Plan, cluster: ClusterSpec, table: Mapping[str, Any] |
 def with_memory_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec) -> StepEstimate:
     """``estimate`` carrying its memory band and verdict; ``fits`` becomes "not does not fit" (module doc)."""
     b = memory_band_for(plan, cluster)
-    v = verdict(estimate.memory_bytes.total, estimate.capacity_bytes, b.low, b.high,
-                allowance=allowance_of(plan.runtime))
-    return estimate.replace(memory_verdict=v, memory_band=b.to_dict(), fits=v != "does not fit")
+    allowance = allowance_of(plan.runtime)
+    v = verdict(estimate.memory_bytes.total, estimate.capacity_bytes, b.low, b.high, allowance=allowance)
+    return estimate.replace(memory_verdict=v, memory_band={**b.to_dict(), "allocator_allowance": allowance},
+                            fits=v != "does not fit")
+
+
+def tight_window(band: Mapping[str, Any]) -> tuple[float, float]:
+    """The capacities, as fractions of the predicted peak, between which a plan is tight (module doc): the band's low
+    end on the tensors without the allocator allowance (a plan's ``memory_band`` carries it), its high end on the
+    whole prediction."""
+    return band["ratio_low"] / (1.0 + band.get("allocator_allowance", 0.0)), band["ratio_high"]
 
 
 def layout_ratios(plan: Plan, cluster: ClusterSpec, *, zero, recompute, cp, ep,
@@ -206,5 +214,5 @@ STRICT_MEMORY_HELP = ("drop tight layouts too: those whose device capacity lies 
 
 __all__ = ["FIT_FEATURES", "MEMORY_BANDS_PATH", "MEMORY_FEATURES", "MEMORY_WIDE_DEFAULT", "MemoryBand",
            "SCALE_FEATURES", "STRICT_MEMORY_HELP", "VERDICTS", "allowance_of", "fit_scale", "layout_ratios",
-           "load_memory_bands", "memory_band_for", "memory_band_of", "memory_distance", "verdict", "verdict_codes",
-           "with_memory_band"]
+           "load_memory_bands", "memory_band_for", "memory_band_of", "memory_distance", "tight_window", "verdict",
+           "verdict_codes", "with_memory_band"]

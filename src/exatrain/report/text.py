@@ -10,6 +10,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 from exatrain.plan import Plan
+from exatrain.planner.memory_band import tight_window
 from exatrain.settings import trainer_cannot_build
 from exatrain.units import GiB
 
@@ -120,14 +121,15 @@ VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
 
 
 def memory_verdict_text(est, markup: bool = True) -> str:
-    """A StepEstimate's memory verdict as the estimate prints it, e.g. "tight (capacity inside 0.93–1.08 of the
-    prediction)" (planner/memory_band.py); the bare word where the estimate carries no band."""
+    """A StepEstimate's memory verdict as the estimate prints it, e.g. "tight (capacity inside 0.89–1.08 of the
+    prediction)": where the capacity lies against the window in which a plan is tight (planner/memory_band.py
+    ``tight_window``); the bare word where the estimate carries no band."""
     v = est.verdict
     word = f"[{VERDICT_STYLE[v]}]{v}[/]" if markup else v
     b = est.memory_band
     if not b:
         return word
-    ends = f"{b['ratio_low']:.2f}–{b['ratio_high']:.2f}"
+    ends = "{:.2f}–{:.2f}".format(*tight_window(b))
     where = {"fits": "above", "tight": "inside", "does not fit": "below"}[v]
     return f"{word} (capacity {where} {ends} of the prediction)"
 
@@ -210,12 +212,22 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
     for i, p in enumerate(result.ranked, 1):
         b = p.estimate.memory_band
         if p.estimate.verdict == "tight" and b:
-            marked.setdefault(f"{b['ratio_low']:.2f}–{b['ratio_high']:.2f}", []).append(i)
+            marked.setdefault("{:.2f}–{:.2f}".format(*tight_window(b)), []).append(i)
     if marked:
         con.print("tight: " + "; ".join(", ".join(f"#{i}" for i in ids) + f" (capacity inside {ends} of the "
                                         "prediction)" for ends, ids in marked.items())
                   + " — the band of measured peak memory (out of sample) straddles the device: kept, "
                   "--strict-memory drops them")
+    if result.ranked and first.estimate.verdict != "fits" and not getattr(result, "strict_memory", False):
+        best, rank = getattr(result, "best_fitting", None), getattr(result, "best_fitting_rank", 0)
+        if best is None:
+            con.print("no kept layout fits outright: each is tight")
+        else:
+            e = best.estimate
+            con.print(f"fastest that fits outright: #{rank:,} {best.label} mb{best.micro_batch} ZeRO-{best.zero_stage} "
+                      f"{best.recompute_label} {best.schedule_label}, {e.time_s.step:.2f} s/step "
+                      f"({e.time_s.step / first.estimate.time_s.step - 1:+.1%}), "
+                      f"{e.memory_bytes.total / GiB:.1f}/{e.capacity_bytes / GiB:.0f} GiB")
     for line in run_lines(first.estimate.time_to_train, per_row=True) if runs else ():
         con.print(line)
     if first.fp8:

@@ -40,6 +40,10 @@ class SearchResult:
     notes: tuple[str, ...] = ()  # what the caller chose for the search (api.search: a default runtime)
     tight: int = 0  # legal layouts whose capacity lies inside their memory band (kept, unless strict_memory)
     strict_memory: bool = False  # whether the tight ones were dropped
+    # the fastest kept layout whose verdict is "fits" and its rank among the kept (1 = the winner); None where none
+    # fits outright. A user whose winner is tight reads here what fitting outright would cost.
+    best_fitting: Plan | None = None
+    best_fitting_rank: int = 0
 
     def why_empty(self, capacity_bytes: float) -> str:
         """One sentence on what left no feasible layout."""
@@ -115,11 +119,18 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     keep = codes == 0 if strict_memory else codes < 2
     feasible = np.nonzero(keep)[0]
     order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
-    ranked = []
-    for i in order[:max(top, 0)]:
-        plan = plan_at(space, int(i), model, global_batch, cluster, dtype, flash,
+
+    def estimated(i: int) -> Plan:
+        plan = plan_at(space, i, model, global_batch, cluster, dtype, flash,
                        None if res.recompute_layers is None else int(res.recompute_layers[i]))
         plan = plan.replace(runtime=runtime).validate(cluster)
-        ranked.append(plan.with_estimate(estimate_plan(plan, cluster, coeffs, overlap)))
+        return plan.with_estimate(estimate_plan(plan, cluster, coeffs, overlap))
+
+    ranked = [estimated(int(i)) for i in order[:max(top, 0)]]
+    fitting = np.nonzero(codes[order] == 0)[0]
+    best_rank = int(fitting[0]) + 1 if fitting.size else 0
+    best = (None if not best_rank else ranked[best_rank - 1] if best_rank <= len(ranked)
+            else estimated(int(order[best_rank - 1])))
     return SearchResult(ranked, space.examined, len(space), int(keep.sum()), rejected, space.collapsed,
-                        float(res.memory_total.min()), tight=int(tight.sum()), strict_memory=strict_memory)
+                        float(res.memory_total.min()), tight=int(tight.sum()), strict_memory=strict_memory,
+                        best_fitting=best, best_fitting_rank=best_rank)
