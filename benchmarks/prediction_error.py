@@ -800,7 +800,7 @@ def bands(rows: list[Row], t: dict, command: str) -> dict:
     return {**_band_file("exatrain-error-bands", 2, command, params,
                          "p10-p90 of measured/predicted step time: center + sigma x quantiles of the standardized "
                          "out-of-sample log ratios, sigma growing with the distance from the validated runs"),
-            "validated": bandlib.validated_summary([tr for _, tr in items]),
+            "validated": _validated(items),
             "leave_one_source_out": {k: c["band"] for k, c in t["cells"].items() if c["band"]["n"]}}
 
 
@@ -823,10 +823,16 @@ def band_items(rows: list[Row]) -> list[tuple[Row, "bandlib.Traits"]]:
             if r.oos_s is not None and r.plan is not None]
 
 
+def _validated(items: list) -> dict:
+    """What ``items`` validate per family (``band.validated_summary``), with how much their sources disagree."""
+    return bandlib.validated_summary([tr for _, tr in items], [math.log(r.measured_s / r.oos_s) for r, _ in items],
+                                     [r.source for r, _ in items])
+
+
 def _distances(items: list) -> list[dict[str, float]]:
     """Each row's distance from what the runs of the *other* sources validate."""
     by_source = {r.source for r, _ in items}
-    summary = {s: bandlib.validated_summary([tr for r, tr in items if r.source != s]) for s in by_source}
+    summary = {s: _validated([x for x in items if x[0].source != s]) for s in by_source}
     return [bandlib.distance(tr, summary[r.source]) for r, tr in items]
 
 

@@ -1,4 +1,9 @@
-"""The uncertainty band every step-time estimate carries (planner/band.py)."""
+"""The uncertainty band every step-time estimate carries (planner/band.py).
+
+Broken on purpose (each fails here): ``distance`` returning no ``disagree`` (0 for every family) fails
+``test_sources_that_disagree_widen_their_family``; an unseen feature taking the largest per-unit slope (the old
+``widest``, which a continuous distance's slope then set) fails
+``test_an_unseen_distance_takes_the_widest_scale_a_run_showed_not_a_per_unit_slope``."""
 
 from __future__ import annotations
 
@@ -78,6 +83,41 @@ def test_band_widens_with_each_distance_from_what_was_validated() -> None:
         assert width(far) > width(base) and band_of(far, table).widened, far
     assert width(replace(base, params=1e12)) > width(replace(base, params=2e11))  # further, wider
     assert band_of(base, {}).basis == "default" and (band_of(base, {}).low, band_of(base, {}).high) == WIDE_DEFAULT
+
+
+def test_sources_that_disagree_widen_their_family() -> None:
+    """``disagree``: the standard deviation of a family's sources' median log ratios (each source one value), 0 with
+    one source; a plan on a family whose sources disagree gets a wider band, and says why."""
+    runs = [Traits("megatron-core", "MI250X", 2e10, 2048, False, False, False)] * 4 + [
+        Traits("megatron-core", "A100", 2e10, 2048, False, False, False)] * 2
+    residuals = [0.30, 0.10, -0.20, -0.30, 0.02, 0.03]
+    sources = ["a", "a", "b", "b", "c", "c"]
+    v = validated_summary(runs, residuals, sources)
+    assert v["MI250X"]["disagree"] == pytest.approx(np.std([0.20, -0.25]))  # the medians of a and b
+    assert v["A100"]["disagree"] == 0.0 and v["MI250X"]["runs"] == 4  # one source; the rest as without residuals
+    assert "disagree" not in validated_summary(runs)["MI250X"]
+    table = {"center": 0.0, "quantiles": [-1.3, 1.3], "runs": 6, "sources": 3, "validated": v,
+             "sigma": {"base": 0.05, **{f: 0.0 for f in FEATURES}, "disagree": 0.5}}
+    amd, nv = band_of(runs[0], table), band_of(runs[-1], table)
+    assert amd.high / amd.low > nv.high / nv.low and nv.widened == ()
+    assert any("disagree" in w for w in amd.widened)
+
+
+def test_an_unseen_distance_takes_the_widest_scale_a_run_showed_not_a_per_unit_slope() -> None:
+    """A continuous distance (the sources' spread, a few hundredths) fits a large slope per unit; an unseen 0/1
+    feature takes the widest scale a run showed (slope x the farthest distance), not that slope."""
+    rng = np.random.default_rng(1)
+    dist, res, src = [], [], []
+    for i in range(400):
+        d = {f: 0.0 for f in FEATURES}
+        d["disagree"] = 0.05 if i % 2 else 0.0
+        dist.append(d)
+        res.append(rng.normal(0.0, 0.04 + 0.8 * d["disagree"]))
+        src.append(f"s{i % 10}")
+    p = fit(res, dist, src)
+    assert p["sigma"]["disagree"] > 3 * p["sigma"]["base"]  # a slope per unit of spread
+    assert "moe" in p["unseen"] and p["sigma"]["moe"] == pytest.approx(max(p["sigma"]["base"],
+                                                                             0.05 * p["sigma"]["disagree"]))
 
 
 def test_fit_measures_the_spread_and_an_unseen_distance_takes_the_widest() -> None:

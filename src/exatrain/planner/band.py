@@ -11,7 +11,9 @@ from the validated runs (``FEATURES``):
 where d_f is 1 (or octaves, for model size and sequence length) where the plan's engine anywhere, its engine
 on its hardware family, the family itself (or more than a few of its runs), its size, its sequence length, a
 tp/ep group spanning nodes, FP8, MoE, or an engine exatrain has no profile of (a run planned through another's)
-lies outside what runs of *other* sources cover; and ``defaults`` counts the settings whose engine default
+lies outside what runs of *other* sources cover, and d_disagree how much the sources that validate the plan's
+family disagree (the spread of their median log ratios: where they tell different stories, a new plan there is
+less certain); and ``defaults`` counts the settings whose engine default
 changed across that engine's versions and which the plan leaves to the engine (``VERSIONED_DEFAULTS``); the
 scales are fitted by
 non-negative least squares of |r - center|. The band is the prediction times exp(center + scale * [q10, q90])
@@ -52,14 +54,15 @@ FAMILIES = {"a100-80gb": "A100", "h100-sxm": "H100/H200", "h200-sxm": "H100/H200
             "mi250x-gcd": "MI250X", "mi300x": "MI300X", "mi355x": "MI355X", "cpu": "CPU"}
 
 # The distances the spread grows with (module doc); size and seq are octaves outside the validated range.
-FEATURES = ("engine", "cell", "family", "thin", "size", "seq", "spans", "fp8", "moe", "proxy")
+FEATURES = ("engine", "cell", "family", "thin", "size", "seq", "spans", "fp8", "moe", "proxy", "disagree")
 _WHY = {"engine": "no published run of {runtime} validated", "cell": "{runtime} not validated on {family}",
         "family": "no validated run on {family}",
         "thin": "fewer than {min_runs} validated runs on {family}",
         "size": "model size {n:.1f} octaves outside the validated sizes", "seq": "sequence {n:.1f} octaves "
         "outside the validated lengths", "spans": "a tp/ep group across nodes, not validated on {family}",
         "fp8": "FP8 not validated on {family}", "moe": "MoE not validated on {family}",
-        "proxy": "the engine has no profile of its own"}
+        "proxy": "the engine has no profile of its own",
+        "disagree": "the validated sources on {family} disagree (their medians spread {n:.0%})"}
 OCTAVES_CAP = 4.0  # a size or sequence distance counts at most this many octaves
 MIN_RUNS = 5  # a family validated by fewer runs than this is thinly validated (feature "thin")
 # Plan settings whose default, under each runtime, changed across that engine's versions or is one of its config
@@ -72,6 +75,7 @@ VERSIONED_DEFAULTS = {"torchtitan": ("attention_kernel", "elementwise", "cross_e
                       "megatron-core": ("grad_accum_fusion",), "megatron-deepspeed": ("grad_accum",),
                       "llm-foundry": ("attention_kernel", "grad_accum"), "exatrain": ()}
 PROXY_SETTINGS = 4  # the version-dependent settings a run planned through torchtitan's profile takes from it
+DISAGREE_NAMED = 0.25  # the sources' spread is named among a band's widenings from this share of the base scale
 
 
 def hardware_family(device_name: str) -> str:
@@ -118,16 +122,27 @@ def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Trait
                   ep=plan.ep > 1)
 
 
-def validated_summary(traits: Sequence[Traits]) -> dict[str, dict[str, Any]]:
+def validated_summary(traits: Sequence[Traits], residuals: Sequence[float] | None = None,
+                      sources: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per family, what a set of runs validated: the runtimes whose profile runs were planned with (their own
     engine's, or another engine's run planned through it: fms-fsdp's plain FSDP1 through llm-foundry's FSDP1
     profile exercises that profile), the size and sequence ranges, whether any had a tp/ep group across nodes, FP8,
-    MoE, context or expert parallelism, and the recomputation modes and ZeRO stages they ran."""
+    MoE, context or expert parallelism, and the recomputation modes and ZeRO stages they ran. With the runs' log
+    ratios ``residuals`` and ``sources``, also how much the family's sources disagree (``disagree``: the standard
+    deviation of the sources' median log ratios, each source one value; 0 with fewer than two sources)."""
     out: dict[str, dict[str, Any]] = {}
+    if residuals is not None and sources is not None:
+        by: dict[str, dict[str, list[float]]] = {}
+        for t, r, src in zip(traits, residuals, sources):
+            by.setdefault(t.family, {}).setdefault(src, []).append(float(r))
+        for fam, srcs in by.items():
+            medians = [float(np.median(v)) for v in srcs.values()]
+            out[fam] = {"disagree": float(np.std(medians)) if len(medians) > 1 else 0.0}
     for t in traits:
-        s = out.setdefault(t.family, {"runtimes": [], "params": [t.params, t.params], "seq": [t.seq, t.seq],
-                                      "spans": False, "fp8": False, "moe": False, "cp": False, "ep": False,
-                                      "recompute": [], "zero": [], "runs": 0})
+        s = out.setdefault(t.family, {})
+        if "runs" not in s:
+            s.update({"runtimes": [], "params": [t.params, t.params], "seq": [t.seq, t.seq], "spans": False,
+                      "fp8": False, "moe": False, "cp": False, "ep": False, "recompute": [], "zero": [], "runs": 0})
         s["runs"] += 1
         if t.runtime not in s["runtimes"]:
             s["runtimes"] = sorted(s["runtimes"] + [t.runtime])
@@ -150,12 +165,13 @@ def distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str,
     engine = float(not t.proxy and not any(t.runtime in v["runtimes"] for v in validated.values()))
     if not s:
         return {"engine": engine, "cell": 1.0, "family": 1.0, "thin": 1.0, "size": 0.0, "seq": 0.0,
-                "spans": float(t.spans), "fp8": float(t.fp8), "moe": float(t.moe), "proxy": float(t.proxy)}
+                "spans": float(t.spans), "fp8": float(t.fp8), "moe": float(t.moe), "proxy": float(t.proxy),
+                "disagree": 0.0}
     return {"engine": engine, "cell": float(not t.proxy and t.runtime not in s["runtimes"]), "family": 0.0,
             "thin": float(s["runs"] < MIN_RUNS),
             "size": _octaves(t.params, *s["params"]), "seq": _octaves(t.seq, *s["seq"]),
             "spans": float(t.spans and not s["spans"]), "fp8": float(t.fp8 and not s["fp8"]),
-            "moe": float(t.moe and not s["moe"]), "proxy": float(t.proxy)}
+            "moe": float(t.moe and not s["moe"]), "proxy": float(t.proxy), "disagree": float(s.get("disagree", 0.0))}
 
 
 def sigma_of(d: Mapping[str, float], defaults: int, sigma: Mapping[str, float],
@@ -200,9 +216,11 @@ def fit(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], so
     sw = np.sqrt(w)
     coef = _nnls(d * sw[:, None], np.abs(r - center) * sw)
     sigma = {"base": max(float(coef[0]), 1e-3), **{f: float(v) for f, v in zip(features, coef[1:])}}
-    # a distance no run of the fit lies at cannot be measured: it takes the widest scale the runs did show
+    # a distance no run of the fit lies at cannot be measured: it takes the widest scale the runs did show (a
+    # feature's scale at the farthest distance a run lies at: octaves and the sources' spread are not 0/1)
     unseen = [f for i, f in enumerate(features) if not np.any(d[:, i + 1] > 0)]
-    widest = max([sigma["base"]] + [sigma[f] for f in features if f not in unseen])
+    farthest = d[:, 1:].max(axis=0)
+    widest = max([sigma["base"]] + [sigma[f] * farthest[i] for i, f in enumerate(features) if f not in unseen])
     for f in unseen:
         sigma[f] = widest
     sigma["default"] = sigma.get("proxy", widest) / PROXY_SETTINGS
@@ -268,8 +286,12 @@ def band_of(t: Traits, table: Mapping[str, Any]) -> Band:
         return Band(*WIDE_DEFAULT, 0, t.runtime, t.family, "default")
     d = distance(t, table["validated"])
     lo, hi, _ = interval(t, d, table)
+    sigma = table["sigma"]
+    # the sources' spread is named where it adds a quarter of the base scale or more (a stated threshold, for the
+    # reader: every family with two sources has some spread, and a few hundredths widen the band by a few percent)
     why = [_WHY[f].format(runtime=t.runtime, family=t.family, n=d[f], min_runs=MIN_RUNS) for f in FEATURES
-           if d[f] > 0 and table["sigma"].get(f, 0.0) > 0]
+           if d[f] > 0 and sigma.get(f, 0.0) > 0
+           and (f != "disagree" or d[f] * sigma[f] >= DISAGREE_NAMED * sigma["base"])]
     if t.defaults:
         names = ", ".join(n.replace("_", "-") for n in t.left) or f"{t.defaults} setting{'s' * (t.defaults > 1)}"
         why.append(f"{names} left to {t.runtime}'s default, which its versions change")
