@@ -14,13 +14,20 @@ checks what is cheap (the metadata, the tokenizer's hash, every shard's size); `
 (before a run's ranks start) adds what a model needs (ids inside its vocabulary, one sample window)
 and, as ``verify`` (``exatrain prepare --verify``) does, every shard's sha256: a shard whose bytes
 changed since ``prepare`` is refused in one line naming it, before anything trains on it (one pass
-over the data, about 0.7 GB/s on one CPU core). The trainer checks each window it reads too
-(trainer/sampler.py), so a shard changed while a run reads it stops with one line, not in the embedding.
+over the data, about 0.7 GB/s on one CPU core). A shard that hashed right is recorded in the directory's
+``.exatrain-verified.json`` with its size and modification time, and a later run start reads it again only
+where either changed (``check_shards``): a restart of a run on a large dataset does not hash it again.
+``prepare --verify`` always reads every byte (a shard rewritten with its size and time kept, or rotted on
+disk, is only found so). Where the directory is read-only nothing is recorded and every start hashes.
+The trainer checks each window it reads too (trainer/sampler.py), so a shard changed while a run reads it
+stops with one line, not in the embedding.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,7 @@ FORMAT = "exatrain-tokens"
 VERSION = 1
 META = "dataset.json"
 TOKENIZER = "tokenizer.json"
+VERIFIED = ".exatrain-verified.json"  # the shards that hashed right, with their size and modification time
 
 
 def token_dtype(vocab: int) -> str:
@@ -212,13 +220,55 @@ def check_dataset_for(plan: Any, data_dir: str | Path, where: str | None = None)
     return meta
 
 
-def check_shards(data_dir: str | Path, meta: DatasetMeta) -> None:
+def check_shards(data_dir: str | Path, meta: DatasetMeta, *, recheck: bool = False) -> None:
     """Every shard's sha256 against the one dataset.json records: a one-line UserError naming the first
-    shard whose bytes changed since ``prepare``."""
+    shard whose bytes changed since ``prepare``. A shard whose size, modification time and recorded sha256 are
+    those ``VERIFIED`` holds for it hashed right before and is not read again, unless ``recheck``; the shards that
+    hash right are recorded there (where the directory is writable; module doc)."""
+    root = Path(data_dir)
+    known = {} if recheck else _read_verified(root)
+    checked: dict[str, dict[str, Any]] = {}
     for s in meta.shards:
-        _check_sha256(Path(data_dir) / s.file, s.sha256, "cannot read the shard",
-                      f"shard is corrupted (its sha256 differs from the one {META} records: its bytes changed since "
-                      "`exatrain prepare`); prepare the data again")
+        path = root / s.file
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read the shard ({exc.strerror or exc})") from None
+        entry = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": s.sha256}
+        if known.get(s.file) != entry:
+            _check_sha256(path, s.sha256, "cannot read the shard",
+                          f"shard is corrupted (its sha256 differs from the one {META} records: its bytes changed "
+                          "since `exatrain prepare`); prepare the data again")
+        checked[s.file] = entry
+    if checked != known:
+        _write_verified(root, checked)
+
+
+def _read_verified(root: Path) -> dict[str, dict[str, Any]]:
+    """What ``VERIFIED`` records ({} where it is missing, unreadable or not the expected shape: then every shard
+    is hashed)."""
+    try:
+        raw = json.loads((root / VERIFIED).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return {}
+    shards = raw.get("shards") if isinstance(raw, dict) and raw.get("version") == 1 else None
+    if not isinstance(shards, dict):
+        return {}
+    return {k: v for k, v in shards.items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def _write_verified(root: Path, shards: dict[str, dict[str, Any]]) -> None:
+    """Record ``shards`` in ``VERIFIED`` (written whole, then renamed into place); a directory that cannot be
+    written records nothing (every start then hashes)."""
+    tmp = root / f"{VERIFIED}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps({"version": 1, "shards": shards}, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, root / VERIFIED)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 def _check_sha256(path: Path, expected: str, unreadable: str, differs: str) -> None:
@@ -232,9 +282,10 @@ def _check_sha256(path: Path, expected: str, unreadable: str, differs: str) -> N
 
 
 def verify(data_dir: str | Path) -> DatasetMeta:
-    """read_meta, then every shard's sha256 against the recorded one (check_shards)."""
+    """read_meta, then every shard's sha256 against the recorded one, every byte read whatever ``VERIFIED``
+    records (check_shards with ``recheck``)."""
     meta = read_meta(data_dir)
-    check_shards(data_dir, meta)
+    check_shards(data_dir, meta, recheck=True)
     return meta
 
 
@@ -255,5 +306,5 @@ def open_shards(data_dir: str | Path, meta: DatasetMeta) -> list[np.ndarray]:
     return out
 
 
-__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "check_dataset_for", "check_shards", "check_vocab",
+__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "VERIFIED", "check_dataset_for", "check_shards", "check_vocab",
            "open_shards", "plain_name", "read_meta", "sha256_file", "shard_max_ids", "token_dtype", "verify"]
