@@ -35,9 +35,7 @@ older files as "not does not fit" (what a search keeps). Without a stored table 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -45,7 +43,7 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan, StepEstimate
-from exatrain.planner.band import MIN_RUNS, VERSIONED_DEFAULTS, Traits, fit, interval, traits_of
+from exatrain.planner.band import MIN_RUNS, VERSIONED_DEFAULTS, Traits, fit, interval, load_bands, traits_of
 from exatrain.planner.band import _octaves  # the step band's octaves outside a range, capped
 
 MEMORY_BANDS_PATH = Path(__file__).resolve().parents[1] / "catalog" / "data" / "memory_bands.json"
@@ -140,12 +138,10 @@ class MemoryBand:
                 "text": self.describe()}
 
 
-@lru_cache(maxsize=4)
 def load_memory_bands(path: Path = MEMORY_BANDS_PATH) -> Mapping[str, Any]:
-    """The stored table ({} when the file is absent: every plan then gets the default)."""
-    if not path.is_file():
-        return {}
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The stored table ({} when the file is absent: every plan then gets the default); read as the step band's
+    (``band.load_bands``, cached per path)."""
+    return load_bands(path)
 
 
 def memory_band_of(t: Traits, table: Mapping[str, Any]) -> MemoryBand:
