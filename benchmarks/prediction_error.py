@@ -99,6 +99,12 @@ MB_PAGES = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355
     "versions/nightly/pages/"
 MB_SUMMARY, MB_ARCHIVE = MB_PAGES + "performance-summary.mdx", MB_PAGES + "performance-summary-archive.mdx"
 TT_H200 = TORCHTITAN + "main/benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md"
+# The runs that set CUDA_LAUNCH_BLOCKING=1 (their ``overlap`` field says so), which the one host factor of synchronous
+# launches, CostParams.blocking_launch_s, is fitted to (``--fit-launch-blocking``): BLOOM-176B's training and
+# BigScience's topology sweep before it, both on Jean Zay. Each is predicted with the factor fitted to the other.
+BIGSCIENCE = "https://github.com/bigscience-workshop/bigscience/blob/"
+BLOCKING_CHOSEN_ON = (BIGSCIENCE + "master/train/tr11-176B-ml/README.md",
+                      BIGSCIENCE + "053adafee86d8b0beb10ddd95e5bbbbe3d702f3c/train/tr11-176B-ml/chronicles-prequel.md")
 PRIOR_CHOSEN_ON = {"a100-80gb": (NARAYANAN, KORTHIKANTI), "mi250x-gcd": (DASH,),
                    "h100-sxm-500w": (TT_2412, TT_ASYNC, TT_DOCS),
                    "h100-sxm": (MB_SUMMARY, MB_ARCHIVE, TT_H200)}
@@ -242,6 +248,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             why = ("(flash-attn's fused loss)" if row.engine == "llm-foundry" else "(torch's eager loss)"
                    if row.engine == "fms-fsdp" else "(torchtitan before 2025-04 compiled no loss)")
             row.notes.append(f"cross-entropy {row.cross_entropy} {why}")
+        if _launch_blocking(r):
+            row.notes.append("synchronous launches (CUDA_LAUNCH_BLOCKING=1)")
         if _adam_kernel(r):
             row.notes.append(f"Adam {_adam_kernel(r)} (torchtitan's default before 2025-02)")
         if r["memory_per_gpu_gib"].strip():
@@ -326,7 +334,8 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                         elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
                         fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r),
                         grad_accum_fusion=_grad_accum_fusion(r), adam_kernel=_adam_kernel(r),
-                        recompute_modules=recompute_modules, recompute_every=every)
+                        recompute_modules=recompute_modules, recompute_every=every,
+                        launch_blocking=_launch_blocking(r))
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -471,6 +480,12 @@ def _cross_entropy(r: dict) -> str:
         return ""
     dates = [(int(y), int(mo)) for y, mo in re.findall(r"\b(20\d\d)-(\d\d)\b", r.get("engine_version", ""))]
     return "upcast" if dates and max(dates) < _TORCHTITAN_COMPILED_LOSS else ""
+
+
+def _launch_blocking(r: dict) -> bool:
+    """The run set CUDA_LAUNCH_BLOCKING=1, as its ``overlap`` field states: synchronous kernel launches
+    (settings: launch_blocking)."""
+    return "cuda_launch_blocking=1" in r.get("overlap", "").lower().replace(" ", "")
 
 
 def _dtype(r: dict) -> str:
@@ -648,6 +663,59 @@ def out_of_sample(rows: list[Row]) -> None:
             r.oos_s = _predict_s(r, mine)
             r.oos_how = (f"{', '.join(borrowed)} of {lender} refit on {len(train)} runs of "
                          f"{len({t.source for t in train})} other source(s)")
+
+
+def _blocking_params(r: Row, x: float) -> CostParams:
+    return default_params(r.cluster.device.name).replace(blocking_launch_s=x)
+
+
+def fit_launch_blocking(train: list[Row]) -> float:
+    """CostParams.blocking_launch_s fitted to ``train`` (runs with synchronous launches), every other factor its
+    device's shipped prior: the value in [0, 1 ms] whose squared log errors sum least (a grid, then golden
+    section)."""
+    log_measured = np.log([r.measured_s for r in train])
+
+    def loss(x: float) -> float:
+        pred = np.log([_predict_s(r, _blocking_params(r, x)) for r in train])
+        return float(np.sum((pred - log_measured) ** 2))
+
+    grid = np.concatenate([[0.0], np.geomspace(1e-6, 1e-3, 16)])
+    i = int(np.argmin([loss(x) for x in grid]))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    for _ in range(24):  # the bracket shrinks to 0.618^24 (1e-5) of a grid step
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = loss(b)
+    return (lo + hi) / 2
+
+
+def blocking_out_of_sample(rows: list[Row]) -> None:
+    """Rows with synchronous launches whose source the shipped blocking_launch_s was fitted to
+    (``BLOCKING_CHOSEN_ON``): predicted with the factor fitted to the other sources' such rows (leave one source
+    out), the rest of their device's prior as shipped."""
+    blocking = [r for r in rows if r.prior_s is not None and r.measured_s and r.plan.launch_blocking]
+    for source in sorted({r.source for r in blocking if r.source in BLOCKING_CHOSEN_ON}):
+        test = [r for r in blocking if r.source == source]
+        train = [r for r in blocking if r.source != source]
+        for r in test:
+            r.in_sample = True
+        if not train:
+            for r in test:
+                r.oos_s, r.oos_how = None, "no other source with synchronous launches to fit blocking_launch_s from"
+            continue
+        x = fit_launch_blocking(train)
+        for r in test:
+            r.oos_s = _predict_s(r, _blocking_params(r, x))
+            r.oos_how = (f"blocking_launch_s {x * 1e6:.0f} us fitted to {len(train)} runs of "
+                         f"{len({t.source for t in train})} other source(s), the rest the shipped prior")
 
 
 def fit_prior(rows: list[Row], device: str) -> CostParams:
@@ -1092,6 +1160,7 @@ def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = N
                         f"{', '.join(sorted({r.family for r in every}))})")
     price(rows)
     out_of_sample(rows)
+    blocking_out_of_sample(rows)
     loso_bands(rows)
     loso_memory_bands(rows)
     return rows, table(rows)
@@ -1109,6 +1178,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs files (RunRecords) whose measured device peak memory joins the memory rows")
     ap.add_argument("--fit-prior", metavar="DEVICE", choices=sorted(REFIT),
                     help="print the prior fitted on every run of DEVICE (coefficients.DEFAULTS) and stop")
+    ap.add_argument("--fit-launch-blocking", action="store_true",
+                    help="print blocking_launch_s fitted on every run with synchronous launches and stop")
     args = ap.parse_args(argv)
     try:
         if args.write_bands and (args.engine or args.family or args.csv != CSV_PATH):
@@ -1122,6 +1193,16 @@ def main(argv: list[str] | None = None) -> int:
             p = fit_prior(every, args.fit_prior)
             factors, _ = refit_spec(args.fit_prior)
             print(", ".join(f"{f}={getattr(p, f):.4f}" for f in factors) + f"  ({p.source})")
+            return 0
+        if args.fit_launch_blocking:
+            every = load_rows(args.csv)
+            price(every)
+            train = [r for r in every if r.prior_s is not None and r.measured_s and r.plan.launch_blocking]
+            if not train:
+                raise UserError("no priced run with synchronous launches (CUDA_LAUNCH_BLOCKING=1) in the table")
+            x = fit_launch_blocking(train)
+            print(f"blocking_launch_s={x:.3e}  (fitted on {len(train)} runs of {len({r.source for r in train})} "
+                  "sources)")
             return 0
         rows, t = run(args.csv, args.engine, args.family, args.runs)
     except UserError as exc:

@@ -3,7 +3,8 @@
 A run setting is an engine option a plan carries beside its layout (``Plan.settings``, a
 ``RunSettings``): the engine that runs it (``runtime``), FP8 GEMMs, how MoE tokens travel, which
 attention kernel, how the element-wise ops and the loss run, how gradients accumulate, which Adam
-kernel, how context parallelism exchanges attention's operands, and what recomputation reruns. Most
+kernel, how context parallelism exchanges attention's operands, what recomputation reruns and whether
+kernel launches wait for their kernels. Most
 have an empty value that means "the runtime's own" (``accounting.engines.EngineProfile.resolve``
 turns a plan's settings into what its runtime runs).
 
@@ -618,6 +619,12 @@ def _adam_note(target: str) -> Callable[[Any], str]:
     return note
 
 
+def _blocking_note(plan) -> str:
+    """An engine config cannot set the environment: a plan priced with synchronous launches says so."""
+    return ("" if not plan.launch_blocking else "the plan was priced with synchronous kernel launches: set "
+            "CUDA_LAUNCH_BLOCKING=1 in the job's environment (this config cannot)")
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "runtime", str, "exatrain", arg="engine", choices=RUNTIMES, metavar="ENGINE", problem=_runtime_problem,
@@ -817,6 +824,17 @@ SETTINGS: tuple[Setting, ...] = (
         notes={"torchtitan-0.3": lambda p: "" if not (p.recompute == "full" and p.recompute_every) else (
             f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
             f"{p.recompute_every}, and this command line every block")}),
+    Setting(
+        "launch_blocking", bool, False, arg="switch",
+        help=("price the run with synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1 in the job's environment, as "
+              "BLOOM-176B's training set it against NCCL hangs): each launch returns once its kernel has run, so "
+              "the host's dispatch of every GEMM, element-wise kernel and collective (the cost model's "
+              "blocking_launch_s) adds to the step and no communication overlaps compute; default off"),
+        trainer=lambda v, c: None if not v else (
+            "--launch-blocking prices an environment variable (CUDA_LAUNCH_BLOCKING=1) that the exatrain trainer "
+            "does not set; export it in the job's environment and train a plan made without the switch"),
+        label=_label("synchronous launches"),
+        notes={t: _blocking_note for t in ("megatron", "deepspeed", "torchtitan")}),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)

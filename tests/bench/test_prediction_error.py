@@ -331,6 +331,27 @@ def test_rank_correlation_among_layouts_of_one_model(pe, full) -> None:
     assert t["rank"]["families"]["all"]["sweeps"] == len(sweeps)
 
 
+def test_published_blocking_runs_are_predicted_with_the_other_sources_fit(pe, full) -> None:
+    """BLOOM-176B's training and BigScience's topology sweep set CUDA_LAUNCH_BLOCKING=1 (their overlap field): the
+    shipped blocking_launch_s is the fit on both (--fit-launch-blocking), and each source's rows are predicted with
+    the factor fitted to the other's alone. Broken on purpose: blocking_out_of_sample fitting every blocking row
+    (its own source's too) gives the sweep the shipped factor, and the sweep's assert fails."""
+    from exatrain.planner.cost.coefficients import default_params
+
+    assert pe._launch_blocking({"overlap": "none: CUDA_LAUNCH_BLOCKING=1 (the slurm script)"})
+    assert not pe._launch_blocking({"overlap": "overlap_grad_reduce"})
+    rows, _ = full
+    blocking = [r for r in rows if r.prior_s is not None and r.measured_s and r.plan.launch_blocking]
+    assert {r.source for r in blocking} == set(pe.BLOCKING_CHOSEN_ON) and len(blocking) >= 50
+    assert default_params("a100-80gb").blocking_launch_s == pytest.approx(pe.fit_launch_blocking(blocking), rel=2e-3)
+    bloom, sweep = ([r for r in blocking if r.source == s] for s in pe.BLOCKING_CHOSEN_ON)
+    assert len(bloom) == 1 and all(r.in_sample and "1 other source" in r.oos_how for r in bloom + sweep)
+    x = pe.fit_launch_blocking(bloom)
+    assert [r.oos_s for r in sweep] == pytest.approx([pe._predict_s(r, pe._blocking_params(r, x)) for r in sweep],
+                                                     rel=1e-9)
+    assert x != pytest.approx(default_params("a100-80gb").blocking_launch_s, rel=0.05)
+
+
 def test_b200_takes_the_hopper_fp8_speedup_refitted_without_its_own_source(pe) -> None:
     """The B200 prior runs FP8 GEMMs at the 700 W Hopper parts' fitted speed-up over bf16, not the data sheet's 2x;
     a B200 row of a source that fit saw (the Megatron-Bridge pages) is predicted with the speed-up refitted on the

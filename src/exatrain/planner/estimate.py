@@ -65,6 +65,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     capacity = cluster.device.hbm_bytes
     engine = run.engine
     rule = engine.state_rule(plan.dtype, plan.zero_stage)
+    if plan.launch_blocking:  # evaluate prices it with no overlap: the notes say so
+        overlap = "none"
     rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}
     notes = (
@@ -136,7 +138,10 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     notes += ((f"overlap {overlap}, switches assumed on: " + "; ".join(switches) + " — hidden per step: "
                 + ", ".join(f"{k} {v:.3f} s" for k, v in hid.items()) + " (dp: with what the pipeline's drain hides)")
               if switches
-              else f"overlap {overlap}: no communication hidden",)
+              else f"overlap {overlap}: no communication hidden"
+              + (" (synchronous launches, --launch-blocking: no kernel runs beside another; each kernel's fixed "
+                 f"time takes the host's {coeffs.blocking_launch_s * 1e6:.0f} us a launch, "
+                 "cost.compute.with_launch_blocking)" if plan.launch_blocking else ""),)
     if rules.tp and not rules.tp_backward and plan.tp > 1:
         notes += (f"{rt}'s TP overlap hides the forward's collectives (a full recomputation's rerun forward's "
                   f"too); the backward's own stay exposed "

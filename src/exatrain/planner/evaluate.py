@@ -115,10 +115,15 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     virtual stage (``Plan.recompute_layers``; 0: all), or one layer in ``run.recompute_every`` of a rank. ``by_rank``
     also fills ``hidden``; ``time`` False: memory only (the times NaN). ``fit_bytes``: the worst stage's bytes
     ``time_if_fits`` times up to (None: the device's capacity; a search keeping layouts whose capacity lies inside
-    their memory band passes capacity over the band's lowest low end, planner/memory_band.py)."""
+    their memory band passes capacity over the band's lowest low end, planner/memory_band.py). A run with synchronous
+    launches (``launch_blocking``) adds the host's time to every kernel and overlaps nothing
+    (``compute.with_launch_blocking``)."""
     runtime, dtype = run.runtime, run.dtype
     # the kernel (the plan's, else the runtime's) sets the attention rate
     coeffs = compute.with_attention_kernel(coeffs, run.attention_kernel)
+    if run.settings.launch_blocking:  # each launch waits for its kernel: the host's time joins every kernel's, and
+        coeffs = compute.with_launch_blocking(coeffs)  # no kernel runs beside another
+        overlap = "none"
     memory = (runtime,) if memory is None else tuple(memory)
     bad = sorted(set(memory) - set(MEMORY_MODELS))
     if bad:

@@ -59,6 +59,16 @@ class CostParams:
     # seconds hidden behind compute)
     comm_contention: float = 0.0
     step_overhead_s: float = 0.01  # per optimizer step: data, logging, launch latency
+    # Host time per kernel launch that a run with synchronous launches (settings: launch_blocking,
+    # CUDA_LAUNCH_BLOCKING=1) adds to every GEMM, element-wise kernel and collective, nothing overlapping
+    # (planner.evaluate): PyTorch's dispatch, the launch and the wait for the kernel's completion. A host
+    # property, not a device one: one value for every device, fitted to the runs that set it (BLOOM-176B's
+    # training and BigScience's topology sweep on Jean Zay's A100s:
+    # `python benchmarks/prediction_error.py --fit-launch-blocking`; each is predicted with the other's fit).
+    # It is per kernel the cost model counts (about 33 a layer and micro-batch, forward and backward), which
+    # eager Megatron-DeepSpeed exceeds (its dropouts, casts and RNG bookkeeping), so it reads larger than one
+    # launch's wait; the two sources' fits differ twofold (123 us from BLOOM's one run, 245 from the sweep).
+    blocking_launch_s: float = 2.438e-4
     peak_flops: float | None = None  # measured peak overriding the catalog (e.g. a CPU, which has none)
     # Sustained arithmetic clock against the one the catalog's peaks assume: a power-capped part (an
     # H100 held at 500 W) runs every GEMM and attention kernel at this fraction of its datasheet rate

@@ -125,6 +125,16 @@ FLASH_KERNELS = ATTENTION_KERNELS  # the names a plan's --attention-kernel takes
 FA1_OVER_FA2 = 25.0 / 50.0
 
 
+def with_launch_blocking(params: CostParams) -> CostParams:
+    """The parameters for a run whose kernel launches are synchronous (CUDA_LAUNCH_BLOCKING=1, settings:
+    launch_blocking): the host's dispatch of each kernel (``blocking_launch_s``) no longer hides behind the
+    kernels before it, so it joins the fixed time of every GEMM call, element-wise kernel and collective call.
+    That nothing overlaps is the caller's (``planner.evaluate`` prices such a run with ``--overlap none``)."""
+    x = params.blocking_launch_s
+    return params.replace(gemm_overhead_s=params.gemm_overhead_s + x, op_overhead_s=params.op_overhead_s + x,
+                          collective_overhead_s=params.collective_overhead_s + x)
+
+
 def with_attention_kernel(params: CostParams, kernel: str) -> CostParams:
     """The parameters for a run whose flash attention is ``kernel`` (``FLASH_KERNELS``; an engine's
     ``ActivationRules.flash_kernel``). The prior's attention rate describes the device's fastest fused
