@@ -10,12 +10,11 @@ from the validated runs (``FEATURES``):
 
 where d_f is 1 (or octaves, for model size and sequence length) where the plan's engine anywhere, its engine
 on its hardware family, the family itself (or more than a few of its runs), its size, its sequence length, a
-tp/ep group spanning nodes, FP8, MoE, or an engine exatrain has no profile of (a run planned through another's)
-lies outside what runs of *other* sources cover, and d_disagree how much the sources that validate the plan's
-family disagree (the spread of their median log ratios: where they tell different stories, a new plan there is
-less certain); and ``defaults`` counts the settings whose engine default
-changed across that engine's versions and which the plan leaves to the engine (``VERSIONED_DEFAULTS``); the
-scales are fitted by
+tp/ep group spanning nodes, FP8, MoE, synchronous launches, or an engine exatrain has no profile of (a run planned
+through another's) lies outside what runs of *other* sources cover, and d_disagree how much the sources that
+validate the plan's family disagree (the spread of their median log ratios: where they tell different stories, a
+new plan there is less certain); and ``defaults`` counts the settings whose engine default changed across that
+engine's versions and which the plan leaves to the engine (``VERSIONED_DEFAULTS``); the scales are fitted by
 non-negative least squares of |r - center|. The band is the prediction times exp(center + scale * [q10, q90])
 with q10, q90 the quantiles of the residuals over their scale (split-conformal: the coverage holds on sources
 the fit never saw, which ``prediction_error.py`` measures by leaving each source out of the fit in turn). The
@@ -54,7 +53,7 @@ FAMILIES = {"a100-80gb": "A100", "h100-sxm": "H100/H200", "h200-sxm": "H100/H200
             "mi250x-gcd": "MI250X", "mi300x": "MI300X", "mi355x": "MI355X", "cpu": "CPU"}
 
 # The distances the spread grows with (module doc); size and seq are octaves outside the validated range.
-FEATURES = ("engine", "cell", "family", "thin", "size", "seq", "spans", "fp8", "moe", "proxy", "disagree")
+FEATURES = ("engine", "cell", "family", "thin", "size", "seq", "spans", "fp8", "moe", "proxy", "disagree", "blocking")
 _WHY = {"engine": "no published run of {runtime} validated", "cell": "{runtime} not validated on {family}",
         "family": "no validated run on {family}",
         "thin": "fewer than {min_runs} validated runs on {family}",
@@ -62,7 +61,8 @@ _WHY = {"engine": "no published run of {runtime} validated", "cell": "{runtime} 
         "outside the validated lengths", "spans": "a tp/ep group across nodes, not validated on {family}",
         "fp8": "FP8 not validated on {family}", "moe": "MoE not validated on {family}",
         "proxy": "the engine has no profile of its own",
-        "disagree": "the validated sources on {family} disagree (their medians spread {n:.0%})"}
+        "disagree": "the validated sources on {family} disagree (their medians spread {n:.0%})",
+        "blocking": "synchronous launches not validated on {family}"}
 OCTAVES_CAP = 4.0  # a size or sequence distance counts at most this many octaves
 MIN_RUNS = 5  # a family validated by fewer runs than this is thinly validated (feature "thin")
 # Plan settings whose default, under each runtime, changed across that engine's versions or is one of its config
@@ -102,6 +102,7 @@ class Traits:
     zero: int = 0
     cp: bool = False  # context parallelism
     ep: bool = False  # expert parallelism
+    blocking: bool = False  # synchronous kernel launches (Plan.launch_blocking)
 
 
 def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Traits:
@@ -119,7 +120,7 @@ def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Trait
                   params=float(total_params(plan.model)), seq=int(plan.model.seq_len), spans=bool(spans),
                   fp8=bool(plan.fp8), moe=bool(plan.model.is_moe), proxy=proxy, defaults=0 if proxy else len(left),
                   left=() if proxy else left, recompute=plan.recompute, zero=int(plan.zero_stage), cp=plan.cp > 1,
-                  ep=plan.ep > 1)
+                  ep=plan.ep > 1, blocking=bool(plan.launch_blocking))
 
 
 def validated_summary(traits: Sequence[Traits], residuals: Sequence[float] | None = None,
@@ -127,9 +128,10 @@ def validated_summary(traits: Sequence[Traits], residuals: Sequence[float] | Non
     """Per family, what a set of runs validated: the runtimes whose profile runs were planned with (their own
     engine's, or another engine's run planned through it: fms-fsdp's plain FSDP1 through llm-foundry's FSDP1
     profile exercises that profile), the size and sequence ranges, whether any had a tp/ep group across nodes, FP8,
-    MoE, context or expert parallelism, and the recomputation modes and ZeRO stages they ran. With the runs' log
-    ratios ``residuals`` and ``sources``, also how much the family's sources disagree (``disagree``: the standard
-    deviation of the sources' median log ratios, each source one value; 0 with fewer than two sources)."""
+    MoE, context or expert parallelism, synchronous launches, and the recomputation modes and ZeRO stages they ran.
+    With the runs' log ratios ``residuals`` and ``sources``, also how much the family's sources disagree
+    (``disagree``: the standard deviation of the sources' median log ratios, each source one value; 0 with fewer than
+    two sources)."""
     out: dict[str, dict[str, Any]] = {}
     if residuals is not None and sources is not None:
         by: dict[str, dict[str, list[float]]] = {}
@@ -142,13 +144,14 @@ def validated_summary(traits: Sequence[Traits], residuals: Sequence[float] | Non
         s = out.setdefault(t.family, {})
         if "runs" not in s:
             s.update({"runtimes": [], "params": [t.params, t.params], "seq": [t.seq, t.seq], "spans": False,
-                      "fp8": False, "moe": False, "cp": False, "ep": False, "recompute": [], "zero": [], "runs": 0})
+                      "fp8": False, "moe": False, "cp": False, "ep": False, "blocking": False, "recompute": [],
+                      "zero": [], "runs": 0})
         s["runs"] += 1
         if t.runtime not in s["runtimes"]:
             s["runtimes"] = sorted(s["runtimes"] + [t.runtime])
         s["params"] = [min(s["params"][0], t.params), max(s["params"][1], t.params)]
         s["seq"] = [min(s["seq"][0], t.seq), max(s["seq"][1], t.seq)]
-        for k in ("spans", "fp8", "moe", "cp", "ep"):
+        for k in ("spans", "fp8", "moe", "cp", "ep", "blocking"):
             s[k] = s[k] or getattr(t, k)
         s["recompute"] = sorted(set(s["recompute"]) | {t.recompute})
         s["zero"] = sorted(set(s["zero"]) | {t.zero})
@@ -166,12 +169,13 @@ def distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str,
     if not s:
         return {"engine": engine, "cell": 1.0, "family": 1.0, "thin": 1.0, "size": 0.0, "seq": 0.0,
                 "spans": float(t.spans), "fp8": float(t.fp8), "moe": float(t.moe), "proxy": float(t.proxy),
-                "disagree": 0.0}
+                "disagree": 0.0, "blocking": float(t.blocking)}
     return {"engine": engine, "cell": float(not t.proxy and t.runtime not in s["runtimes"]), "family": 0.0,
             "thin": float(s["runs"] < MIN_RUNS),
             "size": _octaves(t.params, *s["params"]), "seq": _octaves(t.seq, *s["seq"]),
             "spans": float(t.spans and not s["spans"]), "fp8": float(t.fp8 and not s["fp8"]),
-            "moe": float(t.moe and not s["moe"]), "proxy": float(t.proxy), "disagree": float(s.get("disagree", 0.0))}
+            "moe": float(t.moe and not s["moe"]), "proxy": float(t.proxy), "disagree": float(s.get("disagree", 0.0)),
+            "blocking": float(t.blocking and not s.get("blocking", False))}
 
 
 def sigma_of(d: Mapping[str, float], defaults: int, sigma: Mapping[str, float],
