@@ -809,13 +809,18 @@ def markdown(t: dict) -> str:
 
 def rank_markdown(t: dict) -> str:
     """Rank correlation among the layouts of one model, per family (``rank_correlations``)."""
-    lines = ["| hardware | sweeps | median Spearman | worst | pairs on the same GPUs | ordered right |",
-             "|---|---|---|---|---|---|"]
-    for f in sorted(set(t["rank"]["families"]) | set(t["rank"]["pairs"]), key=lambda f: (f == "all", f)):
-        v, p = t["rank"]["families"].get(f), t["rank"]["pairs"].get(f)
-        sweep = f"{v['sweeps']} | {v['median']:.2f} | {v['min']:.2f}" if v else "0 | — | —"
-        pair = f"{p['pairs']} | {p['ordered']:.0%}" if p else "0 | —"
-        lines.append(f"| {f} | {sweep} | {pair} |")
+    lines = ["| hardware | sweeps, any GPU count | median Spearman | worst | sweeps at one GPU count | median Spearman "
+             "| worst | pairs on the same GPUs | ordered right |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    rank = t["rank"]
+    for f in sorted(set(rank["families"]) | set(rank["one_count"]) | set(rank["pairs"]),
+                    key=lambda f: (f == "all", f)):
+        cells = []
+        for v in (rank["families"].get(f), rank["one_count"].get(f)):
+            cells.append(f"{v['sweeps']} | {v['median']:.2f} | {v['min']:.2f}" if v else "0 | — | —")
+        p = rank["pairs"].get(f)
+        cells.append(f"{p['pairs']} | {p['ordered']:.0%}" if p else "0 | —")
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -1109,27 +1114,41 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def rank_correlations(rows: list[Row], min_layouts: int = 3) -> dict:
-    """Among the layouts of one model in one source on one family (a multi-layout sweep: what a search lives on),
-    the rank correlation of predicted and measured throughput per GPU (tokens/s/GPU, so runs of different batch
-    or GPU count compare); per family, the median and worst sweep."""
-    sweeps: dict[tuple[str, str, str], list[Row]] = {}
+def _sweeps(rows: list[Row], min_layouts: int, one_count: bool) -> list[dict]:
+    """The sweeps of >= ``min_layouts`` runs of one model (and sequence length) in one source on one family, at one
+    GPU count each where ``one_count``, with the Spearman rho of their predicted and measured tokens/s/GPU."""
+    sweeps: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.oos_s is not None and r.plan is not None:
             model = r.name.split(" (")[0] + f" seq {r.plan.model.seq_len}"
-            sweeps.setdefault((r.family, r.source, model), []).append(r)
+            sweeps.setdefault((r.family, r.source, model, r.plan.gpus if one_count else 0), []).append(r)
     out = []
-    for (family, source, model), rs in sorted(sweeps.items()):
+    for (family, source, model, gpus), rs in sorted(sweeps.items()):
         if len(rs) < min_layouts:
             continue
         rate = lambda r, s: r.plan.tokens_per_step / (s * r.plan.gpus)  # noqa: E731
         rho = spearman([rate(r, r.oos_s) for r in rs], [rate(r, r.measured_s) for r in rs])
         if not math.isnan(rho):
-            out.append({"family": family, "source": source, "model": model, "layouts": len(rs), "spearman": rho})
-    fams = {}
-    for s in out:
+            out.append({"family": family, "source": source, "model": model, "layouts": len(rs), "spearman": rho,
+                        **({"gpus": gpus} if one_count else {})})
+    return out
+
+
+def _by_family(sweeps: list[dict]) -> dict:
+    fams: dict[str, list[float]] = {}
+    for s in sweeps:
         fams.setdefault(s["family"], []).append(s["spearman"])
-    fams["all"] = [s["spearman"] for s in out]
+    fams["all"] = [s["spearman"] for s in sweeps]
+    return {f: {"sweeps": len(v), "median": float(np.median(v)), "min": float(min(v))} for f, v in fams.items() if v}
+
+
+def rank_correlations(rows: list[Row], min_layouts: int = 3) -> dict:
+    """Among the layouts of one model in one source on one family (a multi-layout sweep), the rank correlation of
+    predicted and measured throughput per GPU (tokens/s/GPU, so runs of different batch or GPU count compare); per
+    family, the median and worst sweep: over sweeps at any GPU count (``families``: what a scaling study compares
+    too) and at one GPU count each (``one_count``: what a search ranks)."""
+    out = _sweeps(rows, min_layouts, one_count=False)
+    fixed = _sweeps(rows, min_layouts, one_count=True)
     # what a search decides: of two layouts of one model on the same GPUs, which is faster
     pairs: dict[str, list[bool]] = {}
     same: dict[tuple, list[Row]] = {}
@@ -1144,8 +1163,7 @@ def rank_correlations(rows: list[Row], min_layouts: int = 3) -> dict:
                     ok = (a.oos_s < b.oos_s) == (a.measured_s < b.measured_s)
                     for f in (key[0], "all"):
                         pairs.setdefault(f, []).append(ok)
-    return {"sweeps": out, "families": {f: {"sweeps": len(v), "median": float(np.median(v)), "min": float(min(v))}
-                                        for f, v in fams.items() if v},
+    return {"sweeps": out, "families": _by_family(out), "one_count_sweeps": fixed, "one_count": _by_family(fixed),
             "pairs": {f: {"pairs": len(v), "ordered": float(np.mean(v))} for f, v in pairs.items()}}
 
 
@@ -1231,8 +1249,9 @@ def main(argv: list[str] | None = None) -> int:
               f"median width (p90 - p10) {b['median_width']:.0%} of the prediction "
               f"({b['median_width_by_source']:.0%} with every source weighing the same)")
     print("\nrank correlation of predicted and measured tokens/s/GPU among the layouts of one model at one sequence "
-          "length in one source (sweeps of >= 3 layouts, any GPU count), and the share of pairs of layouts on the same "
-          "GPUs and batch whose faster one is predicted faster:\n" + rank_markdown(t))
+          "length in one source (sweeps of >= 3 layouts: at any GPU count, and at one GPU count each, what a search "
+          "ranks), and the share of pairs of layouts on the same GPUs and batch whose faster one is predicted "
+          "faster:\n" + rank_markdown(t))
     print("\nby kind of run (out of sample, every engine and family): " + "; ".join(
         f"{k} n={v['n']}" + (f" median {v['median']:.1%} p90 {v['p90']:.1%} max {v['max']:.1%}" if v["n"] else "")
         for k, v in t["kinds"].items()))

@@ -327,6 +327,16 @@ def test_rank_correlation_among_layouts_of_one_model(pe, full) -> None:
     sweeps = t["rank"]["sweeps"]
     assert sweeps and all(s["layouts"] >= 3 and -1.0 <= s["spearman"] <= 1.0 for s in sweeps)
     assert t["rank"]["families"]["all"]["sweeps"] == len(sweeps)
+    # at one GPU count each (what a search ranks): every such sweep's runs share their GPU count
+    rows, _ = full
+    fixed = t["rank"]["one_count_sweeps"]
+    assert fixed and t["rank"]["one_count"]["all"]["sweeps"] == len(fixed)
+    for s in fixed:
+        runs = [r for r in rows if r.oos_s is not None and r.plan is not None and r.source == s["source"]
+                and r.family == s["family"] and r.name.split(" (")[0] + f" seq {r.plan.model.seq_len}" == s["model"]]
+        assert sum(r.plan.gpus == s["gpus"] for r in runs) == s["layouts"] >= 3
+    # llm-foundry's sweeps vary the GPU count, one or two runs a count: none is a sweep at one count
+    assert not any("llm-foundry" in s["source"] for s in fixed)
 
 
 def test_published_blocking_runs_are_predicted_with_the_other_sources_fit(pe, full) -> None:
