@@ -697,11 +697,16 @@ def fit_launch_blocking(train: list[Row]) -> float:
     return (lo + hi) / 2
 
 
+def blocking_rows(rows: list[Row]) -> list[Row]:
+    """The priced rows with a measured step that ran with synchronous launches."""
+    return [r for r in rows if r.prior_s is not None and r.measured_s and r.plan.launch_blocking]
+
+
 def blocking_out_of_sample(rows: list[Row]) -> None:
     """Rows with synchronous launches whose source the shipped blocking_launch_s was fitted to
     (``BLOCKING_CHOSEN_ON``): predicted with the factor fitted to the other sources' such rows (leave one source
     out), the rest of their device's prior as shipped."""
-    blocking = [r for r in rows if r.prior_s is not None and r.measured_s and r.plan.launch_blocking]
+    blocking = blocking_rows(rows)
     for source in sorted({r.source for r in blocking if r.source in BLOCKING_CHOSEN_ON}):
         test = [r for r in blocking if r.source == source]
         train = [r for r in blocking if r.source != source]
@@ -1215,7 +1220,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.fit_launch_blocking:
             every = load_rows(args.csv)
             price(every)
-            train = [r for r in every if r.prior_s is not None and r.measured_s and r.plan.launch_blocking]
+            train = blocking_rows(every)
             if not train:
                 raise UserError("no priced run with synchronous launches (CUDA_LAUNCH_BLOCKING=1) in the table")
             x = fit_launch_blocking(train)

@@ -349,7 +349,7 @@ def test_published_blocking_runs_are_predicted_with_the_other_sources_fit(pe, fu
     assert pe._launch_blocking({"overlap": "none: CUDA_LAUNCH_BLOCKING=1 (the slurm script)"})
     assert not pe._launch_blocking({"overlap": "overlap_grad_reduce"})
     rows, _ = full
-    blocking = [r for r in rows if r.prior_s is not None and r.measured_s and r.plan.launch_blocking]
+    blocking = pe.blocking_rows(rows)
     assert {r.source for r in blocking} == set(pe.BLOCKING_CHOSEN_ON) and len(blocking) >= 50
     assert default_params("a100-80gb").blocking_launch_s == pytest.approx(pe.fit_launch_blocking(blocking), rel=2e-3)
     bloom, sweep = ([r for r in blocking if r.source == s] for s in pe.BLOCKING_CHOSEN_ON)
