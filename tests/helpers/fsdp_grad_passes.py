@@ -69,6 +69,9 @@ def _rank(rank: int, port: str, reshard: bool) -> None:
         counts.append(dict(c.n))
     if rank == 0:
         print(json.dumps([total, counts]), flush=True)
+    # both ranks past every collective before either tears its gloo pairs down: destroying the group while the other
+    # rank still talks over it can abort the process ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
