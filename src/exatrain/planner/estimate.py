@@ -16,7 +16,7 @@ from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_s
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.planner.cost.coefficients import CostParams, default_params
-from exatrain.planner.cost.overlap import overlap_rules
+from exatrain.planner.cost.overlap import overlap_for, overlap_rules
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
 from exatrain.planner.memory_band import with_memory_band
@@ -65,8 +65,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     capacity = cluster.device.hbm_bytes
     engine = run.engine
     rule = engine.state_rule(plan.dtype, plan.zero_stage)
-    if plan.launch_blocking:  # evaluate prices it with no overlap: the notes say so
-        overlap = "none"
+    overlap = overlap_for(overlap, plan.launch_blocking)  # as evaluate priced it
     rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}
     notes = (

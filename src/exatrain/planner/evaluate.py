@@ -41,6 +41,7 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.plan import balanced_split
 from exatrain.settings import RECOMPUTE, full_rerun_layers
 from exatrain.planner.cost import compute
+from exatrain.planner.cost.overlap import overlap_for
 from exatrain.planner.cost.moe import rank_params_split
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.step import TIME_FIELDS, step_times
@@ -121,9 +122,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     runtime, dtype = run.runtime, run.dtype
     # the kernel (the plan's, else the runtime's) sets the attention rate
     coeffs = compute.with_attention_kernel(coeffs, run.attention_kernel)
-    if run.settings.launch_blocking:  # each launch waits for its kernel: the host's time joins every kernel's, and
-        coeffs = compute.with_launch_blocking(coeffs)  # no kernel runs beside another
-        overlap = "none"
+    if run.settings.launch_blocking:  # each launch waits for its kernel: the host's time joins every kernel's
+        coeffs = compute.with_launch_blocking(coeffs)
+    overlap = overlap_for(overlap, run.settings.launch_blocking)
     memory = (runtime,) if memory is None else tuple(memory)
     bad = sorted(set(memory) - set(MEMORY_MODELS))
     if bad:

@@ -108,6 +108,13 @@ def overlap_rules(engine: EngineProfile | str, on: str = "all") -> OverlapRules:
                         switches=tuple(o.switch for c, o in offered.items() if c in chosen))
 
 
+def overlap_for(on: str, launch_blocking: bool) -> str:
+    """The overlaps a run has on: ``on`` (``overlap_rules``' argument), or none where its kernel launches are
+    synchronous (settings: launch_blocking), since each launch then waits for its kernel and no kernel runs beside
+    another. ``planner.evaluate`` prices with it and ``planner.estimate`` notes it."""
+    return "none" if launch_blocking else on
+
+
 def exposed(comm_s, window_s):
     """The part of a communication its overlap window does not hide (never negative)."""
     return np.maximum(np.asarray(comm_s) - np.asarray(window_s), 0.0)
@@ -150,5 +157,5 @@ def p2p_exposed(p2p_s, stage_fwd_s, *, rules: OverlapRules, interleaved):
     return np.where(np.asarray(interleaved), exposed(p2p_s, np.min(stage_fwd_s, axis=1)), p2p_s)
 
 
-__all__ = ["OVERLAP_CHOICES", "OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_rules",
-           "p2p_exposed"]
+__all__ = ["OVERLAP_CHOICES", "OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_for",
+           "overlap_rules", "p2p_exposed"]
