@@ -106,7 +106,8 @@ class MemoryBreakdown:
 class TimeBreakdown:
     """Seconds per optimizer step. ``step`` is the total; the rest are its exposed parts, which add
     up to it: compute (busy time of the busiest rank), bubble (pipeline idle), exposed communication
-    of each kind, the optimizer update, and other fixed per-step work (data, logging, launches)."""
+    of each kind, the optimizer update, other fixed per-step work (data, logging, launches), and the slowest
+    GPU's lag (on N GPUs the step waits for the slowest)."""
 
     step: float
     compute: float
@@ -118,10 +119,11 @@ class TimeBreakdown:
     other: float = 0.0
     ep_comm: float = 0.0  # expert all-to-all (mixture of experts), exposed
     cp_comm: float = 0.0  # context-parallel K,V exchange, exposed
+    straggler: float = 0.0  # the slowest GPU's lag: the step runs at its pace (planner/cost/variability.py)
 
     def to_dict(self) -> dict[str, float]:
         d = dataclasses.asdict(self)
-        for k in ("ep_comm", "cp_comm"):  # only where a plan has them, so dense plans' JSON stays as it was
+        for k in ("ep_comm", "cp_comm", "straggler"):  # only where a plan has them (a host's plans have no lag)
             if not d[k]:
                 del d[k]
         return d

@@ -57,13 +57,14 @@ def test_band_attached_from_the_plans_distance() -> None:
 
 
 def test_an_engine_no_published_run_validates_gets_a_wider_band() -> None:
-    """The p90/p10 spread of an unvalidated engine's band exceeds a validated one's by a quarter or more. (1.5x until
+    """The p90/p10 spread of an unvalidated engine's band exceeds a validated one's by a fifth or more. (1.5x until
     2026-12-05: four MI250X sources that disagree by up to 2x widened the pooled base scale, so a validated band on
-    A100 spreads 1.39x and the widest scale the runs show, which an unvalidated engine takes, 1.83x.)"""
+    A100 spread 1.39x and the widest scale the runs show, which an unvalidated engine takes, 1.83x; a quarter until
+    the slowest GPU's lag was priced the same day, which narrowed the residuals: 1.27x and 1.57x.)"""
     _, ours = _estimate("dgx-a100")  # exatrain's own trainer: no published runs
     _, megatron = _estimate("dgx-a100", runtime="megatron-core")
     spread = lambda e: e.band["ratio_high"] / e.band["ratio_low"]  # noqa: E731
-    assert spread(ours) > 1.25 * spread(megatron)
+    assert spread(ours) > 1.2 * spread(megatron)
     assert any("no published run of exatrain" in w for w in ours.band["widened"])
 
 

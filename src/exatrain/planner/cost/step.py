@@ -47,10 +47,11 @@ from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.overlap import (OverlapRules, engine_collectives, exposed, is_gather, overlap_rules,
                                            p2p_exposed)
 from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
+from exatrain.planner.cost.variability import straggler_s
 from exatrain.planner.layouts import Layouts
 
 TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "ep_comm",
-               "cp_comm")
+               "cp_comm", "straggler")
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 _INTERLEAVED = SCHEDULES.index("interleaved")
 
@@ -611,10 +612,12 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     opt = optimizer_seconds(engine, dtype, params_by_rank, xp, shard=shard, xshard=xshard, zero=zero, tp=tp, ep=ep,
                             on_host=cluster.device.is_host, dev=dev) + loss_scaling_s(cluster, coeffs, dtype, lay.gpus)
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
-    times = {"step": pipe + dp_exposed + opt + fixed, "compute": compute_s,
+    # the step waits for its slowest GPU, whose pipeline and optimizer run speed_spread x E[max] slower
+    lag = straggler_s(pipe + opt, lay.gpus, coeffs.speed_spread, on_host=cluster.device.is_host)
+    times = {"step": pipe + dp_exposed + opt + fixed + lag, "compute": compute_s,
              "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
              "dp_comm": dp_exposed, "optimizer": opt, "other": fixed + 0.0 * pipe, "ep_comm": ep_s,
-             "cp_comm": ext_s - ep_s}
+             "cp_comm": ext_s - ep_s, "straggler": lag}
     return times, st, pt
 
 

@@ -8,7 +8,8 @@ from exatrain.plan import Plan
 
 GiB = 1024**3
 TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")
-EXTRA_TERMS = ("ep_comm", "cp_comm")  # shown where a ranked layout has expert or context parallelism
+# shown where a ranked layout has them: expert or context parallelism, a slowest GPU to wait for
+EXTRA_TERMS = ("ep_comm", "cp_comm", "straggler")
 
 
 def _terms(plans: Sequence[Plan]) -> tuple[str, ...]:
