@@ -27,6 +27,7 @@ Broken on purpose, and what failed:
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 import pytest
 import torch
@@ -292,6 +293,9 @@ def _tp_worker(rank: int, port: int) -> None:
         assert (y_tp - y_ref).abs().max().item() <= 1e-6 * y_ref.abs().max().item()  # summation order only
         for n, p in ref.named_parameters():  # weights: the same fp8 GEMMs; biases: a sum over tokens
             assert torch.equal(got[n], p.grad) if n.endswith("weight") else torch.allclose(got[n], p.grad), n
+        # both ranks past every collective before either tears its gloo pairs down (destroying the group while the
+        # other still talks over it can abort that process); bounded, so a rank that failed above is not waited on
+        dist.monitored_barrier(timeout=timedelta(seconds=120))
     finally:
         dist.destroy_process_group()
 

@@ -9,6 +9,7 @@ without the overflow stepped), the loss not multiplied by the scale (the scaled-
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,6 +46,9 @@ def _ranks(rank: int, world: int, init: str, out: str) -> None:
             opt.zero_grad(set_to_none=True)
             log.append((scale, found, p.detach().tolist()))
         torch.save(log, os.path.join(out, f"rank{rank}.pt"))
+        # both ranks past every collective before either tears its gloo pairs down (destroying the group while the
+        # other still talks over it can abort that process); bounded, so a rank that failed above is not waited on
+        dist.monitored_barrier(timeout=timedelta(seconds=120))
     finally:
         dist.destroy_process_group()
 
