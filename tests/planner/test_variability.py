@@ -58,6 +58,7 @@ def test_weak_scaling_loses_per_gpu_throughput_as_published_runs_do() -> None:
         parts = sum(v for k, v in t.to_dict().items() if k != "step")
         assert parts == pytest.approx(t.step, rel=1e-9)
         assert t.straggler > 0 and "straggler" in t.to_dict()
+        assert any(x.startswith(f"straggler: the step waits for the slowest of {n} GPUs") for x in e.notes)
     assert est[128].time_s.straggler > est[8].time_s.straggler
     per_gpu = {n: e.tokens_per_s / n for n, e in est.items()}
     assert per_gpu[128] < per_gpu[8]
@@ -70,6 +71,7 @@ def test_one_gpu_and_a_host_have_no_lag() -> None:
     one = estimate_plan(make_plan("llama3-8b", H100, gpus=1, micro_batch=1, global_batch=1), H100,
                         default_params("h100-sxm-500w"))
     assert one.time_s.straggler == 0.0 and "straggler" not in one.time_s.to_dict()
+    assert not any(x.startswith("straggler") for x in one.notes)
     cpu = get_cluster("local-cpu")
     plan = make_plan("gpt-tiny", cpu, gpus=2, micro_batch=1, global_batch=2)
     est = estimate_plan(plan, cpu, default_params("cpu").replace(speed_spread=0.05))

@@ -202,6 +202,10 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     model_tf = model_flops / time_s.step / plan.gpus / 1e12
     hw_tf = hw_flops / time_s.step / plan.gpus / 1e12
     peak = cluster.device.peak_flops(plan.dtype)
+    if time_s.straggler > 0:
+        notes += (f"straggler: the step waits for the slowest of {plan.gpus} GPUs, whose speeds spread "
+                  f"{coeffs.speed_spread:.1%} (a cluster's GPUs of one model; planner/cost/variability.py): "
+                  f"{time_s.straggler:.3g} s",)
     notes += (f"cost model: {coeffs.source} parameters for {cluster.device.name}",)
     return with_memory_band(with_band(StepEstimate(
         params=total_params(plan.model),
