@@ -3,9 +3,10 @@
 GPUs of one model and SKU in one cluster do not sustain the same speed: power management and manufacturing
 variation leave some slower than others ("8% (max 22%) average performance variation" across the GPUs of
 Summit, Vortex, Frontera, Longhorn and Corona, "with outliers up to 1.5X slower than the median GPU": Sinha et
-al., "Not All GPUs Are Created Equal", SC22, arXiv 2208.11035, abstract). Every collective of a training step
-waits for its last member, so a step over N GPUs takes the typical GPU's busy time stretched by the slowest
-one's deficit: with speeds spread normally by a relative standard deviation s, that is s x E[max of N standard
+al., "Not All GPUs Are Created Equal", SC22, arXiv 2208.11035v3, abstract; the SC22 programme's abstract, over
+four clusters and another data set, gives 32% (max 72%): the arXiv figure is taken, the lower). Every collective of a
+training step waits for its last member, so a step over N GPUs takes the typical GPU's busy time stretched by the
+slowest one's deficit: with speeds spread normally by a relative standard deviation s, that is s x E[max of N standard
 normals] (0 on one GPU, 1.42 s on 8, 2.59 s on 128, 3.44 s on 2,048). ``CostParams.speed_spread`` is s: the 8%
 read as the whisker-to-whisker spread of a box plot over a cluster's GPUs (Tukey's 1.5 IQR whiskers reach
 +-2.70 standard deviations of a normal), 8% / 5.4 = 1.5%. A single-GPU benchmark (``exatrain bench``) measures
