@@ -45,8 +45,8 @@ def _expected_max(n: int) -> float:
 def slowest_of(n) -> np.ndarray:
     """E[max of ``n`` standard normal draws] for each element of ``n`` (GPU counts; 0 for one GPU)."""
     n = np.asarray(n)
-    flat = [_expected_max(int(k)) for k in n.ravel()]
-    return np.asarray(flat, dtype=float).reshape(n.shape)
+    counts, where = np.unique(n, return_inverse=True)  # a search's layouts share a handful of GPU counts
+    return np.array([_expected_max(int(k)) for k in counts], dtype=float)[where].reshape(n.shape)
 
 
 def straggler_s(busy_s, gpus, spread: float, on_host: bool = False) -> np.ndarray:
@@ -55,7 +55,7 @@ def straggler_s(busy_s, gpus, spread: float, on_host: bool = False) -> np.ndarra
     busy = np.asarray(busy_s, dtype=float)
     if on_host or spread <= 0:
         return np.zeros_like(busy)
-    return spread * slowest_of(np.broadcast_to(np.asarray(gpus), busy.shape)) * busy
+    return spread * slowest_of(gpus) * busy
 
 
 __all__ = ["SPEED_SPREAD", "slowest_of", "straggler_s"]
