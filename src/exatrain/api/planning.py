@@ -107,7 +107,8 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              trace: bool | str = False, out: str | Path | None = None, progress: Progress | None = None,
              from_file: str | Path | None = None, tokens: int | float | str | None = None,
              gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-             **settings: Any) -> Plan:
+             node_mtbf_hours: float | str | None = None, checkpoint_bandwidth: float | str | None = None,
+             restart_minutes: float | str | None = None, **settings: Any) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
     megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
     exatrain's trainer does not build, ``settings.default_runtime``, said in the notes) runs it: the validated Plan (its
@@ -121,12 +122,15 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     ``from_file``: a Megatron-LM / Megatron-DeepSpeed launch or torchtitan job TOML whose model, world size, layout
     and settings fill every argument left at its default (``plans.with_launch``). ``tokens``: the run's token budget
     (15T, 300e9, ...): the estimate also carries ``time_to_train`` (steps, days, GPU-hours, energy at TDP times
-    ``power_overhead``, and with ``gpu_hour_price`` the cost; each with the band: ``planner.time_to_train``)."""
+    ``power_overhead``, and with ``gpu_hour_price`` the cost; each with the band: ``planner.time_to_train``) and its
+    ``goodput``: checkpoints, interruptions and restarts priced at ``node_mtbf_hours``, ``checkpoint_bandwidth``
+    (GB/s) and ``restart_minutes`` (None: the catalog's, ``planner.goodput``)."""
     if from_file is not None:
         return estimate(**with_launch(locals(), estimate))
     values = dict(locals())
     check_counts(values)
-    run = run_options(tokens, gpu_hour_price, power_overhead)
+    run = run_options(tokens, gpu_hour_price, power_overhead, node_mtbf_hours=node_mtbf_hours,
+                      checkpoint_bandwidth=checkpoint_bandwidth, restart_minutes=restart_minutes)
     if trace:
         from exatrain.bench.traced import trace_mode
 
@@ -152,7 +156,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
         from exatrain.bench.traced import trace_mode, traced_estimate
 
         plan = plan.with_estimate(traced_estimate(plan, c, progress, mode=trace_mode(trace) or "fast"))
-    plan = with_time_to_train(plan, c.device, run)
+    plan = with_time_to_train(plan, c, run)
     if out is not None:
         plan.save(out)
     return plan
@@ -173,6 +177,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            calibration: str | Path | None = None, out: str | Path | None = None,
            from_file: str | Path | None = None, tokens: int | float | str | None = None,
            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
+           node_mtbf_hours: float | str | None = None, checkpoint_bandwidth: float | str | None = None,
+           restart_minutes: float | str | None = None,
            rank_by: str = "throughput", strict_memory: bool = False, **settings: Any):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
@@ -190,7 +196,8 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
         return search(**with_launch(locals(), search))
     values = dict(locals())
     check_counts(values)
-    run = run_options(tokens, gpu_hour_price, power_overhead, rank_by)
+    run = run_options(tokens, gpu_hour_price, power_overhead, rank_by, node_mtbf_hours, checkpoint_bandwidth,
+                      restart_minutes)
     if gpus is None or global_batch is None:
         raise UserError("search needs --gpus and --global-batch")
     if top < 1:
@@ -213,7 +220,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
         raise no_feasible_layout(result, gpus, c)
     if chosen and (note := default_runtime_note(m)):
         result.notes = (note, *result.notes)
-    result.ranked, order = rank([with_time_to_train(p, c.device, run) for p in result.ranked], rank_by)
+    result.ranked, order = rank([with_time_to_train(p, c, run) for p in result.ranked], rank_by)
     result.notes = (*result.notes, *((order,) if order else ()))
     if out is not None:
         result.ranked[0].save(out)
@@ -234,7 +241,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             mode: str = "weak", runtime: str | None = None,
             overlap: str = "all", calibration: str | Path | None = None, tokens: int | float | str | None = None,
             gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-            strict_memory: bool = False, **settings: Any):
+            node_mtbf_hours: float | str | None = None, checkpoint_bandwidth: float | str | None = None,
+            restart_minutes: float | str | None = None, strict_memory: bool = False, **settings: Any):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
     pinned one), its throughput and efficiency, and what a published study measured for this model
@@ -244,7 +252,8 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     (as ``search``)."""
     values = dict(locals())
     check_counts(values)
-    run = run_options(tokens, gpu_hour_price, power_overhead)
+    run = run_options(tokens, gpu_hour_price, power_overhead, node_mtbf_hours=node_mtbf_hours,
+                      checkpoint_bandwidth=checkpoint_bandwidth, restart_minutes=restart_minutes)
     if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
         check_runtime(runtime, overlap)
     if global_batch is None:
@@ -258,7 +267,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     result = run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
                          dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention,
                          runtime=runtime, overlap=overlap, strict_memory=bool(strict_memory))
-    points = tuple(dataclasses.replace(pt, plan=with_time_to_train(pt.plan, c.device, run)) for pt in result.points)
+    points = tuple(dataclasses.replace(pt, plan=with_time_to_train(pt.plan, c, run)) for pt in result.points)
     return dataclasses.replace(result, points=points)
 
 

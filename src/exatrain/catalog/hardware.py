@@ -63,12 +63,25 @@ class LinkTier:
 
 
 @dataclass(frozen=True)
+class FileSystemSpec:
+    """Where a run's checkpoints go: the file system's aggregate write and read rates (bytes/s, all of it for one
+    job) and where the figures come from."""
+
+    name: str
+    write_bytes_per_s: float
+    read_bytes_per_s: float
+    description: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     device: DeviceSpec
     gpus_per_node: int
     tiers: tuple[LinkTier, ...]  # narrowest first; the last one is unbounded (span 0)
     description: str = ""
+    filesystem: FileSystemSpec | None = None  # None: the catalog's DEFAULT_FILESYSTEM (planner/goodput.py)
 
     def tier_for(self, span_ranks: int) -> LinkTier:
         """The tier that carries traffic among ``span_ranks`` consecutive ranks."""
@@ -85,7 +98,7 @@ class ClusterSpec:
         return dataclasses.asdict(self)
 
 
-_CATALOG: tuple[dict[str, DeviceSpec], dict[str, ClusterSpec]] | None = None
+_CATALOG: tuple[dict[str, DeviceSpec], dict[str, ClusterSpec], dict[str, FileSystemSpec]] | None = None
 
 
 def _device_from(name: str, fields: Mapping[str, Any], source: str) -> DeviceSpec:
@@ -110,9 +123,38 @@ def _device_from(name: str, fields: Mapping[str, Any], source: str) -> DeviceSpe
     return spec
 
 
+def _filesystem_from(name: str, fields: Mapping[str, Any], source: str) -> FileSystemSpec:
+    """A file system table: write_bytes_per_s and read_bytes_per_s (positive numbers), description, source."""
+    known = {f.name for f in dataclasses.fields(FileSystemSpec)} - {"name"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise UserError(f"{source}: file system {name!r}: unknown field(s) {', '.join(unknown)}")
+    for field in ("write_bytes_per_s", "read_bytes_per_s"):
+        value = fields.get(field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise UserError(f"{source}: file system {name!r} {field} must be a positive number, got {value!r}")
+    return FileSystemSpec(name=name, write_bytes_per_s=float(fields["write_bytes_per_s"]),
+                          read_bytes_per_s=float(fields["read_bytes_per_s"]),
+                          description=str(fields.get("description", "")), source=str(fields.get("source", "")))
+
+
 def _cluster_from(name: str, fields: Mapping[str, Any], devices: Mapping[str, DeviceSpec],
-                  source: str) -> ClusterSpec:
+                  source: str, filesystems: Mapping[str, FileSystemSpec] | None = None) -> ClusterSpec:
     fields = dict(fields)
+    fs = fields.pop("filesystem", None)
+    filesystems = filesystems if filesystems is not None else filesystem_catalog()
+    if isinstance(fs, dict):
+        filesystem: FileSystemSpec | None = _filesystem_from(str(fs.get("name", f"{name}-filesystem")),
+                                                             {k: v for k, v in fs.items() if k != "name"}, source)
+    elif isinstance(fs, str):
+        if fs not in filesystems:
+            raise UserError(f"{source}: cluster {name!r} names unknown file system {fs!r}; "
+                            f"known: {', '.join(sorted(filesystems))}")
+        filesystem = filesystems[fs]
+    elif fs is None:
+        filesystem = None
+    else:
+        raise UserError(f"{source}: cluster {name!r} filesystem must be a catalog name or a table, got {fs!r}")
     dev = fields.pop("device", None)
     if isinstance(dev, dict):
         device = _device_from(dev.get("name", f"{name}-device"),
@@ -153,18 +195,24 @@ def _cluster_from(name: str, fields: Mapping[str, Any], devices: Mapping[str, De
     if fields:
         raise UserError(f"{source}: cluster {name!r}: unknown field(s) {', '.join(sorted(fields))}")
     return ClusterSpec(name=name, device=device, gpus_per_node=gpn, tiers=tuple(tiers),
-                       description=description)
+                       description=description, filesystem=filesystem)
 
 
-def _catalog() -> tuple[dict[str, DeviceSpec], dict[str, ClusterSpec]]:
+def _catalog() -> tuple[dict[str, DeviceSpec], dict[str, ClusterSpec], dict[str, FileSystemSpec]]:
     global _CATALOG
     if _CATALOG is None:
         path = Path(__file__).with_name("data") / "hardware.toml"
         raw = _load_table_file(path)
         devices = {n: _device_from(n, f, path.name) for n, f in raw.get("device", {}).items()}
-        clusters = {n: _cluster_from(n, f, devices, path.name) for n, f in raw.get("cluster", {}).items()}
-        _CATALOG = (devices, clusters)
+        filesystems = {n: _filesystem_from(n, f, path.name) for n, f in raw.get("filesystem", {}).items()}
+        clusters = {n: _cluster_from(n, f, devices, path.name, filesystems) for n, f in raw.get("cluster", {}).items()}
+        _CATALOG = (devices, clusters, filesystems)
     return _CATALOG
+
+
+def filesystem_catalog() -> dict[str, FileSystemSpec]:
+    """The catalog's file systems by name (where checkpoints are written: planner/goodput.py)."""
+    return dict(_catalog()[2])
 
 
 def device_catalog() -> dict[str, DeviceSpec]:

@@ -14,6 +14,10 @@ the catalog's ``tdp_watts`` for the whole run: an upper bound for the GPUs thems
 hold every device at its maximum power throughout). ``power_overhead`` (default 1.0: the GPUs alone) multiplies
 it for what the GPUs' figure leaves out: the hosts' CPUs, memory, NICs and switches, and the facility's cooling
 (its PUE); docs/planning.md gives published system figures to choose it from.
+
+With a budget, ``time_to_train`` also carries ``goodput`` (planner/goodput.py): the checkpoint, its save and load,
+the checkpoint interval, the expected interruptions and the work they lose, and the wall-clock days, GPU-hours,
+energy and cost with them; ``search --rank-by`` days, gpu_hours and cost order by those.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation, localcontext
-from typing import Any
+from typing import Any, NamedTuple
 
-from exatrain.catalog.hardware import DeviceSpec
+from exatrain.catalog.hardware import ClusterSpec, DeviceSpec
 from exatrain.errors import UserError
 from exatrain.plan import Plan
+from exatrain.planner.goodput import GoodputOptions, goodput, goodput_options
 
 MAX_TOKENS = 10**18  # far above any corpus (15T = 1.5e13); bounds the integer a string like "1e999999" would build
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -68,14 +73,26 @@ def _nonneg(flag: str, value: Any, least: float = 0.0) -> float:
     return x
 
 
+class RunOptions(NamedTuple):
+    """The whole run's options, checked (``run_options``)."""
+
+    tokens: int
+    gpu_hour_price: float | None = None
+    power_overhead: float = 1.0
+    goodput: GoodputOptions = GoodputOptions()
+
+
 def run_options(tokens: Any, gpu_hour_price: Any = None, power_overhead: Any = None,
-                rank_by: str = "throughput") -> tuple[int, float | None, float] | None:
-    """(tokens, price, overhead) checked, or None without a token budget; a one-line UserError for a bad value,
-    for a price or overhead without a budget, and for a ranking that needs what was not given."""
+                rank_by: str = "throughput", node_mtbf_hours: Any = None, checkpoint_bandwidth: Any = None,
+                restart_minutes: Any = None) -> RunOptions | None:
+    """The run's options checked, or None without a token budget; a one-line UserError for a bad value, for a
+    price, overhead or failure flag without a budget, and for a ranking that needs what was not given."""
     if rank_by not in RANK_BY:
         raise UserError(f"--rank-by must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     if tokens is None:
-        for flag, v in (("--gpu-hour-price", gpu_hour_price), ("--power-overhead", power_overhead)):
+        for flag, v in (("--gpu-hour-price", gpu_hour_price), ("--power-overhead", power_overhead),
+                        ("--node-mtbf-hours", node_mtbf_hours), ("--checkpoint-bandwidth", checkpoint_bandwidth),
+                        ("--restart-minutes", restart_minutes)):
             if v is not None:
                 raise UserError(f"{flag} needs --tokens (the run's token budget)")
         if rank_by != "throughput":
@@ -85,7 +102,8 @@ def run_options(tokens: Any, gpu_hour_price: Any = None, power_overhead: Any = N
     if rank_by == "cost" and price is None:
         raise UserError("--rank-by cost needs --gpu-hour-price")
     overhead = 1.0 if power_overhead is None else _nonneg("--power-overhead", power_overhead, least=1.0)
-    return parse_tokens(tokens), price, overhead
+    failures = goodput_options(node_mtbf_hours, checkpoint_bandwidth, restart_minutes)
+    return RunOptions(parse_tokens(tokens), price, overhead, failures)
 
 
 @dataclass(frozen=True)
@@ -135,23 +153,31 @@ def time_to_train(plan: Plan, device: DeviceSpec, tokens: int, gpu_hour_price: f
             "excludes": "checkpointing, evaluation, restarts and queueing"}
 
 
-def with_time_to_train(plan: Plan, device: DeviceSpec, options: tuple[int, float | None, float] | None) -> Plan:
-    """``plan`` with its estimate carrying ``time_to_train`` for ``options`` (``run_options``; None: unchanged)."""
+def with_time_to_train(plan: Plan, cluster: ClusterSpec, options: tuple | None) -> Plan:
+    """``plan`` with its estimate carrying ``time_to_train`` for ``options`` (``run_options``; None: unchanged) on
+    ``cluster``, its ``goodput`` included (planner/goodput.py)."""
     if options is None or plan.estimate is None:
         return plan
-    ttt = time_to_train(plan, device, *options)
-    return plan if ttt is None else plan.with_estimate(plan.estimate.replace(time_to_train=ttt))
+    run = RunOptions(*options)
+    ttt = time_to_train(plan, cluster.device, run.tokens, run.gpu_hour_price, run.power_overhead)
+    if ttt is None:
+        return plan
+    ttt = {**ttt, "excludes": "evaluation and queueing (checkpoints and restarts: goodput)",
+           "goodput": goodput(plan, cluster, ttt, run.goodput)}
+    return plan.with_estimate(plan.estimate.replace(time_to_train=ttt))
 
 
 def rank_key(plan: Plan, rank_by: str) -> float:
-    """What ``rank_by`` orders ``plan`` by, smallest first (throughput: the negated tokens/s; a plan without the
-    figure last)."""
+    """What ``rank_by`` orders ``plan`` by, smallest first (throughput: the negated tokens/s; days, gpu_hours and
+    cost: the figure with failures, ``goodput``, where the plan carries it; a plan without the figure last, as is
+    one whose run never finishes)."""
     est = plan.estimate
     if est is None:
         return math.inf
     if rank_by == "throughput":
         return -(est.tokens_per_s or 0.0)
-    figure = (est.time_to_train or {}).get(rank_by)
+    ttt = est.time_to_train or {}
+    figure = (ttt["goodput"] if "goodput" in ttt else ttt).get(rank_by)
     return math.inf if figure is None else figure["value"]
 
 
@@ -180,9 +206,16 @@ RUN_FLAGS = {
     "--gpu-hour-price": ("P", "with --tokens: the price of one GPU-hour, to add the run's cost (in its currency)"),
     "--power-overhead": ("F", "with --tokens: energy multiplier over the GPUs at TDP for the hosts (CPUs, memory, "
                               "NICs, switches) and cooling (PUE); default 1.0, the GPUs alone"),
+    "--node-mtbf-hours": ("H", "with --tokens: a node's mean time between failures in hours, for the expected "
+                               "interruptions (default 6,334.5: Llama 3 405B's 419 in 54 days on 2,048 nodes)"),
+    "--checkpoint-bandwidth": ("GBPS", "with --tokens: the file system's aggregate write (and read) rate in GB/s "
+                                      "for the checkpoint's save and load (default: the cluster's file system)"),
+    "--restart-minutes": ("M", "with --tokens: minutes from an interruption to the job running again, before it "
+                               "loads its checkpoint (default 11)"),
 }
-RANK_BY_HELP = ("throughput (default), or with --tokens: days, gpu_hours or cost (--gpu-hour-price); on one GPU count "
-                "and batch these order as throughput does, and the output says so")
+RANK_BY_HELP = ("throughput (default), or with --tokens: days, gpu_hours or cost (--gpu-hour-price), each with "
+                "checkpoints and interruptions (goodput); on one GPU count and batch these order as throughput does, "
+                "and the output says so")
 
-__all__ = ["MAX_TOKENS", "RANK_BY", "RANK_BY_HELP", "RUN_FLAGS", "Figure", "parse_tokens", "rank", "rank_key",
-           "run_options", "time_to_train", "with_time_to_train"]
+__all__ = ["MAX_TOKENS", "RANK_BY", "RANK_BY_HELP", "RUN_FLAGS", "Figure", "RunOptions", "parse_tokens", "rank",
+           "rank_key", "run_options", "time_to_train", "with_time_to_train"]

@@ -81,17 +81,58 @@ def _tokens(n: int) -> str:
     return f"{n:,}"
 
 
+GOODPUT_COLUMN = ("goodput_days", "days w/ failures", "{:,.1f}")  # planner/goodput.py's days, where carried
+
+
 def run_columns(plans) -> tuple[str, ...]:
     """The whole-run figures every one of ``plans`` carries (none without a token budget)."""
     ttts = [p.estimate.time_to_train for p in plans if p.estimate is not None]
     if not ttts or any(t is None for t in ttts):
         return ()
-    return tuple(key for key, _, _ in RUN_FIGURES if all(t.get(key) is not None for t in ttts))
+    keys = tuple(key for key, _, _ in RUN_FIGURES if all(t.get(key) is not None for t in ttts))
+    return keys + ((GOODPUT_COLUMN[0],) if all("goodput" in t for t in ttts) else ())
+
+
+def run_titles(keys: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(title for key, title, _ in (*RUN_FIGURES, GOODPUT_COLUMN) if key in keys)
 
 
 def run_cells(plan: Plan, keys: tuple[str, ...]) -> list[str]:
     ttt = plan.estimate.time_to_train or {}
-    return [fmt.format(ttt[key]["value"]) for key, _, fmt in RUN_FIGURES if key in keys]
+    cells = [fmt.format(ttt[key]["value"]) for key, _, fmt in RUN_FIGURES if key in keys]
+    if GOODPUT_COLUMN[0] in keys:
+        days = ttt["goodput"]["days"]
+        cells.append("never" if days is None else GOODPUT_COLUMN[2].format(days["value"]))
+    return cells
+
+
+def _span(f, fmt: str) -> str:
+    """A figure as "value (low–high)", or the value alone without a band."""
+    return fmt.format(f["value"]) + (f" ({fmt.format(f['low'])}–{fmt.format(f['high'])})" if f["low"] is not None
+                                     else "")
+
+
+def goodput_lines(g) -> list[str]:
+    """The goodput object of a time_to_train (planner/goodput.py) in three lines: the checkpoint and its interval,
+    the interruptions and what they cost, the basis."""
+    b = g["basis"]
+    lines = [f"checkpoint {g['checkpoint_bytes'] / 1e12:,.2f} TB ({b['checkpoint']}): save {g['save_s']:,.1f} s, "
+             f"load {g['load_s']:,.1f} s on {b['filesystem']}; every {g['interval_s'] / 60:,.1f} min of training "
+             f"({g['interval_steps']:,} steps; Daly's optimum)"]
+    if b["never_finishes"]:
+        lines.append(f"with failures: never finishes — each interruption costs {g['lost_each_s'] / 3600:,.2f} h, "
+                     f"more than the {g['mtbf_hours']:,.2f} h between them ({g['nodes']:,} nodes)")
+    else:
+        lines.append(f"with failures: interruptions {_span(g['interruptions'], '{:,.0f}')} (one per "
+                     f"{g['mtbf_hours']:,.1f} h on {g['nodes']:,} nodes), lost {_span(g['lost_hours'], '{:,.0f}')} "
+                     f"h · days {_span(g['days'], '{:,.1f}')} · GPU-hours {_span(g['gpu_hours'], '{:,.0f}')}"
+                     + (f" · MWh {_span(g['energy_mwh'], '{:,.1f}')}" if g.get("energy_mwh") else "")
+                     + (f" · cost {_span(g['cost'], '{:,.0f}')}" if g.get("cost") else "")
+                     + f" · goodput {g['fraction']:.1%}")
+    lines.append(f"failures: node MTBF {g['node_mtbf_hours']:,.1f} h ({b['node_mtbf']}); restart "
+                 f"{g['restart_s'] / 60:,.1f} min ({b['restart']}); each costs the restart, the load and half a "
+                 "save period")
+    return lines
 
 
 def run_lines(ttt, per_row: bool = False) -> list[str]:
@@ -114,6 +155,8 @@ def run_lines(ttt, per_row: bool = False) -> list[str]:
     price = f"; cost at {ttt['gpu_hour_price']:g} a GPU-hour" if per_row and ttt.get("cost") is not None else ""
     lines.append(f"{'range' if not per_row else 'band'}: {band} ({ttt.get('band') or 'no published runs'}); "
                  f"energy: {ttt['power']}{price}; not counted: {ttt['excludes']}")
+    if ttt.get("goodput") is not None:
+        lines.extend(("first row's " if per_row else "") + line for line in goodput_lines(ttt["goodput"]))
     return lines
 
 
@@ -198,7 +241,7 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
     t = table(f"{first.model.name} on {gpus} × {first.cluster}, global batch {global_batch}, "
               f"runtime {first.runtime}",
               ("#", "layout", "mb", "ZeRO", "recompute", "SP", "schedule", "step s", "tokens/s", "TFLOPS/GPU", "MFU",
-               "memory GiB", "memory", *(title for key, title, _ in RUN_FIGURES if key in runs)),
+               "memory GiB", "memory", *run_titles(runs)),
               left=("layout", "recompute", "schedule"))
     for i, p in enumerate(result.ranked, 1):
         e = p.estimate
@@ -256,7 +299,7 @@ def render_scaling(result, con=None) -> None:
     t = table(f"{result.mode} scaling of {result.model.name} on {result.cluster.name}, runtime "
               f"{result.points[0].plan.runtime}",
               ("GPUs", "global batch", "layout", "mb", "ZeRO", "recompute", "schedule", "step s", "TFLOPS/GPU",
-               "MFU", "efficiency", *(title for key, title, _ in RUN_FIGURES if key in runs)),
+               "MFU", "efficiency", *run_titles(runs)),
               left=("layout", "recompute", "schedule"))
     for pt in result.points:
         p, e = pt.plan, pt.plan.estimate
