@@ -72,7 +72,7 @@ def test_no_power_no_band_no_price() -> None:
     assert t["days"] == {"value": 6.0 / 86_400, "low": None, "high": None}
     plain = time_to_train(plan, get_cluster("dgx-h100").device, 1)
     assert plain is not None and plain["steps"] == 1 and "the GPUs alone" in plain["power"]
-    assert with_time_to_train(plan, device, None) is plan
+    assert with_time_to_train(plan, get_cluster("dgx-h100"), None) is plan
 
 
 @pytest.mark.parametrize("text, tokens", [
@@ -91,7 +91,7 @@ def test_nonsense_token_counts(text) -> None:
 
 
 def test_run_options_refusals() -> None:
-    assert run_options(None) is None and run_options("1T") == (10**12, None, 1.0)
+    assert run_options(None) is None and run_options("1T")[:3] == (10**12, None, 1.0)
     for kw, message in (({"tokens": None, "gpu_hour_price": 2}, "--gpu-hour-price needs --tokens"),
                         ({"tokens": None, "power_overhead": 1.2}, "--power-overhead needs --tokens"),
                         ({"tokens": None, "rank_by": "days"}, "--rank-by days needs --tokens"),
@@ -184,9 +184,9 @@ def test_search_rank_by_days(capsys) -> None:
 def test_rank_by_gpu_hours_differs_from_throughput() -> None:
     """Where layouts run different GPU counts (as scaling's points do), the fastest is not the cheapest in
     GPU-hours: 64 GPUs at 10 s a step take 640 GPU-seconds a step, 128 GPUs at 6 s take 768."""
-    device = get_cluster("dgx-h100").device
-    small = with_time_to_train(_plan(10.0, None, gpus=64), device, (10**12, None, 1.0))
-    big = with_time_to_train(_plan(6.0, None, gpus=128), device, (10**12, None, 1.0))
+    cluster = get_cluster("dgx-h100")
+    small = with_time_to_train(_plan(10.0, None, gpus=64), cluster, (10**12, None, 1.0))
+    big = with_time_to_train(_plan(6.0, None, gpus=128), cluster, (10**12, None, 1.0))
     ranked, note = rank([big, small], "gpu_hours")
     assert ranked == [small, big] and "differs from throughput's" in note
     ranked, note = rank([small, big], "days")
