@@ -4,8 +4,7 @@ the flags and their refusals, and `--rank-by days` ordering by the figure with f
 
 Broken on purpose and seen to fail here (each then restored):
 - Daly's interval without its higher-order terms (Young's sqrt(2δM) - δ): test_daly_interval_by_hand fails;
-- interruptions counted over the failure-free time instead of the wall-clock time: test_schedule_by_hand and
-  test_goodput_figures_by_hand fail;
+- interruptions counted over the failure-free time instead of the wall-clock time: test_schedule_by_hand fails;
 - the lost work per interruption without the load: test_schedule_by_hand fails;
 - megatron-deepspeed's checkpoint without the bf16 module weights (12 bytes/param): test_checkpoint_bytes_per_engine
   fails;
