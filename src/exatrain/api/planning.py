@@ -187,8 +187,9 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     stages are the candidates (None: as for ``estimate``, said in ``SearchResult.notes``).
     ``out``: write the best plan as JSON. No feasible layout is a UserError naming the constraint
     that removed the most. ``from_file``: a launch (as for ``estimate``) whose values pin what it states.
-    ``tokens``, ``gpu_hour_price``, ``power_overhead``: each ranked plan carries ``time_to_train`` (as for
-    ``estimate``); ``rank_by``: throughput, or days, gpu_hours or cost to train (``planner.time_to_train.rank``:
+    ``tokens``, ``gpu_hour_price``, ``power_overhead`` (and ``node_mtbf_hours``, ``checkpoint_bandwidth``,
+    ``restart_minutes``): each ranked plan carries ``time_to_train`` with its ``goodput`` (as for ``estimate``);
+    ``rank_by``: throughput, or days, gpu_hours or cost to train, with failures (``planner.time_to_train.rank``:
     on one GPU count and batch the same order, said in ``SearchResult.notes``). A layout whose device capacity lies
     inside its band of measured peak memory is "tight": kept and marked (its estimate's ``memory_verdict``;
     ``SearchResult.tight`` counts them), dropped with ``strict_memory`` (planner/memory_band.py)."""

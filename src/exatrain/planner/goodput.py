@@ -16,7 +16,8 @@ of ``C`` bytes every ``τ`` seconds of training and, at each interruption, resta
 
 Interruptions are a Poisson process at a constant rate (no infant mortality, no correlated failures); every save is
 synchronous (an asynchronous save hides most of δ, so the figures are conservative there); the file system's whole
-aggregate rate goes to this job. ``wall`` is linear in ``T``, so days, GPU-hours, energy, cost, interruptions and
+aggregate rate goes to this job; the interval is not rounded to whole steps (``interval_steps`` says how many it
+comes to, at least one). ``wall`` is linear in ``T``, so days, GPU-hours, energy, cost, interruptions and
 lost hours carry the step time's band as ``time_to_train``'s figures do; the checkpoint, its save and load, the
 interval and the fraction do not depend on the step time.
 """
