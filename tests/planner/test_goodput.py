@@ -84,6 +84,10 @@ def test_checkpoint_bytes_per_engine() -> None:
         plan = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=8, runtime=runtime, zero=1
                                  if runtime != "torchtitan" else 3)
         assert checkpoint_bytes(plan) == n * per, runtime
+    from exatrain.api.training import checkpoint_bytes as trainer_checkpoint  # what `train` checks the disk for
+
+    exa = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=8)
+    assert checkpoint_bytes(exa) == trainer_checkpoint(exa)
     fp32 = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=8, runtime="megatron-core", dtype="float32")
     assert checkpoint_bytes(fp32) == n * 12
     big = exatrain.estimate(model="gpt-1t", cluster="frontier", gpus=3072, tp=8, pp=64, global_batch=1536, zero=1,
