@@ -181,6 +181,13 @@ def rank_key(plan: Plan, rank_by: str) -> float:
     return math.inf if figure is None else figure["value"]
 
 
+def _fraction(plan: Plan) -> float | None:
+    """The goodput fraction ``plan`` carries (None without one): a search's layouts share it where they share the
+    GPU count, the engine and the checkpoint."""
+    g = ((plan.estimate.time_to_train or {}) if plan.estimate is not None else {}).get("goodput")
+    return None if g is None else round(g["fraction"], 12)
+
+
 def rank(plans: list[Plan], rank_by: str) -> tuple[list[Plan], str | None]:
     """``plans`` (each with its ``time_to_train``) in ``rank_by`` order, stable, and a line saying how that order
     relates to throughput's (None for throughput itself). One search holds the GPU count and the global batch, so
@@ -189,13 +196,14 @@ def rank(plans: list[Plan], rank_by: str) -> tuple[list[Plan], str | None]:
     if rank_by == "throughput":
         return plans, None
     ranked = sorted(plans, key=lambda p: rank_key(p, rank_by))
-    runs = {(p.gpus, (p.estimate.time_to_train or {}).get("steps")) for p in plans if p.estimate is not None}
+    runs = {(p.gpus, (p.estimate.time_to_train or {}).get("steps"), _fraction(p)) for p in plans
+            if p.estimate is not None}
     same = [id(p) for p in ranked] == [id(p) for p in sorted(plans, key=lambda p: rank_key(p, "throughput"))]
     if len(runs) == 1 and same:
-        (gpus, steps), = runs
+        (gpus, steps, _), = runs
         return ranked, (f"ranked by {rank_by}: every layout runs {steps:,} steps on {gpus:,} GPUs, so {rank_by} is "
                         "the step time times one constant and the order is throughput's")
-    return ranked, (f"ranked by {rank_by}: the layouts differ in GPU count or steps, "
+    return ranked, (f"ranked by {rank_by}: the layouts differ in GPU count, steps or checkpoint, "
                     + ("yet the order is throughput's" if same else "so the order differs from throughput's"))
 
 
