@@ -120,10 +120,12 @@ class TimeBreakdown:
     ep_comm: float = 0.0  # expert all-to-all (mixture of experts), exposed
     cp_comm: float = 0.0  # context-parallel K,V exchange, exposed
     straggler: float = 0.0  # the slowest GPU's lag: the step runs at its pace (planner/cost/variability.py)
+    offload: float = 0.0  # host-memory offload: the CPU's Adam and the host copies compute does not hide
 
     def to_dict(self) -> dict[str, float]:
         d = dataclasses.asdict(self)
-        for k in ("ep_comm", "cp_comm", "straggler"):  # only where a plan has them (a host's plans have no lag)
+        # only where a plan has them (a host's plans have no lag)
+        for k in ("ep_comm", "cp_comm", "straggler", "offload"):
             if not d[k]:
                 del d[k]
         return d

@@ -181,6 +181,37 @@ GRAD_ACCUM_FUSION_RUNTIMES = ("megatron-core",)
 # its runtime's own.
 ADAM_KERNELS = ("fused", "foreach")
 ADAM_KERNEL_RUNTIMES = ("torchtitan",)
+# Model states kept in host memory (accounting.offload, cost.offload): "optimizer" (the Adam states, the fp32 master
+# weights and the optimizer's gradient partition on the host, Adam run by the CPU: DeepSpeed ZeRO-Offload,
+# zero_optimization.offload_optimizer, ZeRO-1/2/3; Megatron-Core --optimizer-cpu-offload with the distributed
+# optimizer, megatron/core/optimizer/cpu_offloading) or "params" (the sharded parameters too, copied in before
+# each gather: DeepSpeed offload_param, ZeRO-3 only; FSDP2's CPUOffloadPolicy, which keeps the sharded parameters,
+# their gradients and so the optimizer states on the host and steps on the CPU: torchtitan's
+# training.enable_cpu_offload, exatrain's trainer). For each value, the runtimes that run it and the ZeRO stages.
+OFFLOADS = ("none", "optimizer", "params")
+OFFLOAD_RUNTIMES = {"optimizer": {"megatron-deepspeed": (1, 2, 3), "megatron-core": (1,)},
+                    "params": {"megatron-deepspeed": (3,), "torchtitan": (2, 3), "exatrain": (2, 3)}}
+
+
+def offload_problem(offload: str, runtime: str, zero_stage, dp=None) -> str | None:
+    """Why ``runtime`` cannot keep ``offload`` (OFFLOADS) in host memory at ``zero_stage`` (and ``dp``: FSDP2 shards
+    only over dp > 1 in exatrain's trainer), or None."""
+    if offload == "none":
+        return None
+    if offload not in OFFLOADS:
+        return f"--offload must be one of {', '.join(OFFLOADS)}, got {offload!r}"
+    stages = OFFLOAD_RUNTIMES[offload].get(runtime)
+    if stages is None:
+        who = " or ".join(OFFLOAD_RUNTIMES[offload])
+        also = [v for v, by in OFFLOAD_RUNTIMES.items() if runtime in by]
+        return (f"--offload {offload} is not run by {runtime}; it is run by {who}"
+                + (f" ({runtime} offloads --offload {also[0]})" if also else ""))
+    if isinstance(zero_stage, int) and zero_stage not in stages:
+        return (f"--offload {offload} under {runtime} needs --zero {' or '.join(map(str, stages))} "
+                f"(got {zero_stage})")
+    if runtime == "exatrain" and isinstance(dp, int) and dp < 2:
+        return "--offload params runs through FSDP2, which exatrain's trainer applies only with dp > 1"
+    return None
 
 
 def listed(items) -> str:
@@ -825,6 +856,31 @@ SETTINGS: tuple[Setting, ...] = (
             f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
             f"{p.recompute_every}, and this command line every block")}),
     Setting(
+        "offload", str, "none", choices=OFFLOADS, load=str, runtimes=OFFLOAD_RUNTIMES,
+        problem=lambda v, p: offload_problem(v, p.runtime, p.zero_stage, p.dp),
+        help=("keep model states in host memory: optimizer (Adam states, fp32 master weights and gradient partition "
+              "on the host, Adam on the CPU: DeepSpeed offload_optimizer at ZeRO-1/2/3, Megatron-Core "
+              "--optimizer-cpu-offload at ZeRO-1) or params (the sharded parameters too: DeepSpeed offload_param at "
+              "ZeRO-3; FSDP2's CPUOffloadPolicy at ZeRO-2/3 under torchtitan and exatrain); priced with the node's "
+              "host memory, the host link's copies and the CPU's Adam; default none (a search offers it when no "
+              "layout fits without it)"),
+        # Its FSDP2 runs CPUOffloadPolicy (parallel/data.py); nothing else offloads there.
+        trainer=lambda v, c: None if v in ("none", "params") else (
+            f"the exatrain trainer offloads through FSDP2's CPUOffloadPolicy (--offload params, ZeRO-2/3); plan "
+            f"--offload {v} for DeepSpeed or Megatron-Core, or train a plan made with --offload params"),
+        label=_label("{v} offloaded to host memory"),
+        exports={"deepspeed": "offload_", "megatron": "--optimizer-cpu-offload"},
+        notes={"megatron": lambda p: "" if p.offload != "params" else (
+                   "the plan was priced with the parameters in host memory; Megatron-Core offloads the optimizer only "
+                   "(--optimizer-cpu-offload), which this command line sets: its parameters stay on the GPU"),
+               "torchtitan": lambda p: "" if p.offload != "optimizer" else (
+                   "the plan was priced with the optimizer alone in host memory; torchtitan's FSDP CPU offload "
+                   "(training.enable_cpu_offload) moves the parameters and gradients too: plan --offload params for "
+                   "it; this config does not offload"),
+               "torchtitan-0.3": lambda p: "" if p.offload != "params" else (
+                   "the plan was priced with FSDP2's CPU offload (v0.2.2's training.enable_cpu_offload); this "
+                   "torchtitan 0.3 command line was not checked for that switch and does not set it")}),
+    Setting(
         "launch_blocking", bool, False, arg="switch",
         help=("price the run with synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1 in the job's environment, as "
               "BLOOM-176B's training set it against NCCL hangs): each launch returns once its kernel has run, so "
@@ -937,6 +993,7 @@ def setting_notes(plan: Any, target: str) -> list[str]:
 
 __all__ = ["ADAM_KERNELS", "ATTENTION_KERNELS", "BY_NAME", "CP_COMMS", "CROSS_ENTROPY", "DTYPES", "ELEMENTWISE",
            "FLAG_SETTINGS", "FLOAT16_RUNTIMES", "FP8_RECIPES", "GRAD_ACCUM", "GRAD_ACCUM_FUSION", "HALF_DTYPES",
-           "MOE_DISPATCHERS", "NAMES", "NOTES_ALSO", "RECOMPUTE", "RECOMPUTE_MODULES", "RUNTIMES", "RunSettings",
+           "MOE_DISPATCHERS", "NAMES", "NOTES_ALSO", "OFFLOADS", "OFFLOAD_RUNTIMES", "RECOMPUTE", "RECOMPUTE_MODULES",
+           "RUNTIMES", "RunSettings",
            "SCHEDULES", "SETTINGS", "Setting", "cp_comm_for", "default_runtime", "dtype_problem", "full_rerun_layers",
-           "holds_settings", "listed", "recompute_modules_of", "setting_notes", "takes_settings"]
+           "holds_settings", "listed", "offload_problem", "recompute_modules_of", "setting_notes", "takes_settings"]

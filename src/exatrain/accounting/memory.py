@@ -49,6 +49,7 @@ from exatrain.accounting.fp8 import gemm_weights as fp8_gemm_weights
 from exatrain.accounting import moe as moe_acc
 from exatrain.accounting.context import cp_buffer_bytes, kv_width
 from exatrain.accounting.moe import dispatch_buffer_bytes, expert_dp
+from exatrain.accounting.offload import offloaded
 
 # Fraction of the rest added as "other": allocator fragmentation and caching slack (a stated
 # allowance, not a measurement: PyTorch's caching allocator typically reserves 5-10% above the peak).
@@ -437,6 +438,14 @@ def rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str,
         ew, eg, eo = state_bytes(expert_dp(tp, dp, ep, etp, cp))
         weights, grads, optim = (weights + expert_params_here * ew, grads + expert_params_here * eg,
                                  optim + expert_params_here * eo)
+    offload = run.settings.offload
+    if engine is not None and offload != "none":  # what leaves the GPU for host memory (accounting.offload)
+        rule = engine.state_rule(dtype, zero_stage)
+        for n, degree in ((params_here, shard_dp), *(((expert_params_here, expert_dp(tp, dp, ep, etp, cp)),)
+                                                     if m.is_moe else ())):
+            moved = offloaded(offload, rule, dtype, degree)
+            weights, grads, optim = (weights - n * moved.weights, grads - n * moved.gradients,
+                                     optim - n * moved.optimizer)
     # Under a pipeline schedule an engine may hold the stage's whole gradient unsharded until the last
     # micro-batch's backward (EngineProfile.pp_unsharded_grad_bytes: torchtitan's FSDP2 stages).
     pp_grad = (engine.pp_unsharded_grad_bytes if engine is not None and zero_stage >= 2 else 0.0) * (pp > 1)

@@ -219,6 +219,11 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     fp32_w = params_here * np.where(fsdp, 4.0 / dp, 4.0)
     grads = params_here * np.where(fsdp, per.gradients, per1.gradients)
     optim = params_here * per.optimizer
+    # FSDP2's CPUOffloadPolicy (--offload params) keeps the sharded fp32 parameters, their gradients and the Adam
+    # states in host memory, where the optimizer steps (accounting.offload): none of them, nor the step's
+    # temporaries, on the device.
+    on_host = fsdp & (run.settings.offload == "params")
+    fp32_w, grads, optim = (np.where(on_host, 0.0, x) for x in (fp32_w, grads, optim))
     # 16-bit weight copies. Autocast casts the weights of linear layers only (not norms, not
     # embedding tables unless the table is also this rank's head) and keeps them until the
     # backward; FSDP2 gathers every parameter in bf16: all of them from forward to backward
@@ -301,7 +306,7 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     opt_local = np.where(zero_stage >= 1, params_here / dp, params_here)
     peak_clip = states + 16.0 * largest
     peak_opt = states + (8.0 * largest if on_cpu else 4.0 * opt_local)
-    transient = np.maximum(0.0, np.maximum(peak_clip, peak_opt) - peak_a)
+    transient = np.where(on_host, 0.0, np.maximum(0.0, np.maximum(peak_clip, peak_opt) - peak_a))
     other = p2p + transient + FRAGMENTATION_ALLOWANCE * (peak_a + transient)
     return weights, grads, optim, acts, other
 

@@ -82,6 +82,10 @@ class ClusterSpec:
     tiers: tuple[LinkTier, ...]  # narrowest first; the last one is unbounded (span 0)
     description: str = ""
     filesystem: FileSystemSpec | None = None  # None: the catalog's DEFAULT_FILESYSTEM (planner/goodput.py)
+    # The host: memory per node (what offloaded model states live in) and one device's link to it (PCIe or the
+    # CPU-GPU fabric), per direction; None where the catalog states none (then nothing is planned in host memory).
+    host_memory_bytes: int | None = None
+    host_link_bytes_per_s: float | None = None
 
     def tier_for(self, span_ranks: int) -> LinkTier:
         """The tier that carries traffic among ``span_ranks`` consecutive ranks."""
@@ -192,10 +196,17 @@ def _cluster_from(name: str, fields: Mapping[str, Any], devices: Mapping[str, De
     if any(s == 0 for s in spans[:-1]) or spans[:-1] != sorted(spans[:-1]):
         raise UserError(f"{source}: cluster {name!r}: tiers must go from narrowest to widest span")
     description = str(fields.pop("description", ""))
+    host = {k: fields.pop(k, None) for k in ("host_memory_bytes", "host_link_bytes_per_s")}
+    for k, value in host.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise UserError(f"{source}: cluster {name!r} {k} must be a positive number, got {value!r}")
     if fields:
         raise UserError(f"{source}: cluster {name!r}: unknown field(s) {', '.join(sorted(fields))}")
     return ClusterSpec(name=name, device=device, gpus_per_node=gpn, tiers=tuple(tiers),
-                       description=description, filesystem=filesystem)
+                       description=description, filesystem=filesystem,
+                       host_memory_bytes=None if host["host_memory_bytes"] is None else int(host["host_memory_bytes"]),
+                       host_link_bytes_per_s=(None if host["host_link_bytes_per_s"] is None
+                                              else float(host["host_link_bytes_per_s"])))
 
 
 def _catalog() -> tuple[dict[str, DeviceSpec], dict[str, ClusterSpec], dict[str, FileSystemSpec]]:

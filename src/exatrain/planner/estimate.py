@@ -14,9 +14,12 @@ from exatrain.settings import HALF_DTYPES, trainer_cannot_build
 from exatrain.accounting.engines import ADAM_BYTES, get_engine, plan_run
 from exatrain.accounting.flops import hardware_flops_per_step, model_flops_per_step
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, logits_bytes_per_element
+from exatrain.accounting.offload import host_fits
+from exatrain.errors import UserError
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.cost.overlap import overlap_for, overlap_rules
+from exatrain.planner.cost.offload import offload_note
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
 from exatrain.planner.memory_band import with_memory_band
@@ -52,6 +55,9 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     ``overlap``: which of the runtime's overlaps are on (``cost.overlap.overlap_rules``)."""
     coeffs = params or default_params(cluster.device.name)
     rt, run = plan.runtime, plan_run(plan)
+    if plan.offload != "none" and cluster.host_memory_bytes is None:
+        raise UserError(f"--offload {plan.offload}: cluster {cluster.name} states no host memory per node; describe "
+                        "it in a --cluster-file with host_memory_bytes and host_link_bytes_per_s")
     memory = (rt,) if rt == "exatrain" else (rt, "exatrain")
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch, run=run,
                   memory=memory, by_rank=True, overlap=overlap)
@@ -194,6 +200,11 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   + ("memory_bytes is the accounting's exatrain profile" if rt == "exatrain" else "not given"),)
     if rt == "exatrain" and (line := trainer_cannot_build(plan.model)):
         notes += (line,)
+    host_ok = True
+    if plan.offload != "none":
+        host = float(ev.host_bytes[0]) * min(plan.gpus, cluster.gpus_per_node)
+        host_ok = bool(host_fits(float(ev.host_bytes[0]), cluster, plan.gpus))
+        notes += (offload_note(plan, run, cluster, host, float(ev.time["offload"][0]), host_ok),)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
     rerun_share = sum(plan.recomputed_layers_of_rank(r) for r in range(plan.pp)) / plan.model.layers
@@ -226,4 +237,5 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         hardware_tflops_per_gpu=hw_tf,
         hfu=None if peak is None else hw_tf * 1e12 / peak,
         notes=notes,
-    ), plan, cluster), plan, cluster)
+    ), plan, cluster), plan, cluster).replace(**({} if host_ok else {"fits": False,
+                                                                     "memory_verdict": "does not fit"}))

@@ -34,6 +34,8 @@ import numpy as np
 from exatrain.accounting.engines import ENGINE_NAMES, Resolved
 from exatrain.accounting.flops import model_flops_per_step
 from exatrain.accounting.memory import RankCounts, inflight, rank_memory, unsharded_grad_share
+from exatrain.accounting.moe import expert_dp
+from exatrain.accounting.offload import host_fits, offloaded
 from exatrain.accounting.params import rank_params
 from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
@@ -69,6 +71,9 @@ class Evaluation:
     busy_s: np.ndarray  # (N, max pp)
     by_rank: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     hidden: dict[str, np.ndarray] = field(default_factory=dict)  # tp/pp/dp -> (N,) seconds overlap hid
+    # (N,) bytes of model states the busiest rank keeps in host memory (Plan.offload; accounting.offload); zeros
+    # without offload. ``fits`` also asks that a node's ranks' fit its host memory (offload.host_fits).
+    host_bytes: np.ndarray | None = None
 
 
 def _groups(keys: np.ndarray):
@@ -146,6 +151,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     capacity = cluster.device.hbm_bytes
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
     fp8, recompute_every = run.fp8, run.recompute_every
+    offload, host = run.settings.offload, np.zeros(N)
     for idx, (gpus, pp, v, ep, cpd) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp])):
         lay = layouts.take(idx)
         p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
@@ -173,6 +179,13 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
         held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
         grad_share = unsharded_grad_share(lay.schedule[:, None], p, m, v)
         cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
+        if offload != "none":
+            for j, (zero, _, _) in _groups(cats):
+                rule = run.engine.state_rule(dtype, int(zero))
+                per = offloaded(offload, rule, dtype, lay.dp[j, None] * cpd).host
+                on_host = params[j] * per + (0.0 if xparams is None else xparams[j] * offloaded(
+                    offload, rule, dtype, expert_dp(lay.tp[j, None], lay.dp[j, None], ep, 1, cpd)).host)
+                host[idx[j]] = np.max(on_host, axis=1)
         for j, (zero, rec, sp) in (_groups(cats) if memory else ()):
             common = dict(zero_stage=int(zero), recompute=RECOMPUTE[rec], sequence_parallel=bool(sp),
                           tp=lay.tp[j, None], dp=lay.dp[j, None], micro_batch=lay.micro_batch[j, None], pp=p,
@@ -222,11 +235,13 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
         rank_end[rows, :p] = pt.rank_end_s
         busy[rows, :p] = pt.busy_s
     fits = total[memory[0]] <= capacity if memory else np.ones(N, dtype=bool)
+    if offload != "none":
+        fits = fits & host_fits(host, cluster, layouts.gpus)
     step = times["step"]
     return Evaluation(memory=mem, memory_total=total, worst_rank=worst, fits=fits, time=times, pipeline_s=pipe,
                       tokens_per_s=np.asarray(global_batch) * model.seq_len / step,
                       model_tflops_per_gpu=model_flops_per_step(model, global_batch) / step / layouts.gpus / 1e12,
-                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks, hidden=hidden)
+                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks, hidden=hidden, host_bytes=host)
 
 
 __all__ = ["Evaluation", "MEMORY_FIELDS", "MEMORY_MODELS", "evaluate", "layer_split"]

@@ -214,7 +214,7 @@ def render_estimate(plan: Plan, con=None) -> None:
         ts = est.time_s
         cols = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other")
         cols += tuple(c for c, on in (("ep_comm", plan.model.is_moe), ("cp_comm", plan.cp > 1),
-                                      ("straggler", ts.straggler > 0)) if on)
+                                      ("straggler", ts.straggler > 0), ("offload", plan.offload != "none")) if on)
         tt = table("step time, seconds", tuple(c.replace("_", " ") for c in cols))
         tt.add_row(*(f"{getattr(ts, c):.3f}" for c in cols))
         con.print(tt)

@@ -46,12 +46,13 @@ from exatrain.planner.cost.recompute import module_rerun_s
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.overlap import (OverlapRules, engine_collectives, exposed, is_gather, overlap_rules,
                                            p2p_exposed)
+from exatrain.planner.cost.offload import offload_seconds
 from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
 from exatrain.planner.cost.variability import straggler_s
 from exatrain.planner.layouts import Layouts
 
 TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "ep_comm",
-               "cp_comm", "straggler")
+               "cp_comm", "straggler", "offload")
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 _INTERLEAVED = SCHEDULES.index("interleaved")
 
@@ -487,13 +488,13 @@ def loss_scaling_s(cluster: ClusterSpec, coeffs: CostParams, dtype: str, gpus):
 
 
 def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shard, xshard, zero, tp, ep: int,
-                      on_host: bool, dev: compute.Device) -> np.ndarray:
+                      on_host: bool, dev: compute.Device, offloaded: bool = False) -> np.ndarray:
     """(N,) seconds of the optimizer step on its slowest pipeline rank: Adam over the rank's optimizer shard
     (``params_by_rank`` / ``shard`` and ``expert_params`` / ``xshard``, each (N, pp)) in the engine's kernel
     (engines.ADAM_BYTES; exatrain's fused one only where its parameters are plain GPU tensors: tp 1, ep 1, no FSDP,
     no ZeroRedundancyOptimizer), and the engine's passes around it (``EngineProfile.step_passes``) over the whole
     stage, over the gradients as held (sharded at ZeRO-2/3) and over the optimizer shard. Element-wise bandwidth:
-    every pass is memory-bound."""
+    every pass is memory-bound. ``offloaded``: Adam runs on the host's CPUs (``cost.offload``), not here."""
     from exatrain.accounting.engines import ADAM_BYTES
 
     whole_b, held_b, shard_b = engine.step_passes(dtype)
@@ -502,7 +503,7 @@ def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shar
     sharded = params_by_rank / shard + expert_params / xshard
     held = np.where(zero >= 2, sharded, whole)
     kernel = engine.adam_kernel(tp=np.asarray(tp).reshape(-1, 1), ep=ep, zero=zero, shard=shard, on_host=on_host)
-    adam = np.vectorize(ADAM_BYTES.__getitem__, otypes=[float])(kernel)
+    adam = np.vectorize(ADAM_BYTES.__getitem__, otypes=[float])(kernel) * (not offloaded)
     moved = whole_b * whole + held_b * held + (shard_b + adam) * sharded
     return compute.elementwise_time_s(moved, dev).max(axis=1)
 
@@ -609,12 +610,18 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
         hidden["dp"] = (t_red + t_gat).max(axis=1) - (dp_exposed - contention)
     shard = np.where(zero >= 1, dp * cp_size, 1)[:, None]
     xshard = np.where(zero >= 1, tp * cp_size * dp / ep, 1)[:, None]  # the expert-data-parallel group
+    offload = run.settings.offload
     opt = optimizer_seconds(engine, dtype, params_by_rank, xp, shard=shard, xshard=xshard, zero=zero, tp=tp, ep=ep,
-                            on_host=cluster.device.is_host, dev=dev) + loss_scaling_s(cluster, coeffs, dtype, lay.gpus)
+                            on_host=cluster.device.is_host, dev=dev, offloaded=offload != "none"
+                            ) + loss_scaling_s(cluster, coeffs, dtype, lay.gpus)
+    each_mb = np.where(engine.reduce_each_microbatch & (p == 1), m, 1)  # FSDP's reductions a step
+    off = offload_seconds(offload, run, cluster, partition=(params_by_rank / shard + xp / xshard).max(axis=1),
+                          gathers=m * np.where(zero == 3, 2, 1), reductions=each_mb, compute_s=compute_s,
+                          gpus=lay.gpus)["total"]
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
     # the step waits for its slowest GPU, whose pipeline and optimizer run speed_spread x E[max] slower
     lag = straggler_s(pipe + opt, lay.gpus, coeffs.speed_spread, on_host=cluster.device.is_host)
-    times = {"step": pipe + dp_exposed + opt + fixed + lag, "compute": compute_s,
+    times = {"step": pipe + dp_exposed + opt + off + fixed + lag, "compute": compute_s, "offload": off,
              "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
              "dp_comm": dp_exposed, "optimizer": opt, "other": fixed + 0.0 * pipe, "ep_comm": ep_s,
              "cp_comm": ext_s - ep_s, "straggler": lag}
