@@ -194,8 +194,8 @@ OFFLOAD_RUNTIMES = {"optimizer": {"megatron-deepspeed": (1, 2, 3), "megatron-cor
 
 
 def offload_problem(offload: str, runtime: str, zero_stage, dp=None) -> str | None:
-    """Why ``runtime`` cannot keep ``offload`` (OFFLOADS) in host memory at ``zero_stage`` (and ``dp``: FSDP2 shards
-    only over dp > 1 in exatrain's trainer), or None."""
+    """Why ``runtime`` cannot keep ``offload`` (OFFLOADS) in host memory at ``zero_stage`` (and ``dp``, its replicas
+    dp x cp: exatrain's trainer applies FSDP2 only over more than one), or None."""
     if offload == "none":
         return None
     if offload not in OFFLOADS:
@@ -210,7 +210,7 @@ def offload_problem(offload: str, runtime: str, zero_stage, dp=None) -> str | No
         return (f"--offload {offload} under {runtime} needs --zero {' or '.join(map(str, stages))} "
                 f"(got {zero_stage})")
     if runtime == "exatrain" and isinstance(dp, int) and dp < 2:
-        return "--offload params runs through FSDP2, which exatrain's trainer applies only with dp > 1"
+        return "--offload params runs through FSDP2, which exatrain's trainer applies only with dp x cp > 1"
     return None
 
 
@@ -857,7 +857,7 @@ SETTINGS: tuple[Setting, ...] = (
             f"{p.recompute_every}, and this command line every block")}),
     Setting(
         "offload", str, "none", choices=OFFLOADS, load=str, runtimes=OFFLOAD_RUNTIMES,
-        problem=lambda v, p: offload_problem(v, p.runtime, p.zero_stage, p.dp),
+        problem=lambda v, p: offload_problem(v, p.runtime, p.zero_stage, p.dp * p.cp),
         help=("keep model states in host memory: optimizer (Adam states, fp32 master weights and gradient partition "
               "on the host, Adam on the CPU: DeepSpeed offload_optimizer at ZeRO-1/2/3, Megatron-Core "
               "--optimizer-cpu-offload at ZeRO-1) or params (the sharded parameters too: DeepSpeed offload_param at "

@@ -116,6 +116,9 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
             mem.append(Flag("--recompute-modules", plan.recompute_modules[0], plan.recompute_modules[1:]))
     if plan.zero_stage == 1:  # the distributed optimizer shards fp32 master weights + Adam states over dp
         mem.append(Flag("--use-distributed-optimizer"))
+    if plan.offload != "none":  # HybridDeviceOptimizer, all of it on the CPU (megatron/core/optimizer/cpu_offloading)
+        mem += [Flag("--optimizer-cpu-offload"), Flag("--optimizer-offload-fraction", "1.0"),
+                Flag("--use-precision-aware-optimizer"), Flag("--overlap-cpu-optimizer-d2h-h2d")]
     elif plan.zero_stage in (2, 3):  # Megatron-FSDP: optim_grads = ZeRO-2, optim_grads_params = ZeRO-3;
         # validate_args requires its checkpoint format, and CUDA_DEVICE_MAX_CONNECTIONS unset or > 1
         mem += [Flag("--use-megatron-fsdp"),
@@ -368,6 +371,15 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
 
 
 
+def _ds_offload(plan: Plan) -> dict[str, Any]:
+    """zero_optimization's offload blocks (deepspeed/runtime/zero/offload_config.py: device "cpu", pinned host
+    buffers): the optimizer for --offload optimizer, the parameters too for --offload params (ZeRO-3 only)."""
+    if plan.offload == "none":
+        return {}
+    cpu = {"device": "cpu", "pin_memory": True}
+    return {"offload_optimizer": dict(cpu), **({"offload_param": dict(cpu)} if plan.offload == "params" else {})}
+
+
 def deepspeed_config(plan: Plan) -> dict[str, Any]:
     """The DeepSpeed JSON: batch (train_batch_size = micro x accumulation x dp, which DeepSpeed
     checks), ZeRO stage and precision; keys from deepspeed/runtime/constants.py and zero/config.py."""
@@ -375,7 +387,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": plan.num_microbatches,
-        "zero_optimization": {"stage": plan.zero_stage},
+        "zero_optimization": {"stage": plan.zero_stage, **_ds_offload(plan)},
         "bf16": {"enabled": plan.dtype == "bfloat16"},
         # float16: dynamic loss scaling (loss_scale 0) from 2^16, halved on an overflow, doubled after 1,000 clean
         # steps, the scale lowered only after 2 overflows in a row (deepspeed/runtime/fp16/loss_scaler.py; the

@@ -35,9 +35,11 @@ def full_value(name: str, shape: torch.Size, spec: ModelSpec, seed: int,
     return torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=gen)
 
 
-def materialize(module: nn.Module, spec: ModelSpec, seed: int, device: torch.device) -> None:
+def materialize(module: nn.Module, spec: ModelSpec, seed: int, device: torch.device,
+                buffer_device: torch.device | None = None) -> None:
     """Allocate a meta-device module (plain, DTensor or FSDP-sharded parameters) on ``device`` and
-    fill every parameter with its deterministic initial value."""
+    fill every parameter with its deterministic initial value; its buffers then go to ``buffer_device``
+    (None: ``device``), as FSDP2's CPU offload needs: parameters in host memory, buffers on the accelerator."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     # to_empty gives each plain parameter a new tensor per module; restore shared (tied) ones.
@@ -66,6 +68,11 @@ def materialize(module: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
         for sub in module.modules():
             if isinstance(sub, Transformer):
                 sub.reset_buffers()
+    if buffer_device is not None and torch.device(buffer_device) != torch.device(device):
+        for sub in module.modules():
+            for name, buf in sub._buffers.items():
+                if buf is not None:
+                    sub._buffers[name] = buf.to(buffer_device)
 
 
 __all__ = ["full_value", "materialize", "param_seed"]

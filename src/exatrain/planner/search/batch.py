@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exatrain.accounting.engines import resolve_settings
+from exatrain.accounting.offload import host_fits
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.settings import RECOMPUTE, SCHEDULES
@@ -36,6 +37,7 @@ class BatchResult:
     tokens_per_s: np.ndarray
     model_tflops_per_gpu: np.ndarray
     recompute_layers: np.ndarray | None = None  # each candidate's (Layouts.recompute_layers)
+    host_fits: np.ndarray | None = None  # where states are offloaded: whether a node's host memory holds them
 
 
 def layouts_of(space: Space) -> Layouts:
@@ -71,7 +73,8 @@ def evaluate_space(space: Space, model: ModelSpec, cluster: ClusterSpec, global_
     ev = evaluate_layouts(layouts, model, cluster, coeffs, time_if_fits=time_if_fits, fit_bytes=fit_bytes, **kw)
     return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
                        time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu,
-                       recompute_layers=layouts.recompute_layers)
+                       recompute_layers=layouts.recompute_layers,
+                       host_fits=None if o.offload == "none" else host_fits(ev.host_bytes, cluster, layouts.gpus))
 
 
 def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, *,

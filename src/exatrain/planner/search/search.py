@@ -12,6 +12,8 @@ its plan's estimate saying so (``memory_verdict``), unless ``strict_memory`` dro
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +22,7 @@ from exatrain.accounting.engines import ENGINE_NAMES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.settings import RECOMPUTE
+from exatrain.settings import OFFLOAD_RUNTIMES, OFFLOADS, RECOMPUTE
 from exatrain.units import GiB
 from exatrain.planner.cost.coefficients import CostParams, default_params
 from exatrain.planner.estimate import estimate_plan
@@ -92,7 +94,38 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
     decides what fits (exatrain: its own trainer as it runs today, accounting.trainer_memory), its
     overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
     are candidates. A layout that does not fit is dropped, a tight one kept (``strict_memory``: dropped too;
-    the module doc)."""
+    the module doc). Where none fits and ``options`` offload nothing, the runtime's offloads are searched in turn
+    (``with_offload``)."""
+    result = _search(model, cluster, gpus, global_batch, top=top, options=options, params=params, dtype=dtype,
+                     flash=flash, runtime=runtime, overlap=overlap, strict_memory=strict_memory)
+    return with_offload(result, lambda o: _search(model, cluster, gpus, global_batch, top=top, options=o,
+                                                  params=params, dtype=dtype, flash=flash, runtime=runtime,
+                                                  overlap=overlap, strict_memory=strict_memory),
+                        options, runtime, cluster)
+
+
+def with_offload(result: SearchResult, again, options: SpaceOptions, runtime: str,
+                 cluster: ClusterSpec) -> SearchResult:
+    """``result``, or, where its legal layouts all failed to fit, ``options`` offloaded nothing and ``cluster``
+    states its host memory, the first search ``again(options)`` with an offload ``runtime`` runs (optimizer states
+    first, then the parameters too: settings.OFFLOAD_RUNTIMES) that finds layouts that fit, with a note saying
+    so. Offloading is offered only when nothing else fits: it trades the host link and the CPU's Adam for memory."""
+    if result.feasible or not result.legal or options.offload != "none" or cluster.host_memory_bytes is None:
+        return result
+    for value in (v for v in OFFLOADS if runtime in OFFLOAD_RUNTIMES.get(v, {})):
+        found = again(dataclasses.replace(options, offload=value))
+        if found.feasible:
+            note = (f"no layout fits without offload ({result.why_empty(cluster.device.hbm_bytes)}): these keep "
+                    f"{'the optimizer states' if value == 'optimizer' else 'the sharded parameters and optimizer'} "
+                    f"in host memory (--offload {value}), priced with the host link and the CPU's Adam")
+            return dataclasses.replace(found, notes=(*found.notes, note))
+    return result
+
+
+def _search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int,
+            options: SpaceOptions, params: CostParams | None, dtype: str, flash: bool, runtime: str,
+            overlap: str, strict_memory: bool) -> SearchResult:
+    """One search over ``options`` as they are (``search``)."""
     coeffs = params or default_params(cluster.device.name)
     space = enumerate_space(model, cluster, gpus, global_batch, options, runtime=runtime, dtype=dtype)
     rejected = dict(space.rejected)
@@ -112,6 +145,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
                                else capacity * (1 + allowance) / float(low.min()),
                                recompute_limit_bytes=capacity / float(high.max()) if strict_memory else None)
     codes = verdict_codes(res.memory_total, capacity, low, high, allowance=allowance)
+    if res.host_fits is not None:  # offloaded states that a node's host memory does not hold: does not fit
+        codes = np.where(res.host_fits, codes, 2)
     tight = codes == 1
     rejected["does not fit"] = int((codes == 2).sum())
     if strict_memory:

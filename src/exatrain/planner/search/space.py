@@ -29,7 +29,8 @@ from exatrain import rules
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.settings import FP8_PARAM_GATHER_RUNTIMES, RECOMPUTE, SCHEDULES, RunSettings, holds_settings
+from exatrain.settings import (FP8_PARAM_GATHER_RUNTIMES, OFFLOAD_RUNTIMES, RECOMPUTE, SCHEDULES, RunSettings,
+                               holds_settings)
 
 # Schedule variants searched: (name, interleave). interleave = virtual stages per rank.
 SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
@@ -44,6 +45,7 @@ REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
 TRAINER_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "trainer")
 RUNTIME_REASON = "ZeRO stage the runtime does not offer"
 FP8_GATHER_REASON = "ZeRO stage below the one --fp8-param-gather needs"  # settings.FP8_PARAM_GATHER_RUNTIMES
+OFFLOAD_REASON = "ZeRO stage (or dp) the runtime's --offload does not run at"  # settings.offload_problem
 
 
 RECOMPUTE_LAYERS_AUTO = -1  # SpaceOptions.recompute_layers: fit each full-recomputation candidate's own
@@ -171,6 +173,9 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
     if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's
         masks[FP8_GATHER_REASON] = zero < FP8_PARAM_GATHER_RUNTIMES.get(runtime, 0)
+    if options.offload != "none":  # the stages each runtime offloads at (exatrain's FSDP2: only over dp x cp > 1)
+        masks[OFFLOAD_REASON] = ~np.isin(zero, OFFLOAD_RUNTIMES[options.offload].get(runtime, ())) | (
+            (runtime == "exatrain") & (dp * cp < 2))
     rejected, alive = rules.first_reasons(masks, keep)
     m = np.where(dp > 0, x.num_microbatches, 0)
     idx = np.nonzero(alive)[0]

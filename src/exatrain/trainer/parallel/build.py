@@ -136,7 +136,7 @@ def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool =
         compile_blocks(module)
     if data_parallel_kind(plan) == "fsdp":
         half = plan.dtype if plan.dtype != "float32" else None
-        apply_fsdp(module, dp_mesh, zero_stage=plan.zero_stage, half=half)  # 4.
+        apply_fsdp(module, dp_mesh, zero_stage=plan.zero_stage, half=half, offload=plan.offload == "params")  # 4.
 
 
 def local_params_needed(plan: Plan) -> bool:
@@ -164,7 +164,9 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
                   if plan.model.is_moe else None)
         shard_stage(module, plan, mesh.tp_mesh, mesh.grad_mesh, compile=compile, expert=expert,
                     context=context)  # 2.-4.
-        materialize(module, plan.model, seed, mesh.device)
+        # FSDP2's CPU offload (--offload params) needs its sharded parameters made in host memory
+        on_host = plan.offload == "params" and data_parallel_kind(plan) == "fsdp"
+        materialize(module, plan.model, seed, torch.device("cpu") if on_host else mesh.device, mesh.device)
         run: nn.Module = module
         if local_params_needed(plan):
             localize_dtensor_params(module)

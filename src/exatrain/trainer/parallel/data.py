@@ -77,17 +77,23 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
     return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, half: str | None) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, half: str | None,
+               offload: bool = False) -> None:
     """fully_shard each layer, then the root (embedding, final norm, head), in place; ``half``: the mixed
-    precision's 16-bit dtype ("bfloat16" or "float16": gathered in it, reduced in float32), None: float32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    precision's 16-bit dtype ("bfloat16" or "float16": gathered in it, reduced in float32), None: float32.
+    ``offload`` (Plan.offload "params"): FSDP2's CPUOffloadPolicy keeps the sharded parameters and their
+    gradients in host memory, copied to the device before each all-gather and back after each reduce-scatter, and
+    the optimizer steps there; pinned host buffers on an accelerator (pinning needs one: on a CPU mesh torch 2.13
+    refuses pin_memory, and the copies are to and from the CPU itself)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = (MixedPrecisionPolicy(param_dtype=getattr(torch, half), reduce_dtype=torch.float32) if half
           else MixedPrecisionPolicy())
+    policy = CPUOffloadPolicy(pin_memory=dp_mesh.device_type != "cpu") if offload else OffloadPolicy()
     reshard = zero_stage == 3
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=policy)
 
 
 __all__ = ["FromLocal", "apply_ddp", "apply_fsdp", "localize_dtensor_params"]
