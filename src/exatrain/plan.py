@@ -170,6 +170,9 @@ class StepEstimate:
     # on construction, so a saved and reloaded estimate equals the one saved.
     memory_verdict: str = ""
     memory_band: Mapping[str, Any] | None = None
+    # Model states kept in host memory (Plan.offload; accounting.offload): {"bytes_per_node", "capacity_bytes" (the
+    # node's), "fits"}; a plan whose node cannot hold them does not fit, whatever its devices hold. None: no offload.
+    host_memory: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_verdict:
@@ -218,6 +221,7 @@ class StepEstimate:
             **({"time_to_train": dict(self.time_to_train)} if self.time_to_train is not None else {}),
             "memory_verdict": self.verdict,
             **({"memory_band": dict(self.memory_band)} if self.memory_band is not None else {}),
+            **({"host_memory": dict(self.host_memory)} if self.host_memory is not None else {}),
         }
 
     @classmethod
@@ -251,6 +255,7 @@ class StepEstimate:
             time_to_train=dict(d["time_to_train"]) if isinstance(d.get("time_to_train"), Mapping) else None,
             memory_verdict=_verdict(d.get("memory_verdict")),
             memory_band=dict(d["memory_band"]) if isinstance(d.get("memory_band"), Mapping) else None,
+            host_memory=dict(d["host_memory"]) if isinstance(d.get("host_memory"), Mapping) else None,
         )
 
 

@@ -202,7 +202,8 @@ def offload_problem(offload: str, runtime: str, zero_stage, dp=None) -> str | No
         return f"--offload must be one of {', '.join(OFFLOADS)}, got {offload!r}"
     stages = OFFLOAD_RUNTIMES[offload].get(runtime)
     if stages is None:
-        who = " or ".join(OFFLOAD_RUNTIMES[offload])
+        names = list(OFFLOAD_RUNTIMES[offload])
+        who = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
         also = [v for v, by in OFFLOAD_RUNTIMES.items() if runtime in by]
         return (f"--offload {offload} is not run by {runtime}; it is run by {who}"
                 + (f" ({runtime} offloads --offload {also[0]})" if also else ""))

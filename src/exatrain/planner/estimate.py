@@ -200,10 +200,11 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   + ("memory_bytes is the accounting's exatrain profile" if rt == "exatrain" else "not given"),)
     if rt == "exatrain" and (line := trainer_cannot_build(plan.model)):
         notes += (line,)
-    host_ok = True
+    host_ok, host_memory = True, None
     if plan.offload != "none":
         host = float(ev.host_bytes[0]) * min(plan.gpus, cluster.gpus_per_node)
         host_ok = bool(host_fits(float(ev.host_bytes[0]), cluster, plan.gpus))
+        host_memory = {"bytes_per_node": host, "capacity_bytes": cluster.host_memory_bytes, "fits": host_ok}
         notes += (offload_note(plan, run, cluster, host, float(ev.time["offload"][0]), host_ok),)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     model_flops = model_flops_per_step(plan.model, plan.global_batch)
@@ -237,5 +238,5 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         hardware_tflops_per_gpu=hw_tf,
         hfu=None if peak is None else hw_tf * 1e12 / peak,
         notes=notes,
-    ), plan, cluster), plan, cluster).replace(**({} if host_ok else {"fits": False,
-                                                                     "memory_verdict": "does not fit"}))
+    ), plan, cluster), plan, cluster).replace(host_memory=host_memory, **({} if host_ok else {
+        "fits": False, "memory_verdict": "does not fit"}))

@@ -169,6 +169,10 @@ def memory_verdict_text(est, markup: bool = True) -> str:
     ``tight_window``); the bare word where the estimate carries no band."""
     v = est.verdict
     word = f"[{VERDICT_STYLE[v]}]{v}[/]" if markup else v
+    host = est.host_memory
+    if host and not host.get("fits", True):  # the offloaded states overflow the node's host memory
+        return (f"{word} (host memory: {host['bytes_per_node'] / 2**30:,.1f} GiB per node of "
+                f"{host['capacity_bytes'] / 2**30:,.0f} GiB)")
     b = est.memory_band
     if not b:
         return word
