@@ -44,6 +44,7 @@ SAMPLES = {
     "recompute_layers": (2, dict(_DENSE, runtime="megatron-core", recompute="full")),
     "recompute_every": (2, dict(_DENSE, runtime="torchtitan", recompute="full")),
     "launch_blocking": (True, dict(_DENSE, runtime="megatron-core")),
+    "offload": ("optimizer", dict(_DENSE, runtime="megatron-deepspeed", zero=1)),
 }
 # Exports that neither write a setting's sample value nor note it: the engine's config says nothing and the engine
 # runs its own (``Setting.exports`` / ``Setting.notes`` name every other pair). DeepSpeed's own gradient accumulation
@@ -137,7 +138,7 @@ def test_the_trainer_refuses_what_each_record_says() -> None:
             TrainConfig(plan=plan).check()
         assert str(e.value) == line, s.name
         refused += 1
-    assert refused == 14  # every setting but the runtime, fp8 (trainer/fp8.py's own check) and its own default
+    assert refused == 15  # every setting but the runtime, fp8 (trainer/fp8.py's own check) and its own default
 
 
 def test_each_export_writes_or_notes_each_setting() -> None:

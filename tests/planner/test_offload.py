@@ -3,9 +3,9 @@ host memory, the step's offload term (cost.offload), the refusals, the exports, 
 when nothing fits without it.
 
 Broken on purpose and seen to fail here: the master weights left on the GPU under optimizer offload (``offloaded``
-returning 0 for them: the memory test); the gradient copy counted as exposed rather than hidden behind the backward
-(the step-term test); the host-memory check skipped in ``evaluate`` (the host test and the search's); the search's
-fallback run even when a layout fits (the search test's second half)."""
+moving none of them: the memory test); the gradient copy counted as exposed rather than hidden behind the backward
+(the step-term test); the host-memory check skipped in ``estimate_plan`` (the host test); the search's fallback run
+even when a layout fits (the search test's second half)."""
 
 from __future__ import annotations
 

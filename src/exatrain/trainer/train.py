@@ -423,6 +423,7 @@ class Trainer:
         title = (f"{plan.model.name}: tp{plan.tp} {f'cp{plan.cp} ' if plan.cp > 1 else ''}pp{plan.pp} dp{plan.dp} "
                  f"zero{plan.zero_stage} "
                  f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}"
+                 + (f", offload {plan.offload}" if plan.offload != "none" else "")
                  + (f", resumed at step {self.start_step}" if self.start_step else ""))
         progress = Progress(config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()),
                             start=self.start_step)
