@@ -60,6 +60,7 @@ def test_the_step_prices_the_cpu_adam_and_the_exposed_copy() -> None:
     assert est.time_s.optimizer < plain.time_s.optimizer  # Adam no longer runs on the GPU
     note = next(x for x in est.notes if x.startswith("offload optimizer:"))
     assert "Ren et al. 2021 (ZeRO-Offload), Table 2" in note and "64 GB/s" in note
+    assert f"{2.0 * n / 64e9:.3f} s of them not hidden behind compute; Adam on the CPU {adam:.3f} s" in note
     assert est.time_s.to_dict()["offload"] == est.time_s.offload
     assert "offload" not in plain.time_s.to_dict()  # plans without offload keep their JSON
 

@@ -74,6 +74,8 @@ class Evaluation:
     # (N,) bytes of model states the busiest rank keeps in host memory (Plan.offload; accounting.offload); zeros
     # without offload. ``fits`` also asks that a node's ranks' fit its host memory (offload.host_fits).
     host_bytes: np.ndarray | None = None
+    # by_rank evaluations of an offloading run: cost.offload's parts, each (N,) seconds (adam, h2d, d2h, exposed)
+    offload_parts: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _groups(keys: np.ndarray):
@@ -151,7 +153,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     capacity = cluster.device.hbm_bytes
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
     fp8, recompute_every = run.fp8, run.recompute_every
-    offload, host = run.settings.offload, np.zeros(N)
+    offload, host, offload_parts = run.settings.offload, np.zeros(N), {}
     for idx, (gpus, pp, v, ep, cpd) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp])):
         lay = layouts.take(idx)
         p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
@@ -228,6 +230,10 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
                               expert_params_by_rank=xparams, overlap=overlap, hidden=hid)
         rows = idx[keep]
         for k in hid or ():
+            if k == "offload":  # cost.offload's parts (adam, h2d, d2h, exposed, total)
+                for part, x in hid[k].items():
+                    offload_parts.setdefault(part, np.full(N, np.nan))[rows] = x
+                continue
             hidden[k][rows] = hid[k]
         for k in TIME_FIELDS:
             times[k][rows] = t[k]
@@ -241,7 +247,8 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     return Evaluation(memory=mem, memory_total=total, worst_rank=worst, fits=fits, time=times, pipeline_s=pipe,
                       tokens_per_s=np.asarray(global_batch) * model.seq_len / step,
                       model_tflops_per_gpu=model_flops_per_step(model, global_batch) / step / layouts.gpus / 1e12,
-                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks, hidden=hidden, host_bytes=host)
+                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks, hidden=hidden, host_bytes=host,
+                      offload_parts=offload_parts)
 
 
 __all__ = ["Evaluation", "MEMORY_FIELDS", "MEMORY_MODELS", "evaluate", "layer_split"]

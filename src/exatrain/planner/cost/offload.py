@@ -68,19 +68,21 @@ def offload_seconds(offload: str, run, cluster, *, partition, gathers, reduction
     return {"adam": adam, "h2d": h2d, "d2h": d2h, "exposed": exposed, "total": adam + exposed}
 
 
-def offload_note(plan, run, cluster, host_bytes: float, seconds: float, fits: bool) -> str:
+def offload_note(plan, run, cluster, host_bytes: float, parts: dict[str, float], fits: bool) -> str:
     """The estimate's line on a plan's offload: what its node's host memory holds against what it has, the host
-    link, the CPU's Adam (with its source) and the step's offload seconds."""
+    link's copies and how much of them compute hides, the CPU's Adam (with its source), and the step's offload
+    seconds (``parts``: ``offload_seconds``' for the plan)."""
     gib = 2.0 ** 30
     kernel = CPU_ADAM_KERNEL.get(run.runtime, "torch")
     what = ("Adam states, fp32 master weights and gradient partition" if plan.offload == "optimizer"
             else "sharded parameters, their gradients and the Adam states")
     return (f"offload {plan.offload}: the {what} in host memory, {host_bytes / gib:,.1f} GiB per node of "
             f"{cluster.host_memory_bytes / gib:,.0f} GiB ({'fits' if fits else 'does not fit'}: up to "
-            f"{HOST_USABLE:.0%} of it, accounting.offload); copies over the host link at "
-            f"{(cluster.host_link_bytes_per_s or 0) / 1e9:g} GB/s a direction, hidden behind compute up to its length; "
-            f"Adam on the CPU ({kernel}, {CPU_ADAM_PARAMS_PER_S[kernel] / 1e9:.2f}B parameters/s a node: "
-            f"{CPU_ADAM_SOURCE}); {seconds:.3f} s a step (cost.offload)")
+            f"{HOST_USABLE:.0%} of it, accounting.offload); over the host link at "
+            f"{(cluster.host_link_bytes_per_s or 0) / 1e9:g} GB/s a direction {parts['h2d']:.3f} s in and "
+            f"{parts['d2h']:.3f} s out a step, {parts['exposed']:.3f} s of them not hidden behind compute; Adam on the "
+            f"CPU {parts['adam']:.3f} s ({kernel}, {CPU_ADAM_PARAMS_PER_S[kernel] / 1e9:.2f}B parameters/s a node, "
+            f"shared by its ranks: {CPU_ADAM_SOURCE}); {parts['total']:.3f} s a step (cost.offload)")
 
 
 __all__ = ["CPU_ADAM_KERNEL", "CPU_ADAM_PARAMS_PER_S", "CPU_ADAM_SOURCE", "offload_note", "offload_seconds"]

@@ -615,9 +615,12 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
                             on_host=cluster.device.is_host, dev=dev, offloaded=offload != "none"
                             ) + loss_scaling_s(cluster, coeffs, dtype, lay.gpus)
     each_mb = np.where(engine.reduce_each_microbatch & (p == 1), m, 1)  # FSDP's reductions a step
-    off = offload_seconds(offload, run, cluster, partition=(params_by_rank / shard + xp / xshard).max(axis=1),
-                          gathers=m * np.where(zero == 3, 2, 1), reductions=each_mb, compute_s=compute_s,
-                          gpus=lay.gpus)["total"]
+    parts = offload_seconds(offload, run, cluster, partition=(params_by_rank / shard + xp / xshard).max(axis=1),
+                            gathers=m * np.where(zero == 3, 2, 1), reductions=each_mb, compute_s=compute_s,
+                            gpus=lay.gpus)
+    off = parts["total"]
+    if hidden is not None and offload != "none":  # the offload's parts, for the estimate's note
+        hidden["offload"] = parts
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
     # the step waits for its slowest GPU, whose pipeline and optimizer run speed_spread x E[max] slower
     lag = straggler_s(pipe + opt, lay.gpus, coeffs.speed_spread, on_host=cluster.device.is_host)
