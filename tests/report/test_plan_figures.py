@@ -43,8 +43,8 @@ def test_memory_bars_are_the_estimates_bytes(est_1t: dict, tmp_path: Path) -> No
 def test_step_time_bars_are_the_estimates_terms(est_1t: dict, tmp_path: Path) -> None:
     t = est_1t["time_s"]
     fig = step_time_breakdown([("1T", TimeBreakdown(**t))], tmp_path / "t.png", "step")
-    for term in TIME_TERMS:
-        assert fig.numbers[term] == [t[term]]
+    for term in TIME_TERMS:  # (the JSON leaves out a zero straggler or offload term)
+        assert fig.numbers[term] == [t.get(term, 0.0)]
     assert fig.numbers["step"] == [t["step"]]
     # The stacked parts reach the step total (the bar ends where the label says).
     assert sum(fig.numbers[k][0] for k in TIME_TERMS) == pytest.approx(t["step"], rel=1e-9)

@@ -35,10 +35,11 @@ MEMORY_KINDS = ("weights", "gradients", "optimizer", "activations", "other")
 MEMORY_COLORS = {"weights": OKABE_ITO["blue"], "gradients": OKABE_ITO["sky"], "optimizer": OKABE_ITO["green"],
                  "activations": OKABE_ITO["orange"], "other": OKABE_ITO["purple"]}
 # Step-time terms of ``TimeBreakdown`` in the order they stack, and their colours.
-TIME_TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "straggler")
+TIME_TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "straggler", "offload")
 TIME_COLORS = {"compute": OKABE_ITO["blue"], "bubble": OTHER_COLOR, "tp_comm": OKABE_ITO["orange"],
                "pp_comm": OKABE_ITO["vermillion"], "dp_comm": OKABE_ITO["purple"],
-               "optimizer": OKABE_ITO["green"], "other": OKABE_ITO["yellow"], "straggler": OKABE_ITO["sky"]}
+               "optimizer": OKABE_ITO["green"], "other": OKABE_ITO["yellow"], "straggler": OKABE_ITO["sky"],
+               "offload": TOL_MUTED[7]}
 CAPACITY_COLOR = "#000000"  # a dashed black line: apart from every palette colour
 
 

@@ -8,8 +8,8 @@ from exatrain.plan import Plan
 
 GiB = 1024**3
 TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")
-# shown where a ranked layout has them: expert or context parallelism, a slowest GPU to wait for
-EXTRA_TERMS = ("ep_comm", "cp_comm", "straggler")
+# shown where a ranked layout has them: expert or context parallelism, a slowest GPU to wait for, host offload
+EXTRA_TERMS = ("ep_comm", "cp_comm", "straggler", "offload")
 
 
 def _terms(plans: Sequence[Plan]) -> tuple[str, ...]:
