@@ -877,10 +877,7 @@ SETTINGS: tuple[Setting, ...] = (
                "torchtitan": lambda p: "" if p.offload != "optimizer" else (
                    "the plan was priced with the optimizer alone in host memory; torchtitan's FSDP CPU offload "
                    "(training.enable_cpu_offload) moves the parameters and gradients too: plan --offload params for "
-                   "it; this config does not offload"),
-               "torchtitan-0.3": lambda p: "" if p.offload != "params" else (
-                   "the plan was priced with FSDP2's CPU offload (v0.2.2's training.enable_cpu_offload); this "
-                   "torchtitan 0.3 command line was not checked for that switch and does not set it")}),
+                   "it; this config does not offload")}),
     Setting(
         "launch_blocking", bool, False, arg="switch",
         help=("price the run with synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1 in the job's environment, as "

@@ -149,3 +149,15 @@ TORCHTITAN_03_OPTIONS = frozenset("""
     --compile.enable-async-tensor-parallel --compile.no-enable-async-tensor-parallel
     --optimizer.implementation --debug.moe-force-load-balance --debug.no-moe-force-load-balance
 """.split())
+
+# The offload options (--offload), read later than the sets above: Megatron-LM megatron/core/optimizer/
+# optimizer_config.py at 0075637c (OptimizerConfig's "Optimizer Offload" fields and use_precision_aware_optimizer,
+# which arguments.py turns into options), and DeepSpeed deepspeed/runtime/zero/offload_config.py at 1978617c
+# (DeepSpeedZeroOffloadOptimizerConfig / DeepSpeedZeroOffloadParamConfig: device, pin_memory, ...).
+MEGATRON_LM_OFFLOAD_OPTIONS = frozenset("""
+    --optimizer-cpu-offload --optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload
+    --overlap-cpu-optimizer-d2h-h2d --pin-cpu-grads --pin-cpu-params --use-precision-aware-optimizer
+""".split())
+DEEPSPEED_OFFLOAD_KEYS = {"offload_optimizer": frozenset("device nvme_path buffer_count pin_memory ratio".split()),
+                          "offload_param": frozenset("device nvme_path buffer_count buffer_size max_in_cpu "
+                                                     "pin_memory".split())}

@@ -23,6 +23,7 @@ from exatrain.planner.cost.offload import CPU_ADAM_PARAMS_PER_S
 from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions
+from tests.helpers.upstream_names import DEEPSPEED_OFFLOAD_KEYS, MEGATRON_LM_OFFLOAD_OPTIONS, TORCHTITAN_03_OPTIONS
 
 H100 = get_cluster("dgx-h100")
 # llama3-70b on one DGX H100 node, tp 8, ZeRO-1, Megatron-DeepSpeed: 18 bytes a parameter does not fit 80 GB
@@ -125,8 +126,14 @@ def test_the_exports_offload_what_the_plan_priced() -> None:
     mc = make_plan("llama3-70b", H100, **{**DS, "runtime": "megatron-core"}, offload="optimizer")
     words = export(mc, "megatron").text.split()
     assert "--optimizer-cpu-offload" in words and "--use-distributed-optimizer" in words
+    offload_flags = {w for w in words if w.startswith("--") and ("offload" in w or "precision-aware" in w)}
+    assert offload_flags and offload_flags <= MEGATRON_LM_OFFLOAD_OPTIONS
+    for block in ("offload_optimizer", "offload_param"):  # the fields DeepSpeed's offload config has
+        assert set(cfg3["zero_optimization"][block]) <= DEEPSPEED_OFFLOAD_KEYS[block]
     titan = make_plan("llama3-70b", H100, gpus=8, zero=3, runtime="torchtitan", offload="params")
     assert "enable_cpu_offload = true" in export(titan, "torchtitan").text
+    args = export(titan, "torchtitan-0.3").text.split()
+    assert "--training.enable-cpu-offload" in args and "--training.enable-cpu-offload" in TORCHTITAN_03_OPTIONS
     assert "enable_cpu_offload = " not in export(plan, "torchtitan").text  # optimizer alone: noted, not written
     assert any("enable_cpu_offload" in n for n in export(plan, "torchtitan").notes)
 

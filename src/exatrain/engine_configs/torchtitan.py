@@ -373,7 +373,7 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
         "mixed_precision_param": plan.dtype,
         "mixed_precision_reduce": "float32",
     }
-    if plan.offload == "params" and not v03:  # FSDP2's CPUOffloadPolicy (v0.2.2 torchtitan/config/job_config.py)
+    if plan.offload == "params":  # FSDP2's CPUOffloadPolicy (v0.2.2 job_config.py Training; 0.3's too)
         training["enable_cpu_offload"] = True
     if v03 and (pipelined or plan.ep > 1):  # 0.3 captures CUDA graphs by default, which it refuses with a
         # pipeline or its standard expert-parallel dispatcher (trainer.py Config._validate_cuda_graphs)
