@@ -27,6 +27,9 @@ Mixture of experts, context parallelism and fp8 (``accounting.moe``, ``accountin
 ``accounting.fp8``) enter through keyword arguments of ``layer_activation_bytes`` and
 ``rank_memory`` (``ep``, ``etp``, ``cp``, ``capacity_factor``, ``fp8`` ...); at their defaults a dense
 model's numbers are the ones above, bit for bit.
+
+A plan that keeps model states in host memory (``run.settings.offload``) holds on the GPU what is left once
+``accounting.offload`` has moved them (with an engine profile; the host's share is ``planner.evaluate``'s).
 """
 
 from __future__ import annotations
