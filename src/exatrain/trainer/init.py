@@ -39,7 +39,9 @@ def materialize(module: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
                 buffer_device: torch.device | None = None) -> None:
     """Allocate a meta-device module (plain, DTensor or FSDP-sharded parameters) on ``device`` and
     fill every parameter with its deterministic initial value; its buffers then go to ``buffer_device``
-    (None: ``device``), as FSDP2's CPU offload needs: parameters in host memory, buffers on the accelerator."""
+    (None: ``device``), as FSDP2's CPU offload needs: parameters in host memory, buffers on the accelerator.
+    The values are drawn on ``buffer_device`` (the mesh's: each device type has its own generator), so a run
+    with its parameters in host memory starts from the very values of one without."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     # to_empty gives each plain parameter a new tensor per module; restore shared (tied) ones.
@@ -56,7 +58,7 @@ def materialize(module: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
     with torch.no_grad():
         for name, param in module.named_parameters():
             key = canonical_name(name, spec)
-            full = full_value(key, param.shape, spec, seed, device)
+            full = full_value(key, param.shape, spec, seed, device if buffer_device is None else buffer_device)
             if isinstance(param, DTensor):
                 # Every rank computes the same full value, so each takes its shard locally
                 # (src_data_rank=None: no communication).
