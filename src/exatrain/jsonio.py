@@ -14,6 +14,15 @@ from typing import Any
 
 from exatrain.errors import UserError
 
+# The version of the objects `--json` prints (docs/json.md lists their keys): raised when a key is renamed or
+# removed or changes meaning, so a script can refuse output it does not know; a key added keeps it.
+JSON_FORMAT_VERSION = 1
+
+
+def versioned(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` (a command's --json object) with ``format_version`` as its first key."""
+    return {"format_version": JSON_FORMAT_VERSION, **obj}
+
 
 def iter_json_lines(path: Path, text: str, hint: str = ""):
     """(line number, parsed object) of every non-blank line of a JSON-lines text; a line that is
@@ -105,4 +114,4 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["iter_json_lines", "read_json", "write_json_atomic"]
+__all__ = ["JSON_FORMAT_VERSION", "iter_json_lines", "read_json", "versioned", "write_json_atomic"]

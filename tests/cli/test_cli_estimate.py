@@ -55,7 +55,7 @@ def test_model_flags_override_a_preset(capsys) -> None:
 
 def test_models_and_hardware(capsys) -> None:
     code, out, _ = run(capsys, "models", "--json")
-    names = {m["name"] for m in json.loads(out)}
+    names = {m["name"] for m in json.loads(out)["models"]}
     assert code == 0 and {"gpt-1t", "llama3-405b"} <= names
     code, out, _ = run(capsys, "hardware", "--json")
     d = json.loads(out)

@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_models(args: argparse.Namespace) -> int:
     presets = model_presets()
-    return show(args, lambda: [{**m.to_dict(), "params": total_params(m)} for m in presets.values()],
+    return show(args, lambda: {"models": [{**m.to_dict(), "params": total_params(m)}
+                                              for m in presets.values()]},
                 lambda: render_models(presets))
 
 

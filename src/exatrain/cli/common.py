@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from exatrain.settings import BY_NAME, DTYPES, FLAG_SETTINGS, RECOMPUTE, SCHEDULES
 from exatrain.api import make_console, opt, progress_lines, table  # noqa: F401 (the commands' output helpers)
+from exatrain.jsonio import versioned
 from exatrain.limits import MAX_COUNT
 
 
@@ -178,9 +179,10 @@ def warn_line(command: str) -> Callable[[str], None]:
 
 
 def show(args: argparse.Namespace, data: Callable[[], Any], render: Callable[[], Any]) -> int:
-    """A command's result: its JSON (``data()``) with --json, else as ``render()`` prints it; exit status 0."""
+    """A command's result: its JSON object (``data()``, with ``format_version`` first: docs/json.md) with --json,
+    else as ``render()`` prints it; exit status 0."""
     if args.json:
-        sys.stdout.write(json.dumps(data(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(versioned(data()), indent=2) + "\n")
     else:
         render()
     return 0

@@ -113,7 +113,8 @@ def plan_from_json(d: Mapping[str, Any], source: str) -> Plan:
     if kind == "run_record":
         return RunRecord.from_dict(d, source=source).plan
     if kind == "estimate":
-        estimate = {k: v for k, v in d.items() if k not in ("plan", "gpus", "global_batch", "efficiency")}
+        estimate = {k: v for k, v in d.items() if k not in ("plan", "gpus", "global_batch", "efficiency",
+                                                                 "format_version")}
         return Plan.from_dict({**d["plan"], "estimate": estimate}, source=source)
     if kind == "plan":
         return Plan.from_dict(d, source=source)
