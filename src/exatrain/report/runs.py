@@ -51,6 +51,18 @@ def split_runs(runs: RunsInput) -> list[LossRun]:
     return out
 
 
+MEMORY_NOT_COMPARABLE = "memory only: a CPU run's peak is its process's RSS, not comparable with predicted tensors"
+
+
+def _predicted_memory(r: RunRecord) -> tuple:
+    """The prediction a run's measured memory is held against, per stage: the model of exatrain's own trainer
+    (``trainer_memory_by_stage``, what ``torch.cuda.max_memory_allocated`` counts in it) for a run of the exatrain
+    runtime, else the planner's reference model of the runtime the plan names."""
+    est = r.predicted
+    own = r.plan.settings.runtime == "exatrain" and len(est.trainer_memory_by_stage) == len(est.memory_by_stage)
+    return tuple(est.trainer_memory_by_stage) if own else tuple(est.memory_by_stage)
+
+
 def _pairs(records: Sequence[RunRecord]) -> tuple[dict, dict, dict[str, int], dict[int, str]]:
     """(step-time pairs, memory pairs, why the other records were left out, the label of each
     drawn record by its number)."""
@@ -72,11 +84,16 @@ def _pairs(records: Sequence[RunRecord]) -> tuple[dict, dict, dict[str, int], di
             continue
         label = record_label(r)
         has_time = est.time_s is not None and finite(got.step_time_s) and got.step_time_s > 0
+        predicted = _predicted_memory(r)
+        device_memory = bool(r.device) and r.device != "cpu"  # a CPU run measures its process's RSS
         by_stage = got.peak_memory_by_stage
-        staged = bool(by_stage) and len(by_stage) == len(est.memory_by_stage)
+        staged = device_memory and bool(by_stage) and len(by_stage) == len(predicted)
+        worst = device_memory and not staged and finite(got.peak_memory_bytes)
+        if not device_memory and (by_stage or finite(got.peak_memory_bytes)):
+            skip(MEMORY_NOT_COMPARABLE)
         if not has_time:
             skip("no step time predicted or measured")
-            if not staged and not finite(got.peak_memory_bytes):
+            if not staged and not worst:
                 continue
         n = len(names) + 1
         names[n] = label
@@ -86,15 +103,15 @@ def _pairs(records: Sequence[RunRecord]) -> tuple[dict, dict, dict[str, int], di
             t["predicted_step_s"].append(float(est.time_s.step))
             t["measured_step_s"].append(float(got.step_time_s))
         if staged:
-            for i, (pm, mm) in enumerate(zip(est.memory_by_stage, by_stage)):
+            for i, (pm, mm) in enumerate(zip(predicted, by_stage)):
                 m["labels"].append(f"{label} stage {i}")
                 m["run"].append(n)
                 m["predicted_memory_bytes"].append(float(pm.total))
                 m["measured_memory_bytes"].append(float(mm))
-        elif finite(got.peak_memory_bytes):
+        elif worst:
             m["labels"].append(label)
             m["run"].append(n)
-            m["predicted_memory_bytes"].append(float(est.memory_bytes.total))
+            m["predicted_memory_bytes"].append(float(max(pm.total for pm in predicted)))
             m["measured_memory_bytes"].append(float(got.peak_memory_bytes))
     return t, m, skipped, names
 
@@ -129,11 +146,6 @@ def _parity(ax, pred: np.ndarray, meas: np.ndarray, runs: list[int], names: list
     ax.set_ylabel(f"measured {unit}")
 
 
-def _empty(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"no {what} in the file", ha="center", va="center", transform=ax.transAxes, fontsize=9)
-    ax.set_axis_off()
-
-
 def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
     """Measured against predicted step time (one point per run) and peak memory (one per pipeline
     stage where the run measured stages); None when no record has both. Points carry their run's
@@ -145,14 +157,14 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
         return None
     order = sorted(set(t["run"]) | set(m["run"]))
     colors = _run_colors(order)
-    width_in = 11.0
-    fig, (ax, bx) = new_figure(width_in, 5.0, ncols=2)
+    both = bool(t["labels"]) and bool(m["labels"])  # a panel only for what was measured comparably
+    width_in = 11.0 if both else 6.5
+    fig, axes = new_figure(width_in, 5.0, ncols=2 if both else 1)
+    ax, bx = axes if both else (axes, axes)
     if t["labels"]:
         _parity(ax, np.asarray(t["predicted_step_s"]), np.asarray(t["measured_step_s"]), t["run"],
                 [str(r) for r in t["run"]], colors, "seconds per step")
         ax.set_title(f"step time, {len(t['labels'])} run{'s' if len(t['labels']) != 1 else ''}", fontsize=9)
-    else:
-        _empty(ax, "measured step times")
     if m["labels"]:
         pm, mm = np.asarray(m["predicted_memory_bytes"]), np.asarray(m["measured_memory_bytes"])
         div, unit = byte_unit(float(max(pm.max(), mm.max())))
@@ -161,9 +173,8 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
                    for r in set(m["run"])}
         names = [str(r) if fullest[r] == i else "" for i, r in enumerate(m["run"])]
         _parity(bx, pm / div, mm / div, m["run"], names, colors, f"peak {unit} per rank")
-        bx.set_title(f"peak memory, {len(m['labels'])} points (one per pipeline stage where measured)", fontsize=9)
-    else:
-        _empty(bx, "measured peak memory")
+        bx.set_title(f"peak device memory, {len(m['labels'])} points (one per pipeline stage where measured)",
+                     fontsize=9)
     handles = [Line2D([], [], linestyle="", marker="o", markersize=6, markerfacecolor=colors[r],
                       markeredgecolor="black", markeredgewidth=0.4, label=f"{r}: {labels[r]}") for r in order]
     src = ax if t["labels"] else bx
@@ -184,11 +195,15 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
     if m["labels"]:
         err = np.abs(np.asarray(m["predicted_memory_bytes"]) / np.asarray(m["measured_memory_bytes"]) - 1)
         key.append(("memory, median |error|", f"{np.median(err):.1%} over {len(err)} points"))
-    caption = ("Each point is a run (left) or a pipeline stage of a run (right), numbered and coloured by "
-               "run as the legend names them: what the cost model "
-               "predicted for its plan against what the run measured (median step time after warm-up; "
-               "peak memory: allocated device memory, or the process's peak RSS on a CPU). Points on the "
-               "grey line are exact; dotted lines are ±25%.")
+    caption = ("Each point is a run's step time" + (" (left) or a pipeline stage of a run's peak memory (right)"
+                                                     if both else "" if t["labels"] else
+                                                     " or a pipeline stage of a run's peak memory")
+               + ", numbered and coloured by run as the legend names them: what the cost model predicted for its "
+               "plan against what the run measured (median step time after warm-up; peak memory: the device memory "
+               "the trainer allocated, torch.cuda.max_memory_allocated, against the model of the trainer's own "
+               "memory for an exatrain run, else the runtime's reference model; a CPU run's peak RSS holds the "
+               "interpreter and its libraries besides the tensors and is not drawn). Points on the grey line are "
+               "exact; dotted lines are ±25%.")
     if skipped:
         caption += " Left out: " + ", ".join(f"{n} ({why})" for why, n in skipped.items()) + "."
     return Figure(file=path.name, title="Predicted vs measured", caption=caption, numbers=numbers,
