@@ -19,6 +19,32 @@ def append_run_record(path: str | Path, record: RunRecord) -> None:
         f.write(json.dumps(record.to_dict()) + "\n")
 
 
+def amend_last_run_record(path: str | Path, env: dict) -> RunRecord | None:
+    """Add ``env``'s keys to the ``env`` of the last RunRecord line of ``path`` (what the launching process learnt
+    after the ranks wrote it: the machine's load) and return that record; the file is rewritten aside and renamed
+    into place. None (and the file untouched) when it holds no record."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for i in range(len(lines) - 1, -1, -1):
+        try:
+            obj = json.loads(lines[i])
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("kind") == "run_record":
+            obj["env"] = {**(obj.get("env") or {}), **env}
+            lines[i] = json.dumps(obj) + "\n"
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write("".join(lines))
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+            os.replace(tmp, path)
+            return RunRecord.from_dict(obj, source=f"{path}:{i + 1}")
+    return None
+
+
 def read_run_records(path: str | Path) -> list[RunRecord]:
     """Every RunRecord line of a JSON-lines file (other kinds of lines, e.g. per-step metrics, are
     skipped). Malformed lines are a UserError naming the line."""
@@ -36,4 +62,4 @@ def read_run_records(path: str | Path) -> list[RunRecord]:
     return records
 
 
-__all__ = ["append_run_record", "read_run_records"]
+__all__ = ["amend_last_run_record", "append_run_record", "read_run_records"]

@@ -93,7 +93,12 @@ class DemoResult:
             loss = (f", loss {m.first_loss:.3f} -> {m.last_loss:.3f}" if m.first_loss is not None
                     and m.last_loss is not None else "")
             lines.append(f"3. trained it {m.steps} steps: {record.status}{loss}, {m.tokens_per_s:,.0f} tokens/s")
-            lines += ["4. " + line for line in summary_lines(compare(record), self.train.calibrated)[:1]]
+            c = compare(record)
+            compared = [line for line in summary_lines(c, self.train.calibrated)
+                        if not line.startswith("peak memory")]  # step time, and the load's change where it changed
+            if c.load_line is not None and c.load_line not in compared:
+                compared.append(c.load_line)  # the demo says the load in any case: bench and training, side by side
+            lines += [("4. " if i == 0 else "   ") + line for i, line in enumerate(compared)]
         else:
             lines.append("3. trained it: no RunRecord came back, nothing to compare")
         lines.append(f"wrote {self.out}/: " + ", ".join(f"{p.name}{'/' if role == 'ranks' else ''} ({WHAT[role]})"

@@ -314,12 +314,35 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     try:
         if env is not None:
             launcher.run_distributed(config, env)
-        else:
+            return TrainResult(plan=p, config=config, record=_last_record(metrics, env), calibrated=here)
+        from exatrain.loadwatch import LoadWatch
+
+        with LoadWatch() as watch:  # the machine's load while the ranks ran, against the calibration's bench
             launcher.launch_local([config])
-        return TrainResult(plan=p, config=config, record=_last_record(metrics, env), calibrated=here)
+        return TrainResult(plan=p, config=config, record=_record_load(metrics, watch.load, calibration),
+                           calibrated=here)
     finally:
         if scratch is not None:
             scratch.cleanup()
+
+
+def _record_load(metrics: str | None, load: Any, calibration: Any) -> RunRecord | None:
+    """The run's RunRecord with the machine's load during training (``env.load``) and during the bench of the
+    calibration it was predicted with (``env.bench_load``, where the calibration file recorded one) added to it,
+    in the metrics file too (``loadwatch.py``)."""
+    record = _last_record(metrics, None)
+    if record is None or load is None:
+        return record
+    env = {"load": load.to_dict()}
+    if calibration is not None:
+        from exatrain.planner.cost.coefficients import load_calibration
+
+        bench = load_calibration(calibration).extra.get("bench") or {}
+        if isinstance(bench, dict) and bench.get("load") is not None:
+            env["bench_load"] = bench["load"]
+    from exatrain.records import amend_last_run_record
+
+    return amend_last_run_record(metrics, env) or record
 
 
 def _last_record(metrics: str | None, env: Any) -> RunRecord | None:

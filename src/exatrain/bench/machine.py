@@ -107,8 +107,11 @@ def measure(*, device: str = "cpu", ranks: int | None = None, dtype: str | None 
         cluster = get_cluster("local-cpu")
         ranks = ranks or 2
     from exatrain.bench.run import run_bench
+    from exatrain.loadwatch import LoadWatch
 
-    raw: dict[str, Any] = run_bench(device=device, dtype=dtype, ranks=ranks, quick=quick, progress=progress)
+    with LoadWatch() as watch:  # how busy the machine was while measuring: `train` compares its own run with it
+        raw: dict[str, Any] = run_bench(device=device, dtype=dtype, ranks=ranks, quick=quick, progress=progress)
+    raw["load"] = watch.load.to_dict() if watch.load is not None else None
     if progress is not None:
         progress("fitting the cost model")
     cal = calibration_from_bench(raw, device_name=device_name, base=default_params(device_name),

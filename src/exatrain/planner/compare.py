@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from exatrain.catalog.hardware import ClusterSpec, cluster_catalog, match_device
 from exatrain.errors import UserError
+from exatrain.loadwatch import CHANGED
 from exatrain.plan import RunRecord, StepEstimate
 from exatrain.planner.cost.calibrate import error_stats
 from exatrain.planner.cost.coefficients import Calibration
@@ -37,6 +38,10 @@ class Comparison:
     device_memory: bool  # measured memory is device memory (comparable), not a CPU process's RSS
     predicted_range_s: tuple[float, float] | None = None  # the prediction's band (planner/band.py), seconds
     band_text: str | None = None  # where that band comes from, in words
+    # The change of the machine's load between the calibration's bench and this run (loadwatch.py): its line, and
+    # the expected measured/predicted step time from it alone, by which predicted_range_s was widened (CPU runs)
+    load_line: str | None = None
+    load_factor: float | None = None
 
     @property
     def in_band(self) -> bool | None:
@@ -65,7 +70,7 @@ class Comparison:
                 "trainer_memory_bytes": self.trainer_memory_bytes,
                 "measured_memory_bytes": self.measured_memory_bytes, "device_memory": self.device_memory,
                 "predicted_range_s": None if self.predicted_range_s is None else list(self.predicted_range_s),
-                "in_band": self.in_band,
+                "in_band": self.in_band, "load_factor": self.load_factor,
                 "memory_error": self.memory_error("trainer"),
                 "reference_memory_error": self.memory_error("reference")}
 
@@ -122,6 +127,10 @@ def compare(record: RunRecord, calibration: Calibration | None = None,
         on_cpu = (c.device.name == "cpu") if c is not None else None
         trainer_mem = max(m.total for m in trainer_memory_by_stage(plan, on_cpu=on_cpu))
     m = record.measured
+    band = None if est is None or est.step_range_s is None else tuple(est.step_range_s)
+    load = _contention(record) if calibration is None else None  # a new calibration: not that bench's load
+    if load is not None and band is not None:
+        band = load.widen(*band)
     return Comparison(
         label=layout_label(record), device=record.device or "?", status=record.status,
         predicted_step_s=None if est is None or est.time_s is None else est.time_s.step,
@@ -130,8 +139,19 @@ def compare(record: RunRecord, calibration: Calibration | None = None,
         trainer_memory_bytes=trainer_mem,
         measured_memory_bytes=None if m is None else m.peak_memory_bytes,
         device_memory=bool(record.device) and record.device != "cpu",
-        predicted_range_s=None if est is None or est.step_range_s is None else tuple(est.step_range_s),
-        band_text=None if est is None or not est.band else est.band.get("text"))
+        predicted_range_s=band, band_text=None if est is None or not est.band else est.band.get("text"),
+        load_line=None if load is None else load.line(), load_factor=None if load is None else load.factor)
+
+
+def _contention(record: RunRecord):
+    """The change of load between the bench that calibrated a CPU run's prediction and the run (``env.bench_load``,
+    ``env.load``: api/training.py records them), or None: a GPU run (the host's load is not what it waits on), or a
+    record without both."""
+    from exatrain.loadwatch import contention
+
+    if record.device != "cpu":
+        return None
+    return contention(record.env.get("bench_load"), record.env.get("load"), record.plan.gpus)
 
 
 def compare_all(records: Iterable[RunRecord], calibration: Calibration | None = None,
@@ -191,6 +211,8 @@ def summary_lines(c: Comparison, calibrated: bool) -> list[str]:
                 line += ": inside the band" if c.in_band else (
                     ": outside the band, " + ("slower" if c.measured_step_s > c.predicted_range_s[1] else "faster"))
             lines.append(line)
+            if c.load_line is not None and c.load_factor is not None and not 1 / CHANGED <= c.load_factor <= CHANGED:
+                lines.append(c.load_line)
         else:
             lines.append(f"step time: measured {c.measured_step_s:.3f} s; no prediction shown, uncalibrated for "
                          "this machine: run `exatrain bench`, then train with --calibration")

@@ -418,7 +418,7 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
         measured_cluster = dataclasses.replace(cluster, tiers=tiers[cluster.name]) if cluster.name in tiers else cluster
         found, framework_curve = fit_framework(framework, params, measured_cluster)
         params = params.replace(**found)
-    extra = {"bench": {"machine": raw.get("machine", {}), "options": raw.get("options", {}),
+    extra = {"bench": {"machine": raw.get("machine", {}), "options": raw.get("options", {}), "load": raw.get("load"),
                        "notes": [n for n in (attention.get("note"),) if n],
                        "curves": {"gemm": gemm["curve"], "attention": attention.get("curve", []),
                                   "memory": memory.get("curve", []), "layers": layer.get("curve", []),
