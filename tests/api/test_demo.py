@@ -4,7 +4,7 @@ layout, predicted beside measured with the band, everything in one folder.
 Break-on-purpose checks (each seen to fail): the search run without the bench's calibration (the plan's
 prediction then comes from the prior, not "exatrain bench (<host>)"); train given the prior instead
 of the calibration (the RunRecord's prediction is not the searched plan's); the summary's comparison
-made with calibrated=False (no predicted step time printed).
+made with calibrated=False (no predicted step time printed); the training's load not added to its RunRecord.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 from exatrain.api.demo import MAX_RANKS, default_out, default_ranks
 from exatrain.plan import Plan
 from exatrain.records import read_run_records
-from exatrain.planner.compare import prediction_source
+from exatrain.loadwatch import MachineLoad
+from exatrain.planner.compare import compare, prediction_source
 from exatrain.planner.cost.coefficients import load_calibration
 
 
@@ -67,7 +68,12 @@ def test_demo_measures_searches_trains_and_compares(tmp_path: Path) -> None:
     summary = (out / "summary.txt").read_text().splitlines()
     assert summary == lines[-len(summary):]
     step = next(line for line in summary if line.startswith("4. step time: "))
-    low, high = record.predicted.step_range_s
+    low, high = compare(record).predicted_range_s  # the band, widened where the machine's load changed
+    # the machine's load, during the bench (in calib.json) and during training (in the RunRecord), said in a line
+    assert MachineLoad.from_dict(cal.extra["bench"]["load"]) is not None
+    assert record.env["bench_load"] == cal.extra["bench"]["load"] and MachineLoad.from_dict(record.env["load"])
+    load = next(line for line in summary if line.startswith("   load: "))
+    assert " during bench; " in load and " during training" in load
     assert step.startswith(f"4. step time: predicted {record.predicted.time_s.step:.3f} s (band {low:.3f}–{high:.3f} s")
     assert f"measured {record.measured.step_time_s:.3f} s" in step
     assert step.endswith("inside the band") == (low <= record.measured.step_time_s <= high)
