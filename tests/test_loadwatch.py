@@ -2,7 +2,8 @@
 numbers, the other processes' CPU time counted and this run's own left out, a band widened by the change between
 bench and training and the line that says so, and the record amended with both loads.
 
-Broken on purpose and seen to fail here: steal left out of the slowdown; the run's own CPU time not subtracted
+Broken on purpose and seen to fail here: steal left out of the slowdown; the load average's waiting threads left
+out of it; the run's own CPU time not subtracted
 (others counted the run itself); the band widened at its low end when the load rose; the load line printed when the
 load did not change; a GPU run's band widened by the host's load; the amended record losing the lines after it.
 """
@@ -33,6 +34,8 @@ def test_fair_share_slowdown_and_the_factor_between_bench_and_training() -> None
     assert _load(2.0).slowdown(2) == 2.0  # 4 runnable threads on 2 cores: half a core each
     assert _load(1.0).slowdown(1) == 1.0  # one other core busy, one thread of ours: still a core each
     assert _load(0.0, steal=0.5).slowdown(1) == 2.0  # the hypervisor takes half
+    # saturated: others got 1.8 cores of CPU time, but 17.5 of their threads waited to run beside our 2
+    assert _load(1.8, avg=19.5).slowdown(2) == pytest.approx((2 + 17.5) / 2)
     c = Contention(bench=_load(0.3), train=_load(2.0), ranks=2)
     assert c.factor == pytest.approx(2.0) and c.changed
     assert c.widen(0.2, 0.3) == (0.2, pytest.approx(0.6))  # slower: the high end moves

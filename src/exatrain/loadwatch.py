@@ -7,8 +7,10 @@ this run's own ranks too, so the comparison below uses the other processes' shar
 
 The rule that turns two windows (the calibration's bench, then training) into an expected slowdown is fair sharing,
 stated here and not fitted: ``n`` runnable threads on ``c`` cores each get ``min(1, c / n)`` of a core, and steal takes
-its fraction off what is left. A window with ``own`` busy threads of its own and ``others`` cores' worth of other work
-runs ``slowdown = max(1, (own + others) / cores) / (1 - steal)`` times slower than on an idle machine; training on
+its fraction off what is left. The other work competing with a window's ``own`` busy threads is the larger of the
+cores' worth of CPU time other processes used and the load average less ``own`` (on a saturated machine the CPU time
+others get is capped by the cores, while the load average still counts every thread waiting to run). The window runs
+``slowdown = max(1, (own + other work) / cores) / (1 - steal)`` times slower than on an idle machine; training on
 ``ranks`` ranks after a bench measured on one thread is expected ``slowdown(train, ranks) / slowdown(bench, 1)`` times
 slower than the calibration predicts (``contention``).
 """
@@ -76,7 +78,8 @@ class MachineLoad:
 
     def slowdown(self, own: float) -> float:
         """How many times slower ``own`` busy threads run than on an idle machine, by fair share (module doc)."""
-        busy = own + (self.others or 0.0)
+        waiting = (self.load_average or 0.0) - own  # threads of others runnable beside ours (the module doc)
+        busy = own + max(self.others or 0.0, waiting)
         return max(1.0, busy / self.cores) / (1.0 - min(self.steal or 0.0, 0.9))
 
     def describe(self) -> str:
