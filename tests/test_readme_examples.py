@@ -21,7 +21,8 @@ One convention on every page:
 
 Broken on purpose and seen to fail here: a number of an example's output changed on a docs page (the planner
 example test), a flag renamed in a docs page's bash block (the command-line test), the plan file of
-docs/engines.md written under another name (the export-config example that reads it).
+docs/engines.md written under another name (the export-config example that reads it), a stray file in examples/
+and the README's --vocab dropped from its estimate --from line (the quick start's examples test).
 """
 
 from __future__ import annotations
@@ -286,3 +287,27 @@ def test_inline_commands_name_real_flags(page: str, span: str) -> None:
     assert options is not None, f"{page}: `{span}` names no exatrain command"
     unknown = [w for w in words[2:] if w.startswith("--") and w.split("=")[0] not in options]
     assert not unknown, f"{page}: `{span}` shows flags `exatrain {words[1]}` does not have: {unknown}"
+
+
+README_EXAMPLES = ROOT / "examples"
+
+
+def test_the_quick_start_reads_the_files_examples_holds(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The README's "start from what you already have" commands, run as shown with $EXAMPLES the repository's
+    examples/ folder: the search over the Hugging Face config.json writes a plan, the estimate reads the Megatron-LM
+    script, export-config renders the plan; and every file of examples/ is one the README uses."""
+    readme = [(line, argv) for page, line, argv in COMMAND_LINES if page == "README.md"]
+    first = next(i for i, (_, argv) in enumerate(readme) if any("$EXAMPLES" in a for a in argv))
+    block = [argv for _, argv in readme[first:first + 3]]
+    assert [argv[1] for argv in block] == ["search", "estimate", "export-config"], block
+    outs = []
+    for argv in block:
+        cli = [a.replace("$EXAMPLES", str(README_EXAMPLES)) for a in _cli_argv(argv)]
+        outs.append(_run_in_process(cli, tmp_path, capsys, monkeypatch))
+    assert (tmp_path / "plan.json").is_file() and "Llama-3.1-8B" in outs[0]
+    assert "8.03B params) on 64 x dgx-h100: tp 2 · pp 1 · dp 32" in outs[1]
+    assert outs[2].startswith("#!/bin/bash") and "--tensor-model-parallel-size" in outs[2]
+    used = {a.split("$EXAMPLES/", 1)[1] for _, argv in readme for a in argv if "$EXAMPLES/" in a}
+    held = {p.relative_to(README_EXAMPLES).as_posix() for p in README_EXAMPLES.rglob("*")
+            if p.is_file() and p.name != "README.md"}
+    assert held == used, (held, used)
