@@ -21,24 +21,44 @@ from tests.helpers.trainer_runs import Run
 # (trainer_out, the launches' folder, is in tests/conftest.py, which may start the one-rank launch early)
 
 
-@pytest.fixture(scope="session")
-def world1(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return launched(trainer_out, 1)
+def _announced(request: pytest.FixtureRequest, world: int, start) -> dict[str, dict[str, Run]]:
+    """``start()`` (a launch), with a line on the terminal before and after it: a shared launch runs minutes
+    before the first test that needs it finishes, and ``pytest -q`` prints nothing meanwhile."""
+    import time
+
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    capman = request.config.pluginmanager.get_plugin("capturemanager")
+
+    def say(text: str) -> None:
+        if tr is not None and capman is not None:
+            with capman.global_and_fixture_disabled():
+                tr.write_line(text)
+
+    say(f"[trainer tests: the {world}-rank cases of every module, one shared launch; minutes on a few cores]")
+    t0 = time.perf_counter()
+    runs = start()
+    say(f"[trainer tests: the {world}-rank launch took {time.perf_counter() - t0:.0f} s]")
+    return runs
 
 
 @pytest.fixture(scope="session")
-def world2(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return launch(trainer_out, 2)
+def world1(request: pytest.FixtureRequest, trainer_out: Path) -> dict[str, dict[str, Run]]:
+    return _announced(request, 1, lambda: launched(trainer_out, 1))
 
 
 @pytest.fixture(scope="session")
-def world4(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return launch(trainer_out, 4)
+def world2(request: pytest.FixtureRequest, trainer_out: Path) -> dict[str, dict[str, Run]]:
+    return _announced(request, 2, lambda: launch(trainer_out, 2))
 
 
 @pytest.fixture(scope="session")
-def world8(trainer_out: Path) -> dict[str, dict[str, Run]]:
-    return launch(trainer_out, 8)
+def world4(request: pytest.FixtureRequest, trainer_out: Path) -> dict[str, dict[str, Run]]:
+    return _announced(request, 4, lambda: launch(trainer_out, 4))
+
+
+@pytest.fixture(scope="session")
+def world8(request: pytest.FixtureRequest, trainer_out: Path) -> dict[str, dict[str, Run]]:
+    return _announced(request, 8, lambda: launch(trainer_out, 8))
 
 
 @pytest.fixture
