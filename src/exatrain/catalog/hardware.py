@@ -142,34 +142,33 @@ def _filesystem_from(name: str, fields: Mapping[str, Any], source: str) -> FileS
                           description=str(fields.get("description", "")), source=str(fields.get("source", "")))
 
 
+def _named_or_table(value: Any, catalog: Mapping[str, Any], build: Any, source: str, cluster: str,
+                    key: str, what: str) -> Any:
+    """A cluster's ``key`` (its device or file system): a catalog name looked up in ``catalog``, or a table of its
+    own fields built by ``build(name, fields, source)``; anything else is a one-line error naming the cluster."""
+    if isinstance(value, dict):
+        return build(str(value.get("name", f"{cluster}-{key}")), {k: v for k, v in value.items() if k != "name"},
+                     source)
+    if isinstance(value, str):
+        if value not in catalog:
+            raise UserError(f"{source}: cluster {cluster!r} names unknown {what} {value!r}; "
+                            f"known: {', '.join(sorted(catalog))}")
+        return catalog[value]
+    raise UserError(f"{source}: cluster {cluster!r} {key} must be a catalog name or a table, got {value!r}")
+
+
 def _cluster_from(name: str, fields: Mapping[str, Any], devices: Mapping[str, DeviceSpec],
                   source: str, filesystems: Mapping[str, FileSystemSpec] | None = None) -> ClusterSpec:
     fields = dict(fields)
     fs = fields.pop("filesystem", None)
     filesystems = filesystems if filesystems is not None else filesystem_catalog()
-    if isinstance(fs, dict):
-        filesystem: FileSystemSpec | None = _filesystem_from(str(fs.get("name", f"{name}-filesystem")),
-                                                             {k: v for k, v in fs.items() if k != "name"}, source)
-    elif isinstance(fs, str):
-        if fs not in filesystems:
-            raise UserError(f"{source}: cluster {name!r} names unknown file system {fs!r}; "
-                            f"known: {', '.join(sorted(filesystems))}")
-        filesystem = filesystems[fs]
-    elif fs is None:
-        filesystem = None
-    else:
-        raise UserError(f"{source}: cluster {name!r} filesystem must be a catalog name or a table, got {fs!r}")
+    filesystem: FileSystemSpec | None = None
+    if fs is not None:
+        filesystem = _named_or_table(fs, filesystems, _filesystem_from, source, name, "filesystem", "file system")
     dev = fields.pop("device", None)
-    if isinstance(dev, dict):
-        device = _device_from(dev.get("name", f"{name}-device"),
-                              {k: v for k, v in dev.items() if k != "name"}, source)
-    elif isinstance(dev, str):
-        if dev not in devices:
-            raise UserError(f"{source}: cluster {name!r} names unknown device {dev!r}; "
-                            f"known devices: {', '.join(sorted(devices))}")
-        device = devices[dev]
-    else:
+    if dev is None:
         raise UserError(f"{source}: cluster {name!r} needs `device` (a catalog name or a table)")
+    device = _named_or_table(dev, devices, _device_from, source, name, "device", "device")
     gpn = fields.pop("gpus_per_node", None)
     if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn <= 0:
         raise UserError(f"{source}: cluster {name!r} gpus_per_node must be a positive integer, got {gpn!r}")
