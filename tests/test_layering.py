@@ -4,7 +4,13 @@ What is checked is what docs/architecture.md §4 lists: every module belongs to 
 every import in its source names a layer its row allows (§2); importing a layer's modules loads no
 module outside what its row allows, followed through the rows it may import (§2); a "never" layer has
 no `import torch` in its source, and no "never" or "on call" layer loads torch when imported (§2, §3).
-A layer with no modules is not checked; the cli row is checked once an api exists (§4).
+A layer with no modules is not checked; the cli row is checked once an api exists (§4). And no module of
+src/exatrain imports itself back through others (§4): the graph of every `from exatrain... import` and
+`import exatrain...`, at the top or inside a function, has no cycle; a function-local import that only
+keeps torch or matplotlib from loading with its module is not counted.
+
+Broken on purpose and seen to fail here: a function-local import that closes a cycle, reintroduced
+(catalog.models importing catalog.hf_config inside load_model_file).
 """
 
 from __future__ import annotations
@@ -297,3 +303,128 @@ def test_importing_a_layer_loads_only_what_its_rows_allow(group: str) -> None:
                 bad.append(f"importing {layer} loads {name} ({_name_layer(name)})")
     assert checked, f"no {group} layer was imported"
     assert not bad, "\n".join(bad)
+
+
+# ------------------------------------------------------------------ no import circles
+
+HEAVY = ("torch", "matplotlib")
+
+
+def _import_nodes(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement that runs, with whether it runs inside a function (`if TYPE_CHECKING:` never runs)."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def visit(node: ast.AST, local: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for sub in child.orelse:
+                    visit(sub, local)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append((child, local))
+            visit(child, local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return found
+
+
+@lru_cache(maxsize=1)
+def import_graph() -> dict[str, dict[str, bool]]:
+    """module -> {exatrain module it imports: True when every such import is inside a function}. A name is
+    resolved to the longest exatrain module it names (`from exatrain.x import f` is an edge to exatrain.x)."""
+    paths = {_dotted(p): p for p in sorted(SRC.rglob("*.py"))}
+    graph: dict[str, dict[str, bool]] = {}
+    for dotted, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        edges: dict[str, bool] = {}
+        for node, local in _import_nodes(tree):
+            for name in _imports_of(ast.unparse(node), dotted, path.name == "__init__.py"):
+                while name and name not in paths:
+                    name = name.rpartition(".")[0]
+                if name and name != dotted:
+                    edges[name] = edges.get(name, True) and local
+        graph[dotted] = edges
+    return graph
+
+
+@lru_cache(maxsize=1)
+def _heavy_at_import() -> frozenset[str]:
+    """The modules whose own top-level imports load torch or matplotlib, directly or through exatrain's."""
+    graph = import_graph()
+    heavy = set()
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node, local in _import_nodes(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if not local and any(n.split(".")[0] in HEAVY for n in names):
+                heavy.add(_dotted(path))
+    grew = True
+    while grew:
+        grew = False
+        for mod, edges in graph.items():
+            if mod not in heavy and any(not local and target in heavy for target, local in edges.items()):
+                heavy.add(mod)
+                grew = True
+    return frozenset(heavy)
+
+
+def _cycles(graph: dict[str, dict[str, bool]]) -> list[list[str]]:
+    """The strongly connected parts of more than one module (Tarjan's), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                parts.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return parts
+
+
+def runtime_graph() -> dict[str, dict[str, bool]]:
+    """import_graph() less the function-local imports that keep torch or matplotlib from loading with a module
+    (the target loads one at import, the importing module does not)."""
+    heavy = _heavy_at_import()
+    return {mod: {t: local for t, local in edges.items() if not (local and t in heavy and mod not in heavy)}
+            for mod, edges in import_graph().items()}
+
+
+def test_no_import_circles() -> None:
+    """docs/architecture.md §4: no module imports itself back through others, at the top or inside a function."""
+    graph = runtime_graph()
+    found = []
+    for part in _cycles(graph):
+        edges = [f"{a} -> {b}" + (" (inside a function)" if graph[a][b] else "")
+                 for a in part for b in sorted(graph[a]) if b in part]
+        found.append("; ".join(edges))
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_the_circle_check_sees_a_function_local_circle() -> None:
+    """The check finds a cycle closed only inside a function, and lets a lazy torch import pass."""
+    graph = {"a": {"b": False}, "b": {"a": True}, "c": {}}
+    assert _cycles(graph) == [["a", "b"]]
+    assert _cycles({"a": {"b": False}, "b": {}}) == []
+    assert "exatrain.trainer.checkpoint.compat" in _heavy_at_import()
+    assert "exatrain.trainer.checkpoint.files" not in _heavy_at_import()
+    assert import_graph()["exatrain.trainer.checkpoint.files"]["exatrain.trainer.checkpoint.compat"] is True
+    assert "exatrain.trainer.checkpoint.compat" not in runtime_graph()["exatrain.trainer.checkpoint.files"]

@@ -16,7 +16,7 @@ import pytest
 from exatrain import api
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster
-from exatrain.engine_configs.common import TARGETS, export
+from exatrain.engine_configs import TARGETS, export
 from exatrain.errors import UserError
 from exatrain.plan import Plan
 from exatrain.planner.search.space import SpaceOptions

@@ -19,7 +19,7 @@ from exatrain import api
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
-from exatrain.engine_configs.common import export
+from exatrain.engine_configs import export
 from exatrain.errors import PlanError, UserError
 from exatrain.plan import Plan
 from exatrain.settings import ATTENTION_KERNELS

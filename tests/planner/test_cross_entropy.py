@@ -30,7 +30,7 @@ from exatrain.accounting.memory import logits_bytes_per_element, stage_memory
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
-from exatrain.engine_configs.common import export
+from exatrain.engine_configs import export
 from exatrain.errors import PlanError
 from exatrain.plan import Plan
 from exatrain.settings import CROSS_ENTROPY

@@ -17,7 +17,7 @@ import pytest
 from exatrain.accounting.engines import get_engine
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster
-from exatrain.engine_configs.common import export
+from exatrain.engine_configs import export
 from exatrain.engine_configs.megatron import deepspeed_config, render_megatron
 from exatrain.errors import UserError
 from exatrain.planner.cost.coefficients import default_params

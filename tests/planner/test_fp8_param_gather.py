@@ -109,7 +109,7 @@ def test_plan_file_search_and_exports_carry_it(tmp_path) -> None:
     assert "fp8_param_gather" not in _plan().to_dict()  # older readers see nothing new
     assert make_plan(LLAMA, H100, gpus=16, base=Plan.load(path), runtime="torchtitan").fp8_param_gather
     assert ", FP8 parameter gather" in plan.settings_label
-    from exatrain.engine_configs.common import export
+    from exatrain.engine_configs import export
 
     meg = export(_plan("megatron-core", zero=1, fp8_param_gather=True), "megatron").text
     assert "--fp8-param-gather" in meg.split() and "--fp8-param-gather" in MEGATRON_LM_OPTIONS

@@ -164,7 +164,7 @@ def test_the_timeline_replays_the_same_pass() -> None:
 
 
 def test_an_export_that_cannot_carry_it_says_so() -> None:
-    from exatrain.engine_configs.common import export
+    from exatrain.engine_configs import export
 
     tt = export(_plan("torchtitan", "float32", zero=3), "deepspeed")
     assert "data_types" not in tt.text and any("keeps its bfloat16 default" in n for n in tt.notes)

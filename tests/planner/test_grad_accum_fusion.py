@@ -16,7 +16,7 @@ import pytest
 from exatrain.accounting.engines import ENGINE_NAMES, get_engine, resolve_settings
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
-from exatrain.engine_configs.common import export
+from exatrain.engine_configs import export
 from exatrain.engine_configs.megatron import render_megatron
 from exatrain.errors import UserError
 from exatrain.settings import GRAD_ACCUM_FUSION_RUNTIMES, RunSettings

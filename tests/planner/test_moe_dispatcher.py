@@ -70,7 +70,7 @@ def test_plan_file_search_and_exports_carry_the_dispatcher(tmp_path) -> None:
     plan.save(path)
     assert Plan.load(path).moe_dispatcher == "hybridep"
     assert "moe_dispatcher" not in plan.replace(moe_dispatcher="alltoall").to_dict()
-    from exatrain.engine_configs.common import export
+    from exatrain.engine_configs import export
 
     text = export(plan, "megatron").text
     assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend hybridep" in text

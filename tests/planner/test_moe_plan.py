@@ -228,7 +228,7 @@ def test_plan_json_carries_ep_cp_fp8(tmp_path) -> None:
 def test_engine_exports_carry_ep_cp_fp8() -> None:
     """Megatron-LM gets the MoE shape, --expert-model-parallel-size, --context-parallel-size and the
     FP8 recipe; torchtitan its parallelism degrees and float8 section; Megatron-DeepSpeed refuses."""
-    from exatrain.engine_configs.common import export
+    from exatrain.engine_configs import export
     from exatrain.errors import UserError
 
     moe = make_plan("mixtral-8x7b", H100, gpus=64, tp=2, pp=4, ep=4, micro_batch=1, global_batch=256,

@@ -103,7 +103,7 @@ def test_plan_file_search_and_exports_carry_the_routing(tmp_path) -> None:
     d = _plan().to_dict()
     assert "moe_capacity_factor" not in d and "moe_force_balance" not in d  # older readers see nothing new
     assert make_plan(QWEN, H100, gpus=16, base=back).moe_capacity_factor == 1.0  # a base plan's routing is kept
-    from exatrain.engine_configs.common import export
+    from exatrain.engine_configs import export
 
     text = export(plan, "megatron").text
     assert "--moe-expert-capacity-factor 1.0\n" in text and "--moe-pad-expert-input-to-capacity" in text

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 from exatrain.accounting.engines import ADAM_BYTES, ENGINES, get_engine
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster
-from exatrain.engine_configs.common import export
+from exatrain.engine_configs import export
 from exatrain.errors import UserError
 from exatrain.settings import ADAM_KERNEL_RUNTIMES
 from exatrain.planner.cost.coefficients import default_params

@@ -22,7 +22,8 @@ from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape
 from exatrain.records import read_run_records
 from exatrain.trainer import failures, health
 from exatrain.trainer.checkpoint import files as ckpt_files
-from exatrain.trainer.health import RankMonitor, slow_ranks, summarize_windows
+from exatrain.trainer.failures import summarize_windows
+from exatrain.trainer.health import RankMonitor, slow_ranks
 from exatrain.trainer.metrics import supersede_redone_steps
 
 

@@ -250,7 +250,7 @@ def test_trainer_refuses_the_attention_variants_it_does_not_build() -> None:
 
 # DeepSeek-V3's router on moe-tiny: sigmoid scores, a balancing bias moved after every step.
 SIGMOID_BIAS = dict(router="sigmoid", router_bias=True)
-# What Mixtral's format can hold: every layer MoE, no shared experts (hf_moe.py).
+# What Mixtral's format can hold: every layer MoE, no shared experts (hf_export.py).
 MIXTRAL_LIKE = moe_spec(shared_experts=0, dense_layers=0, name="moe-tiny-mixtral-like")
 # Cases by world size (one launch each); the reference of a case is "single" or "single-sigmoid-bias".
 # With a checkpoint: saved after every step, for the first-step gradients (module doc).

@@ -15,7 +15,8 @@ from exatrain.catalog.hardware import (
     load_cluster_file,
     match_device,
 )
-from exatrain.catalog.models import ModelSpec, get_model, load_model_file, model_presets
+from exatrain.catalog.hf_config import load_model_file
+from exatrain.catalog.models import ModelSpec, get_model, model_presets
 
 __all__ = [
     "ClusterSpec", "DeviceSpec", "LinkTier", "ModelSpec",

@@ -19,14 +19,17 @@ checks it against each model card):
 The sequence length is not in a config.json: ``max_position_embeddings`` is the longest context the
 model takes, not what it was trained at. The caller's ``seq_len`` wins; without one the plan is made at
 ``DEFAULT_SEQ_LEN`` tokens, or at the model's limit where that is shorter, and a note says so.
+
+``load_model_file`` reads a user's model file of either kind (a ModelSpec table or a config.json).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
-from exatrain.catalog.models import ModelSpec
+from exatrain.catalog.models import ModelSpec, _load_table_file
 from exatrain.errors import UserError
 
 # The training sequence a config.json plans at when none is given: the pre-training length of Llama 2,
@@ -322,5 +325,27 @@ def _windows(f: _Fields, fields: dict[str, Any]) -> None:
     fields.update(sliding_window=window, **({"full_attention_every": every} if every else {}))
 
 
-__all__ = ["ARCHITECTURES", "DEFAULT_SEQ_LEN", "HFModel", "MODEL_TYPES", "is_hf_config", "model_type_of",
-           "moe_layout", "read_hf_config", "window_layout"]
+def load_model_file(path: str | Path, *, seq_len: int | None = None, notes: list[str] | None = None) -> ModelSpec:
+    """A user's model file: TOML or JSON holding the ModelSpec fields (flat, or under [model]), or a Hugging
+    Face config.json (it has model_type or architectures), named after the Hub id it was
+    saved from (``_name_or_path``, its last part) or else its folder.
+    ``seq_len``: the training sequence of a config.json (which states none; None: DEFAULT_SEQ_LEN
+    or the model's limit); ``notes``: where the lines go that say what the reader chose for a config.json."""
+    path = Path(path)
+    data = _load_table_file(path)
+    if is_hf_config(data):
+        hub = data.get("_name_or_path")
+        name = (hub.rstrip("/").rsplit("/", 1)[-1] if isinstance(hub, str) and hub.strip("/ ") else
+                path.parent.name if path.name == "config.json" and path.parent.name else path.stem)
+        read = read_hf_config(data, name=name, source=str(path), seq_len=seq_len)
+        if notes is not None:
+            notes.extend(read.notes)
+        return read.spec
+    if "model" in data and isinstance(data["model"], dict):
+        data = data["model"]
+    data = {"name": path.stem, **data}
+    return ModelSpec.from_dict(data, source=str(path))
+
+
+__all__ = ["ARCHITECTURES", "DEFAULT_SEQ_LEN", "HFModel", "MODEL_TYPES", "is_hf_config", "load_model_file",
+           "model_type_of", "moe_layout", "read_hf_config", "window_layout"]

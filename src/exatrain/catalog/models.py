@@ -384,27 +384,3 @@ def get_model(name: str) -> ModelSpec:
         raise UserError(f"unknown model preset {name!r}{hint}; `exatrain models` lists them, "
                         "or describe one with --model-file / --layers --hidden --heads ...")
     return presets[name]
-
-
-def load_model_file(path: str | Path, *, seq_len: int | None = None, notes: list[str] | None = None) -> ModelSpec:
-    """A user's model file: TOML or JSON holding the ModelSpec fields (flat, or under [model]), or a Hugging
-    Face config.json (it has model_type or architectures; ``catalog.hf_config``), named after the Hub id it was
-    saved from (``_name_or_path``, its last part) or else its folder.
-    ``seq_len``: the training sequence of a config.json (which states none; None: hf_config.DEFAULT_SEQ_LEN
-    or the model's limit); ``notes``: where the lines go that say what the reader chose for a config.json."""
-    from exatrain.catalog.hf_config import is_hf_config, read_hf_config
-
-    path = Path(path)
-    data = _load_table_file(path)
-    if is_hf_config(data):
-        hub = data.get("_name_or_path")
-        name = (hub.rstrip("/").rsplit("/", 1)[-1] if isinstance(hub, str) and hub.strip("/ ") else
-                path.parent.name if path.name == "config.json" and path.parent.name else path.stem)
-        read = read_hf_config(data, name=name, source=str(path), seq_len=seq_len)
-        if notes is not None:
-            notes.extend(read.notes)
-        return read.spec
-    if "model" in data and isinstance(data["model"], dict):
-        data = data["model"]
-    data = {"name": path.stem, **data}
-    return ModelSpec.from_dict(data, source=str(path))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exatrain.errors import UserError
 from exatrain.plan import Plan
 
 TARGETS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.3")
@@ -51,21 +50,6 @@ class Export:
     files: tuple[tuple[str, str], ...] = ()  # (file name, content) the text refers to, e.g. ds_config.json
 
 
-def export(plan: Plan, target: str, *, ds_config_path: str = "ds_config.json") -> Export:
-    """Render ``plan`` for ``target`` (one of TARGETS)."""
-    from exatrain.engine_configs import megatron, torchtitan
-
-    if target == "megatron":
-        return megatron.render_megatron(plan)
-    if target == "deepspeed":
-        return megatron.render_deepspeed(plan, ds_config_path=ds_config_path)
-    if target == "torchtitan":
-        return torchtitan.render_torchtitan(plan)
-    if target == "torchtitan-0.3":
-        return torchtitan.render_torchtitan_03(plan)
-    raise UserError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
-
-
 def summary(plan: Plan) -> str:
     virt = f" (x{plan.interleave} virtual stages per rank)" if plan.interleave > 1 else ""
     extra = "".join(f", {k} {n}" for k, n in (("cp", plan.cp), ("ep", plan.ep)) if n != 1)
@@ -80,5 +64,5 @@ def even_split(plan: Plan) -> bool:
     return len(set(plan.layers_per_stage())) == 1
 
 
-__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "export", "summary"]
+__all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "summary"]
 

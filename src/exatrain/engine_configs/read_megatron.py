@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hf_config import moe_layout, window_layout
 from exatrain.engine_configs.megatron import FP8_RECIPES
-from exatrain.engine_configs.reading import AttentionShape, LaunchRead, number, positive
+from exatrain.engine_configs.read_common import AttentionShape, LaunchRead, number, positive
 from exatrain.engine_configs.shell import Script, run_script
 from exatrain.errors import UserError
 from exatrain.plan import balanced_split

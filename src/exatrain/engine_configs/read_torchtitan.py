@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.models import ModelSpec, model_presets
-from exatrain.engine_configs.reading import AttentionShape, LaunchRead, positive
+from exatrain.engine_configs.read_common import AttentionShape, LaunchRead, positive
 from exatrain.engine_configs.torchtitan import SCHEDULE_NAMES, architecture, flavor_model, registered_model
 from exatrain.errors import UserError
 from exatrain.plan import balanced_split

@@ -509,6 +509,24 @@ def run_lines(metrics_file: str | Path) -> list[dict]:
     return lines
 
 
+def summarize_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """A RunRecord's ``rank_times``: per rank, the mean compute and wait seconds per step over every
+    window (weighted by its steps), the stragglers named in any, and how many steps were measured."""
+    windows = [w for w in windows if w.get("kind", "ranks") == "ranks" and w.get("compute_s")]
+    if not windows:
+        return None
+    n = len(windows[0]["compute_s"])
+    steps = sum(int(w["last_step"]) - int(w["first_step"]) + 1 for w in windows)
+
+    def mean(key: str, r: int) -> float:
+        total = sum(float(w[key][r]) * (int(w["last_step"]) - int(w["first_step"]) + 1) for w in windows)
+        return round(total / steps, 6)
+
+    return {"steps": steps, "windows": len(windows),
+            "compute_s": [mean("compute_s", r) for r in range(n)], "wait_s": [mean("wait_s", r) for r in range(n)],
+            "stragglers": sorted({r for w in windows for r in w.get("stragglers", [])})}
+
+
 def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *, device: str, wall_s: float,
                         measure_after: int, versions: Mapping[str, Any] | None = None) -> None:
     """Append the failed or interrupted run's RunRecord: what its steps measured (from the metrics lines
@@ -517,7 +535,6 @@ def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *
     imported here to ask)."""
     if not metrics_file:
         return
-    from exatrain.trainer.health import summarize_windows
     from exatrain.trainer.metrics import StepMetrics, run_env, summarize
 
     name = "cpu"
@@ -550,5 +567,5 @@ def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *
 
 __all__ = ["Diagnosis", "RunContext", "claim", "compact", "diagnose", "is_peer_loss", "last_checkpoint", "log_path",
            "mark_reported", "not_arrived", "prepare", "rank_label", "read_ranks", "resume_command", "run_dir_for",
-           "run_lines", "tail", "versions_of", "wait_reported", "where", "write_failed_record", "write_failure",
-           "write_json"]
+           "run_lines", "summarize_windows", "tail", "versions_of", "wait_reported", "where", "write_failed_record",
+           "write_failure", "write_json"]

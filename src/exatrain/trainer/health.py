@@ -73,6 +73,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from exatrain.trainer import failures
+
 PHASES = ("setup", "data", "forward", "backward", "forward/backward", "grad-sync", "optimizer", "metrics",
           "checkpoint", "stopped", "done")
 COMPUTE_PHASES = frozenset({"data", "forward", "backward", "forward/backward", "optimizer"})
@@ -118,24 +120,6 @@ def slow_ranks(compute_s: Sequence[float], stage_of: Sequence[int]) -> list[int]
         if c > SLOW_RATIO * m and c - m > SLOW_MIN_EXCESS_S:
             out.append(r)
     return out
-
-
-def summarize_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """A RunRecord's ``rank_times``: per rank, the mean compute and wait seconds per step over every
-    window (weighted by its steps), the stragglers named in any, and how many steps were measured."""
-    windows = [w for w in windows if w.get("kind", "ranks") == "ranks" and w.get("compute_s")]
-    if not windows:
-        return None
-    n = len(windows[0]["compute_s"])
-    steps = sum(int(w["last_step"]) - int(w["first_step"]) + 1 for w in windows)
-
-    def mean(key: str, r: int) -> float:
-        total = sum(float(w[key][r]) * (int(w["last_step"]) - int(w["first_step"]) + 1) for w in windows)
-        return round(total / steps, 6)
-
-    return {"steps": steps, "windows": len(windows),
-            "compute_s": [mean("compute_s", r) for r in range(n)], "wait_s": [mean("wait_s", r) for r in range(n)],
-            "stragglers": sorted({r for w in windows for r in w.get("stragglers", [])})}
 
 
 def signal_name(signum: int) -> str:
@@ -258,13 +242,12 @@ class RankMonitor:
     def stop_agreed(self, step: int, votes: Mapping[int, int]) -> str:
         """Every rank saw ``votes`` (rank -> signal) after ``step``: the stop begins here (the grace no
         longer runs). Returns the cause the ranks record: this rank's own, else whose signal it was."""
-        from exatrain.trainer.failures import ranks_text
 
         self.stopping = True
         if self.stop_signal:
             return self.stop_cause
         named = sorted({signal_name(v) for v in votes.values()})
-        return f"interrupted ({'/'.join(named)} to {ranks_text(sorted(votes))})"
+        return f"interrupted ({'/'.join(named)} to {failures.ranks_text(sorted(votes))})"
 
     def stop_grace_s(self) -> float:
         """How long a stop request waits for the step boundary (STOP_STEPS median steps, clamped)."""
@@ -340,8 +323,6 @@ class RankMonitor:
             return
         moved = self._advanced(self.rank, own)
         if self.run_dir is not None and self.world > 1:  # every beat, so each peer's last value is fresh
-            from exatrain.trainer import failures
-
             beats, _ = failures.read_ranks(self.run_dir, self.world)
             for r, beat in beats.items():
                 if r != self.rank and int(beat.get("run", -1)) == self.run and "cpu_s" in beat:
@@ -409,8 +390,6 @@ class RankMonitor:
         raise Terminated(signum)
 
     def _loop(self) -> None:
-        from exatrain.trainer import failures
-
         assert self._wake is not None
         timeout = 0.0  # the first heartbeat at once
         while not self._stop.is_set():
@@ -437,8 +416,6 @@ class RankMonitor:
                 self._hang(*late)
 
     def _hang(self, waited: float, computing: bool = False) -> None:
-        from exatrain.trainer import failures
-
         beats, _ = failures.read_ranks(self.run_dir, self.world)
         beats[self.rank] = self.state()
         gone, why = failures.not_arrived(beats, self.world, time.time())
@@ -462,8 +439,6 @@ class RankMonitor:
     def _launcher_gone(self) -> None:
         """The launcher that spawned this rank has ended: nobody will read the rank files, so this rank
         reports (as under torchrun), and stops as on SIGHUP."""
-        from exatrain.trainer import failures
-
         self.launcher_fd = None
         self.supervised = False
         if self.context is None and self.config is not None:
@@ -495,8 +470,6 @@ class RankMonitor:
         request's own words, in place of ``cause``."""
         if not self._ending.acquire(blocking=False):
             threading.Event().wait()
-        from exatrain.trainer import failures
-
         cause = cause_of or cause
 
         record = {**self.state(), "kind": kind, "cause": cause, "exit_code": exit_code, "user_error": user_error,
@@ -524,8 +497,6 @@ class RankMonitor:
         a signal first gives the rank with the cause a few beats to claim. A rank that does not report
         waits until the report is written (``failures.wait_reported``)."""
         from exatrain.errors import error_line
-        from exatrain.trainer import failures
-
         ctx = self.context
         if ctx is None:
             return None
@@ -683,5 +654,4 @@ def _spin(seconds: float) -> None:
 
 
 __all__ = ["COMPUTE_PHASES", "PHASES", "RankMonitor", "SLOW_RANK_ENV", "SLOW_RATIO", "STOP_SIGNALS", "StepClock",
-           "Stopped", "StragglerWindows", "Terminated", "signal_name", "slow_ranks", "straggler_lines",
-           "summarize_windows"]
+           "Stopped", "StragglerWindows", "Terminated", "signal_name", "slow_ranks", "straggler_lines"]

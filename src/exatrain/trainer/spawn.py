@@ -406,18 +406,12 @@ def _prepare_rank(config: TrainConfig, local_rank: int) -> None:
     """One GPU per rank, bound before NCCL starts; one thread per CPU rank when so asked."""
     import torch
 
+    from exatrain.trainer.parallel.mesh import cuda_index
+
     if config.device == "cuda":
         torch.cuda.set_device(cuda_index(local_rank))
     elif os.environ.get("OMP_NUM_THREADS") == "1":
         torch.set_num_threads(1)
-
-
-def cuda_index(local_rank: int) -> int:
-    """The GPU a rank drives. A launcher may show each rank only its own GPU (SLURM's
-    --gpu-bind=closest on Frontier, CUDA_VISIBLE_DEVICES per rank), so index modulo what is visible."""
-    import torch
-
-    return local_rank % max(1, torch.cuda.device_count())
 
 
 def _free_port() -> int:
@@ -441,4 +435,4 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-__all__ = ["DistEnv", "backend", "cuda_index", "dist_env", "launch_local", "run_dir_of", "run_distributed"]
+__all__ = ["DistEnv", "backend", "dist_env", "launch_local", "run_dir_of", "run_distributed"]

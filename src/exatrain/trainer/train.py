@@ -38,11 +38,10 @@ from exatrain.trainer.checkpoint import files as ckpt_files
 from exatrain.trainer.checkpoint.files import CheckpointError
 from exatrain.trainer.checkpoint.manager import Checkpointer
 from exatrain.trainer.config import TrainConfig
-from exatrain.trainer.spawn import cuda_index
 from exatrain.trainer.sampler import SampleOrder, TokenShards, check_vocab, local_batch
 from exatrain.trainer.debug import Dump
-from exatrain.trainer.health import (RankMonitor, StepClock, Stopped, StragglerWindows, straggler_lines,
-                                     summarize_windows)
+from exatrain.trainer.failures import summarize_windows
+from exatrain.trainer.health import RankMonitor, StepClock, Stopped, StragglerWindows, straggler_lines
 from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
                                       plan_model_flops, peak_flops, peak_memory_bytes, run_env, summarize,
                                       supersede_redone_steps)
@@ -52,7 +51,7 @@ from exatrain.trainer.parallel.context import shard_batch
 from exatrain.trainer.parallel.expert import finish_moe_step
 from exatrain.trainer.parallel.grads import (average_over_dp, clip_grad_norm, local_grad, settle_grads,
                                              sync_tied_embedding)
-from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates
+from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates, cuda_index
 from exatrain.trainer.parallel.pipeline import build_schedule
 
 

@@ -92,6 +92,12 @@ class Mesh:
         return self.dp_mesh.size() if dim == "dp" else self.mesh[dim].size()
 
 
+def cuda_index(local_rank: int) -> int:
+    """The GPU a rank drives. A launcher may show each rank only its own GPU (SLURM's
+    --gpu-bind=closest on Frontier, CUDA_VISIBLE_DEVICES per rank), so index modulo what is visible."""
+    return local_rank % max(1, torch.cuda.device_count())
+
+
 def build_mesh(plan: Plan, device: torch.device) -> Mesh:
     """Create the mesh (and the tied-embedding groups) on an initialised default process group."""
     world = dist.get_world_size()
@@ -128,4 +134,4 @@ def build_mesh(plan: Plan, device: torch.device) -> Mesh:
                 cp_rank=cp_coordinate(rank, plan), flat_dp_cp=flat_dp_cp)
 
 
-__all__ = ["Mesh", "build_mesh", "coordinates", "cp_coordinate", "global_rank"]
+__all__ = ["Mesh", "build_mesh", "coordinates", "cuda_index", "cp_coordinate", "global_rank"]
