@@ -29,13 +29,13 @@ import numpy as np
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.settings import RECOMPUTE
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.settings import RECOMPUTE, RUNTIMES
+from exatrain.accounting.engines import get_engine
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_runs_by_engine.csv"
 GIB = 2.0 ** 30
-PROFILES = (*ENGINE_NAMES, "default")
+PROFILES = (*RUNTIMES, "default")
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [r for r in csv.DictReader(args.csv.open(encoding="utf-8")) if r["memory_per_gpu_gib"].strip()]
     errors: dict[str, list[float]] = {p: [] for p in PROFILES}
-    own: dict[str, list[float]] = {p: [] for p in ENGINE_NAMES}
+    own: dict[str, list[float]] = {p: [] for p in RUNTIMES}
     subsets: dict[str, dict[str, list[float]]] = {"16-bit, no cp": {p: [] for p in PROFILES}}
     head = " ".join(f"{p[:18]:>18}" for p in PROFILES)
     print(f"{'run':58} {'engine':18} {'measured':>9} {head}  notes")
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for p in PROFILES:
         print(line(f"{p}: every row it can plan", errors[p]))
-    for p in ENGINE_NAMES:
+    for p in RUNTIMES:
         print(line(f"{p}: its own engine's rows", own[p]))
     for name, by in subsets.items():
         for p in PROFILES:

@@ -15,7 +15,8 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.errors import PlanError
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.settings import RECOMPUTE, SCHEDULES, RunSettings
-from exatrain.planner.search.space import REASONS, RUNTIME_REASON, TRAINER_REASONS, SpaceOptions, enumerate_space
+from exatrain.planner.search.space import (PLAN_REASONS, RUNTIME_REASON, TRAINER_LAYOUT_REASONS, SpaceOptions,
+                                           enumerate_space)
 from exatrain.trainer.config import TrainConfig
 
 MODELS = ("gpt-tiny", "llama-tiny", "gpt-175b", "llama3-70b", "moe-tiny")
@@ -91,7 +92,8 @@ def test_space_counts_each_candidate_under_its_first_rule() -> None:
     gpus, gb = 24, 24
     for runtime in ("megatron-deepspeed", "exatrain"):  # both offer every ZeRO stage (DeepSpeed's not under a pipeline)
         space = enumerate_space(m, c, gpus, gb, opts, runtime=runtime)
-        expected = dict.fromkeys(REASONS + (TRAINER_REASONS if runtime == "exatrain" else ()) + (RUNTIME_REASON,), 0)
+        trainer = TRAINER_LAYOUT_REASONS if runtime == "exatrain" else ()
+        expected = dict.fromkeys(PLAN_REASONS + trainer + (RUNTIME_REASON,), 0)
         legal = set()
         for tp in opts.tp:
             for pp in opts.pp:
@@ -227,13 +229,13 @@ def test_each_ep_and_cp_refusal_is_a_rule_with_its_line(model, dims, kw, compile
     if compile_:
         assert without.check() == without  # the same layout without --compile runs
     else:
-        assert broken[0].reason in TRAINER_REASONS  # the search for exatrain drops it
+        assert broken[0].reason in TRAINER_LAYOUT_REASONS  # the search for exatrain drops it
 
 
 def test_reasons_are_one_list() -> None:
     assert len(set(rules.REASONS)) == len(rules.RULES)
-    assert set(REASONS) | set(TRAINER_REASONS) <= set(rules.REASONS)
-    assert set(TRAINER_REASONS) <= set(rules.TRAINER_REASONS)
+    assert set(PLAN_REASONS) | set(TRAINER_LAYOUT_REASONS) <= set(rules.REASONS)
+    assert set(TRAINER_LAYOUT_REASONS) <= set(rules.TRAINER_REASONS)
     assert np.all([r.scope in ("plan", "run", "trainer", "search") for r in rules.RULES])
 
 

@@ -16,8 +16,9 @@ from exatrain.catalog import get_model
 from exatrain.errors import UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.accounting import engines, memory
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.engines import get_engine
 from exatrain.accounting.params import layer_params
+from exatrain.settings import RUNTIMES
 
 from tests.helpers.benchmarks import BENCHMARKS, load
 from tests.helpers.memory import rank_memory
@@ -121,7 +122,7 @@ def test_exatrain_profile_is_the_trainer_convention(d: int, dtype: str, zero: in
 
 def test_state_bytes_take_numpy_arrays() -> None:
     d = np.array(DS, dtype=float)
-    for name in ENGINE_NAMES:
+    for name in RUNTIMES:
         p = get_engine(name)
         for z in p.zero_stages("bfloat16"):
             arr = p.state_bytes("bfloat16", z, d)
@@ -146,8 +147,8 @@ def test_fp32_accumulation_elsewhere_than_bf16_optimizer_is_refused() -> None:
 
 # ---- names --------------------------------------------------------------------------------------
 def test_profile_names() -> None:
-    assert ENGINE_NAMES == ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry")
-    assert [get_engine(n).name for n in ENGINE_NAMES] == list(ENGINE_NAMES)
+    assert RUNTIMES == ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry")
+    assert [get_engine(n).name for n in RUNTIMES] == list(RUNTIMES)
 
 
 @pytest.mark.parametrize("bad", ["megatron", "Megatron-Core", "", "deepspeed", None])
@@ -155,11 +156,11 @@ def test_unknown_engine_is_one_user_error_line_listing_the_names(bad) -> None:
     with pytest.raises(UserError) as err:
         get_engine(bad)
     msg = str(err.value)
-    assert "\n" not in msg and all(n in msg for n in ENGINE_NAMES)
+    assert "\n" not in msg and all(n in msg for n in RUNTIMES)
 
 
 def test_every_profile_states_its_sources_recompute_switches_and_overlaps() -> None:
-    for name in ENGINE_NAMES:
+    for name in RUNTIMES:
         p = get_engine(name)
         assert all(rule.source and rule.mode for _, rule in p.states)
         assert {mode for mode, _ in p.activations.recompute} == {"none", "selective", "full"}
@@ -343,7 +344,7 @@ def test_zero3_working_set_per_engine() -> None:
 def test_engine_path_takes_numpy_arrays() -> None:
     m = get_model("llama-tiny")
     tp, dp, mb = np.array([1, 2, 4]), np.array([8, 4, 2]), np.array([1, 2, 4])
-    for name in ENGINE_NAMES:
+    for name in RUNTIMES:
         eng = get_engine(name)
         zero = max(eng.zero_stages())
         kw = dict(dtype="bfloat16", zero_stage=zero, recompute="selective", sequence_parallel=True, flash=True,
@@ -379,8 +380,8 @@ def test_dataset_rows_name_an_engine_a_source_and_what_they_assume() -> None:
     assert rows
     for r in rows:
         # an engine exatrain has no profile of names the profile its rows are planned with (``priced_as``)
-        assert (r.get("priced_as") or r["engine"]) in ENGINE_NAMES, r["model"]
-        assert r["engine"] in ENGINE_NAMES or r.get("priced_as"), r["model"]
+        assert (r.get("priced_as") or r["engine"]) in RUNTIMES, r["model"]
+        assert r["engine"] in RUNTIMES or r.get("priced_as"), r["model"]
         assert r["source"] and r["url"].startswith("http") and r["unstated_assumed"], r["model"]
         assert r["kind"] in ("dense", "moe", "long-context"), r["model"]
         assert r["throughput"] and r["throughput_unit"], r["model"]

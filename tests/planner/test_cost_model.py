@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from exatrain import rules
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine, plan_run, resolve_settings
+from exatrain.accounting.engines import get_engine, plan_run, resolve_settings
 from exatrain.accounting.memory import memory_by_stage
 from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.catalog import get_cluster, get_model
-from exatrain.settings import RECOMPUTE, SCHEDULES, RunSettings
+from exatrain.settings import RECOMPUTE, RUNTIMES, SCHEDULES, RunSettings
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.pipeline import pipeline_times
 from exatrain.planner.cost.schedule import simulate
@@ -83,9 +83,9 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
         model, cluster, space = _space(name, cl, gpus, gb)
         n = N_RANDOM // len(SPACES) + (N_RANDOM % len(SPACES) if k == 0 else 0)
         # a random runtime per plan (the batch holds one runtime: one batch per runtime)
-        runtimes = rng.choice(len(ENGINE_NAMES), size=n)
+        runtimes = rng.choice(len(RUNTIMES), size=n)
         cp = default_params(cluster.device.name)
-        for r, rt in enumerate(ENGINE_NAMES):
+        for r, rt in enumerate(RUNTIMES):
             count = int((runtimes == r).sum())
             pool = _offered(space, rt, dtype, model, cluster, gb)
             if not pool.size:  # llm-foundry runs dp alone: gpt-175b's 1,536-sample batch splits over no 1,024 ranks
@@ -116,7 +116,7 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
     assert seen["schedule"] >= {"gpipe1", "1f1b1", "interleaved2", "interleaved3", "interleaved4",
                                 "zero_bubble2", "zero_bubble4"}
     assert seen["zero"] == {0, 1, 2, 3} and seen["recompute"] == set(RECOMPUTE) and seen["sp"] == {False, True}
-    assert seen["runtime"] == set(ENGINE_NAMES)
+    assert seen["runtime"] == set(RUNTIMES)
     assert time.perf_counter() - t0 < 600  # a hang guard, not a speed test
 
 
@@ -166,7 +166,7 @@ def test_estimate_is_the_batch_of_one_and_memory_is_every_stages(space) -> None:
     model, cluster, sp = _space(name, cl, gpus, gb)
     cp = default_params(cluster.device.name)
     rng = np.random.default_rng(5)
-    for rt in ENGINE_NAMES:
+    for rt in RUNTIMES:
         pool = _offered(sp, rt, dtype, model, cluster, gb)
         if not pool.size:  # llm-foundry runs dp alone: no such layout of gpt-175b on 1,024 GCDs
             assert rt == "llm-foundry" and name == "gpt-175b", (rt, name)

@@ -14,19 +14,20 @@ import pytest
 
 from exatrain.accounting.engines import Resolved
 from exatrain import api
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.engines import get_engine
 from exatrain.catalog import get_cluster, get_model
 from exatrain.planner.cost import compute
 from exatrain.planner.cost import fp8 as cost_fp8
 from exatrain.planner.cost import layer as cost_layer
 from exatrain.planner.cost.coefficients import default_params
+from exatrain.settings import RUNTIMES
 from exatrain.planner.estimate import estimate_plan
 
 
 def test_each_profile_says_how_it_launches_expert_gemms_and_why() -> None:
     want = {"megatron-core": "per_expert", "megatron-deepspeed": "per_expert", "torchtitan": "grouped",
             "exatrain": "grouped", "llm-foundry": "grouped"}
-    assert set(want) == set(ENGINE_NAMES)
+    assert set(want) == set(RUNTIMES)
     for name, how in want.items():
         engine = get_engine(name)
         assert engine.expert_gemms == how

@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine
+from exatrain.accounting.engines import get_engine
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs.megatron import deepspeed_config, render_megatron
 from exatrain.errors import UserError
-from exatrain.settings import GRAD_ACCUM, GRAD_ACCUM_RUNTIMES
+from exatrain.settings import GRAD_ACCUM, GRAD_ACCUM_RUNTIMES, RUNTIMES
 from exatrain.planner import plan_cost
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
@@ -33,7 +33,7 @@ A100 = get_cluster("dgx-a100")
 
 def test_the_runtimes_offered_each_dtype_are_their_state_tables() -> None:
     for accum in GRAD_ACCUM:
-        offers = {name for name in ENGINE_NAMES
+        offers = {name for name in RUNTIMES
                   if any(d == "bfloat16" and a == accum for (d, _, a), _ in get_engine(name).states)}
         assert offers == set(GRAD_ACCUM_RUNTIMES[accum]), accum
 
@@ -100,7 +100,7 @@ def test_deepspeed_adds_later_micro_batches_into_its_bf16_grads(zero: int, adds:
     assert m == 4 and got.time_s.compute - without == pytest.approx(expect, rel=1e-9, abs=1e-12)
     assert any("autograd adds each micro-batch's gradient after the first" in n for n in got.notes) == adds
     assert get_engine("megatron-deepspeed").with_grad_accum("float32").later_accum("bfloat16", 1) == 0.0
-    assert {name for name in ENGINE_NAMES if get_engine(name).later_accum("bfloat16", 1)} == {"megatron-deepspeed"}
+    assert {name for name in RUNTIMES if get_engine(name).later_accum("bfloat16", 1)} == {"megatron-deepspeed"}
 
 
 def test_the_bf16_optimizer_all_reduces_fp32_gradients() -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine, resolve_settings
+from exatrain.accounting.engines import get_engine, resolve_settings
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs import export
 from exatrain.engine_configs.megatron import render_megatron
 from exatrain.errors import UserError
-from exatrain.settings import GRAD_ACCUM_FUSION_RUNTIMES, RunSettings
+from exatrain.settings import GRAD_ACCUM_FUSION_RUNTIMES, RUNTIMES, RunSettings
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refused_by_planner, saved_plan
@@ -50,7 +50,7 @@ def test_the_pass_reads_the_fresh_gradient_and_reads_and_writes_the_accumulator(
     for fusion in ("", "on"):
         assert engine_variant("megatron-core", "", fusion).accum_pass("bfloat16") == 0.0
     # only Megatron-Core offers the switch, and the rule says the same runtimes
-    offers = {name for name in ENGINE_NAMES if get_engine(name).accum_fusion_switch}
+    offers = {name for name in RUNTIMES if get_engine(name).accum_fusion_switch}
     assert offers == set(GRAD_ACCUM_FUSION_RUNTIMES) == {"megatron-core"}
     with pytest.raises(UserError, match="offers no choice of gradient-accumulation fusion"):
         engine_variant("torchtitan", "", "off")

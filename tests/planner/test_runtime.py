@@ -10,8 +10,8 @@ import pytest
 
 from exatrain import api
 from exatrain.accounting import comms
-from exatrain.accounting.engines import ENGINE_NAMES, get_engine, resolve_settings
-from exatrain.settings import RunSettings
+from exatrain.accounting.engines import get_engine, resolve_settings
+from exatrain.settings import RUNTIMES, RunSettings
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.errors import UserError
@@ -132,7 +132,7 @@ def test_grad_reduce_overlap_and_exatrains_pipeline_exception() -> None:
             == _estimate(overlap="none", **kw).estimate.time_s.dp_comm)
 
 
-@pytest.mark.parametrize("runtime", ENGINE_NAMES)
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_overlap_never_makes_a_step_shorter_than_its_compute(runtime) -> None:
     """Over 400 legal layouts per runtime on two clusters: with every overlap on the step is at least
     the busiest rank's compute, never longer than with none, and its parts still add up to it."""

@@ -15,7 +15,7 @@ from exatrain.planner.estimate import estimate_plan
 from exatrain.planner.memory_band import VERDICTS, layout_ratios, verdict_codes
 from exatrain.planner.search import batch
 from exatrain.planner.search.search import plan_at, search
-from exatrain.planner.search.space import SCHEDULE_VARIANTS, TRAINER_REASONS, SpaceOptions, enumerate_space
+from exatrain.planner.search.space import SCHEDULE_VARIANTS, TRAINER_LAYOUT_REASONS, SpaceOptions, enumerate_space
 
 
 def test_space_rejections_by_hand() -> None:
@@ -80,16 +80,16 @@ def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
     """zero_bubble + ZeRO-2/3 + dp > 1 is legal for torchtitan but refused by the trainer
     (TrainConfig.check): --runtime exatrain counts it as a rejection instead of proposing it."""
     fsdp_zero_bubble = "zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)"
-    assert fsdp_zero_bubble in TRAINER_REASONS
+    assert fsdp_zero_bubble in TRAINER_LAYOUT_REASONS
 
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
     opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 2, 3), recompute=("none",),
                         sequence_parallel=(False,), schedules=(("1f1b", 1), ("zero_bubble", 2)))
     ref = enumerate_space(m, c, 4, 8, opts, runtime="torchtitan")  # dp 2, 4 micro-batches: all 6 legal
     own = enumerate_space(m, c, 4, 8, opts, runtime="exatrain")
-    assert len(ref) == 6 and not set(TRAINER_REASONS) & set(ref.rejected)
+    assert len(ref) == 6 and not set(TRAINER_LAYOUT_REASONS) & set(ref.rejected)
     assert own.rejected[fsdp_zero_bubble] == 2 and len(own) == 4
-    assert sum(own.rejected[r] for r in TRAINER_REASONS) == 2
+    assert sum(own.rejected[r] for r in TRAINER_LAYOUT_REASONS) == 2
     names = [s for s, _ in opts.schedules]
     assert not any(names[v] == "zero_bubble" and z >= 2 for v, z in zip(own.variant, own.zero))
 
@@ -193,7 +193,7 @@ def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
 
     assert {k for k in _keys(own) if not _ds_pipeline_zero(k)} == {k for k in _keys(ref) if not refused(k)}
     assert not any(_ds_pipeline_zero(k) for k in _keys(ref)) and any(_ds_pipeline_zero(k) for k in _keys(own))
-    assert (sum(own.rejected[r] for r in TRAINER_REASONS) + len(own)
+    assert (sum(own.rejected[r] for r in TRAINER_LAYOUT_REASONS) + len(own)
             == len(ref) + ref.rejected[DS_PIPELINE_ZERO] + ref.rejected[SCHEDULE_RUN])
     assert own.rejected[EP_ZERO] > 0 and own.rejected[MOE_ZERO_BUBBLE] > 0
     assert set(own.ep.tolist()) == {1, 2, 4}  # the divisors of the 4 experts

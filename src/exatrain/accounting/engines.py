@@ -41,7 +41,6 @@ from exatrain.accounting.fp8 import Fp8Recipe
 from exatrain.accounting.moe import moe_load
 from exatrain.settings import HALF_DTYPES, RUNTIMES, SETTINGS, RunSettings, cp_comm_for
 
-ENGINE_NAMES = RUNTIMES  # settings.RUNTIMES: the names a Plan.runtime may take
 # Bytes one AdamW update moves per parameter, by kernel (settings.ADAM_KERNELS). "fused" reads the fp32 parameter,
 # gradient, exp_avg and exp_avg_sq and writes the parameter and both moments in one kernel (torch's
 # _fused_adamw_; apex's, Transformer Engine's and DeepSpeed's FusedAdam): 7 x 4. "foreach"
@@ -1043,8 +1042,8 @@ def get_engine(name: str) -> EngineProfile:
     try:
         return ENGINES[name]
     except (KeyError, TypeError):
-        raise UserError(f"unknown engine {name!r}; use one of {', '.join(ENGINE_NAMES)}") from None
+        raise UserError(f"unknown engine {name!r}; use one of {', '.join(RUNTIMES)}") from None
 
 
-__all__ = ["ADAM_BYTES", "ENGINE_NAMES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "Resolved",
+__all__ = ["ADAM_BYTES", "ENGINES", "ActivationRules", "EngineProfile", "Overlap", "Resolved",
            "StateRule", "get_engine", "plan_run", "resolve_settings"]

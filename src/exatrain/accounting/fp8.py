@@ -38,7 +38,6 @@ from exatrain.errors import UserError
 from exatrain.settings import FP8_RECIPES, HALF_DTYPES
 from exatrain.accounting.params import attention_params, mlp_weight_params
 
-SCALINGS = FP8_RECIPES  # settings.FP8_RECIPES: the names a Plan.fp8 may take
 META_TENSORS_PER_GEMM = 5  # 3 forward (input, weight, output) + 2 backward (grad output, grad input)
 
 
@@ -52,8 +51,8 @@ class Fp8Recipe:
     transpose_cache: bool = True  # keep a second fp8 copy in the other layout (Hopper, and MXFP8's columns)
 
     def __post_init__(self) -> None:
-        if self.scaling not in SCALINGS:
-            raise UserError(f"unknown fp8 scaling {self.scaling!r}; use one of {', '.join(SCALINGS)}")
+        if self.scaling not in FP8_RECIPES:
+            raise UserError(f"unknown fp8 scaling {self.scaling!r}; use one of {', '.join(FP8_RECIPES)}")
         n = self.amax_history_len
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise UserError(f"fp8 amax_history_len must be a positive integer, got {n!r}")

@@ -19,7 +19,7 @@ from exatrain.errors import UserError
 from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan
-from exatrain.settings import (adam_kernel_problem, cp_comm_problem, default_runtime, default_runtime_note,
+from exatrain.settings import (RUNTIMES, adam_kernel_problem, cp_comm_problem, default_runtime, default_runtime_note,
                                dtype_problem, grad_accum_fusion_problem, grad_accum_problem, recompute_layers_problem,
                                recompute_modules_of, recompute_modules_problem, takes_settings)
 from exatrain.planner.memory_band import STRICT_MEMORY_HELP
@@ -36,12 +36,11 @@ DEFAULT_RUNTIME = "exatrain"
 def check_runtime(runtime: str, overlap: str = "all") -> str:
     """``runtime`` if it names an engine profile (and ``overlap`` names overlaps it has); otherwise a
     one-line UserError naming the choices."""
-    from exatrain.accounting.engines import ENGINE_NAMES
     from exatrain.planner.cost.overlap import overlap_rules
 
-    if runtime not in ENGINE_NAMES:
+    if runtime not in RUNTIMES:
         hint = " (Megatron-LM is megatron-core)" if runtime == "megatron" else ""
-        raise UserError(f"--runtime must be one of {', '.join(ENGINE_NAMES)}, got {runtime!r}{hint}")
+        raise UserError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}{hint}")
     overlap_rules(runtime, overlap)
     return runtime
 

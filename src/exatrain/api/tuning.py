@@ -22,7 +22,7 @@ from exatrain.limits import check_counts
 from exatrain.paths import check_output_dir, check_output_file
 
 DEFAULT_STUDY = "sqlite:///tune.db"
-DEFAULT_CLUSTER = "local-cpu"
+TUNE_CLUSTER = "local-cpu"
 
 
 def parse_duration(text: str | float | int, flag: str) -> float:
@@ -111,7 +111,7 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     check_output_file(runs_path, "--runs-file")
     check_output_dir(Path(f"{stem}.trials"), "trials folder")
     options = space_options(**layout_values(values))
-    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
+    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=TUNE_CLUSTER), calibration)
     m = resolve_model(model, model_file, **shape_of(values))
     device = device or ("cpu" if c.device.name == "cpu" else "cuda")
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")

@@ -13,7 +13,7 @@ import socket
 import statistics
 import time
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
 
 def message_sizes(device: str, quick: bool) -> list[int]:
@@ -133,4 +133,4 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-__all__ = ["KINDS", "collective_points", "message_sizes"]
+__all__ = ["COLLECTIVE_KINDS", "collective_points", "message_sizes"]

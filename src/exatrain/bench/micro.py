@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from exatrain.catalog import get_model
 from exatrain.accounting.flops import layer_gemms, logits_gemm
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+BENCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class BenchOptions:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return BENCH_DTYPES[self.dtype]
 
     @property
     def batches(self) -> int:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from exatrain import api
-from exatrain.api.tuning import DEFAULT_CLUSTER
+from exatrain.api.tuning import TUNE_CLUSTER
 from exatrain.cli.common import (add_cluster_args, add_layout_args, add_model_args, add_progress_arg, call,
                                  finite_float, flag, nonneg_int, positive_int, progress, show)
 
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  exatrain tune --model gpt-1.4b --cluster frontier --gpus 32 --global-batch 320 --trials 20 "
                "--time-budget 2h --study sqlite:///tune.db --launcher 'srun -N4 --ntasks-per-node 8 {cmd}'")
     add_model_args(p)
-    add_cluster_args(p, DEFAULT_CLUSTER)
+    add_cluster_args(p, TUNE_CLUSTER)
     add_layout_args(p)
     g = p.add_argument_group("tuning")
     t = api.tune

@@ -59,7 +59,7 @@ PREPOSITIONS = ("near", "behind", "above", "below", "beside", "across", "inside"
 TIMES = ("in the morning", "at noon", "before dawn", "after the rain", "every spring", "late at night",
          "on the first day", "during the winter", "once a week", "at the end of the year")
 ADVERBS = ("slowly", "quickly", "carefully", "quietly", "again", "together", "at last", "once more", "gladly")
-NAMES = ("Ada", "Boris", "Chen", "Dara", "Emil", "Fatima", "Goran", "Hana", "Ivo", "Jun", "Kira", "Luca", "Mira",
+FIRST_NAMES = ("Ada", "Boris", "Chen", "Dara", "Emil", "Fatima", "Goran", "Hana", "Ivo", "Jun", "Kira", "Luca", "Mira",
          "Nils", "Olga", "Pavel", "Rosa", "Sami", "Tara", "Uma", "Vera", "Wim", "Yara", "Zeno")
 CITIES = ("Lyon", "Oslo", "Kyoto", "Quito", "Perth", "Cork", "Turin", "Tartu", "Bergen", "Leeds", "Graz", "Split")
 COLORS = ("red", "blue", "green", "yellow", "white", "black", "gray", "orange")
@@ -83,13 +83,13 @@ def _sentence(r: SplitMix64) -> str:
     if kind == 0:
         s = f"the {a1} {n1} {r.pick(VERBS)} the {n2} {r.pick(TIMES)}"
     elif kind == 1:
-        s = f"{r.pick(NAMES)} {r.pick(VERBS)} {_article(a1)} {a1} {n1} {r.pick(PREPOSITIONS)} the {n2}"
+        s = f"{r.pick(FIRST_NAMES)} {r.pick(VERBS)} {_article(a1)} {a1} {n1} {r.pick(PREPOSITIONS)} the {n2}"
     elif kind == 2:
         s = f"{r.pick(CONNECTIVES).lower()} the {n1} {r.pick(VERBS)} the {a2} {n2} {r.pick(ADVERBS)}"
     elif kind == 3:
         s = f"there was {_article(a1)} {a1} {n1} {r.pick(PREPOSITIONS)} the {a2} {n2}"
     elif kind == 4:
-        s = f"{r.pick(NAMES)} and {r.pick(NAMES)} {r.pick(VERBS)} the {n1} of the {n2} {r.pick(TIMES)}"
+        s = f"{r.pick(FIRST_NAMES)} and {r.pick(FIRST_NAMES)} {r.pick(VERBS)} the {n1} of the {n2} {r.pick(TIMES)}"
     else:
         s = f"the {n1} was {a1}, and the {n2} was {r.pick(COLORS)}"
     return s[0].upper() + s[1:] + "."
@@ -129,7 +129,7 @@ def _code(r: SplitMix64) -> str:
 def _records(r: SplitMix64) -> str:
     rows = ["name,city,age,color,visits"]
     for _ in range(6 + r.below(20)):
-        rows.append(f"{r.pick(NAMES)},{r.pick(CITIES)},{18 + r.below(70)},{r.pick(COLORS)},{r.below(1000)}")
+        rows.append(f"{r.pick(FIRST_NAMES)},{r.pick(CITIES)},{18 + r.below(70)},{r.pick(COLORS)},{r.below(1000)}")
     return "\n".join(rows) + "\n"
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from exatrain.errors import UserError
 from exatrain.jsonio import read_json
 
-FORMAT = "exatrain-tokens"
+DATASET_FORMAT = "exatrain-tokens"
 VERSION = 1
 META = "dataset.json"
 TOKENIZER = "tokenizer.json"
@@ -92,7 +92,7 @@ class DatasetMeta:
         return sum(s.tokens for s in self.shards)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "dtype": self.dtype, "vocab_size": self.vocab_size,
+        return {"format": DATASET_FORMAT, "version": VERSION, "dtype": self.dtype, "vocab_size": self.vocab_size,
                 "separator": self.separator, "separator_id": self.separator_id,
                 "tokenizer": {"file": TOKENIZER, "sha256": self.tokenizer_sha256},
                 "documents": self.documents, "tokens": self.tokens,
@@ -103,8 +103,8 @@ class DatasetMeta:
     @classmethod
     def from_dict(cls, d: Any, source: str) -> "DatasetMeta":
         """Every field type-checked (a hand-edited or crafted dataset.json is one UserError line)."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise UserError(f"{source}: not an exatrain dataset description (format {FORMAT!r})")
+        if not isinstance(d, dict) or d.get("format") != DATASET_FORMAT:
+            raise UserError(f"{source}: not an exatrain dataset description (format {DATASET_FORMAT!r})")
         if d.get("version") != VERSION:
             raise UserError(f"{source}: dataset version {d.get('version')!r} is not {VERSION}")
         tokenizer = _field(d, "tokenizer", dict, source)

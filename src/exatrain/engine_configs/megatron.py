@@ -35,7 +35,7 @@ from exatrain.plan import Plan
 from exatrain.settings import cp_comm_for, setting_notes
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64"
-MEGATRON_DEEPSPEED = "deepspeedai/Megatron-DeepSpeed@4efb479d"
+MEGATRON_DEEPSPEED_SOURCE = "deepspeedai/Megatron-DeepSpeed@4efb479d"
 DEEPSPEED = "deepspeedai/DeepSpeed@edaa7221"
 DEEPSPEED_RELEASE = "0.19.8"  # the release scripts/check_exports.py runs the exports through
 
@@ -219,7 +219,7 @@ def attention_backend(plan: Plan) -> str:
 
 # exatrain's FP8 scaling -> Megatron-LM's --fp8-recipe: per-tensor current scaling is "tensorwise",
 # DeepSeek-V3's 1x128 / 128x128 blocks are "blockwise".
-FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise", "block": "blockwise", "mxfp8": "mxfp8"}
+MEGATRON_FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise", "block": "blockwise", "mxfp8": "mxfp8"}
 
 
 def fp8_flags(plan: Plan) -> list[Flag]:
@@ -231,7 +231,7 @@ def fp8_flags(plan: Plan) -> list[Flag]:
     from exatrain.accounting.fp8 import Fp8Recipe
 
     fmt = "hybrid" if plan.fp8 in ("delayed", "current") else "e4m3"
-    out = [Flag("--fp8-format", fmt), Flag("--fp8-recipe", FP8_RECIPES[plan.fp8])]
+    out = [Flag("--fp8-format", fmt), Flag("--fp8-recipe", MEGATRON_FP8_RECIPES[plan.fp8])]
     if plan.fp8 == "delayed":
         out.append(Flag("--fp8-amax-history-len", str(Fp8Recipe().amax_history_len)))
     if plan.fp8_param_gather:  # FP8 weights gathered by the distributed optimizer (Plan.fp8_param_gather)
@@ -448,8 +448,8 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
     cfg = json.dumps(deepspeed_config(plan), indent=2)
     header = [f"# Megatron-DeepSpeed arguments and DeepSpeed config for {summary(plan)}.",
               f"# Rendered by `exatrain export-config --for deepspeed` for Megatron-DeepSpeed "
-              f"{MEGATRON_DEEPSPEED.split('@')[1]} with DeepSpeed {DEEPSPEED_RELEASE}",
-              f"# (names from {MEGATRON_DEEPSPEED} megatron/arguments.py and {DEEPSPEED} "
+              f"{MEGATRON_DEEPSPEED_SOURCE.split('@')[1]} with DeepSpeed {DEEPSPEED_RELEASE}",
+              f"# (names from {MEGATRON_DEEPSPEED_SOURCE} megatron/arguments.py and {DEEPSPEED} "
               "deepspeed/runtime/constants.py)."]
     if plan.sequence_parallel:  # megatron/arguments.py validate_args raises without it on CUDA
         header.append("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (required with --sequence-parallel).")
@@ -462,6 +462,6 @@ def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Expo
     return Export("deepspeed", text, notes, files=((ds_config_path, cfg + "\n"),))
 
 
-__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED", "MEGATRON_LM", "deepspeed_config", "dropout_flags",
+__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED_SOURCE", "MEGATRON_LM", "deepspeed_config", "dropout_flags",
            "megatron_deepspeed_groups", "megatron_lm_groups", "pipeline_layout", "render_arrays", "render_deepspeed",
            "render_megatron", "vocab_divisor"]

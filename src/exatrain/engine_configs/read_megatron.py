@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hf_config import moe_layout, window_layout
-from exatrain.engine_configs.megatron import FP8_RECIPES
+from exatrain.engine_configs.megatron import MEGATRON_FP8_RECIPES
 from exatrain.engine_configs.read_common import AttentionShape, LaunchRead, number, positive
 from exatrain.engine_configs.shell import Script, run_script
 from exatrain.errors import UserError
@@ -624,7 +624,7 @@ def _precision(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], runtime: str
     fmt, recipe = f.value("--fp8-format"), f.value("--fp8-recipe")
     if fmt is not None or recipe is not None:
         recipe = recipe or "delayed"  # Megatron-LM's default --fp8-recipe
-        inverse = {v: k for k, v in FP8_RECIPES.items()}
+        inverse = {v: k for k, v in MEGATRON_FP8_RECIPES.items()}
         if recipe not in inverse:
             raise UserError(f"{source}: --fp8-recipe {recipe} is not modelled ({', '.join(inverse)})")
         s["fp8"] = inverse[recipe]

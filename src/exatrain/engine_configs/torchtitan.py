@@ -43,7 +43,7 @@ from exatrain.errors import UserError
 from exatrain.plan import Plan
 from exatrain.settings import cp_comm_for, setting_notes
 
-TORCHTITAN = "pytorch/torchtitan@v0.2.2"
+TORCHTITAN_SOURCE = "pytorch/torchtitan@v0.2.2"
 TORCHTITAN_03 = "torchtitan 0.3.0"
 RELEASES = ("0.2.2", "0.3.0")
 # exatrain schedule -> torch.distributed.pipelining schedule name (get_schedule_class)
@@ -483,7 +483,8 @@ def render_torchtitan(plan: Plan) -> Export:
     lines = [f"# torchtitan job config for {summary(plan)}.",
              "# Rendered by `exatrain export-config --for torchtitan` for torchtitan v0.2.2 (the last release that "
              "reads",
-             f"# TOML job files; keys checked against {TORCHTITAN} torchtitan/config/job_config.py; torchtitan 0.3:",
+             f"# TOML job files; keys checked against {TORCHTITAN_SOURCE} torchtitan/config/job_config.py; "
+             "torchtitan 0.3:",
              "# --for torchtitan-0.3). Run: ./run_train.sh --job.config_file <this file>",
              f"# (world size {plan.gpus} = dp x tp x pp" + (" x cp" if plan.cp > 1 else "")
              + "). Add your dataset, optimizer and checkpoint sections."]
@@ -564,7 +565,7 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"no TOML rendering for {type(value).__name__}")
 
 
-__all__ = ["FLAVORS", "FLAVOR_DICTS", "Flavor", "HEAD_MODULE", "RELEASES", "SCHEDULE_NAMES", "TORCHTITAN",
+__all__ = ["FLAVORS", "FLAVOR_DICTS", "Flavor", "HEAD_MODULE", "RELEASES", "SCHEDULE_NAMES", "TORCHTITAN_SOURCE",
            "TORCHTITAN_03", "architecture", "builtin_flavor", "flavor_model", "flavor_notes", "flavor_snippet",
            "llama3_ffn_args", "model_family", "model_parts", "registered_model", "render_torchtitan",
            "render_torchtitan_03", "torchtitan_03_args", "torchtitan_config"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exatrain.accounting.engines import ENGINE_NAMES, Resolved
+from exatrain.accounting.engines import Resolved
 from exatrain.accounting.flops import model_flops_per_step
 from exatrain.accounting.memory import RankCounts, inflight, rank_memory, unsharded_grad_share
 from exatrain.accounting.moe import expert_dp
@@ -41,7 +41,7 @@ from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import balanced_split
-from exatrain.settings import RECOMPUTE, full_rerun_layers
+from exatrain.settings import RECOMPUTE, RUNTIMES, full_rerun_layers
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.overlap import overlap_for
 from exatrain.planner.cost.moe import rank_params_split
@@ -50,7 +50,6 @@ from exatrain.planner.cost.step import TIME_FIELDS, step_times
 from exatrain.planner.layouts import Layouts
 
 MEMORY_FIELDS = ("weights", "gradients", "optimizer", "activations", "other")
-MEMORY_MODELS = ENGINE_NAMES  # a runtime's memory model: accounting.memory with its profile; exatrain: trainer_memory
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,9 +132,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
         coeffs = compute.with_launch_blocking(coeffs)
     overlap = overlap_for(overlap, run.settings.launch_blocking)
     memory = (runtime,) if memory is None else tuple(memory)
-    bad = sorted(set(memory) - set(MEMORY_MODELS))
+    bad = sorted(set(memory) - set(RUNTIMES))
     if bad:
-        raise ValueError(f"unknown memory model(s) {bad}; choose among {MEMORY_MODELS}")
+        raise ValueError(f"unknown memory model(s) {bad}; choose among {RUNTIMES}")
     runs = {k: run if k == runtime else run.other(k, model) for k in memory}
     not_modelled(model)
     N = len(layouts)
@@ -251,4 +250,4 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
                       offload_parts=offload_parts)
 
 
-__all__ = ["Evaluation", "MEMORY_FIELDS", "MEMORY_MODELS", "evaluate", "layer_split"]
+__all__ = ["Evaluation", "MEMORY_FIELDS", "evaluate", "layer_split"]

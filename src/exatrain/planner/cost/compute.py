@@ -116,7 +116,6 @@ def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1, seq_len: fl
     return fwd, 2.5 * fwd
 
 
-FLASH_KERNELS = ATTENTION_KERNELS  # the names a plan's --attention-kernel takes (plan.py says what each is)
 # A FlashAttention-1 class kernel against FlashAttention-2 on the same device. FlashAttention reaches "only 25-40% of
 # the theoretical maximum FLOPs/s" and FlashAttention-2 "50-73%" on A100 (Dao 2023, arXiv 2307.08691, abstract): the
 # low ends, as the A100 prior takes FA2's, give 0.5. llm-foundry's attn_impl "triton" runs flash-attention's Triton
@@ -136,14 +135,14 @@ def with_launch_blocking(params: CostParams) -> CostParams:
 
 
 def with_attention_kernel(params: CostParams, kernel: str) -> CostParams:
-    """The parameters for a run whose flash attention is ``kernel`` (``FLASH_KERNELS``; an engine's
+    """The parameters for a run whose flash attention is ``kernel`` (``settings.ATTENTION_KERNELS``; an engine's
     ``ActivationRules.flash_kernel``). The prior's attention rate describes the device's fastest fused
     kernel; "fa2" scales it by ``fa2_attn_ratio`` (and sets the ratio to 1, so applying it twice changes
     nothing); "triton" (a FlashAttention-1 class kernel) runs at ``FA1_OVER_FA2`` of FA2's rate; "fused" and "sdpa"
     (torch's SDPA, which picks cuDNN's kernel on Hopper from torch 2.11 and FlashAttention-2 elsewhere, where the prior
     is FA2's) keep it."""
-    if kernel not in FLASH_KERNELS:
-        raise UserError(f"unknown attention kernel {kernel!r}; choose among {', '.join(FLASH_KERNELS)}")
+    if kernel not in ATTENTION_KERNELS:
+        raise UserError(f"unknown attention kernel {kernel!r}; choose among {', '.join(ATTENTION_KERNELS)}")
     if kernel == "triton":
         return params.replace(attn_eff=params.attn_eff * params.fa2_attn_ratio * FA1_OVER_FA2, fa2_attn_ratio=1.0)
     if kernel != "fa2" or params.fa2_attn_ratio == 1.0:

@@ -57,7 +57,7 @@ def evaluate_space(space: Space, model: ModelSpec, cluster: ClusterSpec, global_
                    dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
                    time_if_fits: bool = False, overlap: str = "all", fit_bytes: float | None = None,
                    recompute_limit_bytes: float | None = None) -> BatchResult:
-    """``runtime``: the engine that runs the candidates (``accounting.engines.ENGINE_NAMES``), with the space's run
+    """``runtime``: the engine that runs the candidates (``settings.RUNTIMES``), with the space's run
     settings (``SpaceOptions.settings``): its memory judges them and its overlaps time them (``planner.evaluate``).
     ``time_if_fits``: time only the candidates whose worst stage is at most ``fit_bytes`` (None: the capacity; NaN
     for the others). With ``space.options.recompute_layers`` RECOMPUTE_LAYERS_AUTO each full-recomputation candidate

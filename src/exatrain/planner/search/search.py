@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exatrain.accounting.engines import ENGINE_NAMES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
@@ -81,9 +80,6 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
                 settings=space.options.settings.replace(recompute_layers=(max(space.options.recompute_layers, 0)
                                                                           if recompute_layers is None
                                                                           else recompute_layers)))
-
-
-RUNTIMES = ENGINE_NAMES
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int = 10,

@@ -39,10 +39,10 @@ SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
     ("zero_bubble", 2), ("zero_bubble", 4),
 )
 
-REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
+PLAN_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
 # Only when the candidates are for exatrain's own trainer (runtime "exatrain"): the layouts it refuses
 # to run. (Its "run"-scope rules concern --compile, which the search does not choose.)
-TRAINER_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "trainer")
+TRAINER_LAYOUT_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "trainer")
 RUNTIME_REASON = "ZeRO stage the runtime does not offer"
 FP8_GATHER_REASON = "ZeRO stage below the one --fp8-param-gather needs"  # settings.FP8_PARAM_GATHER_RUNTIMES
 OFFLOAD_REASON = "ZeRO stage (or dp) the runtime's --offload does not run at"  # settings.offload_problem
@@ -135,7 +135,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
                     dtype: str = "bfloat16") -> Space:
     """Every candidate of the grid, filtered to the legal canonical ones (arrays), with the ZeRO
     stages ``runtime`` offers (RUNTIME_REASON counts the others). With ``runtime`` "exatrain" also
-    without the combinations exatrain's trainer refuses (TRAINER_REASONS, each counted apart).
+    without the combinations exatrain's trainer refuses (TRAINER_LAYOUT_REASONS, each counted apart).
     Tensor parallelism wider than a node is priced (on the network) but searched only when pinned
     (``options.tp``): it is never faster per byte than tp inside a node, and leaving it out keeps
     the space small."""

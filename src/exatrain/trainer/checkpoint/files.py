@@ -41,7 +41,7 @@ from exatrain.errors import UserError
 from exatrain.plan import Plan
 from exatrain.jsonio import write_json_atomic
 
-FORMAT = "exatrain-checkpoint"
+MANIFEST_FORMAT = "exatrain-checkpoint"
 VERSION = 1
 TABLE_FORMAT = "exatrain-dcp-json"  # metadata.json (storage.py writes it)
 MANIFEST = "manifest.json"
@@ -52,7 +52,7 @@ _STEP = re.compile(r"^step-(\d{8,})$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)-step-\d{8,}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # dtype name in metadata.json -> (safetensors header dtype, bytes per element) (safetensors' format spec)
-DTYPES = {"float32": ("F32", 4), "float64": ("F64", 8), "float16": ("F16", 2), "bfloat16": ("BF16", 2),
+SAFETENSORS_DTYPES = {"float32": ("F32", 4), "float64": ("F64", 8), "float16": ("F16", 2), "bfloat16": ("BF16", 2),
           "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
           "bool": ("BOOL", 1)}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library refuses larger headers (its N_MAX_HEADER_SIZE)
@@ -90,8 +90,8 @@ def write_manifest(directory: Path, step: int) -> None:
     for f in sorted(directory.iterdir()):
         if f.is_file() and f.name != MANIFEST and not f.name.startswith("."):
             files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-    write_json_atomic(directory / MANIFEST, {"format": FORMAT, "version": VERSION, "step": step, "files": files},
-                      durable=True)
+    write_json_atomic(directory / MANIFEST,
+                      {"format": MANIFEST_FORMAT, "version": VERSION, "step": step, "files": files}, durable=True)
 
 
 def _is_int(v: Any) -> bool:
@@ -129,7 +129,7 @@ def _verify(path: Path, hashes: bool) -> Manifest:
         raise CheckpointError(f"{path}: no {MANIFEST}: the checkpoint is incomplete (its save did not finish) "
                               "or is not an exatrain checkpoint")
     raw = _read_json(mpath, MANIFEST, path)
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("files"), dict):
+    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT or not isinstance(raw.get("files"), dict):
         raise CheckpointError(f"{path}: {MANIFEST} is not an exatrain checkpoint manifest")
     if raw.get("version") != VERSION or not _is_int(raw.get("version")):
         raise CheckpointError(f"{path}: checkpoint format version {raw.get('version')!r} is not {VERSION}")
@@ -209,7 +209,7 @@ def read_tensor_table(path: str | Path, listed: dict[str, Any]) -> dict[str, dic
     headers: dict[str, dict[str, Any]] = {}
     for fqn, t in raw["tensors"].items():
         where = f"{path}: {METADATA} entry {fqn!r}"
-        if not isinstance(t, dict) or t.get("dtype") not in DTYPES or not _dims(t.get("size")) \
+        if not isinstance(t, dict) or t.get("dtype") not in SAFETENSORS_DTYPES or not _dims(t.get("size")) \
                 or not isinstance(t.get("chunks"), list) or not t["chunks"]:
             raise CheckpointError(f"{where} is malformed (needs dtype, size and chunks)")
         size = t["size"]
@@ -283,7 +283,7 @@ def safetensors_header(file: Path, where: Path) -> dict[str, Any]:
 
 def _check_chunk(header: dict[str, Any], c: dict[str, Any], dtype: str, where: str) -> None:
     e = header.get(c["key"]) if c["key"] != "__metadata__" else None
-    code, itemsize = DTYPES[dtype]
+    code, itemsize = SAFETENSORS_DTYPES[dtype]
     if e is None:
         raise CheckpointError(f"{where} lacks chunk {c['key'][:80]!r}")
     begin, end = e["data_offsets"]
@@ -433,7 +433,7 @@ def select(path: str | Path, step: int | None = None, warn: Callable[[str], None
     return manifest
 
 
-__all__ = ["CheckpointError", "DTYPES", "METADATA", "MANIFEST", "Manifest", "TOKENIZER", "TRAINER", "layout_of",
-           "clear_leftovers", "leftovers", "list_checkpoints", "newest_complete", "read_tensor_table",
+__all__ = ["CheckpointError", "METADATA", "MANIFEST", "Manifest", "SAFETENSORS_DTYPES", "TOKENIZER", "TRAINER",
+           "layout_of", "clear_leftovers", "leftovers", "list_checkpoints", "newest_complete", "read_tensor_table",
            "remove_path", "resolve", "safetensors_header", "select", "step_dir_name", "tmp_dir_name", "usable",
            "verify", "write_manifest"]

@@ -39,13 +39,12 @@ from exatrain.jsonio import write_json_atomic
 from exatrain.trainer.checkpoint import files
 from exatrain.trainer.checkpoint.files import METADATA, CheckpointError
 
-FORMAT = files.TABLE_FORMAT
-DTYPES = {name: getattr(torch, name) for name in files.DTYPES}
+TORCH_DTYPES = {name: getattr(torch, name) for name in files.SAFETENSORS_DTYPES}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
-    if name not in DTYPES:
+    if name not in TORCH_DTYPES:
         raise TypeError(f"cannot checkpoint tensors of dtype {dtype}")
     return name
 
@@ -110,7 +109,8 @@ class SafetensorsWriter(_AtPath, StorageWriter):
                 "dtype": _dtype_name(md.properties.dtype), "size": list(md.size),
                 "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes),
                             **where[(fqn, tuple(c.offsets))]} for c in md.chunks]}
-        write_json_atomic(self.path / METADATA, {"format": FORMAT, "version": 1, "tensors": tensors}, indent=1)
+        write_json_atomic(self.path / METADATA, {"format": files.TABLE_FORMAT, "version": 1, "tensors": tensors},
+                          indent=1)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -139,7 +139,7 @@ class SafetensorsReader(_AtPath, StorageReader):
             for c in t["chunks"]:
                 chunks.append(ChunkStorageMetadata(offsets=torch.Size(c["offsets"]), sizes=torch.Size(c["sizes"])))
                 storage[MetadataIndex(fqn, c["offsets"])] = {"file": c["file"], "key": c["key"]}
-            md[fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=DTYPES[t["dtype"]]),
+            md[fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=TORCH_DTYPES[t["dtype"]]),
                                             size=torch.Size(t["size"]), chunks=chunks)
         return Metadata(state_dict_metadata=md, storage_data=storage)
 
@@ -201,7 +201,7 @@ def read_full(path: str | os.PathLike, prefix: str = "") -> dict[str, torch.Tens
     chunks: one process, no process group (export, tests)."""
     path = Path(path)
     table = {k: v for k, v in read_metadata_json(path).items() if k.startswith(prefix)}
-    out = {k[len(prefix):]: torch.empty(v["size"], dtype=DTYPES[v["dtype"]]) for k, v in table.items()}
+    out = {k[len(prefix):]: torch.empty(v["size"], dtype=TORCH_DTYPES[v["dtype"]]) for k, v in table.items()}
     by_file: dict[str, list[tuple[str, dict]]] = {}
     for k, v in table.items():
         for c in v["chunks"]:
