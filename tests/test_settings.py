@@ -3,6 +3,7 @@ plan JSON's flat keys, the CLI's flags, the API's keyword arguments, ``SpaceOpti
 exatrain trainer's refusals and what each engine config does with a setting (writes it, or notes that it cannot).
 
 Broken on purpose and seen to fail here: a setting's flag given other choices than its record's (the flag test);
+a flag's metavar written in the CLI instead of read from its record's ``metavar`` (the flag test);
 a record without a sample plan (the sample test); the trainer's loop over the registry skipped (the refusal
 test); a torchtitan export note dropped from the registry (the export test)."""
 
@@ -93,7 +94,10 @@ def test_cli_flags_are_the_registry() -> None:
             flag = actions[s.flag]
             assert flag.help == s.help, (command, s.name)
             assert tuple(flag.choices or ()) == (s.choices if s.arg == "choice" else ()), (command, s.name)
+            if s.metavar:
+                assert flag.metavar == s.metavar, (command, s.name)
         assert actions["--runtime"].help.startswith(BY_NAME["runtime"].help)
+        assert actions["--runtime"].metavar == BY_NAME["runtime"].metavar == "ENGINE"
 
 
 def test_api_keywords_are_the_registry() -> None:

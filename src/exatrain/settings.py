@@ -9,7 +9,7 @@ have an empty value that means "the runtime's own" (``accounting.engines.EngineP
 turns a plan's settings into what its runtime runs).
 
 Each setting is one ``Setting`` record in ``SETTINGS``: its name (the Plan attribute, the plan-JSON
-key and, with dashes, the CLI flag), type, default, choices, help, the runtimes that run it, the rule
+key and, with dashes, the CLI flag), type, default, choices, help, the rule
 that refuses it (one line), the exatrain trainer's refusal, the label a plan's one-line description
 gets and what each engine config (``engine_configs``) does with it. From the records come
 ``RunSettings``, the plan JSON's setting keys, the CLI's flags, the API's keyword arguments
@@ -561,8 +561,8 @@ class Setting:
     """One run setting. ``name``: the Plan / RunSettings attribute, the plan-JSON key and (dashed) the CLI flag;
     ``default``: the value that means "not set" (for most, the runtime's own); ``arg``: how the CLI reads it
     ("choice" among ``choices``, "switch" on/off, "number" >= 0, "count" > 0, "count_or_auto", "list" of
-    ``choices``, "engine"); ``runtimes``: the runtimes that run a value other than the default (None: every
-    one; a mapping: by value, or the ZeRO stage each needs); ``problem(value, plan)``: the one line a plan with
+    ``choices``, "engine"); ``metavar``: the word the CLI shows for its value (None: argparse's);
+    ``problem(value, plan)``: the one line a plan with
     this value breaks beyond its type (``check``, which ``rules.extension_problem`` runs in SETTINGS order), or
     None; ``trainer(value, compile)``: the exatrain trainer's refusal (``TrainConfig.check``), or None;
     ``label(value, settings)``: the plan's one-line description's part ("" none; only asked for a value other
@@ -578,7 +578,6 @@ class Setting:
     arg: str = "choice"
     choices: tuple = ()
     metavar: str | None = None
-    runtimes: Any = None
     problem: Callable[[Any, Any], str | None] = lambda v, p: None
     trainer: Callable[[Any, bool], str | None] = lambda v, compile: None
     label: Callable[[Any, Any], str] = lambda v, s: ""
@@ -671,7 +670,6 @@ SETTINGS: tuple[Setting, ...] = (
         exports={"megatron": "--fp8-recipe", "torchtitan": "quantize.linear.float8"}),
     Setting(
         "moe_dispatcher", str, "alltoall", choices=MOE_DISPATCHERS, problem=_dispatcher_problem, load=str,
-        runtimes=("megatron-core",),
         help=("how MoE tokens reach their experts: alltoall (every routed copy; default) or Megatron-Core's flex "
               "dispatcher with DeepEP / HybridEP (once per destination rank and node)"),
         trainer=lambda v, c: None if v == "alltoall" else (
@@ -684,7 +682,6 @@ SETTINGS: tuple[Setting, ...] = (
             "this config sets no dispatcher: torchtitan's own all-to-all sends every routed copy")}),
     Setting(
         "moe_capacity_factor", float, 0.0, arg="number", metavar="C", problem=_capacity_problem,
-        runtimes=("megatron-core",),
         help=("drop a MoE layer's tokens beyond C times an expert's mean load and pad every expert's input to it "
               "(Megatron-Core --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity; alltoall "
               "dispatcher); default 0: dropless, the busiest expert rank taking 1.25x the mean"),
@@ -696,7 +693,6 @@ SETTINGS: tuple[Setting, ...] = (
             "to it; torchtitan's MoE is dropless and this config cannot set it")}),
     Setting(
         "moe_force_balance", bool, False, arg="switch", problem=_balance_problem,
-        runtimes=("megatron-core", "torchtitan"),
         help=("route MoE tokens evenly whatever the router says (Megatron-Core --moe-router-force-load-balancing, "
               "a benchmarking switch): the busiest expert rank takes the mean; default off"),
         trainer=lambda v, c: _trainer_routes("--moe-force-balance") if v else None,
@@ -704,7 +700,7 @@ SETTINGS: tuple[Setting, ...] = (
         exports={"megatron": "--moe-router-force-load-balancing", "torchtitan": "moe_force_load_balance",
                  "torchtitan-0.3": "--debug.moe-force-load-balance"}),
     Setting(
-        "fp8_param_gather", bool, False, arg="switch", problem=_gather_problem, runtimes=FP8_PARAM_GATHER_RUNTIMES,
+        "fp8_param_gather", bool, False, arg="switch", problem=_gather_problem,
         help=("gather the FP8 GEMMs' weights in FP8 over the data-parallel group and keep no 16-bit copy of them "
               "(Megatron-Core --fp8-param-gather, with the distributed optimizer: ZeRO-1+; torchtitan "
               "enable_fsdp_float8_all_gather, with FSDP: ZeRO-2/3 and --fp8 current); needs --fp8; default off"),
@@ -746,7 +742,6 @@ SETTINGS: tuple[Setting, ...] = (
                    "torchtitan's nn.RMSNorm runs one fused kernel from torch 2.9")}),
     Setting(
         "cross_entropy", str, "", choices=CROSS_ENTROPY, problem=_loss_problem, load=str,
-        runtimes=CROSS_ENTROPY_RUNTIMES,
         help=("how the loss runs over the logits: upcast (torch's cross_entropy(logits.float()): 12 bytes a logit "
               "at its peak; torchtitan, exatrain), inplace (Megatron's vocab-parallel loss, one fp32 copy worked in "
               "place: e + 4 bytes) or fused (one compiled kernel over the 16-bit logits, 2e bytes: torchtitan's "
@@ -759,7 +754,7 @@ SETTINGS: tuple[Setting, ...] = (
         label=_label("cross-entropy {v}"), own=lambda engine, s, model: engine.cross_entropy("", s.elementwise),
         exports={"torchtitan": "[compile]", "torchtitan-0.3": "--compile."}),
     Setting(
-        "grad_accum", str, "", choices=GRAD_ACCUM, load=str, runtimes=GRAD_ACCUM_RUNTIMES,
+        "grad_accum", str, "", choices=GRAD_ACCUM, load=str,
         problem=lambda v, p: grad_accum_problem(v, p.dtype, p.runtime),
         help=("the dtype bfloat16 training accumulates and reduces its gradients in: float32 (Megatron-Core's "
               "default; DeepSpeed's BF16_Optimizer, data_types.grad_accum_dtype fp32, ZeRO-1: 26 bytes a parameter "
@@ -780,7 +775,7 @@ SETTINGS: tuple[Setting, ...] = (
                    "the plan was priced with its gradients accumulated and reduced in bfloat16; torchtitan reduces "
                    "them in float32 (mixed_precision_reduce), as this config sets")}),
     Setting(
-        "grad_accum_fusion", str, "", choices=GRAD_ACCUM_FUSION, load=str, runtimes=GRAD_ACCUM_FUSION_RUNTIMES,
+        "grad_accum_fusion", str, "", choices=GRAD_ACCUM_FUSION, load=str,
         problem=lambda v, p: grad_accum_fusion_problem(v, p.runtime),
         help=("whether each micro-batch's weight gradients are added to the accumulated ones inside the "
               "weight-gradient GEMMs (on: Megatron-Core's default) or by a pass over the stage's gradients after "
@@ -793,7 +788,7 @@ SETTINGS: tuple[Setting, ...] = (
         exports={"megatron": "--no-gradient-accumulation-fusion"},
         notes={"deepspeed": _fusion_note("Megatron-DeepSpeed"), "torchtitan": _fusion_note("torchtitan")}),
     Setting(
-        "adam_kernel", str, "", choices=ADAM_KERNELS, load=str, runtimes=ADAM_KERNEL_RUNTIMES,
+        "adam_kernel", str, "", choices=ADAM_KERNELS, load=str,
         problem=lambda v, p: adam_kernel_problem(v, p.runtime),
         help=("the kernel the optimizer step runs Adam with: fused (one kernel, 28 bytes a parameter; torchtitan's "
               "default since 2025-02) or foreach (torch's chain of multi-tensor kernels, 84 bytes a parameter; "
@@ -806,7 +801,7 @@ SETTINGS: tuple[Setting, ...] = (
         exports={"torchtitan": "implementation", "torchtitan-0.3": "--optimizer.implementation"},
         notes={"megatron": _adam_note("Megatron-Core"), "deepspeed": _adam_note("Megatron-DeepSpeed")}),
     Setting(
-        "cp_comm", str, "", choices=CP_COMMS, problem=_cp_comm_problem, load=str, runtimes=CP_COMM_RUNTIMES,
+        "cp_comm", str, "", choices=CP_COMMS, problem=_cp_comm_problem, load=str,
         help=("how attention's operands travel under --cp: p2p (a ring of K,V blocks, each behind a block's "
               "attention), all_gather (K,V gathered; exposed in Transformer Engine and exatrain, behind the local "
               "block in torchtitan) or a2a (all-to-all of Q,K,V and the output: DeepSpeed-Ulysses, Megatron-Core "
@@ -820,7 +815,7 @@ SETTINGS: tuple[Setting, ...] = (
         exports={"megatron": "--cp-comm-type", "torchtitan": "context_parallel_rotate_method"},
         notes={"torchtitan-0.3": _titan03_cp_note}),
     Setting(
-        "recompute_modules", tuple, (), arg="list", choices=RECOMPUTE_MODULES, runtimes=RECOMPUTE_MODULES_RUNTIMES,
+        "recompute_modules", tuple, (), arg="list", choices=RECOMPUTE_MODULES,
         problem=lambda v, p: recompute_modules_problem(v, p.recompute, p.runtime),
         help=("what --recompute selective reruns, Megatron-Core's modules, comma-separated: core_attn (its default), "
               "layernorm, moe_act, mla_up_proj, mlp (a dense layer's), shared_experts, moe; --runtime megatron-core "
@@ -833,7 +828,7 @@ SETTINGS: tuple[Setting, ...] = (
         exports={"megatron": "--recompute-modules"},
         load=recompute_modules_of, dump=list),
     Setting(
-        "recompute_layers", int, 0, arg="count_or_auto", runtimes=RECOMPUTE_LAYERS_RUNTIMES,
+        "recompute_layers", int, 0, arg="count_or_auto",
         problem=lambda v, p: recompute_layers_problem(v, p.recompute, p.runtime),
         help=("with --recompute full: recompute only the first N layers of each (virtual) pipeline stage, the "
               "others keeping all they keep without recomputation (Megatron-Core --recompute-method block "
@@ -844,7 +839,7 @@ SETTINGS: tuple[Setting, ...] = (
         label=_label("the first {v} layers of each stage recomputed"),
         exports={"megatron": "--recompute-num-layers"}),
     Setting(
-        "recompute_every", int, 0, arg="count", runtimes=RECOMPUTE_EVERY_RUNTIMES,
+        "recompute_every", int, 0, arg="count",
         problem=lambda v, p: recompute_layers_problem(v, p.recompute, p.runtime, every=True),
         help=("with --recompute full: recompute one layer in N of each rank (counted over its stages in order), the "
               "others keeping all they keep without recomputation (torchtitan's layer-level selective "

@@ -138,6 +138,7 @@ EXTENSION_FLAGS = (  # the expert- and context-parallel degrees (the planner's c
 # The run settings' flags come from their registry (settings.SETTINGS: flag, choices, help), read as each says
 _PARSE = {"choice": None, "switch": _BOOL, "number": nonneg_float, "count": positive_int,
           "count_or_auto": positive_int_or_auto, "list": None}
+_METAVARS = {s.flag: s.metavar for s in FLAG_SETTINGS if s.metavar}  # a setting's own word for its value
 
 
 def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False, settings: tuple[str, ...] = ()) -> None:
@@ -149,13 +150,14 @@ def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False, settin
     more = (*EXTENSION_FLAGS, *runs) if extensions else ()
     for name, kind, choices, help in LAYOUT_FLAGS + more:
         kw: dict[str, Any] = {"action": kind} if kind is _BOOL else {"type": kind, "choices": choices}
-        metavar = {int_list: "N,N,...", nonneg_float: "C"}.get(kind)
+        metavar = _METAVARS.get(name) or {int_list: "N,N,..."}.get(kind)
         g.add_argument(name, help=help, **({**kw, "metavar": metavar} if metavar else kw))
 
 
 def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> None:
     """--runtime, for ``fn``'s keyword ``runtime`` (checked by the API: an unknown name is one line)."""
-    flag(p, fn, "--runtime", BY_NAME["runtime"].help + (f"; {why}" if why else ""), metavar="ENGINE")
+    flag(p, fn, "--runtime", BY_NAME["runtime"].help + (f"; {why}" if why else ""),
+         metavar=BY_NAME["runtime"].metavar)
     if "overlap" in inspect.signature(fn).parameters:
         flag(p, fn, "--overlap", "which of the runtime's overlaps of communication with compute are on: all (its "
              "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
