@@ -852,7 +852,7 @@ SETTINGS: tuple[Setting, ...] = (
             f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
             f"{p.recompute_every}, and this command line every block")}),
     Setting(
-        "offload", str, "none", choices=OFFLOADS, load=str, runtimes=OFFLOAD_RUNTIMES,
+        "offload", str, "none", choices=OFFLOADS, load=str,
         problem=lambda v, p: offload_problem(v, p.runtime, p.zero_stage, p.dp * p.cp),
         help=("keep model states in host memory: optimizer (Adam states, fp32 master weights and gradient partition "
               "on the host, Adam on the CPU: DeepSpeed offload_optimizer at ZeRO-1/2/3, Megatron-Core "

@@ -17,7 +17,7 @@ import pytest
 
 from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
-from exatrain.engine_configs.common import export
+from exatrain.engine_configs import export
 from exatrain.errors import UserError
 from exatrain.planner.cost.offload import CPU_ADAM_PARAMS_PER_S
 from exatrain.planner.estimate import estimate_plan
