@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,6 +27,7 @@ from exatrain.jsonio import read_json, write_json_atomic
 from exatrain.settings import NAMES, RunSettings, full_rerun_layers, holds_settings
 
 PLAN_VERSION = 1
+_FILE_KEYS = {"zero": "zero_stage"}  # a flag whose plan-file key is not its name with "_" for "-"
 
 
 @dataclass(frozen=True)
@@ -464,7 +466,10 @@ class Plan:
         unknown = sorted(set(d) - set(required) - set(optional))
         if unknown:
             raise UserError(f"{source}: unknown plan key(s) {', '.join(unknown)}")
-        if d.get("version", PLAN_VERSION) != PLAN_VERSION:
+        if "version" not in d:
+            raise UserError(f"{source}: no plan version (a plan written by `exatrain estimate/search --out` has "
+                            f"\"version\": {PLAN_VERSION})")
+        if d.get("version") != PLAN_VERSION:
             raise UserError(f"{source}: plan version {d.get('version')!r} is not {PLAN_VERSION}")
         if not isinstance(d["model"], Mapping):
             raise UserError(f"{source}: `model` must be an object of model fields")
@@ -487,7 +492,12 @@ class Plan:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source}: malformed plan ({type(exc).__name__}: {exc})") from None
-        plan.validate()
+        try:
+            plan.validate()
+        except PlanError as exc:  # the rules name flags; a file's reader looks for its keys
+            exc.args = (f"{source}: " + re.sub(r"--([a-z][a-z0-9-]*)", lambda m: _FILE_KEYS.get(m[1], m[1].replace(
+                "-", "_")), str(exc)),)
+            raise
         if plan.stage_layers and plan.stage_layers == balanced_split(plan.model.layers, plan.virtual_stages):
             plan = plan.replace(stage_layers=())  # the default split is stored as "balanced"
         if "gpus" in d and d["gpus"] != plan.gpus:

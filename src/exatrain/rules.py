@@ -258,7 +258,9 @@ RULES: tuple[Rule, ...] = (
     Rule("more pipeline stages than layers",
          lambda x: _on(not x.stage_layers, x.tp.shape) & (x.pp * x.interleave > x.model.layers),
          lambda p, c: (f"cannot split {p.model.layers} layers into {p.virtual_stages} pipeline stages: every "
-                       "stage needs at least one layer; lower pp or interleave")),
+                       "stage needs at least one layer; " + (f"lower pp to at most {p.model.layers}"
+                                                            if p.pp > p.model.layers else
+                                                            f"lower interleave to at most {p.model.layers // p.pp}"))),
     Rule("fewer micro-batches than pipeline stages",
          lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
          lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "

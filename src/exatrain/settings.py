@@ -659,8 +659,9 @@ def _blocking_note(plan) -> str:
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "runtime", str, "exatrain", arg="engine", choices=RUNTIMES, metavar="ENGINE", problem=_runtime_problem,
-        help=("the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan or exatrain (this "
-              "project's trainer); its memory decides what fits and its overlaps and collectives the step time; "
+        help=("the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan, llm-foundry (Composer's "
+              "PyTorch FSDP1, data parallelism alone; priced, not exported) or exatrain (this project's trainer); its "
+              "memory decides what fits and its overlaps and collectives the step time; "
               "default exatrain, or megatron-core for a model exatrain's trainer does not build (said in the "
               "output)"),
         load=str),

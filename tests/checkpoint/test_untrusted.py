@@ -149,7 +149,7 @@ CRAFTED: dict[str, tuple[Callable[[Path], None] | None, Callable[[dict], None] |
     "trainer.json without plan": (lambda d: edit_json(d / "trainer.json", lambda t: t.pop("plan")), None,
                                   "trainer.json field 'plan' is missing, not dict"),
     "trainer.json plan malformed": (lambda d: edit_json(d / "trainer.json", lambda t: t["plan"].update(tp="two")),
-                                    None, "trainer.json: plan: --tp must be a positive integer, got 'two'"),
+                                    None, "trainer.json: plan: tp must be a positive integer, got 'two'"),
     "trainer.json plan of unknown keys": (lambda d: edit_json(d / "trainer.json", lambda t: t["plan"].update(x=1)),
                                           None, "trainer.json: plan: unknown plan key(s) x"),
     "trainer.json separator id a string": (lambda d: edit_json(d / "trainer.json", lambda t: t.update(

@@ -1,4 +1,8 @@
-"""`exatrain launch` and `exatrain export-config`: output, files, and bad input as one line + exit 2."""
+"""`exatrain launch` and `exatrain export-config`: output, files, and bad input as one line + exit 2.
+
+Broken on purpose and seen to fail here: a plan that does not fit written without --force (api/jobs.py
+``check_fits`` not raising): test_a_plan_that_does_not_fit_is_refused_without_force_and_a_tight_one_said_so.
+"""
 
 from __future__ import annotations
 
@@ -102,3 +106,33 @@ def test_entry_point_exit_status(plan_file: Path) -> None:
     assert out.stderr.strip().splitlines() == [
         "exatrain launch: error: --nodes 3 hold 24 devices (8 per frontier node) but the plan needs 128: "
         "use at least 16 nodes"]
+
+
+def test_a_plan_that_does_not_fit_is_refused_without_force_and_a_tight_one_said_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan above even its band's low end on a 64 GiB GCD (tp 2 without recomputation: 77 GiB as the trainer runs
+    it, more as Megatron-Core does): launch and export-config refuse it in one line (nothing written) unless --force,
+    which writes it with one warning line; a tight plan (62.5 GiB, inside the band) is written with one warning line
+    saying so."""
+    big = tmp_path / "big.json"
+    Plan(model=get_model("gpt-175b"), dims=ParallelDims(2, 8, 8), shape=TrainShape(1, 640), zero_stage=1,
+         cluster="frontier").save(big)
+    job = tmp_path / "job.sbatch"
+    for argv, runtime in ((["launch", "--plan", str(big), "--scheduler", "slurm", "--out", str(job)], "exatrain"),
+                          (["export-config", "--plan", str(big), "--for", "megatron", "--out", str(job)],
+                           "megatron-core")):
+        one_line_error(capsys, argv, f"{big} does not fit: its worst stage is predicted at")
+        assert main(argv) == 2 and f"as {runtime} runs it" in capsys.readouterr().err
+        assert not job.exists()
+        assert main(argv + ["--force"]) == 0 and job.exists()
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "does not fit" in err and "--force" in err, err
+        job.unlink()
+    tight = tmp_path / "tight.json"
+    Plan(model=get_model("gpt-175b"), dims=ParallelDims(4, 8, 4), shape=TrainShape(1, 640), zero_stage=2,
+         sequence_parallel=True, schedule="1f1b", cluster="frontier").save(tight)
+    assert main(["launch", "--plan", str(tight), "--scheduler", "slurm"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("#!/bin/bash")
+    assert captured.err.count("\n") == 1 and f"{tight} is tight: its worst stage is predicted at 62.5 GiB" in \
+        captured.err and "may run out of memory" in captured.err, captured.err

@@ -124,7 +124,9 @@ def test_an_exported_fp16_launch_reads_back_as_float16(capsys, tmp_path, target:
     assert code == 0, err
     want = json.loads(out)["plan"]
     assert want["dtype"] == "float16"
-    assert run(capsys, "export-config", "--plan", str(plan_file), "--for", target, "--out", str(args))[0] == 0
+    # (megatron-deepspeed's ZeRO-1 plan is predicted above the A100's memory: --force writes it all the same)
+    assert run(capsys, "export-config", "--plan", str(plan_file), "--for", target, "--out", str(args),
+               "--force")[0] == 0
     code, out, err = run(capsys, "estimate", "--from", str(args), "--cluster", "dgx-a100", "--json")
     assert code == 0, err
     assert json.loads(out)["plan"] == want

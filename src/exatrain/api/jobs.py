@@ -35,6 +35,49 @@ def write_text(path: str | Path, text: str, *, executable: bool = False) -> None
         raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
+def check_fits(plan: Plan, cluster: ClusterSpec, *, force: bool, warn: Warn, what: str, name: str = "the plan") -> None:
+    """One line on a plan that is tight on ``cluster`` or predicted above its capacity; a plan that does not fit
+    (even the low end of its band of measured peaks is above the capacity, planner/memory_band.py) is refused
+    unless ``force``. ``what`` names the output in the lines ("the job", "the run"), ``name`` the plan."""
+    from exatrain.planner.estimate import estimate_plan
+    from exatrain.planner.memory_band import tight_window
+    from exatrain.units import GiB
+
+    est = estimate_plan(plan, cluster)
+    need, cap = est.memory_bytes.total / GiB, est.capacity_bytes / GiB
+    amount = (f"its worst stage is predicted at {need:,.1f} GiB of {cap:,.0f} GiB on {cluster.name} as {plan.runtime} "
+              "runs it")
+    if est.verdict == "does not fit":
+        if not force:
+            raise UserError(f"{name} does not fit: {amount}, above even its band of measured peaks; choose a "
+                            "layout that fits (exatrain search) or give --force to write it anyway")
+        warn(f"{name} does not fit: {amount}; written because of --force")
+    elif est.verdict == "tight":
+        lo, hi = tight_window(est.memory_band or {"ratio_low": 1.0, "ratio_high": 1.0})
+        over = ", above the capacity" if need > cap else ""
+        warn(f"{name} is tight: {amount}{over}, and measured peaks of such plans range over {lo:.2f}–{hi:.2f}x "
+             f"the prediction: {what} may run out of memory")
+
+
+TARGET_RUNTIMES = {"megatron": "megatron-core", "deepspeed": "megatron-deepspeed", "torchtitan": "torchtitan",
+                   "torchtitan-0.3": "torchtitan"}  # the engine each export target's run is priced as
+
+
+def _run_by(plan: Plan, runtime: str, cluster: ClusterSpec) -> Plan:
+    """``plan`` as ``runtime`` runs it (its memory is what an export's run keeps), or as it is where that runtime
+    does not run its layout (the export's notes say what it runs instead)."""
+    from exatrain.errors import PlanError
+
+    try:
+        return plan.replace(runtime=runtime).validate(cluster)
+    except PlanError:
+        return plan
+
+
+def _plan_name(plan: str | Path | Plan) -> str:
+    return str(plan) if isinstance(plan, (str, Path)) else "the plan"
+
+
 def _cpu_job_warnings(plan: Plan, cluster: ClusterSpec, ranks_per_node: int, warn: Warn) -> None:
     """One line each: a plan made for CPU ranks rendered as a GPU job, and a model whose states
     (training.state_bytes) on one CPU node's ranks exceed this machine's memory."""
@@ -59,10 +102,12 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
            steps: int | None = None, metrics_file: str | None = None, rccl_plugin_dir: str = "",
            out: str | Path | None = None, account: str = "", time: str = "02:00:00", partition: str = "",
            job_name: str = "", master_port: int = 29500, setup: Sequence[str] = (), master: str = "",
-           warn: Warn | None = None) -> str:
+           force: bool = False, warn: Warn | None = None) -> str:
     """The job that trains ``plan`` (a Plan or a file holding one) as text: an sbatch script
     (``scheduler='slurm'``) or the torchrun command to run on every node ('torchrun'). The cluster
-    is the plan's unless given. ``out``: also write it there (executable)."""
+    is the plan's unless given. ``out``: also write it there (executable). A plan that does not fit the cluster's
+    memory as exatrain's trainer (the job's) runs it is refused unless ``force``; a tight one gets a warning
+    (``check_fits``)."""
     from exatrain.launch import SlurmOptions, TorchrunOptions, TrainArgs, node_layout, render_slurm, render_torchrun
 
     warn = warner(warn)
@@ -94,20 +139,31 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
         text = render_torchrun(p, c, TorchrunOptions(plan_path=os.path.abspath(plan), train=train, nodes=nodes,
                                                      master=master, rccl_plugin_dir=rccl_plugin_dir))
     _cpu_job_warnings(p, c, node_layout(p, c, nodes).ranks_per_node, warn)
+    check_fits(_run_by(p, "exatrain", c), c, force=force, warn=warn, what="the job", name=_plan_name(plan))
     if out is not None:
         write_text(out, text, executable=True)
     return text
 
 
-def export_config(*, plan: str | Path | Plan, target: str, out: str | Path | None = None, warn: Warn | None = None):
+def export_config(*, plan: str | Path | Plan, target: str, out: str | Path | None = None, force: bool = False,
+                  warn: Warn | None = None):
     """``plan``'s layout as another engine's configuration (an Export: text, notes, extra files).
     ``target``: megatron | deepspeed | torchtitan (v0.2.2 TOML) | torchtitan-0.3. ``out``: write the text there
-    (deepspeed: and ds_config.json beside it; both are checked before either is written)."""
+    (deepspeed: and ds_config.json beside it; both are checked before either is written). A plan that does not fit
+    its cluster's memory as the target's engine runs it is refused unless ``force``; a tight one gets a warning
+    (``check_fits``)."""
     from exatrain.engine_configs import export
 
+    from exatrain.catalog import cluster_catalog
+
+    warn = warner(warn)
     p = load_plan(plan, warn=warn)
     ds_config = Path(out).with_name("ds_config.json") if out is not None else Path("ds_config.json")
     result = export(p, target, ds_config_path=str(ds_config))
+    made_for = cluster_catalog().get(p.cluster)  # a plan for a cluster file's cluster is not checked here
+    if made_for is not None:
+        check_fits(_run_by(p, TARGET_RUNTIMES[target], made_for), made_for, force=force, warn=warn, what="the run",
+                   name=_plan_name(plan))
     if out is not None:
         targets = [Path(out)] + [Path(name) for name, _ in result.files]
         for path in targets:

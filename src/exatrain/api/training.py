@@ -100,11 +100,17 @@ def check_cpu_memory(plan: Plan, ranks_here: int | None = None) -> None:
     ram = machine_memory_bytes()
     if ram is None:
         return
-    need = state_bytes(plan) * (ranks_here or plan.gpus) / plan.gpus
+    ranks = ranks_here or plan.gpus
+    need = state_bytes(plan) * ranks / plan.gpus
     if need > 0.8 * ram:
-        raise OutOfMemoryPredicted(f"{plan.model.name} needs about {need / 2**30:.1f} GiB of model states on the CPU "
-                                   f"but this machine has {ram / 2**30:.1f} GiB; choose a smaller model (e.g. --model "
-                                   "gpt-tiny) or run on GPUs")
+        most = int(0.8 * ram * ranks // need)  # ranks of this layout's size whose states would fit
+        if most >= 1 and ranks > 1:
+            advice = f"use at most {most:,} ranks here (a lower --dp, --tp or --pp), or run on GPUs"
+        else:
+            advice = "choose a smaller model" + (" (e.g. --model gpt-tiny)" if plan.model.name != "gpt-tiny" else "") \
+                + " or run on GPUs"
+        raise OutOfMemoryPredicted(f"{plan.model.name} on {ranks:,} CPU ranks needs about {need / 2**30:.1f} GiB of "
+                                   f"model states but this machine has {ram / 2**30:.1f} GiB; {advice}")
 
 
 def _pick_device(device: str | None, base: Plan | None) -> str:

@@ -7,6 +7,7 @@ import argparse
 import inspect
 import json
 import math
+import re
 import sys
 import textwrap
 from typing import Any, Callable
@@ -17,6 +18,9 @@ from exatrain.jsonio import versioned
 from exatrain.limits import MAX_COUNT
 
 
+_NEGATIVE = re.compile(r"-\.?\d")  # what a negative value looks like (-3T, -1e5, -.5), never a flag
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2 (no usage dump)."""
 
@@ -25,6 +29,16 @@ class Parser(argparse.ArgumentParser):
         if kw.get("description"):
             kw["description"] = textwrap.fill(kw["description"], 100)
         super().__init__(*a, **kw)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse takes a value such as ``-3T`` after a flag for another flag ("expected one argument"); joined to
+        its flag (``--tokens=-3T``), it reaches the flag's own check, which says what is wrong with the value."""
+        args = list(sys.argv[1:] if args is None else args)
+        for i in range(len(args) - 2, -1, -1):
+            action = self._option_string_actions.get(args[i])
+            if action is not None and action.nargs is None and _NEGATIVE.match(args[i + 1]):
+                args[i:i + 2] = [f"{args[i]}={args[i + 1]}"]
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
@@ -60,7 +74,7 @@ def positive_int_or_auto(text: str) -> int | str:
 def int_list(text: str) -> tuple[int, ...]:
     """'3,4,4,3' -> (3, 4, 4, 3); every entry a positive integer."""
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in text.split(","))  # an empty entry ("128,") is refused too
     except ValueError:
         values = ()
     if not values or any(v <= 0 or v > MAX_COUNT for v in values):

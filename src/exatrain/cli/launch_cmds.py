@@ -10,6 +10,8 @@ from exatrain.api.jobs import SCHEDULERS
 from exatrain.cli.common import add_cluster_args, call, default, flag, positive_int, warn_line
 
 PLAN_HELP = "plan JSON: `estimate/search --out`, `estimate --json`, or `search --json` (its first ranked plan)"
+FORCE_HELP = ("write it even when the plan does not fit the cluster's memory (refused otherwise; a tight plan, "
+              "its capacity inside the band of measured peaks, gets a warning)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rccl-plugin-dir", default="", metavar="DIR",
                    help="aws-ofi-rccl install on Slingshot clusters (default: $AWS_OFI_RCCL_DIR at run time)")
     p.add_argument("--out", metavar="FILE", help="write here (executable) instead of stdout")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     g = p.add_argument_group("slurm")
     g.add_argument("--account", default="", help="#SBATCH --account")
     flag(g, api.launch, "--time", "wall-clock limit", metavar="HH:MM:SS")
@@ -55,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--plan", required=True, metavar="PATH", help=PLAN_HELP)
     e.add_argument("--for", dest="target", required=True, choices=api.EXPORT_TARGETS)
     e.add_argument("--out", metavar="FILE", help="write here instead of stdout (deepspeed: ds_config.json beside it)")
+    e.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

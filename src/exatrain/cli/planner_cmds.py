@@ -19,8 +19,8 @@ def _planner_parser(sub, name: str, help: str, description: str, example: str, g
     add_model_args(p)
     add_cluster_args(p, DEFAULT_CLUSTER, gpus=gpus)
     add_layout_args(p, extensions=True)
-    add_runtime_arg(p, getattr(api, name), "default exatrain, the runtime `train` and `tune` run, so a predicted "
-                    "plan is one this project runs")
+    add_runtime_arg(p, getattr(api, name), "exatrain is the runtime `train` and `tune` run, so its plan is one this "
+                    "project runs")
     p.add_argument("--calibration", metavar="PATH", help="cost-model parameters from `exatrain bench` or `calibrate`")
     for flag_name, (metavar, flag_help) in RUN_FLAGS.items():  # the whole run at a token budget
         p.add_argument(flag_name, metavar=metavar, help=flag_help)

@@ -134,6 +134,22 @@ class _ShardWriter:
         return tuple(self.shards)
 
 
+def check_text(docs: Sequence[Document], probe: int = 8192) -> None:
+    """Refuse a binary file among the documents (a NUL byte in its first ``probe`` bytes, which no UTF-8 text
+    holds): read as text, its bytes would become replacement characters and train the tokenizer silently."""
+    for d in docs:
+        if d.path is None:
+            continue
+        try:
+            with open(d.path, "rb") as f:
+                head = f.read(probe)
+        except OSError as exc:
+            raise UserError(f"{d.name}: cannot read ({exc.strerror or exc})") from None
+        if b"\0" in head:
+            raise UserError(f"{d.name} is a binary file, not text (a NUL byte in its first {probe:,} bytes); give "
+                            "--input text files")
+
+
 @contextmanager
 def _progress(total_bytes: int, quiet: bool, what: str) -> Iterator:
     """A rich progress bar over the corpus bytes (or nothing when quiet)."""
@@ -142,8 +158,11 @@ def _progress(total_bytes: int, quiet: bool, what: str) -> Iterator:
         return
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from rich.console import Console
+
+    # on stderr: the command's stdout carries its result line, which a pipe or a file should get alone
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                  transient=False) as bar:
+                  transient=False, console=Console(stderr=True)) as bar:
         task = bar.add_task(what, total=total_bytes)
         yield lambda n: bar.advance(task, n)
 
@@ -162,6 +181,7 @@ def prepare(docs: list[Document], out: str | Path, *, tokenizer_json: str | None
         raise UserError("the corpus has no documents")
     if shard_tokens <= 0:
         raise UserError(f"--shard-tokens must be positive, got {shard_tokens}")
+    check_text(docs)
     if tokenizer_json is None and train_vocab is not None:
         tk.check_train_vocab(train_vocab)
     total_bytes = sum(d.size for d in docs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -84,7 +85,10 @@ def train_bpe(texts: Iterable[str], vocab_size: int, quiet: bool = True) -> str:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[SEPARATOR], show_progress=not quiet,
+    # tokenizers' progress display writes blank lines to stdout: shown only where stdout is a terminal, so that a
+    # piped command's stdout holds its result alone
+    show = not quiet and sys.stdout.isatty()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[SEPARATOR], show_progress=show,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     return tok.to_str()

@@ -81,8 +81,10 @@ def global_batches(counts: Sequence[int], global_batch: int, mode: str) -> list[
 
 def no_feasible_layout(result: SearchResult, gpus: int, cluster: ClusterSpec) -> UserError:
     """The error for a search that found nothing, with the reason that removed the most."""
-    return UserError(f"no feasible layout on {gpus} devices: {result.why_empty(cluster.device.hbm_bytes)}; "
-                     "try more devices, another global batch, or fewer pinned flags")
+    # more devices help only where memory left nothing; a count with no legal layout needs another count or batch
+    advice = ("try more devices, another global batch, or fewer pinned flags" if result.legal else
+              "try another device count or global batch, or fewer pinned flags")
+    return UserError(f"no feasible layout on {gpus:,} devices: {result.why_empty(cluster.device.hbm_bytes)}; {advice}")
 
 
 def scaling(model: ModelSpec, cluster: ClusterSpec, counts: Sequence[int], global_batch: int, *,

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 from exatrain.plan import Plan
 from exatrain.planner.memory_band import tight_window
 from exatrain.settings import trainer_cannot_build
-from exatrain.units import GiB
+from exatrain.units import GiB, count_text
 
 
 def make_console(stderr: bool = False) -> Any:
@@ -187,7 +187,7 @@ def render_estimate(plan: Plan, con=None) -> None:
     est = plan.estimate
     assert est is not None
     con = con or make_console()
-    con.print(f"[bold]{plan.model.name}[/] ({est.params / 1e9:,.2f}B params) on {plan.gpus} x {plan.cluster}: "
+    con.print(f"[bold]{plan.model.name}[/] ({count_text(est.params)} params) on {plan.gpus} x {plan.cluster}: "
               f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp}"
               + "".join(f" · {k} {n}" for k, n in (("cp", plan.cp), ("ep", plan.ep)) if n != 1)
               + f", micro-batch {plan.micro_batch}, "
@@ -201,7 +201,7 @@ def render_estimate(plan: Plan, con=None) -> None:
     for r, mb in enumerate(est.memory_by_stage):
         share = mb.total / est.capacity_bytes
         style = "red" if share > 1 else ("yellow" if share > 0.9 else "")
-        t.add_row(str(r), str(sum(layers[v] for v in plan.stages_of_rank(r))), f"{est.params_by_stage[r] / 1e9:,.3f}B",
+        t.add_row(str(r), str(sum(layers[v] for v in plan.stages_of_rank(r))), count_text(est.params_by_stage[r], 3),
                   *(_gib(x) for x in (mb.weights, mb.gradients, mb.optimizer, mb.activations, mb.other, mb.total)),
                   f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}")
     con.print(t)
@@ -264,8 +264,13 @@ def render_search(result, lines: list[str] | None, gpus: int, global_batch: int,
     if marked:
         con.print("tight: " + "; ".join(", ".join(f"#{i}" for i in ids) + f" (capacity inside {ends} of the "
                                         "prediction)" for ends, ids in marked.items())
-                  + " — the band of measured peak memory (out of sample) straddles the device: kept, "
-                  "--strict-memory drops them")
+                  + " — measured peaks of such plans (out of sample) lie within that window around the prediction, "
+                  "and the device's capacity falls inside it: they may run out of memory; kept, --strict-memory "
+                  "drops them")
+    over = [i for i, p in enumerate(result.ranked, 1) if p.estimate.memory_bytes.total > p.estimate.capacity_bytes]
+    if over:
+        con.print("over capacity: " + ", ".join(f"#{i}" for i in over) + " (predicted above the device's memory: "
+                  "ranked after every layout predicted within it)")
     if result.ranked and first.estimate.verdict != "fits" and not getattr(result, "strict_memory", False):
         best, rank = getattr(result, "best_fitting", None), getattr(result, "best_fitting_rank", 0)
         if best is None:

@@ -8,6 +8,8 @@ search ranked by and what ``exatrain estimate`` says for that plan.
 Memory prunes by the three-way verdict (planner/memory_band.py): a layout that "does not fit" (the device's
 capacity below its band of measured peaks) is dropped; a "tight" one (capacity inside the band) is kept and ranked,
 its plan's estimate saying so (``memory_verdict``), unless ``strict_memory`` drops it too. The counts say which.
+Kept layouts rank by throughput, except that a tight one whose point prediction exceeds the device's capacity (more
+likely than not to run out of memory, by the model's own estimate) ranks after every layout predicted within it.
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ def _search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int
         rejected["tight (--strict-memory)"] = int(tight.sum())
     keep = codes == 0 if strict_memory else codes < 2
     feasible = np.nonzero(keep)[0]
-    order = feasible[np.argsort(-res.tokens_per_s[feasible], kind="stable")]
+    # a tight layout whose point prediction is above the capacity ranks after every one predicted within it
+    over = res.memory_total[feasible] > capacity
+    order = feasible[np.lexsort((-res.tokens_per_s[feasible], over))]
 
     def estimated(i: int) -> Plan:
         plan = plan_at(space, i, model, global_batch, cluster, dtype, flash,
