@@ -8,13 +8,15 @@ carries the same bug, so they cannot see a wrong balancing coefficient or bias u
 * after one step, an expert every token was sent to (its balancing bias raised far above the others) has
   its bias lowered by the update rate, and each other expert's moves by the rate towards the mean load
   (DeepSeek-V3's auxiliary-loss-free balancing, arXiv 2412.19437, Sec. 2.1.2);
-* in a bfloat16 run (autocast), the router's probabilities are float32 and equal the float32 computation
-  from the router's input, which a bfloat16 router's are not.
+* in a bfloat16 run (autocast), the router's probabilities and combine weights are float32 and equal the float32
+  computation from the router's input, which a bfloat16 router's are not: the softmax router, and DeepSeek-V3's
+  sigmoid router with its balancing bias.
 
 Seen to fail with each bug injected (and reverted): the trainer's balancing coefficient at 0 and divided by
 the number of MoE layers (parallel/expert.py apply_expert_parallel: the first test); the bias update's sign
 inverted (finish_moe_step: the second); the router's logits computed under autocast, in bfloat16
-(moe.Router.forward: the third).
+(moe.Router.forward: the third, both routers); the sigmoid router's logits alone rounded to bfloat16
+(``torch.sigmoid(logits.bfloat16().float())`` in moe.Router.forward: the third's sigmoid case).
 """
 
 from __future__ import annotations
@@ -111,11 +113,25 @@ def test_an_overloaded_experts_bias_goes_down_the_others_towards_the_mean(one_ra
         assert torch.allclose(moved, rate * torch.sign(total.mean() - total), atol=1e-3 * rate), (moved, total)
 
 
-def test_a_bfloat16_run_routes_in_float32(one_rank: None) -> None:
-    t = trainer("bfloat16")
-    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+def _route(kind: str, logits: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The balancing probabilities and the combine weights of the experts ``idx`` from the router's logits, written
+    out (moe.Router: softmax, or DeepSeek-V3's sigmoid scores normalised over all experts and over the chosen)."""
+    if kind == "sigmoid":
+        scores = torch.sigmoid(logits)
+        probs = scores / scores.sum(dim=-1, keepdim=True)
+    else:
+        probs = scores = torch.softmax(logits, dim=-1)
+    gates = scores.gather(1, idx)
+    return probs, gates / gates.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid"])
+def test_a_bfloat16_run_routes_in_float32(one_rank: None, kind: str) -> None:
+    t = trainer("bfloat16", router=kind, router_bias=kind == "sigmoid")
+    seen: list[tuple[torch.Tensor, ...]] = []
     hooks = [m.router.register_forward_hook(
-        lambda mod, args, out: seen.append((args[0].detach(), mod.weight.detach().clone(), out[0].detach())))
+        lambda mod, args, out: seen.append((args[0].detach(), mod.weight.detach().clone(), out[0].detach(),
+                                            out[1].detach(), out[2].detach())))
         for m in moe_layers(t.pm.modules[0])]
     try:
         t.step(0)
@@ -123,12 +139,14 @@ def test_a_bfloat16_run_routes_in_float32(one_rank: None) -> None:
         for h in hooks:
             h.remove()
     assert len(seen) == 3 * t.plan.num_microbatches  # every MoE layer, every micro-batch
-    assert all(x.dtype == torch.bfloat16 for x, _, _ in seen)  # the run is bfloat16 up to the router
-    for x, w, probs in seen:
-        assert probs.dtype == torch.float32
-        fp32 = torch.softmax(F.linear(x.float(), w.float()), dim=-1)
-        torch.testing.assert_close(probs, fp32, rtol=0, atol=1e-6)
+    assert all(x.dtype == torch.bfloat16 for x, *_ in seen)  # the run is bfloat16 up to the router
+    for x, w, probs, idx, gates in seen:
+        assert probs.dtype == gates.dtype == torch.float32
+        want_probs, want_gates = _route(kind, F.linear(x.float(), w.float()), idx)
+        torch.testing.assert_close(probs, want_probs, rtol=0, atol=1e-6)
+        torch.testing.assert_close(gates, want_gates, rtol=0, atol=1e-6)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            bf16 = torch.softmax(F.linear(x, w).float(), dim=-1)
-        assert float((bf16 - fp32).abs().max()) > 1e-4  # what a bfloat16 router would have given differs
-
+            rounded = F.linear(x, w).float()
+        bf16_probs, bf16_gates = _route(kind, rounded, idx)
+        # what a router on bfloat16 logits would have given differs beyond the tolerance
+        assert max(float((bf16_probs - want_probs).abs().max()), float((bf16_gates - want_gates).abs().max())) > 1e-5
