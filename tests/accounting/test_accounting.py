@@ -1,4 +1,9 @@
-"""Accounting against hand-derived closed forms and published figures."""
+"""Accounting against hand-derived closed forms and published figures.
+
+Broken on purpose and seen to fail here: sequence parallelism ignored under full recomputation in the planner's
+layer count (memory.layer_activation_bytes without ``/ sp_div``) and in the trainer's
+(trainer_memory.trainer_layer_activation_bytes without ``/ d``): test_table2_reproduced_exactly.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.accounting import comms, flops, memory, params
+from exatrain.accounting.trainer_memory import trainer_layer_activation_bytes
 from exatrain.planner.estimate import estimate_plan
 
 GB = 1e9
@@ -114,10 +120,15 @@ def test_table2_reproduced_exactly(s, b, h, a, t, case) -> None:
     mine = memory.layer_activation_bytes(m, b, tt, sequence_parallel=sp, recompute=recompute,
                                          flash=False, dtype="bfloat16", dropout=True)
     assert mine == pytest.approx(expected, rel=1e-12)
-    # Full recomputation keeps only the layer input: 2sbh (divided by t with SP).
+    # Full recomputation keeps only the layer input: 2sbh (divided by t with SP), in the closed form, the planner's
+    # tensor-by-tensor count and the trainer's (its bf16 residual stream under autocast).
     full = 2 * s * b * h / (tt if sp else 1)
     assert memory.korthikanti_layer_activation_bytes(s, b, h, a, tt, sequence_parallel=sp,
                                                      recompute="full") == full
+    assert memory.layer_activation_bytes(m, b, tt, sequence_parallel=sp, recompute="full", flash=False,
+                                         dtype="bfloat16", dropout=True) == pytest.approx(full, rel=1e-12)
+    assert float(trainer_layer_activation_bytes(m, b, tt, sequence_parallel=sp, recompute="full", flash=True,
+                                                dtype="bfloat16")) == pytest.approx(full, rel=1e-12)
 
 
 def test_flash_removes_the_score_term() -> None:

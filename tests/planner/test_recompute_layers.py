@@ -19,7 +19,9 @@ Broken on purpose and seen to fail here:
   (``before`` reset per stage in plan.full_rerun_layers): test_one_in_n_counts_over_a_ranks_stages;
 - torchtitan's export writing mode "full" for one layer in N: test_one_in_n_is_torchtitans_layer_checkpointing;
 - the search's fit reading one layer's saving off the wrong count (``held - rerun[0]`` as ``held``), or taking
-  the largest N that fits (``argmax`` over reversed N): test_search_fits_the_fewest_layers.
+  the largest N that fits (``argmax`` over reversed N): test_search_fits_the_fewest_layers;
+- sequence parallelism ignored in the rerun forward's TP collectives (``full * ar`` for ``full * tp_one_f`` in
+  stage_times): test_the_rerun_forwards_tp_collectives_are_its_own_formula.
 """
 
 from __future__ import annotations
@@ -257,3 +259,27 @@ def test_auto_is_the_searchs(capsys) -> None:
          "one plan takes a number"),
         ("search", ("--runtime", "torchtitan", "--recompute-layers", "auto"), "--recompute-method block"),
         ("search", ("--runtime", "megatron-core", "--recompute-layers", "some"), "expected a positive integer")])
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_the_rerun_forwards_tp_collectives_are_its_own_formula(sp: bool) -> None:
+    """Full recomputation reruns each layer's forward and with it the forward's two TP collectives a layer, in the
+    backward: with sequence parallelism an all-gather and a reduce-scatter each, without it an all-reduce, of the
+    micro-batch's b x s x h activations (Korthikanti et al. 2022, Sec. 4.2). Nothing else in the TP seconds moves."""
+    from exatrain.planner.cost.step import tp_collectives_s
+
+    m = get_model("llama3-70b")
+    params = default_params(H100.device.name)
+
+    def stage(recompute: str):
+        plan = make_plan("llama3-70b", H100, gpus=8, tp=8, pp=1, micro_batch=1, global_batch=8, zero=1,
+                         recompute=recompute, sequence_parallel=sp, runtime="megatron-core")
+        return plan_stage_times(plan, H100, params, overlap="none")
+
+    none, full = stage("none"), stage("full")
+    message = 1 * m.seq_len * m.hidden * 2  # bf16
+    ag, rs, ar = (float(x) for x in tp_collectives_s(H100, params, 8, message, ("all_gather", "reduce_scatter",
+                                                                                 "all_reduce")))
+    per_layer = ag + rs if sp else ar
+    assert float(full.tp_bwd[0, 0] - none.tp_bwd[0, 0]) == pytest.approx(2 * m.layers * per_layer, rel=1e-9)
+    assert float(full.tp_fwd[0, 0]) == pytest.approx(float(none.tp_fwd[0, 0]), rel=1e-12)

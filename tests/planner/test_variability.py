@@ -6,7 +6,8 @@ tokens/s/GPU), which the cost model without the lag predicted rising.
 
 Broken on purpose and seen to fail here: ``straggler_s`` returning zeros (the lag and weak-scaling tests);
 ``slowest_of`` with N in place of N - 1 in the integrand's power (the closed-forms test); the host check dropped
-(the lag and no-lag tests)."""
+(the lag and no-lag tests); the optimizer's time left out of the lag (``straggler_s(pipe, ...)`` in
+cost/step.py step_times): test_the_lag_of_an_estimate_is_its_own_formula_over_the_pipeline_and_the_optimizer."""
 
 from __future__ import annotations
 
@@ -76,3 +77,25 @@ def test_one_gpu_and_a_host_have_no_lag() -> None:
     plan = make_plan("gpt-tiny", cpu, gpus=2, micro_batch=1, global_batch=2)
     est = estimate_plan(plan, cpu, default_params("cpu").replace(speed_spread=0.05))
     assert est.time_s.straggler == 0.0
+
+
+@pytest.mark.parametrize("model, cluster, kw", [
+    ("llama3-8b", "grand-teton-h100", dict(gpus=128, micro_batch=2, global_batch=256, zero=3, runtime="torchtitan")),
+    ("gpt-175b", "frontier", dict(gpus=128, tp=4, pp=16, micro_batch=1, global_batch=640, zero=1, recompute="full",
+                                  runtime="megatron-deepspeed")),
+    ("llama3-70b", "dgx-h100", dict(gpus=64, tp=4, pp=4, micro_batch=1, global_batch=256, zero=1,
+                                    sequence_parallel=True, runtime="megatron-core")),
+])
+def test_the_lag_of_an_estimate_is_its_own_formula_over_the_pipeline_and_the_optimizer(model, cluster, kw) -> None:
+    """The breakdown's straggler is speed_spread x E[max of the GPUs' normals] x (the pipeline's time + the
+    optimizer's): the step less the exposed DP communication, the fixed overhead and the lag itself."""
+    c = get_cluster(cluster)
+    params = default_params(c.device.name)
+    plan = make_plan(model, c, **kw)
+    t = estimate_plan(plan, c, params).time_s
+    pipeline = t.step - t.dp_comm - t.other - t.straggler
+    assert t.optimizer > 1e-4 * pipeline  # large enough that leaving it out shows
+    assert t.straggler == pytest.approx(params.speed_spread * float(slowest_of(plan.gpus)) * pipeline, rel=1e-9)
+    # the pipeline's time is its parts: compute, bubble, exposed TP, PP, EP and CP communication, and the optimizer
+    assert pipeline == pytest.approx(t.compute + t.bubble + t.tp_comm + t.pp_comm + t.ep_comm + t.cp_comm + t.optimizer,
+                                     rel=1e-9)
