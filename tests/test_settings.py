@@ -5,12 +5,15 @@ exatrain trainer's refusals and what each engine config does with a setting (wri
 Broken on purpose and seen to fail here: a setting's flag given other choices than its record's (the flag test);
 a flag's metavar written in the CLI instead of read from its record's ``metavar`` (the flag test);
 a record without a sample plan (the sample test); the trainer's loop over the registry skipped (the refusal
-test); a torchtitan export note dropped from the registry (the export test)."""
+test); a torchtitan export note dropped from the registry (the export test); a record's rule taken out (the capacity factor
+with another dispatcher than alltoall in ``_capacity_problem``, the kernel without flash attention in
+``_kernel_problem``: test_each_records_rule_refuses_its_illegal_sample)."""
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import re
 
 import pytest
 
@@ -164,3 +167,57 @@ def test_each_export_writes_or_notes_each_setting() -> None:
                 "float8" in n for n in out.notes)
             silent = (s.name, NOTES_ALSO.get(target, target)) in SILENT
             assert written or note or silent or by_export, (s.name, target)
+
+
+_ONE = dict(model="llama3-8b", gpus=8, global_batch=16)
+# For each setting: a value its own rule refuses, the plan (legal with the setting's default) it is refused in, and
+# what the line says. Each is a rule of its record, not a choice list's: the record's ``problem`` (or, for a switch,
+# its type check) is what refuses it.
+ILLEGAL = {
+    "runtime": ("llm-foundry", dict(_ONE, dtype="float16"), "--runtime llm-foundry is planned in bfloat16 or float32"),
+    "fp8": ("current", dict(_DENSE, runtime="megatron-core", dtype="float32"), "inside bfloat16 training"),
+    "moe_dispatcher": ("deepep", dict(_DENSE, runtime="megatron-core"), "llama3-8b has no experts"),
+    "moe_capacity_factor": (1.5, dict(_MOE, runtime="megatron-core", moe_dispatcher="deepep"),
+                            "in the alltoall dispatcher only"),
+    "moe_force_balance": (True, dict(_DENSE, runtime="megatron-core"), "llama3-8b has no experts"),
+    "fp8_param_gather": (True, dict(_DENSE, runtime="megatron-core", fp8="delayed", zero=0),
+                         "needs the distributed optimizer (ZeRO-1 or higher)"),
+    "attention_kernel": ("fa2", dict(_DENSE, runtime="megatron-core", flash_attention=False),
+                         "this plan has flash attention off"),
+    "elementwise": ("jit", dict(_DENSE, runtime="megatron-core"), "--elementwise must be one of"),
+    "cross_entropy": ("inplace", dict(_DENSE, runtime="torchtitan"), "which torchtitan does not run"),
+    "grad_accum": ("bfloat16", dict(_DENSE, runtime="megatron-core", dtype="float32"), "this one trains in float32"),
+    "grad_accum_fusion": ("off", dict(_DENSE, runtime="torchtitan"), "is Megatron-Core's switch"),
+    "adam_kernel": ("foreach", dict(_DENSE, runtime="megatron-core"), "is torchtitan's switch"),
+    "cp_comm": ("a2a", dict(_DENSE, runtime="torchtitan", cp=2, gpus=16), "torchtitan"),
+    "recompute_modules": (("layernorm",), dict(_DENSE, runtime="megatron-core", recompute="full"),
+                          "use --recompute selective"),
+    "recompute_layers": (2, dict(_DENSE, runtime="megatron-core", recompute="selective"), "--recompute-layers"),
+    "recompute_every": (2, dict(_DENSE, runtime="megatron-core", recompute="full"), "torchtitan's layer-level"),
+    "launch_blocking": ("yes", dict(_DENSE, runtime="megatron-core"), "launch_blocking must be true or false"),
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_records_rule_refuses_its_illegal_sample(name: str) -> None:
+    """A plan legal with the setting's default, given the illegal value: the record's own check says why in one line,
+    and validating the plan (what every command and the API do) refuses it with that line; the API refuses the value given as a keyword the same way."""
+    from exatrain.errors import PlanError
+
+    value, kw, needle = ILLEGAL[name]
+    kw = dict(kw)
+    model = kw.pop("model")
+    legal = make_plan(model, H100, **kw)
+    plan = legal.replace(settings=legal.settings.replace(**{name: value}))
+    line = BY_NAME[name].check(value, plan)
+    assert line and needle in line, (name, line)
+    with pytest.raises(PlanError) as e:
+        plan.validate(H100)
+    assert str(e.value) == line  # (cp_comm's is also a vectorised rule of the search's, with the same line)
+    if name != "launch_blocking":  # (the API's keyword is a switch: bool() of any value)
+        with pytest.raises(UserError, match="^" + re.escape(line) + "$"):
+            make_plan(model, H100, **{**kw, name: value})
+
+
+def test_every_record_has_an_illegal_sample() -> None:
+    assert set(ILLEGAL) == set(NAMES)
