@@ -5,8 +5,8 @@ exatrain trainer's refusals and what each engine config does with a setting (wri
 Broken on purpose and seen to fail here: a setting's flag given other choices than its record's (the flag test);
 a flag's metavar written in the CLI instead of read from its record's ``metavar`` (the flag test);
 a record without a sample plan (the sample test); the trainer's loop over the registry skipped (the refusal
-test); a torchtitan export note dropped from the registry (the export test); a record's rule taken out (the capacity factor
-with another dispatcher than alltoall in ``_capacity_problem``, the kernel without flash attention in
+test); a torchtitan export note dropped from the registry (the export test); a record's rule taken out (the capacity
+factor with another dispatcher than alltoall in ``_capacity_problem``, the kernel without flash attention in
 ``_kernel_problem``: test_each_records_rule_refuses_its_illegal_sample)."""
 
 from __future__ import annotations
@@ -201,7 +201,8 @@ ILLEGAL = {
 @pytest.mark.parametrize("name", NAMES)
 def test_each_records_rule_refuses_its_illegal_sample(name: str) -> None:
     """A plan legal with the setting's default, given the illegal value: the record's own check says why in one line,
-    and validating the plan (what every command and the API do) refuses it with that line; the API refuses the value given as a keyword the same way."""
+    and validating the plan (what every command and the API do) refuses it with that line; the API refuses the value
+    given as a keyword the same way."""
     from exatrain.errors import PlanError
 
     value, kw, needle = ILLEGAL[name]
