@@ -18,6 +18,12 @@ def _label(path: Path, flag: str | None) -> str:
     return f"{flag} {path}" if flag else str(path)
 
 
+def _shown(path: Path) -> str:
+    """A path in a message as the user's own path spells it (relative stays relative): "." is the current
+    directory."""
+    return "the current directory" if str(path) == "." else str(path)
+
+
 def _nearest_existing(path: Path) -> Path:
     """The path itself or its closest existing ancestor (what a later mkdir -p would start from)."""
     p = path
@@ -39,11 +45,11 @@ def check_output_file(path: str | Path, flag: str | None = None) -> Path:
         raise UserError(f"{label}: exists and is not a regular file")
     if p.exists() and not os.access(p, os.W_OK):
         raise UserError(f"{label}: not writable")
-    base = _nearest_existing(p.parent.absolute())
+    base = _nearest_existing(p.parent)  # as typed: messages name the user's own path
     if not base.is_dir():
-        raise UserError(f"{label}: {base} is a file, not a directory")
+        raise UserError(f"{label}: {_shown(base)} is a file, not a directory")
     if not os.access(base, os.W_OK | os.X_OK):
-        raise UserError(f"{label}: cannot write in {base}")
+        raise UserError(f"{label}: cannot write in {_shown(base)}")
     return p.absolute()
 
 
@@ -56,9 +62,9 @@ def check_output_dir(path: str | Path, flag: str | None = None, need_bytes: int 
         raise UserError(f"{flag or 'path'}: empty path")
     if p.exists() and not p.is_dir():
         raise UserError(f"{label}: is a file, not a directory")
-    base = _nearest_existing(p.absolute())
+    base = _nearest_existing(p)  # as typed: messages name the user's own path
     if not base.is_dir():
-        raise UserError(f"{label}: {base} is a file, not a directory")
+        raise UserError(f"{label}: {_shown(base)} is a file, not a directory")
     if not os.access(base, os.W_OK | os.X_OK):
         raise UserError(f"{label}: not writable")
     if need_bytes > 0:
@@ -70,7 +76,8 @@ def check_output_dir(path: str | Path, flag: str | None = None, need_bytes: int 
 
 
 def check_input_file(path: str | Path, flag: str | None = None) -> Path:
-    """``path`` is an existing, readable regular file."""
+    """``path`` is an existing, readable regular file. Returns it as given (``~`` expanded), so that a message
+    about its contents names it as the user typed it."""
     p = Path(path).expanduser()
     label = _label(p, flag)
     if p.is_dir():
@@ -79,11 +86,11 @@ def check_input_file(path: str | Path, flag: str | None = None) -> Path:
         raise UserError(f"{label}: no such file")
     if not os.access(p, os.R_OK):
         raise UserError(f"{label}: not readable")
-    return p.absolute()
+    return p
 
 
 def check_input_dir(path: str | Path, flag: str | None = None) -> Path:
-    """``path`` is an existing, readable directory."""
+    """``path`` is an existing, readable directory. Returns it as given (``~`` expanded)."""
     p = Path(path).expanduser()
     label = _label(p, flag)
     if p.exists() and not p.is_dir():
@@ -92,4 +99,4 @@ def check_input_dir(path: str | Path, flag: str | None = None) -> Path:
         raise UserError(f"{label}: no such directory")
     if not os.access(p, os.R_OK | os.X_OK):
         raise UserError(f"{label}: not readable")
-    return p.absolute()
+    return p

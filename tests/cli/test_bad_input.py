@@ -14,7 +14,9 @@ Checked to fail with the fix taken out: the CLI's integer parsers without their 
 API's line instead of the parser's), and limits.check_counts too (17 cases, 3 of them an OverflowError
 traceback); TrainConfig.check without its finiteness check (the API's NaN and infinite train cases
 run); check_dataset_for without check_shards (the changed-shard case reaches the launcher); launch's
-time_limit without its field ranges (99:99, 1-24:00 and 1:60:00 are rendered).
+time_limit without its field ranges (99:99, 1-24:00 and 1:60:00 are rendered); the advice of each ADVICE line
+as it was ("choose a smaller model (e.g. --model gpt-tiny)", "try more devices", "lower pp or interleave", argparse's
+"expected one argument" for -3T, "128," read as 128, a plan without a version trained, "--tp" for a plan file's key).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def w(tmp_path: Path) -> dict[str, str]:
                                                            "heads": 4, "seq_len": 32, "vocab": 128}))
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "manifest.json").write_text("{not json")
+    unversioned = plan.to_dict()
+    del unversioned["version"]
+    (tmp_path / "unversioned.json").write_text(json.dumps(unversioned))
     huge = plan.to_dict()
     huge["global_batch"] = 10**20  # beyond int64
     (tmp_path / "huge.json").write_text(json.dumps(huge))
@@ -262,6 +267,36 @@ CASES = [
     ("validate", EMPTY, ["validate", "{tmp}/empty.json"], "no RunRecords"),
     ("validate", WRONG_TYPES, ["validate", "{tmp}/wrong_runs.jsonl"], "measured steps must be a number"),
 ]
+
+
+# Refusals whose line once gave advice that did not fit the cause: (argv, what the line says, what it must not say)
+ADVICE = [
+    (["train", "--model", "gpt-tiny", "--dp", "1000000", "--steps", "1"], "use at most", "smaller model"),
+    (["search", "--model", "gpt-tiny", "--cluster", "frontier", "--gpus", "1000000000", "--global-batch", "8"],
+     "try another device count", "more devices"),
+    (["estimate", *TINY, "--gpus", "100", "--pp", "100"], "lower pp to at most 4", "interleave"),
+    (["estimate", *TINY, "--pp", "2", "--gpus", "2", "--interleave", "3", "--schedule", "interleaved"],
+     "lower interleave to at most 2", "lower pp"),
+    (["estimate", *TINY, "--tokens", "-3T"], "--tokens must be a whole number of tokens", "expected one argument"),
+    (["scaling", *TINY, "--gpus", "128,", "--global-batch", "128"], "got '128,'",
+     "Traceback"),
+    (["launch", "--plan", "{tmp}/unversioned.json", "--scheduler", "slurm"], "unversioned.json: no plan version",
+     "Traceback"),
+    (["train", "--plan", "{tmp}/wrong.json"], "wrong.json: tp must be a positive integer", "--tp"),
+]
+
+
+@pytest.mark.parametrize("argv, says, not_said", ADVICE, ids=[" ".join(a[:1] + a[-4:]) for a, _, _ in ADVICE])
+def test_the_advice_fits_the_cause(argv, says, not_said, w, capsys, monkeypatch) -> None:
+    import importlib
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(importlib.import_module("exatrain.trainer.spawn"), "launch_local", lambda configs, **kw: None)
+    monkeypatch.chdir(w["tmp"])
+    assert main([a.format(**w) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and not_said not in err, err
 
 
 def _tree(root: Path) -> dict[str, float]:

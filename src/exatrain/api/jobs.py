@@ -35,15 +35,29 @@ def write_text(path: str | Path, text: str, *, executable: bool = False) -> None
         raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
-def check_fits(plan: Plan, cluster: ClusterSpec, *, force: bool, warn: Warn, what: str, name: str = "the plan") -> None:
+def check_fits(plan: Plan, cluster: ClusterSpec, *, force: bool, warn: Warn, what: str, name: str = "the plan",
+               runtime: str | None = None) -> None:
     """One line on a plan that is tight on ``cluster`` or predicted above its capacity; a plan that does not fit
     (even the low end of its band of measured peaks is above the capacity, planner/memory_band.py) is refused
-    unless ``force``. ``what`` names the output in the lines ("the job", "the run"), ``name`` the plan."""
+    unless ``force``. The plan is estimated as ``runtime`` runs it (the engine the output runs; as the plan's own
+    runtime where that engine does not run its layout: the export's notes say what it runs instead). ``what``
+    names the output in the lines ("the job", "the run"), ``name`` the plan. A CPU cluster is not checked here:
+    its ranks share the machine's memory (``_cpu_job_warnings``)."""
     from exatrain.planner.estimate import estimate_plan
     from exatrain.planner.memory_band import tight_window
     from exatrain.units import GiB
 
-    est = estimate_plan(plan, cluster)
+    if cluster.device.is_host:
+        return
+    est = None
+    if runtime is not None and runtime != plan.runtime:
+        try:
+            swapped = plan.replace(runtime=runtime).validate(cluster)
+            est, plan = estimate_plan(swapped, cluster), swapped
+        except UserError:
+            est = None
+    if est is None:
+        est = estimate_plan(plan, cluster)
     need, cap = est.memory_bytes.total / GiB, est.capacity_bytes / GiB
     amount = (f"its worst stage is predicted at {need:,.1f} GiB of {cap:,.0f} GiB on {cluster.name} as {plan.runtime} "
               "runs it")
@@ -61,17 +75,6 @@ def check_fits(plan: Plan, cluster: ClusterSpec, *, force: bool, warn: Warn, wha
 
 TARGET_RUNTIMES = {"megatron": "megatron-core", "deepspeed": "megatron-deepspeed", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan"}  # the engine each export target's run is priced as
-
-
-def _run_by(plan: Plan, runtime: str, cluster: ClusterSpec) -> Plan:
-    """``plan`` as ``runtime`` runs it (its memory is what an export's run keeps), or as it is where that runtime
-    does not run its layout (the export's notes say what it runs instead)."""
-    from exatrain.errors import PlanError
-
-    try:
-        return plan.replace(runtime=runtime).validate(cluster)
-    except PlanError:
-        return plan
 
 
 def _plan_name(plan: str | Path | Plan) -> str:
@@ -139,7 +142,7 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
         text = render_torchrun(p, c, TorchrunOptions(plan_path=os.path.abspath(plan), train=train, nodes=nodes,
                                                      master=master, rccl_plugin_dir=rccl_plugin_dir))
     _cpu_job_warnings(p, c, node_layout(p, c, nodes).ranks_per_node, warn)
-    check_fits(_run_by(p, "exatrain", c), c, force=force, warn=warn, what="the job", name=_plan_name(plan))
+    check_fits(p, c, force=force, warn=warn, what="the job", name=_plan_name(plan), runtime="exatrain")
     if out is not None:
         write_text(out, text, executable=True)
     return text
@@ -162,8 +165,8 @@ def export_config(*, plan: str | Path | Plan, target: str, out: str | Path | Non
     result = export(p, target, ds_config_path=str(ds_config))
     made_for = cluster_catalog().get(p.cluster)  # a plan for a cluster file's cluster is not checked here
     if made_for is not None:
-        check_fits(_run_by(p, TARGET_RUNTIMES[target], made_for), made_for, force=force, warn=warn, what="the run",
-                   name=_plan_name(plan))
+        check_fits(p, made_for, force=force, warn=warn, what="the run", name=_plan_name(plan),
+                   runtime=TARGET_RUNTIMES[target])
     if out is not None:
         targets = [Path(out)] + [Path(name) for name, _ in result.files]
         for path in targets:
