@@ -7,7 +7,8 @@ a flag's metavar written in the CLI instead of read from its record's ``metavar`
 a record without a sample plan (the sample test); the trainer's loop over the registry skipped (the refusal
 test); a torchtitan export note dropped from the registry (the export test); a record's rule taken out (the capacity
 factor with another dispatcher than alltoall in ``_capacity_problem``, the kernel without flash attention in
-``_kernel_problem``: test_each_records_rule_refuses_its_illegal_sample)."""
+``_kernel_problem``: test_each_records_rule_refuses_its_illegal_sample); llm-foundry left out of the runtime's help
+(test_every_choice_a_setting_takes_is_in_its_help)."""
 
 from __future__ import annotations
 
@@ -222,3 +223,12 @@ def test_each_records_rule_refuses_its_illegal_sample(name: str) -> None:
 
 def test_every_record_has_an_illegal_sample() -> None:
     assert set(ILLEGAL) == set(NAMES)
+
+
+def test_every_choice_a_setting_takes_is_in_its_help() -> None:
+    """Each runtime and each attention kernel the flags accept is named in their help (llm-foundry and triton
+    were accepted and not named)."""
+    from exatrain.settings import ATTENTION_KERNELS, RUNTIMES
+
+    assert all(r in BY_NAME["runtime"].help for r in RUNTIMES)
+    assert all(k in BY_NAME["attention_kernel"].help for k in ATTENTION_KERNELS)

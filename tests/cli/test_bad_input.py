@@ -283,6 +283,11 @@ ADVICE = [
     (["launch", "--plan", "{tmp}/unversioned.json", "--scheduler", "slurm"], "unversioned.json: no plan version",
      "Traceback"),
     (["train", "--plan", "{tmp}/wrong.json"], "wrong.json: tp must be a positive integer", "--tp"),
+    # paths as typed (relative here: the test runs in {tmp}), in a message on a file's contents and on its folder
+    (["estimate", "--model-file", "bad.json"], "error: bad.json: not valid JSON", "/"),
+    (["launch", "--plan", "wrong.json", "--scheduler", "slurm"], "error: wrong.json: tp must be", "/"),
+    (["estimate", *TINY, "--out", "file.txt/p.json"], "--out file.txt/p.json: file.txt is a file, not a directory",
+     "/tmp"),
 ]
 
 

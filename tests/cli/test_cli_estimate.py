@@ -1,4 +1,9 @@
-"""`exatrain models / hardware / estimate` as a user drives them, bad input included."""
+"""`exatrain models / hardware / estimate` as a user drives them, bad input included.
+
+Broken on purpose and seen to fail here: the parameter count printed in billions whatever its size
+(test_a_small_models_parameters_are_counted_in_a_unit_that_shows_them); the planner commands' --runtime help given
+its "default exatrain" clause a second time (test_runtime_help_says_its_default_once).
+"""
 
 from __future__ import annotations
 
@@ -41,6 +46,24 @@ def test_estimate_table(capsys) -> None:
     code, out, _ = run(capsys, "estimate", *ONE_T)
     assert code == 0
     assert "memory per rank" in out and "fits" in out and "1,008.04B params" in out
+
+
+def test_a_small_models_parameters_are_counted_in_a_unit_that_shows_them(capsys) -> None:
+    """gpt-small's 2.7 million parameters read 2.74M, not 0.00B; its stage's 2.743M; gpt-175b's stay in billions."""
+    from exatrain.units import count_text
+
+    assert main(["estimate", "--model", "gpt-small", "--cluster", "local-cpu", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt-small (2.74M params)" in out and "│ 2.743M │" in out and "0.00B" not in out
+    assert (count_text(174.62e9), count_text(51_200), count_text(12)) == ("174.62B", "51.20K", "12")
+
+
+def test_runtime_help_says_its_default_once(capsys) -> None:
+    assert main(["estimate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    start = text.index("--runtime ENGINE the engine")
+    runtime = text[start:text.index("--overlap WHICH", start)]
+    assert runtime.count("default exatrain") == 1, runtime
 
 
 def test_model_flags_override_a_preset(capsys) -> None:
