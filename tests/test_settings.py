@@ -196,6 +196,7 @@ ILLEGAL = {
     "recompute_layers": (2, dict(_DENSE, runtime="megatron-core", recompute="selective"), "--recompute-layers"),
     "recompute_every": (2, dict(_DENSE, runtime="megatron-core", recompute="full"), "torchtitan's layer-level"),
     "launch_blocking": ("yes", dict(_DENSE, runtime="megatron-core"), "launch_blocking must be true or false"),
+    "offload": ("params", dict(_DENSE, runtime="megatron-core"), "--offload params is not run by megatron-core"),
 }
 
 
