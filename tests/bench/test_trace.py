@@ -7,7 +7,10 @@ trace counts tensors, not allocator slack).
 
 Broken on purpose and seen to fail here: the trainer's loss over a vocabulary shard held at the whole
 logits' 12 bytes a logit instead of ``loss_parallel``'s 16 (``trainer_memory``'s ``loss_temps``): case
-big-vocab-tp2-sp, −11.6%.
+big-vocab-tp2-sp, −11.6%; the per-micro-batch 16-bit weight copies of tp shards stored locally left out
+(``trainer_memory._uncached_copies`` returning 0): pp2-zero1-dp2-tp2 −6.3%, pp2-zero-bubble-zero1-dp2-tp2-sp
+−8.2%; the trace without a GPU's fp32 norms (``bench.gpu_rules.cuda_norm_rules`` a no-op): gpu-norms-gpt-long
++8.7%, gpu-norms-llama-long-tp2-sp −8.6%.
 """
 
 from __future__ import annotations

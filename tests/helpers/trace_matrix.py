@@ -59,14 +59,25 @@ CASES = {
     "big-vocab-tp1": (dict(SMALL, vocab=16384, seq_len=512), {}, None, False),
 }
 
-# Layout families the trainer runs that CASES does not hold: traced (the test checks that each traces and
-# holds the accounted parameter shard) but not held to the bound, which the trainer memory model misses
-# for them (by 5.7-8.4% on these shapes: ZeRO-0/1 under a pipeline with tp shards stored locally, and
-# FSDP2 under an interleaved pipeline with tp).
-FAMILIES = {
+# ZeRO-0/1 under a pipeline with tp shards stored locally: every in-flight micro-batch keeps its own
+# 16-bit weight copies (trainer_memory ``_uncached_copies``)
+CASES.update({
     "pp2-zero1-dp2-tp2": (SMALL, dict(pp=2, dp=2, zero_stage=1, tp=2), None, False),
     "pp2-zero-bubble-zero1-dp2-tp2-sp": (SMALL, dict(pp=2, dp=2, zero_stage=1, tp=2, sequence_parallel=True,
                                                     schedule="zero_bubble", interleave=2), None, False),
+    # gpt-175b's layers as the 175B line of `estimate` runs them (tp 8, SP, selective, ZeRO-1 over dp),
+    # traced with a GPU's rules (accelerator: bench/gpu_rules.py's fp32 norms, foreach AdamW)
+    "175b-tp8-sp-selective-zero1-dp2-gpu": (GPT175, dict(tp=8, pp=3, dp=2, zero_stage=1, sequence_parallel=True,
+                                                          recompute="selective"), [1, 2], True),
+    # a GPU's norms where they weigh: long sequences, LayerNorm and RMSNorm kept in fp32
+    "gpu-norms-gpt-long": (dict(SMALL, seq_len=1024), dict(pp=2), None, True),
+    "gpu-norms-llama-long-tp2-sp": (dict(LLAMA, seq_len=1024), dict(tp=2, sequence_parallel=True), None, True),
+})
+
+# Layout families the trainer runs that CASES does not hold: traced (the test checks that each traces and
+# holds the accounted parameter shard) but not held to the bound, which the trainer memory model misses
+# for them (by 5.7-7.1% on this shape: FSDP2 under an interleaved pipeline with tp).
+FAMILIES = {
     "pp2-interleaved-zero3-dp2-tp2": (SMALL, dict(pp=2, dp=2, zero_stage=3, tp=2, schedule="interleaved",
                                                  interleave=2), None, False),
 }

@@ -6,7 +6,8 @@ actually keeps, checked against a trace of the trainer's own model (``exatrain e
 tests/bench/test_trace.py). Where the two differ, the difference is a property of the trainer's
 execution, and each item says whether it is inherent or avoidable:
 
-* mixed precision by autocast over fp32 parameters; the model casts the embedding's output to
+* mixed precision by autocast over fp32 parameters (on a GPU the norms in fp32, as CUDA autocast
+  runs them: bench/gpu_rules.py); the model casts the embedding's output to
   bf16, so the residual stream (the norms' inputs, a pipeline stage's input and output) is 2 bytes
   per element as in Megatron-LM, and casts each norm's output once, so q, k and v (and the MLP's
   gate and up projections) share one 16-bit input as Megatron's fused QKV does (autocast alone
@@ -17,6 +18,10 @@ execution, and each item says whether it is inherent or avoidable:
   (``repeat_interleave``), which keeps the repeated copies — avoidable (``enable_gqa``);
 * a pipeline stage keeps each in-flight micro-batch's output until its backward (Megatron frees
   the data after sending it);
+* weights autocast cannot cache (a non-leaf read of a local shard under tp with ZeRO-0/1 over
+  dp > 1; the routed experts' explicit casts) are cast again by every micro-batch's forward: a
+  pipeline stage keeps one 16-bit set per micro-batch in flight (``_uncached_copies``) —
+  avoidable (cast once per step, as Megatron's distributed optimizer keeps one bf16 copy);
 * only linear layers get 16-bit weight copies (autocast casts nothing else); FSDP2 (ZeRO-2/3 with
   dp > 1) gathers every parameter in bf16;
 * the peak is the largest of three moments: the backward of the last micro-batch in flight
@@ -71,9 +76,10 @@ def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_pa
     """Activation bytes one layer of the trainer's model keeps for backward, per micro-batch, on one
     tp rank (see the module doc), tensor by tensor per token, with d = tp under sequence parallelism:
 
-      norms: LayerNorm keeps its input in fp32 (4h/d); RMSNorm keeps its input and, where torch has
-        no fused kernel (the CPU), the fp32 normalised input too (8h/d), else only the input
-        (``_norm_bytes``, for the bf16 stream under autocast or the fp32 one);
+      norms (``_norm_bytes``): on a GPU both run on an fp32 copy of the input (CUDA autocast's
+        fp32 list) and keep it (4h/d; RMSNorm's fused kernel keeps its input); on the CPU LayerNorm
+        keeps its input in the stream's dtype, RMSNorm's composite the fp32 upcast and the fp32
+        normalised input (8h/d);
       inputs of the projections the norms feed (16-bit under autocast), whole sequence: each
         norm's output cast once and shared by its projections (2 per layer; under sequence
         parallelism the attention and the MLP each all-gather their input once);
@@ -141,13 +147,14 @@ def _moe_mlp_bytes(m: ModelSpec, e: float, *, ep: int) -> tuple[float, float]:
 
 def _norm_bytes(m: ModelSpec, stream: float, on_cpu: bool) -> float:
     """Bytes per token a norm keeps for backward, for a residual stream of ``stream`` bytes per
-    element. Under autocast LayerNorm runs in fp32 on accelerators (an fp32 copy of a bf16 input);
-    on the CPU it runs in its input's dtype. RMSNorm: torch's fused kernel (accelerators) keeps its
-    input; the CPU's composite keeps an fp32 upcast of the input and the fp32 normalised input."""
+    element. On accelerators autocast runs LayerNorm and RMSNorm in fp32 (an fp32 copy of a bf16
+    input), which the kernel keeps (RMSNorm's fused kernel: its input and a per-token rstd); on the
+    CPU LayerNorm runs in its input's dtype, and RMSNorm's composite keeps an fp32 upcast of the
+    input and the fp32 normalised input."""
     h = m.hidden
-    if m.arch != "llama":
-        return stream * h if on_cpu else 4.0 * h
-    return 8.0 * h if on_cpu else stream * h
+    if not on_cpu:
+        return 4.0 * h
+    return 8.0 * h if m.arch == "llama" else stream * h
 
 
 def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None) -> MemoryBreakdown:
@@ -237,6 +244,8 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     copy_fsdp = gathered * (params_here if zero_stage == 2 else 2 * layer_rank_params)
     copy16 = np.where(fsdp, copy_fsdp, 2.0 * (params_here - non_linear) if autocast else 0.0)
     weights = fp32_w + copy16
+    uncached = _uncached_copies(copy16, expert_here, tp=tp, fsdp=fsdp, zero_stage=zero_stage, autocast=autocast,
+                                recompute=recompute, replicas=dp)
 
     # ---- activations: per micro-batch in flight, then the backward's working set ----
     kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, on_cpu=on_cpu, cp=cp, ep=ep)
@@ -262,8 +271,8 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     # input it received is the first norm's input, counted with the layer).
     sends = np.where(pp > 1, np.maximum(v - is_last, 0.0) / v, 0.0)
     per_mb = (stage_layers + is_last * tokens * (final_norm / sp_div + e * h)
-              + sends * v * tokens * stream * h / sp_div)
-    acts = per_mb * inflight_mb
+              + sends * v * tokens * stream * h / sp_div + uncached)
+    acts = per_mb * inflight_mb - uncached  # one set of the 16-bit copies is counted with the weights
     if num_microbatches is not None:
         # No backward before the activations peak (GPipe; 1F1B with m <= in flight): the gradients
         # are allocated only as the first backward frees its micro-batch, so the peak is the larger
@@ -309,6 +318,22 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     transient = np.where(on_host, 0.0, np.maximum(0.0, np.maximum(peak_clip, peak_opt) - peak_a))
     other = p2p + transient + FRAGMENTATION_ALLOWANCE * (peak_a + transient)
     return weights, grads, optim, acts, other
+
+
+def _uncached_copies(copy16, expert_here, *, tp, fsdp, zero_stage: int, autocast: bool, recompute: str, replicas):
+    """Bytes of 16-bit weight copies each micro-batch's forward makes afresh and keeps to its backward.
+
+    Autocast caches the cast of a leaf parameter for its whole region (a pipeline step runs in one),
+    so one copy serves every micro-batch. It caches nothing else: the routed experts' weights are
+    cast explicitly per call (moe.grouped_linear), and with tensor parallelism and ZeRO-0/1 over
+    dp x cp > 1 every sharded parameter is stored as a local shard and read through a
+    parametrization (parallel/data.py ``FromLocal``: a new, non-leaf DTensor per read), so every
+    linear weight is cast again by each forward. A rank then holds one set of these copies per
+    micro-batch in flight (none under full recomputation, whose forward keeps nothing)."""
+    if not autocast or recompute == "full":
+        return 0.0
+    localized = (tp > 1) & (replicas > 1) & (zero_stage < 2)
+    return np.where(fsdp, 0.0, np.where(localized, copy16, 2.0 * expert_here))
 
 
 def trainer_memory_by_stage(plan: Plan, *, on_cpu: bool | None = None) -> tuple[MemoryBreakdown, ...]:

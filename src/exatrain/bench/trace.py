@@ -50,7 +50,11 @@ made at its backward: torch.distributed.pipelining's receive buffers (one per mi
 direction, kept across steps) are a runtime overhead and are not traced (see the README).
 
 Works for 175B-size layers on a laptop: nothing is allocated (a stage of three 175B-size layers at
-tp 8 traces in a few seconds). Needs no accelerator; the autocast rules applied are the CPU's.
+tp 8 traces in a few seconds). Needs no accelerator; the autocast rules applied are the CPU's, except
+for an accelerator plan's norms, which run in fp32 as CUDA autocast runs them (bench/gpu_rules.py:
+also what the trace cannot run here). The attention kernel is the one the plan names: with flash
+attention, SDPA's fused kernel (the CPU's keeps what a GPU's flash kernel keeps: q, k, v, the output,
+an fp32 log-sum-exp per head, no s x s scores); without it, SDPA's math kernel.
 
 The fast trace (``fast_trace``, what ``trace_plan`` and ``estimate --trace`` run; ``trace_stage`` and
 ``--trace full`` trace every micro-batch): stages that build the same modules (``stage_shape``: the
@@ -136,6 +140,7 @@ def _trace_rank(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: i
     step) over ``order`` ((kind, chunk, micro-batch) ops on its chunks), recording every op's memory."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from exatrain.bench.gpu_rules import cuda_norm_rules
     from exatrain.trainer.parallel.build import execution_plan, local_params_needed
     from exatrain.trainer.parallel.data import localize_dtensor_params
 
@@ -145,7 +150,8 @@ def _trace_rank(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: i
     chunks = _build(plan, mesh, pp_rank)
     if order is None:
         order = schedule_orders(plan, plan.num_microbatches)[pp_rank]
-    with FakeTensorMode(allow_non_fake_inputs=True), _balanced_routing(plan):
+    norms = cuda_norm_rules() if accelerator else contextlib.nullcontext()  # a GPU plan's norms (gpu_rules.py)
+    with FakeTensorMode(allow_non_fake_inputs=True), _balanced_routing(plan), norms:
         modules = [m for _, m in chunks]
         for module in modules:
             _materialize(module)
