@@ -48,8 +48,9 @@ sequence through everything token-wise, its attention keeps the all-gathered key
 whole sequence and the [s/cp, s] mask, and its states are sharded over dp x cp. Both were checked
 against the trace (tests/bench/test_trace_moe_cp.py, within 1.6% on eight ranks of seven layouts).
 
+DDP's gradient buckets are counted (``other``; the trace adds them as DDP sizes them, bench/trace.py).
 Not counted (runtime overheads measured by neither model; see docs/accuracy.md, "Calibration and
-validation"): DDP's gradient buckets, torch.distributed.pipelining's per-micro-batch receive
+validation"): torch.distributed.pipelining's per-micro-batch receive
 buffers, DTensor's replicated gradient of the vocabulary-parallel embedding, and a loss computed
 on whole-vocabulary logits when autocast is on around ``loss_parallel``. Per-norm statistics
 (8 bytes a token) are left out. With one micro-batch per step and no pipeline the gradients are
@@ -300,6 +301,12 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     acts = acts + np.maximum(np.maximum(loss_temps, working), reduce_scatter)
     # A pipeline stage receives one activation gradient at a time.
     p2p = np.where(pp > 1, tokens * stream * h / sp_div, 0.0)
+    # DDP (ZeRO-0/1 over dp x cp > 1 without a pipeline or experts: parallel/build.py) keeps its
+    # reducer's buckets, one more copy of every gradient (the trainer's DDP does not view the
+    # gradients into them: gradient_as_bucket_view is off), from its first step on.
+    ddp = (pp == 1) & (dp > 1) & (zero_stage < 2) & (ep == 1)
+    buckets = np.where(ddp, params_here * per1.gradients, 0.0)
+    p2p = p2p + buckets
     peak_a = weights + grads + optim + acts + p2p
 
     # ---- after the backward: gradient norm and optimizer update ----
@@ -311,7 +318,7 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     if m.is_moe:  # a stacked expert weight [N/ep, f, h], whole on every tp rank; per-layer expert params / 3
         largest = np.maximum(largest, np.where(moe_here > 0, expert_here / np.maximum(moe_here, 1.0) / 3.0, 0.0))
     largest = largest / np.where(fsdp, dp, 1.0)
-    states = fp32_w + grads + optim
+    states = fp32_w + grads + optim + buckets
     opt_local = np.where(zero_stage >= 1, params_here / dp, params_here)
     peak_clip = states + 16.0 * largest
     peak_opt = states + (8.0 * largest if on_cpu else 4.0 * opt_local)

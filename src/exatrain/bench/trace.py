@@ -13,8 +13,8 @@ the stage's coordinates) and ``FakeTensorMode`` (tensors carry shapes and dtypes
    with dp flattened, as ``build_mesh`` lays them out); then it is materialised as fake tensors (tied weights
    kept tied, as ``trainer.init`` does) and, where the trainer does (``local_params_needed``: tensor
    parallelism with ZeRO-0/1 over dp > 1), its DTensor parameters are stored as local shards;
-2. ZeRO-0/1 data parallelism is applied in the accounting sense: DDP is left out (its gradient
-   buckets are a runtime cost of DDP, not of the layout), and ZeRO-1 is the trainer's
+2. ZeRO-0/1 data parallelism is applied in the accounting sense: DDP is left out, its gradient
+   buckets added as DDP sizes them (``_with_ddp_buckets``), and ZeRO-1 is the trainer's
    ``ZeroRedundancyOptimizer``, which keeps only this rank's share of the Adam states;
 3. after one untraced optimizer step (Adam's states exist from the second step on), one step runs
    as ``trainer.train`` runs it: the micro-batches in the order the plan's schedule gives this rank
@@ -131,7 +131,22 @@ def trace_plan(plan: Plan, *, accelerator: bool = False, steps: int = 1, full: b
 
 def trace_stage(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1) -> TracedMemory:
     """Trace ``steps`` optimizer steps of the rank (pp_rank, dp 0, cp 0, tp 0); the peak over them."""
-    return _trace_rank(plan, pp_rank, accelerator=accelerator, steps=steps)[0]
+    return _with_ddp_buckets(plan, _trace_rank(plan, pp_rank, accelerator=accelerator, steps=steps)[0])
+
+
+def _with_ddp_buckets(plan: Plan, traced: TracedMemory) -> TracedMemory:
+    """``traced`` with DDP's buckets added to other, where the trainer wraps the stage in DDP: the trace
+    leaves DDP out (its reducer works in C++ over a real group), and its reducer keeps one bucket copy
+    of every gradient, in the gradients' dtype (float32), from the first step on (gradient_as_bucket_view
+    is off in parallel/data.py ``apply_ddp``). DDP runs only without a pipeline and without experts, so
+    the rank's gradients are its parameters: float32 bytes of each, as many as the traced weights."""
+    import dataclasses
+
+    from exatrain.trainer.parallel.build import data_parallel_kind, execution_plan
+
+    if data_parallel_kind(execution_plan(plan)) != "ddp":
+        return traced
+    return dataclasses.replace(traced, other=traced.other + traced.weights)
 
 
 def _trace_rank(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1,
@@ -877,7 +892,7 @@ def fast_trace(plan: Plan, *, accelerator: bool = False,
             if _traced(probe.rank, _replay(profile, types)) != traced:
                 raise ReplayError("the replay of the traced order misses its traced peak")
             for r in probe.members:
-                out[r] = _traced(r, _replay(profile, op_types(full[r])))
+                out[r] = _with_ddp_buckets(plan, _traced(r, _replay(profile, op_types(full[r]))))
         except ReplayError as exc:
             for r in probe.members:
                 if progress is not None:
