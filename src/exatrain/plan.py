@@ -175,6 +175,8 @@ class StepEstimate:
     # Model states kept in host memory (Plan.offload; accounting.offload): {"bytes_per_node", "capacity_bytes" (the
     # node's), "fits"}; a plan whose node cannot hold them does not fit, whatever its devices hold. None: no offload.
     host_memory: Mapping[str, Any] | None = None
+    # What dominates the worst stage and what each of four changes frees (planner/memory_advice.py).
+    memory_advice: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_verdict:
@@ -224,6 +226,7 @@ class StepEstimate:
             "memory_verdict": self.verdict,
             **({"memory_band": dict(self.memory_band)} if self.memory_band is not None else {}),
             **({"host_memory": dict(self.host_memory)} if self.host_memory is not None else {}),
+            **({"memory_advice": dict(self.memory_advice)} if self.memory_advice is not None else {}),
         }
 
     @classmethod
@@ -258,6 +261,7 @@ class StepEstimate:
             memory_verdict=_verdict(d.get("memory_verdict")),
             memory_band=dict(d["memory_band"]) if isinstance(d.get("memory_band"), Mapping) else None,
             host_memory=dict(d["host_memory"]) if isinstance(d.get("host_memory"), Mapping) else None,
+            memory_advice=dict(d["memory_advice"]) if isinstance(d.get("memory_advice"), Mapping) else None,
         )
 
 

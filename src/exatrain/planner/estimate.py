@@ -23,6 +23,7 @@ from exatrain.planner.cost.offload import offload_note
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
 from exatrain.planner.memory_band import with_memory_band
+from exatrain.planner.memory_advice import memory_advice
 from exatrain.planner.cost.fp8 import CAST_BYTES, fp8_speedup
 from exatrain.planner.plan_cost import comm_bytes
 from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate, trainer_models_it
@@ -239,5 +240,6 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         hardware_tflops_per_gpu=hw_tf,
         hfu=None if peak is None else hw_tf * 1e12 / peak,
         notes=notes,
+        memory_advice=memory_advice(plan, cluster, coeffs),
     ), plan, cluster), plan, cluster).replace(host_memory=host_memory, **({} if host_ok else {
         "fits": False, "memory_verdict": "does not fit"}))

@@ -207,6 +207,8 @@ def render_estimate(plan: Plan, con=None) -> None:
     con.print(t)
     con.print(f"worst stage: {_gib(est.memory_bytes.total)} GiB of {_gib(est.capacity_bytes)} GiB — "
               f"{memory_verdict_text(est)} (as {plan.runtime} runs it)")
+    if est.memory_advice:
+        con.print(f"memory: {est.memory_advice['text']}")
     if est.memory_band and est.memory_band.get("widened"):
         con.print(f"memory band: {est.memory_band['text']}")
     if est.trainer_memory_bytes is not None and plan.runtime != "exatrain":
