@@ -10,7 +10,9 @@ logits' 12 bytes a logit instead of ``loss_parallel``'s 16 (``trainer_memory``'s
 big-vocab-tp2-sp, −11.6%; the per-micro-batch 16-bit weight copies of tp shards stored locally left out
 (``trainer_memory._uncached_copies`` returning 0): pp2-zero1-dp2-tp2 −6.3%, pp2-zero-bubble-zero1-dp2-tp2-sp
 −8.2%; the trace without a GPU's fp32 norms (``bench.gpu_rules.cuda_norm_rules`` a no-op): gpu-norms-gpt-long
-+8.7%, gpu-norms-llama-long-tp2-sp −8.6%.
++8.7%, gpu-norms-llama-long-tp2-sp −8.6%; the model's fp32 accumulation of FSDP's unsharded gradients
+over a step's micro-batches left out (``trainer_memory``'s ``accumulated``): zero3-dp2-llama −14.2%,
+zero2-dp2-tp2-sp −13.9%.
 """
 
 from __future__ import annotations

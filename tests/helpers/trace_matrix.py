@@ -120,6 +120,8 @@ REPLAY = {
                                   None, False),
     "pp4-foreach-untied": (dict(SMALL8, tied_embeddings=False), dict(pp=4), None, True),
     "pp1-m8": (SMALL, dict(m=8), None, False),
+    # FSDP without a pipeline reduces after the last of the step's micro-batches only
+    "pp1-zero3-dp2-m6": (SMALL, dict(dp=2, zero_stage=3, m=6), None, False),
     "moe-ep2-pp4": (dict(MOE, layers=8), dict(dp=2, ep=2, pp=4), None, False),
     "moe-ep2-m4": (MOE, dict(dp=2, ep=2, m=4), None, False),
     # short sequences and foreach AdamW: the optimizer step is the peak, above the MoE layers' records

@@ -226,6 +226,10 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     # A rank's own fp32 parameters and gradients (sharded over dp by FSDP), optimizer states.
     fp32_w = params_here * np.where(fsdp, 4.0 / dp, 4.0)
     grads = params_here * np.where(fsdp, per.gradients, per1.gradients)
+    # Without a pipeline FSDP reduces only after the step's last micro-batch (trainer.train._grad_sync):
+    # until then every parameter's unsharded gradient is accumulated in fp32 (FSDP2's reduce dtype).
+    many = np.asarray(2 if num_microbatches is None else num_microbatches, dtype=float) > 1
+    accumulated = np.where(fsdp & (pp == 1) & many, params_here * (4.0 - per.gradients), 0.0)
     optim = params_here * per.optimizer
     # FSDP2's CPUOffloadPolicy (--offload params) keeps the sharded fp32 parameters, their gradients and the Adam
     # states in host memory, where the optimizer steps (accounting.offload): none of them, nor the step's
@@ -307,7 +311,7 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     ddp = (pp == 1) & (dp > 1) & (zero_stage < 2) & (ep == 1)
     buckets = np.where(ddp, params_here * per1.gradients, 0.0)
     p2p = p2p + buckets
-    peak_a = weights + grads + optim + acts + p2p
+    peak_a = weights + grads + accumulated + optim + acts + p2p
 
     # ---- after the backward: gradient norm and optimizer update ----
     # A float64 square of the largest gradient; AdamW's square-root and division temporaries, for
@@ -324,7 +328,7 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     peak_opt = states + (8.0 * largest if on_cpu else 4.0 * opt_local)
     transient = np.where(on_host, 0.0, np.maximum(0.0, np.maximum(peak_clip, peak_opt) - peak_a))
     other = p2p + transient + FRAGMENTATION_ALLOWANCE * (peak_a + transient)
-    return weights, grads, optim, acts, other
+    return weights, grads + accumulated, optim, acts, other
 
 
 def _uncached_copies(copy16, expert_here, *, tp, fsdp, zero_stage: int, autocast: bool, recompute: str, replicas):

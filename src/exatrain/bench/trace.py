@@ -489,7 +489,10 @@ class _StepRunner:
     def step(self) -> None:
         n = self.plan.num_microbatches
         if self.plan.pp == 1:  # trainer.train.Stepper without a pipeline: autocast per micro-batch
-            for _ in self.order:
+            module = self.chunks[0]
+            for i, _ in enumerate(self.order):
+                if hasattr(module, "set_requires_gradient_sync"):  # FSDP: as trainer.train._grad_sync
+                    module.set_requires_gradient_sync(i == len(self.order) - 1)
                 with self._op(), self.amp(), self.loss_ctx():
                     x = self._ids()
                     loss = self._loss(self._forward(0, x), x)
