@@ -3,7 +3,8 @@
 Spawns ``world`` gloo ranks; each builds the trainer (``trainer.train.Trainer``) for every case in turn
 (tests/helpers/trace_matrix.py's cases of that world size), runs one step (Adam's states exist from the
 second step on), then runs a second step while counting: every tensor alive as the step starts (found
-by the garbage collector: parameters, optimizer states, buffers, the pipeline's kept receive buffers)
+by the garbage collector: parameters, optimizer states, buffers, the pipeline's kept receive buffers;
+not what was alive before the trainer was built)
 and every tensor storage an op makes during the step (a TorchDispatchMode), each until its storage is
 freed. The count's peak is the step's. Tensors made and held inside C++ alone (DDP's gradient
 buckets, gloo's own buffers) are not seen: the trace leaves DDP's buckets out as well.
@@ -92,6 +93,19 @@ def _counter():  # type: ignore[no-untyped-def]
     return Alive
 
 
+def _storage_key(t):  # type: ignore[no-untyped-def]
+    """The storage of a plain tensor, or the local tensor of a subclass (DTensor); None without one."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        inner = getattr(t, t.__tensor_flatten__()[0][0], None)
+        return None if inner is None else _storage_key(inner)
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _rank(rank: int, world: int, port: str, cases: list[str], data_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1")
     import torch
@@ -110,19 +124,24 @@ def _rank(rank: int, world: int, port: str, cases: list[str], data_dir: str) -> 
         plan = plan_for(fields, layout)
         config = TrainConfig(plan=plan, steps=2, seed=0, lr=1e-3, quiet=True, data_dir=data_dir,
                              straggler_every=0).check()
+        # what earlier cases left alive (caches, their last tensors) is not this run's: held, so that no
+        # storage of this run can take one of their addresses
+        gc.collect()
+        before = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+        old = {_storage_key(t) for t in before}
         trainer = Trainer(config, local_rank=rank)
         trainer.step(0)
         gc.collect()
         alive = alive_cls()
         for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor):
+            if isinstance(obj, torch.Tensor) and _storage_key(obj) not in old:
                 alive.track(obj)
         with alive:
             trainer.step(1)
         peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
         dist.all_gather(peaks, torch.tensor([float(alive.peak)], dtype=torch.float64))
         out[case] = [int(p.item()) for p in peaks]
-        del trainer, alive
+        del trainer, alive, before
         gc.collect()
     if rank == 0:
         print(json.dumps(out), flush=True)

@@ -65,6 +65,8 @@ CASES.update({
     "pp2-zero1-dp2-tp2": (SMALL, dict(pp=2, dp=2, zero_stage=1, tp=2), None, False),
     "pp2-zero-bubble-zero1-dp2-tp2-sp": (SMALL, dict(pp=2, dp=2, zero_stage=1, tp=2, sequence_parallel=True,
                                                     schedule="zero_bubble", interleave=2), None, False),
+    "selective-tp2-sp": (SMALL, dict(tp=2, sequence_parallel=True, recompute="selective"), None, False),
+    "zero2-dp2-selective": (SMALL, dict(dp=2, zero_stage=2, recompute="selective"), None, False),
     # gpt-175b's layers as the 175B line of `estimate` runs them (tp 8, SP, selective, ZeRO-1 over dp),
     # traced with a GPU's rules (accelerator: bench/gpu_rules.py's fp32 norms, foreach AdamW)
     "175b-tp8-sp-selective-zero1-dp2-gpu": (GPT175, dict(tp=8, pp=3, dp=2, zero_stage=1, sequence_parallel=True,
@@ -176,6 +178,17 @@ def run(ids: list[str], fast: bool = False) -> dict:
 
 
 ALL = {**CASES, **FAMILIES, **MOE_CP, **REPLAY}
+
+# Layouts run for real (tests/helpers/counted_run.py: the trainer's own step, its tensor storages counted per
+# rank) and traced, by the number of ranks a run needs (test_trace_counted.py): recomputation none, selective and
+# full, SP on and off, tp, pp, cp, ep and ZeRO 0-3. ``COUNTED_GAPS``: run and traced, the run holding more than the
+# trace by more than the bound (torch.distributed.pipelining's receive buffers, not traced: bench/trace.py).
+COUNTED = {
+    2: ["tp2", "selective-tp2-sp", "full-tp2-sp", "tp2-sp-llama-gqa", "pp2-1f1b", "zero0-dp2", "zero1-dp2",
+        "zero2-dp2-selective", "zero3-dp2-llama", "cp2", "moe-ep2"],
+    4: ["moe-ep2-pp2"],
+}
+COUNTED_GAPS = {2: ["pp2-zero-bubble"]}
 
 
 if __name__ == "__main__":
