@@ -6,7 +6,8 @@ batch kept, so twice the micro-batches), and twice the pipeline stages (half the
 replicas). Each is counted, not guessed: the changed plan's worst stage goes through the same memory
 model as the estimate's (``planner.evaluate``, memory only, the plan's runtime), and what it frees is
 the difference of the two worst stages. A change the layout does not allow (``Plan.validate``: e.g. no
-dp left to halve, layers too few for the stages) is left out.
+dp left to halve, layers too few for the stages) or the runtime does not run (a ZeRO stage it lacks) is
+left out.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ def memory_advice(plan: Plan, cluster: ClusterSpec, coeffs: CostParams | None = 
     dominant = max(PARTS, key=lambda k: getattr(worst, k))
     options = []
     for flags, changed in changes(plan):
-        _, after = worst_stage(changed, cluster, coeffs)
+        try:
+            _, after = worst_stage(changed, cluster, coeffs)
+        except (UserError, ValueError):  # a change the runtime does not run (e.g. its ZeRO stages)
+            continue
         options.append({"change": flags, "frees_bytes": worst.total - after.total, "worst_bytes": after.total})
     options.sort(key=lambda o: -o["frees_bytes"])
     return {"stage": rank, "dominant": dominant, "dominant_bytes": getattr(worst, dominant),
