@@ -73,7 +73,9 @@ def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], 
     # The model's tensors (without its allocator allowance, which a trace of tensors has no part of).
     errors = [m.total / (1 + FRAGMENTATION_ALLOWANCE) / t.total - 1 for m, t in zip(modelled, traced)]
     note = ("traced (the trainer's model per stage under FakeTensorMode, one step, no allocation; " + how
-            + "; 16-bit weight copies count as activations" + (_routing_note if plan.model.is_moe else "") + "): "
+            + "; 16-bit weight copies count as activations" + (_routing_note if plan.model.is_moe else "")
+            + ("" if on_cpu else "; the CPU's kernels, the norms in fp32 as CUDA's autocast runs them "
+               "(bench/gpu_rules.py)") + "): "
             + ", ".join(f"{t.total / scale:.2f}" for t in traced)
             + f" {unit}; trainer memory model: " + ", ".join(f"{m.total / scale:.2f}" for m in modelled)
             + f" {unit}; model tensors (without the {FRAGMENTATION_ALLOWANCE:.0%} allowance) vs traced: "
