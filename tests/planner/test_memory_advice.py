@@ -47,7 +47,8 @@ def test_options_are_the_changed_plans_estimates() -> None:
     mb = next(o for o in advice["options"] if o["change"] == "--micro-batch 1")
     assert mb["frees_bytes"] > 0  # half the micro-batch: fewer activations in flight
     text = advice["text"]
-    assert text.startswith(f"stage {advice['stage']}: {advice['dominant']} dominate (")
+    said = {"optimizer": "optimizer states", "other": "buffers and the allocator's allowance"}
+    assert text.startswith(f"stage {advice['stage']}: {said.get(advice['dominant'], advice['dominant'])} dominate (")
     first = advice["options"][0]
     assert f"{first['change']} frees {first['frees_bytes'] / GiB:.1f} GiB (to {first['worst_bytes'] / GiB:.1f})" in text
 

@@ -65,6 +65,10 @@ def changes(plan: Plan) -> list[tuple[str, Plan]]:
     return allowed
 
 
+# A memory category as the line says it (each read as a plural: "... dominate").
+_SAID = {"optimizer": "optimizer states", "other": "buffers and the allocator's allowance"}
+
+
 def memory_advice(plan: Plan, cluster: ClusterSpec, coeffs: CostParams | None = None) -> dict[str, Any]:
     """What dominates the worst stage and what each allowed change frees, largest first:
     {"stage", "dominant", "dominant_bytes", "total_bytes", "options": [{"change", "frees_bytes",
@@ -85,7 +89,7 @@ def memory_advice(plan: Plan, cluster: ClusterSpec, coeffs: CostParams | None = 
 
 def advice_text(rank: int, worst: MemoryBreakdown, dominant: str, options: list[dict[str, Any]]) -> str:
     """One line: the dominant part of the worst stage, then each change with what it frees."""
-    head = (f"stage {rank}: {dominant} dominate ({getattr(worst, dominant) / GiB:.1f} of {worst.total / GiB:.1f} "
+    head = (f"stage {rank}: {_SAID.get(dominant, dominant)} dominate ({getattr(worst, dominant) / GiB:.1f} of {worst.total / GiB:.1f} "
             "GiB)")
     if not options:
         return head + "; no single change of recomputation, ZeRO, micro-batch or pp applies"
