@@ -83,6 +83,7 @@ from exatrain.planner import memory_band as memband
 from exatrain.planner.band import BANDS_PATH, hardware_family
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, cited_params, default_params
+from exatrain.planner.cost.overlap import overlap_priced
 from exatrain.planner.cost.published import MEGATRON_LM_2021
 from exatrain.planner.estimate import estimate_plan
 
@@ -158,7 +159,11 @@ class Row:
     oos_s: float | None = None  # out-of-sample prediction
     oos_how: str = ""
     memory_pred_gib: float | None = None
-    overlap: str = "all"  # which of the runtime's overlaps the run had on (cost.overlap.overlap_rules)
+    overlap: str | None = None  # which of the runtime's overlaps the run had on (cost.overlap.overlap_rules); None:
+    # not stated, priced at its engine's defaults with the band's low end reaching every overlap on (``best_ratio``)
+    best_ratio: float | None = None  # the step with every overlap on over the one priced, where overlap is None
+    predicted_mfu: float | None = None  # the shipped prior's MFU (estimate's: model FLOPs over the dense peak)
+    mfu_flag: str = ""  # the estimate's flag: above the best published MFU of its class (catalog studies.toml)
     flash_kernel: str = ""  # the attention kernel the run had where its engine's profile would guess wrong
     elementwise: str = ""  # how its element-wise ops ran (plan.ELEMENTWISE), "" = the engine's own
     cross_entropy: str = ""  # how its loss ran over the logits (plan.CROSS_ENTROPY), "" = the engine's own
@@ -362,13 +367,14 @@ STATED_SWITCHES: tuple[tuple[str, tuple[str, ...]], ...] = (
 _NEGATED = re.compile(r"\b(off|false|no|not|without|requested but)\b")
 
 
-def _overlap(source: str, engine: str, stated: str = "") -> str:
+def _overlap(source: str, engine: str, stated: str = "") -> str | None:
     """The overlaps a run had on. Megatron-LM of 2021-22 overlapped only the DDP gradient
     all-reduce (``cost.published``); a row whose ``overlap`` field names switches gets exactly those
-    (``STATED_SWITCHES``; ';'-separated clauses, a negated clause skipped); otherwise DeepSpeed runs its defaults
-    (overlap_comm off at ZeRO-1), torchtitan its defaults (FSDP2's prefetch, no async TP), and Megatron-Core every
-    overlap it offers (its published performance recipes turn them on)."""
-    if source in (NARAYANAN, KORTHIKANTI):
+    (``STATED_SWITCHES``; ';'-separated clauses, a negated clause skipped); otherwise None, not stated, as a user who
+    leaves --overlap unset plans it: its engine's defaults (DeepSpeed's overlap_comm off at ZeRO-1, torchtitan's
+    FSDP2 prefetch without async TP, Megatron-Core's interleaved P2P overlap alone), the band reaching down to every
+    overlap on (``best_ratio``). Until 2026-12-07 an unstated Megatron-Core run was priced with every overlap on."""
+    if source in (NARAYANAN, KORTHIKANTI) and engine == "megatron-core":
         # torch DDP's all-reduce overlaps the backward; Megatron-LM's local DDP (the sc21 scripts' pipelined
         # sizes) and the runs Korthikanti et al. say did not overlap it reduce after the last backward
         return "none" if "not overlapped" in stated.lower() else MEGATRON_LM_2021
@@ -376,9 +382,7 @@ def _overlap(source: str, engine: str, stated: str = "") -> str:
     named = sorted({c for clause in clauses for key, comms in STATED_SWITCHES if key in clause for c in comms})
     if named:
         return ",".join(named)
-    if engine == "torchtitan":
-        return "dp_grad_reduce,dp_param_gather"
-    return "default" if engine == "megatron-deepspeed" else "all"
+    return None
 
 
 def _dispatcher(stated: str) -> str:
@@ -546,7 +550,16 @@ def _predicted_memory_gib(row: Row, worst_bytes: float) -> float:
 
 
 def _predict_s(row: Row, params: CostParams) -> float:
-    return estimate_plan(row.plan, row.cluster, params, overlap=row.overlap).time_s.step
+    return estimate_plan(row.plan, row.cluster, params, overlap=overlap_priced(row.overlap)).time_s.step
+
+
+def _best_ratio(row: Row, est) -> float | None:
+    """Where the row states no overlaps: its step with every overlap its engine offers on over the one priced at
+    the engine's defaults (below 1), as ``estimate`` carries it into the band (``band.with_best_case``); else None."""
+    if row.overlap is not None or row.plan.launch_blocking:
+        return None
+    best = estimate_plan(row.plan, row.cluster, default_params(row.cluster.device.name), overlap="all").time_s.step
+    return best / est.time_s.step if best < est.time_s.step else None
 
 
 def price(rows: list[Row]) -> None:
@@ -555,7 +568,11 @@ def price(rows: list[Row]) -> None:
         if row.plan is None:
             continue
         try:
-            est = estimate_plan(row.plan, row.cluster, default_params(row.cluster.device.name), overlap=row.overlap)
+            est = estimate_plan(row.plan, row.cluster, default_params(row.cluster.device.name),
+                                overlap=overlap_priced(row.overlap))
+            row.best_ratio = _best_ratio(row, est)
+            row.predicted_mfu = est.mfu
+            row.mfu_flag = (est.mfu_above_published or {}).get("text", "")
         except UserError as exc:
             row.not_priced = str(exc)
             continue
@@ -740,7 +757,7 @@ def _stats(errs: list[float]) -> dict:
         return {"n": 0}
     a = np.abs(np.asarray(errs))
     return {"n": int(a.size), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "max": float(a.max())}
+            "max": float(a.max()), "signed": float(np.median(errs))}
 
 
 def table(rows: list[Row]) -> dict:
@@ -765,14 +782,55 @@ def table(rows: list[Row]) -> dict:
         cell["band"] = band_stats([r for r in oos if r.band is not None])
         cells[f"{engine}/{family}"] = cell
     return {"cells": cells, "kinds": by_kind(rows), "rank": rank_correlations(rows), "memory": memory_summary(rows),
+            "sources": per_source(rows),
             "rows": [{"index": r.index, "name": r.name, "engine": r.engine, "family": r.family, "source": r.source,
                       "measured_s": r.measured_s, "measured_from": r.measured_from, "prior_s": r.prior_s,
                       "in_sample": r.in_sample, "out_of_sample_s": r.oos_s, "how": r.oos_how,
                       "memory_gib": r.memory_gib, "memory_predicted_gib": r.memory_pred_gib,
                       "memory_worst_stage_gib": r.memory_full_gib,
                       "memory_band": list(r.memory_band) if r.memory_band else None, "memory_verdict": r.verdict,
-                      "not_priced": r.not_priced, "notes": r.notes,
+                      "not_priced": r.not_priced, "notes": r.notes, "mfu_flag": r.mfu_flag,
                       "band": list(r.band) if r.band else None} for r in rows]}
+
+
+def measured_mfu(r: Row) -> float | None:
+    """The row's measured MFU as exatrain states it (model FLOPs, ``model_flops_per_step``, over the device's dense
+    peak of the plan's dtype), from its measured step time."""
+    peak = r.cluster.device.peak_flops(r.plan.dtype) if r.plan is not None else None
+    if not r.measured_s or not peak:
+        return None
+    return model_flops_per_step(r.plan.model, r.plan.global_batch) / (r.measured_s * r.plan.gpus * peak)
+
+
+def best_measured_mfu(rows: list[Row]) -> dict[tuple[str, str], tuple[float, Row]]:
+    """Per (family, precision: "16-bit" / "fp8") the highest measured MFU of the priced rows and its row: what the
+    catalog's best-published-MFU table (catalog/data/studies.toml ``[[mfu]]``) holds, checked by
+    tests/bench/test_prediction_error.py."""
+    out: dict[tuple[str, str], tuple[float, Row]] = {}
+    for r in rows:
+        m = measured_mfu(r) if r.prior_s is not None else None
+        if m is None:
+            continue
+        key = (r.family, "fp8" if r.plan.fp8 else "16-bit")
+        if key not in out or m > out[key][0]:
+            out[key] = (m, r)
+    return out
+
+
+def per_source(rows: list[Row]) -> list[dict]:
+    """Per source (left out in turn): runs, median |error|, signed median, share inside its band."""
+    by: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.oos_s is not None:
+            by.setdefault(r.source, []).append(r)
+    out = []
+    for src, rs in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        e = [r.oos_s / r.measured_s - 1 for r in rs]
+        inside = [r.band[0] <= r.measured_s / r.oos_s <= r.band[1] for r in rs if r.band]
+        out.append({"source": src, "name": rs[0].name.split(" (", 1)[-1].rstrip(")"), "n": len(rs),
+                    "median": float(np.median(np.abs(e))), "signed": float(np.median(e)),
+                    "coverage": float(np.mean(inside)) if inside else None})
+    return out
 
 
 # The kinds of run the README reports apart: the table's ``kind`` column (dense, moe, long-context), dense
@@ -796,18 +854,24 @@ def _pct(s: dict, k: str) -> str:
     return f"{s[k]:.1%}" if s.get("n") else "—"
 
 
+def _signed(s: dict) -> str:
+    """The median signed error (predicted / measured - 1: below 0 predicted too fast)."""
+    return f"{s['signed']:+.1%}" if s.get("n") else "—"
+
+
 def markdown(t: dict) -> str:
     """The README / RESULTS table."""
-    lines = ["| engine | hardware | runs | not priced | step n | median | p90 | max | p10–p90 measured/predicted "
-             "| in band | band width | memory n | median | max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine | hardware | runs | not priced | step n | median | signed | p90 | max "
+             "| p10–p90 measured/predicted | in band | band width | memory n | median | max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in t["cells"].values():
         s, m, b = c["step"], c["memory"], c["band"]
         band = f"{c['ratio_low']:.2f}–{c['ratio_high']:.2f}" if "ratio_low" in c else "—"
         cov = f"{b['coverage']:.0%}" if b["n"] else "—"
         width = f"{b['median_width']:.0%}" if b["n"] else "—"
         lines.append(f"| {c['engine']} | {c['family']} | {c['rows']} | {c['not_priced']} | {s['n']} "
-                     f"| {_pct(s, 'median')} | {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {cov} | {width} "
+                     f"| {_pct(s, 'median')} | {_signed(s)} | {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {cov} "
+                     f"| {width} "
                      f"| {m['n']} | {_pct(m, 'median')} | {_pct(m, 'max')} |")
     return "\n".join(lines)
 
@@ -933,7 +997,7 @@ def loso_bands(rows: list[Row]) -> None:
         for i, (r, tr) in enumerate(items):
             if r.source == source:
                 lo, hi, _ = bandlib.interval(tr, dist[i], params)
-                r.band = (lo, hi)
+                r.band = (lo * (r.best_ratio or 1.0), hi)  # unstated overlaps: down to every one on
 
 
 def one_cell_bands(rows: list[Row], engine: str = "megatron-core", family: str = "A100") -> None:
@@ -1260,6 +1324,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\nby kind of run (out of sample, every engine and family): " + "; ".join(
         f"{k} n={v['n']}" + (f" median {v['median']:.1%} p90 {v['p90']:.1%} max {v['max']:.1%}" if v["n"] else "")
         for k, v in t["kinds"].items()))
+    print("\nper source (each left out in turn): " + "; ".join(
+        f"{p['name'][:40]} n={p['n']} median {p['median']:.1%} signed {p['signed']:+.1%}"
+        + (f" in band {p['coverage']:.0%}" if p["coverage"] is not None else "") for p in t["sources"]))
+    above = [r for r in rows if r.predicted_mfu is not None and r.mfu_flag]
+    print("\nbest measured MFU per hardware family and precision (model FLOPs over the dense peak; "
+          "catalog/data/studies.toml [[mfu]]): " + "; ".join(
+              f"{fam} {prec} {m:.1%} ({r.name})" for (fam, prec), (m, r) in sorted(best_measured_mfu(rows).items()))
+          + f"; predictions above their class's best, flagged by the estimate: {len(above)}")
     print("\n" + "\n".join(memory_lines(rows, t["memory"])))
     ins = [c for c in t["cells"].values() if c["in_sample_prior"]["n"]]
     for c in ins:

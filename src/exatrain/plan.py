@@ -177,6 +177,9 @@ class StepEstimate:
     host_memory: Mapping[str, Any] | None = None
     # What dominates the worst stage and what each of four changes frees (planner/memory_advice.py).
     memory_advice: Mapping[str, Any] | None = None
+    # Set where the predicted MFU is above the highest published for the device's class and precision
+    # (catalog/data/studies.toml [[mfu]]): that reference's mfu, run and source.
+    mfu_above_published: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_verdict:
@@ -227,6 +230,7 @@ class StepEstimate:
             **({"memory_band": dict(self.memory_band)} if self.memory_band is not None else {}),
             **({"host_memory": dict(self.host_memory)} if self.host_memory is not None else {}),
             **({"memory_advice": dict(self.memory_advice)} if self.memory_advice is not None else {}),
+            **({"mfu_above_published": dict(self.mfu_above_published)} if self.mfu_above_published else {}),
         }
 
     @classmethod
@@ -262,6 +266,8 @@ class StepEstimate:
             memory_band=dict(d["memory_band"]) if isinstance(d.get("memory_band"), Mapping) else None,
             host_memory=dict(d["host_memory"]) if isinstance(d.get("host_memory"), Mapping) else None,
             memory_advice=dict(d["memory_advice"]) if isinstance(d.get("memory_advice"), Mapping) else None,
+            mfu_above_published=(dict(d["mfu_above_published"]) if isinstance(d.get("mfu_above_published"), Mapping)
+                                 else None),
         )
 
 

@@ -37,16 +37,39 @@ def _on(rules) -> set[str]:
     ("exatrain", {"dp_grad_reduce", "dp_param_gather"}, {"dp_grad_reduce", "dp_param_gather"}),
 ])
 def test_each_profile_overlaps_what_it_offers(runtime, offered, by_default) -> None:
-    assert _on(overlap_rules(runtime)) == offered
+    assert _on(overlap_rules(runtime, "all")) == offered
     assert _on(overlap_rules(runtime, "default")) == by_default
+    assert _on(overlap_rules(runtime)) == by_default  # not stated: the engine's defaults, never its best case
     assert _on(overlap_rules(runtime, "none")) == set()
-    assert len(overlap_rules(runtime).switches) == len(offered)
+    assert len(overlap_rules(runtime, "all").switches) == len(offered)
     missing = sorted(set(ON) - offered)
     if missing:
         with pytest.raises(UserError, match=f"runtime {runtime} cannot overlap {missing[0]}"):
             overlap_rules(runtime, missing[0])
     with pytest.raises(UserError, match="--overlap must be"):
         overlap_rules(runtime, "everything")
+
+
+def test_an_unstated_overlap_is_priced_at_the_engines_defaults_and_the_band_reaches_every_one_on() -> None:
+    """--overlap left unset: the step is the engine's defaults' (not its best case), the notes say so and give the
+    every-overlap-on step, and the band's low end reaches that step's own low end. (Broken on purpose: with the
+    unset value priced as ``all`` again, the step equalled the all-on one and this failed; with the band left as
+    it was, its low end stayed above the best case's.)"""
+    kw = dict(tp=8, pp=2, sequence_parallel=True, runtime="megatron-core", gpus=64)
+    unset, default, best = (_estimate(**kw).estimate, _estimate(overlap="default", **kw).estimate,
+                            _estimate(overlap="all", **kw).estimate)
+    assert unset.time_s.step == default.time_s.step > best.time_s.step
+    note = next(n for n in unset.notes if n.startswith("--overlap not stated"))
+    assert f"{best.time_s.step:.4g} s" in note
+    assert not any(n.startswith("--overlap not stated") for n in default.notes)
+    ratio = best.time_s.step / unset.time_s.step
+    assert unset.band["ratio_low"] == pytest.approx(default.band["ratio_low"] * ratio)
+    assert unset.band["ratio_high"] == pytest.approx(default.band["ratio_high"])
+    assert unset.step_range_s[0] == pytest.approx(best.time_s.step * default.band["ratio_low"])
+    assert any("--overlap not stated" in w for w in unset.band["widened"])
+    # an engine whose defaults are every overlap it offers has nothing to widen
+    fsdp = _estimate(runtime="llm-foundry", zero=3, tp=1, pp=1).estimate
+    assert not any(n.startswith("--overlap not stated") for n in fsdp.notes)
 
 
 def test_exposed_is_never_negative() -> None:

@@ -550,8 +550,9 @@ MEGATRON_CORE = EngineProfile(
                       "clip_grads.py scales only where clip_coeff < 1), the optimizer, "
                       "_copy_main_params_to_model_params (_multi_tensor_copy_this_to_that); FP32Optimizer: the norm"),
     adam_source="megatron/core/optimizer/__init__.py: Transformer Engine's FusedAdam, else apex's",
-    version_assumed=("Megatron-Core of 2024-26 as Megatron-Bridge's recipes run it: every overlap it offers on "
-                     "(--overlap all), gradient accumulation inside the weight-gradient GEMMs, fp32 main gradients, "
+    version_assumed=("Megatron-Core of 2024-26: gradient accumulation inside the weight-gradient GEMMs, fp32 main "
+                     "gradients, its overlaps as --overlap states them (not stated: its defaults, only the "
+                     "interleaved schedule's P2P overlap; Megatron-Bridge's recipes turn every one on, --overlap all), "
                      "Transformer Engine's fused attention. Megatron-LM of 2021-22 overlapped only torch DDP's "
                      "all-reduce (none under its local DDP or a pipeline), accumulated gradients outside the GEMMs "
                      "before 2022-02 and kept fp16 gradients in 16 bits (as --dtype float16 plans them): plan such a "

@@ -33,7 +33,7 @@ DEFAULT_CLUSTER = "frontier"  # the cluster when neither cluster nor cluster_fil
 DEFAULT_RUNTIME = "exatrain"
 
 
-def check_runtime(runtime: str, overlap: str = "all") -> str:
+def check_runtime(runtime: str, overlap: str | None = None) -> str:
     """``runtime`` if it names an engine profile (and ``overlap`` names overlaps it has); otherwise a
     one-line UserError naming the choices."""
     from exatrain.planner.cost.overlap import overlap_rules
@@ -102,7 +102,7 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
              stage_layers: Sequence[int] | None = None, dtype: str | None = None,
              flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-             runtime: str | None = None, overlap: str = "all", calibration: str | Path | None = None,
+             runtime: str | None = None, overlap: str | None = None, calibration: str | Path | None = None,
              trace: bool | str = False, out: str | Path | None = None, progress: Progress | None = None,
              from_file: str | Path | None = None, tokens: int | float | str | None = None,
              gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
@@ -172,7 +172,7 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-           top: int = 10, runtime: str | None = None, overlap: str = "all",
+           top: int = 10, runtime: str | None = None, overlap: str | None = None,
            calibration: str | Path | None = None, out: str | Path | None = None,
            from_file: str | Path | None = None, tokens: int | float | str | None = None,
            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
@@ -239,7 +239,7 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
             mode: str = "weak", runtime: str | None = None,
-            overlap: str = "all", calibration: str | Path | None = None, tokens: int | float | str | None = None,
+            overlap: str | None = None, calibration: str | Path | None = None, tokens: int | float | str | None = None,
             gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
             node_mtbf_hours: float | str | None = None, checkpoint_bandwidth: float | str | None = None,
             restart_minutes: float | str | None = None, strict_memory: bool = False, **settings: Any):

@@ -204,7 +204,7 @@ def load_plan(path: str | Path | Plan, *, flag: str = "--plan", warn: Warn | Non
 FROM_HELP = ("a launch to start from: a Megatron-LM or Megatron-DeepSpeed script running pretrain_gpt.py (its flags, "
              "variables, torchrun/deepspeed/srun line and DeepSpeed JSON), or a torchtitan job TOML (export-config "
              "writes all three); its model, world size, layout, batch, precision, recomputation, runtime and overlaps, "
-             "flags given here winning (--overlap: one other than all); one line names what it leaves to the engine's "
+             "flags given here winning (--overlap: any given); one line names what it leaves to the engine's "
              "defaults")
 
 
@@ -246,8 +246,9 @@ def from_launch(path: str | Path, *, gpus: int | None = None, model: bool = True
 
 def with_launch(given: Mapping[str, Any], fn: Callable[..., Any]) -> dict[str, Any]:
     """``fn``'s keyword arguments ``given`` (estimate's or search's, with ``from_file``) with what the launch file
-    states (``from_launch``) in place of every argument left at its default: arguments given win (``overlap``: one
-    other than its default, all). Search takes no stage split from it (it chooses one; a warning says so)."""
+    states (``from_launch``) in place of every argument left at its default: arguments given win (``overlap``: any
+    given; its default, None, is not stated). Search takes no stage split from it (it chooses one; a warning says
+    so)."""
     import inspect
 
     defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}

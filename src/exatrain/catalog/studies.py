@@ -1,5 +1,6 @@
-"""Published measurements that predictions are drawn beside: scaling efficiencies of studies
-(``data/studies.toml``, each entry with its source), read by ``exatrain scaling`` and the report."""
+"""Published measurements that predictions are drawn beside: scaling efficiencies of studies, read by ``exatrain
+scaling`` and the report, and the highest model-FLOPs utilization published per device class and precision, which an
+estimate above it is flagged against (``data/studies.toml``, each entry with its source)."""
 
 from __future__ import annotations
 
@@ -56,4 +57,46 @@ def study_scaling(model: str, cluster: str, mode: str | None = None) -> tuple[Me
     return tuple(sorted(hits, key=lambda s: MODES.index(s.mode)))
 
 
-__all__ = ["MeasuredScaling", "measured_scaling", "study_scaling"]
+@dataclass(frozen=True)
+class BestMfu:
+    """The highest MFU (model FLOPs, ``accounting.flops.model_flops_per_step``, over the catalog's dense peak of the
+    precision) measured on ``devices`` in ``precision`` ("16-bit": bf16 or fp16; "fp8": FP8 GEMMs, against the
+    16-bit peak as exatrain states MFU), by the run ``run`` of ``source``."""
+
+    devices: tuple[str, ...]  # catalog device names
+    precision: str  # 16-bit | fp8
+    mfu: float
+    run: str
+    source: str
+
+
+PRECISIONS = ("16-bit", "fp8")
+_BEST: tuple[BestMfu, ...] | None = None
+
+
+def best_published_mfu() -> tuple[BestMfu, ...]:
+    """Every best-published-MFU entry of the catalog (read once from data/studies.toml ``[[mfu]]``)."""
+    global _BEST
+    if _BEST is None:
+        path = Path(__file__).with_name("data") / "studies.toml"
+        rows = []
+        for i, row in enumerate(_load_table_file(path).get("mfu", [])):
+            try:
+                entry = BestMfu(devices=tuple(str(d) for d in row["devices"]), precision=str(row["precision"]),
+                                mfu=float(row["mfu"]), run=str(row["run"]), source=str(row["source"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UserError(f"{path.name}: mfu[{i}] is malformed ({exc})") from None
+            if entry.precision not in PRECISIONS or not 0 < entry.mfu < 1:
+                raise UserError(f"{path.name}: mfu[{i}]: precision must be 16-bit or fp8 and mfu in (0, 1)")
+            rows.append(entry)
+        _BEST = tuple(rows)
+    return _BEST
+
+
+def best_mfu_for(device: str, fp8: bool) -> BestMfu | None:
+    """The best published MFU of ``device``'s class in 16-bit or FP8 training (None: none published)."""
+    precision = "fp8" if fp8 else "16-bit"
+    return next((b for b in best_published_mfu() if device in b.devices and b.precision == precision), None)
+
+
+__all__ = ["BestMfu", "MeasuredScaling", "best_mfu_for", "best_published_mfu", "measured_scaling", "study_scaling"]

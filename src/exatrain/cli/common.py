@@ -175,7 +175,8 @@ def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> 
     if "overlap" in inspect.signature(fn).parameters:
         flag(p, fn, "--overlap", "which of the runtime's overlaps of communication with compute are on: all (its "
              "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
-             "dp_param_gather, pp_p2p, ep_a2a; default all", metavar="WHICH")
+             "dp_param_gather, pp_p2p, ep_a2a; not given: the engine's defaults, said in the notes, with the band's "
+             "low end reaching every overlap on", metavar="WHICH")
 
 
 def add_progress_arg(p: argparse.ArgumentParser) -> None:

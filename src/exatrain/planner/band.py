@@ -31,6 +31,7 @@ measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -314,11 +315,23 @@ def step_range(step_s: float, tokens_per_step: int, band: Band) -> tuple[tuple[f
     return (lo, hi), (tokens_per_step / hi, tokens_per_step / lo)
 
 
-def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec) -> StepEstimate:
-    """``estimate`` carrying the band of ``plan`` on ``cluster`` (unchanged without a time). The table measures
-    the shipped priors; an estimate made with a calibration file gets the same band."""
+def with_best_case(b: Band, ratio: float | None) -> Band:
+    """``b`` with its low end reaching the best case of the settings a plan leaves unstated: ``ratio`` is that best
+    case's step over the predicted one (below 1; None: nothing unstated), and the low end becomes the best case's own
+    low end (``planner.estimate``: --overlap not stated is priced at the engine's defaults)."""
+    if ratio is None or ratio >= 1:
+        return b
+    return dataclasses.replace(b, low=b.low * ratio, widened=b.widened + (
+        f"--overlap not stated: the low end reaches every overlap on ({ratio - 1:+.0%})",))
+
+
+def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec, best_s: float | None = None) -> StepEstimate:
+    """``estimate`` carrying the band of ``plan`` on ``cluster`` (unchanged without a time); ``best_s``: the step
+    with every overlap on where the plan states none (``with_best_case``). The table measures the shipped priors;
+    an estimate made with a calibration file gets the same band."""
     if estimate.time_s is None:
         return estimate
     b = band_for(plan, cluster)
+    b = with_best_case(b, None if best_s is None else best_s / estimate.time_s.step)
     steps, tokens = step_range(estimate.time_s.step, plan.tokens_per_step, b)
     return estimate.replace(step_range_s=steps, tokens_per_s_range=tokens, band=b.to_dict())

@@ -9,6 +9,7 @@ candidate, so a searched plan's estimate is what the search ranked it by.
 from __future__ import annotations
 
 from exatrain.catalog.hardware import ClusterSpec
+from exatrain.catalog.studies import best_mfu_for
 from exatrain.plan import MemoryBreakdown, Plan, StepEstimate, TimeBreakdown
 from exatrain.settings import HALF_DTYPES, trainer_cannot_build
 from exatrain.accounting.engines import ADAM_BYTES, get_engine, plan_run
@@ -18,7 +19,7 @@ from exatrain.accounting.offload import host_fits
 from exatrain.errors import UserError
 from exatrain.accounting.params import stage_params, total_params
 from exatrain.planner.cost.coefficients import CostParams, default_params
-from exatrain.planner.cost.overlap import overlap_for, overlap_rules
+from exatrain.planner.cost.overlap import overlap_for, overlap_priced, overlap_rules
 from exatrain.planner.cost.offload import offload_note
 from exatrain.planner.cost.step import TIME_FIELDS
 from exatrain.planner.band import with_band
@@ -49,11 +50,12 @@ def _routing_note(plan: Plan, load: float) -> str:
 
 
 def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = None,
-                  overlap: str = "all") -> StepEstimate:
+                  overlap: str | None = None) -> StepEstimate:
     """Memory of every stage, the counts of one optimizer step, and the predicted step time of
     ``plan`` on ``cluster`` as its runtime (``plan.runtime``) runs it. ``params`` are the cost
     model's efficiencies (default: the device's prior, or what a calibration file measured);
-    ``overlap``: which of the runtime's overlaps are on (``cost.overlap.overlap_rules``)."""
+    ``overlap``: which of the runtime's overlaps are on (``cost.overlap.overlap_rules``); None (not stated): the
+    runtime's defaults, said in the notes, with the band reaching down to every overlap on (``_best_case``)."""
     coeffs = params or default_params(cluster.device.name)
     rt, run = plan.runtime, plan_run(plan)
     if plan.offload != "none" and cluster.host_memory_bytes is None:
@@ -72,7 +74,8 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
     capacity = cluster.device.hbm_bytes
     engine = run.engine
     rule = engine.state_rule(plan.dtype, plan.zero_stage)
-    overlap = overlap_for(overlap, plan.launch_blocking)  # as evaluate priced it
+    stated = overlap
+    overlap = overlap_priced(overlap_for(overlap, plan.launch_blocking))  # as evaluate priced it
     rules = overlap_rules(engine, overlap)
     hid = {k: float(v[0]) for k, v in ev.hidden.items()}
     notes = (
@@ -148,6 +151,10 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
               + (" (synchronous launches, --launch-blocking: no kernel runs beside another; each kernel's fixed "
                  f"time takes the host's {coeffs.blocking_launch_s * 1e6:.0f} us a launch, "
                  "cost.compute.with_launch_blocking)" if plan.launch_blocking else ""),)
+    best_s = _best_case(plan, cluster, coeffs, run, stated, float(ev.time["step"][0]))
+    if best_s is not None:
+        notes += (f"--overlap not stated: priced with {rt}'s defaults (--overlap default); with every overlap it "
+                  f"offers on (--overlap all) the step would take {best_s:.4g} s, which the band's low end reaches",)
     if rules.tp and not rules.tp_backward and plan.tp > 1:
         notes += (f"{rt}'s TP overlap hides the forward's collectives (a full recomputation's rerun forward's "
                   f"too); the backward's own stay exposed "
@@ -221,6 +228,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
                   f"{coeffs.speed_spread:.1%} (a cluster's GPUs of one model; planner/cost/variability.py): "
                   f"{time_s.straggler:.3g} s",)
     notes += (f"cost model: {coeffs.source} parameters for {cluster.device.name}",)
+    above = mfu_above_published(cluster.device.name, bool(plan.fp8), model_tf * 1e12 / peak if peak else None)
     return with_memory_band(with_band(StepEstimate(
         params=total_params(plan.model),
         params_by_stage=stage_params(plan),
@@ -240,6 +248,34 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         hardware_tflops_per_gpu=hw_tf,
         hfu=None if peak is None else hw_tf * 1e12 / peak,
         notes=notes,
+        mfu_above_published=above,
         memory_advice=memory_advice(plan, cluster, coeffs),
-    ), plan, cluster), plan, cluster).replace(host_memory=host_memory, **({} if host_ok else {
+    ), plan, cluster, best_s=best_s), plan, cluster).replace(host_memory=host_memory, **({} if host_ok else {
         "fits": False, "memory_verdict": "does not fit"}))
+
+
+def mfu_above_published(device: str, fp8: bool, mfu: float | None) -> dict | None:
+    """The best published MFU of the device's class and precision (``catalog.studies.best_mfu_for``) where ``mfu``
+    is above it, as a dict (mfu, run, source, text); else None: a prediction above every run ever published on such
+    a device is more likely optimistic than a record."""
+    best = best_mfu_for(device, fp8) if mfu is not None else None
+    if best is None or mfu <= best.mfu:
+        return None
+    text = (f"predicted MFU {mfu:.1%} is above the highest published for {device} in "
+            f"{best.precision} training, {best.mfu:.1%} ({best.run}; {best.source})")
+    return {"mfu": best.mfu, "precision": best.precision, "run": best.run, "source": best.source, "text": text}
+
+
+def _best_case(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, run, stated: str | None,
+               step_s: float) -> float | None:
+    """The step time with every overlap the runtime offers on, where the run states none (``stated`` None) and that
+    is faster than its defaults; else None. A setting left unstated is priced at its engine's default and the band
+    carries the spread to the best case, rather than the best case taken silently."""
+    if stated is not None or plan.launch_blocking:
+        return None
+    if overlap_rules(run.engine, "all").switches == overlap_rules(run.engine, "default").switches:
+        return None  # its defaults are every overlap it offers
+    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch, run=run,
+                  memory=(), overlap="all")
+    best = float(ev.time["step"][0])
+    return best if best < step_s * (1 - 1e-9) else None

@@ -111,7 +111,7 @@ def trainer_models_it(model: ModelSpec, ep: int, cp: int, fp8: str) -> bool:
 
 def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, *, global_batch,
              run: Resolved, memory: tuple[str, ...] | None = None, by_rank: bool = False, time_if_fits: bool = False,
-             overlap: str = "all", time: bool = True, fit_bytes: float | None = None) -> Evaluation:
+             overlap: str | None = None, time: bool = True, fit_bytes: float | None = None) -> Evaluation:
     """Evaluate every layout (see the module doc) as ``run`` says its runtime runs them (``accounting.engines.
     Resolved``: the plan's dtype, flash attention and run settings, resolved once). ``memory``: which runtimes'
     memory models to evaluate, the first deciding ``fits`` (None: the runtime's; (): time only, fits all true);

@@ -22,7 +22,7 @@ from exatrain.planner.layouts import Layouts
 from exatrain.settings import RECOMPUTE
 
 
-def step_time(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str = "all"
+def step_time(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None
               ) -> tuple[TimeBreakdown, PipelineTimes]:
     """Predicted seconds per optimizer step of one plan, broken down (a batch of one through
     ``planner.evaluate``), and its pipeline's times."""
@@ -32,7 +32,7 @@ def step_time(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str
             PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
 
 
-def plan_stage_times(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str = "all") -> StageTimes:
+def plan_stage_times(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None) -> StageTimes:
     """The per-stage seconds of one plan (row 0 of each array), as the step time uses them: what
     the schedule simulator replays for a timeline picture."""
     run = plan_run(plan)
@@ -48,7 +48,7 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overl
                                  side_streams=not cluster.device.is_host)
 
 
-def simulate_plan(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str = "all"):
+def simulate_plan(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None):
     """The plan's pipeline simulated op by op (``schedule.simulate``) on its own per-stage seconds:
     the timeline picture, and the oracle the closed-form pipeline term is tested against."""
     from exatrain.planner.cost.schedule import simulate

@@ -90,7 +90,7 @@ def no_feasible_layout(result: SearchResult, gpus: int, cluster: ClusterSpec) ->
 def scaling(model: ModelSpec, cluster: ClusterSpec, counts: Sequence[int], global_batch: int, *,
             mode: str = "weak", options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
             dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-            overlap: str = "all", strict_memory: bool = False) -> ScalingResult:
+            overlap: str | None = None, strict_memory: bool = False) -> ScalingResult:
     """The best layout ``search`` finds at each GPU count (under ``options``; ``strict_memory``: tight layouts
     dropped, as search drops them), and its efficiency."""
     points: list[ScalingPoint] = []

@@ -231,6 +231,8 @@ def render_estimate(plan: Plan, con=None) -> None:
         con.print(line + (f" (MFU {est.mfu:.1%}, HFU {est.hfu:.1%}"
                           + (f", against the {plan.dtype} peak" if plan.fp8 else "") + ")"
                           if est.mfu is not None else ""))
+        if est.mfu_above_published:
+            con.print(f"[yellow]flag: {est.mfu_above_published['text']}[/]")
     if est.time_to_train is not None:
         for line in run_lines(est.time_to_train):
             con.print(line)

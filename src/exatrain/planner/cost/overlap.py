@@ -4,9 +4,10 @@ The planner predicts a plan as run by one engine (``Plan.runtime``, a profile of
 ``accounting.engines``). Two things of the step time depend on it:
 
 * which communications overlap compute. A profile lists the overlaps the engine offers
-  (``EngineProfile.overlaps``); by default (``--overlap all``) the prediction assumes every one of
-  them is switched on (the notes of an estimate name the switches; ``default`` takes the engine's
-  defaults, ``none`` none) and hides each communication only behind the compute it can run beside,
+  (``EngineProfile.overlaps``); ``--overlap all`` assumes every one of them is switched on, ``default``
+  (and ``--overlap`` left unset, ``None``: the estimate then says so and its band reaches down to the
+  every-overlap-on case, ``planner.estimate``) takes the engine's defaults, ``none`` none (the notes of an
+  estimate name the switches), and each communication is hidden only behind the compute it can run beside,
   exposing the rest: ``exposed = max(0, comm - overlappable compute)``, so a step never gets
   shorter than its compute. What each overlap runs beside:
 
@@ -59,7 +60,13 @@ from exatrain.accounting.engines import COMMS, EngineProfile, get_engine
 from exatrain.errors import UserError
 
 
-OVERLAP_CHOICES = ("all", "default", "none")  # or a comma-separated list of COMMS
+OVERLAP_CHOICES = ("all", "default", "none")  # or a comma-separated list of COMMS; None: not stated (its default)
+
+
+def overlap_priced(on: str | None) -> str:
+    """The ``--overlap`` value a run is priced with: what it states, or its engine's defaults where it states
+    nothing (``None``): a setting left unstated is never assumed at its best case."""
+    return "default" if on is None else on
 
 
 @dataclass(frozen=True)
@@ -77,11 +84,12 @@ class OverlapRules:
     switches: tuple[str, ...] = ()  # the engine's switches of the overlaps that are on
 
 
-def overlap_rules(engine: EngineProfile | str, on: str = "all") -> OverlapRules:
+def overlap_rules(engine: EngineProfile | str, on: str | None = None) -> OverlapRules:
     """The overlaps of ``engine`` (a profile or its name) that are on: ``all`` it offers (its
-    switches assumed on), its ``default`` (``Overlap.default_on``), ``none``, or a comma-separated
-    list of communications (``accounting.engines.COMMS``); one it cannot overlap is a UserError."""
+    switches assumed on), its ``default`` (``Overlap.default_on``; also ``None``, not stated), ``none``, or a
+    comma-separated list of communications (``accounting.engines.COMMS``); one it cannot overlap is a UserError."""
     e = get_engine(engine) if isinstance(engine, str) else engine
+    on = overlap_priced(on)
     offered = {o.comm: o for o in e.overlaps}
     if on == "all":
         chosen = set(offered)
@@ -108,7 +116,7 @@ def overlap_rules(engine: EngineProfile | str, on: str = "all") -> OverlapRules:
                         switches=tuple(o.switch for c, o in offered.items() if c in chosen))
 
 
-def overlap_for(on: str, launch_blocking: bool) -> str:
+def overlap_for(on: str | None, launch_blocking: bool) -> str | None:
     """The overlaps a run has on: ``on`` (``overlap_rules``' argument), or none where its kernel launches are
     synchronous (settings: launch_blocking), since each launch then waits for its kernel and no kernel runs beside
     another. ``planner.evaluate`` prices with it and ``planner.estimate`` notes it."""
@@ -158,4 +166,4 @@ def p2p_exposed(p2p_s, stage_fwd_s, *, rules: OverlapRules, interleaved):
 
 
 __all__ = ["OVERLAP_CHOICES", "OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_for",
-           "overlap_rules", "p2p_exposed"]
+           "overlap_priced", "overlap_rules", "p2p_exposed"]

@@ -510,7 +510,7 @@ def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shar
 
 def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: compute.Device, lay: Layouts, *,
                run: Resolved, stage_layers: np.ndarray, params_by_rank: np.ndarray, expert_params_by_rank=None,
-               overlap: str = "all", hidden: dict | None = None
+               overlap: str | None = None, hidden: dict | None = None
                ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for the N layouts ``lay``, which share pp, interleave, the layer split, ep and
     cp, as ``run`` says their runtime runs them (``accounting.engines.Resolved``: the engine whose overlaps and

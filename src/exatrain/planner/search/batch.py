@@ -55,7 +55,7 @@ def layouts_of(space: Space) -> Layouts:
 
 def evaluate_space(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, coeffs: CostParams,
                    dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-                   time_if_fits: bool = False, overlap: str = "all", fit_bytes: float | None = None,
+                   time_if_fits: bool = False, overlap: str | None = None, fit_bytes: float | None = None,
                    recompute_limit_bytes: float | None = None) -> BatchResult:
     """``runtime``: the engine that runs the candidates (``settings.RUNTIMES``), with the space's run
     settings (``SpaceOptions.settings``): its memory judges them and its overlaps time them (``planner.evaluate``).

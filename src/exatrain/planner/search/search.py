@@ -87,7 +87,7 @@ def plan_at(space: Space, i: int, model: ModelSpec, global_batch: int, cluster: 
 def search(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int, *, top: int = 10,
            options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
            dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-           overlap: str = "all", strict_memory: bool = False) -> SearchResult:
+           overlap: str | None = None, strict_memory: bool = False) -> SearchResult:
     """Rank every legal layout as run by ``runtime`` (an engine of ``accounting.engines``): its memory
     decides what fits (exatrain: its own trainer as it runs today, accounting.trainer_memory), its
     overlaps (those ``overlap`` turns on) and collectives the step time, and only its ZeRO stages
