@@ -456,3 +456,31 @@ def test_the_trainers_measured_peaks_join_the_memory_rows(pe, tmp_path) -> None:
     worst = estimate_plan(plan, got[0].cluster).memory_bytes.total
     assert got[0].memory_pred_gib == pytest.approx(worst / (1 + get_engine("exatrain").allocator_allowance) / 2**30)
     assert got[0].measured_s is None  # memory only: the trainer's step time is not a published run's
+
+
+def test_catalog_best_published_mfu_is_the_best_measured_run_of_its_class_and_flags_above_it(pe, full) -> None:
+    """catalog/data/studies.toml ``[[mfu]]`` holds, per hardware family and precision, the highest MFU a held run
+    measured (model FLOPs over the dense peak, as estimate states MFU): each entry equals the table's best of its
+    class, names that run, and covers every device of the family; every prediction above its class's entry carries
+    the estimate's flag naming it, and none below does. Broken on purpose: with the 16-bit A100 entry raised to
+    0.99 the first assert failed; with the flag's comparison reversed the last."""
+    from exatrain.catalog.studies import best_mfu_for, best_published_mfu
+    from exatrain.planner.band import FAMILIES
+
+    rows, _ = full
+    best = pe.best_measured_mfu(rows)
+    assert len(best_published_mfu()) == len(best)
+    for (family, precision), (mfu, row) in best.items():
+        devices = [d for d, f in FAMILIES.items() if f == family]
+        for d in devices:
+            entry = best_mfu_for(d, precision == "fp8")
+            assert entry is not None and entry.mfu == pytest.approx(mfu, abs=5e-4), (family, precision)
+            assert entry.run == row.name
+    for r in rows:
+        if r.predicted_mfu is None:
+            continue
+        entry = best_mfu_for(r.cluster.device.name, bool(r.plan.fp8))
+        above = entry is not None and r.predicted_mfu > entry.mfu
+        assert bool(r.mfu_flag) == above, r.name
+        if above:
+            assert entry.run in r.mfu_flag and f"{entry.mfu:.1%}" in r.mfu_flag

@@ -278,4 +278,4 @@ def _best_case(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, run, stated
     ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch, run=run,
                   memory=(), overlap="all")
     best = float(ev.time["step"][0])
-    return best if best < step_s * (1 - 1e-9) else None
+    return best if best <= step_s * (1 - 1e-9) else None
