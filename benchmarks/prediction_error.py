@@ -938,7 +938,7 @@ def bands(rows: list[Row], t: dict, command: str) -> dict:
     run's out-of-sample ratio, what the runs validate per family, and the leave-one-source-out coverage and width
     the same fit reached on sources it never saw."""
     items = band_items(rows)
-    params = bandlib.fit(*_fit_inputs(items))
+    params = bandlib.fit_across_sources(*_fit_inputs(items))
     return {**_band_file("exatrain-error-bands", 2, command, params,
                          "p10-p90 of measured/predicted step time: center + sigma x quantiles of the standardized "
                          "out-of-sample log ratios, sigma growing with the distance from the validated runs"),
@@ -993,7 +993,7 @@ def loso_bands(rows: list[Row]) -> None:
     dist = _distances(items)
     for source in sorted({r.source for r, _ in items}):
         train = [i for i, (r, _) in enumerate(items) if r.source != source]
-        params = bandlib.fit(*_fit_inputs([items[i] for i in train], [dist[i] for i in train]))
+        params = bandlib.fit_across_sources(*_fit_inputs([items[i] for i in train], [dist[i] for i in train]))
         for i, (r, tr) in enumerate(items):
             if r.source == source:
                 lo, hi, _ = bandlib.interval(tr, dist[i], params)

@@ -237,6 +237,33 @@ def fit(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], so
             "runs": int(r.size), "sources": len(n_src)}
 
 
+def fit_across_sources(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], sources: Sequence[str],
+                       defaults: Sequence[int] | None = None, features: Sequence[str] = FEATURES) -> dict[str, Any]:
+    """``fit``'s center and scales on every run, with the quantiles of residuals each standardized out of its own
+    source: every source of the fit left out of an inner ``fit`` in turn, its runs measured by that fit's center and
+    scale, each source weighing the same. Quantiles of in-fit residuals describe how runs scatter around sources the
+    fit saw; these describe how a source the fit never saw lands, the between-source spread included, which is what
+    an estimate of a user's run needs (its cluster and software are a new source)."""
+    params = fit(residuals, distances, sources, defaults, features)
+    r = np.asarray(residuals, dtype=float)
+    srcs = sorted(set(sources))
+    if len(srcs) < 3:
+        return params
+    k = list(defaults) if defaults is not None else [0] * len(r)
+    u, w = [], []
+    for src in srcs:
+        keep = [i for i, s in enumerate(sources) if s != src]
+        inner = fit([r[i] for i in keep], [distances[i] for i in keep], [sources[i] for i in keep],
+                    [k[i] for i in keep], features)
+        mine = [i for i, s in enumerate(sources) if s == src]
+        for i in mine:
+            u.append((r[i] - inner["center"]) / sigma_of(distances[i], k[i], inner["sigma"], features))
+            w.append(1.0 / (len(srcs) * len(mine)))
+    u_, w_ = np.asarray(u), np.asarray(w)
+    return {**params, "quantiles": [weighted_quantile(u_, w_, 0.1), weighted_quantile(u_, w_, 0.9)],
+            "quantiles_from": "each source standardized by a fit without it"}
+
+
 def interval(t: Traits, d: Mapping[str, float], params: Mapping[str, Any],
              features: Sequence[str] = FEATURES) -> tuple[float, float, float]:
     """(low, high, sigma): the band of measured / predicted for a plan at distance ``d`` (over ``features``) under
