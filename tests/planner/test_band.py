@@ -1,6 +1,8 @@
 """The uncertainty band every step-time estimate carries (planner/band.py).
 
-Broken on purpose (each fails here): ``distance`` returning no ``disagree`` (0 for every family) fails
+Broken on purpose (each fails here): ``fit_across_sources`` returning ``fit``'s in-fit quantiles fails
+``test_quantiles_across_sources_carry_the_spread_between_sources``; ``distance`` returning no ``disagree`` (0 for
+every family) fails
 ``test_sources_that_disagree_widen_their_family``; an unseen feature taking the largest per-unit slope (the old
 ``widest``, which a continuous distance's slope then set) fails
 ``test_an_unseen_distance_takes_the_widest_scale_a_run_showed_not_a_per_unit_slope``."""
@@ -16,7 +18,8 @@ import pytest
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.plan import ParallelDims, Plan, StepEstimate, TrainShape
-from exatrain.planner.band import (BANDS_PATH, FEATURES, WIDE_DEFAULT, Traits, band_of, distance, fit, interval,
+from exatrain.planner.band import (BANDS_PATH, FEATURES, WIDE_DEFAULT, Traits, band_of, distance, fit,
+                                   fit_across_sources, interval,
                                    load_bands, traits_of, validated_summary)
 from exatrain.planner.estimate import estimate_plan
 
@@ -25,7 +28,7 @@ def _estimate(cluster_name: str, runtime: str = "exatrain"):
     cluster = get_cluster(cluster_name)
     plan = Plan(model=get_model("gpt-1.4b"), dims=ParallelDims(1, 1, 8), shape=TrainShape(4, 64),
                 cluster=cluster.name, runtime=runtime).validate(cluster)
-    return plan, estimate_plan(plan, cluster)
+    return plan, estimate_plan(plan, cluster, overlap="default")  # stated: the band is the table's alone
 
 
 def test_stored_table_has_provenance_and_is_fitted_on_many_sources() -> None:
@@ -178,3 +181,20 @@ def test_search_and_scaling_json_carry_the_band(capsys) -> None:
                  "--runtime", "megatron-core", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["points"] and all(len(p["step_range_s"]) == 2 and p["band"]["text"] for p in d["points"])
+
+
+def test_quantiles_across_sources_carry_the_spread_between_sources() -> None:
+    """Four sources, each tight around its own offset: the in-fit quantiles describe the scatter inside sources the
+    fit saw; standardized by fits that left each source out, the quantiles reach the offsets, as a source the fit
+    never saw lands. The center and scales are the in-fit ones."""
+    rng = np.random.default_rng(0)
+    offsets = (-0.15, -0.05, 0.05, 0.15)
+    r = [o + 0.01 * x for o in offsets for x in rng.standard_normal(10)]
+    sources = [f"s{i}" for i, _ in enumerate(offsets) for _ in range(10)]
+    d = [{f: 0.0 for f in FEATURES} for _ in r]
+    inside, across = fit(r, d, sources), fit_across_sources(r, d, sources)
+    assert across["center"] == inside["center"] and across["sigma"] == inside["sigma"]
+    assert across["quantiles"][0] < inside["quantiles"][0] and across["quantiles"][1] > inside["quantiles"][1]
+    # two sources are too few to leave one out of a fit of the spread: the in-fit quantiles stay
+    two = (r[:20], d[:20], sources[:20])
+    assert fit_across_sources(*two)["quantiles"] == fit(*two)["quantiles"]
