@@ -349,7 +349,7 @@ def with_best_case(b: Band, ratio: float | None) -> Band:
     if ratio is None or ratio >= 1:
         return b
     return dataclasses.replace(b, low=b.low * ratio, widened=b.widened + (
-        f"--overlap not stated: the low end reaches every overlap on ({ratio - 1:+.0%})",))
+        f"--overlap not stated: the low end reaches every overlap on ({ratio - 1:+.1%})",))
 
 
 def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec, best_s: float | None = None) -> StepEstimate:
