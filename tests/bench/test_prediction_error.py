@@ -166,7 +166,7 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     # shipped prior predicts it, and no refit counts it
     proxy = [r for r in dgx if r.runtime != r.engine]
     assert proxy and all(not r.in_sample and r.oos_s == r.prior_s for r in proxy)
-    assert {r.engine for r in proxy} == {"fms-fsdp"}
+    assert {r.engine for r in proxy} == {"fms-fsdp", "meta-llama3"}
     kernels = {(r.runtime, r.flash_kernel) for r in rows}
     assert ("torchtitan", "fa2") in kernels and ("llm-foundry", "triton") in kernels
     assert not any(k for e, k in kernels if e not in ("torchtitan", "llm-foundry"))
@@ -243,8 +243,11 @@ def test_megatron_lm_2021_rows_are_planned_as_their_script_ran(pe) -> None:
     assert pe._dtype({"dtype": "fp16"}) == "float16"
     assert pe._dtype({"dtype": "fp16 or bf16 (not stated)"}) == "bfloat16"
     rows = {r.index: r for r in pe.load_rows() if r.plan is not None}
-    nar = [r for r in rows.values() if r.source == NARAYANAN]
-    assert len(nar) == 10
+    nar = [r for r in rows.values() if r.source == NARAYANAN and r.engine == "megatron-core"]
+    assert len(nar) == 16  # Table 1, and Table 2's PTD-P runs
+    zero3 = [r for r in rows.values() if r.source == NARAYANAN and r.engine == "megatron-deepspeed"]
+    assert len(zero3) == 6  # Table 2's ZeRO-3 runs: DeepSpeed's overlaps not stated, so its defaults
+    assert all(r.plan.zero_stage == 3 and r.plan.dtype == "float16" and r.overlap is None for r in zero3)
     for r in nar:
         assert (r.plan.dtype, r.plan.grad_accum, r.plan.grad_accum_fusion) == ("float16", "", "off"), r.index
         assert r.overlap == ("dp_grad_reduce" if r.plan.pp == 1 else "none"), r.index
