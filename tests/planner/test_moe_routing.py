@@ -136,7 +136,7 @@ def test_plan_file_search_and_exports_carry_the_routing(tmp_path) -> None:
         for i in range(min(4, len(space))):
             one = plan_at(space, i, QWEN, 64, H100, "bfloat16", True).replace(runtime="megatron-core").validate(H100)
             assert one.moe_force_balance == balance
-            est = estimate_plan(one, H100, p, "all")
+            est = estimate_plan(one, H100, p)  # overlap unset in both: the engine's defaults
             assert float(ev.time["step"][i]) == pytest.approx(est.time_s.step, rel=1e-9)
             assert float(ev.memory_total[i]) == pytest.approx(est.memory_bytes.total, rel=1e-9)
 
