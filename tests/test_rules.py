@@ -292,15 +292,15 @@ def test_each_runtime_is_planned_with_the_schedules_it_runs() -> None:
     plan = Plan(model=model, dims=ParallelDims(tp=4, pp=16, dp=2), shape=TrainShape(1, 640), zero_stage=1)
     runs = {rt: {s for s, r in SCHEDULE_RUNTIMES.items() if rt in r} for rt in rules.RUNTIMES if rt != "llm-foundry"}
     assert runs == {"megatron-core": {"1f1b", "interleaved"}, "megatron-deepspeed": {"1f1b"},
-                    "torchtitan": set(SCHEDULES), "exatrain": set(SCHEDULES)}
+                    "torchtitan": set(SCHEDULES) - {"zbh1"}, "exatrain": set(SCHEDULES)}
     # llm-foundry runs no pipeline at all: its own rule refuses pp > 1 whatever the schedule
     with pytest.raises(PlanError, match="--runtime llm-foundry shards with Composer's FSDP over data parallelism"):
         plan.replace(runtime="llm-foundry").validate()
     reason = "a pipeline schedule the runtime does not run"
     for runtime, allowed in runs.items():
         for schedule in SCHEDULES:
-            p = plan.replace(runtime=runtime, schedule=schedule, interleave=2 if schedule in ("interleaved",
-                                                                                              "zero_bubble") else 1)
+            p = plan.replace(runtime=runtime, schedule=schedule,
+                             interleave=2 if schedule in ("interleaved", "zero_bubble", "zbv", "dualpipev") else 1)
             if schedule in allowed:
                 assert p.validate() is p
             else:

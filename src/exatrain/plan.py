@@ -24,7 +24,7 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError, UserError
 from exatrain.jsonio import read_json, write_json_atomic
-from exatrain.settings import NAMES, RunSettings, full_rerun_layers, holds_settings
+from exatrain.settings import NAMES, V_SCHEDULES, RunSettings, full_rerun_layers, holds_settings
 
 PLAN_VERSION = 1
 _FILE_KEYS = {"zero": "zero_stage"}  # a flag whose plan-file key is not its name with "_" for "-"
@@ -414,8 +414,15 @@ class Plan:
 
     def stages_of_rank(self, pp_rank: int) -> tuple[int, ...]:
         """Virtual stages held by pipeline rank ``pp_rank``: looped placement, stage k on rank k % pp
-        (the placement of interleaved 1F1B and interleaved zero bubble)."""
+        (the placement of interleaved 1F1B and interleaved zero bubble), or for the V schedules (zbv,
+        dualpipev) stages r and 2 pp - 1 - r, so rank 0 holds the first and the last."""
+        if self.schedule in V_SCHEDULES and self.dims.pp > 1 and self.interleave == 2:
+            return (pp_rank, self.virtual_stages - 1 - pp_rank)
         return tuple(range(pp_rank, self.virtual_stages, self.dims.pp))
+
+    def rank_of_stage(self, stage: int) -> int:
+        """The pipeline rank that holds virtual stage ``stage`` (``stages_of_rank``'s inverse)."""
+        return next(r for r in range(self.dims.pp) if stage in self.stages_of_rank(r))
 
     def with_estimate(self, estimate: StepEstimate | None) -> "Plan":
         return dataclasses.replace(self, estimate=estimate)

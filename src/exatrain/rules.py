@@ -19,12 +19,15 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
 from exatrain.limits import beyond, too_large
-from exatrain.settings import (DTYPES, RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, SETTINGS, RunSettings,
+from exatrain.settings import (DTYPES, RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, SETTINGS, SPLIT_BACKWARD,
+                               V_SCHEDULES, RunSettings,
                                cp_comm_for,
                                cp_comm_problem, heads_not_split)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
-_PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"))
+_PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"), SCHEDULES.index("zbh1"))
+_V = tuple(SCHEDULES.index(s) for s in V_SCHEDULES)
+_SPLIT = tuple(SCHEDULES.index(s) for s in SPLIT_BACKWARD)
 _POSITIVE = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro-batch", "micro_batch"),
              ("global-batch", "global_batch"), ("interleave", "interleave"), ("ep", "ep"), ("cp", "cp"))
 
@@ -247,7 +250,11 @@ RULES: tuple[Rule, ...] = (
          lambda p, c: f"schedule {p.schedule} needs --interleave >= 2 (virtual stages per rank)"),
     Rule("virtual stages without an interleaved schedule",
          lambda x: np.isin(x.schedule, _PLAIN) & (x.interleave != 1),
-         lambda p, c: f"--interleave {p.interleave} needs schedule interleaved or zero_bubble"),
+         lambda p, c: f"--interleave {p.interleave} needs schedule interleaved, zero_bubble, zbv or dualpipev"),
+    # torch's ScheduleZBVZeroBubble and ScheduleDualPipeV raise unless a rank holds exactly two stages.
+    Rule("V schedule without exactly 2 stages per rank",
+         lambda x: np.isin(x.schedule, _V) & (x.pp > 1) & (x.interleave != 2),
+         lambda p, c: f"schedule {p.schedule} places exactly 2 stages per rank in a V: use --interleave 2"),
     # Priced on the network tier (planner.cost.network) and run by every runtime, so no plan breaks
     # it; the search leaves such layouts out unless tp is pinned (scope "search").
     Rule("tp larger than a node",
@@ -265,6 +272,11 @@ RULES: tuple[Rule, ...] = (
          lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
          lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "
                        "schedule needs at least pp: raise the global batch or lower micro-batch")),
+    # torch's ScheduleDualPipeV: "requires at least as many microbatches as stages".
+    Rule("dualpipev with fewer micro-batches than stages",
+         lambda x: (x.pp > 1) & (x.schedule == SCHEDULES.index("dualpipev")) & (x.num_microbatches < 2 * x.pp),
+         lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than the {2 * p.pp} stages of "
+                       "dualpipev (2 x pp): raise the global batch or lower micro-batch")),
     # settings.SCHEDULE_RUNTIMES: Megatron runs no GPipe or zero-bubble schedule, DeepSpeed's pipeline engine 1F1B only.
     Rule("a pipeline schedule the runtime does not run",
          lambda x: (x.pp > 1) & ~np.isin(x.schedule, _schedules_run(x.runtime)),
@@ -297,8 +309,8 @@ RULES: tuple[Rule, ...] = (
          scope="run"),
     # Its weight-gradient pass bypasses the hooks FSDP reduces from: wrong gradients (torch 2.13).
     Rule("zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)",
-         lambda x: (x.pp > 1) & (x.schedule == SCHEDULES.index("zero_bubble")) & (x.dp > 1) & (x.zero_stage >= 2),
-         lambda p, c: ("the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
+         lambda x: (x.pp > 1) & np.isin(x.schedule, _SPLIT) & (x.dp > 1) & (x.zero_stage >= 2),
+         lambda p, c: (f"the {p.schedule} schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
                        "or the interleaved schedule"),
          scope="trainer"),
     # What exatrain's trainer does not run yet with expert or context parallelism (trainer/moe.py,
@@ -314,8 +326,8 @@ RULES: tuple[Rule, ...] = (
          scope="run"),
     # Its separate weight-gradient pass is untested with the K/V gather.
     Rule("cp with the zero_bubble schedule (the exatrain trainer refuses it)",
-         lambda x: (x.cp > 1) & (x.pp > 1) & (x.schedule == SCHEDULES.index("zero_bubble")),
-         lambda p, c: (f"--cp {p.cp} does not run the zero_bubble schedule yet (its separate weight-gradient "
+         lambda x: (x.cp > 1) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
+         lambda p, c: (f"--cp {p.cp} does not run the {p.schedule} schedule yet (its separate weight-gradient "
                        "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule"),
          scope="trainer"),
     # Routing gives data-dependent shapes, which torch.compile would recompile for.
@@ -325,8 +337,8 @@ RULES: tuple[Rule, ...] = (
                        "data-dependent shapes): drop --compile"),
          scope="run"),
     Rule("zero_bubble with a mixture-of-experts model (the exatrain trainer refuses it)",
-         lambda x: _on(x.model.is_moe, x.tp.shape) & (x.pp > 1) & (x.schedule == SCHEDULES.index("zero_bubble")),
-         lambda p, c: ("the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
+         lambda x: _on(x.model.is_moe, x.tp.shape) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
+         lambda p, c: (f"the {p.schedule} schedule does not run mixture-of-experts models yet (its separate "
                        "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule"),
          scope="trainer"),
     # The trainer's device mesh carves the ep group out of the dp ranks (trainer/parallel/mesh.py).

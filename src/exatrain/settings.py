@@ -38,7 +38,15 @@ from exatrain.errors import UserError
 #   interleaved  interleaved 1F1B over `interleave` virtual stages per rank (ScheduleInterleaved1F1B)
 #   zero_bubble  interleaved zero bubble: backward split into input- and weight-gradient passes
 #                (ScheduleInterleavedZeroBubble; Qi et al. 2023, "Zero Bubble Pipeline Parallelism")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+#   zbh1         one-chunk zero bubble, ZB-H1 (Qi et al. Sec. 3.1): ScheduleInterleavedZeroBubble over one stage
+#                per rank
+#   zbv          zero bubble V, two stages per rank placed in a V (ScheduleZBVZeroBubble; Qi et al. Sec. 6)
+#   dualpipev    DeepSeek's DualPipe folded into a V, two stages per rank (ScheduleDualPipeV; DeepSeek-V3 report)
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble", "zbh1", "zbv", "dualpipev")
+# Schedules that split the backward into input- and weight-gradient passes, and those placing a rank's two stages
+# in a V (stage r and 2 pp - 1 - r on rank r: torch's generate_stage_to_rank_mapping style "v").
+SPLIT_BACKWARD = ("zero_bubble", "zbh1", "zbv", "dualpipev")
+V_SCHEDULES = ("zbv", "dualpipev")
 # The pipeline schedules each runtime runs: Megatron-Core 1F1B and interleaved 1F1B
 # (megatron/core/pipeline_parallel/schedules.py get_forward_backward_func); Megatron-DeepSpeed 1F1B, DeepSpeed's
 # pipeline engine's TrainSchedule (deepspeed/runtime/pipe/schedule.py), no virtual stages; torchtitan and
@@ -46,7 +54,12 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
 SCHEDULE_RUNTIMES = {"gpipe": ("torchtitan", "exatrain"),
                      "1f1b": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain"),
                      "interleaved": ("megatron-core", "torchtitan", "exatrain"),
-                     "zero_bubble": ("torchtitan", "exatrain")}
+                     "zero_bubble": ("torchtitan", "exatrain"),
+                     # torchtitan runs a multi-stage schedule class only over >= 2 stages per rank (pipeline
+                     # module split asserts it), so one-chunk zero bubble is exatrain's alone
+                     "zbh1": ("exatrain",),
+                     "zbv": ("torchtitan", "exatrain"),
+                     "dualpipev": ("torchtitan", "exatrain")}
 # Activation recomputation (Korthikanti et al. 2022): none, selective (attention core only), full.
 RECOMPUTE = ("none", "selective", "full")
 # Training precisions: float32, or mixed precision over fp32 master weights with 16-bit compute copies, in
@@ -988,6 +1001,6 @@ def setting_notes(plan: Any, target: str) -> list[str]:
 __all__ = ["ADAM_KERNELS", "ATTENTION_KERNELS", "BY_NAME", "CP_COMMS", "CROSS_ENTROPY", "DTYPES", "ELEMENTWISE",
            "FLAG_SETTINGS", "FLOAT16_RUNTIMES", "FP8_RECIPES", "GRAD_ACCUM", "GRAD_ACCUM_FUSION", "HALF_DTYPES",
            "MOE_DISPATCHERS", "NAMES", "NOTES_ALSO", "OFFLOADS", "OFFLOAD_RUNTIMES", "RECOMPUTE", "RECOMPUTE_MODULES",
-           "RUNTIMES", "RunSettings",
-           "SCHEDULES", "SETTINGS", "Setting", "cp_comm_for", "default_runtime", "dtype_problem", "full_rerun_layers",
-           "holds_settings", "listed", "offload_problem", "recompute_modules_of", "setting_notes", "takes_settings"]
+           "RUNTIMES", "RunSettings", "SCHEDULES", "SETTINGS", "SPLIT_BACKWARD", "V_SCHEDULES", "Setting", "cp_comm_for",
+           "default_runtime", "dtype_problem", "full_rerun_layers", "holds_settings", "listed", "offload_problem",
+           "recompute_modules_of", "setting_notes", "takes_settings"]

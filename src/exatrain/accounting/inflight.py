@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from exatrain.settings import SCHEDULES
+from exatrain.accounting.vorders import v_peak_in_flight
+from exatrain.settings import SCHEDULES, V_SCHEDULES
+
+_ZBH1, _ZERO_BUBBLE = SCHEDULES.index("zbh1"), SCHEDULES.index("zero_bubble")
+_V_CODES = [SCHEDULES.index(s) for s in V_SCHEDULES]
 
 
 def group_size(pp: int, m: int) -> int:
@@ -40,6 +44,11 @@ def schedule_codes(schedule, shape) -> np.ndarray:
     return np.broadcast_to(codes, shape)
 
 
+def closed_form_codes(code: np.ndarray) -> np.ndarray:
+    """Schedule codes as the closed forms know them: zbh1 runs zero_bubble's order over one stage per rank."""
+    return np.where(np.asarray(code) == _ZBH1, _ZERO_BUBBLE, code)
+
+
 def group_sizes(pp: np.ndarray, m: np.ndarray) -> np.ndarray:
     """``group_size`` elementwise: m or pp in closed form, the rest once per distinct (pp, m)."""
     pp, m = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(m, dtype=np.int64))
@@ -58,18 +67,27 @@ def peak_in_flight_fast(*, pp, num_microbatches, schedule, interleave=1, rank=0)
     the largest), vectorised; equals ``simulate(...).peak_in_flight[rank]``. Divide by v for
     full-stage units: 1F1B's rank 0 holds min(p, m); GPipe m; interleaved min((v-1)g + 2p - 1, m v)
     = p + (p-1)/v stages when g = p (Narayanan et al. 2021 Sec. 2.2.2: p (1 + (p-1)/(p v))); zero
-    bubble min((v-1) g + p, m v), i.e. p stages, the same as 1F1B, as ZB-H1 is designed to hold."""
+    bubble min((v-1) g + p, m v), i.e. p stages, the same as 1F1B, as ZB-H1 is designed to hold (zbh1, its v = 1
+    case, too); zbv and dualpipev count their op orders (``accounting.vorders``): zbv's rank 0 holds 2p
+    chunk-sets (p stages), dualpipev's 2p + 1 (DeepSeek-V3's PP + 1)."""
     p = np.asarray(pp, dtype=np.int64)
     v = np.asarray(interleave, dtype=np.int64)
     m = np.asarray(num_microbatches, dtype=np.int64)
     r = np.asarray(rank, dtype=np.int64)
     shape = np.broadcast_shapes(p.shape, v.shape, m.shape, r.shape)
     p, v, m, r = (np.broadcast_to(x, shape) for x in (p, v, m, r))
-    code = schedule_codes(schedule, shape)
+    code = closed_form_codes(schedule_codes(schedule, shape))
+    isv = np.isin(code, _V_CODES)
     n = m * v
     g = group_sizes(p, m)
-    w = np.choose(code, [n, p - 1 - r, (v - 1) * g + 2 * (p - 1 - r), (v - 1) * g + (p - 1 - r)])
+    w = np.choose(np.where(isv, 0, code), [n, p - 1 - r, (v - 1) * g + 2 * (p - 1 - r), (v - 1) * g + (p - 1 - r)])
     w = np.minimum(w, n)
-    held = np.where(code == SCHEDULES.index("zero_bubble"),
-                    w + 1 + np.minimum(r, np.maximum(n - w - 1, 0)), w + 1)  # + deferred W passes
-    return np.minimum(held, n)
+    held = np.where(code == _ZERO_BUBBLE, w + 1 + np.minimum(r, np.maximum(n - w - 1, 0)), w + 1)  # + deferred W
+    held = np.minimum(held, n)
+    if isv.any():  # the V schedules' counts, from their op orders (accounting.vorders), once per distinct case
+        keys = np.stack([code[isv], p[isv], m[isv], r[isv]], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        counts = np.array([v_peak_in_flight(SCHEDULES[a], b, c, d) for a, b, c, d in uniq.tolist()])
+        held = held.copy()
+        held[isv] = counts[np.ravel(inverse)]
+    return held

@@ -358,7 +358,8 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
     run = Resolved(dtype=plan.dtype, flash=plan.flash_attention, engine=engine, cross_entropy=loss or "upcast",
                    recompute_modules=plan.recompute_modules, moe_load=1.0)
     rank = RankCounts(params_here=params_here, layers_here=layers_here,
-                      inflight_mb=inflight_microbatches(plan, pp_rank), is_last=pp_rank == plan.pp - 1,
+                      inflight_mb=inflight_microbatches(plan, pp_rank),
+                      is_last=pp_rank == plan.rank_of_stage(plan.virtual_stages - 1),
                       recomputed_here=(plan.recomputed_layers_of_rank(pp_rank)
                                        if plan.recompute_layers or plan.recompute_every else None),
                       pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,

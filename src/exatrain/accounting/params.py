@@ -188,21 +188,25 @@ def stage_params(plan: Plan) -> tuple[int, ...]:
     a tied head and pp > 1 the last stage keeps its own copy of the word embedding (kept equal by
     an all-reduce of its gradient, as Megatron-LM does), so it is counted on both ends.
     """
-    return _stage_params(plan.model, plan.tp, plan.pp, plan.interleave, plan.layers_per_stage())
+    placed = tuple(plan.stages_of_rank(r) for r in range(plan.pp))
+    return _stage_params(plan.model, plan.tp, plan.pp, plan.interleave, plan.layers_per_stage(), placed)
 
 
 @lru_cache(maxsize=4096)
-def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple[int, ...]) -> tuple[int, ...]:
+def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple[int, ...],
+                  placed: tuple[tuple[int, ...], ...] = ()) -> tuple[int, ...]:
+    """``placed``: each rank's stages (default looped); the head goes with the last stage (rank 0 under a V)."""
     if m.is_moe:
         split = stage_params_split(m, tp=tp, pp=pp, interleave=interleave, layers_per_stage=layers)
         return tuple(dense + experts for dense, experts in split)
     lp = layer_params(m).per_rank(tp)
+    placed = placed or tuple(tuple(range(r, pp * interleave, pp)) for r in range(pp))
     counts = []
     for rank in range(pp):
-        n = sum(layers[v] for v in range(rank, pp * interleave, pp)) * lp
+        n = sum(layers[v] for v in placed[rank]) * lp
         if rank == 0:
             n += embedding_params(m) // tp + position_params(m)
-        if rank == pp - 1:
+        if pp * interleave - 1 in placed[rank]:
             n += final_norm_params(m)
             if not m.tied_embeddings:
                 n += head_params(m) // tp
@@ -259,9 +263,10 @@ def stage_params_split(m: ModelSpec, *, tp: int, pp: int, interleave: int, layer
     return tuple(out)
 
 
-def rank_params(m: ModelSpec, tp, pp, layers_on_rank, pp_rank):
+def rank_params(m: ModelSpec, tp, pp, layers_on_rank, pp_rank, last_rank=None):
     """``stage_params`` on numpy arrays (one entry per candidate and rank): the parameters one rank
-    of pipeline rank ``pp_rank`` holds when it runs ``layers_on_rank`` transformer layers."""
+    of pipeline rank ``pp_rank`` holds when it runs ``layers_on_rank`` transformer layers. The head sits on
+    ``last_rank`` (default pp - 1; 0 under a V schedule, whose rank 0 holds the first and the last stage)."""
     tp = np.asarray(tp, dtype=np.int64)
     pp = np.asarray(pp, dtype=np.int64)
     pp_rank = np.asarray(pp_rank, dtype=np.int64)
@@ -272,4 +277,4 @@ def rank_params(m: ModelSpec, tp, pp, layers_on_rank, pp_rank):
         head = np.where(pp > 1, embedding_params(m) // tp, 0)
     else:
         head = head_params(m) // tp
-    return n + np.where(pp_rank == pp - 1, final_norm_params(m) + head, 0)
+    return n + np.where(pp_rank == (pp - 1 if last_rank is None else last_rank), final_norm_params(m) + head, 0)

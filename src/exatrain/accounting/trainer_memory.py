@@ -171,7 +171,8 @@ def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None
     else:
         dense, experts, moe_here = stage_params(plan)[pp_rank], 0, 0
     rank = RankCounts(params_here=dense, layers_here=layers_here, inflight_mb=inflight_microbatches(plan, pp_rank),
-                      is_last=pp_rank == plan.pp - 1, is_first=pp_rank == 0, expert_params_here=experts,
+                      is_last=pp_rank == plan.rank_of_stage(plan.virtual_stages - 1),
+                      is_first=pp_rank == 0, expert_params_here=experts,
                       moe_layers_here=moe_here)
     parts = trainer_rank_memory(m, Resolved(dtype=plan.dtype, flash=plan.flash_attention), zero_stage=plan.zero_stage,
                                 recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, tp=plan.tp,

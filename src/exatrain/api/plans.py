@@ -153,7 +153,7 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
         global_batch = b.global_batch if same else micro * dp * (4 * pp if pp > 1 else 1)  # type: ignore[union-attr]
     schedule = _pick(schedule, b and b.schedule, "1f1b")
     interleave = _pick(interleave, b and b.interleave,
-                       2 if schedule in ("interleaved", "zero_bubble") and pp > 1 else 1)
+                       2 if schedule in ("interleaved", "zero_bubble", "zbv", "dualpipev") and pp > 1 else 1)
     if stage_layers is None:
         keep = b is not None and b.pp == pp and b.interleave == interleave and b.model == m
         stage_layers = b.stage_layers if keep else ()  # type: ignore[union-attr]

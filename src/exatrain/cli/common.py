@@ -136,7 +136,8 @@ LAYOUT_FLAGS = (  # the defaults named here are make_plan's (exatrain.api.plans)
     ("--recompute", None, RECOMPUTE, "activation recomputation (default none)"),
     ("--sequence-parallel", _BOOL, None, "shard norms/dropout activations over the tp group (default off)"),
     ("--schedule", None, SCHEDULES, "pipeline schedule (default 1f1b)"),
-    ("--interleave", positive_int, None, "virtual stages per rank (default 2 for interleaved / zero_bubble, else 1)"),
+    ("--interleave", positive_int, None, "virtual stages per rank (default 2 for interleaved, zero_bubble, zbv,"
+     " dualpipev; else 1)"),
     ("--stage-layers", int_list, None, "layers per virtual stage, e.g. 3,5,5,3 (default: balanced)"),
     ("--dtype", None, DTYPES, "training precision (default bfloat16; train on the CPU: float32)"),
     ("--flash-attention", _BOOL, None, "fused attention that stores no s*s scores (default on)"),

@@ -41,7 +41,7 @@ from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import balanced_split
-from exatrain.settings import RECOMPUTE, RUNTIMES, full_rerun_layers
+from exatrain.settings import RECOMPUTE, RUNTIMES, SCHEDULES, V_SCHEDULES, full_rerun_layers
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.overlap import overlap_for
 from exatrain.planner.cost.moe import rank_params_split
@@ -153,28 +153,34 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
     fp8, recompute_every = run.fp8, run.recompute_every
     offload, host, offload_parts = run.settings.offload, np.zeros(N), {}
-    for idx, (gpus, pp, v, ep, cpd) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp])):
+    is_v = np.isin(layouts.schedule, [SCHEDULES.index(s) for s in V_SCHEDULES]) & (layouts.pp > 1)
+    for idx, (gpus, pp, v, ep, cpd, vee) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep,
+                                                              layouts.cp, is_v.astype(np.int64)])):
         lay = layouts.take(idx)
         p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
         split = layer_split(model, p, v, layouts.stage_layers)
         rank = np.arange(p)
-        on_rank = split.reshape(v, p).sum(axis=0)  # layers held by each pipeline rank (looped placement)
+        # stage (chunk, rank) in looped order: rank r holds stages r, r + pp, ...; under a V, r and 2 pp - 1 - r
+        looped = np.concatenate([rank, 2 * p - 1 - rank]) if vee else np.arange(p * v)
+        last_rank = 0 if vee else p - 1  # the rank of the last stage (the head)
+        on_rank = split[looped].reshape(v, p).sum(axis=0)  # layers held by each pipeline rank
         # the layers of each layout's ranks a full recomputation covers where it does not cover them all
         # (settings.full_rerun_layers): (layouts, pp), or None
         nl = lay.recompute_layers
         if recompute_every:
-            rerun_on_rank = np.broadcast_to(np.asarray(full_rerun_layers(split, p, every=recompute_every))
+            rerun_on_rank = np.broadcast_to(np.asarray(full_rerun_layers(split, p, every=recompute_every))[looped]
                                             .reshape(v, p).sum(axis=0), (len(lay), p))
         elif np.any(nl > 0):
             per_stage = np.where(nl[:, None] > 0, np.minimum(split[None, :], nl[:, None]), split[None, :])
-            rerun_on_rank = per_stage.reshape(-1, v, p).sum(axis=1)
+            rerun_on_rank = per_stage[:, looped].reshape(-1, v, p).sum(axis=1)
         else:
             rerun_on_rank = None
         if model.is_moe:
             params, xparams, moe_here = (x.astype(float) for x in
                                          rank_params_split(model, lay.tp[:, None], p, v, split, ep))
         else:
-            params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :]).astype(float)
+            params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :],
+                                 last_rank=last_rank).astype(float)
             xparams, moe_here = None, 0
         m = lay.num_microbatches[:, None]
         held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
@@ -192,7 +198,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
                           tp=lay.tp[j, None], dp=lay.dp[j, None], micro_batch=lay.micro_batch[j, None], pp=p,
                           interleave=v, cp=cpd, ep=ep)
             counts = dict(params_here=params[j], layers_here=on_rank[None, :], inflight_mb=held[j],
-                          is_last=rank[None, :] == p - 1, expert_params_here=0 if xparams is None else xparams[j],
+                          is_last=rank[None, :] == last_rank, expert_params_here=0 if xparams is None else xparams[j],
                           moe_layers_here=moe_here)
             for k in memory:
                 if k == "exatrain" and trainer_models_it(model, ep, cpd, fp8):

@@ -40,11 +40,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from exatrain.accounting.inflight import group_sizes, schedule_codes
-from exatrain.settings import SCHEDULES
-from exatrain.planner.cost.schedule import step_time_fast
+from exatrain.accounting.inflight import closed_form_codes, group_sizes, schedule_codes
+from exatrain.accounting.vorders import steady_from
+from exatrain.settings import SCHEDULES, V_SCHEDULES
+from exatrain.planner.cost.schedule import simulate_many, step_time_fast
 
 _ZERO_BUBBLE = SCHEDULES.index("zero_bubble")
+_V_CODES = [SCHEDULES.index(s) for s in V_SCHEDULES]
 MAX_SWEEPS = 64  # the sweeps stop as soon as nothing changes (two to six); a safety bound
 
 
@@ -165,9 +167,20 @@ def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int,
     m = np.asarray(num_microbatches, dtype=np.int64).reshape(N, 1)
     code = schedule_codes(schedule, (N,)).reshape(N, 1)
     c = np.where(p > 1, np.broadcast_to(np.asarray(p2p_s, dtype=np.float64), (N,)), 0.0).reshape(N, 1)
-    split = code == _ZERO_BUBBLE
     B = np.broadcast_to(np.asarray(backward_s, dtype=np.float64), (N, S))
     W = np.broadcast_to(np.asarray(weight_s, dtype=np.float64), (N, S))
+    isv = np.isin(code[:, 0], _V_CODES)
+    if isv.any():  # the V schedules are simulated; the rest take the closed forms below
+        step, rank_end, busy = np.zeros(N), np.zeros((N, p)), np.zeros((N, p))
+        step[isv], rank_end[isv], busy[isv] = _v_times(F[isv], B[isv], W[isv], c[isv, 0], code[isv, 0], p, m[isv, 0])
+        if not isv.all():
+            o = ~isv
+            rest = pipeline_times(F[o], B[o], W[o], pp=p, interleave=v, num_microbatches=m[o, 0],
+                                  schedule=code[o, 0], p2p_s=c[o, 0])
+            step[o], rank_end[o], busy[o] = rest.step_s, rest.rank_end_s, rest.busy_s
+        return PipelineTimes(step_s=step, rank_end_s=rank_end, busy_s=busy)
+    code = closed_form_codes(code)
+    split = code == _ZERO_BUBBLE
     Fv = F.reshape(N, v, p)  # stage k = chunk * p + rank
     Bv = np.where(split, B, B + W).reshape(N, v, p)
     Wv = np.where(split, W, 0.0).reshape(N, v, p)
@@ -219,6 +232,37 @@ def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int,
     uniform = step_time_fast(F.min(axis=1), B.min(axis=1), weight_s=W.min(axis=1), p2p_s=c[:, 0], pp=p,
                              num_microbatches=m[:, 0], schedule=code[:, 0], interleave=v).step_s
     return PipelineTimes(step_s=np.maximum(rank_end.max(axis=1), uniform), rank_end_s=rank_end, busy_s=busy)
+
+
+def _v_times(F, B, W, c, code, p: int, m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step, rank end and rank busy seconds of the V schedules (zbv, dualpipev) by ``simulate_many``: exact for
+    a few candidates (one plan's estimate), and in a search up to ``steady_from(pp) + 2`` micro-batches.
+    Beyond, their orders only repeat steady steps: each rank's end grows by what two simulations two
+    micro-batches apart measure per micro-batch, or, once its idle time is used up, by its own work (the
+    larger of the two). tests/planner/test_vschedules.py measures this against the exact simulation."""
+    N = len(m)
+    step, end, busy = np.zeros(N), np.zeros((N, p)), np.zeros((N, p))
+    m1 = steady_from(p)
+    m2 = m1 + 2
+    for k in np.unique(code):
+        name = SCHEDULES[int(k)]
+        small = m <= m2 if N > 4 else np.ones(N, bool)  # one plan's estimate: always the exact simulation
+        for mm in np.unique(m[(code == k) & small]):
+            i = (code == k) & (m == mm)
+            step[i], end[i], busy[i], _ = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2,
+                                                        num_microbatches=int(mm), schedule=name)
+        i = (code == k) & ~small
+        if i.any():
+            _, e1, b1, _ = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2, num_microbatches=m1,
+                                         schedule=name)
+            _, e2, _, start = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2, num_microbatches=m2,
+                                            schedule=name)
+            per_mb = b1 / m1
+            busy[i] = per_mb * m[i][:, None]
+            extra = (m[i] - m2).astype(float)[:, None]
+            end[i] = np.maximum(e2 + extra * (e2 - e1) / 2, start + busy[i])
+            step[i] = end[i].max(axis=1)
+    return step, end, busy
 
 
 __all__ = ["PipelineTimes", "pipeline_times"]

@@ -36,14 +36,17 @@ flight.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 
-from exatrain.accounting.inflight import group_size, group_sizes, schedule_codes
-from exatrain.settings import SCHEDULES
+from exatrain.accounting.inflight import closed_form_codes, group_size, group_sizes, schedule_codes
+from exatrain.accounting.vorders import v_order, v_rank_of_stages
+from exatrain.settings import SCHEDULES, V_SCHEDULES
 
 Times = Union[float, Sequence[float], np.ndarray]
+_V_CODES = [SCHEDULES.index(s) for s in V_SCHEDULES]
 KINDS = ("F", "B", "W")
 
 
@@ -119,9 +122,19 @@ def _check_shape(schedule: str, pp: int, v: int, m: int) -> None:
     for name, x in (("pp", pp), ("interleave", v), ("num_microbatches", m)):
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
             raise ValueError(f"{name} must be a positive integer, got {x!r}")
-    if schedule in ("gpipe", "1f1b") and v != 1:
+    if schedule in ("gpipe", "1f1b", "zbh1") and v != 1:
         raise ValueError(f"schedule {schedule} runs one stage per rank; interleave {v} needs "
                          "interleaved or zero_bubble")
+    if schedule in V_SCHEDULES and (v != 2 or pp < 2):
+        raise ValueError(f"schedule {schedule} places 2 stages on each of 2 or more ranks; got pp {pp}, "
+                         f"interleave {v}")
+    if schedule == "dualpipev" and m < 2 * pp:
+        raise ValueError(f"dualpipev needs at least 2 pp = {2 * pp} micro-batches, got {m}")
+
+
+def _base(schedule: str) -> str:
+    """The looped schedule whose op order ``schedule`` runs: zbh1 is zero_bubble over one stage per rank."""
+    return "zero_bubble" if schedule == "zbh1" else schedule
 
 
 def _per_stage(x: Times, n: int, name: str) -> np.ndarray:
@@ -152,6 +165,7 @@ def _chunk_table(m: int, v: int, g: int) -> tuple[np.ndarray, np.ndarray]:
 def warmup_forwards(schedule: str, rank: int, pp: int, v: int, m: int) -> int:
     """Forwards a rank runs before its first backward (warm-up), capped at all its forwards."""
     n = m * v
+    schedule = _base(schedule)
     if schedule == "gpipe":
         return n
     if schedule == "1f1b":
@@ -165,6 +179,8 @@ def rank_order(schedule: str, rank: int, pp: int, v: int, m: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kind, virtual stage, micro-batch) of every op of ``rank`` in execution order."""
     _check_shape(schedule, pp, v, m)
+    if schedule in V_SCHEDULES:
+        return v_order(schedule, rank, pp, m)[:3]
     return _order_from_table(schedule, rank, pp, v, *_chunk_table(m, v, group_size(pp, m)))
 
 
@@ -173,7 +189,7 @@ def _order_from_table(schedule: str, rank: int, pp: int, v: int, chunk: np.ndarr
     n = len(chunk)
     m = n // v
     w = warmup_forwards(schedule, rank, pp, v, m)
-    split = schedule == "zero_bubble"
+    split = _base(schedule) == "zero_bubble"
     d = min(rank, n) if split else n  # weight passes deferred (torch num_1f1b_microbatches = rank)
     idx = np.arange(n)
     # Steady step b runs F(w+b), B(b) and, from step d on, W(b-d); cool-down steps b >= n-w run B(b), W.
@@ -197,6 +213,90 @@ def _order_from_table(schedule: str, rank: int, pp: int, v: int, chunk: np.ndarr
 
 # ---- exact simulation --------------------------------------------------------------------------------
 
+PAD = 3  # an op slot past a rank's last op (ranks of the V schedules run different numbers of ops)
+
+
+def _orders(schedule: str, p: int, v: int, m: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, stage, micro-batch, full) of every rank's ops as (pp, L) arrays, padded with PAD; ``full``
+    marks a backward that also runs the weight gradient (every backward of an unsplit schedule)."""
+    if schedule in V_SCHEDULES:
+        per = [v_order(schedule, r, p, m) for r in range(p)]
+    else:
+        chunk, mb = _chunk_table(m, v, group_size(p, m))
+        split = _base(schedule) == "zero_bubble"
+        per = []
+        for r in range(p):
+            k, st, j = _order_from_table(schedule, r, p, v, chunk, mb)
+            per.append((k, st, j, (k == 1) & (not split)))
+    L = max(len(x[0]) for x in per)
+    out = (np.full((p, L), PAD, np.int64), np.zeros((p, L), np.int64), np.zeros((p, L), np.int64),
+           np.zeros((p, L), bool))
+    for r, ops in enumerate(per):
+        for a, x in zip(out, ops):
+            a[r, :len(x)] = x
+    return out
+
+
+def rank_of_stages(schedule: str, p: int, v: int) -> np.ndarray:
+    """The pipeline rank of each of the p v stages: looped (k % pp), or V (``accounting.vorders``)."""
+    return v_rank_of_stages(p) if schedule in V_SCHEDULES else np.arange(p * v) % p
+
+
+@dataclass(frozen=True, eq=False)
+class _Graph:
+    """The op graph of one (schedule, pp, v, m): each rank's ops, the flat position of the op each waits on
+    (``dep``), which stage boundary its input crosses (-1: none, or one on the same rank)."""
+
+    kind: np.ndarray
+    stage: np.ndarray
+    full: np.ndarray
+    micro: np.ndarray
+    dep: np.ndarray  # (p, L + 1) flat positions; p (L + 1): never ready, p (L + 1) + 1: no dependency
+    boundary: np.ndarray  # (p, L + 1)
+
+
+@lru_cache(maxsize=64)
+def _graph(schedule: str, p: int, v: int, m: int) -> _Graph:
+    kind, stage, micro, full = _orders(schedule, p, v, m)
+    S = p * v
+    L = kind.shape[1]
+    Lp = L + 1
+    real = kind != PAD
+    # Each op waits on one op elsewhere: F(j,k) on F(j,k-1); B(j,k) on B(j,k+1), the last stage's B on its
+    # own F. W(j,k) follows its B on the same rank by construction of the order.
+    has = real & (((kind == 0) & (stage > 0)) | (kind == 1))
+    dep_ks = np.where(kind == 0, stage - 1, np.where(stage < S - 1, S + stage + 1, stage))
+    ident = np.where(real, kind * S + stage, 0) * m + micro
+    pos_of = np.full(3 * S * m, -1, np.int64)
+    pos_of[ident[real]] = np.arange(p * Lp).reshape(p, Lp)[:, :L][real]
+    never, none = p * Lp, p * Lp + 1
+    dep = np.full((p, Lp), never, np.int64)
+    dep[:, :L] = np.where(has, pos_of[np.where(has, dep_ks * m + micro, 0)], none)
+    ranks = rank_of_stages(schedule, p, v)
+    cross = np.concatenate([ranks[:-1] != ranks[1:], [False]])  # boundary b (stage b to b+1) changes rank
+    b = np.where(kind == 0, stage - 1, stage)
+    boundary = np.full((p, Lp), -1, np.int64)
+    valid = has & ~((kind == 1) & (stage == S - 1))
+    boundary[:, :L] = np.where(valid & cross[np.clip(b, 0, S - 1)], b, -1)
+    return _Graph(kind=kind, stage=stage, full=full, micro=micro, dep=dep, boundary=boundary)
+
+
+def _durations(g: _Graph, F: np.ndarray, B: np.ndarray, W: np.ndarray, c: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate (rows of F, B, W (N, S) and c (N, S - 1)): every op's duration and input latency, flat
+    (N, p (L + 1))."""
+    N = F.shape[0]
+    p, L = g.kind.shape
+    st = g.stage
+    dur = np.zeros((N, p, L + 1))
+    dur[:, :, :L] = np.where(g.kind == 0, F[:, st], np.where(g.kind == 1, B[:, st] + g.full * W[:, st],
+                                                               np.where(g.kind == 2, W[:, st], 0.0)))
+    cpad = np.concatenate([c, np.zeros((N, 1))], axis=1)
+    lat = np.where(g.boundary >= 0, cpad[:, np.maximum(g.boundary, 0)], 0.0)
+    return dur.reshape(N, -1), lat.reshape(N, -1)
+
+
 def simulate(forward_s: Times, backward_s: Times, *, pp: int, num_microbatches: int,
              schedule: str = "1f1b", interleave: int = 1, weight_s: Times = 0.0,
              p2p_s: Times = 0.0) -> ScheduleResult:
@@ -213,90 +313,79 @@ def simulate(forward_s: Times, backward_s: Times, *, pp: int, num_microbatches: 
     B = _per_stage(backward_s, S, "backward_s")
     W = _per_stage(weight_s, S, "weight_s")
     c = _per_stage(p2p_s, S - 1, "p2p_s") if S > 1 else np.zeros(0)
-    if p == 1:
-        c = np.zeros_like(c)  # every stage on one rank: nothing is sent
-    split = schedule == "zero_bubble"
-    if not split:
-        B = B + W
-
-    # Per-rank op orders as (pp, L) arrays; column L is padding that never becomes ready.
-    chunk, mb = _chunk_table(m, v, group_size(p, m))
-    L = (3 if split else 2) * m * v
-    Lp = L + 1
-    kind = np.empty((p, L), np.int32)
-    stage = np.empty((p, L), np.int32)
-    micro = np.empty((p, L), np.int32)
-    for r in range(p):
-        kind[r], stage[r], micro[r] = _order_from_table(schedule, r, p, v, chunk, mb)
-
-    # Per (kind, stage) tables, gathered once: duration, input latency, dependency. Each op waits on
-    # one op elsewhere: F(j,k) on F(j,k-1); B(j,k) on B(j,k+1), the last stage's B on its own F.
-    # W(j,k) follows its B on the same rank by construction of the order.
-    ks = kind * S + stage
-    cpad = np.concatenate([[0.0], c, [0.0]])  # cpad[k]: into stage k from k-1; cpad[k+1]: out of k
-    dur_t = np.concatenate([F, B, W])
-    lat_t = np.concatenate([cpad[:S], cpad[1:], np.zeros(S)])
-    lat_t[2 * S - 1] = 0.0
-    off_t = np.concatenate([np.full(S, -m), np.full(S, m), np.zeros(S)]).astype(np.int64)
-    off_t[2 * S - 1] = -S * m  # B(j, last) -> F(j, last)
-    has_t = np.ones(3 * S, bool)
-    has_t[0] = False
-    has_t[2 * S:] = False
-    ident = ks.astype(np.int64) * m + micro
-    never, none = p * Lp, p * Lp + 1
-    pos_of = np.empty(3 * S * m, np.int64)
-    pos_of[ident] = np.arange(p * Lp, dtype=np.int64).reshape(p, Lp)[:, :L]
-    dep = np.full((p, Lp), never, np.int64)
-    dep[:, :L] = np.where(has_t[ks], pos_of[np.where(has_t[ks], ident + off_t[ks], 0)], none)
-    lat = np.zeros((p, Lp))
-    lat[:, :L] = lat_t[ks]
-    dur = np.zeros((p, Lp))
-    dur[:, :L] = dur_t[ks]
-    isf = kind == 0
-
-    end = _run(p, L, dep.ravel(), lat.ravel(), dur.ravel()).reshape(p, Lp)[:, :L]
-    start = end - dur[:, :L]
-    step = float(end.max() - start.min())
+    g = _graph(schedule, p, v, m)
+    dur, lat = _durations(g, F[None], B[None], W[None], c[None])
+    L = g.kind.shape[1]
+    end = _run(p, L, g.dep.ravel(), lat, dur)[0].reshape(p, L + 1)[:, :L]
+    dur = dur[0].reshape(p, L + 1)[:, :L]
+    real = g.kind != PAD
+    start = end - dur
+    step = float(end[real].max() - start[real].min())
     busy = dur.sum(axis=1)
-    delta = isf.astype(np.int32) - (kind == (2 if split else 1))
+    delta = (g.kind == 0).astype(np.int32) - (g.kind == 2) - ((g.kind == 1) & g.full)
     by_stage = np.zeros(S, np.int64)
-    chunk_of = stage // p
+    chunk_of = g.stage // p
     for k in range(v):  # activation sets of chunk k held by each rank
         by_stage[k * p:(k + 1) * p] = np.cumsum(np.where(chunk_of == k, delta, 0), axis=1).max(axis=1)
+    keep = real.ravel()
     return ScheduleResult(
         schedule=schedule, pp=p, interleave=v, num_microbatches=m, step_s=step,
         bubble_s=step - float(busy.max()), busy_s=tuple(busy.tolist()),
         idle_s=tuple((step - busy).tolist()),
         peak_in_flight=tuple(np.cumsum(delta, axis=1).max(axis=1).tolist()),
         peak_in_flight_by_stage=tuple(by_stage.tolist()),
-        timeline=Timeline(np.repeat(np.arange(p), L), kind.ravel(), micro.ravel(), stage.ravel(),
-                          start.ravel(), end.ravel()))
+        timeline=Timeline(np.repeat(np.arange(p), L)[keep], g.kind.ravel()[keep], g.micro.ravel()[keep],
+                          g.stage.ravel()[keep], start.ravel()[keep], end.ravel()[keep]))
+
+
+def simulate_many(forward_s: np.ndarray, backward_s: np.ndarray, weight_s: np.ndarray, p2p_s: np.ndarray, *,
+                  pp: int, interleave: int, num_microbatches: int, schedule: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``simulate`` of N candidates that share the op order (schedule, pp, v, m), in one pass: F, B, W (N, S)
+    per stage, p2p_s (N,) one boundary. The order fixes when each op's input is ready whatever the durations,
+    so the rounds are shared and only the times are per candidate. Returns (step, rank end, rank busy, rank
+    start): (N,), (N, pp), (N, pp), (N, pp) seconds."""
+    p, v, m = int(pp), int(interleave), int(num_microbatches)
+    _check_shape(schedule, p, v, m)
+    F = np.asarray(forward_s, dtype=np.float64)
+    N, S = F.shape
+    c = np.repeat(np.asarray(p2p_s, dtype=np.float64).reshape(N, 1), max(S - 1, 0), axis=1)
+    g = _graph(schedule, p, v, m)
+    dur, lat = _durations(g, F, np.asarray(backward_s, dtype=np.float64), np.asarray(weight_s, dtype=np.float64), c)
+    L = g.kind.shape[1]
+    end = _run(p, L, g.dep.ravel(), lat, dur).reshape(N, p, L + 1)[:, :, :L]
+    dur = dur.reshape(N, p, L + 1)
+    rank_end = end.max(axis=2)
+    return rank_end.max(axis=1), rank_end, dur.sum(axis=2), end[:, :, 0] - dur[:, :, 0]
 
 
 def _run(p: int, L: int, dep: np.ndarray, lat: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """End time of every op (flat position r*(L+1) + i), by rounds: in each round every rank whose
-    next op has its input starts it. Longest-path evaluation of the op graph, vectorised over ranks;
-    the rounds number about L + 2*pp, each a dozen numpy calls on pp-long arrays."""
-    end = np.full(p * (L + 1) + 2, -1.0)
-    end[-1] = 0.0  # the "no dependency" slot; end[-2] stays -1 ("never")
+    """End time of every op (flat position r*(L+1) + i) of N candidates ((N, p (L + 1)) durations and input
+    latencies), by rounds: in each round every rank whose next op has its input starts it. Longest-path
+    evaluation of the op graph, vectorised over ranks and candidates (whether an input is ready does not
+    depend on the durations); the rounds number about L + 2*pp, each a dozen numpy calls on pp-long arrays."""
+    N = dur.shape[0]
+    end = np.full((N, p * (L + 1) + 2), -1.0)
+    end[:, -1] = 0.0  # the "no dependency" slot; end[:, -2] stays -1 ("never")
     cur = np.arange(p) * (L + 1)
     last = cur + L
-    free = np.zeros(p)
+    free = np.zeros((N, p))
     done_before = -1
     rounds = 0
     while True:
-        e = end[dep[cur]]
-        adv = e >= 0.0
-        t = np.maximum(free, e + lat[cur])
-        t += dur[cur]
-        end[cur] = np.where(adv, t, -1.0)
-        np.copyto(free, t, where=adv)
-        cur += adv
+        d = dep[cur]
+        adv = end[0, d] >= 0.0
+        if adv.any():
+            at = cur[adv]
+            t = np.maximum(free[:, adv], end[:, d[adv]] + lat[:, at]) + dur[:, at]
+            end[:, at] = t
+            free[:, adv] = t
+            cur = cur + adv
         rounds += 1
         if rounds % 16 == 0:
             done = int(cur.sum())
             if done == int(last.sum()):
-                return end[:-2]
+                return end[:, :-2]
             if done == done_before:
                 stuck = np.flatnonzero(cur != last).tolist()
                 raise RuntimeError(f"schedule deadlocks: ranks {stuck} wait on each other "
@@ -370,7 +459,9 @@ def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, int
     c = np.asarray(p2p_s, dtype=np.float64)
     shape = np.broadcast_shapes(p.shape, v.shape, m.shape, F.shape, B.shape, W.shape, c.shape)
     p, v, m, F, B, W, c = (np.broadcast_to(x, shape) for x in (p, v, m, F, B, W, c))
-    code = schedule_codes(schedule, shape)
+    code = closed_form_codes(schedule_codes(schedule, shape))
+    if np.any(np.isin(code, _V_CODES)):
+        raise ValueError("step_time_fast has no closed form of the V schedules: use simulate_many")
     if np.any(p < 1) or np.any(v < 1) or np.any(m < 1):
         raise ValueError("pp, interleave and num_microbatches must be >= 1")
     c = np.where(p > 1, c, 0.0)

@@ -4,7 +4,7 @@ a batch of one, ``step_time``).
 Assembly (one data-parallel replica; all replicas run the same), every term over numpy arrays of
 layouts that share pp and interleave (``planner.evaluate`` groups them):
   1. per virtual stage k and micro-batch: forward F[k] and backward B[k] (+ weight pass W[k], a
-     separate op only under zero_bubble) = its layers' compute (cost.compute) + their exposed TP
+     separate op only under the split-backward schedules) = its layers' compute (cost.compute) + their exposed TP
      collectives (Megatron's TP all-reduces sit on the critical path; cost.network), plus the
      embedding on the first stage and norm/logits/loss on the last, with the stages' real layer
      split; recomputation is part of B;
@@ -36,7 +36,7 @@ from exatrain.accounting.engines import Resolved
 from exatrain.accounting.memory import COMPUTE_BYTES
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.settings import HALF_DTYPES, RECOMPUTE, SCHEDULES, full_rerun_layers
+from exatrain.settings import HALF_DTYPES, RECOMPUTE, SCHEDULES, V_SCHEDULES, full_rerun_layers
 from exatrain.planner.cost import compute, network
 from exatrain.planner.cost.context import cp_exposed_s
 from exatrain.planner.cost.fp8 import fp8_speedup
@@ -55,6 +55,7 @@ TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "op
                "cp_comm", "straggler", "offload")
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 _INTERLEAVED = SCHEDULES.index("interleaved")
+_V_CODES = [SCHEDULES.index(s) for s in V_SCHEDULES]
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +65,7 @@ class StageTimes:
 
     fwd: np.ndarray
     bwd: np.ndarray  # input-gradient pass incl. recomputation (whole backward minus ``wgrad``)
-    wgrad: np.ndarray  # weight-gradient GEMMs (a separate op only under zero_bubble)
+    wgrad: np.ndarray  # weight-gradient GEMMs (a separate op only under the split-backward schedules)
     tp_fwd: np.ndarray
     tp_bwd: np.ndarray
     p2p: np.ndarray
@@ -545,7 +546,12 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     pipe, no_p2p = two.step_s[:N], two.step_s[N:]
     pt = PipelineTimes(step_s=pipe, rank_end_s=two.rank_end_s[:N], busy_s=two.busy_s[:N])
 
+    is_v = np.isin(np.asarray(schedule), _V_CODES) & (v == 2) & (p > 1)
+    v_looped = np.concatenate([np.arange(p), np.arange(2 * p - 1, p - 1, -1)])  # rank r: stages r, 2 pp - 1 - r
+
     def per_rank(x: np.ndarray) -> np.ndarray:  # (N, S) per micro-batch -> (N, pp) per step
+        if is_v.any():
+            x = np.where(is_v[:, None], x[:, v_looped], x)
         return x.reshape(N, v, p).sum(axis=1) * m[:, None]
 
     # The busiest rank: its compute and TP communication.

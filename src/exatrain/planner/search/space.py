@@ -37,6 +37,7 @@ SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
     ("gpipe", 1), ("1f1b", 1),
     ("interleaved", 2), ("interleaved", 3), ("interleaved", 4),
     ("zero_bubble", 2), ("zero_bubble", 4),
+    ("zbh1", 1), ("zbv", 2), ("dualpipev", 2),
 )
 
 PLAN_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")

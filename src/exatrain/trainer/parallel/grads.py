@@ -130,8 +130,16 @@ def _sum_and_divide(entries: list[GradEntry], group: dist.ProcessGroup | None, d
 
 
 def sync_tied_embedding(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None) -> None:
-    """Sum the gradients of the embedding's two copies (first and last pipeline stage)."""
+    """Sum the gradients of the embedding's two copies (first and last pipeline stage): over ``group``, or on
+    this rank when it holds both (the V schedules' rank 0)."""
+    params = list(params)
     if group is None:
+        if len(params) == 2:
+            a, b = (local_grad(p) for p in params)
+            if a is None or b is None:
+                raise RuntimeError("tied embedding copy has no gradient")
+            a.add_(b)
+            b.copy_(a)
         return
     for p in params:
         g = local_grad(p)

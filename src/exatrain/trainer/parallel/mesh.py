@@ -120,7 +120,8 @@ def build_mesh(plan: Plan, device: torch.device) -> Mesh:
     rank = dist.get_rank()
     pp_rank, dp_rank, tp_rank = coordinates(rank, plan)
     embed_group = None
-    if plan.pp > 1 and plan.model.tied_embeddings:
+    if plan.pp > 1 and plan.model.tied_embeddings and plan.rank_of_stage(plan.virtual_stages - 1) != 0:
+        # (under a V schedule rank 0 holds both copies: grads.sync_tied_embedding sums them there)
         # Every rank takes part in creating every group (a collective call), in the same order.
         for d in range(plan.dp):
             for c in range(plan.cp):

@@ -2,8 +2,15 @@
 
 The model is cut into ``pp * interleave`` virtual stages of consecutive layers (``plan.
 layers_per_stage()``, uneven splits included); pipeline rank r holds stages ``plan.stages_of_rank(r)``
-(one stage, or with interleaving the looped placement r, r + pp, ...). Each stage is a pruned copy of
+(one stage, or with interleaving the looped placement r, r + pp, ..., or under zbv and dualpipev the V
+r, 2 pp - 1 - r, which torch's V schedules set on the stages themselves). Each stage is a pruned copy of
 the meta-device model, so a rank never builds layers it does not hold.
+
+The zero-bubble schedules (zero_bubble, zbh1, zbv, dualpipev) run a backward as two passes: the input
+gradient (``stage_backward_input``: autograd.grad of the stage's inputs, keeping the graph) and later the
+weight gradient (``stage_backward_weight``: the parameters' gradients from the kept graph). torch asks
+nothing more of the stage module than plain autograd: every parameter reached from the output, no
+hook that runs on the whole backward (why FSDP and DDP do not combine with them, rules.py).
 
 With tied embeddings the last stage keeps its own copy of the token embedding as the head (the
 parameter stays ``head.weight`` and is initialised from ``embed.tok.weight``'s seed); the step loop
@@ -18,8 +25,9 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleInterleavedZeroBubble)
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                          ScheduleZBVZeroBubble)
 
 from exatrain.plan import Plan
 from exatrain.trainer.model import Transformer
@@ -66,8 +74,12 @@ def build_schedule(plan: Plan, modules: list[tuple[int, nn.Module]], device: tor
         return Schedule1F1B(stages[0], n, loss_fn=loss_fn)
     if plan.schedule == "interleaved":
         return ScheduleInterleaved1F1B(stages, n, loss_fn=loss_fn)
-    if plan.schedule == "zero_bubble":
+    if plan.schedule in ("zero_bubble", "zbh1"):  # zbh1: one stage per rank, ZB-H1's order
         return ScheduleInterleavedZeroBubble(stages, n, loss_fn=loss_fn)
+    if plan.schedule == "zbv":
+        return ScheduleZBVZeroBubble(stages, n, loss_fn=loss_fn)
+    if plan.schedule == "dualpipev":
+        return ScheduleDualPipeV(stages, n, loss_fn=loss_fn)
     raise ValueError(f"unknown schedule {plan.schedule!r}")
 
 
