@@ -416,9 +416,14 @@ class Plan:
         """Virtual stages held by pipeline rank ``pp_rank``: looped placement, stage k on rank k % pp
         (the placement of interleaved 1F1B and interleaved zero bubble), or for the V schedules (zbv,
         dualpipev) stages r and 2 pp - 1 - r, so rank 0 holds the first and the last."""
-        if self.schedule in V_SCHEDULES and self.dims.pp > 1 and self.interleave == 2:
+        if self.v_shape:
             return (pp_rank, self.virtual_stages - 1 - pp_rank)
         return tuple(range(pp_rank, self.virtual_stages, self.dims.pp))
+
+    @property
+    def v_shape(self) -> bool:
+        """Whether the plan places its stages in a V (zbv, dualpipev over pp > 1): ``stages_of_rank``."""
+        return self.schedule in V_SCHEDULES and self.dims.pp > 1 and self.interleave == 2
 
     def rank_of_stage(self, stage: int) -> int:
         """The pipeline rank that holds virtual stage ``stage`` (``stages_of_rank``'s inverse)."""

@@ -25,7 +25,7 @@ from exatrain.planner.evaluate import MEMORY_FIELDS, evaluate
 from exatrain.planner.layouts import Layouts
 from exatrain.planner.search.batch import layouts_of
 from exatrain.planner.search.search import plan_at
-from exatrain.planner.search.space import SpaceOptions, enumerate_space
+from exatrain.planner.search.space import SCHEDULE_VARIANTS, SpaceOptions, enumerate_space
 
 # (model, cluster, gpus, global batch, dtype): GPT (tied head) and Llama (GQA, untied), three clusters.
 SPACES = [
@@ -58,12 +58,13 @@ def _offered(space, runtime: str, dtype: str, model, cluster, gb: int) -> np.nda
     return np.nonzero(np.isin(space.zero, get_engine(runtime).zero_stages(dtype)) & runs)[0]
 
 
-def _space(name, cl, gpus, gb):
+def _space(name, cl, gpus, gb, schedules=None):
     """Every legal dense layout without context parallelism, as exatrain's search sees them (every ZeRO stage and every
     schedule; its trainer's one dense refusal, zero bubble under FSDP with dp > 1, left out; exatrain's trainer memory
     counts no cp); ep, cp and FP8 are drawn by test_batch_equals_single_with_ep_cp_fp8."""
     model, cluster = get_model(name), get_cluster(cl)
-    return model, cluster, enumerate_space(model, cluster, gpus, gb, SpaceOptions(cp=(1,)), runtime="exatrain")
+    options = SpaceOptions(cp=(1,)) if schedules is None else SpaceOptions(cp=(1,), schedules=schedules)
+    return model, cluster, enumerate_space(model, cluster, gpus, gb, options, runtime="exatrain")
 
 
 def _close(a, b, rel=1e-9):
@@ -244,8 +245,10 @@ def test_pipeline_term_is_a_lower_bound_of_the_simulation_within_the_measured_ga
     layer split): never above it, GPipe exact, and the shortfall within what 4,000 layouts measured
     (``WORST``/``MEAN`` above; the test draws a different sample, so it sees at most those)."""
     rng = np.random.default_rng(11)
-    spaces = [_space(*s[:4]) + (s[3], s[4]) for s in SPACES]
-    gaps = {(s, c): [] for s in SCHEDULES for c in (False, True)}
+    # the looped schedules' variants the bounds were measured on (zbh1, zbv, dualpipev: test_vschedules.py)
+    looped = tuple(x for x in SCHEDULE_VARIANTS if x[0] in ("gpipe", "1f1b", "interleaved", "zero_bubble"))
+    spaces = [_space(*s[:4], schedules=looped) + (s[3], s[4]) for s in SPACES]
+    gaps = {(s, c): [] for s, _ in looped for c in (False, True)}
     n = 0
     while n < 360:
         model, cluster, space, gb, dtype = spaces[rng.integers(len(spaces))]
@@ -268,7 +271,7 @@ def test_pipeline_term_is_a_lower_bound_of_the_simulation_within_the_measured_ga
         e = np.array(e)
         assert e.min() >= WORST[schedule][custom] - 1e-12, (schedule, custom, e.min())
         assert np.abs(e).mean() <= MEAN[schedule][custom] + 1e-12, (schedule, custom, np.abs(e).mean())
-    assert all(len(gaps[s, False]) >= 10 for s in SCHEDULES)
+    assert all(len(gaps[s, False]) >= 10 for s, _ in looped)
 
 
 def test_pipeline_term_hand_derived_cases() -> None:

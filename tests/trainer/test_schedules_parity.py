@@ -10,13 +10,11 @@ copies are summed on that rank (grads.sync_tied_embedding) instead of over an em
 trainer builds torch's class for each schedule is checked without ranks (``build_schedule`` on stand-ins).
 
 Broken on purpose and seen to fail here:
-1. the tied copies on one rank left unsummed (``sync_tied_embedding`` returning when it has no group):
-   test_each_schedule_trains_like_one_process[zbv] and [dualpipev], on the gradient norms, the step-1
-   gradients of embed.tok.weight and the weights.
-2. zbh1 built as Schedule1F1B: test_build_schedule_picks_torchs_class[zbh1] (the run itself stays at
-   parity: the schedule changes the order, not the arithmetic).
-3. the V placement dropped (``Plan.stages_of_rank`` looped for zbv): torch's ZBV schedule refuses the
-   stages (every zbv/dualpipev case fails in the launch).
+1. the tied copies on one rank left unsummed (``sync_tied_embedding`` skipping its local sum):
+   test_each_schedule_trains_like_one_process[zbv] and [dualpipev], on the losses, gradient norms, step-1
+   gradients (6.6e-1 at embed.tok.weight), the update and the weights.
+2. zbh1 built as Schedule1F1B: test_build_schedule_picks_torchs_class[zbh1] (the run itself would stay at
+   parity: the schedule changes the order of the work, not its arithmetic).
 """
 
 from __future__ import annotations

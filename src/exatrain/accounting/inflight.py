@@ -85,9 +85,11 @@ def peak_in_flight_fast(*, pp, num_microbatches, schedule, interleave=1, rank=0)
     held = np.where(code == _ZERO_BUBBLE, w + 1 + np.minimum(r, np.maximum(n - w - 1, 0)), w + 1)  # + deferred W
     held = np.minimum(held, n)
     if isv.any():  # the V schedules' counts, from their op orders (accounting.vorders), once per distinct case
-        keys = np.stack([code[isv], p[isv], m[isv], r[isv]], axis=1)
+        flat = isv.ravel()
+        keys = np.stack([x.ravel()[flat] for x in (code, p, m, r)], axis=1)
         uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
         counts = np.array([v_peak_in_flight(SCHEDULES[a], b, c, d) for a, b, c, d in uniq.tolist()])
-        held = held.copy()
-        held[isv] = counts[np.ravel(inverse)]
+        out = np.array(held, dtype=np.int64).ravel().copy()
+        out[flat] = counts[np.ravel(inverse)]
+        held = out.reshape(shape)
     return held

@@ -346,9 +346,9 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
     moe = {}
     if plan.model.is_moe:
         split = stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                                   layers_per_stage=plan.layers_per_stage())
+                                   layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape)
         kinds = stage_layer_kinds(plan.model, pp=plan.pp, interleave=plan.interleave,
-                                  layers_per_stage=plan.layers_per_stage())
+                                  layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape)
         params_here = split[pp_rank][0]
         moe = dict(expert_params_here=split[pp_rank][1], moe_layers_here=kinds[pp_rank][1])
     else:

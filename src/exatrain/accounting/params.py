@@ -197,7 +197,8 @@ def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple
                   placed: tuple[tuple[int, ...], ...] = ()) -> tuple[int, ...]:
     """``placed``: each rank's stages (default looped); the head goes with the last stage (rank 0 under a V)."""
     if m.is_moe:
-        split = stage_params_split(m, tp=tp, pp=pp, interleave=interleave, layers_per_stage=layers)
+        split = stage_params_split(m, tp=tp, pp=pp, interleave=interleave, layers_per_stage=layers,
+                                   v_shape=bool(placed) and placed[0] == (0, pp * interleave - 1) and pp > 1)
         return tuple(dense + experts for dense, experts in split)
     lp = layer_params(m).per_rank(tp)
     placed = placed or tuple(tuple(range(r, pp * interleave, pp)) for r in range(pp))
@@ -216,16 +217,17 @@ def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple
     return tuple(counts)
 
 
-def stage_layer_kinds(m: ModelSpec, *, pp: int, interleave: int, layers_per_stage: tuple[int, ...]
-                      ) -> tuple[tuple[int, int], ...]:
+def stage_layer_kinds(m: ModelSpec, *, pp: int, interleave: int, layers_per_stage: tuple[int, ...],
+                      v_shape: bool = False) -> tuple[tuple[int, int], ...]:
     """(dense layers, MoE layers) on each pipeline rank: virtual stage k holds the next
-    layers_per_stage[k] layers in model order and sits on rank k % pp (``Plan.stages_of_rank``)."""
+    layers_per_stage[k] layers in model order and sits on rank k % pp, or under a V (``v_shape``) rank r
+    holds stages r and 2 pp - 1 - r (``Plan.stages_of_rank``)."""
     kinds = layer_kinds(m)
     starts = [sum(layers_per_stage[:k]) for k in range(len(layers_per_stage))]
     out = []
     for rank in range(pp):
         moe = dense = 0
-        for k in range(rank, pp * interleave, pp):
+        for k in ((rank, 2 * pp - 1 - rank) if v_shape else range(rank, pp * interleave, pp)):
             for i in range(starts[k], starts[k] + layers_per_stage[k]):
                 moe += kinds[i]
                 dense += not kinds[i]
@@ -235,17 +237,18 @@ def stage_layer_kinds(m: ModelSpec, *, pp: int, interleave: int, layers_per_stag
 
 @lru_cache(maxsize=4096)
 def stage_params_split(m: ModelSpec, *, tp: int, pp: int, interleave: int, layers_per_stage: tuple[int, ...],
-                       ep: int = 1, etp: int = 1) -> tuple[tuple[int, int], ...]:
+                       ep: int = 1, etp: int = 1, v_shape: bool = False) -> tuple[tuple[int, int], ...]:
     """(parameters outside the routed experts, routed-expert parameters) on one rank of each
     pipeline stage: the first feeds ZeRO/FSDP sharding over the data-parallel group, the second over
     the expert-data-parallel group (``accounting.moe.expert_dp``). Embedding, head and tied-copy
-    rules are those of ``stage_params``; ``ep`` and ``etp`` must divide ``experts`` and the expert
-    width (a later legality check's job), else the integer division rounds down."""
+    rules are those of ``stage_params`` (under a V, ``v_shape``, rank 0 holds the head too); ``ep`` and
+    ``etp`` must divide ``experts`` and the expert width (a later legality check's job), else the integer
+    division rounds down."""
     dense_lp = layer_params(m, moe=False).per_rank(tp)
     moe_lp = layer_params(m, moe=True) if m.is_moe else None
     out = []
     for rank, (n_dense, n_moe) in enumerate(stage_layer_kinds(m, pp=pp, interleave=interleave,
-                                                              layers_per_stage=layers_per_stage)):
+                                                              layers_per_stage=layers_per_stage, v_shape=v_shape)):
         dense = n_dense * dense_lp
         experts = 0
         if n_moe:
@@ -253,7 +256,7 @@ def stage_params_split(m: ModelSpec, *, tp: int, pp: int, interleave: int, layer
             experts = n_moe * (moe_lp.experts // (ep * etp))
         if rank == 0:
             dense += embedding_params(m) // tp + position_params(m)
-        if rank == pp - 1:
+        if rank == (0 if v_shape else pp - 1):
             dense += final_norm_params(m)
             if not m.tied_embeddings:
                 dense += head_params(m) // tp

@@ -165,9 +165,10 @@ def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None
     m = plan.model
     if m.is_moe:  # the rank's non-expert parameters, its routed experts (N/ep of each MoE layer's)
         dense, experts = stage_params_split(m, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                                            layers_per_stage=plan.layers_per_stage(), ep=plan.ep)[pp_rank]
+                                            layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape,
+                                            ep=plan.ep)[pp_rank]
         moe_here = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave,
-                                     layers_per_stage=plan.layers_per_stage())[pp_rank][1]
+                                     layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape)[pp_rank][1]
     else:
         dense, experts, moe_here = stage_params(plan)[pp_rank], 0, 0
     rank = RankCounts(params_here=dense, layers_here=layers_here, inflight_mb=inflight_microbatches(plan, pp_rank),

@@ -177,7 +177,7 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
             rerun_on_rank = None
         if model.is_moe:
             params, xparams, moe_here = (x.astype(float) for x in
-                                         rank_params_split(model, lay.tp[:, None], p, v, split, ep))
+                                         rank_params_split(model, lay.tp[:, None], p, v, split, ep, v_shape=bool(vee)))
         else:
             params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :],
                                  last_rank=last_rank).astype(float)

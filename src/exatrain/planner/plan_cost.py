@@ -41,11 +41,11 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overl
     st = stage_times(plan.model, cluster, coeffs, dev, Layouts.from_plan(plan), run=run,
                      stage_layers=np.array(plan.layers_per_stage()), rules=overlap_rules(run.engine, overlap))
     dense, routed, _ = rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
-                                                 plan.layers_per_stage(), plan.ep)
+                                         plan.layers_per_stage(), plan.ep, v_shape=plan.v_shape)
     return with_parameter_passes(st, run.engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),
                                  plan.interleave, [plan.num_microbatches], [plan.zero_stage],
                                  [RECOMPUTE.index(plan.recompute)], dev, shard=[plan.dp * plan.cp],
-                                 side_streams=not cluster.device.is_host)
+                                 side_streams=not cluster.device.is_host, v_shape=plan.v_shape)
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None):
@@ -77,7 +77,8 @@ def comm_bytes(plan) -> dict[str, float]:
     split = stage_params_split_for(plan)
     cp_comm = run.cp_comm
     stage_layers = np.asarray(plan.layers_per_stage())
-    kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers))
+    kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers),
+                              v_shape=plan.v_shape)
     fp8_gathered = (step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
                     if plan.fp8 and plan.fp8_param_gather else None)
     dp, ep, cpb = [], [], []
@@ -117,7 +118,7 @@ def comm_bytes(plan) -> dict[str, float]:
 def stage_params_split_for(plan):
     """``params.stage_params_split`` of the plan, with its ep."""
     return stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                              layers_per_stage=plan.layers_per_stage(), ep=plan.ep)
+                              layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape, ep=plan.ep)
 
 
 __all__ = ["comm_bytes", "plan_stage_times", "simulate_plan", "stage_params_split_for", "step_time"]

@@ -131,11 +131,12 @@ def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_bat
                                        far * per_peer / (bw * params.link_eff))
 
 
-def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int):
+def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int, v_shape: bool = False):
     """(non-routed-expert, routed-expert) parameters one rank of each pipeline rank holds, arrays
-    (N, pp) for tp (N, 1): ``params.stage_params_split`` on arrays, with ``ep``."""
+    (N, pp) for tp (N, 1): ``params.stage_params_split`` on arrays, with ``ep`` (``v_shape``: a V placement)."""
     tp = np.asarray(tp, dtype=np.int64)
-    kinds = stage_layer_kinds(m, pp=pp, interleave=interleave, layers_per_stage=tuple(int(x) for x in split))
+    kinds = stage_layer_kinds(m, pp=pp, interleave=interleave, layers_per_stage=tuple(int(x) for x in split),
+                              v_shape=v_shape)
     n_dense = np.array([k[0] for k in kinds], dtype=np.int64)[None, :]
     n_moe = np.array([k[1] for k in kinds], dtype=np.int64)[None, :]
     dl = layer_params(m, moe=False)
@@ -148,7 +149,7 @@ def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int
     rank = np.arange(pp)[None, :]
     dense = dense + np.where(rank == 0, embedding_params(m) // tp + position_params(m), 0)
     head = (np.where(pp > 1, embedding_params(m) // tp, 0) if m.tied_embeddings else head_params(m) // tp)
-    dense = dense + np.where(rank == pp - 1, final_norm_params(m) + head, 0)
+    dense = dense + np.where(rank == (0 if v_shape else pp - 1), final_norm_params(m) + head, 0)
     return dense, experts, n_moe
 
 

@@ -235,8 +235,8 @@ def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int,
 
 
 def _v_times(F, B, W, c, code, p: int, m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Step, rank end and rank busy seconds of the V schedules (zbv, dualpipev) by ``simulate_many``: exact for
-    a few candidates (one plan's estimate), and in a search up to ``steady_from(pp) + 2`` micro-batches.
+    """Step, rank end and rank busy seconds of the V schedules (zbv, dualpipev) by ``simulate_many``: exact up to
+    ``steady_from(pp) + 2`` micro-batches (for one plan as for a search, so that both agree).
     Beyond, their orders only repeat steady steps: each rank's end grows by what two simulations two
     micro-batches apart measure per micro-batch, or, once its idle time is used up, by its own work (the
     larger of the two). tests/planner/test_vschedules.py measures this against the exact simulation."""
@@ -246,7 +246,7 @@ def _v_times(F, B, W, c, code, p: int, m) -> tuple[np.ndarray, np.ndarray, np.nd
     m2 = m1 + 2
     for k in np.unique(code):
         name = SCHEDULES[int(k)]
-        small = m <= m2 if N > 4 else np.ones(N, bool)  # one plan's estimate: always the exact simulation
+        small = m <= m2
         for mm in np.unique(m[(code == k) & small]):
             i = (code == k) & (m == mm)
             step[i], end[i], busy[i], _ = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2,

@@ -419,8 +419,18 @@ def cast_params(model: ModelSpec, tp, pp: int, params_by_rank) -> tuple[np.ndarr
     return gemm, blocks
 
 
+def _v_looped(st: StageTimes, p: int) -> StageTimes:
+    """A V placement's stage times reordered as the looped placement lays them out (chunk c of rank r at c pp + r:
+    rank r's stages r and 2 pp - 1 - r), so that per-rank sums and spreads apply; its own inverse."""
+    perm = np.concatenate([np.arange(p), np.arange(2 * p - 1, p - 1, -1)])
+    return replace(st, **{f: getattr(st, f)[:, perm] for f in ("fwd", "bwd", "wgrad", "tp_fwd", "tp_bwd", "tp_hidden",
+                                                                "ext_fwd", "ext_bwd", "ep_share")
+                          if np.ndim(getattr(st, f)) == 2 and np.shape(getattr(st, f))[1] == 2 * p})
+
+
 def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, tp, params_by_rank, v: int, m,
-                          zero, recompute, dev: compute.Device, shard=1, side_streams: bool = True) -> StageTimes:
+                          zero, recompute, dev: compute.Device, shard=1, side_streams: bool = True,
+                          v_shape: bool = False) -> StageTimes:
     """``st`` with the passes an engine makes over its parameters every micro-batch (rank parameters
     ``params_by_rank`` (N, pp), tp (N,), ``m`` micro-batches, ``zero`` stages, ``recompute`` indices, FSDP's
     ``shard`` size (N,)), spread evenly over a step's micro-batches: its accumulation outside the GEMMs
@@ -437,7 +447,12 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     reduce-scatter stream); they lengthen the collectives they feed, not the compute, and are left out here. The
     gathered weights' copy-out and the reduce-scatter's copy-in run on the compute stream. Without streams (the
     CPU) every copy is in line. An FSDP1 engine (``EngineProfile.flat_param_grad_copy``) copies every backward's
-    gradients into its units' flat gradients on the compute stream (``flat_grad_copy_bytes``)."""
+    gradients into its units' flat gradients on the compute stream (``flat_grad_copy_bytes``). ``v_shape``: the
+    stages are placed in a V (rank r: r and 2 pp - 1 - r), each rank's passes spread over its own two."""
+    if v_shape:
+        p = np.shape(params_by_rank)[-1]
+        return _v_looped(with_parameter_passes(_v_looped(st, p), engine, dtype, model, tp, params_by_rank, v, m, zero,
+                                               recompute, dev, shard=shard, side_streams=side_streams), p)
     st = with_accumulation(st, engine, dtype, params_by_rank, v, dev)
     flat = engine.flat_grad_copy_bytes(dtype)
     if flat:  # FSDP1: autograd builds each unit's flat gradient from its views, every backward, on the compute stream
@@ -535,8 +550,11 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     N = tp.size
     xp = 0.0 * params_by_rank if expert_params_by_rank is None else expert_params_by_rank
     st = stage_times(model, cluster, coeffs, dev, lay, run=run, stage_layers=stage_layers, rules=rules)
+    is_v = np.isin(np.asarray(schedule), _V_CODES) & (v == 2) & (p > 1)
+    if is_v.any() and not is_v.all():
+        raise ValueError("step_times needs layouts of one placement: V schedules apart (planner.evaluate groups them)")
     st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, lay.recompute, dev,
-                               shard=dp * cp_size, side_streams=not cluster.device.is_host)
+                               shard=dp * cp_size, side_streams=not cluster.device.is_host, v_shape=bool(is_v.all()))
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
@@ -546,7 +564,6 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     pipe, no_p2p = two.step_s[:N], two.step_s[N:]
     pt = PipelineTimes(step_s=pipe, rank_end_s=two.rank_end_s[:N], busy_s=two.busy_s[:N])
 
-    is_v = np.isin(np.asarray(schedule), _V_CODES) & (v == 2) & (p > 1)
     v_looped = np.concatenate([np.arange(p), np.arange(2 * p - 1, p - 1, -1)])  # rank r: stages r, 2 pp - 1 - r
 
     def per_rank(x: np.ndarray) -> np.ndarray:  # (N, S) per micro-batch -> (N, pp) per step
