@@ -199,14 +199,14 @@ def test_trainer_refuses_exactly_what_it_refused_before() -> None:
      "rank's tokens): use --cp 1"),
     ("gpt-tiny", dict(cp=2), {}, True, "cp with --compile", "--cp 2 does not run with --compile yet: drop --compile"),
     ("gpt-tiny", dict(cp=2, pp=2), dict(schedule="zero_bubble", interleave=2), False,
-     "cp with the zero_bubble schedule",
+     "cp with a zero-bubble schedule",
      "--cp 2 does not run the zero_bubble schedule yet (its separate weight-gradient pass is untested with the "
      "K/V gather): use the 1f1b, gpipe or interleaved schedule"),
     ("moe-tiny", dict(dp=2), {}, True, "--compile with a mixture-of-experts model",
      "--compile does not run mixture-of-experts models yet (their routing has data-dependent shapes): drop "
      "--compile"),
     ("moe-tiny", dict(pp=2), dict(schedule="zero_bubble", interleave=2), False,
-     "zero_bubble with a mixture-of-experts model",
+     "a zero-bubble schedule with a mixture-of-experts model",
      "the zero_bubble schedule does not run mixture-of-experts models yet (its separate weight-gradient pass): "
      "use the 1f1b, gpipe or interleaved schedule"),
     ("moe-tiny", dict(dp=4, ep=2), dict(zero_stage=1), False, "ep > 1 with ZeRO-1/2/3",

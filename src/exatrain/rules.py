@@ -308,7 +308,7 @@ RULES: tuple[Rule, ...] = (
                        "use --tp 1, or drop --compile"),
          scope="run"),
     # Its weight-gradient pass bypasses the hooks FSDP reduces from: wrong gradients (torch 2.13).
-    Rule("zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)",
+    Rule("a zero-bubble schedule with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)",
          lambda x: (x.pp > 1) & np.isin(x.schedule, _SPLIT) & (x.dp > 1) & (x.zero_stage >= 2),
          lambda p, c: (f"the {p.schedule} schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
                        "or the interleaved schedule"),
@@ -325,7 +325,7 @@ RULES: tuple[Rule, ...] = (
          lambda p, c: f"--cp {p.cp} does not run with --compile yet: drop --compile",
          scope="run"),
     # Its separate weight-gradient pass is untested with the K/V gather.
-    Rule("cp with the zero_bubble schedule (the exatrain trainer refuses it)",
+    Rule("cp with a zero-bubble schedule (the exatrain trainer refuses it)",
          lambda x: (x.cp > 1) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
          lambda p, c: (f"--cp {p.cp} does not run the {p.schedule} schedule yet (its separate weight-gradient "
                        "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule"),
@@ -336,7 +336,7 @@ RULES: tuple[Rule, ...] = (
          lambda p, c: ("--compile does not run mixture-of-experts models yet (their routing has "
                        "data-dependent shapes): drop --compile"),
          scope="run"),
-    Rule("zero_bubble with a mixture-of-experts model (the exatrain trainer refuses it)",
+    Rule("a zero-bubble schedule with a mixture-of-experts model (the exatrain trainer refuses it)",
          lambda x: _on(x.model.is_moe, x.tp.shape) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
          lambda p, c: (f"the {p.schedule} schedule does not run mixture-of-experts models yet (its separate "
                        "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule"),

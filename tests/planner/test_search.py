@@ -83,7 +83,7 @@ def test_batch_trainer_memory_equals_estimate() -> None:
 def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
     """zero_bubble + ZeRO-2/3 + dp > 1 is legal for torchtitan but refused by the trainer
     (TrainConfig.check): --runtime exatrain counts it as a rejection instead of proposing it."""
-    fsdp_zero_bubble = "zero_bubble with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)"
+    fsdp_zero_bubble = "a zero-bubble schedule with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)"
     assert fsdp_zero_bubble in TRAINER_LAYOUT_REASONS
 
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
@@ -166,9 +166,9 @@ def test_scaling_cli_weak_and_strong(capsys) -> None:
 DS_PIPELINE_ZERO = "ZeRO-2/3 with a pipeline under megatron-deepspeed"
 SCHEDULE_RUN = "a pipeline schedule the runtime does not run"
 EP_ZERO = "ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)"
-MOE_ZERO_BUBBLE = "zero_bubble with a mixture-of-experts model (the exatrain trainer refuses it)"
+MOE_ZERO_BUBBLE = "a zero-bubble schedule with a mixture-of-experts model (the exatrain trainer refuses it)"
 CP_MOE = "cp with a mixture-of-experts model (the exatrain trainer refuses it)"
-CP_ZERO_BUBBLE = "cp with the zero_bubble schedule (the exatrain trainer refuses it)"
+CP_ZERO_BUBBLE = "cp with a zero-bubble schedule (the exatrain trainer refuses it)"
 
 
 def _keys(space) -> set[tuple]:
