@@ -259,3 +259,30 @@ def test_the_search_explores_the_new_schedules() -> None:
     for name, need in (("zbh1", 1), ("zbv", 2), ("dualpipev", 2)):
         assert (names == name).sum() > 0, name
         assert set(v[names == name].tolist()) == {need}
+
+
+@pytest.mark.parametrize("schedule,expect", [("zbv", 'pipeline_parallel_schedule = "ZBVZeroBubble"'),
+                                             ("dualpipev", 'pipeline_parallel_schedule = "DualPipeV"'),
+                                             ("zbh1", "torchtitan has no one-chunk zero-bubble schedule")])
+def test_torchtitan_export_names_the_class_or_refuses(tmp_path, capsys, schedule: str, expect: str) -> None:
+    plan = tmp_path / "plan.json"
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2", "--pp", "4",
+                 "--global-batch", "64", "--micro-batch", "1", "--schedule", schedule, "--out", str(plan)]) == 0
+    capsys.readouterr()
+    code = main(["export-config", "--plan", str(plan), "--for", "torchtitan"])
+    out, err = capsys.readouterr()
+    if schedule == "zbh1":
+        assert code == 2 and len(err.strip().splitlines()) == 1 and expect in err, err
+    else:
+        assert code == 0 and expect in out, out
+
+
+
+def test_a_plans_timeline_draws_its_own_new_schedule_beside_the_looped_four() -> None:
+    from exatrain.report.timeline import schedule_variants
+
+    plan = Plan(model=get_model("gpt-1.3b"), dims=ParallelDims(pp=4, dp=2), shape=TrainShape(2, 64),
+                schedule="dualpipev", interleave=2).validate()
+    plans, skipped = schedule_variants(plan)
+    assert [p.schedule for p in plans] == ["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"] and not skipped
+    assert plans[-1] is plan

@@ -96,9 +96,13 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     if plan.pp > 1 and plan.schedule == "gpipe":
         notes.append("Megatron-LM has no GPipe schedule: it runs this layout with 1F1B (same bubble, "
                      "fewer micro-batches of activations in flight)")
-    if plan.schedule == "zero_bubble":
+    if plan.pp > 1 and plan.schedule in ("zero_bubble", "zbv", "dualpipev"):
         notes.append("Megatron-LM has no zero-bubble schedule: it runs these virtual stages with "
-                     "interleaved 1F1B (a larger bubble than the plan's estimate)")
+                     "interleaved 1F1B (a larger bubble than the plan's estimate)"
+                     + (", placed looped (rank r: r, r + pp), not in a V" if plan.v_shape else ""))
+    elif plan.pp > 1 and plan.schedule == "zbh1":
+        notes.append("Megatron-LM has no zero-bubble schedule: it runs this layout with 1F1B (a larger bubble "
+                     "than the plan's estimate)")
 
     batch = [Flag("--micro-batch-size", str(plan.micro_batch)),
              Flag("--global-batch-size", str(plan.global_batch))]
@@ -334,8 +338,8 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     if plan.pp > 1 and plan.interleave > 1:
         notes.append(f"DeepSpeed's pipeline engine has no interleaved schedule: each of the {plan.pp} pipeline "
                      f"ranks runs one contiguous stage instead of {plan.interleave} virtual stages")
-    elif plan.pp > 1 and plan.schedule == "gpipe":
-        notes.append("DeepSpeed's pipeline engine runs 1F1B, not GPipe")
+    elif plan.pp > 1 and plan.schedule in ("gpipe", "zbh1"):
+        notes.append(f"DeepSpeed's pipeline engine runs 1F1B, not {'GPipe' if plan.schedule == 'gpipe' else 'ZB-H1'}")
     if plan.pp > 1 and not even_split(plan) and plan.interleave == 1:
         notes.append(f"DeepSpeed balances transformer layers over stages itself (partition_method "
                      f"'type:transformer'); the plan's split {list(plan.layers_per_stage())} is not forced")

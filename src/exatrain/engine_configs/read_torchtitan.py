@@ -258,7 +258,7 @@ def _pipeline(t: _Toml, s: dict[str, Any], layers: int, pp: int, source: str, de
         raise UserError(f"{source}: pipeline_parallel_schedule {schedule!r} is not modelled "
                         f"({', '.join(inverse)})")
     s["schedule"] = inverse[schedule]
-    multi = s["schedule"] in ("interleaved", "zero_bubble")
+    multi = s["schedule"] in ("interleaved", "zero_bubble", "zbv", "dualpipev")
     if parts is not None:
         counts = []
         for part in parts:

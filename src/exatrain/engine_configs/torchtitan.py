@@ -48,7 +48,7 @@ TORCHTITAN_03 = "torchtitan 0.3.0"
 RELEASES = ("0.2.2", "0.3.0")
 # exatrain schedule -> torch.distributed.pipelining schedule name (get_schedule_class)
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
-                  "zero_bubble": "InterleavedZeroBubble"}
+                  "zero_bubble": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 # Where each family's flavors live (v0.2.2: a dict of model arguments in torchtitan/models/FAMILY/__init__.py)
 FLAVOR_DICTS = {"llama3": ("llama3_args", "TransformerModelArgs"), "qwen3": ("qwen3_args", "Qwen3ModelArgs"),
                 "deepseek_v3": ("deepseekv3_args", "DeepSeekV3ModelArgs"),
@@ -306,7 +306,8 @@ def flavor_model(family: str, flavor: str) -> ModelSpec | None:
 
 def model_parts(plan: Plan, head: str = "output") -> list[list[str]]:
     """Module names of each virtual stage in model order (tok_embeddings, layers.i, norm and the output
-    projection ``head``: HEAD_MODULE); torchtitan places part k on pipeline rank k % pp, as the plan does."""
+    projection ``head``: HEAD_MODULE); torchtitan places part k on pipeline rank k % pp, or in a V for ZBVZeroBubble
+    and DualPipeV (rank r: parts r and 2 pp - 1 - r), as the plan does."""
     parts: list[list[str]] = []
     first = 0
     for n in plan.layers_per_stage():
@@ -389,6 +390,10 @@ def torchtitan_config(plan: Plan, release: str = "0.2.2") -> tuple[dict[str, dic
         par["enable_sequence_parallel"] = plan.sequence_parallel
     par["pipeline_parallel_degree"] = plan.pp
     if pipelined:
+        if plan.schedule not in SCHEDULE_NAMES:  # zbh1: torchtitan runs a multi-stage class over >= 2 stages a rank
+            raise UserError("torchtitan has no one-chunk zero-bubble schedule (it runs InterleavedZeroBubble over 2 "
+                            "or more stages a rank): export the plan with --schedule zero_bubble --interleave 2 or "
+                            "--schedule zbv, or for exatrain's trainer")
         par["pipeline_parallel_schedule"] = SCHEDULE_NAMES[plan.schedule]
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch
         par["module_fqns_per_model_part"] = model_parts(plan, HEAD_MODULE[release])

@@ -1,7 +1,8 @@
 """The pipeline schedule as a picture: rank × time, forward / backward / weight-gradient / idle.
 
-The plan is recast to each of the four schedules (same layout, batch and stage split; interleave 1
-for gpipe and 1f1b, the plan's interleave — or 2 — for interleaved and zero_bubble) and each is
+The plan is recast to each of the four looped schedules (same layout, batch and stage split; interleave 1
+for gpipe and 1f1b, the plan's interleave — or 2 — for interleaved and zero_bubble), beside its own
+when that is zbh1, zbv or dualpipev, and each is
 simulated op by op (``planner.plan_cost.simulate_plan``) on the very per-stage seconds the estimate
 uses; its step time comes from the estimate's own path (``planner.plan_cost.step_time``), whose
 pipeline term is a closed form never above this simulation (equal to it where the critical path
@@ -24,7 +25,6 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import PlanError
 from exatrain.plan import Plan, TimeBreakdown
-from exatrain.settings import SCHEDULES
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.report.style import (OKABE_ITO, Figure, describe, legend_columns, new_figure, save, seconds,
                                    wrap)
@@ -36,6 +36,8 @@ IDLE_RGB = (0.86, 0.86, 0.86)
 AFTER_RGB = (1.0, 1.0, 1.0)
 KINDS = ("F", "B", "W")
 KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (zero bubble)"}
+
+LOOPED = ("gpipe", "1f1b", "interleaved", "zero_bubble")  # what every plan is recast to
 
 
 def _hex_rgb(h: str) -> tuple[float, float, float]:
@@ -71,7 +73,8 @@ def schedule_variants(plan: Plan) -> tuple[list[Plan], dict[str, str]]:
     if plan.pp == 1:
         return [plan], {}
     plans, skipped = [], {}
-    for s in SCHEDULES:
+    # the four looped schedules, and the plan's own when it is another (zbh1, zbv, dualpipev)
+    for s in LOOPED + ((plan.schedule,) if plan.schedule not in LOOPED else ()):
         if s == plan.schedule:
             plans.append(plan)
             continue
