@@ -365,6 +365,8 @@ def _run(p: int, L: int, dep: np.ndarray, lat: np.ndarray, dur: np.ndarray) -> n
     evaluation of the op graph, vectorised over ranks and candidates (whether an input is ready does not
     depend on the durations); the rounds number about L + 2*pp, each a dozen numpy calls on pp-long arrays."""
     N = dur.shape[0]
+    if N == 1:
+        return _run_one(p, L, dep, lat[0], dur[0])[None]
     end = np.full((N, p * (L + 1) + 2), -1.0)
     end[:, -1] = 0.0  # the "no dependency" slot; end[:, -2] stays -1 ("never")
     cur = np.arange(p) * (L + 1)
@@ -386,6 +388,35 @@ def _run(p: int, L: int, dep: np.ndarray, lat: np.ndarray, dur: np.ndarray) -> n
             done = int(cur.sum())
             if done == int(last.sum()):
                 return end[:, :-2]
+            if done == done_before:
+                stuck = np.flatnonzero(cur != last).tolist()
+                raise RuntimeError(f"schedule deadlocks: ranks {stuck} wait on each other "
+                                   "(a bug in the op order)")
+            done_before = done
+
+
+def _run_one(p: int, L: int, dep: np.ndarray, lat: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """``_run`` of one candidate on flat arrays (one simulated plan: about twice as fast as the batched path)."""
+    end = np.full(p * (L + 1) + 2, -1.0)
+    end[-1] = 0.0
+    cur = np.arange(p) * (L + 1)
+    last = cur + L
+    free = np.zeros(p)
+    done_before = -1
+    rounds = 0
+    while True:
+        e = end[dep[cur]]
+        adv = e >= 0.0
+        t = np.maximum(free, e + lat[cur])
+        t += dur[cur]
+        end[cur] = np.where(adv, t, -1.0)
+        np.copyto(free, t, where=adv)
+        cur += adv
+        rounds += 1
+        if rounds % 16 == 0:
+            done = int(cur.sum())
+            if done == int(last.sum()):
+                return end[:-2]
             if done == done_before:
                 stuck = np.flatnonzero(cur != last).tolist()
                 raise RuntimeError(f"schedule deadlocks: ranks {stuck} wait on each other "
