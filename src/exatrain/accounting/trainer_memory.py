@@ -242,7 +242,9 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     # embedding tables unless the table is also this rank's head) and keeps them until the
     # backward; FSDP2 gathers every parameter in bf16: all of them from forward to backward
     # (ZeRO-2), or one layer while the next is prefetched (ZeRO-3).
-    tables = is_first * (V * h / tp * ((1.0 - is_last) if m.tied_embeddings else 1.0)
+    # (a tied table is the head's weight only without a pipeline: a V schedule's rank 0 holds both ends, two copies)
+    shared = is_last * (np.asarray(pp) == 1)
+    tables = is_first * (V * h / tp * ((1.0 - shared) if m.tied_embeddings else 1.0)
                          + (m.seq_len * h if m.learned_positions else 0))
     # A MoE layer's router computes in fp32 with autocast off: no 16-bit copy of it either.
     non_linear = (layers_here * (4 if m.has_bias else 2) * h + tables + is_last * (2 if m.has_bias else 1) * h
@@ -299,7 +301,7 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     loss_temps = is_last * tokens * V / tp * np.where(tp > 1, 16.0, 12.0)
     wide = max(m.ffn_hidden, h)
     working = ((6.0 if autocast else 4.0) * wide * h / tp + e * tokens * wide / tp + 4.0 * tokens * h / sp_div
-               + (is_first * is_last * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
+               + (is_first * shared * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
                - is_last * tokens * (final_norm / sp_div + e * h))  # the head's inputs are freed by then
     # FSDP reduce-scatters each layer's gradient in fp32 right after its backward, once that
     # layer's activations and gathered weights are freed: the unsharded fp32 gradient and its shard.
