@@ -23,6 +23,11 @@ come out of the simulation. Per-rank orders:
   Parallelism"; ZB-H1's rule on the interleaved order): warm-up (v-1)*g + (pp-1-rank) forwards, steady
   F, B(input), W, where rank r defers its first r weight passes (so every rank holds at most as many
   micro-batches as 1F1B's first stage) and flushes them at the end. With v = 1 this is exactly ZB-H1.
+- zbh1: zero_bubble's order over one stage per rank (torch ``ScheduleInterleavedZeroBubble`` given one stage).
+- zbv, dualpipev: torch ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` over two stages per rank placed in a
+  V (stage r and 2 pp - 1 - r on rank r, so the boundary between stages pp - 1 and pp costs no transfer); their
+  orders are ``accounting.vorders``'. dualpipev runs some backwards whole (input and weight gradient in one op)
+  and pairs of one chunk's forward with the other's backward, one after the other as torch runs them.
 
 ``simulate`` is exact and returns the timeline: it evaluates the op graph in rounds vectorised over
 ranks (about ops-per-rank + 2*pp rounds), 0.04 s for pp 64, m 1,536 (1F1B) and 0.1-0.15 s with v = 2
