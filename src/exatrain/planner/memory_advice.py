@@ -89,8 +89,8 @@ def memory_advice(plan: Plan, cluster: ClusterSpec, coeffs: CostParams | None = 
 
 def advice_text(rank: int, worst: MemoryBreakdown, dominant: str, options: list[dict[str, Any]]) -> str:
     """One line: the dominant part of the worst stage, then each change with what it frees."""
-    head = (f"stage {rank}: {_SAID.get(dominant, dominant)} dominate ({getattr(worst, dominant) / GiB:.1f} of {worst.total / GiB:.1f} "
-            "GiB)")
+    said = _SAID.get(dominant, dominant)
+    head = f"stage {rank}: {said} dominate ({getattr(worst, dominant) / GiB:.1f} of {worst.total / GiB:.1f} GiB)"
     if not options:
         return head + "; no single change of recomputation, ZeRO, micro-batch or pp applies"
     said = [f"{o['change']} frees {o['frees_bytes'] / GiB:.1f} GiB (to {o['worst_bytes'] / GiB:.1f})"
