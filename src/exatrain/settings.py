@@ -1002,5 +1002,5 @@ __all__ = ["ADAM_KERNELS", "ATTENTION_KERNELS", "BY_NAME", "CP_COMMS", "CROSS_EN
            "FLAG_SETTINGS", "FLOAT16_RUNTIMES", "FP8_RECIPES", "GRAD_ACCUM", "GRAD_ACCUM_FUSION", "HALF_DTYPES",
            "MOE_DISPATCHERS", "NAMES", "NOTES_ALSO", "OFFLOADS", "OFFLOAD_RUNTIMES", "RECOMPUTE", "RECOMPUTE_MODULES",
            "RUNTIMES", "RunSettings", "SCHEDULES", "SETTINGS", "SPLIT_BACKWARD", "V_SCHEDULES", "Setting",
-           "cp_comm_for", "default_runtime", "dtype_problem", "full_rerun_layers", "holds_settings", "listed", "offload_problem",
-           "recompute_modules_of", "setting_notes", "takes_settings"]
+           "cp_comm_for", "default_runtime", "dtype_problem", "full_rerun_layers", "holds_settings", "listed",
+           "offload_problem", "recompute_modules_of", "setting_notes", "takes_settings"]
