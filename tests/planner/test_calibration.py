@@ -11,7 +11,7 @@ import pytest
 from exatrain.catalog import get_cluster, get_model
 from exatrain.plan import Measured, ParallelDims, Plan, RunRecord, TrainShape
 from exatrain.records import append_run_record, read_run_records
-from exatrain.planner.cost.calibrate import error_stats, fit_gemm, fit_link, nelder_mead
+from exatrain.planner.cost.calibrate import RUN_FACTORS, error_stats, fit_gemm, fit_link, nelder_mead
 from exatrain.planner.cost.coefficients import default_params, load_calibration
 from exatrain.planner.plan_cost import step_time
 from exatrain.planner.estimate import estimate_plan
@@ -30,7 +30,8 @@ def _plans() -> list[Plan]:
     specs = [("gpt-tiny", 1, 1, 1, 1, 1), ("gpt-tiny", 2, 1, 1, 8, 8), ("gpt-small", 1, 1, 1, 4, 4),
              ("gpt-small", 2, 1, 1, 2, 4), ("gpt-small", 1, 2, 1, 1, 8), ("llama-tiny", 1, 1, 2, 4, 8),
              ("gpt-tiny", 4, 1, 1, 8, 8), ("llama-tiny", 2, 2, 1, 2, 8), ("gpt-tiny", 1, 1, 4, 1, 4),
-             ("gpt-small", 2, 2, 1, 1, 8), ("llama-tiny", 1, 1, 1, 16, 16), ("gpt-small", 1, 1, 2, 8, 16)]
+             ("gpt-small", 2, 2, 1, 1, 8), ("llama-tiny", 1, 1, 1, 16, 16), ("gpt-small", 1, 1, 2, 8, 16),
+             ("llama-tiny", 2, 1, 2, 2, 8)]
     return [Plan(model=get_model(m), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb), dtype="float32",
                  cluster="local-cpu").validate() for m, tp, pp, dp, mb, gb in specs]
 
@@ -50,43 +51,68 @@ def runs_file(tmp_path_factory) -> Path:
     return path
 
 
-def test_calibrate_recovers_the_machine(runs_file, tmp_path, capsys) -> None:
-    out = tmp_path / "cal.json"
-    code, text, err = run(capsys, "calibrate", str(runs_file), "--out", str(out), "--json")
-    assert code == 0, err
-    rep = json.loads(text)["devices"]["cpu"]
-    assert rep["runs"] == 12 and rep["before"]["median"] > 0.2
+@pytest.fixture(scope="module")
+def calibrated(runs_file) -> tuple[Path, str]:
+    """`exatrain calibrate runs.jsonl --json` once for the module (13 fits of the runs held out one by one)."""
+    import contextlib
+    import io
+
+    from exatrain.cli import main
+
+    out = runs_file.parent / "cal.json"
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        code = main(["calibrate", str(runs_file), "--out", str(out), "--json"])
+    assert code == 0, err.getvalue()
+    return out, buf.getvalue()
+
+
+def test_calibrate_recovers_the_machine(calibrated) -> None:
+    out, text = calibrated
+    rep = json.loads(text)["fits"]["local-cpu/exatrain"]
+    assert rep["runs"] == 13 and rep["before"]["median"] > 0.2
     assert rep["after"]["median"] < 0.005 and rep["after"]["max"] < 0.01
     assert rep["after"]["rms_log"] < rep["before"]["rms_log"]
-    fitted = load_calibration(out).params_for("cpu")
+    # 13 runs fit every physical factor (calibrate.run_factors); the machine's cpu entry is not a fit of its runs
+    assert set(rep["factors"]) == set(RUN_FACTORS)
+    cal = load_calibration(out)
+    assert cal.params_for("cpu") is None
+    fitted = cal.params_for("cpu", "local-cpu", "exatrain")
     for factor in ("gemm_eff", "step_overhead_s", "mem_eff", "attn_eff", "link_eff", "op_overhead_s"):
         assert getattr(fitted, factor) == pytest.approx(getattr(TRUE, factor), rel=0.05), factor
+    assert fitted.step_scale == 1.0  # not fitted beside them
+    # each run predicted from the other 12: the band the calibrated estimates carry, measured, tight on this
+    # machine that the cost model describes exactly
+    assert fitted.band_runs == 13 and 0.97 < fitted.band_low <= fitted.band_high < 1.03
     assert fitted.peak_flops == TRUE.peak_flops  # not a free factor: shared with gemm_eff
     assert fitted.source.startswith("exatrain calibrate")
 
 
 def test_calibrate_prints_before_and_after(runs_file, tmp_path, capsys) -> None:
-    code, text, _ = run(capsys, "calibrate", str(runs_file), "--out", str(tmp_path / "c.json"))
+    few = tmp_path / "few.jsonl"  # three runs: gemm_eff alone, no band of their own (fast)
+    few.write_text("".join(runs_file.read_text().splitlines(keepends=True)[1:4]))
+    code, text, _ = run(capsys, "calibrate", str(few), "--out", str(tmp_path / "c.json"))
     assert code == 0
     assert "error before: median" in text and "error after:  median" in text and "p90" in text
+    assert "local-cpu / exatrain (cpu): 3 runs; fitted gemm_eff=" in text
+    assert "band: the published-run band (fewer than 4 runs to measure one on)" in text
 
 
-def test_validate_stored_and_recalibrated(runs_file, tmp_path, capsys) -> None:
+def test_validate_stored_and_recalibrated(runs_file, calibrated, capsys) -> None:
     code, text, _ = run(capsys, "validate", str(runs_file), "--json")
     assert code == 0
     d = json.loads(text)
-    assert len(d["runs"]) == 12 and d["prediction"] == "stored in each record"
+    assert len(d["runs"]) == 13 and d["prediction"] == "stored in each record"
     first = d["runs"][0]
     assert first["step_error"] == pytest.approx(first["predicted_step_s"] / first["measured_step_s"] - 1)
     assert d["distribution"]["step_time"]["median"] > 0.2  # the prior is not this machine
     assert d["distribution"]["peak_memory"]["n"] == 0  # CPU RSS is shown, not scored
     # Re-predicted with the calibration that `calibrate` fitted: the errors collapse.
-    cal = tmp_path / "cal.json"
-    assert run(capsys, "calibrate", str(runs_file), "--out", str(cal))[0] == 0
+    cal, _ = calibrated
     code, text, _ = run(capsys, "validate", str(runs_file), "--calibration", str(cal), "--json")
     assert code == 0 and json.loads(text)["distribution"]["step_time"]["median"] < 0.01
     code, text, _ = run(capsys, "validate", str(runs_file))
-    assert code == 0 and "predicted vs measured" in text and "step time |error| over 12 runs" in text
+    assert code == 0 and "predicted vs measured" in text and "step time |error| over 13 runs" in text
 
 
 def test_train_summary_line_shows_a_prediction_only_when_calibrated_on_this_host(runs_file) -> None:

@@ -9,6 +9,7 @@ name, a ClusterSpec or ``cluster_file``. Each call returns the typed result the 
 * ``train``     -> TrainResult (the RunRecord)       ``tune``    -> TuneResult (trials, the best)
 * ``bench``     -> BenchResult (a calibration)       ``calibrate`` -> CalibrateResult
 * ``compare``   -> CompareResult (predicted vs measured of recorded runs)
+* ``record``    -> RecordResult (a run measured anywhere, appended to a runs file)
 * ``demo``      -> DemoResult (the loop on this machine: bench --quick, search, train, compare)
 * ``make_plan`` -> a validated Plan from layout values; ``load_plan`` reads any file holding one
 * ``from_launch`` -> the keyword arguments a Megatron-LM / Megatron-DeepSpeed launch or torchtitan TOML states
@@ -24,6 +25,7 @@ from exatrain.api.files import export_model, prepare, report, verify_dataset
 from exatrain.api.jobs import export_config, launch
 from exatrain.api.measuring import CompareResult, bench, calibrate, compare
 from exatrain.api.planning import estimate, scaling, search
+from exatrain.api.recording import RecordResult, record
 from exatrain.api.plans import ExatrainWarning, from_launch, load_plan, make_plan, resolve_cluster, resolve_model
 from exatrain.api.training import TrainResult, train
 from exatrain.api.tuning import tune
@@ -40,6 +42,7 @@ from exatrain.report.text import (make_console, opt, progress_lines, render_comp
 __all__ = ["EXPORT_TARGETS", "describe", "estimate_json", "explain", "search_json", "size", "total_params",
            "make_console", "opt", "progress_lines", "render_comparisons", "render_estimate", "render_hardware",
            "render_models", "render_scaling", "render_search", "render_tune", "table", "CompareResult", "DemoResult",
-           "ExatrainWarning", "TrainResult", "bench", "calibrate", "compare", "demo", "estimate", "export_config",
+           "ExatrainWarning", "RecordResult", "TrainResult", "bench", "calibrate", "compare", "demo", "estimate",
+           "export_config",
            "export_model", "from_launch", "launch", "load_plan", "make_plan", "prepare", "report", "resolve_cluster",
-           "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]
+           "record", "resolve_model", "scaling", "search", "train", "tune", "verify_dataset"]

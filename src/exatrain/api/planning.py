@@ -139,9 +139,9 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
     if out is not None:
         check_output_file(out, "--out")
     c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
-    c, params = calibrated(c, calibration)
     m = resolve_model(model, model_file, **shape_of(values))
     runtime, chosen = _runtime_for(runtime, m, overlap)
+    c, params = calibrated(c, calibration, runtime)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
     plan = make_plan(m, c, gpus=gpus, **{**layout_values(values), "stage_layers": stage_layers}, runtime=runtime)
     plan = plan.replace(runtime=runtime).validate(c)
@@ -207,9 +207,10 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     if out is not None:
         check_output_file(out, "--out")
     options = space_options(**layout_values(values))
-    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
+    c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
     m = resolve_model(model, model_file, **shape_of(values))
     runtime, chosen = _runtime_for(runtime, m, overlap, settings, dtype)
+    c, params = calibrated(c, calibration, runtime)
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
@@ -259,9 +260,10 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     if global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
     options = space_options(**layout_values(values))
-    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER), calibration)
+    c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
     m = resolve_model(model, model_file, **shape_of(values))
     runtime, _ = _runtime_for(runtime, m, overlap, settings, dtype)
+    c, params = calibrated(c, calibration, runtime)
     from exatrain.planner.scaling import scaling as run_scaling
 
     result = run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,

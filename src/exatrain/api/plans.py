@@ -267,18 +267,21 @@ def with_launch(given: Mapping[str, Any], fn: Callable[..., Any]) -> dict[str, A
     return args
 
 
-def calibrated(cluster: ClusterSpec, calibration: str | Path | None) -> tuple[ClusterSpec, Any]:
-    """(the cluster with the calibration's measured link tiers, its cost parameters for the
-    cluster's device), or (cluster, None) without a calibration file."""
+def calibrated(cluster: ClusterSpec, calibration: str | Path | None, runtime: str = "") -> tuple[ClusterSpec, Any]:
+    """(the cluster with the calibration's measured link tiers, its cost parameters: those `exatrain calibrate`
+    fitted to this cluster's runs of ``runtime``, else the cluster's device's), or (cluster, None) without a
+    calibration file."""
     if calibration is None:
         return cluster, None
     from exatrain.planner.cost.coefficients import load_calibration
 
     cal = load_calibration(check_input_file(calibration, "--calibration"))
-    params = cal.params_for(cluster.device.name)
+    params = cal.params_for(cluster.device.name, cluster.name, runtime)
     if params is None:
+        fits = ", ".join(f"{c}/{r}" for c, r in sorted(cal.fits))
         raise UserError(f"{calibration} has no parameters for device {cluster.device.name!r} "
-                        f"(it has: {', '.join(sorted(cal.devices)) or 'none'})")
+                        f"(it has: {', '.join(sorted(cal.devices)) or 'none'})"
+                        + (f" nor for {cluster.name}/{runtime} (fitted: {fits})" if fits else ""))
     return cal.apply(cluster), params
 
 

@@ -149,7 +149,7 @@ def _attach_estimate(plan: Plan, base: Plan | None, cluster: ClusterSpec | None,
     if calibration is not None:
         if cluster is None:
             raise UserError("--calibration needs a catalog cluster (--cluster or --cluster-file) to predict for")
-        cal_cluster, params = calibrated(cluster, calibration)
+        cal_cluster, params = calibrated(cluster, calibration, "exatrain")
         return plan.with_estimate(estimate_plan(plan, cal_cluster, params))
     if base is not None and base.estimate is not None and plan.with_estimate(None) == base.replace(
             estimate=None, cluster=plan.cluster):

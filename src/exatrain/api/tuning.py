@@ -111,7 +111,7 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     check_output_file(runs_path, "--runs-file")
     check_output_dir(Path(f"{stem}.trials"), "trials folder")
     options = space_options(**layout_values(values))
-    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=TUNE_CLUSTER), calibration)
+    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=TUNE_CLUSTER), calibration, "exatrain")
     m = resolve_model(model, model_file, **shape_of(values))
     device = device or ("cpu" if c.device.name == "cpu" else "cuda")
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")

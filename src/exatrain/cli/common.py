@@ -63,6 +63,7 @@ def _number(kind: str, cast: Callable[[str], Any], ok: Callable[[Any], bool]) ->
 positive_int = _number("positive integer", int, lambda v: v > 0)
 nonneg_int = _number("non-negative integer", int, lambda v: v >= 0)
 nonneg_float = _number("non-negative number", float, lambda v: 0 <= v < float("inf"))
+positive_float = _number("positive number", float, lambda v: 0 < v < float("inf"))
 finite_float = _number("finite number", float, math.isfinite)  # its range is the API's to check, in one line
 
 

@@ -293,6 +293,8 @@ class Band:
 
     def describe(self) -> str:
         """One phrase for the estimate's step line."""
+        if self.basis == "calibrated":
+            return f"p10–p90 of {self.n} runs of this cluster's calibration, each predicted without itself"
         if self.basis == "default":
             return (f"×{self.low:g}–×{self.high:g}: no published-run table, wide default")
         extra = ("; widened: " + ", ".join(self.widened)) if self.widened else ""
@@ -352,13 +354,19 @@ def with_best_case(b: Band, ratio: float | None) -> Band:
         f"--overlap not stated: the low end reaches every overlap on ({ratio - 1:+.1%})",))
 
 
-def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec, best_s: float | None = None) -> StepEstimate:
-    """``estimate`` carrying the band of ``plan`` on ``cluster`` (unchanged without a time); ``best_s``: the step
-    with every overlap on where the plan states none (``with_best_case``). The table measures the shipped priors;
-    an estimate made with a calibration file gets the same band."""
+def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec, params: Any = None,
+              best_s: float | None = None) -> StepEstimate:
+    """``estimate`` carrying the band of ``plan`` on ``cluster`` (unchanged without a time). The table measures
+    the shipped priors; an estimate made with a calibration file gets the same band, unless `exatrain calibrate`
+    measured one on held-out runs of the cluster (``params``, CostParams: ``band_runs`` > 0). ``best_s``: the step
+    with every overlap on where the plan states none (``with_best_case``)."""
     if estimate.time_s is None:
         return estimate
-    b = band_for(plan, cluster)
+    if params is not None and getattr(params, "band_runs", 0) > 0:
+        b = Band(params.band_low, params.band_high, int(params.band_runs), plan.runtime,
+                 hardware_family(cluster.device.name), "calibrated")
+    else:
+        b = band_for(plan, cluster)
     b = with_best_case(b, None if best_s is None else best_s / estimate.time_s.step)
     steps, tokens = step_range(estimate.time_s.step, plan.tokens_per_step, b)
     return estimate.replace(step_range_s=steps, tokens_per_s_range=tokens, band=b.to_dict())

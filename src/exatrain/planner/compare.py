@@ -117,11 +117,12 @@ def compare(record: RunRecord, calibration: Calibration | None = None,
         if c is None:
             raise UserError(f"cannot tell which cluster run {layout_label(record)} ran on "
                             f"(device {record.device!r}); pass --cluster")
-        params = calibration.params_for(c.device.name)
+        params = calibration.params_for(c.device.name, c.name, plan.runtime)
         if params is None:
             raise UserError(f"the calibration has no parameters for device {c.device.name!r} "
-                            f"(it has: {', '.join(sorted(calibration.devices)) or 'none'})")
-        est = estimate_plan(plan, calibration.apply(c), params)
+                            f"(it has: {', '.join(sorted(calibration.devices)) or 'none'}) nor for "
+                            f"{c.name}/{plan.runtime}")
+        est = estimate_plan(plan, calibration.apply(c), params, str(record.env.get("overlap") or "all"))
     trainer_mem = None
     if c is not None or plan.cluster:
         on_cpu = (c.device.name == "cpu") if c is not None else None

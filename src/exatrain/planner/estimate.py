@@ -250,7 +250,7 @@ def estimate_plan(plan: Plan, cluster: ClusterSpec, params: CostParams | None = 
         notes=notes,
         mfu_above_published=above,
         memory_advice=memory_advice(plan, cluster, coeffs),
-    ), plan, cluster, best_s=best_s), plan, cluster).replace(host_memory=host_memory, **({} if host_ok else {
+    ), plan, cluster, coeffs, best_s=best_s), plan, cluster).replace(host_memory=host_memory, **({} if host_ok else {
         "fits": False, "memory_verdict": "does not fit"}))
 
 

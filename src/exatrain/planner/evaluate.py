@@ -234,17 +234,18 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
         t, _, pt = step_times(model, cluster, coeffs, dev, lay, run=run, stage_layers=split, params_by_rank=params,
                               expert_params_by_rank=xparams, overlap=overlap, hidden=hid)
         rows = idx[keep]
+        scale = coeffs.step_scale  # a calibration's cluster x engine factor (CostParams): every second alike
         for k in hid or ():
             if k == "offload":  # cost.offload's parts (adam, h2d, d2h, exposed, total)
                 for part, x in hid[k].items():
                     offload_parts.setdefault(part, np.full(N, np.nan))[rows] = x
                 continue
-            hidden[k][rows] = hid[k]
+            hidden[k][rows] = hid[k] * scale
         for k in TIME_FIELDS:
-            times[k][rows] = t[k]
-        pipe[rows] = pt.step_s
-        rank_end[rows, :p] = pt.rank_end_s
-        busy[rows, :p] = pt.busy_s
+            times[k][rows] = t[k] * scale
+        pipe[rows] = pt.step_s * scale
+        rank_end[rows, :p] = pt.rank_end_s * scale
+        busy[rows, :p] = pt.busy_s * scale
     fits = total[memory[0]] <= capacity if memory else np.ones(N, dtype=bool)
     if offload != "none":
         fits = fits & host_fits(host, cluster, layouts.gpus)

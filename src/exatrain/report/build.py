@@ -76,7 +76,7 @@ def prepare_plan(src: PlanInput, inputs: ReportInputs) -> PreparedPlan:
     notes: list[str] = []
     params = None
     if cluster is not None:
-        params = cal.params_for(cluster.device.name) if cal is not None else None
+        params = cal.params_for(cluster.device.name, cluster.name, plan.runtime) if cal is not None else None
         if cal is not None:
             cluster = cal.apply(cluster)
             notes.append(f"the calibration file has no parameters for {cluster.device.name}; the timeline uses "

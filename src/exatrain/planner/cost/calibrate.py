@@ -15,9 +15,14 @@ for runs (each evaluation is a full step-time prediction per run, so few evaluat
   (the bandwidth a layer's mix of norms, residual additions and activation reaches);
   collectives -> one measured link tier (latency, bandwidth) for the local cluster. The raw points
   and the efficiency-vs-size curves go into the file too.
-* ``fit_runs``: RunRecords of one device -> a small set of factors shared by all of them (never
-  one per run): gemm_eff, step_overhead_s, mem_eff, attn_eff, link_eff, op_overhead_s, in that
-  order of priority; fewer when there are few runs (about one factor per two runs).
+* ``fit_runs``: RunRecords of one cluster and engine -> a small set of factors shared by all of them
+  (never one per run, ``run_factors``): from one or two runs step_scale alone (the measured over the
+  predicted step time, the geometric mean over the runs: every other factor stays at its prior); from
+  three gemm_eff, step_overhead_s, mem_eff, attn_eff, link_eff, op_overhead_s in that order of priority,
+  about one per two runs.
+* ``held_out_band``: where those runs land when each is predicted by the factors fitted to the others
+  (leave one run out): the p10-p90 of measured / predicted that an estimate calibrated on them carries,
+  from ``MIN_BAND_RUNS`` runs up (below that the published-run band holds).
 """
 
 from __future__ import annotations
@@ -35,6 +40,18 @@ from exatrain.plan import Plan
 from exatrain.planner.cost.coefficients import Calibration, CostParams
 
 RUN_FACTORS = ("gemm_eff", "step_overhead_s", "mem_eff", "attn_eff", "link_eff", "op_overhead_s")
+SCALE_FACTOR = "step_scale"  # CostParams.step_scale: the whole step's measured over predicted
+MIN_BAND_RUNS = 4  # held-out runs from which a calibration measures its own band
+
+
+def run_factors(n: int) -> tuple[str, ...]:
+    """The factors ``n`` runs of one cluster and engine fit: step_scale from one or two (no run can tell the cost
+    model's parts apart), from three the physical factors in its place, which scale the parts apart (step_scale
+    beside them would make them unidentifiable): gemm_eff from 3 runs, + step_overhead_s from 4, + mem_eff from 6,
+    + attn_eff from 8, + link_eff from 10, + op_overhead_s from 12 (one per two runs)."""
+    if n <= 2:
+        return (SCALE_FACTOR,)
+    return RUN_FACTORS[:max(1, min(len(RUN_FACTORS), n // 2))]
 _STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
 
 
@@ -437,12 +454,13 @@ class RunPoint:
     cluster: ClusterSpec
     measured_s: float
     name: str = ""
+    overlap: str = "all"  # the overlaps the run had on, as `estimate --overlap` names them
 
 
 def predict_runs(points: Sequence[RunPoint], params: CostParams) -> np.ndarray:
     from exatrain.planner.plan_cost import step_time
 
-    return np.array([step_time(p.plan, p.cluster, params)[0].step for p in points])
+    return np.array([step_time(p.plan, p.cluster, params, p.overlap)[0].step for p in points])
 
 
 @dataclass(frozen=True)
@@ -457,14 +475,20 @@ class RunFit:
 
 def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str] | None = None,
              max_iter: int = 40) -> RunFit:
-    """Fit a few factors shared by all ``points`` (one device) to their measured step times."""
+    """Fit a few factors shared by all ``points`` (one cluster and engine) to their measured step times
+    (``factors``: default ``run_factors``). step_scale alone is the geometric mean of measured / predicted, exact."""
     if not points:
         raise UserError("no runs with a measured step time to fit")
     measured = np.array([p.measured_s for p in points])
-    if factors is None:
-        factors = RUN_FACTORS[:max(1, min(len(RUN_FACTORS), len(points) // 2))]
-    factors = tuple(factors)
+    factors = tuple(factors or run_factors(len(points)))
     before = predict_runs(points, base)
+    if factors == (SCALE_FACTOR,):
+        scale = base.step_scale * float(np.exp(np.mean(np.log(measured / before))))
+        fitted = base.replace(step_scale=scale, source=f"exatrain calibrate ({len(points)} runs)")
+        after = before * (scale / base.step_scale)
+        return RunFit(params=fitted, factors=factors, before=error_stats(before, measured),
+                      after=error_stats(after, measured), predicted_before=tuple(before.tolist()),
+                      predicted_after=tuple(after.tolist()))
     x0 = np.log([max(getattr(base, f), 1e-9) for f in factors])
 
     def params_at(x: np.ndarray) -> CostParams:
@@ -489,6 +513,20 @@ def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str
                   predicted_after=tuple(after.tolist()))
 
 
-__all__ = ["RUN_FACTORS", "RunFit", "RunPoint", "calibration_from_bench", "error_stats", "fit_attention", "fit_flash2",
-           "fit_fp8", "fit_gemm", "fit_link", "fit_memory", "fit_runs", "levenberg_marquardt", "nelder_mead",
-           "predict_runs"]
+def held_out_band(points: Sequence[RunPoint], base: CostParams, max_iter: int = 10
+                  ) -> tuple[float, float, tuple[float, ...]] | None:
+    """(p10, p90, every ratio) of measured / predicted over ``points``, each run predicted by the factors
+    (``run_factors`` of the others' count) fitted to the other runs from ``base``; None below MIN_BAND_RUNS runs."""
+    if len(points) < MIN_BAND_RUNS:
+        return None
+    ratios = []
+    for i, p in enumerate(points):
+        fit = fit_runs([q for j, q in enumerate(points) if j != i], base, max_iter=max_iter)
+        ratios.append(p.measured_s / float(predict_runs([p], fit.params)[0]))
+    low, high = (float(np.percentile(ratios, q)) for q in (10, 90))
+    return low, high, tuple(ratios)
+
+
+__all__ = ["MIN_BAND_RUNS", "RUN_FACTORS", "RunFit", "RunPoint", "SCALE_FACTOR", "calibration_from_bench",
+           "error_stats", "fit_attention", "fit_flash2", "fit_fp8", "fit_gemm", "fit_link", "fit_memory", "fit_runs",
+           "held_out_band", "levenberg_marquardt", "nelder_mead", "predict_runs", "run_factors"]

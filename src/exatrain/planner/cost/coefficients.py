@@ -78,6 +78,14 @@ class CostParams:
     # H100 held at 500 W) runs every GEMM and attention kernel at this fraction of its datasheet rate
     clock_factor: float = 1.0
     mem_bytes_per_s: float | None = None  # measured memory bandwidth overriding the catalog
+    # What `exatrain calibrate` fits to a cluster x engine's own runs (bench/fit.py): the measured over the predicted
+    # step time that no other factor explains, applied to the whole step (planner.evaluate); and where those runs,
+    # each predicted without itself, landed: p10 and p90 of measured / predicted over ``band_runs`` held-out runs
+    # (0: none measured, the published-run band of planner/band.py holds)
+    step_scale: float = 1.0
+    band_low: float = 0.0
+    band_high: float = 0.0
+    band_runs: int = 0
     source: str = "default"
 
     def replace(self, **kw: Any) -> "CostParams":
@@ -215,6 +223,9 @@ def cited_params(device_name: str) -> CostParams:
     return CostParams().replace(**{f: getattr(prior, f) for f in CITED.get(device_name, ())})
 
 
+FIT_KEY_SEP = "/"  # a calibration file's "fits" keys: "<cluster>/<runtime>"
+
+
 @dataclass(frozen=True)
 class Calibration:
     """A calibration file: cost parameters per device and, optionally, measured link tiers per
@@ -223,9 +234,12 @@ class Calibration:
     devices: Mapping[str, CostParams]
     cluster_tiers: Mapping[str, tuple[LinkTier, ...]] = dataclasses.field(default_factory=dict)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # What `exatrain calibrate` fitted to one cluster's runs of one engine: (cluster, runtime) -> parameters
+    fits: Mapping[tuple[str, str], CostParams] = dataclasses.field(default_factory=dict)
 
-    def params_for(self, device_name: str) -> CostParams | None:
-        return self.devices.get(device_name)
+    def params_for(self, device_name: str, cluster: str = "", runtime: str = "") -> CostParams | None:
+        """The parameters fitted to ``cluster``'s runs of ``runtime`` where the file has them, else the device's."""
+        return self.fits.get((cluster, runtime)) or self.devices.get(device_name)
 
     def apply(self, cluster: ClusterSpec) -> ClusterSpec:
         """The cluster with measured tiers, when the file has them for it."""
@@ -239,6 +253,7 @@ def load_calibration(path: str | Path) -> Calibration:
         {"kind": "exatrain-calibration",
          "devices": {"<device>": {<CostParams fields>}},
          "clusters": {"<cluster>": {"tiers": [{"name", "span", "bytes_per_s", "latency_s"}, ...]}},
+         "fits": {"<cluster>/<runtime>": {<CostParams fields>}},  (exatrain calibrate: one cluster's runs of one engine)
          ... anything else (raw measurements, machine description) is kept in ``extra``}
     """
     d = read_json(path)
@@ -257,8 +272,15 @@ def load_calibration(path: str | Path) -> Calibration:
             raise UserError(f"{path}: cluster {name!r}: tiers must end with the network (span 0), "
                             "bandwidth > 0, latency >= 0")
         tiers[name] = ts
-    extra = {k: v for k, v in d.items() if k not in ("kind", "devices", "clusters")}
-    return Calibration(devices=devices, cluster_tiers=tiers, extra=extra)
+    fits: dict[tuple[str, str], CostParams] = {}
+    for key, v in (d.get("fits") or {}).items():
+        cluster, sep, runtime = str(key).partition(FIT_KEY_SEP)
+        if not sep or not cluster or not runtime or not isinstance(v, dict):
+            raise UserError(f"{path}: fits key {key!r} is not 'cluster{FIT_KEY_SEP}runtime' with an object of "
+                            "cost parameters")
+        fits[(cluster, runtime)] = CostParams.from_dict(v, source=f"{path}: fits {key}")
+    extra = {k: v for k, v in d.items() if k not in ("kind", "devices", "clusters", "fits")}
+    return Calibration(devices=devices, cluster_tiers=tiers, extra=extra, fits=fits)
 
 
 def save_calibration(path: str | Path, calibration: Calibration) -> None:
@@ -266,5 +288,7 @@ def save_calibration(path: str | Path, calibration: Calibration) -> None:
         "kind": "exatrain-calibration",
         "devices": {k: v.to_dict() for k, v in calibration.devices.items()},
         "clusters": {k: {"tiers": [dataclasses.asdict(t) for t in v]} for k, v in calibration.cluster_tiers.items()},
+        **({"fits": {f"{c}{FIT_KEY_SEP}{r}": p.to_dict() for (c, r), p in calibration.fits.items()}}
+           if calibration.fits else {}),
         **dict(calibration.extra),
     })
