@@ -85,10 +85,10 @@ def _from_plan(plan_path: str | Path, step_time: float, peak_memory_gib: float |
     return plan, cluster, overlap, m, f"step time {step_time:g} s given (--step-time) for the plan in {plan_path}"
 
 
-def _from_launch(launch: str | Path, log: str | Path, cluster: ClusterSpec, gpus: int | None, warmup: int,
-                 overlap: str | None) -> tuple[Plan, ClusterSpec, str, Measured, str]:
+def _from_launch(launch: str | Path, log: str | Path, cluster: ClusterSpec, gpus: int | None, vocab: int | None,
+                 warmup: int, overlap: str | None) -> tuple[Plan, ClusterSpec, str, Measured, str]:
     from exatrain.api.planning import estimate
-    from exatrain.api.plans import from_launch
+    from exatrain.api.plans import from_launch, warner
     from exatrain.engine_configs.read_logs import read_log, steady_step_s
 
     log_path = check_input_file(log, "--log")
@@ -96,8 +96,12 @@ def _from_launch(launch: str | Path, log: str | Path, cluster: ClusterSpec, gpus
         data = log_path.read_bytes()
     except OSError as exc:
         raise UserError(f"{log}: cannot read ({exc.strerror or exc})") from None
-    values = from_launch(launch, gpus=gpus)
+    said: list[str] = []  # the launch's warning lines, said once the log is read too (a refusal is one line)
+    values = from_launch(launch, gpus=gpus, shape={"vocab": vocab} if vocab else None, warn=said.append)
     read = read_log(data, source=str(log), runtime=str(values.get("runtime") or ""))
+    steady_step_s(read, warmup, tokens_per_step=1, global_batch=1, gpus=1, source=str(log))  # refused before planning
+    for line in said:
+        warner(None)(line)
     overlap = overlap or values.pop("overlap", None) or _estimate_default_overlap()
     values.pop("overlap", None)
     plan = estimate(**values, cluster=cluster, overlap=overlap)
@@ -112,11 +116,12 @@ def _from_launch(launch: str | Path, log: str | Path, cluster: ClusterSpec, gpus
 def record(*, out: str | Path, plan: str | Path | None = None, step_time: float | None = None,
            peak_memory_gib: float | None = None, from_file: str | Path | None = None, log: str | Path | None = None,
            cluster: str | ClusterSpec | None = None, cluster_file: str | Path | None = None, gpus: int | None = None,
-           warmup: int = WARMUP, overlap: str | None = None) -> RecordResult:
+           vocab: int | None = None, warmup: int = WARMUP, overlap: str | None = None) -> RecordResult:
     """Append a RunRecord for a run measured anywhere to the runs file ``out`` (created if needed): ``plan`` and
     ``step_time`` (seconds; ``peak_memory_gib`` if known), or the launch ``from_file`` (as ``estimate --from``
     reads it) and the engine's ``log``. ``cluster`` / ``cluster_file``: where it ran (a plan's own cluster
-    otherwise; a launch needs one). ``gpus``: a launch's world size where it leaves it to its launcher.
+    otherwise; a launch needs one). ``gpus``, ``vocab``: a launch's world size or vocabulary where it leaves them to
+    its launcher or tokenizer.
     ``warmup``: logged steps up to this number are warm-up (the first logged line is, always). ``overlap``: the
     overlaps the run had on, as ``estimate --overlap`` names them (default: the launch's, else estimate's)."""
     from exatrain.api.plans import resolve_cluster
@@ -127,6 +132,8 @@ def record(*, out: str | Path, plan: str | Path | None = None, step_time: float 
         raise UserError("give --plan PLAN --step-time SECONDS, or --from LAUNCH --log LOG (one of the two)")
     if by_plan and (plan is None or step_time is None):
         raise UserError("--plan and --step-time go together")
+    if by_plan and (gpus is not None or vocab is not None):
+        raise UserError("--gpus and --vocab go with --from (a plan states both)")
     if by_log and (from_file is None or log is None):
         raise UserError("--from and --log go together")
     if by_log and peak_memory_gib is not None:
@@ -146,7 +153,7 @@ def record(*, out: str | Path, plan: str | Path | None = None, step_time: float 
     else:
         if c is None:
             raise UserError("say which cluster the run ran on: --cluster NAME or --cluster-file PATH")
-        p, c, overlap, m, how = _from_launch(from_file, log, c, gpus, warmup, overlap)
+        p, c, overlap, m, how = _from_launch(from_file, log, c, gpus, vocab, warmup, overlap)
     rec = RunRecord(plan=p, measured=m, device=c.device.name,
                     env={"recorded_by": "exatrain record", "cluster": c.name, "overlap": overlap, "measured": how})
     created = not Path(out_path).exists()

@@ -52,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--overlap", metavar="WHICH", help="the overlaps the run had on, as `estimate --overlap` names "
                    "them (default: the launch's, else estimate's)")
     add_cluster_args(r, None)
+    r.add_argument("--vocab", type=positive_int, help="the model's vocabulary where the launch leaves it to its "
+                   "tokenizer (with --from)")
     r.add_argument("--json", action="store_true", help="print the record as JSON")
 
     c = sub.add_parser(
