@@ -8,14 +8,14 @@ For every source with four or more priced runs on one cluster and engine (a grou
 (the lower of the two middle ones) is turned into a RunRecord and calibrated on through ``exatrain calibrate``'s own
 path (``bench.fit.fit_calibration``, from the parameters that made the row's out-of-sample prediction): one run fits
 step_scale alone. Every other run of the group is predicted with the calibrated parameters, and its measured over
-predicted step time is checked against the band a one-run calibration carries, the published-run band (its ratios
-fitted without the source, around the calibrated prediction); ``--recentre`` also reports that band with its centre
-(the pooled sources' median bias, which the calibration removed) taken out.
+predicted step time is checked against the band a one-run calibration carries (``planner.band.centred``): the
+published-run band (its ratios fitted without the source) without its centre (the pooled sources' median bias, which
+the calibration removed), around the calibrated prediction; ``--keep-centre`` reports the band with its centre.
 
 Printed per engine x hardware family and overall: runs predicted, groups, median |error|, p90 |error|, signed median
 (predicted / measured - 1), band coverage, uncalibrated median and signed median on the same runs.
 
-    python benchmarks/one_shot.py [--json OUT] [--recentre]
+    python benchmarks/one_shot.py [--json OUT] [--keep-centre]
 """
 
 from __future__ import annotations
@@ -45,26 +45,32 @@ def _step(row: pe.Row, params: CostParams) -> float:
     return step_time(row.plan, row.cluster, params, row.overlap)[0].step
 
 
-def base_params(rows: list[pe.Row]) -> dict[int, CostParams]:
-    """The parameters behind each row's out-of-sample prediction (``prediction_error.out_of_sample``): the device's
-    prior, or its refit on the other sources; only rows whose prediction they reproduce (to ``REL``)."""
-    fits = [r for r in rows if r.prior_s is not None and r.measured_s and r.runtime == r.engine]
-    refits: dict[tuple[str, str], CostParams] = {}
+def out_of_sample(rows: list[pe.Row]) -> dict[int, CostParams]:
+    """``prediction_error``'s out-of-sample predictions, and the parameters behind each: those of the last of its
+    ``_predict_s`` calls on the row that gave the prediction it kept (a refit also prices the row while fitting to
+    it as another source's run), else the device's prior, which ``price`` used; only rows whose prediction they
+    reproduce (to ``REL``)."""
+    seen: dict[int, list[tuple[CostParams, float]]] = {}
+    predict = pe._predict_s
+
+    def recording(row: pe.Row, params: CostParams) -> float:
+        value = predict(row, params)
+        seen.setdefault(row.index, []).append((params, value))
+        return value
+
+    pe._predict_s = recording
+    try:
+        pe.out_of_sample(rows)
+        pe.blocking_out_of_sample(rows)
+    finally:
+        pe._predict_s = predict
     out = {}
     for r in rows:
         if r.oos_s is None or r.plan is None:
             continue
-        device = r.cluster.device.name
-        group = pe.fit_group(device)
-        params = default_params(device)
-        if r.in_sample and r.source in pe.PRIOR_CHOSEN_ON.get(group, ()):
-            key = (group, r.source)
-            if key not in refits:
-                train = [t for t in fits if pe.fit_group(t.cluster.device.name) == group and t.source != r.source]
-                factors, start = pe.refit_spec(group)
-                refits[key] = pe.fit_without(train, start, factors=factors) if train else None
-            params = refits[key]
-        if params is not None and abs(_step(r, params) / r.oos_s - 1) < REL:
+        kept = [p for p, v in seen.get(r.index, ()) if v == r.oos_s]
+        params = kept[-1] if kept else default_params(r.cluster.device.name)
+        if abs(_step(r, params) / r.oos_s - 1) < REL:
             out[r.index] = params
     return out
 
@@ -99,9 +105,9 @@ def anchor_of(runs: list[pe.Row]) -> pe.Row:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def one_shot(rows: list[pe.Row], recentre: bool = False) -> list[dict]:
-    """Every predicted run of every group: its errors before and after the one-run calibration and its band."""
-    params = base_params(rows)
+def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool = False) -> list[dict]:
+    """Every predicted run of every group: its errors before and after the one-run calibration and its band
+    (``params``: each row's out-of-sample parameters, ``out_of_sample``)."""
     bands = loso_band_params(rows)
     results = []
     for (source, cluster, engine), runs in sorted(groups(rows, set(params)).items()):
@@ -151,13 +157,13 @@ def table(results: list[dict]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, metavar="OUT", help="write every predicted run and the cells as JSON")
-    ap.add_argument("--recentre", action="store_true", help="the published-run band without its centre")
+    ap.add_argument("--keep-centre", action="store_true", help="the published-run band with its centre (the sources' "
+                    "median bias), as if the calibration had not removed it")
     args = ap.parse_args(argv)
     rows = pe.load_rows()
     pe.price(rows)
-    pe.out_of_sample(rows)
-    pe.blocking_out_of_sample(rows)
-    results = one_shot(rows, recentre=args.recentre)
+    params = out_of_sample(rows)
+    results = one_shot(rows, params, recentre=not args.keep_centre)
     cells = table(results)
     print(f"{'engine/family':34} {'runs':>4} {'grp':>3} {'median':>7} {'p90':>7} {'signed':>7} {'band':>5} "
           f"{'width':>6}   {'uncal. median':>13} {'signed':>7}")
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:34} {s['n']:4d} {s['groups']:3d} {s['median']:7.1%} {s['p90']:7.1%} {s['signed_median']:+7.1%} "
               f"{s['coverage']:5.0%} {s['width']:6.2f}   {s['uncalibrated_median']:13.1%} "
               f"{s['uncalibrated_signed']:+7.1%}")
-    band = "published-run band without its centre" if args.recentre else "published-run band"
+    band = "published-run band with its centre" if args.keep_centre else "published-run band without its centre"
     print(f"\none run per group calibrated (the median GPU count), the group's other runs predicted; band: the {band}, "
           "fitted without the run's source, around the calibrated prediction; width: p90 - p10 over the prediction")
     if args.json:

@@ -7,12 +7,13 @@ move); torchtitan's tps read as the whole job's (the step time 16x too short); D
 a torchtitan log accepted with a Megatron launch (no refusal); record writing the runs file before reading the log
 (a refused log leaves a file behind); calibrate grouping by device only (the torchtitan run's scale applied to the
 Megatron plan); step_scale not applied in planner.evaluate (the calibrated estimate equals the prior's); the held-out
-band fitted on every run including the one it predicts (its ratios all 1).
+band fitted on every run including the one it predicts (its ratios all 1); the one-run band left with its centre.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -212,7 +213,16 @@ def test_one_run_fits_one_factor_per_cluster_and_engine(runs, capsys, tmp_path) 
     assert code == 0, err
     est = json.loads(out)
     assert est["time_s"]["step"] == pytest.approx(megatron.measured.step_time_s, rel=1e-6)
-    assert est["band"]["basis"] == "out of sample"  # one run measures no band: the published-run one holds
+    # one run measures no band: the published-run one holds, its centre (the sources' median bias) taken out
+    assert est["band"]["basis"] == "out of sample"
+    assert "centred on the prediction calibrated on 1 run" in est["band"]["text"]
+    from exatrain.planner.band import load_bands
+
+    centre = math.exp(load_bands()["center"])
+    prior = json.loads(run(capsys, "estimate", "--from", _launch(tmp_path, "m.sh", MEGATRON_LM), "--vocab", "128256",
+                           "--cluster", "dgx-h100", "--json")[1])
+    scale = est["time_s"]["step"] / prior["time_s"]["step"]
+    assert est["step_range_s"] == pytest.approx([x * scale / centre for x in prior["step_range_s"]], rel=1e-9)
     # another cluster, or a runtime the file has no fit for, is refused rather than priced with a wrong factor
     line = refused(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
                    "--global-batch", "16", "--runtime", "megatron-deepspeed", "--calibration", str(cal))
@@ -264,6 +274,11 @@ def test_several_runs_fit_more_factors_and_measure_their_band(capsys, tmp_path) 
     assert band["held_out_runs"] == 5 and band["ratio_low"] < 1.0 < band["ratio_high"] < 1.1
     p = load_calibration(cal).params_for("a100-80gb", "dgx-a100", "megatron-core")
     assert (p.band_low, p.band_high, p.band_runs) == (band["ratio_low"], band["ratio_high"], 5)
+    # held out, the runs land farther from their predictions than the fit itself leaves them
+    import numpy as np
+
+    inside = [r.measured.step_time_s / step_time(r.plan, a100, p, "all")[0].step for r in read_run_records(out)]
+    assert band["ratio_low"] < np.percentile(inside, 10) and band["ratio_high"] > np.percentile(inside, 90)
     code, out_text, err = run(capsys, "estimate", "--model", "gpt-1.3b", "--cluster", "dgx-a100", "--gpus", "16",
                               "--tp", "2", "--global-batch", "64", "--runtime", "megatron-core", "--overlap", "all",
                               "--calibration", str(cal), "--json")

@@ -115,7 +115,7 @@ def fit_calibration(records: Sequence[RunRecord], *, base: Calibration | None = 
         on = sorted(hosts.get((name, runtime), ()))
         # The source names the hosts the runs came from (compare.calibrated_on reads them back).
         params = fit.params.replace(source=f"exatrain calibrate ({len(points)} runs"
-                                    + (f"; {', '.join(on)})" if on else ")"))
+                                    + (f"; {', '.join(on)})" if on else ")"), calibrated_runs=len(points))
         if band is not None:
             params = params.replace(band_low=band[0], band_high=band[1], band_runs=len(points))
         fitted[(name, runtime)] = params

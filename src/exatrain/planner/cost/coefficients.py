@@ -79,10 +79,12 @@ class CostParams:
     clock_factor: float = 1.0
     mem_bytes_per_s: float | None = None  # measured memory bandwidth overriding the catalog
     # What `exatrain calibrate` fits to a cluster x engine's own runs (bench/fit.py): the measured over the predicted
-    # step time that no other factor explains, applied to the whole step (planner.evaluate); and where those runs,
-    # each predicted without itself, landed: p10 and p90 of measured / predicted over ``band_runs`` held-out runs
-    # (0: none measured, the published-run band of planner/band.py holds)
+    # step time that no other factor explains, applied to the whole step (planner.evaluate), and how many runs they
+    # were fitted to; and where those runs, each predicted without itself, landed: p10 and p90 of measured / predicted
+    # over ``band_runs`` held-out runs (0: none measured; the published-run band of planner/band.py holds, centred on
+    # the calibrated prediction)
     step_scale: float = 1.0
+    calibrated_runs: int = 0  # the runs `exatrain calibrate` fitted these to (0: none)
     band_low: float = 0.0
     band_high: float = 0.0
     band_runs: int = 0
