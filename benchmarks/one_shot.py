@@ -120,7 +120,7 @@ def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool =
         for r in runs:
             if r is a or r.index not in bands:
                 continue
-            if params[r.index] != params[a.index]:  # another refit or factor than the anchor's: not one group
+            if abs(_step(r, params[a.index]) / r.oos_s - 1) >= REL:  # priced out of sample by other parameters
                 continue
             p = fitted.params_for(r.cluster.device.name, r.cluster.name, r.plan.runtime)
             pred = _step(r, p)
