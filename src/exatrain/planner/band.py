@@ -342,7 +342,7 @@ def centred(b: Band, runs: int, table: Mapping[str, Any] | None = None) -> Band:
     """The published-run band ``b`` without its centre (the pooled sources' median bias, exp(center)) for an estimate
     calibrated on ``runs`` runs of its cluster and engine, which removed that cluster's own bias: the spread about
     the calibrated prediction. (``benchmarks/one_shot.py`` measures both: on 253 runs of 13 published groups
-    calibrated on one run each, 75% inside the centred band; 65% inside the uncentred one on 250 of them.)"""
+    calibrated on one run each, 75% inside the centred band, 64% inside the uncentred one.)"""
     table = load_bands() if table is None else table
     if b.basis == "default" or "center" not in table:
         return b
