@@ -22,8 +22,11 @@ STUDY_175B = dict(model="gpt-175b", cluster="frontier", gpus=128, tp=4, pp=16, m
 
 
 def _cli_json(capsys, *argv: str) -> dict:
+    """The command's --json object without its top-level format_version (the API's objects carry none)."""
     assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    d = json.loads(capsys.readouterr().out)
+    assert d.pop("format_version") == 1
+    return d
 
 
 def test_import_is_lazy_and_torch_free() -> None:

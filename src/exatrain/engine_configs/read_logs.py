@@ -29,11 +29,11 @@ from exatrain.errors import UserError
 GIB = 2.0 ** 30
 
 # log format -> the engine that writes it, as a reader names it
-FORMATS = {"megatron": "Megatron-LM", "nemo": "NeMo / Megatron-Bridge", "torchtitan": "torchtitan",
+LOG_FORMATS = {"megatron": "Megatron-LM", "nemo": "NeMo / Megatron-Bridge", "torchtitan": "torchtitan",
            "deepspeed": "DeepSpeed"}
 # the runtimes (plan.runtime) each format can come from: NeMo and Megatron-Bridge run Megatron-Core; a
 # Megatron-DeepSpeed run prints Megatron's lines and DeepSpeed's timer
-RUNTIMES = {"megatron": ("megatron-core", "megatron-deepspeed"), "nemo": ("megatron-core",),
+LOG_RUNTIMES = {"megatron": ("megatron-core", "megatron-deepspeed"), "nemo": ("megatron-core",),
             "torchtitan": ("torchtitan",), "deepspeed": ("megatron-deepspeed",)}
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
@@ -61,7 +61,7 @@ class LogRead:
 
     @property
     def engine(self) -> str:
-        return FORMATS[self.fmt]
+        return LOG_FORMATS[self.fmt]
 
 
 def _number(text: str) -> float:
@@ -115,12 +115,12 @@ def read_log(data: bytes, *, source: str, runtime: str = "") -> LogRead:
     found = _scan(text)
     if not found:
         raise UserError(f"{source}: no step times in it: none of the step lines of "
-                        f"{', '.join(FORMATS.values())} (e.g. 'elapsed time per iteration (ms)', "
+                        f"{', '.join(LOG_FORMATS.values())} (e.g. 'elapsed time per iteration (ms)', "
                         "'train_step_timing in s', torchtitan's 'step: ... tps:', DeepSpeed's 'SamplesPerSec=')")
     fitting = [f for f in ("megatron", "nemo", "torchtitan", "deepspeed") if f in found
-               and (not runtime or runtime in RUNTIMES[f])]
+               and (not runtime or runtime in LOG_RUNTIMES[f])]
     if not fitting:
-        what = ", ".join(FORMATS[f] for f in found)
+        what = ", ".join(LOG_FORMATS[f] for f in found)
         raise UserError(f"{source}: a {what} log, but the launch runs {runtime}: give the log of that run")
     best = found[fitting[0]]
     if best.peak_bytes is None:  # Megatron-DeepSpeed: Megatron's step lines, DeepSpeed's memory
@@ -155,4 +155,4 @@ def steady_step_s(read: LogRead, warmup: int, *, tokens_per_step: int, global_ba
     return med, len(kept)
 
 
-__all__ = ["FORMATS", "LogRead", "RUNTIMES", "read_log", "steady_step_s", "steady_values"]
+__all__ = ["LOG_FORMATS", "LogRead", "LOG_RUNTIMES", "read_log", "steady_step_s", "steady_values"]
