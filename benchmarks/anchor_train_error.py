@@ -50,12 +50,30 @@ def load(path: Path = DATA) -> list[dict]:
 
 def predict(rec: dict) -> float:
     """Predicted seconds per step of one anchor run (module doc)."""
-    model = ModelSpec(name=rec["label"], arch="gpt", layers=int(rec["L"]), hidden=int(rec["h"]),
-                      heads=int(rec["heads"]), kv_heads=int(rec["heads"]), ffn_hidden=4 * int(rec["h"]),
-                      seq_len=int(rec["s"]), vocab=int(rec["V"]))
+    model = ModelSpec(
+        name=rec["label"],
+        arch="gpt",
+        layers=int(rec["L"]),
+        hidden=int(rec["h"]),
+        heads=int(rec["heads"]),
+        kv_heads=int(rec["heads"]),
+        ffn_hidden=4 * int(rec["h"]),
+        seq_len=int(rec["s"]),
+        vocab=int(rec["V"]),
+    )
     b = int(rec["B"])
-    plan = api.estimate(model=model, cluster="dgx-h200", gpus=1, micro_batch=b, global_batch=b, zero=0,
-                        recompute="none", dtype="bfloat16", flash_attention=True, runtime="exatrain")
+    plan = api.estimate(
+        model=model,
+        cluster="dgx-h200",
+        gpus=1,
+        micro_batch=b,
+        global_batch=b,
+        zero=0,
+        recompute="none",
+        dtype="bfloat16",
+        flash_attention=True,
+        runtime="exatrain",
+    )
     return plan.estimate.time_s.step
 
 
@@ -70,13 +88,26 @@ def main(argv: list[str] | None = None) -> int:
         for rec in rows:
             pred = predict(rec)
             err = pred / rec["sec_per_step"] - 1
-            out.append({"label": rec["label"], "layers": rec["L"], "hidden": rec["h"], "batch": rec["B"],
-                        "measured_s": rec["sec_per_step"], "predicted_s": pred, "error": err})
-            print(f"{rec['label']:<24} {rec['L']:>3} {rec['h']:>5} {rec['B']:>3} {rec['sec_per_step']:>11.4f} "
-                  f"{pred:>12.4f} {100 * err:>+6.1f}%")
+            out.append(
+                {
+                    "label": rec["label"],
+                    "layers": rec["L"],
+                    "hidden": rec["h"],
+                    "batch": rec["B"],
+                    "measured_s": rec["sec_per_step"],
+                    "predicted_s": pred,
+                    "error": err,
+                }
+            )
+            print(
+                f"{rec['label']:<24} {rec['L']:>3} {rec['h']:>5} {rec['B']:>3} {rec['sec_per_step']:>11.4f} "
+                f"{pred:>12.4f} {100 * err:>+6.1f}%"
+            )
         loops = [abs(r["error"]) for r in out if r["label"].startswith("nanogpt")]
-        print(f"plain PyTorch loop (eager and compiled), n={len(loops)}: median |error| "
-              f"{100 * statistics.median(loops):.1f}%, max {100 * max(loops):.1f}%")
+        print(
+            f"plain PyTorch loop (eager and compiled), n={len(loops)}: median |error| "
+            f"{100 * statistics.median(loops):.1f}%, max {100 * max(loops):.1f}%"
+        )
         if args.json:
             args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     except UserError as exc:

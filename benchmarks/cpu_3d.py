@@ -27,9 +27,15 @@ def main() -> None:
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--zero", type=int, default=0)
     args = ap.parse_args()
-    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=2, pp=2, dp=2),
-                shape=TrainShape(micro_batch=2, global_batch=16), schedule=args.schedule, zero_stage=args.zero,
-                interleave=2 if args.schedule in ("interleaved", "zero_bubble") else 1, dtype="float32").validate()
+    plan = Plan(
+        model=get_model("gpt-tiny"),
+        dims=ParallelDims(tp=2, pp=2, dp=2),
+        shape=TrainShape(micro_batch=2, global_batch=16),
+        schedule=args.schedule,
+        zero_stage=args.zero,
+        interleave=2 if args.schedule in ("interleaved", "zero_bubble") else 1,
+        dtype="float32",
+    ).validate()
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         config = TrainConfig(plan=plan, steps=args.steps, metrics_file=str(metrics), quiet=True).check()
@@ -40,8 +46,10 @@ def main() -> None:
     steps = [x for x in lines if x["kind"] == "step"]
     times = [s["step_time_s"] for s in steps]
     median = statistics.median(times[2:] or times)
-    print(f"gpt-tiny tp2 pp2 dp2 (8 CPU ranks, gloo), {plan.schedule}, ZeRO-{plan.zero_stage}, "
-          f"global batch {plan.global_batch} x {plan.model.seq_len} tokens, {args.steps} steps")
+    print(
+        f"gpt-tiny tp2 pp2 dp2 (8 CPU ranks, gloo), {plan.schedule}, ZeRO-{plan.zero_stage}, "
+        f"global batch {plan.global_batch} x {plan.model.seq_len} tokens, {args.steps} steps"
+    )
     print(f"wall time: {wall:.1f} s (spawn + build + {args.steps} steps); steps alone {sum(times):.1f} s")
     print(f"per step: {median:.3f} s median after 2 warm-up steps (first step {times[0]:.3f} s)")
     print(f"loss: {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}")

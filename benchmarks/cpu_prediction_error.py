@@ -66,14 +66,27 @@ def main() -> int:
         record = api.train(plan=plan_path, device="cpu", steps=args.steps, metrics_file=runs_file, quiet=True).record
         wall = time.perf_counter() - t0
         pred, meas = record.predicted.time_s.step, record.measured.step_time_s
-        rows.append({"run": name, "ranks": record.plan.gpus, "predicted_s": pred, "measured_s": meas,
-                     "error": pred / meas - 1, "load_before": load0, "wall_s": wall})
-        print(f"{i}. {name:28s} {record.plan.gpus} rank(s): predicted {pred:.4f} s, measured {meas:.4f} s "
-              f"({pred / meas - 1:+.1%})  [load {load0:.1f}]", flush=True)
+        rows.append(
+            {
+                "run": name,
+                "ranks": record.plan.gpus,
+                "predicted_s": pred,
+                "measured_s": meas,
+                "error": pred / meas - 1,
+                "load_before": load0,
+                "wall_s": wall,
+            }
+        )
+        print(
+            f"{i}. {name:28s} {record.plan.gpus} rank(s): predicted {pred:.4f} s, measured {meas:.4f} s "
+            f"({pred / meas - 1:+.1%})  [load {load0:.1f}]",
+            flush=True,
+        )
     med = statistics.median(abs(r["error"]) for r in rows)
     print(f"median |error| over {len(rows)} runs: {med:.1%} (max {max(abs(r['error']) for r in rows):.1%})")
-    (work / "results.json").write_text(json.dumps({"runs": rows, "median_abs_error": med,
-                                                   "calibration": str(calib), "steps": args.steps}, indent=2))
+    (work / "results.json").write_text(
+        json.dumps({"runs": rows, "median_abs_error": med, "calibration": str(calib), "steps": args.steps}, indent=2)
+    )
     print(f"-> {work / 'results.json'}")
     return 0
 

@@ -35,8 +35,13 @@ def build(root: Path, mb: int) -> Path:
             line = " ".join(rng.choice(words) for _ in range(200)) + "\n"
             f.write(line)
             written += len(line)
-    prepare([Document("corpus.txt", text)], root / "data", tokenizer_json=tk.byte_tokenizer_json(),
-            separator=tk.byte_separator(), quiet=True)
+    prepare(
+        [Document("corpus.txt", text)],
+        root / "data",
+        tokenizer_json=tk.byte_tokenizer_json(),
+        separator=tk.byte_separator(),
+        quiet=True,
+    )
     return root / "data"
 
 
@@ -53,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         built = time.perf_counter() - t0
         meta = dataset.read_meta(data)
         size = sum((data / s.file).stat().st_size for s in meta.shards)
-        plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4),
-                    cluster="local-cpu").validate()
+        plan = Plan(
+            model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), cluster="local-cpu"
+        ).validate()
         times = []
         for _ in range(2):
             t0 = time.perf_counter()

@@ -34,7 +34,7 @@ from exatrain.accounting.engines import get_engine
 from exatrain.accounting.memory import FRAGMENTATION_ALLOWANCE, memory_by_stage
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_runs_by_engine.csv"
-GIB = 2.0 ** 30
+GIB = 2.0**30
 PROFILES = (*RUNTIMES, "default")
 
 
@@ -50,9 +50,18 @@ def row_plan(r: dict) -> tuple[Plan, list[str]]:
     seq = _int(r["seq"])
     if cp > 1:
         notes.append(f"cp {cp}: seq/cp per rank")
-    model = ModelSpec(name=r["model"], arch=r["arch"], layers=_int(r["layers"]), hidden=_int(r["hidden"]),
-                      heads=_int(r["heads"]), kv_heads=_int(r["kv_heads"], 0), ffn_hidden=_int(r["ffn"], 0),
-                      seq_len=seq // cp, vocab=_int(r["vocab"]), dropout=float(r["dropout"] or 0.0))
+    model = ModelSpec(
+        name=r["model"],
+        arch=r["arch"],
+        layers=_int(r["layers"]),
+        hidden=_int(r["hidden"]),
+        heads=_int(r["heads"]),
+        kv_heads=_int(r["kv_heads"], 0),
+        ffn_hidden=_int(r["ffn"], 0),
+        seq_len=seq // cp,
+        vocab=_int(r["vocab"]),
+        dropout=float(r["dropout"] or 0.0),
+    )
     tp, pp, dp, mb = _int(r["tp"]), _int(r["pp"]), _int(r["dp"]), _int(r["micro_batch"])
     microbatches = _int(r["global_batch"]) // (mb * dp)
     v = _int(r["vpp"], 1)
@@ -61,10 +70,18 @@ def row_plan(r: dict) -> tuple[Plan, list[str]]:
         notes.append(f"{r['dtype']} planned as bf16")
     if r["recompute"] not in RECOMPUTE:
         raise UserError(f"{r['model']}: recompute {r['recompute']!r} is not one of {', '.join(RECOMPUTE)}")
-    plan = Plan(model=model, dims=ParallelDims(tp, pp, dp * cp), shape=TrainShape(mb, mb * dp * cp * microbatches),
-                zero_stage=_int(r["zero"]), recompute=r["recompute"], sequence_parallel=r["sp"] == "y",
-                schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype="bfloat16",
-                flash_attention=r["attention"].startswith("flash")).validate()
+    plan = Plan(
+        model=model,
+        dims=ParallelDims(tp, pp, dp * cp),
+        shape=TrainShape(mb, mb * dp * cp * microbatches),
+        zero_stage=_int(r["zero"]),
+        recompute=r["recompute"],
+        sequence_parallel=r["sp"] == "y",
+        schedule=schedule,
+        interleave=v if schedule == "interleaved" else 1,
+        dtype="bfloat16",
+        flash_attention=r["attention"].startswith("flash"),
+    ).validate()
     return plan, notes
 
 

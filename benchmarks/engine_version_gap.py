@@ -28,14 +28,19 @@ def main() -> int:
     for r in rows:
         p = default_params(r.cluster.device.name)
         a = estimate_plan(r.plan, r.cluster, p, overlap=r.overlap).time_s.step / r.measured_s - 1
-        t = estimate_plan(r.plan.replace(grad_accum="", grad_accum_fusion=""), r.cluster, p,
-                          overlap="all").time_s.step / r.measured_s - 1
+        t = (
+            estimate_plan(r.plan.replace(grad_accum="", grad_accum_fusion=""), r.cluster, p, overlap="all").time_s.step
+            / r.measured_s
+            - 1
+        )
         as_ran.append(a)
         today.append(t)
         print(f"{r.index:3d} {r.name[:48]:48s} as ran {a:+6.1%}   megatron-core defaults {t:+6.1%}")
     a, t = np.asarray(as_ran), np.asarray(today)
-    print(f"median |error|: as ran {np.median(np.abs(a)):.1%}, as today's defaults {np.median(np.abs(t)):.1%}; "
-          f"most too fast: {a.min():+.1%} against {t.min():+.1%} ({len(rows)} runs)")
+    print(
+        f"median |error|: as ran {np.median(np.abs(a)):.1%}, as today's defaults {np.median(np.abs(t)):.1%}; "
+        f"most too fast: {a.min():+.1%} against {t.min():+.1%} ({len(rows)} runs)"
+    )
     return 0
 
 

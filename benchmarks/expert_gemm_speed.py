@@ -120,51 +120,70 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:  # two small shapes, a few rows: the plumbing, not a figure
         models, rows, experts = models[:1], tuple(r for r in rows if r <= 64)[:2] or (16,), min(experts, 4)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    results: dict = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
-                     "cluster": cluster.name, "dtype": dname, "experts": experts, "cases": []}
+    results: dict = {
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "torch": torch.__version__,
+        "cluster": cluster.name,
+        "dtype": dname,
+        "experts": experts,
+        "cases": [],
+    }
     grouped_mm = getattr(torch, "_grouped_mm", None)
     for model in models:
         for name, n, k in expert_shapes(model):
             if args.smoke:
                 n, k = min(n, 256), min(k, 128)
-            w = torch.randn(experts, k, n, device=device, dtype=dtype) / k ** 0.5
+            w = torch.randn(experts, k, n, device=device, dtype=dtype) / k**0.5
             for r in rows:
                 x = torch.randn(experts * r, k, device=device, dtype=dtype)
                 parts = x.split(r)
                 flops = 2.0 * experts * r * n * k
                 case = {"model": model.name, "gemm": name, "rows": r, "n": n, "k": k, "flops": flops}
-                loop_s = _timed(lambda w=w, parts=parts: [torch.mm(p, w[e]) for e, p in enumerate(parts)], sync,
-                                args.repeats)
+                loop_s = _timed(
+                    lambda w=w, parts=parts: [torch.mm(p, w[e]) for e, p in enumerate(parts)], sync, args.repeats
+                )
                 case["per_expert_s"] = loop_s
-                case["per_expert_predicted_s"] = predicted_s(cluster, params, rows=r, n=n, k=k, experts=experts,
-                                                             how="per_expert", dtype=dname)
+                case["per_expert_predicted_s"] = predicted_s(
+                    cluster, params, rows=r, n=n, k=k, experts=experts, how="per_expert", dtype=dname
+                )
                 if grouped_mm is None:
                     case["grouped_unavailable"] = "this torch has no torch._grouped_mm"
                 else:
                     offs = torch.arange(r, experts * r + 1, r, device=device, dtype=torch.int32)
                     try:
-                        case["grouped_s"] = _timed(lambda x=x, w=w, offs=offs: grouped_mm(x, w, offs=offs), sync,
-                                                   args.repeats)
+                        case["grouped_s"] = _timed(
+                            lambda x=x, w=w, offs=offs: grouped_mm(x, w, offs=offs), sync, args.repeats
+                        )
                     except (RuntimeError, TypeError, NotImplementedError) as e:
                         case["grouped_unavailable"] = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-                case["grouped_predicted_s"] = predicted_s(cluster, params, rows=r, n=n, k=k, experts=experts,
-                                                          how="grouped", dtype=dname)
+                case["grouped_predicted_s"] = predicted_s(
+                    cluster, params, rows=r, n=n, k=k, experts=experts, how="grouped", dtype=dname
+                )
                 results["cases"].append(case)
                 del x, parts
             del w
     d = out_dir(args)
     d.mkdir(parents=True, exist_ok=True)
     (d / "expert_gemm_speed.json").write_text(json.dumps(results, indent=2))
-    print(f"{results['device']}, {dname}, {experts} local experts; TFLOPS measured, and the cost model's "
-          "predicted / measured time")
-    print(f"{'model':16s} {'gemm':4s} {'rows':>5s} {'per-expert TF':>13s} {'pred/meas':>9s} "
-          f"{'grouped TF':>10s} {'pred/meas':>9s}")
+    print(
+        f"{results['device']}, {dname}, {experts} local experts; TFLOPS measured, and the cost model's "
+        "predicted / measured time"
+    )
+    print(
+        f"{'model':16s} {'gemm':4s} {'rows':>5s} {'per-expert TF':>13s} {'pred/meas':>9s} "
+        f"{'grouped TF':>10s} {'pred/meas':>9s}"
+    )
     for c in results["cases"]:
         loop_tf = c["flops"] / c["per_expert_s"] / 1e12
-        grouped = (f"{c['flops'] / c['grouped_s'] / 1e12:10.3g} {c['grouped_predicted_s'] / c['grouped_s']:9.2f}"
-                   if "grouped_s" in c else f"{'—':>10s} {'—':>9s}")
-        print(f"{c['model']:16s} {c['gemm']:4s} {c['rows']:5d} {loop_tf:13.3g} "
-              f"{c['per_expert_predicted_s'] / c['per_expert_s']:9.2f} {grouped}")
+        grouped = (
+            f"{c['flops'] / c['grouped_s'] / 1e12:10.3g} {c['grouped_predicted_s'] / c['grouped_s']:9.2f}"
+            if "grouped_s" in c
+            else f"{'—':>10s} {'—':>9s}"
+        )
+        print(
+            f"{c['model']:16s} {c['gemm']:4s} {c['rows']:5d} {loop_tf:13.3g} "
+            f"{c['per_expert_predicted_s'] / c['per_expert_s']:9.2f} {grouped}"
+        )
     unavailable = {c["grouped_unavailable"] for c in results["cases"] if "grouped_unavailable" in c}
     for why in sorted(unavailable):
         print(f"grouped: unavailable here ({why})")

@@ -34,12 +34,24 @@ import sys
 import exatrain
 from exatrain.accounting.params import total_params
 from exatrain.catalog import get_model
-from exatrain.planner.goodput import (DEFAULT_NODE_MTBF_HOURS, DEFAULT_RESTART_S, GoodputOptions,
-                                      checkpoint_bytes_per_param, schedule)
+from exatrain.planner.goodput import (
+    DEFAULT_NODE_MTBF_HOURS,
+    DEFAULT_RESTART_S,
+    GoodputOptions,
+    checkpoint_bytes_per_param,
+    schedule,
+)
 
 LLAMA3 = {"nodes": 2048, "days": 54, "interruptions": 466, "fraction_low": 0.90, "fs_bytes_per_s": 2e12}
-BLOOM = {"nodes": 48, "days": 117, "params": 176_247_000_000, "published_bytes": 2.3e12, "failures_per_week": (1, 2),
-         "interval_h": 3.0, "lost_per_crash_h": 1.5}
+BLOOM = {
+    "nodes": 48,
+    "days": 117,
+    "params": 176_247_000_000,
+    "published_bytes": 2.3e12,
+    "failures_per_week": (1, 2),
+    "interval_h": 3.0,
+    "lost_per_crash_h": 1.5,
+}
 OPT = {"nodes": 124, "days": 60, "restarts_at_least": 35 + 70}
 
 
@@ -56,11 +68,20 @@ def llama3(restart_s: float = DEFAULT_RESTART_S, fs: float = LLAMA3["fs_bytes_pe
     hours = LLAMA3["days"] * 24
     node_mtbf = LLAMA3["nodes"] * hours / LLAMA3["interruptions"]
     s = schedule(ckpt, fs, fs, LLAMA3["nodes"], GoodputOptions(node_mtbf_hours=node_mtbf, restart_s=restart_s))
-    return {"run": "Llama 3 405B", "checkpoint_tb": ckpt / 1e12, "save_s": s.save_s, "interval_min": s.interval_s / 60,
-            "interruptions_54d": hours * 3600 / s.mtbf_s, "lost_each_min": s.lost_each_s / 60,
-            "restart_min": restart_s / 60, "fs_tb_s": fs / 1e12, "fraction": s.fraction,
-            "published": "> 0.90", "within": s.fraction > LLAMA3["fraction_low"],
-            "default_mtbf_interruptions": LLAMA3["nodes"] * hours / DEFAULT_NODE_MTBF_HOURS}
+    return {
+        "run": "Llama 3 405B",
+        "checkpoint_tb": ckpt / 1e12,
+        "save_s": s.save_s,
+        "interval_min": s.interval_s / 60,
+        "interruptions_54d": hours * 3600 / s.mtbf_s,
+        "lost_each_min": s.lost_each_s / 60,
+        "restart_min": restart_s / 60,
+        "fs_tb_s": fs / 1e12,
+        "fraction": s.fraction,
+        "published": "> 0.90",
+        "within": s.fraction > LLAMA3["fraction_low"],
+        "default_mtbf_interruptions": LLAMA3["nodes"] * hours / DEFAULT_NODE_MTBF_HOURS,
+    }
 
 
 def bloom() -> dict:
@@ -70,43 +91,71 @@ def bloom() -> dict:
     lo, hi = (f * weeks for f in BLOOM["failures_per_week"])
     s = schedule(int(ckpt), 240e9, 240e9, BLOOM["nodes"], GoodputOptions())
     lost_at_3h = BLOOM["interval_h"] / 2  # half of its 3 h period, the formula's (τ + δ)/2 at τ = 3 h, δ ≈ 0
-    return {"run": "BLOOM-176B", "checkpoint_tb": ckpt / 1e12, "checkpoint_tib": ckpt / 2**40,
-            "published_checkpoint": "2.3TB", "interruptions": predicted, "published_interruptions": [lo, hi],
-            "within": lo <= predicted <= hi, "lost_per_crash_h_at_3h": lost_at_3h,
-            "published_lost_per_crash_h": BLOOM["lost_per_crash_h"], "fraction_at_default_interval": s.fraction}
+    return {
+        "run": "BLOOM-176B",
+        "checkpoint_tb": ckpt / 1e12,
+        "checkpoint_tib": ckpt / 2**40,
+        "published_checkpoint": "2.3TB",
+        "interruptions": predicted,
+        "published_interruptions": [lo, hi],
+        "within": lo <= predicted <= hi,
+        "lost_per_crash_h_at_3h": lost_at_3h,
+        "published_lost_per_crash_h": BLOOM["lost_per_crash_h"],
+        "fraction_at_default_interval": s.fraction,
+    }
 
 
 def opt() -> dict:
     predicted = OPT["nodes"] * OPT["days"] * 24 / DEFAULT_NODE_MTBF_HOURS
-    return {"run": "OPT-175B", "interruptions": predicted, "published_interruptions": f">= {OPT['restarts_at_least']}",
-            "within": predicted >= OPT["restarts_at_least"], "ratio": OPT["restarts_at_least"] / predicted}
+    return {
+        "run": "OPT-175B",
+        "interruptions": predicted,
+        "published_interruptions": f">= {OPT['restarts_at_least']}",
+        "within": predicted >= OPT["restarts_at_least"],
+        "ratio": OPT["restarts_at_least"] / predicted,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
     args = p.parse_args(argv)
-    rows = {"llama3": llama3(), "llama3_sensitivity": [llama3(restart_s=m * 60) for m in (2.5, 5, 11, 15, 20)]
-            + [llama3(fs=7e12)], "bloom": bloom(), "opt": opt()}
+    rows = {
+        "llama3": llama3(),
+        "llama3_sensitivity": [llama3(restart_s=m * 60) for m in (2.5, 5, 11, 15, 20)] + [llama3(fs=7e12)],
+        "bloom": bloom(),
+        "opt": opt(),
+    }
     r = rows["llama3"]
-    print("Llama 3 405B, 2,048 nodes, 54 days, 466 interruptions (the run's rate): checkpoint "
-          f"{r['checkpoint_tb']:.2f} TB, save {r['save_s']:.1f} s at 2 TB/s, interval {r['interval_min']:.1f} min, "
-          f"lost {r['lost_each_min']:.1f} min an interruption -> effective training time {r['fraction']:.1%} "
-          "(published: > 90%): "
-          + ("within" if r["within"] else "OUTSIDE"))
-    print("  the default node MTBF (derived from this run's 419 unexpected) predicts "
-          f"{r['default_mtbf_interruptions']:.0f} interruptions: in sample, the 47 planned ones left out")
-    print("  sensitivity: " + "; ".join(f"restart {x['restart_min']:g} min, {x['fs_tb_s']:g} TB/s: {x['fraction']:.1%}"
-                                       for x in rows["llama3_sensitivity"]))
+    print(
+        "Llama 3 405B, 2,048 nodes, 54 days, 466 interruptions (the run's rate): checkpoint "
+        f"{r['checkpoint_tb']:.2f} TB, save {r['save_s']:.1f} s at 2 TB/s, interval {r['interval_min']:.1f} min, "
+        f"lost {r['lost_each_min']:.1f} min an interruption -> effective training time {r['fraction']:.1%} "
+        "(published: > 90%): " + ("within" if r["within"] else "OUTSIDE")
+    )
+    print(
+        "  the default node MTBF (derived from this run's 419 unexpected) predicts "
+        f"{r['default_mtbf_interruptions']:.0f} interruptions: in sample, the 47 planned ones left out"
+    )
+    print(
+        "  sensitivity: "
+        + "; ".join(
+            f"restart {x['restart_min']:g} min, {x['fs_tb_s']:g} TB/s: {x['fraction']:.1%}"
+            for x in rows["llama3_sensitivity"]
+        )
+    )
     b = rows["bloom"]
-    print(f"BLOOM-176B, 48 nodes, 117 days: checkpoint {b['checkpoint_tb']:.2f} TB = {b['checkpoint_tib']:.2f} TiB "
-          f"(published: 2.3TB); interruptions {b['interruptions']:.1f} (published 1-2 GPU failures a week: "
-          f"{b['published_interruptions'][0]:.0f}-{b['published_interruptions'][1]:.0f}): "
-          + ("within" if b["within"] else "OUTSIDE"))
+    print(
+        f"BLOOM-176B, 48 nodes, 117 days: checkpoint {b['checkpoint_tb']:.2f} TB = {b['checkpoint_tib']:.2f} TiB "
+        f"(published: 2.3TB); interruptions {b['interruptions']:.1f} (published 1-2 GPU failures a week: "
+        f"{b['published_interruptions'][0]:.0f}-{b['published_interruptions'][1]:.0f}): "
+        + ("within" if b["within"] else "OUTSIDE")
+    )
     o = rows["opt"]
-    print(f"OPT-175B, 124 nodes, ~60 days: interruptions {o['interruptions']:.1f} (published: at least 35 manual + "
-          "70 automatic restarts): "
-          + ("within" if o["within"] else f"OUTSIDE, {o['ratio']:.1f}x fewer than published"))
+    print(
+        f"OPT-175B, 124 nodes, ~60 days: interruptions {o['interruptions']:.1f} (published: at least 35 manual + "
+        "70 automatic restarts): " + ("within" if o["within"] else f"OUTSIDE, {o['ratio']:.1f}x fewer than published")
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)

@@ -73,8 +73,14 @@ def largest_fitting_gpt(cluster_name: str, exclude_tiny: bool = True):
     for m in sorted(model_presets().values(), key=lambda m: m.layers * m.hidden**2):
         if m.arch != "gpt" or (exclude_tiny and m.hidden < 1024):
             continue
-        plan = Plan(model=m, dims=ParallelDims(1, 1, 1), shape=TrainShape(1, 1), recompute="full",
-                    dtype="bfloat16", cluster=cluster.name).validate(cluster)
+        plan = Plan(
+            model=m,
+            dims=ParallelDims(1, 1, 1),
+            shape=TrainShape(1, 1),
+            recompute="full",
+            dtype="bfloat16",
+            cluster=cluster.name,
+        ).validate(cluster)
         if estimate_plan(plan, cluster).trainer_fits:
             best = m
     return best
@@ -129,8 +135,7 @@ def run_baseline(m, batch: int, steps: int, device: str, compile: bool) -> dict:
     dev = torch.device(device)
     model = baseline_model(m).to(dev)
     params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=dev.type == "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
     fwd = torch.compile(model) if compile else model
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if dev.type == "cuda" else contextlib.nullcontext
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -154,12 +159,45 @@ def run_baseline(m, batch: int, steps: int, device: str, compile: bool) -> dict:
 
 
 # ---- exatrain's side: the real CLI in a subprocess -----------------------------------------------
-def exatrain_cmd(model: str, batch: int, steps: int, cluster: str, device: str, dtype: str, compile: bool,
-                 metrics: Path, recompute: str = "none") -> list[str]:
-    return [sys.executable, "-m", "exatrain", "train", "--model", model, "--cluster", cluster, "--gpus", "1",
-            "--device", device, "--dtype", dtype, "--micro-batch", str(batch), "--global-batch", str(batch),
-            "--recompute", recompute, "--steps", str(steps), "--metrics-file", str(metrics), "--quiet",
-            *(["--compile"] if compile else [])]
+def exatrain_cmd(
+    model: str,
+    batch: int,
+    steps: int,
+    cluster: str,
+    device: str,
+    dtype: str,
+    compile: bool,
+    metrics: Path,
+    recompute: str = "none",
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "exatrain",
+        "train",
+        "--model",
+        model,
+        "--cluster",
+        cluster,
+        "--gpus",
+        "1",
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        "--micro-batch",
+        str(batch),
+        "--global-batch",
+        str(batch),
+        "--recompute",
+        recompute,
+        "--steps",
+        str(steps),
+        "--metrics-file",
+        str(metrics),
+        "--quiet",
+        *(["--compile"] if compile else []),
+    ]
 
 
 def run_exatrain(cmd: list[str], metrics: Path, timeout: float) -> dict:
@@ -175,15 +213,29 @@ def run_exatrain(cmd: list[str], metrics: Path, timeout: float) -> dict:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
     rec = read_run_records(metrics)[-1]
     predicted = max(s.total for s in trainer_memory_by_stage(rec.plan, on_cpu=rec.device == "cpu"))
-    return {"step_s": rec.measured.step_time_s, "peak_memory_bytes": rec.measured.peak_memory_bytes,
-            "predicted_memory_bytes": predicted}
+    return {
+        "step_s": rec.measured.step_time_s,
+        "peak_memory_bytes": rec.measured.peak_memory_bytes,
+        "predicted_memory_bytes": predicted,
+    }
 
 
 def baseline_in_child(args: argparse.Namespace, d: Path, timeout: float) -> dict:
     """The baseline in a process of its own, so that none of its memory (weights, the caching
     allocator's blocks, compiled graphs) is held while exatrain's runs use the same device."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--baseline-only", "--out", str(d), "--model", args.model,
-           "--micro-batch", str(args.micro_batch), "--steps", str(args.steps)] + (["--smoke"] if args.smoke else [])
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--baseline-only",
+        "--out",
+        str(d),
+        "--model",
+        args.model,
+        "--micro-batch",
+        str(args.micro_batch),
+        "--steps",
+        str(args.steps),
+    ] + (["--smoke"] if args.smoke else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10.0, timeout))
     except subprocess.TimeoutExpired:
@@ -217,8 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     m = get_model(args.model)
     t_start = time.perf_counter()
     rows: list[dict] = []
-    results = {"model": m.name, "micro_batch": args.micro_batch, "steps": args.steps, "device": device,
-               "peak_flops": peak, "rows": rows}
+    results = {
+        "model": m.name,
+        "micro_batch": args.micro_batch,
+        "steps": args.steps,
+        "device": device,
+        "peak_flops": peak,
+        "rows": rows,
+    }
 
     def left() -> float:
         return args.budget_s - (time.perf_counter() - t_start)
@@ -239,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     expected = total_params(m)
     if base["params"] != expected:
-        print(f"gpu_speed: baseline has {base['params']:,} parameters, exatrain's {m.name} {expected:,}",
-              file=sys.stderr)
+        print(
+            f"gpu_speed: baseline has {base['params']:,} parameters, exatrain's {m.name} {expected:,}", file=sys.stderr
+        )
         return 1
     add("baseline (compiled, nanoGPT-style)" if not args.smoke else "baseline (eager)", m, args.micro_batch, base)
     runs = [("exatrain eager", m, args.micro_batch, False, "none")]
@@ -265,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(rows: list[dict], base: dict) -> None:
-    print(f"{'run':40s} {'model':10s} {'B':>3s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} "
-          f"{'predicted':>9s} {'vs base':>8s}")
+    print(
+        f"{'run':40s} {'model':10s} {'B':>3s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} "
+        f"{'predicted':>9s} {'vs base':>8s}"
+    )
     ref = next((r["tokens_per_s"] for r in rows if "tokens_per_s" in r), None)
     for r in rows:
         if "tokens_per_s" not in r:
@@ -276,8 +337,10 @@ def print_table(rows: list[dict], base: dict) -> None:
         pred = "-" if r.get("predicted_memory_bytes") is None else f"{r['predicted_memory_bytes'] / GiB:.1f}"
         same = r["model"] == rows[0]["model"] and r["batch"] == rows[0]["batch"]
         ratio = f"{r['tokens_per_s'] / ref:.2f}x" if ref and same else "-"
-        print(f"{r['run']:40s} {r['model']:10s} {r['batch']:3d} {r['tokens_per_s']:10,.0f} {r['mfu']:6.1%} "
-              f"{mem:>9s} {pred:>9s} {ratio:>8s}")
+        print(
+            f"{r['run']:40s} {r['model']:10s} {r['batch']:3d} {r['tokens_per_s']:10,.0f} {r['mfu']:6.1%} "
+            f"{mem:>9s} {pred:>9s} {ratio:>8s}"
+        )
 
 
 if __name__ == "__main__":

@@ -42,11 +42,33 @@ class SuiteRun:
 RUNS = (
     SuiteRun("gpt-1.3b b8", ("--model", "gpt-1.3b"), ("--micro-batch", "4", "--global-batch", "8")),
     SuiteRun("gpt-2.7b b4", ("--model", "gpt-2.7b"), ("--micro-batch", "2", "--global-batch", "4")),
-    SuiteRun("llama-1b b8", ("--arch", "llama", "--layers", "16", "--hidden", "2048", "--heads", "16",
-                             "--kv-heads", "4", "--ffn-hidden", "5632", "--seq-len", "2048", "--vocab", "32000"),
-             ("--micro-batch", "4", "--global-batch", "8")),
-    SuiteRun("gpt-1.3b b16 full recompute", ("--model", "gpt-1.3b"),
-             ("--micro-batch", "16", "--global-batch", "16", "--recompute", "full")),
+    SuiteRun(
+        "llama-1b b8",
+        (
+            "--arch",
+            "llama",
+            "--layers",
+            "16",
+            "--hidden",
+            "2048",
+            "--heads",
+            "16",
+            "--kv-heads",
+            "4",
+            "--ffn-hidden",
+            "5632",
+            "--seq-len",
+            "2048",
+            "--vocab",
+            "32000",
+        ),
+        ("--micro-batch", "4", "--global-batch", "8"),
+    ),
+    SuiteRun(
+        "gpt-1.3b b16 full recompute",
+        ("--model", "gpt-1.3b"),
+        ("--micro-batch", "16", "--global-batch", "16", "--recompute", "full"),
+    ),
 )
 
 
@@ -99,10 +121,38 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
     cmds = [] if args.no_bench else [[*exe, "bench", "--device", "cuda", "--out", str(d / "calib.json")]]
     for i, run in enumerate(RUNS, 1):
         plan = str(d / f"plan{i}.json")
-        cmds.append([*exe, "estimate", *run.model, *run.layout, "--cluster", args.cluster, "--gpus", "1", *cal,
-                     "--trace", "--json", "--out", plan])
-        cmds.append([*exe, "train", "--plan", plan, "--device", "cuda", "--steps", str(args.steps),
-                     "--metrics-file", str(d / "runs.jsonl"), "--quiet"])
+        cmds.append(
+            [
+                *exe,
+                "estimate",
+                *run.model,
+                *run.layout,
+                "--cluster",
+                args.cluster,
+                "--gpus",
+                "1",
+                *cal,
+                "--trace",
+                "--json",
+                "--out",
+                plan,
+            ]
+        )
+        cmds.append(
+            [
+                *exe,
+                "train",
+                "--plan",
+                plan,
+                "--device",
+                "cuda",
+                "--steps",
+                str(args.steps),
+                "--metrics-file",
+                str(d / "runs.jsonl"),
+                "--quiet",
+            ]
+        )
     return cmds
 
 
@@ -110,8 +160,15 @@ def expert_gemm_command(args: argparse.Namespace) -> list[str]:
     """Step 4: the routed experts' GEMMs beside their price (benchmarks/expert_gemm_speed.py), in DIR."""
     d = out_dir(args)
     cal = [] if args.no_bench else ["--calibration", str(d / "calib.json")]
-    return [sys.executable, str(Path(__file__).with_name("expert_gemm_speed.py")), "--out", str(d),
-            "--cluster", args.cluster, *cal]
+    return [
+        sys.executable,
+        str(Path(__file__).with_name("expert_gemm_speed.py")),
+        "--out",
+        str(d),
+        "--cluster",
+        args.cluster,
+        *cal,
+    ]
 
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -134,15 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     (d / "runs.jsonl").unlink(missing_ok=True)
     t_start = time.perf_counter()
     log: list[dict] = []
-    results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cluster": args.cluster,
-                     "steps": args.steps, "runs": [], "log": log}
+    results: dict = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cluster": args.cluster,
+        "steps": args.steps,
+        "runs": [],
+        "log": log,
+    }
     cmds = commands(args)
     if not args.no_bench:
         bench, cmds = cmds[0], cmds[1:]
         t0 = time.perf_counter()
         out = _run(bench, args.budget_s)
-        log.append({"cmd": " ".join(bench), "rc": out.returncode, "s": time.perf_counter() - t0,
-                    "stderr": out.stderr[-1500:]})
+        log.append(
+            {"cmd": " ".join(bench), "rc": out.returncode, "s": time.perf_counter() - t0, "stderr": out.stderr[-1500:]}
+        )
         if out.returncode != 0:
             print(out.stderr[-3000:], file=sys.stderr)
             _write(d, results)
@@ -161,19 +225,34 @@ def main(argv: list[str] | None = None) -> int:
         est_cmd, train_cmd = cmds[2 * i], cmds[2 * i + 1]
         t0 = time.perf_counter()
         est = _run(est_cmd, left)
-        log.append({"cmd": " ".join(est_cmd), "rc": est.returncode, "s": time.perf_counter() - t0,
-                    "stderr": est.stderr[-1500:]})
+        log.append(
+            {
+                "cmd": " ".join(est_cmd),
+                "rc": est.returncode,
+                "s": time.perf_counter() - t0,
+                "stderr": est.stderr[-1500:],
+            }
+        )
         if est.returncode != 0:
             row["error"] = est.stderr.strip().splitlines()[-1:] or ["estimate failed"]
             continue
         e = json.loads(est.stdout)
-        row.update(predicted_step_s=e["time_s"]["step"], predicted_memory_bytes=e["memory_bytes"]["total"],
-                   traced_memory_bytes=(e.get("traced_memory_bytes") or {}).get("total"))
+        row.update(
+            predicted_step_s=e["time_s"]["step"],
+            predicted_memory_bytes=e["memory_bytes"]["total"],
+            traced_memory_bytes=(e.get("traced_memory_bytes") or {}).get("total"),
+        )
         before = len(read_run_records(d / "runs.jsonl")) if (d / "runs.jsonl").exists() else 0
         t0 = time.perf_counter()
         tr = _run(train_cmd, args.budget_s - (time.perf_counter() - t_start))
-        log.append({"cmd": " ".join(train_cmd), "rc": tr.returncode, "s": time.perf_counter() - t0,
-                    "stderr": tr.stderr[-1500:]})
+        log.append(
+            {
+                "cmd": " ".join(train_cmd),
+                "rc": tr.returncode,
+                "s": time.perf_counter() - t0,
+                "stderr": tr.stderr[-1500:],
+            }
+        )
         records = read_run_records(d / "runs.jsonl") if (d / "runs.jsonl").exists() else []
         if tr.returncode != 0 or len(records) <= before:
             row["error"] = (tr.stderr.strip().splitlines() or ["train failed"])[-1]
@@ -181,27 +260,34 @@ def main(argv: list[str] | None = None) -> int:
         rec = records[-1]
         m = rec.measured
         model_mem = max(s.total for s in trainer_memory_by_stage(rec.plan, on_cpu=False))
-        row.update(measured_step_s=m.step_time_s, measured_memory_bytes=m.peak_memory_bytes,
-                   trainer_model_memory_bytes=model_mem, mfu=m.mfu,
-                   step_error=row["predicted_step_s"] / m.step_time_s - 1,
-                   memory_error_trainer_model=model_mem / m.peak_memory_bytes - 1,
-                   memory_error_planner=row["predicted_memory_bytes"] / m.peak_memory_bytes - 1,
-                   memory_error_traced=(None if not row.get("traced_memory_bytes")
-                                        else row["traced_memory_bytes"] / m.peak_memory_bytes - 1))
+        row.update(
+            measured_step_s=m.step_time_s,
+            measured_memory_bytes=m.peak_memory_bytes,
+            trainer_model_memory_bytes=model_mem,
+            mfu=m.mfu,
+            step_error=row["predicted_step_s"] / m.step_time_s - 1,
+            memory_error_trainer_model=model_mem / m.peak_memory_bytes - 1,
+            memory_error_planner=row["predicted_memory_bytes"] / m.peak_memory_bytes - 1,
+            memory_error_traced=(
+                None if not row.get("traced_memory_bytes") else row["traced_memory_bytes"] / m.peak_memory_bytes - 1
+            ),
+        )
         _write(d, results)
     done = [r for r in results["runs"] if "step_error" in r]
     if done:
         results["median_step_error"] = statistics.median(abs(r["step_error"]) for r in done)
         results["median_memory_error_trainer_model"] = statistics.median(
-            abs(r["memory_error_trainer_model"]) for r in done)
+            abs(r["memory_error_trainer_model"]) for r in done
+        )
     left = args.budget_s - (time.perf_counter() - t_start)
     if left >= 30:
         cmd = expert_gemm_command(args)
         t0 = time.perf_counter()
         try:
             eg = _run(cmd, min(left, 120.0))
-            log.append({"cmd": " ".join(cmd), "rc": eg.returncode, "s": time.perf_counter() - t0,
-                        "stderr": eg.stderr[-1500:]})
+            log.append(
+                {"cmd": " ".join(cmd), "rc": eg.returncode, "s": time.perf_counter() - t0, "stderr": eg.stderr[-1500:]}
+            )
             results["expert_gemms"] = eg.stdout[-6000:]
         except subprocess.TimeoutExpired:
             log.append({"cmd": " ".join(cmd), "rc": None, "s": time.perf_counter() - t0, "stderr": "timed out"})
@@ -212,11 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     GiB = 2**30
     for r in results["runs"]:
         if "step_error" in r:
-            print(f"{r['run']:30s} step {r['predicted_step_s']:.3f} s pred / {r['measured_step_s']:.3f} s meas "
-                  f"({r['step_error']:+.1%}); memory {r['measured_memory_bytes'] / GiB:.1f} GiB measured, "
-                  f"trainer model {r['trainer_model_memory_bytes'] / GiB:.1f} "
-                  f"({r['memory_error_trainer_model']:+.1%}), "
-                  f"planner {r['predicted_memory_bytes'] / GiB:.1f} GiB")
+            print(
+                f"{r['run']:30s} step {r['predicted_step_s']:.3f} s pred / {r['measured_step_s']:.3f} s meas "
+                f"({r['step_error']:+.1%}); memory {r['measured_memory_bytes'] / GiB:.1f} GiB measured, "
+                f"trainer model {r['trainer_model_memory_bytes'] / GiB:.1f} "
+                f"({r['memory_error_trainer_model']:+.1%}), "
+                f"planner {r['predicted_memory_bytes'] / GiB:.1f} GiB"
+            )
         else:
             print(f"{r['run']:30s} {r.get('skipped') or r.get('error')}")
     print(results.get("expert_gemms", ""))

@@ -22,18 +22,21 @@ import prediction_error as pe  # noqa: E402
 
 from exatrain.accounting import engines  # noqa: E402
 
-STEPS = (("before (eager SwiGLU count, no FP8 gather, MPT loss upcast)", "eager", False, "upcast"),
-         ("+ Megatron-Core's fused SwiGLU keeps 3f", "fused", False, "upcast"),
-         ("+ the Megatron-Bridge FP8 rows' fp8_param_gather", "fused", True, "upcast"),
-         ("+ MPT's flash-attn fused loss (as shipped)", "fused", True, "fused"))
+STEPS = (
+    ("before (eager SwiGLU count, no FP8 gather, MPT loss upcast)", "eager", False, "upcast"),
+    ("+ Megatron-Core's fused SwiGLU keeps 3f", "fused", False, "upcast"),
+    ("+ the Megatron-Bridge FP8 rows' fp8_param_gather", "fused", True, "upcast"),
+    ("+ MPT's flash-attn fused loss (as shipped)", "fused", True, "fused"),
+)
 
 
 def verdicts(glu: str, gather: bool, mpt_loss: str) -> dict:
     """prediction_error's memory summary with Megatron-Core's SwiGLU counted ``glu``, the Megatron-Bridge FP8 rows'
     FP8 gather ``gather``, and the llm-foundry rows' loss ``mpt_loss``."""
     saved = engines.ENGINES["megatron-core"]
-    engines.ENGINES["megatron-core"] = dataclasses.replace(saved, activations=dataclasses.replace(saved.activations,
-                                                                                                  glu=glu))
+    engines.ENGINES["megatron-core"] = dataclasses.replace(
+        saved, activations=dataclasses.replace(saved.activations, glu=glu)
+    )
     try:
         rows = pe.load_rows()
         for r in rows:
@@ -55,9 +58,11 @@ def main() -> int:
         m = verdicts(glu, gather, loss)
         e, b, v = m["error"], m["band"], m["verdicts"]
         dnf = [x["index"] for x in m["misses"] if x["verdict"] == "does not fit"]
-        print(f"{label}: measured peaks n={e['n']} median {e['median']:.1%} max {e['max']:.1%}, in band "
-              f"{b['coverage']:.0%}; runs that trained {m['trained']}: does not fit {v['does not fit']}, tight "
-              f"{v['tight']}, fits {v['fits']}; does not fit: rows {dnf}")
+        print(
+            f"{label}: measured peaks n={e['n']} median {e['median']:.1%} max {e['max']:.1%}, in band "
+            f"{b['coverage']:.0%}; runs that trained {m['trained']}: does not fit {v['does not fit']}, tight "
+            f"{v['tight']}, fits {v['fits']}; does not fit: rows {dnf}"
+        )
     return 0
 
 

@@ -115,9 +115,12 @@ def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool =
     results = []
     for (source, cluster, engine), runs in sorted(groups(rows, set(params)).items()):
         a = anchor_of(runs)
-        rec = RunRecord(plan=a.plan, measured=Measured(steps=0, step_time_s=a.measured_s,
-                                                       tokens_per_s=a.plan.tokens_per_step / a.measured_s),
-                        device=a.cluster.device.name, env={"overlap": a.overlap})
+        rec = RunRecord(
+            plan=a.plan,
+            measured=Measured(steps=0, step_time_s=a.measured_s, tokens_per_s=a.plan.tokens_per_step / a.measured_s),
+            device=a.cluster.device.name,
+            env={"overlap": a.overlap},
+        )
         base = Calibration(devices={}, fits={(a.cluster.name, a.plan.runtime): params[a.index]})
         fitted = fit_calibration([rec], base=base, cluster=a.cluster).calibration
         for r in runs:
@@ -131,21 +134,41 @@ def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool =
             if recentre:
                 lo, hi = lo / centre, hi / centre
             ratio = r.measured_s / pred
-            results.append({"index": r.index, "name": r.name, "engine": engine, "family": r.family,
-                            "cluster": cluster, "source": source, "anchor": a.index, "gpus": r.plan.gpus,
-                            "measured_s": r.measured_s, "uncalibrated_s": r.oos_s, "calibrated_s": pred,
-                            "step_scale": p.step_scale, "band": [lo, hi], "inside": bool(lo <= ratio <= hi)})
+            results.append(
+                {
+                    "index": r.index,
+                    "name": r.name,
+                    "engine": engine,
+                    "family": r.family,
+                    "cluster": cluster,
+                    "source": source,
+                    "anchor": a.index,
+                    "gpus": r.plan.gpus,
+                    "measured_s": r.measured_s,
+                    "uncalibrated_s": r.oos_s,
+                    "calibrated_s": pred,
+                    "step_scale": p.step_scale,
+                    "band": [lo, hi],
+                    "inside": bool(lo <= ratio <= hi),
+                }
+            )
     return results
 
 
 def stats(rs: list[dict]) -> dict:
     cal = np.array([r["calibrated_s"] / r["measured_s"] - 1 for r in rs])
     unc = np.array([r["uncalibrated_s"] / r["measured_s"] - 1 for r in rs])
-    return {"n": len(rs), "groups": len({(r["source"], r["cluster"], r["engine"]) for r in rs}),
-            "median": float(np.median(np.abs(cal))), "p90": float(np.percentile(np.abs(cal), 90)),
-            "signed_median": float(np.median(cal)), "coverage": float(np.mean([r["inside"] for r in rs])),
-            "width": float(np.median([r["band"][1] - r["band"][0] for r in rs])),
-            "uncalibrated_median": float(np.median(np.abs(unc))), "uncalibrated_signed": float(np.median(unc))}
+    return {
+        "n": len(rs),
+        "groups": len({(r["source"], r["cluster"], r["engine"]) for r in rs}),
+        "median": float(np.median(np.abs(cal))),
+        "p90": float(np.percentile(np.abs(cal), 90)),
+        "signed_median": float(np.median(cal)),
+        "coverage": float(np.mean([r["inside"] for r in rs])),
+        "width": float(np.median([r["band"][1] - r["band"][0] for r in rs])),
+        "uncalibrated_median": float(np.median(np.abs(unc))),
+        "uncalibrated_signed": float(np.median(unc)),
+    }
 
 
 def table(results: list[dict]) -> dict[str, dict]:
@@ -160,23 +183,33 @@ def table(results: list[dict]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, metavar="OUT", help="write every predicted run and the cells as JSON")
-    ap.add_argument("--keep-centre", action="store_true", help="the published-run band with its centre (the sources' "
-                    "median bias), as if the calibration had not removed it")
+    ap.add_argument(
+        "--keep-centre",
+        action="store_true",
+        help="the published-run band with its centre (the sources' "
+        "median bias), as if the calibration had not removed it",
+    )
     args = ap.parse_args(argv)
     rows = pe.load_rows()
     pe.price(rows)
     params = out_of_sample(rows)
     results = one_shot(rows, params, recentre=not args.keep_centre)
     cells = table(results)
-    print(f"{'engine/family':34} {'runs':>4} {'grp':>3} {'median':>7} {'p90':>7} {'signed':>7} {'band':>5} "
-          f"{'width':>6}   {'uncal. median':>13} {'signed':>7}")
+    print(
+        f"{'engine/family':34} {'runs':>4} {'grp':>3} {'median':>7} {'p90':>7} {'signed':>7} {'band':>5} "
+        f"{'width':>6}   {'uncal. median':>13} {'signed':>7}"
+    )
     for key, s in cells.items():
-        print(f"{key:34} {s['n']:4d} {s['groups']:3d} {s['median']:7.1%} {s['p90']:7.1%} {s['signed_median']:+7.1%} "
-              f"{s['coverage']:5.0%} {s['width']:6.2f}   {s['uncalibrated_median']:13.1%} "
-              f"{s['uncalibrated_signed']:+7.1%}")
+        print(
+            f"{key:34} {s['n']:4d} {s['groups']:3d} {s['median']:7.1%} {s['p90']:7.1%} {s['signed_median']:+7.1%} "
+            f"{s['coverage']:5.0%} {s['width']:6.2f}   {s['uncalibrated_median']:13.1%} "
+            f"{s['uncalibrated_signed']:+7.1%}"
+        )
     band = "published-run band with its centre" if args.keep_centre else "published-run band without its centre"
-    print(f"\none run per group calibrated (the median GPU count), the group's other runs predicted; band: the {band}, "
-          "fitted without the run's source, around the calibrated prediction; width: p90 - p10 over the prediction")
+    print(
+        f"\none run per group calibrated (the median GPU count), the group's other runs predicted; band: the {band}, "
+        "fitted without the run's source, around the calibrated prediction; width: p90 - p10 over the prediction"
+    )
     if args.json:
         args.json.write_text(json.dumps({"cells": cells, "runs": results}, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -70,8 +70,15 @@ def gaps(pairs) -> list[tuple[str, bool, float]]:
     out = []
     for plan, cluster in pairs:
         coeffs = default_params(cluster.device.name)
-        ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch,
-                      run=plan_run(plan), memory=())
+        ev = evaluate(
+            Layouts.from_plan(plan),
+            plan.model,
+            cluster,
+            coeffs,
+            global_batch=plan.global_batch,
+            run=plan_run(plan),
+            memory=(),
+        )
         sim = simulate_plan(plan, cluster, coeffs).step_s
         out.append((plan.schedule, bool(plan.stage_layers), float(ev.pipeline_s[0]) / sim - 1))
     return out
@@ -92,8 +99,10 @@ def main() -> None:
         for custom in (False, True):
             e = np.array([g for s, c, g in rows if s == schedule and c == custom])
             if e.size:
-                print(f"{schedule:12} {'custom' if custom else 'balanced':9} {e.size:>6} {e.min():>+9.3%} "
-                      f"{e.max():>+9.1e} {np.abs(e).mean():>9.3%} {np.mean(np.abs(e) < 1e-9):>7.1%}")
+                print(
+                    f"{schedule:12} {'custom' if custom else 'balanced':9} {e.size:>6} {e.min():>+9.3%} "
+                    f"{e.max():>+9.1e} {np.abs(e).mean():>9.3%} {np.mean(np.abs(e) < 1e-9):>7.1%}"
+                )
 
 
 if __name__ == "__main__":

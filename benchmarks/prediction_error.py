@@ -89,26 +89,38 @@ from exatrain.planner.estimate import estimate_plan
 
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_runs_by_engine.csv"
-NARAYANAN, KORTHIKANTI, DASH = ("https://arxiv.org/abs/2104.04473", "https://arxiv.org/abs/2205.05198",
-                                "https://arxiv.org/abs/2312.12705")
+NARAYANAN, KORTHIKANTI, DASH = (
+    "https://arxiv.org/abs/2104.04473",
+    "https://arxiv.org/abs/2205.05198",
+    "https://arxiv.org/abs/2312.12705",
+)
 TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/"
-TT_2412, TT_ASYNC, TT_DOCS = (TORCHTITAN + "main/benchmarks/llama3_h100_202412_torchtitan.md",
-                              TORCHTITAN + "main/benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
-                              TORCHTITAN + "4d88a8a44/docs/performance.md")
+TT_2412, TT_ASYNC, TT_DOCS = (
+    TORCHTITAN + "main/benchmarks/llama3_h100_202412_torchtitan.md",
+    TORCHTITAN + "main/benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
+    TORCHTITAN + "4d88a8a44/docs/performance.md",
+)
 # The sources each device's shipped prior was chosen against (coefficients.py DEFAULTS comment).
-MB_PAGES = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/docs/fern/" \
+MB_PAGES = (
+    "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/docs/fern/"
     "versions/nightly/pages/"
+)
 MB_SUMMARY, MB_ARCHIVE = MB_PAGES + "performance-summary.mdx", MB_PAGES + "performance-summary-archive.mdx"
 TT_H200 = TORCHTITAN + "main/benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md"
 # The runs that set CUDA_LAUNCH_BLOCKING=1 (their ``overlap`` field says so), which the one host factor of synchronous
 # launches, CostParams.blocking_launch_s, is fitted to (``--fit-launch-blocking``): BLOOM-176B's training and
 # BigScience's topology sweep before it, both on Jean Zay. Each is predicted with the factor fitted to the other.
 BIGSCIENCE = "https://github.com/bigscience-workshop/bigscience/blob/"
-BLOCKING_CHOSEN_ON = (BIGSCIENCE + "master/train/tr11-176B-ml/README.md",
-                      BIGSCIENCE + "053adafee86d8b0beb10ddd95e5bbbbe3d702f3c/train/tr11-176B-ml/chronicles-prequel.md")
-PRIOR_CHOSEN_ON = {"a100-80gb": (NARAYANAN, KORTHIKANTI), "mi250x-gcd": (DASH,),
-                   "h100-sxm-500w": (TT_2412, TT_ASYNC, TT_DOCS),
-                   "h100-sxm": (MB_SUMMARY, MB_ARCHIVE, TT_H200)}
+BLOCKING_CHOSEN_ON = (
+    BIGSCIENCE + "master/train/tr11-176B-ml/README.md",
+    BIGSCIENCE + "053adafee86d8b0beb10ddd95e5bbbbe3d702f3c/train/tr11-176B-ml/chronicles-prequel.md",
+)
+PRIOR_CHOSEN_ON = {
+    "a100-80gb": (NARAYANAN, KORTHIKANTI),
+    "mi250x-gcd": (DASH,),
+    "h100-sxm-500w": (TT_2412, TT_ASYNC, TT_DOCS),
+    "h100-sxm": (MB_SUMMARY, MB_ARCHIVE, TT_H200),
+}
 # Devices whose prior is fitted as one: the H200 is the H100's die (its HBM larger and faster, which the
 # catalog prices), so an FP8 GEMM's speed-up over a bf16 one is the same on both at the same 700 W.
 FIT_GROUP = {"h200-sxm": "h100-sxm"}
@@ -124,14 +136,13 @@ def fit_group(device: str) -> str:
 # H100's clock factor and FP8 speed-up from the H100 prior (its micro-benchmarked kernels, at the clock a
 # 500 W limit leaves); the 700 W Hopper parts' FP8 speed-up from the H100 prior (their bf16 kernels are
 # micro-benchmarked; no FP8 GEMM has been).
-REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm"),
-         "h100-sxm": (("fp8_speedup",), "h100-sxm")}
+REFIT = {"h100-sxm-500w": (("clock_factor", "fp8_speedup"), "h100-sxm"), "h100-sxm": (("fp8_speedup",), "h100-sxm")}
 # A device whose prior takes a factor fitted on another device's runs: B200 plans run Transformer Engine's FP8 recipes
 # at the speed-up over bf16 fitted to the 700 W Hopper runs (coefficients.DEFAULTS["b200"]). A B200 row of a source
 # that fit saw is predicted with that factor refitted without its source (``out_of_sample``).
 BORROWS = {"b200": ("h100-sxm", ("fp8_speedup",))}
 MAX_FACTORS = 3  # factors refitted per held-out source (gemm_eff, step_overhead_s, mem_eff): keeps the run short
-GIB = 2.0 ** 30
+GIB = 2.0**30
 FLAGGED = "flagged by its source: "  # a row whose ``source_flag`` says the figure measures an engine defect
 
 
@@ -181,10 +192,19 @@ def _int(text: str, default: int | None = None) -> int | None:
 
 
 def _cluster(hardware: str) -> ClusterSpec:
-    for key, name in (("400 Gb/s a node", "a100-400g"), ("800 Gb/s a node", "h100-800g"),
-                      ("Jean Zay", "jean-zay-a100"), ("A100", "dgx-a100"), ("500W", "grand-teton-h100"),
-                      ("lower TDP", "grand-teton-h100"), ("H100", "dgx-h100"), ("H200", "dgx-h200"),
-                      ("DGX-B200", "dgx-b200"), ("LUMI", "lumi"), ("MI250X", "frontier")):
+    for key, name in (
+        ("400 Gb/s a node", "a100-400g"),
+        ("800 Gb/s a node", "h100-800g"),
+        ("Jean Zay", "jean-zay-a100"),
+        ("A100", "dgx-a100"),
+        ("500W", "grand-teton-h100"),
+        ("lower TDP", "grand-teton-h100"),
+        ("H100", "dgx-h100"),
+        ("H200", "dgx-h200"),
+        ("DGX-B200", "dgx-b200"),
+        ("LUMI", "lumi"),
+        ("MI250X", "frontier"),
+    ):
         if key in hardware:
             return get_cluster(name)
     raise UserError(f"no catalog cluster for hardware {hardware!r}")
@@ -233,10 +253,17 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
     out = []
     for i, r in enumerate(csv.DictReader(path.open(encoding="utf-8"))):
         cluster = _cluster(r["hardware"])
-        row = Row(index=i, source=r["url"].split("#")[0], engine=r["engine"],
-                  family=hardware_family(cluster.device.name), kind=r["kind"],
-                  name=f"{r['model']} ({r['source'].split(',')[0]})",
-                  measured_s=None, measured_from="", cluster=cluster)
+        row = Row(
+            index=i,
+            source=r["url"].split("#")[0],
+            engine=r["engine"],
+            family=hardware_family(cluster.device.name),
+            kind=r["kind"],
+            name=f"{r['model']} ({r['source'].split(',')[0]})",
+            measured_s=None,
+            measured_from="",
+            cluster=cluster,
+        )
         row.runtime = r.get("priced_as", "").strip() or r["engine"]
         if row.runtime != row.engine:
             row.notes.append(f"planned as {row.runtime} (exatrain has no profile of {row.engine})")
@@ -250,8 +277,13 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             row.notes.append(f"element-wise {row.elementwise}")
         row.cross_entropy = _cross_entropy(r)
         if row.cross_entropy:
-            why = ("(flash-attn's fused loss)" if row.engine == "llm-foundry" else "(torch's eager loss)"
-                   if row.engine == "fms-fsdp" else "(torchtitan before 2025-04 compiled no loss)")
+            why = (
+                "(flash-attn's fused loss)"
+                if row.engine == "llm-foundry"
+                else "(torch's eager loss)"
+                if row.engine == "fms-fsdp"
+                else "(torchtitan before 2025-04 compiled no loss)"
+            )
             row.notes.append(f"cross-entropy {row.cross_entropy} {why}")
         if _launch_blocking(r):
             row.notes.append("synchronous launches (CUDA_LAUNCH_BLOCKING=1)")
@@ -261,8 +293,11 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
         out.append(row)
-        missing = [k for k in ("layers", "hidden", "heads", "seq", "tp", "pp", "dp", "micro_batch", "global_batch",
-                                "recompute") if not r[k].strip()]
+        missing = [
+            k
+            for k in ("layers", "hidden", "heads", "seq", "tp", "pp", "dp", "micro_batch", "global_batch", "recompute")
+            if not r[k].strip()
+        ]
         model = None
         if not missing:
             tp = _int(r["tp"])
@@ -276,12 +311,22 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             try:
                 # a preset's head width already, so a head dim that is not hidden/heads builds (GPT-OSS's 64)
                 head = get_model(r["preset"].strip()).kv_channels if r.get("preset", "").strip() else 0
-                model = ModelSpec(name=r["model"], arch=r["arch"] or "gpt", layers=_int(r["layers"]),
-                                  hidden=_int(r["hidden"]), heads=_int(r["heads"]), kv_heads=_int(r["kv_heads"], 0),
-                                  ffn_hidden=_int(r["ffn"], 0), seq_len=_int(r["seq"]), vocab=vocab,
-                                  dropout=float(r["dropout"] or 0.0), experts=experts,
-                                  top_k=_int(r["moe_topk"], 0) if experts else 0,
-                                  expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0, kv_channels=head)
+                model = ModelSpec(
+                    name=r["model"],
+                    arch=r["arch"] or "gpt",
+                    layers=_int(r["layers"]),
+                    hidden=_int(r["hidden"]),
+                    heads=_int(r["heads"]),
+                    kv_heads=_int(r["kv_heads"], 0),
+                    ffn_hidden=_int(r["ffn"], 0),
+                    seq_len=_int(r["seq"]),
+                    vocab=vocab,
+                    dropout=float(r["dropout"] or 0.0),
+                    experts=experts,
+                    top_k=_int(r["moe_topk"], 0) if experts else 0,
+                    expert_ffn_hidden=_int(r["moe_ffn"], 0) if experts else 0,
+                    kv_channels=head,
+                )
                 if r.get("preset", "").strip():
                     model = _with_preset(model, r["preset"].strip(), i)
                     row.notes.append(f"architecture of preset {r['preset'].strip()}")
@@ -289,8 +334,15 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 row.not_priced = f"the planner refuses the model: {exc}"
                 continue
         dtype = r["dtype"].lower()
-        row.traits = [t for t, on in (("FP8", dtype.startswith("fp8")), ("context parallel", _int(r["cp"], 1) > 1),
-                                      ("MoE", r["kind"] == "moe")) if on]
+        row.traits = [
+            t
+            for t, on in (
+                ("FP8", dtype.startswith("fp8")),
+                ("context parallel", _int(r["cp"], 1) > 1),
+                ("MoE", r["kind"] == "moe"),
+            )
+            if on
+        ]
         row.measured_s, row.measured_from = _measured_step_s(r, model, cluster.device.peak_flops("bfloat16"))
         row.trained = bool(row.measured_s)
         if r.get("source_flag", "").strip():
@@ -299,10 +351,11 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             continue
         if missing:
             row.not_priced = f"the source does not state {', '.join(missing)}" + (
-                f" (and: {', '.join(row.traits)})" if row.traits else "")
+                f" (and: {', '.join(row.traits)})" if row.traits else ""
+            )
             continue
         recompute = r["recompute"].split(" (")[0]
-        modules = r["recompute"][len(recompute):].strip(" ()")
+        modules = r["recompute"][len(recompute) :].strip(" ()")
         recompute_modules: tuple[str, ...] = ()
         every = 0
         if r["engine"] == "megatron-core" and recompute == "selective" and modules:
@@ -320,27 +373,42 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         if capacity or balance:
             row.notes.append(f"routing {r['moe_routing'].strip()}")
         # FP8 weights gathered in FP8 (torchtitan's float8 all-gather, Megatron-Core --fp8-param-gather)
-        gather = any(k in r.get("overlap", "").lower() for k in ("float8 all-gather", "fp8-param-gather",
-                                                                 "fp8_param_gather"))
+        gather = any(
+            k in r.get("overlap", "").lower() for k in ("float8 all-gather", "fp8-param-gather", "fp8_param_gather")
+        )
         if gather:
             row.notes.append("FP8 parameter gather")
         pp, v = _int(r["pp"]), _int(r["vpp"], 1)
         schedule = "interleaved" if pp > 1 and v > 1 else "1f1b"
         try:
-            plan = Plan(model=model, dims=ParallelDims(_int(r["tp"]), pp, _int(r["dp"]), ep=_int(r["ep"], 1),
-                                                       cp=_int(r["cp"], 1)),
-                        shape=TrainShape(_int(r["micro_batch"]), _int(r["global_batch"])),
-                        zero_stage=_int(r["zero"], 0), recompute=recompute, sequence_parallel=r["sp"] == "y",
-                        schedule=schedule, interleave=v if schedule == "interleaved" else 1, dtype=_dtype(r),
-                        flash_attention=r["attention"].startswith(("flash", "triton")), cluster=cluster.name,
-                        runtime=row.runtime, fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
-                        moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
-                        attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
-                        elementwise=row.elementwise, moe_capacity_factor=capacity, moe_force_balance=balance,
-                        fp8_param_gather=gather, cross_entropy=row.cross_entropy, grad_accum=_grad_accum(r),
-                        grad_accum_fusion=_grad_accum_fusion(r), adam_kernel=_adam_kernel(r),
-                        recompute_modules=recompute_modules, recompute_every=every,
-                        launch_blocking=_launch_blocking(r))
+            plan = Plan(
+                model=model,
+                dims=ParallelDims(_int(r["tp"]), pp, _int(r["dp"]), ep=_int(r["ep"], 1), cp=_int(r["cp"], 1)),
+                shape=TrainShape(_int(r["micro_batch"]), _int(r["global_batch"])),
+                zero_stage=_int(r["zero"], 0),
+                recompute=recompute,
+                sequence_parallel=r["sp"] == "y",
+                schedule=schedule,
+                interleave=v if schedule == "interleaved" else 1,
+                dtype=_dtype(r),
+                flash_attention=r["attention"].startswith(("flash", "triton")),
+                cluster=cluster.name,
+                runtime=row.runtime,
+                fp8=_fp8_recipe(dtype) if dtype.startswith("fp8") else "",
+                moe_dispatcher=_dispatcher(r.get("overlap", "")) if experts else "alltoall",
+                attention_kernel=row.flash_kernel if r["attention"].startswith("flash") else "",
+                elementwise=row.elementwise,
+                moe_capacity_factor=capacity,
+                moe_force_balance=balance,
+                fp8_param_gather=gather,
+                cross_entropy=row.cross_entropy,
+                grad_accum=_grad_accum(r),
+                grad_accum_fusion=_grad_accum_fusion(r),
+                adam_kernel=_adam_kernel(r),
+                recompute_modules=recompute_modules,
+                recompute_every=every,
+                launch_blocking=_launch_blocking(r),
+            )
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)
@@ -354,11 +422,16 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
 STATED_SWITCHES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fsdp2 prefetch", ("dp_grad_reduce", "dp_param_gather")),
     ("async tp", ("tp",)),
-    ("tp_comm_overlap", ("tp",)), ("tp-comm-overlap", ("tp",)),
-    ("overlap_grad_reduce", ("dp_grad_reduce",)), ("overlap-grad-reduce", ("dp_grad_reduce",)),
-    ("overlap_param_gather", ("dp_param_gather",)), ("overlap-param-gather", ("dp_param_gather",)),
-    ("overlap_p2p", ("pp_p2p",)), ("overlap-p2p", ("pp_p2p",)),
-    ("overlap_moe_expert_parallel_comm", ("ep_a2a",)), ("overlap-moe-expert-parallel-comm", ("ep_a2a",)),
+    ("tp_comm_overlap", ("tp",)),
+    ("tp-comm-overlap", ("tp",)),
+    ("overlap_grad_reduce", ("dp_grad_reduce",)),
+    ("overlap-grad-reduce", ("dp_grad_reduce",)),
+    ("overlap_param_gather", ("dp_param_gather",)),
+    ("overlap-param-gather", ("dp_param_gather",)),
+    ("overlap_p2p", ("pp_p2p",)),
+    ("overlap-p2p", ("pp_p2p",)),
+    ("overlap_moe_expert_parallel_comm", ("ep_a2a",)),
+    ("overlap-moe-expert-parallel-comm", ("ep_a2a",)),
 )
 
 
@@ -404,12 +477,19 @@ def _with_preset(model: ModelSpec, preset: str, index: int) -> ModelSpec:
     QK-norm, multi-head latent attention, sliding windows, shared experts, leading dense layers, router — taken from the
     catalog preset the row's ``preset`` column names (data README); the row's shape must be the preset's."""
     base = get_model(preset)
-    differ = [f"{k} {getattr(model, k)} != {getattr(base, k)}" for k in _PRESET_SHAPE
-              if getattr(model, k) != getattr(base, k)]
+    differ = [
+        f"{k} {getattr(model, k)} != {getattr(base, k)}" for k in _PRESET_SHAPE if getattr(model, k) != getattr(base, k)
+    ]
     if differ:
         raise UserError(f"row {index}: its shape is not preset {preset}'s ({'; '.join(differ)})")
-    return base.replace(name=model.name, seq_len=model.seq_len, vocab=model.vocab, dropout=model.dropout,
-                        ffn_hidden=model.ffn_hidden, description="")
+    return base.replace(
+        name=model.name,
+        seq_len=model.seq_len,
+        vocab=model.vocab,
+        dropout=model.dropout,
+        ffn_hidden=model.ffn_hidden,
+        description="",
+    )
 
 
 def _moe_routing(stated: str) -> tuple[float, bool]:
@@ -427,7 +507,7 @@ def _moe_routing(stated: str) -> tuple[float, bool]:
 
 
 def _flash_kernel(r: dict) -> str:
-    """"fa2" for a run whose torch SDPA predates 2.11: before it, SDPA's flash backend on Hopper is
+    """ "fa2" for a run whose torch SDPA predates 2.11: before it, SDPA's flash backend on Hopper is
     FlashAttention-2, cuDNN's kernel being opt-in (pytorch/pytorch#138522; from 2.11 the bundled cuDNN
     passes sdp_utils.cpp's check_prefer_cudnn_attention gate). The torch version is the row's
     ``torch 2.N``, else its dates (every year before 2026 predates 2.11). "" where the engine's own
@@ -517,7 +597,7 @@ _MEGATRON_ACCUM_FUSION = 2022
 
 
 def _grad_accum_fusion(r: dict) -> str:
-    """"off" for a Megatron row whose ``engine_version`` years all predate the fusion
+    """ "off" for a Megatron row whose ``engine_version`` years all predate the fusion
     (``_MEGATRON_ACCUM_FUSION``), as a user would plan it with --grad-accum-fusion off; else "" (its own)."""
     years = [int(y) for y in re.findall(r"\b(20\d\d)\b", r.get("engine_version", ""))]
     return "off" if r["engine"] == "megatron-core" and years and max(years) < _MEGATRON_ACCUM_FUSION else ""
@@ -529,7 +609,7 @@ _TORCHTITAN_FUSED_ADAM = (2025, 2)
 
 
 def _adam_kernel(r: dict) -> str:
-    """"foreach" for a torchtitan row whose ``engine_version`` dates (YYYY-MM, or a bare year) all predate
+    """ "foreach" for a torchtitan row whose ``engine_version`` dates (YYYY-MM, or a bare year) all predate
     ``_TORCHTITAN_FUSED_ADAM``, as a user would plan it with --adam-kernel foreach; else "" (its own: fused)."""
     if r.get("engine") != "torchtitan":
         return ""
@@ -568,8 +648,9 @@ def price(rows: list[Row]) -> None:
         if row.plan is None:
             continue
         try:
-            est = estimate_plan(row.plan, row.cluster, default_params(row.cluster.device.name),
-                                overlap=overlap_priced(row.overlap))
+            est = estimate_plan(
+                row.plan, row.cluster, default_params(row.cluster.device.name), overlap=overlap_priced(row.overlap)
+            )
             row.best_ratio = _best_ratio(row, est)
             row.predicted_mfu = est.mfu
             row.mfu_flag = (est.mfu_above_published or {}).get("text", "")
@@ -598,17 +679,22 @@ def refit_spec(device: str) -> tuple[tuple[str, ...] | None, CostParams]:
     return factors, default_params(base).replace(**{f: None for f in factors or () if f in _FROM_DATA_SHEET})
 
 
-def fit_without(train: list[Row], base: CostParams, max_iter: int = 8,
-                factors: tuple[str, ...] | None = None) -> CostParams:
+def fit_without(
+    train: list[Row], base: CostParams, max_iter: int = 8, factors: tuple[str, ...] | None = None
+) -> CostParams:
     """Factors shared by ``train`` (one device), fitted to their measured step times through the
     estimate itself (calibrate.fit_runs' objective: squared log error, a light pull to the start);
     ``factors``: which (default: the first of RUN_FACTORS, at most MAX_FACTORS and half the runs)."""
-    factors = factors or RUN_FACTORS[:max(1, min(MAX_FACTORS, len(train) // 2))]
+    factors = factors or RUN_FACTORS[: max(1, min(MAX_FACTORS, len(train) // 2))]
     device = train[0].cluster.device
     # a factor bounded by the data sheet starts just inside its bound: at the bound the forward-difference
     # Jacobian sees the clip, not the model, and the fit never leaves it
-    x0 = np.log([max(_INSIDE * _FROM_DATA_SHEET[f](device) if getattr(base, f) is None else getattr(base, f), 1e-9)
-                 for f in factors])
+    x0 = np.log(
+        [
+            max(_INSIDE * _FROM_DATA_SHEET[f](device) if getattr(base, f) is None else getattr(base, f), 1e-9)
+            for f in factors
+        ]
+    )
     log_measured = np.log([r.measured_s for r in train])
 
     def params_at(x: np.ndarray) -> CostParams:
@@ -678,8 +764,10 @@ def out_of_sample(rows: list[Row]) -> None:
                 continue
             mine = default_params(r.cluster.device.name).replace(**{f: getattr(params, f) for f in borrowed})
             r.oos_s = _predict_s(r, mine)
-            r.oos_how = (f"{', '.join(borrowed)} of {lender} refit on {len(train)} runs of "
-                         f"{len({t.source for t in train})} other source(s)")
+            r.oos_how = (
+                f"{', '.join(borrowed)} of {lender} refit on {len(train)} runs of "
+                f"{len({t.source for t in train})} other source(s)"
+            )
 
 
 def _blocking_params(r: Row, x: float) -> CostParams:
@@ -736,16 +824,25 @@ def blocking_out_of_sample(rows: list[Row]) -> None:
         x = fit_launch_blocking(train)
         for r in test:
             r.oos_s = _predict_s(r, _blocking_params(r, x))
-            r.oos_how = (f"blocking_launch_s {x * 1e6:.0f} us fitted to {len(train)} runs of "
-                         f"{len({t.source for t in train})} other source(s), the rest the shipped prior")
+            r.oos_how = (
+                f"blocking_launch_s {x * 1e6:.0f} us fitted to {len(train)} runs of "
+                f"{len({t.source for t in train})} other source(s), the rest the shipped prior"
+            )
 
 
 def fit_prior(rows: list[Row], device: str) -> CostParams:
     """The shipped prior of a device whose prior is fitted to published runs (``REFIT``): the refit
     on every priced run of the sources it is chosen on (``PRIOR_CHOSEN_ON``; what coefficients.DEFAULTS holds;
     the held-out refits leave a source out of this)."""
-    train = [r for r in rows if r.prior_s is not None and r.measured_s and fit_group(r.cluster.device.name) == device
-             and r.runtime == r.engine and r.source in PRIOR_CHOSEN_ON.get(device, ())]
+    train = [
+        r
+        for r in rows
+        if r.prior_s is not None
+        and r.measured_s
+        and fit_group(r.cluster.device.name) == device
+        and r.runtime == r.engine
+        and r.source in PRIOR_CHOSEN_ON.get(device, ())
+    ]
     if not train:
         raise UserError(f"no priced run on device {device!r}")
     factors, base = refit_spec(device)
@@ -756,8 +853,13 @@ def _stats(errs: list[float]) -> dict:
     if not errs:
         return {"n": 0}
     a = np.abs(np.asarray(errs))
-    return {"n": int(a.size), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "max": float(a.max()), "signed": float(np.median(errs))}
+    return {
+        "n": int(a.size),
+        "median": float(np.median(a)),
+        "p90": float(np.percentile(a, 90)),
+        "max": float(a.max()),
+        "signed": float(np.median(errs)),
+    }
 
 
 def table(rows: list[Row]) -> dict:
@@ -771,26 +873,52 @@ def table(rows: list[Row]) -> dict:
     for (engine, family), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all", kv[0])):
         oos = [r for r in rs if r.oos_s is not None]
         ratios = [r.measured_s / r.oos_s for r in oos]
-        cell = {"engine": engine, "family": family, "rows": len(rs),
-                "step": _stats([r.oos_s / r.measured_s - 1 for r in oos]),
-                "memory": _stats([r.memory_pred_gib / r.memory_gib - 1 for r in rs if r.memory_pred_gib is not None]),
-                "in_sample_prior": _stats([r.prior_s / r.measured_s - 1 for r in rs if r.in_sample]),
-                "not_priced": sum(1 for r in rs if r.not_priced),
-                "no_measured_step": sum(1 for r in rs if not r.not_priced and not r.measured_s)}
+        cell = {
+            "engine": engine,
+            "family": family,
+            "rows": len(rs),
+            "step": _stats([r.oos_s / r.measured_s - 1 for r in oos]),
+            "memory": _stats([r.memory_pred_gib / r.memory_gib - 1 for r in rs if r.memory_pred_gib is not None]),
+            "in_sample_prior": _stats([r.prior_s / r.measured_s - 1 for r in rs if r.in_sample]),
+            "not_priced": sum(1 for r in rs if r.not_priced),
+            "no_measured_step": sum(1 for r in rs if not r.not_priced and not r.measured_s),
+        }
         if ratios:
             cell["ratio_low"], cell["ratio_high"] = (float(np.percentile(ratios, q)) for q in (10, 90))
         cell["band"] = band_stats([r for r in oos if r.band is not None])
         cells[f"{engine}/{family}"] = cell
-    return {"cells": cells, "kinds": by_kind(rows), "rank": rank_correlations(rows), "memory": memory_summary(rows),
-            "sources": per_source(rows),
-            "rows": [{"index": r.index, "name": r.name, "engine": r.engine, "family": r.family, "source": r.source,
-                      "measured_s": r.measured_s, "measured_from": r.measured_from, "prior_s": r.prior_s,
-                      "in_sample": r.in_sample, "out_of_sample_s": r.oos_s, "how": r.oos_how,
-                      "memory_gib": r.memory_gib, "memory_predicted_gib": r.memory_pred_gib,
-                      "memory_worst_stage_gib": r.memory_full_gib,
-                      "memory_band": list(r.memory_band) if r.memory_band else None, "memory_verdict": r.verdict,
-                      "not_priced": r.not_priced, "notes": r.notes, "mfu_flag": r.mfu_flag,
-                      "band": list(r.band) if r.band else None} for r in rows]}
+    return {
+        "cells": cells,
+        "kinds": by_kind(rows),
+        "rank": rank_correlations(rows),
+        "memory": memory_summary(rows),
+        "sources": per_source(rows),
+        "rows": [
+            {
+                "index": r.index,
+                "name": r.name,
+                "engine": r.engine,
+                "family": r.family,
+                "source": r.source,
+                "measured_s": r.measured_s,
+                "measured_from": r.measured_from,
+                "prior_s": r.prior_s,
+                "in_sample": r.in_sample,
+                "out_of_sample_s": r.oos_s,
+                "how": r.oos_how,
+                "memory_gib": r.memory_gib,
+                "memory_predicted_gib": r.memory_pred_gib,
+                "memory_worst_stage_gib": r.memory_full_gib,
+                "memory_band": list(r.memory_band) if r.memory_band else None,
+                "memory_verdict": r.verdict,
+                "not_priced": r.not_priced,
+                "notes": r.notes,
+                "mfu_flag": r.mfu_flag,
+                "band": list(r.band) if r.band else None,
+            }
+            for r in rows
+        ],
+    }
 
 
 def measured_mfu(r: Row) -> float | None:
@@ -827,9 +955,16 @@ def per_source(rows: list[Row]) -> list[dict]:
     for src, rs in sorted(by.items(), key=lambda kv: -len(kv[1])):
         e = [r.oos_s / r.measured_s - 1 for r in rs]
         inside = [r.band[0] <= r.measured_s / r.oos_s <= r.band[1] for r in rs if r.band]
-        out.append({"source": src, "name": rs[0].name.split(" (", 1)[-1].rstrip(")"), "n": len(rs),
-                    "median": float(np.median(np.abs(e))), "signed": float(np.median(e)),
-                    "coverage": float(np.mean(inside)) if inside else None})
+        out.append(
+            {
+                "source": src,
+                "name": rs[0].name.split(" (", 1)[-1].rstrip(")"),
+                "n": len(rs),
+                "median": float(np.median(np.abs(e))),
+                "signed": float(np.median(e)),
+                "coverage": float(np.mean(inside)) if inside else None,
+            }
+        )
     return out
 
 
@@ -846,8 +981,9 @@ def kind_of(r: Row) -> str:
 
 def by_kind(rows: list[Row]) -> dict[str, dict]:
     """Out-of-sample step-time error per kind of run (``KINDS``), every engine and family together."""
-    return {k: _stats([r.oos_s / r.measured_s - 1 for r in rows if r.oos_s is not None and kind_of(r) == k])
-            for k in KINDS}
+    return {
+        k: _stats([r.oos_s / r.measured_s - 1 for r in rows if r.oos_s is not None and kind_of(r) == k]) for k in KINDS
+    }
 
 
 def _pct(s: dict, k: str) -> str:
@@ -861,29 +997,34 @@ def _signed(s: dict) -> str:
 
 def markdown(t: dict) -> str:
     """The README / RESULTS table."""
-    lines = ["| engine | hardware | runs | not priced | step n | median | signed | p90 | max "
-             "| p10–p90 measured/predicted | in band | band width | memory n | median | max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| engine | hardware | runs | not priced | step n | median | signed | p90 | max "
+        "| p10–p90 measured/predicted | in band | band width | memory n | median | max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in t["cells"].values():
         s, m, b = c["step"], c["memory"], c["band"]
         band = f"{c['ratio_low']:.2f}–{c['ratio_high']:.2f}" if "ratio_low" in c else "—"
         cov = f"{b['coverage']:.0%}" if b["n"] else "—"
         width = f"{b['median_width']:.0%}" if b["n"] else "—"
-        lines.append(f"| {c['engine']} | {c['family']} | {c['rows']} | {c['not_priced']} | {s['n']} "
-                     f"| {_pct(s, 'median')} | {_signed(s)} | {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {cov} "
-                     f"| {width} "
-                     f"| {m['n']} | {_pct(m, 'median')} | {_pct(m, 'max')} |")
+        lines.append(
+            f"| {c['engine']} | {c['family']} | {c['rows']} | {c['not_priced']} | {s['n']} "
+            f"| {_pct(s, 'median')} | {_signed(s)} | {_pct(s, 'p90')} | {_pct(s, 'max')} | {band} | {cov} "
+            f"| {width} "
+            f"| {m['n']} | {_pct(m, 'median')} | {_pct(m, 'max')} |"
+        )
     return "\n".join(lines)
 
 
 def rank_markdown(t: dict) -> str:
     """Rank correlation among the layouts of one model, per family (``rank_correlations``)."""
-    lines = ["| hardware | sweeps, any GPU count | median Spearman | worst | sweeps at one GPU count | median Spearman "
-             "| worst | pairs on the same GPUs | ordered right |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| hardware | sweeps, any GPU count | median Spearman | worst | sweeps at one GPU count | median Spearman "
+        "| worst | pairs on the same GPUs | ordered right |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     rank = t["rank"]
-    for f in sorted(set(rank["families"]) | set(rank["one_count"]) | set(rank["pairs"]),
-                    key=lambda f: (f == "all", f)):
+    for f in sorted(set(rank["families"]) | set(rank["one_count"]) | set(rank["pairs"]), key=lambda f: (f == "all", f)):
         cells = []
         for v in (rank["families"].get(f), rank["one_count"].get(f)):
             cells.append(f"{v['sweeps']} | {v['median']:.2f} | {v['min']:.2f}" if v else "0 | — | —")
@@ -898,38 +1039,58 @@ def not_priced_summary(rows: list[Row]) -> str:
     out = [r for r in rows if r.not_priced]
     flagged = [r for r in out if r.not_priced.startswith(FLAGGED)]
     rest = [r for r in out if r not in flagged]
-    counts = {"unstated shape/layout/recompute": sum(r.not_priced.startswith("the source") for r in rest),
-              "flagged as a defect by the source": len(flagged),
-              "refused by the planner": sum(not r.not_priced.startswith("the source") for r in rest)}
+    counts = {
+        "unstated shape/layout/recompute": sum(r.not_priced.startswith("the source") for r in rest),
+        "flagged as a defect by the source": len(flagged),
+        "refused by the planner": sum(not r.not_priced.startswith("the source") for r in rest),
+    }
     for trait in ("FP8", "context parallel", "MoE"):
         counts[trait] = sum(trait in r.traits for r in out)
-    return (f"not priced: {len(out)} of {len(rows)} rows — " + ", ".join(f"{k} {v}" for k, v in counts.items())
-            + " (a row can have several)")
+    return (
+        f"not priced: {len(out)} of {len(rows)} rows — "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + " (a row can have several)"
+    )
 
 
 def memory_lines(rows: list[Row], m: dict) -> list[str]:
     """The memory section of the report: each measured peak beside its prediction and band, the error and band
     coverage, and the verdicts on the runs that trained (misses listed)."""
-    out = ["memory: measured peak (allocated or reserved, as the source states) against the prediction, the band "
-           "fitted without the row's source:",
-           f"{'#':>3} {'run':52} {'measured':>9} {'predicted':>9} {'error':>7}  band"]
+    out = [
+        "memory: measured peak (allocated or reserved, as the source states) against the prediction, the band "
+        "fitted without the row's source:",
+        f"{'#':>3} {'run':52} {'measured':>9} {'predicted':>9} {'error':>7}  band",
+    ]
     for r in rows:
         if r.memory_gib is not None and r.memory_pred_gib is not None:
             band = f"{r.memory_band[0]:.2f}–{r.memory_band[1]:.2f}" if r.memory_band else "—"
-            out.append(f"{r.index:3d} {r.name[:52]:52} {r.memory_gib:9.2f} {r.memory_pred_gib:9.2f} "
-                       f"{r.memory_pred_gib / r.memory_gib - 1:+7.1%}  {band}")
+            out.append(
+                f"{r.index:3d} {r.name[:52]:52} {r.memory_gib:9.2f} {r.memory_pred_gib:9.2f} "
+                f"{r.memory_pred_gib / r.memory_gib - 1:+7.1%}  {band}"
+            )
     e, b = m["error"], m["band"]
     if e["n"]:
-        out.append(f"memory error: n={e['n']} of {m['sources']} sources, median {e['median']:.1%}, p90 {e['p90']:.1%}, "
-                   f"max {e['max']:.1%}" + (f"; inside the band (leave one source out): {b['coverage']:.0%} "
-                                            f"({b['coverage_by_source']:.0%} with every source weighing the same), "
-                                            f"median width {b['median_width']:.2f}" if b["n"] else ""))
+        out.append(
+            f"memory error: n={e['n']} of {m['sources']} sources, median {e['median']:.1%}, p90 {e['p90']:.1%}, "
+            f"max {e['max']:.1%}"
+            + (
+                f"; inside the band (leave one source out): {b['coverage']:.0%} "
+                f"({b['coverage_by_source']:.0%} with every source weighing the same), "
+                f"median width {b['median_width']:.2f}"
+                if b["n"]
+                else ""
+            )
+        )
     v = m["verdicts"]
-    out.append(f"runs that trained: {m['trained']}, called does not fit: {v['does not fit']} (target 0), tight: "
-               f"{v['tight']}, fits: {v['fits']}")
+    out.append(
+        f"runs that trained: {m['trained']}, called does not fit: {v['does not fit']} (target 0), tight: "
+        f"{v['tight']}, fits: {v['fits']}"
+    )
     for x in m["misses"]:
-        out.append(f"  {x['verdict']:12} #{x['index']:<3d} {x['name'][:60]:60} {x['predicted_gib']:.1f} GiB of "
-                   f"{x['capacity_gib']:.1f} (band {x['band'][0]:.2f}–{x['band'][1]:.2f})")
+        out.append(
+            f"  {x['verdict']:12} #{x['index']:<3d} {x['name'][:60]:60} {x['predicted_gib']:.1f} GiB of "
+            f"{x['capacity_gib']:.1f} (band {x['band'][0]:.2f}–{x['band'][1]:.2f})"
+        )
     return out
 
 
@@ -939,36 +1100,56 @@ def bands(rows: list[Row], t: dict, command: str) -> dict:
     the same fit reached on sources it never saw."""
     items = band_items(rows)
     params = bandlib.fit_across_sources(*_fit_inputs(items))
-    return {**_band_file("exatrain-error-bands", 2, command, params,
-                         "p10-p90 of measured/predicted step time: center + sigma x quantiles of the standardized "
-                         "out-of-sample log ratios, sigma growing with the distance from the validated runs"),
-            "validated": _validated(items),
-            "leave_one_source_out": {k: c["band"] for k, c in t["cells"].items() if c["band"]["n"]}}
+    return {
+        **_band_file(
+            "exatrain-error-bands",
+            2,
+            command,
+            params,
+            "p10-p90 of measured/predicted step time: center + sigma x quantiles of the standardized "
+            "out-of-sample log ratios, sigma growing with the distance from the validated runs",
+        ),
+        "validated": _validated(items),
+        "leave_one_source_out": {k: c["band"] for k, c in t["cells"].items() if c["band"]["n"]},
+    }
 
 
 def _band_file(kind: str, version: int, command: str, params: dict, statistic: str) -> dict:
     """The fields a band file (error_bands.json, memory_bands.json) opens with: what it is, how it was made, and
     the fitted center, scales and quantiles, rounded."""
     rnd = lambda x: round(float(x), 5)  # noqa: E731
-    return {"kind": kind, "version": version, "date": datetime.date.today().isoformat(), "command": command,
-            "statistic": statistic, "center": rnd(params["center"]),
-            "sigma": {k: rnd(v) for k, v in params["sigma"].items()},
-            "quantiles": [rnd(q) for q in params["quantiles"]], "runs": params["runs"], "sources": params["sources"]}
+    return {
+        "kind": kind,
+        "version": version,
+        "date": datetime.date.today().isoformat(),
+        "command": command,
+        "statistic": statistic,
+        "center": rnd(params["center"]),
+        "sigma": {k: rnd(v) for k, v in params["sigma"].items()},
+        "quantiles": [rnd(q) for q in params["quantiles"]],
+        "runs": params["runs"],
+        "sources": params["sources"],
+    }
 
 
 # ---- bands: fitted on other sources' runs, judged on the held-out source's --------------------------------------
 
+
 def band_items(rows: list[Row]) -> list[tuple[Row, "bandlib.Traits"]]:
     """Every row with an out-of-sample prediction, with its traits (a row planned through another engine's
     profile is a proxy run)."""
-    return [(r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine)) for r in rows
-            if r.oos_s is not None and r.plan is not None]
+    return [
+        (r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine))
+        for r in rows
+        if r.oos_s is not None and r.plan is not None
+    ]
 
 
 def _validated(items: list) -> dict:
     """What ``items`` validate per family (``band.validated_summary``), with how much their sources disagree."""
-    return bandlib.validated_summary([tr for _, tr in items], [math.log(r.measured_s / r.oos_s) for r, _ in items],
-                                     [r.source for r, _ in items])
+    return bandlib.validated_summary(
+        [tr for _, tr in items], [math.log(r.measured_s / r.oos_s) for r, _ in items], [r.source for r, _ in items]
+    )
 
 
 def _distances(items: list) -> list[dict[str, float]]:
@@ -980,8 +1161,12 @@ def _distances(items: list) -> list[dict[str, float]]:
 
 def _fit_inputs(items: list, distances: list | None = None):
     distances = _distances(items) if distances is None else distances
-    return ([math.log(r.measured_s / r.oos_s) for r, _ in items], distances, [r.source for r, _ in items],
-            [tr.defaults for _, tr in items])
+    return (
+        [math.log(r.measured_s / r.oos_s) for r, _ in items],
+        distances,
+        [r.source for r, _ in items],
+        [tr.defaults for _, tr in items],
+    )
 
 
 def loso_bands(rows: list[Row]) -> None:
@@ -1004,8 +1189,11 @@ def one_cell_bands(rows: list[Row], engine: str = "megatron-core", family: str =
     """Broken on purpose (tests/bench/test_prediction_error.py): every row's band the p10-p90 of one
     (engine, family) cell's out-of-sample ratios of the other sources, as the band was before it was pooled."""
     for r in rows:
-        cell = [x.measured_s / x.oos_s for x in rows if x.oos_s is not None and x.engine == engine
-                and x.family == family and x.source != r.source]
+        cell = [
+            x.measured_s / x.oos_s
+            for x in rows
+            if x.oos_s is not None and x.engine == engine and x.family == family and x.source != r.source
+        ]
         if r.oos_s is not None and len(cell) >= 2:
             r.band = tuple(float(np.percentile(cell, q)) for q in (10, 90))
 
@@ -1021,18 +1209,25 @@ def band_stats(rows: list[Row]) -> dict:
         per.setdefault(r.source, []).append(x)
     width = np.array([r.band[1] - r.band[0] for r in rows])
     weight = np.array([1.0 / len(per[r.source]) for r in rows])
-    return {"n": len(rows), "coverage": float(inside.mean()),
-            "coverage_by_source": float(np.mean([np.mean(v) for v in per.values()])),
-            "median_width": float(np.median(width)),
-            "median_width_by_source": bandlib.weighted_quantile(width, weight, 0.5)}
+    return {
+        "n": len(rows),
+        "coverage": float(inside.mean()),
+        "coverage_by_source": float(np.mean([np.mean(v) for v in per.values()])),
+        "median_width": float(np.median(width)),
+        "median_width_by_source": bandlib.weighted_quantile(width, weight, 0.5),
+    }
 
 
 # ---- memory: bands fitted on other sources' measured peaks, verdicts on the runs that trained -------------------
 
+
 def memory_items(rows: list[Row]) -> list[tuple[Row, "bandlib.Traits"]]:
     """Every row with a measured and a predicted peak memory, with its traits."""
-    return [(r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine)) for r in rows
-            if r.memory_gib is not None and r.memory_pred_gib is not None and r.plan is not None]
+    return [
+        (r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine))
+        for r in rows
+        if r.memory_gib is not None and r.memory_pred_gib is not None and r.plan is not None
+    ]
 
 
 def _memory_scale(train: list) -> dict | None:
@@ -1043,8 +1238,12 @@ def _memory_scale(train: list) -> dict | None:
         return None
     summary = {src: bandlib.validated_summary([tr for r, tr in train if r.source != src]) for src in sources}
     dist = [memband.memory_distance(tr, summary[r.source]) for r, tr in train]
-    return memband.fit_scale([math.log(r.memory_gib / r.memory_pred_gib) for r, _ in train], dist,
-                             [r.source for r, _ in train], [tr.defaults for _, tr in train])
+    return memband.fit_scale(
+        [math.log(r.memory_gib / r.memory_pred_gib) for r, _ in train],
+        dist,
+        [r.source for r, _ in train],
+        [tr.defaults for _, tr in train],
+    )
 
 
 def _memory_fit(items: list, holdout: str | None = None) -> dict | None:
@@ -1067,8 +1266,12 @@ def _memory_fit(items: list, holdout: str | None = None) -> dict | None:
         held = [(r, tr) for r, tr in train if r.source == src]
         for r, tr in held:
             # an inner fit on fewer sources is no narrower than the fit it checks (two sources can agree closely)
-            scale = max(bandlib.sigma_of(memband.memory_distance(tr, seen), tr.defaults, inner["sigma"],
-                                         memband.SCALE_FEATURES), params["sigma"]["base"])
+            scale = max(
+                bandlib.sigma_of(
+                    memband.memory_distance(tr, seen), tr.defaults, inner["sigma"], memband.SCALE_FEATURES
+                ),
+                params["sigma"]["base"],
+            )
             u.append((math.log(r.memory_gib / r.memory_pred_gib) - inner["center"]) / scale)
             w.append(1.0 / (len(srcs) * len(held)))
     if u:
@@ -1094,12 +1297,14 @@ def loso_memory_bands(rows: list[Row]) -> None:
         if params is None:
             continue
         tr = bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine)
-        lo, hi, _ = bandlib.interval(tr, memband.memory_distance(tr, params["validated"]), params,
-                                     memband.SCALE_FEATURES)
+        lo, hi, _ = bandlib.interval(
+            tr, memband.memory_distance(tr, params["validated"]), params, memband.SCALE_FEATURES
+        )
         r.memory_band = (lo, hi)
         if r.trained and not r.not_priced:
-            r.verdict = memband.verdict(r.memory_full_gib * GIB, r.cluster.device.hbm_bytes, lo, hi,
-                                        allowance=memband.allowance_of(r.runtime))
+            r.verdict = memband.verdict(
+                r.memory_full_gib * GIB, r.cluster.device.hbm_bytes, lo, hi, allowance=memband.allowance_of(r.runtime)
+            )
 
 
 def memory_summary(rows: list[Row]) -> dict:
@@ -1113,16 +1318,33 @@ def memory_summary(rows: list[Row]) -> dict:
         per.setdefault(r.source, []).append(x)
     trained = [r for r in rows if r.verdict]
     counts = {v: sum(r.verdict == v for r in trained) for v in memband.VERDICTS}
-    return {"n": len(meas), "sources": len({r.source for r in meas}),
-            "error": _stats([r.memory_pred_gib / r.memory_gib - 1 for r in meas]),
-            "band": {"n": len(banded), "coverage": float(np.mean(inside)) if inside else None,
-                     "coverage_by_source": float(np.mean([np.mean(v) for v in per.values()])) if per else None,
-                     "median_width": (float(np.median([r.memory_band[1] - r.memory_band[0] for r in banded]))
-                                      if banded else None)},
-            "trained": len(trained), "verdicts": counts,
-            "misses": [{"index": r.index, "name": r.name, "predicted_gib": r.memory_full_gib,
-                        "capacity_gib": r.cluster.device.hbm_bytes / GIB, "band": list(r.memory_band),
-                        "verdict": r.verdict} for r in trained if r.verdict != "fits"]}
+    return {
+        "n": len(meas),
+        "sources": len({r.source for r in meas}),
+        "error": _stats([r.memory_pred_gib / r.memory_gib - 1 for r in meas]),
+        "band": {
+            "n": len(banded),
+            "coverage": float(np.mean(inside)) if inside else None,
+            "coverage_by_source": float(np.mean([np.mean(v) for v in per.values()])) if per else None,
+            "median_width": (
+                float(np.median([r.memory_band[1] - r.memory_band[0] for r in banded])) if banded else None
+            ),
+        },
+        "trained": len(trained),
+        "verdicts": counts,
+        "misses": [
+            {
+                "index": r.index,
+                "name": r.name,
+                "predicted_gib": r.memory_full_gib,
+                "capacity_gib": r.cluster.device.hbm_bytes / GIB,
+                "band": list(r.memory_band),
+                "verdict": r.verdict,
+            }
+            for r in trained
+            if r.verdict != "fits"
+        ],
+    }
 
 
 def memory_bands(rows: list[Row], t: dict, command: str) -> dict:
@@ -1131,11 +1353,19 @@ def memory_bands(rows: list[Row], t: dict, command: str) -> dict:
     params = _memory_fit(memory_items(rows))
     if params is None:
         raise UserError("the memory band needs measured peak memory from at least two sources")
-    return {**_band_file("exatrain-memory-bands", 1, command, params,
-                         "p10-p90 of measured/predicted peak memory: center + sigma x quantiles of the standardized "
-                         "log ratios, sigma growing with the distance from the measured runs"),
-            "unseen": params["unseen"], "validated": params["validated"],
-            "leave_one_source_out": {k: t["memory"][k] for k in ("band", "trained", "verdicts")}}
+    return {
+        **_band_file(
+            "exatrain-memory-bands",
+            1,
+            command,
+            params,
+            "p10-p90 of measured/predicted peak memory: center + sigma x quantiles of the standardized "
+            "log ratios, sigma growing with the distance from the measured runs",
+        ),
+        "unseen": params["unseen"],
+        "validated": params["validated"],
+        "leave_one_source_out": {k: t["memory"][k] for k in ("band", "trained", "verdicts")},
+    }
 
 
 def record_rows(paths: list[Path], start: int) -> list[Row]:
@@ -1154,16 +1384,28 @@ def record_rows(paths: list[Path], start: int) -> list[Row]:
             cluster = cluster_for(rec)
             if cluster is None:
                 continue
-            row = Row(index=start + len(out), source=f"exatrain runs {path}", engine="exatrain",
-                      family=hardware_family(cluster.device.name), kind="dense", name=f"{rec.plan.model.name} "
-                      f"{rec.plan.label} (exatrain run on {rec.device})", measured_s=None,
-                      measured_from="RunRecord (memory only)", plan=rec.plan, cluster=cluster, runtime="exatrain",
-                      memory_gib=m.peak_memory_bytes / GIB, memory_allocated=True, trained=True)
+            row = Row(
+                index=start + len(out),
+                source=f"exatrain runs {path}",
+                engine="exatrain",
+                family=hardware_family(cluster.device.name),
+                kind="dense",
+                name=f"{rec.plan.model.name} {rec.plan.label} (exatrain run on {rec.device})",
+                measured_s=None,
+                measured_from="RunRecord (memory only)",
+                plan=rec.plan,
+                cluster=cluster,
+                runtime="exatrain",
+                memory_gib=m.peak_memory_bytes / GIB,
+                memory_allocated=True,
+                trained=True,
+            )
             out.append(row)
     return out
 
 
 # ---- rank correlation among the layouts of one model ----------------------------------------------------------
+
 
 def _ranks(x: np.ndarray) -> np.ndarray:
     order = np.argsort(x, kind="mergesort")
@@ -1198,8 +1440,16 @@ def _sweeps(rows: list[Row], min_layouts: int, one_count: bool) -> list[dict]:
         rate = lambda r, s: r.plan.tokens_per_step / (s * r.plan.gpus)  # noqa: E731
         rho = spearman([rate(r, r.oos_s) for r in rs], [rate(r, r.measured_s) for r in rs])
         if not math.isnan(rho):
-            out.append({"family": family, "source": source, "model": model, "layouts": len(rs), "spearman": rho,
-                        **({"gpus": gpus} if one_count else {})})
+            out.append(
+                {
+                    "family": family,
+                    "source": source,
+                    "model": model,
+                    "layouts": len(rs),
+                    "spearman": rho,
+                    **({"gpus": gpus} if one_count else {}),
+                }
+            )
     return out
 
 
@@ -1223,28 +1473,37 @@ def rank_correlations(rows: list[Row], min_layouts: int = 3) -> dict:
     same: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.oos_s is not None and r.plan is not None:
-            same.setdefault((r.family, r.source, r.name.split(" (")[0], r.plan.model.seq_len, r.plan.gpus,
-                             r.plan.global_batch), []).append(r)
+            same.setdefault(
+                (r.family, r.source, r.name.split(" (")[0], r.plan.model.seq_len, r.plan.gpus, r.plan.global_batch), []
+            ).append(r)
     for key, rs in same.items():
         for i, a in enumerate(rs):
-            for b in rs[i + 1:]:
+            for b in rs[i + 1 :]:
                 if a.measured_s != b.measured_s:
                     ok = (a.oos_s < b.oos_s) == (a.measured_s < b.measured_s)
                     for f in (key[0], "all"):
                         pairs.setdefault(f, []).append(ok)
-    return {"sweeps": out, "families": _by_family(out), "one_count_sweeps": fixed, "one_count": _by_family(fixed),
-            "pairs": {f: {"pairs": len(v), "ordered": float(np.mean(v))} for f, v in pairs.items()}}
+    return {
+        "sweeps": out,
+        "families": _by_family(out),
+        "one_count_sweeps": fixed,
+        "one_count": _by_family(fixed),
+        "pairs": {f: {"pairs": len(v), "ordered": float(np.mean(v))} for f, v in pairs.items()},
+    }
 
 
-def run(path: Path = CSV_PATH, engine: str | None = None, family: str | None = None,
-        runs: list[Path] | None = None) -> tuple[list[Row], dict]:
+def run(
+    path: Path = CSV_PATH, engine: str | None = None, family: str | None = None, runs: list[Path] | None = None
+) -> tuple[list[Row], dict]:
     every = load_rows(path)
     every += record_rows(list(runs or ()), len(every))
     rows = [r for r in every if (engine is None or r.engine == engine) and (family is None or r.family == family)]
     if not rows:
-        raise UserError(f"no published row matches --engine {engine} --family {family} (engines: "
-                        f"{', '.join(sorted({r.engine for r in every}))}; families: "
-                        f"{', '.join(sorted({r.family for r in every}))})")
+        raise UserError(
+            f"no published row matches --engine {engine} --family {family} (engines: "
+            f"{', '.join(sorted({r.engine for r in every}))}; families: "
+            f"{', '.join(sorted({r.family for r in every}))})"
+        )
     price(rows)
     out_of_sample(rows)
     blocking_out_of_sample(rows)
@@ -1259,14 +1518,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", help="only this engine's rows (megatron-core, megatron-deepspeed, torchtitan)")
     ap.add_argument("--family", help="only this hardware family's rows (A100, H100/H200, MI250X)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write the table (cells and rows) as JSON")
-    ap.add_argument("--write-bands", action="store_true",
-                    help=f"write {BANDS_PATH.name} and {memband.MEMORY_BANDS_PATH.name} into the catalog")
-    ap.add_argument("--runs", type=Path, nargs="+", metavar="RUNS", default=[],
-                    help="runs files (RunRecords) whose measured device peak memory joins the memory rows")
-    ap.add_argument("--fit-prior", metavar="DEVICE", choices=sorted(REFIT),
-                    help="print the prior fitted on every run of DEVICE (coefficients.DEFAULTS) and stop")
-    ap.add_argument("--fit-launch-blocking", action="store_true",
-                    help="print blocking_launch_s fitted on every run with synchronous launches and stop")
+    ap.add_argument(
+        "--write-bands",
+        action="store_true",
+        help=f"write {BANDS_PATH.name} and {memband.MEMORY_BANDS_PATH.name} into the catalog",
+    )
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        nargs="+",
+        metavar="RUNS",
+        default=[],
+        help="runs files (RunRecords) whose measured device peak memory joins the memory rows",
+    )
+    ap.add_argument(
+        "--fit-prior",
+        metavar="DEVICE",
+        choices=sorted(REFIT),
+        help="print the prior fitted on every run of DEVICE (coefficients.DEFAULTS) and stop",
+    )
+    ap.add_argument(
+        "--fit-launch-blocking",
+        action="store_true",
+        help="print blocking_launch_s fitted on every run with synchronous launches and stop",
+    )
     args = ap.parse_args(argv)
     try:
         if args.write_bands and (args.engine or args.family or args.csv != CSV_PATH):
@@ -1288,8 +1563,9 @@ def main(argv: list[str] | None = None) -> int:
             if not train:
                 raise UserError("no priced run with synchronous launches (CUDA_LAUNCH_BLOCKING=1) in the table")
             x = fit_launch_blocking(train)
-            print(f"blocking_launch_s={x:.3e}  (fitted on {len(train)} runs of {len({r.source for r in train})} "
-                  "sources)")
+            print(
+                f"blocking_launch_s={x:.3e}  (fitted on {len(train)} runs of {len({r.source for r in train})} sources)"
+            )
             return 0
         rows, t = run(args.csv, args.engine, args.family, args.runs)
     except UserError as exc:
@@ -1301,8 +1577,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         prior = f"{r.prior_s / r.measured_s - 1:+.1%}" + ("*" if r.in_sample else " ")
         oos = f"{r.oos_s / r.measured_s - 1:+13.1%}" if r.oos_s is not None else f"{'—':>13}"
-        print(f"{r.index:3d} {r.name[:52]:52} {r.engine:18} {r.family:9} {r.measured_s:10.3f} {prior:>8} {oos}  "
-              f"{r.oos_how}{'; ' + '; '.join(r.notes) if r.notes else ''}")
+        print(
+            f"{r.index:3d} {r.name[:52]:52} {r.engine:18} {r.family:9} {r.measured_s:10.3f} {prior:>8} {oos}  "
+            f"{r.oos_how}{'; ' + '; '.join(r.notes) if r.notes else ''}"
+        )
     print("(* the shipped prior was chosen against this row's source: in-sample)\n")
     print("not priced:")
     for r in rows:
@@ -1312,39 +1590,59 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(t))
     b = t["cells"]["all/all"]["band"] if "all/all" in t["cells"] else {"n": 0}
     if b["n"]:
-        print(f"\nbands (fitted on the other sources' runs, nested leave one source out): {b['coverage']:.0%} of "
-              f"{b['n']} runs inside their p10–p90 ({b['coverage_by_source']:.0%} with every source weighing the "
-              "same); "
-              f"median width (p90 - p10) {b['median_width']:.0%} of the prediction "
-              f"({b['median_width_by_source']:.0%} with every source weighing the same)")
-    print("\nrank correlation of predicted and measured tokens/s/GPU among the layouts of one model at one sequence "
-          "length in one source (sweeps of >= 3 layouts: at any GPU count, and at one GPU count each, what a search "
-          "ranks), and the share of pairs of layouts on the same GPUs and batch whose faster one is predicted "
-          "faster:\n" + rank_markdown(t))
-    print("\nby kind of run (out of sample, every engine and family): " + "; ".join(
-        f"{k} n={v['n']}" + (f" median {v['median']:.1%} p90 {v['p90']:.1%} max {v['max']:.1%}" if v["n"] else "")
-        for k, v in t["kinds"].items()))
-    print("\nper source (each left out in turn): " + "; ".join(
-        f"{p['name'][:40]} n={p['n']} median {p['median']:.1%} signed {p['signed']:+.1%}"
-        + (f" in band {p['coverage']:.0%}" if p["coverage"] is not None else "") for p in t["sources"]))
+        print(
+            f"\nbands (fitted on the other sources' runs, nested leave one source out): {b['coverage']:.0%} of "
+            f"{b['n']} runs inside their p10–p90 ({b['coverage_by_source']:.0%} with every source weighing the "
+            "same); "
+            f"median width (p90 - p10) {b['median_width']:.0%} of the prediction "
+            f"({b['median_width_by_source']:.0%} with every source weighing the same)"
+        )
+    print(
+        "\nrank correlation of predicted and measured tokens/s/GPU among the layouts of one model at one sequence "
+        "length in one source (sweeps of >= 3 layouts: at any GPU count, and at one GPU count each, what a search "
+        "ranks), and the share of pairs of layouts on the same GPUs and batch whose faster one is predicted "
+        "faster:\n" + rank_markdown(t)
+    )
+    print(
+        "\nby kind of run (out of sample, every engine and family): "
+        + "; ".join(
+            f"{k} n={v['n']}" + (f" median {v['median']:.1%} p90 {v['p90']:.1%} max {v['max']:.1%}" if v["n"] else "")
+            for k, v in t["kinds"].items()
+        )
+    )
+    print(
+        "\nper source (each left out in turn): "
+        + "; ".join(
+            f"{p['name'][:40]} n={p['n']} median {p['median']:.1%} signed {p['signed']:+.1%}"
+            + (f" in band {p['coverage']:.0%}" if p["coverage"] is not None else "")
+            for p in t["sources"]
+        )
+    )
     above = [r for r in rows if r.predicted_mfu is not None and r.mfu_flag]
-    print("\nbest measured MFU per hardware family and precision (model FLOPs over the dense peak; "
-          "catalog/data/studies.toml [[mfu]]): " + "; ".join(
-              f"{fam} {prec} {m:.1%} ({r.name})" for (fam, prec), (m, r) in sorted(best_measured_mfu(rows).items()))
-          + f"; predictions above their class's best, flagged by the estimate: {len(above)}")
+    print(
+        "\nbest measured MFU per hardware family and precision (model FLOPs over the dense peak; "
+        "catalog/data/studies.toml [[mfu]]): "
+        + "; ".join(
+            f"{fam} {prec} {m:.1%} ({r.name})" for (fam, prec), (m, r) in sorted(best_measured_mfu(rows).items())
+        )
+        + f"; predictions above their class's best, flagged by the estimate: {len(above)}"
+    )
     print("\n" + "\n".join(memory_lines(rows, t["memory"])))
     ins = [c for c in t["cells"].values() if c["in_sample_prior"]["n"]]
     for c in ins:
         s = c["in_sample_prior"]
-        print(f"\nin-sample, shipped prior, {c['engine']}/{c['family']}: n={s['n']} median {s['median']:.1%} "
-              f"p90 {s['p90']:.1%} max {s['max']:.1%}")
+        print(
+            f"\nin-sample, shipped prior, {c['engine']}/{c['family']}: n={s['n']} median {s['median']:.1%} "
+            f"p90 {s['p90']:.1%} max {s['max']:.1%}"
+        )
     command = "python benchmarks/prediction_error.py" + (" --write-bands" if args.write_bands else "")
     if args.json:
         args.json.write_text(json.dumps(t, indent=1) + "\n", encoding="utf-8")
     if args.write_bands:
         BANDS_PATH.write_text(json.dumps(bands(rows, t, command), indent=1) + "\n", encoding="utf-8")
-        memband.MEMORY_BANDS_PATH.write_text(json.dumps(memory_bands(rows, t, command), indent=1) + "\n",
-                                             encoding="utf-8")
+        memband.MEMORY_BANDS_PATH.write_text(
+            json.dumps(memory_bands(rows, t, command), indent=1) + "\n", encoding="utf-8"
+        )
         print(f"\nwrote {BANDS_PATH} and {memband.MEMORY_BANDS_PATH}")
     return 0
 

@@ -50,8 +50,10 @@ def main() -> None:
         r = run()
         t = best_of(args.repeat, run)
         ops = len(r.timeline)
-        print(f"simulate {schedule:11s} pp {pp:3d} v {v} m {m}: {t:.3f} s ({ops:,} ops, "
-              f"{ops / t / 1e6:.1f} M ops/s), bubble {r.bubble_fraction:.2%}")
+        print(
+            f"simulate {schedule:11s} pp {pp:3d} v {v} m {m}: {t:.3f} s ({ops:,} ops, "
+            f"{ops / t / 1e6:.1f} M ops/s), bubble {r.bubble_fraction:.2%}"
+        )
 
     rng = np.random.default_rng(0)
     n = args.configs
@@ -60,14 +62,19 @@ def main() -> None:
     v = np.where(sched >= 2, rng.choice([2, 3, 4], n), 1)
     m = pp * rng.integers(1, 32, n)
     F, B, W = rng.uniform(0.01, 0.1, (3, n))
-    ends = dict(first_forward_s=F * 1.1, first_backward_s=B * 1.1, last_forward_s=F * 1.5,
-                last_backward_s=B * 1.5)
-    fast = lambda: step_time_fast(F, B, weight_s=W, p2p_s=0.002, pp=pp, interleave=v,  # noqa: E731
-                                  num_microbatches=m, schedule=sched, **ends)
+    ends = dict(first_forward_s=F * 1.1, first_backward_s=B * 1.1, last_forward_s=F * 1.5, last_backward_s=B * 1.5)
+
+    def fast():
+        return step_time_fast(
+            F, B, weight_s=W, p2p_s=0.002, pp=pp, interleave=v, num_microbatches=m, schedule=sched, **ends
+        )
+
     fast()
     t = best_of(args.repeat, fast)
-    print(f"step_time_fast: {n:,} configs in {t * 1e3:.1f} ms = {n / t / 1e6:.2f} M configs/s "
-          "(mixed schedules, first/last stages differing)")
+    print(
+        f"step_time_fast: {n:,} configs in {t * 1e3:.1f} ms = {n / t / 1e6:.2f} M configs/s "
+        "(mixed schedules, first/last stages differing)"
+    )
     peak = lambda: peak_in_flight_fast(pp=pp, num_microbatches=m, schedule=sched, interleave=v)  # noqa: E731
     t = best_of(args.repeat, peak)
     print(f"peak_in_flight_fast: {n:,} configs in {t * 1e3:.1f} ms = {n / t / 1e6:.2f} M configs/s")

@@ -29,13 +29,19 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     best = result.ranked[0]
-    print(f"space: {result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings "
-          f"collapsed, {result.legal:,} legal, {result.feasible:,} fit in memory")
-    print(f"search time: best {min(times):.3f} s, median {sorted(times)[len(times) // 2]:.3f} s "
-          f"over {args.repeat} runs (CPU time: best {min(cpu):.3f} s, median {sorted(cpu)[len(cpu) // 2]:.3f} s)")
-    print(f"winner: tp{best.tp} pp{best.pp} dp{best.dp} mb{best.micro_batch} ZeRO-{best.zero_stage} "
-          f"{best.recompute} SP={best.sequence_parallel} {best.schedule}x{best.interleave}: "
-          f"MFU {best.estimate.mfu:.1%}")
+    print(
+        f"space: {result.examined:,} candidates examined, {result.collapsed:,} equivalent spellings "
+        f"collapsed, {result.legal:,} legal, {result.feasible:,} fit in memory"
+    )
+    print(
+        f"search time: best {min(times):.3f} s, median {sorted(times)[len(times) // 2]:.3f} s "
+        f"over {args.repeat} runs (CPU time: best {min(cpu):.3f} s, median {sorted(cpu)[len(cpu) // 2]:.3f} s)"
+    )
+    print(
+        f"winner: tp{best.tp} pp{best.pp} dp{best.dp} mb{best.micro_batch} ZeRO-{best.zero_stage} "
+        f"{best.recompute} SP={best.sequence_parallel} {best.schedule}x{best.interleave}: "
+        f"MFU {best.estimate.mfu:.1%}"
+    )
 
 
 if __name__ == "__main__":

@@ -28,10 +28,16 @@ from pathlib import Path
 
 from exatrain.procs import pid_alive
 
-PATHS = ("launcher:SIGTERM", "launcher:SIGINT", "launcher:SIGHUP", "group:SIGTERM", "group:SIGINT",
-         "launcher:SIGKILL", "rank:SIGTERM")
-ARGS = ["--model", "gpt-tiny", "--dp", "2", "--micro-batch", "2", "--global-batch", "4", "--steps", "20000",
-        "--quiet"]
+PATHS = (
+    "launcher:SIGTERM",
+    "launcher:SIGINT",
+    "launcher:SIGHUP",
+    "group:SIGTERM",
+    "group:SIGINT",
+    "launcher:SIGKILL",
+    "rank:SIGTERM",
+)
+ARGS = ["--model", "gpt-tiny", "--dp", "2", "--micro-batch", "2", "--global-batch", "4", "--steps", "20000", "--quiet"]
 
 
 def _steps(metrics: Path) -> int:
@@ -58,14 +64,34 @@ def run(path: str) -> dict:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         for r in range(2):
-            rank_env = {**env, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            procs.append(subprocess.Popen([sys.executable, "-m", "exatrain.train", *args], env=rank_env,
-                                          stdout=subprocess.DEVNULL, stderr=open(d / f"err{r}", "w"),
-                                          start_new_session=True))
+            rank_env = {
+                **env,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(r),
+                "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "exatrain.train", *args],
+                    env=rank_env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(d / f"err{r}", "w"),
+                    start_new_session=True,
+                )
+            )
     else:
-        procs.append(subprocess.Popen([sys.executable, "-m", "exatrain", "train", *args], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=open(d / "err0", "w"), start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "exatrain", "train", *args],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=open(d / "err0", "w"),
+                start_new_session=True,
+            )
+        )
     try:
         while _steps(metrics) < 3:
             if any(p.poll() is not None for p in procs):
@@ -99,9 +125,15 @@ def run(path: str) -> dict:
                 os.kill(pid, signal.SIGKILL)
     records = [json.loads(x) for x in metrics.read_text().splitlines() if '"run_record"' in x]
     saved = sorted(p.name for p in ckpt.glob("step-*"))
-    return {"path": path, "ranks_gone_s": gone, "exit_s": exited, "exit": [p.returncode for p in procs],
-            "steps": _steps(metrics), "checkpoint": saved[-1] if saved else None,
-            "record": records[-1]["status"] if records else None}
+    return {
+        "path": path,
+        "ranks_gone_s": gone,
+        "exit_s": exited,
+        "exit": [p.returncode for p in procs],
+        "steps": _steps(metrics),
+        "checkpoint": saved[-1] if saved else None,
+        "record": records[-1]["status"] if records else None,
+    }
 
 
 def _secs(value: float | None) -> str:
@@ -120,8 +152,11 @@ def main() -> int:
     for _ in range(a.repeat):
         for path in a.paths:
             r = run(path)
-            print(f"{r['path']:18s} {_secs(r['ranks_gone_s']):>10s} {_secs(r['exit_s']):>7s}  {r['exit']!s:10s}  "
-                  f"{r['steps']:5d}  {r['checkpoint']!s:14s}  {r['record']}", flush=True)
+            print(
+                f"{r['path']:18s} {_secs(r['ranks_gone_s']):>10s} {_secs(r['exit_s']):>7s}  {r['exit']!s:10s}  "
+                f"{r['steps']:5d}  {r['checkpoint']!s:14s}  {r['record']}",
+                flush=True,
+            )
     return 0
 
 

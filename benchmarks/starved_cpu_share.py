@@ -37,8 +37,10 @@ def main() -> None:
     finally:
         for h in hogs:
             h.kill()
-    print(f"nice 19 beside {args.busy} busy processes on {os.cpu_count()} cores: CPU ms a second "
-          + ", ".join(f"{x:.1f}" for x in samples))
+    print(
+        f"nice 19 beside {args.busy} busy processes on {os.cpu_count()} cores: CPU ms a second "
+        + ", ".join(f"{x:.1f}" for x in samples)
+    )
 
 
 if __name__ == "__main__":

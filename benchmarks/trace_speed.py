@@ -54,8 +54,12 @@ def main() -> None:
     from exatrain import api
     from exatrain.bench.trace import fast_trace, trace_stage
 
-    plan = api.estimate(**{ARGS[i][2:].replace("-", "_"): (int(ARGS[i + 1]) if ARGS[i + 1].isdigit() else ARGS[i + 1])
-                           for i in range(0, len(ARGS), 2)})
+    plan = api.estimate(
+        **{
+            ARGS[i][2:].replace("-", "_"): (int(ARGS[i + 1]) if ARGS[i + 1].isdigit() else ARGS[i + 1])
+            for i in range(0, len(ARGS), 2)
+        }
+    )
     fast = fast_trace(plan, accelerator=True).stages
     per: dict[int, tuple[float, float]] = {}
     for stage in (int(s) for s in args.full_stages.split(",")):
@@ -64,15 +68,19 @@ def main() -> None:
         full = trace_stage(plan, r, accelerator=True)
         per[r] = (time.perf_counter() - t0, time.process_time() - c0)
         same = "equal to the byte" if full == fast[r] else f"DIFFERS: full {full} fast {fast[r]}"
-        print(f"stage {stage} in full ({plan.num_microbatches} micro-batches): {per[r][0]:.1f} s wall, "
-              f"{per[r][1]:.1f} s CPU; peak {full.total / 2**30:.2f} GiB, {same}")
+        print(
+            f"stage {stage} in full ({plan.num_microbatches} micro-batches): {per[r][0]:.1f} s wall, "
+            f"{per[r][1]:.1f} s CPU; peak {full.total / 2**30:.2f} GiB, {same}"
+        )
     p = plan.pp
     middle = [r for r in per if 0 < r < p - 1]
     if 0 in per and p - 1 in per and middle:
         for i, what in ((0, "wall"), (1, "CPU")):
             total = per[0][i] + per[p - 1][i] + (p - 2) * per[middle[0]][i]
-            print(f"full trace of all {p} stages, extrapolated (stage 1 + {p - 2} x stage {middle[0] + 1} + "
-                  f"stage {p}): {total:.0f} s {what}, plus the command's start")
+            print(
+                f"full trace of all {p} stages, extrapolated (stage 1 + {p - 2} x stage {middle[0] + 1} + "
+                f"stage {p}): {total:.0f} s {what}, plus the command's start"
+            )
 
 
 if __name__ == "__main__":

@@ -57,9 +57,11 @@ def main() -> None:
     ok = sorted((t for t in measured if t["status"] == "ok"), key=lambda t: -t["measured_tokens_per_s"])
     for t in sorted(measured, key=lambda t: t["number"]):
         if t["source"] == "seed":
-            where = (f"measured {ok.index(t) + 1} of {len(ok)} finished" if t in ok else f"{t['status']}")
-            print(f"seed trial {t['number']}: predicted {t['predicted_tokens_per_s']:,.0f} tokens/s, measured "
-                  f"{t['measured_tokens_per_s']:,.0f} ({where})")
+            where = f"measured {ok.index(t) + 1} of {len(ok)} finished" if t in ok else f"{t['status']}"
+            print(
+                f"seed trial {t['number']}: predicted {t['predicted_tokens_per_s']:,.0f} tokens/s, measured "
+                f"{t['measured_tokens_per_s']:,.0f} ({where})"
+            )
 
 
 if __name__ == "__main__":

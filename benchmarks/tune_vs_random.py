@@ -71,12 +71,13 @@ def measure(plans: list[Plan], steps: int, tmp: Path) -> dict[str, dict]:
     for p in plans:
         key = layout_key(plan_params(p))
         try:
-            configs.append((key, TrainConfig(plan=p, steps=steps, metrics_file=str(tmp / f"{key}.jsonl"),
-                                             quiet=True).check()))
+            configs.append(
+                (key, TrainConfig(plan=p, steps=steps, metrics_file=str(tmp / f"{key}.jsonl"), quiet=True).check())
+            )
         except UserError as exc:  # what `exatrain train` refuses with exit 2
             out[key] = {"status": "rejected", "error": str(exc)}
     for start in range(0, len(configs), CHUNK):
-        chunk = configs[start:start + CHUNK]
+        chunk = configs[start : start + CHUNK]
         try:
             launch_local([c for _, c in chunk], stall_s=120)
         except RunFailed:  # one layout failed: run them one by one to see which
@@ -110,14 +111,25 @@ def build_table(steps: int) -> dict:
         runs = measure(order, steps, Path(tmp))
         fastest = sorted((k for k in runs if runs[k]["status"] == "ok"), key=lambda k: -runs[k]["tokens_per_s"])[:16]
         again = measure([cands.plans[cands.index[k]] for k in fastest], steps, Path(tmp))
-    layouts = [{"key": k, "predicted_tokens_per_s": float(cands.predicted[i]), **runs[k]}
-               for i, k in enumerate(cands.keys)]
-    return {"meta": {"model": MODEL, "gpus": GPUS, "global_batch": GLOBAL_BATCH, "steps": steps,
-                     "dtype": "float32", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                     "machine": "2-core CPU sandbox", "torch": torch.__version__,
-                     "python": platform.python_version(), "wall_s": round(time.time() - t0)},
-            "layouts": layouts,
-            "repeats": {k: [runs[k]["tokens_per_s"], again[k].get("tokens_per_s")] for k in fastest}}
+    layouts = [
+        {"key": k, "predicted_tokens_per_s": float(cands.predicted[i]), **runs[k]} for i, k in enumerate(cands.keys)
+    ]
+    return {
+        "meta": {
+            "model": MODEL,
+            "gpus": GPUS,
+            "global_batch": GLOBAL_BATCH,
+            "steps": steps,
+            "dtype": "float32",
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": "2-core CPU sandbox",
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "wall_s": round(time.time() - t0),
+        },
+        "layouts": layouts,
+        "repeats": {k: [runs[k]["tokens_per_s"], again[k].get("tokens_per_s")] for k in fastest},
+    }
 
 
 # ---- 2. replay -----------------------------------------------------------------------------------
@@ -204,8 +216,11 @@ def replay_tuner(cands: Candidates, table, best, near, noise: float, seed: int) 
 def replay_tuner_stop(cands: Candidates, table, best, near, noise: float, seed: int) -> tuple[int, float]:
     """The tuner with its defaults: after how many runs does it stop by itself, with what best?"""
     tracker = Tracker(table, best, near)
-    _run_tuner(cands, TableRunner(tracker, noise, np.random.default_rng(seed), stop_when_found=False),
-               TuneSettings(trials=len(cands)))
+    _run_tuner(
+        cands,
+        TableRunner(tracker, noise, np.random.default_rng(seed), stop_when_found=False),
+        TuneSettings(trials=len(cands)),
+    )
     return tracker.runs, tracker.seen / table[best]["tokens_per_s"]
 
 
@@ -226,8 +241,10 @@ def replay_tpe(cands: Candidates, table, best, near, seed: int, max_asks: int = 
     them); a combination that is still no feasible layout, a refused one or a repeat is answered without a
     run (pruned: TPE learns to avoid it)."""
     params = [cands.params(i) for i in range(len(cands))]
-    values = {name: sorted({p[name] for p in params}, key=str)
-              for name in ("tp", "pp", "micro_batch", "zero_stage", "recompute", "sequence_parallel")}
+    values = {
+        name: sorted({p[name] for p in params}, key=str)
+        for name in ("tp", "pp", "micro_batch", "zero_stage", "recompute", "sequence_parallel")
+    }
     values["schedule"] = sorted({f"{p['schedule']}:{p['interleave']}" for p in params})
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     tracker = Tracker(table, best, near)
@@ -300,21 +317,28 @@ def main() -> None:
     noise = statistics.pstdev(reps) / math.sqrt(2) if len(reps) > 1 else 0.1
     rank_pred = sorted(ok, key=lambda k: -table[k]["predicted_tokens_per_s"]).index(best) + 1
     statuses = {s: sum(r["status"] == s for r in table.values()) for s in ("ok", "rejected", "failed")}
-    print(f"table: {len(table)} layouts of {MODEL} on {GPUS} CPU ranks, global batch {GLOBAL_BATCH}, "
-          f"{data['meta']['steps']} steps each ({data['meta']['date']}): {statuses}")
-    print(f"best measured: {best} at {ok[best]:,.0f} tokens/s (the cost model ranks it #{rank_pred} of "
-          f"{len(ok)}); {len(near)} layouts within 10%; run-to-run noise {noise:.1%} (16 layouts measured twice)")
+    print(
+        f"table: {len(table)} layouts of {MODEL} on {GPUS} CPU ranks, global batch {GLOBAL_BATCH}, "
+        f"{data['meta']['steps']} steps each ({data['meta']['date']}): {statuses}"
+    )
+    print(
+        f"best measured: {best} at {ok[best]:,.0f} tokens/s (the cost model ranks it #{rank_pred} of "
+        f"{len(ok)}); {len(near)} layouts within 10%; run-to-run noise {noise:.1%} (16 layouts measured twice)"
+    )
     seeds = range(args.seeds)
     rows = {
         "cost-model tuning, noise-free table": [replay_tuner(cands, table, best, near, 0.0, 0)],
-        f"cost-model tuning, runs with {noise:.0%} noise": [replay_tuner(cands, table, best, near, noise, s)
-                                                            for s in seeds],
+        f"cost-model tuning, runs with {noise:.0%} noise": [
+            replay_tuner(cands, table, best, near, noise, s) for s in seeds
+        ],
         "random search": [replay_random(table, best, near, s) for s in seeds],
         "plain Optuna (TPE, no cost model)": [replay_tpe(cands, table, best, near, s) for s in seeds],
     }
     n = sum(r["status"] != "rejected" for r in table.values())
-    print(f"\nruns until the best layout has run ({n} runnable layouts; {args.seeds} seeds, the noise-free "
-          "replay is deterministic):")
+    print(
+        f"\nruns until the best layout has run ({n} runnable layouts; {args.seeds} seeds, the noise-free "
+        "replay is deterministic):"
+    )
     for name, res in rows.items():
         print(f"  {name:42s} {summary([r.to_best for r in res])}")
     print("runs until a layout within 10% of the best has run:")
@@ -325,10 +349,12 @@ def main() -> None:
         print(f"  {name:42s} {quality(res)}")
     stops = [replay_tuner_stop(cands, table, best, near, 0.0, 0)]
     noisy = [replay_tuner_stop(cands, table, best, near, noise, s) for s in seeds]
-    print(f"the tuner's own early stop (defaults): noise-free after {stops[0][0]} runs with {stops[0][1]:.0%} of "
-          f"the best; with noise after median {statistics.median(r for r, _ in noisy):g} runs "
-          f"(range {min(r for r, _ in noisy)}–{max(r for r, _ in noisy)}), its best median "
-          f"{statistics.median(q for _, q in noisy):.0%}, worst {min(q for _, q in noisy):.0%} of the best")
+    print(
+        f"the tuner's own early stop (defaults): noise-free after {stops[0][0]} runs with {stops[0][1]:.0%} of "
+        f"the best; with noise after median {statistics.median(r for r, _ in noisy):g} runs "
+        f"(range {min(r for r, _ in noisy)}–{max(r for r, _ in noisy)}), its best median "
+        f"{statistics.median(q for _, q in noisy):.0%}, worst {min(q for _, q in noisy):.0%} of the best"
+    )
 
 
 if __name__ == "__main__":

@@ -67,18 +67,40 @@ class Engine:
 
 
 ENGINES = (
-    Engine("megatron-lm", "Megatron-LM", "megatron", ("numpy", "packaging>=24.2", "typing_extensions", TRITON),
-           "probe_megatron_lm.py", source="megatron-lm", default_commit="d98e8a64"),
-    Engine("megatron-deepspeed", "Megatron-DeepSpeed + DeepSpeed 0.19.8", "deepspeed", ("deepspeed==0.19.8",),
-           "probe_megatron_deepspeed.py", source="megatron-deepspeed", default_commit="4efb479d", build_isolation=False,
-           extra_pip=("wheel", "setuptools")),
+    Engine(
+        "megatron-lm",
+        "Megatron-LM",
+        "megatron",
+        ("numpy", "packaging>=24.2", "typing_extensions", TRITON),
+        "probe_megatron_lm.py",
+        source="megatron-lm",
+        default_commit="d98e8a64",
+    ),
+    Engine(
+        "megatron-deepspeed",
+        "Megatron-DeepSpeed + DeepSpeed 0.19.8",
+        "deepspeed",
+        ("deepspeed==0.19.8",),
+        "probe_megatron_deepspeed.py",
+        source="megatron-deepspeed",
+        default_commit="4efb479d",
+        build_isolation=False,
+        extra_pip=("wheel", "setuptools"),
+    ),
     Engine("torchtitan-0.2.2", "torchtitan 0.2.2", "torchtitan", ("torchtitan==0.2.2", TRITON), "probe_torchtitan.py"),
     # torchao: the float8 converter of the config functions that carry one (llama3_405b)
-    Engine("torchtitan-0.3.0", "torchtitan 0.3.0", "torchtitan-0.3", ("torchtitan==0.3.0", TRITON, "torchao"),
-           "probe_torchtitan.py"),
+    Engine(
+        "torchtitan-0.3.0",
+        "torchtitan 0.3.0",
+        "torchtitan-0.3",
+        ("torchtitan==0.3.0", TRITON, "torchao"),
+        "probe_torchtitan.py",
+    ),
 )
-DEFAULT_SOURCES = {"megatron-lm": "https://github.com/NVIDIA/Megatron-LM.git",
-                   "megatron-deepspeed": "https://github.com/deepspeedai/Megatron-DeepSpeed.git"}
+DEFAULT_SOURCES = {
+    "megatron-lm": "https://github.com/NVIDIA/Megatron-LM.git",
+    "megatron-deepspeed": "https://github.com/deepspeedai/Megatron-DeepSpeed.git",
+}
 
 
 def fail(message: str) -> None:
@@ -120,8 +142,12 @@ def bash_array(path: str, array: str, files: dict[str, str]) -> list[str]:
     folder = tempfile.mkdtemp(prefix="exatrain-export-")
     for name, src in files.items():
         Path(folder, name).write_text(Path(src).read_text())
-    out = run(["bash", "-c", f'set -eu; source "$1" >/dev/null; printf "%s\\n" "${{{array}[@]}}"', "x", path],
-              cwd=folder, capture_output=True, check=True)
+    out = run(
+        ["bash", "-c", f'set -eu; source "$1" >/dev/null; printf "%s\\n" "${{{array}[@]}}"', "x", path],
+        cwd=folder,
+        capture_output=True,
+        check=True,
+    )
     return out.stdout.splitlines()
 
 
@@ -135,13 +161,26 @@ def render(plans: dict, work: Path, exatrain_src: Path) -> dict:
         plan.save(plan_file)
         m = plan.model
         manifest[name] = {
-            "gpus": plan.gpus, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "dp": plan.dp, "ep": plan.ep,
-            "micro_batch": plan.micro_batch, "global_batch": plan.global_batch,
-            "num_microbatches": plan.num_microbatches, "interleave": plan.interleave,
-            "layers_per_stage": list(plan.layers_per_stage()), "layers": m.layers, "vocab": m.vocab,
-            "seq_len": m.seq_len, "params": total_params(m),
+            "gpus": plan.gpus,
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "cp": plan.cp,
+            "dp": plan.dp,
+            "ep": plan.ep,
+            "micro_batch": plan.micro_batch,
+            "global_batch": plan.global_batch,
+            "num_microbatches": plan.num_microbatches,
+            "interleave": plan.interleave,
+            "layers_per_stage": list(plan.layers_per_stage()),
+            "layers": m.layers,
+            "vocab": m.vocab,
+            "seq_len": m.seq_len,
+            "params": total_params(m),
             "router_bias": m.moe_layers * m.experts if m.router_bias else 0,
-            "windowed_layers": m.windowed_layers, "sliding_window": m.sliding_window, "exports": {}}
+            "windowed_layers": m.windowed_layers,
+            "sliding_window": m.sliding_window,
+            "exports": {},
+        }
         for engine in ENGINES:
             jobs.append((name, str(plan_file), engine.target, str(work / f"{name}.{engine.target}")))
     env = {**os.environ, "PYTHONPATH": str(exatrain_src)}
@@ -154,15 +193,20 @@ def render(plans: dict, work: Path, exatrain_src: Path) -> dict:
         entry = dict(got)
         if "path" in got:
             text = Path(got["path"]).read_text()
-            array = {"megatron": "MEGATRON_ARGS", "deepspeed": "MEGATRON_DEEPSPEED_ARGS",
-                     "torchtitan-0.3": "TORCHTITAN_ARGS"}.get(target)
+            array = {
+                "megatron": "MEGATRON_ARGS",
+                "deepspeed": "MEGATRON_DEEPSPEED_ARGS",
+                "torchtitan-0.3": "TORCHTITAN_ARGS",
+            }.get(target)
             if array:
                 entry["argv"] = bash_array(got["path"], array, got["files"])
-            entry["env"] = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (
-                "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text) else {}
+            entry["env"] = (
+                {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in text) else {}
+            )
             lines = text.splitlines()  # the v0.2.2 flavor to register: the line after the header says so
-            entry["register"] = [lines[i + 1][1:].strip() for i, line in enumerate(lines[:-1])
-                                 if line.startswith("# Register the model")]
+            entry["register"] = [
+                lines[i + 1][1:].strip() for i, line in enumerate(lines[:-1]) if line.startswith("# Register the model")
+            ]
         manifest[name]["exports"][target] = entry
     return manifest
 
@@ -170,10 +214,17 @@ def render(plans: dict, work: Path, exatrain_src: Path) -> dict:
 # ---- 2. the engines' environments -------------------------------------------------------------------------------
 def purelib(python: str) -> tuple[str, str | None]:
     """(site-packages of ``python``, its torch version or None)."""
-    out = run([python, "-c", "import sysconfig, importlib.util as u\n"
-               "print(sysconfig.get_paths()['purelib'])\n"
-               "print(__import__('torch').__version__ if u.find_spec('torch') else '')"],
-              capture_output=True, check=True).stdout.splitlines()
+    out = run(
+        [
+            python,
+            "-c",
+            "import sysconfig, importlib.util as u\n"
+            "print(sysconfig.get_paths()['purelib'])\n"
+            "print(__import__('torch').__version__ if u.find_spec('torch') else '')",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout.splitlines()
     return out[0], (out[1] or None)
 
 
@@ -186,8 +237,7 @@ def ensure_venv(engine: Engine, root: Path, python: str, reuse_torch: bool) -> P
     if py.exists() and marker.exists() and json.loads(marker.read_text()) == want:
         return py
     print(f"check_exports: making {path} ({' '.join(engine.pip)})", flush=True)
-    run([python, "-m", "venv", "--clear", *(["--system-site-packages"] if reuse_torch else []), str(path)],
-        check=True)
+    run([python, "-m", "venv", "--clear", *(["--system-site-packages"] if reuse_torch else []), str(path)], check=True)
     constraint: list[str] = []
     if reuse_torch:
         site, torch_version = purelib(python)
@@ -199,7 +249,8 @@ def ensure_venv(engine: Engine, root: Path, python: str, reuse_torch: bool) -> P
             constraint = ["-c", str(path / "constraints.txt")]
     pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *constraint]
     for step in ([list(engine.extra_pip)] if engine.extra_pip else []) + [
-            ([] if engine.build_isolation else ["--no-build-isolation"]) + list(engine.pip)]:
+        ([] if engine.build_isolation else ["--no-build-isolation"]) + list(engine.pip)
+    ]:
         if run(pip + step).returncode:
             fail(f"pip could not install {' '.join(step)} into {path} (its output is above)")
     marker.write_text(json.dumps(want))
@@ -224,18 +275,24 @@ def ensure_source(spec: str, root: Path, name: str, default_commit: str) -> tupl
         rev = run(["git", "-C", str(dest), "rev-parse", "HEAD"], capture_output=True, check=True).stdout.strip()
     except subprocess.CalledProcessError as exc:
         last = ((exc.stderr or "").strip().splitlines() or ["?"])[-1]
-        fail(f"{name} sources from {spec}: git {exc.cmd[1] if exc.cmd[1] != '-C' else exc.cmd[3]} failed ({last}); "
-             f"pass --{name} PATH (a checkout) or URL@COMMIT")
+        fail(
+            f"{name} sources from {spec}: git {exc.cmd[1] if exc.cmd[1] != '-C' else exc.cmd[3]} failed ({last}); "
+            f"pass --{name} PATH (a checkout) or URL@COMMIT"
+        )
     return dest, rev
 
 
 def engine_version(py: Path, engine: Engine) -> str:
-    module = {"megatron-deepspeed": "deepspeed", "torchtitan-0.2.2": "torchtitan",
-              "torchtitan-0.3.0": "torchtitan"}.get(engine.name)
+    module = {
+        "megatron-deepspeed": "deepspeed",
+        "torchtitan-0.2.2": "torchtitan",
+        "torchtitan-0.3.0": "torchtitan",
+    }.get(engine.name)
     if not module:
         return ""
-    out = run([str(py), "-c", f"from importlib.metadata import version; print(version('{module}'))"],
-              capture_output=True)
+    out = run(
+        [str(py), "-c", f"from importlib.metadata import version; print(version('{module}'))"], capture_output=True
+    )
     return out.stdout.strip()
 
 
@@ -259,42 +316,83 @@ def verdict(plan: dict, export: dict, result: dict | None) -> tuple[str, str]:
     return "pass", f"{built:,} parameters"
 
 
-def markdown(rows: list[tuple[str, dict[str, tuple[str, str]]]], engines: list[Engine], versions: dict[str, str],
-             command: str, started: str) -> str:
-    head = ["| plan | " + " | ".join(versions[e.name] for e in engines) + " |",
-            "|---|" + "---|" * len(engines)]
+def markdown(
+    rows: list[tuple[str, dict[str, tuple[str, str]]]],
+    engines: list[Engine],
+    versions: dict[str, str],
+    command: str,
+    started: str,
+) -> str:
+    head = ["| plan | " + " | ".join(versions[e.name] for e in engines) + " |", "|---|" + "---|" * len(engines)]
     body = []
     for plan, cells in rows:
         shown = []
         for e in engines:
             status, detail = cells[e.name]
-            shown.append(f"pass ({detail})" if status == "pass" else
-                         "refused by exatrain" if status == "refused" else f"**FAIL**: {detail}")
+            shown.append(
+                f"pass ({detail})"
+                if status == "pass"
+                else "refused by exatrain"
+                if status == "refused"
+                else f"**FAIL**: {detail}"
+            )
         body.append(f"| {plan} | " + " | ".join(shown) + " |")
-    return "\n".join([f"## Exports through the engines' own code — {started}", "",
-                      f"Command: `{command}`", "",
-                      f"Machine: {platform.machine()} CPU, Python {platform.python_version()}; the engines on the "
-                      "meta device, in their own venvs.", "", *head, *body, ""])
+    return "\n".join(
+        [
+            f"## Exports through the engines' own code — {started}",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"Machine: {platform.machine()} CPU, Python {platform.python_version()}; the engines on the "
+            "meta device, in their own venvs.",
+            "",
+            *head,
+            *body,
+            "",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--megatron-lm", metavar="PATH|URL[@COMMIT]",
-                    help=f"Megatron-LM's sources (default {DEFAULT_SOURCES['megatron-lm']}@d98e8a64)")
-    ap.add_argument("--megatron-deepspeed", metavar="PATH|URL[@COMMIT]",
-                    help=f"Megatron-DeepSpeed's sources (default {DEFAULT_SOURCES['megatron-deepspeed']}@4efb479d)")
-    ap.add_argument("--engines", default=",".join(e.name for e in ENGINES),
-                    help="comma-separated subset of " + ", ".join(e.name for e in ENGINES))
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--megatron-lm",
+        metavar="PATH|URL[@COMMIT]",
+        help=f"Megatron-LM's sources (default {DEFAULT_SOURCES['megatron-lm']}@d98e8a64)",
+    )
+    ap.add_argument(
+        "--megatron-deepspeed",
+        metavar="PATH|URL[@COMMIT]",
+        help=f"Megatron-DeepSpeed's sources (default {DEFAULT_SOURCES['megatron-deepspeed']}@4efb479d)",
+    )
+    ap.add_argument(
+        "--engines",
+        default=",".join(e.name for e in ENGINES),
+        help="comma-separated subset of " + ", ".join(e.name for e in ENGINES),
+    )
     ap.add_argument("--plans", default="", help="comma-separated subset of the matrix's plans (default all)")
-    ap.add_argument("--venvs", default=str(Path.home() / ".cache" / "exatrain" / "engines"), metavar="DIR",
-                    help="where the engines' venvs and sources go (default ~/.cache/exatrain/engines)")
+    ap.add_argument(
+        "--venvs",
+        default=str(Path.home() / ".cache" / "exatrain" / "engines"),
+        metavar="DIR",
+        help="where the engines' venvs and sources go (default ~/.cache/exatrain/engines)",
+    )
     ap.add_argument("--python", default=sys.executable, help="the interpreter the venvs are made from")
-    ap.add_argument("--reuse-torch", choices=("auto", "yes", "no"), default="auto",
-                    help="let the venvs see --python's packages (its torch) instead of installing torch (default: "
-                         "yes when --python has torch)")
-    ap.add_argument("--exatrain-src", default=str(ROOT / "src"), metavar="DIR",
-                    help="the exatrain tree whose export-config renders the exports (default this one's)")
+    ap.add_argument(
+        "--reuse-torch",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="let the venvs see --python's packages (its torch) instead of installing torch (default: "
+        "yes when --python has torch)",
+    )
+    ap.add_argument(
+        "--exatrain-src",
+        default=str(ROOT / "src"),
+        metavar="DIR",
+        help="the exatrain tree whose export-config renders the exports (default this one's)",
+    )
     ap.add_argument("--json", metavar="OUT", help="write every result here")
     ap.add_argument("--markdown", metavar="OUT", help="write the results as a RESULTS.md section here")
     args = ap.parse_args(argv)
@@ -325,19 +423,30 @@ def main(argv: list[str] | None = None) -> int:
     sources = {}
     for engine in engines:  # the sources first: a wrong path or URL fails before any install
         if engine.source:
-            spec = getattr(args, engine.source.replace("-", "_")) or \
-                f"{DEFAULT_SOURCES[engine.source]}@{engine.default_commit}"
+            spec = (
+                getattr(args, engine.source.replace("-", "_"))
+                or f"{DEFAULT_SOURCES[engine.source]}@{engine.default_commit}"
+            )
             sources[engine.name] = ensure_source(spec, root, engine.source, engine.default_commit)
     for engine in engines:
         py = ensure_venv(engine, root, args.python, reuse)
-        cmd = [str(py), str(PROBES / engine.probe), "--manifest", str(work / "manifest.json"),
-               "--target", engine.target, "--out", str(work / f"{engine.name}.json")]
+        cmd = [
+            str(py),
+            str(PROBES / engine.probe),
+            "--manifest",
+            str(work / "manifest.json"),
+            "--target",
+            engine.target,
+            "--out",
+            str(work / f"{engine.name}.json"),
+        ]
         label = engine.label
         if engine.source:
             src, rev = sources[engine.name]
             cmd += ["--source", str(src)]
             label = f"{engine.label.split(' + ')[0]} {rev[:8]}" + (
-                f" + DeepSpeed {engine_version(py, engine)}" if engine.name == "megatron-deepspeed" else "")
+                f" + DeepSpeed {engine_version(py, engine)}" if engine.name == "megatron-deepspeed" else ""
+            )
         else:
             label = f"torchtitan {engine_version(py, engine)}"
         versions[engine.name] = label
@@ -347,8 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         log.write_text(out.stdout + out.stderr)
         path = work / f"{engine.name}.json"
         if not path.exists():
-            fail(f"the {engine.name} probe wrote no results (exit {out.returncode}); its log: {log}\n"
-                 f"{out.stderr[-3000:]}")
+            fail(
+                f"the {engine.name} probe wrote no results (exit {out.returncode}); its log: {log}\n"
+                f"{out.stderr[-3000:]}"
+            )
         results[engine.name] = json.loads(path.read_text())
 
     rows = []
@@ -366,9 +477,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {versions[engine.name]:<46} {status:<8} {detail}")
     command = "python scripts/check_exports.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     if args.json:
-        Path(args.json).write_text(json.dumps({"started": started, "versions": versions, "manifest": manifest,
-                                               "results": results,
-                                               "verdicts": {n: c for n, c in rows}}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "started": started,
+                    "versions": versions,
+                    "manifest": manifest,
+                    "results": results,
+                    "verdicts": {n: c for n, c in rows},
+                },
+                indent=1,
+            )
+        )
     if args.markdown:
         Path(args.markdown).write_text(markdown(rows, engines, versions, command, started))
     print(f"check_exports: {failed} failure(s) over {len(rows)} plans x {len(engines)} engines; work files in {work}")

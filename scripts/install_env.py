@@ -131,8 +131,10 @@ def upgrade_mode() -> bool:
     """UPGRADE=1: the newest versions pyproject.toml allows instead of the pinned ones (UPGRADE unset, empty or 0)."""
     value = os.environ.get("UPGRADE", "").strip()
     if value not in ("", "0", "1"):
-        raise Stop(f"UPGRADE={value!r}: use UPGRADE=1 (the newest versions pyproject.toml allows) or leave it unset "
-                   f"(the versions {CONSTRAINTS.relative_to(REPO)} pins)")
+        raise Stop(
+            f"UPGRADE={value!r}: use UPGRADE=1 (the newest versions pyproject.toml allows) or leave it unset "
+            f"(the versions {CONSTRAINTS.relative_to(REPO)} pins)"
+        )
     return value == "1"
 
 
@@ -142,8 +144,7 @@ def version_flags(upgrade: bool, *files: Path) -> list[str]:
         return ["--upgrade", "--upgrade-strategy", "eager"]
     for f in files:
         if not f.is_file():
-            raise Stop(f"{f} is missing: restore it (git checkout -- {f.relative_to(REPO)}) or install with "
-                       f"UPGRADE=1")
+            raise Stop(f"{f} is missing: restore it (git checkout -- {f.relative_to(REPO)}) or install with UPGRADE=1")
     return [arg for f in files for arg in ("-c", str(f))]
 
 
@@ -185,8 +186,9 @@ def venv_state(venv: Path) -> tuple[str, str]:
     if not venv.exists():
         return "absent", ""
     if not (venv / "pyvenv.cfg").is_file():
-        raise Stop(f"{venv} exists and is not a virtual environment (no pyvenv.cfg): move it away or "
-                   f"set VENV=another/dir")
+        raise Stop(
+            f"{venv} exists and is not a virtual environment (no pyvenv.cfg): move it away or set VENV=another/dir"
+        )
     ours = (venv / MARKER).is_file()
     info = probe(str(venv_python(venv)), ENV_PROBE)
     if info is None:
@@ -236,8 +238,10 @@ class Target:
         except ValueError:
             shown = str(self.venv)
         act = "Scripts\\activate" if os.name == "nt" else "bin/activate"
-        return (f"exatrain is installed in the virtual environment {self.venv}: "
-                f"run `. {shown}/{act}` to call `exatrain` directly")
+        return (
+            f"exatrain is installed in the virtual environment {self.venv}: "
+            f"run `. {shown}/{act}` to call `exatrain` directly"
+        )
 
 
 # ---------------------------------------------------------------- pip for a new environment
@@ -291,9 +295,11 @@ def pip_from_pypi(dest: Path) -> Path:
         with urllib.request.urlopen(url, timeout=120) as r:
             data = r.read()
     except (OSError, ValueError, KeyError) as exc:
-        raise Stop(f"{sys.executable} has no ensurepip and no pip, no local pip wheel was found, and PyPI "
-                   f"was not reachable ({exc}): install python3-venv (Debian/Ubuntu: apt install "
-                   f"python3-venv) or set PYTHON to a Python that has venv and pip") from None
+        raise Stop(
+            f"{sys.executable} has no ensurepip and no pip, no local pip wheel was found, and PyPI "
+            f"was not reachable ({exc}): install python3-venv (Debian/Ubuntu: apt install "
+            f"python3-venv) or set PYTHON to a Python that has venv and pip"
+        ) from None
     if hashlib.sha256(data).hexdigest() != f["digests"]["sha256"]:
         raise Stop(f"the pip wheel downloaded from PyPI does not match its published sha256 ({url})")
     out = dest / f["filename"]
@@ -308,15 +314,26 @@ def bootstrap_pip(python: str) -> None:
         say("no ensurepip: installing pip into the environment with the base Python's pip")
         if run([python, "-m", "pip", "install", "-q", "--ignore-installed", "--no-deps", "pip"]).returncode == 0:
             return
-        say("could not install a pip of its own; the base Python's pip (seen through the system "
-            "site-packages) is used")
+        say("could not install a pip of its own; the base Python's pip (seen through the system site-packages) is used")
         return
     with tempfile.TemporaryDirectory() as tmp:
         wheel: Path | None = None
         if route == "host-download":
             say("no ensurepip: downloading the pip wheel with the base Python's pip")
-            p = run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                     "--dest", tmp, "pip"])
+            p = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--dest",
+                    tmp,
+                    "pip",
+                ]
+            )
             found = sorted(Path(tmp).glob("pip-*.whl"))
             wheel = found[-1] if p.returncode == 0 and found else None
         if wheel is None and distro_pip_wheel():
@@ -326,8 +343,10 @@ def bootstrap_pip(python: str) -> None:
             say(f"no ensurepip: fetching the pip wheel from PyPI ({PIP_JSON})")
             wheel = pip_from_pypi(Path(tmp))
         # pip runs from its own wheel (the way CPython's ensurepip runs it) to install that wheel.
-        pip_step([python, str(wheel / "pip"), "install", "-q", "--ignore-installed", "--no-index", "--no-deps",
-                  str(wheel)], f"installing pip from {wheel.name}")
+        pip_step(
+            [python, str(wheel / "pip"), "install", "-q", "--ignore-installed", "--no-index", "--no-deps", str(wheel)],
+            f"installing pip from {wheel.name}",
+        )
 
 
 def make_venv(target: Target) -> None:
@@ -343,15 +362,22 @@ def make_venv(target: Target) -> None:
         say("venv with pip failed; making it without pip instead")
         shutil.rmtree(venv, ignore_errors=True)
     else:
-        say(f"making the virtual environment {venv} (--system-site-packages, --without-pip: "
-            f"{sys.executable} has no ensurepip)")
-    p = run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-            capture_output=True, text=True)
+        say(
+            f"making the virtual environment {venv} (--system-site-packages, --without-pip: "
+            f"{sys.executable} has no ensurepip)"
+        )
+    p = run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         shutil.rmtree(venv, ignore_errors=True)
-        raise Stop(f"{sys.executable} cannot make a virtual environment ({(p.stderr or p.stdout).strip()[:200]}): "
-                   f"install python3-venv (Debian/Ubuntu: apt install python3-venv) or set PYTHON to a "
-                   f"Python that has venv")
+        raise Stop(
+            f"{sys.executable} cannot make a virtual environment ({(p.stderr or p.stdout).strip()[:200]}): "
+            f"install python3-venv (Debian/Ubuntu: apt install python3-venv) or set PYTHON to a "
+            f"Python that has venv"
+        )
     (venv / MARKER).write_text("scripts/install_env.py made this environment and may remake it\n")
     bootstrap_pip(target.python)
 
@@ -377,17 +403,23 @@ def torch_decision(python: str, *flags: str) -> tuple[str, str]:
         raise Stop(f"{python} could not be asked about torch")
     if t["version"] is not None:
         if t["dist"] is None:
-            raise Stop(f"torch {t['version']} imports from {t['path']} but pip does not see it installed, so "
-                       f"pip would add a second torch: install exatrain yourself there "
-                       f"(pip install --no-deps -e .) or use a Python whose torch pip installed")
+            raise Stop(
+                f"torch {t['version']} imports from {t['path']} but pip does not see it installed, so "
+                f"pip would add a second torch: install exatrain yourself there "
+                f"(pip install --no-deps -e .) or use a Python whose torch pip installed"
+            )
         if version_tuple(t["version"]) < TORCH_MIN:
-            raise Stop(f"torch {t['version']} is installed but exatrain's trainer needs torch>="
-                       f"{'.'.join(map(str, TORCH_MIN))}; install keeps the torch it finds: upgrade it yourself "
-                       f"or set PYTHON to another Python")
+            raise Stop(
+                f"torch {t['version']} is installed but exatrain's trainer needs torch>="
+                f"{'.'.join(map(str, TORCH_MIN))}; install keeps the torch it finds: upgrade it yourself "
+                f"or set PYTHON to another Python"
+            )
         return "keep", t["dist"]
     if t["dist"] is not None:
-        raise Stop(f"torch {t['dist']} is installed but does not import ({t['error']}); install does not replace "
-                   f"it: repair it (or uninstall it to get the CPU build {TORCH_PIN})")
+        raise Stop(
+            f"torch {t['dist']} is installed but does not import ({t['error']}); install does not replace "
+            f"it: repair it (or uninstall it to get the CPU build {TORCH_PIN})"
+        )
     return "install", torch_spec()
 
 
@@ -414,8 +446,13 @@ def stamp_key(python: str) -> str:
     """What a pinned install depends on: pyproject.toml, the install scripts, the constraints files and
     the interpreter (an UPGRADE=1 install leaves no stamp: it always runs)."""
     h = hashlib.sha256()
-    for f in (REPO / "pyproject.toml", REPO / "scripts" / "install.sh", Path(__file__).resolve(), CONSTRAINTS,
-              TORCH_CONSTRAINTS):
+    for f in (
+        REPO / "pyproject.toml",
+        REPO / "scripts" / "install.sh",
+        Path(__file__).resolve(),
+        CONSTRAINTS,
+        TORCH_CONSTRAINTS,
+    ):
         h.update(f.read_bytes() if f.is_file() else b"(missing)")
     h.update(os.path.abspath(python).encode())
     return h.hexdigest()
@@ -424,8 +461,13 @@ def stamp_key(python: str) -> str:
 def editable_here(python: str) -> bool:
     """Does `python` import exatrain from this checkout's src/ (without help from PYTHONPATH)?"""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    p = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('exatrain').origin)"],
-                       capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [python, "-c", "import importlib.util as u; print(u.find_spec('exatrain').origin)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     if p.returncode != 0 or not p.stdout.strip():
         return False
     return Path(p.stdout.strip()).resolve().is_relative_to((REPO / "src").resolve())
@@ -442,8 +484,18 @@ def up_to_date(target: Target, upgrade: bool = False) -> bool:
 
 def pip_install_argv(python: str, torch_pin: Path, upgrade: bool) -> list[str]:
     """The pip command that installs exatrain[all,dev] editable, torch held at ``torch_pin``'s version."""
-    return [python, "-m", "pip", "install", "-q", "-c", str(torch_pin), *version_flags(upgrade, CONSTRAINTS), "-e",
-            f"{REPO}[{EXTRAS}]"]
+    return [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "-c",
+        str(torch_pin),
+        *version_flags(upgrade, CONSTRAINTS),
+        "-e",
+        f"{REPO}[{EXTRAS}]",
+    ]
 
 
 def dry_run(target: Target) -> None:
@@ -458,8 +510,11 @@ def dry_run(target: Target) -> None:
         # The new venv sees the base Python's site-packages but not its user site (-s).
         action, what = torch_decision(sys.executable, "-s")
     else:
-        print("pip: in the environment" if has_pip(target.python)
-              else "pip: missing (the install stops and says how to add it)")
+        print(
+            "pip: in the environment"
+            if has_pip(target.python)
+            else "pip: missing (the install stops and says how to add it)"
+        )
         action, what = torch_decision(target.python)
     print(f"torch: keep {what}" if action == "keep" else f"torch: install {what}")
     if upgrade:
@@ -487,8 +542,10 @@ def install(target: Target) -> None:
         if target.kind == "plain" and (target.venv / MARKER).is_file():
             bootstrap_pip(target.python)  # an earlier install made this venv and stopped before pip
         else:
-            raise Stop(f"the environment {target.prefix} has no pip: run `{target.python} -m ensurepip` "
-                       f"(or install pip there), then make install again")
+            raise Stop(
+                f"the environment {target.prefix} has no pip: run `{target.python} -m ensurepip` "
+                f"(or install pip there), then make install again"
+            )
     action, what = torch_decision(target.python)
     if action == "install":
         install_torch(target.python, what, upgrade)
@@ -501,8 +558,11 @@ def install(target: Target) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         constraints = Path(tmp) / "torch.txt"
         constraints.write_text(f"torch=={what}\n", encoding="utf-8")
-        how = ("the newest versions pyproject.toml allows (UPGRADE=1)" if upgrade
-               else f"the versions {CONSTRAINTS.relative_to(REPO)} pins")
+        how = (
+            "the newest versions pyproject.toml allows (UPGRADE=1)"
+            if upgrade
+            else f"the versions {CONSTRAINTS.relative_to(REPO)} pins"
+        )
         say(f"pip install -e .[{EXTRAS}] into {target.prefix}, {how}")
         pip_step(pip_install_argv(target.python, constraints, upgrade), f"installing exatrain[{EXTRAS}]")
     if not editable_here(target.python):

@@ -70,8 +70,10 @@ def no_leaked_process_group(request: pytest.FixtureRequest) -> Iterator[None]:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-        pytest.fail(f"{request.node.nodeid} left a process group initialised: run it in a subprocess "
-                    "or tear the group down", pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} left a process group initialised: run it in a subprocess or tear the group down",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="module")

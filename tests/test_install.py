@@ -60,10 +60,20 @@ def fake_torch(root: Path, version: str, *, metadata: bool = True, imports: bool
     return root
 
 
-def install(*args: str, python: str, venv: Path, home: Path | None = None, path: Path | None = None,
-            conda: Path | None = None, upgrade: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UPGRADE")}
+def install(
+    *args: str,
+    python: str,
+    venv: Path,
+    home: Path | None = None,
+    path: Path | None = None,
+    conda: Path | None = None,
+    upgrade: str | None = None,
+) -> subprocess.CompletedProcess:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UPGRADE")
+    }
     env.update(PYTHON=python, VENV=str(venv))
     if upgrade is not None:
         env["UPGRADE"] = upgrade
@@ -73,8 +83,15 @@ def install(*args: str, python: str, venv: Path, home: Path | None = None, path:
         env["PYTHONPATH"] = str(path)
     if conda:
         env["CONDA_PREFIX"] = str(conda)
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 def decisions(p: subprocess.CompletedProcess) -> dict[str, str]:
@@ -114,8 +131,16 @@ def test_a_venv_python_is_installed_into_as_it_is(tmp_path: Path, venv: Path) ->
 
 
 def test_a_conda_environment_is_installed_into_as_it_is(tmp_path: Path, venv: Path, bare_home: Path) -> None:
-    d = decisions(install("--dry-run", python=BARE, venv=venv, home=bare_home, conda=bare_home,
-                          path=fake_torch(tmp_path / "t", "2.9.0+cu128")))
+    d = decisions(
+        install(
+            "--dry-run",
+            python=BARE,
+            venv=venv,
+            home=bare_home,
+            conda=bare_home,
+            path=fake_torch(tmp_path / "t", "2.9.0+cu128"),
+        )
+    )
     assert d["environment"].startswith(f"current conda {bare_home}")
     assert d["torch"] == "keep 2.9.0+cu128"
     assert d["runs"] == BARE
@@ -124,10 +149,12 @@ def test_a_conda_environment_is_installed_into_as_it_is(tmp_path: Path, venv: Pa
     assert d["environment"].startswith(f"new venv {venv}")
 
 
-def test_a_plain_python_with_torch_gets_a_venv_that_keeps_its_torch(tmp_path: Path, venv: Path,
-                                                                    bare_home: Path) -> None:
-    d = decisions(install("--dry-run", python=BARE, venv=venv, home=bare_home,
-                          path=fake_torch(tmp_path / "t", "2.8.0")))
+def test_a_plain_python_with_torch_gets_a_venv_that_keeps_its_torch(
+    tmp_path: Path, venv: Path, bare_home: Path
+) -> None:
+    d = decisions(
+        install("--dry-run", python=BARE, venv=venv, home=bare_home, path=fake_torch(tmp_path / "t", "2.8.0"))
+    )
     assert d["environment"] == f"new venv {venv}, --system-site-packages of {BARE}"
     assert d["pip"] == "ensurepip"
     assert d["torch"] == "keep 2.8.0"
@@ -197,15 +224,20 @@ def test_a_venv_directory_that_is_not_a_venv_is_refused(tmp_path: Path, venv: Pa
 
 
 @pytest.mark.parametrize("case", ["too old", "does not import", "no metadata"])
-def test_an_unusable_torch_stops_the_install_in_one_line(tmp_path: Path, venv: Path, bare_home: Path,
-                                                         case: str) -> None:
-    torch_dir = {"too old": lambda: fake_torch(tmp_path / "t", "2.3.1+cu121"),
-                 "does not import": lambda: fake_torch(tmp_path / "t", "2.8.0", imports=False),
-                 "no metadata": lambda: fake_torch(tmp_path / "t", "2.8.0", metadata=False)}[case]()
+def test_an_unusable_torch_stops_the_install_in_one_line(
+    tmp_path: Path, venv: Path, bare_home: Path, case: str
+) -> None:
+    torch_dir = {
+        "too old": lambda: fake_torch(tmp_path / "t", "2.3.1+cu121"),
+        "does not import": lambda: fake_torch(tmp_path / "t", "2.8.0", imports=False),
+        "no metadata": lambda: fake_torch(tmp_path / "t", "2.8.0", metadata=False),
+    }[case]()
     err = one_line_refusal(install("--dry-run", python=BARE, venv=venv, home=bare_home, path=torch_dir))
-    expect = {"too old": "torch 2.3.1+cu121 is installed but exatrain's trainer needs torch>=2.6",
-              "does not import": "torch 2.8.0 is installed but does not import (ImportError: libtorch_cuda.so",
-              "no metadata": "torch 2.8.0 imports from"}[case]
+    expect = {
+        "too old": "torch 2.3.1+cu121 is installed but exatrain's trainer needs torch>=2.6",
+        "does not import": "torch 2.8.0 is installed but does not import (ImportError: libtorch_cuda.so",
+        "no metadata": "torch 2.8.0 imports from",
+    }[case]
     assert expect in err
     assert not venv.exists()
 
@@ -237,9 +269,23 @@ def test_make_check_fails_when_pytest_runs_no_tests(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
 
     def check(target: Path) -> subprocess.CompletedProcess:
-        return subprocess.run(["make", "-s", "-C", str(ROOT), "check", f"ENV_PYTHON={sys.executable}",
-                               f"LINT_PATHS={target}", f"PYTEST_ARGS=-p no:cacheprovider --rootdir {target} {target}"],
-                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=300)
+        return subprocess.run(
+            [
+                "make",
+                "-s",
+                "-C",
+                str(ROOT),
+                "check",
+                f"ENV_PYTHON={sys.executable}",
+                f"LINT_PATHS={target}",
+                f"PYTEST_ARGS=-p no:cacheprovider --rootdir {target} {target}",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=300,
+        )
 
     p = check(empty)
     assert p.returncode != 0
@@ -253,9 +299,23 @@ def test_make_check_runs_the_linter_before_the_tests(tmp_path: Path) -> None:
     and seen to fail here: `check` without its `lint` prerequisite."""
     (tmp_path / "test_unused.py").write_text("import os\n\n\ndef test_one():\n    assert 1 + 1 == 2\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
-    p = subprocess.run(["make", "-s", "-C", str(ROOT), "check", f"ENV_PYTHON={sys.executable}",
-                        f"LINT_PATHS={tmp_path}", f"PYTEST_ARGS=-p no:cacheprovider --rootdir {tmp_path} {tmp_path}"],
-                       capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=300)
+    p = subprocess.run(
+        [
+            "make",
+            "-s",
+            "-C",
+            str(ROOT),
+            "check",
+            f"ENV_PYTHON={sys.executable}",
+            f"LINT_PATHS={tmp_path}",
+            f"PYTEST_ARGS=-p no:cacheprovider --rootdir {tmp_path} {tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
     assert p.returncode != 0
     assert "F401" in p.stdout and "`os` imported but unused" in p.stdout, p.stdout + p.stderr
     assert "passed" not in p.stdout, p.stdout
@@ -299,7 +359,11 @@ def test_the_pip_commands_carry_the_constraints_or_the_upgrade(tmp_path: Path, m
     assert ["-c", str(pin)] == up[5:7]  # the torch found (or installed) stays
     # The torch this script installs gets its dependencies' pins too.
     assert m.version_flags(False, m.CONSTRAINTS, m.TORCH_CONSTRAINTS) == [
-        "-c", str(m.CONSTRAINTS), "-c", str(m.TORCH_CONSTRAINTS)]
+        "-c",
+        str(m.CONSTRAINTS),
+        "-c",
+        str(m.TORCH_CONSTRAINTS),
+    ]
     monkeypatch.setattr(m, "CONSTRAINTS", ROOT / "constraints" / "gone.txt")
     with pytest.raises(m.Stop, match="gone.txt is missing"):
         m.version_flags(False, m.CONSTRAINTS)
@@ -400,7 +464,13 @@ def test_make_install_passes_upgrade_to_the_installer(tmp_path: Path) -> None:
     fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "UPGRADE"}
     for args, want in (([], "UPGRADE=[]"), (["UPGRADE=1"], "UPGRADE=[1]")):
-        p = subprocess.run(["make", "-s", "-C", str(ROOT), "install", f"PYTHON={fake}", *args], capture_output=True,
-                           text=True, env=env, stdin=subprocess.DEVNULL, timeout=300)
+        p = subprocess.run(
+            ["make", "-s", "-C", str(ROOT), "install", f"PYTHON={fake}", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr
         assert p.stdout.strip() == f"{want} scripts/install_env.py", p.stdout

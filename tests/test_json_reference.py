@@ -64,8 +64,14 @@ def target(kind: str) -> str | None:
     return m.group(1) if m else None
 
 
-def check(value: Any, section: str, page: dict[str, dict[str, str]], where: str, seen: set[tuple[str, str]],
-          problems: list[str]) -> None:
+def check(
+    value: Any,
+    section: str,
+    page: dict[str, dict[str, str]],
+    where: str,
+    seen: set[tuple[str, str]],
+    problems: list[str],
+) -> None:
     """Walk ``value`` (an object the page's ``section`` describes): each key on the page, sub-objects in the
     section their row points to; a row of type ``map`` (keys that are data) is not walked into."""
     if section not in page:
@@ -85,8 +91,11 @@ def check(value: Any, section: str, page: dict[str, dict[str, str]], where: str,
         if to is None or sub is None:
             continue
         if rows[row].startswith("map of"):  # each value is one (or a list of them)
-            items = [(f".{k}" + (f"[{i}]" if isinstance(v, list) else ""), x) for k, v in sub.items()
-                     for i, x in enumerate(v if isinstance(v, list) else [v])]
+            items = [
+                (f".{k}" + (f"[{i}]" if isinstance(v, list) else ""), x)
+                for k, v in sub.items()
+                for i, x in enumerate(v if isinstance(v, list) else [v])
+            ]
         else:
             items = [(f"[{i}]", x) for i, x in enumerate(sub)] if isinstance(sub, list) else [("", sub)]
         for suffix, item in items:
@@ -109,8 +118,14 @@ def _records(tmp: Path) -> Path:
         plan = make_plan(model="gpt-tiny", cluster="local-cpu", gpus=tp * dp, tp=tp, global_batch=8, dtype="float32")
         est = estimate_plan(plan, cluster)
         t = est.time_s.step * (1.2 + 0.1 * i)
-        append_run_record(path, RunRecord(plan=plan.with_estimate(est), device="cpu", measured=Measured(
-            steps=5, step_time_s=t, tokens_per_s=plan.tokens_per_step / t, peak_memory_bytes=3e8)))
+        append_run_record(
+            path,
+            RunRecord(
+                plan=plan.with_estimate(est),
+                device="cpu",
+                measured=Measured(steps=5, step_time_s=t, tokens_per_s=plan.tokens_per_step / t, peak_memory_bytes=3e8),
+            ),
+        )
     return path
 
 
@@ -120,9 +135,14 @@ def _fake_bench(**_: Any):
     from exatrain.planner.cost.coefficients import Calibration, default_params
 
     tier = LinkTier(name="local", span=0, bytes_per_s=1e9, latency_s=2e-5)
-    return BenchResult(calibration=Calibration(devices={"cpu": default_params("cpu")},
-                                               cluster_tiers={"local-cpu": (tier,)}),
-                       device="cpu", dtype="float32", ranks=2, threads_per_rank=1, seconds=1.0)
+    return BenchResult(
+        calibration=Calibration(devices={"cpu": default_params("cpu")}, cluster_tiers={"local-cpu": (tier,)}),
+        device="cpu",
+        dtype="float32",
+        ranks=2,
+        threads_per_rank=1,
+        seconds=1.0,
+    )
 
 
 def _fake_tune():
@@ -130,33 +150,141 @@ def _fake_tune():
     from exatrain.tuning.study import TrialView, TuneResult
 
     plan = make_plan(model="gpt-tiny", cluster="local-cpu", gpus=2, global_batch=8, dtype="float32")
-    trials = (TrialView(number=0, plan=plan, status="ok", predicted_tokens_per_s=900.0, measured_tokens_per_s=800.0,
-                        source="seed", duration_s=12.0),
-              TrialView(number=1, plan=plan.replace(dims=plan.dims.__class__(tp=2, pp=1, dp=1)), status="failed",
-                        predicted_tokens_per_s=700.0, measured_tokens_per_s=None, error="rank 1 died",
-                        source="sampler"))
-    return TuneResult(study_name="gpt-tiny_2xlocal-cpu", trials=trials, best=trials[0], stopped="trials reached",
-                      ran=2, finished=2, candidates=4, storage="sqlite:///tune.db", runs_file="tune.runs.jsonl",
-                      trials_dir="tune.trials", best_file="tune.best.json")
+    trials = (
+        TrialView(
+            number=0,
+            plan=plan,
+            status="ok",
+            predicted_tokens_per_s=900.0,
+            measured_tokens_per_s=800.0,
+            source="seed",
+            duration_s=12.0,
+        ),
+        TrialView(
+            number=1,
+            plan=plan.replace(dims=plan.dims.__class__(tp=2, pp=1, dp=1)),
+            status="failed",
+            predicted_tokens_per_s=700.0,
+            measured_tokens_per_s=None,
+            error="rank 1 died",
+            source="sampler",
+        ),
+    )
+    return TuneResult(
+        study_name="gpt-tiny_2xlocal-cpu",
+        trials=trials,
+        best=trials[0],
+        stopped="trials reached",
+        ran=2,
+        finished=2,
+        candidates=4,
+        storage="sqlite:///tune.db",
+        runs_file="tune.runs.jsonl",
+        trials_dir="tune.trials",
+        best_file="tune.best.json",
+    )
 
 
 RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (  # (name, the page's section of its object, argv)
     ("models", "models", ("models", "--json")),
     ("hardware", "hardware", ("hardware", "--json")),
-    ("estimate cpu", "estimate", ("estimate", "--model", "gpt-small", "--cluster", "local-cpu", "--gpus", "2",
-                                  "--json")),
-    ("estimate 175b", "estimate", ("estimate", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128",
-                                   "--tp", "4", "--pp", "16", "--global-batch", "640", "--recompute", "full",
-                                   "--tokens", "300B", "--json")),
-    ("estimate moe", "estimate", ("estimate", "--model", "moe-tiny", "--cluster", "dgx-h100", "--gpus", "16",
-                                  "--ep", "2", "--cp", "2", "--global-batch", "16", "--fp8", "current", "--json")),
-    ("estimate offload", "estimate", ("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
-                                      "--zero", "1", "--global-batch", "16", "--runtime", "megatron-deepspeed",
-                                      "--offload", "optimizer", "--json")),
-    ("search", "search", ("search", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "4",
-                          "--global-batch", "8", "--top", "3", "--explain", "--json")),
-    ("scaling", "scaling", ("scaling", "--model", "gpt-small", "--cluster", "local-cpu", "--gpus", "2,4",
-                            "--global-batch", "8", "--json")),
+    (
+        "estimate cpu",
+        "estimate",
+        ("estimate", "--model", "gpt-small", "--cluster", "local-cpu", "--gpus", "2", "--json"),
+    ),
+    (
+        "estimate 175b",
+        "estimate",
+        (
+            "estimate",
+            "--model",
+            "gpt-175b",
+            "--cluster",
+            "frontier",
+            "--gpus",
+            "128",
+            "--tp",
+            "4",
+            "--pp",
+            "16",
+            "--global-batch",
+            "640",
+            "--recompute",
+            "full",
+            "--tokens",
+            "300B",
+            "--json",
+        ),
+    ),
+    (
+        "estimate moe",
+        "estimate",
+        (
+            "estimate",
+            "--model",
+            "moe-tiny",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "16",
+            "--ep",
+            "2",
+            "--cp",
+            "2",
+            "--global-batch",
+            "16",
+            "--fp8",
+            "current",
+            "--json",
+        ),
+    ),
+    (
+        "estimate offload",
+        "estimate",
+        (
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "8",
+            "--zero",
+            "1",
+            "--global-batch",
+            "16",
+            "--runtime",
+            "megatron-deepspeed",
+            "--offload",
+            "optimizer",
+            "--json",
+        ),
+    ),
+    (
+        "search",
+        "search",
+        (
+            "search",
+            "--model",
+            "gpt-tiny",
+            "--cluster",
+            "local-cpu",
+            "--gpus",
+            "4",
+            "--global-batch",
+            "8",
+            "--top",
+            "3",
+            "--explain",
+            "--json",
+        ),
+    ),
+    (
+        "scaling",
+        "scaling",
+        ("scaling", "--model", "gpt-small", "--cluster", "local-cpu", "--gpus", "2,4", "--global-batch", "8", "--json"),
+    ),
 )
 
 
@@ -168,11 +296,13 @@ def outputs(tmp_path_factory) -> dict[str, tuple[str, Any]]:
 
     tmp = tmp_path_factory.mktemp("json")
     runs = _records(tmp)
-    argvs = [*RUNS,
-             ("validate", "validate", ("validate", str(runs), "--json")),
-             ("calibrate", "calibrate", ("calibrate", str(runs), "--out", str(tmp / "cal.json"), "--json")),
-             ("bench", "bench", ("bench", "--out", str(tmp / "bench.json"), "--json")),
-             ("tune", "tune", ("tune", "--model", "gpt-tiny", "--gpus", "2", "--global-batch", "8", "--json"))]
+    argvs = [
+        *RUNS,
+        ("validate", "validate", ("validate", str(runs), "--json")),
+        ("calibrate", "calibrate", ("calibrate", str(runs), "--out", str(tmp / "cal.json"), "--json")),
+        ("bench", "bench", ("bench", "--out", str(tmp / "bench.json"), "--json")),
+        ("tune", "tune", ("tune", "--model", "gpt-tiny", "--gpus", "2", "--global-batch", "8", "--json")),
+    ]
     out: dict[str, tuple[str, Any]] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(machine, "measure", _fake_bench)
@@ -209,8 +339,13 @@ def test_every_key_printed_is_on_the_page_and_every_row_is_printed(outputs) -> N
     source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "src" / "exatrain").rglob("*.py"))
     reachable = _reachable(page, {section for section, _ in outputs.values()})
     stale = []
-    inherited = {(s, k) for s, base in re.findall(r"\{#([\w-]+)\}\s+The keys of \[[^]]*\]\(#([\w-]+)\)",
-                                                    PAGE.read_text(encoding="utf-8")) for k in page.get(base, {})}
+    inherited = {
+        (s, k)
+        for s, base in re.findall(
+            r"\{#([\w-]+)\}\s+The keys of \[[^]]*\]\(#([\w-]+)\)", PAGE.read_text(encoding="utf-8")
+        )
+        for k in page.get(base, {})
+    }
     for section in sorted(reachable):
         for key, kind in page[section].items():
             if (section, key) in seen or (section, key) in inherited:  # an inherited row: checked in its own section
@@ -234,8 +369,10 @@ def _reachable(page: dict[str, dict[str, str]], roots: set[str]) -> set[str]:
 
 
 def test_the_page_reader_and_walker_catch_a_missing_and_an_unknown_key() -> None:
-    page = read_page("## `demo --json`\n| key | type |\n|---|---|\n| `a` | number |\n| `b` | object: [x](#x) |\n"
-                     "## The x object {#x}\n| `c` | string |\n")
+    page = read_page(
+        "## `demo --json`\n| key | type |\n|---|---|\n| `a` | number |\n| `b` | object: [x](#x) |\n"
+        "## The x object {#x}\n| `c` | string |\n"
+    )
     seen: set[tuple[str, str]] = set()
     problems: list[str] = []
     check({"a": 1, "b": {"c": "s", "d": 2}, "e": 3}, "demo", page, "demo", seen, problems)

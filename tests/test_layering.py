@@ -253,8 +253,9 @@ print(json.dumps({"loaded": sorted(k for k in sys.modules if k == "exatrain" or 
 
 
 def _load(mods: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", _LOADER, json.dumps(mods)], capture_output=True, text=True,
-                         timeout=600, env=_child_env())
+    out = subprocess.run(
+        [sys.executable, "-c", _LOADER, json.dumps(mods)], capture_output=True, text=True, timeout=600, env=_child_env()
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -404,8 +405,10 @@ def runtime_graph() -> dict[str, dict[str, bool]]:
     """import_graph() less the function-local imports that keep torch or matplotlib from loading with a module
     (the target loads one at import, the importing module does not)."""
     heavy = _heavy_at_import()
-    return {mod: {t: local for t, local in edges.items() if not (local and t in heavy and mod not in heavy)}
-            for mod, edges in import_graph().items()}
+    return {
+        mod: {t: local for t, local in edges.items() if not (local and t in heavy and mod not in heavy)}
+        for mod, edges in import_graph().items()
+    }
 
 
 def test_no_import_circles() -> None:
@@ -413,8 +416,12 @@ def test_no_import_circles() -> None:
     graph = runtime_graph()
     found = []
     for part in _cycles(graph):
-        edges = [f"{a} -> {b}" + (" (inside a function)" if graph[a][b] else "")
-                 for a in part for b in sorted(graph[a]) if b in part]
+        edges = [
+            f"{a} -> {b}" + (" (inside a function)" if graph[a][b] else "")
+            for a in part
+            for b in sorted(graph[a])
+            if b in part
+        ]
         found.append("; ".join(edges))
     assert not found, "import circles:\n" + "\n".join(found)
 

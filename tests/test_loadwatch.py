@@ -44,8 +44,10 @@ def test_fair_share_slowdown_and_the_factor_between_bench_and_training() -> None
     same = Contention(bench=_load(0.0), train=_load(0.1), ranks=2)
     assert not same.changed and same.widen(0.2, 0.3) == (0.2, 0.3) and same.line().endswith("about the same")
     line = c.line()
-    assert line.startswith("load: load average 1.0, other processes 0.3 of 2 cores during bench; load average 1.0, "
-                           "other processes 2.0 of 2 cores during training")
+    assert line.startswith(
+        "load: load average 1.0, other processes 0.3 of 2 cores during bench; load average 1.0, "
+        "other processes 2.0 of 2 cores during training"
+    )
     assert "2.00× slower than the calibration predicts" in line and "widened" in line
 
 
@@ -71,8 +73,9 @@ def test_the_window_counts_other_processes_and_leaves_out_its_own(monkeypatch) -
     with LoadWatch() as w:
         pass
     # (14 - 6) / 10 = 0.8 cores of other work on the machine, half of it on this process's 2 of 4 CPUs
-    assert w.load == MachineLoad(seconds=10.0, cores=2, load_average=3.0, others=pytest.approx(0.4),
-                                 steal=pytest.approx(1 / 40))
+    assert w.load == MachineLoad(
+        seconds=10.0, cores=2, load_average=3.0, others=pytest.approx(0.4), steal=pytest.approx(1 / 40)
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="needs /proc/stat (Linux)")
@@ -103,8 +106,12 @@ def _cpu_ticks(pid: int) -> int:
 
 def _record(est_plan, device: str, env: dict) -> RunRecord:
     t = est_plan.estimate.time_s.step * 2.0
-    return RunRecord(plan=est_plan, device=device, env=env,
-                     measured=Measured(steps=5, step_time_s=t, tokens_per_s=est_plan.tokens_per_step / t))
+    return RunRecord(
+        plan=est_plan,
+        device=device,
+        env=env,
+        measured=Measured(steps=5, step_time_s=t, tokens_per_s=est_plan.tokens_per_step / t),
+    )
 
 
 @pytest.fixture(scope="module")

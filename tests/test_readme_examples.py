@@ -88,8 +88,12 @@ def page_examples(path: Path) -> list[Example]:
             first = [lines[0].removeprefix("$ "), *lines[1:]]
             argv, n = _command(first)
             out.append(Example(page, len(out), tuple(argv[1:]), tuple(lines[n:])))
-        elif lang == "text" and previous is not None and previous[0] == "python" \
-                and text[previous[1]:m.start()].strip() == "":
+        elif (
+            lang == "text"
+            and previous is not None
+            and previous[0] == "python"
+            and text[previous[1] : m.start()].strip() == ""
+        ):
             out.append(Example(page, len(out), (), tuple(lines), source=previous[2]))
         previous = (lang, m.end(), body)
     return out
@@ -100,8 +104,10 @@ def page_command_lines(path: Path) -> list[tuple[str, list[str]]]:
     text = path.read_text(encoding="utf-8")
     found = []
     chunks = [m.group(1) for m in re.finditer(r"```bash\n(.*?)```", text, flags=re.S)]
-    chunks += ["\n".join(line[4:] for line in m.group(0).splitlines())
-               for m in re.finditer(r"(?:^|\n)((?:    \S.*\n)+)", re.sub(r"```.*?```", "", text, flags=re.S))]
+    chunks += [
+        "\n".join(line[4:] for line in m.group(0).splitlines())
+        for m in re.finditer(r"(?:^|\n)((?:    \S.*\n)+)", re.sub(r"```.*?```", "", text, flags=re.S))
+    ]
     for chunk in chunks:
         lines = chunk.splitlines()
         i = 0
@@ -133,8 +139,9 @@ def numbers(lines) -> set[str]:
 
 EXAMPLES = [e for page in PAGES for e in page_examples(page)]
 INLINE = [(page.relative_to(ROOT).as_posix(), span) for page in PAGES for span in page_inline_commands(page)]
-COMMAND_LINES = [(page.relative_to(ROOT).as_posix(), line, argv) for page in PAGES
-                 for line, argv in page_command_lines(page)]
+COMMAND_LINES = [
+    (page.relative_to(ROOT).as_posix(), line, argv) for page in PAGES for line, argv in page_command_lines(page)
+]
 
 
 @pytest.fixture(scope="module")
@@ -188,24 +195,24 @@ def test_the_pages_have_the_headline_examples() -> None:
     assert len(with_examples) >= 4, with_examples
 
 
-@pytest.mark.parametrize("example", [e for e in EXAMPLES if e.argv and e.argv[0] != "train"],
-                         ids=lambda e: e.id)
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if e.argv and e.argv[0] != "train"], ids=lambda e: e.id)
 def test_planner_example_output(example: Example, scratch, capsys, monkeypatch) -> None:
-    assert example.argv[0] in PLANNER_COMMANDS, \
+    assert example.argv[0] in PLANNER_COMMANDS, (
         f"{example.id}: no runner for `exatrain {example.argv[0]}`; show its output in a plain block instead"
+    )
     cwd = _prepare(example, scratch, capsys, monkeypatch)
     out = _run_in_process(example.argv, cwd, capsys, monkeypatch)
     scratch[1].add(example)
     missing = sorted(numbers(example.expected) - numbers(out.splitlines()))
-    assert not missing, f"{example.id}: numbers not in the output of `exatrain {' '.join(example.argv)}`: " \
-                        f"{missing}\n{out}"
+    assert not missing, (
+        f"{example.id}: numbers not in the output of `exatrain {' '.join(example.argv)}`: {missing}\n{out}"
+    )
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if not e.argv], ids=lambda e: e.id)
 def test_python_example_output(example: Example, scratch, capsys, monkeypatch) -> None:
     cwd = _prepare(example, scratch, capsys, monkeypatch)
-    out = subprocess.run([sys.executable, "-c", example.source], capture_output=True, text=True, cwd=cwd,
-                         timeout=600)
+    out = subprocess.run([sys.executable, "-c", example.source], capture_output=True, text=True, cwd=cwd, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     missing = sorted(numbers(example.expected) - numbers(out.stdout.splitlines()))
     assert not missing, f"{example.id}: numbers not in what the example prints: {missing}\n{out.stdout}"
@@ -225,9 +232,13 @@ def test_train_example_first_step(example: Example, scratch, capsys, monkeypatch
     plan = argv[argv.index("--plan") + 1] if "--plan" in argv else None
     key = " ".join(argv) + (hashlib.sha256((cwd / plan).read_bytes()).hexdigest() if plan else "")
     if key not in _TRAIN_RUNS:
-        _TRAIN_RUNS[key] = subprocess.run([sys.executable, "-m", "exatrain", *argv, "--steps", "1",
-                                           "--metrics-file", str(cwd / "first-step.jsonl")],
-                                          capture_output=True, text=True, timeout=1800, cwd=cwd)
+        _TRAIN_RUNS[key] = subprocess.run(
+            [sys.executable, "-m", "exatrain", *argv, "--steps", "1", "--metrics-file", str(cwd / "first-step.jsonl")],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=cwd,
+        )
     out = _TRAIN_RUNS[key]
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
@@ -245,7 +256,7 @@ def _cli_argv(argv: list[str]) -> list[str] | None:
     if argv[:1] == ["exatrain"]:
         return argv[1:]
     if "exatrain.train" in argv and argv[argv.index("exatrain.train") - 1] == "-m":
-        return ["train", *argv[argv.index("exatrain.train") + 1:]]
+        return ["train", *argv[argv.index("exatrain.train") + 1 :]]
     return None
 
 
@@ -298,7 +309,7 @@ def test_the_quick_start_reads_the_files_examples_holds(tmp_path: Path, capsys, 
     script, export-config renders the plan; and every file of examples/ is one the README uses."""
     readme = [(line, argv) for page, line, argv in COMMAND_LINES if page == "README.md"]
     first = next(i for i, (_, argv) in enumerate(readme) if any("$EXAMPLES" in a for a in argv))
-    block = [argv for _, argv in readme[first:first + 3]]
+    block = [argv for _, argv in readme[first : first + 3]]
     assert [argv[1] for argv in block] == ["search", "estimate", "export-config"], block
     outs = []
     for argv in block:
@@ -308,6 +319,9 @@ def test_the_quick_start_reads_the_files_examples_holds(tmp_path: Path, capsys, 
     assert "8.03B params) on 64 x dgx-h100: tp 2 · pp 1 · dp 32" in outs[1]
     assert outs[2].startswith("#!/bin/bash") and "--tensor-model-parallel-size" in outs[2]
     used = {a.split("$EXAMPLES/", 1)[1] for _, argv in readme for a in argv if "$EXAMPLES/" in a}
-    held = {p.relative_to(README_EXAMPLES).as_posix() for p in README_EXAMPLES.rglob("*")
-            if p.is_file() and p.name != "README.md"}
+    held = {
+        p.relative_to(README_EXAMPLES).as_posix()
+        for p in README_EXAMPLES.rglob("*")
+        if p.is_file() and p.name != "README.md"
+    }
     assert held == used, (held, used)

@@ -15,8 +15,13 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.errors import PlanError
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.settings import RECOMPUTE, SCHEDULES, RunSettings
-from exatrain.planner.search.space import (PLAN_REASONS, RUNTIME_REASON, TRAINER_LAYOUT_REASONS, SpaceOptions,
-                                           enumerate_space)
+from exatrain.planner.search.space import (
+    PLAN_REASONS,
+    RUNTIME_REASON,
+    TRAINER_LAYOUT_REASONS,
+    SpaceOptions,
+    enumerate_space,
+)
 from exatrain.trainer.config import TrainConfig
 
 MODELS = ("gpt-tiny", "llama-tiny", "gpt-175b", "llama3-70b", "moe-tiny")
@@ -39,11 +44,18 @@ def _random_plan(rnd: random.Random) -> Plan:
     dp = rnd.choice([1, 2, 3, 4, 8])
     gb = mb * dp * rnd.choice([1, 2, 4, 16, 64]) + (rnd.choice([1, 2]) if rnd.random() < 0.15 else 0)
     ep, cp = rnd.choice([1, 1, 1, 2, 4, 3]), rnd.choice([1, 1, 1, 2, 4, 3, 0])
-    return Plan(model=model, dims=ParallelDims(tp=rnd.choice([1, 1, 2, 3, 4, 8, 16, 0]), pp=pp, dp=dp, ep=ep, cp=cp),
-                shape=TrainShape(mb, gb), zero_stage=rnd.choice([0, 1, 2, 3, 3, 4]),
-                recompute=rnd.choice(RECOMPUTE + ("some",) * (rnd.random() < 0.05)),
-                sequence_parallel=rnd.random() < 0.4, schedule=schedule, interleave=v,
-                stage_layers=stage_layers, dtype=rnd.choice(["bfloat16", "float32", "bfloat16", "fp8"]))
+    return Plan(
+        model=model,
+        dims=ParallelDims(tp=rnd.choice([1, 1, 2, 3, 4, 8, 16, 0]), pp=pp, dp=dp, ep=ep, cp=cp),
+        shape=TrainShape(mb, gb),
+        zero_stage=rnd.choice([0, 1, 2, 3, 3, 4]),
+        recompute=rnd.choice(RECOMPUTE + ("some",) * (rnd.random() < 0.05)),
+        sequence_parallel=rnd.random() < 0.4,
+        schedule=schedule,
+        interleave=v,
+        stage_layers=stage_layers,
+        dtype=rnd.choice(["bfloat16", "float32", "bfloat16", "fp8"]),
+    )
 
 
 def test_vectorised_rules_equal_the_per_plan_ones_reason_by_reason() -> None:
@@ -58,12 +70,21 @@ def test_vectorised_rules_equal_the_per_plan_ones_reason_by_reason() -> None:
             for model, split, dtype in {(p.model, p.stage_layers, p.dtype) for p in plans}:
                 sub = [p for p in plans if (p.model, p.stage_layers, p.dtype) == (model, split, dtype)]
                 shared = rules.Shared(model, dtype=dtype, stage_layers=split, cluster=cluster, compile=compile_)
-                x = rules.rule_inputs(shared, tp=[p.tp for p in sub], pp=[p.pp for p in sub], dp=[p.dp for p in sub],
-                                 micro_batch=[p.micro_batch for p in sub], global_batch=[p.global_batch for p in sub],
-                                 zero_stage=[p.zero_stage for p in sub], recompute=[p.recompute for p in sub],
-                                 sequence_parallel=[p.sequence_parallel for p in sub],
-                                 schedule=[p.schedule for p in sub], interleave=[p.interleave for p in sub],
-                                 ep=[p.ep for p in sub], cp=[p.cp for p in sub])
+                x = rules.rule_inputs(
+                    shared,
+                    tp=[p.tp for p in sub],
+                    pp=[p.pp for p in sub],
+                    dp=[p.dp for p in sub],
+                    micro_batch=[p.micro_batch for p in sub],
+                    global_batch=[p.global_batch for p in sub],
+                    zero_stage=[p.zero_stage for p in sub],
+                    recompute=[p.recompute for p in sub],
+                    sequence_parallel=[p.sequence_parallel for p in sub],
+                    schedule=[p.schedule for p in sub],
+                    interleave=[p.interleave for p in sub],
+                    ep=[p.ep for p in sub],
+                    cp=[p.cp for p in sub],
+                )
                 masks = rules.broken(x, scopes=ALL)
                 assert list(masks) == list(rules.REASONS)
                 for i, plan in enumerate(sub):
@@ -86,9 +107,15 @@ def test_space_counts_each_candidate_under_its_first_rule() -> None:
     equivalent spellings) made into a Plan fails validation with the reason it was counted under,
     and the legal ones validate."""
     m, c = get_model("gpt-small"), get_cluster("local-cpu")
-    opts = SpaceOptions(tp=(1, 2, 3, 4, 6), pp=(1, 2, 3, 4, 8), micro_batch=(1, 2, 3), zero_stage=(0, 2),
-                        recompute=("none",), sequence_parallel=(False, True),
-                        schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2)))
+    opts = SpaceOptions(
+        tp=(1, 2, 3, 4, 6),
+        pp=(1, 2, 3, 4, 8),
+        micro_batch=(1, 2, 3),
+        zero_stage=(0, 2),
+        recompute=("none",),
+        sequence_parallel=(False, True),
+        schedules=(("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2)),
+    )
     gpus, gb = 24, 24
     for runtime in ("megatron-deepspeed", "exatrain"):  # both offer every ZeRO stage (DeepSpeed's not under a pipeline)
         space = enumerate_space(m, c, gpus, gb, opts, runtime=runtime)
@@ -104,9 +131,16 @@ def test_space_counts_each_candidate_under_its_first_rule() -> None:
                                 dp = gpus // (tp * pp) if gpus % (tp * pp) == 0 else 0
                                 if (pp == 1 and (sched, v) != ("1f1b", 1)) or (tp == 1 and sp) or (dp == 1 and zero):
                                     continue  # collapsed: an equivalent spelling of another candidate
-                                plan = Plan(model=m, dims=ParallelDims(tp, pp, max(dp, 1)), shape=TrainShape(mb, gb),
-                                            zero_stage=zero, sequence_parallel=sp, schedule=sched, interleave=v,
-                                            runtime=runtime)
+                                plan = Plan(
+                                    model=m,
+                                    dims=ParallelDims(tp, pp, max(dp, 1)),
+                                    shape=TrainShape(mb, gb),
+                                    zero_stage=zero,
+                                    sequence_parallel=sp,
+                                    schedule=sched,
+                                    interleave=v,
+                                    runtime=runtime,
+                                )
                                 scopes = ("plan", "trainer") if runtime == "exatrain" else ("plan",)
                                 bad = rules.problems(plan, c, scopes=scopes)
                                 if not dp:  # a Plan's gpus are tp*pp*dp: only a requested count breaks that rule
@@ -120,8 +154,10 @@ def test_space_counts_each_candidate_under_its_first_rule() -> None:
                                     legal.add((tp, pp, mb, zero, sp, sched, v))
         assert space.rejected == expected
         names = [s for s, _ in opts.schedules]
-        got = {(int(a), int(b), int(d), int(z), bool(s), names[k], opts.schedules[k][1])
-               for a, b, d, z, s, k in zip(space.tp, space.pp, space.micro_batch, space.zero, space.sp, space.variant)}
+        got = {
+            (int(a), int(b), int(d), int(z), bool(s), names[k], opts.schedules[k][1])
+            for a, b, d, z, s, k in zip(space.tp, space.pp, space.micro_batch, space.zero, space.sp, space.variant)
+        }
         assert got == legal and len(space) == len(legal)
 
 
@@ -130,31 +166,45 @@ def _old_trainer_refusal(plan: Plan, compile_: bool) -> str | None:
     (its rules call, then its imperative context-parallel and mixture-of-experts checks, in order)."""
     p, zero_bubble = plan, plan.pp > 1 and plan.schedule == "zero_bubble"
     if compile_ and p.tp > 1:
-        return ("--compile runs without tensor parallelism only (DTensor blocks are not compiled yet): "
-                "use --tp 1, or drop --compile")
+        return (
+            "--compile runs without tensor parallelism only (DTensor blocks are not compiled yet): "
+            "use --tp 1, or drop --compile"
+        )
     if zero_bubble and p.dp > 1 and p.zero_stage >= 2:
-        return ("the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
-                "or the interleaved schedule")
+        return (
+            "the zero_bubble schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
+            "or the interleaved schedule"
+        )
     if p.cp > 1:
         if p.model.is_moe or p.ep > 1:
-            return (f"--cp {p.cp} does not run mixture-of-experts models yet (expert capacity and the "
-                    "balancing loss are per rank's tokens): use --cp 1")
+            return (
+                f"--cp {p.cp} does not run mixture-of-experts models yet (expert capacity and the "
+                "balancing loss are per rank's tokens): use --cp 1"
+            )
         if compile_:
             return f"--cp {p.cp} does not run with --compile yet: drop --compile"
         if zero_bubble:
-            return (f"--cp {p.cp} does not run the zero_bubble schedule yet (its separate weight-gradient "
-                    "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule")
+            return (
+                f"--cp {p.cp} does not run the zero_bubble schedule yet (its separate weight-gradient "
+                "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule"
+            )
     if p.model.is_moe:
         if compile_:
-            return ("--compile does not run mixture-of-experts models yet (their routing has "
-                    "data-dependent shapes): drop --compile")
+            return (
+                "--compile does not run mixture-of-experts models yet (their routing has "
+                "data-dependent shapes): drop --compile"
+            )
         if zero_bubble:
-            return ("the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
-                    "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule")
+            return (
+                "the zero_bubble schedule does not run mixture-of-experts models yet (its separate "
+                "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule"
+            )
         if p.ep > 1 and p.zero_stage >= 1:
-            return (f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
-                    "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
-                    "use --zero 0, or --ep 1")
+            return (
+                f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
+                "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
+                "use --zero 0, or --ep 1"
+            )
     return None
 
 
@@ -164,9 +214,14 @@ def _small_plan(rnd: random.Random) -> Plan:
     schedule, v = rnd.choice((("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("zero_bubble", 2)))
     pp, dp = rnd.choice([1, 2]), rnd.choice([1, 2, 4])
     ep = rnd.choice([e for e in (1, 2, 4) if dp % e == 0]) if model.is_moe else 1
-    return Plan(model=model, dims=ParallelDims(tp=rnd.choice([1, 2]), pp=pp, dp=dp, ep=ep, cp=rnd.choice([1, 1, 2])),
-                shape=TrainShape(1, dp * 4), zero_stage=rnd.choice([0, 1, 2, 3]), schedule=schedule,
-                interleave=v if pp > 1 else 1)
+    return Plan(
+        model=model,
+        dims=ParallelDims(tp=rnd.choice([1, 2]), pp=pp, dp=dp, ep=ep, cp=rnd.choice([1, 1, 2])),
+        shape=TrainShape(1, dp * 4),
+        zero_stage=rnd.choice([0, 1, 2, 3]),
+        schedule=schedule,
+        interleave=v if pp > 1 else 1,
+    )
 
 
 def test_trainer_refuses_exactly_what_it_refused_before() -> None:
@@ -193,26 +248,64 @@ def test_trainer_refuses_exactly_what_it_refused_before() -> None:
     assert len(seen) == 9  # the eight refusals and acceptance
 
 
-@pytest.mark.parametrize("model, dims, kw, compile_, reason, said", [
-    ("moe-tiny", dict(dp=2, cp=2), {}, False, "cp with a mixture-of-experts model",
-     "--cp 2 does not run mixture-of-experts models yet (expert capacity and the balancing loss are per "
-     "rank's tokens): use --cp 1"),
-    ("gpt-tiny", dict(cp=2), {}, True, "cp with --compile", "--cp 2 does not run with --compile yet: drop --compile"),
-    ("gpt-tiny", dict(cp=2, pp=2), dict(schedule="zero_bubble", interleave=2), False,
-     "cp with a zero-bubble schedule",
-     "--cp 2 does not run the zero_bubble schedule yet (its separate weight-gradient pass is untested with the "
-     "K/V gather): use the 1f1b, gpipe or interleaved schedule"),
-    ("moe-tiny", dict(dp=2), {}, True, "--compile with a mixture-of-experts model",
-     "--compile does not run mixture-of-experts models yet (their routing has data-dependent shapes): drop "
-     "--compile"),
-    ("moe-tiny", dict(pp=2), dict(schedule="zero_bubble", interleave=2), False,
-     "a zero-bubble schedule with a mixture-of-experts model",
-     "the zero_bubble schedule does not run mixture-of-experts models yet (its separate weight-gradient pass): "
-     "use the 1f1b, gpipe or interleaved schedule"),
-    ("moe-tiny", dict(dp=4, ep=2), dict(zero_stage=1), False, "ep > 1 with ZeRO-1/2/3",
-     "--ep 2 runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp group, whose ranks hold "
-     "different experts (no expert-data-parallel sharding yet); use --zero 0, or --ep 1"),
-])
+@pytest.mark.parametrize(
+    "model, dims, kw, compile_, reason, said",
+    [
+        (
+            "moe-tiny",
+            dict(dp=2, cp=2),
+            {},
+            False,
+            "cp with a mixture-of-experts model",
+            "--cp 2 does not run mixture-of-experts models yet (expert capacity and the balancing loss are per "
+            "rank's tokens): use --cp 1",
+        ),
+        (
+            "gpt-tiny",
+            dict(cp=2),
+            {},
+            True,
+            "cp with --compile",
+            "--cp 2 does not run with --compile yet: drop --compile",
+        ),
+        (
+            "gpt-tiny",
+            dict(cp=2, pp=2),
+            dict(schedule="zero_bubble", interleave=2),
+            False,
+            "cp with a zero-bubble schedule",
+            "--cp 2 does not run the zero_bubble schedule yet (its separate weight-gradient pass is untested with the "
+            "K/V gather): use the 1f1b, gpipe or interleaved schedule",
+        ),
+        (
+            "moe-tiny",
+            dict(dp=2),
+            {},
+            True,
+            "--compile with a mixture-of-experts model",
+            "--compile does not run mixture-of-experts models yet (their routing has data-dependent shapes): drop "
+            "--compile",
+        ),
+        (
+            "moe-tiny",
+            dict(pp=2),
+            dict(schedule="zero_bubble", interleave=2),
+            False,
+            "a zero-bubble schedule with a mixture-of-experts model",
+            "the zero_bubble schedule does not run mixture-of-experts models yet (its separate weight-gradient pass): "
+            "use the 1f1b, gpipe or interleaved schedule",
+        ),
+        (
+            "moe-tiny",
+            dict(dp=4, ep=2),
+            dict(zero_stage=1),
+            False,
+            "ep > 1 with ZeRO-1/2/3",
+            "--ep 2 runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp group, whose ranks hold "
+            "different experts (no expert-data-parallel sharding yet); use --zero 0, or --ep 1",
+        ),
+    ],
+)
 def test_each_ep_and_cp_refusal_is_a_rule_with_its_line(model, dims, kw, compile_, reason, said) -> None:
     """One case per refusal: the plan is legal (Plan.validate), the rule of that reason alone marks it
     (per plan and vectorised), the trainer refuses it with that line, and the search drops it."""
@@ -239,12 +332,15 @@ def test_reasons_are_one_list() -> None:
     assert np.all([r.scope in ("plan", "run", "trainer", "search") for r in rules.RULES])
 
 
-@pytest.mark.parametrize(("change", "said"), [
-    ({"dims": ParallelDims(tp=1, pp=1, dp=2, cp=3)}, "divisible by 2*cp = 6"),
-    ({"runtime": "deepspeed"}, "--runtime must be one of megatron-core, megatron-deepspeed, torchtitan, exatrain"),
-    ({"fp8": "fast"}, "--fp8 must be one of"),
-    ({"fp8": "delayed", "dtype": "float32"}, "use --dtype bfloat16"),
-])
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"dims": ParallelDims(tp=1, pp=1, dp=2, cp=3)}, "divisible by 2*cp = 6"),
+        ({"runtime": "deepspeed"}, "--runtime must be one of megatron-core, megatron-deepspeed, torchtitan, exatrain"),
+        ({"fp8": "fast"}, "--fp8 must be one of"),
+        ({"fp8": "delayed", "dtype": "float32"}, "use --dtype bfloat16"),
+    ],
+)
 def test_context_runtime_and_fp8_rules_name_the_fix(change, said) -> None:
     plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(dp=2), shape=TrainShape(1, 2))
     with pytest.raises(PlanError, match=re.escape(said)):
@@ -252,8 +348,13 @@ def test_context_runtime_and_fp8_rules_name_the_fix(change, said) -> None:
 
 
 def test_cp_and_runtime_round_trip_through_plan_json() -> None:
-    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=2, dp=2, cp=2), shape=TrainShape(1, 2),
-                runtime="megatron-core", fp8="delayed").validate()
+    plan = Plan(
+        model=get_model("gpt-tiny"),
+        dims=ParallelDims(tp=2, dp=2, cp=2),
+        shape=TrainShape(1, 2),
+        runtime="megatron-core",
+        fp8="delayed",
+    ).validate()
     assert plan.gpus == 8 and plan.label == "tp2·pp1·dp2·cp2"
     again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert again == plan
@@ -266,19 +367,36 @@ def test_deepspeed_runs_no_zero_2_or_3_under_a_pipeline() -> None:
     refused with the fix, the search's mask says the same, and pp 1 or another runtime keeps them. (Broken on purpose
     and seen to fail here: the rule dropped; its mask ignoring the runtime.)"""
     model = get_model("gpt-175b")
-    plan = Plan(model=model, dims=ParallelDims(tp=4, pp=16, dp=2), shape=TrainShape(1, 640), zero_stage=2,
-                runtime="megatron-deepspeed")
+    plan = Plan(
+        model=model,
+        dims=ParallelDims(tp=4, pp=16, dp=2),
+        shape=TrainShape(1, 640),
+        zero_stage=2,
+        runtime="megatron-deepspeed",
+    )
     with pytest.raises(PlanError, match=re.escape("refuses ZeRO-2") + ".*use --zero 0 or 1, or --pp 1"):
         plan.validate()
-    for ok in (plan.replace(zero_stage=1), plan.replace(dims=ParallelDims(tp=4, pp=1, dp=32), zero_stage=3),
-               plan.replace(runtime="megatron-core")):
+    for ok in (
+        plan.replace(zero_stage=1),
+        plan.replace(dims=ParallelDims(tp=4, pp=1, dp=32), zero_stage=3),
+        plan.replace(runtime="megatron-core"),
+    ):
         assert ok.validate() is ok
     reason = "ZeRO-2/3 with a pipeline under megatron-deepspeed"
     for runtime, expect in (("megatron-deepspeed", [True, True, False, False]), ("exatrain", [False] * 4)):
-        x = rules.rule_inputs(rules.Shared(model, settings=RunSettings(runtime=runtime)), tp=[4] * 4,
-                             pp=[16, 16, 16, 1], dp=[2, 2, 2, 32], micro_batch=[1] * 4, global_batch=[640] * 4,
-                             zero_stage=[2, 3, 1, 3], recompute=["none"] * 4, sequence_parallel=[False] * 4,
-                             schedule=["1f1b"] * 4, interleave=[1] * 4)
+        x = rules.rule_inputs(
+            rules.Shared(model, settings=RunSettings(runtime=runtime)),
+            tp=[4] * 4,
+            pp=[16, 16, 16, 1],
+            dp=[2, 2, 2, 32],
+            micro_batch=[1] * 4,
+            global_batch=[640] * 4,
+            zero_stage=[2, 3, 1, 3],
+            recompute=["none"] * 4,
+            sequence_parallel=[False] * 4,
+            schedule=["1f1b"] * 4,
+            interleave=[1] * 4,
+        )
         assert list(rules.broken(x, scopes=ALL)[reason]) == expect, runtime
 
 
@@ -291,23 +409,39 @@ def test_each_runtime_is_planned_with_the_schedules_it_runs() -> None:
     model = get_model("gpt-175b")
     plan = Plan(model=model, dims=ParallelDims(tp=4, pp=16, dp=2), shape=TrainShape(1, 640), zero_stage=1)
     runs = {rt: {s for s, r in SCHEDULE_RUNTIMES.items() if rt in r} for rt in rules.RUNTIMES if rt != "llm-foundry"}
-    assert runs == {"megatron-core": {"1f1b", "interleaved"}, "megatron-deepspeed": {"1f1b"},
-                    "torchtitan": set(SCHEDULES) - {"zbh1"}, "exatrain": set(SCHEDULES)}
+    assert runs == {
+        "megatron-core": {"1f1b", "interleaved"},
+        "megatron-deepspeed": {"1f1b"},
+        "torchtitan": set(SCHEDULES) - {"zbh1"},
+        "exatrain": set(SCHEDULES),
+    }
     # llm-foundry runs no pipeline at all: its own rule refuses pp > 1 whatever the schedule
     with pytest.raises(PlanError, match="--runtime llm-foundry shards with Composer's FSDP over data parallelism"):
         plan.replace(runtime="llm-foundry").validate()
     reason = "a pipeline schedule the runtime does not run"
     for runtime, allowed in runs.items():
         for schedule in SCHEDULES:
-            p = plan.replace(runtime=runtime, schedule=schedule,
-                             interleave=2 if schedule in ("interleaved", "zero_bubble", "zbv", "dualpipev") else 1)
+            p = plan.replace(
+                runtime=runtime,
+                schedule=schedule,
+                interleave=2 if schedule in ("interleaved", "zero_bubble", "zbv", "dualpipev") else 1,
+            )
             if schedule in allowed:
                 assert p.validate() is p
             else:
                 with pytest.raises(PlanError, match=f"--runtime {runtime} does not run the {schedule} schedule: use "):
                     p.validate()
-            x = rules.rule_inputs(rules.Shared(model, settings=RunSettings(runtime=runtime)), tp=[4, 4], pp=[16, 1],
-                                 dp=[2, 32], micro_batch=[1, 1], global_batch=[640, 640], zero_stage=[1, 1],
-                                 recompute=["none"] * 2, sequence_parallel=[False] * 2, schedule=[schedule] * 2,
-                                 interleave=[p.interleave, 1])
+            x = rules.rule_inputs(
+                rules.Shared(model, settings=RunSettings(runtime=runtime)),
+                tp=[4, 4],
+                pp=[16, 1],
+                dp=[2, 32],
+                micro_batch=[1, 1],
+                global_batch=[640, 640],
+                zero_stage=[1, 1],
+                recompute=["none"] * 2,
+                sequence_parallel=[False] * 2,
+                schedule=[schedule] * 2,
+                interleave=[p.interleave, 1],
+            )
             assert list(rules.broken(x, scopes=ALL)[reason]) == [schedule not in allowed, False], (runtime, schedule)

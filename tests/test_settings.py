@@ -54,10 +54,17 @@ SAMPLES = {
 # Exports that neither write a setting's sample value nor note it: the engine's config says nothing and the engine
 # runs its own (``Setting.exports`` / ``Setting.notes`` name every other pair). DeepSpeed's own gradient accumulation
 # is the sample's bfloat16.
-SILENT = {("cross_entropy", "megatron"), ("cross_entropy", "deepspeed"), ("grad_accum", "deepspeed"),
-          ("recompute_modules", "deepspeed"), ("recompute_modules", "torchtitan"),
-          ("recompute_layers", "deepspeed"), ("recompute_layers", "torchtitan"),
-          ("recompute_every", "megatron"), ("recompute_every", "deepspeed")}
+SILENT = {
+    ("cross_entropy", "megatron"),
+    ("cross_entropy", "deepspeed"),
+    ("grad_accum", "deepspeed"),
+    ("recompute_modules", "deepspeed"),
+    ("recompute_modules", "torchtitan"),
+    ("recompute_layers", "deepspeed"),
+    ("recompute_layers", "torchtitan"),
+    ("recompute_every", "megatron"),
+    ("recompute_every", "deepspeed"),
+}
 
 
 def _sample(name: str) -> Plan:
@@ -140,8 +147,9 @@ def test_the_trainer_refuses_what_each_record_says() -> None:
         model = "moe-tiny" if kw["model"] == "moe-tiny" else "llama-tiny"
         keep = {k: kw[k] for k in ("recompute", "zero") if k in kw}
         settings = _sample(s.name).settings
-        plan = make_plan(model, get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2, dtype="bfloat16",
-                         **keep).replace(settings=settings)
+        plan = make_plan(
+            model, get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2, dtype="bfloat16", **keep
+        ).replace(settings=settings)
         with pytest.raises(UserError) as e:
             TrainConfig(plan=plan).check()
         assert str(e.value) == line, s.name
@@ -164,8 +172,11 @@ def test_each_export_writes_or_notes_each_setting() -> None:
             for n in (s.notes[t](plan) for t in (NOTES_ALSO.get(target), target) if t in s.notes):
                 assert not n or (n in out.notes and f"# note: {n}" in out.text and n in setting_notes(plan, target))
             # torchtitan 0.3's command line has no float8 switch: the export notes it (its config functions decide)
-            by_export = target == "torchtitan-0.3" and s.name in ("fp8", "fp8_param_gather") and any(
-                "float8" in n for n in out.notes)
+            by_export = (
+                target == "torchtitan-0.3"
+                and s.name in ("fp8", "fp8_param_gather")
+                and any("float8" in n for n in out.notes)
+            )
             silent = (s.name, NOTES_ALSO.get(target, target)) in SILENT
             assert written or note or silent or by_export, (s.name, target)
 
@@ -178,21 +189,33 @@ ILLEGAL = {
     "runtime": ("llm-foundry", dict(_ONE, dtype="float16"), "--runtime llm-foundry is planned in bfloat16 or float32"),
     "fp8": ("current", dict(_DENSE, runtime="megatron-core", dtype="float32"), "inside bfloat16 training"),
     "moe_dispatcher": ("deepep", dict(_DENSE, runtime="megatron-core"), "llama3-8b has no experts"),
-    "moe_capacity_factor": (1.5, dict(_MOE, runtime="megatron-core", moe_dispatcher="deepep"),
-                            "in the alltoall dispatcher only"),
+    "moe_capacity_factor": (
+        1.5,
+        dict(_MOE, runtime="megatron-core", moe_dispatcher="deepep"),
+        "in the alltoall dispatcher only",
+    ),
     "moe_force_balance": (True, dict(_DENSE, runtime="megatron-core"), "llama3-8b has no experts"),
-    "fp8_param_gather": (True, dict(_DENSE, runtime="megatron-core", fp8="delayed", zero=0),
-                         "needs the distributed optimizer (ZeRO-1 or higher)"),
-    "attention_kernel": ("fa2", dict(_DENSE, runtime="megatron-core", flash_attention=False),
-                         "this plan has flash attention off"),
+    "fp8_param_gather": (
+        True,
+        dict(_DENSE, runtime="megatron-core", fp8="delayed", zero=0),
+        "needs the distributed optimizer (ZeRO-1 or higher)",
+    ),
+    "attention_kernel": (
+        "fa2",
+        dict(_DENSE, runtime="megatron-core", flash_attention=False),
+        "this plan has flash attention off",
+    ),
     "elementwise": ("jit", dict(_DENSE, runtime="megatron-core"), "--elementwise must be one of"),
     "cross_entropy": ("inplace", dict(_DENSE, runtime="torchtitan"), "which torchtitan does not run"),
     "grad_accum": ("bfloat16", dict(_DENSE, runtime="megatron-core", dtype="float32"), "this one trains in float32"),
     "grad_accum_fusion": ("off", dict(_DENSE, runtime="torchtitan"), "is Megatron-Core's switch"),
     "adam_kernel": ("foreach", dict(_DENSE, runtime="megatron-core"), "is torchtitan's switch"),
     "cp_comm": ("a2a", dict(_DENSE, runtime="torchtitan", cp=2, gpus=16), "torchtitan"),
-    "recompute_modules": (("layernorm",), dict(_DENSE, runtime="megatron-core", recompute="full"),
-                          "use --recompute selective"),
+    "recompute_modules": (
+        ("layernorm",),
+        dict(_DENSE, runtime="megatron-core", recompute="full"),
+        "use --recompute selective",
+    ),
     "recompute_layers": (2, dict(_DENSE, runtime="megatron-core", recompute="selective"), "--recompute-layers"),
     "recompute_every": (2, dict(_DENSE, runtime="megatron-core", recompute="full"), "torchtitan's layer-level"),
     "launch_blocking": ("yes", dict(_DENSE, runtime="megatron-core"), "launch_blocking must be true or false"),

@@ -52,8 +52,11 @@ def run_all(args: argparse.Namespace, probe: Callable[[str, dict, dict], dict]) 
         except BaseException as exc:  # noqa: BLE001 - every rejection is a result (SystemExit from argparse too)
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            results[name] = {"accepted": STATE.get("accepted", False), "error": first_line(exc),
-                             "trace": traceback.format_exc()[-3000:]}
+            results[name] = {
+                "accepted": STATE.get("accepted", False),
+                "error": first_line(exc),
+                "trace": traceback.format_exc()[-3000:],
+            }
         print(f"{name}: {json.dumps({k: v for k, v in results[name].items() if k != 'trace'})}", flush=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
     Path(args.out).write_text(json.dumps(results, indent=1))

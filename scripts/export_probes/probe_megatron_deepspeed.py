@@ -72,12 +72,23 @@ def probe(name: str, plan: dict, export: dict) -> dict:
     _common.expect(problems, "ZeRO stage", ds.zero_optimization_stage, a.zero_stage)
     _common.accepted()
     whole = copy.copy(a)
-    for key, value in dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, no_pipeline_parallel=True,
-                           ds_pipeline_enabled=False, sequence_parallel=False, use_cpu_initialization=True,
-                           use_flash_attn_v2=False, use_flash_attn=False, deepspeed=False,
-                           padded_vocab_size=plan["vocab"], model_type=ModelType.encoder_or_decoder,
-                           gradient_accumulation_fusion=False, masked_softmax_fusion=False,
-                           bias_gelu_fusion=False, bias_dropout_fusion=False).items():
+    for key, value in dict(
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        no_pipeline_parallel=True,
+        ds_pipeline_enabled=False,
+        sequence_parallel=False,
+        use_cpu_initialization=True,
+        use_flash_attn_v2=False,
+        use_flash_attn=False,
+        deepspeed=False,
+        padded_vocab_size=plan["vocab"],
+        model_type=ModelType.encoder_or_decoder,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_gelu_fusion=False,
+        bias_dropout_fusion=False,
+    ).items():
         setattr(whole, key, value)
     set_args(whole)
     from megatron.arguments import core_transformer_config_from_args
@@ -91,8 +102,7 @@ def probe(name: str, plan: dict, export: dict) -> dict:
     torch.Tensor.item = lambda t: 0.0 if t.is_meta else item(t)  # the stochastic-depth rates (0 unless asked)
     try:
         with torch.device("meta"):
-            model = GPTModel(config=config, num_tokentypes=0, parallel_output=True, pre_process=True,
-                             post_process=True)
+            model = GPTModel(config=config, num_tokentypes=0, parallel_output=True, pre_process=True, post_process=True)
     finally:
         accelerator.current_device_name, torch.Tensor.item = device_name, item
     params, bias = _common.count(model)

@@ -83,16 +83,38 @@ def _takes_mla_widths(self, *a, k_channels=None, v_channels=None, **k):
 DotProductAttention.__init__ = _takes_mla_widths
 
 # Settings of the whole-model build that change no parameter: one rank, the local spec, no fused kernels.
-WHOLE = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, expert_model_parallel_size=1,
-             expert_tensor_parallel_size=1, context_parallel_size=1, sequence_parallel=False,
-             virtual_pipeline_model_parallel_size=None, pipeline_model_parallel_layout=None,
-             num_layers_per_virtual_pipeline_stage=None, transformer_impl="local", use_cpu_initialization=True,
-             init_model_with_meta_device=True, moe_grouped_gemm=False, tp_comm_overlap=False, fp8=None,
-             fp8_param_gather=False, recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
-             recompute_modules=None, no_persist_layer_norm=True, apply_rope_fusion=False,
-             gradient_accumulation_fusion=False, masked_softmax_fusion=False, bias_gelu_fusion=False,
-             bias_swiglu_fusion=False, bias_dropout_fusion=False, use_megatron_fsdp=False, use_torch_fsdp2=False,
-             use_distributed_optimizer=False)
+WHOLE = dict(
+    tensor_model_parallel_size=1,
+    pipeline_model_parallel_size=1,
+    expert_model_parallel_size=1,
+    expert_tensor_parallel_size=1,
+    context_parallel_size=1,
+    sequence_parallel=False,
+    virtual_pipeline_model_parallel_size=None,
+    pipeline_model_parallel_layout=None,
+    num_layers_per_virtual_pipeline_stage=None,
+    transformer_impl="local",
+    use_cpu_initialization=True,
+    init_model_with_meta_device=True,
+    moe_grouped_gemm=False,
+    tp_comm_overlap=False,
+    fp8=None,
+    fp8_param_gather=False,
+    recompute_granularity=None,
+    recompute_method=None,
+    recompute_num_layers=None,
+    recompute_modules=None,
+    no_persist_layer_norm=True,
+    apply_rope_fusion=False,
+    gradient_accumulation_fusion=False,
+    masked_softmax_fusion=False,
+    bias_gelu_fusion=False,
+    bias_swiglu_fusion=False,
+    bias_dropout_fusion=False,
+    use_megatron_fsdp=False,
+    use_torch_fsdp2=False,
+    use_distributed_optimizer=False,
+)
 
 
 def probe(name: str, plan: dict, export: dict) -> dict:
@@ -119,12 +141,18 @@ def probe(name: str, plan: dict, export: dict) -> dict:
     with torch.device("meta"):
         model = gpt_builder(whole, True, True, config=config)
     params, bias = _common.count(model)
-    windowed = sum(is_layer_window_attention(config.window_size, config.window_attn_skip_freq, n)
-                   for n in range(1, config.num_layers + 1))  # what each layer's core attention is built with
+    windowed = sum(
+        is_layer_window_attention(config.window_size, config.window_attn_skip_freq, n)
+        for n in range(1, config.num_layers + 1)
+    )  # what each layer's core attention is built with
     _common.expect(problems, "sliding-window layers", windowed, plan["windowed_layers"])
     if plan["sliding_window"]:
-        _common.expect(problems, "window (keys before, after)",
-                       tuple(config.window_size) if config.window_size else None, (plan["sliding_window"] - 1, 0))
+        _common.expect(
+            problems,
+            "window (keys before, after)",
+            tuple(config.window_size) if config.window_size else None,
+            (plan["sliding_window"] - 1, 0),
+        )
     return {"params": params, "bias_buffers": bias, "problems": problems}
 
 

@@ -53,10 +53,15 @@ def _modules(model: torch.nn.Module, parts: list[list[str]] | None, plan: dict, 
     if missing:
         problems.append(f"module_fqns_per_model_part names no module {missing[:3]}")
     layers = [n for part in parts for n in part if n.startswith("layers.")]
-    _common.expect(problems, "layers of each model part", [sum(n.startswith("layers.") for n in p) for p in parts],
-                   plan["layers_per_stage"])
-    _common.expect(problems, "layers in the model parts", sorted(layers), sorted(f"layers.{i}" for i in
-                                                                               range(plan["layers"])))
+    _common.expect(
+        problems,
+        "layers of each model part",
+        [sum(n.startswith("layers.") for n in p) for p in parts],
+        plan["layers_per_stage"],
+    )
+    _common.expect(
+        problems, "layers in the model parts", sorted(layers), sorted(f"layers.{i}" for i in range(plan["layers"]))
+    )
 
 
 def _batch(training, parallel, dp_degree: int, plan: dict, problems: list[str]) -> None:
@@ -88,9 +93,16 @@ def probe_022(name: str, plan: dict, export: dict) -> dict:
         model = spec.model_cls(model_args)
     params, bias = _common.count(model)
     p = cfg.parallelism
-    dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
-                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=plan["gpus"])
+    dims = ParallelDims(
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
+        world_size=plan["gpus"],
+    )
     _mesh(dims, plan["gpus"])
     _common.expect(problems, "data-parallel size", dims.dp_replicate * dims.dp_shard, plan["dp"])
     _batch(cfg.training, p, dims.dp_replicate * dims.dp_shard, plan, problems)

@@ -83,9 +83,16 @@ class Interrupted(RunFailed):
         self.exit_code = 128 + int(signum)
 
 
-EXIT_STATUSES = {0: "success", 2: "bad input", 3: "diverged (--nan-policy stop)", 4: "a rank failed",
-                 5: "a rank hung (watchdog)", 129: "interrupted (SIGHUP, or the launcher went away)",
-                 130: "interrupted (SIGINT)", 143: "interrupted (SIGTERM)"}
+EXIT_STATUSES = {
+    0: "success",
+    2: "bad input",
+    3: "diverged (--nan-policy stop)",
+    4: "a rank failed",
+    5: "a rank hung (watchdog)",
+    129: "interrupted (SIGHUP, or the launcher went away)",
+    130: "interrupted (SIGINT)",
+    143: "interrupted (SIGTERM)",
+}
 
 
 def error_line(command: str, exc: UserError) -> str:
@@ -100,6 +107,7 @@ def interrupt_on_signals() -> Iterator[None]:
     signal (`exatrain train` while it checks its input or prepares data; once ranks run, the launcher,
     trainer/spawn.py, or the rank's monitor, trainer/health.py, takes the signals over and gives these handlers
     back after)."""
+
     def interrupt(signum: int, frame: object) -> None:
         raise Interrupted(f"interrupted ({signal.Signals(signum).name})", signum)
 
@@ -112,5 +120,16 @@ def interrupt_on_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-__all__ = ["EXIT_STATUSES", "Interrupted", "OutOfMemoryPredicted", "PlanError", "RankFailed", "RankHung", "RunFailed",
-           "TrainingStopped", "UserError", "error_line", "interrupt_on_signals"]
+__all__ = [
+    "EXIT_STATUSES",
+    "Interrupted",
+    "OutOfMemoryPredicted",
+    "PlanError",
+    "RankFailed",
+    "RankHung",
+    "RunFailed",
+    "TrainingStopped",
+    "UserError",
+    "error_line",
+    "interrupt_on_signals",
+]

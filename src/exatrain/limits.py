@@ -16,10 +16,40 @@ from exatrain.errors import UserError
 MAX_COUNT = 10**9
 
 # The API's keyword arguments that are counts (a sequence of counts for scaling's gpus and stage_layers).
-COUNT_ARGS = ("gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "interleave", "stage_layers", "ep", "cp",
-              "recompute_layers", "recompute_every", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len",
-              "vocab", "steps", "warmup", "save_every", "keep_last", "seed", "trials", "candidates", "seed_trials",
-              "top", "nodes", "shard_tokens", "train_tokenizer", "step")
+COUNT_ARGS = (
+    "gpus",
+    "tp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "global_batch",
+    "interleave",
+    "stage_layers",
+    "ep",
+    "cp",
+    "recompute_layers",
+    "recompute_every",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "seq_len",
+    "vocab",
+    "steps",
+    "warmup",
+    "save_every",
+    "keep_last",
+    "seed",
+    "trials",
+    "candidates",
+    "seed_trials",
+    "top",
+    "nodes",
+    "shard_tokens",
+    "train_tokenizer",
+    "step",
+)
 
 
 def flag_of(name: str) -> str:

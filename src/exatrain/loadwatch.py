@@ -91,8 +91,13 @@ class MachineLoad:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "cores": self.cores, "load_average": self.load_average,
-                "others": self.others, "steal": self.steal}
+        return {
+            "seconds": self.seconds,
+            "cores": self.cores,
+            "load_average": self.load_average,
+            "others": self.others,
+            "steal": self.steal,
+        }
 
     @classmethod
     def from_dict(cls, d: Any) -> "MachineLoad | None":
@@ -100,14 +105,21 @@ class MachineLoad:
         if not isinstance(d, Mapping):
             return None
         try:
+
             def num(k: str) -> float | None:
                 v = d.get(k)
                 return None if v is None or isinstance(v, bool) else float(v)
+
             cores = int(d["cores"])
             if cores < 1 or not math.isfinite(float(d["seconds"])):
                 return None
-            return cls(seconds=float(d["seconds"]), cores=cores, load_average=num("load_average"),
-                       others=num("others"), steal=num("steal"))
+            return cls(
+                seconds=float(d["seconds"]),
+                cores=cores,
+                load_average=num("load_average"),
+                others=num("others"),
+                steal=num("steal"),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -152,9 +164,13 @@ class LoadWatch:
             # other work on the whole machine, spread evenly over its CPUs: the share that fell on ours
             others = max(0.0, (busy - own) / wall) * min(1.0, cores / cpus)
             steal = stolen / total if total > 0 else 0.0
-        self.load = MachineLoad(seconds=wall, cores=cores,
-                                load_average=sum(samples) / len(samples) if samples else None,
-                                others=others, steal=steal)
+        self.load = MachineLoad(
+            seconds=wall,
+            cores=cores,
+            load_average=sum(samples) / len(samples) if samples else None,
+            others=others,
+            steal=steal,
+        )
 
 
 @dataclass(frozen=True)
@@ -187,9 +203,11 @@ class Contention:
             return head + ": about the same"
         how = "slower" if self.factor > 1 else "faster"
         times = max(self.factor, 1 / self.factor)
-        return (f"{head}: the machine's contention changed, so the measurement runs about {times:.2f}× {how} than "
-                f"the calibration predicts (fair share of {self.train.cores} cores, loadwatch.py); the band is "
-                "widened by it")
+        return (
+            f"{head}: the machine's contention changed, so the measurement runs about {times:.2f}× {how} than "
+            f"the calibration predicts (fair share of {self.train.cores} cores, loadwatch.py); the band is "
+            "widened by it"
+        )
 
 
 def contention(bench: Any, train: Any, ranks: int) -> Contention | None:

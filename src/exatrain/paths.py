@@ -70,8 +70,9 @@ def check_output_dir(path: str | Path, flag: str | None = None, need_bytes: int 
     if need_bytes > 0:
         free = shutil.disk_usage(base).free
         if free < need_bytes:
-            raise UserError(f"{label}: {free / 2**20:,.0f} MiB free, one checkpoint needs about "
-                            f"{need_bytes / 2**20:,.0f} MiB")
+            raise UserError(
+                f"{label}: {free / 2**20:,.0f} MiB free, one checkpoint needs about {need_bytes / 2**20:,.0f} MiB"
+            )
     return p.absolute()
 
 

@@ -100,8 +100,9 @@ class MemoryBreakdown:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "MemoryBreakdown":
-        return cls(**{k: float(data[k]) for k in ("weights", "gradients", "optimizer",
-                                                   "activations", "other") if k in data})
+        return cls(
+            **{k: float(data[k]) for k in ("weights", "gradients", "optimizer", "activations", "other") if k in data}
+        )
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ class StepEstimate:
 
     @property
     def verdict(self) -> str:
-        """"fits", "tight" or "does not fit" (an estimate without a band: "fits" or "does not fit" from ``fits``)."""
+        """ "fits", "tight" or "does not fit" (an estimate without a band: "fits" or "does not fit" from ``fits``)."""
         return self.memory_verdict
 
     @property
@@ -216,15 +217,22 @@ class StepEstimate:
             "mfu": self.mfu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "hfu": self.hfu,
-            "traced_memory_bytes": (None if self.traced_memory_bytes is None
-                                    else self.traced_memory_bytes.to_dict()),
-            "trainer_memory_bytes": (None if self.trainer_memory_bytes is None
-                                     else self.trainer_memory_bytes.to_dict()),
+            "traced_memory_bytes": (None if self.traced_memory_bytes is None else self.traced_memory_bytes.to_dict()),
+            "trainer_memory_bytes": (
+                None if self.trainer_memory_bytes is None else self.trainer_memory_bytes.to_dict()
+            ),
             "trainer_memory_by_stage": [m.to_dict() for m in self.trainer_memory_by_stage],
             "trainer_fits": self.trainer_fits,
             "notes": list(self.notes),
-            **({"step_range_s": list(self.step_range_s), "tokens_per_s_range": list(self.tokens_per_s_range or ()),
-                "band": dict(self.band or {})} if self.step_range_s is not None else {}),
+            **(
+                {
+                    "step_range_s": list(self.step_range_s),
+                    "tokens_per_s_range": list(self.tokens_per_s_range or ()),
+                    "band": dict(self.band or {}),
+                }
+                if self.step_range_s is not None
+                else {}
+            ),
             **({"time_to_train": dict(self.time_to_train)} if self.time_to_train is not None else {}),
             "memory_verdict": self.verdict,
             **({"memory_band": dict(self.memory_band)} if self.memory_band is not None else {}),
@@ -266,8 +274,9 @@ class StepEstimate:
             memory_band=dict(d["memory_band"]) if isinstance(d.get("memory_band"), Mapping) else None,
             host_memory=dict(d["host_memory"]) if isinstance(d.get("host_memory"), Mapping) else None,
             memory_advice=dict(d["memory_advice"]) if isinstance(d.get("memory_advice"), Mapping) else None,
-            mfu_above_published=(dict(d["mfu_above_published"]) if isinstance(d.get("mfu_above_published"), Mapping)
-                                 else None),
+            mfu_above_published=(
+                dict(d["mfu_above_published"]) if isinstance(d.get("mfu_above_published"), Mapping) else None
+            ),
         )
 
 
@@ -289,8 +298,10 @@ def balanced_split(layers: int, stages: int) -> tuple[int, ...]:
     """Layers per (virtual) stage as even as possible. Leftover layers go to the middle stages
     first, because the first stage also holds the embedding and the last the head and the loss."""
     if stages <= 0 or layers < stages:
-        raise PlanError(f"cannot split {layers} layers into {stages} pipeline stages: "
-                        "every stage needs at least one layer; lower pp or interleave")
+        raise PlanError(
+            f"cannot split {layers} layers into {stages} pipeline stages: "
+            "every stage needs at least one layer; lower pp or interleave"
+        )
     base, extra = divmod(layers, stages)
     order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
     counts = [base] * stages
@@ -478,10 +489,32 @@ class Plan:
             raise UserError(f"{source}: a plan must be a JSON object")
         if "plan" in d and isinstance(d["plan"], Mapping) and "model" not in d:
             d = d["plan"]  # accept `estimate --json` / `search --json` entries, whose plan is nested
-        required = ("model", "tp", "pp", "dp", "micro_batch", "global_batch", "zero_stage",
-                    "recompute", "sequence_parallel", "schedule", "interleave")
-        optional = ("version", "cluster", "gpus", "num_microbatches", "stage_layers", "dtype",
-                    "flash_attention", "estimate", "ep", "cp", *NAMES)
+        required = (
+            "model",
+            "tp",
+            "pp",
+            "dp",
+            "micro_batch",
+            "global_batch",
+            "zero_stage",
+            "recompute",
+            "sequence_parallel",
+            "schedule",
+            "interleave",
+        )
+        optional = (
+            "version",
+            "cluster",
+            "gpus",
+            "num_microbatches",
+            "stage_layers",
+            "dtype",
+            "flash_attention",
+            "estimate",
+            "ep",
+            "cp",
+            *NAMES,
+        )
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{source}: missing plan key(s) {', '.join(missing)}")
@@ -489,8 +522,10 @@ class Plan:
         if unknown:
             raise UserError(f"{source}: unknown plan key(s) {', '.join(unknown)}")
         if "version" not in d:
-            raise UserError(f"{source}: no plan version (a plan written by `exatrain estimate/search --out` has "
-                            f"\"version\": {PLAN_VERSION})")
+            raise UserError(
+                f"{source}: no plan version (a plan written by `exatrain estimate/search --out` has "
+                f'"version": {PLAN_VERSION})'
+            )
         if d.get("version") != PLAN_VERSION:
             raise UserError(f"{source}: plan version {d.get('version')!r} is not {PLAN_VERSION}")
         if not isinstance(d["model"], Mapping):
@@ -517,16 +552,20 @@ class Plan:
         try:
             plan.validate()
         except PlanError as exc:  # the rules name flags; a file's reader looks for its keys
-            exc.args = (f"{source}: " + re.sub(r"--([a-z][a-z0-9-]*)", lambda m: _FILE_KEYS.get(m[1], m[1].replace(
-                "-", "_")), str(exc)),)
+            exc.args = (
+                f"{source}: "
+                + re.sub(r"--([a-z][a-z0-9-]*)", lambda m: _FILE_KEYS.get(m[1], m[1].replace("-", "_")), str(exc)),
+            )
             raise
         if plan.stage_layers and plan.stage_layers == balanced_split(plan.model.layers, plan.virtual_stages):
             plan = plan.replace(stage_layers=())  # the default split is stored as "balanced"
         if "gpus" in d and d["gpus"] != plan.gpus:
             raise UserError(f"{source}: gpus {d['gpus']} != tp*cp*pp*dp = {plan.gpus}")
         if "num_microbatches" in d and d["num_microbatches"] != plan.num_microbatches:
-            raise UserError(f"{source}: num_microbatches {d['num_microbatches']} != "
-                            f"global_batch/(micro_batch*dp) = {plan.num_microbatches}")
+            raise UserError(
+                f"{source}: num_microbatches {d['num_microbatches']} != "
+                f"global_batch/(micro_batch*dp) = {plan.num_microbatches}"
+            )
         return plan
 
     def to_json(self) -> str:
@@ -637,5 +676,14 @@ def _optional_mapping(value: Any, key: str) -> dict[str, Any] | None:
     return dict(value)
 
 
-__all__ = ["Measured", "MemoryBreakdown", "ParallelDims", "Plan", "RunRecord", "StepEstimate", "TimeBreakdown",
-           "TrainShape", "balanced_split"]
+__all__ = [
+    "Measured",
+    "MemoryBreakdown",
+    "ParallelDims",
+    "Plan",
+    "RunRecord",
+    "StepEstimate",
+    "TimeBreakdown",
+    "TrainShape",
+    "balanced_split",
+]

@@ -19,17 +19,35 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError
 from exatrain.limits import beyond, too_large
-from exatrain.settings import (DTYPES, RECOMPUTE, RUNTIMES, SCHEDULE_RUNTIMES, SCHEDULES, SETTINGS, SPLIT_BACKWARD,
-                               V_SCHEDULES, RunSettings,
-                               cp_comm_for,
-                               cp_comm_problem, heads_not_split)
+from exatrain.settings import (
+    DTYPES,
+    RECOMPUTE,
+    RUNTIMES,
+    SCHEDULE_RUNTIMES,
+    SCHEDULES,
+    SETTINGS,
+    SPLIT_BACKWARD,
+    V_SCHEDULES,
+    RunSettings,
+    cp_comm_for,
+    cp_comm_problem,
+    heads_not_split,
+)
 
 _INTERLEAVED = (SCHEDULES.index("interleaved"), SCHEDULES.index("zero_bubble"))
 _PLAIN = (SCHEDULES.index("gpipe"), SCHEDULES.index("1f1b"), SCHEDULES.index("zbh1"))
 _V = tuple(SCHEDULES.index(s) for s in V_SCHEDULES)
 _SPLIT = tuple(SCHEDULES.index(s) for s in SPLIT_BACKWARD)
-_POSITIVE = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro-batch", "micro_batch"),
-             ("global-batch", "global_batch"), ("interleave", "interleave"), ("ep", "ep"), ("cp", "cp"))
+_POSITIVE = (
+    ("tp", "tp"),
+    ("pp", "pp"),
+    ("dp", "dp"),
+    ("micro-batch", "micro_batch"),
+    ("global-batch", "global_batch"),
+    ("interleave", "interleave"),
+    ("ep", "ep"),
+    ("cp", "cp"),
+)
 
 
 class RuleError(PlanError):
@@ -105,6 +123,8 @@ class RuleInputs:
 # are carved out of the data-parallel group), and so does exatrain's own trainer (trainer/parallel/
 # mesh.py; a rule of scope "trainer" refuses a wider ep in any plan it is handed).
 FOLDING_RUNTIMES = ("megatron-core",)
+
+
 def ep_fits(runtime: str, ep, *, tp, cp, dp) -> np.ndarray:
     """Whether an ep group fits the ranks ``runtime`` lets it take (see FOLDING_RUNTIMES): ep | dp for
     every runtime; ep | tp*cp*dp for the folding ones; for torchtitan also tp*cp | ep | tp*cp*dp."""
@@ -160,8 +180,9 @@ def _tp_message(p, cluster) -> str:
     if m.heads % tp:
         return f"heads {m.heads} of {m.name} are not divisible by tp {tp}; choose tp among {_divisors(m.heads)}"
     if m.kv_heads % tp:
-        return (f"kv_heads {m.kv_heads} of {m.name} are not divisible by tp {tp}; "
-                f"choose tp among {_divisors(m.kv_heads)}")
+        return (
+            f"kv_heads {m.kv_heads} of {m.name} are not divisible by tp {tp}; choose tp among {_divisors(m.kv_heads)}"
+        )
     if m.ffn_hidden % tp:
         return f"ffn_hidden {m.ffn_hidden} of {m.name} is not divisible by tp {tp}"
     return f"vocab {m.vocab} of {m.name} is not divisible by tp {tp}; pad the vocabulary (e.g. to a multiple of 128*tp)"
@@ -169,8 +190,10 @@ def _tp_message(p, cluster) -> str:
 
 def _split_message(p, cluster) -> str:
     if len(p.stage_layers) != p.virtual_stages:
-        return (f"stage_layers has {len(p.stage_layers)} entries but the plan has {p.virtual_stages} virtual "
-                "stages (pp x interleave)")
+        return (
+            f"stage_layers has {len(p.stage_layers)} entries but the plan has {p.virtual_stages} virtual "
+            "stages (pp x interleave)"
+        )
     if any((not isinstance(n, int)) or n <= 0 for n in p.stage_layers):
         return "every entry of stage_layers must be a positive integer"
     return f"stage_layers sums to {sum(p.stage_layers)} but {p.model.name} has {p.model.layers} layers"
@@ -201,160 +224,280 @@ def _d(a: np.ndarray) -> np.ndarray:
 
 # The one list, in the order a layout's first problem is reported (and the search counts it).
 RULES: tuple[Rule, ...] = (
-    Rule("a degree or batch size is not a positive integer",
-         lambda x: x.malformed | (x.tp <= 0) | (x.pp <= 0) | (x.dp <= 0) | (x.micro_batch <= 0)
-         | (x.global_batch <= 0) | (x.interleave <= 0) | (x.ep <= 0) | (x.cp <= 0),
-         _positive_message),
-    Rule("not a ZeRO stage, recompute mode, schedule or dtype",
-         lambda x: ((x.zero_stage < 0) | (x.zero_stage > 3) | (x.recompute < 0) | (x.schedule < 0)
-                    | _on(not x.dtype_ok, x.tp.shape)),
-         _choice_message),
-    Rule("tp does not divide heads / kv heads / ffn / vocab",
-         lambda x: ((x.model.heads % _d(x.tp) != 0) | (x.model.kv_heads % _d(x.tp) != 0)
-                    | (x.model.ffn_hidden % _d(x.tp) != 0) | (x.model.vocab % _d(x.tp) != 0)),
-         _tp_message),
-    Rule("gpus not divisible by tp*pp",
-         lambda x: _on(False, x.tp.shape) if x.gpus is None else x.gpus % _d(x.tp * x.pp) != 0,
-         lambda p, c: f"--gpus {p.gpus} is not divisible by tp*pp = {p.tp}*{p.pp} = {p.tp * p.pp}"),
-    Rule("gpus not divisible by tp*cp*pp",
-         lambda x: _on(False, x.tp.shape) if x.gpus is None else x.gpus % _d(x.tp * x.cp * x.pp) != 0,
-         lambda p, c: (f"--gpus {p.gpus} is not divisible by tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = "
-                       f"{p.tp * p.cp * p.pp}")),
-    Rule("ep without experts, or ep does not divide experts / dp",
-         lambda x: ((x.ep > 1) & _on(not x.model.is_moe, x.tp.shape))
-         | (_on(x.model.is_moe, x.tp.shape) & (max(x.model.experts, 1) % _d(x.ep) != 0))
-         | ~ep_fits(x.runtime, x.ep, tp=x.tp, cp=x.cp, dp=x.dp),
-         lambda p, c: (expert_problem(p) or ("ep", f"--ep {p.ep} does not fit"))[1]),
+    Rule(
+        "a degree or batch size is not a positive integer",
+        lambda x: (
+            x.malformed
+            | (x.tp <= 0)
+            | (x.pp <= 0)
+            | (x.dp <= 0)
+            | (x.micro_batch <= 0)
+            | (x.global_batch <= 0)
+            | (x.interleave <= 0)
+            | (x.ep <= 0)
+            | (x.cp <= 0)
+        ),
+        _positive_message,
+    ),
+    Rule(
+        "not a ZeRO stage, recompute mode, schedule or dtype",
+        lambda x: (
+            (x.zero_stage < 0)
+            | (x.zero_stage > 3)
+            | (x.recompute < 0)
+            | (x.schedule < 0)
+            | _on(not x.dtype_ok, x.tp.shape)
+        ),
+        _choice_message,
+    ),
+    Rule(
+        "tp does not divide heads / kv heads / ffn / vocab",
+        lambda x: (
+            (x.model.heads % _d(x.tp) != 0)
+            | (x.model.kv_heads % _d(x.tp) != 0)
+            | (x.model.ffn_hidden % _d(x.tp) != 0)
+            | (x.model.vocab % _d(x.tp) != 0)
+        ),
+        _tp_message,
+    ),
+    Rule(
+        "gpus not divisible by tp*pp",
+        lambda x: _on(False, x.tp.shape) if x.gpus is None else x.gpus % _d(x.tp * x.pp) != 0,
+        lambda p, c: f"--gpus {p.gpus} is not divisible by tp*pp = {p.tp}*{p.pp} = {p.tp * p.pp}",
+    ),
+    Rule(
+        "gpus not divisible by tp*cp*pp",
+        lambda x: _on(False, x.tp.shape) if x.gpus is None else x.gpus % _d(x.tp * x.cp * x.pp) != 0,
+        lambda p, c: f"--gpus {p.gpus} is not divisible by tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = {p.tp * p.cp * p.pp}",
+    ),
+    Rule(
+        "ep without experts, or ep does not divide experts / dp",
+        lambda x: (
+            ((x.ep > 1) & _on(not x.model.is_moe, x.tp.shape))
+            | (_on(x.model.is_moe, x.tp.shape) & (max(x.model.experts, 1) % _d(x.ep) != 0))
+            | ~ep_fits(x.runtime, x.ep, tp=x.tp, cp=x.cp, dp=x.dp)
+        ),
+        lambda p, c: (expert_problem(p) or ("ep", f"--ep {p.ep} does not fit"))[1],
+    ),
     # Megatron-LM (megatron/training/arguments.py) requires sequence parallelism for MoE with tp > 1;
     # an ep group wider than dp takes tp ranks, each dispatching its own s/tp tokens, which only
     # sequence parallelism gives it (without, every tp rank would route the same tokens).
-    Rule("ep wider than dp with tp > 1 and no sequence parallelism",
-         lambda x: (x.ep > 1) & (x.dp % _d(x.ep) != 0) & (x.tp > 1) & ~x.sequence_parallel,
-         lambda p, c: (f"--ep {p.ep} is wider than dp {p.dp}, so its groups take tensor-parallel ranks: that "
-                       "needs --sequence-parallel (each tp rank dispatches its own tokens)")),
-    Rule("cp does not split the sequence into 2*cp chunks",
-         lambda x: (x.cp > 1) & (x.model.seq_len % _d(2 * x.cp) != 0),
-         lambda p, c: (extension_problem(p) or ("cp", f"--cp {p.cp} does not fit"))[1]),
+    Rule(
+        "ep wider than dp with tp > 1 and no sequence parallelism",
+        lambda x: (x.ep > 1) & (x.dp % _d(x.ep) != 0) & (x.tp > 1) & ~x.sequence_parallel,
+        lambda p, c: (
+            f"--ep {p.ep} is wider than dp {p.dp}, so its groups take tensor-parallel ranks: that "
+            "needs --sequence-parallel (each tp rank dispatches its own tokens)"
+        ),
+    ),
+    Rule(
+        "cp does not split the sequence into 2*cp chunks",
+        lambda x: (x.cp > 1) & (x.model.seq_len % _d(2 * x.cp) != 0),
+        lambda p, c: (extension_problem(p) or ("cp", f"--cp {p.cp} does not fit"))[1],
+    ),
     # How the runtime exchanges attention's operands under cp (settings.CP_COMM_RUNTIMES, settings.cp_comm_for): one it
     # offers, that runs the model's sliding windows, and under a2a heads a rank holds that divide by cp.
-    Rule("cp exchange the runtime does not run for this layout",
-         lambda x: (x.cp > 1) & (_on(cp_comm_problem(x.cp_comm, x.runtime, x.model) is not None, x.tp.shape)
-                                 | _a2a_heads_broken(x)),
-         lambda p, c: (extension_problem(p) or ("cp_comm", f"--cp {p.cp} does not fit"))[1]),
-    Rule("global batch not divisible by micro-batch*dp",
-         lambda x: x.global_batch % _d(x.micro_batch * x.dp) != 0,
-         lambda p, c: (f"global batch {p.global_batch} is not divisible by micro-batch x dp = {p.micro_batch} x "
-                       f"{p.dp}; use a multiple of {p.micro_batch * p.dp}")),
-    Rule("interleaved schedule with fewer than 2 virtual stages per rank",
-         lambda x: np.isin(x.schedule, _INTERLEAVED) & (x.pp > 1) & (x.interleave < 2),
-         lambda p, c: f"schedule {p.schedule} needs --interleave >= 2 (virtual stages per rank)"),
-    Rule("virtual stages without an interleaved schedule",
-         lambda x: np.isin(x.schedule, _PLAIN) & (x.interleave != 1),
-         lambda p, c: f"--interleave {p.interleave} needs schedule interleaved, zero_bubble, zbv or dualpipev"),
+    Rule(
+        "cp exchange the runtime does not run for this layout",
+        lambda x: (
+            (x.cp > 1)
+            & (_on(cp_comm_problem(x.cp_comm, x.runtime, x.model) is not None, x.tp.shape) | _a2a_heads_broken(x))
+        ),
+        lambda p, c: (extension_problem(p) or ("cp_comm", f"--cp {p.cp} does not fit"))[1],
+    ),
+    Rule(
+        "global batch not divisible by micro-batch*dp",
+        lambda x: x.global_batch % _d(x.micro_batch * x.dp) != 0,
+        lambda p, c: (
+            f"global batch {p.global_batch} is not divisible by micro-batch x dp = {p.micro_batch} x "
+            f"{p.dp}; use a multiple of {p.micro_batch * p.dp}"
+        ),
+    ),
+    Rule(
+        "interleaved schedule with fewer than 2 virtual stages per rank",
+        lambda x: np.isin(x.schedule, _INTERLEAVED) & (x.pp > 1) & (x.interleave < 2),
+        lambda p, c: f"schedule {p.schedule} needs --interleave >= 2 (virtual stages per rank)",
+    ),
+    Rule(
+        "virtual stages without an interleaved schedule",
+        lambda x: np.isin(x.schedule, _PLAIN) & (x.interleave != 1),
+        lambda p, c: f"--interleave {p.interleave} needs schedule interleaved, zero_bubble, zbv or dualpipev",
+    ),
     # torch's ScheduleZBVZeroBubble and ScheduleDualPipeV raise unless a rank holds exactly two stages.
-    Rule("V schedule without exactly 2 stages per rank",
-         lambda x: np.isin(x.schedule, _V) & (x.pp > 1) & (x.interleave != 2),
-         lambda p, c: f"schedule {p.schedule} places exactly 2 stages per rank in a V: use --interleave 2"),
+    Rule(
+        "V schedule without exactly 2 stages per rank",
+        lambda x: np.isin(x.schedule, _V) & (x.pp > 1) & (x.interleave != 2),
+        lambda p, c: f"schedule {p.schedule} places exactly 2 stages per rank in a V: use --interleave 2",
+    ),
     # Priced on the network tier (planner.cost.network) and run by every runtime, so no plan breaks
     # it; the search leaves such layouts out unless tp is pinned (scope "search").
-    Rule("tp larger than a node",
-         lambda x: _on(False, x.tp.shape) if x.gpus_per_node is None else x.tp > x.gpus_per_node,
-         lambda p, c: (f"tp {p.tp} is larger than a {c.name} node ({c.gpus_per_node} devices): its collectives "
-                       "cross the network"), scope="search"),
+    Rule(
+        "tp larger than a node",
+        lambda x: _on(False, x.tp.shape) if x.gpus_per_node is None else x.tp > x.gpus_per_node,
+        lambda p, c: (
+            f"tp {p.tp} is larger than a {c.name} node ({c.gpus_per_node} devices): its collectives cross the network"
+        ),
+        scope="search",
+    ),
     Rule("stage_layers do not fit the model and its stages", _split_broken, _split_message),
-    Rule("more pipeline stages than layers",
-         lambda x: _on(not x.stage_layers, x.tp.shape) & (x.pp * x.interleave > x.model.layers),
-         lambda p, c: (f"cannot split {p.model.layers} layers into {p.virtual_stages} pipeline stages: every "
-                       "stage needs at least one layer; " + (f"lower pp to at most {p.model.layers}"
-                                                            if p.pp > p.model.layers else
-                                                            f"lower interleave to at most {p.model.layers // p.pp}"))),
-    Rule("fewer micro-batches than pipeline stages",
-         lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
-         lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "
-                       "schedule needs at least pp: raise the global batch or lower micro-batch")),
+    Rule(
+        "more pipeline stages than layers",
+        lambda x: _on(not x.stage_layers, x.tp.shape) & (x.pp * x.interleave > x.model.layers),
+        lambda p, c: (
+            f"cannot split {p.model.layers} layers into {p.virtual_stages} pipeline stages: every "
+            "stage needs at least one layer; "
+            + (
+                f"lower pp to at most {p.model.layers}"
+                if p.pp > p.model.layers
+                else f"lower interleave to at most {p.model.layers // p.pp}"
+            )
+        ),
+    ),
+    Rule(
+        "fewer micro-batches than pipeline stages",
+        lambda x: (x.pp > 1) & (x.schedule != SCHEDULES.index("gpipe")) & (x.num_microbatches < x.pp),
+        lambda p, c: (
+            f"{p.num_microbatches} micro-batches per step are fewer than pp {p.pp}; the {p.schedule} "
+            "schedule needs at least pp: raise the global batch or lower micro-batch"
+        ),
+    ),
     # torch's ScheduleDualPipeV: "requires at least as many microbatches as stages".
-    Rule("dualpipev with fewer micro-batches than stages",
-         lambda x: (x.pp > 1) & (x.schedule == SCHEDULES.index("dualpipev")) & (x.num_microbatches < 2 * x.pp),
-         lambda p, c: (f"{p.num_microbatches} micro-batches per step are fewer than the {2 * p.pp} stages of "
-                       "dualpipev (2 x pp): raise the global batch or lower micro-batch")),
+    Rule(
+        "dualpipev with fewer micro-batches than stages",
+        lambda x: (x.pp > 1) & (x.schedule == SCHEDULES.index("dualpipev")) & (x.num_microbatches < 2 * x.pp),
+        lambda p, c: (
+            f"{p.num_microbatches} micro-batches per step are fewer than the {2 * p.pp} stages of "
+            "dualpipev (2 x pp): raise the global batch or lower micro-batch"
+        ),
+    ),
     # settings.SCHEDULE_RUNTIMES: Megatron runs no GPipe or zero-bubble schedule, DeepSpeed's pipeline engine 1F1B only.
-    Rule("a pipeline schedule the runtime does not run",
-         lambda x: (x.pp > 1) & ~np.isin(x.schedule, _schedules_run(x.runtime)),
-         lambda p, c: (f"--runtime {p.runtime} does not run the {p.schedule} schedule: use --schedule "
-                       f"{' or '.join(s for s, r in SCHEDULE_RUNTIMES.items() if p.runtime in r)}, or --runtime "
-                       f"{' or '.join(SCHEDULE_RUNTIMES.get(p.schedule, ()))}")),
+    Rule(
+        "a pipeline schedule the runtime does not run",
+        lambda x: (x.pp > 1) & ~np.isin(x.schedule, _schedules_run(x.runtime)),
+        lambda p, c: (
+            f"--runtime {p.runtime} does not run the {p.schedule} schedule: use --schedule "
+            f"{' or '.join(s for s, r in SCHEDULE_RUNTIMES.items() if p.runtime in r)}, or --runtime "
+            f"{' or '.join(SCHEDULE_RUNTIMES.get(p.schedule, ()))}"
+        ),
+    ),
     # Megatron-DeepSpeed runs pp > 1 through DeepSpeed's pipeline engine, whose constructor asserts "ZeRO-2 and
     # ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py PipelineEngine.__init__).
-    Rule("ZeRO-2/3 with a pipeline under megatron-deepspeed",
-         lambda x: _on(x.runtime == "megatron-deepspeed", x.tp.shape) & (x.pp > 1) & (x.zero_stage >= 2),
-         lambda p, c: (f"--runtime megatron-deepspeed runs pp {p.pp} through DeepSpeed's pipeline engine, which "
-                       f"refuses ZeRO-{p.zero_stage} (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
-                       "parallelism\"): use --zero 0 or 1, or --pp 1")),
+    Rule(
+        "ZeRO-2/3 with a pipeline under megatron-deepspeed",
+        lambda x: _on(x.runtime == "megatron-deepspeed", x.tp.shape) & (x.pp > 1) & (x.zero_stage >= 2),
+        lambda p, c: (
+            f"--runtime megatron-deepspeed runs pp {p.pp} through DeepSpeed's pipeline engine, which "
+            f'refuses ZeRO-{p.zero_stage} ("ZeRO-2 and ZeRO-3 are incompatible with pipeline '
+            'parallelism"): use --zero 0 or 1, or --pp 1'
+        ),
+    ),
     # llm-foundry's benchmark and pretraining configurations shard with Composer's FSDP alone: every rank a data-
     # parallel rank (composer/trainer/dist_strategy.py prepare_fsdp_module, one process group over the world).
-    Rule("tensor, pipeline, context or expert parallelism under llm-foundry",
-         lambda x: _on(x.runtime == "llm-foundry", x.tp.shape) & ((x.tp > 1) | (x.pp > 1) | (x.cp > 1) | (x.ep > 1)),
-         lambda p, c: ("--runtime llm-foundry shards with Composer's FSDP over data parallelism alone: use "
-                       "--tp 1 --pp 1 (and no --cp, --ep), or another runtime")),
-    Rule("sequence parallel without tensor parallelism",
-         lambda x: x.sequence_parallel & (x.tp == 1),
-         lambda p, c: "--sequence-parallel needs tp > 1 (it splits the sequence over the tp group)"),
-    Rule("sequence length not divisible by tp (sequence parallel)",
-         lambda x: x.sequence_parallel & (x.model.seq_len % _d(x.tp) != 0),
-         lambda p, c: f"sequence parallel needs seq_len {p.model.seq_len} divisible by tp {p.tp}"),
-    Rule("--compile with tensor parallelism (the exatrain trainer refuses it)",
-         lambda x: _on(x.compile, x.tp.shape) & (x.tp > 1),
-         lambda p, c: ("--compile runs without tensor parallelism only (DTensor blocks are not compiled yet): "
-                       "use --tp 1, or drop --compile"),
-         scope="run"),
+    Rule(
+        "tensor, pipeline, context or expert parallelism under llm-foundry",
+        lambda x: _on(x.runtime == "llm-foundry", x.tp.shape) & ((x.tp > 1) | (x.pp > 1) | (x.cp > 1) | (x.ep > 1)),
+        lambda p, c: (
+            "--runtime llm-foundry shards with Composer's FSDP over data parallelism alone: use "
+            "--tp 1 --pp 1 (and no --cp, --ep), or another runtime"
+        ),
+    ),
+    Rule(
+        "sequence parallel without tensor parallelism",
+        lambda x: x.sequence_parallel & (x.tp == 1),
+        lambda p, c: "--sequence-parallel needs tp > 1 (it splits the sequence over the tp group)",
+    ),
+    Rule(
+        "sequence length not divisible by tp (sequence parallel)",
+        lambda x: x.sequence_parallel & (x.model.seq_len % _d(x.tp) != 0),
+        lambda p, c: f"sequence parallel needs seq_len {p.model.seq_len} divisible by tp {p.tp}",
+    ),
+    Rule(
+        "--compile with tensor parallelism (the exatrain trainer refuses it)",
+        lambda x: _on(x.compile, x.tp.shape) & (x.tp > 1),
+        lambda p, c: (
+            "--compile runs without tensor parallelism only (DTensor blocks are not compiled yet): "
+            "use --tp 1, or drop --compile"
+        ),
+        scope="run",
+    ),
     # Its weight-gradient pass bypasses the hooks FSDP reduces from: wrong gradients (torch 2.13).
-    Rule("a zero-bubble schedule with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)",
-         lambda x: (x.pp > 1) & np.isin(x.schedule, _SPLIT) & (x.dp > 1) & (x.zero_stage >= 2),
-         lambda p, c: (f"the {p.schedule} schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
-                       "or the interleaved schedule"),
-         scope="trainer"),
+    Rule(
+        "a zero-bubble schedule with FSDP (ZeRO-2/3) and dp > 1 (the exatrain trainer refuses it)",
+        lambda x: (x.pp > 1) & np.isin(x.schedule, _SPLIT) & (x.dp > 1) & (x.zero_stage >= 2),
+        lambda p, c: (
+            f"the {p.schedule} schedule cannot run with FSDP (--zero 2/3) and dp > 1: use --zero 0 or 1, "
+            "or the interleaved schedule"
+        ),
+        scope="trainer",
+    ),
     # What exatrain's trainer does not run yet with expert or context parallelism (trainer/moe.py,
     # trainer/parallel/expert.py, trainer/parallel/context.py), in the order it used to refuse them.
-    Rule("cp with a mixture-of-experts model (the exatrain trainer refuses it)",
-         lambda x: (x.cp > 1) & (_on(x.model.is_moe, x.tp.shape) | (x.ep > 1)),
-         lambda p, c: (f"--cp {p.cp} does not run mixture-of-experts models yet (expert capacity and the "
-                       "balancing loss are per rank's tokens): use --cp 1"),
-         scope="trainer"),
-    Rule("cp with --compile (the exatrain trainer refuses it)",
-         lambda x: _on(x.compile, x.tp.shape) & (x.cp > 1),
-         lambda p, c: f"--cp {p.cp} does not run with --compile yet: drop --compile",
-         scope="run"),
+    Rule(
+        "cp with a mixture-of-experts model (the exatrain trainer refuses it)",
+        lambda x: (x.cp > 1) & (_on(x.model.is_moe, x.tp.shape) | (x.ep > 1)),
+        lambda p, c: (
+            f"--cp {p.cp} does not run mixture-of-experts models yet (expert capacity and the "
+            "balancing loss are per rank's tokens): use --cp 1"
+        ),
+        scope="trainer",
+    ),
+    Rule(
+        "cp with --compile (the exatrain trainer refuses it)",
+        lambda x: _on(x.compile, x.tp.shape) & (x.cp > 1),
+        lambda p, c: f"--cp {p.cp} does not run with --compile yet: drop --compile",
+        scope="run",
+    ),
     # Its separate weight-gradient pass is untested with the K/V gather.
-    Rule("cp with a zero-bubble schedule (the exatrain trainer refuses it)",
-         lambda x: (x.cp > 1) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
-         lambda p, c: (f"--cp {p.cp} does not run the {p.schedule} schedule yet (its separate weight-gradient "
-                       "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule"),
-         scope="trainer"),
+    Rule(
+        "cp with a zero-bubble schedule (the exatrain trainer refuses it)",
+        lambda x: (x.cp > 1) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
+        lambda p, c: (
+            f"--cp {p.cp} does not run the {p.schedule} schedule yet (its separate weight-gradient "
+            "pass is untested with the K/V gather): use the 1f1b, gpipe or interleaved schedule"
+        ),
+        scope="trainer",
+    ),
     # Routing gives data-dependent shapes, which torch.compile would recompile for.
-    Rule("--compile with a mixture-of-experts model (the exatrain trainer refuses it)",
-         lambda x: _on(x.compile and x.model.is_moe, x.tp.shape),
-         lambda p, c: ("--compile does not run mixture-of-experts models yet (their routing has "
-                       "data-dependent shapes): drop --compile"),
-         scope="run"),
-    Rule("a zero-bubble schedule with a mixture-of-experts model (the exatrain trainer refuses it)",
-         lambda x: _on(x.model.is_moe, x.tp.shape) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
-         lambda p, c: (f"the {p.schedule} schedule does not run mixture-of-experts models yet (its separate "
-                       "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule"),
-         scope="trainer"),
+    Rule(
+        "--compile with a mixture-of-experts model (the exatrain trainer refuses it)",
+        lambda x: _on(x.compile and x.model.is_moe, x.tp.shape),
+        lambda p, c: (
+            "--compile does not run mixture-of-experts models yet (their routing has "
+            "data-dependent shapes): drop --compile"
+        ),
+        scope="run",
+    ),
+    Rule(
+        "a zero-bubble schedule with a mixture-of-experts model (the exatrain trainer refuses it)",
+        lambda x: _on(x.model.is_moe, x.tp.shape) & (x.pp > 1) & np.isin(x.schedule, _SPLIT),
+        lambda p, c: (
+            f"the {p.schedule} schedule does not run mixture-of-experts models yet (its separate "
+            "weight-gradient pass): use the 1f1b, gpipe or interleaved schedule"
+        ),
+        scope="trainer",
+    ),
     # The trainer's device mesh carves the ep group out of the dp ranks (trainer/parallel/mesh.py).
-    Rule("ep wider than dp (the exatrain trainer refuses it)",
-         lambda x: (x.ep > 1) & (x.dp % _d(x.ep) != 0),
-         lambda p, c: (f"--ep {p.ep} is wider than dp {p.dp}: exatrain's trainer splits the experts over dp ranks "
-                       f"only (ep must divide dp); use an ep among {_divisors(p.dp)}, or run the plan with an "
-                       "engine that folds ep over tp*cp*dp (--runtime megatron-core)"),
-         scope="trainer"),
+    Rule(
+        "ep wider than dp (the exatrain trainer refuses it)",
+        lambda x: (x.ep > 1) & (x.dp % _d(x.ep) != 0),
+        lambda p, c: (
+            f"--ep {p.ep} is wider than dp {p.dp}: exatrain's trainer splits the experts over dp ranks "
+            f"only (ep must divide dp); use an ep among {_divisors(p.dp)}, or run the plan with an "
+            "engine that folds ep over tp*cp*dp (--runtime megatron-core)"
+        ),
+        scope="trainer",
+    ),
     # ZeRO shards over the whole dp group, whose ranks hold different experts under ep.
-    Rule("ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)",
-         lambda x: (x.ep > 1) & (x.zero_stage >= 1),
-         lambda p, c: (f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
-                       "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
-                       "use --zero 0, or --ep 1"),
-         scope="trainer"),
+    Rule(
+        "ep > 1 with ZeRO-1/2/3 (the exatrain trainer refuses it)",
+        lambda x: (x.ep > 1) & (x.zero_stage >= 1),
+        lambda p, c: (
+            f"--ep {p.ep} runs with --zero 0 only: ZeRO-1/2/3 shard states over the whole dp "
+            "group, whose ranks hold different experts (no expert-data-parallel sharding yet); "
+            "use --zero 0, or --ep 1"
+        ),
+        scope="trainer",
+    ),
 )
 REASONS: tuple[str, ...] = tuple(r.reason for r in RULES)
 TRAINER_REASONS: tuple[str, ...] = tuple(r.reason for r in RULES if r.scope not in ("plan", "search"))
@@ -364,29 +507,66 @@ def _codes(values, names: tuple[str, ...]) -> np.ndarray:
     a = np.asarray(values)
     if a.dtype.kind in "iu":
         return np.where((a >= 0) & (a < len(names)), a, -1).astype(np.int64)
-    return np.array([names.index(v) if v in names else -1 for v in a.reshape(-1).tolist()],
-                    dtype=np.int64).reshape(a.shape)
+    return np.array([names.index(v) if v in names else -1 for v in a.reshape(-1).tolist()], dtype=np.int64).reshape(
+        a.shape
+    )
 
 
-def rule_inputs(shared: Shared, *, tp, pp, micro_batch, global_batch, zero_stage, recompute, sequence_parallel,
-               schedule, interleave, dp=None, gpus=None, ep=1, cp=1) -> RuleInputs:
+def rule_inputs(
+    shared: Shared,
+    *,
+    tp,
+    pp,
+    micro_batch,
+    global_batch,
+    zero_stage,
+    recompute,
+    sequence_parallel,
+    schedule,
+    interleave,
+    dp=None,
+    gpus=None,
+    ep=1,
+    cp=1,
+) -> RuleInputs:
     """Layouts as arrays, sharing ``shared``. Without ``dp``, dp = gpus // (tp*cp*pp) (1 where that does not
     divide; the gpus rules mark those). ``recompute``/``schedule``: names or indices."""
-    tp, pp, mb, gb, zero, v, ep, cp = (np.asarray(a, dtype=np.int64) for a in
-                                       (tp, pp, micro_batch, global_batch, zero_stage, interleave, ep, cp))
+    tp, pp, mb, gb, zero, v, ep, cp = (
+        np.asarray(a, dtype=np.int64) for a in (tp, pp, micro_batch, global_batch, zero_stage, interleave, ep, cp)
+    )
     if dp is None:
         ranks = np.maximum(tp * pp * cp, 1)
         dp = np.where(np.asarray(gpus) % ranks == 0, np.asarray(gpus) // ranks, 1)
-    arrays = np.broadcast_arrays(tp, pp, np.asarray(dp, dtype=np.int64), mb, gb, zero, _codes(recompute, RECOMPUTE),
-                                 np.asarray(sequence_parallel, dtype=bool), _codes(schedule, SCHEDULES), v, ep, cp)
+    arrays = np.broadcast_arrays(
+        tp,
+        pp,
+        np.asarray(dp, dtype=np.int64),
+        mb,
+        gb,
+        zero,
+        _codes(recompute, RECOMPUTE),
+        np.asarray(sequence_parallel, dtype=bool),
+        _codes(schedule, SCHEDULES),
+        v,
+        ep,
+        cp,
+    )
     *arrays, ep, cp = arrays
     s = shared.settings
-    return RuleInputs(shared.model, *arrays, dtype_ok=shared.dtype in DTYPES, stage_layers=tuple(shared.stage_layers),
-                      gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
-                      gpus_per_node=None if shared.cluster is None else shared.cluster.gpus_per_node,
-                      malformed=np.zeros(arrays[0].shape, dtype=bool), compile=shared.compile, ep=ep, cp=cp,
-                      runtime=s.runtime if isinstance(s.runtime, str) else "",
-                      cp_comm=s.cp_comm if isinstance(s.cp_comm, str) else "")
+    return RuleInputs(
+        shared.model,
+        *arrays,
+        dtype_ok=shared.dtype in DTYPES,
+        stage_layers=tuple(shared.stage_layers),
+        gpus=None if gpus is None else np.broadcast_to(np.asarray(gpus, dtype=np.int64), arrays[0].shape),
+        gpus_per_node=None if shared.cluster is None else shared.cluster.gpus_per_node,
+        malformed=np.zeros(arrays[0].shape, dtype=bool),
+        compile=shared.compile,
+        ep=ep,
+        cp=cp,
+        runtime=s.runtime if isinstance(s.runtime, str) else "",
+        cp_comm=s.cp_comm if isinstance(s.cp_comm, str) else "",
+    )
 
 
 def plan_rule_inputs(plan, cluster: ClusterSpec | None = None, *, compile: bool = False) -> RuleInputs:
@@ -398,14 +578,28 @@ def plan_rule_inputs(plan, cluster: ClusterSpec | None = None, *, compile: bool 
         good = not isinstance(value, bool) and isinstance(value, int) and not beyond(value)  # int64-safe
         ok[attr] = [value if good else 1]
         malformed |= not good
-    x = rule_inputs(Shared(plan.model, dtype=plan.dtype, stage_layers=plan.stage_layers, cluster=cluster,
-                          compile=compile, settings=plan.settings),
-                   tp=ok["tp"], pp=ok["pp"], dp=ok["dp"], micro_batch=ok["micro_batch"],
-                   global_batch=ok["global_batch"], interleave=ok["interleave"],
-                   zero_stage=[plan.zero_stage if isinstance(plan.zero_stage, int) else -1],
-                   recompute=[plan.recompute if isinstance(plan.recompute, str) else ""],
-                   schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
-                   sequence_parallel=[bool(plan.sequence_parallel)], ep=ok["ep"], cp=ok["cp"])
+    x = rule_inputs(
+        Shared(
+            plan.model,
+            dtype=plan.dtype,
+            stage_layers=plan.stage_layers,
+            cluster=cluster,
+            compile=compile,
+            settings=plan.settings,
+        ),
+        tp=ok["tp"],
+        pp=ok["pp"],
+        dp=ok["dp"],
+        micro_batch=ok["micro_batch"],
+        global_batch=ok["global_batch"],
+        interleave=ok["interleave"],
+        zero_stage=[plan.zero_stage if isinstance(plan.zero_stage, int) else -1],
+        recompute=[plan.recompute if isinstance(plan.recompute, str) else ""],
+        schedule=[plan.schedule if isinstance(plan.schedule, str) else ""],
+        sequence_parallel=[bool(plan.sequence_parallel)],
+        ep=ok["ep"],
+        cp=ok["cp"],
+    )
     return RuleInputs(**{**x.__dict__, "malformed": np.array([malformed])})
 
 
@@ -426,8 +620,9 @@ def first_reasons(masks: dict[str, np.ndarray], alive: np.ndarray) -> tuple[dict
     return counts, alive
 
 
-def problems(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",),
-             compile: bool = False) -> list[Rule]:
+def problems(
+    plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",), compile: bool = False
+) -> list[Rule]:
     """The rules (of the given scopes) the plan breaks, in RULES order."""
     x = plan_rule_inputs(plan, cluster, compile=compile)
     return [r for r in RULES if r.scope in scopes and bool(np.asarray(r.broken(x)).reshape(-1)[0])]
@@ -446,8 +641,9 @@ def expert_problem(plan) -> tuple[str, str] | None:
     if ep > 1 and not m.is_moe:
         return "ep", f"--ep {ep} needs a mixture-of-experts model; {m.name} has no experts"
     if m.is_moe and m.experts % ep:
-        return "ep", (f"experts {m.experts} of {m.name} are not divisible by ep {ep}; "
-                      f"choose ep among {_divisors(m.experts)}")
+        return "ep", (
+            f"experts {m.experts} of {m.name} are not divisible by ep {ep}; choose ep among {_divisors(m.experts)}"
+        )
     dims = [getattr(plan.dims, k, 1) for k in ("tp", "cp", "dp")]
     if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
         return None  # the degree's own rule reports it
@@ -456,17 +652,25 @@ def expert_problem(plan) -> tuple[str, str] | None:
     if bool(ep_fits(runtime, ep, tp=tp, cp=cp, dp=dp)):
         return None
     if runtime in FOLDING_RUNTIMES:
-        return "ep", (f"tp*cp*dp = {tp * cp * dp} is not divisible by ep {ep}: the ep groups fold over the "
-                      f"tp*cp*dp ranks of a pipeline stage (runtime {runtime})")
+        return "ep", (
+            f"tp*cp*dp = {tp * cp * dp} is not divisible by ep {ep}: the ep groups fold over the "
+            f"tp*cp*dp ranks of a pipeline stage (runtime {runtime})"
+        )
     if runtime == "torchtitan":
-        return "ep", (f"dp {dp} is not divisible by ep {ep}, nor is ep {ep} a multiple of tp*cp = {tp * cp} "
-                      f"dividing tp*cp*dp = {tp * cp * dp}: torchtitan places ep inside dp, or over all of tp "
-                      "and cp and part of dp")
-    why = ("DeepSpeed carves its expert groups out of dp" if runtime == "megatron-deepspeed" else
-           "exatrain's trainer builds its ep groups from dp ranks; to plan for Megatron-Core, which folds ep "
-           "over tp*cp*dp, estimate or search with --runtime megatron-core")
-    return "ep", (f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep "
-                  f"({why})")
+        return "ep", (
+            f"dp {dp} is not divisible by ep {ep}, nor is ep {ep} a multiple of tp*cp = {tp * cp} "
+            f"dividing tp*cp*dp = {tp * cp * dp}: torchtitan places ep inside dp, or over all of tp "
+            "and cp and part of dp"
+        )
+    why = (
+        "DeepSpeed carves its expert groups out of dp"
+        if runtime == "megatron-deepspeed"
+        else "exatrain's trainer builds its ep groups from dp ranks; to plan for Megatron-Core, which folds ep "
+        "over tp*cp*dp, estimate or search with --runtime megatron-core"
+    )
+    return "ep", (
+        f"dp {dp} is not divisible by ep {ep}: expert parallelism splits the dp ranks into groups of ep ({why})"
+    )
 
 
 def _a2a_heads_broken(x: RuleInputs) -> np.ndarray:
@@ -489,8 +693,10 @@ def extension_problem(plan) -> tuple[str, str] | None:
     if isinstance(cp, bool) or not isinstance(cp, int) or cp <= 0:
         return "cp", f"--cp must be a positive integer, got {cp!r}"
     if cp > 1 and plan.model.seq_len % (2 * cp):
-        return "cp", (f"context parallelism needs seq_len {plan.model.seq_len} divisible by 2*cp = {2 * cp} "
-                      "(two load-balanced chunks per cp rank)")
+        return "cp", (
+            f"context parallelism needs seq_len {plan.model.seq_len} divisible by 2*cp = {2 * cp} "
+            "(two load-balanced chunks per cp rank)"
+        )
     for s in SETTINGS:
         problem = s.check(getattr(plan.settings, s.name), plan)
         if problem:
@@ -498,8 +704,9 @@ def extension_problem(plan) -> tuple[str, str] | None:
     return None
 
 
-def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",),
-          compile: bool = False) -> None:
+def check(
+    plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] = ("plan",), compile: bool = False
+) -> None:
     """Raise RuleError for the first rule (of the given scopes) the plan breaks."""
     for rule in problems(plan, cluster, scopes=scopes, compile=compile)[:1]:
         raise RuleError(rule.message(plan, cluster), rule.reason)
@@ -508,6 +715,22 @@ def check(plan, cluster: ClusterSpec | None = None, *, scopes: tuple[str, ...] =
             raise RuleError(found[1], found[0])
 
 
-__all__ = ["FOLDING_RUNTIMES", "REASONS", "RULES", "TRAINER_REASONS", "RuleInputs", "Rule", "RuleError", "Shared",
-           "broken", "rule_inputs",
-           "check", "ep_fits", "expert_problem", "extension_problem", "first_reasons", "plan_rule_inputs", "problems"]
+__all__ = [
+    "FOLDING_RUNTIMES",
+    "REASONS",
+    "RULES",
+    "TRAINER_REASONS",
+    "RuleInputs",
+    "Rule",
+    "RuleError",
+    "Shared",
+    "broken",
+    "rule_inputs",
+    "check",
+    "ep_fits",
+    "expert_problem",
+    "extension_problem",
+    "first_reasons",
+    "plan_rule_inputs",
+    "problems",
+]

@@ -51,15 +51,17 @@ V_SCHEDULES = ("zbv", "dualpipev")
 # (megatron/core/pipeline_parallel/schedules.py get_forward_backward_func); Megatron-DeepSpeed 1F1B, DeepSpeed's
 # pipeline engine's TrainSchedule (deepspeed/runtime/pipe/schedule.py), no virtual stages; torchtitan and
 # exatrain every schedule of torch.distributed.pipelining (torchtitan's pipeline_parallel_schedule).
-SCHEDULE_RUNTIMES = {"gpipe": ("torchtitan", "exatrain"),
-                     "1f1b": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain"),
-                     "interleaved": ("megatron-core", "torchtitan", "exatrain"),
-                     "zero_bubble": ("torchtitan", "exatrain"),
-                     # torchtitan runs a multi-stage schedule class only over >= 2 stages per rank (pipeline
-                     # module split asserts it), so one-chunk zero bubble is exatrain's alone
-                     "zbh1": ("exatrain",),
-                     "zbv": ("torchtitan", "exatrain"),
-                     "dualpipev": ("torchtitan", "exatrain")}
+SCHEDULE_RUNTIMES = {
+    "gpipe": ("torchtitan", "exatrain"),
+    "1f1b": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain"),
+    "interleaved": ("megatron-core", "torchtitan", "exatrain"),
+    "zero_bubble": ("torchtitan", "exatrain"),
+    # torchtitan runs a multi-stage schedule class only over >= 2 stages per rank (pipeline
+    # module split asserts it), so one-chunk zero bubble is exatrain's alone
+    "zbh1": ("exatrain",),
+    "zbv": ("torchtitan", "exatrain"),
+    "dualpipev": ("torchtitan", "exatrain"),
+}
 # Activation recomputation (Korthikanti et al. 2022): none, selective (attention core only), full.
 RECOMPUTE = ("none", "selective", "full")
 # Training precisions: float32, or mixed precision over fp32 master weights with 16-bit compute copies, in
@@ -73,8 +75,10 @@ HALF_DTYPES = ("bfloat16", "float16")  # 16-bit compute copies, fp32 master weig
 # training.mixed_precision_param is bfloat16 or float32 (torchtitan/config/job_config.py) and it has no scaler;
 # llm-foundry's profile prices Composer's bf16 and fp32 runs only (its amp_fp16 is not priced).
 FLOAT16_RUNTIMES = ("megatron-core", "megatron-deepspeed", "exatrain")
-FLOAT16_WHY_NOT = {"torchtitan": "trains in bfloat16 or float32, not float16 (it has no loss scaling)",
-                   "llm-foundry": "is planned in bfloat16 or float32 (Composer's amp_fp16 is not priced)"}
+FLOAT16_WHY_NOT = {
+    "torchtitan": "trains in bfloat16 or float32, not float16 (it has no loss scaling)",
+    "llm-foundry": "is planned in bfloat16 or float32 (Composer's amp_fp16 is not priced)",
+}
 
 
 def dtype_problem(dtype: str, runtime: str) -> str | None:
@@ -83,6 +87,8 @@ def dtype_problem(dtype: str, runtime: str) -> str | None:
         why = FLOAT16_WHY_NOT.get(runtime, "trains in bfloat16 or float32, not float16")
         return f"--runtime {runtime} {why}: use --dtype bfloat16, or --runtime {' or '.join(FLOAT16_RUNTIMES)}"
     return None
+
+
 # Engines a plan can be made for (accounting.engines holds each one's profile) and FP8 GEMM scaling
 # recipes (accounting.fp8): names only here, so that the rules can check them without the accounting.
 RUNTIMES = ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry")
@@ -127,8 +133,12 @@ FP8_PARAM_GATHER_RUNTIMES = {"megatron-core": 1, "torchtitan": 2}  # runtime -> 
 # cites and prices each, in this order), and those that do not run sliding-window attention (Transformer Engine's
 # attn_forward_func_with_cp asserts a window runs only with a2a or all_gather).
 CP_COMMS = ("p2p", "all_gather", "a2a")
-CP_COMM_RUNTIMES = {"megatron-core": ("p2p", "a2a", "all_gather"), "megatron-deepspeed": ("a2a",),
-                    "torchtitan": ("all_gather", "p2p"), "exatrain": ("all_gather",)}
+CP_COMM_RUNTIMES = {
+    "megatron-core": ("p2p", "a2a", "all_gather"),
+    "megatron-deepspeed": ("a2a",),
+    "torchtitan": ("all_gather", "p2p"),
+    "exatrain": ("all_gather",),
+}
 CP_COMMS_WITHOUT_WINDOWS = {"megatron-core": ("p2p",)}
 # Those that do not run attention sinks (a learned softmax logit per head, ModelSpec.attention_sinks): Transformer
 # Engine runs a softmax other than the vanilla one under context parallelism only through its fused attention with
@@ -168,9 +178,11 @@ ELEMENTWISE = ("fused", "eager", "eager-composite")
 # flash-attn's xentropy kernel). A plan
 # that names none runs its runtime's own (accounting.engines EngineProfile.cross_entropy).
 CROSS_ENTROPY = ("upcast", "inplace", "fused")
-CROSS_ENTROPY_RUNTIMES = {"upcast": ("torchtitan", "exatrain", "llm-foundry"),
-                          "inplace": ("megatron-core", "megatron-deepspeed"),
-                          "fused": ("torchtitan", "llm-foundry")}  # the runtimes that run each
+CROSS_ENTROPY_RUNTIMES = {
+    "upcast": ("torchtitan", "exatrain", "llm-foundry"),
+    "inplace": ("megatron-core", "megatron-deepspeed"),
+    "fused": ("torchtitan", "llm-foundry"),
+}  # the runtimes that run each
 # The dtype a bfloat16 run accumulates and reduces its gradients in (EngineProfile.grad_accum_dtype,
 # EngineProfile.with_grad_accum): "float32" (Megatron-Core's default; DeepSpeed's BF16_Optimizer,
 # data_types.grad_accum_dtype "fp32"; torchtitan's and exatrain's only) or "bfloat16" (DeepSpeed's default;
@@ -178,8 +190,10 @@ CROSS_ENTROPY_RUNTIMES = {"upcast": ("torchtitan", "exatrain", "llm-foundry"),
 # table; a plan that names none runs its runtime's own.
 GRAD_ACCUM = ("float32", "bfloat16")
 # the runtimes that offer each
-GRAD_ACCUM_RUNTIMES = {"float32": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry"),
-                       "bfloat16": ("megatron-core", "megatron-deepspeed", "llm-foundry")}
+GRAD_ACCUM_RUNTIMES = {
+    "float32": ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain", "llm-foundry"),
+    "bfloat16": ("megatron-core", "megatron-deepspeed", "llm-foundry"),
+}
 # Whether each micro-batch's weight gradients are added to the accumulated ones inside the weight-gradient
 # GEMMs ("on": Megatron-Core's gradient_accumulation_fusion, its default) or by a separate pass over the
 # stage's gradients after each backward ("off": --no-gradient-accumulation-fusion, what Megatron-LM ran before
@@ -202,8 +216,10 @@ ADAM_KERNEL_RUNTIMES = ("torchtitan",)
 # their gradients and so the optimizer states on the host and steps on the CPU: torchtitan's
 # training.enable_cpu_offload, exatrain's trainer). For each value, the runtimes that run it and the ZeRO stages.
 OFFLOADS = ("none", "optimizer", "params")
-OFFLOAD_RUNTIMES = {"optimizer": {"megatron-deepspeed": (1, 2, 3), "megatron-core": (1,)},
-                    "params": {"megatron-deepspeed": (3,), "torchtitan": (2, 3), "exatrain": (2, 3)}}
+OFFLOAD_RUNTIMES = {
+    "optimizer": {"megatron-deepspeed": (1, 2, 3), "megatron-core": (1,)},
+    "params": {"megatron-deepspeed": (3,), "torchtitan": (2, 3), "exatrain": (2, 3)},
+}
 
 
 def offload_problem(offload: str, runtime: str, zero_stage, dp=None) -> str | None:
@@ -218,18 +234,18 @@ def offload_problem(offload: str, runtime: str, zero_stage, dp=None) -> str | No
         names = list(OFFLOAD_RUNTIMES[offload])
         who = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
         also = [v for v, by in OFFLOAD_RUNTIMES.items() if runtime in by]
-        return (f"--offload {offload} is not run by {runtime}; it is run by {who}"
-                + (f" ({runtime} offloads --offload {also[0]})" if also else ""))
+        return f"--offload {offload} is not run by {runtime}; it is run by {who}" + (
+            f" ({runtime} offloads --offload {also[0]})" if also else ""
+        )
     if isinstance(zero_stage, int) and zero_stage not in stages:
-        return (f"--offload {offload} under {runtime} needs --zero {' or '.join(map(str, stages))} "
-                f"(got {zero_stage})")
+        return f"--offload {offload} under {runtime} needs --zero {' or '.join(map(str, stages))} (got {zero_stage})"
     if runtime == "exatrain" and isinstance(dp, int) and dp < 2:
         return "--offload params runs through FSDP2, which exatrain's trainer applies only with dp x cp > 1"
     return None
 
 
 def listed(items) -> str:
-    """"a", "a and b", "a, b and c"."""
+    """ "a", "a and b", "a, b and c"."""
     items = list(items)
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -240,9 +256,11 @@ def trainer_cannot_build(model: Any) -> str:
     missing = model.unbuilt_by_trainer
     if not missing:
         return ""
-    return (f"exatrain's own trainer does not build {model.name} yet ({listed(missing)}): these figures are "
-            f"for a run it cannot make; plan the engine that will run it (--runtime "
-            f"{', '.join(r for r in RUNTIMES if r != 'exatrain')})")
+    return (
+        f"exatrain's own trainer does not build {model.name} yet ({listed(missing)}): these figures are "
+        f"for a run it cannot make; plan the engine that will run it (--runtime "
+        f"{', '.join(r for r in RUNTIMES if r != 'exatrain')})"
+    )
 
 
 def default_runtime(model: Any) -> str:
@@ -258,8 +276,10 @@ def default_runtime_note(model: Any) -> str:
     missing = model.unbuilt_by_trainer
     if not missing:
         return ""
-    return (f"runtime megatron-core, the default for {model.name}: exatrain's own trainer does not build it yet "
-            f"({listed(missing)}); name the engine that will run it with --runtime")
+    return (
+        f"runtime megatron-core, the default for {model.name}: exatrain's own trainer does not build it yet "
+        f"({listed(missing)}); name the engine that will run it with --runtime"
+    )
 
 
 def full_rerun_layers(stage_layers, pp: int, first: int = 0, every: int = 0) -> tuple[int, ...]:
@@ -288,8 +308,9 @@ def recompute_modules_of(value: Any) -> tuple[str, ...]:
     names = [str(x).strip() for x in items if str(x).strip()]
     unknown = [n for n in names if n not in RECOMPUTE_MODULES]
     if unknown:
-        raise UserError(f"--recompute-modules: unknown module {unknown[0]!r}; choose among "
-                        f"{', '.join(RECOMPUTE_MODULES)}")
+        raise UserError(
+            f"--recompute-modules: unknown module {unknown[0]!r}; choose among {', '.join(RECOMPUTE_MODULES)}"
+        )
     return tuple(n for n in RECOMPUTE_MODULES if n in names)
 
 
@@ -302,8 +323,10 @@ def cp_comm_for(runtime: str, chosen: str = "", model: Any = None) -> str:
         if chosen not in CP_COMMS:
             raise UserError(f"--cp-comm must be one of {', '.join(CP_COMMS)}, got {chosen!r}")
         if chosen not in offered:
-            raise UserError(f"--cp-comm {chosen}: {runtime} does not run context parallelism that way; it offers "
-                            f"{', '.join(offered)}")
+            raise UserError(
+                f"--cp-comm {chosen}: {runtime} does not run context parallelism that way; it offers "
+                f"{', '.join(offered)}"
+            )
         return chosen
     unable = cp_comms_unable(runtime, model)
     return next((c for c in offered if c not in unable), offered[0])
@@ -313,8 +336,10 @@ def cp_comms_unable(runtime: str, model: Any) -> dict[str, str]:
     """The context-parallel exchanges of ``runtime`` that cannot run ``model``, each with what it lacks
     (sliding-window attention, attention sinks)."""
     lacks: dict[str, list[str]] = {}
-    for table, attr, what in ((CP_COMMS_WITHOUT_WINDOWS, "sliding_window", "sliding-window attention"),
-                              (CP_COMMS_WITHOUT_SINKS, "attention_sinks", "attention sinks")):
+    for table, attr, what in (
+        (CP_COMMS_WITHOUT_WINDOWS, "sliding_window", "sliding-window attention"),
+        (CP_COMMS_WITHOUT_SINKS, "attention_sinks", "attention sinks"),
+    ):
         if getattr(model, attr, 0):
             for c in table.get(runtime, ()):
                 lacks.setdefault(c, []).append(what)
@@ -343,11 +368,14 @@ def cp_comm_problem(comm: str, runtime: str, model: Any, tp: int | None = None, 
     unable = cp_comms_unable(runtime, model)
     if chosen in unable:
         others = [c for c in CP_COMM_RUNTIMES[runtime] if c not in unable]
-        return (f"{runtime}'s {chosen} context parallelism does not run {unable[chosen]}, which "
-                f"{model.name} has" + (f": use --cp-comm {' or '.join(others)}" if others else ""))
+        return f"{runtime}'s {chosen} context parallelism does not run {unable[chosen]}, which {model.name} has" + (
+            f": use --cp-comm {' or '.join(others)}" if others else ""
+        )
     if chosen == "a2a" and tp and cp and cp > 1 and bool(heads_not_split(model, tp, cp)):
-        return (f"--cp {cp} by all-to-all splits the {model.heads // tp} heads and {model.kv_heads // tp} K,V heads a "
-                f"rank holds at tp {tp} into cp groups: cp must divide both (or use another --cp-comm)")
+        return (
+            f"--cp {cp} by all-to-all splits the {model.heads // tp} heads and {model.kv_heads // tp} K,V heads a "
+            f"rank holds at tp {tp} into cp groups: cp must divide both (or use another --cp-comm)"
+        )
     return None
 
 
@@ -358,14 +386,18 @@ def recompute_modules_problem(modules, recompute, runtime: str) -> str | None:
     if not modules:
         return None
     if not isinstance(modules, tuple) or any(m not in RECOMPUTE_MODULES for m in modules):
-        return (f"recompute_modules must be a list of {', '.join(RECOMPUTE_MODULES)}, got {modules!r}")
+        return f"recompute_modules must be a list of {', '.join(RECOMPUTE_MODULES)}, got {modules!r}"
     if runtime not in RECOMPUTE_MODULES_RUNTIMES:
-        return (f"--recompute-modules is Megatron-Core's choice of what selective recomputation reruns; runtime "
-                f"{runtime} reruns its own (exatrain and Megatron-DeepSpeed the attention core, torchtitan its per-op "
-                "policy): use --runtime megatron-core, or drop it")
+        return (
+            f"--recompute-modules is Megatron-Core's choice of what selective recomputation reruns; runtime "
+            f"{runtime} reruns its own (exatrain and Megatron-DeepSpeed the attention core, torchtitan its per-op "
+            "policy): use --runtime megatron-core, or drop it"
+        )
     if recompute != "selective":
-        return (f"--recompute-modules chooses what selective recomputation reruns; with --recompute {recompute} "
-                "Megatron-Core ignores it: use --recompute selective, or drop it")
+        return (
+            f"--recompute-modules chooses what selective recomputation reruns; with --recompute {recompute} "
+            "Megatron-Core ignores it: use --recompute selective, or drop it"
+        )
     return None
 
 
@@ -379,19 +411,24 @@ def recompute_layers_problem(n, recompute, runtime: str, every: bool = False) ->
     if not n:
         return None
     if every and runtime not in RECOMPUTE_EVERY_RUNTIMES:
-        return (f"--recompute-every is torchtitan's layer-level selective checkpointing (selective_ac_option N; "
-                f"FSDP1's every-Nth-block check_fn under llm-foundry); runtime {runtime} does not pick layers that "
-                f"way: use --runtime {' or '.join(RECOMPUTE_EVERY_RUNTIMES)}, or drop it"
-                + (" (Megatron-Core: --recompute-layers, the first N of each stage)" if runtime == "megatron-core"
-                   else ""))
+        return (
+            f"--recompute-every is torchtitan's layer-level selective checkpointing (selective_ac_option N; "
+            f"FSDP1's every-Nth-block check_fn under llm-foundry); runtime {runtime} does not pick layers that "
+            f"way: use --runtime {' or '.join(RECOMPUTE_EVERY_RUNTIMES)}, or drop it"
+            + (" (Megatron-Core: --recompute-layers, the first N of each stage)" if runtime == "megatron-core" else "")
+        )
     if not every and runtime not in RECOMPUTE_LAYERS_RUNTIMES:
-        return (f"--recompute-layers is Megatron-Core's --recompute-method block --recompute-num-layers; runtime "
-                f"{runtime} does not pick layers that way: use --runtime megatron-core, or drop it"
-                + (" (torchtitan: --recompute-every, one layer in N)" if runtime == "torchtitan" else ""))
+        return (
+            f"--recompute-layers is Megatron-Core's --recompute-method block --recompute-num-layers; runtime "
+            f"{runtime} does not pick layers that way: use --runtime megatron-core, or drop it"
+            + (" (torchtitan: --recompute-every, one layer in N)" if runtime == "torchtitan" else "")
+        )
     what = "one layer in N" if every else "the first N layers of each stage"
     if recompute != "full":
-        return (f"{flag} N recomputes {what} whole; with --recompute {recompute} there is no whole-layer "
-                "recomputation: use --recompute full, or drop it")
+        return (
+            f"{flag} N recomputes {what} whole; with --recompute {recompute} there is no whole-layer "
+            "recomputation: use --recompute full, or drop it"
+        )
     return None
 
 
@@ -403,10 +440,15 @@ def adam_kernel_problem(kernel: str, runtime: str) -> str | None:
     if kernel not in ADAM_KERNELS:
         return f"--adam-kernel must be one of {', '.join(ADAM_KERNELS)}, got {kernel!r}"
     if runtime not in ADAM_KERNEL_RUNTIMES:
-        own = ("picks its own (fused over plain tensors on a GPU, foreach over DTensors and on the CPU)"
-               if runtime == "exatrain" else "runs its fused Adam")
-        return (f"--adam-kernel is torchtitan's switch (--optimizer.implementation); {runtime} {own}: use "
-                f"--runtime {' or '.join(ADAM_KERNEL_RUNTIMES)}, or drop it")
+        own = (
+            "picks its own (fused over plain tensors on a GPU, foreach over DTensors and on the CPU)"
+            if runtime == "exatrain"
+            else "runs its fused Adam"
+        )
+        return (
+            f"--adam-kernel is torchtitan's switch (--optimizer.implementation); {runtime} {own}: use "
+            f"--runtime {' or '.join(ADAM_KERNEL_RUNTIMES)}, or drop it"
+        )
     return None
 
 
@@ -418,9 +460,11 @@ def grad_accum_fusion_problem(fusion: str, runtime: str) -> str | None:
     if fusion not in GRAD_ACCUM_FUSION:
         return f"--grad-accum-fusion must be one of {', '.join(GRAD_ACCUM_FUSION)}, got {fusion!r}"
     if runtime not in GRAD_ACCUM_FUSION_RUNTIMES:
-        return (f"--grad-accum-fusion is Megatron-Core's switch (--no-gradient-accumulation-fusion); {runtime} "
-                f"accumulates its gradients its own way: use --runtime {' or '.join(GRAD_ACCUM_FUSION_RUNTIMES)}, "
-                "or drop it")
+        return (
+            f"--grad-accum-fusion is Megatron-Core's switch (--no-gradient-accumulation-fusion); {runtime} "
+            f"accumulates its gradients its own way: use --runtime {' or '.join(GRAD_ACCUM_FUSION_RUNTIMES)}, "
+            "or drop it"
+        )
     return None
 
 
@@ -434,8 +478,10 @@ def grad_accum_problem(accum: str, dtype: str, runtime: str) -> str | None:
     if dtype != "bfloat16":
         return f"--grad-accum sets how bfloat16 training accumulates its gradients; this one trains in {dtype}: drop it"
     if runtime not in GRAD_ACCUM_RUNTIMES[accum]:
-        return (f"{runtime} accumulates bfloat16 gradients in float32 only (--grad-accum {accum} is offered by "
-                f"{' and '.join(GRAD_ACCUM_RUNTIMES[accum])}): drop it")
+        return (
+            f"{runtime} accumulates bfloat16 gradients in float32 only (--grad-accum {accum} is offered by "
+            f"{' and '.join(GRAD_ACCUM_RUNTIMES[accum])}): drop it"
+        )
     return None
 
 
@@ -457,8 +503,7 @@ def _dispatcher_problem(v, p) -> str | None:
     if v not in MOE_DISPATCHERS:
         return f"--moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {v!r}"
     if v != "alltoall" and not p.model.is_moe:
-        return (f"--moe-dispatcher {v} dispatches a mixture-of-experts layer's tokens; "
-                f"{p.model.name} has no experts")
+        return f"--moe-dispatcher {v} dispatches a mixture-of-experts layer's tokens; {p.model.name} has no experts"
     return None
 
 
@@ -474,8 +519,10 @@ def _capacity_problem(v, p) -> str | None:
     if v and p.moe_dispatcher != "alltoall":
         # Megatron-Core refuses it too (transformer_config.py: "moe_expert_capacity_factor only works with
         # alltoall token dispatcher")
-        return (f"--moe-capacity-factor drops and pads tokens in the alltoall dispatcher only; drop it or use "
-                f"--moe-dispatcher alltoall (not {p.moe_dispatcher})")
+        return (
+            f"--moe-capacity-factor drops and pads tokens in the alltoall dispatcher only; drop it or use "
+            f"--moe-dispatcher alltoall (not {p.moe_dispatcher})"
+        )
     return None
 
 
@@ -490,16 +537,22 @@ def _gather_problem(v, p) -> str | None:
     if not p.fp8:
         return "--fp8-param-gather gathers the FP8 GEMMs' weights in FP8: it needs --fp8 (a scaling recipe)"
     if need is None:
-        return (f"--fp8-param-gather is Megatron-Core's --fp8-param-gather or torchtitan's "
-                f"enable_fsdp_float8_all_gather; runtime {p.runtime} has no such switch: "
-                "use --runtime megatron-core or torchtitan, or drop it")
+        return (
+            f"--fp8-param-gather is Megatron-Core's --fp8-param-gather or torchtitan's "
+            f"enable_fsdp_float8_all_gather; runtime {p.runtime} has no such switch: "
+            "use --runtime megatron-core or torchtitan, or drop it"
+        )
     if p.runtime == "torchtitan" and p.fp8 != "current":
-        return (f"torchtitan gathers FP8 weights with tensorwise scaling only: use --fp8 current (not {p.fp8}), "
-                "or drop --fp8-param-gather")
+        return (
+            f"torchtitan gathers FP8 weights with tensorwise scaling only: use --fp8 current (not {p.fp8}), "
+            "or drop --fp8-param-gather"
+        )
     if isinstance(p.zero_stage, int) and p.zero_stage < need:
         what = "the distributed optimizer" if p.runtime == "megatron-core" else "FSDP"
-        return (f"--fp8-param-gather needs {what} (ZeRO-{need} or higher) under {p.runtime}, which gathers the "
-                f"weights it sends: use --zero {need}, or drop it")
+        return (
+            f"--fp8-param-gather needs {what} (ZeRO-{need} or higher) under {p.runtime}, which gathers the "
+            f"weights it sends: use --zero {need}, or drop it"
+        )
     return None
 
 
@@ -507,8 +560,10 @@ def _kernel_problem(v, p) -> str | None:
     if v and v not in ATTENTION_KERNELS:
         return f"--attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {v!r}"
     if v and not p.flash_attention:
-        return (f"--attention-kernel {v} names flash attention's kernel; this plan has flash attention off "
-                "(--no-flash-attention): drop one of them")
+        return (
+            f"--attention-kernel {v} names flash attention's kernel; this plan has flash attention off "
+            "(--no-flash-attention): drop one of them"
+        )
     return None
 
 
@@ -522,10 +577,15 @@ def _loss_problem(v, p) -> str | None:
     if v and v not in CROSS_ENTROPY:
         return f"--cross-entropy must be one of {', '.join(CROSS_ENTROPY)}, got {v!r}"
     if v and p.runtime not in CROSS_ENTROPY_RUNTIMES[v]:
-        what = {"upcast": "torch's cross_entropy over an fp32 copy", "inplace": "Megatron's vocab-parallel loss",
-                "fused": "one kernel over the 16-bit logits (a compiled loss, flash-attn's xentropy)"}[v]
-        return (f"--cross-entropy {v} is {what}, which {p.runtime} does not run: use "
-                f"--runtime {' or '.join(CROSS_ENTROPY_RUNTIMES[v])}, or drop it")
+        what = {
+            "upcast": "torch's cross_entropy over an fp32 copy",
+            "inplace": "Megatron's vocab-parallel loss",
+            "fused": "one kernel over the 16-bit logits (a compiled loss, flash-attn's xentropy)",
+        }[v]
+        return (
+            f"--cross-entropy {v} is {what}, which {p.runtime} does not run: use "
+            f"--runtime {' or '.join(CROSS_ENTROPY_RUNTIMES[v])}, or drop it"
+        )
     return None
 
 
@@ -540,25 +600,33 @@ def _cp_comm_problem(v, p) -> str | None:
 def _trainer_routes(flag: str) -> str:
     # Its routing is dropless and follows the router (trainer.moe): a plan priced with token drop or
     # forced-even routing is another run's.
-    return (f"the exatrain trainer routes MoE tokens dropless, as its router says; plan {flag} for Megatron-Core "
-            "(--runtime megatron-core) or train a plan made without it")
+    return (
+        f"the exatrain trainer routes MoE tokens dropless, as its router says; plan {flag} for Megatron-Core "
+        "(--runtime megatron-core) or train a plan made without it"
+    )
 
 
 def _trainer_layers(flag: str, n: int) -> str:
     # Its full recomputation wraps every block (parallel/activation.py).
-    return (f"the exatrain trainer's full recomputation reruns every layer; plan {flag} {n} for the runtime that "
-            "picks layers (Megatron-Core, torchtitan), or train a plan made without it")
+    return (
+        f"the exatrain trainer's full recomputation reruns every layer; plan {flag} {n} for the runtime that "
+        "picks layers (Megatron-Core, torchtitan), or train a plan made without it"
+    )
 
 
 def _trainer_elementwise(v, compile: bool) -> str | None:
     # The plan was priced with its element-wise ops as it names them: fused ones are what --compile runs;
     # eager ones what the trainer runs without it.
     if v == "fused" and not compile:
-        return ("this plan was priced with fused element-wise ops (--elementwise fused): train it with --compile, "
-                "or plan it with --elementwise eager")
+        return (
+            "this plan was priced with fused element-wise ops (--elementwise fused): train it with --compile, "
+            "or plan it with --elementwise eager"
+        )
     if v in ("eager", "eager-composite") and compile:
-        return (f"this plan was priced with eager element-wise ops (--elementwise {v}): train it without "
-                "--compile, or plan it with --elementwise fused")
+        return (
+            f"this plan was priced with eager element-wise ops (--elementwise {v}): train it without "
+            "--compile, or plan it with --elementwise fused"
+        )
     return None
 
 
@@ -617,29 +685,43 @@ def _kernel_note(engine: str, switches: tuple[str, ...], runs: str) -> Callable[
     """A note for a flash-attention plan priced with an --attention-kernel that ``engine`` has no switch for
     (``switches``: those it has), saying what the config ``runs`` instead. A note, not a refusal: the estimate is
     the what-if the user asked for, and the config says what it runs."""
+
     def note(plan) -> str:
         if not plan.flash_attention or not plan.attention_kernel or plan.attention_kernel in switches:
             return ""
-        return (f"the plan was priced with the {plan.attention_kernel} attention kernel; {engine} has no switch "
-                f"for it: {runs}")
+        return (
+            f"the plan was priced with the {plan.attention_kernel} attention kernel; {engine} has no switch "
+            f"for it: {runs}"
+        )
+
     return note
 
 
 def _titan03_cp_note(plan) -> str:
     """torchtitan 0.3 all-gathers K and V (context_parallel/api.py: flex_cp_allgather, or SDPA's dispatcher)."""
     comm = cp_comm_for("torchtitan", plan.cp_comm, plan.model) if plan.cp > 1 else "all_gather"
-    return "" if comm == "all_gather" else (f"the plan was priced with the {comm} K,V exchange; torchtitan 0.3 has no "
-                                            "switch for it and all-gathers K and V")
+    return (
+        ""
+        if comm == "all_gather"
+        else (
+            f"the plan was priced with the {comm} K,V exchange; torchtitan 0.3 has no "
+            "switch for it and all-gathers K and V"
+        )
+    )
 
 
 def _elementwise_note(engine: str) -> Callable[[Any], str]:
     """Megatron fuses the element-wise ops (its bias-activation, RoPE and norm kernels): a plan priced eager
     gets a note."""
+
     def note(plan) -> str:
         if plan.elementwise not in ("eager", "eager-composite"):
             return ""
-        return (f"the plan was priced with {plan.elementwise} element-wise ops; {engine} runs its fused kernels "
-                "(plan it without --elementwise, or with fused, to price them)")
+        return (
+            f"the plan was priced with {plan.elementwise} element-wise ops; {engine} runs its fused kernels "
+            "(plan it without --elementwise, or with fused, to price them)"
+        )
+
     return note
 
 
@@ -647,10 +729,14 @@ def _fusion_note(target: str) -> Callable[[Any], str]:
     def note(plan) -> str:
         if not plan.grad_accum_fusion:
             return ""
-        where = ("inside the weight-gradient GEMMs" if plan.grad_accum_fusion == "on"
-                 else "by a pass after each backward")
-        return (f"the plan was priced with Megatron-Core's gradients accumulated {where} (--grad-accum-fusion "
-                f"{plan.grad_accum_fusion}); {target} accumulates them its own way, which this config does not set")
+        where = (
+            "inside the weight-gradient GEMMs" if plan.grad_accum_fusion == "on" else "by a pass after each backward"
+        )
+        return (
+            f"the plan was priced with Megatron-Core's gradients accumulated {where} (--grad-accum-fusion "
+            f"{plan.grad_accum_fusion}); {target} accumulates them its own way, which this config does not set"
+        )
+
     return note
 
 
@@ -658,246 +744,505 @@ def _adam_note(target: str) -> Callable[[Any], str]:
     def note(plan) -> str:
         if not plan.adam_kernel:
             return ""
-        return (f"the plan was priced with {plan.adam_kernel} Adam (--adam-kernel, torchtitan's switch); {target} "
-                "runs its FusedAdam, which this config does not change")
+        return (
+            f"the plan was priced with {plan.adam_kernel} Adam (--adam-kernel, torchtitan's switch); {target} "
+            "runs its FusedAdam, which this config does not change"
+        )
+
     return note
 
 
 def _blocking_note(plan) -> str:
     """An engine config cannot set the environment: a plan priced with synchronous launches says so."""
-    return ("" if not plan.launch_blocking else "the plan was priced with synchronous kernel launches: set "
-            "CUDA_LAUNCH_BLOCKING=1 in the job's environment (this config cannot)")
+    return (
+        ""
+        if not plan.launch_blocking
+        else "the plan was priced with synchronous kernel launches: set "
+        "CUDA_LAUNCH_BLOCKING=1 in the job's environment (this config cannot)"
+    )
 
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "runtime", str, "exatrain", arg="engine", choices=RUNTIMES, metavar="ENGINE", problem=_runtime_problem,
-        help=("the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan, llm-foundry (Composer's "
-              "PyTorch FSDP1, data parallelism alone; priced, not exported) or exatrain (this project's trainer); its "
-              "memory decides what fits and its overlaps and collectives the step time; "
-              "default exatrain, or megatron-core for a model exatrain's trainer does not build (said in the "
-              "output)"),
-        load=str),
+        "runtime",
+        str,
+        "exatrain",
+        arg="engine",
+        choices=RUNTIMES,
+        metavar="ENGINE",
+        problem=_runtime_problem,
+        help=(
+            "the engine that runs the plan: megatron-core, megatron-deepspeed, torchtitan, llm-foundry (Composer's "
+            "PyTorch FSDP1, data parallelism alone; priced, not exported) or exatrain (this project's trainer); its "
+            "memory decides what fits and its overlaps and collectives the step time; "
+            "default exatrain, or megatron-core for a model exatrain's trainer does not build (said in the "
+            "output)"
+        ),
+        load=str,
+    ),
     Setting(
-        "fp8", str, "", choices=FP8_RECIPES, problem=_fp8_problem, load=str,
+        "fp8",
+        str,
+        "",
+        choices=FP8_RECIPES,
+        problem=_fp8_problem,
+        load=str,
         help="run the linear layers' GEMMs in FP8 with this scaling recipe (default: none)",
-        exports={"megatron": "--fp8-recipe", "torchtitan": "quantize.linear.float8"}),
+        exports={"megatron": "--fp8-recipe", "torchtitan": "quantize.linear.float8"},
+    ),
     Setting(
-        "moe_dispatcher", str, "alltoall", choices=MOE_DISPATCHERS, problem=_dispatcher_problem, load=str,
-        help=("how MoE tokens reach their experts: alltoall (every routed copy; default) or Megatron-Core's flex "
-              "dispatcher with DeepEP / HybridEP (once per destination rank and node)"),
-        trainer=lambda v, c: None if v == "alltoall" else (
-            f"the exatrain trainer dispatches MoE tokens with its own all-to-all; plan --moe-dispatcher {v} for "
-            "Megatron-Core (--runtime megatron-core) or train this plan with --moe-dispatcher alltoall"),
+        "moe_dispatcher",
+        str,
+        "alltoall",
+        choices=MOE_DISPATCHERS,
+        problem=_dispatcher_problem,
+        load=str,
+        help=(
+            "how MoE tokens reach their experts: alltoall (every routed copy; default) or Megatron-Core's flex "
+            "dispatcher with DeepEP / HybridEP (once per destination rank and node)"
+        ),
+        trainer=lambda v, c: (
+            None
+            if v == "alltoall"
+            else (
+                f"the exatrain trainer dispatches MoE tokens with its own all-to-all; plan --moe-dispatcher {v} for "
+                "Megatron-Core (--runtime megatron-core) or train this plan with --moe-dispatcher alltoall"
+            )
+        ),
         label=_label("{v} dispatcher"),
         exports={"megatron": "--moe-flex-dispatcher-backend"},
-        notes={"torchtitan": lambda p: "" if p.moe_dispatcher == "alltoall" or not p.model.is_moe else (
-            f"the plan was priced with the {p.moe_dispatcher} dispatcher (one copy per destination rank and node); "
-            "this config sets no dispatcher: torchtitan's own all-to-all sends every routed copy")}),
+        notes={
+            "torchtitan": lambda p: (
+                ""
+                if p.moe_dispatcher == "alltoall" or not p.model.is_moe
+                else (
+                    f"the plan was priced with the {p.moe_dispatcher} dispatcher (one copy per destination rank and "
+                    "node); this config sets no dispatcher: torchtitan's own all-to-all sends every routed copy"
+                )
+            )
+        },
+    ),
     Setting(
-        "moe_capacity_factor", float, 0.0, arg="number", metavar="C", problem=_capacity_problem,
-        help=("drop a MoE layer's tokens beyond C times an expert's mean load and pad every expert's input to it "
-              "(Megatron-Core --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity; alltoall "
-              "dispatcher); default 0: dropless, the busiest expert rank taking 1.25x the mean"),
+        "moe_capacity_factor",
+        float,
+        0.0,
+        arg="number",
+        metavar="C",
+        problem=_capacity_problem,
+        help=(
+            "drop a MoE layer's tokens beyond C times an expert's mean load and pad every expert's input to it "
+            "(Megatron-Core --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity; alltoall "
+            "dispatcher); default 0: dropless, the busiest expert rank taking 1.25x the mean"
+        ),
         trainer=lambda v, c: _trainer_routes("--moe-capacity-factor") if v else None,
         label=_label("token drop at capacity {v:g}, padded"),
         exports={"megatron": "--moe-expert-capacity-factor"},
-        notes={"torchtitan": lambda p: "" if not p.moe_capacity_factor or not p.model.is_moe else (
-            f"the plan was priced with token drop at capacity factor {p.moe_capacity_factor:g}, every expert padded "
-            "to it; torchtitan's MoE is dropless and this config cannot set it")}),
+        notes={
+            "torchtitan": lambda p: (
+                ""
+                if not p.moe_capacity_factor or not p.model.is_moe
+                else (
+                    f"the plan was priced with token drop at capacity factor {p.moe_capacity_factor:g}, every expert "
+                    "padded to it; torchtitan's MoE is dropless and this config cannot set it"
+                )
+            )
+        },
+    ),
     Setting(
-        "moe_force_balance", bool, False, arg="switch", problem=_balance_problem,
-        help=("route MoE tokens evenly whatever the router says (Megatron-Core --moe-router-force-load-balancing, "
-              "a benchmarking switch): the busiest expert rank takes the mean; default off"),
+        "moe_force_balance",
+        bool,
+        False,
+        arg="switch",
+        problem=_balance_problem,
+        help=(
+            "route MoE tokens evenly whatever the router says (Megatron-Core --moe-router-force-load-balancing, "
+            "a benchmarking switch): the busiest expert rank takes the mean; default off"
+        ),
         trainer=lambda v, c: _trainer_routes("--moe-force-balance") if v else None,
         label=lambda v, s: "" if s.moe_capacity_factor else "force-balanced routing",
-        exports={"megatron": "--moe-router-force-load-balancing", "torchtitan": "moe_force_load_balance",
-                 "torchtitan-0.3": "--debug.moe-force-load-balance"}),
+        exports={
+            "megatron": "--moe-router-force-load-balancing",
+            "torchtitan": "moe_force_load_balance",
+            "torchtitan-0.3": "--debug.moe-force-load-balance",
+        },
+    ),
     Setting(
-        "fp8_param_gather", bool, False, arg="switch", problem=_gather_problem,
-        help=("gather the FP8 GEMMs' weights in FP8 over the data-parallel group and keep no 16-bit copy of them "
-              "(Megatron-Core --fp8-param-gather, with the distributed optimizer: ZeRO-1+; torchtitan "
-              "enable_fsdp_float8_all_gather, with FSDP: ZeRO-2/3 and --fp8 current); needs --fp8; default off"),
+        "fp8_param_gather",
+        bool,
+        False,
+        arg="switch",
+        problem=_gather_problem,
+        help=(
+            "gather the FP8 GEMMs' weights in FP8 over the data-parallel group and keep no 16-bit copy of them "
+            "(Megatron-Core --fp8-param-gather, with the distributed optimizer: ZeRO-1+; torchtitan "
+            "enable_fsdp_float8_all_gather, with FSDP: ZeRO-2/3 and --fp8 current); needs --fp8; default off"
+        ),
         # Its FP8 linears (trainer/fp8.py) keep 16-bit weights and FSDP gathers them in 16 bits.
-        trainer=lambda v, c: None if not v else (
-            "the exatrain trainer gathers and keeps its weights in 16 bits; plan --fp8-param-gather for Megatron-Core "
-            "or torchtitan (--runtime megatron-core / torchtitan) or train a plan made without it"),
+        trainer=lambda v, c: (
+            None
+            if not v
+            else (
+                "the exatrain trainer gathers and keeps its weights in 16 bits; plan --fp8-param-gather for "
+                "Megatron-Core or torchtitan (--runtime megatron-core / torchtitan) or train a plan made without it"
+            )
+        ),
         label=_label("FP8 parameter gather"),
-        exports={"megatron": "--fp8-param-gather", "torchtitan": "enable_fsdp_float8_all_gather"}),
+        exports={"megatron": "--fp8-param-gather", "torchtitan": "enable_fsdp_float8_all_gather"},
+    ),
     Setting(
-        "attention_kernel", str, "", choices=ATTENTION_KERNELS, problem=_kernel_problem, load=str,
-        help=("which kernel the run's flash attention is: fused (cuDNN / Transformer Engine), fa2 "
-              "(FlashAttention-2: Megatron-DeepSpeed, and torch SDPA on Hopper before torch 2.11), sdpa (torch "
-              "SDPA's own choice), triton (llm-foundry's Triton FlashAttention); default: the runtime's"),
+        "attention_kernel",
+        str,
+        "",
+        choices=ATTENTION_KERNELS,
+        problem=_kernel_problem,
+        load=str,
+        help=(
+            "which kernel the run's flash attention is: fused (cuDNN / Transformer Engine), fa2 "
+            "(FlashAttention-2: Megatron-DeepSpeed, and torch SDPA on Hopper before torch 2.11), sdpa (torch "
+            "SDPA's own choice), triton (llm-foundry's Triton FlashAttention); default: the runtime's"
+        ),
         # Its attention is torch SDPA with SDPA's own kernel choice (model.py); forcing one would also have to
         # hold for cp's masks, the keyed dropout core and the CPU.
-        trainer=lambda v, c: None if v in ("", "sdpa") else (
-            f"the exatrain trainer runs torch SDPA's own attention kernel choice; plan --attention-kernel {v} for "
-            "another runtime, or train a plan made without --attention-kernel (or with sdpa)"),
-        label=_label("attention {v}"), own=lambda engine, s, model: engine.activations.flash_kernel,
+        trainer=lambda v, c: (
+            None
+            if v in ("", "sdpa")
+            else (
+                f"the exatrain trainer runs torch SDPA's own attention kernel choice; plan --attention-kernel {v} for "
+                "another runtime, or train a plan made without --attention-kernel (or with sdpa)"
+            )
+        ),
+        label=_label("attention {v}"),
+        own=lambda engine, s, model: engine.activations.flash_kernel,
         exports={"megatron": "--attention-backend", "deepspeed": "--use-flash-attn-v2"},
-        notes={"megatron": _kernel_note("Megatron-Core", ("fused", "fa2"),
-                                        "this config runs --attention-backend fused"),
-               "deepspeed": _kernel_note("Megatron-DeepSpeed", ("fa2",),
-                                         "this config runs FlashAttention-2 (--use-flash-attn-v2)"),
-               "torchtitan": _kernel_note("torchtitan", ("sdpa",), "torch SDPA picks its kernel by torch version and "
-                                          "device (cuDNN's on Hopper from torch 2.11, FlashAttention-2's before)")}),
+        notes={
+            "megatron": _kernel_note("Megatron-Core", ("fused", "fa2"), "this config runs --attention-backend fused"),
+            "deepspeed": _kernel_note(
+                "Megatron-DeepSpeed", ("fa2",), "this config runs FlashAttention-2 (--use-flash-attn-v2)"
+            ),
+            "torchtitan": _kernel_note(
+                "torchtitan",
+                ("sdpa",),
+                "torch SDPA picks its kernel by torch version and "
+                "device (cuDNN's on Hopper from torch 2.11, FlashAttention-2's before)",
+            ),
+        },
+    ),
     Setting(
-        "elementwise", str, "", choices=ELEMENTWISE, problem=_elementwise_problem, load=str,
-        help=("how the layers' element-wise ops run: fused (torch.compile, Megatron's fused kernels), eager (a "
-              "kernel per PyTorch op), eager-composite (also each RMSNorm as its composite ops: a hand-written "
-              "norm, or torch before 2.9); default: the runtime's (Megatron fused; torchtitan and exatrain eager)"),
-        trainer=_trainer_elementwise, label=_label("element-wise {v}"),
+        "elementwise",
+        str,
+        "",
+        choices=ELEMENTWISE,
+        problem=_elementwise_problem,
+        load=str,
+        help=(
+            "how the layers' element-wise ops run: fused (torch.compile, Megatron's fused kernels), eager (a "
+            "kernel per PyTorch op), eager-composite (also each RMSNorm as its composite ops: a hand-written "
+            "norm, or torch before 2.9); default: the runtime's (Megatron fused; torchtitan and exatrain eager)"
+        ),
+        trainer=_trainer_elementwise,
+        label=_label("element-wise {v}"),
         own=lambda engine, s, model: engine.elementwise_default,
         exports={"torchtitan": "[compile]", "torchtitan-0.3": "--compile."},
-        notes={"megatron": _elementwise_note("Megatron-Core"), "deepspeed": _elementwise_note("Megatron-DeepSpeed"),
-               "torchtitan": lambda p: "" if p.elementwise != "eager-composite" else (
-                   "the plan was priced with each RMSNorm as composite ops (--elementwise eager-composite); "
-                   "torchtitan's nn.RMSNorm runs one fused kernel from torch 2.9")}),
+        notes={
+            "megatron": _elementwise_note("Megatron-Core"),
+            "deepspeed": _elementwise_note("Megatron-DeepSpeed"),
+            "torchtitan": lambda p: (
+                ""
+                if p.elementwise != "eager-composite"
+                else (
+                    "the plan was priced with each RMSNorm as composite ops (--elementwise eager-composite); "
+                    "torchtitan's nn.RMSNorm runs one fused kernel from torch 2.9"
+                )
+            ),
+        },
+    ),
     Setting(
-        "cross_entropy", str, "", choices=CROSS_ENTROPY, problem=_loss_problem, load=str,
-        help=("how the loss runs over the logits: upcast (torch's cross_entropy(logits.float()): 12 bytes a logit "
-              "at its peak; torchtitan, exatrain), inplace (Megatron's vocab-parallel loss, one fp32 copy worked in "
-              "place: e + 4 bytes) or fused (one compiled kernel over the 16-bit logits, 2e bytes: torchtitan's "
-              "compiled loss, [compile] components \"loss\"); default: the runtime's (Megatron inplace; torchtitan "
-              "fused when its element-wise ops are, else upcast; exatrain upcast)"),
+        "cross_entropy",
+        str,
+        "",
+        choices=CROSS_ENTROPY,
+        problem=_loss_problem,
+        load=str,
+        help=(
+            "how the loss runs over the logits: upcast (torch's cross_entropy(logits.float()): 12 bytes a logit "
+            "at its peak; torchtitan, exatrain), inplace (Megatron's vocab-parallel loss, one fp32 copy worked in "
+            "place: e + 4 bytes) or fused (one compiled kernel over the 16-bit logits, 2e bytes: torchtitan's "
+            'compiled loss, [compile] components "loss"); default: the runtime\'s (Megatron inplace; torchtitan '
+            "fused when its element-wise ops are, else upcast; exatrain upcast)"
+        ),
         # Its loss is cross_entropy(logits.float()) uncompiled, even under --compile (train.py).
-        trainer=lambda v, c: None if v in ("", "upcast") else (
-            f"the exatrain trainer runs its loss upcast to fp32, uncompiled; plan --cross-entropy {v} for the "
-            "runtime that runs it, or train a plan made without it (or with upcast)"),
-        label=_label("cross-entropy {v}"), own=lambda engine, s, model: engine.cross_entropy("", s.elementwise),
-        exports={"torchtitan": "[compile]", "torchtitan-0.3": "--compile."}),
+        trainer=lambda v, c: (
+            None
+            if v in ("", "upcast")
+            else (
+                f"the exatrain trainer runs its loss upcast to fp32, uncompiled; plan --cross-entropy {v} for the "
+                "runtime that runs it, or train a plan made without it (or with upcast)"
+            )
+        ),
+        label=_label("cross-entropy {v}"),
+        own=lambda engine, s, model: engine.cross_entropy("", s.elementwise),
+        exports={"torchtitan": "[compile]", "torchtitan-0.3": "--compile."},
+    ),
     Setting(
-        "grad_accum", str, "", choices=GRAD_ACCUM, load=str,
+        "grad_accum",
+        str,
+        "",
+        choices=GRAD_ACCUM,
+        load=str,
         problem=lambda v, p: grad_accum_problem(v, p.dtype, p.runtime),
-        help=("the dtype bfloat16 training accumulates and reduces its gradients in: float32 (Megatron-Core's "
-              "default; DeepSpeed's BF16_Optimizer, data_types.grad_accum_dtype fp32, ZeRO-1: 26 bytes a parameter "
-              "every micro-batch to accumulate them, all-reduced in fp32) or bfloat16 (DeepSpeed's default; "
-              "Megatron-Core --grad-reduce-in-bf16); default: the runtime's (torchtitan and exatrain: float32 only)"),
+        help=(
+            "the dtype bfloat16 training accumulates and reduces its gradients in: float32 (Megatron-Core's "
+            "default; DeepSpeed's BF16_Optimizer, data_types.grad_accum_dtype fp32, ZeRO-1: 26 bytes a parameter "
+            "every micro-batch to accumulate them, all-reduced in fp32) or bfloat16 (DeepSpeed's default; "
+            "Megatron-Core --grad-reduce-in-bf16); default: the runtime's (torchtitan and exatrain: float32 only)"
+        ),
         # Its parameters and their gradients are fp32 under autocast (trainer/parallel/data.py).
-        trainer=lambda v, c: None if v != "bfloat16" else (
-            "the exatrain trainer accumulates and reduces its gradients in float32; plan --grad-accum bfloat16 for "
-            "Megatron-Core or DeepSpeed, or train a plan made without it"),
+        trainer=lambda v, c: (
+            None
+            if v != "bfloat16"
+            else (
+                "the exatrain trainer accumulates and reduces its gradients in float32; plan --grad-accum bfloat16 for "
+                "Megatron-Core or DeepSpeed, or train a plan made without it"
+            )
+        ),
         label=_label("{v} gradients"),
         # DeepSpeed's own is bfloat16; float32 it writes as data_types.grad_accum_dtype (ZeRO-0/1), else notes
         exports={"megatron": "--grad-reduce-in-bf16"},
-        notes={"deepspeed": lambda p: "" if not (p.grad_accum == "float32" and p.zero_stage > 1) else (
-                   f"the plan was priced with float32 gradient accumulation; DeepSpeed accumulates in float32 only "
-                   f"through its BF16_Optimizer (ZeRO-0/1), so this config at ZeRO-{p.zero_stage} keeps its "
-                   "bfloat16 default"),
-               "torchtitan": lambda p: "" if p.grad_accum != "bfloat16" else (
-                   "the plan was priced with its gradients accumulated and reduced in bfloat16; torchtitan reduces "
-                   "them in float32 (mixed_precision_reduce), as this config sets")}),
+        notes={
+            "deepspeed": lambda p: (
+                ""
+                if not (p.grad_accum == "float32" and p.zero_stage > 1)
+                else (
+                    f"the plan was priced with float32 gradient accumulation; DeepSpeed accumulates in float32 only "
+                    f"through its BF16_Optimizer (ZeRO-0/1), so this config at ZeRO-{p.zero_stage} keeps its "
+                    "bfloat16 default"
+                )
+            ),
+            "torchtitan": lambda p: (
+                ""
+                if p.grad_accum != "bfloat16"
+                else (
+                    "the plan was priced with its gradients accumulated and reduced in bfloat16; torchtitan reduces "
+                    "them in float32 (mixed_precision_reduce), as this config sets"
+                )
+            ),
+        },
+    ),
     Setting(
-        "grad_accum_fusion", str, "", choices=GRAD_ACCUM_FUSION, load=str,
+        "grad_accum_fusion",
+        str,
+        "",
+        choices=GRAD_ACCUM_FUSION,
+        load=str,
         problem=lambda v, p: grad_accum_fusion_problem(v, p.runtime),
-        help=("whether each micro-batch's weight gradients are added to the accumulated ones inside the "
-              "weight-gradient GEMMs (on: Megatron-Core's default) or by a pass over the stage's gradients after "
-              "each backward (off: Megatron-Core's --no-gradient-accumulation-fusion, 10 bytes a parameter every "
-              "micro-batch into fp32 main gradients); Megatron-Core only"),
-        trainer=lambda v, c: None if not v else (
-            f"--grad-accum-fusion {v} is Megatron-Core's switch; the exatrain trainer accumulates its gradients "
-            "through autograd: train a plan made without it"),
+        help=(
+            "whether each micro-batch's weight gradients are added to the accumulated ones inside the "
+            "weight-gradient GEMMs (on: Megatron-Core's default) or by a pass over the stage's gradients after "
+            "each backward (off: Megatron-Core's --no-gradient-accumulation-fusion, 10 bytes a parameter every "
+            "micro-batch into fp32 main gradients); Megatron-Core only"
+        ),
+        trainer=lambda v, c: (
+            None
+            if not v
+            else (
+                f"--grad-accum-fusion {v} is Megatron-Core's switch; the exatrain trainer accumulates its gradients "
+                "through autograd: train a plan made without it"
+            )
+        ),
         label=_label("gradient-accumulation fusion {v}"),
         exports={"megatron": "--no-gradient-accumulation-fusion"},
-        notes={"deepspeed": _fusion_note("Megatron-DeepSpeed"), "torchtitan": _fusion_note("torchtitan")}),
+        notes={"deepspeed": _fusion_note("Megatron-DeepSpeed"), "torchtitan": _fusion_note("torchtitan")},
+    ),
     Setting(
-        "adam_kernel", str, "", choices=ADAM_KERNELS, load=str,
+        "adam_kernel",
+        str,
+        "",
+        choices=ADAM_KERNELS,
+        load=str,
         problem=lambda v, p: adam_kernel_problem(v, p.runtime),
-        help=("the kernel the optimizer step runs Adam with: fused (one kernel, 28 bytes a parameter; torchtitan's "
-              "default since 2025-02) or foreach (torch's chain of multi-tensor kernels, 84 bytes a parameter; "
-              "torchtitan's --optimizer.implementation foreach, its default before); torchtitan only"),
+        help=(
+            "the kernel the optimizer step runs Adam with: fused (one kernel, 28 bytes a parameter; torchtitan's "
+            "default since 2025-02) or foreach (torch's chain of multi-tensor kernels, 84 bytes a parameter; "
+            "torchtitan's --optimizer.implementation foreach, its default before); torchtitan only"
+        ),
         # The trainer picks its own (train.fused_adamw_ok).
-        trainer=lambda v, c: None if not v else (
-            f"--adam-kernel {v} is torchtitan's switch; the exatrain trainer runs fused Adam over plain tensors on "
-            "a GPU and foreach elsewhere: train a plan made without it"),
+        trainer=lambda v, c: (
+            None
+            if not v
+            else (
+                f"--adam-kernel {v} is torchtitan's switch; the exatrain trainer runs fused Adam over plain tensors on "
+                "a GPU and foreach elsewhere: train a plan made without it"
+            )
+        ),
         label=_label("{v} Adam"),
         exports={"torchtitan": "implementation", "torchtitan-0.3": "--optimizer.implementation"},
-        notes={"megatron": _adam_note("Megatron-Core"), "deepspeed": _adam_note("Megatron-DeepSpeed")}),
+        notes={"megatron": _adam_note("Megatron-Core"), "deepspeed": _adam_note("Megatron-DeepSpeed")},
+    ),
     Setting(
-        "cp_comm", str, "", choices=CP_COMMS, problem=_cp_comm_problem, load=str,
-        help=("how attention's operands travel under --cp: p2p (a ring of K,V blocks, each behind a block's "
-              "attention), all_gather (K,V gathered; exposed in Transformer Engine and exatrain, behind the local "
-              "block in torchtitan) or a2a (all-to-all of Q,K,V and the output: DeepSpeed-Ulysses, Megatron-Core "
-              "--cp-comm-type a2a; cp must divide the heads a rank holds); default: the runtime's (Megatron-Core "
-              "p2p, a2a for sliding-window models; Megatron-DeepSpeed a2a; torchtitan and exatrain all_gather)"),
+        "cp_comm",
+        str,
+        "",
+        choices=CP_COMMS,
+        problem=_cp_comm_problem,
+        load=str,
+        help=(
+            "how attention's operands travel under --cp: p2p (a ring of K,V blocks, each behind a block's "
+            "attention), all_gather (K,V gathered; exposed in Transformer Engine and exatrain, behind the local "
+            "block in torchtitan) or a2a (all-to-all of Q,K,V and the output: DeepSpeed-Ulysses, Megatron-Core "
+            "--cp-comm-type a2a; cp must divide the heads a rank holds); default: the runtime's (Megatron-Core "
+            "p2p, a2a for sliding-window models; Megatron-DeepSpeed a2a; torchtitan and exatrain all_gather)"
+        ),
         # Its context parallelism all-gathers K,V (parallel/context.py).
-        trainer=lambda v, c: None if v in ("", "all_gather") else (
-            f"the exatrain trainer runs context parallelism by all-gathering K,V; plan --cp-comm {v} for the "
-            "runtime that runs it, or train a plan made without it (or with all_gather)"),
-        label=_label("cp {v}"), own=lambda engine, s, model: cp_comm_for(engine.name, "", model),
+        trainer=lambda v, c: (
+            None
+            if v in ("", "all_gather")
+            else (
+                f"the exatrain trainer runs context parallelism by all-gathering K,V; plan --cp-comm {v} for the "
+                "runtime that runs it, or train a plan made without it (or with all_gather)"
+            )
+        ),
+        label=_label("cp {v}"),
+        own=lambda engine, s, model: cp_comm_for(engine.name, "", model),
         exports={"megatron": "--cp-comm-type", "torchtitan": "context_parallel_rotate_method"},
-        notes={"torchtitan-0.3": _titan03_cp_note}),
+        notes={"torchtitan-0.3": _titan03_cp_note},
+    ),
     Setting(
-        "recompute_modules", tuple, (), arg="list", choices=RECOMPUTE_MODULES,
+        "recompute_modules",
+        tuple,
+        (),
+        arg="list",
+        choices=RECOMPUTE_MODULES,
         problem=lambda v, p: recompute_modules_problem(v, p.recompute, p.runtime),
-        help=("what --recompute selective reruns, Megatron-Core's modules, comma-separated: core_attn (its default), "
-              "layernorm, moe_act, mla_up_proj, mlp (a dense layer's), shared_experts, moe; --runtime megatron-core "
-              "only (its --recompute-modules); a search with it tries selective recomputation only"),
+        help=(
+            "what --recompute selective reruns, Megatron-Core's modules, comma-separated: core_attn (its default), "
+            "layernorm, moe_act, mla_up_proj, mlp (a dense layer's), shared_experts, moe; --runtime megatron-core "
+            "only (its --recompute-modules); a search with it tries selective recomputation only"
+        ),
         # Its selective recomputation reruns the attention core (parallel/activation.py).
-        trainer=lambda v, c: None if not v else (
-            f"the exatrain trainer's selective recomputation reruns the attention core; plan --recompute-modules "
-            f"{','.join(v)} for Megatron-Core (--runtime megatron-core), or train a plan made without it"),
+        trainer=lambda v, c: (
+            None
+            if not v
+            else (
+                f"the exatrain trainer's selective recomputation reruns the attention core; plan --recompute-modules "
+                f"{','.join(v)} for Megatron-Core (--runtime megatron-core), or train a plan made without it"
+            )
+        ),
         label=lambda v, s: f"recompute modules {','.join(v)}",
         exports={"megatron": "--recompute-modules"},
-        load=recompute_modules_of, dump=list),
+        load=recompute_modules_of,
+        dump=list,
+    ),
     Setting(
-        "recompute_layers", int, 0, arg="count_or_auto",
+        "recompute_layers",
+        int,
+        0,
+        arg="count_or_auto",
         problem=lambda v, p: recompute_layers_problem(v, p.recompute, p.runtime),
-        help=("with --recompute full: recompute only the first N layers of each (virtual) pipeline stage, the "
-              "others keeping all they keep without recomputation (Megatron-Core --recompute-method block "
-              "--recompute-num-layers N); --runtime megatron-core only; default: every layer; a search with a "
-              "number tries full recomputation only, with 'auto' (search and scaling) each full-recomputation "
-              "layout recomputes the fewest layers a stage with which it fits"),
+        help=(
+            "with --recompute full: recompute only the first N layers of each (virtual) pipeline stage, the "
+            "others keeping all they keep without recomputation (Megatron-Core --recompute-method block "
+            "--recompute-num-layers N); --runtime megatron-core only; default: every layer; a search with a "
+            "number tries full recomputation only, with 'auto' (search and scaling) each full-recomputation "
+            "layout recomputes the fewest layers a stage with which it fits"
+        ),
         trainer=lambda v, c: _trainer_layers("--recompute-layers", v) if v else None,
         label=_label("the first {v} layers of each stage recomputed"),
-        exports={"megatron": "--recompute-num-layers"}),
+        exports={"megatron": "--recompute-num-layers"},
+    ),
     Setting(
-        "recompute_every", int, 0, arg="count",
+        "recompute_every",
+        int,
+        0,
+        arg="count",
         problem=lambda v, p: recompute_layers_problem(v, p.recompute, p.runtime, every=True),
-        help=("with --recompute full: recompute one layer in N of each rank (counted over its stages in order), the "
-              "others keeping all they keep without recomputation (torchtitan's layer-level selective "
-              "checkpointing: activation_checkpoint.mode selective, selective_ac_option N); --runtime torchtitan "
-              "or llm-foundry; default: every layer; a search with it tries full recomputation only"),
+        help=(
+            "with --recompute full: recompute one layer in N of each rank (counted over its stages in order), the "
+            "others keeping all they keep without recomputation (torchtitan's layer-level selective "
+            "checkpointing: activation_checkpoint.mode selective, selective_ac_option N); --runtime torchtitan "
+            "or llm-foundry; default: every layer; a search with it tries full recomputation only"
+        ),
         trainer=lambda v, c: _trainer_layers("--recompute-every", v) if v else None,
         label=_label("one layer in {v} recomputed"),
         exports={"torchtitan": "selective_ac_option"},
-        notes={"torchtitan-0.3": lambda p: "" if not (p.recompute == "full" and p.recompute_every) else (
-            f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
-            f"{p.recompute_every}, and this command line every block")}),
+        notes={
+            "torchtitan-0.3": lambda p: (
+                ""
+                if not (p.recompute == "full" and p.recompute_every)
+                else (
+                    f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
+                    f"{p.recompute_every}, and this command line every block"
+                )
+            )
+        },
+    ),
     Setting(
-        "offload", str, "none", choices=OFFLOADS, load=str,
+        "offload",
+        str,
+        "none",
+        choices=OFFLOADS,
+        load=str,
         problem=lambda v, p: offload_problem(v, p.runtime, p.zero_stage, p.dp * p.cp),
-        help=("keep model states in host memory: optimizer (Adam states, fp32 master weights and gradient partition "
-              "on the host, Adam on the CPU: DeepSpeed offload_optimizer at ZeRO-1/2/3, Megatron-Core "
-              "--optimizer-cpu-offload at ZeRO-1) or params (the sharded parameters too: DeepSpeed offload_param at "
-              "ZeRO-3; FSDP2's CPUOffloadPolicy at ZeRO-2/3 under torchtitan and exatrain); priced with the node's "
-              "host memory, the host link's copies and the CPU's Adam; default none (a search offers it when no "
-              "layout fits without it)"),
+        help=(
+            "keep model states in host memory: optimizer (Adam states, fp32 master weights and gradient partition "
+            "on the host, Adam on the CPU: DeepSpeed offload_optimizer at ZeRO-1/2/3, Megatron-Core "
+            "--optimizer-cpu-offload at ZeRO-1) or params (the sharded parameters too: DeepSpeed offload_param at "
+            "ZeRO-3; FSDP2's CPUOffloadPolicy at ZeRO-2/3 under torchtitan and exatrain); priced with the node's "
+            "host memory, the host link's copies and the CPU's Adam; default none (a search offers it when no "
+            "layout fits without it)"
+        ),
         # Its FSDP2 runs CPUOffloadPolicy (parallel/data.py); nothing else offloads there.
-        trainer=lambda v, c: None if v in ("none", "params") else (
-            f"the exatrain trainer offloads through FSDP2's CPUOffloadPolicy (--offload params, ZeRO-2/3); plan "
-            f"--offload {v} for DeepSpeed or Megatron-Core, or train a plan made with --offload params"),
+        trainer=lambda v, c: (
+            None
+            if v in ("none", "params")
+            else (
+                f"the exatrain trainer offloads through FSDP2's CPUOffloadPolicy (--offload params, ZeRO-2/3); plan "
+                f"--offload {v} for DeepSpeed or Megatron-Core, or train a plan made with --offload params"
+            )
+        ),
         label=_label("{v} offloaded to host memory"),
         exports={"deepspeed": "offload_", "megatron": "--optimizer-cpu-offload"},
-        notes={"megatron": lambda p: "" if p.offload != "params" else (
-                   "the plan was priced with the parameters in host memory; Megatron-Core offloads the optimizer only "
-                   "(--optimizer-cpu-offload), which this command line sets: its parameters stay on the GPU"),
-               "torchtitan": lambda p: "" if p.offload != "optimizer" else (
-                   "the plan was priced with the optimizer alone in host memory; torchtitan's FSDP CPU offload "
-                   "(training.enable_cpu_offload) moves the parameters and gradients too: plan --offload params for "
-                   "it; this config does not offload")}),
+        notes={
+            "megatron": lambda p: (
+                ""
+                if p.offload != "params"
+                else (
+                    "the plan was priced with the parameters in host memory; Megatron-Core offloads the optimizer only "
+                    "(--optimizer-cpu-offload), which this command line sets: its parameters stay on the GPU"
+                )
+            ),
+            "torchtitan": lambda p: (
+                ""
+                if p.offload != "optimizer"
+                else (
+                    "the plan was priced with the optimizer alone in host memory; torchtitan's FSDP CPU offload "
+                    "(training.enable_cpu_offload) moves the parameters and gradients too: plan --offload params for "
+                    "it; this config does not offload"
+                )
+            ),
+        },
+    ),
     Setting(
-        "launch_blocking", bool, False, arg="switch",
-        help=("price the run with synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1 in the job's environment, as "
-              "BLOOM-176B's training set it against NCCL hangs): each launch returns once its kernel has run, so "
-              "the host's dispatch of every GEMM, element-wise kernel and collective (the cost model's "
-              "blocking_launch_s) adds to the step and no communication overlaps compute; default off"),
-        trainer=lambda v, c: None if not v else (
-            "--launch-blocking prices an environment variable (CUDA_LAUNCH_BLOCKING=1) that the exatrain trainer "
-            "does not set; export it in the job's environment and train a plan made without the switch"),
+        "launch_blocking",
+        bool,
+        False,
+        arg="switch",
+        help=(
+            "price the run with synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1 in the job's environment, as "
+            "BLOOM-176B's training set it against NCCL hangs): each launch returns once its kernel has run, so "
+            "the host's dispatch of every GEMM, element-wise kernel and collective (the cost model's "
+            "blocking_launch_s) adds to the step and no communication overlaps compute; default off"
+        ),
+        trainer=lambda v, c: (
+            None
+            if not v
+            else (
+                "--launch-blocking prices an environment variable (CUDA_LAUNCH_BLOCKING=1) that the exatrain trainer "
+                "does not set; export it in the job's environment and train a plan made without the switch"
+            )
+        ),
         label=_label("synchronous launches"),
-        notes={t: _blocking_note for t in ("megatron", "deepspeed", "torchtitan")}),
+        notes={t: _blocking_note for t in ("megatron", "deepspeed", "torchtitan")},
+    ),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
@@ -936,13 +1281,22 @@ def _settings_methods() -> dict[str, Any]:
         parts = (s.label(getattr(self, s.name), self) for s in SETTINGS if getattr(self, s.name) != s.default)
         return "".join(f", {text}" for text in parts if text)
 
-    return {"replace": replace, "to_dict": to_dict, "from_dict": from_dict, "of": of, "label": label,
-            "__doc__": "A plan's run settings (SETTINGS: one field per record, each its default unless set)."}
+    return {
+        "replace": replace,
+        "to_dict": to_dict,
+        "from_dict": from_dict,
+        "of": of,
+        "label": label,
+        "__doc__": "A plan's run settings (SETTINGS: one field per record, each its default unless set).",
+    }
 
 
 RunSettings = dataclasses.make_dataclass(
-    "RunSettings", [(s.name, s.type, field(default=s.default)) for s in SETTINGS], frozen=True,
-    namespace=_settings_methods())
+    "RunSettings",
+    [(s.name, s.type, field(default=s.default)) for s in SETTINGS],
+    frozen=True,
+    namespace=_settings_methods(),
+)
 RunSettings.__module__ = __name__
 
 
@@ -972,8 +1326,9 @@ def takes_settings(fn):
     sig = inspect.signature(fn)
     own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
     names = {p.name for p in own}
-    extra = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None) for s in SETTINGS
-             if s.name not in names]
+    extra = [
+        inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None) for s in SETTINGS if s.name not in names
+    ]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kw: Any) -> Any:
@@ -998,9 +1353,42 @@ def setting_notes(plan: Any, target: str) -> list[str]:
     return [n for n in out if n]
 
 
-__all__ = ["ADAM_KERNELS", "ATTENTION_KERNELS", "BY_NAME", "CP_COMMS", "CROSS_ENTROPY", "DTYPES", "ELEMENTWISE",
-           "FLAG_SETTINGS", "FLOAT16_RUNTIMES", "FP8_RECIPES", "GRAD_ACCUM", "GRAD_ACCUM_FUSION", "HALF_DTYPES",
-           "MOE_DISPATCHERS", "NAMES", "NOTES_ALSO", "OFFLOADS", "OFFLOAD_RUNTIMES", "RECOMPUTE", "RECOMPUTE_MODULES",
-           "RUNTIMES", "RunSettings", "SCHEDULES", "SETTINGS", "SPLIT_BACKWARD", "V_SCHEDULES", "Setting",
-           "cp_comm_for", "default_runtime", "dtype_problem", "full_rerun_layers", "holds_settings", "listed",
-           "offload_problem", "recompute_modules_of", "setting_notes", "takes_settings"]
+__all__ = [
+    "ADAM_KERNELS",
+    "ATTENTION_KERNELS",
+    "BY_NAME",
+    "CP_COMMS",
+    "CROSS_ENTROPY",
+    "DTYPES",
+    "ELEMENTWISE",
+    "FLAG_SETTINGS",
+    "FLOAT16_RUNTIMES",
+    "FP8_RECIPES",
+    "GRAD_ACCUM",
+    "GRAD_ACCUM_FUSION",
+    "HALF_DTYPES",
+    "MOE_DISPATCHERS",
+    "NAMES",
+    "NOTES_ALSO",
+    "OFFLOADS",
+    "OFFLOAD_RUNTIMES",
+    "RECOMPUTE",
+    "RECOMPUTE_MODULES",
+    "RUNTIMES",
+    "RunSettings",
+    "SCHEDULES",
+    "SETTINGS",
+    "SPLIT_BACKWARD",
+    "V_SCHEDULES",
+    "Setting",
+    "cp_comm_for",
+    "default_runtime",
+    "dtype_problem",
+    "full_rerun_layers",
+    "holds_settings",
+    "listed",
+    "offload_problem",
+    "recompute_modules_of",
+    "setting_notes",
+    "takes_settings",
+]

@@ -22,8 +22,7 @@ GB = 1e9
 
 
 # ---- parameters -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["gpt-tiny", "gpt-1.4b", "gpt-22b", "gpt-175b", "gpt-1t", "gpt3-125m",
-                                  "megatron-1t"])
+@pytest.mark.parametrize("name", ["gpt-tiny", "gpt-1.4b", "gpt-22b", "gpt-175b", "gpt-1t", "gpt3-125m", "megatron-1t"])
 def test_gpt_params_equal_narayanan_eq2(name: str) -> None:
     m = get_model(name)
     L, h, V, s = m.layers, m.hidden, m.vocab, m.seq_len
@@ -32,12 +31,15 @@ def test_gpt_params_equal_narayanan_eq2(name: str) -> None:
     assert params.total_params(m) == round(expected)
 
 
-@pytest.mark.parametrize("name, published", [
-    ("llama3-8b", 8_030_261_248),      # Meta-Llama-3-8B safetensors index: total_size / 2 bytes
-    ("llama3-70b", 70_553_706_496),
-    ("llama3-405b", 405_853_388_800),
-    ("gpt-1.3b", 1_315_819_520),       # nanoGPT's own count on the H200 anchor run
-])
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("llama3-8b", 8_030_261_248),  # Meta-Llama-3-8B safetensors index: total_size / 2 bytes
+        ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),
+        ("gpt-1.3b", 1_315_819_520),  # nanoGPT's own count on the H200 anchor run
+    ],
+)
 def test_published_param_counts(name: str, published: int) -> None:
     assert params.total_params(get_model(name)) == published
 
@@ -53,13 +55,13 @@ def test_stage_params_tied_and_untied() -> None:
     h, V, s = g.hidden, g.vocab, g.seq_len
     per_layer = 12 * h * h + 13 * h
     # pp=2, tp=1: stage 0 = 2 layers + embeddings; stage 1 = 2 layers + final LN + tied-head copy.
-    assert params.stage_params(_plan(g, pp=2)) == (2 * per_layer + V * h + s * h,
-                                                   2 * per_layer + 2 * h + V * h)
+    assert params.stage_params(_plan(g, pp=2)) == (2 * per_layer + V * h + s * h, 2 * per_layer + 2 * h + V * h)
     # tp=2 shards matrices, QKV/fc1 biases and the vocab; norms and row-parallel biases stay whole.
     sharded = 12 * h * h + 3 * h + 4 * h
     replicated = 2 * h + 4 * h
-    assert params.stage_params(_plan(g, tp=2)) == (2 * 2 * 0 + 4 * (sharded // 2 + replicated)
-                                                   + V * h // 2 + s * h + 2 * h,)
+    assert params.stage_params(_plan(g, tp=2)) == (
+        2 * 2 * 0 + 4 * (sharded // 2 + replicated) + V * h // 2 + s * h + 2 * h,
+    )
     lm = get_model("llama-tiny")
     st = params.stage_params(_plan(lm, pp=2))
     assert sum(st) == params.total_params(lm)  # untied: nothing counted twice
@@ -113,22 +115,25 @@ def test_table2_reproduced_exactly(s, b, h, a, t, case) -> None:
     sp = kind == "tp+sp"
     recompute = "selective" if selective else "none"
     expected = s * b * h * TABLE2[case](s, b, h, a, tt)
-    assert memory.korthikanti_layer_activation_bytes(s, b, h, a, tt, sequence_parallel=sp,
-                                                     recompute=recompute) == pytest.approx(expected, rel=1e-12)
+    assert memory.korthikanti_layer_activation_bytes(
+        s, b, h, a, tt, sequence_parallel=sp, recompute=recompute
+    ) == pytest.approx(expected, rel=1e-12)
     # The tensor-by-tensor count (GELU, MHA, dropout, no flash, 16-bit) must agree with the table.
     m = ModelSpec(name="x", arch="gpt", layers=1, hidden=h, heads=a, seq_len=s, vocab=128)
-    mine = memory.layer_activation_bytes(m, b, tt, sequence_parallel=sp, recompute=recompute,
-                                         flash=False, dtype="bfloat16", dropout=True)
+    mine = memory.layer_activation_bytes(
+        m, b, tt, sequence_parallel=sp, recompute=recompute, flash=False, dtype="bfloat16", dropout=True
+    )
     assert mine == pytest.approx(expected, rel=1e-12)
     # Full recomputation keeps only the layer input: 2sbh (divided by t with SP), in the closed form, the planner's
     # tensor-by-tensor count and the trainer's (its bf16 residual stream under autocast).
     full = 2 * s * b * h / (tt if sp else 1)
-    assert memory.korthikanti_layer_activation_bytes(s, b, h, a, tt, sequence_parallel=sp,
-                                                     recompute="full") == full
-    assert memory.layer_activation_bytes(m, b, tt, sequence_parallel=sp, recompute="full", flash=False,
-                                         dtype="bfloat16", dropout=True) == pytest.approx(full, rel=1e-12)
-    assert float(trainer_layer_activation_bytes(m, b, tt, sequence_parallel=sp, recompute="full", flash=True,
-                                                dtype="bfloat16")) == pytest.approx(full, rel=1e-12)
+    assert memory.korthikanti_layer_activation_bytes(s, b, h, a, tt, sequence_parallel=sp, recompute="full") == full
+    assert memory.layer_activation_bytes(
+        m, b, tt, sequence_parallel=sp, recompute="full", flash=False, dtype="bfloat16", dropout=True
+    ) == pytest.approx(full, rel=1e-12)
+    assert float(
+        trainer_layer_activation_bytes(m, b, tt, sequence_parallel=sp, recompute="full", flash=True, dtype="bfloat16")
+    ) == pytest.approx(full, rel=1e-12)
 
 
 def test_flash_removes_the_score_term() -> None:
@@ -167,15 +172,18 @@ def test_inflight_microbatches() -> None:
         assert memory.inflight_microbatches(q, 0) == pytest.approx(8 * (1 + 7 / (8 * v)))
 
 
-@pytest.mark.parametrize("model, tp, pp, dp, gb", [
-    ("gpt-22b", 1, 8, 2, 128),       # authors' 22B launch script, 16 GCDs
-    ("gpt-22b", 4, 8, 1, 128),
-    ("gpt-175b", 4, 16, 2, 640),     # 175B on 128 GCDs
-    ("gpt-175b", 4, 16, 16, 1280),   # ... weak-scaled to 1,024 GCDs
-    ("gpt-1t", 8, 64, 2, 1280),      # 1T on 1,024 GCDs
-    ("gpt-1t", 4, 128, 2, 1280),
-    ("gpt-1t", 8, 64, 6, 1536),      # 1T on 3,072 GCDs
-])
+@pytest.mark.parametrize(
+    "model, tp, pp, dp, gb",
+    [
+        ("gpt-22b", 1, 8, 2, 128),  # authors' 22B launch script, 16 GCDs
+        ("gpt-22b", 4, 8, 1, 128),
+        ("gpt-175b", 4, 16, 2, 640),  # 175B on 128 GCDs
+        ("gpt-175b", 4, 16, 16, 1280),  # ... weak-scaled to 1,024 GCDs
+        ("gpt-1t", 8, 64, 2, 1280),  # 1T on 1,024 GCDs
+        ("gpt-1t", 4, 128, 2, 1280),
+        ("gpt-1t", 8, 64, 6, 1536),  # 1T on 3,072 GCDs
+    ],
+)
 def test_study_layouts_fit_a_64gb_gcd(model, tp, pp, dp, gb) -> None:
     frontier = get_cluster("frontier")
     p = _plan(model, tp=tp, pp=pp, dp=dp, gb=gb, zero_stage=1, recompute="full").validate(frontier)

@@ -38,8 +38,9 @@ def test_kv_block_and_buffers_by_hand() -> None:
     assert context.cp_buffer_bytes(m, b, tp, cp, comm="p2p") == pytest.approx(max(cp * block + cp * out, 4 * block))
     assert context.cp_buffer_bytes(m, b, tp, cp, comm="all_gather") == pytest.approx(2 * cp * block)
     assert context.cp_buffer_bytes(m, b, tp, 1) == 0.0
-    np.testing.assert_allclose(context.cp_buffer_bytes(m, b, tp, np.array([1, 2])),
-                               [0.0, context.cp_buffer_bytes(m, b, tp, 2)])
+    np.testing.assert_allclose(
+        context.cp_buffer_bytes(m, b, tp, np.array([1, 2])), [0.0, context.cp_buffer_bytes(m, b, tp, 2)]
+    )
 
 
 def test_latent_attention_moves_up_projected_keys_and_values() -> None:
@@ -52,18 +53,29 @@ def test_cp_traffic_by_hand(comm: str) -> None:
     m = get_model("llama3.1-8b-128k")
     b, tp, cp, layers, mb = 1, 2, 4, 32, 3
     block = context.kv_block_bytes(m, b, tp, cp)
-    cs = comms.cp_collectives_for(m, micro_batch=b, tp=tp, cp=cp, dtype="bfloat16", layers=layers,
-                                  num_microbatches=mb, comm=comm)
+    cs = comms.cp_collectives_for(
+        m, micro_batch=b, tp=tp, cp=cp, dtype="bfloat16", layers=layers, num_microbatches=mb, comm=comm
+    )
     sent = sum(float(c.bytes_per_rank) for c in cs)
     # ring: cp-1 K,V blocks forward, cp-1 K,V + cp-1 dK,dV blocks backward; all-gather: (cp-1)/cp of the
     # whole K,V forward and again backward, plus the dK,dV reduce-scatter — the same 3(cp-1) blocks
     assert sent == pytest.approx(3 * (cp - 1) * block * layers * mb)
     assert context.cp_bytes_per_layer(m, b, tp, cp, comm=comm) == pytest.approx(3 * (cp - 1) * block)
-    full = comms.cp_collectives_for(m, micro_batch=b, tp=tp, cp=cp, dtype="bfloat16", layers=layers,
-                                    num_microbatches=mb, comm=comm, recompute="full")
+    full = comms.cp_collectives_for(
+        m,
+        micro_batch=b,
+        tp=tp,
+        cp=cp,
+        dtype="bfloat16",
+        layers=layers,
+        num_microbatches=mb,
+        comm=comm,
+        recompute="full",
+    )
     assert sum(float(c.bytes_per_rank) for c in full) == pytest.approx(4 * (cp - 1) * block * layers * mb)
-    none = comms.cp_collectives_for(m, micro_batch=b, tp=tp, cp=1, dtype="bfloat16", layers=layers,
-                                    num_microbatches=mb, comm=comm)
+    none = comms.cp_collectives_for(
+        m, micro_batch=b, tp=tp, cp=1, dtype="bfloat16", layers=layers, num_microbatches=mb, comm=comm
+    )
     assert sum(float(c.bytes_per_rank) for c in none) == 0.0
 
 
@@ -75,8 +87,22 @@ def test_unknown_cp_comm_is_rejected() -> None:
 
 
 def _rank(m, **kw):
-    base = dict(dtype="bfloat16", zero_stage=1, recompute="selective", sequence_parallel=True, flash=True, tp=8,
-                dp=4, micro_batch=1, pp=2, interleave=1, params_here=4e9, layers_here=40, inflight_mb=2, is_last=True)
+    base = dict(
+        dtype="bfloat16",
+        zero_stage=1,
+        recompute="selective",
+        sequence_parallel=True,
+        flash=True,
+        tp=8,
+        dp=4,
+        micro_batch=1,
+        pp=2,
+        interleave=1,
+        params_here=4e9,
+        layers_here=40,
+        inflight_mb=2,
+        is_last=True,
+    )
     base.update(kw)
     return rank_memory(m, **base)
 
@@ -104,6 +130,8 @@ def test_rank_memory_under_cp_by_hand() -> None:
 
 def test_more_context_parallelism_less_memory_per_rank() -> None:
     m = get_model("llama3.1-8b-128k")
-    totals = [sum(_rank(m, cp=cp, tp=1, dp=1, pp=1, params_here=8e9, layers_here=32, inflight_mb=1)) for cp in
-              (1, 2, 4, 8, 16)]
+    totals = [
+        sum(_rank(m, cp=cp, tp=1, dp=1, pp=1, params_here=8e9, layers_here=32, inflight_mb=1))
+        for cp in (1, 2, 4, 8, 16)
+    ]
     assert all(a > b for a, b in zip(totals, totals[1:]))

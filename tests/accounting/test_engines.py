@@ -93,10 +93,26 @@ def test_torchtitan_pipeline_stage_holds_its_whole_gradient_unsharded_in_fp32(ze
     n, dp = 3.0e7, 8
 
     def grads(engine: str, pp: int) -> float:
-        return float(rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute="full",
-                                        sequence_parallel=False, flash=True, tp=1, dp=dp, micro_batch=1, pp=pp,
-                                        interleave=1, params_here=n, layers_here=2, inflight_mb=pp, is_last=0,
-                                        engine=get_engine(engine))[1])
+        return float(
+            rank_memory(
+                m,
+                dtype="bfloat16",
+                zero_stage=zero,
+                recompute="full",
+                sequence_parallel=False,
+                flash=True,
+                tp=1,
+                dp=dp,
+                micro_batch=1,
+                pp=pp,
+                interleave=1,
+                params_here=n,
+                layers_here=2,
+                inflight_mb=pp,
+                is_last=0,
+                engine=get_engine(engine),
+            )[1]
+        )
 
     one_layer = (layer_params(m).sharded + layer_params(m).replicated) * 4.0 if zero == 3 else 0.0
     assert grads("torchtitan", 1) == pytest.approx(n * 4 / dp + one_layer)
@@ -114,9 +130,16 @@ def test_exatrain_profile_is_the_trainer_convention(d: int, dtype: str, zero: in
     ours = memory.state_bytes_per_param(dtype, zero, d)
     got = get_engine("exatrain").state_bytes(dtype, zero, d)
     assert got == (ours.weights, ours.gradients, ours.optimizer)
-    closed = {("bfloat16", 0): 18, ("bfloat16", 1): 10 + 8 / d, ("bfloat16", 2): 2 + 16 / d,
-              ("bfloat16", 3): 16 / d, ("float32", 0): 16, ("float32", 1): 8 + 8 / d,
-              ("float32", 2): 4 + 16 / d, ("float32", 3): 16 / d}[(dtype, zero)]
+    closed = {
+        ("bfloat16", 0): 18,
+        ("bfloat16", 1): 10 + 8 / d,
+        ("bfloat16", 2): 2 + 16 / d,
+        ("bfloat16", 3): 16 / d,
+        ("float32", 0): 16,
+        ("float32", 1): 8 + 8 / d,
+        ("float32", 2): 4 + 16 / d,
+        ("float32", 3): 16 / d,
+    }[(dtype, zero)]
     assert sum(got) == pytest.approx(closed)
 
 
@@ -130,8 +153,10 @@ def test_state_bytes_take_numpy_arrays() -> None:
                 assert tuple(float(np.asarray(x)[i]) for x in arr) == pytest.approx(p.state_bytes("bfloat16", z, di))
 
 
-@pytest.mark.parametrize("name, zero, dtype", [("megatron-core", 2, "float32"), ("megatron-core", 3, "float32"),
-                                               ("torchtitan", 1, "bfloat16")])
+@pytest.mark.parametrize(
+    "name, zero, dtype",
+    [("megatron-core", 2, "float32"), ("megatron-core", 3, "float32"), ("torchtitan", 1, "bfloat16")],
+)
 def test_a_stage_the_engine_does_not_offer_is_a_user_error(name: str, zero: int, dtype: str) -> None:
     with pytest.raises(UserError) as err:
         get_engine(name).state_bytes(dtype, zero, 8)
@@ -188,13 +213,20 @@ def test_exatrain_profile_equals_the_default_memory_path_on_arrays(model: str) -
     exa = get_engine("exatrain")
     tp = np.array([1, 2, 4, 8, 1, 2])
     dp = np.array([1, 2, 8, 3, 64, 16])
-    kw = dict(tp=tp, dp=dp, micro_batch=np.array([1, 2, 1, 4, 2, 1]), pp=np.array([1, 2, 4, 1, 8, 2]),
-              interleave=np.array([1, 1, 2, 1, 1, 3]), params_here=np.array([1e8, 5e7, 3e7, 2e8, 1e7, 4e7]),
-              layers_here=np.array([4, 2, 1, 4, 3, 2]), inflight_mb=np.array([1.0, 2.0, 3.5, 1.0, 8.0, 2.0]),
-              is_last=np.array([1, 0, 1, 1, 0, 1]))
-    for dtype, zero, rec, sp, flash, drop in itertools.product(("bfloat16", "float32"), (0, 1, 2, 3),
-                                                               ("none", "selective", "full"), (False, True),
-                                                               (False, True), (0.0, 0.1)):
+    kw = dict(
+        tp=tp,
+        dp=dp,
+        micro_batch=np.array([1, 2, 1, 4, 2, 1]),
+        pp=np.array([1, 2, 4, 1, 8, 2]),
+        interleave=np.array([1, 1, 2, 1, 1, 3]),
+        params_here=np.array([1e8, 5e7, 3e7, 2e8, 1e7, 4e7]),
+        layers_here=np.array([4, 2, 1, 4, 3, 2]),
+        inflight_mb=np.array([1.0, 2.0, 3.5, 1.0, 8.0, 2.0]),
+        is_last=np.array([1, 0, 1, 1, 0, 1]),
+    )
+    for dtype, zero, rec, sp, flash, drop in itertools.product(
+        ("bfloat16", "float32"), (0, 1, 2, 3), ("none", "selective", "full"), (False, True), (False, True), (0.0, 0.1)
+    ):
         mm = m.replace(dropout=drop) if m.arch == "gpt" else m
         args = dict(dtype=dtype, zero_stage=zero, recompute=rec, sequence_parallel=sp, flash=flash, **kw)
         default = rank_memory(mm, **args)
@@ -203,10 +235,14 @@ def test_exatrain_profile_equals_the_default_memory_path_on_arrays(model: str) -
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kw", [dict(pp=2, tp=2, zero_stage=1, recompute="full", schedule="interleaved",
-                                     interleave=2),
-                                dict(dp=4, zero_stage=3, recompute="selective", sequence_parallel=True, tp=2),
-                                dict(pp=2, dp=2, zero_stage=2, dtype="float32", flash_attention=False)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(pp=2, tp=2, zero_stage=1, recompute="full", schedule="interleaved", interleave=2),
+        dict(dp=4, zero_stage=3, recompute="selective", sequence_parallel=True, tp=2),
+        dict(pp=2, dp=2, zero_stage=2, dtype="float32", flash_attention=False),
+    ],
+)
 def test_exatrain_profile_equals_the_default_memory_by_stage(kw) -> None:
     p = _plan("gpt-tiny", gb=16, **kw)
     assert memory.memory_by_stage(p, get_engine("exatrain")) == memory.memory_by_stage(p)
@@ -215,9 +251,24 @@ def test_exatrain_profile_equals_the_default_memory_by_stage(kw) -> None:
 # ---- memory: what the other profiles change, in closed form ---------------------------------------
 def _acts(engine, m, *, tp=1, sp=False, rec="none", flash=True, dtype="bfloat16", b=2):
     """Activation bytes of one non-last rank holding one layer and one micro-batch (nothing else)."""
-    return rank_memory(m, dtype=dtype, zero_stage=0, recompute=rec, sequence_parallel=sp, flash=flash,
-                              tp=tp, dp=1, micro_batch=b, pp=1, interleave=1, params_here=0, layers_here=1,
-                              inflight_mb=1, is_last=0, engine=get_engine(engine))[3]
+    return rank_memory(
+        m,
+        dtype=dtype,
+        zero_stage=0,
+        recompute=rec,
+        sequence_parallel=sp,
+        flash=flash,
+        tp=tp,
+        dp=1,
+        micro_batch=b,
+        pp=1,
+        interleave=1,
+        params_here=0,
+        layers_here=1,
+        inflight_mb=1,
+        is_last=0,
+        engine=get_engine(engine),
+    )[3]
 
 
 @pytest.mark.parametrize("tp, sp", [(1, False), (4, False), (4, True)])
@@ -235,7 +286,8 @@ def test_dropout_keeps_one_byte_masks(tp: int, sp: bool, flash: bool) -> None:
         assert on - off == pytest.approx(mask, rel=1e-12)
     # torchtitan's models have no dropout: nothing changes.
     assert _acts("torchtitan", m.replace(dropout=0.1), tp=tp, sp=sp, flash=flash) == pytest.approx(
-        _acts("torchtitan", m.replace(dropout=0.0), tp=tp, sp=sp, flash=flash), rel=1e-15)
+        _acts("torchtitan", m.replace(dropout=0.0), tp=tp, sp=sp, flash=flash), rel=1e-15
+    )
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -251,8 +303,9 @@ def test_math_attention_keeps_the_scores_flash_keeps_log_sum_exp(dtype: str, dro
     for name in ("megatron-core", "megatron-deepspeed", "exatrain"):
         diff = _acts(name, m, tp=tp, flash=False, dtype=dtype) - _acts(name, m, tp=tp, flash=True, dtype=dtype)
         assert diff == pytest.approx(s * b * (per_score * a * s / tp - 4 * a / tp), rel=1e-12)
-    diff = _acts("torchtitan", m, tp=tp, flash=False, dtype=dtype) - _acts("torchtitan", m, tp=tp, flash=True,
-                                                                          dtype=dtype)
+    diff = _acts("torchtitan", m, tp=tp, flash=False, dtype=dtype) - _acts(
+        "torchtitan", m, tp=tp, flash=True, dtype=dtype
+    )
     assert diff == pytest.approx(s * b * (e * a * s / tp - 4 * a / tp), rel=1e-12)
 
 
@@ -273,11 +326,13 @@ def test_torchtitan_keeps_its_layers_gathered_inputs_under_sequence_parallelism(
     assert tt.sp_gathered_layer_inputs and not get_engine("megatron-core").sp_gathered_layer_inputs
 
     def layer(engine, rec, sp=True):
-        return memory.engine_layer_activation_bytes(engine, m, b, tp, sequence_parallel=sp, recompute=rec, flash=True,
-                                                    fp8=recipe)
+        return memory.engine_layer_activation_bytes(
+            engine, m, b, tp, sequence_parallel=sp, recompute=rec, flash=True, fp8=recipe
+        )
 
-    assert layer(tt, "none") - layer(shard, "none") == pytest.approx(m.seq_len * b * 2 * m.hidden * g * (1 - 1 / tp),
-                                                                     rel=1e-12)
+    assert layer(tt, "none") - layer(shard, "none") == pytest.approx(
+        m.seq_len * b * 2 * m.hidden * g * (1 - 1 / tp), rel=1e-12
+    )
     assert layer(tt, "full") == layer(shard, "full")
     assert layer(tt, "none", sp=False) == layer(shard, "none", sp=False)
 
@@ -301,37 +356,77 @@ def test_torchtitan_per_op_checkpoint_by_hand() -> None:
     assert got == pytest.approx(s * b * per_token, rel=1e-12)
     # It is what torchtitan's `selective` keeps for every layer held; the layer being recomputed in
     # the backward holds the full count (as for every engine); full and none are the shared counts.
-    kw = dict(dtype="bfloat16", zero_stage=0, sequence_parallel=False, flash=True, tp=1, dp=1, micro_batch=b,
-              pp=1, interleave=1, params_here=0, layers_here=3, inflight_mb=2, is_last=0)
+    kw = dict(
+        dtype="bfloat16",
+        zero_stage=0,
+        sequence_parallel=False,
+        flash=True,
+        tp=1,
+        dp=1,
+        micro_batch=b,
+        pp=1,
+        interleave=1,
+        params_here=0,
+        layers_here=3,
+        inflight_mb=2,
+        is_last=0,
+    )
     per_op = memory.per_op_checkpoint_layer_bytes(m, b, 1, sequence_parallel=False, flash=True)
     full = memory.layer_activation_bytes(m, b, 1, sequence_parallel=False, recompute="none", flash=True)
     tt = rank_memory(m, recompute="selective", engine=get_engine("torchtitan"), **kw)[3]
     assert tt == pytest.approx(6 * per_op + full - per_op, rel=1e-12)
     for rec in ("none", "full"):
         assert rank_memory(m, recompute=rec, engine=get_engine("torchtitan"), **kw)[3] == pytest.approx(
-            rank_memory(m, recompute=rec, **kw)[3], rel=1e-15)
+            rank_memory(m, recompute=rec, **kw)[3], rel=1e-15
+        )
 
 
 def test_deepspeed_bucket_buffer_is_counted_once_per_rank() -> None:
     m = get_model("gpt-tiny")
-    base = dict(dtype="bfloat16", recompute="none", sequence_parallel=False, flash=True, tp=1, dp=4,
-                micro_batch=1, pp=1, interleave=1, params_here=1e6, layers_here=4, inflight_mb=1, is_last=1)
+    base = dict(
+        dtype="bfloat16",
+        recompute="none",
+        sequence_parallel=False,
+        flash=True,
+        tp=1,
+        dp=4,
+        micro_batch=1,
+        pp=1,
+        interleave=1,
+        params_here=1e6,
+        layers_here=4,
+        inflight_mb=1,
+        is_last=1,
+    )
     ds = rank_memory(m, zero_stage=1, engine=get_engine("megatron-deepspeed"), **base)
     w, g, o, acts, other = ds
     # 1e6 params: 2 + 4/4 weights, 2 grads, 8/4 Adam; one 5e8-element 16-bit reduce bucket.
     assert (w, g, o) == pytest.approx((3e6, 2e6, 2e6))
     assert other == pytest.approx(1e9 + 0.05 * (w + g + o + acts + 1e9), rel=1e-12)
     # The BF16_Optimizer keeps no bucket but a full fp32 gradient buffer.
-    bf = rank_memory(m, zero_stage=1, engine=get_engine("megatron-deepspeed").with_grad_accum("float32"),
-                            **base)
+    bf = rank_memory(m, zero_stage=1, engine=get_engine("megatron-deepspeed").with_grad_accum("float32"), **base)
     assert bf[1] == pytest.approx(6e6) and bf[4] == pytest.approx(0.05 * sum(bf[:4]), rel=1e-12)
 
 
 def test_zero3_working_set_per_engine() -> None:
     m = get_model("gpt-tiny")
     lp = layer_params(m)
-    kw = dict(dtype="bfloat16", zero_stage=3, recompute="none", sequence_parallel=False, flash=True, tp=1, dp=8,
-              micro_batch=1, pp=1, interleave=1, params_here=8e6, layers_here=4, inflight_mb=1, is_last=1)
+    kw = dict(
+        dtype="bfloat16",
+        zero_stage=3,
+        recompute="none",
+        sequence_parallel=False,
+        flash=True,
+        tp=1,
+        dp=8,
+        micro_batch=1,
+        pp=1,
+        interleave=1,
+        params_here=8e6,
+        layers_here=4,
+        inflight_mb=1,
+        is_last=1,
+    )
     layer = lp.sharded + lp.replicated
     tt = rank_memory(m, engine=get_engine("torchtitan"), **kw)
     assert tt[0] == pytest.approx(8e6 * 4 / 8 + 2 * layer * 2)  # two gathered bf16 layers
@@ -347,12 +442,24 @@ def test_engine_path_takes_numpy_arrays() -> None:
     for name in RUNTIMES:
         eng = get_engine(name)
         zero = max(eng.zero_stages())
-        kw = dict(dtype="bfloat16", zero_stage=zero, recompute="selective", sequence_parallel=True, flash=True,
-                  pp=2, interleave=1, layers_here=2, inflight_mb=2.0, is_last=0, engine=eng)
+        kw = dict(
+            dtype="bfloat16",
+            zero_stage=zero,
+            recompute="selective",
+            sequence_parallel=True,
+            flash=True,
+            pp=2,
+            interleave=1,
+            layers_here=2,
+            inflight_mb=2.0,
+            is_last=0,
+            engine=eng,
+        )
         arr = rank_memory(m, tp=tp, dp=dp, micro_batch=mb, params_here=np.array([1e6, 2e6, 3e6]), **kw)
         for i in range(3):
-            one = rank_memory(m, tp=int(tp[i]), dp=int(dp[i]), micro_batch=int(mb[i]),
-                                     params_here=[1e6, 2e6, 3e6][i], **kw)
+            one = rank_memory(
+                m, tp=int(tp[i]), dp=int(dp[i]), micro_batch=int(mb[i]), params_here=[1e6, 2e6, 3e6][i], **kw
+            )
             assert [float(np.asarray(x)[i]) for x in arr] == pytest.approx([float(x) for x in one], rel=1e-12)
 
 
@@ -404,6 +511,9 @@ def test_every_measured_memory_row_is_a_plan_its_own_engine_can_count() -> None:
 
 
 def test_engine_memory_on_a_missing_file_is_one_line_and_status_2(tmp_path) -> None:
-    out = subprocess.run([sys.executable, str(BENCHMARKS / "engine_memory.py"), "--csv", str(tmp_path / "nope.csv")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "engine_memory.py"), "--csv", str(tmp_path / "nope.csv")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no such file" in out.stderr

@@ -28,13 +28,16 @@ def test_scaling_state_bytes() -> None:
         assert Fp8Recipe(scaling=scaling).meta_bytes(10) == 0.0
 
 
-@pytest.mark.parametrize("recipe, per_weight, per_input", [
-    (Fp8Recipe(), 2.0, 1.0),                                  # fp8 copy + transpose, 1 byte inputs
-    (Fp8Recipe(transpose_cache=False), 1.0, 1.0),
-    (Fp8Recipe(fp8_params=True), 0.0, 1.0),                   # fp8 weight and transpose replace the bf16 copy
-    (Fp8Recipe(scaling="block"), 2 * (1 + 4 / 128**2), 1 + 4 / 128),
-    (Fp8Recipe(scaling="mxfp8"), 2 * (1 + 1 / 32), 1 + 1 / 32),
-])
+@pytest.mark.parametrize(
+    "recipe, per_weight, per_input",
+    [
+        (Fp8Recipe(), 2.0, 1.0),  # fp8 copy + transpose, 1 byte inputs
+        (Fp8Recipe(transpose_cache=False), 1.0, 1.0),
+        (Fp8Recipe(fp8_params=True), 0.0, 1.0),  # fp8 weight and transpose replace the bf16 copy
+        (Fp8Recipe(scaling="block"), 2 * (1 + 4 / 128**2), 1 + 4 / 128),
+        (Fp8Recipe(scaling="mxfp8"), 2 * (1 + 1 / 32), 1 + 1 / 32),
+    ],
+)
 def test_weight_and_input_bytes(recipe: Fp8Recipe, per_weight: float, per_input: float) -> None:
     assert recipe.weight_bytes_per_param("bfloat16") == pytest.approx(per_weight)
     assert recipe.saved_input_bytes == pytest.approx(per_input)
@@ -66,16 +69,18 @@ def test_dense_saved_inputs_in_fp8_by_hand(sp: bool, tp: int) -> None:
         assert bf16 - f8 == pytest.approx(saved, rel=1e-12)
     # full recomputation keeps only the layer input, in the compute dtype
     full = dict(sequence_parallel=sp, recompute="full", flash=True)
-    assert memory.layer_activation_bytes(m, b, tp, fp8=Fp8Recipe(), **full) == \
-        memory.layer_activation_bytes(m, b, tp, **full)
+    assert memory.layer_activation_bytes(m, b, tp, fp8=Fp8Recipe(), **full) == memory.layer_activation_bytes(
+        m, b, tp, **full
+    )
 
 
 def test_moe_saved_inputs_in_fp8_by_hand() -> None:
     m = get_model("moe-tiny")
     h, fe, s, b, tp, etp, e, g = 64, 64, 64, 2, 2, 2, 2, 1.0
     kw = dict(sequence_parallel=True, recompute="none", flash=True, moe=True, etp=etp)
-    delta = (memory.layer_activation_bytes(m, b, tp, **kw)
-             - memory.layer_activation_bytes(m, b, tp, fp8=Fp8Recipe(), **kw))
+    delta = memory.layer_activation_bytes(m, b, tp, **kw) - memory.layer_activation_bytes(
+        m, b, tp, fp8=Fp8Recipe(), **kw
+    )
     t = b * s
     copies = moe.received_copies_per_rank(m, b, tp, sequence_parallel=True, etp=etp)
     # the attention input goes to fp8, the MLP input stays (the router's backward needs it); the
@@ -86,8 +91,22 @@ def test_moe_saved_inputs_in_fp8_by_hand() -> None:
 
 def test_rank_memory_with_fp8_by_hand() -> None:
     m = get_model("llama3-70b")
-    kw = dict(dtype="bfloat16", zero_stage=1, recompute="selective", sequence_parallel=True, flash=True, tp=8, dp=8,
-              micro_batch=1, pp=4, interleave=1, params_here=2e9, layers_here=20, inflight_mb=4, is_last=False)
+    kw = dict(
+        dtype="bfloat16",
+        zero_stage=1,
+        recompute="selective",
+        sequence_parallel=True,
+        flash=True,
+        tp=8,
+        dp=8,
+        micro_batch=1,
+        pp=4,
+        interleave=1,
+        params_here=2e9,
+        layers_here=20,
+        inflight_mb=4,
+        is_last=False,
+    )
     w0, g0, o0, a0, other0 = rank_memory(m, **kw)
     recipe = Fp8Recipe()
     w, g, o, a, other = rank_memory(m, fp8=recipe, **kw)

@@ -35,8 +35,14 @@ def test_other_engines_and_gelu_keep_what_they_kept() -> None:
     for engine in ("megatron-deepspeed", "torchtitan", "exatrain"):
         rules = get_engine(engine).activations
         assert rules.glu == "eager"
-        plain = layer_activation_bytes(m, 2, 2, dropout=rules.dropout_masks and m.dropout > 0,
-                                       saves=EngineSaves(get_engine(engine).sp_gathered_layer_inputs), **KW)
+        plain = layer_activation_bytes(
+            m,
+            2,
+            2,
+            dropout=rules.dropout_masks and m.dropout > 0,
+            saves=EngineSaves(get_engine(engine).sp_gathered_layer_inputs),
+            **KW,
+        )
         if rules.selective != "per_op" or KW["recompute"] != "selective":
             assert engine_layer_activation_bytes(get_engine(engine), m, 2, 2, **KW) == pytest.approx(plain)
     gpt = get_model("gpt-22b")  # a GELU MLP keeps fc1's output and fc2's input either way

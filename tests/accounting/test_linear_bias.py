@@ -61,15 +61,21 @@ def test_the_gpt_oss_presets_match_the_model_card() -> None:
     assert "linear_bias" not in get_model("llama3-8b").to_dict()
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"linear_bias": "yes"}, "linear_bias must be true or false, got 'yes'"),
-    ({"linear_bias": True, "kv_lora_rank": 512, "rope_head_dim": 64, "kv_heads": 16},
-     "linear_bias is not modelled together with multi-head latent attention"),
-    ({"linear_bias": True, "arch": "gpt", "kv_heads": 16}, "linear_bias describe llama-family models"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"linear_bias": "yes"}, "linear_bias must be true or false, got 'yes'"),
+        (
+            {"linear_bias": True, "kv_lora_rank": 512, "rope_head_dim": 64, "kv_heads": 16},
+            "linear_bias is not modelled together with multi-head latent attention",
+        ),
+        ({"linear_bias": True, "arch": "gpt", "kv_heads": 16}, "linear_bias describe llama-family models"),
+    ],
+)
 def test_bad_fields_are_one_line(fields: dict, message: str) -> None:
-    base = dict(name="b", arch="llama", layers=6, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816, seq_len=4096,
-                vocab=32000)
+    base = dict(
+        name="b", arch="llama", layers=6, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816, seq_len=4096, vocab=32000
+    )
     with pytest.raises(UserError, match=message) as err:
         ModelSpec(**{**base, **fields})
     assert "\n" not in str(err.value)

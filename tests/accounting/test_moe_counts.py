@@ -19,7 +19,7 @@ from tests.helpers.memory import rank_memory
 # the bf16 totals match exactly; DeepSeek-V3 publishes "671B" (3 digits; its checkpoint is fp8 with
 # scale tensors, so no byte total to divide).
 EXACT_TOTALS = {
-    "mixtral-8x7b": 93_405_585_408 // 2,   # mistralai/Mixtral-8x7B-v0.1 model.safetensors.index.json
+    "mixtral-8x7b": 93_405_585_408 // 2,  # mistralai/Mixtral-8x7B-v0.1 model.safetensors.index.json
     "qwen3-30b-a3b": 61_064_245_248 // 2,  # Qwen/Qwen3-30B-A3B model.safetensors.index.json
 }
 
@@ -39,12 +39,15 @@ def test_deepseek_v3_total_is_671b() -> None:
 # Qwen (3.3B: our 3.35B, truncated) count the input embedding; DeepSeek's checkpoint notes give 36.6B
 # "including 0.9B for the output head" and no input embedding, the report rounds to 37B. Tolerance
 # 2%: the published rounding, not our counting (the totals above are exact).
-@pytest.mark.parametrize("name, embedding, published", [
-    ("mixtral-8x7b", True, 12.9e9),
-    ("qwen3-30b-a3b", True, 3.3e9),
-    ("deepseek-v3", False, 36.6e9),
-    ("deepseek-v3", False, 37e9),
-])
+@pytest.mark.parametrize(
+    "name, embedding, published",
+    [
+        ("mixtral-8x7b", True, 12.9e9),
+        ("qwen3-30b-a3b", True, 3.3e9),
+        ("deepseek-v3", False, 36.6e9),
+        ("deepseek-v3", False, 37e9),
+    ],
+)
 def test_active_params_match_published(name: str, embedding: bool, published: float) -> None:
     assert params.active_params(get_model(name), embedding=embedding) == pytest.approx(published, rel=0.02)
 
@@ -83,8 +86,19 @@ def test_moe_tiny_layer_params_by_hand() -> None:
 
 def test_moe_layer_pattern_rules() -> None:
     # Llama 4-style interleaving: layers 1, 3, 5 ... are MoE (transformers' Llama4 moe_layers).
-    m = ModelSpec(name="x", arch="llama", layers=6, hidden=64, heads=4, seq_len=8, vocab=10, ffn_hidden=128,
-                  experts=4, top_k=1, moe_every=2)
+    m = ModelSpec(
+        name="x",
+        arch="llama",
+        layers=6,
+        hidden=64,
+        heads=4,
+        seq_len=8,
+        vocab=10,
+        ffn_hidden=128,
+        experts=4,
+        top_k=1,
+        moe_every=2,
+    )
     assert params.layer_kinds(m) == (False, True, False, True, False, True)
     m2 = m.replace(dense_layers=2, moe_every=1)
     assert params.layer_kinds(m2) == (False, False, True, True, True, True)
@@ -125,7 +139,8 @@ def test_moe_flops_by_hand() -> None:
     expected = 3 * B * s * (dense + 3 * moe_layer + 2 * h * V)
     assert flops.model_flops_per_step(m, B) == pytest.approx(expected, rel=1e-15)
     assert flops.hardware_flops_per_step(m, B, "full") == pytest.approx(
-        expected + B * s * (dense + 3 * moe_layer), rel=1e-15)
+        expected + B * s * (dense + 3 * moe_layer), rel=1e-15
+    )
     # MFU counts the active parameters: 6 FLOPs per active GEMM weight (no input embedding, no norm
     # weights) and token, plus the attention core of each of the 4 layers
     per_token = flops.model_flops_per_token(m)
@@ -139,15 +154,18 @@ def test_layer_gemms_sum_to_layer_flops(name: str) -> None:
     m = get_model(name)
     for kind in (False, True):
         g = flops.layer_gemms(m, 2, 1, moe=kind)
-        assert sum(x.flops for x in g) == pytest.approx(2 * m.seq_len * flops.layer_forward_flops_per_token(m, kind),
-                                                         rel=1e-12)
+        assert sum(x.flops for x in g) == pytest.approx(
+            2 * m.seq_len * flops.layer_forward_flops_per_token(m, kind), rel=1e-12
+        )
 
 
 def test_expert_gemms_per_rank_under_expert_parallelism() -> None:
     """With balanced routing each rank's experts do the work of its own tokens' top-k copies, whatever ep."""
     m = get_model("mixtral-8x7b")
+
     def expert_flops(**kw):
         return sum(g.flops for g in flops.layer_gemms(m, 1, 1, moe=True, **kw) if g.name.startswith("expert_"))
+
     base = expert_flops()
     assert expert_flops(ep=8) == pytest.approx(base)
     assert expert_flops(ep=4, capacity_factor=1.25) == pytest.approx(1.25 * base)
@@ -163,8 +181,21 @@ def test_expert_dp_is_megatron_folding() -> None:
 
 
 def _rank(m, **kw):
-    base = dict(dtype="bfloat16", zero_stage=1, recompute="none", sequence_parallel=True, flash=True, tp=1, dp=8,
-                micro_batch=1, pp=1, interleave=1, layers_here=m.layers, inflight_mb=1, is_last=True)
+    base = dict(
+        dtype="bfloat16",
+        zero_stage=1,
+        recompute="none",
+        sequence_parallel=True,
+        flash=True,
+        tp=1,
+        dp=8,
+        micro_batch=1,
+        pp=1,
+        interleave=1,
+        layers_here=m.layers,
+        inflight_mb=1,
+        is_last=True,
+    )
     base.update(kw)
     return rank_memory(m, **base)
 
@@ -184,8 +215,16 @@ def test_more_expert_parallelism_fewer_expert_bytes_per_rank() -> None:
     totals = []
     for ep in (1, 2, 4, 8):
         dense, experts = params.stage_params_split(m, tp=1, pp=1, interleave=1, layers_per_stage=(32,), ep=ep)[0]
-        w, g, o, a, other = _rank(m, ep=ep, dp=8, params_here=dense, expert_params_here=experts, moe_layers_here=32,
-                                  micro_batch=1, zero_stage=1)
+        w, g, o, a, other = _rank(
+            m,
+            ep=ep,
+            dp=8,
+            params_here=dense,
+            expert_params_here=experts,
+            moe_layers_here=32,
+            micro_batch=1,
+            zero_stage=1,
+        )
         totals.append(w + g + o)
     assert all(a > b for a, b in zip(totals, totals[1:]))
 
@@ -198,16 +237,18 @@ def test_moe_layer_activation_bytes_by_hand() -> None:
         t = b * s / cp
         routed = t / (tp if sp else 1)
         sp_div = tp if sp else 1
-        per_token = (4 * h * e / sp_div + (h + 2 * kvh + h + 4 * fe) * e / tp + 4.0 * heads / tp)
+        per_token = 4 * h * e / sp_div + (h + 2 * kvh + h + 4 * fe) * e / tp + 4.0 * heads / tp
         router = routed * (E * 5 + k * 4)
         copies = routed * k * c * etp
         experts = copies * (h * e + 4 * (fe / etp) * e + 4)
         expected = t * per_token + router + experts
-        got = memory.layer_activation_bytes(m, b, tp, sequence_parallel=sp, recompute="none", flash=True, cp=cp,
-                                            moe=True, etp=etp, capacity_factor=c)
+        got = memory.layer_activation_bytes(
+            m, b, tp, sequence_parallel=sp, recompute="none", flash=True, cp=cp, moe=True, etp=etp, capacity_factor=c
+        )
         assert got == pytest.approx(expected, rel=1e-12)
-        assert moe.dispatch_buffer_bytes(m, b, tp, sequence_parallel=sp, cp=cp, etp=etp, capacity_factor=c) == \
-            pytest.approx((routed * k + copies) * h * e)
+        assert moe.dispatch_buffer_bytes(
+            m, b, tp, sequence_parallel=sp, cp=cp, etp=etp, capacity_factor=c
+        ) == pytest.approx((routed * k + copies) * h * e)
 
 
 def test_rank_memory_moe_activations_and_buffers() -> None:
@@ -233,27 +274,58 @@ def test_all_to_all_bytes_by_hand() -> None:
     b, tp, ep, mb, layers = 1, 2, 8, 4, 16
     T = b * m.seq_len / tp  # sequence parallel: each tp rank routes its 1/tp of the tokens
     buf = T * m.top_k * m.hidden * 2
-    cs = comms.moe_collectives_for(m, micro_batch=b, tp=tp, ep=ep, sequence_parallel=True, dtype="bfloat16",
-                                   moe_layers=layers, num_microbatches=mb)
+    cs = comms.moe_collectives_for(
+        m, micro_batch=b, tp=tp, ep=ep, sequence_parallel=True, dtype="bfloat16", moe_layers=layers, num_microbatches=mb
+    )
     assert [c.kind for c in cs] == ["all_to_all"]
     # dispatch + combine, forward and backward: 4 per layer and micro-batch, (ep-1)/ep leaves the rank
     assert float(cs[0].bytes_per_rank) == pytest.approx(4 * layers * mb * buf * (ep - 1) / ep)
-    one = comms.moe_collectives_for(m, micro_batch=b, tp=tp, ep=1, sequence_parallel=True, dtype="bfloat16",
-                                    moe_layers=layers, num_microbatches=mb)
+    one = comms.moe_collectives_for(
+        m, micro_batch=b, tp=tp, ep=1, sequence_parallel=True, dtype="bfloat16", moe_layers=layers, num_microbatches=mb
+    )
     assert float(one[0].bytes_per_rank) == 0.0
-    full = comms.moe_collectives_for(m, micro_batch=b, tp=tp, ep=ep, sequence_parallel=True, dtype="bfloat16",
-                                     moe_layers=layers, num_microbatches=mb, recompute="full")
+    full = comms.moe_collectives_for(
+        m,
+        micro_batch=b,
+        tp=tp,
+        ep=ep,
+        sequence_parallel=True,
+        dtype="bfloat16",
+        moe_layers=layers,
+        num_microbatches=mb,
+        recompute="full",
+    )
     assert float(full[0].bytes_per_rank) == pytest.approx(1.5 * float(cs[0].bytes_per_rank))
-    etp = comms.moe_collectives_for(m, micro_batch=b, tp=tp, ep=ep, etp=2, sequence_parallel=True, dtype="bfloat16",
-                                    moe_layers=layers, num_microbatches=mb)
+    etp = comms.moe_collectives_for(
+        m,
+        micro_batch=b,
+        tp=tp,
+        ep=ep,
+        etp=2,
+        sequence_parallel=True,
+        dtype="bfloat16",
+        moe_layers=layers,
+        num_microbatches=mb,
+    )
     assert [c.kind for c in etp] == ["all_to_all", "all_gather", "reduce_scatter"]
     assert float(etp[1].bytes_per_rank) == pytest.approx(2 * layers * mb * buf * 2 / 2)
 
 
 def test_expert_gradients_reduce_over_expert_dp() -> None:
     m = _tiny()
-    cs = comms.dp_collectives_for(m, tp=2, pp=1, dp=4, ep=4, zero_stage=1, num_microbatches=1, dtype="bfloat16",
-                                  params_here=1000, expert_params_here=600, pipeline_end=False)
+    cs = comms.dp_collectives_for(
+        m,
+        tp=2,
+        pp=1,
+        dp=4,
+        ep=4,
+        zero_stage=1,
+        num_microbatches=1,
+        dtype="bfloat16",
+        params_here=1000,
+        expert_params_here=600,
+        pipeline_end=False,
+    )
     by_axis = {(c.kind, c.axis): c for c in cs}
     assert by_axis[("all_reduce", "dp")].group == 4 and by_axis[("all_reduce", "edp")].group == 2
     assert float(by_axis[("all_reduce", "edp")].bytes_per_rank) == pytest.approx(2 * 1 / 2 * 600 * 4)
@@ -270,19 +342,22 @@ def test_tp_collectives_per_moe_layer() -> None:
 _BASE = dict(name="x", arch="llama", layers=4, hidden=64, heads=4, seq_len=8, vocab=10, ffn_hidden=128)
 
 
-@pytest.mark.parametrize("extra, message", [
-    (dict(experts=4, top_k=5), "top_k 5 exceeds experts 4"),
-    (dict(experts=4), "needs top_k >= 1"),
-    (dict(top_k=2), "top_k apply to mixture-of-experts models only; set experts > 0"),
-    (dict(experts=4, top_k=2, dense_layers=4), "leave no MoE layer"),
-    (dict(experts=4, top_k=2, router="relu"), "unknown router 'relu'"),
-    (dict(experts=4, top_k=2, moe_every=0), "moe_every must be a positive integer"),
-    (dict(experts=-1), "experts must be a non-negative integer"),
-    (dict(arch="gpt", ffn_hidden=0, kv_heads=4, experts=4, top_k=2), "describe llama-family models"),
-    (dict(kv_lora_rank=32, rope_head_dim=8), "kv_heads must equal heads"),
-    (dict(kv_heads=4, kv_lora_rank=32, rope_head_dim=7), "even rope_head_dim"),
-    (dict(rope_head_dim=8), "set kv_lora_rank too"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (dict(experts=4, top_k=5), "top_k 5 exceeds experts 4"),
+        (dict(experts=4), "needs top_k >= 1"),
+        (dict(top_k=2), "top_k apply to mixture-of-experts models only; set experts > 0"),
+        (dict(experts=4, top_k=2, dense_layers=4), "leave no MoE layer"),
+        (dict(experts=4, top_k=2, router="relu"), "unknown router 'relu'"),
+        (dict(experts=4, top_k=2, moe_every=0), "moe_every must be a positive integer"),
+        (dict(experts=-1), "experts must be a non-negative integer"),
+        (dict(arch="gpt", ffn_hidden=0, kv_heads=4, experts=4, top_k=2), "describe llama-family models"),
+        (dict(kv_lora_rank=32, rope_head_dim=8), "kv_heads must equal heads"),
+        (dict(kv_heads=4, kv_lora_rank=32, rope_head_dim=7), "even rope_head_dim"),
+        (dict(rope_head_dim=8), "set kv_lora_rank too"),
+    ],
+)
 def test_bad_moe_fields_are_one_line_user_errors(extra, message) -> None:
     fields = {**_BASE, "kv_heads": 2, **extra}
     with pytest.raises(UserError, match=message) as info:
@@ -293,8 +368,22 @@ def test_bad_moe_fields_are_one_line_user_errors(extra, message) -> None:
 def test_moe_model_round_trips_and_dense_dict_is_unchanged() -> None:
     m = get_model("deepseek-v3")
     assert ModelSpec.from_dict(m.to_dict()) == m
-    old_fields = {"name", "arch", "layers", "hidden", "heads", "seq_len", "vocab", "kv_heads", "ffn_hidden",
-                  "tied_embeddings", "rope_theta", "norm_eps", "dropout", "description"}
+    old_fields = {
+        "name",
+        "arch",
+        "layers",
+        "hidden",
+        "heads",
+        "seq_len",
+        "vocab",
+        "kv_heads",
+        "ffn_hidden",
+        "tied_embeddings",
+        "rope_theta",
+        "norm_eps",
+        "dropout",
+        "description",
+    }
     assert set(get_model("llama3-70b").to_dict()) == old_fields
     assert set(get_model("gpt-175b").to_dict()) == old_fields
 
@@ -310,8 +399,9 @@ def test_explicit_default_head_width_takes_the_general_path_to_the_same_numbers(
     assert flops.layer_forward_flops_per_token(x) == flops.layer_forward_flops_per_token(m)
     assert flops.attention_forward_flops_per_token(x) == flops.attention_forward_flops_per_token(m)
     assert flops.model_flops_per_step(x, 16) == flops.model_flops_per_step(m, 16)
-    assert [(g.m, g.n, g.k, g.count) for g in flops.layer_gemms(x, 2, 4)] == \
-        [(g.m, g.n, g.k, g.count) for g in flops.layer_gemms(m, 2, 4)]
+    assert [(g.m, g.n, g.k, g.count) for g in flops.layer_gemms(x, 2, 4)] == [
+        (g.m, g.n, g.k, g.count) for g in flops.layer_gemms(m, 2, 4)
+    ]
     for rec in ("none", "selective", "full"):
         for sp in (False, True):
             for fl in (False, True):
@@ -321,16 +411,37 @@ def test_explicit_default_head_width_takes_the_general_path_to_the_same_numbers(
 
 def test_extension_defaults_leave_dense_memory_unchanged() -> None:
     m = get_model("llama3-70b")
-    arrays = dict(tp=np.array([1, 2, 8]), dp=np.array([8, 4, 1]), micro_batch=np.array([1, 2, 1]),
-                  pp=np.array([1, 2, 8]), interleave=np.array([1, 1, 2]), params_here=np.array([7e10, 2e10, 1e9]),
-                  layers_here=np.array([80, 40, 10]), inflight_mb=np.array([1, 2, 8.5]),
-                  is_last=np.array([True, False, True]))
+    arrays = dict(
+        tp=np.array([1, 2, 8]),
+        dp=np.array([8, 4, 1]),
+        micro_batch=np.array([1, 2, 1]),
+        pp=np.array([1, 2, 8]),
+        interleave=np.array([1, 1, 2]),
+        params_here=np.array([7e10, 2e10, 1e9]),
+        layers_here=np.array([80, 40, 10]),
+        inflight_mb=np.array([1, 2, 8.5]),
+        is_last=np.array([True, False, True]),
+    )
     for zero in (0, 1, 2, 3):
         for rec in ("none", "selective", "full"):
-            plain = rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute=rec, sequence_parallel=True,
-                                       flash=True, **arrays)
-            ext = rank_memory(m, dtype="bfloat16", zero_stage=zero, recompute=rec, sequence_parallel=True,
-                                     flash=True, cp=1, ep=1, etp=1, expert_params_here=0, moe_layers_here=0,
-                                     capacity_factor=1.0, fp8=None, **arrays)
+            plain = rank_memory(
+                m, dtype="bfloat16", zero_stage=zero, recompute=rec, sequence_parallel=True, flash=True, **arrays
+            )
+            ext = rank_memory(
+                m,
+                dtype="bfloat16",
+                zero_stage=zero,
+                recompute=rec,
+                sequence_parallel=True,
+                flash=True,
+                cp=1,
+                ep=1,
+                etp=1,
+                expert_params_here=0,
+                moe_layers_here=0,
+                capacity_factor=1.0,
+                fp8=None,
+                **arrays,
+            )
             for a, b in zip(plain, ext):
                 np.testing.assert_array_equal(a, b)

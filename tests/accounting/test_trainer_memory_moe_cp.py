@@ -16,18 +16,34 @@ from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.planner.estimate import estimate_plan
 
 CPU = get_cluster("local-cpu")
-MOE = ModelSpec(name="moe", arch="llama", hidden=256, heads=8, kv_heads=2, ffn_hidden=704, seq_len=512, vocab=256,
-                layers=4, experts=4, top_k=2, shared_experts=1, expert_ffn_hidden=256, dense_layers=1)
+MOE = ModelSpec(
+    name="moe",
+    arch="llama",
+    hidden=256,
+    heads=8,
+    kv_heads=2,
+    ffn_hidden=704,
+    seq_len=512,
+    vocab=256,
+    layers=4,
+    experts=4,
+    top_k=2,
+    shared_experts=1,
+    expert_ffn_hidden=256,
+    dense_layers=1,
+)
 
 
 def _plan(model: ModelSpec, **dims) -> Plan:
     pp, dp = dims.get("pp", 1), dims.get("dp", 1)
-    return Plan(model=model, dims=ParallelDims(**dims), shape=TrainShape(1, 2 * pp * dp),
-                cluster="local-cpu").validate()
+    return Plan(
+        model=model, dims=ParallelDims(**dims), shape=TrainShape(1, 2 * pp * dp), cluster="local-cpu"
+    ).validate()
 
 
-@pytest.mark.parametrize("dims", [dict(tp=1, pp=2, dp=2, ep=2), dict(tp=2, pp=1, dp=2, ep=2),
-                                  dict(tp=2, pp=1, dp=1, cp=2)])
+@pytest.mark.parametrize(
+    "dims", [dict(tp=1, pp=2, dp=2, ep=2), dict(tp=2, pp=1, dp=2, ep=2), dict(tp=2, pp=1, dp=1, cp=2)]
+)
 def test_runtime_exatrain_estimate_is_the_trainer_model(dims) -> None:
     """For MoE (ep) and cp plans the estimate of runtime exatrain is ``trainer_stage_memory`` on
     every stage (the search's batched evaluation and the single plan's count agree), not the
@@ -46,8 +62,8 @@ def test_expert_parallelism_divides_the_routed_experts_states() -> None:
     """From ep 1 to ep 2 a rank's fp32 gradients lose 4 bytes per routed-expert parameter it no longer
     holds (N/2 of each MoE layer's experts), and nothing else; the 16-bit expert copies go with them."""
     one, two = (_plan(MOE, tp=1, pp=1, dp=2, ep=ep) for ep in (1, 2))
-    (_, x1), = stage_params_split(MOE, tp=1, pp=1, interleave=1, layers_per_stage=(4,), ep=1)
-    (_, x2), = stage_params_split(MOE, tp=1, pp=1, interleave=1, layers_per_stage=(4,), ep=2)
+    ((_, x1),) = stage_params_split(MOE, tp=1, pp=1, interleave=1, layers_per_stage=(4,), ep=1)
+    ((_, x2),) = stage_params_split(MOE, tp=1, pp=1, interleave=1, layers_per_stage=(4,), ep=2)
     assert x2 * 2 == x1 == 3 * 4 * 3 * 256 * 256  # 3 MoE layers x 4 experts x SwiGLU
     a, b = trainer_stage_memory(one, 0, on_cpu=True), trainer_stage_memory(two, 0, on_cpu=True)
     assert a.gradients - b.gradients == pytest.approx(4.0 * (x1 - x2))

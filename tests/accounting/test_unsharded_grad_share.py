@@ -52,8 +52,16 @@ def test_torchtitans_interleaved_stage_holds_one_virtual_stages_unsharded_gradie
     tt = get_engine("torchtitan")
 
     def plan(gb, schedule="interleaved", v=2):
-        return Plan(model=m, dims=ParallelDims(2, 4, 2), shape=TrainShape(1, gb), zero_stage=2, recompute="full",
-                    schedule=schedule, interleave=v, runtime="torchtitan").validate()
+        return Plan(
+            model=m,
+            dims=ParallelDims(2, 4, 2),
+            shape=TrainShape(1, gb),
+            zero_stage=2,
+            recompute="full",
+            schedule=schedule,
+            interleave=v,
+            runtime="torchtitan",
+        ).validate()
 
     one, two = plan(8), plan(16)  # 4 and 8 micro-batches over pp 4
     assert (one.num_microbatches, two.num_microbatches) == (4, 8)

@@ -17,8 +17,17 @@ from exatrain.errors import OutOfMemoryPredicted, PlanError, UserError
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.planner.results import estimate_json
 
-STUDY_175B = dict(model="gpt-175b", cluster="frontier", gpus=128, tp=4, pp=16, micro_batch=1, global_batch=640,
-                  zero=1, recompute="full")
+STUDY_175B = dict(
+    model="gpt-175b",
+    cluster="frontier",
+    gpus=128,
+    tp=4,
+    pp=16,
+    micro_batch=1,
+    global_batch=640,
+    zero=1,
+    recompute="full",
+)
 
 
 def _cli_json(capsys, *argv: str) -> dict:
@@ -30,9 +39,11 @@ def _cli_json(capsys, *argv: str) -> dict:
 
 
 def test_import_is_lazy_and_torch_free() -> None:
-    code = ("import sys, exatrain; assert 'exatrain.api' not in sys.modules; "
-            "exatrain.estimate; exatrain.search; exatrain.make_plan; import exatrain.api; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    code = (
+        "import sys, exatrain; assert 'exatrain.api' not in sys.modules; "
+        "exatrain.estimate; exatrain.search; exatrain.make_plan; import exatrain.api; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -56,12 +67,38 @@ def test_estimate_is_what_the_cli_prints(capsys) -> None:
 
 def test_search_and_scaling_are_what_the_cli_prints(capsys) -> None:
     result = exatrain.search(model="gpt-22b", cluster="dgx-a100", gpus=64, global_batch=256, top=3, tp=4)
-    d = _cli_json(capsys, "search", "--model", "gpt-22b", "--cluster", "dgx-a100", "--gpus", "64",
-                  "--global-batch", "256", "--top", "3", "--tp", "4")
+    d = _cli_json(
+        capsys,
+        "search",
+        "--model",
+        "gpt-22b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "--top",
+        "3",
+        "--tp",
+        "4",
+    )
     assert [estimate_json(p) for p in result.ranked] == d["ranked"] and {p.tp for p in result.ranked} == {4}
     sc = exatrain.scaling(model="gpt-175b", gpus=[128, 256], global_batch=640, tp=4, pp=16, mode="weak")
-    d = _cli_json(capsys, "scaling", "--model", "gpt-175b", "--gpus", "128,256", "--global-batch", "640",
-                  "--tp", "4", "--pp", "16")
+    d = _cli_json(
+        capsys,
+        "scaling",
+        "--model",
+        "gpt-175b",
+        "--gpus",
+        "128,256",
+        "--global-batch",
+        "640",
+        "--tp",
+        "4",
+        "--pp",
+        "16",
+    )
     assert sc.to_dict() == d
     assert [p.global_batch for p in sc.points] == [640, 1280] and sc.points[0].efficiency == 1.0
     p0, p1 = sc.points
@@ -73,8 +110,13 @@ def test_make_plan_defaults_and_dp_derivation() -> None:
     m = get_model("gpt-tiny")
     p = exatrain.make_plan(m, "local-cpu", gpus=8, tp=2, pp=2)
     assert (p.tp, p.pp, p.dp, p.micro_batch, p.global_batch, p.schedule, p.interleave) == (2, 2, 2, 1, 16, "1f1b", 1)
-    assert (p.zero_stage, p.recompute, p.sequence_parallel, p.dtype, p.flash_attention) == (0, "none", False,
-                                                                                          "bfloat16", True)
+    assert (p.zero_stage, p.recompute, p.sequence_parallel, p.dtype, p.flash_attention) == (
+        0,
+        "none",
+        False,
+        "bfloat16",
+        True,
+    )
     assert exatrain.make_plan(m, gpus=8, pp=2, schedule="interleaved").interleave == 2
     assert exatrain.make_plan(m, gpus=4).global_batch == 4  # micro-batch x dp without a pipeline
     base = Plan(model=m, dims=ParallelDims(2, 1, 2), shape=TrainShape(2, 8), zero_stage=1)
@@ -136,6 +178,7 @@ def test_preflight_makes_a_predicted_oom_an_oom_trial_without_a_run(tmp_path) ->
     def refuse(kind):
         def check(_plan):
             raise kind("refused for a reason")
+
         return check
 
     for kind, status in ((OutOfMemoryPredicted, "oom"), (PlanError, "rejected")):
@@ -154,9 +197,16 @@ def test_the_cli_passes_its_flags_by_the_api_names() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
     output_only = {"help", "json", "explain", "progress"}
-    for command, fn in (("estimate", api.estimate), ("search", api.search), ("scaling", api.scaling),
-                        ("train", api.train), ("tune", api.tune), ("bench", api.bench), ("launch", api.launch),
-                        ("demo", api.demo)):
+    for command, fn in (
+        ("estimate", api.estimate),
+        ("search", api.search),
+        ("scaling", api.scaling),
+        ("train", api.train),
+        ("tune", api.tune),
+        ("bench", api.bench),
+        ("launch", api.launch),
+        ("demo", api.demo),
+    ):
         names = set(inspect.signature(fn).parameters)
         flags = {a.dest for a in sub[command]._actions} - output_only
         assert flags <= names, (command, sorted(flags - names))

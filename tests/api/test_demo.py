@@ -43,12 +43,23 @@ def test_the_default_folder_is_new_under_runs(tmp_path: Path) -> None:
 def test_demo_measures_searches_trains_and_compares(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "exatrain", "demo", "--ranks", "2", "--steps", "4", "--out", str(out),
-                        "--quiet"], capture_output=True, text=True, env=env, timeout=1800, cwd=tmp_path,
-                       stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "exatrain", "demo", "--ranks", "2", "--steps", "4", "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
-    assert sorted(f.name for f in out.iterdir()) == ["calib.json", "metrics.jsonl", "metrics.ranks", "plan.json",
-                                                     "summary.txt"]
+    assert sorted(f.name for f in out.iterdir()) == [
+        "calib.json",
+        "metrics.jsonl",
+        "metrics.ranks",
+        "plan.json",
+        "summary.txt",
+    ]
     assert not (tmp_path / "runs").exists()  # --out given: nothing elsewhere
 
     # 1. the bench's calibration, measured here
@@ -66,7 +77,7 @@ def test_demo_measures_searches_trains_and_compares(tmp_path: Path) -> None:
     # 4. predicted beside measured, with the band, in the printed summary and in summary.txt
     lines = p.stdout.splitlines()
     summary = (out / "summary.txt").read_text().splitlines()
-    assert summary == lines[-len(summary):]
+    assert summary == lines[-len(summary) :]
     step = next(line for line in summary if line.startswith("4. step time: "))
     low, high = compare(record).predicted_range_s  # the band, widened where the machine's load changed
     # the machine's load, during the bench (in calib.json) and during training (in the RunRecord), said in a line
@@ -77,15 +88,24 @@ def test_demo_measures_searches_trains_and_compares(tmp_path: Path) -> None:
     assert step.startswith(f"4. step time: predicted {record.predicted.time_s.step:.3f} s (band {low:.3f}–{high:.3f} s")
     assert f"measured {record.measured.step_time_s:.3f} s" in step
     assert step.endswith("inside the band") == (low <= record.measured.step_time_s <= high)
-    assert summary[-2] == (f"wrote {out}/: calib.json (this machine's cost-model parameters), plan.json (the best "
-                           "layout with its prediction), metrics.jsonl (a line per step, then the RunRecord), "
-                           "metrics.ranks/ (each rank's log and heartbeat), summary.txt (these lines)")
+    assert summary[-2] == (
+        f"wrote {out}/: calib.json (this machine's cost-model parameters), plan.json (the best "
+        "layout with its prediction), metrics.jsonl (a line per step, then the RunRecord), "
+        "metrics.ranks/ (each rank's log and heartbeat), summary.txt (these lines)"
+    )
     assert summary[-1].startswith("took ")
     assert json.loads((out / "plan.json").read_text())["tp"] * plan.pp * plan.dp == 2
 
     # the same folder again: refused in one line, nothing touched
     before = sorted((f.name, f.stat().st_mtime) for f in out.iterdir())
-    again = subprocess.run([sys.executable, "-m", "exatrain", "demo", "--out", str(out)], capture_output=True,
-                           text=True, env=env, timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    again = subprocess.run(
+        [sys.executable, "-m", "exatrain", "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+    )
     assert again.returncode == 2 and "already holds files" in again.stderr and again.stderr.count("\n") == 1
     assert sorted((f.name, f.stat().st_mtime) for f in out.iterdir()) == before

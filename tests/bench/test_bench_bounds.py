@@ -19,10 +19,12 @@ from exatrain.planner.cost.coefficients import Calibration, default_params
 # peak that bench fitted to its GEMMs: the points that fitted a half-point of 1,175 tokens and an asymptote of
 # 84% of peak from efficiencies of 3-10%.
 CPU_PEAK = 1.6707e11
-CPU_POINTS = [{"batch": 1, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 6.421e-4, "flops": 3670016.0},
-              {"batch": 4, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 1.5859e-3, "flops": 14680064.0},
-              {"batch": 1, "heads": 6, "seq": 128, "head_dim": 32, "seconds": 2.7057e-3, "flops": 44040192.0},
-              {"batch": 4, "heads": 6, "seq": 128, "head_dim": 32, "seconds": 1.4985e-2, "flops": 176160768.0}]
+CPU_POINTS = [
+    {"batch": 1, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 6.421e-4, "flops": 3670016.0},
+    {"batch": 4, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 1.5859e-3, "flops": 14680064.0},
+    {"batch": 1, "heads": 6, "seq": 128, "head_dim": 32, "seconds": 2.7057e-3, "flops": 44040192.0},
+    {"batch": 4, "heads": 6, "seq": 128, "head_dim": 32, "seconds": 1.4985e-2, "flops": 176160768.0},
+]
 
 
 def _points(rate, peak: float) -> list[dict]:
@@ -30,8 +32,9 @@ def _points(rate, peak: float) -> list[dict]:
     out = []
     for b, h, s, d in ((1, 4, 64, 16), (4, 4, 64, 16), (1, 6, 128, 32), (4, 6, 128, 32)):
         flops = 3.5 * 4.0 * b * s * s * h * d
-        out.append({"batch": b, "heads": h, "seq": s, "head_dim": d, "flops": flops,
-                    "seconds": flops / (peak * rate(s))})
+        out.append(
+            {"batch": b, "heads": h, "seq": s, "head_dim": d, "flops": flops, "seconds": flops / (peak * rate(s))}
+        )
     return out
 
 
@@ -64,10 +67,14 @@ def test_the_summary_prints_the_measured_points_beside_the_fit() -> None:
     fit = fit_attention(CPU_POINTS, CPU_PEAK)
     fitted = {k: fit[k] for k in ("attn_eff", "attn_seq_half", "attn_call_overhead_s")}
     params = default_params("cpu").replace(peak_flops=CPU_PEAK, **fitted)
-    cal = Calibration(devices={"cpu": params}, cluster_tiers={},
-                      extra={"bench": {"curves": {"attention": fit["curve"]}, "notes": [fit["note"]]}})
-    lines = BenchResult(calibration=cal, device="cpu", dtype="float32", ranks=2, threads_per_rank=1,
-                        seconds=1.0).summary_lines()
+    cal = Calibration(
+        devices={"cpu": params},
+        cluster_tiers={},
+        extra={"bench": {"curves": {"attention": fit["curve"]}, "notes": [fit["note"]]}},
+    )
+    lines = BenchResult(
+        calibration=cal, device="cpu", dtype="float32", ranks=2, threads_per_rank=1, seconds=1.0
+    ).summary_lines()
     (attention,) = [line for line in lines if line.startswith("attention")]
     assert "measured 3.4%/5.5% at 64, 9.7%/7.0% at 128; the fit: " in attention, attention
     assert f"{params.attn_eff:.1%} at 128 tokens and beyond" in attention, attention

@@ -25,8 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_does_not_load_torch() -> None:
-    code = ("import sys; from tests.helpers.benchmarks import load; m = load('expert_gemm_speed'); "
-            "m.parse_args([]); print(sorted(n for n in sys.modules if n == 'torch' or n.startswith('torch.')))")
+    code = (
+        "import sys; from tests.helpers.benchmarks import load; m = load('expert_gemm_speed'); "
+        "m.parse_args([]); print(sorted(n for n in sys.modules if n == 'torch' or n.startswith('torch.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
@@ -51,9 +53,14 @@ def test_the_price_of_each_launch() -> None:
     assert loop - grouped == pytest.approx(15 * p.gemm_overhead_s, rel=1e-6)
 
 
-@pytest.mark.parametrize("argv, message", [(["--rows", "a,b"], "--rows must be integers"),
-                                           (["--rows", "0"], "--rows must be positive"),
-                                           (["--experts", "0"], "must be positive")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rows", "a,b"], "--rows must be integers"),
+        (["--rows", "0"], "--rows must be positive"),
+        (["--experts", "0"], "must be positive"),
+    ],
+)
 def test_bad_arguments_exit_2(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         egs.parse_args(argv)

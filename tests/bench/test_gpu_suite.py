@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_does_not_load_torch() -> None:
-    code = ("import sys; from tests.helpers.benchmarks import load; gpu_suite = load('gpu_suite'); "
-            "gpu_suite.plans(); gpu_suite.commands(gpu_suite.parse_args(['--dry-run'])); "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    code = (
+        "import sys; from tests.helpers.benchmarks import load; gpu_suite = load('gpu_suite'); "
+        "gpu_suite.plans(); gpu_suite.commands(gpu_suite.parse_args(['--dry-run'])); "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
@@ -85,13 +87,20 @@ def test_gpu_speed_mfu_formula_and_largest_model() -> None:
     c = get_cluster("dgx-h200")
 
     def fits(model) -> bool:
-        plan = Plan(model=model, dims=ParallelDims(1, 1, 1), shape=TrainShape(1, 1), recompute="full",
-                    dtype="bfloat16", cluster=c.name).validate(c)
+        plan = Plan(
+            model=model,
+            dims=ParallelDims(1, 1, 1),
+            shape=TrainShape(1, 1),
+            recompute="full",
+            dtype="bfloat16",
+            cluster=c.name,
+        ).validate(c)
         return estimate_plan(plan, c).trainer_fits
 
     assert big is not None and fits(big)
-    larger = [p for p in model_presets().values()
-              if p.arch == "gpt" and p.layers * p.hidden**2 > big.layers * big.hidden**2]
+    larger = [
+        p for p in model_presets().values() if p.arch == "gpt" and p.layers * p.hidden**2 > big.layers * big.hidden**2
+    ]
     assert larger and not any(fits(p) for p in larger)
 
 

@@ -16,8 +16,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "grad_norm_speed.p
 
 
 def test_it_times_the_norm_on_a_tiny_model() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--model", "gpt-tiny", "--repeat", "2"], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "gpt-tiny", "--repeat", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "gpt-tiny: 0.2 M parameters on cpu" in out.stdout
     assert re.search(r"fp32 copy: [\d.]+ ms \([\d.]+ GB/s\)", out.stdout)

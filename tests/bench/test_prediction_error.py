@@ -30,8 +30,11 @@ def _subset(tmp_path: Path, pe, scale_narayanan: float = 1.0) -> Path:
     keep = []
     for r in rows:
         small = r["n_gpus"] in ("32", "64", "8") and "A100" in r["hardware"]
-        if r["url"] in (NARAYANAN, KORTHIKANTI) and small \
-                and r["model"].startswith(("GPT 1.7B", "GPT 3.6B", "GPT 22B")):
+        if (
+            r["url"] in (NARAYANAN, KORTHIKANTI)
+            and small
+            and r["model"].startswith(("GPT 1.7B", "GPT 3.6B", "GPT 22B"))
+        ):
             keep.append(dict(r))
         elif r["engine"] == "torchtitan" and "A100" in r["hardware"] and r["model"] == "Llama 3 8B":
             keep.append(dict(r))
@@ -69,8 +72,13 @@ def test_held_out_source_never_enters_its_fit(pe, base, tmp_path) -> None:
     # Korthikanti's rows are predicted from a fit that includes Narayanan's: they move.
     assert any(abs(a.oos_s / b.oos_s - 1) > 1e-3 for a, b in zip(kor, kor_moved))
     # A source the shipped prior never saw is predicted by the prior itself.
-    titan = [r for r in rows if r.engine == "torchtitan" and not r.not_priced
-             and r.source not in pe.PRIOR_CHOSEN_ON.get(pe.fit_group(r.cluster.device.name), ())]
+    titan = [
+        r
+        for r in rows
+        if r.engine == "torchtitan"
+        and not r.not_priced
+        and r.source not in pe.PRIOR_CHOSEN_ON.get(pe.fit_group(r.cluster.device.name), ())
+    ]
     assert titan and all(r.oos_s == r.prior_s and not r.in_sample for r in titan)
 
 
@@ -146,8 +154,9 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     # a held-out page's refit starts from the data sheet's ratio, not from the shipped fit
     assert pe.refit_spec("h100-sxm-500w")[1].fp8_speedup is None
     assert pe.refit_spec("h100-sxm")[1].fp8_speedup is None
-    assert shipped.replace(clock_factor=1.0, fp8_speedup=None, source="") == \
-        default_params("h100-sxm").replace(fp8_speedup=None, source="")
+    assert shipped.replace(clock_factor=1.0, fp8_speedup=None, source="") == default_params("h100-sxm").replace(
+        fp8_speedup=None, source=""
+    )
     teton = [r for r in rows if r.cluster.device.name == "h100-sxm-500w" and r.oos_s is not None]
     assert {r.source for r in teton} == set(pe.PRIOR_CHOSEN_ON["h100-sxm-500w"])
     assert all(r.in_sample and r.oos_how.startswith("refit on") for r in teton)
@@ -194,8 +203,10 @@ def test_a_hand_chosen_priors_refit_keeps_its_cited_constants_and_fits_the_rest(
     from exatrain.planner.cost.coefficients import CITED, CostParams, default_params
 
     generic = CostParams()
-    for device, cited in (("a100-80gb", {"attn_eff", "collective_overhead_s", "net_eff", "comm_contention"}),
-                          ("mi250x-gcd", {"collective_overhead_s", "comm_contention"})):
+    for device, cited in (
+        ("a100-80gb", {"attn_eff", "collective_overhead_s", "net_eff", "comm_contention"}),
+        ("mi250x-gcd", {"collective_overhead_s", "comm_contention"}),
+    ):
         assert set(CITED[device]) == cited
         start = pe.refit_spec(device)[1]
         prior = default_params(device)
@@ -287,8 +298,11 @@ def test_kinds_of_run_partition_the_priced_rows(pe, base) -> None:
     fp8 = [r for r in rows if r.plan is not None and r.kind == "dense" and r.plan.fp8]
     assert fp8 and all(pe.kind_of(r) == "dense FP8" for r in fp8)
     assert kinds["dense FP8"]["n"] == sum(r.oos_s is not None for r in fp8)
-    assert kinds["dense bf16/fp16"]["n"] == sum(r.oos_s is not None and r.kind == "dense" and not r.plan.fp8
-                                                for r in rows if r.plan is not None) > 0
+    assert (
+        kinds["dense bf16/fp16"]["n"]
+        == sum(r.oos_s is not None and r.kind == "dense" and not r.plan.fp8 for r in rows if r.plan is not None)
+        > 0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -335,8 +349,15 @@ def test_rank_correlation_among_layouts_of_one_model(pe, full) -> None:
     fixed = t["rank"]["one_count_sweeps"]
     assert fixed and t["rank"]["one_count"]["all"]["sweeps"] == len(fixed)
     for s in fixed:
-        runs = [r for r in rows if r.oos_s is not None and r.plan is not None and r.source == s["source"]
-                and r.family == s["family"] and r.name.split(" (")[0] + f" seq {r.plan.model.seq_len}" == s["model"]]
+        runs = [
+            r
+            for r in rows
+            if r.oos_s is not None
+            and r.plan is not None
+            and r.source == s["source"]
+            and r.family == s["family"]
+            and r.name.split(" (")[0] + f" seq {r.plan.model.seq_len}" == s["model"]
+        ]
         assert sum(r.plan.gpus == s["gpus"] for r in runs) == s["layouts"] >= 3
     # llm-foundry's sweeps vary the GPU count, one or two runs a count: none is a sweep at one count
     assert not any("llm-foundry" in s["source"] for s in fixed)
@@ -362,8 +383,9 @@ def test_published_blocking_runs_are_predicted_with_the_other_sources_fit(pe, fu
     bloom, sweep = ([r for r in blocking if r.source == s] for s in pe.BLOCKING_CHOSEN_ON)
     assert len(bloom) == 1 and all(r.in_sample and "1 other source" in r.oos_how for r in bloom + sweep)
     x = pe.fit_launch_blocking(bloom)
-    assert [r.oos_s for r in sweep] == pytest.approx([pe._predict_s(r, pe._blocking_params(r, x)) for r in sweep],
-                                                     rel=1e-9)
+    assert [r.oos_s for r in sweep] == pytest.approx(
+        [pe._predict_s(r, pe._blocking_params(r, x)) for r in sweep], rel=1e-9
+    )
     assert x != pytest.approx(default_params("a100-80gb").blocking_launch_s, rel=0.05)
 
 
@@ -383,8 +405,15 @@ def test_b200_takes_the_hopper_fp8_speedup_refitted_without_its_own_source(pe, f
     for r in b200:
         assert r.source in pe.PRIOR_CHOSEN_ON["h100-sxm"]
         if r.source not in speedups:
-            train = [t for t in rows if t.prior_s is not None and t.measured_s and t.runtime == t.engine
-                     and pe.fit_group(t.cluster.device.name) == "h100-sxm" and t.source != r.source]
+            train = [
+                t
+                for t in rows
+                if t.prior_s is not None
+                and t.measured_s
+                and t.runtime == t.engine
+                and pe.fit_group(t.cluster.device.name) == "h100-sxm"
+                and t.source != r.source
+            ]
             factors, start = pe.refit_spec("h100-sxm")
             speedups[r.source] = pe.fit_without(train, start, factors=factors).fp8_speedup
         speedup = speedups[r.source]
@@ -396,8 +425,13 @@ def test_a_samples_per_second_figure_is_the_global_batch_over_it(pe) -> None:
     """A source's samples/s (the whole job's) becomes global batch / samples/s, before any TFLOPS it also prints."""
     from exatrain.catalog import get_model
 
-    row = {"throughput": "2.686; 74.90", "throughput_unit": "samples/s; TFLOPS/GCD", "n_gpus": "8",
-           "global_batch": "1024", "recompute": "full"}
+    row = {
+        "throughput": "2.686; 74.90",
+        "throughput_unit": "samples/s; TFLOPS/GCD",
+        "n_gpus": "8",
+        "global_batch": "1024",
+        "recompute": "full",
+    }
     assert pe._measured_step_s(row, get_model("gpt-1.3b"), None) == (pytest.approx(1024 / 2.686), "samples/s")
 
 
@@ -417,8 +451,9 @@ def test_memory_bands_never_see_their_source_and_trained_runs_get_a_verdict(pe, 
     assert m["n"] == len(items) >= 20 and m["sources"] >= 4 and m["band"]["n"] == m["n"]
     # moving one source's measured peaks moves the others' bands, never its own
     src = next(r.source for r, _ in items if "lumi-llm-scaling" in r.source)
-    moved = [(dataclasses.replace(r, memory_gib=r.memory_gib * (1.5 if r.source == src else 1.0)), tr)
-             for r, tr in items]
+    moved = [
+        (dataclasses.replace(r, memory_gib=r.memory_gib * (1.5 if r.source == src else 1.0)), tr) for r, tr in items
+    ]
     same, other = pe._memory_fit(items, src), pe._memory_fit(moved, src)
     assert same["center"] == other["center"] and same["quantiles"] == other["quantiles"]
     fit_all, fit_moved = pe._memory_fit(items, None), pe._memory_fit(moved, None)
@@ -450,9 +485,15 @@ def test_the_trainers_measured_peaks_join_the_memory_rows(pe, tmp_path) -> None:
     runs = tmp_path / "runs.jsonl"
     peak = 40 * 2**30
     for device, status in (("NVIDIA H200", "ok"), ("cpu", "ok"), ("NVIDIA H200", "oom")):
-        append_run_record(runs, RunRecord(plan=plan, measured=Measured(steps=4, step_time_s=0.3, tokens_per_s=1.0,
-                                                                       peak_memory_bytes=peak),
-                                          status=status, device=device))
+        append_run_record(
+            runs,
+            RunRecord(
+                plan=plan,
+                measured=Measured(steps=4, step_time_s=0.3, tokens_per_s=1.0, peak_memory_bytes=peak),
+                status=status,
+                device=device,
+            ),
+        )
     got = pe.record_rows([runs], 1000)
     assert len(got) == 1 and got[0].runtime == "exatrain" and got[0].memory_gib == 40.0 and got[0].trained
     pe.price(got)

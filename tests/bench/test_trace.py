@@ -29,9 +29,25 @@ TOLERANCE = 0.05  # the bound (its target is 3%; see benchmarks/RESULTS.md for t
 BACKGROUND_JOBS = {
     # run as a script, in its own process
     "trace.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast"], timeout_s=1800),
-    "trace.estimate-tp2-zero1": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny",
-                                                "--cluster", "local-cpu", "--gpus", "4", "--tp", "2", "--zero", "1",
-                                                "--trace"]),
+    "trace.estimate-tp2-zero1": background.Job(
+        [
+            sys.executable,
+            "-m",
+            "exatrain",
+            "estimate",
+            "--model",
+            "gpt-tiny",
+            "--cluster",
+            "local-cpu",
+            "--gpus",
+            "4",
+            "--tp",
+            "2",
+            "--zero",
+            "1",
+            "--trace",
+        ]
+    ),
 }
 
 
@@ -46,8 +62,10 @@ def matrix() -> dict:
 def test_traced_peak_matches_analytical(matrix, case) -> None:
     for row in matrix[case]:
         err = row["analytical"] / row["traced"] - 1
-        assert abs(err) <= TOLERANCE, f"{case} rank {row['rank']}: analytical {row['analytical'] / 2**20:.1f} MiB " \
-                                      f"vs traced {row['traced'] / 2**20:.1f} MiB ({err:+.1%})"
+        assert abs(err) <= TOLERANCE, (
+            f"{case} rank {row['rank']}: analytical {row['analytical'] / 2**20:.1f} MiB "
+            f"vs traced {row['traced'] / 2**20:.1f} MiB ({err:+.1%})"
+        )
 
 
 @pytest.mark.parametrize("case", [*CASES, *FAMILIES])

@@ -43,8 +43,12 @@ def counted() -> dict:
     got: dict = {}
     for world in sorted({*COUNTED, *COUNTED_GAPS}):
         cases = [*COUNTED.get(world, []), *COUNTED_GAPS.get(world, [])]
-        out = subprocess.run([sys.executable, str(counted_run.__file__), str(world), *cases], capture_output=True,
-                             text=True, timeout=1500)
+        out = subprocess.run(
+            [sys.executable, str(counted_run.__file__), str(world), *cases],
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         got.update(json.loads(out.stdout.strip().splitlines()[-1]))
     return got
@@ -55,19 +59,22 @@ def _stages(case: str, traced: dict, counted: dict):
     fields, layout, _, _ = ALL[case]
     plan = plan_for(fields, layout)
     per_stage = plan.gpus // plan.pp
-    return [(row["rank"], row["traced"], row["analytical"], counted[case][row["rank"] * per_stage])
-            for row in traced[case]]
+    return [
+        (row["rank"], row["traced"], row["analytical"], counted[case][row["rank"] * per_stage]) for row in traced[case]
+    ]
 
 
 @pytest.mark.parametrize("case", [c for w in COUNTED for c in COUNTED[w]])
 def test_trace_and_model_match_the_counted_run(traced, counted, case) -> None:
     for stage, t, model, real in _stages(case, traced, counted):
         err = t / real - 1
-        assert abs(err) <= TOLERANCE, f"{case} stage {stage}: traced {t / 2**20:.2f} MiB vs counted " \
-                                      f"{real / 2**20:.2f} MiB ({err:+.1%})"
+        assert abs(err) <= TOLERANCE, (
+            f"{case} stage {stage}: traced {t / 2**20:.2f} MiB vs counted {real / 2**20:.2f} MiB ({err:+.1%})"
+        )
         err = model / real - 1
-        assert abs(err) <= TOLERANCE, f"{case} stage {stage}: model {model / 2**20:.2f} MiB vs counted " \
-                                      f"{real / 2**20:.2f} MiB ({err:+.1%})"
+        assert abs(err) <= TOLERANCE, (
+            f"{case} stage {stage}: model {model / 2**20:.2f} MiB vs counted {real / 2**20:.2f} MiB ({err:+.1%})"
+        )
 
 
 @pytest.mark.parametrize("case", [c for w in COUNTED_GAPS for c in COUNTED_GAPS[w]])
@@ -75,8 +82,9 @@ def test_the_known_gaps_are_what_the_trace_leaves_out(traced, counted, case) -> 
     """The run holds more than the trace, never less (what it adds is pipelining's receive buffers, a runtime
     overhead the trace leaves out: bench/trace.py), and the dense tensors are still within twice the bound."""
     for stage, t, _, real in _stages(case, traced, counted):
-        assert t <= real <= t * (1 + 2 * TOLERANCE), f"{case} stage {stage}: traced {t / 2**20:.2f} MiB vs " \
-                                                     f"counted {real / 2**20:.2f} MiB"
+        assert t <= real <= t * (1 + 2 * TOLERANCE), (
+            f"{case} stage {stage}: traced {t / 2**20:.2f} MiB vs counted {real / 2**20:.2f} MiB"
+        )
 
 
 def test_every_counted_run_is_a_layout_its_world_runs() -> None:

@@ -32,11 +32,29 @@ import pytest
 from tests.helpers import background, trace_matrix
 from tests.helpers.trace_matrix import REPLAY
 
-_TINY_PP4 = [sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny", "--layers", "8", "--cluster",
-             "local-cpu", "--gpus", "4", "--pp", "4", "--global-batch", "16", "--json"]
+_TINY_PP4 = [
+    sys.executable,
+    "-m",
+    "exatrain",
+    "estimate",
+    "--model",
+    "gpt-tiny",
+    "--layers",
+    "8",
+    "--cluster",
+    "local-cpu",
+    "--gpus",
+    "4",
+    "--pp",
+    "4",
+    "--global-batch",
+    "16",
+    "--json",
+]
 BACKGROUND_JOBS = {
-    "trace_fast.replay": background.Job([sys.executable, str(trace_matrix.__file__), "--fast", *REPLAY],
-                                        timeout_s=1800),
+    "trace_fast.replay": background.Job(
+        [sys.executable, str(trace_matrix.__file__), "--fast", *REPLAY], timeout_s=1800
+    ),
     "trace_fast.estimate-fast": background.Job([*_TINY_PP4, "--trace", "--progress"]),
     "trace_fast.estimate-full": background.Job([*_TINY_PP4, "--trace", "full", "--progress"]),
 }
@@ -90,10 +108,20 @@ def orders_world():
 
 
 @pytest.mark.usefixtures("orders_world")
-@pytest.mark.parametrize("schedule, v, pp, m", [
-    ("1f1b", 1, 4, 8), ("1f1b", 1, 8, 16), ("gpipe", 1, 4, 8), ("interleaved", 2, 4, 8), ("interleaved", 2, 4, 12),
-    ("interleaved", 2, 3, 6), ("interleaved", 4, 4, 16), ("zero_bubble", 2, 2, 4), ("zero_bubble", 2, 4, 16),
-])
+@pytest.mark.parametrize(
+    "schedule, v, pp, m",
+    [
+        ("1f1b", 1, 4, 8),
+        ("1f1b", 1, 8, 16),
+        ("gpipe", 1, 4, 8),
+        ("interleaved", 2, 4, 8),
+        ("interleaved", 2, 4, 12),
+        ("interleaved", 2, 3, 6),
+        ("interleaved", 4, 4, 16),
+        ("zero_bubble", 2, 2, 4),
+        ("zero_bubble", 2, 4, 16),
+    ],
+)
 def test_replayed_orders_hold_the_accounting_in_flight_counts(schedule, v, pp, m) -> None:
     """The op orders each stage's peak is replayed over (torch's, for the interleaved schedules) hold,
     at their fullest, the activation sets ``accounting.inflight`` counts for that rank (a forward's set
@@ -144,7 +172,8 @@ def test_estimate_trace_fast_and_full_agree_and_say_what_they_trace() -> None:
     assert fast_said == [
         "trace: tracing stage 1 of 4 (shape 1 of 3, for stage 1): 6 ops, 3 micro-batches (the step has 16)",
         "trace: tracing stage 2 of 4 (shape 2 of 3, for stages 2-3): 6 ops, 3 micro-batches (the step has 16)",
-        "trace: tracing stage 4 of 4 (shape 3 of 3, for stage 4): 4 ops, 2 micro-batches (the step has 16)"]
+        "trace: tracing stage 4 of 4 (shape 3 of 3, for stage 4): 4 ops, 2 micro-batches (the step has 16)",
+    ]
     assert full_said == [f"trace: tracing stage {r} of 4 (all 16 micro-batches)" for r in range(1, 5)]
 
 

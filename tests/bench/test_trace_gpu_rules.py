@@ -45,8 +45,12 @@ def test_cuda_autocast_runs_the_norms_in_fp32_and_the_cpus_does_not(name) -> Non
 
     args = [((4, 8), torch.bfloat16), ((8,), torch.float32)]
     assert _autocast_dtype("cuda", norm, *args) == torch.float32
-    assert _autocast_dtype("cpu", lambda x, w: op(x, [8], w.bfloat16(), *((None,) if name == "layer_norm" else ()),
-                                                  1e-5), *args) == torch.bfloat16
+    assert (
+        _autocast_dtype(
+            "cpu", lambda x, w: op(x, [8], w.bfloat16(), *((None,) if name == "layer_norm" else ()), 1e-5), *args
+        )
+        == torch.bfloat16
+    )
     linear = [((4, 8), torch.float32), ((3, 8), torch.float32)]  # and a 16-bit op stays one
     assert _autocast_dtype("cuda", torch.ops.aten.linear, *linear) == torch.bfloat16
 

@@ -33,11 +33,31 @@ from tests.helpers.trace_matrix import MOE_CP
 
 TOLERANCE = 0.05
 BACKGROUND_JOBS = {
-    "trace_moe_cp.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast", *MOE_CP],
-                                          timeout_s=1200),
-    "trace_moe_cp.estimate-moe-ep2-pp2": background.Job([sys.executable, "-m", "exatrain", "estimate", "--model",
-                                                         "moe-tiny", "--cluster", "local-cpu", "--gpus", "4", "--dp",
-                                                         "2", "--ep", "2", "--pp", "2", "--trace", "--json"]),
+    "trace_moe_cp.matrix": background.Job(
+        [sys.executable, str(trace_matrix.__file__), "--fast", *MOE_CP], timeout_s=1200
+    ),
+    "trace_moe_cp.estimate-moe-ep2-pp2": background.Job(
+        [
+            sys.executable,
+            "-m",
+            "exatrain",
+            "estimate",
+            "--model",
+            "moe-tiny",
+            "--cluster",
+            "local-cpu",
+            "--gpus",
+            "4",
+            "--dp",
+            "2",
+            "--ep",
+            "2",
+            "--pp",
+            "2",
+            "--trace",
+            "--json",
+        ]
+    ),
 }
 
 
@@ -55,8 +75,10 @@ def test_moe_and_cp_traced_peak_matches_analytical(matrix, case) -> None:
     assert [r["rank"] for r in rows] == list(range(layout.get("pp", 1)))
     for row in rows:
         err = row["analytical"] / row["traced"] - 1
-        assert abs(err) <= TOLERANCE, f"{case} rank {row['rank']}: analytical {row['analytical'] / 2**20:.1f} MiB " \
-                                      f"vs traced {row['traced'] / 2**20:.1f} MiB ({err:+.1%})"
+        assert abs(err) <= TOLERANCE, (
+            f"{case} rank {row['rank']}: analytical {row['analytical'] / 2**20:.1f} MiB "
+            f"vs traced {row['traced'] / 2**20:.1f} MiB ({err:+.1%})"
+        )
 
 
 @pytest.mark.parametrize("case", list(MOE_CP))
@@ -91,10 +113,13 @@ def test_estimate_trace_runs_for_a_moe_plan_with_expert_parallelism() -> None:
     assert est["traced_memory_bytes"]["total"] > 0
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--model", "moe-tiny", "--gpus", "2", "--dp", "2", "--ep", "2", "--zero", "1"], "--zero 0 only"),
-    (["--model", "moe-tiny", "--gpus", "2", "--cp", "2"], "does not run mixture-of-experts models yet"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--model", "moe-tiny", "--gpus", "2", "--dp", "2", "--ep", "2", "--zero", "1"], "--zero 0 only"),
+        (["--model", "moe-tiny", "--gpus", "2", "--cp", "2"], "does not run mixture-of-experts models yet"),
+    ],
+)
 def test_estimate_trace_refuses_a_layout_the_trainer_does_not_run(capsys, argv, words) -> None:
     """The trace runs the trainer's code, so a MoE or cp layout the trainer refuses is refused in the
     trainer's words (one line, exit status 2) before anything is traced, not traced as a layout no

@@ -44,16 +44,28 @@ def ckpt_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def launch_two(ckpt_out: Path) -> dict[str, dict[str, Run]]:
     from tests.checkpoint import test_reshard, test_reshard_ep_cp
 
-    return _launch(ckpt_out, "two", {"reshard": test_reshard.cases_on_two(ckpt_out / "reshard"),
-                                     "reshard_ep_cp": test_reshard_ep_cp.cases_on_two(ckpt_out / "reshard_ep_cp")})
+    return _launch(
+        ckpt_out,
+        "two",
+        {
+            "reshard": test_reshard.cases_on_two(ckpt_out / "reshard"),
+            "reshard_ep_cp": test_reshard_ep_cp.cases_on_two(ckpt_out / "reshard_ep_cp"),
+        },
+    )
 
 
 @pytest.fixture(scope="session")
 def launch_four(ckpt_out: Path, launch_two: dict) -> dict[str, dict[str, Run]]:
     from tests.checkpoint import test_reshard, test_resume
 
-    return _launch(ckpt_out, "four", {"resume": test_resume.cases_on_four(ckpt_out / "resume"),
-                                      "reshard": test_reshard.cases_on_four(ckpt_out / "reshard")})
+    return _launch(
+        ckpt_out,
+        "four",
+        {
+            "resume": test_resume.cases_on_four(ckpt_out / "resume"),
+            "reshard": test_reshard.cases_on_four(ckpt_out / "reshard"),
+        },
+    )
 
 
 @pytest.fixture(scope="session")

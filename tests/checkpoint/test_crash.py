@@ -25,9 +25,33 @@ STEPS, EVERY = 16, 4  # the kill lands after step 6, ten steps before the end
 
 
 def command(metrics: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "exatrain", "train", "--model", "gpt-tiny", "--tp", "1", "--pp", "1", "--dp", "2",
-            "--micro-batch", "2", "--global-batch", "4", "--steps", str(STEPS), "--lr", "3e-3", "--quiet",
-            "--record-samples", "--metrics-file", str(metrics), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "exatrain",
+        "train",
+        "--model",
+        "gpt-tiny",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "2",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--steps",
+        str(STEPS),
+        "--lr",
+        "3e-3",
+        "--quiet",
+        "--record-samples",
+        "--metrics-file",
+        str(metrics),
+        *extra,
+    ]
 
 
 def steps_of(metrics: Path) -> list[dict]:
@@ -66,9 +90,15 @@ def test_sigkill_then_resume_auto_ends_like_an_uninterrupted_run(tmp_path: Path)
     crashed = tmp_path / "crashed.jsonl"
     proc, out, err = start(command(crashed, *saving), tmp_path / "logs", "crashed", cwd=tmp_path)
     try:
-        wait_for(lambda: proc.poll() is not None or ((ckpt / f"step-{EVERY:08d}" / "manifest.json").is_file()
-                                                     and len(steps_of(crashed)) >= EVERY + 2),
-                 watch=[tmp_path], poll_s=0.01, what="the run to be killed")
+        wait_for(
+            lambda: (
+                proc.poll() is not None
+                or ((ckpt / f"step-{EVERY:08d}" / "manifest.json").is_file() and len(steps_of(crashed)) >= EVERY + 2)
+            ),
+            watch=[tmp_path],
+            poll_s=0.01,
+            what="the run to be killed",
+        )
         assert proc.poll() is None, f"the run ended before it could be killed:\n{err.read_text()[-3000:]}"
         ranks = rank_pids(proc.pid)
         assert len(ranks) == 2, ranks
@@ -87,9 +117,9 @@ def test_sigkill_then_resume_auto_ends_like_an_uninterrupted_run(tmp_path: Path)
     first = res[0]["step"]
     assert (first - 1) % EVERY == 0 and EVERY < first <= killed_at + 1, (first, killed_at)
     assert [s["step"] for s in res] == list(range(first, STEPS + 1))
-    assert [s["loss"] for s in res] == [s["loss"] for s in ref[first - 1:]]
-    assert [s["samples"] for s in res] == [s["samples"] for s in ref[first - 1:]]
-    assert [s["loss"] for s in steps_of(crashed)[:first - 1]] == [s["loss"] for s in ref[:first - 1]]
+    assert [s["loss"] for s in res] == [s["loss"] for s in ref[first - 1 :]]
+    assert [s["samples"] for s in res] == [s["samples"] for s in ref[first - 1 :]]
+    assert [s["loss"] for s in steps_of(crashed)[: first - 1]] == [s["loss"] for s in ref[: first - 1]]
     published = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))
     assert published == [f"step-{STEPS - EVERY:08d}", f"step-{STEPS:08d}"]  # --keep-last 2
     assert "Traceback" not in resumed_err

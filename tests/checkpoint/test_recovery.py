@@ -30,8 +30,9 @@ ARGS = ["--model", "gpt-tiny", "--tp", "1", "--pp", "1", "--dp", "1", "--micro-b
 
 
 def plan() -> Plan:
-    return Plan(model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float32",
-                cluster="local-cpu").validate()
+    return Plan(
+        model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float32", cluster="local-cpu"
+    ).validate()
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_load_reads_no_pickle(ckpt: Path, one_rank: None, monkeypatch: pytest.Mo
         else:
             assert f.suffix == ".safetensors"
             n = int.from_bytes(head[:8], "little")
-            json.loads(head[8:8 + n])
+            json.loads(head[8 : 8 + n])
 
 
 @pytest.fixture
@@ -112,8 +113,9 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
     return started
 
 
-def test_cli_resume_auto_reports_and_skips_a_corrupted_checkpoint(ckpt: Path, no_launch: list,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_cli_resume_auto_reports_and_skips_a_corrupted_checkpoint(
+    ckpt: Path, no_launch: list, capsys: pytest.CaptureFixture
+) -> None:
     flip_byte(ckpt / "step-00000003" / "__0.safetensors")
     assert main(["train", *ARGS, "--steps", "5", "--checkpoint-dir", str(ckpt), "--resume", "auto", "--quiet"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
@@ -133,35 +135,49 @@ def other_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prepare([Document("a.txt", root / "a.txt")], root / "data", tokenizer_json=train_bpe([text], 300), quiet=True)
     data = json.loads(byte_tokenizer_json())  # 256 byte ids too, but another tokenizer (another identity)
     data["pre_tokenizer"]["use_regex"] = True
-    prepare([Document("a.txt", root / "a.txt")], root / "other", tokenizer_json=json.dumps(data),
-            separator=byte_separator(), quiet=True)
+    prepare(
+        [Document("a.txt", root / "a.txt")],
+        root / "other",
+        tokenizer_json=json.dumps(data),
+        separator=byte_separator(),
+        quiet=True,
+    )
     return root
 
 
 BAD = {
     "missing data dir": (["--data", "NOWHERE"], "no such data directory"),
     "tokenizer vocabulary beyond the model's": (["--data", "BIGVOCAB"], "needs 300 token ids"),
-    "checkpoint of another model shape": (["--model", "llama-tiny", "--resume", "CKPT/step-00000003"],
-                                          "was saved for another model (gpt-tiny)"),
+    "checkpoint of another model shape": (
+        ["--model", "llama-tiny", "--resume", "CKPT/step-00000003"],
+        "was saved for another model (gpt-tiny)",
+    ),
     "corrupted checkpoint named": (["--resume", "CORRUPT"], "__0.safetensors is corrupted"),
     "checkpoint without manifest": (["--resume", "NOMANIFEST"], "no manifest.json"),
     "resume auto without a directory": (["--resume", "auto"], "--resume auto needs --checkpoint-dir"),
     "save-every without a directory": (["--save-every", "5"], "need --checkpoint-dir"),
-    "checkpoint from another tokenizer": (["--data", "OTHERTOK", "--resume", "CKPT/step-00000003"],
-                                          "another tokenizer"),
+    "checkpoint from another tokenizer": (
+        ["--data", "OTHERTOK", "--resume", "CKPT/step-00000003"],
+        "another tokenizer",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_is_one_line_and_exit_2_before_any_rank(case: str, ckpt: Path, other_data: Path,
-                                                          tmp_path: Path, no_launch: list,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_bad_input_is_one_line_and_exit_2_before_any_rank(
+    case: str, ckpt: Path, other_data: Path, tmp_path: Path, no_launch: list, capsys: pytest.CaptureFixture
+) -> None:
     corrupt = ckpt / "step-00000002"
     flip_byte(corrupt / "__0.safetensors")
     (ckpt / "step-00000001" / "manifest.json").unlink()
-    subs = {"NOWHERE": str(tmp_path / "nowhere"), "BIGVOCAB": str(other_data / "data"),
-            "OTHERTOK": str(other_data / "other"), "CKPT": str(ckpt),
-            "CORRUPT": str(corrupt), "NOMANIFEST": str(ckpt / "step-00000001")}
+    subs = {
+        "NOWHERE": str(tmp_path / "nowhere"),
+        "BIGVOCAB": str(other_data / "data"),
+        "OTHERTOK": str(other_data / "other"),
+        "CKPT": str(ckpt),
+        "CORRUPT": str(corrupt),
+        "NOMANIFEST": str(ckpt / "step-00000001"),
+    }
     argv, message = BAD[case]
     for k, v in subs.items():
         argv = [a.replace(k, v) for a in argv]
@@ -188,8 +204,16 @@ class NanAt:
 
 
 def test_nan_policy_skip_drops_the_update_and_counts_it(one_rank: None, tmp_path: Path) -> None:
-    trainer = Trainer(TrainConfig(plan=plan(), steps=4, quiet=True, nan_policy="skip",
-                                  metrics_file=str(tmp_path / "m.jsonl"), checkpoint_dir=str(tmp_path / "ck")))
+    trainer = Trainer(
+        TrainConfig(
+            plan=plan(),
+            steps=4,
+            quiet=True,
+            nan_policy="skip",
+            metrics_file=str(tmp_path / "m.jsonl"),
+            checkpoint_dir=str(tmp_path / "ck"),
+        )
+    )
     trainer.stepper = fake = NanAt(trainer, bad_step=1)
     history = trainer.run()
     assert [m.skipped for m in history] == [False, True, False, False] and trainer.nan_skipped == 1
@@ -213,9 +237,15 @@ def test_nan_policy_stop_names_the_step_before_updating(one_rank: None, tmp_path
 @pytest.mark.slow
 def test_a_diverging_run_stops_with_one_line_and_status_3(tmp_path: Path) -> None:
     """Through the CLI and a spawned rank: the rank's TrainingStopped becomes the command's one line."""
-    out = subprocess.run([sys.executable, "-m", "exatrain", "train", *ARGS, "--steps", "4", "--lr", "1e30",
-                          "--warmup", "0", "--quiet"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "exatrain", "train", *ARGS, "--steps", "4", "--lr", "1e30", "--warmup", "0", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert out.returncode == 3, out.stderr[-3000:]
     assert out.stderr.strip().splitlines() == [
         "exatrain train: error: loss nan (gradient norm nan) at step 2: stopped by --nan-policy stop before the "
-        "update; lower --lr, use float32, or --nan-policy skip"]
+        "update; lower --lr, use float32, or --nan-policy skip"
+    ]

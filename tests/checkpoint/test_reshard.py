@@ -53,17 +53,25 @@ def checkpoint(out: Path, saved: str) -> Path:
 
 def cases_on_two(out: Path) -> dict[str, dict]:
     """The saves, then their resumes on two ranks: one launch (conftest.py)."""
-    cases = {name: dict(kw, dropout=DROPOUT, steps=6, checkpoint_dir=str(out / f"ckpt-{name}"), save_every=3)
-             for name, kw in SAVED.items()}
-    cases.update({name: dict(kw, dropout=DROPOUT, steps=6, resume_from=str(checkpoint(out, saved)))
-                  for name, (kw, saved) in RESUMED_ON_TWO.items()})
+    cases = {
+        name: dict(kw, dropout=DROPOUT, steps=6, checkpoint_dir=str(out / f"ckpt-{name}"), save_every=3)
+        for name, kw in SAVED.items()
+    }
+    cases.update(
+        {
+            name: dict(kw, dropout=DROPOUT, steps=6, resume_from=str(checkpoint(out, saved)))
+            for name, (kw, saved) in RESUMED_ON_TWO.items()
+        }
+    )
     return cases
 
 
 def cases_on_four(out: Path) -> dict[str, dict]:
     """The resumes on four ranks, in the launch shared with the resume tests (conftest.py)."""
-    return {name: dict(kw, dropout=DROPOUT, steps=6, resume_from=str(checkpoint(out, saved)))
-            for name, (kw, saved) in RESUMED_ON_FOUR.items()}
+    return {
+        name: dict(kw, dropout=DROPOUT, steps=6, resume_from=str(checkpoint(out, saved)))
+        for name, (kw, saved) in RESUMED_ON_FOUR.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +105,9 @@ def test_training_continues_as_the_straight_run(case: str, runs: tuple[Path, dic
         return
     assert max_rel_diff(resumed.losses, straight.losses[3:]) <= RTOL, (resumed.losses, straight.losses[3:])
     assert max_rel_diff(resumed.grad_norms, straight.grad_norms[3:]) <= RTOL
-    u_err, w_err, at = weight_errors(resumed.weights(), straight.weights(),
-                                     read_full(checkpoint(out, CASES[case][1]), prefix="model."))
+    u_err, w_err, at = weight_errors(
+        resumed.weights(), straight.weights(), read_full(checkpoint(out, CASES[case][1]), prefix="model.")
+    )
     assert u_err <= UPDATE_RTOL and w_err <= WEIGHT_ATOL, (u_err, w_err, at)
 
 

@@ -31,8 +31,7 @@ UPDATE_RTOL = WEIGHT_ATOL = 1e-4
 STEPS, SAVE = 4, 2
 SAVED = {"ep2": dict(model="moe-tiny", dp=2, ep=2), "cp2": dict(cp=2, dropout=0.1)}
 RESUMED_ON_TWO = {"ep1-dp2-from-ep2": (dict(model="moe-tiny", dp=2), "ep2")}
-RESUMED_ON_ONE = {"ep1-dp1-from-ep2": (dict(model="moe-tiny"), "ep2"),
-                  "cp1-from-cp2": (dict(dropout=0.1), "cp2")}
+RESUMED_ON_ONE = {"ep1-dp1-from-ep2": (dict(model="moe-tiny"), "ep2"), "cp1-from-cp2": (dict(dropout=0.1), "cp2")}
 CASES = {**RESUMED_ON_TWO, **RESUMED_ON_ONE}
 
 
@@ -43,10 +42,16 @@ def checkpoint(out: Path, saved: str) -> Path:
 def cases_on_two(out: Path) -> dict[str, dict]:
     """The ep2 and cp2 saves, then the two-rank resume: in the checkpoint tests' shared two-rank
     launch (conftest.py), saves before the resume that reads them."""
-    cases = {name: dict(kw, steps=STEPS, checkpoint_dir=str(out / f"ckpt-{name}"), save_every=SAVE)
-             for name, kw in SAVED.items()}
-    cases.update({name: dict(kw, steps=STEPS, resume_from=str(checkpoint(out, saved)))
-                  for name, (kw, saved) in RESUMED_ON_TWO.items()})
+    cases = {
+        name: dict(kw, steps=STEPS, checkpoint_dir=str(out / f"ckpt-{name}"), save_every=SAVE)
+        for name, kw in SAVED.items()
+    }
+    cases.update(
+        {
+            name: dict(kw, steps=STEPS, resume_from=str(checkpoint(out, saved)))
+            for name, (kw, saved) in RESUMED_ON_TWO.items()
+        }
+    )
     return cases
 
 
@@ -54,8 +59,16 @@ def cases_on_two(out: Path) -> dict[str, dict]:
 def runs(ckpt_out: Path, launch_two: dict) -> tuple[Path, dict[str, Run]]:
     out = ckpt_out / "reshard_ep_cp"
     found = dict(launch_two["reshard_ep_cp"])
-    found.update(run_cases(ckpt_out / "one-ep-cp", {name: dict(kw, steps=STEPS, resume_from=str(checkpoint(out, saved)))
-                                                    for name, (kw, saved) in RESUMED_ON_ONE.items()}, timeout_s=600))
+    found.update(
+        run_cases(
+            ckpt_out / "one-ep-cp",
+            {
+                name: dict(kw, steps=STEPS, resume_from=str(checkpoint(out, saved)))
+                for name, (kw, saved) in RESUMED_ON_ONE.items()
+            },
+            timeout_s=600,
+        )
+    )
     return out, found
 
 
@@ -77,8 +90,9 @@ def test_training_continues_as_the_straight_run(case: str, runs: tuple[Path, dic
     assert samples_by_step(resumed) == samples_by_step(straight)[SAVE:]
     assert max_rel_diff(resumed.losses, straight.losses[SAVE:]) <= RTOL, (resumed.losses, straight.losses[SAVE:])
     assert max_rel_diff(resumed.grad_norms, straight.grad_norms[SAVE:]) <= RTOL
-    u_err, w_err, at = weight_errors(resumed.weights(), straight.weights(),
-                                     read_full(checkpoint(out, CASES[case][1]), prefix="model."))
+    u_err, w_err, at = weight_errors(
+        resumed.weights(), straight.weights(), read_full(checkpoint(out, CASES[case][1]), prefix="model.")
+    )
     assert u_err <= UPDATE_RTOL and w_err <= WEIGHT_ATOL, (u_err, w_err, at)
 
 

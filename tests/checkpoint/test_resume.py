@@ -37,8 +37,15 @@ def cases_on_four(out: Path) -> dict[str, dict]:
     """The straight run, its same-layout resume and llama, in the four-rank launch shared with the
     resharding tests (conftest.py)."""
     return {
-        "straight": dict(tp=2, dp=2, zero_stage=1, steps=STEPS, checkpoint_dir=str(out / "ckpt"), save_every=SAVED,
-                         tensorboard_dir=str(out / "tb")),
+        "straight": dict(
+            tp=2,
+            dp=2,
+            zero_stage=1,
+            steps=STEPS,
+            checkpoint_dir=str(out / "ckpt"),
+            save_every=SAVED,
+            tensorboard_dir=str(out / "tb"),
+        ),
         "same-layout": dict(tp=2, dp=2, zero_stage=1, steps=STEPS, resume_from=str(out / "ckpt" / CKPT)),
         "llama": dict(model="llama-tiny", tp=2, dp=2, steps=3, checkpoint_dir=str(out / "llama")),
     }
@@ -47,8 +54,10 @@ def cases_on_four(out: Path) -> dict[str, dict]:
 def cases_after_four(out: Path, world: int) -> dict[str, dict]:
     """Other layouts resumed from the straight run's step-SAVED checkpoint, by world size."""
     ckpt = str(out / "ckpt" / CKPT)
-    return {2: {"pp2": dict(pp=2, steps=STEPS, resume_from=ckpt)},
-            8: {"tp2-pp2-dp2-fsdp": dict(tp=2, pp=2, dp=2, zero_stage=3, steps=STEPS, resume_from=ckpt)}}[world]
+    return {
+        2: {"pp2": dict(pp=2, steps=STEPS, resume_from=ckpt)},
+        8: {"tp2-pp2-dp2-fsdp": dict(tp=2, pp=2, dp=2, zero_stage=3, steps=STEPS, resume_from=ckpt)},
+    }[world]
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +80,9 @@ def test_same_layout_resume_is_bit_identical(four: tuple[Path, dict[str, Run]]) 
 
 
 @pytest.mark.parametrize("case", ["pp2", "tp2-pp2-dp2-fsdp"])
-def test_another_layout_resumes_within_tolerance(case: str, four: tuple[Path, dict[str, Run]],
-                                                 other_layouts: dict[str, Run]) -> None:
+def test_another_layout_resumes_within_tolerance(
+    case: str, four: tuple[Path, dict[str, Run]], other_layouts: dict[str, Run]
+) -> None:
     straight, resumed = four[1]["straight"], other_layouts[case]
     assert [s["step"] for s in resumed.steps] == list(range(SAVED + 1, STEPS + 1))
     assert max_rel_diff(resumed.losses, straight.losses[SAVED:]) <= RTOL, (resumed.losses, straight.losses[SAVED:])
@@ -121,8 +131,9 @@ def exatrain_logits(checkpoint: Path, model: str, tokens: torch.Tensor) -> torch
 
 
 @pytest.mark.parametrize("model,ckpt", [("gpt-tiny", f"ckpt/step-{STEPS:08d}"), ("llama-tiny", "llama/step-00000003")])
-def test_export_loads_in_transformers_with_the_same_logits(model: str, ckpt: str, tmp_path: Path,
-                                                           four: tuple[Path, dict[str, Run]]) -> None:
+def test_export_loads_in_transformers_with_the_same_logits(
+    model: str, ckpt: str, tmp_path: Path, four: tuple[Path, dict[str, Run]]
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "hf"
@@ -138,8 +149,9 @@ def test_export_loads_in_transformers_with_the_same_logits(model: str, ckpt: str
     assert tok("def f():").input_ids == list(b"def f():")  # the byte tokenizer went along
 
 
-def test_export_picks_the_newest_or_a_named_step(tmp_path: Path, four: tuple[Path, dict[str, Run]],
-                                                 capsys: pytest.CaptureFixture) -> None:
+def test_export_picks_the_newest_or_a_named_step(
+    tmp_path: Path, four: tuple[Path, dict[str, Run]], capsys: pytest.CaptureFixture
+) -> None:
     root = four[0] / "ckpt"
     assert main(["export", "--checkpoint", str(root), "--out", str(tmp_path / "newest")]) == 0
     assert f"step-{STEPS:08d}" in capsys.readouterr().out

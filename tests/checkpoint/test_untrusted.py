@@ -33,8 +33,9 @@ NEWEST, GOOD = "step-00000003", "step-00000002"
 
 
 def plan() -> Plan:
-    return Plan(model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float32",
-                cluster="local-cpu").validate()
+    return Plan(
+        model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float32", cluster="local-cpu"
+    ).validate()
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +58,9 @@ def rehash(d: Path, manifest: Callable[[dict], None] | None = None) -> None:
     edit the result: a crafted checkpoint whose hashes all match."""
     raw = json.loads((d / files.MANIFEST).read_text())
     names = set(raw["files"]) | {f.name for f in d.iterdir() if f.is_file() and f.name != files.MANIFEST}
-    raw["files"] = {n: {"bytes": (d / n).stat().st_size, "sha256": sha256_file(d / n)}
-                    for n in sorted(names) if (d / n).is_file()}
+    raw["files"] = {
+        n: {"bytes": (d / n).stat().st_size, "sha256": sha256_file(d / n)} for n in sorted(names) if (d / n).is_file()
+    }
     if manifest is not None:
         manifest(raw)
     (d / files.MANIFEST).write_text(json.dumps(raw))
@@ -110,13 +112,23 @@ def wq_dtype(d: Path) -> None:
 
 def unknown_tensor(d: Path, key: str) -> None:
     rewrite_tensor(d, f"{key}@0", torch.zeros(4))
-    edit_table(d, lambda t: t.__setitem__(key, {"dtype": "float32", "size": [4], "chunks": [
-        {"offsets": [0], "sizes": [4], "file": "__0.safetensors", "key": f"{key}@0"}]}))
+    edit_table(
+        d,
+        lambda t: t.__setitem__(
+            key,
+            {
+                "dtype": "float32",
+                "size": [4],
+                "chunks": [{"offsets": [0], "sizes": [4], "file": "__0.safetensors", "key": f"{key}@0"}],
+            },
+        ),
+    )
 
 
 def chunk_file(name: str) -> Callable[[Path], None]:
     def craft(d: Path) -> None:
         edit_table(d, lambda t: t[first_param(t)]["chunks"][0].update(file=name))
+
     return craft
 
 
@@ -135,52 +147,108 @@ def link_outside(d: Path) -> None:
 
 # id -> (craft the newest checkpoint's files, or None; edit its rehashed manifest, or None; the reason named)
 CRAFTED: dict[str, tuple[Callable[[Path], None] | None, Callable[[dict], None] | None, str]] = {
-    "manifest entries are not objects": (None, lambda m: m["files"].update({"trainer.json": "abc"}),
-                                         "manifest.json entry 'trainer.json' is not an object with bytes and sha256"),
-    "manifest entry a list": (None, lambda m: m["files"].update({"metadata.json": [1, 2]}),
-                              "manifest.json entry 'metadata.json' is not an object"),
-    "manifest names ..": (None, lambda m: m["files"].update({"..": {"bytes": 4096, "sha256": "0" * 64}}),
-                          "manifest.json names a file outside the checkpoint ('..')"),
-    "manifest names an absolute path": (None, lambda m: m["files"].update(
-        {"/etc/hostname": {"bytes": 1, "sha256": "0" * 64}}), "names a file outside the checkpoint ('/etc/hostname')"),
+    "manifest entries are not objects": (
+        None,
+        lambda m: m["files"].update({"trainer.json": "abc"}),
+        "manifest.json entry 'trainer.json' is not an object with bytes and sha256",
+    ),
+    "manifest entry a list": (
+        None,
+        lambda m: m["files"].update({"metadata.json": [1, 2]}),
+        "manifest.json entry 'metadata.json' is not an object",
+    ),
+    "manifest names ..": (
+        None,
+        lambda m: m["files"].update({"..": {"bytes": 4096, "sha256": "0" * 64}}),
+        "manifest.json names a file outside the checkpoint ('..')",
+    ),
+    "manifest names an absolute path": (
+        None,
+        lambda m: m["files"].update({"/etc/hostname": {"bytes": 1, "sha256": "0" * 64}}),
+        "names a file outside the checkpoint ('/etc/hostname')",
+    ),
     "manifest step a string": (None, lambda m: m.update(step="3"), "manifest.json step is str"),
-    "manifest step another directory's": (None, lambda m: m.update(step=2),
-                                          "manifest.json is of step 2, not of the step its name says"),
-    "trainer.json without plan": (lambda d: edit_json(d / "trainer.json", lambda t: t.pop("plan")), None,
-                                  "trainer.json field 'plan' is missing, not dict"),
-    "trainer.json plan malformed": (lambda d: edit_json(d / "trainer.json", lambda t: t["plan"].update(tp="two")),
-                                    None, "trainer.json: plan: tp must be a positive integer, got 'two'"),
-    "trainer.json plan of unknown keys": (lambda d: edit_json(d / "trainer.json", lambda t: t["plan"].update(x=1)),
-                                          None, "trainer.json: plan: unknown plan key(s) x"),
-    "trainer.json separator id a string": (lambda d: edit_json(d / "trainer.json", lambda t: t.update(
-        separator_id="0")), None, "field 'separator_id' is str"),
-    "trainer.json layout disagrees with its plan": (lambda d: edit_json(d / "trainer.json", lambda t: t.update(
-        layout={"tp": 2, "pp": 1, "dp": 1})), None, "layout, seq_len or global batch disagree with its plan"),
-    "chunk file ..": (chunk_file(".."), None,
-                      "names a file that is not one of the checkpoint's safetensors files ('..')"),
+    "manifest step another directory's": (
+        None,
+        lambda m: m.update(step=2),
+        "manifest.json is of step 2, not of the step its name says",
+    ),
+    "trainer.json without plan": (
+        lambda d: edit_json(d / "trainer.json", lambda t: t.pop("plan")),
+        None,
+        "trainer.json field 'plan' is missing, not dict",
+    ),
+    "trainer.json plan malformed": (
+        lambda d: edit_json(d / "trainer.json", lambda t: t["plan"].update(tp="two")),
+        None,
+        "trainer.json: plan: tp must be a positive integer, got 'two'",
+    ),
+    "trainer.json plan of unknown keys": (
+        lambda d: edit_json(d / "trainer.json", lambda t: t["plan"].update(x=1)),
+        None,
+        "trainer.json: plan: unknown plan key(s) x",
+    ),
+    "trainer.json separator id a string": (
+        lambda d: edit_json(d / "trainer.json", lambda t: t.update(separator_id="0")),
+        None,
+        "field 'separator_id' is str",
+    ),
+    "trainer.json layout disagrees with its plan": (
+        lambda d: edit_json(d / "trainer.json", lambda t: t.update(layout={"tp": 2, "pp": 1, "dp": 1})),
+        None,
+        "layout, seq_len or global batch disagree with its plan",
+    ),
+    "chunk file ..": (
+        chunk_file(".."),
+        None,
+        "names a file that is not one of the checkpoint's safetensors files ('..')",
+    ),
     "chunk file escapes": (chunk_file("../step-00000002/__0.safetensors"), None, "names a file that is not one of"),
     "chunk file is the metadata": (chunk_file("metadata.json"), None, "names a file that is not one of"),
-    "unknown tensor key": (lambda d: unknown_tensor(d, "evil"), None, "holds tensor 'evil', which no exatrain "
-                                                                     "checkpoint has"),
-    "unknown parameter": (lambda d: unknown_tensor(d, "model.layers.9.attn.wq.weight"), None,
-                          "it has layers.9.attn.wq.weight, which gpt-tiny lacks"),
-    "unknown optimizer state": (lambda d: unknown_tensor(d, "optim.norm.weight.momentum"), None,
-                                "holds tensor 'optim.norm.weight.momentum', which is not a state"),
-    "wrong size in the table only": (lambda d: edit_table(d, lambda t: t["model.norm.weight"].update(size=[65])),
-                                     None, "its chunks do not tile its size [65]"),
+    "unknown tensor key": (
+        lambda d: unknown_tensor(d, "evil"),
+        None,
+        "holds tensor 'evil', which no exatrain checkpoint has",
+    ),
+    "unknown parameter": (
+        lambda d: unknown_tensor(d, "model.layers.9.attn.wq.weight"),
+        None,
+        "it has layers.9.attn.wq.weight, which gpt-tiny lacks",
+    ),
+    "unknown optimizer state": (
+        lambda d: unknown_tensor(d, "optim.norm.weight.momentum"),
+        None,
+        "holds tensor 'optim.norm.weight.momentum', which is not a state",
+    ),
+    "wrong size in the table only": (
+        lambda d: edit_table(d, lambda t: t["model.norm.weight"].update(size=[65])),
+        None,
+        "its chunks do not tile its size [65]",
+    ),
     "wrong chunk shape in the table only": (
-        lambda d: edit_table(d, lambda t: t["model.norm.weight"]["chunks"][0].update(sizes=[32])), None,
-        "holds chunk 'model.norm.weight@0' as F32 [64], not F32 [32]"),
+        lambda d: edit_table(d, lambda t: t["model.norm.weight"]["chunks"][0].update(sizes=[32])),
+        None,
+        "holds chunk 'model.norm.weight@0' as F32 [64], not F32 [32]",
+    ),
     "wrong shape everywhere": (wq_shape, None, "layers.0.attn.wq.weight is [32, 64] there but [64, 64] in gpt-tiny"),
     "wrong dtype everywhere": (wq_dtype, None, "model.layers.0.attn.wq.weight is float64 [64, 64], not float32"),
-    "wrong dtype in the table only": (lambda d: edit_table(d, lambda t: t["model.norm.weight"].update(dtype="int32")),
-                                      None, "as F32 [64], not I32 [64]"),
-    "chunk outside its tensor": (lambda d: edit_table(d, lambda t: t["model.norm.weight"]["chunks"][0].update(
-        offsets=[10])), None, "has a chunk outside its size"),
+    "wrong dtype in the table only": (
+        lambda d: edit_table(d, lambda t: t["model.norm.weight"].update(dtype="int32")),
+        None,
+        "as F32 [64], not I32 [64]",
+    ),
+    "chunk outside its tensor": (
+        lambda d: edit_table(d, lambda t: t["model.norm.weight"]["chunks"][0].update(offsets=[10])),
+        None,
+        "has a chunk outside its size",
+    ),
     "safetensors header garbage": (header_garbage, None, "__0.safetensors is not a safetensors file"),
     "a listed file is a link": (link_outside, None, "__0.safetensors is not a regular file"),
-    "metadata nested too deeply": (lambda d: (d / files.METADATA).write_text("[" * 100_000 + "]" * 100_000), None,
-                                   "metadata.json is unreadable (nested too deeply)"),
+    "metadata nested too deeply": (
+        lambda d: (d / files.METADATA).write_text("[" * 100_000 + "]" * 100_000),
+        None,
+        "metadata.json is unreadable (nested too deeply)",
+    ),
 }
 
 
@@ -211,8 +279,9 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
 
 # ---- the cases -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", list(CRAFTED))
-def test_a_crafted_checkpoint_is_one_line_and_skipped_for_the_previous_one(case: str, ckpt: Path,
-                                                                           tmp_path: Path) -> None:
+def test_a_crafted_checkpoint_is_one_line_and_skipped_for_the_previous_one(
+    case: str, ckpt: Path, tmp_path: Path
+) -> None:
     bad = craft(ckpt, case)
     reason = CRAFTED[case][2]
     before = snapshot(tmp_path)
@@ -227,13 +296,20 @@ def test_a_crafted_checkpoint_is_one_line_and_skipped_for_the_previous_one(case:
     assert snapshot(tmp_path) == before  # nothing deleted, nothing written
 
 
-CLI_CASES = ["manifest entries are not objects", "trainer.json without plan", "chunk file ..", "unknown tensor key",
-             "wrong shape everywhere", "safetensors header garbage"]
+CLI_CASES = [
+    "manifest entries are not objects",
+    "trainer.json without plan",
+    "chunk file ..",
+    "unknown tensor key",
+    "wrong shape everywhere",
+    "safetensors header garbage",
+]
 
 
 @pytest.mark.parametrize("case", CLI_CASES)
-def test_export_falls_back_and_naming_the_bad_one_is_exit_2(case: str, ckpt: Path, tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture) -> None:
+def test_export_falls_back_and_naming_the_bad_one_is_exit_2(
+    case: str, ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     bad = craft(ckpt, case)
     before = snapshot(ckpt)
     assert main(["export", "--checkpoint", str(bad), "--out", str(tmp_path / "named")]) == 2
@@ -246,13 +322,19 @@ def test_export_falls_back_and_naming_the_bad_one_is_exit_2(case: str, ckpt: Pat
     assert len(lines) == 1 and NEWEST in lines[0] and CRAFTED[case][2] in lines[0], out.err
     assert str(ckpt / GOOD) in out.out
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert snapshot(ckpt) == before
 
 
 @pytest.mark.parametrize("case", CLI_CASES)
-def test_train_resume_auto_falls_back_and_a_named_one_is_exit_2(case: str, ckpt: Path, no_launch: list,
-                                                                 capsys: pytest.CaptureFixture) -> None:
+def test_train_resume_auto_falls_back_and_a_named_one_is_exit_2(
+    case: str, ckpt: Path, no_launch: list, capsys: pytest.CaptureFixture
+) -> None:
     bad = craft(ckpt, case)
     before = snapshot(ckpt)
     assert main(["train", *ARGS, "--steps", "5", "--resume", str(bad), "--quiet"]) == 2
@@ -267,9 +349,9 @@ def test_train_resume_auto_falls_back_and_a_named_one_is_exit_2(case: str, ckpt:
     assert snapshot(ckpt) == before
 
 
-def test_unfinished_saves_are_reported_then_removed_without_following_links(ckpt: Path, tmp_path: Path,
-                                                                           one_rank: None,
-                                                                           capsys: pytest.CaptureFixture) -> None:
+def test_unfinished_saves_are_reported_then_removed_without_following_links(
+    ckpt: Path, tmp_path: Path, one_rank: None, capsys: pytest.CaptureFixture
+) -> None:
     """A ``.tmp-step-*`` link to a directory elsewhere (the step the resumed run saves next) and a
     real ``.tmp-step-*`` directory: ``--resume auto`` names both and keeps them; the run's first
     save removes both (the link, not what it points to) and publishes its own checkpoint."""
@@ -284,11 +366,14 @@ def test_unfinished_saves_are_reported_then_removed_without_following_links(ckpt
     warnings: list[str] = []
     manifest = files.resolve("auto", str(ckpt), warn=warnings.append)
     assert manifest is not None and manifest.path == ckpt / NEWEST
-    assert warnings == [f"ignoring unfinished checkpoint save {link} (the next save into {ckpt} removes it)",
-                        f"ignoring unfinished checkpoint save {stale} (the next save into {ckpt} removes it)"]
+    assert warnings == [
+        f"ignoring unfinished checkpoint save {link} (the next save into {ckpt} removes it)",
+        f"ignoring unfinished checkpoint save {stale} (the next save into {ckpt} removes it)",
+    ]
     assert link.is_symlink() and stale.is_dir()
-    Trainer(TrainConfig(plan=plan(), steps=4, quiet=True, checkpoint_dir=str(ckpt),
-                        resume_from=str(manifest.path))).run()
+    Trainer(
+        TrainConfig(plan=plan(), steps=4, quiet=True, checkpoint_dir=str(ckpt), resume_from=str(manifest.path))
+    ).run()
     err = [x for x in capsys.readouterr().err.splitlines() if "unfinished" in x]
     assert err == [f"removed unfinished checkpoint save {link}", f"removed unfinished checkpoint save {stale}"]
     assert not os.path.lexists(link) and not stale.exists()
@@ -303,14 +388,18 @@ def test_pruning_never_deletes_through_a_link(ckpt: Path, tmp_path: Path, one_ra
     kept = tmp_path / "kept"
     shutil.copytree(ckpt / GOOD, kept)
     (ckpt / "step-00000001").symlink_to(kept, target_is_directory=True)
-    Trainer(TrainConfig(plan=plan(), steps=4, quiet=True, checkpoint_dir=str(ckpt), keep_last=1,
-                        resume_from=str(ckpt / NEWEST))).run()
+    Trainer(
+        TrainConfig(
+            plan=plan(), steps=4, quiet=True, checkpoint_dir=str(ckpt), keep_last=1, resume_from=str(ckpt / NEWEST)
+        )
+    ).run()
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000001", "step-00000004"]
     assert (ckpt / "step-00000001").is_symlink() and files.verify(kept).step == 2
 
 
-def test_the_previous_checkpoint_is_not_deleted_when_the_newest_is_bad(ckpt: Path, tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture) -> None:
+def test_the_previous_checkpoint_is_not_deleted_when_the_newest_is_bad(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """A checkpoint root holding only unusable checkpoints: export says so in one line, deletes nothing."""
     craft(ckpt, "manifest entries are not objects")
     edit_json(ckpt / GOOD / files.MANIFEST, lambda m: m["files"].update({"metadata.json": None}))
@@ -322,8 +411,9 @@ def test_the_previous_checkpoint_is_not_deleted_when_the_newest_is_bad(ckpt: Pat
     assert snapshot(ckpt) == before and not (tmp_path / "hf").exists()
 
 
-def test_resume_auto_with_every_checkpoint_unusable_says_it_starts_from_step_1(ckpt: Path, no_launch: list,
-                                                                              capsys: pytest.CaptureFixture) -> None:
+def test_resume_auto_with_every_checkpoint_unusable_says_it_starts_from_step_1(
+    ckpt: Path, no_launch: list, capsys: pytest.CaptureFixture
+) -> None:
     """--resume auto over a folder whose checkpoints are all unusable: one warning per checkpoint (why), each
     once prefixed, then one line saying the run starts from step 1; the run starts fresh and nothing is deleted.
     Seen to fail with files.newest_complete's skip line carrying its own 'warning: ' again (the CLI printed
@@ -336,18 +426,25 @@ def test_resume_auto_with_every_checkpoint_unusable_says_it_starts_from_step_1(c
     assert len(lines) == 3 and all(x.startswith("exatrain train: warning: ") for x in lines), lines
     assert not any("warning: warning" in x for x in lines), lines
     assert "skipping checkpoint" in lines[0] and NEWEST in lines[0] and GOOD in lines[1], lines
-    assert lines[2] == (f"exatrain train: warning: no usable checkpoint in {ckpt} (2 skipped, each named above with "
-                        "why), starting from step 1"), lines
+    assert lines[2] == (
+        f"exatrain train: warning: no usable checkpoint in {ckpt} (2 skipped, each named above with "
+        "why), starting from step 1"
+    ), lines
     (cfg,) = no_launch
     assert cfg.resume_from is None
     assert snapshot(ckpt) == before
 
 
-def test_an_empty_checkpoint_folder_is_a_first_run_without_a_word(tmp_path: Path, no_launch: list,
-                                                                 capsys: pytest.CaptureFixture) -> None:
+def test_an_empty_checkpoint_folder_is_a_first_run_without_a_word(
+    tmp_path: Path, no_launch: list, capsys: pytest.CaptureFixture
+) -> None:
     """A requeue-safe job's first run: --resume auto over a folder with no checkpoint starts quietly."""
     (tmp_path / "ckpt").mkdir()
-    assert main(["train", *ARGS, "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume", "auto",
-                 "--quiet"]) == 0
+    assert (
+        main(
+            ["train", *ARGS, "--steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume", "auto", "--quiet"]
+        )
+        == 0
+    )
     assert capsys.readouterr().err == ""
     assert [c.resume_from for c in no_launch] == [None]

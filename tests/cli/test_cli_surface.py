@@ -24,15 +24,41 @@ from exatrain.trainer import spawn as trainer_launch
 
 from tests.helpers import background
 
-_TRACE = [sys.executable, "-m", "exatrain", "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2",
-          "--pp", "2", "--dtype", "float32", "--trace", "--json"]
+_TRACE = [
+    sys.executable,
+    "-m",
+    "exatrain",
+    "estimate",
+    "--model",
+    "gpt-tiny",
+    "--cluster",
+    "local-cpu",
+    "--gpus",
+    "2",
+    "--pp",
+    "2",
+    "--dtype",
+    "float32",
+    "--trace",
+    "--json",
+]
 BACKGROUND_JOBS = {  # (OMP_NUM_THREADS=1, as the test always set)
     "cli_surface.trace-quiet": background.Job(_TRACE),
     "cli_surface.trace-progress": background.Job([*_TRACE, "--progress"]),
 }
-CALLS = {"estimate": api.estimate, "search": api.search, "scaling": api.scaling, "train": api.train, "tune": api.tune,
-         "bench": api.bench, "calibrate": api.calibrate, "validate": api.compare, "launch": api.launch,
-         "report": api.report, "demo": api.demo}
+CALLS = {
+    "estimate": api.estimate,
+    "search": api.search,
+    "scaling": api.scaling,
+    "train": api.train,
+    "tune": api.tune,
+    "bench": api.bench,
+    "calibrate": api.calibrate,
+    "validate": api.compare,
+    "launch": api.launch,
+    "report": api.report,
+    "demo": api.demo,
+}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -50,16 +76,24 @@ def test_every_flag_default_is_the_api_default_and_help_says_it() -> None:
     for name, fn in CALLS.items():
         params = inspect.signature(fn).parameters
         for action in _subparsers()[name]._actions:
-            if action.dest not in params or action.dest == "progress" or action.default is None \
-                    or not action.option_strings:
+            if (
+                action.dest not in params
+                or action.dest == "progress"
+                or action.default is None
+                or not action.option_strings
+            ):
                 continue
             want = params[action.dest].default
             assert action.default == want or (action.default in ([], "") and want in ((), "")), (name, action.dest)
             said = re.search(r"\(default ([^)]+)\)", action.help or "")
             if said and params[action.dest].default is not None:
                 value = said.group(1) if said.group(1) == str(want) else said.group(1).split(": ")[0]
-                assert value in (str(want), f"{want:g}" if isinstance(want, float) else str(want)), \
-                    (name, action.dest, said.group(1), want)
+                assert value in (str(want), f"{want:g}" if isinstance(want, float) else str(want)), (
+                    name,
+                    action.dest,
+                    said.group(1),
+                    want,
+                )
 
 
 @pytest.fixture
@@ -77,22 +111,50 @@ def test_train_help_states_what_train_with_no_flags_runs(no_launch, capsys) -> N
     assert main(["train", "--quiet"]) == 0
     (cfg,) = no_launch
     p = cfg.plan
-    said = (f"With no flags: {p.model.name} over the built-in corpus (bytes), tp{p.tp} x pp{p.pp} x "
-            f"dp{p.dp} on {p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of "
-            f"{p.micro_batch}, global batch {p.global_batch}, {p.dtype}, {cfg.steps} steps")
+    said = (
+        f"With no flags: {p.model.name} over the built-in corpus (bytes), tp{p.tp} x pp{p.pp} x "
+        f"dp{p.dp} on {p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of "
+        f"{p.micro_batch}, global batch {p.global_batch}, {p.dtype}, {cfg.steps} steps"
+    )
     assert said in text and cfg.device == "cpu" and p.cluster == "local-cpu"
 
 
 def test_plan_takes_the_output_of_search_json(tmp_path: Path, no_launch, capsys) -> None:
-    assert main(["search", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "4", "--global-batch", "8",
-                 "--dtype", "float32", "--runtime", "exatrain", "--top", "3", "--json"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--model",
+                "gpt-tiny",
+                "--cluster",
+                "local-cpu",
+                "--gpus",
+                "4",
+                "--global-batch",
+                "8",
+                "--dtype",
+                "float32",
+                "--runtime",
+                "exatrain",
+                "--top",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     (tmp_path / "search.json").write_text(printed)
     best = json.loads(printed)["ranked"][0]["plan"]
     assert main(["train", "--plan", str(tmp_path / "search.json"), "--steps", "1", "--quiet"]) == 0
     (cfg,) = no_launch
     assert (cfg.plan.tp, cfg.plan.pp, cfg.plan.dp, cfg.plan.micro_batch, cfg.plan.zero_stage) == (
-        best["tp"], best["pp"], best["dp"], best["micro_batch"], best["zero_stage"])
+        best["tp"],
+        best["pp"],
+        best["dp"],
+        best["micro_batch"],
+        best["zero_stage"],
+    )
     assert cfg.plan.estimate is not None  # the search's prediction came along
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a search result: using its first ranked plan (of 3)" in err
@@ -103,8 +165,9 @@ def test_plan_takes_the_output_of_search_json(tmp_path: Path, no_launch, capsys)
 
 def _plan(tmp_path: Path, model: str, name: str) -> Path:
     path = tmp_path / name
-    Plan(model=get_model(model), dims=ParallelDims(1, 1, 2), shape=TrainShape(1, 2), cluster="local-cpu",
-         dtype="float32").validate().save(path)
+    Plan(
+        model=get_model(model), dims=ParallelDims(1, 1, 2), shape=TrainShape(1, 2), cluster="local-cpu", dtype="float32"
+    ).validate().save(path)
     return path
 
 
@@ -130,7 +193,8 @@ def test_progress_only_on_request_when_stderr_is_not_a_terminal() -> None:
     assert told.returncode == 0, told.stderr[-3000:]
     assert told.stderr.splitlines() == [
         "trace: tracing stage 1 of 2 (shape 1 of 2, for stage 1): 6 ops, 3 micro-batches (the step has 8)",
-        "trace: tracing stage 2 of 2 (shape 2 of 2, for stage 2): 4 ops, 2 micro-batches (the step has 8)"]
+        "trace: tracing stage 2 of 2 (shape 2 of 2, for stage 2): 4 ops, 2 micro-batches (the step has 8)",
+    ]
 
 
 def test_layout_help_names_make_plans_defaults() -> None:
@@ -139,11 +203,20 @@ def test_layout_help_names_make_plans_defaults() -> None:
 
     said = {name: re.search(r"\(default ([^)]+)\)", help) for name, _, _, help in LAYOUT_FLAGS}
     p = api.make_plan(get_model("gpt-tiny"), "local-cpu", gpus=1)
-    runs = {"--tp": p.tp, "--pp": p.pp, "--micro-batch": p.micro_batch, "--recompute": p.recompute,
-            "--schedule": p.schedule, "--sequence-parallel": "off" if not p.sequence_parallel else "on",
-            "--flash-attention": "on" if p.flash_attention else "off"}
+    runs = {
+        "--tp": p.tp,
+        "--pp": p.pp,
+        "--micro-batch": p.micro_batch,
+        "--recompute": p.recompute,
+        "--schedule": p.schedule,
+        "--sequence-parallel": "off" if not p.sequence_parallel else "on",
+        "--flash-attention": "on" if p.flash_attention else "off",
+    }
     for name, value in runs.items():
         assert said[name] and said[name].group(1) == str(value), name
-    assert said["--dtype"].group(1).startswith(p.dtype) and "0: DDP (default)" in dict(
-        (n, h) for n, _, _, h in LAYOUT_FLAGS)["--zero"] and p.zero_stage == 0
+    assert (
+        said["--dtype"].group(1).startswith(p.dtype)
+        and "0: DDP (default)" in dict((n, h) for n, _, _, h in LAYOUT_FLAGS)["--zero"]
+        and p.zero_stage == 0
+    )
     assert api.make_plan(get_model("gpt-tiny"), gpus=2, pp=2, schedule="zero_bubble").interleave == 2

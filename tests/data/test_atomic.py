@@ -29,8 +29,9 @@ def test_a_directory_target_is_refused_and_nothing_is_written_beside_it(tmp_path
     assert tree(tmp_path) == before
 
 
-def test_estimate_out_naming_a_directory_is_one_line_and_writes_nothing(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture) -> None:
+def test_estimate_out_naming_a_directory_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     target = tmp_path / "tmp"  # `--out /tmp` once wrote /.tmp.tmp at the filesystem root
     target.mkdir()
     assert main(["estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--out", str(target)]) == 2
@@ -39,8 +40,9 @@ def test_estimate_out_naming_a_directory_is_one_line_and_writes_nothing(tmp_path
     assert tree(tmp_path) == {"tmp"}
 
 
-def test_the_temporary_file_is_unique_and_in_the_targets_own_directory(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_temporary_file_is_unique_and_in_the_targets_own_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[tuple[str, str]] = []
     real = os.replace
 

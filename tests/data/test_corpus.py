@@ -73,8 +73,9 @@ def test_the_default_dataset_holds_the_corpus(tmp_path: Path, monkeypatch: pytes
     meta = read_meta(path)
     assert meta.sources["sha256"] == corpus.SHA256 and meta.documents == corpus.DOCUMENTS
     stream = b"".join(t.encode() + b"\0" for t in corpus.documents())
-    ids = np.concatenate([np.fromfile(path / s.file, dtype=np.dtype(meta.dtype).newbyteorder("<"))
-                          for s in meta.shards])
+    ids = np.concatenate(
+        [np.fromfile(path / s.file, dtype=np.dtype(meta.dtype).newbyteorder("<")) for s in meta.shards]
+    )
     assert ids.astype(np.uint8).tobytes() == stream and int(ids.max()) < 256
     assert default_dataset() == path  # found, not made again
     assert main(["prepare", "--builtin", "--out", str(tmp_path / "copy"), "--quiet"]) == 0

@@ -45,11 +45,27 @@ def test_byte_tokenizer_is_the_identity_on_utf8_bytes() -> None:
     assert tok.decode(list(b"caf\xc3\xa9")) == "café"
 
 
-def test_prepare_trains_a_bpe_and_writes_checked_shards(corpus: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture) -> None:
+def test_prepare_trains_a_bpe_and_writes_checked_shards(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "data"
-    assert main(["prepare", "--input", str(corpus / "**" / "*.txt"), "--train-tokenizer", "300",
-                 "--shard-tokens", "500", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--input",
+                str(corpus / "**" / "*.txt"),
+                "--train-tokenizer",
+                "300",
+                "--shard-tokens",
+                "500",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == ""  # --quiet: no bar, no summary
     meta = dataset.verify(out)
     raw = json.loads((out / "dataset.json").read_text())
@@ -65,7 +81,7 @@ def test_prepare_trains_a_bpe_and_writes_checked_shards(corpus: Path, tmp_path: 
     sep = tok.token_to_id(tk.SEPARATOR)
     assert meta.separator_id == sep and stream[-1] == sep and (stream == sep).sum() == 3
     ends = np.flatnonzero(stream == sep)
-    docs = [stream[:ends[0]]] + [stream[a + 1:b] for a, b in zip(ends, ends[1:])]
+    docs = [stream[: ends[0]]] + [stream[a + 1 : b] for a, b in zip(ends, ends[1:])]
     assert [tok.decode(d.tolist()) for d in docs] == [TEXTS[k] for k in sorted(TEXTS)]  # sorted by path
 
 
@@ -75,9 +91,23 @@ def test_a_piped_prepare_writes_its_summary_alone_on_stdout(corpus: Path, tmp_pa
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "exatrain", "prepare", "--input", str(corpus / "**" / "*.txt"),
-                          "--train-tokenizer", "300", "--out", str(tmp_path / "data")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exatrain",
+            "prepare",
+            "--input",
+            str(corpus / "**" / "*.txt"),
+            "--train-tokenizer",
+            "300",
+            "--out",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [out.stdout.strip()]
     assert out.stdout.startswith(f"{tmp_path / 'data'}: 3 documents")
@@ -86,8 +116,21 @@ def test_a_piped_prepare_writes_its_summary_alone_on_stdout(corpus: Path, tmp_pa
 
 def test_prepare_with_a_given_tokenizer_and_the_stdlib(corpus: Path, tmp_path: Path) -> None:
     (tmp_path / "tok.json").write_text(tk.train_bpe(TEXTS.values(), 280), encoding="utf-8")
-    assert main(["prepare", "--input", str(corpus / "a" / "*.txt"), "--tokenizer", str(tmp_path / "tok.json"),
-                 "--out", str(tmp_path / "given"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--input",
+                str(corpus / "a" / "*.txt"),
+                "--tokenizer",
+                str(tmp_path / "tok.json"),
+                "--out",
+                str(tmp_path / "given"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     meta = dataset.read_meta(tmp_path / "given")
     assert meta.documents == 2 and meta.tokenizer_sha256 == tk.identity((tmp_path / "tok.json").read_text())
     assert main(["prepare", "--stdlib", "--out", str(tmp_path / "std"), "--quiet"]) == 0
@@ -101,11 +144,25 @@ def test_token_dtype_follows_the_vocabulary() -> None:
     assert dataset.token_dtype(65537) == "uint32" and dataset.token_dtype(128256) == "uint32"
 
 
-def test_a_corrupted_or_truncated_shard_is_named(corpus: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture) -> None:
+def test_a_corrupted_or_truncated_shard_is_named(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "data"
-    assert main(["prepare", "--input", str(corpus / "**" / "*.txt"), "--train-tokenizer", "260",
-                 "--shard-tokens", "400", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--input",
+                str(corpus / "**" / "*.txt"),
+                "--train-tokenizer",
+                "260",
+                "--shard-tokens",
+                "400",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     shard = out / "shard-00001.bin"
     data = bytearray(shard.read_bytes())
     data[10] ^= 0xFF
@@ -122,27 +179,37 @@ def test_a_corrupted_or_truncated_shard_is_named(corpus: Path, tmp_path: Path,
 BAD = {
     "no input matches": (["--input", "NOPE/*.txt", "--train-tokenizer", "300"], "matches no files"),
     "no tokenizer": (["--input", "CORPUS/**/*.txt"], "--tokenizer tokenizer.json or --train-tokenizer"),
-    "tokenizer is not json": (["--input", "CORPUS/**/*.txt", "--tokenizer", "CORPUS/a/one.txt"],
-                              "not a Hugging Face tokenizer.json"),
+    "tokenizer is not json": (
+        ["--input", "CORPUS/**/*.txt", "--tokenizer", "CORPUS/a/one.txt"],
+        "not a Hugging Face tokenizer.json",
+    ),
     "vocab below the bytes": (["--input", "CORPUS/**/*.txt", "--train-tokenizer", "100"], "at least 257"),
-    "vocab beyond any real one": (["--input", "CORPUS/**/*.txt", "--train-tokenizer", "100000000"],
-                                  "--train-tokenizer 100,000,000 is beyond the 1,048,576 ids"),
+    "vocab beyond any real one": (
+        ["--input", "CORPUS/**/*.txt", "--train-tokenizer", "100000000"],
+        "--train-tokenizer 100,000,000 is beyond the 1,048,576 ids",
+    ),
     "out holds a dataset": (["--stdlib", "--out", "EXISTING"], "already holds a dataset"),
     "a binary input": (["--input", "BINARY", "--train-tokenizer", "300"], "is a binary file, not text"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_is_one_line_and_exit_2(case: str, corpus: Path, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture) -> None:
+def test_bad_input_is_one_line_and_exit_2(
+    case: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "dataset.json").write_text("{}")
     argv, message = BAD[case]
     binary = tmp_path / "model.bin"  # what a wrong glob picks up: bytes with NULs, not text
     binary.write_bytes(bytes(range(256)) * 8)
-    argv = [a.replace("CORPUS", str(corpus)).replace("NOPE", str(tmp_path / "nope")).replace("EXISTING", str(existing))
-            .replace("BINARY", str(binary)) for a in argv]
+    argv = [
+        a.replace("CORPUS", str(corpus))
+        .replace("NOPE", str(tmp_path / "nope"))
+        .replace("EXISTING", str(existing))
+        .replace("BINARY", str(binary))
+        for a in argv
+    ]
     if "--out" not in argv:
         argv += ["--out", str(tmp_path / "out")]
     assert main(["prepare", *argv, "--quiet"]) == 2

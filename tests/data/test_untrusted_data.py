@@ -32,8 +32,14 @@ def gpt_tiny(**fields) -> Plan:
 def byte_data(root: Path, text: str, shard_tokens: int = 400) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "a.txt").write_text(text, encoding="utf-8")
-    prepare([Document("a.txt", root / "a.txt")], root / "data", tokenizer_json=tk.byte_tokenizer_json(),
-            separator=tk.byte_separator(), shard_tokens=shard_tokens, quiet=True)
+    prepare(
+        [Document("a.txt", root / "a.txt")],
+        root / "data",
+        tokenizer_json=tk.byte_tokenizer_json(),
+        separator=tk.byte_separator(),
+        shard_tokens=shard_tokens,
+        quiet=True,
+    )
     return root / "data"
 
 
@@ -93,9 +99,11 @@ def test_a_dataset_shorter_than_one_sample_is_refused_before_any_rank(tmp_path: 
     exact = byte_data(tmp_path / "ok", "x" * (window - 1))  # exactly one window
     with pytest.raises(UserError) as exc:
         dataset.check_dataset_for(plan, short)
-    assert one_line(exc) == (f"{short}: the dataset holds {window - 1} tokens, fewer than one sample of gpt-tiny "
-                             f"(seq_len {plan.model.seq_len} + 1 = {window} tokens); prepare more text into it or "
-                             "train with a shorter --seq-len")
+    assert one_line(exc) == (
+        f"{short}: the dataset holds {window - 1} tokens, fewer than one sample of gpt-tiny "
+        f"(seq_len {plan.model.seq_len} + 1 = {window} tokens); prepare more text into it or "
+        "train with a shorter --seq-len"
+    )
     assert dataset.check_dataset_for(plan, exact).tokens == window
     src = TokenShards(short, shuffle=False)  # the rank's own guard: one line, not a ZeroDivisionError
     with pytest.raises(UserError, match="fewer than one sample"):
@@ -105,14 +113,19 @@ def test_a_dataset_shorter_than_one_sample_is_refused_before_any_rank(tmp_path: 
 
 def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("the quick brown fox " * 200)
-    prepare([Document("a.txt", tmp_path / "a.txt")], tmp_path / "data",
-            tokenizer_json=tk.train_bpe([(tmp_path / "a.txt").read_text()], 300), quiet=True)
+    prepare(
+        [Document("a.txt", tmp_path / "a.txt")],
+        tmp_path / "data",
+        tokenizer_json=tk.train_bpe([(tmp_path / "a.txt").read_text()], 300),
+        quiet=True,
+    )
     vocab = dataset.read_meta(tmp_path / "data").vocab_size  # the merges the text supports, at most 300
     assert 256 < vocab <= 300
     with pytest.raises(UserError) as exc:
         dataset.check_dataset_for(gpt_tiny(), tmp_path / "data")
-    assert one_line(exc).startswith(f"gpt-tiny has vocab 256 but the training data ({tmp_path / 'data'}) needs "
-                                    f"{vocab} token ids") and f"use --vocab {vocab} or more" in str(exc.value)
+    assert one_line(exc).startswith(
+        f"gpt-tiny has vocab 256 but the training data ({tmp_path / 'data'}) needs {vocab} token ids"
+    ) and f"use --vocab {vocab} or more" in str(exc.value)
     dataset.check_dataset_for(gpt_tiny(vocab=vocab), tmp_path / "data")
 
 
@@ -143,8 +156,10 @@ def test_a_changed_shard_is_refused_before_the_ranks_and_stops_the_sampler(tmp_p
 
 MALFORMED = {
     "shards not a list": (lambda r: r.update(shards={"file": "x"}), "'shards' is dict"),
-    "shard entry not an object": (lambda r: r["shards"].__setitem__(0, "shard-00000.bin"),
-                                  "shards[0] is not an object"),
+    "shard entry not an object": (
+        lambda r: r["shards"].__setitem__(0, "shard-00000.bin"),
+        "shards[0] is not an object",
+    ),
     "tokens a string": (lambda r: r["shards"][0].update(tokens="12"), "'shards[0].tokens' is str"),
     "tokens a bool": (lambda r: r["shards"][0].update(tokens=True), "'shards[0].tokens' is bool"),
     "negative tokens": (lambda r: r["shards"][0].update(tokens=-4), "'shards[0].tokens' is negative"),
@@ -161,8 +176,9 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
-def test_a_malformed_dataset_json_is_one_line_and_exit_2(case: str, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture) -> None:
+def test_a_malformed_dataset_json_is_one_line_and_exit_2(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     data = byte_data(tmp_path, "abc " * 200)
     change, message = MALFORMED[case]
     edit_meta(data, change)
@@ -190,8 +206,12 @@ def test_an_empty_shard_listed_in_dataset_json_is_read_as_empty(tmp_path: Path) 
     edit_meta(data, add)
     src = TokenShards(data, shuffle=False)
     seq = 64
-    assert [int(x) for x in src.sample(6, seq)] == [int(x) for x in np.concatenate(
-        [np.asarray(a) for a in dataset.open_shards(data, dataset.read_meta(data))])[6 * seq:7 * seq + 1]]
+    assert [int(x) for x in src.sample(6, seq)] == [
+        int(x)
+        for x in np.concatenate([np.asarray(a) for a in dataset.open_shards(data, dataset.read_meta(data))])[
+            6 * seq : 7 * seq + 1
+        ]
+    ]
 
 
 @pytest.mark.parametrize("damage", ["short", "id beyond the vocabulary"])

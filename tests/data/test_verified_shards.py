@@ -88,8 +88,12 @@ def test_prepare_verify_reads_every_byte_whatever_the_record_says(tmp_path: Path
 def test_a_record_that_is_not_json_or_not_ours_is_ignored(tmp_path: Path, monkeypatch) -> None:
     data = byte_data(tmp_path, "abcd " * 400, shard_tokens=300)
     shards = _shards(data)
-    for junk in ("not json {", json.dumps([1, 2]), json.dumps({"version": 2, "shards": {}}),
-                 json.dumps({"version": 1, "shards": {shards[0].name: "x"}})):
+    for junk in (
+        "not json {",
+        json.dumps([1, 2]),
+        json.dumps({"version": 2, "shards": {}}),
+        json.dumps({"version": 1, "shards": {shards[0].name: "x"}}),
+    ):
         (data / dataset.VERIFIED).write_text(junk)
         seen = _counting(monkeypatch)
         dataset.check_shards(data, dataset.read_meta(data))

@@ -52,8 +52,7 @@ def start(jobs: dict[str, Job]) -> None:
     with _lock:
         fresh = {name: job for name, job in jobs.items() if name not in _jobs}
         _jobs.update(fresh)
-    threading.Thread(target=_work, args=(list(fresh.values()), env, cwd), name="background-jobs",
-                     daemon=True).start()
+    threading.Thread(target=_work, args=(list(fresh.values()), env, cwd), name="background-jobs", daemon=True).start()
 
 
 def _work(jobs: list[Job], env: dict[str, str], cwd: str) -> None:
@@ -63,8 +62,14 @@ def _work(jobs: list[Job], env: dict[str, str], cwd: str) -> None:
             job.done.set()
             continue
         try:
-            job.proc = subprocess.Popen(list(job.argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env={**env, "OMP_NUM_THREADS": "1", **job.env}, cwd=job.cwd or cwd)
+            job.proc = subprocess.Popen(
+                list(job.argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**env, "OMP_NUM_THREADS": "1", **job.env},
+                cwd=job.cwd or cwd,
+            )
             try:
                 os.setpriority(os.PRIO_PROCESS, job.proc.pid, NICE)
             except OSError:
@@ -84,8 +89,14 @@ def result(name: str, jobs: dict[str, Job]) -> subprocess.CompletedProcess:
         job = _jobs.get(name)
     if job is None:
         own = jobs[name]
-        return subprocess.run(list(own.argv), capture_output=True, text=True, timeout=own.timeout_s,
-                              env={**os.environ, "OMP_NUM_THREADS": "1", **own.env}, cwd=own.cwd)
+        return subprocess.run(
+            list(own.argv),
+            capture_output=True,
+            text=True,
+            timeout=own.timeout_s,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **own.env},
+            cwd=own.cwd,
+        )
     if not job.done.wait(job.timeout_s):
         if job.proc is not None:
             job.proc.kill()

@@ -11,8 +11,16 @@ from tests.helpers.trainer_runs import Run, config, max_rel_diff, read_run
 
 from exatrain.trainer.spawn import launch_local
 
-TRAIN_KEYS = ("checkpoint_dir", "save_every", "keep_last", "async_save", "resume_from", "tensorboard_dir",
-              "record_samples", "nan_policy")
+TRAIN_KEYS = (
+    "checkpoint_dir",
+    "save_every",
+    "keep_last",
+    "async_save",
+    "resume_from",
+    "tensorboard_dir",
+    "record_samples",
+    "nan_policy",
+)
 
 
 def run_cases(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:

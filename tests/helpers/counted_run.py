@@ -122,8 +122,9 @@ def _rank(rank: int, world: int, port: str, cases: list[str], data_dir: str) -> 
     for case in cases:
         fields, layout, _, _ = ALL[case]
         plan = plan_for(fields, layout)
-        config = TrainConfig(plan=plan, steps=2, seed=0, lr=1e-3, quiet=True, data_dir=data_dir,
-                             straggler_every=0).check()
+        config = TrainConfig(
+            plan=plan, steps=2, seed=0, lr=1e-3, quiet=True, data_dir=data_dir, straggler_every=0
+        ).check()
         # what earlier cases left alive (caches, their last tensors) is not this run's: held, so that no
         # storage of this run can take one of their addresses
         gc.collect()

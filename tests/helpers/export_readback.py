@@ -29,8 +29,14 @@ def bash_array(text: str, name: str, cwd: Path) -> list[str]:
     """The words of a bash array after bash itself sources the rendered text (in ``cwd``)."""
     script = cwd / "export.sh"
     script.write_text(text)
-    out = subprocess.run(["bash", "-c", f'set -eu; source "$1" >/dev/null; printf "%s\\n" "${{{name}[@]}}"', "x",
-                          str(script)], cwd=cwd, capture_output=True, text=True, timeout=30, check=True)
+    out = subprocess.run(
+        ["bash", "-c", f'set -eu; source "$1" >/dev/null; printf "%s\\n" "${{{name}[@]}}"', "x", str(script)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return out.stdout.splitlines()
 
 
@@ -89,10 +95,17 @@ def megatron_model(argv: list[str], vocab: int, name: str = "megatron") -> Model
     rope = o.get("--position-embedding-type", ["learned_absolute"])[0] == "rope"
     rms = o.get("--normalization", ["LayerNorm"])[0] == "RMSNorm"
     bias = "--disable-bias-linear" not in o
-    fields: dict = dict(name=name, layers=layers, hidden=hidden, heads=heads, seq_len=_int(o, "--seq-length"),
-                        vocab=padded, ffn_hidden=_int(o, "--ffn-hidden-size", 4 * hidden),
-                        tied_embeddings="--untie-embeddings-and-output-weights" not in o,
-                        norm_eps=float(o.get("--norm-epsilon", ["1e-5"])[0]))
+    fields: dict = dict(
+        name=name,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq_len=_int(o, "--seq-length"),
+        vocab=padded,
+        ffn_hidden=_int(o, "--ffn-hidden-size", 4 * hidden),
+        tied_embeddings="--untie-embeddings-and-output-weights" not in o,
+        norm_eps=float(o.get("--norm-epsilon", ["1e-5"])[0]),
+    )
     if not (swiglu or rope or rms):  # GPT-2 style: learned positions, LayerNorm, biases, GELU
         if not bias:
             raise ValueError("a GPT-style model without biases is not a ModelSpec architecture")
@@ -107,11 +120,18 @@ def megatron_model(argv: list[str], vocab: int, name: str = "megatron") -> Model
             raise ValueError(f"latent attention with query/key width {qk} and value width {v}")
         if "--qk-layernorm" not in o:
             raise ValueError("latent attention without --qk-layernorm builds no latent RMSNorms")
-        fields.update(kv_channels=qk, q_lora_rank=_int(o, "--q-lora-rank", 0),
-                      kv_lora_rank=_int(o, "--kv-lora-rank", 32), rope_head_dim=_int(o, "--qk-pos-emb-head-dim", 64))
+        fields.update(
+            kv_channels=qk,
+            q_lora_rank=_int(o, "--q-lora-rank", 0),
+            kv_lora_rank=_int(o, "--kv-lora-rank", 32),
+            rope_head_dim=_int(o, "--qk-pos-emb-head-dim", 64),
+        )
     else:
-        fields.update(kv_heads=_int(o, "--num-query-groups", 1) if "--group-query-attention" in o else heads,
-                      kv_channels=_int(o, "--kv-channels", 0), qk_norm="--qk-layernorm" in o)
+        fields.update(
+            kv_heads=_int(o, "--num-query-groups", 1) if "--group-query-attention" in o else heads,
+            kv_channels=_int(o, "--kv-channels", 0),
+            qk_norm="--qk-layernorm" in o,
+        )
     if "--window-size" in o:
         left, right = (int(x) for x in o["--window-size"][0].split(","))
         if right != 0:
@@ -124,10 +144,16 @@ def megatron_model(argv: list[str], vocab: int, name: str = "megatron") -> Model
         shared = _int(o, "--moe-shared-expert-intermediate-size", 0)
         if shared % expert:
             raise ValueError(f"a shared MLP of {shared} is no whole number of experts of {expert}")
-        fields.update(experts=_int(o, "--num-experts"), top_k=_int(o, "--moe-router-topk", 2),
-                      expert_ffn_hidden=expert, shared_experts=shared // expert, dense_layers=dense, moe_every=every,
-                      router=o.get("--moe-router-score-function", ["softmax"])[0],
-                      router_bias="--moe-router-enable-expert-bias" in o)
+        fields.update(
+            experts=_int(o, "--num-experts"),
+            top_k=_int(o, "--moe-router-topk", 2),
+            expert_ffn_hidden=expert,
+            shared_experts=shared // expert,
+            dense_layers=dense,
+            moe_every=every,
+            router=o.get("--moe-router-score-function", ["softmax"])[0],
+            router_bias="--moe-router-enable-expert-bias" in o,
+        )
     return ModelSpec(**fields)
 
 
@@ -137,20 +163,32 @@ def deepspeed_model(argv: list[str], vocab: int, name: str = "deepspeed") -> Mod
     hidden, heads = _int(o, "--hidden-size"), _int(o, "--num-attention-heads")
     tp = _int(o, "--tensor-model-parallel-size", 1)
     multiple = _int(o, "--make-vocab-size-divisible-by", 128) * tp
-    fields: dict = dict(name=name, layers=_int(o, "--num-layers"), hidden=hidden, heads=heads,
-                        seq_len=_int(o, "--seq-length"), vocab=math.ceil(vocab / multiple) * multiple,
-                        ffn_hidden=_int(o, "--ffn-hidden-size", 4 * hidden),
-                        tied_embeddings="--untie-embeddings-and-output-weights" not in o,
-                        norm_eps=float(o.get("--layernorm-epsilon", ["1e-5"])[0]))
+    fields: dict = dict(
+        name=name,
+        layers=_int(o, "--num-layers"),
+        hidden=hidden,
+        heads=heads,
+        seq_len=_int(o, "--seq-length"),
+        vocab=math.ceil(vocab / multiple) * multiple,
+        ffn_hidden=_int(o, "--ffn-hidden-size", 4 * hidden),
+        tied_embeddings="--untie-embeddings-and-output-weights" not in o,
+        norm_eps=float(o.get("--layernorm-epsilon", ["1e-5"])[0]),
+    )
     llama = "--swiglu" in o
     if llama != ("--use-rotary-position-embeddings" in o) or llama != (
-            o.get("--normalization", ["layernorm"])[0] == "rmsnorm"):
+        o.get("--normalization", ["layernorm"])[0] == "rmsnorm"
+    ):
         raise ValueError("SwiGLU, rotary positions and RMSNorm come together in a llama-family ModelSpec")
     if not llama:
         return ModelSpec(arch="gpt", **fields)
-    return ModelSpec(arch="llama", kv_heads=_int(o, "--num-key-value-heads", heads),
-                     kv_channels=_int(o, "--kv-channels", 0), linear_bias="--disable-bias-linear" not in o,
-                     rope_theta=float(_int(o, "--rotary-position-embeddings-theta", 10000)), **fields)
+    return ModelSpec(
+        arch="llama",
+        kv_heads=_int(o, "--num-key-value-heads", heads),
+        kv_channels=_int(o, "--kv-channels", 0),
+        linear_bias="--disable-bias-linear" not in o,
+        rope_theta=float(_int(o, "--rotary-position-embeddings-theta", 10000)),
+        **fields,
+    )
 
 
 def _call_kwargs(node: ast.Call) -> dict:
@@ -165,39 +203,84 @@ def torchtitan_args_model(family: str, snippet: str, seq_len: int) -> ModelSpec:
     call = ast.parse(snippet).body[0].value
     a = _call_kwargs(call)
     moe = a.get("moe_args", {})
-    base = dict(name="torchtitan", arch="llama", seq_len=seq_len, vocab=a["vocab_size"], hidden=a["dim"],
-                norm_eps=a.get("norm_eps", 1e-5), rope_theta=float(a.get("rope_theta", 10000.0)))
-    experts = dict(experts=moe.get("num_experts", 8), top_k=moe.get("top_k", 1),
-                   shared_experts=moe.get("num_shared_experts", 1), router=moe.get("score_func", "sigmoid"),
-                   router_bias=moe.get("load_balance_coeff", 1e-3) is not None) if moe else {}
+    base = dict(
+        name="torchtitan",
+        arch="llama",
+        seq_len=seq_len,
+        vocab=a["vocab_size"],
+        hidden=a["dim"],
+        norm_eps=a.get("norm_eps", 1e-5),
+        rope_theta=float(a.get("rope_theta", 10000.0)),
+    )
+    experts = (
+        dict(
+            experts=moe.get("num_experts", 8),
+            top_k=moe.get("top_k", 1),
+            shared_experts=moe.get("num_shared_experts", 1),
+            router=moe.get("score_func", "sigmoid"),
+            router_bias=moe.get("load_balance_coeff", 1e-3) is not None,
+        )
+        if moe
+        else {}
+    )
     if family == "llama3":  # FeedForward: int(2*4*dim/3) x multiplier, rounded up to multiple_of
         width = int(2 * 4 * a["dim"] / 3)
         if a.get("ffn_dim_multiplier") is not None:
             width = int(a["ffn_dim_multiplier"] * width)
         multiple = a.get("multiple_of", 256)
-        return ModelSpec(layers=a["n_layers"], heads=a["n_heads"], kv_heads=a.get("n_kv_heads") or a["n_heads"],
-                         ffn_hidden=multiple * ((width + multiple - 1) // multiple), **base)
+        return ModelSpec(
+            layers=a["n_layers"],
+            heads=a["n_heads"],
+            kv_heads=a.get("n_kv_heads") or a["n_heads"],
+            ffn_hidden=multiple * ((width + multiple - 1) // multiple),
+            **base,
+        )
     if family == "qwen3":
-        fields = dict(layers=a["n_layers"], heads=a["n_heads"], kv_heads=a["n_kv_heads"], kv_channels=a["head_dim"],
-                      ffn_hidden=a["hidden_dim"], qk_norm=a.get("qk_norm", True),
-                      tied_embeddings=a.get("enable_weight_tying", False))
+        fields = dict(
+            layers=a["n_layers"],
+            heads=a["n_heads"],
+            kv_heads=a["n_kv_heads"],
+            kv_channels=a["head_dim"],
+            ffn_hidden=a["hidden_dim"],
+            qk_norm=a.get("qk_norm", True),
+            tied_embeddings=a.get("enable_weight_tying", False),
+        )
         if a.get("moe_enabled"):
             fields.update(expert_ffn_hidden=a["moe_inter_dim"], **experts)
         return ModelSpec(**fields, **base)
     if family == "deepseek_v3":
         if a["qk_nope_head_dim"] != a["v_head_dim"]:
             raise ValueError("query/key and value head widths differ")
-        return ModelSpec(layers=a["n_layers"], heads=a["n_heads"], kv_channels=a["qk_nope_head_dim"],
-                         ffn_hidden=a["inter_dim"], q_lora_rank=a["q_lora_rank"], kv_lora_rank=a["kv_lora_rank"],
-                         rope_head_dim=a["qk_rope_head_dim"], expert_ffn_hidden=a["moe_inter_dim"],
-                         dense_layers=a["n_dense_layers"], **experts, **base)
+        return ModelSpec(
+            layers=a["n_layers"],
+            heads=a["n_heads"],
+            kv_channels=a["qk_nope_head_dim"],
+            ffn_hidden=a["inter_dim"],
+            q_lora_rank=a["q_lora_rank"],
+            kv_lora_rank=a["kv_lora_rank"],
+            rope_head_dim=a["qk_rope_head_dim"],
+            expert_ffn_hidden=a["moe_inter_dim"],
+            dense_layers=a["n_dense_layers"],
+            **experts,
+            **base,
+        )
     if family == "gpt_oss":  # windows on even layers, sinks, biases: the family's own
         if not moe.get("gate_bias"):
             raise ValueError("gpt_oss's router without its bias")
-        return ModelSpec(layers=a["n_layers"], heads=a["n_heads"], kv_heads=a["n_kv_heads"], kv_channels=a["head_dim"],
-                         ffn_hidden=a["moe_inter_dim"], expert_ffn_hidden=a["moe_inter_dim"],
-                         sliding_window=a["sliding_window_size"], full_attention_every=2, attention_sinks=True,
-                         linear_bias=True, **experts, **base)
+        return ModelSpec(
+            layers=a["n_layers"],
+            heads=a["n_heads"],
+            kv_heads=a["n_kv_heads"],
+            kv_channels=a["head_dim"],
+            ffn_hidden=a["moe_inter_dim"],
+            expert_ffn_hidden=a["moe_inter_dim"],
+            sliding_window=a["sliding_window_size"],
+            full_attention_every=2,
+            attention_sinks=True,
+            linear_bias=True,
+            **experts,
+            **base,
+        )
     raise ValueError(f"unknown torchtitan family {family!r}")
 
 
@@ -214,8 +297,11 @@ def torchtitan_model(text: str) -> ModelSpec:
     job = tomllib.loads(text)
     family, flavor = job["model"]["name"], job["model"]["flavor"]
     lines = text.splitlines()
-    register = [lines[i + 1][1:].strip() for i, line in enumerate(lines[:-1])
-                if line.startswith("# Register the model as a flavor")]
+    register = [
+        lines[i + 1][1:].strip()
+        for i, line in enumerate(lines[:-1])
+        if line.startswith("# Register the model as a flavor")
+    ]
     seq = job["training"]["seq_len"]
     if register:
         if f"[{flavor!r}]" not in register[0]:
@@ -230,5 +316,12 @@ def torchtitan_03_model(argv: list[str]) -> ModelSpec:
     return _flavor(o["--module"][0], config=o["--config"][0]).replace(seq_len=_int(o, "--training.seq-len"))
 
 
-__all__ = ["bash_array", "deepspeed_model", "megatron_model", "options", "torchtitan_03_model",
-           "torchtitan_args_model", "torchtitan_model"]
+__all__ = [
+    "bash_array",
+    "deepspeed_model",
+    "megatron_model",
+    "options",
+    "torchtitan_03_model",
+    "torchtitan_args_model",
+    "torchtitan_model",
+]

@@ -69,14 +69,22 @@ def main() -> int:
     steps = []
     for step in range(1, args.steps + 1):
         time.sleep(float(what.get("step_s", 0.0)))
-        line = {"kind": "step", "step": step, "loss": 5.0 - 0.1 * step, "step_time_s": tokens / rate,
-                "tokens_per_s": rate}
+        line = {
+            "kind": "step",
+            "step": step,
+            "loss": 5.0 - 0.1 * step,
+            "step_time_s": tokens / rate,
+            "tokens_per_s": rate,
+        }
         steps.append(line)
         with open(args.metrics_file, "a") as f:
             f.write(json.dumps(line) + "\n")
     kept = steps[2:] or steps
-    measured = Measured(steps=len(steps), step_time_s=statistics.median(s["step_time_s"] for s in kept),
-                        tokens_per_s=statistics.median(s["tokens_per_s"] for s in kept))
+    measured = Measured(
+        steps=len(steps),
+        step_time_s=statistics.median(s["step_time_s"] for s in kept),
+        tokens_per_s=statistics.median(s["tokens_per_s"] for s in kept),
+    )
     append_run_record(args.metrics_file, RunRecord(plan=plan, measured=measured, device="fake", env={"fake": True}))
     return 0
 

@@ -44,10 +44,16 @@ def _rank(rank: int, port: str, reshard: bool) -> None:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             name, x = func.overloadpacket.__name__, args[0] if args else None
-            elements = (x.numel() if isinstance(x, torch.Tensor) else
-                        sum(t.numel() for t in x if isinstance(t, torch.Tensor)) if isinstance(x, (list, tuple)) else 0)
-            kind = {"all_gather_copy_in": "copy_in", "split_with_sizes_copy": "copy_out",
-                    "chunk_cat": "rs_in"}.get(name)
+            elements = (
+                x.numel()
+                if isinstance(x, torch.Tensor)
+                else sum(t.numel() for t in x if isinstance(t, torch.Tensor))
+                if isinstance(x, (list, tuple))
+                else 0
+            )
+            kind = {"all_gather_copy_in": "copy_in", "split_with_sizes_copy": "copy_out", "chunk_cat": "rs_in"}.get(
+                name
+            )
             if kind:
                 self.n[kind] += elements
             elif name == "copy_" and x.dtype == torch.float32:  # the reduce-scatter's output into the sharded .grad

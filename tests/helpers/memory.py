@@ -8,8 +8,16 @@ from exatrain.accounting.engines import Resolved
 from exatrain.accounting.memory import RankCounts
 
 _RUN = ("dtype", "flash", "engine", "cross_entropy", "cp_comm", "recompute_modules")
-_RANK = ("params_here", "layers_here", "inflight_mb", "is_last", "expert_params_here", "moe_layers_here",
-         "pp_grad_share", "recomputed_here")
+_RANK = (
+    "params_here",
+    "layers_here",
+    "inflight_mb",
+    "is_last",
+    "expert_params_here",
+    "moe_layers_here",
+    "pp_grad_share",
+    "recomputed_here",
+)
 
 
 def rank_memory(m, *, fp8=None, capacity_factor=1.0, **kw):

@@ -13,8 +13,9 @@ from exatrain.planner.cost.coefficients import default_params
 
 def rank_params(plan) -> np.ndarray:
     """(1, pp) parameters one rank of each pipeline rank holds, routed experts included."""
-    dense, routed, _ = cost_moe.rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
-                                                 plan.layers_per_stage(), plan.ep)
+    dense, routed, _ = cost_moe.rank_params_split(
+        plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave, plan.layers_per_stage(), plan.ep
+    )
     return (dense + routed).astype(float)
 
 

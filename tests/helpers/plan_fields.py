@@ -16,8 +16,7 @@ from exatrain.errors import UserError
 from exatrain.plan import Plan
 
 
-def check_round_trip(tmp_path: Path, cluster: ClusterSpec, field: str, value: str,
-                     runtime: str = "torchtitan") -> Path:
+def check_round_trip(tmp_path: Path, cluster: ClusterSpec, field: str, value: str, runtime: str = "torchtitan") -> Path:
     """Assert the round trip of ``field`` set to ``value`` on a llama3-8b plan of ``runtime``; the file's path."""
     plan = make_plan("llama3-8b", cluster, gpus=8, global_batch=8, runtime=runtime)
     assert getattr(plan, field) == "" and field not in plan.to_dict()

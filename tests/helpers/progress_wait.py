@@ -43,9 +43,16 @@ def tree_state(paths: Sequence[Path]) -> tuple:
     return tuple(out)
 
 
-def wait_for(done: Callable[[], bool], *, watch: Sequence[Path] = (), progress: Callable[[], object] = lambda: None,
-             idle_s: float = IDLE_S, poll_s: float = 0.05, what: str = "the run",
-             on_idle: Callable[[], str] = lambda: "") -> None:
+def wait_for(
+    done: Callable[[], bool],
+    *,
+    watch: Sequence[Path] = (),
+    progress: Callable[[], object] = lambda: None,
+    idle_s: float = IDLE_S,
+    poll_s: float = 0.05,
+    what: str = "the run",
+    on_idle: Callable[[], str] = lambda: "",
+) -> None:
     """Poll until ``done()``; pytest.fail when neither the files under ``watch`` nor ``progress()``
     changed for ``idle_s`` seconds (``on_idle`` returns text for the failure message)."""
     mark: object = None
@@ -77,24 +84,37 @@ def start(cmd: Sequence[str], out_dir: Path, name: str, **popen) -> tuple[subpro
     return proc, stdout, stderr
 
 
-def finish(procs: Sequence[subprocess.Popen], watch: Sequence[Path], logs: Sequence[Path],
-           idle_s: float = IDLE_S, what: str = "the command") -> None:
+def finish(
+    procs: Sequence[subprocess.Popen],
+    watch: Sequence[Path],
+    logs: Sequence[Path],
+    idle_s: float = IDLE_S,
+    what: str = "the command",
+) -> None:
     """Wait for every process while anything under ``watch`` (and the logs) still moves; on a stall,
     kill their process groups and fail with the logs' tails."""
+
     def tails() -> str:
         return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if Path(p).is_file())
 
     try:
-        wait_for(lambda: all(p.poll() is not None for p in procs), watch=[*watch, *logs], idle_s=idle_s,
-                 poll_s=0.2, what=what, on_idle=tails)
+        wait_for(
+            lambda: all(p.poll() is not None for p in procs),
+            watch=[*watch, *logs],
+            idle_s=idle_s,
+            poll_s=0.2,
+            what=what,
+            on_idle=tails,
+        )
     finally:
         for p in procs:
             if p.poll() is None:
                 kill_group(p)
 
 
-def run(cmd: Sequence[str], out_dir: Path, name: str, watch: Sequence[Path] = (), idle_s: float = IDLE_S,
-        **popen) -> tuple[int, str, str]:
+def run(
+    cmd: Sequence[str], out_dir: Path, name: str, watch: Sequence[Path] = (), idle_s: float = IDLE_S, **popen
+) -> tuple[int, str, str]:
     """Run ``cmd`` to its end (unless it stalls): (exit status, stdout, stderr)."""
     proc, stdout, stderr = start(cmd, out_dir, name, **popen)
     finish([proc], watch, [stdout, stderr], idle_s, what=" ".join(map(str, cmd[:6])))

@@ -34,8 +34,11 @@ def _drawn_tick_labels(axis) -> list:
     """The major tick labels an axis drew: those at locations inside its view interval."""
     lo, hi = sorted(axis.get_view_interval())
     tol = 1e-9 * max(1.0, abs(lo), abs(hi))
-    return [lab for loc, lab in zip(axis.get_majorticklocs(), axis.get_majorticklabels())
-            if lo - tol <= loc <= hi + tol and lab.get_visible() and lab.get_text().strip()]
+    return [
+        lab
+        for loc, lab in zip(axis.get_majorticklocs(), axis.get_majorticklabels())
+        if lo - tol <= loc <= hi + tol and lab.get_visible() and lab.get_text().strip()
+    ]
 
 
 def _rgb(c) -> tuple[float, float, float]:
@@ -137,14 +140,20 @@ def layout_problems(fig, categorical=frozenset(), min_span: float = 0.2, draw: b
             for lab in labels:
                 outside(lab, f"axes {i} {name} tick label")
             if (i, name) in categorical:
-                locs = [loc for loc, lab in zip(axis.get_majorticklocs(), axis.get_majorticklabels())
-                        if lab in labels]
+                locs = [loc for loc, lab in zip(axis.get_majorticklocs(), axis.get_majorticklabels()) if lab in labels]
                 if not labels or any(abs(loc - round(loc)) > 1e-9 for loc in locs):
                     out.append(f"axes {i} {name}: categorical ticks must sit on the categories, got {locs}")
-            elif max(len(_drawn_tick_labels(getattr(sib, f"{name}axis")))
-                     for sib in getattr(ax, f"get_shared_{name}_axes")().get_siblings(ax)) < 3:
-                out.append(f"axes {i} {name} ({ax.get_xlabel() if name == 'x' else ax.get_ylabel()!r}): "
-                           f"{len(labels)} labelled ticks {[lab.get_text() for lab in labels]}, need 3")
+            elif (
+                max(
+                    len(_drawn_tick_labels(getattr(sib, f"{name}axis")))
+                    for sib in getattr(ax, f"get_shared_{name}_axes")().get_siblings(ax)
+                )
+                < 3
+            ):
+                out.append(
+                    f"axes {i} {name} ({ax.get_xlabel() if name == 'x' else ax.get_ylabel()!r}): "
+                    f"{len(labels)} labelled ticks {[lab.get_text() for lab in labels]}, need 3"
+                )
         pts = _data_points(ax)
         if len(pts):
             a = ax.transAxes.inverted().transform(pts)
@@ -169,12 +178,15 @@ def layout_problems(fig, categorical=frozenset(), min_span: float = 0.2, draw: b
                     out.append(f"legend series {series[a_i][0]!r} and {series[b_i][0]!r} have nearly the same colour")
         e = leg.get_window_extent(r)
         if e.x0 < box.x0 - 1 or e.y0 < box.y0 - 1 or e.x1 > box.x1 + 1 or e.y1 > box.y1 + 1:
-            out.append(f"legend {[t.get_text() for t in leg.get_texts()][:3]}... reaches outside the canvas "
-                       f"({e.bounds} vs {box.bounds})")
+            out.append(
+                f"legend {[t.get_text() for t in leg.get_texts()][:3]}... reaches outside the canvas "
+                f"({e.bounds} vs {box.bounds})"
+            )
         for ax in axes:
             pts = _data_points(ax) if ax.axison else np.zeros((0, 2))
             inside = (pts[:, 0] > e.x0) & (pts[:, 0] < e.x1) & (pts[:, 1] > e.y0) & (pts[:, 1] < e.y1)
             if inside.any():
-                out.append(f"legend {[t.get_text() for t in leg.get_texts()][:3]}... covers {int(inside.sum())} "
-                           "data points")
+                out.append(
+                    f"legend {[t.get_text() for t in leg.get_texts()][:3]}... covers {int(inside.sum())} data points"
+                )
     return out

@@ -13,7 +13,7 @@ import stat
 import sys
 from pathlib import Path
 
-SRUN = r'''#!{python}
+SRUN = r"""#!{python}
 import json, os, subprocess, sys, time
 args = sys.argv[1:]
 opts = {{}}
@@ -50,16 +50,16 @@ while len(codes) < len(procs):
                         q.kill()
     time.sleep(0.05)
 sys.exit(max((abs(c) for c in codes.values()), default=0))
-'''
+"""
 
-SCONTROL = r'''#!{python}
+SCONTROL = r"""#!{python}
 import signal, sys
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # like the real one: `| head -n1` ends it quietly
 if sys.argv[1:3] == ["show", "hostnames"]:
     print("\n".join(h for h in sys.argv[3].split(",") if h))
 else:
     sys.exit("scontrol stand-in: only `show hostnames LIST` is implemented")
-'''
+"""
 
 
 def install(bin_dir: Path) -> Path:
@@ -76,11 +76,18 @@ def job_environment(bin_dir: Path, nodes: int, job_id: int = 4242, **extra: str)
     """What sbatch gives the batch script: the allocation's variables, stand-ins first on PATH
     (then this interpreter's directory, so `python` and `torchrun` are the ones under test)."""
     env = dict(os.environ)
-    for key in [k for k in env if k.startswith("SLURM_") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                                    "MASTER_ADDR", "MASTER_PORT")]:
+    for key in [
+        k
+        for k in env
+        if k.startswith("SLURM_") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    ]:
         del env[key]
-    env.update(PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
-               SLURM_JOB_ID=str(job_id), SLURM_NNODES=str(nodes),
-               SLURM_NODELIST=",".join(["127.0.0.1"] * nodes), SLURM_JOB_NODELIST=",".join(["127.0.0.1"] * nodes),
-               **extra)
+    env.update(
+        PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")]),
+        SLURM_JOB_ID=str(job_id),
+        SLURM_NNODES=str(nodes),
+        SLURM_NODELIST=",".join(["127.0.0.1"] * nodes),
+        SLURM_JOB_NODELIST=",".join(["127.0.0.1"] * nodes),
+        **extra,
+    )
     return env

@@ -50,8 +50,12 @@ CASES = {
     # on tp shards stored locally, FSDP2 under a pipeline) and an untied head split from its embedding
     "zero0-dp2-tp2-sp": (SMALL, dict(dp=2, tp=2, sequence_parallel=True), None, False),
     "zero1-dp2-tp2": (SMALL, dict(dp=2, zero_stage=1, tp=2), None, False),
-    "pp2-gpipe-zero2-dp2-untied": (dict(SMALL, tied_embeddings=False), dict(pp=2, dp=2, zero_stage=2,
-                                                                         schedule="gpipe"), None, False),
+    "pp2-gpipe-zero2-dp2-untied": (
+        dict(SMALL, tied_embeddings=False),
+        dict(pp=2, dp=2, zero_stage=2, schedule="gpipe"),
+        None,
+        False,
+    ),
     # a vocabulary large beside the rest, so that the loss's backward is the peak: torch's loss_parallel
     # on the vocabulary shard (16 bytes a logit, accounting.memory.logits_bytes_per_element) and on whole
     # logits (12)
@@ -61,27 +65,41 @@ CASES = {
 
 # ZeRO-0/1 under a pipeline with tp shards stored locally: every in-flight micro-batch keeps its own
 # 16-bit weight copies (trainer_memory ``_uncached_copies``)
-CASES.update({
-    "pp2-zero1-dp2-tp2": (SMALL, dict(pp=2, dp=2, zero_stage=1, tp=2), None, False),
-    "pp2-zero-bubble-zero1-dp2-tp2-sp": (SMALL, dict(pp=2, dp=2, zero_stage=1, tp=2, sequence_parallel=True,
-                                                    schedule="zero_bubble", interleave=2), None, False),
-    "selective-tp2-sp": (SMALL, dict(tp=2, sequence_parallel=True, recompute="selective"), None, False),
-    "zero2-dp2-selective": (SMALL, dict(dp=2, zero_stage=2, recompute="selective"), None, False),
-    # gpt-175b's layers as the 175B line of `estimate` runs them (tp 8, SP, selective, ZeRO-1 over dp),
-    # traced with a GPU's rules (accelerator: bench/gpu_rules.py's fp32 norms, foreach AdamW)
-    "175b-tp8-sp-selective-zero1-dp2-gpu": (GPT175, dict(tp=8, pp=3, dp=2, zero_stage=1, sequence_parallel=True,
-                                                          recompute="selective"), [1, 2], True),
-    # a GPU's norms where they weigh: long sequences, LayerNorm and RMSNorm kept in fp32
-    "gpu-norms-gpt-long": (dict(SMALL, seq_len=1024), dict(pp=2), None, True),
-    "gpu-norms-llama-long-tp2-sp": (dict(LLAMA, seq_len=1024), dict(tp=2, sequence_parallel=True), None, True),
-})
+CASES.update(
+    {
+        "pp2-zero1-dp2-tp2": (SMALL, dict(pp=2, dp=2, zero_stage=1, tp=2), None, False),
+        "pp2-zero-bubble-zero1-dp2-tp2-sp": (
+            SMALL,
+            dict(pp=2, dp=2, zero_stage=1, tp=2, sequence_parallel=True, schedule="zero_bubble", interleave=2),
+            None,
+            False,
+        ),
+        "selective-tp2-sp": (SMALL, dict(tp=2, sequence_parallel=True, recompute="selective"), None, False),
+        "zero2-dp2-selective": (SMALL, dict(dp=2, zero_stage=2, recompute="selective"), None, False),
+        # gpt-175b's layers as the 175B line of `estimate` runs them (tp 8, SP, selective, ZeRO-1 over dp),
+        # traced with a GPU's rules (accelerator: bench/gpu_rules.py's fp32 norms, foreach AdamW)
+        "175b-tp8-sp-selective-zero1-dp2-gpu": (
+            GPT175,
+            dict(tp=8, pp=3, dp=2, zero_stage=1, sequence_parallel=True, recompute="selective"),
+            [1, 2],
+            True,
+        ),
+        # a GPU's norms where they weigh: long sequences, LayerNorm and RMSNorm kept in fp32
+        "gpu-norms-gpt-long": (dict(SMALL, seq_len=1024), dict(pp=2), None, True),
+        "gpu-norms-llama-long-tp2-sp": (dict(LLAMA, seq_len=1024), dict(tp=2, sequence_parallel=True), None, True),
+    }
+)
 
 # Layout families the trainer runs that CASES does not hold: traced (the test checks that each traces and
 # holds the accounted parameter shard) but not held to the bound, which the trainer memory model misses
 # for them (by 5.7-7.1% on this shape: FSDP2 under an interleaved pipeline with tp).
 FAMILIES = {
-    "pp2-interleaved-zero3-dp2-tp2": (SMALL, dict(pp=2, dp=2, zero_stage=3, tp=2, schedule="interleaved",
-                                                 interleave=2), None, False),
+    "pp2-interleaved-zero3-dp2-tp2": (
+        SMALL,
+        dict(pp=2, dp=2, zero_stage=3, tp=2, schedule="interleaved", interleave=2),
+        None,
+        False,
+    ),
 }
 
 
@@ -89,8 +107,21 @@ FAMILIES = {
 # parallelism: shapes whose activations are as large as the model states or larger, so that the
 # gathered keys and values and the routed token copies move the peak by more than the bound
 # (test_trace_moe_cp.py). ``b``: the micro-batch.
-MOE = dict(arch="llama", hidden=256, heads=8, kv_heads=2, ffn_hidden=704, seq_len=512, vocab=256, layers=4,
-           experts=4, top_k=2, shared_experts=1, expert_ffn_hidden=256, dense_layers=1)
+MOE = dict(
+    arch="llama",
+    hidden=256,
+    heads=8,
+    kv_heads=2,
+    ffn_hidden=704,
+    seq_len=512,
+    vocab=256,
+    layers=4,
+    experts=4,
+    top_k=2,
+    shared_experts=1,
+    expert_ffn_hidden=256,
+    dense_layers=1,
+)
 LONG = dict(SMALL, seq_len=1024)
 MOE_CP = {
     "moe-ep2": (MOE, dict(dp=2, ep=2), None, False),
@@ -118,8 +149,12 @@ REPLAY = {
     "pp8-1f1b-m16-full": (SMALL8, dict(pp=8, m=16, recompute="full"), None, False),
     "pp4-tp2-sp-zero1-dp2": (SMALL8, dict(pp=4, tp=2, sequence_parallel=True, dp=2, zero_stage=1), None, False),
     "pp4-zero2-dp2": (dict(LLAMA, layers=8), dict(pp=4, dp=2, zero_stage=2), None, False),
-    "pp4-interleaved-zero3-dp2": (SMALL8, dict(pp=4, dp=2, zero_stage=3, schedule="interleaved", interleave=2),
-                                  None, False),
+    "pp4-interleaved-zero3-dp2": (
+        SMALL8,
+        dict(pp=4, dp=2, zero_stage=3, schedule="interleaved", interleave=2),
+        None,
+        False,
+    ),
     "pp4-foreach-untied": (dict(SMALL8, tied_embeddings=False), dict(pp=4), None, True),
     "pp1-m8": (SMALL, dict(m=8), None, False),
     # FSDP without a pipeline reduces after the last of the step's micro-batches only
@@ -140,16 +175,23 @@ def plan_for(fields: dict, layout: dict) -> Plan:
     ep, cp, b = layout.pop("ep", 1), layout.pop("cp", 1), layout.pop("b", 1)
     m = layout.pop("m", 2 if pp == 1 else 2 * pp)
     model = ModelSpec(name="trace-case", **fields)
-    return Plan(model=model, dims=ParallelDims(tp, pp, dp, ep=ep, cp=cp), shape=TrainShape(b, b * m * dp),
-                **layout).validate()
+    return Plan(
+        model=model, dims=ParallelDims(tp, pp, dp, ep=ep, cp=cp), shape=TrainShape(b, b * m * dp), **layout
+    ).validate()
 
 
 def params_here(plan: Plan) -> tuple[int, ...]:
     """Parameters one rank of each stage holds: with the routed experts split over ep."""
     if not plan.model.is_moe:
         return stage_params(plan)
-    split = stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                               layers_per_stage=plan.layers_per_stage(), ep=plan.ep)
+    split = stage_params_split(
+        plan.model,
+        tp=plan.tp,
+        pp=plan.pp,
+        interleave=plan.interleave,
+        layers_per_stage=plan.layers_per_stage(),
+        ep=plan.ep,
+    )
     return tuple(dense + experts for dense, experts in split)
 
 
@@ -165,13 +207,21 @@ def run(ids: list[str], fast: bool = False) -> dict:
         for r in ranks if ranks is not None else range(plan.pp):
             traced = trace_stage(plan, r, accelerator=accelerator)
             est = trainer_stage_memory(plan, r, on_cpu=not accelerator)
-            row = {"rank": r, "traced": traced.total,
-                   "analytical": est.total / (1 + FRAGMENTATION_ALLOWANCE),  # tensors only
-                   "traced_weights": traced.weights, "params_here": params_here(plan)[r]}
+            row = {
+                "rank": r,
+                "traced": traced.total,
+                "analytical": est.total / (1 + FRAGMENTATION_ALLOWANCE),  # tensors only
+                "traced_weights": traced.weights,
+                "params_here": params_here(plan)[r],
+            }
             if quick is not None:
-                row.update(full=traced.to_dict(), fast=quick.stages[r].to_dict(),
-                           fast_in_full=r in quick.traced_in_full,
-                           shapes=len(quick.probes), fast_ops=sum(len(p.order) for p in quick.probes))
+                row.update(
+                    full=traced.to_dict(),
+                    fast=quick.stages[r].to_dict(),
+                    fast_in_full=r in quick.traced_in_full,
+                    shapes=len(quick.probes),
+                    fast_ops=sum(len(p.order) for p in quick.probes),
+                )
             rows.append(row)
         out[case] = rows
     return out
@@ -184,8 +234,19 @@ ALL = {**CASES, **FAMILIES, **MOE_CP, **REPLAY}
 # full, SP on and off, tp, pp, cp, ep and ZeRO 0-3. ``COUNTED_GAPS``: run and traced, the run holding more than the
 # trace by more than the bound (torch.distributed.pipelining's receive buffers, not traced: bench/trace.py).
 COUNTED = {
-    2: ["tp2", "selective-tp2-sp", "full-tp2-sp", "tp2-sp-llama-gqa", "pp2-1f1b", "zero0-dp2", "zero1-dp2",
-        "zero2-dp2-selective", "zero3-dp2-llama", "cp2", "moe-ep2"],
+    2: [
+        "tp2",
+        "selective-tp2-sp",
+        "full-tp2-sp",
+        "tp2-sp-llama-gqa",
+        "pp2-1f1b",
+        "zero0-dp2",
+        "zero1-dp2",
+        "zero2-dp2-selective",
+        "zero3-dp2-llama",
+        "cp2",
+        "moe-ep2",
+    ],
     4: ["moe-ep2-pp2"],
 }
 COUNTED_GAPS = {2: ["pp2-zero-bubble"]}
@@ -200,8 +261,10 @@ if __name__ == "__main__":
             for row in rows:
                 err = row["analytical"] / row["traced"] - 1
                 errs.append(abs(err))
-                print(f"{case:24s} rank {row['rank']}: traced {row['traced'] / 2**20:9.1f} MiB  "
-                      f"analytical {row['analytical'] / 2**20:9.1f} MiB  {err:+.2%}")
+                print(
+                    f"{case:24s} rank {row['rank']}: traced {row['traced'] / 2**20:9.1f} MiB  "
+                    f"analytical {row['analytical'] / 2**20:9.1f} MiB  {err:+.2%}"
+                )
         print(f"max |error| {max(errs):.2%} over {len(errs)} ranks")
     else:
         print(json.dumps(result))

@@ -24,8 +24,13 @@ NICE = 19
 def groups() -> dict[str, Callable[[Path], dict[int, dict[str, dict[str, Any]]]]]:
     from tests.trainer import test_compile, test_context_parallel, test_fp8, test_moe, test_parity
 
-    return {"parity": test_parity.launch_cases, "compile": test_compile.launch_cases, "moe": test_moe.launch_cases,
-            "cp": test_context_parallel.launch_cases, "fp8": test_fp8.launch_cases}
+    return {
+        "parity": test_parity.launch_cases,
+        "compile": test_compile.launch_cases,
+        "moe": test_moe.launch_cases,
+        "cp": test_context_parallel.launch_cases,
+        "fp8": test_fp8.launch_cases,
+    }
 
 
 def launch(out: Path, world: int) -> dict[str, dict[str, Run]]:

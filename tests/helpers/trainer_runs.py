@@ -63,20 +63,47 @@ def default_data() -> str:
     return str(default_dataset())
 
 
-def config(out: Path, name: str, *, model: str | ModelSpec = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1,
-           ep: int = 1, cp: int = 1, dtype: str = "float32", steps: int = STEPS, compile: bool = False,
-           dropout: float = 0.0, tied: bool | None = None, train_kw: dict[str, Any] | None = None,
-           **plan_kw: Any) -> TrainConfig:
+def config(
+    out: Path,
+    name: str,
+    *,
+    model: str | ModelSpec = "gpt-tiny",
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    dtype: str = "float32",
+    steps: int = STEPS,
+    compile: bool = False,
+    dropout: float = 0.0,
+    tied: bool | None = None,
+    train_kw: dict[str, Any] | None = None,
+    **plan_kw: Any,
+) -> TrainConfig:
     """The config of one case, dumped to out/<name>.dump/: ``model`` a preset name or a spec; ``dropout``
     and ``tied`` override the model's; ``train_kw`` further TrainConfig fields."""
     spec = (get_model(model) if isinstance(model, str) else model).replace(dropout=dropout)
     if tied is not None:
         spec = spec.replace(tied_embeddings=tied)
-    plan = Plan(model=spec, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp),
-                shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype=dtype, **plan_kw).validate()
+    plan = Plan(
+        model=spec,
+        dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp),
+        shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH),
+        dtype=dtype,
+        **plan_kw,
+    ).validate()
     kw = {"dump_dir": str(out / f"{name}.dump"), "data_dir": default_data(), **(train_kw or {})}
-    return TrainConfig(plan=plan, steps=steps, seed=0, lr=LR, metrics_file=str(out / f"{name}.jsonl"),
-                       quiet=True, compile=compile, **kw).check()
+    return TrainConfig(
+        plan=plan,
+        steps=steps,
+        seed=0,
+        lr=LR,
+        metrics_file=str(out / f"{name}.jsonl"),
+        quiet=True,
+        compile=compile,
+        **kw,
+    ).check()
 
 
 def run_batch(out: Path, cases: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, Run]:
@@ -94,8 +121,13 @@ def read_run(path: Path) -> Run:
     steps = [x for x in lines if x["kind"] == "step"]
     records = [x for x in lines if x["kind"] == "run_record"]
     dump = path.with_suffix(".dump")
-    return Run(losses=[s["loss"] for s in steps], grad_norms=[s["grad_norm"] for s in steps], steps=steps,
-               record=records[-1] if records else None, dump=dump if dump.is_dir() else None)
+    return Run(
+        losses=[s["loss"] for s in steps],
+        grad_norms=[s["grad_norm"] for s in steps],
+        steps=steps,
+        record=records[-1] if records else None,
+        dump=dump if dump.is_dir() else None,
+    )
 
 
 def lines(metrics: Path) -> list[dict]:
@@ -125,8 +157,9 @@ def grad_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tu
     return max(((got[n] - r).abs().max().item() / max(r.abs().max().item(), 1e-3 * top), n) for n, r in ref.items())
 
 
-def weight_errors(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
-                  init: dict[str, torch.Tensor]) -> tuple[float, float, str]:
+def weight_errors(
+    got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], init: dict[str, torch.Tensor]
+) -> tuple[float, float, str]:
     """(relative L2 error of the whole model's training update, W - W0, against the reference's;
     the largest single weight difference; the parameter it is in).
 

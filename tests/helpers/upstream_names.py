@@ -16,7 +16,9 @@ and the TOML through torchtitan v0.2.2's ConfigManager (which rejects unknown ke
 # megatron/training/arguments.py add_megatron_arguments (options generated there from
 # megatron/core/model_parallel_config.py, megatron/core/transformer/transformer_config.py,
 # megatron/training/config/training_config.py, megatron/core/distributed/distributed_data_parallel_config.py).
-MEGATRON_LM_OPTIONS = frozenset("""
+MEGATRON_LM_OPTIONS = (
+    frozenset(
+        """
     --attention-backend --bf16 --checkpoint-activations --ckpt-format
     --data-parallel-sharding-strategy --decoder-first-pipeline-num-layers
     --decoder-last-pipeline-num-layers --disable-bias-linear --distribute-saved-activations
@@ -34,17 +36,25 @@ MEGATRON_LM_OPTIONS = frozenset("""
     --sequence-parallel --swiglu --tensor-model-parallel-size
     --untie-embeddings-and-output-weights --use-distributed-optimizer --use-flash-attn
     --use-megatron-fsdp --use-rotary-position-embeddings --use-torch-fsdp2 --vocab-size
-""".split()) | frozenset("""
+""".split()
+    )
+    | frozenset(
+        """
     --context-parallel-size --cp-comm-type --expert-model-parallel-size --expert-tensor-parallel-size
     --fp8-format --fp8-param-gather --fp8-recipe --moe-expert-capacity-factor --moe-ffn-hidden-size
     --moe-flex-dispatcher-backend --moe-grouped-gemm --moe-layer-freq --moe-pad-expert-input-to-capacity
     --moe-router-force-load-balancing --moe-router-topk --moe-shared-expert-intermediate-size
     --moe-token-dispatcher-type --num-experts
-""".split()) | frozenset("""
+""".split()
+    )
+    | frozenset(
+        """
     --kv-channels --qk-layernorm --multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim
     --qk-pos-emb-head-dim --v-head-dim --window-size --window-attn-skip-freq --softmax-type
     --moe-router-score-function --moe-router-enable-expert-bias
-""".split())  # the model's attention and routing, at the same commit: --window-size, --window-attn-skip-freq
+""".split()
+    )
+)  # the model's attention and routing, at the same commit: --window-size, --window-attn-skip-freq
 # (_add_network_size_args) and the MLA widths (_add_mla_args) added by hand; the rest generated from
 # TransformerConfig's fields (kv_channels, qk_layernorm, multi_latent_attention, softmax_type,
 # moe_router_score_function, moe_router_enable_expert_bias)
@@ -55,7 +65,8 @@ MEGATRON_LM_OPTIONS = frozenset("""
 MEGATRON_LM_OPTIONS |= frozenset("--attention-dropout --hidden-dropout".split())  # _add_regularization_args
 
 # deepspeedai/Megatron-DeepSpeed 4efb479d5317ce9b86096b9d8e3e8030b0b5263b (2025-07-16), megatron/arguments.py.
-MEGATRON_DEEPSPEED_OPTIONS = frozenset("""
+MEGATRON_DEEPSPEED_OPTIONS = frozenset(
+    """
     --bf16 --checkpoint-activations --checkpoint-num-layers --deepspeed-activation-checkpointing
     --disable-bias-linear --distribute-checkpointed-activations --distribute-saved-activations
     --distributed-backend --distributed-timeout-minutes --ffn-hidden-size --fp16
@@ -72,7 +83,8 @@ MEGATRON_DEEPSPEED_OPTIONS = frozenset("""
     --use-flash-attn-triton --use-flash-attn-v1 --use-flash-attn-v2
     --use-rotary-position-embeddings --vocab-size --zero-allgather-bucket-size
     --zero-contigious-gradients --zero-reduce-bucket-size --zero-reduce-scatter --zero-stage
-""".split()) | frozenset("--attention-dropout --hidden-dropout".split())  # _add_regularization_args
+""".split()
+) | frozenset("--attention-dropout --hidden-dropout".split())  # _add_regularization_args
 
 # deepspeedai/DeepSpeed edaa7221267243c7be7fb49c5d5f5c4fb97b4641 (2026-08-22), deepspeed/__init__.py
 # _add_core_arguments (what add_config_arguments adds to Megatron-DeepSpeed's parser).
@@ -82,27 +94,39 @@ DEEPSPEED_LAUNCHER_OPTIONS = frozenset({"--deepspeed", "--deepspeed_config", "--
 # GRADIENT_ACCUMULATION_STEPS, BFLOAT16 / BFLOAT16_ENABLED, FP16 / FP16_ENABLED, GRADIENT_CLIPPING,
 # STEPS_PER_PRINT) and deepspeed/runtime/zero/config.py (ZERO_OPTIMIZATION; DeepSpeedZeroConfig.stage).
 DEEPSPEED_CONFIG_KEYS = {
-    "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
-    "steps_per_print": None, "gradient_clipping": None,
-    "bf16": {"enabled"}, "fp16": {"enabled"}, "zero_optimization": {"stage"},
+    "train_batch_size": None,
+    "train_micro_batch_size_per_gpu": None,
+    "gradient_accumulation_steps": None,
+    "steps_per_print": None,
+    "gradient_clipping": None,
+    "bf16": {"enabled"},
+    "fp16": {"enabled"},
+    "zero_optimization": {"stage"},
 }
 
 # pytorch/torchtitan v0.2.2 = 73a0e697 (2026-02-20), torchtitan/config/job_config.py: JobConfig's
 # sections and the fields of their dataclasses (Job, Model, Training, Parallelism, ActivationCheckpoint,
 # Compile, Debug).
 TORCHTITAN_FIELDS = {
-    "job": frozenset("""
+    "job": frozenset(
+        """
     config_file dump_folder description print_config save_config_file custom_config_module
-    """.split()),
-    "model": frozenset("""
+    """.split()
+    ),
+    "model": frozenset(
+        """
     name flavor hf_assets_path tokenizer_path converters print_after_conversion
-    """.split()),
-    "training": frozenset("""
+    """.split()
+    ),
+    "training": frozenset(
+        """
     dataset dataset_path local_batch_size global_batch_size seq_len max_norm steps
     enable_cpu_offload dtype mixed_precision_param mixed_precision_reduce gc_freq gc_debug
     dataloader
-    """.split()),
-    "parallelism": frozenset("""
+    """.split()
+    ),
+    "parallelism": frozenset(
+        """
     data_parallel_replicate_degree data_parallel_shard_degree fsdp_reshard_after_forward
     tensor_parallel_degree disable_loss_parallel enable_async_tensor_parallel
     pipeline_parallel_degree module_fqns_per_model_part
@@ -111,25 +135,29 @@ TORCHTITAN_FIELDS = {
     pipeline_parallel_microbatch_size pipeline_parallel_expert_parallel_overlap
     context_parallel_degree context_parallel_load_balancer context_parallel_rotate_method
     expert_parallel_degree expert_tensor_parallel_degree expert_parallel_comm_backend
-    """.split()),
-    "activation_checkpoint": frozenset("""
+    """.split()
+    ),
+    "activation_checkpoint": frozenset(
+        """
     mode selective_ac_option per_op_sac_force_recompute_mm_shapes_by_fqns early_stop
     memory_budget visualize_memory_budget_pareto preserve_rng_state determinism_check debug
-    """.split()),
+    """.split()
+    ),
     # [compile] (Compile: enable, components of "model" / "loss"; replaced training.compile in 2025)
     "compile": frozenset("enable components".split()),
     # [debug] (Debug)
     "debug": frozenset("seed deterministic deterministic_warn_only moe_force_load_balance".split()),
     # [quantize.linear.float8] (Float8Linear, under Quantize.linear: QuantizedLinear.float8)
     "quantize.linear.float8": frozenset(
-        "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp recipe_name filter_fqns "
-        "emulate".split()),
+        "enable_fsdp_float8_all_gather precompute_float8_dynamic_scale_for_fsdp recipe_name filter_fqns emulate".split()
+    ),
 }
 
 # torchtitan 0.3.0 (the PyPI release), its command line as ConfigManager hands it to tyro (--help of
 # `--module llama3 --config llama3_8b`; the sections of torchtitan/config/configs.py and the optimizer's):
 # --module and --config, then --section.field-name, booleans paired with --section.no-field-name.
-TORCHTITAN_03_OPTIONS = frozenset("""
+TORCHTITAN_03_OPTIONS = frozenset(
+    """
     --module --config
     --training.local-batch-size --training.global-batch-size --training.seq-len --training.max-norm
     --training.steps --training.dtype --training.mixed-precision-param --training.mixed-precision-reduce
@@ -148,16 +176,20 @@ TORCHTITAN_03_OPTIONS = frozenset("""
     --compile.enable --compile.no-enable --compile.components --compile.backend
     --compile.enable-async-tensor-parallel --compile.no-enable-async-tensor-parallel
     --optimizer.implementation --debug.moe-force-load-balance --debug.no-moe-force-load-balance
-""".split())
+""".split()
+)
 
 # The offload options (--offload), read later than the sets above: Megatron-LM megatron/core/optimizer/
 # optimizer_config.py at 0075637c (OptimizerConfig's "Optimizer Offload" fields and use_precision_aware_optimizer,
 # which arguments.py turns into options), and DeepSpeed deepspeed/runtime/zero/offload_config.py at 1978617c
 # (DeepSpeedZeroOffloadOptimizerConfig / DeepSpeedZeroOffloadParamConfig: device, pin_memory, ...).
-MEGATRON_LM_OFFLOAD_OPTIONS = frozenset("""
+MEGATRON_LM_OFFLOAD_OPTIONS = frozenset(
+    """
     --optimizer-cpu-offload --optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload
     --overlap-cpu-optimizer-d2h-h2d --pin-cpu-grads --pin-cpu-params --use-precision-aware-optimizer
-""".split())
-DEEPSPEED_OFFLOAD_KEYS = {"offload_optimizer": frozenset("device nvme_path buffer_count pin_memory ratio".split()),
-                          "offload_param": frozenset("device nvme_path buffer_count buffer_size max_in_cpu "
-                                                     "pin_memory".split())}
+""".split()
+)
+DEEPSPEED_OFFLOAD_KEYS = {
+    "offload_optimizer": frozenset("device nvme_path buffer_count pin_memory ratio".split()),
+    "offload_param": frozenset("device nvme_path buffer_count buffer_size max_in_cpu pin_memory".split()),
+}

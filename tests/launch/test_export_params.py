@@ -14,8 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.helpers.export_readback import (bash_array, deepspeed_model, megatron_model, options,
-                                           torchtitan_03_model, torchtitan_model)
+from tests.helpers.export_readback import (
+    bash_array,
+    deepspeed_model,
+    megatron_model,
+    options,
+    torchtitan_03_model,
+    torchtitan_model,
+)
 
 from exatrain.accounting.params import total_params
 from exatrain.engine_configs import export
@@ -44,12 +50,27 @@ def exported_model(plan, target: str, tmp_path: Path):
 
 # What exatrain refuses, and where: the matrix's refusals are part of its result (RESULTS.md), so they are pinned.
 REFUSED = {
-    "deepspeed": {"llama3.1-405b-cp4", "llama3.1-8b-cp2-fsdp", "llama3-8b-fp8-fsdp", "llama3-70b-fp8-delayed",
-                  "mixtral-8x7b-ep8", "qwen3-30b-a3b-ep8", "qwen3-235b-a22b-ep16", "deepseek-v3-ep64",
-                  "gpt-oss-20b-ep8", "gpt-oss-120b-ep16", "qwen3-0.6b-dp8"},
+    "deepspeed": {
+        "llama3.1-405b-cp4",
+        "llama3.1-8b-cp2-fsdp",
+        "llama3-8b-fp8-fsdp",
+        "llama3-70b-fp8-delayed",
+        "mixtral-8x7b-ep8",
+        "qwen3-30b-a3b-ep8",
+        "qwen3-235b-a22b-ep16",
+        "deepseek-v3-ep64",
+        "gpt-oss-20b-ep8",
+        "gpt-oss-120b-ep16",
+        "qwen3-0.6b-dp8",
+    },
     "torchtitan": {"gpt-175b-tp4-pp16", "gpt3-1.3b-dp8-selective"},
-    "torchtitan-0.3": {"gpt-175b-tp4-pp16", "gpt3-1.3b-dp8-selective", "custom-3b-dp8", "mixtral-8x7b-ep8",
-                       "qwen3-235b-a22b-ep16"},
+    "torchtitan-0.3": {
+        "gpt-175b-tp4-pp16",
+        "gpt3-1.3b-dp8-selective",
+        "custom-3b-dp8",
+        "mixtral-8x7b-ep8",
+        "qwen3-235b-a22b-ep16",
+    },
     "megatron": set(),
 }
 
@@ -66,8 +87,15 @@ def test_refusals_are_one_line(target: str) -> None:
     assert refused == REFUSED[target]
 
 
-@pytest.mark.parametrize("name,target", [(n, t) for t in ("megatron", "deepspeed", "torchtitan", "torchtitan-0.3")
-                                         for n in sorted(PLANS) if n not in REFUSED[t]])
+@pytest.mark.parametrize(
+    "name,target",
+    [
+        (n, t)
+        for t in ("megatron", "deepspeed", "torchtitan", "torchtitan-0.3")
+        for n in sorted(PLANS)
+        if n not in REFUSED[t]
+    ],
+)
 def test_export_builds_the_planned_parameter_count(name: str, target: str, tmp_path: Path) -> None:
     plan = PLANS[name]()
     model = exported_model(plan, target, tmp_path)
@@ -103,15 +131,24 @@ def test_a_missing_head_width_or_latent_norm_changes_the_count(tmp_path: Path) -
     text = export(custom.replace(model=custom.model.replace(kv_channels=256)), "torchtitan").text
     assert "head_dim=256" in text and "Qwen3ModelArgs" in text  # a head width of its own: the qwen3 family
     assert total_params(torchtitan_model(text.replace("head_dim=256", "head_dim=128"))) != total_params(
-        custom.model.replace(kv_channels=256))
+        custom.model.replace(kv_channels=256)
+    )
 
 
 def test_moe_plans_name_torchtitans_moe_models() -> None:
     """Mixtral was exported as a dense llama3 flavor (7.2B built for 46.7B planned): each MoE family now goes to
     the torchtitan model that has its layers, a built-in flavor where one is the same network."""
-    models = {name: __import__("tomllib").loads(export(PLANS[name](), "torchtitan").text)["model"]
-              for name in ("mixtral-8x7b-ep8", "qwen3-30b-a3b-ep8", "deepseek-v3-ep64", "gpt-oss-120b-ep16",
-                           "llama3-70b-interleaved", "custom-3b-dp8")}
+    models = {
+        name: __import__("tomllib").loads(export(PLANS[name](), "torchtitan").text)["model"]
+        for name in (
+            "mixtral-8x7b-ep8",
+            "qwen3-30b-a3b-ep8",
+            "deepseek-v3-ep64",
+            "gpt-oss-120b-ep16",
+            "llama3-70b-interleaved",
+            "custom-3b-dp8",
+        )
+    }
     assert models["mixtral-8x7b-ep8"] == {"name": "qwen3", "flavor": "mixtral-8x7b"}  # registered, see header
     assert models["qwen3-30b-a3b-ep8"] == {"name": "qwen3", "flavor": "30B-A3B"}
     assert models["deepseek-v3-ep64"] == {"name": "deepseek_v3", "flavor": "671B"}
@@ -125,10 +162,16 @@ def test_recorded_flavors_are_models_exatrain_can_count() -> None:
     has the model (the engines' own count of them is scripts/check_exports.py's)."""
     from exatrain.catalog import get_model
 
-    same = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
-            ("qwen3", "30B-A3B"): "qwen3-30b-a3b", ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
-            ("deepseek_v3", "671B"): "deepseek-v3", ("gpt_oss", "20b"): "gpt-oss-20b",
-            ("gpt_oss", "120b"): "gpt-oss-120b"}
+    same = {
+        ("llama3", "8B"): "llama3-8b",
+        ("llama3", "70B"): "llama3-70b",
+        ("llama3", "405B"): "llama3-405b",
+        ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+        ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
+        ("deepseek_v3", "671B"): "deepseek-v3",
+        ("gpt_oss", "20b"): "gpt-oss-20b",
+        ("gpt_oss", "120b"): "gpt-oss-120b",
+    }
     for f in FLAVORS:
         if (f.family, f.name) in same:
             assert architecture(f.model) == architecture(get_model(same[f.family, f.name])), f.name

@@ -18,8 +18,14 @@ from pathlib import Path
 
 import pytest
 from tests.helpers.export_readback import options
-from tests.helpers.upstream_names import (DEEPSPEED_CONFIG_KEYS, DEEPSPEED_LAUNCHER_OPTIONS, MEGATRON_DEEPSPEED_OPTIONS,
-                                          MEGATRON_LM_OPTIONS, TORCHTITAN_03_OPTIONS, TORCHTITAN_FIELDS)
+from tests.helpers.upstream_names import (
+    DEEPSPEED_CONFIG_KEYS,
+    DEEPSPEED_LAUNCHER_OPTIONS,
+    MEGATRON_DEEPSPEED_OPTIONS,
+    MEGATRON_LM_OPTIONS,
+    TORCHTITAN_03_OPTIONS,
+    TORCHTITAN_FIELDS,
+)
 
 from exatrain.catalog import get_model
 from exatrain.errors import UserError
@@ -29,23 +35,39 @@ from exatrain.plan import ParallelDims, Plan, TrainShape
 
 
 def plan_175b() -> Plan:
-    return Plan(model=get_model("gpt-175b"), dims=ParallelDims(tp=4, pp=16, dp=2),
-                shape=TrainShape(micro_batch=1, global_batch=640), zero_stage=1, recompute="full",
-                cluster="frontier").validate()
+    return Plan(
+        model=get_model("gpt-175b"),
+        dims=ParallelDims(tp=4, pp=16, dp=2),
+        shape=TrainShape(micro_batch=1, global_batch=640),
+        zero_stage=1,
+        recompute="full",
+        cluster="frontier",
+    ).validate()
 
 
 def plan_1t() -> Plan:
-    return Plan(model=get_model("gpt-1t"), dims=ParallelDims(tp=8, pp=64, dp=2),
-                shape=TrainShape(micro_batch=1, global_batch=1024), zero_stage=1, recompute="full",
-                cluster="frontier").validate()
+    return Plan(
+        model=get_model("gpt-1t"),
+        dims=ParallelDims(tp=8, pp=64, dp=2),
+        shape=TrainShape(micro_batch=1, global_batch=1024),
+        zero_stage=1,
+        recompute="full",
+        cluster="frontier",
+    ).validate()
 
 
 def bash_array(text: str, name: str, cwd: Path) -> list[str]:
     """The words of a bash array after bash itself sources the rendered text (in ``cwd``)."""
     script = cwd / "args.sh"
     script.write_text(text)
-    out = subprocess.run(["bash", "-c", f'set -eu; source "$1"; printf "%s\\n" "${{{name}[@]}}"', "x",
-                          str(script)], cwd=cwd, capture_output=True, text=True, timeout=30, check=True)
+    out = subprocess.run(
+        ["bash", "-c", f'set -eu; source "$1"; printf "%s\\n" "${{{name}[@]}}"', "x", str(script)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return out.stdout.splitlines()
 
 
@@ -70,67 +92,151 @@ def megatron_padded_vocab(tokenizer_vocab: int, divisor: int, tp: int) -> int:
 
 
 NO_DROPOUT = {"--attention-dropout": "0.0", "--hidden-dropout": "0.0"}  # both engines default to 0.1
-MODEL_175B = {"--num-layers": "96", "--hidden-size": "12288", "--ffn-hidden-size": "49152",
-              "--num-attention-heads": "96", "--seq-length": "2048", "--max-position-embeddings": "2048",
-              "--make-vocab-size-divisible-by": "12800", **NO_DROPOUT}
-MODEL_1T = {"--num-layers": "128", "--hidden-size": "25600", "--ffn-hidden-size": "102400",
-            "--num-attention-heads": "128", "--seq-length": "2048", "--max-position-embeddings": "2048",
-            "--make-vocab-size-divisible-by": "6400", **NO_DROPOUT}
+MODEL_175B = {
+    "--num-layers": "96",
+    "--hidden-size": "12288",
+    "--ffn-hidden-size": "49152",
+    "--num-attention-heads": "96",
+    "--seq-length": "2048",
+    "--max-position-embeddings": "2048",
+    "--make-vocab-size-divisible-by": "12800",
+    **NO_DROPOUT,
+}
+MODEL_1T = {
+    "--num-layers": "128",
+    "--hidden-size": "25600",
+    "--ffn-hidden-size": "102400",
+    "--num-attention-heads": "128",
+    "--seq-length": "2048",
+    "--max-position-embeddings": "2048",
+    "--make-vocab-size-divisible-by": "6400",
+    **NO_DROPOUT,
+}
 
 MEGATRON_LM = {  # megatron/training/arguments.py @ d98e8a64
-    "175b": {**MODEL_175B, "--norm-epsilon": "1e-05", "--position-embedding-type": "learned_absolute",
-             "--normalization": "LayerNorm",
-             "--tensor-model-parallel-size": "4", "--pipeline-model-parallel-size": "16",
-             "--micro-batch-size": "1", "--global-batch-size": "640",
-             "--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "1",
-             "--use-distributed-optimizer": None, "--bf16": None, "--attention-backend": "fused"},
-    "1t": {**MODEL_1T, "--norm-epsilon": "1e-05", "--position-embedding-type": "learned_absolute",
-           "--normalization": "LayerNorm",
-           "--tensor-model-parallel-size": "8", "--pipeline-model-parallel-size": "64",
-           "--micro-batch-size": "1", "--global-batch-size": "1024",
-           "--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "1",
-           "--use-distributed-optimizer": None, "--bf16": None, "--attention-backend": "fused"},
+    "175b": {
+        **MODEL_175B,
+        "--norm-epsilon": "1e-05",
+        "--position-embedding-type": "learned_absolute",
+        "--normalization": "LayerNorm",
+        "--tensor-model-parallel-size": "4",
+        "--pipeline-model-parallel-size": "16",
+        "--micro-batch-size": "1",
+        "--global-batch-size": "640",
+        "--recompute-granularity": "full",
+        "--recompute-method": "uniform",
+        "--recompute-num-layers": "1",
+        "--use-distributed-optimizer": None,
+        "--bf16": None,
+        "--attention-backend": "fused",
+    },
+    "1t": {
+        **MODEL_1T,
+        "--norm-epsilon": "1e-05",
+        "--position-embedding-type": "learned_absolute",
+        "--normalization": "LayerNorm",
+        "--tensor-model-parallel-size": "8",
+        "--pipeline-model-parallel-size": "64",
+        "--micro-batch-size": "1",
+        "--global-batch-size": "1024",
+        "--recompute-granularity": "full",
+        "--recompute-method": "uniform",
+        "--recompute-num-layers": "1",
+        "--use-distributed-optimizer": None,
+        "--bf16": None,
+        "--attention-backend": "fused",
+    },
 }
 
 MEGATRON_DEEPSPEED = {  # megatron/arguments.py @ 4efb479d, deepspeed/__init__.py @ edaa7221
-    "175b": {**MODEL_175B, "--layernorm-epsilon": "1e-05", "--normalization": "layernorm",
-             "--tensor-model-parallel-size": "4", "--pipeline-model-parallel-size": "16",
-             "--micro-batch-size": "1", "--global-batch-size": "640",
-             "--checkpoint-activations": None, "--checkpoint-num-layers": "1", "--zero-stage": "1",
-             "--deepspeed": None, "--deepspeed_config": "ds_config.json",
-             "--deepspeed-activation-checkpointing": None, "--bf16": None, "--use-flash-attn-v2": None},
-    "1t": {**MODEL_1T, "--layernorm-epsilon": "1e-05", "--normalization": "layernorm",
-           "--tensor-model-parallel-size": "8", "--pipeline-model-parallel-size": "64",
-           "--micro-batch-size": "1", "--global-batch-size": "1024",
-           "--checkpoint-activations": None, "--checkpoint-num-layers": "1", "--zero-stage": "1",
-           "--deepspeed": None, "--deepspeed_config": "ds_config.json",
-           "--deepspeed-activation-checkpointing": None, "--bf16": None, "--use-flash-attn-v2": None},
+    "175b": {
+        **MODEL_175B,
+        "--layernorm-epsilon": "1e-05",
+        "--normalization": "layernorm",
+        "--tensor-model-parallel-size": "4",
+        "--pipeline-model-parallel-size": "16",
+        "--micro-batch-size": "1",
+        "--global-batch-size": "640",
+        "--checkpoint-activations": None,
+        "--checkpoint-num-layers": "1",
+        "--zero-stage": "1",
+        "--deepspeed": None,
+        "--deepspeed_config": "ds_config.json",
+        "--deepspeed-activation-checkpointing": None,
+        "--bf16": None,
+        "--use-flash-attn-v2": None,
+    },
+    "1t": {
+        **MODEL_1T,
+        "--layernorm-epsilon": "1e-05",
+        "--normalization": "layernorm",
+        "--tensor-model-parallel-size": "8",
+        "--pipeline-model-parallel-size": "64",
+        "--micro-batch-size": "1",
+        "--global-batch-size": "1024",
+        "--checkpoint-activations": None,
+        "--checkpoint-num-layers": "1",
+        "--zero-stage": "1",
+        "--deepspeed": None,
+        "--deepspeed_config": "ds_config.json",
+        "--deepspeed-activation-checkpointing": None,
+        "--bf16": None,
+        "--use-flash-attn-v2": None,
+    },
 }
 
 DEEPSPEED_JSON = {  # deepspeed/runtime/constants.py, deepspeed/runtime/zero/config.py @ edaa7221
-    "175b": {"train_batch_size": 640, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 320,
-             "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}},
-    "1t": {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 512,
-           "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}},
+    "175b": {
+        "train_batch_size": 640,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 320,
+        "zero_optimization": {"stage": 1},
+        "bf16": {"enabled": True},
+    },
+    "1t": {
+        "train_batch_size": 1024,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 512,
+        "zero_optimization": {"stage": 1},
+        "bf16": {"enabled": True},
+    },
 }
 
 # The 175B layout (tp4 pp16 dp2, micro-batch 1, global batch 640, ZeRO-1, full recompute) on Llama 3 70B (80
 # layers: 5 a stage): torchtitan has no GPT-2-style model, so the GPT plans themselves are refused (below).
 TORCHTITAN = {  # torchtitan/config/job_config.py @ v0.2.2 (module_fqns_per_model_part checked separately)
     "model": {"name": "llama3", "flavor": "70B"},
-    "training": {"local_batch_size": 320, "global_batch_size": 640, "seq_len": 8192,
-                 "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
-    "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2,
-                    "fsdp_reshard_after_forward": "never", "tensor_parallel_degree": 4,
-                    "pipeline_parallel_degree": 16, "pipeline_parallel_schedule": "1F1B",
-                    "pipeline_parallel_microbatch_size": 1, "context_parallel_degree": 1},
-    "activation_checkpoint": {"mode": "full"}, "compile": {"enable": False}}
+    "training": {
+        "local_batch_size": 320,
+        "global_batch_size": 640,
+        "seq_len": 8192,
+        "mixed_precision_param": "bfloat16",
+        "mixed_precision_reduce": "float32",
+    },
+    "parallelism": {
+        "data_parallel_replicate_degree": 1,
+        "data_parallel_shard_degree": 2,
+        "fsdp_reshard_after_forward": "never",
+        "tensor_parallel_degree": 4,
+        "pipeline_parallel_degree": 16,
+        "pipeline_parallel_schedule": "1F1B",
+        "pipeline_parallel_microbatch_size": 1,
+        "context_parallel_degree": 1,
+    },
+    "activation_checkpoint": {"mode": "full"},
+    "compile": {"enable": False},
+}
 
 
 def plan_70b() -> Plan:
-    return Plan(model=get_model("llama3-70b"), dims=ParallelDims(tp=4, pp=16, dp=2),
-                shape=TrainShape(micro_batch=1, global_batch=640), zero_stage=1, recompute="full",
-                sequence_parallel=True).validate()
+    return Plan(
+        model=get_model("llama3-70b"),
+        dims=ParallelDims(tp=4, pp=16, dp=2),
+        shape=TrainShape(micro_batch=1, global_batch=640),
+        zero_stage=1,
+        recompute="full",
+        sequence_parallel=True,
+    ).validate()
 
 
 PLANS = {"175b": plan_175b, "1t": plan_1t}
@@ -166,8 +272,9 @@ def test_megatron_deepspeed_golden(layout: str, tmp_path: Path) -> None:
         if isinstance(sub, dict):
             assert set(sub) <= DEEPSPEED_CONFIG_KEYS[key]
     # DeepSpeed's own consistency rule: train_batch_size = micro x accumulation x dp
-    assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
-                                          * config["gradient_accumulation_steps"] * plan.dp)
+    assert config["train_batch_size"] == (
+        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * plan.dp
+    )
     # The two micro-batch sizes must agree. DeepSpeed's pipeline engine runs train_batch_size /
     # (its micro-batch x dp) micro-batches, each drawn from Megatron's loader at --micro-batch-size:
     # a JSON micro-batch of 4 against a flag of 1 trains a quarter of the global batch per
@@ -194,8 +301,10 @@ def test_torchtitan_golden() -> None:
     assert layers == [f"layers.{i}" for i in range(plan.model.layers)]
     assert all(sum(n.startswith("layers.") for n in part) == per_stage for part in parts)
     # torchtitan's microbatches per step = local_batch_size / microbatch size = the plan's
-    assert (config["training"]["local_batch_size"] // config["parallelism"]["pipeline_parallel_microbatch_size"]
-            == plan.num_microbatches)
+    assert (
+        config["training"]["local_batch_size"] // config["parallelism"]["pipeline_parallel_microbatch_size"]
+        == plan.num_microbatches
+    )
     assert any("ZeRO-1" in n for n in result.notes)  # torchtitan has FSDP, not ZeRO-1: said, not hidden
     assert "Register the model" not in result.text  # the built-in 70B flavor is this network
 
@@ -233,8 +342,9 @@ def torchtitan_ffn_width(dim: int, multiple_of: int, multiplier: float | None) -
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-@pytest.mark.parametrize("dim,width", [(12288, 32768), (4096, 14336), (8192, 28672), (16384, 53248),
-                                       (64, 176), (25600, 68352), (100, 301)])
+@pytest.mark.parametrize(
+    "dim,width", [(12288, 32768), (4096, 14336), (8192, 28672), (16384, 53248), (64, 176), (25600, 68352), (100, 301)]
+)
 def test_torchtitan_flavor_ffn_is_exact(dim: int, width: int) -> None:
     multiple, mult = llama3_ffn_args(dim, width)
     assert torchtitan_ffn_width(dim, multiple, mult) == width
@@ -243,8 +353,16 @@ def test_torchtitan_flavor_ffn_is_exact(dim: int, width: int) -> None:
 def test_export_variants_map_each_field(tmp_path: Path) -> None:
     """Interleaving, uneven stages, SP, selective recompute, GQA, ZeRO-2/3 and fp32 each change the
     flags they should (names again checked against the upstream sets)."""
-    llama = Plan(model=get_model("llama3-8b"), dims=ParallelDims(4, 4, 2), shape=TrainShape(1, 64), zero_stage=1,
-                 recompute="selective", sequence_parallel=True, schedule="interleaved", interleave=2).validate()
+    llama = Plan(
+        model=get_model("llama3-8b"),
+        dims=ParallelDims(4, 4, 2),
+        shape=TrainShape(1, 64),
+        zero_stage=1,
+        recompute="selective",
+        sequence_parallel=True,
+        schedule="interleaved",
+        interleave=2,
+    ).validate()
     f = as_flags(bash_array(export(llama, "megatron").text, "MEGATRON_ARGS", tmp_path))
     assert set(f) <= MEGATRON_LM_OPTIONS
     assert f["--num-virtual-stages-per-pipeline-rank"] == "2" and "--sequence-parallel" in f
@@ -257,8 +375,14 @@ def test_export_variants_map_each_field(tmp_path: Path) -> None:
     f = as_flags(bash_array(export(uneven, "megatron").text, "MEGATRON_ARGS", tmp_path))
     assert f["--pipeline-model-parallel-layout"] == "Et*5|t*5|t*5|t*5|t*4L"  # balanced_split: 5,5,5,5,4
 
-    zero3 = Plan(model=get_model("gpt-1.4b"), dims=ParallelDims(2, 1, 4), shape=TrainShape(2, 64), zero_stage=3,
-                 dtype="float32", flash_attention=False).validate()
+    zero3 = Plan(
+        model=get_model("gpt-1.4b"),
+        dims=ParallelDims(2, 1, 4),
+        shape=TrainShape(2, 64),
+        zero_stage=3,
+        dtype="float32",
+        flash_attention=False,
+    ).validate()
     f = as_flags(bash_array(export(zero3, "megatron").text, "MEGATRON_ARGS", tmp_path))
     assert set(f) <= MEGATRON_LM_OPTIONS
     assert "--use-megatron-fsdp" in f and f["--data-parallel-sharding-strategy"] == "optim_grads_params"
@@ -279,8 +403,9 @@ def test_export_variants_map_each_field(tmp_path: Path) -> None:
 
 
 def test_deepspeed_rejects_zero2_with_pipeline() -> None:
-    plan = Plan(model=get_model("gpt-1.4b"), dims=ParallelDims(1, 2, 4), shape=TrainShape(2, 64),
-                zero_stage=2).validate()
+    plan = Plan(
+        model=get_model("gpt-1.4b"), dims=ParallelDims(1, 2, 4), shape=TrainShape(2, 64), zero_stage=2
+    ).validate()
     with pytest.raises(UserError, match="ZeRO-2"):
         export(plan, "deepspeed")
     assert "--use-megatron-fsdp" in export(plan, "megatron").text  # Megatron-LM can run it
@@ -299,14 +424,55 @@ def test_moe_cp_and_fp8_exports_use_megatron_options_only(tmp_path: Path) -> Non
     from exatrain.catalog import get_cluster
 
     h100 = get_cluster("dgx-h100")
-    plans = [make_plan("qwen3-30b-a3b", h100, gpus=16, ep=16, global_batch=64, zero=1, runtime="megatron-core",
-                       moe_capacity_factor=1.25),
-             make_plan("qwen3-30b-a3b", h100, gpus=16, ep=16, global_batch=64, zero=1, runtime="megatron-core",
-                       moe_dispatcher="hybridep", moe_force_balance=True),
-             make_plan("deepseek-v3", h100, gpus=512, tp=2, pp=8, ep=64, sequence_parallel=True, global_batch=512,
-                       zero=1, runtime="megatron-core", fp8="current"),
-             make_plan("llama3.1-8b-128k", h100, gpus=32, tp=4, cp=4, sequence_parallel=True, global_batch=16,
-                       zero=1, recompute="full", runtime="megatron-core", fp8="block")]
+    plans = [
+        make_plan(
+            "qwen3-30b-a3b",
+            h100,
+            gpus=16,
+            ep=16,
+            global_batch=64,
+            zero=1,
+            runtime="megatron-core",
+            moe_capacity_factor=1.25,
+        ),
+        make_plan(
+            "qwen3-30b-a3b",
+            h100,
+            gpus=16,
+            ep=16,
+            global_batch=64,
+            zero=1,
+            runtime="megatron-core",
+            moe_dispatcher="hybridep",
+            moe_force_balance=True,
+        ),
+        make_plan(
+            "deepseek-v3",
+            h100,
+            gpus=512,
+            tp=2,
+            pp=8,
+            ep=64,
+            sequence_parallel=True,
+            global_batch=512,
+            zero=1,
+            runtime="megatron-core",
+            fp8="current",
+        ),
+        make_plan(
+            "llama3.1-8b-128k",
+            h100,
+            gpus=32,
+            tp=4,
+            cp=4,
+            sequence_parallel=True,
+            global_batch=16,
+            zero=1,
+            recompute="full",
+            runtime="megatron-core",
+            fp8="block",
+        ),
+    ]
     flags = [as_flags(bash_array(export(p, "megatron").text, "MEGATRON_ARGS", tmp_path)) for p in plans]
     for f in flags:
         assert set(f) <= MEGATRON_LM_OPTIONS, set(f) - MEGATRON_LM_OPTIONS

@@ -39,8 +39,9 @@ def free_port() -> int:
 
 
 def start(cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def wait_all(procs: list[subprocess.Popen], logs: list[Path], folder: Path) -> None:
@@ -63,17 +64,42 @@ def assert_trained(metrics: Path) -> None:
 
 
 def tiny_plan(path: Path, tp: int, dp: int) -> Path:
-    Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=tp, pp=1, dp=dp), shape=TrainShape(1, 2 * dp),
-         cluster="local-cpu").validate().save(path)
+    Plan(
+        model=get_model("gpt-tiny"),
+        dims=ParallelDims(tp=tp, pp=1, dp=dp),
+        shape=TrainShape(1, 2 * dp),
+        cluster="local-cpu",
+    ).validate().save(path)
     return path
 
 
 def test_rendered_slurm_script_trains(tmp_path: Path) -> None:
     plan = tiny_plan(tmp_path / "plan.json", tp=2, dp=2)  # 4 ranks: a tp pair on each of 2 "nodes"
     script = tmp_path / "job.sbatch"
-    assert main(["launch", "--plan", str(plan), "--scheduler", "slurm", "--cluster", "local-cpu", "--nodes", "2",
-                 "--steps", str(STEPS), "--checkpoint-dir", str(tmp_path / "ckpt"), "--master-port",
-                 str(free_port()), "--out", str(script)]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "--plan",
+                str(plan),
+                "--scheduler",
+                "slurm",
+                "--cluster",
+                "local-cpu",
+                "--nodes",
+                "2",
+                "--steps",
+                str(STEPS),
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--master-port",
+                str(free_port()),
+                "--out",
+                str(script),
+            ]
+        )
+        == 0
+    )
     bin_dir = install(tmp_path / "bin")
     env = job_environment(bin_dir, nodes=2, job_id=4242, SRUN_LOG=str(tmp_path / "srun.log"))
     log = tmp_path / "job.out"
@@ -92,10 +118,32 @@ def test_two_node_torchrun_trains(tmp_path: Path) -> None:
     plan = tiny_plan(tmp_path / "plan.json", tp=1, dp=2)
     script = tmp_path / "run.sh"
     metrics = tmp_path / "metrics.jsonl"
-    assert main(["launch", "--plan", str(plan), "--scheduler", "torchrun", "--cluster", "local-cpu",
-                 "--nodes", "2", "--master", f"127.0.0.1:{free_port()}", "--steps", str(STEPS),
-                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-file", str(metrics),
-                 "--out", str(script)]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "--plan",
+                str(plan),
+                "--scheduler",
+                "torchrun",
+                "--cluster",
+                "local-cpu",
+                "--nodes",
+                "2",
+                "--master",
+                f"127.0.0.1:{free_port()}",
+                "--steps",
+                str(STEPS),
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--metrics-file",
+                str(metrics),
+                "--out",
+                str(script),
+            ]
+        )
+        == 0
+    )
     text = script.read_text()
     assert "--nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d" in text
     env = job_environment(tmp_path, nodes=2)  # no stand-ins needed: PATH leads to this interpreter's torchrun

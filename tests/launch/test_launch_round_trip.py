@@ -40,8 +40,20 @@ from exatrain.settings import RECOMPUTE_MODULES, cp_comm_for
 
 SEEDS = 80  # plans drawn per target
 RUNTIME = {"megatron": "megatron-core", "deepspeed": "megatron-deepspeed", "torchtitan": "torchtitan"}
-MODELS = ["gpt3-350m", "gpt-1.3b", "megatron-7.5b", "gpt-175b", "llama-tiny", "llama3-8b", "llama3.1-70b-8k",
-          "moe-tiny", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b"]
+MODELS = [
+    "gpt3-350m",
+    "gpt-1.3b",
+    "megatron-7.5b",
+    "gpt-175b",
+    "llama-tiny",
+    "llama3-8b",
+    "llama3.1-70b-8k",
+    "moe-tiny",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "deepseek-v3",
+    "gpt-oss-20b",
+]
 
 
 def draw(rng: random.Random, target: str) -> dict:
@@ -62,8 +74,11 @@ def draw(rng: random.Random, target: str) -> dict:
     k["micro_batch"] = rng.choice([1, 1, 2, 4])
     k["global_batch"] = k["micro_batch"] * dp * rng.choice([1, 2, 4, 8, 16])
     if k["pp"] > 1:
-        schedules = {"megatron": ["1f1b", "interleaved"], "deepspeed": ["1f1b"],
-                     "torchtitan": ["gpipe", "1f1b", "interleaved", "zero_bubble"]}[target]
+        schedules = {
+            "megatron": ["1f1b", "interleaved"],
+            "deepspeed": ["1f1b"],
+            "torchtitan": ["gpipe", "1f1b", "interleaved", "zero_bubble"],
+        }[target]
         k["schedule"] = rng.choice(schedules)
         if k["schedule"] in ("interleaved", "zero_bubble"):
             k["interleave"] = rng.choice([2, 3])
@@ -76,9 +91,13 @@ def draw(rng: random.Random, target: str) -> dict:
     if target == "megatron" and k["recompute"] == "full" and rng.random() < 0.3:
         k["recompute_layers"] = rng.choice([1, 2])
     if target == "megatron" and k["recompute"] == "selective" and rng.random() < 0.4:
-        fit = [x for x in RECOMPUTE_MODULES if (x != "mla_up_proj" or m.mla) and
-               (x not in ("moe_act", "shared_experts", "moe") or m.is_moe) and (x != "shared_experts" or
-                                                                                m.shared_experts)]
+        fit = [
+            x
+            for x in RECOMPUTE_MODULES
+            if (x != "mla_up_proj" or m.mla)
+            and (x not in ("moe_act", "shared_experts", "moe") or m.is_moe)
+            and (x != "shared_experts" or m.shared_experts)
+        ]
         k["recompute_modules"] = tuple(rng.sample(fit, rng.choice([1, 2])))
     if target == "torchtitan" and k["recompute"] == "full" and rng.random() < 0.3:
         k["recompute_every"] = rng.choice([2, 3])
@@ -109,8 +128,9 @@ def draw(rng: random.Random, target: str) -> dict:
     if rng.random() < 0.3:
         k["elementwise"] = rng.choice(["fused", "eager", "eager-composite"])
     if k["cp"] > 1 and rng.random() < 0.5:
-        k["cp_comm"] = rng.choice({"megatron": ["p2p", "a2a", "all_gather"], "torchtitan": ["all_gather", "p2p"]}
-                                  [target])
+        k["cp_comm"] = rng.choice(
+            {"megatron": ["p2p", "a2a", "all_gather"], "torchtitan": ["all_gather", "p2p"]}[target]
+        )
     return k
 
 
@@ -133,12 +153,28 @@ def expected(k: dict, target: str) -> dict:
     runtime = RUNTIME[target]
     engine = get_engine(runtime)
     m = k["model"]
-    e = {key: k[key] for key in ("model", "gpus", "tp", "pp", "micro_batch", "global_batch", "zero", "recompute",
-                                 "dtype") if key in k}
+    e = {
+        key: k[key]
+        for key in ("model", "gpus", "tp", "pp", "micro_batch", "global_batch", "zero", "recompute", "dtype")
+        if key in k
+    }
     e["runtime"] = runtime
-    for key in ("cp", "ep", "stage_layers", "recompute_layers", "recompute_modules", "recompute_every", "fp8",
-                "fp8_param_gather", "moe_dispatcher", "moe_capacity_factor", "moe_force_balance",
-                "sequence_parallel", "schedule", "interleave"):
+    for key in (
+        "cp",
+        "ep",
+        "stage_layers",
+        "recompute_layers",
+        "recompute_modules",
+        "recompute_every",
+        "fp8",
+        "fp8_param_gather",
+        "moe_dispatcher",
+        "moe_capacity_factor",
+        "moe_force_balance",
+        "sequence_parallel",
+        "schedule",
+        "interleave",
+    ):
         if key in k:
             e[key] = k[key]
     if k["pp"] == 1:
@@ -211,8 +247,10 @@ def defect(k: dict, target: str) -> str:
     if target == "torchtitan":
         dp = k["gpus"] // (k["tp"] * k["pp"] * k.get("cp", 1))
         if k.get("fp8") and dp == 1 and not (k["tp"] == 1 and k["pp"] == 1):
-            return ("torchtitan export of a bfloat16 plan with neither FSDP nor DDP-only runs float32 (its note), "
-                    "and FP8 GEMMs in float32 training are no plan")
+            return (
+                "torchtitan export of a bfloat16 plan with neither FSDP nor DDP-only runs float32 (its note), "
+                "and FP8 GEMMs in float32 training are no plan"
+            )
     return ""
 
 
@@ -223,12 +261,17 @@ def test_export_reads_back_to_the_same_plan(request, seed: int, target: str) -> 
     why = defect(k, target)
     if why:
         request.applymarker(pytest.mark.xfail(reason=why, strict=True))
-    read = read_launch(exported.text, source=f"exported.{'toml' if target == 'torchtitan' else 'sh'}",
-                       side_files=dict(exported.files))
+    read = read_launch(
+        exported.text, source=f"exported.{'toml' if target == 'torchtitan' else 'sh'}", side_files=dict(exported.files)
+    )
     model = read.model(k["model"].name)  # named as the first preset of its shape (llama3-70b = llama3.1-70b-8k)
     got = make_plan(**{**read.settings, "runtime": read.runtime, "gpus": read.gpus, "model": canonical(model)})
-    want = make_plan(**{**expected(k, target),
-                        "model": canonical(k["model"].replace(name=model.name, description=model.description))})
+    want = make_plan(
+        **{
+            **expected(k, target),
+            "model": canonical(k["model"].replace(name=model.name, description=model.description)),
+        }
+    )
     assert got == want
     assert read.unknown == () and read.overlap == "default"  # every option an export writes is read
 
@@ -241,12 +284,37 @@ def test_the_draw_covers_the_settings() -> None:
             k, _ = case(seed, target)
             for key, value in k.items():
                 seen.setdefault(f"{target}.{key}", set()).add(value if key != "model" else value.name)
-    for target, keys in {"megatron": ("cp", "ep", "stage_layers", "recompute_layers", "recompute_modules", "fp8",
-                                      "fp8_param_gather", "moe_dispatcher", "moe_capacity_factor", "grad_accum",
-                                      "grad_accum_fusion", "attention_kernel", "cp_comm", "interleave"),
-                         "deepspeed": ("grad_accum", "attention_kernel", "sequence_parallel"),
-                         "torchtitan": ("cp", "stage_layers", "recompute_every", "fp8", "fp8_param_gather",
-                                        "adam_kernel", "elementwise", "cp_comm", "interleave", "schedule")}.items():
+    for target, keys in {
+        "megatron": (
+            "cp",
+            "ep",
+            "stage_layers",
+            "recompute_layers",
+            "recompute_modules",
+            "fp8",
+            "fp8_param_gather",
+            "moe_dispatcher",
+            "moe_capacity_factor",
+            "grad_accum",
+            "grad_accum_fusion",
+            "attention_kernel",
+            "cp_comm",
+            "interleave",
+        ),
+        "deepspeed": ("grad_accum", "attention_kernel", "sequence_parallel"),
+        "torchtitan": (
+            "cp",
+            "stage_layers",
+            "recompute_every",
+            "fp8",
+            "fp8_param_gather",
+            "adam_kernel",
+            "elementwise",
+            "cp_comm",
+            "interleave",
+            "schedule",
+        ),
+    }.items():
         for key in keys:
             assert f"{target}.{key}" in seen, (target, key)
     assert {"zero_bubble", "gpipe", "interleaved"} <= seen["torchtitan.schedule"]

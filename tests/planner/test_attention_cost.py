@@ -74,22 +74,42 @@ def test_context_parallel_rate_follows_the_keys():
     flops = 4.0 * (s / 4) * s * m.heads * m.head_dim
     assert ring == pytest.approx(flops / (1e15 * n / (n + 800.0)) + 4e-4, rel=1e-12)
     from exatrain.planner.cost import layer as cost_layer
+
     lt = cost_layer.layer_times(m, 1, 1, moe=False, ep=1, cp=4, sequence_parallel=False, dev=_dev(p), run=Resolved())
     assert lt.attention_core_fwd == pytest.approx(ring, rel=1e-12)
 
 
 def _h100_compute(runtime: str, *, zero: int, recompute: str) -> float:
     """Compute seconds of one Llama 3 8B step on 8 H100s (dp 8, micro-batch 1) run by ``runtime``."""
-    plan = make_plan(model="llama3-8b", cluster="dgx-h100", gpus=8, tp=1, pp=1, micro_batch=1, global_batch=8,
-                     zero=zero, recompute=recompute, runtime=runtime)
+    plan = make_plan(
+        model="llama3-8b",
+        cluster="dgx-h100",
+        gpus=8,
+        tp=1,
+        pp=1,
+        micro_batch=1,
+        global_batch=8,
+        zero=zero,
+        recompute=recompute,
+        runtime=runtime,
+    )
     return estimate_plan(plan, get_cluster("dgx-h100"), overlap="none").time_s.compute
 
 
 def _anchor_points() -> list[dict]:
     rows = [json.loads(line) for line in ANCHOR.read_text().splitlines()]
-    return [{"batch": r["b"], "heads": r["heads"], "seq": r["s"], "head_dim": r["d"], "seconds": r["sec"],
-             "flops": 3.5 * 4.0 * r["b"] * r["s"] ** 2 * r["heads"] * r["d"]}
-            for r in rows if r["kind"] == "sdpa_fwd_bwd"]
+    return [
+        {
+            "batch": r["b"],
+            "heads": r["heads"],
+            "seq": r["s"],
+            "head_dim": r["d"],
+            "seconds": r["sec"],
+            "flops": 3.5 * 4.0 * r["b"] * r["s"] ** 2 * r["heads"] * r["d"],
+        }
+        for r in rows
+        if r["kind"] == "sdpa_fwd_bwd"
+    ]
 
 
 def test_hopper_prior_is_the_anchor_fit():
@@ -115,8 +135,10 @@ def test_hopper_prior_is_the_anchor_fit():
 
 def test_fit_attention_falls_back_to_one_rate():
     """Two points (one shape family) fit attn_eff alone, summed FLOPs over summed seconds."""
-    pts = [{"batch": 1, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 2.0, "flops": 4.0},
-           {"batch": 4, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 6.0, "flops": 12.0}]
+    pts = [
+        {"batch": 1, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 2.0, "flops": 4.0},
+        {"batch": 4, "heads": 4, "seq": 64, "head_dim": 16, "seconds": 6.0, "flops": 12.0},
+    ]
     fit = fit_attention(pts, peak=1.0)
     assert fit["attn_eff"] == pytest.approx(16.0 / 8.0)
     assert fit["attn_seq_half"] == 0.0 and fit["attn_call_overhead_s"] == 0.0
@@ -132,18 +154,28 @@ def test_attention_kernels_by_engine():
     assert compute.with_attention_kernel(fa2, "fa2") == fa2  # applied once
     assert compute.with_attention_kernel(h100, "fused") == h100
     assert compute.with_attention_kernel(h100, "sdpa") == h100
-    assert {e: get_engine(e).activations.flash_kernel for e in
-            ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")} == {
-        "megatron-core": "fused", "megatron-deepspeed": "fa2", "torchtitan": "sdpa", "exatrain": "sdpa"}
+    assert {
+        e: get_engine(e).activations.flash_kernel
+        for e in ("megatron-core", "megatron-deepspeed", "torchtitan", "exatrain")
+    } == {"megatron-core": "fused", "megatron-deepspeed": "fa2", "torchtitan": "sdpa", "exatrain": "sdpa"}
     with pytest.raises(UserError, match="unknown attention kernel"):
         compute.with_attention_kernel(h100, "xformers")
     # through the estimate: the same H100 plan's attention costs more under Megatron-DeepSpeed's kernel
     fa2, fused = (_h100_compute(rt, zero=1, recompute="none") for rt in ("megatron-deepspeed", "megatron-core"))
     assert fa2 > fused * 1.1
-    plan = make_plan(model="llama3-8b", cluster="dgx-h100", gpus=8, micro_batch=1, global_batch=8, zero=1,
-                     runtime="megatron-deepspeed")
-    assert any(n.startswith("attention kernel: fa2 (--use-flash-attn-v2")
-               for n in estimate_plan(plan, get_cluster("dgx-h100")).notes)
+    plan = make_plan(
+        model="llama3-8b",
+        cluster="dgx-h100",
+        gpus=8,
+        micro_batch=1,
+        global_batch=8,
+        zero=1,
+        runtime="megatron-deepspeed",
+    )
+    assert any(
+        n.startswith("attention kernel: fa2 (--use-flash-attn-v2")
+        for n in estimate_plan(plan, get_cluster("dgx-h100")).notes
+    )
     # A100's prior is FlashAttention-2's own: no kernel changes it
     assert default_params("a100-80gb").fa2_attn_ratio == 1.0
 
@@ -173,8 +205,18 @@ def test_per_op_selective_gathers_each_gemm_input_again_in_backward(sp):
     cluster = get_cluster("dgx-h100")
 
     def tp_b(recompute, runtime="torchtitan"):
-        plan = make_plan(model="llama3-8b", cluster=cluster, gpus=8, tp=4, micro_batch=2, global_batch=8, zero=3,
-                         recompute=recompute, sequence_parallel=sp, runtime=runtime)
+        plan = make_plan(
+            model="llama3-8b",
+            cluster=cluster,
+            gpus=8,
+            tp=4,
+            micro_batch=2,
+            global_batch=8,
+            zero=3,
+            recompute=recompute,
+            sequence_parallel=sp,
+            runtime=runtime,
+        )
         st = plan_stage_times(plan, cluster, default_params("h100-sxm"), overlap="none")
         return float(st.tp_bwd[0].sum()), float(st.tp_fwd[0].sum())
 
@@ -186,9 +228,24 @@ def test_per_op_selective_gathers_each_gemm_input_again_in_backward(sp):
     assert meg_sel == meg_none
     # the estimate's bytes sent: 2 more all-gathers (all-reduces) a layer and micro-batch, (t-1)/t (twice that) each
     m = get_model("llama3-8b")
-    sent = {r: estimate_plan(make_plan(model="llama3-8b", cluster=cluster, gpus=8, tp=4, micro_batch=2, global_batch=8,
-                                       zero=3, recompute=r, sequence_parallel=sp, runtime="torchtitan"),
-                             cluster).comm_bytes["tp"] for r in ("none", "selective")}
+    sent = {
+        r: estimate_plan(
+            make_plan(
+                model="llama3-8b",
+                cluster=cluster,
+                gpus=8,
+                tp=4,
+                micro_batch=2,
+                global_batch=8,
+                zero=3,
+                recompute=r,
+                sequence_parallel=sp,
+                runtime="torchtitan",
+            ),
+            cluster,
+        ).comm_bytes["tp"]
+        for r in ("none", "selective")
+    }
     msg = 2 * m.seq_len * m.hidden * 2
     micro_batches = 2  # global batch 8 over dp 2 at micro-batch 2
     again = 2 * m.layers * micro_batches * (1 if sp else 2) * 3 / 4 * msg
@@ -207,7 +264,10 @@ def test_b200_prior_attention_against_flashattention_4_on_b200():
     published = half / 1418.1e12 + 2.5 * half / 1208.6e12
     m = get_model("llama3-8b").replace(heads=heads, kv_heads=heads, hidden=heads * d, seq_len=s, kv_channels=d)
     core = _core(m, b, 1)
-    dev = compute.Device(peak_flops=c.device.peak_flops("bfloat16"), mem_bytes_per_s=c.device.hbm_bytes_per_s,
-                         params=default_params("b200"))
+    dev = compute.Device(
+        peak_flops=c.device.peak_flops("bfloat16"),
+        mem_bytes_per_s=c.device.hbm_bytes_per_s,
+        params=default_params("b200"),
+    )
     fwd, bwd = compute.flash_attention_s(core, dev)
     assert 0.8 < (fwd + bwd) / published < 1.2

@@ -36,17 +36,24 @@ DENSE = dict(model="llama3-8b", cluster="dgx-h100", gpus=8, global_batch=8, zero
 def _compute_s(runtime: str, kernel: str | None = None) -> float:
     # element-wise ops fused in every runtime and torchtitan's loss uncompiled (priced as Megatron's, which
     # works in place), so that only the attention kernel differs
-    return api.estimate(**DENSE, runtime=runtime, attention_kernel=kernel, elementwise="fused",
-                        cross_entropy="upcast" if runtime == "torchtitan" else None).estimate.time_s.compute
+    return api.estimate(
+        **DENSE,
+        runtime=runtime,
+        attention_kernel=kernel,
+        elementwise="fused",
+        cross_entropy="upcast" if runtime == "torchtitan" else None,
+    ).estimate.time_s.compute
 
 
 def test_one_list_of_kernels_and_the_plan_file_round_trip(tmp_path) -> None:
     assert ATTENTION_KERNELS == ("fused", "fa2", "sdpa", "triton")
     path = check_round_trip(tmp_path, H100, "attention_kernel", "fa2")
-    assert make_plan("llama3-8b", H100, gpus=8, base=Plan.load(path),
-                     attention_kernel="fused").attention_kernel == "fused"
-    with pytest.raises(PlanError,
-                       match=r"^--attention-kernel must be one of fused, fa2, sdpa, triton, got 'xformers'$"):
+    assert (
+        make_plan("llama3-8b", H100, gpus=8, base=Plan.load(path), attention_kernel="fused").attention_kernel == "fused"
+    )
+    with pytest.raises(
+        PlanError, match=r"^--attention-kernel must be one of fused, fa2, sdpa, triton, got 'xformers'$"
+    ):
         make_plan("llama3-8b", H100, gpus=8, attention_kernel="xformers")
     with pytest.raises(PlanError, match="flash attention off"):
         make_plan("llama3-8b", H100, gpus=8, attention_kernel="fused", flash_attention=False)
@@ -66,8 +73,9 @@ def test_the_estimate_prices_the_plans_kernel() -> None:
     # the stage times the timeline replays price it too
     plan = make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="torchtitan")
     p = default_params("h100-sxm")
-    slow, fast = (float(np.sum(plan_stage_times(q, H100, p).forward_s))
-                  for q in (plan.replace(attention_kernel="fa2"), plan))
+    slow, fast = (
+        float(np.sum(plan_stage_times(q, H100, p).forward_s)) for q in (plan.replace(attention_kernel="fa2"), plan)
+    )
     assert slow > fast
 
 
@@ -81,8 +89,17 @@ def test_the_search_prices_and_keeps_the_kernel() -> None:
     assert all(p.attention_kernel == "fa2" for p in fa2.ranked)
     assert all(p.attention_kernel == "" for p in default.ranked)
     # through the API (space_options) too
-    res = api.search(model="llama3-8b", cluster="dgx-h100", gpus=8, global_batch=8, zero=1, recompute="none",
-                     runtime="megatron-core", top=2, attention_kernel="fa2")
+    res = api.search(
+        model="llama3-8b",
+        cluster="dgx-h100",
+        gpus=8,
+        global_batch=8,
+        zero=1,
+        recompute="none",
+        runtime="megatron-core",
+        top=2,
+        attention_kernel="fa2",
+    )
     assert all(p.attention_kernel == "fa2" for p in res.ranked)
 
 
@@ -119,6 +136,8 @@ def test_the_exports_write_or_note_the_kernel() -> None:
     assert "--use-flash-attn-v2" in ds.text and any("Megatron-DeepSpeed has no switch for it" in n for n in ds.notes)
     assert not export(plan.replace(attention_kernel="fa2"), "deepspeed").notes
     titan = plan.replace(runtime="torchtitan", zero_stage=0)
-    assert any("torchtitan has no switch for it" in n
-               for n in export(titan.replace(attention_kernel="fa2"), "torchtitan").notes)
+    assert any(
+        "torchtitan has no switch for it" in n
+        for n in export(titan.replace(attention_kernel="fa2"), "torchtitan").notes
+    )
     assert export(titan.replace(attention_kernel="sdpa"), "torchtitan").notes == export(titan, "torchtitan").notes

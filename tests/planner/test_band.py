@@ -18,16 +18,32 @@ import pytest
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.plan import ParallelDims, Plan, StepEstimate, TrainShape
-from exatrain.planner.band import (BANDS_PATH, FEATURES, WIDE_DEFAULT, Traits, band_of, distance, fit,
-                                   fit_across_sources, interval,
-                                   load_bands, traits_of, validated_summary)
+from exatrain.planner.band import (
+    BANDS_PATH,
+    FEATURES,
+    WIDE_DEFAULT,
+    Traits,
+    band_of,
+    distance,
+    fit,
+    fit_across_sources,
+    interval,
+    load_bands,
+    traits_of,
+    validated_summary,
+)
 from exatrain.planner.estimate import estimate_plan
 
 
 def _estimate(cluster_name: str, runtime: str = "exatrain"):
     cluster = get_cluster(cluster_name)
-    plan = Plan(model=get_model("gpt-1.4b"), dims=ParallelDims(1, 1, 8), shape=TrainShape(4, 64),
-                cluster=cluster.name, runtime=runtime).validate(cluster)
+    plan = Plan(
+        model=get_model("gpt-1.4b"),
+        dims=ParallelDims(1, 1, 8),
+        shape=TrainShape(4, 64),
+        cluster=cluster.name,
+        runtime=runtime,
+    ).validate(cluster)
     return plan, estimate_plan(plan, cluster, overlap="default")  # stated: the band is the table's alone
 
 
@@ -74,16 +90,32 @@ def test_an_engine_no_published_run_validates_gets_a_wider_band() -> None:
 def test_band_widens_with_each_distance_from_what_was_validated() -> None:
     """A plan like the validated runs gets the base band; MoE where no MoE ran, a family with no runs, a model
     four octaves off, a tp group across nodes where none ran, settings left to the engine: each wider."""
-    table = {"center": 0.0, "quantiles": [-1.3, 1.3], "runs": 40, "sources": 6,
-             "sigma": {"base": 0.05, **{f: 0.2 for f in FEATURES}, "size": 0.05, "seq": 0.05, "default": 0.03},
-             "validated": validated_summary([Traits("megatron-core", "A100", 7e9, 2048, False, False, False),
-                                             Traits("megatron-core", "A100", 70e9, 4096, False, False, False)] * 3)}
+    table = {
+        "center": 0.0,
+        "quantiles": [-1.3, 1.3],
+        "runs": 40,
+        "sources": 6,
+        "sigma": {"base": 0.05, **{f: 0.2 for f in FEATURES}, "size": 0.05, "seq": 0.05, "default": 0.03},
+        "validated": validated_summary(
+            [
+                Traits("megatron-core", "A100", 7e9, 2048, False, False, False),
+                Traits("megatron-core", "A100", 70e9, 4096, False, False, False),
+            ]
+            * 3
+        ),
+    }
     base = Traits("megatron-core", "A100", 20e9, 2048, False, False, False)
     width = lambda t: band_of(t, table).high / band_of(t, table).low  # noqa: E731
     assert band_of(base, table).widened == ()
-    for far in (replace(base, moe=True), replace(base, family="B200"), replace(base, params=1e12),
-                replace(base, spans=True), replace(base, runtime="torchtitan"), replace(base, defaults=2),
-                replace(base, seq=65536)):
+    for far in (
+        replace(base, moe=True),
+        replace(base, family="B200"),
+        replace(base, params=1e12),
+        replace(base, spans=True),
+        replace(base, runtime="torchtitan"),
+        replace(base, defaults=2),
+        replace(base, seq=65536),
+    ):
         assert width(far) > width(base) and band_of(far, table).widened, far
     assert width(replace(base, params=1e12)) > width(replace(base, params=2e11))  # further, wider
     assert band_of(base, {}).basis == "default" and (band_of(base, {}).low, band_of(base, {}).high) == WIDE_DEFAULT
@@ -93,15 +125,22 @@ def test_sources_that_disagree_widen_their_family() -> None:
     """``disagree``: the standard deviation of a family's sources' median log ratios (each source one value), 0 with
     one source; a plan on a family whose sources disagree gets a wider band, and says why."""
     runs = [Traits("megatron-core", "MI250X", 2e10, 2048, False, False, False)] * 4 + [
-        Traits("megatron-core", "A100", 2e10, 2048, False, False, False)] * 2
+        Traits("megatron-core", "A100", 2e10, 2048, False, False, False)
+    ] * 2
     residuals = [0.30, 0.10, -0.20, -0.30, 0.02, 0.03]
     sources = ["a", "a", "b", "b", "c", "c"]
     v = validated_summary(runs, residuals, sources)
     assert v["MI250X"]["disagree"] == pytest.approx(np.std([0.20, -0.25]))  # the medians of a and b
     assert v["A100"]["disagree"] == 0.0 and v["MI250X"]["runs"] == 4  # one source; the rest as without residuals
     assert "disagree" not in validated_summary(runs)["MI250X"]
-    table = {"center": 0.0, "quantiles": [-1.3, 1.3], "runs": 6, "sources": 3, "validated": v,
-             "sigma": {"base": 0.05, **{f: 0.0 for f in FEATURES}, "disagree": 0.5}}
+    table = {
+        "center": 0.0,
+        "quantiles": [-1.3, 1.3],
+        "runs": 6,
+        "sources": 3,
+        "validated": v,
+        "sigma": {"base": 0.05, **{f: 0.0 for f in FEATURES}, "disagree": 0.5},
+    }
     amd, nv = band_of(runs[0], table), band_of(runs[-1], table)
     assert amd.high / amd.low > nv.high / nv.low and nv.widened == ()
     assert any("disagree" in w for w in amd.widened)
@@ -120,8 +159,9 @@ def test_an_unseen_distance_takes_the_widest_scale_a_run_showed_not_a_per_unit_s
         src.append(f"s{i % 10}")
     p = fit(res, dist, src)
     assert p["sigma"]["disagree"] > 3 * p["sigma"]["base"]  # a slope per unit of spread
-    assert "moe" in p["unseen"] and p["sigma"]["moe"] == pytest.approx(max(p["sigma"]["base"],
-                                                                             0.05 * p["sigma"]["disagree"]))
+    assert "moe" in p["unseen"] and p["sigma"]["moe"] == pytest.approx(
+        max(p["sigma"]["base"], 0.05 * p["sigma"]["disagree"])
+    )
 
 
 def test_fit_measures_the_spread_and_an_unseen_distance_takes_the_widest() -> None:
@@ -137,9 +177,13 @@ def test_fit_measures_the_spread_and_an_unseen_distance_takes_the_widest() -> No
         src.append(f"s{i % 12}")
     p = fit(res, dist, src)
     assert p["sigma"]["moe"] > 3 * p["sigma"]["base"] and p["sigma"]["fp8"] == max(p["sigma"][f] for f in FEATURES)
-    inside = [np.exp(lo_hi[0]) <= np.exp(r) <= np.exp(lo_hi[1]) for r, lo_hi in
-              ((r, [np.log(x) for x in interval(Traits("x", "A100", 1e9, 2048, False, False, False), d, p)[:2]])
-               for r, d in zip(res, dist))]
+    inside = [
+        np.exp(lo_hi[0]) <= np.exp(r) <= np.exp(lo_hi[1])
+        for r, lo_hi in (
+            (r, [np.log(x) for x in interval(Traits("x", "A100", 1e9, 2048, False, False, False), d, p)[:2]])
+            for r, d in zip(res, dist)
+        )
+    ]
     assert 0.75 < np.mean(inside) < 0.85
 
 
@@ -159,26 +203,99 @@ def test_json_round_trip_and_old_plans_still_load(tmp_path) -> None:
 
 
 def test_estimate_text_prints_the_range(capsys) -> None:
-    assert main(["estimate", "--model", "gpt-1.4b", "--cluster", "dgx-a100", "--gpus", "8",
-                 "--micro-batch", "4", "--global-batch", "64"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "gpt-1.4b",
+                "--cluster",
+                "dgx-a100",
+                "--gpus",
+                "8",
+                "--micro-batch",
+                "4",
+                "--global-batch",
+                "64",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("step "))
     assert "–" in line and "out of sample" in line and "widened: no published run of exatrain" in line
-    assert main(["estimate", "--model", "gpt-1.4b", "--cluster", "dgx-a100", "--gpus", "8",
-                 "--micro-batch", "4", "--global-batch", "64", "--json"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "gpt-1.4b",
+                "--cluster",
+                "dgx-a100",
+                "--gpus",
+                "8",
+                "--micro-batch",
+                "4",
+                "--global-batch",
+                "64",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert len(d["step_range_s"]) == 2 and d["band"]["cell"] == "exatrain/A100" and d["band"]["widened"]
 
 
 def test_search_and_scaling_json_carry_the_band(capsys) -> None:
     """Each ranked plan of `search --json` and each point of `scaling --json` has its step range and band."""
-    assert main(["search", "--model", "gpt-1.4b", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "64",
-                 "--runtime", "megatron-core", "--top", "3", "--json"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--model",
+                "gpt-1.4b",
+                "--cluster",
+                "dgx-a100",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "64",
+                "--runtime",
+                "megatron-core",
+                "--top",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
-    assert d["ranked"] and all(len(p["step_range_s"]) == 2 and p["band"]["basis"] == "out of sample"
-                               and p["step_range_s"][0] < p["time_s"]["step"] * 1.5 for p in d["ranked"])
-    assert main(["scaling", "--model", "gpt-1.4b", "--cluster", "dgx-a100", "--gpus", "8,16", "--global-batch", "64",
-                 "--runtime", "megatron-core", "--json"]) == 0
+    assert d["ranked"] and all(
+        len(p["step_range_s"]) == 2
+        and p["band"]["basis"] == "out of sample"
+        and p["step_range_s"][0] < p["time_s"]["step"] * 1.5
+        for p in d["ranked"]
+    )
+    assert (
+        main(
+            [
+                "scaling",
+                "--model",
+                "gpt-1.4b",
+                "--cluster",
+                "dgx-a100",
+                "--gpus",
+                "8,16",
+                "--global-batch",
+                "64",
+                "--runtime",
+                "megatron-core",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert d["points"] and all(len(p["step_range_s"]) == 2 and p["band"]["text"] for p in d["points"])
 

@@ -20,20 +20,39 @@ from tests.helpers.cli import run
 
 CPU = get_cluster("local-cpu")
 # What the synthetic machine "really" is: every factor moved away from the cpu prior.
-TRUE = default_params("cpu").replace(gemm_eff=0.45, step_overhead_s=0.02, mem_eff=0.35, attn_eff=0.15,
-                                     link_eff=0.5, op_overhead_s=3e-5)
+TRUE = default_params("cpu").replace(
+    gemm_eff=0.45, step_overhead_s=0.02, mem_eff=0.35, attn_eff=0.15, link_eff=0.5, op_overhead_s=3e-5
+)
 
 
 def _plans() -> list[Plan]:
     """Runs that exercise different parts of the model: GEMM-heavy, element-wise-heavy, attention,
     tensor-parallel communication, pipelines, many small steps."""
-    specs = [("gpt-tiny", 1, 1, 1, 1, 1), ("gpt-tiny", 2, 1, 1, 8, 8), ("gpt-small", 1, 1, 1, 4, 4),
-             ("gpt-small", 2, 1, 1, 2, 4), ("gpt-small", 1, 2, 1, 1, 8), ("llama-tiny", 1, 1, 2, 4, 8),
-             ("gpt-tiny", 4, 1, 1, 8, 8), ("llama-tiny", 2, 2, 1, 2, 8), ("gpt-tiny", 1, 1, 4, 1, 4),
-             ("gpt-small", 2, 2, 1, 1, 8), ("llama-tiny", 1, 1, 1, 16, 16), ("gpt-small", 1, 1, 2, 8, 16),
-             ("llama-tiny", 2, 1, 2, 2, 8)]
-    return [Plan(model=get_model(m), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb), dtype="float32",
-                 cluster="local-cpu").validate() for m, tp, pp, dp, mb, gb in specs]
+    specs = [
+        ("gpt-tiny", 1, 1, 1, 1, 1),
+        ("gpt-tiny", 2, 1, 1, 8, 8),
+        ("gpt-small", 1, 1, 1, 4, 4),
+        ("gpt-small", 2, 1, 1, 2, 4),
+        ("gpt-small", 1, 2, 1, 1, 8),
+        ("llama-tiny", 1, 1, 2, 4, 8),
+        ("gpt-tiny", 4, 1, 1, 8, 8),
+        ("llama-tiny", 2, 2, 1, 2, 8),
+        ("gpt-tiny", 1, 1, 4, 1, 4),
+        ("gpt-small", 2, 2, 1, 1, 8),
+        ("llama-tiny", 1, 1, 1, 16, 16),
+        ("gpt-small", 1, 1, 2, 8, 16),
+        ("llama-tiny", 2, 1, 2, 2, 8),
+    ]
+    return [
+        Plan(
+            model=get_model(m),
+            dims=ParallelDims(tp, pp, dp),
+            shape=TrainShape(mb, gb),
+            dtype="float32",
+            cluster="local-cpu",
+        ).validate()
+        for m, tp, pp, dp, mb, gb in specs
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +63,14 @@ def runs_file(tmp_path_factory) -> Path:
     for plan in _plans():
         t = step_time(plan, CPU, TRUE)[0].step
         est = estimate_plan(plan, CPU)
-        append_run_record(path, RunRecord(plan=plan.with_estimate(est), device="cpu",
-                                          measured=Measured(steps=5, step_time_s=t,
-                                                            tokens_per_s=plan.tokens_per_step / t,
-                                                            peak_memory_bytes=3e8)))
+        append_run_record(
+            path,
+            RunRecord(
+                plan=plan.with_estimate(est),
+                device="cpu",
+                measured=Measured(steps=5, step_time_s=t, tokens_per_s=plan.tokens_per_step / t, peak_memory_bytes=3e8),
+            ),
+        )
     return path
 
 
@@ -147,23 +170,28 @@ def test_train_summary_line_shows_a_prediction_only_when_calibrated_on_this_host
     assert not calibrated_on(anonymous, "a")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["validate", "{tmp}/missing.jsonl"], "no such file"),
-    (["calibrate", "{tmp}/bad.jsonl", "--out", "{tmp}/o.json"], "not a JSON line"),
-    (["validate", "{tmp}/steps.jsonl"], "no RunRecords"),
-    (["validate", "{runs}", "--calibration", "{tmp}/gpu_only.json"], "no parameters for device 'cpu'"),
-    (["validate", "{runs}", "--calibration", "{tmp}/bad_param.json"], "unknown cost parameter"),
-    (["calibrate", "{runs}", "--out", "{runs}/c.json"], "is a file, not a directory"),
-    (["bench", "--out", "{runs}/c.json", "--quick"], "is a file, not a directory"),
-    (["bench", "--out", "{tmp}", "--quick"], "is a directory"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["validate", "{tmp}/missing.jsonl"], "no such file"),
+        (["calibrate", "{tmp}/bad.jsonl", "--out", "{tmp}/o.json"], "not a JSON line"),
+        (["validate", "{tmp}/steps.jsonl"], "no RunRecords"),
+        (["validate", "{runs}", "--calibration", "{tmp}/gpu_only.json"], "no parameters for device 'cpu'"),
+        (["validate", "{runs}", "--calibration", "{tmp}/bad_param.json"], "unknown cost parameter"),
+        (["calibrate", "{runs}", "--out", "{runs}/c.json"], "is a file, not a directory"),
+        (["bench", "--out", "{runs}/c.json", "--quick"], "is a file, not a directory"),
+        (["bench", "--out", "{tmp}", "--quick"], "is a directory"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(argv, needle, runs_file, tmp_path, capsys) -> None:
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     (tmp_path / "steps.jsonl").write_text('{"kind": "step", "step": 1}\n')
-    (tmp_path / "gpu_only.json").write_text(json.dumps({"kind": "exatrain-calibration",
-                                                        "devices": {"h200-sxm": {"gemm_eff": 0.7}}}))
-    (tmp_path / "bad_param.json").write_text(json.dumps({"kind": "exatrain-calibration",
-                                                         "devices": {"cpu": {"warp_speed": 9}}}))
+    (tmp_path / "gpu_only.json").write_text(
+        json.dumps({"kind": "exatrain-calibration", "devices": {"h200-sxm": {"gemm_eff": 0.7}}})
+    )
+    (tmp_path / "bad_param.json").write_text(
+        json.dumps({"kind": "exatrain-calibration", "devices": {"cpu": {"warp_speed": 9}}})
+    )
     args = [a.format(tmp=tmp_path, runs=runs_file) for a in argv]
     code, out, err = run(capsys, *args)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
@@ -178,17 +206,32 @@ def test_nelder_mead_finds_a_known_minimum() -> None:
 def test_gemm_and_link_fits_recover_their_generating_parameters() -> None:
     P, half, over = 8e10, 24.0, 7e-6
     shapes = [(m, n, k) for m in (64, 256, 1024) for n in (32, 192, 768) for k in (64, 512)]
-    pts = [{"m": m, "n": n, "k": k, "seconds": 2 * m * n * k / (P * (m / (m + half)) * (n / (n + half))
-                                                               * (k / (k + half))) + over} for m, n, k in shapes]
+    pts = [
+        {
+            "m": m,
+            "n": n,
+            "k": k,
+            "seconds": 2 * m * n * k / (P * (m / (m + half)) * (n / (n + half)) * (k / (k + half))) + over,
+        }
+        for m, n, k in shapes
+    ]
     fit = fit_gemm(pts, catalog_peak=None)
     assert fit["gemm_eff"] * fit["_peak"] == pytest.approx(P, rel=0.02)
     assert fit["gemm_dim_half"] == pytest.approx(half, rel=0.1)
     assert fit["gemm_overhead_s"] == pytest.approx(over, rel=0.1)
     lat, bw = 40e-6, 3e9
-    link = [{"kind": k, "ranks": 4, "bytes": b,
-             "seconds": (lat + b / bw) if k == "send_recv" else
-             {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[k] * (3 * lat + 3 / 4 * b / bw)}
-            for k in ("all_reduce", "all_gather", "reduce_scatter", "send_recv") for b in (2**10, 2**16, 2**22)]
+    link = [
+        {
+            "kind": k,
+            "ranks": 4,
+            "bytes": b,
+            "seconds": (lat + b / bw)
+            if k == "send_recv"
+            else {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[k] * (3 * lat + 3 / 4 * b / bw),
+        }
+        for k in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+        for b in (2**10, 2**16, 2**22)
+    ]
     tier, curve = fit_link(link)
     assert tier.latency_s == pytest.approx(lat, rel=0.02) and tier.bytes_per_s == pytest.approx(bw, rel=0.02)
     assert tier.span == 0 and len(curve) == len(link)
@@ -201,16 +244,32 @@ def test_framework_fit_recovers_injected_overheads() -> None:
     from exatrain.planner.cost.calibrate import fit_framework
 
     base = default_params("cpu")
-    truth = {"tp_layer_overhead_s": 3e-3, "fsdp_layer_overhead_s": 2e-3, "pp_microbatch_overhead_s": 4e-4,
-             "dp_step_overhead_s": 1.5e-3}
+    truth = {
+        "tp_layer_overhead_s": 3e-3,
+        "fsdp_layer_overhead_s": 2e-3,
+        "pp_microbatch_overhead_s": 4e-4,
+        "dp_step_overhead_s": 1.5e-3,
+    }
     actual = base.replace(**truth)
     points = []
     for case, tp, pp, dp, zero, mb, gb in CASES:
         for layers in DEPTHS:
-            plan = Plan(model=tiny_model(layers), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb),
-                        zero_stage=zero, dtype="float32", cluster="local-cpu")
-            points.append({"kind": "framework", "case": case, "plan": plan.to_dict(),
-                           "seconds": step_time(plan, CPU, actual)[0].step})
+            plan = Plan(
+                model=tiny_model(layers),
+                dims=ParallelDims(tp, pp, dp),
+                shape=TrainShape(mb, gb),
+                zero_stage=zero,
+                dtype="float32",
+                cluster="local-cpu",
+            )
+            points.append(
+                {
+                    "kind": "framework",
+                    "case": case,
+                    "plan": plan.to_dict(),
+                    "seconds": step_time(plan, CPU, actual)[0].step,
+                }
+            )
     found, curve = fit_framework(points, base, CPU)
     assert set(found) == set(truth) and len(curve) == len(points)
     for key, value in truth.items():
@@ -245,14 +304,44 @@ def test_bench_quick_writes_a_calibration_estimate_reads(tmp_path, capsys) -> No
     assert {"measured_tflops", "model_tflops"} <= set(curves["gemm"][0])
     # FP8 GEMMs run on the CPU (PyTorch's _scaled_mm kernels): their measured speed is the calibration's
     assert p.fp8_speedup is not None and p.fp8_speedup > 0
-    code, text, err = run(capsys, "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "2",
-                          "--tp", "2", "--dtype", "float32", "--calibration", str(out), "--json")
+    code, text, err = run(
+        capsys,
+        "estimate",
+        "--model",
+        "gpt-tiny",
+        "--cluster",
+        "local-cpu",
+        "--gpus",
+        "2",
+        "--tp",
+        "2",
+        "--dtype",
+        "float32",
+        "--calibration",
+        str(out),
+        "--json",
+    )
     assert code == 0, err
     notes = json.loads(text)["notes"]
     assert any("exatrain bench" in n for n in notes)
     # a CPU plan with FP8 GEMMs is priced at the measured speed (the catalog has no FP8 peak for a CPU)
-    code, text, err = run(capsys, "estimate", "--model", "gpt-tiny", "--cluster", "local-cpu", "--gpus", "1",
-                          "--dtype", "bfloat16", "--fp8", "current", "--calibration", str(out), "--json")
+    code, text, err = run(
+        capsys,
+        "estimate",
+        "--model",
+        "gpt-tiny",
+        "--cluster",
+        "local-cpu",
+        "--gpus",
+        "1",
+        "--dtype",
+        "bfloat16",
+        "--fp8",
+        "current",
+        "--calibration",
+        str(out),
+        "--json",
+    )
     assert code == 0, err
 
 
@@ -263,8 +352,10 @@ def test_fp8_and_flash2_fits_are_their_ratios() -> None:
     from exatrain.planner.cost import calibrate
     from exatrain.planner.cost import fp8 as cost_fp8
 
-    pts = [{"m": 16, "n": 16, "k": 16, "seconds_16": 1.0, "seconds_fp8": 0.5},
-           {"m": 32, "n": 32, "k": 32, "seconds_16": 3.0, "seconds_fp8": 1.5}]
+    pts = [
+        {"m": 16, "n": 16, "k": 16, "seconds_16": 1.0, "seconds_fp8": 0.5},
+        {"m": 32, "n": 32, "k": 32, "seconds_16": 3.0, "seconds_fp8": 1.5},
+    ]
     assert calibrate.fit_fp8(pts) == {"fp8_speedup": pytest.approx(4.0 / 2.0)}
     assert calibrate.fit_flash2([{"seconds_default": 1.0, "seconds_fa2": 2.0}]) == {"fa2_attn_ratio": 0.5}
     assert calibrate.fit_fp8([]) == {} and calibrate.fit_flash2([]) == {}

@@ -39,15 +39,22 @@ def _cluster_of(row: dict) -> ClusterSpec:
     base = get_cluster("dgx-h100" if "H100" in row["hardware"] else "dgx-a100")
     gpn = int(row["gpus_per_node"])
     share = int(row["nics_per_node"]) * float(row["nic_gbps"]) / 8 * 1e9 / gpn
-    return ClusterSpec(name="nccl-tests", device=base.device, gpus_per_node=gpn,
-                       tiers=(base.tiers[0], LinkTier("nics", 0, share, base.network.latency_s)))
+    return ClusterSpec(
+        name="nccl-tests",
+        device=base.device,
+        gpus_per_node=gpn,
+        tiers=(base.tiers[0], LinkTier("nics", 0, share, base.network.latency_s)),
+    )
 
 
 def _busbw(cluster: ClusterSpec, nodes: int, size: float) -> float:
     """nccl-tests' bus bandwidth of an all-reduce over every GPU of ``nodes`` nodes (2(n-1)/n S / t)."""
     n = nodes * cluster.gpus_per_node
-    t = float(network.collective_s("all_reduce", cluster, np.array([n]), np.array([n]), size,
-                                   default_params(cluster.device.name))[0])
+    t = float(
+        network.collective_s(
+            "all_reduce", cluster, np.array([n]), np.array([n]), size, default_params(cluster.device.name)
+        )[0]
+    )
     return 2 * (n - 1) / n * size / t / 1e9
 
 
@@ -62,7 +69,7 @@ def test_published_nccl_tests_bus_bandwidths() -> None:
         c = _cluster_of(r)
         size = float(r["size_bytes"] or 1 << 33)
         published = float(r["busbw_gbs"])
-        for nodes in ([int(r["nodes"])] if r["nodes"] else [2, 8, 64]):
+        for nodes in [int(r["nodes"])] if r["nodes"] else [2, 8, 64]:
             got = _busbw(c, nodes, size)
             if "below expectation" in r["kind"]:
                 assert got > published, r["source"]
@@ -139,4 +146,5 @@ def test_groups_inside_a_node_and_without_node_links_are_unchanged() -> None:
     q = default_params("cpu")
     bw, lat = network.tier_arrays(cpu, np.array([16]), q)
     assert float(network.collective_s("all_reduce", cpu, 16, np.array([16]), 1e6, q)[0]) == pytest.approx(
-        float(network.collective_time_s("all_reduce", 16, 1e6, bw, lat, q)[0]))
+        float(network.collective_time_s("all_reduce", 16, 1e6, bw, lat, q)[0])
+    )

@@ -49,11 +49,19 @@ def _offered(space, runtime: str, dtype: str, model, cluster, gb: int) -> np.nda
     """Indices of the space's candidates ``runtime`` runs: a ZeRO stage it offers, and no plan rule broken under it
     (the pipeline schedules it runs, DeepSpeed's ZeRO under a pipeline)."""
     names = [s for s, _ in space.options.schedules]
-    x = rules.rule_inputs(rules.Shared(model, cluster=cluster, settings=RunSettings(runtime=runtime)), tp=space.tp,
-                         pp=space.pp, dp=space.dp, micro_batch=space.micro_batch, global_batch=gb,
-                         zero_stage=space.zero, recompute=space.recompute, sequence_parallel=space.sp,
-                         schedule=[names[v] for v in space.variant],
-                         interleave=[space.options.schedules[v][1] for v in space.variant])
+    x = rules.rule_inputs(
+        rules.Shared(model, cluster=cluster, settings=RunSettings(runtime=runtime)),
+        tp=space.tp,
+        pp=space.pp,
+        dp=space.dp,
+        micro_batch=space.micro_batch,
+        global_batch=gb,
+        zero_stage=space.zero,
+        recompute=space.recompute,
+        sequence_parallel=space.sp,
+        schedule=[names[v] for v in space.variant],
+        interleave=[space.options.schedules[v][1] for v in space.variant],
+    )
     runs = ~np.any(list(rules.broken(x, scopes=("plan",)).values()), axis=0)
     return np.nonzero(np.isin(space.zero, get_engine(runtime).zero_stages(dtype)) & runs)[0]
 
@@ -96,12 +104,20 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
             idx = pool[rng.choice(pool.size, size=count, replace=pool.size < count)]
             mem = _memories(rt)
             lay = layouts_of(space).take(idx)
-            batch = evaluate(lay, model, cluster, cp, global_batch=gb, memory=mem,
-                             run=resolve_settings(RunSettings(runtime=rt), model, dtype=dtype))
+            batch = evaluate(
+                lay,
+                model,
+                cluster,
+                cp,
+                global_batch=gb,
+                memory=mem,
+                run=resolve_settings(RunSettings(runtime=rt), model, dtype=dtype),
+            )
             for row, i in enumerate(idx):
                 plan = plan_at(space, int(i), model, gb, cluster, dtype, True).replace(runtime=rt)
-                one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, memory=mem,
-                               run=plan_run(plan))
+                one = evaluate(
+                    Layouts.from_plan(plan), model, cluster, cp, global_batch=gb, memory=mem, run=plan_run(plan)
+                )
                 for f in TIME_FIELDS:
                     assert _close(batch.time[f][row], one.time[f][0]), (plan, f, batch.time[f][row], one.time[f][0])
                 for kind in mem:
@@ -114,8 +130,15 @@ def test_batch_equals_single_on_2000_random_plans() -> None:
                 seen["runtime"].add(rt)
             total += count
     assert total + skipped == N_RANDOM and skipped < N_RANDOM // len(SPACES)
-    assert seen["schedule"] >= {"gpipe1", "1f1b1", "interleaved2", "interleaved3", "interleaved4",
-                                "zero_bubble2", "zero_bubble4"}
+    assert seen["schedule"] >= {
+        "gpipe1",
+        "1f1b1",
+        "interleaved2",
+        "interleaved3",
+        "interleaved4",
+        "zero_bubble2",
+        "zero_bubble4",
+    }
     assert seen["zero"] == {0, 1, 2, 3} and seen["recompute"] == set(RECOMPUTE) and seen["sp"] == {False, True}
     assert seen["runtime"] == set(RUNTIMES)
     assert time.perf_counter() - t0 < 600  # a hang guard, not a speed test
@@ -142,12 +165,24 @@ def test_batch_equals_single_with_ep_cp_fp8() -> None:
         idx = rng.choice(len(space), size=400, replace=False)
         lay = layouts_of(space).take(idx)
         assert space.options.fp8 == fp8
-        batch = evaluate(lay, model, cluster, cp, global_batch=gb,
-                         run=resolve_settings(RunSettings(runtime="megatron-core", fp8=fp8), model))
+        batch = evaluate(
+            lay,
+            model,
+            cluster,
+            cp,
+            global_batch=gb,
+            run=resolve_settings(RunSettings(runtime="megatron-core", fp8=fp8), model),
+        )
         for row, i in enumerate(idx):
             plan = plan_at(space, int(i), model, gb, cluster, "bfloat16", True)
-            one = evaluate(Layouts.from_plan(plan), model, cluster, cp, global_batch=gb,
-                           run=plan_run(plan.replace(runtime="megatron-core")))
+            one = evaluate(
+                Layouts.from_plan(plan),
+                model,
+                cluster,
+                cp,
+                global_batch=gb,
+                run=plan_run(plan.replace(runtime="megatron-core")),
+            )
             for f in TIME_FIELDS:
                 assert _close(batch.time[f][row], one.time[f][0]), (plan, f, batch.time[f][row], one.time[f][0])
             assert _close(batch.memory_total["megatron-core"][row], one.memory_total["megatron-core"][0]), plan
@@ -173,8 +208,15 @@ def test_estimate_is_the_batch_of_one_and_memory_is_every_stages(space) -> None:
             assert rt == "llm-foundry" and name == "gpt-175b", (rt, name)
             continue
         idx = pool[rng.choice(pool.size, size=15, replace=False)]
-        batch = evaluate(layouts_of(sp).take(idx), model, cluster, cp, global_batch=gb, memory=_memories(rt),
-                         run=resolve_settings(RunSettings(runtime=rt), model, dtype=dtype))
+        batch = evaluate(
+            layouts_of(sp).take(idx),
+            model,
+            cluster,
+            cp,
+            global_batch=gb,
+            memory=_memories(rt),
+            run=resolve_settings(RunSettings(runtime=rt), model, dtype=dtype),
+        )
         for row, i in enumerate(idx):
             plan = plan_at(sp, int(i), model, gb, cluster, dtype, True).replace(runtime=rt).validate(cluster)
             est = estimate_plan(plan, cluster, cp)
@@ -208,14 +250,30 @@ def test_custom_stage_layers_batch_equals_single() -> None:
         balanced = evaluate(dataclasses.replace(sel, stage_layers=()), model, cluster, cp, global_batch=256, run=run)
         assert np.all(batch.time["step"] != balanced.time["step"])
         for row in range(len(sel)):
-            plan = plan_at(space, int(np.nonzero((lay.tp == sel.tp[row]) & (lay.pp == sel.pp[row])
-                                                 & (lay.micro_batch == sel.micro_batch[row])
-                                                 & (lay.zero_stage == sel.zero_stage[row])
-                                                 & (lay.recompute == sel.recompute[row])
-                                                 & (lay.sequence_parallel == sel.sequence_parallel[row])
-                                                 & (lay.schedule == sel.schedule[row])
-                                                 & (lay.interleave == sel.interleave[row]))[0][0]),
-                           model, 256, cluster, "bfloat16", True).replace(stage_layers=split).validate(cluster)
+            plan = (
+                plan_at(
+                    space,
+                    int(
+                        np.nonzero(
+                            (lay.tp == sel.tp[row])
+                            & (lay.pp == sel.pp[row])
+                            & (lay.micro_batch == sel.micro_batch[row])
+                            & (lay.zero_stage == sel.zero_stage[row])
+                            & (lay.recompute == sel.recompute[row])
+                            & (lay.sequence_parallel == sel.sequence_parallel[row])
+                            & (lay.schedule == sel.schedule[row])
+                            & (lay.interleave == sel.interleave[row])
+                        )[0][0]
+                    ),
+                    model,
+                    256,
+                    cluster,
+                    "bfloat16",
+                    True,
+                )
+                .replace(stage_layers=split)
+                .validate(cluster)
+            )
             est = estimate_plan(plan, cluster, cp)
             for f in TIME_FIELDS:
                 assert _close(batch.time[f][row], getattr(est.time_s, f))
@@ -224,6 +282,7 @@ def test_custom_stage_layers_batch_equals_single() -> None:
 
 
 # ---- the pipeline term against the simulator ------------------------------------------------------
+
 
 def _random_split(rng, layers: int, stages: int) -> tuple[int, ...]:
     cuts = np.sort(rng.choice(np.arange(1, layers), stages - 1, replace=False))
@@ -281,8 +340,9 @@ def test_pipeline_term_hand_derived_cases() -> None:
     w = np.zeros((1, 4))
 
     def run(F, B, c=0.0, schedule="1f1b"):
-        return float(pipeline_times(F, B, w, pp=4, interleave=1, num_microbatches=[8], schedule=schedule,
-                                    p2p_s=[c]).step_s[0])
+        return float(
+            pipeline_times(F, B, w, pp=4, interleave=1, num_microbatches=[8], schedule=schedule, p2p_s=[c]).step_s[0]
+        )
 
     assert run(f, b) == 78.0
     assert run(np.array([[1.0, 3.0, 1.0, 1.0]]), np.array([[2.0, 6.0, 2.0, 2.0]])) == 75.0
@@ -290,8 +350,10 @@ def test_pipeline_term_hand_derived_cases() -> None:
     assert run(f, b, schedule="gpipe") == 6 + 21 + 12 + 42
 
 
-@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3),
-                                        ("zero_bubble", 2), ("zero_bubble", 1)])
+@pytest.mark.parametrize(
+    "schedule,v",
+    [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zero_bubble", 2), ("zero_bubble", 1)],
+)
 def test_pipeline_term_exact_for_equal_stages_and_lower_bound_for_random_ones(schedule, v) -> None:
     """Equal stages (c = 0): the closed form equals the simulation. Random stage times and hops:
     never above it; GPipe equal to it whatever the stages."""
@@ -300,13 +362,23 @@ def test_pipeline_term_exact_for_equal_stages_and_lower_bound_for_random_ones(sc
         for m in (p, p + 1, 2 * p, 3 * p + 1, 4 * p):
             S = p * v
             one = np.ones((1, S))
-            for F, B, W, c in [(one, 2 * one, 0.5 * one, 0.0),
-                               (rng.uniform(0.2, 3, (1, S)), rng.uniform(0.2, 3, (1, S)), rng.uniform(0, 1, (1, S)),
-                                float(rng.choice([0.0, 0.05, 0.3])))]:
-                got = float(pipeline_times(F, B, W, pp=p, interleave=v, num_microbatches=[m], schedule=schedule,
-                                           p2p_s=[c]).step_s[0])
-                want = simulate(F[0], B[0], weight_s=W[0], p2p_s=c, pp=p, num_microbatches=m, schedule=schedule,
-                                interleave=v).step_s
+            for F, B, W, c in [
+                (one, 2 * one, 0.5 * one, 0.0),
+                (
+                    rng.uniform(0.2, 3, (1, S)),
+                    rng.uniform(0.2, 3, (1, S)),
+                    rng.uniform(0, 1, (1, S)),
+                    float(rng.choice([0.0, 0.05, 0.3])),
+                ),
+            ]:
+                got = float(
+                    pipeline_times(
+                        F, B, W, pp=p, interleave=v, num_microbatches=[m], schedule=schedule, p2p_s=[c]
+                    ).step_s[0]
+                )
+                want = simulate(
+                    F[0], B[0], weight_s=W[0], p2p_s=c, pp=p, num_microbatches=m, schedule=schedule, interleave=v
+                ).step_s
                 assert got <= want * (1 + 1e-12)
                 if schedule == "gpipe" or (F is one and c == 0.0):
                     assert got == pytest.approx(want, rel=1e-12), (p, m, c)
@@ -322,6 +394,14 @@ def test_pipeline_term_vectorises_over_schedules_and_micro_batches() -> None:
     c = rng.choice([0.0, 0.1], N)
     all_ = pipeline_times(F, B, W, pp=p, interleave=v, num_microbatches=m, schedule=sched, p2p_s=c)
     for i in range(N):
-        one = pipeline_times(F[i:i + 1], B[i:i + 1], W[i:i + 1], pp=p, interleave=v, num_microbatches=m[i:i + 1],
-                             schedule=sched[i:i + 1], p2p_s=c[i:i + 1])
+        one = pipeline_times(
+            F[i : i + 1],
+            B[i : i + 1],
+            W[i : i + 1],
+            pp=p,
+            interleave=v,
+            num_microbatches=m[i : i + 1],
+            schedule=sched[i : i + 1],
+            p2p_s=c[i : i + 1],
+        )
         assert one.step_s[0] == all_.step_s[i] and np.array_equal(one.rank_end_s[0], all_.rank_end_s[i])

@@ -50,13 +50,18 @@ def test_each_engine_offers_and_picks_its_own() -> None:
     # llm-foundry runs no context parallelism (its rule refuses cp > 1): no exchange to price
     assert get_engine("llm-foundry").cp_exchange() is None
     picks = {name: ENGINES[name].cp_exchange().comm for name in CP_COMM_RUNTIMES}
-    assert picks == {"megatron-core": "p2p", "megatron-deepspeed": "a2a", "torchtitan": "all_gather",
-                     "exatrain": "all_gather"}
+    assert picks == {
+        "megatron-core": "p2p",
+        "megatron-deepspeed": "a2a",
+        "torchtitan": "all_gather",
+        "exatrain": "all_gather",
+    }
     # a model with sliding windows: Transformer Engine's ring does not run them, its all-to-all does
     assert get_engine("megatron-core").cp_exchange("", get_model("gpt-oss-20b")).comm == "a2a"
     assert get_engine("megatron-core").cp_exchange("all_gather").calls == "chunks"
-    with pytest.raises(UserError,
-                       match="torchtitan does not run context parallelism that way; it offers all_gather, p2p"):
+    with pytest.raises(
+        UserError, match="torchtitan does not run context parallelism that way; it offers all_gather, p2p"
+    ):
         get_engine("torchtitan").cp_exchange("a2a")
     with pytest.raises(UserError, match="--cp-comm must be one of p2p, all_gather, a2a"):
         get_engine("megatron-core").cp_exchange("ring")
@@ -64,8 +69,18 @@ def test_each_engine_offers_and_picks_its_own() -> None:
 
 def _exposed(exchange, attn_fwd=1e-3, cp=4, tp=2, b=1):
     params = default_params("h100-sxm")
-    return cost_context.cp_exposed_s(LONG, H100, params, b, tp, cp=cp, dtype="bfloat16", attn_fwd=attn_fwd,
-                                attn_bwd=2.5 * attn_fwd, exchange=exchange)
+    return cost_context.cp_exposed_s(
+        LONG,
+        H100,
+        params,
+        b,
+        tp,
+        cp=cp,
+        dtype="bfloat16",
+        attn_fwd=attn_fwd,
+        attn_bwd=2.5 * attn_fwd,
+        exchange=exchange,
+    )
 
 
 def _tier(cp=4, tp=2, net=False):
@@ -118,9 +133,11 @@ def test_a2a_by_hand() -> None:
     # traffic: 3/4 of Q,K,V and of the output, each pass; full recomputation repeats the forward's
     assert context.cp_bytes_per_layer(LONG, 1, 2, 4, comm="a2a") == pytest.approx(2 * 0.75 * (qkv + out))
     assert context.cp_bytes_per_layer(LONG, 1, 2, 4, comm="a2a", recompute="full") == pytest.approx(
-        3 * 0.75 * (qkv + out))
-    cs = comms.cp_collectives_for(LONG, micro_batch=1, tp=2, cp=4, dtype="bfloat16", layers=32, num_microbatches=3,
-                                  comm="a2a")
+        3 * 0.75 * (qkv + out)
+    )
+    cs = comms.cp_collectives_for(
+        LONG, micro_batch=1, tp=2, cp=4, dtype="bfloat16", layers=32, num_microbatches=3, comm="a2a"
+    )
     assert sum(float(c.bytes_per_rank) for c in cs) == pytest.approx(2 * 0.75 * (qkv + out) * 32 * 3)
     # the working set: the received Q,K,V and the output before it goes back
     assert context.cp_buffer_bytes(LONG, 1, 2, 4, comm="a2a") == pytest.approx(qkv + out)
@@ -133,8 +150,9 @@ def test_kernel_calls_follow_the_exchange() -> None:
     assert get_engine("megatron-core").cp_exchange("all_gather").kernel_calls(8) == 2
     assert get_engine("megatron-core").cp_exchange().kernel_calls(1) == 1
     kw = dict(moe=False, ep=1, cp=8, sequence_parallel=False, dev=dev, run=Resolved())
-    core = [g for g in layer_gemms(LONG, 1, 1, moe=False, ep=1, cp=8, sequence_parallel=False)
-            if g.name.startswith("attn_")]
+    core = [
+        g for g in layer_gemms(LONG, 1, 1, moe=False, ep=1, cp=8, sequence_parallel=False) if g.name.startswith("attn_")
+    ]
     for n in (1, 2, 8):
         lt = cost_layer.layer_times(LONG, 1, 1, cp_calls=n, **kw)
         assert lt.attention_core_fwd == pytest.approx(flash_attention_s(core, dev, calls=n)[0])
@@ -157,9 +175,23 @@ def test_the_plan_carries_its_choice(tmp_path) -> None:
 
 
 def test_memory_counts_the_exchange_s_working_set() -> None:
-    kw = dict(dtype="bfloat16", zero_stage=1, recompute="selective", sequence_parallel=True, flash=True, tp=2,
-              dp=1, micro_batch=1, pp=1, interleave=1, params_here=4e9, layers_here=32, inflight_mb=1, is_last=True,
-              cp=4)
+    kw = dict(
+        dtype="bfloat16",
+        zero_stage=1,
+        recompute="selective",
+        sequence_parallel=True,
+        flash=True,
+        tp=2,
+        dp=1,
+        micro_batch=1,
+        pp=1,
+        interleave=1,
+        params_here=4e9,
+        layers_here=32,
+        inflight_mb=1,
+        is_last=True,
+        cp=4,
+    )
     *_, other_a2a = rank_memory(LONG, cp_comm="a2a", **kw)
     *_, other_ring = rank_memory(LONG, cp_comm="p2p", **kw)
     diff = context.cp_buffer_bytes(LONG, 1, 2, 4, comm="a2a") - context.cp_buffer_bytes(LONG, 1, 2, 4, comm="p2p")
@@ -167,16 +199,32 @@ def test_memory_counts_the_exchange_s_working_set() -> None:
 
 
 def test_a_windowed_model_needs_an_exchange_that_runs_windows(capsys) -> None:
-    refused_by_planner(capsys, "megatron-core's p2p context parallelism does not run sliding-window attention and "
-                       "attention sinks, which gpt-oss-20b has: use --cp-comm a2a",
-                       "--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--cp", "2",
-                       "--global-batch", "16", "--runtime", "megatron-core", "--cp-comm", "p2p")
+    refused_by_planner(
+        capsys,
+        "megatron-core's p2p context parallelism does not run sliding-window attention and "
+        "attention sinks, which gpt-oss-20b has: use --cp-comm a2a",
+        "--model",
+        "gpt-oss-20b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--cp",
+        "2",
+        "--global-batch",
+        "16",
+        "--runtime",
+        "megatron-core",
+        "--cp-comm",
+        "p2p",
+    )
     windows_only = get_model("gpt-oss-20b").replace(attention_sinks=False)
     from exatrain.settings import cp_comm_problem
 
     assert cp_comm_problem("p2p", "megatron-core", windows_only) == (
         "megatron-core's p2p context parallelism does not run sliding-window attention, which gpt-oss-20b has: use "
-        "--cp-comm a2a or all_gather")
+        "--cp-comm a2a or all_gather"
+    )
     assert cp_comm_problem("all_gather", "megatron-core", windows_only) is None
     # left to itself, Megatron-Core's plan for it runs the all-to-all
     plan = make_plan("gpt-oss-20b", H100, gpus=16, cp=2, ep=8, global_batch=16, runtime="megatron-core")
@@ -185,10 +233,25 @@ def test_a_windowed_model_needs_an_exchange_that_runs_windows(capsys) -> None:
 
 def test_attention_sinks_need_the_all_to_all(capsys) -> None:
     # GPT-OSS's learned sinks: Transformer Engine runs them under cp only through its fused all-to-all path
-    refused_by_planner(capsys, "megatron-core's all_gather context parallelism does not run attention sinks, which "
-                       "gpt-oss-20b has: use --cp-comm a2a", "--model", "gpt-oss-20b", "--cluster", "dgx-h100",
-                       "--gpus", "16", "--cp", "2", "--global-batch", "16", "--runtime", "megatron-core",
-                       "--cp-comm", "all_gather")
+    refused_by_planner(
+        capsys,
+        "megatron-core's all_gather context parallelism does not run attention sinks, which "
+        "gpt-oss-20b has: use --cp-comm a2a",
+        "--model",
+        "gpt-oss-20b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--cp",
+        "2",
+        "--global-batch",
+        "16",
+        "--runtime",
+        "megatron-core",
+        "--cp-comm",
+        "all_gather",
+    )
     sinks_only = get_model("llama3.1-8b-128k").replace(attention_sinks=True)
     assert get_engine("megatron-core").cp_exchange("", sinks_only).comm == "a2a"
     assert get_engine("torchtitan").cp_exchange("", sinks_only).comm == "all_gather"  # listed for TE only
@@ -196,28 +259,71 @@ def test_attention_sinks_need_the_all_to_all(capsys) -> None:
 
 def test_a2a_needs_cp_to_divide_the_heads_a_rank_holds(capsys) -> None:
     # 32 heads and 8 K,V heads: at tp 2 a rank holds 16 and 4, which cp 8 does not divide
-    line = refused(capsys, "estimate", "--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "16",
-                   "--tp", "2", "--cp", "8", "--global-batch", "8", "--runtime", "megatron-deepspeed")
-    assert line.endswith("--cp 8 by all-to-all splits the 16 heads and 4 K,V heads a rank holds at tp 2 into cp "
-                         "groups: cp must divide both (or use another --cp-comm)"), line
+    line = refused(
+        capsys,
+        "estimate",
+        "--model",
+        "llama3.1-8b-128k",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--cp",
+        "8",
+        "--global-batch",
+        "8",
+        "--runtime",
+        "megatron-deepspeed",
+    )
+    assert line.endswith(
+        "--cp 8 by all-to-all splits the 16 heads and 4 K,V heads a rank holds at tp 2 into cp "
+        "groups: cp must divide both (or use another --cp-comm)"
+    ), line
     make_plan(LONG, H100, gpus=16, tp=2, cp=4, runtime="megatron-deepspeed")  # 16 and 4 heads by 4: fine
     from exatrain.api import search
 
-    result = search(model="llama3.1-8b-128k", cluster="dgx-h100", gpus=16, global_batch=16, cp=8,
-                    runtime="megatron-core", cp_comm="a2a")
+    result = search(
+        model="llama3.1-8b-128k",
+        cluster="dgx-h100",
+        gpus=16,
+        global_batch=16,
+        cp=8,
+        runtime="megatron-core",
+        cp_comm="a2a",
+    )
     assert result.rejected["cp exchange the runtime does not run for this layout"] > 0
     assert all((p.model.kv_heads // p.tp) % 8 == 0 for p in result.ranked)
 
 
 def test_an_exchange_the_runtime_does_not_offer_is_one_line(capsys) -> None:
-    refused_by_planner(capsys, "--cp-comm a2a: torchtitan does not run context parallelism that way; it offers "
-                       "all_gather", "--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "16",
-                       "--cp", "8", "--global-batch", "8", "--runtime", "torchtitan", "--cp-comm", "a2a")
+    refused_by_planner(
+        capsys,
+        "--cp-comm a2a: torchtitan does not run context parallelism that way; it offers all_gather",
+        "--model",
+        "llama3.1-8b-128k",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--cp",
+        "8",
+        "--global-batch",
+        "8",
+        "--runtime",
+        "torchtitan",
+        "--cp-comm",
+        "a2a",
+    )
 
 
 def test_the_trainer_refuses_another_exchange() -> None:
-    trainer_refuses("the exatrain trainer runs context parallelism by all-gathering K,V; plan --cp-comm p2p",
-                    cp_comm="p2p", runtime="megatron-core")
+    trainer_refuses(
+        "the exatrain trainer runs context parallelism by all-gathering K,V; plan --cp-comm p2p",
+        cp_comm="p2p",
+        runtime="megatron-core",
+    )
 
 
 def test_exports_carry_the_exchange() -> None:

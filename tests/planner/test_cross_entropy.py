@@ -93,25 +93,37 @@ def test_each_runtimes_own() -> None:
     for name in ("megatron-core", "megatron-deepspeed"):
         assert get_engine(name).cross_entropy("", "fused") == get_engine(name).cross_entropy() == "inplace"
     own = estimate_plan(_plan(elementwise="fused"), H200)
-    assert own.memory_bytes.total == estimate_plan(_plan(elementwise="fused", cross_entropy="fused"),
-                                                   H200).memory_bytes.total
+    assert (
+        own.memory_bytes.total
+        == estimate_plan(_plan(elementwise="fused", cross_entropy="fused"), H200).memory_bytes.total
+    )
     eager = estimate_plan(_plan(), H200)
     assert eager.memory_bytes.activations == estimate_plan(_plan(cross_entropy="upcast"), H200).memory_bytes.activations
     assert own.trainer_memory_bytes == eager.trainer_memory_bytes
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--cross-entropy", "fused"], "which exatrain does not run: use --runtime torchtitan or llm-foundry, or drop it"),
-    (["--cross-entropy", "fused", "--runtime", "megatron-core"], "which megatron-core does not run"),
-    (["--cross-entropy", "upcast", "--runtime", "megatron-deepspeed"], "torch's cross_entropy over an fp32 copy"),
-    (["--cross-entropy", "inplace", "--runtime", "torchtitan"],
-     "--cross-entropy inplace is Megatron's vocab-parallel loss, which torchtitan does not run: use --runtime "
-     "megatron-core or megatron-deepspeed"),
-    (["--cross-entropy", "chunked"], "invalid choice: 'chunked'"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--cross-entropy", "fused"],
+            "which exatrain does not run: use --runtime torchtitan or llm-foundry, or drop it",
+        ),
+        (["--cross-entropy", "fused", "--runtime", "megatron-core"], "which megatron-core does not run"),
+        (["--cross-entropy", "upcast", "--runtime", "megatron-deepspeed"], "torch's cross_entropy over an fp32 copy"),
+        (
+            ["--cross-entropy", "inplace", "--runtime", "torchtitan"],
+            "--cross-entropy inplace is Megatron's vocab-parallel loss, which torchtitan does not run: use --runtime "
+            "megatron-core or megatron-deepspeed",
+        ),
+        (["--cross-entropy", "chunked"], "invalid choice: 'chunked'"),
+    ],
+)
 def test_bad_use_is_one_line_and_exit_2(argv, message, capsys) -> None:
-    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h200", "--gpus", "8", "--global-batch", "8",
-                 *argv]) == 2
+    assert (
+        main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h200", "--gpus", "8", "--global-batch", "8", *argv])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
@@ -119,16 +131,19 @@ def test_bad_use_is_one_line_and_exit_2(argv, message, capsys) -> None:
 def test_a_plan_file_with_a_bad_value_and_the_trainer_are_refused(tmp_path) -> None:
     with pytest.raises(PlanError, match=r"^--cross-entropy must be one of upcast, inplace, fused, got 'chunked'$"):
         _plan(cross_entropy="chunked")
-    trainer_refuses("the exatrain trainer runs its loss upcast to fp32", zero=3, runtime="torchtitan",
-                    cross_entropy="fused")
+    trainer_refuses(
+        "the exatrain trainer runs its loss upcast to fp32", zero=3, runtime="torchtitan", cross_entropy="fused"
+    )
 
 
 def test_the_search_and_the_export_carry_it() -> None:
-    res = search(LLAMA, H200, 8, 16, top=2, runtime="torchtitan",
-                 options=SpaceOptions(tp=(1,), pp=(1,), cross_entropy="fused"))
+    res = search(
+        LLAMA, H200, 8, 16, top=2, runtime="torchtitan", options=SpaceOptions(tp=(1,), pp=(1,), cross_entropy="fused")
+    )
     assert res.ranked and all(p.cross_entropy == "fused" for p in res.ranked)
     for p in res.ranked:
         assert p.estimate.memory_bytes.total == pytest.approx(estimate_plan(p, H200).memory_bytes.total, rel=1e-12)
+
     # torchtitan's [compile] components: the model for compiled blocks, the loss for a fused loss
     def components(**kw):
         c = tomllib.loads(export(_plan(**kw), "torchtitan").text)["compile"]
@@ -162,8 +177,13 @@ def test_the_vocabulary_parallel_loss_peaks_at_16_bytes_a_logit_as_torch_traces_
     vocabulary shard under ``loss_parallel``, whose backward is eager ops (the saved log-softmax, zeros,
     their exponential and its sum), within the head's own few percent. The count follows tp, arrays too."""
     script = Path(__file__).resolve().parents[1] / "helpers" / "loss_peak_trace.py"
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     traced = json.loads(out.stdout.strip().splitlines()[-1])
     assert traced["plain"] == pytest.approx(logits_bytes_per_element("upcast", "bfloat16"), abs=0.5)
@@ -181,8 +201,17 @@ def test_torchtitan_keeps_the_heads_input_gathered_under_sequence_parallelism() 
     sharded = dataclasses.replace(tt, sp_gathered_head_input=False)
     assert not get_engine("megatron-core").sp_gathered_head_input and get_engine("exatrain").sp_gathered_head_input
     for sp, tp in ((True, 4), (False, 4), (True, 1)):
-        plan = make_plan(LLAMA, H200, gpus=8, tp=tp, micro_batch=2, global_batch=16, runtime="torchtitan", zero=3,
-                         sequence_parallel=sp if tp > 1 else None)
+        plan = make_plan(
+            LLAMA,
+            H200,
+            gpus=8,
+            tp=tp,
+            micro_batch=2,
+            global_batch=16,
+            runtime="torchtitan",
+            zero=3,
+            sequence_parallel=sp if tp > 1 else None,
+        )
         gathered, shard = (stage_memory(plan, 0, eng).activations for eng in (tt, sharded))
         want = 2 * 2 * LLAMA.seq_len * LLAMA.hidden * (1 - 1 / tp) if sp and tp > 1 else 0.0
         assert gathered - shard == pytest.approx(want, rel=1e-12, abs=1e-6)

@@ -27,8 +27,9 @@ from exatrain.planner.cost import compute
 from tests.helpers.plan_fields import check_round_trip
 
 H100 = get_cluster("dgx-h100")
-DENSE = dict(model="llama3-8b", cluster="dgx-h100", gpus=8, global_batch=16, micro_batch=2, zero=3,
-             recompute="selective")
+DENSE = dict(
+    model="llama3-8b", cluster="dgx-h100", gpus=8, global_batch=16, micro_batch=2, zero=3, recompute="selective"
+)
 
 
 def _compute_s(runtime: str, elementwise: str | None = None) -> float:
@@ -45,15 +46,15 @@ def test_unfused_bytes_match_the_closed_form() -> None:
     swiglu = 2 * e * tokens * m.ffn_hidden / tp
     rotary = 16.0 * tokens * (m.hidden + m.kv_hidden) / tp
     assert float(eager) == pytest.approx(swiglu + rotary, rel=1e-12) and ops == 5
-    comp, ops = compute.unfused_extra(m, tokens, tp, sequence_parallel=True, e=e, mode="eager-composite",
-                                      act_elems=act)
+    comp, ops = compute.unfused_extra(m, tokens, tp, sequence_parallel=True, e=e, mode="eager-composite", act_elems=act)
     # two RMSNorms of h elements, sharded by tp under SP: (4e + 28) - 2e bytes each beyond the fused kernel
     norms = (2 * e + 28.0) * tokens * 2 * m.hidden / tp
     assert float(comp) == pytest.approx(swiglu + rotary + norms, rel=1e-12) and ops == 15
     # a GPT model (LayerNorm, GELU, learned positions): eager runs it as the fused counts do
     gpt = get_model("gpt-1.3b")
-    assert compute.unfused_extra(gpt, tokens, 1, sequence_parallel=False, e=e, mode="eager-composite",
-                                 act_elems=tokens * gpt.ffn_hidden) == (0.0, 0)
+    assert compute.unfused_extra(
+        gpt, tokens, 1, sequence_parallel=False, e=e, mode="eager-composite", act_elems=tokens * gpt.ffn_hidden
+    ) == (0.0, 0)
     with pytest.raises(UserError, match="unknown element-wise mode 'jit'"):
         compute.unfused_extra(m, tokens, tp, sequence_parallel=False, e=e, mode="jit")
 
@@ -61,8 +62,12 @@ def test_unfused_bytes_match_the_closed_form() -> None:
 def test_each_engine_default_and_the_estimate_orders_the_modes() -> None:
     assert ELEMENTWISE == ("fused", "eager", "eager-composite")
     assert {n: p.elementwise() for n, p in ENGINES.items()} == {
-        "megatron-core": "fused", "megatron-deepspeed": "fused", "torchtitan": "eager", "exatrain": "eager",
-        "llm-foundry": "eager"}
+        "megatron-core": "fused",
+        "megatron-deepspeed": "fused",
+        "torchtitan": "eager",
+        "exatrain": "eager",
+        "llm-foundry": "eager",
+    }
     assert all(p.elementwise_source for p in ENGINES.values())
     fused, eager, comp = (_compute_s("torchtitan", mode) for mode in ELEMENTWISE)
     assert fused < eager < comp
@@ -82,8 +87,21 @@ def test_the_plan_carries_it_and_bad_values_are_one_line(tmp_path, capsys) -> No
     err = capsys.readouterr().err
     assert "invalid choice: 'jit'" in err and "Traceback" not in err
     # search prices every candidate with it
-    best = {mode: api.search(model="llama3-8b", cluster="dgx-h100", gpus=8, global_batch=16, runtime="torchtitan",
-                             tp=1, pp=1, zero=3, elementwise=mode, top=1).ranked[0] for mode in ("fused", "eager")}
+    best = {
+        mode: api.search(
+            model="llama3-8b",
+            cluster="dgx-h100",
+            gpus=8,
+            global_batch=16,
+            runtime="torchtitan",
+            tp=1,
+            pp=1,
+            zero=3,
+            elementwise=mode,
+            top=1,
+        ).ranked[0]
+        for mode in ("fused", "eager")
+    }
     assert best["fused"].elementwise == "fused"
     assert best["fused"].estimate.time_s.step < best["eager"].estimate.time_s.step
 
@@ -112,14 +130,16 @@ def test_the_exports_say_how_the_plan_was_priced() -> None:
     from exatrain.engine_configs.torchtitan import render_torchtitan
 
     def titan(mode: str) -> str:
-        return render_torchtitan(make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="torchtitan",
-                                           elementwise=mode)).text
+        return render_torchtitan(
+            make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="torchtitan", elementwise=mode)
+        ).text
 
-    assert "[compile]\nenable = true\ncomponents = [\"model\", \"loss\"]" in titan("fused")
+    assert '[compile]\nenable = true\ncomponents = ["model", "loss"]' in titan("fused")
     assert "[compile]\nenable = false" in titan("") and "[compile]\nenable = false" in titan("eager")
     assert "composite ops" in titan("eager-composite")
-    notes = render_megatron(make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="megatron-core",
-                                      elementwise="eager")).notes
+    notes = render_megatron(
+        make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="megatron-core", elementwise="eager")
+    ).notes
     assert any("priced with eager element-wise ops; Megatron-Core runs its fused kernels" in n for n in notes)
     own = render_megatron(make_plan("llama3-8b", H100, gpus=8, global_batch=8, runtime="megatron-core")).notes
     assert not any("element-wise" in n for n in own)

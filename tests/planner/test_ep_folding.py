@@ -36,9 +36,16 @@ EP_REASON = "ep without experts, or ep does not divide experts / dp"
 def _qwen(runtime: str = "megatron-core", *, ep: int = 32, sp: bool = True, tp: int = 2, dp: int = 16) -> Plan:
     """Qwen3-30B-A3B (128 experts) as Megatron-Bridge lays out Qwen3-235B-A22B on 256 H100s:
     tp 2, pp 8, dp 16, ep 32, ZeRO-1 (the distributed optimizer), sequence parallel."""
-    return Plan(model=get_model("qwen3-30b-a3b"), dims=ParallelDims(tp=tp, pp=8, dp=dp, ep=ep),
-                shape=TrainShape(1, 512), zero_stage=1, recompute="full", sequence_parallel=sp,
-                runtime=runtime, cluster=H100.name)
+    return Plan(
+        model=get_model("qwen3-30b-a3b"),
+        dims=ParallelDims(tp=tp, pp=8, dp=dp, ep=ep),
+        shape=TrainShape(1, 512),
+        zero_stage=1,
+        recompute="full",
+        sequence_parallel=sp,
+        runtime=runtime,
+        cluster=H100.name,
+    )
 
 
 def test_megatron_core_folds_ep_and_the_other_runtimes_keep_theirs() -> None:
@@ -70,8 +77,14 @@ def test_megatron_core_folds_ep_and_the_other_runtimes_keep_theirs() -> None:
         _qwen(ep=64).validate(H100)
     # ep 4 over part of a tp group (tp 8, dp 2): Megatron-Core folds it; torchtitan's etp-1 layout needs
     # all of tp in the ep group (tp*cp | ep), and 4 is not inside dp 2 either
-    mix = Plan(model=get_model("mixtral-8x7b"), dims=ParallelDims(tp=8, dp=2, ep=4), shape=TrainShape(1, 8),
-               zero_stage=1, sequence_parallel=True, runtime="megatron-core")
+    mix = Plan(
+        model=get_model("mixtral-8x7b"),
+        dims=ParallelDims(tp=8, dp=2, ep=4),
+        shape=TrainShape(1, 8),
+        zero_stage=1,
+        sequence_parallel=True,
+        runtime="megatron-core",
+    )
     assert mix.validate(H100).ep == 4
     with pytest.raises(rules.RuleError, match="nor is ep 4 a multiple of tp\\*cp = 8"):
         mix.replace(runtime="torchtitan").validate(H100)
@@ -135,8 +148,7 @@ def test_folded_all_to_all_goes_over_the_node_then_the_network() -> None:
     node's 8 consecutive ranks, all on NVLink (the strided placement would have reached 15 ranks)."""
     m, params = get_model("qwen3-30b-a3b"), default_params(H100.device.name)
     node, net = H100.tiers[0], H100.network
-    msg = moe_acc.a2a_message_bytes(m, 1, 2, sequence_parallel=True, cp=1,
-                                            capacity_factor=moe_acc.LOAD_IMBALANCE)
+    msg = moe_acc.a2a_message_bytes(m, 1, 2, sequence_parallel=True, cp=1, capacity_factor=moe_acc.LOAD_IMBALANCE)
     eff = params.link_eff
     got = cost_moe.a2a_time_s(m, H100, params, 1, 2, ep=32, cp=1, sequence_parallel=True, dtype="bfloat16", dp=16)
     want = 31 * net.latency_s + max(7 * msg / 32 / (node.bytes_per_s * eff), 24 * msg / 32 / (net.bytes_per_s * eff))
@@ -144,24 +156,34 @@ def test_folded_all_to_all_goes_over_the_node_then_the_network() -> None:
     got = cost_moe.a2a_time_s(m, H100, params, 1, 2, ep=8, cp=1, sequence_parallel=True, dtype="bfloat16", dp=4)
     assert float(got) == pytest.approx(7 * node.latency_s + 7 * msg / 8 / (node.bytes_per_s * eff), rel=1e-12)
     # inside dp the group is as before, whether or not dp is given
-    same = [cost_moe.a2a_time_s(m, H100, params, 1, 2, ep=4, cp=1, sequence_parallel=True, dtype="bfloat16", **kw)
-            for kw in ({}, {"dp": 8})]
+    same = [
+        cost_moe.a2a_time_s(m, H100, params, 1, 2, ep=4, cp=1, sequence_parallel=True, dtype="bfloat16", **kw)
+        for kw in ({}, {"dp": 8})
+    ]
     assert float(same[0]) == float(same[1])
 
 
 def test_search_offers_a_folded_ep_for_megatron_core_only() -> None:
     """8 GPUs at tp 4 leave dp 2: megatron-core's search keeps ep 4 and 8 (folded over tp*dp = 8)
     and ranks them; exatrain's drops them under the ep rule, counted."""
-    opts = SpaceOptions(tp=(4,), pp=(1,), micro_batch=(1,), zero_stage=(1,), recompute=("full",),
-                        sequence_parallel=(True,), cp=(1,))
+    opts = SpaceOptions(
+        tp=(4,), pp=(1,), micro_batch=(1,), zero_stage=(1,), recompute=("full",), sequence_parallel=(True,), cp=(1,)
+    )
     mc = enumerate_space(get_model("qwen3-30b-a3b"), get_cluster("dgx-h200"), 8, 16, opts, runtime="megatron-core")
     assert sorted(mc.ep.tolist()) == [1, 2, 4, 8] and set(mc.dp.tolist()) == {2}
     assert mc.rejected[EP_REASON] == 4  # ep 16, 32, 64, 128 do not divide tp*dp = 8
-    own = enumerate_space(get_model("qwen3-30b-a3b"), get_cluster("dgx-h200"), 8, 16,
-                          SpaceOptions(**{**opts.__dict__, "zero_stage": (0,)}), runtime="exatrain")
+    own = enumerate_space(
+        get_model("qwen3-30b-a3b"),
+        get_cluster("dgx-h200"),
+        8,
+        16,
+        SpaceOptions(**{**opts.__dict__, "zero_stage": (0,)}),
+        runtime="exatrain",
+    )
     assert sorted(own.ep.tolist()) == [1, 2] and own.rejected[EP_REASON] == 6
-    res = search(get_model("qwen3-30b-a3b"), get_cluster("dgx-h200"), 8, 16, top=4, options=opts,
-                 runtime="megatron-core")
+    res = search(
+        get_model("qwen3-30b-a3b"), get_cluster("dgx-h200"), 8, 16, top=4, options=opts, runtime="megatron-core"
+    )
     wide = [p for p in res.ranked if p.ep > p.dp]
     assert wide and all(p.runtime == "megatron-core" and p.sequence_parallel for p in wide)
     again = estimate_plan(wide[0], get_cluster("dgx-h200"))

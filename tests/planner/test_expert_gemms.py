@@ -25,8 +25,13 @@ from exatrain.planner.estimate import estimate_plan
 
 
 def test_each_profile_says_how_it_launches_expert_gemms_and_why() -> None:
-    want = {"megatron-core": "per_expert", "megatron-deepspeed": "per_expert", "torchtitan": "grouped",
-            "exatrain": "grouped", "llm-foundry": "grouped"}
+    want = {
+        "megatron-core": "per_expert",
+        "megatron-deepspeed": "per_expert",
+        "torchtitan": "grouped",
+        "exatrain": "grouped",
+        "llm-foundry": "grouped",
+    }
     assert set(want) == set(RUNTIMES)
     for name, how in want.items():
         engine = get_engine(name)
@@ -43,8 +48,18 @@ def test_per_expert_launches_pay_the_call_time_once_per_local_expert(fp8: str) -
     speed = cost_fp8.fp8_speedup(cluster, "bfloat16", params) if fp8 else 1.0
 
     def layer(how: str):
-        return cost_layer.layer_times(m, 1, 1, moe=True, ep=16, cp=1, sequence_parallel=False, dev=dev,
-                                   run=Resolved(fp8=fp8, expert_gemms=how), speedup=speed)
+        return cost_layer.layer_times(
+            m,
+            1,
+            1,
+            moe=True,
+            ep=16,
+            cp=1,
+            sequence_parallel=False,
+            dev=dev,
+            run=Resolved(fp8=fp8, expert_gemms=how),
+            speedup=speed,
+        )
 
     grouped, per_expert = layer("grouped"), layer("per_expert")
     extra = 2 * (m.experts // 16 - 1) * params.gemm_overhead_s
@@ -52,9 +67,21 @@ def test_per_expert_launches_pay_the_call_time_once_per_local_expert(fp8: str) -
     assert float(np.asarray(per_expert.fwd - grouped.fwd)) == pytest.approx(extra, rel=1e-9)
     assert float(np.asarray(per_expert.bwd - grouped.bwd)) == pytest.approx(2 * extra, rel=1e-9)
     # a dense layer has no expert GEMM: the same either way
-    dense = [cost_layer.layer_times(m, 1, 1, moe=False, ep=16, cp=1, sequence_parallel=False, dev=dev,
-                                 run=Resolved(fp8=fp8, expert_gemms=how), speedup=speed).fwd
-             for how in ("grouped", "per_expert")]
+    dense = [
+        cost_layer.layer_times(
+            m,
+            1,
+            1,
+            moe=False,
+            ep=16,
+            cp=1,
+            sequence_parallel=False,
+            dev=dev,
+            run=Resolved(fp8=fp8, expert_gemms=how),
+            speedup=speed,
+        ).fwd
+        for how in ("grouped", "per_expert")
+    ]
     assert float(np.asarray(dense[0])) == float(np.asarray(dense[1]))
 
 
@@ -65,12 +92,14 @@ def test_the_estimate_prices_the_engines_launches(monkeypatch) -> None:
     from exatrain.accounting import engines
 
     cluster = get_cluster("dgx-h100")
-    plan = api.make_plan("qwen3-30b-a3b", cluster, gpus=16, ep=16, micro_batch=1, global_batch=256,
-                         runtime="megatron-core")
+    plan = api.make_plan(
+        "qwen3-30b-a3b", cluster, gpus=16, ep=16, micro_batch=1, global_batch=256, runtime="megatron-core"
+    )
     params = default_params(cluster.device.name)
     per_expert = estimate_plan(plan, cluster, params).time_s
     grouped_engine = engines.ENGINES["megatron-core"].__class__(
-        **{**engines.ENGINES["megatron-core"].__dict__, "expert_gemms": "grouped"})
+        **{**engines.ENGINES["megatron-core"].__dict__, "expert_gemms": "grouped"}
+    )
     monkeypatch.setitem(engines.ENGINES, "megatron-core", grouped_engine)
     grouped = estimate_plan(plan, cluster, params).time_s
     calls = plan.num_microbatches * plan.model.layers * 3 * 2 * (plan.model.experts // 16 - 1)

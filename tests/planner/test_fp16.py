@@ -39,9 +39,11 @@ def _plan(runtime: str, dtype: str = "float16", **kw):
 
 # The bfloat16 plan each runtime's float16 is priced against (its 16-bit-gradient variant) and the bytes a
 # parameter the loss scaler's unscale adds to its optimizer step, on (the stage, the gradients held, the shard)
-AGAINST = {"megatron-core": ({"grad_accum": "bfloat16"}, (0.0, 0.0, 8.0)),
-           "megatron-deepspeed": ({}, (0.0, 0.0, 2.0)),
-           "exatrain": ({}, (0.0, 8.0, 0.0))}
+AGAINST = {
+    "megatron-core": ({"grad_accum": "bfloat16"}, (0.0, 0.0, 8.0)),
+    "megatron-deepspeed": ({}, (0.0, 0.0, 2.0)),
+    "exatrain": ({}, (0.0, 8.0, 0.0)),
+}
 
 
 @pytest.mark.parametrize("runtime", FLOAT16_RUNTIMES)
@@ -88,9 +90,30 @@ def test_each_float16_runtime_has_its_state_rows() -> None:
 
 
 def test_the_frontier_175b_run_estimates_and_exports_fp16(capsys, tmp_path) -> None:
-    args = ("--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128", "--tp", "4", "--pp", "16",
-            "--micro-batch", "1", "--global-batch", "640", "--zero", "1", "--recompute", "full",
-            "--runtime", "megatron-deepspeed", "--dtype", "float16")
+    args = (
+        "--model",
+        "gpt-175b",
+        "--cluster",
+        "frontier",
+        "--gpus",
+        "128",
+        "--tp",
+        "4",
+        "--pp",
+        "16",
+        "--micro-batch",
+        "1",
+        "--global-batch",
+        "640",
+        "--zero",
+        "1",
+        "--recompute",
+        "full",
+        "--runtime",
+        "megatron-deepspeed",
+        "--dtype",
+        "float16",
+    )
     code, out, err = run(capsys, "estimate", *args, "--out", str(tmp_path / "p.json"))
     assert code == 0, err
     assert "float16" in out
@@ -101,8 +124,14 @@ def test_the_frontier_175b_run_estimates_and_exports_fp16(capsys, tmp_path) -> N
 
 def test_exports_write_fp16() -> None:
     ds = deepspeed_config(_plan("megatron-deepspeed"))
-    assert ds["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                          "hysteresis": 2, "min_loss_scale": 1}
+    assert ds["fp16"] == {
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": 16,
+        "loss_scale_window": 1000,
+        "hysteresis": 2,
+        "min_loss_scale": 1,
+    }
     assert ds["bf16"] == {"enabled": False}
     assert "fp16" not in deepspeed_config(_plan("megatron-deepspeed", "bfloat16"))
     for runtime in ("megatron-core", "megatron-deepspeed"):
@@ -119,14 +148,32 @@ def test_an_exported_fp16_launch_reads_back_as_float16(capsys, tmp_path, target:
 
     runtime = {"megatron": "megatron-core", "deepspeed": "megatron-deepspeed"}[target]
     plan_file, args = tmp_path / "plan.json", tmp_path / "args.sh"
-    code, out, err = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-a100", "--runtime", runtime,
-                         "--gpus", "16", "--zero", "1", "--dtype", "float16", "--out", str(plan_file), "--json")
+    code, out, err = run(
+        capsys,
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100",
+        "--runtime",
+        runtime,
+        "--gpus",
+        "16",
+        "--zero",
+        "1",
+        "--dtype",
+        "float16",
+        "--out",
+        str(plan_file),
+        "--json",
+    )
     assert code == 0, err
     want = json.loads(out)["plan"]
     assert want["dtype"] == "float16"
     # (megatron-deepspeed's ZeRO-1 plan is predicted above the A100's memory: --force writes it all the same)
-    assert run(capsys, "export-config", "--plan", str(plan_file), "--for", target, "--out", str(args),
-               "--force")[0] == 0
+    assert (
+        run(capsys, "export-config", "--plan", str(plan_file), "--for", target, "--out", str(args), "--force")[0] == 0
+    )
     code, out, err = run(capsys, "estimate", "--from", str(args), "--cluster", "dgx-a100", "--json")
     assert code == 0, err
     assert json.loads(out)["plan"] == want
@@ -141,12 +188,32 @@ def test_torchtitan_is_refused_in_one_line() -> None:
 
 
 def test_the_cli_refuses_torchtitan_fp16_with_exit_2(capsys) -> None:
-    refused_by_planner(capsys, "trains in bfloat16 or float32, not float16", "--model", "llama3-8b",
-                       "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "64", "--runtime", "torchtitan",
-                       "--dtype", "float16")
+    refused_by_planner(
+        capsys,
+        "trains in bfloat16 or float32, not float16",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--runtime",
+        "torchtitan",
+        "--dtype",
+        "float16",
+    )
 
 
 def test_fp8_stays_bfloat16_only() -> None:
     with pytest.raises(UserError, match="inside bfloat16 training"):
-        make_plan("llama3-8b", get_cluster("dgx-h100"), gpus=8, global_batch=64, dtype="float16", fp8="current",
-                  runtime="megatron-core")
+        make_plan(
+            "llama3-8b",
+            get_cluster("dgx-h100"),
+            gpus=8,
+            global_batch=64,
+            dtype="float16",
+            fp8="current",
+            runtime="megatron-core",
+        )

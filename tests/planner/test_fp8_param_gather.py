@@ -40,8 +40,9 @@ LLAMA = get_model("llama3-8b").replace(seq_len=4096)
 
 
 def _plan(runtime="torchtitan", zero=3, **kw) -> Plan:
-    return make_plan(LLAMA, H100, gpus=16, micro_batch=1, global_batch=16, zero=zero, fp8="current",
-                     runtime=runtime, **kw)
+    return make_plan(
+        LLAMA, H100, gpus=16, micro_batch=1, global_batch=16, zero=zero, fp8="current", runtime=runtime, **kw
+    )
 
 
 def test_the_gathers_send_the_gemm_weights_at_one_byte() -> None:
@@ -55,8 +56,16 @@ def test_the_gathers_send_the_gemm_weights_at_one_byte() -> None:
     assert float(dense[0, 0]) == pytest.approx(gemm) and float(routed[0, 0]) == 0.0
     from exatrain.accounting.engines import Resolved, get_engine
 
-    kw = dict(tp=np.array([[1]]), pp=1, dp=np.array([[n]]), zero_stage=3, params_here=params,
-              num_microbatches=np.array([[1]]), run=Resolved(engine=get_engine("torchtitan")), pipeline_end=True)
+    kw = dict(
+        tp=np.array([[1]]),
+        pp=1,
+        dp=np.array([[n]]),
+        zero_stage=3,
+        params_here=params,
+        num_microbatches=np.array([[1]]),
+        run=Resolved(engine=get_engine("torchtitan")),
+        pipeline_end=True,
+    )
     red16, gat16 = step.dp_collective_times(H100, cp, LLAMA, **kw)
     red8, gat8 = step.dp_collective_times(H100, cp, LLAMA, fp8_gathered=(dense, routed), **kw)
     assert np.asarray(red8).item() == np.asarray(red16).item()
@@ -121,8 +130,15 @@ def test_plan_file_search_and_exports_carry_it(tmp_path) -> None:
     toml = tomllib.loads(export(_plan(), "torchtitan").text)
     assert toml["quantize"]["linear"]["float8"] == {"recipe_name": "tensorwise"}
     # the search prices every candidate with it and keeps only the ZeRO stages that can gather
-    res = search(LLAMA, H100, 16, 16, top=3, runtime="torchtitan",
-                 options=SpaceOptions(tp=(1,), pp=(1,), fp8="current", fp8_param_gather=True))
+    res = search(
+        LLAMA,
+        H100,
+        16,
+        16,
+        top=3,
+        runtime="torchtitan",
+        options=SpaceOptions(tp=(1,), pp=(1,), fp8="current", fp8_param_gather=True),
+    )
     assert res.ranked and all(p.fp8_param_gather and p.zero_stage >= 2 for p in res.ranked)
     assert res.rejected.get(FP8_GATHER_REASON, 0) > 0
     for p in res.ranked[:2]:
@@ -130,18 +146,25 @@ def test_plan_file_search_and_exports_carry_it(tmp_path) -> None:
         assert p.estimate.time_s.step == pytest.approx(est.time_s.step, rel=1e-9)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--fp8-param-gather"], "it needs --fp8"),
-    (["--fp8", "current", "--fp8-param-gather", "--runtime", "exatrain"], "runtime exatrain has no such switch"),
-    (["--fp8", "current", "--fp8-param-gather", "--runtime", "megatron-deepspeed", "--zero", "1"],
-     "runtime megatron-deepspeed has no such switch"),
-    (["--fp8", "delayed", "--fp8-param-gather", "--runtime", "torchtitan", "--zero", "3"], "--fp8 current"),
-    (["--fp8", "current", "--fp8-param-gather", "--runtime", "torchtitan", "--zero", "1"], "ZeRO-2 or higher"),
-    (["--fp8", "current", "--fp8-param-gather", "--runtime", "megatron-core", "--zero", "0"], "ZeRO-1 or higher"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--fp8-param-gather"], "it needs --fp8"),
+        (["--fp8", "current", "--fp8-param-gather", "--runtime", "exatrain"], "runtime exatrain has no such switch"),
+        (
+            ["--fp8", "current", "--fp8-param-gather", "--runtime", "megatron-deepspeed", "--zero", "1"],
+            "runtime megatron-deepspeed has no such switch",
+        ),
+        (["--fp8", "delayed", "--fp8-param-gather", "--runtime", "torchtitan", "--zero", "3"], "--fp8 current"),
+        (["--fp8", "current", "--fp8-param-gather", "--runtime", "torchtitan", "--zero", "1"], "ZeRO-2 or higher"),
+        (["--fp8", "current", "--fp8-param-gather", "--runtime", "megatron-core", "--zero", "0"], "ZeRO-1 or higher"),
+    ],
+)
 def test_bad_use_is_one_line_and_exit_2(argv, message, capsys) -> None:
-    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
-                 *argv]) == 2
+    assert (
+        main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8", *argv])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
@@ -154,8 +177,14 @@ def test_a_plan_file_with_a_bad_value_and_the_trainer_are_refused(tmp_path, caps
     assert main(["export-config", "--plan", str(path), "--for", "torchtitan"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     # a plan made for torchtitan, handed to exatrain's trainer
-    trainer_refuses("gathers and keeps its weights in 16 bits", zero=3, dtype="bfloat16", fp8="current",
-                    runtime="torchtitan", fp8_param_gather=True)
+    trainer_refuses(
+        "gathers and keeps its weights in 16 bits",
+        zero=3,
+        dtype="bfloat16",
+        fp8="current",
+        runtime="torchtitan",
+        fp8_param_gather=True,
+    )
 
 
 def test_the_published_rows_that_gathered_in_fp8_are_planned_so() -> None:
@@ -179,14 +208,27 @@ def test_torchtitans_tensorwise_fp8_all_gathers_the_tp_inputs_in_fp8(recompute) 
     layers = LLAMA.layers
 
     def tp_times(fp8, runtime="torchtitan"):
-        plan = make_plan(LLAMA, H100, gpus=16, tp=4, micro_batch=1, global_batch=16, zero=1 if runtime != "torchtitan"
-                         else 3, fp8=fp8, runtime=runtime, recompute=recompute, sequence_parallel=True)
+        plan = make_plan(
+            LLAMA,
+            H100,
+            gpus=16,
+            tp=4,
+            micro_batch=1,
+            global_batch=16,
+            zero=1 if runtime != "torchtitan" else 3,
+            fp8=fp8,
+            runtime=runtime,
+            recompute=recompute,
+            sequence_parallel=True,
+        )
         st = plan_cost.plan_stage_times(plan, H100, default_params("h100-sxm"), overlap="none")
         return float(st.tp_fwd[0].sum()), float(st.tp_bwd[0].sum())
 
     msg = 1 * LLAMA.seq_len * LLAMA.hidden * 2  # micro-batch 1, bf16
-    ag16, ag8 = (step.tp_collectives_s(H100, default_params("h100-sxm"), np.array([4]), m, ("all_gather",))[0][0]
-                 for m in (msg, msg / 2))
+    ag16, ag8 = (
+        step.tp_collectives_s(H100, default_params("h100-sxm"), np.array([4]), m, ("all_gather",))[0][0]
+        for m in (msg, msg / 2)
+    )
     saved = 2 * layers * (ag16 - ag8)
     assert saved > 0
     (f_cur, b_cur), (f_blk, b_blk) = tp_times("current"), tp_times("block")
@@ -194,8 +236,24 @@ def test_torchtitans_tensorwise_fp8_all_gathers_the_tp_inputs_in_fp8(recompute) 
     assert b_blk - b_cur == pytest.approx(saved if recompute == "full" else 0.0, rel=1e-9, abs=1e-12)
     assert tp_times("current", "megatron-core") == tp_times("block", "megatron-core")
     # the estimate's bytes sent per rank are those priced: (t-1)/t of each all-gather's message, one byte an element
-    sent = {fp8: estimate_plan(make_plan(LLAMA, H100, gpus=16, tp=4, micro_batch=1, global_batch=16, zero=3, fp8=fp8,
-                                         runtime="torchtitan", recompute=recompute, sequence_parallel=True),
-                               H100).comm_bytes["tp"] for fp8 in ("current", "block")}
+    sent = {
+        fp8: estimate_plan(
+            make_plan(
+                LLAMA,
+                H100,
+                gpus=16,
+                tp=4,
+                micro_batch=1,
+                global_batch=16,
+                zero=3,
+                fp8=fp8,
+                runtime="torchtitan",
+                recompute=recompute,
+                sequence_parallel=True,
+            ),
+            H100,
+        ).comm_bytes["tp"]
+        for fp8 in ("current", "block")
+    }
     gathers = 2 * layers * (2 if recompute == "full" else 1) * 4  # 4 micro-batches (dp 4)
     assert sent["block"] - sent["current"] == pytest.approx(gathers * 3 / 4 * msg / 2, rel=1e-12)

@@ -31,10 +31,26 @@ from exatrain.planner.estimate import estimate_plan
 A100, H100 = get_cluster("dgx-a100"), get_cluster("dgx-h100")
 
 
-def _plan(model: str = "llama3-8b", cluster=H100, dp: int = 8, mb: int = 2, gb: int = 32, zero: int = 3,
-          runtime: str = "llm-foundry", **kw) -> Plan:
-    return Plan(model=get_model(model), dims=ParallelDims(1, 1, dp), shape=TrainShape(mb, gb), zero_stage=zero,
-                recompute="none", cluster=cluster.name, runtime=runtime, **kw).validate(cluster)
+def _plan(
+    model: str = "llama3-8b",
+    cluster=H100,
+    dp: int = 8,
+    mb: int = 2,
+    gb: int = 32,
+    zero: int = 3,
+    runtime: str = "llm-foundry",
+    **kw,
+) -> Plan:
+    return Plan(
+        model=get_model(model),
+        dims=ParallelDims(1, 1, dp),
+        shape=TrainShape(mb, gb),
+        zero_stage=zero,
+        recompute="none",
+        cluster=cluster.name,
+        runtime=runtime,
+        **kw,
+    ).validate(cluster)
 
 
 class _Ops(TorchDispatchMode):
@@ -78,8 +94,9 @@ def test_the_flat_gradients_copy_lengthens_each_backward_by_its_bytes(monkeypatc
 
     plan, params = _plan(), default_params("h100-sxm")
     with_copy = plan_stage_times(plan, H100, params)
-    monkeypatch.setitem(engines.ENGINES, "llm-foundry",
-                        dataclasses.replace(engines.ENGINES["llm-foundry"], flat_param_grad_copy=False))
+    monkeypatch.setitem(
+        engines.ENGINES, "llm-foundry", dataclasses.replace(engines.ENGINES["llm-foundry"], flat_param_grad_copy=False)
+    )
     without = plan_stage_times(plan, H100, params)
     dev = compute.device_for(H100, "bfloat16", params, plan.gpus)
     expected = compute.elementwise_time_s(4.0 * stage_params(plan)[0], dev)
@@ -96,8 +113,9 @@ def test_the_pre_divide_lengthens_the_reduction_not_the_compute(monkeypatch) -> 
     plan = _plan(mb=2, gb=32)  # 2 micro-batches of 2 on 8 ranks
     params = default_params("h100-sxm").replace(comm_contention=0.0)
     full = _step(plan, params)
-    monkeypatch.setitem(engines.ENGINES, "llm-foundry",
-                        dataclasses.replace(engines.ENGINES["llm-foundry"], flat_param_grad_copy=False))
+    monkeypatch.setitem(
+        engines.ENGINES, "llm-foundry", dataclasses.replace(engines.ENGINES["llm-foundry"], flat_param_grad_copy=False)
+    )
     bare = _step(plan, params)
     dev = compute.device_for(H100, "bfloat16", params, plan.gpus)
     pass_s = compute.elementwise_time_s(4.0 * stage_params(plan)[0], dev)
@@ -138,8 +156,15 @@ def test_llm_foundry_prices_its_kernel_and_fa2_when_the_run_names_it() -> None:
     """The same long-sequence plan under llm-foundry's own kernel takes longer than with --attention-kernel fa2 by
     the attention's seconds (twice FA2's)."""
     model = get_model("llama3-8b").replace(seq_len=16384)
-    base = Plan(model=model, dims=ParallelDims(1, 1, 8), shape=TrainShape(1, 16), zero_stage=3, recompute="full",
-                cluster=A100.name, runtime="llm-foundry")
+    base = Plan(
+        model=model,
+        dims=ParallelDims(1, 1, 8),
+        shape=TrainShape(1, 16),
+        zero_stage=3,
+        recompute="full",
+        cluster=A100.name,
+        runtime="llm-foundry",
+    )
     own = estimate_plan(base.validate(A100), A100).time_s.compute
     fa2 = estimate_plan(base.replace(attention_kernel="fa2").validate(A100), A100).time_s.compute
     assert own > fa2 * 1.2
@@ -155,8 +180,16 @@ def test_contention_slows_compute_by_its_share_of_the_hidden_collectives() -> No
     from exatrain.planner.layouts import Layouts
 
     def run(c):
-        ev = evaluate(Layouts.from_plan(plan), plan.model, H100, p.replace(comm_contention=c),
-                      global_batch=plan.global_batch, memory=(), run=plan_run(plan), by_rank=True)
+        ev = evaluate(
+            Layouts.from_plan(plan),
+            plan.model,
+            H100,
+            p.replace(comm_contention=c),
+            global_batch=plan.global_batch,
+            memory=(),
+            run=plan_run(plan),
+            by_rank=True,
+        )
         return ev.time, ev.hidden
 
     t0, h0 = run(0.0)
@@ -172,8 +205,13 @@ def test_contention_slows_compute_by_its_share_of_the_hidden_collectives() -> No
 
 def test_llm_foundry_shards_over_data_parallelism_alone() -> None:
     with pytest.raises(PlanError, match="--runtime llm-foundry shards with Composer's FSDP over data parallelism"):
-        Plan(model=get_model("llama3-8b"), dims=ParallelDims(2, 1, 4), shape=TrainShape(1, 8), zero_stage=3,
-             runtime="llm-foundry").validate(H100)
+        Plan(
+            model=get_model("llama3-8b"),
+            dims=ParallelDims(2, 1, 4),
+            shape=TrainShape(1, 8),
+            zero_stage=3,
+            runtime="llm-foundry",
+        ).validate(H100)
     with pytest.raises(UserError, match="no ZeRO stage 1"):
         estimate_plan(_plan(zero=1), H100)
     assert _plan(zero=2).zero_stage == 2 and _plan(zero=0, dp=8).zero_stage == 0
@@ -183,8 +221,13 @@ def test_the_estimate_names_the_engine_version_it_prices() -> None:
     """Megatron-Core's and llm-foundry's profiles price one span of their engine's versions, and the estimate says
     which and how to plan an older one (Megatron-LM of 2021-22: --overlap, --grad-accum-fusion off); the torchtitan
     profile dates its settings one by one and states no span."""
-    plan = Plan(model=get_model("llama3-8b"), dims=ParallelDims(1, 1, 8), shape=TrainShape(1, 8), zero_stage=1,
-                runtime="megatron-core").validate(H100)
+    plan = Plan(
+        model=get_model("llama3-8b"),
+        dims=ParallelDims(1, 1, 8),
+        shape=TrainShape(1, 8),
+        zero_stage=1,
+        runtime="megatron-core",
+    ).validate(H100)
     notes = " ".join(estimate_plan(plan, H100).notes)
     assert "engine version priced: Megatron-Core of 2024-26" in notes
     assert "--overlap dp_grad_reduce" in notes and "--grad-accum-fusion off" in notes

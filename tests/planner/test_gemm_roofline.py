@@ -38,10 +38,10 @@ def test_math_attention_scores_are_priced_by_their_traffic() -> None:
     traffic = 32 * (2048 * 64 * 2 + 64 * 2048 * 2 + 2048 * 2048 * 2) / (dev.mem_bytes_per_s * p.mem_eff)
     arithmetic = g.flops / (dev.peak_flops * p.gemm_eff * (2048 / (2048 + 32)) ** 2 * 64 / (64 + 32))
     assert traffic > arithmetic  # the case is the bound's, not the FLOPs'
-    assert compute.gemm_time_s(g, dev, in_bytes=2, out_bytes=2) == pytest.approx(traffic + p.gemm_overhead_s,
-                                                                                  rel=1e-12)
+    assert compute.gemm_time_s(g, dev, in_bytes=2, out_bytes=2) == pytest.approx(traffic + p.gemm_overhead_s, rel=1e-12)
     assert compute.gemm_time_s(g, dev, calls=2, in_bytes=2, out_bytes=2) == pytest.approx(
-        2 * (traffic + p.gemm_overhead_s), rel=1e-12)
+        2 * (traffic + p.gemm_overhead_s), rel=1e-12
+    )
 
 
 def test_a_large_square_gemm_is_priced_by_its_arithmetic() -> None:
@@ -61,9 +61,11 @@ def test_fp8_operands_move_one_byte_per_element() -> None:
     over = dev.params.gemm_overhead_s
     operands, output = 16384 * 512 + 512 * 4096, 16384 * 4096
     assert compute.gemm_time_s(g, dev, in_bytes=1, out_bytes=2) == pytest.approx(
-        (operands + 2 * output) / bw + over, rel=1e-12)
+        (operands + 2 * output) / bw + over, rel=1e-12
+    )
     assert compute.gemm_time_s(g, dev, in_bytes=2, out_bytes=2) == pytest.approx(
-        (2 * operands + 2 * output) / bw + over, rel=1e-12)
+        (2 * operands + 2 * output) / bw + over, rel=1e-12
+    )
 
 
 def test_an_fp8_layer_prices_its_linear_gemms_with_one_byte_operands() -> None:
@@ -74,8 +76,9 @@ def test_an_fp8_layer_prices_its_linear_gemms_with_one_byte_operands() -> None:
     dev = compute.device_for(cluster, "bfloat16", params)
     speed = cost_fp8.fp8_speedup(cluster, "bfloat16", params)
     fast = dataclasses.replace(dev, peak_flops=dev.peak_flops * speed)
-    t = cost_layer.layer_times(m, 1, 8, moe=False, ep=1, cp=1, sequence_parallel=True, dev=dev,
-                            run=Resolved(fp8="current"), speedup=speed)
+    t = cost_layer.layer_times(
+        m, 1, 8, moe=False, ep=1, cp=1, sequence_parallel=True, dev=dev, run=Resolved(fp8="current"), speedup=speed
+    )
     gemms = [g for g in layer_gemms(m, 1, 8, sequence_parallel=True) if not g.name.startswith("attn_")]
     expected = sum(compute.gemm_time_s(g, fast, in_bytes=1, out_bytes=2) for g in gemms)
     assert float(np.asarray(t.dense_gemm_fwd)) == pytest.approx(float(expected), rel=1e-12)

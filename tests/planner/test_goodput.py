@@ -26,23 +26,55 @@ from exatrain.accounting.params import total_params
 from exatrain.catalog import get_cluster, load_cluster_file
 from exatrain.errors import UserError
 from exatrain.plan import Plan
-from exatrain.planner.goodput import (DEFAULT_NODE_MTBF_HOURS, DEFAULT_RESTART_S, GoodputOptions,
-                                      checkpoint_bytes, daly_interval, goodput_options, rates, schedule)
+from exatrain.planner.goodput import (
+    DEFAULT_NODE_MTBF_HOURS,
+    DEFAULT_RESTART_S,
+    GoodputOptions,
+    checkpoint_bytes,
+    daly_interval,
+    goodput_options,
+    rates,
+    schedule,
+)
 from exatrain.planner.time_to_train import rank, rank_key, with_time_to_train
 
 from tests.helpers.cli import refused, run
 
-GPT_175B = ["--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128", "--tp", "4", "--pp", "16",
-            "--micro-batch", "1", "--global-batch", "640", "--zero", "1", "--recompute", "full",
-            "--runtime", "megatron-deepspeed"]
+GPT_175B = [
+    "--model",
+    "gpt-175b",
+    "--cluster",
+    "frontier",
+    "--gpus",
+    "128",
+    "--tp",
+    "4",
+    "--pp",
+    "16",
+    "--micro-batch",
+    "1",
+    "--global-batch",
+    "640",
+    "--zero",
+    "1",
+    "--recompute",
+    "full",
+    "--runtime",
+    "megatron-deepspeed",
+]
 
 
 def _plan(step_s: float, band: tuple[float, float] | None, gpus: int = 64, runtime: str = "exatrain") -> Plan:
     """gpt-1.3b on ``gpus`` H100s (8 a node) at global batch 1024, its step time set to ``step_s``."""
     plan = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=gpus, global_batch=1024, runtime=runtime)
     est = plan.estimate
-    return plan.with_estimate(est.replace(time_s=dataclasses.replace(est.time_s, step=step_s), step_range_s=band,
-                                          band={"text": "a band"} if band else None))
+    return plan.with_estimate(
+        est.replace(
+            time_s=dataclasses.replace(est.time_s, step=step_s),
+            step_range_s=band,
+            band={"text": "a band"} if band else None,
+        )
+    )
 
 
 def test_default_node_mtbf_is_llama3s() -> None:
@@ -81,8 +113,9 @@ def test_checkpoint_bytes_per_engine() -> None:
     12 in float32 training everywhere. The Frontier study's 1T comes to over 14 TB, as the study counted."""
     n = total_params(exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=8).model)
     for runtime, per in (("megatron-deepspeed", 14), ("megatron-core", 14), ("torchtitan", 12), ("exatrain", 12)):
-        plan = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=8, runtime=runtime, zero=1
-                                 if runtime != "torchtitan" else 3)
+        plan = exatrain.estimate(
+            model="gpt-1.3b", cluster="dgx-h100", gpus=8, runtime=runtime, zero=1 if runtime != "torchtitan" else 3
+        )
         assert checkpoint_bytes(plan) == n * per, runtime
     from exatrain.api.training import checkpoint_bytes as trainer_checkpoint  # what `train` checks the disk for
 
@@ -90,8 +123,17 @@ def test_checkpoint_bytes_per_engine() -> None:
     assert checkpoint_bytes(exa) == trainer_checkpoint(exa)
     fp32 = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=8, runtime="megatron-core", dtype="float32")
     assert checkpoint_bytes(fp32) == n * 12
-    big = exatrain.estimate(model="gpt-1t", cluster="frontier", gpus=3072, tp=8, pp=64, global_batch=1536, zero=1,
-                            recompute="full", runtime="megatron-deepspeed")
+    big = exatrain.estimate(
+        model="gpt-1t",
+        cluster="frontier",
+        gpus=3072,
+        tp=8,
+        pp=64,
+        global_batch=1536,
+        zero=1,
+        recompute="full",
+        runtime="megatron-deepspeed",
+    )
     assert 14e12 < checkpoint_bytes(big) == total_params(big.model) * 14 < 14.2e12
 
 
@@ -107,13 +149,19 @@ def test_rates_and_file_systems(tmp_path) -> None:
     assert (w, r) == (400e9, 400e9) and "capped" in where
     assert rates(_plan(1.0, None, gpus=64), get_cluster("dgx-h100"), 1000e9)[:2] == (1000e9, 1000e9)
     f = tmp_path / "c.toml"
-    f.write_text('name = "mine"\ndevice = "h100-sxm"\ngpus_per_node = 8\nfilesystem = {write_bytes_per_s = 5e10, '
-                 'read_bytes_per_s = 6e10}\n[[tier]]\nname = "net"\nspan = 0\nbytes_per_s = 5e10\nlatency_s = 1e-5\n')
+    f.write_text(
+        'name = "mine"\ndevice = "h100-sxm"\ngpus_per_node = 8\nfilesystem = {write_bytes_per_s = 5e10, '
+        'read_bytes_per_s = 6e10}\n[[tier]]\nname = "net"\nspan = 0\nbytes_per_s = 5e10\nlatency_s = 1e-5\n'
+    )
     assert load_cluster_file(f).filesystem.write_bytes_per_s == 5e10
-    for bad, message in (('"nowhere"', "unknown file system 'nowhere'"),
-                         ("{write_bytes_per_s = -1, read_bytes_per_s = 1}", "must be a positive number")):
-        f.write_text(f'device = "h100-sxm"\ngpus_per_node = 8\nfilesystem = {bad}\n[[tier]]\nspan = 0\n'
-                     'bytes_per_s = 5e10\nlatency_s = 1e-5\n')
+    for bad, message in (
+        ('"nowhere"', "unknown file system 'nowhere'"),
+        ("{write_bytes_per_s = -1, read_bytes_per_s = 1}", "must be a positive number"),
+    ):
+        f.write_text(
+            f'device = "h100-sxm"\ngpus_per_node = 8\nfilesystem = {bad}\n[[tier]]\nspan = 0\n'
+            "bytes_per_s = 5e10\nlatency_s = 1e-5\n"
+        )
         with pytest.raises(UserError, match=message):
             load_cluster_file(f)
 
@@ -124,8 +172,17 @@ def test_goodput_figures_by_hand() -> None:
     plan = with_time_to_train(_plan(10.0, (6.0, 15.0)), get_cluster("dgx-h100"), (10**12, 2.5, 1.0))
     t = plan.estimate.time_to_train
     g = t["goodput"]
-    assert {"checkpoint_bytes", "save_s", "load_s", "interval_s", "interruptions", "lost_hours", "days", "gpu_hours",
-            "fraction"} <= set(g)
+    assert {
+        "checkpoint_bytes",
+        "save_s",
+        "load_s",
+        "interval_s",
+        "interruptions",
+        "lost_hours",
+        "days",
+        "gpu_hours",
+        "fraction",
+    } <= set(g)
     s = schedule(checkpoint_bytes(plan), 240e9, 240e9, 8, GoodputOptions())
     assert (g["save_s"], g["load_s"], g["interval_s"], g["nodes"]) == (s.save_s, s.load_s, s.interval_s, 8)
     assert g["fraction"] == pytest.approx(1 / s.stretch) and 0.9 < g["fraction"] < 1
@@ -153,8 +210,9 @@ def test_rank_by_days_uses_goodput() -> None:
     ranked, note = rank([many, few], "days")
     assert ranked == [few, many] and "differs from throughput's" in note
     assert rank_key(few, "days") == t_few["goodput"]["days"]["value"]
-    never = with_time_to_train(_plan(6.0, None, gpus=128), cluster, (10**12, None, 1.0,
-                                                                      GoodputOptions(node_mtbf_hours=0.5)))
+    never = with_time_to_train(
+        _plan(6.0, None, gpus=128), cluster, (10**12, None, 1.0, GoodputOptions(node_mtbf_hours=0.5))
+    )
     assert never.estimate.time_to_train["goodput"]["days"] is None and rank_key(never, "days") == math.inf
 
 
@@ -179,8 +237,21 @@ def test_estimate_json_and_text(capsys) -> None:
 
 def test_search_and_scaling_carry_it(capsys) -> None:
     """Every ranked layout carries goodput; --rank-by days orders by its days; the table has the column."""
-    args = ("search", "--model", "gpt-22b", "--cluster", "dgx-a100", "--gpus", "64", "--global-batch", "256",
-            "--top", "5", "--tokens", "1T")
+    args = (
+        "search",
+        "--model",
+        "gpt-22b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "--top",
+        "5",
+        "--tokens",
+        "1T",
+    )
     code, out, _ = run(capsys, *args, "--rank-by", "days", "--json")
     days = [p["time_to_train"]["goodput"]["days"]["value"] for p in json.loads(out)["ranked"]]
     assert code == 0 and len(days) == 5 and days == sorted(days)
@@ -188,26 +259,57 @@ def test_search_and_scaling_carry_it(capsys) -> None:
     code, out, _ = run(capsys, *args, "--rank-by", "days")
     assert code == 0 and f"{first['days']['value']:,.1f} │" in out
     assert "first row's with failures" in " ".join(out.split())
-    code, out, _ = run(capsys, "scaling", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128,256",
-                       "--global-batch", "640", "--tp", "4", "--pp", "16", "--tokens", "300B", "--json")
+    code, out, _ = run(
+        capsys,
+        "scaling",
+        "--model",
+        "gpt-175b",
+        "--cluster",
+        "frontier",
+        "--gpus",
+        "128,256",
+        "--global-batch",
+        "640",
+        "--tp",
+        "4",
+        "--pp",
+        "16",
+        "--tokens",
+        "300B",
+        "--json",
+    )
     nodes = [p["time_to_train"]["goodput"]["nodes"] for p in json.loads(out)["points"]]
     assert code == 0 and nodes == [16, 32]
 
 
 def test_bad_flags_one_line_exit_2(capsys) -> None:
-    for extra, text in ((["--node-mtbf-hours", "-5"], "--node-mtbf-hours must be a finite number above 0"),
-                        (["--node-mtbf-hours", "0"], "--node-mtbf-hours must be"),
-                        (["--node-mtbf-hours", "lots"], "--node-mtbf-hours must be"),
-                        (["--node-mtbf-hours", "inf"], "--node-mtbf-hours must be"),
-                        (["--checkpoint-bandwidth", "0"], "--checkpoint-bandwidth must be"),
-                        (["--checkpoint-bandwidth", "-2"], "--checkpoint-bandwidth must be"),
-                        (["--checkpoint-bandwidth", "nan"], "--checkpoint-bandwidth must be"),
-                        (["--restart-minutes", "x"], "--restart-minutes must be")):
+    for extra, text in (
+        (["--node-mtbf-hours", "-5"], "--node-mtbf-hours must be a finite number above 0"),
+        (["--node-mtbf-hours", "0"], "--node-mtbf-hours must be"),
+        (["--node-mtbf-hours", "lots"], "--node-mtbf-hours must be"),
+        (["--node-mtbf-hours", "inf"], "--node-mtbf-hours must be"),
+        (["--checkpoint-bandwidth", "0"], "--checkpoint-bandwidth must be"),
+        (["--checkpoint-bandwidth", "-2"], "--checkpoint-bandwidth must be"),
+        (["--checkpoint-bandwidth", "nan"], "--checkpoint-bandwidth must be"),
+        (["--restart-minutes", "x"], "--restart-minutes must be"),
+    ):
         for command in ("estimate", "search"):
             line = refused(capsys, command, *GPT_175B, "--tokens", "1T", *extra)
             assert text in line, (command, extra, line)
-    line = refused(capsys, "scaling", "--model", "gpt-175b", "--gpus", "128", "--global-batch", "640",
-                   "--tokens", "1T", "--checkpoint-bandwidth", "0")
+    line = refused(
+        capsys,
+        "scaling",
+        "--model",
+        "gpt-175b",
+        "--gpus",
+        "128",
+        "--global-batch",
+        "640",
+        "--tokens",
+        "1T",
+        "--checkpoint-bandwidth",
+        "0",
+    )
     assert "--checkpoint-bandwidth must be" in line
     for flag in ("--node-mtbf-hours", "--checkpoint-bandwidth", "--restart-minutes"):
         assert "needs --tokens" in refused(capsys, "estimate", *GPT_175B, flag, "10")

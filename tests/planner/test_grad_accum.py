@@ -33,8 +33,9 @@ A100 = get_cluster("dgx-a100")
 
 def test_the_runtimes_offered_each_dtype_are_their_state_tables() -> None:
     for accum in GRAD_ACCUM:
-        offers = {name for name in RUNTIMES
-                  if any(d == "bfloat16" and a == accum for (d, _, a), _ in get_engine(name).states)}
+        offers = {
+            name for name in RUNTIMES if any(d == "bfloat16" and a == accum for (d, _, a), _ in get_engine(name).states)
+        }
         assert offers == set(GRAD_ACCUM_RUNTIMES[accum]), accum
 
 
@@ -128,14 +129,41 @@ def test_refusals_are_one_line() -> None:
 
 
 def test_the_cli_refuses_with_exit_2(capsys) -> None:
-    refused_by_planner(capsys, "exatrain accumulates bfloat16 gradients in float32 only", "--model", "llama3-8b",
-                       "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "64", "--runtime", "exatrain",
-                       "--grad-accum", "bfloat16")
+    refused_by_planner(
+        capsys,
+        "exatrain accumulates bfloat16 gradients in float32 only",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--runtime",
+        "exatrain",
+        "--grad-accum",
+        "bfloat16",
+    )
 
 
 def test_a_saved_plan_keeps_it(tmp_path, capsys) -> None:
-    saved = saved_plan(capsys, tmp_path / "p.json", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "16",
-                       "--zero", "1", "--runtime", "megatron-deepspeed", "--grad-accum", "float32")
+    saved = saved_plan(
+        capsys,
+        tmp_path / "p.json",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "16",
+        "--zero",
+        "1",
+        "--runtime",
+        "megatron-deepspeed",
+        "--grad-accum",
+        "float32",
+    )
     assert saved["grad_accum"] == "float32"
 
 
@@ -143,10 +171,21 @@ def test_the_trainer_refuses_bf16_accumulation_and_the_search_carries_it() -> No
     from exatrain.planner.search.search import search
     from exatrain.planner.search.space import SpaceOptions
 
-    trainer_refuses("the exatrain trainer accumulates and reduces its gradients in float32", zero=1,
-                    runtime="megatron-core", grad_accum="bfloat16")
-    res = search(get_model("llama3-8b"), A100, 8, 64, top=3, runtime="megatron-deepspeed",
-                 options=SpaceOptions(grad_accum="float32"))
+    trainer_refuses(
+        "the exatrain trainer accumulates and reduces its gradients in float32",
+        zero=1,
+        runtime="megatron-core",
+        grad_accum="bfloat16",
+    )
+    res = search(
+        get_model("llama3-8b"),
+        A100,
+        8,
+        64,
+        top=3,
+        runtime="megatron-deepspeed",
+        options=SpaceOptions(grad_accum="float32"),
+    )
     # the BF16_Optimizer runs at ZeRO-1 only: every candidate is ZeRO-1 and carries the setting
     assert res.ranked and all(p.grad_accum == "float32" and p.zero_stage == 1 for p in res.ranked)
 
@@ -157,8 +196,10 @@ def test_the_timeline_replays_the_same_pass() -> None:
 
     plan = _plan("megatron-deepspeed", "float32", gpus=16, pp=2)
     params = default_params(A100.device.name)
-    extra = plan_stage_times(plan, A100, params).bwd - plan_stage_times(plan.replace(grad_accum="bfloat16"), A100,
-                                                                        params).bwd
+    extra = (
+        plan_stage_times(plan, A100, params).bwd
+        - plan_stage_times(plan.replace(grad_accum="bfloat16"), A100, params).bwd
+    )
     m = plan.num_microbatches  # the bf16 variant pays autograd's adds from the second micro-batch on (per micro-batch)
     assert np.allclose(extra[0], pass_seconds(plan, A100, 26.0 - 6.0 * (m - 1) / m)[0], rtol=1e-9)
 

@@ -80,8 +80,10 @@ def test_the_timeline_replays_the_same_pass() -> None:
 
     plan = _plan("off", pp=2)
     params = default_params(A100.device.name)
-    extra = plan_stage_times(plan, A100, params).bwd - plan_stage_times(plan.replace(grad_accum_fusion=""), A100,
-                                                                        params).bwd
+    extra = (
+        plan_stage_times(plan, A100, params).bwd
+        - plan_stage_times(plan.replace(grad_accum_fusion=""), A100, params).bwd
+    )
     assert np.allclose(extra[0], pass_seconds(plan, A100, 10.0)[0], rtol=1e-9)
 
 
@@ -114,14 +116,42 @@ def test_refusals_are_one_line() -> None:
 
 
 def test_the_cli_refuses_with_exit_2(capsys) -> None:
-    refused_by_planner(capsys, "--grad-accum-fusion is Megatron-Core's switch", "--model", "llama3-8b", "--cluster",
-                       "dgx-a100", "--gpus", "8", "--global-batch", "64", "--runtime", "exatrain",
-                       "--grad-accum-fusion", "off")
+    refused_by_planner(
+        capsys,
+        "--grad-accum-fusion is Megatron-Core's switch",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--runtime",
+        "exatrain",
+        "--grad-accum-fusion",
+        "off",
+    )
 
 
 def test_a_saved_plan_keeps_it_and_the_trainer_refuses_it(tmp_path, capsys) -> None:
-    saved = saved_plan(capsys, tmp_path / "p.json", "--model", "llama3-8b", "--cluster", "dgx-a100", "--gpus", "16",
-                       "--zero", "1", "--runtime", "megatron-core", "--grad-accum-fusion", "off")
+    saved = saved_plan(
+        capsys,
+        tmp_path / "p.json",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "16",
+        "--zero",
+        "1",
+        "--runtime",
+        "megatron-core",
+        "--grad-accum-fusion",
+        "off",
+    )
     assert saved["grad_accum_fusion"] == "off"
-    trainer_refuses("--grad-accum-fusion off is Megatron-Core's switch", runtime="megatron-core",
-                    grad_accum_fusion="off")
+    trainer_refuses(
+        "--grad-accum-fusion off is Megatron-Core's switch", runtime="megatron-core", grad_accum_fusion="off"
+    )

@@ -22,13 +22,24 @@ A100 = get_cluster("dgx-a100")
 
 
 def _plan(micro_batch: int = 1, **kw):
-    return make_plan("gpt-1.3b", A100, gpus=16, tp=2, pp=2, micro_batch=micro_batch, global_batch=64, zero=1,
-                     runtime="megatron-core", **kw)
+    return make_plan(
+        "gpt-1.3b",
+        A100,
+        gpus=16,
+        tp=2,
+        pp=2,
+        micro_batch=micro_batch,
+        global_batch=64,
+        zero=1,
+        runtime="megatron-core",
+        **kw,
+    )
 
 
 def _step(plan, x: float, overlap: str = "all") -> float:
-    return estimate_plan(plan, A100, default_params("a100-80gb").replace(blocking_launch_s=x),
-                         overlap=overlap).time_s.step
+    return estimate_plan(
+        plan, A100, default_params("a100-80gb").replace(blocking_launch_s=x), overlap=overlap
+    ).time_s.step
 
 
 def test_without_host_time_the_switch_is_the_run_with_no_overlap() -> None:
@@ -63,8 +74,25 @@ def test_the_switch_through_the_plan_file_the_label_and_the_cli(tmp_path, capsys
     plan = _plan(launch_blocking=True)
     assert Plan.from_dict(plan.to_dict()) == plan and plan.to_dict()["launch_blocking"] is True
     assert "synchronous launches" in plan.settings_label
-    args = ["estimate", "--model", "gpt-1.3b", "--cluster", "dgx-a100", "--gpus", "16", "--tp", "2", "--pp", "2",
-            "--global-batch", "64", "--zero", "1", "--runtime", "megatron-core"]
+    args = [
+        "estimate",
+        "--model",
+        "gpt-1.3b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--global-batch",
+        "64",
+        "--zero",
+        "1",
+        "--runtime",
+        "megatron-core",
+    ]
     assert main(args + ["--json"]) == 0
     plain = capsys.readouterr().out
     assert main(args + ["--launch-blocking", "--json"]) == 0
@@ -88,8 +116,17 @@ def test_the_band_widens_where_no_run_with_synchronous_launches_validated_the_fa
     bands = {}
     for name, cluster in (("a100", A100), ("h100", h100)):
         for blocking in (False, True):
-            plan = make_plan("gpt-1.3b", cluster, gpus=16, tp=2, pp=2, global_batch=64, zero=1,
-                             runtime="megatron-core", launch_blocking=blocking)
+            plan = make_plan(
+                "gpt-1.3b",
+                cluster,
+                gpus=16,
+                tp=2,
+                pp=2,
+                global_batch=64,
+                zero=1,
+                runtime="megatron-core",
+                launch_blocking=blocking,
+            )
             bands[name, blocking] = band_for(plan, cluster)
     assert (bands["a100", True].low, bands["a100", True].high) == (bands["a100", False].low, bands["a100", False].high)
     wide, plain = bands["h100", True], bands["h100", False]

@@ -34,12 +34,14 @@ def test_options_are_the_changed_plans_estimates() -> None:
     assert advice["total_bytes"] == est.memory_bytes.total
     worst = est.memory_by_stage[advice["stage"]]
     assert worst.total == est.memory_bytes.total
-    assert advice["dominant_bytes"] == max(worst.weights, worst.gradients, worst.optimizer, worst.activations,
-                                           worst.other)
+    assert advice["dominant_bytes"] == max(
+        worst.weights, worst.gradients, worst.optimizer, worst.activations, worst.other
+    )
     by_flag = {flags: changed for flags, changed in changes(plan)}
     assert set(by_flag) == {"--recompute selective", "--zero 2", "--micro-batch 1", "--pp 8"}
-    assert [o["change"] for o in advice["options"]] == sorted(by_flag, key=lambda f: -next(
-        o["frees_bytes"] for o in advice["options"] if o["change"] == f))
+    assert [o["change"] for o in advice["options"]] == sorted(
+        by_flag, key=lambda f: -next(o["frees_bytes"] for o in advice["options"] if o["change"] == f)
+    )
     for o in advice["options"]:
         after = estimate_plan(by_flag[o["change"]], cluster).memory_bytes.total
         assert o["worst_bytes"] == pytest.approx(after, rel=1e-12)
@@ -67,8 +69,25 @@ def test_estimate_prints_the_line_and_the_json_holds_it(capsys) -> None:
 
     from tests.helpers.cli import run
 
-    argv = ("estimate", "--model", "gpt-1.4b", "--cluster", "frontier", "--gpus", "32", "--tp", "2", "--pp", "4",
-            "--micro-batch", "2", "--global-batch", "64", "--zero", "1")
+    argv = (
+        "estimate",
+        "--model",
+        "gpt-1.4b",
+        "--cluster",
+        "frontier",
+        "--gpus",
+        "32",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "64",
+        "--zero",
+        "1",
+    )
     code, out, _ = run(capsys, *argv)
     assert code == 0
     shown = " ".join(out.split())  # the console wraps long lines

@@ -47,8 +47,9 @@ def test_the_three_cases_at_their_exact_boundaries() -> None:
     caps = np.array([89.99, 90.0, 99.0, 100.0, 120.0, 120.01])
     codes = [mb.verdict_codes(p, float(c), low, high, allowance=0.0) for c in caps]
     assert [mb.VERDICTS[int(c)] for c in codes] == [v(float(c)) for c in caps]
-    arr = mb.verdict_codes(np.array([100.0, 50.0, 200.0]), 100.0, np.array([0.9, 0.9, 0.9]), np.array([1.2] * 3),
-                           allowance=0.0)
+    arr = mb.verdict_codes(
+        np.array([100.0, 50.0, 200.0]), 100.0, np.array([0.9, 0.9, 0.9]), np.array([1.2] * 3), allowance=0.0
+    )
     assert [mb.VERDICTS[int(c)] for c in arr] == ["tight", "fits", "does not fit"]
 
 
@@ -62,45 +63,83 @@ def test_does_not_fit_is_judged_on_the_tensors_without_the_allocator_allowance()
     assert mb.verdict(p, 126.0, low, high, allowance=0.05) == "tight"
     assert mb.verdict(p, 126.01, low, high, allowance=0.05) == "fits"
     # every engine profile states 5% (accounting.engines): the value the verdict reads
-    assert all(mb.allowance_of(e) == 0.05 for e in ("exatrain", "megatron-core", "megatron-deepspeed", "torchtitan",
-                                                    "llm-foundry"))
+    assert all(
+        mb.allowance_of(e) == 0.05
+        for e in ("exatrain", "megatron-core", "megatron-deepspeed", "torchtitan", "llm-foundry")
+    )
 
 
 def _table(center: float = 0.0, base: float = 0.1, unseen_engine: bool = True) -> dict:
     """A memory-band table whose measured runs are torchtitan ones on H100/H200 (8B-70B, seq 8192, selective, ZeRO-3),
     spread ``base``; an unmeasured engine takes the widest scale."""
-    runs = [Traits(runtime="torchtitan", family="H100/H200", params=p, seq=8192, spans=False, fp8=False, moe=False,
-                   recompute="selective", zero=3) for p in (8e9, 70e9)]
+    runs = [
+        Traits(
+            runtime="torchtitan",
+            family="H100/H200",
+            params=p,
+            seq=8192,
+            spans=False,
+            fp8=False,
+            moe=False,
+            recompute="selective",
+            zero=3,
+        )
+        for p in (8e9, 70e9)
+    ]
     sigma = {"base": base, "far": 0.0, "default": 0.0, **{f: 0.0 for f in mb.MEMORY_FEATURES}}
     if unseen_engine:
         sigma["engine"] = base
-    return {"center": center, "sigma": sigma, "quantiles": [-1.0, 1.0], "runs": 2, "sources": 2,
-            "validated": validated_summary(runs)}
+    return {
+        "center": center,
+        "sigma": sigma,
+        "quantiles": [-1.0, 1.0],
+        "runs": 2,
+        "sources": 2,
+        "validated": validated_summary(runs),
+    }
 
 
 def test_the_band_widens_for_what_no_measured_run_validated() -> None:
-    t = Traits(runtime="torchtitan", family="H100/H200", params=8e9, seq=8192, spans=False, fp8=False, moe=False,
-               recompute="selective", zero=3)
+    t = Traits(
+        runtime="torchtitan",
+        family="H100/H200",
+        params=8e9,
+        seq=8192,
+        spans=False,
+        fp8=False,
+        moe=False,
+        recompute="selective",
+        zero=3,
+    )
     near = mb.memory_band_of(t, _table())
     assert (near.low, near.high) == pytest.approx((np.exp(-0.1), np.exp(0.1))) and not near.widened
     far = mb.memory_band_of(Traits(**{**t.__dict__, "runtime": "megatron-core"}), _table())
     assert far.high == pytest.approx(np.exp(0.2)) and any("megatron-core" in w for w in far.widened)
-    assert mb.memory_band_of(t, {}).basis == "default" and (mb.memory_band_of(t, {}).low,
-                                                            mb.memory_band_of(t, {}).high) == mb.MEMORY_WIDE_DEFAULT
+    assert (
+        mb.memory_band_of(t, {}).basis == "default"
+        and (mb.memory_band_of(t, {}).low, mb.memory_band_of(t, {}).high) == mb.MEMORY_WIDE_DEFAULT
+    )
 
 
 @pytest.fixture
 def table(monkeypatch):
     """Every plan's memory band [0.9, 1.2] x its prediction (a stored table with one spread and nothing unmeasured)."""
-    t = _table(center=float(np.log(np.sqrt(0.9 * 1.2))), base=float(np.log(np.sqrt(1.2 / 0.9))),
-               unseen_engine=False)
+    t = _table(center=float(np.log(np.sqrt(0.9 * 1.2))), base=float(np.log(np.sqrt(1.2 / 0.9))), unseen_engine=False)
     monkeypatch.setattr(mb, "load_memory_bands", lambda path=mb.MEMORY_BANDS_PATH: t)
     return t
 
 
 def test_the_estimate_and_its_json_carry_the_verdict(table, tmp_path, capsys) -> None:
-    kw = dict(model="llama3-8b", cluster="dgx-h100", gpus=8, micro_batch=2, global_batch=64, zero=3,
-              recompute="none", runtime="torchtitan")
+    kw = dict(
+        model="llama3-8b",
+        cluster="dgx-h100",
+        gpus=8,
+        micro_batch=2,
+        global_batch=64,
+        zero=3,
+        recompute="none",
+        runtime="torchtitan",
+    )
     plan = api.estimate(**kw)
     est = plan.estimate
     p, cap = est.memory_bytes.total, est.capacity_bytes
@@ -126,8 +165,25 @@ def test_the_estimate_and_its_json_carry_the_verdict(table, tmp_path, capsys) ->
     # which a search keeps: fits is "not does not fit", not the point prediction against the capacity
     tight = api.estimate(**{**kw, "micro_batch": 4, "recompute": "full"}).estimate
     assert tight.memory_bytes.total > tight.capacity_bytes and tight.verdict == "tight" and tight.fits is True
-    args = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--micro-batch", "4",
-            "--global-batch", "64", "--zero", "3", "--recompute", "full", "--runtime", "torchtitan"]
+    args = [
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--micro-batch",
+        "4",
+        "--global-batch",
+        "64",
+        "--zero",
+        "3",
+        "--recompute",
+        "full",
+        "--runtime",
+        "torchtitan",
+    ]
     code = main(args)
     out = capsys.readouterr().out
     # the window printed: the band's low end on the tensors (0.90 / 1.05 = 0.857), its high end on the whole
@@ -136,7 +192,8 @@ def test_the_estimate_and_its_json_carry_the_verdict(table, tmp_path, capsys) ->
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and d["memory_verdict"] == "tight" and d["fits"] is True and d["memory_band"]["n"] == 2
     assert d["memory_band"]["allocator_allowance"] == 0.05 and mb.tight_window(d["memory_band"]) == pytest.approx(
-        (0.9 / 1.05, 1.2))
+        (0.9 / 1.05, 1.2)
+    )
 
 
 def _independent_verdicts(model, cluster, gpus, gb, runtime):
@@ -159,8 +216,9 @@ def test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them(table, c
     assert "tight" in verdicts and "does not fit" not in verdicts
     for p in res.ranked:
         assert p.estimate.memory_band["ratio_low"] == pytest.approx(0.9)
-        assert p.estimate.verdict == mb.verdict(p.estimate.memory_bytes.total, p.estimate.capacity_bytes, 0.9, 1.2,
-                                                 allowance=0.05)
+        assert p.estimate.verdict == mb.verdict(
+            p.estimate.memory_bytes.total, p.estimate.capacity_bytes, 0.9, 1.2, allowance=0.05
+        )
     strict = api.search(**kw, strict_memory=True)
     assert strict.rejected["tight (--strict-memory)"] == tight and strict.feasible == fits
     assert strict.ranked and all(p.estimate.verdict == "fits" for p in strict.ranked)
@@ -168,22 +226,58 @@ def test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them(table, c
     best = res.best_fitting
     assert best is not None and best.estimate.verdict == "fits" and res.best_fitting_rank > 1
     assert (best.label, best.micro_batch, best.zero_stage, best.recompute_label, best.schedule_label) == (
-        strict.ranked[0].label, strict.ranked[0].micro_batch, strict.ranked[0].zero_stage,
-        strict.ranked[0].recompute_label, strict.ranked[0].schedule_label)
+        strict.ranked[0].label,
+        strict.ranked[0].micro_batch,
+        strict.ranked[0].zero_stage,
+        strict.ranked[0].recompute_label,
+        strict.ranked[0].schedule_label,
+    )
     assert best.estimate.time_s.step == pytest.approx(strict.ranked[0].estimate.time_s.step)
     if res.best_fitting_rank <= len(res.ranked):
         assert res.ranked[res.best_fitting_rank - 1] is best
-    assert all(p.estimate.verdict != "fits" for p in res.ranked[:res.best_fitting_rank - 1])
+    assert all(p.estimate.verdict != "fits" for p in res.ranked[: res.best_fitting_rank - 1])
     # the CLI: a column marks them, a line says why; --strict-memory drops them; --json carries both
-    code = main(["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256",
-                 "--runtime", "megatron-core", "--top", "60"])
+    code = main(
+        [
+            "search",
+            "--model",
+            "llama3-70b",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "256",
+            "--runtime",
+            "megatron-core",
+            "--top",
+            "60",
+        ]
+    )
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("│")]
     assert code == 0 and any(line.rstrip("│ ").endswith("tight") for line in rows)
     assert "tight: #" in out and "--strict-memory drops them" in out and f"{tight:,} of them tight, kept" in out
     assert f"fastest that fits outright: #{res.best_fitting_rank:,} {best.label} " in out
-    code = main(["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "256",
-                 "--runtime", "megatron-core", "--top", "60", "--strict-memory", "--json"])
+    code = main(
+        [
+            "search",
+            "--model",
+            "llama3-70b",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "256",
+            "--runtime",
+            "megatron-core",
+            "--top",
+            "60",
+            "--strict-memory",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and d["strict_memory"] is True and d["tight"] == tight
     assert d["best_fitting"]["rank"] == 1 and d["best_fitting"]["memory_verdict"] == "fits"
@@ -192,13 +286,31 @@ def test_search_keeps_tight_layouts_marked_and_strict_memory_drops_them(table, c
 
 
 def test_scaling_follows_the_search(table, capsys) -> None:
-    kw = dict(model="llama3-70b", cluster="dgx-h100", gpus=(64, 128), global_batch=256, runtime="megatron-core",
-              mode="strong")
+    kw = dict(
+        model="llama3-70b", cluster="dgx-h100", gpus=(64, 128), global_batch=256, runtime="megatron-core", mode="strong"
+    )
     loose, strict = api.scaling(**kw), api.scaling(**kw, strict_memory=True)
     assert all(pt.plan.estimate.verdict == "fits" for pt in strict.points)
     for a, b in zip(loose.points, strict.points):  # dropping layouts never makes the best one faster
         assert a.plan.estimate.tokens_per_s >= b.plan.estimate.tokens_per_s
-    code = main(["scaling", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64,128", "--global-batch",
-                 "256", "--runtime", "megatron-core", "--mode", "strong", "--strict-memory", "--json"])
+    code = main(
+        [
+            "scaling",
+            "--model",
+            "llama3-70b",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "64,128",
+            "--global-batch",
+            "256",
+            "--runtime",
+            "megatron-core",
+            "--mode",
+            "strong",
+            "--strict-memory",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and {p["memory_verdict"] for p in d["points"]} == {"fits"}

@@ -18,8 +18,19 @@ from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan, mfu_above_published
 from exatrain.report.text import make_console, render_estimate
 
-KW = dict(model="llama3-8b", cluster="dgx-a100", gpus=8, tp=1, pp=1, micro_batch=1, global_batch=64, zero=1,
-          recompute="full", runtime="megatron-core", overlap="default")
+KW = dict(
+    model="llama3-8b",
+    cluster="dgx-a100",
+    gpus=8,
+    tp=1,
+    pp=1,
+    micro_batch=1,
+    global_batch=64,
+    zero=1,
+    recompute="full",
+    runtime="megatron-core",
+    overlap="default",
+)
 
 
 def test_every_entry_names_its_run_and_source() -> None:
@@ -39,8 +50,9 @@ def test_above_the_reference_is_flagged_in_json_and_text(capsys) -> None:
     assert plan.estimate.mfu < best.mfu and plan.estimate.mfu_above_published is None
     # the same plan priced with every GEMM at the data sheet's peak: above any published A100 run
     c = get_cluster("dgx-a100")
-    fast = estimate_plan(plan, c, default_params("a100-80gb").replace(gemm_eff=1.0, attn_eff=1.0, mem_eff=1.0),
-                         overlap="all")
+    fast = estimate_plan(
+        plan, c, default_params("a100-80gb").replace(gemm_eff=1.0, attn_eff=1.0, mem_eff=1.0), overlap="all"
+    )
     assert fast.mfu > best.mfu
     d = fast.to_dict()
     assert d["mfu_above_published"]["run"] == best.run

@@ -30,8 +30,10 @@ def _none(experts: int, k: int, held: int) -> float:
     return math.comb(experts - held, k) / math.comb(experts, k)
 
 
-@pytest.mark.parametrize("model,ep,local", [("qwen3-30b-a3b", 16, 8), ("qwen3-30b-a3b", 8, 8),
-                                            ("deepseek-v3", 64, 8), ("mixtral-8x7b", 8, 4)])
+@pytest.mark.parametrize(
+    "model,ep,local",
+    [("qwen3-30b-a3b", 16, 8), ("qwen3-30b-a3b", 8, 8), ("deepseek-v3", 64, 8), ("mixtral-8x7b", 8, 4)],
+)
 def test_dedup_copies_are_the_hypergeometric_counts(model: str, ep: int, local: int) -> None:
     """A token reaches each other rank holding one of its top_k experts once, and each other node once."""
     m = get_model(model)
@@ -64,8 +66,17 @@ def test_dedup_dispatch_is_faster_across_nodes() -> None:
 
 
 def test_plan_file_search_and_exports_carry_the_dispatcher(tmp_path) -> None:
-    plan = make_plan("qwen3-30b-a3b", H100, gpus=16, ep=16, micro_batch=1, global_batch=64, zero=1,
-                     runtime="megatron-core", moe_dispatcher="hybridep")
+    plan = make_plan(
+        "qwen3-30b-a3b",
+        H100,
+        gpus=16,
+        ep=16,
+        micro_batch=1,
+        global_batch=64,
+        zero=1,
+        runtime="megatron-core",
+        moe_dispatcher="hybridep",
+    )
     path = tmp_path / "p.json"
     plan.save(path)
     assert Plan.load(path).moe_dispatcher == "hybridep"
@@ -82,19 +93,49 @@ def test_plan_file_search_and_exports_carry_the_dispatcher(tmp_path) -> None:
     assert dedup.comm_bytes["ep"] < pairwise.comm_bytes["ep"]
     assert dedup.time_s.ep_comm < pairwise.time_s.ep_comm
     m = get_model("qwen3-30b-a3b").replace(seq_len=4096)
-    res = search(m, H100, 16, 64, top=3, runtime="megatron-core",
-                 options=SpaceOptions(ep=(16,), zero_stage=(1,), moe_dispatcher="deepep"))
+    res = search(
+        m,
+        H100,
+        16,
+        64,
+        top=3,
+        runtime="megatron-core",
+        options=SpaceOptions(ep=(16,), zero_stage=(1,), moe_dispatcher="deepep"),
+    )
     assert res.ranked and all(p.moe_dispatcher == "deepep" for p in res.ranked)
 
 
 def test_bad_dispatcher_is_one_line_and_exit_2(capsys) -> None:
-    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
-                 "--moe-dispatcher", "deepep"]) == 2
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "llama3-8b",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "8",
+                "--moe-dispatcher",
+                "deepep",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no experts" in err and "Traceback" not in err
-    assert main(["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--global-batch", "8",
-                 "--moe-dispatcher", "nccl"]) == 2
+    assert (
+        main(["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--global-batch", "8", "--moe-dispatcher", "nccl"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "invalid choice: 'nccl'" in err
-    trainer_refuses("exatrain trainer dispatches MoE tokens with its own all-to-all", "moe-tiny", ep=2,
-                    dtype="float32", moe_dispatcher="deepep")
+    trainer_refuses(
+        "exatrain trainer dispatches MoE tokens with its own all-to-all",
+        "moe-tiny",
+        ep=2,
+        dtype="float32",
+        moe_dispatcher="deepep",
+    )

@@ -26,8 +26,15 @@ from exatrain.planner.search.search import search
 from exatrain.planner.search.space import SpaceOptions, enumerate_space
 
 H100 = get_cluster("dgx-h100")
-ONE = dict(tp=(1,), pp=(1,), micro_batch=(1,), zero_stage=(0,), recompute=("none",), sequence_parallel=(False,),
-           schedules=(("1f1b", 1),))
+ONE = dict(
+    tp=(1,),
+    pp=(1,),
+    micro_batch=(1,),
+    zero_stage=(0,),
+    recompute=("none",),
+    sequence_parallel=(False,),
+    schedules=(("1f1b", 1),),
+)
 
 
 def _mixtral(ep: int, **kw):
@@ -53,11 +60,27 @@ def test_memory_under_ep_is_the_accounting_hand_count() -> None:
     for r, got in enumerate(est.memory_by_stage):
         dense, experts = split[r]
         assert experts == kinds[r][1] * 2 * 3 * m.hidden * m.expert_width  # 2 local experts, SwiGLU
-        want = rank_memory(m, dtype="bfloat16", zero_stage=1, recompute="none", sequence_parallel=True, flash=True,
-                           tp=2, dp=8, micro_batch=1, pp=4, interleave=1, params_here=dense,
-                           layers_here=sum(kinds[r]), inflight_mb=inflight_microbatches(plan, r),
-                           is_last=r == 3, ep=4, expert_params_here=experts, moe_layers_here=kinds[r][1],
-                           capacity_factor=LOAD_IMBALANCE)
+        want = rank_memory(
+            m,
+            dtype="bfloat16",
+            zero_stage=1,
+            recompute="none",
+            sequence_parallel=True,
+            flash=True,
+            tp=2,
+            dp=8,
+            micro_batch=1,
+            pp=4,
+            interleave=1,
+            params_here=dense,
+            layers_here=sum(kinds[r]),
+            inflight_mb=inflight_microbatches(plan, r),
+            is_last=r == 3,
+            ep=4,
+            expert_params_here=experts,
+            moe_layers_here=kinds[r][1],
+            capacity_factor=LOAD_IMBALANCE,
+        )
         assert float(want[0]) == pytest.approx(6.0 * (dense + experts), rel=1e-12)
         assert float(want[1]) == pytest.approx(4.0 * (dense + experts), rel=1e-12)
         assert float(want[2]) == pytest.approx(8.0 * dense / 8 + 8.0 * experts / 4, rel=1e-12)
@@ -66,8 +89,10 @@ def test_memory_under_ep_is_the_accounting_hand_count() -> None:
         assert got.weights > 4.0 * (dense + experts)  # fp32 masters + autocast's 16-bit copies
         assert got == trainer_stage_memory(plan, r, on_cpu=False)
     # more ep, fewer experts per rank: the worst stage's model states shrink
-    states = [sum((s.weights, s.gradients, s.optimizer)) for s in
-              (estimate_plan(_mixtral(ep), H100).memory_bytes for ep in (1, 2, 4, 8))]
+    states = [
+        sum((s.weights, s.gradients, s.optimizer))
+        for s in (estimate_plan(_mixtral(ep), H100).memory_bytes for ep in (1, 2, 4, 8))
+    ]
     assert states == sorted(states, reverse=True) and states[0] > 1.5 * states[-1]
 
 
@@ -80,8 +105,18 @@ def test_compute_follows_active_flops() -> None:
     mix = get_model("mixtral-8x7b")
 
     def compute_s(model):
-        plan = make_plan(model, H100, gpus=64, tp=2, pp=4, micro_batch=1, global_batch=256,
-                         sequence_parallel=True, zero=1, runtime="megatron-core")
+        plan = make_plan(
+            model,
+            H100,
+            gpus=64,
+            tp=2,
+            pp=4,
+            micro_batch=1,
+            global_batch=256,
+            sequence_parallel=True,
+            zero=1,
+            runtime="megatron-core",
+        )
         return estimate_plan(plan, H100).time_s.compute, model_flops_per_step(model, 256)
 
     base, flops = compute_s(mix)
@@ -107,8 +142,17 @@ def test_all_to_all_grows_with_ep_and_jumps_across_nodes() -> None:
 def test_cp_halves_activations_per_rank() -> None:
     """llama3.1-8b at 128k tokens: each doubling of cp halves every rank's activations (s/cp tokens).
     (Megatron-Core's memory: exatrain's per-tensor trainer model counts no cp.)"""
-    base = make_plan("llama3.1-8b-128k", H100, gpus=32, tp=4, micro_batch=1, global_batch=8,
-                     sequence_parallel=True, zero=1, recompute="full")
+    base = make_plan(
+        "llama3.1-8b-128k",
+        H100,
+        gpus=32,
+        tp=4,
+        micro_batch=1,
+        global_batch=8,
+        sequence_parallel=True,
+        zero=1,
+        recompute="full",
+    )
     acts, steps = [], []
     for cp in (1, 2, 4, 8):
         plan = base.replace(dims=ParallelDims(4, 1, 8 // cp, cp=cp), runtime="megatron-core").validate(H100)
@@ -125,9 +169,19 @@ def test_cp_ring_is_exposed_only_beyond_the_attention_it_hides_under() -> None:
     """At 8k tokens a ring across two nodes (tp 2, cp 8: 15 ranks) carries a micro-batch of 4's K,V block
     more slowly than the ring step's attention call it overlaps: some of it shows, and more at a
     micro-batch of 8; at 128k each call's attention hides it (Megatron-Core's p2p ring, its default)."""
+
     def ring(model: str, mb: int, **kw):
-        plan = make_plan(model, H100, gpus=16, tp=2, micro_batch=mb, global_batch=8 * mb, sequence_parallel=True,
-                         runtime="megatron-core", **kw)
+        plan = make_plan(
+            model,
+            H100,
+            gpus=16,
+            tp=2,
+            micro_batch=mb,
+            global_batch=8 * mb,
+            sequence_parallel=True,
+            runtime="megatron-core",
+            **kw,
+        )
         return estimate_plan(plan.replace(dims=ParallelDims(2, 1, 1, cp=8)).validate(H100), H100).time_s
 
     short4, short8 = ring("llama3.1-8b-8k", 4), ring("llama3.1-8b-8k", 8)
@@ -138,8 +192,18 @@ def test_cp_ring_is_exposed_only_beyond_the_attention_it_hides_under() -> None:
 def test_fp8_lowers_gemm_time_and_adds_scale_memory() -> None:
     """FP8 GEMMs run at the FP8 peak (compute falls), keep cached FP8 weight copies (weights grow) and,
     under delayed scaling, amax histories (other grows); MFU stays against the bf16 peak."""
-    plan = make_plan("llama3-70b", H100, gpus=64, tp=8, pp=2, micro_batch=1, global_batch=128,
-                     sequence_parallel=True, zero=1, recompute="selective")
+    plan = make_plan(
+        "llama3-70b",
+        H100,
+        gpus=64,
+        tp=8,
+        pp=2,
+        micro_batch=1,
+        global_batch=128,
+        sequence_parallel=True,
+        zero=1,
+        recompute="selective",
+    )
     plain = estimate_plan(plan, H100)
     for recipe in ("delayed", "block"):
         fp8 = estimate_plan(plan.replace(fp8=recipe).validate(H100), H100)
@@ -168,10 +232,17 @@ def test_fp8_casts_cost_memory_traffic_by_recipe() -> None:
     m, cl = get_model("llama3-8b"), H100
     dev = compute.device_for(cl, "bfloat16", default_params(cl.device.name))
     sp = cost_fp8.fp8_speedup(cl, "bfloat16", dev.params)
-    t = {r: cost_layer.layer_times(m, 2, 4, moe=False, ep=1, cp=1, sequence_parallel=True, dev=dev,
-                                run=Resolved(fp8=r), speedup=sp) for r in ("delayed", "current", "block")}
-    cast = sum(g.m * g.k * g.count for g in layer_gemms(m, 2, 4, sequence_parallel=True)
-               if g.name not in ("attn_scores", "attn_values", "router"))
+    t = {
+        r: cost_layer.layer_times(
+            m, 2, 4, moe=False, ep=1, cp=1, sequence_parallel=True, dev=dev, run=Resolved(fp8=r), speedup=sp
+        )
+        for r in ("delayed", "current", "block")
+    }
+    cast = sum(
+        g.m * g.k * g.count
+        for g in layer_gemms(m, 2, 4, sequence_parallel=True)
+        if g.name not in ("attn_scores", "attn_values", "router")
+    )
     assert cost_fp8.CAST_BYTES == {"delayed": 4.0, "current": 6.0, "block": 4.0, "mxfp8": 4.0}
     assert t["current"].fwd - t["delayed"].fwd == pytest.approx(compute.elementwise_time_s(2.0 * cast, dev))
     assert t["block"].fwd == pytest.approx(t["delayed"].fwd)
@@ -193,8 +264,15 @@ def test_search_explores_ep_and_cp_and_counts_refusals() -> None:
     assert enumerate_space(get_model("gpt-22b"), H100, 12, 12, SpaceOptions(**ONE)).examined == 1  # no cp at 2k
     # with ZeRO-1 (Megatron's distributed optimizer) only ep shards the experts' weights and gradients:
     # the search picks ep > 1, and its plan's numbers are that plan's estimate
-    res = search(mix, H100, 64, 256, top=3, options=SpaceOptions(cp=(1,), micro_batch=(1,), zero_stage=(1,)),
-                 runtime="megatron-core")
+    res = search(
+        mix,
+        H100,
+        64,
+        256,
+        top=3,
+        options=SpaceOptions(cp=(1,), micro_batch=(1,), zero_stage=(1,)),
+        runtime="megatron-core",
+    )
     best = res.ranked[0]
     assert best.ep > 1
     again = estimate_plan(best, H100)
@@ -203,11 +281,12 @@ def test_search_explores_ep_and_cp_and_counts_refusals() -> None:
 
 
 def test_bad_ep_or_cp_is_one_line_and_exit_2(capsys) -> None:
-    for argv, words in ((["--model", "mixtral-8x7b", "--gpus", "64", "--ep", "3"], "not divisible by ep 3"),
-                        (["--model", "llama3-8b", "--gpus", "64", "--ep", "2"], "needs a mixture-of-experts model"),
-                        (["--model", "llama3-8b", "--gpus", "48", "--cp", "3"], "divisible by 2*cp"),
-                        (["--model", "llama3-8b", "--gpus", "64", "--fp8", "delayed", "--dtype", "float32"],
-                         "bfloat16")):
+    for argv, words in (
+        (["--model", "mixtral-8x7b", "--gpus", "64", "--ep", "3"], "not divisible by ep 3"),
+        (["--model", "llama3-8b", "--gpus", "64", "--ep", "2"], "needs a mixture-of-experts model"),
+        (["--model", "llama3-8b", "--gpus", "48", "--cp", "3"], "divisible by 2*cp"),
+        (["--model", "llama3-8b", "--gpus", "64", "--fp8", "delayed", "--dtype", "float32"], "bfloat16"),
+    ):
         code = main(["estimate", "--cluster", "dgx-h100", *argv])
         err = capsys.readouterr().err
         assert code == 2, argv
@@ -231,16 +310,44 @@ def test_engine_exports_carry_ep_cp_fp8() -> None:
     from exatrain.engine_configs import export
     from exatrain.errors import UserError
 
-    moe = make_plan("mixtral-8x7b", H100, gpus=64, tp=2, pp=4, ep=4, micro_batch=1, global_batch=256,
-                    sequence_parallel=True, zero=1, fp8="delayed")
+    moe = make_plan(
+        "mixtral-8x7b",
+        H100,
+        gpus=64,
+        tp=2,
+        pp=4,
+        ep=4,
+        micro_batch=1,
+        global_batch=256,
+        sequence_parallel=True,
+        zero=1,
+        fp8="delayed",
+    )
     text = export(moe, "megatron").text
-    for words in ("--num-experts 8", "--moe-router-topk 2", "--moe-ffn-hidden-size 14336",
-                  "--expert-model-parallel-size 4", "--fp8-format hybrid", "--fp8-recipe delayed",
-                  "--fp8-amax-history-len 1024", "--moe-token-dispatcher-type alltoall"):
+    for words in (
+        "--num-experts 8",
+        "--moe-router-topk 2",
+        "--moe-ffn-hidden-size 14336",
+        "--expert-model-parallel-size 4",
+        "--fp8-format hybrid",
+        "--fp8-recipe delayed",
+        "--fp8-amax-history-len 1024",
+        "--moe-token-dispatcher-type alltoall",
+    ):
         assert f"  {words}\n" in text, words
     assert "--moe-layer-freq" not in text and "--context-parallel-size" not in text
-    long = make_plan("llama3.1-8b-128k", H100, gpus=32, tp=4, cp=8, micro_batch=1, global_batch=8, zero=1,
-                     sequence_parallel=True, fp8="block")
+    long = make_plan(
+        "llama3.1-8b-128k",
+        H100,
+        gpus=32,
+        tp=4,
+        cp=8,
+        micro_batch=1,
+        global_batch=8,
+        zero=1,
+        sequence_parallel=True,
+        fp8="block",
+    )
     text = export(long, "megatron").text
     assert "  --context-parallel-size 8\n" in text and "  --fp8-recipe blockwise\n" in text
     assert "world size / (tp*cp*pp)" in text
@@ -249,5 +356,12 @@ def test_engine_exports_carry_ep_cp_fp8() -> None:
     assert "expert_parallel_degree = 4\n" in export(moe, "torchtitan").text
     with pytest.raises(UserError):
         export(moe, "deepspeed")
-    assert export(make_plan("deepseek-v3", get_cluster("dgx-h200"), gpus=256, pp=8, ep=8, micro_batch=1,
-                            global_batch=512, zero=1), "megatron").text.count("--moe-layer-freq '([0]*3+[1]*58)'") == 1
+    assert (
+        export(
+            make_plan(
+                "deepseek-v3", get_cluster("dgx-h200"), gpus=256, pp=8, ep=8, micro_batch=1, global_batch=512, zero=1
+            ),
+            "megatron",
+        ).text.count("--moe-layer-freq '([0]*3+[1]*58)'")
+        == 1
+    )

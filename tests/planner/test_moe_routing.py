@@ -40,8 +40,7 @@ QWEN = get_model("qwen3-30b-a3b").replace(seq_len=4096)
 
 
 def _plan(**kw) -> Plan:
-    return make_plan(QWEN, H100, gpus=16, ep=16, micro_batch=1, global_batch=64, zero=1,
-                     runtime="megatron-core", **kw)
+    return make_plan(QWEN, H100, gpus=16, ep=16, micro_batch=1, global_batch=64, zero=1, runtime="megatron-core", **kw)
 
 
 def test_the_load_follows_the_routing() -> None:
@@ -66,11 +65,13 @@ def test_the_load_scales_expert_compute_and_all_to_all_only() -> None:
     lt = dict(moe=True, ep=16, cp=1, sequence_parallel=False)
 
     def fwd(load: float, **speeds) -> float:
-        return float(layer_times(QWEN, 1, 1, run=Resolved(moe_load=load), dev=dataclasses.replace(dev, **speeds),
-                                 **lt).fwd)
+        return float(
+            layer_times(QWEN, 1, 1, run=Resolved(moe_load=load), dev=dataclasses.replace(dev, **speeds), **lt).fwd
+        )
 
-    assert float(layer_times(QWEN, 1, 1, run=Resolved(moe_load=1.0), dev=dev, **lt).attention_core_fwd) == \
-        float(layer_times(QWEN, 1, 1, run=Resolved(moe_load=2.0), dev=dev, **lt).attention_core_fwd)
+    assert float(layer_times(QWEN, 1, 1, run=Resolved(moe_load=1.0), dev=dev, **lt).attention_core_fwd) == float(
+        layer_times(QWEN, 1, 1, run=Resolved(moe_load=2.0), dev=dev, **lt).attention_core_fwd
+    )
     # memory-bound part alone (GEMMs at no cost): the routed copies' bytes grow linearly with the load
     ew = {load: fwd(load, peak_flops=1e30) for load in (1.0, 1.25, 2.0)}
     assert ew[1.25] > ew[1.0] and (ew[2.0] - ew[1.0]) / (ew[1.25] - ew[1.0]) == pytest.approx(4.0, rel=1e-9)
@@ -120,8 +121,15 @@ def test_plan_file_search_and_exports_carry_the_routing(tmp_path) -> None:
     assert all(set(fields) <= TORCHTITAN_FIELDS[section] for section, fields in toml.items())
     titan = export(plan.replace(runtime="torchtitan"), "torchtitan")
     assert any("capacity factor 1" in n and "dropless" in n for n in titan.notes)
-    res = search(QWEN, H100, 16, 64, top=2, runtime="megatron-core",
-                 options=SpaceOptions(ep=(16,), zero_stage=(1,), moe_force_balance=True))
+    res = search(
+        QWEN,
+        H100,
+        16,
+        64,
+        top=2,
+        runtime="megatron-core",
+        options=SpaceOptions(ep=(16,), zero_stage=(1,), moe_force_balance=True),
+    )
     assert res.ranked and all(p.moe_force_balance for p in res.ranked)
     # the vectorised pass that ranks the space prices each candidate as its own estimate does
     from exatrain.planner.search import batch
@@ -130,8 +138,14 @@ def test_plan_file_search_and_exports_carry_the_routing(tmp_path) -> None:
 
     p = default_params("h100-sxm")
     for balance in (False, True):
-        space = enumerate_space(QWEN, H100, 16, 64, SpaceOptions(ep=(16,), zero_stage=(1,), moe_force_balance=balance),
-                                runtime="megatron-core")
+        space = enumerate_space(
+            QWEN,
+            H100,
+            16,
+            64,
+            SpaceOptions(ep=(16,), zero_stage=(1,), moe_force_balance=balance),
+            runtime="megatron-core",
+        )
         ev = batch.evaluate_space(space, QWEN, H100, 64, p, runtime="megatron-core")
         for i in range(min(4, len(space))):
             one = plan_at(space, i, QWEN, 64, H100, "bfloat16", True).replace(runtime="megatron-core").validate(H100)
@@ -141,14 +155,19 @@ def test_plan_file_search_and_exports_carry_the_routing(tmp_path) -> None:
             assert float(ev.memory_total[i]) == pytest.approx(est.memory_bytes.total, rel=1e-9)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--model", "llama3-8b", "--moe-force-balance"], "llama3-8b has no experts"),
-    (["--model", "llama3-8b", "--moe-capacity-factor", "1"], "llama3-8b has no experts"),
-    (["--model", "qwen3-30b-a3b", "--moe-capacity-factor", "1", "--moe-dispatcher", "deepep"],
-     "alltoall dispatcher only"),
-    (["--model", "qwen3-30b-a3b", "--moe-capacity-factor", "-1"], "expected a non-negative number, got '-1'"),
-    (["--model", "qwen3-30b-a3b", "--moe-capacity-factor", "inf"], "expected a non-negative number"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--model", "llama3-8b", "--moe-force-balance"], "llama3-8b has no experts"),
+        (["--model", "llama3-8b", "--moe-capacity-factor", "1"], "llama3-8b has no experts"),
+        (
+            ["--model", "qwen3-30b-a3b", "--moe-capacity-factor", "1", "--moe-dispatcher", "deepep"],
+            "alltoall dispatcher only",
+        ),
+        (["--model", "qwen3-30b-a3b", "--moe-capacity-factor", "-1"], "expected a non-negative number, got '-1'"),
+        (["--model", "qwen3-30b-a3b", "--moe-capacity-factor", "inf"], "expected a non-negative number"),
+    ],
+)
 def test_bad_routing_is_one_line_and_exit_2(argv, message, capsys) -> None:
     assert main(["estimate", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8", *argv]) == 2
     err = capsys.readouterr().err
@@ -157,9 +176,11 @@ def test_bad_routing_is_one_line_and_exit_2(argv, message, capsys) -> None:
 
 def test_a_plan_file_with_a_bad_routing_is_refused(tmp_path, capsys) -> None:
     d = _plan().to_dict()
-    for key, value, message in (("moe_capacity_factor", "1.0", "must be a number >= 0"),
-                                ("moe_capacity_factor", True, "must be a number >= 0"),
-                                ("moe_force_balance", "yes", "must be true or false")):
+    for key, value, message in (
+        ("moe_capacity_factor", "1.0", "must be a number >= 0"),
+        ("moe_capacity_factor", True, "must be a number >= 0"),
+        ("moe_force_balance", "yes", "must be true or false"),
+    ):
         path = tmp_path / f"{key}.json"
         path.write_text(json.dumps({**d, key: value}))
         with pytest.raises(UserError, match=message):

@@ -45,8 +45,11 @@ def test_a_plan_that_does_not_fit_fits_with_the_optimizer_in_host_memory() -> No
     assert a.weights - b.weights == pytest.approx(4.0 * n)  # the fp32 master weights
     assert a.gradients == b.gradients  # ZeRO-1's 16-bit gradients stay whole on the GPU
     # the node's 8 ranks keep master weights, an fp32 gradient partition and Adam's states: 16 bytes a parameter
-    assert with_.host_memory == {"bytes_per_node": pytest.approx(8 * 16.0 * n), "fits": True,
-                                 "capacity_bytes": H100.host_memory_bytes}
+    assert with_.host_memory == {
+        "bytes_per_node": pytest.approx(8 * 16.0 * n),
+        "fits": True,
+        "capacity_bytes": H100.host_memory_bytes,
+    }
 
 
 def test_the_step_prices_the_cpu_adam_and_the_exposed_copy() -> None:
@@ -88,16 +91,33 @@ def test_host_memory_that_does_not_hold_the_states_does_not_fit() -> None:
     assert not est.fits and est.verdict == "does not fit" and not est.host_memory["fits"]
 
 
-@pytest.mark.parametrize("runtime, zero, offload, line", [
-    ("megatron-core", 3, "params", "--offload params is not run by megatron-core; it is run by megatron-deepspeed, "
-                                   "torchtitan or exatrain (megatron-core offloads --offload optimizer)"),
-    ("megatron-core", 2, "optimizer", "--offload optimizer under megatron-core needs --zero 1 (got 2)"),
-    ("megatron-deepspeed", 1, "params", "--offload params under megatron-deepspeed needs --zero 3 (got 1)"),
-    ("torchtitan", 3, "optimizer", "--offload optimizer is not run by torchtitan; it is run by megatron-deepspeed or "
-                                   "megatron-core (torchtitan offloads --offload params)"),
-    ("llm-foundry", 3, "params", "--offload params is not run by llm-foundry; it is run by megatron-deepspeed, "
-                                 "torchtitan or exatrain"),
-])
+@pytest.mark.parametrize(
+    "runtime, zero, offload, line",
+    [
+        (
+            "megatron-core",
+            3,
+            "params",
+            "--offload params is not run by megatron-core; it is run by megatron-deepspeed, "
+            "torchtitan or exatrain (megatron-core offloads --offload optimizer)",
+        ),
+        ("megatron-core", 2, "optimizer", "--offload optimizer under megatron-core needs --zero 1 (got 2)"),
+        ("megatron-deepspeed", 1, "params", "--offload params under megatron-deepspeed needs --zero 3 (got 1)"),
+        (
+            "torchtitan",
+            3,
+            "optimizer",
+            "--offload optimizer is not run by torchtitan; it is run by megatron-deepspeed or "
+            "megatron-core (torchtitan offloads --offload params)",
+        ),
+        (
+            "llm-foundry",
+            3,
+            "params",
+            "--offload params is not run by llm-foundry; it is run by megatron-deepspeed, torchtitan or exatrain",
+        ),
+    ],
+)
 def test_a_runtime_without_the_offload_is_refused_in_one_line(runtime, zero, offload, line) -> None:
     with pytest.raises(UserError) as e:
         make_plan("llama3-8b", H100, gpus=8, zero=zero, runtime=runtime, offload=offload)
@@ -105,13 +125,30 @@ def test_a_runtime_without_the_offload_is_refused_in_one_line(runtime, zero, off
 
 
 def test_a_cluster_without_host_memory_is_refused_at_the_command_line() -> None:
-    cmd = [sys.executable, "-m", "exatrain", "estimate", "--model", "llama3-8b", "--cluster", "mi300x-platform",
-           "--gpus", "8", "--zero", "1", "--runtime", "megatron-deepspeed", "--offload", "optimizer"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exatrain",
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "mi300x-platform",
+        "--gpus",
+        "8",
+        "--zero",
+        "1",
+        "--runtime",
+        "megatron-deepspeed",
+        "--offload",
+        "optimizer",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         "exatrain estimate: error: --offload optimizer: cluster mi300x-platform states no host memory per node; "
-        "describe it in a --cluster-file with host_memory_bytes and host_link_bytes_per_s"]
+        "describe it in a --cluster-file with host_memory_bytes and host_link_bytes_per_s"
+    ]
 
 
 def test_the_exports_offload_what_the_plan_priced() -> None:
@@ -121,8 +158,11 @@ def test_the_exports_offload_what_the_plan_priced() -> None:
     assert cfg["zero_optimization"] == {"stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     z3 = make_plan("llama3-70b", H100, **{**DS, "zero": 3}, offload="params")
     cfg3 = json.loads(dict(export(z3, "deepspeed").files)["ds_config.json"])
-    assert cfg3["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                                         "offload_param": {"device": "cpu", "pin_memory": True}}
+    assert cfg3["zero_optimization"] == {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        "offload_param": {"device": "cpu", "pin_memory": True},
+    }
     mc = make_plan("llama3-70b", H100, **{**DS, "runtime": "megatron-core"}, offload="optimizer")
     words = export(mc, "megatron").text.split()
     assert "--optimizer-cpu-offload" in words and "--use-distributed-optimizer" in words
@@ -148,6 +188,7 @@ def test_the_search_offers_offload_only_when_nothing_fits_without() -> None:
     assert small.ranked and all(p.offload == "none" for p in small.ranked)
     assert not any("offload" in n for n in small.notes)
     # a search told to offload searches that, and only the stages it runs at
-    told = search(get_model("llama3-8b"), H100, 8, 16, top=3, runtime="exatrain",
-                  options=SpaceOptions(offload="params"))
+    told = search(
+        get_model("llama3-8b"), H100, 8, 16, top=3, runtime="exatrain", options=SpaceOptions(offload="params")
+    )
     assert told.ranked and all(p.offload == "params" and p.zero_stage >= 2 for p in told.ranked)

@@ -55,8 +55,12 @@ class _Bytes(TorchDispatchMode):
             return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor) and t.numel() >= N]
 
         values = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
-        mutable = [t for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
-                   for t in tensors(values.get(a.name))]
+        mutable = [
+            t
+            for a in func._schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write
+            for t in tensors(values.get(a.name))
+        ]
         before = [t.clone() for t in mutable]
         out = func(*args, **kwargs)
         if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
@@ -128,8 +132,10 @@ def _optimizer_s(plan) -> float:
     return estimate_plan(plan, H100, default_params(H100.device.name)).time_s.optimizer
 
 
-@pytest.mark.parametrize(("tp", "zero", "kernel", "held"), [(1, 0, "fused", 1), (2, 0, "foreach", 1),
-                                                            (1, 1, "foreach", 1), (1, 3, "foreach", 8)])
+@pytest.mark.parametrize(
+    ("tp", "zero", "kernel", "held"),
+    [(1, 0, "fused", 1), (2, 0, "foreach", 1), (1, 1, "foreach", 1), (1, 3, "foreach", 8)],
+)
 def test_exatrain_prices_its_own_kernel_and_norm(tp: int, zero: int, kernel: str, held: int) -> None:
     # fused only over plain tensors (tp 1, ZeRO-0); the norm over the gradients as held (sharded by FSDP only)
     plan = _plan(tp=tp, zero=zero)
@@ -160,8 +166,10 @@ def test_the_plan_file_round_trip(tmp_path) -> None:
 
 def test_the_torchtitan_export_sets_it_and_megatrons_say_they_cannot() -> None:
     plan = _plan("torchtitan", zero=3, adam_kernel="foreach")
-    assert "[optimizer]" in export(plan, "torchtitan").text and 'implementation = "foreach"' in export(
-        plan, "torchtitan").text
+    assert (
+        "[optimizer]" in export(plan, "torchtitan").text
+        and 'implementation = "foreach"' in export(plan, "torchtitan").text
+    )
     assert "[optimizer]" not in export(_plan("torchtitan", zero=3), "torchtitan").text
     for target in ("megatron", "deepspeed"):
         assert any("runs its FusedAdam" in n for n in export(plan, target).notes), target
@@ -177,13 +185,40 @@ def test_refusals_are_one_line() -> None:
 
 
 def test_the_cli_refuses_with_exit_2(capsys) -> None:
-    refused_by_planner(capsys, "--adam-kernel is torchtitan's switch", "--model", "llama3-8b", "--cluster", "dgx-h100",
-                       "--gpus", "8", "--global-batch", "16", "--runtime", "megatron-core", "--adam-kernel", "foreach")
+    refused_by_planner(
+        capsys,
+        "--adam-kernel is torchtitan's switch",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+        "--runtime",
+        "megatron-core",
+        "--adam-kernel",
+        "foreach",
+    )
 
 
 def test_a_saved_plan_keeps_it_and_the_trainer_refuses_it(tmp_path, capsys) -> None:
-    saved = saved_plan(capsys, tmp_path / "p.json", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
-                       "--zero", "3", "--runtime", "torchtitan", "--adam-kernel", "foreach")
+    saved = saved_plan(
+        capsys,
+        tmp_path / "p.json",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--zero",
+        "3",
+        "--runtime",
+        "torchtitan",
+        "--adam-kernel",
+        "foreach",
+    )
     assert saved["adam_kernel"] == "foreach"
-    trainer_refuses("--adam-kernel foreach is torchtitan's switch", zero=3, runtime="torchtitan",
-                    adam_kernel="foreach")
+    trainer_refuses("--adam-kernel foreach is torchtitan's switch", zero=3, runtime="torchtitan", adam_kernel="foreach")

@@ -33,8 +33,14 @@ from exatrain.api.plans import make_plan
 from exatrain.catalog import get_cluster, get_model
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.coefficients import default_params
-from exatrain.planner.cost.step import (CAST_BYTES_FP32_BF16, COPY_BYTES_BF16, COPY_BYTES_FP32,
-                                        GRAD_ADD_BYTES_BF16_INTO_FP32, GRAD_ADD_BYTES_FP32, cast_params)
+from exatrain.planner.cost.step import (
+    CAST_BYTES_FP32_BF16,
+    COPY_BYTES_BF16,
+    COPY_BYTES_FP32,
+    GRAD_ADD_BYTES_BF16_INTO_FP32,
+    GRAD_ADD_BYTES_FP32,
+    cast_params,
+)
 from exatrain.planner.plan_cost import plan_stage_times
 from exatrain.planner.estimate import estimate_plan
 from exatrain.trainer.model import Transformer
@@ -128,8 +134,10 @@ def test_the_step_pays_them_every_micro_batch(monkeypatch, recompute: str) -> No
     params = rank_params(plan)
     gemm, blocks = cast_params(plan.model, [plan.tp], 1, params)
     m = plan.num_microbatches
-    per_micro_batch = (CAST_BYTES_FP32_BF16 * (2 * gemm + (blocks if recompute == "full" else 0))
-                       + GRAD_ADD_BYTES_FP32 * (m - 1) / m * params)[0, 0]
+    per_micro_batch = (
+        CAST_BYTES_FP32_BF16 * (2 * gemm + (blocks if recompute == "full" else 0))
+        + GRAD_ADD_BYTES_FP32 * (m - 1) / m * params
+    )[0, 0]
     dev = compute.device_for(H100, "bfloat16", default_params(H100.device.name), plan.gpus)
     assert m == 4
     assert with_passes - without == pytest.approx(m * float(compute.elementwise_time_s(per_micro_batch, dev)), rel=1e-9)
@@ -143,7 +151,8 @@ def test_float32_training_pays_the_adds_only(monkeypatch) -> None:
     m, params = plan.num_microbatches, rank_params(plan)[0, 0]
     dev = compute.device_for(H100, "float32", default_params(H100.device.name), plan.gpus)
     assert with_passes - without == pytest.approx(
-        m * float(compute.elementwise_time_s(GRAD_ADD_BYTES_FP32 * (m - 1) / m * params, dev)), rel=1e-9)
+        m * float(compute.elementwise_time_s(GRAD_ADD_BYTES_FP32 * (m - 1) / m * params, dev)), rel=1e-9
+    )
 
 
 @pytest.mark.parametrize("zero", [2, 3])
@@ -152,16 +161,24 @@ def test_fsdp_counts_are_the_trainers_own(zero: int) -> None:
     from exatrain.trainer.spawn import _free_port
 
     helper = Path(__file__).resolve().parents[1] / "helpers" / "fsdp_grad_passes.py"
-    out = subprocess.run([sys.executable, str(helper), str(_free_port()), str(zero)], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, str(helper), str(_free_port()), str(zero)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     total, counts = json.loads(out.stdout.strip().splitlines()[-1])
     gathers = 2 if zero == 3 else 1  # ZeRO-3 gathers again for the backward
     each = {"copy_in": gathers * total // 2, "copy_out": gathers * total}
     # the first backward's unsharded gradients cast to fp32 and kept; each later one added in (the last's too);
     # the last copies them into the reduce-scatter and its output into the shard's .grad
-    assert counts == [{**each, "grad_cast": total}, {**each, "add": total},
-                      {**each, "add": total, "rs_in": total, "rs_out": total // 2}]
+    assert counts == [
+        {**each, "grad_cast": total},
+        {**each, "add": total},
+        {**each, "add": total, "rs_in": total, "rs_out": total // 2},
+    ]
 
 
 def _fsdp_per_step(plan, *, inline: bool) -> float:
@@ -187,8 +204,9 @@ def test_fsdp_pays_what_was_counted_on_its_compute_stream(monkeypatch, zero: int
 
 def test_fsdp_on_the_cpu_pays_every_copy_in_line(monkeypatch) -> None:
     cpu = get_cluster("local-cpu")
-    plan = make_plan("llama-tiny", cpu, gpus=2, micro_batch=1, global_batch=6, zero=3, dtype="bfloat16",
-                     runtime="exatrain")
+    plan = make_plan(
+        "llama-tiny", cpu, gpus=2, micro_batch=1, global_batch=6, zero=3, dtype="bfloat16", runtime="exatrain"
+    )
     with_passes, without = _priced(plan, monkeypatch, cpu)
     dev = compute.device_for(cpu, "bfloat16", default_params(cpu.device.name), plan.gpus)
     assert plan.num_microbatches == 3

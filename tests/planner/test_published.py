@@ -29,14 +29,23 @@ def test_published_row_within_tolerance(run) -> None:
 
 
 def _frontier_plan(model: str, tp: int, pp: int, dp: int, gb: int) -> Plan:
-    return Plan(model=get_model(model).replace(dropout=0.1), dims=ParallelDims(tp, pp, dp),
-                shape=TrainShape(1, gb), zero_stage=1, recompute="full", runtime="megatron-deepspeed")
+    return Plan(
+        model=get_model(model).replace(dropout=0.1),
+        dims=ParallelDims(tp, pp, dp),
+        shape=TrainShape(1, gb),
+        zero_stage=1,
+        recompute="full",
+        runtime="megatron-deepspeed",
+    )
 
 
-@pytest.mark.parametrize("model, tp, pp, dp0, gb0, gpus", [
-    ("gpt-175b", 4, 16, 2, 640, (128, 256, 512, 1024)),
-    ("gpt-1t", 8, 64, 2, 1280, (1024, 2048, 3072)),
-])
+@pytest.mark.parametrize(
+    "model, tp, pp, dp0, gb0, gpus",
+    [
+        ("gpt-175b", 4, 16, 2, 640, (128, 256, 512, 1024)),
+        ("gpt-1t", 8, 64, 2, 1280, (1024, 2048, 3072)),
+    ],
+)
 def test_weak_scaling_at_least_95_percent(model, tp, pp, dp0, gb0, gpus) -> None:
     frontier = get_cluster("frontier")
     base = None

@@ -48,8 +48,21 @@ QWEN = get_model("qwen3-30b-a3b")
 
 
 def _plan(**kw):
-    return make_plan(LLAMA70, H100, **{"gpus": 64, "tp": 4, "pp": 4, "micro_batch": 1, "global_batch": 256,
-                                       "zero": 1, "sequence_parallel": True, "runtime": "megatron-core", **kw})
+    return make_plan(
+        LLAMA70,
+        H100,
+        **{
+            "gpus": 64,
+            "tp": 4,
+            "pp": 4,
+            "micro_batch": 1,
+            "global_batch": 256,
+            "zero": 1,
+            "sequence_parallel": True,
+            "runtime": "megatron-core",
+            **kw,
+        },
+    )
 
 
 def test_time_moves_linearly_between_none_and_full() -> None:
@@ -87,8 +100,11 @@ def test_memory_mixes_rerun_and_kept_layers_by_hand() -> None:
     # five layers keep their input, fifteen everything, for each micro-batch in flight; the working set is the same
     assert st.activations - whole.activations == pytest.approx(15 * (none - full) * held, rel=1e-12)
     est = estimate_plan(plan, H100)
-    assert estimate_plan(_plan(recompute="full"), H100).memory_bytes.activations < est.memory_bytes.activations \
+    assert (
+        estimate_plan(_plan(recompute="full"), H100).memory_bytes.activations
+        < est.memory_bytes.activations
         < estimate_plan(_plan(recompute="none"), H100).memory_bytes.activations
+    )
 
 
 def test_bytes_repeat_the_rerun_layers_only() -> None:
@@ -99,11 +115,24 @@ def test_bytes_repeat_the_rerun_layers_only() -> None:
     assert ag(_plan(recompute="none")) == 4 * 20 * mb
     assert ag(_plan(recompute="full")) == 6 * 20 * mb
     assert ag(_plan(recompute="full", recompute_layers=5)) == (4 * 20 + 2 * 5) * mb
-    moe = make_plan(QWEN, H100, gpus=8, ep=8, global_batch=64, recompute="full", runtime="megatron-core",
-                    recompute_layers=12)
-    a2a = next(c for c in comms.moe_collectives_for(QWEN, micro_batch=1, tp=1, ep=8, sequence_parallel=False,
-                                                   dtype="bfloat16", moe_layers=48, num_microbatches=1,
-                                                   rerun=0.25) if c.kind == "all_to_all")
+    moe = make_plan(
+        QWEN, H100, gpus=8, ep=8, global_batch=64, recompute="full", runtime="megatron-core", recompute_layers=12
+    )
+    a2a = next(
+        c
+        for c in comms.moe_collectives_for(
+            QWEN,
+            micro_batch=1,
+            tp=1,
+            ep=8,
+            sequence_parallel=False,
+            dtype="bfloat16",
+            moe_layers=48,
+            num_microbatches=1,
+            rerun=0.25,
+        )
+        if c.kind == "all_to_all"
+    )
     assert a2a.count == 2 * 2.25 * 48
     from exatrain.planner.plan_cost import comm_bytes
 
@@ -123,21 +152,51 @@ ARGS = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--globa
 
 
 def test_rules_refuse_where_no_engine_runs_it(capsys) -> None:
-    refusals(capsys, ARGS, [
-        ("estimate", ("--runtime", "torchtitan", "--recompute", "full", "--recompute-layers", "2"),
-         "--recompute-method block --recompute-num-layers"),
-        ("estimate", ("--runtime", "megatron-core", "--recompute", "selective", "--recompute-layers", "2"),
-         "use --recompute full"),
-        ("estimate", ("--runtime", "megatron-core", "--recompute-layers", "0"), "--recompute-layers"),
-        ("search", ("--runtime", "megatron-core", "--recompute-layers", "2", "--recompute-modules", "mlp"),
-         "choose one")])
+    refusals(
+        capsys,
+        ARGS,
+        [
+            (
+                "estimate",
+                ("--runtime", "torchtitan", "--recompute", "full", "--recompute-layers", "2"),
+                "--recompute-method block --recompute-num-layers",
+            ),
+            (
+                "estimate",
+                ("--runtime", "megatron-core", "--recompute", "selective", "--recompute-layers", "2"),
+                "use --recompute full",
+            ),
+            ("estimate", ("--runtime", "megatron-core", "--recompute-layers", "0"), "--recompute-layers"),
+            (
+                "search",
+                ("--runtime", "megatron-core", "--recompute-layers", "2", "--recompute-modules", "mlp"),
+                "choose one",
+            ),
+        ],
+    )
 
 
 def test_search_tries_full_only(capsys) -> None:
     assert space_options(recompute_layers=4).recompute == ("full",)
-    code, out, err = run(capsys, "search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
-                         "--global-batch", "64", "--runtime", "megatron-core", "--recompute-layers", "4",
-                         "--top", "3", "--json")
+    code, out, err = run(
+        capsys,
+        "search",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--runtime",
+        "megatron-core",
+        "--recompute-layers",
+        "4",
+        "--top",
+        "3",
+        "--json",
+    )
     assert code == 0, err
     ranked = json.loads(out)["ranked"]
     assert ranked and all(r["plan"]["recompute"] == "full" and r["plan"]["recompute_layers"] == 4 for r in ranked)
@@ -157,10 +216,12 @@ def test_plan_file_export_and_trainer(tmp_path) -> None:
     assert any("first 5 layers of each stage" in n for n in est.notes)
     # the hardware FLOPs rerun the forward of 5 of each stage's 20 layers
     full, none = (estimate_plan(_plan(recompute=r), H100) for r in ("full", "none"))
-    assert est.hardware_flops_per_step == pytest.approx(none.hardware_flops_per_step + (
-        full.hardware_flops_per_step - none.hardware_flops_per_step) / 4)
-    trainer_refuses("full recomputation reruns every layer", runtime="megatron-core", recompute="full",
-                    recompute_layers=1)
+    assert est.hardware_flops_per_step == pytest.approx(
+        none.hardware_flops_per_step + (full.hardware_flops_per_step - none.hardware_flops_per_step) / 4
+    )
+    trainer_refuses(
+        "full recomputation reruns every layer", runtime="megatron-core", recompute="full", recompute_layers=1
+    )
 
 
 def test_one_in_n_counts_over_a_ranks_stages() -> None:
@@ -176,9 +237,11 @@ def test_one_in_n_counts_over_a_ranks_stages() -> None:
 
 
 def _titan(**kw):
-    return make_plan(get_model("llama3-8b"), get_cluster("dgx-a100"), **{"gpus": 64, "zero": 3, "micro_batch": 1,
-                                                                       "global_batch": 64, "runtime": "torchtitan",
-                                                                       **kw})
+    return make_plan(
+        get_model("llama3-8b"),
+        get_cluster("dgx-a100"),
+        **{"gpus": 64, "zero": 3, "micro_batch": 1, "global_batch": 64, "runtime": "torchtitan", **kw},
+    )
 
 
 def test_one_in_n_is_torchtitans_layer_checkpointing(tmp_path) -> None:
@@ -196,20 +259,36 @@ def test_one_in_n_is_torchtitans_layer_checkpointing(tmp_path) -> None:
     plan.save(path)
     assert Plan.load(path).recompute_every == 2
     assert any("one layer in 2" in n for n in estimate_plan(plan, cluster).notes)
-    trainer_refuses("full recomputation reruns every layer", runtime="torchtitan", recompute="full",
-                    recompute_every=2)
+    trainer_refuses("full recomputation reruns every layer", runtime="torchtitan", recompute="full", recompute_every=2)
 
 
 def test_one_in_n_rules(capsys) -> None:
-    refusals(capsys, ARGS, [
-        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-every", "2"),
-         "torchtitan's layer-level selective checkpointing"),
-        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-every", "2"),
-         "(Megatron-Core: --recompute-layers"),
-        ("estimate", ("--runtime", "torchtitan", "--recompute", "full", "--recompute-layers", "2"),
-         "--recompute-every"),
-        ("search", ("--runtime", "torchtitan", "--recompute", "selective", "--recompute-every", "2"),
-         "use --recompute full")])
+    refusals(
+        capsys,
+        ARGS,
+        [
+            (
+                "estimate",
+                ("--runtime", "megatron-core", "--recompute", "full", "--recompute-every", "2"),
+                "torchtitan's layer-level selective checkpointing",
+            ),
+            (
+                "estimate",
+                ("--runtime", "megatron-core", "--recompute", "full", "--recompute-every", "2"),
+                "(Megatron-Core: --recompute-layers",
+            ),
+            (
+                "estimate",
+                ("--runtime", "torchtitan", "--recompute", "full", "--recompute-layers", "2"),
+                "--recompute-every",
+            ),
+            (
+                "search",
+                ("--runtime", "torchtitan", "--recompute", "selective", "--recompute-every", "2"),
+                "use --recompute full",
+            ),
+        ],
+    )
     assert space_options(recompute_every=2).recompute == ("full",)
 
 
@@ -218,8 +297,17 @@ def test_search_fits_the_fewest_layers(capsys) -> None:
     stage with which every rank fits; one fewer does not fit."""
     from exatrain.api import search
 
-    res = search(model="llama3-70b", cluster="dgx-h100", gpus=64, global_batch=256, tp=4, pp=4,
-                 runtime="megatron-core", recompute_layers="auto", top=20)
+    res = search(
+        model="llama3-70b",
+        cluster="dgx-h100",
+        gpus=64,
+        global_batch=256,
+        tp=4,
+        pp=4,
+        runtime="megatron-core",
+        recompute_layers="auto",
+        top=20,
+    )
     partial = [p for p in res.ranked if p.recompute == "full" and p.recompute_layers]
     assert partial, [p.recompute_label for p in res.ranked]
     capacity = H100.device.hbm_bytes
@@ -234,31 +322,79 @@ def test_search_fits_the_fewest_layers(capsys) -> None:
             fewer = plan.replace(recompute="none", recompute_layers=0)
             assert estimate_plan(fewer, H100).memory_bytes.total > capacity or twin(plan, "none") in ranked
     # its best full recomputation is faster than the best without it, which recomputes every layer
-    plain = search(model="llama3-70b", cluster="dgx-h100", gpus=64, global_batch=256, tp=4, pp=4,
-                   runtime="megatron-core", recompute="full", top=5)
+    plain = search(
+        model="llama3-70b",
+        cluster="dgx-h100",
+        gpus=64,
+        global_batch=256,
+        tp=4,
+        pp=4,
+        runtime="megatron-core",
+        recompute="full",
+        top=5,
+    )
     full_auto = min(p.estimate.time_s.step for p in partial)
     full_every = min(p.estimate.time_s.step for p in plain.ranked if p.recompute == "full")
     assert full_auto < full_every
-    code, out, err = run(capsys, "search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64",
-                         "--global-batch", "256", "--tp", "4", "--pp", "4", "--runtime", "megatron-core",
-                         "--recompute-layers", "auto", "--top", "1")
+    code, out, err = run(
+        capsys,
+        "search",
+        "--model",
+        "llama3-70b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "--tp",
+        "4",
+        "--pp",
+        "4",
+        "--runtime",
+        "megatron-core",
+        "--recompute-layers",
+        "auto",
+        "--top",
+        "1",
+    )
     assert code == 0 and res.ranked[0].recompute_label in out, err
     # ZeRO-1, micro-batch 1, 1F1B: tp4·pp4·dp4 fits with 3 of each stage's 20 layers recomputed, not with 2
     # (Megatron-Core's fused SwiGLU keeps 3f of a token's MLP interior, not 4f: accounting.memory)
-    pinned = search(model="llama3-70b", cluster="dgx-h100", gpus=64, global_batch=256, tp=4, pp=4, zero=1,
-                    micro_batch=1, sequence_parallel=True, schedule="1f1b", runtime="megatron-core",
-                    recompute_layers="auto", top=10)
+    pinned = search(
+        model="llama3-70b",
+        cluster="dgx-h100",
+        gpus=64,
+        global_batch=256,
+        tp=4,
+        pp=4,
+        zero=1,
+        micro_batch=1,
+        sequence_parallel=True,
+        schedule="1f1b",
+        runtime="megatron-core",
+        recompute_layers="auto",
+        top=10,
+    )
     dp4 = next(p for p in pinned.ranked if p.dp == 4 and p.cp == 1 and p.recompute == "full")
     assert dp4.recompute_layers == 3 and dp4.recompute_label == "full 3/stage"
     assert estimate_plan(dp4.replace(recompute_layers=2), H100).memory_bytes.total > capacity
 
 
 def test_auto_is_the_searchs(capsys) -> None:
-    refusals(capsys, ARGS, [
-        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-layers", "auto"),
-         "one plan takes a number"),
-        ("search", ("--runtime", "torchtitan", "--recompute-layers", "auto"), "--recompute-method block"),
-        ("search", ("--runtime", "megatron-core", "--recompute-layers", "some"), "expected a positive integer")])
+    refusals(
+        capsys,
+        ARGS,
+        [
+            (
+                "estimate",
+                ("--runtime", "megatron-core", "--recompute", "full", "--recompute-layers", "auto"),
+                "one plan takes a number",
+            ),
+            ("search", ("--runtime", "torchtitan", "--recompute-layers", "auto"), "--recompute-method block"),
+            ("search", ("--runtime", "megatron-core", "--recompute-layers", "some"), "expected a positive integer"),
+        ],
+    )
 
 
 @pytest.mark.parametrize("sp", [True, False])
@@ -272,14 +408,26 @@ def test_the_rerun_forwards_tp_collectives_are_its_own_formula(sp: bool) -> None
     params = default_params(H100.device.name)
 
     def stage(recompute: str):
-        plan = make_plan("llama3-70b", H100, gpus=8, tp=8, pp=1, micro_batch=1, global_batch=8, zero=1,
-                         recompute=recompute, sequence_parallel=sp, runtime="megatron-core")
+        plan = make_plan(
+            "llama3-70b",
+            H100,
+            gpus=8,
+            tp=8,
+            pp=1,
+            micro_batch=1,
+            global_batch=8,
+            zero=1,
+            recompute=recompute,
+            sequence_parallel=sp,
+            runtime="megatron-core",
+        )
         return plan_stage_times(plan, H100, params, overlap="none")
 
     none, full = stage("none"), stage("full")
     message = 1 * m.seq_len * m.hidden * 2  # bf16
-    ag, rs, ar = (float(x) for x in tp_collectives_s(H100, params, 8, message, ("all_gather", "reduce_scatter",
-                                                                                 "all_reduce")))
+    ag, rs, ar = (
+        float(x) for x in tp_collectives_s(H100, params, 8, message, ("all_gather", "reduce_scatter", "all_reduce"))
+    )
     per_layer = ag + rs if sp else ar
     assert float(full.tp_bwd[0, 0] - none.tp_bwd[0, 0]) == pytest.approx(2 * m.layers * per_layer, rel=1e-9)
     assert float(full.tp_fwd[0, 0]) == pytest.approx(float(none.tp_fwd[0, 0]), rel=1e-12)

@@ -51,8 +51,9 @@ DSV3 = get_model("deepseek-v3")  # latent attention, 3 dense layers first, one s
 
 
 def _bytes(m, modules, *, recompute="selective", moe=None, tp=2, sp=True, **kw):
-    return memory.layer_activation_bytes(m, 1, tp, sequence_parallel=sp, recompute=recompute, flash=True,
-                                         moe=moe, recompute_modules=tuple(modules), **kw)
+    return memory.layer_activation_bytes(
+        m, 1, tp, sequence_parallel=sp, recompute=recompute, flash=True, moe=moe, recompute_modules=tuple(modules), **kw
+    )
 
 
 def test_names_are_checked_and_put_in_megatron_order() -> None:
@@ -120,12 +121,20 @@ def _dev(cluster=H100, gpus=8):
 def test_core_attn_alone_is_the_default() -> None:
     dev = _dev()
     lt = cost_layer.layer_times(DSV3, 1, 2, moe=True, ep=8, cp=1, sequence_parallel=True, dev=dev, run=Resolved())
-    rerun = cost_recompute.module_rerun_s(DSV3, 1, 2, moe=True, ep=8, cp=1, sequence_parallel=True, dev=dev,
-                                   run=Resolved(recompute_modules=("core_attn",)),
-                                   attention_core_fwd=lt.attention_core_fwd)
+    rerun = cost_recompute.module_rerun_s(
+        DSV3,
+        1,
+        2,
+        moe=True,
+        ep=8,
+        cp=1,
+        sequence_parallel=True,
+        dev=dev,
+        run=Resolved(recompute_modules=("core_attn",)),
+        attention_core_fwd=lt.attention_core_fwd,
+    )
     assert rerun == pytest.approx(lt.attention_core_fwd)
-    plan = make_plan(LLAMA, H100, gpus=8, tp=2, sequence_parallel=True, recompute="selective",
-                     runtime="megatron-core")
+    plan = make_plan(LLAMA, H100, gpus=8, tp=2, sequence_parallel=True, recompute="selective", runtime="megatron-core")
     same = estimate_plan(plan.replace(recompute_modules=("core_attn",)), H100)
     assert same.time_s.step == estimate_plan(plan, H100).time_s.step
     assert same.memory_bytes.total == estimate_plan(plan, H100).memory_bytes.total
@@ -139,16 +148,28 @@ def test_mlp_reruns_its_gemms_and_its_tp_pair() -> None:
     mlp = one.replace(recompute="selective", recompute_modules=("mlp",))
     diff = plan_stage_times(mlp, H100, params).bwd - plan_stage_times(one, H100, params).bwd
     gemms = [g for g in layer_gemms(LLAMA, 1, 1) if g.name in ("fc1", "fc2")]
-    by_hand = sum(compute.gemm_time_s(g, dev, in_bytes=2, out_bytes=2) for g in gemms) \
-        + compute.elementwise_time_s(LLAMA.seq_len * 2 * (3.0 * LLAMA.ffn_hidden + 2.0 * LLAMA.hidden), dev) \
+    by_hand = (
+        sum(compute.gemm_time_s(g, dev, in_bytes=2, out_bytes=2) for g in gemms)
+        + compute.elementwise_time_s(LLAMA.seq_len * 2 * (3.0 * LLAMA.ffn_hidden + 2.0 * LLAMA.hidden), dev)
         + 2 * dev.params.op_overhead_s
+    )
     assert float(diff.sum()) == pytest.approx(LLAMA.layers * by_hand, rel=1e-9)
     # tp 2 with sequence parallelism, no overlap: each layer's MLP gathers and reduce-scatters again
-    two = make_plan(LLAMA, H100, gpus=2, tp=2, sequence_parallel=True, micro_batch=1, global_batch=8,
-                    recompute="none", runtime="megatron-core")
+    two = make_plan(
+        LLAMA,
+        H100,
+        gpus=2,
+        tp=2,
+        sequence_parallel=True,
+        micro_batch=1,
+        global_batch=8,
+        recompute="none",
+        runtime="megatron-core",
+    )
     base = plan_stage_times(two, H100, params, overlap="none")
-    again = plan_stage_times(two.replace(recompute="selective", recompute_modules=("mlp",)), H100, params,
-                             overlap="none")
+    again = plan_stage_times(
+        two.replace(recompute="selective", recompute_modules=("mlp",)), H100, params, overlap="none"
+    )
     L = LLAMA.layers
     pair = float(base.tp_fwd.sum()) / (2 * L + 1)  # 2 pairs a layer and the embedding's all-reduce
     assert float((again.tp_bwd - base.tp_bwd).sum()) == pytest.approx(L * pair, rel=1e-9)
@@ -157,15 +178,18 @@ def test_mlp_reruns_its_gemms_and_its_tp_pair() -> None:
 
 def test_moe_reruns_its_all_to_alls() -> None:
     params = default_params("h100-sxm")
-    plan = make_plan(QWEN, H100, gpus=8, ep=8, micro_batch=1, global_batch=64, recompute="none",
-                     runtime="megatron-core")
+    plan = make_plan(
+        QWEN, H100, gpus=8, ep=8, micro_batch=1, global_batch=64, recompute="none", runtime="megatron-core"
+    )
     base = plan_stage_times(plan, H100, params, overlap="none")
-    moe = plan_stage_times(plan.replace(recompute="selective", recompute_modules=("moe",)), H100, params,
-                           overlap="none")
+    moe = plan_stage_times(
+        plan.replace(recompute="selective", recompute_modules=("moe",)), H100, params, overlap="none"
+    )
     # dispatch and combine once more in the backward: the forward's all-to-alls again
     assert float((moe.ext_bwd - base.ext_bwd).sum()) == pytest.approx(float(base.ext_fwd.sum()), rel=1e-9)
-    act = plan_stage_times(plan.replace(recompute="selective", recompute_modules=("moe_act",)), H100, params,
-                           overlap="none")
+    act = plan_stage_times(
+        plan.replace(recompute="selective", recompute_modules=("moe_act",)), H100, params, overlap="none"
+    )
     assert float((act.ext_bwd - base.ext_bwd).sum()) == 0.0
     # the whole layer's rerun costs more than its activation's, which costs more than nothing
     assert float(moe.bwd.sum()) > float(act.bwd.sum()) > float(base.bwd.sum())
@@ -174,10 +198,20 @@ def test_moe_reruns_its_all_to_alls() -> None:
 def test_bytes_count_the_reruns() -> None:
     from exatrain.accounting import comms
 
-    plan = make_plan(LLAMA, H100, gpus=8, tp=2, sequence_parallel=True, global_batch=64, recompute="selective",
-                     runtime="megatron-core")
-    rs = [next(c.count for c in comms.tp_collectives(p, 0) if c.kind == "reduce_scatter")
-          for p in (plan, plan.replace(recompute_modules=("mlp",)), plan.replace(recompute_modules=("layernorm",)))]
+    plan = make_plan(
+        LLAMA,
+        H100,
+        gpus=8,
+        tp=2,
+        sequence_parallel=True,
+        global_batch=64,
+        recompute="selective",
+        runtime="megatron-core",
+    )
+    rs = [
+        next(c.count for c in comms.tp_collectives(p, 0) if c.kind == "reduce_scatter")
+        for p in (plan, plan.replace(recompute_modules=("mlp",)), plan.replace(recompute_modules=("layernorm",)))
+    ]
     mb, L = plan.num_microbatches, LLAMA.layers
     assert rs == [4 * L * mb, 5 * L * mb, 4 * L * mb]  # the layers' (the embedding's is one of its own)
     moe = make_plan(QWEN, H100, gpus=8, ep=8, global_batch=64, recompute="selective", runtime="megatron-core")
@@ -187,8 +221,20 @@ def test_bytes_count_the_reruns() -> None:
 
 
 def test_modules_trade_memory_for_time_within_none_and_full() -> None:
-    plan = make_plan(DSV3, H100, gpus=256, tp=2, pp=8, ep=32, sequence_parallel=True, micro_batch=1,
-                     global_batch=512, zero=1, recompute="none", runtime="megatron-core")
+    plan = make_plan(
+        DSV3,
+        H100,
+        gpus=256,
+        tp=2,
+        pp=8,
+        ep=32,
+        sequence_parallel=True,
+        micro_batch=1,
+        global_batch=512,
+        zero=1,
+        recompute="none",
+        runtime="megatron-core",
+    )
     none, full = (estimate_plan(plan.replace(recompute=r), H100) for r in ("none", "full"))
     for mods in (("mla_up_proj", "mlp"), ("layernorm", "moe_act"), ("moe",)):
         est = estimate_plan(plan.replace(recompute="selective", recompute_modules=mods), H100)
@@ -201,46 +247,83 @@ def test_hardware_flops_follow_the_modules() -> None:
     gb = 8
     tokens = gb * LLAMA.seq_len
     base = model_flops_per_step(LLAMA, gb)
-    assert hardware_flops_per_step(LLAMA, gb, "selective", ("core_attn",)) == \
-        hardware_flops_per_step(LLAMA, gb, "selective")
+    assert hardware_flops_per_step(LLAMA, gb, "selective", ("core_attn",)) == hardware_flops_per_step(
+        LLAMA, gb, "selective"
+    )
     # mlp: one more forward of fc1 (gate and up) and fc2 in every layer, nothing for the attention core
     mlp = 2.0 * 3 * LLAMA.hidden * LLAMA.ffn_hidden
     assert hardware_flops_per_step(LLAMA, gb, "selective", ("mlp",)) == pytest.approx(
-        base + tokens * LLAMA.layers * mlp)
+        base + tokens * LLAMA.layers * mlp
+    )
     assert hardware_flops_per_step(LLAMA, gb, "selective", ("layernorm",)) == base
 
 
 def test_rules_refuse_where_no_engine_runs_it(capsys) -> None:
     args = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64")
-    refusals(capsys, args, [
-        ("estimate", ("--runtime", "torchtitan", "--recompute", "selective", "--recompute-modules", "mlp"),
-         "Megatron-Core's choice of what selective recomputation reruns"),
-        ("estimate", ("--runtime", "megatron-core", "--recompute", "full", "--recompute-modules", "mlp"),
-         "use --recompute selective"),
-        ("estimate", ("--runtime", "megatron-core", "--recompute", "selective", "--recompute-modules", "mlp,ffn"),
-         "unknown module 'ffn'"),
-        ("search", ("--runtime", "exatrain", "--recompute-modules", "mlp"), "runtime exatrain reruns its own"),
-        ("search", ("--runtime", "megatron-core", "--recompute", "none", "--recompute-modules", "mlp"),
-         "use --recompute selective")])
+    refusals(
+        capsys,
+        args,
+        [
+            (
+                "estimate",
+                ("--runtime", "torchtitan", "--recompute", "selective", "--recompute-modules", "mlp"),
+                "Megatron-Core's choice of what selective recomputation reruns",
+            ),
+            (
+                "estimate",
+                ("--runtime", "megatron-core", "--recompute", "full", "--recompute-modules", "mlp"),
+                "use --recompute selective",
+            ),
+            (
+                "estimate",
+                ("--runtime", "megatron-core", "--recompute", "selective", "--recompute-modules", "mlp,ffn"),
+                "unknown module 'ffn'",
+            ),
+            ("search", ("--runtime", "exatrain", "--recompute-modules", "mlp"), "runtime exatrain reruns its own"),
+            (
+                "search",
+                ("--runtime", "megatron-core", "--recompute", "none", "--recompute-modules", "mlp"),
+                "use --recompute selective",
+            ),
+        ],
+    )
 
 
 def test_search_tries_selective_only(capsys) -> None:
     options = space_options(recompute_modules="layernorm,mlp")
     assert options.recompute == ("selective",) and options.recompute_modules == ("layernorm", "mlp")
-    code, out, err = run(capsys, "search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
-                         "--global-batch", "64", "--runtime", "megatron-core", "--recompute-modules", "mlp",
-                         "--top", "3", "--json")
+    code, out, err = run(
+        capsys,
+        "search",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--runtime",
+        "megatron-core",
+        "--recompute-modules",
+        "mlp",
+        "--top",
+        "3",
+        "--json",
+    )
     assert code == 0, err
     import json
 
     ranked = json.loads(out)["ranked"]
-    assert ranked and all(r["plan"]["recompute"] == "selective" and r["plan"]["recompute_modules"] == ["mlp"]
-                          for r in ranked)
+    assert ranked and all(
+        r["plan"]["recompute"] == "selective" and r["plan"]["recompute_modules"] == ["mlp"] for r in ranked
+    )
 
 
 def test_plan_file_export_and_trainer(tmp_path) -> None:
-    plan = make_plan(QWEN, H100, gpus=8, ep=8, recompute="selective", runtime="megatron-core",
-                     recompute_modules="moe_act,layernorm")
+    plan = make_plan(
+        QWEN, H100, gpus=8, ep=8, recompute="selective", runtime="megatron-core", recompute_modules="moe_act,layernorm"
+    )
     assert plan.recompute_modules == ("layernorm", "moe_act")
     assert "recompute modules layernorm,moe_act" in plan.settings_label
     path = tmp_path / "plan.json"
@@ -249,19 +332,43 @@ def test_plan_file_export_and_trainer(tmp_path) -> None:
     assert "recompute_modules" not in make_plan(QWEN, H100, gpus=8, ep=8).to_dict()
     # kept from a base plan
     assert make_plan(QWEN, H100, gpus=8, base=Plan.load(path), runtime="megatron-core").recompute_modules == (
-        "layernorm", "moe_act")
+        "layernorm",
+        "moe_act",
+    )
     text = export(plan, "megatron").text
     assert "--recompute-granularity selective" in text and "--recompute-modules layernorm moe_act" in text
-    trainer_refuses("selective recomputation reruns the attention core", runtime="megatron-core",
-                    recompute="selective", recompute_modules="mlp")
+    trainer_refuses(
+        "selective recomputation reruns the attention core",
+        runtime="megatron-core",
+        recompute="selective",
+        recompute_modules="mlp",
+    )
 
 
 def test_estimate_json_carries_them(capsys) -> None:
     import json
 
-    code, out, err = run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
-                         "--tp", "2", "--global-batch", "64", "--runtime", "megatron-core", "--recompute",
-                         "selective", "--recompute-modules", "mlp,core_attn", "--json")
+    code, out, err = run(
+        capsys,
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--global-batch",
+        "64",
+        "--runtime",
+        "megatron-core",
+        "--recompute",
+        "selective",
+        "--recompute-modules",
+        "mlp,core_attn",
+        "--json",
+    )
     assert code == 0, err
     est = json.loads(out)
     assert est["plan"]["recompute_modules"] == ["core_attn", "mlp"]

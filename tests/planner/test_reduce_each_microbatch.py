@@ -21,8 +21,9 @@ LLAMA = get_model("llama3-8b").replace(seq_len=4096)
 
 
 def _bytes(runtime: str, zero: int, pp: int = 1, micro_batch: int = 1, global_batch: int = 64):
-    plan = make_plan(LLAMA, H100, gpus=16, pp=pp, micro_batch=micro_batch, global_batch=global_batch, zero=zero,
-                     runtime=runtime)
+    plan = make_plan(
+        LLAMA, H100, gpus=16, pp=pp, micro_batch=micro_batch, global_batch=global_batch, zero=zero, runtime=runtime
+    )
     return plan, estimate_plan(plan, H100)
 
 

@@ -30,12 +30,15 @@ def _on(rules) -> set[str]:
     return {c for c in ON if getattr(rules, c)}
 
 
-@pytest.mark.parametrize("runtime, offered, by_default", [
-    ("megatron-core", set(ON), {"pp_p2p"}),
-    ("megatron-deepspeed", {"dp_grad_reduce", "dp_param_gather"}, set()),
-    ("torchtitan", {"tp", "dp_grad_reduce", "dp_param_gather"}, {"dp_grad_reduce", "dp_param_gather"}),
-    ("exatrain", {"dp_grad_reduce", "dp_param_gather"}, {"dp_grad_reduce", "dp_param_gather"}),
-])
+@pytest.mark.parametrize(
+    "runtime, offered, by_default",
+    [
+        ("megatron-core", set(ON), {"pp_p2p"}),
+        ("megatron-deepspeed", {"dp_grad_reduce", "dp_param_gather"}, set()),
+        ("torchtitan", {"tp", "dp_grad_reduce", "dp_param_gather"}, {"dp_grad_reduce", "dp_param_gather"}),
+        ("exatrain", {"dp_grad_reduce", "dp_param_gather"}, {"dp_grad_reduce", "dp_param_gather"}),
+    ],
+)
 def test_each_profile_overlaps_what_it_offers(runtime, offered, by_default) -> None:
     assert _on(overlap_rules(runtime, "all")) == offered
     assert _on(overlap_rules(runtime, "default")) == by_default
@@ -56,8 +59,11 @@ def test_an_unstated_overlap_is_priced_at_the_engines_defaults_and_the_band_reac
     unset value priced as ``all`` again, the step equalled the all-on one and this failed; with the band left as
     it was, its low end stayed above the best case's.)"""
     kw = dict(tp=8, pp=2, sequence_parallel=True, runtime="megatron-core", gpus=64)
-    unset, default, best = (_estimate(**kw).estimate, _estimate(overlap="default", **kw).estimate,
-                            _estimate(overlap="all", **kw).estimate)
+    unset, default, best = (
+        _estimate(**kw).estimate,
+        _estimate(overlap="default", **kw).estimate,
+        _estimate(overlap="all", **kw).estimate,
+    )
     assert unset.time_s.step == default.time_s.step > best.time_s.step
     note = next(n for n in unset.notes if n.startswith("--overlap not stated"))
     assert f"{best.time_s.step:.4g} s" in note
@@ -93,8 +99,10 @@ def test_tp_overlap_hides_tp_comm_behind_gemms_only_with_sequence_parallelism() 
         assert on.time_s.compute == off.time_s.compute
     # megatron-deepspeed has no TP overlap: its TP time is the same with every overlap on
     kw = dict(tp=8, sequence_parallel=True, runtime="megatron-deepspeed")
-    assert (_estimate(overlap="all", **kw).estimate.time_s.tp_comm
-            == _estimate(overlap="none", **kw).estimate.time_s.tp_comm)
+    assert (
+        _estimate(overlap="all", **kw).estimate.time_s.tp_comm
+        == _estimate(overlap="none", **kw).estimate.time_s.tp_comm
+    )
 
 
 def test_decomposed_tp_overlap_hides_each_collective_behind_its_own_gemm() -> None:
@@ -133,8 +141,18 @@ def test_expert_all_to_all_overlap_hides_it_behind_moe_compute_only() -> None:
     layers' compute of another micro-batch, never below zero and never touching compute; off, or
     under an engine that does not offer it, the all-to-all is all exposed. (Broken on purpose: the
     overlap applied whatever the switch, ``--overlap none`` hid the all-to-all too and this failed.)"""
-    kw = dict(model="mixtral-8x7b", cluster="dgx-h100", gpus=64, global_batch=256, micro_batch=1, tp=2, pp=1,
-              ep=8, zero=1, runtime="megatron-core")
+    kw = dict(
+        model="mixtral-8x7b",
+        cluster="dgx-h100",
+        gpus=64,
+        global_batch=256,
+        micro_batch=1,
+        tp=2,
+        pp=1,
+        ep=8,
+        zero=1,
+        runtime="megatron-core",
+    )
     on, off = (api.estimate(overlap=o, **kw).estimate.time_s for o in ("ep_a2a", "none"))
     assert off.ep_comm > 0 and 0 <= on.ep_comm < off.ep_comm
     assert on.compute == off.compute and on.step >= on.compute
@@ -151,8 +169,10 @@ def test_grad_reduce_overlap_and_exatrains_pipeline_exception() -> None:
     assert 0 <= on.time_s.dp_comm < off.time_s.dp_comm
     # exatrain's DDP overlaps backward only without a pipeline schedule
     kw = dict(tp=2, pp=4, zero=0, runtime="exatrain")
-    assert (_estimate(overlap="all", **kw).estimate.time_s.dp_comm
-            == _estimate(overlap="none", **kw).estimate.time_s.dp_comm)
+    assert (
+        _estimate(overlap="all", **kw).estimate.time_s.dp_comm
+        == _estimate(overlap="none", **kw).estimate.time_s.dp_comm
+    )
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -160,8 +180,11 @@ def test_overlap_never_makes_a_step_shorter_than_its_compute(runtime) -> None:
     """Over 400 legal layouts per runtime on two clusters: with every overlap on the step is at least
     the busiest rank's compute, never longer than with none, and its parts still add up to it."""
     rng = np.random.default_rng(3)
-    for name, cl, gpus, gb in (("gpt-175b", "frontier", 1024, 1536), ("llama3-8b", "dgx-h100", 64, 256),
-                               ("mixtral-8x7b", "dgx-h100", 64, 256)):
+    for name, cl, gpus, gb in (
+        ("gpt-175b", "frontier", 1024, 1536),
+        ("llama3-8b", "dgx-h100", 64, 256),
+        ("mixtral-8x7b", "dgx-h100", 64, 256),
+    ):
         m, c = get_model(name), get_cluster(cl)
         space = enumerate_space(m, c, gpus, gb, runtime=runtime)
         if not len(space):  # llm-foundry runs data parallelism alone: no layout of gpt-175b fits 1,024 GCDs
@@ -188,8 +211,9 @@ def test_what_each_engine_sends_over_data_parallelism() -> None:
     kw = dict(tp=1, pp=1, dp=8, num_microbatches=4, dtype="bfloat16", params_here=params, pipeline_end=False)
 
     def sent(engine, zero):
-        cs = engine_collectives(comms.dp_collectives_for(m, zero_stage=zero, **kw), get_engine(engine),
-                                dtype="bfloat16")
+        cs = engine_collectives(
+            comms.dp_collectives_for(m, zero_stage=zero, **kw), get_engine(engine), dtype="bfloat16"
+        )
         return {(c.kind, float(c.message_bytes / params)) for c in cs}
 
     assert sent("megatron-deepspeed", 3) == {("reduce_scatter", 2.0), ("all_gather", 2.0)}
@@ -215,11 +239,23 @@ def test_tp_across_nodes_is_priced_on_the_network() -> None:
     for name, lo, hi in (("dgx-a100", 1.05, 1.5), ("dgx-h100", 0.9, 1.3)):
         c = get_cluster(name)
         cp = default_params(c.device.name)
-        per_byte = [float(tp_collective_time_s(c, cp, np.array([tp]), msg, np.array([True]))[0]) / msg
-                    for tp in (8, 16)]
+        per_byte = [
+            float(tp_collective_time_s(c, cp, np.array([tp]), msg, np.array([True]))[0]) / msg for tp in (8, 16)
+        ]
         assert lo * per_byte[0] < per_byte[1] < hi * per_byte[0], name
-    plans = {tp: _estimate(model="gpt-1t", gpus=256, tp=tp, pp=16, recompute="full", sequence_parallel=True,
-                           runtime="megatron-core", overlap="none") for tp in (8, 16)}
+    plans = {
+        tp: _estimate(
+            model="gpt-1t",
+            gpus=256,
+            tp=tp,
+            pp=16,
+            recompute="full",
+            sequence_parallel=True,
+            runtime="megatron-core",
+            overlap="none",
+        )
+        for tp in (8, 16)
+    }
     e8, e16 = plans[8].estimate, plans[16].estimate
     assert e16.time_s.tp_comm / e16.comm_bytes["tp"] < 1.3 * e8.time_s.tp_comm / e8.comm_bytes["tp"]
     assert any("spans 2 dgx-h100 nodes" in n for n in e16.notes)
@@ -237,8 +273,24 @@ def test_search_under_a_runtime_offers_only_its_zero_stages_and_names_it() -> No
 
 def test_runtime_round_trips_through_the_cli_and_plan_json(tmp_path, capsys) -> None:
     out = tmp_path / "plan.json"
-    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2", "--zero", "3",
-            "--runtime", "torchtitan", "--out", str(out), "--json"]
+    argv = [
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--zero",
+        "3",
+        "--runtime",
+        "torchtitan",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["plan"]["runtime"] == "torchtitan"
@@ -246,23 +298,58 @@ def test_runtime_round_trips_through_the_cli_and_plan_json(tmp_path, capsys) -> 
     assert Plan.load(out).runtime == "torchtitan"
     assert main(argv[:-3]) == 0
     assert "runtime torchtitan" in capsys.readouterr().out
-    assert main(["search", "--model", "gpt-small", "--cluster", "local-cpu", "--gpus", "4", "--global-batch", "16",
-                 "--dtype", "float32", "--runtime", "megatron-deepspeed", "--top", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--model",
+                "gpt-small",
+                "--cluster",
+                "local-cpu",
+                "--gpus",
+                "4",
+                "--global-batch",
+                "16",
+                "--dtype",
+                "float32",
+                "--runtime",
+                "megatron-deepspeed",
+                "--top",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert all(p["plan"]["runtime"] == "megatron-deepspeed" for p in d["ranked"])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["estimate", "--model", "gpt-22b", "--runtime", "nemo"],
-     "--runtime must be one of megatron-core, megatron-deepspeed, torchtitan, exatrain, llm-foundry, got 'nemo'"),
-    (["search", "--model", "gpt-22b", "--gpus", "8", "--global-batch", "8", "--runtime", "megatron"],
-     "(Megatron-LM is megatron-core)"),
-    (["scaling", "--model", "gpt-22b", "--gpus", "8,16", "--global-batch", "8", "--runtime", "x"], "--runtime must be"),
-    (["estimate", "--model", "gpt-22b", "--runtime", "megatron-deepspeed", "--overlap", "tp"],
-     "runtime megatron-deepspeed cannot overlap tp"),
-    (["tune", "--model", "gpt-tiny", "--gpus", "2", "--global-batch", "4", "--runtime", "torchtitan"],
-     "tune runs exatrain's own trainer: --runtime must be exatrain"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["estimate", "--model", "gpt-22b", "--runtime", "nemo"],
+            "--runtime must be one of megatron-core, megatron-deepspeed, torchtitan, exatrain, llm-foundry, got 'nemo'",
+        ),
+        (
+            ["search", "--model", "gpt-22b", "--gpus", "8", "--global-batch", "8", "--runtime", "megatron"],
+            "(Megatron-LM is megatron-core)",
+        ),
+        (
+            ["scaling", "--model", "gpt-22b", "--gpus", "8,16", "--global-batch", "8", "--runtime", "x"],
+            "--runtime must be",
+        ),
+        (
+            ["estimate", "--model", "gpt-22b", "--runtime", "megatron-deepspeed", "--overlap", "tp"],
+            "runtime megatron-deepspeed cannot overlap tp",
+        ),
+        (
+            ["tune", "--model", "gpt-tiny", "--gpus", "2", "--global-batch", "4", "--runtime", "torchtitan"],
+            "tune runs exatrain's own trainer: --runtime must be exatrain",
+        ),
+    ],
+)
 def test_bad_runtime_is_one_line_exit_2(capsys, argv, message) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -307,9 +394,17 @@ def test_async_tp_hides_the_forward_collectives_only() -> None:
     params = default_params("h100-sxm")
     for runtime, backward_hidden in (("torchtitan", False), ("megatron-core", True)):
         for recompute in ("none", "full"):
-            plan = api.make_plan("llama3-70b", cluster, gpus=64, tp=8, global_batch=64,
-                                 zero=3 if runtime == "torchtitan" else 1, recompute=recompute,
-                                 sequence_parallel=True, runtime=runtime)
+            plan = api.make_plan(
+                "llama3-70b",
+                cluster,
+                gpus=64,
+                tp=8,
+                global_batch=64,
+                zero=3 if runtime == "torchtitan" else 1,
+                recompute=recompute,
+                sequence_parallel=True,
+                runtime=runtime,
+            )
             on = plan_stage_times(plan, cluster, params, overlap="tp")
             off = plan_stage_times(plan, cluster, params, overlap="none")
             hidden_fwd = float(off.tp_fwd[0, 0]) - float(on.tp_fwd[0, 0])
@@ -346,10 +441,30 @@ def test_ring_collectives_on_the_network_reach_net_eff_of_line_rate() -> None:
     assert cp.replace(net_eff=None).net_eff is None
     # the MoE all-to-all across nodes is priced as before: link_eff on the network
     m = get_model("mixtral-8x7b")
-    a2a = cost_moe.a2a_time_s(m, c, cp, np.array([1]), np.array([1]), ep=16, cp=1, sequence_parallel=False,
-                             dtype="bfloat16", dp=np.array([16]))
-    a2a_same = cost_moe.a2a_time_s(m, c, cp.replace(net_eff=None), np.array([1]), np.array([1]), ep=16, cp=1,
-                                  sequence_parallel=False, dtype="bfloat16", dp=np.array([16]))
+    a2a = cost_moe.a2a_time_s(
+        m,
+        c,
+        cp,
+        np.array([1]),
+        np.array([1]),
+        ep=16,
+        cp=1,
+        sequence_parallel=False,
+        dtype="bfloat16",
+        dp=np.array([16]),
+    )
+    a2a_same = cost_moe.a2a_time_s(
+        m,
+        c,
+        cp.replace(net_eff=None),
+        np.array([1]),
+        np.array([1]),
+        ep=16,
+        cp=1,
+        sequence_parallel=False,
+        dtype="bfloat16",
+        dp=np.array([16]),
+    )
     assert float(np.asarray(a2a).ravel()[0]) == float(np.asarray(a2a_same).ravel()[0])
 
 
@@ -360,9 +475,19 @@ def test_zero3_gathers_and_reduction_share_the_backward_they_hide_behind() -> No
     difference. (torchtitan's Llama 3.1 8B on 32 H200s: 62 GB a rank per step against 1.3 s of compute;
     counting each collective against the whole backward alone had hidden 1.66 s behind 1.27 s. Broken on
     purpose: with that old rule restored this failed.)"""
-    kw = dict(model="llama3-8b", cluster="dgx-h200", gpus=32, micro_batch=2, global_batch=64, zero=3,
-              recompute="selective", runtime="torchtitan", fp8="current", attention_kernel="fa2",
-              elementwise="fused")
+    kw = dict(
+        model="llama3-8b",
+        cluster="dgx-h200",
+        gpus=32,
+        micro_batch=2,
+        global_batch=64,
+        zero=3,
+        recompute="selective",
+        runtime="torchtitan",
+        fp8="current",
+        attention_kernel="fa2",
+        elementwise="fused",
+    )
     est = api.estimate(seq_len=8192, vocab=128256, **kw).estimate
     none = api.estimate(seq_len=8192, vocab=128256, overlap="none", **kw).estimate
     t, t0 = est.time_s, none.time_s

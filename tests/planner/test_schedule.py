@@ -20,11 +20,11 @@ F, B = 1.0, 2.0
 
 
 def sim(schedule, p, m, v=1, f=F, b=B, w=0.0, c=0.0):
-    return simulate(f, b, weight_s=w, p2p_s=c, pp=p, num_microbatches=m, schedule=schedule,
-                    interleave=v)
+    return simulate(f, b, weight_s=w, p2p_s=c, pp=p, num_microbatches=m, schedule=schedule, interleave=v)
 
 
 # ---- closed forms for uniform stages --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("p,m", [(1, 1), (1, 5), (2, 2), (2, 7), (4, 4), (4, 8), (4, 13), (8, 32)])
 def test_uniform_1f1b_bubble_is_p_minus_1_stage_times(p, m):
@@ -83,6 +83,7 @@ def test_single_rank_has_no_bubble():
 
 # ---- uneven stages ----------------------------------------------------------------------------------
 
+
 def test_slow_middle_stage_paces_1f1b():
     f, b = [1.0, 1.0, 3.0, 1.0], [2.0, 2.0, 6.0, 2.0]  # stage 2 takes 9, the others 3
     r = simulate(f, b, pp=4, num_microbatches=8)
@@ -101,6 +102,7 @@ def test_slow_middle_stage_paces_1f1b():
 
 
 # ---- invariants of every timeline ----------------------------------------------------------------
+
 
 def _random_configs(n, seed=7):
     rnd = random.Random(seed)
@@ -145,12 +147,14 @@ def test_timeline_respects_dependencies_and_one_op_per_rank(case):
             assert z.start_s >= a.end_s - eps  # one op at a time, in the schedule's order
         kind, stage, micro = rank_order(schedule, rank, p, v, m)
         assert [(e.kind, e.virtual_stage, e.microbatch) for e in mine] == [
-            ("FBW"[k], s, j) for k, s, j in zip(kind.tolist(), stage.tolist(), micro.tolist())]
+            ("FBW"[k], s, j) for k, s, j in zip(kind.tolist(), stage.tolist(), micro.tolist())
+        ]
         assert r.busy_s[rank] == pytest.approx(sum(e.end_s - e.start_s for e in mine), abs=eps)
     assert r.step_s == pytest.approx(max(e.end_s for e in events) - min(e.start_s for e in events))
     assert r.bubble_s == pytest.approx(r.step_s - max(r.busy_s))
-    assert peak_in_flight_fast(pp=p, num_microbatches=m, schedule=schedule, interleave=v,
-                               rank=np.arange(p)).tolist() == list(r.peak_in_flight)
+    assert peak_in_flight_fast(
+        pp=p, num_microbatches=m, schedule=schedule, interleave=v, rank=np.arange(p)
+    ).tolist() == list(r.peak_in_flight)
 
 
 def test_orders_follow_the_papers():
@@ -175,6 +179,7 @@ def test_orders_follow_the_papers():
 
 # ---- activations in flight ----------------------------------------------------------------------
 
+
 def test_interleaved_in_flight_matches_narayanan():
     for p, v in [(4, 2), (8, 2), (8, 4)]:
         r = sim("interleaved", p, 2 * p, v=v)
@@ -195,20 +200,25 @@ def test_peak_in_flight_fast_equals_simulation_over_a_grid():
         if schedule in ("gpipe", "1f1b") and v > 1:
             continue
         r = sim(schedule, p, m, v=v, w=0.5)
-        fast = peak_in_flight_fast(pp=p, num_microbatches=m, schedule=schedule, interleave=v,
-                                   rank=np.arange(p))
+        fast = peak_in_flight_fast(pp=p, num_microbatches=m, schedule=schedule, interleave=v, rank=np.arange(p))
         assert fast.tolist() == list(r.peak_in_flight), (schedule, p, v, m)
         assert fast.max() == fast[0]  # rank 0 holds the most
 
 
 # ---- the fast path -------------------------------------------------------------------------------
 
+
 def _uniform_grid():
     """Configurations where step_time_fast claims to equal simulate: gpipe/1f1b always;
     interleaved for m >= p with c <= min(F, B + W)/2; zero_bubble for m >= p with c <= W/2."""
     for schedule, p, v, m, (f, b, w), cf in itertools.product(
-            SCHEDULES, [1, 2, 3, 4, 8], [1, 2, 3], [1, 2, 4, 5, 8, 12, 16, 17],
-            [(1.0, 2.0, 0.0), (1.0, 1.0, 1.0), (2.0, 0.5, 0.25), (0.5, 1.5, 1.0)], [0.0, 0.125, 0.5, 2.0]):
+        SCHEDULES,
+        [1, 2, 3, 4, 8],
+        [1, 2, 3],
+        [1, 2, 4, 5, 8, 12, 16, 17],
+        [(1.0, 2.0, 0.0), (1.0, 1.0, 1.0), (2.0, 0.5, 0.25), (0.5, 1.5, 1.0)],
+        [0.0, 0.125, 0.5, 2.0],
+    ):
         if schedule in ("gpipe", "1f1b") and v > 1:
             continue
         c = cf * f
@@ -223,9 +233,16 @@ def test_fast_equals_simulate_for_uniform_stages():
     grid = list(_uniform_grid())
     assert len(grid) > 1000
     cols = list(zip(*grid))
-    fast = step_time_fast(np.array(cols[4]), np.array(cols[5]), weight_s=np.array(cols[6]),
-                          p2p_s=np.array(cols[7]), pp=np.array(cols[1]), interleave=np.array(cols[2]),
-                          num_microbatches=np.array(cols[3]), schedule=np.array(cols[0]))
+    fast = step_time_fast(
+        np.array(cols[4]),
+        np.array(cols[5]),
+        weight_s=np.array(cols[6]),
+        p2p_s=np.array(cols[7]),
+        pp=np.array(cols[1]),
+        interleave=np.array(cols[2]),
+        num_microbatches=np.array(cols[3]),
+        schedule=np.array(cols[0]),
+    )
     for i, (schedule, p, v, m, f, b, w, c) in enumerate(grid):
         r = sim(schedule, p, m, v=v, f=f, b=b, w=w, c=c)
         assert fast.step_s[i] == pytest.approx(r.step_s, rel=1e-12), grid[i]
@@ -235,11 +252,13 @@ def test_fast_equals_simulate_for_uniform_stages():
 
 def test_fast_is_a_lower_bound_outside_its_exact_range():
     worst = 0.0
-    for schedule, p, v, m, cf, w in itertools.product(["interleaved", "zero_bubble"], [2, 4, 6], [2, 3],
-                                                      [6, 8, 12, 13], [0.3, 1.0, 2.0], [0.0, 0.5]):
+    for schedule, p, v, m, cf, w in itertools.product(
+        ["interleaved", "zero_bubble"], [2, 4, 6], [2, 3], [6, 8, 12, 13], [0.3, 1.0, 2.0], [0.0, 0.5]
+    ):
         r = sim(schedule, p, m, v=v, w=w, c=cf)
-        fast = float(step_time_fast(F, B, weight_s=w, p2p_s=cf, pp=p, interleave=v, num_microbatches=m,
-                                    schedule=schedule).step_s)
+        fast = float(
+            step_time_fast(F, B, weight_s=w, p2p_s=cf, pp=p, interleave=v, num_microbatches=m, schedule=schedule).step_s
+        )
         assert fast <= r.step_s * (1 + 1e-12)
         worst = max(worst, 1 - fast / r.step_s)
     assert worst < 0.62  # the bound the docstring states for p2p up to twice a forward
@@ -259,12 +278,25 @@ def test_fast_first_last_stage_error_within_documented_bound():
         S = p * v
         scale = np.ones(S)
         scale[0], scale[-1] = first, last
-        r = simulate(F * scale, b * scale, weight_s=w * scale, p2p_s=c, pp=p, num_microbatches=m,
-                     schedule=schedule, interleave=v)
-        fast = step_time_fast(F, b, weight_s=w, p2p_s=c, pp=p, interleave=v, num_microbatches=m,
-                              schedule=schedule, first_forward_s=F * first, first_backward_s=b * first,
-                              first_weight_s=w * first, last_forward_s=F * last,
-                              last_backward_s=b * last, last_weight_s=w * last)
+        r = simulate(
+            F * scale, b * scale, weight_s=w * scale, p2p_s=c, pp=p, num_microbatches=m, schedule=schedule, interleave=v
+        )
+        fast = step_time_fast(
+            F,
+            b,
+            weight_s=w,
+            p2p_s=c,
+            pp=p,
+            interleave=v,
+            num_microbatches=m,
+            schedule=schedule,
+            first_forward_s=F * first,
+            first_backward_s=b * first,
+            first_weight_s=w * first,
+            last_forward_s=F * last,
+            last_backward_s=b * last,
+            last_weight_s=w * last,
+        )
         errors[schedule].append(float(fast.step_s) / r.step_s - 1)
         assert float(fast.compute_s) == pytest.approx(max(r.busy_s), rel=1e-12)
     assert max(map(abs, errors["gpipe"])) < 1e-12
@@ -275,13 +307,27 @@ def test_fast_first_last_stage_error_within_documented_bound():
 
 def test_fast_vectorises_over_mixed_schedules_and_broadcasts():
     p = np.array([4, 4, 8, 8])
-    fast = step_time_fast(F, B, pp=p, num_microbatches=16, interleave=np.array([1, 1, 2, 2]),
-                          schedule=["gpipe", "1f1b", "interleaved", "zero_bubble"], p2p_s=0.125)
-    one = [float(step_time_fast(F, B, pp=int(p[i]), num_microbatches=16, interleave=[1, 1, 2, 2][i],
-                                schedule=s, p2p_s=0.125).step_s) for i, s in enumerate(SCHEDULES)]
+    fast = step_time_fast(
+        F,
+        B,
+        pp=p,
+        num_microbatches=16,
+        interleave=np.array([1, 1, 2, 2]),
+        schedule=["gpipe", "1f1b", "interleaved", "zero_bubble"],
+        p2p_s=0.125,
+    )
+    one = [
+        float(
+            step_time_fast(
+                F, B, pp=int(p[i]), num_microbatches=16, interleave=[1, 1, 2, 2][i], schedule=s, p2p_s=0.125
+            ).step_s
+        )
+        for i, s in enumerate(SCHEDULES)
+    ]
     assert fast.step_s.tolist() == one
-    codes = step_time_fast(F, B, pp=p, num_microbatches=16, interleave=np.array([1, 1, 2, 2]),
-                           schedule=np.arange(4), p2p_s=0.125)
+    codes = step_time_fast(
+        F, B, pp=p, num_microbatches=16, interleave=np.array([1, 1, 2, 2]), schedule=np.arange(4), p2p_s=0.125
+    )
     assert codes.step_s.tolist() == one
     assert fast.bubble_fraction.shape == (4,)
 

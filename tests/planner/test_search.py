@@ -25,8 +25,15 @@ from exatrain.planner.search.space import SCHEDULE_VARIANTS, TRAINER_LAYOUT_REAS
 def test_space_rejections_by_hand() -> None:
     """gpt-tiny (4 layers, 4 heads) on 8 CPUs of local-cpu, global batch 8, a pinned small grid."""
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
-    opts = SpaceOptions(tp=(1, 2, 3), pp=(1, 2, 8), micro_batch=(1, 3), zero_stage=(0,), recompute=("none",),
-                        sequence_parallel=(False,), schedules=(("1f1b", 1),))
+    opts = SpaceOptions(
+        tp=(1, 2, 3),
+        pp=(1, 2, 8),
+        micro_batch=(1, 3),
+        zero_stage=(0,),
+        recompute=("none",),
+        sequence_parallel=(False,),
+        schedules=(("1f1b", 1),),
+    )
     s = enumerate_space(m, c, 8, 8, opts)
     assert s.examined == 3 * 3 * 2
     # tp=3 divides neither the heads nor 8 GPUs: 6 candidates, counted once, under the first reason.
@@ -40,20 +47,29 @@ def test_space_rejections_by_hand() -> None:
     assert sorted(s.num_microbatches.tolist()) == [1, 2, 2, 4]  # 8 / (mb * dp)
 
 
-@pytest.mark.parametrize("model, cluster, gpus, gb", [
-    ("gpt-22b", "dgx-a100", 64, 256),
-    ("llama3-70b", "dgx-h100", 128, 512),
-    ("gpt-1t", "frontier", 3072, 1536),
-    ("gpt-oss-20b", "dgx-h100", 64, 256),  # sliding windows on every other layer
-])
+@pytest.mark.parametrize(
+    "model, cluster, gpus, gb",
+    [
+        ("gpt-22b", "dgx-a100", 64, 256),
+        ("llama3-70b", "dgx-h100", 128, 512),
+        ("gpt-1t", "frontier", 3072, 1536),
+        ("gpt-oss-20b", "dgx-h100", 64, 256),  # sliding windows on every other layer
+    ],
+)
 def test_batch_memory_and_time_equal_estimate(model, cluster, gpus, gb) -> None:
     m, c = get_model(model), get_cluster(cluster)
     space = enumerate_space(m, c, gpus, gb)
     res = batch.evaluate_space(space, m, c, gb, default_params(c.device.name))
     # the search's verdict of every candidate (its memory band by ZeRO stage, recomputation, cp and ep) is the
     # estimate's
-    low, high = layout_ratios(plan_at(space, 0, m, gb, c, "bfloat16", True), c, zero=space.zero,
-                              recompute=np.asarray(RECOMPUTE)[space.recompute], cp=space.cp, ep=space.ep)
+    low, high = layout_ratios(
+        plan_at(space, 0, m, gb, c, "bfloat16", True),
+        c,
+        zero=space.zero,
+        recompute=np.asarray(RECOMPUTE)[space.recompute],
+        cp=space.cp,
+        ep=space.ep,
+    )
     codes = verdict_codes(res.memory_total, c.device.hbm_bytes, low, high, allowance=0.05)
     rng = np.random.default_rng(0)
     for i in rng.choice(len(space), size=60, replace=False):
@@ -87,8 +103,15 @@ def test_exatrain_runtime_rejects_what_the_trainer_refuses() -> None:
     assert fsdp_zero_bubble in TRAINER_LAYOUT_REASONS
 
     m, c = get_model("gpt-tiny"), get_cluster("local-cpu")
-    opts = SpaceOptions(tp=(1,), pp=(2,), micro_batch=(1,), zero_stage=(0, 2, 3), recompute=("none",),
-                        sequence_parallel=(False,), schedules=(("1f1b", 1), ("zero_bubble", 2)))
+    opts = SpaceOptions(
+        tp=(1,),
+        pp=(2,),
+        micro_batch=(1,),
+        zero_stage=(0, 2, 3),
+        recompute=("none",),
+        sequence_parallel=(False,),
+        schedules=(("1f1b", 1), ("zero_bubble", 2)),
+    )
     ref = enumerate_space(m, c, 4, 8, opts, runtime="torchtitan")  # dp 2, 4 micro-batches: all 6 legal
     own = enumerate_space(m, c, 4, 8, opts, runtime="exatrain")
     assert len(ref) == 6 and not set(TRAINER_LAYOUT_REASONS) & set(ref.rejected)
@@ -117,15 +140,43 @@ def test_search_finds_the_exact_best() -> None:
 
 
 def test_search_cli_json_and_explain(capsys, tmp_path) -> None:
-    code = main(["search", "--model", "gpt-22b", "--cluster", "dgx-a100", "--gpus", "64", "--global-batch",
-                 "256", "--top", "3", "--json", "--explain", "--out", str(tmp_path / "best.json")])
+    code = main(
+        [
+            "search",
+            "--model",
+            "gpt-22b",
+            "--cluster",
+            "dgx-a100",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "256",
+            "--top",
+            "3",
+            "--json",
+            "--explain",
+            "--out",
+            str(tmp_path / "best.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     d = json.loads(out)
     assert len(d["ranked"]) == 3 and d["legal"] >= d["feasible"] > 0
     first = d["ranked"][0]
-    for key in ("params", "memory_bytes", "memory_by_stage", "fits", "plan", "time_s", "tokens_per_s",
-                "model_tflops_per_gpu", "mfu", "hardware_tflops_per_gpu", "hfu"):
+    for key in (
+        "params",
+        "memory_bytes",
+        "memory_by_stage",
+        "fits",
+        "plan",
+        "time_s",
+        "tokens_per_s",
+        "model_tflops_per_gpu",
+        "mfu",
+        "hardware_tflops_per_gpu",
+        "hfu",
+    ):
         assert key in first
     assert set(first["time_s"]) >= {"step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer"}
     assert d["explain"][0].startswith("winner")
@@ -133,8 +184,26 @@ def test_search_cli_json_and_explain(capsys, tmp_path) -> None:
 
 
 def test_search_pins_dimensions(capsys) -> None:
-    code = main(["search", "--model", "gpt-22b", "--cluster", "dgx-a100", "--gpus", "64", "--global-batch",
-                 "256", "--tp", "4", "--zero", "1", "--recompute", "full", "--json"])
+    code = main(
+        [
+            "search",
+            "--model",
+            "gpt-22b",
+            "--cluster",
+            "dgx-a100",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "256",
+            "--tp",
+            "4",
+            "--zero",
+            "1",
+            "--recompute",
+            "full",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert code == 0
     assert {(p["plan"]["tp"], p["plan"]["zero_stage"], p["plan"]["recompute"]) for p in d["ranked"]} == {(4, 1, "full")}
@@ -150,14 +219,33 @@ def test_no_feasible_layout_names_the_constraint(capsys) -> None:
 
 
 def test_scaling_cli_weak_and_strong(capsys) -> None:
-    code = main(["scaling", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128,1024",
-                 "--global-batch", "640", "--tp", "4", "--pp", "16", "--mode", "weak", "--json"])
+    code = main(
+        [
+            "scaling",
+            "--model",
+            "gpt-175b",
+            "--cluster",
+            "frontier",
+            "--gpus",
+            "128,1024",
+            "--global-batch",
+            "640",
+            "--tp",
+            "4",
+            "--pp",
+            "16",
+            "--mode",
+            "weak",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and [p["gpus"] for p in d["points"]] == [128, 1024]
     assert [p["global_batch"] for p in d["points"]] == [640, 5120]
     assert d["points"][0]["efficiency"] == pytest.approx(1.0)
-    code = main(["scaling", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "256,128",
-                 "--global-batch", "640"])
+    code = main(
+        ["scaling", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "256,128", "--global-batch", "640"]
+    )
     assert code == 2 and "increasing" in capsys.readouterr().err
 
 
@@ -172,8 +260,25 @@ CP_ZERO_BUBBLE = "cp with a zero-bubble schedule (the exatrain trainer refuses i
 
 
 def _keys(space) -> set[tuple]:
-    return set(zip(*(a.tolist() for a in (space.tp, space.pp, space.dp, space.micro_batch, space.zero,
-                                          space.recompute, space.sp, space.variant, space.ep, space.cp))))
+    return set(
+        zip(
+            *(
+                a.tolist()
+                for a in (
+                    space.tp,
+                    space.pp,
+                    space.dp,
+                    space.micro_batch,
+                    space.zero,
+                    space.recompute,
+                    space.sp,
+                    space.variant,
+                    space.ep,
+                    space.cp,
+                )
+            )
+        )
+    )
 
 
 def _ds_pipeline_zero(k: tuple) -> bool:
@@ -197,8 +302,10 @@ def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
 
     assert {k for k in _keys(own) if not _ds_pipeline_zero(k)} == {k for k in _keys(ref) if not refused(k)}
     assert not any(_ds_pipeline_zero(k) for k in _keys(ref)) and any(_ds_pipeline_zero(k) for k in _keys(own))
-    assert (sum(own.rejected[r] for r in TRAINER_LAYOUT_REASONS) + len(own)
-            == len(ref) + ref.rejected[DS_PIPELINE_ZERO] + ref.rejected[SCHEDULE_RUN])
+    assert (
+        sum(own.rejected[r] for r in TRAINER_LAYOUT_REASONS) + len(own)
+        == len(ref) + ref.rejected[DS_PIPELINE_ZERO] + ref.rejected[SCHEDULE_RUN]
+    )
     assert own.rejected[EP_ZERO] > 0 and own.rejected[MOE_ZERO_BUBBLE] > 0
     assert set(own.ep.tolist()) == {1, 2, 4}  # the divisors of the 4 experts
     assert set(own.zero[own.ep > 1].tolist()) == {0}
@@ -206,8 +313,22 @@ def test_exatrain_search_offers_ep_with_zero_0_only() -> None:
 
 
 def test_search_cli_lists_ep_candidates_for_a_moe_preset_with_zero_0(capsys) -> None:
-    code = main(["search", "--model", "moe-tiny", "--cluster", "local-cpu", "--gpus", "8", "--global-batch", "16",
-                 "--top", "30", "--json"])
+    code = main(
+        [
+            "search",
+            "--model",
+            "moe-tiny",
+            "--cluster",
+            "local-cpu",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "16",
+            "--top",
+            "30",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert code == 0
     plans = [p["plan"] for p in d["ranked"]]
@@ -229,8 +350,9 @@ def test_exatrain_search_offers_cp_for_long_context() -> None:
     assert set(own.cp.tolist()) == {1, 2, 4, 8}  # powers of two up to gpus / tp
     assert own.rejected[CP_ZERO_BUBBLE] > 0
     assert not any(cp > 1 and pp > 1 and v in zb for cp, pp, v in zip(own.cp, own.pp, own.variant))
-    assert ({k for k in _keys(ref) if k[-1] > 1 and not (k[1] > 1 and k[7] in zb)}
-            == {k for k in _keys(own) if k[-1] > 1 and not _ds_pipeline_zero(k) and (m.kv_heads // 4) % k[-1] == 0})
+    assert {k for k in _keys(ref) if k[-1] > 1 and not (k[1] > 1 and k[7] in zb)} == {
+        k for k in _keys(own) if k[-1] > 1 and not _ds_pipeline_zero(k) and (m.kv_heads // 4) % k[-1] == 0
+    }
     assert set(ref.cp.tolist()) == {1, 2} and ref.rejected["cp exchange the runtime does not run for this layout"] > 0
 
     moe = enumerate_space(get_model("mixtral-8x7b"), c, 64, 256, SpaceOptions(tp=(2,), pp=(1, 2)), runtime="exatrain")
@@ -238,8 +360,24 @@ def test_exatrain_search_offers_cp_for_long_context() -> None:
 
 
 def test_search_cli_lists_cp_candidates_for_long_context(capsys) -> None:
-    code = main(["search", "--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "32",
-                 "--global-batch", "16", "--tp", "4", "--top", "10", "--json"])
+    code = main(
+        [
+            "search",
+            "--model",
+            "llama3.1-8b-128k",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "32",
+            "--global-batch",
+            "16",
+            "--tp",
+            "4",
+            "--top",
+            "10",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and any(p["plan"].get("cp", 1) > 1 for p in d["ranked"])
 
@@ -247,20 +385,48 @@ def test_search_cli_lists_cp_candidates_for_long_context(capsys) -> None:
 def _estimate_argv(plan: dict) -> list[str]:
     """`exatrain estimate` flags for every layout field of a plan JSON."""
     argv = ["estimate", "--model", plan["model"]["name"], "--cluster", plan["cluster"], "--json"]
-    for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--dp", "dp"), ("--ep", "ep"), ("--cp", "cp"),
-                      ("--micro-batch", "micro_batch"), ("--global-batch", "global_batch"), ("--zero", "zero_stage"),
-                      ("--recompute", "recompute"), ("--schedule", "schedule"), ("--interleave", "interleave"),
-                      ("--runtime", "runtime")):
+    for flag, key in (
+        ("--tp", "tp"),
+        ("--pp", "pp"),
+        ("--dp", "dp"),
+        ("--ep", "ep"),
+        ("--cp", "cp"),
+        ("--micro-batch", "micro_batch"),
+        ("--global-batch", "global_batch"),
+        ("--zero", "zero_stage"),
+        ("--recompute", "recompute"),
+        ("--schedule", "schedule"),
+        ("--interleave", "interleave"),
+        ("--runtime", "runtime"),
+    ):
         if key in plan:
             argv += [flag, str(plan[key])]
     return argv + ["--sequence-parallel" if plan["sequence_parallel"] else "--no-sequence-parallel"]
 
 
-@pytest.mark.parametrize("argv, dim", [
-    (["--model", "moe-tiny", "--cluster", "local-cpu", "--gpus", "8", "--global-batch", "16", "--ep", "2"], "ep"),
-    (["--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "32", "--global-batch", "16", "--tp", "4",
-      "--cp", "4"], "cp"),
-])
+@pytest.mark.parametrize(
+    "argv, dim",
+    [
+        (["--model", "moe-tiny", "--cluster", "local-cpu", "--gpus", "8", "--global-batch", "16", "--ep", "2"], "ep"),
+        (
+            [
+                "--model",
+                "llama3.1-8b-128k",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                "32",
+                "--global-batch",
+                "16",
+                "--tp",
+                "4",
+                "--cp",
+                "4",
+            ],
+            "cp",
+        ),
+    ],
+)
 def test_searched_ep_and_cp_layouts_are_what_estimate_says(argv, dim, capsys, tmp_path) -> None:
     """The top candidate of `search --runtime exatrain` with ep or cp, re-estimated by `estimate` from
     its flags: the same step time (every term) and memory (every stage)."""
@@ -287,10 +453,29 @@ def test_a_layout_predicted_above_the_capacity_never_ranks_first(capsys, tmp_pat
     recomputation, SP, interleaved×4) is tight at a predicted 69 GiB of 64; it ranks after every layout predicted
     within the capacity, and the plan written is one the trainer fits."""
     m, c = get_model("gpt-175b"), get_cluster("frontier")
-    over = plan_at(enumerate_space(m, c, 128, 640, SpaceOptions(tp=(4,), pp=(8,), micro_batch=(1,), zero_stage=(2,),
-                                                               recompute=("none",), sequence_parallel=(True,),
-                                                               schedules=(("interleaved", 4),))),
-                   0, m, 640, c, "bfloat16", True).validate(c)
+    over = plan_at(
+        enumerate_space(
+            m,
+            c,
+            128,
+            640,
+            SpaceOptions(
+                tp=(4,),
+                pp=(8,),
+                micro_batch=(1,),
+                zero_stage=(2,),
+                recompute=("none",),
+                sequence_parallel=(True,),
+                schedules=(("interleaved", 4),),
+            ),
+        ),
+        0,
+        m,
+        640,
+        c,
+        "bfloat16",
+        True,
+    ).validate(c)
     est = estimate_plan(over, c)
     assert est.verdict == "tight" and est.memory_bytes.total > c.device.hbm_bytes and est.trainer_fits is False
     result = search(m, c, 128, 640, top=3)
@@ -299,8 +484,24 @@ def test_a_layout_predicted_above_the_capacity_never_ranks_first(capsys, tmp_pat
     assert first.memory_bytes.total <= c.device.hbm_bytes and first.trainer_fits
     assert all(p.estimate.memory_bytes.total <= c.device.hbm_bytes for p in result.ranked)
     out = tmp_path / "p.json"
-    assert main(["search", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128", "--global-batch", "640",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--model",
+                "gpt-175b",
+                "--cluster",
+                "frontier",
+                "--gpus",
+                "128",
+                "--global-batch",
+                "640",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = " ".join(capsys.readouterr().out.split())  # the console wraps its lines
     assert "may run out of memory; kept, --strict-memory drops them" in text and "over capacity" not in text
     assert json.loads(out.read_text())["estimate"]["trainer_fits"] is True

@@ -31,8 +31,19 @@ H100 = get_cluster("dgx-h100")
 
 
 def _spec(window: int, every: int = 0, seq: int = 4096, layers: int = 6) -> ModelSpec:
-    return ModelSpec(name="w", arch="llama", layers=layers, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816,
-                     seq_len=seq, vocab=32000, sliding_window=window, full_attention_every=every)
+    return ModelSpec(
+        name="w",
+        arch="llama",
+        layers=layers,
+        hidden=1024,
+        heads=16,
+        kv_heads=4,
+        ffn_hidden=2816,
+        seq_len=seq,
+        vocab=32000,
+        sliding_window=window,
+        full_attention_every=every,
+    )
 
 
 @pytest.mark.parametrize("window, seq", [(1, 64), (7, 64), (128, 4096), (4096, 4096), (5000, 4096)])
@@ -79,8 +90,9 @@ def test_attention_time_prices_each_share_at_its_own_key_length() -> None:
         want += flops / (dev.peak_flops * p.attn_eff * keys / (keys + p.attn_seq_half))
     assert fwd == pytest.approx(want + p.attn_call_overhead_s / 3.5, rel=1e-12) and bwd == pytest.approx(2.5 * fwd)
     full = m.replace(sliding_window=0, full_attention_every=0)
-    plan = make_plan(m, H100, gpus=64, tp=1, pp=4, ep=8, micro_batch=1, global_batch=256, zero=1,
-                     runtime="megatron-core")
+    plan = make_plan(
+        m, H100, gpus=64, tp=1, pp=4, ep=8, micro_batch=1, global_batch=256, zero=1, runtime="megatron-core"
+    )
     windowed, whole = estimate_plan(plan, H100), estimate_plan(plan.replace(model=full), H100)
     assert windowed.time_s.compute < whole.time_s.compute  # the communication is the same bytes (its exposed part
     # may differ: a shorter backward hides less of the gradient reduction)
@@ -116,15 +128,19 @@ def test_the_gpt_oss_presets_have_their_published_sizes() -> None:
     assert back == m and "sliding_window" not in _spec(0).to_dict() and "attention_sinks" not in _spec(0).to_dict()
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"full_attention_every": 2}, "full_attention_every applies to sliding-window models only"),
-    ({"sliding_window": -1}, "sliding_window must be a non-negative integer, got -1"),
-    ({"attention_sinks": "yes"}, "attention_sinks must be true or false, got 'yes'"),
-    ({"sliding_window": 128, "arch": "gpt", "kv_heads": 16}, "sliding_window describe llama-family models"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"full_attention_every": 2}, "full_attention_every applies to sliding-window models only"),
+        ({"sliding_window": -1}, "sliding_window must be a non-negative integer, got -1"),
+        ({"attention_sinks": "yes"}, "attention_sinks must be true or false, got 'yes'"),
+        ({"sliding_window": 128, "arch": "gpt", "kv_heads": 16}, "sliding_window describe llama-family models"),
+    ],
+)
 def test_bad_fields_are_one_line(fields: dict, message: str) -> None:
-    base = dict(name="w", arch="llama", layers=6, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816, seq_len=4096,
-                vocab=32000)
+    base = dict(
+        name="w", arch="llama", layers=6, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816, seq_len=4096, vocab=32000
+    )
     with pytest.raises(UserError, match=message) as err:
         ModelSpec(**{**base, **fields})
     assert "\n" not in str(err.value)
@@ -138,8 +154,10 @@ def test_the_trainer_refuses_a_windowed_model() -> None:
 def test_planning_a_model_the_trainer_cannot_build_for_exatrain_says_so(capsys) -> None:
     from tests.helpers.cli import run
 
-    said = ("exatrain's own trainer does not build gpt-oss-20b yet (a head width other than hidden/heads, sliding "
-            "windows, attention sinks and biases on a llama-family model's linear layers)")
+    said = (
+        "exatrain's own trainer does not build gpt-oss-20b yet (a head width other than hidden/heads, sliding "
+        "windows, attention sinks and biases on a llama-family model's linear layers)"
+    )
     args = ["--model", "gpt-oss-20b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"]
     for command in ("estimate", "search"):
         code, out, _ = run(capsys, command, *args, "--runtime", "exatrain")
@@ -159,9 +177,11 @@ def test_the_default_runtime_is_one_that_builds_the_model(capsys) -> None:
     from exatrain import api
     from tests.helpers.cli import run
 
-    said = ("runtime megatron-core, the default for gpt-oss-20b: exatrain's own trainer does not build it yet (a "
-            "head width other than hidden/heads, sliding windows, attention sinks and biases on a llama-family "
-            "model's linear layers); name the engine that will run it with --runtime")
+    said = (
+        "runtime megatron-core, the default for gpt-oss-20b: exatrain's own trainer does not build it yet (a "
+        "head width other than hidden/heads, sliding windows, attention sinks and biases on a llama-family "
+        "model's linear layers); name the engine that will run it with --runtime"
+    )
     plan = api.estimate(model="gpt-oss-20b", cluster="dgx-h100", gpus=16, ep=8)
     assert plan.runtime == "megatron-core" and plan.estimate.notes[0] == said
     assert api.estimate(model="llama3-8b", cluster="dgx-h100", gpus=8).runtime == "exatrain"
@@ -176,8 +196,20 @@ def test_the_default_runtime_is_one_that_builds_the_model(capsys) -> None:
     scaled = api.scaling(model="gpt-oss-20b", cluster="dgx-h100", gpus=[16, 32], global_batch=64)
     assert {p.plan.runtime for p in scaled.points} == {"megatron-core"}
     # a runtime's own checks run on the one chosen: exatrain's trainer offers no all-to-all
-    code, _, err = run(capsys, "estimate", "--model", "llama3.1-8b-128k", "--cluster", "dgx-h100", "--gpus", "16",
-                       "--cp", "4", "--cp-comm", "a2a")
+    code, _, err = run(
+        capsys,
+        "estimate",
+        "--model",
+        "llama3.1-8b-128k",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--cp",
+        "4",
+        "--cp-comm",
+        "a2a",
+    )
     assert code == 2 and "exatrain does not run context parallelism that way" in err
 
 

@@ -27,9 +27,28 @@ from exatrain.planner.time_to_train import parse_tokens, rank, run_options, time
 
 from tests.helpers.cli import refused, run
 
-GPT_175B = ["--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128", "--tp", "4", "--pp", "16",
-            "--micro-batch", "1", "--global-batch", "640", "--zero", "1", "--recompute", "full",
-            "--runtime", "megatron-deepspeed"]
+GPT_175B = [
+    "--model",
+    "gpt-175b",
+    "--cluster",
+    "frontier",
+    "--gpus",
+    "128",
+    "--tp",
+    "4",
+    "--pp",
+    "16",
+    "--micro-batch",
+    "1",
+    "--global-batch",
+    "640",
+    "--zero",
+    "1",
+    "--recompute",
+    "full",
+    "--runtime",
+    "megatron-deepspeed",
+]
 
 
 def _plan(step_s: float, band: tuple[float, float] | None, gpus: int = 64, global_batch: int = 1024) -> Plan:
@@ -38,8 +57,13 @@ def _plan(step_s: float, band: tuple[float, float] | None, gpus: int = 64, globa
     plan = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=gpus, global_batch=global_batch)
     est = plan.estimate
     assert est is not None and est.time_s is not None and plan.model.seq_len == 2048
-    return plan.with_estimate(est.replace(time_s=dataclasses.replace(est.time_s, step=step_s), step_range_s=band,
-                                          band={"text": "a band"} if band else None))
+    return plan.with_estimate(
+        est.replace(
+            time_s=dataclasses.replace(est.time_s, step=step_s),
+            step_range_s=band,
+            band={"text": "a band"} if band else None,
+        )
+    )
 
 
 def test_figures_by_hand() -> None:
@@ -75,16 +99,50 @@ def test_no_power_no_band_no_price() -> None:
     assert with_time_to_train(plan, get_cluster("dgx-h100"), None) is plan
 
 
-@pytest.mark.parametrize("text, tokens", [
-    ("15T", 15 * 10**12), ("300e9", 300 * 10**9), ("1.5e12", 1_500_000_000_000), ("300B", 300 * 10**9),
-    ("300000000000", 300 * 10**9), ("2.5M", 2_500_000), ("15t", 15 * 10**12), (" 7 ", 7), (300e9, 300 * 10**9),
-    (10**13, 10**13), ("1_000", 1000), ("1e18", 10**18)])
+@pytest.mark.parametrize(
+    "text, tokens",
+    [
+        ("15T", 15 * 10**12),
+        ("300e9", 300 * 10**9),
+        ("1.5e12", 1_500_000_000_000),
+        ("300B", 300 * 10**9),
+        ("300000000000", 300 * 10**9),
+        ("2.5M", 2_500_000),
+        ("15t", 15 * 10**12),
+        (" 7 ", 7),
+        (300e9, 300 * 10**9),
+        (10**13, 10**13),
+        ("1_000", 1000),
+        ("1e18", 10**18),
+    ],
+)
 def test_token_counts(text, tokens) -> None:
     assert parse_tokens(text) == tokens
 
 
-@pytest.mark.parametrize("text", ["abc", "", "0", "-5", "1.5", "0.5", "nan", "inf", "-inf", "1e19", "1e999999999",
-                                  "1e-999999999", "15X", "T", "3.0000000000000000000000000000001", True, 2.5, 1e300])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "abc",
+        "",
+        "0",
+        "-5",
+        "1.5",
+        "0.5",
+        "nan",
+        "inf",
+        "-inf",
+        "1e19",
+        "1e999999999",
+        "1e-999999999",
+        "15X",
+        "T",
+        "3.0000000000000000000000000000001",
+        True,
+        2.5,
+        1e300,
+    ],
+)
 def test_nonsense_token_counts(text) -> None:
     with pytest.raises(UserError, match="--tokens"):
         parse_tokens(text)
@@ -92,14 +150,16 @@ def test_nonsense_token_counts(text) -> None:
 
 def test_run_options_refusals() -> None:
     assert run_options(None) is None and run_options("1T")[:3] == (10**12, None, 1.0)
-    for kw, message in (({"tokens": None, "gpu_hour_price": 2}, "--gpu-hour-price needs --tokens"),
-                        ({"tokens": None, "power_overhead": 1.2}, "--power-overhead needs --tokens"),
-                        ({"tokens": None, "rank_by": "days"}, "--rank-by days needs --tokens"),
-                        ({"tokens": "1T", "rank_by": "cost"}, "--rank-by cost needs --gpu-hour-price"),
-                        ({"tokens": "1T", "rank_by": "speed"}, "--rank-by must be one of"),
-                        ({"tokens": "1T", "gpu_hour_price": -1}, "--gpu-hour-price must be"),
-                        ({"tokens": "1T", "gpu_hour_price": "nan"}, "--gpu-hour-price must be"),
-                        ({"tokens": "1T", "power_overhead": 0.9}, "--power-overhead must be")):
+    for kw, message in (
+        ({"tokens": None, "gpu_hour_price": 2}, "--gpu-hour-price needs --tokens"),
+        ({"tokens": None, "power_overhead": 1.2}, "--power-overhead needs --tokens"),
+        ({"tokens": None, "rank_by": "days"}, "--rank-by days needs --tokens"),
+        ({"tokens": "1T", "rank_by": "cost"}, "--rank-by cost needs --gpu-hour-price"),
+        ({"tokens": "1T", "rank_by": "speed"}, "--rank-by must be one of"),
+        ({"tokens": "1T", "gpu_hour_price": -1}, "--gpu-hour-price must be"),
+        ({"tokens": "1T", "gpu_hour_price": "nan"}, "--gpu-hour-price must be"),
+        ({"tokens": "1T", "power_overhead": 0.9}, "--power-overhead must be"),
+    ):
         with pytest.raises(UserError, match=message):
             run_options(**kw)
 
@@ -107,14 +167,16 @@ def test_run_options_refusals() -> None:
 def test_bad_flags_are_one_line_exit_2(capsys, tmp_path) -> None:
     """Through the shell's code path: one line, exit 2, and no --out file half-written."""
     out = tmp_path / "p.json"
-    for command, extra, text in (("estimate", ["--tokens", "lots"], "--tokens must be"),
-                                 ("estimate", ["--tokens", "2.5"], "whole number"),
-                                 ("scaling", ["--tokens", "0"], "--tokens must be"),
-                                 ("search", ["--tokens", "15Q"], "--tokens must be"),
-                                 ("estimate", ["--gpu-hour-price", "3"], "needs --tokens"),
-                                 ("estimate", ["--tokens", "1T", "--power-overhead", "x"], "--power-overhead"),
-                                 ("search", ["--rank-by", "days"], "needs --tokens"),
-                                 ("search", ["--rank-by", "fastest", "--tokens", "1T"], "invalid choice")):
+    for command, extra, text in (
+        ("estimate", ["--tokens", "lots"], "--tokens must be"),
+        ("estimate", ["--tokens", "2.5"], "whole number"),
+        ("scaling", ["--tokens", "0"], "--tokens must be"),
+        ("search", ["--tokens", "15Q"], "--tokens must be"),
+        ("estimate", ["--gpu-hour-price", "3"], "needs --tokens"),
+        ("estimate", ["--tokens", "1T", "--power-overhead", "x"], "--power-overhead"),
+        ("search", ["--rank-by", "days"], "needs --tokens"),
+        ("search", ["--rank-by", "fastest", "--tokens", "1T"], "invalid choice"),
+    ):
         args = GPT_175B if command != "scaling" else ["--model", "gpt-175b", "--gpus", "128", "--global-batch", "640"]
         line = refused(capsys, command, *args, *extra, *(["--out", str(out)] if command == "estimate" else []))
         assert text in line, (command, extra, line)
@@ -130,8 +192,13 @@ def test_estimate_175b_json_end_to_end(capsys, tmp_path) -> None:
     d = json.loads(out)
     t = d["time_to_train"]
     assert {"days", "gpu_hours", "energy_mwh", "cost", "tokens", "steps"} <= set(t)
-    assert (t["tokens"], t["tokens_per_step"], t["steps"], t["gpus"], t["cost"]) == (300 * 10**9, 1_310_720, 228_882,
-                                                                                     128, None)
+    assert (t["tokens"], t["tokens_per_step"], t["steps"], t["gpus"], t["cost"]) == (
+        300 * 10**9,
+        1_310_720,
+        228_882,
+        128,
+        None,
+    )
     step, (lo, hi) = d["time_s"]["step"], d["step_range_s"]
     for key, per_second in (("days", 1 / 86_400), ("gpu_hours", 128 / 3_600), ("energy_mwh", 128 * 280 / 3.6e9)):
         assert set(t[key]) == {"value", "low", "high"}
@@ -158,8 +225,19 @@ def test_estimate_text(capsys) -> None:
 
 
 def test_python_api() -> None:
-    plan = exatrain.estimate(model="gpt-175b", cluster="frontier", gpus=128, tp=4, pp=16, global_batch=640, zero=1,
-                             recompute="full", runtime="megatron-deepspeed", tokens=300e9, power_overhead=1.25)
+    plan = exatrain.estimate(
+        model="gpt-175b",
+        cluster="frontier",
+        gpus=128,
+        tp=4,
+        pp=16,
+        global_batch=640,
+        zero=1,
+        recompute="full",
+        runtime="megatron-deepspeed",
+        tokens=300e9,
+        power_overhead=1.25,
+    )
     t = plan.estimate.time_to_train
     assert t["steps"] == 228_882 and t["power_overhead"] == 1.25
     assert t["energy_mwh"]["value"] == pytest.approx(1.25 * 128 * 280 * t["days"]["value"] * 86_400 / 3.6e9)
@@ -167,8 +245,20 @@ def test_python_api() -> None:
 
 def test_search_rank_by_days(capsys) -> None:
     """On one GPU count and batch, --rank-by days orders as throughput does, by days ascending, and says why."""
-    args = ("search", "--model", "gpt-22b", "--cluster", "dgx-a100", "--gpus", "64", "--global-batch", "256",
-            "--top", "8", "--json")
+    args = (
+        "search",
+        "--model",
+        "gpt-22b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "--top",
+        "8",
+        "--json",
+    )
     code, out, _ = run(capsys, *args, "--tokens", "1T", "--rank-by", "days")
     d = json.loads(out)
     days = [p["time_to_train"]["days"]["value"] for p in d["ranked"]]
@@ -196,8 +286,25 @@ def test_rank_by_gpu_hours_differs_from_throughput() -> None:
 
 def test_scaling_points_carry_it(capsys) -> None:
     """Weak scaling doubles the batch with the GPUs: half the steps (rounded up) at each doubling."""
-    code, out, _ = run(capsys, "scaling", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128,256",
-                       "--global-batch", "640", "--tp", "4", "--pp", "16", "--tokens", "300B", "--json")
+    code, out, _ = run(
+        capsys,
+        "scaling",
+        "--model",
+        "gpt-175b",
+        "--cluster",
+        "frontier",
+        "--gpus",
+        "128,256",
+        "--global-batch",
+        "640",
+        "--tp",
+        "4",
+        "--pp",
+        "16",
+        "--tokens",
+        "300B",
+        "--json",
+    )
     points = json.loads(out)["points"]
     steps = [p["time_to_train"]["steps"] for p in points]
     assert code == 0 and steps == [math.ceil(300e9 / (640 * 2048)), math.ceil(300e9 / (1280 * 2048))]
@@ -205,8 +312,24 @@ def test_scaling_points_carry_it(capsys) -> None:
         t = p["time_to_train"]
         assert t["gpus"] == p["gpus"]
         assert t["gpu_hours"]["value"] == pytest.approx(p["gpus"] * t["days"]["value"] * 24, rel=1e-12)
-    code, out, _ = run(capsys, "scaling", "--model", "gpt-175b", "--cluster", "frontier", "--gpus", "128,256",
-                       "--global-batch", "640", "--tp", "4", "--pp", "16", "--tokens", "300B")
+    code, out, _ = run(
+        capsys,
+        "scaling",
+        "--model",
+        "gpt-175b",
+        "--cluster",
+        "frontier",
+        "--gpus",
+        "128,256",
+        "--global-batch",
+        "640",
+        "--tp",
+        "4",
+        "--pp",
+        "16",
+        "--tokens",
+        "300B",
+    )
     assert code == 0 and "days" in out and "GPU-hours" in out and "time to train 300B tokens" in out
 
 

@@ -46,8 +46,7 @@ def test_the_lag_is_the_spread_times_the_expected_maximum_of_the_busy_time() -> 
 
 
 def _fsdp_8b(gpus: int):
-    return make_plan("llama3-8b", H100, gpus=gpus, micro_batch=2, global_batch=2 * gpus, zero=3,
-                     runtime="torchtitan")
+    return make_plan("llama3-8b", H100, gpus=gpus, micro_batch=2, global_batch=2 * gpus, zero=3, runtime="torchtitan")
 
 
 def test_weak_scaling_loses_per_gpu_throughput_as_published_runs_do() -> None:
@@ -63,14 +62,16 @@ def test_weak_scaling_loses_per_gpu_throughput_as_published_runs_do() -> None:
     assert est[128].time_s.straggler > est[8].time_s.straggler
     per_gpu = {n: e.tokens_per_s / n for n, e in est.items()}
     assert per_gpu[128] < per_gpu[8]
-    flat = {n: estimate_plan(_fsdp_8b(n), H100, default_params("h100-sxm-500w").replace(speed_spread=0.0))
-            for n in (8, 128)}
+    flat = {
+        n: estimate_plan(_fsdp_8b(n), H100, default_params("h100-sxm-500w").replace(speed_spread=0.0)) for n in (8, 128)
+    }
     assert flat[128].tokens_per_s / 128 > flat[8].tokens_per_s / 8  # what the model said before
 
 
 def test_one_gpu_and_a_host_have_no_lag() -> None:
-    one = estimate_plan(make_plan("llama3-8b", H100, gpus=1, micro_batch=1, global_batch=1), H100,
-                        default_params("h100-sxm-500w"))
+    one = estimate_plan(
+        make_plan("llama3-8b", H100, gpus=1, micro_batch=1, global_batch=1), H100, default_params("h100-sxm-500w")
+    )
     assert one.time_s.straggler == 0.0 and "straggler" not in one.time_s.to_dict()
     assert not any(x.startswith("straggler") for x in one.notes)
     cpu = get_cluster("local-cpu")
@@ -79,13 +80,44 @@ def test_one_gpu_and_a_host_have_no_lag() -> None:
     assert est.time_s.straggler == 0.0
 
 
-@pytest.mark.parametrize("model, cluster, kw", [
-    ("llama3-8b", "grand-teton-h100", dict(gpus=128, micro_batch=2, global_batch=256, zero=3, runtime="torchtitan")),
-    ("gpt-175b", "frontier", dict(gpus=128, tp=4, pp=16, micro_batch=1, global_batch=640, zero=1, recompute="full",
-                                  runtime="megatron-deepspeed")),
-    ("llama3-70b", "dgx-h100", dict(gpus=64, tp=4, pp=4, micro_batch=1, global_batch=256, zero=1,
-                                    sequence_parallel=True, runtime="megatron-core")),
-])
+@pytest.mark.parametrize(
+    "model, cluster, kw",
+    [
+        (
+            "llama3-8b",
+            "grand-teton-h100",
+            dict(gpus=128, micro_batch=2, global_batch=256, zero=3, runtime="torchtitan"),
+        ),
+        (
+            "gpt-175b",
+            "frontier",
+            dict(
+                gpus=128,
+                tp=4,
+                pp=16,
+                micro_batch=1,
+                global_batch=640,
+                zero=1,
+                recompute="full",
+                runtime="megatron-deepspeed",
+            ),
+        ),
+        (
+            "llama3-70b",
+            "dgx-h100",
+            dict(
+                gpus=64,
+                tp=4,
+                pp=4,
+                micro_batch=1,
+                global_batch=256,
+                zero=1,
+                sequence_parallel=True,
+                runtime="megatron-core",
+            ),
+        ),
+    ],
+)
 def test_the_lag_of_an_estimate_is_its_own_formula_over_the_pipeline_and_the_optimizer(model, cluster, kw) -> None:
     """The breakdown's straggler is speed_spread x E[max of the GPUs' normals] x (the pipeline's time + the
     optimizer's): the step less the exposed DP communication, the fixed overhead and the lag itself."""
@@ -97,5 +129,6 @@ def test_the_lag_of_an_estimate_is_its_own_formula_over_the_pipeline_and_the_opt
     assert t.optimizer > 1e-4 * pipeline  # large enough that leaving it out shows
     assert t.straggler == pytest.approx(params.speed_spread * float(slowest_of(plan.gpus)) * pipeline, rel=1e-9)
     # the pipeline's time is its parts: compute, bubble, exposed TP, PP, EP and CP communication, and the optimizer
-    assert pipeline == pytest.approx(t.compute + t.bubble + t.tp_comm + t.pp_comm + t.ep_comm + t.cp_comm + t.optimizer,
-                                     rel=1e-9)
+    assert pipeline == pytest.approx(
+        t.compute + t.bubble + t.tp_comm + t.pp_comm + t.ep_comm + t.cp_comm + t.optimizer, rel=1e-9
+    )

@@ -46,10 +46,13 @@ from exatrain.planner.cost.schedule import rank_order, simulate
 from exatrain.planner.plan_cost import plan_stage_times, simulate_plan
 from exatrain.planner.search.space import SpaceOptions, enumerate_space
 
-CLASSES = {"zbh1": S.ScheduleInterleavedZeroBubble, "zbv": S.ScheduleZBVZeroBubble,
-           "dualpipev": S.ScheduleDualPipeV}
-KINDS = {S._ComputationType.FORWARD: (0, False), S._ComputationType.BACKWARD_INPUT: (1, False),
-         S._ComputationType.FULL_BACKWARD: (1, True), S._ComputationType.BACKWARD_WEIGHT: (2, False)}
+CLASSES = {"zbh1": S.ScheduleInterleavedZeroBubble, "zbv": S.ScheduleZBVZeroBubble, "dualpipev": S.ScheduleDualPipeV}
+KINDS = {
+    S._ComputationType.FORWARD: (0, False),
+    S._ComputationType.BACKWARD_INPUT: (1, False),
+    S._ComputationType.FULL_BACKWARD: (1, True),
+    S._ComputationType.BACKWARD_WEIGHT: (2, False),
+}
 
 
 def torch_actions(schedule: str, p: int, m: int) -> list[list[tuple[int, int, int, bool]]]:
@@ -57,8 +60,9 @@ def torch_actions(schedule: str, p: int, m: int) -> list[list[tuple[int, int, in
     overlapped forward-backward pair is its two halves in order (as torch's runtime runs them)."""
     cls = CLASSES[schedule]
     rounds = max(1, m // p)
-    ns = SimpleNamespace(pp_group_size=p, num_stages=2 * p, _n_microbatches=m, n_local_stages=1,
-                         microbatches_per_round=m // rounds)
+    ns = SimpleNamespace(
+        pp_group_size=p, num_stages=2 * p, _n_microbatches=m, n_local_stages=1, microbatches_per_round=m // rounds
+    )
     orders = {r: cls._calculate_single_rank_operations(ns, r) for r in range(p)}
     if schedule == "zbh1":
         ns.pipeline_order = orders
@@ -69,7 +73,7 @@ def torch_actions(schedule: str, p: int, m: int) -> list[list[tuple[int, int, in
         for a in orders[r]:
             if a is None:
                 continue
-            for sub in (a.sub_actions if a.computation_type == S._ComputationType.OVERLAP_F_B else (a,)):
+            for sub in a.sub_actions if a.computation_type == S._ComputationType.OVERLAP_F_B else (a,):
                 kind, full = KINDS[sub.computation_type]
                 ops.append((kind, sub.stage_index, sub.microbatch_index, full))
         out.append(ops)
@@ -110,6 +114,7 @@ def replay(orders, F, B, W, c=0.0) -> tuple[float, list[float]]:
 
 # ---- the orders are torch's --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("schedule", list(CLASSES))
 def test_orders_are_torchs(schedule: str) -> None:
     for p in (2, 3, 4, 5, 8):
@@ -127,9 +132,13 @@ def test_orders_are_torchs(schedule: str) -> None:
 
 # ---- the bubble: the plan's, torch's replayed, the published ----------------------------------------------
 
+
 def _times(rng, S_):
-    return (rng.choice([0.5, 1.0, 1.5, 2.0], S_), rng.choice([0.5, 1.0, 2.0, 3.0], S_),
-            rng.choice([0.0, 0.25, 0.5, 1.0, 2.0], S_))
+    return (
+        rng.choice([0.5, 1.0, 1.5, 2.0], S_),
+        rng.choice([0.5, 1.0, 2.0, 3.0], S_),
+        rng.choice([0.0, 0.25, 0.5, 1.0, 2.0], S_),
+    )
 
 
 @pytest.mark.parametrize("schedule", list(CLASSES))
@@ -148,14 +157,23 @@ def test_the_plans_bubble_is_torchs(schedule: str) -> None:
         assert one.step_s == pytest.approx(theirs, abs=1e-9)
         assert one.bubble_s == pytest.approx(theirs - max(busy), abs=1e-9)
         if schedule != "zbh1":  # zbh1 takes the closed forms, tests/planner/test_schedule.py
-            many = pipeline_times(np.tile(F, (6, 1)), np.tile(B, (6, 1)), np.tile(W, (6, 1)), pp=p, interleave=v,
-                                  num_microbatches=[m] * 6, schedule=schedule, p2p_s=[c] * 6)
+            many = pipeline_times(
+                np.tile(F, (6, 1)),
+                np.tile(B, (6, 1)),
+                np.tile(W, (6, 1)),
+                pp=p,
+                interleave=v,
+                num_microbatches=[m] * 6,
+                schedule=schedule,
+                p2p_s=[c] * 6,
+            )
             assert many.step_s == pytest.approx([theirs] * 6, abs=1e-9)
     for p, m in ((2, 4), (4, 8), (4, 16), (8, 16)):  # unit times: the idle slots of torch's schedule
         ones = np.ones(p * v)
         theirs, busy = replay(torch_actions(schedule, p, m), ones, ones, ones)
-        ours = pipeline_times(ones[None], ones[None], ones[None], pp=p, interleave=v, num_microbatches=[m],
-                              schedule=schedule, p2p_s=[0.0])
+        ours = pipeline_times(
+            ones[None], ones[None], ones[None], pp=p, interleave=v, num_microbatches=[m], schedule=schedule, p2p_s=[0.0]
+        )
         assert ours.step_s[0] - ours.busy_s[0].max() == theirs - max(busy) == p - 1
 
 
@@ -165,12 +183,22 @@ def test_an_estimates_pipeline_is_torchs_schedule_on_the_plans_stage_times(sched
     action lists replayed on the plan's own per-stage seconds and boundary transfer."""
     cluster = get_cluster("dgx-a100")
     cp = default_params(cluster.device.name)
-    plan = Plan(model=get_model("gpt-1.3b"), dims=ParallelDims(pp=4, dp=2), shape=TrainShape(2, 64),
-                schedule=schedule, interleave=1 if schedule == "zbh1" else 2).validate(cluster)
+    plan = Plan(
+        model=get_model("gpt-1.3b"),
+        dims=ParallelDims(pp=4, dp=2),
+        shape=TrainShape(2, 64),
+        schedule=schedule,
+        interleave=1 if schedule == "zbh1" else 2,
+    ).validate(cluster)
     st = plan_stage_times(plan, cluster, cp)
     sim = simulate_plan(plan, cluster, cp)
-    theirs, busy = replay(torch_actions(schedule, plan.pp, plan.num_microbatches), st.forward_s[0],
-                          st.backward_s[0], st.wgrad[0], c=float(st.p2p[0]))
+    theirs, busy = replay(
+        torch_actions(schedule, plan.pp, plan.num_microbatches),
+        st.forward_s[0],
+        st.backward_s[0],
+        st.wgrad[0],
+        c=float(st.p2p[0]),
+    )
     assert sim.step_s == pytest.approx(theirs, rel=1e-12)
     assert sim.bubble_s == pytest.approx(theirs - max(busy), rel=1e-9)
 
@@ -182,8 +210,14 @@ def test_published_formulas() -> None:
     and 2p + 1 (PP + 1) chunks of activations."""
     for p in (2, 3, 4, 6, 8):
         m = 4 * p
-        for F, Bi, W in ((1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.0, 0.5), (1.0, 2.0, 0.5),
-                         (1.5, 2.0, 1.0)):
+        for F, Bi, W in (
+            (1.0, 1.0, 1.0),
+            (1.0, 2.0, 1.0),
+            (2.0, 1.0, 1.0),
+            (1.0, 1.0, 0.5),
+            (1.0, 2.0, 0.5),
+            (1.5, 2.0, 1.0),
+        ):
             zb = simulate(F, Bi, weight_s=W, pp=p, num_microbatches=m, schedule="zbh1")
             assert zb.bubble_s == pytest.approx((p - 1) * (F + Bi - W))
             dv = simulate(F, Bi, weight_s=W, pp=p, num_microbatches=m, schedule="dualpipev", interleave=2)
@@ -224,10 +258,12 @@ def test_long_steps_extrapolate_within_the_measured_error() -> None:
             m = int(rng.integers(steady_from(p) + 3, steady_from(p) + 60))
             F, B, W = _times(rng, 2 * p)
             c = float(rng.choice([0.0, 0.1, 0.3, 1.0]))
-            exact = simulate(F, B, weight_s=W, p2p_s=c, pp=p, num_microbatches=m, schedule=schedule,
-                             interleave=2).step_s
-            got = pipeline_times(F[None], B[None], W[None], pp=p, interleave=2, num_microbatches=[m],
-                                 schedule=schedule, p2p_s=[c]).step_s[0]
+            exact = simulate(
+                F, B, weight_s=W, p2p_s=c, pp=p, num_microbatches=m, schedule=schedule, interleave=2
+            ).step_s
+            got = pipeline_times(
+                F[None], B[None], W[None], pp=p, interleave=2, num_microbatches=[m], schedule=schedule, p2p_s=[c]
+            ).step_s[0]
             errors.append(got / exact - 1)
     e = np.array(errors)
     assert e.max() <= 1e-12 and e.min() >= -0.021, (e.min(), e.max())
@@ -236,18 +272,42 @@ def test_long_steps_extrapolate_within_the_measured_error() -> None:
 
 # ---- legality, the command line and the search ------------------------------------------------------------
 
-@pytest.mark.parametrize("args,message", [
-    (["--schedule", "zbv", "--interleave", "3"], "schedule zbv places exactly 2 stages per rank in a V: use "
-                                                 "--interleave 2"),
-    (["--schedule", "dualpipev", "--interleave", "1"], "schedule dualpipev places exactly 2 stages per rank"),
-    (["--schedule", "zbh1", "--interleave", "2"], "--interleave 2 needs schedule interleaved, zero_bubble, zbv or"),
-    (["--schedule", "dualpipev", "--global-batch", "12"], "6 micro-batches per step are fewer than the 8 stages of "
-                                                          "dualpipev (2 x pp)"),
-    (["--schedule", "zbh1", "--runtime", "torchtitan"], "--runtime torchtitan does not run the zbh1 schedule"),
-])
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--schedule", "zbv", "--interleave", "3"],
+            "schedule zbv places exactly 2 stages per rank in a V: use --interleave 2",
+        ),
+        (["--schedule", "dualpipev", "--interleave", "1"], "schedule dualpipev places exactly 2 stages per rank"),
+        (["--schedule", "zbh1", "--interleave", "2"], "--interleave 2 needs schedule interleaved, zero_bubble, zbv or"),
+        (
+            ["--schedule", "dualpipev", "--global-batch", "12"],
+            "6 micro-batches per step are fewer than the 8 stages of dualpipev (2 x pp)",
+        ),
+        (["--schedule", "zbh1", "--runtime", "torchtitan"], "--runtime torchtitan does not run the zbh1 schedule"),
+    ],
+)
 def test_illegal_schedules_are_refused_in_one_line(capsys, args: list[str], message: str) -> None:
-    code = main(["estimate", "--model", "gpt-1.3b", "--cluster", "dgx-a100", "--gpus", "8", "--pp", "4",
-                 "--micro-batch", "1", "--global-batch", "16", *args])
+    code = main(
+        [
+            "estimate",
+            "--model",
+            "gpt-1.3b",
+            "--cluster",
+            "dgx-a100",
+            "--gpus",
+            "8",
+            "--pp",
+            "4",
+            "--micro-batch",
+            "1",
+            "--global-batch",
+            "16",
+            *args,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
 
@@ -263,13 +323,42 @@ def test_the_search_explores_the_new_schedules() -> None:
         assert set(v[names == name].tolist()) == {need}
 
 
-@pytest.mark.parametrize("schedule,expect", [("zbv", 'pipeline_parallel_schedule = "ZBVZeroBubble"'),
-                                             ("dualpipev", 'pipeline_parallel_schedule = "DualPipeV"'),
-                                             ("zbh1", "torchtitan has no one-chunk zero-bubble schedule")])
+@pytest.mark.parametrize(
+    "schedule,expect",
+    [
+        ("zbv", 'pipeline_parallel_schedule = "ZBVZeroBubble"'),
+        ("dualpipev", 'pipeline_parallel_schedule = "DualPipeV"'),
+        ("zbh1", "torchtitan has no one-chunk zero-bubble schedule"),
+    ],
+)
 def test_torchtitan_export_names_the_class_or_refuses(tmp_path, capsys, schedule: str, expect: str) -> None:
     plan = tmp_path / "plan.json"
-    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2", "--pp", "4",
-                 "--global-batch", "64", "--micro-batch", "1", "--schedule", schedule, "--out", str(plan)]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "llama3-8b",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                "16",
+                "--tp",
+                "2",
+                "--pp",
+                "4",
+                "--global-batch",
+                "64",
+                "--micro-batch",
+                "1",
+                "--schedule",
+                schedule,
+                "--out",
+                str(plan),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     code = main(["export-config", "--plan", str(plan), "--for", "torchtitan"])
     out, err = capsys.readouterr()
@@ -279,12 +368,16 @@ def test_torchtitan_export_names_the_class_or_refuses(tmp_path, capsys, schedule
         assert code == 0 and expect in out, out
 
 
-
 def test_a_plans_timeline_draws_its_own_new_schedule_beside_the_looped_four() -> None:
     from exatrain.report.timeline import schedule_variants
 
-    plan = Plan(model=get_model("gpt-1.3b"), dims=ParallelDims(pp=4, dp=2), shape=TrainShape(2, 64),
-                schedule="dualpipev", interleave=2).validate()
+    plan = Plan(
+        model=get_model("gpt-1.3b"),
+        dims=ParallelDims(pp=4, dp=2),
+        shape=TrainShape(2, 64),
+        schedule="dualpipev",
+        interleave=2,
+    ).validate()
     plans, skipped = schedule_variants(plan)
     assert [p.schedule for p in plans] == ["gpipe", "1f1b", "interleaved", "zero_bubble", "dualpipev"] and not skipped
     assert plans[-1] is plan
@@ -292,7 +385,25 @@ def test_a_plans_timeline_draws_its_own_new_schedule_beside_the_looped_four() ->
 
 def test_a_search_ranks_a_v_schedule_first_where_it_is_fastest(capsys) -> None:
     """gpt-1.3b over pp 4 on 8 A100s: zbv, then dualpipev, lead the ranking (a smaller bubble than zero_bubble's)."""
-    assert main(["search", "--model", "gpt-1.3b", "--cluster", "dgx-a100", "--gpus", "8", "--global-batch", "64",
-                 "--pp", "4", "--top", "4"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "--model",
+                "gpt-1.3b",
+                "--cluster",
+                "dgx-a100",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "64",
+                "--pp",
+                "4",
+                "--top",
+                "4",
+            ]
+        )
+        == 0
+    )
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ ")]
     assert [r.split("│")[7].strip() for r in rows] == ["zbv×2", "zbv×2", "dualpipev×2", "dualpipev×2"], rows

@@ -27,7 +27,7 @@ from tests.helpers.cli import refused, run
 from tests.launch.test_launch_from import MEGATRON_LM, TORCHTITAN
 
 LOGS = Path(__file__).resolve().parent / "logs"
-GIB, MIB = 2.0 ** 30, 2.0 ** 20
+GIB, MIB = 2.0**30, 2.0**20
 
 
 def _read(name: str, runtime: str = ""):
@@ -73,15 +73,21 @@ def test_deepspeed_log_samples_to_step_time() -> None:
     assert n == 1 and step == pytest.approx(64 / 83.73838805358588)
 
 
-@pytest.mark.parametrize("data, runtime, message", [
-    (b"", "", "the log is empty"),
-    (b"  \n\n", "", "the log is empty"),
-    (b"\x7fELF\x02\x01\x01\x00\x00\x00 elapsed time per iteration (ms): 5.0", "", "not a text log (binary data)"),
-    (b"hello\nworld\n", "", "no step times in it"),
-    ((LOGS / "torchtitan_1287.log").read_bytes(), "megatron-core",
-     "a torchtitan log, but the launch runs megatron-core"),
-    ((LOGS / "nemo_14850.log").read_bytes(), "torchtitan", "a NeMo / Megatron-Bridge log, but the launch runs"),
-])
+@pytest.mark.parametrize(
+    "data, runtime, message",
+    [
+        (b"", "", "the log is empty"),
+        (b"  \n\n", "", "the log is empty"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00 elapsed time per iteration (ms): 5.0", "", "not a text log (binary data)"),
+        (b"hello\nworld\n", "", "no step times in it"),
+        (
+            (LOGS / "torchtitan_1287.log").read_bytes(),
+            "megatron-core",
+            "a torchtitan log, but the launch runs megatron-core",
+        ),
+        ((LOGS / "nemo_14850.log").read_bytes(), "torchtitan", "a NeMo / Megatron-Bridge log, but the launch runs"),
+    ],
+)
 def test_unreadable_or_foreign_logs(data, runtime, message) -> None:
     from exatrain.errors import UserError
 
@@ -116,10 +122,24 @@ def runs(tmp_path_factory) -> Path:
 
     from exatrain.cli import main
 
-    for argv in (["--from", _launch(tmp, "train_llama.sh", MEGATRON_LM), "--log", str(LOGS / "megatron_lm_756.log"),
-                  "--vocab", "128256"],
-                 ["--from", _launch(tmp, "llama3_8b.toml", TORCHTITAN), "--log", str(LOGS / "torchtitan_1287.log"),
-                  "--gpus", "16"]):
+    for argv in (
+        [
+            "--from",
+            _launch(tmp, "train_llama.sh", MEGATRON_LM),
+            "--log",
+            str(LOGS / "megatron_lm_756.log"),
+            "--vocab",
+            "128256",
+        ],
+        [
+            "--from",
+            _launch(tmp, "llama3_8b.toml", TORCHTITAN),
+            "--log",
+            str(LOGS / "torchtitan_1287.log"),
+            "--gpus",
+            "16",
+        ],
+    ):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             assert main(["record", *argv, "--cluster", "dgx-h100", "--out", str(out)]) == 0
     return out
@@ -141,14 +161,44 @@ def test_record_from_launch_and_log(runs) -> None:
 
 def test_record_plan_creates_then_appends(capsys, tmp_path) -> None:
     plan = tmp_path / "plan.json"
-    assert run(capsys, "estimate", "--model", "gpt-small", "--cluster", "dgx-a100", "--gpus", "8", "--tp", "2",
-               "--global-batch", "32", "--runtime", "megatron-core", "--out", str(plan))[0] == 0
+    assert (
+        run(
+            capsys,
+            "estimate",
+            "--model",
+            "gpt-small",
+            "--cluster",
+            "dgx-a100",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--global-batch",
+            "32",
+            "--runtime",
+            "megatron-core",
+            "--out",
+            str(plan),
+        )[0]
+        == 0
+    )
     out = tmp_path / "deep" / "runs.jsonl"
     code, text, err = run(capsys, "record", "--plan", str(plan), "--step-time", "0.25", "--out", str(out))
     assert code == 0, err
     assert "measured 0.250 s a step" in text and f"created {out}" in text
-    code, text, err = run(capsys, "record", "--plan", str(plan), "--step-time", "0.3", "--peak-memory-gib", "20",
-                          "--out", str(out), "--json")
+    code, text, err = run(
+        capsys,
+        "record",
+        "--plan",
+        str(plan),
+        "--step-time",
+        "0.3",
+        "--peak-memory-gib",
+        "20",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert code == 0, err
     assert json.loads(text)["created"] is False
     first, second = read_run_records(out)
@@ -158,18 +208,25 @@ def test_record_plan_creates_then_appends(capsys, tmp_path) -> None:
     assert first.env["cluster"] == "dgx-a100" and first.env["recorded_by"] == "exatrain record"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--log", "{logs}/megatron_lm_756.log"], "--from and --log go together"),
-    (["--plan", "{tmp}/plan.json"], "--plan and --step-time go together"),
-    ([], "give --plan PLAN --step-time SECONDS, or --from LAUNCH --log LOG"),
-    (["--from", "{tmp}/m.sh", "--log", "{logs}/torchtitan_1287.log", "--vocab", "128256"],
-     "torchtitan_1287.log: a torchtitan log, but the launch runs megatron-core"),
-    (["--from", "{tmp}/m.sh", "--log", "{tmp}/empty.log", "--vocab", "128256"], "empty.log: the log is empty"),
-    (["--from", "{tmp}/m.sh", "--log", "{tmp}/binary.log", "--vocab", "128256"], "binary.log: not a text log"),
-    (["--from", "{tmp}/m.sh", "--log", "{tmp}/missing.log", "--vocab", "128256"], "missing.log"),
-    (["--from", "{tmp}/m.sh", "--log", "{logs}/megatron_lm_756.log", "--vocab", "128256", "--warmup", "9"],
-     "none after the warm-up"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--log", "{logs}/megatron_lm_756.log"], "--from and --log go together"),
+        (["--plan", "{tmp}/plan.json"], "--plan and --step-time go together"),
+        ([], "give --plan PLAN --step-time SECONDS, or --from LAUNCH --log LOG"),
+        (
+            ["--from", "{tmp}/m.sh", "--log", "{logs}/torchtitan_1287.log", "--vocab", "128256"],
+            "torchtitan_1287.log: a torchtitan log, but the launch runs megatron-core",
+        ),
+        (["--from", "{tmp}/m.sh", "--log", "{tmp}/empty.log", "--vocab", "128256"], "empty.log: the log is empty"),
+        (["--from", "{tmp}/m.sh", "--log", "{tmp}/binary.log", "--vocab", "128256"], "binary.log: not a text log"),
+        (["--from", "{tmp}/m.sh", "--log", "{tmp}/missing.log", "--vocab", "128256"], "missing.log"),
+        (
+            ["--from", "{tmp}/m.sh", "--log", "{logs}/megatron_lm_756.log", "--vocab", "128256", "--warmup", "9"],
+            "none after the warm-up",
+        ),
+    ],
+)
 def test_record_bad_input_is_one_line_and_writes_nothing(argv, message, capsys, tmp_path) -> None:
     (tmp_path / "m.sh").write_text(MEGATRON_LM)
     (tmp_path / "empty.log").write_text("")
@@ -183,9 +240,20 @@ def test_record_bad_input_is_one_line_and_writes_nothing(argv, message, capsys, 
 def test_record_refuses_to_append_to_what_is_not_a_runs_file(capsys, tmp_path) -> None:
     out = tmp_path / "notes.txt"
     out.write_text("my notes\n")
-    assert "not a JSON line" in refused(capsys, "record", "--from", _launch(tmp_path, "m.sh", MEGATRON_LM), "--log",
-                                        str(LOGS / "megatron_lm_756.log"), "--vocab", "128256", "--cluster",
-                                        "dgx-h100", "--out", str(out))
+    assert "not a JSON line" in refused(
+        capsys,
+        "record",
+        "--from",
+        _launch(tmp_path, "m.sh", MEGATRON_LM),
+        "--log",
+        str(LOGS / "megatron_lm_756.log"),
+        "--vocab",
+        "128256",
+        "--cluster",
+        "dgx-h100",
+        "--out",
+        str(out),
+    )
     assert out.read_text() == "my notes\n"
 
 
@@ -208,8 +276,19 @@ def test_one_run_fits_one_factor_per_cluster_and_engine(runs, capsys, tmp_path) 
     assert c.params_for("h100-sxm") is None  # no device-wide entry: another engine is not calibrated by these
 
     # estimate with the calibration: the recorded Megatron layout lands on its measured step time
-    code, out, err = run(capsys, "estimate", "--from", _launch(tmp_path, "m.sh", MEGATRON_LM), "--vocab", "128256",
-                         "--cluster", "dgx-h100", "--calibration", str(cal), "--json")
+    code, out, err = run(
+        capsys,
+        "estimate",
+        "--from",
+        _launch(tmp_path, "m.sh", MEGATRON_LM),
+        "--vocab",
+        "128256",
+        "--cluster",
+        "dgx-h100",
+        "--calibration",
+        str(cal),
+        "--json",
+    )
     assert code == 0, err
     est = json.loads(out)
     assert est["time_s"]["step"] == pytest.approx(megatron.measured.step_time_s, rel=1e-6)
@@ -219,18 +298,57 @@ def test_one_run_fits_one_factor_per_cluster_and_engine(runs, capsys, tmp_path) 
     from exatrain.planner.band import load_bands
 
     centre = math.exp(load_bands()["center"])
-    prior = json.loads(run(capsys, "estimate", "--from", _launch(tmp_path, "m.sh", MEGATRON_LM), "--vocab", "128256",
-                           "--cluster", "dgx-h100", "--json")[1])
+    prior = json.loads(
+        run(
+            capsys,
+            "estimate",
+            "--from",
+            _launch(tmp_path, "m.sh", MEGATRON_LM),
+            "--vocab",
+            "128256",
+            "--cluster",
+            "dgx-h100",
+            "--json",
+        )[1]
+    )
     scale = est["time_s"]["step"] / prior["time_s"]["step"]
     assert est["step_range_s"] == pytest.approx([x * scale / centre for x in prior["step_range_s"]], rel=1e-9)
     # another cluster, or a runtime the file has no fit for, is refused rather than priced with a wrong factor
-    line = refused(capsys, "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
-                   "--global-batch", "16", "--runtime", "megatron-deepspeed", "--calibration", str(cal))
+    line = refused(
+        capsys,
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "16",
+        "--runtime",
+        "megatron-deepspeed",
+        "--calibration",
+        str(cal),
+    )
     assert "nor for dgx-h100/megatron-deepspeed (fitted: dgx-h100/megatron-core, dgx-h100/torchtitan)" in line
     for command in ("search", "scaling"):
         gpus = ["--gpus", "16"] if command == "search" else ["--gpus", "16,32"]
-        code, out, err = run(capsys, command, "--model", "llama3-8b", "--cluster", "dgx-h100", *gpus,
-                             "--global-batch", "16", "--runtime", "torchtitan", "--calibration", str(cal), "--json")
+        code, out, err = run(
+            capsys,
+            command,
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-h100",
+            *gpus,
+            "--global-batch",
+            "16",
+            "--runtime",
+            "torchtitan",
+            "--calibration",
+            str(cal),
+            "--json",
+        )
         assert code == 0, (command, err)
 
 
@@ -254,16 +372,39 @@ def test_several_runs_fit_more_factors_and_measure_their_band(capsys, tmp_path) 
     plans, out = [], tmp_path / "runs.jsonl"
     for i, (gpus, tp) in enumerate(((8, 1), (8, 2), (16, 2), (32, 4), (64, 8))):
         plan = tmp_path / f"p{i}.json"
-        assert run(capsys, "estimate", "--model", "gpt-1.3b", "--cluster", "dgx-a100", "--gpus", str(gpus), "--tp",
-                   str(tp), "--global-batch", "64", "--runtime", "megatron-core", "--out", str(plan))[0] == 0
+        assert (
+            run(
+                capsys,
+                "estimate",
+                "--model",
+                "gpt-1.3b",
+                "--cluster",
+                "dgx-a100",
+                "--gpus",
+                str(gpus),
+                "--tp",
+                str(tp),
+                "--global-batch",
+                "64",
+                "--runtime",
+                "megatron-core",
+                "--out",
+                str(plan),
+            )[0]
+            == 0
+        )
         plans.append(plan)
     scatter = (1.0, 1.03, 0.97, 1.02, 0.99)
     from exatrain.api import load_plan
 
     for plan, s in zip(plans, scatter):
         t = 1.2 * s * step_time(load_plan(plan), a100, prior, "all")[0].step
-        assert run(capsys, "record", "--plan", str(plan), "--step-time", f"{t:.6f}", "--overlap", "all",
-                   "--out", str(out))[0] == 0
+        assert (
+            run(
+                capsys, "record", "--plan", str(plan), "--step-time", f"{t:.6f}", "--overlap", "all", "--out", str(out)
+            )[0]
+            == 0
+        )
     cal = tmp_path / "calib.json"
     code, text, err = run(capsys, "calibrate", str(out), "--out", str(cal), "--json")
     assert code == 0, err
@@ -279,11 +420,30 @@ def test_several_runs_fit_more_factors_and_measure_their_band(capsys, tmp_path) 
 
     inside = [r.measured.step_time_s / step_time(r.plan, a100, p, "all")[0].step for r in read_run_records(out)]
     assert band["ratio_low"] < np.percentile(inside, 10) and band["ratio_high"] > np.percentile(inside, 90)
-    code, out_text, err = run(capsys, "estimate", "--model", "gpt-1.3b", "--cluster", "dgx-a100", "--gpus", "16",
-                              "--tp", "2", "--global-batch", "64", "--runtime", "megatron-core", "--overlap", "all",
-                              "--calibration", str(cal), "--json")
+    code, out_text, err = run(
+        capsys,
+        "estimate",
+        "--model",
+        "gpt-1.3b",
+        "--cluster",
+        "dgx-a100",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--global-batch",
+        "64",
+        "--runtime",
+        "megatron-core",
+        "--overlap",
+        "all",
+        "--calibration",
+        str(cal),
+        "--json",
+    )
     assert code == 0, err
     est = json.loads(out_text)
     assert est["band"]["basis"] == "calibrated" and est["band"]["n"] == 5
-    assert est["step_range_s"] == pytest.approx([est["time_s"]["step"] * band["ratio_low"],
-                                                 est["time_s"]["step"] * band["ratio_high"]])
+    assert est["step_range_s"] == pytest.approx(
+        [est["time_s"]["step"] * band["ratio_low"], est["time_s"]["step"] * band["ratio_high"]]
+    )

@@ -78,8 +78,9 @@ def test_step_time_reads_at_a_glance(plan_json: dict, drawn: dict, tmp_path: Pat
 
     plan = plan_from_json(plan_json, "test")
     t = TimeBreakdown(**plan_json["time_s"])
-    steptime.step_time_breakdown([(plan.label, t), ("the same again", t)], tmp_path / "step-time.png",
-                                 f"step time — {style.describe(plan)}")
+    steptime.step_time_breakdown(
+        [(plan.label, t), ("the same again", t)], tmp_path / "step-time.png", f"step time — {style.describe(plan)}"
+    )
     _check(drawn["step-time"], "step-time")
 
 
@@ -102,7 +103,7 @@ def test_neighbouring_ranks_stay_apart_in_the_timeline() -> None:
     n = timeline.ROW_PIXELS
     assert out.shape == (2 * n, 5, 3)
     assert (out[: n - 1] == 0.0).all() and (out[n - 1] == 1.0).all()
-    assert (out[n: 2 * n - 1] == 0.5).all() and (out[2 * n - 1] == 1.0).all()
+    assert (out[n : 2 * n - 1] == 0.5).all() and (out[2 * n - 1] == 1.0).all()
     deep = np.zeros((timeline.GAP_MAX_PP + 1, 5, 3))
     assert timeline.banded(deep).shape == deep.shape
 
@@ -122,8 +123,9 @@ def test_search_landscape_reads_at_a_glance(search_input, drawn: dict, tmp_path:
     _check(drawn["memory"], "memory")
 
 
-def test_landscape_gives_each_family_its_own_colour_and_groups_the_tail(search_json: dict, tmp_path: Path,
-                                                                      drawn: dict) -> None:
+def test_landscape_gives_each_family_its_own_colour_and_groups_the_tail(
+    search_json: dict, tmp_path: Path, drawn: dict
+) -> None:
     """More tp·pp families than the palette has colours: the first eight keep theirs, the rest
     are one grey "other" series — never two families in one colour."""
     import dataclasses
@@ -160,8 +162,13 @@ def _runs_file(path: Path, *ests: dict) -> Path:
         plan = plan_from_json(est, "test")
         lines += [{"kind": "step", "step": i, "loss": 10.0 / i + k} for i in range(1, 30)]
         by_stage = tuple(1.1 * s["total"] for s in est["memory_by_stage"])
-        m = Measured(steps=20, step_time_s=1.2 * est["time_s"]["step"] * (1 + 0.1 * k), tokens_per_s=1.0,
-                     peak_memory_bytes=max(by_stage), peak_memory_by_stage=by_stage)
+        m = Measured(
+            steps=20,
+            step_time_s=1.2 * est["time_s"]["step"] * (1 + 0.1 * k),
+            tokens_per_s=1.0,
+            peak_memory_bytes=max(by_stage),
+            peak_memory_by_stage=by_stage,
+        )
         device = "cpu" if plan.cluster == "local-cpu" else "MI250X"
         lines.append(RunRecord(plan=plan, measured=m, device=device).to_dict())
     path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")

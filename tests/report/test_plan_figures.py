@@ -61,8 +61,9 @@ def test_timeline_of_the_plans_schedule_is_its_estimate(est_22b: dict, tmp_path:
     assert own["time_s"] == pytest.approx(t, rel=1e-9)  # same stage times, same simulator
     # The pipeline drawn is the step less what follows it (DP exposure, optimizer, overhead, the slowest GPU's lag).
     assert own["makespan_s"] == pytest.approx(t["compute"] + t["bubble"] + t["tp_comm"] + t["pp_comm"], rel=1e-9)
-    assert own["makespan_s"] == pytest.approx(t["step"] - t["dp_comm"] - t["optimizer"] - t["other"]
-                                              - t.get("straggler", 0.0), rel=1e-9)
+    assert own["makespan_s"] == pytest.approx(
+        t["step"] - t["dp_comm"] - t["optimizer"] - t["other"] - t.get("straggler", 0.0), rel=1e-9
+    )
 
 
 def test_timeline_draws_every_op_and_the_simulated_idle_time(est_22b: dict, tmp_path: Path) -> None:

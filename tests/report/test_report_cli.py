@@ -42,20 +42,38 @@ def inputs(tmp_path_factory, est_22b, search_json, scaling_weak_175b) -> dict[st
     from exatrain.plan import Measured, RunRecord
     from exatrain.report.inputs import plan_from_json
 
-    rec = RunRecord(plan=plan_from_json(est_22b, "t"), measured=Measured(steps=5, step_time_s=3.0, tokens_per_s=1.0),
-                    device="NVIDIA H200").to_dict()
+    rec = RunRecord(
+        plan=plan_from_json(est_22b, "t"),
+        measured=Measured(steps=5, step_time_s=3.0, tokens_per_s=1.0),
+        device="NVIDIA H200",
+    ).to_dict()
     steps = [{"kind": "step", "step": i, "loss": 10.0 / i} for i in range(1, 6)]
     (d / "runs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [*steps, rec]))
-    return {"plan": d / "plan.json", "estimate": write_json(d / "estimate.json", est_22b),
-            "search": write_json(d / "search.json", search_json),
-            "scaling": write_json(d / "scaling.json", scaling_weak_175b), "runs": d / "runs.jsonl"}
+    return {
+        "plan": d / "plan.json",
+        "estimate": write_json(d / "estimate.json", est_22b),
+        "search": write_json(d / "search.json", search_json),
+        "scaling": write_json(d / "scaling.json", scaling_weak_175b),
+        "runs": d / "runs.jsonl",
+    }
 
 
 @pytest.fixture(scope="module")
 def report(inputs, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("r") / "nested" / "report"
-    run_cli("report", "--plan", str(inputs["plan"]), "--search", str(inputs["search"]),
-            "--scaling", str(inputs["scaling"]), "--runs", str(inputs["runs"]), "--out", str(out))
+    run_cli(
+        "report",
+        "--plan",
+        str(inputs["plan"]),
+        "--search",
+        str(inputs["search"]),
+        "--scaling",
+        str(inputs["scaling"]),
+        "--runs",
+        str(inputs["runs"]),
+        "--out",
+        str(out),
+    )
     return out
 
 
@@ -68,9 +86,18 @@ def test_index_references_only_pictures_that_exist(report: Path) -> None:
     pngs = sorted(p.name for p in report.glob("*.png"))
     assert sorted(refs) == pngs  # and every picture written is shown
     assert sorted(p.name for p in report.iterdir()) == sorted(pngs + ["index.html"])  # no staging left
-    assert {"plan-memory.png", "plan-step-time.png", "plan-timeline.png", "search-landscape.png",
-            "search-step-time.png", "search-best-memory.png", "scaling-scaling.png", "scaling-step-time.png",
-            "runs-predicted-vs-measured.png", "runs-loss.png"} == set(pngs)
+    assert {
+        "plan-memory.png",
+        "plan-step-time.png",
+        "plan-timeline.png",
+        "search-landscape.png",
+        "search-step-time.png",
+        "search-best-memory.png",
+        "scaling-scaling.png",
+        "scaling-step-time.png",
+        "runs-predicted-vs-measured.png",
+        "runs-loss.png",
+    } == set(pngs)
     for p in pngs:
         assert_png_drawn(report / p)
 
@@ -142,9 +169,22 @@ def _bad_inputs(tmp: Path, inputs: dict[str, Path]) -> dict[str, tuple[list[str]
     }
 
 
-@pytest.mark.parametrize("case", ["missing file", "not json", "json array", "search given as plan",
-                                  "plan given as search", "scaling given as runs", "estimate given as scaling",
-                                  "binary runs", "truncated runs line", "no input", "good then bad"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing file",
+        "not json",
+        "json array",
+        "search given as plan",
+        "plan given as search",
+        "scaling given as runs",
+        "estimate given as scaling",
+        "binary runs",
+        "truncated runs line",
+        "no input",
+        "good then bad",
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: str, inputs, tmp_path: Path, capsys) -> None:
     argv, expected = _bad_inputs(tmp_path, inputs)[case]
     out = tmp_path / "out"
@@ -192,8 +232,10 @@ def _calibration(path: Path, device: str, gemm_eff: float, tiers: dict | None = 
     from exatrain.catalog.hardware import LinkTier
     from exatrain.planner.cost.coefficients import Calibration, default_params, save_calibration
 
-    cal = Calibration(devices={device: default_params(device).replace(gemm_eff=gemm_eff, source="measured")},
-                      cluster_tiers={k: tuple(LinkTier(**t) for t in v) for k, v in (tiers or {}).items()})
+    cal = Calibration(
+        devices={device: default_params(device).replace(gemm_eff=gemm_eff, source="measured")},
+        cluster_tiers={k: tuple(LinkTier(**t) for t in v) for k, v in (tiers or {}).items()},
+    )
     save_calibration(path, cal)
     return path
 
@@ -227,8 +269,12 @@ def test_calibration_parameters_and_measured_links_reach_the_timeline(inputs, tm
     from exatrain.report.inputs import read_plan
 
     frontier = get_cluster("frontier")
-    tiers = {"frontier": [{"name": "measured-node", "span": 8, "bytes_per_s": 5e10, "latency_s": 1e-5},
-                          {"name": "measured-net", "span": 0, "bytes_per_s": 1e10, "latency_s": 2e-5}]}
+    tiers = {
+        "frontier": [
+            {"name": "measured-node", "span": 8, "bytes_per_s": 5e10, "latency_s": 1e-5},
+            {"name": "measured-net", "span": 0, "bytes_per_s": 1e10, "latency_s": 2e-5},
+        ]
+    }
     cal = load_calibration(_calibration(tmp_path / "cal.json", frontier.device.name, 0.4, tiers))
     prepared = prepare_plan(read_plan(inputs["plan"]), ReportInputs(calibration=cal))
     assert prepared.params == cal.params_for(frontier.device.name) and prepared.params.gemm_eff == 0.4

@@ -29,14 +29,15 @@ def test_report_sources_import_neither_torch_nor_the_trainer() -> None:
 
 
 def test_report_modules_load_without_torch_and_the_cli_without_matplotlib() -> None:
-    mods = [".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
-            for p in REPORT_FILES]
-    code = ("import importlib, sys\n"
-            "from exatrain.cli import build_parser\n"
-            "build_parser()\n"
-            "print(int(any(k.split('.')[0] == 'matplotlib' for k in sys.modules)))\n"
-            f"for m in {mods!r}:\n"
-            "    importlib.import_module(m)\n"
-            "print(sum(k.split('.')[0] == 'torch' for k in sys.modules))\n")
+    mods = [".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__") for p in REPORT_FILES]
+    code = (
+        "import importlib, sys\n"
+        "from exatrain.cli import build_parser\n"
+        "build_parser()\n"
+        "print(int(any(k.split('.')[0] == 'matplotlib' for k in sys.modules)))\n"
+        f"for m in {mods!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print(sum(k.split('.')[0] == 'torch' for k in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "0"], out.stdout + out.stderr

@@ -26,7 +26,10 @@ def test_landscape_points_are_the_ranked_layouts(search_json: dict, tmp_path: Pa
     assert fig.numbers["capacity_bytes"] == ranked[0]["capacity_bytes"]
     assert fig.numbers["rejected"] == search_json["rejected"]
     assert (fig.numbers["examined"], fig.numbers["legal"], fig.numbers["feasible"]) == (
-        search_json["examined"], search_json["legal"], search_json["feasible"])
+        search_json["examined"],
+        search_json["legal"],
+        search_json["feasible"],
+    )
     assert_png_drawn(tmp_path / "l.png")
 
 
@@ -51,7 +54,8 @@ def test_weak_scaling_curve_ideal_line_and_the_studys_point(scaling_weak_175b: d
 
 
 def test_strong_scaling_of_a_model_the_study_did_not_run_has_no_study_point(
-        scaling_strong_22b: dict, tmp_path: Path) -> None:
+    scaling_strong_22b: dict, tmp_path: Path
+) -> None:
     sc = read_scaling(write_json(tmp_path / "s.json", scaling_strong_22b))
     fig = scaling_curves(sc, tmp_path / "s.png")
     assert fig.numbers["mode"] == "strong" and fig.numbers["study"] is None
@@ -61,12 +65,18 @@ def test_strong_scaling_of_a_model_the_study_did_not_run_has_no_study_point(
     assert_png_drawn(tmp_path / "s.png")
 
 
-@pytest.mark.parametrize("model,cluster,mode,expected", [
-    ("gpt-175b", "frontier", "weak", (1024, 1.00)), ("gpt-175b", "frontier", "strong", (1024, 0.89)),
-    ("gpt-1t", "frontier", "weak", (3072, 1.00)), ("gpt-1t", "frontier", "strong", (3072, 0.87)),
-    ("gpt-1t", "dgx-a100", "weak", None), ("megatron-1t", "frontier", "weak", None),
-    ("gpt-175b*", "frontier", "weak", None),  # a preset with overridden fields is not the study's model
-])
+@pytest.mark.parametrize(
+    "model,cluster,mode,expected",
+    [
+        ("gpt-175b", "frontier", "weak", (1024, 1.00)),
+        ("gpt-175b", "frontier", "strong", (1024, 0.89)),
+        ("gpt-1t", "frontier", "weak", (3072, 1.00)),
+        ("gpt-1t", "frontier", "strong", (3072, 0.87)),
+        ("gpt-1t", "dgx-a100", "weak", None),
+        ("megatron-1t", "frontier", "weak", None),
+        ("gpt-175b*", "frontier", "weak", None),  # a preset with overridden fields is not the study's model
+    ],
+)
 def test_study_points_only_where_model_and_cluster_are_the_studys(model, cluster, mode, expected) -> None:
     got = study_point(model, cluster, mode)
     assert (None if got is None else (got["gpus"], got["efficiency"])) == expected

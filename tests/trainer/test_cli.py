@@ -21,8 +21,9 @@ from exatrain.trainer import spawn
 
 def gpu_plan(tmp_path: Path) -> str:
     path = tmp_path / "frontier.json"
-    Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=2, pp=2, dp=2), shape=TrainShape(1, 16),
-         cluster="frontier").validate().save(path)
+    Plan(
+        model=get_model("gpt-tiny"), dims=ParallelDims(tp=2, pp=2, dp=2), shape=TrainShape(1, 16), cluster="frontier"
+    ).validate().save(path)
     return str(path)
 
 
@@ -32,8 +33,10 @@ BAD = {
     "cuda on a cpu-only machine": (["--model", "gpt-tiny", "--device", "cuda"], "no CUDA/ROCm device"),
     "gpu plan on a cpu-only machine": (["--plan", "GPU_PLAN"], "pass --device cpu"),
     "vocab too small for bytes": (["--model", "gpt-tiny", "--vocab", "128"], "needs 256 token ids"),
-    "zero bubble with fsdp": (["--model", "gpt-tiny", "--pp", "2", "--dp", "2", "--zero", "3",
-                               "--schedule", "zero_bubble"], "zero_bubble schedule cannot run with FSDP"),
+    "zero bubble with fsdp": (
+        ["--model", "gpt-tiny", "--pp", "2", "--dp", "2", "--zero", "3", "--schedule", "zero_bubble"],
+        "zero_bubble schedule cannot run with FSDP",
+    ),
     "model states beyond memory": (["--model", "gpt-175b"], "GiB of model states"),
     "bad steps": (["--steps", "0"], "positive integer"),
     "negative watchdog": (["--watchdog", "-5"], "--watchdog"),
@@ -41,9 +44,9 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_is_one_line_and_exit_2_before_any_rank(case: str, tmp_path: Path, no_launch: list,
-                                                          monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_bad_input_is_one_line_and_exit_2_before_any_rank(
+    case: str, tmp_path: Path, no_launch: list, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this is a CPU-only machine
@@ -55,8 +58,9 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank(case: str, tmp_path: P
     assert no_launch == []
 
 
-def test_degrees_must_match_the_launchers_world_size(no_launch: list, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture) -> None:
+def test_degrees_must_match_the_launchers_world_size(
+    no_launch: list, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train", "--model", "gpt-tiny", "--tp", "2", "--dp", "2"]) == 2
@@ -74,8 +78,9 @@ def test_no_flags_is_the_embedded_3d_default(no_launch: list) -> None:
         assert p.estimate is not None and p.estimate.model_flops_per_step > 0
 
 
-def test_calibration_sets_the_recorded_prediction(tmp_path: Path, no_launch: list,
-                                                 capsys: pytest.CaptureFixture) -> None:
+def test_calibration_sets_the_recorded_prediction(
+    tmp_path: Path, no_launch: list, capsys: pytest.CaptureFixture
+) -> None:
     """--calibration: the prediction carried into the RunRecord is the estimate with that file's
     parameters (here a device 4x slower than the prior), even over a --plan's stored estimate."""
     from exatrain.catalog import get_cluster
@@ -87,8 +92,13 @@ def test_calibration_sets_the_recorded_prediction(tmp_path: Path, no_launch: lis
     cal = tmp_path / "calib.json"
     save_calibration(cal, Calibration(devices={"cpu": slow}))
     plan_file = tmp_path / "plan.json"
-    base = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=1, pp=1, dp=2), shape=TrainShape(2, 8),
-                cluster="local-cpu", dtype="float32").validate()
+    base = Plan(
+        model=get_model("gpt-tiny"),
+        dims=ParallelDims(tp=1, pp=1, dp=2),
+        shape=TrainShape(2, 8),
+        cluster="local-cpu",
+        dtype="float32",
+    ).validate()
     base.with_estimate(estimate_plan(base, get_cluster("local-cpu"))).save(plan_file)
     assert main(["train", "--plan", str(plan_file), "--calibration", str(cal), "--quiet"]) == 0
     (cfg,) = no_launch
@@ -102,10 +112,36 @@ def test_calibration_sets_the_recorded_prediction(tmp_path: Path, no_launch: lis
 
 def test_flags_override_a_plan(tmp_path: Path, no_launch: list) -> None:
     path = tmp_path / "plan.json"
-    Plan(model=get_model("llama-tiny"), dims=ParallelDims(tp=2, pp=1, dp=2), shape=TrainShape(2, 8), zero_stage=1,
-         cluster="local-cpu").validate().save(path)
-    assert main(["train", "--plan", str(path), "--dp", "1", "--zero", "0", "--steps", "7", "--seed", "3",
-                 "--dtype", "bfloat16", "--lr", "5e-4", "--quiet"]) == 0
+    Plan(
+        model=get_model("llama-tiny"),
+        dims=ParallelDims(tp=2, pp=1, dp=2),
+        shape=TrainShape(2, 8),
+        zero_stage=1,
+        cluster="local-cpu",
+    ).validate().save(path)
+    assert (
+        main(
+            [
+                "train",
+                "--plan",
+                str(path),
+                "--dp",
+                "1",
+                "--zero",
+                "0",
+                "--steps",
+                "7",
+                "--seed",
+                "3",
+                "--dtype",
+                "bfloat16",
+                "--lr",
+                "5e-4",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     (cfg,) = no_launch
     p = cfg.plan
     assert (p.model.name, p.tp, p.dp, p.zero_stage, p.dtype, p.micro_batch) == ("llama-tiny", 2, 1, 0, "bfloat16", 2)
@@ -124,9 +160,27 @@ def test_flags_override_a_plan(tmp_path: Path, no_launch: list) -> None:
 def test_spawns_its_own_ranks_and_writes_metrics(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    out = subprocess.run([sys.executable, "-m", "exatrain.train", "--model", "gpt-tiny", "--dp", "2", "--steps", "3",
-                          "--global-batch", "4", "--metrics-file", str(metrics)],
-                         capture_output=True, text=True, timeout=240, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exatrain.train",
+            "--model",
+            "gpt-tiny",
+            "--dp",
+            "2",
+            "--steps",
+            "3",
+            "--global-batch",
+            "4",
+            "--metrics-file",
+            str(metrics),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dp2" in out.stdout and "first loss" in out.stdout and "last loss" in out.stdout
     lines = [json.loads(x) for x in metrics.read_text().splitlines()]
@@ -140,9 +194,29 @@ def test_spawns_its_own_ranks_and_writes_metrics(tmp_path: Path) -> None:
 def test_runs_under_torchrun(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     metrics = tmp_path / "m.jsonl"
-    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(spawn._free_port()),
-                          "-m", "exatrain.train", "--model", "gpt-tiny", "--tp", "2", "--steps", "2", "--quiet",
-                          "--metrics-file", str(metrics)], capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(spawn._free_port()),
+            "-m",
+            "exatrain.train",
+            "--model",
+            "gpt-tiny",
+            "--tp",
+            "2",
+            "--steps",
+            "2",
+            "--quiet",
+            "--metrics-file",
+            str(metrics),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loss" not in out.stdout  # --quiet
     (rec,) = read_run_records(metrics)

@@ -21,8 +21,10 @@ RTOL = 1e-4
 def launch_cases(out) -> dict[int, dict[str, dict]]:
     """Compiled runs, in the trainer tests' shared launches (conftest.py); their eager reference is the
     parity tests' single-process run of the same config (test_parity.REFERENCE["gpt"])."""
-    return {1: {"compiled": dict(compile=True)},
-            2: {"fsdp-compiled": dict(dp=2, zero_stage=3, recompute="full", compile=True)}}
+    return {
+        1: {"compiled": dict(compile=True)},
+        2: {"fsdp-compiled": dict(dp=2, zero_stage=3, recompute="full", compile=True)},
+    }
 
 
 def test_compiled_blocks_train_like_eager(world1: dict, world2: dict) -> None:

@@ -27,10 +27,12 @@ def _refused(argv: list[str], words: str, no_launch: list, capsys: pytest.Captur
     assert not no_launch
 
 
-def test_a_searched_ep_layout_trains_and_zero_1_is_refused(no_launch: list, tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture) -> None:
-    path = _searched(tmp_path, capsys, "--model", "moe-tiny", "--gpus", "8", "--global-batch", "16", "--ep", "2",
-                     "--tp", "1")  # tp 1: --compile is refused for the MoE model, not for tp
+def test_a_searched_ep_layout_trains_and_zero_1_is_refused(
+    no_launch: list, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = _searched(
+        tmp_path, capsys, "--model", "moe-tiny", "--gpus", "8", "--global-batch", "16", "--ep", "2", "--tp", "1"
+    )  # tp 1: --compile is refused for the MoE model, not for tp
     plan = json.loads(path.read_text())
     assert (plan["ep"], plan["zero_stage"]) == (2, 0)
     assert main(["train", "--plan", str(path), "--steps", "2", "--quiet"]) == 0
@@ -38,20 +40,38 @@ def test_a_searched_ep_layout_trains_and_zero_1_is_refused(no_launch: list, tmp_
     assert (config.plan.ep, config.plan.dp, config.plan.zero_stage) == (2, plan["dp"], 0)
     no_launch.clear()
     _refused(["--plan", str(path), "--zero", "1", "--quiet"], "--ep 2 runs with --zero 0 only", no_launch, capsys)
-    _refused(["--plan", str(path), "--compile", "--quiet"], "--compile does not run mixture-of-experts models",
-             no_launch, capsys)
+    _refused(
+        ["--plan", str(path), "--compile", "--quiet"],
+        "--compile does not run mixture-of-experts models",
+        no_launch,
+        capsys,
+    )
 
 
-def test_a_searched_cp_layout_trains_and_compile_is_refused(no_launch: list, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture) -> None:
+def test_a_searched_cp_layout_trains_and_compile_is_refused(
+    no_launch: list, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """llama-tiny at 8,192 tokens (a long context: the search offers cp)."""
-    path = _searched(tmp_path, capsys, "--model", "llama-tiny", "--seq-len", "8192", "--gpus", "4",
-                     "--global-batch", "8", "--cp", "2", "--tp", "1")
+    path = _searched(
+        tmp_path,
+        capsys,
+        "--model",
+        "llama-tiny",
+        "--seq-len",
+        "8192",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "8",
+        "--cp",
+        "2",
+        "--tp",
+        "1",
+    )
     plan = json.loads(path.read_text())
     assert plan["cp"] == 2 and plan["model"]["seq_len"] == 8192
     assert main(["train", "--plan", str(path), "--steps", "2", "--quiet"]) == 0
     (config,) = no_launch
     assert (config.plan.cp, config.plan.gpus) == (2, 4)
     no_launch.clear()
-    _refused(["--plan", str(path), "--compile", "--quiet"], "--cp 2 does not run with --compile yet",
-             no_launch, capsys)
+    _refused(["--plan", str(path), "--compile", "--quiet"], "--cp 2 does not run with --compile yet", no_launch, capsys)

@@ -109,8 +109,9 @@ def assert_parity(case: str, run: Run, reference: dict[str, Run]) -> None:
     }
     failed = [name for name, ok in checks.items() if not ok]
     scalars = max(max_rel_diff(run.losses, ref.losses), max_rel_diff(run.grad_norms, ref.grad_norms))
-    print(f"{case}: losses/norms {scalars:.1e}, gradients {g_err:.1e}, update {u_err:.1e}, "
-          f"single weights {w_err:.1e}")  # shown with pytest -s
+    print(
+        f"{case}: losses/norms {scalars:.1e}, gradients {g_err:.1e}, update {u_err:.1e}, single weights {w_err:.1e}"
+    )  # shown with pytest -s
     assert not failed, failed
 
 
@@ -153,11 +154,14 @@ def test_the_rank_order_is_tp_cp_dp_pp() -> None:
     assert coordinates(4, plan) == (0, 1, 0) and coordinates(8, plan) == (1, 0, 0)
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(model="moe-tiny"), "mixture-of-experts"),
-    (dict(compile=True), "--compile"),
-    (dict(pp=2, schedule="zero_bubble", interleave=2), "zero_bubble"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(model="moe-tiny"), "mixture-of-experts"),
+        (dict(compile=True), "--compile"),
+        (dict(pp=2, schedule="zero_bubble", interleave=2), "zero_bubble"),
+    ],
+)
 def test_what_cp_does_not_run_is_refused_in_one_line(kw: dict, words: str) -> None:
     kw = dict(kw)
     spec = get_model(kw.pop("model", "gpt-tiny"))
@@ -192,13 +196,17 @@ def test_the_train_command_takes_cp_and_ep(no_launch: list[TrainConfig], tmp_pat
     assert [cfg.plan.cp for cfg in no_launch] == [2, 1]
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--model", "moe-tiny", "--cp", "2"], "mixture-of-experts"),
-    (["--model", "gpt-tiny", "--cp", "3"], "divisible by 2*cp"),
-    (["--model", "gpt-tiny", "--gpus", "3", "--cp", "2"], "is not divisible by tp*cp*pp"),
-])
-def test_the_train_command_refuses_a_bad_cp_in_one_line(argv: list[str], words: str, no_launch: list,
-                                                        capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--model", "moe-tiny", "--cp", "2"], "mixture-of-experts"),
+        (["--model", "gpt-tiny", "--cp", "3"], "divisible by 2*cp"),
+        (["--model", "gpt-tiny", "--gpus", "3", "--cp", "2"], "is not divisible by tp*cp*pp"),
+    ],
+)
+def test_the_train_command_refuses_a_bad_cp_in_one_line(
+    argv: list[str], words: str, no_launch: list, capsys: pytest.CaptureFixture
+) -> None:
     from exatrain.cli import main
 
     assert main(["train", *argv]) == 2

@@ -34,7 +34,7 @@ def test_a_sample_is_a_window_of_the_documents_joined_by_separators(builtin: Pat
     stream = b"\0".join(d.encode() for d in docs[:3]) + b"\0"  # the byte tokenizer's separator is id 0
     seq = 64
     for i in range(3):
-        assert bytes(src.sample(i, seq).tolist()) == stream[i * seq:i * seq + seq + 1]
+        assert bytes(src.sample(i, seq).tolist()) == stream[i * seq : i * seq + seq + 1]
     assert src.vocab_size == 256 and src.meta.separator_id == 0 and src.meta.documents == len(docs)
     assert src.meta.tokens == sum(len(d.encode()) + 1 for d in docs)
 
@@ -45,14 +45,20 @@ def test_windows_cross_shard_boundaries(tmp_path: Path) -> None:
         t.write_text(f"document {i} " * (10 + i))
     from exatrain.data.prepare import find_documents
 
-    prepare(find_documents([str(tmp_path / "*.txt")]), tmp_path / "data", tokenizer_json=tk.byte_tokenizer_json(),
-            separator=tk.byte_separator(), shard_tokens=50, quiet=True)
+    prepare(
+        find_documents([str(tmp_path / "*.txt")]),
+        tmp_path / "data",
+        tokenizer_json=tk.byte_tokenizer_json(),
+        separator=tk.byte_separator(),
+        shard_tokens=50,
+        quiet=True,
+    )
     src = TokenShards(tmp_path / "data", shuffle=False)
     assert len(src.meta.shards) > 3
     stream = b"".join(t.read_bytes() + b"\0" for t in sorted(texts))
     seq = 16
     for i in range(src.num_samples(seq)):
-        assert bytes(src.sample(i, seq).tolist()) == stream[i * seq:i * seq + seq + 1]
+        assert bytes(src.sample(i, seq).tolist()) == stream[i * seq : i * seq + seq + 1]
 
 
 def test_order_is_a_seeded_permutation_per_epoch(builtin: Path) -> None:

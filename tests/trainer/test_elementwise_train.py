@@ -17,15 +17,19 @@ from exatrain.cli import main
 
 def _plan(tmp_path: Path, elementwise: str) -> Path:
     path = tmp_path / f"{elementwise or 'own'}.json"
-    make_plan("gpt-tiny", get_cluster("local-cpu"), gpus=1, global_batch=2, dtype="float32",
-              elementwise=elementwise).save(path)
+    make_plan(
+        "gpt-tiny", get_cluster("local-cpu"), gpus=1, global_batch=2, dtype="float32", elementwise=elementwise
+    ).save(path)
     return path
 
 
-@pytest.mark.parametrize("elementwise,flags,words", [
-    ("fused", [], "train it with --compile"),
-    ("eager", ["--compile"], "train it without --compile"),
-])
+@pytest.mark.parametrize(
+    "elementwise,flags,words",
+    [
+        ("fused", [], "train it with --compile"),
+        ("eager", ["--compile"], "train it without --compile"),
+    ],
+)
 def test_a_mismatch_is_one_line(elementwise, flags, words, tmp_path, no_launch, capsys) -> None:
     assert main(["train", "--plan", str(_plan(tmp_path, elementwise)), "--steps", "1", "--quiet", *flags]) == 2
     err = capsys.readouterr().err

@@ -98,7 +98,8 @@ def test_a_slow_rank_is_named_a_straggler_after_two_windows(tmp_path: Path, monk
 
 
 def test_a_rank_computing_past_the_watchdog_limit_is_waited_for_not_called_hung(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # rank 1 spends 12 s of CPU in its forward under a 5 s watchdog; rank 0 waits for it in the gradient
     # all-reduce using no CPU: rank 1's heartbeat shows it computing, so neither is ended (a hang is a
     # collective nobody computes towards: the stopped-rank test below)
@@ -122,8 +123,9 @@ def test_a_stopped_rank_is_named_the_others_exit_and_the_checkpoint_resumes(tmp_
 
     assert isinstance(err, RankHung) and err.exit_code == 5, err
     msg = str(err)
-    assert msg.startswith("rank 1 did not arrive within the watchdog's 10 s: rank 1 (tp 0, pp 0, dp 1) was last "
-                          "heard from "), msg
+    assert msg.startswith(
+        "rank 1 did not arrive within the watchdog's 10 s: rank 1 (tp 0, pp 0, dp 1) was last heard from "
+    ), msg
     assert "; rank 0 waited in " in msg and f"; last checkpoint step {newest_step(ckpt)} in {ckpt};" in msg
     assert msg.endswith(f"; log: {run_dir / 'rank-1.log'}") and "\n" not in msg
     own = json.loads((run_dir / "failure-0.json").read_text())  # rank 0 ended itself, by its watchdog
@@ -145,17 +147,43 @@ def test_a_stopped_rank_is_named_the_others_exit_and_the_checkpoint_resumes(tmp_
 
 
 def train_cmd(tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "exatrain", "train", "--model", "gpt-tiny", "--tp", "1", "--pp", "1", "--dp", "2",
-            "--micro-batch", "2", "--global-batch", "4", "--steps", "12", "--lr", "3e-3", "--quiet",
-            "--metrics-file", str(tmp_path / "m.jsonl"), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "exatrain",
+        "train",
+        "--model",
+        "gpt-tiny",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "2",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--steps",
+        "12",
+        "--lr",
+        "3e-3",
+        "--quiet",
+        "--metrics-file",
+        str(tmp_path / "m.jsonl"),
+        *extra,
+    ]
 
 
 def test_a_killed_rank_is_one_line_exit_4_and_the_resume_command_finishes_the_run(tmp_path: Path) -> None:
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     proc, out, err = start(train_cmd(tmp_path, "--checkpoint-dir", str(ckpt), "--save-every", "4"), tmp_path, "crash")
     try:
-        wait_for(lambda: proc.poll() is not None or (len(steps(metrics)) >= 6 and newest_step_or_0(ckpt) >= 4),
-                 watch=[tmp_path], what="the run")
+        wait_for(
+            lambda: proc.poll() is not None or (len(steps(metrics)) >= 6 and newest_step_or_0(ckpt) >= 4),
+            watch=[tmp_path],
+            what="the run",
+        )
         assert proc.poll() is None, err.read_text()
         os.kill(pid_of(ckpt / "ranks", 1), signal.SIGKILL)
     finally:
@@ -179,8 +207,11 @@ def test_a_killed_rank_is_one_line_exit_4_and_the_resume_command_finishes_the_ru
     got = lines(metrics)
     assert [x["step"] for x in got if x["kind"] == "step"] == list(range(1, 13))  # each step once
     redone = [x["line"]["step"] for x in got if x["kind"] == "superseded"]
-    assert redone and all(s > done for s in redone) and all(x["resumed_from_step"] == done
-                                                           for x in got if x["kind"] == "superseded")
+    assert (
+        redone
+        and all(s > done for s in redone)
+        and all(x["resumed_from_step"] == done for x in got if x["kind"] == "superseded")
+    )
     assert [r.status for r in read_run_records(metrics)] == ["failed", "ok"]
 
 
@@ -192,7 +223,8 @@ def newest_step_or_0(ckpt: Path) -> int:
 
 
 def test_a_failed_first_checkpoint_save_names_the_rank_and_leaves_a_failed_record(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     # A leftover in the save's place is cleared by the first save now, so the failure is injected.
@@ -214,21 +246,56 @@ def test_under_srun_the_failing_rank_reports_once(tmp_path: Path) -> None:
 
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     ckpt.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env.update(PATH=f"{install(tmp_path / 'bin')}{os.pathsep}{env['PATH']}", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", EXATRAIN_FAIL_SAVE_STEP="2")
-    cmd = ["srun", "--ntasks=2", "--kill-on-bad-exit=1", sys.executable, "-m", "exatrain.train", "--model", "gpt-tiny",
-           "--dp", "2", "--micro-batch", "2", "--global-batch", "4", "--steps", "4", "--quiet", "--metrics-file",
-           str(metrics), "--checkpoint-dir", str(ckpt), "--save-every", "2", "--resume", "auto"]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
+    env.update(
+        PATH=f"{install(tmp_path / 'bin')}{os.pathsep}{env['PATH']}",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        OMP_NUM_THREADS="1",
+        EXATRAIN_FAIL_SAVE_STEP="2",
+    )
+    cmd = [
+        "srun",
+        "--ntasks=2",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "exatrain.train",
+        "--model",
+        "gpt-tiny",
+        "--dp",
+        "2",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--steps",
+        "4",
+        "--quiet",
+        "--metrics-file",
+        str(metrics),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--save-every",
+        "2",
+        "--resume",
+        "auto",
+    ]
     proc, out, err = start(cmd, tmp_path / "logs", "srun", env=env)
     finish([proc], [tmp_path], [out, err])
     assert proc.returncode != 0
     (line,) = err.read_text().splitlines()  # one rank reported; the other's lost peer stayed in its log
-    assert line.startswith("exatrain train: error: rank 0 (tp 0, pp 0, dp 0) failed saving the checkpoint of step "
-                           "2: FileExistsError: "), line
-    assert line.endswith(f"; no complete checkpoint in {ckpt} yet; restart with: the same launch (it passes --resume "
-                         f"auto); log: {ckpt / 'ranks' / 'rank-0.log'}")
+    assert line.startswith(
+        "exatrain train: error: rank 0 (tp 0, pp 0, dp 0) failed saving the checkpoint of step 2: FileExistsError: "
+    ), line
+    assert line.endswith(
+        f"; no complete checkpoint in {ckpt} yet; restart with: the same launch (it passes --resume "
+        f"auto); log: {ckpt / 'ranks' / 'rank-0.log'}"
+    )
     (rec,) = read_run_records(metrics)
     assert rec.status == "failed" and rec.failure["rank"] == 0 and rec.measured.steps == 2
 

@@ -54,9 +54,13 @@ def launch_cases(out) -> dict[int, dict[str, dict]]:
     tests' single-process ``gpt-bf16`` run of the same data and seed."""
     fp8 = dict(dtype="bfloat16", fp8="current")
     short = dict(steps=TWO_RANK_STEPS, **fp8)  # inside the 10 warm-up steps: the one-rank run's first lrs
-    return {1: {"gpt": fp8},
-            2: {"tp2-sp-recompute-full": dict(tp=2, sequence_parallel=True, recompute="full", **short),
-                "dp2-fsdp-zero3": dict(dp=2, zero_stage=3, **short)}}
+    return {
+        1: {"gpt": fp8},
+        2: {
+            "tp2-sp-recompute-full": dict(tp=2, sequence_parallel=True, recompute="full", **short),
+            "dp2-fsdp-zero3": dict(dp=2, zero_stage=3, **short),
+        },
+    }
 
 
 def _err(t: torch.Tensor, u: float, sub: float) -> torch.Tensor:
@@ -96,9 +100,11 @@ def test_forward_and_gradients_within_the_fp8_bound() -> None:
     yr, gxr, gwr, gbr = _run(F.linear, x, w, b, gy)
     x2, g2 = x.reshape(-1, 80), gy.reshape(-1, 48)
     ex, ew, eg = _err(x2, E4M3_U, E4M3_SUB), _err(w, E4M3_U, E4M3_SUB), _err(g2, E5M2_U, E5M2_SUB)
-    checks = {"y": (y.reshape(-1, 48), yr.reshape(-1, 48), _bound(x2, ex, w.t(), ew.t())),
-              "grad_x": (gx.reshape(-1, 80), gxr.reshape(-1, 80), _bound(g2, eg, w, ew)),
-              "grad_w": (gw, gwr, _bound(g2.t(), eg.t(), x2, ex))}
+    checks = {
+        "y": (y.reshape(-1, 48), yr.reshape(-1, 48), _bound(x2, ex, w.t(), ew.t())),
+        "grad_x": (gx.reshape(-1, 80), gxr.reshape(-1, 80), _bound(g2, eg, w, ew)),
+        "grad_w": (gw, gwr, _bound(g2.t(), eg.t(), x2, ex)),
+    }
     for name, (got, ref, bound) in checks.items():
         over = ((got.double() - ref.double()).abs() - bound).max().item()
         assert over <= 0, f"{name} exceeds the fp8 bound by {over}"
@@ -176,8 +182,10 @@ def test_gemms_run_in_fp8_and_match_the_dequantised_product() -> None:
 
 
 def test_only_the_blocks_linears_become_fp8() -> None:
-    for name, per_layer in (("gpt-tiny", ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc1", "mlp.fc2")),
-                            ("llama-tiny", ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w1", "mlp.w2", "mlp.w3"))):
+    for name, per_layer in (
+        ("gpt-tiny", ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.fc1", "mlp.fc2")),
+        ("llama-tiny", ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w1", "mlp.w2", "mlp.w3")),
+    ):
         spec = get_model(name)
         with torch.device("meta"):
             model = Transformer(spec)
@@ -207,8 +215,9 @@ def test_a_converted_model_calls_scaled_mm_three_times_per_linear() -> None:
 
 def _config(fp8: str = "current", device: str = "cpu", **model_kw) -> TrainConfig:
     spec = get_model(model_kw.pop("model", "gpt-tiny")).replace(**model_kw)
-    plan = Plan(model=spec, dims=ParallelDims(tp=1, pp=1, dp=1), shape=TrainShape(2, 8), dtype="bfloat16",
-                fp8=fp8).validate()
+    plan = Plan(
+        model=spec, dims=ParallelDims(tp=1, pp=1, dp=1), shape=TrainShape(2, 8), dtype="bfloat16", fp8=fp8
+    ).validate()
     return TrainConfig(plan=plan, steps=1, device=device)
 
 

@@ -28,8 +28,12 @@ from exatrain.trainer.metrics import supersede_redone_steps
 
 
 def plan(tp: int = 2, pp: int = 1, dp: int = 2) -> Plan:
-    return Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=tp, pp=pp, dp=dp),
-                shape=TrainShape(1, 2 * dp), dtype="float32").validate()
+    return Plan(
+        model=get_model("gpt-tiny"),
+        dims=ParallelDims(tp=tp, pp=pp, dp=dp),
+        shape=TrainShape(1, 2 * dp),
+        dtype="float32",
+    ).validate()
 
 
 # --- the straggler rule --------------------------------------------------------------------------------
@@ -45,10 +49,24 @@ def test_a_rank_is_slow_above_1_3x_its_stage_peers_median() -> None:
 
 
 def test_rank_times_are_step_weighted_means_over_the_windows() -> None:
-    windows = [{"kind": "ranks", "first_step": 1, "last_step": 10, "compute_s": [1.0, 2.0], "wait_s": [0.5, 0.0],
-                "stragglers": []},
-               {"kind": "ranks", "first_step": 11, "last_step": 15, "compute_s": [4.0, 2.0], "wait_s": [0.5, 3.0],
-                "stragglers": [0]}]
+    windows = [
+        {
+            "kind": "ranks",
+            "first_step": 1,
+            "last_step": 10,
+            "compute_s": [1.0, 2.0],
+            "wait_s": [0.5, 0.0],
+            "stragglers": [],
+        },
+        {
+            "kind": "ranks",
+            "first_step": 11,
+            "last_step": 15,
+            "compute_s": [4.0, 2.0],
+            "wait_s": [0.5, 3.0],
+            "stragglers": [0],
+        },
+    ]
     got = summarize_windows(windows)
     assert got == {"steps": 15, "windows": 2, "compute_s": [2.0, 2.0], "wait_s": [0.5, 1.0], "stragglers": [0]}
     assert summarize_windows([]) is None
@@ -69,8 +87,18 @@ def test_the_watchdog_limit_is_generous_by_default_and_exact_when_set() -> None:
 
 # --- which ranks did not arrive -----------------------------------------------------------------------------
 def beat(rank: int, completed: int, phase: str, age_s: float, now: float, seq: int = 3, **kw) -> dict:
-    return {"rank": rank, "run": 0, "completed": completed, "phase": phase, "seq": seq, "time": now - age_s,
-            "limit_s": 10.0, "beat_s": 1.0, "pid": 1000 + rank, **kw}
+    return {
+        "rank": rank,
+        "run": 0,
+        "completed": completed,
+        "phase": phase,
+        "seq": seq,
+        "time": now - age_s,
+        "limit_s": 10.0,
+        "beat_s": 1.0,
+        "pid": 1000 + rank,
+        **kw,
+    }
 
 
 def test_a_compiled_runs_first_step_gets_the_compile_floor() -> None:
@@ -98,9 +126,20 @@ def _monitor(tmp_path: Path, world: int = 1, device: str = "cpu") -> RankMonitor
 
 
 def _peer_beat(tmp_path: Path, cpu_s: float, run: int = 0) -> None:
-    failures.write_json(tmp_path / failures.HEARTBEAT.format(rank=1),
-                        {"rank": 1, "run": run, "completed": 0, "phase": "forward", "seq": 1, "time": time.time(),
-                         "beat_s": 1.0, "limit_s": 5.0, "cpu_s": cpu_s})
+    failures.write_json(
+        tmp_path / failures.HEARTBEAT.format(rank=1),
+        {
+            "rank": 1,
+            "run": run,
+            "completed": 0,
+            "phase": "forward",
+            "seq": 1,
+            "time": time.time(),
+            "beat_s": 1.0,
+            "limit_s": 5.0,
+            "cpu_s": cpu_s,
+        },
+    )
 
 
 @pytest.mark.skipif(health.thread_cpu_clock() is None, reason="no per-thread CPU clock on this platform")
@@ -151,8 +190,11 @@ def test_cuda_ranks_keep_the_wall_clock_watchdog(tmp_path: Path) -> None:
 
 def test_not_arrived_is_the_stale_ranks_else_the_ranks_behind() -> None:
     now = time.time()
-    beats = {0: beat(0, 16, "grad-sync", 1, now), 1: beat(1, 16, "grad-sync", 1, now),
-             2: beat(2, 16, "forward", 30, now)}
+    beats = {
+        0: beat(0, 16, "grad-sync", 1, now),
+        1: beat(1, 16, "grad-sync", 1, now),
+        2: beat(2, 16, "forward", 30, now),
+    }
     assert failures.not_arrived(beats, 4, now) == ([2, 3], "stale")  # rank 3 never beat
     beats[3] = beat(3, 16, "forward", 1, now, seq=1)
     beats[2] = beat(2, 16, "grad-sync", 1, now)
@@ -167,9 +209,13 @@ def ckpt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A checkpoint folder whose newest complete checkpoint is step 16 (step 20's save never finished).
     The folders are stand-ins (no tensors), so the full readability check, which
     tests/checkpoint/test_untrusted.py covers, is replaced here by "has a manifest"."""
+
     def newest_with_manifest(d: str | None):
-        done = sorted(int(p.name.split("-")[1]) for p in Path(d or "/nonexistent").glob("step-*")
-                      if (p / ckpt_files.MANIFEST).is_file())
+        done = sorted(
+            int(p.name.split("-")[1])
+            for p in Path(d or "/nonexistent").glob("step-*")
+            if (p / ckpt_files.MANIFEST).is_file()
+        )
         return (done[-1], Path(d) / ckpt_files.step_dir_name(done[-1])) if done else None
 
     monkeypatch.setattr(failures, "last_checkpoint", newest_with_manifest)
@@ -178,11 +224,25 @@ def ckpt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         d = root / ckpt_files.step_dir_name(step)
         d.mkdir(parents=True)
         p = plan()
-        (d / ckpt_files.TRAINER).write_text(json.dumps({
-            "step": step, "samples_consumed": step * p.global_batch, "global_batch": p.global_batch,
-            "seq_len": p.model.seq_len, "seed": 0, "data_shuffle": True, "tokenizer_sha256": "0" * 64,
-            "separator": "", "separator_id": 0, "nan_skipped": 0, "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
-            "plan": p.to_dict(), "steps": 20}))
+        (d / ckpt_files.TRAINER).write_text(
+            json.dumps(
+                {
+                    "step": step,
+                    "samples_consumed": step * p.global_batch,
+                    "global_batch": p.global_batch,
+                    "seq_len": p.model.seq_len,
+                    "seed": 0,
+                    "data_shuffle": True,
+                    "tokenizer_sha256": "0" * 64,
+                    "separator": "",
+                    "separator_id": 0,
+                    "nan_skipped": 0,
+                    "layout": {"tp": p.tp, "pp": p.pp, "dp": p.dp},
+                    "plan": p.to_dict(),
+                    "steps": 20,
+                }
+            )
+        )
         (d / ckpt_files.METADATA).write_text("{}")
         ckpt_files.write_manifest(d, step)
     (root / ckpt_files.step_dir_name(20)).mkdir()  # no manifest
@@ -190,30 +250,58 @@ def ckpt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def ctx(p: Plan, ckpt: Path | None, run_dir: Path, resume: str = "exatrain train --dp 2 --resume auto"):
-    return failures.RunContext(plan=p, run=0, checkpoint_dir=None if ckpt is None else str(ckpt), run_dir=run_dir,
-                               resume=resume)
+    return failures.RunContext(
+        plan=p, run=0, checkpoint_dir=None if ckpt is None else str(ckpt), run_dir=run_dir, resume=resume
+    )
 
 
 def fail(rank: int, kind: str, cause: str, completed: int, phase: str, t: float, **kw) -> dict:
-    return {"rank": rank, "run": 0, "completed": completed, "phase": phase, "seq": 2, "time": t, "kind": kind,
-            "cause": cause, "exit_code": kw.pop("exit_code", 4), "user_error": False, "limit_s": 10.0, "beat_s": 1.0,
-            **kw}
+    return {
+        "rank": rank,
+        "run": 0,
+        "completed": completed,
+        "phase": phase,
+        "seq": 2,
+        "time": t,
+        "kind": kind,
+        "cause": cause,
+        "exit_code": kw.pop("exit_code", 4),
+        "user_error": False,
+        "limit_s": 10.0,
+        "beat_s": 1.0,
+        **kw,
+    }
 
 
-def test_an_exception_in_one_rank_is_named_with_its_place_step_checkpoint_and_resume(ckpt: Path,
-                                                                                     tmp_path: Path) -> None:
+def test_an_exception_in_one_rank_is_named_with_its_place_step_checkpoint_and_resume(
+    ckpt: Path, tmp_path: Path
+) -> None:
     now = time.time()
     p = plan()
-    fails = {3: fail(3, "error", "ValueError: bad shard", 16, "backward", now - 2),
-             0: fail(0, "peer", "RuntimeError: Connection closed by peer", 16, "grad-sync", now - 1)}
+    fails = {
+        3: fail(3, "error", "ValueError: bad shard", 16, "backward", now - 2),
+        0: fail(0, "peer", "RuntimeError: Connection closed by peer", 16, "grad-sync", now - 1),
+    }
     d = failures.diagnose(ctx(p, ckpt, tmp_path / "ranks"), {}, fails, exit_codes={0: 4, 1: 4, 2: 4, 3: 4})
     assert isinstance(d.error, RankFailed)
-    assert str(d.error) == (f"rank 3 (tp 1, pp 0, dp 1) failed at step 17 (backward): ValueError: bad shard; "
-                            f"last checkpoint step 16 in {ckpt}; resume with: exatrain train --dp 2 --resume auto; "
-                            f"log: {tmp_path / 'ranks' / 'rank-3.log'}")
+    assert str(d.error) == (
+        f"rank 3 (tp 1, pp 0, dp 1) failed at step 17 (backward): ValueError: bad shard; "
+        f"last checkpoint step 16 in {ckpt}; resume with: exatrain train --dp 2 --resume auto; "
+        f"log: {tmp_path / 'ranks' / 'rank-3.log'}"
+    )
     assert d.error.exit_code == 4 and EXIT_STATUSES[4] == "a rank failed"
-    assert d.failure | {"log": ""} == {"rank": 3, "tp": 1, "pp": 0, "dp": 1, "step": 17, "phase": "backward",
-                                      "kind": "error", "cause": "ValueError: bad shard", "exit_code": 4, "log": ""}
+    assert d.failure | {"log": ""} == {
+        "rank": 3,
+        "tp": 1,
+        "pp": 0,
+        "dp": 1,
+        "step": 17,
+        "phase": "backward",
+        "kind": "error",
+        "cause": "ValueError: bad shard",
+        "exit_code": 4,
+        "log": "",
+    }
     assert "\n" not in str(d.error)
 
 
@@ -223,13 +311,16 @@ def test_a_rank_killed_by_a_signal_is_the_cause_even_when_its_peers_lost_it(ckpt
     fails = {0: fail(0, "peer", "RuntimeError: Connection reset by peer", 16, "backward", now)}
     d = failures.diagnose(ctx(plan(1, 1, 2), ckpt, tmp_path), beats, fails, exit_codes={0: 4, 1: -9})
     assert isinstance(d.error, RankFailed)
-    assert str(d.error).startswith("rank 1 (tp 0, pp 0, dp 1) failed at step 17: killed by SIGKILL; last checkpoint "
-                                   "step 16 in")
+    assert str(d.error).startswith(
+        "rank 1 (tp 0, pp 0, dp 1) failed at step 17: killed by SIGKILL; last checkpoint step 16 in"
+    )
     assert d.failure["kind"] == "signal" and d.failure["step"] == 17
     # killed by the launcher itself (after the cause was known): not the cause
     d = failures.diagnose(ctx(plan(1, 1, 2), ckpt, tmp_path), beats, fails, exit_codes={0: 4, 1: -9}, killed={1})
-    assert str(d.error).startswith("rank 1 (tp 0, pp 0, dp 1) failed at step 17: stopped without a failure record "
-                                   "(last heartbeat 40 s before; killed by a signal?)")
+    assert str(d.error).startswith(
+        "rank 1 (tp 0, pp 0, dp 1) failed at step 17: stopped without a failure record "
+        "(last heartbeat 40 s before; killed by a signal?)"
+    )
 
 
 def test_bad_input_a_rank_found_is_its_own_line_and_status(tmp_path: Path) -> None:
@@ -242,24 +333,33 @@ def test_bad_input_a_rank_found_is_its_own_line_and_status(tmp_path: Path) -> No
 
 def test_a_hang_names_the_ranks_that_did_not_arrive_and_what_each_was_doing(ckpt: Path, tmp_path: Path) -> None:
     now = time.time()
-    beats = {0: beat(0, 16, "grad-sync", 1, now), 1: beat(1, 16, "grad-sync", 1, now),
-             2: beat(2, 16, "grad-sync", 1, now), 3: beat(3, 16, "forward", 31, now, seq=1)}
+    beats = {
+        0: beat(0, 16, "grad-sync", 1, now),
+        1: beat(1, 16, "grad-sync", 1, now),
+        2: beat(2, 16, "grad-sync", 1, now),
+        3: beat(3, 16, "forward", 31, now, seq=1),
+    }
     fails = {r: fail(r, "hung", "waited", 16, "grad-sync", now, exit_code=5, not_arrived=[3]) for r in range(3)}
-    d = failures.diagnose(ctx(plan(), ckpt, tmp_path), beats, fails, exit_codes={0: 5, 1: 5, 2: 5, 3: -9}, killed={3},
-                          now=now)
+    d = failures.diagnose(
+        ctx(plan(), ckpt, tmp_path), beats, fails, exit_codes={0: 5, 1: 5, 2: 5, 3: -9}, killed={3}, now=now
+    )
     assert isinstance(d.error, RankHung) and d.error.exit_code == 5
     text = str(d.error)
-    assert text.startswith("rank 3 did not arrive within the watchdog's 10 s: rank 3 (tp 1, pp 0, dp 1) was last heard "
-                           "from 31 s before, in forward of step 17 (last completed step 16); ranks 0, 1, 2 waited in "
-                           "grad-sync of step 17 (last completed step 16); last checkpoint step 16 in"), text
+    assert text.startswith(
+        "rank 3 did not arrive within the watchdog's 10 s: rank 3 (tp 1, pp 0, dp 1) was last heard "
+        "from 31 s before, in forward of step 17 (last completed step 16); ranks 0, 1, 2 waited in "
+        "grad-sync of step 17 (last completed step 16); last checkpoint step 16 in"
+    ), text
     assert d.failure["rank"] == 3 and d.failure["kind"] == "hung" and d.failure["not_arrived"] == [3]
     assert d.failure["ranks"]["3"] == {"completed": 16, "phase": "forward"}
 
 
 def test_an_interrupt_wins_and_is_status_130(tmp_path: Path) -> None:
     now = time.time()
-    fails = {0: fail(0, "interrupted", "interrupted (SIGINT)", 5, "forward", now, exit_code=130),
-             1: fail(1, "peer", "RuntimeError: Connection closed by peer", 5, "backward", now)}
+    fails = {
+        0: fail(0, "interrupted", "interrupted (SIGINT)", 5, "forward", now, exit_code=130),
+        1: fail(1, "peer", "RuntimeError: Connection closed by peer", 5, "backward", now),
+    }
     d = failures.diagnose(ctx(plan(1, 1, 2), None, tmp_path), {}, fails, interrupted=True)
     assert isinstance(d.error, Interrupted) and d.error.exit_code == 130
     assert str(d.error) == "interrupted (SIGINT) in forward of step 6; no checkpoint (the run has no --checkpoint-dir)"
@@ -282,9 +382,11 @@ def test_the_resume_command_is_the_users_with_resume_auto() -> None:
 
 
 def test_exception_text_is_one_short_line() -> None:
-    gloo = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
-                        "[127.0.0.1]:20910: Connection reset by peer. This is typically caused by a remote worker "
-                        "hanging or bugs in the application. Check the logs ... GLHF!")
+    gloo = RuntimeError(
+        "[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:20910: Connection reset by peer. This is typically caused by a remote worker "
+        "hanging or bugs in the application. Check the logs ... GLHF!"
+    )
     assert failures.compact(gloo) == "RuntimeError: Read error [127.0.0.1]:20910: Connection reset by peer."
     assert failures.is_peer_loss(failures.compact(gloo))
     assert not failures.is_peer_loss("FileExistsError: [Errno 17] File exists: 'ckpt/.tmp-step-00000002'")
@@ -307,18 +409,22 @@ class FakeMonitor(RankMonitor):
         raise Ended
 
 
-@pytest.mark.parametrize("exc, kind, code, user", [
-    (UserError("bad --data"), "error", 2, True),
-    (KeyboardInterrupt(), "interrupted", 130, False),
-    (health.Terminated(signal.SIGTERM), "interrupted", 143, False),
-    (health.Terminated(signal.SIGHUP), "interrupted", 129, False),
-    (health.Stopped(7, {0: signal.SIGTERM}, "interrupted (SIGTERM)", signal.SIGTERM), "interrupted", 143, False),
-    (SystemExit(1), "error", 4, False),
-    (FileExistsError(17, "File exists"), "error", 4, False),
-    (RuntimeError("Connection closed by peer"), "peer", 4, False),
-])
-def test_every_way_out_of_a_rank_is_recorded(exc: BaseException, kind: str, code: int, user: bool,
-                                             capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "exc, kind, code, user",
+    [
+        (UserError("bad --data"), "error", 2, True),
+        (KeyboardInterrupt(), "interrupted", 130, False),
+        (health.Terminated(signal.SIGTERM), "interrupted", 143, False),
+        (health.Terminated(signal.SIGHUP), "interrupted", 129, False),
+        (health.Stopped(7, {0: signal.SIGTERM}, "interrupted (SIGTERM)", signal.SIGTERM), "interrupted", 143, False),
+        (SystemExit(1), "error", 4, False),
+        (FileExistsError(17, "File exists"), "error", 4, False),
+        (RuntimeError("Connection closed by peer"), "peer", 4, False),
+    ],
+)
+def test_every_way_out_of_a_rank_is_recorded(
+    exc: BaseException, kind: str, code: int, user: bool, capsys: pytest.CaptureFixture
+) -> None:
     from exatrain.trainer.spawn import _end_rank
 
     m = FakeMonitor()
@@ -340,8 +446,10 @@ def test_sigterm_under_torchrun_or_srun_is_a_consequence_and_the_silent_rank_is_
     fails = {r: fail(r, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=143) for r in (0, 1, 3)}
     d = failures.diagnose(ctx(plan(), None, tmp_path), beats, fails, now=now)
     assert isinstance(d.error, RankFailed) and d.failure["rank"] == 2 and d.failure["kind"] == "lost"
-    assert str(d.error).startswith("rank 2 (tp 0, pp 0, dp 1) failed at step 8 (backward): stopped without a "
-                                   "failure record (last heartbeat 0 s before; killed by a signal?)")
+    assert str(d.error).startswith(
+        "rank 2 (tp 0, pp 0, dp 1) failed at step 8 (backward): stopped without a "
+        "failure record (last heartbeat 0 s before; killed by a signal?)"
+    )
     # every rank told to stop (scancel): an interrupt
     fails[2] = fail(2, "terminated", "interrupted (SIGTERM)", 7, "backward", now, exit_code=143)
     d = failures.diagnose(ctx(plan(), None, tmp_path), beats, fails, now=now)
@@ -388,19 +496,43 @@ def test_the_failed_record_keeps_what_the_run_measured_and_its_ranks(tmp_path: P
     p = plan(1, 1, 2)
     metrics = tmp_path / "m.jsonl"
     earlier = RunRecord(plan=p, measured=None, status="ok").to_dict()
-    full = {"grad_norm": 1.0, "lr": 1e-3, "step_time_s": 0.5, "tokens_per_s": 100.0, "model_tflops_per_gpu": 0.1,
-            "mfu": None, "peak_memory_bytes": [10, 20], "skipped": False}
-    lines = [{**step(9), **full}, earlier] + [{**step(i), **full} for i in (1, 2, 3)] + [
-        {"kind": "ranks", "first_step": 1, "last_step": 2, "compute_s": [0.1, 0.3], "wait_s": [0.2, 0.0],
-         "stragglers": [1]}]
+    full = {
+        "grad_norm": 1.0,
+        "lr": 1e-3,
+        "step_time_s": 0.5,
+        "tokens_per_s": 100.0,
+        "model_tflops_per_gpu": 0.1,
+        "mfu": None,
+        "peak_memory_bytes": [10, 20],
+        "skipped": False,
+    }
+    lines = (
+        [{**step(9), **full}, earlier]
+        + [{**step(i), **full} for i in (1, 2, 3)]
+        + [
+            {
+                "kind": "ranks",
+                "first_step": 1,
+                "last_step": 2,
+                "compute_s": [0.1, 0.3],
+                "wait_s": [0.2, 0.0],
+                "stragglers": [1],
+            }
+        ]
+    )
     metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
     d = failures.diagnose(ctx(p, None, tmp_path), {}, {1: fail(1, "error", "OSError: disk full", 3, "forward", 1.0)})
     failures.write_failed_record(str(metrics), p, d, device="cpu", wall_s=12.0, measure_after=1)
     rec = read_run_records(metrics)[-1]
     assert rec.status == "failed" and rec.error == str(d.error) and rec.failure["rank"] == 1
     assert isinstance(rec.measured, Measured) and rec.measured.steps == 3 and rec.measured.peak_memory_bytes == 20
-    assert rec.rank_times == {"steps": 2, "windows": 1, "compute_s": [0.1, 0.3], "wait_s": [0.2, 0.0],
-                              "stragglers": [1]}
+    assert rec.rank_times == {
+        "steps": 2,
+        "windows": 1,
+        "compute_s": [0.1, 0.3],
+        "wait_s": [0.2, 0.0],
+        "stragglers": [1],
+    }
     assert rec.env["world_size"] == 2 and rec.env["backend"] == "gloo" and rec.env["wall_s"] == 12.0
     # a record read back equals the one written; records from before these fields still load
     assert RunRecord.from_dict(rec.to_dict()) == rec
@@ -416,13 +548,27 @@ def test_the_per_rank_picture_draws_the_last_runs_windows(tmp_path: Path) -> Non
     from exatrain.report.ranks import rank_times
 
     coords = [[r % 2, 0, r // 2] for r in range(4)]
-    def w(a, b, c3, named):
-        return {"kind": "ranks", "first_step": a, "last_step": b, "compute_s": [0.1, 0.1, 0.1, c3],
-                "wait_s": [0.3, 0.3, 0.3, 0.1], "coords": coords, "slow": [3], "stragglers": named}
 
-    lines = [w(1, 3, 9.0, []), RunRecord(plan=plan(), measured=None).to_dict(),  # an earlier run: not drawn
-             w(1, 3, 0.4, []), w(4, 6, 0.4, [3]),
-             {"kind": "superseded", "resumed_from_step": 3, "line": w(4, 6, 7.0, [3])}, w(4, 9, 0.3, [3])]
+    def w(a, b, c3, named):
+        return {
+            "kind": "ranks",
+            "first_step": a,
+            "last_step": b,
+            "compute_s": [0.1, 0.1, 0.1, c3],
+            "wait_s": [0.3, 0.3, 0.3, 0.1],
+            "coords": coords,
+            "slow": [3],
+            "stragglers": named,
+        }
+
+    lines = [
+        w(1, 3, 9.0, []),
+        RunRecord(plan=plan(), measured=None).to_dict(),  # an earlier run: not drawn
+        w(1, 3, 0.4, []),
+        w(4, 6, 0.4, [3]),
+        {"kind": "superseded", "resumed_from_step": 3, "line": w(4, 6, 7.0, [3])},
+        w(4, 9, 0.3, [3]),
+    ]
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     fig = rank_times(path, tmp_path / "ranks.png")

@@ -68,8 +68,14 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank_and_halves_the_sca
 
 
 def test_a_two_rank_float16_run_trains_as_the_bfloat16_one(tmp_path: Path) -> None:
-    runs = run_batch(tmp_path, {"fp16": dict(dp=2, zero_stage=1, dtype="float16", steps=3),
-                                "bf16": dict(dp=2, zero_stage=1, dtype="bfloat16", steps=3)}, timeout_s=600)
+    runs = run_batch(
+        tmp_path,
+        {
+            "fp16": dict(dp=2, zero_stage=1, dtype="float16", steps=3),
+            "bf16": dict(dp=2, zero_stage=1, dtype="bfloat16", steps=3),
+        },
+        timeout_s=600,
+    )
     fp16, bf16 = runs["fp16"], runs["bf16"]
     assert len(fp16.losses) == 3 and all(math.isfinite(x) for x in fp16.losses)
     # the first step's loss is the same forward in another 16-bit format
@@ -88,8 +94,9 @@ def _fp16_trainer(steps: int = 3):
     from exatrain.trainer.config import TrainConfig
     from exatrain.trainer.train import Trainer
 
-    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float16",
-                cluster="local-cpu").validate()
+    plan = Plan(
+        model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float16", cluster="local-cpu"
+    ).validate()
     return Trainer(TrainConfig(plan=plan, steps=steps, quiet=True).check())
 
 

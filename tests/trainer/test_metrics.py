@@ -29,8 +29,15 @@ def test_model_flops_without_an_estimate_is_korthikanti_eq7() -> None:
 
 def test_model_flops_come_from_the_plans_estimate_when_it_has_one() -> None:
     mem = MemoryBreakdown()
-    est = StepEstimate(params=1, params_by_stage=(1,), memory_bytes=mem, memory_by_stage=(mem,),
-                       capacity_bytes=1, fits=True, model_flops_per_step=1.25e15)
+    est = StepEstimate(
+        params=1,
+        params_by_stage=(1,),
+        memory_bytes=mem,
+        memory_by_stage=(mem,),
+        capacity_bytes=1,
+        fits=True,
+        model_flops_per_step=1.25e15,
+    )
     assert plan_model_flops(plan_for("gpt-tiny").with_estimate(est)) == 1.25e15
 
 
@@ -47,9 +54,20 @@ def test_device_peaks() -> None:
 def test_summary_takes_medians_after_warm_up_and_peaks_by_stage() -> None:
     plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(tp=1, pp=2, dp=2), shape=TrainShape(1, 8)).validate()
     times = [5.0, 3.0, 1.0, 2.0, 4.0]
-    steps = [StepMetrics(step=i + 1, loss=10.0 - i, grad_norm=1.0, lr=1e-3, step_time_s=t, tokens_per_s=100 / t,
-                         model_tflops_per_gpu=1 / t, mfu=None, peak_memory_bytes=(1, 2, 7, 4 + i))
-             for i, t in enumerate(times)]
+    steps = [
+        StepMetrics(
+            step=i + 1,
+            loss=10.0 - i,
+            grad_norm=1.0,
+            lr=1e-3,
+            step_time_s=t,
+            tokens_per_s=100 / t,
+            model_tflops_per_gpu=1 / t,
+            mfu=None,
+            peak_memory_bytes=(1, 2, 7, 4 + i),
+        )
+        for i, t in enumerate(times)
+    ]
     m = summarize(steps, plan, measure_after=2)
     assert m.step_time_s == 2.0 and m.tokens_per_s == 50.0 and m.model_tflops_per_gpu == 0.5
     assert m.mfu is None and (m.first_loss, m.last_loss) == (10.0, 6.0) and m.steps == 5
@@ -65,8 +83,14 @@ def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
 
 
 def test_zero_bubble_with_fsdp_is_refused() -> None:
-    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(pp=2, dp=2), shape=TrainShape(1, 8),
-                zero_stage=3, schedule="zero_bubble", interleave=2).validate()
+    plan = Plan(
+        model=get_model("gpt-tiny"),
+        dims=ParallelDims(pp=2, dp=2),
+        shape=TrainShape(1, 8),
+        zero_stage=3,
+        schedule="zero_bubble",
+        interleave=2,
+    ).validate()
     with pytest.raises(PlanError, match="zero_bubble"):
         TrainConfig(plan=plan).check()
     TrainConfig(plan=plan.replace(zero_stage=1)).check()

@@ -18,8 +18,9 @@ def meta_model(name: str) -> Transformer:
         return Transformer(get_model(name))
 
 
-@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "gpt-small", "gpt3-1.3b", "gpt-175b",
-                                  "megatron-1t", "llama3-8b", "llama3-70b"])
+@pytest.mark.parametrize(
+    "name", ["gpt-tiny", "llama-tiny", "gpt-small", "gpt3-1.3b", "gpt-175b", "megatron-1t", "llama3-8b", "llama3-70b"]
+)
 def test_parameter_count_equals_the_planners(name: str) -> None:
     model = meta_model(name)
     assert sum(p.numel() for p in model.parameters()) == total_params(get_model(name))
@@ -68,8 +69,9 @@ def test_init_values_do_not_depend_on_the_pipeline_split() -> None:
     whole = meta_model("gpt-tiny")
     materialize(whole, spec, seed=0, device=torch.device("cpu"))
     ref = dict(whole.named_parameters())
-    plan = Plan(model=spec, dims=ParallelDims(pp=2), shape=TrainShape(1, 4), schedule="interleaved",
-                interleave=2).validate()
+    plan = Plan(
+        model=spec, dims=ParallelDims(pp=2), shape=TrainShape(1, 4), schedule="interleaved", interleave=2
+    ).validate()
     seen = set()
     for pp_rank in range(2):
         for index, stage in split_stages(meta_model("gpt-tiny"), plan, pp_rank):
@@ -84,14 +86,15 @@ def test_init_values_do_not_depend_on_the_pipeline_split() -> None:
 
 def test_interleaved_split_uses_looped_placement_and_uneven_layers() -> None:
     spec = get_model("gpt-tiny")  # 4 layers
-    looped = Plan(model=spec, dims=ParallelDims(pp=2), shape=TrainShape(1, 4), schedule="interleaved",
-                  interleave=2).validate()
+    looped = Plan(
+        model=spec, dims=ParallelDims(pp=2), shape=TrainShape(1, 4), schedule="interleaved", interleave=2
+    ).validate()
     stages = split_stages(meta_model("gpt-tiny"), looped, 0)
     assert [(i, list(m.layers)) for i, m in stages] == [(0, ["0"]), (2, ["2"])]
     assert stages[0][1].embed is not None and stages[1][1].head is None
     uneven = Plan(model=spec, dims=ParallelDims(pp=2), shape=TrainShape(1, 4), stage_layers=(1, 3)).validate()
-    (i0, first), = split_stages(meta_model("gpt-tiny"), uneven, 0)
-    (i1, last), = split_stages(meta_model("gpt-tiny"), uneven, 1)
+    ((i0, first),) = split_stages(meta_model("gpt-tiny"), uneven, 0)
+    ((i1, last),) = split_stages(meta_model("gpt-tiny"), uneven, 1)
     assert (list(first.layers), list(last.layers)) == (["0"], ["1", "2", "3"])
     assert first.head is None and last.embed is None and last.head is not None
 
@@ -103,8 +106,7 @@ def test_stage_parameters_equal_the_planners_stage_counts(name: str, pp: int) ->
     spec = get_model(name)
     plan = Plan(model=spec, dims=ParallelDims(pp=pp), shape=TrainShape(1, 4 * pp)).validate()
     whole = meta_model(name)  # split_stages copies what a stage keeps and leaves the whole model as it was
-    counts = tuple(sum(p.numel() for _, m in split_stages(whole, plan, r) for p in m.parameters())
-                   for r in range(pp))
+    counts = tuple(sum(p.numel() for _, m in split_stages(whole, plan, r) for p in m.parameters()) for r in range(pp))
     assert sum(p.numel() for p in whole.parameters()) == total_params(spec)
     assert counts == stage_params(plan)
 

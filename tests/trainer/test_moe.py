@@ -58,6 +58,7 @@ def init_moe(spec, seed: int = 0) -> MoE:
 
 # ---- the layer on one device ------------------------------------------------------------------
 
+
 def test_layer_equals_transformers_mixtral_block() -> None:
     """softmax router, top-2 renormalised, no shared experts: Mixtral's sparse MoE block, weights copied."""
     from transformers import MixtralConfig
@@ -65,8 +66,14 @@ def test_layer_equals_transformers_mixtral_block() -> None:
 
     spec = moe_spec(shared_experts=0)
     ours = init_moe(spec)
-    cfg = MixtralConfig(hidden_size=spec.hidden, intermediate_size=spec.expert_width, num_local_experts=spec.experts,
-                        num_experts_per_tok=spec.top_k, hidden_act="silu", router_jitter_noise=0.0)
+    cfg = MixtralConfig(
+        hidden_size=spec.hidden,
+        intermediate_size=spec.expert_width,
+        num_local_experts=spec.experts,
+        num_experts_per_tok=spec.top_k,
+        hidden_act="silu",
+        router_jitter_noise=0.0,
+    )
     ref = MixtralSparseMoeBlock(cfg)
     with torch.no_grad():
         ref.gate.weight.copy_(ours.router.weight)
@@ -79,10 +86,12 @@ def test_layer_equals_transformers_mixtral_block() -> None:
     g = torch.randn_like(y_ref)
     y_ours.backward(g)
     y_ref.backward(g)
-    for mine, theirs in ((x1.grad, x2.grad), (ours.router.weight.grad, ref.gate.weight.grad),
-                         (ours.experts.w2.grad, ref.experts.down_proj.grad),
-                         (torch.cat([ours.experts.w1.grad, ours.experts.w3.grad], dim=1),
-                          ref.experts.gate_up_proj.grad)):
+    for mine, theirs in (
+        (x1.grad, x2.grad),
+        (ours.router.weight.grad, ref.gate.weight.grad),
+        (ours.experts.w2.grad, ref.experts.down_proj.grad),
+        (torch.cat([ours.experts.w1.grad, ours.experts.w3.grad], dim=1), ref.experts.gate_up_proj.grad),
+    ):
         assert_close(mine, theirs)
 
 
@@ -204,6 +213,7 @@ def test_model_layers_and_parameter_counts() -> None:
 
 # ---- the plan and the refused layouts --------------------------------------------------------
 
+
 def test_plan_ep_is_serialised_only_when_used() -> None:
     spec = get_model("moe-tiny")
     plain = Plan(model=spec, dims=ParallelDims(dp=2), shape=TrainShape(1, 4)).validate()
@@ -214,24 +224,30 @@ def test_plan_ep_is_serialised_only_when_used() -> None:
     assert Plan.from_dict(plain.to_dict()).dims.ep == 1
 
 
-@pytest.mark.parametrize("model, dp, ep, words", [
-    ("moe-tiny", 4, 3, "not divisible by ep 3"),  # 4 experts
-    ("moe-tiny", 2, 4, "dp 2 is not divisible by ep 4"),
-    ("gpt-tiny", 2, 2, "needs a mixture-of-experts model"),
-    ("moe-tiny", 2, 0, "--ep must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "model, dp, ep, words",
+    [
+        ("moe-tiny", 4, 3, "not divisible by ep 3"),  # 4 experts
+        ("moe-tiny", 2, 4, "dp 2 is not divisible by ep 4"),
+        ("gpt-tiny", 2, 2, "needs a mixture-of-experts model"),
+        ("moe-tiny", 2, 0, "--ep must be a positive integer"),
+    ],
+)
 def test_plan_refuses_impossible_ep(model: str, dp: int, ep: int, words: str) -> None:
     with pytest.raises(PlanError, match=words):
         Plan(model=get_model(model), dims=ParallelDims(dp=dp, ep=ep), shape=TrainShape(1, 4 * dp)).validate()
 
 
-@pytest.mark.parametrize("plan_kw, train_kw, words", [
-    (dict(dp=2, ep=2, zero_stage=1), {}, "runs with --zero 0 only"),
-    (dict(dp=2, ep=2, zero_stage=3), {}, "runs with --zero 0 only"),
-    (dict(pp=2, schedule="zero_bubble", interleave=2), {}, "zero_bubble schedule does not run mixture-of-experts"),
-    (dict(), dict(compile=True), "--compile does not run mixture-of-experts"),
-    (dict(), dict(moe_aux_loss_coef=-1.0), "must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "plan_kw, train_kw, words",
+    [
+        (dict(dp=2, ep=2, zero_stage=1), {}, "runs with --zero 0 only"),
+        (dict(dp=2, ep=2, zero_stage=3), {}, "runs with --zero 0 only"),
+        (dict(pp=2, schedule="zero_bubble", interleave=2), {}, "zero_bubble schedule does not run mixture-of-experts"),
+        (dict(), dict(compile=True), "--compile does not run mixture-of-experts"),
+        (dict(), dict(moe_aux_loss_coef=-1.0), "must be >= 0"),
+    ],
+)
 def test_trainer_refuses_unsupported_moe_layouts_in_one_line(plan_kw: dict, train_kw: dict, words: str) -> None:
     dims = {k: plan_kw.pop(k) for k in ("dp", "ep", "pp") if k in plan_kw}
     plan = Plan(model=get_model("moe-tiny"), dims=ParallelDims(**dims), shape=TrainShape(1, 8), **plan_kw).validate()
@@ -255,16 +271,22 @@ MIXTRAL_LIKE = moe_spec(shared_experts=0, dense_layers=0, name="moe-tiny-mixtral
 # Cases by world size (one launch each); the reference of a case is "single" or "single-sigmoid-bias".
 # With a checkpoint: saved after every step, for the first-step gradients (module doc).
 BATCHES: dict[int, dict[str, tuple[dict, bool]]] = {
-    1: {"single": (dict(), True),
+    1: {
+        "single": (dict(), True),
         "single-sigmoid-bias": (dict(model=moe_spec(**SIGMOID_BIAS)), True),
-        "mixtral-like": (dict(model=MIXTRAL_LIKE, steps=2), True)},  # for the Hugging Face export
-    2: {"ep2": (dict(dp=2, ep=2), True),
+        "mixtral-like": (dict(model=MIXTRAL_LIKE, steps=2), True),
+    },  # for the Hugging Face export
+    2: {
+        "ep2": (dict(dp=2, ep=2), True),
         "dp2-ep1-ddp": (dict(dp=2), False),  # the experts replicated over dp: DDP as for a dense model
-        "ep2-sigmoid-bias": (dict(model=moe_spec(**SIGMOID_BIAS), dp=2, ep=2), True)},
-    4: {"ep2-tp2": (dict(dp=2, ep=2, tp=2), True),
+        "ep2-sigmoid-bias": (dict(model=moe_spec(**SIGMOID_BIAS), dp=2, ep=2), True),
+    },
+    4: {
+        "ep2-tp2": (dict(dp=2, ep=2, tp=2), True),
         "ep2-pp2": (dict(dp=2, ep=2, pp=2), True),
         "dp4-ep2": (dict(dp=4, ep=2), True),  # two expert-data-parallel ranks per expert
-        "ep2-tp2-sp": (dict(dp=2, ep=2, tp=2, sequence_parallel=True), False)},
+        "ep2-tp2-sp": (dict(dp=2, ep=2, tp=2, sequence_parallel=True), False),
+    },
 }
 CASES = {name: spec for batch in BATCHES.values() for name, spec in batch.items()}
 PARITY = [name for world, batch in BATCHES.items() if world > 1 for name in batch]
@@ -277,8 +299,13 @@ def reference_name(name: str) -> str:
 
 def launch_cases(out: Path) -> dict[int, dict[str, dict]]:
     """This module's cases by world size, for the trainer tests' shared launches (conftest.py)."""
-    return {world: {name: {"model": "moe-tiny", "steps": STEPS, "train_kw": train_kw(out, name, save), **kw}
-                    for name, (kw, save) in batch.items()} for world, batch in BATCHES.items()}
+    return {
+        world: {
+            name: {"model": "moe-tiny", "steps": STEPS, "train_kw": train_kw(out, name, save), **kw}
+            for name, (kw, save) in batch.items()
+        }
+        for world, batch in BATCHES.items()
+    }
 
 
 def train_kw(out: Path, name: str, save: bool) -> dict:
@@ -289,8 +316,10 @@ def train_kw(out: Path, name: str, save: bool) -> dict:
 def runs(world1: dict, world2: dict, world4: dict, trainer_out: Path) -> dict[str, tuple[Run, Path | None]]:
     """Every case's run and checkpoint root (None when it saved none)."""
     found = {**world1["moe"], **world2["moe"], **world4["moe"]}
-    return {name: (found[name], Path(train_kw(trainer_out / "moe", name, True)["checkpoint_dir"]) if save else None)
-            for name, (_, save) in CASES.items()}
+    return {
+        name: (found[name], Path(train_kw(trainer_out / "moe", name, True)["checkpoint_dir"]) if save else None)
+        for name, (_, save) in CASES.items()
+    }
 
 
 def first_step_grads(run: Run, checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -298,8 +327,11 @@ def first_step_grads(run: Run, checkpoint: Path) -> dict[str, torch.Tensor]:
     moments = read_full(ckpt_files.select(checkpoint, 1).path, prefix="optim.")
     norm = run.grad_norms[0]
     unclip = (norm + 1e-6) / GRAD_CLIP if norm > GRAD_CLIP else 1.0  # train.clip_grad_norm's coefficient
-    return {k.removesuffix(".exp_avg"): v.double() / (1 - BETA1) * unclip
-            for k, v in moments.items() if k.endswith(".exp_avg")}
+    return {
+        k.removesuffix(".exp_avg"): v.double() / (1 - BETA1) * unclip
+        for k, v in moments.items()
+        if k.endswith(".exp_avg")
+    }
 
 
 def router_biases(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -345,10 +377,15 @@ def test_losses_and_gradient_norms_equal_the_single_device_run(name: str, runs) 
     (run, _), (ref, _) = runs[name], runs[reference_name(name)]
     assert len(run.losses) == STEPS
     aux, ref_aux = [s["aux_loss"] for s in run.steps], [s["aux_loss"] for s in ref.steps]
-    diffs = [max_rel_diff(run.losses, ref.losses), max_rel_diff(run.grad_norms, ref.grad_norms),
-             max_rel_diff(aux, ref_aux)]
-    print(f"{name}: max relative difference over {STEPS} steps: loss {diffs[0]:.1e}, grad norm {diffs[1]:.1e}, "
-          f"balancing loss {diffs[2]:.1e}")
+    diffs = [
+        max_rel_diff(run.losses, ref.losses),
+        max_rel_diff(run.grad_norms, ref.grad_norms),
+        max_rel_diff(aux, ref_aux),
+    ]
+    print(
+        f"{name}: max relative difference over {STEPS} steps: loss {diffs[0]:.1e}, grad norm {diffs[1]:.1e}, "
+        f"balancing loss {diffs[2]:.1e}"
+    )
     assert diffs[0] <= RTOL, (run.losses, ref.losses)
     assert diffs[1] <= RTOL, (run.grad_norms, ref.grad_norms)
     assert diffs[2] <= RTOL, (aux, ref_aux)

@@ -129,10 +129,14 @@ def _route(kind: str, logits: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Te
 def test_a_bfloat16_run_routes_in_float32(one_rank: None, kind: str) -> None:
     t = trainer("bfloat16", router=kind, router_bias=kind == "sigmoid")
     seen: list[tuple[torch.Tensor, ...]] = []
-    hooks = [m.router.register_forward_hook(
-        lambda mod, args, out: seen.append((args[0].detach(), mod.weight.detach().clone(), out[0].detach(),
-                                            out[1].detach(), out[2].detach())))
-        for m in moe_layers(t.pm.modules[0])]
+    hooks = [
+        m.router.register_forward_hook(
+            lambda mod, args, out: seen.append(
+                (args[0].detach(), mod.weight.detach().clone(), out[0].detach(), out[1].detach(), out[2].detach())
+            )
+        )
+        for m in moe_layers(t.pm.modules[0])
+    ]
     try:
         t.step(0)
     finally:

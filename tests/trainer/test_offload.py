@@ -33,8 +33,14 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("offload")
-    return run_batch(out, {"plain": dict(dp=2, zero_stage=3, steps=STEPS),
-                           "offload": dict(dp=2, zero_stage=3, steps=STEPS, offload="params")}, timeout_s=600)
+    return run_batch(
+        out,
+        {
+            "plain": dict(dp=2, zero_stage=3, steps=STEPS),
+            "offload": dict(dp=2, zero_stage=3, steps=STEPS, offload="params"),
+        },
+        timeout_s=600,
+    )
 
 
 def test_the_offloaded_run_trains_as_the_one_without(runs) -> None:
@@ -62,8 +68,14 @@ def test_the_trainer_shards_with_cpu_offload_policy(tmp_path: Path) -> None:
         mesh = init_device_mesh("cpu", (1,))
         policies = {}
         for offload in ("params", "none"):
-            plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(dp=2), shape=TrainShape(2, 8), zero_stage=3,
-                        dtype="float32", offload=offload)
+            plan = Plan(
+                model=get_model("gpt-tiny"),
+                dims=ParallelDims(dp=2),
+                shape=TrainShape(2, 8),
+                zero_stage=3,
+                dtype="float32",
+                offload=offload,
+            )
             with torch.device("meta"):
                 module = Transformer(plan.model)
             shard_stage(module, plan, None, mesh)
@@ -80,16 +92,29 @@ def test_the_trainer_refuses_what_it_does_not_offload() -> None:
 
     cpu = get_cluster("local-cpu")
     # a plan made for DeepSpeed's optimizer offload: the trainer's own refusal (settings.SETTINGS' record)
-    ds = make_plan("llama-tiny", cpu, gpus=2, micro_batch=1, global_batch=2, zero=1, runtime="megatron-deepspeed",
-                   offload="optimizer")
+    ds = make_plan(
+        "llama-tiny",
+        cpu,
+        gpus=2,
+        micro_batch=1,
+        global_batch=2,
+        zero=1,
+        runtime="megatron-deepspeed",
+        offload="optimizer",
+    )
     with pytest.raises(UserError) as e:
         TrainConfig(plan=ds).check()
-    assert str(e.value) == ("the exatrain trainer offloads through FSDP2's CPUOffloadPolicy (--offload params, "
-                            "ZeRO-2/3); plan --offload optimizer for DeepSpeed or Megatron-Core, or train a plan made "
-                            "with --offload params")
+    assert str(e.value) == (
+        "the exatrain trainer offloads through FSDP2's CPUOffloadPolicy (--offload params, "
+        "ZeRO-2/3); plan --offload optimizer for DeepSpeed or Megatron-Core, or train a plan made "
+        "with --offload params"
+    )
     # a plan for the trainer itself: the plan's rule says which offload it runs, at which stages
-    with pytest.raises(UserError, match=r"^--offload optimizer is not run by exatrain; it is run by "
-                                        r"megatron-deepspeed or megatron-core \(exatrain offloads --offload params\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"^--offload optimizer is not run by exatrain; it is run by "
+        r"megatron-deepspeed or megatron-core \(exatrain offloads --offload params\)$",
+    ):
         make_plan("llama-tiny", cpu, gpus=2, micro_batch=1, global_batch=2, zero=3, offload="optimizer")
     with pytest.raises(UserError, match=r"^--offload params under exatrain needs --zero 2 or 3 \(got 1\)$"):
         make_plan("llama-tiny", cpu, gpus=2, micro_batch=1, global_batch=2, zero=1, offload="params")

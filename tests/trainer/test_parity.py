@@ -128,8 +128,9 @@ TWO_RANKS = {
     "dp2-ddp-bf16": dict(dp=2, zero_stage=0, dtype="bfloat16"),
     "dp2-fsdp-zero3-bf16": dict(dp=2, zero_stage=3, dtype="bfloat16"),
     "dropout-dp2-fsdp-zero3-recompute-full": dict(dp=2, zero_stage=3, recompute="full", dropout=0.1),
-    "llama-dropout-tp2-sp-recompute-selective": dict(model="llama-tiny", tp=2, sequence_parallel=True,
-                                                     recompute="selective", dropout=0.1),
+    "llama-dropout-tp2-sp-recompute-selective": dict(
+        model="llama-tiny", tp=2, sequence_parallel=True, recompute="selective", dropout=0.1
+    ),
 }
 FOUR_RANKS = {
     "tp2-pp2": dict(tp=2, pp=2),
@@ -137,16 +138,19 @@ FOUR_RANKS = {
     "tp2-dp2-ddp": dict(tp=2, dp=2),  # DDP over the local shards of DTensor parameters
     "tp2-dp2-zero1-recompute-full": dict(tp=2, dp=2, zero_stage=1, recompute="full"),
     "tp2-sp-dp2-fsdp-zero3": dict(tp=2, dp=2, zero_stage=3, sequence_parallel=True),
-    "pp2-dp2-zero2-interleaved-selective": dict(pp=2, dp=2, zero_stage=2, schedule="interleaved",
-                                                interleave=2, recompute="selective"),
+    "pp2-dp2-zero2-interleaved-selective": dict(
+        pp=2, dp=2, zero_stage=2, schedule="interleaved", interleave=2, recompute="selective"
+    ),
     "llama-pp2-dp2-zero_bubble": dict(model="llama-tiny", pp=2, dp=2, schedule="zero_bubble", interleave=2),
-    "dropout-tp2-sp-pp2-interleaved": dict(tp=2, pp=2, sequence_parallel=True, schedule="interleaved",
-                                           interleave=2, dropout=0.1),
+    "dropout-tp2-sp-pp2-interleaved": dict(
+        tp=2, pp=2, sequence_parallel=True, schedule="interleaved", interleave=2, dropout=0.1
+    ),
 }
 EIGHT_RANKS = {
     "tp2-pp2-dp2-zero1": dict(tp=2, pp=2, dp=2, zero_stage=1),
-    "tp2-sp-pp2-dp2-fsdp-zero3-interleaved-full": dict(tp=2, pp=2, dp=2, zero_stage=3, sequence_parallel=True,
-                                                       schedule="interleaved", interleave=2, recompute="full"),
+    "tp2-sp-pp2-dp2-fsdp-zero3-interleaved-full": dict(
+        tp=2, pp=2, dp=2, zero_stage=3, sequence_parallel=True, schedule="interleaved", interleave=2, recompute="full"
+    ),
 }
 
 
@@ -156,8 +160,12 @@ def _steps(cases: dict[str, dict], suffix: str = "") -> dict[str, dict]:
 
 def launch_cases(out) -> dict[int, dict[str, dict]]:
     """This module's cases by world size, for the shared launches (tests/trainer/conftest.py)."""
-    return {1: {**REFERENCE, **_steps(REFERENCE, SHORT)}, 2: _steps(TWO_RANKS), 4: _steps(FOUR_RANKS),
-            8: _steps(EIGHT_RANKS)}
+    return {
+        1: {**REFERENCE, **_steps(REFERENCE, SHORT)},
+        2: _steps(TWO_RANKS),
+        4: _steps(FOUR_RANKS),
+        8: _steps(EIGHT_RANKS),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +269,9 @@ def test_a_plan_without_pipeline_runs_the_whole_model() -> None:
     executed as the plain one-stage plan, the whole model on each rank (no run needed to see that;
     the one-stage plan is the reference every case above is compared with)."""
     spec = get_model("gpt-tiny")
-    named = Plan(model=spec, dims=ParallelDims(), shape=TrainShape(2, 8), schedule="interleaved", interleave=2,
-                 dtype="float32").validate()
+    named = Plan(
+        model=spec, dims=ParallelDims(), shape=TrainShape(2, 8), schedule="interleaved", interleave=2, dtype="float32"
+    ).validate()
     plain = named.replace(schedule="1f1b", interleave=1)
     assert execution_plan(named) == plain and execution_plan(plain) is plain
     assert execution_plan(named.replace(schedule="1f1b", interleave=1, stage_layers=(4,)).validate()) == plain

@@ -74,10 +74,12 @@ CLIP_MARGIN = 0.05  # relative distance every step norm keeps from the clip thre
 
 
 def train_config(spec: ModelSpec, dump: Path, grad_clip: float) -> TrainConfig:
-    plan = Plan(model=spec, dims=ParallelDims(), shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH),
-                dtype="float32").validate()
-    return TrainConfig(plan=plan, steps=STEPS, seed=0, lr=LR, warmup_steps=WARMUP, grad_clip=grad_clip,
-                       quiet=True, dump_dir=str(dump)).check()
+    plan = Plan(
+        model=spec, dims=ParallelDims(), shape=TrainShape(MICRO_BATCH, GLOBAL_BATCH), dtype="float32"
+    ).validate()
+    return TrainConfig(
+        plan=plan, steps=STEPS, seed=0, lr=LR, warmup_steps=WARMUP, grad_clip=grad_clip, quiet=True, dump_dir=str(dump)
+    ).check()
 
 
 def hf_model(spec: ModelSpec, exatrain_weights: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -107,8 +109,9 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * (1 + math.cos(math.pi * t)) / 2)
 
 
-def reference_run(spec: ModelSpec, config: TrainConfig, init: dict[str, torch.Tensor]
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[float], list[float]]:
+def reference_run(
+    spec: ModelSpec, config: TrainConfig, init: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[float], list[float]]:
     """(HF gradients of step 1, HF weights after the last step, losses, gradient norms)."""
     model = hf_model(spec, init)
     params = dict(model.named_parameters())
@@ -136,7 +139,7 @@ def reference_run(spec: ModelSpec, config: TrainConfig, init: dict[str, torch.Te
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
                 if p.ndim >= 2:
                     p.mul_(1 - lr * config.weight_decay)
-                m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+                m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
                 p.sub_(lr * m_hat / (v_hat.sqrt() + 1e-8))
         losses.append(loss.item())
         norms.append(norm)

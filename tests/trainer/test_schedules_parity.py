@@ -31,8 +31,11 @@ GRAD_RTOL = 1e-5
 UPDATE_RTOL = 1e-4
 WEIGHT_ATOL = 1e-4
 STEPS = 3
-SCHEDULES = {"zbh1": dict(pp=2, schedule="zbh1"), "zbv": dict(pp=2, schedule="zbv", interleave=2),
-             "dualpipev": dict(pp=2, schedule="dualpipev", interleave=2)}
+SCHEDULES = {
+    "zbh1": dict(pp=2, schedule="zbh1"),
+    "zbv": dict(pp=2, schedule="zbv", interleave=2),
+    "dualpipev": dict(pp=2, schedule="dualpipev", interleave=2),
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +64,37 @@ def test_each_schedule_trains_like_one_process(runs: dict, schedule: str) -> Non
     assert ref.losses[-1] < ref.losses[0]  # it trained
 
 
-@pytest.mark.parametrize("schedule,cls,stages", [("zbh1", "ScheduleInterleavedZeroBubble", (0,)),
-                                                 ("zbv", "ScheduleZBVZeroBubble", (0, 3)),
-                                                 ("dualpipev", "ScheduleDualPipeV", (0, 3))])
-def test_build_schedule_picks_torchs_class(monkeypatch: pytest.MonkeyPatch, schedule: str, cls: str,
-                                           stages: tuple) -> None:
+@pytest.mark.parametrize(
+    "schedule,cls,stages",
+    [
+        ("zbh1", "ScheduleInterleavedZeroBubble", (0,)),
+        ("zbv", "ScheduleZBVZeroBubble", (0, 3)),
+        ("dualpipev", "ScheduleDualPipeV", (0, 3)),
+    ],
+)
+def test_build_schedule_picks_torchs_class(
+    monkeypatch: pytest.MonkeyPatch, schedule: str, cls: str, stages: tuple
+) -> None:
     """Rank 0 of pp 2: the stages it holds (the V placement: 0 and 3) and the torch class built over them."""
     from exatrain.trainer.parallel import pipeline
 
     built: list = []
     monkeypatch.setattr(pipeline, "PipelineStage", lambda module, index, n, device, group: (index, n))
-    for name in ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
-                 "ScheduleZBVZeroBubble", "ScheduleDualPipeV"):
+    for name in (
+        "ScheduleGPipe",
+        "Schedule1F1B",
+        "ScheduleInterleaved1F1B",
+        "ScheduleInterleavedZeroBubble",
+        "ScheduleZBVZeroBubble",
+        "ScheduleDualPipeV",
+    ):
         monkeypatch.setattr(pipeline, name, lambda st, n, loss_fn, _name=name: built.append((_name, st, n)))
-    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(pp=2), shape=TrainShape(2, 8),
-                **{k: v for k, v in SCHEDULES[schedule].items() if k != "pp"}).validate()
+    plan = Plan(
+        model=get_model("gpt-tiny"),
+        dims=ParallelDims(pp=2),
+        shape=TrainShape(2, 8),
+        **{k: v for k, v in SCHEDULES[schedule].items() if k != "pp"},
+    ).validate()
     assert plan.stages_of_rank(0) == stages
     pipeline.build_schedule(plan, [(i, None) for i in plan.stages_of_rank(0)], None, None, None)
     assert built == [(cls, [(i, plan.virtual_stages) for i in stages], 4)]

@@ -74,8 +74,21 @@ def wait_gone(pids: list[int], since: float) -> float:
 
 
 def train_args(tmp_path: Path, checkpoint: bool) -> list[str]:
-    args = ["--model", "gpt-tiny", "--dp", "2", "--micro-batch", "2", "--global-batch", "4", "--steps", str(STEPS),
-            "--quiet", "--metrics-file", str(tmp_path / "m.jsonl")]
+    args = [
+        "--model",
+        "gpt-tiny",
+        "--dp",
+        "2",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--steps",
+        str(STEPS),
+        "--quiet",
+        "--metrics-file",
+        str(tmp_path / "m.jsonl"),
+    ]
     if checkpoint:  # no save of its own before the last step: the one saved is the stop's
         args += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", str(10 * STEPS)]
     return args
@@ -121,14 +134,19 @@ def running_ranks(proc, err: Path, metrics: Path, run_dir: Path, tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target, sig, checkpoint", [
-    ("launcher", signal.SIGTERM, True),  # kill, timeout
-    ("launcher", signal.SIGINT, False),  # a SIGINT to the launcher alone; no checkpoint directory
-    ("launcher", signal.SIGHUP, True),  # a closed terminal
-    ("group", signal.SIGTERM, True),  # SLURM's time limit and preemption: every process of the job
-], ids=["SIGTERM-launcher", "SIGINT-launcher", "SIGHUP-launcher", "SIGTERM-group"])
+@pytest.mark.parametrize(
+    "target, sig, checkpoint",
+    [
+        ("launcher", signal.SIGTERM, True),  # kill, timeout
+        ("launcher", signal.SIGINT, False),  # a SIGINT to the launcher alone; no checkpoint directory
+        ("launcher", signal.SIGHUP, True),  # a closed terminal
+        ("group", signal.SIGTERM, True),  # SLURM's time limit and preemption: every process of the job
+    ],
+    ids=["SIGTERM-launcher", "SIGINT-launcher", "SIGHUP-launcher", "SIGTERM-group"],
+)
 def test_a_stop_signal_stops_every_rank_after_one_step_with_a_checkpoint_and_a_record(
-        tmp_path: Path, target: str, sig: signal.Signals, checkpoint: bool) -> None:
+    tmp_path: Path, target: str, sig: signal.Signals, checkpoint: bool
+) -> None:
     metrics = tmp_path / "m.jsonl"
     run_dir = tmp_path / "ckpt" / "ranks" if checkpoint else tmp_path / "m.ranks"
     proc, out, err = start_training(tmp_path, checkpoint)
@@ -152,12 +170,26 @@ def test_sigterm_to_one_rank_under_srun_stops_both_with_a_checkpoint_and_one_rep
     from exatrain.trainer.spawn import _free_port
 
     metrics, run_dir = tmp_path / "m.jsonl", tmp_path / "ckpt" / "ranks"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env.update(PATH=f"{install(tmp_path / 'bin')}{os.pathsep}{env['PATH']}", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    cmd = ["srun", "--ntasks=2", "--kill-on-bad-exit=1", sys.executable, "-m", "exatrain.train",
-           *train_args(tmp_path, True)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
+    env.update(
+        PATH=f"{install(tmp_path / 'bin')}{os.pathsep}{env['PATH']}",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [
+        "srun",
+        "--ntasks=2",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "exatrain.train",
+        *train_args(tmp_path, True),
+    ]
     proc, out, err = start(cmd, tmp_path / "logs", "srun", env=env)
     try:
         wait_for(lambda: proc.poll() is not None or len(steps(metrics)) >= 3, watch=[tmp_path], what="the ranks")
@@ -216,14 +248,19 @@ def small_config(tmp_path: Path, steps_: int):
     from exatrain.plan import ParallelDims, Plan, TrainShape
     from exatrain.trainer.config import TrainConfig
 
-    plan = Plan(model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float32",
-                cluster="local-cpu").validate()
-    return TrainConfig(plan=plan, steps=steps_, quiet=True, metrics_file=str(tmp_path / "m.jsonl"),
-                       checkpoint_dir=str(tmp_path / "ckpt"))
+    plan = Plan(
+        model=get_model("gpt-tiny"), dims=ParallelDims(), shape=TrainShape(2, 4), dtype="float32", cluster="local-cpu"
+    ).validate()
+    return TrainConfig(
+        plan=plan,
+        steps=steps_,
+        quiet=True,
+        metrics_file=str(tmp_path / "m.jsonl"),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
 
 
-def test_a_stop_request_ends_the_loop_after_its_step_with_that_steps_checkpoint(one_rank: None,
-                                                                              tmp_path: Path) -> None:
+def test_a_stop_request_ends_the_loop_after_its_step_with_that_steps_checkpoint(one_rank: None, tmp_path: Path) -> None:
     from exatrain.trainer.train import Trainer
 
     trainer = Trainer(small_config(tmp_path, 6))

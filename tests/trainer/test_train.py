@@ -18,8 +18,9 @@ def config(tmp_path: Path, steps: int) -> TrainConfig:
     return TrainConfig(plan=plan, steps=steps, metrics_file=str(tmp_path / "m.jsonl"), quiet=True).check()
 
 
-def test_a_failed_run_still_leaves_a_record_of_what_it_measured(tmp_path: Path, one_rank: None,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_run_still_leaves_a_record_of_what_it_measured(
+    tmp_path: Path, one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     trainer = Trainer(config(tmp_path, steps=5))
     real_step = trainer.step
 

@@ -28,8 +28,19 @@ TINY = ["--model", "gpt-tiny", "--gpus", "4", "--global-batch", "8"]
 
 
 def tune_argv(tmp_path: Path, *extra: str) -> list[str]:
-    return ["tune", *TINY, "--candidates", "64", "--study", str(tmp_path / "tune.db"), "--steps", "4",
-            "--launcher", f"{sys.executable} {FAKE} {{cmd}}", *extra]
+    return [
+        "tune",
+        *TINY,
+        "--candidates",
+        "64",
+        "--study",
+        str(tmp_path / "tune.db"),
+        "--steps",
+        "4",
+        "--launcher",
+        f"{sys.executable} {FAKE} {{cmd}}",
+        *extra,
+    ]
 
 
 def fake_log(tmp_path: Path) -> list[dict]:
@@ -43,6 +54,7 @@ def fake(tmp_path, monkeypatch):
 
     def spec(**by_pattern: dict) -> None:
         monkeypatch.setenv("FAKE_TRAIN_SPEC", json.dumps(by_pattern))
+
     yield spec
     for run_ in fake_log(tmp_path):  # a failed test must not leave a hung stand-in behind
         try:
@@ -56,8 +68,7 @@ def fake(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def seeds() -> list[str]:
     """Layout keys of the first trials a new study runs (the cost model's seeds), best first."""
-    result = search(get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=64, dtype="float32",
-                    runtime="exatrain")
+    result = search(get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=64, dtype="float32", runtime="exatrain")
     cands = Candidates.from_plans(result.ranked, gpus=4, global_batch=8)
     return [cands.keys[i] for i in cands.seeds(3)]
 
@@ -114,10 +125,16 @@ def test_rerun_adds_trials_never_repeats_a_layout_and_best_is_best_measured(tmp_
 
 
 def test_hang_crash_and_oom_are_failed_trials_not_a_crash(tmp_path, capsys, fake, seeds) -> None:
-    fake(**{_anchor(seeds[0]): {"hang": True}, _anchor(seeds[1]): {"crash": "rank 3 segfaulted"},
-            _anchor(seeds[2]): {"oom": True}})
-    code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "4", "--seed-trials", "3",
-                                          "--trial-timeout", "3", "--json"))
+    fake(
+        **{
+            _anchor(seeds[0]): {"hang": True},
+            _anchor(seeds[1]): {"crash": "rank 3 segfaulted"},
+            _anchor(seeds[2]): {"oom": True},
+        }
+    )
+    code, out, _ = run(
+        capsys, *tune_argv(tmp_path, "--trials", "4", "--seed-trials", "3", "--trial-timeout", "3", "--json")
+    )
     assert code == 0
     d = json.loads(out)
     by_number = {t["number"]: t for t in d["trials"]}
@@ -146,8 +163,10 @@ def test_a_plan_the_trainer_refuses_is_rejected_not_counted_and_not_retried(tmp_
     assert 0 not in {r.env["tune_trial"] for r in read_run_records(tmp_path / "tune.runs.jsonl")}
 
 
-@pytest.mark.parametrize("behaviour, finished", [({"crash": "NCCL error: unhandled system error"}, 3),
-                                                 ({"reject": "no CUDA/ROCm device is visible here"}, 0)])
+@pytest.mark.parametrize(
+    "behaviour, finished",
+    [({"crash": "NCCL error: unhandled system error"}, 3), ({"reject": "no CUDA/ROCm device is visible here"}, 0)],
+)
 def test_the_same_error_again_and_again_stops_the_study(tmp_path, capsys, fake, behaviour, finished) -> None:
     fake(**{".": behaviour})
     code, out, err = run(capsys, *tune_argv(tmp_path, "--trials", "10", "--json"))
@@ -165,8 +184,7 @@ def test_no_trial_starts_after_the_time_budget(tmp_path, capsys, fake) -> None:
 
 
 def test_a_hopeless_run_is_pruned_after_warm_up(tmp_path, capsys, fake, seeds) -> None:
-    fake(**{_anchor(seeds[0]): {"tokens_per_s": 1000.0},
-            _anchor(seeds[1]): {"tokens_per_s": 100.0, "step_s": 0.2}})
+    fake(**{_anchor(seeds[0]): {"tokens_per_s": 1000.0}, _anchor(seeds[1]): {"tokens_per_s": 100.0, "step_s": 0.2}})
     code, out, _ = run(capsys, *tune_argv(tmp_path, "--trials", "2", "--steps", "60", "--json"))
     assert code == 0
     by_number = {t["number"]: t for t in json.loads(out)["trials"]}
@@ -225,21 +243,24 @@ def test_sigterm_ends_the_running_trial_and_queues_it_again(tmp_path, fake, seed
     assert not group_alive(fake_log(tmp_path)[0]["pgid"])  # the tuner ended its run's group on the way out
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     d = json.loads(out.stdout)
-    assert out.returncode == 0 and [(t["number"], t["status"], t["source"]) for t in
-                                    sorted(d["trials"], key=lambda t: t["number"])] == [
-        (0, "interrupted", "seed"), (1, "ok", "retry")]
+    assert out.returncode == 0 and [
+        (t["number"], t["status"], t["source"]) for t in sorted(d["trials"], key=lambda t: t["number"])
+    ] == [(0, "interrupted", "seed"), (1, "ok", "retry")]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--time-budget", "2x"], "--time-budget '2x' is not a duration"),
-    (["--time-budget", "0m"], "must be longer than zero"),
-    (["--study", "sqlite:////nonexistent-dir/sub/tune.db"], "cannot open the study storage"),
-    (["--study", "nosuchdb://host/x"], "cannot open the study storage"),
-    (["--launcher", "srun -N4 python -m exatrain.train"], "has no {cmd}"),
-    (["--pp", "3"], "no feasible layout on 4 devices"),
-    (["--steps", "2"], "at least 3 steps"),
-    (["--dp", "2"], "drop --dp"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--time-budget", "2x"], "--time-budget '2x' is not a duration"),
+        (["--time-budget", "0m"], "must be longer than zero"),
+        (["--study", "sqlite:////nonexistent-dir/sub/tune.db"], "cannot open the study storage"),
+        (["--study", "nosuchdb://host/x"], "cannot open the study storage"),
+        (["--launcher", "srun -N4 python -m exatrain.train"], "has no {cmd}"),
+        (["--pp", "3"], "no feasible layout on 4 devices"),
+        (["--steps", "2"], "at least 3 steps"),
+        (["--dp", "2"], "drop --dp"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message) -> None:
     argv = ["tune", *TINY, "--candidates", "64", "--study", str(tmp_path / "t.db"), "--trials", "1", *extra]
     code, out, err = run(capsys, *argv)
@@ -266,7 +287,6 @@ def test_one_plain_line_per_trial_when_stderr_is_not_a_terminal(tmp_path, capsys
     assert code == 0 and err.startswith("tune: trial 1: tp") and err.count("\n") == 1 and ": ok, " in err
 
 
-
 def test_a_moe_study_has_one_candidate_per_layout_key(tmp_path, capsys, fake, monkeypatch) -> None:
     """The tuner takes the ep layouts exatrain's search offers for moe-tiny, each under its own key
     ('.ep2'): one plan per key, and each trial's plan is the one its prediction is of. (Broken on
@@ -276,8 +296,9 @@ def test_a_moe_study_has_one_candidate_per_layout_key(tmp_path, capsys, fake, mo
 
     given: list = []
     real = Candidates.from_plans.__func__
-    monkeypatch.setattr(Candidates, "from_plans",
-                        classmethod(lambda cls, plans, **kw: given.extend(plans) or real(cls, plans, **kw)))
+    monkeypatch.setattr(
+        Candidates, "from_plans", classmethod(lambda cls, plans, **kw: given.extend(plans) or real(cls, plans, **kw))
+    )
     fake()
     argv = tune_argv(tmp_path, "--trials", "2", "--json")
     argv[argv.index("gpt-tiny")] = "moe-tiny"
@@ -301,16 +322,34 @@ def test_a_study_name_ignores_planner_only_settings_at_their_defaults() -> None:
     from exatrain.planner.search.space import SpaceOptions
     from exatrain.tuning.study import Problem
 
-    base = Problem(model=get_model("gpt-tiny"), cluster="local-cpu", gpus=4, global_batch=8, device="cpu",
-                   dtype="float32", flash_attention=False)
+    base = Problem(
+        model=get_model("gpt-tiny"),
+        cluster="local-cpu",
+        gpus=4,
+        global_batch=8,
+        device="cpu",
+        dtype="float32",
+        flash_attention=False,
+    )
     # the run settings (SpaceOptions.settings) are planner-only, as ep and cp are
     assert set(base.to_dict()["space"]) == {f.name for f in dataclasses.fields(SpaceOptions)} - {"ep", "cp", "settings"}
-    for field, value in (("fp8", "current"), ("moe_dispatcher", "deepep"), ("attention_kernel", "fa2"),
-                         ("elementwise", "fused"), ("moe_capacity_factor", 1.0), ("moe_force_balance", True),
-                         ("fp8_param_gather", True), ("cross_entropy", "upcast"), ("grad_accum", "float32"),
-                         ("grad_accum_fusion", "off"), ("adam_kernel", "foreach"), ("cp_comm", "all_gather"),
-                         ("recompute_modules", ("mlp",)), ("recompute_layers", 2),
-                         ("recompute_every", 2)):
+    for field, value in (
+        ("fp8", "current"),
+        ("moe_dispatcher", "deepep"),
+        ("attention_kernel", "fa2"),
+        ("elementwise", "fused"),
+        ("moe_capacity_factor", 1.0),
+        ("moe_force_balance", True),
+        ("fp8_param_gather", True),
+        ("cross_entropy", "upcast"),
+        ("grad_accum", "float32"),
+        ("grad_accum_fusion", "off"),
+        ("adam_kernel", "foreach"),
+        ("cp_comm", "all_gather"),
+        ("recompute_modules", ("mlp",)),
+        ("recompute_layers", 2),
+        ("recompute_every", 2),
+    ):
         other = dataclasses.replace(base, options=dataclasses.replace(SpaceOptions(), **{field: value}))
         written = list(value) if isinstance(value, tuple) else value  # the space is stored as JSON
         assert other.to_dict()["space"][field] == written and other.study_name() != base.study_name()

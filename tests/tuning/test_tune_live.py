@@ -30,14 +30,38 @@ pytestmark = pytest.mark.slow
 
 def test_tune_real_runs_survives_sigkill_and_resumes_through_a_launcher(tmp_path: Path) -> None:
     study = tmp_path / "tune.db"
-    argv = [sys.executable, "-m", "exatrain", "tune", "--model", "gpt-tiny", "--gpus", "4", "--global-batch", "8",
-            "--trials", "3", "--steps", "3", "--candidates", "64", "--trial-timeout", "300",
-            "--study", str(study), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "exatrain",
+        "tune",
+        "--model",
+        "gpt-tiny",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "8",
+        "--trials",
+        "3",
+        "--steps",
+        "3",
+        "--candidates",
+        "64",
+        "--trial-timeout",
+        "300",
+        "--study",
+        str(study),
+        "--json",
+    ]
     trials_root = tmp_path / "tune.trials"
     first, _, first_err = start(argv, tmp_path / "logs", "first")
     try:
-        wait_for(lambda: first.poll() is not None or bool(list(trials_root.glob("*/trial-0001/command.txt"))),
-                 watch=[tmp_path], poll_s=0.2, what="the tuner")
+        wait_for(
+            lambda: first.poll() is not None or bool(list(trials_root.glob("*/trial-0001/command.txt"))),
+            watch=[tmp_path],
+            poll_s=0.2,
+            what="the tuner",
+        )
         assert first.poll() is None, first_err.read_text()
         first.send_signal(signal.SIGKILL)  # the tuner only: its trial's ranks live on, orphaned
         first.wait()

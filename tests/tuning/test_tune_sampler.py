@@ -11,8 +11,15 @@ import pytest
 
 from exatrain.catalog import get_cluster, get_model
 from exatrain.planner.search.search import search
-from exatrain.tuning.sampler import (Candidates, HopelessPruner, Observations, choose, layout_key,
-                                                  observations, posterior)
+from exatrain.tuning.sampler import (
+    Candidates,
+    HopelessPruner,
+    Observations,
+    choose,
+    layout_key,
+    observations,
+    posterior,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +28,9 @@ def cands() -> Candidates:
     # many meshes, schedules and ZeRO stages. (Megatron-DeepSpeed's run 1F1B only.) (exatrain's own candidates of this
     # size are mostly ZeRO twins of one mesh, among which a single fast measurement is, rightly, not believed enough to
     # stop the study.)
-    result = search(get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=80, dtype="float32",
-                    runtime="torchtitan")
+    result = search(
+        get_model("gpt-tiny"), get_cluster("local-cpu"), 4, 8, top=80, dtype="float32", runtime="torchtitan"
+    )
     return Candidates.from_plans(result.ranked, gpus=4, global_batch=8)
 
 
@@ -48,8 +56,11 @@ def test_seeds_are_the_best_layout_of_distinct_meshes(cands: Candidates) -> None
     meshes = [(cands.plans[i].tp, cands.plans[i].pp) for i in seeds]
     assert seeds[0] == 0 and len(set(meshes)) == 3
     for i, mesh in zip(seeds, meshes):  # nothing of the same mesh is predicted faster
-        assert all(cands.predicted[j] <= cands.predicted[i] for j in range(len(cands))
-                   if (cands.plans[j].tp, cands.plans[j].pp) == mesh)
+        assert all(
+            cands.predicted[j] <= cands.predicted[i]
+            for j in range(len(cands))
+            if (cands.plans[j].tp, cands.plans[j].pp) == mesh
+        )
 
 
 def test_a_slow_measurement_lowers_similar_layouts_more_than_others(cands: Candidates) -> None:
@@ -84,8 +95,9 @@ def test_pruner_stops_only_runs_far_below_the_best_after_enough_steps() -> None:
     pruner = HopelessPruner(ratio=0.5, min_steps=2)
 
     def frozen(values: list[float]) -> optuna.trial.FrozenTrial:
-        return optuna.create_trial(state=optuna.trial.TrialState.RUNNING,
-                                   intermediate_values={3 + i: v for i, v in enumerate(values)})
+        return optuna.create_trial(
+            state=optuna.trial.TrialState.RUNNING, intermediate_values={3 + i: v for i, v in enumerate(values)}
+        )
 
     assert not pruner.prune(study, frozen([100.0]))  # one step is not enough evidence
     assert pruner.prune(study, frozen([100.0, 120.0]))
@@ -97,11 +109,15 @@ def test_pruner_stops_only_runs_far_below_the_best_after_enough_steps() -> None:
 def test_a_failed_run_steers_the_sampler_away_from_its_neighbours(cands: Candidates) -> None:
     def trial(i: int, status: str, value: float | None = None) -> optuna.trial.FrozenTrial:
         attrs = {"layout": cands.keys[i], "status": status, "ran": True, "measured_tokens_per_s": value}
-        return optuna.create_trial(state=optuna.trial.TrialState.FAIL if value is None else
-                                   optuna.trial.TrialState.COMPLETE, value=value, user_attrs=attrs)
+        return optuna.create_trial(
+            state=optuna.trial.TrialState.FAIL if value is None else optuna.trial.TrialState.COMPLETE,
+            value=value,
+            user_attrs=attrs,
+        )
 
     ok_run = trial(0, "ok", cands.predicted[0] / 10)
     crashed = next(i for i in range(1, len(cands)) if cands.plans[i].tp == 2)
+
     def but_zero(i: int) -> dict:
         return {k: v for k, v in cands.params(i).items() if k != "zero_stage"}
 

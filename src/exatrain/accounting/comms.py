@@ -70,9 +70,11 @@ def tp_collectives(plan: Plan, pp_rank: int, engine=None) -> tuple[Collective, .
     out: list[Collective] = []
     if plan.sequence_parallel:
         forward_ag = (2 * layers + again + (2 * layers if per_op else 0)) * mb  # the forward's and reruns'
-        out += [Collective("all_gather", t, msg / e if fp8_gather else msg, forward_ag, "tp"),
-                Collective("all_gather", t, msg, 2 * layers * mb, "tp"),  # the backward's (output gradients)
-                Collective("reduce_scatter", t, msg, (4 * layers + again) * mb, "tp")]
+        out += [
+            Collective("all_gather", t, msg / e if fp8_gather else msg, forward_ag, "tp"),
+            Collective("all_gather", t, msg, 2 * layers * mb, "tp"),  # the backward's (output gradients)
+            Collective("reduce_scatter", t, msg, (4 * layers + again) * mb, "tp"),
+        ]
     else:
         out.append(Collective("all_reduce", t, msg, (4 * layers + again + (2 * layers if per_op else 0)) * mb, "tp"))
     if pp_rank == 0:
@@ -104,8 +106,9 @@ def _module_pairs(plan: Plan, pp_rank: int) -> float:
         return 0.0
     from exatrain.accounting.params import stage_layer_kinds
 
-    dense, moe = stage_layer_kinds(plan.model, pp=plan.pp, interleave=plan.interleave,
-                                   layers_per_stage=plan.layers_per_stage())[pp_rank]
+    dense, moe = stage_layer_kinds(
+        plan.model, pp=plan.pp, interleave=plan.interleave, layers_per_stage=plan.layers_per_stage()
+    )[pp_rank]
     per_dense, per_moe = module_rerun_tp_pairs(plan.model, plan.recompute_modules, plan.sequence_parallel)
     return float(per_dense * dense + per_moe * moe)
 
@@ -131,20 +134,50 @@ def dp_collectives(plan: Plan, pp_rank: int) -> tuple[Collective, ...]:
     ``dp_collectives_for``; a MoE model's experts whole on every rank: ep is counted by ``dp_collective_times`` of
     ``cost.step``)."""
     if plan.model.is_moe:
-        dense, experts = stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                                            layers_per_stage=plan.layers_per_stage())[pp_rank]
-        return dp_collectives_for(plan.model, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage,
-                                  num_microbatches=plan.num_microbatches, dtype=plan.dtype, params_here=dense,
-                                  pipeline_end=pp_rank in (0, plan.pp - 1), expert_params_here=experts)
-    return dp_collectives_for(plan.model, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage,
-                              num_microbatches=plan.num_microbatches, dtype=plan.dtype,
-                              params_here=stage_params(plan)[pp_rank],
-                              pipeline_end=pp_rank in (0, plan.pp - 1))
+        dense, experts = stage_params_split(
+            plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave, layers_per_stage=plan.layers_per_stage()
+        )[pp_rank]
+        return dp_collectives_for(
+            plan.model,
+            tp=plan.tp,
+            pp=plan.pp,
+            dp=plan.dp,
+            zero_stage=plan.zero_stage,
+            num_microbatches=plan.num_microbatches,
+            dtype=plan.dtype,
+            params_here=dense,
+            pipeline_end=pp_rank in (0, plan.pp - 1),
+            expert_params_here=experts,
+        )
+    return dp_collectives_for(
+        plan.model,
+        tp=plan.tp,
+        pp=plan.pp,
+        dp=plan.dp,
+        zero_stage=plan.zero_stage,
+        num_microbatches=plan.num_microbatches,
+        dtype=plan.dtype,
+        params_here=stage_params(plan)[pp_rank],
+        pipeline_end=pp_rank in (0, plan.pp - 1),
+    )
 
 
-def dp_collectives_for(m: ModelSpec, *, tp, pp, dp, zero_stage: int, num_microbatches, dtype: str,
-                       params_here, pipeline_end: bool, cp=1, ep=1, etp=1,
-                       expert_params_here=0) -> tuple[Collective, ...]:
+def dp_collectives_for(
+    m: ModelSpec,
+    *,
+    tp,
+    pp,
+    dp,
+    zero_stage: int,
+    num_microbatches,
+    dtype: str,
+    params_here,
+    pipeline_end: bool,
+    cp=1,
+    ep=1,
+    etp=1,
+    expert_params_here=0,
+) -> tuple[Collective, ...]:
     """Gradient reduction and parameter gathers over the data-parallel group, per step; sizes may be
     numpy arrays (one entry per candidate plan).
 
@@ -161,12 +194,12 @@ def dp_collectives_for(m: ModelSpec, *, tp, pp, dp, zero_stage: int, num_microba
     ``moe.expert_dp(tp, dp, ep, etp, cp)`` (axis "edp")."""
     out = _state_collectives(zero_stage, dp * cp, params_here, dtype, num_microbatches, "dp")
     if m.is_moe:
-        out += _state_collectives(zero_stage, moe.expert_dp(tp, dp, ep, etp, cp), expert_params_here, dtype,
-                                  num_microbatches, "edp")
+        out += _state_collectives(
+            zero_stage, moe.expert_dp(tp, dp, ep, etp, cp), expert_params_here, dtype, num_microbatches, "edp"
+        )
     if m.tied_embeddings and pipeline_end:
         ends = np.where(np.asarray(pp) > 1, 1.0, 0.0)
-        out.append(Collective("all_reduce", 2, embedding_params(m) / np.asarray(tp) * GRAD_BYTES, ends,
-                              axis="pp-ends"))
+        out.append(Collective("all_reduce", 2, embedding_params(m) / np.asarray(tp) * GRAD_BYTES, ends, axis="pp-ends"))
     return tuple(out)
 
 
@@ -178,17 +211,34 @@ def _state_collectives(zero_stage: int, group, params, dtype: str, num_microbatc
         if zero_stage == 1:
             out.append(Collective("broadcast", group, params * 4, 1, axis))
     elif zero_stage == 2:
-        out = [Collective("reduce_scatter", group, grads, 1, axis),
-               Collective("all_gather", group, params * w_bytes, 1, axis)]
+        out = [
+            Collective("reduce_scatter", group, grads, 1, axis),
+            Collective("all_gather", group, params * w_bytes, 1, axis),
+        ]
     else:
-        out = [Collective("reduce_scatter", group, grads, 1, axis),
-               Collective("all_gather", group, params * w_bytes, 2 * np.asarray(num_microbatches), axis)]
+        out = [
+            Collective("reduce_scatter", group, grads, 1, axis),
+            Collective("all_gather", group, params * w_bytes, 2 * np.asarray(num_microbatches), axis),
+        ]
     return out
 
 
-def moe_collectives_for(m: ModelSpec, *, micro_batch, tp, ep, etp=1, cp=1, sequence_parallel: bool, dtype: str,
-                        moe_layers, num_microbatches, recompute: str = "none",
-                        capacity_factor=1.0, rerun=None) -> tuple[Collective, ...]:
+def moe_collectives_for(
+    m: ModelSpec,
+    *,
+    micro_batch,
+    tp,
+    ep,
+    etp=1,
+    cp=1,
+    sequence_parallel: bool,
+    dtype: str,
+    moe_layers,
+    num_microbatches,
+    recompute: str = "none",
+    capacity_factor=1.0,
+    rerun=None,
+) -> tuple[Collective, ...]:
     """Token traffic of a rank's ``moe_layers`` MoE layers per step (Megatron-Core's all-to-all token
     dispatcher, megatron/core/transformer/moe/token_dispatcher.py): per layer and micro-batch the
     forward dispatches (all-to-all over ep) and combines (all-to-all back) T*top_k token copies of h
@@ -197,20 +247,34 @@ def moe_collectives_for(m: ModelSpec, *, micro_batch, tp, ep, etp=1, cp=1, seque
     every layer's or none: Plan.recompute_layers, the "moe" module). With etp > 1 the dispatched copies are
     all-gathered over the etp group and the experts' outputs reduce-scattered, once each way in forward and in
     backward."""
-    msg = moe.a2a_message_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp,
-                                capacity_factor=capacity_factor)
+    msg = moe.a2a_message_bytes(
+        m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp, capacity_factor=capacity_factor
+    )
     passes = 2 + ((1 if recompute == "full" else 0) if rerun is None else rerun)  # forward, backward, rerun forward
     n = passes * np.asarray(moe_layers) * np.asarray(num_microbatches)
     out = [Collective("all_to_all", ep, msg, 2 * n, axis="ep")]
     if np.any(np.asarray(etp) > 1):
         gathered = msg * etp
-        out += [Collective("all_gather", etp, gathered, n, axis="etp"),
-                Collective("reduce_scatter", etp, gathered, n, axis="etp")]
+        out += [
+            Collective("all_gather", etp, gathered, n, axis="etp"),
+            Collective("reduce_scatter", etp, gathered, n, axis="etp"),
+        ]
     return tuple(out)
 
 
-def cp_collectives_for(m: ModelSpec, *, micro_batch, tp, cp, dtype: str, layers, num_microbatches,
-                       comm: str = "p2p", recompute: str = "none", rerun=None) -> tuple[Collective, ...]:
+def cp_collectives_for(
+    m: ModelSpec,
+    *,
+    micro_batch,
+    tp,
+    cp,
+    dtype: str,
+    layers,
+    num_microbatches,
+    comm: str = "p2p",
+    recompute: str = "none",
+    rerun=None,
+) -> tuple[Collective, ...]:
     """Key/value traffic of a rank's ``layers`` attention layers per step under context parallelism
     (``accounting.context``): the ring sends cp-1 K,V blocks forward and cp-1 K,V plus cp-1 dK,dV
     blocks backward per layer and micro-batch; the all-gather variant gathers the whole K,V forward
@@ -223,16 +287,20 @@ def cp_collectives_for(m: ModelSpec, *, micro_batch, tp, cp, dtype: str, layers,
     if comm == "a2a":
         qkv, out = context.a2a_tensor_bytes(m, micro_batch, tp, cp, dtype)
         passes = 2 + again
-        return (Collective("all_to_all", cp, qkv, passes * n, axis="cp"),
-                Collective("all_to_all", cp, out, passes * n, axis="cp"))
+        return (
+            Collective("all_to_all", cp, qkv, passes * n, axis="cp"),
+            Collective("all_to_all", cp, out, passes * n, axis="cp"),
+        )
     if comm == "p2p":
         fwd, bwd = context.cp_sends_per_layer(cp, comm=comm)
         return (Collective("send_recv", cp, block, ((1 + again) * fwd + bwd) * n, axis="cp"),)
     context.cp_sends_per_layer(cp, comm=comm)  # validates comm
     gathers = 2 + again
     whole = block * np.asarray(cp, dtype=float)
-    return (Collective("all_gather", cp, whole, gathers * n, axis="cp"),
-            Collective("reduce_scatter", cp, whole, n, axis="cp"))
+    return (
+        Collective("all_gather", cp, whole, gathers * n, axis="cp"),
+        Collective("reduce_scatter", cp, whole, n, axis="cp"),
+    )
 
 
 def tp_collectives_per_layer(m: ModelSpec, *, moe: bool, sequence_parallel: bool, recompute: str = "none") -> int:

@@ -131,8 +131,9 @@ def cp_sends_per_layer(cp, *, comm: str = "p2p", recompute: str = "none"):
     return fwd, bwd
 
 
-def cp_bytes_per_layer(m: ModelSpec, micro_batch, tp, cp, *, dtype: str = "bfloat16", comm: str = "p2p",
-                       recompute: str = "none"):
+def cp_bytes_per_layer(
+    m: ModelSpec, micro_batch, tp, cp, *, dtype: str = "bfloat16", comm: str = "p2p", recompute: str = "none"
+):
     """Bytes one rank sends for one layer's attention, one micro-batch, forward + backward: a2a sends
     (cp-1)/cp of Q,K,V and of the output, forward and (as gradients) backward, the forward's again
     under full recomputation."""

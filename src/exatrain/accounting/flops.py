@@ -74,8 +74,9 @@ def layers_forward_flops_per_token(m: ModelSpec) -> float:
     if not m.is_moe:
         return m.layers * layer_forward_flops_per_token(m)
     n_moe = m.moe_layers
-    return ((m.layers - n_moe) * layer_forward_flops_per_token(m, moe=False)
-            + n_moe * layer_forward_flops_per_token(m, moe=True))
+    return (m.layers - n_moe) * layer_forward_flops_per_token(m, moe=False) + n_moe * layer_forward_flops_per_token(
+        m, moe=True
+    )
 
 
 def model_flops_per_token(m: ModelSpec) -> float:
@@ -97,8 +98,12 @@ def model_flops_per_step(m: ModelSpec, global_batch: int) -> float:
 
 # The forward GEMMs each of Megatron-Core's recompute modules reruns (settings.RECOMPUTE_MODULES; "core_attn" is the
 # attention core, counted apart)
-MODULE_GEMMS = {"mla_up_proj": ("q_up", "kv_up"), "mlp": ("fc1", "fc2"), "shared_experts": ("shared_fc1", "shared_fc2"),
-                "moe": ("router", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2")}
+MODULE_GEMMS = {
+    "mla_up_proj": ("q_up", "kv_up"),
+    "mlp": ("fc1", "fc2"),
+    "shared_experts": ("shared_fc1", "shared_fc2"),
+    "moe": ("router", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2"),
+}
 
 
 def module_forward_flops_per_token(m: ModelSpec, modules, *, moe: bool) -> float:
@@ -107,14 +112,14 @@ def module_forward_flops_per_token(m: ModelSpec, modules, *, moe: bool) -> float
     up-projections, "shared_experts" and "moe" their GEMMs (``MODULE_GEMMS``); the norms and activations run no
     GEMM."""
     moe = bool(moe and m.is_moe)
-    names = {n for mod in modules if mod in MODULE_GEMMS and not (mod == "mlp" and moe)
-             for n in MODULE_GEMMS[mod]}
+    names = {n for mod in modules if mod in MODULE_GEMMS and not (mod == "mlp" and moe) for n in MODULE_GEMMS[mod]}
     gemms = layer_gemms(m, 1, 1, moe=moe) if names else ()
     return sum(2.0 * g.m * g.n * g.k * g.count for g in gemms if g.name in names) / m.seq_len
 
 
-def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str, modules=(), rerun_share: float = 1.0
-                            ) -> float:
+def hardware_flops_per_step(
+    m: ModelSpec, global_batch: int, recompute: str, modules=(), rerun_share: float = 1.0
+) -> float:
     """FLOPs the hardware executes, recomputation included.
 
     selective: Korthikanti et al. 2022 Eq. 8, which adds 3x the attention core's forward FLOPs
@@ -131,8 +136,9 @@ def hardware_flops_per_step(m: ModelSpec, global_batch: int, recompute: str, mod
     if recompute == "selective" and modules:
         core = 3.0 * m.layers * attention_forward_flops_per_token(m) if "core_attn" in modules else 0.0
         n_moe = m.moe_layers if m.is_moe else 0
-        gemms = ((m.layers - n_moe) * module_forward_flops_per_token(m, modules, moe=False)
-                 + n_moe * module_forward_flops_per_token(m, modules, moe=True))
+        gemms = (m.layers - n_moe) * module_forward_flops_per_token(
+            m, modules, moe=False
+        ) + n_moe * module_forward_flops_per_token(m, modules, moe=True)
         return base + tokens * (core + gemms)
     if recompute == "selective":
         return base + 3.0 * tokens * m.layers * attention_forward_flops_per_token(m)
@@ -158,8 +164,18 @@ class Gemm:
         return 2.0 * self.m * self.n * self.k * self.count
 
 
-def layer_gemms(m: ModelSpec, micro_batch: int, tp: int, *, moe: bool | None = None, ep: int = 1, etp: int = 1,
-                cp: int = 1, sequence_parallel: bool = False, capacity_factor: float = 1.0) -> tuple[Gemm, ...]:
+def layer_gemms(
+    m: ModelSpec,
+    micro_batch: int,
+    tp: int,
+    *,
+    moe: bool | None = None,
+    ep: int = 1,
+    etp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    capacity_factor: float = 1.0,
+) -> tuple[Gemm, ...]:
     """Forward GEMMs of one transformer layer on one tensor-parallel rank, one micro-batch.
 
     Shapes follow Megatron's sharding (Shoeybi et al. 2019): QKV and fc1 (gate/up) are
@@ -173,7 +189,7 @@ def layer_gemms(m: ModelSpec, micro_batch: int, tp: int, *, moe: bool | None = N
     (experts / ep of them), each taking ``moe_tokens_per_rank`` * top_k * capacity_factor * etp /
     (experts / ep) token copies (balanced routing) at 1/etp of the expert width.
     """
-    extended = (m.kv_channels or m.qk_norm or m.mla or m.is_moe or m.sliding_window or cp != 1)
+    extended = m.kv_channels or m.qk_norm or m.mla or m.is_moe or m.sliding_window or cp != 1
     if not extended:
         tokens = micro_batch * m.seq_len
         h, f, kvh = m.hidden, m.ffn_hidden, m.kv_hidden
@@ -185,8 +201,17 @@ def layer_gemms(m: ModelSpec, micro_batch: int, tp: int, *, moe: bool | None = N
             Gemm("fc2", tokens, h, f // tp),
         ]
         return tuple(gemms)
-    return _extended_layer_gemms(m, micro_batch, tp, moe=m.is_moe if moe is None else moe, ep=ep, etp=etp,
-                                 cp=cp, sequence_parallel=sequence_parallel, capacity_factor=capacity_factor)
+    return _extended_layer_gemms(
+        m,
+        micro_batch,
+        tp,
+        moe=m.is_moe if moe is None else moe,
+        ep=ep,
+        etp=etp,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        capacity_factor=capacity_factor,
+    )
 
 
 def attention_core_gemms(m: ModelSpec, b: int, heads: int, queries: float) -> list[Gemm]:
@@ -199,12 +224,28 @@ def attention_core_gemms(m: ModelSpec, b: int, heads: int, queries: float) -> li
     else:
         windowed = m.windowed_layers / m.layers
         shares = [(keys, b * heads * f) for keys, f in ((m.seq_len, 1.0 - windowed), (m.window_keys, windowed)) if f]
-    return [g for keys, count in shares for g in (Gemm("attn_scores", queries, keys, qk, count=count),
-                                                  Gemm("attn_values", queries, d, keys, count=count))]
+    return [
+        g
+        for keys, count in shares
+        for g in (
+            Gemm("attn_scores", queries, keys, qk, count=count),
+            Gemm("attn_values", queries, d, keys, count=count),
+        )
+    ]
 
 
-def _extended_layer_gemms(m: ModelSpec, b: int, tp: int, *, moe: bool, ep: int, etp: int, cp: int,
-                          sequence_parallel: bool, capacity_factor: float) -> tuple[Gemm, ...]:
+def _extended_layer_gemms(
+    m: ModelSpec,
+    b: int,
+    tp: int,
+    *,
+    moe: bool,
+    ep: int,
+    etp: int,
+    cp: int,
+    sequence_parallel: bool,
+    capacity_factor: float,
+) -> tuple[Gemm, ...]:
     s_local = m.seq_len / cp
     tokens = b * s_local
     h, d, heads = m.hidden, m.head_dim, m.heads // tp
@@ -214,8 +255,10 @@ def _extended_layer_gemms(m: ModelSpec, b: int, tp: int, *, moe: bool, ep: int, 
             gemms += [Gemm("q_down", tokens, m.q_lora_rank, h), Gemm("q_up", tokens, m.q_width // tp, m.q_lora_rank)]
         else:
             gemms.append(Gemm("q", tokens, m.q_width // tp, h))
-        gemms += [Gemm("kv_down", tokens, m.kv_lora_rank + m.rope_head_dim, h),
-                  Gemm("kv_up", tokens, m.heads * 2 * d // tp, m.kv_lora_rank)]
+        gemms += [
+            Gemm("kv_down", tokens, m.kv_lora_rank + m.rope_head_dim, h),
+            Gemm("kv_up", tokens, m.heads * 2 * d // tp, m.kv_lora_rank),
+        ]
     else:
         gemms = [Gemm("qkv", tokens, (m.q_width + 2 * m.kv_hidden) // tp, h)]
     gemms += attention_core_gemms(m, b, heads, s_local)
@@ -232,8 +275,10 @@ def _extended_layer_gemms(m: ModelSpec, b: int, tp: int, *, moe: bool, ep: int, 
         gemms += [Gemm("shared_fc1", tokens, gated * fs // tp, h), Gemm("shared_fc2", tokens, h, fs // tp)]
     local = m.experts // ep
     per_expert = routed_in * m.top_k * capacity_factor * etp / local
-    gemms += [Gemm("expert_fc1", per_expert, gated * fe // etp, h, count=local),
-              Gemm("expert_fc2", per_expert, h, fe // etp, count=local)]
+    gemms += [
+        Gemm("expert_fc1", per_expert, gated * fe // etp, h, count=local),
+        Gemm("expert_fc2", per_expert, h, fe // etp, count=local),
+    ]
     return tuple(gemms)
 
 

@@ -43,8 +43,7 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.plan import MemoryBreakdown, Plan
 from exatrain.settings import HALF_DTYPES, SCHEDULES
 from exatrain.accounting.inflight import group_sizes, peak_in_flight_fast, schedule_codes
-from exatrain.accounting.params import (layer_params, stage_layer_kinds, stage_params, stage_params_split,
-                                       total_params)
+from exatrain.accounting.params import layer_params, stage_layer_kinds, stage_params, stage_params_split, total_params
 from exatrain.accounting.engines import EngineProfile, Resolved
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.accounting.fp8 import Fp8Recipe, gemms_per_layer
@@ -122,8 +121,9 @@ def logits_bytes_per_element(cross_entropy: str, dtype: str, tp=1):
     raise ValueError(f"unknown cross-entropy {cross_entropy!r}")
 
 
-def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *,
-                                       sequence_parallel: bool = False, recompute: str = "none") -> float:
+def korthikanti_layer_activation_bytes(
+    s: int, b: int, h: int, a: int, t: int = 1, *, sequence_parallel: bool = False, recompute: str = "none"
+) -> float:
     """Activation bytes of one transformer layer, 16-bit, exactly Korthikanti et al. 2022 Table 2."""
     if recompute == "full":
         return 2.0 * s * b * h / (t if sequence_parallel else 1)
@@ -133,10 +133,24 @@ def korthikanti_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
     return s * b * h * (10.0 + 24.0 / t + scores / t)
 
 
-def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str, flash: bool,
-                           dtype: str = "bfloat16", dropout: bool | None = None, cp=1, moe: bool | None = None,
-                           etp=1, capacity_factor=1.0, fp8: Fp8Recipe | None = None,
-                           recompute_modules: tuple[str, ...] = (), saves: EngineSaves | None = None) -> float:
+def layer_activation_bytes(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    sequence_parallel: bool,
+    recompute: str,
+    flash: bool,
+    dtype: str = "bfloat16",
+    dropout: bool | None = None,
+    cp=1,
+    moe: bool | None = None,
+    etp=1,
+    capacity_factor=1.0,
+    fp8: Fp8Recipe | None = None,
+    recompute_modules: tuple[str, ...] = (),
+    saves: EngineSaves | None = None,
+) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
 
     Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
@@ -239,14 +253,24 @@ def layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
         kept = kept - s_local * b * drop
     if moe and "moe" not in modules:
         kept = kept + moe_acc.router_activation_bytes(m, b, tp, sequence_parallel=sequence_parallel, cp=cp)
-        kept = kept + moe_acc.expert_activation_bytes(m, b, tp, sequence_parallel=sequence_parallel, dtype=dtype,
-                                                      cp=cp, etp=etp, capacity_factor=capacity_factor,
-                                                      gemm_input_bytes=g, act_recompute="moe_act" in modules)
+        kept = kept + moe_acc.expert_activation_bytes(
+            m,
+            b,
+            tp,
+            sequence_parallel=sequence_parallel,
+            dtype=dtype,
+            cp=cp,
+            etp=etp,
+            capacity_factor=capacity_factor,
+            gemm_input_bytes=g,
+            act_recompute="moe_act" in modules,
+        )
     return kept
 
 
-def per_op_checkpoint_layer_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, flash: bool,
-                                  dtype: str = "bfloat16"):
+def per_op_checkpoint_layer_bytes(
+    m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, flash: bool, dtype: str = "bfloat16"
+):
     """Activation bytes one layer keeps under torchtitan's per-op selective checkpointing, per
     micro-batch, on one tp rank (torchtitan/distributed/activation_checkpoint.py, op policy).
 
@@ -277,8 +301,18 @@ def per_op_checkpoint_layer_bytes(m: ModelSpec, micro_batch, tp, *, sequence_par
     return s * b * (e * h / sp_div + attention + e * saved + reduce_scatter)
 
 
-def engine_layer_activation_bytes(engine: EngineProfile, m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool,
-                                  recompute: str, flash: bool, dtype: str = "bfloat16", **extensions):
+def engine_layer_activation_bytes(
+    engine: EngineProfile,
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    sequence_parallel: bool,
+    recompute: str,
+    flash: bool,
+    dtype: str = "bfloat16",
+    **extensions,
+):
     """``layer_activation_bytes`` under ``engine``'s rules: dropout masks only where the engine keeps
     them (and the model has dropout); its own selective recomputation where it differs.
     ``extensions`` (cp, moe, etp, capacity_factor, fp8) go to ``layer_activation_bytes``; torchtitan's
@@ -290,12 +324,24 @@ def engine_layer_activation_bytes(engine: EngineProfile, m: ModelSpec, micro_bat
         # FP8 GEMMs leave the saved matmul outputs in the compute dtype (torchao float8 linear returns
         # them in it), so the per-op count holds; context parallelism gives each rank s/cp tokens.
         cp = np.asarray(extensions.get("cp", 1), dtype=float)
-        return per_op_checkpoint_layer_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, flash=flash,
-                                             dtype=dtype) / cp
-    return layer_activation_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, recompute=recompute,
-                                  flash=flash, dtype=dtype, dropout=rules.dropout_masks and m.dropout > 0,
-                                  saves=EngineSaves(engine.sp_gathered_layer_inputs, rules.glu == "fused"),
-                                  **extensions)
+        return (
+            per_op_checkpoint_layer_bytes(
+                m, micro_batch, tp, sequence_parallel=sequence_parallel, flash=flash, dtype=dtype
+            )
+            / cp
+        )
+    return layer_activation_bytes(
+        m,
+        micro_batch,
+        tp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        flash=flash,
+        dtype=dtype,
+        dropout=rules.dropout_masks and m.dropout > 0,
+        saves=EngineSaves(engine.sp_gathered_layer_inputs, rules.glu == "fused"),
+        **extensions,
+    )
 
 
 @dataclass(frozen=True)
@@ -333,8 +379,9 @@ def inflight(schedule: str, pp, num_microbatches, interleave, pp_rank):
     interleaved 1F1B's rank 0 p(1 + (p-1)/(pv)) stage-units (Korthikanti et al. 2022 Sec. 4.2.3);
     zero bubble p, as ZB-H1 is designed to hold (Qi et al. 2023). See cost.schedule.
     """
-    held = peak_in_flight_fast(pp=pp, num_microbatches=num_microbatches, schedule=schedule,
-                               interleave=interleave, rank=pp_rank)
+    held = peak_in_flight_fast(
+        pp=pp, num_microbatches=num_microbatches, schedule=schedule, interleave=interleave, rank=pp_rank
+    )
     return np.where(np.asarray(pp) == 1, 1.0, held / np.asarray(interleave, dtype=float))
 
 
@@ -345,33 +392,79 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
     layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
     moe = {}
     if plan.model.is_moe:
-        split = stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                                   layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape)
-        kinds = stage_layer_kinds(plan.model, pp=plan.pp, interleave=plan.interleave,
-                                  layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape)
+        split = stage_params_split(
+            plan.model,
+            tp=plan.tp,
+            pp=plan.pp,
+            interleave=plan.interleave,
+            layers_per_stage=plan.layers_per_stage(),
+            v_shape=plan.v_shape,
+        )
+        kinds = stage_layer_kinds(
+            plan.model,
+            pp=plan.pp,
+            interleave=plan.interleave,
+            layers_per_stage=plan.layers_per_stage(),
+            v_shape=plan.v_shape,
+        )
         params_here = split[pp_rank][0]
         moe = dict(expert_params_here=split[pp_rank][1], moe_layers_here=kinds[pp_rank][1])
     else:
         params_here = stage_params(plan)[pp_rank]
     # the convention's (or the engine's) count of the plan's loss and selective recomputation; no cp, ep, FP8
     loss = engine.cross_entropy(plan.cross_entropy, plan.elementwise) if engine is not None else plan.cross_entropy
-    run = Resolved(dtype=plan.dtype, flash=plan.flash_attention, engine=engine, cross_entropy=loss or "upcast",
-                   recompute_modules=plan.recompute_modules, moe_load=1.0)
-    rank = RankCounts(params_here=params_here, layers_here=layers_here,
-                      inflight_mb=inflight_microbatches(plan, pp_rank),
-                      is_last=pp_rank == plan.rank_of_stage(plan.virtual_stages - 1),
-                      recomputed_here=(plan.recomputed_layers_of_rank(pp_rank)
-                                       if plan.recompute_layers or plan.recompute_every else None),
-                      pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches,
-                                                               plan.interleave)), **moe)
-    parts = rank_memory(plan.model, run, zero_stage=plan.zero_stage, recompute=plan.recompute,
-                        sequence_parallel=plan.sequence_parallel, tp=plan.tp, dp=plan.dp, micro_batch=plan.micro_batch,
-                        pp=plan.pp, interleave=plan.interleave, rank=rank)
+    run = Resolved(
+        dtype=plan.dtype,
+        flash=plan.flash_attention,
+        engine=engine,
+        cross_entropy=loss or "upcast",
+        recompute_modules=plan.recompute_modules,
+        moe_load=1.0,
+    )
+    rank = RankCounts(
+        params_here=params_here,
+        layers_here=layers_here,
+        inflight_mb=inflight_microbatches(plan, pp_rank),
+        is_last=pp_rank == plan.rank_of_stage(plan.virtual_stages - 1),
+        recomputed_here=(
+            plan.recomputed_layers_of_rank(pp_rank) if plan.recompute_layers or plan.recompute_every else None
+        ),
+        pp_grad_share=float(unsharded_grad_share(plan.schedule, plan.pp, plan.num_microbatches, plan.interleave)),
+        **moe,
+    )
+    parts = rank_memory(
+        plan.model,
+        run,
+        zero_stage=plan.zero_stage,
+        recompute=plan.recompute,
+        sequence_parallel=plan.sequence_parallel,
+        tp=plan.tp,
+        dp=plan.dp,
+        micro_batch=plan.micro_batch,
+        pp=plan.pp,
+        interleave=plan.interleave,
+        rank=rank,
+    )
     return MemoryBreakdown(*(float(x) for x in parts))
 
 
-def rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str, sequence_parallel: bool, tp, dp,
-                micro_batch, pp, interleave, rank: RankCounts, cp=1, ep=1, etp=1):
+def rank_memory(
+    m: ModelSpec,
+    run: Resolved,
+    *,
+    zero_stage: int,
+    recompute: str,
+    sequence_parallel: bool,
+    tp,
+    dp,
+    micro_batch,
+    pp,
+    interleave,
+    rank: RankCounts,
+    cp=1,
+    ep=1,
+    etp=1,
+):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
@@ -423,8 +516,9 @@ def rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str,
             return st.weights, st.gradients, st.optimizer
 
         def layer_bytes(mode: str, moe: bool = False):
-            return layer_activation_bytes(m, b, tp, recompute=mode, sequence_parallel=sequence_parallel, flash=flash,
-                                          dtype=dtype, moe=moe, **ext)
+            return layer_activation_bytes(
+                m, b, tp, recompute=mode, sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, moe=moe, **ext
+            )
     else:
         per_weights, per_grads, per_optim = engine.state_bytes(dtype, zero_stage, shard_dp)
         gathered_layers = engine.zero3_gathered_layers
@@ -435,21 +529,40 @@ def rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str,
             return engine.state_bytes(dtype, zero_stage, degree)
 
         def layer_bytes(mode: str, moe: bool = False):
-            return engine_layer_activation_bytes(engine, m, b, tp, recompute=mode, sequence_parallel=sequence_parallel,
-                                                 flash=flash, dtype=dtype, moe=moe, **ext)
+            return engine_layer_activation_bytes(
+                engine,
+                m,
+                b,
+                tp,
+                recompute=mode,
+                sequence_parallel=sequence_parallel,
+                flash=flash,
+                dtype=dtype,
+                moe=moe,
+                **ext,
+            )
+
     weights, grads, optim = params_here * per_weights, params_here * per_grads, params_here * per_optim
     if m.is_moe:
         ew, eg, eo = state_bytes(expert_dp(tp, dp, ep, etp, cp))
-        weights, grads, optim = (weights + expert_params_here * ew, grads + expert_params_here * eg,
-                                 optim + expert_params_here * eo)
+        weights, grads, optim = (
+            weights + expert_params_here * ew,
+            grads + expert_params_here * eg,
+            optim + expert_params_here * eo,
+        )
     offload = run.settings.offload
     if engine is not None and offload != "none":  # what leaves the GPU for host memory (accounting.offload)
         rule = engine.state_rule(dtype, zero_stage)
-        for n, degree in ((params_here, shard_dp), *(((expert_params_here, expert_dp(tp, dp, ep, etp, cp)),)
-                                                     if m.is_moe else ())):
+        for n, degree in (
+            (params_here, shard_dp),
+            *(((expert_params_here, expert_dp(tp, dp, ep, etp, cp)),) if m.is_moe else ()),
+        ):
             moved = offloaded(offload, rule, dtype, degree)
-            weights, grads, optim = (weights - n * moved.weights, grads - n * moved.gradients,
-                                     optim - n * moved.optimizer)
+            weights, grads, optim = (
+                weights - n * moved.weights,
+                grads - n * moved.gradients,
+                optim - n * moved.optimizer,
+            )
     # Under a pipeline schedule an engine may hold the stage's whole gradient unsharded until the last
     # micro-batch's backward (EngineProfile.pp_unsharded_grad_bytes: torchtitan's FSDP2 stages).
     pp_grad = (engine.pp_unsharded_grad_bytes if engine is not None and zero_stage >= 2 else 0.0) * (pp > 1)
@@ -499,14 +612,26 @@ def rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str,
     # trainer's DTensor head does); the logits of one micro-batch as the loss holds them at its peak
     # (logits_bytes_per_element).
     head_div = 1.0 if engine is None or engine.sp_gathered_head_input else sp_div
-    acts = acts + is_last * ((e * tokens * m.hidden / sp_div + e * tokens * m.hidden / head_div) * inflight_mb
-                             + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype, tp))
+    acts = acts + is_last * (
+        (e * tokens * m.hidden / sp_div + e * tokens * m.hidden / head_div) * inflight_mb
+        + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype, tp)
+    )
     # Pipeline receive buffers: one activation and one gradient per virtual stage boundary.
     p2p = np.where(pp > 1, 2 * e * tokens * m.hidden / sp_div * v, 0.0)
     if buffers:  # communication-bucket buffers the engine keeps for the whole run
         p2p = p2p + buffers
-    working = _working_set_bytes(m, b, tp, dtype=dtype, sequence_parallel=sequence_parallel, cp=cp, etp=etp,
-                                 capacity_factor=capacity_factor, cp_comm=cp_comm, moe_layers_here=moe_layers_here)
+    working = _working_set_bytes(
+        m,
+        b,
+        tp,
+        dtype=dtype,
+        sequence_parallel=sequence_parallel,
+        cp=cp,
+        etp=etp,
+        capacity_factor=capacity_factor,
+        cp_comm=cp_comm,
+        moe_layers_here=moe_layers_here,
+    )
     if working is not None:
         p2p = p2p + working
     if fp8 is not None:
@@ -528,15 +653,17 @@ def rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str,
     return weights, grads, optim, acts, other
 
 
-def _working_set_bytes(m: ModelSpec, b, tp, *, dtype, sequence_parallel, cp, etp, capacity_factor, cp_comm,
-                       moe_layers_here):
+def _working_set_bytes(
+    m: ModelSpec, b, tp, *, dtype, sequence_parallel, cp, etp, capacity_factor, cp_comm, moe_layers_here
+):
     """The larger of CP's attention working set and one all-to-all's buffers (None when neither)."""
     parts = []
     if np.any(np.asarray(cp) != 1):
         parts.append(cp_buffer_bytes(m, b, tp, cp, dtype=dtype, comm=cp_comm))
     if m.is_moe:
-        a2a = dispatch_buffer_bytes(m, b, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp, etp=etp,
-                                    capacity_factor=capacity_factor)
+        a2a = dispatch_buffer_bytes(
+            m, b, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp, etp=etp, capacity_factor=capacity_factor
+        )
         parts.append(np.where(np.asarray(moe_layers_here) > 0, a2a, 0.0))
     if not parts:
         return None

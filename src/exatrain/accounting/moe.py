@@ -58,8 +58,9 @@ def routed_tokens_per_rank(m: ModelSpec, micro_batch, tp, *, sequence_parallel: 
     return micro_batch * m.seq_len / np.asarray(cp, dtype=float) / (tp if sequence_parallel else 1)
 
 
-def received_copies_per_rank(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, cp=1, etp=1,
-                             capacity_factor=1.0):
+def received_copies_per_rank(
+    m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, cp=1, etp=1, capacity_factor=1.0
+):
     """Token copies one rank's local experts process per MoE layer and micro-batch (module doc)."""
     routed = routed_tokens_per_rank(m, micro_batch, tp, sequence_parallel=sequence_parallel, cp=cp)
     return routed * m.top_k * capacity_factor * etp
@@ -74,9 +75,19 @@ def router_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel:
     return routed * (m.experts * (ROUTER_SCORE_BYTES + 1) + m.top_k * ROUTER_SCORE_BYTES)
 
 
-def expert_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str = "bfloat16",
-                            cp=1, etp=1, capacity_factor=1.0, gemm_input_bytes: float | None = None,
-                            act_recompute: bool = False):
+def expert_activation_bytes(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    sequence_parallel: bool,
+    dtype: str = "bfloat16",
+    cp=1,
+    etp=1,
+    capacity_factor=1.0,
+    gemm_input_bytes: float | None = None,
+    act_recompute: bool = False,
+):
     """What the routed experts keep for backward per MoE layer and micro-batch on one rank: for every
     received token copy its fc1 input (h), the SwiGLU interior of 1/etp of the expert width (gate,
     silu(gate), up and the product that is fc2's input: 4*f/etp, as ``memory.layer_activation_bytes``
@@ -94,8 +105,9 @@ def expert_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel:
         per_copy = m.hidden * g + (2 * f if m.gated_mlp else f) * e + ROUTER_SCORE_BYTES
     else:
         per_copy = m.hidden * g + (interior - f) * e + f * g + ROUTER_SCORE_BYTES
-    copies = received_copies_per_rank(m, micro_batch, tp, sequence_parallel=sequence_parallel, cp=cp, etp=etp,
-                                      capacity_factor=capacity_factor)
+    copies = received_copies_per_rank(
+        m, micro_batch, tp, sequence_parallel=sequence_parallel, cp=cp, etp=etp, capacity_factor=capacity_factor
+    )
     return copies * per_copy
 
 
@@ -104,20 +116,23 @@ def shared_expert_interior_elements(m: ModelSpec) -> int:
     return (4 if m.gated_mlp else 2) * m.shared_experts * m.expert_width
 
 
-def dispatch_buffer_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str = "bfloat16",
-                          cp=1, etp=1, capacity_factor=1.0):
+def dispatch_buffer_bytes(
+    m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str = "bfloat16", cp=1, etp=1, capacity_factor=1.0
+):
     """Peak bytes of one all-to-all's buffers (the permuted tokens it sends and the copies it
     receives, hidden-wide): the working set of a MoE layer's dispatch (and, the same size, its
     combine) beyond what the layer keeps. With etp > 1 the received copies are the all-gathered ones."""
     e = COMPUTE_BYTES[dtype]
     routed = routed_tokens_per_rank(m, micro_batch, tp, sequence_parallel=sequence_parallel, cp=cp)
-    received = received_copies_per_rank(m, micro_batch, tp, sequence_parallel=sequence_parallel, cp=cp, etp=etp,
-                                        capacity_factor=capacity_factor)
+    received = received_copies_per_rank(
+        m, micro_batch, tp, sequence_parallel=sequence_parallel, cp=cp, etp=etp, capacity_factor=capacity_factor
+    )
     return (routed * m.top_k + received) * m.hidden * e
 
 
-def a2a_message_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str = "bfloat16",
-                      cp=1, capacity_factor=1.0):
+def a2a_message_bytes(
+    m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str = "bfloat16", cp=1, capacity_factor=1.0
+):
     """One dispatch (or combine) all-to-all's buffer on one rank: T*top_k token copies of h elements
     (times the capacity factor: a padded or the busiest rank's buffer). (ep-1)/ep of it leaves the
     rank (``comms.Collective("all_to_all", ep, ...)``)."""

@@ -56,8 +56,10 @@ def attention_params(m: ModelSpec) -> LayerParams:
     if not m.mla:
         q, kvh = m.q_width, m.kv_hidden
         bias = m.linear_bias  # q, k, v biases split with their columns; the output projection's whole
-        return LayerParams(sharded=h * (q + 2 * kvh) + m.attn_out_width * h + sinks + (q + 2 * kvh) * bias,
-                           replicated=(2 * m.head_dim if m.qk_norm else 0) + h * bias)
+        return LayerParams(
+            sharded=h * (q + 2 * kvh) + m.attn_out_width * h + sinks + (q + 2 * kvh) * bias,
+            replicated=(2 * m.head_dim if m.qk_norm else 0) + h * bias,
+        )
     up_q = (m.q_lora_rank or h) * m.q_width
     down_q = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0  # projection + its RMSNorm
     down_kv = h * (m.kv_lora_rank + m.rope_head_dim) + m.kv_lora_rank
@@ -98,14 +100,17 @@ def layer_params(m: ModelSpec, moe: bool | None = None) -> LayerParams:
         norms = 2 * h  # two RMSNorms
         e_col, e_row = mlp_bias_params(m, m.expert_width)
         s_col, s_row = mlp_bias_params(m, m.shared_experts * m.expert_width) if m.shared_experts else (0, 0)
-        return LayerParams(sharded=attn.sharded + m.shared_experts * mlp_weight_params(m, m.expert_width) + s_col,
-                           replicated=attn.replicated + norms + router_params(m) + s_row,
-                           experts=m.experts * (mlp_weight_params(m, m.expert_width) + e_col + e_row))
+        return LayerParams(
+            sharded=attn.sharded + m.shared_experts * mlp_weight_params(m, m.expert_width) + s_col,
+            replicated=attn.replicated + norms + router_params(m) + s_row,
+            experts=m.experts * (mlp_weight_params(m, m.expert_width) + e_col + e_row),
+        )
     if m.kv_channels or m.qk_norm or m.mla or m.linear_bias or m.attention_sinks:
         attn = attention_params(m)
         col, row = mlp_bias_params(m, f)
-        return LayerParams(sharded=attn.sharded + mlp_weight_params(m, f) + col,
-                           replicated=attn.replicated + 2 * h + row)
+        return LayerParams(
+            sharded=attn.sharded + mlp_weight_params(m, f) + col, replicated=attn.replicated + 2 * h + row
+        )
     attn_w = h * (h + 2 * kvh) + h * h  # fused QKV (column-parallel) + output projection (row-parallel)
     mlp_w = (3 if m.gated_mlp else 2) * h * f  # SwiGLU: gate, up, down; GELU MLP: fc1, fc2
     if m.has_bias:
@@ -149,8 +154,13 @@ def total_params(m: ModelSpec) -> int:
         layers = (m.layers - n_moe) * layer_params(m, moe=False).total + n_moe * layer_params(m, moe=True).total
         return layers + embedding_params(m) + position_params(m) + final_norm_params(m) + head_params(m)
     lp = layer_params(m)
-    return (m.layers * (lp.sharded + lp.replicated) + embedding_params(m) + position_params(m)
-            + final_norm_params(m) + head_params(m))
+    return (
+        m.layers * (lp.sharded + lp.replicated)
+        + embedding_params(m)
+        + position_params(m)
+        + final_norm_params(m)
+        + head_params(m)
+    )
 
 
 def active_layer_params(m: ModelSpec, moe: bool) -> int:
@@ -193,12 +203,19 @@ def stage_params(plan: Plan) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=4096)
-def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple[int, ...],
-                  placed: tuple[tuple[int, ...], ...] = ()) -> tuple[int, ...]:
+def _stage_params(
+    m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple[int, ...], placed: tuple[tuple[int, ...], ...] = ()
+) -> tuple[int, ...]:
     """``placed``: each rank's stages (default looped); the head goes with the last stage (rank 0 under a V)."""
     if m.is_moe:
-        split = stage_params_split(m, tp=tp, pp=pp, interleave=interleave, layers_per_stage=layers,
-                                   v_shape=bool(placed) and placed[0] == (0, pp * interleave - 1) and pp > 1)
+        split = stage_params_split(
+            m,
+            tp=tp,
+            pp=pp,
+            interleave=interleave,
+            layers_per_stage=layers,
+            v_shape=bool(placed) and placed[0] == (0, pp * interleave - 1) and pp > 1,
+        )
         return tuple(dense + experts for dense, experts in split)
     lp = layer_params(m).per_rank(tp)
     placed = placed or tuple(tuple(range(r, pp * interleave, pp)) for r in range(pp))
@@ -217,8 +234,9 @@ def _stage_params(m: ModelSpec, tp: int, pp: int, interleave: int, layers: tuple
     return tuple(counts)
 
 
-def stage_layer_kinds(m: ModelSpec, *, pp: int, interleave: int, layers_per_stage: tuple[int, ...],
-                      v_shape: bool = False) -> tuple[tuple[int, int], ...]:
+def stage_layer_kinds(
+    m: ModelSpec, *, pp: int, interleave: int, layers_per_stage: tuple[int, ...], v_shape: bool = False
+) -> tuple[tuple[int, int], ...]:
     """(dense layers, MoE layers) on each pipeline rank: virtual stage k holds the next
     layers_per_stage[k] layers in model order and sits on rank k % pp, or under a V (``v_shape``) rank r
     holds stages r and 2 pp - 1 - r (``Plan.stages_of_rank``)."""
@@ -227,7 +245,7 @@ def stage_layer_kinds(m: ModelSpec, *, pp: int, interleave: int, layers_per_stag
     out = []
     for rank in range(pp):
         moe = dense = 0
-        for k in ((rank, 2 * pp - 1 - rank) if v_shape else range(rank, pp * interleave, pp)):
+        for k in (rank, 2 * pp - 1 - rank) if v_shape else range(rank, pp * interleave, pp):
             for i in range(starts[k], starts[k] + layers_per_stage[k]):
                 moe += kinds[i]
                 dense += not kinds[i]
@@ -236,8 +254,17 @@ def stage_layer_kinds(m: ModelSpec, *, pp: int, interleave: int, layers_per_stag
 
 
 @lru_cache(maxsize=4096)
-def stage_params_split(m: ModelSpec, *, tp: int, pp: int, interleave: int, layers_per_stage: tuple[int, ...],
-                       ep: int = 1, etp: int = 1, v_shape: bool = False) -> tuple[tuple[int, int], ...]:
+def stage_params_split(
+    m: ModelSpec,
+    *,
+    tp: int,
+    pp: int,
+    interleave: int,
+    layers_per_stage: tuple[int, ...],
+    ep: int = 1,
+    etp: int = 1,
+    v_shape: bool = False,
+) -> tuple[tuple[int, int], ...]:
     """(parameters outside the routed experts, routed-expert parameters) on one rank of each
     pipeline stage: the first feeds ZeRO/FSDP sharding over the data-parallel group, the second over
     the expert-data-parallel group (``accounting.moe.expert_dp``). Embedding, head and tied-copy
@@ -247,8 +274,9 @@ def stage_params_split(m: ModelSpec, *, tp: int, pp: int, interleave: int, layer
     dense_lp = layer_params(m, moe=False).per_rank(tp)
     moe_lp = layer_params(m, moe=True) if m.is_moe else None
     out = []
-    for rank, (n_dense, n_moe) in enumerate(stage_layer_kinds(m, pp=pp, interleave=interleave,
-                                                              layers_per_stage=layers_per_stage, v_shape=v_shape)):
+    for rank, (n_dense, n_moe) in enumerate(
+        stage_layer_kinds(m, pp=pp, interleave=interleave, layers_per_stage=layers_per_stage, v_shape=v_shape)
+    ):
         dense = n_dense * dense_lp
         experts = 0
         if n_moe:

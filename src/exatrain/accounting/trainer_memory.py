@@ -65,15 +65,30 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.settings import HALF_DTYPES
 from exatrain.plan import MemoryBreakdown, Plan
 from exatrain.accounting.engines import Resolved
-from exatrain.accounting.memory import (COMPUTE_BYTES, FRAGMENTATION_ALLOWANCE, RankCounts, inflight_microbatches,
-                                        state_bytes_per_param)
-from exatrain.accounting.params import (layer_params, router_params, stage_layer_kinds, stage_params,
-                                       stage_params_split)
+from exatrain.accounting.memory import (
+    COMPUTE_BYTES,
+    FRAGMENTATION_ALLOWANCE,
+    RankCounts,
+    inflight_microbatches,
+    state_bytes_per_param,
+)
+from exatrain.accounting.params import layer_params, router_params, stage_layer_kinds, stage_params, stage_params_split
 
 
-def trainer_layer_activation_bytes(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, recompute: str,
-                                   flash: bool, dtype: str, on_cpu: bool = False, cp: int = 1, ep: int = 1,
-                                   moe: bool = False):
+def trainer_layer_activation_bytes(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    sequence_parallel: bool,
+    recompute: str,
+    flash: bool,
+    dtype: str,
+    on_cpu: bool = False,
+    cp: int = 1,
+    ep: int = 1,
+    moe: bool = False,
+):
     """Activation bytes one layer of the trainer's model keeps for backward, per micro-batch, on one
     tp rank (see the module doc), tensor by tensor per token, with d = tp under sequence parallelism:
 
@@ -164,22 +179,46 @@ def trainer_stage_memory(plan: Plan, pp_rank: int, *, on_cpu: bool | None = None
     layers_here = sum(plan.layers_per_stage()[v] for v in plan.stages_of_rank(pp_rank))
     m = plan.model
     if m.is_moe:  # the rank's non-expert parameters, its routed experts (N/ep of each MoE layer's)
-        dense, experts = stage_params_split(m, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                                            layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape,
-                                            ep=plan.ep)[pp_rank]
-        moe_here = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave,
-                                     layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape)[pp_rank][1]
+        dense, experts = stage_params_split(
+            m,
+            tp=plan.tp,
+            pp=plan.pp,
+            interleave=plan.interleave,
+            layers_per_stage=plan.layers_per_stage(),
+            v_shape=plan.v_shape,
+            ep=plan.ep,
+        )[pp_rank]
+        moe_here = stage_layer_kinds(
+            m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape
+        )[pp_rank][1]
     else:
         dense, experts, moe_here = stage_params(plan)[pp_rank], 0, 0
-    rank = RankCounts(params_here=dense, layers_here=layers_here, inflight_mb=inflight_microbatches(plan, pp_rank),
-                      is_last=pp_rank == plan.rank_of_stage(plan.virtual_stages - 1),
-                      is_first=pp_rank == 0, expert_params_here=experts,
-                      moe_layers_here=moe_here)
-    parts = trainer_rank_memory(m, Resolved(dtype=plan.dtype, flash=plan.flash_attention), zero_stage=plan.zero_stage,
-                                recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, tp=plan.tp,
-                                dp=plan.dp, micro_batch=plan.micro_batch, pp=plan.pp, interleave=plan.interleave,
-                                rank=rank, num_microbatches=plan.num_microbatches, cp=plan.cp, ep=plan.ep,
-                                on_cpu=plan_on_cpu(plan) if on_cpu is None else on_cpu)
+    rank = RankCounts(
+        params_here=dense,
+        layers_here=layers_here,
+        inflight_mb=inflight_microbatches(plan, pp_rank),
+        is_last=pp_rank == plan.rank_of_stage(plan.virtual_stages - 1),
+        is_first=pp_rank == 0,
+        expert_params_here=experts,
+        moe_layers_here=moe_here,
+    )
+    parts = trainer_rank_memory(
+        m,
+        Resolved(dtype=plan.dtype, flash=plan.flash_attention),
+        zero_stage=plan.zero_stage,
+        recompute=plan.recompute,
+        sequence_parallel=plan.sequence_parallel,
+        tp=plan.tp,
+        dp=plan.dp,
+        micro_batch=plan.micro_batch,
+        pp=plan.pp,
+        interleave=plan.interleave,
+        rank=rank,
+        num_microbatches=plan.num_microbatches,
+        cp=plan.cp,
+        ep=plan.ep,
+        on_cpu=plan_on_cpu(plan) if on_cpu is None else on_cpu,
+    )
     return MemoryBreakdown(*(float(x) for x in parts))
 
 
@@ -191,9 +230,24 @@ def plan_on_cpu(plan: Plan) -> bool:
     return c is not None and c.device.name == "cpu"
 
 
-def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompute: str, sequence_parallel: bool,
-                        tp, dp, micro_batch, pp, interleave, rank: RankCounts, num_microbatches=None,
-                        on_cpu: bool = False, cp: int = 1, ep: int = 1):
+def trainer_rank_memory(
+    m: ModelSpec,
+    run: Resolved,
+    *,
+    zero_stage: int,
+    recompute: str,
+    sequence_parallel: bool,
+    tp,
+    dp,
+    micro_batch,
+    pp,
+    interleave,
+    rank: RankCounts,
+    num_microbatches=None,
+    on_cpu: bool = False,
+    cp: int = 1,
+    ep: int = 1,
+):
     """(weights, gradients, optimizer, activations, other) bytes of one rank. Categorical options
     are scalars; every size may be a numpy array (one entry per candidate plan).
 
@@ -244,17 +298,30 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     # (ZeRO-2), or one layer while the next is prefetched (ZeRO-3).
     # (a tied table is the head's weight only without a pipeline: a V schedule's rank 0 holds both ends, two copies)
     shared = is_last * (np.asarray(pp) == 1)
-    tables = is_first * (V * h / tp * ((1.0 - shared) if m.tied_embeddings else 1.0)
-                         + (m.seq_len * h if m.learned_positions else 0))
+    tables = is_first * (
+        V * h / tp * ((1.0 - shared) if m.tied_embeddings else 1.0) + (m.seq_len * h if m.learned_positions else 0)
+    )
     # A MoE layer's router computes in fp32 with autocast off: no 16-bit copy of it either.
-    non_linear = (layers_here * (4 if m.has_bias else 2) * h + tables + is_last * (2 if m.has_bias else 1) * h
-                  + moe_here * (router_params(m) if m.is_moe else 0))
+    non_linear = (
+        layers_here * (4 if m.has_bias else 2) * h
+        + tables
+        + is_last * (2 if m.has_bias else 1) * h
+        + moe_here * (router_params(m) if m.is_moe else 0)
+    )
     gathered = 2.0 if autocast else 4.0
     copy_fsdp = gathered * (params_here if zero_stage == 2 else 2 * layer_rank_params)
     copy16 = np.where(fsdp, copy_fsdp, 2.0 * (params_here - non_linear) if autocast else 0.0)
     weights = fp32_w + copy16
-    uncached = _uncached_copies(copy16, expert_here, tp=tp, fsdp=fsdp, zero_stage=zero_stage, autocast=autocast,
-                                recompute=recompute, replicas=dp)
+    uncached = _uncached_copies(
+        copy16,
+        expert_here,
+        tp=tp,
+        fsdp=fsdp,
+        zero_stage=zero_stage,
+        autocast=autocast,
+        recompute=recompute,
+        replicas=dp,
+    )
 
     # ---- activations: per micro-batch in flight, then the backward's working set ----
     kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, on_cpu=on_cpu, cp=cp, ep=ep)
@@ -265,9 +332,17 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     per_layer = per_layer_bytes(recompute)
     if m.is_moe:  # the layers' activations: dense and MoE layers each their own; the largest for a recompute
         stage_layers = (layers_here - moe_here) * per_layer + moe_here * per_layer_bytes(recompute, moe=True)
-        recomputed = np.maximum(np.where(layers_here > moe_here, per_layer_bytes("none") - (
-            per_layer if recompute == "selective" else 0.0), 0.0), np.where(moe_here > 0, per_layer_bytes(
-                "none", moe=True) - (per_layer_bytes(recompute, moe=True) if recompute == "selective" else 0.0), 0.0))
+        recomputed = np.maximum(
+            np.where(
+                layers_here > moe_here, per_layer_bytes("none") - (per_layer if recompute == "selective" else 0.0), 0.0
+            ),
+            np.where(
+                moe_here > 0,
+                per_layer_bytes("none", moe=True)
+                - (per_layer_bytes(recompute, moe=True) if recompute == "selective" else 0.0),
+                0.0,
+            ),
+        )
     else:
         stage_layers = per_layer * layers_here
         recomputed = per_layer_bytes("none") - (per_layer if recompute == "selective" else 0.0)
@@ -279,8 +354,12 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     # head's 16-bit input; on a pipeline stage that sends, its output (kept until its backward; the
     # input it received is the first norm's input, counted with the layer).
     sends = np.where(pp > 1, np.maximum(v - is_last, 0.0) / v, 0.0)
-    per_mb = (stage_layers + is_last * tokens * (final_norm / sp_div + e * h)
-              + sends * v * tokens * stream * h / sp_div + uncached)
+    per_mb = (
+        stage_layers
+        + is_last * tokens * (final_norm / sp_div + e * h)
+        + sends * v * tokens * stream * h / sp_div
+        + uncached
+    )
     acts = per_mb * inflight_mb - uncached  # one set of the 16-bit copies is counted with the weights
     if num_microbatches is not None:
         # No backward before the activations peak (GPipe; 1F1B with m <= in flight): the gradients
@@ -300,9 +379,13 @@ def trainer_rank_memory(m: ModelSpec, run: Resolved, *, zero_stage: int, recompu
     # the embedding's to be summed with it.
     loss_temps = is_last * tokens * V / tp * np.where(tp > 1, 16.0, 12.0)
     wide = max(m.ffn_hidden, h)
-    working = ((6.0 if autocast else 4.0) * wide * h / tp + e * tokens * wide / tp + 4.0 * tokens * h / sp_div
-               + (is_first * shared * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
-               - is_last * tokens * (final_norm / sp_div + e * h))  # the head's inputs are freed by then
+    working = (
+        (6.0 if autocast else 4.0) * wide * h / tp
+        + e * tokens * wide / tp
+        + 4.0 * tokens * h / sp_div
+        + (is_first * shared * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
+        - is_last * tokens * (final_norm / sp_div + e * h)
+    )  # the head's inputs are freed by then
     # FSDP reduce-scatters each layer's gradient in fp32 right after its backward, once that
     # layer's activations and gathered weights are freed: the unsharded fp32 gradient and its shard.
     reduce_scatter = np.where(fsdp, (4.0 + 4.0 / dp - gathered) * layer_rank_params - per_layer, 0.0)
@@ -355,5 +438,10 @@ def trainer_memory_by_stage(plan: Plan, *, on_cpu: bool | None = None) -> tuple[
     return tuple(trainer_stage_memory(plan, r, on_cpu=on_cpu) for r in range(plan.pp))
 
 
-__all__ = ["plan_on_cpu", "trainer_layer_activation_bytes", "trainer_memory_by_stage", "trainer_rank_memory",
-           "trainer_stage_memory"]
+__all__ = [
+    "plan_on_cpu",
+    "trainer_layer_activation_bytes",
+    "trainer_memory_by_stage",
+    "trainer_rank_memory",
+    "trainer_stage_memory",
+]

@@ -16,9 +16,18 @@ from exatrain.paths import check_input_dir, check_input_file, check_output_dir
 DEFAULT_SEPARATOR = "<|endoftext|>"
 
 
-def prepare(*, out: str | Path, input: Sequence[str] = (), stdlib: bool = False, builtin: bool = False,
-            tokenizer: str | Path | None = None, train_tokenizer: int | None = None, separator: str | None = None,
-            shard_tokens: int | None = None, quiet: bool = False):
+def prepare(
+    *,
+    out: str | Path,
+    input: Sequence[str] = (),
+    stdlib: bool = False,
+    builtin: bool = False,
+    tokenizer: str | Path | None = None,
+    train_tokenizer: int | None = None,
+    separator: str | None = None,
+    shard_tokens: int | None = None,
+    quiet: bool = False,
+):
     """Tokenize the files matching ``input`` globs (each file one document) with a Hugging Face
     ``tokenizer`` (tokenizer.json) or a byte-level BPE of ``train_tokenizer`` ids trained on them,
     or, with the byte tokenizer, the built-in corpus that ``train`` uses without data (``builtin``)
@@ -36,8 +45,9 @@ def prepare(*, out: str | Path, input: Sequence[str] = (), stdlib: bool = False,
     if stdlib or builtin:
         flag, what = ("--stdlib", "this Python's standard library") if stdlib else ("--builtin", "the built-in corpus")
         if input or tokenizer or train_tokenizer or separator:
-            raise UserError(f"{flag} uses the byte tokenizer over {what}; drop "
-                            "--input/--tokenizer/--train-tokenizer/--separator")
+            raise UserError(
+                f"{flag} uses the byte tokenizer over {what}; drop --input/--tokenizer/--train-tokenizer/--separator"
+            )
         return prep.prepare_stdlib(out, **kw) if stdlib else prep.prepare_builtin(out, **kw)
     if not input:
         raise UserError("give --input GLOB (repeatable), --builtin or --stdlib")
@@ -52,8 +62,15 @@ def prepare(*, out: str | Path, input: Sequence[str] = (), stdlib: bool = False,
         tk.load(str(check_input_file(tokenizer, "--tokenizer")))  # a readable tokenizer, or one line
         tokenizer_json = Path(tokenizer).read_text(encoding="utf-8")
     docs = prep.find_documents(list(input))
-    return prep.prepare(docs, out, tokenizer_json=tokenizer_json, train_vocab=train_tokenizer,
-                        separator=separator or DEFAULT_SEPARATOR, sources={"inputs": list(input)}, **kw)
+    return prep.prepare(
+        docs,
+        out,
+        tokenizer_json=tokenizer_json,
+        train_vocab=train_tokenizer,
+        separator=separator or DEFAULT_SEPARATOR,
+        sources={"inputs": list(input)},
+        **kw,
+    )
 
 
 def verify_dataset(path: str | Path):
@@ -76,9 +93,17 @@ def export_model(*, checkpoint: str | Path, out: str | Path, step: int | None = 
     return export_hf(checkpoint, out, step=step)
 
 
-def report(*, out: str | Path = "report", plan: Sequence[str | Path] = (), search: Sequence[str | Path] = (),
-           scaling: Sequence[str | Path] = (), runs: Sequence[str | Path] = (), calibration: str | Path | None = None,
-           cluster: str | None = None, cluster_file: str | Path | None = None):
+def report(
+    *,
+    out: str | Path = "report",
+    plan: Sequence[str | Path] = (),
+    search: Sequence[str | Path] = (),
+    scaling: Sequence[str | Path] = (),
+    runs: Sequence[str | Path] = (),
+    calibration: str | Path | None = None,
+    cluster: str | None = None,
+    cluster_file: str | Path | None = None,
+):
     """PNGs and an index.html in ``out`` from plan files (or `estimate --json`), `search --json`,
     `scaling --json` and runs files. Returns (index.html's path, the sections)."""
     from exatrain.report import inputs as rin
@@ -99,13 +124,21 @@ def report(*, out: str | Path = "report", plan: Sequence[str | Path] = (), searc
         from exatrain.planner.cost.coefficients import load_calibration
 
         cal = load_calibration(check_input_file(calibration, "--calibration"))
-    c = (get_cluster(cluster) if cluster else
-         load_cluster_file(check_input_file(cluster_file, "--cluster-file")) if cluster_file else None)
-    inputs = ReportInputs(plans=tuple(rin.read_plan(x) for x in plan),
-                          searches=tuple(rin.read_search(x) for x in search),
-                          scalings=tuple(rin.read_scaling(x) for x in scaling),
-                          runs=tuple(rin.read_runs(x) for x in runs),
-                          cluster=c, calibration=cal)
+    c = (
+        get_cluster(cluster)
+        if cluster
+        else load_cluster_file(check_input_file(cluster_file, "--cluster-file"))
+        if cluster_file
+        else None
+    )
+    inputs = ReportInputs(
+        plans=tuple(rin.read_plan(x) for x in plan),
+        searches=tuple(rin.read_search(x) for x in search),
+        scalings=tuple(rin.read_scaling(x) for x in scaling),
+        runs=tuple(rin.read_runs(x) for x in runs),
+        cluster=c,
+        calibration=cal,
+    )
     return write_report(inputs, out)
 
 

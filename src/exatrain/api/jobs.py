@@ -35,8 +35,16 @@ def write_text(path: str | Path, text: str, *, executable: bool = False) -> None
         raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
-def check_fits(plan: Plan, cluster: ClusterSpec, *, force: bool, warn: Warn, what: str, name: str = "the plan",
-               runtime: str | None = None) -> None:
+def check_fits(
+    plan: Plan,
+    cluster: ClusterSpec,
+    *,
+    force: bool,
+    warn: Warn,
+    what: str,
+    name: str = "the plan",
+    runtime: str | None = None,
+) -> None:
     """One line on a plan that is tight on ``cluster`` or predicted above its capacity; a plan that does not fit
     (even the low end of its band of measured peaks is above the capacity, planner/memory_band.py) is refused
     unless ``force``. The plan is estimated as ``runtime`` runs it (the engine the output runs; as the plan's own
@@ -59,22 +67,31 @@ def check_fits(plan: Plan, cluster: ClusterSpec, *, force: bool, warn: Warn, wha
     if est is None:
         est = estimate_plan(plan, cluster)
     need, cap = est.memory_bytes.total / GiB, est.capacity_bytes / GiB
-    amount = (f"its worst stage is predicted at {need:,.1f} GiB of {cap:,.0f} GiB on {cluster.name} as {plan.runtime} "
-              "runs it")
+    amount = (
+        f"its worst stage is predicted at {need:,.1f} GiB of {cap:,.0f} GiB on {cluster.name} as {plan.runtime} runs it"
+    )
     if est.verdict == "does not fit":
         if not force:
-            raise UserError(f"{name} does not fit: {amount}, above even its band of measured peaks; choose a "
-                            "layout that fits (exatrain search) or give --force to write it anyway")
+            raise UserError(
+                f"{name} does not fit: {amount}, above even its band of measured peaks; choose a "
+                "layout that fits (exatrain search) or give --force to write it anyway"
+            )
         warn(f"{name} does not fit: {amount}; written because of --force")
     elif est.verdict == "tight":
         lo, hi = tight_window(est.memory_band or {"ratio_low": 1.0, "ratio_high": 1.0})
         over = ", above the capacity" if need > cap else ""
-        warn(f"{name} is tight: {amount}{over}, and measured peaks of such plans range over {lo:.2f}–{hi:.2f}x "
-             f"the prediction: {what} may run out of memory")
+        warn(
+            f"{name} is tight: {amount}{over}, and measured peaks of such plans range over {lo:.2f}–{hi:.2f}x "
+            f"the prediction: {what} may run out of memory"
+        )
 
 
-TARGET_RUNTIMES = {"megatron": "megatron-core", "deepspeed": "megatron-deepspeed", "torchtitan": "torchtitan",
-                   "torchtitan-0.3": "torchtitan"}  # the engine each export target's run is priced as
+TARGET_RUNTIMES = {
+    "megatron": "megatron-core",
+    "deepspeed": "megatron-deepspeed",
+    "torchtitan": "torchtitan",
+    "torchtitan-0.3": "torchtitan",
+}  # the engine each export target's run is priced as
 
 
 def _plan_name(plan: str | Path | Plan) -> str:
@@ -89,23 +106,43 @@ def _cpu_job_warnings(plan: Plan, cluster: ClusterSpec, ranks_per_node: int, war
 
     made_for = cluster_catalog().get(plan.cluster)
     if made_for is not None and made_for.device.name == "cpu" and cluster.device.name != "cpu":
-        warn(f"the plan was made for {plan.cluster} (CPU ranks, {plan.dtype}) but this is a GPU job on {cluster.name}: "
-             f"its layout and prediction are for the CPU; re-plan with --cluster {cluster.name}")
+        warn(
+            f"the plan was made for {plan.cluster} (CPU ranks, {plan.dtype}) but this is a GPU job on {cluster.name}: "
+            f"its layout and prediction are for the CPU; re-plan with --cluster {cluster.name}"
+        )
     ram = machine_memory_bytes()
     if cluster.device.name == "cpu" and ram:
         need = state_bytes(plan) * ranks_per_node / plan.gpus
         if need > 0.8 * ram:
-            warn(f"{plan.model.name} on CPU ranks needs about {need / 2**30:,.0f} GiB of model states per node "
-                 f"({ranks_per_node} ranks) but this machine has {ram / 2**30:,.0f} GiB: the job will likely be "
-                 "refused or run out of memory; use a GPU cluster or a smaller model")
+            warn(
+                f"{plan.model.name} on CPU ranks needs about {need / 2**30:,.0f} GiB of model states per node "
+                f"({ranks_per_node} ranks) but this machine has {ram / 2**30:,.0f} GiB: the job will likely be "
+                "refused or run out of memory; use a GPU cluster or a smaller model"
+            )
 
 
-def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpec | None = None,
-           cluster_file: str | Path | None = None, nodes: int | None = None, checkpoint_dir: str = "checkpoints",
-           steps: int | None = None, metrics_file: str | None = None, rccl_plugin_dir: str = "",
-           out: str | Path | None = None, account: str = "", time: str = "02:00:00", partition: str = "",
-           job_name: str = "", master_port: int = 29500, setup: Sequence[str] = (), master: str = "",
-           force: bool = False, warn: Warn | None = None) -> str:
+def launch(
+    *,
+    plan: str | Path | Plan,
+    scheduler: str,
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    nodes: int | None = None,
+    checkpoint_dir: str = "checkpoints",
+    steps: int | None = None,
+    metrics_file: str | None = None,
+    rccl_plugin_dir: str = "",
+    out: str | Path | None = None,
+    account: str = "",
+    time: str = "02:00:00",
+    partition: str = "",
+    job_name: str = "",
+    master_port: int = 29500,
+    setup: Sequence[str] = (),
+    master: str = "",
+    force: bool = False,
+    warn: Warn | None = None,
+) -> str:
     """The job that trains ``plan`` (a Plan or a file holding one) as text: an sbatch script
     (``scheduler='slurm'``) or the torchrun command to run on every node ('torchrun'). The cluster
     is the plan's unless given. ``out``: also write it there (executable). A plan that does not fit the cluster's
@@ -121,26 +158,54 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
         check_output_file(out, "--out")
     p = load_plan(plan, warn=warn)
     c = resolve_cluster(cluster, cluster_file, default=p.cluster or None)
-    train = TrainArgs(checkpoint_dir=os.path.abspath(checkpoint_dir), steps=steps,
-                      metrics_file=os.path.abspath(metrics_file) if metrics_file else None)
+    train = TrainArgs(
+        checkpoint_dir=os.path.abspath(checkpoint_dir),
+        steps=steps,
+        metrics_file=os.path.abspath(metrics_file) if metrics_file else None,
+    )
     if scheduler == "slurm":
         from exatrain.launch.slurm import time_limit
 
         seconds, form = time_limit(time)
         if form == "minutes:seconds":
-            warn(f"--time {time} is {seconds // 60} min {seconds % 60} s to sbatch (minutes:seconds); for hours "
-                 f"write hours:minutes:seconds, e.g. {time}:00")
+            warn(
+                f"--time {time} is {seconds // 60} min {seconds % 60} s to sbatch (minutes:seconds); for hours "
+                f"write hours:minutes:seconds, e.g. {time}:00"
+            )
         if master:
-            raise UserError("--master is for --scheduler torchrun; under SLURM the first allocated host "
-                            "is the master (set the port with --master-port)")
-        text = render_slurm(p, c, SlurmOptions(train=train, account=account, time=time, partition=partition,
-                                               job_name=job_name, nodes=nodes, master_port=master_port,
-                                               rccl_plugin_dir=rccl_plugin_dir, setup=tuple(setup)))
+            raise UserError(
+                "--master is for --scheduler torchrun; under SLURM the first allocated host "
+                "is the master (set the port with --master-port)"
+            )
+        text = render_slurm(
+            p,
+            c,
+            SlurmOptions(
+                train=train,
+                account=account,
+                time=time,
+                partition=partition,
+                job_name=job_name,
+                nodes=nodes,
+                master_port=master_port,
+                rccl_plugin_dir=rccl_plugin_dir,
+                setup=tuple(setup),
+            ),
+        )
     else:
         if not isinstance(plan, (str, Path)):
             raise UserError("a torchrun command refers to the plan by its file: give the plan as a path")
-        text = render_torchrun(p, c, TorchrunOptions(plan_path=os.path.abspath(plan), train=train, nodes=nodes,
-                                                     master=master, rccl_plugin_dir=rccl_plugin_dir))
+        text = render_torchrun(
+            p,
+            c,
+            TorchrunOptions(
+                plan_path=os.path.abspath(plan),
+                train=train,
+                nodes=nodes,
+                master=master,
+                rccl_plugin_dir=rccl_plugin_dir,
+            ),
+        )
     _cpu_job_warnings(p, c, node_layout(p, c, nodes).ranks_per_node, warn)
     check_fits(p, c, force=force, warn=warn, what="the job", name=_plan_name(plan), runtime="exatrain")
     if out is not None:
@@ -148,8 +213,14 @@ def launch(*, plan: str | Path | Plan, scheduler: str, cluster: str | ClusterSpe
     return text
 
 
-def export_config(*, plan: str | Path | Plan, target: str, out: str | Path | None = None, force: bool = False,
-                  warn: Warn | None = None):
+def export_config(
+    *,
+    plan: str | Path | Plan,
+    target: str,
+    out: str | Path | None = None,
+    force: bool = False,
+    warn: Warn | None = None,
+):
     """``plan``'s layout as another engine's configuration (an Export: text, notes, extra files).
     ``target``: megatron | deepspeed | torchtitan (v0.2.2 TOML) | torchtitan-0.3. ``out``: write the text there
     (deepspeed: and ds_config.json beside it; both are checked before either is written). A plan that does not fit
@@ -165,15 +236,18 @@ def export_config(*, plan: str | Path | Plan, target: str, out: str | Path | Non
     result = export(p, target, ds_config_path=str(ds_config))
     made_for = cluster_catalog().get(p.cluster)  # a plan for a cluster file's cluster is not checked here
     if made_for is not None:
-        check_fits(p, made_for, force=force, warn=warn, what="the run", name=_plan_name(plan),
-                   runtime=TARGET_RUNTIMES[target])
+        check_fits(
+            p, made_for, force=force, warn=warn, what="the run", name=_plan_name(plan), runtime=TARGET_RUNTIMES[target]
+        )
     if out is not None:
         targets = [Path(out)] + [Path(name) for name, _ in result.files]
         for path in targets:
             check_output_file(path, "--out")
         if len({t.absolute() for t in targets}) < len(targets):
-            raise UserError(f"--out {out}: the {target} config and its {', '.join(n for n, _ in result.files)} "
-                            "would be the same file; choose another name")
+            raise UserError(
+                f"--out {out}: the {target} config and its {', '.join(n for n, _ in result.files)} "
+                "would be the same file; choose another name"
+            )
         for name, content in result.files:
             write_text(name, content)
         write_text(out, result.text)

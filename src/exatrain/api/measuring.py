@@ -17,8 +17,9 @@ def _records(path: str | Path):
 
     records = read_run_records(check_input_file(path, "runs file"))
     if not records:
-        raise UserError(f"{path}: no RunRecords in it (lines of kind 'run_record', written by "
-                        "`exatrain train --metrics-file`)")
+        raise UserError(
+            f"{path}: no RunRecords in it (lines of kind 'run_record', written by `exatrain train --metrics-file`)"
+        )
     return records
 
 
@@ -34,8 +35,15 @@ def _calibration(path: str | Path | None):
     return None if path is None else load_calibration(check_input_file(path, "--calibration"))
 
 
-def bench(*, out: str | Path, device: str = "cpu", ranks: int | None = None, dtype: str | None = None,
-          quick: bool = False, progress: Callable[[str], None] | None = None):
+def bench(
+    *,
+    out: str | Path,
+    device: str = "cpu",
+    ranks: int | None = None,
+    dtype: str | None = None,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+):
     """Micro-benchmarks of this machine (GEMMs, attention, bandwidth, overheads, collectives over
     ``ranks`` local ranks, the trainer's framework costs) fitted into a calibration file at ``out``
     (what ``calibration=`` elsewhere reads). Returns a BenchResult. ``ranks``: default 2 on the CPU,
@@ -71,8 +79,11 @@ class CompareResult:
     prediction: str  # "stored in each record" or "calibration <file>"
 
     def to_dict(self) -> dict:
-        return {"runs": [c.to_dict() for c in self.comparisons], "distribution": self.distribution,
-                "prediction": self.prediction}
+        return {
+            "runs": [c.to_dict() for c in self.comparisons],
+            "distribution": self.distribution,
+            "prediction": self.prediction,
+        }
 
 
 def compare(*, runs: str | Path, calibration: str | Path | None = None, cluster: str | None = None) -> CompareResult:
@@ -85,8 +96,9 @@ def compare(*, runs: str | Path, calibration: str | Path | None = None, cluster:
     comps = compare_all(records, cal, _cluster(cluster))
     if not comps:
         raise UserError(f"{runs}: no successful run with measurements to compare")
-    return CompareResult(tuple(comps), distribution(comps),
-                         f"calibration {calibration}" if cal is not None else "stored in each record")
+    return CompareResult(
+        tuple(comps), distribution(comps), f"calibration {calibration}" if cal is not None else "stored in each record"
+    )
 
 
 __all__ = ["CompareResult", "bench", "calibrate", "compare"]

@@ -12,16 +12,35 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from exatrain.api.plans import (calibrated, layout_values, make_plan, resolve_cluster, resolve_model, shape_of,
-                                space_options, with_launch)
+from exatrain.api.plans import (
+    calibrated,
+    layout_values,
+    make_plan,
+    resolve_cluster,
+    resolve_model,
+    shape_of,
+    space_options,
+    with_launch,
+)
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
 from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan
-from exatrain.settings import (RUNTIMES, adam_kernel_problem, cp_comm_problem, default_runtime, default_runtime_note,
-                               dtype_problem, grad_accum_fusion_problem, grad_accum_problem, recompute_layers_problem,
-                               recompute_modules_of, recompute_modules_problem, takes_settings)
+from exatrain.settings import (
+    RUNTIMES,
+    adam_kernel_problem,
+    cp_comm_problem,
+    default_runtime,
+    default_runtime_note,
+    dtype_problem,
+    grad_accum_fusion_problem,
+    grad_accum_problem,
+    recompute_layers_problem,
+    recompute_modules_of,
+    recompute_modules_problem,
+    takes_settings,
+)
 from exatrain.planner.memory_band import STRICT_MEMORY_HELP
 from exatrain.planner.time_to_train import RANK_BY, RANK_BY_HELP, RUN_FLAGS, rank, run_options, with_time_to_train
 
@@ -45,14 +64,18 @@ def check_runtime(runtime: str, overlap: str | None = None) -> str:
     return runtime
 
 
-def check_grad_accum(grad_accum: str | None, dtype: str | None, runtime: str, fusion: str | None = None,
-                     adam_kernel: str | None = None) -> None:
+def check_grad_accum(
+    grad_accum: str | None, dtype: str | None, runtime: str, fusion: str | None = None, adam_kernel: str | None = None
+) -> None:
     """A one-line UserError where ``runtime`` cannot accumulate ``dtype`` training's gradients in
     ``grad_accum`` (``settings.grad_accum_problem``) or with gradient-accumulation fusion ``fusion``
     (``settings.grad_accum_fusion_problem``), or cannot run Adam's ``adam_kernel`` (``settings.adam_kernel_problem``);
     a search checks them before it enumerates anything."""
-    problem = (grad_accum_problem(grad_accum or "", dtype or "bfloat16", runtime)
-               or grad_accum_fusion_problem(fusion or "", runtime) or adam_kernel_problem(adam_kernel or "", runtime))
+    problem = (
+        grad_accum_problem(grad_accum or "", dtype or "bfloat16", runtime)
+        or grad_accum_fusion_problem(fusion or "", runtime)
+        or adam_kernel_problem(adam_kernel or "", runtime)
+    )
     if problem:
         raise UserError(problem)
 
@@ -66,8 +89,13 @@ def check_cp_comm(cp_comm: str | None, runtime: str, model: ModelSpec) -> None:
         raise UserError(problem)
 
 
-def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, settings: Mapping[str, Any] | None = None,
-                 dtype: str | None = None) -> tuple[str, bool]:
+def _runtime_for(
+    runtime: str | None,
+    model: ModelSpec,
+    overlap: str,
+    settings: Mapping[str, Any] | None = None,
+    dtype: str | None = None,
+) -> tuple[str, bool]:
     """(the runtime to plan for, whether it was chosen here): ``runtime``, else ``settings.default_runtime`` of the
     model; its overlaps and, for a search (``settings`` given: the run settings by name), its gradient
     accumulation in ``dtype`` training, Adam kernel, context-parallel exchange, recompute modules (every
@@ -77,37 +105,68 @@ def _runtime_for(runtime: str | None, model: ModelSpec, overlap: str, settings: 
     runtime = check_runtime(default_runtime(model) if chosen else runtime, overlap)
     if settings is None:
         return runtime, chosen
-    if (problem := dtype_problem(dtype or "bfloat16", runtime)):  # before a search enumerates anything
+    if problem := dtype_problem(dtype or "bfloat16", runtime):  # before a search enumerates anything
         raise UserError(problem)
     s = settings.get
     check_grad_accum(s("grad_accum"), dtype, runtime, s("grad_accum_fusion"), s("adam_kernel"))
     check_cp_comm(s("cp_comm"), runtime, model)
     layers = s("recompute_layers")
-    problem = (recompute_modules_problem(recompute_modules_of(s("recompute_modules")), "selective", runtime)
-               or recompute_layers_problem(1 if layers == "auto" else layers or 0, "full", runtime)
-               or recompute_layers_problem(s("recompute_every") or 0, "full", runtime, every=True))
+    problem = (
+        recompute_modules_problem(recompute_modules_of(s("recompute_modules")), "selective", runtime)
+        or recompute_layers_problem(1 if layers == "auto" else layers or 0, "full", runtime)
+        or recompute_layers_problem(s("recompute_every") or 0, "full", runtime, every=True)
+    )
     if problem:
         raise UserError(problem)
     return runtime, chosen
 
 
 @takes_settings
-def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
-             layers: int | None = None, hidden: int | None = None, heads: int | None = None,
-             kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
-             vocab: int | None = None, cluster: str | ClusterSpec | None = None,
-             cluster_file: str | Path | None = None, gpus: int | None = None, tp: int | None = None,
-             pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
-             global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
-             sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
-             stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-             flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-             runtime: str | None = None, overlap: str | None = None, calibration: str | Path | None = None,
-             trace: bool | str = False, out: str | Path | None = None, progress: Progress | None = None,
-             from_file: str | Path | None = None, tokens: int | float | str | None = None,
-             gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-             node_mtbf_hours: float | str | None = None, checkpoint_bandwidth: float | str | None = None,
-             restart_minutes: float | str | None = None, **settings: Any) -> Plan:
+def estimate(
+    *,
+    model: str | ModelSpec | None = None,
+    model_file: str | Path | None = None,
+    arch: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    seq_len: int | None = None,
+    vocab: int | None = None,
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    gpus: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    dp: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    schedule: str | None = None,
+    interleave: int | None = None,
+    stage_layers: Sequence[int] | None = None,
+    dtype: str | None = None,
+    flash_attention: bool | None = None,
+    ep: int | None = None,
+    cp: int | None = None,
+    runtime: str | None = None,
+    overlap: str | None = None,
+    calibration: str | Path | None = None,
+    trace: bool | str = False,
+    out: str | Path | None = None,
+    progress: Progress | None = None,
+    from_file: str | Path | None = None,
+    tokens: int | float | str | None = None,
+    gpu_hour_price: float | str | None = None,
+    power_overhead: float | str | None = None,
+    node_mtbf_hours: float | str | None = None,
+    checkpoint_bandwidth: float | str | None = None,
+    restart_minutes: float | str | None = None,
+    **settings: Any,
+) -> Plan:
     """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
     megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
     exatrain's trainer does not build, ``settings.default_runtime``, said in the notes) runs it: the validated Plan (its
@@ -128,8 +187,14 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
         return estimate(**with_launch(locals(), estimate))
     values = dict(locals())
     check_counts(values)
-    run = run_options(tokens, gpu_hour_price, power_overhead, node_mtbf_hours=node_mtbf_hours,
-                      checkpoint_bandwidth=checkpoint_bandwidth, restart_minutes=restart_minutes)
+    run = run_options(
+        tokens,
+        gpu_hour_price,
+        power_overhead,
+        node_mtbf_hours=node_mtbf_hours,
+        checkpoint_bandwidth=checkpoint_bandwidth,
+        restart_minutes=restart_minutes,
+    )
     if trace:
         from exatrain.bench.traced import trace_mode
 
@@ -162,23 +227,52 @@ def estimate(*, model: str | ModelSpec | None = None, model_file: str | Path | N
 
 
 @takes_settings
-def search(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
-           layers: int | None = None, hidden: int | None = None, heads: int | None = None,
-           kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
-           vocab: int | None = None, cluster: str | ClusterSpec | None = None,
-           cluster_file: str | Path | None = None, gpus: int | None = None, tp: int | None = None,
-           pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
-           global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
-           sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
-           stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-           flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-           top: int = 10, runtime: str | None = None, overlap: str | None = None,
-           calibration: str | Path | None = None, out: str | Path | None = None,
-           from_file: str | Path | None = None, tokens: int | float | str | None = None,
-           gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-           node_mtbf_hours: float | str | None = None, checkpoint_bandwidth: float | str | None = None,
-           restart_minutes: float | str | None = None,
-           rank_by: str = "throughput", strict_memory: bool = False, **settings: Any):
+def search(
+    *,
+    model: str | ModelSpec | None = None,
+    model_file: str | Path | None = None,
+    arch: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    seq_len: int | None = None,
+    vocab: int | None = None,
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    gpus: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    dp: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    schedule: str | None = None,
+    interleave: int | None = None,
+    stage_layers: Sequence[int] | None = None,
+    dtype: str | None = None,
+    flash_attention: bool | None = None,
+    ep: int | None = None,
+    cp: int | None = None,
+    top: int = 10,
+    runtime: str | None = None,
+    overlap: str | None = None,
+    calibration: str | Path | None = None,
+    out: str | Path | None = None,
+    from_file: str | Path | None = None,
+    tokens: int | float | str | None = None,
+    gpu_hour_price: float | str | None = None,
+    power_overhead: float | str | None = None,
+    node_mtbf_hours: float | str | None = None,
+    checkpoint_bandwidth: float | str | None = None,
+    restart_minutes: float | str | None = None,
+    rank_by: str = "throughput",
+    strict_memory: bool = False,
+    **settings: Any,
+):
     """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
     by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
     values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
@@ -196,8 +290,9 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
         return search(**with_launch(locals(), search))
     values = dict(locals())
     check_counts(values)
-    run = run_options(tokens, gpu_hour_price, power_overhead, rank_by, node_mtbf_hours, checkpoint_bandwidth,
-                      restart_minutes)
+    run = run_options(
+        tokens, gpu_hour_price, power_overhead, rank_by, node_mtbf_hours, checkpoint_bandwidth, restart_minutes
+    )
     if gpus is None or global_batch is None:
         raise UserError("search needs --gpus and --global-batch")
     if top < 1:
@@ -214,9 +309,20 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
-    result = run_search(m, c, gpus, global_batch, top=top, options=options, params=params, dtype=dtype or "bfloat16",
-                        runtime=runtime, overlap=overlap, flash=True if flash_attention is None else flash_attention,
-                        strict_memory=bool(strict_memory))
+    result = run_search(
+        m,
+        c,
+        gpus,
+        global_batch,
+        top=top,
+        options=options,
+        params=params,
+        dtype=dtype or "bfloat16",
+        runtime=runtime,
+        overlap=overlap,
+        flash=True if flash_attention is None else flash_attention,
+        strict_memory=bool(strict_memory),
+    )
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
     if chosen and (note := default_runtime_note(m)):
@@ -229,21 +335,49 @@ def search(*, model: str | ModelSpec | None = None, model_file: str | Path | Non
 
 
 @takes_settings
-def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
-            layers: int | None = None, hidden: int | None = None, heads: int | None = None,
-            kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
-            vocab: int | None = None, cluster: str | ClusterSpec | None = None,
-            cluster_file: str | Path | None = None, gpus: Sequence[int] = (), tp: int | None = None,
-            pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
-            global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
-            sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
-            stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-            flash_attention: bool | None = None, ep: int | None = None, cp: int | None = None,
-            mode: str = "weak", runtime: str | None = None,
-            overlap: str | None = None, calibration: str | Path | None = None, tokens: int | float | str | None = None,
-            gpu_hour_price: float | str | None = None, power_overhead: float | str | None = None,
-            node_mtbf_hours: float | str | None = None, checkpoint_bandwidth: float | str | None = None,
-            restart_minutes: float | str | None = None, strict_memory: bool = False, **settings: Any):
+def scaling(
+    *,
+    model: str | ModelSpec | None = None,
+    model_file: str | Path | None = None,
+    arch: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    seq_len: int | None = None,
+    vocab: int | None = None,
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    gpus: Sequence[int] = (),
+    tp: int | None = None,
+    pp: int | None = None,
+    dp: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    schedule: str | None = None,
+    interleave: int | None = None,
+    stage_layers: Sequence[int] | None = None,
+    dtype: str | None = None,
+    flash_attention: bool | None = None,
+    ep: int | None = None,
+    cp: int | None = None,
+    mode: str = "weak",
+    runtime: str | None = None,
+    overlap: str | None = None,
+    calibration: str | Path | None = None,
+    tokens: int | float | str | None = None,
+    gpu_hour_price: float | str | None = None,
+    power_overhead: float | str | None = None,
+    node_mtbf_hours: float | str | None = None,
+    checkpoint_bandwidth: float | str | None = None,
+    restart_minutes: float | str | None = None,
+    strict_memory: bool = False,
+    **settings: Any,
+):
     """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
     over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
     pinned one), its throughput and efficiency, and what a published study measured for this model
@@ -253,8 +387,14 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     (as ``search``)."""
     values = dict(locals())
     check_counts(values)
-    run = run_options(tokens, gpu_hour_price, power_overhead, node_mtbf_hours=node_mtbf_hours,
-                      checkpoint_bandwidth=checkpoint_bandwidth, restart_minutes=restart_minutes)
+    run = run_options(
+        tokens,
+        gpu_hour_price,
+        power_overhead,
+        node_mtbf_hours=node_mtbf_hours,
+        checkpoint_bandwidth=checkpoint_bandwidth,
+        restart_minutes=restart_minutes,
+    )
     if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
         check_runtime(runtime, overlap)
     if global_batch is None:
@@ -266,12 +406,34 @@ def scaling(*, model: str | ModelSpec | None = None, model_file: str | Path | No
     c, params = calibrated(c, calibration, runtime)
     from exatrain.planner.scaling import scaling as run_scaling
 
-    result = run_scaling(m, c, list(gpus), global_batch, mode=mode, options=options, params=params,
-                         dtype=dtype or "bfloat16", flash=True if flash_attention is None else flash_attention,
-                         runtime=runtime, overlap=overlap, strict_memory=bool(strict_memory))
+    result = run_scaling(
+        m,
+        c,
+        list(gpus),
+        global_batch,
+        mode=mode,
+        options=options,
+        params=params,
+        dtype=dtype or "bfloat16",
+        flash=True if flash_attention is None else flash_attention,
+        runtime=runtime,
+        overlap=overlap,
+        strict_memory=bool(strict_memory),
+    )
     points = tuple(dataclasses.replace(pt, plan=with_time_to_train(pt.plan, c, run)) for pt in result.points)
     return dataclasses.replace(result, points=points)
 
 
-__all__ = ["DEFAULT_CLUSTER", "DEFAULT_RUNTIME", "RANK_BY", "RANK_BY_HELP", "RUN_FLAGS", "STRICT_MEMORY_HELP",
-           "check_cp_comm", "check_runtime", "estimate", "scaling", "search"]
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "DEFAULT_RUNTIME",
+    "RANK_BY",
+    "RANK_BY_HELP",
+    "RUN_FLAGS",
+    "STRICT_MEMORY_HELP",
+    "check_cp_comm",
+    "check_runtime",
+    "estimate",
+    "scaling",
+    "search",
+]

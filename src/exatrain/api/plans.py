@@ -23,8 +23,23 @@ from exatrain.settings import NAMES, RunSettings, recompute_layers_problem, reco
 Warn = Callable[[str], None]
 
 MODEL_FIELDS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
-LAYOUT_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "interleave", "stage_layers", "dtype", "flash_attention", "ep", "cp")
+LAYOUT_FIELDS = (
+    "tp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "global_batch",
+    "zero",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+    "interleave",
+    "stage_layers",
+    "dtype",
+    "flash_attention",
+    "ep",
+    "cp",
+)
 # ... and the run settings but the runtime (settings.SETTINGS), which each call takes as its own
 _CUSTOM_NEEDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -39,8 +54,14 @@ def warner(warn: Warn | None) -> Warn:
     return warn or (lambda message: warnings.warn(message, ExatrainWarning, stacklevel=3))
 
 
-def resolve_model(model: str | ModelSpec | None = None, model_file: str | Path | None = None, *,
-                  base: ModelSpec | None = None, default: str | None = None, **shape: Any) -> ModelSpec:
+def resolve_model(
+    model: str | ModelSpec | None = None,
+    model_file: str | Path | None = None,
+    *,
+    base: ModelSpec | None = None,
+    default: str | None = None,
+    **shape: Any,
+) -> ModelSpec:
     """A preset name, a ModelSpec or a model file; else ``base`` (a plan's model); else a model from
     the shape values alone (named 'custom'); else the ``default`` preset. Shape values (arch, layers,
     hidden, heads, kv_heads, ffn_hidden, seq_len, vocab) override; an overridden preset is named
@@ -56,8 +77,9 @@ def resolve_model(model: str | ModelSpec | None = None, model_file: str | Path |
         found = model
     elif model_file is not None:  # a config.json takes the sequence length as its own (it states none)
         notes: list[str] = []
-        found = load_model_file(check_input_file(model_file, "--model-file"), seq_len=overrides.get("seq_len"),
-                                notes=notes)
+        found = load_model_file(
+            check_input_file(model_file, "--model-file"), seq_len=overrides.get("seq_len"), notes=notes
+        )
         overrides = {k: v for k, v in overrides.items() if not (k == "seq_len" and v == found.seq_len)}
         for note in notes:
             warner(None)(note)
@@ -70,8 +92,9 @@ def resolve_model(model: str | ModelSpec | None = None, model_file: str | Path |
     elif default is not None:
         found = get_model(default)
     else:
-        raise UserError("no model: pass --model NAME, --model-file PATH, or all of "
-                        "--layers --hidden --heads --seq-len --vocab")
+        raise UserError(
+            "no model: pass --model NAME, --model-file PATH, or all of --layers --hidden --heads --seq-len --vocab"
+        )
     if not overrides:
         return found
     # A changed shape is a different model: drop family defaults that depended on the old one.
@@ -87,8 +110,12 @@ def resolve_model(model: str | ModelSpec | None = None, model_file: str | Path |
     return ModelSpec.from_dict(fields, source="model flags")
 
 
-def resolve_cluster(cluster: str | ClusterSpec | None = None, cluster_file: str | Path | None = None, *,
-                    default: str | None = "frontier") -> ClusterSpec:
+def resolve_cluster(
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    *,
+    default: str | None = "frontier",
+) -> ClusterSpec:
     """A catalog name, a ClusterSpec or a cluster file; else the ``default`` catalog cluster."""
     if cluster is not None and cluster_file is not None:
         raise UserError("give either --cluster or --cluster-file, not both")
@@ -109,14 +136,31 @@ def _pick(given: Any, from_base: Any, default: Any) -> Any:
 
 
 @takes_settings
-def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, *, gpus: int | None = None,
-              tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
-              global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
-              sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
-              stage_layers: tuple[int, ...] | None = None, dtype: str | None = None,
-              flash_attention: bool | None = None, base: Plan | None = None,
-              default_dtype: str = "bfloat16", ep: int | None = None, cp: int | None = None,
-              runtime: str | None = None, **settings: Any) -> Plan:
+def make_plan(
+    model: str | ModelSpec,
+    cluster: str | ClusterSpec | None = None,
+    *,
+    gpus: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    dp: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    schedule: str | None = None,
+    interleave: int | None = None,
+    stage_layers: tuple[int, ...] | None = None,
+    dtype: str | None = None,
+    flash_attention: bool | None = None,
+    base: Plan | None = None,
+    default_dtype: str = "bfloat16",
+    ep: int | None = None,
+    cp: int | None = None,
+    runtime: str | None = None,
+    **settings: Any,
+) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
     ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
@@ -126,8 +170,10 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
     (``rules.ep_fits``)."""
     check_counts(locals())
     if settings.get("recompute_layers") == "auto":
-        raise UserError("--recompute-layers auto lets a search fit each layout's own; one plan takes a number "
-                        "(search or scaling with auto, then its plan)")
+        raise UserError(
+            "--recompute-layers auto lets a search fit each layout's own; one plan takes a number "
+            "(search or scaling with auto, then its plan)"
+        )
     m = get_model(model) if isinstance(model, str) else model
     c = get_cluster(cluster) if isinstance(cluster, str) else cluster
     b = base
@@ -152,20 +198,29 @@ def make_plan(model: str | ModelSpec, cluster: str | ClusterSpec | None = None, 
         same = b is not None and b.dp == dp and b.micro_batch == micro
         global_batch = b.global_batch if same else micro * dp * (4 * pp if pp > 1 else 1)  # type: ignore[union-attr]
     schedule = _pick(schedule, b and b.schedule, "1f1b")
-    interleave = _pick(interleave, b and b.interleave,
-                       2 if schedule in ("interleaved", "zero_bubble", "zbv", "dualpipev") and pp > 1 else 1)
+    interleave = _pick(
+        interleave,
+        b and b.interleave,
+        2 if schedule in ("interleaved", "zero_bubble", "zbv", "dualpipev") and pp > 1 else 1,
+    )
     if stage_layers is None:
         keep = b is not None and b.pp == pp and b.interleave == interleave and b.model == m
         stage_layers = b.stage_layers if keep else ()  # type: ignore[union-attr]
-    plan = Plan(model=m, dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp), shape=TrainShape(micro_batch=micro,
-                global_batch=global_batch), zero_stage=_pick(zero, b and b.zero_stage, 0),
-                recompute=_pick(recompute, b and b.recompute, "none"),
-                sequence_parallel=bool(_pick(sequence_parallel, b and b.sequence_parallel, False)),
-                schedule=schedule, interleave=interleave, stage_layers=tuple(stage_layers),
-                dtype=_pick(dtype, b and b.dtype, default_dtype),
-                flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
-                cluster=c.name if c is not None else (b.cluster if b else ""),
-                settings=RunSettings.of(settings, base=b and b.settings).replace(runtime=runtime or "exatrain"))
+    plan = Plan(
+        model=m,
+        dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp),
+        shape=TrainShape(micro_batch=micro, global_batch=global_batch),
+        zero_stage=_pick(zero, b and b.zero_stage, 0),
+        recompute=_pick(recompute, b and b.recompute, "none"),
+        sequence_parallel=bool(_pick(sequence_parallel, b and b.sequence_parallel, False)),
+        schedule=schedule,
+        interleave=interleave,
+        stage_layers=tuple(stage_layers),
+        dtype=_pick(dtype, b and b.dtype, default_dtype),
+        flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
+        cluster=c.name if c is not None else (b.cluster if b else ""),
+        settings=RunSettings.of(settings, base=b and b.settings).replace(runtime=runtime or "exatrain"),
+    )
     return plan.validate(c)
 
 
@@ -201,15 +256,23 @@ def load_plan(path: str | Path | Plan, *, flag: str = "--plan", warn: Warn | Non
 
 
 # estimate's and search's --from (from_launch, with_launch)
-FROM_HELP = ("a launch to start from: a Megatron-LM or Megatron-DeepSpeed script running pretrain_gpt.py (its flags, "
-             "variables, torchrun/deepspeed/srun line and DeepSpeed JSON), or a torchtitan job TOML (export-config "
-             "writes all three); its model, world size, layout, batch, precision, recomputation, runtime and overlaps, "
-             "flags given here winning (--overlap: any given); one line names what it leaves to the engine's "
-             "defaults")
+FROM_HELP = (
+    "a launch to start from: a Megatron-LM or Megatron-DeepSpeed script running pretrain_gpt.py (its flags, "
+    "variables, torchrun/deepspeed/srun line and DeepSpeed JSON), or a torchtitan job TOML (export-config "
+    "writes all three); its model, world size, layout, batch, precision, recomputation, runtime and overlaps, "
+    "flags given here winning (--overlap: any given); one line names what it leaves to the engine's "
+    "defaults"
+)
 
 
-def from_launch(path: str | Path, *, gpus: int | None = None, model: bool = True,
-                shape: Mapping[str, Any] | None = None, warn: Warn | None = None) -> dict[str, Any]:
+def from_launch(
+    path: str | Path,
+    *,
+    gpus: int | None = None,
+    model: bool = True,
+    shape: Mapping[str, Any] | None = None,
+    warn: Warn | None = None,
+) -> dict[str, Any]:
     """The ``estimate`` / ``search`` keyword arguments a launch states: a Megatron-LM or Megatron-DeepSpeed script
     (pretrain_gpt.py and its flags, the DeepSpeed JSON beside it) or a torchtitan job TOML, as
     ``engine_configs.reading`` reads it — ``model`` (a ModelSpec; with ``model=False`` none, the caller gives its
@@ -279,59 +342,109 @@ def calibrated(cluster: ClusterSpec, calibration: str | Path | None, runtime: st
     params = cal.params_for(cluster.device.name, cluster.name, runtime)
     if params is None:
         fits = ", ".join(f"{c}/{r}" for c, r in sorted(cal.fits))
-        raise UserError(f"{calibration} has no parameters for device {cluster.device.name!r} "
-                        f"(it has: {', '.join(sorted(cal.devices)) or 'none'})"
-                        + (f" nor for {cluster.name}/{runtime} (fitted: {fits})" if fits else ""))
+        raise UserError(
+            f"{calibration} has no parameters for device {cluster.device.name!r} "
+            f"(it has: {', '.join(sorted(cal.devices)) or 'none'})"
+            + (f" nor for {cluster.name}/{runtime} (fitted: {fits})" if fits else "")
+        )
     return cal.apply(cluster), params
 
 
-def space_options(*, tp: int | None = None, pp: int | None = None, dp: int | None = None,
-                  micro_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
-                  sequence_parallel: bool | None = None, schedule: str | None = None,
-                  interleave: int | None = None, stage_layers: Any = None, ep: int | None = None,
-                  cp: int | None = None, **settings: Any):
+def space_options(
+    *,
+    tp: int | None = None,
+    pp: int | None = None,
+    dp: int | None = None,
+    micro_batch: int | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    schedule: str | None = None,
+    interleave: int | None = None,
+    stage_layers: Any = None,
+    ep: int | None = None,
+    cp: int | None = None,
+    **settings: Any,
+):
     """The search space with the given layout values pinned (search chooses dp and the stage split)."""
     from exatrain.planner.search.space import RECOMPUTE_LAYERS_AUTO, SCHEDULE_VARIANTS, SpaceOptions
 
     if stage_layers is not None or dp is not None:
-        raise UserError("search chooses dp and the stage split itself; drop --dp / --stage-layers "
-                        "(pin --tp / --pp instead)")
+        raise UserError(
+            "search chooses dp and the stage split itself; drop --dp / --stage-layers (pin --tp / --pp instead)"
+        )
     recompute_layers, recompute_every = settings.get("recompute_layers"), settings.get("recompute_every")
     modules = recompute_modules_of(settings.get("recompute_modules"))
     if modules and recompute not in (None, "selective"):  # settings.recompute_modules_problem's line
-        raise UserError(f"--recompute-modules chooses what selective recomputation reruns; with --recompute "
-                        f"{recompute} Megatron-Core ignores it: use --recompute selective, or drop it")
+        raise UserError(
+            f"--recompute-modules chooses what selective recomputation reruns; with --recompute "
+            f"{recompute} Megatron-Core ignores it: use --recompute selective, or drop it"
+        )
     # settings.recompute_layers_problem's lines (the runtime is checked by the caller, named here as each flag's own)
     auto = recompute_layers == "auto"  # each full-recomputation candidate fits its own (search.batch)
-    for n, every, runtime in ((None if auto else recompute_layers, False, "megatron-core"),
-                              (recompute_every, True, "torchtitan")):
+    for n, every, runtime in (
+        (None if auto else recompute_layers, False, "megatron-core"),
+        (recompute_every, True, "torchtitan"),
+    ):
         if n and recompute not in (None, "full"):
             raise UserError(recompute_layers_problem(n, recompute, runtime, every=every))
     if (recompute_layers or recompute_every) and modules:
-        raise UserError(f"--{'recompute-layers' if recompute_layers else 'recompute-every'} goes with --recompute "
-                        "full, --recompute-modules with selective: choose one")
+        raise UserError(
+            f"--{'recompute-layers' if recompute_layers else 'recompute-every'} goes with --recompute "
+            "full, --recompute-modules with selective: choose one"
+        )
     if recompute_layers and recompute_every:
         raise UserError("--recompute-layers is Megatron-Core's, --recompute-every torchtitan's: choose one")
     variants = SCHEDULE_VARIANTS
     if schedule is not None:
         variants = tuple(v for v in variants if v[0] == schedule)
     if interleave is not None:
-        variants = tuple((s, interleave) for s in dict.fromkeys(s for s, _ in variants)
-                         if (interleave == 1) == (s in ("gpipe", "1f1b")))
+        variants = tuple(
+            (s, interleave)
+            for s in dict.fromkeys(s for s, _ in variants)
+            if (interleave == 1) == (s in ("gpipe", "1f1b"))
+        )
         if not variants:
             raise UserError(f"--interleave {interleave} does not go with --schedule {schedule}")
     return SpaceOptions(
-        tp=(tp,) if tp else None, pp=(pp,) if pp else None, micro_batch=(micro_batch,) if micro_batch else None,
+        tp=(tp,) if tp else None,
+        pp=(pp,) if pp else None,
+        micro_batch=(micro_batch,) if micro_batch else None,
         zero_stage=(zero,) if zero is not None else (0, 1, 2, 3),
         # modules name what selective reruns: every candidate is selective
-        recompute=(("selective",) if modules else ("full",) if (recompute_layers and not auto) or recompute_every
-                   else (recompute,) if recompute else ("none", "selective", "full")),
+        recompute=(
+            ("selective",)
+            if modules
+            else ("full",)
+            if (recompute_layers and not auto) or recompute_every
+            else (recompute,)
+            if recompute
+            else ("none", "selective", "full")
+        ),
         sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
-        schedules=variants, ep=(ep,) if ep else None, cp=(cp,) if cp else None,
+        schedules=variants,
+        ep=(ep,) if ep else None,
+        cp=(cp,) if cp else None,
         settings=RunSettings.of({**settings, "recompute_layers": None, "runtime": None}).replace(
-            recompute_layers=RECOMPUTE_LAYERS_AUTO if auto else recompute_layers or 0))
+            recompute_layers=RECOMPUTE_LAYERS_AUTO if auto else recompute_layers or 0
+        ),
+    )
 
 
-__all__ = ["ExatrainWarning", "FROM_HELP", "LAYOUT_FIELDS", "MODEL_FIELDS", "calibrated", "from_launch",
-           "layout_values", "load_plan", "make_plan", "resolve_cluster", "resolve_model", "shape_of", "space_options",
-           "warner", "with_launch"]
+__all__ = [
+    "ExatrainWarning",
+    "FROM_HELP",
+    "LAYOUT_FIELDS",
+    "MODEL_FIELDS",
+    "calibrated",
+    "from_launch",
+    "layout_values",
+    "load_plan",
+    "make_plan",
+    "resolve_cluster",
+    "resolve_model",
+    "shape_of",
+    "space_options",
+    "warner",
+    "with_launch",
+]

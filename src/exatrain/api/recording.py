@@ -19,7 +19,7 @@ from exatrain.errors import UserError
 from exatrain.paths import check_input_file, check_output_file
 from exatrain.plan import Measured, Plan, RunRecord
 
-GIB = 2.0 ** 30
+GIB = 2.0**30
 WARMUP = 2  # logged steps up to this number are warm-up, beside the first logged line (read_logs.steady_values)
 
 
@@ -33,8 +33,9 @@ class RecordResult:
     def summary_lines(self) -> list[str]:
         r, m = self.record, self.record.measured
         est = r.predicted
-        line = (f"{r.plan.label} ({r.plan.runtime} on {r.env.get('cluster', '?')}): measured {m.step_time_s:.3f} s "
-                "a step")
+        line = (
+            f"{r.plan.label} ({r.plan.runtime} on {r.env.get('cluster', '?')}): measured {m.step_time_s:.3f} s a step"
+        )
         if est is not None and est.time_s is not None:
             line += f", predicted {est.time_s.step:.3f} s ({est.time_s.step / m.step_time_s - 1:+.1%})"
         if m.peak_memory_bytes:
@@ -55,9 +56,14 @@ def _measured(plan: Plan, step_s: float, peak_bytes: float | None, steps: int, p
     from exatrain.accounting.flops import model_flops_per_step
 
     tflops = model_flops_per_step(plan.model, plan.global_batch) / step_s / plan.gpus / 1e12
-    return Measured(steps=steps, step_time_s=step_s, tokens_per_s=plan.tokens_per_step / step_s,
-                    model_tflops_per_gpu=tflops, mfu=None if not peak else tflops * 1e12 / peak,
-                    peak_memory_bytes=peak_bytes)
+    return Measured(
+        steps=steps,
+        step_time_s=step_s,
+        tokens_per_s=plan.tokens_per_step / step_s,
+        model_tflops_per_gpu=tflops,
+        mfu=None if not peak else tflops * 1e12 / peak,
+        peak_memory_bytes=peak_bytes,
+    )
 
 
 def _positive(value: float | None, flag: str) -> None:
@@ -65,8 +71,13 @@ def _positive(value: float | None, flag: str) -> None:
         raise UserError(f"{flag} must be a positive number of {'seconds' if 'time' in flag else 'GiB'}, got {value!r}")
 
 
-def _from_plan(plan_path: str | Path, step_time: float, peak_memory_gib: float | None, cluster: ClusterSpec | None,
-               overlap: str | None) -> tuple[Plan, ClusterSpec, str, Measured, str]:
+def _from_plan(
+    plan_path: str | Path,
+    step_time: float,
+    peak_memory_gib: float | None,
+    cluster: ClusterSpec | None,
+    overlap: str | None,
+) -> tuple[Plan, ClusterSpec, str, Measured, str]:
     from exatrain.api.plans import load_plan
     from exatrain.catalog import get_cluster
     from exatrain.planner.estimate import estimate_plan
@@ -85,8 +96,15 @@ def _from_plan(plan_path: str | Path, step_time: float, peak_memory_gib: float |
     return plan, cluster, overlap, m, f"step time {step_time:g} s given (--step-time) for the plan in {plan_path}"
 
 
-def _from_launch(launch: str | Path, log: str | Path, cluster: ClusterSpec, gpus: int | None, vocab: int | None,
-                 warmup: int, overlap: str | None) -> tuple[Plan, ClusterSpec, str, Measured, str]:
+def _from_launch(
+    launch: str | Path,
+    log: str | Path,
+    cluster: ClusterSpec,
+    gpus: int | None,
+    vocab: int | None,
+    warmup: int,
+    overlap: str | None,
+) -> tuple[Plan, ClusterSpec, str, Measured, str]:
     from exatrain.api.planning import estimate
     from exatrain.api.plans import from_launch, warner
     from exatrain.engine_configs.read_logs import read_log, steady_step_s
@@ -105,18 +123,36 @@ def _from_launch(launch: str | Path, log: str | Path, cluster: ClusterSpec, gpus
     overlap = overlap or values.pop("overlap", None) or _estimate_default_overlap()
     values.pop("overlap", None)
     plan = estimate(**values, cluster=cluster, overlap=overlap)
-    step_s, n = steady_step_s(read, warmup, tokens_per_step=plan.tokens_per_step, global_batch=plan.global_batch,
-                              gpus=plan.gpus, source=str(log))
+    step_s, n = steady_step_s(
+        read,
+        warmup,
+        tokens_per_step=plan.tokens_per_step,
+        global_batch=plan.global_batch,
+        gpus=plan.gpus,
+        source=str(log),
+    )
     m = _measured(plan, step_s, read.peak_bytes, n, cluster.device.peak_flops(plan.dtype))
-    how = (f"{read.engine} log {log}: median of {n} logged step(s) after warm-up ({read.unit})"
-           + (f", peak memory its {read.memory_kind}" if read.peak_bytes else ", no memory logged"))
+    how = f"{read.engine} log {log}: median of {n} logged step(s) after warm-up ({read.unit})" + (
+        f", peak memory its {read.memory_kind}" if read.peak_bytes else ", no memory logged"
+    )
     return plan, cluster, overlap, m, how
 
 
-def record(*, out: str | Path, plan: str | Path | None = None, step_time: float | None = None,
-           peak_memory_gib: float | None = None, from_file: str | Path | None = None, log: str | Path | None = None,
-           cluster: str | ClusterSpec | None = None, cluster_file: str | Path | None = None, gpus: int | None = None,
-           vocab: int | None = None, warmup: int = WARMUP, overlap: str | None = None) -> RecordResult:
+def record(
+    *,
+    out: str | Path,
+    plan: str | Path | None = None,
+    step_time: float | None = None,
+    peak_memory_gib: float | None = None,
+    from_file: str | Path | None = None,
+    log: str | Path | None = None,
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    gpus: int | None = None,
+    vocab: int | None = None,
+    warmup: int = WARMUP,
+    overlap: str | None = None,
+) -> RecordResult:
     """Append a RunRecord for a run measured anywhere to the runs file ``out`` (created if needed): ``plan`` and
     ``step_time`` (seconds; ``peak_memory_gib`` if known), or the launch ``from_file`` (as ``estimate --from``
     reads it) and the engine's ``log``. ``cluster`` / ``cluster_file``: where it ran (a plan's own cluster
@@ -154,8 +190,12 @@ def record(*, out: str | Path, plan: str | Path | None = None, step_time: float 
         if c is None:
             raise UserError("say which cluster the run ran on: --cluster NAME or --cluster-file PATH")
         p, c, overlap, m, how = _from_launch(from_file, log, c, gpus, vocab, warmup, overlap)
-    rec = RunRecord(plan=p, measured=m, device=c.device.name,
-                    env={"recorded_by": "exatrain record", "cluster": c.name, "overlap": overlap, "measured": how})
+    rec = RunRecord(
+        plan=p,
+        measured=m,
+        device=c.device.name,
+        env={"recorded_by": "exatrain record", "cluster": c.name, "overlap": overlap, "measured": how},
+    )
     created = not Path(out_path).exists()
     append_run_record(out_path, rec)
     return RecordResult(rec, str(out), created, how)

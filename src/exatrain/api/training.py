@@ -17,8 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from exatrain.api.plans import Warn, calibrated, layout_values, load_plan, make_plan, resolve_cluster, resolve_model, \
-    shape_of, warner
+from exatrain.api.plans import (
+    Warn,
+    calibrated,
+    layout_values,
+    load_plan,
+    make_plan,
+    resolve_cluster,
+    resolve_model,
+    shape_of,
+    warner,
+)
 from exatrain.catalog import ClusterSpec, ModelSpec, cluster_catalog, get_cluster, match_device
 from exatrain.errors import OutOfMemoryPredicted, PlanError, UserError
 from exatrain.limits import check_counts
@@ -31,8 +40,14 @@ DEFAULT_MODEL = "gpt-small"
 def embedded_default(model: ModelSpec) -> Plan:
     """The layout `exatrain train` runs with no layout values: every kind of parallelism at once on
     8 CPU ranks (tp2 x pp2 x dp2, 1F1B over 4 micro-batches of 2), float32."""
-    return Plan(model=model, dims=ParallelDims(tp=2, pp=2, dp=2), shape=TrainShape(micro_batch=2, global_batch=16),
-                schedule="1f1b", dtype="float32", cluster="local-cpu")
+    return Plan(
+        model=model,
+        dims=ParallelDims(tp=2, pp=2, dp=2),
+        shape=TrainShape(micro_batch=2, global_batch=16),
+        schedule="1f1b",
+        dtype="float32",
+        cluster="local-cpu",
+    )
 
 
 def describe_default() -> str:
@@ -43,9 +58,11 @@ def describe_default() -> str:
 
     p = embedded_default(get_model(DEFAULT_MODEL))
     steps = inspect.signature(train).parameters["steps"].default
-    return (f"{DEFAULT_MODEL} over the built-in corpus (bytes), tp{p.tp} x pp{p.pp} x dp{p.dp} on "
-            f"{p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of {p.micro_batch}, "
-            f"global batch {p.global_batch}, {p.dtype}, {steps} steps")
+    return (
+        f"{DEFAULT_MODEL} over the built-in corpus (bytes), tp{p.tp} x pp{p.pp} x dp{p.dp} on "
+        f"{p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of {p.micro_batch}, "
+        f"global batch {p.global_batch}, {p.dtype}, {steps} steps"
+    )
 
 
 @dataclass(frozen=True)
@@ -107,10 +124,15 @@ def check_cpu_memory(plan: Plan, ranks_here: int | None = None) -> None:
         if most >= 1 and ranks > 1:
             advice = f"use at most {most:,} ranks here (a lower --dp, --tp or --pp), or run on GPUs"
         else:
-            advice = "choose a smaller model" + (" (e.g. --model gpt-tiny)" if plan.model.name != "gpt-tiny" else "") \
+            advice = (
+                "choose a smaller model"
+                + (" (e.g. --model gpt-tiny)" if plan.model.name != "gpt-tiny" else "")
                 + " or run on GPUs"
-        raise OutOfMemoryPredicted(f"{plan.model.name} on {ranks:,} CPU ranks needs about {need / 2**30:.1f} GiB of "
-                                   f"model states but this machine has {ram / 2**30:.1f} GiB; {advice}")
+            )
+        raise OutOfMemoryPredicted(
+            f"{plan.model.name} on {ranks:,} CPU ranks needs about {need / 2**30:.1f} GiB of "
+            f"model states but this machine has {ram / 2**30:.1f} GiB; {advice}"
+        )
 
 
 def _pick_device(device: str | None, base: Plan | None) -> str:
@@ -151,8 +173,11 @@ def _attach_estimate(plan: Plan, base: Plan | None, cluster: ClusterSpec | None,
             raise UserError("--calibration needs a catalog cluster (--cluster or --cluster-file) to predict for")
         cal_cluster, params = calibrated(cluster, calibration, "exatrain")
         return plan.with_estimate(estimate_plan(plan, cal_cluster, params))
-    if base is not None and base.estimate is not None and plan.with_estimate(None) == base.replace(
-            estimate=None, cluster=plan.cluster):
+    if (
+        base is not None
+        and base.estimate is not None
+        and plan.with_estimate(None) == base.replace(estimate=None, cluster=plan.cluster)
+    ):
         return plan.with_estimate(base.estimate)
     if cluster is None:
         return plan
@@ -171,21 +196,27 @@ def _check_data_and_resume(data: Any, resume: Any, checkpoint_dir: Any, plan: Pl
     from exatrain.trainer.checkpoint import files as ckpt_files
 
     data_dir = str(data) if data else str(default_dataset(quiet=quiet))
-    meta = check_dataset_for(plan, data_dir,
-                             where=f"the training data ({'the default corpus' if not data else data_dir})")
-    manifest = ckpt_files.resolve(None if resume is None else str(resume),
-                                  None if checkpoint_dir is None else str(checkpoint_dir), warn=warn)
+    meta = check_dataset_for(
+        plan, data_dir, where=f"the training data ({'the default corpus' if not data else data_dir})"
+    )
+    manifest = ckpt_files.resolve(
+        None if resume is None else str(resume), None if checkpoint_dir is None else str(checkpoint_dir), warn=warn
+    )
     if manifest is not None:
         from exatrain.trainer.checkpoint.compat import check_model  # imports torch: only to resume
 
         check_model(manifest, plan.model)
         t = manifest.trainer
         if t.get("tokenizer_sha256") != meta.tokenizer_sha256:
-            raise ckpt_files.CheckpointError(f"{manifest.path} was trained with another tokenizer than the data in "
-                                             f"{data_dir}; resume with the data it was trained on")
+            raise ckpt_files.CheckpointError(
+                f"{manifest.path} was trained with another tokenizer than the data in "
+                f"{data_dir}; resume with the data it was trained on"
+            )
         if t.get("seq_len") != plan.model.seq_len:
-            raise ckpt_files.CheckpointError(f"{manifest.path} was trained with seq_len {t.get('seq_len')}, this run "
-                                             f"has {plan.model.seq_len}: the sampler's windows would differ")
+            raise ckpt_files.CheckpointError(
+                f"{manifest.path} was trained with seq_len {t.get('seq_len')}, this run "
+                f"has {plan.model.seq_len}: the sampler's windows would differ"
+            )
     return data_dir, manifest
 
 
@@ -195,16 +226,26 @@ def _check_device(device: str, local_ranks: int) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise UserError("this is a GPU run but no CUDA/ROCm device is visible here; "
-                        "pass --device cpu to run the plan on the CPU")
+        raise UserError(
+            "this is a GPU run but no CUDA/ROCm device is visible here; pass --device cpu to run the plan on the CPU"
+        )
     count = torch.cuda.device_count()
     if local_ranks > count:
-        raise UserError(f"{local_ranks} ranks on this node but only {count} GPU(s): one rank per GPU; "
-                        "lower the degrees or use more nodes (torchrun/srun)")
+        raise UserError(
+            f"{local_ranks} ranks on this node but only {count} GPU(s): one rank per GPU; "
+            "lower the degrees or use more nodes (torchrun/srun)"
+        )
 
 
-def _plan_keeping_batch(m: ModelSpec, c: ClusterSpec | None, gpus: int | None, base: Plan | None, keep: bool,
-                        layout: dict[str, Any], default_dtype: str) -> Plan:
+def _plan_keeping_batch(
+    m: ModelSpec,
+    c: ClusterSpec | None,
+    gpus: int | None,
+    base: Plan | None,
+    keep: bool,
+    layout: dict[str, Any],
+    default_dtype: str,
+) -> Plan:
     """make_plan over ``base``; with ``keep`` (a user's plan and no --global-batch) the plan's global batch
     is the run's whatever the layout flags change (another dp or micro-batch only changes how it is split into
     micro-batches), and a layout that cannot split it is refused in one line rather than given another batch."""
@@ -219,29 +260,70 @@ def _plan_keeping_batch(m: ModelSpec, c: ClusterSpec | None, gpus: int | None, b
         if exc.reason != "global batch not divisible by micro-batch*dp":
             raise
         split = make_plan(m, c, gpus=gpus, base=base, default_dtype=default_dtype, **{**layout, "global_batch": None})
-        raise PlanError(f"the plan's global batch {gb} does not split over micro-batch x dp = {split.micro_batch} x "
-                        f"{split.dp}: pass --global-batch (a multiple of {split.micro_batch * split.dp}) to train "
-                        f"another batch, or a layout whose micro-batch x dp divides {gb}") from None
+        raise PlanError(
+            f"the plan's global batch {gb} does not split over micro-batch x dp = {split.micro_batch} x "
+            f"{split.dp}: pass --global-batch (a multiple of {split.micro_batch * split.dp}) to train "
+            f"another batch, or a layout whose micro-batch x dp divides {gb}"
+        ) from None
 
 
-def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | None = None,
-          model_file: str | Path | None = None, arch: str | None = None, layers: int | None = None,
-          hidden: int | None = None, heads: int | None = None, kv_heads: int | None = None,
-          ffn_hidden: int | None = None, seq_len: int | None = None, vocab: int | None = None,
-          cluster: str | ClusterSpec | None = None, cluster_file: str | Path | None = None, gpus: int | None = None,
-          tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
-          global_batch: int | None = None, zero: int | None = None, recompute: str | None = None,
-          sequence_parallel: bool | None = None, schedule: str | None = None, interleave: int | None = None,
-          stage_layers: Sequence[int] | None = None, dtype: str | None = None, flash_attention: bool | None = None,
-          cp: int | None = None, ep: int | None = None, fp8: str | None = None, steps: int = 100, seed: int = 0,
-          lr: float = 1e-3, warmup: int = 10, min_lr_ratio: float = 0.1,
-          weight_decay: float = 0.1, grad_clip: float = 1.0, device: str | None = None,
-          metrics_file: str | Path | None = None, quiet: bool = False, nan_policy: str = "stop",
-          tensorboard: str | Path | None = None, calibration: str | Path | None = None, compile: bool = False,
-          record_samples: bool = False, data: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-          save_every: int = 0, keep_last: int = 0, async_save: bool = False, resume: str | Path | None = None,
-          watchdog: float = 0.0, warn: Warn | None = None,
-          progress: Callable[[str], None] | None = None) -> TrainResult:
+def train(
+    *,
+    plan: str | Path | Plan | None = None,
+    model: str | ModelSpec | None = None,
+    model_file: str | Path | None = None,
+    arch: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    seq_len: int | None = None,
+    vocab: int | None = None,
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    gpus: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    dp: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    schedule: str | None = None,
+    interleave: int | None = None,
+    stage_layers: Sequence[int] | None = None,
+    dtype: str | None = None,
+    flash_attention: bool | None = None,
+    cp: int | None = None,
+    ep: int | None = None,
+    fp8: str | None = None,
+    steps: int = 100,
+    seed: int = 0,
+    lr: float = 1e-3,
+    warmup: int = 10,
+    min_lr_ratio: float = 0.1,
+    weight_decay: float = 0.1,
+    grad_clip: float = 1.0,
+    device: str | None = None,
+    metrics_file: str | Path | None = None,
+    quiet: bool = False,
+    nan_policy: str = "stop",
+    tensorboard: str | Path | None = None,
+    calibration: str | Path | None = None,
+    compile: bool = False,
+    record_samples: bool = False,
+    data: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    save_every: int = 0,
+    keep_last: int = 0,
+    async_save: bool = False,
+    resume: str | Path | None = None,
+    watchdog: float = 0.0,
+    warn: Warn | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> TrainResult:
     """Train ``plan`` (a Plan, or a file holding one: a plan, `estimate --json`, or `search --json`,
     whose first ranked plan is taken), with layout and model values overriding it (its global batch stays the
     run's unless ``global_batch`` is given: a layout that cannot split it is refused); with neither a
@@ -281,24 +363,48 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
     c = _pick_cluster(cluster, cluster_file, base, device)
     stage_layers = tuple(stage_layers) if stage_layers is not None else None
     layout = {**layout_values(values), "stage_layers": stage_layers}  # cp and ep too (dp = gpus / tp*cp*pp)
-    p = _plan_keeping_batch(m, c, gpus, base, plan is not None and global_batch is None, layout,
-                            default_dtype="float32" if device == "cpu" else "bfloat16")
+    p = _plan_keeping_batch(
+        m,
+        c,
+        gpus,
+        base,
+        plan is not None and global_batch is None,
+        layout,
+        default_dtype="float32" if device == "cpu" else "bfloat16",
+    )
     p = _attach_estimate(p, base, c, calibration, warn)
     if checkpoint_dir is not None:
         check_output_dir(checkpoint_dir, "--checkpoint-dir", need_bytes=int(checkpoint_bytes(p)))
     from exatrain.trainer import spawn as launcher
     from exatrain.trainer.config import TrainConfig
 
-    config = TrainConfig(plan=p, steps=steps, seed=seed, lr=lr, warmup_steps=warmup, min_lr_ratio=min_lr_ratio,
-                         weight_decay=weight_decay, grad_clip=grad_clip, device=device, quiet=quiet,
-                         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir), save_every=save_every,
-                         keep_last=keep_last, async_save=async_save, nan_policy=nan_policy,
-                         tensorboard_dir=None if tensorboard is None else str(tensorboard),
-                         record_samples=record_samples, compile=compile, watchdog_s=watchdog).check()
+    config = TrainConfig(
+        plan=p,
+        steps=steps,
+        seed=seed,
+        lr=lr,
+        warmup_steps=warmup,
+        min_lr_ratio=min_lr_ratio,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        device=device,
+        quiet=quiet,
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        save_every=save_every,
+        keep_last=keep_last,
+        async_save=async_save,
+        nan_policy=nan_policy,
+        tensorboard_dir=None if tensorboard is None else str(tensorboard),
+        record_samples=record_samples,
+        compile=compile,
+        watchdog_s=watchdog,
+    ).check()
     env = launcher.dist_env()
     if env is not None and env.world_size != p.gpus:
-        raise PlanError(f"the plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.gpus} ranks but "
-                        f"the launcher started {env.world_size}; change --dp (or --gpus) or the launcher")
+        raise PlanError(
+            f"the plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.gpus} ranks but "
+            f"the launcher started {env.world_size}; change --dp (or --gpus) or the launcher"
+        )
     _check_device(device, env.local_world_size if env else p.gpus)
     if device == "cpu":
         check_cpu_memory(p, env.local_world_size if env else p.gpus)
@@ -313,10 +419,14 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
         say(f"resuming from {manifest.path} (step {manifest.step})")
     # Without a metrics file a local run writes one in a scratch folder, for the end-of-run comparison.
     scratch = tempfile.TemporaryDirectory(prefix="exatrain-train-") if metrics_file is None and env is None else None
-    metrics = str(metrics_file) if metrics_file is not None else (
-        str(Path(scratch.name) / "metrics.jsonl") if scratch is not None else None)
-    config = dataclasses.replace(config, data_dir=data_dir, metrics_file=metrics,
-                                 resume_from=None if manifest is None else str(manifest.path))
+    metrics = (
+        str(metrics_file)
+        if metrics_file is not None
+        else (str(Path(scratch.name) / "metrics.jsonl") if scratch is not None else None)
+    )
+    config = dataclasses.replace(
+        config, data_dir=data_dir, metrics_file=metrics, resume_from=None if manifest is None else str(manifest.path)
+    )
     try:
         if env is not None:
             launcher.run_distributed(config, env)
@@ -325,8 +435,9 @@ def train(*, plan: str | Path | Plan | None = None, model: str | ModelSpec | Non
 
         with LoadWatch() as watch:  # the machine's load while the ranks ran, against the calibration's bench
             launcher.launch_local([config])
-        return TrainResult(plan=p, config=config, record=_record_load(metrics, watch.load, calibration),
-                           calibrated=here)
+        return TrainResult(
+            plan=p, config=config, record=_record_load(metrics, watch.load, calibration), calibrated=here
+        )
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -364,5 +475,13 @@ def _last_record(metrics: str | None, env: Any) -> RunRecord | None:
     return records[-1] if records else None
 
 
-__all__ = ["DEFAULT_MODEL", "TrainResult", "check_cpu_memory", "checkpoint_bytes", "describe_default",
-           "embedded_default", "state_bytes", "train"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "TrainResult",
+    "check_cpu_memory",
+    "checkpoint_bytes",
+    "describe_default",
+    "embedded_default",
+    "state_bytes",
+    "train",
+]

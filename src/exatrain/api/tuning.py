@@ -48,8 +48,8 @@ def study_url(text: str) -> str:
 
 def _stem(url: str) -> Path:
     """The stem that default files get: tune.db -> tune (.runs.jsonl, .trials/, .best.json)."""
-    if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
-        path = Path(url[len("sqlite:///"):])
+    if url.startswith("sqlite:///") and url[len("sqlite:///") :] not in ("", ":memory:"):
+        path = Path(url[len("sqlite:///") :])
         return path.with_suffix("") if path.suffix else path
     return Path("exatrain-tune")
 
@@ -58,21 +58,52 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None = None, arch: str | None = None,
-         layers: int | None = None, hidden: int | None = None, heads: int | None = None,
-         kv_heads: int | None = None, ffn_hidden: int | None = None, seq_len: int | None = None,
-         vocab: int | None = None, cluster: str | ClusterSpec | None = None, cluster_file: str | Path | None = None,
-         gpus: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
-         micro_batch: int | None = None, global_batch: int | None = None, zero: int | None = None,
-         recompute: str | None = None, sequence_parallel: bool | None = None, schedule: str | None = None,
-         interleave: int | None = None, stage_layers: Sequence[int] | None = None, dtype: str | None = None,
-         flash_attention: bool | None = None, trials: int = 20, time_budget: str | float | None = None,
-         study: str = DEFAULT_STUDY, study_name: str | None = None, device: str | None = None, steps: int = 8,
-         seed: int = 0, trial_timeout: str | float = "15m", launcher: str | None = None, candidates: int = 256,
-         seed_trials: int = 2, prune_ratio: float = 0.5, runtime: str = "exatrain",
-         calibration: str | Path | None = None,
-         out: str | Path | None = None, runs_file: str | Path | None = None,
-         progress: Callable[[str], None] | None = None):
+def tune(
+    *,
+    model: str | ModelSpec | None = None,
+    model_file: str | Path | None = None,
+    arch: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    seq_len: int | None = None,
+    vocab: int | None = None,
+    cluster: str | ClusterSpec | None = None,
+    cluster_file: str | Path | None = None,
+    gpus: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    dp: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    zero: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    schedule: str | None = None,
+    interleave: int | None = None,
+    stage_layers: Sequence[int] | None = None,
+    dtype: str | None = None,
+    flash_attention: bool | None = None,
+    trials: int = 20,
+    time_budget: str | float | None = None,
+    study: str = DEFAULT_STUDY,
+    study_name: str | None = None,
+    device: str | None = None,
+    steps: int = 8,
+    seed: int = 0,
+    trial_timeout: str | float = "15m",
+    launcher: str | None = None,
+    candidates: int = 256,
+    seed_trials: int = 2,
+    prune_ratio: float = 0.5,
+    runtime: str = "exatrain",
+    calibration: str | Path | None = None,
+    out: str | Path | None = None,
+    runs_file: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+):
     """Tune the layout of ``model`` on ``gpus`` ranks at ``global_batch`` by real runs of ``steps``
     steps (cluster default local-cpu). ``trials`` is the study's total of finished runs, so a rerun
     with more adds runs; ``time_budget`` (e.g. '2h') stops starting trials; ``launcher`` is a command
@@ -86,8 +117,10 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     from exatrain.api.planning import check_runtime
 
     if check_runtime(runtime) != "exatrain":
-        raise UserError(f"tune runs exatrain's own trainer: --runtime must be exatrain, got {runtime!r} "
-                        "(`exatrain search --runtime {runtime}` ranks layouts for it)".replace("{runtime}", runtime))
+        raise UserError(
+            f"tune runs exatrain's own trainer: --runtime must be exatrain, got {runtime!r} "
+            "(`exatrain search --runtime {runtime}` ranks layouts for it)".replace("{runtime}", runtime)
+        )
     if gpus is None or global_batch is None:
         raise UserError("tune needs --gpus (ranks) and --global-batch")
     if steps < 3:
@@ -103,8 +136,8 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     launcher = check_launcher(launcher)
     url = study_url(study)
     stem = _stem(url)
-    if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
-        check_output_file(url[len("sqlite:///"):], "--study")
+    if url.startswith("sqlite:///") and url[len("sqlite:///") :] not in ("", ":memory:"):
+        check_output_file(url[len("sqlite:///") :], "--study")
     best_path = Path(out) if out is not None else Path(f"{stem}.best.json")
     runs_path = Path(runs_file) if runs_file is not None else Path(f"{stem}.runs.jsonl")
     check_output_file(best_path, "--out")
@@ -124,8 +157,18 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     from exatrain.tuning.study import Problem, StudyFiles, TuneSettings, open_storage
     from exatrain.tuning.study import tune as run_study
 
-    result = search(m, c, gpus, global_batch, top=candidates, options=options, params=params, dtype=dtype,
-                    flash=flash, runtime="exatrain")
+    result = search(
+        m,
+        c,
+        gpus,
+        global_batch,
+        top=candidates,
+        options=options,
+        params=params,
+        dtype=dtype,
+        flash=flash,
+        runtime="exatrain",
+    )
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
     cands = Candidates.from_plans(result.ranked, gpus=gpus, global_batch=global_batch)
@@ -135,8 +178,14 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     name = study_name or problem.study_name()
     files = StudyFiles(trials_dir=Path(f"{stem}.trials") / name, runs_file=runs_path)
     local_cpu = device == "cpu" and launcher is None  # the trainer's memory check is about this machine
-    runner = SubprocessRunner(steps=steps, seed=seed, device=device, timeout_s=timeout, launcher=launcher,
-                              preflight=check_cpu_memory if local_cpu else None)
+    runner = SubprocessRunner(
+        steps=steps,
+        seed=seed,
+        device=device,
+        timeout_s=timeout,
+        launcher=launcher,
+        preflight=check_cpu_memory if local_cpu else None,
+    )
     # SIGTERM (e.g. SLURM's time limit) ends the tuner like Ctrl-C: the running trial's ranks are ended
     # and its layout queued again, instead of leaving them for the next run to clean up.
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -158,9 +207,13 @@ def tune(*, model: str | ModelSpec | None = None, model_file: str | Path | None 
     if out_result.best is not None:
         out_result.best.plan.save(best_path)
 
-    return dataclasses.replace(out_result, storage=url, runs_file=str(files.runs_file),
-                               trials_dir=str(files.trials_dir),
-                               best_file=str(best_path) if out_result.best is not None else None)
+    return dataclasses.replace(
+        out_result,
+        storage=url,
+        runs_file=str(files.runs_file),
+        trials_dir=str(files.trials_dir),
+        best_file=str(best_path) if out_result.best is not None else None,
+    )
 
 
 __all__ = ["DEFAULT_STUDY", "parse_duration", "study_url", "tune"]

@@ -23,8 +23,9 @@ def message_sizes(device: str, quick: bool) -> list[int]:
     return [2**16, 2**22, 2**26] if quick else [2**12, 2**16, 2**20, 2**24, 2**26, 2**28]
 
 
-def collective_points(ranks: int, device: str = "cpu", quick: bool = False, timeout_s: float = 300.0,
-                      framework: bool = False) -> list[dict]:
+def collective_points(
+    ranks: int, device: str = "cpu", quick: bool = False, timeout_s: float = 300.0, framework: bool = False
+) -> list[dict]:
     """Spawn ``ranks`` processes and time every kind at every size; [] when ranks < 2. With
     ``framework`` (and 2 ranks) the same ranks then time the trainer's own steps at negligible size
     (bench.framework), returned as points of kind "framework"."""
@@ -38,8 +39,9 @@ def collective_points(ranks: int, device: str = "cpu", quick: bool = False, time
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        procs = [ctx.Process(target=_rank_main, args=(r, ranks, port, device, quick, framework, queue))
-                 for r in range(ranks)]
+        procs = [
+            ctx.Process(target=_rank_main, args=(r, ranks, port, device, quick, framework, queue)) for r in range(ranks)
+        ]
         for p in procs:
             p.start()
     finally:

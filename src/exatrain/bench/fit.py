@@ -42,10 +42,18 @@ class GroupFit:
         return f"{self.cluster}{FIT_KEY_SEP}{self.runtime}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cluster": self.cluster, "runtime": self.runtime, "device": self.device, "runs": self.runs,
-                "factors": self.factors, "before": self.before, "after": self.after,
-                "band": None if self.band is None else {"ratio_low": self.band[0], "ratio_high": self.band[1],
-                                                        "held_out_runs": self.runs}}
+        return {
+            "cluster": self.cluster,
+            "runtime": self.runtime,
+            "device": self.device,
+            "runs": self.runs,
+            "factors": self.factors,
+            "before": self.before,
+            "after": self.after,
+            "band": None
+            if self.band is None
+            else {"ratio_low": self.band[0], "ratio_high": self.band[1], "held_out_runs": self.runs},
+        }
 
 
 @dataclass(frozen=True)
@@ -61,12 +69,16 @@ class CalibrateResult:
             fitted = ", ".join(f"{k}={v:.3g}" for k, v in f.factors.items())
             lines.append(f"{f.cluster} / {f.runtime} ({f.device}): {f.runs} run{'s' * (f.runs > 1)}; fitted {fitted}")
             for when, e in (("before:", f.before), ("after: ", f.after)):
-                lines.append(f"  step-time error {when} median {e['median']:.1%}, p90 {e['p90']:.1%}, max "
-                             f"{e['max']:.1%} (rms log-error {e['rms_log']:.3f}"
-                             + (")" if when == "before:" else ", the quantity fitted)"))
+                lines.append(
+                    f"  step-time error {when} median {e['median']:.1%}, p90 {e['p90']:.1%}, max "
+                    f"{e['max']:.1%} (rms log-error {e['rms_log']:.3f}"
+                    + (")" if when == "before:" else ", the quantity fitted)")
+                )
             if f.band is not None:
-                lines.append(f"  band: measured / predicted ×{f.band[0]:.3f}–×{f.band[1]:.3f} (p10–p90 of the "
-                             f"{f.runs} runs, each predicted from the others)")
+                lines.append(
+                    f"  band: measured / predicted ×{f.band[0]:.3f}–×{f.band[1]:.3f} (p10–p90 of the "
+                    f"{f.runs} runs, each predicted from the others)"
+                )
             else:
                 lines.append(f"  band: the published-run band (fewer than {MIN_BAND_RUNS} runs to measure one on)")
         if self.skipped:
@@ -74,8 +86,9 @@ class CalibrateResult:
         return lines
 
 
-def _groups(records: Sequence[RunRecord], base: Calibration | None, cluster: ClusterSpec | None,
-            runs_label: str) -> tuple[dict[tuple[str, str], list[RunPoint]], dict, int]:
+def _groups(
+    records: Sequence[RunRecord], base: Calibration | None, cluster: ClusterSpec | None, runs_label: str
+) -> tuple[dict[tuple[str, str], list[RunPoint]], dict, int]:
     """The successful runs as RunPoints grouped by (cluster, runtime), the hosts of each group, the skipped count."""
     groups: dict[tuple[str, str], list[RunPoint]] = {}
     hosts: dict[tuple[str, str], set[str]] = {}
@@ -86,13 +99,16 @@ def _groups(records: Sequence[RunRecord], base: Calibration | None, cluster: Clu
             continue
         c = cluster_for(r, cluster)
         if c is None:
-            raise UserError(f"{runs_label or 'runs'}: cannot tell the cluster of run {layout_label(r)} "
-                            f"(device {r.device!r}); pass --cluster")
+            raise UserError(
+                f"{runs_label or 'runs'}: cannot tell the cluster of run {layout_label(r)} "
+                f"(device {r.device!r}); pass --cluster"
+            )
         if base is not None:
             c = base.apply(c)
         key = (c.name, r.plan.runtime)
-        groups.setdefault(key, []).append(RunPoint(r.plan, c, r.measured.step_time_s, layout_label(r),
-                                                   overlap=str(r.env.get("overlap") or "all")))
+        groups.setdefault(key, []).append(
+            RunPoint(r.plan, c, r.measured.step_time_s, layout_label(r), overlap=str(r.env.get("overlap") or "all"))
+        )
         if r.env.get("host"):
             hosts.setdefault(key, set()).add(str(r.env["host"]))
     if not groups:
@@ -100,8 +116,13 @@ def _groups(records: Sequence[RunRecord], base: Calibration | None, cluster: Clu
     return groups, hosts, skipped
 
 
-def fit_calibration(records: Sequence[RunRecord], *, base: Calibration | None = None,
-                    cluster: ClusterSpec | None = None, runs_label: str = "") -> CalibrateResult:
+def fit_calibration(
+    records: Sequence[RunRecord],
+    *,
+    base: Calibration | None = None,
+    cluster: ClusterSpec | None = None,
+    runs_label: str = "",
+) -> CalibrateResult:
     """Fit each cluster and engine's shared factors to its successful runs, and measure its band on them held out
     (module doc); ``cluster`` for runs whose plan names none."""
     groups, hosts, skipped = _groups(records, base, cluster, runs_label)
@@ -114,17 +135,33 @@ def fit_calibration(records: Sequence[RunRecord], *, base: Calibration | None = 
         band = held_out_band(points, start)
         on = sorted(hosts.get((name, runtime), ()))
         # The source names the hosts the runs came from (compare.calibrated_on reads them back).
-        params = fit.params.replace(source=f"exatrain calibrate ({len(points)} runs"
-                                    + (f"; {', '.join(on)})" if on else ")"), calibrated_runs=len(points))
+        params = fit.params.replace(
+            source=f"exatrain calibrate ({len(points)} runs" + (f"; {', '.join(on)})" if on else ")"),
+            calibrated_runs=len(points),
+        )
         if band is not None:
             params = params.replace(band_low=band[0], band_high=band[1], band_runs=len(points))
         fitted[(name, runtime)] = params
-        fits.append(GroupFit(name, runtime, device, len(points), {f: getattr(fit.params, f) for f in fit.factors},
-                             fit.before, fit.after, None if band is None else band[:2]))
+        fits.append(
+            GroupFit(
+                name,
+                runtime,
+                device,
+                len(points),
+                {f: getattr(fit.params, f) for f in fit.factors},
+                fit.before,
+                fit.after,
+                None if band is None else band[:2],
+            )
+        )
     extra = dict(base.extra) if base else {}
     extra["calibrate"] = {"runs_file": runs_label, "skipped": skipped, **{f.key: f.to_dict() for f in fits}}
-    cal = Calibration(devices=dict(base.devices) if base else {}, cluster_tiers=dict(base.cluster_tiers) if base
-                      else {}, extra=extra, fits=fitted)
+    cal = Calibration(
+        devices=dict(base.devices) if base else {},
+        cluster_tiers=dict(base.cluster_tiers) if base else {},
+        extra=extra,
+        fits=fitted,
+    )
     return CalibrateResult(calibration=cal, fits=tuple(fits), skipped=skipped)
 
 

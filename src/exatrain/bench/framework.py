@@ -26,8 +26,7 @@ DEPTHS = (2, 6)
 def tiny_model(layers: int):
     from exatrain.catalog.models import ModelSpec
 
-    return ModelSpec(name=f"bench-tiny-{layers}", arch="gpt", layers=layers, hidden=32, heads=2, seq_len=16,
-                     vocab=256)
+    return ModelSpec(name=f"bench-tiny-{layers}", arch="gpt", layers=layers, hidden=32, heads=2, seq_len=16, vocab=256)
 
 
 def framework_points(rank: int, device: str, quick: bool) -> list[dict]:
@@ -42,8 +41,14 @@ def framework_points(rank: int, device: str, quick: bool) -> list[dict]:
     out = []
     for case, tp, pp, dp, zero, mb, gb in CASES:
         for layers in DEPTHS:
-            plan = Plan(model=tiny_model(layers), dims=ParallelDims(tp, pp, dp), shape=TrainShape(mb, gb),
-                        zero_stage=zero, dtype="float32", cluster="local-cpu" if device == "cpu" else "")
+            plan = Plan(
+                model=tiny_model(layers),
+                dims=ParallelDims(tp, pp, dp),
+                shape=TrainShape(mb, gb),
+                zero_stage=zero,
+                dtype="float32",
+                cluster="local-cpu" if device == "cpu" else "",
+            )
             trainer = Trainer(TrainConfig(plan=plan, steps=steps, device=device, quiet=True), rank)
             times = []
             for step in range(steps):
@@ -52,6 +57,14 @@ def framework_points(rank: int, device: str, quick: bool) -> list[dict]:
                 trainer.step(step)
                 times.append(time.perf_counter() - t0)
             del trainer
-            out.append({"kind": "framework", "case": case, "ranks": 2, "bytes": 0, "plan": plan.to_dict(),
-                        "seconds": statistics.median(times[2:])})
+            out.append(
+                {
+                    "kind": "framework",
+                    "case": case,
+                    "ranks": 2,
+                    "bytes": 0,
+                    "plan": plan.to_dict(),
+                    "seconds": statistics.median(times[2:]),
+                }
+            )
     return out if rank == 0 else []

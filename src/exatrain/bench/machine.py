@@ -30,8 +30,12 @@ class BenchResult:
     def to_dict(self) -> dict:
         """`exatrain bench --json`: the device, its fitted parameters, the measuring time and the link tiers."""
         tiers = self.calibration.cluster_tiers
-        return {"device": self.device, "params": self.params.to_dict(), "seconds": self.seconds,
-                "tiers": {k: [t.__dict__ for t in v] for k, v in tiers.items()}}
+        return {
+            "device": self.device,
+            "params": self.params.to_dict(),
+            "seconds": self.seconds,
+            "tiers": {k: [t.__dict__ for t in v] for k, v in tiers.items()},
+        }
 
     def summary_lines(self) -> list[str]:
         """What was measured, in the cost model's terms: GEMM throughput and its fall-off, attention at
@@ -41,21 +45,24 @@ class BenchResult:
 
         p, spec = self.params, device_catalog().get(self.device)
         peak = p.peak_flops or (spec.peak_flops(self.dtype) if spec else None) or 0.0
-        lines = [f"{self.device} ({self.dtype}, {self.threads_per_rank} thread(s) per rank) "
-                 f"measured in {self.seconds:.1f} s",
-                 f"GEMM: {peak * p.gemm_eff / 1e12:.3f} TFLOPS at large sizes (peak {peak / 1e12:.3f}, eff "
-                 f"{p.gemm_eff:.2f}), dimension half-point {p.gemm_dim_half:.0f}, "
-                 f"{p.gemm_overhead_s * 1e6:.1f} µs per call",
-                 *self._attention_lines(),
-                 f"memory: {(p.mem_bytes_per_s or 0) / 1e9:.1f} GB/s copy, "
-                 f"element-wise at {p.mem_eff:.0%} of it + {p.op_overhead_s * 1e6:.1f} µs per kernel; "
-                 f"{p.step_overhead_s * 1e3:.1f} ms fixed per step"]
+        lines = [
+            f"{self.device} ({self.dtype}, {self.threads_per_rank} thread(s) per rank) "
+            f"measured in {self.seconds:.1f} s",
+            f"GEMM: {peak * p.gemm_eff / 1e12:.3f} TFLOPS at large sizes (peak {peak / 1e12:.3f}, eff "
+            f"{p.gemm_eff:.2f}), dimension half-point {p.gemm_dim_half:.0f}, "
+            f"{p.gemm_overhead_s * 1e6:.1f} µs per call",
+            *self._attention_lines(),
+            f"memory: {(p.mem_bytes_per_s or 0) / 1e9:.1f} GB/s copy, "
+            f"element-wise at {p.mem_eff:.0%} of it + {p.op_overhead_s * 1e6:.1f} µs per kernel; "
+            f"{p.step_overhead_s * 1e3:.1f} ms fixed per step",
+        ]
         lines += [f"note: {n}" for n in self.calibration.extra.get("bench", {}).get("notes", [])]
         for cluster, tiers in self.calibration.cluster_tiers.items():
-            lines += [f"links ({cluster}, {t.name}): {t.bytes_per_s / 1e9:.2f} GB/s, {t.latency_s * 1e6:.0f} µs latency"
-                      for t in tiers]
+            lines += [
+                f"links ({cluster}, {t.name}): {t.bytes_per_s / 1e9:.2f} GB/s, {t.latency_s * 1e6:.0f} µs latency"
+                for t in tiers
+            ]
         return lines
-
 
     def _attention_lines(self) -> list[str]:
         """Attention's efficiency (counted FLOPs / seconds / peak) at each sequence length measured, and the
@@ -71,14 +78,26 @@ class BenchResult:
         measured = ", ".join(f"{'/'.join(f'{e:.1%}' for e in effs)} at {s}" for s, effs in sorted(by_seq.items()))
         longest = max(by_seq)
         at_longest = p.attn_eff * longest / (longest + p.attn_seq_half)
-        fitted = (f"the fit: {at_longest:.1%} at {longest} tokens" + (
-            f", rising to at most {p.attn_eff:.1%} beyond (half-point {p.attn_seq_half:.0f} tokens)"
-            if p.attn_seq_half else " and beyond") + f", + {p.attn_call_overhead_s * 1e6:.0f} µs per call")
+        fitted = (
+            f"the fit: {at_longest:.1%} at {longest} tokens"
+            + (
+                f", rising to at most {p.attn_eff:.1%} beyond (half-point {p.attn_seq_half:.0f} tokens)"
+                if p.attn_seq_half
+                else " and beyond"
+            )
+            + f", + {p.attn_call_overhead_s * 1e6:.0f} µs per call"
+        )
         return [f"attention (fwd+bwd, % of peak by tokens): measured {measured}; {fitted}"]
 
 
-def measure(*, device: str = "cpu", ranks: int | None = None, dtype: str | None = None, quick: bool = False,
-            progress: Callable[[str], None] | None = None) -> BenchResult:
+def measure(
+    *,
+    device: str = "cpu",
+    ranks: int | None = None,
+    dtype: str | None = None,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> BenchResult:
     """Run every micro-benchmark on ``device`` (cpu | cuda) and fit the calibration."""
     from exatrain.catalog import cluster_catalog, get_cluster, match_device
     from exatrain.planner.cost.calibrate import calibration_from_bench
@@ -94,8 +113,10 @@ def measure(*, device: str = "cpu", ranks: int | None = None, dtype: str | None 
         name = torch.cuda.get_device_name(0)
         spec = match_device(name)
         if spec is None:
-            raise UserError(f"GPU {name!r} is not in the catalog (`exatrain hardware`); add it with a "
-                            "cluster file before calibrating it")
+            raise UserError(
+                f"GPU {name!r} is not in the catalog (`exatrain hardware`); add it with a "
+                "cluster file before calibrating it"
+            )
         device_name, dtype = spec.name, dtype or "bfloat16"
         catalog_peak = spec.peak_flops(dtype)
         cluster = next((c for c in cluster_catalog().values() if c.device.name == spec.name), None)
@@ -114,10 +135,17 @@ def measure(*, device: str = "cpu", ranks: int | None = None, dtype: str | None 
     raw["load"] = watch.load.to_dict() if watch.load is not None else None
     if progress is not None:
         progress("fitting the cost model")
-    cal = calibration_from_bench(raw, device_name=device_name, base=default_params(device_name),
-                                 catalog_peak=catalog_peak, cluster=cluster)
-    return BenchResult(calibration=cal, device=device_name, dtype=dtype, ranks=ranks,
-                       threads_per_rank=int(raw["options"]["threads_per_rank"]), seconds=float(raw["seconds"]))
+    cal = calibration_from_bench(
+        raw, device_name=device_name, base=default_params(device_name), catalog_peak=catalog_peak, cluster=cluster
+    )
+    return BenchResult(
+        calibration=cal,
+        device=device_name,
+        dtype=dtype,
+        ranks=ranks,
+        threads_per_rank=int(raw["options"]["threads_per_rank"]),
+        seconds=float(raw["seconds"]),
+    )
 
 
 __all__ = ["BenchResult", "measure"]

@@ -74,8 +74,11 @@ def model_shapes(opts: BenchOptions) -> list[tuple[int, int, int]]:
     backward shapes of each (input gradient: m x k from m x n by n x k; weight gradient: n x k from
     n x m by m x k)."""
     if opts.device == "cpu":
-        plan = [("gpt-tiny", (1,)), ("gpt-small", (1,))] if opts.quick else \
-            [("gpt-tiny", (1, 4)), ("llama-tiny", (2,)), ("gpt-small", (1, 4))]
+        plan = (
+            [("gpt-tiny", (1,)), ("gpt-small", (1,))]
+            if opts.quick
+            else [("gpt-tiny", (1, 4)), ("llama-tiny", (2,)), ("gpt-small", (1, 4))]
+        )
         wide = [] if opts.quick else [(1024, 1024, 1024)]
     else:
         plan = [("gpt-1.3b", (1,))] if opts.quick else [("gpt-1.3b", (1, 4)), ("gpt-2.7b", (1,)), ("llama3-8b", (1,))]
@@ -130,7 +133,7 @@ def fp8_gemm_points(opts: BenchOptions) -> list[dict]:
     shapes = sorted({(up(m), up(n), up(k)) for m, n, k in model_shapes(opts)}, key=lambda s: s[0] * s[1] * s[2])
     step = max(1, len(shapes) // (2 if opts.quick else 8))
     out = []
-    for m, n, k in shapes[::step][:2 if opts.quick else 8]:
+    for m, n, k in shapes[::step][: 2 if opts.quick else 8]:
         a = torch.randn(m, k, device=dev, dtype=dt)
         w = torch.randn(n, k, device=dev, dtype=dt)
         a8, inv_a = to_fp8(a, E4M3)
@@ -157,8 +160,9 @@ def attention_points(opts: BenchOptions) -> list[dict]:
     4*b*s^2*(heads*d) forward "full count" (Korthikanti Sec. 6), backward 2.5x the forward."""
     out = []
     for b, nh, s, d in attention_cases(opts):
-        q, k, v = (torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype, requires_grad=True)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype, requires_grad=True) for _ in range(3)
+        )
         g = torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype)
 
         def step() -> None:
@@ -181,8 +185,9 @@ def flash2_points(opts: BenchOptions) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     b, nh, s, d = attention_cases(opts)[-1]
-    q, k, v = (torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype, requires_grad=True) for _ in range(3)
+    )
     g = torch.randn(b, nh, s, d, device=opts.device, dtype=opts.torch_dtype)
 
     def step() -> None:
@@ -246,9 +251,11 @@ def overhead_points(opts: BenchOptions) -> list[dict]:
         x.sum().backward()
 
     base = time_call(sum_step, opts)
-    return [{"kind": "gemm", "calls": 3, "seconds": max(time_call(linear_step, opts) - base, 0.0)},
-            {"kind": "elementwise", "calls": 3, "seconds": max(time_call(norm_step, opts) - base, 0.0)},
-            {"kind": "step", "calls": 1, "seconds": step_overhead_s(opts)}]
+    return [
+        {"kind": "gemm", "calls": 3, "seconds": max(time_call(linear_step, opts) - base, 0.0)},
+        {"kind": "elementwise", "calls": 3, "seconds": max(time_call(norm_step, opts) - base, 0.0)},
+        {"kind": "step", "calls": 1, "seconds": step_overhead_s(opts)},
+    ]
 
 
 def layer_points(opts: BenchOptions) -> list[dict]:
@@ -261,8 +268,10 @@ def layer_points(opts: BenchOptions) -> list[dict]:
     from exatrain.trainer.model import Block, rope_table
 
     out = []
-    for fields in (dict(arch="gpt", hidden=32, heads=2), dict(arch="llama", hidden=32, heads=2, kv_heads=1,
-                                                                 ffn_hidden=64)):
+    for fields in (
+        dict(arch="gpt", hidden=32, heads=2),
+        dict(arch="llama", hidden=32, heads=2, kv_heads=1, ffn_hidden=64),
+    ):
         spec = ModelSpec(name=f"bench-{fields['arch']}", layers=1, seq_len=16, vocab=256, **fields)
         block = Block(spec).to(device=opts.device, dtype=opts.torch_dtype)
         rope = rope_table(spec, device=opts.device) if spec.arch == "llama" else None
@@ -286,9 +295,15 @@ def step_overhead_s(opts: BenchOptions, tensors: int = STEP_TENSORS) -> float:
     dev, dt = opts.device, torch.float32
     params = [torch.nn.Parameter(torch.randn(64, device=dev, dtype=dt)) for _ in range(tensors)]
     decay = [p for i, p in enumerate(params) if i % 3]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": [p for i, p in enumerate(params) if not i % 3], "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": 0.1},
+            {"params": [p for i, p in enumerate(params) if not i % 3], "weight_decay": 0.0},
+        ],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -308,15 +323,32 @@ def machine() -> dict:
     import os
     import platform
 
-    d = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-         "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    d = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
     if torch.cuda.is_available():
         d["gpu"] = torch.cuda.get_device_name(0)
         d["gpus"] = torch.cuda.device_count()
     return d
 
 
-__all__ = ["BenchOptions", "attention_points", "bandwidth_points", "flash2_points", "fp8_gemm_points", "fp8_supported",
-           "gemm_points", "layer_points", "machine",
-           "model_shapes", "overhead_points", "step_overhead_s", "time_call"]
+__all__ = [
+    "BenchOptions",
+    "attention_points",
+    "bandwidth_points",
+    "flash2_points",
+    "fp8_gemm_points",
+    "fp8_supported",
+    "gemm_points",
+    "layer_points",
+    "machine",
+    "model_shapes",
+    "overhead_points",
+    "step_overhead_s",
+    "time_call",
+]

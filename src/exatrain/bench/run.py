@@ -7,12 +7,22 @@ import time
 import torch
 
 from exatrain.bench.collectives import collective_points
-from exatrain.bench.micro import (BenchOptions, attention_points, bandwidth_points, flash2_points,
-                                  fp8_gemm_points, gemm_points, layer_points, machine, overhead_points)
+from exatrain.bench.micro import (
+    BenchOptions,
+    attention_points,
+    bandwidth_points,
+    flash2_points,
+    fp8_gemm_points,
+    gemm_points,
+    layer_points,
+    machine,
+    overhead_points,
+)
 
 
-def run_bench(*, device: str = "cpu", dtype: str = "float32", ranks: int = 2, quick: bool = False,
-              progress=None) -> dict:
+def run_bench(
+    *, device: str = "cpu", dtype: str = "float32", ranks: int = 2, quick: bool = False, progress=None
+) -> dict:
     """Raw measurements: {"gemm", "fp8_gemm", "attention", "attention_fa2", "bandwidth", "overhead",
     "layers", "collectives", "machine", "options", "seconds"} ("fp8_gemm" where FP8 GEMMs run,
     "attention_fa2" on a CUDA device; else empty).
@@ -40,16 +50,32 @@ def run_bench(*, device: str = "cpu", dtype: str = "float32", ranks: int = 2, qu
         layers = layer_points(opts)
     finally:
         torch.set_num_threads(threads)
-    say(f"collectives and the trainer's framework overheads on {ranks} ranks" if ranks > 1
-        else "collectives skipped (one rank)")
+    say(
+        f"collectives and the trainer's framework overheads on {ranks} ranks"
+        if ranks > 1
+        else "collectives skipped (one rank)"
+    )
     collectives = collective_points(ranks, device=device, quick=quick, framework=True)
-    return {"gemm": gemm, "fp8_gemm": fp8_gemm, "attention": attention, "attention_fa2": attention_fa2,
-            "bandwidth": bandwidth, "overhead": overhead, "layers": layers,
-            "collectives": collectives,
-            "ranks": ranks, "machine": machine(),
-            "options": {"device": device, "dtype": dtype, "ranks": ranks, "quick": quick,
-                        "threads_per_rank": 1 if device == "cpu" else threads},
-            "seconds": time.perf_counter() - t0}
+    return {
+        "gemm": gemm,
+        "fp8_gemm": fp8_gemm,
+        "attention": attention,
+        "attention_fa2": attention_fa2,
+        "bandwidth": bandwidth,
+        "overhead": overhead,
+        "layers": layers,
+        "collectives": collectives,
+        "ranks": ranks,
+        "machine": machine(),
+        "options": {
+            "device": device,
+            "dtype": dtype,
+            "ranks": ranks,
+            "quick": quick,
+            "threads_per_rank": 1 if device == "cpu" else threads,
+        },
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 __all__ = ["run_bench"]

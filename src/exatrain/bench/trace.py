@@ -82,8 +82,19 @@ from torch import nn
 
 from exatrain.plan import Plan
 
-__all__ = ["FastTrace", "ShapeProbe", "TracedMemory", "covering_order", "fast_trace", "op_types", "schedule_orders",
-           "shape_probes", "stage_shape", "trace_plan", "trace_stage"]
+__all__ = [
+    "FastTrace",
+    "ShapeProbe",
+    "TracedMemory",
+    "covering_order",
+    "fast_trace",
+    "op_types",
+    "schedule_orders",
+    "shape_probes",
+    "stage_shape",
+    "trace_plan",
+    "trace_stage",
+]
 
 
 @dataclass(frozen=True)
@@ -110,8 +121,14 @@ class TracedMemory:
         return d
 
 
-def trace_plan(plan: Plan, *, accelerator: bool = False, steps: int = 1, full: bool = False,
-               progress: Callable[[str], None] | None = None) -> list[TracedMemory]:
+def trace_plan(
+    plan: Plan,
+    *,
+    accelerator: bool = False,
+    steps: int = 1,
+    full: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[TracedMemory]:
     """The traced peak of one rank of every pipeline stage of ``plan``, in stage order.
 
     ``accelerator`` picks the optimizer implementation the trainer gets on a GPU (AdamW's foreach
@@ -149,8 +166,9 @@ def _with_ddp_buckets(plan: Plan, traced: TracedMemory) -> TracedMemory:
     return dataclasses.replace(traced, other=traced.other + traced.weights)
 
 
-def _trace_rank(plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1,
-                order: list[Op] | None = None) -> tuple[TracedMemory, "_Recorder | None"]:
+def _trace_rank(
+    plan: Plan, pp_rank: int, *, accelerator: bool = False, steps: int = 1, order: list[Op] | None = None
+) -> tuple[TracedMemory, "_Recorder | None"]:
     """Trace the rank (pp_rank, dp 0, cp 0, tp 0) over ``steps`` steps of its own op order, or (one
     step) over ``order`` ((kind, chunk, micro-batch) ops on its chunks), recording every op's memory."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -228,8 +246,20 @@ def _mesh(plan: Plan, pp_rank: int):
     mesh = DeviceMesh("cpu", ranks, mesh_dim_names=names)
     flat_dp = mesh["edp", "ep"]._flatten("dp") if plan.ep > 1 and plan.cp == 1 else None
     flat_dp_cp = mesh["dp", "cp"]._flatten("dp_cp") if plan.cp > 1 else None
-    return Mesh(mesh=mesh, rank=0, pp_rank=pp_rank, dp_rank=0, tp_rank=0, device=torch.device("cpu"),
-                embed_group=None, ep=plan.ep, flat_dp=flat_dp, cp=plan.cp, cp_rank=0, flat_dp_cp=flat_dp_cp)
+    return Mesh(
+        mesh=mesh,
+        rank=0,
+        pp_rank=pp_rank,
+        dp_rank=0,
+        tp_rank=0,
+        device=torch.device("cpu"),
+        embed_group=None,
+        ep=plan.ep,
+        flat_dp=flat_dp,
+        cp=plan.cp,
+        cp_rank=0,
+        flat_dp_cp=flat_dp_cp,
+    )
 
 
 def _build(plan: Plan, mesh: Any, pp_rank: int) -> list[tuple[int, nn.Module]]:
@@ -245,8 +275,7 @@ def _build(plan: Plan, mesh: Any, pp_rank: int) -> list[tuple[int, nn.Module]]:
     with torch.device("meta"):
         whole = Transformer(plan.model)
     context = context_shard(mesh, plan.model.seq_len) if plan.cp > 1 else None
-    expert = ((lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=0.01))
-              if plan.model.is_moe else None)
+    expert = (lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=0.01)) if plan.model.is_moe else None
     chunks = []
     for index, module in split_stages(whole, plan, pp_rank):
         shard_stage(module, plan, mesh.tp_mesh, mesh.grad_mesh, expert=expert, context=context)
@@ -413,8 +442,9 @@ def _optimizer(plan: Plan, params: list[nn.Parameter], mesh: Any, *, foreach: bo
     if plan.zero_stage == 1 and plan.dp * plan.cp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
-                                       process_group=mesh.grad_mesh.get_group(), **kw)
+        return ZeroRedundancyOptimizer(
+            params, optimizer_class=torch.optim.AdamW, process_group=mesh.grad_mesh.get_group(), **kw
+        )
     return torch.optim.AdamW(params, **kw)
 
 
@@ -451,8 +481,14 @@ class _StepRunner:
     backward, I input-gradient pass, W weight-gradient pass; without a pipeline, FB (forward and
     backward of one micro-batch, as trainer.train.Stepper runs it)."""
 
-    def __init__(self, plan: Plan, chunks: list[tuple[int, nn.Module]], tracker: Any, order: list[Op],
-                 recorder: "_Recorder | None" = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        chunks: list[tuple[int, nn.Module]],
+        tracker: Any,
+        order: list[Op],
+        recorder: "_Recorder | None" = None,
+    ) -> None:
         self.plan, self.chunks, self.tracker = plan, dict(chunks), tracker
         self.held = [i for i, _ in chunks]  # chunk k -> its virtual stage
         self.order, self.recorder = order, recorder
@@ -582,13 +618,14 @@ def schedule_orders(plan: Plan, num_microbatches: int) -> list[list[Op]]:
                     f += 1
             orders.append(ops)
         return orders
-    from torch.distributed.pipelining import (PipelineStage, ScheduleInterleaved1F1B,
-                                              ScheduleInterleavedZeroBubble)
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
 
     _ensure_fake_world()
     group = _mesh(plan, 0).pp_group
-    stub = [PipelineStage(nn.Identity(), k, plan.virtual_stages, torch.device("cpu"), group=group)
-            for k in plan.stages_of_rank(0)]
+    stub = [
+        PipelineStage(nn.Identity(), k, plan.virtual_stages, torch.device("cpu"), group=group)
+        for k in plan.stages_of_rank(0)
+    ]
     cls = ScheduleInterleaved1F1B if plan.schedule == "interleaved" else ScheduleInterleavedZeroBubble
     sched = cls(stub, m, loss_fn=lambda a, b: a)
     orders = []
@@ -697,8 +734,9 @@ class _Profile:
             if effect.setdefault(t, e) != e:
                 raise ReplayError(f"two ops of type {t} changed memory differently")
         assert recorder.pre is not None and recorder.post is not None
-        return cls(start=recorder.ops[0][0], pre=recorder.pre, end=recorder.ops[-1][2], post=recorder.post,
-                   effect=effect)
+        return cls(
+            start=recorder.ops[0][0], pre=recorder.pre, end=recorder.ops[-1][2], post=recorder.post, effect=effect
+        )
 
 
 def _replay(profile: _Profile, types: list[tuple]) -> dict[str, int]:
@@ -731,9 +769,14 @@ def stage_shape(plan: Plan, pp_rank: int) -> tuple:
     counts = plan.layers_per_stage()
     starts = [0, *itertools.accumulate(counts)]
     last = plan.virtual_stages - 1
-    return tuple((v == 0, v == last,
-                  tuple((spec.layer_is_moe(i), spec.layer_is_windowed(i)) for i in range(starts[v], starts[v + 1])))
-                 for v in plan.stages_of_rank(pp_rank))
+    return tuple(
+        (
+            v == 0,
+            v == last,
+            tuple((spec.layer_is_moe(i), spec.layer_is_windowed(i)) for i in range(starts[v], starts[v + 1])),
+        )
+        for v in plan.stages_of_rank(pp_rank)
+    )
 
 
 @dataclass(frozen=True)
@@ -748,8 +791,9 @@ class ShapeProbe:
     @property
     def microbatches(self) -> int:
         """Micro-batches the order runs through its fullest chunk."""
-        return max(sum(1 for kind, c, _ in self.order if kind in ("F", "FB") and c == k)
-                   for k in {c for _, c, _ in self.order})
+        return max(
+            sum(1 for kind, c, _ in self.order if kind in ("F", "FB") and c == k) for k in {c for _, c, _ in self.order}
+        )
 
 
 def shape_probes(plan: Plan, full: list[list[Op]] | None = None) -> list[ShapeProbe]:
@@ -868,8 +912,7 @@ class FastTrace:
     traced_in_full: tuple[int, ...]
 
 
-def fast_trace(plan: Plan, *, accelerator: bool = False,
-               progress: Callable[[str], None] | None = None) -> FastTrace:
+def fast_trace(plan: Plan, *, accelerator: bool = False, progress: Callable[[str], None] | None = None) -> FastTrace:
     """``trace_plan`` by stage shape: one rank of each distinct shape is traced over its short order
     (``shape_probes``), every op's memory recorded; each stage of that shape then gets the peak of its
     own full order replayed from those ops (``_replay``). Where the traced ops of one type differ, or
@@ -884,9 +927,11 @@ def fast_trace(plan: Plan, *, accelerator: bool = False,
     for i, probe in enumerate(probes, 1):
         if progress is not None:
             n = probe.microbatches
-            progress(f"tracing stage {probe.rank + 1} of {plan.pp} (shape {i} of {len(probes)}, for "
-                     f"stage{_ranks_text(probe.members)}): {len(probe.order)} ops, {n} micro-batch"
-                     f"{'es' if n != 1 else ''} (the step has {plan.num_microbatches})")
+            progress(
+                f"tracing stage {probe.rank + 1} of {plan.pp} (shape {i} of {len(probes)}, for "
+                f"stage{_ranks_text(probe.members)}): {len(probe.order)} ops, {n} micro-batch"
+                f"{'es' if n != 1 else ''} (the step has {plan.num_microbatches})"
+            )
         traced, recorder = _trace_rank(plan, probe.rank, accelerator=accelerator, order=list(probe.order))
         try:
             assert recorder is not None

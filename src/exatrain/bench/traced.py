@@ -41,8 +41,9 @@ def trace_mode(trace: bool | str | None) -> str | None:
     return str(trace)
 
 
-def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], None] | None = None,
-                    mode: str = "fast") -> StepEstimate:
+def traced_estimate(
+    plan: Plan, cluster: ClusterSpec, progress: Callable[[str], None] | None = None, mode: str = "fast"
+) -> StepEstimate:
     """``plan.estimate`` with ``traced_memory_bytes`` and a note; ``progress`` hears of each traced rank."""
     if plan.estimate is None:
         raise ValueError("traced_estimate needs a plan with its estimate")
@@ -60,10 +61,15 @@ def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], 
         else:
             fast = fast_trace(plan, accelerator=not on_cpu, progress=progress)
             traced = fast.stages
-            how = (f"one rank of each of {len(fast.probes)} stage shape(s) traced over a short op order, every "
-                   "stage's peak replayed over its own order" + (
-                       f" (stage(s) {', '.join(str(r + 1) for r in fast.traced_in_full)} traced in full)"
-                       if fast.traced_in_full else ""))
+            how = (
+                f"one rank of each of {len(fast.probes)} stage shape(s) traced over a short op order, every "
+                "stage's peak replayed over its own order"
+                + (
+                    f" (stage(s) {', '.join(str(r + 1) for r in fast.traced_in_full)} traced in full)"
+                    if fast.traced_in_full
+                    else ""
+                )
+            )
     except Exception as exc:  # the trace is an extra view of the plan; its failure is one line
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise UserError(f"--trace failed for this plan ({type(exc).__name__}: {first})") from None
@@ -72,18 +78,31 @@ def traced_estimate(plan: Plan, cluster: ClusterSpec, progress: Callable[[str], 
     unit, scale = ("GiB", GiB) if worst.total >= GiB else ("MiB", MiB)
     # The model's tensors (without its allocator allowance, which a trace of tensors has no part of).
     errors = [m.total / (1 + FRAGMENTATION_ALLOWANCE) / t.total - 1 for m, t in zip(modelled, traced)]
-    note = ("traced (the trainer's model per stage under FakeTensorMode, one step, no allocation; " + how
-            + "; 16-bit weight copies count as activations" + (_routing_note if plan.model.is_moe else "")
-            + ("" if on_cpu else "; the CPU's kernels, the norms in fp32 as CUDA's autocast runs them "
-               "(bench/gpu_rules.py)") + "): "
-            + ", ".join(f"{t.total / scale:.2f}" for t in traced)
-            + f" {unit}; trainer memory model: " + ", ".join(f"{m.total / scale:.2f}" for m in modelled)
-            + f" {unit}; model tensors (without the {FRAGMENTATION_ALLOWANCE:.0%} allowance) vs traced: "
-            + ", ".join(f"{e:+.1%}" for e in errors))
+    note = (
+        "traced (the trainer's model per stage under FakeTensorMode, one step, no allocation; "
+        + how
+        + "; 16-bit weight copies count as activations"
+        + (_routing_note if plan.model.is_moe else "")
+        + ("" if on_cpu else "; the CPU's kernels, the norms in fp32 as CUDA's autocast runs them (bench/gpu_rules.py)")
+        + "): "
+        + ", ".join(f"{t.total / scale:.2f}" for t in traced)
+        + f" {unit}; trainer memory model: "
+        + ", ".join(f"{m.total / scale:.2f}" for m in modelled)
+        + f" {unit}; model tensors (without the {FRAGMENTATION_ALLOWANCE:.0%} allowance) vs traced: "
+        + ", ".join(f"{e:+.1%}" for e in errors)
+    )
     est = plan.estimate
-    return dataclasses.replace(est, traced_memory_bytes=MemoryBreakdown(
-        weights=worst.weights, gradients=worst.gradients, optimizer=worst.optimizer,
-        activations=worst.activations, other=worst.other), notes=tuple(est.notes) + (note,))
+    return dataclasses.replace(
+        est,
+        traced_memory_bytes=MemoryBreakdown(
+            weights=worst.weights,
+            gradients=worst.gradients,
+            optimizer=worst.optimizer,
+            activations=worst.activations,
+            other=worst.other,
+        ),
+        notes=tuple(est.notes) + (note,),
+    )
 
 
 def _trainer_runs_it(plan: Plan, on_cpu: bool) -> None:

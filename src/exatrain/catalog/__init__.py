@@ -19,7 +19,17 @@ from exatrain.catalog.hf_config import load_model_file
 from exatrain.catalog.models import ModelSpec, get_model, model_presets
 
 __all__ = [
-    "ClusterSpec", "DeviceSpec", "LinkTier", "ModelSpec",
-    "cluster_catalog", "device_catalog", "get_cluster", "get_device", "get_model",
-    "load_cluster_file", "load_model_file", "match_device", "model_presets",
+    "ClusterSpec",
+    "DeviceSpec",
+    "LinkTier",
+    "ModelSpec",
+    "cluster_catalog",
+    "device_catalog",
+    "get_cluster",
+    "get_device",
+    "get_model",
+    "load_cluster_file",
+    "load_model_file",
+    "match_device",
+    "model_presets",
 ]

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from exatrain.catalog.models import _load_table_file
 from exatrain.errors import UserError
+
 FP8_DTYPES = ("float8", "fp8", "float8_e4m3fn", "float8_e5m2")
 
 
@@ -113,16 +114,18 @@ def _device_from(name: str, fields: Mapping[str, Any], source: str) -> DeviceSpe
     for req in ("hbm_bytes", "hbm_bytes_per_s"):
         if req not in fields:
             raise UserError(f"{source}: device {name!r} is missing {req}")
-    spec = DeviceSpec(name=name, peak_tflops=fields.get("peak_tflops"),
-                      **{k: v for k, v in fields.items() if k not in ("name", "peak_tflops")})
+    spec = DeviceSpec(
+        name=name,
+        peak_tflops=fields.get("peak_tflops"),
+        **{k: v for k, v in fields.items() if k not in ("name", "peak_tflops")},
+    )
     for field in ("hbm_bytes", "hbm_bytes_per_s"):
         value = getattr(spec, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise UserError(f"{source}: device {name!r} {field} must be a positive number, got {value!r}")
     for field in ("peak_tflops", "peak_tflops_fp32", "peak_tflops_fp8", "link_bytes_per_s", "tdp_watts"):
         value = getattr(spec, field)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value <= 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             raise UserError(f"{source}: device {name!r} {field} must be a positive number, got {value!r}")
     return spec
 
@@ -137,28 +140,40 @@ def _filesystem_from(name: str, fields: Mapping[str, Any], source: str) -> FileS
         value = fields.get(field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             raise UserError(f"{source}: file system {name!r} {field} must be a positive number, got {value!r}")
-    return FileSystemSpec(name=name, write_bytes_per_s=float(fields["write_bytes_per_s"]),
-                          read_bytes_per_s=float(fields["read_bytes_per_s"]),
-                          description=str(fields.get("description", "")), source=str(fields.get("source", "")))
+    return FileSystemSpec(
+        name=name,
+        write_bytes_per_s=float(fields["write_bytes_per_s"]),
+        read_bytes_per_s=float(fields["read_bytes_per_s"]),
+        description=str(fields.get("description", "")),
+        source=str(fields.get("source", "")),
+    )
 
 
-def _named_or_table(value: Any, catalog: Mapping[str, Any], build: Any, source: str, cluster: str,
-                    key: str, what: str) -> Any:
+def _named_or_table(
+    value: Any, catalog: Mapping[str, Any], build: Any, source: str, cluster: str, key: str, what: str
+) -> Any:
     """A cluster's ``key`` (its device or file system): a catalog name looked up in ``catalog``, or a table of its
     own fields built by ``build(name, fields, source)``; anything else is a one-line error naming the cluster."""
     if isinstance(value, dict):
-        return build(str(value.get("name", f"{cluster}-{key}")), {k: v for k, v in value.items() if k != "name"},
-                     source)
+        return build(
+            str(value.get("name", f"{cluster}-{key}")), {k: v for k, v in value.items() if k != "name"}, source
+        )
     if isinstance(value, str):
         if value not in catalog:
-            raise UserError(f"{source}: cluster {cluster!r} names unknown {what} {value!r}; "
-                            f"known: {', '.join(sorted(catalog))}")
+            raise UserError(
+                f"{source}: cluster {cluster!r} names unknown {what} {value!r}; known: {', '.join(sorted(catalog))}"
+            )
         return catalog[value]
     raise UserError(f"{source}: cluster {cluster!r} {key} must be a catalog name or a table, got {value!r}")
 
 
-def _cluster_from(name: str, fields: Mapping[str, Any], devices: Mapping[str, DeviceSpec],
-                  source: str, filesystems: Mapping[str, FileSystemSpec] | None = None) -> ClusterSpec:
+def _cluster_from(
+    name: str,
+    fields: Mapping[str, Any],
+    devices: Mapping[str, DeviceSpec],
+    source: str,
+    filesystems: Mapping[str, FileSystemSpec] | None = None,
+) -> ClusterSpec:
     fields = dict(fields)
     fs = fields.pop("filesystem", None)
     filesystems = filesystems if filesystems is not None else filesystem_catalog()
@@ -180,14 +195,20 @@ def _cluster_from(name: str, fields: Mapping[str, Any], devices: Mapping[str, De
         if not isinstance(t, dict):
             raise UserError(f"{source}: cluster {name!r} tier {i} must be a table")
         try:
-            tier = LinkTier(name=str(t.get("name", f"tier{i}")), span=int(t.get("span", 0)),
-                            bytes_per_s=float(t["bytes_per_s"]), latency_s=float(t["latency_s"]))
+            tier = LinkTier(
+                name=str(t.get("name", f"tier{i}")),
+                span=int(t.get("span", 0)),
+                bytes_per_s=float(t["bytes_per_s"]),
+                latency_s=float(t["latency_s"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{source}: cluster {name!r} tier {i}: needs numeric bytes_per_s and "
-                            f"latency_s ({exc})") from None
+            raise UserError(
+                f"{source}: cluster {name!r} tier {i}: needs numeric bytes_per_s and latency_s ({exc})"
+            ) from None
         if tier.bytes_per_s <= 0 or tier.latency_s < 0 or tier.span < 0:
-            raise UserError(f"{source}: cluster {name!r} tier {tier.name!r}: bandwidth must be > 0, "
-                            "latency and span >= 0")
+            raise UserError(
+                f"{source}: cluster {name!r} tier {tier.name!r}: bandwidth must be > 0, latency and span >= 0"
+            )
         tiers.append(tier)
     spans = [t.span for t in tiers]
     if spans[-1] != 0:
@@ -201,11 +222,16 @@ def _cluster_from(name: str, fields: Mapping[str, Any], devices: Mapping[str, De
             raise UserError(f"{source}: cluster {name!r} {k} must be a positive number, got {value!r}")
     if fields:
         raise UserError(f"{source}: cluster {name!r}: unknown field(s) {', '.join(sorted(fields))}")
-    return ClusterSpec(name=name, device=device, gpus_per_node=gpn, tiers=tuple(tiers),
-                       description=description, filesystem=filesystem,
-                       host_memory_bytes=None if host["host_memory_bytes"] is None else int(host["host_memory_bytes"]),
-                       host_link_bytes_per_s=(None if host["host_link_bytes_per_s"] is None
-                                              else float(host["host_link_bytes_per_s"])))
+    return ClusterSpec(
+        name=name,
+        device=device,
+        gpus_per_node=gpn,
+        tiers=tuple(tiers),
+        description=description,
+        filesystem=filesystem,
+        host_memory_bytes=None if host["host_memory_bytes"] is None else int(host["host_memory_bytes"]),
+        host_link_bytes_per_s=(None if host["host_link_bytes_per_s"] is None else float(host["host_link_bytes_per_s"])),
+    )
 
 
 def _catalog() -> tuple[dict[str, DeviceSpec], dict[str, ClusterSpec], dict[str, FileSystemSpec]]:
@@ -236,23 +262,33 @@ def cluster_catalog() -> dict[str, ClusterSpec]:
 def get_device(name: str) -> DeviceSpec:
     devices = device_catalog()
     if name not in devices:
-        raise UserError(f"unknown device {name!r}; known: {', '.join(sorted(devices))} "
-                        "(`exatrain hardware` lists them)")
+        raise UserError(
+            f"unknown device {name!r}; known: {', '.join(sorted(devices))} (`exatrain hardware` lists them)"
+        )
     return devices[name]
 
 
 def get_cluster(name: str) -> ClusterSpec:
     clusters = cluster_catalog()
     if name not in clusters:
-        raise UserError(f"unknown cluster {name!r}; known: {', '.join(sorted(clusters))} "
-                        "(`exatrain hardware` lists them), or describe yours with --cluster-file")
+        raise UserError(
+            f"unknown cluster {name!r}; known: {', '.join(sorted(clusters))} "
+            "(`exatrain hardware` lists them), or describe yours with --cluster-file"
+        )
     return clusters[name]
 
 
 # Substrings of the names accelerators report (torch.cuda.get_device_name; ROCm reports through the
 # same call) -> catalog device. Longer, more specific names first.
-_DEVICE_NAME_MATCHES = (("MI355X", "mi355x"), ("MI300X", "mi300x"), ("MI250X", "mi250x-gcd"),
-                        ("B200", "b200"), ("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-80gb"))
+_DEVICE_NAME_MATCHES = (
+    ("MI355X", "mi355x"),
+    ("MI300X", "mi300x"),
+    ("MI250X", "mi250x-gcd"),
+    ("B200", "b200"),
+    ("H200", "h200-sxm"),
+    ("H100", "h100-sxm"),
+    ("A100", "a100-80gb"),
+)
 
 
 def match_device(name: str) -> DeviceSpec | None:

@@ -39,10 +39,17 @@ DEFAULT_SEQ_LEN = 4096
 
 # architectures[0] -> model_type, for files that name only the class
 ARCHITECTURES = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
-    "Qwen2ForCausalLM": "qwen2", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3",
-    "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
-    "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss", "GPT2LMHeadModel": "gpt2",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
+    "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox",
 }
 MODEL_TYPES = tuple(sorted(set(ARCHITECTURES.values())))
@@ -83,8 +90,10 @@ def model_type_of(data: Mapping[str, Any], source: str) -> str:
         kind = ARCHITECTURES.get(archs[0], archs[0])
     if kind not in MODEL_TYPES:
         what = f"model_type {kind!r}" if "model_type" in data else f"architectures {archs!r}"
-        raise UserError(f"{source}: {what} is not one exatrain reads (it reads model_type {', '.join(MODEL_TYPES)}); "
-                        "describe the model with exatrain's own fields instead (see docs/planning.md)")
+        raise UserError(
+            f"{source}: {what} is not one exatrain reads (it reads model_type {', '.join(MODEL_TYPES)}); "
+            "describe the model with exatrain's own fields instead (see docs/planning.md)"
+        )
     return kind
 
 
@@ -120,19 +129,25 @@ def read_hf_config(data: Mapping[str, Any], *, name: str, source: str, seq_len: 
         seq_len = min(DEFAULT_SEQ_LEN, limit) if limit else DEFAULT_SEQ_LEN
         where = "max_position_embeddings" if kind != "gpt2" else "n_positions"
         if limit and limit <= DEFAULT_SEQ_LEN:
-            notes.append(f"{name}: planned at seq_len {seq_len}, the longest context the model takes ({where}): a "
-                         "config.json states no training sequence; pass --seq-len to change it")
+            notes.append(
+                f"{name}: planned at seq_len {seq_len}, the longest context the model takes ({where}): a "
+                "config.json states no training sequence; pass --seq-len to change it"
+            )
         else:
-            notes.append(f"{name}: planned at seq_len {seq_len}, the default training sequence: a config.json states "
-                         f"none ({where} {limit or '(absent)'} is the longest context the model takes); pass --seq-len "
-                         "to change it")
+            notes.append(
+                f"{name}: planned at seq_len {seq_len}, the default training sequence: a config.json states "
+                f"none ({where} {limit or '(absent)'} is the longest context the model takes); pass --seq-len "
+                "to change it"
+            )
     if kind == "gpt_neox":  # the gpt family's position table stands in for rotary positions
-        unmodelled.append(("rotary positions, counted as the gpt family's learned position table",
-                           -seq_len * fields["hidden"]))
+        unmodelled.append(
+            ("rotary positions, counted as the gpt family's learned position table", -seq_len * fields["hidden"])
+        )
     archs = data.get("architectures")
     label = f"{kind}" + (f" ({archs[0]})" if isinstance(archs, list) and archs else "")
-    spec = ModelSpec.from_dict({"name": name, "seq_len": seq_len, "description": f"read from config.json: {label}",
-                                **fields}, source=source)
+    spec = ModelSpec.from_dict(
+        {"name": name, "seq_len": seq_len, "description": f"read from config.json: {label}", **fields}, source=source
+    )
     if unmodelled:
         listed = "; ".join(f"{what}: {n:+,} parameters" for what, n in unmodelled)
         notes.append(f"{name}: not modelled ({listed})")
@@ -143,21 +158,34 @@ def _gpt_family(f: _Fields) -> tuple[dict[str, Any], list[tuple[str, int]], int]
     """GPT-2 and GPT-NeoX as the gpt family: LayerNorm with biases, biases on every linear layer, a GELU MLP."""
     if f.kind == "gpt2":
         hidden = f.need("n_embd")
-        fields = {"arch": "gpt", "layers": f.need("n_layer"), "hidden": hidden, "heads": f.need("n_head"),
-                  "vocab": f.need("vocab_size"), "ffn_hidden": f.get("n_inner", 4 * hidden if isinstance(hidden, int)
-                                                                     else 0),
-                  "norm_eps": float(f.get("layer_norm_epsilon", 1e-5)),
-                  "tied_embeddings": bool(f.get("tie_word_embeddings", True)),
-                  "dropout": float(f.get("resid_pdrop", 0.1))}
+        fields = {
+            "arch": "gpt",
+            "layers": f.need("n_layer"),
+            "hidden": hidden,
+            "heads": f.need("n_head"),
+            "vocab": f.need("vocab_size"),
+            "ffn_hidden": f.get("n_inner", 4 * hidden if isinstance(hidden, int) else 0),
+            "norm_eps": float(f.get("layer_norm_epsilon", 1e-5)),
+            "tied_embeddings": bool(f.get("tie_word_embeddings", True)),
+            "dropout": float(f.get("resid_pdrop", 0.1)),
+        }
         return fields, [], f.get("n_positions", 0)
-    fields = {"arch": "gpt", "layers": f.need("num_hidden_layers"), "hidden": f.need("hidden_size"),
-              "heads": f.need("num_attention_heads"), "vocab": f.need("vocab_size"),
-              "ffn_hidden": f.need("intermediate_size"), "norm_eps": float(f.get("layer_norm_eps", 1e-5)),
-              "tied_embeddings": bool(f.get("tie_word_embeddings", False)),
-              "dropout": float(f.get("hidden_dropout", f.get("hidden_dropout_prob", 0.0)))}
+    fields = {
+        "arch": "gpt",
+        "layers": f.need("num_hidden_layers"),
+        "hidden": f.need("hidden_size"),
+        "heads": f.need("num_attention_heads"),
+        "vocab": f.need("vocab_size"),
+        "ffn_hidden": f.need("intermediate_size"),
+        "norm_eps": float(f.get("layer_norm_eps", 1e-5)),
+        "tied_embeddings": bool(f.get("tie_word_embeddings", False)),
+        "dropout": float(f.get("hidden_dropout", f.get("hidden_dropout_prob", 0.0))),
+    }
     if not f.get("attention_bias", True):
-        raise UserError(f"{f.source}: a gpt_neox model without attention biases (attention_bias false) is not "
-                        "modelled: exatrain's gpt family has biases on every linear layer")
+        raise UserError(
+            f"{f.source}: a gpt_neox model without attention biases (attention_bias false) is not "
+            "modelled: exatrain's gpt family has biases on every linear layer"
+        )
     return fields, [], f.get("max_position_embeddings", 0)
 
 
@@ -167,8 +195,13 @@ def _llama_family(f: _Fields) -> tuple[dict[str, Any], list[tuple[str, int]], in
     hidden, heads, layers = f.need("hidden_size"), f.need("num_attention_heads"), f.need("num_hidden_layers")
     kv_heads = f.get("num_key_value_heads", heads)
     fields: dict[str, Any] = {
-        "arch": "llama", "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-        "vocab": f.need("vocab_size"), "ffn_hidden": f.need("intermediate_size"),
+        "arch": "llama",
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "vocab": f.need("vocab_size"),
+        "ffn_hidden": f.need("intermediate_size"),
         "rope_theta": float(f.get("rope_theta", _THETA.get(kind, 10000.0))),
         "norm_eps": float(f.get("rms_norm_eps", _EPS.get(kind, 1e-6))),
         "tied_embeddings": bool(f.get("tie_word_embeddings", _TIED.get(kind, False))),
@@ -200,8 +233,13 @@ def _llama_family(f: _Fields) -> tuple[dict[str, Any], list[tuple[str, int]], in
     _windows(f, fields)
     if kind.startswith("deepseek") and f.get("num_nextn_predict_layers", 0):
         # not part of the published totals either (DeepSeek-V3's 671B excludes its 14B MTP module)
-        unmodelled.append((f"the multi-token-prediction module ({f.get('num_nextn_predict_layers', 0)} layer), "
-                           "outside the model's published total too", 0))
+        unmodelled.append(
+            (
+                f"the multi-token-prediction module ({f.get('num_nextn_predict_layers', 0)} layer), "
+                "outside the model's published total too",
+                0,
+            )
+        )
     return fields, [(w, n) for w, n in unmodelled if n], f.get("max_position_embeddings", 0)
 
 
@@ -216,10 +254,16 @@ def _latent_attention(f: _Fields, fields: dict[str, Any]) -> int:
     and the value width are one ModelSpec head_dim, so they must agree."""
     nope, v = f.need("qk_nope_head_dim"), f.need("v_head_dim")
     if nope != v:
-        raise UserError(f"{f.source}: latent attention with qk_nope_head_dim {nope} != v_head_dim {v} is not "
-                        "modelled (exatrain's head_dim is both)")
-    fields.update(kv_channels=nope, kv_lora_rank=f.need("kv_lora_rank"), q_lora_rank=f.get("q_lora_rank", 0),
-                  rope_head_dim=f.need("qk_rope_head_dim"))
+        raise UserError(
+            f"{f.source}: latent attention with qk_nope_head_dim {nope} != v_head_dim {v} is not "
+            "modelled (exatrain's head_dim is both)"
+        )
+    fields.update(
+        kv_channels=nope,
+        kv_lora_rank=f.need("kv_lora_rank"),
+        q_lora_rank=f.get("q_lora_rank", 0),
+        rope_head_dim=f.need("qk_rope_head_dim"),
+    )
     return nope
 
 
@@ -242,8 +286,10 @@ def _experts(f: _Fields, fields: dict[str, Any], unmodelled: list[tuple[str, int
         if kind == "qwen2_moe":
             shared = f.get("shared_expert_intermediate_size", 0)
             if shared % width:
-                raise UserError(f"{f.source}: shared_expert_intermediate_size {shared} is not a whole number of "
-                                f"experts of moe_intermediate_size {width}; not modelled")
+                raise UserError(
+                    f"{f.source}: shared_expert_intermediate_size {shared} is not a whole number of "
+                    f"experts of moe_intermediate_size {width}; not modelled"
+                )
             fields["shared_experts"] = shared // width
             if shared:
                 unmodelled.append(("the shared expert's gate", sum(moe) * fields["hidden"]))
@@ -255,9 +301,14 @@ def _experts(f: _Fields, fields: dict[str, Any], unmodelled: list[tuple[str, int
         score = f.get("scoring_func", "softmax")
         if score not in ("softmax", "sigmoid"):
             raise UserError(f"{f.source}: scoring_func {score!r} is not modelled (softmax or sigmoid)")
-        fields.update(experts=f.need("n_routed_experts"), top_k=f.need("num_experts_per_tok"),
-                      shared_experts=f.get("n_shared_experts", 0), expert_ffn_hidden=f.need("moe_intermediate_size"),
-                      router=score, router_bias=f.get("topk_method", "") == "noaux_tc")
+        fields.update(
+            experts=f.need("n_routed_experts"),
+            top_k=f.need("num_experts_per_tok"),
+            shared_experts=f.get("n_shared_experts", 0),
+            expert_ffn_hidden=f.need("moe_intermediate_size"),
+            router=score,
+            router_bias=f.get("topk_method", "") == "noaux_tc",
+        )
         _moe_layers(f, fields, moe)
 
 
@@ -293,8 +344,10 @@ def _moe_layers(f: _Fields, fields: dict[str, Any], moe: list[bool]) -> None:
         raise UserError(f"{f.source}: a {f.kind} config.json whose settings leave no layer a MoE layer")
     layout = moe_layout(moe)
     if layout is None:
-        raise UserError(f"{f.source}: MoE layers {[i for i, m in enumerate(moe) if m]} are not a leading run of dense "
-                        "layers followed by every n-th layer MoE; not modelled")
+        raise UserError(
+            f"{f.source}: MoE layers {[i for i, m in enumerate(moe) if m]} are not a leading run of dense "
+            "layers followed by every n-th layer MoE; not modelled"
+        )
     fields.update(dense_layers=layout[0], moe_every=layout[1])
 
 
@@ -320,8 +373,10 @@ def _windows(f: _Fields, fields: dict[str, Any]) -> None:
         raise UserError(f"{f.source}: sliding-window layers but no sliding_window size")
     every = window_layout(windowed)
     if every is None:
-        raise UserError(f"{f.source}: sliding-window layers {[i for i, w in enumerate(windowed) if w]} are not every "
-                        "layer but each n-th; not modelled")
+        raise UserError(
+            f"{f.source}: sliding-window layers {[i for i, w in enumerate(windowed) if w]} are not every "
+            "layer but each n-th; not modelled"
+        )
     fields.update(sliding_window=window, **({"full_attention_every": every} if every else {}))
 
 
@@ -335,8 +390,13 @@ def load_model_file(path: str | Path, *, seq_len: int | None = None, notes: list
     data = _load_table_file(path)
     if is_hf_config(data):
         hub = data.get("_name_or_path")
-        name = (hub.rstrip("/").rsplit("/", 1)[-1] if isinstance(hub, str) and hub.strip("/ ") else
-                path.parent.name if path.name == "config.json" and path.parent.name else path.stem)
+        name = (
+            hub.rstrip("/").rsplit("/", 1)[-1]
+            if isinstance(hub, str) and hub.strip("/ ")
+            else path.parent.name
+            if path.name == "config.json" and path.parent.name
+            else path.stem
+        )
         read = read_hf_config(data, name=name, source=str(path), seq_len=seq_len)
         if notes is not None:
             notes.extend(read.notes)
@@ -347,5 +407,15 @@ def load_model_file(path: str | Path, *, seq_len: int | None = None, notes: list
     return ModelSpec.from_dict(data, source=str(path))
 
 
-__all__ = ["ARCHITECTURES", "DEFAULT_SEQ_LEN", "HFModel", "MODEL_TYPES", "is_hf_config", "load_model_file",
-           "model_type_of", "moe_layout", "read_hf_config", "window_layout"]
+__all__ = [
+    "ARCHITECTURES",
+    "DEFAULT_SEQ_LEN",
+    "HFModel",
+    "MODEL_TYPES",
+    "is_hf_config",
+    "load_model_file",
+    "model_type_of",
+    "moe_layout",
+    "read_hf_config",
+    "window_layout",
+]

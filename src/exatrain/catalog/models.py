@@ -65,10 +65,23 @@ ROUTERS = ("softmax", "sigmoid")
 # Fields added for MoE / MLA / head width, with their "off" values: to_dict omits them at these
 # values so a dense model (and every plan file written for one) serialises exactly as before.
 EXTENDED_DEFAULTS: dict[str, Any] = {
-    "kv_channels": 0, "qk_norm": False, "experts": 0, "top_k": 0, "shared_experts": 0,
-    "expert_ffn_hidden": 0, "dense_layers": 0, "moe_every": 1, "router": "softmax", "router_bias": False,
-    "q_lora_rank": 0, "kv_lora_rank": 0, "rope_head_dim": 0, "sliding_window": 0, "full_attention_every": 0,
-    "attention_sinks": False, "linear_bias": False,
+    "kv_channels": 0,
+    "qk_norm": False,
+    "experts": 0,
+    "top_k": 0,
+    "shared_experts": 0,
+    "expert_ffn_hidden": 0,
+    "dense_layers": 0,
+    "moe_every": 1,
+    "router": "softmax",
+    "router_bias": False,
+    "q_lora_rank": 0,
+    "kv_lora_rank": 0,
+    "rope_head_dim": 0,
+    "sliding_window": 0,
+    "full_attention_every": 0,
+    "attention_sinks": False,
+    "linear_bias": False,
 }
 
 
@@ -150,8 +163,7 @@ class ModelSpec:
 
     def layer_is_moe(self, index: int) -> bool:
         """Whether layer ``index`` (0-based) has a MoE MLP (see the module doc for the rule)."""
-        return (self.experts > 0 and index >= self.dense_layers
-                and (index - self.dense_layers + 1) % self.moe_every == 0)
+        return self.experts > 0 and index >= self.dense_layers and (index - self.dense_layers + 1) % self.moe_every == 0
 
     @property
     def moe_layers(self) -> int:
@@ -191,11 +203,18 @@ class ModelSpec:
         them): a head width other than hidden/heads, QK-norm, latent attention, sliding windows, attention sinks,
         biases on a llama-family model's linear layers."""
         own_width = bool(self.kv_channels and self.kv_channels != self.hidden // self.heads)
-        return tuple(name for name, on in (
-            ("a head width other than hidden/heads", own_width), ("QK-norm", self.qk_norm),
-            ("latent attention", self.mla), ("sliding windows", bool(self.sliding_window)),
-            ("attention sinks", self.attention_sinks), ("biases on a llama-family model's linear layers",
-                                                        self.linear_bias)) if on)
+        return tuple(
+            name
+            for name, on in (
+                ("a head width other than hidden/heads", own_width),
+                ("QK-norm", self.qk_norm),
+                ("latent attention", self.mla),
+                ("sliding windows", bool(self.sliding_window)),
+                ("attention sinks", self.attention_sinks),
+                ("biases on a llama-family model's linear layers", self.linear_bias),
+            )
+            if on
+        )
 
     @property
     def kv_hidden(self) -> int:
@@ -228,21 +247,24 @@ class ModelSpec:
                 raise UserError(f"{where}: {field} must be a positive integer of at most {MAX_COUNT:,}, got {value}")
         self._check_extension_types(where)
         if self.arch == "llama" and self.ffn_hidden <= 0:
-            raise UserError(f"{where}: a llama-style model needs ffn_hidden (the SwiGLU width); "
-                            "pass --ffn-hidden")
+            raise UserError(f"{where}: a llama-style model needs ffn_hidden (the SwiGLU width); pass --ffn-hidden")
         if not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0:
             raise UserError(f"{where}: ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
         if self.ffn_hidden > MAX_COUNT:  # exatrain.limits
-            raise UserError(f"{where}: ffn_hidden must be a positive integer of at most {MAX_COUNT:,}, "
-                            f"got {self.ffn_hidden}")
+            raise UserError(
+                f"{where}: ffn_hidden must be a positive integer of at most {MAX_COUNT:,}, got {self.ffn_hidden}"
+            )
         if self.hidden % self.heads and not self.kv_channels:
-            raise UserError(f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; "
-                            "choose heads that divide hidden")
+            raise UserError(
+                f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; choose heads that divide hidden"
+            )
         if self.heads % self.kv_heads:
             raise UserError(f"{where}: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.arch == "gpt" and self.kv_heads != self.heads:
-            raise UserError(f"{where}: grouped-query attention (kv_heads) is a llama-style feature; "
-                            "use arch 'llama' or drop kv_heads")
+            raise UserError(
+                f"{where}: grouped-query attention (kv_heads) is a llama-style feature; "
+                "use arch 'llama' or drop kv_heads"
+            )
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
             raise UserError(f"{where}: dropout must be in [0, 1), got {self.dropout!r}")
         if self.arch == "llama" and not self.mla and self.head_dim % 2:
@@ -251,8 +273,19 @@ class ModelSpec:
 
     def _check_extension_types(self, where: str) -> None:
         """Types of the MoE / MLA / head-width fields, before anything derives from them."""
-        for field in ("kv_channels", "experts", "top_k", "shared_experts", "expert_ffn_hidden", "dense_layers",
-                      "q_lora_rank", "kv_lora_rank", "rope_head_dim", "sliding_window", "full_attention_every"):
+        for field in (
+            "kv_channels",
+            "experts",
+            "top_k",
+            "shared_experts",
+            "expert_ffn_hidden",
+            "dense_layers",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "rope_head_dim",
+            "sliding_window",
+            "full_attention_every",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"{where}: {field} must be a non-negative integer, got {value!r}")
@@ -272,36 +305,55 @@ class ModelSpec:
         if self.arch != "llama" and extended:
             raise UserError(f"{where}: {', '.join(extended)} describe llama-family models; use arch 'llama'")
         if self.experts == 0:
-            moe_only = [f for f in ("top_k", "shared_experts", "expert_ffn_hidden", "dense_layers", "moe_every",
-                                    "router", "router_bias") if getattr(self, f) != EXTENDED_DEFAULTS[f]]
+            moe_only = [
+                f
+                for f in (
+                    "top_k",
+                    "shared_experts",
+                    "expert_ffn_hidden",
+                    "dense_layers",
+                    "moe_every",
+                    "router",
+                    "router_bias",
+                )
+                if getattr(self, f) != EXTENDED_DEFAULTS[f]
+            ]
             if moe_only:
-                raise UserError(f"{where}: {', '.join(moe_only)} apply to mixture-of-experts models only; "
-                                "set experts > 0")
+                raise UserError(
+                    f"{where}: {', '.join(moe_only)} apply to mixture-of-experts models only; set experts > 0"
+                )
         else:
             if self.top_k < 1:
                 raise UserError(f"{where}: a mixture-of-experts model needs top_k >= 1 (experts per token)")
             if self.top_k > self.experts:
                 raise UserError(f"{where}: top_k {self.top_k} exceeds experts {self.experts}")
             if self.dense_layers >= self.layers or self.moe_layers == 0:
-                raise UserError(f"{where}: dense_layers {self.dense_layers} and moe_every {self.moe_every} leave "
-                                f"no MoE layer among {self.layers}; lower them or set experts = 0")
+                raise UserError(
+                    f"{where}: dense_layers {self.dense_layers} and moe_every {self.moe_every} leave "
+                    f"no MoE layer among {self.layers}; lower them or set experts = 0"
+                )
         if self.full_attention_every and not self.sliding_window:
-            raise UserError(f"{where}: full_attention_every applies to sliding-window models only; "
-                            "set sliding_window > 0")
+            raise UserError(
+                f"{where}: full_attention_every applies to sliding-window models only; set sliding_window > 0"
+            )
         if self.mla:
             if self.rope_head_dim < 2 or self.rope_head_dim % 2:
-                raise UserError(f"{where}: multi-head latent attention needs an even rope_head_dim >= 2, "
-                                f"got {self.rope_head_dim}")
+                raise UserError(
+                    f"{where}: multi-head latent attention needs an even rope_head_dim >= 2, got {self.rope_head_dim}"
+                )
             if self.kv_heads != self.heads:
-                raise UserError(f"{where}: multi-head latent attention has no grouped keys; "
-                                f"kv_heads must equal heads ({self.heads})")
+                raise UserError(
+                    f"{where}: multi-head latent attention has no grouped keys; "
+                    f"kv_heads must equal heads ({self.heads})"
+                )
             if self.qk_norm:
                 raise UserError(f"{where}: qk_norm is not modelled together with multi-head latent attention")
             if self.linear_bias:
                 raise UserError(f"{where}: linear_bias is not modelled together with multi-head latent attention")
         elif self.q_lora_rank or self.rope_head_dim:
-            raise UserError(f"{where}: q_lora_rank and rope_head_dim belong to multi-head latent attention; "
-                            "set kv_lora_rank too")
+            raise UserError(
+                f"{where}: q_lora_rank and rope_head_dim belong to multi-head latent attention; set kv_lora_rank too"
+            )
 
     # ---- (de)serialisation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -318,10 +370,10 @@ class ModelSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise UserError(f"{source}: unknown model field(s) {', '.join(unknown)}; "
-                            f"known fields are {', '.join(sorted(known))}")
-        missing = [f for f in ("name", "arch", "layers", "hidden", "heads", "seq_len", "vocab")
-                   if f not in data]
+            raise UserError(
+                f"{source}: unknown model field(s) {', '.join(unknown)}; known fields are {', '.join(sorted(known))}"
+            )
+        missing = [f for f in ("name", "arch", "layers", "hidden", "heads", "seq_len", "vocab") if f not in data]
         if missing:
             raise UserError(f"{source}: missing model field(s) {', '.join(missing)}")
         try:
@@ -345,8 +397,9 @@ def _load_table_file(path: Path) -> dict[str, Any]:
         else:
             data = _toml_loads(text)
     except (ValueError, TypeError) as exc:
-        raise UserError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'TOML'}: "
-                        f"{str(exc).splitlines()[0]}") from None
+        raise UserError(
+            f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'TOML'}: {str(exc).splitlines()[0]}"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a table/object at the top level")
     return data
@@ -381,6 +434,8 @@ def get_model(name: str) -> ModelSpec:
     if name not in presets:
         close = [n for n in presets if name.lower() in n or n in name.lower()]
         hint = f" (did you mean {', '.join(close[:3])}?)" if close else ""
-        raise UserError(f"unknown model preset {name!r}{hint}; `exatrain models` lists them, "
-                        "or describe one with --model-file / --layers --hidden --heads ...")
+        raise UserError(
+            f"unknown model preset {name!r}{hint}; `exatrain models` lists them, "
+            "or describe one with --model-file / --layers --hidden --heads ..."
+        )
     return presets[name]

@@ -37,9 +37,15 @@ def measured_scaling() -> tuple[MeasuredScaling, ...]:
         rows = []
         for i, row in enumerate(_load_table_file(path).get("scaling", [])):
             try:
-                entry = MeasuredScaling(model=str(row["model"]), cluster=str(row["cluster"]), mode=str(row["mode"]),
-                                        gpus=int(row["gpus"]), efficiency=float(row["efficiency"]),
-                                        source=str(row["source"]), range_stated=bool(row.get("range_stated", True)))
+                entry = MeasuredScaling(
+                    model=str(row["model"]),
+                    cluster=str(row["cluster"]),
+                    mode=str(row["mode"]),
+                    gpus=int(row["gpus"]),
+                    efficiency=float(row["efficiency"]),
+                    source=str(row["source"]),
+                    range_stated=bool(row.get("range_stated", True)),
+                )
             except (KeyError, TypeError, ValueError) as exc:
                 raise UserError(f"{path.name}: scaling[{i}] is malformed ({exc})") from None
             if entry.mode not in MODES:
@@ -52,8 +58,9 @@ def measured_scaling() -> tuple[MeasuredScaling, ...]:
 def study_scaling(model: str, cluster: str, mode: str | None = None) -> tuple[MeasuredScaling, ...]:
     """The measurements for exactly this model and cluster (a preset with overridden fields, e.g.
     'gpt-175b*', is not the study's model), optionally of one mode, weak first."""
-    hits = [s for s in measured_scaling() if s.model == model and s.cluster == cluster
-            and (mode is None or s.mode == mode)]
+    hits = [
+        s for s in measured_scaling() if s.model == model and s.cluster == cluster and (mode is None or s.mode == mode)
+    ]
     return tuple(sorted(hits, key=lambda s: MODES.index(s.mode)))
 
 
@@ -82,8 +89,13 @@ def best_published_mfu() -> tuple[BestMfu, ...]:
         rows = []
         for i, row in enumerate(_load_table_file(path).get("mfu", [])):
             try:
-                entry = BestMfu(devices=tuple(str(d) for d in row["devices"]), precision=str(row["precision"]),
-                                mfu=float(row["mfu"]), run=str(row["run"]), source=str(row["source"]))
+                entry = BestMfu(
+                    devices=tuple(str(d) for d in row["devices"]),
+                    precision=str(row["precision"]),
+                    mfu=float(row["mfu"]),
+                    run=str(row["run"]),
+                    source=str(row["source"]),
+                )
             except (KeyError, TypeError, ValueError) as exc:
                 raise UserError(f"{path.name}: mfu[{i}] is malformed ({exc})") from None
             if entry.precision not in PRECISIONS or not 0 < entry.mfu < 1:

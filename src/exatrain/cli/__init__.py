@@ -22,16 +22,20 @@ COMMAND_MODULES = ("catalog", "train", "data", "planner", "launch", "tune", "rep
 def _warning_line(command: str):
     """``warnings.showwarning`` that prints an API's ExatrainWarning as one line on stderr (others as Python does)."""
     shown, line = warnings.showwarning, warn_line(command)
-    return lambda message, category, *a, **kw: (line(message) if issubclass(category, ExatrainWarning)
-                                                 else shown(message, category, *a, **kw))
+    return lambda message, category, *a, **kw: (
+        line(message) if issubclass(category, ExatrainWarning) else shown(message, category, *a, **kw)
+    )
 
 
 def build_parser() -> Parser:
     from exatrain import __version__
 
-    parser = Parser(prog="exatrain", description="Plan, predict and run 3D-parallel training of GPT-style "
-                    "language models.", epilog="example: exatrain estimate --model gpt-175b --cluster frontier "
-                    "--gpus 128 --tp 4 --pp 16 --global-batch 640 --zero 1 --recompute full")
+    parser = Parser(
+        prog="exatrain",
+        description="Plan, predict and run 3D-parallel training of GPT-style language models.",
+        epilog="example: exatrain estimate --model gpt-175b --cluster frontier "
+        "--gpus 128 --tp 4 --pp 16 --global-batch 640 --zero 1 --recompute full",
+    )
     parser.add_argument("--version", action="version", version=f"exatrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMAND_MODULES:
@@ -74,4 +78,3 @@ def _error(line: str) -> None:
         sys.stderr.flush()
     except OSError:
         pass
-

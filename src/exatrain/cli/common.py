@@ -37,7 +37,7 @@ class Parser(argparse.ArgumentParser):
         for i in range(len(args) - 2, -1, -1):
             action = self._option_string_actions.get(args[i])
             if action is not None and action.nargs is None and _NEGATIVE.match(args[i + 1]):
-                args[i:i + 2] = [f"{args[i]}={args[i + 1]}"]
+                args[i : i + 2] = [f"{args[i]}={args[i + 1]}"]
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -47,6 +47,7 @@ class Parser(argparse.ArgumentParser):
 
 def _number(kind: str, cast: Callable[[str], Any], ok: Callable[[Any], bool]) -> Callable[[str], Any]:
     """A flag's parser: ``cast`` of the text where ``ok`` holds, else one line ("expected a {kind}")."""
+
     def parse(text: str) -> Any:
         try:
             value = cast(text)
@@ -57,6 +58,7 @@ def _number(kind: str, cast: Callable[[str], Any], ok: Callable[[Any], bool]) ->
         if cast is int and value > MAX_COUNT:  # exatrain.limits: beyond it the planner's int64 arithmetic overflows
             raise argparse.ArgumentTypeError(f"expected a {kind} of at most {MAX_COUNT:,}, got {text!r}")
         return value
+
     return parse
 
 
@@ -79,8 +81,9 @@ def int_list(text: str) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or any(v <= 0 or v > MAX_COUNT for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers of at most {MAX_COUNT:,}, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers of at most {MAX_COUNT:,}, got {text!r}"
+        )
     return values
 
 
@@ -108,19 +111,28 @@ def call(fn: Callable, args: argparse.Namespace, **extra: Any) -> Any:
 
 def add_model_args(p: argparse.ArgumentParser, default_model: str | None = None) -> None:
     g = p.add_argument_group("model (a preset, a file, or flags; flags override)")
-    g.add_argument("--model", metavar="NAME", help="preset name (`exatrain models` lists them)"
-                   + (f"; default {default_model}" if default_model else ""))
+    g.add_argument(
+        "--model",
+        metavar="NAME",
+        help="preset name (`exatrain models` lists them)" + (f"; default {default_model}" if default_model else ""),
+    )
     g.add_argument("--model-file", metavar="PATH", help="TOML/JSON file of model fields")
     g.add_argument("--arch", choices=("gpt", "llama"), help="architecture family")
     for flag in ("--layers", "--hidden", "--heads", "--kv-heads", "--ffn-hidden", "--seq-len", "--vocab"):
-        g.add_argument(flag, type=positive_int, help={"--kv-heads": "key/value heads (GQA, llama only)",
-                                                      "--ffn-hidden": "MLP width"}.get(flag))
+        g.add_argument(
+            flag,
+            type=positive_int,
+            help={"--kv-heads": "key/value heads (GQA, llama only)", "--ffn-hidden": "MLP width"}.get(flag),
+        )
 
 
 def add_cluster_args(p: argparse.ArgumentParser, default_cluster: str | None, gpus: bool = True) -> None:
     g = p.add_argument_group("cluster")
-    g.add_argument("--cluster", metavar="NAME", help="catalog cluster (`exatrain hardware`)"
-                   + (f"; default {default_cluster}" if default_cluster else ""))
+    g.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="catalog cluster (`exatrain hardware`)" + (f"; default {default_cluster}" if default_cluster else ""),
+    )
     g.add_argument("--cluster-file", metavar="PATH", help="TOML/JSON cluster description")
     if gpus:
         g.add_argument("--gpus", type=positive_int, help="number of devices (ranks)")
@@ -137,8 +149,12 @@ LAYOUT_FLAGS = (  # the defaults named here are make_plan's (exatrain.api.plans)
     ("--recompute", None, RECOMPUTE, "activation recomputation (default none)"),
     ("--sequence-parallel", _BOOL, None, "shard norms/dropout activations over the tp group (default off)"),
     ("--schedule", None, SCHEDULES, "pipeline schedule (default 1f1b)"),
-    ("--interleave", positive_int, None, "virtual stages per rank (default 2 for interleaved, zero_bubble, zbv,"
-     " dualpipev; else 1)"),
+    (
+        "--interleave",
+        positive_int,
+        None,
+        "virtual stages per rank (default 2 for interleaved, zero_bubble, zbv, dualpipev; else 1)",
+    ),
     ("--stage-layers", int_list, None, "layers per virtual stage, e.g. 3,5,5,3 (default: balanced)"),
     ("--dtype", None, DTYPES, "training precision (default bfloat16; train on the CPU: float32)"),
     ("--flash-attention", _BOOL, None, "fused attention that stores no s*s scores (default on)"),
@@ -146,14 +162,29 @@ LAYOUT_FLAGS = (  # the defaults named here are make_plan's (exatrain.api.plans)
 
 
 EXTENSION_FLAGS = (  # the expert- and context-parallel degrees (the planner's commands and train)
-    ("--ep", positive_int, None, "expert-parallel degree of a mixture-of-experts model, inside dp (default 1; "
-     "search: explored)"),
-    ("--cp", positive_int, None, "context-parallel degree, adds ranks: gpus = tp*cp*pp*dp, seq_len divisible by "
-     "2*cp (default 1; search: explored from 8k-token sequences)"),
+    (
+        "--ep",
+        positive_int,
+        None,
+        "expert-parallel degree of a mixture-of-experts model, inside dp (default 1; search: explored)",
+    ),
+    (
+        "--cp",
+        positive_int,
+        None,
+        "context-parallel degree, adds ranks: gpus = tp*cp*pp*dp, seq_len divisible by "
+        "2*cp (default 1; search: explored from 8k-token sequences)",
+    ),
 )
 # The run settings' flags come from their registry (settings.SETTINGS: flag, choices, help), read as each says
-_PARSE = {"choice": None, "switch": _BOOL, "number": nonneg_float, "count": positive_int,
-          "count_or_auto": positive_int_or_auto, "list": None}
+_PARSE = {
+    "choice": None,
+    "switch": _BOOL,
+    "number": nonneg_float,
+    "count": positive_int,
+    "count_or_auto": positive_int_or_auto,
+    "list": None,
+}
 _METAVARS = {s.flag: s.metavar for s in FLAG_SETTINGS if s.metavar}  # a setting's own word for its value
 
 
@@ -161,8 +192,11 @@ def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False, settin
     """The layout flags; ``extensions``: also ep and cp (EXTENSION_FLAGS) and the run settings' flags (settings.
     FLAG_SETTINGS: all of them, the planner's commands, or those named in ``settings``)."""
     g = p.add_argument_group("layout (not given: the plan's, else the default shown)")
-    runs = tuple((s.flag, _PARSE[s.arg], s.choices if s.arg == "choice" else None, s.help) for s in FLAG_SETTINGS
-                 if not settings or s.name in settings)
+    runs = tuple(
+        (s.flag, _PARSE[s.arg], s.choices if s.arg == "choice" else None, s.help)
+        for s in FLAG_SETTINGS
+        if not settings or s.name in settings
+    )
     more = (*EXTENSION_FLAGS, *runs) if extensions else ()
     for name, kind, choices, help in LAYOUT_FLAGS + more:
         kw: dict[str, Any] = {"action": kind} if kind is _BOOL else {"type": kind, "choices": choices}
@@ -172,18 +206,26 @@ def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False, settin
 
 def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> None:
     """--runtime, for ``fn``'s keyword ``runtime`` (checked by the API: an unknown name is one line)."""
-    flag(p, fn, "--runtime", BY_NAME["runtime"].help + (f"; {why}" if why else ""),
-         metavar=BY_NAME["runtime"].metavar)
+    flag(p, fn, "--runtime", BY_NAME["runtime"].help + (f"; {why}" if why else ""), metavar=BY_NAME["runtime"].metavar)
     if "overlap" in inspect.signature(fn).parameters:
-        flag(p, fn, "--overlap", "which of the runtime's overlaps of communication with compute are on: all (its "
-             "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
-             "dp_param_gather, pp_p2p, ep_a2a; not given: the engine's defaults, said in the notes, with the band's "
-             "low end reaching every overlap on", metavar="WHICH")
+        flag(
+            p,
+            fn,
+            "--overlap",
+            "which of the runtime's overlaps of communication with compute are on: all (its "
+            "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
+            "dp_param_gather, pp_p2p, ep_a2a; not given: the engine's defaults, said in the notes, with the band's "
+            "low end reaching every overlap on",
+            metavar="WHICH",
+        )
 
 
 def add_progress_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--progress", action="store_true",
-                   help="show progress on stderr even when it is not a terminal (a terminal always gets it)")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal (a terminal always gets it)",
+    )
 
 
 def progress(args: argparse.Namespace, title: str, always: bool = False):

@@ -44,32 +44,190 @@ class SplitMix64:
         return items[self.below(len(items))]
 
 
-NOUNS = ("river", "mountain", "village", "engine", "garden", "library", "harbor", "bridge", "forest", "market",
-         "tower", "valley", "station", "window", "lantern", "ship", "road", "field", "workshop", "school",
-         "orchard", "island", "castle", "mill", "bakery", "clock", "letter", "map", "storm", "cloud", "teacher",
-         "farmer", "sailor", "painter", "doctor", "child", "traveler", "merchant", "musician", "builder",
-         "machine", "signal", "network", "server", "pipeline", "stage", "layer", "model", "batch", "gradient")
-ADJECTIVES = ("quiet", "bright", "old", "narrow", "broad", "small", "large", "green", "silver", "warm", "cold",
-              "careful", "patient", "busy", "distant", "hidden", "steady", "gentle", "heavy", "simple", "early",
-              "late", "empty", "crowded", "northern", "southern", "wooden", "stone", "golden", "tired")
-VERBS = ("watched", "followed", "crossed", "built", "carried", "opened", "painted", "measured", "repaired",
-         "visited", "described", "found", "counted", "cleaned", "moved", "lifted", "checked", "signed", "sent",
-         "drew", "answered", "trained", "planned", "reached", "joined")
+NOUNS = (
+    "river",
+    "mountain",
+    "village",
+    "engine",
+    "garden",
+    "library",
+    "harbor",
+    "bridge",
+    "forest",
+    "market",
+    "tower",
+    "valley",
+    "station",
+    "window",
+    "lantern",
+    "ship",
+    "road",
+    "field",
+    "workshop",
+    "school",
+    "orchard",
+    "island",
+    "castle",
+    "mill",
+    "bakery",
+    "clock",
+    "letter",
+    "map",
+    "storm",
+    "cloud",
+    "teacher",
+    "farmer",
+    "sailor",
+    "painter",
+    "doctor",
+    "child",
+    "traveler",
+    "merchant",
+    "musician",
+    "builder",
+    "machine",
+    "signal",
+    "network",
+    "server",
+    "pipeline",
+    "stage",
+    "layer",
+    "model",
+    "batch",
+    "gradient",
+)
+ADJECTIVES = (
+    "quiet",
+    "bright",
+    "old",
+    "narrow",
+    "broad",
+    "small",
+    "large",
+    "green",
+    "silver",
+    "warm",
+    "cold",
+    "careful",
+    "patient",
+    "busy",
+    "distant",
+    "hidden",
+    "steady",
+    "gentle",
+    "heavy",
+    "simple",
+    "early",
+    "late",
+    "empty",
+    "crowded",
+    "northern",
+    "southern",
+    "wooden",
+    "stone",
+    "golden",
+    "tired",
+)
+VERBS = (
+    "watched",
+    "followed",
+    "crossed",
+    "built",
+    "carried",
+    "opened",
+    "painted",
+    "measured",
+    "repaired",
+    "visited",
+    "described",
+    "found",
+    "counted",
+    "cleaned",
+    "moved",
+    "lifted",
+    "checked",
+    "signed",
+    "sent",
+    "drew",
+    "answered",
+    "trained",
+    "planned",
+    "reached",
+    "joined",
+)
 PREPOSITIONS = ("near", "behind", "above", "below", "beside", "across", "inside", "around", "toward", "beyond")
-TIMES = ("in the morning", "at noon", "before dawn", "after the rain", "every spring", "late at night",
-         "on the first day", "during the winter", "once a week", "at the end of the year")
+TIMES = (
+    "in the morning",
+    "at noon",
+    "before dawn",
+    "after the rain",
+    "every spring",
+    "late at night",
+    "on the first day",
+    "during the winter",
+    "once a week",
+    "at the end of the year",
+)
 ADVERBS = ("slowly", "quickly", "carefully", "quietly", "again", "together", "at last", "once more", "gladly")
-FIRST_NAMES = ("Ada", "Boris", "Chen", "Dara", "Emil", "Fatima", "Goran", "Hana", "Ivo", "Jun", "Kira", "Luca", "Mira",
-         "Nils", "Olga", "Pavel", "Rosa", "Sami", "Tara", "Uma", "Vera", "Wim", "Yara", "Zeno")
+FIRST_NAMES = (
+    "Ada",
+    "Boris",
+    "Chen",
+    "Dara",
+    "Emil",
+    "Fatima",
+    "Goran",
+    "Hana",
+    "Ivo",
+    "Jun",
+    "Kira",
+    "Luca",
+    "Mira",
+    "Nils",
+    "Olga",
+    "Pavel",
+    "Rosa",
+    "Sami",
+    "Tara",
+    "Uma",
+    "Vera",
+    "Wim",
+    "Yara",
+    "Zeno",
+)
 CITIES = ("Lyon", "Oslo", "Kyoto", "Quito", "Perth", "Cork", "Turin", "Tartu", "Bergen", "Leeds", "Graz", "Split")
 COLORS = ("red", "blue", "green", "yellow", "white", "black", "gray", "orange")
 CONNECTIVES = ("Then", "Later", "Meanwhile", "Afterwards", "Still", "Soon", "By evening", "In the end")
-VARIABLES = (("value", "values"), ("count", "counts"), ("item", "items"), ("width", "widths"),
-             ("height", "heights"), ("step", "steps"), ("size", "sizes"), ("index", "indices"), ("score", "scores"),
-             ("weight", "weights"), ("limit", "limits"), ("offset", "offsets"), ("rate", "rates"))
+VARIABLES = (
+    ("value", "values"),
+    ("count", "counts"),
+    ("item", "items"),
+    ("width", "widths"),
+    ("height", "heights"),
+    ("step", "steps"),
+    ("size", "sizes"),
+    ("index", "indices"),
+    ("score", "scores"),
+    ("weight", "weights"),
+    ("limit", "limits"),
+    ("offset", "offsets"),
+    ("rate", "rates"),
+)
 ACCUMULATORS = ("total", "result", "acc", "best", "mean", "out")
-FUNCTIONS = ("scale", "clip", "average", "count", "merge", "split", "shift", "measure", "normalize", "collect",
-             "filter", "pack")
+FUNCTIONS = (
+    "scale",
+    "clip",
+    "average",
+    "count",
+    "merge",
+    "split",
+    "shift",
+    "measure",
+    "normalize",
+    "collect",
+    "filter",
+    "pack",
+)
 OPERATORS = ("+", "-", "*")
 
 
@@ -110,15 +268,19 @@ def _code(r: SplitMix64) -> str:
         (var, arg), acc = r.pick(VARIABLES), r.pick(ACCUMULATORS)
         k = 1 + r.below(9)
         op = r.pick(OPERATORS)
-        lines = [f"def {fn}_{noun}({arg}, factor={k}):",
-                 f'    """{fn.title()} every {noun} {r.pick(PREPOSITIONS)} the {r.pick(NOUNS)}."""',
-                 f"    {acc} = {r.below(3)}",
-                 f"    for {var} in {arg}:"]
+        lines = [
+            f"def {fn}_{noun}({arg}, factor={k}):",
+            f'    """{fn.title()} every {noun} {r.pick(PREPOSITIONS)} the {r.pick(NOUNS)}."""',
+            f"    {acc} = {r.below(3)}",
+            f"    for {var} in {arg}:",
+        ]
         if r.below(2):
-            lines += [f"        if {var} > {r.below(100)}:",
-                      f"            {acc} = {acc} {op} {var} * factor",
-                      "        else:",
-                      f"            {acc} = {acc} {r.pick(OPERATORS)} {var}"]
+            lines += [
+                f"        if {var} > {r.below(100)}:",
+                f"            {acc} = {acc} {op} {var} * factor",
+                "        else:",
+                f"            {acc} = {acc} {r.pick(OPERATORS)} {var}",
+            ]
         else:
             lines.append(f"        {acc} {op}= {var} * factor")
         lines.append(f"    return {acc}")

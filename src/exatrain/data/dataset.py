@@ -64,8 +64,10 @@ def _field(d: dict, key: str, kind: type, source: str, where: str = "") -> Any:
         raise UserError(f"{source}: malformed dataset description (no {label!r})")
     value = d[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise UserError(f"{source}: malformed dataset description ({label!r} is {type(value).__name__} "
-                        f"{str(value)[:40]!r}, not {kind.__name__})")
+        raise UserError(
+            f"{source}: malformed dataset description ({label!r} is {type(value).__name__} "
+            f"{str(value)[:40]!r}, not {kind.__name__})"
+        )
     if kind is int and value < 0:
         raise UserError(f"{source}: malformed dataset description ({label!r} is negative)")
     return value
@@ -92,13 +94,27 @@ class DatasetMeta:
         return sum(s.tokens for s in self.shards)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": DATASET_FORMAT, "version": VERSION, "dtype": self.dtype, "vocab_size": self.vocab_size,
-                "separator": self.separator, "separator_id": self.separator_id,
-                "tokenizer": {"file": TOKENIZER, "sha256": self.tokenizer_sha256},
-                "documents": self.documents, "tokens": self.tokens,
-                "shards": [{"file": s.file, "tokens": s.tokens, "sha256": s.sha256,
-                            **({} if s.max_id is None else {"max_id": s.max_id})} for s in self.shards],
-                "sources": self.sources}
+        return {
+            "format": DATASET_FORMAT,
+            "version": VERSION,
+            "dtype": self.dtype,
+            "vocab_size": self.vocab_size,
+            "separator": self.separator,
+            "separator_id": self.separator_id,
+            "tokenizer": {"file": TOKENIZER, "sha256": self.tokenizer_sha256},
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "shards": [
+                {
+                    "file": s.file,
+                    "tokens": s.tokens,
+                    "sha256": s.sha256,
+                    **({} if s.max_id is None else {"max_id": s.max_id}),
+                }
+                for s in self.shards
+            ],
+            "sources": self.sources,
+        }
 
     @classmethod
     def from_dict(cls, d: Any, source: str) -> "DatasetMeta":
@@ -114,22 +130,35 @@ class DatasetMeta:
                 raise UserError(f"{source}: malformed dataset description (shards[{i}] is not an object)")
             at = f"shards[{i}]."
             max_id = _field(s, "max_id", int, source, at) if "max_id" in s else None
-            shards.append(Shard(_field(s, "file", str, source, at), _field(s, "tokens", int, source, at),
-                                _field(s, "sha256", str, source, at), max_id))
+            shards.append(
+                Shard(
+                    _field(s, "file", str, source, at),
+                    _field(s, "tokens", int, source, at),
+                    _field(s, "sha256", str, source, at),
+                    max_id,
+                )
+            )
         sources = d.get("sources") or {}
         if not isinstance(sources, dict):
             raise UserError(f"{source}: malformed dataset description ('sources' is not an object)")
-        meta = cls(dtype=_field(d, "dtype", str, source), vocab_size=_field(d, "vocab_size", int, source),
-                   separator=_field(d, "separator", str, source), separator_id=_field(d, "separator_id", int, source),
-                   tokenizer_sha256=_field(tokenizer, "sha256", str, source, "tokenizer."),
-                   documents=_field(d, "documents", int, source), shards=tuple(shards), sources=dict(sources))
+        meta = cls(
+            dtype=_field(d, "dtype", str, source),
+            vocab_size=_field(d, "vocab_size", int, source),
+            separator=_field(d, "separator", str, source),
+            separator_id=_field(d, "separator_id", int, source),
+            tokenizer_sha256=_field(tokenizer, "sha256", str, source, "tokenizer."),
+            documents=_field(d, "documents", int, source),
+            shards=tuple(shards),
+            sources=dict(sources),
+        )
         if meta.dtype not in ("uint16", "uint32"):
             raise UserError(f"{source}: token dtype {meta.dtype!r} is not uint16 or uint32")
         if not 0 < meta.vocab_size <= 2 ** (8 * np.dtype(meta.dtype).itemsize):
             raise UserError(f"{source}: vocab_size {meta.vocab_size} does not fit token dtype {meta.dtype}")
         if meta.separator_id >= meta.vocab_size:
-            raise UserError(f"{source}: separator id {meta.separator_id} is beyond the vocabulary "
-                            f"({meta.vocab_size} ids)")
+            raise UserError(
+                f"{source}: separator id {meta.separator_id} is beyond the vocabulary ({meta.vocab_size} ids)"
+            )
         bad = next((s.file for s in meta.shards if not plain_name(s.file)), None)
         if bad is not None:
             raise UserError(f"{source}: shard name {bad!r} is not a plain file name in the dataset directory")
@@ -137,8 +166,10 @@ class DatasetMeta:
             raise UserError(f"{source}: a shard is listed twice")
         for s in meta.shards:
             if s.max_id is not None and s.max_id >= meta.vocab_size:
-                raise UserError(f"{source}: shard {s.file} holds token id {s.max_id}, beyond the tokenizer's "
-                                f"{meta.vocab_size} ids; prepare the data again")
+                raise UserError(
+                    f"{source}: shard {s.file} holds token id {s.max_id}, beyond the tokenizer's "
+                    f"{meta.vocab_size} ids; prepare the data again"
+                )
         return meta
 
 
@@ -163,8 +194,12 @@ def read_meta(data_dir: str | Path) -> DatasetMeta:
     tok = root / TOKENIZER
     if not tok.is_file():
         raise UserError(f"{root}: {TOKENIZER} is missing")
-    _check_sha256(tok, meta.tokenizer_sha256, "cannot read",
-                  f"its sha256 is not the one {META} records (the tokenizer changed since the shards were made)")
+    _check_sha256(
+        tok,
+        meta.tokenizer_sha256,
+        "cannot read",
+        f"its sha256 is not the one {META} records (the tokenizer changed since the shards were made)",
+    )
     if not meta.shards or meta.tokens < 2:
         raise UserError(f"{root}: the dataset holds no tokens")
     itemsize = np.dtype(meta.dtype).itemsize
@@ -173,8 +208,10 @@ def read_meta(data_dir: str | Path) -> DatasetMeta:
         if not f.is_file():
             raise UserError(f"{f}: shard missing")
         if f.stat().st_size != s.tokens * itemsize:
-            raise UserError(f"{f}: shard is {f.stat().st_size} bytes but {META} says {s.tokens} tokens "
-                            f"({s.tokens * itemsize} bytes): truncated or overwritten")
+            raise UserError(
+                f"{f}: shard is {f.stat().st_size} bytes but {META} says {s.tokens} tokens "
+                f"({s.tokens * itemsize} bytes): truncated or overwritten"
+            )
     return meta
 
 
@@ -190,8 +227,10 @@ def shard_max_ids(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
 def check_vocab(vocab_size: int, vocab: int, model_name: str, where: str = "the training data") -> None:
     """Every token id the data's tokenizer can produce must have an embedding row."""
     if vocab < vocab_size:
-        raise UserError(f"{model_name} has vocab {vocab} but {where} needs {vocab_size} token ids "
-                        f"(its tokenizer's vocabulary); use --vocab {vocab_size} or more")
+        raise UserError(
+            f"{model_name} has vocab {vocab} but {where} needs {vocab_size} token ids "
+            f"(its tokenizer's vocabulary); use --vocab {vocab_size} or more"
+        )
 
 
 def check_dataset_for(plan: Any, data_dir: str | Path, where: str | None = None) -> DatasetMeta:
@@ -209,13 +248,17 @@ def check_dataset_for(plan: Any, data_dir: str | Path, where: str | None = None)
     check_vocab(meta.vocab_size, model.vocab, model.name, where=where or f"the training data ({root})")
     window = model.seq_len + 1
     if meta.tokens < window:
-        raise UserError(f"{root}: the dataset holds {meta.tokens} tokens, fewer than one sample of {model.name} "
-                        f"(seq_len {model.seq_len} + 1 = {window} tokens); prepare more text into it or "
-                        f"train with a shorter --seq-len")
+        raise UserError(
+            f"{root}: the dataset holds {meta.tokens} tokens, fewer than one sample of {model.name} "
+            f"(seq_len {model.seq_len} + 1 = {window} tokens); prepare more text into it or "
+            f"train with a shorter --seq-len"
+        )
     for s, top in zip(meta.shards, shard_max_ids(root, meta)):
         if top >= meta.vocab_size:
-            raise UserError(f"{root / s.file}: holds token id {top}, beyond its tokenizer's {meta.vocab_size} "
-                            f"ids: the shard is corrupted or not made by {TOKENIZER}; prepare the data again")
+            raise UserError(
+                f"{root / s.file}: holds token id {top}, beyond its tokenizer's {meta.vocab_size} "
+                f"ids: the shard is corrupted or not made by {TOKENIZER}; prepare the data again"
+            )
     check_shards(root, meta)
     return meta
 
@@ -236,9 +279,13 @@ def check_shards(data_dir: str | Path, meta: DatasetMeta, *, recheck: bool = Fal
             raise UserError(f"{path}: cannot read the shard ({exc.strerror or exc})") from None
         entry = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": s.sha256}
         if known.get(s.file) != entry:
-            _check_sha256(path, s.sha256, "cannot read the shard",
-                          f"shard is corrupted (its sha256 differs from the one {META} records: its bytes changed "
-                          "since `exatrain prepare`); prepare the data again")
+            _check_sha256(
+                path,
+                s.sha256,
+                "cannot read the shard",
+                f"shard is corrupted (its sha256 differs from the one {META} records: its bytes changed "
+                "since `exatrain prepare`); prepare the data again",
+            )
         checked[s.file] = entry
     if checked != known:
         _write_verified(root, checked)
@@ -306,5 +353,20 @@ def open_shards(data_dir: str | Path, meta: DatasetMeta) -> list[np.ndarray]:
     return out
 
 
-__all__ = ["DatasetMeta", "META", "Shard", "TOKENIZER", "VERIFIED", "check_dataset_for", "check_shards", "check_vocab",
-           "open_shards", "plain_name", "read_meta", "sha256_file", "shard_max_ids", "token_dtype", "verify"]
+__all__ = [
+    "DatasetMeta",
+    "META",
+    "Shard",
+    "TOKENIZER",
+    "VERIFIED",
+    "check_dataset_for",
+    "check_shards",
+    "check_vocab",
+    "open_shards",
+    "plain_name",
+    "read_meta",
+    "sha256_file",
+    "shard_max_ids",
+    "token_dtype",
+    "verify",
+]

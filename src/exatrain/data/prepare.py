@@ -77,8 +77,9 @@ def stdlib_documents(root: Path | None = None) -> list[Document]:
                 found.append(Document(path.relative_to(root).as_posix(), path))
     found.sort(key=lambda d: d.name)
     if not found:
-        raise UserError(f"no Python sources under {root}: the default training data is the standard library's "
-                        ".py files")
+        raise UserError(
+            f"no Python sources under {root}: the default training data is the standard library's .py files"
+        )
     return found
 
 
@@ -146,8 +147,10 @@ def check_text(docs: Sequence[Document], probe: int = 8192) -> None:
         except OSError as exc:
             raise UserError(f"{d.name}: cannot read ({exc.strerror or exc})") from None
         if b"\0" in head:
-            raise UserError(f"{d.name} is a binary file, not text (a NUL byte in its first {probe:,} bytes); give "
-                            "--input text files")
+            raise UserError(
+                f"{d.name} is a binary file, not text (a NUL byte in its first {probe:,} bytes); give "
+                "--input text files"
+            )
 
 
 @contextmanager
@@ -161,16 +164,29 @@ def _progress(total_bytes: int, quiet: bool, what: str) -> Iterator:
     from rich.console import Console
 
     # on stderr: the command's stdout carries its result line, which a pipe or a file should get alone
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                  transient=False, console=Console(stderr=True)) as bar:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+        console=Console(stderr=True),
+    ) as bar:
         task = bar.add_task(what, total=total_bytes)
         yield lambda n: bar.advance(task, n)
 
 
-def prepare(docs: list[Document], out: str | Path, *, tokenizer_json: str | None = None,
-            train_vocab: int | None = None, separator: str = tk.SEPARATOR,
-            shard_tokens: int = DEFAULT_SHARD_TOKENS, quiet: bool = False,
-            sources: dict | None = None) -> DatasetMeta:
+def prepare(
+    docs: list[Document],
+    out: str | Path,
+    *,
+    tokenizer_json: str | None = None,
+    train_vocab: int | None = None,
+    separator: str = tk.SEPARATOR,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    quiet: bool = False,
+    sources: dict | None = None,
+) -> DatasetMeta:
     """Tokenize ``docs`` with ``tokenizer_json`` (or a BPE of ``train_vocab`` ids trained on them) into ``out``."""
     out = Path(out)
     if (out / META).exists():
@@ -206,15 +222,22 @@ def prepare(docs: list[Document], out: str | Path, *, tokenizer_json: str | None
         with _progress(total_bytes, quiet, f"tokenizing {len(docs)} files") as advance:
             batch = 64
             for i in range(0, len(docs), batch):
-                chunk = docs[i:i + batch]
+                chunk = docs[i : i + batch]
                 texts = [read_text(d) for d in chunk]
                 for ids in tk.encode_documents(tokenizer, texts, byte_identity):
                     writer.write(ids)
                     writer.write(sep_arr)
                 advance(sum(d.size for d in chunk))
-        meta = DatasetMeta(dtype=token_dtype(vocab), vocab_size=vocab, separator=separator, separator_id=sep,
-                           tokenizer_sha256=tk.identity(tokenizer_json), documents=len(docs),
-                           shards=writer.close(), sources={"files": len(docs), **(sources or {})})
+        meta = DatasetMeta(
+            dtype=token_dtype(vocab),
+            vocab_size=vocab,
+            separator=separator,
+            separator_id=sep,
+            tokenizer_sha256=tk.identity(tokenizer_json),
+            documents=len(docs),
+            shards=writer.close(),
+            sources={"files": len(docs), **(sources or {})},
+        )
         write_json_atomic(tmp / META, meta.to_dict())
         umask = os.umask(0)
         os.umask(umask)
@@ -228,13 +251,20 @@ def prepare(docs: list[Document], out: str | Path, *, tokenizer_json: str | None
     return meta
 
 
-def prepare_stdlib(out: str | Path, *, shard_tokens: int = DEFAULT_SHARD_TOKENS, quiet: bool = False,
-                   root: Path | None = None) -> DatasetMeta:
+def prepare_stdlib(
+    out: str | Path, *, shard_tokens: int = DEFAULT_SHARD_TOKENS, quiet: bool = False, root: Path | None = None
+) -> DatasetMeta:
     """The default corpus: the standard library's .py files with the byte tokenizer."""
     root = root or stdlib_root()
-    return prepare(stdlib_documents(root), out, tokenizer_json=tk.byte_tokenizer_json(),
-                   separator=tk.byte_separator(), shard_tokens=shard_tokens,
-                   quiet=quiet, sources={"corpus": "python-stdlib", "python": sys.version.split()[0]})
+    return prepare(
+        stdlib_documents(root),
+        out,
+        tokenizer_json=tk.byte_tokenizer_json(),
+        separator=tk.byte_separator(),
+        shard_tokens=shard_tokens,
+        quiet=quiet,
+        sources={"corpus": "python-stdlib", "python": sys.version.split()[0]},
+    )
 
 
 def cache_root() -> Path:
@@ -256,9 +286,15 @@ def prepare_builtin(out: str | Path, *, shard_tokens: int = DEFAULT_SHARD_TOKENS
     """The built-in corpus with the byte tokenizer: the data ``exatrain train`` uses without --data."""
     from exatrain.data import corpus
 
-    return prepare(builtin_documents(), out, tokenizer_json=tk.byte_tokenizer_json(), separator=tk.byte_separator(),
-                   shard_tokens=shard_tokens, quiet=quiet,
-                   sources={"corpus": "exatrain-builtin", "sha256": corpus.SHA256})
+    return prepare(
+        builtin_documents(),
+        out,
+        tokenizer_json=tk.byte_tokenizer_json(),
+        separator=tk.byte_separator(),
+        shard_tokens=shard_tokens,
+        quiet=quiet,
+        sources={"corpus": "exatrain-builtin", "sha256": corpus.SHA256},
+    )
 
 
 def default_dataset(quiet: bool = True) -> Path:
@@ -291,5 +327,16 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "Document", "builtin_documents", "cache_root", "default_dataset", "find_documents",
-           "prepare", "prepare_builtin", "prepare_stdlib", "stdlib_documents", "stdlib_root"]
+__all__ = [
+    "DEFAULT_SHARD_TOKENS",
+    "Document",
+    "builtin_documents",
+    "cache_root",
+    "default_dataset",
+    "find_documents",
+    "prepare",
+    "prepare_builtin",
+    "prepare_stdlib",
+    "stdlib_documents",
+    "stdlib_root",
+]

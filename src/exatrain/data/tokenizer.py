@@ -70,11 +70,14 @@ MAX_TRAIN_VOCAB = 1 << 20
 def check_train_vocab(vocab_size: int) -> None:
     """A vocabulary size ``train_bpe`` can honour: 256 byte symbols + the separator, at most MAX_TRAIN_VOCAB."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
-        raise UserError(f"--train-tokenizer needs a vocabulary of at least 257 (256 bytes + the separator), "
-                        f"got {vocab_size}")
+        raise UserError(
+            f"--train-tokenizer needs a vocabulary of at least 257 (256 bytes + the separator), got {vocab_size}"
+        )
     if vocab_size > MAX_TRAIN_VOCAB:
-        raise UserError(f"--train-tokenizer {vocab_size:,} is beyond the {MAX_TRAIN_VOCAB:,} ids this trainer "
-                        f"accepts (vocabularies in use go up to about 256k ids)")
+        raise UserError(
+            f"--train-tokenizer {vocab_size:,} is beyond the {MAX_TRAIN_VOCAB:,} ids this trainer "
+            f"accepts (vocabularies in use go up to about 256k ids)"
+        )
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, quiet: bool = True) -> str:
@@ -88,8 +91,12 @@ def train_bpe(texts: Iterable[str], vocab_size: int, quiet: bool = True) -> str:
     # tokenizers' progress display writes blank lines to stdout: shown only where stdout is a terminal, so that a
     # piped command's stdout holds its result alone
     show = not quiet and sys.stdout.isatty()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[SEPARATOR], show_progress=show,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[SEPARATOR],
+        show_progress=show,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok.to_str()
 
@@ -139,6 +146,18 @@ def encode_documents(tokenizer, texts: list[str], byte_identity: bool) -> Iterat
         yield np.asarray(enc.ids, dtype=np.int64)
 
 
-__all__ = ["MAX_TRAIN_VOCAB", "SEPARATOR", "byte_separator", "byte_tokenizer_identity", "byte_tokenizer_json",
-           "bytes_to_unicode", "check_train_vocab", "encode_documents", "identity", "load", "separator_id", "train_bpe",
-           "vocab_size"]
+__all__ = [
+    "MAX_TRAIN_VOCAB",
+    "SEPARATOR",
+    "byte_separator",
+    "byte_tokenizer_identity",
+    "byte_tokenizer_json",
+    "bytes_to_unicode",
+    "check_train_vocab",
+    "encode_documents",
+    "identity",
+    "load",
+    "separator_id",
+    "train_bpe",
+    "vocab_size",
+]

@@ -53,10 +53,12 @@ class Export:
 def summary(plan: Plan) -> str:
     virt = f" (x{plan.interleave} virtual stages per rank)" if plan.interleave > 1 else ""
     extra = "".join(f", {k} {n}" for k, n in (("cp", plan.cp), ("ep", plan.ep)) if n != 1)
-    return (f"{plan.model.name}, tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp}{extra} = {plan.gpus} ranks, "
-            f"micro-batch {plan.micro_batch}, global batch {plan.global_batch}, ZeRO-{plan.zero_stage}, "
-            f"recompute {plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
-            f"{plan.dtype}" + (f" with FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else "") + plan.settings_label)
+    return (
+        f"{plan.model.name}, tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp}{extra} = {plan.gpus} ranks, "
+        f"micro-batch {plan.micro_batch}, global batch {plan.global_batch}, ZeRO-{plan.zero_stage}, "
+        f"recompute {plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}, "
+        f"{plan.dtype}" + (f" with FP8 GEMMs ({plan.fp8} scaling)" if plan.fp8 else "") + plan.settings_label
+    )
 
 
 def even_split(plan: Plan) -> bool:
@@ -65,4 +67,3 @@ def even_split(plan: Plan) -> bool:
 
 
 __all__ = ["Export", "Flag", "FlagGroup", "TARGETS", "even_split", "summary"]
-

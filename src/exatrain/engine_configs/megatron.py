@@ -69,24 +69,33 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     m = plan.model
     notes: list[str] = []
     args = "megatron/training/arguments.py"
-    shape = [Flag("--num-layers", str(m.layers)), Flag("--hidden-size", str(m.hidden)),
-             Flag("--ffn-hidden-size", str(m.ffn_hidden)), Flag("--num-attention-heads", str(m.heads)),
-             Flag("--seq-length", str(m.seq_len)), Flag("--max-position-embeddings", str(m.seq_len)),
-             Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
-             Flag("--norm-epsilon", repr(m.norm_eps)), *dropout_flags(plan)]
+    shape = [
+        Flag("--num-layers", str(m.layers)),
+        Flag("--hidden-size", str(m.hidden)),
+        Flag("--ffn-hidden-size", str(m.ffn_hidden)),
+        Flag("--num-attention-heads", str(m.heads)),
+        Flag("--seq-length", str(m.seq_len)),
+        Flag("--max-position-embeddings", str(m.seq_len)),
+        Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
+        Flag("--norm-epsilon", repr(m.norm_eps)),
+        *dropout_flags(plan),
+    ]
     if m.arch == "gpt":  # learned positions, LayerNorm, biases, GELU: Megatron's GPT defaults, made explicit
         shape += [Flag("--position-embedding-type", "learned_absolute"), Flag("--normalization", "LayerNorm")]
     else:
-        shape += [Flag("--position-embedding-type", "rope"), Flag("--rotary-base", str(int(m.rope_theta))),
-                  Flag("--normalization", "RMSNorm"), Flag("--swiglu")]
+        shape += [
+            Flag("--position-embedding-type", "rope"),
+            Flag("--rotary-base", str(int(m.rope_theta))),
+            Flag("--normalization", "RMSNorm"),
+            Flag("--swiglu"),
+        ]
         if not m.linear_bias:  # Megatron's linear layers carry biases unless told not to (add_bias_linear)
             shape.append(Flag("--disable-bias-linear"))
         shape += attention_shape_flags(m)
     if not m.tied_embeddings:
         shape.append(Flag("--untie-embeddings-and-output-weights"))
 
-    par = [Flag("--tensor-model-parallel-size", str(plan.tp)),
-           Flag("--pipeline-model-parallel-size", str(plan.pp))]
+    par = [Flag("--tensor-model-parallel-size", str(plan.tp)), Flag("--pipeline-model-parallel-size", str(plan.pp))]
     if plan.pp > 1 and not even_split(plan):
         par.append(Flag("--pipeline-model-parallel-layout", pipeline_layout(plan)))
     elif plan.interleave > 1:
@@ -94,26 +103,37 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     if plan.sequence_parallel:
         par.append(Flag("--sequence-parallel"))
     if plan.pp > 1 and plan.schedule == "gpipe":
-        notes.append("Megatron-LM has no GPipe schedule: it runs this layout with 1F1B (same bubble, "
-                     "fewer micro-batches of activations in flight)")
+        notes.append(
+            "Megatron-LM has no GPipe schedule: it runs this layout with 1F1B (same bubble, "
+            "fewer micro-batches of activations in flight)"
+        )
     if plan.pp > 1 and plan.schedule in ("zero_bubble", "zbv", "dualpipev"):
-        notes.append("Megatron-LM has no zero-bubble schedule: it runs these virtual stages with "
-                     "interleaved 1F1B (a larger bubble than the plan's estimate)"
-                     + (", placed looped (rank r: r, r + pp), not in a V" if plan.v_shape else ""))
+        notes.append(
+            "Megatron-LM has no zero-bubble schedule: it runs these virtual stages with "
+            "interleaved 1F1B (a larger bubble than the plan's estimate)"
+            + (", placed looped (rank r: r, r + pp), not in a V" if plan.v_shape else "")
+        )
     elif plan.pp > 1 and plan.schedule == "zbh1":
-        notes.append("Megatron-LM has no zero-bubble schedule: it runs this layout with 1F1B (a larger bubble "
-                     "than the plan's estimate)")
+        notes.append(
+            "Megatron-LM has no zero-bubble schedule: it runs this layout with 1F1B (a larger bubble "
+            "than the plan's estimate)"
+        )
 
-    batch = [Flag("--micro-batch-size", str(plan.micro_batch)),
-             Flag("--global-batch-size", str(plan.global_batch))]
+    batch = [Flag("--micro-batch-size", str(plan.micro_batch)), Flag("--global-batch-size", str(plan.global_batch))]
 
     mem: list[Flag] = []
     if plan.recompute == "full" and plan.recompute_layers:  # the first N layers of each model chunk
-        mem += [Flag("--recompute-granularity", "full"), Flag("--recompute-method", "block"),
-                Flag("--recompute-num-layers", str(plan.recompute_layers))]
+        mem += [
+            Flag("--recompute-granularity", "full"),
+            Flag("--recompute-method", "block"),
+            Flag("--recompute-num-layers", str(plan.recompute_layers)),
+        ]
     elif plan.recompute == "full":  # every layer recomputed from its input (Korthikanti 2022 "full")
-        mem += [Flag("--recompute-granularity", "full"), Flag("--recompute-method", "uniform"),
-                Flag("--recompute-num-layers", "1")]
+        mem += [
+            Flag("--recompute-granularity", "full"),
+            Flag("--recompute-method", "uniform"),
+            Flag("--recompute-num-layers", "1"),
+        ]
     elif plan.recompute == "selective":  # default --recompute-modules is core_attn: the attention core
         mem.append(Flag("--recompute-granularity", "selective"))
         if plan.recompute_modules:  # a list of its own (settings.RECOMPUTE_MODULES: Megatron-Core's names, nargs='*')
@@ -121,14 +141,19 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     if plan.zero_stage == 1:  # the distributed optimizer shards fp32 master weights + Adam states over dp
         mem.append(Flag("--use-distributed-optimizer"))
     if plan.offload != "none":  # HybridDeviceOptimizer, all of it on the CPU (megatron/core/optimizer/cpu_offloading)
-        mem += [Flag("--optimizer-cpu-offload"), Flag("--optimizer-offload-fraction", "1.0"),
-                Flag("--use-precision-aware-optimizer"), Flag("--overlap-cpu-optimizer-d2h-h2d")]
+        mem += [
+            Flag("--optimizer-cpu-offload"),
+            Flag("--optimizer-offload-fraction", "1.0"),
+            Flag("--use-precision-aware-optimizer"),
+            Flag("--overlap-cpu-optimizer-d2h-h2d"),
+        ]
     elif plan.zero_stage in (2, 3):  # Megatron-FSDP: optim_grads = ZeRO-2, optim_grads_params = ZeRO-3;
         # validate_args requires its checkpoint format, and CUDA_DEVICE_MAX_CONNECTIONS unset or > 1
-        mem += [Flag("--use-megatron-fsdp"),
-                Flag("--data-parallel-sharding-strategy",
-                     "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"),
-                Flag("--ckpt-format", "fsdp_dtensor")]
+        mem += [
+            Flag("--use-megatron-fsdp"),
+            Flag("--data-parallel-sharding-strategy", "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"),
+            Flag("--ckpt-format", "fsdp_dtensor"),
+        ]
 
     prec: list[Flag] = precision_flags(plan)
     if plan.grad_accum == "bfloat16":  # gradients accumulated and reduced in bf16 (settings.GRAD_ACCUM)
@@ -140,24 +165,48 @@ def megatron_lm_groups(plan: Plan) -> tuple[tuple[FlagGroup, ...], tuple[str, ..
     # the exchange the planner prices (cost.context.cp_exposed_s; Megatron spells all_gather "allgather")
     if plan.cp > 1:
         comm = cp_comm_for("megatron-core", plan.cp_comm, plan.model)
-        par += [Flag("--context-parallel-size", str(plan.cp)),
-                Flag("--cp-comm-type", {"all_gather": "allgather"}.get(comm, comm))]
+        par += [
+            Flag("--context-parallel-size", str(plan.cp)),
+            Flag("--cp-comm-type", {"all_gather": "allgather"}.get(comm, comm)),
+        ]
     moe = moe_flags(plan)
 
     cfg = "megatron/core/transformer/transformer_config.py"
     groups = (
         FlagGroup("MODEL_ARGS", "model shape", f"{args} (_add_network_size_args) and {cfg}", tuple(shape)),
-        *((FlagGroup("MOE_ARGS", "mixture of experts and expert parallelism (folded over tp*cp*dp; "
-                     "experts whole on each rank)",
-                     f"{args} (_add_moe_args) and {cfg}", tuple(moe)),) if moe else ()),
-        FlagGroup("PARALLEL_ARGS", "parallel layout (data-parallel size = world size / (tp*cp*pp))"
-                  if plan.cp > 1 else "parallel layout (data-parallel size = world size / (tp*pp))",
-                  f"megatron/core/model_parallel_config.py via {args} (_add_distributed_args)", tuple(par)),
+        *(
+            (
+                FlagGroup(
+                    "MOE_ARGS",
+                    "mixture of experts and expert parallelism (folded over tp*cp*dp; experts whole on each rank)",
+                    f"{args} (_add_moe_args) and {cfg}",
+                    tuple(moe),
+                ),
+            )
+            if moe
+            else ()
+        ),
+        FlagGroup(
+            "PARALLEL_ARGS",
+            "parallel layout (data-parallel size = world size / (tp*cp*pp))"
+            if plan.cp > 1
+            else "parallel layout (data-parallel size = world size / (tp*pp))",
+            f"megatron/core/model_parallel_config.py via {args} (_add_distributed_args)",
+            tuple(par),
+        ),
         FlagGroup("BATCH_ARGS", "batch", f"megatron/training/config/training_config.py via {args}", tuple(batch)),
-        FlagGroup("MEMORY_ARGS", "recompute and optimizer-state sharding",
-                  f"{cfg}; megatron/core/distributed/distributed_data_parallel_config.py via {args}", tuple(mem)),
-        FlagGroup("PRECISION_ARGS", "precision and attention kernel",
-                  f"megatron/core/model_parallel_config.py, {cfg}", tuple(prec)),
+        FlagGroup(
+            "MEMORY_ARGS",
+            "recompute and optimizer-state sharding",
+            f"{cfg}; megatron/core/distributed/distributed_data_parallel_config.py via {args}",
+            tuple(mem),
+        ),
+        FlagGroup(
+            "PRECISION_ARGS",
+            "precision and attention kernel",
+            f"megatron/core/model_parallel_config.py, {cfg}",
+            tuple(prec),
+        ),
     )
     return groups, (*notes, *setting_notes(plan, "megatron"))
 
@@ -182,10 +231,14 @@ def attention_shape_flags(m: ModelSpec) -> list[Flag]:
         out.append(Flag("--multi-latent-attention"))
         if m.q_lora_rank:
             out.append(Flag("--q-lora-rank", str(m.q_lora_rank)))
-        out += [Flag("--kv-lora-rank", str(m.kv_lora_rank)), Flag("--qk-head-dim", str(m.head_dim)),
-                Flag("--qk-pos-emb-head-dim", str(m.rope_head_dim)), Flag("--v-head-dim", str(m.head_dim)),
-                # under latent attention the RMSNorms of the query and key/value latents (gpt_layer_specs.py)
-                Flag("--qk-layernorm")]
+        out += [
+            Flag("--kv-lora-rank", str(m.kv_lora_rank)),
+            Flag("--qk-head-dim", str(m.head_dim)),
+            Flag("--qk-pos-emb-head-dim", str(m.rope_head_dim)),
+            Flag("--v-head-dim", str(m.head_dim)),
+            # under latent attention the RMSNorms of the query and key/value latents (gpt_layer_specs.py)
+            Flag("--qk-layernorm"),
+        ]
     else:
         if m.kv_heads != m.heads:
             out += [Flag("--group-query-attention"), Flag("--num-query-groups", str(m.kv_heads))]
@@ -267,8 +320,11 @@ def moe_flags(plan: Plan) -> list[Flag]:
     m = plan.model
     if not m.is_moe:
         return []
-    out = [Flag("--num-experts", str(m.experts)), Flag("--moe-router-topk", str(m.top_k)),
-           Flag("--moe-ffn-hidden-size", str(m.expert_width))]
+    out = [
+        Flag("--num-experts", str(m.experts)),
+        Flag("--moe-router-topk", str(m.top_k)),
+        Flag("--moe-ffn-hidden-size", str(m.expert_width)),
+    ]
     if m.router != "softmax":  # the gate's score function (Megatron's default: softmax)
         out.append(Flag("--moe-router-score-function", m.router))
     if m.router_bias:  # the per-expert balancing bias of auxiliary-loss-free routing (DeepSeek-V3)
@@ -278,14 +334,24 @@ def moe_flags(plan: Plan) -> list[Flag]:
     freq = moe_layer_freq(plan)
     if freq:
         out.append(Flag("--moe-layer-freq", freq))
-    out += [Flag("--expert-model-parallel-size", str(plan.ep)), Flag("--expert-tensor-parallel-size", "1"),
-            *((Flag("--moe-token-dispatcher-type", "alltoall"),) if plan.moe_dispatcher == "alltoall" else
-              (Flag("--moe-token-dispatcher-type", "flex"),
-               Flag("--moe-flex-dispatcher-backend", plan.moe_dispatcher))),
-            Flag("--moe-grouped-gemm")]
+    out += [
+        Flag("--expert-model-parallel-size", str(plan.ep)),
+        Flag("--expert-tensor-parallel-size", "1"),
+        *(
+            (Flag("--moe-token-dispatcher-type", "alltoall"),)
+            if plan.moe_dispatcher == "alltoall"
+            else (
+                Flag("--moe-token-dispatcher-type", "flex"),
+                Flag("--moe-flex-dispatcher-backend", plan.moe_dispatcher),
+            )
+        ),
+        Flag("--moe-grouped-gemm"),
+    ]
     if plan.moe_capacity_factor:
-        out += [Flag("--moe-expert-capacity-factor", repr(float(plan.moe_capacity_factor))),
-                Flag("--moe-pad-expert-input-to-capacity")]
+        out += [
+            Flag("--moe-expert-capacity-factor", repr(float(plan.moe_capacity_factor))),
+            Flag("--moe-pad-expert-input-to-capacity"),
+        ]
     if plan.moe_force_balance:
         out.append(Flag("--moe-router-force-load-balancing"))
     return out
@@ -296,30 +362,50 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     notes: list[str] = []
     src = "megatron/arguments.py"
     if plan.model.is_moe or plan.cp > 1 or plan.fp8:
-        raise UserError("--for deepspeed renders dense layouts without context parallelism or FP8; "
-                        "use --for megatron for mixture-of-experts, --cp or --fp8 plans")
+        raise UserError(
+            "--for deepspeed renders dense layouts without context parallelism or FP8; "
+            "use --for megatron for mixture-of-experts, --cp or --fp8 plans"
+        )
     # Megatron-DeepSpeed's GPT model has no latent attention, QK-norm, sliding windows or attention sinks
     # (megatron/arguments.py, megatron/model/transformer.py at the pinned commit)
-    unbuilt = [name for name, on in (("latent attention", m.mla), ("QK-norm", m.qk_norm),
-                                     ("sliding windows", bool(m.sliding_window)),
-                                     ("attention sinks", m.attention_sinks)) if on]
+    unbuilt = [
+        name
+        for name, on in (
+            ("latent attention", m.mla),
+            ("QK-norm", m.qk_norm),
+            ("sliding windows", bool(m.sliding_window)),
+            ("attention sinks", m.attention_sinks),
+        )
+        if on
+    ]
     if unbuilt:
-        raise UserError(f"Megatron-DeepSpeed does not build {' or '.join(unbuilt)} ({m.name}): "
-                        "use --for megatron")
+        raise UserError(f"Megatron-DeepSpeed does not build {' or '.join(unbuilt)} ({m.name}): use --for megatron")
     if plan.pp > 1 and plan.zero_stage >= 2:
-        raise UserError(f"DeepSpeed's pipeline engine rejects ZeRO-{plan.zero_stage} with pipeline parallelism "
-                        "(deepspeed/runtime/pipe/engine.py): use ZeRO-1 or pp 1 for --for deepspeed")
-    shape = [Flag("--num-layers", str(m.layers)), Flag("--hidden-size", str(m.hidden)),
-             Flag("--ffn-hidden-size", str(m.ffn_hidden)), Flag("--num-attention-heads", str(m.heads)),
-             Flag("--seq-length", str(m.seq_len)), Flag("--max-position-embeddings", str(m.seq_len)),
-             Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
-             Flag("--layernorm-epsilon", repr(m.norm_eps)), *dropout_flags(plan)]
+        raise UserError(
+            f"DeepSpeed's pipeline engine rejects ZeRO-{plan.zero_stage} with pipeline parallelism "
+            "(deepspeed/runtime/pipe/engine.py): use ZeRO-1 or pp 1 for --for deepspeed"
+        )
+    shape = [
+        Flag("--num-layers", str(m.layers)),
+        Flag("--hidden-size", str(m.hidden)),
+        Flag("--ffn-hidden-size", str(m.ffn_hidden)),
+        Flag("--num-attention-heads", str(m.heads)),
+        Flag("--seq-length", str(m.seq_len)),
+        Flag("--max-position-embeddings", str(m.seq_len)),
+        Flag("--make-vocab-size-divisible-by", str(vocab_divisor(plan))),
+        Flag("--layernorm-epsilon", repr(m.norm_eps)),
+        *dropout_flags(plan),
+    ]
     if m.arch == "gpt":
         shape.append(Flag("--normalization", "layernorm"))
     else:
-        shape += [Flag("--use-rotary-position-embeddings"),
-                  Flag("--rotary-position-embeddings-theta", str(int(m.rope_theta))),
-                  Flag("--no-position-embedding"), Flag("--normalization", "rmsnorm"), Flag("--swiglu")]
+        shape += [
+            Flag("--use-rotary-position-embeddings"),
+            Flag("--rotary-position-embeddings-theta", str(int(m.rope_theta))),
+            Flag("--no-position-embedding"),
+            Flag("--normalization", "rmsnorm"),
+            Flag("--swiglu"),
+        ]
         if not m.linear_bias:
             shape.append(Flag("--disable-bias-linear"))
         if m.kv_heads != m.heads:
@@ -329,23 +415,25 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     if not m.tied_embeddings:
         shape.append(Flag("--untie-embeddings-and-output-weights"))
 
-    par = [Flag("--tensor-model-parallel-size", str(plan.tp)),
-           Flag("--pipeline-model-parallel-size", str(plan.pp))]
+    par = [Flag("--tensor-model-parallel-size", str(plan.tp)), Flag("--pipeline-model-parallel-size", str(plan.pp))]
     if plan.pp == 1:  # otherwise Megatron-DeepSpeed builds a one-stage DeepSpeed pipeline
         par.append(Flag("--no-pipeline-parallel"))
     if plan.sequence_parallel:
         par.append(Flag("--sequence-parallel"))
     if plan.pp > 1 and plan.interleave > 1:
-        notes.append(f"DeepSpeed's pipeline engine has no interleaved schedule: each of the {plan.pp} pipeline "
-                     f"ranks runs one contiguous stage instead of {plan.interleave} virtual stages")
+        notes.append(
+            f"DeepSpeed's pipeline engine has no interleaved schedule: each of the {plan.pp} pipeline "
+            f"ranks runs one contiguous stage instead of {plan.interleave} virtual stages"
+        )
     elif plan.pp > 1 and plan.schedule in ("gpipe", "zbh1"):
         notes.append(f"DeepSpeed's pipeline engine runs 1F1B, not {'GPipe' if plan.schedule == 'gpipe' else 'ZB-H1'}")
     if plan.pp > 1 and not even_split(plan) and plan.interleave == 1:
-        notes.append(f"DeepSpeed balances transformer layers over stages itself (partition_method "
-                     f"'type:transformer'); the plan's split {list(plan.layers_per_stage())} is not forced")
+        notes.append(
+            f"DeepSpeed balances transformer layers over stages itself (partition_method "
+            f"'type:transformer'); the plan's split {list(plan.layers_per_stage())} is not forced"
+        )
 
-    batch = [Flag("--micro-batch-size", str(plan.micro_batch)),
-             Flag("--global-batch-size", str(plan.global_batch))]
+    batch = [Flag("--micro-batch-size", str(plan.micro_batch)), Flag("--global-batch-size", str(plan.global_batch))]
     mem: list[Flag] = []
     if plan.recompute == "full":  # GPTModelPipe checkpoints every checkpoint_num_layers layers
         mem += [Flag("--checkpoint-activations"), Flag("--checkpoint-num-layers", "1")]
@@ -361,18 +449,33 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
 
     groups = (
         FlagGroup("MODEL_ARGS", "model shape", f"{src} (_add_network_size_args)", tuple(shape)),
-        FlagGroup("PARALLEL_ARGS", "parallel layout (data-parallel size = world size / (tp*pp))",
-                  f"{src} (_add_distributed_args, _add_training_args)", tuple(par)),
+        FlagGroup(
+            "PARALLEL_ARGS",
+            "parallel layout (data-parallel size = world size / (tp*pp))",
+            f"{src} (_add_distributed_args, _add_training_args)",
+            tuple(par),
+        ),
         FlagGroup("BATCH_ARGS", "batch", f"{src} (_add_training_args)", tuple(batch)),
-        FlagGroup("MEMORY_ARGS", "recompute and ZeRO stage", f"{src} (_add_training_args, _add_zero_args); "
-                  "megatron/model/gpt_model.py", tuple(mem)),
-        FlagGroup("ENGINE_ARGS", "DeepSpeed engine", "deepspeed/__init__.py (add_config_arguments); "
-                  f"{src} (_add_activation_checkpoint_args)", tuple(ds)),
-        FlagGroup("PRECISION_ARGS", "precision and attention kernel", f"{src} (_add_mixed_precision_args, "
-                  "_add_training_args)", tuple(prec)),
+        FlagGroup(
+            "MEMORY_ARGS",
+            "recompute and ZeRO stage",
+            f"{src} (_add_training_args, _add_zero_args); megatron/model/gpt_model.py",
+            tuple(mem),
+        ),
+        FlagGroup(
+            "ENGINE_ARGS",
+            "DeepSpeed engine",
+            f"deepspeed/__init__.py (add_config_arguments); {src} (_add_activation_checkpoint_args)",
+            tuple(ds),
+        ),
+        FlagGroup(
+            "PRECISION_ARGS",
+            "precision and attention kernel",
+            f"{src} (_add_mixed_precision_args, _add_training_args)",
+            tuple(prec),
+        ),
     )
     return groups, (*notes, *setting_notes(plan, "deepspeed"))
-
 
 
 def _ds_offload(plan: Plan) -> dict[str, Any]:
@@ -396,17 +499,33 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         # float16: dynamic loss scaling (loss_scale 0) from 2^16, halved on an overflow, doubled after 1,000 clean
         # steps, the scale lowered only after 2 overflows in a row (deepspeed/runtime/fp16/loss_scaler.py; the
         # Megatron-DeepSpeed examples' block)
-        **({"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                     "hysteresis": 2, "min_loss_scale": 1}} if plan.dtype == "float16" else {}),
+        **(
+            {
+                "fp16": {
+                    "enabled": True,
+                    "loss_scale": 0,
+                    "initial_scale_power": 16,
+                    "loss_scale_window": 1000,
+                    "hysteresis": 2,
+                    "min_loss_scale": 1,
+                }
+            }
+            if plan.dtype == "float16"
+            else {}
+        ),
         # fp32 gradient accumulation selects DeepSpeed's BF16_Optimizer (settings.GRAD_ACCUM; engine.py
         # get_data_types); the default is the model dtype
-        **({"data_types": {"grad_accum_dtype": "fp32"}} if plan.grad_accum == "float32" and plan.zero_stage <= 1
-           else {}),
+        **(
+            {"data_types": {"grad_accum_dtype": "fp32"}}
+            if plan.grad_accum == "float32" and plan.zero_stage <= 1
+            else {}
+        ),
     }
 
 
-def render_arrays(target: str, header: list[str], groups: tuple[FlagGroup, ...], notes: tuple[str, ...],
-            launch_hint: str) -> str:
+def render_arrays(
+    target: str, header: list[str], groups: tuple[FlagGroup, ...], notes: tuple[str, ...], launch_hint: str
+) -> str:
     """A bash fragment: the header and notes as comments, one array per flag group, and ``<target>_ARGS``
     holding them all in order."""
     lines = ["#!/bin/bash", *header]
@@ -430,42 +549,67 @@ def device_connections_hint(plan: Plan) -> str:
     if plan.zero_stage >= 2:
         return "# Environment: leave CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Megatron-FSDP asserts it)."
     if plan.tp > 1:
-        return ("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (asserted for tensor parallelism "
-                "before Blackwell).")
+        return "# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (asserted for tensor parallelism before Blackwell)."
     return "# Environment: nothing layout-specific."
 
 
 def render_megatron(plan: Plan) -> Export:
     groups, notes = megatron_lm_groups(plan)
-    header = [f"# Megatron-LM arguments for {summary(plan)}.",
-              f"# Rendered by `exatrain export-config --for megatron` for Megatron-LM {MEGATRON_LM.split('@')[1]} "
-              "(option names from",
-              f"# {MEGATRON_LM} megatron/training/arguments.py). Add your data, tokenizer and optimizer flags.",
-              device_connections_hint(plan)]
-    text = render_arrays("MEGATRON", header, groups, notes,
-                   f"{plan.gpus} ranks, e.g. torchrun ... pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <data flags>.")
+    header = [
+        f"# Megatron-LM arguments for {summary(plan)}.",
+        f"# Rendered by `exatrain export-config --for megatron` for Megatron-LM {MEGATRON_LM.split('@')[1]} "
+        "(option names from",
+        f"# {MEGATRON_LM} megatron/training/arguments.py). Add your data, tokenizer and optimizer flags.",
+        device_connections_hint(plan),
+    ]
+    text = render_arrays(
+        "MEGATRON",
+        header,
+        groups,
+        notes,
+        f'{plan.gpus} ranks, e.g. torchrun ... pretrain_gpt.py "${{MEGATRON_ARGS[@]}}" <data flags>.',
+    )
     return Export("megatron", text, notes)
 
 
 def render_deepspeed(plan: Plan, ds_config_path: str = "ds_config.json") -> Export:
     groups, notes = megatron_deepspeed_groups(plan, ds_config_path)
     cfg = json.dumps(deepspeed_config(plan), indent=2)
-    header = [f"# Megatron-DeepSpeed arguments and DeepSpeed config for {summary(plan)}.",
-              f"# Rendered by `exatrain export-config --for deepspeed` for Megatron-DeepSpeed "
-              f"{MEGATRON_DEEPSPEED_SOURCE.split('@')[1]} with DeepSpeed {DEEPSPEED_RELEASE}",
-              f"# (names from {MEGATRON_DEEPSPEED_SOURCE} megatron/arguments.py and {DEEPSPEED} "
-              "deepspeed/runtime/constants.py)."]
+    header = [
+        f"# Megatron-DeepSpeed arguments and DeepSpeed config for {summary(plan)}.",
+        f"# Rendered by `exatrain export-config --for deepspeed` for Megatron-DeepSpeed "
+        f"{MEGATRON_DEEPSPEED_SOURCE.split('@')[1]} with DeepSpeed {DEEPSPEED_RELEASE}",
+        f"# (names from {MEGATRON_DEEPSPEED_SOURCE} megatron/arguments.py and {DEEPSPEED} "
+        "deepspeed/runtime/constants.py).",
+    ]
     if plan.sequence_parallel:  # megatron/arguments.py validate_args raises without it on CUDA
         header.append("# Environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (required with --sequence-parallel).")
-    text = render_arrays("MEGATRON_DEEPSPEED", header, groups, notes,
-                   f"{plan.gpus} ranks, e.g. deepspeed pretrain_gpt.py "
-                   "\"${MEGATRON_DEEPSPEED_ARGS[@]}\" <data flags>.")
+    text = render_arrays(
+        "MEGATRON_DEEPSPEED",
+        header,
+        groups,
+        notes,
+        f'{plan.gpus} ranks, e.g. deepspeed pretrain_gpt.py "${{MEGATRON_DEEPSPEED_ARGS[@]}}" <data flags>.',
+    )
     # The JSON goes beside the flags: a heredoc, so the fragment stays one self-contained file.
-    text += (f"\n# DeepSpeed config — {DEEPSPEED} deepspeed/runtime/constants.py, deepspeed/runtime/zero/config.py\n"
-             f"cat > {_q(ds_config_path)} <<'EXATRAIN_DS_CONFIG'\n{cfg}\nEXATRAIN_DS_CONFIG\n")
+    text += (
+        f"\n# DeepSpeed config — {DEEPSPEED} deepspeed/runtime/constants.py, deepspeed/runtime/zero/config.py\n"
+        f"cat > {_q(ds_config_path)} <<'EXATRAIN_DS_CONFIG'\n{cfg}\nEXATRAIN_DS_CONFIG\n"
+    )
     return Export("deepspeed", text, notes, files=((ds_config_path, cfg + "\n"),))
 
 
-__all__ = ["DEEPSPEED", "MEGATRON_DEEPSPEED_SOURCE", "MEGATRON_LM", "deepspeed_config", "dropout_flags",
-           "megatron_deepspeed_groups", "megatron_lm_groups", "pipeline_layout", "render_arrays", "render_deepspeed",
-           "render_megatron", "vocab_divisor"]
+__all__ = [
+    "DEEPSPEED",
+    "MEGATRON_DEEPSPEED_SOURCE",
+    "MEGATRON_LM",
+    "deepspeed_config",
+    "dropout_flags",
+    "megatron_deepspeed_groups",
+    "megatron_lm_groups",
+    "pipeline_layout",
+    "render_arrays",
+    "render_deepspeed",
+    "render_megatron",
+    "vocab_divisor",
+]

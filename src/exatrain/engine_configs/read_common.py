@@ -38,8 +38,10 @@ class LaunchRead:
         missing = [f"{k} ({why})" for k, why in self.model_missing.items() if k not in fields]
         if missing:
             raise UserError(f"{source}: the launch does not give the model's {'; '.join(missing)}")
-        spec = ModelSpec.from_dict({"name": name, "description": f"read from a {self.source} launch", **fields},
-                                   source=f"{source} ({self.source} launch)")
+        spec = ModelSpec.from_dict(
+            {"name": name, "description": f"read from a {self.source} launch", **fields},
+            source=f"{source} ({self.source} launch)",
+        )
         return preset_named(spec)
 
 
@@ -64,8 +66,10 @@ def positive(value: Any, what: str, source: str) -> int:
     """``value`` (a word of the file) as a positive integer, or one line naming it."""
     text = str(value)
     if text.startswith("$") or "$(" in text or "`" in text:
-        raise UserError(f"{source}: {what} is {text}, which the script does not assign; set it in the script or "
-                        "pass the value as a flag")
+        raise UserError(
+            f"{source}: {what} is {text}, which the script does not assign; set it in the script or "
+            "pass the value as a flag"
+        )
     try:
         number = int(text)
     except ValueError:

@@ -26,15 +26,23 @@ from dataclasses import dataclass
 
 from exatrain.errors import UserError
 
-GIB = 2.0 ** 30
+GIB = 2.0**30
 
 # log format -> the engine that writes it, as a reader names it
-LOG_FORMATS = {"megatron": "Megatron-LM", "nemo": "NeMo / Megatron-Bridge", "torchtitan": "torchtitan",
-           "deepspeed": "DeepSpeed"}
+LOG_FORMATS = {
+    "megatron": "Megatron-LM",
+    "nemo": "NeMo / Megatron-Bridge",
+    "torchtitan": "torchtitan",
+    "deepspeed": "DeepSpeed",
+}
 # the runtimes (plan.runtime) each format can come from: NeMo and Megatron-Bridge run Megatron-Core; a
 # Megatron-DeepSpeed run prints Megatron's lines and DeepSpeed's timer
-LOG_RUNTIMES = {"megatron": ("megatron-core", "megatron-deepspeed"), "nemo": ("megatron-core",),
-            "torchtitan": ("torchtitan",), "deepspeed": ("megatron-deepspeed",)}
+LOG_RUNTIMES = {
+    "megatron": ("megatron-core", "megatron-deepspeed"),
+    "nemo": ("megatron-core",),
+    "torchtitan": ("torchtitan",),
+    "deepspeed": ("megatron-deepspeed",),
+}
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
 _MEGATRON_STEP = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*" + _NUM)
@@ -73,21 +81,31 @@ def _scan(text: str) -> dict[str, LogRead]:
     found: dict[str, LogRead] = {}
     lines = text.splitlines()
 
-    def read(fmt: str, pattern: re.Pattern, unit: str, scale: float, mem: re.Pattern | None, mem_scale: float,
-             kind: str, step_group: int = 1, value_group: int = 2) -> None:
+    def read(
+        fmt: str,
+        pattern: re.Pattern,
+        unit: str,
+        scale: float,
+        mem: re.Pattern | None,
+        mem_scale: float,
+        kind: str,
+        step_group: int = 1,
+        value_group: int = 2,
+    ) -> None:
         steps, values = [], []
         for line in lines:
             m = pattern.search(line)
             if m:
-                steps.append(int(next(g for g in m.groups()[:value_group - 1] if g is not None)))
+                steps.append(int(next(g for g in m.groups()[: value_group - 1] if g is not None)))
                 values.append(_number(m.group(value_group)) * scale)
         if not steps:
             return
         peaks = [_number(m.group(1)) * mem_scale for line in lines if mem and (m := mem.search(line))]
-        found[fmt] = LogRead(fmt, tuple(steps), tuple(values), unit, max(peaks) if peaks else None,
-                             kind if peaks else "")
+        found[fmt] = LogRead(
+            fmt, tuple(steps), tuple(values), unit, max(peaks) if peaks else None, kind if peaks else ""
+        )
 
-    read("megatron", _MEGATRON_STEP, "s", 1e-3, _MEGATRON_MEM, 2.0 ** 20, "max allocated")
+    read("megatron", _MEGATRON_STEP, "s", 1e-3, _MEGATRON_MEM, 2.0**20, "max allocated")
     read("nemo", _NEMO_STEP, "s", 1.0, _NEMO_MEM, 1.0, "max allocated")
     read("deepspeed", _DS_STEP, "samples/s", 1.0, _DS_MEM, GIB, "max allocated", value_group=3)
     steps, values, peaks = [], [], []
@@ -98,8 +116,9 @@ def _scan(text: str) -> dict[str, LogRead]:
             peaks.append(_number(m.group(2)) * GIB)
             values.append(_number(m.group(3)))
     if steps:
-        found["torchtitan"] = LogRead("torchtitan", tuple(steps), tuple(values), "tokens/s/device", max(peaks),
-                                      "max reserved")
+        found["torchtitan"] = LogRead(
+            "torchtitan", tuple(steps), tuple(values), "tokens/s/device", max(peaks), "max reserved"
+        )
     return found
 
 
@@ -114,11 +133,16 @@ def read_log(data: bytes, *, source: str, runtime: str = "") -> LogRead:
     text = data.decode("utf-8", errors="replace")
     found = _scan(text)
     if not found:
-        raise UserError(f"{source}: no step times in it: none of the step lines of "
-                        f"{', '.join(LOG_FORMATS.values())} (e.g. 'elapsed time per iteration (ms)', "
-                        "'train_step_timing in s', torchtitan's 'step: ... tps:', DeepSpeed's 'SamplesPerSec=')")
-    fitting = [f for f in ("megatron", "nemo", "torchtitan", "deepspeed") if f in found
-               and (not runtime or runtime in LOG_RUNTIMES[f])]
+        raise UserError(
+            f"{source}: no step times in it: none of the step lines of "
+            f"{', '.join(LOG_FORMATS.values())} (e.g. 'elapsed time per iteration (ms)', "
+            "'train_step_timing in s', torchtitan's 'step: ... tps:', DeepSpeed's 'SamplesPerSec=')"
+        )
+    fitting = [
+        f
+        for f in ("megatron", "nemo", "torchtitan", "deepspeed")
+        if f in found and (not runtime or runtime in LOG_RUNTIMES[f])
+    ]
     if not fitting:
         what = ", ".join(LOG_FORMATS[f] for f in found)
         raise UserError(f"{source}: a {what} log, but the launch runs {runtime}: give the log of that run")
@@ -137,14 +161,17 @@ def steady_values(read: LogRead, warmup: int) -> tuple[float, ...]:
     return tuple(v for s, v in zip(read.steps, read.values) if s != first and s > warmup)
 
 
-def steady_step_s(read: LogRead, warmup: int, *, tokens_per_step: int, global_batch: int, gpus: int,
-                  source: str = "log") -> tuple[float, int]:
+def steady_step_s(
+    read: LogRead, warmup: int, *, tokens_per_step: int, global_batch: int, gpus: int, source: str = "log"
+) -> tuple[float, int]:
     """(the median step time after warm-up in seconds, how many logged lines it is the median of): a throughput
     logged converted with the run's tokens a step, global batch and GPU count. No line left is a UserError."""
     kept = steady_values(read, warmup)
     if not kept:
-        raise UserError(f"{source}: {len(read.values)} logged step(s), none after the warm-up (the first logged "
-                        f"line and steps up to {warmup}); give a longer log or a smaller --warmup")
+        raise UserError(
+            f"{source}: {len(read.values)} logged step(s), none after the warm-up (the first logged "
+            f"line and steps up to {warmup}); give a longer log or a smaller --warmup"
+        )
     med = statistics.median(kept)
     if med <= 0:
         raise UserError(f"{source}: the median logged {read.unit} after warm-up is {med:g}")

@@ -33,28 +33,102 @@ _DS_CONFIG = ("--deepspeed_config", "--deepspeed-config", "--deepscale_config")
 
 # Options that change nothing a plan holds (data, optimizer hyperparameters, logging, checkpoints, tokenizer
 # files, initialisation), by prefix: read without a word. Any other option the reader does not use is named.
-IGNORED = ("--lr", "--min-lr", "--weight-decay", "--start-weight-decay", "--end-weight-decay", "--clip-grad",
-           "--adam-", "--sgd-", "--optimizer", "--init-method", "--data-", "--split", "--train-iters",
-           "--train-samples", "--eval-", "--save", "--load", "--no-load-", "--no-save-", "--log", "--tensorboard",
-           "--wandb", "--timing-log", "--seed", "--distributed-backend", "--distributed-timeout", "--exit-",
-           "--tokenizer-", "--vocab-file", "--merge-file", "--mock-data", "--ckpt-", "--dist-ckpt",
-           "--use-dist-ckpt", "--async-save", "--auto-detect-ckpt-format", "--use-checkpoint-args",
-           "--use-mcore-models", "--transformer-impl", "--num-workers", "--dataloader-type", "--reset-",
-           "--eod-mask-loss", "--no-create-attention-mask-in-dataloader", "--num-dataset-builder-threads",
-           "--attention-softmax-in-fp32", "--override-opt_param-scheduler", "--use-cpu-initialization",
-           "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--hysteresis", "--finetune",
-           "--moe-aux-loss-coeff", "--moe-z-loss-coeff", "--moe-router-load-balancing-type", "--moe-router-dtype",
-           "--moe-router-topk-scaling-factor", "--moe-router-pre-softmax", "--moe-token-drop-policy",
-           "--moe-input-jitter-eps", "--moe-router-bias-update-rate", "--moe-per-layer-logging",
-           "--moe-permute-fusion", "--moe-grouped-gemm", "--rotary-percent", "--rotary-interleaved",
-           "--rotary-scaling-factor", "--use-rope-scaling", "--rotary-seq-len-interpolation-factor",
-           "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin", "--fp8-interval",
-           "--apply-layernorm-1p", "--deepspeed", "--ddp-bucket-size", "--manual-gc", "--check-for-nan",
-           "--calculate-per-token-loss", "--profile", "--use-pytorch-profiler", "--deterministic-mode",
-           "--tp-comm-overlap-cfg", "--delay-wgrad-compute", "--expert-tensor-parallel-size",
-           "--moe-pad-expert-input-to-capacity", "--no-pipeline-parallel", "--checkpoint-num-layers",
-           "--deepspeed-activation-checkpointing", "--data-parallel-sharding-strategy", "--use-flash-attn",
-           "--window-attn-skip-freq", "--num-query-groups")
+IGNORED = (
+    "--lr",
+    "--min-lr",
+    "--weight-decay",
+    "--start-weight-decay",
+    "--end-weight-decay",
+    "--clip-grad",
+    "--adam-",
+    "--sgd-",
+    "--optimizer",
+    "--init-method",
+    "--data-",
+    "--split",
+    "--train-iters",
+    "--train-samples",
+    "--eval-",
+    "--save",
+    "--load",
+    "--no-load-",
+    "--no-save-",
+    "--log",
+    "--tensorboard",
+    "--wandb",
+    "--timing-log",
+    "--seed",
+    "--distributed-backend",
+    "--distributed-timeout",
+    "--exit-",
+    "--tokenizer-",
+    "--vocab-file",
+    "--merge-file",
+    "--mock-data",
+    "--ckpt-",
+    "--dist-ckpt",
+    "--use-dist-ckpt",
+    "--async-save",
+    "--auto-detect-ckpt-format",
+    "--use-checkpoint-args",
+    "--use-mcore-models",
+    "--transformer-impl",
+    "--num-workers",
+    "--dataloader-type",
+    "--reset-",
+    "--eod-mask-loss",
+    "--no-create-attention-mask-in-dataloader",
+    "--num-dataset-builder-threads",
+    "--attention-softmax-in-fp32",
+    "--override-opt_param-scheduler",
+    "--use-cpu-initialization",
+    "--loss-scale",
+    "--initial-loss-scale",
+    "--min-loss-scale",
+    "--hysteresis",
+    "--finetune",
+    "--moe-aux-loss-coeff",
+    "--moe-z-loss-coeff",
+    "--moe-router-load-balancing-type",
+    "--moe-router-dtype",
+    "--moe-router-topk-scaling-factor",
+    "--moe-router-pre-softmax",
+    "--moe-token-drop-policy",
+    "--moe-input-jitter-eps",
+    "--moe-router-bias-update-rate",
+    "--moe-per-layer-logging",
+    "--moe-permute-fusion",
+    "--moe-grouped-gemm",
+    "--rotary-percent",
+    "--rotary-interleaved",
+    "--rotary-scaling-factor",
+    "--use-rope-scaling",
+    "--rotary-seq-len-interpolation-factor",
+    "--fp8-amax-history-len",
+    "--fp8-amax-compute-algo",
+    "--fp8-margin",
+    "--fp8-interval",
+    "--apply-layernorm-1p",
+    "--deepspeed",
+    "--ddp-bucket-size",
+    "--manual-gc",
+    "--check-for-nan",
+    "--calculate-per-token-loss",
+    "--profile",
+    "--use-pytorch-profiler",
+    "--deterministic-mode",
+    "--tp-comm-overlap-cfg",
+    "--delay-wgrad-compute",
+    "--expert-tensor-parallel-size",
+    "--moe-pad-expert-input-to-capacity",
+    "--no-pipeline-parallel",
+    "--checkpoint-num-layers",
+    "--deepspeed-activation-checkpointing",
+    "--data-parallel-sharding-strategy",
+    "--use-flash-attn",
+    "--window-attn-skip-freq",
+    "--num-query-groups",
+)
 
 
 class _Flags:
@@ -113,12 +187,14 @@ def _command(script: Script, source: str) -> tuple[list[str], list[str]]:
     for cmd in script.commands:
         for i, word in enumerate(cmd):
             if PRETRAIN.search(word):
-                return cmd[:i], cmd[i + 1:]
+                return cmd[:i], cmd[i + 1 :]
     for name in EXPORT_ARRAYS:
         if name in script.variables:
             return [], list(script.variables[name])
-    raise UserError(f"{source}: no pretrain_gpt.py command: a Megatron-LM or Megatron-DeepSpeed launch runs "
-                    "pretrain_gpt.py (or give a torchtitan TOML)")
+    raise UserError(
+        f"{source}: no pretrain_gpt.py command: a Megatron-LM or Megatron-DeepSpeed launch runs "
+        "pretrain_gpt.py (or give a torchtitan TOML)"
+    )
 
 
 def side_file_names(text: str, *, source: str) -> tuple[str, ...]:
@@ -136,7 +212,7 @@ def _option(words: list[str], *names: str) -> str | None:
             if w == n and i + 1 < len(words):
                 return words[i + 1]
             if w.startswith(n + "=") and n.startswith("--"):
-                return w[len(n) + 1:]
+                return w[len(n) + 1 :]
             if len(n) == 2 and w.startswith(n) and len(w) > 2 and w[2:].isdigit():
                 return w[2:]
     return None
@@ -196,8 +272,12 @@ def read_megatron(text: str, *, source: str, side_files: Mapping[str, str]) -> L
     f = _Flags(parse_flags(words), source)
     names = [w.rsplit("/", 1)[-1] for w in launcher]
     ds_path = f.value(*_DS_CONFIG)
-    deepspeed = (f.has("--deepspeed") or ds_path is not None or "deepspeed" in names
-                 or "MEGATRON_DEEPSPEED_ARGS" in script.variables)
+    deepspeed = (
+        f.has("--deepspeed")
+        or ds_path is not None
+        or "deepspeed" in names
+        or "MEGATRON_DEEPSPEED_ARGS" in script.variables
+    )
     runtime = "megatron-deepspeed" if deepspeed else "megatron-core"
     engine = "Megatron-DeepSpeed" if deepspeed else "Megatron-LM"
     ds = _deepspeed_json(ds_path, script, side_files, source) if deepspeed and ds_path else {}
@@ -240,9 +320,19 @@ def read_megatron(text: str, *, source: str, side_files: Mapping[str, str]) -> L
             gpus = ds["train_batch_size"] // (s["micro_batch"] * _accum(ds, s)) * tp * pp * cp
             where = "the DeepSpeed JSON's batch"
     unknown = f.unknown()
-    return LaunchRead(source=engine, runtime=runtime, model_fields=model, model_missing=missing, settings=s, gpus=gpus,
-                      world=where, overlap=overlap, defaults=tuple(defaults), unknown=tuple(unknown) + _ds_unknown(ds),
-                      notes=tuple(notes))
+    return LaunchRead(
+        source=engine,
+        runtime=runtime,
+        model_fields=model,
+        model_missing=missing,
+        settings=s,
+        gpus=gpus,
+        world=where,
+        overlap=overlap,
+        defaults=tuple(defaults),
+        unknown=tuple(unknown) + _ds_unknown(ds),
+        notes=tuple(notes),
+    )
 
 
 def _stage(text: str, what: str, source: str) -> int:
@@ -252,13 +342,18 @@ def _stage(text: str, what: str, source: str) -> int:
 
 
 # ---- the model ------------------------------------------------------------------------------------------------
-def _model(f: _Flags, tp: int, deepspeed: bool, source: str, defaults: list[str], notes: list[str]
-           ) -> tuple[dict[str, Any], dict[str, str]]:
+def _model(
+    f: _Flags, tp: int, deepspeed: bool, source: str, defaults: list[str], notes: list[str]
+) -> tuple[dict[str, Any], dict[str, str]]:
     """ModelSpec fields from the network-size options (Megatron-LM's defaults where one is left out)."""
     m: dict[str, Any] = {}
     missing: dict[str, str] = {}
-    for field, flag in (("layers", "--num-layers"), ("hidden", "--hidden-size"), ("heads", "--num-attention-heads"),
-                        ("seq_len", "--seq-length")):
+    for field, flag in (
+        ("layers", "--num-layers"),
+        ("hidden", "--hidden-size"),
+        ("heads", "--num-attention-heads"),
+        ("seq_len", "--seq-length"),
+    ):
         value = f.int(flag)
         if value is None:
             missing[field] = f"no {flag}"
@@ -274,18 +369,23 @@ def _model(f: _Flags, tp: int, deepspeed: bool, source: str, defaults: list[str]
         defaults.append(f"--ffn-hidden-size ({ffn})")
     if ffn:
         m["ffn_hidden"] = ffn
-    rope = (f.value("--position-embedding-type") == "rope" or f.has("--use-rotary-position-embeddings"))
+    rope = f.value("--position-embedding-type") == "rope" or f.has("--use-rotary-position-embeddings")
     no_positions = f.has("--no-position-embedding") or f.value("--position-embedding-type") == "none"
     if swiglu and not (rope or no_positions):
-        notes.append("learned positions with a SwiGLU MLP are not modelled: planned with rotary positions "
-                     "(no position table)")
+        notes.append(
+            "learned positions with a SwiGLU MLP are not modelled: planned with rotary positions (no position table)"
+        )
     if not swiglu and (rope or no_positions):
-        notes.append("rotary positions with a GELU MLP are not modelled: planned with the gpt family's learned "
-                     "position table (seq_len x hidden parameters more)")
+        notes.append(
+            "rotary positions with a GELU MLP are not modelled: planned with the gpt family's learned "
+            "position table (seq_len x hidden parameters more)"
+        )
     norm = (f.value("--normalization") or "LayerNorm").lower()
     if (norm == "rmsnorm") != swiglu:
-        notes.append(f"{norm} with a {'SwiGLU' if swiglu else 'GELU'} MLP is not modelled: planned with the "
-                     f"{'llama' if swiglu else 'gpt'} family's norm")
+        notes.append(
+            f"{norm} with a {'SwiGLU' if swiglu else 'GELU'} MLP is not modelled: planned with the "
+            f"{'llama' if swiglu else 'gpt'} family's norm"
+        )
     disable, add = f.has("--disable-bias-linear"), f.has("--add-bias-linear")
     bias = add or not disable
     if swiglu and bias:
@@ -330,8 +430,10 @@ def _model(f: _Flags, tp: int, deepspeed: bool, source: str, defaults: list[str]
     _model_attention(f, m, source, notes)
     positions = f.int("--max-position-embeddings")
     if not swiglu and not (rope or no_positions) and positions and positions != m.get("seq_len"):
-        notes.append(f"--max-position-embeddings {positions} rows of learned positions are planned as seq_len "
-                     f"{m.get('seq_len')} rows")
+        notes.append(
+            f"--max-position-embeddings {positions} rows of learned positions are planned as seq_len "
+            f"{m.get('seq_len')} rows"
+        )
     mtp = f.int("--mtp-num-layers")
     if mtp:
         notes.append(f"the {mtp} multi-token-prediction layer(s) (--mtp-num-layers) are not modelled")
@@ -357,8 +459,10 @@ def _vocab(f: _Flags, tp: int, defaults: list[str]) -> int | None:
         return -(-size // unit) * unit
     if divisor is None:
         return None
-    defaults.append(f"the vocabulary ({unit} rows: one padding unit, --make-vocab-size-divisible-by x tp, which "
-                    "every tokenizer up to that size pads to)")
+    defaults.append(
+        f"the vocabulary ({unit} rows: one padding unit, --make-vocab-size-divisible-by x tp, which "
+        "every tokenizer up to that size pads to)"
+    )
     return unit
 
 
@@ -378,8 +482,10 @@ def _model_moe(f: _Flags, m: dict[str, Any], source: str, defaults: list[str], n
     shared = f.int("--moe-shared-expert-intermediate-size")
     if shared:
         if expert and shared % expert:
-            raise UserError(f"{source}: --moe-shared-expert-intermediate-size {shared} is not a whole number of "
-                            f"experts of width {expert}; not modelled")
+            raise UserError(
+                f"{source}: --moe-shared-expert-intermediate-size {shared} is not a whole number of "
+                f"experts of width {expert}; not modelled"
+            )
         m["shared_experts"] = shared // expert
     freq = f.value("--moe-layer-freq")
     layers = m.get("layers", 0)
@@ -387,8 +493,10 @@ def _model_moe(f: _Flags, m: dict[str, Any], source: str, defaults: list[str], n
         pattern = _layer_freq(freq, layers, source)
         layout = moe_layout(pattern)
         if layout is None:
-            raise UserError(f"{source}: --moe-layer-freq {freq}: MoE layers {[i for i, x in enumerate(pattern) if x]} "
-                            "are not a leading run of dense layers then every n-th layer MoE; not modelled")
+            raise UserError(
+                f"{source}: --moe-layer-freq {freq}: MoE layers {[i for i, x in enumerate(pattern) if x]} "
+                "are not a leading run of dense layers then every n-th layer MoE; not modelled"
+            )
         m["dense_layers"], m["moe_every"] = layout
     score = f.value("--moe-router-score-function")
     if score not in (None, "softmax", "sigmoid"):
@@ -399,8 +507,10 @@ def _model_moe(f: _Flags, m: dict[str, Any], source: str, defaults: list[str], n
         m["router_bias"] = True
     etp = f.int("--expert-tensor-parallel-size")
     if etp not in (None, 1):
-        notes.append(f"--expert-tensor-parallel-size {etp} is not modelled: experts priced whole on each rank "
-                     "(expert-tensor-parallel size 1)")
+        notes.append(
+            f"--expert-tensor-parallel-size {etp} is not modelled: experts priced whole on each rank "
+            "(expert-tensor-parallel size 1)"
+        )
 
 
 def _layer_freq(text: str, layers: int, source: str) -> list[bool]:
@@ -428,12 +538,17 @@ def _model_attention(f: _Flags, m: dict[str, Any], source: str, notes: list[str]
         if qk != v:
             raise UserError(f"{source}: --qk-head-dim {qk} != --v-head-dim {v} is not modelled (one head_dim)")
         q_lora = f.value("--q-lora-rank")
-        m.update(kv_channels=qk, kv_lora_rank=f.int("--kv-lora-rank", default=32),
-                 q_lora_rank=positive(q_lora, "--q-lora-rank", source) if q_lora not in (None, "None") else 0,
-                 rope_head_dim=f.int("--qk-pos-emb-head-dim", default=64))
+        m.update(
+            kv_channels=qk,
+            kv_lora_rank=f.int("--kv-lora-rank", default=32),
+            q_lora_rank=positive(q_lora, "--q-lora-rank", source) if q_lora not in (None, "None") else 0,
+            rope_head_dim=f.int("--qk-pos-emb-head-dim", default=64),
+        )
         if not f.has("--qk-layernorm"):  # gpt_layer_specs.py: the latents' RMSNorms are built with it only
-            notes.append("latent attention without --qk-layernorm builds no RMSNorm on the query and key/value "
-                         "latents: planned with them (DeepSeek-V2/V3 have them)")
+            notes.append(
+                "latent attention without --qk-layernorm builds no RMSNorm on the query and key/value "
+                "latents: planned with them (DeepSeek-V2/V3 have them)"
+            )
     window = f.value("--window-size")
     if window is not None:
         sizes = [w for w in re.split(r"[(),\s]+", window) if w]
@@ -466,20 +581,24 @@ def _pipeline(f: _Flags, s: dict[str, Any], model: Mapping[str, Any], pp: int, s
     if layout is not None:
         stages = _parse_layout(layout, source)
         if len(stages) % pp:
-            raise UserError(f"{source}: --pipeline-model-parallel-layout has {len(stages)} stages, not a multiple of "
-                            f"pp {pp}")
+            raise UserError(
+                f"{source}: --pipeline-model-parallel-layout has {len(stages)} stages, not a multiple of pp {pp}"
+            )
         virtual = len(stages) // pp
     elif per_virtual and layers:
         if layers % (pp * per_virtual):
-            raise UserError(f"{source}: {layers} layers do not split into pp {pp} x stages of "
-                            f"--num-layers-per-virtual-pipeline-stage {per_virtual}")
+            raise UserError(
+                f"{source}: {layers} layers do not split into pp {pp} x stages of "
+                f"--num-layers-per-virtual-pipeline-stage {per_virtual}"
+            )
         virtual = layers // (pp * per_virtual)
     elif (first or last) and layers and pp > 1:
         rest = layers - (first or 0) - (last or 0)
         middle = pp - (first is not None) - (last is not None)
         if middle < 0 or rest < 0 or (middle and rest % middle) or (not middle and rest):
-            raise UserError(f"{source}: --decoder-first/last-pipeline-num-layers leave {rest} layers for {middle} "
-                            "stages")
+            raise UserError(
+                f"{source}: --decoder-first/last-pipeline-num-layers leave {rest} layers for {middle} stages"
+            )
         each = rest // middle if middle else 0
         stages = ([first] if first is not None else []) + [each] * middle + ([last] if last is not None else [])
     virtual = virtual or 1
@@ -504,8 +623,7 @@ def _parse_layout(text: str, source: str) -> list[int]:
             if kind == "t":
                 count += int(times or 1)
             elif kind not in "EL":
-                raise UserError(f"{source}: --pipeline-model-parallel-layout module {kind!r} is not modelled "
-                                "(t, E, L)")
+                raise UserError(f"{source}: --pipeline-model-parallel-layout module {kind!r} is not modelled (t, E, L)")
         stages.append(count)
     return stages
 
@@ -514,8 +632,10 @@ def _batch(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], defaults: list[s
     micro = f.int("--micro-batch-size")
     ds_micro = ds.get("train_micro_batch_size_per_gpu")
     if micro is not None and ds_micro is not None and micro != ds_micro:
-        raise UserError(f"{source}: --micro-batch-size {micro} but the DeepSpeed JSON's "
-                        f"train_micro_batch_size_per_gpu is {ds_micro}")
+        raise UserError(
+            f"{source}: --micro-batch-size {micro} but the DeepSpeed JSON's "
+            f"train_micro_batch_size_per_gpu is {ds_micro}"
+        )
     micro = micro or (positive(ds_micro, "train_micro_batch_size_per_gpu", source) if ds_micro is not None else None)
     if micro is None:
         defaults.append("--micro-batch-size (1)")
@@ -531,8 +651,15 @@ def _batch(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], defaults: list[s
         s["global_batch"] = glob
 
 
-def _memory(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], deepspeed: bool, source: str,
-            defaults: list[str], notes: list[str]) -> None:
+def _memory(
+    f: _Flags,
+    s: dict[str, Any],
+    ds: Mapping[str, Any],
+    deepspeed: bool,
+    source: str,
+    defaults: list[str],
+    notes: list[str],
+) -> None:
     """Recomputation and optimizer-state sharding."""
     granularity = f.value("--recompute-granularity")
     method, count = f.value("--recompute-method"), f.int("--recompute-num-layers")
@@ -548,8 +675,10 @@ def _memory(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], deepspeed: bool
         if method == "block" and count:
             s["recompute_layers"] = count
         elif method == "uniform" and count and count > 1:
-            notes.append(f"--recompute-method uniform --recompute-num-layers {count} (chunks of {count} layers) is "
-                         "priced as every layer recomputed")
+            notes.append(
+                f"--recompute-method uniform --recompute-num-layers {count} (chunks of {count} layers) is "
+                "priced as every layer recomputed"
+            )
     elif granularity == "selective":
         s["recompute"] = "selective"
         modules = f.values("--recompute-modules")
@@ -575,24 +704,35 @@ def _memory(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], deepspeed: bool
     ds_stage = ds.get("zero_optimization", {}).get("stage") if isinstance(ds.get("zero_optimization"), dict) else None
     if deepspeed:
         if flag_stage is not None and ds_stage is not None and flag_stage != ds_stage:
-            raise UserError(f"{source}: --zero-stage {flag_stage} but the DeepSpeed JSON's zero_optimization.stage is "
-                            f"{ds_stage}")
+            raise UserError(
+                f"{source}: --zero-stage {flag_stage} but the DeepSpeed JSON's zero_optimization.stage is {ds_stage}"
+            )
         zero = ds_stage if ds_stage is not None else flag_stage
     if zero is None:
-        defaults.append("ZeRO (0: " + ("no zero_optimization.stage" if deepspeed else "no --use-distributed-optimizer")
-                        + ")")
+        defaults.append(
+            "ZeRO (0: " + ("no zero_optimization.stage" if deepspeed else "no --use-distributed-optimizer") + ")"
+        )
     s["zero"] = zero or 0
 
 
-def _precision(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], runtime: str, source: str,
-               defaults: list[str], notes: list[str]) -> None:
+def _precision(
+    f: _Flags,
+    s: dict[str, Any],
+    ds: Mapping[str, Any],
+    runtime: str,
+    source: str,
+    defaults: list[str],
+    notes: list[str],
+) -> None:
     engine = get_engine(runtime)
     bf16, fp16 = f.has("--bf16"), f.has("--fp16")
     ds_bf16 = (ds.get("bf16") or {}).get("enabled") if isinstance(ds.get("bf16"), dict) else None
     ds_fp16 = (ds.get("fp16") or {}).get("enabled") if isinstance(ds.get("fp16"), dict) else None
     if ds_bf16 is not None and ds_bf16 != bf16 and (bf16 or ds_bf16):
-        raise UserError(f"{source}: {'--bf16' if bf16 else 'no --bf16'} but the DeepSpeed JSON's bf16.enabled is "
-                        f"{str(ds_bf16).lower()}")
+        raise UserError(
+            f"{source}: {'--bf16' if bf16 else 'no --bf16'} but the DeepSpeed JSON's bf16.enabled is "
+            f"{str(ds_bf16).lower()}"
+        )
     if (bf16 or ds_bf16) and (fp16 or ds_fp16):
         raise UserError(f"{source}: both bf16 and fp16 are set; Megatron trains in one of them")
     if not (bf16 or fp16 or ds_bf16 or ds_fp16):
@@ -611,8 +751,17 @@ def _precision(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], runtime: str
         else:
             raise UserError(f"{source}: --attention-backend {backend} is not flash, fused, unfused, local or auto")
     else:
-        flash = [n for n in ("--use-flash-attn-v2", "--use-flash-attn", "--use-flash-attn-v1",
-                             "--use-flash-attn-triton", "--use-flash-attn-builder") if f.has(n)]
+        flash = [
+            n
+            for n in (
+                "--use-flash-attn-v2",
+                "--use-flash-attn",
+                "--use-flash-attn-v1",
+                "--use-flash-attn-triton",
+                "--use-flash-attn-builder",
+            )
+            if f.has(n)
+        ]
         s["flash_attention"] = bool(flash)
         kernel = "fa2" if flash else ""
         if not flash:
@@ -630,8 +779,13 @@ def _precision(f: _Flags, s: dict[str, Any], ds: Mapping[str, Any], runtime: str
         s["fp8"] = inverse[recipe]
     if f.has("--fp8-param-gather"):
         s["fp8_param_gather"] = True
-    accum = ("bfloat16" if f.has("--grad-reduce-in-bf16") else
-             "float32" if f.has("--accumulate-allreduce-grads-in-fp32") else None)
+    accum = (
+        "bfloat16"
+        if f.has("--grad-reduce-in-bf16")
+        else "float32"
+        if f.has("--accumulate-allreduce-grads-in-fp32")
+        else None
+    )
     ds_accum = (ds.get("data_types") or {}).get("grad_accum_dtype") if isinstance(ds.get("data_types"), dict) else None
     if ds_accum is not None:
         accum = {"fp32": "float32", "bf16": "bfloat16", "fp16": "bfloat16"}.get(str(ds_accum), accum)
@@ -650,11 +804,14 @@ def _moe_settings(f: _Flags, s: dict[str, Any], source: str, defaults: list[str]
         s["moe_dispatcher"] = backend
     elif dispatcher in (None, "allgather"):
         (defaults if dispatcher is None else notes).append(
-            "--moe-token-dispatcher-type (allgather, priced as alltoall)" if dispatcher is None else
-            "--moe-token-dispatcher-type allgather is priced as alltoall")
+            "--moe-token-dispatcher-type (allgather, priced as alltoall)"
+            if dispatcher is None
+            else "--moe-token-dispatcher-type allgather is priced as alltoall"
+        )
     elif dispatcher not in ("alltoall", "alltoall_seq"):
-        raise UserError(f"{source}: --moe-token-dispatcher-type {dispatcher} is not modelled (alltoall, allgather or "
-                        "flex)")
+        raise UserError(
+            f"{source}: --moe-token-dispatcher-type {dispatcher} is not modelled (alltoall, allgather or flex)"
+        )
     capacity = f.value("--moe-expert-capacity-factor")
     if capacity is not None and capacity != "None":
         s["moe_capacity_factor"] = number(capacity, "--moe-expert-capacity-factor", source)
@@ -670,8 +827,12 @@ def _overlap(f: _Flags, ds: Mapping[str, Any], runtime: str, defaults: list[str]
     offered = {o.comm: o for o in engine.overlaps}
     on = {c for c, o in offered.items() if o.default_on}
     if runtime == "megatron-core":
-        for comm, flag in (("dp_grad_reduce", "--overlap-grad-reduce"), ("dp_param_gather", "--overlap-param-gather"),
-                           ("tp", "--tp-comm-overlap"), ("ep_a2a", "--overlap-moe-expert-parallel-comm")):
+        for comm, flag in (
+            ("dp_grad_reduce", "--overlap-grad-reduce"),
+            ("dp_param_gather", "--overlap-param-gather"),
+            ("tp", "--tp-comm-overlap"),
+            ("ep_a2a", "--overlap-moe-expert-parallel-comm"),
+        ):
             if f.has(flag):
                 on.add(comm)
         if f.has("--no-overlap-p2p-communication"):
@@ -692,17 +853,53 @@ def _overlap(f: _Flags, ds: Mapping[str, Any], runtime: str, defaults: list[str]
 
 
 # ---- DeepSpeed JSON ----------------------------------------------------------------------------------------------
-_DS_KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
-             "bf16", "fp16", "data_types"}
-_DS_IGNORED = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
-               "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger", "zero_allow_untested_optimizer",
-               "memory_breakdown", "dump_state", "prescale_gradients", "gradient_predivide_factor", "seed",
-               "zero_force_ds_cpu_optimizer"}
-_ZERO_KNOWN = {"stage", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients",
-               "reduce_scatter", "allgather_partitions", "round_robin_gradients", "sub_group_size",
-               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
-               "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save", "ignore_unused_parameters",
-               "elastic_checkpoint", "load_from_fp32_weights"}
+_DS_KNOWN = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_optimization",
+    "bf16",
+    "fp16",
+    "data_types",
+}
+_DS_IGNORED = {
+    "gradient_clipping",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "optimizer",
+    "scheduler",
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comms_logger",
+    "zero_allow_untested_optimizer",
+    "memory_breakdown",
+    "dump_state",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "seed",
+    "zero_force_ds_cpu_optimizer",
+}
+_ZERO_KNOWN = {
+    "stage",
+    "overlap_comm",
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "contiguous_gradients",
+    "reduce_scatter",
+    "allgather_partitions",
+    "round_robin_gradients",
+    "sub_group_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save",
+    "ignore_unused_parameters",
+    "elastic_checkpoint",
+    "load_from_fp32_weights",
+}
 
 
 def _deepspeed_json(path: str, script: Script, side_files: Mapping[str, str], source: str) -> dict[str, Any]:
@@ -733,23 +930,29 @@ def _accum(ds: Mapping[str, Any], s: Mapping[str, Any]) -> int:
     return accum if isinstance(accum, int) and accum > 0 else 1
 
 
-def _check_deepspeed_batch(ds: Mapping[str, Any], s: Mapping[str, Any], ranks: int, gpus: int | None,
-                           source: str) -> None:
+def _check_deepspeed_batch(
+    ds: Mapping[str, Any], s: Mapping[str, Any], ranks: int, gpus: int | None, source: str
+) -> None:
     """DeepSpeed's own check (runtime/config.py _batch_assertion): train_batch_size = micro x accumulation x dp."""
     batch, accum = ds.get("train_batch_size"), ds.get("gradient_accumulation_steps")
     micro = s["micro_batch"]
     if batch is None or accum is None:
         return
     if not isinstance(batch, int) or not isinstance(accum, int) or batch <= 0 or accum <= 0:
-        raise UserError(f"{source}: the DeepSpeed JSON's train_batch_size and gradient_accumulation_steps must be "
-                        "positive integers")
+        raise UserError(
+            f"{source}: the DeepSpeed JSON's train_batch_size and gradient_accumulation_steps must be positive integers"
+        )
     if batch % (micro * accum):
-        raise UserError(f"{source}: the DeepSpeed JSON's train_batch_size {batch} is not micro-batch {micro} x "
-                        f"gradient_accumulation_steps {accum} x data-parallel ranks")
+        raise UserError(
+            f"{source}: the DeepSpeed JSON's train_batch_size {batch} is not micro-batch {micro} x "
+            f"gradient_accumulation_steps {accum} x data-parallel ranks"
+        )
     dp = batch // (micro * accum)
     if gpus is not None and gpus != dp * ranks:
-        raise UserError(f"{source}: the DeepSpeed JSON's batch makes {dp} data-parallel ranks, {dp * ranks} ranks with "
-                        f"tp*pp {ranks}, but the launch runs {gpus}")
+        raise UserError(
+            f"{source}: the DeepSpeed JSON's batch makes {dp} data-parallel ranks, {dp * ranks} ranks with "
+            f"tp*pp {ranks}, but the launch runs {gpus}"
+        )
 
 
 __all__ = ["EXPORT_ARRAYS", "IGNORED", "parse_flags", "read_megatron", "side_file_names"]

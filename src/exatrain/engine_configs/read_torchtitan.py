@@ -24,19 +24,60 @@ from exatrain.errors import UserError
 from exatrain.plan import balanced_split
 from exatrain.settings import cp_comm_for
 
-TORCHTITAN_SECTIONS = ("job", "model", "training", "parallelism", "activation_checkpoint", "compile", "float8",
-                       "quantize", "optimizer", "lr_scheduler", "checkpoint", "metrics", "profiling", "comm",
-                       "validation", "fault_tolerance", "experimental", "memory_estimation", "debug")
+TORCHTITAN_SECTIONS = (
+    "job",
+    "model",
+    "training",
+    "parallelism",
+    "activation_checkpoint",
+    "compile",
+    "float8",
+    "quantize",
+    "optimizer",
+    "lr_scheduler",
+    "checkpoint",
+    "metrics",
+    "profiling",
+    "comm",
+    "validation",
+    "fault_tolerance",
+    "experimental",
+    "memory_estimation",
+    "debug",
+)
 # keys read without a word (they change nothing a plan holds); every other key not read is named
 _IGNORED = {
-    "job": None, "optimizer": {"name", "lr", "eps", "beta1", "beta2", "weight_decay", "early_step_in_backward"},
-    "lr_scheduler": None, "checkpoint": None, "metrics": None, "profiling": None, "comm": None, "validation": None,
-    "fault_tolerance": None, "experimental": None, "memory_estimation": None,
+    "job": None,
+    "optimizer": {"name", "lr", "eps", "beta1", "beta2", "weight_decay", "early_step_in_backward"},
+    "lr_scheduler": None,
+    "checkpoint": None,
+    "metrics": None,
+    "profiling": None,
+    "comm": None,
+    "validation": None,
+    "fault_tolerance": None,
+    "experimental": None,
+    "memory_estimation": None,
     "model": {"hf_assets_path", "tokenizer_path", "print_after_conversion"},
-    "training": {"dataset", "dataset_path", "steps", "max_norm", "gc_freq", "gc_debug", "seed", "deterministic",
-                 "dataloader", "warmup_steps"},
-    "parallelism": {"disable_loss_parallel", "pipeline_parallel_split_points", "context_parallel_load_balancer",
-                    "expert_parallel_comm_backend", "pipeline_parallel_schedule_csv"},
+    "training": {
+        "dataset",
+        "dataset_path",
+        "steps",
+        "max_norm",
+        "gc_freq",
+        "gc_debug",
+        "seed",
+        "deterministic",
+        "dataloader",
+        "warmup_steps",
+    },
+    "parallelism": {
+        "disable_loss_parallel",
+        "pipeline_parallel_split_points",
+        "context_parallel_load_balancer",
+        "expert_parallel_comm_backend",
+        "pipeline_parallel_schedule_csv",
+    },
     "activation_checkpoint": {"preserve_rng_state", "determinism_check", "debug", "early_stop"},
     "debug": {"seed", "deterministic", "deterministic_warn_only"},
 }
@@ -86,8 +127,11 @@ class _Toml:
         out = []
         for section, table in self.data.items():
             if section == "quantize":
-                table = {f"linear.{k}": v for k, v in (table.get("linear") or {}).items()} if isinstance(table, dict) \
+                table = (
+                    {f"linear.{k}": v for k, v in (table.get("linear") or {}).items()}
+                    if isinstance(table, dict)
                     else {}
+                )
                 out += [f"quantize.{k}" for k in table if ("quantize", k) not in self.used]
                 continue
             ignored = _IGNORED.get(section, set())
@@ -114,8 +158,9 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
         except (ValueError, TypeError) as exc:
             raise UserError(f"{source}: not valid TOML: {str(exc).splitlines()[0]}") from None
     if not any(k in data for k in TORCHTITAN_SECTIONS):
-        raise UserError(f"{source}: no torchtitan section ([model], [training], [parallelism], ...): not a torchtitan "
-                        "job file")
+        raise UserError(
+            f"{source}: no torchtitan section ([model], [training], [parallelism], ...): not a torchtitan job file"
+        )
     t = _Toml(data, text, source)
     defaults: list[str] = []
     notes: list[str] = []
@@ -125,8 +170,12 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
     cp = t.int("parallelism", "context_parallel_degree", 1)
     replicate = t.int("parallelism", "data_parallel_replicate_degree", 1)
     shard = t.int("parallelism", "data_parallel_shard_degree", -1)
-    for what, n in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
-                    ("context_parallel_degree", cp), ("data_parallel_replicate_degree", replicate)):
+    for what, n in (
+        ("tensor_parallel_degree", tp),
+        ("pipeline_parallel_degree", pp),
+        ("context_parallel_degree", cp),
+        ("data_parallel_replicate_degree", replicate),
+    ):
         positive(n, f"parallelism.{what}", source)
     if shard == -1:
         if not t.has("parallelism", "data_parallel_shard_degree"):
@@ -134,8 +183,9 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
         if gpus is not None:
             rest = gpus // (tp * pp * cp * replicate) if gpus % (tp * pp * cp * replicate) == 0 else None
             if rest is None:
-                raise UserError(f"{source}: --gpus {gpus} is not a multiple of tp*pp*cp*replicate "
-                                f"{tp * pp * cp * replicate}")
+                raise UserError(
+                    f"{source}: --gpus {gpus} is not a multiple of tp*pp*cp*replicate {tp * pp * cp * replicate}"
+                )
             shard = rest
     elif shard < 1:
         raise UserError(f"{source}: parallelism.data_parallel_shard_degree must be -1 or positive, got {shard}")
@@ -156,8 +206,9 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
             raise UserError(f"{source}: fsdp_reshard_after_forward {reshard!r} is not always, never or default")
         s["zero"] = 3 if reshard == "always" else 2
         if replicate > 1:
-            notes.append(f"HSDP (replicate {replicate} x shard {shard}) is priced as FSDP over all {dp} "
-                         "data-parallel ranks")
+            notes.append(
+                f"HSDP (replicate {replicate} x shard {shard}) is priced as FSDP over all {dp} data-parallel ranks"
+            )
     else:
         s["zero"] = 0
     only_dp = tp == 1 and pp == 1
@@ -196,11 +247,19 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
     overlap = "tp,dp_param_gather,dp_grad_reduce" if _async_tp(t) else "default"
     if overlap == "default":
         defaults.append("overlap (FSDP2's prefetch and reduce-scatter on; async TP off)")
-    return LaunchRead(source="torchtitan", runtime="torchtitan", model_fields=model, model_missing=missing, settings=s,
-                      gpus=world or gpus, overlap=overlap,
-                      world="the parallelism degrees" if world else "data_parallel_shard_degree -1 leaves it to the "
-                      "launcher", defaults=tuple(defaults), unknown=tuple(t.unknown()),
-                      notes=tuple(notes))
+    return LaunchRead(
+        source="torchtitan",
+        runtime="torchtitan",
+        model_fields=model,
+        model_missing=missing,
+        settings=s,
+        gpus=world or gpus,
+        overlap=overlap,
+        world="the parallelism degrees" if world else "data_parallel_shard_degree -1 leaves it to the launcher",
+        defaults=tuple(defaults),
+        unknown=tuple(t.unknown()),
+        notes=tuple(notes),
+    )
 
 
 def _model(t: _Toml, source: str, defaults: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -255,8 +314,7 @@ def _pipeline(t: _Toml, s: dict[str, Any], layers: int, pp: int, source: str, de
         return
     inverse = {v: k for k, v in SCHEDULE_NAMES.items()}
     if schedule not in inverse:
-        raise UserError(f"{source}: pipeline_parallel_schedule {schedule!r} is not modelled "
-                        f"({', '.join(inverse)})")
+        raise UserError(f"{source}: pipeline_parallel_schedule {schedule!r} is not modelled ({', '.join(inverse)})")
     s["schedule"] = inverse[schedule]
     multi = s["schedule"] in ("interleaved", "zero_bubble", "zbv", "dualpipev")
     if parts is not None:
@@ -275,8 +333,10 @@ def _pipeline(t: _Toml, s: dict[str, Any], layers: int, pp: int, source: str, de
     elif per_stage is not None and layers:
         stages = math.ceil(layers / positive(per_stage, "pipeline_parallel_layers_per_stage", source))
         if stages % pp:
-            raise UserError(f"{source}: {stages} stages of pipeline_parallel_layers_per_stage {per_stage} do not "
-                            f"spread over pp {pp}")
+            raise UserError(
+                f"{source}: {stages} stages of pipeline_parallel_layers_per_stage {per_stage} do not "
+                f"spread over pp {pp}"
+            )
         s["interleave"] = stages // pp
     else:
         s["interleave"] = 2 if multi else 1
@@ -295,19 +355,25 @@ def _batch(t: _Toml, s: dict[str, Any], dp: int | None, pp: int, defaults: list[
     micro = t.get("parallelism", "pipeline_parallel_microbatch_size", 1) if pp > 1 else local
     s["micro_batch"] = positive(micro, "pipeline_parallel_microbatch_size", source)
     if pp > 1 and local % s["micro_batch"]:
-        raise UserError(f"{source}: local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size "
-                        f"{s['micro_batch']}")
+        raise UserError(
+            f"{source}: local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size "
+            f"{s['micro_batch']}"
+        )
     glob = t.get("training", "global_batch_size", -1)
     if glob in (-1, None):
         if dp is None:
-            raise UserError(f"{source}: global_batch_size -1 (local x data-parallel size) with the data-parallel size "
-                            "left to the launcher: pass --gpus")
+            raise UserError(
+                f"{source}: global_batch_size -1 (local x data-parallel size) with the data-parallel size "
+                "left to the launcher: pass --gpus"
+            )
         defaults.append("training.global_batch_size (local x dp)")
         glob = local * dp
     s["global_batch"] = positive(glob, "training.global_batch_size", source)
     if dp is not None and s["global_batch"] % (local * dp):
-        raise UserError(f"{source}: global_batch_size {glob} is not a multiple of local_batch_size {local} x "
-                        f"data-parallel size {dp}")
+        raise UserError(
+            f"{source}: global_batch_size {glob} is not a multiple of local_batch_size {local} x "
+            f"data-parallel size {dp}"
+        )
 
 
 def _recompute(t: _Toml, s: dict[str, Any], source: str, defaults: list[str]) -> None:
@@ -326,8 +392,9 @@ def _recompute(t: _Toml, s: dict[str, Any], source: str, defaults: list[str]) ->
         if int(option) > 1:
             s["recompute_every"] = int(option)
     else:
-        raise UserError(f"{source}: activation_checkpoint mode {mode!r} with selective_ac_option {option!r} is not "
-                        "modelled")
+        raise UserError(
+            f"{source}: activation_checkpoint mode {mode!r} with selective_ac_option {option!r} is not modelled"
+        )
     for key in ("per_op_sac_force_recompute_mm_shapes_by_fqns", "memory_budget", "visualize_memory_budget_pareto"):
         t.get("activation_checkpoint", key)
 
@@ -337,8 +404,15 @@ def _precision_extras(t: _Toml, s: dict[str, Any], source: str) -> None:
     engine = get_engine("torchtitan")
     converters = t.get("model", "converters", []) or []
     if any(c in ("quantize.linear.float8", "float8") for c in converters):
-        table = (t.data.get("quantize", {}).get("linear", {}).get("float8") if isinstance(t.data.get("quantize"), dict)
-                 else None) or t.data.get("float8") or {}
+        table = (
+            (
+                t.data.get("quantize", {}).get("linear", {}).get("float8")
+                if isinstance(t.data.get("quantize"), dict)
+                else None
+            )
+            or t.data.get("float8")
+            or {}
+        )
         for key in table:
             t.used.add(("quantize", f"linear.float8.{key}") if "quantize" in t.data else ("float8", key))
             t.used.add(("quantize", "linear.float8"))
@@ -368,8 +442,10 @@ def _precision_extras(t: _Toml, s: dict[str, Any], source: str) -> None:
 
 
 def _async_tp(t: _Toml) -> bool:
-    return bool(t.get("parallelism", "enable_async_tensor_parallel", False)
-                or t.get("compile", "enable_async_tensor_parallel", False))
+    return bool(
+        t.get("parallelism", "enable_async_tensor_parallel", False)
+        or t.get("compile", "enable_async_tensor_parallel", False)
+    )
 
 
 __all__ = ["TORCHTITAN_SECTIONS", "looks_like_toml", "read_torchtitan"]

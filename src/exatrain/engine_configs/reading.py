@@ -16,8 +16,9 @@ from exatrain.engine_configs import read_megatron, read_torchtitan
 from exatrain.engine_configs.read_common import LaunchRead
 
 
-def read_launch(text: str, *, source: str, side_files: Mapping[str, str] | None = None,
-                gpus: int | None = None) -> LaunchRead:
+def read_launch(
+    text: str, *, source: str, side_files: Mapping[str, str] | None = None, gpus: int | None = None
+) -> LaunchRead:
     """The launch ``text`` (from the file ``source``) read: a torchtitan TOML when it parses as TOML with a torchtitan
     section, else a Megatron-LM / Megatron-DeepSpeed script. ``gpus``: the world size where the file leaves it to
     the launcher (a torchtitan shard degree of -1)."""

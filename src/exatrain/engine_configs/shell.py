@@ -34,8 +34,13 @@ class Script:
 def run_script(text: str) -> Script:
     """The script's commands and variables, read as the module doc says."""
     script = Script()
-    script.sbatch = [w for line in text.splitlines() if line.lstrip().startswith("#SBATCH")
-                     for w in line.split()[1:] if not w.startswith("#")]
+    script.sbatch = [
+        w
+        for line in text.splitlines()
+        if line.lstrip().startswith("#SBATCH")
+        for w in line.split()[1:]
+        if not w.startswith("#")
+    ]
     _Reader(text, script).read()
     return script
 
@@ -107,7 +112,7 @@ class _Reader:
         if self.i >= len(s):
             return None
         c = s[self.i]
-        if c == "\\" and s[self.i + 1:self.i + 2] == "\n":  # line continuation
+        if c == "\\" and s[self.i + 1 : self.i + 2] == "\n":  # line continuation
             self.i += 2
             return self._token()
         if c == "#":
@@ -177,7 +182,7 @@ class _Reader:
             while self.i < len(self.s):
                 end = self.s.find("\n", self.i)
                 end = len(self.s) if end < 0 else end
-                line = self.s[self.i:end]
+                line = self.s[self.i : end]
                 self.i = end + 1
                 if (line.lstrip("\t") if strip else line) == delimiter:
                     break
@@ -198,23 +203,23 @@ class _Reader:
             if c in " \t\n;&|<>" or (stop and c in stop):
                 break
             if c == "\\":
-                if s[self.i + 1:self.i + 2] == "\n":
+                if s[self.i + 1 : self.i + 2] == "\n":
                     self.i += 2
                     continue
-                words[-1].append(s[self.i + 1:self.i + 2])
+                words[-1].append(s[self.i + 1 : self.i + 2])
                 self.i += 2
                 started = True
             elif c == "'":
                 end = s.find("'", self.i + 1)
                 end = len(s) if end < 0 else end
-                words[-1].append(s[self.i + 1:end])
+                words[-1].append(s[self.i + 1 : end])
                 quoted[-1] = started = True
                 self.i = end + 1
             elif c == '"':
                 self.i += 1
                 quoted[-1] = started = True
                 while self.i < len(s) and s[self.i] != '"':
-                    if s[self.i] == "\\" and s[self.i + 1:self.i + 2] in ('"', "\\", "$", "`", "\n"):
+                    if s[self.i] == "\\" and s[self.i + 1 : self.i + 2] in ('"', "\\", "$", "`", "\n"):
                         if s[self.i + 1] != "\n":
                             words[-1].append(s[self.i + 1])
                         self.i += 2
@@ -251,7 +256,7 @@ class _Reader:
             elif c == "`":
                 end = s.find("`", self.i + 1)
                 end = len(s) if end < 0 else end
-                words[-1].append(s[self.i:end + 1])
+                words[-1].append(s[self.i : end + 1])
                 self.i = end + 1
                 started = True
             else:
@@ -269,10 +274,10 @@ class _Reader:
         if s.startswith("((", self.i):  # $((arithmetic))
             end = s.find("))", self.i)
             end = len(s) if end < 0 else end
-            expr = s[self.i + 2:end]
+            expr = s[self.i + 2 : end]
             self.i = end + 2
             value = self._arith(expr)
-            self._raw = s[start:self.i]
+            self._raw = s[start : self.i]
             return ([str(value)] if value is not None else None), False
         if s.startswith("(", self.i):  # $(command substitution): unknown
             depth, j = 0, self.i
@@ -287,20 +292,20 @@ class _Reader:
         if s.startswith("{", self.i):
             end = s.find("}", self.i)
             end = len(s) if end < 0 else end
-            inner = s[self.i + 1:end]
+            inner = s[self.i + 1 : end]
             self.i = end + 1
-            self._raw = s[start:self.i]
+            self._raw = s[start : self.i]
             return self._braced(inner)
         m = _NAME.match(s, self.i)
         if not m:
-            if s[self.i:self.i + 1].isdigit() or s[self.i:self.i + 1] in "@*#?$!":  # positional / special
+            if s[self.i : self.i + 1].isdigit() or s[self.i : self.i + 1] in "@*#?$!":  # positional / special
                 self.i += 1
-                self._raw = s[start:self.i]
+                self._raw = s[start : self.i]
                 return None, False
             self._raw = "$"
             return None, False
         self.i = m.end()
-        self._raw = s[start:self.i]
+        self._raw = s[start : self.i]
         value = self.script.variables.get(m.group())
         return ([value[0]] if value is not None else None), False
 
@@ -329,9 +334,11 @@ class _Reader:
 
     def _expand_text(self, text: str) -> str:
         """A default value's own expansions ($VAR inside ${X:-$VAR})."""
+
         def sub(m: re.Match) -> str:
             value = self.script.variables.get(m.group(1) or m.group(2))
             return value[0] if value is not None else m.group()
+
         return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)", sub, text)
 
     def _arith(self, expr: str) -> int | None:
@@ -343,8 +350,14 @@ class _Reader:
             return None
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.floordiv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.floordiv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 
 
 def _eval(node: ast.AST, variables: dict[str, list[str]]) -> int:

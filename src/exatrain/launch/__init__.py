@@ -13,5 +13,12 @@ from exatrain.launch.common import NodeLayout, TrainArgs, node_layout
 from exatrain.launch.slurm import SlurmOptions, render_slurm
 from exatrain.launch.torchrun import TorchrunOptions, render_torchrun
 
-__all__ = ["NodeLayout", "SlurmOptions", "TorchrunOptions", "TrainArgs", "node_layout", "render_slurm",
-           "render_torchrun"]
+__all__ = [
+    "NodeLayout",
+    "SlurmOptions",
+    "TorchrunOptions",
+    "TrainArgs",
+    "node_layout",
+    "render_slurm",
+    "render_torchrun",
+]

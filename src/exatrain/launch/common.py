@@ -39,22 +39,29 @@ def node_layout(plan: Plan, cluster: ClusterSpec, nodes: int | None = None) -> N
     gpn = cluster.gpus_per_node
     gpus = plan.gpus
     if plan.tp > gpn:
-        raise UserError(f"tp {plan.tp} needs {plan.tp} devices in one node but a {cluster.name} node "
-                        f"has {gpn}: lower tp to at most {gpn}")
+        raise UserError(
+            f"tp {plan.tp} needs {plan.tp} devices in one node but a {cluster.name} node "
+            f"has {gpn}: lower tp to at most {gpn}"
+        )
     if nodes is None:
         nodes = -(-gpus // gpn)
     elif nodes <= 0:
         raise UserError(f"--nodes must be a positive integer, got {nodes}")
     if nodes * gpn < gpus:
-        raise UserError(f"--nodes {nodes} hold {nodes * gpn} devices ({gpn} per {cluster.name} node) "
-                        f"but the plan needs {gpus}: use at least {-(-gpus // gpn)} nodes")
+        raise UserError(
+            f"--nodes {nodes} hold {nodes * gpn} devices ({gpn} per {cluster.name} node) "
+            f"but the plan needs {gpus}: use at least {-(-gpus // gpn)} nodes"
+        )
     if gpus % nodes:
-        raise UserError(f"the plan's {gpus} ranks do not split evenly over {nodes} nodes; "
-                        f"choose a node count that divides {gpus}")
+        raise UserError(
+            f"the plan's {gpus} ranks do not split evenly over {nodes} nodes; choose a node count that divides {gpus}"
+        )
     per_node = gpus // nodes
     if per_node % plan.tp:
-        raise UserError(f"{per_node} ranks per node is not a multiple of tp {plan.tp}: a tensor-parallel "
-                        "group would span two nodes; change --nodes or the plan's degrees")
+        raise UserError(
+            f"{per_node} ranks per node is not a multiple of tp {plan.tp}: a tensor-parallel "
+            "group would span two nodes; change --nodes or the plan's degrees"
+        )
     return NodeLayout(nodes=nodes, ranks_per_node=per_node)
 
 
@@ -88,8 +95,9 @@ class EnvVar:
     why: str
 
 
-def environment(plan: Plan, cluster: ClusterSpec, *, rccl_plugin_dir: str = "",
-                cache_tag: str = "$$") -> tuple[EnvVar, ...]:
+def environment(
+    plan: Plan, cluster: ClusterSpec, *, rccl_plugin_dir: str = "", cache_tag: str = "$$"
+) -> tuple[EnvVar, ...]:
     """The per-rank environment for a plan on a cluster. ``cache_tag`` makes node-local cache
     paths unique per job (``${SLURM_JOB_ID}`` under SLURM)."""
     env = [EnvVar("OMP_NUM_THREADS", "1", "one host thread per rank: more oversubscribe the cores")]
@@ -98,28 +106,45 @@ def environment(plan: Plan, cluster: ClusterSpec, *, rccl_plugin_dir: str = "",
         # Megatron-LM's validate_args (megatron/training/arguments.py) asserts =1 for tensor
         # parallelism before Blackwell, and asserts it unset or >1 for its FSDP (ZeRO-2/3): sharded
         # data parallelism overlaps its gathers on several queues.
-        env.append(EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "1",
-                          "one hardware queue: tensor-parallel communication is issued in order and "
-                          "overlaps compute"))
+        env.append(
+            EnvVar(
+                "CUDA_DEVICE_MAX_CONNECTIONS",
+                "1",
+                "one hardware queue: tensor-parallel communication is issued in order and overlaps compute",
+            )
+        )
     if kind == "rocm":
         # OLCF Frontier user guide (PyTorch / RCCL sections) and the Frontier study's launch scripts.
         miopen = f"/tmp/${{USER:-exatrain}}-miopen-{cache_tag}"
         env += [
-            EnvVar("MIOPEN_USER_DB_PATH", miopen,
-                   "MIOpen's kernel database on node-local /tmp: on the shared filesystem its sqlite "
-                   "locks serialise thousands of ranks"),
+            EnvVar(
+                "MIOPEN_USER_DB_PATH",
+                miopen,
+                "MIOpen's kernel database on node-local /tmp: on the shared filesystem its sqlite "
+                "locks serialise thousands of ranks",
+            ),
             EnvVar("MIOPEN_CUSTOM_CACHE_DIR", "${MIOPEN_USER_DB_PATH}", "compiled-kernel cache, same place"),
         ]
     if kind == "rocm" and uses_slingshot(cluster):
-        plugin = shell_double_quoted(rccl_plugin_dir) if rccl_plugin_dir else \
-            "${AWS_OFI_RCCL_DIR:?set AWS_OFI_RCCL_DIR to your aws-ofi-rccl install (it holds lib/librccl-net.so)}"
+        plugin = (
+            shell_double_quoted(rccl_plugin_dir)
+            if rccl_plugin_dir
+            else "${AWS_OFI_RCCL_DIR:?set AWS_OFI_RCCL_DIR to your aws-ofi-rccl install (it holds lib/librccl-net.so)}"
+        )
         env += [
-            EnvVar("LD_LIBRARY_PATH", f"{plugin}/lib:${{LD_LIBRARY_PATH:-}}",
-                   "the aws-ofi-rccl plugin: without it RCCL falls back to TCP sockets over Slingshot"),
+            EnvVar(
+                "LD_LIBRARY_PATH",
+                f"{plugin}/lib:${{LD_LIBRARY_PATH:-}}",
+                "the aws-ofi-rccl plugin: without it RCCL falls back to TCP sockets over Slingshot",
+            ),
             EnvVar("NCCL_NET_GDR_LEVEL", "3", "GPU-direct RDMA between a GCD and its NIC"),
             EnvVar("NCCL_SOCKET_IFNAME", "hsn0", "bootstrap over the Slingshot high-speed network"),
-            EnvVar("FI_CXI_ATS", "0", "libfabric's CXI provider without the address translation "
-                   "service, OLCF's setting for RCCL over Slingshot"),
+            EnvVar(
+                "FI_CXI_ATS",
+                "0",
+                "libfabric's CXI provider without the address translation "
+                "service, OLCF's setting for RCCL over Slingshot",
+            ),
         ]
     return tuple(env)
 
@@ -155,8 +180,7 @@ class TrainArgs:
         """Arguments after ``python -m exatrain.train``. ``plan_ref``, checkpoint_dir and
         metrics_file are shell words as given (they may be "$VAR" references)."""
         q = shlex.quote if quoted else (lambda s: s)
-        out = ["--plan", plan_ref, "--checkpoint-dir", self.checkpoint_dir, "--resume", self.resume,
-               "--device", device]
+        out = ["--plan", plan_ref, "--checkpoint-dir", self.checkpoint_dir, "--resume", self.resume, "--device", device]
         if self.steps is not None:
             out += ["--steps", str(self.steps)]
         if self.metrics_file:
@@ -172,10 +196,12 @@ def job_label(plan: Plan) -> str:
 
 def plan_summary(plan: Plan, cluster: ClusterSpec, layout: NodeLayout) -> str:
     virt = f" x{plan.interleave} virtual" if plan.interleave > 1 else ""
-    return (f"{plan.model.name}: tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp} = {plan.gpus} ranks on "
-            f"{layout.nodes} {cluster.name} node(s) x {layout.ranks_per_node}; micro-batch "
-            f"{plan.micro_batch}, global batch {plan.global_batch}, ZeRO-{plan.zero_stage}, "
-            f"recompute {plan.recompute}, {plan.dtype}")
+    return (
+        f"{plan.model.name}: tp {plan.tp}, pp {plan.pp}{virt}, dp {plan.dp} = {plan.gpus} ranks on "
+        f"{layout.nodes} {cluster.name} node(s) x {layout.ranks_per_node}; micro-batch "
+        f"{plan.micro_batch}, global batch {plan.global_batch}, ZeRO-{plan.zero_stage}, "
+        f"recompute {plan.recompute}, {plan.dtype}"
+    )
 
 
 def parse_master(text: str) -> tuple[str, int]:
@@ -189,6 +215,19 @@ def parse_master(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-__all__ = ["EnvVar", "NodeLayout", "PLATFORMS", "TrainArgs", "environment", "job_label", "node_layout",
-           "parse_master", "plan_summary", "platform", "render_env", "shell_double_quoted",
-           "train_device", "uses_slingshot"]
+__all__ = [
+    "EnvVar",
+    "NodeLayout",
+    "PLATFORMS",
+    "TrainArgs",
+    "environment",
+    "job_label",
+    "node_layout",
+    "parse_master",
+    "plan_summary",
+    "platform",
+    "render_env",
+    "shell_double_quoted",
+    "train_device",
+    "uses_slingshot",
+]

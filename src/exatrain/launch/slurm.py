@@ -20,9 +20,18 @@ from dataclasses import dataclass
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import UserError
-from exatrain.launch.common import (TrainArgs, environment, job_label, node_layout, plan_summary,
-                                    platform, render_env, shell_double_quoted, train_device,
-                                    uses_slingshot)
+from exatrain.launch.common import (
+    TrainArgs,
+    environment,
+    job_label,
+    node_layout,
+    plan_summary,
+    platform,
+    render_env,
+    shell_double_quoted,
+    train_device,
+    uses_slingshot,
+)
 from exatrain.plan import Plan
 
 _HEREDOC = "EXATRAIN_PLAN_JSON"
@@ -58,8 +67,12 @@ def time_limit(text: str) -> tuple[int, str]:
         raise UserError(f"--time must be a SLURM duration such as 02:00:00 or 1-12:00:00, got {text!r}")
     days, first, second, third = m.groups()
     if days is not None:  # days-hours[:minutes[:seconds]]
-        fields = [("days", int(days), None), ("hours", int(first), 24), ("minutes", int(second or 0), 60),
-                  ("seconds", int(third or 0), 60)]
+        fields = [
+            ("days", int(days), None),
+            ("hours", int(first), 24),
+            ("minutes", int(second or 0), 60),
+            ("seconds", int(third or 0), 60),
+        ]
         form = "days-hours" + (":minutes" if second is not None else "") + (":seconds" if third is not None else "")
     elif third is not None:  # hours:minutes:seconds
         fields = [("hours", int(first), None), ("minutes", int(second), 60), ("seconds", int(third), 60)]
@@ -69,8 +82,10 @@ def time_limit(text: str) -> tuple[int, str]:
         form = "minutes:seconds" if second is not None else "minutes"
     for name, value, limit in fields:
         if limit is not None and value >= limit:
-            raise UserError(f"--time {text}: {value} {name} in {form} (at most {limit - 1}); write e.g. 02:00:00 "
-                            "(hours:minutes:seconds) or 1-12:00:00")
+            raise UserError(
+                f"--time {text}: {value} {name} in {form} (at most {limit - 1}); write e.g. 02:00:00 "
+                "(hours:minutes:seconds) or 1-12:00:00"
+            )
     scale = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
     return sum(scale[name] * value for name, value, _ in fields), form
 
@@ -82,8 +97,12 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
     layout = node_layout(plan, cluster, o.nodes)
     kind = platform(cluster)
     name = o.job_name or job_label(plan)
-    for label, value in (("--account", o.account), ("--partition", o.partition), ("--job-name", name),
-                         ("--output", o.output)):
+    for label, value in (
+        ("--account", o.account),
+        ("--partition", o.partition),
+        ("--job-name", name),
+        ("--output", o.output),
+    ):
         if value and not _SAFE.match(value):
             raise UserError(f"{label} {value!r} has characters a #SBATCH line cannot carry unquoted")
     time_limit(o.time)
@@ -92,72 +111,94 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
 
     # sbatch(1) options. Frontier: one task per GCD, bound to its closest GCD (OLCF user guide:
     # `--gpus-per-node=8 --ntasks-per-node=8 --gpu-bind=closest`, 7 cores per task).
-    head = ["#!/bin/bash",
-            f"# Rendered by `exatrain launch --scheduler slurm` for {plan_summary(plan, cluster, layout)}.",
-            "# Submit with: sbatch <this file>. Requeue-safe: the plan is embedded below and the trainer",
-            "# resumes from the newest checkpoint in CHECKPOINT_DIR (--resume auto).",
-            f"#SBATCH --job-name={name}"]
-    head.append(f"#SBATCH --account={o.account}" if o.account else
-                "# #SBATCH --account=<project>   (most sites require one: exatrain launch --account)")
+    head = [
+        "#!/bin/bash",
+        f"# Rendered by `exatrain launch --scheduler slurm` for {plan_summary(plan, cluster, layout)}.",
+        "# Submit with: sbatch <this file>. Requeue-safe: the plan is embedded below and the trainer",
+        "# resumes from the newest checkpoint in CHECKPOINT_DIR (--resume auto).",
+        f"#SBATCH --job-name={name}",
+    ]
+    head.append(
+        f"#SBATCH --account={o.account}"
+        if o.account
+        else "# #SBATCH --account=<project>   (most sites require one: exatrain launch --account)"
+    )
     if o.partition:
         head.append(f"#SBATCH --partition={o.partition}")
-    head += [f"#SBATCH --time={o.time}",
-             f"#SBATCH --nodes={layout.nodes}",
-             f"#SBATCH --ntasks-per-node={layout.ranks_per_node}"]
+    head += [
+        f"#SBATCH --time={o.time}",
+        f"#SBATCH --nodes={layout.nodes}",
+        f"#SBATCH --ntasks-per-node={layout.ranks_per_node}",
+    ]
     if kind != "cpu":
         head.append(f"#SBATCH --gpus-per-node={layout.ranks_per_node}")
     if kind == "rocm":
         head.append("#SBATCH --cpus-per-task=7")
-    head += ["#SBATCH --requeue",
-             "#SBATCH --open-mode=append",
-             f"#SBATCH --output={o.output}"]
+    head += ["#SBATCH --requeue", "#SBATCH --open-mode=append", f"#SBATCH --output={o.output}"]
 
     ckpt = o.train.checkpoint_dir
     body = [""]
     if o.setup:  # before `set -u`: environment-module scripts read unset variables
         body += ["# ---- site setup (exatrain launch --setup)", *o.setup, ""]
-    body += ["set -euo pipefail",
-             ': "${SLURM_JOB_ID:?submit this script with sbatch (SLURM_JOB_ID is not set)}"', ""]
-    body += ["# ---- the plan, written beside the checkpoints it describes (same text on every requeue)",
-             f'CHECKPOINT_DIR="{shell_double_quoted(ckpt)}"',
-             'mkdir -p "$CHECKPOINT_DIR"',
-             'PLAN="$CHECKPOINT_DIR/plan-${SLURM_JOB_ID}.json"',
-             f"cat > \"$PLAN\" <<'{_HEREDOC}'",
-             plan.to_json(),
-             _HEREDOC, "",
-             "# ---- rendezvous: rank 0 runs on the first host of the allocation",
-             'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_NODELIST" | head -n1)"',
-             ': "${MASTER_ADDR:?no first host in SLURM_NODELIST=$SLURM_NODELIST}"',
-             f'export MASTER_PORT="{o.master_port}"', ""]
-    body.append({"rocm": "# ---- ROCm + RCCL environment" + (" over Slingshot" if uses_slingshot(cluster) else ""),
-                 "cuda": "# ---- CUDA + NCCL environment (site-specific: NCCL_SOCKET_IFNAME, NCCL_IB_HCA)",
-                 "cpu": "# ---- CPU ranks: gloo over TCP"}[kind])
+    body += ["set -euo pipefail", ': "${SLURM_JOB_ID:?submit this script with sbatch (SLURM_JOB_ID is not set)}"', ""]
+    body += [
+        "# ---- the plan, written beside the checkpoints it describes (same text on every requeue)",
+        f'CHECKPOINT_DIR="{shell_double_quoted(ckpt)}"',
+        'mkdir -p "$CHECKPOINT_DIR"',
+        'PLAN="$CHECKPOINT_DIR/plan-${SLURM_JOB_ID}.json"',
+        f"cat > \"$PLAN\" <<'{_HEREDOC}'",
+        plan.to_json(),
+        _HEREDOC,
+        "",
+        "# ---- rendezvous: rank 0 runs on the first host of the allocation",
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_NODELIST" | head -n1)"',
+        ': "${MASTER_ADDR:?no first host in SLURM_NODELIST=$SLURM_NODELIST}"',
+        f'export MASTER_PORT="{o.master_port}"',
+        "",
+    ]
+    body.append(
+        {
+            "rocm": "# ---- ROCm + RCCL environment" + (" over Slingshot" if uses_slingshot(cluster) else ""),
+            "cuda": "# ---- CUDA + NCCL environment (site-specific: NCCL_SOCKET_IFNAME, NCCL_IB_HCA)",
+            "cpu": "# ---- CPU ranks: gloo over TCP",
+        }[kind]
+    )
     env = environment(plan, cluster, rccl_plugin_dir=o.rccl_plugin_dir, cache_tag="${SLURM_JOB_ID}")
     body += render_env(env)
     if kind == "rocm":
-        body += ["# the MIOpen cache directory must exist on every node",
-                 f'srun --nodes={layout.nodes} --ntasks={layout.nodes} --ntasks-per-node=1 '
-                 'mkdir -p "$MIOPEN_USER_DB_PATH"']
+        body += [
+            "# the MIOpen cache directory must exist on every node",
+            f'srun --nodes={layout.nodes} --ntasks={layout.nodes} --ntasks-per-node=1 mkdir -p "$MIOPEN_USER_DB_PATH"',
+        ]
     body.append("")
 
     metrics = o.train.metrics_file or "$CHECKPOINT_DIR/metrics-${SLURM_JOB_ID}.jsonl"
-    train = TrainArgs(checkpoint_dir='"$CHECKPOINT_DIR"', resume=o.train.resume, steps=o.train.steps,
-                      metrics_file=_shell_word(metrics), python=o.train.python, extra=o.train.extra)
-    srun = [f"srun --nodes={layout.nodes} --ntasks={layout.world_size} "
-            f"--ntasks-per-node={layout.ranks_per_node}"]
+    train = TrainArgs(
+        checkpoint_dir='"$CHECKPOINT_DIR"',
+        resume=o.train.resume,
+        steps=o.train.steps,
+        metrics_file=_shell_word(metrics),
+        python=o.train.python,
+        extra=o.train.extra,
+    )
+    srun = [f"srun --nodes={layout.nodes} --ntasks={layout.world_size} --ntasks-per-node={layout.ranks_per_node}"]
     if kind == "rocm":
         srun.append("--gpu-bind=closest")
     srun.append("--kill-on-bad-exit=1")
     # Single quotes: the variables expand inside each task, where srun has set SLURM_PROCID etc.
-    rank_env = ("'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
-                "LOCAL_WORLD_SIZE=" + str(layout.ranks_per_node) + "; exec \"$@\"' exatrain-rank")
-    cmd = [shlex.quote(o.train.python), "-m", "exatrain.train",
-           *train.argv('"$PLAN"', train_device(cluster))]
-    body += ["# ---- one task per device; a failing rank ends the step. After a node failure or preemption",
-             "# SLURM requeues the job (--requeue; or `scontrol requeue <id>`) and this text runs again.",
-             " ".join(srun) + " \\",
-             f"  bash -c {rank_env} \\",
-             "  " + " ".join(cmd), ""]
+    rank_env = (
+        "'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
+        "LOCAL_WORLD_SIZE=" + str(layout.ranks_per_node) + '; exec "$@"\' exatrain-rank'
+    )
+    cmd = [shlex.quote(o.train.python), "-m", "exatrain.train", *train.argv('"$PLAN"', train_device(cluster))]
+    body += [
+        "# ---- one task per device; a failing rank ends the step. After a node failure or preemption",
+        "# SLURM requeues the job (--requeue; or `scontrol requeue <id>`) and this text runs again.",
+        " ".join(srun) + " \\",
+        f"  bash -c {rank_env} \\",
+        "  " + " ".join(cmd),
+        "",
+    ]
     return "\n".join(head + body)
 
 

@@ -49,21 +49,34 @@ WIDE_DEFAULT = (0.33, 3.0)  # measured / predicted where nothing is known (conve
 
 # Hardware family of each catalog device (catalog/data/hardware.toml): devices whose kernels and
 # software stacks behave alike share one family's published runs.
-FAMILIES = {"a100-80gb": "A100", "h100-sxm": "H100/H200", "h200-sxm": "H100/H200", "h100-sxm-500w": "H100 500W",
-            "b200": "B200",
-            "mi250x-gcd": "MI250X", "mi300x": "MI300X", "mi355x": "MI355X", "cpu": "CPU"}
+FAMILIES = {
+    "a100-80gb": "A100",
+    "h100-sxm": "H100/H200",
+    "h200-sxm": "H100/H200",
+    "h100-sxm-500w": "H100 500W",
+    "b200": "B200",
+    "mi250x-gcd": "MI250X",
+    "mi300x": "MI300X",
+    "mi355x": "MI355X",
+    "cpu": "CPU",
+}
 
 # The distances the spread grows with (module doc); size and seq are octaves outside the validated range.
 FEATURES = ("engine", "cell", "family", "thin", "size", "seq", "spans", "fp8", "moe", "proxy", "disagree", "blocking")
-_WHY = {"engine": "no published run of {runtime} validated", "cell": "{runtime} not validated on {family}",
-        "family": "no validated run on {family}",
-        "thin": "fewer than {min_runs} validated runs on {family}",
-        "size": "model size {n:.1f} octaves outside the validated sizes", "seq": "sequence {n:.1f} octaves "
-        "outside the validated lengths", "spans": "a tp/ep group across nodes, not validated on {family}",
-        "fp8": "FP8 not validated on {family}", "moe": "MoE not validated on {family}",
-        "proxy": "the engine has no profile of its own",
-        "disagree": "the validated sources on {family} disagree (their medians spread {n:.0%})",
-        "blocking": "synchronous launches not validated on {family}"}
+_WHY = {
+    "engine": "no published run of {runtime} validated",
+    "cell": "{runtime} not validated on {family}",
+    "family": "no validated run on {family}",
+    "thin": "fewer than {min_runs} validated runs on {family}",
+    "size": "model size {n:.1f} octaves outside the validated sizes",
+    "seq": "sequence {n:.1f} octaves outside the validated lengths",
+    "spans": "a tp/ep group across nodes, not validated on {family}",
+    "fp8": "FP8 not validated on {family}",
+    "moe": "MoE not validated on {family}",
+    "proxy": "the engine has no profile of its own",
+    "disagree": "the validated sources on {family} disagree (their medians spread {n:.0%})",
+    "blocking": "synchronous launches not validated on {family}",
+}
 OCTAVES_CAP = 4.0  # a size or sequence distance counts at most this many octaves
 MIN_RUNS = 5  # a family validated by fewer runs than this is thinly validated (feature "thin")
 # Plan settings whose default, under each runtime, changed across that engine's versions or is one of its config
@@ -72,9 +85,13 @@ MIN_RUNS = 5  # a family validated by fewer runs than this is thinly validated (
 # before it are planned as megatron-core); DeepSpeed's BF16_Optimizer or not; llm-foundry's attn_impl (triton in its
 # 2023 YAMLs, flash later) and Composer's mixed-precision mode (bf16 or fp32 reduction); the cp exchange each engine's
 # flags choose, added where cp > 1): left to the engine, each widens the band, and the band names it.
-VERSIONED_DEFAULTS = {"torchtitan": ("attention_kernel", "elementwise", "cross_entropy", "adam_kernel"),
-                      "megatron-core": ("grad_accum_fusion",), "megatron-deepspeed": ("grad_accum",),
-                      "llm-foundry": ("attention_kernel", "grad_accum"), "exatrain": ()}
+VERSIONED_DEFAULTS = {
+    "torchtitan": ("attention_kernel", "elementwise", "cross_entropy", "adam_kernel"),
+    "megatron-core": ("grad_accum_fusion",),
+    "megatron-deepspeed": ("grad_accum",),
+    "llm-foundry": ("attention_kernel", "grad_accum"),
+    "exatrain": (),
+}
 PROXY_SETTINGS = 4  # the version-dependent settings a run planned through torchtitan's profile takes from it
 DISAGREE_NAMED = 0.25  # the sources' spread is named among a band's widenings from this share of the base scale
 
@@ -117,15 +134,28 @@ def traits_of(plan: Plan, cluster: ClusterSpec, *, proxy: bool = False) -> Trait
     if plan.cp > 1 and plan.runtime in ("megatron-core", "torchtitan"):
         names = names + ("cp_comm",)
     left = tuple(n for n in names if not getattr(plan, n, ""))
-    return Traits(runtime=plan.runtime, family=hardware_family(cluster.device.name),
-                  params=float(total_params(plan.model)), seq=int(plan.model.seq_len), spans=bool(spans),
-                  fp8=bool(plan.fp8), moe=bool(plan.model.is_moe), proxy=proxy, defaults=0 if proxy else len(left),
-                  left=() if proxy else left, recompute=plan.recompute, zero=int(plan.zero_stage), cp=plan.cp > 1,
-                  ep=plan.ep > 1, blocking=bool(plan.launch_blocking))
+    return Traits(
+        runtime=plan.runtime,
+        family=hardware_family(cluster.device.name),
+        params=float(total_params(plan.model)),
+        seq=int(plan.model.seq_len),
+        spans=bool(spans),
+        fp8=bool(plan.fp8),
+        moe=bool(plan.model.is_moe),
+        proxy=proxy,
+        defaults=0 if proxy else len(left),
+        left=() if proxy else left,
+        recompute=plan.recompute,
+        zero=int(plan.zero_stage),
+        cp=plan.cp > 1,
+        ep=plan.ep > 1,
+        blocking=bool(plan.launch_blocking),
+    )
 
 
-def validated_summary(traits: Sequence[Traits], residuals: Sequence[float] | None = None,
-                      sources: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+def validated_summary(
+    traits: Sequence[Traits], residuals: Sequence[float] | None = None, sources: Sequence[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Per family, what a set of runs validated: the runtimes whose profile runs were planned with (their own
     engine's, or another engine's run planned through it: fms-fsdp's plain FSDP1 through llm-foundry's FSDP1
     profile exercises that profile), the size and sequence ranges, whether any had a tp/ep group across nodes, FP8,
@@ -144,9 +174,22 @@ def validated_summary(traits: Sequence[Traits], residuals: Sequence[float] | Non
     for t in traits:
         s = out.setdefault(t.family, {})
         if "runs" not in s:
-            s.update({"runtimes": [], "params": [t.params, t.params], "seq": [t.seq, t.seq], "spans": False,
-                      "fp8": False, "moe": False, "cp": False, "ep": False, "blocking": False, "recompute": [],
-                      "zero": [], "runs": 0})
+            s.update(
+                {
+                    "runtimes": [],
+                    "params": [t.params, t.params],
+                    "seq": [t.seq, t.seq],
+                    "spans": False,
+                    "fp8": False,
+                    "moe": False,
+                    "cp": False,
+                    "ep": False,
+                    "blocking": False,
+                    "recompute": [],
+                    "zero": [],
+                    "runs": 0,
+                }
+            )
         s["runs"] += 1
         if t.runtime not in s["runtimes"]:
             s["runtimes"] = sorted(s["runtimes"] + [t.runtime])
@@ -168,19 +211,39 @@ def distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str,
     s = validated.get(t.family)
     engine = float(not t.proxy and not any(t.runtime in v["runtimes"] for v in validated.values()))
     if not s:
-        return {"engine": engine, "cell": 1.0, "family": 1.0, "thin": 1.0, "size": 0.0, "seq": 0.0,
-                "spans": float(t.spans), "fp8": float(t.fp8), "moe": float(t.moe), "proxy": float(t.proxy),
-                "disagree": 0.0, "blocking": float(t.blocking)}
-    return {"engine": engine, "cell": float(not t.proxy and t.runtime not in s["runtimes"]), "family": 0.0,
-            "thin": float(s["runs"] < MIN_RUNS),
-            "size": _octaves(t.params, *s["params"]), "seq": _octaves(t.seq, *s["seq"]),
-            "spans": float(t.spans and not s["spans"]), "fp8": float(t.fp8 and not s["fp8"]),
-            "moe": float(t.moe and not s["moe"]), "proxy": float(t.proxy), "disagree": float(s.get("disagree", 0.0)),
-            "blocking": float(t.blocking and not s.get("blocking", False))}
+        return {
+            "engine": engine,
+            "cell": 1.0,
+            "family": 1.0,
+            "thin": 1.0,
+            "size": 0.0,
+            "seq": 0.0,
+            "spans": float(t.spans),
+            "fp8": float(t.fp8),
+            "moe": float(t.moe),
+            "proxy": float(t.proxy),
+            "disagree": 0.0,
+            "blocking": float(t.blocking),
+        }
+    return {
+        "engine": engine,
+        "cell": float(not t.proxy and t.runtime not in s["runtimes"]),
+        "family": 0.0,
+        "thin": float(s["runs"] < MIN_RUNS),
+        "size": _octaves(t.params, *s["params"]),
+        "seq": _octaves(t.seq, *s["seq"]),
+        "spans": float(t.spans and not s["spans"]),
+        "fp8": float(t.fp8 and not s["fp8"]),
+        "moe": float(t.moe and not s["moe"]),
+        "proxy": float(t.proxy),
+        "disagree": float(s.get("disagree", 0.0)),
+        "blocking": float(t.blocking and not s.get("blocking", False)),
+    }
 
 
-def sigma_of(d: Mapping[str, float], defaults: int, sigma: Mapping[str, float],
-             features: Sequence[str] = FEATURES) -> float:
+def sigma_of(
+    d: Mapping[str, float], defaults: int, sigma: Mapping[str, float], features: Sequence[str] = FEATURES
+) -> float:
     """The scale (typical |log ratio|) of a plan at distance ``d`` (over ``features``) leaving ``defaults`` settings
     to its engine."""
     return sigma["base"] + sum(d[f] * sigma.get(f, 0.0) for f in features) + defaults * sigma.get("default", 0.0)
@@ -207,8 +270,13 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         free.remove(min(neg, key=lambda i: x[i]))
 
 
-def fit(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], sources: Sequence[str],
-        defaults: Sequence[int] | None = None, features: Sequence[str] = FEATURES) -> dict[str, Any]:
+def fit(
+    residuals: Sequence[float],
+    distances: Sequence[Mapping[str, float]],
+    sources: Sequence[str],
+    defaults: Sequence[int] | None = None,
+    features: Sequence[str] = FEATURES,
+) -> dict[str, Any]:
     """The band's parameters from out-of-sample log ratios, their plans' distances (over ``features``: the step
     time's ``FEATURES``, or a memory band's, planner/memory_band.py) and sources (module doc): every source weighs
     the same; the scales by non-negative least squares of the absolute deviations from the (weighted) median
@@ -232,13 +300,23 @@ def fit(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], so
     defaults = list(defaults) if defaults is not None else [0] * len(r)
     s = np.array([sigma_of(dist, k, sigma, features) for dist, k in zip(distances, defaults)])
     u = (r - center) / s
-    return {"center": center, "sigma": sigma, "unseen": unseen,
-            "quantiles": [weighted_quantile(u, w, 0.1), weighted_quantile(u, w, 0.9)],
-            "runs": int(r.size), "sources": len(n_src)}
+    return {
+        "center": center,
+        "sigma": sigma,
+        "unseen": unseen,
+        "quantiles": [weighted_quantile(u, w, 0.1), weighted_quantile(u, w, 0.9)],
+        "runs": int(r.size),
+        "sources": len(n_src),
+    }
 
 
-def fit_across_sources(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], sources: Sequence[str],
-                       defaults: Sequence[int] | None = None, features: Sequence[str] = FEATURES) -> dict[str, Any]:
+def fit_across_sources(
+    residuals: Sequence[float],
+    distances: Sequence[Mapping[str, float]],
+    sources: Sequence[str],
+    defaults: Sequence[int] | None = None,
+    features: Sequence[str] = FEATURES,
+) -> dict[str, Any]:
     """``fit``'s center and scales on every run, with the quantiles of residuals each standardized out of its own
     source: every source of the fit left out of an inner ``fit`` in turn, its runs measured by that fit's center and
     scale, each source weighing the same. Quantiles of in-fit residuals describe how runs scatter around sources the
@@ -253,19 +331,28 @@ def fit_across_sources(residuals: Sequence[float], distances: Sequence[Mapping[s
     u, w = [], []
     for src in srcs:
         keep = [i for i, s in enumerate(sources) if s != src]
-        inner = fit([r[i] for i in keep], [distances[i] for i in keep], [sources[i] for i in keep],
-                    [k[i] for i in keep], features)
+        inner = fit(
+            [r[i] for i in keep],
+            [distances[i] for i in keep],
+            [sources[i] for i in keep],
+            [k[i] for i in keep],
+            features,
+        )
         mine = [i for i, s in enumerate(sources) if s == src]
         for i in mine:
             u.append((r[i] - inner["center"]) / sigma_of(distances[i], k[i], inner["sigma"], features))
             w.append(1.0 / (len(srcs) * len(mine)))
     u_, w_ = np.asarray(u), np.asarray(w)
-    return {**params, "quantiles": [weighted_quantile(u_, w_, 0.1), weighted_quantile(u_, w_, 0.9)],
-            "quantiles_from": "each source standardized by a fit without it"}
+    return {
+        **params,
+        "quantiles": [weighted_quantile(u_, w_, 0.1), weighted_quantile(u_, w_, 0.9)],
+        "quantiles_from": "each source standardized by a fit without it",
+    }
 
 
-def interval(t: Traits, d: Mapping[str, float], params: Mapping[str, Any],
-             features: Sequence[str] = FEATURES) -> tuple[float, float, float]:
+def interval(
+    t: Traits, d: Mapping[str, float], params: Mapping[str, Any], features: Sequence[str] = FEATURES
+) -> tuple[float, float, float]:
     """(low, high, sigma): the band of measured / predicted for a plan at distance ``d`` (over ``features``) under
     ``params``."""
     s = sigma_of(d, t.defaults, params["sigma"], features)
@@ -296,14 +383,24 @@ class Band:
         if self.basis == "calibrated":
             return f"p10–p90 of {self.n} runs of this cluster's calibration, each predicted without itself"
         if self.basis == "default":
-            return (f"×{self.low:g}–×{self.high:g}: no published-run table, wide default")
+            return f"×{self.low:g}–×{self.high:g}: no published-run table, wide default"
         extra = ("; widened: " + ", ".join(self.widened)) if self.widened else ""
         return f"p10–p90 from n={self.n} runs of {self.sources} sources, out of sample{extra}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cell": self.cell, "engine": self.engine, "family": self.family, "n": self.n,
-                "sources": self.sources, "ratio_low": self.low, "ratio_high": self.high, "basis": self.basis,
-                "statistic": self.statistic, "widened": list(self.widened), "text": self.describe()}
+        return {
+            "cell": self.cell,
+            "engine": self.engine,
+            "family": self.family,
+            "n": self.n,
+            "sources": self.sources,
+            "ratio_low": self.low,
+            "ratio_high": self.high,
+            "basis": self.basis,
+            "statistic": self.statistic,
+            "widened": list(self.widened),
+            "text": self.describe(),
+        }
 
 
 @lru_cache(maxsize=4)
@@ -323,14 +420,24 @@ def band_of(t: Traits, table: Mapping[str, Any]) -> Band:
     sigma = table["sigma"]
     # the sources' spread is named where it adds a quarter of the base scale or more (a stated threshold, for the
     # reader: every family with two sources has some spread, and a few hundredths widen the band by a few percent)
-    why = [_WHY[f].format(runtime=t.runtime, family=t.family, n=d[f], min_runs=MIN_RUNS) for f in FEATURES
-           if d[f] > 0 and sigma.get(f, 0.0) > 0
-           and (f != "disagree" or d[f] * sigma[f] >= DISAGREE_NAMED * sigma["base"])]
+    why = [
+        _WHY[f].format(runtime=t.runtime, family=t.family, n=d[f], min_runs=MIN_RUNS)
+        for f in FEATURES
+        if d[f] > 0 and sigma.get(f, 0.0) > 0 and (f != "disagree" or d[f] * sigma[f] >= DISAGREE_NAMED * sigma["base"])
+    ]
     if t.defaults:
         names = ", ".join(n.replace("_", "-") for n in t.left) or f"{t.defaults} setting{'s' * (t.defaults > 1)}"
         why.append(f"{names} left to {t.runtime}'s default, which its versions change")
-    return Band(lo, hi, int(table["runs"]), t.runtime, t.family, "out of sample", sources=int(table["sources"]),
-                widened=tuple(why))
+    return Band(
+        lo,
+        hi,
+        int(table["runs"]),
+        t.runtime,
+        t.family,
+        "out of sample",
+        sources=int(table["sources"]),
+        widened=tuple(why),
+    )
 
 
 def band_for(plan: Plan, cluster: ClusterSpec, table: Mapping[str, Any] | None = None) -> Band:
@@ -363,12 +470,16 @@ def with_best_case(b: Band, ratio: float | None) -> Band:
     low end (``planner.estimate``: --overlap not stated is priced at the engine's defaults)."""
     if ratio is None or ratio >= 1:
         return b
-    return dataclasses.replace(b, low=b.low * ratio, widened=b.widened + (
-        f"--overlap not stated: the low end reaches every overlap on ({ratio - 1:+.1%})",))
+    return dataclasses.replace(
+        b,
+        low=b.low * ratio,
+        widened=b.widened + (f"--overlap not stated: the low end reaches every overlap on ({ratio - 1:+.1%})",),
+    )
 
 
-def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec, params: Any = None,
-              best_s: float | None = None) -> StepEstimate:
+def with_band(
+    estimate: StepEstimate, plan: Plan, cluster: ClusterSpec, params: Any = None, best_s: float | None = None
+) -> StepEstimate:
     """``estimate`` carrying the band of ``plan`` on ``cluster`` (unchanged without a time). The table measures
     the shipped priors; an estimate made with a calibration file gets the same band, unless `exatrain calibrate`
     measured one on held-out runs of the cluster (``params``, CostParams: ``band_runs`` > 0). ``best_s``: the step
@@ -376,8 +487,14 @@ def with_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec, params: 
     if estimate.time_s is None:
         return estimate
     if params is not None and getattr(params, "band_runs", 0) > 0:
-        b = Band(params.band_low, params.band_high, int(params.band_runs), plan.runtime,
-                 hardware_family(cluster.device.name), "calibrated")
+        b = Band(
+            params.band_low,
+            params.band_high,
+            int(params.band_runs),
+            plan.runtime,
+            hardware_family(cluster.device.name),
+            "calibrated",
+        )
     else:
         b = band_for(plan, cluster)
         if params is not None and getattr(params, "calibrated_runs", 0) > 0:

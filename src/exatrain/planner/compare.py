@@ -64,15 +64,23 @@ class Comparison:
         return pred / self.measured_memory_bytes - 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.label, "device": self.device, "status": self.status,
-                "predicted_step_s": self.predicted_step_s, "measured_step_s": self.measured_step_s,
-                "step_error": self.step_error, "predicted_memory_bytes": self.predicted_memory_bytes,
-                "trainer_memory_bytes": self.trainer_memory_bytes,
-                "measured_memory_bytes": self.measured_memory_bytes, "device_memory": self.device_memory,
-                "predicted_range_s": None if self.predicted_range_s is None else list(self.predicted_range_s),
-                "in_band": self.in_band, "load_factor": self.load_factor,
-                "memory_error": self.memory_error("trainer"),
-                "reference_memory_error": self.memory_error("reference")}
+        return {
+            "run": self.label,
+            "device": self.device,
+            "status": self.status,
+            "predicted_step_s": self.predicted_step_s,
+            "measured_step_s": self.measured_step_s,
+            "step_error": self.step_error,
+            "predicted_memory_bytes": self.predicted_memory_bytes,
+            "trainer_memory_bytes": self.trainer_memory_bytes,
+            "measured_memory_bytes": self.measured_memory_bytes,
+            "device_memory": self.device_memory,
+            "predicted_range_s": None if self.predicted_range_s is None else list(self.predicted_range_s),
+            "in_band": self.in_band,
+            "load_factor": self.load_factor,
+            "memory_error": self.memory_error("trainer"),
+            "reference_memory_error": self.memory_error("reference"),
+        }
 
 
 def layout_label(record: RunRecord) -> str:
@@ -105,8 +113,9 @@ def cluster_for(record: RunRecord, override: ClusterSpec | None = None) -> Clust
     return None
 
 
-def compare(record: RunRecord, calibration: Calibration | None = None,
-            cluster: ClusterSpec | None = None) -> Comparison:
+def compare(
+    record: RunRecord, calibration: Calibration | None = None, cluster: ClusterSpec | None = None
+) -> Comparison:
     """Predicted vs measured for one record; re-predicted when a calibration is given."""
     from exatrain.accounting.trainer_memory import trainer_memory_by_stage
     from exatrain.planner.estimate import estimate_plan
@@ -115,13 +124,17 @@ def compare(record: RunRecord, calibration: Calibration | None = None,
     c = cluster_for(record, cluster)
     if calibration is not None:
         if c is None:
-            raise UserError(f"cannot tell which cluster run {layout_label(record)} ran on "
-                            f"(device {record.device!r}); pass --cluster")
+            raise UserError(
+                f"cannot tell which cluster run {layout_label(record)} ran on "
+                f"(device {record.device!r}); pass --cluster"
+            )
         params = calibration.params_for(c.device.name, c.name, plan.runtime)
         if params is None:
-            raise UserError(f"the calibration has no parameters for device {c.device.name!r} "
-                            f"(it has: {', '.join(sorted(calibration.devices)) or 'none'}) nor for "
-                            f"{c.name}/{plan.runtime}")
+            raise UserError(
+                f"the calibration has no parameters for device {c.device.name!r} "
+                f"(it has: {', '.join(sorted(calibration.devices)) or 'none'}) nor for "
+                f"{c.name}/{plan.runtime}"
+            )
         est = estimate_plan(plan, calibration.apply(c), params, str(record.env.get("overlap") or "all"))
     trainer_mem = None
     if c is not None or plan.cluster:
@@ -133,15 +146,20 @@ def compare(record: RunRecord, calibration: Calibration | None = None,
     if load is not None and band is not None:
         band = load.widen(*band)
     return Comparison(
-        label=layout_label(record), device=record.device or "?", status=record.status,
+        label=layout_label(record),
+        device=record.device or "?",
+        status=record.status,
         predicted_step_s=None if est is None or est.time_s is None else est.time_s.step,
         measured_step_s=None if m is None else m.step_time_s,
         predicted_memory_bytes=None if est is None else est.memory_bytes.total,
         trainer_memory_bytes=trainer_mem,
         measured_memory_bytes=None if m is None else m.peak_memory_bytes,
         device_memory=bool(record.device) and record.device != "cpu",
-        predicted_range_s=band, band_text=None if est is None or not est.band else est.band.get("text"),
-        load_line=None if load is None else load.line(), load_factor=None if load is None else load.factor)
+        predicted_range_s=band,
+        band_text=None if est is None or not est.band else est.band.get("text"),
+        load_line=None if load is None else load.line(),
+        load_factor=None if load is None else load.factor,
+    )
 
 
 def _contention(record: RunRecord):
@@ -155,17 +173,21 @@ def _contention(record: RunRecord):
     return contention(record.env.get("bench_load"), record.env.get("load"), record.plan.gpus)
 
 
-def compare_all(records: Iterable[RunRecord], calibration: Calibration | None = None,
-                cluster: ClusterSpec | None = None) -> list[Comparison]:
+def compare_all(
+    records: Iterable[RunRecord], calibration: Calibration | None = None, cluster: ClusterSpec | None = None
+) -> list[Comparison]:
     return [compare(r, calibration, cluster) for r in records if r.status == "ok" and r.measured is not None]
 
 
 def distribution(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:
     steps = [(c.predicted_step_s, c.measured_step_s) for c in comparisons if c.step_error is not None]
-    mems = [(c.trainer_memory_bytes, c.measured_memory_bytes) for c in comparisons
-            if c.memory_error("trainer") is not None]
-    return {"step_time": error_stats([a for a, _ in steps], [b for _, b in steps]),
-            "peak_memory": error_stats([a for a, _ in mems], [b for _, b in mems])}
+    mems = [
+        (c.trainer_memory_bytes, c.measured_memory_bytes) for c in comparisons if c.memory_error("trainer") is not None
+    ]
+    return {
+        "step_time": error_stats([a for a, _ in steps], [b for _, b in steps]),
+        "peak_memory": error_stats([a for a, _ in mems], [b for _, b in mems]),
+    }
 
 
 def prediction_source(estimate: StepEstimate | None) -> str | None:
@@ -173,7 +195,7 @@ def prediction_source(estimate: StepEstimate | None) -> str | None:
     (``planner.estimate``: "cost model: <source> parameters for <device>"), or None."""
     for note in () if estimate is None else estimate.notes:
         if note.startswith("cost model: ") and " parameters for " in note:
-            return note[len("cost model: "):note.rindex(" parameters for ")]
+            return note[len("cost model: ") : note.rindex(" parameters for ")]
     return None
 
 
@@ -184,7 +206,7 @@ def calibrated_on(estimate: StepEstimate | None, host: str) -> bool:
     source = prediction_source(estimate) or ""
     if not source.startswith(("exatrain bench (", "exatrain calibrate (")) or not source.endswith(")"):
         return False
-    inside = source[source.index("(") + 1:-1]
+    inside = source[source.index("(") + 1 : -1]
     if source.startswith("exatrain calibrate ("):
         if "; " not in inside:
             return False
@@ -209,14 +231,21 @@ def summary_lines(c: Comparison, calibrated: bool) -> list[str]:
                 line += f" (band {low:.3f}–{high:.3f} s" + (f", {c.band_text})" if c.band_text else ")")
             line += f", measured {c.measured_step_s:.3f} s (prediction {c.step_error:+.1%})"
             if c.in_band is not None:
-                line += ": inside the band" if c.in_band else (
-                    ": outside the band, " + ("slower" if c.measured_step_s > c.predicted_range_s[1] else "faster"))
+                line += (
+                    ": inside the band"
+                    if c.in_band
+                    else (
+                        ": outside the band, " + ("slower" if c.measured_step_s > c.predicted_range_s[1] else "faster")
+                    )
+                )
             lines.append(line)
             if c.load_line is not None and c.load_factor is not None and not 1 / CHANGED <= c.load_factor <= CHANGED:
                 lines.append(c.load_line)
         else:
-            lines.append(f"step time: measured {c.measured_step_s:.3f} s; no prediction shown, uncalibrated for "
-                         "this machine: run `exatrain bench`, then train with --calibration")
+            lines.append(
+                f"step time: measured {c.measured_step_s:.3f} s; no prediction shown, uncalibrated for "
+                "this machine: run `exatrain bench`, then train with --calibration"
+            )
     if c.measured_memory_bytes:
         kind = "device memory" if c.device_memory else "peak RSS of a rank (process, not comparable)"
         parts = [f"measured {size(c.measured_memory_bytes)} {kind}"]
@@ -229,5 +258,15 @@ def summary_lines(c: Comparison, calibrated: bool) -> list[str]:
     return lines
 
 
-__all__ = ["Comparison", "calibrated_on", "cluster_for", "compare", "compare_all", "distribution", "layout_label",
-           "prediction_source", "size", "summary_lines"]
+__all__ = [
+    "Comparison",
+    "calibrated_on",
+    "cluster_for",
+    "compare",
+    "compare_all",
+    "distribution",
+    "layout_label",
+    "prediction_source",
+    "size",
+    "summary_lines",
+]

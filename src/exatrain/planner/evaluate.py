@@ -109,9 +109,21 @@ def trainer_models_it(model: ModelSpec, ep: int, cp: int, fp8: str) -> bool:
     return not (model.mla or model.qk_norm or model.kv_channels or model.sliding_window or fp8)
 
 
-def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, *, global_batch,
-             run: Resolved, memory: tuple[str, ...] | None = None, by_rank: bool = False, time_if_fits: bool = False,
-             overlap: str | None = None, time: bool = True, fit_bytes: float | None = None) -> Evaluation:
+def evaluate(
+    layouts: Layouts,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    coeffs: CostParams,
+    *,
+    global_batch,
+    run: Resolved,
+    memory: tuple[str, ...] | None = None,
+    by_rank: bool = False,
+    time_if_fits: bool = False,
+    overlap: str | None = None,
+    time: bool = True,
+    fit_bytes: float | None = None,
+) -> Evaluation:
     """Evaluate every layout (see the module doc) as ``run`` says its runtime runs them (``accounting.engines.
     Resolved``: the plan's dtype, flash attention and run settings, resolved once). ``memory``: which runtimes'
     memory models to evaluate, the first deciding ``fits`` (None: the runtime's; (): time only, fits all true);
@@ -154,8 +166,9 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     fp8, recompute_every = run.fp8, run.recompute_every
     offload, host, offload_parts = run.settings.offload, np.zeros(N), {}
     is_v = np.isin(layouts.schedule, [SCHEDULES.index(s) for s in V_SCHEDULES]) & (layouts.pp > 1)
-    for idx, (gpus, pp, v, ep, cpd, vee) in _groups(np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep,
-                                                              layouts.cp, is_v.astype(np.int64)])):
+    for idx, (gpus, pp, v, ep, cpd, vee) in _groups(
+        np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp, is_v.astype(np.int64)])
+    ):
         lay = layouts.take(idx)
         p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
         split = layer_split(model, p, v, layouts.stage_layers)
@@ -168,19 +181,23 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
         # (settings.full_rerun_layers): (layouts, pp), or None
         nl = lay.recompute_layers
         if recompute_every:
-            rerun_on_rank = np.broadcast_to(np.asarray(full_rerun_layers(split, p, every=recompute_every))[looped]
-                                            .reshape(v, p).sum(axis=0), (len(lay), p))
+            rerun_on_rank = np.broadcast_to(
+                np.asarray(full_rerun_layers(split, p, every=recompute_every))[looped].reshape(v, p).sum(axis=0),
+                (len(lay), p),
+            )
         elif np.any(nl > 0):
             per_stage = np.where(nl[:, None] > 0, np.minimum(split[None, :], nl[:, None]), split[None, :])
             rerun_on_rank = per_stage[:, looped].reshape(-1, v, p).sum(axis=1)
         else:
             rerun_on_rank = None
         if model.is_moe:
-            params, xparams, moe_here = (x.astype(float) for x in
-                                         rank_params_split(model, lay.tp[:, None], p, v, split, ep, v_shape=bool(vee)))
+            params, xparams, moe_here = (
+                x.astype(float) for x in rank_params_split(model, lay.tp[:, None], p, v, split, ep, v_shape=bool(vee))
+            )
         else:
-            params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :],
-                                 last_rank=last_rank).astype(float)
+            params = rank_params(
+                model, lay.tp[:, None], p, on_rank[None, :], rank[None, :], last_rank=last_rank
+            ).astype(float)
             xparams, moe_here = None, 0
         m = lay.num_microbatches[:, None]
         held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
@@ -190,24 +207,49 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
             for j, (zero, _, _) in _groups(cats):
                 rule = run.engine.state_rule(dtype, int(zero))
                 per = offloaded(offload, rule, dtype, lay.dp[j, None] * cpd).host
-                on_host = params[j] * per + (0.0 if xparams is None else xparams[j] * offloaded(
-                    offload, rule, dtype, expert_dp(lay.tp[j, None], lay.dp[j, None], ep, 1, cpd)).host)
+                on_host = params[j] * per + (
+                    0.0
+                    if xparams is None
+                    else xparams[j]
+                    * offloaded(offload, rule, dtype, expert_dp(lay.tp[j, None], lay.dp[j, None], ep, 1, cpd)).host
+                )
                 host[idx[j]] = np.max(on_host, axis=1)
-        for j, (zero, rec, sp) in (_groups(cats) if memory else ()):
-            common = dict(zero_stage=int(zero), recompute=RECOMPUTE[rec], sequence_parallel=bool(sp),
-                          tp=lay.tp[j, None], dp=lay.dp[j, None], micro_batch=lay.micro_batch[j, None], pp=p,
-                          interleave=v, cp=cpd, ep=ep)
-            counts = dict(params_here=params[j], layers_here=on_rank[None, :], inflight_mb=held[j],
-                          is_last=rank[None, :] == last_rank, expert_params_here=0 if xparams is None else xparams[j],
-                          moe_layers_here=moe_here)
+        for j, (zero, rec, sp) in _groups(cats) if memory else ():
+            common = dict(
+                zero_stage=int(zero),
+                recompute=RECOMPUTE[rec],
+                sequence_parallel=bool(sp),
+                tp=lay.tp[j, None],
+                dp=lay.dp[j, None],
+                micro_batch=lay.micro_batch[j, None],
+                pp=p,
+                interleave=v,
+                cp=cpd,
+                ep=ep,
+            )
+            counts = dict(
+                params_here=params[j],
+                layers_here=on_rank[None, :],
+                inflight_mb=held[j],
+                is_last=rank[None, :] == last_rank,
+                expert_params_here=0 if xparams is None else xparams[j],
+                moe_layers_here=moe_here,
+            )
             for k in memory:
                 if k == "exatrain" and trainer_models_it(model, ep, cpd, fp8):
-                    parts = trainer_rank_memory(model, runs[k], rank=RankCounts(**counts, is_first=rank[None, :] == 0),
-                                                num_microbatches=m[j], on_cpu=on_cpu, **common)
+                    parts = trainer_rank_memory(
+                        model,
+                        runs[k],
+                        rank=RankCounts(**counts, is_first=rank[None, :] == 0),
+                        num_microbatches=m[j],
+                        on_cpu=on_cpu,
+                        **common,
+                    )
                 else:
                     partial = k == runtime and rerun_on_rank is not None and RECOMPUTE[rec] == "full"
-                    rank_j = RankCounts(**counts, pp_grad_share=grad_share[j],
-                                        recomputed_here=rerun_on_rank[j] if partial else None)
+                    rank_j = RankCounts(
+                        **counts, pp_grad_share=grad_share[j], recomputed_here=rerun_on_rank[j] if partial else None
+                    )
                     parts = rank_memory(model, runs[k], rank=rank_j, **common)
                 parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
                 tot = sum(parts)
@@ -231,8 +273,19 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
             xparams = None if xparams is None else xparams[keep]
         dev = compute.device_for(cluster, dtype, coeffs, int(gpus))
         hid: dict | None = {} if by_rank else None
-        t, _, pt = step_times(model, cluster, coeffs, dev, lay, run=run, stage_layers=split, params_by_rank=params,
-                              expert_params_by_rank=xparams, overlap=overlap, hidden=hid)
+        t, _, pt = step_times(
+            model,
+            cluster,
+            coeffs,
+            dev,
+            lay,
+            run=run,
+            stage_layers=split,
+            params_by_rank=params,
+            expert_params_by_rank=xparams,
+            overlap=overlap,
+            hidden=hid,
+        )
         rows = idx[keep]
         scale = coeffs.step_scale  # a calibration's cluster x engine factor (CostParams): every second alike
         for k in hid or ():
@@ -250,11 +303,22 @@ def evaluate(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: C
     if offload != "none":
         fits = fits & host_fits(host, cluster, layouts.gpus)
     step = times["step"]
-    return Evaluation(memory=mem, memory_total=total, worst_rank=worst, fits=fits, time=times, pipeline_s=pipe,
-                      tokens_per_s=np.asarray(global_batch) * model.seq_len / step,
-                      model_tflops_per_gpu=model_flops_per_step(model, global_batch) / step / layouts.gpus / 1e12,
-                      rank_end_s=rank_end, busy_s=busy, by_rank=ranks, hidden=hidden, host_bytes=host,
-                      offload_parts=offload_parts)
+    return Evaluation(
+        memory=mem,
+        memory_total=total,
+        worst_rank=worst,
+        fits=fits,
+        time=times,
+        pipeline_s=pipe,
+        tokens_per_s=np.asarray(global_batch) * model.seq_len / step,
+        model_tflops_per_gpu=model_flops_per_step(model, global_batch) / step / layouts.gpus / 1e12,
+        rank_end_s=rank_end,
+        busy_s=busy,
+        by_rank=ranks,
+        hidden=hidden,
+        host_bytes=host,
+        offload_parts=offload_parts,
+    )
 
 
 __all__ = ["Evaluation", "MEMORY_FIELDS", "evaluate", "layer_split"]

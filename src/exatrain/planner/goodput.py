@@ -41,8 +41,9 @@ from exatrain.settings import HALF_DTYPES
 # plan's maintenance is the operator's choice, not a failure rate.
 LLAMA3_NODES, LLAMA3_DAYS, LLAMA3_UNEXPECTED = 2048, 54, 419
 DEFAULT_NODE_MTBF_HOURS = LLAMA3_NODES * LLAMA3_DAYS * 24 / LLAMA3_UNEXPECTED  # 6,334.5 h
-NODE_MTBF_SOURCE = ("Llama 3 405B: 419 unexpected interruptions in 54 days on 2,048 nodes (Llama 3 Herd of Models, "
-                    "Sec. 3.3.4)")
+NODE_MTBF_SOURCE = (
+    "Llama 3 405B: 419 unexpected interruptions in 54 days on 2,048 nodes (Llama 3 Herd of Models, Sec. 3.3.4)"
+)
 # Seconds from an interruption to the job running again, before it loads its checkpoint: the median interval of the
 # automatic retries of a 63-node B200 cluster's training sessions, 11 minutes (IQR 10-11; "From Detection to
 # Recovery: Operational Analysis on LLM Pre-training with 504 GPUs", arXiv 2605.09370). Purpose-built recovery is
@@ -79,8 +80,11 @@ def checkpoint_bytes_per_param(plan: Plan) -> tuple[float, str]:
     optimizer = sum(rule.optimizer)
     if plan.runtime in SAVES_16BIT_MODULE:
         weights = sum(rule.weights)
-        what = (f"{plan.dtype} module + fp32 main weights {weights:g}" if plan.dtype in HALF_DTYPES
-                else f"fp32 weights {weights:g}")
+        what = (
+            f"{plan.dtype} module + fp32 main weights {weights:g}"
+            if plan.dtype in HALF_DTYPES
+            else f"fp32 weights {weights:g}"
+        )
     else:
         weights = float(COMPUTE_BYTES["float32"])
         what = f"fp32 parameters {weights:g}"
@@ -115,8 +119,11 @@ def rates(plan: Plan, cluster: ClusterSpec, bandwidth: float | None) -> tuple[fl
     else:
         fs, named = filesystem_of(cluster)
         write, read = fs.write_bytes_per_s, fs.read_bytes_per_s
-        where = (f"{fs.name} ({write / 1e12:,.3g} TB/s write, {read / 1e12:,.3g} TB/s read"
-                 + ("" if named else f"; the typical file system: {cluster.name} names none") + ")")
+        where = (
+            f"{fs.name} ({write / 1e12:,.3g} TB/s write, {read / 1e12:,.3g} TB/s read"
+            + ("" if named else f"; the typical file system: {cluster.name} names none")
+            + ")"
+        )
     capped = " capped by the nodes' network" if cap < max(write, read) else ""
     return min(write, cap), min(read, cap), where + capped
 
@@ -178,26 +185,43 @@ def goodput(plan: Plan, cluster: ClusterSpec, ttt: dict[str, Any], options: Good
     interruptions = None if hours is None else _scaled(hours, nodes / options.node_mtbf_hours)
     lost = None if interruptions is None else _scaled(interruptions, s.lost_each_s / 3600)
     return {
-        "checkpoint_bytes": s.checkpoint_bytes, "checkpoint_bytes_per_param": per, "save_s": s.save_s,
-        "load_s": s.load_s, "interval_s": s.interval_s, "interval_steps": max(1, round(s.interval_s / ttt["step_s"])),
-        "interruptions": interruptions, "lost_hours": lost, "days": days,
+        "checkpoint_bytes": s.checkpoint_bytes,
+        "checkpoint_bytes_per_param": per,
+        "save_s": s.save_s,
+        "load_s": s.load_s,
+        "interval_s": s.interval_s,
+        "interval_steps": max(1, round(s.interval_s / ttt["step_s"])),
+        "interruptions": interruptions,
+        "lost_hours": lost,
+        "days": days,
         "gpu_hours": _scaled(ttt["gpu_hours"], s.stretch),
         "energy_mwh": None if ttt.get("energy_mwh") is None else _scaled(ttt["energy_mwh"], s.stretch),
         "cost": None if ttt.get("cost") is None else _scaled(ttt["cost"], s.stretch),
-        "fraction": s.fraction, "nodes": nodes, "node_mtbf_hours": options.node_mtbf_hours,
-        "mtbf_hours": s.mtbf_s / 3600, "restart_s": options.restart_s, "lost_each_s": s.lost_each_s,
-        "write_bytes_per_s": write, "read_bytes_per_s": read,
-        "basis": {"checkpoint": f"{per:g} bytes/param: {what}", "filesystem": where,
-                  "node_mtbf": ("--node-mtbf-hours" if options.node_mtbf_hours != DEFAULT_NODE_MTBF_HOURS
-                                else NODE_MTBF_SOURCE),
-                  "restart": "--restart-minutes" if options.restart_s != DEFAULT_RESTART_S else RESTART_SOURCE,
-                  "never_finishes": s.stretch is None},
+        "fraction": s.fraction,
+        "nodes": nodes,
+        "node_mtbf_hours": options.node_mtbf_hours,
+        "mtbf_hours": s.mtbf_s / 3600,
+        "restart_s": options.restart_s,
+        "lost_each_s": s.lost_each_s,
+        "write_bytes_per_s": write,
+        "read_bytes_per_s": read,
+        "basis": {
+            "checkpoint": f"{per:g} bytes/param: {what}",
+            "filesystem": where,
+            "node_mtbf": (
+                "--node-mtbf-hours" if options.node_mtbf_hours != DEFAULT_NODE_MTBF_HOURS else NODE_MTBF_SOURCE
+            ),
+            "restart": "--restart-minutes" if options.restart_s != DEFAULT_RESTART_S else RESTART_SOURCE,
+            "never_finishes": s.stretch is None,
+        },
     }
 
 
-def goodput_options(node_mtbf_hours: Any = None, checkpoint_bandwidth: Any = None,
-                    restart_minutes: Any = None) -> GoodputOptions:
+def goodput_options(
+    node_mtbf_hours: Any = None, checkpoint_bandwidth: Any = None, restart_minutes: Any = None
+) -> GoodputOptions:
     """The flags checked (each a positive finite number; a one-line UserError otherwise) as GoodputOptions."""
+
     def positive(flag: str, value: Any) -> float:
         try:
             x = float(value)
@@ -208,14 +232,28 @@ def goodput_options(node_mtbf_hours: Any = None, checkpoint_bandwidth: Any = Non
         return x
 
     return GoodputOptions(
-        node_mtbf_hours=DEFAULT_NODE_MTBF_HOURS if node_mtbf_hours is None
+        node_mtbf_hours=DEFAULT_NODE_MTBF_HOURS
+        if node_mtbf_hours is None
         else positive("--node-mtbf-hours", node_mtbf_hours),
-        restart_s=DEFAULT_RESTART_S if restart_minutes is None else 60 * positive("--restart-minutes",
-                                                                                   restart_minutes),
-        bandwidth_bytes_per_s=None if checkpoint_bandwidth is None
-        else 1e9 * positive("--checkpoint-bandwidth", checkpoint_bandwidth))
+        restart_s=DEFAULT_RESTART_S if restart_minutes is None else 60 * positive("--restart-minutes", restart_minutes),
+        bandwidth_bytes_per_s=None
+        if checkpoint_bandwidth is None
+        else 1e9 * positive("--checkpoint-bandwidth", checkpoint_bandwidth),
+    )
 
 
-__all__ = ["DEFAULT_FILESYSTEM", "DEFAULT_NODE_MTBF_HOURS", "DEFAULT_RESTART_S", "GoodputOptions", "Schedule",
-           "checkpoint_bytes", "checkpoint_bytes_per_param", "daly_interval", "filesystem_of", "goodput",
-           "goodput_options", "rates", "schedule"]
+__all__ = [
+    "DEFAULT_FILESYSTEM",
+    "DEFAULT_NODE_MTBF_HOURS",
+    "DEFAULT_RESTART_S",
+    "GoodputOptions",
+    "Schedule",
+    "checkpoint_bytes",
+    "checkpoint_bytes_per_param",
+    "daly_interval",
+    "filesystem_of",
+    "goodput",
+    "goodput_options",
+    "rates",
+    "schedule",
+]

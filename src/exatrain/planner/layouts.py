@@ -53,31 +53,80 @@ class Layouts:
         return self.tp * self.cp * self.pp * self.dp
 
     @classmethod
-    def of(cls, *, tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute, sequence_parallel,
-           schedule, interleave, stage_layers: tuple[int, ...] = (), ep=1, cp=1, recompute_layers=0) -> "Layouts":
-        ints = [np.asarray(x, dtype=np.int64).reshape(-1) for x in
-                (tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute)]
-        return cls(*ints, sequence_parallel=np.asarray(sequence_parallel, dtype=bool).reshape(-1),
-                   schedule=np.asarray(schedule, dtype=np.int64).reshape(-1),
-                   interleave=np.asarray(interleave, dtype=np.int64).reshape(-1), stage_layers=tuple(stage_layers),
-                   ep=np.asarray(ep, dtype=np.int64).reshape(-1), cp=np.asarray(cp, dtype=np.int64).reshape(-1),
-                   recompute_layers=np.asarray(recompute_layers, dtype=np.int64).reshape(-1))
+    def of(
+        cls,
+        *,
+        tp,
+        pp,
+        dp,
+        micro_batch,
+        num_microbatches,
+        zero_stage,
+        recompute,
+        sequence_parallel,
+        schedule,
+        interleave,
+        stage_layers: tuple[int, ...] = (),
+        ep=1,
+        cp=1,
+        recompute_layers=0,
+    ) -> "Layouts":
+        ints = [
+            np.asarray(x, dtype=np.int64).reshape(-1)
+            for x in (tp, pp, dp, micro_batch, num_microbatches, zero_stage, recompute)
+        ]
+        return cls(
+            *ints,
+            sequence_parallel=np.asarray(sequence_parallel, dtype=bool).reshape(-1),
+            schedule=np.asarray(schedule, dtype=np.int64).reshape(-1),
+            interleave=np.asarray(interleave, dtype=np.int64).reshape(-1),
+            stage_layers=tuple(stage_layers),
+            ep=np.asarray(ep, dtype=np.int64).reshape(-1),
+            cp=np.asarray(cp, dtype=np.int64).reshape(-1),
+            recompute_layers=np.asarray(recompute_layers, dtype=np.int64).reshape(-1),
+        )
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Layouts":
-        return cls.of(tp=plan.tp, pp=plan.pp, dp=plan.dp, micro_batch=plan.micro_batch,
-                      num_microbatches=plan.num_microbatches, zero_stage=plan.zero_stage,
-                      recompute=RECOMPUTE.index(plan.recompute), sequence_parallel=plan.sequence_parallel,
-                      schedule=SCHEDULES.index(plan.schedule), interleave=plan.interleave,
-                      stage_layers=plan.stage_layers, ep=plan.ep, cp=plan.cp, recompute_layers=plan.recompute_layers)
+        return cls.of(
+            tp=plan.tp,
+            pp=plan.pp,
+            dp=plan.dp,
+            micro_batch=plan.micro_batch,
+            num_microbatches=plan.num_microbatches,
+            zero_stage=plan.zero_stage,
+            recompute=RECOMPUTE.index(plan.recompute),
+            sequence_parallel=plan.sequence_parallel,
+            schedule=SCHEDULES.index(plan.schedule),
+            interleave=plan.interleave,
+            stage_layers=plan.stage_layers,
+            ep=plan.ep,
+            cp=plan.cp,
+            recompute_layers=plan.recompute_layers,
+        )
 
     def take(self, idx) -> "Layouts":
         """The layouts at ``idx`` (an index array or boolean mask)."""
-        return Layouts(*(getattr(self, f)[idx] for f in _ARRAYS), stage_layers=self.stage_layers,
-                       ep=self.ep[idx], cp=self.cp[idx], recompute_layers=self.recompute_layers[idx])
+        return Layouts(
+            *(getattr(self, f)[idx] for f in _ARRAYS),
+            stage_layers=self.stage_layers,
+            ep=self.ep[idx],
+            cp=self.cp[idx],
+            recompute_layers=self.recompute_layers[idx],
+        )
 
 
-_ARRAYS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "zero_stage", "recompute", "sequence_parallel",
-           "schedule", "interleave")
+_ARRAYS = (
+    "tp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "num_microbatches",
+    "zero_stage",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+    "interleave",
+)
 
 __all__ = ["Layouts"]

@@ -32,8 +32,17 @@ def worst_stage(plan: Plan, cluster: ClusterSpec, coeffs: CostParams | None = No
     from exatrain.planner.layouts import Layouts
 
     coeffs = coeffs or default_params(cluster.device.name)
-    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch,
-                  run=plan_run(plan), memory=(plan.runtime,), by_rank=True, time=False)
+    ev = evaluate(
+        Layouts.from_plan(plan),
+        plan.model,
+        cluster,
+        coeffs,
+        global_batch=plan.global_batch,
+        run=plan_run(plan),
+        memory=(plan.runtime,),
+        by_rank=True,
+        time=False,
+    )
     r = int(ev.worst_rank[plan.runtime][0])
     parts = ev.by_rank[plan.runtime]
     return r, MemoryBreakdown(*(float(parts[f][0, r]) for f in MEMORY_FIELDS))
@@ -50,8 +59,12 @@ def changes(plan: Plan) -> list[tuple[str, Plan]]:
     if plan.zero_stage < 3:
         out.append((f"--zero {plan.zero_stage + 1}", dataclasses.replace(plan, zero_stage=plan.zero_stage + 1)))
     if plan.micro_batch > 1 and plan.micro_batch % 2 == 0:
-        out.append((f"--micro-batch {plan.micro_batch // 2}", dataclasses.replace(
-            plan, shape=TrainShape(plan.micro_batch // 2, plan.global_batch))))
+        out.append(
+            (
+                f"--micro-batch {plan.micro_batch // 2}",
+                dataclasses.replace(plan, shape=TrainShape(plan.micro_batch // 2, plan.global_batch)),
+            )
+        )
     if plan.dp % 2 == 0:
         d = plan.dims
         dims = ParallelDims(d.tp, d.pp * 2, d.dp // 2, ep=d.ep, cp=d.cp)
@@ -83,8 +96,14 @@ def memory_advice(plan: Plan, cluster: ClusterSpec, coeffs: CostParams | None = 
             continue
         options.append({"change": flags, "frees_bytes": worst.total - after.total, "worst_bytes": after.total})
     options.sort(key=lambda o: -o["frees_bytes"])
-    return {"stage": rank, "dominant": dominant, "dominant_bytes": getattr(worst, dominant),
-            "total_bytes": worst.total, "options": options, "text": advice_text(rank, worst, dominant, options)}
+    return {
+        "stage": rank,
+        "dominant": dominant,
+        "dominant_bytes": getattr(worst, dominant),
+        "total_bytes": worst.total,
+        "options": options,
+        "text": advice_text(rank, worst, dominant, options),
+    }
 
 
 def advice_text(rank: int, worst: MemoryBreakdown, dominant: str, options: list[dict[str, Any]]) -> str:
@@ -93,9 +112,12 @@ def advice_text(rank: int, worst: MemoryBreakdown, dominant: str, options: list[
     head = f"stage {rank}: {said} dominate ({getattr(worst, dominant) / GiB:.1f} of {worst.total / GiB:.1f} GiB)"
     if not options:
         return head + "; no single change of recomputation, ZeRO, micro-batch or pp applies"
-    said = [f"{o['change']} frees {o['frees_bytes'] / GiB:.1f} GiB (to {o['worst_bytes'] / GiB:.1f})"
-            if o["frees_bytes"] > 0 else f"{o['change']} frees nothing ({o['worst_bytes'] / GiB:.1f})"
-            for o in options]
+    said = [
+        f"{o['change']} frees {o['frees_bytes'] / GiB:.1f} GiB (to {o['worst_bytes'] / GiB:.1f})"
+        if o["frees_bytes"] > 0
+        else f"{o['change']} frees nothing ({o['worst_bytes'] / GiB:.1f})"
+        for o in options
+    ]
     return head + "; " + ", ".join(said)
 
 

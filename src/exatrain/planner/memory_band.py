@@ -53,14 +53,20 @@ VERDICTS = ("fits", "tight", "does not fit")
 MEMORY_FEATURES = ("engine", "cell", "family", "thin", "size", "seq", "recompute", "zero", "fp8", "cp", "ep", "proxy")
 FIT_FEATURES = ("far",)  # what the scale is fitted on (module doc): the count of MEMORY_FEATURES at a distance
 SCALE_FEATURES = FIT_FEATURES + MEMORY_FEATURES  # what a plan's scale reads: far, and the unmeasured features
-_WHY = {"engine": "no measured memory of {runtime}", "cell": "no measured memory of {runtime} on {family}",
-        "family": "no measured memory on {family}", "thin": "fewer than {min_runs} measured memories on {family}",
-        "size": "model size {n:.1f} octaves outside the measured sizes",
-        "seq": "sequence {n:.1f} octaves outside the measured lengths",
-        "recompute": "recomputation {recompute} not measured on {family}",
-        "zero": "ZeRO-{zero} not measured on {family}",
-        "fp8": "FP8 not measured on {family}", "cp": "context parallelism not measured on {family}",
-        "ep": "expert parallelism not measured on {family}", "proxy": "the engine has no profile of its own"}
+_WHY = {
+    "engine": "no measured memory of {runtime}",
+    "cell": "no measured memory of {runtime} on {family}",
+    "family": "no measured memory on {family}",
+    "thin": "fewer than {min_runs} measured memories on {family}",
+    "size": "model size {n:.1f} octaves outside the measured sizes",
+    "seq": "sequence {n:.1f} octaves outside the measured lengths",
+    "recompute": "recomputation {recompute} not measured on {family}",
+    "zero": "ZeRO-{zero} not measured on {family}",
+    "fp8": "FP8 not measured on {family}",
+    "cp": "context parallelism not measured on {family}",
+    "ep": "expert parallelism not measured on {family}",
+    "proxy": "the engine has no profile of its own",
+}
 
 
 def memory_distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
@@ -69,21 +75,45 @@ def memory_distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> di
     s = validated.get(t.family)
     engine = float(not t.proxy and not any(t.runtime in v["runtimes"] for v in validated.values()))
     if not s:
-        d = {"engine": engine, "cell": 1.0, "family": 1.0, "thin": 1.0, "size": 0.0, "seq": 0.0, "recompute": 0.0,
-             "zero": 0.0, "fp8": float(t.fp8), "cp": float(t.cp), "ep": float(t.ep), "proxy": float(t.proxy)}
+        d = {
+            "engine": engine,
+            "cell": 1.0,
+            "family": 1.0,
+            "thin": 1.0,
+            "size": 0.0,
+            "seq": 0.0,
+            "recompute": 0.0,
+            "zero": 0.0,
+            "fp8": float(t.fp8),
+            "cp": float(t.cp),
+            "ep": float(t.ep),
+            "proxy": float(t.proxy),
+        }
     else:
-        d = {"engine": engine, "cell": float(not t.proxy and t.runtime not in s["runtimes"]), "family": 0.0,
-             "thin": float(s["runs"] < MIN_RUNS), "size": _octaves(t.params, *s["params"]),
-             "seq": _octaves(t.seq, *s["seq"]), "recompute": float(t.recompute not in s.get("recompute", ())),
-             "zero": float(t.zero not in s.get("zero", ())), "fp8": float(t.fp8 and not s["fp8"]),
-             "cp": float(t.cp and not s.get("cp", False)), "ep": float(t.ep and not s.get("ep", False)),
-             "proxy": float(t.proxy)}
+        d = {
+            "engine": engine,
+            "cell": float(not t.proxy and t.runtime not in s["runtimes"]),
+            "family": 0.0,
+            "thin": float(s["runs"] < MIN_RUNS),
+            "size": _octaves(t.params, *s["params"]),
+            "seq": _octaves(t.seq, *s["seq"]),
+            "recompute": float(t.recompute not in s.get("recompute", ())),
+            "zero": float(t.zero not in s.get("zero", ())),
+            "fp8": float(t.fp8 and not s["fp8"]),
+            "cp": float(t.cp and not s.get("cp", False)),
+            "ep": float(t.ep and not s.get("ep", False)),
+            "proxy": float(t.proxy),
+        }
     d["far"] = float(sum(min(1.0, d[f]) for f in MEMORY_FEATURES))
     return d
 
 
-def fit_scale(residuals: Sequence[float], distances: Sequence[Mapping[str, float]], sources: Sequence[str],
-              defaults: Sequence[int]) -> dict[str, Any]:
+def fit_scale(
+    residuals: Sequence[float],
+    distances: Sequence[Mapping[str, float]],
+    sources: Sequence[str],
+    defaults: Sequence[int],
+) -> dict[str, Any]:
     """``band.fit`` over ``FIT_FEATURES``, every ``MEMORY_FEATURES`` entry no run of the fit lies at taking the
     widest scale the fit found (module doc; the others 0: their spread is in ``far``)."""
     params = fit(residuals, distances, sources, defaults, FIT_FEATURES)
@@ -95,7 +125,7 @@ def fit_scale(residuals: Sequence[float], distances: Sequence[Mapping[str, float
 
 
 def verdict(predicted: float, capacity: float, low: float, high: float, *, allowance: float) -> str:
-    """"fits", "tight" or "does not fit" of a worst stage predicted at ``predicted`` bytes (``allowance``: the
+    """ "fits", "tight" or "does not fit" of a worst stage predicted at ``predicted`` bytes (``allowance``: the
     allocator allowance it includes, a fraction of the rest) on a device of ``capacity`` bytes whose measured peak
     lies in [low, high] x the prediction (module doc)."""
     return VERDICTS[int(verdict_codes(predicted, capacity, low, high, allowance=allowance))]
@@ -133,9 +163,16 @@ class MemoryBand:
         return f"p10–p90 from n={self.n} measured memories of {self.sources} sources, out of sample{extra}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ratio_low": self.low, "ratio_high": self.high, "n": self.n, "sources": self.sources,
-                "basis": self.basis, "statistic": self.statistic, "widened": list(self.widened),
-                "text": self.describe()}
+        return {
+            "ratio_low": self.low,
+            "ratio_high": self.high,
+            "n": self.n,
+            "sources": self.sources,
+            "basis": self.basis,
+            "statistic": self.statistic,
+            "widened": list(self.widened),
+            "text": self.describe(),
+        }
 
 
 def load_memory_bands(path: Path = MEMORY_BANDS_PATH) -> Mapping[str, Any]:
@@ -151,9 +188,13 @@ def memory_band_of(t: Traits, table: Mapping[str, Any]) -> MemoryBand:
     d = memory_distance(t, table["validated"])
     lo, hi, _ = interval(t, d, table, SCALE_FEATURES)
     sigma = table["sigma"]
-    why = [_WHY[f].format(runtime=t.runtime, family=t.family, n=d[f], min_runs=MIN_RUNS, recompute=t.recompute,
-                          zero=t.zero) for f in MEMORY_FEATURES
-           if d[f] > 0 and (sigma.get(f, 0.0) > 0 or sigma.get("far", 0.0) > 0)]
+    why = [
+        _WHY[f].format(
+            runtime=t.runtime, family=t.family, n=d[f], min_runs=MIN_RUNS, recompute=t.recompute, zero=t.zero
+        )
+        for f in MEMORY_FEATURES
+        if d[f] > 0 and (sigma.get(f, 0.0) > 0 or sigma.get("far", 0.0) > 0)
+    ]
     if t.defaults:
         why.append(", ".join(n.replace("_", "-") for n in t.left) + f" left to {t.runtime}'s default")
     return MemoryBand(lo, hi, int(table["runs"]), int(table["sources"]), "out of sample", tuple(why))
@@ -169,8 +210,9 @@ def with_memory_band(estimate: StepEstimate, plan: Plan, cluster: ClusterSpec) -
     b = memory_band_for(plan, cluster)
     allowance = allowance_of(plan.runtime)
     v = verdict(estimate.memory_bytes.total, estimate.capacity_bytes, b.low, b.high, allowance=allowance)
-    return estimate.replace(memory_verdict=v, memory_band={**b.to_dict(), "allocator_allowance": allowance},
-                            fits=v != "does not fit")
+    return estimate.replace(
+        memory_verdict=v, memory_band={**b.to_dict(), "allocator_allowance": allowance}, fits=v != "does not fit"
+    )
 
 
 def tight_window(band: Mapping[str, Any]) -> tuple[float, float]:
@@ -180,8 +222,9 @@ def tight_window(band: Mapping[str, Any]) -> tuple[float, float]:
     return band["ratio_low"] / (1.0 + band.get("allocator_allowance", 0.0)), band["ratio_high"]
 
 
-def layout_ratios(plan: Plan, cluster: ClusterSpec, *, zero, recompute, cp, ep,
-                  table: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def layout_ratios(
+    plan: Plan, cluster: ClusterSpec, *, zero, recompute, cp, ep, table: Mapping[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) of the memory band of many layouts of one search at once: ``plan`` carries what they share
     (model, runtime, FP8, the settings left to the engine), ``zero``, ``recompute`` (names), ``cp`` and ``ep``
     arrays what varies; one band per distinct combination."""
@@ -197,18 +240,46 @@ def layout_ratios(plan: Plan, cluster: ClusterSpec, *, zero, recompute, cp, ep,
     for j, (z, r, c, e) in enumerate(combos):
         cp_left = bool(c) and plan.runtime in ("megatron-core", "torchtitan") and not plan.cp_comm
         left = tuple(n for n in names if not getattr(plan, n, "")) + (("cp_comm",) if cp_left else ())
-        t = Traits(**{**base.__dict__, "zero": int(z), "recompute": str(modes[r]), "cp": bool(c), "ep": bool(e),
-                      "left": left, "defaults": len(left)})
+        t = Traits(
+            **{
+                **base.__dict__,
+                "zero": int(z),
+                "recompute": str(modes[r]),
+                "cp": bool(c),
+                "ep": bool(e),
+                "left": left,
+                "defaults": len(left),
+            }
+        )
         b = memory_band_of(t, table)
         ends[j] = b.low, b.high
     low, high = (ends[np.ravel(inverse), k].reshape(zero.shape) for k in (0, 1))
     return low, high
 
 
-STRICT_MEMORY_HELP = ("drop tight layouts too: those whose device capacity lies inside their band of measured peak "
-                      "memory (kept and marked by default; only layouts that do not fit are dropped)")
+STRICT_MEMORY_HELP = (
+    "drop tight layouts too: those whose device capacity lies inside their band of measured peak "
+    "memory (kept and marked by default; only layouts that do not fit are dropped)"
+)
 
-__all__ = ["FIT_FEATURES", "MEMORY_BANDS_PATH", "MEMORY_FEATURES", "MEMORY_WIDE_DEFAULT", "MemoryBand",
-           "SCALE_FEATURES", "STRICT_MEMORY_HELP", "VERDICTS", "allowance_of", "fit_scale", "layout_ratios",
-           "load_memory_bands", "memory_band_for", "memory_band_of", "memory_distance", "tight_window", "verdict",
-           "verdict_codes", "with_memory_band"]
+__all__ = [
+    "FIT_FEATURES",
+    "MEMORY_BANDS_PATH",
+    "MEMORY_FEATURES",
+    "MEMORY_WIDE_DEFAULT",
+    "MemoryBand",
+    "SCALE_FEATURES",
+    "STRICT_MEMORY_HELP",
+    "VERDICTS",
+    "allowance_of",
+    "fit_scale",
+    "layout_ratios",
+    "load_memory_bands",
+    "memory_band_for",
+    "memory_band_of",
+    "memory_distance",
+    "tight_window",
+    "verdict",
+    "verdict_codes",
+    "with_memory_band",
+]

@@ -22,14 +22,25 @@ from exatrain.planner.layouts import Layouts
 from exatrain.settings import RECOMPUTE
 
 
-def step_time(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None
-              ) -> tuple[TimeBreakdown, PipelineTimes]:
+def step_time(
+    plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None
+) -> tuple[TimeBreakdown, PipelineTimes]:
     """Predicted seconds per optimizer step of one plan, broken down (a batch of one through
     ``planner.evaluate``), and its pipeline's times."""
-    ev = evaluate(Layouts.from_plan(plan), plan.model, cluster, coeffs, global_batch=plan.global_batch,
-                  run=plan_run(plan), memory=(), overlap=overlap)
-    return (TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
-            PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s))
+    ev = evaluate(
+        Layouts.from_plan(plan),
+        plan.model,
+        cluster,
+        coeffs,
+        global_batch=plan.global_batch,
+        run=plan_run(plan),
+        memory=(),
+        overlap=overlap,
+    )
+    return (
+        TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS}),
+        PipelineTimes(step_s=ev.pipeline_s, rank_end_s=ev.rank_end_s, busy_s=ev.busy_s),
+    )
 
 
 def plan_stage_times(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None) -> StageTimes:
@@ -38,14 +49,41 @@ def plan_stage_times(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overl
     run = plan_run(plan)
     coeffs = compute.with_attention_kernel(coeffs, run.attention_kernel)
     dev = compute.device_for(cluster, plan.dtype, coeffs, plan.gpus)
-    st = stage_times(plan.model, cluster, coeffs, dev, Layouts.from_plan(plan), run=run,
-                     stage_layers=np.array(plan.layers_per_stage()), rules=overlap_rules(run.engine, overlap))
-    dense, routed, _ = rank_params_split(plan.model, np.array([[plan.tp]]), plan.pp, plan.interleave,
-                                         plan.layers_per_stage(), plan.ep, v_shape=plan.v_shape)
-    return with_parameter_passes(st, run.engine, plan.dtype, plan.model, [plan.tp], (dense + routed).astype(float),
-                                 plan.interleave, [plan.num_microbatches], [plan.zero_stage],
-                                 [RECOMPUTE.index(plan.recompute)], dev, shard=[plan.dp * plan.cp],
-                                 side_streams=not cluster.device.is_host, v_shape=plan.v_shape)
+    st = stage_times(
+        plan.model,
+        cluster,
+        coeffs,
+        dev,
+        Layouts.from_plan(plan),
+        run=run,
+        stage_layers=np.array(plan.layers_per_stage()),
+        rules=overlap_rules(run.engine, overlap),
+    )
+    dense, routed, _ = rank_params_split(
+        plan.model,
+        np.array([[plan.tp]]),
+        plan.pp,
+        plan.interleave,
+        plan.layers_per_stage(),
+        plan.ep,
+        v_shape=plan.v_shape,
+    )
+    return with_parameter_passes(
+        st,
+        run.engine,
+        plan.dtype,
+        plan.model,
+        [plan.tp],
+        (dense + routed).astype(float),
+        plan.interleave,
+        [plan.num_microbatches],
+        [plan.zero_stage],
+        [RECOMPUTE.index(plan.recompute)],
+        dev,
+        shard=[plan.dp * plan.cp],
+        side_streams=not cluster.device.is_host,
+        v_shape=plan.v_shape,
+    )
 
 
 def simulate_plan(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap: str | None = None):
@@ -54,10 +92,22 @@ def simulate_plan(plan: Plan, cluster: ClusterSpec, coeffs: CostParams, overlap:
     from exatrain.planner.cost.schedule import simulate
 
     st = plan_stage_times(plan, cluster, coeffs, overlap)
-    p2p = p2p_exposed(st.p2p, st.fwd, rules=overlap_rules(plan.runtime, overlap),
-                      interleaved=plan.schedule == "interleaved" and plan.interleave > 1)
-    return simulate(st.forward_s[0], st.backward_s[0], weight_s=st.wgrad[0], p2p_s=float(p2p[0]), pp=plan.pp,
-                    num_microbatches=plan.num_microbatches, schedule=plan.schedule, interleave=plan.interleave)
+    p2p = p2p_exposed(
+        st.p2p,
+        st.fwd,
+        rules=overlap_rules(plan.runtime, overlap),
+        interleaved=plan.schedule == "interleaved" and plan.interleave > 1,
+    )
+    return simulate(
+        st.forward_s[0],
+        st.backward_s[0],
+        weight_s=st.wgrad[0],
+        p2p_s=float(p2p[0]),
+        pp=plan.pp,
+        num_microbatches=plan.num_microbatches,
+        schedule=plan.schedule,
+        interleave=plan.interleave,
+    )
 
 
 def comm_bytes(plan) -> dict[str, float]:
@@ -77,31 +127,78 @@ def comm_bytes(plan) -> dict[str, float]:
     split = stage_params_split_for(plan)
     cp_comm = run.cp_comm
     stage_layers = np.asarray(plan.layers_per_stage())
-    kinds = stage_layer_kinds(m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers),
-                              v_shape=plan.v_shape)
-    fp8_gathered = (step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
-                    if plan.fp8 and plan.fp8_param_gather else None)
+    kinds = stage_layer_kinds(
+        m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers), v_shape=plan.v_shape
+    )
+    fp8_gathered = (
+        step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
+        if plan.fp8 and plan.fp8_param_gather
+        else None
+    )
     dp, ep, cpb = [], [], []
     for r in range(plan.pp):
         dense, experts = split[r]
-        dp.append(sum(float(c.bytes_per_rank) for c in step.engine_dp_collectives(
-            m, tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=plan.zero_stage, params_here=dense,
-            num_microbatches=plan.num_microbatches, dtype=plan.dtype, pipeline_end=r in (0, plan.pp - 1),
-            engine=engine, cp_size=plan.cp, ep=plan.ep, expert_params_here=experts,
-            fp8_gathered=None if fp8_gathered is None else tuple(float(g[0, r]) for g in fp8_gathered))))
+        dp.append(
+            sum(
+                float(c.bytes_per_rank)
+                for c in step.engine_dp_collectives(
+                    m,
+                    tp=plan.tp,
+                    pp=plan.pp,
+                    dp=plan.dp,
+                    zero_stage=plan.zero_stage,
+                    params_here=dense,
+                    num_microbatches=plan.num_microbatches,
+                    dtype=plan.dtype,
+                    pipeline_end=r in (0, plan.pp - 1),
+                    engine=engine,
+                    cp_size=plan.cp,
+                    ep=plan.ep,
+                    expert_params_here=experts,
+                    fp8_gathered=None if fp8_gathered is None else tuple(float(g[0, r]) for g in fp8_gathered),
+                )
+            )
+        )
         # the share of the rank's layers whose forward runs again: a full recomputation's (the first
         # recompute_layers of each stage), the "moe" module's for the all-to-alls
         full = plan.recomputed_layers_of_rank(r) / max(sum(kinds[r]), 1)
         if m.is_moe:
             moe_again = 1.0 if plan.recompute == "selective" and "moe" in plan.recompute_modules else full
-            ep.append(sum(float(c.bytes_per_rank) for c in comms.moe_collectives_for(
-                m, micro_batch=plan.micro_batch, tp=plan.tp, ep=plan.ep, cp=plan.cp,
-                sequence_parallel=plan.sequence_parallel, dtype=plan.dtype, moe_layers=kinds[r][1],
-                num_microbatches=plan.num_microbatches, capacity_factor=run.moe_load, rerun=moe_again)))
+            ep.append(
+                sum(
+                    float(c.bytes_per_rank)
+                    for c in comms.moe_collectives_for(
+                        m,
+                        micro_batch=plan.micro_batch,
+                        tp=plan.tp,
+                        ep=plan.ep,
+                        cp=plan.cp,
+                        sequence_parallel=plan.sequence_parallel,
+                        dtype=plan.dtype,
+                        moe_layers=kinds[r][1],
+                        num_microbatches=plan.num_microbatches,
+                        capacity_factor=run.moe_load,
+                        rerun=moe_again,
+                    )
+                )
+            )
         if plan.cp > 1:
-            cpb.append(sum(float(c.bytes_per_rank) for c in comms.cp_collectives_for(
-                m, micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, dtype=plan.dtype, layers=sum(kinds[r]),
-                num_microbatches=plan.num_microbatches, comm=cp_comm, rerun=full)))
+            cpb.append(
+                sum(
+                    float(c.bytes_per_rank)
+                    for c in comms.cp_collectives_for(
+                        m,
+                        micro_batch=plan.micro_batch,
+                        tp=plan.tp,
+                        cp=plan.cp,
+                        dtype=plan.dtype,
+                        layers=sum(kinds[r]),
+                        num_microbatches=plan.num_microbatches,
+                        comm=cp_comm,
+                        rerun=full,
+                    )
+                )
+            )
     out["dp"] = max(dp)
     for k in ("tp", "pp"):  # their messages are a rank's tokens wide: s/cp of each sequence
         out[k] = out[k] / plan.cp
@@ -117,8 +214,15 @@ def comm_bytes(plan) -> dict[str, float]:
 
 def stage_params_split_for(plan):
     """``params.stage_params_split`` of the plan, with its ep."""
-    return stage_params_split(plan.model, tp=plan.tp, pp=plan.pp, interleave=plan.interleave,
-                              layers_per_stage=plan.layers_per_stage(), v_shape=plan.v_shape, ep=plan.ep)
+    return stage_params_split(
+        plan.model,
+        tp=plan.tp,
+        pp=plan.pp,
+        interleave=plan.interleave,
+        layers_per_stage=plan.layers_per_stage(),
+        v_shape=plan.v_shape,
+        ep=plan.ep,
+    )
 
 
 __all__ = ["comm_bytes", "plan_stage_times", "simulate_plan", "stage_params_split_for", "step_time"]

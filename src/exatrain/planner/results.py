@@ -22,10 +22,16 @@ def search_json(result: Any, explain: Sequence[str] | None = None) -> dict[str, 
     search: ``rejected`` (with "does not fit", and "tight (--strict-memory)" under strict memory) and ``tight``, the
     legal layouts whose capacity lies inside their memory band (kept unless ``strict_memory``); ``best_fitting``, the
     fastest kept layout whose verdict is "fits" (as ``estimate_json``, with its ``rank`` among the kept), or null."""
-    out = {"ranked": [estimate_json(p) for p in result.ranked], "examined": result.examined,
-           "legal": result.legal, "feasible": result.feasible, "rejected": result.rejected,
-           "collapsed": result.collapsed, "tight": getattr(result, "tight", 0),
-           "strict_memory": bool(getattr(result, "strict_memory", False))}
+    out = {
+        "ranked": [estimate_json(p) for p in result.ranked],
+        "examined": result.examined,
+        "legal": result.legal,
+        "feasible": result.feasible,
+        "rejected": result.rejected,
+        "collapsed": result.collapsed,
+        "tight": getattr(result, "tight", 0),
+        "strict_memory": bool(getattr(result, "strict_memory", False)),
+    }
     best = getattr(result, "best_fitting", None)
     out["best_fitting"] = None if best is None else {"rank": result.best_fitting_rank, **estimate_json(best)}
     if getattr(result, "notes", ()):

@@ -49,9 +49,13 @@ class ScalingResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The `scaling --json` object (what `exatrain report --scaling` reads)."""
-        return {"mode": self.mode, "points": [{"gpus": p.gpus, "global_batch": p.global_batch,
-                                               "efficiency": p.efficiency, **estimate_json(p.plan)}
-                                              for p in self.points]}
+        return {
+            "mode": self.mode,
+            "points": [
+                {"gpus": p.gpus, "global_batch": p.global_batch, "efficiency": p.efficiency, **estimate_json(p.plan)}
+                for p in self.points
+            ],
+        }
 
 
 def efficiency(tokens_per_s: float, gpus: int, first_tokens_per_s: float, first_gpus: int) -> float:
@@ -74,29 +78,57 @@ def global_batches(counts: Sequence[int], global_batch: int, mode: str) -> list[
             raise UserError(f"weak scaling: {n} GPUs do not scale global batch {global_batch} evenly")
         out.append(global_batch * n // counts[0])
         if out[-1] > MAX_COUNT:
-            raise UserError(f"weak scaling: {n} GPUs grow global batch {global_batch} to {out[-1]:,}, beyond "
-                            f"{MAX_COUNT:,}; use a smaller batch or --mode strong")
+            raise UserError(
+                f"weak scaling: {n} GPUs grow global batch {global_batch} to {out[-1]:,}, beyond "
+                f"{MAX_COUNT:,}; use a smaller batch or --mode strong"
+            )
     return out
 
 
 def no_feasible_layout(result: SearchResult, gpus: int, cluster: ClusterSpec) -> UserError:
     """The error for a search that found nothing, with the reason that removed the most."""
     # more devices help only where memory left nothing; a count with no legal layout needs another count or batch
-    advice = ("try more devices, another global batch, or fewer pinned flags" if result.legal else
-              "try another device count or global batch, or fewer pinned flags")
+    advice = (
+        "try more devices, another global batch, or fewer pinned flags"
+        if result.legal
+        else "try another device count or global batch, or fewer pinned flags"
+    )
     return UserError(f"no feasible layout on {gpus:,} devices: {result.why_empty(cluster.device.hbm_bytes)}; {advice}")
 
 
-def scaling(model: ModelSpec, cluster: ClusterSpec, counts: Sequence[int], global_batch: int, *,
-            mode: str = "weak", options: SpaceOptions = SpaceOptions(), params: CostParams | None = None,
-            dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-            overlap: str | None = None, strict_memory: bool = False) -> ScalingResult:
+def scaling(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    counts: Sequence[int],
+    global_batch: int,
+    *,
+    mode: str = "weak",
+    options: SpaceOptions = SpaceOptions(),
+    params: CostParams | None = None,
+    dtype: str = "bfloat16",
+    flash: bool = True,
+    runtime: str = "exatrain",
+    overlap: str | None = None,
+    strict_memory: bool = False,
+) -> ScalingResult:
     """The best layout ``search`` finds at each GPU count (under ``options``; ``strict_memory``: tight layouts
     dropped, as search drops them), and its efficiency."""
     points: list[ScalingPoint] = []
     for n, gb in zip(counts, global_batches(counts, global_batch, mode)):
-        result = search(model, cluster, n, gb, top=1, options=options, params=params, dtype=dtype, flash=flash,
-                        runtime=runtime, overlap=overlap, strict_memory=strict_memory)
+        result = search(
+            model,
+            cluster,
+            n,
+            gb,
+            top=1,
+            options=options,
+            params=params,
+            dtype=dtype,
+            flash=flash,
+            runtime=runtime,
+            overlap=overlap,
+            strict_memory=strict_memory,
+        )
         if not result.ranked:
             raise no_feasible_layout(result, n, cluster)
         best = result.ranked[0]
@@ -104,8 +136,9 @@ def scaling(model: ModelSpec, cluster: ClusterSpec, counts: Sequence[int], globa
         tps = best.estimate.tokens_per_s  # type: ignore[union-attr]
         eff = 1.0 if first is None else efficiency(tps, n, first.plan.estimate.tokens_per_s, first.gpus)  # type: ignore[union-attr]
         points.append(ScalingPoint(gpus=n, global_batch=gb, plan=best, efficiency=eff))
-    return ScalingResult(mode=mode, model=model, cluster=cluster, points=tuple(points),
-                         measured=study_scaling(model.name, cluster.name))
+    return ScalingResult(
+        mode=mode, model=model, cluster=cluster, points=tuple(points), measured=study_scaling(model.name, cluster.name)
+    )
 
 
 __all__ = ["MODES", "ScalingPoint", "ScalingResult", "efficiency", "global_batches", "no_feasible_layout", "scaling"]

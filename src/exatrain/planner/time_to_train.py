@@ -82,17 +82,27 @@ class RunOptions(NamedTuple):
     goodput: GoodputOptions = GoodputOptions()
 
 
-def run_options(tokens: Any, gpu_hour_price: Any = None, power_overhead: Any = None,
-                rank_by: str = "throughput", node_mtbf_hours: Any = None, checkpoint_bandwidth: Any = None,
-                restart_minutes: Any = None) -> RunOptions | None:
+def run_options(
+    tokens: Any,
+    gpu_hour_price: Any = None,
+    power_overhead: Any = None,
+    rank_by: str = "throughput",
+    node_mtbf_hours: Any = None,
+    checkpoint_bandwidth: Any = None,
+    restart_minutes: Any = None,
+) -> RunOptions | None:
     """The run's options checked, or None without a token budget; a one-line UserError for a bad value, for a
     price, overhead or failure flag without a budget, and for a ranking that needs what was not given."""
     if rank_by not in RANK_BY:
         raise UserError(f"--rank-by must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     if tokens is None:
-        for flag, v in (("--gpu-hour-price", gpu_hour_price), ("--power-overhead", power_overhead),
-                        ("--node-mtbf-hours", node_mtbf_hours), ("--checkpoint-bandwidth", checkpoint_bandwidth),
-                        ("--restart-minutes", restart_minutes)):
+        for flag, v in (
+            ("--gpu-hour-price", gpu_hour_price),
+            ("--power-overhead", power_overhead),
+            ("--node-mtbf-hours", node_mtbf_hours),
+            ("--checkpoint-bandwidth", checkpoint_bandwidth),
+            ("--restart-minutes", restart_minutes),
+        ):
             if v is not None:
                 raise UserError(f"{flag} needs --tokens (the run's token budget)")
         if rank_by != "throughput":
@@ -125,8 +135,9 @@ def _figure(per_step_s: float, step_range_s: tuple[float, float] | None, step_s:
     return Figure(per_step_s, per_step_s * step_range_s[0] / step_s, per_step_s * step_range_s[1] / step_s)
 
 
-def time_to_train(plan: Plan, device: DeviceSpec, tokens: int, gpu_hour_price: float | None = None,
-                  power_overhead: float = 1.0) -> dict[str, Any] | None:
+def time_to_train(
+    plan: Plan, device: DeviceSpec, tokens: int, gpu_hour_price: float | None = None, power_overhead: float = 1.0
+) -> dict[str, Any] | None:
     """The ``time_to_train`` object of ``plan`` (with its estimate) on ``device`` for ``tokens`` tokens (the
     module doc's formulas), or None where the estimate has no step time."""
     est = plan.estimate
@@ -139,18 +150,35 @@ def time_to_train(plan: Plan, device: DeviceSpec, tokens: int, gpu_hour_price: f
     energy = None if tdp is None else _figure(plan.gpus * tdp * power_overhead * wall_s / JOULES_PER_MWH, band, step_s)
     gpu_hours = _figure(plan.gpus * wall_s / 3600, band, step_s)
     cost = None if gpu_hour_price is None else _figure(gpu_hours.value * gpu_hour_price, band, step_s)
-    power = (f"every GPU at its TDP, {tdp:g} W, throughout (an upper bound), "
-             + ("the GPUs alone: hosts, network and cooling excluded" if power_overhead == 1.0 else
-                f"× {power_overhead:g} for hosts, network and cooling") + " (--power-overhead)"
-             if tdp is not None else f"none: device {device.name!r} has no tdp_watts")
-    return {"tokens": tokens, "tokens_per_step": plan.tokens_per_step, "steps": steps,
-            "tokens_trained": steps * plan.tokens_per_step, "gpus": plan.gpus, "step_s": step_s,
-            "days": _figure(wall_s / SECONDS_PER_DAY, band, step_s).to_dict(), "gpu_hours": gpu_hours.to_dict(),
-            "energy_mwh": None if energy is None else energy.to_dict(),
-            "cost": None if cost is None else cost.to_dict(),
-            "tdp_watts": tdp, "power_overhead": power_overhead, "gpu_hour_price": gpu_hour_price,
-            "power": power, "band": None if band is None else (est.band or {}).get("text"),
-            "excludes": "checkpointing, evaluation, restarts and queueing"}
+    power = (
+        f"every GPU at its TDP, {tdp:g} W, throughout (an upper bound), "
+        + (
+            "the GPUs alone: hosts, network and cooling excluded"
+            if power_overhead == 1.0
+            else f"× {power_overhead:g} for hosts, network and cooling"
+        )
+        + " (--power-overhead)"
+        if tdp is not None
+        else f"none: device {device.name!r} has no tdp_watts"
+    )
+    return {
+        "tokens": tokens,
+        "tokens_per_step": plan.tokens_per_step,
+        "steps": steps,
+        "tokens_trained": steps * plan.tokens_per_step,
+        "gpus": plan.gpus,
+        "step_s": step_s,
+        "days": _figure(wall_s / SECONDS_PER_DAY, band, step_s).to_dict(),
+        "gpu_hours": gpu_hours.to_dict(),
+        "energy_mwh": None if energy is None else energy.to_dict(),
+        "cost": None if cost is None else cost.to_dict(),
+        "tdp_watts": tdp,
+        "power_overhead": power_overhead,
+        "gpu_hour_price": gpu_hour_price,
+        "power": power,
+        "band": None if band is None else (est.band or {}).get("text"),
+        "excludes": "checkpointing, evaluation, restarts and queueing",
+    }
 
 
 def with_time_to_train(plan: Plan, cluster: ClusterSpec, options: tuple | None) -> Plan:
@@ -162,8 +190,11 @@ def with_time_to_train(plan: Plan, cluster: ClusterSpec, options: tuple | None) 
     ttt = time_to_train(plan, cluster.device, run.tokens, run.gpu_hour_price, run.power_overhead)
     if ttt is None:
         return plan
-    ttt = {**ttt, "excludes": "evaluation and queueing (checkpoints and restarts: goodput)",
-           "goodput": goodput(plan, cluster, ttt, run.goodput)}
+    ttt = {
+        **ttt,
+        "excludes": "evaluation and queueing (checkpoints and restarts: goodput)",
+        "goodput": goodput(plan, cluster, ttt, run.goodput),
+    }
     return plan.with_estimate(plan.estimate.replace(time_to_train=ttt))
 
 
@@ -196,34 +227,68 @@ def rank(plans: list[Plan], rank_by: str) -> tuple[list[Plan], str | None]:
     if rank_by == "throughput":
         return plans, None
     ranked = sorted(plans, key=lambda p: rank_key(p, rank_by))
-    runs = {(p.gpus, (p.estimate.time_to_train or {}).get("steps"), _fraction(p)) for p in plans
-            if p.estimate is not None}
+    runs = {
+        (p.gpus, (p.estimate.time_to_train or {}).get("steps"), _fraction(p)) for p in plans if p.estimate is not None
+    }
     same = [id(p) for p in ranked] == [id(p) for p in sorted(plans, key=lambda p: rank_key(p, "throughput"))]
     if len(runs) == 1 and same:
-        (gpus, steps, _), = runs
-        return ranked, (f"ranked by {rank_by}: every layout runs {steps:,} steps on {gpus:,} GPUs, so {rank_by} is "
-                        "the step time times one constant and the order is throughput's")
-    return ranked, (f"ranked by {rank_by}: the layouts differ in GPU count, steps or checkpoint, "
-                    + ("yet the order is throughput's" if same else "so the order differs from throughput's"))
+        ((gpus, steps, _),) = runs
+        return ranked, (
+            f"ranked by {rank_by}: every layout runs {steps:,} steps on {gpus:,} GPUs, so {rank_by} is "
+            "the step time times one constant and the order is throughput's"
+        )
+    return ranked, (
+        f"ranked by {rank_by}: the layouts differ in GPU count, steps or checkpoint, "
+        + ("yet the order is throughput's" if same else "so the order differs from throughput's")
+    )
 
 
 # The command options of estimate, search and scaling that price the whole run (the CLI adds them as given here).
 RUN_FLAGS = {
-    "--tokens": ("N", "the run's token budget (e.g. 15T, 300B, 300e9): adds its steps, days, GPU-hours and energy "
-                      "(each with the step time's band) as time_to_train"),
+    "--tokens": (
+        "N",
+        "the run's token budget (e.g. 15T, 300B, 300e9): adds its steps, days, GPU-hours and energy "
+        "(each with the step time's band) as time_to_train",
+    ),
     "--gpu-hour-price": ("P", "with --tokens: the price of one GPU-hour, to add the run's cost (in its currency)"),
-    "--power-overhead": ("F", "with --tokens: energy multiplier over the GPUs at TDP for the hosts (CPUs, memory, "
-                              "NICs, switches) and cooling (PUE); default 1.0, the GPUs alone"),
-    "--node-mtbf-hours": ("H", "with --tokens: a node's mean time between failures in hours, for the expected "
-                               "interruptions (default 6,334.5: Llama 3 405B's 419 in 54 days on 2,048 nodes)"),
-    "--checkpoint-bandwidth": ("GBPS", "with --tokens: the file system's aggregate write (and read) rate in GB/s "
-                                      "for the checkpoint's save and load (default: the cluster's file system)"),
-    "--restart-minutes": ("M", "with --tokens: minutes from an interruption to the job running again, before it "
-                               "loads its checkpoint (default 11)"),
+    "--power-overhead": (
+        "F",
+        "with --tokens: energy multiplier over the GPUs at TDP for the hosts (CPUs, memory, "
+        "NICs, switches) and cooling (PUE); default 1.0, the GPUs alone",
+    ),
+    "--node-mtbf-hours": (
+        "H",
+        "with --tokens: a node's mean time between failures in hours, for the expected "
+        "interruptions (default 6,334.5: Llama 3 405B's 419 in 54 days on 2,048 nodes)",
+    ),
+    "--checkpoint-bandwidth": (
+        "GBPS",
+        "with --tokens: the file system's aggregate write (and read) rate in GB/s "
+        "for the checkpoint's save and load (default: the cluster's file system)",
+    ),
+    "--restart-minutes": (
+        "M",
+        "with --tokens: minutes from an interruption to the job running again, before it "
+        "loads its checkpoint (default 11)",
+    ),
 }
-RANK_BY_HELP = ("throughput (default), or with --tokens: days, gpu_hours or cost (--gpu-hour-price), each with "
-                "checkpoints and interruptions (goodput); on one GPU count and batch these order as throughput does, "
-                "and the output says so")
+RANK_BY_HELP = (
+    "throughput (default), or with --tokens: days, gpu_hours or cost (--gpu-hour-price), each with "
+    "checkpoints and interruptions (goodput); on one GPU count and batch these order as throughput does, "
+    "and the output says so"
+)
 
-__all__ = ["MAX_TOKENS", "RANK_BY", "RANK_BY_HELP", "RUN_FLAGS", "Figure", "RunOptions", "parse_tokens", "rank",
-           "rank_key", "run_options", "time_to_train", "with_time_to_train"]
+__all__ = [
+    "MAX_TOKENS",
+    "RANK_BY",
+    "RANK_BY_HELP",
+    "RUN_FLAGS",
+    "Figure",
+    "RunOptions",
+    "parse_tokens",
+    "rank",
+    "rank_key",
+    "run_options",
+    "time_to_train",
+    "with_time_to_train",
+]

@@ -79,30 +79,41 @@ def prepare_plan(src: PlanInput, inputs: ReportInputs) -> PreparedPlan:
         params = cal.params_for(cluster.device.name, cluster.name, plan.runtime) if cal is not None else None
         if cal is not None:
             cluster = cal.apply(cluster)
-            notes.append(f"the calibration file has no parameters for {cluster.device.name}; the timeline uses "
-                         "the cost model's priors" if params is None else
-                         f"the timeline uses the calibration file's parameters for {cluster.device.name}")
+            notes.append(
+                f"the calibration file has no parameters for {cluster.device.name}; the timeline uses "
+                "the cost model's priors"
+                if params is None
+                else f"the timeline uses the calibration file's parameters for {cluster.device.name}"
+            )
         params = params or default_params(cluster.device.name)
     if plan.estimate is None:
         if cluster is None:
-            raise UserError(f"{src.path}: the plan carries no estimate and names no known cluster "
-                            f"({plan.cluster or 'none'}); pass --cluster or --cluster-file, or write it "
-                            "with `exatrain estimate --out`")
+            raise UserError(
+                f"{src.path}: the plan carries no estimate and names no known cluster "
+                f"({plan.cluster or 'none'}); pass --cluster or --cluster-file, or write it "
+                "with `exatrain estimate --out`"
+            )
         from exatrain.planner.estimate import estimate_plan
 
         plan = plan.with_estimate(estimate_plan(plan, cluster, params))
         notes.append(f"the plan carried no estimate; estimated here for {cluster.name}")
     elif cluster is None:
-        notes.append(f"pipeline timeline not drawn: cluster {plan.cluster or '(none)'} is not in the catalog; "
-                     "pass --cluster-file (or --cluster for a plan that names none)")
+        notes.append(
+            f"pipeline timeline not drawn: cluster {plan.cluster or '(none)'} is not in the catalog; "
+            "pass --cluster-file (or --cluster for a plan that names none)"
+        )
     return PreparedPlan(source=src, plan=plan, cluster=cluster, params=params, notes=tuple(notes))
 
 
 def _prefixes(inputs: ReportInputs) -> dict[int, str]:
     """File-name prefix per input object: 'plan', or 'plan2', 'plan3'... when a kind repeats."""
     out: dict[int, str] = {}
-    for kind, items in (("plan", inputs.plans), ("search", inputs.searches), ("scaling", inputs.scalings),
-                        ("runs", inputs.runs)):
+    for kind, items in (
+        ("plan", inputs.plans),
+        ("search", inputs.searches),
+        ("scaling", inputs.scalings),
+        ("runs", inputs.runs),
+    ):
         for i, item in enumerate(items, 1):
             out[id(item)] = kind if len(items) == 1 else f"{kind}{i}"
     return out
@@ -117,14 +128,21 @@ def _plan_section(p: PreparedPlan, prefix: str, folder: Path) -> Section:
     figs: list[Figure] = [memory_by_stage_figure(plan, folder / f"{prefix}-memory.png")]
     if plan.estimate.time_s is not None:
         label = f"{plan.label} {plan.schedule_label}"
-        figs.append(step_time_breakdown([(label, plan.estimate.time_s)], folder / f"{prefix}-step-time.png",
-                                        f"step time — {plan.model.name}"))
+        figs.append(
+            step_time_breakdown(
+                [(label, plan.estimate.time_s)], folder / f"{prefix}-step-time.png", f"step time — {plan.model.name}"
+            )
+        )
     if p.cluster is not None and plan.pp > 1:
         figs.append(pipeline_timeline(plan, p.cluster, p.params, folder / f"{prefix}-timeline.png"))
     elif plan.pp == 1:
         notes.append("no pipeline timeline: the plan has one pipeline stage (pp 1)")
-    return Section(title=f"Plan: {plan.model.name}, {plan.label}", source=str(p.source.path),
-                   figures=tuple(figs), notes=tuple(notes))
+    return Section(
+        title=f"Plan: {plan.model.name}, {plan.label}",
+        source=str(p.source.path),
+        figures=tuple(figs),
+        notes=tuple(notes),
+    )
 
 
 def _search_section(s: SearchInput, prefix: str, folder: Path) -> Section:
@@ -133,13 +151,20 @@ def _search_section(s: SearchInput, prefix: str, folder: Path) -> Section:
     from exatrain.report.steptime import step_time_breakdown
 
     best = s.ranked[0]
-    rows = [(f"#{i} {p.label} mb{p.micro_batch} Z{p.zero_stage} {p.recompute_label} {p.schedule_label}",
-             p.estimate.time_s) for i, p in enumerate(s.ranked[:12], 1)]
-    figs = [search_landscape(s, folder / f"{prefix}-landscape.png"),
-            step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time of the top {len(rows)} layouts"),
-            memory_by_stage_figure(best, folder / f"{prefix}-best-memory.png")]
-    return Section(title=f"Search: {best.model.name} on {best.gpus} × {best.cluster or 'devices'}",
-                   source=str(s.path), figures=tuple(figs))
+    rows = [
+        (f"#{i} {p.label} mb{p.micro_batch} Z{p.zero_stage} {p.recompute_label} {p.schedule_label}", p.estimate.time_s)
+        for i, p in enumerate(s.ranked[:12], 1)
+    ]
+    figs = [
+        search_landscape(s, folder / f"{prefix}-landscape.png"),
+        step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time of the top {len(rows)} layouts"),
+        memory_by_stage_figure(best, folder / f"{prefix}-best-memory.png"),
+    ]
+    return Section(
+        title=f"Search: {best.model.name} on {best.gpus} × {best.cluster or 'devices'}",
+        source=str(s.path),
+        figures=tuple(figs),
+    )
 
 
 def _scaling_section(s: ScalingInput, prefix: str, folder: Path) -> Section:
@@ -147,25 +172,37 @@ def _scaling_section(s: ScalingInput, prefix: str, folder: Path) -> Section:
     from exatrain.report.steptime import step_time_breakdown
 
     rows = [(f"{p.gpus:,} GPUs {p.plan.label}", p.plan.estimate.time_s) for p in s.points]
-    figs = [scaling_curves(s, folder / f"{prefix}-scaling.png"),
-            step_time_breakdown(rows, folder / f"{prefix}-step-time.png",
-                                f"step time per GPU count ({s.mode} scaling)")]
+    figs = [
+        scaling_curves(s, folder / f"{prefix}-scaling.png"),
+        step_time_breakdown(rows, folder / f"{prefix}-step-time.png", f"step time per GPU count ({s.mode} scaling)"),
+    ]
     first = s.points[0].plan
-    return Section(title=f"{s.mode.capitalize()} scaling: {first.model.name} on {first.cluster or 'the cluster'}",
-                   source=str(s.path), figures=tuple(figs))
+    return Section(
+        title=f"{s.mode.capitalize()} scaling: {first.model.name} on {first.cluster or 'the cluster'}",
+        source=str(s.path),
+        figures=tuple(figs),
+    )
 
 
 def _runs_section(r: RunsInput, prefix: str, folder: Path) -> Section:
     from exatrain.report.ranks import rank_times
     from exatrain.report.runs import loss_curves, predicted_vs_measured
 
-    figs = [f for f in (predicted_vs_measured(r, folder / f"{prefix}-predicted-vs-measured.png"),
-                        loss_curves(r, folder / f"{prefix}-loss.png"),
-                        rank_times(r.path, folder / f"{prefix}-ranks.png")) if f is not None]
+    figs = [
+        f
+        for f in (
+            predicted_vs_measured(r, folder / f"{prefix}-predicted-vs-measured.png"),
+            loss_curves(r, folder / f"{prefix}-loss.png"),
+            rank_times(r.path, folder / f"{prefix}-ranks.png"),
+        )
+        if f is not None
+    ]
     notes = []
     if not any(f.file.endswith("predicted-vs-measured.png") for f in figs):
-        notes.append(f"no predicted-vs-measured picture: none of the {len(r.records)} run records has both "
-                     "a prediction and a measurement")
+        notes.append(
+            f"no predicted-vs-measured picture: none of the {len(r.records)} run records has both "
+            "a prediction and a measurement"
+        )
     if not r.steps:
         notes.append("no loss curves: the file has no per-step lines")
     return Section(title=f"Runs: {r.path.name}", source=str(r.path), figures=tuple(figs), notes=tuple(notes))

@@ -33,17 +33,23 @@ class Section:
 def _figure(f: Figure) -> str:
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in f.key_numbers)
     table = f"<table>{rows}</table>" if rows else ""
-    return (f'<figure><img src="{html.escape(f.file, quote=True)}" alt="{html.escape(f.title, quote=True)}">'
-            f"<figcaption><b>{html.escape(f.title)}.</b> {html.escape(f.caption)}</figcaption>{table}</figure>")
+    return (
+        f'<figure><img src="{html.escape(f.file, quote=True)}" alt="{html.escape(f.title, quote=True)}">'
+        f"<figcaption><b>{html.escape(f.title)}.</b> {html.escape(f.caption)}</figcaption>{table}</figure>"
+    )
 
 
 def render_index(sections: Sequence[Section], title: str = "exatrain report") -> str:
     """The whole page as a string."""
-    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+    ]
     n = sum(len(s.figures) for s in sections)
-    parts.append(f"<p>{n} picture{'s' if n != 1 else ''} from {len(sections)} input"
-                 f"{'s' if len(sections) != 1 else ''}, made by <code>exatrain report</code>.</p>")
+    parts.append(
+        f"<p>{n} picture{'s' if n != 1 else ''} from {len(sections)} input"
+        f"{'s' if len(sections) != 1 else ''}, made by <code>exatrain report</code>.</p>"
+    )
     for s in sections:
         parts.append(f"<h2>{html.escape(s.title)}</h2><p class='src'>from <code>{html.escape(s.source)}</code></p>")
         parts.extend(_figure(f) for f in s.figures)

@@ -24,11 +24,20 @@ from exatrain.jsonio import iter_json_lines, read_json
 from exatrain.planner.scaling import ScalingPoint
 
 # What `classify` calls each kind of JSON, and the flag that takes it.
-FLAG_FOR = {"plan": "--plan", "estimate": "--plan", "run_record": "--plan or --runs",
-            "search": "--search", "scaling": "--scaling"}
-DESCRIBE = {"plan": "a plan file", "estimate": "`exatrain estimate --json` output",
-            "run_record": "a run record", "search": "`exatrain search --json` output",
-            "scaling": "`exatrain scaling --json` output"}
+FLAG_FOR = {
+    "plan": "--plan",
+    "estimate": "--plan",
+    "run_record": "--plan or --runs",
+    "search": "--search",
+    "scaling": "--scaling",
+}
+DESCRIBE = {
+    "plan": "a plan file",
+    "estimate": "`exatrain estimate --json` output",
+    "run_record": "a run record",
+    "search": "`exatrain search --json` output",
+    "scaling": "`exatrain scaling --json` output",
+}
 
 
 @dataclass(frozen=True)
@@ -100,10 +109,12 @@ def _wrong_kind(path: Path, found: str, flag: str) -> UserError:
     return UserError(f"{path}: not exatrain JSON for {flag} (expected {_EXPECTED[flag]})")
 
 
-_EXPECTED = {"--plan": "a plan file or `exatrain estimate --json` output",
-             "--search": "`exatrain search --json` output",
-             "--scaling": "`exatrain scaling --json` output",
-             "--runs": "JSON lines of run records and per-step metrics"}
+_EXPECTED = {
+    "--plan": "a plan file or `exatrain estimate --json` output",
+    "--search": "`exatrain search --json` output",
+    "--scaling": "`exatrain scaling --json` output",
+    "--runs": "JSON lines of run records and per-step metrics",
+}
 
 
 def plan_from_json(d: Mapping[str, Any], source: str) -> Plan:
@@ -113,8 +124,9 @@ def plan_from_json(d: Mapping[str, Any], source: str) -> Plan:
     if kind == "run_record":
         return RunRecord.from_dict(d, source=source).plan
     if kind == "estimate":
-        estimate = {k: v for k, v in d.items() if k not in ("plan", "gpus", "global_batch", "efficiency",
-                                                                 "format_version")}
+        estimate = {
+            k: v for k, v in d.items() if k not in ("plan", "gpus", "global_batch", "efficiency", "format_version")
+        }
         return Plan.from_dict({**d["plan"], "estimate": estimate}, source=source)
     if kind == "plan":
         return Plan.from_dict(d, source=source)
@@ -161,12 +173,16 @@ def read_search(path: str | Path) -> SearchInput:
             raise UserError(f"{src}: not an `estimate --json` object (needs 'plan' and 'memory_by_stage')")
         ranked.append(_estimated(plan_from_json(entry, src), src))
     rejected = d.get("rejected") or {}
-    if not isinstance(rejected, dict) or any(isinstance(v, bool) or not isinstance(v, int)
-                                             for v in rejected.values()):
+    if not isinstance(rejected, dict) or any(isinstance(v, bool) or not isinstance(v, int) for v in rejected.values()):
         raise UserError(f"{path}: 'rejected' must map reasons to counts")
-    return SearchInput(path=path, ranked=tuple(ranked), examined=_count(d, "examined", path),
-                       legal=_count(d, "legal", path), feasible=_count(d, "feasible", path),
-                       rejected=dict(rejected))
+    return SearchInput(
+        path=path,
+        ranked=tuple(ranked),
+        examined=_count(d, "examined", path),
+        legal=_count(d, "legal", path),
+        feasible=_count(d, "feasible", path),
+        rejected=dict(rejected),
+    )
 
 
 def read_scaling(path: str | Path) -> ScalingInput:
@@ -188,8 +204,9 @@ def read_scaling(path: str | Path) -> ScalingInput:
             gpus, gb, eff = int(p["gpus"]), int(p["global_batch"]), float(p["efficiency"])
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{src}: malformed scaling point ({type(exc).__name__}: {exc})") from None
-        points.append(ScalingPoint(gpus=gpus, global_batch=gb, efficiency=eff,
-                                   plan=_estimated(plan_from_json(p, src), src)))
+        points.append(
+            ScalingPoint(gpus=gpus, global_batch=gb, efficiency=eff, plan=_estimated(plan_from_json(p, src), src))
+        )
     return ScalingInput(path=path, mode=d["mode"], points=tuple(points))
 
 

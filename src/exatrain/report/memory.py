@@ -12,8 +12,19 @@ from pathlib import Path
 import numpy as np
 
 from exatrain.plan import Plan
-from exatrain.report.style import (CAPACITY_COLOR, MEMORY_COLORS, MEMORY_KINDS, Figure, byte_unit, describe,
-                                   human_bytes, new_figure, percent, save, wrap)
+from exatrain.report.style import (
+    CAPACITY_COLOR,
+    MEMORY_COLORS,
+    MEMORY_KINDS,
+    Figure,
+    byte_unit,
+    describe,
+    human_bytes,
+    new_figure,
+    percent,
+    save,
+    wrap,
+)
 
 # The capacity line is drawn when it is at most this many times the fullest stage, so the bars take
 # at least ~1/5 of the axis; a plan far below capacity (a tiny model) gets an axis that fits its bars
@@ -61,13 +72,20 @@ def memory_by_stage_figure(plan: Plan, path: Path) -> Figure:
         bottom += vals
     handles.reverse()  # the legend reads top-down, as the bars stack
     if cap_drawn:
-        handles.append(ax.axhline(cap_b / div, color=CAPACITY_COLOR, linewidth=1.3, linestyle="--",
-                                  label=f"capacity {human_bytes(cap_b)}"))
-        ax.set_title(f"worst stage {worst}: {human_bytes(top)} of {human_bytes(cap_b)} ({percent(top / cap_b)})",
-                     fontsize=8)
+        handles.append(
+            ax.axhline(
+                cap_b / div, color=CAPACITY_COLOR, linewidth=1.3, linestyle="--", label=f"capacity {human_bytes(cap_b)}"
+            )
+        )
+        ax.set_title(
+            f"worst stage {worst}: {human_bytes(top)} of {human_bytes(cap_b)} ({percent(top / cap_b)})", fontsize=8
+        )
     else:
-        ax.set_title(f"worst stage {worst}: {human_bytes(top)}, {percent(top / cap_b)} of the device's "
-                     f"{human_bytes(cap_b)} (capacity off the scale)", fontsize=8)
+        ax.set_title(
+            f"worst stage {worst}: {human_bytes(top)}, {percent(top / cap_b)} of the device's "
+            f"{human_bytes(cap_b)} (capacity off the scale)",
+            fontsize=8,
+        )
     ax.set_ylim(0, max(top, cap_b if cap_drawn else 0.0) / div * 1.12)
     pad = max(0.0, (3 - n) / 2)  # one or two stages: bars of a readable width, not the whole axis
     ax.set_xlim(-0.6 - pad, n - 0.4 + pad)
@@ -80,16 +98,25 @@ def memory_by_stage_figure(plan: Plan, path: Path) -> Figure:
 
     share = top / cap_b
     w = est.memory_by_stage[worst]
-    caption = ("Peak bytes held by one rank of each pipeline stage (after tensor-parallel and ZeRO "
-               "sharding), stacked by kind"
-               + (", against the device's capacity (dashed)" if cap_drawn else
-                  f"; the device's capacity ({human_bytes(cap_b)}) is more than {CAPACITY_ON_AXIS:.0f}× "
-                  "the fullest stage and is left off the axis")
-               + f". The worst is stage {worst}: {human_bytes(w.total)} of {human_bytes(cap_b)} ({percent(share)}) — "
-               + {"fits": "it fits.", "does not fit": "it does not fit.",
-                  "tight": "tight: the capacity lies inside the band of measured peaks around it."}[est.verdict])
-    key = (("worst stage", f"{worst} of {n}"),
-           ("worst stage total", f"{human_bytes(w.total)} ({percent(share)} of {human_bytes(cap_b)})"),
-           *((k, human_bytes(getattr(w, k))) for k in MEMORY_KINDS))
-    return Figure(file=path.name, title="Memory per pipeline stage", caption=caption, numbers=numbers,
-                  key_numbers=key)
+    caption = (
+        "Peak bytes held by one rank of each pipeline stage (after tensor-parallel and ZeRO "
+        "sharding), stacked by kind"
+        + (
+            ", against the device's capacity (dashed)"
+            if cap_drawn
+            else f"; the device's capacity ({human_bytes(cap_b)}) is more than {CAPACITY_ON_AXIS:.0f}× "
+            "the fullest stage and is left off the axis"
+        )
+        + f". The worst is stage {worst}: {human_bytes(w.total)} of {human_bytes(cap_b)} ({percent(share)}) — "
+        + {
+            "fits": "it fits.",
+            "does not fit": "it does not fit.",
+            "tight": "tight: the capacity lies inside the band of measured peaks around it.",
+        }[est.verdict]
+    )
+    key = (
+        ("worst stage", f"{worst} of {n}"),
+        ("worst stage total", f"{human_bytes(w.total)} ({percent(share)} of {human_bytes(cap_b)})"),
+        *((k, human_bytes(getattr(w, k))) for k in MEMORY_KINDS),
+    )
+    return Figure(file=path.name, title="Memory per pipeline stage", caption=caption, numbers=numbers, key_numbers=key)

@@ -51,9 +51,16 @@ def read_windows(path: str | Path) -> list[dict[str, Any]]:
 
 def _valid(w: dict) -> bool:
     c, t, coords = w.get("compute_s"), w.get("wait_s"), w.get("coords")
-    return (isinstance(c, list) and isinstance(t, list) and isinstance(coords, list) and len(c) == len(t) == len(coords)
-            and len(c) > 0 and all(isinstance(x, (int, float)) for x in c + t)
-            and isinstance(w.get("first_step"), int) and isinstance(w.get("last_step"), int))
+    return (
+        isinstance(c, list)
+        and isinstance(t, list)
+        and isinstance(coords, list)
+        and len(c) == len(t) == len(coords)
+        and len(c) > 0
+        and all(isinstance(x, (int, float)) for x in c + t)
+        and isinstance(w.get("first_step"), int)
+        and isinstance(w.get("last_step"), int)
+    )
 
 
 def rank_times(path: str | Path, out: Path) -> Figure | None:
@@ -76,16 +83,25 @@ def rank_times(path: str | Path, out: Path) -> Figure | None:
     top.bar(x, wait, bottom=compute, color=WAIT_COLOR, label="wait (collectives, peers, the OS)")
     for r in stragglers:
         top.bar([r], [compute[r] + wait[r]], fill=False, edgecolor=STRAGGLER_COLOR, linewidth=2)
-        top.annotate("straggler", (r, compute[r] + wait[r]), xytext=(0, 3), textcoords="offset points",
-                     ha="center", va="bottom", color=STRAGGLER_COLOR, fontsize=8)
+        top.annotate(
+            "straggler",
+            (r, compute[r] + wait[r]),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            color=STRAGGLER_COLOR,
+            fontsize=8,
+        )
     top.set_ylim(0, max(c + w for c, w in zip(compute, wait)) * 1.15 or 1.0)
     top.set_ylabel("seconds per step (mean)")
     top.set_xlabel("rank" + (" (tp, pp, dp)" if n <= 16 else ""))
     every = max(1, n // 32)
     ticks = x[::every]
     top.set_xticks(ticks)
-    top.set_xticklabels([f"{r}\n{coords[r][0]},{coords[r][1]},{coords[r][2]}" if n <= 16 else str(r) for r in ticks],
-                        fontsize=8)
+    top.set_xticklabels(
+        [f"{r}\n{coords[r][0]},{coords[r][1]},{coords[r][2]}" if n <= 16 else str(r) for r in ticks], fontsize=8
+    )
     top.set_title(f"compute and wait per rank over {steps} steps ({len(windows)} windows)")
     top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
@@ -94,30 +110,58 @@ def rank_times(path: str | Path, out: Path) -> Figure | None:
     if n <= MAX_LINES:
         for r in range(n):
             slow = r in stragglers
-            low.plot(ends, [w["compute_s"][r] for w in windows], marker="o", markersize=3,
-                     color=STRAGGLER_COLOR if slow else None, linewidth=2.2 if slow else 1.0,
-                     label=f"rank {r}" + (" (straggler)" if slow else ""))
+            low.plot(
+                ends,
+                [w["compute_s"][r] for w in windows],
+                marker="o",
+                markersize=3,
+                color=STRAGGLER_COLOR if slow else None,
+                linewidth=2.2 if slow else 1.0,
+                label=f"rank {r}" + (" (straggler)" if slow else ""),
+            )
         low.set_ylabel("compute, seconds per step")
         low.set_ylim(bottom=0)
         low.legend(fontsize=7, ncol=max(1, (n + 7) // 8), loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
-        ratio = [[w["compute_s"][r] / max(1e-12, _peer_median(w["compute_s"], stage, r)) for w in windows]
-                 for r in range(n)]
-        im = low.imshow(ratio, aspect="auto", cmap="viridis", interpolation="nearest",
-                        extent=(-0.5, len(windows) - 0.5, n - 0.5, -0.5))
+        ratio = [
+            [w["compute_s"][r] / max(1e-12, _peer_median(w["compute_s"], stage, r)) for w in windows] for r in range(n)
+        ]
+        im = low.imshow(
+            ratio,
+            aspect="auto",
+            cmap="viridis",
+            interpolation="nearest",
+            extent=(-0.5, len(windows) - 0.5, n - 0.5, -0.5),
+        )
         low.set_xticks(range(len(windows)))
         low.set_xticklabels([str(e) for e in ends], fontsize=7)
         low.set_ylabel("rank")
         fig.colorbar(im, ax=low, label="compute / stage peers' median")
     low.set_xlabel("last step of the window")
     save(fig, out)
-    caption = (f"Mean compute and wait seconds per step of each of {n} ranks over {steps} steps; "
-               + (f"straggler{'s' if len(stragglers) > 1 else ''}: rank{'s' if len(stragglers) > 1 else ''} "
-                  f"{', '.join(map(str, stragglers))}" if stragglers else "no straggler")
-               + " (compute above 1.3 x its stage peers' median two windows running).")
-    return Figure(file=out.name, title="Ranks: compute and wait", caption=caption,
-                  numbers={"compute_s": compute, "wait_s": wait, "stragglers": stragglers, "steps": steps,
-                           "windows": len(windows), "coords": [list(c) for c in coords]})
+    caption = (
+        f"Mean compute and wait seconds per step of each of {n} ranks over {steps} steps; "
+        + (
+            f"straggler{'s' if len(stragglers) > 1 else ''}: rank{'s' if len(stragglers) > 1 else ''} "
+            f"{', '.join(map(str, stragglers))}"
+            if stragglers
+            else "no straggler"
+        )
+        + " (compute above 1.3 x its stage peers' median two windows running)."
+    )
+    return Figure(
+        file=out.name,
+        title="Ranks: compute and wait",
+        caption=caption,
+        numbers={
+            "compute_s": compute,
+            "wait_s": wait,
+            "stragglers": stragglers,
+            "steps": steps,
+            "windows": len(windows),
+            "coords": [list(c) for c in coords],
+        },
+    )
 
 
 def _peer_median(values: list[float], stage: list[int], r: int) -> float:

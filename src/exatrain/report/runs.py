@@ -15,8 +15,17 @@ import numpy as np
 
 from exatrain.plan import RunRecord
 from exatrain.report.inputs import RunsInput, StepLine, finite
-from exatrain.report.style import (OTHER_COLOR, Figure, byte_unit, legend_columns, log_or_linear, new_figure,
-                                   save, series_colors, top_series)
+from exatrain.report.style import (
+    OTHER_COLOR,
+    Figure,
+    byte_unit,
+    legend_columns,
+    log_or_linear,
+    new_figure,
+    save,
+    series_colors,
+    top_series,
+)
 
 
 def record_label(r: RunRecord) -> str:
@@ -123,8 +132,9 @@ def _run_colors(runs: list[int]) -> dict[int, str]:
     return {r: colors.get(str(r), OTHER_COLOR) for r in runs}
 
 
-def _parity(ax, pred: np.ndarray, meas: np.ndarray, runs: list[int], names: list[str], colors: dict[int, str],
-            unit: str) -> None:
+def _parity(
+    ax, pred: np.ndarray, meas: np.ndarray, runs: list[int], names: list[str], colors: dict[int, str], unit: str
+) -> None:
     """Measured against predicted, one colour per run and each point named (``names``), with the
     y = x and ±25% guides; log axes when the values span enough for three ticks."""
     lo = float(min(pred.min(), meas.min())) / 1.5
@@ -162,32 +172,63 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
     fig, axes = new_figure(width_in, 5.0, ncols=2 if both else 1)
     ax, bx = axes if both else (axes, axes)
     if t["labels"]:
-        _parity(ax, np.asarray(t["predicted_step_s"]), np.asarray(t["measured_step_s"]), t["run"],
-                [str(r) for r in t["run"]], colors, "seconds per step")
+        _parity(
+            ax,
+            np.asarray(t["predicted_step_s"]),
+            np.asarray(t["measured_step_s"]),
+            t["run"],
+            [str(r) for r in t["run"]],
+            colors,
+            "seconds per step",
+        )
         ax.set_title(f"step time, {len(t['labels'])} run{'s' if len(t['labels']) != 1 else ''}", fontsize=9)
     if m["labels"]:
         pm, mm = np.asarray(m["predicted_memory_bytes"]), np.asarray(m["measured_memory_bytes"])
         div, unit = byte_unit(float(max(pm.max(), mm.max())))
         # Each run's number once, at its fullest point: a run's stages sit close together.
-        fullest = {r: max((i for i, q in enumerate(m["run"]) if q == r), key=lambda i: mm[i])
-                   for r in set(m["run"])}
+        fullest = {r: max((i for i, q in enumerate(m["run"]) if q == r), key=lambda i: mm[i]) for r in set(m["run"])}
         names = [str(r) if fullest[r] == i else "" for i, r in enumerate(m["run"])]
         _parity(bx, pm / div, mm / div, m["run"], names, colors, f"peak {unit} per rank")
-        bx.set_title(f"peak device memory, {len(m['labels'])} points (one per pipeline stage where measured)",
-                     fontsize=9)
-    handles = [Line2D([], [], linestyle="", marker="o", markersize=6, markerfacecolor=colors[r],
-                      markeredgecolor="black", markeredgewidth=0.4, label=f"{r}: {labels[r]}") for r in order]
+        bx.set_title(
+            f"peak device memory, {len(m['labels'])} points (one per pipeline stage where measured)", fontsize=9
+        )
+    handles = [
+        Line2D(
+            [],
+            [],
+            linestyle="",
+            marker="o",
+            markersize=6,
+            markerfacecolor=colors[r],
+            markeredgecolor="black",
+            markeredgewidth=0.4,
+            label=f"{r}: {labels[r]}",
+        )
+        for r in order
+    ]
     src = ax if t["labels"] else bx
     guides, guide_labels = src.get_legend_handles_labels()
     entries = handles + guides
     names = [h.get_label() for h in handles] + guide_labels
-    fig.legend(entries, names, loc="outside lower center", ncol=legend_columns(names, width_in - 0.4, 8),
-               fontsize=8, frameon=False)
+    fig.legend(
+        entries,
+        names,
+        loc="outside lower center",
+        ncol=legend_columns(names, width_in - 0.4, 8),
+        fontsize=8,
+        frameon=False,
+    )
     save(fig, path)
 
-    numbers = {**t, "memory_labels": m["labels"], "memory_run": m["run"],
-               "predicted_memory_bytes": m["predicted_memory_bytes"],
-               "measured_memory_bytes": m["measured_memory_bytes"], "run_labels": dict(labels), "skipped": skipped}
+    numbers = {
+        **t,
+        "memory_labels": m["labels"],
+        "memory_run": m["run"],
+        "predicted_memory_bytes": m["predicted_memory_bytes"],
+        "measured_memory_bytes": m["measured_memory_bytes"],
+        "run_labels": dict(labels),
+        "skipped": skipped,
+    }
     key = []
     if t["labels"]:
         err = np.abs(np.asarray(t["predicted_step_s"]) / np.asarray(t["measured_step_s"]) - 1)
@@ -195,19 +236,27 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
     if m["labels"]:
         err = np.abs(np.asarray(m["predicted_memory_bytes"]) / np.asarray(m["measured_memory_bytes"]) - 1)
         key.append(("memory, median |error|", f"{np.median(err):.1%} over {len(err)} points"))
-    caption = ("Each point is a run's step time" + (" (left) or a pipeline stage of a run's peak memory (right)"
-                                                     if both else "" if t["labels"] else
-                                                     " or a pipeline stage of a run's peak memory")
-               + ", numbered and coloured by run as the legend names them: what the cost model predicted for its "
-               "plan against what the run measured (median step time after warm-up; peak memory: the device memory "
-               "the trainer allocated, torch.cuda.max_memory_allocated, against the model of the trainer's own "
-               "memory for an exatrain run, else the runtime's reference model; a CPU run's peak RSS holds the "
-               "interpreter and its libraries besides the tensors and is not drawn). Points on the grey line are "
-               "exact; dotted lines are ±25%.")
+    caption = (
+        "Each point is a run's step time"
+        + (
+            " (left) or a pipeline stage of a run's peak memory (right)"
+            if both
+            else ""
+            if t["labels"]
+            else " or a pipeline stage of a run's peak memory"
+        )
+        + ", numbered and coloured by run as the legend names them: what the cost model predicted for its "
+        "plan against what the run measured (median step time after warm-up; peak memory: the device memory "
+        "the trainer allocated, torch.cuda.max_memory_allocated, against the model of the trainer's own "
+        "memory for an exatrain run, else the runtime's reference model; a CPU run's peak RSS holds the "
+        "interpreter and its libraries besides the tensors and is not drawn). Points on the grey line are "
+        "exact; dotted lines are ±25%."
+    )
     if skipped:
         caption += " Left out: " + ", ".join(f"{n} ({why})" for why, n in skipped.items()) + "."
-    return Figure(file=path.name, title="Predicted vs measured", caption=caption, numbers=numbers,
-                  key_numbers=tuple(key))
+    return Figure(
+        file=path.name, title="Predicted vs measured", caption=caption, numbers=numbers, key_numbers=tuple(key)
+    )
 
 
 def loss_curves(runs: RunsInput, path: Path) -> Figure | None:
@@ -223,8 +272,9 @@ def loss_curves(runs: RunsInput, path: Path) -> Figure | None:
     for i, g in enumerate(groups, 1):
         name = f"{g.label} (run {i})" if g.label in repeated else g.label
         names.append(name)
-        ax.plot(g.step, g.loss, "-", marker="." if len(g.step) <= 50 else None, linewidth=1.4, color=colors[i],
-                label=name)
+        ax.plot(
+            g.step, g.loss, "-", marker="." if len(g.step) <= 50 else None, linewidth=1.4, color=colors[i], label=name
+        )
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=3))  # steps are whole numbers
@@ -236,11 +286,16 @@ def loss_curves(runs: RunsInput, path: Path) -> Figure | None:
         keep = [i for i, c in enumerate(colors.values()) if c != OTHER_COLOR]
         handles = [handles[i] for i in keep] + [handles[-1]]
         labels = [labels[i] for i in keep] + [f"{len(groups) - len(keep)} other runs"]
-    fig.legend(handles, labels, loc="outside lower center", ncol=legend_columns(labels, width_in - 0.4, 8),
-               fontsize=8, frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncol=legend_columns(labels, width_in - 0.4, 8),
+        fontsize=8,
+        frameon=False,
+    )
     save(fig, path)
     numbers = {"runs": [{"label": g.label, "step": list(g.step), "loss": list(g.loss)} for g in groups]}
     key = tuple((g.label, f"loss {g.loss[0]:.4g} → {g.loss[-1]:.4g} over {len(g.step)} steps") for g in groups[:10])
-    caption = ("Loss of every run in the file against its step (the mean over the global batch, as the "
-               "trainer logs it).")
+    caption = "Loss of every run in the file against its step (the mean over the global batch, as the trainer logs it)."
     return Figure(file=path.name, title="Loss curves", caption=caption, numbers=numbers, key_numbers=key)

@@ -17,6 +17,7 @@ from exatrain.catalog.studies import study_scaling
 from exatrain.report.inputs import ScalingInput
 from exatrain.report.style import OKABE_ITO, Figure, log_or_linear, new_figure, save
 
+
 def study_point(model: str, cluster: str, mode: str) -> dict[str, Any] | None:
     """The study's measured (GPUs, efficiency) for this model, cluster and mode, if it has one
     (the catalog's data/studies.toml, which cites its source)."""
@@ -36,10 +37,18 @@ def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:
     tokens = [float(p.plan.estimate.tokens_per_s) for p in pts]
     ideal = [tokens[0] * n / gpus[0] for n in gpus]
     study = study_point(model, cluster, scaling.mode)
-    numbers = {"mode": scaling.mode, "model": model, "cluster": cluster, "gpus": gpus,
-               "global_batch": [p.global_batch for p in pts], "tokens_per_s": tokens,
-               "ideal_tokens_per_s": ideal, "efficiency": [p.efficiency for p in pts],
-               "layouts": [p.plan.label for p in pts], "study": study}
+    numbers = {
+        "mode": scaling.mode,
+        "model": model,
+        "cluster": cluster,
+        "gpus": gpus,
+        "global_batch": [p.global_batch for p in pts],
+        "tokens_per_s": tokens,
+        "ideal_tokens_per_s": ideal,
+        "efficiency": [p.efficiency for p in pts],
+        "layouts": [p.plan.label for p in pts],
+        "study": study,
+    }
 
     fig, (ax, bx) = new_figure(11.0, 4.4, ncols=2)
     series = OKABE_ITO["blue"]
@@ -59,11 +68,23 @@ def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:
         bx.annotate(lay, (n, e), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
     xs = list(gpus)
     if study:
-        bx.plot([study["gpus"]], [100 * study["efficiency"]], "D", color=OKABE_ITO["vermillion"], markersize=8,
-                label=f"measured: {study['source']}")
-        bx.annotate(f"{study['efficiency']:.0%} {scaling.mode} at {study['gpus']:,} GCDs",
-                    (study["gpus"], 100 * study["efficiency"]), textcoords="offset points", xytext=(-8, 8),
-                    ha="right", fontsize=7, color=OKABE_ITO["vermillion"])
+        bx.plot(
+            [study["gpus"]],
+            [100 * study["efficiency"]],
+            "D",
+            color=OKABE_ITO["vermillion"],
+            markersize=8,
+            label=f"measured: {study['source']}",
+        )
+        bx.annotate(
+            f"{study['efficiency']:.0%} {scaling.mode} at {study['gpus']:,} GCDs",
+            (study["gpus"], 100 * study["efficiency"]),
+            textcoords="offset points",
+            xytext=(-8, 8),
+            ha="right",
+            fontsize=7,
+            color=OKABE_ITO["vermillion"],
+        )
         xs.append(study["gpus"])
     bx.set_xscale("log", base=2)
     for a, counts in ((ax, gpus), (bx, xs)):
@@ -76,17 +97,24 @@ def scaling_curves(scaling: ScalingInput, path: Path) -> Figure:
     bx.legend(fontsize=7, loc="lower left")
     save(fig, path)
 
-    caption = (f"Predicted {scaling.mode} scaling (`exatrain scaling`, best or pinned layout per count): "
-               f"{numbers['efficiency'][-1]:.1%} efficiency at {gpus[-1]:,} GPUs relative to {gpus[0]:,}.")
+    caption = (
+        f"Predicted {scaling.mode} scaling (`exatrain scaling`, best or pinned layout per count): "
+        f"{numbers['efficiency'][-1]:.1%} efficiency at {gpus[-1]:,} GPUs relative to {gpus[0]:,}."
+    )
     if study:
-        caption += (f" The red diamond is what the Frontier study ({study['source']}) measured for {model}: "
-                    f"{study['efficiency']:.0%} {scaling.mode} scaling"
-                    + (f" to {study['gpus']:,} GCDs." if scaling.mode == "weak" else
-                       f" (range not stated in our sources; drawn at {study['gpus']:,} GCDs)."))
-    key = tuple((f"{n:,} GPUs", f"{t:,.0f} tokens/s, {e:.1%}") for n, t, e in
-                zip(gpus, tokens, numbers["efficiency"]))
-    return Figure(file=path.name, title=f"{scaling.mode.capitalize()} scaling", caption=caption,
-                  numbers=numbers, key_numbers=key)
+        caption += (
+            f" The red diamond is what the Frontier study ({study['source']}) measured for {model}: "
+            f"{study['efficiency']:.0%} {scaling.mode} scaling"
+            + (
+                f" to {study['gpus']:,} GCDs."
+                if scaling.mode == "weak"
+                else f" (range not stated in our sources; drawn at {study['gpus']:,} GCDs)."
+            )
+        )
+    key = tuple((f"{n:,} GPUs", f"{t:,.0f} tokens/s, {e:.1%}") for n, t, e in zip(gpus, tokens, numbers["efficiency"]))
+    return Figure(
+        file=path.name, title=f"{scaling.mode.capitalize()} scaling", caption=caption, numbers=numbers, key_numbers=key
+    )
 
 
 def _gpu_axis(ax: Any, counts: list[int]) -> None:

@@ -13,8 +13,21 @@ from pathlib import Path
 import numpy as np
 
 from exatrain.report.inputs import SearchInput
-from exatrain.report.style import (CAPACITY_COLOR, OKABE_ITO, OTHER_COLOR, Figure, byte_unit, compact, describe,
-                                   human_bytes, new_figure, save, series_colors, top_series, wrap)
+from exatrain.report.style import (
+    CAPACITY_COLOR,
+    OKABE_ITO,
+    OTHER_COLOR,
+    Figure,
+    byte_unit,
+    compact,
+    describe,
+    human_bytes,
+    new_figure,
+    save,
+    series_colors,
+    top_series,
+    wrap,
+)
 
 _MARKERS = "osD^vP*Xph<>"
 CAPACITY_ON_AXIS = 4.0  # as in memory.py: the capacity line only when the points keep >= ~1/5 of the axis
@@ -41,7 +54,9 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
         "tokens_per_s": [float(p.estimate.tokens_per_s) for p in ranked],
         "capacity_bytes": int(est0.capacity_bytes),
         "rejected": dict(search.rejected),
-        "examined": search.examined, "legal": search.legal, "feasible": search.feasible,
+        "examined": search.examined,
+        "legal": search.legal,
+        "feasible": search.feasible,
     }
     own, rest = top_series(numbers["family"])
     cap_b = float(est0.capacity_bytes)
@@ -57,17 +72,25 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
     fam = np.asarray(numbers["family"])
     for i, (f, color) in enumerate(zip(own, series_colors(len(own)))):
         sel = fam == f
-        ax.scatter(mem[sel], tps[sel], s=30, marker=_MARKERS[i % len(_MARKERS)], color=color, label=f,
-                   alpha=0.9, linewidths=0)
+        ax.scatter(
+            mem[sel], tps[sel], s=30, marker=_MARKERS[i % len(_MARKERS)], color=color, label=f, alpha=0.9, linewidths=0
+        )
     if rest:
         sel = np.isin(fam, sorted(rest))
-        ax.scatter(mem[sel], tps[sel], s=22, marker=".", color=OTHER_COLOR,
-                   label=f"{len(rest)} other tp·pp families", linewidths=0)
-    ax.scatter(mem[:1], tps[:1], s=240, marker="*", facecolors="none", edgecolors="black", linewidths=1.2,
-               label="best")
+        ax.scatter(
+            mem[sel],
+            tps[sel],
+            s=22,
+            marker=".",
+            color=OTHER_COLOR,
+            label=f"{len(rest)} other tp·pp families",
+            linewidths=0,
+        )
+    ax.scatter(mem[:1], tps[:1], s=240, marker="*", facecolors="none", edgecolors="black", linewidths=1.2, label="best")
     if cap_drawn:
-        ax.axvline(cap_b / div, color=CAPACITY_COLOR, linestyle="--", linewidth=1.2,
-                   label=f"capacity {human_bytes(cap_b)}")
+        ax.axvline(
+            cap_b / div, color=CAPACITY_COLOR, linestyle="--", linewidth=1.2, label=f"capacity {human_bytes(cap_b)}"
+        )
     x_hi = (max(top_b, cap_b) if cap_drawn else top_b) / div * 1.1
     lo, hi = float(tps.min()), float(tps.max())
     # Rank numbers of the best layouts; a layout near an earlier labelled one (4% of the axis height,
@@ -76,39 +99,59 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
     xy = np.column_stack([mem / x_hi, (tps - lo) / max(hi - lo, 1e-9 * hi)])
     spots: list[list[int]] = []
     for j in range(min(ANNOTATE_TOP, len(ranked))):
-        near = next((g for g in spots if any(np.hypot((xy[j, 0] - xy[k, 0]) / 2, xy[j, 1] - xy[k, 1]) < 0.04
-                                             for k in g)), None)
+        near = next(
+            (g for g in spots if any(np.hypot((xy[j, 0] - xy[k, 0]) / 2, xy[j, 1] - xy[k, 1]) < 0.04 for k in g)), None
+        )
         if near is None:
             spots.append([j])
         else:
             near.append(j)
     for js in spots:
         at = max(js, key=lambda k: mem[k])
-        ax.annotate(",".join(str(j + 1) for j in sorted(js)), (mem[at], tps[at]), textcoords="offset points",
-                    xytext=(5, 3), fontsize=7)
+        ax.annotate(
+            ",".join(str(j + 1) for j in sorted(js)),
+            (mem[at], tps[at]),
+            textcoords="offset points",
+            xytext=(5, 3),
+            fontsize=7,
+        )
     ax.set_xlim(0, x_hi)
     pad = 0.08 * (hi - lo) if hi > lo else 0.05 * hi
     ax.set_ylim(lo - pad, hi + 1.5 * pad)  # headroom for the best's star and number
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: compact(v)))
-    ax.set_xlabel(f"worst-stage memory per rank, {unit}"
-                  + ("" if cap_drawn else f" (capacity {human_bytes(cap_b)}: off the scale)"))
+    ax.set_xlabel(
+        f"worst-stage memory per rank, {unit}"
+        + ("" if cap_drawn else f" (capacity {human_bytes(cap_b)}: off the scale)")
+    )
     ax.set_ylabel("predicted tokens/s")
-    ax.set_title(wrap(f"{len(ranked)} ranked layouts (numbers: rank) — {ranked[0].model.name} on "
-                      f"{ranked[0].gpus} × {ranked[0].cluster or 'devices'}, global batch {ranked[0].global_batch}",
-                      width_in * 0.55, 9), fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-              title="tp·pp family", title_fontsize=7)
+    ax.set_title(
+        wrap(
+            f"{len(ranked)} ranked layouts (numbers: rank) — {ranked[0].model.name} on "
+            f"{ranked[0].gpus} × {ranked[0].cluster or 'devices'}, global batch {ranked[0].global_batch}",
+            width_in * 0.55,
+            9,
+        ),
+        fontsize=9,
+    )
+    ax.legend(
+        fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="tp·pp family", title_fontsize=7
+    )
     _rejections(bx, search)
     save(fig, path)
 
     best = ranked[0]
-    caption = (f"Every layout the search JSON ranks ({len(ranked)}; `exatrain search --top N` lists more), "
-               f"predicted throughput against its worst pipeline stage's memory, coloured by tp·pp; the best "
-               f"is starred: {describe(best)}, {best.estimate.tokens_per_s:,.0f} tokens/s at "
-               f"{human_bytes(best.estimate.memory_bytes.total)}. Right: how many candidates each rule rejected.")
-    key = (("best", describe(best)), ("best tokens/s", f"{best.estimate.tokens_per_s:,.0f}"),
-           ("best memory", human_bytes(best.estimate.memory_bytes.total)),
-           ("examined / legal / feasible", f"{search.examined} / {search.legal} / {search.feasible}"))
+    caption = (
+        f"Every layout the search JSON ranks ({len(ranked)}; `exatrain search --top N` lists more), "
+        f"predicted throughput against its worst pipeline stage's memory, coloured by tp·pp; the best "
+        f"is starred: {describe(best)}, {best.estimate.tokens_per_s:,.0f} tokens/s at "
+        f"{human_bytes(best.estimate.memory_bytes.total)}. Right: how many candidates each rule rejected."
+    )
+    key = (
+        ("best", describe(best)),
+        ("best tokens/s", f"{best.estimate.tokens_per_s:,.0f}"),
+        ("best memory", human_bytes(best.estimate.memory_bytes.total)),
+        ("examined / legal / feasible", f"{search.examined} / {search.legal} / {search.feasible}"),
+    )
     return Figure(file=path.name, title="Search landscape", caption=caption, numbers=numbers, key_numbers=key)
 
 
@@ -133,5 +176,9 @@ def _rejections(ax, search: SearchInput) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(vals) * 1.25)
     ax.set_xlabel("candidates")
-    ax.set_title(f"{search.examined:,} examined, {search.legal:,} legal" if search.examined is not None
-                 and search.legal is not None else "candidates", fontsize=9)
+    ax.set_title(
+        f"{search.examined:,} examined, {search.legal:,} legal"
+        if search.examined is not None and search.legal is not None
+        else "candidates",
+        fontsize=9,
+    )

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from exatrain.errors import UserError
 
 from exatrain.units import GiB
+
 MiB = 1024**2
 KiB = 1024
 DPI = 100
@@ -24,22 +25,41 @@ DPI = 100
 # under the common colour-vision deficiencies; used for the fixed kinds below. Paul Tol, "Colour
 # schemes", SRON/EPS/TN/09-002 (2021), qualitative "muted" scheme: nine colours for series whose
 # number varies (tp·pp families, runs); more series than that are grouped as "other" in grey.
-OKABE_ITO = {"orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442",
-             "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7", "black": "#000000"}
-TOL_MUTED = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255",
-             "#AA4499")
+OKABE_ITO = {
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+    "black": "#000000",
+}
+TOL_MUTED = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
 OTHER_COLOR = "#BBBBBB"
 
 # Memory kinds in the order they stack (bottom to top), and their colours.
 MEMORY_KINDS = ("weights", "gradients", "optimizer", "activations", "other")
-MEMORY_COLORS = {"weights": OKABE_ITO["blue"], "gradients": OKABE_ITO["sky"], "optimizer": OKABE_ITO["green"],
-                 "activations": OKABE_ITO["orange"], "other": OKABE_ITO["purple"]}
+MEMORY_COLORS = {
+    "weights": OKABE_ITO["blue"],
+    "gradients": OKABE_ITO["sky"],
+    "optimizer": OKABE_ITO["green"],
+    "activations": OKABE_ITO["orange"],
+    "other": OKABE_ITO["purple"],
+}
 # Step-time terms of ``TimeBreakdown`` in the order they stack, and their colours.
 TIME_TERMS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "straggler", "offload")
-TIME_COLORS = {"compute": OKABE_ITO["blue"], "bubble": OTHER_COLOR, "tp_comm": OKABE_ITO["orange"],
-               "pp_comm": OKABE_ITO["vermillion"], "dp_comm": OKABE_ITO["purple"],
-               "optimizer": OKABE_ITO["green"], "other": OKABE_ITO["yellow"], "straggler": OKABE_ITO["sky"],
-               "offload": TOL_MUTED[7]}
+TIME_COLORS = {
+    "compute": OKABE_ITO["blue"],
+    "bubble": OTHER_COLOR,
+    "tp_comm": OKABE_ITO["orange"],
+    "pp_comm": OKABE_ITO["vermillion"],
+    "dp_comm": OKABE_ITO["purple"],
+    "optimizer": OKABE_ITO["green"],
+    "other": OKABE_ITO["yellow"],
+    "straggler": OKABE_ITO["sky"],
+    "offload": TOL_MUTED[7],
+}
 CAPACITY_COLOR = "#000000"  # a dashed black line: apart from every palette colour
 
 
@@ -56,7 +76,7 @@ def top_series(names: Sequence[str], limit: int = len(TOL_MUTED)) -> tuple[list[
     distinct = list(dict.fromkeys(names))
     if len(distinct) <= limit:
         return distinct, set()
-    return distinct[:limit - 1], set(distinct[limit - 1:])
+    return distinct[: limit - 1], set(distinct[limit - 1 :])
 
 
 @dataclass(frozen=True)
@@ -94,8 +114,9 @@ def save(fig: Any, path: Path, palette: int | None = None) -> None:
 
         with Image.open(path) as im:
             rgb = im.convert("RGB")
-        rgb.quantize(colors=palette, method=Image.Quantize.FASTOCTREE,
-                     dither=Image.Dither.NONE).save(path, format="PNG")
+        rgb.quantize(colors=palette, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(
+            path, format="PNG"
+        )
 
 
 def byte_unit(max_bytes: float) -> tuple[int, str]:
@@ -152,8 +173,12 @@ def log_or_linear(ax: Any, axis: str, lo: float, hi: float, min_ticks: int = 3) 
     fmt = FuncFormatter(lambda v, _pos: compact(v))
     if lo > 0 and hi > lo:
         for subs in ((1,), (1, 2, 5), (1, 2, 3, 5), tuple(range(1, 10))):
-            ticks = [s * 10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-                     for s in subs if lo <= s * 10.0**k <= hi]
+            ticks = [
+                s * 10.0**k
+                for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                for s in subs
+                if lo <= s * 10.0**k <= hi
+            ]
             if min_ticks <= len(ticks) <= 12:
                 set_scale("log")
                 set_lim(lo, hi)
@@ -176,7 +201,7 @@ def legend_columns(labels: Sequence[str], width_in: float, fontsize: float) -> i
     lengths = [len(s) for s in labels] or [1]
     for ncol in range(len(lengths), 1, -1):
         rows = -(-len(lengths) // ncol)
-        cols = [lengths[i:i + rows] for i in range(0, len(lengths), rows)]
+        cols = [lengths[i : i + rows] for i in range(0, len(lengths), rows)]
         if sum((0.6 * max(c) + 4.0) * em_in for c in cols) <= width_in:
             return ncol
     return 1
@@ -189,7 +214,9 @@ def seconds(x: float) -> str:
 def describe(plan: Any) -> str:
     """One line naming a plan: model, layout, batch, options and cluster."""
     where = f" on {plan.gpus} × {plan.cluster}" if plan.cluster else f" on {plan.gpus} devices"
-    return (f"{plan.model.name}{where}: {plan.label}, micro-batch {plan.micro_batch}, global batch "
-            f"{plan.global_batch}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}"
-            f"{', SP' if plan.sequence_parallel else ''}, {plan.schedule_label}"
-            f"{plan.settings_label}")
+    return (
+        f"{plan.model.name}{where}: {plan.label}, micro-batch {plan.micro_batch}, global batch "
+        f"{plan.global_batch}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}"
+        f"{', SP' if plan.sequence_parallel else ''}, {plan.schedule_label}"
+        f"{plan.settings_label}"
+    )

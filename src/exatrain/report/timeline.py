@@ -26,8 +26,7 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import PlanError
 from exatrain.plan import Plan, TimeBreakdown
 from exatrain.planner.cost.coefficients import CostParams
-from exatrain.report.style import (OKABE_ITO, Figure, describe, legend_columns, new_figure, save, seconds,
-                                   wrap)
+from exatrain.report.style import OKABE_ITO, Figure, describe, legend_columns, new_figure, save, seconds, wrap
 
 # Colours: idle, then (kind, shade) pairs — shades alternate between micro-batches — then "after the
 # step". Each kind is an Okabe-Ito colour (blue, orange, bluish green; see style.OKABE_ITO) and its
@@ -41,15 +40,17 @@ LOOPED = ("gpipe", "1f1b", "interleaved", "zero_bubble")  # what every plan is r
 
 
 def _hex_rgb(h: str) -> tuple[float, float, float]:
-    return tuple(int(h[i:i + 2], 16) / 255 for i in (1, 3, 5))  # type: ignore[return-value]
+    return tuple(int(h[i : i + 2], 16) / 255 for i in (1, 3, 5))  # type: ignore[return-value]
 
 
 def _light(rgb: tuple[float, float, float]) -> tuple[float, float, float]:
     return tuple(0.5 * c + 0.5 for c in rgb)  # type: ignore[return-value]
 
 
-KIND_RGB = {k: (_hex_rgb(OKABE_ITO[c]), _light(_hex_rgb(OKABE_ITO[c])))
-            for k, c in (("F", "blue"), ("B", "orange"), ("W", "green"))}
+KIND_RGB = {
+    k: (_hex_rgb(OKABE_ITO[c]), _light(_hex_rgb(OKABE_ITO[c])))
+    for k, c in (("F", "blue"), ("B", "orange"), ("W", "green"))
+}
 # Ranks are drawn as bands with a white line between them when there are few enough to leave each
 # band several pixels tall; each band is ROW_PIXELS image rows, the last of them the gap.
 GAP_MAX_PP = 32
@@ -108,18 +109,24 @@ def ops_of(result: Any) -> dict[str, np.ndarray]:
         from exatrain.planner.cost.schedule import KINDS as SIM_KINDS
 
         remap = np.array([KINDS.index(k) for k in SIM_KINDS])
-        return {"rank": np.asarray(tl.rank, dtype=np.int64), "kind": remap[np.asarray(tl.kind)],
-                "microbatch": np.asarray(tl.microbatch, dtype=np.int64),
-                "virtual_stage": np.asarray(tl.virtual_stage, dtype=np.int64),
-                "start_s": np.asarray(tl.start_s, dtype=np.float64), "end_s": np.asarray(tl.end_s, dtype=np.float64)}
+        return {
+            "rank": np.asarray(tl.rank, dtype=np.int64),
+            "kind": remap[np.asarray(tl.kind)],
+            "microbatch": np.asarray(tl.microbatch, dtype=np.int64),
+            "virtual_stage": np.asarray(tl.virtual_stage, dtype=np.int64),
+            "start_s": np.asarray(tl.start_s, dtype=np.float64),
+            "end_s": np.asarray(tl.end_s, dtype=np.float64),
+        }
     except (ImportError, AttributeError):
         ev = tl.events()
-    return {"rank": np.array([e.rank for e in ev], dtype=np.int64),
-            "kind": np.array([KINDS.index(e.kind) for e in ev], dtype=np.int64),
-            "microbatch": np.array([e.microbatch for e in ev], dtype=np.int64),
-            "virtual_stage": np.array([e.virtual_stage for e in ev], dtype=np.int64),
-            "start_s": np.array([e.start_s for e in ev], dtype=np.float64),
-            "end_s": np.array([e.end_s for e in ev], dtype=np.float64)}
+    return {
+        "rank": np.array([e.rank for e in ev], dtype=np.int64),
+        "kind": np.array([KINDS.index(e.kind) for e in ev], dtype=np.int64),
+        "microbatch": np.array([e.microbatch for e in ev], dtype=np.int64),
+        "virtual_stage": np.array([e.virtual_stage for e in ev], dtype=np.int64),
+        "start_s": np.array([e.start_s for e in ev], dtype=np.float64),
+        "end_s": np.array([e.end_s for e in ev], dtype=np.float64),
+    }
 
 
 def _occupied(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -146,8 +153,9 @@ def shades(ops: dict[str, np.ndarray], pp: int, column_s: float) -> np.ndarray:
     return (ops["microbatch"] + ops["virtual_stage"] // pp) % 2
 
 
-def coverage(ops: dict[str, np.ndarray], pp: int, span_s: float, columns: int = COLUMNS
-             ) -> tuple[np.ndarray, np.ndarray]:
+def coverage(
+    ops: dict[str, np.ndarray], pp: int, span_s: float, columns: int = COLUMNS
+) -> tuple[np.ndarray, np.ndarray]:
     """Share of each time column (over [0, span_s], time measured from the first op) that each rank
     spends on each (kind, micro-batch shade): shape (pp, 2*len(KINDS), columns); and the share of
     each column inside the step (before the last op ends), shape (columns,). Idle is what is left.
@@ -188,7 +196,7 @@ def banded(img: np.ndarray) -> np.ndarray:
     if pp > GAP_MAX_PP:
         return img
     out = np.repeat(img, ROW_PIXELS, axis=0)
-    out[ROW_PIXELS - 1::ROW_PIXELS] = 1.0
+    out[ROW_PIXELS - 1 :: ROW_PIXELS] = 1.0
     return out
 
 
@@ -210,8 +218,15 @@ def _name_microbatches(ax: Any, ops: dict[str, np.ndarray], shade: np.ndarray, t
     if len(wide) > 400:
         return
     for i in wide:
-        ax.text((ops["start_s"][i] + ops["end_s"][i]) / 2 - t0, ops["rank"][i], str(ops["microbatch"][i]),
-                ha="center", va="center", fontsize=6, color="black" if shade[i] else "white")
+        ax.text(
+            (ops["start_s"][i] + ops["end_s"][i]) / 2 - t0,
+            ops["rank"][i],
+            str(ops["microbatch"][i]),
+            ha="center",
+            va="center",
+            fontsize=6,
+            color="black" if shade[i] else "white",
+        )
 
 
 def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path: Path) -> Figure:
@@ -236,65 +251,112 @@ def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path
             f_s, b_s = (float(dur[ops["kind"] == KINDS.index(k)].sum()) for k in ("F", "B"))
             mixed = tuple((f_s * np.array(KIND_RGB["F"][0]) + b_s * np.array(KIND_RGB["B"][0])) / (f_s + b_s))
         cov, in_step = coverage(ops, pp, t_max)
-        ax.imshow(banded(to_rgb(cov, in_step)), aspect="auto", interpolation="nearest",
-                  extent=(0.0, t_max, pp - 0.5, -0.5))
+        ax.imshow(
+            banded(to_rgb(cov, in_step)), aspect="auto", interpolation="nearest", extent=(0.0, t_max, pp - 0.5, -0.5)
+        )
         if pp <= 16:
             _name_microbatches(ax, ops, shades(ops, pp, t_max / COLUMNS), t_max)
         ax.axvline(s.time_s.step, color="black", linewidth=1.0, linestyle=":")
         r = s.result
-        ax.set_title(f"{_label(s)}: pipeline {seconds(r.step_s)}, busiest rank idle {r.bubble_fraction:.1%}; "
-                     f"whole step {seconds(s.time_s.step)}", fontsize=8, loc="left")
+        ax.set_title(
+            f"{_label(s)}: pipeline {seconds(r.step_s)}, busiest rank idle {r.bubble_fraction:.1%}; "
+            f"whole step {seconds(s.time_s.step)}",
+            fontsize=8,
+            loc="left",
+        )
         ax.set_ylabel("pipeline rank", fontsize=8)
         ax.set_yticks(range(0, pp, max(1, pp // 8)))
         ax.tick_params(labelsize=7)
-        rows.append({"schedule": s.plan.schedule, "interleave": s.plan.interleave,
-                     "schedule_label": s.plan.schedule_label, "own": s.own,
-                     "makespan_s": float(r.step_s), "step_s": float(s.time_s.step),
-                     "bubble_s": float(r.bubble_s), "busy_s": [float(x) for x in r.busy_s],
-                     "idle_s": [float(x) for x in r.idle_s],
-                     "ops": {k: int(np.sum(ops["kind"] == i)) for i, k in enumerate(KINDS)},
-                     "time_s": s.time_s.to_dict(), "drawn_idle_share": idle_share(cov, in_step)})
+        rows.append(
+            {
+                "schedule": s.plan.schedule,
+                "interleave": s.plan.interleave,
+                "schedule_label": s.plan.schedule_label,
+                "own": s.own,
+                "makespan_s": float(r.step_s),
+                "step_s": float(s.time_s.step),
+                "bubble_s": float(r.bubble_s),
+                "busy_s": [float(x) for x in r.busy_s],
+                "idle_s": [float(x) for x in r.idle_s],
+                "ops": {k: int(np.sum(ops["kind"] == i)) for i, k in enumerate(KINDS)},
+                "time_s": s.time_s.to_dict(),
+                "drawn_idle_share": idle_share(cov, in_step),
+            }
+        )
     axes[-1, 0].set_xlabel("seconds into the optimizer step (one data-parallel replica)", fontsize=9)
     drawn = [k for k in KINDS if any(r["ops"][k] for r in rows)]
     legend = [Patch(color=KIND_RGB[k][0], label=KIND_NAMES[k]) for k in drawn]
     if mixed is not None:
         legend.append(Patch(color=mixed, label="forward and backward mixed (ops narrower than a pixel)"))
     legend.append(Patch(color=IDLE_RGB, label="idle"))
-    legend.append(Line2D([], [], color="black", linewidth=1.0, linestyle=":",
-                         label="end of the step (+ DP sync, optimizer, overhead)"))
-    fig.legend(handles=legend, loc="outside lower center", fontsize=8, frameon=False,
-               ncol=legend_columns([h.get_label() for h in legend], width_in - 0.4, 8))
-    fig.suptitle(wrap(f"pipeline schedules — {describe(plan)}, {plan.num_microbatches} micro-batches",
-                      width_in - 0.4, 9), fontsize=9)
+    legend.append(
+        Line2D(
+            [],
+            [],
+            color="black",
+            linewidth=1.0,
+            linestyle=":",
+            label="end of the step (+ DP sync, optimizer, overhead)",
+        )
+    )
+    fig.legend(
+        handles=legend,
+        loc="outside lower center",
+        fontsize=8,
+        frameon=False,
+        ncol=legend_columns([h.get_label() for h in legend], width_in - 0.4, 8),
+    )
+    fig.suptitle(
+        wrap(f"pipeline schedules — {describe(plan)}, {plan.num_microbatches} micro-batches", width_in - 0.4, 9),
+        fontsize=9,
+    )
     save(fig, path, palette=32)
-    return Figure(file=path.name, title="Pipeline schedule timeline", caption=_caption(plan, rows, skipped),
-                  numbers=_numbers(plan, rows, skipped), key_numbers=_key_numbers(rows))
+    return Figure(
+        file=path.name,
+        title="Pipeline schedule timeline",
+        caption=_caption(plan, rows, skipped),
+        numbers=_numbers(plan, rows, skipped),
+        key_numbers=_key_numbers(rows),
+    )
 
 
 def _numbers(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> dict:
     est = plan.estimate
-    return {"schedules": list(rows), "skipped": dict(skipped), "pp": plan.pp,
-            "num_microbatches": plan.num_microbatches,
-            "estimate_step_s": None if est is None or est.time_s is None else float(est.time_s.step)}
+    return {
+        "schedules": list(rows),
+        "skipped": dict(skipped),
+        "pp": plan.pp,
+        "num_microbatches": plan.num_microbatches,
+        "estimate_step_s": None if est is None or est.time_s is None else float(est.time_s.step),
+    }
 
 
 def _caption(plan: Plan, rows: Sequence[dict], skipped: dict[str, str]) -> str:
-    text = ("Each row is one pipeline rank, time runs right: blue forward, orange backward (the input "
-            "gradient only, under zero bubble), green weight gradient, grey idle, the dotted line the end "
-            "of the whole step; light and dark shades alternate between micro-batches (where ops are narrower "
-            "than a pixel they blend). Every panel uses the estimate's own per-stage seconds and schedule simulator. ")
+    text = (
+        "Each row is one pipeline rank, time runs right: blue forward, orange backward (the input "
+        "gradient only, under zero bubble), green weight gradient, grey idle, the dotted line the end "
+        "of the whole step; light and dark shades alternate between micro-batches (where ops are narrower "
+        "than a pixel they blend). Every panel uses the estimate's own per-stage seconds and schedule simulator. "
+    )
     text += "; ".join(f"{r['schedule_label']} {seconds(r['makespan_s'])}" for r in rows) + " of pipeline per step."
     own = next(r for r in rows if r["own"])
     est = plan.estimate
     if est is not None and est.time_s is not None and abs(own["step_s"] / est.time_s.step - 1) > 1e-3:
-        text += (f" Note: the plan's stored estimate says {seconds(est.time_s.step)} per step but the cost "
-                 f"model now gives {seconds(own['step_s'])} (another exatrain version or calibration).")
+        text += (
+            f" Note: the plan's stored estimate says {seconds(est.time_s.step)} per step but the cost "
+            f"model now gives {seconds(own['step_s'])} (another exatrain version or calibration)."
+        )
     for s, why in skipped.items():
         text += f" {s} not drawn: {why}."
     return text
 
 
 def _key_numbers(rows: Sequence[dict]) -> tuple[tuple[str, str], ...]:
-    return tuple((f"{r['schedule_label']}{' (plan)' if r['own'] else ''}",
-                  f"step {seconds(r['step_s'])}, pipeline {seconds(r['makespan_s'])}, "
-                  f"busiest rank idle {r['bubble_s'] / r['makespan_s']:.1%}") for r in rows)
+    return tuple(
+        (
+            f"{r['schedule_label']}{' (plan)' if r['own'] else ''}",
+            f"step {seconds(r['step_s'])}, pipeline {seconds(r['makespan_s'])}, "
+            f"busiest rank idle {r['bubble_s'] / r['makespan_s']:.1%}",
+        )
+        for r in rows
+    )

@@ -61,9 +61,13 @@ class TrainConfig:
     def check(self) -> "TrainConfig":
         if self.steps <= 0:
             raise UserError(f"--steps must be positive, got {self.steps}")
-        for flag, value in (("--lr", self.lr), ("--min-lr-ratio", self.min_lr_ratio),
-                            ("--weight-decay", self.weight_decay), ("--grad-clip", self.grad_clip),
-                            ("--watchdog", self.watchdog_s)):
+        for flag, value in (
+            ("--lr", self.lr),
+            ("--min-lr-ratio", self.min_lr_ratio),
+            ("--weight-decay", self.weight_decay),
+            ("--grad-clip", self.grad_clip),
+            ("--watchdog", self.watchdog_s),
+        ):
             check_finite(flag, value)  # a NaN passes `x < 0`: --grad-clip nan would turn clipping off
         if not self.lr > 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
@@ -110,9 +114,11 @@ def check_model_built(m) -> None:
     checks it before it lays the plan out for the trainer, so a plan made for another engine hears this first,
     not where that engine's layout differs from the trainer's."""
     if m.unbuilt_by_trainer:
-        raise PlanError(f"{m.name}: the trainer does not build kv_channels, qk_norm, latent or sliding-window "
-                        f"attention yet (this model has {listed(m.unbuilt_by_trainer)}; the planner counts "
-                        "them): train a model without them, or plan it for another runtime")
+        raise PlanError(
+            f"{m.name}: the trainer does not build kv_channels, qk_norm, latent or sliding-window "
+            f"attention yet (this model has {listed(m.unbuilt_by_trainer)}; the planner counts "
+            "them): train a model without them, or plan it for another runtime"
+        )
 
 
 __all__ = ["DEVICES", "NAN_POLICIES", "TrainConfig", "check_model_built"]

@@ -59,9 +59,12 @@ class Dump:
             self.root.mkdir(parents=True, exist_ok=True)
 
     def _record_dtypes(self, module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        self.dtypes = {"module": type(module).__name__, "input": str(inputs[0].dtype).removeprefix("torch."),
-                       "weight": str(module.weight.dtype).removeprefix("torch."),
-                       "output": str(output.dtype).removeprefix("torch.")}
+        self.dtypes = {
+            "module": type(module).__name__,
+            "input": str(inputs[0].dtype).removeprefix("torch."),
+            "weight": str(module.weight.dtype).removeprefix("torch."),
+            "output": str(output.dtype).removeprefix("torch."),
+        }
         self._hook.remove()
 
     def weights(self, step: int) -> None:
@@ -88,8 +91,10 @@ class Dump:
         from safetensors.torch import save_file
 
         if self.writer:
-            save_file({k: v.contiguous() for k, v in tensors.items()},
-                      str(self.root / f"{stem}.pp{self.mesh.pp_rank}.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in tensors.items()},
+                str(self.root / f"{stem}.pp{self.mesh.pp_rank}.safetensors"),
+            )
 
 
 def read_dump(root: str | Path, stem: str) -> dict[str, torch.Tensor]:

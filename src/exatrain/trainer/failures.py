@@ -37,10 +37,13 @@ from exatrain.records import append_run_record
 
 # Messages of collective errors that mean "a peer went away", not "this rank did something wrong"
 # (gloo's TCP transport, NCCL's abort and remote-error reports, the c10d store).
-PEER_LOST = re.compile(r"connection (closed|reset) by peer|broken pipe|econnreset|connection refused|"
-                       r"communicator was aborted|remote process exited|nccl.*remote error|socket timeout|"
-                       r"peer closed|transport retry|failed to recv|failed to send|read error|"
-                       r"client socket.*(closed|reset)", re.IGNORECASE)
+PEER_LOST = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|econnreset|connection refused|"
+    r"communicator was aborted|remote process exited|nccl.*remote error|socket timeout|"
+    r"peer closed|transport retry|failed to recv|failed to send|read error|"
+    r"client socket.*(closed|reset)",
+    re.IGNORECASE,
+)
 HEARTBEAT = "heartbeat-{rank}.json"
 FAILURE = "failure-{rank}.json"
 LOG = "rank-{rank}.log"
@@ -224,9 +227,16 @@ class RunContext:
     resume: str | None  # the command that resumes, or a sentence; None: nothing to say
 
 
-def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dict], *,
-             exit_codes: Mapping[int, int | None] | None = None, killed: set[int] | frozenset = frozenset(),
-             interrupted: bool | int = False, now: float | None = None) -> Diagnosis:
+def diagnose(
+    ctx: RunContext,
+    beats: Mapping[int, dict],
+    fails: Mapping[int, dict],
+    *,
+    exit_codes: Mapping[int, int | None] | None = None,
+    killed: set[int] | frozenset = frozenset(),
+    interrupted: bool | int = False,
+    now: float | None = None,
+) -> Diagnosis:
     """Name the failure of run ``ctx.run`` (see the module docstring for the order of the rules).
     ``exit_codes``: each rank's exit status as a local launcher saw it (negative: killed by that signal);
     ``killed``: ranks the launcher itself killed (their deaths are not a cause); ``interrupted``: the
@@ -250,15 +260,27 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
         in_setup = all(x.get("phase") == "setup" for x in others)
         return {"completed": top, "phase": "setup" if in_setup else "unknown"}
 
-    def failure(r: int, kind: str, cause: str, code: int, state_: Mapping[str, Any] | None = None,
-                **extra: Any) -> dict[str, Any]:
+    def failure(
+        r: int, kind: str, cause: str, code: int, state_: Mapping[str, Any] | None = None, **extra: Any
+    ) -> dict[str, Any]:
         from exatrain.trainer.parallel.ranks import coordinates
 
         s = state(r) if state_ is None else state_
         pp, dp, tp = coordinates(r, ctx.plan)
         log = str(log_path(ctx.run_dir, r)) if ctx.run_dir is not None else ""
-        return {"rank": r, "tp": tp, "pp": pp, "dp": dp, "step": _step_of(s), "phase": s.get("phase", "?"),
-                "kind": kind, "cause": cause, "exit_code": code, "log": log, **extra}
+        return {
+            "rank": r,
+            "tp": tp,
+            "pp": pp,
+            "dp": dp,
+            "step": _step_of(s),
+            "phase": s.get("phase", "?"),
+            "kind": kind,
+            "cause": cause,
+            "exit_code": code,
+            "log": log,
+            **extra,
+        }
 
     def by_time(kind: str) -> list[int]:
         return sorted((r for r, f in fails.items() if f.get("kind") == kind), key=lambda r: (fails[r]["time"], r))
@@ -278,8 +300,10 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
         extra = {"stopped_after": fails[r]["stopped_after"]} if interrupts and "stopped_after" in fails[r] else {}
         return Diagnosis(error, failure(r, "interrupted", cause, error.exit_code, **extra), ctx.run)
 
-    users = sorted((r for r, f in fails.items() if f.get("kind") == "error" and f.get("user_error")),
-                   key=lambda r: (fails[r]["time"], r))
+    users = sorted(
+        (r for r, f in fails.items() if f.get("kind") == "error" and f.get("user_error")),
+        key=lambda r: (fails[r]["time"], r),
+    )
     if users:
         r = users[0]
         exc = UserError(fails[r]["cause"])  # the line the rank would have printed itself
@@ -290,15 +314,21 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
     if own:
         r = own[0]
         cause = fails[r]["cause"]
-        return Diagnosis(RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-                         failure(r, "error", cause, RankFailed.exit_code), ctx.run)
+        return Diagnosis(
+            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
+            failure(r, "error", cause, RankFailed.exit_code),
+            ctx.run,
+        )
 
     signalled = [r for r, c in sorted(codes.items()) if c is not None and c < 0 and r not in killed]
     if signalled:
         r = signalled[0]
         cause = f"killed by {_signal_name(-int(codes[r]))}"
-        return Diagnosis(RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-                         failure(r, "signal", cause, RankFailed.exit_code), ctx.run)
+        return Diagnosis(
+            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
+            failure(r, "signal", cause, RankFailed.exit_code),
+            ctx.run,
+        )
 
     hung = by_time("hung")
     if hung:
@@ -308,8 +338,11 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
     if silent:
         r = silent[0]
         cause = f"exited with status {codes[r]} without a failure record"
-        return Diagnosis(RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-                         failure(r, "exit", cause, RankFailed.exit_code), ctx.run)
+        return Diagnosis(
+            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
+            failure(r, "exit", cause, RankFailed.exit_code),
+            ctx.run,
+        )
 
     peers = by_time("peer") + by_time("terminated")
     gone, why = not_arrived(beats, world, now)
@@ -321,8 +354,11 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
         age = now - float(beats[r]["time"]) if r in beats else None
         quiet = f"last heartbeat {age:.0f} s before" if age is not None else "no heartbeat at all"
         cause = f"stopped without a failure record ({quiet}; killed by a signal?)"
-        return Diagnosis(RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-                         failure(r, "lost", cause, RankFailed.exit_code), ctx.run)
+        return Diagnosis(
+            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
+            failure(r, "lost", cause, RankFailed.exit_code),
+            ctx.run,
+        )
     terms = by_time("terminated")
     if terms and not by_time("peer"):  # every rank was told to stop (scancel, a launcher's SIGTERM)
         r = terms[0]
@@ -332,16 +368,31 @@ def diagnose(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dic
     if peers:
         r = peers[0]
         cause = fails[r]["cause"]
-        return Diagnosis(RankFailed(f"{rank_label(r, ctx.plan)} lost a peer {_at(state(r))}: {cause}{end}{logs(r)}"),
-                         failure(r, fails[r]["kind"], cause, RankFailed.exit_code), ctx.run)
+        return Diagnosis(
+            RankFailed(f"{rank_label(r, ctx.plan)} lost a peer {_at(state(r))}: {cause}{end}{logs(r)}"),
+            failure(r, fails[r]["kind"], cause, RankFailed.exit_code),
+            ctx.run,
+        )
     r = next((q for q, c in sorted(codes.items()) if c), 0)
     cause = f"exited with status {codes.get(r)}"
-    return Diagnosis(RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-                     failure(r, "exit", cause, RankFailed.exit_code), ctx.run)
+    return Diagnosis(
+        RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
+        failure(r, "exit", cause, RankFailed.exit_code),
+        ctx.run,
+    )
 
 
-def _hang(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dict], hung: list[int], world: int,
-          now: float, end: str, logs, failure) -> Diagnosis:
+def _hang(
+    ctx: RunContext,
+    beats: Mapping[int, dict],
+    fails: Mapping[int, dict],
+    hung: list[int],
+    world: int,
+    now: float,
+    end: str,
+    logs,
+    failure,
+) -> Diagnosis:
     """The watchdog's message: the ranks that did not arrive (and what each was doing), then the ranks
     that waited for them, grouped by where they waited."""
     first = fails[hung[0]]
@@ -356,8 +407,10 @@ def _hang(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dict],
         if b is None:
             parts.append(f"{rank_label(r, ctx.plan)} never sent a heartbeat")
             continue
-        parts.append(f"{rank_label(r, ctx.plan)} was last heard from {max(0.0, now - float(b['time'])):.0f} s "
-                     f"before, {where(b)} (last completed step {int(b.get('completed', 0))})")
+        parts.append(
+            f"{rank_label(r, ctx.plan)} was last heard from {max(0.0, now - float(b['time'])):.0f} s "
+            f"before, {where(b)} (last completed step {int(b.get('completed', 0))})"
+        )
     waiting: dict[str, list[int]] = {}
     for r in hung:
         f = fails[r]
@@ -369,9 +422,19 @@ def _hang(ctx: RunContext, beats: Mapping[int, dict], fails: Mapping[int, dict],
     else:
         head = f"no rank is behind: every rank waited longer than the watchdog's {limit:.0f} s"
         r = hung[0]
-    f = failure(r, "hung", head, RankHung.exit_code, beats.get(r) or fails.get(r), not_arrived=gone,
-                limit_s=limit, ranks={str(q): {"completed": int(s.get("completed", 0)), "phase": s.get("phase", "?")}
-                                      for q, s in sorted({**beats, **fails}.items())})
+    f = failure(
+        r,
+        "hung",
+        head,
+        RankHung.exit_code,
+        beats.get(r) or fails.get(r),
+        not_arrived=gone,
+        limit_s=limit,
+        ranks={
+            str(q): {"completed": int(s.get("completed", 0)), "phase": s.get("phase", "?")}
+            for q, s in sorted({**beats, **fails}.items())
+        },
+    )
     return Diagnosis(RankHung(f"{head}; {waited}{end}{logs(r)}"), f, ctx.run)
 
 
@@ -407,7 +470,7 @@ def compact(exc: BaseException, limit: int = 400) -> str:
     boilerplate advice removed, cut at ``limit`` characters."""
     text = _GLOO_ADVICE.sub("", _SOURCE_TAG.sub("", " ".join(str(exc).split())))
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _signal_of(record: Mapping[str, Any], default: int) -> int:
@@ -440,8 +503,11 @@ def tail(ctx: RunContext) -> str:
     if not ctx.checkpoint_dir:
         return "; no checkpoint (the run has no --checkpoint-dir)"
     found = last_checkpoint(ctx.checkpoint_dir)
-    text = (f"; last checkpoint step {found[0]} in {ctx.checkpoint_dir}" if found is not None else
-            f"; no complete checkpoint in {ctx.checkpoint_dir} yet")
+    text = (
+        f"; last checkpoint step {found[0]} in {ctx.checkpoint_dir}"
+        if found is not None
+        else f"; no complete checkpoint in {ctx.checkpoint_dir} yet"
+    )
     if ctx.resume:
         text += f"; {'resume' if found is not None else 'restart'} with: {ctx.resume}"
     return text
@@ -522,13 +588,25 @@ def summarize_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | 
         total = sum(float(w[key][r]) * (int(w["last_step"]) - int(w["first_step"]) + 1) for w in windows)
         return round(total / steps, 6)
 
-    return {"steps": steps, "windows": len(windows),
-            "compute_s": [mean("compute_s", r) for r in range(n)], "wait_s": [mean("wait_s", r) for r in range(n)],
-            "stragglers": sorted({r for w in windows for r in w.get("stragglers", [])})}
+    return {
+        "steps": steps,
+        "windows": len(windows),
+        "compute_s": [mean("compute_s", r) for r in range(n)],
+        "wait_s": [mean("wait_s", r) for r in range(n)],
+        "stragglers": sorted({r for w in windows for r in w.get("stragglers", [])}),
+    }
 
 
-def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *, device: str, wall_s: float,
-                        measure_after: int, versions: Mapping[str, Any] | None = None) -> None:
+def write_failed_record(
+    metrics_file: str | None,
+    plan: Plan,
+    diag: Diagnosis,
+    *,
+    device: str,
+    wall_s: float,
+    measure_after: int,
+    versions: Mapping[str, Any] | None = None,
+) -> None:
     """Append the failed or interrupted run's RunRecord: what its steps measured (from the metrics lines
     rank 0 wrote), the per-rank times of its straggler windows, the failure and its one line. ``device``:
     cpu or cuda; ``versions``: torch's, as a rank recorded them (``versions_of``; without them torch is
@@ -556,16 +634,51 @@ def write_failed_record(metrics_file: str | None, plan: Plan, diag: Diagnosis, *
                 continue
     windows = [d for d in lines if d.get("kind") == "ranks"]
     message = str(diag.error)
-    status = ("interrupted" if isinstance(diag.error, Interrupted) else
-              "oom" if "out of memory" in diag.failure.get("cause", "").lower() else "failed")
-    append_run_record(metrics_file, RunRecord(
-        plan=plan, measured=summarize(steps, plan, measure_after) if steps else None, status=status,
-        device=name, env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device, versions),
-        error=message[:4000],
-        failure=diag.failure, rank_times=summarize_windows(windows)))
+    status = (
+        "interrupted"
+        if isinstance(diag.error, Interrupted)
+        else "oom"
+        if "out of memory" in diag.failure.get("cause", "").lower()
+        else "failed"
+    )
+    append_run_record(
+        metrics_file,
+        RunRecord(
+            plan=plan,
+            measured=summarize(steps, plan, measure_after) if steps else None,
+            status=status,
+            device=name,
+            env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device, versions),
+            error=message[:4000],
+            failure=diag.failure,
+            rank_times=summarize_windows(windows),
+        ),
+    )
 
 
-__all__ = ["Diagnosis", "RunContext", "claim", "compact", "diagnose", "is_peer_loss", "last_checkpoint", "log_path",
-           "mark_reported", "not_arrived", "prepare", "rank_label", "read_ranks", "resume_command", "run_dir_for",
-           "run_lines", "summarize_windows", "tail", "versions_of", "wait_reported", "where", "write_failed_record",
-           "write_failure", "write_json"]
+__all__ = [
+    "Diagnosis",
+    "RunContext",
+    "claim",
+    "compact",
+    "diagnose",
+    "is_peer_loss",
+    "last_checkpoint",
+    "log_path",
+    "mark_reported",
+    "not_arrived",
+    "prepare",
+    "rank_label",
+    "read_ranks",
+    "resume_command",
+    "run_dir_for",
+    "run_lines",
+    "summarize_windows",
+    "tail",
+    "versions_of",
+    "wait_reported",
+    "where",
+    "write_failed_record",
+    "write_failure",
+    "write_json",
+]

@@ -108,8 +108,9 @@ class Fp8Matmul(torch.autograd.Function):
         # DTensor's sharding propagation for _scaled_mm caches the output's metadata without its
         # out_dtype (torch 2.13), so every call of a run must ask for the same out dtype.
         grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=inv_g, scale_b=inv_w, out_dtype=out_dtype)
-        grad_w = torch._scaled_mm(g8.t().contiguous(), _col_major(x8), scale_a=inv_g, scale_b=inv_x,
-                                  out_dtype=out_dtype)
+        grad_w = torch._scaled_mm(
+            g8.t().contiguous(), _col_major(x8), scale_a=inv_g, scale_b=inv_x, out_dtype=out_dtype
+        )
         return grad_x.to(x_dtype), grad_w.to(w_dtype), None
 
 
@@ -142,8 +143,9 @@ def convert_to_fp8(model: nn.Module) -> int:
         for parent in list(block.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is nn.Linear:
-                    new = Float8Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                                       device="meta")
+                    new = Float8Linear(
+                        child.in_features, child.out_features, bias=child.bias is not None, device="meta"
+                    )
                     new.weight, new.bias = child.weight, child.bias
                     setattr(parent, name, new)
                     swapped += 1
@@ -154,8 +156,13 @@ def _gemm_dims(plan: Any) -> dict[str, int]:
     """The per-rank sizes that are a dimension of some block GEMM of ``plan``."""
     m, tp = plan.model, plan.tp
     kv = m.kv_heads * (m.hidden // m.heads)
-    return {"hidden": m.hidden, "hidden/tp": m.hidden // tp, "kv_heads*head_dim/tp": kv // tp,
-            "ffn_hidden/tp": m.ffn_hidden // tp, "micro_batch*seq_len/cp": plan.micro_batch * m.seq_len // plan.cp}
+    return {
+        "hidden": m.hidden,
+        "hidden/tp": m.hidden // tp,
+        "kv_heads*head_dim/tp": kv // tp,
+        "ffn_hidden/tp": m.ffn_hidden // tp,
+        "micro_batch*seq_len/cp": plan.micro_batch * m.seq_len // plan.cp,
+    }
 
 
 def check_fp8(plan: Any, device: str, compile: bool = False) -> None:
@@ -165,19 +172,36 @@ def check_fp8(plan: Any, device: str, compile: bool = False) -> None:
     a GPU GEMM sizes that are not multiples of 16 (``torch._scaled_mm``'s CUDA constraint; the CPU
     kernel takes any size)."""
     if plan.fp8 not in RECIPES_RUN:
-        raise PlanError(f"the trainer runs --fp8 {' or '.join(RECIPES_RUN)} (per-tensor dynamic scaling) only, "
-                        f"not {plan.fp8!r}: use --fp8 current")
+        raise PlanError(
+            f"the trainer runs --fp8 {' or '.join(RECIPES_RUN)} (per-tensor dynamic scaling) only, "
+            f"not {plan.fp8!r}: use --fp8 current"
+        )
     if plan.model.is_moe:
-        raise PlanError("--fp8 trains dense models only for now (the routed experts' grouped GEMMs have no FP8 "
-                        "path here): drop --fp8 or train a dense model")
+        raise PlanError(
+            "--fp8 trains dense models only for now (the routed experts' grouped GEMMs have no FP8 "
+            "path here): drop --fp8 or train a dense model"
+        )
     if compile:
         raise PlanError("--fp8 does not run with --compile yet: drop one of them")
     if device != "cpu":
         bad = {k: v for k, v in _gemm_dims(plan).items() if v % 16}
         if bad:
-            raise PlanError("--fp8 on a GPU needs every GEMM dimension a multiple of 16 (torch._scaled_mm); "
-                            f"this plan has {', '.join(f'{k} = {v}' for k, v in bad.items())}")
+            raise PlanError(
+                "--fp8 on a GPU needs every GEMM dimension a multiple of 16 (torch._scaled_mm); "
+                f"this plan has {', '.join(f'{k} = {v}' for k, v in bad.items())}"
+            )
 
 
-__all__ = ["AMAX_EPS", "E4M3", "E5M2", "Float8Linear", "Fp8Matmul", "RECIPES_RUN", "amax_scale", "check_fp8",
-           "convert_to_fp8", "fp8_linear", "to_fp8"]
+__all__ = [
+    "AMAX_EPS",
+    "E4M3",
+    "E5M2",
+    "Float8Linear",
+    "Fp8Matmul",
+    "RECIPES_RUN",
+    "amax_scale",
+    "check_fp8",
+    "convert_to_fp8",
+    "fp8_linear",
+    "to_fp8",
+]

@@ -75,8 +75,19 @@ from typing import Any, Mapping, Sequence
 
 from exatrain.trainer import failures
 
-PHASES = ("setup", "data", "forward", "backward", "forward/backward", "grad-sync", "optimizer", "metrics",
-          "checkpoint", "stopped", "done")
+PHASES = (
+    "setup",
+    "data",
+    "forward",
+    "backward",
+    "forward/backward",
+    "grad-sync",
+    "optimizer",
+    "metrics",
+    "checkpoint",
+    "stopped",
+    "done",
+)
 COMPUTE_PHASES = frozenset({"data", "forward", "backward", "forward/backward", "optimizer"})
 LONG_PHASES = frozenset({"setup", "checkpoint", "stopped", "done"})
 MIN_LIMIT_S = 300.0  # the watchdog's default floor, and the floor of setup and checkpoint phases
@@ -157,8 +168,17 @@ class RankMonitor:
     ``report_fd`` (the terminal's stderr, kept aside when stderr goes to the rank's log).
     ``watch``: run the heartbeat/watchdog thread (False for a Trainer built without a launcher)."""
 
-    def __init__(self, rank: int, world: int, run_dir: Path | None, *, supervised: bool, watch: bool = True,
-                 report_fd: int | None = None, launcher_fd: int | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        run_dir: Path | None,
+        *,
+        supervised: bool,
+        watch: bool = True,
+        report_fd: int | None = None,
+        launcher_fd: int | None = None,
+    ) -> None:
         self.rank, self.world, self.run_dir = rank, world, run_dir
         self.supervised, self.watch, self.report_fd = supervised, watch, report_fd
         self.launcher_fd = launcher_fd  # readable (EOF) once the launcher that spawned this rank is gone
@@ -300,10 +320,19 @@ class RankMonitor:
     def state(self) -> dict[str, Any]:
         """This rank's heartbeat: where it is, since when, and what its watchdog allows."""
         phase, t0 = self._at
-        beat = {"rank": self.rank, "run": self.run, "pid": os.getpid(), "host": socket.gethostname(),
-                "completed": self.completed, "phase": phase, "seq": self.seq,
-                "phase_s": round(time.monotonic() - t0, 3), "limit_s": self.limit_s(phase),
-                "beat_s": self.beat_s(), "time": time.time()}
+        beat = {
+            "rank": self.rank,
+            "run": self.run,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "completed": self.completed,
+            "phase": phase,
+            "seq": self.seq,
+            "phase_s": round(time.monotonic() - t0, 3),
+            "limit_s": self.limit_s(phase),
+            "beat_s": self.beat_s(),
+            "time": time.time(),
+        }
         if (cpu := self._cpu_now()) is not None:
             beat["cpu_s"] = round(cpu, 4)
         return beat
@@ -419,9 +448,11 @@ class RankMonitor:
         beats, _ = failures.read_ranks(self.run_dir, self.world)
         beats[self.rank] = self.state()
         gone, why = failures.not_arrived(beats, self.world, time.time())
-        cause = (f"waited {waited:.0f} s {failures.where(self.state())} (watchdog limit {self.limit_s():.0f} s"
-                 + (f"; still computing after {CPU_CAP} x the limit)" if computing else ")")
-                 + (f"; did not arrive: {failures.ranks_text(gone)}" if gone else ""))
+        cause = (
+            f"waited {waited:.0f} s {failures.where(self.state())} (watchdog limit {self.limit_s():.0f} s"
+            + (f"; still computing after {CPU_CAP} x the limit)" if computing else ")")
+            + (f"; did not arrive: {failures.ranks_text(gone)}" if gone else "")
+        )
         self.end("hung", cause, 5, not_arrived=[r for r in gone if r != self.rank], limit_s=self.limit_s())
 
     def _signalled(self, signum: int) -> None:
@@ -444,8 +475,12 @@ class RankMonitor:
         if self.context is None and self.config is not None:
             config = self.config
             self.context = failures.RunContext(
-                plan=config.plan, run=self.run, checkpoint_dir=config.checkpoint_dir, run_dir=self.run_dir,
-                resume=failures.resume_command(sys.argv))
+                plan=config.plan,
+                run=self.run,
+                checkpoint_dir=config.checkpoint_dir,
+                run_dir=self.run_dir,
+                resume=failures.resume_command(sys.argv),
+            )
         signum = getattr(signal, "SIGHUP", signal.SIGTERM)
         cause = "interrupted (the launcher ended)"
         if self.stoppable:
@@ -462,8 +497,9 @@ class RankMonitor:
         return (kind, f"interrupted ({signal_name(signum)})", 128 + int(signum))
 
     # --- ending the rank ------------------------------------------------------------------------------------
-    def end(self, kind: str, cause: str, exit_code: int, *, user_error: bool = False, cause_of: str = "",
-            **extra: Any) -> None:
+    def end(
+        self, kind: str, cause: str, exit_code: int, *, user_error: bool = False, cause_of: str = "", **extra: Any
+    ) -> None:
         """Record how this rank ends (failure-R.json and a line in its log), report it when no launcher
         will (the first rank to claim the run), and end the process with ``exit_code``. Never returns:
         a second caller (another thread) waits here until the process is gone. ``cause_of``: a stop
@@ -472,8 +508,15 @@ class RankMonitor:
             threading.Event().wait()
         cause = cause_of or cause
 
-        record = {**self.state(), "kind": kind, "cause": cause, "exit_code": exit_code, "user_error": user_error,
-                  **({"versions": self.versions} if self.versions else {}), **extra}
+        record = {
+            **self.state(),
+            "kind": kind,
+            "cause": cause,
+            "exit_code": exit_code,
+            "user_error": user_error,
+            **({"versions": self.versions} if self.versions else {}),
+            **extra,
+        }
         try:
             if self.run_dir is not None:
                 failures.write_failure(self.run_dir, record)
@@ -497,6 +540,7 @@ class RankMonitor:
         a signal first gives the rank with the cause a few beats to claim. A rank that does not report
         waits until the report is written (``failures.wait_reported``)."""
         from exatrain.errors import error_line
+
         ctx = self.context
         if ctx is None:
             return None
@@ -515,8 +559,14 @@ class RankMonitor:
             fails[self.rank] = dict(record)
             diag = failures.diagnose(ctx, beats, fails)
             config = self.config
-            failures.write_failed_record(config.metrics_file, ctx.plan, diag, device=config.device,
-                                         wall_s=time.time() - self.started, measure_after=config.measure_after)
+            failures.write_failed_record(
+                config.metrics_file,
+                ctx.plan,
+                diag,
+                device=config.device,
+                wall_s=time.time() - self.started,
+                measure_after=config.measure_after,
+            )
             line = error_line("train", diag.error)
             os.write(self.report_fd if self.report_fd is not None else 2, line.encode())
         finally:
@@ -558,8 +608,9 @@ class StepClock:
             last.record()
             last.synchronize()
             spans = self._events + [("end", last)]
-            compute = sum(a.elapsed_time(b) / 1e3 for (phase, a), (_, b) in zip(spans, spans[1:])
-                          if phase in COMPUTE_PHASES)
+            compute = sum(
+                a.elapsed_time(b) / 1e3 for (phase, a), (_, b) in zip(spans, spans[1:]) if phase in COMPUTE_PHASES
+            )
             compute = min(wall, compute)
         return compute, max(0.0, wall - compute)
 
@@ -603,9 +654,16 @@ class StragglerWindows:
         slow = slow_ranks(compute, self.stage_of)
         self._recent = (self._recent + [set(slow)])[-SLOW_WINDOWS:]
         named = sorted(set.intersection(*self._recent)) if len(self._recent) == SLOW_WINDOWS else []
-        window = {"kind": "ranks", "first_step": self._first, "last_step": step,
-                  "compute_s": [round(x, 6) for x in compute], "wait_s": [round(x, 6) for x in wait],
-                  "coords": [[tp, pp, dp] for pp, dp, tp in self.coords], "slow": slow, "stragglers": named}
+        window = {
+            "kind": "ranks",
+            "first_step": self._first,
+            "last_step": step,
+            "compute_s": [round(x, 6) for x in compute],
+            "wait_s": [round(x, 6) for x in wait],
+            "coords": [[tp, pp, dp] for pp, dp, tp in self.coords],
+            "slow": slow,
+            "stragglers": named,
+        }
         self.windows.append(window)
         self._compute = self._wait = 0.0
         self._steps = 0
@@ -620,9 +678,11 @@ def straggler_lines(window: Mapping[str, Any]) -> list[str]:
         peers = [compute[q] for q in range(len(compute)) if q != r and stage[q] == stage[r]]
         m = statistics.median(peers)
         tp, pp, dp = window["coords"][r]
-        out.append(f"straggler: rank {r} (tp {tp}, pp {pp}, dp {dp}) computes {compute[r]:.3f} s/step, "
-                   f"{compute[r] / m:.1f}x its stage peers' median {m:.3f} s, {SLOW_WINDOWS} windows running "
-                   f"(steps {window['first_step']}-{window['last_step']}); wait {window['wait_s'][r]:.3f} s/step")
+        out.append(
+            f"straggler: rank {r} (tp {tp}, pp {pp}, dp {dp}) computes {compute[r]:.3f} s/step, "
+            f"{compute[r] / m:.1f}x its stage peers' median {m:.3f} s, {SLOW_WINDOWS} windows running "
+            f"(steps {window['first_step']}-{window['last_step']}); wait {window['wait_s'][r]:.3f} s/step"
+        )
     return out
 
 
@@ -653,5 +713,18 @@ def _spin(seconds: float) -> None:
         pass
 
 
-__all__ = ["COMPUTE_PHASES", "PHASES", "RankMonitor", "SLOW_RANK_ENV", "SLOW_RATIO", "STOP_SIGNALS", "StepClock",
-           "Stopped", "StragglerWindows", "Terminated", "signal_name", "slow_ranks", "straggler_lines"]
+__all__ = [
+    "COMPUTE_PHASES",
+    "PHASES",
+    "RankMonitor",
+    "SLOW_RANK_ENV",
+    "SLOW_RATIO",
+    "STOP_SIGNALS",
+    "StepClock",
+    "Stopped",
+    "StragglerWindows",
+    "Terminated",
+    "signal_name",
+    "slow_ranks",
+    "straggler_lines",
+]

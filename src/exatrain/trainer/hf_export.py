@@ -55,8 +55,12 @@ def rotate_half_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor
 
 
 def gpt2_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
-    out = {"transformer.wte.weight": sd["embed.tok.weight"], "transformer.wpe.weight": sd["embed.pos.weight"],
-           "transformer.ln_f.weight": sd["norm.weight"], "transformer.ln_f.bias": sd["norm.bias"]}
+    out = {
+        "transformer.wte.weight": sd["embed.tok.weight"],
+        "transformer.wpe.weight": sd["embed.pos.weight"],
+        "transformer.ln_f.weight": sd["norm.weight"],
+        "transformer.ln_f.bias": sd["norm.bias"],
+    }
     for i in range(spec.layers):
         p, h = f"layers.{i}.", f"transformer.h.{i}."
         out[h + "ln_1.weight"], out[h + "ln_1.bias"] = sd[p + "attn_norm.weight"], sd[p + "attn_norm.bias"]
@@ -74,24 +78,41 @@ def gpt2_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torc
 
 
 def gpt2_config(spec: ModelSpec, bos_eos: int | None) -> dict[str, Any]:
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": spec.vocab,
-            "n_positions": spec.seq_len, "n_embd": spec.hidden, "n_layer": spec.layers, "n_head": spec.heads,
-            "n_inner": spec.ffn_hidden, "activation_function": "gelu_new", "layer_norm_epsilon": spec.norm_eps,
-            "resid_pdrop": spec.dropout, "attn_pdrop": spec.dropout, "embd_pdrop": 0.0,
-            "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
-            "tie_word_embeddings": bool(spec.tied_embeddings), "bos_token_id": bos_eos, "eos_token_id": bos_eos,
-            "dtype": "float32"}
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": spec.vocab,
+        "n_positions": spec.seq_len,
+        "n_embd": spec.hidden,
+        "n_layer": spec.layers,
+        "n_head": spec.heads,
+        "n_inner": spec.ffn_hidden,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": spec.norm_eps,
+        "resid_pdrop": spec.dropout,
+        "attn_pdrop": spec.dropout,
+        "embd_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "use_cache": True,
+        "tie_word_embeddings": bool(spec.tied_embeddings),
+        "bos_token_id": bos_eos,
+        "eos_token_id": bos_eos,
+        "dtype": "float32",
+    }
 
 
 def llama_layer_weights(sd: dict[str, torch.Tensor], spec: ModelSpec, i: int) -> dict[str, torch.Tensor]:
     """Layer i's norms and attention in the Llama family's names (Llama, Mixtral): everything but the MLP."""
     d, p, h = spec.head_dim, f"layers.{i}.", f"model.layers.{i}."
-    return {h + "input_layernorm.weight": sd[p + "attn_norm.weight"],
-            h + "post_attention_layernorm.weight": sd[p + "mlp_norm.weight"],
-            h + "self_attn.q_proj.weight": rotate_half_rows(sd[p + "attn.wq.weight"], spec.heads, d),
-            h + "self_attn.k_proj.weight": rotate_half_rows(sd[p + "attn.wk.weight"], spec.kv_heads, d),
-            h + "self_attn.v_proj.weight": sd[p + "attn.wv.weight"],
-            h + "self_attn.o_proj.weight": sd[p + "attn.wo.weight"]}
+    return {
+        h + "input_layernorm.weight": sd[p + "attn_norm.weight"],
+        h + "post_attention_layernorm.weight": sd[p + "mlp_norm.weight"],
+        h + "self_attn.q_proj.weight": rotate_half_rows(sd[p + "attn.wq.weight"], spec.heads, d),
+        h + "self_attn.k_proj.weight": rotate_half_rows(sd[p + "attn.wk.weight"], spec.kv_heads, d),
+        h + "self_attn.v_proj.weight": sd[p + "attn.wv.weight"],
+        h + "self_attn.o_proj.weight": sd[p + "attn.wo.weight"],
+    }
 
 
 def llama_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
@@ -109,14 +130,32 @@ def llama_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, tor
 
 def llama_config(spec: ModelSpec, bos_eos: int | None) -> dict[str, Any]:
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab,
-            "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden, "num_hidden_layers": spec.layers,
-            "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim,
-            "max_position_embeddings": spec.seq_len, "rms_norm_eps": spec.norm_eps, "hidden_act": "silu",
-            "rope_theta": spec.rope_theta, "rope_parameters": rope, "rope_scaling": None,
-            "attention_bias": False, "mlp_bias": False, "attention_dropout": spec.dropout,
-            "tie_word_embeddings": bool(spec.tied_embeddings), "initializer_range": 0.02, "use_cache": True,
-            "bos_token_id": bos_eos, "eos_token_id": bos_eos, "dtype": "float32"}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn_hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": spec.seq_len,
+        "rms_norm_eps": spec.norm_eps,
+        "hidden_act": "silu",
+        "rope_theta": spec.rope_theta,
+        "rope_parameters": rope,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": spec.dropout,
+        "tie_word_embeddings": bool(spec.tied_embeddings),
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": bos_eos,
+        "eos_token_id": bos_eos,
+        "dtype": "float32",
+    }
 
 
 def check_mixtral(spec: ModelSpec) -> None:
@@ -154,26 +193,49 @@ def mixtral_weights(sd: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, t
 def mixtral_config(spec: ModelSpec, bos_eos: int | None, aux_loss_coef: float = 0.01) -> dict[str, Any]:
     """config.json for MixtralForCausalLM (its keys as transformers' MixtralConfig names them)."""
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
-    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": spec.vocab,
-            "hidden_size": spec.hidden, "intermediate_size": spec.expert_width, "num_hidden_layers": spec.layers,
-            "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim,
-            "max_position_embeddings": spec.seq_len, "rms_norm_eps": spec.norm_eps, "hidden_act": "silu",
-            "rope_theta": spec.rope_theta, "rope_parameters": rope, "rope_scaling": None, "sliding_window": None,
-            "num_local_experts": spec.experts, "num_experts_per_tok": spec.top_k, "output_router_logits": False,
-            "router_aux_loss_coef": aux_loss_coef, "router_jitter_noise": 0.0, "attention_dropout": spec.dropout,
-            "tie_word_embeddings": bool(spec.tied_embeddings), "initializer_range": 0.02, "use_cache": True,
-            "bos_token_id": bos_eos, "eos_token_id": bos_eos, "dtype": "float32"}
+    return {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.expert_width,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": spec.seq_len,
+        "rms_norm_eps": spec.norm_eps,
+        "hidden_act": "silu",
+        "rope_theta": spec.rope_theta,
+        "rope_parameters": rope,
+        "rope_scaling": None,
+        "sliding_window": None,
+        "num_local_experts": spec.experts,
+        "num_experts_per_tok": spec.top_k,
+        "output_router_logits": False,
+        "router_aux_loss_coef": aux_loss_coef,
+        "router_jitter_noise": 0.0,
+        "attention_dropout": spec.dropout,
+        "tie_word_embeddings": bool(spec.tied_embeddings),
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": bos_eos,
+        "eos_token_id": bos_eos,
+        "dtype": "float32",
+    }
 
 
-def mixtral_export(sd: dict[str, torch.Tensor], spec: ModelSpec,
-                   bos_eos: int | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def mixtral_export(
+    sd: dict[str, torch.Tensor], spec: ModelSpec, bos_eos: int | None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(weights, config) of a MoE model in Mixtral's format; UserError if it has no such form."""
     check_mixtral(spec)
     return mixtral_weights(sd, spec), mixtral_config(spec, bos_eos)
 
 
-def export_hf(checkpoint: str | Path, out: str | Path, step: int | None = None,
-              warn: Callable[[str], None] | None = None) -> Path:
+def export_hf(
+    checkpoint: str | Path, out: str | Path, step: int | None = None, warn: Callable[[str], None] | None = None
+) -> Path:
     """Write ``out``/model.safetensors, config.json, generation_config.json and the tokenizer.
     Returns the checkpoint directory exported.
 
@@ -201,17 +263,24 @@ def export_hf(checkpoint: str | Path, out: str | Path, step: int | None = None,
     except OSError as exc:
         raise UserError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     try:
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", {"bos_token_id": sep, "eos_token_id": sep})
         tok = manifest.path / files.TOKENIZER
         if tok.is_file():
             shutil.copyfile(tok, tmp / "tokenizer.json")
             separator = manifest.trainer["separator"]
-            _write_json(tmp / "tokenizer_config.json", {
-                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": spec.seq_len,
-                "bos_token": separator, "eos_token": separator})
+            _write_json(
+                tmp / "tokenizer_config.json",
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "model_max_length": spec.seq_len,
+                    "bos_token": separator,
+                    "eos_token": separator,
+                },
+            )
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp made it private
@@ -228,6 +297,17 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-__all__ = ["FORMATS", "check_mixtral", "export_hf", "gpt2_config", "gpt2_weights", "llama_config",
-           "llama_layer_weights", "llama_weights", "mixtral_config", "mixtral_export", "mixtral_weights",
-           "rotate_half_rows"]
+__all__ = [
+    "FORMATS",
+    "check_mixtral",
+    "export_hf",
+    "gpt2_config",
+    "gpt2_weights",
+    "llama_config",
+    "llama_layer_weights",
+    "llama_weights",
+    "mixtral_config",
+    "mixtral_export",
+    "mixtral_weights",
+    "rotate_half_rows",
+]

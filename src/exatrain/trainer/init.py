@@ -24,8 +24,7 @@ def param_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def full_value(name: str, shape: torch.Size, spec: ModelSpec, seed: int,
-               device: torch.device) -> torch.Tensor:
+def full_value(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device: torch.device) -> torch.Tensor:
     """The whole (unsharded) float32 initial value of parameter ``name``."""
     std = init_std(name, spec)
     if std is None:
@@ -35,8 +34,9 @@ def full_value(name: str, shape: torch.Size, spec: ModelSpec, seed: int,
     return torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=gen)
 
 
-def materialize(module: nn.Module, spec: ModelSpec, seed: int, device: torch.device,
-                buffer_device: torch.device | None = None) -> None:
+def materialize(
+    module: nn.Module, spec: ModelSpec, seed: int, device: torch.device, buffer_device: torch.device | None = None
+) -> None:
     """Allocate a meta-device module (plain, DTensor or FSDP-sharded parameters) on ``device`` and
     fill every parameter with its deterministic initial value; its buffers then go to ``buffer_device``
     (None: ``device``), as FSDP2's CPU offload needs: parameters in host memory, buffers on the accelerator.

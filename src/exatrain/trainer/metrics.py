@@ -127,7 +127,7 @@ def summarize(steps: Sequence[StepMetrics], plan: Plan, measure_after: int) -> M
         model_tflops_per_gpu=statistics.median(tflops) if tflops else None,
         mfu=statistics.median(mfus) if mfus else None,
         peak_memory_bytes=float(max(mem)),
-        peak_memory_by_stage=tuple(float(max(mem[p * per_stage:(p + 1) * per_stage])) for p in range(plan.pp)),
+        peak_memory_by_stage=tuple(float(max(mem[p * per_stage : (p + 1) * per_stage])) for p in range(plan.pp)),
         first_loss=steps[0].loss,
         last_loss=steps[-1].loss,
     )
@@ -163,8 +163,13 @@ def supersede_redone_steps(path: str | Path, resumed_from: int) -> int:
         obj = parsed[i]
         if not isinstance(obj, dict):
             continue
-        last = (obj.get("step") if obj.get("kind") == "step"
-                else obj.get("last_step") if obj.get("kind") == "ranks" else None)
+        last = (
+            obj.get("step")
+            if obj.get("kind") == "step"
+            else obj.get("last_step")
+            if obj.get("kind") == "ranks"
+            else None
+        )
         if isinstance(last, int) and last > resumed_from:
             raw[i] = json.dumps({"kind": "superseded", "resumed_from_step": resumed_from, "line": obj})
             marked += 1
@@ -182,8 +187,9 @@ def torch_versions() -> dict[str, str | None]:
     return {"torch": torch.__version__, "hip": getattr(torch.version, "hip", None), "cuda": torch.version.cuda}
 
 
-def run_env(backend: str, world_size: int, wall_s: float, device: str,
-            versions: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+def run_env(
+    backend: str, world_size: int, wall_s: float, device: str, versions: Mapping[str, str | None] | None = None
+) -> dict[str, Any]:
     """A RunRecord's ``env``: versions, backend, world size, host, date and the run's wall time.
     ``versions``: ``torch_versions()`` as a rank found them (a launcher then needs no torch)."""
     v = dict(versions) if versions is not None else torch_versions()
@@ -210,8 +216,13 @@ class TensorBoardLog:
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
     def log(self, m: StepMetrics) -> None:
-        for tag, value in (("train/loss", m.loss), ("train/grad_norm", m.grad_norm), ("train/lr", m.lr),
-                           ("perf/tokens_per_s", m.tokens_per_s), ("perf/step_time_s", m.step_time_s)):
+        for tag, value in (
+            ("train/loss", m.loss),
+            ("train/grad_norm", m.grad_norm),
+            ("train/lr", m.lr),
+            ("perf/tokens_per_s", m.tokens_per_s),
+            ("perf/step_time_s", m.step_time_s),
+        ):
             self.writer.add_scalar(tag, value, m.step)
         if m.skipped:
             self.writer.add_scalar("train/skipped", 1.0, m.step)
@@ -238,8 +249,14 @@ class Progress:
         if self.console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-            self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=self.console)
+            self._bar = Bar(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
             self._task = self._bar.add_task(title, total=total, completed=start, loss="-")
             self._bar.start()
         else:
@@ -251,8 +268,10 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, advance=1, loss=f"{m.loss:.4f}")
         elif m.step == 1 or m.step % self.every == 0 or m.step == self.total:
-            self.console.print(f"step {m.step:>5}/{self.total}  loss {m.loss:.4f}  grad norm {m.grad_norm:.3f}  "
-                               f"{m.step_time_s:.3f} s/step  {m.tokens_per_s:,.0f} tokens/s")
+            self.console.print(
+                f"step {m.step:>5}/{self.total}  loss {m.loss:.4f}  grad norm {m.grad_norm:.3f}  "
+                f"{m.step_time_s:.3f} s/step  {m.tokens_per_s:,.0f} tokens/s"
+            )
 
     def note(self, line: str) -> None:
         """A line above the bar (or among the plain lines), unless quiet."""
@@ -267,5 +286,17 @@ class Progress:
             self.console.print(summary)
 
 
-__all__ = ["Progress", "StepMetrics", "TensorBoardLog", "append_json_line", "device_name", "peak_flops",
-           "peak_memory_bytes", "plan_model_flops", "run_env", "summarize", "supersede_redone_steps", "torch_versions"]
+__all__ = [
+    "Progress",
+    "StepMetrics",
+    "TensorBoardLog",
+    "append_json_line",
+    "device_name",
+    "peak_flops",
+    "peak_memory_bytes",
+    "plan_model_flops",
+    "run_env",
+    "summarize",
+    "supersede_redone_steps",
+    "torch_versions",
+]

@@ -82,8 +82,9 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def keep_mask(key: int, layer: int, site: int, index: int, shape: tuple[int, ...], p: float,
-              device: torch.device) -> torch.Tensor:
+def keep_mask(
+    key: int, layer: int, site: int, index: int, shape: tuple[int, ...], p: float, device: torch.device
+) -> torch.Tensor:
     """bool ``shape``: True where dropout keeps an entry (probability 1 - p); drawn from a generator
     seeded by (sequence key, layer, site, index), at the full size of the masked tensor."""
     gen = torch.Generator(device=device)
@@ -133,8 +134,9 @@ class Attention(nn.Module):
         self.shard_rank = 0  # which share of the heads this rank holds under tp (parallel/tensor.py)
         self.context = None  # this rank's share of the sequence under cp (parallel/context.py ContextShard)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
-                dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor | None, dropout_keys: torch.Tensor | None = None
+    ) -> torch.Tensor:
         b, s, _ = x.shape  # x: [b, s, h]
         q = self.wq(x).view(b, s, -1, self.head_dim)  # [b, s, n, d]
         k = self.wk(x).view(b, s, -1, self.head_dim)  # [b, s, k, d]
@@ -151,8 +153,9 @@ class Attention(nn.Module):
             y = self._core(q, k, v, dropout_keys)
         return self.wo(y.flatten(2))  # [b, s, h]
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+    def _core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_keys: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """softmax(q k^T / sqrt(d)) v, causal: q [b, s, n, d], k and v [b, S, k, d] (S = s, or the
         whole sequence under cp, masked by global positions) -> [b, s, n, d]."""
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, n|k, s, d]
@@ -173,8 +176,9 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, **kw)
         return y.transpose(1, 2)
 
-    def _keyed_dropout_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
-                            p: float) -> torch.Tensor:
+    def _keyed_dropout_core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, p: float
+    ) -> torch.Tensor:
         """Attention (Vaswani et al. 2017, Eq. 1) with dropout on the probabilities, each head's
         mask keyed by its global head index: [b, n, s, d] -> [b, n, s, d]."""
         b, n, s, d = q.shape
@@ -245,14 +249,14 @@ class Block(nn.Module):
         self.shard_rank = self.attn.shard_rank = rank
         self.shard_count, self.sequence_sharded = count, sequence
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor | None,
-                dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor | None, dropout_keys: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
             return checkpoint(self._forward, x, rope, dropout_keys, use_reentrant=False)
         return self._forward(x, rope, dropout_keys)
 
-    def _forward(self, x: torch.Tensor, rope: torch.Tensor | None,
-                 keys: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, rope: torch.Tensor | None, keys: torch.Tensor | None = None) -> torch.Tensor:
         y = self.attn(to_compute_dtype(self.attn_norm(x)), rope, dropout_keys=keys)
         x = x + self._drop(y, keys, ATTN_OUT)  # [b, s, h]
         return x + self._drop(self.mlp(to_compute_dtype(self.mlp_norm(x))), keys, MLP_OUT)
@@ -267,16 +271,19 @@ class Block(nn.Module):
         rows = s * self.shard_count if self.sequence_sharded else s  # the whole sequence (this cp rank's)
         first = self.shard_rank * s if self.sequence_sharded else 0
         if self.context is None:
+
             def mine(m: torch.Tensor) -> torch.Tensor:
-                return m[first:first + s]
+                return m[first : first + s]
         else:  # the rows at this rank's global positions
-            held = self.context.positions[first:first + s]
+            held = self.context.positions[first : first + s]
             rows = len(self.context.all_positions)
 
             def mine(m: torch.Tensor) -> torch.Tensor:
                 return m.index_select(0, held)
-        keep = torch.stack([mine(keep_mask(key, self.index, site, 0, (rows, h), self.dropout, x.device))
-                            for key in keys.tolist()])  # [b, s, h]
+
+        keep = torch.stack(
+            [mine(keep_mask(key, self.index, site, 0, (rows, h), self.dropout, x.device)) for key in keys.tolist()]
+        )  # [b, s, h]
         return x.masked_fill(~keep, 0.0) * (1.0 / (1.0 - self.dropout))
 
 
@@ -305,8 +312,9 @@ class Embeddings(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [b, s] -> [b, s, h]
         x = self.tok(tokens)
         if self.pos is not None:
-            positions = (torch.arange(tokens.shape[1], device=tokens.device) if self.context is None
-                         else self.context.positions)
+            positions = (
+                torch.arange(tokens.shape[1], device=tokens.device) if self.context is None else self.context.positions
+            )
             x = x + self.pos(positions)  # + [s, h]
         return to_compute_dtype(x)
 
@@ -361,8 +369,7 @@ def init_std(name: str, spec: ModelSpec) -> float | None:
     parts = name.split(".")
     if parts[-1] == "bias" or (len(parts) > 1 and parts[-2] in NORMS):
         return None
-    if name.endswith(("attn.wo.weight", "mlp.fc2.weight", "mlp.w2.weight", "mlp.experts.w2",
-                      "mlp.shared.w2.weight")):
+    if name.endswith(("attn.wo.weight", "mlp.fc2.weight", "mlp.w2.weight", "mlp.experts.w2", "mlp.shared.w2.weight")):
         return 0.02 / math.sqrt(2 * spec.layers)
     return 0.02
 
@@ -383,6 +390,23 @@ def canonical_name(name: str, spec: ModelSpec) -> str:
     return name
 
 
-__all__ = ["ATTN_OUT", "ATTN_PROBS", "Attention", "Block", "Embeddings", "MLP", "MLP_OUT", "MoEBlock", "Transformer",
-           "apply_rope", "canonical_name", "dropout_keys", "init_fill", "init_std", "keep_mask", "make_block",
-           "make_norm", "rope_table"]
+__all__ = [
+    "ATTN_OUT",
+    "ATTN_PROBS",
+    "Attention",
+    "Block",
+    "Embeddings",
+    "MLP",
+    "MLP_OUT",
+    "MoEBlock",
+    "Transformer",
+    "apply_rope",
+    "canonical_name",
+    "dropout_keys",
+    "init_fill",
+    "init_std",
+    "keep_mask",
+    "make_block",
+    "make_norm",
+    "rope_table",
+]

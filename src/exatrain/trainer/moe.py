@@ -160,8 +160,9 @@ class AllToAll(torch.autograd.Function):
     """``all_to_all_single`` of rows with uneven splits; the backward sends the gradients back."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int],
-                group: dist.ProcessGroup) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: dist.ProcessGroup
+    ) -> torch.Tensor:
         ctx.splits, ctx.group = (in_splits, out_splits), group
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
@@ -183,8 +184,15 @@ class AuxLossGrad(torch.autograd.Function):
     ``record`` receives (aux, expert loads) once per backward."""
 
     @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, aux: torch.Tensor, loads: torch.Tensor, coef: float, scale: float,
-                record: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        y: torch.Tensor,
+        aux: torch.Tensor,
+        loads: torch.Tensor,
+        coef: float,
+        scale: float,
+        record: Callable[[torch.Tensor, torch.Tensor], None],
+    ) -> torch.Tensor:
         ctx.coef, ctx.scale, ctx.record = coef, scale, record
         ctx.save_for_backward(aux.detach(), loads)
         return y.view_as(y)
@@ -267,8 +275,11 @@ class MoE(nn.Module):
         e_count = len(sizes[0])
         starts = [0, *accumulate(n for row in sizes for n in row)]  # of each (rank, expert) block
         # Regroup by local expert (then source rank): the order the grouped GEMM needs.
-        by_expert = [torch.arange(starts[s * e_count + e], starts[s * e_count + e] + sizes[s][e])
-                     for e in range(e_count) for s in range(ep)]
+        by_expert = [
+            torch.arange(starts[s * e_count + e], starts[s * e_count + e] + sizes[s][e])
+            for e in range(e_count)
+            for s in range(ep)
+        ]
         perm = torch.cat(by_expert).to(xs.device)
         out = self.experts(got[perm], recv.sum(dim=0).tolist())
         back = out[torch.argsort(perm)]  # source-major order again
@@ -280,5 +291,17 @@ def moe_layers(module: nn.Module) -> list[MoE]:
     return [m for m in module.modules() if isinstance(m, MoE)]
 
 
-__all__ = ["AllToAll", "AuxLossGrad", "Experts", "MoE", "Router", "SharedExperts", "balancing_loss",
-           "grouped_linear", "grouped_ok", "local", "moe_layers", "top_k"]
+__all__ = [
+    "AllToAll",
+    "AuxLossGrad",
+    "Experts",
+    "MoE",
+    "Router",
+    "SharedExperts",
+    "balancing_loss",
+    "grouped_linear",
+    "grouped_ok",
+    "local",
+    "moe_layers",
+    "top_k",
+]

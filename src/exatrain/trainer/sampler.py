@@ -78,8 +78,10 @@ def permute(index: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     smallest even-width power of two >= n, cycle-walking values that land outside (Black & Rogaway 2002)."""
     half = max(1, ((max(n - 1, 1)).bit_length() + 1) // 2)
     mask = np.uint64((1 << half) - 1)
-    keys = [np.uint64((seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + r * 0x8CB92BA72F3D8DD7) % 2**64)
-            for r in range(4)]
+    keys = [
+        np.uint64((seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + r * 0x8CB92BA72F3D8DD7) % 2**64)
+        for r in range(4)
+    ]
     x = np.asarray(index, dtype=np.uint64).copy()
     todo = np.ones(x.shape, dtype=bool)
     while todo.any():
@@ -96,8 +98,9 @@ def permute(index: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
 class TokenShards:
     """A prepared dataset's token stream, read through memory maps (only the windows a rank uses)."""
 
-    def __init__(self, data_dir: str | Path, seed: int = 0, shuffle: bool = True,
-                 meta: DatasetMeta | None = None) -> None:
+    def __init__(
+        self, data_dir: str | Path, seed: int = 0, shuffle: bool = True, meta: DatasetMeta | None = None
+    ) -> None:
         self.root = Path(data_dir)
         self.meta = meta or read_meta(self.root)
         self.vocab_size = self.meta.vocab_size
@@ -116,8 +119,10 @@ class TokenShards:
         """The window global sample ``index`` reads."""
         n = self.num_samples(seq_len)
         if n == 0:  # data.dataset.check_dataset_for refuses this before the ranks start
-            raise UserError(f"{self.root}: the dataset holds {self.total} tokens, fewer than one sample "
-                            f"(seq_len {seq_len} + 1 tokens); prepare more text into it or use a shorter --seq-len")
+            raise UserError(
+                f"{self.root}: the dataset holds {self.total} tokens, fewer than one sample "
+                f"(seq_len {seq_len} + 1 tokens); prepare more text into it or use a shorter --seq-len"
+            )
         epoch, pos = divmod(index, n)
         if not self.shuffle:
             return pos
@@ -136,20 +141,23 @@ class TokenShards:
         i = bisect.bisect_right(self.starts, offset) - 1
         while done < length:
             local = offset + done - self.starts[i]
-            piece = self.shards[i][local:local + length - done]
+            piece = self.shards[i][local : local + length - done]
             if piece.size and int(piece.max()) >= self.vocab_size:
                 at = local + int(np.argmax(piece >= self.vocab_size))
-                raise UserError(f"{self.root / self.meta.shards[i].file}: token {at} is id {int(piece[at - local])}, "
-                                f"beyond the tokenizer's {self.vocab_size} ids: the shard is corrupted "
-                                f"(`exatrain prepare --verify {self.root}`); prepare the data again")
-            out[done:done + piece.size] = piece
+                raise UserError(
+                    f"{self.root / self.meta.shards[i].file}: token {at} is id {int(piece[at - local])}, "
+                    f"beyond the tokenizer's {self.vocab_size} ids: the shard is corrupted "
+                    f"(`exatrain prepare --verify {self.root}`); prepare the data again"
+                )
+            out[done : done + piece.size] = piece
             done += piece.size
             i += 1
         return out
 
 
-def local_batch(source: TokenSource, order: SampleOrder, step: int, dp_rank: int,
-                seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def local_batch(
+    source: TokenSource, order: SampleOrder, step: int, dp_rank: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This dp rank's share of step ``step``: inputs and targets, each int64 [global_batch/dp, s]."""
     rows = torch.stack([source.sample(i, seq_len) for i in order.indices(step, dp_rank)])
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

@@ -53,12 +53,20 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv | None:
     try:
         if "RANK" in env and "WORLD_SIZE" in env:
             world = int(env["WORLD_SIZE"])
-            return DistEnv(int(env["RANK"]), world, int(env.get("LOCAL_RANK", env["RANK"])),
-                           int(env.get("LOCAL_WORLD_SIZE", world)))
+            return DistEnv(
+                int(env["RANK"]),
+                world,
+                int(env.get("LOCAL_RANK", env["RANK"])),
+                int(env.get("LOCAL_WORLD_SIZE", world)),
+            )
         if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env:
             world = int(env["SLURM_NTASKS"])
-            return DistEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)),
-                           int(str(env.get("SLURM_NTASKS_PER_NODE", world)).split("(")[0]))
+            return DistEnv(
+                int(env["SLURM_PROCID"]),
+                world,
+                int(env.get("SLURM_LOCALID", 0)),
+                int(str(env.get("SLURM_NTASKS_PER_NODE", world)).split("(")[0]),
+            )
     except ValueError as exc:
         raise UserError(f"malformed launcher environment ({exc})") from None
     return None
@@ -89,16 +97,23 @@ def run_distributed(config: TrainConfig, env: DistEnv) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         report_fd = _stderr_to(failures.log_path(run_dir, env.rank), env.rank)
     _prepare_rank(config, env.local_rank)
-    dist.init_process_group(backend(config.device), init_method="env://", rank=env.rank,
-                            world_size=env.world_size)
+    dist.init_process_group(backend(config.device), init_method="env://", rank=env.rank, world_size=env.world_size)
     if run_dir is not None:
         if env.rank == 0:
             failures.prepare(run_dir)  # an earlier start's heartbeats and records, before anyone writes
         dist.barrier()
     monitor = RankMonitor(env.rank, env.world_size, run_dir, supervised=False, report_fd=report_fd)
-    monitor.new_run(0, config, failures.RunContext(
-        plan=config.plan, run=0, checkpoint_dir=config.checkpoint_dir, run_dir=run_dir,
-        resume=failures.resume_command(sys.argv, distributed=True)))
+    monitor.new_run(
+        0,
+        config,
+        failures.RunContext(
+            plan=config.plan,
+            run=0,
+            checkpoint_dir=config.checkpoint_dir,
+            run_dir=run_dir,
+            resume=failures.resume_command(sys.argv, distributed=True),
+        ),
+    )
     monitor.start()
     try:
         train(config, env.local_rank, monitor)
@@ -145,8 +160,10 @@ def launch_local(configs: Sequence[TrainConfig], stall_s: float | None = None) -
     configs = tuple(dataclasses.replace(c, run_dir=str(run_dir)) for c in configs)
     port = _free_port()
     spawn = multiprocessing.get_context("spawn")
-    procs = [spawn.Process(target=_spawned, args=(r, world, port, configs, str(run_dir)), name=f"exatrain-rank-{r}")
-             for r in range(world)]
+    procs = [
+        spawn.Process(target=_spawned, args=(r, world, port, configs, str(run_dir)), name=f"exatrain-rank-{r}")
+        for r in range(world)
+    ]
     started = time.time()
     with _StopSignals() as signals:
         with _environ(OMP_NUM_THREADS="1"):
@@ -164,15 +181,32 @@ def launch_local(configs: Sequence[TrainConfig], stall_s: float | None = None) -
     if outcome.stalled:  # nothing else caught it: every rank still alive is reported as waiting
         for r in outcome.killed:
             if r in beats and r not in fails:
-                fails[r] = {**beats[r], "kind": "hung", "time": time.time(), "limit_s": stall_s,
-                            "cause": f"no progress for {stall_s:.0f} s"}
-    ctx = failures.RunContext(plan=config.plan, run=run, checkpoint_dir=config.checkpoint_dir, run_dir=run_dir,
-                              resume=failures.resume_command(sys.argv))
-    diag = failures.diagnose(ctx, beats, fails, exit_codes=codes, killed=outcome.killed,
-                             interrupted=outcome.interrupted)
-    failures.write_failed_record(config.metrics_file, config.plan, diag, device=config.device,
-                                 wall_s=time.time() - started, measure_after=config.measure_after,
-                                 versions=failures.versions_of(fails))
+                fails[r] = {
+                    **beats[r],
+                    "kind": "hung",
+                    "time": time.time(),
+                    "limit_s": stall_s,
+                    "cause": f"no progress for {stall_s:.0f} s",
+                }
+    ctx = failures.RunContext(
+        plan=config.plan,
+        run=run,
+        checkpoint_dir=config.checkpoint_dir,
+        run_dir=run_dir,
+        resume=failures.resume_command(sys.argv),
+    )
+    diag = failures.diagnose(
+        ctx, beats, fails, exit_codes=codes, killed=outcome.killed, interrupted=outcome.interrupted
+    )
+    failures.write_failed_record(
+        config.metrics_file,
+        config.plan,
+        diag,
+        device=config.device,
+        wall_s=time.time() - started,
+        measure_after=config.measure_after,
+        versions=failures.versions_of(fails),
+    )
     raise diag.error
 
 
@@ -243,8 +277,9 @@ class _StopSignals:
         self._fds, self.fd = None, None
 
 
-def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None,
-               signals: _StopSignals | None = None) -> _Outcome:
+def _supervise(
+    procs: list, run_dir: Path, world: int, stall_s: float | None, signals: _StopSignals | None = None
+) -> _Outcome:
     """Wait for the ranks (see launch_local); pass a stop signal on to them, kill them on a second one;
     kill what is left on the way out."""
     from multiprocessing.connection import wait
@@ -260,8 +295,10 @@ def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None,
     handled = 0  # stop signals acted on
     try:
         while any(p.exitcode is None for p in procs):
-            wait([p.sentinel for p in procs if p.exitcode is None] + ([signals.fd] if signals.fd is not None else []),
-                 timeout=0.5)
+            wait(
+                [p.sentinel for p in procs if p.exitcode is None] + ([signals.fd] if signals.fd is not None else []),
+                timeout=0.5,
+            )
             signals.drain()
             now = time.monotonic()
             codes = [p.exitcode for p in procs]
@@ -276,8 +313,14 @@ def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None,
                     _kill(procs, alive, out)
                 handled = len(signals.got)
                 continue
-            progress = (tuple(codes), tuple(sorted((r, b.get("run"), b.get("completed"), b.get("seq"),
-                                                   b.get("cpu_s")) for r, b in beats.items())))
+            progress = (
+                tuple(codes),
+                tuple(
+                    sorted(
+                        (r, b.get("run"), b.get("completed"), b.get("seq"), b.get("cpu_s")) for r, b in beats.items()
+                    )
+                ),
+            )
             if progress != mark:
                 mark, moved = progress, now
             if first_fail is None and any(c not in (None, 0) for c in codes):
@@ -287,14 +330,16 @@ def _supervise(procs: list, run_dir: Path, world: int, stall_s: float | None,
                 # in a phase with a long limit: waiting for it to go stale would only add minutes).
                 # After a stop signal the ranks end themselves (the backstop above stays).
                 caused = any(c is not None and c < 0 for c in codes) or any(
-                    f.get("kind") in ("error", "interrupted", "hung") for f in fails.values())
+                    f.get("kind") in ("error", "interrupted", "hung") for f in fails.values()
+                )
                 limits = [float(b.get("limit_s", 300.0)) + 3 * float(b.get("beat_s", 5.0)) for b in beats.values()]
                 if not out.interrupted:
                     stop_at = now + (CAUSE_GRACE_S if caused else max(limits, default=300.0) + 30.0)
             if first_fail is not None or out.interrupted:
                 wall = time.time()
-                stale = [r for r in alive
-                         if r in beats and wall - float(beats[r]["time"]) > failures.stale_after(beats[r])]
+                stale = [
+                    r for r in alive if r in beats and wall - float(beats[r]["time"]) > failures.stale_after(beats[r])
+                ]
                 if (first_fail is not None and len(stale) == len(alive)) or (stop_at is not None and now > stop_at):
                     _kill(procs, alive, out)
             elif stall_s is not None and now - moved > stall_s:
@@ -343,14 +388,16 @@ def _spawned(rank: int, world: int, port: int, configs: tuple[TrainConfig, ...],
     from exatrain.trainer.train import train
 
     launcher = multiprocessing.parent_process()  # its sentinel: readable once the launcher is gone
-    monitor = RankMonitor(rank, world, Path(run_dir), supervised=True,
-                          launcher_fd=None if launcher is None else launcher.sentinel)
+    monitor = RankMonitor(
+        rank, world, Path(run_dir), supervised=True, launcher_fd=None if launcher is None else launcher.sentinel
+    )
     monitor.new_run(0, configs[0])
     monitor.start()
     try:
         _prepare_rank(configs[0], rank)
-        dist.init_process_group(backend(configs[0].device), init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=world)
+        dist.init_process_group(
+            backend(configs[0].device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
         for i, config in enumerate(configs):
             if i:
                 if monitor.stop_signal:  # asked to stop during the last step of the run before
@@ -376,8 +423,7 @@ def _end_rank(monitor, exc: BaseException) -> None:
     if isinstance(exc, UserError):
         monitor.end("error", str(exc), exc.exit_code, user_error=True)
     if isinstance(exc, Stopped):
-        monitor.end("interrupted", exc.cause, 128 + exc.signum, stopped_after=exc.step,
-                    signalled=sorted(exc.votes))
+        monitor.end("interrupted", exc.cause, 128 + exc.signum, stopped_after=exc.step, signalled=sorted(exc.votes))
     if isinstance(exc, KeyboardInterrupt):
         monitor.end("interrupted", "interrupted (SIGINT)", 130)
     if isinstance(exc, Terminated):

@@ -42,15 +42,30 @@ from exatrain.trainer.sampler import SampleOrder, TokenShards, check_vocab, loca
 from exatrain.trainer.debug import Dump
 from exatrain.trainer.failures import summarize_windows
 from exatrain.trainer.health import RankMonitor, StepClock, Stopped, StragglerWindows, straggler_lines
-from exatrain.trainer.metrics import (Progress, StepMetrics, TensorBoardLog, append_json_line, device_name,
-                                      plan_model_flops, peak_flops, peak_memory_bytes, run_env, summarize,
-                                      supersede_redone_steps)
+from exatrain.trainer.metrics import (
+    Progress,
+    StepMetrics,
+    TensorBoardLog,
+    append_json_line,
+    device_name,
+    plan_model_flops,
+    peak_flops,
+    peak_memory_bytes,
+    run_env,
+    summarize,
+    supersede_redone_steps,
+)
 from exatrain.trainer.model import dropout_keys
 from exatrain.trainer.parallel.build import ParallelModel, execution_plan, parallelize
 from exatrain.trainer.parallel.context import shard_batch
 from exatrain.trainer.parallel.expert import finish_moe_step
-from exatrain.trainer.parallel.grads import (average_over_dp, clip_grad_norm, local_grad, settle_grads,
-                                             sync_tied_embedding)
+from exatrain.trainer.parallel.grads import (
+    average_over_dp,
+    clip_grad_norm,
+    local_grad,
+    settle_grads,
+    sync_tied_embedding,
+)
 from exatrain.trainer.parallel.mesh import Mesh, build_mesh, coordinates, cuda_index
 from exatrain.trainer.parallel.pipeline import build_schedule
 
@@ -72,15 +87,18 @@ def lr_factor(step: int, config: TrainConfig) -> float:
 def build_optimizer(pm: ParallelModel, config: TrainConfig, mesh: Mesh) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices and embeddings; ZeroRedundancyOptimizer for ZeRO-1."""
     params = pm.parameters()
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
     groups = [g for g in groups if g["params"]]
     kw: dict = dict(lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8)
     if config.plan.zero_stage == 1 and config.plan.dp * config.plan.cp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
-                                       process_group=mesh.grad_mesh.get_group(), **kw)
+        return ZeroRedundancyOptimizer(
+            groups, optimizer_class=torch.optim.AdamW, process_group=mesh.grad_mesh.get_group(), **kw
+        )
     if fused_adamw_ok(params, mesh.device):
         kw["fused"] = True
     return torch.optim.AdamW(groups, **kw)
@@ -176,13 +194,19 @@ class Stepper:
         # float16: the loss the backward starts from is multiplied by the gradient scaler's scale (LossScaler)
         self.scale = 1.0
         if self.plan.pp > 1:
-            self.schedule = build_schedule(self.plan, pm.stages, mesh.device, mesh.pp_group,
-                                           lambda out, target: self.loss_fn(out, target) * self.scale)
+            self.schedule = build_schedule(
+                self.plan,
+                pm.stages,
+                mesh.device,
+                mesh.pp_group,
+                lambda out, target: self.loss_fn(out, target) * self.scale,
+            )
             if "return_outputs" in inspect.signature(self.schedule.step).parameters:
                 self.step_kwargs["return_outputs"] = False  # the loss is all we need; keep no logits
         half = HALF.get(self.plan.dtype)
         self.amp: Callable[[], ContextManager] = (
-            (lambda: torch.autocast(mesh.device.type, dtype=half)) if half is not None else contextlib.nullcontext)
+            (lambda: torch.autocast(mesh.device.type, dtype=half)) if half is not None else contextlib.nullcontext
+        )
         if self.plan.tp > 1:
             from torch.distributed.tensor.parallel import loss_parallel
 
@@ -190,8 +214,7 @@ class Stepper:
         else:
             self.loss_ctx = contextlib.nullcontext
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor,
-                 keys: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         """Accumulate the gradient of the batch-mean loss; return this rank's mean loss over its
         micro-batches (0 on ranks without the last stage, whose losses are not known there).
         ``keys``: the dropout key of each sequence (model.py), split into micro-batches like the inputs."""
@@ -211,7 +234,7 @@ class Stepper:
         total = zero
         mb = self.plan.micro_batch
         for i, (x, y) in enumerate(zip(inputs.split(mb), targets.split(mb))):
-            kw = {} if keys is None else {"dropout_keys": keys[i * mb:(i + 1) * mb]}
+            kw = {} if keys is None else {"dropout_keys": keys[i * mb : (i + 1) * mb]}
             with _grad_sync(module, i == n - 1), self.amp(), self.loss_ctx():
                 self.mark("forward")
                 loss = self.loss_fn(module(x, **kw), y)
@@ -229,11 +252,11 @@ class Trainer:
         # Under spawn.py's launchers the monitor watches this rank and its launcher reports a failure;
         # a Trainer built on its own records its failure itself (and runs no watchdog thread).
         self.records_failures = health is None
-        self.health = health or RankMonitor(dist.get_rank(), dist.get_world_size(), None, supervised=True,
-                                            watch=False)
+        self.health = health or RankMonitor(dist.get_rank(), dist.get_world_size(), None, supervised=True, watch=False)
         self.plan = plan = execution_plan(config.plan)
-        self.device = device = (torch.device("cuda", cuda_index(local_rank)) if config.device == "cuda"
-                                else torch.device("cpu"))
+        self.device = device = (
+            torch.device("cuda", cuda_index(local_rank)) if config.device == "cuda" else torch.device("cpu")
+        )
         if device.type == "cuda":
             torch.cuda.set_device(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -248,8 +271,9 @@ class Trainer:
         # The global generator: dropout does not draw from it (its masks are keyed by sample, model.py);
         # seeded per (pp, dp) position for anything else that may.
         torch.manual_seed(config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank)
-        self.pm = parallelize(plan, self.mesh, config.seed, compile=config.compile,
-                              moe_aux_loss_coef=config.moe_aux_loss_coef)
+        self.pm = parallelize(
+            plan, self.mesh, config.seed, compile=config.compile, moe_aux_loss_coef=config.moe_aux_loss_coef
+        )
         self.stepper = Stepper(self.pm, self.mesh, compile=config.compile)
         self.optimizer = build_optimizer(self.pm, config, self.mesh)
         self.scaler = LossScaler(self.optimizer, self.pm.entries, device) if plan.dtype == "float16" else None
@@ -260,9 +284,14 @@ class Trainer:
         self.nan_skipped = 0
         self.checkpointer = None
         if config.checkpoint_dir or manifest is not None:
-            self.checkpointer = Checkpointer(config.checkpoint_dir, rank=self.mesh.rank, device=device,
-                                             keep_last=config.keep_last, async_save=config.async_save,
-                                             tokenizer=self.data_dir / "tokenizer.json")
+            self.checkpointer = Checkpointer(
+                config.checkpoint_dir,
+                rank=self.mesh.rank,
+                device=device,
+                keep_last=config.keep_last,
+                async_save=config.async_save,
+                tokenizer=self.data_dir / "tokenizer.json",
+            )
         self.start_step, start_sample = 0, 0
         if manifest is not None:
             self.start_step, start_sample = self._resume(manifest)
@@ -320,19 +349,29 @@ class Trainer:
         for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
             group["lr"] = base * lr_factor(step, self.config)
         if not same_layout:  # another layout's streams cannot be mapped onto these ranks
-            torch.manual_seed(self.config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank
-                              + step * 7919)
+            torch.manual_seed(self.config.seed * 1_000_003 + self.mesh.pp_rank * 1009 + self.mesh.dp_rank + step * 7919)
         return step, int(t["samples_consumed"])
 
     def _trainer_state(self, step: int) -> dict:
         """The JSON half of a checkpoint: everything but tensors (see checkpoint/files.py)."""
         meta = self.source.meta
-        return {"step": step, "samples_consumed": self.order.consumed(step), "global_batch": self.plan.global_batch,
-                "seq_len": self.plan.model.seq_len, "seed": self.source.seed, "data_shuffle": self.source.shuffle,
-                "data_dir": str(self.data_dir), "tokenizer_sha256": self.source.tokenizer_sha256,
-                "separator": meta.separator, "separator_id": meta.separator_id, "nan_skipped": self.nan_skipped,
-                "layout": self._layout(), "plan": self.config.plan.to_dict(), "steps": self.config.steps,
-                "torch": torch.__version__}
+        return {
+            "step": step,
+            "samples_consumed": self.order.consumed(step),
+            "global_batch": self.plan.global_batch,
+            "seq_len": self.plan.model.seq_len,
+            "seed": self.source.seed,
+            "data_shuffle": self.source.shuffle,
+            "data_dir": str(self.data_dir),
+            "tokenizer_sha256": self.source.tokenizer_sha256,
+            "separator": meta.separator,
+            "separator_id": meta.separator_id,
+            "nan_skipped": self.nan_skipped,
+            "layout": self._layout(),
+            "plan": self.config.plan.to_dict(),
+            "steps": self.config.steps,
+            "torch": torch.__version__,
+        }
 
     def step(self, step: int) -> StepMetrics:
         """One optimizer step: batch, forward/backward, gradient sync and clipping, update, metrics."""
@@ -368,8 +407,10 @@ class Trainer:
         # float16: gradients that overflowed at the loss scale skip the step and lower the scale (not a NaN)
         overflow = skipped and self.scaler is not None and math.isfinite(loss) and self.scaler.found_inf
         if skipped and not overflow and self.config.nan_policy == "stop":
-            raise TrainingStopped(f"loss {loss} (gradient norm {grad_norm}) at step {step + 1}: stopped by "
-                                  "--nan-policy stop before the update; lower --lr, use float32, or --nan-policy skip")
+            raise TrainingStopped(
+                f"loss {loss} (gradient norm {grad_norm}) at step {step + 1}: stopped by "
+                "--nan-policy stop before the update; lower --lr, use float32, or --nan-policy skip"
+            )
         self.health.enter("optimizer")
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
@@ -395,12 +436,20 @@ class Trainer:
         dist.all_gather(mems, torch.tensor(mine, dtype=torch.float64, device=device))
         rows = [x.tolist() for x in mems]
         self.stop_votes = {r: int(v) for r, (_, v) in enumerate(rows) if v}
-        return StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
-                           tokens_per_s=plan.tokens_per_step / dt,
-                           model_tflops_per_gpu=self.flops / dt / plan.gpus / 1e12,
-                           mfu=None if self.peak is None else self.flops / (dt * plan.gpus * self.peak),
-                           peak_memory_bytes=tuple(int(m) for m, _ in rows), skipped=skipped,
-                           samples=samples, aux_loss=aux_loss)
+        return StepMetrics(
+            step=step + 1,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            step_time_s=dt,
+            tokens_per_s=plan.tokens_per_step / dt,
+            model_tflops_per_gpu=self.flops / dt / plan.gpus / 1e12,
+            mfu=None if self.peak is None else self.flops / (dt * plan.gpus * self.peak),
+            peak_memory_bytes=tuple(int(m) for m, _ in rows),
+            skipped=skipped,
+            samples=samples,
+            aux_loss=aux_loss,
+        )
 
     def _gather_samples(self, step: int) -> tuple[tuple[int, ...], ...]:
         """The global sample indices every rank read this step, by dp rank; every rank of a dp
@@ -419,13 +468,16 @@ class Trainer:
     def run(self) -> list[StepMetrics]:
         """Every step, the metrics lines, checkpoints, and the closing RunRecord (written by rank 0)."""
         config, plan = self.config, self.plan
-        title = (f"{plan.model.name}: tp{plan.tp} {f'cp{plan.cp} ' if plan.cp > 1 else ''}pp{plan.pp} dp{plan.dp} "
-                 f"zero{plan.zero_stage} "
-                 f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}"
-                 + (f", offload {plan.offload}" if plan.offload != "none" else "")
-                 + (f", resumed at step {self.start_step}" if self.start_step else ""))
-        progress = Progress(config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()),
-                            start=self.start_step)
+        title = (
+            f"{plan.model.name}: tp{plan.tp} {f'cp{plan.cp} ' if plan.cp > 1 else ''}pp{plan.pp} dp{plan.dp} "
+            f"zero{plan.zero_stage} "
+            f"{plan.schedule if plan.pp > 1 else ''} {plan.dtype} on {plan.gpus} x {device_name(self.device)}"
+            + (f", offload {plan.offload}" if plan.offload != "none" else "")
+            + (f", resumed at step {self.start_step}" if self.start_step else "")
+        )
+        progress = Progress(
+            config.steps, quiet=config.quiet or not self.rank0, title=" ".join(title.split()), start=self.start_step
+        )
         board = TensorBoardLog(config.tensorboard_dir) if self.rank0 and config.tensorboard_dir else None
         history: list[StepMetrics] = []
         start = time.perf_counter()
@@ -442,7 +494,8 @@ class Trainer:
                 self._health_window(m, progress)
                 done = step + 1
                 saved = bool(config.checkpoint_dir) and (
-                    done == config.steps or bool(config.save_every and done % config.save_every == 0))
+                    done == config.steps or bool(config.save_every and done % config.save_every == 0)
+                )
                 if saved:
                     assert self.checkpointer is not None
                     self.health.enter("checkpoint")
@@ -470,8 +523,10 @@ class Trainer:
         measured = self._record(history, wall, "ok", "")
         if history:
             skipped = f", {self.nan_skipped} skipped (non-finite)" if self.nan_skipped else ""
-            progress.close(f"first loss {history[0].loss:.4f}, last loss {history[-1].loss:.4f}, "
-                           f"{len(history)} steps in {wall:.1f} s ({measured.step_time_s:.3f} s/step median){skipped}")
+            progress.close(
+                f"first loss {history[0].loss:.4f}, last loss {history[-1].loss:.4f}, "
+                f"{len(history)} steps in {wall:.1f} s ({measured.step_time_s:.3f} s/step median){skipped}"
+            )
         else:
             progress.close(f"nothing to do: the checkpoint is at step {self.start_step} of {config.steps}")
         return history
@@ -493,10 +548,18 @@ class Trainer:
         """Append the RunRecord (rank 0, when there is a metrics file); a failed run keeps what it measured."""
         measured = summarize(history, self.plan, self.config.measure_after) if history else None
         if self.rank0 and self.config.metrics_file:
-            append_run_record(self.config.metrics_file, RunRecord(
-                plan=self.config.plan, measured=measured, status=status, device=device_name(self.device),
-                env=run_env(dist.get_backend(), dist.get_world_size(), wall_s, self.device.type), error=error,
-                rank_times=summarize_windows(self.stragglers.windows)))
+            append_run_record(
+                self.config.metrics_file,
+                RunRecord(
+                    plan=self.config.plan,
+                    measured=measured,
+                    status=status,
+                    device=device_name(self.device),
+                    env=run_env(dist.get_backend(), dist.get_world_size(), wall_s, self.device.type),
+                    error=error,
+                    rank_times=summarize_windows(self.stragglers.windows),
+                ),
+            )
         return measured
 
 

@@ -40,8 +40,7 @@ WARMUP_STEPS = 2  # the trainer leaves its first 2 steps out of the RunRecord's 
 # What torch's allocators and the kernel say when memory runs out during a run.
 _OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.IGNORECASE)
 _SIGKILLED = re.compile(r"exited with status -9\b|Killed\b")
-_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "MASTER_ADDR",
-                 "MASTER_PORT")
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT")
 
 StopCheck = Callable[[int, float], bool]  # (step, tokens/s of that step) -> stop the run now?
 
@@ -59,15 +58,18 @@ class RunOutcome:
 
 
 class TrialRunner(Protocol):
-    def run(self, plan: Plan, trial_dir: Path, *, should_stop: StopCheck,
-            on_start: Callable[[int], None]) -> RunOutcome: ...
+    def run(
+        self, plan: Plan, trial_dir: Path, *, should_stop: StopCheck, on_start: Callable[[int], None]
+    ) -> RunOutcome: ...
 
 
 def check_launcher(template: str | None) -> str | None:
     """A launcher template must say where the training command goes."""
     if template is not None and "{cmd}" not in template:
-        raise UserError(f"--launcher {template!r} has no {{cmd}}: write where the training command goes, "
-                        "e.g. 'srun -N4 --ntasks-per-node 8 {cmd}'")
+        raise UserError(
+            f"--launcher {template!r} has no {{cmd}}: write where the training command goes, "
+            "e.g. 'srun -N4 --ntasks-per-node 8 {cmd}'"
+        )
     return template
 
 
@@ -87,9 +89,22 @@ class SubprocessRunner:
 
     def command(self, plan_path: Path, metrics_path: Path) -> list[str]:
         """The trainer's command line (what {cmd} stands for)."""
-        return [self.python, "-m", "exatrain.train", "--plan", str(plan_path), "--steps", str(self.steps),
-                "--seed", str(self.seed), "--device", self.device, "--metrics-file", str(metrics_path),
-                "--quiet"]
+        return [
+            self.python,
+            "-m",
+            "exatrain.train",
+            "--plan",
+            str(plan_path),
+            "--steps",
+            str(self.steps),
+            "--seed",
+            str(self.seed),
+            "--device",
+            self.device,
+            "--metrics-file",
+            str(metrics_path),
+            "--quiet",
+        ]
 
     def argv(self, plan_path: Path, metrics_path: Path) -> list[str]:
         cmd = self.command(plan_path, metrics_path)
@@ -111,8 +126,9 @@ class SubprocessRunner:
         env.setdefault("OMP_NUM_THREADS", "1")  # as the trainer's own spawner and torchrun do
         return env
 
-    def run(self, plan: Plan, trial_dir: Path, *, should_stop: StopCheck,
-            on_start: Callable[[int], None]) -> RunOutcome:
+    def run(
+        self, plan: Plan, trial_dir: Path, *, should_stop: StopCheck, on_start: Callable[[int], None]
+    ) -> RunOutcome:
         trial_dir.mkdir(parents=True, exist_ok=True)
         if self.preflight is not None:
             try:
@@ -131,8 +147,9 @@ class SubprocessRunner:
         steps: list[dict] = []
         ended, rc = "", None
         with open(trial_dir / "stdout.txt", "wb") as out, open(trial_dir / "stderr.txt", "wb") as err:
-            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    env=self.environment(), start_new_session=True)
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=self.environment(), start_new_session=True
+            )
             try:
                 on_start(proc.pid)
                 while rc is None:
@@ -143,8 +160,12 @@ class SubprocessRunner:
                         steps.append(line)
                         step = int(line["step"])
                         # every post-warm-up step is reported; a stop only counts while the run goes on
-                        if step > WARMUP_STEPS and should_stop(step, float(line["tokens_per_s"])) \
-                                and rc is None and not ended:
+                        if (
+                            step > WARMUP_STEPS
+                            and should_stop(step, float(line["tokens_per_s"]))
+                            and rc is None
+                            and not ended
+                        ):
                             ended = "pruned"
                     if rc is None and not ended and time.monotonic() - t0 > self.timeout_s:
                         ended = "timeout"
@@ -162,11 +183,18 @@ class SubprocessRunner:
                 steps.append(line)
         record = reader.record
         if ended == "timeout":
-            return RunOutcome("timeout", _partial(steps), None, f"no result within {self.timeout_s:g} s "
-                              f"({len(steps)} of {self.steps} steps done)", rc, duration)
+            return RunOutcome(
+                "timeout",
+                _partial(steps),
+                None,
+                f"no result within {self.timeout_s:g} s ({len(steps)} of {self.steps} steps done)",
+                rc,
+                duration,
+            )
         if ended == "pruned":
-            return RunOutcome("pruned", _partial(steps), None, "stopped after warm-up: far below the best run",
-                              rc, duration)
+            return RunOutcome(
+                "pruned", _partial(steps), None, "stopped after warm-up: far below the best run", rc, duration
+            )
         if rc == 0 and record is not None and record.measured is not None:
             return RunOutcome("ok", record.measured, record, "", rc, duration)
         text = _tail(trial_dir / "stderr.txt")
@@ -220,9 +248,13 @@ def _partial(steps: list[dict]) -> Measured | None:
     kept = [s for s in steps if int(s.get("step", 0)) > WARMUP_STEPS]
     if not kept:
         return None
-    return Measured(steps=len(steps), step_time_s=statistics.median(float(s["step_time_s"]) for s in kept),
-                    tokens_per_s=statistics.median(float(s["tokens_per_s"]) for s in kept),
-                    first_loss=steps[0].get("loss"), last_loss=steps[-1].get("loss"))
+    return Measured(
+        steps=len(steps),
+        step_time_s=statistics.median(float(s["step_time_s"]) for s in kept),
+        tokens_per_s=statistics.median(float(s["tokens_per_s"]) for s in kept),
+        first_loss=steps[0].get("loss"),
+        last_loss=steps[-1].get("loss"),
+    )
 
 
 def _end_group(proc: subprocess.Popen, grace_s: float) -> None:

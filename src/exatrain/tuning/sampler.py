@@ -44,8 +44,7 @@ from exatrain.settings import RECOMPUTE, SCHEDULES
 # mid-run) is retried; "infeasible" and "duplicate" are answered without a run.
 RUN_STATUSES = ("ok", "pruned", "oom", "timeout", "failed")
 MEASURED_STATUSES = ("ok", "pruned")  # carry a throughput measurement
-PARAM_NAMES = ("tp", "pp", "micro_batch", "zero_stage", "recompute", "sequence_parallel", "schedule",
-               "interleave")
+PARAM_NAMES = ("tp", "pp", "micro_batch", "zero_stage", "recompute", "sequence_parallel", "schedule", "interleave")
 
 
 def layout_key(params: Mapping[str, Any]) -> str:
@@ -53,22 +52,43 @@ def layout_key(params: Mapping[str, Any]) -> str:
     gpus); an ep or cp other than 1 adds '.ep2' / '.cp2' (so studies made before they were tuned keep
     their keys)."""
     extra = "".join(f".{k}{int(params.get(k, 1))}" for k in ("ep", "cp") if int(params.get(k, 1)) != 1)
-    return (f"tp{params['tp']}.pp{params['pp']}.mb{params['micro_batch']}.z{params['zero_stage']}."
-            f"{params['recompute']}.sp{int(bool(params['sequence_parallel']))}."
-            f"{params['schedule']}{params['interleave']}{extra}")
+    return (
+        f"tp{params['tp']}.pp{params['pp']}.mb{params['micro_batch']}.z{params['zero_stage']}."
+        f"{params['recompute']}.sp{int(bool(params['sequence_parallel']))}."
+        f"{params['schedule']}{params['interleave']}{extra}"
+    )
 
 
 def plan_params(plan: Plan) -> dict[str, Any]:
-    return {"tp": plan.tp, "pp": plan.pp, "micro_batch": plan.micro_batch, "zero_stage": plan.zero_stage,
-            "recompute": plan.recompute, "sequence_parallel": plan.sequence_parallel,
-            "schedule": plan.schedule, "interleave": plan.interleave, "ep": plan.ep, "cp": plan.cp}
+    return {
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "micro_batch": plan.micro_batch,
+        "zero_stage": plan.zero_stage,
+        "recompute": plan.recompute,
+        "sequence_parallel": plan.sequence_parallel,
+        "schedule": plan.schedule,
+        "interleave": plan.interleave,
+        "ep": plan.ep,
+        "cp": plan.cp,
+    }
 
 
 def _features(plan: Plan) -> list[float]:
     onehot = [1.0 if plan.schedule == s else 0.0 for s in SCHEDULES]
-    return [math.log2(plan.tp), math.log2(plan.pp), math.log2(plan.dp), math.log2(plan.micro_batch),
-            float(plan.zero_stage), float(RECOMPUTE.index(plan.recompute)), float(plan.sequence_parallel),
-            *onehot, math.log2(plan.interleave), math.log2(plan.ep), math.log2(plan.cp)]
+    return [
+        math.log2(plan.tp),
+        math.log2(plan.pp),
+        math.log2(plan.dp),
+        math.log2(plan.micro_batch),
+        float(plan.zero_stage),
+        float(RECOMPUTE.index(plan.recompute)),
+        float(plan.sequence_parallel),
+        *onehot,
+        math.log2(plan.interleave),
+        math.log2(plan.ep),
+        math.log2(plan.cp),
+    ]
 
 
 @dataclass(frozen=True)
@@ -96,12 +116,16 @@ class Candidates:
         # Fixed by the problem (model, gpus, global batch), not by which layouts fit today: a rerun with
         # another calibration may rank other candidates, and Optuna needs the same distributions.
         dists: dict[str, BaseDistribution] = {
-            "tp": IntDistribution(1, gpus), "pp": IntDistribution(1, gpus),
-            "micro_batch": IntDistribution(1, global_batch), "zero_stage": IntDistribution(0, 3),
+            "tp": IntDistribution(1, gpus),
+            "pp": IntDistribution(1, gpus),
+            "micro_batch": IntDistribution(1, global_batch),
+            "zero_stage": IntDistribution(0, 3),
             "recompute": CategoricalDistribution(RECOMPUTE),
             "sequence_parallel": CategoricalDistribution((False, True)),
-            "schedule": CategoricalDistribution(SCHEDULES), "interleave": IntDistribution(1, max(layers, 1)),
-            "ep": IntDistribution(1, gpus), "cp": IntDistribution(1, gpus),
+            "schedule": CategoricalDistribution(SCHEDULES),
+            "interleave": IntDistribution(1, max(layers, 1)),
+            "ep": IntDistribution(1, gpus),
+            "cp": IntDistribution(1, gpus),
         }
         predicted = np.array([p.estimate.tokens_per_s for p in plans], dtype=float)  # type: ignore[union-attr]
         return cls(plans, keys, predicted, feats, dists, {k: i for i, k in enumerate(keys)})
@@ -162,8 +186,9 @@ def _kernel(a: np.ndarray, b: np.ndarray, length: float, std: float, offset: flo
     return offset**2 + std**2 * np.exp(-d2 / (2 * length**2))
 
 
-def posterior(cands: Candidates, measured: Mapping[int, float], gp: GPSettings = GPSettings()
-              ) -> tuple[np.ndarray, np.ndarray]:
+def posterior(
+    cands: Candidates, measured: Mapping[int, float], gp: GPSettings = GPSettings()
+) -> tuple[np.ndarray, np.ndarray]:
     """Posterior mean and std of the true log throughput of every candidate (mean = log prediction +
     residual); the kernel's (length, std) and the noise are the grid point of largest marginal likelihood.
 
@@ -291,15 +316,17 @@ class CostModelSampler(optuna.samplers.BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.cands.distributions)
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if not search_space:
             return {}
         choice = self.next_choice(study.get_trials(deepcopy=False))
         return {} if choice.index is None else self.cands.params(choice.index)
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         # Only reached when nothing is left to pick (a race between tuners sharing a study): any
         # value will do, the objective answers a non-candidate without a run.
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
@@ -317,11 +344,25 @@ class HopelessPruner(optuna.pruners.BasePruner):
         values = list(trial.intermediate_values.values())
         if self.ratio <= 0 or len(values) < self.min_steps:
             return False
-        done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None]
+        done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
         return bool(done) and float(np.median(values)) < self.ratio * max(done)
 
 
-__all__ = ["MEASURED_STATUSES", "PARAM_NAMES", "RUN_STATUSES", "Candidates", "Choice", "CostModelSampler",
-           "GPSettings", "HopelessPruner", "Observations", "choose", "layout_key", "observations",
-           "plan_params", "posterior", "trial_key", "trial_status"]
+__all__ = [
+    "MEASURED_STATUSES",
+    "PARAM_NAMES",
+    "RUN_STATUSES",
+    "Candidates",
+    "Choice",
+    "CostModelSampler",
+    "GPSettings",
+    "HopelessPruner",
+    "Observations",
+    "choose",
+    "layout_key",
+    "observations",
+    "plan_params",
+    "posterior",
+    "trial_key",
+    "trial_status",
+]

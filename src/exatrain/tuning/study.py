@@ -52,9 +52,17 @@ from exatrain.records import append_run_record
 from exatrain.planner.search.space import SpaceOptions
 from exatrain.settings import SETTINGS
 from exatrain.tuning.runner import RunOutcome, TrialRunner
-from exatrain.tuning.sampler import (PARAM_NAMES, RUN_STATUSES, Candidates, CostModelSampler,
-                                                  GPSettings, HopelessPruner, layout_key, trial_key,
-                                                  trial_status)
+from exatrain.tuning.sampler import (
+    PARAM_NAMES,
+    RUN_STATUSES,
+    Candidates,
+    CostModelSampler,
+    GPSettings,
+    HopelessPruner,
+    layout_key,
+    trial_key,
+    trial_status,
+)
 
 
 @dataclass(frozen=True)
@@ -72,9 +80,15 @@ class TuneSettings:
 
 # The planner-only space fields (ep, cp and the run settings but the runtime, settings.SETTINGS) and the values a
 # study made before they existed implicitly had.
-_PLANNER_ONLY = {"ep": (None,), "cp": (None,),
-                 **{s.name: (s.default, list(s.default)) if isinstance(s.default, tuple) else (s.default,)
-                    for s in SETTINGS if s.name != "runtime"}}
+_PLANNER_ONLY = {
+    "ep": (None,),
+    "cp": (None,),
+    **{
+        s.name: (s.default, list(s.default)) if isinstance(s.default, tuple) else (s.default,)
+        for s in SETTINGS
+        if s.name != "runtime"
+    },
+}
 
 
 def _space_fields(options: SpaceOptions) -> dict[str, Any]:
@@ -102,10 +116,16 @@ class Problem:
     options: SpaceOptions = SpaceOptions()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "cluster": self.cluster, "gpus": self.gpus,
-                "global_batch": self.global_batch, "device": self.device, "dtype": self.dtype,
-                "flash_attention": self.flash_attention,
-                "space": json.loads(json.dumps(_space_fields(self.options)))}
+        return {
+            "model": self.model.to_dict(),
+            "cluster": self.cluster,
+            "gpus": self.gpus,
+            "global_batch": self.global_batch,
+            "device": self.device,
+            "dtype": self.dtype,
+            "flash_attention": self.flash_attention,
+            "space": json.loads(json.dumps(_space_fields(self.options))),
+        }
 
     def study_name(self) -> str:
         digest = hashlib.sha1(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:6]
@@ -131,10 +151,16 @@ class TrialView:
     duration_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "plan": self.plan.with_estimate(None).to_dict(), "status": self.status,
-                "predicted_tokens_per_s": self.predicted_tokens_per_s,
-                "measured_tokens_per_s": self.measured_tokens_per_s, "error": self.error, "source": self.source,
-                "duration_s": self.duration_s}
+        return {
+            "number": self.number,
+            "plan": self.plan.with_estimate(None).to_dict(),
+            "status": self.status,
+            "predicted_tokens_per_s": self.predicted_tokens_per_s,
+            "measured_tokens_per_s": self.measured_tokens_per_s,
+            "error": self.error,
+            "source": self.source,
+            "duration_s": self.duration_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -155,9 +181,18 @@ class TuneResult:
         best = None
         if self.best is not None:
             best = {**self.best.to_dict(), "plan": self.best.plan.to_dict()}
-        return {"study": self.study_name, "candidates": self.candidates, "finished": self.finished,
-                "ran": self.ran, "stopped": self.stopped, "trials": [t.to_dict() for t in self.trials],
-                "best": best, "storage": self.storage, "runs_file": self.runs_file, "best_file": self.best_file}
+        return {
+            "study": self.study_name,
+            "candidates": self.candidates,
+            "finished": self.finished,
+            "ran": self.ran,
+            "stopped": self.stopped,
+            "trials": [t.to_dict() for t in self.trials],
+            "best": best,
+            "storage": self.storage,
+            "runs_file": self.runs_file,
+            "best_file": self.best_file,
+        }
 
 
 class TrialFailed(Exception):
@@ -165,9 +200,11 @@ class TrialFailed(Exception):
 
 
 # ---- storage and study -------------------------------------------------------------------------
-def open_storage(url: str, settings: TuneSettings = TuneSettings(),
-                 on_interrupted: Callable[[optuna.Study, FrozenTrial], None] | None = None
-                 ) -> optuna.storages.RDBStorage:
+def open_storage(
+    url: str,
+    settings: TuneSettings = TuneSettings(),
+    on_interrupted: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage with heartbeats; an unusable URL is a UserError."""
     kwargs: dict[str, Any] = {"heartbeat_interval": settings.heartbeat_s, "grace_period": settings.grace_s}
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
@@ -176,11 +213,13 @@ def open_storage(url: str, settings: TuneSettings = TuneSettings(),
             warnings.simplefilter("ignore", ExperimentalWarning)
             warnings.simplefilter("ignore", FutureWarning)
             try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine, **kwargs,
-                                                  heartbeat_stale_trial_callback=on_interrupted)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine, **kwargs, heartbeat_stale_trial_callback=on_interrupted
+                )
             except TypeError:  # optuna < 4.9 names the callback failed_trial_callback
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine, **kwargs,
-                                                  failed_trial_callback=on_interrupted)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine, **kwargs, failed_trial_callback=on_interrupted
+                )
     except Exception as exc:  # sqlalchemy/driver errors of every kind: the URL is the problem
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot open the study storage {url!r}: {first}") from None
@@ -235,13 +274,23 @@ def _fail_abandoned(study: optuna.Study, storage: optuna.storages.BaseStorage, o
             pass  # another process got there first
 
 
-def load_study(problem: Problem, cands: Candidates, storage: optuna.storages.BaseStorage,
-               settings: TuneSettings, study_name: str | None = None) -> optuna.Study:
+def load_study(
+    problem: Problem,
+    cands: Candidates,
+    storage: optuna.storages.BaseStorage,
+    settings: TuneSettings,
+    study_name: str | None = None,
+) -> optuna.Study:
     """Create or resume the study; a new one is seeded, an old one must be for the same problem."""
     name = study_name or problem.study_name()
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                sampler=CostModelSampler(cands, settings.gp),
-                                pruner=HopelessPruner(settings.prune_ratio, settings.prune_min_steps))
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=CostModelSampler(cands, settings.gp),
+        pruner=HopelessPruner(settings.prune_ratio, settings.prune_min_steps),
+    )
     wanted = json.loads(json.dumps(problem.to_dict()))
     have = study.user_attrs.get("problem")
     if have is None:
@@ -250,8 +299,10 @@ def load_study(problem: Problem, cands: Candidates, storage: optuna.storages.Bas
             study.enqueue_trial(cands.params(i), user_attrs={"source": "seed"}, skip_if_exists=True)
     elif have != wanted:
         diff = sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
-        raise UserError(f"study {name!r} was made for another problem (different {', '.join(diff)}); "
-                        "use another --study or --study-name, or the study's original flags")
+        raise UserError(
+            f"study {name!r} was made for another problem (different {', '.join(diff)}); "
+            "use another --study or --study-name, or the study's original flags"
+        )
     return study
 
 
@@ -264,9 +315,17 @@ def any_ok(study: optuna.Study) -> bool:
     return any(trial_status(t) == "ok" for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
-def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyFiles,
-         storage: optuna.storages.BaseStorage, settings: TuneSettings = TuneSettings(), *,
-         study_name: str | None = None, progress: Callable[[TrialView], None] | None = None) -> TuneResult:
+def tune(
+    problem: Problem,
+    cands: Candidates,
+    runner: TrialRunner,
+    files: StudyFiles,
+    storage: optuna.storages.BaseStorage,
+    settings: TuneSettings = TuneSettings(),
+    *,
+    study_name: str | None = None,
+    progress: Callable[[TrialView], None] | None = None,
+) -> TuneResult:
     """Run trials until the study holds ``settings.trials`` finished runs, the time budget is spent,
     or no untried layout could beat the best run; return every trial, ranked."""
     if len(cands) == 0:
@@ -293,17 +352,26 @@ def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyF
         if i is None:  # a queued layout that no longer fits this problem's candidates: no run
             trial.set_user_attr("status", "infeasible")
             raise optuna.TrialPruned("not a feasible candidate")
-        done = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number
-                and trial_key(t) == key and trial_status(t) in RUN_STATUSES]
+        done = [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.number != trial.number and trial_key(t) == key and trial_status(t) in RUN_STATUSES
+        ]
         if done:  # never run a finished layout twice
             trial.set_user_attr("status", "duplicate")
             trial.set_user_attr("same_as", done[0].number)
             raise optuna.TrialPruned(f"layout already ran in trial {done[0].number}")
         plan = cands.plans[i]
         trial_dir = files.trials_dir / f"trial-{trial.number:04d}"
-        for k, v in {"source": trial.user_attrs.get("source", "sampler"), "plan": plan.with_estimate(None).to_dict(),
-                     "predicted_tokens_per_s": float(cands.predicted[i]), "tuner_host": host,
-                     "tuner_pid": os.getpid(), "trial_dir": str(trial_dir.resolve()), "ran": True}.items():
+        for k, v in {
+            "source": trial.user_attrs.get("source", "sampler"),
+            "plan": plan.with_estimate(None).to_dict(),
+            "predicted_tokens_per_s": float(cands.predicted[i]),
+            "tuner_host": host,
+            "tuner_pid": os.getpid(),
+            "trial_dir": str(trial_dir.resolve()),
+            "ran": True,
+        }.items():
             trial.set_user_attr(k, v)
 
         def should_stop(step: int, tokens_per_s: float) -> bool:
@@ -311,15 +379,21 @@ def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyF
             return trial.should_prune()
 
         try:
-            outcome = runner.run(plan, trial_dir, should_stop=should_stop,
-                                 on_start=lambda pid: trial.set_user_attr("run_pgid", pid))
+            outcome = runner.run(
+                plan, trial_dir, should_stop=should_stop, on_start=lambda pid: trial.set_user_attr("run_pgid", pid)
+            )
         except BaseException:  # Ctrl-C, or a bug: the run is ended (runner), its layout queued again
             trial.set_user_attr("status", "interrupted")
             interrupted.requeue(study, trial.number, params, trial.user_attrs)
             raise
         measured = outcome.measured.tokens_per_s if outcome.measured else None
-        for k, v in {"status": outcome.status, "measured_tokens_per_s": measured, "error": outcome.error,
-                     "duration_s": round(outcome.duration_s, 3), "returncode": outcome.returncode}.items():
+        for k, v in {
+            "status": outcome.status,
+            "measured_tokens_per_s": measured,
+            "error": outcome.error,
+            "duration_s": round(outcome.duration_s, 3),
+            "returncode": outcome.returncode,
+        }.items():
             trial.set_user_attr(k, v)
         if outcome.status != "rejected":  # a refused plan never ran: nothing for calibration
             append_run_record(files.runs_file, _record(outcome, plan, problem, study.study_name, trial.number))
@@ -350,8 +424,13 @@ def tune(problem: Problem, cands: Candidates, runner: TrialRunner, files: StudyF
         just_ran: list[FrozenTrial] = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
-            study.optimize(objective, n_trials=1, catch=(TrialFailed,), gc_after_trial=False,
-                           callbacks=[lambda _study, t: just_ran.append(t)])
+            study.optimize(
+                objective,
+                n_trials=1,
+                catch=(TrialFailed,),
+                gc_after_trial=False,
+                callbacks=[lambda _study, t: just_ran.append(t)],
+            )
         for last in just_ran:
             if not last.user_attrs.get("ran"):
                 continue
@@ -378,11 +457,17 @@ def _record(outcome: RunOutcome, plan: Plan, problem: Problem, study: str, numbe
     tag = {"tune_study": study, "tune_trial": number}
     if outcome.record is not None:
         rec = outcome.record
-        return dataclasses.replace(rec, env={**rec.env, **tag},
-                                   plan=rec.plan if rec.plan.estimate is not None else plan)
-    return RunRecord(plan=plan, measured=outcome.measured, status=outcome.status, device=problem.device,
-                     env={**tag, "returncode": outcome.returncode, "wall_s": round(outcome.duration_s, 3)},
-                     error=outcome.error)
+        return dataclasses.replace(
+            rec, env={**rec.env, **tag}, plan=rec.plan if rec.plan.estimate is not None else plan
+        )
+    return RunRecord(
+        plan=plan,
+        measured=outcome.measured,
+        status=outcome.status,
+        device=problem.device,
+        env={**tag, "returncode": outcome.returncode, "wall_s": round(outcome.duration_s, 3)},
+        error=outcome.error,
+    )
 
 
 def _view(t: FrozenTrial, cands: Candidates) -> TrialView:
@@ -390,16 +475,39 @@ def _view(t: FrozenTrial, cands: Candidates) -> TrialView:
     i = cands.index.get(str(a.get("layout")))
     plan = cands.plans[i] if i is not None else Plan.from_dict(a["plan"], source=f"trial {t.number}")
     measured = a.get("measured_tokens_per_s")
-    return TrialView(t.number, plan, trial_status(t), a.get("predicted_tokens_per_s"),
-                     None if measured is None or not math.isfinite(measured) else float(measured),
-                     str(a.get("error") or ""), str(a.get("source", "")), a.get("duration_s"))
+    return TrialView(
+        t.number,
+        plan,
+        trial_status(t),
+        a.get("predicted_tokens_per_s"),
+        None if measured is None or not math.isfinite(measured) else float(measured),
+        str(a.get("error") or ""),
+        str(a.get("source", "")),
+        a.get("duration_s"),
+    )
 
 
 def _ranked(views: list[TrialView]) -> list[TrialView]:
     order = {"ok": 0, "pruned": 1}
-    return sorted(views, key=lambda v: (order.get(v.status, 2), -(v.measured_tokens_per_s or 0.0)
-                                        if v.status in order else 0.0, v.number))
+    return sorted(
+        views,
+        key=lambda v: (
+            order.get(v.status, 2),
+            -(v.measured_tokens_per_s or 0.0) if v.status in order else 0.0,
+            v.number,
+        ),
+    )
 
 
-__all__ = ["Problem", "TrialFailed", "StudyFiles", "TrialView", "TuneResult", "TuneSettings", "finished_runs",
-           "load_study", "open_storage", "tune"]
+__all__ = [
+    "Problem",
+    "TrialFailed",
+    "StudyFiles",
+    "TrialView",
+    "TuneResult",
+    "TuneSettings",
+    "finished_runs",
+    "load_study",
+    "open_storage",
+    "tune",
+]

@@ -51,13 +51,16 @@ def run_factors(n: int) -> tuple[str, ...]:
     + attn_eff from 8, + link_eff from 10, + op_overhead_s from 12 (one per two runs)."""
     if n <= 2:
         return (SCALE_FACTOR,)
-    return RUN_FACTORS[:max(1, min(len(RUN_FACTORS), n // 2))]
+    return RUN_FACTORS[: max(1, min(len(RUN_FACTORS), n // 2))]
+
+
 _STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
 
 
 # ---- numerics ------------------------------------------------------------------------------------
-def nelder_mead(f: Callable[[np.ndarray], float], x0: Sequence[float], step: float = 0.3,
-                max_iter: int = 600, tol: float = 1e-10) -> tuple[np.ndarray, float]:
+def nelder_mead(
+    f: Callable[[np.ndarray], float], x0: Sequence[float], step: float = 0.3, max_iter: int = 600, tol: float = 1e-10
+) -> tuple[np.ndarray, float]:
     """Minimise ``f`` from ``x0`` (Nelder & Mead 1965, standard coefficients 1, 2, 0.5, 0.5)."""
     x0 = np.asarray(x0, dtype=float)
     n = x0.size
@@ -92,8 +95,13 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: Sequence[float], step: flo
     return simplex[i], float(values[i])
 
 
-def levenberg_marquardt(residuals: Callable[[np.ndarray], np.ndarray], x0: Sequence[float],
-                        max_iter: int = 40, tol: float = 1e-12, h: float = 1e-4) -> tuple[np.ndarray, float]:
+def levenberg_marquardt(
+    residuals: Callable[[np.ndarray], np.ndarray],
+    x0: Sequence[float],
+    max_iter: int = 40,
+    tol: float = 1e-12,
+    h: float = 1e-4,
+) -> tuple[np.ndarray, float]:
     """Minimise ||residuals(x)||^2 (Levenberg 1944, Marquardt 1963) with a forward-difference
     Jacobian: n + 1 evaluations an iteration, a handful of iterations for a smooth model."""
     x = np.asarray(x0, dtype=float)
@@ -131,8 +139,13 @@ def error_stats(predicted: Iterable[float], measured: Iterable[float]) -> dict[s
     if p.size == 0:
         return {"n": 0, "median": math.nan, "p90": math.nan, "max": math.nan, "rms_log": math.nan}
     err = np.abs(p / m - 1.0)
-    return {"n": int(err.size), "median": float(np.median(err)), "p90": float(np.percentile(err, 90)),
-            "max": float(err.max()), "rms_log": float(np.sqrt(np.mean(np.log(p / m) ** 2)))}
+    return {
+        "n": int(err.size),
+        "median": float(np.median(err)),
+        "p90": float(np.percentile(err, 90)),
+        "max": float(err.max()),
+        "rms_log": float(np.sqrt(np.mean(np.log(p / m) ** 2))),
+    }
 
 
 def _log_mse(model: np.ndarray, measured: np.ndarray) -> float:
@@ -167,12 +180,25 @@ def fit_gemm(points: Sequence[dict], catalog_peak: float | None, overhead_s: flo
     x, _ = nelder_mead(lambda x: _robust(model(x), t), [math.log(best * 1.2), math.log(16.0), math.log(2e-6)])
     P, half, c = unpack(x)
     peak = catalog_peak or max(P, best)
-    curve = [{"m": int(a), "n": int(b), "k": int(k), "measured_tflops": float(f / s / 1e12),
-              "model_tflops": float(f / mt / 1e12)}
-             for (a, b, k), f, s, mt in zip(dims, flops, t, model(x))]
-    return {"peak_flops": None if catalog_peak else peak, "gemm_eff": P / peak, "gemm_dim_half": half,
-            "gemm_overhead_s": max(c, overhead_s) if overhead_s is not None else c, "_peak": peak,
-            "_bare_call_s": c, "curve": curve}
+    curve = [
+        {
+            "m": int(a),
+            "n": int(b),
+            "k": int(k),
+            "measured_tflops": float(f / s / 1e12),
+            "model_tflops": float(f / mt / 1e12),
+        }
+        for (a, b, k), f, s, mt in zip(dims, flops, t, model(x))
+    ]
+    return {
+        "peak_flops": None if catalog_peak else peak,
+        "gemm_eff": P / peak,
+        "gemm_dim_half": half,
+        "gemm_overhead_s": max(c, overhead_s) if overhead_s is not None else c,
+        "_peak": peak,
+        "_bare_call_s": c,
+        "curve": curve,
+    }
 
 
 # The most of the peak attention's counted FLOPs can run at: they are the full count (cost.compute), of which a
@@ -208,22 +234,34 @@ def fit_attention(points: Sequence[dict], peak: float) -> dict:
 
     if len(points) >= 3 and np.unique(seq).size >= 2 and np.unique(flops).size >= 2:
         with np.errstate(over="ignore"):  # a trial step far out is an infinite cost, refused by the solver
-            x, _ = levenberg_marquardt(lambda x: np.log(model(*np.exp(x)) / t),
-                                       [math.log(total), math.log(1000.0), math.log(1e-5)])
+            x, _ = levenberg_marquardt(
+                lambda x: np.log(model(*np.exp(x)) / t), [math.log(total), math.log(1000.0), math.log(1e-5)]
+            )
         eff, s_half, call = (float(v) for v in np.exp(x))
         if s_half > seq.max() or eff > ATTN_EFF_MAX:
-            note = (f"the rate's fitted half-point {s_half:.0f} tokens (asymptote {eff:.1%} of peak) lies beyond the "
-                    f"measured {seq.min():.0f}-{seq.max():.0f} tokens: fitted without a half-point")
-            x, _ = levenberg_marquardt(lambda x: np.log(model(math.exp(x[0]), 0.0, math.exp(x[1])) / t),
-                                       [math.log(total), math.log(1e-5)])
+            note = (
+                f"the rate's fitted half-point {s_half:.0f} tokens (asymptote {eff:.1%} of peak) lies beyond the "
+                f"measured {seq.min():.0f}-{seq.max():.0f} tokens: fitted without a half-point"
+            )
+            x, _ = levenberg_marquardt(
+                lambda x: np.log(model(math.exp(x[0]), 0.0, math.exp(x[1])) / t), [math.log(total), math.log(1e-5)]
+            )
             eff, s_half, call = float(math.exp(x[0])), 0.0, float(math.exp(x[1]))
     if eff > ATTN_EFF_MAX:
         note = (note + "; " if note else "") + f"attn_eff {eff:.3g} clamped to {ATTN_EFF_MAX:g}"
         eff = ATTN_EFF_MAX
     modelled = flops / model(eff, s_half, call) / peak
-    curve = [{"seq": p["seq"], "batch": p["batch"], "heads": p["heads"], "head_dim": p["head_dim"],
-              "efficiency": float(f / s / peak), "model_efficiency": float(me)}
-             for p, f, s, me in zip(points, flops, t, modelled)]
+    curve = [
+        {
+            "seq": p["seq"],
+            "batch": p["batch"],
+            "heads": p["heads"],
+            "head_dim": p["head_dim"],
+            "efficiency": float(f / s / peak),
+            "model_efficiency": float(me),
+        }
+        for p, f, s, me in zip(points, flops, t, modelled)
+    ]
     return {"attn_eff": eff, "attn_seq_half": s_half, "attn_call_overhead_s": call, "curve": curve, "note": note}
 
 
@@ -278,10 +316,22 @@ def fit_memory(points: Sequence[dict], overhead_s: float | None = None) -> dict:
         over = float(np.median([max(p["seconds"] - p["bytes"] / (bw * eff), 1e-8) for p in small])) if small else 5e-6
     else:
         over = overhead_s
-    curve = [{"kernel": p["kernel"], "bytes": p["bytes"], "measured_bytes_per_s": p["bytes"] / p["seconds"],
-              "model_bytes_per_s": float(p["bytes"] / (p["bytes"] / (bw * eff) + over))} for p in points]
-    return {"mem_bytes_per_s": bw, "mem_eff": eff, "op_overhead_s": over, "curve": curve,
-            "layer_mix_bytes_per_s": per_kernel}
+    curve = [
+        {
+            "kernel": p["kernel"],
+            "bytes": p["bytes"],
+            "measured_bytes_per_s": p["bytes"] / p["seconds"],
+            "model_bytes_per_s": float(p["bytes"] / (p["bytes"] / (bw * eff) + over)),
+        }
+        for p in points
+    ]
+    return {
+        "mem_bytes_per_s": bw,
+        "mem_eff": eff,
+        "op_overhead_s": over,
+        "curve": curve,
+        "layer_mix_bytes_per_s": per_kernel,
+    }
 
 
 def fit_layer_overhead(points: Sequence[dict], params: CostParams, peak: float) -> dict:
@@ -299,10 +349,14 @@ def fit_layer_overhead(points: Sequence[dict], params: CostParams, peak: float) 
         m = ModelSpec.from_dict(p["model"], source="bench layer")
 
         def model_s(over: float) -> float:
-            dev = Device(peak_flops=peak, mem_bytes_per_s=params.mem_bytes_per_s or 1e10,
-                         params=params.replace(op_overhead_s=over))
-            lt = dense_layer_times(m, p["micro_batch"], 1, flash=True, recompute="none", sequence_parallel=False,
-                             dtype="float32", dev=dev)
+            dev = Device(
+                peak_flops=peak,
+                mem_bytes_per_s=params.mem_bytes_per_s or 1e10,
+                params=params.replace(op_overhead_s=over),
+            )
+            lt = dense_layer_times(
+                m, p["micro_batch"], 1, flash=True, recompute="none", sequence_parallel=False, dtype="float32", dev=dev
+            )
             return float(lt.fwd + lt.bwd)
 
         base, slope = model_s(0.0), (model_s(1e-6) - model_s(0.0)) / 1e-6
@@ -349,8 +403,16 @@ def fit_link(points: Sequence[dict], name: str = "measured") -> tuple[LinkTier |
         bw = 2.0 * best_bw
         lat = float(max(np.median((t_a - frac_a / bw) / steps_a), 0.0))
         x = np.log([max(lat, 1e-12), bw])
-    curve = [{"kind": p["kind"], "bytes": p["bytes"], "ranks": p["ranks"], "seconds": p["seconds"],
-              "model_seconds": float(mt)} for p, mt in zip(points, model(x))]
+    curve = [
+        {
+            "kind": p["kind"],
+            "bytes": p["bytes"],
+            "ranks": p["ranks"],
+            "seconds": p["seconds"],
+            "model_seconds": float(mt),
+        }
+        for p, mt in zip(points, model(x))
+    ]
     return LinkTier(name=name, span=0, bytes_per_s=bw, latency_s=lat), curve
 
 
@@ -367,8 +429,9 @@ def fit_framework(points: Sequence[dict], params: CostParams, cluster: ClusterSp
         plan = Plan.from_dict(p["plan"], source="bench framework point")
         predicted = step_time(plan, cluster, params)[0].step
         resid[(p["case"], plan.model.layers)] = (p["seconds"] - predicted, plan)
-        curve.append({"case": p["case"], "layers": plan.model.layers, "seconds": p["seconds"],
-                      "model_seconds_before": predicted})
+        curve.append(
+            {"case": p["case"], "layers": plan.model.layers, "seconds": p["seconds"], "model_seconds_before": predicted}
+        )
 
     def slope_and_rest(case: str) -> tuple[float, float, int] | None:
         depths = sorted(d for c, d in resid if c == case)
@@ -395,8 +458,9 @@ def fit_framework(points: Sequence[dict], params: CostParams, cluster: ClusterSp
     return found, curve
 
 
-def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, catalog_peak: float | None,
-                           cluster: ClusterSpec | None) -> Calibration:
+def calibration_from_bench(
+    raw: dict, *, device_name: str, base: CostParams, catalog_peak: float | None, cluster: ClusterSpec | None
+) -> Calibration:
     """A calibration file's contents from ``exatrain bench``'s raw measurements."""
     gemm_over, op_over, step_over = _overheads(raw.get("overhead", []))
     gemm = fit_gemm(raw["gemm"], catalog_peak, gemm_over)
@@ -418,8 +482,10 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
         fields["cores_per_node"] = int(cores)  # ranks beyond this share cores
     tiers = {}
     framework = [p for p in raw.get("collectives", []) if p.get("kind") == "framework"]
-    tier, link_curve = fit_link([p for p in raw.get("collectives", []) if p.get("kind") != "framework"],
-                                name="loopback" if device_name == "cpu" else "local")
+    tier, link_curve = fit_link(
+        [p for p in raw.get("collectives", []) if p.get("kind") != "framework"],
+        name="loopback" if device_name == "cpu" else "local",
+    )
     if tier is not None and cluster is not None:
         if device_name == "cpu" or len(cluster.tiers) == 1:
             tiers[cluster.name] = (tier,)
@@ -435,13 +501,23 @@ def calibration_from_bench(raw: dict, *, device_name: str, base: CostParams, cat
         measured_cluster = dataclasses.replace(cluster, tiers=tiers[cluster.name]) if cluster.name in tiers else cluster
         found, framework_curve = fit_framework(framework, params, measured_cluster)
         params = params.replace(**found)
-    extra = {"bench": {"machine": raw.get("machine", {}), "options": raw.get("options", {}), "load": raw.get("load"),
-                       "notes": [n for n in (attention.get("note"),) if n],
-                       "curves": {"gemm": gemm["curve"], "attention": attention.get("curve", []),
-                                  "memory": memory.get("curve", []), "layers": layer.get("curve", []),
-                                  "collectives": link_curve, "framework": framework_curve},
-                       "raw": {k: raw.get(k, []) for k in ("gemm", "attention", "bandwidth", "overhead",
-                                                           "layers", "collectives")}}}
+    extra = {
+        "bench": {
+            "machine": raw.get("machine", {}),
+            "options": raw.get("options", {}),
+            "load": raw.get("load"),
+            "notes": [n for n in (attention.get("note"),) if n],
+            "curves": {
+                "gemm": gemm["curve"],
+                "attention": attention.get("curve", []),
+                "memory": memory.get("curve", []),
+                "layers": layer.get("curve", []),
+                "collectives": link_curve,
+                "framework": framework_curve,
+            },
+            "raw": {k: raw.get(k, []) for k in ("gemm", "attention", "bandwidth", "overhead", "layers", "collectives")},
+        }
+    }
     return Calibration(devices={device_name: params}, cluster_tiers=tiers, extra=extra)
 
 
@@ -473,8 +549,9 @@ class RunFit:
     predicted_after: tuple[float, ...]
 
 
-def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str] | None = None,
-             max_iter: int = 40) -> RunFit:
+def fit_runs(
+    points: Sequence[RunPoint], base: CostParams, factors: Sequence[str] | None = None, max_iter: int = 40
+) -> RunFit:
     """Fit a few factors shared by all ``points`` (one cluster and engine) to their measured step times
     (``factors``: default ``run_factors``). step_scale alone is the geometric mean of measured / predicted, exact."""
     if not points:
@@ -486,9 +563,14 @@ def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str
         scale = base.step_scale * float(np.exp(np.mean(np.log(measured / before))))
         fitted = base.replace(step_scale=scale, source=f"exatrain calibrate ({len(points)} runs)")
         after = before * (scale / base.step_scale)
-        return RunFit(params=fitted, factors=factors, before=error_stats(before, measured),
-                      after=error_stats(after, measured), predicted_before=tuple(before.tolist()),
-                      predicted_after=tuple(after.tolist()))
+        return RunFit(
+            params=fitted,
+            factors=factors,
+            before=error_stats(before, measured),
+            after=error_stats(after, measured),
+            predicted_before=tuple(before.tolist()),
+            predicted_after=tuple(after.tolist()),
+        )
     x0 = np.log([max(getattr(base, f), 1e-9) for f in factors])
 
     def params_at(x: np.ndarray) -> CostParams:
@@ -508,13 +590,19 @@ def fit_runs(points: Sequence[RunPoint], base: CostParams, factors: Sequence[str
     x, _ = levenberg_marquardt(residuals, x0, max_iter=max_iter)
     fitted = params_at(x).replace(source=f"exatrain calibrate ({len(points)} runs)")
     after = predict_runs(points, fitted)
-    return RunFit(params=fitted, factors=factors, before=error_stats(before, measured),
-                  after=error_stats(after, measured), predicted_before=tuple(before.tolist()),
-                  predicted_after=tuple(after.tolist()))
+    return RunFit(
+        params=fitted,
+        factors=factors,
+        before=error_stats(before, measured),
+        after=error_stats(after, measured),
+        predicted_before=tuple(before.tolist()),
+        predicted_after=tuple(after.tolist()),
+    )
 
 
-def held_out_band(points: Sequence[RunPoint], base: CostParams, max_iter: int = 10
-                  ) -> tuple[float, float, tuple[float, ...]] | None:
+def held_out_band(
+    points: Sequence[RunPoint], base: CostParams, max_iter: int = 10
+) -> tuple[float, float, tuple[float, ...]] | None:
     """(p10, p90, every ratio) of measured / predicted over ``points``, each run predicted by the factors
     (``run_factors`` of the others' count) fitted to the other runs from ``base``; None below MIN_BAND_RUNS runs."""
     if len(points) < MIN_BAND_RUNS:
@@ -527,6 +615,24 @@ def held_out_band(points: Sequence[RunPoint], base: CostParams, max_iter: int = 
     return low, high, tuple(ratios)
 
 
-__all__ = ["MIN_BAND_RUNS", "RUN_FACTORS", "RunFit", "RunPoint", "SCALE_FACTOR", "calibration_from_bench",
-           "error_stats", "fit_attention", "fit_flash2", "fit_fp8", "fit_gemm", "fit_link", "fit_memory", "fit_runs",
-           "held_out_band", "levenberg_marquardt", "nelder_mead", "predict_runs", "run_factors"]
+__all__ = [
+    "MIN_BAND_RUNS",
+    "RUN_FACTORS",
+    "RunFit",
+    "RunPoint",
+    "SCALE_FACTOR",
+    "calibration_from_bench",
+    "error_stats",
+    "fit_attention",
+    "fit_flash2",
+    "fit_fp8",
+    "fit_gemm",
+    "fit_link",
+    "fit_memory",
+    "fit_runs",
+    "held_out_band",
+    "levenberg_marquardt",
+    "nelder_mead",
+    "predict_runs",
+    "run_factors",
+]

@@ -129,8 +129,9 @@ _NCCL_BASE_S, _RCCL_BASE_S = 8.4e-6, 17e-6
 # test_attention_cost.py refits them from benchmarks/data/h200_anchor_sdpa.jsonl). FlashAttention-2,
 # what SDPA ran on Hopper before torch 2.11 and what flash-attn 2 runs: 329.5 against cuDNN's 631.3 TFLOPS
 # at (1, 24, 4608, 128) on one H100 (pytorch/pytorch#142132, tritonbench flash_attention, 2024-12).
-_HOPPER_FLASH = dict(attn_eff=1.2026, attn_seq_half=743.0, attn_call_overhead_s=409.9e-6,
-                     fa2_attn_ratio=329.483 / 631.338)
+_HOPPER_FLASH = dict(
+    attn_eff=1.2026, attn_seq_half=743.0, attn_call_overhead_s=409.9e-6, fa2_attn_ratio=329.483 / 631.338
+)
 # A100's flash attention is FlashAttention-2, which reaches "50-73% of the theoretical maximum FLOPs/s on
 # A100" (Dao 2023, arXiv 2307.08691, abstract), FLOPs counted there with the causal half: the low end, 50%,
 # is attn_eff 1.0 in this model's full count (its Narayanan/Korthikanti/Dash rows have no flash kernel,
@@ -159,28 +160,68 @@ _IB_RING_EFF = 0.92
 # A100s, H100s, MI250s and MI210s training GPT and Llama models (Characterizing Compute-Communication Overlap in
 # GPU-Accelerated Distributed Deep Learning, arXiv 2507.03114, abstract): every GPU prior's.
 _OVERLAP_SLOWDOWN = 0.189
-_NCCL = dict(collective_overhead_s=_NCCL_BASE_S, net_eff=_IB_RING_EFF,
-             comm_contention=_OVERLAP_SLOWDOWN)  # every NVIDIA prior's
+_NCCL = dict(
+    collective_overhead_s=_NCCL_BASE_S, net_eff=_IB_RING_EFF, comm_contention=_OVERLAP_SLOWDOWN
+)  # every NVIDIA prior's
 DEFAULTS: dict[str, CostParams] = {
-    "a100-80gb": CostParams(gemm_eff=0.85, gemm_overhead_s=15e-6, attn_eff=1.0, mem_eff=0.70,
-                            link_eff=0.70, dp_overlap=1.0, step_overhead_s=0.02, **_NCCL,
-                            source="prior"),
-    "mi250x-gcd": CostParams(gemm_eff=0.58, gemm_overhead_s=25e-6, attn_eff=0.20, mem_eff=0.60,
-                             link_eff=0.60, dp_overlap=0.5, step_overhead_s=0.05, collective_overhead_s=_RCCL_BASE_S,
-                             comm_contention=_OVERLAP_SLOWDOWN, source="prior"),
-    "h100-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
-                           link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_FP8_SPEEDUP,
-                           source="prior"),
-    "h200-sxm": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
-                           link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_FP8_SPEEDUP,
-                           source="h200 anchor"),
+    "a100-80gb": CostParams(
+        gemm_eff=0.85,
+        gemm_overhead_s=15e-6,
+        attn_eff=1.0,
+        mem_eff=0.70,
+        link_eff=0.70,
+        dp_overlap=1.0,
+        step_overhead_s=0.02,
+        **_NCCL,
+        source="prior",
+    ),
+    "mi250x-gcd": CostParams(
+        gemm_eff=0.58,
+        gemm_overhead_s=25e-6,
+        attn_eff=0.20,
+        mem_eff=0.60,
+        link_eff=0.60,
+        dp_overlap=0.5,
+        step_overhead_s=0.05,
+        collective_overhead_s=_RCCL_BASE_S,
+        comm_contention=_OVERLAP_SLOWDOWN,
+        source="prior",
+    ),
+    "h100-sxm": CostParams(
+        gemm_eff=0.74,
+        gemm_overhead_s=30e-6,
+        **_HOPPER_FLASH,
+        mem_eff=0.75,
+        link_eff=0.75,
+        **_NCCL,
+        fp8_speedup=_HOPPER_FP8_SPEEDUP,
+        source="prior",
+    ),
+    "h200-sxm": CostParams(
+        gemm_eff=0.74,
+        gemm_overhead_s=30e-6,
+        **_HOPPER_FLASH,
+        mem_eff=0.75,
+        link_eff=0.75,
+        **_NCCL,
+        fp8_speedup=_HOPPER_FP8_SPEEDUP,
+        source="h200 anchor",
+    ),
     # The H100 prior at the clock factor fitted, with its own FP8 speed-up (above), to every published run of
     # this part (torchtitan's three benchmark pages: `python benchmarks/prediction_error.py --fit-prior
     # h100-sxm-500w`); no other engine's runs exist on it, so the factor holds torchtitan's own losses
     # too (RESULTS.md).
-    "h100-sxm-500w": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75,
-                                link_eff=0.75, **_NCCL, fp8_speedup=_HOPPER_500W_FP8_SPEEDUP,
-                                clock_factor=0.6938, source="prior (clock and FP8 fitted to torchtitan's runs)"),
+    "h100-sxm-500w": CostParams(
+        gemm_eff=0.74,
+        gemm_overhead_s=30e-6,
+        **_HOPPER_FLASH,
+        mem_eff=0.75,
+        link_eff=0.75,
+        **_NCCL,
+        fp8_speedup=_HOPPER_500W_FP8_SPEEDUP,
+        clock_factor=0.6938,
+        source="prior (clock and FP8 fitted to torchtitan's runs)",
+    ),
     # B200: no micro-benchmark and no published run priced yet; the H100 prior's kernel efficiencies (the same
     # CUDA libraries, at the same fraction of the data sheet's peak) and NCCL's constants. Its attention rate is
     # checked against Blackwell's own: FlashAttention-4 on one B200, causal, head dim 128, 8,192 tokens, 1,418
@@ -189,16 +230,39 @@ DEFAULTS: dict[str, CostParams] = {
     # GEMMs gain over bf16 what the 700 W Hopper runs show Transformer Engine's FP8 recipes gain there (1.72x, not
     # the data sheet's 2x, which both parts share: the casts, amax reductions and scaling run in the same
     # software); benchmarks/prediction_error.py refits it without a B200 row's own source (BORROWS).
-    "b200": CostParams(gemm_eff=0.74, gemm_overhead_s=30e-6, **_HOPPER_FLASH, mem_eff=0.75, link_eff=0.75, **_NCCL,
-                       fp8_speedup=_HOPPER_FP8_SPEEDUP,
-                       source="prior (H100's efficiencies and FP8 speed-up; attention checked against FlashAttention-4 "
-                              "on B200)"),
-    "mi300x": CostParams(gemm_eff=0.60, gemm_overhead_s=30e-6, attn_eff=0.25, mem_eff=0.65,
-                         link_eff=0.65, collective_overhead_s=_RCCL_BASE_S, comm_contention=_OVERLAP_SLOWDOWN,
-                         source="prior"),
-    "cpu": CostParams(gemm_eff=1.0, gemm_overhead_s=10e-6, attn_eff=0.5, mem_eff=1.0, link_eff=1.0,
-                      op_overhead_s=10e-6, dp_overlap=0.0, step_overhead_s=0.005, peak_flops=2e10,
-                      speed_spread=0.0, source="prior"),
+    "b200": CostParams(
+        gemm_eff=0.74,
+        gemm_overhead_s=30e-6,
+        **_HOPPER_FLASH,
+        mem_eff=0.75,
+        link_eff=0.75,
+        **_NCCL,
+        fp8_speedup=_HOPPER_FP8_SPEEDUP,
+        source="prior (H100's efficiencies and FP8 speed-up; attention checked against FlashAttention-4 on B200)",
+    ),
+    "mi300x": CostParams(
+        gemm_eff=0.60,
+        gemm_overhead_s=30e-6,
+        attn_eff=0.25,
+        mem_eff=0.65,
+        link_eff=0.65,
+        collective_overhead_s=_RCCL_BASE_S,
+        comm_contention=_OVERLAP_SLOWDOWN,
+        source="prior",
+    ),
+    "cpu": CostParams(
+        gemm_eff=1.0,
+        gemm_overhead_s=10e-6,
+        attn_eff=0.5,
+        mem_eff=1.0,
+        link_eff=1.0,
+        op_overhead_s=10e-6,
+        dp_overlap=0.0,
+        step_overhead_s=0.005,
+        peak_flops=2e10,
+        speed_spread=0.0,
+        source="prior",
+    ),
 }
 
 
@@ -252,45 +316,64 @@ class Calibration:
 def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration file::
 
-        {"kind": "exatrain-calibration",
-         "devices": {"<device>": {<CostParams fields>}},
-         "clusters": {"<cluster>": {"tiers": [{"name", "span", "bytes_per_s", "latency_s"}, ...]}},
-         "fits": {"<cluster>/<runtime>": {<CostParams fields>}},  (exatrain calibrate: one cluster's runs of one engine)
-         ... anything else (raw measurements, machine description) is kept in ``extra``}
+    {"kind": "exatrain-calibration",
+     "devices": {"<device>": {<CostParams fields>}},
+     "clusters": {"<cluster>": {"tiers": [{"name", "span", "bytes_per_s", "latency_s"}, ...]}},
+     "fits": {"<cluster>/<runtime>": {<CostParams fields>}},  (exatrain calibrate: one cluster's runs of one engine)
+     ... anything else (raw measurements, machine description) is kept in ``extra``}
     """
     d = read_json(path)
     if not isinstance(d, dict) or d.get("kind") != "exatrain-calibration" or not isinstance(d.get("devices"), dict):
-        raise UserError(f"{path}: not an exatrain calibration file (expected kind 'exatrain-calibration' "
-                        "and a 'devices' object); make one with `exatrain bench` or `exatrain calibrate`")
+        raise UserError(
+            f"{path}: not an exatrain calibration file (expected kind 'exatrain-calibration' "
+            "and a 'devices' object); make one with `exatrain bench` or `exatrain calibrate`"
+        )
     devices = {name: CostParams.from_dict(v, source=f"{path}: {name}") for name, v in d["devices"].items()}
     tiers: dict[str, tuple[LinkTier, ...]] = {}
     for name, c in (d.get("clusters") or {}).items():
         try:
-            ts = tuple(LinkTier(name=str(x["name"]), span=int(x["span"]), bytes_per_s=float(x["bytes_per_s"]),
-                                latency_s=float(x["latency_s"])) for x in c["tiers"])
+            ts = tuple(
+                LinkTier(
+                    name=str(x["name"]),
+                    span=int(x["span"]),
+                    bytes_per_s=float(x["bytes_per_s"]),
+                    latency_s=float(x["latency_s"]),
+                )
+                for x in c["tiers"]
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{path}: cluster {name!r}: malformed tiers ({exc})") from None
         if not ts or ts[-1].span != 0 or any(t.bytes_per_s <= 0 or t.latency_s < 0 for t in ts):
-            raise UserError(f"{path}: cluster {name!r}: tiers must end with the network (span 0), "
-                            "bandwidth > 0, latency >= 0")
+            raise UserError(
+                f"{path}: cluster {name!r}: tiers must end with the network (span 0), bandwidth > 0, latency >= 0"
+            )
         tiers[name] = ts
     fits: dict[tuple[str, str], CostParams] = {}
     for key, v in (d.get("fits") or {}).items():
         cluster, sep, runtime = str(key).partition(FIT_KEY_SEP)
         if not sep or not cluster or not runtime or not isinstance(v, dict):
-            raise UserError(f"{path}: fits key {key!r} is not 'cluster{FIT_KEY_SEP}runtime' with an object of "
-                            "cost parameters")
+            raise UserError(
+                f"{path}: fits key {key!r} is not 'cluster{FIT_KEY_SEP}runtime' with an object of cost parameters"
+            )
         fits[(cluster, runtime)] = CostParams.from_dict(v, source=f"{path}: fits {key}")
     extra = {k: v for k, v in d.items() if k not in ("kind", "devices", "clusters", "fits")}
     return Calibration(devices=devices, cluster_tiers=tiers, extra=extra, fits=fits)
 
 
 def save_calibration(path: str | Path, calibration: Calibration) -> None:
-    write_json_atomic(path, {
-        "kind": "exatrain-calibration",
-        "devices": {k: v.to_dict() for k, v in calibration.devices.items()},
-        "clusters": {k: {"tiers": [dataclasses.asdict(t) for t in v]} for k, v in calibration.cluster_tiers.items()},
-        **({"fits": {f"{c}{FIT_KEY_SEP}{r}": p.to_dict() for (c, r), p in calibration.fits.items()}}
-           if calibration.fits else {}),
-        **dict(calibration.extra),
-    })
+    write_json_atomic(
+        path,
+        {
+            "kind": "exatrain-calibration",
+            "devices": {k: v.to_dict() for k, v in calibration.devices.items()},
+            "clusters": {
+                k: {"tiers": [dataclasses.asdict(t) for t in v]} for k, v in calibration.cluster_tiers.items()
+            },
+            **(
+                {"fits": {f"{c}{FIT_KEY_SEP}{r}": p.to_dict() for (c, r), p in calibration.fits.items()}}
+                if calibration.fits
+                else {}
+            ),
+            **dict(calibration.extra),
+        },
+    )

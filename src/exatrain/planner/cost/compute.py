@@ -33,8 +33,15 @@ from exatrain.planner.cost.coefficients import CostParams
 
 
 # Host-side terms: on a CPU whose cores the ranks share, each stretches like the arithmetic does.
-HOST_TERMS = ("gemm_overhead_s", "op_overhead_s", "step_overhead_s", "tp_layer_overhead_s",
-              "fsdp_layer_overhead_s", "pp_microbatch_overhead_s", "dp_step_overhead_s")
+HOST_TERMS = (
+    "gemm_overhead_s",
+    "op_overhead_s",
+    "step_overhead_s",
+    "tp_layer_overhead_s",
+    "fsdp_layer_overhead_s",
+    "pp_microbatch_overhead_s",
+    "dp_step_overhead_s",
+)
 
 
 @dataclass(frozen=True)
@@ -59,11 +66,14 @@ def device_for(cluster: ClusterSpec, dtype: str, params: CostParams, ranks: int 
     if peak is None and dtype != "float32":
         peak = cluster.device.peak_flops("float32")
     if peak is None:
-        raise UserError(f"device {cluster.device.name!r} has no {dtype} peak in the catalog; "
-                        "measure it with `exatrain bench --out calib.json` and pass --calibration calib.json")
+        raise UserError(
+            f"device {cluster.device.name!r} has no {dtype} peak in the catalog; "
+            "measure it with `exatrain bench --out calib.json` and pass --calibration calib.json"
+        )
     bw = params.mem_bytes_per_s or cluster.device.hbm_bytes_per_s
-    return Device(peak_flops=float(peak) * params.clock_factor / share, mem_bytes_per_s=float(bw) / share,
-                  params=params)
+    return Device(
+        peak_flops=float(peak) * params.clock_factor / share, mem_bytes_per_s=float(bw) / share, params=params
+    )
 
 
 def gemm_time_s(g: Gemm, dev: Device, calls: int = 1, in_bytes: float = 2.0, out_bytes: float = 2.0):
@@ -130,8 +140,11 @@ def with_launch_blocking(params: CostParams) -> CostParams:
     kernels before it, so it joins the fixed time of every GEMM call, element-wise kernel and collective call.
     That nothing overlaps is the caller's (``planner.evaluate`` prices such a run with ``--overlap none``)."""
     x = params.blocking_launch_s
-    return params.replace(gemm_overhead_s=params.gemm_overhead_s + x, op_overhead_s=params.op_overhead_s + x,
-                          collective_overhead_s=params.collective_overhead_s + x)
+    return params.replace(
+        gemm_overhead_s=params.gemm_overhead_s + x,
+        op_overhead_s=params.op_overhead_s + x,
+        collective_overhead_s=params.collective_overhead_s + x,
+    )
 
 
 def with_attention_kernel(params: CostParams, kernel: str) -> CostParams:
@@ -251,8 +264,18 @@ def per_op_rerun_s(m: ModelSpec, gemms, seconds):
     return k_share * t["qkv"] + t.get("proj", 0.0) + mlp
 
 
-def dense_layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: str, sequence_parallel: bool,
-                      dtype: str, dev: Device, elementwise: str = "fused") -> LayerTimes:
+def dense_layer_times(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    flash: bool,
+    recompute: str,
+    sequence_parallel: bool,
+    dtype: str,
+    dev: Device,
+    elementwise: str = "fused",
+) -> LayerTimes:
     e = COMPUTE_BYTES[dtype]
     tokens = np.asarray(micro_batch) * m.seq_len
     gemms = layer_gemms(m, micro_batch, tp)
@@ -266,15 +289,18 @@ def dense_layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: 
     replicated = 10.0 * h  # two norms (r h, w h) + two fused bias-dropout-add (r 2h, w h)
     if m.dropout > 0:
         replicated += 2.0 * h / e  # the two residual-branch dropout masks, one byte each
-    sharded = (3.0 * f if m.gated_mlp else 2.0 * f)  # SwiGLU reads gate, up, writes product; GELU r/w
+    sharded = 3.0 * f if m.gated_mlp else 2.0 * f  # SwiGLU reads gate, up, writes product; GELU r/w
     if not m.learned_positions:
         sharded += 2.0 * (h + 2 * kvh)  # rotary on q and k (read + write)
     # two norms, two residual adds, the activation (+ rotary on q, k) — each a kernel launch
     n_ops = 5 + (2 if not m.learned_positions else 0) + (2 if m.dropout > 0 else 0)
-    extra, extra_ops = unfused_extra(m, tokens, tp, sequence_parallel=sequence_parallel, e=e, mode=elementwise,
-                                     act_elems=tokens * f / tp_a)
-    elem_fwd = elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a) + extra, dev) \
+    extra, extra_ops = unfused_extra(
+        m, tokens, tp, sequence_parallel=sequence_parallel, e=e, mode=elementwise, act_elems=tokens * f / tp_a
+    )
+    elem_fwd = (
+        elementwise_time_s(tokens * e * (replicated / rep_div + sharded / tp_a) + extra, dev)
         + (n_ops + extra_ops) * dev.params.op_overhead_s
+    )
     if flash:
         attn_fwd, attn_bwd = flash_attention_s([g for g in gemms if g.name.startswith("attn_")], dev)
     else:
@@ -282,8 +308,10 @@ def dense_layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: 
         # fused scale-mask-softmax reads and writes the scores; attention dropout reads them again,
         # writes its output and a one-byte mask (Megatron runs it as a separate kernel).
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
-        softmax = elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
+        softmax = (
+            elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev)
             + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
+        )
         attn_fwd = sum(gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in scores) + softmax
         attn_bwd = sum(gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) for g in scores) + 2 * softmax
     fwd = gemm_fwd + attn_fwd + elem_fwd
@@ -294,8 +322,15 @@ def dense_layer_times(m: ModelSpec, micro_batch, tp, *, flash: bool, recompute: 
         extra = attn_fwd
     else:
         extra = 0.0 * fwd
-    return LayerTimes(fwd=fwd, bwd=bwd, recompute=extra, attention_core_fwd=attn_fwd, dense_gemm_fwd=gemm_fwd,
-                      tp_gemms_fwd=tp_paired_s(dense, dense_s), per_op_gemm_fwd=per_op_rerun_s(m, dense, dense_s))
+    return LayerTimes(
+        fwd=fwd,
+        bwd=bwd,
+        recompute=extra,
+        attention_core_fwd=attn_fwd,
+        dense_gemm_fwd=gemm_fwd,
+        tp_gemms_fwd=tp_paired_s(dense, dense_s),
+        per_op_gemm_fwd=per_op_rerun_s(m, dense, dense_s),
+    )
 
 
 def framework_layer_s(dev: Device, tp, dp, zero_stage: int):
@@ -303,8 +338,9 @@ def framework_layer_s(dev: Device, tp, dp, zero_stage: int):
     dp > 1) add on the host. The forward takes a third, the backward the rest."""
     p = dev.params
     tp_a, dp_a = np.asarray(tp), np.asarray(dp)
-    return (np.where(tp_a > 1, p.tp_layer_overhead_s, 0.0)
-            + np.where((dp_a > 1) & (zero_stage >= 2), p.fsdp_layer_overhead_s, 0.0))
+    return np.where(tp_a > 1, p.tp_layer_overhead_s, 0.0) + np.where(
+        (dp_a > 1) & (zero_stage >= 2), p.fsdp_layer_overhead_s, 0.0
+    )
 
 
 def embedding_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device):
@@ -317,8 +353,17 @@ def embedding_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, d
     return fwd, 2 * fwd
 
 
-def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype: str, dev: Device,
-               elementwise: str = "fused", cross_entropy: str = "upcast"):
+def head_times(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    sequence_parallel: bool,
+    dtype: str,
+    dev: Device,
+    elementwise: str = "fused",
+    cross_entropy: str = "upcast",
+):
     """(forward, backward) seconds of final norm, logits GEMM and cross-entropy on the last stage; the
     norm as composite ops under "eager-composite" (``unfused_extra``); the cross-entropy as
     ``cross_entropy`` runs it (settings.CROSS_ENTROPY)."""
@@ -336,5 +381,3 @@ def head_times(m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, dtype:
     fwd = gemm_time_s(g, dev, in_bytes=e, out_bytes=e) + norm + elementwise_time_s(logits * ce_f, dev)
     bwd = gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) + 2 * norm + elementwise_time_s(logits * ce_b, dev)
     return fwd, bwd
-
-

@@ -18,8 +18,19 @@ from exatrain.planner.cost import network
 from exatrain.planner.cost.coefficients import CostParams
 
 
-def cp_exposed_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, cp: int, dtype: str,
-                 attn_fwd, attn_bwd, exchange: CpExchange | None = None):
+def cp_exposed_s(
+    m: ModelSpec,
+    cluster: ClusterSpec,
+    params: CostParams,
+    micro_batch,
+    tp,
+    *,
+    cp: int,
+    dtype: str,
+    attn_fwd,
+    attn_bwd,
+    exchange: CpExchange | None = None,
+):
     """(forward, backward) exposed seconds of one layer's context-parallel exchange per micro-batch, as
     the engine runs it (``exchange``, ``accounting.context.CpExchange``; None: Transformer Engine's p2p
     ring). The cp group is cp consecutive tp groups: it spans (cp-1)*tp + 1 ranks. With a K,V block's

@@ -34,8 +34,10 @@ def fp8_speedup(cluster: ClusterSpec, dtype: str, params: CostParams | None = No
         return float(params.fp8_speedup)
     fast, base = cluster.device.peak_flops("float8"), cluster.device.peak_flops(dtype)
     if not fast or not base:
-        raise UserError(f"device {cluster.device.name!r} has no FP8 peak in the catalog: --fp8 needs one "
-                        "(e.g. H100, H200, B200, MI300X)")
+        raise UserError(
+            f"device {cluster.device.name!r} has no FP8 peak in the catalog: --fp8 needs one "
+            "(e.g. H100, H200, B200, MI300X)"
+        )
     return float(fast) / float(base)
 
 

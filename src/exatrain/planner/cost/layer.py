@@ -35,9 +35,20 @@ def extended(m: ModelSpec, cp: int, fp8: str) -> bool:
     return bool(m.is_moe or m.mla or m.qk_norm or m.kv_channels or m.sliding_window or cp > 1 or fp8)
 
 
-def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, sequence_parallel: bool,
-                dev: compute.Device, run: Resolved, speedup: float = 1.0,
-                cp_calls: int | None = None) -> compute.LayerTimes:
+def layer_times(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    moe: bool,
+    ep: int,
+    cp: int,
+    sequence_parallel: bool,
+    dev: compute.Device,
+    run: Resolved,
+    speedup: float = 1.0,
+    cp_calls: int | None = None,
+) -> compute.LayerTimes:
     """One layer (a MoE layer if ``moe``), one micro-batch, one rank (module doc), as ``run`` runs it
     (``accounting.engines.Resolved``): its dtype, flash attention and FP8 recipe (``speedup``: an FP8 GEMM's
     over a 16-bit one, ``fp8_speedup``); how its element-wise ops run (``run.elementwise``,
@@ -48,16 +59,32 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, s
     flash, dtype, fp8, elementwise = run.flash, run.dtype, run.fp8, run.elementwise
     load, expert_gemms = run.moe_load, run.expert_gemms
     if not extended(m, cp, fp8):
-        return compute.dense_layer_times(m, micro_batch, tp, flash=flash, recompute="none",
-                                   sequence_parallel=sequence_parallel, dtype=dtype, dev=dev,
-                                   elementwise=elementwise)
+        return compute.dense_layer_times(
+            m,
+            micro_batch,
+            tp,
+            flash=flash,
+            recompute="none",
+            sequence_parallel=sequence_parallel,
+            dtype=dtype,
+            dev=dev,
+            elementwise=elementwise,
+        )
     moe = bool(moe and m.is_moe)
     e = COMPUTE_BYTES[dtype]
     b = np.asarray(micro_batch, dtype=float)
     tp_a = np.asarray(tp, dtype=float)
     tokens = b * m.seq_len / cp
-    gemms = layer_gemms(m, micro_batch, tp, moe=moe, ep=ep, cp=cp, sequence_parallel=sequence_parallel,
-                        capacity_factor=load if moe else 1.0)
+    gemms = layer_gemms(
+        m,
+        micro_batch,
+        tp,
+        moe=moe,
+        ep=ep,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        capacity_factor=load if moe else 1.0,
+    )
     dense = [g for g in gemms if not g.name.startswith("attn_")]
     priced = _gemm_pricer(dev, dtype, fp8, speedup, expert_gemms)
     dense_s = [priced(g) for g in dense]
@@ -89,8 +116,9 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, s
     else:
         elem_bytes = elem_bytes + tokens * e * act * m.ffn_hidden / tp_a
         act_elems = tokens * m.ffn_hidden / tp_a
-    extra, extra_ops = compute.unfused_extra(m, tokens, tp, sequence_parallel=sequence_parallel, e=e,
-                                             mode=elementwise, act_elems=act_elems)
+    extra, extra_ops = compute.unfused_extra(
+        m, tokens, tp, sequence_parallel=sequence_parallel, e=e, mode=elementwise, act_elems=act_elems
+    )
     elem_bytes = elem_bytes + extra
     n_ops += extra_ops
     if fp8:
@@ -101,24 +129,36 @@ def layer_times(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, s
         cast_elems = cast_bwd = 0.0
     per = CAST_BYTES.get(fp8, 0.0)
     elem_fwd = compute.elementwise_time_s(elem_bytes + per * cast_elems, dev) + n_ops * dev.params.op_overhead_s
-    elem_bwd = 2 * compute.elementwise_time_s(elem_bytes, dev) + compute.elementwise_time_s(per * cast_bwd, dev) \
+    elem_bwd = (
+        2 * compute.elementwise_time_s(elem_bytes, dev)
+        + compute.elementwise_time_s(per * cast_bwd, dev)
         + 2 * n_ops * dev.params.op_overhead_s
+    )
     if flash:
         # a cp ring runs the kernel once per K,V block: cp calls over s/cp keys each (cp_calls: as the
         # engine's exchange runs it, e.g. one call over all s keys after an all-to-all)
-        attn_fwd, attn_bwd = compute.flash_attention_s(core, dev, calls=cp if cp_calls is None else cp_calls,
-                                                       seq_len=m.seq_len)
+        attn_fwd, attn_bwd = compute.flash_attention_s(
+            core, dev, calls=cp if cp_calls is None else cp_calls, seq_len=m.seq_len
+        )
     else:
         per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
-        softmax = compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev) \
+        softmax = (
+            compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev)
             + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
+        )
         attn_fwd = sum(compute.gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in core) + softmax
         attn_bwd = sum(compute.gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) for g in core) + 2 * softmax
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
-    return compute.LayerTimes(fwd=fwd, bwd=bwd, recompute=0.0 * fwd, attention_core_fwd=attn_fwd,
-                              dense_gemm_fwd=gemm_fwd, tp_gemms_fwd=compute.tp_paired_s(dense, dense_s),
-                              per_op_gemm_fwd=compute.per_op_rerun_s(m, dense, dense_s))
+    return compute.LayerTimes(
+        fwd=fwd,
+        bwd=bwd,
+        recompute=0.0 * fwd,
+        attention_core_fwd=attn_fwd,
+        dense_gemm_fwd=gemm_fwd,
+        tp_gemms_fwd=compute.tp_paired_s(dense, dense_s),
+        per_op_gemm_fwd=compute.per_op_rerun_s(m, dense, dense_s),
+    )
 
 
 def _gemm_pricer(dev: compute.Device, dtype: str, fp8: str, speedup: float, expert_gemms: str):

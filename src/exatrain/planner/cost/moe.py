@@ -24,8 +24,14 @@ import numpy as np
 
 from exatrain.accounting import moe as moe_acc
 from exatrain.accounting.moe import LOAD_IMBALANCE
-from exatrain.accounting.params import (embedding_params, final_norm_params, head_params, layer_params,
-                                       position_params, stage_layer_kinds)
+from exatrain.accounting.params import (
+    embedding_params,
+    final_norm_params,
+    head_params,
+    layer_params,
+    position_params,
+    stage_layer_kinds,
+)
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.planner.cost import network
@@ -37,7 +43,7 @@ def stage_kinds(m: ModelSpec, stage_layers) -> tuple[np.ndarray, np.ndarray]:
     split = np.asarray(stage_layers, dtype=np.int64)
     kinds = np.array([m.layer_is_moe(i) for i in range(m.layers)], dtype=float)
     ends = np.cumsum(split)
-    moe = np.array([kinds[e - n:e].sum() for n, e in zip(split, ends)])
+    moe = np.array([kinds[e - n : e].sum() for n, e in zip(split, ends)])
     return split - moe, moe
 
 
@@ -91,16 +97,29 @@ def dedup_copies(m: ModelSpec, ep: int, local) -> tuple[np.ndarray, np.ndarray]:
     return ranks, remote
 
 
-def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_batch, tp, *, ep: int, cp: int,
-               sequence_parallel: bool, dtype: str, dp=None, dispatcher: str = "alltoall",
-               load: float = LOAD_IMBALANCE):
+def a2a_time_s(
+    m: ModelSpec,
+    cluster: ClusterSpec,
+    params: CostParams,
+    micro_batch,
+    tp,
+    *,
+    ep: int,
+    cp: int,
+    sequence_parallel: bool,
+    dtype: str,
+    dp=None,
+    dispatcher: str = "alltoall",
+    load: float = LOAD_IMBALANCE,
+):
     """One all-to-all (a dispatch or a combine) of one MoE layer and micro-batch on one rank (module
     doc). ``dp``: where ep does not divide it the group is folded (ep consecutive ranks); None: inside dp.
     ``dispatcher`` (``settings.MOE_DISPATCHERS``): "alltoall" sends every routed copy pairwise; "deepep" and
     "hybridep" send each token once per destination rank and node (``dedup_copies``). ``load``: the busiest
     expert rank's routed copies over the mean (``moe_load``)."""
-    msg = moe_acc.a2a_message_bytes(m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp,
-                                    capacity_factor=load)
+    msg = moe_acc.a2a_message_bytes(
+        m, micro_batch, tp, sequence_parallel=sequence_parallel, dtype=dtype, cp=cp, capacity_factor=load
+    )
     if ep <= 1:
         return 0.0 * msg
     tp = np.asarray(tp)
@@ -127,16 +146,18 @@ def a2a_time_s(m: ModelSpec, cluster: ClusterSpec, params: CostParams, micro_bat
         on_links = np.where(near > 0, ranks * token / (nbw * params.link_eff), 0.0)
         return (ep - 1) * lat + np.maximum(on_links, remote * token / (bw * params.link_eff))
     per_peer = msg / ep
-    return (ep - 1) * lat + np.maximum(near * per_peer / (nbw * params.link_eff),
-                                       far * per_peer / (bw * params.link_eff))
+    return (ep - 1) * lat + np.maximum(
+        near * per_peer / (nbw * params.link_eff), far * per_peer / (bw * params.link_eff)
+    )
 
 
 def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int, v_shape: bool = False):
     """(non-routed-expert, routed-expert) parameters one rank of each pipeline rank holds, arrays
     (N, pp) for tp (N, 1): ``params.stage_params_split`` on arrays, with ``ep`` (``v_shape``: a V placement)."""
     tp = np.asarray(tp, dtype=np.int64)
-    kinds = stage_layer_kinds(m, pp=pp, interleave=interleave, layers_per_stage=tuple(int(x) for x in split),
-                              v_shape=v_shape)
+    kinds = stage_layer_kinds(
+        m, pp=pp, interleave=interleave, layers_per_stage=tuple(int(x) for x in split), v_shape=v_shape
+    )
     n_dense = np.array([k[0] for k in kinds], dtype=np.int64)[None, :]
     n_moe = np.array([k[1] for k in kinds], dtype=np.int64)[None, :]
     dl = layer_params(m, moe=False)
@@ -148,7 +169,7 @@ def rank_params_split(m: ModelSpec, tp, pp: int, interleave: int, split, ep: int
         experts = experts + n_moe * (ml.experts // ep)
     rank = np.arange(pp)[None, :]
     dense = dense + np.where(rank == 0, embedding_params(m) // tp + position_params(m), 0)
-    head = (np.where(pp > 1, embedding_params(m) // tp, 0) if m.tied_embeddings else head_params(m) // tp)
+    head = np.where(pp > 1, embedding_params(m) // tp, 0) if m.tied_embeddings else head_params(m) // tp
     dense = dense + np.where(rank == (0 if v_shape else pp - 1), final_norm_params(m) + head, 0)
     return dense, experts, n_moe
 

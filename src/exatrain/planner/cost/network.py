@@ -140,7 +140,10 @@ def collective_s(kind: str, cluster: ClusterSpec, group, span, message_bytes, pa
     hops = steps * ((nodes - 1) * lat_net + (n - nodes) * lat_in)
     ring = base + hops * (RING_PLATEAU if kind == "all_reduce" else 1.0) + steps * (n - 1) / n * message_bytes / bus
     if kind == "all_reduce":
-        tree = (base + 2 * ((k - 1) * lat_in + np.ceil(np.log2(np.maximum(nodes, 1))) * lat_net)
-                + 2 * message_bytes / (TREE_BW * bus))
+        tree = (
+            base
+            + 2 * ((k - 1) * lat_in + np.ceil(np.log2(np.maximum(nodes, 1))) * lat_net)
+            + 2 * message_bytes / (TREE_BW * bus)
+        )
         ring = np.minimum(ring, tree)
     return np.where(cross, ring, inside)

@@ -26,19 +26,26 @@ from exatrain.accounting.offload import HOST_USABLE
 # over 10B parameters takes 2.57 s with DeepSpeed's vectorised CPU-Adam and 14.76 s with PyTorch's CPU Adam, on a
 # DGX-2's two 24-core Xeon Platinum 8168 (the largest size in the table). Newer hosts have more cores: a floor.
 CPU_ADAM_PARAMS_PER_S = {"cpu-adam": 10e9 / 2.57, "torch": 10e9 / 14.76}
-CPU_ADAM_SOURCE = ("Ren et al. 2021 (ZeRO-Offload), Table 2: 10B parameters in 2.57 s (DeepSpeed CPU-Adam) or "
-                   "14.76 s (PyTorch's CPU Adam) on a DGX-2 node's two 24-core Xeon Platinum 8168")
+CPU_ADAM_SOURCE = (
+    "Ren et al. 2021 (ZeRO-Offload), Table 2: 10B parameters in 2.57 s (DeepSpeed CPU-Adam) or "
+    "14.76 s (PyTorch's CPU Adam) on a DGX-2 node's two 24-core Xeon Platinum 8168"
+)
 # Which CPU Adam each runtime runs: DeepSpeed's DeepSpeedCPUAdam (deepspeed/ops/adam/cpu_adam.py) under
 # offload_optimizer; Megatron-Core's HybridDeviceOptimizer runs torch's only with --use-torch-optimizer-for-cpu-offload
 # (priced at CPU-Adam's rate without it); FSDP2 runs the run's torch optimizer over CPU tensors (torchtitan, exatrain).
-CPU_ADAM_KERNEL = {"megatron-deepspeed": "cpu-adam", "megatron-core": "cpu-adam", "torchtitan": "torch",
-                   "exatrain": "torch"}
+CPU_ADAM_KERNEL = {
+    "megatron-deepspeed": "cpu-adam",
+    "megatron-core": "cpu-adam",
+    "torchtitan": "torch",
+    "exatrain": "torch",
+}
 BACKWARD_SHARE = 2.0 / 3.0  # the backward's share of a step's compute (twice the forward's FLOPs)
 FSDP2_RUNTIMES = ("torchtitan", "exatrain")  # copy their fp32 shards and reduce in fp32
 
 
-def offload_seconds(offload: str, run, cluster, *, partition, gathers, reductions, compute_s, gpus
-                    ) -> dict[str, np.ndarray]:
+def offload_seconds(
+    offload: str, run, cluster, *, partition, gathers, reductions, compute_s, gpus
+) -> dict[str, np.ndarray]:
     """(N,) seconds of the step's offload term and its parts: ``adam`` (the CPU's Adam), ``h2d`` and ``d2h`` (the
     copies' seconds), ``exposed`` (the copies compute does not hide) and ``total`` (adam + exposed). ``partition``:
     (N,) parameters of the busiest rank's optimizer partition; ``gathers`` / ``reductions``: (N,) parameter gathers
@@ -72,17 +79,22 @@ def offload_note(plan, run, cluster, host_bytes: float, parts: dict[str, float],
     """The estimate's line on a plan's offload: what its node's host memory holds against what it has, the host
     link's copies and how much of them compute hides, the CPU's Adam (with its source), and the step's offload
     seconds (``parts``: ``offload_seconds``' for the plan)."""
-    gib = 2.0 ** 30
+    gib = 2.0**30
     kernel = CPU_ADAM_KERNEL.get(run.runtime, "torch")
-    what = ("Adam states, fp32 master weights and gradient partition" if plan.offload == "optimizer"
-            else "sharded parameters, their gradients and the Adam states")
-    return (f"offload {plan.offload}: the {what} in host memory, {host_bytes / gib:,.1f} GiB per node of "
-            f"{cluster.host_memory_bytes / gib:,.0f} GiB ({'fits' if fits else 'does not fit'}: up to "
-            f"{HOST_USABLE:.0%} of it, accounting.offload); over the host link at "
-            f"{(cluster.host_link_bytes_per_s or 0) / 1e9:g} GB/s a direction {parts['h2d']:.3f} s in and "
-            f"{parts['d2h']:.3f} s out a step, {parts['exposed']:.3f} s of them not hidden behind compute; Adam on the "
-            f"CPU {parts['adam']:.3f} s ({kernel}, {CPU_ADAM_PARAMS_PER_S[kernel] / 1e9:.2f}B parameters/s a node, "
-            f"shared by its ranks: {CPU_ADAM_SOURCE}); {parts['total']:.3f} s a step (cost.offload)")
+    what = (
+        "Adam states, fp32 master weights and gradient partition"
+        if plan.offload == "optimizer"
+        else "sharded parameters, their gradients and the Adam states"
+    )
+    return (
+        f"offload {plan.offload}: the {what} in host memory, {host_bytes / gib:,.1f} GiB per node of "
+        f"{cluster.host_memory_bytes / gib:,.0f} GiB ({'fits' if fits else 'does not fit'}: up to "
+        f"{HOST_USABLE:.0%} of it, accounting.offload); over the host link at "
+        f"{(cluster.host_link_bytes_per_s or 0) / 1e9:g} GB/s a direction {parts['h2d']:.3f} s in and "
+        f"{parts['d2h']:.3f} s out a step, {parts['exposed']:.3f} s of them not hidden behind compute; Adam on the "
+        f"CPU {parts['adam']:.3f} s ({kernel}, {CPU_ADAM_PARAMS_PER_S[kernel] / 1e9:.2f}B parameters/s a node, "
+        f"shared by its ranks: {CPU_ADAM_SOURCE}); {parts['total']:.3f} s a step (cost.offload)"
+    )
 
 
 __all__ = ["CPU_ADAM_KERNEL", "CPU_ADAM_PARAMS_PER_S", "CPU_ADAM_SOURCE", "offload_note", "offload_seconds"]

@@ -101,19 +101,26 @@ def overlap_rules(engine: EngineProfile | str, on: str | None = None) -> Overlap
         chosen = {c.strip() for c in str(on).split(",") if c.strip()}
         bad = sorted(chosen - set(COMMS))
         if bad or not chosen:
-            raise UserError(f"--overlap must be all, default, none or a comma-separated list of {', '.join(COMMS)}; "
-                            f"got {on!r}")
+            raise UserError(
+                f"--overlap must be all, default, none or a comma-separated list of {', '.join(COMMS)}; got {on!r}"
+            )
         missing = sorted(chosen - set(offered))
         if missing:
-            raise UserError(f"runtime {e.name} cannot overlap {', '.join(missing)} (it overlaps "
-                            f"{', '.join(offered) or 'nothing'})")
-    return OverlapRules(runtime=e.name, tp="tp" in chosen, dp_grad_reduce="dp_grad_reduce" in chosen,
-                        dp_param_gather="dp_param_gather" in chosen, pp_p2p="pp_p2p" in chosen,
-                        ep_a2a="ep_a2a" in chosen,
-                        tp_backward="tp" in offered and offered["tp"].passes == "both",
-                        # the exatrain profile's own words: "(ZeRO-0/1 without pipeline)"
-                        grad_reduce_needs_no_pipeline=e.name == "exatrain",
-                        switches=tuple(o.switch for c, o in offered.items() if c in chosen))
+            raise UserError(
+                f"runtime {e.name} cannot overlap {', '.join(missing)} (it overlaps {', '.join(offered) or 'nothing'})"
+            )
+    return OverlapRules(
+        runtime=e.name,
+        tp="tp" in chosen,
+        dp_grad_reduce="dp_grad_reduce" in chosen,
+        dp_param_gather="dp_param_gather" in chosen,
+        pp_p2p="pp_p2p" in chosen,
+        ep_a2a="ep_a2a" in chosen,
+        tp_backward="tp" in offered and offered["tp"].passes == "both",
+        # the exatrain profile's own words: "(ZeRO-0/1 without pipeline)"
+        grad_reduce_needs_no_pipeline=e.name == "exatrain",
+        switches=tuple(o.switch for c, o in offered.items() if c in chosen),
+    )
 
 
 def overlap_for(on: str | None, launch_blocking: bool) -> str | None:
@@ -165,5 +172,14 @@ def p2p_exposed(p2p_s, stage_fwd_s, *, rules: OverlapRules, interleaved):
     return np.where(np.asarray(interleaved), exposed(p2p_s, np.min(stage_fwd_s, axis=1)), p2p_s)
 
 
-__all__ = ["OVERLAP_CHOICES", "OverlapRules", "engine_collectives", "exposed", "is_gather", "overlap_for",
-           "overlap_priced", "overlap_rules", "p2p_exposed"]
+__all__ = [
+    "OVERLAP_CHOICES",
+    "OverlapRules",
+    "engine_collectives",
+    "exposed",
+    "is_gather",
+    "overlap_for",
+    "overlap_priced",
+    "overlap_rules",
+    "p2p_exposed",
+]

@@ -74,8 +74,11 @@ def _chunk_prefix(X: np.ndarray, E: np.ndarray, g: np.ndarray, v: int) -> np.nda
     Xt = X.transpose(0, 2, 1)  # (N, p, v)
     C = np.concatenate([np.zeros((N, p, 1)), np.cumsum(Xt, axis=2)], axis=2)  # (N, p, v + 1)
     row = np.arange(N * p).reshape(N, p, 1)
-    return (q * g * C[:, :, v:] + g * C.reshape(-1)[row * (v + 1) + k]
-            + (rest - k * g) * np.ascontiguousarray(Xt).reshape(-1)[row * v + k])
+    return (
+        q * g * C[:, :, v:]
+        + g * C.reshape(-1)[row * (v + 1) + k]
+        + (rest - k * g) * np.ascontiguousarray(Xt).reshape(-1)[row * v + k]
+    )
 
 
 def _key_ops(code, p: int, v: int, m, split):
@@ -89,11 +92,15 @@ def _key_ops(code, p: int, v: int, m, split):
     g = group_sizes(np.full_like(m, p), m)
     r = np.arange(p)[None, :]
     zero = np.zeros((N, p), dtype=np.int64)
-    w = np.choose(np.broadcast_to(code, (N, p)), [
-        n + zero,  # gpipe: every forward first
-        np.minimum(p - 1 - r, n),  # 1f1b (Narayanan et al. 2021 Sec. 2.2.1)
-        np.minimum((v - 1) * g + 2 * (p - 1 - r), n),  # interleaved (torch _get_warmup_ops)
-        np.minimum((v - 1) * g + (p - 1 - r), n)])  # zero bubble
+    w = np.choose(
+        np.broadcast_to(code, (N, p)),
+        [
+            n + zero,  # gpipe: every forward first
+            np.minimum(p - 1 - r, n),  # 1f1b (Narayanan et al. 2021 Sec. 2.2.1)
+            np.minimum((v - 1) * g + 2 * (p - 1 - r), n),  # interleaved (torch _get_warmup_ops)
+            np.minimum((v - 1) * g + (p - 1 - r), n),
+        ],
+    )  # zero bubble
     d = np.where(split, np.minimum(r, n), n)
     ops = {}
     for last in (False, True):
@@ -108,8 +115,11 @@ def _key_ops(code, p: int, v: int, m, split):
         for u in range(v):  # weight pass of chunk u: after B(b + d), or flushed at the end (the last d)
             b = first + (v - 1 - u) * g
             early = b + d < n
-            ops["W", last, u] = (np.where(early, np.minimum(w + b + d + 1, n), n), np.where(early, b + d + 1, n),
-                                 np.where(split, b + 1, zero))
+            ops["W", last, u] = (
+                np.where(early, np.minimum(w + b + d + 1, n), n),
+                np.where(early, b + d + 1, n),
+                np.where(split, b + 1, zero),
+            )
     return ops, g, n
 
 
@@ -133,12 +143,17 @@ def _order(code: np.ndarray, p: int, v: int, m: np.ndarray) -> _Order:
     zero = np.zeros((N, p), dtype=np.int64)
     keys = tuple(k for k in ops if k[0] != "W" or split.any())
     K = len(keys)
-    counts = tuple(np.stack([ops[k][x] for k in keys] + [n + zero if x < 2 else np.where(split, n, 0) + zero],
-                            axis=-1) for x in range(3))
+    counts = tuple(
+        np.stack([ops[k][x] for k in keys] + [n + zero if x < 2 else np.where(split, n, 0) + zero], axis=-1)
+        for x in range(3)
+    )
     # Index of each key op in its rank's order; schedules without weight passes sort theirs last,
     # where they precede nothing.
-    pos = np.where(split[:, :, None] | np.array([k[0] != "W" for k in keys]),
-                   counts[0][..., :K] + counts[1][..., :K] + counts[2][..., :K] - 1, 4 * n[:, :, None])
+    pos = np.where(
+        split[:, :, None] | np.array([k[0] != "W" for k in keys]),
+        counts[0][..., :K] + counts[1][..., :K] + counts[2][..., :K] - 1,
+        4 * n[:, :, None],
+    )
     order = np.argsort(pos, axis=-1, kind="stable")
     prev = np.empty_like(order)
     np.put_along_axis(prev, order, np.concatenate([np.full((N, p, 1), K), order[..., :-1]], axis=-1), axis=-1)
@@ -152,8 +167,9 @@ def _order_of_few(codes: tuple, p: int, v: int, ms: tuple) -> _Order:
     return _order(np.array(codes).reshape(-1, 1), p, v, np.array(ms, dtype=np.int64).reshape(-1, 1))
 
 
-def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int, num_microbatches,
-                   schedule, p2p_s) -> PipelineTimes:
+def pipeline_times(
+    forward_s, backward_s, weight_s, *, pp: int, interleave: int, num_microbatches, schedule, p2p_s
+) -> PipelineTimes:
     """Step time of N candidates that share pp and interleave (so S = pp * interleave stages).
 
     forward_s, backward_s, weight_s: (N, S) seconds per micro-batch of each virtual stage (the
@@ -175,8 +191,9 @@ def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int,
         step[isv], rank_end[isv], busy[isv] = _v_times(F[isv], B[isv], W[isv], c[isv, 0], code[isv, 0], p, m[isv, 0])
         if not isv.all():
             o = ~isv
-            rest = pipeline_times(F[o], B[o], W[o], pp=p, interleave=v, num_microbatches=m[o, 0],
-                                  schedule=code[o, 0], p2p_s=c[o, 0])
+            rest = pipeline_times(
+                F[o], B[o], W[o], pp=p, interleave=v, num_microbatches=m[o, 0], schedule=code[o, 0], p2p_s=c[o, 0]
+            )
             step[o], rank_end[o], busy[o] = rest.step_s, rest.rank_end_s, rest.busy_s
         return PipelineTimes(step_s=step, rank_end_s=rank_end, busy_s=busy)
     code = closed_form_codes(code)
@@ -184,14 +201,20 @@ def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int,
     Fv = F.reshape(N, v, p)  # stage k = chunk * p + rank
     Bv = np.where(split, B, B + W).reshape(N, v, p)
     Wv = np.where(split, W, 0.0).reshape(N, v, p)
-    order = (_order_of_few(tuple(code.ravel().tolist()), p, v, tuple(m.ravel().tolist())) if N <= 4
-             else _order(code, p, v, m))
+    order = (
+        _order_of_few(tuple(code.ravel().tolist()), p, v, tuple(m.ravel().tolist()))
+        if N <= 4
+        else _order(code, p, v, m)
+    )
     keys, counts, prev, g = order.keys, order.counts, order.prev, order.g
     K = len(keys)
     # The work before each key op: the times of the entries run up to it (a backward entry of table
     # chunk c runs stage chunk v-1-c, hence the reversed chunk axis).
-    work = (_chunk_prefix(Fv, counts[0], g, v) + _chunk_prefix(Bv[:, ::-1], counts[1], g, v)
-            + _chunk_prefix(Wv[:, ::-1], counts[2], g, v))
+    work = (
+        _chunk_prefix(Fv, counts[0], g, v)
+        + _chunk_prefix(Bv[:, ::-1], counts[1], g, v)
+        + _chunk_prefix(Wv[:, ::-1], counts[2], g, v)
+    )
     before, busy = work[..., :K], work[..., K]  # (N, p, K) up to and including each op; (N, p)
     start = {k[:2]: i for i, k in reversed(list(enumerate(keys)))}  # first column of each wave
     slack = np.zeros((N, p, K + 1))  # val - before per key op; 0 = "from the rank's start"
@@ -207,7 +230,7 @@ def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int,
     for _ in range(MAX_SWEEPS):
         old = slack.copy()
         for kind, last in waves:  # one micro-batch's key ops of one kind, chunk by chunk
-            for u in (range(v - 1, -1, -1) if kind == "B" else range(v)):
+            for u in range(v - 1, -1, -1) if kind == "B" else range(v):
                 i = start[kind, last] + u
                 D = flat[prev[..., i]] + before[..., i]  # along the rank: (N, p)
                 if kind == "W":  # a weight pass has no dependency on another rank
@@ -216,21 +239,33 @@ def pipeline_times(forward_s, backward_s, weight_s, *, pp: int, interleave: int,
                 k = slice(u * p, (u + 1) * p)
                 if kind == "F":  # val[k] = max_{s<=k} D[s] + fwd[k] - fwd[s], from the previous chunk's end
                     if u:
-                        D[:, 0] = np.maximum(D[:, 0], slack[:, p - 1, i - 1] + before[:, p - 1, i - 1]
-                                             + fwd[:, u * p] - fwd[:, u * p - 1])
+                        D[:, 0] = np.maximum(
+                            D[:, 0],
+                            slack[:, p - 1, i - 1] + before[:, p - 1, i - 1] + fwd[:, u * p] - fwd[:, u * p - 1],
+                        )
                     val = fwd[:, k] + np.maximum.accumulate(D - fwd[:, k], axis=1)
                 else:  # val[k] = max_{s>=k} D[s] + bwd[s] - bwd[k], from the next chunk's start
                     if u < v - 1:
-                        D[:, p - 1] = np.maximum(D[:, p - 1], slack[:, 0, i + 1] + before[:, 0, i + 1]
-                                                 + bwd[:, (u + 1) * p] - bwd[:, (u + 1) * p - 1])
+                        D[:, p - 1] = np.maximum(
+                            D[:, p - 1],
+                            slack[:, 0, i + 1] + before[:, 0, i + 1] + bwd[:, (u + 1) * p] - bwd[:, (u + 1) * p - 1],
+                        )
                     val = np.maximum.accumulate((D + bwd[:, k])[:, ::-1], axis=1)[:, ::-1] - bwd[:, k]
                 slack[..., i] = val - before[..., i]
         if np.array_equal(slack, old):
             break
     # A rank ends no earlier than any key op's path plus the work left after it.
     rank_end = slack.max(axis=-1) + busy
-    uniform = step_time_fast(F.min(axis=1), B.min(axis=1), weight_s=W.min(axis=1), p2p_s=c[:, 0], pp=p,
-                             num_microbatches=m[:, 0], schedule=code[:, 0], interleave=v).step_s
+    uniform = step_time_fast(
+        F.min(axis=1),
+        B.min(axis=1),
+        weight_s=W.min(axis=1),
+        p2p_s=c[:, 0],
+        pp=p,
+        num_microbatches=m[:, 0],
+        schedule=code[:, 0],
+        interleave=v,
+    ).step_s
     return PipelineTimes(step_s=np.maximum(rank_end.max(axis=1), uniform), rank_end_s=rank_end, busy_s=busy)
 
 
@@ -249,14 +284,15 @@ def _v_times(F, B, W, c, code, p: int, m) -> tuple[np.ndarray, np.ndarray, np.nd
         small = m <= m2
         for mm in np.unique(m[(code == k) & small]):
             i = (code == k) & (m == mm)
-            step[i], end[i], busy[i], _ = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2,
-                                                        num_microbatches=int(mm), schedule=name)
+            step[i], end[i], busy[i], _ = simulate_many(
+                F[i], B[i], W[i], c[i], pp=p, interleave=2, num_microbatches=int(mm), schedule=name
+            )
         i = (code == k) & ~small
         if i.any():
-            _, e1, b1, _ = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2, num_microbatches=m1,
-                                         schedule=name)
-            _, e2, _, start = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2, num_microbatches=m2,
-                                            schedule=name)
+            _, e1, b1, _ = simulate_many(F[i], B[i], W[i], c[i], pp=p, interleave=2, num_microbatches=m1, schedule=name)
+            _, e2, _, start = simulate_many(
+                F[i], B[i], W[i], c[i], pp=p, interleave=2, num_microbatches=m2, schedule=name
+            )
             per_mb = b1 / m1
             busy[i] = per_mb * m[i][:, None]
             extra = (m[i] - m2).astype(float)[:, None]

@@ -17,8 +17,20 @@ from exatrain.planner.cost.fp8 import CAST_BYTES, NOT_FP8
 from exatrain.planner.cost.layer import _gemm_pricer
 
 
-def module_rerun_s(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int, sequence_parallel: bool,
-                   dev: compute.Device, run: Resolved, attention_core_fwd=0.0, speedup: float = 1.0):
+def module_rerun_s(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    moe: bool,
+    ep: int,
+    cp: int,
+    sequence_parallel: bool,
+    dev: compute.Device,
+    run: Resolved,
+    attention_core_fwd=0.0,
+    speedup: float = 1.0,
+):
     """Forward seconds Megatron-Core's selective recomputation of ``run.recompute_modules``
     (settings.RECOMPUTE_MODULES) reruns in one layer (a MoE layer if ``moe``), one micro-batch, one rank, as ``run``
     runs it (its dtype, FP8 recipe, routing load and expert GEMMs), priced as ``layer_times`` prices the forward:
@@ -37,8 +49,16 @@ def module_rerun_s(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int
     tp_a = np.asarray(tp, dtype=float)
     tokens = b * m.seq_len / cp
     rep_div = tp_a if sequence_parallel else 1.0
-    gemms = layer_gemms(m, micro_batch, tp, moe=moe, ep=ep, cp=cp, sequence_parallel=sequence_parallel,
-                        capacity_factor=load if moe else 1.0)
+    gemms = layer_gemms(
+        m,
+        micro_batch,
+        tp,
+        moe=moe,
+        ep=ep,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        capacity_factor=load if moe else 1.0,
+    )
     priced = _gemm_pricer(dev, dtype, fp8, speedup, expert_gemms)
     per = CAST_BYTES.get(fp8, 0.0)
 
@@ -63,14 +83,27 @@ def module_rerun_s(m: ModelSpec, micro_batch, tp, *, moe: bool, ep: int, cp: int
     if "mlp" in mods and not moe:
         total = total + gemms_s(("fc1", "fc2")) + elem(tokens * e * act * m.ffn_hidden / tp_a, 1) + norm
     if moe:
-        shared = (gemms_s(("shared_fc1", "shared_fc2"))
-                  + elem(tokens * e * act * m.shared_experts * m.expert_width / tp_a, 1)) if m.shared_experts else 0.0
+        shared = (
+            (
+                gemms_s(("shared_fc1", "shared_fc2"))
+                + elem(tokens * e * act * m.shared_experts * m.expert_width / tp_a, 1)
+            )
+            if m.shared_experts
+            else 0.0
+        )
         routed = moe_acc.routed_tokens_per_rank(m, b, tp_a, sequence_parallel=sequence_parallel, cp=cp)
         copies = routed * m.top_k * load
         if "moe" in mods:
-            total = total + gemms_s(("router", "expert_fc1", "expert_fc2")) + shared + elem(
-                copies * e * (act * m.expert_width + 4.0 * m.hidden)
-                + routed * m.experts * 3.0 * moe_acc.ROUTER_SCORE_BYTES, 4)
+            total = (
+                total
+                + gemms_s(("router", "expert_fc1", "expert_fc2"))
+                + shared
+                + elem(
+                    copies * e * (act * m.expert_width + 4.0 * m.hidden)
+                    + routed * m.experts * 3.0 * moe_acc.ROUTER_SCORE_BYTES,
+                    4,
+                )
+            )
         else:
             if "shared_experts" in mods:
                 total = total + shared

@@ -82,9 +82,17 @@ class Timeline:
         return len(self.rank)
 
     def events(self) -> list[Event]:
-        return [Event(r, KINDS[k], j, s, a, b) for r, k, j, s, a, b in zip(
-            self.rank.tolist(), self.kind.tolist(), self.microbatch.tolist(),
-            self.virtual_stage.tolist(), self.start_s.tolist(), self.end_s.tolist())]
+        return [
+            Event(r, KINDS[k], j, s, a, b)
+            for r, k, j, s, a, b in zip(
+                self.rank.tolist(),
+                self.kind.tolist(),
+                self.microbatch.tolist(),
+                self.virtual_stage.tolist(),
+                self.start_s.tolist(),
+                self.end_s.tolist(),
+            )
+        ]
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,7 @@ class ScheduleResult:
 
 # ---- inputs ----------------------------------------------------------------------------------------
 
+
 def _check_shape(schedule: str, pp: int, v: int, m: int) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
@@ -128,11 +137,11 @@ def _check_shape(schedule: str, pp: int, v: int, m: int) -> None:
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
             raise ValueError(f"{name} must be a positive integer, got {x!r}")
     if schedule in ("gpipe", "1f1b", "zbh1") and v != 1:
-        raise ValueError(f"schedule {schedule} runs one stage per rank; interleave {v} needs "
-                         "interleaved or zero_bubble")
+        raise ValueError(
+            f"schedule {schedule} runs one stage per rank; interleave {v} needs interleaved or zero_bubble"
+        )
     if schedule in V_SCHEDULES and (v != 2 or pp < 2):
-        raise ValueError(f"schedule {schedule} places 2 stages on each of 2 or more ranks; got pp {pp}, "
-                         f"interleave {v}")
+        raise ValueError(f"schedule {schedule} places 2 stages on each of 2 or more ranks; got pp {pp}, interleave {v}")
     if schedule == "dualpipev" and m < 2 * pp:
         raise ValueError(f"dualpipev needs at least 2 pp = {2 * pp} micro-batches, got {m}")
 
@@ -154,6 +163,7 @@ def _per_stage(x: Times, n: int, name: str) -> np.ndarray:
 
 
 # ---- per-rank op orders ------------------------------------------------------------------------------
+
 
 def _chunk_table(m: int, v: int, g: int) -> tuple[np.ndarray, np.ndarray]:
     """(chunk, micro-batch) of each forward of a rank in order: each group of g micro-batches runs
@@ -180,8 +190,7 @@ def warmup_forwards(schedule: str, rank: int, pp: int, v: int, m: int) -> int:
     return min((v - 1) * g + factor * (pp - 1 - rank), n)
 
 
-def rank_order(schedule: str, rank: int, pp: int, v: int, m: int
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rank_order(schedule: str, rank: int, pp: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kind, virtual stage, micro-batch) of every op of ``rank`` in execution order."""
     _check_shape(schedule, pp, v, m)
     if schedule in V_SCHEDULES:
@@ -189,8 +198,9 @@ def rank_order(schedule: str, rank: int, pp: int, v: int, m: int
     return _order_from_table(schedule, rank, pp, v, *_chunk_table(m, v, group_size(pp, m)))
 
 
-def _order_from_table(schedule: str, rank: int, pp: int, v: int, chunk: np.ndarray, mb: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _order_from_table(
+    schedule: str, rank: int, pp: int, v: int, chunk: np.ndarray, mb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(chunk)
     m = n // v
     w = warmup_forwards(schedule, rank, pp, v, m)
@@ -221,8 +231,7 @@ def _order_from_table(schedule: str, rank: int, pp: int, v: int, chunk: np.ndarr
 PAD = 3  # an op slot past a rank's last op (ranks of the V schedules run different numbers of ops)
 
 
-def _orders(schedule: str, p: int, v: int, m: int
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _orders(schedule: str, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(kind, stage, micro-batch, full) of every rank's ops as (pp, L) arrays, padded with PAD; ``full``
     marks a backward that also runs the weight gradient (every backward of an unsplit schedule)."""
     if schedule in V_SCHEDULES:
@@ -235,11 +244,15 @@ def _orders(schedule: str, p: int, v: int, m: int
             k, st, j = _order_from_table(schedule, r, p, v, chunk, mb)
             per.append((k, st, j, (k == 1) & (not split)))
     L = max(len(x[0]) for x in per)
-    out = (np.full((p, L), PAD, np.int64), np.zeros((p, L), np.int64), np.zeros((p, L), np.int64),
-           np.zeros((p, L), bool))
+    out = (
+        np.full((p, L), PAD, np.int64),
+        np.zeros((p, L), np.int64),
+        np.zeros((p, L), np.int64),
+        np.zeros((p, L), bool),
+    )
     for r, ops in enumerate(per):
         for a, x in zip(out, ops):
-            a[r, :len(x)] = x
+            a[r, : len(x)] = x
     return out
 
 
@@ -287,24 +300,32 @@ def _graph(schedule: str, p: int, v: int, m: int) -> _Graph:
     return _Graph(kind=kind, stage=stage, full=full, micro=micro, dep=dep, boundary=boundary)
 
 
-def _durations(g: _Graph, F: np.ndarray, B: np.ndarray, W: np.ndarray, c: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _durations(g: _Graph, F: np.ndarray, B: np.ndarray, W: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per candidate (rows of F, B, W (N, S) and c (N, S - 1)): every op's duration and input latency, flat
     (N, p (L + 1))."""
     N = F.shape[0]
     p, L = g.kind.shape
     st = g.stage
     dur = np.zeros((N, p, L + 1))
-    dur[:, :, :L] = np.where(g.kind == 0, F[:, st], np.where(g.kind == 1, B[:, st] + g.full * W[:, st],
-                                                               np.where(g.kind == 2, W[:, st], 0.0)))
+    dur[:, :, :L] = np.where(
+        g.kind == 0, F[:, st], np.where(g.kind == 1, B[:, st] + g.full * W[:, st], np.where(g.kind == 2, W[:, st], 0.0))
+    )
     cpad = np.concatenate([c, np.zeros((N, 1))], axis=1)
     lat = np.where(g.boundary >= 0, cpad[:, np.maximum(g.boundary, 0)], 0.0)
     return dur.reshape(N, -1), lat.reshape(N, -1)
 
 
-def simulate(forward_s: Times, backward_s: Times, *, pp: int, num_microbatches: int,
-             schedule: str = "1f1b", interleave: int = 1, weight_s: Times = 0.0,
-             p2p_s: Times = 0.0) -> ScheduleResult:
+def simulate(
+    forward_s: Times,
+    backward_s: Times,
+    *,
+    pp: int,
+    num_microbatches: int,
+    schedule: str = "1f1b",
+    interleave: int = 1,
+    weight_s: Times = 0.0,
+    p2p_s: Times = 0.0,
+) -> ScheduleResult:
     """Simulate one step of ``schedule`` op by op (see the module docstring for the model).
 
     forward_s, backward_s, weight_s: seconds per micro-batch for each of the pp*interleave virtual
@@ -331,21 +352,41 @@ def simulate(forward_s: Times, backward_s: Times, *, pp: int, num_microbatches: 
     by_stage = np.zeros(S, np.int64)
     chunk_of = g.stage // p
     for k in range(v):  # activation sets of chunk k held by each rank
-        by_stage[k * p:(k + 1) * p] = np.cumsum(np.where(chunk_of == k, delta, 0), axis=1).max(axis=1)
+        by_stage[k * p : (k + 1) * p] = np.cumsum(np.where(chunk_of == k, delta, 0), axis=1).max(axis=1)
     keep = real.ravel()
     return ScheduleResult(
-        schedule=schedule, pp=p, interleave=v, num_microbatches=m, step_s=step,
-        bubble_s=step - float(busy.max()), busy_s=tuple(busy.tolist()),
+        schedule=schedule,
+        pp=p,
+        interleave=v,
+        num_microbatches=m,
+        step_s=step,
+        bubble_s=step - float(busy.max()),
+        busy_s=tuple(busy.tolist()),
         idle_s=tuple((step - busy).tolist()),
         peak_in_flight=tuple(np.cumsum(delta, axis=1).max(axis=1).tolist()),
         peak_in_flight_by_stage=tuple(by_stage.tolist()),
-        timeline=Timeline(np.repeat(np.arange(p), L)[keep], g.kind.ravel()[keep], g.micro.ravel()[keep],
-                          g.stage.ravel()[keep], start.ravel()[keep], end.ravel()[keep]))
+        timeline=Timeline(
+            np.repeat(np.arange(p), L)[keep],
+            g.kind.ravel()[keep],
+            g.micro.ravel()[keep],
+            g.stage.ravel()[keep],
+            start.ravel()[keep],
+            end.ravel()[keep],
+        ),
+    )
 
 
-def simulate_many(forward_s: np.ndarray, backward_s: np.ndarray, weight_s: np.ndarray, p2p_s: np.ndarray, *,
-                  pp: int, interleave: int, num_microbatches: int, schedule: str
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def simulate_many(
+    forward_s: np.ndarray,
+    backward_s: np.ndarray,
+    weight_s: np.ndarray,
+    p2p_s: np.ndarray,
+    *,
+    pp: int,
+    interleave: int,
+    num_microbatches: int,
+    schedule: str,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``simulate`` of N candidates that share the op order (schedule, pp, v, m), in one pass: F, B, W (N, S)
     per stage, p2p_s (N,) one boundary. The order fixes when each op's input is ready whatever the durations,
     so the rounds are shared and only the times are per candidate. Returns (step, rank end, rank busy, rank
@@ -395,8 +436,7 @@ def _run(p: int, L: int, dep: np.ndarray, lat: np.ndarray, dur: np.ndarray) -> n
                 return end[:, :-2]
             if done == done_before:
                 stuck = np.flatnonzero(cur != last).tolist()
-                raise RuntimeError(f"schedule deadlocks: ranks {stuck} wait on each other "
-                                   "(a bug in the op order)")
+                raise RuntimeError(f"schedule deadlocks: ranks {stuck} wait on each other (a bug in the op order)")
             done_before = done
 
 
@@ -424,12 +464,12 @@ def _run_one(p: int, L: int, dep: np.ndarray, lat: np.ndarray, dur: np.ndarray) 
                 return end[:-2]
             if done == done_before:
                 stuck = np.flatnonzero(cur != last).tolist()
-                raise RuntimeError(f"schedule deadlocks: ranks {stuck} wait on each other "
-                                   "(a bug in the op order)")
+                raise RuntimeError(f"schedule deadlocks: ranks {stuck} wait on each other (a bug in the op order)")
             done_before = done
 
 
 # ---- vectorised closed forms ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True, eq=False)
 class FastStepTimes:
@@ -442,14 +482,26 @@ class FastStepTimes:
 
     @property
     def bubble_fraction(self) -> np.ndarray:
-        return np.divide(self.bubble_s, self.step_s, out=np.zeros_like(self.step_s),
-                         where=self.step_s > 0)
+        return np.divide(self.bubble_s, self.step_s, out=np.zeros_like(self.step_s), where=self.step_s > 0)
 
 
-def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, interleave=1,
-                   weight_s=0.0, p2p_s=0.0, first_forward_s=None, first_backward_s=None,
-                   first_weight_s=None, last_forward_s=None, last_backward_s=None,
-                   last_weight_s=None) -> FastStepTimes:
+def step_time_fast(
+    forward_s,
+    backward_s,
+    *,
+    pp,
+    num_microbatches,
+    schedule,
+    interleave=1,
+    weight_s=0.0,
+    p2p_s=0.0,
+    first_forward_s=None,
+    first_backward_s=None,
+    first_weight_s=None,
+    last_forward_s=None,
+    last_backward_s=None,
+    last_weight_s=None,
+) -> FastStepTimes:
     """Step time of many configurations at once, in closed form (numpy, no per-config loop).
 
     Every argument broadcasts to N configurations; ``schedule`` is one name or an array of names
@@ -515,10 +567,17 @@ def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, int
     wrap_b = (v - 1) * np.maximum(p * c - (g - p) * (B + W), 0.0)  # the unsplit backward
     inter = (v * hi + lo - 1) * t + np.where(m <= p, 2 * (S - 1) * c, 2 * (p - 1) * c + wrap_f + wrap_b)
     at_p = np.where(m == p, 2, 0)
-    zb = m * v * t + wrap_f + np.maximum.reduce([
-        (p - 1) * (F + B - W) + (4 * (p - 1) - at_p) * c,
-        (p - 1) * F + (3 * (p - 1) - at_p) * c,
-        (p - 1) * B + 2 * (p - 1) * c])
+    zb = (
+        m * v * t
+        + wrap_f
+        + np.maximum.reduce(
+            [
+                (p - 1) * (F + B - W) + (4 * (p - 1) - at_p) * c,
+                (p - 1) * F + (3 * (p - 1) - at_p) * c,
+                (p - 1) * B + 2 * (p - 1) * c,
+            ]
+        )
+    )
     # m < p (rejected by Plan.validate for zero_bubble): v = 1 is ZB-H1's exact fill; v > 1 takes the
     # larger of two lower bounds, the last micro-batch's chain through every stage and the m >= p form.
     zb_small_v1 = m * t + (p - 1) * (F + B) - (m - 1) * np.minimum(np.minimum(F, B), W) + 2 * (S - 1) * c
@@ -527,11 +586,15 @@ def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, int
     step = np.choose(code, [gpipe, one_f, inter, zb])
     compute = m * v * t
 
-    given = [x is not None for x in (first_forward_s, first_backward_s, first_weight_s,
-                                     last_forward_s, last_backward_s, last_weight_s)]
+    given = [
+        x is not None
+        for x in (first_forward_s, first_backward_s, first_weight_s, last_forward_s, last_backward_s, last_weight_s)
+    ]
     if any(given):
+
         def extra(x, mid):
             return 0.0 if x is None else np.asarray(x, dtype=np.float64) - mid
+
         d0 = extra(first_forward_s, F) + extra(first_backward_s, B) + extra(first_weight_s, W)
         dl = extra(last_forward_s, F) + extra(last_backward_s, B) + extra(last_weight_s, W)
         d0, dl = np.broadcast_to(d0, shape), np.broadcast_to(dl, shape)
@@ -542,13 +605,18 @@ def step_time_fast(forward_s, backward_s, *, pp, num_microbatches, schedule, int
         paced = step + d0 + dl + (m - 1) * busiest  # gpipe (exact), interleaved, zero_bubble
         # 1F1B: the longest of its c = 0 critical paths, plus the fill/drain latency; the uniform
         # per-micro-batch p2p exposure counts only where no slower stage hides it.
-        paths = _one_f_one_b_paths(p, m, F, B + W, F + extra(first_forward_s, F),
-                                   B + W + extra(first_backward_s, B) + extra(first_weight_s, W),
-                                   F + extra(last_forward_s, F),
-                                   B + W + extra(last_backward_s, B) + extra(last_weight_s, W))
+        paths = _one_f_one_b_paths(
+            p,
+            m,
+            F,
+            B + W,
+            F + extra(first_forward_s, F),
+            B + W + extra(first_backward_s, B) + extra(first_weight_s, W),
+            F + extra(last_forward_s, F),
+            B + W + extra(last_backward_s, B) + extra(last_weight_s, W),
+        )
         exposed = one_f - (m + p - 1) * t - 2 * (p - 1) * c
-        one_f_uneven = np.where(p == 2, paths + 2 * c + exposed,
-                                np.maximum(paths + 2 * (p - 1) * c, one_f + d0 + dl))
+        one_f_uneven = np.where(p == 2, paths + 2 * c + exposed, np.maximum(paths + 2 * (p - 1) * c, one_f + d0 + dl))
         step = np.where(code == SCHEDULES.index("1f1b"), one_f_uneven, paced)
         step = np.where(S == 1, m * (t + d0 + dl), step)
         compute = compute + m * busiest
@@ -559,8 +627,10 @@ def _one_f_one_b_paths(p, m, F, B, F0, B0, FL, BL) -> np.ndarray:
     """Longest of two path families of 1F1B at c = 0 with first/middle/last stage times, for the
     rank k in {0, p-2, p-1}: (a) fill to k, the first micro-batch's round trip below k, then k's
     remaining work and the drain; (b) fill to k, k never idle, drain. Exact for uniform stages."""
+
     def before(k):  # forward and backward time of the stages above rank k (k >= 1)
         return F0 + (k - 1) * F, B0 + (k - 1) * B
+
     w0 = np.minimum(p - 1, m - 1)
     a0 = F0 + (p - 2) * (F + B) + FL + BL + B0 + (m - w0 - 1) * F0 + (m - 1) * B0
     b0 = m * (F0 + B0)

@@ -44,15 +44,33 @@ from exatrain.planner.cost.layer import layer_times
 from exatrain.planner.cost.moe import a2a_time_s, edp_span, stage_kinds
 from exatrain.planner.cost.recompute import module_rerun_s
 from exatrain.planner.cost.coefficients import CostParams
-from exatrain.planner.cost.overlap import (OverlapRules, engine_collectives, exposed, is_gather, overlap_rules,
-                                           p2p_exposed)
+from exatrain.planner.cost.overlap import (
+    OverlapRules,
+    engine_collectives,
+    exposed,
+    is_gather,
+    overlap_rules,
+    p2p_exposed,
+)
 from exatrain.planner.cost.offload import offload_seconds
 from exatrain.planner.cost.pipeline import PipelineTimes, pipeline_times
 from exatrain.planner.cost.variability import straggler_s
 from exatrain.planner.layouts import Layouts
 
-TIME_FIELDS = ("step", "compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other", "ep_comm",
-               "cp_comm", "straggler", "offload")
+TIME_FIELDS = (
+    "step",
+    "compute",
+    "bubble",
+    "tp_comm",
+    "pp_comm",
+    "dp_comm",
+    "optimizer",
+    "other",
+    "ep_comm",
+    "cp_comm",
+    "straggler",
+    "offload",
+)
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 _INTERLEAVED = SCHEDULES.index("interleaved")
 _V_CODES = [SCHEDULES.index(s) for s in V_SCHEDULES]
@@ -84,14 +102,16 @@ class StageTimes:
         return self.bwd + self.tp_bwd + self.ext_bwd
 
 
-def tp_collectives_s(cluster: ClusterSpec, coeffs: CostParams, tp, message_bytes,
-                     kinds=("all_gather", "reduce_scatter")):
+def tp_collectives_s(
+    cluster: ClusterSpec, coeffs: CostParams, tp, message_bytes, kinds=("all_gather", "reduce_scatter")
+):
     """Seconds of each of ``kinds`` of TP collective on b*s*h over the tp group's tier (0 where tp is
     1); arrays allowed."""
     on = np.asarray(tp) > 1
-    return tuple(np.where(on, network.collective_s(kind, cluster, tp, network.tp_span(tp), message_bytes, coeffs),
-                          0.0)
-                 for kind in kinds)
+    return tuple(
+        np.where(on, network.collective_s(kind, cluster, tp, network.tp_span(tp), message_bytes, coeffs), 0.0)
+        for kind in kinds
+    )
 
 
 def tp_collective_time_s(cluster: ClusterSpec, coeffs: CostParams, tp, message_bytes, sequence_parallel):
@@ -149,8 +169,17 @@ def recomputed(rec, fwd, attn, dense, *, per_op: bool = False, per_op_gemms=None
     return np.where(rec == _FULL, fwd, np.where(rec == _SELECTIVE, selective, 0.0))
 
 
-def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: compute.Device, lay: Layouts, *,
-                run: Resolved, stage_layers: np.ndarray, rules: OverlapRules | None = None) -> StageTimes:
+def stage_times(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    coeffs: CostParams,
+    dev: compute.Device,
+    lay: Layouts,
+    *,
+    run: Resolved,
+    stage_layers: np.ndarray,
+    rules: OverlapRules | None = None,
+) -> StageTimes:
     """Per-stage seconds of the layouts ``lay``, which share pp, the layer split ``stage_layers`` (S,), ep and cp
     (MoE layers, context parallelism and FP8 GEMMs: ``cost.layer``), as ``run`` says their runtime runs them
     (``accounting.engines.Resolved``); ``rules``: the runtime's overlaps (None: exatrain's, which hides no TP
@@ -171,8 +200,11 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev:
     pp, ep, cp_size = int(lay.pp[0]), int(lay.ep[0]), int(lay.cp[0])
     dtype, fp8, selective, moe_load = run.dtype, run.fp8, run.selective, run.moe_load
     elementwise, cross_entropy, cp_exchange = run.elementwise, run.cross_entropy, run.cp_exchange
-    recompute_modules, recompute_every, recompute_layers = run.recompute_modules, run.recompute_every, \
-        lay.recompute_layers
+    recompute_modules, recompute_every, recompute_layers = (
+        run.recompute_modules,
+        run.recompute_every,
+        lay.recompute_layers,
+    )
     tp, dp, b = (np.asarray(x)[:, None] for x in (lay.tp, lay.dp, lay.micro_batch))
     cp_calls = None if cp_exchange is None else cp_exchange.kernel_calls(cp_size)
     sp = np.asarray(lay.sequence_parallel, dtype=bool)[:, None]
@@ -186,8 +218,11 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev:
 
     message = bl * model.seq_len * model.hidden * COMPUTE_BYTES[dtype]
     ag, rs, ar = tp_collectives_s(cluster, coeffs, tp, message, ("all_gather", "reduce_scatter", "all_reduce"))
-    ag_f = (tp_collectives_s(cluster, coeffs, tp, message / COMPUTE_BYTES[dtype], ("all_gather",))[0]
-            if fp8 and run.fp8_tp_gather else ag)
+    ag_f = (
+        tp_collectives_s(cluster, coeffs, tp, message / COMPUTE_BYTES[dtype], ("all_gather",))[0]
+        if fp8 and run.fp8_tp_gather
+        else ag
+    )
     tp_overlap = rules is not None and rules.tp
 
     def layer(s: bool):
@@ -196,24 +231,76 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev:
         # only where the runtime overlaps TP)
         sums = [0.0] * 9
         for moe, n in kinds:
-            lt = layer_times(model, b, tp, moe=moe, ep=ep, cp=cp_size, sequence_parallel=s, dev=dev, run=run,
-                                     speedup=speedup, cp_calls=cp_calls)
-            left = (tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts),
-                                       ag_fwd=ag_f)
-                    if tp_overlap and s else (0.0, 0.0))
-            rerun = (module_rerun_s(model, b, tp, moe=moe, ep=ep, cp=cp_size, sequence_parallel=s, dev=dev,
-                                            run=run, attention_core_fwd=lt.attention_core_fwd, speedup=speedup)
-                     if recompute_modules else 0.0)
-            sums = [a + n * x for a, x in zip(sums, (lt.fwd, lt.bwd, lt.attention_core_fwd, lt.dense_gemm_fwd,
-                                                     (lt.fwd + lt.bwd) if moe else 0.0, lt.per_op_gemm_fwd,
-                                                     *left, rerun))]
-        return (*sums, *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
-                *compute.head_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev,
-                                    elementwise=elementwise, cross_entropy=cross_entropy))
+            lt = layer_times(
+                model,
+                b,
+                tp,
+                moe=moe,
+                ep=ep,
+                cp=cp_size,
+                sequence_parallel=s,
+                dev=dev,
+                run=run,
+                speedup=speedup,
+                cp_calls=cp_calls,
+            )
+            left = (
+                tp_overlap_exposed(ag, rs, tp, lt.tp_gemms_fwd, mlp=not moe or bool(model.shared_experts), ag_fwd=ag_f)
+                if tp_overlap and s
+                else (0.0, 0.0)
+            )
+            rerun = (
+                module_rerun_s(
+                    model,
+                    b,
+                    tp,
+                    moe=moe,
+                    ep=ep,
+                    cp=cp_size,
+                    sequence_parallel=s,
+                    dev=dev,
+                    run=run,
+                    attention_core_fwd=lt.attention_core_fwd,
+                    speedup=speedup,
+                )
+                if recompute_modules
+                else 0.0
+            )
+            sums = [
+                a + n * x
+                for a, x in zip(
+                    sums,
+                    (
+                        lt.fwd,
+                        lt.bwd,
+                        lt.attention_core_fwd,
+                        lt.dense_gemm_fwd,
+                        (lt.fwd + lt.bwd) if moe else 0.0,
+                        lt.per_op_gemm_fwd,
+                        *left,
+                        rerun,
+                    ),
+                )
+            ]
+        return (
+            *sums,
+            *compute.embedding_times(model, bl, tp, sequence_parallel=s, dtype=dtype, dev=dev),
+            *compute.head_times(
+                model,
+                bl,
+                tp,
+                sequence_parallel=s,
+                dtype=dtype,
+                dev=dev,
+                elementwise=elementwise,
+                cross_entropy=cross_entropy,
+            ),
+        )
 
     # dense: the layers' weight GEMMs, whose weight-gradient pass (W) takes as long as the forward's
-    fwd_l, bwd_l, attn_l, dense, moe_fb, per_op_l, tp_left_f, tp_left_b, modules_l, emb_f, emb_b, head_f, head_b = \
+    fwd_l, bwd_l, attn_l, dense, moe_fb, per_op_l, tp_left_f, tp_left_b, modules_l, emb_f, emb_b, head_f, head_b = (
         _pick(sp, layer)
+    )
     L = np.asarray(stage_layers, dtype=float)[None, :]
     # the share of each stage's layers a full recomputation reruns (the first recompute_layers of each)
     n = np.asarray(recompute_layers, dtype=float).reshape(-1, 1)  # one per layout, or one for all
@@ -224,8 +311,9 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev:
     else:
         share = 1.0
     full = np.where(rec == _FULL, share, 0.0)
-    again = recomputed(rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe,
-                       per_op_gemms=per_op_l)
+    again = recomputed(
+        rec, fwd_l, attn_l, dense, per_op=selective == "per_op" and not model.is_moe, per_op_gemms=per_op_l
+    )
     again = np.where(rec == _FULL, share * again, again)
     if recompute_modules:
         again = np.where(rec == _SELECTIVE, modules_l, again)
@@ -254,13 +342,43 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev:
     tp_b = tp_b + tp_again + pairs * tp_one_f
     # Expert all-to-alls (dispatch + combine, forward and backward, the forward's again under full
     # recompute) and the context-parallel ring's exposed part (cost.moe, cost.context).
-    a2a = 2 * n_moe * _pick(sp, lambda s: (a2a_time_s(model, cluster, coeffs, b, tp, ep=ep, cp=cp_size,
-                                                               sequence_parallel=s, dtype=dtype, dp=dp,
-                                                               dispatcher=run.moe_dispatcher, load=moe_load),))[0] \
-        if model.is_moe else 0.0 * L
-    cp_f, cp_b = cp_exposed_s(model, cluster, coeffs, b, tp, cp=cp_size, dtype=dtype,
-                                      attn_fwd=attn_l / np.maximum(L, 1), attn_bwd=2.5 * attn_l / np.maximum(L, 1),
-                                      exchange=cp_exchange)
+    a2a = (
+        2
+        * n_moe
+        * _pick(
+            sp,
+            lambda s: (
+                a2a_time_s(
+                    model,
+                    cluster,
+                    coeffs,
+                    b,
+                    tp,
+                    ep=ep,
+                    cp=cp_size,
+                    sequence_parallel=s,
+                    dtype=dtype,
+                    dp=dp,
+                    dispatcher=run.moe_dispatcher,
+                    load=moe_load,
+                ),
+            ),
+        )[0]
+        if model.is_moe
+        else 0.0 * L
+    )
+    cp_f, cp_b = cp_exposed_s(
+        model,
+        cluster,
+        coeffs,
+        b,
+        tp,
+        cp=cp_size,
+        dtype=dtype,
+        attn_fwd=attn_l / np.maximum(L, 1),
+        attn_bwd=2.5 * attn_l / np.maximum(L, 1),
+        exchange=cp_exchange,
+    )
     moe_rerun = full + ((rec == _SELECTIVE) & ("moe" in recompute_modules))  # the share rerunning the all-to-alls
     a2a_f, a2a_b = a2a, a2a * (1 + moe_rerun)
     if rules is not None and rules.ep_a2a:
@@ -299,9 +417,12 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev:
         p2p = np.zeros(len(b))
     shape = (len(b), S)
     ext = (ext_f, ext_b, a2a_f + a2a_b)
-    return StageTimes(*(np.broadcast_to(x, shape) + 0.0 for x in (fwd, bwd, wgrad, tp_f, tp_b)), p2p=p2p,
-                      tp_hidden=np.broadcast_to(tp_all - tp_f - tp_b, shape) + 0.0,
-                      **dict(zip(("ext_fwd", "ext_bwd", "ep_share"), (np.broadcast_to(x, shape) + 0.0 for x in ext))))
+    return StageTimes(
+        *(np.broadcast_to(x, shape) + 0.0 for x in (fwd, bwd, wgrad, tp_f, tp_b)),
+        p2p=p2p,
+        tp_hidden=np.broadcast_to(tp_all - tp_f - tp_b, shape) + 0.0,
+        **dict(zip(("ext_fwd", "ext_bwd", "ep_share"), (np.broadcast_to(x, shape) + 0.0 for x in ext))),
+    )
 
 
 def fp8_gathered_params(m: ModelSpec, tp, stage_layers, pp: int, ep: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -317,36 +438,81 @@ def fp8_gathered_params(m: ModelSpec, tp, stage_layers, pp: int, ep: int = 1) ->
     return dense_r * fp8_acc.gemm_weights(m, False, t) + moe_r * moe_w, moe_r * routed + 0.0 * t
 
 
-def engine_dp_collectives(model, *, tp, pp, dp, zero_stage: int, params_here, num_microbatches, dtype: str,
-                          pipeline_end: bool, engine=None, cp_size: int = 1, ep: int = 1, expert_params_here=0,
-                          fp8_gathered=None) -> tuple:
+def engine_dp_collectives(
+    model,
+    *,
+    tp,
+    pp,
+    dp,
+    zero_stage: int,
+    params_here,
+    num_microbatches,
+    dtype: str,
+    pipeline_end: bool,
+    engine=None,
+    cp_size: int = 1,
+    ep: int = 1,
+    expert_params_here=0,
+    fp8_gathered=None,
+) -> tuple:
     """One rank's data-parallel collectives per step as ``engine`` sends them (``accounting.comms``'
     ``dp_collectives_for``, the exatrain trainer's, through ``cost.overlap.engine_collectives``; None:
     the trainer's own): the gradient reduce-scatter once a micro-batch where the engine reduces each
     (``EngineProfile.reduce_each_microbatch``, ZeRO-2/3 without a pipeline), the FP8-gathered GEMM weights
     (``fp8_gathered``: (dp, edp) weights, or None) at one byte each: what ``dp_collective_times`` prices and
     ``experts.comm_bytes`` counts."""
-    cs = comms.dp_collectives_for(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
-                                  num_microbatches=num_microbatches, dtype=dtype,
-                                  params_here=params_here, pipeline_end=pipeline_end, cp=cp_size, ep=ep,
-                                  expert_params_here=expert_params_here)
+    cs = comms.dp_collectives_for(
+        model,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        zero_stage=zero_stage,
+        num_microbatches=num_microbatches,
+        dtype=dtype,
+        params_here=params_here,
+        pipeline_end=pipeline_end,
+        cp=cp_size,
+        ep=ep,
+        expert_params_here=expert_params_here,
+    )
     if engine is not None:
         cs = engine_collectives(cs, engine, dtype=dtype)
         if engine.reduce_each_microbatch and zero_stage >= 2:
             # a reduce-scatter after every micro-batch's backward, unless a pipeline schedule defers it
             each = np.where(np.asarray(pp) == 1, np.asarray(num_microbatches, dtype=float), 1.0)
-            cs = tuple(replace(c, count=c.count * each) if c.kind == "reduce_scatter" and c.axis in ("dp", "edp")
-                       else c for c in cs)
+            cs = tuple(
+                replace(c, count=c.count * each) if c.kind == "reduce_scatter" and c.axis in ("dp", "edp") else c
+                for c in cs
+            )
     if fp8_gathered is not None:
         saved = dict(zip(("dp", "edp"), fp8_gathered))
-        cs = tuple(replace(c, message_bytes=c.message_bytes - saved[c.axis] * (COMPUTE_BYTES[dtype] - 1.0))
-                   if is_gather(c) and c.axis in saved else c for c in cs)
+        cs = tuple(
+            replace(c, message_bytes=c.message_bytes - saved[c.axis] * (COMPUTE_BYTES[dtype] - 1.0))
+            if is_gather(c) and c.axis in saved
+            else c
+            for c in cs
+        )
     return tuple(cs)
 
 
-def dp_collective_times(cluster: ClusterSpec, coeffs: CostParams, model, *, tp, pp, dp, zero_stage: int,
-                        params_here, num_microbatches, run: Resolved, pipeline_end: bool, cp_size: int = 1,
-                        ep: int = 1, expert_params_here=0, fp8_gathered=None):
+def dp_collective_times(
+    cluster: ClusterSpec,
+    coeffs: CostParams,
+    model,
+    *,
+    tp,
+    pp,
+    dp,
+    zero_stage: int,
+    params_here,
+    num_microbatches,
+    run: Resolved,
+    pipeline_end: bool,
+    cp_size: int = 1,
+    ep: int = 1,
+    expert_params_here=0,
+    fp8_gathered=None,
+):
     """(gradient reductions, parameter gathers): seconds of one rank's DP collectives per step, with the
     tied-embedding gradient reduction between the pipeline's two ends, which crosses the pipeline tier; arrays
     allowed. ``run``: the dtype and the runtime's profile (what it sends, ``cost.overlap.engine_collectives``;
@@ -360,10 +526,22 @@ def dp_collective_times(cluster: ClusterSpec, coeffs: CostParams, model, *, tp, 
     spans = {"dp": dp_span, "edp": edp_span(tp, dp, cp_size, ep) if model.is_moe else dp_span}
     ends = (np.asarray(pp) - 1) * np.asarray(tp) * cp_size * np.asarray(dp) + 1
     reduce_s, gather_s = 0.0, 0.0
-    cs = engine_dp_collectives(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, params_here=params_here,
-                               num_microbatches=num_microbatches, dtype=run.dtype, pipeline_end=pipeline_end,
-                               engine=run.engine, cp_size=cp_size, ep=ep, expert_params_here=expert_params_here,
-                               fp8_gathered=fp8_gathered)
+    cs = engine_dp_collectives(
+        model,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        zero_stage=zero_stage,
+        params_here=params_here,
+        num_microbatches=num_microbatches,
+        dtype=run.dtype,
+        pipeline_end=pipeline_end,
+        engine=run.engine,
+        cp_size=cp_size,
+        ep=ep,
+        expert_params_here=expert_params_here,
+        fp8_gathered=fp8_gathered,
+    )
     for c in cs:
         t = c.count * network.collective_s(c.kind, cluster, c.group, spans.get(c.axis, ends), c.message_bytes, coeffs)
         if is_gather(c):
@@ -423,14 +601,32 @@ def _v_looped(st: StageTimes, p: int) -> StageTimes:
     """A V placement's stage times reordered as the looped placement lays them out (chunk c of rank r at c pp + r:
     rank r's stages r and 2 pp - 1 - r), so that per-rank sums and spreads apply; its own inverse."""
     perm = np.concatenate([np.arange(p), np.arange(2 * p - 1, p - 1, -1)])
-    return replace(st, **{f: getattr(st, f)[:, perm] for f in ("fwd", "bwd", "wgrad", "tp_fwd", "tp_bwd", "tp_hidden",
-                                                                "ext_fwd", "ext_bwd", "ep_share")
-                          if np.ndim(getattr(st, f)) == 2 and np.shape(getattr(st, f))[1] == 2 * p})
+    return replace(
+        st,
+        **{
+            f: getattr(st, f)[:, perm]
+            for f in ("fwd", "bwd", "wgrad", "tp_fwd", "tp_bwd", "tp_hidden", "ext_fwd", "ext_bwd", "ep_share")
+            if np.ndim(getattr(st, f)) == 2 and np.shape(getattr(st, f))[1] == 2 * p
+        },
+    )
 
 
-def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, tp, params_by_rank, v: int, m,
-                          zero, recompute, dev: compute.Device, shard=1, side_streams: bool = True,
-                          v_shape: bool = False) -> StageTimes:
+def with_parameter_passes(
+    st: StageTimes,
+    engine,
+    dtype: str,
+    model: ModelSpec,
+    tp,
+    params_by_rank,
+    v: int,
+    m,
+    zero,
+    recompute,
+    dev: compute.Device,
+    shard=1,
+    side_streams: bool = True,
+    v_shape: bool = False,
+) -> StageTimes:
     """``st`` with the passes an engine makes over its parameters every micro-batch (rank parameters
     ``params_by_rank`` (N, pp), tp (N,), ``m`` micro-batches, ``zero`` stages, ``recompute`` indices, FSDP's
     ``shard`` size (N,)), spread evenly over a step's micro-batches: its accumulation outside the GEMMs
@@ -451,8 +647,24 @@ def with_parameter_passes(st: StageTimes, engine, dtype: str, model: ModelSpec, 
     stages are placed in a V (rank r: r and 2 pp - 1 - r), each rank's passes spread over its own two."""
     if v_shape:
         p = np.shape(params_by_rank)[-1]
-        return _v_looped(with_parameter_passes(_v_looped(st, p), engine, dtype, model, tp, params_by_rank, v, m, zero,
-                                               recompute, dev, shard=shard, side_streams=side_streams), p)
+        return _v_looped(
+            with_parameter_passes(
+                _v_looped(st, p),
+                engine,
+                dtype,
+                model,
+                tp,
+                params_by_rank,
+                v,
+                m,
+                zero,
+                recompute,
+                dev,
+                shard=shard,
+                side_streams=side_streams,
+            ),
+            p,
+        )
     st = with_accumulation(st, engine, dtype, params_by_rank, v, dev)
     flat = engine.flat_grad_copy_bytes(dtype)
     if flat:  # FSDP1: autograd builds each unit's flat gradient from its views, every backward, on the compute stream
@@ -503,8 +715,21 @@ def loss_scaling_s(cluster: ClusterSpec, coeffs: CostParams, dtype: str, gpus):
     return network.collective_s("all_reduce", cluster, gpus, gpus, FOUND_INF_BYTES, coeffs)
 
 
-def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shard, xshard, zero, tp, ep: int,
-                      on_host: bool, dev: compute.Device, offloaded: bool = False) -> np.ndarray:
+def optimizer_seconds(
+    engine,
+    dtype: str,
+    params_by_rank,
+    expert_params,
+    *,
+    shard,
+    xshard,
+    zero,
+    tp,
+    ep: int,
+    on_host: bool,
+    dev: compute.Device,
+    offloaded: bool = False,
+) -> np.ndarray:
     """(N,) seconds of the optimizer step on its slowest pipeline rank: Adam over the rank's optimizer shard
     (``params_by_rank`` / ``shard`` and ``expert_params`` / ``xshard``, each (N, pp)) in the engine's kernel
     (engines.ADAM_BYTES; exatrain's fused one only where its parameters are plain GPU tensors: tp 1, ep 1, no FSDP,
@@ -524,10 +749,20 @@ def optimizer_seconds(engine, dtype: str, params_by_rank, expert_params, *, shar
     return compute.elementwise_time_s(moved, dev).max(axis=1)
 
 
-def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: compute.Device, lay: Layouts, *,
-               run: Resolved, stage_layers: np.ndarray, params_by_rank: np.ndarray, expert_params_by_rank=None,
-               overlap: str | None = None, hidden: dict | None = None
-               ) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
+def step_times(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    coeffs: CostParams,
+    dev: compute.Device,
+    lay: Layouts,
+    *,
+    run: Resolved,
+    stage_layers: np.ndarray,
+    params_by_rank: np.ndarray,
+    expert_params_by_rank=None,
+    overlap: str | None = None,
+    hidden: dict | None = None,
+) -> tuple[dict[str, np.ndarray], StageTimes, PipelineTimes]:
     """TIME_FIELDS (arrays of N) for the N layouts ``lay``, which share pp, interleave, the layer split, ep and
     cp, as ``run`` says their runtime runs them (``accounting.engines.Resolved``: the engine whose overlaps and
     collectives count, ``cost.overlap``, with the plan's gradient accumulation, its fusion and Adam kernel; the
@@ -553,14 +788,35 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     is_v = np.isin(np.asarray(schedule), _V_CODES) & (v == 2) & (p > 1)
     if is_v.any() and not is_v.all():
         raise ValueError("step_times needs layouts of one placement: V schedules apart (planner.evaluate groups them)")
-    st = with_parameter_passes(st, engine, dtype, model, tp, params_by_rank + xp, v, m, zero, lay.recompute, dev,
-                               shard=dp * cp_size, side_streams=not cluster.device.is_host, v_shape=bool(is_v.all()))
+    st = with_parameter_passes(
+        st,
+        engine,
+        dtype,
+        model,
+        tp,
+        params_by_rank + xp,
+        v,
+        m,
+        zero,
+        lay.recompute,
+        dev,
+        shard=dp * cp_size,
+        side_streams=not cluster.device.is_host,
+        v_shape=bool(is_v.all()),
+    )
     F, B, W = st.forward_s, st.backward_s, st.wgrad
     p2p = p2p_exposed(st.p2p, st.fwd, rules=rules, interleaved=(np.asarray(schedule) == _INTERLEAVED) & (v > 1))
     # The pipeline with and without the transfers, in one call.
-    two = pipeline_times(np.concatenate([F, F]), np.concatenate([B, B]), np.concatenate([W, W]), pp=p,
-                         interleave=v, num_microbatches=np.concatenate([m, m]),
-                         schedule=np.concatenate([schedule, schedule]), p2p_s=np.concatenate([p2p, 0 * p2p]))
+    two = pipeline_times(
+        np.concatenate([F, F]),
+        np.concatenate([B, B]),
+        np.concatenate([W, W]),
+        pp=p,
+        interleave=v,
+        num_microbatches=np.concatenate([m, m]),
+        schedule=np.concatenate([schedule, schedule]),
+        p2p_s=np.concatenate([p2p, 0 * p2p]),
+    )
     pipe, no_p2p = two.step_s[:N], two.step_s[N:]
     pt = PipelineTimes(step_s=pipe, rank_end_s=two.rank_end_s[:N], busy_s=two.busy_s[:N])
 
@@ -586,15 +842,26 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     gathered = fp8_gathered_params(model, tp, stage_layers, p, ep) if (fp8 and run.fp8_param_gather) else None
     t_red, t_gat = np.zeros((N, p)), np.zeros((N, p))
     for z in np.unique(zero):
-        kw = dict(tp=tp[:, None], pp=p, dp=dp[:, None], zero_stage=int(z), params_here=params_by_rank,
-                  num_microbatches=m[:, None], run=run, cp_size=cp_size, ep=ep, expert_params_here=xp,
-                  fp8_gathered=gathered)
+        kw = dict(
+            tp=tp[:, None],
+            pp=p,
+            dp=dp[:, None],
+            zero_stage=int(z),
+            params_here=params_by_rank,
+            num_microbatches=m[:, None],
+            run=run,
+            cp_size=cp_size,
+            ep=ep,
+            expert_params_here=xp,
+            fp8_gathered=gathered,
+        )
         r_, g_ = dp_collective_times(cluster, coeffs, model, pipeline_end=True, **kw)
         prep = engine.reduce_prep_bytes(dtype) if z >= 2 else 0.0
         if prep:  # FSDP1's cast and pre-divide before each reduce-scatter, on the stream that then runs it
             reductions = np.where(engine.reduce_each_microbatch & (p == 1), m, 1)[:, None]
-            r_ = r_ + np.where(dp[:, None] > 1, reductions * compute.elementwise_time_s(
-                prep * (params_by_rank + xp), dev), 0.0)
+            r_ = r_ + np.where(
+                dp[:, None] > 1, reductions * compute.elementwise_time_s(prep * (params_by_rank + xp), dev), 0.0
+            )
         if model.tied_embeddings and p > 2:  # the ends' embedding all-reduce: ranks 0 and pp-1 only
             mid_r, mid_g = dp_collective_times(cluster, coeffs, model, pipeline_end=False, **kw)
             ends = (rank == 0) | (rank == p - 1)
@@ -606,8 +873,11 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     # the reduction hides behind the last micro-batch's backward, or behind every one where each reduces its own
     each = engine.reduce_each_microbatch & (zero >= 2) & (p == 1)
     red_window = np.where(red_on[:, None], coeffs.dp_overlap * per_rank(B + W) / np.where(each, 1, m)[:, None], 0.0)
-    gat_window = (coeffs.dp_overlap * np.where(z3, per_rank(F + B), per_rank(F) / m[:, None])
-                  if rules.dp_param_gather else np.zeros((N, p)))
+    gat_window = (
+        coeffs.dp_overlap * np.where(z3, per_rank(F + B), per_rank(F) / m[:, None])
+        if rules.dp_param_gather
+        else np.zeros((N, p))
+    )
     slack = pipe[:, None] - pt.rank_end_s
     red_exposed = exposed(t_red, red_window + slack)
     gat_exposed = exposed(t_gat, gat_window)
@@ -634,26 +904,61 @@ def step_times(model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, dev: 
     shard = np.where(zero >= 1, dp * cp_size, 1)[:, None]
     xshard = np.where(zero >= 1, tp * cp_size * dp / ep, 1)[:, None]  # the expert-data-parallel group
     offload = run.settings.offload
-    opt = optimizer_seconds(engine, dtype, params_by_rank, xp, shard=shard, xshard=xshard, zero=zero, tp=tp, ep=ep,
-                            on_host=cluster.device.is_host, dev=dev, offloaded=offload != "none"
-                            ) + loss_scaling_s(cluster, coeffs, dtype, lay.gpus)
+    opt = optimizer_seconds(
+        engine,
+        dtype,
+        params_by_rank,
+        xp,
+        shard=shard,
+        xshard=xshard,
+        zero=zero,
+        tp=tp,
+        ep=ep,
+        on_host=cluster.device.is_host,
+        dev=dev,
+        offloaded=offload != "none",
+    ) + loss_scaling_s(cluster, coeffs, dtype, lay.gpus)
     each_mb = np.where(engine.reduce_each_microbatch & (p == 1), m, 1)  # FSDP's reductions a step
-    parts = offload_seconds(offload, run, cluster, partition=(params_by_rank / shard + xp / xshard).max(axis=1),
-                            gathers=m * np.where(zero == 3, 2, 1), reductions=each_mb, compute_s=compute_s,
-                            gpus=lay.gpus)
+    parts = offload_seconds(
+        offload,
+        run,
+        cluster,
+        partition=(params_by_rank / shard + xp / xshard).max(axis=1),
+        gathers=m * np.where(zero == 3, 2, 1),
+        reductions=each_mb,
+        compute_s=compute_s,
+        gpus=lay.gpus,
+    )
     off = parts["total"]
     if hidden is not None and offload != "none":  # the offload's parts, for the estimate's note
         hidden["offload"] = parts
     fixed = dev.params.step_overhead_s + np.where(dp > 1, dev.params.dp_step_overhead_s, 0.0)
     # the step waits for its slowest GPU, whose pipeline and optimizer run speed_spread x E[max] slower
     lag = straggler_s(pipe + opt, lay.gpus, coeffs.speed_spread, on_host=cluster.device.is_host)
-    times = {"step": pipe + dp_exposed + opt + off + fixed + lag, "compute": compute_s, "offload": off,
-             "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0), "tp_comm": tp_s, "pp_comm": pipe - no_p2p,
-             "dp_comm": dp_exposed, "optimizer": opt, "other": fixed + 0.0 * pipe, "ep_comm": ep_s,
-             "cp_comm": ext_s - ep_s, "straggler": lag}
+    times = {
+        "step": pipe + dp_exposed + opt + off + fixed + lag,
+        "compute": compute_s,
+        "offload": off,
+        "bubble": np.maximum(no_p2p - compute_s - tp_s - ext_s, 0.0),
+        "tp_comm": tp_s,
+        "pp_comm": pipe - no_p2p,
+        "dp_comm": dp_exposed,
+        "optimizer": opt,
+        "other": fixed + 0.0 * pipe,
+        "ep_comm": ep_s,
+        "cp_comm": ext_s - ep_s,
+        "straggler": lag,
+    }
     return times, st, pt
 
 
-
-__all__ = ["StageTimes", "TIME_FIELDS", "dp_collective_times", "loss_scaling_s", "recomputed", "stage_times",
-           "step_times", "tp_collective_time_s"]
+__all__ = [
+    "StageTimes",
+    "TIME_FIELDS",
+    "dp_collective_times",
+    "loss_scaling_s",
+    "recomputed",
+    "stage_times",
+    "step_times",
+    "tp_collective_time_s",
+]

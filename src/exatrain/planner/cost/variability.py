@@ -23,6 +23,7 @@ import numpy as np
 # The cited spread (module docstring): Sinha et al.'s 8% average variation over 5.4 standard deviations.
 SPEED_SPREAD = 0.08 / 5.4
 
+
 @lru_cache(maxsize=1)
 def _grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x, the normal's pdf and cdf on the grid E[max] is integrated on (its mass outside it is < 1e-18); built on

@@ -45,18 +45,37 @@ def layouts_of(space: Space) -> Layouts:
     names = np.array([SCHEDULES.index(s) for s, _ in space.options.schedules], dtype=np.int64)
     vs = np.array([v for _, v in space.options.schedules], dtype=np.int64)
     one = space.pp == 1
-    return Layouts.of(tp=space.tp, pp=space.pp, dp=space.dp, micro_batch=space.micro_batch,
-                      num_microbatches=space.num_microbatches, zero_stage=space.zero, recompute=space.recompute,
-                      sequence_parallel=space.sp,
-                      schedule=np.where(one, SCHEDULES.index("1f1b"), names[space.variant] if len(space) else 0),
-                      interleave=np.where(one, 1, vs[space.variant] if len(space) else 1), ep=space.ep, cp=space.cp,
-                      recompute_layers=max(space.options.recompute_layers, 0))
+    return Layouts.of(
+        tp=space.tp,
+        pp=space.pp,
+        dp=space.dp,
+        micro_batch=space.micro_batch,
+        num_microbatches=space.num_microbatches,
+        zero_stage=space.zero,
+        recompute=space.recompute,
+        sequence_parallel=space.sp,
+        schedule=np.where(one, SCHEDULES.index("1f1b"), names[space.variant] if len(space) else 0),
+        interleave=np.where(one, 1, vs[space.variant] if len(space) else 1),
+        ep=space.ep,
+        cp=space.cp,
+        recompute_layers=max(space.options.recompute_layers, 0),
+    )
 
 
-def evaluate_space(space: Space, model: ModelSpec, cluster: ClusterSpec, global_batch: int, coeffs: CostParams,
-                   dtype: str = "bfloat16", flash: bool = True, runtime: str = "exatrain",
-                   time_if_fits: bool = False, overlap: str | None = None, fit_bytes: float | None = None,
-                   recompute_limit_bytes: float | None = None) -> BatchResult:
+def evaluate_space(
+    space: Space,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch: int,
+    coeffs: CostParams,
+    dtype: str = "bfloat16",
+    flash: bool = True,
+    runtime: str = "exatrain",
+    time_if_fits: bool = False,
+    overlap: str | None = None,
+    fit_bytes: float | None = None,
+    recompute_limit_bytes: float | None = None,
+) -> BatchResult:
     """``runtime``: the engine that runs the candidates (``settings.RUNTIMES``), with the space's run
     settings (``SpaceOptions.settings``): its memory judges them and its overlaps time them (``planner.evaluate``).
     ``time_if_fits``: time only the candidates whose worst stage is at most ``fit_bytes`` (None: the capacity; NaN
@@ -68,17 +87,35 @@ def evaluate_space(space: Space, model: ModelSpec, cluster: ClusterSpec, global_
     kw = dict(global_batch=global_batch, memory=(runtime,), run=run, overlap=overlap)
     layouts = layouts_of(space)
     if o.recompute_layers == RECOMPUTE_LAYERS_AUTO:
-        layouts = dataclasses.replace(layouts, recompute_layers=fit_recompute_layers(
-            layouts, model, cluster, coeffs, limit_bytes=recompute_limit_bytes, **kw))
+        layouts = dataclasses.replace(
+            layouts,
+            recompute_layers=fit_recompute_layers(
+                layouts, model, cluster, coeffs, limit_bytes=recompute_limit_bytes, **kw
+            ),
+        )
     ev = evaluate_layouts(layouts, model, cluster, coeffs, time_if_fits=time_if_fits, fit_bytes=fit_bytes, **kw)
-    return BatchResult(memory=ev.memory[runtime], memory_total=ev.memory_total[runtime], fits=ev.fits,
-                       time=ev.time, tokens_per_s=ev.tokens_per_s, model_tflops_per_gpu=ev.model_tflops_per_gpu,
-                       recompute_layers=layouts.recompute_layers,
-                       host_fits=None if o.offload == "none" else host_fits(ev.host_bytes, cluster, layouts.gpus))
+    return BatchResult(
+        memory=ev.memory[runtime],
+        memory_total=ev.memory_total[runtime],
+        fits=ev.fits,
+        time=ev.time,
+        tokens_per_s=ev.tokens_per_s,
+        model_tflops_per_gpu=ev.model_tflops_per_gpu,
+        recompute_layers=layouts.recompute_layers,
+        host_fits=None if o.offload == "none" else host_fits(ev.host_bytes, cluster, layouts.gpus),
+    )
 
 
-def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpec, coeffs: CostParams, *,
-                         memory: tuple[str, ...], limit_bytes: float | None = None, **kw) -> np.ndarray:
+def fit_recompute_layers(
+    layouts: Layouts,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    coeffs: CostParams,
+    *,
+    memory: tuple[str, ...],
+    limit_bytes: float | None = None,
+    **kw,
+) -> np.ndarray:
     """Per layout, the fewest layers of each (virtual) stage a full recomputation must cover, the first ones
     (Megatron-Core's block method, ``Plan.recompute_layers``), for every rank to fit the device in ``memory[0]``'s
     count; 0 (every layer) where no fewer fit, or for a layout that does not recompute in full. A rank's memory is
@@ -92,8 +129,16 @@ def fit_recompute_layers(layouts: Layouts, model: ModelSpec, cluster: ClusterSpe
     sub = layouts.take(full)
     totals = []
     for n in (0, 1):
-        ev = evaluate_layouts(dataclasses.replace(sub, recompute_layers=np.full(len(sub), n)), model, cluster, coeffs,
-                              memory=memory, by_rank=True, time=False, **kw)
+        ev = evaluate_layouts(
+            dataclasses.replace(sub, recompute_layers=np.full(len(sub), n)),
+            model,
+            cluster,
+            coeffs,
+            memory=memory,
+            by_rank=True,
+            time=False,
+            **kw,
+        )
         totals.append(sum(ev.by_rank[memory[0]][f] for f in MEMORY_FIELDS))
     every, one = totals
     capacity = cluster.device.hbm_bytes if limit_bytes is None else limit_bytes

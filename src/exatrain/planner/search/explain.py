@@ -31,16 +31,18 @@ def explain(ranked: Sequence[Plan], runners_up: int = 3) -> list[str]:
         return []
     win = ranked[0]
     a = win.estimate.time_s  # type: ignore[union-attr]
-    terms = _terms(ranked[:1 + runners_up])
-    lines = [f"winner {describe(win)}: {a.step:.3f} s/step, "
-             + ", ".join(f"{k} {getattr(a, k):.3f}" for k in terms)]
-    for i, other in enumerate(ranked[1:1 + runners_up], 2):
+    terms = _terms(ranked[: 1 + runners_up])
+    lines = [f"winner {describe(win)}: {a.step:.3f} s/step, " + ", ".join(f"{k} {getattr(a, k):.3f}" for k in terms)]
+    for i, other in enumerate(ranked[1 : 1 + runners_up], 2):
         b = other.estimate.time_s  # type: ignore[union-attr]
         diffs = sorted(((getattr(b, k) - getattr(a, k), k) for k in terms), key=lambda x: -abs(x[0]))
         parts = [f"{k} {'+' if d > 0 else '−'}{abs(d):.3f} s" for d, k in diffs[:2] if abs(d) > 1e-9]
         need = other.estimate.memory_bytes.total / GiB  # type: ignore[union-attr]
-        lines.append(f"#{i} {describe(other)} is {b.step / a.step - 1:.1%} slower: "
-                     + (", ".join(parts) or "same terms") + f"; it would need {need:.1f} GiB")
+        lines.append(
+            f"#{i} {describe(other)} is {b.step / a.step - 1:.1%} slower: "
+            + (", ".join(parts) or "same terms")
+            + f"; it would need {need:.1f} GiB"
+        )
     return lines
 
 

@@ -29,15 +29,27 @@ from exatrain import rules
 from exatrain.accounting.engines import get_engine
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
-from exatrain.settings import (FP8_PARAM_GATHER_RUNTIMES, OFFLOAD_RUNTIMES, RECOMPUTE, SCHEDULES, RunSettings,
-                               holds_settings)
+from exatrain.settings import (
+    FP8_PARAM_GATHER_RUNTIMES,
+    OFFLOAD_RUNTIMES,
+    RECOMPUTE,
+    SCHEDULES,
+    RunSettings,
+    holds_settings,
+)
 
 # Schedule variants searched: (name, interleave). interleave = virtual stages per rank.
 SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
-    ("gpipe", 1), ("1f1b", 1),
-    ("interleaved", 2), ("interleaved", 3), ("interleaved", 4),
-    ("zero_bubble", 2), ("zero_bubble", 4),
-    ("zbh1", 1), ("zbv", 2), ("dualpipev", 2),
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved", 2),
+    ("interleaved", 3),
+    ("interleaved", 4),
+    ("zero_bubble", 2),
+    ("zero_bubble", 4),
+    ("zbh1", 1),
+    ("zbv", 2),
+    ("dualpipev", 2),
 )
 
 PLAN_REASONS = tuple(r.reason for r in rules.RULES if r.scope == "plan")
@@ -131,9 +143,15 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [k for k in range(1, min(n, limit) + 1) if n % k == 0]
 
 
-def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_batch: int,
-                    options: SpaceOptions = SpaceOptions(), runtime: str = "exatrain",
-                    dtype: str = "bfloat16") -> Space:
+def enumerate_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    global_batch: int,
+    options: SpaceOptions = SpaceOptions(),
+    runtime: str = "exatrain",
+    dtype: str = "bfloat16",
+) -> Space:
     """Every candidate of the grid, filtered to the legal canonical ones (arrays), with the ZeRO
     stages ``runtime`` offers (RUNTIME_REASON counts the others). With ``runtime`` "exatrain" also
     without the combinations exatrain's trainer refuses (TRAINER_LAYOUT_REASONS, each counted apart).
@@ -147,9 +165,18 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     variants = list(options.schedules)
     eps = list(options.ep) if options.ep else ep_candidates(model)
     cps = list(options.cp) if options.cp else cp_candidates(model, gpus)
-    grid = np.meshgrid(np.array(tps), np.array(pps), np.array(mbs), np.array(options.zero_stage),
-                       np.arange(len(options.recompute)), np.array(options.sequence_parallel, dtype=bool),
-                       np.arange(len(variants)), np.array(eps), np.array(cps), indexing="ij")
+    grid = np.meshgrid(
+        np.array(tps),
+        np.array(pps),
+        np.array(mbs),
+        np.array(options.zero_stage),
+        np.arange(len(options.recompute)),
+        np.array(options.sequence_parallel, dtype=bool),
+        np.arange(len(variants)),
+        np.array(eps),
+        np.array(cps),
+        indexing="ij",
+    )
     tp, pp, mb, zero, rec, sp, var, ep, cp = (g.ravel() for g in grid)
     rec = np.array([RECOMPUTE.index(options.recompute[i]) for i in range(len(options.recompute))])[rec]
     v = np.array([iv for _, iv in variants])[var]
@@ -168,18 +195,46 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, gpus: int, global_ba
     if not options.tp:
         scopes += ("search",)
     shared = rules.Shared(model, cluster=cluster, settings=options.settings.replace(runtime=runtime))
-    x = rules.rule_inputs(shared, tp=tp, pp=pp, gpus=gpus, micro_batch=mb, global_batch=global_batch, zero_stage=zero,
-                         recompute=rec, sequence_parallel=sp, schedule=code, interleave=v, ep=ep, cp=cp)
+    x = rules.rule_inputs(
+        shared,
+        tp=tp,
+        pp=pp,
+        gpus=gpus,
+        micro_batch=mb,
+        global_batch=global_batch,
+        zero_stage=zero,
+        recompute=rec,
+        sequence_parallel=sp,
+        schedule=code,
+        interleave=v,
+        ep=ep,
+        cp=cp,
+    )
     offered = get_engine(runtime).with_grad_accum(options.grad_accum).zero_stages(dtype)
     masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
     if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's
         masks[FP8_GATHER_REASON] = zero < FP8_PARAM_GATHER_RUNTIMES.get(runtime, 0)
     if options.offload != "none":  # the stages each runtime offloads at (exatrain's FSDP2: only over dp x cp > 1)
         masks[OFFLOAD_REASON] = ~np.isin(zero, OFFLOAD_RUNTIMES[options.offload].get(runtime, ())) | (
-            (runtime == "exatrain") & (dp * cp < 2))
+            (runtime == "exatrain") & (dp * cp < 2)
+        )
     rejected, alive = rules.first_reasons(masks, keep)
     m = np.where(dp > 0, x.num_microbatches, 0)
     idx = np.nonzero(alive)[0]
-    return Space(tp=tp[idx], pp=pp[idx], dp=dp[idx], micro_batch=mb[idx], zero=zero[idx], recompute=rec[idx],
-                 sp=sp[idx], variant=var[idx], num_microbatches=m[idx], options=options,
-                 examined=int(examined), rejected=rejected, collapsed=collapsed, ep=ep[idx], cp=cp[idx])
+    return Space(
+        tp=tp[idx],
+        pp=pp[idx],
+        dp=dp[idx],
+        micro_batch=mb[idx],
+        zero=zero[idx],
+        recompute=rec[idx],
+        sp=sp[idx],
+        variant=var[idx],
+        num_microbatches=m[idx],
+        options=options,
+        examined=int(examined),
+        rejected=rejected,
+        collapsed=collapsed,
+        ep=ep[idx],
+        cp=cp[idx],
+    )

@@ -25,8 +25,10 @@ def expected_params(spec: ModelSpec) -> dict[str, tuple[list[int], str]]:
     """Every parameter of the whole model by canonical name: (shape, dtype name), built on the meta device."""
     with torch.device("meta"):
         model = Transformer(spec)
-    return {canonical_name(n, spec): (list(p.shape), str(p.dtype).removeprefix("torch."))
-            for n, p in model.named_parameters()}
+    return {
+        canonical_name(n, spec): (list(p.shape), str(p.dtype).removeprefix("torch."))
+        for n, p in model.named_parameters()
+    }
 
 
 def trained_params(spec: ModelSpec) -> set[str]:
@@ -51,15 +53,19 @@ def check_model(manifest: Manifest, spec: ModelSpec) -> None:
     stored = {k.removeprefix("model."): v for k, v in table.items() if k.startswith("model.")}
     for name, (shape, _) in want.items():
         if name not in stored:
-            raise CheckpointError(f"{manifest.path} was saved for another model ({saved_for}): it has no {name}, "
-                                  f"which {spec.name} needs")
+            raise CheckpointError(
+                f"{manifest.path} was saved for another model ({saved_for}): it has no {name}, which {spec.name} needs"
+            )
         if stored[name]["size"] != shape:
-            raise CheckpointError(f"{manifest.path} was saved for another model ({saved_for}): {name} is "
-                                  f"{stored[name]['size']} there but {shape} in {spec.name}")
+            raise CheckpointError(
+                f"{manifest.path} was saved for another model ({saved_for}): {name} is "
+                f"{stored[name]['size']} there but {shape} in {spec.name}"
+            )
     extra = sorted(set(stored) - set(want))
     if extra:
-        raise CheckpointError(f"{manifest.path} was saved for another model ({saved_for}): it has {extra[0]}, "
-                              f"which {spec.name} lacks")
+        raise CheckpointError(
+            f"{manifest.path} was saved for another model ({saved_for}): it has {extra[0]}, which {spec.name} lacks"
+        )
     _check_states(manifest, want)
 
 
@@ -73,8 +79,10 @@ def _check_states(manifest: Manifest, want: dict[str, tuple[list[int], str]]) ->
         elif key.startswith("optim."):
             name, _, state = key.removeprefix("optim.").rpartition(".")
             if name not in want or state not in (*_ADAM, "step"):
-                raise CheckpointError(f"{manifest.path}: holds tensor {key[:120]!r}, which is not a state of "
-                                      f"{manifest.plan.model.name}'s optimizer")
+                raise CheckpointError(
+                    f"{manifest.path}: holds tensor {key[:120]!r}, which is not a state of "
+                    f"{manifest.plan.model.name}'s optimizer"
+                )
             has_optim = True
             shape, kind = ([], "float32") if state == "step" else want[name]
         elif _RNG.match(key):
@@ -87,8 +95,13 @@ def _check_states(manifest: Manifest, want: dict[str, tuple[list[int], str]]) ->
             raise CheckpointError(f"{manifest.path}: {key} is {dtype} {size}, not {kind} {shape}")
     if has_optim:
         trained = trained_params(manifest.plan.model)
-        missing = [f"optim.{n}.{s}" for n in want if n in trained for s in (*_ADAM, "step")
-                   if f"optim.{n}.{s}" not in manifest.tensors]
+        missing = [
+            f"optim.{n}.{s}"
+            for n in want
+            if n in trained
+            for s in (*_ADAM, "step")
+            if f"optim.{n}.{s}" not in manifest.tensors
+        ]
         if missing:
             raise CheckpointError(f"{manifest.path}: holds optimizer states but not {missing[0]}")
 

@@ -52,14 +52,35 @@ _STEP = re.compile(r"^step-(\d{8,})$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)-step-\d{8,}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # dtype name in metadata.json -> (safetensors header dtype, bytes per element) (safetensors' format spec)
-SAFETENSORS_DTYPES = {"float32": ("F32", 4), "float64": ("F64", 8), "float16": ("F16", 2), "bfloat16": ("BF16", 2),
-          "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1),
-          "bool": ("BOOL", 1)}
+SAFETENSORS_DTYPES = {
+    "float32": ("F32", 4),
+    "float64": ("F64", 8),
+    "float16": ("F16", 2),
+    "bfloat16": ("BF16", 2),
+    "int64": ("I64", 8),
+    "int32": ("I32", 4),
+    "int16": ("I16", 2),
+    "int8": ("I8", 1),
+    "uint8": ("U8", 1),
+    "bool": ("BOOL", 1),
+}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library refuses larger headers (its N_MAX_HEADER_SIZE)
 # trainer.json: every field the trainer and export read, with its JSON type
-TRAINER_FIELDS = {"step": int, "samples_consumed": int, "global_batch": int, "seq_len": int, "seed": int,
-                  "data_shuffle": bool, "tokenizer_sha256": str, "separator": str, "separator_id": int,
-                  "nan_skipped": int, "layout": dict, "plan": dict, "steps": int}
+TRAINER_FIELDS = {
+    "step": int,
+    "samples_consumed": int,
+    "global_batch": int,
+    "seq_len": int,
+    "seed": int,
+    "data_shuffle": bool,
+    "tokenizer_sha256": str,
+    "separator": str,
+    "separator_id": int,
+    "nan_skipped": int,
+    "layout": dict,
+    "plan": dict,
+    "steps": int,
+}
 
 
 class CheckpointError(UserError):
@@ -90,8 +111,11 @@ def write_manifest(directory: Path, step: int) -> None:
     for f in sorted(directory.iterdir()):
         if f.is_file() and f.name != MANIFEST and not f.name.startswith("."):
             files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-    write_json_atomic(directory / MANIFEST,
-                      {"format": MANIFEST_FORMAT, "version": VERSION, "step": step, "files": files}, durable=True)
+    write_json_atomic(
+        directory / MANIFEST,
+        {"format": MANIFEST_FORMAT, "version": VERSION, "step": step, "files": files},
+        durable=True,
+    )
 
 
 def _is_int(v: Any) -> bool:
@@ -126,8 +150,10 @@ def _verify(path: Path, hashes: bool) -> Manifest:
         raise CheckpointError(f"{path}: no such checkpoint directory")
     mpath = path / MANIFEST
     if not mpath.is_file():
-        raise CheckpointError(f"{path}: no {MANIFEST}: the checkpoint is incomplete (its save did not finish) "
-                              "or is not an exatrain checkpoint")
+        raise CheckpointError(
+            f"{path}: no {MANIFEST}: the checkpoint is incomplete (its save did not finish) "
+            "or is not an exatrain checkpoint"
+        )
     raw = _read_json(mpath, MANIFEST, path)
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT or not isinstance(raw.get("files"), dict):
         raise CheckpointError(f"{path}: {MANIFEST} is not an exatrain checkpoint manifest")
@@ -146,8 +172,12 @@ def _verify(path: Path, hashes: bool) -> Manifest:
     for name, info in files.items():
         if not plain_name(name) or name == MANIFEST:
             raise CheckpointError(f"{path}: {MANIFEST} names a file outside the checkpoint ({name[:80]!r})")
-        if not isinstance(info, dict) or not _is_int(info.get("bytes")) or not isinstance(info.get("sha256"), str) \
-                or not _SHA256.match(info["sha256"]):
+        if (
+            not isinstance(info, dict)
+            or not _is_int(info.get("bytes"))
+            or not isinstance(info.get("sha256"), str)
+            or not _SHA256.match(info["sha256"])
+        ):
             raise CheckpointError(f"{path}: {MANIFEST} entry {name[:80]!r} is not an object with bytes and sha256")
         f = path / name
         try:
@@ -157,8 +187,9 @@ def _verify(path: Path, hashes: bool) -> Manifest:
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{path}: {name} is not a regular file (a link or a directory)")
         if st.st_size != info["bytes"]:
-            raise CheckpointError(f"{path}: {name} is truncated or overwritten ({st.st_size} bytes, manifest says "
-                                  f"{info['bytes']})")
+            raise CheckpointError(
+                f"{path}: {name} is truncated or overwritten ({st.st_size} bytes, manifest says {info['bytes']})"
+            )
         if hashes and sha256_file(f) != info["sha256"]:
             raise CheckpointError(f"{path}: {name} is corrupted (its sha256 differs from the manifest)")
     trainer = _read_json(path / TRAINER, TRAINER, path)
@@ -180,8 +211,9 @@ def _check_trainer(path: Path, t: dict[str, Any]) -> Plan:
     for key, kind in TRAINER_FIELDS.items():
         v = t.get(key)
         if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-            raise CheckpointError(f"{path}: {TRAINER} field {key!r} is {_describe(v) if key in t else 'missing'}, "
-                                  f"not {kind.__name__}")
+            raise CheckpointError(
+                f"{path}: {TRAINER} field {key!r} is {_describe(v) if key in t else 'missing'}, not {kind.__name__}"
+            )
         if kind is int and key != "seed" and v < 0:
             raise CheckpointError(f"{path}: {TRAINER} field {key!r} is negative")
     try:
@@ -190,8 +222,10 @@ def _check_trainer(path: Path, t: dict[str, Any]) -> Plan:
         text = str(exc)
         raise CheckpointError(text if str(path) in text else f"{path / TRAINER}: plan: {text}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a field of the wrong type
-        raise CheckpointError(f"{path / TRAINER}: plan: malformed plan ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+        raise CheckpointError(
+            f"{path / TRAINER}: plan: malformed plan ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''})"
+        ) from None
     if t["layout"] != layout_of(plan) or t["seq_len"] != plan.model.seq_len or t["global_batch"] != plan.global_batch:
         raise CheckpointError(f"{path}: {TRAINER}'s layout, seq_len or global batch disagree with its plan")
     return plan
@@ -203,28 +237,42 @@ def read_tensor_table(path: str | Path, listed: dict[str, Any]) -> dict[str, dic
     lists (``listed``) under keys whose header entries have the chunk's dtype, shape and byte range."""
     path = Path(path)
     raw = _read_json(path / METADATA, METADATA, path)
-    if not isinstance(raw, dict) or raw.get("format") != TABLE_FORMAT or raw.get("version") != 1 \
-            or not isinstance(raw.get("tensors"), dict):
+    if (
+        not isinstance(raw, dict)
+        or raw.get("format") != TABLE_FORMAT
+        or raw.get("version") != 1
+        or not isinstance(raw.get("tensors"), dict)
+    ):
         raise CheckpointError(f"{path}: {METADATA} is not an exatrain tensor table")
     headers: dict[str, dict[str, Any]] = {}
     for fqn, t in raw["tensors"].items():
         where = f"{path}: {METADATA} entry {fqn!r}"
-        if not isinstance(t, dict) or t.get("dtype") not in SAFETENSORS_DTYPES or not _dims(t.get("size")) \
-                or not isinstance(t.get("chunks"), list) or not t["chunks"]:
+        if (
+            not isinstance(t, dict)
+            or t.get("dtype") not in SAFETENSORS_DTYPES
+            or not _dims(t.get("size"))
+            or not isinstance(t.get("chunks"), list)
+            or not t["chunks"]
+        ):
             raise CheckpointError(f"{where} is malformed (needs dtype, size and chunks)")
         size = t["size"]
         volume = 0
         boxes = []
         for c in t["chunks"]:
-            if not isinstance(c, dict) or not _dims(c.get("offsets"), len(size)) \
-                    or not _dims(c.get("sizes"), len(size)) \
-                    or not isinstance(c.get("file"), str) or not isinstance(c.get("key"), str):
+            if (
+                not isinstance(c, dict)
+                or not _dims(c.get("offsets"), len(size))
+                or not _dims(c.get("sizes"), len(size))
+                or not isinstance(c.get("file"), str)
+                or not isinstance(c.get("key"), str)
+            ):
                 raise CheckpointError(f"{where} has a malformed chunk (needs offsets, sizes, file, key)")
             if any(o + n > s for o, n, s in zip(c["offsets"], c["sizes"], size)):
                 raise CheckpointError(f"{where} has a chunk outside its size {size}")
             if c["file"] not in listed or not c["file"].endswith(".safetensors"):
-                raise CheckpointError(f"{where} names a file that is not one of the checkpoint's safetensors "
-                                      f"files ({c['file'][:80]!r})")
+                raise CheckpointError(
+                    f"{where} names a file that is not one of the checkpoint's safetensors files ({c['file'][:80]!r})"
+                )
             if c["file"] not in headers:
                 headers[c["file"]] = safetensors_header(path / c["file"], path)
             _check_chunk(headers[c["file"]], c, t["dtype"], f"{where}: {c['file']}")
@@ -237,8 +285,7 @@ def read_tensor_table(path: str | Path, listed: dict[str, Any]) -> dict[str, dic
 
 def _dims(v: Any, n: int | None = None) -> bool:
     """A list of non-negative ints (of length ``n`` when given)."""
-    return isinstance(v, list) and (n is None or len(v) == n) and len(v) <= 8 \
-        and all(_is_int(x) and x >= 0 for x in v)
+    return isinstance(v, list) and (n is None or len(v) == n) and len(v) <= 8 and all(_is_int(x) and x >= 0 for x in v)
 
 
 def _overlap(boxes: list[tuple[list[int], list[int]]]) -> bool:
@@ -274,8 +321,12 @@ def safetensors_header(file: Path, where: Path) -> dict[str, Any]:
     for key, e in header.items():
         if key == "__metadata__":
             continue
-        ok = isinstance(e, dict) and isinstance(e.get("dtype"), str) and _dims(e.get("shape")) \
+        ok = (
+            isinstance(e, dict)
+            and isinstance(e.get("dtype"), str)
+            and _dims(e.get("shape"))
             and _dims(e.get("data_offsets"), 2)
+        )
         if not ok or not e["data_offsets"][0] <= e["data_offsets"][1] <= data_bytes:
             raise CheckpointError(f"{where}: {file.name} entry {key[:80]!r} is malformed or outside the file")
     return header
@@ -288,8 +339,9 @@ def _check_chunk(header: dict[str, Any], c: dict[str, Any], dtype: str, where: s
         raise CheckpointError(f"{where} lacks chunk {c['key'][:80]!r}")
     begin, end = e["data_offsets"]
     if e["dtype"] != code or e["shape"] != c["sizes"] or end - begin != math.prod(c["sizes"]) * itemsize:
-        raise CheckpointError(f"{where} holds chunk {c['key'][:80]!r} as {e['dtype']} {e['shape']}, not "
-                              f"{code} {c['sizes']}")
+        raise CheckpointError(
+            f"{where} holds chunk {c['key'][:80]!r} as {e['dtype']} {e['shape']}, not {code} {c['sizes']}"
+        )
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -375,8 +427,9 @@ def usable(path: Path, hashes: bool = True, check: Check | None = _consistent) -
     return manifest
 
 
-def newest_complete(root: str | Path, hashes: bool = True, warn: Callable[[str], None] | None = None,
-                    check: Check | None = _consistent) -> Manifest | None:
+def newest_complete(
+    root: str | Path, hashes: bool = True, warn: Callable[[str], None] | None = None, check: Check | None = _consistent
+) -> Manifest | None:
     """The newest checkpoint under ``root`` that is usable; each one that is not is reported through
     ``warn`` (one line: which and why) and skipped, as is each unfinished save. None when there is none."""
     warn = warn or _stderr
@@ -390,8 +443,13 @@ def newest_complete(root: str | Path, hashes: bool = True, warn: Callable[[str],
     return None
 
 
-def resolve(resume: str | None, checkpoint_dir: str | None, hashes: bool = True,
-            warn: Callable[[str], None] | None = None, check: Check | None = _consistent) -> Manifest | None:
+def resolve(
+    resume: str | None,
+    checkpoint_dir: str | None,
+    hashes: bool = True,
+    warn: Callable[[str], None] | None = None,
+    check: Check | None = _consistent,
+) -> Manifest | None:
     """What ``--resume`` names: None (start fresh), ``auto`` (the newest usable checkpoint in
     ``checkpoint_dir``, or nothing: a folder whose checkpoints are all unusable says so through ``warn``),
     or a path (that checkpoint; a checkpoint root means its newest)."""
@@ -403,8 +461,10 @@ def resolve(resume: str | None, checkpoint_dir: str | None, hashes: bool = True,
         found = newest_complete(checkpoint_dir, hashes=hashes, warn=warn, check=check)
         skipped = list_checkpoints(checkpoint_dir)
         if found is None and skipped:  # each one was named above, with why; an empty folder is a first run
-            (warn or _stderr)(f"no usable checkpoint in {checkpoint_dir} ({len(skipped)} skipped, each named above "
-                              "with why), starting from step 1")
+            (warn or _stderr)(
+                f"no usable checkpoint in {checkpoint_dir} ({len(skipped)} skipped, each named above "
+                "with why), starting from step 1"
+            )
         return found
     path = Path(resume)
     if is_checkpoint_root(path):
@@ -415,8 +475,12 @@ def resolve(resume: str | None, checkpoint_dir: str | None, hashes: bool = True,
     return usable(path, hashes=hashes, check=check)
 
 
-def select(path: str | Path, step: int | None = None, warn: Callable[[str], None] | None = None,
-           check: Check | None = _consistent) -> Manifest:
+def select(
+    path: str | Path,
+    step: int | None = None,
+    warn: Callable[[str], None] | None = None,
+    check: Check | None = _consistent,
+) -> Manifest:
     """For export: a checkpoint directory, or under a checkpoint root the one of ``step`` (default: the
     newest usable one)."""
     path = Path(path)
@@ -433,7 +497,27 @@ def select(path: str | Path, step: int | None = None, warn: Callable[[str], None
     return manifest
 
 
-__all__ = ["CheckpointError", "METADATA", "MANIFEST", "Manifest", "SAFETENSORS_DTYPES", "TOKENIZER", "TRAINER",
-           "layout_of", "clear_leftovers", "leftovers", "list_checkpoints", "newest_complete", "read_tensor_table",
-           "remove_path", "resolve", "safetensors_header", "select", "step_dir_name", "tmp_dir_name", "usable",
-           "verify", "write_manifest"]
+__all__ = [
+    "CheckpointError",
+    "METADATA",
+    "MANIFEST",
+    "Manifest",
+    "SAFETENSORS_DTYPES",
+    "TOKENIZER",
+    "TRAINER",
+    "layout_of",
+    "clear_leftovers",
+    "leftovers",
+    "list_checkpoints",
+    "newest_complete",
+    "read_tensor_table",
+    "remove_path",
+    "resolve",
+    "safetensors_header",
+    "select",
+    "step_dir_name",
+    "tmp_dir_name",
+    "usable",
+    "verify",
+    "write_manifest",
+]

@@ -64,8 +64,16 @@ def publish(tmp: Path, final: Path, trainer: dict[str, Any], tokenizer: Path | N
 class Checkpointer:
     """One rank's side of checkpointing for a run (built by every rank: it creates a process group)."""
 
-    def __init__(self, root: str | None, *, rank: int, device: torch.device, keep_last: int = 0,
-                 async_save: bool = False, tokenizer: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: str | None,
+        *,
+        rank: int,
+        device: torch.device,
+        keep_last: int = 0,
+        async_save: bool = False,
+        tokenizer: Path | None = None,
+    ) -> None:
         self.root = Path(root) if root else None
         self.rank, self.device = rank, device
         self.keep_last, self.async_save, self.tokenizer = keep_last, async_save, tokenizer

@@ -39,6 +39,7 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 def _from_local(f: nn.Module) -> Wrap:
     def wrap(t: torch.Tensor) -> torch.Tensor:
         return DTensor.from_local(t, f.mesh, f.placements, run_check=False, shape=f.shape, stride=f.stride)
+
     return wrap
 
 
@@ -73,14 +74,18 @@ def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 def _init_adam_state(state: dict, p: torch.Tensor, step_on_device: bool) -> None:
     """AdamW's own lazy initialisation (torch.optim.adam._init_group), done early so that a load has
     tensors to fill; the step count lives on the parameter's device for the fused kernel."""
-    state["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if step_on_device
-                     else torch.tensor(0.0, dtype=torch.float32))
+    state["step"] = (
+        torch.zeros((), dtype=torch.float32, device=p.device)
+        if step_on_device
+        else torch.tensor(0.0, dtype=torch.float32)
+    )
     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def state_dict(pm: ParallelModel, optimizer: torch.optim.Optimizer, rank: int,
-               device: torch.device) -> dict[str, torch.Tensor]:
+def state_dict(
+    pm: ParallelModel, optimizer: torch.optim.Optimizer, rank: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """This rank's part of the checkpoint: views onto its parameters and optimizer states (a load
     writes into them in place), and its RNG states."""
     views = param_views(pm)

@@ -28,8 +28,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties,
-                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
@@ -90,9 +95,13 @@ class SafetensorsWriter(_AtPath, StorageWriter):
             data = planner.resolve_data(item)
             key = _key(item.index.fqn, item.index.offset or ())
             tensors[key] = data.detach().to("cpu").contiguous().clone()
-            results.append(WriteResult(index=item.index,
-                                       size_in_bytes=tensors[key].numel() * tensors[key].element_size(),
-                                       storage_data={"file": file, "key": key}))
+            results.append(
+                WriteResult(
+                    index=item.index,
+                    size_in_bytes=tensors[key].numel() * tensors[key].element_size(),
+                    storage_data={"file": file, "key": key},
+                )
+            )
         if tensors:
             save_file(tensors, str(self.path / file))
         fut: Future = Future()
@@ -106,11 +115,16 @@ class SafetensorsWriter(_AtPath, StorageWriter):
             if not isinstance(md, TensorStorageMetadata):
                 raise TypeError(f"{fqn}: only tensors go into a checkpoint")
             tensors[fqn] = {
-                "dtype": _dtype_name(md.properties.dtype), "size": list(md.size),
-                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes),
-                            **where[(fqn, tuple(c.offsets))]} for c in md.chunks]}
-        write_json_atomic(self.path / METADATA, {"format": files.TABLE_FORMAT, "version": 1, "tensors": tensors},
-                          indent=1)
+                "dtype": _dtype_name(md.properties.dtype),
+                "size": list(md.size),
+                "chunks": [
+                    {"offsets": list(c.offsets), "sizes": list(c.sizes), **where[(fqn, tuple(c.offsets))]}
+                    for c in md.chunks
+                ],
+            }
+        write_json_atomic(
+            self.path / METADATA, {"format": files.TABLE_FORMAT, "version": 1, "tensors": tensors}, indent=1
+        )
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -139,8 +153,9 @@ class SafetensorsReader(_AtPath, StorageReader):
             for c in t["chunks"]:
                 chunks.append(ChunkStorageMetadata(offsets=torch.Size(c["offsets"]), sizes=torch.Size(c["sizes"])))
                 storage[MetadataIndex(fqn, c["offsets"])] = {"file": c["file"], "key": c["key"]}
-            md[fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=TORCH_DTYPES[t["dtype"]]),
-                                            size=torch.Size(t["size"]), chunks=chunks)
+            md[fqn] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=TORCH_DTYPES[t["dtype"]]), size=torch.Size(t["size"]), chunks=chunks
+            )
         return Metadata(state_dict_metadata=md, storage_data=storage)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -163,8 +178,9 @@ class SafetensorsReader(_AtPath, StorageReader):
                     piece = _read_slice(f, key, req.storage_offsets, req.lengths)
                     target = planner.resolve_tensor(req).detach()
                     if target.size() != piece.size():
-                        raise CheckpointError(f"{self.path}: {key} holds {list(piece.size())}, expected "
-                                              f"{list(target.size())}")
+                        raise CheckpointError(
+                            f"{self.path}: {key} holds {list(piece.size())}, expected {list(target.size())}"
+                        )
                     target.copy_(piece)
                     planner.commit_tensor(req, target)
         fut: Future = Future()
@@ -201,7 +217,7 @@ def read_full(path: str | os.PathLike, prefix: str = "") -> dict[str, torch.Tens
     chunks: one process, no process group (export, tests)."""
     path = Path(path)
     table = {k: v for k, v in read_metadata_json(path).items() if k.startswith(prefix)}
-    out = {k[len(prefix):]: torch.empty(v["size"], dtype=TORCH_DTYPES[v["dtype"]]) for k, v in table.items()}
+    out = {k[len(prefix) :]: torch.empty(v["size"], dtype=TORCH_DTYPES[v["dtype"]]) for k, v in table.items()}
     by_file: dict[str, list[tuple[str, dict]]] = {}
     for k, v in table.items():
         for c in v["chunks"]:
@@ -210,7 +226,7 @@ def read_full(path: str | os.PathLike, prefix: str = "") -> dict[str, torch.Tens
         with _opened(path, file) as f:
             for k, c in items:
                 piece = f.get_tensor(c["key"])
-                target = out[k[len(prefix):]]
+                target = out[k[len(prefix) :]]
                 for dim, (o, n) in enumerate(zip(c["offsets"], c["sizes"])):
                     target = target.narrow(dim, o, n)
                 target.copy_(piece)

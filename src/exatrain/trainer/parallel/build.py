@@ -118,8 +118,9 @@ def compile_blocks(module: nn.Module) -> None:
         block.forward = torch.compile(block.forward)
 
 
-def shard_stage(module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool = False,
-                expert=None, context=None) -> None:
+def shard_stage(
+    module: nn.Module, plan: Plan, tp_mesh, dp_mesh, compile: bool = False, expert=None, context=None
+) -> None:
     """Steps 2-4 on one meta-device stage, in place: TP/SP, expert parallelism (``expert``: a callable
     that places a stage's routed experts; MoE models only), activation checkpointing and the attention
     kernel, compile, FSDP (bench/trace.py applies the same to trace a rank's memory). ``dp_mesh``: the
@@ -146,8 +147,9 @@ def local_params_needed(plan: Plan) -> bool:
     return (plan.tp > 1 or plan.ep > 1) and data_parallel_kind(plan) in ("ddp", "allreduce")
 
 
-def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
-                moe_aux_loss_coef: float = 0.01) -> ParallelModel:
+def parallelize(
+    plan: Plan, mesh: Mesh, seed: int, compile: bool = False, moe_aux_loss_coef: float = 0.01
+) -> ParallelModel:
     """Build, shard, initialise and wrap this rank's stages (see the module docstring for the order).
     ``moe_aux_loss_coef``: weight of the MoE layers' load-balancing loss (trainer/moe.py)."""
     with torch.device("meta"):
@@ -160,10 +162,14 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
     for index, module in split_stages(whole, plan, mesh.pp_rank):  # 1. pipeline split
         if plan.fp8:  # FP8 GEMMs (trainer/fp8.py): still plain nn.Linear subclasses for the steps below
             convert_to_fp8(module)
-        expert = ((lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=moe_aux_loss_coef))
-                  if plan.model.is_moe else None)
-        shard_stage(module, plan, mesh.tp_mesh, mesh.grad_mesh, compile=compile, expert=expert,
-                    context=context)  # 2.-4.
+        expert = (
+            (lambda mod: apply_expert_parallel(mod, mesh, plan, aux_loss_coef=moe_aux_loss_coef))
+            if plan.model.is_moe
+            else None
+        )
+        shard_stage(
+            module, plan, mesh.tp_mesh, mesh.grad_mesh, compile=compile, expert=expert, context=context
+        )  # 2.-4.
         # FSDP2's CPU offload (--offload params) needs its sharded parameters made in host memory
         on_host = plan.offload == "params" and data_parallel_kind(plan) == "fsdp"
         materialize(module, plan.model, seed, torch.device("cpu") if on_host else mesh.device, mesh.device)
@@ -180,10 +186,19 @@ def parallelize(plan: Plan, mesh: Mesh, seed: int, compile: bool = False,
         stages.append((index, run))
         inner.append(module)
     experts = expert_parameters(inner) if plan.ep > 1 else []
-    entries = grad_entries(inner, tp=plan.tp, dp=plan.dp * plan.cp, tied_copies=tied, expert_params=experts,
-                           edp_group=mesh.edp_group)
+    entries = grad_entries(
+        inner, tp=plan.tp, dp=plan.dp * plan.cp, tied_copies=tied, expert_params=experts, edp_group=mesh.edp_group
+    )
     return ParallelModel(stages=stages, plan=plan, tied_copies=tied, entries=entries, inner=inner, context=context)
 
 
-__all__ = ["ParallelModel", "compile_blocks", "data_parallel_kind", "execution_plan", "local_params_needed",
-           "parallelize", "shard_stage", "stored_param"]
+__all__ = [
+    "ParallelModel",
+    "compile_blocks",
+    "data_parallel_kind",
+    "execution_plan",
+    "local_params_needed",
+    "parallelize",
+    "shard_stage",
+    "stored_param",
+]

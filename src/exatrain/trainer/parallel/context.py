@@ -83,10 +83,13 @@ class GatherSequence(torch.autograd.Function):
 def context_shard(mesh, seq_len: int) -> ContextShard:
     """The ContextShard of this rank of ``mesh`` (parallel/mesh.py Mesh with cp > 1)."""
     device = mesh.device
-    return ContextShard(group=mesh.cp_group, size=mesh.cp, rank=mesh.cp_rank,
-                        positions=chunk_positions(seq_len, mesh.cp, mesh.cp_rank).to(device),
-                        all_positions=torch.cat([chunk_positions(seq_len, mesh.cp, r)
-                                                 for r in range(mesh.cp)]).to(device))
+    return ContextShard(
+        group=mesh.cp_group,
+        size=mesh.cp,
+        rank=mesh.cp_rank,
+        positions=chunk_positions(seq_len, mesh.cp, mesh.cp_rank).to(device),
+        all_positions=torch.cat([chunk_positions(seq_len, mesh.cp, r) for r in range(mesh.cp)]).to(device),
+    )
 
 
 def apply_context_parallel(module: nn.Module, shard: ContextShard) -> None:
@@ -107,5 +110,11 @@ def shard_batch(x: torch.Tensor, shard: ContextShard | None) -> torch.Tensor:
     return x.index_select(1, shard.positions.to(x.device)).contiguous()
 
 
-__all__ = ["ContextShard", "GatherSequence", "apply_context_parallel", "chunk_positions", "context_shard",
-           "shard_batch"]
+__all__ = [
+    "ContextShard",
+    "GatherSequence",
+    "apply_context_parallel",
+    "chunk_positions",
+    "context_shard",
+    "shard_batch",
+]

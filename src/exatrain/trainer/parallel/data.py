@@ -35,19 +35,20 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import parametrize
 
 
-
 class FromLocal(nn.Module):
     """Parametrization: a plain local shard in storage, a DTensor when the layer reads it."""
 
-    def __init__(self, mesh: DeviceMesh, placements: Sequence[Placement], shape: torch.Size,
-                 stride: tuple[int, ...]) -> None:
+    def __init__(
+        self, mesh: DeviceMesh, placements: Sequence[Placement], shape: torch.Size, stride: tuple[int, ...]
+    ) -> None:
         super().__init__()
         self.mesh, self.placements = mesh, tuple(placements)
         self.shape, self.stride = shape, stride
 
     def forward(self, local: torch.Tensor) -> DTensor:
-        return DTensor.from_local(local, self.mesh, self.placements, run_check=False,
-                                  shape=self.shape, stride=self.stride)
+        return DTensor.from_local(
+            local, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride
+        )
 
 
 def localize_dtensor_params(model: nn.Module) -> None:
@@ -59,13 +60,15 @@ def localize_dtensor_params(model: nn.Module) -> None:
             if not isinstance(param, DTensor):
                 continue
             if id(param) not in local_of:
-                local_of[id(param)] = (param, nn.Parameter(param.to_local().detach(),
-                                                           requires_grad=param.requires_grad))
+                local_of[id(param)] = (
+                    param,
+                    nn.Parameter(param.to_local().detach(), requires_grad=param.requires_grad),
+                )
             setattr(module, name, local_of[id(param)][1])
             # unsafe: the parametrized value (global shape) differs in shape from the stored shard.
             parametrize.register_parametrization(
-                module, name, FromLocal(param.device_mesh, param.placements, param.shape, param.stride()),
-                unsafe=True)
+                module, name, FromLocal(param.device_mesh, param.placements, param.shape, param.stride()), unsafe=True
+            )
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
@@ -77,8 +80,9 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
     return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, half: str | None,
-               offload: bool = False) -> None:
+def apply_fsdp(
+    model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, half: str | None, offload: bool = False
+) -> None:
     """fully_shard each layer, then the root (embedding, final norm, head), in place; ``half``: the mixed
     precision's 16-bit dtype ("bfloat16" or "float16": gathered in it, reduced in float32), None: float32.
     ``offload`` (Plan.offload "params"): FSDP2's CPUOffloadPolicy keeps the sharded parameters and their
@@ -87,8 +91,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, half: 
     refuses pin_memory, and the copies are to and from the CPU itself)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mp = (MixedPrecisionPolicy(param_dtype=getattr(torch, half), reduce_dtype=torch.float32) if half
-          else MixedPrecisionPolicy())
+    mp = (
+        MixedPrecisionPolicy(param_dtype=getattr(torch, half), reduce_dtype=torch.float32)
+        if half
+        else MixedPrecisionPolicy()
+    )
     policy = CPUOffloadPolicy(pin_memory=dp_mesh.device_type != "cpu") if offload else OffloadPolicy()
     reshard = zero_stage == 3
     for block in model.layers.values():

@@ -55,8 +55,13 @@ def apply_expert_parallel(module: nn.Module, mesh: Mesh, plan: Plan, *, aux_loss
         if placed is not None:
             for name in EXPERT_WEIGHTS:
                 p = getattr(moe.experts, name)
-                setattr(moe.experts, name, nn.Parameter(
-                    distribute_tensor(p.data, placed, placements, src_data_rank=None), requires_grad=p.requires_grad))
+                setattr(
+                    moe.experts,
+                    name,
+                    nn.Parameter(
+                        distribute_tensor(p.data, placed, placements, src_data_rank=None), requires_grad=p.requires_grad
+                    ),
+                )
 
 
 def expert_parameters(modules: list[nn.Module]) -> list[nn.Parameter]:
@@ -68,8 +73,9 @@ def expert_parameters(modules: list[nn.Module]) -> list[nn.Parameter]:
     return out
 
 
-def finish_moe_step(modules: list[nn.Module], mesh: Mesh, plan: Plan, *, bias_rate: float,
-                    update: bool) -> float | None:
+def finish_moe_step(
+    modules: list[nn.Module], mesh: Mesh, plan: Plan, *, bias_rate: float, update: bool
+) -> float | None:
     """Close a step's MoE bookkeeping on every rank (collective): returns the balancing loss averaged
     over the model's MoE layers, the step's micro-batches and the dp ranks (None for a dense model);
     moves the routers' balancing biases when ``update`` (the step was applied).
@@ -87,8 +93,9 @@ def finish_moe_step(modules: list[nn.Module], mesh: Mesh, plan: Plan, *, bias_ra
         records, moe.records = moe.records[-n:], []
         for a, load in records:
             aux += a.double() / n
-        loads.append(sum((load for _, load in records), torch.zeros(plan.model.experts, dtype=torch.int64,
-                                                                     device=mesh.device)))
+        loads.append(
+            sum((load for _, load in records), torch.zeros(plan.model.experts, dtype=torch.int64, device=mesh.device))
+        )
     dist.all_reduce(aux)  # the same value on the tp ranks of each (pp, dp) position
     mean_aux = float(aux) / (plan.tp * plan.dp * plan.model.moe_layers)
     if update and bias_rate > 0 and plan.model.router_bias and layers:

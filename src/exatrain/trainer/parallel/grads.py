@@ -50,9 +50,15 @@ def _shards(param: torch.Tensor, owner: nn.Module) -> int:
     return math.prod(mesh.size(i) for i, p in enumerate(placements) if not (p.is_replicate() or p.is_partial()))
 
 
-def grad_entries(modules: Iterable[nn.Module], *, tp: int, dp: int,
-                 tied_copies: Iterable[nn.Parameter] = (), expert_params: Iterable[nn.Parameter] = (),
-                 edp_group: dist.ProcessGroup | None = None) -> list[GradEntry]:
+def grad_entries(
+    modules: Iterable[nn.Module],
+    *,
+    tp: int,
+    dp: int,
+    tied_copies: Iterable[nn.Parameter] = (),
+    expert_params: Iterable[nn.Parameter] = (),
+    edp_group: dist.ProcessGroup | None = None,
+) -> list[GradEntry]:
     """GradEntry for every trainable parameter of this rank's stage modules (wrapped or not);
     ``expert_params``: the routed experts' parameters when they are split over ep > 1, whose
     gradients are summed over ``edp_group``."""
@@ -94,8 +100,7 @@ def settle_grads(entries: list[GradEntry]) -> None:
             e.param.grad = g.redistribute(e.param.device_mesh, e.param.placements)
 
 
-def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int,
-                    bucket_elems: int = 2**26) -> None:
+def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int, bucket_elems: int = 2**26) -> None:
     """Average every gradient over the data-parallel group: flat buckets of at most ``bucket_elems``
     elements per dtype, one all-reduce each (SUM, then divide: gloo has no AVG). Expert entries
     are summed over their own expert-data-parallel group instead and divided by dp (module doc)."""
@@ -105,8 +110,7 @@ def average_over_dp(entries: list[GradEntry], group: dist.ProcessGroup, dp: int,
         _sum_and_divide(experts, experts[0].edp_group, dp, bucket_elems)
 
 
-def _sum_and_divide(entries: list[GradEntry], group: dist.ProcessGroup | None, divisor: int,
-                    bucket_elems: int) -> None:
+def _sum_and_divide(entries: list[GradEntry], group: dist.ProcessGroup | None, divisor: int, bucket_elems: int) -> None:
     grads = [g for g in (local_grad(e.param) for e in entries) if g is not None]
     if group is None:
         for g in grads:
@@ -125,7 +129,7 @@ def _sum_and_divide(entries: list[GradEntry], group: dist.ProcessGroup | None, d
         flat.div_(divisor)
         offset = 0
         for g in bucket:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
 
@@ -175,5 +179,12 @@ def clip_grad_norm(entries: list[GradEntry], max_norm: float, device: torch.devi
     return norm
 
 
-__all__ = ["GradEntry", "average_over_dp", "clip_grad_norm", "grad_entries", "local_grad", "settle_grads",
-           "sync_tied_embedding"]
+__all__ = [
+    "GradEntry",
+    "average_over_dp",
+    "clip_grad_norm",
+    "grad_entries",
+    "local_grad",
+    "settle_grads",
+    "sync_tied_embedding",
+]

@@ -102,17 +102,21 @@ def build_mesh(plan: Plan, device: torch.device) -> Mesh:
     """Create the mesh (and the tied-embedding groups) on an initialised default process group."""
     world = dist.get_world_size()
     if world != plan.gpus:
-        raise PlanError(f"the plan needs tp*cp*pp*dp = {plan.tp}*{plan.cp}*{plan.pp}*{plan.dp} = {plan.gpus} "
-                        f"ranks but {world} were started")
+        raise PlanError(
+            f"the plan needs tp*cp*pp*dp = {plan.tp}*{plan.cp}*{plan.pp}*{plan.dp} = {plan.gpus} "
+            f"ranks but {world} were started"
+        )
     flat_dp_cp = None
     if plan.cp > 1:  # TrainConfig.check refuses cp with ep
-        mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.cp, plan.tp),
-                                mesh_dim_names=("pp", "dp", "cp", "tp"))
+        mesh = init_device_mesh(
+            device.type, (plan.pp, plan.dp, plan.cp, plan.tp), mesh_dim_names=("pp", "dp", "cp", "tp")
+        )
         flat_dp = None
         flat_dp_cp = mesh["dp", "cp"]._flatten("dp_cp")
     elif plan.ep > 1:
-        mesh = init_device_mesh(device.type, (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp),
-                                mesh_dim_names=("pp", "edp", "ep", "tp"))
+        mesh = init_device_mesh(
+            device.type, (plan.pp, plan.dp // plan.ep, plan.ep, plan.tp), mesh_dim_names=("pp", "edp", "ep", "tp")
+        )
         flat_dp = mesh["edp", "ep"]._flatten("dp")
     else:
         mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
@@ -130,9 +134,20 @@ def build_mesh(plan: Plan, device: torch.device) -> Mesh:
                     group = dist.new_group(ranks)
                     if rank in ranks:
                         embed_group = group
-    return Mesh(mesh=mesh, rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=tp_rank,
-                device=device, embed_group=embed_group, ep=plan.ep, flat_dp=flat_dp, cp=plan.cp,
-                cp_rank=cp_coordinate(rank, plan), flat_dp_cp=flat_dp_cp)
+    return Mesh(
+        mesh=mesh,
+        rank=rank,
+        pp_rank=pp_rank,
+        dp_rank=dp_rank,
+        tp_rank=tp_rank,
+        device=device,
+        embed_group=embed_group,
+        ep=plan.ep,
+        flat_dp=flat_dp,
+        cp=plan.cp,
+        cp_rank=cp_coordinate(rank, plan),
+        flat_dp_cp=flat_dp_cp,
+    )
 
 
 __all__ = ["Mesh", "build_mesh", "coordinates", "cuda_index", "cp_coordinate", "global_rank"]

@@ -25,9 +25,15 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                          ScheduleZBVZeroBubble)
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
 
 from exatrain.plan import Plan
 from exatrain.trainer.model import Transformer
@@ -59,14 +65,18 @@ def split_stages(model: Transformer, plan: Plan, pp_rank: int) -> list[tuple[int
     return stages
 
 
-def build_schedule(plan: Plan, modules: list[tuple[int, nn.Module]], device: torch.device,
-                   group: torch.distributed.ProcessGroup, loss_fn: Callable) -> object:
+def build_schedule(
+    plan: Plan,
+    modules: list[tuple[int, nn.Module]],
+    device: torch.device,
+    group: torch.distributed.ProcessGroup,
+    loss_fn: Callable,
+) -> object:
     """A PipelineStage per held stage and the plan's schedule over them.
 
     ``scale_grads`` (the default) divides the accumulated gradients by the number of micro-batches,
     so with a mean-reduced loss per micro-batch the gradient is that of the mean over the batch."""
-    stages = [PipelineStage(module, index, plan.virtual_stages, device, group=group)
-              for index, module in modules]
+    stages = [PipelineStage(module, index, plan.virtual_stages, device, group=group) for index, module in modules]
     n = plan.num_microbatches
     if plan.schedule == "gpipe":
         return ScheduleGPipe(stages[0], n, loss_fn=loss_fn)

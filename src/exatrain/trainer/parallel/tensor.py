@@ -28,9 +28,15 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from exatrain.trainer.model import Transformer
@@ -56,8 +62,12 @@ class ReplicateParams(ParallelStyle):
 
 
 def _inputs_to_replicate(module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
-    return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-                 if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+    return tuple(
+        DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+        else x
+        for x in inputs
+    )
 
 
 def _outputs_to_local(module: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
@@ -78,8 +88,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, sequence_p
             plan["pos"] = ReplicateParallel()
         parallelize_module(model.embed, tp_mesh, plan)
         if sp:  # hand the first layer its sequence slice (the backward all-gathers the gradient)
-            parallelize_module(model.embed, tp_mesh,
-                               PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq))
+            parallelize_module(
+                model.embed, tp_mesh, PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
+            )
     for block in model.layers.values():
         plan = {
             "attn_norm": norm_style(),
@@ -95,12 +106,17 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, *, sequence_p
         parallelize_module(block, tp_mesh, plan)
         block.set_shard(tp_mesh.get_local_rank(), tp_mesh.size(), sp)  # which slice of each dropout mask
     if model.head is not None:
-        parallelize_module(model, tp_mesh, {
-            "norm": norm_style(),
-            # Logits stay sharded over the vocabulary (a DTensor) for loss_parallel.
-            "head": ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Shard(-1),
-                                    use_local_output=False),
-        })
+        parallelize_module(
+            model,
+            tp_mesh,
+            {
+                "norm": norm_style(),
+                # Logits stay sharded over the vocabulary (a DTensor) for loss_parallel.
+                "head": ColwiseParallel(
+                    input_layouts=seq if sp else Replicate(), output_layouts=Shard(-1), use_local_output=False
+                ),
+            },
+        )
         if model.embed is not None and model.spec.tied_embeddings:
             model.head.weight = model.embed.tok.weight  # re-tie: both are Shard(0) over the vocabulary
 
@@ -124,12 +140,22 @@ def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
     seq = Shard(1)
     plan: dict[str, ParallelStyle] = {"mlp.router": ReplicateParams()}
     if moe.shared is not None:
-        plan.update({"mlp.shared.w1": ColwiseParallel(), "mlp.shared.w3": ColwiseParallel(),
-                     "mlp.shared.w2": RowwiseParallel(output_layouts=Replicate())})
+        plan.update(
+            {
+                "mlp.shared.w1": ColwiseParallel(),
+                "mlp.shared.w3": ColwiseParallel(),
+                "mlp.shared.w2": RowwiseParallel(output_layouts=Replicate()),
+            }
+        )
     if sp:  # the whole sequence in (all-gather); this rank's slice of the output out (backward: all-gather)
-        plan["mlp"] = PrepareModuleInputOutput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                               use_local_input=True, output_layouts=(Replicate(),),
-                                               desired_output_layouts=(seq,), use_local_output=True)
+        plan["mlp"] = PrepareModuleInputOutput(
+            input_layouts=(seq,),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Replicate(),),
+            desired_output_layouts=(seq,),
+            use_local_output=True,
+        )
     return plan
 
 
