@@ -5,7 +5,7 @@
 # `make install` makes a project-local one in $(VENV) (with the system site-packages, so an installed
 # torch is kept) and every target runs there; see scripts/install_env.py for each decision.
 # `make check` runs the linter, then the suite, in that environment without the install step;
-# `make lint` runs the linter alone, `make format` rewrites the code in ruff's format.
+# `make lint` runs the linter and ruff's format check alone, `make format` rewrites the code in ruff's format.
 # Versions: what constraints/exatrain.txt pins (CI and a user test the same ones); UPGRADE=1 (e.g.
 # `make test UPGRADE=1`) installs the newest versions pyproject.toml allows instead. torch is never replaced.
 PYTHON ?= python3
@@ -53,7 +53,7 @@ check: lint
 	exit $$rc
 
 lint:
-	@py="$(ENV_PYTHON)" && "$$py" -m ruff check $(LINT_PATHS)
+	@py="$(ENV_PYTHON)" && "$$py" -m ruff check $(LINT_PATHS) && "$$py" -m ruff format --check $(LINT_PATHS)
 
 format:
 	@py="$(ENV_PYTHON)" && "$$py" -m ruff format $(LINT_PATHS)
