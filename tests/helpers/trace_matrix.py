@@ -44,6 +44,9 @@ CASES = {
     "175b-tp8-full-foreach": (GPT175, dict(tp=8, pp=3, recompute="full"), [1], True),
     "pp2-zero-bubble": (SMALL, dict(pp=2, schedule="zero_bubble", interleave=2), None, False),
     "pp1-interleaved-plan": (SMALL, dict(schedule="interleaved", interleave=2), None, False),  # runs as pp 1
+    "pp2-zbh1": (SMALL, dict(pp=2, schedule="zbh1"), None, False),
+    "pp2-zbv": (SMALL, dict(pp=2, schedule="zbv", interleave=2), None, False),
+    "pp2-dualpipev": (SMALL, dict(pp=2, schedule="dualpipev", interleave=2), None, False),
     "zero0-dp2": (SMALL, dict(dp=2), None, False),
     "pp2-zero0-dp2": (SMALL, dict(pp=2, dp=2), None, False),
     # the data-parallel kinds beside tensor parallelism (parallel/build.py: DDP and ZeroRedundancyOptimizer

@@ -447,3 +447,16 @@ def test_several_runs_fit_more_factors_and_measure_their_band(capsys, tmp_path) 
     assert est["step_range_s"] == pytest.approx(
         [est["time_s"]["step"] * band["ratio_low"], est["time_s"]["step"] * band["ratio_high"]]
     )
+
+
+def test_a_record_without_stated_overlaps_is_priced_again_at_the_engines_defaults() -> None:
+    """`record` stores None where the run states no overlaps (estimate's own default): calibrate and validate price
+    it again at the engine's defaults, not at the string "None" (refused) or at every overlap on; a record that
+    names none at all (exatrain's own training runs) keeps every overlap on."""
+    from exatrain.api.recording import _estimate_default_overlap
+    from exatrain.planner.compare import recorded_overlap
+
+    assert _estimate_default_overlap() is None
+    assert recorded_overlap({"overlap": None}) is None
+    assert recorded_overlap({"overlap": "tp,dp_grad_reduce"}) == "tp,dp_grad_reduce"
+    assert recorded_overlap({}) == "all"

@@ -46,10 +46,11 @@ class RecordResult:
         return {"out": self.out, "created": self.created, "how": self.how, "record": self.record.to_dict()}
 
 
-def _estimate_default_overlap() -> str:
+def _estimate_default_overlap() -> str | None:
+    """What ``estimate`` prices when --overlap is not given (None: each engine's own defaults)."""
     from exatrain.api.planning import estimate
 
-    return str(inspect.signature(estimate).parameters["overlap"].default)
+    return inspect.signature(estimate).parameters["overlap"].default
 
 
 def _measured(plan: Plan, step_s: float, peak_bytes: float | None, steps: int, peak: float | None) -> Measured:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from exatrain.catalog import ClusterSpec
 from exatrain.errors import UserError
 from exatrain.plan import RunRecord
-from exatrain.planner.compare import cluster_for, layout_label
+from exatrain.planner.compare import cluster_for, layout_label, recorded_overlap
 from exatrain.planner.cost.calibrate import MIN_BAND_RUNS, RunPoint, fit_runs, held_out_band
 from exatrain.planner.cost.coefficients import FIT_KEY_SEP, Calibration, default_params
 
@@ -107,7 +107,7 @@ def _groups(
             c = base.apply(c)
         key = (c.name, r.plan.runtime)
         groups.setdefault(key, []).append(
-            RunPoint(r.plan, c, r.measured.step_time_s, layout_label(r), overlap=str(r.env.get("overlap") or "all"))
+            RunPoint(r.plan, c, r.measured.step_time_s, layout_label(r), overlap=recorded_overlap(r.env))
         )
         if r.env.get("host"):
             hosts.setdefault(key, set()).add(str(r.env["host"]))

@@ -83,6 +83,12 @@ class Comparison:
         }
 
 
+def recorded_overlap(env: Any) -> str | None:
+    """The overlaps a recorded run is priced with again: what `exatrain record` stored (None: not stated, each
+    engine's defaults), or every overlap on for a record that names none (exatrain's own training runs)."""
+    return env["overlap"] if "overlap" in env else "all"
+
+
 def layout_label(record: RunRecord) -> str:
     p = record.plan
     s = f"{p.model.name} {p.label} mb{p.micro_batch}×{p.num_microbatches}"
@@ -135,7 +141,7 @@ def compare(
                 f"(it has: {', '.join(sorted(calibration.devices)) or 'none'}) nor for "
                 f"{c.name}/{plan.runtime}"
             )
-        est = estimate_plan(plan, calibration.apply(c), params, str(record.env.get("overlap") or "all"))
+        est = estimate_plan(plan, calibration.apply(c), params, recorded_overlap(record.env))
     trainer_mem = None
     if c is not None or plan.cluster:
         on_cpu = (c.device.name == "cpu") if c is not None else None
@@ -259,6 +265,7 @@ def summary_lines(c: Comparison, calibrated: bool) -> list[str]:
 
 
 __all__ = [
+    "recorded_overlap",
     "Comparison",
     "calibrated_on",
     "cluster_for",

@@ -530,7 +530,7 @@ class RunPoint:
     cluster: ClusterSpec
     measured_s: float
     name: str = ""
-    overlap: str = "all"  # the overlaps the run had on, as `estimate --overlap` names them
+    overlap: str | None = "all"  # the overlaps the run had on, as `estimate --overlap` names them (None: defaults)
 
 
 def predict_runs(points: Sequence[RunPoint], params: CostParams) -> np.ndarray:
