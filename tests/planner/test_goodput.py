@@ -15,7 +15,6 @@ Broken on purpose and seen to fail here (each then restored):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -25,7 +24,6 @@ import exatrain
 from exatrain.accounting.params import total_params
 from exatrain.catalog import get_cluster, load_cluster_file
 from exatrain.errors import UserError
-from exatrain.plan import Plan
 from exatrain.planner.goodput import (
     DEFAULT_NODE_MTBF_HOURS,
     DEFAULT_RESTART_S,
@@ -39,42 +37,7 @@ from exatrain.planner.goodput import (
 from exatrain.planner.time_to_train import rank, rank_key, with_time_to_train
 
 from tests.helpers.cli import refused, run
-
-GPT_175B = [
-    "--model",
-    "gpt-175b",
-    "--cluster",
-    "frontier",
-    "--gpus",
-    "128",
-    "--tp",
-    "4",
-    "--pp",
-    "16",
-    "--micro-batch",
-    "1",
-    "--global-batch",
-    "640",
-    "--zero",
-    "1",
-    "--recompute",
-    "full",
-    "--runtime",
-    "megatron-deepspeed",
-]
-
-
-def _plan(step_s: float, band: tuple[float, float] | None, gpus: int = 64, runtime: str = "exatrain") -> Plan:
-    """gpt-1.3b on ``gpus`` H100s (8 a node) at global batch 1024, its step time set to ``step_s``."""
-    plan = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=gpus, global_batch=1024, runtime=runtime)
-    est = plan.estimate
-    return plan.with_estimate(
-        est.replace(
-            time_s=dataclasses.replace(est.time_s, step=step_s),
-            step_range_s=band,
-            band={"text": "a band"} if band else None,
-        )
-    )
+from tests.helpers.step_plans import GPT_175B, step_plan
 
 
 def test_default_node_mtbf_is_llama3s() -> None:
@@ -142,12 +105,12 @@ def test_rates_and_file_systems(tmp_path) -> None:
     --checkpoint-bandwidth replaces both rates; the nodes' network caps them (1 DGX H100 node: 8 x 50 GB/s)."""
     frontier = exatrain.estimate(model="gpt-1.3b", cluster="frontier", gpus=3072, tp=8, pp=4, global_batch=1536)
     assert rates(frontier, get_cluster("frontier"), None)[:2] == (4.6e12, 5.5e12)
-    one_node = _plan(1.0, None, gpus=8)
+    one_node = step_plan(1.0, None, gpus=8)
     w, r, where = rates(one_node, get_cluster("dgx-h100"), None)
     assert (w, r) == (240e9, 240e9) and "dgx-h100 names none" in where
     w, r, where = rates(one_node, get_cluster("dgx-h100"), 1000e9)
     assert (w, r) == (400e9, 400e9) and "capped" in where
-    assert rates(_plan(1.0, None, gpus=64), get_cluster("dgx-h100"), 1000e9)[:2] == (1000e9, 1000e9)
+    assert rates(step_plan(1.0, None, gpus=64), get_cluster("dgx-h100"), 1000e9)[:2] == (1000e9, 1000e9)
     f = tmp_path / "c.toml"
     f.write_text(
         'name = "mine"\ndevice = "h100-sxm"\ngpus_per_node = 8\nfilesystem = {write_bytes_per_s = 5e10, '
@@ -169,7 +132,7 @@ def test_rates_and_file_systems(tmp_path) -> None:
 def test_goodput_figures_by_hand() -> None:
     """gpt-1.3b on 64 H100s (8 nodes), 10 s a step (band 6–15 s), 1T tokens: every figure from the schedule's own
     arithmetic, the band's ends the same formula at its step times, the fraction and interval without a band."""
-    plan = with_time_to_train(_plan(10.0, (6.0, 15.0)), get_cluster("dgx-h100"), (10**12, 2.5, 1.0))
+    plan = with_time_to_train(step_plan(10.0, (6.0, 15.0)), get_cluster("dgx-h100"), (10**12, 2.5, 1.0))
     t = plan.estimate.time_to_train
     g = t["goodput"]
     assert {
@@ -202,8 +165,8 @@ def test_rank_by_days_uses_goodput() -> None:
     but lose more to interruptions (one every 3.1 h against 6.3 h): slower with them, so --rank-by days puts the
     64 first and says the order differs from throughput's."""
     cluster, run = get_cluster("dgx-h100"), (10**12, None, 1.0, GoodputOptions(node_mtbf_hours=50.0))
-    many = with_time_to_train(_plan(6.0, None, gpus=128), cluster, run)
-    few = with_time_to_train(_plan(6.1, None, gpus=64), cluster, run)
+    many = with_time_to_train(step_plan(6.0, None, gpus=128), cluster, run)
+    few = with_time_to_train(step_plan(6.1, None, gpus=64), cluster, run)
     t_many, t_few = many.estimate.time_to_train, few.estimate.time_to_train
     assert t_many["days"]["value"] < t_few["days"]["value"]
     assert t_many["goodput"]["days"]["value"] > t_few["goodput"]["days"]["value"]
@@ -211,7 +174,7 @@ def test_rank_by_days_uses_goodput() -> None:
     assert ranked == [few, many] and "differs from throughput's" in note
     assert rank_key(few, "days") == t_few["goodput"]["days"]["value"]
     never = with_time_to_train(
-        _plan(6.0, None, gpus=128), cluster, (10**12, None, 1.0, GoodputOptions(node_mtbf_hours=0.5))
+        step_plan(6.0, None, gpus=128), cluster, (10**12, None, 1.0, GoodputOptions(node_mtbf_hours=0.5))
     )
     assert never.estimate.time_to_train["goodput"]["days"] is None and rank_key(never, "days") == math.inf
 

@@ -26,50 +26,13 @@ from exatrain.plan import Plan
 from exatrain.planner.time_to_train import parse_tokens, rank, run_options, time_to_train, with_time_to_train
 
 from tests.helpers.cli import refused, run
-
-GPT_175B = [
-    "--model",
-    "gpt-175b",
-    "--cluster",
-    "frontier",
-    "--gpus",
-    "128",
-    "--tp",
-    "4",
-    "--pp",
-    "16",
-    "--micro-batch",
-    "1",
-    "--global-batch",
-    "640",
-    "--zero",
-    "1",
-    "--recompute",
-    "full",
-    "--runtime",
-    "megatron-deepspeed",
-]
-
-
-def _plan(step_s: float, band: tuple[float, float] | None, gpus: int = 64, global_batch: int = 1024) -> Plan:
-    """gpt-1.3b (seq_len 2048) on ``gpus`` H100s at ``global_batch``, its estimate's step time set to ``step_s``
-    and its band to ``band`` (seconds), so every figure below follows from numbers written here."""
-    plan = exatrain.estimate(model="gpt-1.3b", cluster="dgx-h100", gpus=gpus, global_batch=global_batch)
-    est = plan.estimate
-    assert est is not None and est.time_s is not None and plan.model.seq_len == 2048
-    return plan.with_estimate(
-        est.replace(
-            time_s=dataclasses.replace(est.time_s, step=step_s),
-            step_range_s=band,
-            band={"text": "a band"} if band else None,
-        )
-    )
+from tests.helpers.step_plans import GPT_175B, step_plan
 
 
 def test_figures_by_hand() -> None:
     """1e12 tokens at 1024 x 2048 = 2,097,152 tokens a step: 476,837.158... -> 476,838 steps; at 10 s a step
     (band 6-15 s) on 64 GPUs of 700 W with a 1.5 overhead and a 2.5 GPU-hour price."""
-    plan = _plan(10.0, (6.0, 15.0))
+    plan = step_plan(10.0, (6.0, 15.0))
     device = dataclasses.replace(get_cluster("dgx-h100").device, tdp_watts=700.0)
     t = time_to_train(plan, device, 10**12, gpu_hour_price=2.5, power_overhead=1.5)
     assert t is not None
@@ -89,7 +52,7 @@ def test_figures_by_hand() -> None:
 def test_no_power_no_band_no_price() -> None:
     """A device without tdp_watts has no energy, a price not given no cost, an estimate without a band no low/high;
     the GPUs-alone basis is said."""
-    plan = _plan(2.0, None)
+    plan = step_plan(2.0, None)
     device = dataclasses.replace(get_cluster("dgx-h100").device, tdp_watts=None)
     t = time_to_train(plan, device, 2_097_152 * 3)
     assert t is not None and t["steps"] == 3 and t["energy_mwh"] is None and t["cost"] is None
@@ -275,8 +238,8 @@ def test_rank_by_gpu_hours_differs_from_throughput() -> None:
     """Where layouts run different GPU counts (as scaling's points do), the fastest is not the cheapest in
     GPU-hours: 64 GPUs at 10 s a step take 640 GPU-seconds a step, 128 GPUs at 6 s take 768."""
     cluster = get_cluster("dgx-h100")
-    small = with_time_to_train(_plan(10.0, None, gpus=64), cluster, (10**12, None, 1.0))
-    big = with_time_to_train(_plan(6.0, None, gpus=128), cluster, (10**12, None, 1.0))
+    small = with_time_to_train(step_plan(10.0, None, gpus=64), cluster, (10**12, None, 1.0))
+    big = with_time_to_train(step_plan(6.0, None, gpus=128), cluster, (10**12, None, 1.0))
     ranked, note = rank([big, small], "gpu_hours")
     assert ranked == [small, big] and "differs from throughput's" in note
     ranked, note = rank([small, big], "days")
