@@ -86,6 +86,7 @@ from exatrain.planner.cost.coefficients import CostParams, cited_params, default
 from exatrain.planner.cost.overlap import overlap_priced
 from exatrain.planner.cost.published import MEGATRON_LM_2021
 from exatrain.planner.estimate import estimate_plan
+from exatrain.planner.plan_cost import step_time
 
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_runs_by_engine.csv"
@@ -630,7 +631,9 @@ def _predicted_memory_gib(row: Row, worst_bytes: float) -> float:
 
 
 def _predict_s(row: Row, params: CostParams) -> float:
-    return estimate_plan(row.plan, row.cluster, params, overlap=overlap_priced(row.overlap)).time_s.step
+    """The row's step time under ``params``: the one evaluation ``estimate`` prices it with, without the estimate's
+    memory counts, notes and advice, which the refits that call this for every row and iteration do not read."""
+    return step_time(row.plan, row.cluster, params, overlap_priced(row.overlap))[0].step
 
 
 def _best_ratio(row: Row, est) -> float | None:
