@@ -6,9 +6,10 @@ Broken on purpose and seen to fail here: a setting's flag given other choices th
 a flag's metavar written in the CLI instead of read from its record's ``metavar`` (the flag test);
 a record without a sample plan (the sample test); the trainer's loop over the registry skipped (the refusal
 test); a torchtitan export note dropped from the registry (the export test); a record's rule taken out (the capacity
-factor with another dispatcher than alltoall in ``_capacity_problem``, the kernel without flash attention in
-``_kernel_problem``: test_each_records_rule_refuses_its_illegal_sample); llm-foundry left out of the runtime's help
-(test_every_choice_a_setting_takes_is_in_its_help)."""
+factor with another dispatcher than alltoall in ``registry.problems.capacity_rule``, the kernel without
+flash attention in ``kernel_rule``: test_each_records_rule_refuses_its_illegal_sample); llm-foundry left out of
+the runtime's help (test_every_choice_a_setting_takes_is_in_its_help); ``engine_profile`` not copying a record's
+value into a profile's part (``activations.flash_kernel``: test_each_engines_own_value_is_its_records)."""
 
 from __future__ import annotations
 
@@ -256,3 +257,28 @@ def test_every_choice_a_setting_takes_is_in_its_help() -> None:
 
     assert all(r in BY_NAME["runtime"].help for r in RUNTIMES)
     assert all(k in BY_NAME["attention_kernel"].help for k in ATTENTION_KERNELS)
+
+
+def test_each_engines_own_value_is_its_records() -> None:
+    """A record that states each engine's own value states it for every engine, with a source; the profile fields
+    the accounting reads (``Setting.profile``) hold the record's value and source, and a plan that names none
+    resolves to the engine's (where no ``own`` hook refines it by model)."""
+    from exatrain.accounting.engines import get_engine, resolve_settings
+    from exatrain.settings import RUNTIMES
+
+    stated = [s for s in SETTINGS if s.engines]
+    assert {s.name for s in stated} >= {"attention_kernel", "elementwise", "cross_entropy", "grad_accum", "adam_kernel"}
+    for s in stated:
+        assert set(s.engines) == set(RUNTIMES), s.name
+        for runtime, own in s.engines.items():
+            assert own.source, (s.name, runtime)
+            profile = get_engine(runtime)
+            for path, want in zip(s.profile, own):
+                got = profile
+                for part in path.split("."):
+                    got = getattr(got, part)
+                assert got == want, (s.name, runtime, path)
+    for runtime in RUNTIMES:
+        run = resolve_settings(RunSettings(runtime=runtime))
+        assert run.elementwise == BY_NAME["elementwise"].engines[runtime].value
+        assert run.attention_kernel == BY_NAME["attention_kernel"].engines[runtime].value

@@ -4,7 +4,7 @@ the bytes of the pass a plan without the fusion pays, its step time and timeline
 
 Broken on purpose and seen to fail here: the accumulator counted read only, not read and written (the closed-form
 test), the pass divided by a step's 4 micro-batches, as if paid once a step (the step test), ``evaluate``
-dropping the switch on its way to ``step_times`` (the step test), ``EngineProfile.resolve`` ignoring it (the step test's
+dropping the switch on its way to ``step_times`` (the step test), ``engines.resolve`` ignoring it (the step test's
 notes), the rule offering it to torchtitan (the closed-form test), the Megatron export without the flag (the
 export test), the trainer's refusal dropped (the trainer test)."""
 
@@ -36,7 +36,7 @@ def _plan(fusion: str = "", runtime: str = "megatron-core", **kw):
 
 
 def engine_variant(runtime: str, grad_accum: str = "", fusion: str = ""):
-    """The runtime's profile as a plan with these settings runs it (``EngineProfile.resolve``)."""
+    """The runtime's profile as a plan with these settings runs it (``engines.resolve``)."""
     return resolve_settings(RunSettings(runtime=runtime, grad_accum=grad_accum, grad_accum_fusion=fusion)).engine
 
 

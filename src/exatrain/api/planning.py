@@ -27,20 +27,7 @@ from exatrain.errors import UserError
 from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan
-from exatrain.settings import (
-    RUNTIMES,
-    adam_kernel_problem,
-    cp_comm_problem,
-    default_runtime,
-    default_runtime_note,
-    dtype_problem,
-    grad_accum_fusion_problem,
-    grad_accum_problem,
-    recompute_layers_problem,
-    recompute_modules_of,
-    recompute_modules_problem,
-    takes_settings,
-)
+from exatrain.settings import RUNTIMES, check_settings, default_runtime, default_runtime_note, takes_settings
 from exatrain.planner.memory_band import STRICT_MEMORY_HELP
 from exatrain.planner.time_to_train import RANK_BY, RANK_BY_HELP, RUN_FLAGS, rank, run_options, with_time_to_train
 
@@ -67,26 +54,16 @@ def check_runtime(runtime: str, overlap: str | None = None) -> str:
 def check_grad_accum(
     grad_accum: str | None, dtype: str | None, runtime: str, fusion: str | None = None, adam_kernel: str | None = None
 ) -> None:
-    """A one-line UserError where ``runtime`` cannot accumulate ``dtype`` training's gradients in
-    ``grad_accum`` (``settings.grad_accum_problem``) or with gradient-accumulation fusion ``fusion``
-    (``settings.grad_accum_fusion_problem``), or cannot run Adam's ``adam_kernel`` (``settings.adam_kernel_problem``);
-    a search checks them before it enumerates anything."""
-    problem = (
-        grad_accum_problem(grad_accum or "", dtype or "bfloat16", runtime)
-        or grad_accum_fusion_problem(fusion or "", runtime)
-        or adam_kernel_problem(adam_kernel or "", runtime)
-    )
-    if problem:
-        raise UserError(problem)
+    """A one-line UserError where ``runtime`` cannot take these settings in ``dtype`` training
+    (``settings.check_settings``)."""
+    values = {"grad_accum": grad_accum, "grad_accum_fusion": fusion, "adam_kernel": adam_kernel}
+    check_settings(values, runtime=runtime, dtype=dtype)
 
 
 def check_cp_comm(cp_comm: str | None, runtime: str, model: ModelSpec) -> None:
     """A one-line UserError where ``runtime`` does not run context parallelism by ``cp_comm`` for ``model``
-    (``settings.cp_comm_problem``: a way it does not offer, or one without the model's sliding windows); a search
-    checks it before it enumerates anything (the heads' divisibility under a2a is each layout's own)."""
-    problem = cp_comm_problem(cp_comm or "", runtime, model) if cp_comm else None
-    if problem:
-        raise UserError(problem)
+    (``settings.check_settings``)."""
+    check_settings({"cp_comm": cp_comm}, runtime=runtime, model=model)
 
 
 def _runtime_for(
@@ -97,27 +74,12 @@ def _runtime_for(
     dtype: str | None = None,
 ) -> tuple[str, bool]:
     """(the runtime to plan for, whether it was chosen here): ``runtime``, else ``settings.default_runtime`` of the
-    model; its overlaps and, for a search (``settings`` given: the run settings by name), its gradient
-    accumulation in ``dtype`` training, Adam kernel, context-parallel exchange, recompute modules (every
-    candidate of a search that names them is selective) and recomputed layers (every candidate full) checked
-    once, each a one-line UserError."""
+    model; its overlaps and, for a search (``settings`` given: the run settings by name), every setting a search
+    checks once before it enumerates anything (``settings.check_settings``), each a one-line UserError."""
     chosen = runtime is None
     runtime = check_runtime(default_runtime(model) if chosen else runtime, overlap)
-    if settings is None:
-        return runtime, chosen
-    if problem := dtype_problem(dtype or "bfloat16", runtime):  # before a search enumerates anything
-        raise UserError(problem)
-    s = settings.get
-    check_grad_accum(s("grad_accum"), dtype, runtime, s("grad_accum_fusion"), s("adam_kernel"))
-    check_cp_comm(s("cp_comm"), runtime, model)
-    layers = s("recompute_layers")
-    problem = (
-        recompute_modules_problem(recompute_modules_of(s("recompute_modules")), "selective", runtime)
-        or recompute_layers_problem(1 if layers == "auto" else layers or 0, "full", runtime)
-        or recompute_layers_problem(s("recompute_every") or 0, "full", runtime, every=True)
-    )
-    if problem:
-        raise UserError(problem)
+    if settings is not None:
+        check_settings(settings, runtime=runtime, model=model, dtype=dtype)
     return runtime, chosen
 
 

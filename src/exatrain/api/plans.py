@@ -18,7 +18,7 @@ from exatrain.limits import check_counts
 from exatrain.paths import check_input_file
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.jsonio import read_json
-from exatrain.settings import NAMES, RunSettings, recompute_layers_problem, recompute_modules_of, takes_settings
+from exatrain.settings import NAMES, RunSettings, check_settings, recompute_modules_of, takes_settings
 
 Warn = Callable[[str], None]
 
@@ -375,19 +375,8 @@ def space_options(
         )
     recompute_layers, recompute_every = settings.get("recompute_layers"), settings.get("recompute_every")
     modules = recompute_modules_of(settings.get("recompute_modules"))
-    if modules and recompute not in (None, "selective"):  # settings.recompute_modules_problem's line
-        raise UserError(
-            f"--recompute-modules chooses what selective recomputation reruns; with --recompute "
-            f"{recompute} Megatron-Core ignores it: use --recompute selective, or drop it"
-        )
-    # settings.recompute_layers_problem's lines (the runtime is checked by the caller, named here as each flag's own)
+    check_settings(settings, recompute=recompute)  # the pinned --recompute against what the settings rerun
     auto = recompute_layers == "auto"  # each full-recomputation candidate fits its own (search.batch)
-    for n, every, runtime in (
-        (None if auto else recompute_layers, False, "megatron-core"),
-        (recompute_every, True, "torchtitan"),
-    ):
-        if n and recompute not in (None, "full"):
-            raise UserError(recompute_layers_problem(n, recompute, runtime, every=every))
     if (recompute_layers or recompute_every) and modules:
         raise UserError(
             f"--{'recompute-layers' if recompute_layers else 'recompute-every'} goes with --recompute "
