@@ -41,9 +41,10 @@ from exatrain.accounting.trainer_memory import trainer_rank_memory
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.plan import balanced_split
-from exatrain.settings import RECOMPUTE, RUNTIMES, SCHEDULES, V_SCHEDULES, full_rerun_layers
+from exatrain.settings import RECOMPUTE, RUNTIMES, SCHEDULES, V_SCHEDULES
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.overlap import overlap_for
+from exatrain.planner.cost.rerun import rerun_on_rank
 from exatrain.planner.cost.moe import rank_params_split
 from exatrain.planner.cost.coefficients import CostParams
 from exatrain.planner.cost.step import TIME_FIELDS, step_times
@@ -128,16 +129,59 @@ def evaluate(
     Resolved``: the plan's dtype, flash attention and run settings, resolved once). ``memory``: which runtimes'
     memory models to evaluate, the first deciding ``fits`` (None: the runtime's; (): time only, fits all true);
     another runtime than the plan's counts its own run of the same FP8 GEMMs and MoE routing
-    (``Resolved.other``). ``time_if_fits``: time only the layouts that fit (the others' times are NaN), as a search
-    that ranks only those needs. ``overlap``: which of the runtime's overlaps are on
-    (``cost.overlap.overlap_rules``). A full recomputation covers each layout's ``Layouts.recompute_layers`` of each
-    virtual stage (``Plan.recompute_layers``; 0: all), or one layer in ``run.recompute_every`` of a rank. ``by_rank``
-    also fills ``hidden``; ``time`` False: memory only (the times NaN). ``fit_bytes``: the worst stage's bytes
-    ``time_if_fits`` times up to (None: the device's capacity; a search keeping layouts whose capacity lies inside
-    their memory band passes capacity over the band's lowest low end, planner/memory_band.py). A run with synchronous
-    launches (``launch_blocking``) adds the host's time to every kernel and overlaps nothing
-    (``compute.with_launch_blocking``)."""
-    runtime, dtype = run.runtime, run.dtype
+    (``Resolved.other``, resolved once, before any layout is counted). ``time_if_fits``: time only the layouts that
+    fit (the others' times are NaN), as a search that ranks only those needs. ``overlap``: which of the runtime's
+    overlaps are on (``cost.overlap.overlap_rules``). A full recomputation covers each layout's
+    ``Layouts.recompute_layers`` of each virtual stage (``Plan.recompute_layers``; 0: all), or one layer in
+    ``run.recompute_every`` of a rank (``cost.rerun``). ``by_rank`` also fills ``hidden``; ``time`` False: memory
+    only (the times NaN). ``fit_bytes``: the worst stage's bytes ``time_if_fits`` times up to (None: the device's
+    capacity; a search keeping layouts whose capacity lies inside their memory band passes capacity over the band's
+    lowest low end, planner/memory_band.py). A run with synchronous launches (``launch_blocking``) adds the host's
+    time to every kernel and overlaps nothing (``compute.with_launch_blocking``)."""
+    ctx = _context(model, cluster, coeffs, run, memory, overlap, by_rank)
+    out = _Results.empty(len(layouts), int(layouts.pp.max()) if len(layouts) else 1, ctx.memory, by_rank)
+    v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
+    is_v = np.isin(layouts.schedule, [SCHEDULES.index(s) for s in V_SCHEDULES]) & (layouts.pp > 1)
+    for idx, (gpus, pp, v, ep, cpd, vee) in _groups(
+        np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp, is_v.astype(np.int64)])
+    ):
+        lay = layouts.take(idx)
+        g = _group_counts(ctx, lay, layouts.stage_layers, int(pp), int(v), int(ep), int(cpd), bool(vee))
+        cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
+        if run.settings.offload != "none":
+            _host_bytes(ctx, lay, g, cats, idx, out)
+        for j, (zero, rec, sp) in _groups(cats) if ctx.memory else ():
+            _memory_of(ctx, lay, g, j, (int(zero), int(rec), bool(sp)), idx, out)
+        if time:
+            fit = capacity_of(cluster, fit_bytes)
+            _time_of(ctx, lay, g, idx, int(gpus), out, fit if time_if_fits and ctx.memory else None)
+    return _evaluation(ctx, layouts, global_batch, out)
+
+
+def capacity_of(cluster: ClusterSpec, fit_bytes: float | None) -> float:
+    """The worst stage's bytes a layout is timed up to under ``time_if_fits``: ``fit_bytes``, else the device's."""
+    return cluster.device.hbm_bytes if fit_bytes is None else fit_bytes
+
+
+@dataclass(frozen=True, eq=False)
+class _Context:
+    """What every group of layouts shares: the model, the cluster, the coefficients with the run's attention
+    kernel and launch mode applied, the overlaps that are on, the memory models asked for and each one's resolved
+    run (``runs``, the plan's own and ``Resolved.other``'s, resolved once)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    coeffs: CostParams
+    run: Resolved
+    runs: dict
+    memory: tuple[str, ...]
+    overlap: str | None
+    by_rank: bool
+
+
+def _context(model, cluster, coeffs, run: Resolved, memory, overlap, by_rank: bool) -> _Context:
+    """The ``_Context`` of an evaluation; a ValueError names an unknown memory model."""
+    runtime = run.runtime
     # the kernel (the plan's, else the runtime's) sets the attention rate
     coeffs = compute.with_attention_kernel(coeffs, run.attention_kernel)
     if run.settings.launch_blocking:  # each launch waits for its kernel: the host's time joins every kernel's
@@ -149,175 +193,219 @@ def evaluate(
         raise ValueError(f"unknown memory model(s) {bad}; choose among {RUNTIMES}")
     runs = {k: run if k == runtime else run.other(k, model) for k in memory}
     not_modelled(model)
-    N = len(layouts)
-    pmax = int(layouts.pp.max()) if N else 1
-    mem = {k: {f: np.zeros(N) for f in MEMORY_FIELDS} for k in memory}
-    total = {k: np.zeros(N) for k in memory}
-    worst = {k: np.zeros(N, dtype=np.int64) for k in memory}
-    ranks = {k: {f: np.full((N, pmax), np.nan) for f in MEMORY_FIELDS} for k in memory} if by_rank else {}
-    times = {k: np.full(N, np.nan) for k in TIME_FIELDS}
-    pipe = np.full(N, np.nan)
-    rank_end = np.full((N, pmax), np.nan)
-    busy = np.full((N, pmax), np.nan)
-    hidden = {k: np.full(N, np.nan) for k in ("tp", "pp", "dp")} if by_rank else {}
-    on_cpu = cluster.device.name == "cpu"
-    capacity = cluster.device.hbm_bytes
-    v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
-    fp8, recompute_every = run.fp8, run.recompute_every
-    offload, host, offload_parts = run.settings.offload, np.zeros(N), {}
-    is_v = np.isin(layouts.schedule, [SCHEDULES.index(s) for s in V_SCHEDULES]) & (layouts.pp > 1)
-    for idx, (gpus, pp, v, ep, cpd, vee) in _groups(
-        np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp, is_v.astype(np.int64)])
-    ):
-        lay = layouts.take(idx)
-        p, v, ep, cpd = int(pp), int(v), int(ep), int(cpd)
-        split = layer_split(model, p, v, layouts.stage_layers)
-        rank = np.arange(p)
-        # stage (chunk, rank) in looped order: rank r holds stages r, r + pp, ...; under a V, r and 2 pp - 1 - r
-        looped = np.concatenate([rank, 2 * p - 1 - rank]) if vee else np.arange(p * v)
-        last_rank = 0 if vee else p - 1  # the rank of the last stage (the head)
-        on_rank = split[looped].reshape(v, p).sum(axis=0)  # layers held by each pipeline rank
-        # the layers of each layout's ranks a full recomputation covers where it does not cover them all
-        # (settings.full_rerun_layers): (layouts, pp), or None
-        nl = lay.recompute_layers
-        if recompute_every:
-            rerun_on_rank = np.broadcast_to(
-                np.asarray(full_rerun_layers(split, p, every=recompute_every))[looped].reshape(v, p).sum(axis=0),
-                (len(lay), p),
-            )
-        elif np.any(nl > 0):
-            per_stage = np.where(nl[:, None] > 0, np.minimum(split[None, :], nl[:, None]), split[None, :])
-            rerun_on_rank = per_stage[:, looped].reshape(-1, v, p).sum(axis=1)
-        else:
-            rerun_on_rank = None
-        if model.is_moe:
-            params, xparams, moe_here = (
-                x.astype(float) for x in rank_params_split(model, lay.tp[:, None], p, v, split, ep, v_shape=bool(vee))
-            )
-        else:
-            params = rank_params(
-                model, lay.tp[:, None], p, on_rank[None, :], rank[None, :], last_rank=last_rank
-            ).astype(float)
-            xparams, moe_here = None, 0
-        m = lay.num_microbatches[:, None]
-        held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
-        grad_share = unsharded_grad_share(lay.schedule[:, None], p, m, v)
-        cats = np.stack([lay.zero_stage, lay.recompute, lay.sequence_parallel.astype(np.int64)])
-        if offload != "none":
-            for j, (zero, _, _) in _groups(cats):
-                rule = run.engine.state_rule(dtype, int(zero))
-                per = offloaded(offload, rule, dtype, lay.dp[j, None] * cpd).host
-                on_host = params[j] * per + (
-                    0.0
-                    if xparams is None
-                    else xparams[j]
-                    * offloaded(offload, rule, dtype, expert_dp(lay.tp[j, None], lay.dp[j, None], ep, 1, cpd)).host
-                )
-                host[idx[j]] = np.max(on_host, axis=1)
-        for j, (zero, rec, sp) in _groups(cats) if memory else ():
-            common = dict(
-                zero_stage=int(zero),
-                recompute=RECOMPUTE[rec],
-                sequence_parallel=bool(sp),
-                tp=lay.tp[j, None],
-                dp=lay.dp[j, None],
-                micro_batch=lay.micro_batch[j, None],
-                pp=p,
-                interleave=v,
-                cp=cpd,
-                ep=ep,
-            )
-            counts = dict(
-                params_here=params[j],
-                layers_here=on_rank[None, :],
-                inflight_mb=held[j],
-                is_last=rank[None, :] == last_rank,
-                expert_params_here=0 if xparams is None else xparams[j],
-                moe_layers_here=moe_here,
-            )
-            for k in memory:
-                if k == "exatrain" and trainer_models_it(model, ep, cpd, fp8):
-                    parts = trainer_rank_memory(
-                        model,
-                        runs[k],
-                        rank=RankCounts(**counts, is_first=rank[None, :] == 0),
-                        num_microbatches=m[j],
-                        on_cpu=on_cpu,
-                        **common,
-                    )
-                else:
-                    partial = k == runtime and rerun_on_rank is not None and RECOMPUTE[rec] == "full"
-                    rank_j = RankCounts(
-                        **counts, pp_grad_share=grad_share[j], recomputed_here=rerun_on_rank[j] if partial else None
-                    )
-                    parts = rank_memory(model, runs[k], rank=rank_j, **common)
-                parts = [np.broadcast_to(x, (j.size, p)) for x in parts]
-                tot = sum(parts)
-                # the first of equal stages, as max() over stages picks
-                w = np.argmax(np.nan_to_num(tot, nan=-1.0), axis=1)
-                rows = idx[j]
-                worst[k][rows] = w
-                total[k][rows] = np.take_along_axis(tot, w[:, None], axis=1)[:, 0]
-                for f, x in zip(MEMORY_FIELDS, parts):
-                    mem[k][f][rows] = np.take_along_axis(x, w[:, None], axis=1)[:, 0]
-                    if by_rank:
-                        ranks[k][f][rows, :p] = x
-        if not time:
-            continue
-        keep = np.arange(idx.size)
-        if time_if_fits and memory:
-            keep = np.nonzero(total[memory[0]][idx] <= (capacity if fit_bytes is None else fit_bytes))[0]
-            if not keep.size:
-                continue
-            lay, params = lay.take(keep), params[keep]
-            xparams = None if xparams is None else xparams[keep]
-        dev = compute.device_for(cluster, dtype, coeffs, int(gpus))
-        hid: dict | None = {} if by_rank else None
-        t, _, pt = step_times(
-            model,
-            cluster,
-            coeffs,
-            dev,
-            lay,
-            run=run,
-            stage_layers=split,
-            params_by_rank=params,
-            expert_params_by_rank=xparams,
-            overlap=overlap,
-            hidden=hid,
+    return _Context(model, cluster, coeffs, run, runs, memory, overlap, by_rank)
+
+
+@dataclass(eq=False)
+class _Results:
+    """The evaluation's arrays, filled group by group (``Evaluation``'s fields before ``fits``)."""
+
+    mem: dict
+    total: dict
+    worst: dict
+    ranks: dict
+    times: dict
+    pipe: np.ndarray
+    rank_end: np.ndarray
+    busy: np.ndarray
+    hidden: dict
+    host: np.ndarray
+    offload_parts: dict
+
+    @classmethod
+    def empty(cls, N: int, pmax: int, memory: tuple[str, ...], by_rank: bool) -> _Results:
+        return cls(
+            mem={k: {f: np.zeros(N) for f in MEMORY_FIELDS} for k in memory},
+            total={k: np.zeros(N) for k in memory},
+            worst={k: np.zeros(N, dtype=np.int64) for k in memory},
+            ranks={k: {f: np.full((N, pmax), np.nan) for f in MEMORY_FIELDS} for k in memory} if by_rank else {},
+            times={k: np.full(N, np.nan) for k in TIME_FIELDS},
+            pipe=np.full(N, np.nan),
+            rank_end=np.full((N, pmax), np.nan),
+            busy=np.full((N, pmax), np.nan),
+            hidden={k: np.full(N, np.nan) for k in ("tp", "pp", "dp")} if by_rank else {},
+            host=np.zeros(N),
+            offload_parts={},
         )
-        rows = idx[keep]
-        scale = coeffs.step_scale  # a calibration's cluster x engine factor (CostParams): every second alike
-        for k in hid or ():
-            if k == "offload":  # cost.offload's parts (adam, h2d, d2h, exposed, total)
-                for part, x in hid[k].items():
-                    offload_parts.setdefault(part, np.full(N, np.nan))[rows] = x
-                continue
-            hidden[k][rows] = hid[k] * scale
-        for k in TIME_FIELDS:
-            times[k][rows] = t[k] * scale
-        pipe[rows] = pt.step_s * scale
-        rank_end[rows, :p] = pt.rank_end_s * scale
-        busy[rows, :p] = pt.busy_s * scale
-    fits = total[memory[0]] <= capacity if memory else np.ones(N, dtype=bool)
-    if offload != "none":
-        fits = fits & host_fits(host, cluster, layouts.gpus)
-    step = times["step"]
+
+
+@dataclass(frozen=True, eq=False)
+class _GroupCounts:
+    """One group's (shared gpus, pp, interleave, ep, cp, placement) layer split and per-rank counts: layers held
+    and rerun by a full recomputation where it does not rerun all (``rerun_on_rank``, (N, pp) or None), parameters
+    outside and inside the routed experts (N, pp), in-flight micro-batches and unsharded-gradient share."""
+
+    p: int
+    v: int
+    ep: int
+    cpd: int
+    split: np.ndarray
+    last_rank: int
+    on_rank: np.ndarray
+    rerun_on_rank: np.ndarray | None
+    params: np.ndarray
+    xparams: np.ndarray | None
+    moe_here: object
+    held: np.ndarray
+    grad_share: np.ndarray
+
+
+def _group_counts(ctx: _Context, lay: Layouts, stage_layers, p: int, v: int, ep: int, cpd: int, vee: bool):
+    """``_GroupCounts`` of the layouts ``lay`` of one group."""
+    model = ctx.model
+    split = layer_split(model, p, v, stage_layers)
+    rank = np.arange(p)
+    # stage (chunk, rank) in looped order: rank r holds stages r, r + pp, ...; under a V, r and 2 pp - 1 - r
+    looped = np.concatenate([rank, 2 * p - 1 - rank]) if vee else np.arange(p * v)
+    last_rank = 0 if vee else p - 1  # the rank of the last stage (the head)
+    on_rank = split[looped].reshape(v, p).sum(axis=0)  # layers held by each pipeline rank
+    rerun = rerun_on_rank(split, p, looped, lay.recompute_layers, ctx.run.recompute_every, n=len(lay))
+    if model.is_moe:
+        params, xparams, moe_here = (
+            x.astype(float) for x in rank_params_split(model, lay.tp[:, None], p, v, split, ep, v_shape=vee)
+        )
+    else:
+        params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :], last_rank=last_rank)
+        params, xparams, moe_here = params.astype(float), None, 0
+    m = lay.num_microbatches[:, None]
+    held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
+    grad_share = unsharded_grad_share(lay.schedule[:, None], p, m, v)
+    return _GroupCounts(p, v, ep, cpd, split, last_rank, on_rank, rerun, params, xparams, moe_here, held, grad_share)
+
+
+def _host_bytes(ctx: _Context, lay: Layouts, g: _GroupCounts, cats, idx, out: _Results) -> None:
+    """Bytes of model states the busiest rank of each layout keeps in host memory (``accounting.offload``)."""
+    run, dtype, offload = ctx.run, ctx.run.dtype, ctx.run.settings.offload
+    for j, (zero, _, _) in _groups(cats):
+        rule = run.engine.state_rule(dtype, int(zero))
+        per = offloaded(offload, rule, dtype, lay.dp[j, None] * g.cpd).host
+        on_host = g.params[j] * per + (
+            0.0
+            if g.xparams is None
+            else g.xparams[j]
+            * offloaded(offload, rule, dtype, expert_dp(lay.tp[j, None], lay.dp[j, None], g.ep, 1, g.cpd)).host
+        )
+        out.host[idx[j]] = np.max(on_host, axis=1)
+
+
+def _memory_of(ctx: _Context, lay: Layouts, g: _GroupCounts, j, cat: tuple, idx, out: _Results) -> None:
+    """Every memory model's count of the layouts ``j`` of a group sharing (ZeRO stage, recompute, sequence
+    parallel) ``cat``, every pipeline rank, the worst one kept."""
+    zero, rec, sp = cat
+    p, model, rank = g.p, ctx.model, np.arange(g.p)
+    common = dict(
+        zero_stage=zero,
+        recompute=RECOMPUTE[rec],
+        sequence_parallel=sp,
+        tp=lay.tp[j, None],
+        dp=lay.dp[j, None],
+        micro_batch=lay.micro_batch[j, None],
+        pp=p,
+        interleave=g.v,
+        cp=g.cpd,
+        ep=g.ep,
+    )
+    counts = dict(
+        params_here=g.params[j],
+        layers_here=g.on_rank[None, :],
+        inflight_mb=g.held[j],
+        is_last=rank[None, :] == g.last_rank,
+        expert_params_here=0 if g.xparams is None else g.xparams[j],
+        moe_layers_here=g.moe_here,
+    )
+    for k in ctx.memory:
+        if k == "exatrain" and trainer_models_it(model, g.ep, g.cpd, ctx.run.fp8):
+            rank_j = RankCounts(**counts, is_first=rank[None, :] == 0)
+            m = lay.num_microbatches[j, None]
+            on_cpu = ctx.cluster.device.name == "cpu"
+            parts = trainer_rank_memory(model, ctx.runs[k], rank=rank_j, num_microbatches=m, on_cpu=on_cpu, **common)
+        else:
+            partial = k == ctx.run.runtime and g.rerun_on_rank is not None and RECOMPUTE[rec] == "full"
+            recomputed_here = g.rerun_on_rank[j] if partial else None
+            rank_j = RankCounts(**counts, pp_grad_share=g.grad_share[j], recomputed_here=recomputed_here)
+            parts = rank_memory(model, ctx.runs[k], rank=rank_j, **common)
+        _keep_worst(out, k, [np.broadcast_to(x, (j.size, p)) for x in parts], idx[j], p, ctx.by_rank)
+
+
+def _keep_worst(out: _Results, k: str, parts: list, rows, p: int, by_rank: bool) -> None:
+    """Record memory model ``k``'s worst rank of each layout (``rows``) and, ``by_rank``, every rank's parts."""
+    tot = sum(parts)
+    # the first of equal stages, as max() over stages picks
+    w = np.argmax(np.nan_to_num(tot, nan=-1.0), axis=1)
+    out.worst[k][rows] = w
+    out.total[k][rows] = np.take_along_axis(tot, w[:, None], axis=1)[:, 0]
+    for f, x in zip(MEMORY_FIELDS, parts):
+        out.mem[k][f][rows] = np.take_along_axis(x, w[:, None], axis=1)[:, 0]
+        if by_rank:
+            out.ranks[k][f][rows, :p] = x
+
+
+def _time_of(ctx: _Context, lay: Layouts, g: _GroupCounts, idx, gpus: int, out: _Results, fit) -> None:
+    """The step time of a group's layouts (``cost.step.step_times``), scaled by the calibration's ``step_scale``;
+    with ``fit`` (bytes) only those whose worst stage fits it."""
+    keep = np.arange(idx.size)
+    params, xparams = g.params, g.xparams
+    if fit is not None:
+        keep = np.nonzero(out.total[ctx.memory[0]][idx] <= fit)[0]
+        if not keep.size:
+            return
+        lay, params = lay.take(keep), params[keep]
+        xparams = None if xparams is None else xparams[keep]
+    coeffs = ctx.coeffs
+    dev = compute.device_for(ctx.cluster, ctx.run.dtype, coeffs, gpus)
+    hid: dict | None = {} if ctx.by_rank else None
+    t, _, pt = step_times(
+        ctx.model,
+        ctx.cluster,
+        coeffs,
+        dev,
+        lay,
+        run=ctx.run,
+        stage_layers=g.split,
+        params_by_rank=params,
+        expert_params_by_rank=xparams,
+        overlap=ctx.overlap,
+        hidden=hid,
+    )
+    rows, p, N = idx[keep], g.p, len(out.pipe)
+    scale = coeffs.step_scale  # a calibration's cluster x engine factor (CostParams): every second alike
+    for k in hid or ():
+        if k == "offload":  # cost.offload's parts (adam, h2d, d2h, exposed, total)
+            for part, x in hid[k].items():
+                out.offload_parts.setdefault(part, np.full(N, np.nan))[rows] = x
+            continue
+        out.hidden[k][rows] = hid[k] * scale
+    for k in TIME_FIELDS:
+        out.times[k][rows] = t[k] * scale
+    out.pipe[rows] = pt.step_s * scale
+    out.rank_end[rows, :p] = pt.rank_end_s * scale
+    out.busy[rows, :p] = pt.busy_s * scale
+
+
+def _evaluation(ctx: _Context, layouts: Layouts, global_batch, out: _Results) -> Evaluation:
+    """The ``Evaluation`` of the filled results: ``fits`` by the first memory model (and, offloading, the host's
+    memory), the throughputs from the step."""
+    model, cluster, memory = ctx.model, ctx.cluster, ctx.memory
+    capacity = cluster.device.hbm_bytes
+    fits = out.total[memory[0]] <= capacity if memory else np.ones(len(layouts), dtype=bool)
+    if ctx.run.settings.offload != "none":
+        fits = fits & host_fits(out.host, cluster, layouts.gpus)
+    step = out.times["step"]
     return Evaluation(
-        memory=mem,
-        memory_total=total,
-        worst_rank=worst,
+        memory=out.mem,
+        memory_total=out.total,
+        worst_rank=out.worst,
         fits=fits,
-        time=times,
-        pipeline_s=pipe,
+        time=out.times,
+        pipeline_s=out.pipe,
         tokens_per_s=np.asarray(global_batch) * model.seq_len / step,
         model_tflops_per_gpu=model_flops_per_step(model, global_batch) / step / layouts.gpus / 1e12,
-        rank_end_s=rank_end,
-        busy_s=busy,
-        by_rank=ranks,
-        hidden=hidden,
-        host_bytes=host,
-        offload_parts=offload_parts,
+        rank_end_s=out.rank_end,
+        busy_s=out.busy,
+        by_rank=out.ranks,
+        hidden=out.hidden,
+        host_bytes=out.host,
+        offload_parts=out.offload_parts,
     )
 
 
