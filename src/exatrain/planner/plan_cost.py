@@ -124,81 +124,20 @@ def comm_bytes(plan) -> dict[str, float]:
     m = plan.model
     if not (m.is_moe or plan.cp > 1 or plan.runtime != "exatrain"):
         return out
-    split = stage_params_split_for(plan)
-    cp_comm = run.cp_comm
     stage_layers = np.asarray(plan.layers_per_stage())
     kinds = stage_layer_kinds(
         m, pp=plan.pp, interleave=plan.interleave, layers_per_stage=tuple(stage_layers), v_shape=plan.v_shape
     )
-    fp8_gathered = (
-        step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
-        if plan.fp8 and plan.fp8_param_gather
-        else None
-    )
-    dp, ep, cpb = [], [], []
+    dp = _dp_bytes_by_rank(plan, engine, stage_layers)
+    ep, cpb = [], []
     for r in range(plan.pp):
-        dense, experts = split[r]
-        dp.append(
-            sum(
-                float(c.bytes_per_rank)
-                for c in step.engine_dp_collectives(
-                    m,
-                    tp=plan.tp,
-                    pp=plan.pp,
-                    dp=plan.dp,
-                    zero_stage=plan.zero_stage,
-                    params_here=dense,
-                    num_microbatches=plan.num_microbatches,
-                    dtype=plan.dtype,
-                    pipeline_end=r in (0, plan.pp - 1),
-                    engine=engine,
-                    cp_size=plan.cp,
-                    ep=plan.ep,
-                    expert_params_here=experts,
-                    fp8_gathered=None if fp8_gathered is None else tuple(float(g[0, r]) for g in fp8_gathered),
-                )
-            )
-        )
         # the share of the rank's layers whose forward runs again: a full recomputation's (the first
         # recompute_layers of each stage), the "moe" module's for the all-to-alls
         full = plan.recomputed_layers_of_rank(r) / max(sum(kinds[r]), 1)
         if m.is_moe:
-            moe_again = 1.0 if plan.recompute == "selective" and "moe" in plan.recompute_modules else full
-            ep.append(
-                sum(
-                    float(c.bytes_per_rank)
-                    for c in comms.moe_collectives_for(
-                        m,
-                        micro_batch=plan.micro_batch,
-                        tp=plan.tp,
-                        ep=plan.ep,
-                        cp=plan.cp,
-                        sequence_parallel=plan.sequence_parallel,
-                        dtype=plan.dtype,
-                        moe_layers=kinds[r][1],
-                        num_microbatches=plan.num_microbatches,
-                        capacity_factor=run.moe_load,
-                        rerun=moe_again,
-                    )
-                )
-            )
+            ep.append(_ep_bytes(plan, run, kinds[r][1], full))
         if plan.cp > 1:
-            cpb.append(
-                sum(
-                    float(c.bytes_per_rank)
-                    for c in comms.cp_collectives_for(
-                        m,
-                        micro_batch=plan.micro_batch,
-                        tp=plan.tp,
-                        cp=plan.cp,
-                        dtype=plan.dtype,
-                        layers=sum(kinds[r]),
-                        num_microbatches=plan.num_microbatches,
-                        comm=cp_comm,
-                        rerun=full,
-                    )
-                )
-            )
+            cpb.append(_cp_bytes(plan, run, sum(kinds[r]), full))
     out["dp"] = max(dp)
     for k in ("tp", "pp"):  # their messages are a rank's tokens wide: s/cp of each sequence
         out[k] = out[k] / plan.cp
@@ -210,6 +149,75 @@ def comm_bytes(plan) -> dict[str, float]:
     if cpb:
         out["cp"] = max(cpb)
     return out
+
+
+def _dp_bytes_by_rank(plan, engine, stage_layers) -> list[float]:
+    """Bytes each pipeline rank sends per step in its data-parallel collectives, as the plan's runtime sends
+    them (``cost.step.engine_dp_collectives``; the FP8-gathered weights at one byte each)."""
+    m, split = plan.model, stage_params_split_for(plan)
+    fp8_gathered = (
+        step.fp8_gathered_params(m, np.asarray([plan.tp]), stage_layers, plan.pp, plan.ep)
+        if plan.fp8 and plan.fp8_param_gather
+        else None
+    )
+    out = []
+    for r in range(plan.pp):
+        dense, experts = split[r]
+        cs = step.engine_dp_collectives(
+            m,
+            tp=plan.tp,
+            pp=plan.pp,
+            dp=plan.dp,
+            zero_stage=plan.zero_stage,
+            params_here=dense,
+            num_microbatches=plan.num_microbatches,
+            dtype=plan.dtype,
+            pipeline_end=r in (0, plan.pp - 1),
+            engine=engine,
+            cp_size=plan.cp,
+            ep=plan.ep,
+            expert_params_here=experts,
+            fp8_gathered=None if fp8_gathered is None else tuple(float(g[0, r]) for g in fp8_gathered),
+        )
+        out.append(sum(float(c.bytes_per_rank) for c in cs))
+    return out
+
+
+def _ep_bytes(plan, run, moe_layers: int, full: float) -> float:
+    """Bytes a rank with ``moe_layers`` MoE layers sends per step in its expert all-to-alls, the forward's again
+    in the share ``full`` of its layers a full recomputation reruns (all of them where the "moe" module is)."""
+    moe_again = 1.0 if plan.recompute == "selective" and "moe" in plan.recompute_modules else full
+    cs = comms.moe_collectives_for(
+        plan.model,
+        micro_batch=plan.micro_batch,
+        tp=plan.tp,
+        ep=plan.ep,
+        cp=plan.cp,
+        sequence_parallel=plan.sequence_parallel,
+        dtype=plan.dtype,
+        moe_layers=moe_layers,
+        num_microbatches=plan.num_microbatches,
+        capacity_factor=run.moe_load,
+        rerun=moe_again,
+    )
+    return sum(float(c.bytes_per_rank) for c in cs)
+
+
+def _cp_bytes(plan, run, layers: int, full: float) -> float:
+    """Bytes a rank with ``layers`` layers sends per step in its context-parallel exchange (``run.cp_comm``), the
+    forward's again in the share ``full`` a full recomputation reruns."""
+    cs = comms.cp_collectives_for(
+        plan.model,
+        micro_batch=plan.micro_batch,
+        tp=plan.tp,
+        cp=plan.cp,
+        dtype=plan.dtype,
+        layers=layers,
+        num_microbatches=plan.num_microbatches,
+        comm=run.cp_comm,
+        rerun=full,
+    )
+    return sum(float(c.bytes_per_rank) for c in cs)
 
 
 def stage_params_split_for(plan):

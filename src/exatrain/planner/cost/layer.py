@@ -28,6 +28,7 @@ from exatrain.accounting.flops import layer_gemms
 from exatrain.catalog.models import ModelSpec
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.fp8 import CAST_BYTES, NOT_FP8
+from exatrain.planner.cost.terms import PassSeconds
 
 
 def extended(m: ModelSpec, cp: int, fp8: str) -> bool:
@@ -72,9 +73,6 @@ def layer_times(
         )
     moe = bool(moe and m.is_moe)
     e = COMPUTE_BYTES[dtype]
-    b = np.asarray(micro_batch, dtype=float)
-    tp_a = np.asarray(tp, dtype=float)
-    tokens = b * m.seq_len / cp
     gemms = layer_gemms(
         m,
         micro_batch,
@@ -90,6 +88,35 @@ def layer_times(
     dense_s = [priced(g) for g in dense]
     gemm_fwd = sum(dense_s)
     core = [g for g in gemms if g.name.startswith("attn_")]
+    elem_bytes, n_ops = elementwise_bytes(
+        m, micro_batch, tp, moe=moe, cp=cp, sequence_parallel=sequence_parallel, run=run
+    )
+    elem = elementwise_term(elem_bytes, n_ops, dense, fp8, dev)
+    tokens = np.asarray(micro_batch, dtype=float) * m.seq_len / cp
+    attn = attention_core_term(m, core, dev, flash, e, tokens, np.asarray(tp, dtype=float), cp_calls=cp_calls, cp=cp)
+    fwd = gemm_fwd + attn.fwd + elem.fwd
+    bwd = 2 * gemm_fwd + attn.bwd + elem.bwd
+    return compute.LayerTimes(
+        fwd=fwd,
+        bwd=bwd,
+        recompute=0.0 * fwd,
+        attention_core_fwd=attn.fwd,
+        dense_gemm_fwd=gemm_fwd,
+        tp_gemms_fwd=compute.tp_paired_s(dense, dense_s),
+        per_op_gemm_fwd=compute.per_op_rerun_s(m, dense, dense_s),
+    )
+
+
+def elementwise_bytes(m: ModelSpec, micro_batch, tp, *, moe: bool, cp: int, sequence_parallel: bool, run: Resolved):
+    """(bytes, kernel launches) of one layer's forward element-wise kernels on one rank: the norms, residuals and
+    dropout over the rank's s/cp tokens (replicated across tp without sequence parallelism), rotary and QK-norm on
+    the tp-sharded heads, the latent norms, the MLP's activation; a MoE layer's shared experts' activation, its
+    routed copies' activation and permutes, the router's softmax and top-k; the unfused extras of
+    ``run.elementwise`` (``compute.unfused_extra``)."""
+    e, load = COMPUTE_BYTES[run.dtype], run.moe_load
+    b = np.asarray(micro_batch, dtype=float)
+    tp_a = np.asarray(tp, dtype=float)
+    tokens = b * m.seq_len / cp
     h, kvh = m.hidden, m.kv_hidden
     rep_div = tp_a if sequence_parallel else 1.0
     replicated = 10.0 * h + (2.0 * h / e if m.dropout > 0 else 0.0)  # as compute.dense_layer_times counts it
@@ -117,12 +144,16 @@ def layer_times(
         elem_bytes = elem_bytes + tokens * e * act * m.ffn_hidden / tp_a
         act_elems = tokens * m.ffn_hidden / tp_a
     extra, extra_ops = compute.unfused_extra(
-        m, tokens, tp, sequence_parallel=sequence_parallel, e=e, mode=elementwise, act_elems=act_elems
+        m, tokens, tp, sequence_parallel=sequence_parallel, e=e, mode=run.elementwise, act_elems=act_elems
     )
-    elem_bytes = elem_bytes + extra
-    n_ops += extra_ops
+    return elem_bytes + extra, n_ops + extra_ops
+
+
+def elementwise_term(elem_bytes, n_ops: int, dense: list, fp8: str, dev: compute.Device) -> PassSeconds:
+    """Seconds of a layer's element-wise kernels (``elementwise_bytes``), forward and backward (twice the bytes and
+    the launches), with, under FP8, the casts of each FP8 GEMM's input (forward) and output gradient (backward):
+    ``CAST_BYTES[fp8]`` an element of the ``dense`` GEMMs' operands."""
     if fp8:
-        # cast each FP8 GEMM's input (forward) and its output gradient (backward): CAST_BYTES[fp8]
         cast_elems = sum(g.m * g.k * g.count for g in dense if g.name not in NOT_FP8)
         cast_bwd = sum(g.m * g.n * g.count for g in dense if g.name not in NOT_FP8)
     else:
@@ -134,31 +165,26 @@ def layer_times(
         + compute.elementwise_time_s(per * cast_bwd, dev)
         + 2 * n_ops * dev.params.op_overhead_s
     )
+    return PassSeconds(fwd=elem_fwd, bwd=elem_bwd)
+
+
+def attention_core_term(m: ModelSpec, core: list, dev, flash: bool, e: float, tokens, tp_a, *, cp_calls, cp: int):
+    """Seconds of a layer's attention core (its ``core`` GEMMs), forward and backward: a flash kernel
+    (``compute.flash_attention_s``; a cp ring runs it once per K,V block, cp calls over s/cp keys each, or
+    ``cp_calls`` as the engine's exchange runs it, e.g. one call over all s keys after an all-to-all), else the
+    score GEMMs with a softmax (and dropout) pass over the scores."""
     if flash:
-        # a cp ring runs the kernel once per K,V block: cp calls over s/cp keys each (cp_calls: as the
-        # engine's exchange runs it, e.g. one call over all s keys after an all-to-all)
-        attn_fwd, attn_bwd = compute.flash_attention_s(
-            core, dev, calls=cp if cp_calls is None else cp_calls, seq_len=m.seq_len
+        return PassSeconds(
+            *compute.flash_attention_s(core, dev, calls=cp if cp_calls is None else cp_calls, seq_len=m.seq_len)
         )
-    else:
-        per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
-        softmax = (
-            compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev)
-            + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
-        )
-        attn_fwd = sum(compute.gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in core) + softmax
-        attn_bwd = sum(compute.gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) for g in core) + 2 * softmax
-    fwd = gemm_fwd + attn_fwd + elem_fwd
-    bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
-    return compute.LayerTimes(
-        fwd=fwd,
-        bwd=bwd,
-        recompute=0.0 * fwd,
-        attention_core_fwd=attn_fwd,
-        dense_gemm_fwd=gemm_fwd,
-        tp_gemms_fwd=compute.tp_paired_s(dense, dense_s),
-        per_op_gemm_fwd=compute.per_op_rerun_s(m, dense, dense_s),
+    per_score = 2.0 * e + ((2.0 * e + 1.0) if m.dropout > 0 else 0.0)
+    softmax = (
+        compute.elementwise_time_s(tokens * per_score * m.heads * m.seq_len / tp_a, dev)
+        + (2 if m.dropout > 0 else 1) * dev.params.op_overhead_s
     )
+    attn_fwd = sum(compute.gemm_time_s(g, dev, in_bytes=e, out_bytes=e) for g in core) + softmax
+    attn_bwd = sum(compute.gemm_time_s(g, dev, calls=2, in_bytes=e, out_bytes=e) for g in core) + 2 * softmax
+    return PassSeconds(fwd=attn_fwd, bwd=attn_bwd)
 
 
 def _gemm_pricer(dev: compute.Device, dtype: str, fp8: str, speedup: float, expert_gemms: str):
@@ -179,4 +205,4 @@ def _gemm_pricer(dev: compute.Device, dtype: str, fp8: str, speedup: float, expe
     return priced
 
 
-__all__ = ["extended", "layer_times"]
+__all__ = ["attention_core_term", "elementwise_bytes", "elementwise_term", "extended", "layer_times"]
