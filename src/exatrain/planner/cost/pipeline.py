@@ -187,15 +187,30 @@ def pipeline_times(
     W = np.broadcast_to(np.asarray(weight_s, dtype=np.float64), (N, S))
     isv = np.isin(code[:, 0], _V_CODES)
     if isv.any():  # the V schedules are simulated; the rest take the closed forms below
-        step, rank_end, busy = np.zeros(N), np.zeros((N, p)), np.zeros((N, p))
-        step[isv], rank_end[isv], busy[isv] = _v_times(F[isv], B[isv], W[isv], c[isv, 0], code[isv, 0], p, m[isv, 0])
-        if not isv.all():
-            o = ~isv
-            rest = pipeline_times(
-                F[o], B[o], W[o], pp=p, interleave=v, num_microbatches=m[o, 0], schedule=code[o, 0], p2p_s=c[o, 0]
-            )
-            step[o], rank_end[o], busy[o] = rest.step_s, rest.rank_end_s, rest.busy_s
-        return PipelineTimes(step_s=step, rank_end_s=rank_end, busy_s=busy)
+        return _with_v(F, B, W, c, code, m, p, v, isv)
+    return _closed_form(F, B, W, c, code, m, p, v)
+
+
+def _with_v(F, B, W, c, code, m, p: int, v: int, isv) -> PipelineTimes:
+    """``pipeline_times`` where some layouts (``isv``) run a V schedule (``_v_times``), the others its closed
+    form."""
+    N = len(isv)
+    step, rank_end, busy = np.zeros(N), np.zeros((N, p)), np.zeros((N, p))
+    step[isv], rank_end[isv], busy[isv] = _v_times(F[isv], B[isv], W[isv], c[isv, 0], code[isv, 0], p, m[isv, 0])
+    if not isv.all():
+        o = ~isv
+        rest = pipeline_times(
+            F[o], B[o], W[o], pp=p, interleave=v, num_microbatches=m[o, 0], schedule=code[o, 0], p2p_s=c[o, 0]
+        )
+        step[o], rank_end[o], busy[o] = rest.step_s, rest.rank_end_s, rest.busy_s
+    return PipelineTimes(step_s=step, rank_end_s=rank_end, busy_s=busy)
+
+
+def _closed_form(F, B, W, c, code, m, p: int, v: int) -> PipelineTimes:
+    """``pipeline_times`` of the looped schedules: each rank's key ops relaxed along the stages (``_relax``) until
+    nothing changes, each rank's end its latest key op plus the work after it; never under the uniform-stage
+    closed form (``step_time_fast`` of the fastest stage)."""
+    N, S = F.shape
     code = closed_form_codes(code)
     split = code == _ZERO_BUBBLE
     Fv = F.reshape(N, v, p)  # stage k = chunk * p + rank
@@ -206,7 +221,7 @@ def pipeline_times(
         if N <= 4
         else _order(code, p, v, m)
     )
-    keys, counts, prev, g = order.keys, order.counts, order.prev, order.g
+    keys, counts, g = order.keys, order.counts, order.g
     K = len(keys)
     # The work before each key op: the times of the entries run up to it (a backward entry of table
     # chunk c runs stage chunk v-1-c, hence the reversed chunk axis).
@@ -216,9 +231,6 @@ def pipeline_times(
         + _chunk_prefix(Wv[:, ::-1], counts[2], g, v)
     )
     before, busy = work[..., :K], work[..., K]  # (N, p, K) up to and including each op; (N, p)
-    start = {k[:2]: i for i, k in reversed(list(enumerate(keys)))}  # first column of each wave
-    slack = np.zeros((N, p, K + 1))  # val - before per key op; 0 = "from the rank's start"
-    flat = slack.reshape(-1)
     # Cross-rank sums along the stages (stage k = chunk * p + rank; rank p-1 hands on to rank 0 of
     # the next chunk): a forward from stage s reaches stage k >= s after sum_{s<l<=k} (c + F[l]);
     # a backward from stage s reaches k <= s after sum_{k<=l<s} (c + B[l]).
@@ -226,34 +238,7 @@ def pipeline_times(
     a[:, 0] = 0.0
     fwd = np.cumsum(a, axis=1)
     bwd = np.concatenate([np.zeros((N, 1)), np.cumsum(c + Bv.reshape(N, S)[:, :-1], axis=1)], axis=1)
-    waves = [(kind, last) for last in (False, True) for kind in "FBW" if (kind, last) in start]
-    for _ in range(MAX_SWEEPS):
-        old = slack.copy()
-        for kind, last in waves:  # one micro-batch's key ops of one kind, chunk by chunk
-            for u in range(v - 1, -1, -1) if kind == "B" else range(v):
-                i = start[kind, last] + u
-                D = flat[prev[..., i]] + before[..., i]  # along the rank: (N, p)
-                if kind == "W":  # a weight pass has no dependency on another rank
-                    slack[..., i] = np.where(split, D, 0.0) - before[..., i]
-                    continue
-                k = slice(u * p, (u + 1) * p)
-                if kind == "F":  # val[k] = max_{s<=k} D[s] + fwd[k] - fwd[s], from the previous chunk's end
-                    if u:
-                        D[:, 0] = np.maximum(
-                            D[:, 0],
-                            slack[:, p - 1, i - 1] + before[:, p - 1, i - 1] + fwd[:, u * p] - fwd[:, u * p - 1],
-                        )
-                    val = fwd[:, k] + np.maximum.accumulate(D - fwd[:, k], axis=1)
-                else:  # val[k] = max_{s>=k} D[s] + bwd[s] - bwd[k], from the next chunk's start
-                    if u < v - 1:
-                        D[:, p - 1] = np.maximum(
-                            D[:, p - 1],
-                            slack[:, 0, i + 1] + before[:, 0, i + 1] + bwd[:, (u + 1) * p] - bwd[:, (u + 1) * p - 1],
-                        )
-                    val = np.maximum.accumulate((D + bwd[:, k])[:, ::-1], axis=1)[:, ::-1] - bwd[:, k]
-                slack[..., i] = val - before[..., i]
-        if np.array_equal(slack, old):
-            break
+    slack = _relax(keys, order.prev, before, split, fwd, bwd, p, v)
     # A rank ends no earlier than any key op's path plus the work left after it.
     rank_end = slack.max(axis=-1) + busy
     uniform = step_time_fast(
@@ -267,6 +252,58 @@ def pipeline_times(
         interleave=v,
     ).step_s
     return PipelineTimes(step_s=np.maximum(rank_end.max(axis=1), uniform), rank_end_s=rank_end, busy_s=busy)
+
+
+def _relax(keys, prev, before, split, fwd, bwd, p: int, v: int) -> np.ndarray:
+    """(N, p, K + 1) each key op's start less the work before it on its rank (0: from the rank's start), swept
+    wave by wave (one micro-batch's key ops of one kind, chunk by chunk) until nothing changes."""
+    N, K = before.shape[0], len(keys)
+    start = {k[:2]: i for i, k in reversed(list(enumerate(keys)))}  # first column of each wave
+    slack = np.zeros((N, p, K + 1))  # val - before per key op; 0 = "from the rank's start"
+    flat = slack.reshape(-1)
+    waves = [(kind, last) for last in (False, True) for kind in "FBW" if (kind, last) in start]
+    for _ in range(MAX_SWEEPS):
+        old = slack.copy()
+        for kind, last in waves:
+            for u in range(v - 1, -1, -1) if kind == "B" else range(v):
+                i = start[kind, last] + u
+                D = flat[prev[..., i]] + before[..., i]  # along the rank: (N, p)
+                if kind == "W":  # a weight pass has no dependency on another rank
+                    slack[..., i] = np.where(split, D, 0.0) - before[..., i]
+                    continue
+                val = (
+                    _forward_val(D, slack, before, fwd, i, u, p)
+                    if kind == "F"
+                    else _backward_val(D, slack, before, bwd, i, u, p, v)
+                )
+                slack[..., i] = val - before[..., i]
+        if np.array_equal(slack, old):
+            break
+    return slack
+
+
+def _forward_val(D, slack, before, fwd, i: int, u: int, p: int) -> np.ndarray:
+    """A forward wave's key ops of chunk ``u``: val[k] = max_{s<=k} D[s] + fwd[k] - fwd[s], from the previous
+    chunk's end."""
+    k = slice(u * p, (u + 1) * p)
+    if u:
+        D[:, 0] = np.maximum(
+            D[:, 0],
+            slack[:, p - 1, i - 1] + before[:, p - 1, i - 1] + fwd[:, u * p] - fwd[:, u * p - 1],
+        )
+    return fwd[:, k] + np.maximum.accumulate(D - fwd[:, k], axis=1)
+
+
+def _backward_val(D, slack, before, bwd, i: int, u: int, p: int, v: int) -> np.ndarray:
+    """A backward wave's key ops of chunk ``u``: val[k] = max_{s>=k} D[s] + bwd[s] - bwd[k], from the next
+    chunk's start."""
+    k = slice(u * p, (u + 1) * p)
+    if u < v - 1:
+        D[:, p - 1] = np.maximum(
+            D[:, p - 1],
+            slack[:, 0, i + 1] + before[:, 0, i + 1] + bwd[:, (u + 1) * p] - bwd[:, (u + 1) * p - 1],
+        )
+    return np.maximum.accumulate((D + bwd[:, k])[:, ::-1], axis=1)[:, ::-1] - bwd[:, k]
 
 
 def _v_times(F, B, W, c, code, p: int, m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
