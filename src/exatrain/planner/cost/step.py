@@ -22,6 +22,10 @@ What is hidden depends on the runtime (``cost.overlap``): TP collectives behind 
 gradient reduction behind the last micro-batch's backward, parameter gathers behind forward,
 interleaved P2P behind the next forward, each only where the runtime's profile overlaps it; the
 leftover, ``max(0, comm - overlappable compute)``, is what the terms above count.
+Each part is a named function returning a small typed value (``cost.terms``): 1 is ``cost.stage``'s
+``compute_term``, ``tp_term``, ``ep_term`` and ``cp_term`` with the engine's parameter passes (``cost.passes``),
+2-3 ``pipeline_term``, 4 ``dp_rank_seconds`` and ``dp_term`` (``cost.dp``), 5 ``optimizer_term``
+(``cost.optimizer``) and ``offload_term``; ``compose_step`` sums them.
 """
 
 from __future__ import annotations
