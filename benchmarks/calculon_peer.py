@@ -265,20 +265,22 @@ def run_calculon(python: str, checkout: Path, inp: CalculonInput) -> tuple[float
         return None, f"Calculon: {said.removeprefix('ERROR:').strip()}"
 
 
-def _system(checkout: Path, name: str) -> dict:
-    return json.loads((checkout / "systems" / name).read_text(encoding="utf-8"))
-
-
 def price_with_calculon(rows: list[pe.Row], python: str, checkout: Path, jobs: int) -> list[PeerRow]:
     """Every held run with a plan and a measured step: translated and run through Calculon where it can be."""
     peers, todo = [], []
     for r in rows:
         if r.plan is None or not r.measured_s:
             continue
-        peer = PeerRow(r)
+        peer = PeerRow(r, reason=refusal(r) or "")
         peers.append(peer)
+        if peer.reason:
+            continue
+        path = checkout / "systems" / SYSTEM_FILES[r.cluster.device.name]
+        if not path.is_file():
+            peer.reason = f"the checkout has no systems/{path.name}"
+            continue
+        system = json.loads(path.read_text(encoding="utf-8"))
         try:
-            system = _system(checkout, SYSTEM_FILES.get(r.cluster.device.name, SYSTEM_FILES["a100-80gb"]))
             inp = translate(r, node=system["networks"][0]["size"], fp8="float8" in system["matrix"])
         except NotExpressible as exc:
             peer.reason = str(exc)
