@@ -64,6 +64,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -366,11 +367,17 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _reasons(peers: list[PeerRow]) -> str:
+def reasons(peers: list[PeerRow]) -> str:
+    """The runs Calculon does not price, counted by reason (Calculon's own memory refusals as one, whatever GiB)."""
     counts: dict[str, int] = {}
     for p in peers:
         if p.calculon_s is None:
-            counts[p.reason] = counts.get(p.reason, 0) + 1
+            why = (
+                re.sub(r"needs [\d.]+ GiB", "needs more GiB", p.reason)
+                if p.reason.startswith("Calculon:")
+                else p.reason
+            )
+            counts[why] = counts.get(why, 0) + 1
     return "\n".join(f"{n:4d}  {why}" for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -387,7 +394,7 @@ def print_peers(peers: list[PeerRow]) -> None:
         )
     print("(c: a run of the source Calculon's own step-time validation compares with: in-sample for the peer)\n")
     print(f"held runs Calculon does not price ({sum(p.calculon_s is None for p in peers)} of {len(peers)}):")
-    print(_reasons(peers) + "\n")
+    print(reasons(peers) + "\n")
     print(
         "median |error| over the runs both price (exatrain's out of sample, leave one source out; Calculon's "
         f"untuned, its shipped system files); ahead where both price {MIN_BOTH} or more:"

@@ -182,6 +182,17 @@ def test_ahead_only_where_both_price_three_runs(cp):
     assert (table["b"]["both"], table["b"]["ahead"]) == (2, "—")
 
 
+def test_reasons_are_counted_with_calculons_memory_refusals_as_one(cp):
+    peers = [_peer(cp, "a", 0.1, 0.1)]
+    for why in ("Calculon: Mem tier1 needs 136.250 GiB but only has 80.000 GiB", "MoE", "MoE"):
+        peers.append(cp.PeerRow(peers[0].row, reason=why))
+    peers.append(cp.PeerRow(peers[0].row, reason="Calculon: Mem tier1 needs 152.1 GiB but only has 80.000 GiB"))
+    assert cp.reasons(peers).splitlines() == [
+        "   2  Calculon: Mem tier1 needs more GiB but only has 80.000 GiB",
+        "   2  MoE",
+    ]
+
+
 def test_bad_arguments_exit_2_with_one_line(cp, tmp_path, capsys):
     assert cp.main(["--calculon", str(tmp_path / "nowhere"), "--python", sys.executable]) == 2
     err = capsys.readouterr().err.strip().splitlines()
