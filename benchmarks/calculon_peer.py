@@ -65,6 +65,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -245,8 +246,10 @@ def pin_status(checkout: Path) -> tuple[bool, str]:
     tree = tree_hash(checkout)
     if tree == PIN_TREE:
         return True, f"Calculon {PIN_URL} at {PIN_COMMIT[:12]} (pinned; its files hash to tree {PIN_TREE[:12]})"
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    at = f" (HEAD {head.stdout.strip()[:12]})" if head.returncode == 0 else ""
+    at = ""
+    if shutil.which("git") and (checkout / ".git").exists():
+        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+        at = f" (HEAD {head.stdout.strip()[:12]})" if head.returncode == 0 else ""
     return False, (
         f"WARNING: {checkout}{at} is NOT the pinned Calculon {PIN_COMMIT[:12]}: its files hash to tree "
         f"{tree[:12]}, the pin's to {PIN_TREE[:12]}; the figures below are not the pinned peer's"
@@ -442,12 +445,12 @@ def main(argv: list[str] | None = None) -> int:
         _check_args(args)
         pinned, pin_line = pin_status(args.calculon)
         rows = pe.load_rows(args.csv)
-        pe.price(rows)  # exatrain, out of sample, as prediction_error.py predicts it
-        pe.out_of_sample(rows)
-        pe.blocking_out_of_sample(rows)
         keep = [r for r in rows if args.engine in (None, r.engine) and args.family in (None, r.family)]
         if not keep:
             raise UserError(f"no published row matches --engine {args.engine} --family {args.family}")
+        pe.price(rows)  # exatrain, out of sample, as prediction_error.py predicts it (every row: refits need them)
+        pe.out_of_sample(rows)
+        pe.blocking_out_of_sample(rows)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -201,6 +201,10 @@ def test_bad_arguments_exit_2_with_one_line(cp, tmp_path, capsys):
     assert cp.main(["--calculon", str(checkout), "--python", str(tmp_path / "no-python")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: --python {tmp_path / 'no-python'}: cannot run it")
+    args = ["--calculon", str(checkout), "--python", sys.executable, "--engine", "no-such-engine"]
+    assert cp.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: no published row matches --engine no-such-engine --family None"]
     (checkout / "calculon" / "__init__.py").write_text("import not_a_module_here\n")
     assert cp.main(["--calculon", str(checkout), "--python", sys.executable]) == 2
     err = capsys.readouterr().err.strip().splitlines()
