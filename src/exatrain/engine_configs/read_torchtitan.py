@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from exatrain.accounting.engines import get_engine
@@ -144,9 +145,8 @@ class _Toml:
         return out
 
 
-def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> LaunchRead:
-    """The job file ``text`` as a LaunchRead (the module doc); ``gpus``: the world size when the file leaves the
-    data-parallel shard degree to it (-1)."""
+def _load(text: str, source: str) -> dict[str, Any]:
+    """The job file's tables; UserError for text that is not TOML or holds no torchtitan section."""
     data = _parse(text)
     if data is None:
         try:
@@ -161,10 +161,12 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
         raise UserError(
             f"{source}: no torchtitan section ([model], [training], [parallelism], ...): not a torchtitan job file"
         )
-    t = _Toml(data, text, source)
-    defaults: list[str] = []
-    notes: list[str] = []
-    s: dict[str, Any] = {}
+    return data
+
+
+def _degrees(t: _Toml, source: str, gpus: int | None, defaults: list[str]) -> tuple[int, int, int, int, int]:
+    """(tp, pp, cp, replicate, shard) of [parallelism]; a shard degree of -1 (every rank left) resolved from
+    ``gpus`` where given, else kept -1."""
     tp = t.int("parallelism", "tensor_parallel_degree", 1)
     pp = t.int("parallelism", "pipeline_parallel_degree", 1)
     cp = t.int("parallelism", "context_parallel_degree", 1)
@@ -189,49 +191,66 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
             shard = rest
     elif shard < 1:
         raise UserError(f"{source}: parallelism.data_parallel_shard_degree must be -1 or positive, got {shard}")
-    dp = replicate * shard if shard > 0 else None
-    world = dp * tp * pp * cp if dp else None
-    s.update(tp=tp, pp=pp)
-    if cp > 1:
-        s["cp"] = cp
-    model, missing = _model(t, source, defaults)
-    # ZeRO: FSDP2 over the shard degree (its resharding: ZeRO-3 or -2), DDP over the replicate degree
-    fsdp = shard > 1 or shard == -1
-    if fsdp:
-        reshard = t.get("parallelism", "fsdp_reshard_after_forward", "default")
-        if reshard == "default":
-            defaults.append(f"fsdp_reshard_after_forward (default: {'never, pipelined' if pp > 1 else 'always'})")
-            reshard = "never" if pp > 1 else "always"
-        if reshard not in ("always", "never"):
-            raise UserError(f"{source}: fsdp_reshard_after_forward {reshard!r} is not always, never or default")
-        s["zero"] = 3 if reshard == "always" else 2
-        if replicate > 1:
-            notes.append(
-                f"HSDP (replicate {replicate} x shard {shard}) is priced as FSDP over all {dp} data-parallel ranks"
-            )
-    else:
+    return tp, pp, cp, replicate, shard
+
+
+@dataclass(frozen=True)
+class _DataParallel:
+    """The data-parallel split read: replicate (DDP) x shard (FSDP2) degrees, dp (None while the shard degree
+    is left to the launcher) and the pipeline degree, on which FSDP's resharding default depends."""
+
+    replicate: int
+    shard: int
+    dp: int | None
+    pp: int
+
+
+def _zero(t: _Toml, s: dict[str, Any], d: _DataParallel, read: tuple[str, list[str], list[str]]) -> bool:
+    """ZeRO: FSDP2 over the shard degree (its resharding: ZeRO-3 or -2), DDP over the replicate degree; whether
+    FSDP is on. ``read``: (source, defaults, notes)."""
+    source, defaults, notes = read
+    if not (d.shard > 1 or d.shard == -1):
         s["zero"] = 0
-    only_dp = tp == 1 and pp == 1
-    # mixed precision comes through FSDP (or DDP-only autocast); otherwise training.dtype
+        return False
+    reshard = t.get("parallelism", "fsdp_reshard_after_forward", "default")
+    if reshard == "default":
+        defaults.append(f"fsdp_reshard_after_forward (default: {'never, pipelined' if d.pp > 1 else 'always'})")
+        reshard = "never" if d.pp > 1 else "always"
+    if reshard not in ("always", "never"):
+        raise UserError(f"{source}: fsdp_reshard_after_forward {reshard!r} is not always, never or default")
+    s["zero"] = 3 if reshard == "always" else 2
+    if d.replicate > 1:
+        notes.append(
+            f"HSDP (replicate {d.replicate} x shard {d.shard}) is priced as FSDP over all {d.dp} data-parallel ranks"
+        )
+    return True
+
+
+def _mixed_precision(t: _Toml, s: dict[str, Any], through_wrapper: bool, source: str) -> None:
+    """dtype and grad_accum: mixed precision comes through FSDP (or DDP-only autocast), ``through_wrapper``;
+    otherwise training.dtype."""
     param = t.get("training", "mixed_precision_param", "bfloat16")
     own = t.get("training", "dtype", "float32")
-    s["dtype"] = param if (fsdp or only_dp) else own
+    s["dtype"] = param if through_wrapper else own
     if s["dtype"] not in ("bfloat16", "float32"):
         raise UserError(f"{source}: precision {s['dtype']!r} is not planned (bfloat16 or float32)")
     reduce = t.get("training", "mixed_precision_reduce", "float32")
     if reduce != get_engine("torchtitan").accum_dtype(s["dtype"]):
         s["grad_accum"] = {"bfloat16": "bfloat16", "float32": "float32"}.get(reduce, reduce)
-    s["sequence_parallel"] = tp > 1  # torchtitan's TP always shards the norms
-    _pipeline(t, s, model.get("layers", 0), pp, source, defaults)
-    _batch(t, s, dp, pp, defaults, source)
-    _recompute(t, s, source, defaults)
-    if cp > 1:
-        rotate = t.get("parallelism", "context_parallel_rotate_method", "allgather")
-        comm = {"allgather": "all_gather", "alltoall": "p2p"}.get(rotate)
-        if comm is None:
-            raise UserError(f"{source}: context_parallel_rotate_method {rotate!r} is not allgather or alltoall")
-        if comm != cp_comm_for("torchtitan", "", AttentionShape(model)):
-            s["cp_comm"] = comm
+
+
+def _context_exchange(t: _Toml, s: dict[str, Any], model: dict[str, Any], source: str) -> None:
+    """cp_comm from context_parallel_rotate_method, set only where it differs from the engine's default."""
+    rotate = t.get("parallelism", "context_parallel_rotate_method", "allgather")
+    comm = {"allgather": "all_gather", "alltoall": "p2p"}.get(rotate)
+    if comm is None:
+        raise UserError(f"{source}: context_parallel_rotate_method {rotate!r} is not allgather or alltoall")
+    if comm != cp_comm_for("torchtitan", "", AttentionShape(model)):
+        s["cp_comm"] = comm
+
+
+def _experts(t: _Toml, s: dict[str, Any], model: dict[str, Any], notes: list[str]) -> None:
+    """ep of a MoE model (expert-tensor parallelism noted, not modelled); the keys read either way."""
     if model.get("experts"):
         s["ep"] = t.int("parallelism", "expert_parallel_degree", 1)
         etp = t.int("parallelism", "expert_tensor_parallel_degree", 1)
@@ -240,6 +259,31 @@ def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> Launc
     else:
         for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
             t.get("parallelism", key)
+
+
+def read_torchtitan(text: str, *, source: str, gpus: int | None = None) -> LaunchRead:
+    """The job file ``text`` as a LaunchRead (the module doc); ``gpus``: the world size when the file leaves the
+    data-parallel shard degree to it (-1)."""
+    t = _Toml(_load(text, source), text, source)
+    defaults: list[str] = []
+    notes: list[str] = []
+    s: dict[str, Any] = {}
+    tp, pp, cp, replicate, shard = _degrees(t, source, gpus, defaults)
+    dp = replicate * shard if shard > 0 else None
+    world = dp * tp * pp * cp if dp else None
+    s.update(tp=tp, pp=pp)
+    if cp > 1:
+        s["cp"] = cp
+    model, missing = _model(t, source, defaults)
+    fsdp = _zero(t, s, _DataParallel(replicate, shard, dp, pp), (source, defaults, notes))
+    _mixed_precision(t, s, fsdp or (tp == 1 and pp == 1), source)
+    s["sequence_parallel"] = tp > 1  # torchtitan's TP always shards the norms
+    _pipeline(t, s, model.get("layers", 0), pp, source, defaults)
+    _batch(t, s, dp, pp, defaults, source)
+    _recompute(t, s, source, defaults)
+    if cp > 1:
+        _context_exchange(t, s, model, source)
+    _experts(t, s, model, notes)
     _precision_extras(t, s, source)
     if s.get("fp8_param_gather") and not (fsdp and (dp or 2) > 1):
         del s["fp8_param_gather"]
