@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from exatrain.errors import Interrupted, RankFailed, RankHung, UserError
-from exatrain.plan import Plan, RunRecord
-from exatrain.records import append_run_record
+from exatrain.plan import Plan
+from exatrain.trainer.failed_runs import run_lines, summarize_windows, versions_of, write_failed_record
 
 # Messages of collective errors that mean "a peer went away", not "this rank did something wrong"
 # (gloo's TCP transport, NCCL's abort and remote-error reports, the c10d store).
@@ -227,47 +227,45 @@ class RunContext:
     resume: str | None  # the command that resumes, or a sentence; None: nothing to say
 
 
-def diagnose(
-    ctx: RunContext,
-    beats: Mapping[int, dict],
-    fails: Mapping[int, dict],
-    *,
-    exit_codes: Mapping[int, int | None] | None = None,
-    killed: set[int] | frozenset = frozenset(),
-    interrupted: bool | int = False,
-    now: float | None = None,
-) -> Diagnosis:
-    """Name the failure of run ``ctx.run`` (see the module docstring for the order of the rules).
-    ``exit_codes``: each rank's exit status as a local launcher saw it (negative: killed by that signal);
-    ``killed``: ranks the launcher itself killed (their deaths are not a cause); ``interrupted``: the
-    stop signal the launcher itself got (True: SIGINT)."""
-    world = ctx.plan.gpus
-    now = time.time() if now is None else now
-    beats = {r: b for r, b in beats.items() if int(b.get("run", 0)) == ctx.run}
-    fails = {r: f for r, f in fails.items() if int(f.get("run", 0)) == ctx.run}
-    codes = dict(exit_codes or {})
+class _Evidence:
+    """The rank files of one run read together: each rank's state, the failures by kind in time order, and the
+    failure record and one line (``failed``) for the rank a rule names."""
 
-    def state(r: int) -> dict:
+    def __init__(
+        self,
+        ctx: RunContext,
+        beats: Mapping[int, dict],
+        fails: Mapping[int, dict],
+        codes: dict[int, int | None],
+        now: float,
+    ) -> None:
+        self.ctx, self.codes, self.now, self.world = ctx, codes, now, ctx.plan.gpus
+        self.beats = {r: b for r, b in beats.items() if int(b.get("run", 0)) == ctx.run}
+        self.fails = {r: f for r, f in fails.items() if int(f.get("run", 0)) == ctx.run}
+        self.end = tail(ctx)
+
+    def state(self, r: int) -> dict:
         """A rank's own record; or its heartbeat, unless its peers have completed more steps since (a
         heartbeat is up to a beat old): then the step its peers were in, the phase unknown."""
-        if r in fails:
-            return dict(fails[r])
-        others = [x for q, x in (*beats.items(), *fails.items()) if q != r]
+        if r in self.fails:
+            return dict(self.fails[r])
+        others = [x for q, x in (*self.beats.items(), *self.fails.items()) if q != r]
         top = max((int(x.get("completed", 0)) for x in others), default=0)
-        b = beats.get(r)
+        b = self.beats.get(r)
         if b is not None and int(b.get("completed", 0)) >= top:
             return dict(b)
         in_setup = all(x.get("phase") == "setup" for x in others)
         return {"completed": top, "phase": "setup" if in_setup else "unknown"}
 
     def failure(
-        r: int, kind: str, cause: str, code: int, state_: Mapping[str, Any] | None = None, **extra: Any
+        self, r: int, kind: str, cause: str, code: int, state_: Mapping[str, Any] | None = None, **extra: Any
     ) -> dict[str, Any]:
+        """The RunRecord's failure for rank ``r``: where it sits in the layout, its step and phase, the cause."""
         from exatrain.trainer.parallel.ranks import coordinates
 
-        s = state(r) if state_ is None else state_
-        pp, dp, tp = coordinates(r, ctx.plan)
-        log = str(log_path(ctx.run_dir, r)) if ctx.run_dir is not None else ""
+        s = self.state(r) if state_ is None else state_
+        pp, dp, tp = coordinates(r, self.ctx.plan)
+        log = str(log_path(self.ctx.run_dir, r)) if self.ctx.run_dir is not None else ""
         return {
             "rank": r,
             "tp": tp,
@@ -282,104 +280,121 @@ def diagnose(
             **extra,
         }
 
-    def by_time(kind: str) -> list[int]:
-        return sorted((r for r, f in fails.items() if f.get("kind") == kind), key=lambda r: (fails[r]["time"], r))
+    def by_time(self, kind: str) -> list[int]:
+        """The ranks that recorded a failure of ``kind``, the earliest first."""
+        return sorted(
+            (r for r, f in self.fails.items() if f.get("kind") == kind), key=lambda r: (self.fails[r]["time"], r)
+        )
 
-    logs = (lambda r: f"; log: {log_path(ctx.run_dir, r)}") if ctx.run_dir is not None else (lambda r: "")
-    end = tail(ctx)
+    def logs(self, r: int) -> str:
+        return f"; log: {log_path(self.ctx.run_dir, r)}" if self.ctx.run_dir is not None else ""
 
-    interrupts = by_time("interrupted")
-    if interrupted or interrupts:
-        sig = signal.SIGINT if interrupted is True else int(interrupted)
-        r = interrupts[0] if interrupts else min(range(world), key=lambda q: (-_progress(state(q)), q))
-        if interrupts:
-            cause, sig = fails[r]["cause"], _signal_of(fails[r], sig)
-        else:
-            cause = f"interrupted ({_signal_name(sig)})"
-        error = Interrupted(f"{cause} {where(state(r))}{end}", sig)
-        extra = {"stopped_after": fails[r]["stopped_after"]} if interrupts and "stopped_after" in fails[r] else {}
-        return Diagnosis(error, failure(r, "interrupted", cause, error.exit_code, **extra), ctx.run)
+    def failed(self, r: int, kind: str, cause: str, verb: str = "failed") -> Diagnosis:
+        """Rank ``r`` failed (or lost a peer) where it was, for ``cause``: RankFailed's one line."""
+        ctx = self.ctx
+        return Diagnosis(
+            RankFailed(f"{rank_label(r, ctx.plan)} {verb} {_at(self.state(r))}: {cause}{self.end}{self.logs(r)}"),
+            self.failure(r, kind, cause, RankFailed.exit_code),
+            ctx.run,
+        )
 
+
+def _interrupted(ev: _Evidence, interrupted: bool | int) -> Diagnosis | None:
+    """A stop signal the launcher or a rank got: the run was interrupted, not broken."""
+    interrupts = ev.by_time("interrupted")
+    if not (interrupted or interrupts):
+        return None
+    fails = ev.fails
+    sig = signal.SIGINT if interrupted is True else int(interrupted)
+    r = interrupts[0] if interrupts else min(range(ev.world), key=lambda q: (-_progress(ev.state(q)), q))
+    if interrupts:
+        cause, sig = fails[r]["cause"], _signal_of(fails[r], sig)
+    else:
+        cause = f"interrupted ({_signal_name(sig)})"
+    error = Interrupted(f"{cause} {where(ev.state(r))}{ev.end}", sig)
+    extra = {"stopped_after": fails[r]["stopped_after"]} if interrupts and "stopped_after" in fails[r] else {}
+    return Diagnosis(error, ev.failure(r, "interrupted", cause, error.exit_code, **extra), ev.ctx.run)
+
+
+def _user_error(ev: _Evidence) -> Diagnosis | None:
+    """A rank refused bad input: its own one line and exit status, as the rank would have printed them."""
+    fails = ev.fails
     users = sorted(
         (r for r, f in fails.items() if f.get("kind") == "error" and f.get("user_error")),
         key=lambda r: (fails[r]["time"], r),
     )
-    if users:
-        r = users[0]
-        exc = UserError(fails[r]["cause"])  # the line the rank would have printed itself
-        exc.exit_code = int(fails[r]["exit_code"])
-        return Diagnosis(exc, failure(r, "error", fails[r]["cause"], exc.exit_code), ctx.run)
+    if not users:
+        return None
+    r = users[0]
+    exc = UserError(fails[r]["cause"])  # the line the rank would have printed itself
+    exc.exit_code = int(fails[r]["exit_code"])
+    return Diagnosis(exc, ev.failure(r, "error", fails[r]["cause"], exc.exit_code), ev.ctx.run)
 
-    own = by_time("error")
-    if own:
-        r = own[0]
+
+def _peer_loss(ev: _Evidence) -> Diagnosis | None:
+    """Ranks that lost a peer or were terminated: the rank that went quiet without a word if there is one,
+    else a stop every rank was told of, else the first rank that lost its peer."""
+    fails = ev.fails
+    peers = ev.by_time("peer") + ev.by_time("terminated")
+    gone, why = not_arrived(ev.beats, ev.world, ev.now)
+    gone = [r for r in gone if r not in fails] if why == "stale" else []
+    if peers and not gone:  # every rank but these recorded how it ended: these went without a word
+        gone = [r for r in range(ev.world) if r not in fails] if len(fails) >= ev.world // 2 else []
+    if peers and gone:  # a peer error or a launcher's SIGTERM, and a rank that went quiet: that one
+        r = gone[0]
+        age = ev.now - float(ev.beats[r]["time"]) if r in ev.beats else None
+        quiet = f"last heartbeat {age:.0f} s before" if age is not None else "no heartbeat at all"
+        return ev.failed(r, "lost", f"stopped without a failure record ({quiet}; killed by a signal?)")
+    terms = ev.by_time("terminated")
+    if terms and not ev.by_time("peer"):  # every rank was told to stop (scancel, a launcher's SIGTERM)
+        r = terms[0]
         cause = fails[r]["cause"]
-        return Diagnosis(
-            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-            failure(r, "error", cause, RankFailed.exit_code),
-            ctx.run,
-        )
+        error = Interrupted(f"{cause} {where(ev.state(r))}{ev.end}", _signal_of(fails[r], signal.SIGTERM))
+        return Diagnosis(error, ev.failure(r, "terminated", cause, error.exit_code), ev.ctx.run)
+    if peers:
+        r = peers[0]
+        return ev.failed(r, fails[r]["kind"], fails[r]["cause"], verb="lost a peer")
+    return None
 
+
+def diagnose(
+    ctx: RunContext,
+    beats: Mapping[int, dict],
+    fails: Mapping[int, dict],
+    *,
+    exit_codes: Mapping[int, int | None] | None = None,
+    killed: set[int] | frozenset = frozenset(),
+    interrupted: bool | int = False,
+    now: float | None = None,
+) -> Diagnosis:
+    """Name the failure of run ``ctx.run`` (see the module docstring for the order of the rules).
+    ``exit_codes``: each rank's exit status as a local launcher saw it (negative: killed by that signal);
+    ``killed``: ranks the launcher itself killed (their deaths are not a cause); ``interrupted``: the
+    stop signal the launcher itself got (True: SIGINT)."""
+    codes = dict(exit_codes or {})
+    ev = _Evidence(ctx, beats, fails, codes, time.time() if now is None else now)
+    found = _interrupted(ev, interrupted) or _user_error(ev)
+    if found:
+        return found
+    own = ev.by_time("error")
+    if own:
+        return ev.failed(own[0], "error", ev.fails[own[0]]["cause"])
     signalled = [r for r, c in sorted(codes.items()) if c is not None and c < 0 and r not in killed]
     if signalled:
         r = signalled[0]
-        cause = f"killed by {_signal_name(-int(codes[r]))}"
-        return Diagnosis(
-            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-            failure(r, "signal", cause, RankFailed.exit_code),
-            ctx.run,
-        )
-
-    hung = by_time("hung")
+        return ev.failed(r, "signal", f"killed by {_signal_name(-int(codes[r]))}")
+    hung = ev.by_time("hung")
     if hung:
-        return _hang(ctx, beats, fails, hung, world, now, end, logs, failure)
-
-    silent = [r for r, c in sorted(codes.items()) if c is not None and c > 0 and r not in fails]
+        return _hang(ctx, ev.beats, ev.fails, hung, ev.world, ev.now, ev.end, ev.logs, ev.failure)
+    silent = [r for r, c in sorted(codes.items()) if c is not None and c > 0 and r not in ev.fails]
     if silent:
         r = silent[0]
-        cause = f"exited with status {codes[r]} without a failure record"
-        return Diagnosis(
-            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-            failure(r, "exit", cause, RankFailed.exit_code),
-            ctx.run,
-        )
-
-    peers = by_time("peer") + by_time("terminated")
-    gone, why = not_arrived(beats, world, now)
-    gone = [r for r in gone if r not in fails] if why == "stale" else []
-    if peers and not gone:  # every rank but these recorded how it ended: these went without a word
-        gone = [r for r in range(world) if r not in fails] if len(fails) >= world // 2 else []
-    if peers and gone:  # a peer error or a launcher's SIGTERM, and a rank that went quiet: that one
-        r = gone[0]
-        age = now - float(beats[r]["time"]) if r in beats else None
-        quiet = f"last heartbeat {age:.0f} s before" if age is not None else "no heartbeat at all"
-        cause = f"stopped without a failure record ({quiet}; killed by a signal?)"
-        return Diagnosis(
-            RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-            failure(r, "lost", cause, RankFailed.exit_code),
-            ctx.run,
-        )
-    terms = by_time("terminated")
-    if terms and not by_time("peer"):  # every rank was told to stop (scancel, a launcher's SIGTERM)
-        r = terms[0]
-        cause = fails[r]["cause"]
-        error = Interrupted(f"{cause} {where(state(r))}{end}", _signal_of(fails[r], signal.SIGTERM))
-        return Diagnosis(error, failure(r, "terminated", cause, error.exit_code), ctx.run)
-    if peers:
-        r = peers[0]
-        cause = fails[r]["cause"]
-        return Diagnosis(
-            RankFailed(f"{rank_label(r, ctx.plan)} lost a peer {_at(state(r))}: {cause}{end}{logs(r)}"),
-            failure(r, fails[r]["kind"], cause, RankFailed.exit_code),
-            ctx.run,
-        )
+        return ev.failed(r, "exit", f"exited with status {codes[r]} without a failure record")
+    found = _peer_loss(ev)
+    if found:
+        return found
     r = next((q for q, c in sorted(codes.items()) if c), 0)
-    cause = f"exited with status {codes.get(r)}"
-    return Diagnosis(
-        RankFailed(f"{rank_label(r, ctx.plan)} failed {_at(state(r))}: {cause}{end}{logs(r)}"),
-        failure(r, "exit", cause, RankFailed.exit_code),
-        ctx.run,
-    )
+    return ev.failed(r, "exit", f"exited with status {codes.get(r)}")
 
 
 def _hang(
@@ -548,112 +563,6 @@ def _resume_value(flags: Sequence[str]) -> str | None:
         if a.startswith("--resume="):
             return a.split("=", 1)[1]
     return None
-
-
-def versions_of(fails: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The torch versions a rank's failure record carries (the first that has them), else None."""
-    return next((dict(f["versions"]) for _, f in sorted(fails.items()) if isinstance(f.get("versions"), dict)), None)
-
-
-def run_lines(metrics_file: str | Path) -> list[dict]:
-    """The metrics lines of the run being written: those after the file's last RunRecord."""
-    path = Path(metrics_file)
-    if not path.is_file():
-        return []
-    lines: list[dict] = []
-    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        if obj.get("kind") == "run_record":
-            lines = []
-        else:
-            lines.append(obj)
-    return lines
-
-
-def summarize_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """A RunRecord's ``rank_times``: per rank, the mean compute and wait seconds per step over every
-    window (weighted by its steps), the stragglers named in any, and how many steps were measured."""
-    windows = [w for w in windows if w.get("kind", "ranks") == "ranks" and w.get("compute_s")]
-    if not windows:
-        return None
-    n = len(windows[0]["compute_s"])
-    steps = sum(int(w["last_step"]) - int(w["first_step"]) + 1 for w in windows)
-
-    def mean(key: str, r: int) -> float:
-        total = sum(float(w[key][r]) * (int(w["last_step"]) - int(w["first_step"]) + 1) for w in windows)
-        return round(total / steps, 6)
-
-    return {
-        "steps": steps,
-        "windows": len(windows),
-        "compute_s": [mean("compute_s", r) for r in range(n)],
-        "wait_s": [mean("wait_s", r) for r in range(n)],
-        "stragglers": sorted({r for w in windows for r in w.get("stragglers", [])}),
-    }
-
-
-def write_failed_record(
-    metrics_file: str | None,
-    plan: Plan,
-    diag: Diagnosis,
-    *,
-    device: str,
-    wall_s: float,
-    measure_after: int,
-    versions: Mapping[str, Any] | None = None,
-) -> None:
-    """Append the failed or interrupted run's RunRecord: what its steps measured (from the metrics lines
-    rank 0 wrote), the per-rank times of its straggler windows, the failure and its one line. ``device``:
-    cpu or cuda; ``versions``: torch's, as a rank recorded them (``versions_of``; without them torch is
-    imported here to ask)."""
-    if not metrics_file:
-        return
-    from exatrain.trainer.metrics import StepMetrics, run_env, summarize
-
-    name = "cpu"
-    if device == "cuda":
-        import torch
-
-        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda"
-
-    lines = run_lines(metrics_file)
-    steps = []
-    for d in lines:
-        if d.get("kind") == "step":
-            d = {k: v for k, v in d.items() if k != "kind"}
-            d["peak_memory_bytes"] = tuple(d.get("peak_memory_bytes", ()))
-            d["samples"] = None if d.get("samples") is None else tuple(tuple(x) for x in d["samples"])
-            try:
-                steps.append(StepMetrics(**d))
-            except TypeError:
-                continue
-    windows = [d for d in lines if d.get("kind") == "ranks"]
-    message = str(diag.error)
-    status = (
-        "interrupted"
-        if isinstance(diag.error, Interrupted)
-        else "oom"
-        if "out of memory" in diag.failure.get("cause", "").lower()
-        else "failed"
-    )
-    append_run_record(
-        metrics_file,
-        RunRecord(
-            plan=plan,
-            measured=summarize(steps, plan, measure_after) if steps else None,
-            status=status,
-            device=name,
-            env=run_env("nccl" if device == "cuda" else "gloo", plan.gpus, wall_s, device, versions),
-            error=message[:4000],
-            failure=diag.failure,
-            rank_times=summarize_windows(windows),
-        ),
-    )
 
 
 __all__ = [
