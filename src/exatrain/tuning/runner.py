@@ -130,13 +130,9 @@ class SubprocessRunner:
         self, plan: Plan, trial_dir: Path, *, should_stop: StopCheck, on_start: Callable[[int], None]
     ) -> RunOutcome:
         trial_dir.mkdir(parents=True, exist_ok=True)
-        if self.preflight is not None:
-            try:
-                self.preflight(plan)
-            except OutOfMemoryPredicted as exc:
-                return RunOutcome("oom", None, None, f"refused before starting: {exc}", None, 0.0)
-            except PlanError as exc:
-                return RunOutcome("rejected", None, None, f"refused before starting: {exc}", None, 0.0)
+        refused = self._refusal(plan)
+        if refused is not None:
+            return refused
         plan_path, metrics = trial_dir / "plan.json", trial_dir / "metrics.jsonl"
         plan.save(plan_path)
         metrics.unlink(missing_ok=True)
@@ -181,7 +177,24 @@ class SubprocessRunner:
         for line in reader.new_lines():
             if line.get("kind") == "step":
                 steps.append(line)
-        record = reader.record
+        return self._outcome(ended, rc, steps, reader.record, trial_dir, duration)
+
+    def _refusal(self, plan: Plan) -> RunOutcome | None:
+        """What ``preflight`` refuses the plan with, as an outcome without a run; None to run it."""
+        if self.preflight is not None:
+            try:
+                self.preflight(plan)
+            except OutOfMemoryPredicted as exc:
+                return RunOutcome("oom", None, None, f"refused before starting: {exc}", None, 0.0)
+            except PlanError as exc:
+                return RunOutcome("rejected", None, None, f"refused before starting: {exc}", None, 0.0)
+        return None
+
+    def _outcome(
+        self, ended: str, rc: int | None, steps: list[dict], record: RunRecord | None, trial_dir: Path, duration: float
+    ) -> RunOutcome:
+        """The finished run as an outcome: timed out or pruned (by the tuner), ok (its RunRecord), killed for
+        memory, refused by the trainer (exit 2 before any step), or failed (the last line of its stderr)."""
         if ended == "timeout":
             return RunOutcome(
                 "timeout",

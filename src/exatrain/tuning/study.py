@@ -315,6 +315,141 @@ def any_ok(study: optuna.Study) -> bool:
     return any(trial_status(t) == "ok" for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
+class _Objective:
+    """Optuna's objective: run the trial's layout once (a layout outside the candidates, or one that already ran,
+    is pruned without a run), record what the run measured on the trial and in the runs file, and return its
+    tokens per second."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        problem: Problem,
+        cands: Candidates,
+        runner: TrialRunner,
+        files: StudyFiles,
+        interrupted: _Interrupted,
+    ) -> None:
+        self.study, self.problem, self.cands, self.runner, self.files = study, problem, cands, runner, files
+        self.interrupted, self.host = interrupted, socket.gethostname()
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        params = {}
+        for name, dist in self.cands.distributions.items():
+            if isinstance(dist, optuna.distributions.IntDistribution):
+                params[name] = trial.suggest_int(name, dist.low, dist.high)
+            else:
+                params[name] = trial.suggest_categorical(name, dist.choices)  # type: ignore[attr-defined]
+        i = self._candidate(trial, layout_key(params))
+        plan = self.cands.plans[i]
+        trial_dir = self.files.trials_dir / f"trial-{trial.number:04d}"
+        for k, v in {
+            "source": trial.user_attrs.get("source", "sampler"),
+            "plan": plan.with_estimate(None).to_dict(),
+            "predicted_tokens_per_s": float(self.cands.predicted[i]),
+            "tuner_host": self.host,
+            "tuner_pid": os.getpid(),
+            "trial_dir": str(trial_dir.resolve()),
+            "ran": True,
+        }.items():
+            trial.set_user_attr(k, v)
+        outcome = self._run(trial, plan, trial_dir, params)
+        return self._score(trial, plan, outcome)
+
+    def _candidate(self, trial: optuna.Trial, key: str) -> int:
+        """The candidate index of the trial's layout; TrialPruned for one that is not a candidate or already ran."""
+        trial.set_user_attr("layout", key)
+        i = self.cands.index.get(key)
+        if i is None:  # a queued layout that no longer fits this problem's candidates: no run
+            trial.set_user_attr("status", "infeasible")
+            raise optuna.TrialPruned("not a feasible candidate")
+        done = [
+            t
+            for t in self.study.get_trials(deepcopy=False)
+            if t.number != trial.number and trial_key(t) == key and trial_status(t) in RUN_STATUSES
+        ]
+        if done:  # never run a finished layout twice
+            trial.set_user_attr("status", "duplicate")
+            trial.set_user_attr("same_as", done[0].number)
+            raise optuna.TrialPruned(f"layout already ran in trial {done[0].number}")
+        return i
+
+    def _run(self, trial: optuna.Trial, plan: Plan, trial_dir: Path, params: dict[str, Any]) -> RunOutcome:
+        """The run, reporting to the pruner at each step; on Ctrl-C or a bug the run is ended (runner) and its
+        layout queued again."""
+
+        def should_stop(step: int, tokens_per_s: float) -> bool:
+            trial.report(tokens_per_s, step)
+            return trial.should_prune()
+
+        try:
+            return self.runner.run(
+                plan, trial_dir, should_stop=should_stop, on_start=lambda pid: trial.set_user_attr("run_pgid", pid)
+            )
+        except BaseException:
+            trial.set_user_attr("status", "interrupted")
+            self.interrupted.requeue(self.study, trial.number, params, trial.user_attrs)
+            raise
+
+    def _score(self, trial: optuna.Trial, plan: Plan, outcome: RunOutcome) -> float:
+        """The outcome on the trial and in the runs file; the measured tokens/s, or TrialPruned / TrialFailed."""
+        measured = outcome.measured.tokens_per_s if outcome.measured else None
+        for k, v in {
+            "status": outcome.status,
+            "measured_tokens_per_s": measured,
+            "error": outcome.error,
+            "duration_s": round(outcome.duration_s, 3),
+            "returncode": outcome.returncode,
+        }.items():
+            trial.set_user_attr(k, v)
+        if outcome.status != "rejected":  # a refused plan never ran: nothing for calibration
+            record = _record(outcome, plan, self.problem, self.study.study_name, trial.number)
+            append_run_record(self.files.runs_file, record)
+        if outcome.status == "ok":
+            return float(measured)  # type: ignore[arg-type]
+        if outcome.status == "pruned":
+            raise optuna.TrialPruned(outcome.error)
+        raise TrialFailed(f"{outcome.status}: {outcome.error}")
+
+
+class _ErrorStreak:
+    """The same error again and again means the environment is broken (no GPU, a bad launcher). Refusals count
+    only until a run has worked: after that they are about the layouts (e.g. a schedule the trainer cannot
+    combine with FSDP), not the machine."""
+
+    def __init__(self) -> None:
+        self.repeats, self.last_error = 0, ""
+
+    def count(self, view: TrialView, study: optuna.Study) -> None:
+        counted = ("oom", "timeout", "failed") + (() if any_ok(study) else ("rejected",))
+        if view.status in counted:
+            self.repeats = self.repeats + 1 if view.error == self.last_error else 1
+            self.last_error = view.error
+        elif view.status != "rejected":  # a later refusal neither breaks nor extends a streak
+            self.repeats, self.last_error = 0, ""
+
+
+def _stop_reason(study: optuna.Study, settings: TuneSettings, start: float, streak: _ErrorStreak) -> str:
+    """Why the study stops now, or "": enough finished runs, the time budget spent, every candidate run, none
+    left that could beat the best run, or the same error too many runs in a row (``start``: the study's start on
+    the monotonic clock)."""
+    sampler: CostModelSampler = study.sampler  # type: ignore[assignment]
+    trials = study.get_trials(deepcopy=False)
+    done = finished_runs(trials)
+    queued = any(t.state == TrialState.WAITING for t in trials)
+    choice = None if queued else sampler.next_choice(trials)
+    if done >= settings.trials:
+        return f"the study holds {done} finished runs (--trials {settings.trials})"
+    if settings.time_budget_s is not None and time.monotonic() - start >= settings.time_budget_s:
+        return f"time budget of {settings.time_budget_s:g} s spent"
+    if choice is not None and choice.index is None:
+        return "every candidate layout has run"
+    if choice is not None and choice.hopeless:
+        return "no untried layout can beat the best run, even optimistically"
+    if streak.repeats >= settings.same_error_limit:
+        return f"{streak.repeats} runs in a row failed with: {streak.last_error}"
+    return ""
+
+
 def tune(
     problem: Problem,
     cands: Candidates,
@@ -335,90 +470,10 @@ def tune(
     study = load_study(problem, cands, storage, settings, study_name)
     interrupted = _Interrupted()
     _fail_abandoned(study, storage, interrupted)
-    sampler: CostModelSampler = study.sampler  # type: ignore[assignment]
-    host, start = socket.gethostname(), time.monotonic()
-    ran, last_error, repeats = 0, "", 0
-
-    def objective(trial: optuna.Trial) -> float:
-        params = {}
-        for name, dist in cands.distributions.items():
-            if isinstance(dist, optuna.distributions.IntDistribution):
-                params[name] = trial.suggest_int(name, dist.low, dist.high)
-            else:
-                params[name] = trial.suggest_categorical(name, dist.choices)  # type: ignore[attr-defined]
-        key = layout_key(params)
-        trial.set_user_attr("layout", key)
-        i = cands.index.get(key)
-        if i is None:  # a queued layout that no longer fits this problem's candidates: no run
-            trial.set_user_attr("status", "infeasible")
-            raise optuna.TrialPruned("not a feasible candidate")
-        done = [
-            t
-            for t in study.get_trials(deepcopy=False)
-            if t.number != trial.number and trial_key(t) == key and trial_status(t) in RUN_STATUSES
-        ]
-        if done:  # never run a finished layout twice
-            trial.set_user_attr("status", "duplicate")
-            trial.set_user_attr("same_as", done[0].number)
-            raise optuna.TrialPruned(f"layout already ran in trial {done[0].number}")
-        plan = cands.plans[i]
-        trial_dir = files.trials_dir / f"trial-{trial.number:04d}"
-        for k, v in {
-            "source": trial.user_attrs.get("source", "sampler"),
-            "plan": plan.with_estimate(None).to_dict(),
-            "predicted_tokens_per_s": float(cands.predicted[i]),
-            "tuner_host": host,
-            "tuner_pid": os.getpid(),
-            "trial_dir": str(trial_dir.resolve()),
-            "ran": True,
-        }.items():
-            trial.set_user_attr(k, v)
-
-        def should_stop(step: int, tokens_per_s: float) -> bool:
-            trial.report(tokens_per_s, step)
-            return trial.should_prune()
-
-        try:
-            outcome = runner.run(
-                plan, trial_dir, should_stop=should_stop, on_start=lambda pid: trial.set_user_attr("run_pgid", pid)
-            )
-        except BaseException:  # Ctrl-C, or a bug: the run is ended (runner), its layout queued again
-            trial.set_user_attr("status", "interrupted")
-            interrupted.requeue(study, trial.number, params, trial.user_attrs)
-            raise
-        measured = outcome.measured.tokens_per_s if outcome.measured else None
-        for k, v in {
-            "status": outcome.status,
-            "measured_tokens_per_s": measured,
-            "error": outcome.error,
-            "duration_s": round(outcome.duration_s, 3),
-            "returncode": outcome.returncode,
-        }.items():
-            trial.set_user_attr(k, v)
-        if outcome.status != "rejected":  # a refused plan never ran: nothing for calibration
-            append_run_record(files.runs_file, _record(outcome, plan, problem, study.study_name, trial.number))
-        if outcome.status == "ok":
-            return float(measured)  # type: ignore[arg-type]
-        if outcome.status == "pruned":
-            raise optuna.TrialPruned(outcome.error)
-        raise TrialFailed(f"{outcome.status}: {outcome.error}")
-
-    stopped = ""
-    while not stopped:
-        trials = study.get_trials(deepcopy=False)
-        done = finished_runs(trials)
-        queued = any(t.state == TrialState.WAITING for t in trials)
-        choice = None if queued else sampler.next_choice(trials)
-        if done >= settings.trials:
-            stopped = f"the study holds {done} finished runs (--trials {settings.trials})"
-        elif settings.time_budget_s is not None and time.monotonic() - start >= settings.time_budget_s:
-            stopped = f"time budget of {settings.time_budget_s:g} s spent"
-        elif choice is not None and choice.index is None:
-            stopped = "every candidate layout has run"
-        elif choice is not None and choice.hopeless:
-            stopped = "no untried layout can beat the best run, even optimistically"
-        elif repeats >= settings.same_error_limit:
-            stopped = f"{repeats} runs in a row failed with: {last_error}"
+    objective = _Objective(study, problem, cands, runner, files, interrupted)
+    start, ran, streak = time.monotonic(), 0, _ErrorStreak()
+    while True:
+        stopped = _stop_reason(study, settings, start, streak)
         if stopped:
             break
         just_ran: list[FrozenTrial] = []
@@ -438,15 +493,7 @@ def tune(
             ran += view.status in RUN_STATUSES
             if progress is not None:
                 progress(view)
-            # The same error again and again means the environment is broken (no GPU, a bad launcher).
-            # Refusals count only until a run has worked: after that they are about the layouts
-            # (e.g. a schedule the trainer cannot combine with FSDP), not the machine.
-            counted = ("oom", "timeout", "failed") + (() if any_ok(study) else ("rejected",))
-            if view.status in counted:
-                repeats = repeats + 1 if view.error == last_error else 1
-                last_error = view.error
-            elif view.status != "rejected":  # a later refusal neither breaks nor extends a streak
-                repeats, last_error = 0, ""
+            streak.count(view, study)
     trials = study.get_trials(deepcopy=False)
     views = _ranked([_view(t, cands) for t in trials if t.user_attrs.get("ran")])
     best = next((v for v in views if v.status == "ok"), None)
