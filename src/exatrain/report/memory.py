@@ -38,12 +38,9 @@ def stage_ticks(n: int) -> list[int]:
     return list(range(0, n, step))
 
 
-def memory_by_stage_figure(plan: Plan, path: Path) -> Figure:
-    """Draw ``plan.estimate.memory_by_stage`` (bytes per rank of each pipeline stage, by kind) as
-    stacked bars with the capacity line; return the bytes drawn."""
-    est = plan.estimate
-    if est is None or not est.memory_by_stage:
-        raise ValueError("memory_by_stage_figure needs a plan with an estimate")
+def _stage_numbers(est) -> tuple[dict, float]:
+    """The bytes drawn per stage and kind, the capacity (and whether it is on the axis), the worst stage, and
+    the divisor of the axis's unit."""
     stages = list(range(len(est.memory_by_stage)))
     numbers: dict = {"stage": stages}
     for k in MEMORY_KINDS:
@@ -59,7 +56,53 @@ def memory_by_stage_figure(plan: Plan, path: Path) -> Figure:
     numbers["capacity_drawn"] = cap_drawn
     div, unit = byte_unit(max(top, cap_b) if cap_drawn else top)
     numbers["unit"] = unit
+    return numbers, div
 
+
+def _caption_and_key(est, numbers: dict) -> tuple[str, tuple]:
+    """The caption (what is stacked, the capacity, the worst stage and its verdict) and the key numbers."""
+    worst, n, cap_b = numbers["worst_stage"], len(numbers["stage"]), float(est.capacity_bytes)
+    top, cap_drawn = numbers["total"][worst], numbers["capacity_drawn"]
+    share = top / cap_b
+    w = est.memory_by_stage[worst]
+    caption = (
+        "Peak bytes held by one rank of each pipeline stage (after tensor-parallel and ZeRO "
+        "sharding), stacked by kind"
+        + (
+            ", against the device's capacity (dashed)"
+            if cap_drawn
+            else f"; the device's capacity ({human_bytes(cap_b)}) is more than {CAPACITY_ON_AXIS:.0f}× "
+            "the fullest stage and is left off the axis"
+        )
+        + f". The worst is stage {worst}: {human_bytes(w.total)} of {human_bytes(cap_b)} ({percent(share)}) — "
+        + {
+            "fits": "it fits.",
+            "does not fit": "it does not fit.",
+            "tight": "tight: the capacity lies inside the band of measured peaks around it.",
+        }[est.verdict]
+    )
+    key = (
+        ("worst stage", f"{worst} of {n}"),
+        ("worst stage total", f"{human_bytes(w.total)} ({percent(share)} of {human_bytes(cap_b)})"),
+        *((k, human_bytes(getattr(w, k))) for k in MEMORY_KINDS),
+    )
+    return caption, key
+
+
+def memory_by_stage_figure(plan: Plan, path: Path) -> Figure:
+    """Draw ``plan.estimate.memory_by_stage`` (bytes per rank of each pipeline stage, by kind) as
+    stacked bars with the capacity line; return the bytes drawn."""
+    est = plan.estimate
+    if est is None or not est.memory_by_stage:
+        raise ValueError("memory_by_stage_figure needs a plan with an estimate")
+    numbers, div = _stage_numbers(est)
+    stages, worst, unit, cap_drawn = (
+        numbers["stage"],
+        numbers["worst_stage"],
+        numbers["unit"],
+        numbers["capacity_drawn"],
+    )
+    top, cap_b = numbers["total"][worst], float(est.capacity_bytes)
     n = len(stages)
     width_in = max(7.0, min(13.0, 5.3 + 0.12 * n))
     fig, ax = new_figure(width_in, 4.4)
@@ -96,27 +139,5 @@ def memory_by_stage_figure(plan: Plan, path: Path) -> Figure:
     fig.suptitle(wrap(f"memory per stage — {describe(plan)}", width_in - 0.3, 9), fontsize=9)
     save(fig, path)
 
-    share = top / cap_b
-    w = est.memory_by_stage[worst]
-    caption = (
-        "Peak bytes held by one rank of each pipeline stage (after tensor-parallel and ZeRO "
-        "sharding), stacked by kind"
-        + (
-            ", against the device's capacity (dashed)"
-            if cap_drawn
-            else f"; the device's capacity ({human_bytes(cap_b)}) is more than {CAPACITY_ON_AXIS:.0f}× "
-            "the fullest stage and is left off the axis"
-        )
-        + f". The worst is stage {worst}: {human_bytes(w.total)} of {human_bytes(cap_b)} ({percent(share)}) — "
-        + {
-            "fits": "it fits.",
-            "does not fit": "it does not fit.",
-            "tight": "tight: the capacity lies inside the band of measured peaks around it.",
-        }[est.verdict]
-    )
-    key = (
-        ("worst stage", f"{worst} of {n}"),
-        ("worst stage total", f"{human_bytes(w.total)} ({percent(share)} of {human_bytes(cap_b)})"),
-        *((k, human_bytes(getattr(w, k))) for k in MEMORY_KINDS),
-    )
+    caption, key = _caption_and_key(est, numbers)
     return Figure(file=path.name, title="Memory per pipeline stage", caption=caption, numbers=numbers, key_numbers=key)

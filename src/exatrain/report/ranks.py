@@ -63,21 +63,10 @@ def _valid(w: dict) -> bool:
     )
 
 
-def rank_times(path: str | Path, out: Path) -> Figure | None:
-    """Draw the per-rank picture of ``path`` into ``out``; None when the file has no straggler windows."""
-    windows = read_windows(path)
-    if not windows:
-        return None
-    n = len(windows[0]["compute_s"])
-    windows = [w for w in windows if len(w["compute_s"]) == n]
-    coords = [tuple(c) for c in windows[0]["coords"]]  # (tp, pp, dp)
-    weights = [w["last_step"] - w["first_step"] + 1 for w in windows]
-    steps = sum(weights)
-    compute = [sum(w["compute_s"][r] * k for w, k in zip(windows, weights)) / steps for r in range(n)]
-    wait = [sum(w["wait_s"][r] * k for w, k in zip(windows, weights)) / steps for r in range(n)]
-    stragglers = sorted({r for w in windows for r in w.get("stragglers", []) if 0 <= r < n})
-
-    fig, (top, low) = new_figure(max(7.0, min(16.0, 0.45 * n + 4)), 7.5, nrows=2)
+def _mean_bars(top, compute: list[float], wait: list[float], stragglers: list[int], coords: list, span: str) -> None:
+    """Each rank's mean compute and wait per step as stacked bars, stragglers outlined; ``span``: the steps and
+    windows averaged over, for the title."""
+    n = len(compute)
     x = list(range(n))
     top.bar(x, compute, color=COMPUTE_COLOR, label="compute")
     top.bar(x, wait, bottom=compute, color=WAIT_COLOR, label="wait (collectives, peers, the OS)")
@@ -102,9 +91,14 @@ def rank_times(path: str | Path, out: Path) -> Figure | None:
     top.set_xticklabels(
         [f"{r}\n{coords[r][0]},{coords[r][1]},{coords[r][2]}" if n <= 16 else str(r) for r in ticks], fontsize=8
     )
-    top.set_title(f"compute and wait per rank over {steps} steps ({len(windows)} windows)")
+    top.set_title(f"compute and wait per rank over {span}")
     top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
+
+def _window_panel(fig, low, windows: list[dict], coords: list, stragglers: list[int]) -> None:
+    """Each rank's compute per window: a line per rank for a few ranks, else a heat map of compute against the
+    median of its stage peers."""
+    n = len(windows[0]["compute_s"])
     ends = [w["last_step"] for w in windows]
     stage = [c[1] for c in coords]
     if n <= MAX_LINES:
@@ -137,6 +131,25 @@ def rank_times(path: str | Path, out: Path) -> Figure | None:
         low.set_xticklabels([str(e) for e in ends], fontsize=7)
         low.set_ylabel("rank")
         fig.colorbar(im, ax=low, label="compute / stage peers' median")
+
+
+def rank_times(path: str | Path, out: Path) -> Figure | None:
+    """Draw the per-rank picture of ``path`` into ``out``; None when the file has no straggler windows."""
+    windows = read_windows(path)
+    if not windows:
+        return None
+    n = len(windows[0]["compute_s"])
+    windows = [w for w in windows if len(w["compute_s"]) == n]
+    coords = [tuple(c) for c in windows[0]["coords"]]  # (tp, pp, dp)
+    weights = [w["last_step"] - w["first_step"] + 1 for w in windows]
+    steps = sum(weights)
+    compute = [sum(w["compute_s"][r] * k for w, k in zip(windows, weights)) / steps for r in range(n)]
+    wait = [sum(w["wait_s"][r] * k for w, k in zip(windows, weights)) / steps for r in range(n)]
+    stragglers = sorted({r for w in windows for r in w.get("stragglers", []) if 0 <= r < n})
+
+    fig, (top, low) = new_figure(max(7.0, min(16.0, 0.45 * n + 4)), 7.5, nrows=2)
+    _mean_bars(top, compute, wait, stragglers, coords, f"{steps} steps ({len(windows)} windows)")
+    _window_panel(fig, low, windows, coords, stragglers)
     low.set_xlabel("last step of the window")
     save(fig, out)
     caption = (

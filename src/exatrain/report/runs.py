@@ -156,12 +156,87 @@ def _parity(
     ax.set_ylabel(f"measured {unit}")
 
 
+def _memory_panel(bx, m: dict[str, list], colors: dict) -> None:
+    """Measured against predicted peak memory, one point per pipeline stage of a run, its number once."""
+    pm, mm = np.asarray(m["predicted_memory_bytes"]), np.asarray(m["measured_memory_bytes"])
+    div, unit = byte_unit(float(max(pm.max(), mm.max())))
+    # Each run's number once, at its fullest point: a run's stages sit close together.
+    fullest = {r: max((i for i, q in enumerate(m["run"]) if q == r), key=lambda i: mm[i]) for r in set(m["run"])}
+    names = [str(r) if fullest[r] == i else "" for i, r in enumerate(m["run"])]
+    _parity(bx, pm / div, mm / div, m["run"], names, colors, f"peak {unit} per rank")
+    bx.set_title(f"peak device memory, {len(m['labels'])} points (one per pipeline stage where measured)", fontsize=9)
+
+
+def _run_legend(fig, ax, colors: dict, labels: dict, order: list, width_in: float) -> None:
+    """One legend below the panels: each run's number, colour and label, then the panel's guide lines."""
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D(
+            [],
+            [],
+            linestyle="",
+            marker="o",
+            markersize=6,
+            markerfacecolor=colors[r],
+            markeredgecolor="black",
+            markeredgewidth=0.4,
+            label=f"{r}: {labels[r]}",
+        )
+        for r in order
+    ]
+    guides, guide_labels = ax.get_legend_handles_labels()
+    entries = handles + guides
+    names = [h.get_label() for h in handles] + guide_labels
+    fig.legend(
+        entries,
+        names,
+        loc="outside lower center",
+        ncol=legend_columns(names, width_in - 0.4, 8),
+        fontsize=8,
+        frameon=False,
+    )
+
+
+def _key_numbers(t: dict[str, list], m: dict[str, list]) -> list[tuple[str, str]]:
+    """The median |error| of the step times and of the memory points drawn."""
+    key = []
+    if t["labels"]:
+        err = np.abs(np.asarray(t["predicted_step_s"]) / np.asarray(t["measured_step_s"]) - 1)
+        key.append(("step time, median |error|", f"{np.median(err):.1%} over {len(err)} runs"))
+    if m["labels"]:
+        err = np.abs(np.asarray(m["predicted_memory_bytes"]) / np.asarray(m["measured_memory_bytes"]) - 1)
+        key.append(("memory, median |error|", f"{np.median(err):.1%} over {len(err)} points"))
+    return key
+
+
+def _caption(t: dict[str, list], both: bool, skipped: dict) -> str:
+    """What the points are, which panel shows what, and the records left out."""
+    caption = (
+        "Each point is a run's step time"
+        + (
+            " (left) or a pipeline stage of a run's peak memory (right)"
+            if both
+            else ""
+            if t["labels"]
+            else " or a pipeline stage of a run's peak memory"
+        )
+        + ", numbered and coloured by run as the legend names them: what the cost model predicted for its "
+        "plan against what the run measured (median step time after warm-up; peak memory: the device memory "
+        "the trainer allocated, torch.cuda.max_memory_allocated, against the model of the trainer's own "
+        "memory for an exatrain run, else the runtime's reference model; a CPU run's peak RSS holds the "
+        "interpreter and its libraries besides the tensors and is not drawn). Points on the grey line are "
+        "exact; dotted lines are ±25%."
+    )
+    if skipped:
+        caption += " Left out: " + ", ".join(f"{n} ({why})" for why, n in skipped.items()) + "."
+    return caption
+
+
 def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
     """Measured against predicted step time (one point per run) and peak memory (one per pipeline
     stage where the run measured stages); None when no record has both. Points carry their run's
     number and colour; the legend names each run."""
-    from matplotlib.lines import Line2D
-
     t, m, skipped, labels = _pairs(runs.records)
     if not t["labels"] and not m["labels"]:
         return None
@@ -183,41 +258,8 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
         )
         ax.set_title(f"step time, {len(t['labels'])} run{'s' if len(t['labels']) != 1 else ''}", fontsize=9)
     if m["labels"]:
-        pm, mm = np.asarray(m["predicted_memory_bytes"]), np.asarray(m["measured_memory_bytes"])
-        div, unit = byte_unit(float(max(pm.max(), mm.max())))
-        # Each run's number once, at its fullest point: a run's stages sit close together.
-        fullest = {r: max((i for i, q in enumerate(m["run"]) if q == r), key=lambda i: mm[i]) for r in set(m["run"])}
-        names = [str(r) if fullest[r] == i else "" for i, r in enumerate(m["run"])]
-        _parity(bx, pm / div, mm / div, m["run"], names, colors, f"peak {unit} per rank")
-        bx.set_title(
-            f"peak device memory, {len(m['labels'])} points (one per pipeline stage where measured)", fontsize=9
-        )
-    handles = [
-        Line2D(
-            [],
-            [],
-            linestyle="",
-            marker="o",
-            markersize=6,
-            markerfacecolor=colors[r],
-            markeredgecolor="black",
-            markeredgewidth=0.4,
-            label=f"{r}: {labels[r]}",
-        )
-        for r in order
-    ]
-    src = ax if t["labels"] else bx
-    guides, guide_labels = src.get_legend_handles_labels()
-    entries = handles + guides
-    names = [h.get_label() for h in handles] + guide_labels
-    fig.legend(
-        entries,
-        names,
-        loc="outside lower center",
-        ncol=legend_columns(names, width_in - 0.4, 8),
-        fontsize=8,
-        frameon=False,
-    )
+        _memory_panel(bx, m, colors)
+    _run_legend(fig, ax if t["labels"] else bx, colors, labels, order, width_in)
     save(fig, path)
 
     numbers = {
@@ -229,33 +271,12 @@ def predicted_vs_measured(runs: RunsInput, path: Path) -> Figure | None:
         "run_labels": dict(labels),
         "skipped": skipped,
     }
-    key = []
-    if t["labels"]:
-        err = np.abs(np.asarray(t["predicted_step_s"]) / np.asarray(t["measured_step_s"]) - 1)
-        key.append(("step time, median |error|", f"{np.median(err):.1%} over {len(err)} runs"))
-    if m["labels"]:
-        err = np.abs(np.asarray(m["predicted_memory_bytes"]) / np.asarray(m["measured_memory_bytes"]) - 1)
-        key.append(("memory, median |error|", f"{np.median(err):.1%} over {len(err)} points"))
-    caption = (
-        "Each point is a run's step time"
-        + (
-            " (left) or a pipeline stage of a run's peak memory (right)"
-            if both
-            else ""
-            if t["labels"]
-            else " or a pipeline stage of a run's peak memory"
-        )
-        + ", numbered and coloured by run as the legend names them: what the cost model predicted for its "
-        "plan against what the run measured (median step time after warm-up; peak memory: the device memory "
-        "the trainer allocated, torch.cuda.max_memory_allocated, against the model of the trainer's own "
-        "memory for an exatrain run, else the runtime's reference model; a CPU run's peak RSS holds the "
-        "interpreter and its libraries besides the tensors and is not drawn). Points on the grey line are "
-        "exact; dotted lines are ±25%."
-    )
-    if skipped:
-        caption += " Left out: " + ", ".join(f"{n} ({why})" for why, n in skipped.items()) + "."
     return Figure(
-        file=path.name, title="Predicted vs measured", caption=caption, numbers=numbers, key_numbers=tuple(key)
+        file=path.name,
+        title="Predicted vs measured",
+        caption=_caption(t, both, skipped),
+        numbers=numbers,
+        key_numbers=tuple(_key_numbers(t, m)),
     )
 
 

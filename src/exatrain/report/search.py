@@ -9,6 +9,7 @@ but uses half the memory is often the better first run).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,11 +40,9 @@ def family(plan) -> str:
     return f"tp{plan.tp}·pp{plan.pp}"
 
 
-def search_landscape(search: SearchInput, path: Path) -> Figure:
-    """Scatter of tokens/s vs worst-stage memory per ranked layout (colour and marker by tp·pp,
-    best starred) beside the rejection counts; return the numbers drawn."""
-    from matplotlib.ticker import FuncFormatter
-
+def _landscape_numbers(search: SearchInput) -> tuple[dict[str, Any], float]:
+    """The numbers the landscape draws (each ranked layout's family, memory and tokens/s; the capacity, and
+    whether it is on the axis; the search's counts) and the divisor of the memory axis's unit."""
     ranked = search.ranked
     est0 = ranked[0].estimate
     numbers = {
@@ -58,15 +57,18 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
         "legal": search.legal,
         "feasible": search.feasible,
     }
-    own, rest = top_series(numbers["family"])
     cap_b = float(est0.capacity_bytes)
     top_b = max(numbers["memory_bytes"])
     cap_drawn = cap_b <= CAPACITY_ON_AXIS * top_b
     div, unit = byte_unit(max(top_b, cap_b) if cap_drawn else top_b)
     numbers.update(capacity_drawn=cap_drawn, unit=unit)
+    return numbers, div
 
-    width_in = 13.0
-    fig, (ax, bx) = new_figure(width_in, 5.0, ncols=2, width_ratios=(3, 2))
+
+def _scatter(ax, numbers: dict[str, Any], div: float, cap_b: float) -> tuple[np.ndarray, np.ndarray]:
+    """The layouts as points, one colour and marker per leading tp·pp family (the rest grey), the best
+    starred, the capacity a dashed line where it is on the axis; (memory, tokens/s) as drawn."""
+    own, rest = top_series(numbers["family"])
     mem = np.asarray(numbers["memory_bytes"]) / div
     tps = np.asarray(numbers["tokens_per_s"])
     fam = np.asarray(numbers["family"])
@@ -87,18 +89,21 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
             linewidths=0,
         )
     ax.scatter(mem[:1], tps[:1], s=240, marker="*", facecolors="none", edgecolors="black", linewidths=1.2, label="best")
-    if cap_drawn:
+    if numbers["capacity_drawn"]:
         ax.axvline(
             cap_b / div, color=CAPACITY_COLOR, linestyle="--", linewidth=1.2, label=f"capacity {human_bytes(cap_b)}"
         )
-    x_hi = (max(top_b, cap_b) if cap_drawn else top_b) / div * 1.1
+    return mem, tps
+
+
+def _rank_labels(ax, mem: np.ndarray, tps: np.ndarray, x_hi: float, count: int) -> None:
+    """Rank numbers of the best ``count`` layouts; a layout near an earlier labelled one (4% of the axis height,
+    8% of its width, where a label runs) joins its label ("1,2"), written right of the group's rightmost point,
+    instead of being printed over it."""
     lo, hi = float(tps.min()), float(tps.max())
-    # Rank numbers of the best layouts; a layout near an earlier labelled one (4% of the axis height,
-    # 8% of its width, where a label runs) joins its label ("1,2"), written right of the group's
-    # rightmost point, instead of being printed over it.
     xy = np.column_stack([mem / x_hi, (tps - lo) / max(hi - lo, 1e-9 * hi)])
     spots: list[list[int]] = []
-    for j in range(min(ANNOTATE_TOP, len(ranked))):
+    for j in range(count):
         near = next(
             (g for g in spots if any(np.hypot((xy[j, 0] - xy[k, 0]) / 2, xy[j, 1] - xy[k, 1]) < 0.04 for k in g)), None
         )
@@ -115,6 +120,23 @@ def search_landscape(search: SearchInput, path: Path) -> Figure:
             xytext=(5, 3),
             fontsize=7,
         )
+
+
+def search_landscape(search: SearchInput, path: Path) -> Figure:
+    """Scatter of tokens/s vs worst-stage memory per ranked layout (colour and marker by tp·pp,
+    best starred) beside the rejection counts; return the numbers drawn."""
+    from matplotlib.ticker import FuncFormatter
+
+    ranked = search.ranked
+    numbers, div = _landscape_numbers(search)
+    cap_b, top_b = float(ranked[0].estimate.capacity_bytes), max(numbers["memory_bytes"])
+    cap_drawn, unit = numbers["capacity_drawn"], numbers["unit"]
+    width_in = 13.0
+    fig, (ax, bx) = new_figure(width_in, 5.0, ncols=2, width_ratios=(3, 2))
+    mem, tps = _scatter(ax, numbers, div, cap_b)
+    x_hi = (max(top_b, cap_b) if cap_drawn else top_b) / div * 1.1
+    lo, hi = float(tps.min()), float(tps.max())
+    _rank_labels(ax, mem, tps, x_hi, min(ANNOTATE_TOP, len(ranked)))
     ax.set_xlim(0, x_hi)
     pad = 0.08 * (hi - lo) if hi > lo else 0.05 * hi
     ax.set_ylim(lo - pad, hi + 1.5 * pad)  # headroom for the best's star and number

@@ -229,61 +229,52 @@ def _name_microbatches(ax: Any, ops: dict[str, np.ndarray], shade: np.ndarray, t
         )
 
 
-def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path: Path) -> Figure:
-    """One panel per schedule (shared time axis); return each schedule's simulated numbers and the
-    idle share each rank has in the picture."""
-    sims, skipped = simulate_variants(plan, cluster, params)
-    # The time axis holds every panel's pipeline and its whole step (the dotted line), clear of the frame.
-    t_max = 1.015 * max(max(s.result.step_s, s.time_s.step) for s in sims)
-    pp = plan.pp
-    panel_h = 1.0 + min(2.4, 0.03 * pp + 0.15)
-    width_in = 12.0
-    fig, axes = new_figure(width_in, 1.0 + panel_h * len(sims), nrows=len(sims), sharex=True, squeeze=False)
+def _blend(ops) -> tuple:
+    """The colour of forward and backward ops mixed in one column, weighted by their time (for the legend)."""
+    dur = ops["end_s"] - ops["start_s"]
+    f_s, b_s = (float(dur[ops["kind"] == KINDS.index(k)].sum()) for k in ("F", "B"))
+    return tuple((f_s * np.array(KIND_RGB["F"][0]) + b_s * np.array(KIND_RGB["B"][0])) / (f_s + b_s))
+
+
+def _panel(ax, s, ops, pp: int, t_max: float) -> dict:
+    """One schedule's ranks over time (micro-batches named where there are few ranks), the step's end dotted;
+    return its simulated numbers and the idle share drawn."""
+    cov, in_step = coverage(ops, pp, t_max)
+    ax.imshow(banded(to_rgb(cov, in_step)), aspect="auto", interpolation="nearest", extent=(0.0, t_max, pp - 0.5, -0.5))
+    if pp <= 16:
+        _name_microbatches(ax, ops, shades(ops, pp, t_max / COLUMNS), t_max)
+    ax.axvline(s.time_s.step, color="black", linewidth=1.0, linestyle=":")
+    r = s.result
+    ax.set_title(
+        f"{_label(s)}: pipeline {seconds(r.step_s)}, busiest rank idle {r.bubble_fraction:.1%}; "
+        f"whole step {seconds(s.time_s.step)}",
+        fontsize=8,
+        loc="left",
+    )
+    ax.set_ylabel("pipeline rank", fontsize=8)
+    ax.set_yticks(range(0, pp, max(1, pp // 8)))
+    ax.tick_params(labelsize=7)
+    return {
+        "schedule": s.plan.schedule,
+        "interleave": s.plan.interleave,
+        "schedule_label": s.plan.schedule_label,
+        "own": s.own,
+        "makespan_s": float(r.step_s),
+        "step_s": float(s.time_s.step),
+        "bubble_s": float(r.bubble_s),
+        "busy_s": [float(x) for x in r.busy_s],
+        "idle_s": [float(x) for x in r.idle_s],
+        "ops": {k: int(np.sum(ops["kind"] == i)) for i, k in enumerate(KINDS)},
+        "time_s": s.time_s.to_dict(),
+        "drawn_idle_share": idle_share(cov, in_step),
+    }
+
+
+def _legend(fig, rows: list[dict], mixed: tuple | None, width_in: float) -> None:
+    """One legend below the panels: the op kinds drawn, the F/B blend, idle, and the step's end."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    rows = []
-    mixed = None  # the F/B blend of a panel whose ops are narrower than a column (for the legend)
-    for ax, s in zip(axes[:, 0], sims):
-        ops = ops_of(s.result)
-        if mixed is None and not wide_ops(ops, t_max / COLUMNS):
-            dur = ops["end_s"] - ops["start_s"]
-            f_s, b_s = (float(dur[ops["kind"] == KINDS.index(k)].sum()) for k in ("F", "B"))
-            mixed = tuple((f_s * np.array(KIND_RGB["F"][0]) + b_s * np.array(KIND_RGB["B"][0])) / (f_s + b_s))
-        cov, in_step = coverage(ops, pp, t_max)
-        ax.imshow(
-            banded(to_rgb(cov, in_step)), aspect="auto", interpolation="nearest", extent=(0.0, t_max, pp - 0.5, -0.5)
-        )
-        if pp <= 16:
-            _name_microbatches(ax, ops, shades(ops, pp, t_max / COLUMNS), t_max)
-        ax.axvline(s.time_s.step, color="black", linewidth=1.0, linestyle=":")
-        r = s.result
-        ax.set_title(
-            f"{_label(s)}: pipeline {seconds(r.step_s)}, busiest rank idle {r.bubble_fraction:.1%}; "
-            f"whole step {seconds(s.time_s.step)}",
-            fontsize=8,
-            loc="left",
-        )
-        ax.set_ylabel("pipeline rank", fontsize=8)
-        ax.set_yticks(range(0, pp, max(1, pp // 8)))
-        ax.tick_params(labelsize=7)
-        rows.append(
-            {
-                "schedule": s.plan.schedule,
-                "interleave": s.plan.interleave,
-                "schedule_label": s.plan.schedule_label,
-                "own": s.own,
-                "makespan_s": float(r.step_s),
-                "step_s": float(s.time_s.step),
-                "bubble_s": float(r.bubble_s),
-                "busy_s": [float(x) for x in r.busy_s],
-                "idle_s": [float(x) for x in r.idle_s],
-                "ops": {k: int(np.sum(ops["kind"] == i)) for i, k in enumerate(KINDS)},
-                "time_s": s.time_s.to_dict(),
-                "drawn_idle_share": idle_share(cov, in_step),
-            }
-        )
-    axes[-1, 0].set_xlabel("seconds into the optimizer step (one data-parallel replica)", fontsize=9)
     drawn = [k for k in KINDS if any(r["ops"][k] for r in rows)]
     legend = [Patch(color=KIND_RGB[k][0], label=KIND_NAMES[k]) for k in drawn]
     if mixed is not None:
@@ -306,6 +297,27 @@ def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path
         frameon=False,
         ncol=legend_columns([h.get_label() for h in legend], width_in - 0.4, 8),
     )
+
+
+def pipeline_timeline(plan: Plan, cluster: ClusterSpec, params: CostParams, path: Path) -> Figure:
+    """One panel per schedule (shared time axis); return each schedule's simulated numbers and the
+    idle share each rank has in the picture."""
+    sims, skipped = simulate_variants(plan, cluster, params)
+    # The time axis holds every panel's pipeline and its whole step (the dotted line), clear of the frame.
+    t_max = 1.015 * max(max(s.result.step_s, s.time_s.step) for s in sims)
+    pp = plan.pp
+    panel_h = 1.0 + min(2.4, 0.03 * pp + 0.15)
+    width_in = 12.0
+    fig, axes = new_figure(width_in, 1.0 + panel_h * len(sims), nrows=len(sims), sharex=True, squeeze=False)
+    rows = []
+    mixed = None  # the F/B blend of a panel whose ops are narrower than a column (for the legend)
+    for ax, s in zip(axes[:, 0], sims):
+        ops = ops_of(s.result)
+        if mixed is None and not wide_ops(ops, t_max / COLUMNS):
+            mixed = _blend(ops)
+        rows.append(_panel(ax, s, ops, pp, t_max))
+    axes[-1, 0].set_xlabel("seconds into the optimizer step (one data-parallel replica)", fontsize=9)
+    _legend(fig, rows, mixed, width_in)
     fig.suptitle(
         wrap(f"pipeline schedules — {describe(plan)}, {plan.num_microbatches} micro-batches", width_in - 0.4, 9),
         fontsize=9,
