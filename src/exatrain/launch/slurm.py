@@ -90,13 +90,8 @@ def time_limit(text: str) -> tuple[int, str]:
     return sum(scale[name] * value for name, value, _ in fields), form
 
 
-def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = SlurmOptions()) -> str:
-    """The sbatch script as text. Raises UserError when the plan cannot be laid out on the cluster
-    or an option would make an invalid #SBATCH line."""
-    o = options
-    layout = node_layout(plan, cluster, o.nodes)
-    kind = platform(cluster)
-    name = o.job_name or job_label(plan)
+def _check_options(o: SlurmOptions, name: str) -> None:
+    """UserError for an option that would make an invalid #SBATCH line, a bad time limit or master port."""
     for label, value in (
         ("--account", o.account),
         ("--partition", o.partition),
@@ -109,6 +104,10 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
     if not 0 < o.master_port < 65536:
         raise UserError(f"master port must be in 1..65535, got {o.master_port}")
 
+
+def _sbatch_lines(plan: Plan, cluster: ClusterSpec, o: SlurmOptions, layout, name: str) -> list[str]:
+    """The script's header: what it runs, and the sbatch(1) options."""
+    kind = platform(cluster)
     # sbatch(1) options. Frontier: one task per GCD, bound to its closest GCD (OLCF user guide:
     # `--gpus-per-node=8 --ntasks-per-node=8 --gpu-bind=closest`, 7 cores per task).
     head = [
@@ -136,6 +135,12 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
         head.append("#SBATCH --cpus-per-task=7")
     head += ["#SBATCH --requeue", "#SBATCH --open-mode=append", f"#SBATCH --output={o.output}"]
 
+    return head
+
+
+def _setup_lines(plan: Plan, cluster: ClusterSpec, o: SlurmOptions, layout) -> list[str]:
+    """Site setup, the plan written beside the checkpoints, the rendezvous and the communication environment."""
+    kind = platform(cluster)
     ckpt = o.train.checkpoint_dir
     body = [""]
     if o.setup:  # before `set -u`: environment-module scripts read unset variables
@@ -172,6 +177,12 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
         ]
     body.append("")
 
+    return body
+
+
+def _srun_lines(cluster: ClusterSpec, o: SlurmOptions, layout) -> list[str]:
+    """The srun line that starts one trainer task per device, each told its rank."""
+    kind = platform(cluster)
     metrics = o.train.metrics_file or "$CHECKPOINT_DIR/metrics-${SLURM_JOB_ID}.jsonl"
     train = TrainArgs(
         checkpoint_dir='"$CHECKPOINT_DIR"',
@@ -191,7 +202,7 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
         "LOCAL_WORLD_SIZE=" + str(layout.ranks_per_node) + '; exec "$@"\' exatrain-rank'
     )
     cmd = [shlex.quote(o.train.python), "-m", "exatrain.train", *train.argv('"$PLAN"', train_device(cluster))]
-    body += [
+    return [
         "# ---- one task per device; a failing rank ends the step. After a node failure or preemption",
         "# SLURM requeues the job (--requeue; or `scontrol requeue <id>`) and this text runs again.",
         " ".join(srun) + " \\",
@@ -199,6 +210,17 @@ def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = Slurm
         "  " + " ".join(cmd),
         "",
     ]
+
+
+def render_slurm(plan: Plan, cluster: ClusterSpec, options: SlurmOptions = SlurmOptions()) -> str:
+    """The sbatch script as text. Raises UserError when the plan cannot be laid out on the cluster
+    or an option would make an invalid #SBATCH line."""
+    o = options
+    layout = node_layout(plan, cluster, o.nodes)
+    name = o.job_name or job_label(plan)
+    _check_options(o, name)
+    head = _sbatch_lines(plan, cluster, o, layout, name)
+    body = _setup_lines(plan, cluster, o, layout) + _srun_lines(cluster, o, layout)
     return "\n".join(head + body)
 
 

@@ -78,108 +78,116 @@ def _first_number(text: str) -> float | None:
     return float(m.group()) if m else None
 
 
+def _dash_run(r: dict[str, str], cluster: ClusterSpec) -> PublishedRun:
+    """A Frontier row of Dash et al. 2023, its layout assumed (ASSUMED_FRONTIER_LAYOUTS): hardware TFLOPS."""
+    preset, tp, pp, dp, mb, gb = ASSUMED_FRONTIER_LAYOUTS[r["model_name"]]
+    plan = Plan(
+        model=get_model(preset).replace(dropout=0.1),
+        dims=ParallelDims(tp, pp, dp),
+        shape=TrainShape(mb, gb),
+        zero_stage=1,
+        recompute="full",
+        flash_attention=True,
+        cluster=cluster.name,
+        runtime="megatron-deepspeed",
+    )
+    return PublishedRun(
+        "dash2023",
+        r["model_name"],
+        plan.validate(cluster),
+        cluster,
+        "hardware_tflops_per_gpu",
+        _first_number(r["measured_tflops_per_gpu"]),
+        overlap="default",
+    )
+
+
+def _megatron_plan(r: dict[str, str], cluster: ClusterSpec) -> Plan:
+    """A Megatron-LM row's GPT model and layout as a validated plan (Megatron-LM's defaults of the time:
+    attention and hidden dropout 0.1)."""
+    model = ModelSpec(
+        name=r["model_name"],
+        arch="gpt",
+        layers=int(r["n_layers"]),
+        hidden=int(r["hidden"]),
+        heads=int(r["n_heads"]),
+        seq_len=int(r["seq_len"]),
+        vocab=int(r["vocab"]),
+        dropout=0.1,
+    )
+    v = int(_first_number(r["virtual_pipeline"]) or 1)
+    pp = int(r["pp"])
+    schedule = "interleaved" if v > 1 and pp > 1 else "1f1b"
+    return Plan(
+        model=model,
+        dims=ParallelDims(int(r["tp"]), pp, int(r["dp"])),
+        shape=TrainShape(int(r["micro_batch"]), int(r["global_batch"])),
+        zero_stage=0,
+        recompute=r["recompute"],
+        sequence_parallel=r["sequence_parallel"] == "y",
+        schedule=schedule,
+        interleave=v if schedule == "interleaved" else 1,
+        flash_attention=False,
+        dtype="bfloat16",
+        cluster=cluster.name,
+        runtime="megatron-core",
+    ).validate(cluster)
+
+
+def _narayanan_run(r: dict[str, str], plan: Plan, cluster: ClusterSpec) -> PublishedRun:
+    """A row of Narayanan et al. 2021: hardware TFLOPS. fp16 training (the script's --fp16): Megatron-LM kept
+    the gradients in 16 bits, its own for float16, and, before its gradient accumulation fusion (2022-02),
+    accumulated them by a pass after each backward (settings.GRAD_ACCUM_FUSION)."""
+    plan = dataclasses.replace(plan, dtype="float16", grad_accum_fusion="off").validate(cluster)
+    return PublishedRun(
+        "narayanan2021",
+        r["model_name"],
+        plan,
+        cluster,
+        "hardware_tflops_per_gpu",
+        float(r["measured_tflops_per_gpu"]),
+        overlap=_narayanan_overlap(plan.pp),
+    )
+
+
+def _korthikanti_run(r: dict[str, str], plan: Plan, cluster: ClusterSpec) -> PublishedRun | None:
+    """A row of Korthikanti et al. 2022: its iteration time where stated, else its MFU; None for neither."""
+    it = re.search(r"iteration time ([\d.]+) s", r["measured_other"] or "")
+    if it:
+        return PublishedRun(
+            "korthikanti2022", r["model_name"], plan, cluster, "step_s", float(it.group(1)), overlap=MEGATRON_LM_2021
+        )
+    mfu = re.search(r"MFU ([\d.]+)%", r["measured_mfu_or_hfu"] or "")
+    if mfu:
+        return PublishedRun(
+            "korthikanti2022",
+            r["model_name"],
+            plan,
+            cluster,
+            "mfu",
+            float(mfu.group(1)) / 100,
+            overlap=MEGATRON_LM_2021,
+        )
+    return None
+
+
 def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
+    """Every row of the published-runs table that states a measured figure, as a plan with its metric."""
     rows = list(csv.DictReader(path.open(encoding="utf-8")))
     out: list[PublishedRun] = []
     for r in rows:
         src = r["source"]
         cluster = _cluster_for(r["hardware"])
         if src.startswith("Dash"):
-            preset, tp, pp, dp, mb, gb = ASSUMED_FRONTIER_LAYOUTS[r["model_name"]]
-            plan = Plan(
-                model=get_model(preset).replace(dropout=0.1),
-                dims=ParallelDims(tp, pp, dp),
-                shape=TrainShape(mb, gb),
-                zero_stage=1,
-                recompute="full",
-                flash_attention=True,
-                cluster=cluster.name,
-                runtime="megatron-deepspeed",
-            )
-            out.append(
-                PublishedRun(
-                    "dash2023",
-                    r["model_name"],
-                    plan.validate(cluster),
-                    cluster,
-                    "hardware_tflops_per_gpu",
-                    _first_number(r["measured_tflops_per_gpu"]),
-                    overlap="default",
-                )
-            )
+            out.append(_dash_run(r, cluster))
             continue
-        # Megatron-LM's defaults of the time: attention and hidden dropout 0.1.
-        model = ModelSpec(
-            name=r["model_name"],
-            arch="gpt",
-            layers=int(r["n_layers"]),
-            hidden=int(r["hidden"]),
-            heads=int(r["n_heads"]),
-            seq_len=int(r["seq_len"]),
-            vocab=int(r["vocab"]),
-            dropout=0.1,
-        )
-        v = int(_first_number(r["virtual_pipeline"]) or 1)
-        pp = int(r["pp"])
-        schedule = "interleaved" if v > 1 and pp > 1 else "1f1b"
-        plan = Plan(
-            model=model,
-            dims=ParallelDims(int(r["tp"]), pp, int(r["dp"])),
-            shape=TrainShape(int(r["micro_batch"]), int(r["global_batch"])),
-            zero_stage=0,
-            recompute=r["recompute"],
-            sequence_parallel=r["sequence_parallel"] == "y",
-            schedule=schedule,
-            interleave=v if schedule == "interleaved" else 1,
-            flash_attention=False,
-            dtype="bfloat16",
-            cluster=cluster.name,
-            runtime="megatron-core",
-        ).validate(cluster)
+        plan = _megatron_plan(r, cluster)
         if src.startswith("Narayanan"):
-            # fp16 training (the script's --fp16): Megatron-LM kept the gradients in 16 bits, its own for float16,
-            # and, before its gradient accumulation fusion (2022-02), accumulated them by a pass after each
-            # backward (settings.GRAD_ACCUM_FUSION)
-            plan = dataclasses.replace(plan, dtype="float16", grad_accum_fusion="off").validate(cluster)
-            out.append(
-                PublishedRun(
-                    "narayanan2021",
-                    r["model_name"],
-                    plan,
-                    cluster,
-                    "hardware_tflops_per_gpu",
-                    float(r["measured_tflops_per_gpu"]),
-                    overlap=_narayanan_overlap(pp),
-                )
-            )
+            out.append(_narayanan_run(r, plan, cluster))
         else:
-            it = re.search(r"iteration time ([\d.]+) s", r["measured_other"] or "")
-            if it:
-                out.append(
-                    PublishedRun(
-                        "korthikanti2022",
-                        r["model_name"],
-                        plan,
-                        cluster,
-                        "step_s",
-                        float(it.group(1)),
-                        overlap=MEGATRON_LM_2021,
-                    )
-                )
-            else:
-                mfu = re.search(r"MFU ([\d.]+)%", r["measured_mfu_or_hfu"] or "")
-                if mfu:
-                    out.append(
-                        PublishedRun(
-                            "korthikanti2022",
-                            r["model_name"],
-                            plan,
-                            cluster,
-                            "mfu",
-                            float(mfu.group(1)) / 100,
-                            overlap=MEGATRON_LM_2021,
-                        )
-                    )
+            run = _korthikanti_run(r, plan, cluster)
+            if run is not None:
+                out.append(run)
     return out
 
 

@@ -183,6 +183,44 @@ def with_offload(
     return result
 
 
+def _memory_bands(space, first: Plan, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Each candidate's memory band (low, high ratios of measured to predicted peaks) from what varies across
+    the space: ZeRO stage, recomputation, cp, ep; ``first``: the space's first layout as a plan."""
+    return layout_ratios(
+        first,
+        cluster,
+        zero=space.zero,
+        recompute=np.asarray(RECOMPUTE)[space.recompute],
+        cp=space.cp,
+        ep=space.ep,
+    )
+
+
+def _kept(codes: np.ndarray, rejected: dict[str, int], strict_memory: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, tight) of the verdict codes (0 fits, 1 tight, 2 does not fit); counts what is dropped in
+    ``rejected``: what does not fit, and with --strict-memory what is tight."""
+    tight = codes == 1
+    rejected["does not fit"] = int((codes == 2).sum())
+    if strict_memory:
+        rejected["tight (--strict-memory)"] = int(tight.sum())
+    return (codes == 0 if strict_memory else codes < 2), tight
+
+
+def _best_fitting(codes: np.ndarray, order: np.ndarray, ranked: list[Plan], estimated) -> tuple[Plan | None, int]:
+    """(plan, rank) of the fastest kept layout that fits outright ((None, 0) for none), estimated only if it is
+    not already among the ``ranked``."""
+    fitting = np.nonzero(codes[order] == 0)[0]
+    best_rank = int(fitting[0]) + 1 if fitting.size else 0
+    best = (
+        None
+        if not best_rank
+        else ranked[best_rank - 1]
+        if best_rank <= len(ranked)
+        else estimated(int(order[best_rank - 1]))
+    )
+    return best, best_rank
+
+
 def _search(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -205,14 +243,8 @@ def _search(
     if len(space) == 0:
         return SearchResult([], space.examined, 0, 0, rejected, space.collapsed, strict_memory=strict_memory)
     # each candidate's memory band (what varies across the space: ZeRO stage, recomputation, cp, ep)
-    low, high = layout_ratios(
-        plan_at(space, 0, model, global_batch, cluster, dtype, flash).replace(runtime=runtime),
-        cluster,
-        zero=space.zero,
-        recompute=np.asarray(RECOMPUTE)[space.recompute],
-        cp=space.cp,
-        ep=space.ep,
-    )
+    first = plan_at(space, 0, model, global_batch, cluster, dtype, flash).replace(runtime=runtime)
+    low, high = _memory_bands(space, first, cluster)
     capacity = cluster.device.hbm_bytes
     allowance = allowance_of(runtime)
     # time every layout that may be kept: capacity at least the band's low end of its allocated part (tight) or
@@ -234,11 +266,7 @@ def _search(
     codes = verdict_codes(res.memory_total, capacity, low, high, allowance=allowance)
     if res.host_fits is not None:  # offloaded states that a node's host memory does not hold: does not fit
         codes = np.where(res.host_fits, codes, 2)
-    tight = codes == 1
-    rejected["does not fit"] = int((codes == 2).sum())
-    if strict_memory:
-        rejected["tight (--strict-memory)"] = int(tight.sum())
-    keep = codes == 0 if strict_memory else codes < 2
+    keep, tight = _kept(codes, rejected, strict_memory)
     feasible = np.nonzero(keep)[0]
     # a tight layout whose point prediction is above the capacity ranks after every one predicted within it
     over = res.memory_total[feasible] > capacity
@@ -259,15 +287,7 @@ def _search(
         return plan.with_estimate(estimate_plan(plan, cluster, coeffs, overlap))
 
     ranked = [estimated(int(i)) for i in order[: max(top, 0)]]
-    fitting = np.nonzero(codes[order] == 0)[0]
-    best_rank = int(fitting[0]) + 1 if fitting.size else 0
-    best = (
-        None
-        if not best_rank
-        else ranked[best_rank - 1]
-        if best_rank <= len(ranked)
-        else estimated(int(order[best_rank - 1]))
-    )
+    best, best_rank = _best_fitting(codes, order, ranked, estimated)
     return SearchResult(
         ranked,
         space.examined,

@@ -143,21 +143,10 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [k for k in range(1, min(n, limit) + 1) if n % k == 0]
 
 
-def enumerate_space(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    gpus: int,
-    global_batch: int,
-    options: SpaceOptions = SpaceOptions(),
-    runtime: str = "exatrain",
-    dtype: str = "bfloat16",
-) -> Space:
-    """Every candidate of the grid, filtered to the legal canonical ones (arrays), with the ZeRO
-    stages ``runtime`` offers (RUNTIME_REASON counts the others). With ``runtime`` "exatrain" also
-    without the combinations exatrain's trainer refuses (TRAINER_LAYOUT_REASONS, each counted apart).
-    Tensor parallelism wider than a node is priced (on the network) but searched only when pinned
-    (``options.tp``): it is never faster per byte than tp inside a node, and leaving it out keeps
-    the space small."""
+def _grid(model: ModelSpec, cluster: ClusterSpec, gpus: int, options: SpaceOptions) -> dict[str, np.ndarray]:
+    """Every combination of the degrees, micro-batch sizes, ZeRO stages, recomputation, SP and schedules the
+    options allow (each unpinned one from its default range), as flat arrays: tp, pp, mb, zero, rec (RECOMPUTE
+    index), sp, var (the schedule variant), ep, cp, v (its interleave), sched (its name), code (SCHEDULES index)."""
     L = model.layers
     tps = list(options.tp) if options.tp else _divisors(gpus, 4 * cluster.gpus_per_node)
     pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
@@ -182,6 +171,41 @@ def enumerate_space(
     v = np.array([iv for _, iv in variants])[var]
     sched = np.array([s for s, _ in variants])[var]
     code = np.array([SCHEDULES.index(s) for s, _ in variants])[var]
+    return dict(tp=tp, pp=pp, mb=mb, zero=zero, rec=rec, sp=sp, var=var, ep=ep, cp=cp, v=v, sched=sched, code=code)
+
+
+def _setting_masks(zero: np.ndarray, dpcp: np.ndarray, options: SpaceOptions, runtime: str, dtype: str) -> dict:
+    """Layouts whose ZeRO stage the runtime does not offer, or offer with the options' FP8 gather or offload
+    (``dpcp``: dp x cp of each)."""
+    offered = get_engine(runtime).with_grad_accum(options.grad_accum).zero_stages(dtype)
+    masks = {RUNTIME_REASON: ~np.isin(zero, offered)}
+    if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's
+        masks[FP8_GATHER_REASON] = zero < FP8_PARAM_GATHER_RUNTIMES.get(runtime, 0)
+    if options.offload != "none":  # the stages each runtime offloads at (exatrain's FSDP2: only over dp x cp > 1)
+        masks[OFFLOAD_REASON] = ~np.isin(zero, OFFLOAD_RUNTIMES[options.offload].get(runtime, ())) | (
+            (runtime == "exatrain") & (dpcp < 2)
+        )
+    return masks
+
+
+def enumerate_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    global_batch: int,
+    options: SpaceOptions = SpaceOptions(),
+    runtime: str = "exatrain",
+    dtype: str = "bfloat16",
+) -> Space:
+    """Every candidate of the grid, filtered to the legal canonical ones (arrays), with the ZeRO
+    stages ``runtime`` offers (RUNTIME_REASON counts the others). With ``runtime`` "exatrain" also
+    without the combinations exatrain's trainer refuses (TRAINER_LAYOUT_REASONS, each counted apart).
+    Tensor parallelism wider than a node is priced (on the network) but searched only when pinned
+    (``options.tp``): it is never faster per byte than tp inside a node, and leaving it out keeps
+    the space small."""
+    g = _grid(model, cluster, gpus, options)
+    tp, pp, mb, zero, rec, sp, var, ep, cp = (g[k] for k in ("tp", "pp", "mb", "zero", "rec", "sp", "var", "ep", "cp"))
+    v, sched, code = g["v"], g["sched"], g["code"]
     examined = tp.size
 
     # Canonical spellings: pp == 1 runs no schedule (keep 1f1b, v 1); tp == 1 has no SP; dp*cp == 1 no ZeRO.
@@ -210,14 +234,7 @@ def enumerate_space(
         ep=ep,
         cp=cp,
     )
-    offered = get_engine(runtime).with_grad_accum(options.grad_accum).zero_stages(dtype)
-    masks = {**rules.broken(x, scopes=scopes), RUNTIME_REASON: ~np.isin(zero, offered)}
-    if options.fp8_param_gather:  # the plan-level conditions (--fp8, the runtime) are rules.extension_problem's
-        masks[FP8_GATHER_REASON] = zero < FP8_PARAM_GATHER_RUNTIMES.get(runtime, 0)
-    if options.offload != "none":  # the stages each runtime offloads at (exatrain's FSDP2: only over dp x cp > 1)
-        masks[OFFLOAD_REASON] = ~np.isin(zero, OFFLOAD_RUNTIMES[options.offload].get(runtime, ())) | (
-            (runtime == "exatrain") & (dp * cp < 2)
-        )
+    masks = {**rules.broken(x, scopes=scopes), **_setting_masks(zero, dp * cp, options, runtime, dtype)}
     rejected, alive = rules.first_reasons(masks, keep)
     m = np.where(dp > 0, x.num_microbatches, 0)
     idx = np.nonzero(alive)[0]
