@@ -6,8 +6,8 @@ The ones still being cut are listed in ALLOWED with their length today. The list
 grows fails, and so does one that is now within the limit or gone (take it off the list).
 
 Broken on purpose and seen to fail here: a 90-line dummy function added to src/exatrain/report/text.py; 20 lines
-added to src/exatrain/trainer/failures.py (613 lines); ALLOWED's entry for planner/estimate.py::estimate_plan set
-to 300 (shorter than the function: it grew); ALLOWED's entry for api/jobs.py::launch set to 95 (longer than the
+added to src/exatrain/trainer/failures.py (613 lines); ALLOWED's entry for api/training.py::train set
+to 150 (shorter than the function: it grew); ALLOWED's entry for api/jobs.py::launch set to 95 (longer than the
 function: the list did not shrink with it).
 """
 
@@ -24,7 +24,6 @@ MAX_FILE_LINES = 600
 
 # "path" (a file) or "path::qualified.name" (a function) -> its length today. Only shrinks.
 ALLOWED: dict[str, int] = {
-    "accounting/engines.py": 1439,
     "accounting/memory.py": 694,
     "accounting/memory.py::layer_activation_bytes": 133,
     "accounting/memory.py::rank_memory": 203,
@@ -42,19 +41,6 @@ ALLOWED: dict[str, int] = {
     "plan.py": 689,
     "plan.py::Plan.from_dict": 83,
     "planner/cost/calibrate.py": 638,
-    "planner/cost/layer.py::layer_times": 124,
-    "planner/cost/pipeline.py::pipeline_times": 100,
-    "planner/cost/recompute.py::module_rerun_s": 93,
-    "planner/cost/schedule.py": 644,
-    "planner/cost/schedule.py::step_time_fast": 136,
-    "planner/cost/step.py": 964,
-    "planner/cost/step.py::stage_times": 254,
-    "planner/cost/step.py::with_parameter_passes": 88,
-    "planner/cost/step.py::step_times": 201,
-    "planner/estimate.py::estimate_plan": 318,
-    "planner/evaluate.py::evaluate": 210,
-    "planner/plan_cost.py::comm_bytes": 100,
-    "settings.py": 1394,
 }
 
 
