@@ -7,15 +7,18 @@ refitted without the source) and its band fitted without its source (nested leav
 For every source with four or more priced runs on one cluster and engine (a group), the run at the median GPU count
 (the lower of the two middle ones) is turned into a RunRecord and calibrated on through ``exatrain calibrate``'s own
 path (``bench.fit.fit_calibration``, from the parameters that made the row's out-of-sample prediction): one run fits
-step_scale alone. Every other run of the group is predicted with the calibrated parameters, and its measured over
+step_scale alone, shrunk to the share of a run's miss that its cluster shares (``planner.cost.shrinkage``, its
+between-source and within-source spreads measured on the other sources' runs, never the group's own: ``--no-shrink``
+takes the whole miss). Every other run of the group is predicted with the calibrated parameters, and its measured over
 predicted step time is checked against the band a one-run calibration carries (``planner.band.centred``): the
-published-run band (its ratios fitted without the source) without its centre (the pooled sources' median bias, which
-the calibration removed), around the calibrated prediction; ``--keep-centre`` reports the band with its centre.
+published-run band (its ratios fitted without the source) without the share of its centre (the pooled sources'
+median bias) that the calibration removed, around the calibrated prediction; ``--keep-centre`` reports the band with
+its centre.
 
 Printed per engine x hardware family and overall: runs predicted, groups, median |error|, p90 |error|, signed median
 (predicted / measured - 1), band coverage, uncalibrated median and signed median on the same runs.
 
-    python benchmarks/one_shot.py [--json OUT] [--keep-centre]
+    python benchmarks/one_shot.py [--json OUT] [--keep-centre] [--no-shrink]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import prediction_error as pe  # noqa: E402
 
 from exatrain.bench.fit import fit_calibration  # noqa: E402
 from exatrain.planner import band as bandlib  # noqa: E402
+from exatrain.planner.cost import shrinkage  # noqa: E402
 from exatrain.plan import Measured, RunRecord  # noqa: E402
 from exatrain.planner.cost.coefficients import Calibration, CostParams, default_params  # noqa: E402
 from exatrain.planner.plan_cost import step_time  # noqa: E402
@@ -108,13 +112,21 @@ def anchor_of(runs: list[pe.Row]) -> pe.Row:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool = False) -> list[dict]:
+def one_shot(
+    rows: list[pe.Row], params: dict[int, CostParams], recentre: bool = False, shrink: bool = True
+) -> list[dict]:
     """Every predicted run of every group: its errors before and after the one-run calibration and its band
-    (``params``: each row's out-of-sample parameters, ``out_of_sample``)."""
+    (``params``: each row's out-of-sample parameters, ``out_of_sample``); ``shrink``: the calibration takes the share
+    of the anchor's miss that the other sources' runs show a cluster shares (``cost.shrinkage``, estimated without
+    the group's source), else all of it."""
     bands = loso_band_params(rows)
     results = []
     for (source, cluster, engine), runs in sorted(groups(rows, set(params)).items()):
         a = anchor_of(runs)
+        held = shrinkage.estimate(pe.log_ratios_by_source(rows, without=source))
+        if not shrink:
+            held = shrinkage.Shrinkage(between=1.0, within=0.0)
+        weight = held.weight(1)
         rec = RunRecord(
             plan=a.plan,
             measured=Measured(steps=0, step_time_s=a.measured_s, tokens_per_s=a.plan.tokens_per_step / a.measured_s),
@@ -122,7 +134,8 @@ def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool =
             env={"overlap": a.overlap},
         )
         base = Calibration(devices={}, fits={(a.cluster.name, a.plan.runtime): params[a.index]})
-        fitted = fit_calibration([rec], base=base, cluster=a.cluster).calibration
+        with shrinkage.using(held):
+            fitted = fit_calibration([rec], base=base, cluster=a.cluster).calibration
         for r in runs:
             if r is a or r.index not in bands:
                 continue
@@ -131,8 +144,8 @@ def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool =
             p = fitted.params_for(r.cluster.device.name, r.cluster.name, r.plan.runtime)
             pred = _step(r, p)
             lo, hi, centre = bands[r.index]
-            if recentre:
-                lo, hi = lo / centre, hi / centre
+            if recentre:  # the calibration took ``weight`` of the bias the band's centre stands for
+                lo, hi = lo / centre**weight, hi / centre**weight
             ratio = r.measured_s / pred
             results.append(
                 {
@@ -148,6 +161,7 @@ def one_shot(rows: list[pe.Row], params: dict[int, CostParams], recentre: bool =
                     "uncalibrated_s": r.oos_s,
                     "calibrated_s": pred,
                     "step_scale": p.step_scale,
+                    "weight": weight,
                     "band": [lo, hi],
                     "inside": bool(lo <= ratio <= hi),
                 }
@@ -189,11 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the published-run band with its centre (the sources' "
         "median bias), as if the calibration had not removed it",
     )
+    ap.add_argument(
+        "--no-shrink",
+        action="store_true",
+        help="calibrate on all of the anchor's miss (step_scale = its measured over predicted), as before shrinkage",
+    )
     args = ap.parse_args(argv)
     rows = pe.load_rows()
     pe.price(rows)
     params = out_of_sample(rows)
-    results = one_shot(rows, params, recentre=not args.keep_centre)
+    results = one_shot(rows, params, recentre=not args.keep_centre, shrink=not args.no_shrink)
     cells = table(results)
     print(
         f"{'engine/family':34} {'runs':>4} {'grp':>3} {'median':>7} {'p90':>7} {'signed':>7} {'band':>5} "
@@ -206,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['uncalibrated_signed']:+7.1%}"
         )
     band = "published-run band with its centre" if args.keep_centre else "published-run band without its centre"
+    if results:
+        w = float(np.median([r["weight"] for r in results]))
+        print(f"\nshrinkage: the calibration takes {w:.2f} of the anchor's log miss (median over groups; 1 = all)")
     print(
         f"\none run per group calibrated (the median GPU count), the group's other runs predicted; band: the {band}, "
         "fitted without the run's source, around the calibrated prediction; width: p90 - p10 over the prediction"

@@ -81,6 +81,7 @@ from exatrain.settings import recompute_modules_of
 from exatrain.planner import band as bandlib
 from exatrain.planner import memory_band as memband
 from exatrain.planner.band import BANDS_PATH, hardware_family
+from exatrain.planner.cost import shrinkage
 from exatrain.planner.cost.calibrate import RUN_FACTORS, levenberg_marquardt
 from exatrain.planner.cost.coefficients import CostParams, cited_params, default_params
 from exatrain.planner.cost.overlap import overlap_priced
@@ -949,18 +950,21 @@ def best_measured_mfu(rows: list[Row]) -> dict[tuple[str, str], tuple[float, Row
 
 
 def per_source(rows: list[Row]) -> list[dict]:
-    """Per source (left out in turn): runs, median |error|, signed median, share inside its band."""
-    by: dict[str, list[Row]] = {}
+    """Per source (left out in turn) and, within it, per engine and hardware family: runs, median |error|, signed
+    median (predicted / measured - 1: below 0 predicted too fast), share inside its band."""
+    by: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
         if r.oos_s is not None:
-            by.setdefault(r.source, []).append(r)
+            by.setdefault((r.source, r.engine, r.family), []).append(r)
     out = []
-    for src, rs in sorted(by.items(), key=lambda kv: -len(kv[1])):
+    for (src, engine, family), rs in sorted(by.items(), key=lambda kv: -len(kv[1])):
         e = [r.oos_s / r.measured_s - 1 for r in rs]
         inside = [r.band[0] <= r.measured_s / r.oos_s <= r.band[1] for r in rs if r.band]
         out.append(
             {
                 "source": src,
+                "engine": engine,
+                "family": family,
                 "name": rs[0].name.split(" (", 1)[-1].rstrip(")"),
                 "n": len(rs),
                 "median": float(np.median(np.abs(e))),
@@ -969,6 +973,28 @@ def per_source(rows: list[Row]) -> list[dict]:
             }
         )
     return out
+
+
+def log_ratios_by_source(rows: list[Row], without: str = "") -> dict[str, list[float]]:
+    """log(measured / predicted out of sample) of the priced runs, by source (``without``: leave that source out):
+    what ``cost.shrinkage.estimate`` splits into the spread between sources and within one."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r.oos_s is not None and r.measured_s and r.source != without:
+            out.setdefault(r.source, []).append(math.log(r.measured_s / r.oos_s))
+    return out
+
+
+def source_markdown(t: dict) -> str:
+    """Per source x engine x hardware family (``per_source``): where the signed bias sits."""
+    lines = ["| source | engine | hardware | runs | median | signed | in band |", "|---|---|---|---|---|---|---|"]
+    for p in t["sources"]:
+        cov = f"{p['coverage']:.0%}" if p["coverage"] is not None else "—"
+        lines.append(
+            f"| {p['name'][:60]} | {p['engine']} | {p['family']} | {p['n']} | {p['median']:.1%} | {p['signed']:+.1%} "
+            f"| {cov} |"
+        )
+    return "\n".join(lines)
 
 
 # The kinds of run the README reports apart: the table's ``kind`` column (dense, moe, long-context), dense
@@ -1613,14 +1639,7 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in t["kinds"].items()
         )
     )
-    print(
-        "\nper source (each left out in turn): "
-        + "; ".join(
-            f"{p['name'][:40]} n={p['n']} median {p['median']:.1%} signed {p['signed']:+.1%}"
-            + (f" in band {p['coverage']:.0%}" if p["coverage"] is not None else "")
-            for p in t["sources"]
-        )
-    )
+    print("\nper source, engine and hardware (each source left out in turn):\n" + source_markdown(t))
     above = [r for r in rows if r.predicted_mfu is not None and r.mfu_flag]
     print(
         "\nbest measured MFU per hardware family and precision (model FLOPs over the dense peak; "
@@ -1646,7 +1665,12 @@ def main(argv: list[str] | None = None) -> int:
         memband.MEMORY_BANDS_PATH.write_text(
             json.dumps(memory_bands(rows, t, command), indent=1) + "\n", encoding="utf-8"
         )
-        print(f"\nwrote {BANDS_PATH} and {memband.MEMORY_BANDS_PATH}")
+        shrink = shrinkage.estimate(log_ratios_by_source(rows))
+        shrinkage.SHRINKAGE_PATH.write_text(
+            json.dumps(shrinkage.to_dict(shrink, command, datetime.date.today().isoformat()), indent=1) + "\n",
+            encoding="utf-8",
+        )
+        print(f"\nwrote {BANDS_PATH}, {memband.MEMORY_BANDS_PATH} and {shrinkage.SHRINKAGE_PATH}")
     return 0
 
 

@@ -72,7 +72,7 @@ class CalibrateResult:
                 lines.append(
                     f"  step-time error {when} median {e['median']:.1%}, p90 {e['p90']:.1%}, max "
                     f"{e['max']:.1%} (rms log-error {e['rms_log']:.3f}"
-                    + (")" if when == "before:" else ", the quantity fitted)")
+                    + (")" if when == "before:" else ", the quantity fitted" + _shrunk(f) + ")")
                 )
             if f.band is not None:
                 lines.append(
@@ -84,6 +84,18 @@ class CalibrateResult:
         if self.skipped:
             lines.append(f"{self.skipped} record(s) without a successful measurement skipped")
         return lines
+
+
+def _shrunk(f: GroupFit) -> str:
+    """Where step_scale alone was fitted: the share of the runs' log miss it took (planner/cost/shrinkage.py)."""
+    from exatrain.planner.cost import shrinkage
+
+    w = shrinkage.taken(f.runs)
+    return (
+        f"; step_scale takes {w:.2f} of the runs' log miss, their cluster's share"
+        if set(f.factors) == {"step_scale"} and w < 1
+        else ""
+    )
 
 
 def _groups(

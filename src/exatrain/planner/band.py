@@ -453,7 +453,9 @@ def centred(b: Band, runs: int, table: Mapping[str, Any] | None = None) -> Band:
     table = load_bands() if table is None else table
     if b.basis == "default" or "center" not in table:
         return b
-    c = math.exp(float(table["center"]))
+    from exatrain.planner.cost import shrinkage  # the share of the bias a calibration on ``runs`` runs took
+
+    c = math.exp(float(table["center"]) * shrinkage.taken(runs))
     why = f"centred on the prediction calibrated on {runs} run{'s' * (runs > 1)} (the sources' median bias taken out)"
     return Band(b.low / c, b.high / c, b.n, b.engine, b.family, b.basis, sources=b.sources, widened=(*b.widened, why))
 

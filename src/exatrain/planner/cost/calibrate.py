@@ -17,7 +17,8 @@ for runs (each evaluation is a full step-time prediction per run, so few evaluat
   and the efficiency-vs-size curves go into the file too.
 * ``fit_runs``: RunRecords of one cluster and engine -> a small set of factors shared by all of them
   (never one per run, ``run_factors``): from one or two runs step_scale alone (the measured over the
-  predicted step time, the geometric mean over the runs: every other factor stays at its prior); from
+  predicted step time, the geometric mean over the runs, shrunk by the share of such a miss that published
+  runs show their cluster shares, ``cost.shrinkage``: every other factor stays at its prior); from
   three gemm_eff, step_overhead_s, mem_eff, attn_eff, link_eff, op_overhead_s in that order of priority,
   about one per two runs.
 * ``held_out_band``: where those runs land when each is predicted by the factors fitted to the others
@@ -37,6 +38,7 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec, LinkTier
 from exatrain.errors import UserError
 from exatrain.plan import Plan
+from exatrain.planner.cost import shrinkage
 from exatrain.planner.cost.coefficients import Calibration, CostParams
 
 RUN_FACTORS = ("gemm_eff", "step_overhead_s", "mem_eff", "attn_eff", "link_eff", "op_overhead_s")
@@ -49,7 +51,7 @@ def run_factors(n: int) -> tuple[str, ...]:
     model's parts apart), from three the physical factors in its place, which scale the parts apart (step_scale
     beside them would make them unidentifiable): gemm_eff from 3 runs, + step_overhead_s from 4, + mem_eff from 6,
     + attn_eff from 8, + link_eff from 10, + op_overhead_s from 12 (one per two runs)."""
-    if n <= 2:
+    if n <= shrinkage.SCALE_ONLY_RUNS:
         return (SCALE_FACTOR,)
     return RUN_FACTORS[: max(1, min(len(RUN_FACTORS), n // 2))]
 
@@ -553,14 +555,18 @@ def fit_runs(
     points: Sequence[RunPoint], base: CostParams, factors: Sequence[str] | None = None, max_iter: int = 40
 ) -> RunFit:
     """Fit a few factors shared by all ``points`` (one cluster and engine) to their measured step times
-    (``factors``: default ``run_factors``). step_scale alone is the geometric mean of measured / predicted, exact."""
+    (``factors``: default ``run_factors``). step_scale alone is the geometric mean of measured / predicted raised to
+    the shrinkage weight of that many runs (``cost.shrinkage``: the part of their miss their cluster shares)."""
     if not points:
         raise UserError("no runs with a measured step time to fit")
     measured = np.array([p.measured_s for p in points])
     factors = tuple(factors or run_factors(len(points)))
     before = predict_runs(points, base)
     if factors == (SCALE_FACTOR,):
-        scale = base.step_scale * float(np.exp(np.mean(np.log(measured / before))))
+        # the cluster's share of the runs' mean miss, the rest their own (cost.shrinkage)
+        shrink = shrinkage.current()
+        weight = shrink.weight(len(points)) if shrink is not None else 1.0
+        scale = base.step_scale * float(np.exp(weight * np.mean(np.log(measured / before))))
         fitted = base.replace(step_scale=scale, source=f"exatrain calibrate ({len(points)} runs)")
         after = before * (scale / base.step_scale)
         return RunFit(
