@@ -528,3 +528,30 @@ def test_catalog_best_published_mfu_is_the_best_measured_run_of_its_class_and_fl
         assert bool(r.mfu_flag) == above, r.name
         if above:
             assert entry.run in r.mfu_flag and f"{entry.mfu:.1%}" in r.mfu_flag
+
+
+def test_signed_bias_per_source_engine_and_hardware_and_the_shipped_shrinkage(pe, full) -> None:
+    """The per-source table splits each source by engine and hardware (the runs add up to the priced ones, each
+    signed median its cell's own), and the catalog's calibration shrinkage is what ``--write-bands`` estimates from
+    these runs (each out of sample), never from a row's in-sample prior."""
+    from exatrain.planner.cost import shrinkage
+
+    rows, t = full
+    cells = t["sources"]
+    assert sum(c["n"] for c in cells) == t["cells"]["all/all"]["step"]["n"]
+    assert len({(c["source"], c["engine"], c["family"]) for c in cells}) == len(cells)
+    narayanan = {c["engine"]: c for c in cells if c["source"] == NARAYANAN}
+    assert set(narayanan) == {"megatron-core", "megatron-deepspeed"}  # one source, two engines: two rows
+    zero3 = [r.oos_s / r.measured_s - 1 for r in rows if r.source == NARAYANAN and r.engine == "megatron-deepspeed"]
+    assert narayanan["megatron-deepspeed"]["signed"] == pytest.approx(float(np.median(zero3)))
+    assert "| source | engine | hardware |" in pe.source_markdown(t)
+    got = shrinkage.estimate(pe.log_ratios_by_source(rows))
+    shipped = json.loads(shrinkage.SHRINKAGE_PATH.read_text(encoding="utf-8"))
+    assert (shipped["runs"], shipped["sources"]) == (got.runs, got.sources)
+    assert shipped["between"] == pytest.approx(got.between, abs=1e-5)
+    assert shipped["within"] == pytest.approx(got.within, abs=1e-5)
+    # leaving a source out leaves its runs out of the estimate
+    held = pe.log_ratios_by_source(rows, without=NARAYANAN)
+    assert NARAYANAN not in held and sum(map(len, held.values())) == got.runs - len(
+        [r for r in rows if r.source == NARAYANAN and r.oos_s is not None]
+    )
