@@ -1,9 +1,10 @@
 """exatrain: plan, predict and run 3D-parallel training of GPT-style language models.
 
     import exatrain
-    plan = exatrain.estimate(model="gpt-175b", cluster="frontier", gpus=128, tp=4, pp=16,
-                             global_batch=640, zero=1, recompute="full")
-    best = exatrain.search(model="gpt-1t", gpus=3072, global_batch=1536).ranked[0]
+    plan = exatrain.estimate("gpt-175b", "frontier", gpus=128, tp=4, pp=16, global_batch=640, zero=1,
+                             recompute="full")
+    best = exatrain.search("gpt-1t", exatrain.api.ClusterQuery(gpus=3072),
+                           layout=exatrain.api.Layout(global_batch=1536)).ranked[0]
 
 The calls (``exatrain.estimate``, ``search``, ``scaling``, ``train``, ``tune``, ``make_plan``,
 ``load_plan``, ``calibrate``, ``compare``, ``demo``; the rest in ``exatrain.api``) are loaded on first use,

@@ -1,8 +1,11 @@
 """exatrain's Python API: where the parts are wired, one call per command of the CLI.
 
-Keyword arguments have the names and defaults of the CLI's flags (``--micro-batch 4`` is
-``micro_batch=4``); a model is a preset name, a ModelSpec or ``model_file``; a cluster a catalog
-name, a ClusterSpec or ``cluster_file``. Each call returns the typed result the CLI prints:
+Each call takes a few typed requests (``api.requests``: ModelQuery, ClusterQuery, Layout, RunSettings,
+Engine, Budget, PlanOptions, TrainRun, ...), one per group of the CLI's flags, whose fields have the names and
+defaults of the flags (``--micro-batch 4`` is ``Layout(micro_batch=4)``); the same fields may be given flat
+(``estimate("llama3-70b", "dgx-h100", gpus=64, tp=8)``). A model is a preset name, a ModelSpec or
+``model_file``; a cluster a catalog name, a ClusterSpec or ``cluster_file``. Each call returns the typed result
+the CLI prints:
 
 * ``estimate``  -> Plan (with its StepEstimate)      ``search``  -> SearchResult (ranked Plans)
 * ``scaling``   -> ScalingResult (points, efficiencies, the study's measurement)
@@ -12,7 +15,8 @@ name, a ClusterSpec or ``cluster_file``. Each call returns the typed result the 
 * ``record``    -> RecordResult (a run measured anywhere, appended to a runs file)
 * ``demo``      -> DemoResult (the loop on this machine: bench --quick, search, train, compare)
 * ``make_plan`` -> a validated Plan from layout values; ``load_plan`` reads any file holding one
-* ``from_launch`` -> the keyword arguments a Megatron-LM / Megatron-DeepSpeed launch or torchtitan TOML states
+* ``from_launch`` -> the keyword arguments a Megatron-LM / Megatron-DeepSpeed launch or torchtitan TOML states;
+  ``launch_request`` -> the same as the typed requests (ModelQuery, ClusterQuery, Layout, Engine, settings)
 * ``launch`` / ``export_config`` / ``prepare`` / ``export_model`` / ``report``: files for elsewhere
 
 Bad input raises ``exatrain.errors.UserError`` (one line naming the problem), before any work.
@@ -26,7 +30,32 @@ from exatrain.api.jobs import export_config, launch
 from exatrain.api.measuring import CompareResult, bench, calibrate, compare
 from exatrain.api.planning import estimate, scaling, search
 from exatrain.api.recording import RecordResult, record
-from exatrain.api.plans import ExatrainWarning, from_launch, load_plan, make_plan, resolve_cluster, resolve_model
+from exatrain.api.requests import (
+    Budget,
+    ClusterQuery,
+    Engine,
+    JobOptions,
+    Layout,
+    ModelQuery,
+    PlanOptions,
+    RecordedRun,
+    RunSettings,
+    SlurmJob,
+    TokenizeOptions,
+    TorchrunJob,
+    TrainRun,
+    TrainStore,
+    TuneOptions,
+)
+from exatrain.api.plans import (
+    ExatrainWarning,
+    from_launch,
+    launch_request,
+    load_plan,
+    make_plan,
+    resolve_cluster,
+    resolve_model,
+)
 from exatrain.api.training import TrainResult, train
 from exatrain.api.tuning import tune
 
@@ -51,6 +80,21 @@ from exatrain.report.text import (
 )
 
 __all__ = [
+    "Budget",
+    "ClusterQuery",
+    "Engine",
+    "JobOptions",
+    "Layout",
+    "ModelQuery",
+    "PlanOptions",
+    "RecordedRun",
+    "RunSettings",
+    "SlurmJob",
+    "TokenizeOptions",
+    "TorchrunJob",
+    "TrainRun",
+    "TrainStore",
+    "TuneOptions",
     "EXPORT_TARGETS",
     "describe",
     "estimate_json",
@@ -83,6 +127,7 @@ __all__ = [
     "export_model",
     "from_launch",
     "launch",
+    "launch_request",
     "load_plan",
     "make_plan",
     "prepare",

@@ -7,8 +7,9 @@ Each checks the paths it reads and writes before any work, and writes aside then
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
+from exatrain.api.requests import TokenizeOptions, coerce, routed
 from exatrain.errors import UserError
 from exatrain.limits import check_counts
 from exatrain.paths import check_input_dir, check_input_file, check_output_dir
@@ -17,25 +18,33 @@ DEFAULT_SEPARATOR = "<|endoftext|>"
 
 
 def prepare(
-    *,
     out: str | Path,
     input: Sequence[str] = (),
+    *,
     stdlib: bool = False,
     builtin: bool = False,
-    tokenizer: str | Path | None = None,
-    train_tokenizer: int | None = None,
-    separator: str | None = None,
-    shard_tokens: int | None = None,
+    tokenize: TokenizeOptions | None = None,
     quiet: bool = False,
+    **pins: Any,
 ):
     """Tokenize the files matching ``input`` globs (each file one document) with a Hugging Face
-    ``tokenizer`` (tokenizer.json) or a byte-level BPE of ``train_tokenizer`` ids trained on them,
-    or, with the byte tokenizer, the built-in corpus that ``train`` uses without data (``builtin``)
-    or this Python's standard library source (``stdlib``), into token shards and dataset.json in
-    ``out`` (new or empty). Returns the DatasetMeta."""
+    ``tokenize.tokenizer`` (tokenizer.json) or a byte-level BPE of ``tokenize.train_tokenizer`` ids trained on
+    them, or, with the byte tokenizer, the built-in corpus that ``train`` uses without data (``builtin``) or this
+    Python's standard library source (``stdlib``), into token shards and dataset.json in ``out`` (new or empty).
+    Returns the DatasetMeta. The tokenize fields may be given flat by name (``prepare("data/", ["*.txt"],
+    train_tokenizer=32000)``)."""
+    t = routed("prepare", pins, {"tokenize": coerce(TokenizeOptions, tokenize, "")})
+    if t["settings"]:
+        raise TypeError(f"prepare() got an unexpected keyword argument {next(iter(t['settings']))!r}")
+    tok = t["tokenize"]
+    tokenizer, train_tokenizer, separator, shard_tokens = (
+        tok.tokenizer,
+        tok.train_tokenizer,
+        tok.separator,
+        tok.shard_tokens,
+    )
     from exatrain.data import prepare as prep
 
-    check_counts({"shard_tokens": shard_tokens, "train_tokenizer": train_tokenizer})
     check_output_dir(out, "--out")
     kw: dict = {"quiet": quiet}
     if shard_tokens is not None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 from exatrain.api.plans import Warn, load_plan, resolve_cluster, warner
+from exatrain.api.requests import ClusterQuery, JobOptions, SlurmJob, TorchrunJob, coerce, routed
 from exatrain.catalog import ClusterSpec
 from exatrain.errors import UserError
-from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan
 
@@ -122,46 +122,44 @@ def _cpu_job_warnings(plan: Plan, cluster: ClusterSpec, ranks_per_node: int, war
 
 
 def launch(
-    *,
     plan: str | Path | Plan,
     scheduler: str,
-    cluster: str | ClusterSpec | None = None,
-    cluster_file: str | Path | None = None,
-    nodes: int | None = None,
-    checkpoint_dir: str = "checkpoints",
-    steps: int | None = None,
-    metrics_file: str | None = None,
-    rccl_plugin_dir: str = "",
-    out: str | Path | None = None,
-    account: str = "",
-    time: str = "02:00:00",
-    partition: str = "",
-    job_name: str = "",
-    master_port: int = 29500,
-    setup: Sequence[str] = (),
-    master: str = "",
-    force: bool = False,
+    cluster: ClusterQuery | str | ClusterSpec | None = None,
+    *,
+    job: JobOptions | None = None,
+    slurm: SlurmJob | None = None,
+    torchrun: TorchrunJob | None = None,
     warn: Warn | None = None,
+    **pins: Any,
 ) -> str:
     """The job that trains ``plan`` (a Plan or a file holding one) as text: an sbatch script
-    (``scheduler='slurm'``) or the torchrun command to run on every node ('torchrun'). The cluster
-    is the plan's unless given. ``out``: also write it there (executable). A plan that does not fit the cluster's
-    memory as exatrain's trainer (the job's) runs it is refused unless ``force``; a tight one gets a warning
-    (``check_fits``)."""
+    (``scheduler='slurm'``, its values in ``slurm``) or the torchrun command to run on every node ('torchrun',
+    ``torchrun``). The cluster is the plan's unless given. ``job``: nodes, steps, files (``job.out``: also write it
+    there, executable). A plan that does not fit the cluster's memory as exatrain's trainer (the job's) runs it is
+    refused unless ``job.force``; a tight one gets a warning (``check_fits``). Every field may be given flat by
+    name (``launch("plan.json", "slurm", "frontier", account="ABC123")``)."""
+    parts = {"cluster": coerce(ClusterQuery, cluster, "cluster"), "job": coerce(JobOptions, job, "")}
+    parts.update(slurm=coerce(SlurmJob, slurm, ""), torchrun=coerce(TorchrunJob, torchrun, ""))
+    r = routed("launch", pins, parts)
+    if r["settings"] or r["cluster"].gpus is not None:
+        raise TypeError(f"launch() got an unexpected keyword argument {next(iter(r['settings']), 'gpus')!r}")
+    return _launch(plan, scheduler, r["cluster"], r["job"], r["slurm"], r["torchrun"].master, warner(warn))
+
+
+def _launch(plan: Any, scheduler: str, cq: ClusterQuery, job: JobOptions, sl: SlurmJob, master: str, warn) -> str:
     from exatrain.launch import SlurmOptions, TorchrunOptions, TrainArgs, node_layout, render_slurm, render_torchrun
 
-    warn = warner(warn)
-    check_counts({"nodes": nodes, "steps": steps})
+    nodes, out, time = job.nodes, job.out, sl.time
     if scheduler not in SCHEDULERS:
         raise UserError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
     if out is not None:
         check_output_file(out, "--out")
     p = load_plan(plan, warn=warn)
-    c = resolve_cluster(cluster, cluster_file, default=p.cluster or None)
+    c = resolve_cluster(cq.cluster, cq.cluster_file, default=p.cluster or None)
     train = TrainArgs(
-        checkpoint_dir=os.path.abspath(checkpoint_dir),
-        steps=steps,
-        metrics_file=os.path.abspath(metrics_file) if metrics_file else None,
+        checkpoint_dir=os.path.abspath(job.checkpoint_dir),
+        steps=job.steps,
+        metrics_file=os.path.abspath(job.metrics_file) if job.metrics_file else None,
     )
     if scheduler == "slurm":
         from exatrain.launch.slurm import time_limit
@@ -182,14 +180,14 @@ def launch(
             c,
             SlurmOptions(
                 train=train,
-                account=account,
+                account=sl.account,
                 time=time,
-                partition=partition,
-                job_name=job_name,
+                partition=sl.partition,
+                job_name=sl.job_name,
                 nodes=nodes,
-                master_port=master_port,
-                rccl_plugin_dir=rccl_plugin_dir,
-                setup=tuple(setup),
+                master_port=sl.master_port,
+                rccl_plugin_dir=job.rccl_plugin_dir,
+                setup=tuple(sl.setup),
             ),
         )
     else:
@@ -203,11 +201,11 @@ def launch(
                 train=train,
                 nodes=nodes,
                 master=master,
-                rccl_plugin_dir=rccl_plugin_dir,
+                rccl_plugin_dir=job.rccl_plugin_dir,
             ),
         )
     _cpu_job_warnings(p, c, node_layout(p, c, nodes).ranks_per_node, warn)
-    check_fits(p, c, force=force, warn=warn, what="the job", name=_plan_name(plan), runtime="exatrain")
+    check_fits(p, c, force=job.force, warn=warn, what="the job", name=_plan_name(plan), runtime="exatrain")
     if out is not None:
         write_text(out, text, executable=True)
     return text

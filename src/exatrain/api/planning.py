@@ -9,8 +9,7 @@ name, a ClusterSpec or ``cluster_file`` (neither: ``DEFAULT_CLUSTER``, the Front
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from exatrain.api.plans import (
     calibrated,
@@ -18,16 +17,25 @@ from exatrain.api.plans import (
     make_plan,
     resolve_cluster,
     resolve_model,
-    shape_of,
     space_options,
     with_launch,
 )
+from exatrain.api.requests import (
+    Budget,
+    ClusterQuery,
+    Engine,
+    Layout,
+    ModelQuery,
+    PlanOptions,
+    PlanRequest,
+    SettingsArg,
+    plan_request,
+)
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
-from exatrain.limits import check_counts
 from exatrain.paths import check_output_file
 from exatrain.plan import Plan
-from exatrain.settings import RUNTIMES, check_settings, default_runtime, default_runtime_note, takes_settings
+from exatrain.settings import RUNTIMES, check_settings, default_runtime, default_runtime_note
 from exatrain.planner.memory_band import STRICT_MEMORY_HELP
 from exatrain.planner.time_to_train import RANK_BY, RANK_BY_HELP, RUN_FLAGS, rank, run_options, with_time_to_train
 
@@ -83,191 +91,137 @@ def _runtime_for(
     return runtime, chosen
 
 
-@takes_settings
+ESTIMATE_OPTIONS = ("out", "trace", "from_file", "progress")
+SEARCH_OPTIONS = ("top", "rank_by", "strict_memory", "out", "from_file")
+SCALING_OPTIONS = ("mode", "strict_memory")
+
+
 def estimate(
+    model: ModelQuery | str | ModelSpec | None = None,
+    cluster: ClusterQuery | str | ClusterSpec | None = None,
     *,
-    model: str | ModelSpec | None = None,
-    model_file: str | Path | None = None,
-    arch: str | None = None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    seq_len: int | None = None,
-    vocab: int | None = None,
-    cluster: str | ClusterSpec | None = None,
-    cluster_file: str | Path | None = None,
-    gpus: int | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
-    dp: int | None = None,
-    micro_batch: int | None = None,
-    global_batch: int | None = None,
-    zero: int | None = None,
-    recompute: str | None = None,
-    sequence_parallel: bool | None = None,
-    schedule: str | None = None,
-    interleave: int | None = None,
-    stage_layers: Sequence[int] | None = None,
-    dtype: str | None = None,
-    flash_attention: bool | None = None,
-    ep: int | None = None,
-    cp: int | None = None,
-    runtime: str | None = None,
-    overlap: str | None = None,
-    calibration: str | Path | None = None,
-    trace: bool | str = False,
-    out: str | Path | None = None,
-    progress: Progress | None = None,
-    from_file: str | Path | None = None,
-    tokens: int | float | str | None = None,
-    gpu_hour_price: float | str | None = None,
-    power_overhead: float | str | None = None,
-    node_mtbf_hours: float | str | None = None,
-    checkpoint_bandwidth: float | str | None = None,
-    restart_minutes: float | str | None = None,
-    **settings: Any,
+    layout: Layout | None = None,
+    settings: SettingsArg = None,
+    engine: Engine | None = None,
+    budget: Budget | None = None,
+    options: PlanOptions | None = None,
+    **pins: Any,
 ) -> Plan:
-    """Memory of every pipeline stage and the step time of one layout as ``runtime`` (an engine:
-    megatron-core, megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model
-    exatrain's trainer does not build, ``settings.default_runtime``, said in the notes) runs it: the validated Plan (its
-    ``runtime`` set) with its StepEstimate (``plan.estimate``). ``trace``: also trace the trainer's
-    own model per stage (torch, nothing allocated): True or "fast" one rank per distinct stage shape,
-    replayed over every stage's order; "full" every stage over the whole step. ``overlap``: which of the
-    runtime's overlaps are on — all (its switches assumed on), default (the engine's defaults), none, or a comma list of
-    tp, dp_grad_reduce, dp_param_gather, pp_p2p, ep_a2a. ``settings``: the run settings by name (``fp8``,
-    ``moe_dispatcher``, ``attention_kernel``, ... ``recompute_every``: ``exatrain.settings.SETTINGS``, whose help
-    says what each is; None or not given: the runtime's own). ``out``: also write the plan with its estimate as JSON.
-    ``from_file``: a Megatron-LM / Megatron-DeepSpeed launch or torchtitan job TOML whose model, world size, layout
-    and settings fill every argument left at its default (``plans.with_launch``). ``tokens``: the run's token budget
-    (15T, 300e9, ...): the estimate also carries ``time_to_train`` (steps, days, GPU-hours, energy at TDP times
-    ``power_overhead``, and with ``gpu_hour_price`` the cost; each with the band: ``planner.time_to_train``) and its
-    ``goodput``: checkpoints, interruptions and restarts priced at ``node_mtbf_hours``, ``checkpoint_bandwidth``
-    (GB/s) and ``restart_minutes`` (None: the catalog's, ``planner.goodput``)."""
-    if from_file is not None:
-        return estimate(**with_launch(locals(), estimate))
-    values = dict(locals())
-    check_counts(values)
-    run = run_options(
-        tokens,
-        gpu_hour_price,
-        power_overhead,
-        node_mtbf_hours=node_mtbf_hours,
-        checkpoint_bandwidth=checkpoint_bandwidth,
-        restart_minutes=restart_minutes,
-    )
-    if trace:
+    """Memory of every pipeline stage and the step time of one layout as ``engine.runtime`` runs it (megatron-core,
+    megatron-deepspeed, torchtitan, exatrain; None: exatrain, or megatron-core for a model exatrain's trainer does
+    not build, ``settings.default_runtime``, said in the notes): the validated Plan (its ``runtime`` set) with its
+    StepEstimate (``plan.estimate``). The requests (``api.requests``) say what is asked; each of their fields may
+    also be given flat by name (``estimate("llama3-70b", "dgx-h100", gpus=64, tp=8, fp8="current")``).
+    ``settings``: the run settings (a RunSettings, or a mapping by name; not given: the runtime's own).
+    ``options.trace``: also trace the trainer's own model per stage (torch, nothing allocated): True or "fast" one
+    rank per distinct stage shape, replayed over every stage's order; "full" every stage over the whole step.
+    ``options.out``: also write the plan with its estimate as JSON. ``options.from_file``: a Megatron-LM /
+    Megatron-DeepSpeed launch or torchtitan job TOML whose model, world size, layout and settings fill every value
+    left at its default (``plans.with_launch``). ``budget``: the estimate also carries ``time_to_train`` (steps,
+    days, GPU-hours, energy, cost; each with the band: ``planner.time_to_train``) and its ``goodput``
+    (``planner.goodput``)."""
+    given = dict(model=model, cluster=cluster, layout=layout, settings=settings, engine=engine, budget=budget)
+    return estimate_request(plan_request("estimate", ESTIMATE_OPTIONS, pins, **given, options=options))
+
+
+def estimate_request(r: PlanRequest) -> Plan:
+    """``estimate`` of a whole request."""
+    if r.options.from_file is not None:
+        return estimate_request(with_launch(r, "estimate"))
+    run = _budget(r.budget)
+    opts, lay, eng = r.options, r.layout, r.engine
+    if opts.trace:
         from exatrain.bench.traced import trace_mode
 
-        trace_mode(trace)  # bad input is refused before anything is planned
-    if runtime is not None:
-        check_runtime(runtime, overlap)
-    if out is not None:
-        check_output_file(out, "--out")
-    c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
-    m = resolve_model(model, model_file, **shape_of(values))
-    runtime, chosen = _runtime_for(runtime, m, overlap)
-    c, params = calibrated(c, calibration, runtime)
-    stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    plan = make_plan(m, c, gpus=gpus, **{**layout_values(values), "stage_layers": stage_layers}, runtime=runtime)
+        trace_mode(opts.trace)  # bad input is refused before anything is planned
+    if eng.runtime is not None:
+        check_runtime(eng.runtime, eng.overlap)
+    if opts.out is not None:
+        check_output_file(opts.out, "--out")
+    c = resolve_cluster(r.cluster.cluster, r.cluster.cluster_file, default=DEFAULT_CLUSTER)
+    m = resolve_model(r.model.model, r.model.model_file, **r.model.shape())
+    runtime, chosen = _runtime_for(eng.runtime, m, eng.overlap)
+    c, params = calibrated(c, eng.calibration, runtime)
+    stage_layers = tuple(lay.stage_layers) if lay.stage_layers is not None else None
+    values = {**layout_values({**lay.values(), "settings": r.settings}), "stage_layers": stage_layers}
+    plan = make_plan(m, c, gpus=r.cluster.gpus, **values, runtime=runtime)
     plan = plan.replace(runtime=runtime).validate(c)
     from exatrain.planner.estimate import estimate_plan
 
-    est = estimate_plan(plan, c, params, overlap)
+    est = estimate_plan(plan, c, params, eng.overlap)
     if chosen and (note := default_runtime_note(m)):
         est = dataclasses.replace(est, notes=(note, *est.notes))
     plan = plan.with_estimate(est)
-    if trace:
+    if opts.trace:
         from exatrain.bench.traced import trace_mode, traced_estimate
 
-        plan = plan.with_estimate(traced_estimate(plan, c, progress, mode=trace_mode(trace) or "fast"))
+        mode = trace_mode(opts.trace) or "fast"
+        plan = plan.with_estimate(traced_estimate(plan, c, opts.progress, mode=mode))
     plan = with_time_to_train(plan, c, run)
-    if out is not None:
-        plan.save(out)
+    if opts.out is not None:
+        plan.save(opts.out)
     return plan
 
 
-@takes_settings
-def search(
-    *,
-    model: str | ModelSpec | None = None,
-    model_file: str | Path | None = None,
-    arch: str | None = None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    seq_len: int | None = None,
-    vocab: int | None = None,
-    cluster: str | ClusterSpec | None = None,
-    cluster_file: str | Path | None = None,
-    gpus: int | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
-    dp: int | None = None,
-    micro_batch: int | None = None,
-    global_batch: int | None = None,
-    zero: int | None = None,
-    recompute: str | None = None,
-    sequence_parallel: bool | None = None,
-    schedule: str | None = None,
-    interleave: int | None = None,
-    stage_layers: Sequence[int] | None = None,
-    dtype: str | None = None,
-    flash_attention: bool | None = None,
-    ep: int | None = None,
-    cp: int | None = None,
-    top: int = 10,
-    runtime: str | None = None,
-    overlap: str | None = None,
-    calibration: str | Path | None = None,
-    out: str | Path | None = None,
-    from_file: str | Path | None = None,
-    tokens: int | float | str | None = None,
-    gpu_hour_price: float | str | None = None,
-    power_overhead: float | str | None = None,
-    node_mtbf_hours: float | str | None = None,
-    checkpoint_bandwidth: float | str | None = None,
-    restart_minutes: float | str | None = None,
-    rank_by: str = "throughput",
-    strict_memory: bool = False,
-    **settings: Any,
-):
-    """Every legal layout of ``model`` on ``gpus`` devices at ``global_batch``, those that fit ranked
-    by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout
-    values pin a dimension. ``runtime``: the engine that will run it — its memory decides what
-    fits, its overlaps (``overlap``, as for ``estimate``) and collectives the step time, its ZeRO
-    stages are the candidates (None: as for ``estimate``, said in ``SearchResult.notes``).
-    ``out``: write the best plan as JSON. No feasible layout is a UserError naming the constraint
-    that removed the most. ``from_file``: a launch (as for ``estimate``) whose values pin what it states.
-    ``tokens``, ``gpu_hour_price``, ``power_overhead`` (and ``node_mtbf_hours``, ``checkpoint_bandwidth``,
-    ``restart_minutes``): each ranked plan carries ``time_to_train`` with its ``goodput`` (as for ``estimate``);
-    ``rank_by``: throughput, or days, gpu_hours or cost to train, with failures (``planner.time_to_train.rank``:
-    on one GPU count and batch the same order, said in ``SearchResult.notes``). A layout whose device capacity lies
-    inside its band of measured peak memory is "tight": kept and marked (its estimate's ``memory_verdict``;
-    ``SearchResult.tight`` counts them), dropped with ``strict_memory`` (planner/memory_band.py)."""
-    if from_file is not None:
-        return search(**with_launch(locals(), search))
-    values = dict(locals())
-    check_counts(values)
-    run = run_options(
-        tokens, gpu_hour_price, power_overhead, rank_by, node_mtbf_hours, checkpoint_bandwidth, restart_minutes
+def _budget(b: Budget, rank_by: str = "throughput"):
+    """The run's options of a budget (``planner.time_to_train.run_options``), checked."""
+    return run_options(
+        b.tokens,
+        b.gpu_hour_price,
+        b.power_overhead,
+        rank_by,
+        node_mtbf_hours=b.node_mtbf_hours,
+        checkpoint_bandwidth=b.checkpoint_bandwidth,
+        restart_minutes=b.restart_minutes,
     )
-    if gpus is None or global_batch is None:
+
+
+def search(
+    model: ModelQuery | str | ModelSpec | None = None,
+    cluster: ClusterQuery | str | ClusterSpec | None = None,
+    *,
+    layout: Layout | None = None,
+    settings: SettingsArg = None,
+    engine: Engine | None = None,
+    budget: Budget | None = None,
+    options: PlanOptions | None = None,
+    **pins: Any,
+):
+    """Every legal layout of the model on ``cluster.gpus`` devices at ``layout.global_batch``, those that fit ranked
+    by predicted throughput (a SearchResult; ``ranked[0]`` is the best, with its estimate). Layout values pin a
+    dimension. ``engine.runtime``: the engine that will run it — its memory decides what fits, its overlaps
+    (``engine.overlap``, as for ``estimate``) and collectives the step time, its ZeRO stages are the candidates
+    (None: as for ``estimate``, said in ``SearchResult.notes``). ``options``: ``top`` plans kept, ``out`` writes the
+    best plan as JSON, ``from_file`` a launch (as for ``estimate``) whose values pin what it states, ``rank_by``:
+    throughput, or days, gpu_hours or cost to train, with failures (``planner.time_to_train.rank``: on one GPU
+    count and batch the same order, said in ``SearchResult.notes``), ``strict_memory`` drops the "tight" layouts
+    (device capacity inside the band of measured peak memory), which are otherwise kept and marked (their
+    estimate's ``memory_verdict``; ``SearchResult.tight`` counts them; planner/memory_band.py). ``budget``: each
+    ranked plan carries ``time_to_train`` with its ``goodput`` (as for ``estimate``). No feasible layout is a
+    UserError naming the constraint that removed the most. Every field may be given flat, as for ``estimate``."""
+    given = dict(model=model, cluster=cluster, layout=layout, settings=settings, engine=engine, budget=budget)
+    return search_request(plan_request("search", SEARCH_OPTIONS, pins, **given, options=options))
+
+
+def search_request(r: PlanRequest):
+    """``search`` of a whole request."""
+    if r.options.from_file is not None:
+        return search_request(with_launch(r, "search"))
+    opts, lay, eng, gpus = r.options, r.layout, r.engine, r.cluster.gpus
+    run = _budget(r.budget, opts.rank_by)
+    if gpus is None or lay.global_batch is None:
         raise UserError("search needs --gpus and --global-batch")
-    if top < 1:
+    if opts.top < 1:
         raise UserError("--top must be at least 1")
-    if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
-        check_runtime(runtime, overlap)
-    if out is not None:
-        check_output_file(out, "--out")
-    options = space_options(**layout_values(values))
-    c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
-    m = resolve_model(model, model_file, **shape_of(values))
-    runtime, chosen = _runtime_for(runtime, m, overlap, settings, dtype)
-    c, params = calibrated(c, calibration, runtime)
+    if eng.runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
+        check_runtime(eng.runtime, eng.overlap)
+    if opts.out is not None:
+        check_output_file(opts.out, "--out")
+    options = space_options(**layout_values({**lay.values(), "settings": r.settings}))
+    c = resolve_cluster(r.cluster.cluster, r.cluster.cluster_file, default=DEFAULT_CLUSTER)
+    m = resolve_model(r.model.model, r.model.model_file, **r.model.shape())
+    runtime, chosen = _runtime_for(eng.runtime, m, eng.overlap, r.settings, lay.dtype)
+    c, params = calibrated(c, eng.calibration, runtime)
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search as run_search
 
@@ -275,112 +229,77 @@ def search(
         m,
         c,
         gpus,
-        global_batch,
-        top=top,
+        lay.global_batch,
+        top=opts.top,
         options=options,
         params=params,
-        dtype=dtype or "bfloat16",
+        dtype=lay.dtype or "bfloat16",
         runtime=runtime,
-        overlap=overlap,
-        flash=True if flash_attention is None else flash_attention,
-        strict_memory=bool(strict_memory),
+        overlap=eng.overlap,
+        flash=True if lay.flash_attention is None else lay.flash_attention,
+        strict_memory=bool(opts.strict_memory),
     )
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
     if chosen and (note := default_runtime_note(m)):
         result.notes = (note, *result.notes)
-    result.ranked, order = rank([with_time_to_train(p, c, run) for p in result.ranked], rank_by)
+    result.ranked, order = rank([with_time_to_train(p, c, run) for p in result.ranked], opts.rank_by)
     result.notes = (*result.notes, *((order,) if order else ()))
-    if out is not None:
-        result.ranked[0].save(out)
+    if opts.out is not None:
+        result.ranked[0].save(opts.out)
     return result
 
 
-@takes_settings
 def scaling(
+    model: ModelQuery | str | ModelSpec | None = None,
+    cluster: ClusterQuery | str | ClusterSpec | None = None,
     *,
-    model: str | ModelSpec | None = None,
-    model_file: str | Path | None = None,
-    arch: str | None = None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    seq_len: int | None = None,
-    vocab: int | None = None,
-    cluster: str | ClusterSpec | None = None,
-    cluster_file: str | Path | None = None,
-    gpus: Sequence[int] = (),
-    tp: int | None = None,
-    pp: int | None = None,
-    dp: int | None = None,
-    micro_batch: int | None = None,
-    global_batch: int | None = None,
-    zero: int | None = None,
-    recompute: str | None = None,
-    sequence_parallel: bool | None = None,
-    schedule: str | None = None,
-    interleave: int | None = None,
-    stage_layers: Sequence[int] | None = None,
-    dtype: str | None = None,
-    flash_attention: bool | None = None,
-    ep: int | None = None,
-    cp: int | None = None,
-    mode: str = "weak",
-    runtime: str | None = None,
-    overlap: str | None = None,
-    calibration: str | Path | None = None,
-    tokens: int | float | str | None = None,
-    gpu_hour_price: float | str | None = None,
-    power_overhead: float | str | None = None,
-    node_mtbf_hours: float | str | None = None,
-    checkpoint_bandwidth: float | str | None = None,
-    restart_minutes: float | str | None = None,
-    strict_memory: bool = False,
-    **settings: Any,
+    layout: Layout | None = None,
+    settings: SettingsArg = None,
+    engine: Engine | None = None,
+    budget: Budget | None = None,
+    options: PlanOptions | None = None,
+    **pins: Any,
 ):
-    """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling
-    over ``gpus`` (increasing counts) as ``runtime`` runs it: the best layout at each count (or the
-    pinned one), its throughput and efficiency, and what a published study measured for this model
-    and cluster (a ScalingResult). ``runtime`` None: as for ``estimate`` (the title names it). ``tokens``,
-    ``gpu_hour_price``, ``power_overhead``: each point's plan carries ``time_to_train`` (as for ``estimate``): where
-    the GPU counts differ, so do days and GPU-hours. ``strict_memory``: each count's search drops tight layouts too
-    (as ``search``)."""
-    values = dict(locals())
-    check_counts(values)
-    run = run_options(
-        tokens,
-        gpu_hour_price,
-        power_overhead,
-        node_mtbf_hours=node_mtbf_hours,
-        checkpoint_bandwidth=checkpoint_bandwidth,
-        restart_minutes=restart_minutes,
-    )
-    if runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
-        check_runtime(runtime, overlap)
-    if global_batch is None:
+    """Predicted weak (global batch grows with the GPU count) or strong (fixed global batch) scaling over
+    ``cluster.gpus`` (increasing counts) as ``engine.runtime`` runs it: the best layout at each count (or the
+    pinned one), its throughput and efficiency, and what a published study measured for this model and cluster (a
+    ScalingResult). ``engine.runtime`` None: as for ``estimate`` (the title names it). ``options.mode``: weak or
+    strong; ``options.strict_memory``: each count's search drops tight layouts too (as ``search``). ``budget``:
+    each point's plan carries ``time_to_train`` (as for ``estimate``): where the GPU counts differ, so do days and
+    GPU-hours. Every field may be given flat, as for ``estimate``."""
+    given = dict(model=model, cluster=cluster, layout=layout, settings=settings, engine=engine, budget=budget)
+    return scaling_request(plan_request("scaling", SCALING_OPTIONS, pins, **given, options=options))
+
+
+def scaling_request(r: PlanRequest):
+    """``scaling`` of a whole request."""
+    lay, eng = r.layout, r.engine
+    run = _budget(r.budget)
+    if eng.runtime is not None:  # fail before resolving anything (_runtime_for checks it all again for the model)
+        check_runtime(eng.runtime, eng.overlap)
+    if lay.global_batch is None:
         raise UserError("scaling needs --global-batch (the batch at the first GPU count)")
-    options = space_options(**layout_values(values))
-    c = resolve_cluster(cluster, cluster_file, default=DEFAULT_CLUSTER)
-    m = resolve_model(model, model_file, **shape_of(values))
-    runtime, _ = _runtime_for(runtime, m, overlap, settings, dtype)
-    c, params = calibrated(c, calibration, runtime)
+    options = space_options(**layout_values({**lay.values(), "settings": r.settings}))
+    c = resolve_cluster(r.cluster.cluster, r.cluster.cluster_file, default=DEFAULT_CLUSTER)
+    m = resolve_model(r.model.model, r.model.model_file, **r.model.shape())
+    runtime, _ = _runtime_for(eng.runtime, m, eng.overlap, r.settings, lay.dtype)
+    c, params = calibrated(c, eng.calibration, runtime)
     from exatrain.planner.scaling import scaling as run_scaling
 
     result = run_scaling(
         m,
         c,
-        list(gpus),
-        global_batch,
-        mode=mode,
+        list(r.cluster.gpus or ()),
+        lay.global_batch,
+        mode=r.options.mode,
         options=options,
         params=params,
-        dtype=dtype or "bfloat16",
-        flash=True if flash_attention is None else flash_attention,
+        dtype=lay.dtype or "bfloat16",
+        flash=True if lay.flash_attention is None else lay.flash_attention,
         runtime=runtime,
-        overlap=overlap,
-        strict_memory=bool(strict_memory),
+        overlap=eng.overlap,
+        strict_memory=bool(r.options.strict_memory),
     )
     points = tuple(dataclasses.replace(pt, plan=with_time_to_train(pt.plan, c, run)) for pt in result.points)
     return dataclasses.replace(result, points=points)
@@ -396,6 +315,9 @@ __all__ = [
     "check_cp_comm",
     "check_runtime",
     "estimate",
+    "estimate_request",
     "scaling",
+    "scaling_request",
     "search",
+    "search_request",
 ]

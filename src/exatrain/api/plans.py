@@ -8,6 +8,7 @@ recomputation, 1F1B (interleaved/zero-bubble: 2 virtual stages per rank), flash 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -18,7 +19,17 @@ from exatrain.limits import check_counts
 from exatrain.paths import check_input_file
 from exatrain.plan import ParallelDims, Plan, TrainShape
 from exatrain.jsonio import read_json
-from exatrain.settings import NAMES, RunSettings, check_settings, recompute_modules_of, takes_settings
+from exatrain.api.requests import (
+    ClusterQuery,
+    Engine,
+    Layout,
+    ModelQuery,
+    PlanRequest,
+    SettingsArg,
+    coerce,
+    routed,
+)
+from exatrain.settings import NAMES, RunSettings, check_settings, recompute_modules_of
 
 Warn = Callable[[str], None]
 
@@ -128,6 +139,22 @@ def resolve_cluster(
     return get_cluster(cluster or default)  # type: ignore[arg-type]
 
 
+def _dp(gpus: int | None, dp: int | None, tp: int, pp: int, cp: int, base: Plan | None) -> int:
+    """dp as given (checked against ``gpus``), else gpus / (tp*cp*pp), else the base plan's, else 1."""
+    ranks = tp * pp * cp
+    what = "tp*pp" if cp == 1 else "tp*cp*pp"
+    sizes = f"{tp}*{pp}" if cp == 1 else f"{tp}*{cp}*{pp}"
+    if dp is not None:
+        if gpus is not None and gpus != ranks * dp:
+            raise PlanError(f"--gpus {gpus} != {what}*dp = {sizes}*{dp} = {ranks * dp}; drop --dp to derive it")
+        return dp
+    if gpus is not None:
+        if gpus % ranks:
+            raise PlanError(f"--gpus {gpus} is not divisible by {what} = {sizes} = {ranks}")
+        return gpus // ranks
+    return base.dp if base else 1
+
+
 def _pick(given: Any, from_base: Any, default: Any) -> Any:
     """A value given wins, then the base plan's, then the default."""
     if given is not None:
@@ -135,74 +162,54 @@ def _pick(given: Any, from_base: Any, default: Any) -> Any:
     return default if from_base is None else from_base
 
 
-@takes_settings
 def make_plan(
     model: str | ModelSpec,
     cluster: str | ClusterSpec | None = None,
     *,
+    layout: Layout | None = None,
+    settings: SettingsArg = None,
     gpus: int | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
-    dp: int | None = None,
-    micro_batch: int | None = None,
-    global_batch: int | None = None,
-    zero: int | None = None,
-    recompute: str | None = None,
-    sequence_parallel: bool | None = None,
-    schedule: str | None = None,
-    interleave: int | None = None,
-    stage_layers: tuple[int, ...] | None = None,
-    dtype: str | None = None,
-    flash_attention: bool | None = None,
     base: Plan | None = None,
     default_dtype: str = "bfloat16",
-    ep: int | None = None,
-    cp: int | None = None,
-    runtime: str | None = None,
-    **settings: Any,
+    **pins: Any,
 ) -> Plan:
     """Layout values (None: the base plan's, else the module doc's default) -> a validated Plan.
     dp is derived from ``gpus`` when not given (gpus / (tp*cp*pp)); given both, they must agree.
-    ``ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``cp`` (default 1) the sequence over cp
-    ranks; ``settings``: the run settings by name (``settings.SETTINGS``; None: the base plan's, else the default:
-    "the runtime's own" for most; ``recompute_modules`` may be "layernorm,moe_act" or a list);
-    ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
-    (``rules.ep_fits``)."""
-    check_counts(locals())
-    if settings.get("recompute_layers") == "auto":
+    ``layout.ep`` (default 1) splits the experts over ep ranks (``plan.ParallelDims``), ``layout.cp`` (default 1)
+    the sequence over cp ranks; ``settings``: the run settings (a RunSettings or a mapping by name; None: the base
+    plan's, else the default: "the runtime's own" for most; ``recompute_modules`` may be "layernorm,moe_act" or a
+    list); its ``runtime``: the engine that runs it (default exatrain), which decides where ep may reach
+    (``rules.ep_fits``). Layout fields and settings may also be given flat by name (``make_plan(m, c, gpus=8,
+    tp=2, fp8="current")``)."""
+    check_counts({"gpus": gpus})
+    r = routed("make_plan", pins, {"layout": coerce(Layout, layout, "")}, settings)
+    given = dict(r["settings"])
+    runtime = given.pop("runtime", None)
+    if given.get("recompute_layers") == "auto":
         raise UserError(
             "--recompute-layers auto lets a search fit each layout's own; one plan takes a number "
             "(search or scaling with auto, then its plan)"
         )
     m = get_model(model) if isinstance(model, str) else model
     c = get_cluster(cluster) if isinstance(cluster, str) else cluster
-    b = base
-    tp = _pick(tp, b and b.tp, 1)
-    pp = _pick(pp, b and b.pp, 1)
-    cp = _pick(cp, b and b.cp, 1)
-    ep = _pick(ep, b.ep if b is not None and b.model == m else None, 1)  # experts belong to the base's model
-    ranks = tp * pp * cp
-    what = "tp*pp" if cp == 1 else "tp*cp*pp"
-    sizes = f"{tp}*{pp}" if cp == 1 else f"{tp}*{cp}*{pp}"
-    if dp is not None:
-        if gpus is not None and gpus != ranks * dp:
-            raise PlanError(f"--gpus {gpus} != {what}*dp = {sizes}*{dp} = {ranks * dp}; drop --dp to derive it")
-    elif gpus is not None:
-        if gpus % ranks:
-            raise PlanError(f"--gpus {gpus} is not divisible by {what} = {sizes} = {ranks}")
-        dp = gpus // ranks
-    else:
-        dp = b.dp if b else 1
-    micro = _pick(micro_batch, b and b.micro_batch, 1)
+    b, lay = base, r["layout"]
+    tp = _pick(lay.tp, b and b.tp, 1)
+    pp = _pick(lay.pp, b and b.pp, 1)
+    cp = _pick(lay.cp, b and b.cp, 1)
+    ep = _pick(lay.ep, b.ep if b is not None and b.model == m else None, 1)  # experts belong to the base's model
+    dp = _dp(gpus, lay.dp, tp, pp, cp, b)
+    micro = _pick(lay.micro_batch, b and b.micro_batch, 1)
+    global_batch = lay.global_batch
     if global_batch is None:
         same = b is not None and b.dp == dp and b.micro_batch == micro
         global_batch = b.global_batch if same else micro * dp * (4 * pp if pp > 1 else 1)  # type: ignore[union-attr]
-    schedule = _pick(schedule, b and b.schedule, "1f1b")
+    schedule = _pick(lay.schedule, b and b.schedule, "1f1b")
     interleave = _pick(
-        interleave,
+        lay.interleave,
         b and b.interleave,
         2 if schedule in ("interleaved", "zero_bubble", "zbv", "dualpipev") and pp > 1 else 1,
     )
+    stage_layers = lay.stage_layers
     if stage_layers is None:
         keep = b is not None and b.pp == pp and b.interleave == interleave and b.model == m
         stage_layers = b.stage_layers if keep else ()  # type: ignore[union-attr]
@@ -210,16 +217,16 @@ def make_plan(
         model=m,
         dims=ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp),
         shape=TrainShape(micro_batch=micro, global_batch=global_batch),
-        zero_stage=_pick(zero, b and b.zero_stage, 0),
-        recompute=_pick(recompute, b and b.recompute, "none"),
-        sequence_parallel=bool(_pick(sequence_parallel, b and b.sequence_parallel, False)),
+        zero_stage=_pick(lay.zero, b and b.zero_stage, 0),
+        recompute=_pick(lay.recompute, b and b.recompute, "none"),
+        sequence_parallel=bool(_pick(lay.sequence_parallel, b and b.sequence_parallel, False)),
         schedule=schedule,
         interleave=interleave,
         stage_layers=tuple(stage_layers),
-        dtype=_pick(dtype, b and b.dtype, default_dtype),
-        flash_attention=bool(_pick(flash_attention, b and b.flash_attention, True)),
+        dtype=_pick(lay.dtype, b and b.dtype, default_dtype),
+        flash_attention=bool(_pick(lay.flash_attention, b and b.flash_attention, True)),
         cluster=c.name if c is not None else (b.cluster if b else ""),
-        settings=RunSettings.of(settings, base=b and b.settings).replace(runtime=runtime or "exatrain"),
+        settings=RunSettings.of(given, base=b and b.settings).replace(runtime=runtime or "exatrain"),
     )
     return plan.validate(c)
 
@@ -307,27 +314,51 @@ def from_launch(
     return values
 
 
-def with_launch(given: Mapping[str, Any], fn: Callable[..., Any]) -> dict[str, Any]:
-    """``fn``'s keyword arguments ``given`` (estimate's or search's, with ``from_file``) with what the launch file
-    states (``from_launch``) in place of every argument left at its default: arguments given win (``overlap``: any
-    given; its default, None, is not stated). Search takes no stage split from it (it chooses one; a warning says
-    so)."""
-    import inspect
+def launch_request(
+    path: str | Path, *, gpus: int | None = None, shape: Mapping[str, Any] | None = None, warn: Warn | None = None
+) -> PlanRequest:
+    """What a launch states (``from_launch``) as the requests a planner call takes: its model (ModelQuery), world
+    size (ClusterQuery.gpus; ``gpus`` wins), Layout, Engine (runtime, overlap) and run settings. Use:
+    ``r = launch_request("pretrain.sh"); estimate(r.model, "dgx-h100", layout=r.layout, engine=r.engine,
+    settings=r.settings, gpus=r.cluster.gpus)``."""
+    values = from_launch(path, gpus=gpus, shape=shape, warn=warn)
+    return PlanRequest(
+        model=ModelQuery(model=values["model"]),
+        cluster=ClusterQuery(gpus=values["gpus"]),
+        layout=_fill(Layout(), values),
+        engine=_fill(Engine(), values),
+        settings={k: v for k, v in values.items() if k in NAMES and k != "runtime" and v is not None},
+    )
 
-    defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}
-    given = {**given, **(given.get("settings") or {})}  # the run settings fn takes as **settings
-    args = {k: v for k, v in given.items() if k in defaults}
-    path = args.pop("from_file")
-    own_model = args.get("model") is not None or args.get("model_file") is not None
-    shape = {} if own_model else {k: args[k] for k in MODEL_FIELDS if args.get(k) is not None}
-    values = from_launch(path, gpus=args.get("gpus"), model=not own_model, shape=shape)
-    args.update({k: None for k in shape})  # in the model now
-    if fn.__name__ == "search" and values.pop("stage_layers", None):
+
+def with_launch(r: PlanRequest, call: str) -> PlanRequest:
+    """The request ``r`` (estimate's or search's, with ``options.from_file``) with what the launch file states
+    (``from_launch``) in place of every value left at its default: values given win (``engine.overlap``: any given;
+    its default, None, is not stated). Search takes no stage split from it (it chooses one; a warning says so)."""
+    path = r.options.from_file
+    own_model = r.model.model is not None or r.model.model_file is not None
+    shape = {} if own_model else {k: v for k, v in r.model.shape().items() if v is not None}
+    gpus = r.cluster.gpus
+    values = from_launch(path, gpus=gpus if isinstance(gpus, int) else None, model=not own_model, shape=shape)
+    check_counts(values)
+    model = r.model if own_model else ModelQuery()  # the shape values are in the file's model now
+    if call == "search" and values.pop("stage_layers", None):
         warner(None)(f"{Path(path).name}: its stage split is not pinned (search chooses the split)")
-    for k, v in values.items():
-        if k in defaults and args.get(k) == defaults[k]:
-            args[k] = v
-    return args
+    parts = {k: _fill(getattr(r, k), values) for k in ("cluster", "layout", "engine")}
+    settings = {**{k: v for k, v in values.items() if k in NAMES and k != "runtime"}, **r.settings}
+    return r.replace(
+        model=_fill(model, values), **parts, settings=settings, options=dataclasses.replace(r.options, from_file=None)
+    )
+
+
+def _fill(part: Any, values: Mapping[str, Any]) -> Any:
+    """``part`` (a request) with ``values`` in place of each of its fields left at its default."""
+    left = {f.name: values[f.name] for f in dataclasses.fields(part) if f.name in values}
+    return dataclasses.replace(part, **{k: v for k, v in left.items() if getattr(part, k) == _default(part, k)})
+
+
+def _default(part: Any, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(part) if f.name == name)
 
 
 def calibrated(cluster: ClusterSpec, calibration: str | Path | None, runtime: str = "") -> tuple[ClusterSpec, Any]:
@@ -427,6 +458,7 @@ __all__ = [
     "MODEL_FIELDS",
     "calibrated",
     "from_launch",
+    "launch_request",
     "layout_values",
     "load_plan",
     "make_plan",

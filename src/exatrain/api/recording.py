@@ -9,18 +9,20 @@ overlaps it was priced with, which ``calibrate`` prices it with again.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exatrain.api.requests import ClusterQuery, Engine, RecordedRun, coerce, routed
 from exatrain.catalog import ClusterSpec
 from exatrain.errors import UserError
 from exatrain.paths import check_input_file, check_output_file
 from exatrain.plan import Measured, Plan, RunRecord
 
 GIB = 2.0**30
-WARMUP = 2  # logged steps up to this number are warm-up, beside the first logged line (read_logs.steady_values)
+WARMUP = (
+    RecordedRun.warmup
+)  # logged steps up to this number are warm-up, beside the first logged line (read_logs.steady_values)
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,7 @@ class RecordResult:
 
 def _estimate_default_overlap() -> str | None:
     """What ``estimate`` prices when --overlap is not given (None: each engine's own defaults)."""
-    from exatrain.api.planning import estimate
-
-    return inspect.signature(estimate).parameters["overlap"].default
+    return Engine().overlap
 
 
 def _measured(plan: Plan, step_s: float, peak_bytes: float | None, steps: int, peak: float | None) -> Measured:
@@ -140,27 +140,31 @@ def _from_launch(
 
 
 def record(
-    *,
     out: str | Path,
     plan: str | Path | None = None,
-    step_time: float | None = None,
-    peak_memory_gib: float | None = None,
-    from_file: str | Path | None = None,
-    log: str | Path | None = None,
-    cluster: str | ClusterSpec | None = None,
-    cluster_file: str | Path | None = None,
-    gpus: int | None = None,
-    vocab: int | None = None,
-    warmup: int = WARMUP,
-    overlap: str | None = None,
+    cluster: ClusterQuery | str | ClusterSpec | None = None,
+    *,
+    run: RecordedRun | None = None,
+    **pins: Any,
 ) -> RecordResult:
     """Append a RunRecord for a run measured anywhere to the runs file ``out`` (created if needed): ``plan`` and
-    ``step_time`` (seconds; ``peak_memory_gib`` if known), or the launch ``from_file`` (as ``estimate --from``
-    reads it) and the engine's ``log``. ``cluster`` / ``cluster_file``: where it ran (a plan's own cluster
-    otherwise; a launch needs one). ``gpus``, ``vocab``: a launch's world size or vocabulary where it leaves them to
-    its launcher or tokenizer.
-    ``warmup``: logged steps up to this number are warm-up (the first logged line is, always). ``overlap``: the
-    overlaps the run had on, as ``estimate --overlap`` names them (default: the launch's, else estimate's)."""
+    ``run.step_time`` (seconds; ``run.peak_memory_gib`` if known), or the launch ``run.from_file`` (as ``estimate
+    --from`` reads it) and the engine's ``run.log``. ``cluster``: where it ran (a plan's own cluster otherwise; a
+    launch needs one; its ``gpus``, and ``run.vocab``: a launch's world size or vocabulary where it leaves them to
+    its launcher or tokenizer). ``run.warmup``: logged steps up to this number are warm-up (the first logged line
+    is, always). ``run.overlap``: the overlaps the run had on, as ``estimate --overlap`` names them (default: the
+    launch's, else estimate's). Every field may be given flat by name (``record("runs.jsonl", "plan.json",
+    step_time=1.9)``)."""
+    parts = {"cluster": coerce(ClusterQuery, cluster, "cluster"), "run": coerce(RecordedRun, run, "")}
+    r = routed("record", pins, parts)
+    if r["settings"]:
+        raise TypeError(f"record() got an unexpected keyword argument {next(iter(r['settings']))!r}")
+    return _record(out, plan, r["cluster"], r["run"])
+
+
+def _record(out: str | Path, plan: str | Path | None, cq: ClusterQuery, run: RecordedRun) -> RecordResult:
+    step_time, peak_memory_gib, from_file, log = run.step_time, run.peak_memory_gib, run.from_file, run.log
+    gpus, vocab, warmup, overlap = cq.gpus, run.vocab, run.warmup, run.overlap
     from exatrain.api.plans import resolve_cluster
     from exatrain.records import append_run_record
 
@@ -184,7 +188,7 @@ def record(
         from exatrain.records import read_run_records
 
         read_run_records(out_path)  # appended to only when it is a runs file (a malformed line is the one line)
-    c = None if cluster is None and cluster_file is None else resolve_cluster(cluster, cluster_file)
+    c = None if cq.cluster is None and cq.cluster_file is None else resolve_cluster(cq.cluster, cq.cluster_file)
     if by_plan:
         p, c, overlap, m, how = _from_plan(plan, float(step_time), peak_memory_gib, c, overlap)
     else:

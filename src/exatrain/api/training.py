@@ -15,7 +15,7 @@ import platform
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from exatrain.api.plans import (
     Warn,
@@ -25,12 +25,11 @@ from exatrain.api.plans import (
     make_plan,
     resolve_cluster,
     resolve_model,
-    shape_of,
     warner,
 )
+from exatrain.api.requests import ClusterQuery, Layout, ModelQuery, SettingsArg, TrainRun, TrainStore, coerce, routed
 from exatrain.catalog import ClusterSpec, ModelSpec, cluster_catalog, get_cluster, match_device
 from exatrain.errors import OutOfMemoryPredicted, PlanError, UserError
-from exatrain.limits import check_counts
 from exatrain.paths import check_input_dir, check_output_dir, check_output_file
 from exatrain.plan import ParallelDims, Plan, RunRecord, TrainShape
 
@@ -52,12 +51,10 @@ def embedded_default(model: ModelSpec) -> Plan:
 
 def describe_default() -> str:
     """What ``train`` runs with no plan and no layout values, in words (for --help)."""
-    import inspect
-
     from exatrain.catalog import get_model
 
     p = embedded_default(get_model(DEFAULT_MODEL))
-    steps = inspect.signature(train).parameters["steps"].default
+    steps = TrainRun().steps
     return (
         f"{DEFAULT_MODEL} over the built-in corpus (bytes), tp{p.tp} x pp{p.pp} x dp{p.dp} on "
         f"{p.gpus} CPU ranks: {p.schedule} over {p.num_microbatches} micro-batches of {p.micro_batch}, "
@@ -267,138 +264,128 @@ def _plan_keeping_batch(
         ) from None
 
 
+TRAIN_SETTINGS = ("fp8",)  # the run settings the trainer takes as flags (trainer/fp8.py runs "current")
+
+
 def train(
-    *,
     plan: str | Path | Plan | None = None,
-    model: str | ModelSpec | None = None,
-    model_file: str | Path | None = None,
-    arch: str | None = None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    seq_len: int | None = None,
-    vocab: int | None = None,
-    cluster: str | ClusterSpec | None = None,
-    cluster_file: str | Path | None = None,
-    gpus: int | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
-    dp: int | None = None,
-    micro_batch: int | None = None,
-    global_batch: int | None = None,
-    zero: int | None = None,
-    recompute: str | None = None,
-    sequence_parallel: bool | None = None,
-    schedule: str | None = None,
-    interleave: int | None = None,
-    stage_layers: Sequence[int] | None = None,
-    dtype: str | None = None,
-    flash_attention: bool | None = None,
-    cp: int | None = None,
-    ep: int | None = None,
-    fp8: str | None = None,
-    steps: int = 100,
-    seed: int = 0,
-    lr: float = 1e-3,
-    warmup: int = 10,
-    min_lr_ratio: float = 0.1,
-    weight_decay: float = 0.1,
-    grad_clip: float = 1.0,
-    device: str | None = None,
-    metrics_file: str | Path | None = None,
-    quiet: bool = False,
-    nan_policy: str = "stop",
-    tensorboard: str | Path | None = None,
-    calibration: str | Path | None = None,
-    compile: bool = False,
-    record_samples: bool = False,
-    data: str | Path | None = None,
-    checkpoint_dir: str | Path | None = None,
-    save_every: int = 0,
-    keep_last: int = 0,
-    async_save: bool = False,
-    resume: str | Path | None = None,
-    watchdog: float = 0.0,
-    warn: Warn | None = None,
-    progress: Callable[[str], None] | None = None,
+    model: ModelQuery | str | ModelSpec | None = None,
+    cluster: ClusterQuery | str | ClusterSpec | None = None,
+    *,
+    layout: Layout | None = None,
+    settings: SettingsArg = None,
+    run: TrainRun | None = None,
+    store: TrainStore | None = None,
+    **pins: Any,
 ) -> TrainResult:
     """Train ``plan`` (a Plan, or a file holding one: a plan, `estimate --json`, or `search --json`,
     whose first ranked plan is taken), with layout and model values overriding it (its global batch stays the
-    run's unless ``global_batch`` is given: a layout that cannot split it is refused); with neither a
+    run's unless ``layout.global_batch`` is given: a layout that cannot split it is refused); with neither a
     plan nor any of tp/pp/dp/gpus, the embedded default (``embedded_default``: gpt-small, tp2 pp2
     dp2 on 8 CPU ranks, float32). The device is cuda for a plan made for a GPU cluster, else cpu.
-    ``resume``: 'auto' (the newest complete checkpoint in ``checkpoint_dir``) or a checkpoint path.
-    ``cp`` (context parallel) and ``ep`` (expert parallel) degrees: None keeps the plan's (else 1); cp
-    adds ranks (gpus = tp*cp*pp*dp), ep splits dp. ``fp8``: the FP8 GEMM recipe (trainer/fp8.py runs
-    "current"); None keeps the plan's; given, the dtype is bfloat16 unless ``dtype`` says otherwise.
-    ``watchdog``: seconds a rank's phase may last before it counts as hung (TrainConfig.watchdog_s; 0: the
-    default, max(300 s, 20 x the median step)). ``warn`` hears warnings, ``progress`` what happens before the
-    ranks start."""
-    values = dict(locals())
-    check_counts(values)
-    if fp8 and dtype is None:  # FP8 GEMMs run inside bfloat16 training (exatrain.rules): the one dtype that fits
-        values["dtype"] = "bfloat16"
-    warn = warner(warn)
-    say = progress or (lambda message: None)
-    if metrics_file is not None:
-        check_output_file(metrics_file, "--metrics-file")
-    if tensorboard is not None:
-        check_output_dir(tensorboard, "--tensorboard")
-    if checkpoint_dir is not None:
-        check_output_dir(checkpoint_dir, "--checkpoint-dir")
-    if data is not None and Path(data).exists():  # a missing one: the dataset reader names it (below)
-        check_input_dir(data, "--data")
-    if resume is not None and str(resume) != "auto":
-        check_input_dir(resume, "--resume")
+    ``layout.cp`` (context parallel) and ``layout.ep`` (expert parallel) degrees: None keeps the plan's (else 1); cp
+    adds ranks (gpus = tp*cp*pp*dp), ep splits dp. ``settings``: ``fp8``, the FP8 GEMM recipe (trainer/fp8.py runs
+    "current"); None keeps the plan's; given, the dtype is bfloat16 unless ``layout.dtype`` says otherwise.
+    ``run``: how it runs (``TrainRun``), ``store``: its data and checkpoints (``TrainStore``; ``resume``: 'auto',
+    the newest complete checkpoint in ``checkpoint_dir``, or a checkpoint path). Every field may be given flat by
+    name (``train(model="gpt-tiny", tp=2, steps=20)``)."""
+    parts = {
+        "model": coerce(ModelQuery, model, "model"),
+        "cluster": coerce(ClusterQuery, cluster, "cluster"),
+        **{k: coerce(c, v, "") for k, c, v in (("layout", Layout, layout), ("run", TrainRun, run))},
+        "store": coerce(TrainStore, store, ""),
+    }
+    r = routed("train", pins, parts, settings)
+    wrong = [k for k in r["settings"] if k not in TRAIN_SETTINGS]
+    if wrong:
+        raise TypeError(f"train() got an unexpected keyword argument {wrong[0]!r}")
+    lay = r["layout"]
+    if r["settings"].get("fp8") and lay.dtype is None:  # FP8 GEMMs run inside bfloat16 training (exatrain.rules)
+        lay = dataclasses.replace(lay, dtype="bfloat16")
+    p, device, warn = _train_plan(plan, r["model"], r["cluster"], lay, r["settings"], r["run"], r["store"])
+    return _run(p, device, r["run"], r["store"], warn)
+
+
+def _check_paths(run: TrainRun, store: TrainStore) -> None:
+    """Every path named, before anything is read: outputs writable, inputs present."""
+    if run.metrics_file is not None:
+        check_output_file(run.metrics_file, "--metrics-file")
+    if run.tensorboard is not None:
+        check_output_dir(run.tensorboard, "--tensorboard")
+    if store.checkpoint_dir is not None:
+        check_output_dir(store.checkpoint_dir, "--checkpoint-dir")
+    if store.data is not None and Path(store.data).exists():  # a missing one: the dataset reader names it (below)
+        check_input_dir(store.data, "--data")
+    if store.resume is not None and str(store.resume) != "auto":
+        check_input_dir(store.resume, "--resume")
+
+
+def _train_plan(plan: Any, mq: ModelQuery, cq: ClusterQuery, lay: Layout, settings: dict, run: TrainRun, store):
+    """(the plan to train, with its prediction; the device; the warning hook): ``train``'s plan from the base plan,
+    the model, cluster and layout values."""
+    warn = warner(run.warn)
+    _check_paths(run, store)
     base = load_plan(plan, warn=warn) if plan is not None else None
-    m = resolve_model(model, model_file, base=base.model if base else None, default=DEFAULT_MODEL, **shape_of(values))
+    m = resolve_model(mq.model, mq.model_file, base=base.model if base else None, default=DEFAULT_MODEL, **mq.shape())
     from exatrain.trainer.config import check_model_built
 
     check_model_built(m)
-    if base is None and all(v is None for v in (tp, pp, dp, gpus, cp, ep)):
+    gpus = cq.gpus
+    if base is None and all(v is None for v in (lay.tp, lay.pp, lay.dp, gpus, lay.cp, lay.ep)):
         base = embedded_default(m)
-    device = _pick_device(device, base)
-    c = _pick_cluster(cluster, cluster_file, base, device)
-    stage_layers = tuple(stage_layers) if stage_layers is not None else None
-    layout = {**layout_values(values), "stage_layers": stage_layers}  # cp and ep too (dp = gpus / tp*cp*pp)
+    device = _pick_device(run.device, base)
+    c = _pick_cluster(cq.cluster, cq.cluster_file, base, device)
+    stage_layers = tuple(lay.stage_layers) if lay.stage_layers is not None else None
+    layout = {**layout_values({**lay.values(), "settings": settings}), "stage_layers": stage_layers}
     p = _plan_keeping_batch(
         m,
         c,
-        gpus,
+        gpus,  # type: ignore[arg-type]
         base,
-        plan is not None and global_batch is None,
+        plan is not None and lay.global_batch is None,
         layout,
         default_dtype="float32" if device == "cpu" else "bfloat16",
     )
-    p = _attach_estimate(p, base, c, calibration, warn)
-    if checkpoint_dir is not None:
-        check_output_dir(checkpoint_dir, "--checkpoint-dir", need_bytes=int(checkpoint_bytes(p)))
-    from exatrain.trainer import spawn as launcher
+    p = _attach_estimate(p, base, c, run.calibration, warn)
+    if store.checkpoint_dir is not None:
+        check_output_dir(store.checkpoint_dir, "--checkpoint-dir", need_bytes=int(checkpoint_bytes(p)))
+    return p, device, warn
+
+
+def _config(p: Plan, device: str, run: TrainRun, store: TrainStore):
+    """The trainer's TrainConfig of the plan and the run, checked."""
     from exatrain.trainer.config import TrainConfig
 
-    config = TrainConfig(
+    return TrainConfig(
         plan=p,
-        steps=steps,
-        seed=seed,
-        lr=lr,
-        warmup_steps=warmup,
-        min_lr_ratio=min_lr_ratio,
-        weight_decay=weight_decay,
-        grad_clip=grad_clip,
+        steps=run.steps,
+        seed=run.seed,
+        lr=run.lr,
+        warmup_steps=run.warmup,
+        min_lr_ratio=run.min_lr_ratio,
+        weight_decay=run.weight_decay,
+        grad_clip=run.grad_clip,
         device=device,
-        quiet=quiet,
-        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
-        save_every=save_every,
-        keep_last=keep_last,
-        async_save=async_save,
-        nan_policy=nan_policy,
-        tensorboard_dir=None if tensorboard is None else str(tensorboard),
-        record_samples=record_samples,
-        compile=compile,
-        watchdog_s=watchdog,
+        quiet=run.quiet,
+        checkpoint_dir=None if store.checkpoint_dir is None else str(store.checkpoint_dir),
+        save_every=store.save_every,
+        keep_last=store.keep_last,
+        async_save=store.async_save,
+        nan_policy=run.nan_policy,
+        tensorboard_dir=None if run.tensorboard is None else str(run.tensorboard),
+        record_samples=run.record_samples,
+        compile=run.compile,
+        watchdog_s=run.watchdog,
     ).check()
+
+
+def _run(p: Plan, device: str, run: TrainRun, store: TrainStore, warn: Warn) -> TrainResult:
+    """Check the launcher, the device, this machine's memory, the data and the checkpoint to resume; then start the
+    ranks (torchrun/srun's, or spawned here) and read back the RunRecord."""
+    from exatrain.trainer import spawn as launcher
+
+    say = run.progress or (lambda message: None)
+    config = _config(p, device, run, store)
     env = launcher.dist_env()
     if env is not None and env.world_size != p.gpus:
         raise PlanError(
@@ -408,7 +395,7 @@ def train(
     _check_device(device, env.local_world_size if env else p.gpus)
     if device == "cpu":
         check_cpu_memory(p, env.local_world_size if env else p.gpus)
-    data_dir, manifest = _check_data_and_resume(data, resume, checkpoint_dir, p, quiet, warn)
+    data_dir, manifest = _check_data_and_resume(store.data, store.resume, store.checkpoint_dir, p, run.quiet, warn)
     from exatrain.planner.compare import calibrated_on
 
     here = calibrated_on(p.estimate, platform.node())
@@ -418,6 +405,7 @@ def train(
     if manifest is not None:
         say(f"resuming from {manifest.path} (step {manifest.step})")
     # Without a metrics file a local run writes one in a scratch folder, for the end-of-run comparison.
+    metrics_file = run.metrics_file
     scratch = tempfile.TemporaryDirectory(prefix="exatrain-train-") if metrics_file is None and env is None else None
     metrics = (
         str(metrics_file)
@@ -436,7 +424,7 @@ def train(
         with LoadWatch() as watch:  # the machine's load while the ranks ran, against the calibration's bench
             launcher.launch_local([config])
         return TrainResult(
-            plan=p, config=config, record=_record_load(metrics, watch.load, calibration), calibrated=here
+            plan=p, config=config, record=_record_load(metrics, watch.load, run.calibration), calibrated=here
         )
     finally:
         if scratch is not None:

@@ -13,12 +13,12 @@ import dataclasses
 import re
 import signal
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any
 
-from exatrain.api.plans import calibrated, layout_values, resolve_cluster, resolve_model, shape_of, space_options
+from exatrain.api.plans import calibrated, layout_values, resolve_cluster, resolve_model, space_options
+from exatrain.api.requests import ClusterQuery, Engine, Layout, ModelQuery, TuneOptions, coerce, routed
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.errors import UserError
-from exatrain.limits import check_counts
 from exatrain.paths import check_output_dir, check_output_file
 
 DEFAULT_STUDY = "sqlite:///tune.db"
@@ -59,129 +59,104 @@ def _interrupt(signum, frame) -> None:
 
 
 def tune(
+    model: ModelQuery | str | ModelSpec | None = None,
+    cluster: ClusterQuery | str | ClusterSpec | None = None,
     *,
-    model: str | ModelSpec | None = None,
-    model_file: str | Path | None = None,
-    arch: str | None = None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    seq_len: int | None = None,
-    vocab: int | None = None,
-    cluster: str | ClusterSpec | None = None,
-    cluster_file: str | Path | None = None,
-    gpus: int | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
-    dp: int | None = None,
-    micro_batch: int | None = None,
-    global_batch: int | None = None,
-    zero: int | None = None,
-    recompute: str | None = None,
-    sequence_parallel: bool | None = None,
-    schedule: str | None = None,
-    interleave: int | None = None,
-    stage_layers: Sequence[int] | None = None,
-    dtype: str | None = None,
-    flash_attention: bool | None = None,
-    trials: int = 20,
-    time_budget: str | float | None = None,
-    study: str = DEFAULT_STUDY,
-    study_name: str | None = None,
-    device: str | None = None,
-    steps: int = 8,
-    seed: int = 0,
-    trial_timeout: str | float = "15m",
-    launcher: str | None = None,
-    candidates: int = 256,
-    seed_trials: int = 2,
-    prune_ratio: float = 0.5,
-    runtime: str = "exatrain",
-    calibration: str | Path | None = None,
-    out: str | Path | None = None,
-    runs_file: str | Path | None = None,
-    progress: Callable[[str], None] | None = None,
+    layout: Layout | None = None,
+    engine: Engine | None = None,
+    options: TuneOptions | None = None,
+    **pins: Any,
 ):
-    """Tune the layout of ``model`` on ``gpus`` ranks at ``global_batch`` by real runs of ``steps``
-    steps (cluster default local-cpu). ``trials`` is the study's total of finished runs, so a rerun
-    with more adds runs; ``time_budget`` (e.g. '2h') stops starting trials; ``launcher`` is a command
-    template with {cmd} (e.g. 'srun -N4 --ntasks-per-node 8 {cmd}'). Writes the best plan to ``out``
-    (default beside the study, e.g. tune.best.json) and a RunRecord per finished run to
-    ``runs_file`` (default tune.runs.jsonl). Returns a TuneResult (every trial, ranked; the best).
-    ``progress`` hears one line per finished trial. ``runtime``: the trials run exatrain's own
-    trainer, so its candidates are ranked as that runtime runs them; no other is accepted."""
-    values = dict(locals())
-    check_counts(values)
+    """Tune the layout of the model on ``cluster.gpus`` ranks at ``layout.global_batch`` by real runs of
+    ``options.steps`` steps (cluster default local-cpu). ``options.trials`` is the study's total of finished runs,
+    so a rerun with more adds runs; ``time_budget`` (e.g. '2h') stops starting trials; ``launcher`` is a command
+    template with {cmd} (e.g. 'srun -N4 --ntasks-per-node 8 {cmd}'). Writes the best plan to ``out`` (default
+    beside the study, e.g. tune.best.json) and a RunRecord per finished run to ``runs_file`` (default
+    tune.runs.jsonl). Returns a TuneResult (every trial, ranked; the best). ``progress`` hears one line per finished
+    trial. ``engine.runtime``: the trials run exatrain's own trainer, so its candidates are ranked as that runtime
+    runs them; no other is accepted (None: exatrain); ``engine.calibration``: predict with it. Every field may be
+    given flat by name (``tune(model="gpt-tiny", gpus=4, global_batch=8, trials=4)``)."""
+    parts = {"model": coerce(ModelQuery, model, "model"), "cluster": coerce(ClusterQuery, cluster, "cluster")}
+    parts.update(layout=coerce(Layout, layout, ""), engine=coerce(Engine, engine, ""))
+    r = routed("tune", pins, {**parts, "options": coerce(TuneOptions, options, "")})
+    if r["settings"] or r["engine"].overlap is not None:
+        raise TypeError(f"tune() got an unexpected keyword argument {next(iter(r['settings']), 'overlap')!r}")
+    return _tune(r["model"], r["cluster"], r["layout"], r["engine"], r["options"])
+
+
+def _tune(mq: ModelQuery, cq: ClusterQuery, lay: Layout, engine: Engine, o: TuneOptions):
     from exatrain.api.planning import check_runtime
 
+    runtime = "exatrain" if engine.runtime is None else engine.runtime
     if check_runtime(runtime) != "exatrain":
         raise UserError(
             f"tune runs exatrain's own trainer: --runtime must be exatrain, got {runtime!r} "
             "(`exatrain search --runtime {runtime}` ranks layouts for it)".replace("{runtime}", runtime)
         )
+    gpus, global_batch = cq.gpus, lay.global_batch
     if gpus is None or global_batch is None:
         raise UserError("tune needs --gpus (ranks) and --global-batch")
-    if steps < 3:
-        raise UserError(f"--steps {steps}: a trial needs at least 3 steps (the first 2 are warm-up)")
-    if not 0 <= prune_ratio < 1:
-        raise UserError(f"--prune-ratio must be in [0, 1), got {prune_ratio}")
-    if seed_trials < 0:
-        raise UserError(f"--seed-trials must be >= 0, got {seed_trials}")
-    budget = None if time_budget is None else parse_duration(time_budget, "--time-budget")
-    timeout = parse_duration(trial_timeout, "--trial-timeout")
-    from exatrain.tuning.runner import SubprocessRunner, check_launcher
+    if o.steps < 3:
+        raise UserError(f"--steps {o.steps}: a trial needs at least 3 steps (the first 2 are warm-up)")
+    if not 0 <= o.prune_ratio < 1:
+        raise UserError(f"--prune-ratio must be in [0, 1), got {o.prune_ratio}")
+    if o.seed_trials < 0:
+        raise UserError(f"--seed-trials must be >= 0, got {o.seed_trials}")
+    budget = None if o.time_budget is None else parse_duration(o.time_budget, "--time-budget")
+    timeout = parse_duration(o.trial_timeout, "--trial-timeout")
+    from exatrain.tuning.runner import check_launcher
 
-    launcher = check_launcher(launcher)
-    url = study_url(study)
+    launcher = check_launcher(o.launcher)
+    url = study_url(o.study)
     stem = _stem(url)
     if url.startswith("sqlite:///") and url[len("sqlite:///") :] not in ("", ":memory:"):
         check_output_file(url[len("sqlite:///") :], "--study")
-    best_path = Path(out) if out is not None else Path(f"{stem}.best.json")
-    runs_path = Path(runs_file) if runs_file is not None else Path(f"{stem}.runs.jsonl")
+    best_path = Path(o.out) if o.out is not None else Path(f"{stem}.best.json")
+    runs_path = Path(o.runs_file) if o.runs_file is not None else Path(f"{stem}.runs.jsonl")
     check_output_file(best_path, "--out")
     check_output_file(runs_path, "--runs-file")
     check_output_dir(Path(f"{stem}.trials"), "trials folder")
-    options = space_options(**layout_values(values))
-    c, params = calibrated(resolve_cluster(cluster, cluster_file, default=TUNE_CLUSTER), calibration, "exatrain")
-    m = resolve_model(model, model_file, **shape_of(values))
-    device = device or ("cpu" if c.device.name == "cpu" else "cuda")
-    dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
-    flash = True if flash_attention is None else flash_attention
-
-    from exatrain.api.training import check_cpu_memory
+    options = space_options(**layout_values(lay.values()))
+    cluster = resolve_cluster(cq.cluster, cq.cluster_file, default=TUNE_CLUSTER)
+    c, params = calibrated(cluster, engine.calibration, "exatrain")
+    m = resolve_model(mq.model, mq.model_file, **mq.shape())
+    device = o.device or ("cpu" if c.device.name == "cpu" else "cuda")
+    dtype = lay.dtype or ("float32" if device == "cpu" else "bfloat16")
+    flash = True if lay.flash_attention is None else lay.flash_attention
     from exatrain.planner.scaling import no_feasible_layout
     from exatrain.planner.search.search import search
-    from exatrain.tuning.sampler import Candidates
-    from exatrain.tuning.study import Problem, StudyFiles, TuneSettings, open_storage
-    from exatrain.tuning.study import tune as run_study
+    from exatrain.tuning.study import Problem
 
     result = search(
-        m,
-        c,
-        gpus,
-        global_batch,
-        top=candidates,
-        options=options,
-        params=params,
-        dtype=dtype,
-        flash=flash,
+        m, c, gpus, global_batch, top=o.candidates, options=options, params=params, dtype=dtype, flash=flash,
         runtime="exatrain",
-    )
+    )  # fmt: skip
     if not result.ranked:
         raise no_feasible_layout(result, gpus, c)
-    cands = Candidates.from_plans(result.ranked, gpus=gpus, global_batch=global_batch)
     problem = Problem(m, c.name, gpus, global_batch, device, dtype, flash, options)
-    settings = TuneSettings(trials=trials, time_budget_s=budget, seed_trials=seed_trials, prune_ratio=prune_ratio)
+    return _study(problem, result.ranked, o, (url, stem, best_path, runs_path), budget, timeout, launcher)
+
+
+def _study(problem, ranked, o: TuneOptions, where: tuple, budget, timeout, launcher):
+    """Run the study of ``problem`` over the ranked candidates; write the best plan; the TuneResult."""
+    url, stem, best_path, runs_path = where
+    from exatrain.api.training import check_cpu_memory
+    from exatrain.tuning.sampler import Candidates
+    from exatrain.tuning.study import StudyFiles, TuneSettings, open_storage
+    from exatrain.tuning.study import tune as run_study
+
+    from exatrain.tuning.runner import SubprocessRunner
+
+    cands = Candidates.from_plans(ranked, gpus=problem.gpus, global_batch=problem.global_batch)
+    settings = TuneSettings(trials=o.trials, time_budget_s=budget, seed_trials=o.seed_trials, prune_ratio=o.prune_ratio)
     storage = open_storage(url, settings)
-    name = study_name or problem.study_name()
+    name = o.study_name or problem.study_name()
     files = StudyFiles(trials_dir=Path(f"{stem}.trials") / name, runs_file=runs_path)
-    local_cpu = device == "cpu" and launcher is None  # the trainer's memory check is about this machine
+    local_cpu = problem.device == "cpu" and launcher is None  # the trainer's memory check is about this machine
     runner = SubprocessRunner(
-        steps=steps,
-        seed=seed,
-        device=device,
+        steps=o.steps,
+        seed=o.seed,
+        device=problem.device,
         timeout_s=timeout,
         launcher=launcher,
         preflight=check_cpu_memory if local_cpu else None,
@@ -193,7 +168,7 @@ def tune(
         from exatrain.planner.search.explain import describe
 
         def on_trial(v) -> None:
-            if progress is not None:
+            if (progress := o.progress) is not None:
                 line = f"trial {v.number}: {describe(v.plan)} [{v.source or 'sampler'}]: {v.status}"
                 if v.measured_tokens_per_s is not None:
                     line += f", {v.measured_tokens_per_s:,.0f} tokens/s"

@@ -15,8 +15,10 @@ from exatrain.cli.common import (
     positive_float,
     positive_int,
     progress,
+    request_group,
     show,
 )
+from exatrain.api.requests import RecordedRun
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,34 +59,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--out", required=True, metavar="RUNS", help="runs file (JSON lines) to append to")
     r.add_argument("--plan", metavar="PLAN", help="the plan that ran (`estimate/search --out`, `estimate --json`)")
-    r.add_argument("--step-time", type=positive_float, metavar="SECONDS", help="its measured step time (with --plan)")
-    r.add_argument(
+    m = request_group(r, "run", RecordedRun, "the run measured")
+    m.add_argument("--step-time", type=positive_float, metavar="SECONDS", help="its measured step time (with --plan)")
+    m.add_argument(
         "--peak-memory-gib", type=positive_float, metavar="G", help="its measured peak memory per GPU (with --plan)"
     )
-    r.add_argument(
+    m.add_argument(
         "--from",
         dest="from_file",
         metavar="LAUNCH",
         help="the run's launch: a Megatron-LM / Megatron-DeepSpeed script or a torchtitan TOML (as `estimate --from`)",
     )
-    r.add_argument("--log", metavar="LOG", help="the engine's training log of that run (with --from)")
-    r.add_argument(
+    m.add_argument("--log", metavar="LOG", help="the engine's training log of that run (with --from)")
+    m.add_argument(
         "--warmup",
         type=nonneg_int,
         metavar="N",
         help="logged steps up to N are warm-up, beside the first logged line (default 2)",
     )
-    r.add_argument(
+    m.add_argument(
         "--overlap",
         metavar="WHICH",
         help="the overlaps the run had on, as `estimate --overlap` names them (default: the launch's, else estimate's)",
     )
-    add_cluster_args(r, None)
-    r.add_argument(
+    m.add_argument(
         "--vocab",
         type=positive_int,
         help="the model's vocabulary where the launch leaves it to its tokenizer (with --from)",
     )
+    add_cluster_args(r, None)
     r.add_argument("--json", action="store_true", help="print the record as JSON")
 
     c = sub.add_parser(

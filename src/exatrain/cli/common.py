@@ -4,6 +4,7 @@ command passes its flags to its API call by name: ``call``), and output helpers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import math
@@ -13,6 +14,7 @@ import textwrap
 from typing import Any, Callable
 
 from exatrain.settings import BY_NAME, DTYPES, FLAG_SETTINGS, RECOMPUTE, SCHEDULES
+from exatrain.api.requests import ClusterQuery, Engine, Layout, ModelQuery
 from exatrain.api import make_console, opt, progress_lines, table  # noqa: F401 (the commands' output helpers)
 from exatrain.jsonio import versioned
 from exatrain.limits import MAX_COUNT
@@ -87,30 +89,55 @@ def int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def default(fn: Callable, name: str) -> Any:
-    """The default of ``fn``'s keyword argument ``name`` (what runs when the flag is not given)."""
+def default(fn: Callable | type, name: str) -> Any:
+    """The default of ``fn``'s keyword argument ``name``, or of the field ``name`` of the request ``fn`` (a
+    dataclass of ``api.requests``): what runs when the flag is not given."""
+    if dataclasses.is_dataclass(fn):
+        return next(f.default for f in dataclasses.fields(fn) if f.name == name)
     return inspect.signature(fn).parameters[name].default
 
 
-def flag(group: Any, fn: Callable, name: str, help: str, **kw: Any) -> None:
-    """A flag for ``fn``'s keyword argument of the same name: its default is the API's, and --help
-    says it (unless the help already names its default)."""
+def flag(group: Any, fn: Callable | type, name: str, help: str, **kw: Any) -> None:
+    """A flag for ``fn``'s keyword argument (or its request's field) of the same name: its default is the API's,
+    and --help says it (unless the help already names its default)."""
     value = default(fn, name[2:].replace("-", "_"))
     if value is not None and "default" not in help:
         help += f" (default {value:g})" if isinstance(value, float) else f" (default {value})"
     group.add_argument(name, default=value, help=help, **kw)
 
 
+REQUESTS = "requests_"  # the parser default naming each request group: {key: (request class or None, group)}
+
+
+def request_group(p: argparse.ArgumentParser, key: str, cls: type | None, title: str) -> Any:
+    """An argument group whose flags are the fields of the request ``cls`` (``api.requests``; None: the run
+    settings, a mapping by name) that the command's API call takes as ``key``: ``call`` builds it from them."""
+    g = p.add_argument_group(title)
+    p.set_defaults(**{REQUESTS: {**(p.get_default(REQUESTS) or {}), key: (cls, g)}})
+    return g
+
+
+def requests_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The requests a command's flags make: one per request group (``request_group``), of the flags given."""
+    out: dict[str, Any] = {}
+    for key, (cls, g) in (getattr(args, REQUESTS, None) or {}).items():
+        given = {a.dest: getattr(args, a.dest) for a in g._group_actions if getattr(args, a.dest, None) is not None}
+        out[key] = given if cls is None else cls(**given)
+    return out
+
+
 def call(fn: Callable, args: argparse.Namespace, **extra: Any) -> Any:
-    """``fn`` with every flag named as one of its keyword arguments; a flag not given (None) leaves
-    the API's default."""
+    """``fn`` with its requests built from the command's flag groups (``requests_of``) and every other flag named
+    as one of its keyword arguments; a flag not given (None) leaves the API's default. ``extra``: keywords the
+    call also takes (a request's field by name, e.g. progress)."""
     names = inspect.signature(fn).parameters
-    kw = {k: v for k, v in vars(args).items() if k in names and v is not None}
-    return fn(**{**kw, **extra})
+    built = requests_of(args)
+    kw = {k: v for k, v in vars(args).items() if k in names and v is not None and k not in built}
+    return fn(**{**kw, **built, **extra})
 
 
 def add_model_args(p: argparse.ArgumentParser, default_model: str | None = None) -> None:
-    g = p.add_argument_group("model (a preset, a file, or flags; flags override)")
+    g = request_group(p, "model", ModelQuery, "model (a preset, a file, or flags; flags override)")
     g.add_argument(
         "--model",
         metavar="NAME",
@@ -126,8 +153,11 @@ def add_model_args(p: argparse.ArgumentParser, default_model: str | None = None)
         )
 
 
-def add_cluster_args(p: argparse.ArgumentParser, default_cluster: str | None, gpus: bool = True) -> None:
-    g = p.add_argument_group("cluster")
+def add_cluster_args(
+    p: argparse.ArgumentParser, default_cluster: str | None, gpus: bool = True, request: bool = True
+) -> Any:
+    """The cluster flags: a ClusterQuery's (``request``; else plain flags of the call's own names)."""
+    g = request_group(p, "cluster", ClusterQuery, "cluster") if request else p.add_argument_group("cluster")
     g.add_argument(
         "--cluster",
         metavar="NAME",
@@ -136,6 +166,7 @@ def add_cluster_args(p: argparse.ArgumentParser, default_cluster: str | None, gp
     g.add_argument("--cluster-file", metavar="PATH", help="TOML/JSON cluster description")
     if gpus:
         g.add_argument("--gpus", type=positive_int, help="number of devices (ranks)")
+    return g
 
 
 _BOOL = argparse.BooleanOptionalAction
@@ -191,26 +222,40 @@ _METAVARS = {s.flag: s.metavar for s in FLAG_SETTINGS if s.metavar}  # a setting
 def add_layout_args(p: argparse.ArgumentParser, extensions: bool = False, settings: tuple[str, ...] = ()) -> None:
     """The layout flags; ``extensions``: also ep and cp (EXTENSION_FLAGS) and the run settings' flags (settings.
     FLAG_SETTINGS: all of them, the planner's commands, or those named in ``settings``)."""
-    g = p.add_argument_group("layout (not given: the plan's, else the default shown)")
+    g = request_group(p, "layout", Layout, "layout (not given: the plan's, else the default shown)")
     runs = tuple(
         (s.flag, _PARSE[s.arg], s.choices if s.arg == "choice" else None, s.help)
         for s in FLAG_SETTINGS
         if not settings or s.name in settings
     )
-    more = (*EXTENSION_FLAGS, *runs) if extensions else ()
-    for name, kind, choices, help in LAYOUT_FLAGS + more:
+    _add_flags(g, LAYOUT_FLAGS + (EXTENSION_FLAGS if extensions else ()))
+    if extensions:
+        _add_flags(request_group(p, "settings", None, "run settings (not given: the runtime's own)"), runs)
+
+
+def _add_flags(g: Any, flags: tuple) -> None:
+    for name, kind, choices, help in flags:
         kw: dict[str, Any] = {"action": kind} if kind is _BOOL else {"type": kind, "choices": choices}
         metavar = _METAVARS.get(name) or {int_list: "N,N,..."}.get(kind)
         g.add_argument(name, help=help, **({**kw, "metavar": metavar} if metavar else kw))
 
 
-def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> None:
-    """--runtime, for ``fn``'s keyword ``runtime`` (checked by the API: an unknown name is one line)."""
-    flag(p, fn, "--runtime", BY_NAME["runtime"].help + (f"; {why}" if why else ""), metavar=BY_NAME["runtime"].metavar)
-    if "overlap" in inspect.signature(fn).parameters:
+def add_engine_args(p: argparse.ArgumentParser, why: str = "", overlap: bool = True) -> Any:
+    """The Engine request's flags: --runtime (checked by the API: an unknown name is one line), --overlap (where
+    ``overlap``) and --calibration."""
+    g = request_group(p, "engine", Engine, "engine")
+    flag(
+        g,
+        Engine,
+        "--runtime",
+        BY_NAME["runtime"].help + (f"; {why}" if why else ""),
+        metavar=BY_NAME["runtime"].metavar,
+    )
+    g.add_argument("--calibration", metavar="PATH", help="cost-model parameters from `exatrain bench` or `calibrate`")
+    if overlap:
         flag(
-            p,
-            fn,
+            g,
+            Engine,
             "--overlap",
             "which of the runtime's overlaps of communication with compute are on: all (its "
             "switches assumed on), default (the engine's defaults), none, or a comma list of tp, dp_grad_reduce, "
@@ -218,6 +263,7 @@ def add_runtime_arg(p: argparse.ArgumentParser, fn: Callable, why: str = "") -> 
             "low end reaching every overlap on",
             metavar="WHICH",
         )
+    return g
 
 
 def add_progress_arg(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from exatrain import api
-from exatrain.cli.common import call, nonneg_int, positive_int
+from exatrain.api.requests import TokenizeOptions
+from exatrain.cli.common import call, nonneg_int, positive_int, request_group
 from exatrain.errors import UserError
 
 
@@ -34,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="this Python's standard library source (differs between Python versions), byte tokenizer",
     )
     src.add_argument("--verify", metavar="DIR", help="recompute every shard's sha256 of a prepared dataset")
-    tok = p.add_mutually_exclusive_group()
+    t = request_group(p, "tokenize", TokenizeOptions, "tokenizing")
+    tok = t.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", metavar="PATH", help="a Hugging Face tokenizer.json")
     tok.add_argument(
         "--train-tokenizer",
@@ -42,8 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="VOCAB",
         help="train a byte-level BPE of VOCAB ids on the corpus",
     )
-    p.add_argument("--separator", metavar="TOKEN", help="document separator token (default <|endoftext|>)")
-    p.add_argument("--shard-tokens", type=positive_int, metavar="N", help="tokens per shard (default 100,000,000)")
+    t.add_argument("--separator", metavar="TOKEN", help="document separator token (default <|endoftext|>)")
+    t.add_argument("--shard-tokens", type=positive_int, metavar="N", help="tokens per shard (default 100,000,000)")
     p.add_argument("--out", metavar="DIR", help="the dataset directory to create (new or empty)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -7,7 +7,8 @@ import sys
 
 from exatrain import api
 from exatrain.api.jobs import SCHEDULERS
-from exatrain.cli.common import add_cluster_args, call, default, flag, positive_int, warn_line
+from exatrain.api.requests import JobOptions, SlurmJob, TorchrunJob, TrainRun
+from exatrain.cli.common import add_cluster_args, call, flag, positive_int, request_group, warn_line
 
 PLAN_HELP = "plan JSON: `estimate/search --out`, `estimate --json`, or `search --json` (its first ranked plan)"
 FORCE_HELP = (
@@ -30,30 +31,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, metavar="PATH", help=PLAN_HELP + "; its cluster is used unless --cluster")
     p.add_argument("--scheduler", required=True, choices=SCHEDULERS)
     add_cluster_args(p, "the plan's", gpus=False)
-    p.add_argument("--nodes", type=positive_int, help="nodes to use (default: gpus / gpus_per_node, rounded up)")
+    j = request_group(p, "job", JobOptions, "job")
+    j.add_argument("--nodes", type=positive_int, help="nodes to use (default: gpus / gpus_per_node, rounded up)")
     flag(
-        p,
-        api.launch,
+        j,
+        JobOptions,
         "--checkpoint-dir",
         "shared directory for checkpoints (made absolute); a restarted job resumes from it",
         metavar="DIR",
     )
-    p.add_argument("--steps", type=positive_int, help=f"training steps (default {default(api.train, 'steps')})")
-    p.add_argument("--metrics-file", metavar="PATH", help="per-step JSON lines")
-    p.add_argument(
+    j.add_argument("--steps", type=positive_int, help=f"training steps (default {TrainRun().steps})")
+    j.add_argument("--metrics-file", metavar="PATH", help="per-step JSON lines")
+    j.add_argument(
         "--rccl-plugin-dir",
         default="",
         metavar="DIR",
         help="aws-ofi-rccl install on Slingshot clusters (default: $AWS_OFI_RCCL_DIR at run time)",
     )
-    p.add_argument("--out", metavar="FILE", help="write here (executable) instead of stdout")
-    p.add_argument("--force", action="store_true", help=FORCE_HELP)
-    g = p.add_argument_group("slurm")
+    j.add_argument("--out", metavar="FILE", help="write here (executable) instead of stdout")
+    j.add_argument("--force", action="store_true", help=FORCE_HELP)
+    g = request_group(p, "slurm", SlurmJob, "slurm")
     g.add_argument("--account", default="", help="#SBATCH --account")
-    flag(g, api.launch, "--time", "wall-clock limit", metavar="HH:MM:SS")
+    flag(g, SlurmJob, "--time", "wall-clock limit", metavar="HH:MM:SS")
     g.add_argument("--partition", default="", help="#SBATCH --partition")
     g.add_argument("--job-name", default="", help="default exatrain-<model>")
-    flag(g, api.launch, "--master-port", "rendezvous port", type=positive_int)
+    flag(g, SlurmJob, "--master-port", "rendezvous port", type=positive_int)
     g.add_argument(
         "--setup",
         action="append",
@@ -61,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="LINE",
         help="shell line run before the ranks start, e.g. 'module load rocm' (repeatable)",
     )
-    g = p.add_argument_group("torchrun")
+    g = request_group(p, "torchrun", TorchrunJob, "torchrun")
     g.add_argument(
         "--master",
         default="",

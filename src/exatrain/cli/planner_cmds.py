@@ -12,39 +12,40 @@ from exatrain.cli.common import (
     add_layout_args,
     add_model_args,
     add_progress_arg,
-    add_runtime_arg,
+    add_engine_args,
     call,
     flag,
     int_list,
     progress,
+    request_group,
     show,
 )
+from exatrain.api.requests import Budget, PlanOptions
 
 
 def _planner_parser(sub, name: str, help: str, description: str, example: str, gpus: bool = True):
     p = sub.add_parser(name, help=help, description=description, epilog=f"example: {example}")
+    add_model_args(p)
+    add_cluster_args(p, DEFAULT_CLUSTER, gpus=gpus)
+    add_layout_args(p, extensions=True)
+    add_engine_args(p, "exatrain is the runtime `train` and `tune` run, so its plan is one this project runs")
+    b = request_group(p, "budget", Budget, "the run at a token budget")
+    for flag_name, (metavar, flag_help) in RUN_FLAGS.items():  # the whole run at a token budget
+        b.add_argument(flag_name, metavar=metavar, help=flag_help)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    g = request_group(p, "options", PlanOptions, "options")
     if name in ("estimate", "search"):
-        p.add_argument(
+        g.add_argument(
             "--from",
             dest="from_file",
             metavar="FILE",
             help=FROM_HELP + ("" if name == "estimate" else "; search pins what it states"),
         )
-    add_model_args(p)
-    add_cluster_args(p, DEFAULT_CLUSTER, gpus=gpus)
-    add_layout_args(p, extensions=True)
-    add_runtime_arg(
-        p, getattr(api, name), "exatrain is the runtime `train` and `tune` run, so its plan is one this project runs"
-    )
-    p.add_argument("--calibration", metavar="PATH", help="cost-model parameters from `exatrain bench` or `calibrate`")
-    for flag_name, (metavar, flag_help) in RUN_FLAGS.items():  # the whole run at a token budget
-        p.add_argument(flag_name, metavar=metavar, help=flag_help)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    return p
+    return p, g
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = _planner_parser(
+    p, g = _planner_parser(
         sub,
         "estimate",
         "memory per stage and step time of one layout",
@@ -52,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "exatrain estimate --model gpt-1t --cluster frontier --gpus 3072 --tp 8 --pp 64 "
         "--micro-batch 1 --global-batch 1536 --zero 1 --recompute full",
     )
-    p.add_argument("--out", metavar="PATH", help="also write the plan (with its estimate) as JSON")
-    p.add_argument(
+    g.add_argument("--out", metavar="PATH", help="also write the plan (with its estimate) as JSON")
+    g.add_argument(
         "--trace",
         nargs="?",
         const="fast",
@@ -65,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_progress_arg(p)
 
-    p = _planner_parser(
+    p, g = _planner_parser(
         sub,
         "search",
         "rank every legal layout by predicted throughput",
@@ -74,13 +75,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tight one (capacity inside its memory band) is kept, marked. Layout flags pin one (--tp 8).",
         "exatrain search --model gpt-1t --cluster frontier --gpus 3072 --global-batch 1536 --top 10",
     )
-    flag(p, api.search, "--top", "how many layouts to show", type=int)
+    flag(g, PlanOptions, "--top", "how many layouts to show", type=int)
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runners-up")
-    flag(p, api.search, "--rank-by", RANK_BY_HELP, choices=RANK_BY)
-    p.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
-    p.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
+    flag(g, PlanOptions, "--rank-by", RANK_BY_HELP, choices=RANK_BY)
+    g.add_argument("--out", metavar="PATH", help="write the best plan (with its estimate) as JSON")
+    g.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
 
-    p = _planner_parser(
+    p, g = _planner_parser(
         sub,
         "scaling",
         "predicted weak or strong scaling over GPU counts",
@@ -90,15 +91,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--global-batch 640 --mode weak --tp 4 --pp 16",
         gpus=False,
     )
-    p.add_argument("--gpus", required=True, type=int_list, metavar="N,N,...", help="GPU counts, smallest first")
+    c = next(a for a in p._action_groups if a.title == "cluster")
+    c.add_argument("--gpus", required=True, type=int_list, metavar="N,N,...", help="GPU counts, smallest first")
     flag(
-        p,
-        api.scaling,
+        g,
+        PlanOptions,
         "--mode",
         "weak: global batch grows with the GPU count; strong: fixed",
         choices=("weak", "strong"),
     )
-    p.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
+    g.add_argument("--strict-memory", action="store_true", default=None, help=STRICT_MEMORY_HELP)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:

@@ -20,8 +20,10 @@ from exatrain.cli.common import (
     nonneg_float,
     nonneg_int,
     positive_int,
+    request_group,
     warn_line,
 )
+from exatrain.api.requests import TrainRun, TrainStore
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p, DEFAULT_MODEL)
     add_layout_args(p, extensions=True, settings=("fp8",))  # the trainer runs FP8 'current' (trainer/fp8.py)
     add_cluster_args(p, "the plan's, else local-cpu")
-    g = p.add_argument_group("training")
+    g = request_group(p, "run", TrainRun, "training")
     for name, kind, help in (
         ("--steps", positive_int, "optimizer steps"),
         ("--seed", nonneg_int, "weights and data order"),
@@ -55,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("--weight-decay", finite_float, "AdamW weight decay"),
         ("--grad-clip", finite_float, "max global grad norm, 0 = off"),
     ):
-        flag(g, api.train, name, help, type=kind)
+        flag(g, TrainRun, name, help, type=kind)
     g.add_argument(
         "--device", choices=("cpu", "cuda"), help="default: cuda for a plan made for a GPU cluster, else cpu"
     )
@@ -63,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress output")
     flag(
         g,
-        api.train,
+        TrainRun,
         "--nan-policy",
         "a non-finite loss or gradient norm: stop with the step number, or skip that step's update and count it",
         choices=("stop", "skip"),
@@ -83,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     flag(
         g,
-        api.train,
+        TrainRun,
         "--watchdog",
         "seconds a rank's phase (forward, a collective, a save) may last before the "
         "rank counts as hung and the run ends with status 5 (default 0: max(300 s, 20 x the median step); setup "
@@ -96,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="list in each metrics line the global sample indices each data-parallel rank read",
     )
-    g = p.add_argument_group("data and checkpoints")
+    g = request_group(p, "store", TrainStore, "data and checkpoints")
     g.add_argument(
         "--data",
         metavar="DIR",
@@ -110,13 +112,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     flag(
         g,
-        api.train,
+        TrainStore,
         "--save-every",
         "save every N steps (default 0: only after the last step)",
         type=nonneg_int,
         metavar="N",
     )
-    flag(g, api.train, "--keep-last", "keep only the newest K (default 0: all)", type=nonneg_int, metavar="K")
+    flag(g, TrainStore, "--keep-last", "keep only the newest K (default 0: all)", type=nonneg_int, metavar="K")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
     g.add_argument(
         "--resume",

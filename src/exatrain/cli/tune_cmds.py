@@ -9,6 +9,7 @@ from exatrain import api
 from exatrain.api.tuning import TUNE_CLUSTER
 from exatrain.cli.common import (
     add_cluster_args,
+    add_engine_args,
     add_layout_args,
     add_model_args,
     add_progress_arg,
@@ -18,8 +19,10 @@ from exatrain.cli.common import (
     nonneg_int,
     positive_int,
     progress,
+    request_group,
     show,
 )
+from exatrain.api.requests import TuneOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_cluster_args(p, TUNE_CLUSTER)
     add_layout_args(p)
-    g = p.add_argument_group("tuning")
-    t = api.tune
+    add_engine_args(p, "tune ranks the candidates for exatrain only, the trainer its trials run", overlap=False)
+    g = request_group(p, "options", TuneOptions, "tuning")
+    t = TuneOptions
     flag(g, t, "--trials", "finished runs the study holds in total", type=positive_int)
     g.add_argument("--time-budget", metavar="DURATION", help="start no trial after this long: 2h, 90m, 1h30m, 600 (s)")
     flag(g, t, "--study", "Optuna storage URL or a SQLite file path", metavar="URL")
@@ -60,14 +64,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         g, t, "--seed-trials", "first trials: the best predicted layout of each of the N best tp x pp meshes", type=int
     )
     flag(g, t, "--prune-ratio", "stop a run below this x the best run after warm-up; 0 = never", type=finite_float)
-    flag(
-        g,
-        t,
-        "--runtime",
-        "the engine the candidates are ranked for: only exatrain, the trainer the trials run",
-        metavar="ENGINE",
-    )
-    g.add_argument("--calibration", metavar="PATH", help="cost-model parameters (see estimate --help)")
     g.add_argument(
         "--out", metavar="PATH", help="the best plan as JSON (default: beside the study, e.g. tune.best.json)"
     )
@@ -76,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="append a RunRecord per finished run (default: beside the study, e.g. tune.runs.jsonl)",
     )
-    g.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     add_progress_arg(p)  # kept for scripts that pass it: tune prints a line per trial in any case
 
 
