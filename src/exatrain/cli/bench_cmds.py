@@ -45,7 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes and sizes (tests)")
     p.add_argument("--json", action="store_true", help="print the fitted parameters as JSON")
     add_progress_arg(p)
+    _register_record(sub)
+    _register_calibrate(sub)
 
+
+def _register_record(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "record",
         help="append a run measured anywhere (a plan and its step time, or a launch and its log) to a runs file",
@@ -90,6 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(r, None)
     r.add_argument("--json", action="store_true", help="print the record as JSON")
 
+
+def _register_calibrate(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser(
         "calibrate",
         help="fit the cost model's shared factors to measured runs",

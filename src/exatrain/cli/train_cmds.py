@@ -47,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p, DEFAULT_MODEL)
     add_layout_args(p, extensions=True, settings=("fp8",))  # the trainer runs FP8 'current' (trainer/fp8.py)
     add_cluster_args(p, "the plan's, else local-cpu")
+    _add_run_args(p)
+    _add_store_args(p)
+    register_demo(sub)
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """The "training" group: TrainRun's flags."""
     g = request_group(p, "run", TrainRun, "training")
     for name, kind, help in (
         ("--steps", positive_int, "optimizer steps"),
@@ -98,6 +105,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="list in each metrics line the global sample indices each data-parallel rank read",
     )
+
+
+def _add_store_args(p: argparse.ArgumentParser) -> None:
+    """The "data and checkpoints" group: TrainStore's flags."""
     g = request_group(p, "store", TrainStore, "data and checkpoints")
     g.add_argument(
         "--data",
@@ -127,7 +138,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--checkpoint-dir (start fresh if there is none); PATH: from that checkpoint. Any layout may "
         "load it",
     )
-    register_demo(sub)
 
 
 def register_demo(sub: argparse._SubParsersAction) -> None:
