@@ -14,7 +14,8 @@ from exatrain import rules
 from exatrain.catalog import get_cluster, get_model
 from exatrain.errors import PlanError
 from exatrain.plan import ParallelDims, Plan, TrainShape
-from exatrain.settings import RECOMPUTE, SCHEDULES, RunSettings
+from exatrain.run_settings import RunSettings
+from exatrain.settings import RECOMPUTE, SCHEDULES
 from exatrain.planner.search.space import (
     PLAN_REASONS,
     RUNTIME_REASON,

@@ -10,7 +10,8 @@ import numpy as np
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
 from exatrain.limits import beyond
-from exatrain.settings import DTYPES, RECOMPUTE, SCHEDULES, RunSettings
+from exatrain.run_settings import RunSettings
+from exatrain.settings import DTYPES, RECOMPUTE, SCHEDULES
 
 # (flag, Plan attribute) of each degree and batch size that must be a positive integer
 POSITIVE_FIELDS = (

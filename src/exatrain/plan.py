@@ -25,7 +25,8 @@ from exatrain.catalog.models import ModelSpec
 from exatrain.errors import PlanError, UserError
 from exatrain.estimates import MemoryBreakdown, StepEstimate, TimeBreakdown
 from exatrain.jsonio import read_json, write_json_atomic
-from exatrain.settings import NAMES, V_SCHEDULES, RunSettings, full_rerun_layers, holds_settings
+from exatrain.run_settings import RunSettings, SettingsView, holds_settings
+from exatrain.settings import NAMES, V_SCHEDULES, full_rerun_layers
 
 PLAN_VERSION = 1
 _FILE_KEYS = {"zero": "zero_stage"}  # a flag whose plan-file key is not its name with "_" for "-"
@@ -98,7 +99,7 @@ def balanced_split(layers: int, stages: int) -> tuple[int, ...]:
 
 @holds_settings
 @dataclass(frozen=True)
-class Plan:
+class Plan(SettingsView):
     """One layout for one model. Construct, then ``validate()``; or ``Plan.load(path)``."""
 
     model: ModelSpec
@@ -115,7 +116,7 @@ class Plan:
     cluster: str = ""  # name of the cluster the plan was made for ("" = unspecified)
     # The engine options it runs with (settings.SETTINGS: runtime, fp8, MoE routing, kernels, gradient
     # accumulation, cp exchange, what recomputation reruns); each reads as an attribute (plan.fp8) and is
-    # a constructor keyword (Plan(model=m, runtime="torchtitan")): settings.holds_settings
+    # a constructor keyword (Plan(model=m, runtime="torchtitan")): run_settings.SettingsView, holds_settings
     settings: RunSettings = RunSettings()
     estimate: StepEstimate | None = None
 

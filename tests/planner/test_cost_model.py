@@ -14,7 +14,8 @@ from exatrain.accounting.engines import get_engine, plan_run, resolve_settings
 from exatrain.accounting.memory import memory_by_stage
 from exatrain.accounting.trainer_memory import trainer_memory_by_stage
 from exatrain.catalog import get_cluster, get_model
-from exatrain.settings import RECOMPUTE, RUNTIMES, SCHEDULES, RunSettings
+from exatrain.run_settings import RunSettings
+from exatrain.settings import RECOMPUTE, RUNTIMES, SCHEDULES
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.cost.pipeline import pipeline_times
 from exatrain.planner.cost.schedule import simulate

@@ -19,7 +19,8 @@ from exatrain.catalog import get_cluster, get_model
 from exatrain.engine_configs import export
 from exatrain.engine_configs.megatron import render_megatron
 from exatrain.errors import UserError
-from exatrain.settings import GRAD_ACCUM_FUSION_RUNTIMES, RUNTIMES, RunSettings
+from exatrain.run_settings import RunSettings
+from exatrain.settings import GRAD_ACCUM_FUSION_RUNTIMES, RUNTIMES
 from exatrain.planner.cost.coefficients import default_params
 from exatrain.planner.estimate import estimate_plan
 from tests.helpers.cli import refused_by_planner, saved_plan

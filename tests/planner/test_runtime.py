@@ -11,7 +11,8 @@ import pytest
 from exatrain import api
 from exatrain.accounting import comms
 from exatrain.accounting.engines import get_engine, resolve_settings
-from exatrain.settings import RUNTIMES, RunSettings
+from exatrain.run_settings import RunSettings
+from exatrain.settings import RUNTIMES
 from exatrain.catalog import get_cluster, get_model
 from exatrain.cli import main
 from exatrain.errors import UserError

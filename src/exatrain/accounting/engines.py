@@ -22,7 +22,8 @@ from exatrain.accounting.engine_profile import COMMS, ActivationRules, EnginePro
 from exatrain.accounting.fp8 import Fp8Recipe
 from exatrain.accounting.moe import moe_load
 from exatrain.errors import UserError
-from exatrain.settings import ADAM_BYTES, NAMES, RUNTIMES, SETTINGS, RunSettings
+from exatrain.run_settings import RunSettings
+from exatrain.settings import ADAM_BYTES, NAMES, RUNTIMES, SETTINGS
 
 ENGINES = {p.name: p for p in (MEGATRON_CORE, MEGATRON_DEEPSPEED, TORCHTITAN, EXATRAIN, LLM_FOUNDRY)}
 # The run a hand-built Resolved stands for (tests, ``accounting.memory.stage_memory``): ``accounting.memory``'s own

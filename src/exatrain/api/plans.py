@@ -29,7 +29,8 @@ from exatrain.api.requests import (
     coerce,
     routed,
 )
-from exatrain.settings import NAMES, RunSettings, check_settings, recompute_modules_of
+from exatrain.run_settings import RunSettings
+from exatrain.settings import NAMES, check_settings, recompute_modules_of
 
 Warn = Callable[[str], None]
 

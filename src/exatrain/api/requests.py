@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from exatrain.catalog import ClusterSpec, ModelSpec
 from exatrain.limits import check_counts
-from exatrain.settings import BY_NAME, RunSettings
+from exatrain.run_settings import RunSettings
+from exatrain.settings import BY_NAME
 
 Progress = Callable[[str], None]
 

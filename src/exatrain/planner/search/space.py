@@ -34,9 +34,8 @@ from exatrain.settings import (
     OFFLOAD_RUNTIMES,
     RECOMPUTE,
     SCHEDULES,
-    RunSettings,
-    holds_settings,
 )
+from exatrain.run_settings import RunSettings, holds_settings
 
 # Schedule variants searched: (name, interleave). interleave = virtual stages per rank.
 SCHEDULE_VARIANTS: tuple[tuple[str, int], ...] = (
@@ -79,7 +78,7 @@ class SpaceOptions:
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
     # Every candidate's run settings (settings.SETTINGS; their runtime is the search's, not this one), readable and
-    # given by name (SpaceOptions(fp8="current"): settings.holds_settings). recompute_layers RECOMPUTE_LAYERS_AUTO: the
+    # given by name (SpaceOptions(fp8="current"): holds_settings). recompute_layers RECOMPUTE_LAYERS_AUTO: the
     # fewest layers each full-recomputation candidate needs to fit (search.batch.fit_recompute_layers)
     settings: RunSettings = RunSettings()
 
