@@ -19,7 +19,6 @@ from exatrain.catalog.hardware import ClusterSpec
 from exatrain.errors import PlanError
 from exatrain.layout_arrays import POSITIVE_FIELDS, RuleInputs, Shared, plan_rule_inputs, rule_inputs
 from exatrain.limits import beyond, too_large
-from exatrain.run_settings import RunSettings
 from exatrain.settings import (
     DTYPES,
     RECOMPUTE,

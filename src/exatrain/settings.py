@@ -8,14 +8,13 @@ that means "the runtime's own" (``accounting.engines.resolve`` turns a plan's se
 runtime runs).
 
 Each setting is one ``Setting`` record in ``SETTINGS`` (the ``registry`` package: its vocabularies, rules, notes
-and records, split by job); ``run_settings.RunSettings`` writes a field out for each. From the records come the CLI's flags, the scalar rules
-(``rules.extension_problem``), ``check_settings`` (once before a search), ``TrainConfig``'s refusals,
-``Plan.settings_label``, an estimate's notes, each engine's own value and the export notes come from the same
-records. Torch-free; it imports no other layer of exatrain but the catalog's types.
+and records, split by job); ``run_settings.RunSettings`` writes a field out for each. From the records come the
+CLI's flags, the scalar rules (``rules.extension_problem``), ``check_settings`` (once before a search),
+``TrainConfig``'s refusals, ``Plan.settings_label``, an estimate's notes, each engine's own value and the export
+notes. Torch-free; it imports no other layer of exatrain but the catalog's types.
 """
 
 from __future__ import annotations
-
 
 from exatrain.registry import (
     BY_NAME,
