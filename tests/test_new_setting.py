@@ -1,5 +1,6 @@
 """A new run setting is one record: a throwaway setting registered in a fresh interpreter (its record appended to
-the registry before anything else of exatrain loads, ``RunSettings`` made from the records as today) gets its flag,
+the registry and its ``RunSettings`` field and ``SettingsView`` property added, as a real one writes them, before
+anything else of exatrain loads) gets its flag,
 its rule (in ``Plan.validate`` and in ``check_settings`` before a search), its estimate note, each engine's own
 value and its plan-JSON key with nothing else written; and docs/architecture.md's list of the places a real one
 goes names four.
@@ -55,6 +56,19 @@ registry.SETTINGS = registry.SETTINGS + (TOY,)
 registry.BY_NAME = {s.name: s for s in registry.SETTINGS}
 registry.NAMES = tuple(registry.BY_NAME)
 registry.FLAG_SETTINGS = registry.FLAG_SETTINGS + (TOY,)
+
+import dataclasses
+
+import exatrain.run_settings as run_settings
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings(run_settings.RunSettings):  # the field a real setting writes into run_settings.RunSettings
+    toy_knob: str = ""
+
+
+run_settings.RunSettings = RunSettings
+run_settings.SettingsView.toy_knob = property(lambda self: self.settings.toy_knob)
 
 if sys.argv[1] == "--check":  # check_settings(values, runtime=...) as a search runs it before it enumerates
     from exatrain.errors import UserError
