@@ -502,12 +502,12 @@ def test_dataset_rows_name_an_engine_a_source_and_what_they_assume() -> None:
 def test_every_measured_memory_row_is_a_plan_its_own_engine_can_count() -> None:
     engine_memory = load("engine_memory")
 
-    measured = [r for r in _rows() if r["memory_per_gpu_gib"]]
-    assert measured
+    measured = [r for r in engine_memory.pe.load_rows() if r.memory_gib is not None]
+    assert len(measured) == sum(1 for r in _rows() if r["memory_per_gpu_gib"])
     for r in measured:
-        plan, _ = engine_memory.row_plan(r)
-        got = engine_memory.predicted_gib(plan, r["engine"], "allocated" in r["memory_kind"])
-        assert got is not None and got > 0, r["model"]
+        assert r.plan is not None, r.name
+        got = engine_memory.predicted_gib(r, r.runtime)
+        assert got is not None and got > 0, r.name
 
 
 def test_engine_memory_on_a_missing_file_is_one_line_and_status_2(tmp_path) -> None:
