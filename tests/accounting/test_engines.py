@@ -1,4 +1,6 @@
-"""Engine profiles against the closed forms of their sources, and the engine-aware memory path."""
+"""Engine profiles against the closed forms of their sources, and the engine-aware memory path.
+
+Broken on purpose and seen to fail here: the first stage's embedding-dropout masks left out (accounting.memory)."""
 
 from __future__ import annotations
 
@@ -267,6 +269,7 @@ def _acts(engine, m, *, tp=1, sp=False, rec="none", flash=True, dtype="bfloat16"
         layers_here=1,
         inflight_mb=1,
         is_last=0,
+        is_first=0,
         engine=get_engine(engine),
     )[3]
 
@@ -517,3 +520,31 @@ def test_engine_memory_on_a_missing_file_is_one_line_and_status_2(tmp_path) -> N
         text=True,
     )
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no such file" in out.stderr
+
+
+@pytest.mark.parametrize("engine", ["megatron-core", "megatron-deepspeed"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_megatron_first_stage_keeps_one_embedding_dropout_mask_per_microbatch_in_flight(engine: str, sp: bool) -> None:
+    # Megatron's embedding dropout runs outside every checkpoint: rank 0 keeps a 1-byte mask per element of its
+    # (sequence-parallel shard of the) embedding output for each of the pp micro-batches 1F1B holds there.
+    m = dataclasses.replace(get_model("gpt-1.4b"), dropout=0.1)
+    p = Plan(
+        model=m,
+        dims=ParallelDims(2, 4, 1),
+        shape=TrainShape(2, 32),
+        recompute="full",
+        sequence_parallel=sp,
+        runtime=engine,
+    ).validate()
+    dry = p.replace(model=dataclasses.replace(m, dropout=0.0))
+    got = [
+        a.activations - b.activations
+        for a, b in zip(memory.memory_by_stage(p, get_engine(engine)), memory.memory_by_stage(dry, get_engine(engine)))
+    ]
+    mask = 2 * m.seq_len * m.hidden / (2 if sp else 1) * 4  # b s h / sp, 1 byte, 4 micro-batches in flight
+    # full recomputation keeps only the layer inputs (no dropout masks): the mask is the whole difference on rank 0
+    assert got[0] - got[1] == pytest.approx(mask)
+    assert got[1] == got[2] == got[3]
+    # an engine without dropout masks (torchtitan) keeps none there
+    tt = get_engine("torchtitan")
+    assert memory.stage_memory(p, 0, tt).activations == memory.stage_memory(dry, 0, tt).activations

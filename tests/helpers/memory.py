@@ -13,6 +13,7 @@ _RANK = (
     "layers_here",
     "inflight_mb",
     "is_last",
+    "is_first",
     "expert_params_here",
     "moe_layers_here",
     "pp_grad_share",

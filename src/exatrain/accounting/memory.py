@@ -53,6 +53,13 @@ from exatrain.accounting.context import cp_buffer_bytes, kv_width
 from exatrain.accounting.moe import dispatch_buffer_bytes, expert_dp
 from exatrain.accounting.offload import offloaded
 
+# Engines whose embedding applies dropout outside every activation checkpoint, keeping its 1-byte mask per element
+# of the embedding's output for each micro-batch in flight on the first stage (``rank_memory``): Megatron's
+# embedding_dropout (hidden_dropout) in megatron/core/models/common/embeddings/language_model_embedding.py (after
+# the scatter to the sequence-parallel region) and Megatron-DeepSpeed's Embedding (megatron/model/language_model.py),
+# which DeepSpeed's PipelineModule leaves out of its checkpoints (``_is_checkpointable``: transformer layers only).
+EMBEDDING_DROPOUT_ENGINES = ("megatron-core", "megatron-deepspeed")
+
 # Fraction of the rest added as "other": allocator fragmentation and caching slack (a stated
 # allowance, not a measurement: PyTorch's caching allocator typically reserves 5-10% above the peak).
 FRAGMENTATION_ALLOWANCE = 0.05
@@ -426,6 +433,7 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
         layers_here=layers_here,
         inflight_mb=inflight_microbatches(plan, pp_rank),
         is_last=pp_rank == plan.rank_of_stage(plan.virtual_stages - 1),
+        is_first=pp_rank == plan.rank_of_stage(0),
         recomputed_here=(
             plan.recomputed_layers_of_rank(pp_rank) if plan.recompute_layers or plan.recompute_every else None
         ),
@@ -616,6 +624,10 @@ def rank_memory(
         (e * tokens * m.hidden / sp_div + e * tokens * m.hidden / head_div) * inflight_mb
         + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype, tp)
     )
+    if engine is not None and engine.name in EMBEDDING_DROPOUT_ENGINES and m.dropout > 0:
+        # the first stage's embedding-dropout masks, 1 byte an element, one per micro-batch in flight
+        first = (pp == 1).astype(float) if rank.is_first is None else np.asarray(rank.is_first, dtype=float)
+        acts = acts + first * tokens * m.hidden / sp_div * inflight_mb
     # Pipeline receive buffers: one activation and one gradient per virtual stage boundary.
     p2p = np.where(pp > 1, 2 * e * tokens * m.hidden / sp_div * v, 0.0)
     if buffers:  # communication-bucket buffers the engine keeps for the whole run

@@ -310,12 +310,13 @@ def _memory_of(ctx: _Context, lay: Layouts, g: _GroupCounts, j, cat: tuple, idx,
         layers_here=g.on_rank[None, :],
         inflight_mb=g.held[j],
         is_last=rank[None, :] == g.last_rank,
+        is_first=rank[None, :] == 0,
         expert_params_here=0 if g.xparams is None else g.xparams[j],
         moe_layers_here=g.moe_here,
     )
     for k in ctx.memory:
         if k == "exatrain" and trainer_models_it(model, g.ep, g.cpd, ctx.run.fp8):
-            rank_j = RankCounts(**counts, is_first=rank[None, :] == 0)
+            rank_j = RankCounts(**counts)
             m = lay.num_microbatches[j, None]
             on_cpu = ctx.cluster.device.name == "cpu"
             parts = trainer_rank_memory(model, ctx.runs[k], rank=rank_j, num_microbatches=m, on_cpu=on_cpu, **common)
