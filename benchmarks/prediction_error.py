@@ -410,7 +410,10 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 recompute_modules=recompute_modules,
                 recompute_every=every,
                 launch_blocking=_launch_blocking(r),
+                stage_layers=tuple(int(x) for x in r.get("stage_layers", "").split()),
             )
+            if plan.stage_layers:
+                row.notes.append(f"layers per stage {' '.join(map(str, plan.stage_layers))} (the engine's split)")
             row.plan = plan.validate(cluster)
         except UserError as exc:
             row.not_priced = str(exc)

@@ -548,3 +548,11 @@ def test_megatron_first_stage_keeps_one_embedding_dropout_mask_per_microbatch_in
     # an engine without dropout masks (torchtitan) keeps none there
     tt = get_engine("torchtitan")
     assert memory.stage_memory(p, 0, tt).activations == memory.stage_memory(dry, 0, tt).activations
+
+
+def test_stated_stage_layers_cover_the_model_and_the_stages() -> None:
+    for r in _rows():
+        if r.get("stage_layers", "").strip():
+            split = [int(x) for x in r["stage_layers"].split()]
+            assert sum(split) == int(r["layers"]), r["model"]
+            assert len(split) == int(r["pp"]) * int(r["vpp"] or 1), r["model"]
