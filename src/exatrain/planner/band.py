@@ -206,12 +206,16 @@ def _octaves(x: float, lo: float, hi: float) -> float:
     return min(OCTAVES_CAP, max(0.0, math.log2(lo / x), math.log2(x / hi)))
 
 
-def distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """The plan's distance from ``validated`` (``validated_summary``), feature by feature (``FEATURES``)."""
+def distance(
+    t: Traits, validated: Mapping[str, Mapping[str, Any]], features: Sequence[str] = FEATURES
+) -> dict[str, float]:
+    """The plan's distance from ``validated`` (``validated_summary``), feature by feature: the step band's
+    ``FEATURES`` by default, or ``features`` (the memory band's, ``memory_band.MEMORY_FEATURES``, which add the
+    recomputation mode, ZeRO stage, context and expert parallelism no validated run of the family ran)."""
     s = validated.get(t.family)
     engine = float(not t.proxy and not any(t.runtime in v["runtimes"] for v in validated.values()))
     if not s:
-        return {
+        d = {
             "engine": engine,
             "cell": 1.0,
             "family": 1.0,
@@ -224,21 +228,31 @@ def distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str,
             "proxy": float(t.proxy),
             "disagree": 0.0,
             "blocking": float(t.blocking),
+            "recompute": 0.0,
+            "zero": 0.0,
+            "cp": float(t.cp),
+            "ep": float(t.ep),
         }
-    return {
-        "engine": engine,
-        "cell": float(not t.proxy and t.runtime not in s["runtimes"]),
-        "family": 0.0,
-        "thin": float(s["runs"] < MIN_RUNS),
-        "size": _octaves(t.params, *s["params"]),
-        "seq": _octaves(t.seq, *s["seq"]),
-        "spans": float(t.spans and not s["spans"]),
-        "fp8": float(t.fp8 and not s["fp8"]),
-        "moe": float(t.moe and not s["moe"]),
-        "proxy": float(t.proxy),
-        "disagree": float(s.get("disagree", 0.0)),
-        "blocking": float(t.blocking and not s.get("blocking", False)),
-    }
+    else:
+        d = {
+            "engine": engine,
+            "cell": float(not t.proxy and t.runtime not in s["runtimes"]),
+            "family": 0.0,
+            "thin": float(s["runs"] < MIN_RUNS),
+            "size": _octaves(t.params, *s["params"]),
+            "seq": _octaves(t.seq, *s["seq"]),
+            "spans": float(t.spans and not s["spans"]),
+            "fp8": float(t.fp8 and not s["fp8"]),
+            "moe": float(t.moe and not s["moe"]),
+            "proxy": float(t.proxy),
+            "disagree": float(s.get("disagree", 0.0)),
+            "blocking": float(t.blocking and not s.get("blocking", False)),
+            "recompute": float(t.recompute not in s.get("recompute", ())),
+            "zero": float(t.zero not in s.get("zero", ())),
+            "cp": float(t.cp and not s.get("cp", False)),
+            "ep": float(t.ep and not s.get("ep", False)),
+        }
+    return {f: d[f] for f in features}
 
 
 def sigma_of(

@@ -43,8 +43,7 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan, StepEstimate
-from exatrain.planner.band import MIN_RUNS, VERSIONED_DEFAULTS, Traits, fit, interval, load_bands, traits_of
-from exatrain.planner.band import _octaves  # the step band's octaves outside a range, capped
+from exatrain.planner.band import MIN_RUNS, VERSIONED_DEFAULTS, Traits, distance, fit, interval, load_bands, traits_of
 
 MEMORY_BANDS_PATH = Path(__file__).resolve().parents[1] / "catalog" / "data" / "memory_bands.json"
 MEMORY_WIDE_DEFAULT = (0.8, 1.25)  # measured / predicted where no table is stored (convention, module doc)
@@ -70,40 +69,9 @@ _WHY = {
 
 
 def memory_distance(t: Traits, validated: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """The plan's distance from the memory runs ``validated`` (``band.validated_summary``), per ``MEMORY_FEATURES``,
-    and ``far``, how many of them are at a distance (module doc)."""
-    s = validated.get(t.family)
-    engine = float(not t.proxy and not any(t.runtime in v["runtimes"] for v in validated.values()))
-    if not s:
-        d = {
-            "engine": engine,
-            "cell": 1.0,
-            "family": 1.0,
-            "thin": 1.0,
-            "size": 0.0,
-            "seq": 0.0,
-            "recompute": 0.0,
-            "zero": 0.0,
-            "fp8": float(t.fp8),
-            "cp": float(t.cp),
-            "ep": float(t.ep),
-            "proxy": float(t.proxy),
-        }
-    else:
-        d = {
-            "engine": engine,
-            "cell": float(not t.proxy and t.runtime not in s["runtimes"]),
-            "family": 0.0,
-            "thin": float(s["runs"] < MIN_RUNS),
-            "size": _octaves(t.params, *s["params"]),
-            "seq": _octaves(t.seq, *s["seq"]),
-            "recompute": float(t.recompute not in s.get("recompute", ())),
-            "zero": float(t.zero not in s.get("zero", ())),
-            "fp8": float(t.fp8 and not s["fp8"]),
-            "cp": float(t.cp and not s.get("cp", False)),
-            "ep": float(t.ep and not s.get("ep", False)),
-            "proxy": float(t.proxy),
-        }
+    """The plan's distance from the memory runs ``validated`` (``band.validated_summary``): the one band distance
+    (``band.distance``) over ``MEMORY_FEATURES``, and ``far``, how many of them are at a distance (module doc)."""
+    d = distance(t, validated, MEMORY_FEATURES)
     d["far"] = float(sum(min(1.0, d[f]) for f in MEMORY_FEATURES))
     return d
 
