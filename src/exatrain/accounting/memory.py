@@ -35,7 +35,7 @@ A plan that keeps model states in host memory (``run.settings.offload``) holds o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -46,12 +46,19 @@ from exatrain.accounting.inflight import group_sizes, peak_in_flight_fast, sched
 from exatrain.accounting.params import layer_params, stage_layer_kinds, stage_params, stage_params_split, total_params
 from exatrain.accounting.engines import EngineProfile, Resolved
 from exatrain.accounting.dtypes import COMPUTE_BYTES
-from exatrain.accounting.fp8 import Fp8Recipe, gemms_per_layer
+from exatrain.accounting.fp8 import gemms_per_layer
 from exatrain.accounting.fp8 import gemm_weights as fp8_gemm_weights
-from exatrain.accounting import moe as moe_acc
-from exatrain.accounting.context import cp_buffer_bytes, kv_width
+from exatrain.accounting.context import cp_buffer_bytes
 from exatrain.accounting.moe import dispatch_buffer_bytes, expert_dp
 from exatrain.accounting.offload import offloaded
+from exatrain.accounting.activations import (  # re-exported: the layer's count lives there
+    EngineSaves,
+    engine_layer_activation_bytes,
+    korthikanti_layer_activation_bytes,
+    layer_activation_bytes,
+    logits_bytes_per_element,
+    per_op_checkpoint_layer_bytes,
+)
 
 # Engines whose embedding applies dropout outside every activation checkpoint, keeping its 1-byte mask per element
 # of the embedding's output for each micro-batch in flight on the first stage (``rank_memory``): Megatron's
@@ -63,16 +70,6 @@ EMBEDDING_DROPOUT_ENGINES = ("megatron-core", "megatron-deepspeed")
 # Fraction of the rest added as "other": allocator fragmentation and caching slack (a stated
 # allowance, not a measurement: PyTorch's caching allocator typically reserves 5-10% above the peak).
 FRAGMENTATION_ALLOWANCE = 0.05
-
-
-@dataclass(frozen=True)
-class EngineSaves:
-    """How an engine's layer saves two of its tensors for backward (``layer_activation_bytes``): the attention's and
-    the MLP's inputs all-gathered over tp under sequence parallelism (``gathered_inputs``), and a SwiGLU's input
-    alone, its output recomputed (``glu_saves_input``)."""
-
-    gathered_inputs: bool = False
-    glu_saves_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,256 +96,6 @@ def state_bytes_per_param(dtype: str, zero_stage: int, dp: int) -> StateBytesPer
         # backward: a 16-bit copy in mixed precision, a separate fp32 buffer in float32 training.
         return StateBytesPerParam(4.0 / dp + (copy16 or 4.0), 4.0 / dp, 8.0 / dp)
     return StateBytesPerParam(4.0 / dp, 4.0 / dp, 8.0 / dp)
-
-
-def logits_bytes_per_element(cross_entropy: str, dtype: str, tp=1):
-    """Bytes the loss holds per logit element of a rank (its vocabulary shard) at its peak
-    (settings.CROSS_ENTROPY), the rest of the step's activations still held beside it:
-      "upcast", torch's cross_entropy(logits.float()): the forward holds the e-byte logits, their fp32 copy
-        and its fp32 log-softmax (saved for backward); the backward holds the saved log-softmax, the
-        incoming fp32 gradient and the outgoing one, 12 bytes, the larger (for e <= 4). On logits
-        sharded over the vocabulary (tp > 1: torch's ``loss_parallel``, which torchtitan and the trainer
-        run) the backward is written out in eager ops (torch/distributed/tensor/parallel/loss.py
-        ``_nll_loss_and_log_softmax_backward``: (zeros + exp(log-softmax)) x grad): the saved
-        log-softmax, the zeros, the exponential and their sum, 16 bytes (traced by
-        tests/helpers/loss_peak_trace.py: 16.1 a logit of a shard, 12.0 of whole logits);
-      "inplace", Megatron's vocab-parallel loss: the logits and one fp32 copy, which becomes the softmax and
-        then the gradient in place (no copy where the logits are fp32 already): e + 4, or 4;
-      "fused", one compiled kernel: the e-byte logits (and a log-sum-exp per token) and their e-byte
-        gradient, 2e.
-    ``tp`` may be a numpy array (the search's batch path); the result is then one too."""
-    e = COMPUTE_BYTES[dtype]
-    if cross_entropy == "fused":
-        return 2.0 * e
-    if cross_entropy == "inplace":
-        return e + 4.0 if e < 4 else 4.0
-    if cross_entropy == "upcast":
-        held = np.where(np.asarray(tp) > 1, 16.0, max(e + 4.0 + 4.0, 12.0))
-        return float(held) if held.ndim == 0 else held
-    raise ValueError(f"unknown cross-entropy {cross_entropy!r}")
-
-
-def korthikanti_layer_activation_bytes(
-    s: int, b: int, h: int, a: int, t: int = 1, *, sequence_parallel: bool = False, recompute: str = "none"
-) -> float:
-    """Activation bytes of one transformer layer, 16-bit, exactly Korthikanti et al. 2022 Table 2."""
-    if recompute == "full":
-        return 2.0 * s * b * h / (t if sequence_parallel else 1)
-    scores = 0.0 if recompute == "selective" else 5.0 * a * s / h
-    if sequence_parallel:
-        return s * b * h * (34.0 + scores) / t
-    return s * b * h * (10.0 + 24.0 / t + scores / t)
-
-
-def layer_activation_bytes(
-    m: ModelSpec,
-    micro_batch,
-    tp,
-    *,
-    sequence_parallel: bool,
-    recompute: str,
-    flash: bool,
-    dtype: str = "bfloat16",
-    dropout: bool | None = None,
-    cp=1,
-    moe: bool | None = None,
-    etp=1,
-    capacity_factor=1.0,
-    fp8: Fp8Recipe | None = None,
-    recompute_modules: tuple[str, ...] = (),
-    saves: EngineSaves | None = None,
-) -> float:
-    """Activation bytes one layer keeps for backward, per micro-batch, on one tp rank.
-
-    Tensor by tensor as Korthikanti Table 2 counts them, with e = bytes per activation element:
-      replicated over tp (sharded with SP): two norm inputs, QKV input, MLP input (4h elements)
-        + two dropout masks (1 byte each, only with dropout);
-      sharded over tp: Q (h), K and V (kv_hidden each), projection input (h), MLP interior
-        (GELU: fc1 output and fc2 input, 2f; SwiGLU: gate, silu(gate), up and their product, 4f);
-      attention scores, per head and key (a*s per token, sharded): 2e + 1 bytes with dropout
-        (Korthikanti's 5), e without; a flash kernel stores none, only fp32 softmax statistics.
-    With dropout, GELU, MHA, no flash and e = 2 this is Table 2 exactly (tested).
-
-    Extensions (their defaults change nothing):
-      ``cp``: a rank holds s/cp tokens of every tensor (the score matrix still spans all s keys);
-      head width / QK-norm (Q is heads*head_dim wide; QK-norm keeps Q and K before their norms too);
-        latent attention keeps Q and K (heads*(head_dim + rope_head_dim)), V and the attention
-        output (heads*head_dim) sharded, and its latents (q_lora + kv_lora, and their pre-norm
-        copies with the rotary key part) replicated like the layer's input — an approximation of
-        Megatron-Core's MLA, which keeps a few more small tensors;
-      ``moe`` (None: the model's MoE layer when it has one): the MLP interior is the shared experts'
-        (sharded over tp) plus the routed experts' and the router's (``accounting.moe``, with
-        ``etp`` and ``capacity_factor``);
-      ``fp8``: the GEMM inputs kept for the weight gradients (attention input, MLA latents,
-        projection input, MLP input and fc2 input; the routed experts' fc1/fc2 inputs) are saved
-        in fp8 (``Fp8Recipe.saved_input_bytes``). A MoE layer's MLP input stays in the compute dtype
-        for the router's backward;
-      ``saves`` (``EngineSaves``; None: neither), how the engine saves two tensors:
-      ``glu_saves_input``: a dense layer's SwiGLU runs as one fused function that saves only its input, the
-        fc1 output (gate and up, 2f), and recomputes silu(gate) in its backward, so the MLP interior is 3f (with
-        fc2's input) instead of 4f (Megatron-Core's bias_swiglu_impl, on unless --no-bias-swiglu-fusion:
-        megatron/core/fusions/fused_bias_swiglu.py SwiGLUFunction.forward saves ``input`` alone;
-        ``ActivationRules.glu``);
-      ``gathered_inputs``: under sequence parallelism the attention's and the MLP's inputs are kept
-        all-gathered over tp (whole sequence) rather than as this rank's shard (DTensor's
-        PrepareModuleInput to Replicate: torchtitan, ``EngineProfile.sp_gathered_layer_inputs``; Megatron
-        saves the shard and gathers it again in backward);
-      ``recompute_modules`` (with ``recompute`` "selective"; settings.RECOMPUTE_MODULES, Megatron-Core's): what the
-        layer no longer keeps is the nothing-recomputed count less, per token, "core_attn" the attention scores
-        (the selective count), "layernorm" the outputs of the norms that stand alone (a MoE layer's MLP input, in
-        the compute dtype; latent attention's input, a GEMM input), "mla_up_proj" Q, K and V (the up-projections'
-        and rotary's outputs, which the attention kernel saved: output-discarding checkpointing frees them),
-        "mlp" a dense layer's MLP input and interior (its checkpoint keeps the residual stream, counted as the
-        norm's input), "shared_experts" the shared experts' interior, "moe_act" each routed copy's activation
-        beyond its input (``moe.expert_activation_bytes``), "moe" everything the MoE layer keeps past its input
-        (router, routed copies, shared experts).
-    """
-    s, b, h = m.seq_len, micro_batch, m.hidden
-    s_local = s / cp
-    gathered_inputs, glu_saves_input = (saves.gathered_inputs, saves.glu_saves_input) if saves else (False, False)
-    e = COMPUTE_BYTES[dtype]
-    if dropout is None:
-        dropout = m.dropout > 0
-    moe = m.is_moe if moe is None else (moe and m.is_moe)
-    sp_div = tp if sequence_parallel else 1
-    if recompute == "full":
-        return e * s_local * b * h / sp_div  # only the layer input is kept
-    modules = recompute_modules if recompute == "selective" else ()
-    if recompute == "selective" and (not modules or "core_attn" in modules):
-        scores = 0.0
-    elif flash:
-        scores = 4.0 * m.heads / tp  # fp32 log-sum-exp per head and query
-    else:
-        scores = (2 * e + 1 if dropout else e) * m.heads * s / tp
-    g = e if fp8 is None else fp8.saved_input_bytes
-    in_div = 1 if gathered_inputs else sp_div  # the attention's and the MLP's inputs (whole sequence if gathered)
-    if not (m.kv_channels or m.qk_norm or m.mla or moe):
-        replicated = (2 * h * e + (2 * h if dropout else 0)) / sp_div + 2 * h * e / in_div
-        mlp_interior = ((3 if glu_saves_input else 4) if m.gated_mlp else 2) * m.ffn_hidden
-        sharded = (2 * h + 2 * m.kv_hidden + mlp_interior) * e / tp
-        kept = s_local * b * (replicated + sharded + scores)
-        if "mlp" in modules:  # the MLP's input and interior (fc2's input in fp8 under FP8 GEMMs, below)
-            kept = kept - s_local * b * (h * e / in_div + mlp_interior * e / tp)
-        if fp8 is None:
-            return kept
-        # attention and MLP inputs (replicated), projection and fc2 inputs (sharded) go to fp8
-        held = 0 if "mlp" in modules else h / in_div + m.ffn_hidden / tp
-        return kept - s_local * b * (e - g) * (h / in_div + h / tp + held)
-    latents = 2 * (m.q_lora_rank + m.kv_lora_rank) + m.rope_head_dim if m.mla else 0
-    fp8_replicated = h + (m.q_lora_rank + m.kv_lora_rank) + (0 if moe else h)  # GEMM inputs among those
-    replicated = ((4 * h + latents) * e - fp8_replicated * (e - g) + (2 * h if dropout else 0)) / sp_div
-    if gathered_inputs:  # the attention's input (and a dense MLP's) kept whole: h (and h) more than its shard
-        inputs = h * g + (0 if moe else h * g)
-        replicated = replicated + inputs * (1 - 1 / sp_div)
-    attn = m.q_width + kv_width(m) + m.attn_out_width + (m.q_width + m.kv_hidden if m.qk_norm else 0)
-    if moe:
-        interior, fc2_in = moe_acc.shared_expert_interior_elements(m), m.shared_experts * m.expert_width
-    else:
-        interior, fc2_in = ((3 if glu_saves_input else 4) if m.gated_mlp else 2) * m.ffn_hidden, m.ffn_hidden
-    sharded = ((attn + interior) * e - (m.attn_out_width + fc2_in) * (e - g)) / tp
-    kept = s_local * b * (replicated + sharded + scores)
-    if modules:
-        drop = 0.0
-        if "layernorm" in modules:  # the stand-alone norms' outputs (module doc)
-            drop = drop + (h * e / sp_div if moe else 0.0) + (h * g / in_div if m.mla else 0.0)
-        if "mla_up_proj" in modules and m.mla:
-            drop = drop + (m.q_width + kv_width(m)) * e / tp
-        if "mlp" in modules and not moe:
-            drop = drop + h * g / in_div + (interior * e - fc2_in * (e - g)) / tp
-        if moe and ("shared_experts" in modules or "moe" in modules):
-            drop = drop + (interior * e - fc2_in * (e - g)) / tp
-        kept = kept - s_local * b * drop
-    if moe and "moe" not in modules:
-        kept = kept + moe_acc.router_activation_bytes(m, b, tp, sequence_parallel=sequence_parallel, cp=cp)
-        kept = kept + moe_acc.expert_activation_bytes(
-            m,
-            b,
-            tp,
-            sequence_parallel=sequence_parallel,
-            dtype=dtype,
-            cp=cp,
-            etp=etp,
-            capacity_factor=capacity_factor,
-            gemm_input_bytes=g,
-            act_recompute="moe_act" in modules,
-        )
-    return kept
-
-
-def per_op_checkpoint_layer_bytes(
-    m: ModelSpec, micro_batch, tp, *, sequence_parallel: bool, flash: bool, dtype: str = "bfloat16"
-):
-    """Activation bytes one layer keeps under torchtitan's per-op selective checkpointing, per
-    micro-batch, on one tp rank (torchtitan/distributed/activation_checkpoint.py, op policy).
-
-    The policy saves the outputs of matmuls, attention kernels and reduce-scatters and recomputes
-    everything else (norms, activation functions, products), except that every second matmul is
-    recomputed too, counted across calls: with an odd number of matmuls per layer the saved half
-    alternates between steps, so the larger half is the peak. Kept per token, e bytes per element:
-      the layer input (the checkpoint's input; 1/tp of it under sequence parallelism);
-      the attention output (h/tp) and, for a flash kernel, fp32 log-sum-exp per head, or the s x s
-        probabilities of the math kernel;
-      the saved matmul outputs, in forward order q, k, v, o, then gate, up, down (SwiGLU) or fc1,
-        fc2: column-parallel outputs are 1/tp wide, row-parallel ones (o, down/fc2) are the full-width
-        partial sums before their reduction;
-      under sequence parallelism, the two reduce-scatter outputs (h/tp each).
-    Dropout has no place here: torchtitan's models have none."""
-    s, h = m.seq_len, m.hidden
-    b = np.asarray(micro_batch, dtype=float)
-    t = np.asarray(tp, dtype=float)
-    e = COMPUTE_BYTES[dtype]
-    sp_div = t if sequence_parallel else 1.0
-    f, kv = m.ffn_hidden, m.kv_hidden
-    mlp = [f / t, f / t, h + 0 * t] if m.gated_mlp else [f / t, h + 0 * t]
-    widths = [h / t, kv / t, kv / t, h + 0 * t] + mlp
-    first, second = sum(widths[0::2]), sum(widths[1::2])
-    saved = first if len(widths) % 2 == 0 else np.maximum(first, second)
-    attention = e * h / t + (4.0 * m.heads / t if flash else e * m.heads * s / t)
-    reduce_scatter = 2 * e * h / t if sequence_parallel else 0.0
-    return s * b * (e * h / sp_div + attention + e * saved + reduce_scatter)
-
-
-def engine_layer_activation_bytes(
-    engine: EngineProfile,
-    m: ModelSpec,
-    micro_batch,
-    tp,
-    *,
-    sequence_parallel: bool,
-    recompute: str,
-    flash: bool,
-    dtype: str = "bfloat16",
-    **extensions,
-):
-    """``layer_activation_bytes`` under ``engine``'s rules: dropout masks only where the engine keeps
-    them (and the model has dropout); its own selective recomputation where it differs.
-    ``extensions`` (cp, moe, etp, capacity_factor, fp8) go to ``layer_activation_bytes``; torchtitan's
-    per-op selective policy is modelled for dense layers (with cp and FP8 GEMMs too); for a MoE layer
-    selective recomputation falls back to the Korthikanti count."""
-    rules = engine.activations
-    dense = not (m.is_moe and extensions.get("moe", True) is not False)
-    if recompute == "selective" and rules.selective == "per_op" and dense:
-        # FP8 GEMMs leave the saved matmul outputs in the compute dtype (torchao float8 linear returns
-        # them in it), so the per-op count holds; context parallelism gives each rank s/cp tokens.
-        cp = np.asarray(extensions.get("cp", 1), dtype=float)
-        return (
-            per_op_checkpoint_layer_bytes(
-                m, micro_batch, tp, sequence_parallel=sequence_parallel, flash=flash, dtype=dtype
-            )
-            / cp
-        )
-    return layer_activation_bytes(
-        m,
-        micro_batch,
-        tp,
-        sequence_parallel=sequence_parallel,
-        recompute=recompute,
-        flash=flash,
-        dtype=dtype,
-        dropout=rules.dropout_masks and m.dropout > 0,
-        saves=EngineSaves(engine.sp_gathered_layer_inputs, rules.glu == "fused"),
-        **extensions,
-    )
 
 
 @dataclass(frozen=True)
@@ -503,56 +250,110 @@ def rank_memory(
     layers of the rank it covers, the others keeping everything (None: all its layers); MoE layers among them in
     the rank's proportion.
     """
-    dtype, flash, engine, fp8 = run.dtype, run.flash, run.engine, run.fp8_recipe
-    capacity_factor, cp_comm, cross_entropy = run.moe_load, run.cp_comm, run.cross_entropy
-    params_here, layers_here, inflight_mb = rank.params_here, rank.layers_here, rank.inflight_mb
-    expert_params_here, moe_layers_here = rank.expert_params_here, rank.moe_layers_here
-    pp_grad_share, recomputed_here = rank.pp_grad_share, rank.recomputed_here
-    tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
-    is_last = np.asarray(rank.is_last, dtype=float)
-    e = COMPUTE_BYTES[dtype]
-    shard_dp = dp * cp
-    ext = dict(cp=cp, etp=etp, capacity_factor=capacity_factor, fp8=fp8, recompute_modules=tuple(run.recompute_modules))
+    lay = RankLayout(
+        *(np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave)),
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        zero_stage=zero_stage,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+    )
+    rules = _rules(m, run, lay)
+    weights, grads, optim = _model_states(m, run, rules, lay, rank)
+    acts = _activations(m, run, rules, lay, rank)
+    p2p, fp8_weights = _buffers(m, run, rules, lay, rank)
+    weights = weights + fp8_weights
+    other = p2p + rules.allowance * (weights + grads + optim + acts + p2p)
+    return weights, grads, optim, acts, other
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """The layout ``rank_memory``'s parts count on: sizes as floats or numpy arrays (one entry per layout), the
+    categorical options as scalars."""
+
+    tp: Any
+    dp: Any
+    micro_batch: Any
+    pp: Any
+    interleave: Any
+    cp: Any = 1
+    ep: Any = 1
+    etp: Any = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """The count a run's engine (or, without one, this module's convention) gives: model-state bytes per parameter
+    at a sharding degree, the ZeRO-3 working set, persistent bucket buffers, the allocator allowance and one
+    layer's activations under a recomputation mode (``layer_bytes(mode, moe)``)."""
+
+    state_bytes: Callable[[Any], tuple]
+    gathered_layers: int
+    prefetch_elements: float
+    unsharded_grad_bytes: float
+    buffers: float
+    allowance: float
+    layer_bytes: Callable[..., Any]
+
+
+def _rules(m: ModelSpec, run: Resolved, lay: RankLayout) -> _Rules:
+    """``run.engine``'s rules for ``lay`` (module doc; None: the convention, equal to the exatrain profile's)."""
+    dtype, engine = run.dtype, run.engine
+    kw = dict(
+        recompute_modules=tuple(run.recompute_modules),
+        cp=lay.cp,
+        etp=lay.etp,
+        capacity_factor=run.moe_load,
+        fp8=run.fp8_recipe,
+        sequence_parallel=lay.sequence_parallel,
+        flash=run.flash,
+        dtype=dtype,
+    )
+    b, tp, zero_stage = lay.micro_batch, lay.tp, lay.zero_stage
     if engine is None:
-        per = state_bytes_per_param(dtype, zero_stage, shard_dp)
-        per_weights, per_grads, per_optim = per.weights, per.gradients, per.optimizer
-        gathered_layers, prefetch_elements, unsharded_grad_bytes = 2, 0.0, 4.0
-        buffers, allowance = 0.0, FRAGMENTATION_ALLOWANCE
 
         def state_bytes(degree):
             st = state_bytes_per_param(dtype, zero_stage, degree)
             return st.weights, st.gradients, st.optimizer
 
         def layer_bytes(mode: str, moe: bool = False):
-            return layer_activation_bytes(
-                m, b, tp, recompute=mode, sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, moe=moe, **ext
-            )
-    else:
-        per_weights, per_grads, per_optim = engine.state_bytes(dtype, zero_stage, shard_dp)
-        gathered_layers = engine.zero3_gathered_layers
-        prefetch_elements, unsharded_grad_bytes = engine.zero3_prefetch_elements, engine.zero3_unsharded_grad_bytes
-        buffers, allowance = engine.buffer_bytes(dtype, zero_stage), engine.allocator_allowance
+            return layer_activation_bytes(m, b, tp, recompute=mode, moe=moe, **kw)
 
-        def state_bytes(degree):
-            return engine.state_bytes(dtype, zero_stage, degree)
+        return _Rules(state_bytes, 2, 0.0, 4.0, 0.0, FRAGMENTATION_ALLOWANCE, layer_bytes)
 
-        def layer_bytes(mode: str, moe: bool = False):
-            return engine_layer_activation_bytes(
-                engine,
-                m,
-                b,
-                tp,
-                recompute=mode,
-                sequence_parallel=sequence_parallel,
-                flash=flash,
-                dtype=dtype,
-                moe=moe,
-                **ext,
-            )
+    def engine_state_bytes(degree):
+        return engine.state_bytes(dtype, zero_stage, degree)
 
+    def engine_layer_bytes(mode: str, moe: bool = False):
+        return engine_layer_activation_bytes(engine, m, b, tp, recompute=mode, moe=moe, **kw)
+
+    return _Rules(
+        engine_state_bytes,
+        engine.zero3_gathered_layers,
+        engine.zero3_prefetch_elements,
+        engine.zero3_unsharded_grad_bytes,
+        engine.buffer_bytes(dtype, zero_stage),
+        engine.allocator_allowance,
+        engine_layer_bytes,
+    )
+
+
+def _model_states(m: ModelSpec, run: Resolved, rules: _Rules, lay: RankLayout, rank: RankCounts):
+    """(weights, gradients, optimizer) bytes: the rank's parameters and routed experts at their sharding degrees,
+    less what is offloaded to the host, plus ZeRO-3's working set and a pipeline stage's unsharded gradient."""
+    engine, zero_stage, e = run.engine, lay.zero_stage, COMPUTE_BYTES[run.dtype]
+    params_here, expert_params_here = rank.params_here, rank.expert_params_here
+    tp, dp, pp, cp, ep, etp = lay.tp, lay.dp, lay.pp, lay.cp, lay.ep, lay.etp
+    shard_dp = dp * cp
+    per_weights, per_grads, per_optim = rules.state_bytes(shard_dp)
     weights, grads, optim = params_here * per_weights, params_here * per_grads, params_here * per_optim
     if m.is_moe:
-        ew, eg, eo = state_bytes(expert_dp(tp, dp, ep, etp, cp))
+        ew, eg, eo = rules.state_bytes(expert_dp(tp, dp, ep, etp, cp))
         weights, grads, optim = (
             weights + expert_params_here * ew,
             grads + expert_params_here * eg,
@@ -560,12 +361,12 @@ def rank_memory(
         )
     offload = run.settings.offload
     if engine is not None and offload != "none":  # what leaves the GPU for host memory (accounting.offload)
-        rule = engine.state_rule(dtype, zero_stage)
+        rule = engine.state_rule(run.dtype, zero_stage)
         for n, degree in (
             (params_here, shard_dp),
             *(((expert_params_here, expert_dp(tp, dp, ep, etp, cp)),) if m.is_moe else ()),
         ):
-            moved = offloaded(offload, rule, dtype, degree)
+            moved = offloaded(offload, rule, run.dtype, degree)
             weights, grads, optim = (
                 weights - n * moved.weights,
                 grads - n * moved.gradients,
@@ -581,18 +382,25 @@ def rank_memory(
         layer_rank_params = lp.sharded / tp + lp.replicated
         if m.is_moe:
             layer_rank_params = layer_rank_params + lp.experts / (np.asarray(ep, dtype=float) * etp)
-        weights = weights + gathered_layers * layer_rank_params * e
-        if prefetch_elements:
-            weights = weights + prefetch_elements * e
+        weights = weights + rules.gathered_layers * layer_rank_params * e
+        if rules.prefetch_elements:
+            weights = weights + rules.prefetch_elements * e
         # (a stage holding its whole unsharded gradient holds this layer's within it)
-        grads = grads + np.where(pp_grad > 0, 0.0, layer_rank_params * unsharded_grad_bytes)
+        grads = grads + np.where(pp_grad > 0, 0.0, layer_rank_params * rules.unsharded_grad_bytes)
     if zero_stage >= 2:
-        grads = grads + pp_grad * pp_grad_share * (params_here + (expert_params_here if m.is_moe else 0.0))
+        grads = grads + pp_grad * rank.pp_grad_share * (params_here + (expert_params_here if m.is_moe else 0.0))
+    return weights, grads, optim
+
+
+def _layer_activations(m: ModelSpec, rules: _Rules, lay: RankLayout, rank: RankCounts):
+    """The rank's layers' activations for its micro-batches in flight, and the recomputed layer's working set."""
+    recompute, layer_bytes = lay.recompute, rules.layer_bytes
+    layers_here, inflight_mb, recomputed_here = rank.layers_here, rank.inflight_mb, rank.recomputed_here
     partial = recompute == "full" and recomputed_here is not None
     if partial:  # the rerun layers keep their input, the others everything (the rank's mix of MoE layers in each)
         share = np.asarray(recomputed_here, dtype=float) / np.maximum(np.asarray(layers_here, dtype=float), 1.0)
     if m.is_moe:
-        moe_here = np.asarray(moe_layers_here, dtype=float)
+        moe_here = np.asarray(rank.moe_layers_here, dtype=float)
         per_dense, per_moe = layer_bytes(recompute), layer_bytes(recompute, True)
         if partial:
             per_dense = share * per_dense + (1 - share) * layer_bytes("none")
@@ -603,66 +411,84 @@ def rank_memory(
             full_layer = np.where(moe_here > 0, layer_bytes("none", True), layer_bytes("none"))
             kept = np.where(moe_here > 0, per_moe, per_dense)
             acts = acts + full_layer - (kept if recompute == "selective" else 0.0)
-    else:
-        per_layer = layer_bytes(recompute)
-        if partial:
-            per_layer = share * per_layer + (1 - share) * layer_bytes("none")
-        acts = per_layer * layers_here * inflight_mb
-        if recompute != "none":
-            # Backward recomputes one layer at a time, holding what that layer would have kept
-            # without recomputation for one micro-batch (minus what selective already keeps).
-            full_layer = layer_bytes("none")
-            acts = acts + full_layer - (per_layer if recompute == "selective" else 0.0)
-    tokens = b * m.seq_len / cp
-    sp_div = tp if sequence_parallel else 1.0
+        return acts
+    per_layer = layer_bytes(recompute)
+    if partial:
+        per_layer = share * per_layer + (1 - share) * layer_bytes("none")
+    acts = per_layer * layers_here * inflight_mb
+    if recompute != "none":
+        # Backward recomputes one layer at a time, holding what that layer would have kept
+        # without recomputation for one micro-batch (minus what selective already keeps).
+        full_layer = layer_bytes("none")
+        acts = acts + full_layer - (per_layer if recompute == "selective" else 0.0)
+    return acts
+
+
+def _activations(m: ModelSpec, run: Resolved, rules: _Rules, lay: RankLayout, rank: RankCounts):
+    """Activation bytes: the layers' (``_layer_activations``), the last stage's head and loss, and the first
+    stage's embedding-dropout masks where the engine keeps them."""
+    engine, e, inflight_mb = run.engine, COMPUTE_BYTES[run.dtype], rank.inflight_mb
+    acts = _layer_activations(m, rules, lay, rank)
+    tokens = lay.micro_batch * m.seq_len / lay.cp
+    sp_div = lay.tp if lay.sequence_parallel else 1.0
     # Last stage: final-norm and head inputs per in-flight micro-batch (the head's whole sequence where the
     # engine keeps it all-gathered under sequence parallelism, EngineProfile.sp_gathered_head_input, as the
     # trainer's DTensor head does); the logits of one micro-batch as the loss holds them at its peak
     # (logits_bytes_per_element).
     head_div = 1.0 if engine is None or engine.sp_gathered_head_input else sp_div
+    is_last = np.asarray(rank.is_last, dtype=float)
     acts = acts + is_last * (
         (e * tokens * m.hidden / sp_div + e * tokens * m.hidden / head_div) * inflight_mb
-        + tokens * m.vocab / tp * logits_bytes_per_element(cross_entropy, dtype, tp)
+        + tokens * m.vocab / lay.tp * logits_bytes_per_element(run.cross_entropy, run.dtype, lay.tp)
     )
     if engine is not None and engine.name in EMBEDDING_DROPOUT_ENGINES and m.dropout > 0:
         # the first stage's embedding-dropout masks, 1 byte an element, one per micro-batch in flight
+        pp = lay.pp
         first = (pp == 1).astype(float) if rank.is_first is None else np.asarray(rank.is_first, dtype=float)
         acts = acts + first * tokens * m.hidden / sp_div * inflight_mb
+    return acts
+
+
+def _buffers(m: ModelSpec, run: Resolved, rules: _Rules, lay: RankLayout, rank: RankCounts):
+    """(buffers, FP8 weights): the pipeline's receive buffers, the engine's bucket buffers, the larger transient
+    working set (CP's or the all-to-all's), FP8 scaling state; and the cached FP8 weights (module doc)."""
+    e, tp, b, zero_stage = COMPUTE_BYTES[run.dtype], lay.tp, lay.micro_batch, lay.zero_stage
+    tokens = b * m.seq_len / lay.cp
+    sp_div = tp if lay.sequence_parallel else 1.0
     # Pipeline receive buffers: one activation and one gradient per virtual stage boundary.
-    p2p = np.where(pp > 1, 2 * e * tokens * m.hidden / sp_div * v, 0.0)
-    if buffers:  # communication-bucket buffers the engine keeps for the whole run
-        p2p = p2p + buffers
+    p2p = np.where(lay.pp > 1, 2 * e * tokens * m.hidden / sp_div * lay.interleave, 0.0)
+    if rules.buffers:  # communication-bucket buffers the engine keeps for the whole run
+        p2p = p2p + rules.buffers
     working = _working_set_bytes(
         m,
         b,
         tp,
-        dtype=dtype,
-        sequence_parallel=sequence_parallel,
-        cp=cp,
-        etp=etp,
-        capacity_factor=capacity_factor,
-        cp_comm=cp_comm,
-        moe_layers_here=moe_layers_here,
+        dtype=run.dtype,
+        sequence_parallel=lay.sequence_parallel,
+        cp=lay.cp,
+        etp=lay.etp,
+        capacity_factor=run.moe_load,
+        cp_comm=run.cp_comm,
+        moe_layers_here=rank.moe_layers_here,
     )
     if working is not None:
         p2p = p2p + working
-    if fp8 is not None:
-        dense_here = layers_here - (moe_layers_here if m.is_moe else 0)
-        gemm_w = dense_here * fp8_gemm_weights(m, False, tp)
-        n_gemms = dense_here * gemms_per_layer(m, False)
-        if m.is_moe:
-            ep_ = np.asarray(ep, dtype=float)
-            gemm_w = gemm_w + moe_layers_here * fp8_gemm_weights(m, True, tp, ep_, etp)
-            n_gemms = n_gemms + moe_layers_here * gemms_per_layer(m, True, ep_)
-        if zero_stage == 3:
-            # Sharded weights (FSDP / ZeRO-3) are cast to fp8 as each layer is gathered (torchtitan's
-            # float8 all-gather, torchao float8/fsdp_utils.py); no whole-stage fp8 copy is cached, only
-            # the gathered layers' (the ZeRO-3 working set).
-            gemm_w = gemm_w * np.minimum(1.0, gathered_layers / np.maximum(layers_here, 1))
-        weights = weights + gemm_w * fp8.weight_bytes_per_param(dtype)
-        p2p = p2p + fp8.meta_bytes(n_gemms)
-    other = p2p + allowance * (weights + grads + optim + acts + p2p)
-    return weights, grads, optim, acts, other
+    fp8, layers_here, moe_layers_here = run.fp8_recipe, rank.layers_here, rank.moe_layers_here
+    if fp8 is None:
+        return p2p, 0.0
+    dense_here = layers_here - (moe_layers_here if m.is_moe else 0)
+    gemm_w = dense_here * fp8_gemm_weights(m, False, tp)
+    n_gemms = dense_here * gemms_per_layer(m, False)
+    if m.is_moe:
+        ep_ = np.asarray(lay.ep, dtype=float)
+        gemm_w = gemm_w + moe_layers_here * fp8_gemm_weights(m, True, tp, ep_, lay.etp)
+        n_gemms = n_gemms + moe_layers_here * gemms_per_layer(m, True, ep_)
+    if zero_stage == 3:
+        # Sharded weights (FSDP / ZeRO-3) are cast to fp8 as each layer is gathered (torchtitan's
+        # float8 all-gather, torchao float8/fsdp_utils.py); no whole-stage fp8 copy is cached, only
+        # the gathered layers' (the ZeRO-3 working set).
+        gemm_w = gemm_w * np.minimum(1.0, rules.gathered_layers / np.maximum(layers_here, 1))
+    return p2p + fp8.meta_bytes(n_gemms), gemm_w * fp8.weight_bytes_per_param(run.dtype)
 
 
 def _working_set_bytes(
@@ -704,3 +530,26 @@ def model_state_bytes(plan: Plan) -> float:
     """Weights + optimizer states of the whole job (all ranks), the "model states" of the study."""
     per = state_bytes_per_param(plan.dtype, 0, 1)
     return total_params(plan.model) * (per.weights + per.optimizer)
+
+
+__all__ = [  # the layer-level counts re-exported from accounting.activations, and this module's own
+    "EMBEDDING_DROPOUT_ENGINES",
+    "FRAGMENTATION_ALLOWANCE",
+    "EngineSaves",
+    "RankCounts",
+    "RankLayout",
+    "StateBytesPerParam",
+    "engine_layer_activation_bytes",
+    "inflight",
+    "inflight_microbatches",
+    "korthikanti_layer_activation_bytes",
+    "layer_activation_bytes",
+    "logits_bytes_per_element",
+    "memory_by_stage",
+    "model_state_bytes",
+    "per_op_checkpoint_layer_bytes",
+    "rank_memory",
+    "stage_memory",
+    "state_bytes_per_param",
+    "unsharded_grad_share",
+]
