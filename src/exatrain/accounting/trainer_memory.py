@@ -59,6 +59,9 @@ taken as present at the activation peak (high by up to the gradient bytes).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from exatrain.catalog.models import ModelSpec
@@ -261,30 +264,95 @@ def trainer_rank_memory(
     ``expert_params_here`` its routed experts' (N/ep of each MoE layer's: ``params.stage_params_split``
     with ep); ``moe_layers_here`` of the ``layers_here`` layers are MoE layers; ``cp``: the rank holds
     s/cp tokens of every sequence and its states are sharded over dp x cp (the trainer's ZeRO group)."""
-    dtype, flash = run.dtype, run.flash
     tp, dp, b, pp, v = (np.asarray(x, dtype=float) for x in (tp, dp, micro_batch, pp, interleave))
-    is_last = np.asarray(rank.is_last, dtype=float)
-    is_first = (pp == 1).astype(float) if rank.is_first is None else np.asarray(rank.is_first, dtype=float)
-    expert_here = np.asarray(rank.expert_params_here, dtype=float)
-    moe_here = np.asarray(rank.moe_layers_here, dtype=float)
-    params_here = np.asarray(rank.params_here, dtype=float) + expert_here
-    layers_here = np.asarray(rank.layers_here, dtype=float)
     dp = dp * cp  # the replicas' group: where ZeRO and FSDP shard, gradients are averaged (parallel/mesh.py)
-    inflight_mb = np.asarray(rank.inflight_mb, dtype=float)
-    h, V = m.hidden, m.vocab
-    e = COMPUTE_BYTES[dtype]
+    r = TrainerRank(
+        tp=tp,
+        dp=dp,
+        b=b,
+        pp=pp,
+        v=v,
+        is_last=np.asarray(rank.is_last, dtype=float),
+        is_first=(pp == 1).astype(float) if rank.is_first is None else np.asarray(rank.is_first, dtype=float),
+        expert_here=np.asarray(rank.expert_params_here, dtype=float),
+        moe_here=np.asarray(rank.moe_layers_here, dtype=float),
+        params_here=np.asarray(rank.params_here, dtype=float) + np.asarray(rank.expert_params_here, dtype=float),
+        layers_here=np.asarray(rank.layers_here, dtype=float),
+        inflight_mb=np.asarray(rank.inflight_mb, dtype=float),
+        fsdp=(dp > 1) & (zero_stage >= 2),  # the trainer shards with FSDP2 only when dp > 1
+        zero_stage=zero_stage,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+        num_microbatches=num_microbatches,
+        on_cpu=on_cpu,
+        cp=cp,
+        ep=ep,
+    )
+    st = _trainer_states(m, run, r)
+    acts = _trainer_activations(m, run, r, st)
+    other = _trainer_other(m, run, r, st, acts)
+    return st.weights, st.grads + st.accumulated, st.optim, acts, other
+
+
+@dataclass(frozen=True)
+class TrainerRank:
+    """The layout and counts of one trainer rank that ``trainer_rank_memory``'s parts read: sizes as floats or numpy
+    arrays (``dp`` the replicas' group, dp x cp; ``params_here`` with the routed experts), options as scalars."""
+
+    tp: Any
+    dp: Any
+    b: Any
+    pp: Any
+    v: Any
+    is_last: Any
+    is_first: Any
+    expert_here: Any
+    moe_here: Any
+    params_here: Any
+    layers_here: Any
+    inflight_mb: Any
+    fsdp: Any
+    zero_stage: int
+    recompute: str
+    sequence_parallel: bool
+    num_microbatches: Any
+    on_cpu: bool
+    cp: int
+    ep: int
+
+
+@dataclass(frozen=True)
+class _States:
+    """A trainer rank's model states (``_trainer_states``) and what the later parts read from their count."""
+
+    weights: Any
+    grads: Any
+    accumulated: Any
+    optim: Any
+    fp32_w: Any
+    uncached: Any
+    gathered: float
+    layer_rank_params: Any
+    shared: Any
+    on_host: Any
+    per1_gradients: float
+
+
+def _trainer_states(m: ModelSpec, run: Resolved, r: TrainerRank) -> _States:
+    """The rank's fp32 parameters, gradients (and FSDP's fp32 accumulation), optimizer states and 16-bit copies."""
+    dtype, zero_stage, tp, dp, pp, fsdp = run.dtype, r.zero_stage, r.tp, r.dp, r.pp, r.fsdp
+    params_here, is_first, is_last, h, V = r.params_here, r.is_first, r.is_last, m.hidden, m.vocab
     autocast = dtype in HALF_DTYPES
-    fsdp = (dp > 1) & (zero_stage >= 2)  # the trainer shards with FSDP2 only when dp > 1
     per = state_bytes_per_param(dtype, zero_stage, dp)
     per1 = state_bytes_per_param(dtype, 0, 1)
     lp = layer_params(m)  # a MoE model's MoE layer: with its N/ep routed experts
-    layer_rank_params = lp.sharded / tp + lp.replicated + lp.experts / ep
+    layer_rank_params = lp.sharded / tp + lp.replicated + lp.experts / r.ep
     # A rank's own fp32 parameters and gradients (sharded over dp by FSDP), optimizer states.
     fp32_w = params_here * np.where(fsdp, 4.0 / dp, 4.0)
     grads = params_here * np.where(fsdp, per.gradients, per1.gradients)
     # Without a pipeline FSDP reduces only after the step's last micro-batch (trainer.train._grad_sync):
     # until then every parameter's unsharded gradient is accumulated in fp32 (FSDP2's reduce dtype).
-    many = np.asarray(2 if num_microbatches is None else num_microbatches, dtype=float) > 1
+    many = np.asarray(2 if r.num_microbatches is None else r.num_microbatches, dtype=float) > 1
     accumulated = np.where(fsdp & (pp == 1) & many, params_here * (4.0 - per.gradients), 0.0)
     optim = params_here * per.optimizer
     # FSDP2's CPUOffloadPolicy (--offload params) keeps the sharded fp32 parameters, their gradients and the Adam
@@ -303,33 +371,51 @@ def trainer_rank_memory(
     )
     # A MoE layer's router computes in fp32 with autocast off: no 16-bit copy of it either.
     non_linear = (
-        layers_here * (4 if m.has_bias else 2) * h
+        r.layers_here * (4 if m.has_bias else 2) * h
         + tables
         + is_last * (2 if m.has_bias else 1) * h
-        + moe_here * (router_params(m) if m.is_moe else 0)
+        + r.moe_here * (router_params(m) if m.is_moe else 0)
     )
     gathered = 2.0 if autocast else 4.0
     copy_fsdp = gathered * (params_here if zero_stage == 2 else 2 * layer_rank_params)
     copy16 = np.where(fsdp, copy_fsdp, 2.0 * (params_here - non_linear) if autocast else 0.0)
-    weights = fp32_w + copy16
     uncached = _uncached_copies(
         copy16,
-        expert_here,
+        r.expert_here,
         tp=tp,
         fsdp=fsdp,
         zero_stage=zero_stage,
         autocast=autocast,
-        recompute=recompute,
+        recompute=r.recompute,
         replicas=dp,
     )
+    return _States(
+        fp32_w + copy16,
+        grads,
+        accumulated,
+        optim,
+        fp32_w,
+        uncached,
+        gathered,
+        layer_rank_params,
+        shared,
+        on_host,
+        per1.gradients,
+    )
 
-    # ---- activations: per micro-batch in flight, then the backward's working set ----
-    kw = dict(sequence_parallel=sequence_parallel, flash=flash, dtype=dtype, on_cpu=on_cpu, cp=cp, ep=ep)
+
+def _trainer_layers(m: ModelSpec, run: Resolved, r: TrainerRank):
+    """(the rank's layers' activations for one micro-batch, the recomputed layer's working set, one layer's count)."""
+    recompute = r.recompute
+    kw = dict(
+        sequence_parallel=r.sequence_parallel, flash=run.flash, dtype=run.dtype, on_cpu=r.on_cpu, cp=r.cp, ep=r.ep
+    )
 
     def per_layer_bytes(mode: str, moe: bool = False):
-        return trainer_layer_activation_bytes(m, b, tp, recompute=mode, moe=moe, **kw)
+        return trainer_layer_activation_bytes(m, r.b, r.tp, recompute=mode, moe=moe, **kw)
 
     per_layer = per_layer_bytes(recompute)
+    layers_here, moe_here = r.layers_here, r.moe_here
     if m.is_moe:  # the layers' activations: dense and MoE layers each their own; the largest for a recompute
         stage_layers = (layers_here - moe_here) * per_layer + moe_here * per_layer_bytes(recompute, moe=True)
         recomputed = np.maximum(
@@ -346,10 +432,18 @@ def trainer_rank_memory(
     else:
         stage_layers = per_layer * layers_here
         recomputed = per_layer_bytes("none") - (per_layer if recompute == "selective" else 0.0)
-    tokens = b * m.seq_len / cp  # a rank's tokens of a micro-batch
-    sp_div = tp if sequence_parallel else 1.0
+    return stage_layers, recomputed, per_layer
+
+
+def _trainer_activations(m: ModelSpec, run: Resolved, r: TrainerRank, st: _States):
+    """Activations per micro-batch in flight, then the backward's working set (module doc)."""
+    stage_layers, recomputed, per_layer = _trainer_layers(m, run, r)
+    tp, pp, v, is_last, is_first, h, V = r.tp, r.pp, r.v, r.is_last, r.is_first, m.hidden, m.vocab
+    e, autocast = COMPUTE_BYTES[run.dtype], run.dtype in HALF_DTYPES
+    tokens = r.b * m.seq_len / r.cp  # a rank's tokens of a micro-batch
+    sp_div = tp if r.sequence_parallel else 1.0
     stream = 2.0 if autocast else 4.0  # residual-stream bytes (see the module doc)
-    final_norm = _norm_bytes(m, stream, on_cpu)
+    final_norm = _norm_bytes(m, stream, r.on_cpu)
     # One micro-batch in flight: its layers; on the last stage the final norm's input and the
     # head's 16-bit input; on a pipeline stage that sends, its output (kept until its backward; the
     # input it received is the first norm's input, counted with the layer).
@@ -358,16 +452,16 @@ def trainer_rank_memory(
         stage_layers
         + is_last * tokens * (final_norm / sp_div + e * h)
         + sends * v * tokens * stream * h / sp_div
-        + uncached
+        + st.uncached
     )
-    acts = per_mb * inflight_mb - uncached  # one set of the 16-bit copies is counted with the weights
-    if num_microbatches is not None:
+    acts = per_mb * r.inflight_mb - st.uncached  # one set of the 16-bit copies is counted with the weights
+    if r.num_microbatches is not None:
         # No backward before the activations peak (GPipe; 1F1B with m <= in flight): the gradients
         # are allocated only as the first backward frees its micro-batch, so the peak is the larger
         # of "all in flight, no gradients" and "one fewer in flight, all gradients".
-        first = np.asarray(num_microbatches, dtype=float) <= inflight_mb
-        acts = acts - np.where(first & (pp > 1), np.minimum(per_mb, grads), 0.0)
-    if recompute != "none":
+        first = np.asarray(r.num_microbatches, dtype=float) <= r.inflight_mb
+        acts = acts - np.where(first & (pp > 1), np.minimum(per_mb, st.grads), 0.0)
+    if r.recompute != "none":
         # Backward recomputes one layer at a time, holding what that layer would have kept
         # without recomputation for one micro-batch (minus what selective already keeps).
         acts = acts + recomputed
@@ -383,39 +477,47 @@ def trainer_rank_memory(
         (6.0 if autocast else 4.0) * wide * h / tp
         + e * tokens * wide / tp
         + 4.0 * tokens * h / sp_div
-        + (is_first * shared * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
+        + (is_first * st.shared * 4.0 * V * h / tp if m.tied_embeddings else 0.0)
         - is_last * tokens * (final_norm / sp_div + e * h)
     )  # the head's inputs are freed by then
     # FSDP reduce-scatters each layer's gradient in fp32 right after its backward, once that
     # layer's activations and gathered weights are freed: the unsharded fp32 gradient and its shard.
-    reduce_scatter = np.where(fsdp, (4.0 + 4.0 / dp - gathered) * layer_rank_params - per_layer, 0.0)
-    acts = acts + np.maximum(np.maximum(loss_temps, working), reduce_scatter)
+    reduce_scatter = np.where(r.fsdp, (4.0 + 4.0 / r.dp - st.gathered) * st.layer_rank_params - per_layer, 0.0)
+    return acts + np.maximum(np.maximum(loss_temps, working), reduce_scatter)
+
+
+def _trainer_other(m: ModelSpec, run: Resolved, r: TrainerRank, st: _States, acts):
+    """Buffers (a pipeline's gradient receive, DDP's buckets), the step's transients after the backward
+    (gradient norm, optimizer update) above the backward's peak, and the allocator allowance."""
+    tp, dp, pp, h, V, fsdp = r.tp, r.dp, r.pp, m.hidden, m.vocab, r.fsdp
+    tokens = r.b * m.seq_len / r.cp
+    sp_div = tp if r.sequence_parallel else 1.0
+    stream = 2.0 if run.dtype in HALF_DTYPES else 4.0
     # A pipeline stage receives one activation gradient at a time.
     p2p = np.where(pp > 1, tokens * stream * h / sp_div, 0.0)
     # DDP (ZeRO-0/1 over dp x cp > 1 without a pipeline or experts: parallel/build.py) keeps its
     # reducer's buckets, one more copy of every gradient (the trainer's DDP does not view the
     # gradients into them: gradient_as_bucket_view is off), from its first step on.
-    ddp = (pp == 1) & (dp > 1) & (zero_stage < 2) & (ep == 1)
-    buckets = np.where(ddp, params_here * per1.gradients, 0.0)
+    ddp = (pp == 1) & (dp > 1) & (r.zero_stage < 2) & (r.ep == 1)
+    buckets = np.where(ddp, r.params_here * st.per1_gradients, 0.0)
     p2p = p2p + buckets
-    peak_a = weights + grads + accumulated + optim + acts + p2p
-
+    peak_a = st.weights + st.grads + st.accumulated + st.optim + acts + p2p
     # ---- after the backward: gradient norm and optimizer update ----
     # A float64 square of the largest gradient; AdamW's square-root and division temporaries, for
     # all parameters at once (foreach, accelerators) or the largest one (the CPU's per-tensor loop).
     # The 16-bit weight copies are gone by then.
-    holds_table = np.maximum(is_first, is_last)  # the embedding, or the head (its own or a tied copy)
+    holds_table = np.maximum(r.is_first, r.is_last)  # the embedding, or the head (its own or a tied copy)
     largest = np.maximum(holds_table * V * h, max(m.ffn_hidden, h) * h) / tp
     if m.is_moe:  # a stacked expert weight [N/ep, f, h], whole on every tp rank; per-layer expert params / 3
-        largest = np.maximum(largest, np.where(moe_here > 0, expert_here / np.maximum(moe_here, 1.0) / 3.0, 0.0))
+        moe_here = r.moe_here
+        largest = np.maximum(largest, np.where(moe_here > 0, r.expert_here / np.maximum(moe_here, 1.0) / 3.0, 0.0))
     largest = largest / np.where(fsdp, dp, 1.0)
-    states = fp32_w + grads + optim + buckets
-    opt_local = np.where(zero_stage >= 1, params_here / dp, params_here)
+    states = st.fp32_w + st.grads + st.optim + buckets
+    opt_local = np.where(r.zero_stage >= 1, r.params_here / dp, r.params_here)
     peak_clip = states + 16.0 * largest
-    peak_opt = states + (8.0 * largest if on_cpu else 4.0 * opt_local)
-    transient = np.where(on_host, 0.0, np.maximum(0.0, np.maximum(peak_clip, peak_opt) - peak_a))
-    other = p2p + transient + FRAGMENTATION_ALLOWANCE * (peak_a + transient)
-    return weights, grads + accumulated, optim, acts, other
+    peak_opt = states + (8.0 * largest if r.on_cpu else 4.0 * opt_local)
+    transient = np.where(st.on_host, 0.0, np.maximum(0.0, np.maximum(peak_clip, peak_opt) - peak_a))
+    return p2p + transient + FRAGMENTATION_ALLOWANCE * (peak_a + transient)
 
 
 def _uncached_copies(copy16, expert_here, *, tp, fsdp, zero_stage: int, autocast: bool, recompute: str, replicas):
