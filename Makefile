@@ -16,6 +16,9 @@ VENV ?= .venv
 RUN_ARGS ?=
 # Extra arguments for pytest, e.g. `make test PYTEST_ARGS=tests/planner`.
 PYTEST_ARGS ?=
+# pytest processes (pytest-xdist): modules, and the modules sharing one launch, are shared out whole
+# (tests/conftest.py); PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 # The interpreter of the installed environment (override to run `make check` with another one).
 ENV_PYTHON ?= $$(bash scripts/install.sh --print-python)
 
@@ -48,7 +51,7 @@ test: install
 # The linter, then the suite, in the installed environment, without installing first. pytest's exit
 # status 5 ("no tests ran") fails the target, with a line saying so.
 check: lint
-	@py="$(ENV_PYTHON)" && "$$py" -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@py="$(ENV_PYTHON)" && "$$py" -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest ran no tests (exit status 5): that is a failure" >&2; fi; \
 	exit $$rc
 

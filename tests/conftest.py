@@ -1,7 +1,15 @@
-"""Fixtures shared by tests in several packages."""
+"""Fixtures shared by tests in several packages, and how `make test` splits the suite over two processes.
+
+`make test` runs pytest-xdist (``-n 2 --dist loadscope``): two pytest processes, each handed whole work units.
+A unit is a module, or the modules that share a session-scoped launch or output (``SHARED_UNITS``), which run
+in one process so that it is made once; the longest units are handed out first (``FIRST``). Under xdist the
+one-rank trainer launch and the background jobs (tests/helpers/background.py) are not started early: the
+other process takes the idle core they would soak up, and each runs when a test first needs it.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -12,6 +20,63 @@ from tests.helpers import background
 
 _BACKGROUND: dict[str, background.Job] = {}
 
+# Modules (or folders) whose tests share a session-scoped fixture: one work unit each.
+SHARED_UNITS = {
+    "tests/trainer/test_parity.py": "trainer launches",
+    "tests/trainer/test_compile.py": "trainer launches",
+    "tests/trainer/test_moe.py": "trainer launches",
+    "tests/trainer/test_context_parallel.py": "trainer launches",
+    "tests/trainer/test_fp8.py": "trainer launches",
+    "tests/checkpoint/test_reshard.py": "checkpoint launches",
+    "tests/checkpoint/test_resume.py": "checkpoint launches",
+    "tests/checkpoint/test_reshard_ep_cp.py": "checkpoint launches",
+    "tests/report/": "report",  # tests/report/conftest.py's CLI outputs
+}
+# The launches SHARED_UNITS exist for: a module whose tests use one must be listed there.
+SHARED_FIXTURES = {"world1", "world2", "world4", "world8"} | {
+    "launch_two",
+    "launch_four",
+    "launch_two_after_four",
+    "launch_eight",
+}
+# The longest units (minutes of multi-rank launches or refits), handed out before the rest in this order.
+FIRST = ("trainer launches", "tests/bench/test_prediction_error.py", "checkpoint launches")
+XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit of a test under ``--dist loadscope``: its module, or the shared unit it belongs to."""
+    module = nodeid.split("::", 1)[0]
+    for prefix, unit in SHARED_UNITS.items():
+        if module == prefix or (prefix.endswith("/") and module.startswith(prefix)):
+            return unit
+    return module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadscope`` with this suite's units (``unit_of``), the ``FIRST`` ones handed out first."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete before the first unit is handed out
+                self.ordered = True
+                rank = {unit: n for n, unit in enumerate(FIRST)}
+                units = sorted(self.workqueue.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return Units(config, log)
+
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests of a module that declares ``BACKGROUND_JOBS`` (tests/helpers/background.py) run last, in
@@ -21,6 +86,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         module = getattr(item, "module", None)
         if getattr(module, "BACKGROUND_JOBS", None) and module not in modules:
             modules.append(module)
+    for item in items:
+        shared = SHARED_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if shared and unit_of(item.nodeid) == item.nodeid.split("::", 1)[0]:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the shared launch {sorted(shared)[0]}: list its module in tests/conftest.py's "
+                "SHARED_UNITS, or each xdist process launches it again"
+            )
     if not modules:
         return
     late = [item for item in items if getattr(item, "module", None) in modules]
@@ -30,7 +102,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
-    if not session.config.option.collectonly:
+    if not session.config.option.collectonly and not XDIST_WORKER:
         background.start(_BACKGROUND)
 
 
@@ -48,6 +120,8 @@ def trainer_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def early_one_rank_launch(request: pytest.FixtureRequest) -> None:
     """When a selected test needs the trainer tests' one-rank launch (``world1``), start it before the
     first test, in the background at the lowest priority (tests/helpers/trainer_launches.py)."""
+    if XDIST_WORKER:
+        return
     if any("world1" in getattr(item, "fixturenames", ()) for item in request.session.items):
         from tests.helpers.trainer_launches import start_early
 
