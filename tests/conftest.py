@@ -27,6 +27,7 @@ SHARED_UNITS = {
     "tests/trainer/test_moe.py": "trainer launches",
     "tests/trainer/test_context_parallel.py": "trainer launches",
     "tests/trainer/test_fp8.py": "trainer launches",
+    "tests/trainer/test_schedules_parity.py": "trainer launches",
     "tests/checkpoint/test_reshard.py": "checkpoint launches",
     "tests/checkpoint/test_resume.py": "checkpoint launches",
     "tests/checkpoint/test_reshard_ep_cp.py": "checkpoint launches",

@@ -26,13 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 from tests.helpers.ckpt_runs import Run, max_rel_diff, samples_by_step
-from tests.helpers.trainer_runs import weight_errors
+from tests.helpers.trainer_runs import RTOL, UPDATE_RTOL, WEIGHT_ATOL, weight_errors  # the parity tests' bounds
 
 from exatrain.trainer.checkpoint.storage import read_full
 
 pytestmark = pytest.mark.slow
-RTOL = 1e-5  # losses, as the parity tests
-UPDATE_RTOL = WEIGHT_ATOL = 1e-4  # trainer_runs.weight_errors, as the parity tests
 DROPOUT = 0.1
 SAVED = {"pp2": dict(pp=2), "tp2": dict(tp=2, sequence_parallel=True)}
 RESUMED_ON_TWO = {  # case: (layout, the run whose checkpoint it starts from)

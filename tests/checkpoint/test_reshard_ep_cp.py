@@ -21,13 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 from tests.helpers.ckpt_runs import Run, max_rel_diff, run_cases, samples_by_step
-from tests.helpers.trainer_runs import weight_errors
+from tests.helpers.trainer_runs import RTOL, UPDATE_RTOL, WEIGHT_ATOL, weight_errors  # the parity tests' bounds
 
 from exatrain.trainer.checkpoint.storage import read_full
 
 pytestmark = pytest.mark.slow
-RTOL = 1e-5
-UPDATE_RTOL = WEIGHT_ATOL = 1e-4
 STEPS, SAVE = 4, 2
 SAVED = {"ep2": dict(model="moe-tiny", dp=2, ep=2), "cp2": dict(cp=2, dropout=0.1)}
 RESUMED_ON_TWO = {"ep1-dp2-from-ep2": (dict(model="moe-tiny", dp=2), "ep2")}

@@ -22,7 +22,14 @@ NICE = 19
 
 
 def groups() -> dict[str, Callable[[Path], dict[int, dict[str, dict[str, Any]]]]]:
-    from tests.trainer import test_compile, test_context_parallel, test_fp8, test_moe, test_parity
+    from tests.trainer import (
+        test_compile,
+        test_context_parallel,
+        test_fp8,
+        test_moe,
+        test_parity,
+        test_schedules_parity,
+    )
 
     return {
         "parity": test_parity.launch_cases,
@@ -30,6 +37,7 @@ def groups() -> dict[str, Callable[[Path], dict[int, dict[str, dict[str, Any]]]]
         "moe": test_moe.launch_cases,
         "cp": test_context_parallel.launch_cases,
         "fp8": test_fp8.launch_cases,
+        "schedules": test_schedules_parity.launch_cases,
     }
 
 

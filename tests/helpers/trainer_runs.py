@@ -24,6 +24,13 @@ STEPS = 10
 MICRO_BATCH = 2
 GLOBAL_BATCH = 8  # 4 micro-batches with dp 1, 2 per replica with dp 2: every schedule's minimum
 LR = 3e-3  # high enough that 10 steps move the loss well away from its start
+# The bounds of a layout's parity with its single-process reference (test_parity.py's docstring says how
+# far the runs were measured to be): per-step losses and gradient norms; grad_error of the step-1
+# gradients; weight_errors' whole update and any single weight after the last step.
+RTOL = 1e-5
+GRAD_RTOL = 1e-5
+UPDATE_RTOL = 1e-4
+WEIGHT_ATOL = 1e-4
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,30 @@ def read_run(path: Path) -> Run:
         record=records[-1] if records else None,
         dump=dump if dump.is_dir() else None,
     )
+
+
+def parity_checks(run: Run, ref: Run) -> dict[str, bool]:
+    """The parity checks of ``run`` against its single-process reference ``ref`` (the bounds above), by a
+    name that carries the measured error: losses and gradient norms per step, the step-1 gradients, the
+    update and the single weights after the last step."""
+    assert len(run.losses) == len(ref.losses), (len(run.losses), len(ref.losses))
+    g_err, g_at = grad_error(run.grads(), ref.grads())
+    u_err, w_err, w_at = weight_errors(run.weights(), ref.weights(), ref.weights(0))
+    return {
+        f"losses ({max_rel_diff(run.losses, ref.losses):.2e})": max_rel_diff(run.losses, ref.losses) <= RTOL,
+        f"gradient norms ({max_rel_diff(run.grad_norms, ref.grad_norms):.2e})": (
+            max_rel_diff(run.grad_norms, ref.grad_norms) <= RTOL
+        ),
+        f"step-1 gradients ({g_err:.2e} at {g_at})": g_err <= GRAD_RTOL,
+        f"update ({u_err:.2e})": u_err <= UPDATE_RTOL,
+        f"weights ({w_err:.2e} at {w_at})": w_err <= WEIGHT_ATOL,
+    }
+
+
+def assert_checks(checks: dict[str, bool]) -> None:
+    """Fail naming every check that failed, with its measured error."""
+    failed = [name for name, ok in checks.items() if not ok]
+    assert not failed, failed
 
 
 def lines(metrics: Path) -> list[dict]:

@@ -1,8 +1,9 @@
 """One launch per world size for the multi-rank trainer tests.
 
 Starting ranks (a process and a torch import each, then the process group) costs more than most
-cases, so the parity, compile, mixture-of-experts, context-parallel and FP8 cases of a world size run in one set of
-spawned ranks (trainer/spawn.py ``launch_local`` runs its configs one after another), shared by the session.
+cases, so the parity, compile, mixture-of-experts, context-parallel, FP8 and pipeline-schedule cases of a world
+size run in one set of spawned ranks (trainer/spawn.py ``launch_local`` runs its configs one after another),
+shared by the session.
 Each module names its cases by world size (``launch_cases``); a case is ``group.name`` on disk and
 is handed back as ``runs[group][name]``. Each launch still fails when no rank makes progress for
 ``STALL_S`` (a hang, not a deadline). The launches themselves are in tests/helpers/trainer_launches.py;

@@ -79,7 +79,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.helpers.trainer_runs import STEPS, Run, grad_error, max_rel_diff, weight_errors
+from tests.helpers.trainer_runs import (
+    RTOL,
+    STEPS,
+    Run,
+    assert_checks,
+    grad_error,
+    max_rel_diff,
+    parity_checks,
+)
 
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape
@@ -88,10 +96,8 @@ from exatrain.trainer.parallel.build import execution_plan
 from exatrain.trainer.parallel.pipeline import split_stages
 
 pytestmark = pytest.mark.slow
-RTOL = 1e-5  # losses and gradient norms, per step
-GRAD_RTOL = 1e-5  # trainer_runs.grad_error of the first step's gradients
-UPDATE_RTOL = 1e-4  # trainer_runs.weight_errors: the whole update after the last step
-WEIGHT_ATOL = 1e-4  # the same: any single weight
+# The float32 bounds (losses and gradient norms per step, step-1 gradients, update, single weights) are
+# trainer_runs.RTOL, GRAD_RTOL, UPDATE_RTOL and WEIGHT_ATOL, shared with the other parity tests.
 # bf16 autocast on the same recipe (DDP: each rank runs the reference's micro-batches, averaging in
 # float32): as tight as float32 parity, while float32 against bf16 is far outside.
 # bf16 FSDP gathers bf16 weights (its norms and embeddings too) and accumulates micro-batch gradients
@@ -203,20 +209,11 @@ def assert_parity(case: str, run: Run, reference: dict[str, Run]) -> None:
     if case == "dp2-fsdp-zero3-bf16":
         assert_bf16_fsdp(run, ref, reference["gpt" + SHORT])
         return
-    g_err, g_at = grad_error(run.grads(), ref.grads())
-    u_err, w_err, w_at = weight_errors(run.weights(), ref.weights(), ref.weights(0))
     dtype = "bfloat16" if case.endswith("bf16") else "float32"
-    checks = {
-        "losses": max_rel_diff(run.losses, ref.losses) <= RTOL,
-        "gradient norms": max_rel_diff(run.grad_norms, ref.grad_norms) <= RTOL,
-        f"step-1 gradients ({g_err:.2e} at {g_at})": g_err <= GRAD_RTOL,
-        f"update ({u_err:.2e})": u_err <= UPDATE_RTOL,
-        f"weights ({w_err:.2e} at {w_at})": w_err <= WEIGHT_ATOL,
-        # autocast computes in bf16 from float32 weights
-        f"dtypes {run.dtypes()}": run.dtypes() == dict(input=dtype, weight="float32", output=dtype),
-    }
-    failed = [name for name, ok in checks.items() if not ok]
-    assert not failed, failed
+    checks = parity_checks(run, ref)
+    # autocast computes in bf16 from float32 weights
+    checks[f"dtypes {run.dtypes()}"] = run.dtypes() == dict(input=dtype, weight="float32", output=dtype)
+    assert_checks(checks)
 
 
 def assert_bf16_fsdp(run: Run, ref: Run, fp32: Run) -> None:
@@ -228,8 +225,7 @@ def assert_bf16_fsdp(run: Run, ref: Run, fp32: Run) -> None:
         "losses": max_rel_diff(run.losses, ref.losses) <= BF16_RTOL,
         f"step-1 gradients from float32's ({g_err:.2e})": g_err >= FP32_FLOOR,
     }
-    failed = [name for name, ok in checks.items() if not ok]
-    assert not failed, failed
+    assert_checks(checks)
 
 
 def test_reference_learns(reference: dict[str, Run]) -> None:

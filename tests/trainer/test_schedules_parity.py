@@ -1,12 +1,12 @@
 """The one-chunk and V zero-bubble schedules (zbh1, zbv, dualpipev) train exactly like one process.
 
 gpt-tiny (4 layers, a tied embedding), float32, CPU, gloo, seed 0, 3 steps of 4 micro-batches: the three
-schedules over pp 2 in one launch of 2 ranks, against a single-process run of the same config (both
-module-scoped: 3 runs in one set of ranks, and one reference). Checked as tests/trainer/test_parity.py
-checks a layout: losses and gradient norms per step within RTOL, every parameter's step-1 gradient within
-GRAD_RTOL (trainer_runs.grad_error), the update and every weight after the last step within UPDATE_RTOL and
-WEIGHT_ATOL. Under zbv and dualpipev rank 0 holds the first and the last stage, so the tied embedding's two
-copies are summed on that rank (grads.sync_tied_embedding) instead of over an embedding group. That the
+schedules over pp 2 in the trainer tests' shared two-rank launch, against a single-process run of the same
+config in the one-rank launch (conftest.py). Checked as tests/trainer/test_parity.py checks a layout
+(trainer_runs.parity_checks): losses and gradient norms per step within RTOL, every parameter's step-1
+gradient within GRAD_RTOL (trainer_runs.grad_error), the update and every weight after the last step within
+UPDATE_RTOL and WEIGHT_ATOL. Under zbv and dualpipev rank 0 holds the first and the last stage, so the tied
+embedding's two copies are summed on that rank (grads.sync_tied_embedding) instead of over an embedding group. That the
 trainer builds torch's class for each schedule is checked without ranks (``build_schedule`` on stand-ins).
 
 Broken on purpose and seen to fail here:
@@ -20,16 +20,12 @@ Broken on purpose and seen to fail here:
 from __future__ import annotations
 
 import pytest
-from tests.helpers.trainer_runs import grad_error, max_rel_diff, run_batch, weight_errors
+from tests.helpers.trainer_runs import Run, assert_checks, parity_checks
 
 from exatrain.catalog import get_model
 from exatrain.plan import ParallelDims, Plan, TrainShape
 
 pytestmark = pytest.mark.slow
-RTOL = 1e-5
-GRAD_RTOL = 1e-5
-UPDATE_RTOL = 1e-4
-WEIGHT_ATOL = 1e-4
 STEPS = 3
 SCHEDULES = {
     "zbh1": dict(pp=2, schedule="zbh1"),
@@ -38,29 +34,21 @@ SCHEDULES = {
 }
 
 
+def launch_cases(out) -> dict[int, dict[str, dict]]:
+    """This module's cases by world size, for the shared launches (tests/trainer/conftest.py)."""
+    return {1: {"reference": dict(steps=STEPS)}, 2: {k: dict(kw, steps=STEPS) for k, kw in SCHEDULES.items()}}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("schedules")
-    ref = run_batch(out / "one", {"reference": dict(steps=STEPS)}, timeout_s=900)
-    two = run_batch(out / "two", {k: dict(kw, steps=STEPS) for k, kw in SCHEDULES.items()}, timeout_s=900)
-    return {**ref, **two}
+def runs(world1: dict, world2: dict) -> dict[str, Run]:
+    return {**world1["schedules"], **world2["schedules"]}
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_each_schedule_trains_like_one_process(runs: dict, schedule: str) -> None:
     run, ref = runs[schedule], runs["reference"]
     assert len(run.losses) == len(ref.losses) == STEPS
-    g_err, g_at = grad_error(run.grads(), ref.grads())
-    u_err, w_err, w_at = weight_errors(run.weights(), ref.weights(), ref.weights(0))
-    checks = {
-        "losses": max_rel_diff(run.losses, ref.losses) <= RTOL,
-        "gradient norms": max_rel_diff(run.grad_norms, ref.grad_norms) <= RTOL,
-        f"step-1 gradients ({g_err:.2e} at {g_at})": g_err <= GRAD_RTOL,
-        f"update ({u_err:.2e})": u_err <= UPDATE_RTOL,
-        f"weights ({w_err:.2e} at {w_at})": w_err <= WEIGHT_ATOL,
-    }
-    failed = [name for name, ok in checks.items() if not ok]
-    assert not failed, failed
+    assert_checks(parity_checks(run, ref))
     assert ref.losses[-1] < ref.losses[0]  # it trained
 
 
