@@ -1,8 +1,8 @@
-"""Tuning for real: gpt-tiny over 4 CPU ranks (gloo), each trial a real `exatrain train` run.
+"""Tuning for real: gpt-tiny over 2 CPU ranks (gloo), each trial a real `exatrain train` run.
 
 The tuner (a separate process, as a user runs it) is SIGKILLed while its second trial runs, then the
-same command is run again, this time through a launcher template (`srun -n 4 {cmd}` with the srun
-stand-in of tests/helpers/slurm_standins.py, which starts 4 ranks the way SLURM does). The rerun must mark the cut-off
+same command is run again, this time through a launcher template (`srun -n 2 {cmd}` with the srun
+stand-in of tests/helpers/slurm_standins.py, which starts 2 ranks the way SLURM does). The rerun must mark the cut-off
 trial interrupted, run its layout again, never rerun the finished one, and finish with 3 measured
 trials whose best is the reported best. Every subprocess runs in its own process group, killed whole
 on the way out; waits poll for progress (files under the test's folder changing) and fail only after a
@@ -38,7 +38,7 @@ def test_tune_real_runs_survives_sigkill_and_resumes_through_a_launcher(tmp_path
         "--model",
         "gpt-tiny",
         "--gpus",
-        "4",
+        "2",
         "--global-batch",
         "8",
         "--trials",
@@ -75,7 +75,7 @@ def test_tune_real_runs_survives_sigkill_and_resumes_through_a_launcher(tmp_path
     bin_dir = install(tmp_path / "bin")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SRUN_LOG=str(tmp_path / "srun.jsonl"))
-    rerun, out, err = start([*argv, "--launcher", "srun -n 4 {cmd}"], tmp_path / "logs", "rerun", env=env)
+    rerun, out, err = start([*argv, "--launcher", "srun -n 2 {cmd}"], tmp_path / "logs", "rerun", env=env)
     finish([rerun], [tmp_path], [out, err], what="the tuner's rerun")
     assert rerun.returncode == 0, err.read_text()
     d = json.loads(out.read_text())
@@ -93,11 +93,11 @@ def test_tune_real_runs_survives_sigkill_and_resumes_through_a_launcher(tmp_path
     records = read_run_records(tmp_path / "tune.runs.jsonl")
     layouts = [r.plan.with_estimate(None) for r in records]
     assert len(records) == 3 and len(set(layouts)) == 3 and layouts.count(first_layout) == 1
-    for r in records:  # measured by the real trainer on 4 ranks, predicted by the cost model
-        assert r.status == "ok" and r.device == "cpu" and r.env["world_size"] == 4
+    for r in records:  # measured by the real trainer on 2 ranks, predicted by the cost model
+        assert r.status == "ok" and r.device == "cpu" and r.env["world_size"] == 2
         assert r.measured.tokens_per_s > 0 and r.predicted.tokens_per_s > 0
     assert {r.env["tune_trial"] for r in records} == {t["number"] for t in ok}
     srun_calls = [json.loads(x) for x in (tmp_path / "srun.jsonl").read_text().splitlines()]
     started_by_rerun = [t for t in d["trials"] if t["number"] >= 2]  # the retry, then new picks
-    assert len(srun_calls) == len(started_by_rerun) >= 2 and all(c["options"]["--ntasks"] == "4" for c in srun_calls)
+    assert len(srun_calls) == len(started_by_rerun) >= 2 and all(c["options"]["--ntasks"] == "2" for c in srun_calls)
     assert all(c["command"][1:3] == ["-m", "exatrain.train"] for c in srun_calls)
