@@ -40,8 +40,27 @@ SHARED_FIXTURES = {"world1", "world2", "world4", "world8"} | {
     "launch_two_after_four",
     "launch_eight",
 }
-# The longest units (minutes of multi-rank launches or refits), handed out before the rest in this order.
-FIRST = ("trainer launches", "tests/bench/test_prediction_error.py", "checkpoint launches")
+# The longest units (multi-rank launches, refits, traces: a minute or more each on two quiet cores), handed out
+# before the rest in this order, so that no long one starts last. The modules with BACKGROUND_JOBS are among them:
+# under xdist their commands run when their tests need them.
+FIRST = (
+    "trainer launches",
+    "tests/bench/test_prediction_error.py",
+    "checkpoint launches",
+    "tests/bench/test_trace.py",
+    "tests/bench/test_trace_fast.py",
+    "tests/bench/test_trace_moe_cp.py",
+    "tests/bench/test_trace_counted.py",
+    "tests/trainer/test_failures.py",
+    "tests/test_readme_examples.py",
+    "tests/cli/test_cli_surface.py",
+    "tests/planner/test_search.py",
+    "tests/checkpoint/test_crash.py",
+    "tests/tuning/test_tune_live.py",
+    "tests/launch/test_launch_live.py",
+    "tests/planner/test_calibration.py",
+    "tests/api/test_demo.py",
+)
 XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 
