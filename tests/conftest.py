@@ -64,6 +64,25 @@ FIRST = (
 XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 
+TERMINAL_ENV = ("COLUMNS", "LINES")  # readline sets them in an xdist worker (80 x 24); a serial session has none
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """(xdist's controller) Hand each worker this session's terminal size variables, unset ones included."""
+    node.workerinput["terminal_env"] = {name: os.environ.get(name) for name in TERMINAL_ENV}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, the controller's terminal size variables: commands that size their tables by COLUMNS
+    (report/text.py: 160 columns when it is unset) print what they print in one pytest process."""
+    for name, value in getattr(config, "workerinput", {}).get("terminal_env", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def unit_of(nodeid: str) -> str:
     """The work unit of a test under ``--dist loadscope``: its module, or the shared unit it belongs to."""
     module = nodeid.split("::", 1)[0]
