@@ -16,9 +16,10 @@ VENV ?= .venv
 RUN_ARGS ?=
 # Extra arguments for pytest, e.g. `make test PYTEST_ARGS=tests/planner`.
 PYTEST_ARGS ?=
-# pytest processes (pytest-xdist): modules, and the modules sharing one launch, are shared out whole
-# (tests/conftest.py); PYTEST_WORKERS=0 runs the suite in one process.
-PYTEST_WORKERS ?= 2
+# pytest processes (pytest-xdist; 0: one process, the default): modules, and the modules sharing one launch,
+# are shared out whole (tests/conftest.py). On two cores more gains nothing: the suite's background jobs already
+# use the second core.
+PYTEST_WORKERS ?= 0
 # The interpreter of the installed environment (override to run `make check` with another one).
 ENV_PYTHON ?= $$(bash scripts/install.sh --print-python)
 
