@@ -171,11 +171,11 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     chosen = [r for r in own if r.source in pe.PRIOR_CHOSEN_ON["h100-sxm"]]
     assert {r.source for r in chosen} == {pe.MB_SUMMARY, pe.MB_ARCHIVE} and all(r.in_sample for r in chosen)
     assert all(not r.in_sample and r.oos_s == r.prior_s for r in own if r.engine == "llm-foundry")
-    # a run planned through another engine's profile (fms-fsdp's, priced_as llm-foundry) is never in a fit: the
-    # shipped prior predicts it, and no refit counts it
+    # a run planned through another engine's profile (fms-fsdp's, priced_as llm-foundry; nanotron's, priced_as
+    # megatron-core) is never in a fit: the shipped prior predicts it, and no refit counts it
     proxy = [r for r in dgx if r.runtime != r.engine]
     assert proxy and all(not r.in_sample and r.oos_s == r.prior_s for r in proxy)
-    assert {r.engine for r in proxy} == {"fms-fsdp"}  # the Llama 3 rows state no micro-batch
+    assert {r.engine for r in proxy} == {"fms-fsdp", "nanotron"}  # the Llama 3 rows state no micro-batch
     kernels = {(r.runtime, r.flash_kernel) for r in rows}
     assert ("torchtitan", "fa2") in kernels and ("llm-foundry", "triton") in kernels
     assert not any(k for e, k in kernels if e not in ("torchtitan", "llm-foundry"))
