@@ -265,7 +265,7 @@ def test_megatron_lm_2021_rows_are_planned_as_their_script_ran(pe) -> None:
     table = list(csv.DictReader(pe.CSV_PATH.open(encoding="utf-8")))
     fp16 = {i for i, r in enumerate(table) if r["dtype"] == "fp16"}
     assert {i for i, r in rows.items() if r.plan.dtype == "float16"} == fp16 & set(rows)
-    assert {rows[i].engine for i in fp16 & set(rows)} == {"megatron-core", "megatron-deepspeed"}
+    assert {rows[i].engine for i in fp16 & set(rows)} == {"megatron-core", "megatron-deepspeed", "metaseq"}  # OPT-175B
     later = [r for r in rows.values() if r.engine == "megatron-core" and r.source != NARAYANAN]
     assert later and all(r.plan.grad_accum_fusion == "" for r in later)
     assert {r.index for r in later if r.overlap == "none"} == {18, 19}  # "not overlapped", as Korthikanti says
