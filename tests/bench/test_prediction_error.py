@@ -163,19 +163,19 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     assert all(r.oos_s != pytest.approx(r.prior_s, rel=1e-6) for r in teton)
     # the H200 page is predicted from the DGX H100 pages' fit, and those from the other H100 page's and the H200's
     h200 = [r for r in rows if r.cluster.device.name == "h200-sxm" and r.oos_s is not None]
-    # (the H100 rows of llm-foundry, priced with its own profile, enter the fit too: bf16 runs, which the FP8
-    # speed-up does not move)
-    assert len(h200) == 2 and all(r.in_sample and r.oos_how == "refit on 85 runs of 3 other source(s)" for r in h200)
+    # (the H100 rows of llm-foundry and of Megatron-LM's README, each priced with its own profile, enter the fit too:
+    # bf16 runs, which the FP8 speed-up does not move; nanotron's, priced through another engine's profile, do not)
+    assert len(h200) == 2 and all(r.in_sample and r.oos_how == "refit on 94 runs of 4 other source(s)" for r in h200)
     dgx = [r for r in rows if r.cluster.device.name == "h100-sxm" and r.oos_s is not None]
     own = [r for r in dgx if r.runtime == r.engine]
     chosen = [r for r in own if r.source in pe.PRIOR_CHOSEN_ON["h100-sxm"]]
     assert {r.source for r in chosen} == {pe.MB_SUMMARY, pe.MB_ARCHIVE} and all(r.in_sample for r in chosen)
     assert all(not r.in_sample and r.oos_s == r.prior_s for r in own if r.engine == "llm-foundry")
-    # a run planned through another engine's profile (fms-fsdp's, priced_as llm-foundry) is never in a fit: the
-    # shipped prior predicts it, and no refit counts it
+    # a run planned through another engine's profile (fms-fsdp's, priced_as llm-foundry; nanotron's, priced_as
+    # megatron-core) is never in a fit: the shipped prior predicts it, and no refit counts it
     proxy = [r for r in dgx if r.runtime != r.engine]
     assert proxy and all(not r.in_sample and r.oos_s == r.prior_s for r in proxy)
-    assert {r.engine for r in proxy} == {"fms-fsdp"}  # the Llama 3 rows state no micro-batch
+    assert {r.engine for r in proxy} == {"fms-fsdp", "nanotron"}  # the Llama 3 rows state no micro-batch
     kernels = {(r.runtime, r.flash_kernel) for r in rows}
     assert ("torchtitan", "fa2") in kernels and ("llm-foundry", "triton") in kernels
     assert not any(k for e, k in kernels if e not in ("torchtitan", "llm-foundry"))
@@ -265,7 +265,7 @@ def test_megatron_lm_2021_rows_are_planned_as_their_script_ran(pe) -> None:
     table = list(csv.DictReader(pe.CSV_PATH.open(encoding="utf-8")))
     fp16 = {i for i, r in enumerate(table) if r["dtype"] == "fp16"}
     assert {i for i, r in rows.items() if r.plan.dtype == "float16"} == fp16 & set(rows)
-    assert {rows[i].engine for i in fp16 & set(rows)} == {"megatron-core", "megatron-deepspeed"}
+    assert {rows[i].engine for i in fp16 & set(rows)} == {"megatron-core", "megatron-deepspeed", "metaseq"}  # OPT-175B
     later = [r for r in rows.values() if r.engine == "megatron-core" and r.source != NARAYANAN]
     assert later and all(r.plan.grad_accum_fusion == "" for r in later)
     assert {r.index for r in later if r.overlap == "none"} == {18, 19}  # "not overlapped", as Korthikanti says
