@@ -43,6 +43,7 @@ import numpy as np
 
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.plan import Plan, StepEstimate
+from exatrain.planner.cost import shrinkage  # the share of the bias a calibration on few runs took
 
 BANDS_PATH = Path(__file__).resolve().parents[1] / "catalog" / "data" / "error_bands.json"
 WIDE_DEFAULT = (0.33, 3.0)  # measured / predicted where nothing is known (convention, see above)
@@ -467,8 +468,6 @@ def centred(b: Band, runs: int, table: Mapping[str, Any] | None = None) -> Band:
     table = load_bands() if table is None else table
     if b.basis == "default" or "center" not in table:
         return b
-    from exatrain.planner.cost import shrinkage  # the share of the bias a calibration on ``runs`` runs took
-
     c = math.exp(float(table["center"]) * shrinkage.taken(runs))
     why = f"centred on the prediction calibrated on {runs} run{'s' * (runs > 1)} (the sources' median bias taken out)"
     return Band(b.low / c, b.high / c, b.n, b.engine, b.family, b.basis, sources=b.sources, widened=(*b.widened, why))
