@@ -132,10 +132,20 @@ _NCCL_BASE_S, _RCCL_BASE_S = 8.4e-6, 17e-6
 _HOPPER_FLASH = dict(
     attn_eff=1.2026, attn_seq_half=743.0, attn_call_overhead_s=409.9e-6, fa2_attn_ratio=329.483 / 631.338
 )
-# A100's flash attention is FlashAttention-2, which reaches "50-73% of the theoretical maximum FLOPs/s on
-# A100" (Dao 2023, arXiv 2307.08691, abstract), FLOPs counted there with the causal half: the low end, 50%,
-# is attn_eff 1.0 in this model's full count (its Narayanan/Korthikanti/Dash rows have no flash kernel,
-# so this changes none of the rows the rest of the A100 prior was chosen on).
+# Fused attention kernels measured side by side on one A100 80GB SXM4: causal forward + backward, head dim 128, 16
+# heads (hidden 2048), sequence 512 to 16k at 16k tokens (FlashAttention-2, Dao 2023, arXiv 2307.08691, Figure 4(d);
+# the figure's bars are benchmarks/data/a100_flashattention2_fig4.csv). Each column fitted by calibrate.fit_attention
+# (tests/planner/test_attention_cost.py refits them): (attn_eff, attn_seq_half, attn_call_overhead_s) of the
+# model's full-count rate. FlashAttention-2 reaches 199 TFLOPS (causal half-count) at long keys, half of it at 522
+# keys; the Triton FlashAttention (triton.ops.flash_attention in the paper's benchmarks/benchmark_flash_attention.py:
+# Phil Tillet's Triton tutorial kernel, FlashAttention-1's algorithm, which flash_attn_triton.py, llm-foundry's
+# attn_impl "triton", started from) 101 TFLOPS, half of it only at 992 keys (28 against FA2's 99 TFLOPS at 512
+# keys, 92 against 189 at 16k).
+A100_FA2_CURVE = (1.2750950, 522.44636, 0.0)
+A100_TRITON_CURVE = (0.6468573, 992.27397, 9.5284826e-05)
+# The A100 prior's attention is FlashAttention-2's curve (its Narayanan/Korthikanti/Dash rows have no flash kernel, so
+# this changes none of the rows the rest of the A100 prior was chosen on).
+_A100_FLASH = dict(zip(("attn_eff", "attn_seq_half", "attn_call_overhead_s"), A100_FA2_CURVE))
 # Hopper's FP8 GEMMs against its bf16 ones, with the casts priced apart (cost.fp8.CAST_BYTES), bounded
 # by the data sheet's FP8 / bf16 peak ratio (2.0001x). No FP8 GEMM has been micro-benchmarked, so the
 # ratio is fitted to published runs, separately for the two power limits the table holds:
@@ -167,7 +177,7 @@ DEFAULTS: dict[str, CostParams] = {
     "a100-80gb": CostParams(
         gemm_eff=0.85,
         gemm_overhead_s=15e-6,
-        attn_eff=1.0,
+        **_A100_FLASH,
         mem_eff=0.70,
         link_eff=0.70,
         dp_overlap=1.0,
@@ -268,12 +278,12 @@ DEFAULTS: dict[str, CostParams] = {
 
 # The fields of a hand-chosen prior that come from outside the published runs it was chosen against — a
 # paper's or a library's own figure, cited above — and so were chosen against no run: A100's attention
-# rate (Dao 2023), NCCL's per-call latency (tuning.cc baseLat) and its ring rate over the NICs
-# (nccl-tests#290, nccl#1048); RCCL's per-call latency. A refit that holds a source out
+# rate and its fall-off at short keys (Dao 2023), NCCL's per-call latency (tuning.cc baseLat) and its ring
+# rate over the NICs (nccl-tests#290, nccl#1048); RCCL's per-call latency. A refit that holds a source out
 # (benchmarks/prediction_error.py, leave one source out) starts from the generic CostParams() with these
 # (``cited_params``) and fits only the factors chosen by hand.
 CITED: dict[str, tuple[str, ...]] = {
-    "a100-80gb": ("attn_eff", "collective_overhead_s", "net_eff", "comm_contention"),
+    "a100-80gb": ("attn_eff", "attn_seq_half", "collective_overhead_s", "net_eff", "comm_contention"),
     "mi250x-gcd": ("collective_overhead_s", "comm_contention"),
 }
 

@@ -29,7 +29,7 @@ from exatrain.errors import UserError
 from exatrain.settings import ATTENTION_KERNELS, ELEMENTWISE
 from exatrain.accounting.flops import Gemm, layer_gemms, logits_gemm
 from exatrain.accounting.memory import COMPUTE_BYTES
-from exatrain.planner.cost.coefficients import CostParams
+from exatrain.planner.cost.coefficients import A100_FA2_CURVE, A100_TRITON_CURVE, CostParams
 
 
 # Host-side terms: on a CPU whose cores the ranks share, each stretches like the arithmetic does.
@@ -126,12 +126,17 @@ def flash_attention_s(core: list[Gemm], dev: Device, calls: int = 1, seq_len: fl
     return fwd, 2.5 * fwd
 
 
-# A FlashAttention-1 class kernel against FlashAttention-2 on the same device. FlashAttention reaches "only 25-40% of
-# the theoretical maximum FLOPs/s" and FlashAttention-2 "50-73%" on A100 (Dao 2023, arXiv 2307.08691, abstract): the
-# low ends, as the A100 prior takes FA2's, give 0.5. llm-foundry's attn_impl "triton" runs flash-attention's Triton
-# port of FlashAttention (flash_attn_triton.py, built with a pre-MLIR Triton), whose docstring says "Overall Triton
-# forward + backward is slightly slower than CUDA forward + backward" (FlashAttention-1's).
-FA1_OVER_FA2 = 25.0 / 50.0
+def _triton_from_fa2(params: CostParams) -> CostParams:
+    """The Triton kernel on a device whose FlashAttention-2 rate ``params`` describes (``fa2_attn_ratio`` already
+    applied): its long-key rate the A100's Triton / FA2 ratio of FA2's, its half-point and call time FA2's plus what
+    the Triton kernel adds on the A100 (A100_TRITON_CURVE - A100_FA2_CURVE: per-query work in key-equivalents, and
+    the kernel's fixed time per call)."""
+    (fa_eff, fa_half, fa_call), (tr_eff, tr_half, tr_call) = A100_FA2_CURVE, A100_TRITON_CURVE
+    return params.replace(
+        attn_eff=params.attn_eff * tr_eff / fa_eff,
+        attn_seq_half=params.attn_seq_half + tr_half - fa_half,
+        attn_call_overhead_s=params.attn_call_overhead_s + tr_call - fa_call,
+    )
 
 
 def with_launch_blocking(params: CostParams) -> CostParams:
@@ -151,13 +156,13 @@ def with_attention_kernel(params: CostParams, kernel: str) -> CostParams:
     """The parameters for a run whose flash attention is ``kernel`` (``settings.ATTENTION_KERNELS``; an engine's
     ``ActivationRules.flash_kernel``). The prior's attention rate describes the device's fastest fused
     kernel; "fa2" scales it by ``fa2_attn_ratio`` (and sets the ratio to 1, so applying it twice changes
-    nothing); "triton" (a FlashAttention-1 class kernel) runs at ``FA1_OVER_FA2`` of FA2's rate; "fused" and "sdpa"
-    (torch's SDPA, which picks cuDNN's kernel on Hopper from torch 2.11 and FlashAttention-2 elsewhere, where the prior
-    is FA2's) keep it."""
+    nothing); "triton" (a FlashAttention-1 class kernel) runs FA2's curve as the A100's measured Triton kernel departs
+    from it (``_triton_from_fa2``); "fused" and "sdpa" (torch's SDPA, which picks cuDNN's kernel on Hopper from torch
+    2.11 and FlashAttention-2 elsewhere, where the prior is FA2's) keep it."""
     if kernel not in ATTENTION_KERNELS:
         raise UserError(f"unknown attention kernel {kernel!r}; choose among {', '.join(ATTENTION_KERNELS)}")
     if kernel == "triton":
-        return params.replace(attn_eff=params.attn_eff * params.fa2_attn_ratio * FA1_OVER_FA2, fa2_attn_ratio=1.0)
+        return _triton_from_fa2(params.replace(attn_eff=params.attn_eff * params.fa2_attn_ratio, fa2_attn_ratio=1.0))
     if kernel != "fa2" or params.fa2_attn_ratio == 1.0:
         return params
     return params.replace(attn_eff=params.attn_eff * params.fa2_attn_ratio, fa2_attn_ratio=1.0)
