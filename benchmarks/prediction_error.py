@@ -241,7 +241,9 @@ def _measured_step_s(r: dict, model: ModelSpec | None, peak: float | None) -> tu
         return gb / got["samples/s"], "samples/s"
     tf = next((got[u] for u in ("TFLOPS/GPU", "TFLOPS/GCD") if u in got), None)
     if tf is not None:  # the source's count includes the recompute forward (Narayanan 2021 Eq. 3)
-        return hardware_flops_per_step(model, gb, r["recompute"] or "none") / (tf * 1e12 * n), "TFLOPS (Eq. 3)"
+        # (a full recomputation's note, "full (checkpoints split over tp)", reruns every layer all the same)
+        recompute = "full" if r["recompute"].startswith("full") else r["recompute"] or "none"
+        return hardware_flops_per_step(model, gb, recompute) / (tf * 1e12 * n), "TFLOPS (Eq. 3)"
     mfu = next((v for u, v in got.items() if u.startswith("MFU")), None)
     if mfu is not None and peak:
         return model_flops_per_step(model, gb) / (mfu / 100 * peak * n), "MFU (Eq. 7)"
@@ -360,6 +362,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         modules = r["recompute"][len(recompute) :].strip(" ()")
         recompute_modules: tuple[str, ...] = ()
         every = 0
+        distribute = False
         if r["engine"] == "megatron-core" and recompute == "selective" and modules:
             # Megatron-Core --recompute-modules: planned as it ran (Plan.recompute_modules)
             recompute_modules = recompute_modules_of(modules.replace(" ", ""))
@@ -369,6 +372,11 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             # selective_checkpointing 2: every other block checkpointed whole (Plan.recompute_every)
             recompute, every = "full", 2
             row.notes.append("recompute one layer in 2, whole (every other block checkpointed)")
+        elif recompute == "full" and modules == "checkpoints split over tp":
+            # Megatron-Core --distribute-saved-activations, DeepSpeed partition_activations, metaseq
+            # --distribute-checkpointed-activations: planned as it ran (Plan.distribute_saved_activations)
+            distribute = True
+            row.notes.append("checkpoints split over tp")
         elif recompute != r["recompute"]:
             row.notes.append(f"recompute {r['recompute']!r} planned as {recompute}")
         capacity, balance = _moe_routing(r.get("moe_routing", ""))
@@ -409,6 +417,7 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
                 adam_kernel=_adam_kernel(r),
                 recompute_modules=recompute_modules,
                 recompute_every=every,
+                distribute_saved_activations=distribute,
                 launch_blocking=_launch_blocking(r),
                 stage_layers=tuple(int(x) for x in r.get("stage_layers", "").split()),
             )

@@ -49,6 +49,7 @@ SAMPLES = {
     "recompute_modules": (("layernorm",), dict(_DENSE, runtime="megatron-core", recompute="selective")),
     "recompute_layers": (2, dict(_DENSE, runtime="megatron-core", recompute="full")),
     "recompute_every": (2, dict(_DENSE, runtime="torchtitan", recompute="full")),
+    "distribute_saved_activations": (True, dict(_DENSE, runtime="megatron-core", recompute="full")),
     "launch_blocking": (True, dict(_DENSE, runtime="megatron-core")),
     "offload": ("optimizer", dict(_DENSE, runtime="megatron-deepspeed", zero=1)),
 }
@@ -157,6 +158,8 @@ def test_the_trainer_refuses_what_each_record_says() -> None:
         # the sample's settings (made for another runtime) on a plan the trainer runs on the CPU otherwise
         model = "moe-tiny" if kw["model"] == "moe-tiny" else "llama-tiny"
         keep = {k: kw[k] for k in ("recompute", "zero") if k in kw}
+        if s.name == "distribute_saved_activations":  # its rule needs tensor parallelism to split over
+            keep["tp"] = 2
         settings = _sample(s.name).settings
         plan = make_plan(
             model, get_cluster("local-cpu"), gpus=2, micro_batch=1, global_batch=2, dtype="bfloat16", **keep
@@ -165,7 +168,7 @@ def test_the_trainer_refuses_what_each_record_says() -> None:
             TrainConfig(plan=plan).check()
         assert str(e.value) == line, s.name
         refused += 1
-    assert refused == 15  # every setting but the runtime, fp8 (trainer/fp8.py's own check) and its own default
+    assert refused == 16  # every setting but the runtime, fp8 (trainer/fp8.py's own check) and its own default
 
 
 def test_each_export_writes_or_notes_each_setting() -> None:
@@ -229,6 +232,11 @@ ILLEGAL = {
     ),
     "recompute_layers": (2, dict(_DENSE, runtime="megatron-core", recompute="selective"), "--recompute-layers"),
     "recompute_every": (2, dict(_DENSE, runtime="megatron-core", recompute="full"), "torchtitan's layer-level"),
+    "distribute_saved_activations": (
+        True,
+        dict(_DENSE, runtime="megatron-core", recompute="selective"),
+        "use --recompute full",
+    ),
     "launch_blocking": ("yes", dict(_DENSE, runtime="megatron-core"), "launch_blocking must be true or false"),
     "offload": ("params", dict(_DENSE, runtime="megatron-core"), "--offload params is not run by megatron-core"),
 }

@@ -38,6 +38,7 @@ class RunSettings:
     recompute_modules: tuple = ()
     recompute_layers: int = 0
     recompute_every: int = 0
+    distribute_saved_activations: bool = False
     offload: str = "none"
     launch_blocking: bool = False
 
@@ -141,6 +142,10 @@ class SettingsView:
     @property
     def recompute_every(self) -> int:
         return self.settings.recompute_every
+
+    @property
+    def distribute_saved_activations(self) -> bool:
+        return self.settings.distribute_saved_activations
 
     @property
     def offload(self) -> str:

@@ -272,6 +272,25 @@ def test_megatron_lm_2021_rows_are_planned_as_their_script_ran(pe) -> None:
     assert {r.index for r in later if r.overlap == "none"} == {18, 19}  # "not overlapped", as Korthikanti says
 
 
+def test_opt_175b_is_planned_with_its_checkpoints_split_over_tp(pe) -> None:
+    """OPT-175B's launcher (metaseq opt_baselines.py) sets --distribute-checkpointed-activations: each of its 96
+    layers' checkpointed inputs is kept as 1/8 per tensor-parallel rank. The row says so (its recompute column) and
+    is planned with it; that, not a wider band, is what brings its worst stage under the A100's 80 GiB: whole
+    checkpoints (8 micro-batch sequences x 96 layers on every rank) would not fit. (Broken on purpose and seen to
+    fail here: ``load_rows`` not reading "checkpoints split over tp" from the recompute column.)"""
+    from exatrain.planner.memory_advice import worst_stage
+
+    row = next(r for r in pe.load_rows() if r.name.startswith("OPT-175B"))
+    assert row.plan.recompute == "full" and row.plan.distribute_saved_activations
+    capacity = row.cluster.device.hbm_bytes
+    _, split = worst_stage(row.plan, row.cluster)
+    _, whole = worst_stage(row.plan.replace(distribute_saved_activations=False), row.cluster)
+    m = row.plan.model
+    kept = 2 * m.seq_len * row.plan.micro_batch * m.hidden * m.layers  # fp16 layer inputs, every layer
+    assert whole.activations - split.activations == pytest.approx(kept * (1 - 1 / 8))
+    assert split.total < 0.8 * capacity < capacity < whole.total
+
+
 def test_torchtitan_rows_before_fused_adam_run_foreach(pe) -> None:
     """torchtitan's default Adam was torch's foreach AdamW until fused became the default on 2025-02-24: a row whose
     torchtitan dates (YYYY-MM or a bare year) all predate it is planned with --adam-kernel foreach, later ones and

@@ -7,7 +7,7 @@ from exatrain.accounting import memory
 from exatrain.accounting.engines import Resolved
 from exatrain.accounting.memory import RankCounts
 
-_RUN = ("dtype", "flash", "engine", "cross_entropy", "cp_comm", "recompute_modules")
+_RUN = ("dtype", "flash", "engine", "cross_entropy", "cp_comm", "recompute_modules", "distribute_saved_activations")
 _RANK = (
     "params_here",
     "layers_here",

@@ -173,6 +173,7 @@ def stage_memory(plan: Plan, pp_rank: int, engine: EngineProfile | None = None) 
         engine=engine,
         cross_entropy=loss or "upcast",
         recompute_modules=plan.recompute_modules,
+        distribute_saved_activations=plan.distribute_saved_activations,
         moe_load=1.0,
     )
     rank = RankCounts(
@@ -315,6 +316,13 @@ def _rules(m: ModelSpec, run: Resolved, lay: RankLayout) -> _Rules:
         dtype=dtype,
     )
     b, tp, zero_stage = lay.micro_batch, lay.tp, lay.zero_stage
+    # Full recomputation's checkpoint split over the tp ranks (Plan.distribute_saved_activations: the rule allows it
+    # only without sequence parallelism, where every tp rank holds the layer input whole): 1/tp of it per rank.
+    split = tp if run.settings.distribute_saved_activations and not lay.sequence_parallel else 1.0
+
+    def saved(mode: str, nbytes):
+        return nbytes / split if mode == "full" else nbytes
+
     if engine is None:
 
         def state_bytes(degree):
@@ -322,7 +330,7 @@ def _rules(m: ModelSpec, run: Resolved, lay: RankLayout) -> _Rules:
             return st.weights, st.gradients, st.optimizer
 
         def layer_bytes(mode: str, moe: bool = False):
-            return layer_activation_bytes(m, b, tp, recompute=mode, moe=moe, **kw)
+            return saved(mode, layer_activation_bytes(m, b, tp, recompute=mode, moe=moe, **kw))
 
         return _Rules(state_bytes, 2, 0.0, 4.0, 0.0, FRAGMENTATION_ALLOWANCE, layer_bytes)
 
@@ -330,7 +338,7 @@ def _rules(m: ModelSpec, run: Resolved, lay: RankLayout) -> _Rules:
         return engine.state_bytes(dtype, zero_stage, degree)
 
     def engine_layer_bytes(mode: str, moe: bool = False):
-        return engine_layer_activation_bytes(engine, m, b, tp, recompute=mode, moe=moe, **kw)
+        return saved(mode, engine_layer_activation_bytes(engine, m, b, tp, recompute=mode, moe=moe, **kw))
 
     return _Rules(
         engine_state_bytes,

@@ -152,6 +152,8 @@ def _lm_memory_flags(plan: Plan) -> list[Flag]:
         mem.append(Flag("--recompute-granularity", "selective"))
         if plan.recompute_modules:  # a list of its own (settings.RECOMPUTE_MODULES: Megatron-Core's names, nargs='*')
             mem.append(Flag("--recompute-modules", plan.recompute_modules[0], plan.recompute_modules[1:]))
+    if plan.distribute_saved_activations:  # each checkpoint split over tp (tensor_parallel.random.CheckpointFunction)
+        mem.append(Flag("--distribute-saved-activations"))
     if plan.zero_stage == 1:  # the distributed optimizer shards fp32 master weights + Adam states over dp
         mem.append(Flag("--use-distributed-optimizer"))
     if plan.offload != "none":  # HybridDeviceOptimizer, all of it on the CPU (megatron/core/optimizer/cpu_offloading)
@@ -347,6 +349,8 @@ def megatron_deepspeed_groups(plan: Plan, ds_config_path: str) -> tuple[tuple[Fl
     ds = [Flag("--deepspeed"), Flag("--deepspeed_config", ds_config_path)]
     if plan.recompute == "full":
         ds.append(Flag("--deepspeed-activation-checkpointing"))
+    if plan.distribute_saved_activations:  # deepspeed.checkpointing.configure(partition_activations=...)
+        ds.append(Flag("--partition-activations"))
     prec: list[Flag] = precision_flags(plan)
     if plan.flash_attention:  # the flash-attn package's kernels (no cuDNN, no SDPA): fused or sdpa get a note
         prec.append(Flag("--use-flash-attn-v2"))

@@ -120,6 +120,8 @@ def _memory(
         granularity = "selective"
     if granularity == "full":
         s["recompute"] = "full"
+        if f.has("--distribute-saved-activations") or f.has("--partition-activations"):
+            s["distribute_saved_activations"] = True  # each checkpoint split over tp (Megatron-Core, DeepSpeed)
         if method == "block" and count:
             s["recompute_layers"] = count
         elif method == "uniform" and count and count > 1:

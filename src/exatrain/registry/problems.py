@@ -19,6 +19,7 @@ from exatrain.registry.vocab import (
     CP_COMMS_WITHOUT_WINDOWS,
     CROSS_ENTROPY,
     CROSS_ENTROPY_RUNTIMES,
+    DISTRIBUTE_SAVED_RUNTIMES,
     ELEMENTWISE,
     FLOAT16_RUNTIMES,
     FLOAT16_WHY_NOT,
@@ -153,6 +154,33 @@ def recompute_modules_problem(modules, recompute, runtime: str) -> str | None:
         return (
             f"--recompute-modules chooses what selective recomputation reruns; with --recompute {recompute} "
             "Megatron-Core ignores it: use --recompute selective, or drop it"
+        )
+    return None
+
+
+def distribute_saved_problem(on, plan) -> str | None:
+    """Why ``plan`` cannot keep its full-recomputation checkpoints split over its tp ranks
+    (DISTRIBUTE_SAVED_RUNTIMES), or None: off, or on with full recomputation, tp > 1 and no sequence parallelism
+    (Megatron-Core's TransformerConfig refuses it with sequence parallelism, whose checkpoints are split already)."""
+    if not on:
+        return None
+    flag = "--distribute-saved-activations"
+    if plan.runtime not in DISTRIBUTE_SAVED_RUNTIMES:
+        return (
+            f"{flag} is Megatron-Core's --distribute-saved-activations and Megatron-DeepSpeed's "
+            f"--partition-activations; runtime {plan.runtime} does not split its checkpoints: use --runtime "
+            f"{' or '.join(DISTRIBUTE_SAVED_RUNTIMES)}, or drop it"
+        )
+    if plan.recompute != "full":
+        return (
+            f"{flag} splits full recomputation's checkpoints; with --recompute {plan.recompute}: use --recompute full"
+        )
+    if plan.tp < 2:
+        return f"{flag} splits each checkpoint over the tensor-parallel ranks; with --tp 1 there is none to split over"
+    if plan.sequence_parallel:
+        return (
+            f"{flag} with --sequence-parallel: the checkpoints are split over the tp ranks already (Megatron-Core "
+            "refuses both); drop one"
         )
     return None
 

@@ -8,6 +8,7 @@ from exatrain.registry.exports import adam_note, blocking_note, fusion_note, lab
 from exatrain.registry.problems import (
     adam_kernel_problem,
     cp_comm_for,
+    distribute_saved_problem,
     cp_comm_rule,
     grad_accum_fusion_problem,
     grad_accum_problem,
@@ -427,6 +428,40 @@ STEP_SETTINGS: tuple[Setting, ...] = (
                     f"torchtitan 0.3 checkpoints every block or none (FullAC): the plan checkpoints one block in "
                     f"{p.recompute_every}, and this command line every block"
                 )
+            )
+        },
+    ),
+    Setting(
+        "distribute_saved_activations",
+        bool,
+        False,
+        arg="switch",
+        problem=distribute_saved_problem,
+        help=(
+            "with --recompute full, --tp > 1 and no --sequence-parallel: keep each layer's checkpointed input as "
+            "1/tp of it per tensor-parallel rank, all-gathered over tp before the layer's rerun (Megatron-Core "
+            "--distribute-saved-activations, Megatron-DeepSpeed --partition-activations, metaseq "
+            "--distribute-checkpointed-activations); --runtime megatron-core or megatron-deepspeed; priced as the "
+            "memory it frees (the one all-gather a layer it adds to the backward is not priced); default off"
+        ),
+        # Its full recomputation keeps every block's input whole (parallel/activation.py).
+        trainer=lambda v, c: (
+            None
+            if not v
+            else (
+                "the exatrain trainer keeps each checkpointed layer input whole on every tp rank; plan "
+                "--distribute-saved-activations for Megatron-Core or Megatron-DeepSpeed, or train a plan made "
+                "without it"
+            )
+        ),
+        label=label("checkpoints split over tp"),
+        exports={"megatron": "--distribute-saved-activations", "deepspeed": "--partition-activations"},
+        notes={
+            "torchtitan": lambda p: (
+                "the plan was priced with its checkpoints split over the tp ranks; torchtitan keeps each "
+                "checkpointed block input whole"
+                if p.distribute_saved_activations
+                else ""
             )
         },
     ),

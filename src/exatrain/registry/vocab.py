@@ -84,6 +84,13 @@ RECOMPUTE_LAYERS_RUNTIMES = ("megatron-core",)
 # 0 = every layer (its mode "full"). Under PyTorch FSDP1 (llm-foundry) the same choice is torch's
 # apply_activation_checkpointing with a check_fn that wraps every Nth block (fms-fsdp's selective_checkpointing).
 RECOMPUTE_EVERY_RUNTIMES = ("torchtitan", "llm-foundry")
+# ``distribute_saved_activations`` (with recompute "full", tp > 1, no sequence parallelism): each full-recomputation
+# checkpoint (a layer's input, whole on every tp rank without sequence parallelism) is kept as 1/tp of it per tp rank
+# and all-gathered over the tp group before its layer's rerun. Megatron-Core --distribute-saved-activations
+# (megatron/core/tensor_parallel/random.py CheckpointFunction: split_tensor_into_1d_equal_chunks; TransformerConfig
+# refuses it with sequence parallelism), Megatron-DeepSpeed --partition-activations (DeepSpeed's activation
+# checkpointing, partition_activations), metaseq --distribute-checkpointed-activations (OPT-175B).
+DISTRIBUTE_SAVED_RUNTIMES = ("megatron-core", "megatron-deepspeed")
 # How a MoE layer's tokens reach their experts (cost.moe.a2a_time_s): "alltoall" sends every routed
 # copy to its expert's rank (Megatron-Core's alltoall dispatcher, torchtitan's and exatrain's all-to-all);
 # "deepep" and "hybridep" (Megatron-Core's flex dispatcher backends) send a token once per destination
