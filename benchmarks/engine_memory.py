@@ -14,7 +14,7 @@ these rows). Some mechanisms were found by looking into a row's miss, their valu
 engine's code (``FOUND_ON``): those rows are not an independent check of that mechanism, so each
 profile's own rows are also summarised without them ("check rows"). A row measured as torch's max
 *allocated* memory is compared with the prediction before the allocator allowance, a *reserved* one
-with the prediction including it.
+with the prediction including it; a row that states both (Megatron's memory line) is compared on each.
 A profile that cannot plan a row (a ZeRO stage or gradient dtype it lacks) prints n/a.
 
     python benchmarks/engine_memory.py [--csv PATH]
@@ -47,16 +47,24 @@ FOUND_ON: dict[int, str] = {
 }
 
 
-def predicted_gib(row: "pe.Row", profile: str) -> float | None:
-    """The row's worst stage in GiB as ``profile`` runs its plan (without the allocator allowance where the row
-    states allocated bytes); None where the profile cannot run it."""
+def predicted_gib(row: "pe.Row", profile: str, allocated: bool | None = None) -> float | None:
+    """The row's worst stage in GiB as ``profile`` runs its plan (without the allocator allowance where the figure
+    compared, ``allocated``, default the row's own, is allocated bytes); None where the profile cannot run it."""
     try:
         plan = row.plan if profile == row.runtime else row.plan.replace(runtime=profile).validate()
         _, worst = worst_stage(plan, row.cluster)
     except (UserError, ValueError):
         return None
     allowance = get_engine(profile).allocator_allowance
-    return (worst.total / (1 + allowance) if row.memory_allocated else worst.total) / GIB
+    allocated = row.memory_allocated if allocated is None else allocated
+    return (worst.total / (1 + allowance) if allocated else worst.total) / GIB
+
+
+def figures(row: "pe.Row") -> list[tuple[float, bool]]:
+    """The row's measured peaks, (GiB, allocated?): its own, and the max reserved it states beside max allocated."""
+    return [(row.memory_gib, row.memory_allocated)] + (
+        [(row.memory_reserved_gib, False)] if row.memory_reserved_gib is not None else []
+    )
 
 
 def line(name: str, errs: list[float]) -> str:
@@ -81,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     by_kind: dict[str, list[float]] = {}
     head = " ".join(f"{p[:18]:>18}" for p in PROFILES)
     print(f"{'row':>3} {'run':52} {'engine':18} {'measured':>9} {head}  notes")
-    for r in rows:
+    for r, (measured, allocated) in ((r, f) for r in rows for f in figures(r)):
         cells = []
         for p in PROFILES:
-            got = predicted_gib(r, p)
+            got = predicted_gib(r, p, allocated)
             if got is None:
                 cells.append(f"{'n/a':>18}")
                 continue
-            err = got / r.memory_gib - 1
+            err = got / measured - 1
             errors[p].append(err)
             if p == r.runtime:
                 own[p].append(err)
@@ -96,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                 if r.index not in FOUND_ON:
                     check[p].append(err)
             cells.append(f"{got:9.1f} {err:+7.1%} ")
-        kind = "alloc" if r.memory_allocated else "resv"
+        kind = "alloc" if allocated else "resv"
         notes = "; ".join(r.notes + ([f"found on it: {FOUND_ON[r.index]}"] if r.index in FOUND_ON else []))
-        print(f"{r.index:3d} {r.name[:52]:52} {r.engine:18} {r.memory_gib:6.1f}{kind:>5} {' '.join(cells)}  {notes}")
+        print(f"{r.index:3d} {r.name[:52]:52} {r.engine:18} {measured:6.1f}{kind:>5} {' '.join(cells)}  {notes}")
     print("\n|predicted / measured - 1| of the memory per GPU")
     for p in PROFILES:
         print(line(f"{p}: every row it can plan", errors[p]))

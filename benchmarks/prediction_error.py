@@ -42,11 +42,12 @@ Leave one source out. The only thing the cost model takes from data is its per-d
     ``moe_capacity_factor=C``, as a user would plan with --moe-force-balance / --moe-capacity-factor C.
 Memory has no fitted factor: each engine profile (accounting.engines) is predicted as
 benchmarks/engine_memory.py does, so its error is out of sample by construction. The memory band
-(planner/memory_band.py) is fitted on the measured peaks of every source but the row's own (the residuals' quantiles
-themselves out of source, ``_memory_fit``), and with it every run that trained gets the verdict of its predicted worst
-stage against its device: a run that trained fitted, so "does not fit" there is a miss (target 0), and the report
-counts those and the tight ones. ``--runs FILE`` adds the trainer's own measured peaks (RunRecords that measured
-device memory) as memory rows of runtime exatrain, one source per file.
+(planner/memory_band.py) is fitted on the measured peaks of every source but the row's own (its half-width from the
+residuals each out of its own source, symmetric, ``_memory_fit``; a row stating torch's max reserved beside its max
+allocated gives both figures, ``memory_figures``), and with it every run that trained gets the verdict of its
+predicted worst stage against its device: a run that trained fitted, so "does not fit" there is a miss (target 0),
+and the report counts those and the tight ones. ``--runs FILE`` adds the trainer's own measured peaks (RunRecords
+that measured device memory) as memory rows of runtime exatrain, one source per file.
 
 Measured step time, from the row's own figure in this order: s/iteration; tokens/s/GPU
 (global_batch * seq / (tokens/s/GPU * GPUs)); TFLOPS/GPU with the source's hardware-FLOP count
@@ -61,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime
 import json
 import math
@@ -183,6 +185,7 @@ class Row:
     band: tuple[float, float] | None = None  # its p10-p90 of measured / predicted, fitted without its source
     runtime: str = ""  # the exatrain runtime it is planned with: its engine, or the ``priced_as`` profile
     memory_full_gib: float | None = None  # the worst stage as ``estimate`` gives it (the verdict's prediction)
+    memory_reserved_gib: float | None = None  # torch's max reserved where the source states it beside max allocated
     memory_band: tuple[float, float] | None = None  # p10-p90 of measured / predicted memory, without its source
     verdict: str = ""  # the memory verdict with that band (planner/memory_band.py), for a run that trained
     trained: bool = False  # the run trained (a measured step time, or a RunRecord that ended ok)
@@ -296,6 +299,9 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
         if r["memory_per_gpu_gib"].strip():
             row.memory_gib = float(r["memory_per_gpu_gib"])
             row.memory_allocated = "allocated" in r["memory_kind"]
+            reserved = re.search(r"max reserved ([\d.]+) MiB", r["memory_kind"])
+            if row.memory_allocated and reserved:  # the same run's peak with the allocator's cache (memory_figures)
+                row.memory_reserved_gib = float(reserved.group(1)) / 1024
         out.append(row)
         missing = [
             k
@@ -1100,15 +1106,14 @@ def memory_lines(rows: list[Row], m: dict) -> list[str]:
     out = [
         "memory: measured peak (allocated or reserved, as the source states) against the prediction, the band "
         "fitted without the row's source:",
-        f"{'#':>3} {'run':52} {'measured':>9} {'predicted':>9} {'error':>7}  band",
+        f"{'#':>3} {'run':52} {'measured':>9} {'kind':>5} {'predicted':>9} {'error':>7}  band",
     ]
-    for r in rows:
-        if r.memory_gib is not None and r.memory_pred_gib is not None:
-            band = f"{r.memory_band[0]:.2f}–{r.memory_band[1]:.2f}" if r.memory_band else "—"
-            out.append(
-                f"{r.index:3d} {r.name[:52]:52} {r.memory_gib:9.2f} {r.memory_pred_gib:9.2f} "
-                f"{r.memory_pred_gib / r.memory_gib - 1:+7.1%}  {band}"
-            )
+    for r in memory_figures(rows):
+        band = f"{r.memory_band[0]:.2f}–{r.memory_band[1]:.2f}" if r.memory_band else "—"
+        out.append(
+            f"{r.index:3d} {r.name[:52]:52} {r.memory_gib:9.2f} {'alloc' if r.memory_allocated else 'resv':>5} "
+            f"{r.memory_pred_gib:9.2f} {r.memory_pred_gib / r.memory_gib - 1:+7.1%}  {band}"
+        )
     e, b = m["error"], m["band"]
     if e["n"]:
         out.append(
@@ -1262,13 +1267,36 @@ def band_stats(rows: list[Row]) -> dict:
 # ---- memory: bands fitted on other sources' measured peaks, verdicts on the runs that trained -------------------
 
 
+def memory_figures(rows: list[Row]) -> list[Row]:
+    """Every measured peak memory with its prediction, one Row each: a row's own figure, and where its source states
+    torch's max reserved beside its max allocated (Megatron's memory line prints both), that figure too, compared
+    with the whole prediction (the allocator allowance included, as every reserved figure is). Both are of the row's
+    source, so leaving a source out leaves both out; the reserved one carries what the allowance, one stated
+    fraction, does not: how much the caching allocator holds beyond the tensors in that run."""
+    out = []
+    for r in rows:
+        if r.memory_gib is None or r.memory_pred_gib is None or r.plan is None:
+            continue
+        out.append(r)
+        if r.memory_reserved_gib is not None and r.memory_full_gib is not None:
+            out.append(
+                dataclasses.replace(
+                    r,
+                    memory_gib=r.memory_reserved_gib,
+                    memory_allocated=False,
+                    memory_pred_gib=r.memory_full_gib,
+                    memory_reserved_gib=None,
+                )
+            )
+    return out
+
+
+MEMORY_COVERAGE = 0.8  # the share of an unseen source's measured peaks the memory band is made to hold (p10-p90's)
+
+
 def memory_items(rows: list[Row]) -> list[tuple[Row, "bandlib.Traits"]]:
-    """Every row with a measured and a predicted peak memory, with its traits."""
-    return [
-        (r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine))
-        for r in rows
-        if r.memory_gib is not None and r.memory_pred_gib is not None and r.plan is not None
-    ]
+    """Every measured peak memory (``memory_figures``) with its run's traits."""
+    return [(r, bandlib.traits_of(r.plan, r.cluster, proxy=r.runtime != r.engine)) for r in memory_figures(rows)]
 
 
 def _memory_scale(train: list) -> dict | None:
@@ -1289,10 +1317,13 @@ def _memory_scale(train: list) -> dict | None:
 
 def _memory_fit(items: list, holdout: str | None = None) -> dict | None:
     """The memory band's parameters from ``items`` of every source but ``holdout`` (None below two sources): the
-    center and scales of ``_memory_scale``, and quantiles of residuals each out of its own source (every source of
-    the fit left out of an inner fit in turn, its runs standardized by that fit's center and scale, each source
-    weighing the same): measured memories come from a handful of sources whose offsets differ, so quantiles of
-    in-fit residuals would cover the fit's sources and not the next one."""
+    center and scales of ``_memory_scale``, and the band's half-width in scales: the 80th percentile of the absolute
+    residuals each out of its own source (every source of the fit left out of an inner fit in turn, its runs
+    standardized by that fit's center and scale, each source weighing the same). Measured memories come from a
+    handful of sources whose offsets differ, so quantiles of in-fit residuals would cover the fit's sources and not
+    the next one; and with so few, which side of the center the next source lands on is not known from the others,
+    so the band is symmetric about the center (split-conformal with the absolute residual as its score): a source
+    that lands above as far as another landed below is covered alike."""
     train = [(r, tr) for r, tr in items if r.source != holdout]
     params = _memory_scale(train)
     if params is None:
@@ -1316,8 +1347,9 @@ def _memory_fit(items: list, holdout: str | None = None) -> dict | None:
             u.append((math.log(r.memory_gib / r.memory_pred_gib) - inner["center"]) / scale)
             w.append(1.0 / (len(srcs) * len(held)))
     if u:
-        params["quantiles"] = [bandlib.weighted_quantile(np.array(u), np.array(w), q) for q in (0.1, 0.9)]
-        params["quantiles_from"] = "out of source"
+        half = bandlib.weighted_quantile(np.abs(np.array(u)), np.array(w), MEMORY_COVERAGE)
+        params["quantiles"] = [-half, half]
+        params["quantiles_from"] = f"out of source, symmetric: the {MEMORY_COVERAGE:.0%} quantile of |residual|"
     params["validated"] = bandlib.validated_summary([tr for _, tr in train])
     return params
 
@@ -1351,7 +1383,7 @@ def loso_memory_bands(rows: list[Row]) -> None:
 def memory_summary(rows: list[Row]) -> dict:
     """Memory error and band coverage on the measured peaks (every source weighing the same too), and the verdicts
     on the runs that trained: a run that trained fitted, so "does not fit" is a miss (target 0)."""
-    meas = [r for r in rows if r.memory_pred_gib is not None and r.memory_gib is not None]
+    meas = memory_figures(rows)
     banded = [r for r in meas if r.memory_band is not None]
     inside = [r.memory_band[0] <= r.memory_gib / r.memory_pred_gib <= r.memory_band[1] for r in banded]
     per: dict[str, list[bool]] = {}
@@ -1400,8 +1432,9 @@ def memory_bands(rows: list[Row], t: dict, command: str) -> dict:
             1,
             command,
             params,
-            "p10-p90 of measured/predicted peak memory: center + sigma x quantiles of the standardized "
-            "log ratios, sigma growing with the distance from the measured runs",
+            "central 80% of measured/predicted peak memory: center +- sigma x the 80% quantile of the absolute "
+            "standardized log ratios (each out of its own source), sigma growing with the distance from the "
+            "measured runs",
         ),
         "unseen": params["unseen"],
         "validated": params["validated"],

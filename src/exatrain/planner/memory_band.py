@@ -15,9 +15,14 @@ how many of those features lie outside what was measured (each counted once, oct
             (+ defaults * default)
 
 (a distance no run of the fit lies at cannot be measured and takes the widest scale the runs did show, as in
-band.py). The quantiles are those of residuals each out of its own source, so that the offsets between sources,
-which few sources cannot average away, are in the band (``benchmarks/prediction_error.py`` ``_memory_fit``). The band
-is [low, high] of measured / predicted, the p10-p90 of those ratios, out of sample.
+band.py). The band is [low, high] of measured / predicted: exp(center -+ q * scale), q the 80th percentile of the
+absolute residuals each standardized out of its own source (``benchmarks/prediction_error.py`` ``_memory_fit``), so
+the offsets between sources, which few sources cannot average away, are in its width, on both sides alike: with a
+handful of sources, which side of the center the next one lands on is not known (split-conformal with the absolute
+residual as its score; it holds 80% of an unseen source's peaks, as a p10-p90 would). The measured peaks are
+torch's max allocated (compared without the allocator allowance) and max reserved (with it) as each source states
+them; a source that states both gives both (``prediction_error.memory_figures``), the reserved one measuring the
+allocator's cache the allowance stands for.
 
 Verdict (``verdict``), with p the predicted peak of the worst stage, a its allocated part (p without the engine's
 allocator allowance, ``EngineProfile.allocator_allowance``: p = a * (1 + allowance)) and C the device's capacity:
@@ -116,19 +121,19 @@ def allowance_of(runtime: str) -> float:
 class MemoryBand:
     """A range of measured / predicted peak memory and where it came from."""
 
-    low: float  # measured / predicted, 10th percentile
-    high: float  # 90th percentile
+    low: float  # measured / predicted: the central 80%'s low end
+    high: float  # its high end
     n: int  # measured memories behind it (0 for the default)
     sources: int
     basis: str  # "out of sample" | "default"
     widened: tuple[str, ...] = field(default_factory=tuple)
-    statistic: str = "p10-p90 of measured/predicted peak memory"
+    statistic: str = "central 80% of measured/predicted peak memory"
 
     def describe(self) -> str:
         if self.basis == "default":
             return f"×{self.low:g}–×{self.high:g}: no measured-memory table, a stated convention"
         extra = ("; widened: " + ", ".join(self.widened)) if self.widened else ""
-        return f"p10–p90 from n={self.n} measured memories of {self.sources} sources, out of sample{extra}"
+        return f"central 80% from n={self.n} measured memories of {self.sources} sources, out of sample{extra}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
