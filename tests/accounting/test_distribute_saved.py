@@ -1,13 +1,15 @@
 """Full recomputation's checkpoints split over the tensor-parallel ranks (Plan.distribute_saved_activations:
 Megatron-Core --distribute-saved-activations, Megatron-DeepSpeed --partition-activations, metaseq
 --distribute-checkpointed-activations): each rank keeps 1/tp of every layer's checkpointed input and nothing else
-moves; the rule refuses it where no engine runs it; an exported config writes it and the reader reads it back.
+moves; the rule refuses it where no engine runs it; an exported config writes it and the reader reads it back; a
+search with it tries only the layouts it applies to.
 
 Broken on purpose and seen to fail here: ``_rules`` dividing every recomputation mode's layer bytes by tp, not only
 full's (the working-set and selective asserts); ``stage_memory`` leaving the setting out of its Resolved (the
 stage_memory assert); the split applied under sequence parallelism too (the sequence-parallel assert);
 ``distribute_saved_problem`` letting --tp 1 through (the rule assert); the reader not reading
---partition-activations (the round-trip assert).
+--partition-activations (the round-trip assert); the search's grid keeping tp 1, or its sequence-parallel choice
+kept open (the search assert).
 """
 
 from __future__ import annotations
@@ -124,3 +126,27 @@ def test_exported_configs_write_it_and_read_it_back() -> None:
         back = read_launch(out.text, source="launch.sh", side_files=dict(out.files))
         assert back.settings.get("distribute_saved_activations") is True, runtime
         assert flag not in back.unknown
+
+
+def test_a_search_with_it_tries_only_the_layouts_that_split_their_checkpoints() -> None:
+    """Every candidate of a search given the setting recomputes fully, without sequence parallelism, at tp > 1; a
+    pinned value that rules it out is refused in the rule's one line."""
+    from exatrain import api
+
+    res = api.search(
+        "gpt3-1.3b", "dgx-a100", gpus=16, global_batch=64, runtime="megatron-core", distribute_saved_activations=True
+    )
+    plans = list(res.ranked)
+    assert plans and all(p.distribute_saved_activations for p in plans)
+    assert all(p.recompute == "full" and not p.sequence_parallel and p.tp > 1 for p in plans)
+    for pin, needle in ((dict(tp=1), "with --tp 1"), (dict(recompute="none"), "use --recompute full")):
+        with pytest.raises(UserError, match=needle):
+            api.search(
+                "gpt3-1.3b",
+                "dgx-a100",
+                gpus=16,
+                global_batch=64,
+                runtime="megatron-core",
+                distribute_saved_activations=True,
+                **pin,
+            )

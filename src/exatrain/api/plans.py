@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -416,6 +417,18 @@ def space_options(
         )
     if recompute_layers and recompute_every:
         raise UserError("--recompute-layers is Megatron-Core's, --recompute-every torchtitan's: choose one")
+    split = bool(settings.get("distribute_saved_activations"))
+    if split:  # full recomputation's checkpoints split over tp ranks: only such candidates (search.space._grid: tp > 1)
+        from exatrain.registry.problems import distribute_saved_problem
+
+        pinned = SimpleNamespace(
+            runtime=settings.get("runtime") or "megatron-core",
+            recompute=recompute or "full",
+            tp=tp or 2,
+            sequence_parallel=bool(sequence_parallel),
+        )
+        if problem := distribute_saved_problem(True, pinned):
+            raise UserError(problem)
     variants = SCHEDULE_VARIANTS
     if schedule is not None:
         variants = tuple(v for v in variants if v[0] == schedule)
@@ -437,12 +450,16 @@ def space_options(
             ("selective",)
             if modules
             else ("full",)
-            if (recompute_layers and not auto) or recompute_every
+            if (recompute_layers and not auto) or recompute_every or split
             else (recompute,)
             if recompute
             else ("none", "selective", "full")
         ),
-        sequence_parallel=(sequence_parallel,) if sequence_parallel is not None else (False, True),
+        sequence_parallel=(sequence_parallel,)
+        if sequence_parallel is not None
+        else (False,)
+        if split
+        else (False, True),
         schedules=variants,
         ep=(ep,) if ep else None,
         cp=(cp,) if cp else None,

@@ -148,6 +148,8 @@ def _grid(model: ModelSpec, cluster: ClusterSpec, gpus: int, options: SpaceOptio
     index), sp, var (the schedule variant), ep, cp, v (its interleave), sched (its name), code (SCHEDULES index)."""
     L = model.layers
     tps = list(options.tp) if options.tp else _divisors(gpus, 4 * cluster.gpus_per_node)
+    if options.settings.distribute_saved_activations:  # its checkpoints split over the tp ranks: tp > 1 only
+        tps = [t for t in tps if t > 1]
     pps = list(options.pp) if options.pp else _divisors(gpus, 2 * L)
     mbs = list(options.micro_batch) if options.micro_batch else [1, 2, 4, 8, 16, 32]
     variants = list(options.schedules)
