@@ -314,3 +314,16 @@ def test_scaling_follows_the_search(table, capsys) -> None:
     )
     d = json.loads(capsys.readouterr().out)
     assert code == 0 and {p["memory_verdict"] for p in d["points"]} == {"fits"}
+
+
+def test_the_shipped_memory_table_is_symmetric_and_says_what_it_covered() -> None:
+    """The stored band (``prediction_error.py --write-bands``) is symmetric about its center (its half-width the 80%
+    quantile of the out-of-source absolute residuals) and carries the leave-one-source-out coverage and verdicts it
+    reached; no run that trained is called "does not fit" there, and the band holds at least three quarters of the
+    measured peaks of sources it never saw."""
+    t = mb.load_memory_bands()
+    lo, hi = t["quantiles"]
+    assert lo == -hi and hi > 0 and "central 80%" in t["statistic"]
+    held = t["leave_one_source_out"]
+    assert held["band"]["n"] == t["runs"] and held["verdicts"]["does not fit"] == 0
+    assert held["band"]["coverage"] >= 0.75
