@@ -4,21 +4,22 @@ Rows: the published runs benchmarks/prediction_error.py reads and prices (benchm
 each with its out-of-sample prediction there (the shipped prior where it never saw the row's source, else the prior
 refitted without the source) and its band fitted without its source (nested leave one source out).
 
-For every source with four or more priced runs on one cluster and engine (a group), the run at the median GPU count
-(the lower of the two middle ones) is turned into a RunRecord and calibrated on through ``exatrain calibrate``'s own
-path (``bench.fit.fit_calibration``, from the parameters that made the row's out-of-sample prediction): one run fits
-step_scale alone, shrunk to the share of a run's miss that its cluster shares (``planner.cost.shrinkage``, its
-between-source and within-source spreads measured on the other sources' runs, never the group's own: ``--no-shrink``
-takes the whole miss). Every other run of the group is predicted with the calibrated parameters, and its measured over
-predicted step time is checked against the band a one-run calibration carries (``planner.band.centred``): the
-published-run band (its ratios fitted without the source) without the share of its centre (the pooled sources'
-median bias) that the calibration removed, around the calibrated prediction; ``--keep-centre`` reports the band with
-its centre.
+For every source with four or more priced runs on one cluster and engine (a group), the run at the median GPU count (the
+lower of the two middle ones) is turned into a RunRecord and calibrated on through ``exatrain calibrate``'s own path
+(``bench.fit.fit_calibration``, from the parameters that made the row's out-of-sample prediction): one run fits the one
+term of the cost model (GEMM, attention, element-wise, communication, overheads) that carries the most of its prior
+uncertainty, shrunk to the prior (``planner.cost.shrinkage``: each term's spread between sources and a run's own,
+measured on the other sources' runs, never the group's own source). ``--scale-only`` fits step_scale alone, shrunk the
+same way (the whole step's spreads); ``--no-shrink`` step_scale on the whole miss. Every other run of the group is
+predicted with the calibrated parameters, and its measured over predicted step time is checked against the band a
+one-run calibration carries (``planner.band.centred``): the published-run band (its ratios fitted without the source)
+without the share of its centre (the pooled sources' median bias) that the calibration removed, around the calibrated
+prediction; ``--keep-centre`` reports the band with its centre.
 
 Printed per engine x hardware family and overall: runs predicted, groups, median |error|, p90 |error|, signed median
 (predicted / measured - 1), band coverage, uncalibrated median and signed median on the same runs.
 
-    python benchmarks/one_shot.py [--json OUT] [--keep-centre] [--no-shrink]
+    python benchmarks/one_shot.py [--json OUT] [--keep-centre] [--scale-only | --no-shrink]
 """
 
 from __future__ import annotations
@@ -113,20 +114,25 @@ def anchor_of(runs: list[pe.Row]) -> pe.Row:
 
 
 def one_shot(
-    rows: list[pe.Row], params: dict[int, CostParams], recentre: bool = False, shrink: bool = True
+    rows: list[pe.Row], params: dict[int, CostParams], recentre: bool = False, how: str = "terms"
 ) -> list[dict]:
     """Every predicted run of every group: its errors before and after the one-run calibration and its band
-    (``params``: each row's out-of-sample parameters, ``out_of_sample``); ``shrink``: the calibration takes the share
-    of the anchor's miss that the other sources' runs show a cluster shares (``cost.shrinkage``, estimated without
-    the group's source), else all of it."""
+    (``params``: each row's out-of-sample parameters, ``out_of_sample``). ``how``: "terms", the calibration fits the
+    term the anchor's breakdown says is the most uncertain, shrunk by the spreads the other sources' runs show
+    (``cost.shrinkage``, estimated without the group's source); "scale", step_scale shrunk by the whole step's
+    spreads; "whole", step_scale on all of the anchor's miss."""
     bands = loso_band_params(rows)
+    shares = pe.term_shares(rows) if how == "terms" else {}
     results = []
     for (source, cluster, engine), runs in sorted(groups(rows, set(params)).items()):
         a = anchor_of(runs)
-        held = shrinkage.estimate(pe.log_ratios_by_source(rows, without=source))
-        if not shrink:
+        if how == "terms":
+            held = pe.shrinkage_of(rows, shares, without=source)
+        elif how == "scale":
+            held = shrinkage.estimate(pe.log_ratios_by_source(rows, without=source))
+        else:
             held = shrinkage.Shrinkage(between=1.0, within=0.0)
-        weight = held.weight(1)
+        weight = held.weight(1)  # the share of the published band's centre a one-run calibration takes out
         rec = RunRecord(
             plan=a.plan,
             measured=Measured(steps=0, step_time_s=a.measured_s, tokens_per_s=a.plan.tokens_per_step / a.measured_s),
@@ -135,7 +141,8 @@ def one_shot(
         )
         base = Calibration(devices={}, fits={(a.cluster.name, a.plan.runtime): params[a.index]})
         with shrinkage.using(held):
-            fitted = fit_calibration([rec], base=base, cluster=a.cluster).calibration
+            result = fit_calibration([rec], base=base, cluster=a.cluster)
+        fitted, fit = result.calibration, result.fits[0]
         for r in runs:
             if r is a or r.index not in bands:
                 continue
@@ -162,6 +169,8 @@ def one_shot(
                     "calibrated_s": pred,
                     "step_scale": p.step_scale,
                     "weight": weight,
+                    "terms": list(fit.terms),
+                    "taken": fit.taken,
                     "band": [lo, hi],
                     "inside": bool(lo <= ratio <= hi),
                 }
@@ -203,7 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the published-run band with its centre (the sources' "
         "median bias), as if the calibration had not removed it",
     )
-    ap.add_argument(
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="calibrate step_scale alone, shrunk by the whole step's spreads (no term picked from the breakdown)",
+    )
+    how.add_argument(
         "--no-shrink",
         action="store_true",
         help="calibrate on all of the anchor's miss (step_scale = its measured over predicted), as before shrinkage",
@@ -212,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = pe.load_rows()
     pe.price(rows)
     params = out_of_sample(rows)
-    results = one_shot(rows, params, recentre=not args.keep_centre, shrink=not args.no_shrink)
+    how = "whole" if args.no_shrink else "scale" if args.scale_only else "terms"
+    results = one_shot(rows, params, recentre=not args.keep_centre, how=how)
     cells = table(results)
     print(
         f"{'engine/family':34} {'runs':>4} {'grp':>3} {'median':>7} {'p90':>7} {'signed':>7} {'band':>5} "
@@ -226,8 +242,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     band = "published-run band with its centre" if args.keep_centre else "published-run band without its centre"
     if results:
-        w = float(np.median([r["weight"] for r in results]))
-        print(f"\nshrinkage: the calibration takes {w:.2f} of the anchor's log miss (median over groups; 1 = all)")
+        anchors = {r["anchor"]: r for r in results}.values()
+        w = float(np.median([r["taken"] for r in anchors]))
+        picked: dict[str, int] = {}
+        for r in anchors:
+            for t in r["terms"] or ["step_scale"]:
+                picked[t] = picked.get(t, 0) + 1
+        fitted = ", ".join(f"{k} {n}" for k, n in sorted(picked.items(), key=lambda kv: -kv[1]))
+        print(
+            f"\nshrinkage: the calibration takes {w:.2f} of the anchor's log miss (median over groups; 1 = all); "
+            f"fitted, groups: {fitted}"
+        )
     print(
         f"\none run per group calibrated (the median GPU count), the group's other runs predicted; band: the {band}, "
         "fitted without the run's source, around the calibrated prediction; width: p90 - p10 over the prediction"

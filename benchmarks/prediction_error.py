@@ -1003,6 +1003,33 @@ def log_ratios_by_source(rows: list[Row], without: str = "") -> dict[str, list[f
     return out
 
 
+def term_shares(rows: list[Row]) -> dict[int, np.ndarray]:
+    """Each priced run's share of its step that each term of the cost model makes (``cost.shrinkage.shares``), as
+    its device's prior prices it: what ``term_samples`` pairs with its log ratio."""
+    return {
+        r.index: shrinkage.shares(lambda p, r=r: np.array([_predict_s(r, p)]), default_params(r.cluster.device.name))[0]
+        for r in rows
+        if r.oos_s is not None and r.measured_s
+    }
+
+
+def term_samples(rows: list[Row], shares: dict[int, np.ndarray], without: str = "") -> dict[str, list]:
+    """(log(measured / predicted out of sample), term shares) of the priced runs, by source (``without``: leave that
+    source out): what ``cost.shrinkage.estimate_terms`` fits each term's spread to."""
+    out: dict[str, list] = {}
+    for r in rows:
+        if r.index in shares and r.source != without:
+            out.setdefault(r.source, []).append((math.log(r.measured_s / r.oos_s), shares[r.index]))
+    return out
+
+
+def shrinkage_of(rows: list[Row], shares: dict[int, np.ndarray], without: str = "") -> shrinkage.Shrinkage:
+    """The calibration shrinkage measured on the priced runs (``without``: leave that source out): the spreads of
+    the whole step's log ratio and of each term's (``cost.shrinkage``)."""
+    whole = shrinkage.estimate(log_ratios_by_source(rows, without))
+    return dataclasses.replace(whole, terms=shrinkage.estimate_terms(term_samples(rows, shares, without)))
+
+
 def source_markdown(t: dict) -> str:
     """Per source x engine x hardware family (``per_source``): where the signed bias sits."""
     lines = ["| source | engine | hardware | runs | median | signed | in band |", "|---|---|---|---|---|---|---|"]
@@ -1710,7 +1737,7 @@ def main(argv: list[str] | None = None) -> int:
         memband.MEMORY_BANDS_PATH.write_text(
             json.dumps(memory_bands(rows, t, command), indent=1) + "\n", encoding="utf-8"
         )
-        shrink = shrinkage.estimate(log_ratios_by_source(rows))
+        shrink = shrinkage_of(rows, term_shares(rows))
         shrinkage.SHRINKAGE_PATH.write_text(
             json.dumps(shrinkage.to_dict(shrink, command, datetime.date.today().isoformat()), indent=1) + "\n",
             encoding="utf-8",

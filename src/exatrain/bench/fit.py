@@ -1,14 +1,15 @@
 """``exatrain calibrate``: refit the cost model's shared factors to the RunRecords of real runs.
 
-Runs are grouped by cluster and engine (the cluster each ran on: the plan's, the catalog cluster of
-its device, or the one given; the engine: the plan's runtime), whatever recorded them: exatrain's own
-trainer, or ``exatrain record`` for a run of another engine. Each group's few factors are fitted to all
-of its runs at once (``planner.cost.calibrate.fit_runs``: one run fits step_scale alone, more runs more
-factors, ``run_factors``), starting from a base calibration (e.g. ``exatrain bench``'s) or the device's
-prior; from ``MIN_BAND_RUNS`` runs on, the band an estimate calibrated on them carries is measured by
-predicting each run from the others (``held_out_band``). The result keeps the base's devices and link
-tiers, adds one set of parameters per cluster and engine (``Calibration.fits``), and records which runs
-and hosts it came from, so a prediction can tell whether it was calibrated on this machine. Torch-free.
+Runs are grouped by cluster and engine (the cluster each ran on: the plan's, the catalog cluster of its device, or the
+one given; the engine: the plan's runtime), whatever recorded them: exatrain's own trainer, or ``exatrain record`` for a
+run of another engine. Each group's few factors are fitted to all of its runs at once
+(``planner.cost.calibrate.fit_runs``: one run fits the one term of the cost model that its own breakdown says is the
+most uncertain, shrunk to the prior; more runs, more factors, ``run_factors``), starting from a base calibration (e.g.
+``exatrain bench``'s) or the device's prior; from ``MIN_BAND_RUNS`` runs on, the band an estimate calibrated on them
+carries is measured by predicting each run from the others (``held_out_band``). The result keeps the base's devices and
+link tiers, adds one set of parameters per cluster and engine (``Calibration.fits``), and records which runs and hosts
+it came from, so a prediction can tell whether it was calibrated on this machine. Torch-free.
+
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class GroupFit:
     before: dict[str, float]  # step-time error statistics with the base parameters
     after: dict[str, float]  # ... with the fitted ones (in sample)
     band: tuple[float, float] | None = None  # p10, p90 of measured / predicted, each run held out
+    terms: tuple[str, ...] = ()  # a shrunk fit's terms (planner/cost/shrinkage.py), else ()
+    taken: float | None = None  # a shrunk fit: the share of the runs' mean log miss it took
 
     @property
     def key(self) -> str:
@@ -50,6 +53,8 @@ class GroupFit:
             "factors": self.factors,
             "before": self.before,
             "after": self.after,
+            "terms": list(self.terms),
+            "taken": self.taken,
             "band": None
             if self.band is None
             else {"ratio_low": self.band[0], "ratio_high": self.band[1], "held_out_runs": self.runs},
@@ -66,7 +71,9 @@ class CalibrateResult:
         """Per cluster and engine: the fitted factors, the step-time error before and after, the band."""
         lines = []
         for f in self.fits:
-            fitted = ", ".join(f"{k}={v:.3g}" for k, v in f.factors.items())
+            fitted = ", ".join(f"{k}={v:.3g}" for k, v in f.factors.items()) or "nothing (no term is uncertain)"
+            if f.terms:
+                fitted = f"the {' and '.join(f.terms)} term{'s' * (len(f.terms) > 1)}: {fitted}"
             lines.append(f"{f.cluster} / {f.runtime} ({f.device}): {f.runs} run{'s' * (f.runs > 1)}; fitted {fitted}")
             for when, e in (("before:", f.before), ("after: ", f.after)):
                 lines.append(
@@ -87,15 +94,13 @@ class CalibrateResult:
 
 
 def _shrunk(f: GroupFit) -> str:
-    """Where step_scale alone was fitted: the share of the runs' log miss it took (planner/cost/shrinkage.py)."""
-    from exatrain.planner.cost import shrinkage
-
-    w = shrinkage.taken(f.runs)
-    return (
-        f"; step_scale takes {w:.2f} of the runs' log miss, their cluster's share"
-        if set(f.factors) == {"step_scale"} and w < 1
-        else ""
-    )
+    """Where a shrunk fit was made: the terms it moved and the share of the runs' log miss it took
+    (planner/cost/shrinkage.py)."""
+    if f.terms:
+        return f"; the {' and '.join(f.terms)} term{'s' * (len(f.terms) > 1)} took {f.taken:.2f} of the runs' log miss"
+    if set(f.factors) == {"step_scale"} and f.taken is not None and f.taken < 1:
+        return f"; step_scale takes {f.taken:.2f} of the runs' log miss, their cluster's share"
+    return ""
 
 
 def _groups(
@@ -164,6 +169,8 @@ def fit_calibration(
                 fit.before,
                 fit.after,
                 None if band is None else band[:2],
+                fit.terms,
+                fit.taken,
             )
         )
     extra = dict(base.extra) if base else {}

@@ -16,11 +16,12 @@ for runs (each evaluation is a full step-time prediction per run, so few evaluat
   collectives -> one measured link tier (latency, bandwidth) for the local cluster. The raw points
   and the efficiency-vs-size curves go into the file too.
 * ``fit_runs``: RunRecords of one cluster and engine -> a small set of factors shared by all of them
-  (never one per run, ``run_factors``): from one or two runs step_scale alone (the measured over the
-  predicted step time, the geometric mean over the runs, shrunk by the share of such a miss that published
-  runs show their cluster shares, ``cost.shrinkage``: every other factor stays at its prior); from
-  three gemm_eff, step_overhead_s, mem_eff, attn_eff, link_eff, op_overhead_s in that order of priority,
-  about one per two runs.
+  (never one per run, ``run_factors``): one run fits one term of the cost model, two runs two (``fit_terms``: the
+  terms that carry the most of the runs' prior uncertainty, their GEMM, attention, element-wise, communication or
+  overhead seconds, each pulled to its prior by the spread published clusters show, ``cost.shrinkage``: every
+  other factor stays at its prior; without those spreads step_scale alone, the measured over the predicted step
+  time shrunk the same way); from three gemm_eff, step_overhead_s, mem_eff, attn_eff, link_eff, op_overhead_s in
+  that order of priority, about one per two runs.
 * ``held_out_band``: where those runs land when each is predicted by the factors fitted to the others
   (leave one run out): the p10-p90 of measured / predicted that an estimate calibrated on them carries,
   from ``MIN_BAND_RUNS`` runs up (below that the published-run band holds).
@@ -49,11 +50,12 @@ MIN_BAND_RUNS = 4  # held-out runs from which a calibration measures its own ban
 
 
 def run_factors(n: int) -> tuple[str, ...]:
-    """The factors ``n`` runs of one cluster and engine fit: step_scale from one or two (no run can tell the cost
-    model's parts apart), from three the physical factors in its place, which scale the parts apart (step_scale
-    beside them would make them unidentifiable): gemm_eff from 3 runs, + step_overhead_s from 4, + mem_eff from 6,
-    + attn_eff from 8, + link_eff from 10, + op_overhead_s from 12 (one per two runs)."""
-    if n <= shrinkage.SCALE_ONLY_RUNS:
+    """The factors ``n`` runs of one cluster and engine fit: from one or two a shrunk fit (``fit_terms``: which terms
+    the runs' own breakdown picks; step_scale where no term spreads are shipped), from three the physical factors,
+    which scale the parts apart (step_scale beside them would make them unidentifiable): gemm_eff from 3 runs,
+    + step_overhead_s from 4, + mem_eff from 6, + attn_eff from 8, + link_eff from 10, + op_overhead_s from 12 (one
+    per two runs)."""
+    if n <= shrinkage.SHRUNK_RUNS:
         return (SCALE_FACTOR,)
     return RUN_FACTORS[: max(1, min(len(RUN_FACTORS), n // 2))]
 
@@ -450,34 +452,83 @@ class RunFit:
     after: dict[str, float]
     predicted_before: tuple[float, ...]
     predicted_after: tuple[float, ...]
+    terms: tuple[str, ...] = ()  # a shrunk fit's terms (cost.shrinkage.TERMS), in the order they were picked
+    taken: float | None = None  # a shrunk fit: the share of the runs' mean log miss it removed
+
+
+def _run_fit(points, fitted, factors, before, measured, **kw) -> RunFit:
+    """A RunFit of ``fitted``: the runs' step-time errors before and after."""
+    after = predict_runs(points, fitted)
+    return RunFit(
+        params=fitted,
+        factors=factors,
+        before=error_stats(before, measured),
+        after=error_stats(after, measured),
+        predicted_before=tuple(before.tolist()),
+        predicted_after=tuple(after.tolist()),
+        **kw,
+    )
+
+
+def fit_terms(points: Sequence[RunPoint], base: CostParams, prior: shrinkage.TermPrior, max_iter: int = 20) -> RunFit:
+    """One term of the cost model per run (``cost.shrinkage``): the terms whose prior spread times the runs' share
+    of them (sum over the runs of sigma_k^2 g_k^2) is largest, fitted by Levenberg-Marquardt to the runs' log step
+    times, each log factor pulled to 0 by its sigma, the runs' own miss and the other terms' prior variance on them
+    counted as the noise (their covariance: within^2 + the others' sigma^2 g g'). One run that is mostly GEMM moves
+    gemm_eff; mostly communication, link_eff and net_eff; the rest stay at the prior."""
+    measured = np.array([p.measured_s for p in points])
+    before = predict_runs(points, base)
+    g = shrinkage.shares(lambda q: predict_runs(points, q), base)
+    var = prior.variances()
+    carried = (g**2).sum(axis=0) * var
+    picked = [int(k) for k in np.argsort(-carried, kind="stable") if carried[k] > 0][: len(points)]
+    names = tuple(shrinkage.TERM_NAMES[k] for k in picked)
+    rest = [k for k in range(var.size) if k not in picked]
+    noise = (prior.within**2 + 1e-12) * np.eye(len(points)) + (g[:, rest] * var[rest]) @ g[:, rest].T
+    whiten = np.linalg.inv(np.linalg.cholesky(noise))
+    sd = np.sqrt(var[picked])
+    log_measured = np.log(measured)
+
+    def params_at(x: np.ndarray) -> CostParams:
+        p = base
+        for name, v in zip(names, x):
+            p = shrinkage.scaled(p, name, float(v))
+        return p
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([whiten @ (np.log(predict_runs(points, params_at(x))) - log_measured), x / sd])
+
+    x = levenberg_marquardt(residuals, np.zeros(len(names)), max_iter=max_iter)[0] if names else np.zeros(0)
+    fitted = params_at(x).replace(source=f"exatrain calibrate ({len(points)} runs)")
+    miss = float(np.mean(log_measured - np.log(before)))
+    moved = float(np.mean(np.log(predict_runs(points, fitted)) - np.log(before)))
+    factors = tuple(f for name in names for f in shrinkage.fields_of(name, base))
+    taken = moved / miss if abs(miss) > 1e-12 else 0.0
+    return _run_fit(points, fitted, factors, before, measured, terms=names, taken=taken)
 
 
 def fit_runs(
     points: Sequence[RunPoint], base: CostParams, factors: Sequence[str] | None = None, max_iter: int = 40
 ) -> RunFit:
     """Fit a few factors shared by all ``points`` (one cluster and engine) to their measured step times
-    (``factors``: default ``run_factors``). step_scale alone is the geometric mean of measured / predicted raised to
-    the shrinkage weight of that many runs (``cost.shrinkage``: the part of their miss their cluster shares)."""
+    (``factors``: default ``run_factors``). One or two runs by default: one term of the cost model per run
+    (``fit_terms``) where the shipped shrinkage has term spreads, else step_scale alone, the geometric mean of
+    measured / predicted raised to the shrinkage weight of that many runs (``cost.shrinkage``: the part of their
+    miss their cluster shares)."""
     if not points:
         raise UserError("no runs with a measured step time to fit")
     measured = np.array([p.measured_s for p in points])
+    shrink = shrinkage.current()
+    if factors is None and len(points) <= shrinkage.SHRUNK_RUNS and shrink is not None and shrink.terms is not None:
+        return fit_terms(points, base, shrink.terms)
     factors = tuple(factors or run_factors(len(points)))
     before = predict_runs(points, base)
     if factors == (SCALE_FACTOR,):
         # the cluster's share of the runs' mean miss, the rest their own (cost.shrinkage)
-        shrink = shrinkage.current()
         weight = shrink.weight(len(points)) if shrink is not None else 1.0
         scale = base.step_scale * float(np.exp(weight * np.mean(np.log(measured / before))))
         fitted = base.replace(step_scale=scale, source=f"exatrain calibrate ({len(points)} runs)")
-        after = before * (scale / base.step_scale)
-        return RunFit(
-            params=fitted,
-            factors=factors,
-            before=error_stats(before, measured),
-            after=error_stats(after, measured),
-            predicted_before=tuple(before.tolist()),
-            predicted_after=tuple(after.tolist()),
-        )
+        return _run_fit(points, fitted, factors, before, measured, taken=weight)
     x0 = np.log([max(getattr(base, f), 1e-9) for f in factors])
 
     def params_at(x: np.ndarray) -> CostParams:
@@ -496,15 +547,7 @@ def fit_runs(
 
     x, _ = levenberg_marquardt(residuals, x0, max_iter=max_iter)
     fitted = params_at(x).replace(source=f"exatrain calibrate ({len(points)} runs)")
-    after = predict_runs(points, fitted)
-    return RunFit(
-        params=fitted,
-        factors=factors,
-        before=error_stats(before, measured),
-        after=error_stats(after, measured),
-        predicted_before=tuple(before.tolist()),
-        predicted_after=tuple(after.tolist()),
-    )
+    return _run_fit(points, fitted, factors, before, measured)
 
 
 def held_out_band(
@@ -537,6 +580,7 @@ __all__ = [
     "fit_link",
     "fit_memory",
     "fit_runs",
+    "fit_terms",
     "held_out_band",
     "levenberg_marquardt",
     "nelder_mead",

@@ -107,3 +107,29 @@ def _log_mse(model: np.ndarray, measured: np.ndarray) -> float:
 def robust_log_error(model: np.ndarray, measured: np.ndarray) -> float:
     """Mean absolute log-error: a few disturbed timings on a shared machine do not drag the fit."""
     return float(np.mean(np.abs(np.log(model) - np.log(measured))))
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
+    """x >= 0 minimising ||a x - b|| (Lawson & Hanson 1974, the active-set method): variables enter the passive set
+    by the largest gradient, and a step that would make one negative stops at the boundary and drops it."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    tol = 1e-10 * max(1.0, float(np.abs(a).sum()))
+    for _ in range(max_iter):
+        w = a.T @ (b - a @ x)
+        if passive.all() or w[~passive].max(initial=-np.inf) <= tol:
+            break
+        passive[int(np.argmax(np.where(passive, -np.inf, w)))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = float(np.min(x[neg] / (x[neg] - z[neg])))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+    return x

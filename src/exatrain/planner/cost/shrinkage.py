@@ -1,4 +1,4 @@
-"""How much of a run's miss a calibration on one or two runs takes: the shrinkage of its step_scale.
+"""How much of a run's miss a calibration on one or two runs takes, and which of the cost model's terms it moves.
 
 A run's measured over predicted step time is the product of what its cluster and engine share with every other run
 there (what a calibration is for) and what is its own (the layout, the model, the day: what the next run will not
@@ -8,6 +8,19 @@ source share ``between``^2 of their log misses' product (the source's bias, abou
 least on the next run is their mean log ratio times ``weight(n)`` = between^2 / (between^2 + within^2 / n) (the
 posterior mean of a normal centre under a normal prior: James & Stein 1961, Efron & Morris 1975). One run
 whose miss is all its own then moves the prediction of the others by less than its own miss.
+
+What a cluster shares is not one factor on the whole step: its GEMMs, attention, element-wise kernels, collectives
+and fixed overheads each run at their own rate (``TERMS``: the cost model's factors that scale each term's seconds).
+A run's log miss is then about sum_k g_k theta_k + its own, g_k the share of its step that term k's seconds make
+(``shares``: d log step / d log of the term's seconds, overlaps included) and theta_k the cluster's log factor on
+that term, of prior spread ``sigma_k`` (``TermPrior``). Two runs of one source share sum_k sigma_k^2 g_ak g_jk of
+their log misses' product; ``estimate_terms`` fits the sigma_k^2 to those products (non-negative least squares, every
+source weighing the same) and ``within``^2 to what is left of a run's square. A calibration on n <= ``SHRUNK_RUNS``
+runs fits the n terms that carry the most prior variance of the runs' log step times (sum over the runs of
+sigma_k^2 g_k^2), each started at the prior and pulled to it by sigma_k, the other terms' variance counted with the
+runs' own as noise (``calibrate.fit_runs``): one run that is mostly GEMM time moves gemm_eff, and the cluster's other
+runs move by their own GEMM share of that, not by the anchor's whole miss. With one term of share 1 on every run this
+is ``weight(n)`` above.
 
 The shipped figures (catalog/data/calibration_shrinkage.json) are written by
 ``python benchmarks/prediction_error.py --write-bands``; benchmarks/one_shot.py measures them without the source it
@@ -22,12 +35,103 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from exatrain.planner.cost.coefficients import CostParams
+from exatrain.planner.cost.fitting import nnls
+
 SHRINKAGE_PATH = Path(__file__).resolve().parents[2] / "catalog" / "data" / "calibration_shrinkage.json"
-SCALE_ONLY_RUNS = 2  # up to this many runs a calibration fits step_scale alone (calibrate.run_factors), shrunk
+SHRUNK_RUNS = 2  # up to this many runs a calibration fits one term a run, shrunk to its prior (calibrate.run_factors)
+
+# Each term of the cost model and the CostParams fields that scale its seconds: an efficiency (its seconds go as
+# 1 / the field) or a fixed time (its seconds go as the field). Communication's link_eff and net_eff move together
+# (net_eff None: link_eff prices the network too); the overheads are every fixed time per call, layer or step.
+TERMS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "gemm": (("gemm_eff",), True),
+    "attention": (("attn_eff",), True),
+    "elementwise": (("mem_eff",), True),
+    "communication": (("link_eff", "net_eff"), True),
+    "overhead": (
+        (
+            "gemm_overhead_s",
+            "op_overhead_s",
+            "attn_call_overhead_s",
+            "collective_overhead_s",
+            "step_overhead_s",
+            "dp_step_overhead_s",
+            "tp_layer_overhead_s",
+            "fsdp_layer_overhead_s",
+            "pp_microbatch_overhead_s",
+            "blocking_launch_s",
+        ),
+        False,
+    ),
+}
+TERM_NAMES = tuple(TERMS)
+SHARE_STEP = 0.01  # the log step over which ``shares`` differentiates
+
+
+@dataclass(frozen=True)
+class TermPrior:
+    """The log spread between clusters of each term's seconds (``sigma``, by ``TERMS`` name) and a run's own log
+    miss beyond them (``within``), measured on published runs (``estimate_terms``)."""
+
+    sigma: Mapping[str, float]
+    within: float
+
+    def variances(self) -> np.ndarray:
+        return np.array([self.sigma.get(k, 0.0) ** 2 for k in TERM_NAMES])
+
+
+def fields_of(term: str, params: CostParams) -> tuple[str, ...]:
+    """The fields of ``params`` that scaling ``term`` changes (those set and not zero)."""
+    return tuple(f for f in TERMS[term][0] if getattr(params, f) not in (None, 0, 0.0))
+
+
+def scaled(params: CostParams, term: str, log_factor: float) -> CostParams:
+    """``params`` with ``term``'s seconds multiplied by exp(``log_factor``)."""
+    fields, is_rate = TERMS[term]
+    m = math.exp(log_factor)
+    return params.replace(**{f: getattr(params, f) * (1 / m if is_rate else m) for f in fields_of(term, params)})
+
+
+def shares(predict: Callable[[CostParams], np.ndarray], params: CostParams) -> np.ndarray:
+    """(runs, TERMS) d log step / d log of each term's seconds at ``params`` (``predict``: the runs' step times):
+    the share of each run's step that the term's exposed seconds make, what an overlap hides counting for nothing."""
+    base = np.log(np.asarray(predict(params), dtype=float))
+    out = [(np.log(np.asarray(predict(scaled(params, k, SHARE_STEP)), dtype=float)) - base) / SHARE_STEP for k in TERMS]
+    return np.clip(np.stack(out, axis=1), 0.0, None)
+
+
+def estimate_terms(samples: Mapping[str, Sequence[tuple[float, Sequence[float]]]]) -> TermPrior:
+    """``TermPrior`` from each source's runs as (log(measured / predicted), ``shares``): sigma_k^2 fitted by
+    non-negative least squares to the products of the log misses of two different runs of one source, which share
+    sum_k sigma_k^2 g_ak g_jk (every source weighing the same, its pairs alike); within^2 a run's mean squared log
+    miss less what the terms explain of it (module doc)."""
+    groups = [
+        (np.array([y for y, _ in v], dtype=float), np.array([g for _, g in v], dtype=float))
+        for v in samples.values()
+        if len(v) >= 2
+    ]
+    if len(groups) < 2:
+        raise ValueError("term spreads need two sources or more with two runs or more")
+    rows, target, weight, own = [], [], [], []
+    for y, g in groups:
+        n = y.size
+        a, j = np.nonzero(~np.eye(n, dtype=bool))
+        rows.append(g[a] * g[j])
+        target.append(y[a] * y[j])
+        weight.append(np.full(a.size, 1.0 / math.sqrt(n * (n - 1))))
+    w = np.concatenate(weight)
+    var = nnls(np.concatenate(rows) * w[:, None], np.concatenate(target) * w)
+    for y, g in groups:
+        own.append(float(np.mean(y**2 - (g**2) @ var)))
+    return TermPrior(
+        sigma={k: round(math.sqrt(v), 5) for k, v in zip(TERM_NAMES, var)},
+        within=round(math.sqrt(max(float(np.mean(own)), 0.0)), 5),
+    )
 
 
 @dataclass(frozen=True)
@@ -39,6 +143,7 @@ class Shrinkage:
     within: float
     runs: int = 0
     sources: int = 0
+    terms: TermPrior | None = None  # the spread per term (None: one-run fits take step_scale, ``weight``)
 
     def weight(self, n: int) -> float:
         """The share of the mean log ratio of ``n`` runs of one cluster that is the cluster's (module doc)."""
@@ -52,9 +157,10 @@ class Shrinkage:
 
 def taken(n: int) -> float:
     """The share of the published runs' median bias that a calibration on ``n`` runs removes: the shrinkage weight
-    where it fits step_scale alone (``SCALE_ONLY_RUNS``), else all of it (its physical factors are not shrunk)."""
+    where its factors are shrunk to the prior (``SHRUNK_RUNS``), else all of it (its physical factors are not
+    shrunk)."""
     s = current()
-    return s.weight(n) if s is not None and n <= SCALE_ONLY_RUNS else 1.0
+    return s.weight(n) if s is not None and n <= SHRUNK_RUNS else 1.0
 
 
 def estimate(log_ratios: Mapping[str, Sequence[float]]) -> Shrinkage:
@@ -80,9 +186,18 @@ def estimate(log_ratios: Mapping[str, Sequence[float]]) -> Shrinkage:
 
 
 def to_dict(s: Shrinkage, command: str, date: str) -> dict:
+    terms = {}
+    if s.terms is not None:
+        terms = {
+            "terms": dict(s.terms.sigma),
+            "term_within": s.terms.within,
+            "terms_statistic": "sigma_k: log spread between sources of term k's seconds, fitted to the products of "
+            "two runs' log ratios (one source) over the products of their shares of the term (planner/cost/"
+            "shrinkage.py)",
+        }
     return {
         "kind": "exatrain-calibration-shrinkage",
-        "version": 1,
+        "version": 2,
         "date": date,
         "command": command,
         "statistic": "log(measured/predicted), each run out of sample, every source weighing the same: "
@@ -92,6 +207,7 @@ def to_dict(s: Shrinkage, command: str, date: str) -> dict:
         "within": round(s.within, 5),
         "runs": s.runs,
         "sources": s.sources,
+        **terms,
     }
 
 
@@ -100,7 +216,10 @@ def _load(path: Path) -> Shrinkage | None:
     if not path.is_file():
         return None
     d = json.loads(path.read_text(encoding="utf-8"))
-    return Shrinkage(float(d["between"]), float(d["within"]), int(d.get("runs", 0)), int(d.get("sources", 0)))
+    terms = None
+    if "terms" in d:
+        terms = TermPrior({k: float(v) for k, v in d["terms"].items()}, float(d["term_within"]))
+    return Shrinkage(float(d["between"]), float(d["within"]), int(d.get("runs", 0)), int(d.get("sources", 0)), terms)
 
 
 _override: list[Shrinkage] = []
@@ -123,4 +242,20 @@ def using(s: Shrinkage) -> Iterator[None]:
         _override.pop()
 
 
-__all__ = ["SCALE_ONLY_RUNS", "SHRINKAGE_PATH", "Shrinkage", "current", "estimate", "taken", "to_dict", "using"]
+__all__ = [
+    "SHRINKAGE_PATH",
+    "SHRUNK_RUNS",
+    "TERMS",
+    "TERM_NAMES",
+    "Shrinkage",
+    "TermPrior",
+    "current",
+    "estimate",
+    "estimate_terms",
+    "fields_of",
+    "scaled",
+    "shares",
+    "taken",
+    "to_dict",
+    "using",
+]
