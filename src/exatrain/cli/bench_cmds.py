@@ -101,9 +101,10 @@ def _register_calibrate(sub: argparse._SubParsersAction) -> None:
         help="fit the cost model's shared factors to measured runs",
         description="Fit a few cost-model factors, shared by all runs of a cluster and engine (never one per "
         "run), to the RunRecords of real runs (`train --metrics-file`, `record`) by minimising the "
-        "log-error of step time: one or two runs fit an overall scale (step_scale), three and more the "
-        "cost model's efficiencies, about one per two runs; from four runs the band estimates carry is "
-        "measured on the runs, each predicted from the others. Print the error before and after and "
+        "log-error of step time: one run fits the one term of the cost model (GEMM, attention, element-wise, "
+        "communication, overheads) that its own breakdown makes the most uncertain, shrunk to the prior, two runs "
+        "two; three and more the cost model's efficiencies, about one per two runs; from four runs the band "
+        "estimates carry is measured on the runs, each predicted from the others. Print the error before and after and "
         "write a calibration file that `estimate/search/scaling --calibration` read.",
         epilog="example: exatrain calibrate runs.jsonl --out calib.json --calibration bench.json",
     )
