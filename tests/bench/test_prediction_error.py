@@ -614,3 +614,14 @@ def test_signed_bias_per_source_engine_and_hardware_and_the_shipped_shrinkage(pe
     assert NARAYANAN not in held and sum(map(len, held.values())) == got.runs - len(
         [r for r in rows if r.source == NARAYANAN and r.oos_s is not None]
     )
+    # and the spread of each term of the cost model (a one-run calibration's prior), from the same runs and their
+    # shares of each term as the device's prior prices them
+    shares = pe.term_shares(rows)
+    terms = pe.shrinkage_of(rows, shares).terms
+    assert shipped["terms"] == pytest.approx(dict(terms.sigma), abs=1e-5)
+    assert shipped["term_within"] == pytest.approx(terms.within, abs=1e-5)
+    assert shrinkage.current().terms == terms
+    # leaving a source out leaves its runs out of the term spreads too (one_shot.py predicts a group with them)
+    held_terms = pe.term_samples(rows, shares, without=NARAYANAN)
+    assert NARAYANAN not in held_terms and sum(map(len, held_terms.values())) == sum(map(len, held.values()))
+    assert pe.shrinkage_of(rows, shares, without=NARAYANAN).terms != terms

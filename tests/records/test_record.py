@@ -8,7 +8,8 @@ a torchtitan log accepted with a Megatron launch (no refusal); record writing th
 (a refused log leaves a file behind); calibrate grouping by device only (the torchtitan run's scale applied to the
 Megatron plan); step_scale not applied in planner.evaluate (the calibrated estimate equals the prior's); the held-out
 band fitted on every run including the one it predicts (its ratios all 1); the one-run band left with its centre;
-the one-run band's centre taken out whole where the calibration took only its shrinkage weight of the miss.
+the one-run band's centre taken out whole where the calibration took only its shrinkage weight of the miss; the
+report dropping the fit's terms; the one-run fit falling back to step_scale though the shipped file has term spreads.
 """
 
 from __future__ import annotations
@@ -261,6 +262,9 @@ def test_record_refuses_to_append_to_what_is_not_a_runs_file(capsys, tmp_path) -
 
 # ---- calibrate from other engines' runs, and estimate with it ---------------------------------------------------
 def test_one_run_fits_one_factor_per_cluster_and_engine(runs, capsys, tmp_path) -> None:
+    from exatrain.catalog import get_cluster
+    from exatrain.planner.plan_cost import step_time
+
     cal = tmp_path / "calib.json"
     code, text, err = run(capsys, "calibrate", str(runs), "--out", str(cal), "--json")
     assert code == 0, err
@@ -268,16 +272,25 @@ def test_one_run_fits_one_factor_per_cluster_and_engine(runs, capsys, tmp_path) 
     assert set(fits) == {"dgx-h100/megatron-core", "dgx-h100/torchtitan"}
     megatron, titan = read_run_records(runs)
     c = load_calibration(cal)
+    prior = shrinkage.current().terms
     for rec in (megatron, titan):
         rep = fits[f"dgx-h100/{rec.plan.runtime}"]
-        assert rep["runs"] == 1 and set(rep["factors"]) == {"step_scale"} and rep["band"] is None
+        assert rep["runs"] == 1 and rep["band"] is None
         p = c.params_for("h100-sxm", "dgx-h100", rec.plan.runtime)
-        # the one factor is measured / predicted (priced with the overlaps the record names) to the shrinkage weight
-        # of one run (the share of its miss its cluster shares, planner/cost/shrinkage.py), the rest the prior
-        w = shrinkage.taken(1)
-        assert 0 < w < 1
-        assert p.step_scale == pytest.approx((rec.measured.step_time_s / rep_prediction(rec)) ** w, rel=1e-9)
-        assert p.gemm_eff == 0.74 and p.band_runs == 0
+        # one term moved: the one whose shipped spread times the run's share of it (priced with the overlaps the
+        # record names) is the largest (planner/cost/shrinkage.py), its fields alone; the rest the prior
+        g = rep_shares(rec)
+        term = shrinkage.TERM_NAMES[int((prior.variances() * g**2).argmax())]
+        assert rep["terms"] == [term] and set(rep["factors"]) == set(shrinkage.fields_of(term, rep_params()))
+        moved = {k for k, v in p.to_dict().items() if v != rep_params().to_dict()[k]}
+        assert moved - {"source", "calibrated_runs"} == set(rep["factors"])
+        assert p.step_scale == 1.0 and p.band_runs == 0
+        # the share of the run's log miss it took is below the whole
+        assert 0 < rep["taken"] < 1
+        calibrated = step_time(rec.plan, get_cluster("dgx-h100"), p, rec.env["overlap"])[0].step
+        assert calibrated == pytest.approx(
+            rep_prediction(rec) * (rec.measured.step_time_s / rep_prediction(rec)) ** rep["taken"], rel=1e-9
+        )
     assert c.params_for("h100-sxm") is None  # no device-wide entry: another engine is not calibrated by these
 
     # estimate with the calibration: the recorded layout lands its shrinkage weight of the way to its measured step
@@ -297,7 +310,8 @@ def test_one_run_fits_one_factor_per_cluster_and_engine(runs, capsys, tmp_path) 
     assert code == 0, err
     est = json.loads(out)
     prediction = rep_prediction(megatron)
-    expected = prediction * (megatron.measured.step_time_s / prediction) ** shrinkage.taken(1)
+    taken = fits["dgx-h100/megatron-core"]["taken"]
+    expected = prediction * (megatron.measured.step_time_s / prediction) ** taken
     assert est["time_s"]["step"] == pytest.approx(expected, rel=1e-6)
     # one run measures no band: the published-run one holds, its centre (the sources' median bias) taken out
     assert est["band"]["basis"] == "out of sample"
@@ -357,6 +371,25 @@ def test_one_run_fits_one_factor_per_cluster_and_engine(runs, capsys, tmp_path) 
             "--json",
         )
         assert code == 0, (command, err)
+
+
+def rep_params():
+    from exatrain.planner.cost.coefficients import default_params
+
+    return default_params("h100-sxm")
+
+
+def rep_shares(rec):
+    """The record's share of its step each term of the cost model makes, as calibrate prices it."""
+    import numpy as np
+
+    from exatrain.catalog import get_cluster
+    from exatrain.planner.plan_cost import step_time
+
+    def predict(q):
+        return np.array([step_time(rec.plan, get_cluster("dgx-h100"), q, rec.env["overlap"])[0].step])
+
+    return shrinkage.shares(predict, rep_params())[0]
 
 
 def rep_prediction(rec) -> float:
