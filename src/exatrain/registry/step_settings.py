@@ -198,7 +198,7 @@ STEP_SETTINGS: tuple[Setting, ...] = (
         problem=lambda v, p: grad_accum_problem(v, p.dtype, p.runtime),
         help=(
             "the dtype bfloat16 training accumulates and reduces its gradients in: float32 (Megatron-Core's "
-            "default; DeepSpeed's BF16_Optimizer, data_types.grad_accum_dtype fp32, ZeRO-1: 26 bytes a parameter "
+            "default; DeepSpeed's BF16_Optimizer, data_types.grad_accum_dtype fp32, ZeRO-1: 18 bytes a parameter "
             "every micro-batch to accumulate them, all-reduced in fp32) or bfloat16 (DeepSpeed's default; "
             "Megatron-Core --grad-reduce-in-bf16); default: the runtime's (torchtitan and exatrain: float32 only)"
         ),

@@ -32,13 +32,14 @@ MEGATRON_DEEPSPEED = engine_profile(
             overlapped=False,
         ),
     ),
-    accum_pass_bytes=(("float32", 26.0),),
+    accum_pass_bytes=(("float32", 18.0),),
     accum_pass_source=(
         "deepspeed/runtime/pipe/engine.py _exec_backward_pass under BF16_Optimizer (fp32 gradient "
-        "accumulation): clear_lp_grads() zeroes the bf16 gradients before each micro-batch's "
-        "backward (write 2 bytes), autograd adds the new ones into them (read 2 + 2, write 2), and "
-        "update_hp_grads runs hp_grad.add_(lp.grad.to(fp32)) after it (read 2, write 4; read 4 + 4, "
-        "write 4): 26 bytes a parameter, every micro-batch (deepspeed/runtime/bf16_optimizer.py)"
+        "accumulation): clear_lp_grads() sets the bf16 gradients to None before each micro-batch's backward "
+        "(set_to_none unless graph_harvesting; bf16+pipeline 56c5223 of 2022-04 to master), so autograd keeps the "
+        "weight-gradient GEMM's output as .grad without a pass; update_hp_grads then runs "
+        "hp_grad.add_(lp.grad.to(fp32)) (read 2, write 4; read 4 + 4, write 4): 18 bytes a parameter, every "
+        "micro-batch (deepspeed/runtime/bf16_optimizer.py)"
     ),
     allreduce_grads_accum=("float32",),
     later_accum_bytes=(("bfloat16", 6.0), ("float16", 6.0)),
