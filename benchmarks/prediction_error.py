@@ -616,9 +616,20 @@ def _grad_accum(r: dict) -> str:
 _MEGATRON_ACCUM_FUSION = 2022
 
 
+# Engines planned through Megatron-Core's profile (``priced_as``) that accumulate gradients outside the GEMMs: nanotron
+# adds each micro-batch's bf16 gradient into its fp32 buffer after the backward (src/nanotron/optim/
+# gradient_accumulator.py FP32GradientAccumulator._accumulate_grad, fp32_grad.add_(half_param.grad), and on the sync
+# step the DDP hook get_fp32_accum_hook's fp32_grad_buffer.add_(grad)); its linears return fresh weight gradients
+# (parallel/tensor_parallel/functional.py), nothing fused into them.
+_UNFUSED_ACCUM_ENGINES = ("nanotron",)
+
+
 def _grad_accum_fusion(r: dict) -> str:
     """ "off" for a Megatron row whose ``engine_version`` years all predate the fusion
-    (``_MEGATRON_ACCUM_FUSION``), as a user would plan it with --grad-accum-fusion off; else "" (its own)."""
+    (``_MEGATRON_ACCUM_FUSION``), or a row of an engine that accumulates outside the GEMMs
+    (``_UNFUSED_ACCUM_ENGINES``), as a user would plan it with --grad-accum-fusion off; else "" (its own)."""
+    if r["engine"] in _UNFUSED_ACCUM_ENGINES:
+        return "off"
     years = [int(y) for y in re.findall(r"\b(20\d\d)\b", r.get("engine_version", ""))]
     return "off" if r["engine"] == "megatron-core" and years and max(years) < _MEGATRON_ACCUM_FUSION else ""
 

@@ -291,6 +291,31 @@ def test_opt_175b_is_planned_with_its_checkpoints_split_over_tp(pe) -> None:
     assert split.total < 0.8 * capacity < capacity < whole.total
 
 
+def test_nanotron_rows_accumulate_outside_the_gemms(pe) -> None:
+    """nanotron adds each micro-batch's bf16 gradient into its fp32 buffer after the backward (its
+    FP32GradientAccumulator), nothing fused into the weight-gradient GEMMs: its rows, planned through Megatron-Core's
+    profile, run with --grad-accum-fusion off, whose 10-byte pass a parameter every micro-batch is in their step; the
+    Megatron-Core rows of today keep the fusion. (Broken on purpose and seen to fail here: ``_UNFUSED_ACCUM_ENGINES``
+    emptied, which plans the nanotron rows fused.)"""
+    from exatrain.planner.cost.coefficients import default_params
+    from exatrain.planner.plan_cost import step_time
+    from tests.helpers.passes import pass_seconds
+
+    assert pe._grad_accum_fusion({"engine": "nanotron", "engine_version": "nanotron v0.5 (2025-02)"}) == "off"
+    assert pe._grad_accum_fusion({"engine": "megatron-core", "engine_version": "Megatron-Core r0.8.0 (2024)"}) == ""
+    rows = [r for r in pe.load_rows() if r.engine == "nanotron" and r.plan is not None]
+    assert len(rows) == 25 and all(r.runtime == "megatron-core" for r in rows)
+    assert all(r.plan.grad_accum_fusion == "off" for r in rows)
+    r = next(r for r in rows if r.plan.pp == 4)  # the 8.86B on one node: tp 1, pp 4, 128 micro-batches
+    params = default_params(r.cluster.device.name)
+    off = step_time(r.plan, r.cluster, params)[0]
+    fused = step_time(r.plan.replace(grad_accum_fusion=""), r.cluster, params)[0]
+    # the busiest stage's 10 bytes a parameter every micro-batch, at the element-wise kernels' bandwidth
+    m = r.plan.num_microbatches
+    assert off.compute - fused.compute == pytest.approx(pass_seconds(r.plan, r.cluster, 10.0 * m).max(), rel=1e-5)
+    assert off.step > fused.step
+
+
 def test_torchtitan_rows_before_fused_adam_run_foreach(pe) -> None:
     """torchtitan's default Adam was torch's foreach AdamW until fused became the default on 2025-02-24: a row whose
     torchtitan dates (YYYY-MM or a bare year) all predate it is planned with --adam-kernel foreach, later ones and
