@@ -71,8 +71,8 @@ class CostParams:
     # `python benchmarks/prediction_error.py --fit-launch-blocking`; each is predicted with the other's fit).
     # It is per kernel the cost model counts (about 33 a layer and micro-batch, forward and backward), which
     # eager Megatron-DeepSpeed exceeds (its dropouts, casts and RNG bookkeeping), so it reads larger than one
-    # launch's wait; the two sources' fits differ twofold (119 us from BLOOM's one run, 239 from the sweep).
-    blocking_launch_s: float = 2.373e-4
+    # launch's wait; the two sources' fits differ (171 us from BLOOM's one run, 243 from the sweep).
+    blocking_launch_s: float = 2.419e-4
     peak_flops: float | None = None  # measured peak overriding the catalog (e.g. a CPU, which has none)
     # Sustained arithmetic clock against the one the catalog's peaks assume: a power-capped part (an
     # H100 held at 500 W) runs every GEMM and attention kernel at this fraction of its datasheet rate
