@@ -316,6 +316,27 @@ def test_nanotron_rows_accumulate_outside_the_gemms(pe) -> None:
     assert off.step > fused.step
 
 
+def test_a_row_that_states_no_overlap_is_priced_at_its_engines_defaults(pe) -> None:
+    """A published run whose ``overlap`` column names no switch is priced as a user who leaves --overlap unset plans
+    it: its engine's defaults (``overlap_priced(None)``), never its best case; every overlap a row is priced with is
+    one its column names (or, for the 2021-22 Megatron-LM papers, the sc21 scripts' DDP). (Broken on purpose and seen
+    to fail here: ``_overlap`` returning "all" where nothing is stated.)"""
+    from exatrain.planner.cost.overlap import overlap_priced
+
+    table = list(csv.DictReader(pe.CSV_PATH.open(encoding="utf-8")))
+    rows = [r for r in pe.load_rows() if r.plan is not None]
+    unstated = [r for r in rows if r.overlap is None]
+    assert len(unstated) > 200 and {overlap_priced(r.overlap) for r in unstated} == {"default"}
+    assert pe._overlap("https://example.org", "megatron-core", "not stated (nanotron's bucketed DDP)") is None
+    keys = {c: [k for k, comms in pe.STATED_SWITCHES if c in comms] for _, comms in pe.STATED_SWITCHES for c in comms}
+    for r in rows:
+        if r.overlap in (None, "none") or r.source in (NARAYANAN, KORTHIKANTI):
+            continue
+        stated = table[r.index]["overlap"].lower()
+        for comm in r.overlap.split(","):
+            assert any(k in stated for k in keys[comm]), (r.index, comm)
+
+
 def test_torchtitan_rows_before_fused_adam_run_foreach(pe) -> None:
     """torchtitan's default Adam was torch's foreach AdamW until fused became the default on 2025-02-24: a row whose
     torchtitan dates (YYYY-MM or a bare year) all predate it is planned with --adam-kernel foreach, later ones and
