@@ -126,6 +126,11 @@ class EngineProfile:
     # when no pipeline schedule defers it (False: once a step, after the last micro-batch)
     reduce_each_microbatch: bool = False
     reduce_each_microbatch_source: str = ""
+    # Whether its sharded stages (ZeRO-2/3) send each gather and reduce-scatter as one collective per wrapped unit
+    # (FSDP: every transformer block, plus the root unit holding the embeddings, final norm and head), each call
+    # paying the library's fixed and ring latency (cost.dp.engine_dp_collectives); False: one call per step
+    collectives_per_unit: bool = False
+    collectives_per_unit_source: str = ""
     # How its layers' element-wise ops run unless a plan says (settings.ELEMENTWISE; cost.compute.unfused_extra)
     elementwise_default: str = "fused"
     elementwise_source: str = ""

@@ -82,6 +82,12 @@ LLM_FOUNDRY = engine_profile(
         "model is a DistributedDataParallel, so an FSDP model reduce-scatters after every "
         "micro-batch's backward"
     ),
+    collectives_per_unit=True,
+    collectives_per_unit_source=(
+        "Composer's FSDP auto-wrap (each MPTBlock its own FSDP unit, the root one holding wte/wpe and the final "
+        "norm); torch FSDP1 _runtime_utils.py _unshard / _reduce_grad: one all_gather_into_tensor and one "
+        "reduce_scatter_tensor per unit's FlatParameter"
+    ),
     flat_param_grad_copy=True,
     flat_param_source=(
         "torch FSDP1 flat_param.py _use_unsharded_views: each parameter is a view of the unit's "

@@ -118,6 +118,12 @@ TORCHTITAN = engine_profile(
         "with FSDP2's gradient sync on (no set_requires_gradient_sync(False)), so each backward reduce-scatters; "
         "under a pipeline schedule the schedule holds it to the last micro-batch (pp_unsharded_grad_source)"
     ),
+    collectives_per_unit=True,
+    collectives_per_unit_source=(
+        "torchtitan's parallelize apply_fsdp: fully_shard on each TransformerBlock, then on the whole model (the "
+        "root unit: embeddings, final norm, output); FSDP2's FSDPParamGroup sends one all-gather and one "
+        "reduce-scatter per unit (fsdp/_fully_shard/_fsdp_collectives.py)"
+    ),
     compiles_loss=True,
     sp_gathered_head_input=True,
     sp_head_input_source=(

@@ -33,6 +33,23 @@ def fp8_gathered_params(m: ModelSpec, tp, stage_layers, pp: int, ep: int = 1) ->
     return dense_r * fp8_acc.gemm_weights(m, False, t) + moe_r * moe_w, moe_r * routed + 0.0 * t
 
 
+def wrapped_units(model: ModelSpec, pp) -> np.ndarray:
+    """FSDP units a pipeline rank of ``model`` holds: its share of the transformer blocks (the largest, ceil(L/pp))
+    and the root unit (embeddings, final norm and head, which FSDP wraps apart from the blocks)."""
+    return np.ceil(model.layers / np.asarray(pp, dtype=float)) + 1.0
+
+
+def per_unit(collectives, units) -> tuple:
+    """``collectives`` as an engine that sends one per wrapped unit (``EngineProfile.collectives_per_unit``) sends
+    them: each data-parallel gather and reduction ``units`` times as many calls of 1/``units`` of the bytes, so
+    the bytes a step moves are unchanged and every call pays the library's fixed and ring latency
+    (``network.collective_s``), which grows with the group: (n - 1) steps a pass over n ranks."""
+    return tuple(
+        replace(c, count=c.count * units, message_bytes=c.message_bytes / units) if c.axis in ("dp", "edp") else c
+        for c in collectives
+    )
+
+
 def engine_dp_collectives(
     model,
     *,
@@ -55,7 +72,8 @@ def engine_dp_collectives(
     the trainer's own): the gradient reduce-scatter once a micro-batch where the engine reduces each
     (``EngineProfile.reduce_each_microbatch``, ZeRO-2/3 without a pipeline), the FP8-gathered GEMM weights
     (``fp8_gathered``: (dp, edp) weights, or None) at one byte each: what ``dp_collective_times`` prices and
-    ``experts.comm_bytes`` counts."""
+    ``experts.comm_bytes`` counts. An engine that sends them per wrapped unit (FSDP: ``per_unit``) pays each call's
+    latency once a unit."""
     cs = comms.dp_collectives_for(
         model,
         tp=tp,
@@ -87,6 +105,8 @@ def engine_dp_collectives(
             else c
             for c in cs
         )
+    if engine is not None and engine.collectives_per_unit and zero_stage >= 2:
+        cs = per_unit(cs, wrapped_units(model, pp))
     return tuple(cs)
 
 
@@ -146,4 +166,4 @@ def dp_collective_times(
     return reduce_s, gather_s
 
 
-__all__ = ["dp_collective_times", "engine_dp_collectives", "fp8_gathered_params"]
+__all__ = ["dp_collective_times", "engine_dp_collectives", "fp8_gathered_params", "per_unit", "wrapped_units"]
