@@ -534,8 +534,10 @@ def _flash_kernel(r: dict) -> str:
     profile holds (Megatron's Transformer Engine kernels, flash-attn 2 in Megatron-DeepSpeed)."""
     if r.get("engine") == "llm-foundry":
         # its own kernel (Triton's FlashAttention) unless the run chose the flash-attn package's (FlashAttention-2
-        # for the large-scale table's runs: the row's unstated_assumed says which version)
-        return "fa2" if r.get("attention", "").startswith("flash-attn") else "triton"
+        # for the large-scale table's runs: the row's unstated_assumed says which version), which llm-foundry's
+        # flash_attn_fn of 2024-01 calls on unpadded tokens (bert_padding.unpad_input / pad_input around
+        # flash_attn_varlen_func, llmfoundry/models/layers/attention.py at 5e85bd62d)
+        return "fa2-varlen" if r.get("attention", "").startswith("flash-attn") else "triton"
     if "SDPA" not in r.get("attention", ""):
         return ""
     version = r.get("engine_version", "")

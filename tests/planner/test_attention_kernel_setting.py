@@ -46,13 +46,13 @@ def _compute_s(runtime: str, kernel: str | None = None) -> float:
 
 
 def test_one_list_of_kernels_and_the_plan_file_round_trip(tmp_path) -> None:
-    assert ATTENTION_KERNELS == ("fused", "fa2", "sdpa", "triton")
+    assert ATTENTION_KERNELS == ("fused", "fa2", "sdpa", "triton", "fa2-varlen")
     path = check_round_trip(tmp_path, H100, "attention_kernel", "fa2")
     assert (
         make_plan("llama3-8b", H100, gpus=8, base=Plan.load(path), attention_kernel="fused").attention_kernel == "fused"
     )
     with pytest.raises(
-        PlanError, match=r"^--attention-kernel must be one of fused, fa2, sdpa, triton, got 'xformers'$"
+        PlanError, match=r"^--attention-kernel must be one of fused, fa2, sdpa, triton, fa2-varlen, got 'xformers'$"
     ):
         make_plan("llama3-8b", H100, gpus=8, attention_kernel="xformers")
     with pytest.raises(PlanError, match="flash attention off"):

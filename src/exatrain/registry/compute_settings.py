@@ -268,7 +268,8 @@ COMPUTE_SETTINGS: tuple[Setting, ...] = (
                 (
                     "llm-foundry attn_impl: triton in its pretraining YAMLs and submit_benchmarks.py's default "
                     "(llmfoundry/models/layers/flash_attn_triton.py, a copy of flash-attention's Triton kernel); "
-                    "attn_impl flash runs the flash-attn package installed: --attention-kernel fa2"
+                    "attn_impl flash runs the flash-attn package installed: --attention-kernel fa2 (fa2-varlen "
+                    "for llm-foundry to 2024-01, whose flash_attn_fn unpads q, k, v and pads the output back)"
                 ),
             ),
         },
@@ -279,7 +280,8 @@ COMPUTE_SETTINGS: tuple[Setting, ...] = (
         help=(
             "which kernel the run's flash attention is: fused (cuDNN / Transformer Engine), fa2 "
             "(FlashAttention-2: Megatron-DeepSpeed, and torch SDPA on Hopper before torch 2.11), sdpa (torch "
-            "SDPA's own choice), triton (llm-foundry's Triton FlashAttention); default: the runtime's"
+            "SDPA's own choice), triton (llm-foundry's Triton FlashAttention), fa2-varlen (FlashAttention-2 on "
+            "unpadded tokens: llm-foundry's attn_impl flash to 2024-01); default: the runtime's"
         ),
         # Its attention is torch SDPA with SDPA's own kernel choice (model.py); forcing one would also have to
         # hold for cp's masks, the keyed dropout core and the CPU.

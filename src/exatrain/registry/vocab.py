@@ -131,9 +131,11 @@ CP_COMMS_WITHOUT_SINKS = {"megatron-core": ("p2p", "all_gather")}
 # fused attention, Transformer Engine's FusedAttention: the device's fastest, which its prior describes),
 # "fa2" (FlashAttention-2: Megatron-DeepSpeed's --use-flash-attn-v2, and torch SDPA on Hopper before
 # torch 2.11), "sdpa" (whatever torch's scaled_dot_product_attention picks) or "triton" (the FlashAttention-1
-# class Triton kernel, flash_attn_triton.py, that llm-foundry's attn_impl "triton" runs). A plan that names none
+# class Triton kernel, flash_attn_triton.py, that llm-foundry's attn_impl "triton" runs) or "fa2-varlen"
+# (FlashAttention-2's varlen call on unpadded tokens: q, k and v gathered out of the batch and the output scattered
+# back, flash-attn's bert_padding, as llm-foundry's attn_impl "flash" ran it to 2024-01). A plan that names none
 # runs its runtime's own (accounting.engines ActivationRules.flash_kernel).
-ATTENTION_KERNELS = ("fused", "fa2", "sdpa", "triton")
+ATTENTION_KERNELS = ("fused", "fa2", "sdpa", "triton", "fa2-varlen")
 # How a layer's element-wise work (norms, rotary, the gated activation) runs (cost.compute.unfused_extra):
 # "fused" (a kernel per fused group: torch.compile'd blocks, Megatron's and Transformer Engine's fused
 # kernels), "eager" (plain PyTorch, a kernel per op; each norm one kernel, as torch's layer_norm and, where

@@ -114,7 +114,7 @@ LLM_FOUNDRY = engine_profile(
     version_assumed=(
         "llm-foundry of 2023-07 to 2024-01 (Composer 0.15-0.16, torch 1.13-2.1): PyTorch FSDP1, "
         "attn_impl triton, the fused cross-entropy, eager; runs with attn_impl flash plan "
-        "--attention-kernel fa2; later llm-foundry (FSDP2, tensor parallelism, torch.compile) is not "
+        "--attention-kernel fa2-varlen; later llm-foundry (FSDP2, tensor parallelism, torch.compile) is not "
         "this profile"
     ),
 )

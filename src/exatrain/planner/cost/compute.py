@@ -156,14 +156,15 @@ def with_attention_kernel(params: CostParams, kernel: str) -> CostParams:
     """The parameters for a run whose flash attention is ``kernel`` (``settings.ATTENTION_KERNELS``; an engine's
     ``ActivationRules.flash_kernel``). The prior's attention rate describes the device's fastest fused
     kernel; "fa2" scales it by ``fa2_attn_ratio`` (and sets the ratio to 1, so applying it twice changes
-    nothing); "triton" (a FlashAttention-1 class kernel) runs FA2's curve as the A100's measured Triton kernel departs
+    nothing), as "fa2-varlen" (the same kernel; its gathers around it are priced by ``cost.layer.unpad_term``);
+    "triton" (a FlashAttention-1 class kernel) runs FA2's curve as the A100's measured Triton kernel departs
     from it (``_triton_from_fa2``); "fused" and "sdpa" (torch's SDPA, which picks cuDNN's kernel on Hopper from torch
     2.11 and FlashAttention-2 elsewhere, where the prior is FA2's) keep it."""
     if kernel not in ATTENTION_KERNELS:
         raise UserError(f"unknown attention kernel {kernel!r}; choose among {', '.join(ATTENTION_KERNELS)}")
     if kernel == "triton":
         return _triton_from_fa2(params.replace(attn_eff=params.attn_eff * params.fa2_attn_ratio, fa2_attn_ratio=1.0))
-    if kernel != "fa2" or params.fa2_attn_ratio == 1.0:
+    if kernel not in ("fa2", "fa2-varlen") or params.fa2_attn_ratio == 1.0:
         return params
     return params.replace(attn_eff=params.attn_eff * params.fa2_attn_ratio, fa2_attn_ratio=1.0)
 

@@ -56,7 +56,66 @@ def layer_times(
     ``compute.unfused_extra``); the busiest expert rank's routed copies over the mean (``run.moe_load``);
     ``run.expert_gemms``: "per_expert" where the engine launches one GEMM per local expert (each pays the per-call
     time), "grouped" where one kernel runs them all. ``cp_calls``: the attention kernel calls a layer's core takes
-    under cp (``CpExchange.kernel_calls``; None: cp, one per K,V block of the ring)."""
+    under cp (``CpExchange.kernel_calls``; None: cp, one per K,V block of the ring). A "fa2-varlen" attention adds
+    the gathers around its call (``unpad_term``)."""
+    lt = _layer_times(
+        m,
+        micro_batch,
+        tp,
+        moe=moe,
+        ep=ep,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        dev=dev,
+        run=run,
+        speedup=speedup,
+        cp_calls=cp_calls,
+    )
+    if not (run.flash and run.attention_kernel == "fa2-varlen"):
+        return lt
+    pad = unpad_term(m, np.asarray(micro_batch, dtype=float) * m.seq_len / cp, np.asarray(tp, dtype=float), run, dev)
+    return dataclasses.replace(lt, fwd=lt.fwd + pad.fwd, bwd=lt.bwd + pad.bwd)
+
+
+# Kernels flash-attn's bert_padding launches around a varlen attention call (flash-attn 2.4, bert_padding.py): each
+# unpad_input the mask's sum, nonzero, max, cumsum, pad and the index_first_axis gather, three of them (q, k, v),
+# and pad_input's zeros and index_put on the output; backward, the output gradient's gather and each input's zeros
+# and scatter. (unpad_input also reads nonzero's size and the max with .item(), two host syncs a call: not priced.)
+UNPAD_FWD_OPS, UNPAD_BWD_OPS = 3 * 6 + 2, 1 + 3 * 2
+
+
+def unpad_term(m: ModelSpec, tokens, tp_a, run: Resolved, dev: compute.Device) -> PassSeconds:
+    """Seconds of the copies a "fa2-varlen" attention adds to a layer (llm-foundry's flash_attn_fn to 2024-01:
+    bert_padding.unpad_input on q, k and v, pad_input on the output, even with no padding): forward, each of q, k, v
+    gathered into an unpadded copy (read + write) and the output scattered into a zeroed buffer (write the zeros,
+    read + write); backward, the output gradient gathered (read + write) and each input gradient scattered into
+    zeros (write, read + write). Element-wise traffic at ``mem_eff``, and each launch's ``op_overhead_s``."""
+    e = COMPUTE_BYTES[run.dtype]
+    q, kv = m.q_width / tp_a, m.kv_hidden / tp_a
+    fwd = tokens * e * (2.0 * (q + 2.0 * kv) + 3.0 * q)
+    bwd = tokens * e * (2.0 * q + 3.0 * (q + 2.0 * kv))
+    op = dev.params.op_overhead_s
+    return PassSeconds(
+        fwd=compute.elementwise_time_s(fwd, dev) + UNPAD_FWD_OPS * op,
+        bwd=compute.elementwise_time_s(bwd, dev) + UNPAD_BWD_OPS * op,
+    )
+
+
+def _layer_times(
+    m: ModelSpec,
+    micro_batch,
+    tp,
+    *,
+    moe: bool,
+    ep: int,
+    cp: int,
+    sequence_parallel: bool,
+    dev: compute.Device,
+    run: Resolved,
+    speedup: float = 1.0,
+    cp_calls: int | None = None,
+) -> compute.LayerTimes:
+    """``layer_times`` without the copies around a varlen attention call (``unpad_term``)."""
     flash, dtype, fp8, elementwise = run.flash, run.dtype, run.fp8, run.elementwise
     load, expert_gemms = run.moe_load, run.expert_gemms
     if not extended(m, cp, fp8):
@@ -205,4 +264,4 @@ def _gemm_pricer(dev: compute.Device, dtype: str, fp8: str, speedup: float, expe
     return priced
 
 
-__all__ = ["attention_core_term", "elementwise_bytes", "elementwise_term", "extended", "layer_times"]
+__all__ = ["attention_core_term", "elementwise_bytes", "elementwise_term", "extended", "layer_times", "unpad_term"]
