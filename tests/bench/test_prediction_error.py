@@ -179,9 +179,11 @@ def test_fitted_device_prior_is_the_fit_and_held_out_sources_refit_without_it(pe
     kernels = {(r.runtime, r.flash_kernel) for r in rows}
     assert ("torchtitan", "fa2") in kernels and ("llm-foundry", "triton") in kernels
     assert not any(k for e, k in kernels if e not in ("torchtitan", "llm-foundry"))
-    # llm-foundry runs its own Triton kernel, except the large-scale runs that chose flash-attn 2.4.2
+    # llm-foundry runs its own Triton kernel, except the large-scale runs that chose flash-attn 2.4.2, which its
+    # flash_attn_fn of 2024-01 calls on unpadded tokens ("fa2-varlen")
+    assert ("llm-foundry", "fa2-varlen") in kernels
     assert pe._flash_kernel({"engine": "llm-foundry", "attention": "triton (llm-foundry attn_impl triton)"}) == "triton"
-    assert pe._flash_kernel({"engine": "llm-foundry", "attention": "flash-attn 2.4.2 (sweep.py)"}) == "fa2"
+    assert pe._flash_kernel({"engine": "llm-foundry", "attention": "flash-attn 2.4.2 (sweep.py)"}) == "fa2-varlen"
     assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "x, torch 2.11.0"}) == ""
     assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "x, torch 2.8.0a0"}) == "fa2"
     assert pe._flash_kernel({"attention": "flash (SDPA)", "engine_version": "torchtitan (2024)"}) == "fa2"
