@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exatrain.layout_arrays import among
 from exatrain.accounting.context import CpExchange
 from exatrain.accounting.dtypes import COMPUTE_BYTES
 from exatrain.errors import UserError
@@ -246,7 +247,7 @@ class EngineProfile:
         training in ``dtype`` at ZeRO stage(s) ``zero`` (a numpy array broadcasts): ``later_accum_bytes`` at the
         stages that keep .grad (``later_accum_zero``), 0 elsewhere or where none is listed."""
         listed = dict(self.later_accum_bytes).get(self.accum_dtype(dtype), 0.0) if dtype in HALF_DTYPES else 0.0
-        return np.where(np.isin(zero, self.later_accum_zero), float(listed), 0.0)
+        return np.where(among(zero, self.later_accum_zero), float(listed), 0.0)
 
     def step_passes(self, dtype: str) -> tuple[float, float, float]:
         """Bytes per parameter of the optimizer step's passes around Adam when training in ``dtype``

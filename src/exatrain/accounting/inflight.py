@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from exatrain.layout_arrays import among
 from exatrain.accounting.vorders import v_peak_in_flight
 from exatrain.settings import SCHEDULES, V_SCHEDULES
 
@@ -77,7 +78,7 @@ def peak_in_flight_fast(*, pp, num_microbatches, schedule, interleave=1, rank=0)
     shape = np.broadcast_shapes(p.shape, v.shape, m.shape, r.shape)
     p, v, m, r = (np.broadcast_to(x, shape) for x in (p, v, m, r))
     code = closed_form_codes(schedule_codes(schedule, shape))
-    isv = np.isin(code, _V_CODES)
+    isv = among(code, _V_CODES)
     n = m * v
     g = group_sizes(p, m)
     w = np.choose(np.where(isv, 0, code), [n, p - 1 - r, (v - 1) * g + 2 * (p - 1 - r), (v - 1) * g + (p - 1 - r)])

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from exatrain.layout_arrays import among
 from exatrain.accounting.engines import Resolved
 from exatrain.accounting.flops import model_flops_per_step
 from exatrain.accounting.memory import RankCounts, inflight, rank_memory, unsharded_grad_share
@@ -141,7 +142,7 @@ def evaluate(
     ctx = _context(model, cluster, coeffs, run, memory, overlap, by_rank)
     out = _Results.empty(len(layouts), int(layouts.pp.max()) if len(layouts) else 1, ctx.memory, by_rank)
     v_eff = np.where(layouts.pp > 1, layouts.interleave, 1)
-    is_v = np.isin(layouts.schedule, [SCHEDULES.index(s) for s in V_SCHEDULES]) & (layouts.pp > 1)
+    is_v = among(layouts.schedule, [SCHEDULES.index(s) for s in V_SCHEDULES]) & (layouts.pp > 1)
     for idx, (gpus, pp, v, ep, cpd, vee) in _groups(
         np.stack([layouts.gpus, layouts.pp, v_eff, layouts.ep, layouts.cp, is_v.astype(np.int64)])
     ):
@@ -246,8 +247,8 @@ class _GroupCounts:
     params: np.ndarray
     xparams: np.ndarray | None
     moe_here: object
-    held: np.ndarray
-    grad_share: np.ndarray
+    held: np.ndarray | None  # None where no memory model is counted (a time-only evaluation)
+    grad_share: np.ndarray | None
 
 
 def _group_counts(ctx: _Context, lay: Layouts, stage_layers, p: int, v: int, ep: int, cpd: int, vee: bool):
@@ -259,7 +260,11 @@ def _group_counts(ctx: _Context, lay: Layouts, stage_layers, p: int, v: int, ep:
     looped = np.concatenate([rank, 2 * p - 1 - rank]) if vee else np.arange(p * v)
     last_rank = 0 if vee else p - 1  # the rank of the last stage (the head)
     on_rank = split[looped].reshape(v, p).sum(axis=0)  # layers held by each pipeline rank
-    rerun = rerun_on_rank(split, p, looped, lay.recompute_layers, ctx.run.recompute_every, n=len(lay))
+    rerun = (
+        rerun_on_rank(split, p, looped, lay.recompute_layers, ctx.run.recompute_every, n=len(lay))
+        if ctx.memory
+        else None
+    )
     if model.is_moe:
         params, xparams, moe_here = (
             x.astype(float) for x in rank_params_split(model, lay.tp[:, None], p, v, split, ep, v_shape=vee)
@@ -267,9 +272,11 @@ def _group_counts(ctx: _Context, lay: Layouts, stage_layers, p: int, v: int, ep:
     else:
         params = rank_params(model, lay.tp[:, None], p, on_rank[None, :], rank[None, :], last_rank=last_rank)
         params, xparams, moe_here = params.astype(float), None, 0
-    m = lay.num_microbatches[:, None]
-    held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
-    grad_share = unsharded_grad_share(lay.schedule[:, None], p, m, v)
+    held = grad_share = None
+    if ctx.memory:  # the schedule's in-flight counts serve the memory counts only
+        m = lay.num_microbatches[:, None]
+        held = inflight(lay.schedule[:, None], p, m, v, rank[None, :])
+        grad_share = unsharded_grad_share(lay.schedule[:, None], p, m, v)
     return _GroupCounts(p, v, ep, cpd, split, last_rank, on_rank, rerun, params, xparams, moe_here, held, grad_share)
 
 

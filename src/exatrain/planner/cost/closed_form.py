@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exatrain.layout_arrays import among
 from exatrain.accounting.inflight import closed_form_codes, group_sizes, schedule_codes
 from exatrain.settings import SCHEDULES, V_SCHEDULES
 
@@ -107,7 +108,7 @@ def _fast_inputs(pp, interleave, num_microbatches, forward_s, backward_s, weight
     shape = np.broadcast_shapes(p.shape, v.shape, m.shape, F.shape, B.shape, W.shape, c.shape)
     p, v, m, F, B, W, c = (np.broadcast_to(x, shape) for x in (p, v, m, F, B, W, c))
     code = closed_form_codes(schedule_codes(schedule, shape))
-    if np.any(np.isin(code, _V_CODES)):
+    if np.any(among(code, _V_CODES)):
         raise ValueError("step_time_fast has no closed form of the V schedules: use simulate_many")
     if np.any(p < 1) or np.any(v < 1) or np.any(m < 1):
         raise ValueError("pp, interleave and num_microbatches must be >= 1")

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from exatrain.layout_arrays import among
 from exatrain.catalog.models import ModelSpec
 from exatrain.planner.cost import compute
 from exatrain.planner.cost.stage import StageTimes
@@ -162,7 +163,7 @@ def _with_grad_copies(st: StageTimes, engine, dtype: str, params_by_rank, v: int
 def _ddp_pass_bytes(engine, dtype: str, model: ModelSpec, tp, params, m, z, recompute):
     """(forward, backward) bytes a micro-batch moves per rank (N, pp) at the ZeRO stages that keep fp32 parameters
     whole (``EngineProfile.param_pass_zero``): autocast's weight casts and autograd's fp32 adds into .grad."""
-    ddp = np.isin(z, engine.param_pass_zero)[:, None]
+    ddp = among(z, engine.param_pass_zero)[:, None]
     gemm, blocks = cast_params(model, tp, params.shape[1], params)
     fwd = np.zeros_like(gemm)
     bwd = GRAD_ADD_BYTES_FP32 * (m - 1) / m * params if engine.autograd_accum else 0.0 * gemm
@@ -177,7 +178,7 @@ def _fsdp_pass_bytes(engine, params, m, z, shard, side_streams: bool, fwd, bwd):
     """``fwd``, ``bwd`` with, at the ZeRO stages FSDP2 shards (``EngineProfile.fsdp_pass_zero``), the bytes of its
     copies around each gather and the last backward's reduce-scatter and of the fp32 gradients it keeps between
     micro-batches (``with_parameter_passes``)."""
-    fsdp = np.isin(z, engine.fsdp_pass_zero)[:, None]
+    fsdp = among(z, engine.fsdp_pass_zero)[:, None]
     s = np.asarray(shard, dtype=float).reshape(-1, 1)
     inline = 0.0 if side_streams else 1.0  # the shard-sized copies FSDP2 runs on its own streams on a GPU
     gather = inline * CAST_BYTES_FP32_BF16 / s + COPY_BYTES_BF16

@@ -40,6 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from exatrain.layout_arrays import among
 from exatrain.accounting.inflight import closed_form_codes, group_sizes, schedule_codes
 from exatrain.accounting.vorders import steady_from
 from exatrain.settings import SCHEDULES, V_SCHEDULES
@@ -185,7 +186,7 @@ def pipeline_times(
     c = np.where(p > 1, np.broadcast_to(np.asarray(p2p_s, dtype=np.float64), (N,)), 0.0).reshape(N, 1)
     B = np.broadcast_to(np.asarray(backward_s, dtype=np.float64), (N, S))
     W = np.broadcast_to(np.asarray(weight_s, dtype=np.float64), (N, S))
-    isv = np.isin(code[:, 0], _V_CODES)
+    isv = among(code[:, 0], _V_CODES)
     if isv.any():  # the V schedules are simulated; the rest take the closed forms below
         return _with_v(F, B, W, c, code, m, p, v, isv)
     return _closed_form(F, B, W, c, code, m, p, v)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exatrain.layout_arrays import among
 from exatrain.accounting.engines import Resolved
 from exatrain.catalog.hardware import ClusterSpec
 from exatrain.catalog.models import ModelSpec
@@ -103,7 +104,7 @@ class StepShape:
         p = int(lay.pp[0])
         v = int(lay.interleave[0]) if p > 1 else 1
         tp, dp, m, zero = (np.asarray(x) for x in (lay.tp, lay.dp, lay.num_microbatches, lay.zero_stage))
-        is_v = np.isin(np.asarray(lay.schedule), _V_CODES) & (v == 2) & (p > 1)
+        is_v = among(lay.schedule, _V_CODES) & (v == 2) & (p > 1)
         if is_v.any() and not is_v.all():
             raise ValueError(
                 "step_times needs layouts of one placement: V schedules apart (planner.evaluate groups them)"
