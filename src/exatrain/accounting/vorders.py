@@ -133,9 +133,11 @@ def steady_from(pp: int) -> int:
     return 6 * pp
 
 
+@lru_cache(maxsize=1 << 16)
 def v_peak_in_flight(schedule: str, pp: int, m: int, rank: int) -> int:
     """Most (micro-batch, stage) activation sets ``rank`` holds at once: a forward adds one, the pass that frees
-    its saved inputs (the weight pass, or a whole backward) takes it off."""
+    its saved inputs (the weight pass, or a whole backward) takes it off. Kept per case (an int each): every search
+    over a space asks for the same cases again, and building their op orders is most of its memory counts' time."""
     kind, _, _, full = v_order(schedule, int(rank), int(pp), int(min(m, steady_from(pp))))
     delta = (kind == F).astype(np.int64) - (kind == W) - ((kind == B) & full)
     return int(np.cumsum(delta).max())
