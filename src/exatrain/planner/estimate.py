@@ -50,7 +50,8 @@ def estimate_plan(
     kw = dict(global_batch=plan.global_batch, run=run, memory=memory, by_rank=True, overlap=overlap)
     ev = evaluate(layouts, plan.model, cluster, coeffs, **kw)
     by_stage, trainer_by_stage = _stages(ev, rt, plan.pp), _stages(ev, "exatrain", plan.pp)
-    worst = by_stage[int(ev.worst_rank[rt][0])]
+    worst_rank = int(ev.worst_rank[rt][0])
+    worst = by_stage[worst_rank]
     own = trainer_models_it(plan.model, plan.ep, plan.cp, plan.fp8)
     time_s = TimeBreakdown(**{k: float(ev.time[k][0]) for k in TIME_FIELDS})
     best_s = _best_case(plan, cluster, coeffs, run, overlap, float(ev.time["step"][0]))
@@ -70,7 +71,7 @@ def estimate_plan(
         time_s=time_s,
         tokens_per_s=plan.tokens_per_step / time_s.step,
         notes=estimate_notes(facts),
-        memory_advice=memory_advice(plan, cluster, coeffs),
+        memory_advice=memory_advice(plan, cluster, coeffs, worst=(worst_rank, worst)),
         **_throughput(plan, cluster, time_s),
     )
     banded = with_memory_band(with_band(est, plan, cluster, coeffs, best_s=best_s), plan, cluster)

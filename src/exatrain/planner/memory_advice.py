@@ -82,11 +82,17 @@ def changes(plan: Plan) -> list[tuple[str, Plan]]:
 _SAID = {"optimizer": "optimizer states", "other": "buffers and the allocator's allowance"}
 
 
-def memory_advice(plan: Plan, cluster: ClusterSpec, coeffs: CostParams | None = None) -> dict[str, Any]:
+def memory_advice(
+    plan: Plan,
+    cluster: ClusterSpec,
+    coeffs: CostParams | None = None,
+    worst: tuple[int, MemoryBreakdown] | None = None,
+) -> dict[str, Any]:
     """What dominates the worst stage and what each allowed change frees, largest first:
     {"stage", "dominant", "dominant_bytes", "total_bytes", "options": [{"change", "frees_bytes",
-    "worst_bytes"}], "text"}."""
-    rank, worst = worst_stage(plan, cluster, coeffs)
+    "worst_bytes"}], "text"}. ``worst``: the plan's own ``worst_stage`` where the caller has counted it already
+    (``estimate_plan``'s evaluation, the same memory model), so that it is not counted twice."""
+    rank, worst = worst if worst is not None else worst_stage(plan, cluster, coeffs)
     dominant = max(PARTS, key=lambda k: getattr(worst, k))
     options = []
     for flags, changed in changes(plan):
