@@ -673,7 +673,8 @@ def _best_ratio(row: Row, est) -> float | None:
     the engine's defaults (below 1), as ``estimate`` carries it into the band (``band.with_best_case``); else None."""
     if row.overlap is not None or row.plan.launch_blocking:
         return None
-    best = estimate_plan(row.plan, row.cluster, default_params(row.cluster.device.name), overlap="all").time_s.step
+    # the step alone (step_time: the estimate's evaluation without its memory counts, notes and advice)
+    best = step_time(row.plan, row.cluster, default_params(row.cluster.device.name), overlap="all")[0].step
     return best / est.time_s.step if best < est.time_s.step else None
 
 
