@@ -32,6 +32,11 @@ SHARED_UNITS = {
     "tests/checkpoint/test_resume.py": "checkpoint launches",
     "tests/checkpoint/test_reshard_ep_cp.py": "checkpoint launches",
     "tests/report/": "report",  # tests/report/conftest.py's CLI outputs
+    # tests/helpers/trace_jobs.py's one trace process
+    "tests/bench/test_trace.py": "trace matrix",
+    "tests/bench/test_trace_fast.py": "trace matrix",
+    "tests/bench/test_trace_moe_cp.py": "trace matrix",
+    "tests/bench/test_trace_counted.py": "trace matrix",
 }
 # The launches SHARED_UNITS exist for: a module whose tests use one must be listed there.
 SHARED_FIXTURES = {"world1", "world2", "world4", "world8"} | {
@@ -47,10 +52,7 @@ FIRST = (
     "trainer launches",
     "tests/bench/test_prediction_error.py",
     "checkpoint launches",
-    "tests/bench/test_trace.py",
-    "tests/bench/test_trace_fast.py",
-    "tests/bench/test_trace_moe_cp.py",
-    "tests/bench/test_trace_counted.py",
+    "trace matrix",
     "tests/trainer/test_failures.py",
     "tests/test_readme_examples.py",
     "tests/cli/test_cli_surface.py",

@@ -1,9 +1,10 @@
 """Analytical (planner) vs traced (the trainer's own model under FakeTensorMode) per-rank peak memory.
 
 The trace runs in one subprocess for the whole matrix (it keeps a fake process group for its
-process), started with the session on the idle core (tests/helpers/background.py: this module's tests
-run last, by when it is done). Analytical = ``accounting.trainer_memory`` without its fragmentation allowance (the
-trace counts tensors, not allocator slack).
+process), shared with the other trace tests and started with the session on the idle core
+(tests/helpers/trace_jobs.py, tests/helpers/background.py: this module's tests run last, by when it is
+done). Analytical = ``accounting.trainer_memory`` without its fragmentation allowance (the trace counts
+tensors, not allocator slack).
 
 Broken on purpose and seen to fail here: the trainer's loss over a vocabulary shard held at the whole
 logits' 12 bytes a logit instead of ``loss_parallel``'s 16 (``trainer_memory``'s ``loss_temps``): case
@@ -17,18 +18,16 @@ zero2-dp2-tp2-sp −13.9%.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
-from tests.helpers import background, trace_matrix
+from tests.helpers import background, trace_jobs
 from tests.helpers.trace_matrix import CASES, FAMILIES
 
 TOLERANCE = 0.05  # the bound (its target is 3%; see benchmarks/RESULTS.md for the matrix's largest error)
 BACKGROUND_JOBS = {
-    # run as a script, in its own process
-    "trace.matrix": background.Job([sys.executable, str(trace_matrix.__file__), "--fast"], timeout_s=1800),
+    **trace_jobs.JOBS,
     "trace.estimate-tp2-zero1": background.Job(
         [
             sys.executable,
@@ -53,9 +52,7 @@ BACKGROUND_JOBS = {
 
 @pytest.fixture(scope="module")
 def matrix() -> dict:
-    out = background.result("trace.matrix", BACKGROUND_JOBS)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return trace_jobs.matrix()
 
 
 @pytest.mark.parametrize("case", list(CASES))

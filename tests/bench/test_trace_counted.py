@@ -4,8 +4,8 @@ the trainer: its own step on gloo ranks, every tensor storage it holds counted p
 
 Layouts (tests/helpers/trace_matrix.py ``COUNTED``): recomputation none, selective and full; SP on and off;
 tp, pp, cp, ep; ZeRO 0-3 (DDP, ZeroRedundancyOptimizer, FSDP2). One launch per rank count for all of them
-(module fixture), and one trace process (tests/helpers/background.py). A stage is compared on its rank
-(pp_rank, dp 0, cp 0, tp 0), the rank the trace follows.
+(module fixture); the traces are the trace tests' shared ones (tests/helpers/trace_jobs.py). A stage is
+compared on its rank (pp_rank, dp 0, cp 0, tp 0), the rank the trace follows.
 
 Broken on purpose and seen to fail here (each measured before its fix): the trace without DDP's buckets
 (zero1-dp2: traced 49.3 MiB, counted 61.8 MiB, −20%); the trace's micro-batches without FSDP's
@@ -20,21 +20,16 @@ import sys
 
 import pytest
 
-from tests.helpers import background, counted_run, trace_matrix
+from tests.helpers import counted_run, trace_jobs
 from tests.helpers.trace_matrix import ALL, COUNTED, COUNTED_GAPS, plan_for
 
 TOLERANCE = 0.05
-_IDS = [c for cases in (COUNTED, COUNTED_GAPS) for w in cases for c in cases[w]]
-BACKGROUND_JOBS = {
-    "trace_counted.trace": background.Job([sys.executable, str(trace_matrix.__file__), *_IDS], timeout_s=1200),
-}
+BACKGROUND_JOBS = trace_jobs.JOBS
 
 
 @pytest.fixture(scope="module")
 def traced() -> dict:
-    out = background.result("trace_counted.trace", BACKGROUND_JOBS)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return trace_jobs.matrix()
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ every micro-batch of the step), to the byte, on pipelines whose stages share sha
 and FSDP under a pipeline, MoE, cp, steps of many micro-batches). test_trace.py and
 test_trace_moe_cp.py hold the same check for every layout of their matrices.
 
-The cases run in one subprocess of their own (the trace keeps a fake process group for its process),
-started with the session on the idle core (tests/helpers/background.py).
+The cases are traced in the trace tests' shared subprocess (the trace keeps a fake process group for its
+process), started with the session on the idle core (tests/helpers/trace_jobs.py, tests/helpers/background.py).
 
 Broken on purpose and seen to fail here (each in ``bench/trace.py``; run on the cases named):
 * ``op_types`` without the chunk's previous kind: pp4-zero2-dp2 and pp4-1f1b, stages 1-3 differ (a
@@ -29,7 +29,7 @@ import sys
 
 import pytest
 
-from tests.helpers import background, trace_matrix
+from tests.helpers import background, trace_jobs, trace_matrix
 from tests.helpers.trace_matrix import REPLAY
 
 _TINY_PP4 = [
@@ -52,9 +52,7 @@ _TINY_PP4 = [
     "--json",
 ]
 BACKGROUND_JOBS = {
-    "trace_fast.replay": background.Job(
-        [sys.executable, str(trace_matrix.__file__), "--fast", *REPLAY], timeout_s=1800
-    ),
+    **trace_jobs.JOBS,
     "trace_fast.estimate-fast": background.Job([*_TINY_PP4, "--trace", "--progress"]),
     "trace_fast.estimate-full": background.Job([*_TINY_PP4, "--trace", "full", "--progress"]),
 }
@@ -62,9 +60,7 @@ BACKGROUND_JOBS = {
 
 @pytest.fixture(scope="module")
 def matrix() -> dict:
-    out = background.result("trace_fast.replay", BACKGROUND_JOBS)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return trace_jobs.matrix()
 
 
 @pytest.mark.parametrize("case", list(REPLAY))

@@ -3,12 +3,12 @@ context-parallel layouts: ``bench.trace`` runs the trainer's MoE layers (router,
 all-to-all over the ep group, grouped GEMMs; routing at a balanced load) and its context shard
 (s/cp tokens, K/V all-gathered over the cp group); ``accounting.trainer_memory`` counts the same.
 
-The cases (tests/helpers/trace_matrix.py ``MOE_CP``) run in one subprocess of their own (the trace
-keeps a fake process group for its process), started with the session on the idle core
-(tests/helpers/background.py: this module's tests run last, by when it is done). Analytical = the trainer memory model
-without its allocator allowance. Broken on purpose, each of these fails (largest error over the cases' ranks,
-measured with ``python tests/helpers/trace_matrix.py --table moe-ep2 moe-ep2-pp2 moe-ep2-tp2
-moe-zero3-dp2 cp2 cp2-tp2 cp4``; every case is within 1.6% unbroken):
+The cases (tests/helpers/trace_matrix.py ``MOE_CP``) are traced in the trace tests' shared subprocess (the
+trace keeps a fake process group for its process), started with the session on the idle core
+(tests/helpers/trace_jobs.py, tests/helpers/background.py: this module's tests run last, by when it is
+done). Analytical = the trainer memory model without its allocator allowance. Broken on purpose, each of
+these fails (largest error over the cases' ranks, measured with ``python tests/helpers/trace_matrix.py
+--table moe-ep2 moe-ep2-pp2 moe-ep2-tp2 moe-zero3-dp2 cp2 cp2-tp2 cp4``; every case is within 1.6% unbroken):
 * the model counts the routed experts whole instead of N/ep per rank (``stage_params_split`` without
   ep in ``trainer_stage_memory``): moe-ep2-tp2 +29%, every MoE case beyond the bound;
 * the trace leaves the experts unplaced (``_build`` without ``apply_expert_parallel``: every rank
@@ -28,14 +28,12 @@ import sys
 
 import pytest
 
-from tests.helpers import background, trace_matrix
+from tests.helpers import background, trace_jobs
 from tests.helpers.trace_matrix import MOE_CP
 
 TOLERANCE = 0.05
 BACKGROUND_JOBS = {
-    "trace_moe_cp.matrix": background.Job(
-        [sys.executable, str(trace_matrix.__file__), "--fast", *MOE_CP], timeout_s=1200
-    ),
+    **trace_jobs.JOBS,
     "trace_moe_cp.estimate-moe-ep2-pp2": background.Job(
         [
             sys.executable,
@@ -63,9 +61,7 @@ BACKGROUND_JOBS = {
 
 @pytest.fixture(scope="module")
 def matrix() -> dict:
-    out = background.result("trace_moe_cp.matrix", BACKGROUND_JOBS)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return trace_jobs.matrix()
 
 
 @pytest.mark.parametrize("case", list(MOE_CP))

@@ -11,8 +11,9 @@ capture_output=True, text=True)`` gives, and its checks are unchanged. The comma
 counts from when a test starts waiting for it (a deadline while it is only soaking up idle time would
 fail a correct run on a busy machine); past it the command is killed and ``TimeoutExpired`` raised.
 
-Outside such a session (a job never started: ``pytest -p no:...``, an import from a script) ``result``
-runs the command itself, in the foreground.
+Outside such a session (a job never started: a module run alone under xdist, an import from a script)
+``result`` runs the command itself, in the foreground, once: modules that list one job under one name
+(tests/helpers/trace_jobs.py) share its result.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Job:
 
 
 _jobs: dict[str, Job] = {}
+_foreground: dict[str, subprocess.CompletedProcess] = {}  # jobs never started, run by ``result``
 _lock = threading.Lock()
 _stopping = threading.Event()
 
@@ -88,15 +90,17 @@ def result(name: str, jobs: dict[str, Job]) -> subprocess.CompletedProcess:
     with _lock:
         job = _jobs.get(name)
     if job is None:
-        own = jobs[name]
-        return subprocess.run(
-            list(own.argv),
-            capture_output=True,
-            text=True,
-            timeout=own.timeout_s,
-            env={**os.environ, "OMP_NUM_THREADS": "1", **own.env},
-            cwd=own.cwd,
-        )
+        if name not in _foreground:
+            own = jobs[name]
+            _foreground[name] = subprocess.run(
+                list(own.argv),
+                capture_output=True,
+                text=True,
+                timeout=own.timeout_s,
+                env={**os.environ, "OMP_NUM_THREADS": "1", **own.env},
+                cwd=own.cwd,
+            )
+        return _foreground[name]
     if not job.done.wait(job.timeout_s):
         if job.proc is not None:
             job.proc.kill()
