@@ -3,9 +3,10 @@ the trainer: its own step on gloo ranks, every tensor storage it holds counted p
 (tests/helpers/counted_run.py: a TorchDispatchMode and the garbage collector's tensors, not RSS).
 
 Layouts (tests/helpers/trace_matrix.py ``COUNTED``): recomputation none, selective and full; SP on and off;
-tp, pp, cp, ep; ZeRO 0-3 (DDP, ZeroRedundancyOptimizer, FSDP2). One launch per rank count for all of them
-(module fixture); the traces are the trace tests' shared ones (tests/helpers/trace_jobs.py). A stage is
-compared on its rank (pp_rank, dp 0, cp 0, tp 0), the rank the trace follows.
+tp, pp, cp, ep, MoE under a pipeline; ZeRO 0-3 (DDP, ZeroRedundancyOptimizer, FSDP2). One launch per rank count
+for all of them (module fixture; 2 ranks today); the traces are the trace tests' shared ones
+(tests/helpers/trace_jobs.py). A stage is compared on its rank (pp_rank, dp 0, cp 0, tp 0), the rank the trace
+follows.
 
 Broken on purpose and seen to fail here (each measured before its fix): the trace without DDP's buckets
 (zero1-dp2: traced 49.3 MiB, counted 61.8 MiB, −20%); the trace's micro-batches without FSDP's

@@ -129,6 +129,7 @@ LONG = dict(SMALL, seq_len=1024)
 MOE_CP = {
     "moe-ep2": (MOE, dict(dp=2, ep=2), None, False),
     "moe-ep2-pp2": (MOE, dict(dp=2, ep=2, pp=2), None, False),
+    "moe-pp2": (MOE, dict(pp=2), None, False),  # MoE layers under a pipeline on 2 ranks (test_trace_counted.py)
     "moe-ep2-tp2": (MOE, dict(dp=2, ep=2, tp=2), None, False),
     "moe-zero3-dp2": (MOE, dict(dp=2, zero_stage=3), None, False),  # FSDP2 over MoE layers (ep 1)
     "cp2": (LONG, dict(cp=2, b=4), None, False),
@@ -234,8 +235,10 @@ ALL = {**CASES, **FAMILIES, **MOE_CP, **REPLAY}
 
 # Layouts run for real (tests/helpers/counted_run.py: the trainer's own step, its tensor storages counted per
 # rank) and traced, by the number of ranks a run needs (test_trace_counted.py): recomputation none, selective and
-# full, SP on and off, tp, pp, cp, ep and ZeRO 0-3. ``COUNTED_GAPS``: run and traced, the run holding more than the
-# trace by more than the bound (torch.distributed.pipelining's receive buffers, not traced: bench/trace.py).
+# full, SP on and off, tp, pp, cp, ep, MoE under a pipeline and ZeRO 0-3, all on 2 ranks (one launch: a 4-rank
+# launch costs twice the ranks' start-up, and ep and pp are each counted here on 2). ``COUNTED_GAPS``: run and
+# traced, the run holding more than the trace by more than the bound (torch.distributed.pipelining's receive
+# buffers, not traced: bench/trace.py).
 COUNTED = {
     2: [
         "tp2",
@@ -249,8 +252,8 @@ COUNTED = {
         "zero3-dp2-llama",
         "cp2",
         "moe-ep2",
+        "moe-pp2",
     ],
-    4: ["moe-ep2-pp2"],
 }
 COUNTED_GAPS = {2: ["pp2-zero-bubble"]}
 
