@@ -13,7 +13,10 @@ big-vocab-tp2-sp, −11.6%; the per-micro-batch 16-bit weight copies of tp shard
 −8.2%; the trace without a GPU's fp32 norms (``bench.gpu_rules.cuda_norm_rules`` a no-op): gpu-norms-gpt-long
 +8.7%, gpu-norms-llama-long-tp2-sp −8.6%; the model's fp32 accumulation of FSDP's unsharded gradients
 over a step's micro-batches left out (``trainer_memory``'s ``accumulated``): zero3-dp2-llama −14.2%,
-zero2-dp2-tp2-sp −13.9%.
+zero2-dp2-tp2-sp −13.9%; FSDP2 under a pipeline traced as without one (the trace's ``_PipelineFsdp`` a no-op:
+gradients reduce-scattered after each layer's backward, its weights resharded): the model above the trace by 13.5%
+and 14.5% on pp2-1f1b-zero3-dp2, 20.5% and 22.2% on pp2-interleaved-zero3-dp2; ``op_types`` without the chunk's
+last op under FSDP and a pipeline: pp2-interleaved-zero3-dp2's rank 1 replayed unlike its full trace.
 """
 
 from __future__ import annotations
@@ -82,19 +85,6 @@ def test_traced_parameters_are_the_accounted_shard(matrix, case) -> None:
     parameters too at the peak, so ZeRO-2/3 cases are compared by their totals only.)"""
     for row in matrix[case]:
         assert row["traced_weights"] == 4 * row["params_here"]
-
-
-@pytest.mark.parametrize("case", list(FAMILIES))
-def test_every_layout_family_traces(matrix, case) -> None:
-    """Layouts whose memory the trainer model does not yet meet within the bound still trace (one
-    rank of every stage), and hold the parameter shard the accounting counts (ZeRO-0/1)."""
-    _, layout, _, _ = FAMILIES[case]
-    rows = matrix[case]
-    assert [r["rank"] for r in rows] == list(range(layout.get("pp", 1)))
-    for row in rows:
-        assert row["traced"] > 0
-        if layout.get("zero_stage", 0) < 2:
-            assert row["traced_weights"] == 4 * row["params_here"]
 
 
 def test_the_matrix_covers_every_kind_of_layout_the_trainer_runs() -> None:

@@ -10,7 +10,11 @@ follows.
 
 Broken on purpose and seen to fail here (each measured before its fix): the trace without DDP's buckets
 (zero1-dp2: traced 49.3 MiB, counted 61.8 MiB, −20%); the trace's micro-batches without FSDP's
-``set_requires_gradient_sync`` (zero3-dp2-llama: traced 33.9 MiB, counted 39.4 MiB, −14%).
+``set_requires_gradient_sync`` (zero3-dp2-llama: traced 33.9 MiB, counted 39.4 MiB, −14%); FSDP2 under a
+pipeline traced and modelled as without one (gradients reduce-scattered after each layer's backward, its weights
+resharded, where torch pipelining reduces after the stage's last backward): pp2-interleaved-zero3-dp2 traced
+21.97 MiB, modelled 23.22 MiB, counted 27.12 MiB (−19%, −14%); pp2-1f1b-zero3-dp2 traced 22.28 MiB, modelled
+22.03 MiB, counted 24.54 MiB (−9.2%, −10%).
 """
 
 from __future__ import annotations

@@ -350,10 +350,11 @@ def _trainer_states(m: ModelSpec, run: Resolved, r: TrainerRank) -> _States:
     # A rank's own fp32 parameters and gradients (sharded over dp by FSDP), optimizer states.
     fp32_w = params_here * np.where(fsdp, 4.0 / dp, 4.0)
     grads = params_here * np.where(fsdp, per.gradients, per1.gradients)
-    # Without a pipeline FSDP reduces only after the step's last micro-batch (trainer.train._grad_sync):
-    # until then every parameter's unsharded gradient is accumulated in fp32 (FSDP2's reduce dtype).
+    # Without a pipeline FSDP reduces only after the step's last micro-batch (trainer.train._grad_sync), and under
+    # one only after the stage's last backward (torch pipelining's ``perform_reduce_grad``): until then every
+    # parameter's unsharded gradient is accumulated in fp32 (FSDP2's reduce dtype).
     many = np.asarray(2 if r.num_microbatches is None else r.num_microbatches, dtype=float) > 1
-    accumulated = np.where(fsdp & (pp == 1) & many, params_here * (4.0 - per.gradients), 0.0)
+    accumulated = np.where(fsdp & ((pp > 1) | many), params_here * (4.0 - per.gradients), 0.0)
     optim = params_here * per.optimizer
     # FSDP2's CPUOffloadPolicy (--offload params) keeps the sharded fp32 parameters, their gradients and the Adam
     # states in host memory, where the optimizer steps (accounting.offload): none of them, nor the step's
@@ -376,8 +377,10 @@ def _trainer_states(m: ModelSpec, run: Resolved, r: TrainerRank) -> _States:
         + is_last * (2 if m.has_bias else 1) * h
         + r.moe_here * (router_params(m) if m.is_moe else 0)
     )
+    # Under a pipeline every backward leaves its layers gathered (``set_reshard_after_backward(False)``) until their
+    # next forward: a stage's layers are all gathered at its backward's peak, as under ZeRO-2.
     gathered = 2.0 if autocast else 4.0
-    copy_fsdp = gathered * (params_here if zero_stage == 2 else 2 * layer_rank_params)
+    copy_fsdp = gathered * np.where((zero_stage == 2) | (pp > 1), params_here, 2 * layer_rank_params)
     copy16 = np.where(fsdp, copy_fsdp, 2.0 * (params_here - non_linear) if autocast else 0.0)
     uncached = _uncached_copies(
         copy16,
@@ -482,7 +485,10 @@ def _trainer_activations(m: ModelSpec, run: Resolved, r: TrainerRank, st: _State
     )  # the head's inputs are freed by then
     # FSDP reduce-scatters each layer's gradient in fp32 right after its backward, once that
     # layer's activations and gathered weights are freed: the unsharded fp32 gradient and its shard.
-    reduce_scatter = np.where(r.fsdp, (4.0 + 4.0 / r.dp - st.gathered) * st.layer_rank_params - per_layer, 0.0)
+    # (Under a pipeline the stage reduces once, after its last backward: no per-layer transient.)
+    reduce_scatter = np.where(
+        r.fsdp & (pp == 1), (4.0 + 4.0 / r.dp - st.gathered) * st.layer_rank_params - per_layer, 0.0
+    )
     return acts + np.maximum(np.maximum(loss_temps, working), reduce_scatter)
 
 

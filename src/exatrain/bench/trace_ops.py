@@ -186,21 +186,30 @@ def schedule_orders(plan: Plan, num_microbatches: int) -> list[list[Op]]:
     return orders
 
 
-def op_types(order: list[Op]) -> list[tuple]:
+def op_types(order: list[Op], reduce_at_end: bool = False) -> list[tuple]:
     """What an op's effect on the rank's memory depends on besides its chunk's shape: (kind, chunk,
     the kind of the chunk's previous op (FSDP keeps a chunk's parameters gathered from a forward to
     its backward under ZeRO-2), whether the chunk already has gradients (the first backward allocates
-    them; later ones accumulate into them)). The stored activations of the other micro-batches in
-    flight are state, carried by the replay (``_replay``)."""
+    them; later ones accumulate into them)); with ``reduce_at_end`` (FSDP under a pipeline, which
+    reduce-scatters after a stage's last backward: ``fsdp_under_pipeline``), whether it is the chunk's
+    last op. The stored activations of the other micro-batches in flight are state, carried by the
+    replay (``_replay``)."""
     prev: dict[int, str] = {}
     graded: set[int] = set()
+    last = {k: i for i, (_, k, _) in enumerate(order)}
     out = []
-    for kind, k, _ in order:
-        out.append((kind, k, prev.get(k), k in graded))
+    for i, (kind, k, _) in enumerate(order):
+        out.append((kind, k, prev.get(k), k in graded) + ((last[k] == i,) if reduce_at_end else ()))
         prev[k] = kind
         if kind in ("B", "W", "FB"):
             graded.add(k)
     return out
+
+
+def fsdp_under_pipeline(plan: Plan) -> bool:
+    """FSDP2 (ZeRO-2/3 over dp x cp > 1) under a pipeline: its stages reduce once a step, after their last
+    backward (torch pipelining's ``perform_reduce_grad``; bench/trace.py ``_PipelineFsdp``)."""
+    return plan.pp > 1 and plan.zero_stage >= 2 and plan.dp * plan.cp > 1
 
 
 # ---- the fast trace: one rank per stage shape, replayed over every stage --------------------------
@@ -356,7 +365,7 @@ def shape_probes(plan: Plan, full: list[list[Op]] | None = None) -> list[ShapePr
         groups.setdefault(stage_shape(plan, r), []).append(r)
     probes = []
     for members in groups.values():
-        need = set().union(*(op_types(full[r]) for r in members))
+        need = set().union(*(op_types(full[r], fsdp_under_pipeline(plan)) for r in members))
         order = covering_order(need) or _schedule_probe(plan, members, need)
         if order is None:  # each stage its own full order
             probes += [ShapeProbe(rank=r, members=(r,), order=tuple(full[r])) for r in members]
@@ -391,6 +400,8 @@ def covering_order(need: set[tuple], cap: int = 3) -> list[Op] | None:
                     if not (0 <= s_ <= cap and 0 <= w_ <= cap):
                         continue
                     after = (kind, graded or kind in ("B", "W", "FB"), s_, w_, done | bit[t])
+                    if len(t) > 4 and t[4] and not (after[4] == goal and not s_ and not w_):
+                        continue  # a chunk's last op ends its walk
                     if after in parent:
                         continue
                     parent[after] = (node, kind)
@@ -442,6 +453,6 @@ def _schedule_probe(plan: Plan, members: list[int], need: set[tuple]) -> list[Op
         except ValueError:  # torch refuses this many micro-batches for the schedule
             continue
         for r in [*members, *(q for q in range(plan.pp) if q not in members)]:
-            if need <= set(op_types(got[r])):
+            if need <= set(op_types(got[r], fsdp_under_pipeline(plan))):
                 return got[r]
     return None
