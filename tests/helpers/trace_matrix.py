@@ -242,10 +242,10 @@ ALL = {**CASES, **FAMILIES, **MOE_CP, **REPLAY}
 
 # Layouts run for real (tests/helpers/counted_run.py: the trainer's own step, its tensor storages counted per
 # rank) and traced, by the number of ranks a run needs (test_trace_counted.py): recomputation none, selective and
-# full, SP on and off, tp, pp, cp, ep, MoE under a pipeline and ZeRO 0-3, all on 2 ranks (one launch: a 4-rank
-# launch costs twice the ranks' start-up, and ep and pp are each counted here on 2). ``COUNTED_GAPS``: run and
-# traced, the run holding more than the trace by more than the bound (torch.distributed.pipelining's receive
-# buffers, not traced: bench/trace.py).
+# full, SP on and off, tp, pp, cp, ep, MoE under a pipeline and ZeRO 0-3 on 2 ranks (one launch; ep and pp are each
+# counted there), and FSDP under a pipeline on 4 (pp 2 x dp 2). ``COUNTED_GAPS``: run and traced, the run holding
+# more than the trace by more than the bound (torch.distributed.pipelining's receive buffers and the input gradients
+# it keeps to the next step, not traced: bench/trace.py), the zero-bubble schedules.
 COUNTED = {
     2: [
         "tp2",
@@ -263,7 +263,7 @@ COUNTED = {
     ],
     4: ["pp2-1f1b-zero3-dp2", "pp2-interleaved-zero3-dp2"],
 }
-COUNTED_GAPS = {2: ["pp2-zero-bubble"]}
+COUNTED_GAPS = {2: ["pp2-zero-bubble", "pp2-zbh1", "pp2-zbv"]}
 
 
 if __name__ == "__main__":
