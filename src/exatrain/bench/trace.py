@@ -87,6 +87,7 @@ from exatrain.bench.trace_ops import (  # re-exported: the op orders and the rep
     _ensure_fake_world,
     _mesh,
     _peak_tracker_class,
+    _PipelineFsdp,
     _Profile,
     _propagation_untracked,
     _Recorder,
@@ -490,68 +491,6 @@ class _StepRunner:
             # to a root module's inputs, so release its storage explicitly (resize_ is tracked).
             x.untyped_storage().resize_(0)
         del out, x, grad
-
-
-class _PipelineFsdp:
-    """What torch.distributed.pipelining does to a stage under FSDP2 (ZeRO-2/3 with dp > 1), as the trainer's
-    schedules run it: every backward runs with gradient sync off and without resharding after it
-    (``backward_maybe_with_nosync``), so each layer accumulates its whole gradient in fp32 and keeps its
-    gathered weights until its next forward; after the stage's last backward of the step it reduce-scatters
-    and reshards (``perform_reduce_grad``). The multi-stage schedules (``_PipelineScheduleRuntime``) also
-    gather whole stages ahead of their compute (``_add_unshard_reshard``'s UNSHARD and RESHARD actions)."""
-
-    def __init__(self, plan: Plan, chunks: dict[int, nn.Module], held: list[int], order: list[Op]) -> None:
-        from torch.distributed.fsdp import FSDPModule
-
-        self.chunks = {i: m for i, m in chunks.items() if isinstance(m, FSDPModule)}
-        self.before_ops: dict[int, list[tuple[str, int]]] = {}
-        self.last: dict[int, int] = {}  # op position -> the stage whose last backward it is
-        if not self.chunks:
-            return
-        for i, (kind, k, _) in enumerate(order):
-            if kind in ("B", "W"):
-                self.last = {j: s for j, s in self.last.items() if s != held[k]} | {i: held[k]}
-        if plan.schedule in ("gpipe", "1f1b"):  # PipelineScheduleSingle: no UNSHARD / RESHARD actions
-            return
-        from torch.distributed.pipelining.schedules import _Action, _add_unshard_reshard, _ComputationType
-
-        actions = [_Action(held[k], _ComputationType.from_str(kind), mb) for kind, k, mb in order]
-        pos, pending = 0, []
-        for action in _add_unshard_reshard(actions):
-            kind = str(getattr(action.computation_type, "value", action.computation_type))
-            if kind in ("UNSHARD", "RESHARD"):
-                pending.append((kind, action.stage_index))
-                continue
-            self.before_ops[pos], pending, pos = pending, [], pos + 1
-        self.tail = pending  # the RESHARDs after the last compute action
-
-    def _all(self, stage: int, what: str) -> None:
-        from torch.distributed.fsdp import FSDPModule
-
-        for sub in self.chunks[stage].modules():
-            if isinstance(sub, FSDPModule):
-                getattr(sub, what)()
-
-    def before(self, i: int) -> None:
-        for kind, stage in self.before_ops.get(i, []):
-            if stage in self.chunks:
-                self._all(stage, "unshard" if kind == "UNSHARD" else "reshard")
-        for module in self.chunks.values():
-            module.set_is_last_backward(False)
-            module.set_reshard_after_backward(False)
-            module.set_requires_gradient_sync(False)
-
-    def after(self, i: int) -> None:
-        stage = self.last.get(i)
-        if stage in self.chunks:
-            from torch.distributed.pipelining.stage import _PipelineStageBase
-
-            holder = type("Stage", (), {"submod": self.chunks[stage]})()
-            _PipelineStageBase.perform_reduce_grad(holder, 1)  # type: ignore[arg-type]
-        if i == len(self.before_ops) - 1 and self.before_ops:
-            for kind, s in getattr(self, "tail", []):
-                if s in self.chunks and kind == "RESHARD":
-                    self._all(s, "reshard")
 
 
 @dataclass(frozen=True)
