@@ -383,6 +383,24 @@ def calibrated(cluster: ClusterSpec, calibration: str | Path | None, runtime: st
     return cal.apply(cluster), params
 
 
+def _check_split_checkpoints(settings: dict, *, recompute, tp, sequence_parallel) -> bool:
+    """Whether the search is asked for full recomputation's checkpoints split over tp ranks (then only such
+    candidates: search.space._grid keeps tp > 1); a pinned value that cannot split them is refused in one line."""
+    if not settings.get("distribute_saved_activations"):
+        return False
+    from exatrain.registry.problems import distribute_saved_problem
+
+    pinned = SimpleNamespace(
+        runtime=settings.get("runtime") or "megatron-core",
+        recompute=recompute or "full",
+        tp=tp or 2,
+        sequence_parallel=bool(sequence_parallel),
+    )
+    if problem := distribute_saved_problem(True, pinned):
+        raise UserError(problem)
+    return True
+
+
 def space_options(
     *,
     tp: int | None = None,
@@ -417,18 +435,7 @@ def space_options(
         )
     if recompute_layers and recompute_every:
         raise UserError("--recompute-layers is Megatron-Core's, --recompute-every torchtitan's: choose one")
-    split = bool(settings.get("distribute_saved_activations"))
-    if split:  # full recomputation's checkpoints split over tp ranks: only such candidates (search.space._grid: tp > 1)
-        from exatrain.registry.problems import distribute_saved_problem
-
-        pinned = SimpleNamespace(
-            runtime=settings.get("runtime") or "megatron-core",
-            recompute=recompute or "full",
-            tp=tp or 2,
-            sequence_parallel=bool(sequence_parallel),
-        )
-        if problem := distribute_saved_problem(True, pinned):
-            raise UserError(problem)
+    split = _check_split_checkpoints(settings, recompute=recompute, tp=tp, sequence_parallel=sequence_parallel)
     variants = SCHEDULE_VARIANTS
     if schedule is not None:
         variants = tuple(v for v in variants if v[0] == schedule)
