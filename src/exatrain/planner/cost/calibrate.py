@@ -452,7 +452,7 @@ class RunFit:
     after: dict[str, float]
     predicted_before: tuple[float, ...]
     predicted_after: tuple[float, ...]
-    terms: tuple[str, ...] = ()  # a shrunk fit's terms (cost.shrinkage.TERMS), in the order they were picked
+    terms: tuple[str, ...] = ()  # a shrunk fit's terms (cost.shrinkage.FIT_TERMS), in the order they were picked
     taken: float | None = None  # a shrunk fit: the share of the runs' mean log miss it removed
 
 

@@ -10,7 +10,7 @@ posterior mean of a normal centre under a normal prior: James & Stein 1961, Efro
 whose miss is all its own then moves the prediction of the others by less than its own miss.
 
 What a cluster shares is not one factor on the whole step: its GEMMs, attention, element-wise kernels, collectives
-and fixed overheads each run at their own rate (``TERMS``: the cost model's factors that scale each term's seconds).
+and fixed overheads each run at their own rate (``FIT_TERMS``: the cost model's factors that scale each term's seconds).
 A run's log miss is then about sum_k g_k theta_k + its own, g_k the share of its step that term k's seconds make
 (``shares``: d log step / d log of the term's seconds, overlaps included) and theta_k the cluster's log factor on
 that term, of prior spread ``sigma_k`` (``TermPrior``). Two runs of one source share sum_k sigma_k^2 g_ak g_jk of
@@ -48,7 +48,7 @@ SHRUNK_RUNS = 2  # up to this many runs a calibration fits one term a run, shrun
 # Each term of the cost model and the CostParams fields that scale its seconds: an efficiency (its seconds go as
 # 1 / the field) or a fixed time (its seconds go as the field). Communication's link_eff and net_eff move together
 # (net_eff None: link_eff prices the network too); the overheads are every fixed time per call, layer or step.
-TERMS: dict[str, tuple[tuple[str, ...], bool]] = {
+FIT_TERMS: dict[str, tuple[tuple[str, ...], bool]] = {
     "gemm": (("gemm_eff",), True),
     "attention": (("attn_eff",), True),
     "elementwise": (("mem_eff",), True),
@@ -69,13 +69,13 @@ TERMS: dict[str, tuple[tuple[str, ...], bool]] = {
         False,
     ),
 }
-TERM_NAMES = tuple(TERMS)
+TERM_NAMES = tuple(FIT_TERMS)
 SHARE_STEP = 0.01  # the log step over which ``shares`` differentiates
 
 
 @dataclass(frozen=True)
 class TermPrior:
-    """The log spread between clusters of each term's seconds (``sigma``, by ``TERMS`` name) and a run's own log
+    """The log spread between clusters of each term's seconds (``sigma``, by ``FIT_TERMS`` name) and a run's own log
     miss beyond them (``within``), measured on published runs (``estimate_terms``)."""
 
     sigma: Mapping[str, float]
@@ -87,21 +87,23 @@ class TermPrior:
 
 def fields_of(term: str, params: CostParams) -> tuple[str, ...]:
     """The fields of ``params`` that scaling ``term`` changes (those set and not zero)."""
-    return tuple(f for f in TERMS[term][0] if getattr(params, f) not in (None, 0, 0.0))
+    return tuple(f for f in FIT_TERMS[term][0] if getattr(params, f) not in (None, 0, 0.0))
 
 
 def scaled(params: CostParams, term: str, log_factor: float) -> CostParams:
     """``params`` with ``term``'s seconds multiplied by exp(``log_factor``)."""
-    fields, is_rate = TERMS[term]
+    fields, is_rate = FIT_TERMS[term]
     m = math.exp(log_factor)
     return params.replace(**{f: getattr(params, f) * (1 / m if is_rate else m) for f in fields_of(term, params)})
 
 
 def shares(predict: Callable[[CostParams], np.ndarray], params: CostParams) -> np.ndarray:
-    """(runs, TERMS) d log step / d log of each term's seconds at ``params`` (``predict``: the runs' step times):
+    """(runs, FIT_TERMS) d log step / d log of each term's seconds at ``params`` (``predict``: the runs' step times):
     the share of each run's step that the term's exposed seconds make, what an overlap hides counting for nothing."""
     base = np.log(np.asarray(predict(params), dtype=float))
-    out = [(np.log(np.asarray(predict(scaled(params, k, SHARE_STEP)), dtype=float)) - base) / SHARE_STEP for k in TERMS]
+    out = [
+        (np.log(np.asarray(predict(scaled(params, k, SHARE_STEP)), dtype=float)) - base) / SHARE_STEP for k in FIT_TERMS
+    ]
     return np.clip(np.stack(out, axis=1), 0.0, None)
 
 
@@ -245,7 +247,7 @@ def using(s: Shrinkage) -> Iterator[None]:
 __all__ = [
     "SHRINKAGE_PATH",
     "SHRUNK_RUNS",
-    "TERMS",
+    "FIT_TERMS",
     "TERM_NAMES",
     "Shrinkage",
     "TermPrior",
